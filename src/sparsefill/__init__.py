@@ -1,0 +1,19 @@
+"""sparsefill: sparse tensors with fill values, a drop-in replacement for dense PyTorch tensors.
+
+>>> import torch, sparsefill
+>>> signal = sparsefill.sparse_coo_tensor([[3, 8, 9, 17]], [7., 6., 8., 9.], (20,), fill_value=5.)
+>>> signal.to_dense()[:5]
+tensor([5., 5., 5., 7., 5.])
+"""
+
+from ._creation import (empty, empty_like, eye, from_torch, full, full_like, ones, ones_like, sparse_coo_tensor,
+                        sparse_csr_tensor, to_sparse, to_torch, zeros, zeros_like)
+from ._policy import DensifyError, DensifyWarning, densify_policy, get_densify_policy, set_densify_policy
+from ._tensor import SparseTensor
+from . import ops  # noqa: F401  (fills the op registry)
+
+__version__ = "0.1.0"
+
+__all__ = ["SparseTensor", "sparse_coo_tensor", "sparse_csr_tensor", "to_sparse", "from_torch", "to_torch",
+           "full", "zeros", "ones", "empty", "eye", "full_like", "zeros_like", "ones_like", "empty_like",
+           "DensifyWarning", "DensifyError", "densify_policy", "set_densify_policy", "get_densify_policy"]

@@ -1,0 +1,109 @@
+"""Autograd for constructors and conversions.
+
+Gradients have dense semantics (DESIGN.md section 5).  For ``A`` built from
+``values`` and ``fill`` with pattern ``P`` and upstream gradient ``G``::
+
+    grad_values[n] = G[indices[:, n]]                      (each stored element, duplicates included)
+    grad_fill      = sum(G[i] for i not in P), summed to fill's shape
+
+Conversions that keep the dense tensor (coalesce, layout or fill change,
+to_sparse) pass ``G`` through, converted to the input's kind.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import _convert, _index
+from ._tensor import SparseTensor
+
+
+def _pattern(A: SparseTensor) -> SparseTensor:
+    """A graph-free SparseTensor sharing ``A``'s storage (safe to keep in ``ctx``)."""
+    return _convert.rewrap(A)
+
+
+def grad_parts(G, P: SparseTensor):
+    """``(grad_values, grad_fill)`` of the constructor of ``P`` for upstream gradient ``G``."""
+    idx, _ = P._coo_parts()
+    S, D = P._sparse_shape, tuple(P._dense_shape)
+    keys = _index.linearize(idx, S)
+    if isinstance(G, SparseTensor) and G._indefinite:
+        raise ValueError("gradient with indefinite fill")
+    gv = _convert.values_at(G, keys, len(S)).reshape(P._vals.shape)
+    if P._indefinite:
+        return gv, None
+    ukeys = torch.unique(keys)
+    if isinstance(G, SparseTensor):
+        gidx, gvals = _convert.coalesced_parts(G)
+        gkeys = _index.linearize(gidx, S)
+        outside = ~_index.lookup(ukeys, gkeys)[1]
+        n_both_unspecified = _index.numel(S) - ukeys.numel() - int(outside.sum())
+        gf = gvals[outside].sum(0) + G._fill.expand(D) * n_both_unspecified
+    else:
+        keep = torch.ones(_index.numel(S), dtype=torch.bool, device=G.device)
+        keep[ukeys] = False
+        gf = G.reshape((-1,) + D)[keep].sum(0)
+    return gv, gf.sum_to_size(P._fill.shape)
+
+
+class Construct(torch.autograd.Function):
+    """``(values, fill) -> SparseTensor`` for a fixed pattern built by ``make``."""
+
+    @staticmethod
+    def forward(ctx, values, fill, make):
+        out = make(values.detach(), fill.detach())
+        ctx.pattern = _pattern(out)
+        return out
+
+    @staticmethod
+    def backward(ctx, G):
+        gv, gf = grad_parts(G, ctx.pattern)
+        return gv, gf, None
+
+
+class ToDense(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, A, fill_value):
+        fill = None
+        if fill_value is not None:
+            from ._creation import normalize_fill
+            fill, indefinite, _ = normalize_fill(fill_value, A.dtype, A.device, A._dense_shape)
+            if indefinite:
+                raise ValueError("to_dense(fill_value=[]): the replacement fill must be defined")
+        ctx.pattern = _convert.rewrap(A, fill=fill, indefinite=False) if fill is not None else _pattern(A)
+        ctx.fill_is_input = isinstance(fill_value, torch.Tensor)
+        return _convert.dense_of(A, fill)
+
+    @staticmethod
+    def backward(ctx, G):
+        gf = grad_parts(G, ctx.pattern)[1] if ctx.fill_is_input and ctx.needs_input_grad[1] else None
+        return G, gf
+
+
+class Values(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, A):
+        ctx.pattern = _pattern(A)
+        return A._vals.detach()
+
+    @staticmethod
+    def backward(ctx, gv):
+        P = ctx.pattern
+        return _convert.rewrap(P, values=gv, fill=gv.new_zeros(()), indefinite=False, known_zero=True)
+
+
+class SameDense(torch.autograd.Function):
+    """``x -> fn(x)`` where ``fn`` keeps the dense tensor (coalesce, relayout, to_sparse, from_torch)."""
+
+    @staticmethod
+    def forward(ctx, x, fn):
+        ctx.x_layout = x.layout if not isinstance(x, SparseTensor) else None
+        return fn(x)
+
+    @staticmethod
+    def backward(ctx, G):
+        if ctx.x_layout is None:
+            return G, None
+        g = _convert.dense_of(G) if isinstance(G, SparseTensor) else G
+        return (g if ctx.x_layout is torch.strided else g.to_sparse(layout=ctx.x_layout)), None

@@ -1,0 +1,205 @@
+"""Conversion kernels: SparseTensor <-> dense, COO <-> CSR, torch native sparse.
+
+The kernels here carry no autograd; the public, differentiable entry points wrap
+them in the Functions of ``_autograd.py``.  Invariant of every kernel::
+
+    dense_of(kernel(A)) == dense_of(A)
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import _index
+from ._policy import check_densify
+from ._tensor import SparseTensor
+
+_NATIVE = (torch.sparse_coo, torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc)
+
+
+def rewrap(A: SparseTensor, **changes) -> SparseTensor:
+    """A new SparseTensor sharing ``A``'s inner tensors, with ``changes`` applied (no autograd)."""
+    kw = dict(indices=A._idx, crow=A._crow, col=A._col, indefinite=A._indefinite, coalesced=A._coalesced,
+              known_zero=A._zero[1] and not A._indefinite)
+    kw.update(changes)
+    size = kw.pop("size", A.shape)
+    values = kw.pop("values", A._vals)
+    fill = kw.pop("fill", A._fill)
+    layout = kw.pop("layout", A._sf_layout)
+    return SparseTensor(layout, size, values, fill, **kw)
+
+
+def dense_of(A: SparseTensor, fill: torch.Tensor | None = None) -> torch.Tensor:
+    """The dense tensor ``A`` stands for; ``fill`` replaces ``A``'s fill (needed when it is indefinite)."""
+    if fill is None:
+        if A._indefinite:
+            raise ValueError("to_dense() of a SparseTensor with indefinite fill: its unspecified elements have no "
+                             "value; pass to_dense(fill_value=...) to give them one")
+        fill = A._fill
+    out = fill.expand(A.shape).clone(memory_format=torch.contiguous_format)
+    idx, vals = coalesced_parts(A)
+    flat = out.view((_index.numel(A._sparse_shape),) + tuple(A._dense_shape))
+    flat[_index.linearize(idx, A._sparse_shape)] = vals
+    return out
+
+
+def coalesced_parts(A: SparseTensor):
+    """``(indices, values)`` over all non-dense dims, sorted with no duplicates."""
+    idx, vals = A._coo_parts()
+    return (idx, vals) if A._coalesced else _index.coalesce(idx, vals, A._sparse_shape)
+
+
+def values_at(S, keys: torch.Tensor, sdim: int) -> torch.Tensor:
+    """Dense-semantics values of ``S`` (SparseTensor or dense) at linear positions ``keys`` of its first ``sdim`` dims."""
+    if not isinstance(S, SparseTensor):
+        return S.reshape((-1,) + tuple(S.shape[sdim:]))[keys]
+    idx, vals = coalesced_parts(S)
+    pos, found = _index.lookup(_index.linearize(idx, S._sparse_shape), keys)
+    if S._indefinite:
+        if not bool(found.all()):
+            raise ValueError("values_at: a position is unspecified in a tensor with indefinite fill")
+        return vals[pos]
+    D = tuple(S._dense_shape)
+    got = vals[pos] if vals.shape[0] else vals.new_zeros((keys.numel(),) + D)
+    return torch.where(found.view((-1,) + (1,) * len(D)), got, S._fill)
+
+
+def dense_to_parts(x: torch.Tensor, fill: torch.Tensor, indefinite: bool, dense_dim: int):
+    """Indices and values of exactly the elements (dense slices) of ``x`` that differ from ``fill``.
+
+    NaN equals NaN here, so a NaN fill leaves NaN elements unspecified.
+    """
+    sdim = x.dim() - dense_dim
+    if indefinite:
+        differ = torch.ones(x.shape[:sdim], dtype=torch.bool, device=x.device)
+    else:
+        differ = x != fill
+        if x.is_floating_point() or x.is_complex():
+            differ &= ~(x.isnan() & fill.isnan())
+        if dense_dim:
+            differ = differ.flatten(sdim).any(-1)
+    return differ.nonzero().T.contiguous(), x[differ]
+
+
+def parts_to_sparse(idx, vals, shape, fill, indefinite, known_zero, layout, coalesced) -> SparseTensor:
+    """SparseTensor of ``layout`` from COO parts over all non-dense dims (sorted for CSR)."""
+    if layout is torch.sparse_coo:
+        return SparseTensor(layout, shape, vals, fill, indices=idx, indefinite=indefinite,
+                            coalesced=coalesced, known_zero=known_zero)
+    sdim = idx.shape[0]
+    if sdim < 2:
+        raise ValueError(f"a sparse_csr tensor needs at least 2 sparse dims, got {sdim} (shape {tuple(shape)})")
+    if not coalesced:
+        idx, vals = _index.coalesce(idx, vals, shape[:sdim])
+    batch, (m, n) = tuple(shape[: sdim - 2]), tuple(shape[sdim - 2: sdim])
+    nb = _index.numel(batch)
+    keys = _index.linearize(idx, shape[:sdim])
+    bkey = keys // (m * n) if m * n else keys
+    counts = torch.bincount(bkey, minlength=nb) if nb else bkey.new_zeros(0)
+    if nb > 1 and bool((counts != counts.max()).any()):  # equal nse per batch: pad with fill-valued elements
+        if indefinite:
+            raise ValueError("a batched sparse_csr tensor needs the same nse in every batch; with an indefinite "
+                             f"fill it cannot be padded (nse per batch: {counts.tolist()[:8]}...)")
+        extra = _pad_keys(keys, counts, m * n)
+        pad = fill.expand((extra.numel(),) + tuple(vals.shape[1:]))
+        keys, perm = torch.sort(torch.cat([keys, extra]))
+        vals = torch.cat([vals, pad])[perm]
+    per = keys.numel() // nb if nb else 0
+    cols = keys % n if n else keys
+    crow = keys.new_zeros(nb, m + 1)
+    if nb and m:
+        crow[:, 1:] = torch.bincount(keys // n if n else keys, minlength=nb * m).view(nb, m).cumsum(1)
+    return SparseTensor(layout, shape, vals.reshape(batch + (per,) + tuple(vals.shape[1:])), fill,
+                        crow=crow.reshape(batch + (m + 1,)), col=cols.reshape(batch + (per,)),
+                        indefinite=indefinite, known_zero=known_zero)
+
+
+def _pad_keys(keys, counts, per_batch):
+    """Keys of unspecified positions that bring every batch up to ``counts.max()`` elements.
+
+    Candidates are the first ``max`` positions of each batch: at most ``count[b]`` of them
+    are taken, so at least the deficit is free.  O(nb * max), no densifying.
+    """
+    nb, mx = counts.numel(), int(counts.max())
+    cand = (torch.arange(nb, device=keys.device)[:, None] * per_batch
+            + torch.arange(mx, device=keys.device)[None, :])
+    free = ~_index.lookup(keys, cand.reshape(-1))[1].view(nb, mx)
+    take = free & (free.cumsum(1) <= (mx - counts)[:, None])
+    return cand[take]
+
+
+def to_layout(A: SparseTensor, layout) -> SparseTensor:
+    """Same fill and dense dims, other storage layout; the pattern is kept (CSR batches may gain fill-valued elements)."""
+    if layout is A._sf_layout:
+        return A
+    if layout not in (torch.sparse_coo, torch.sparse_csr):
+        raise ValueError(f"sparsefill layouts are torch.sparse_coo and torch.sparse_csr, got {layout}")
+    idx, vals = A._coo_parts() if layout is torch.sparse_coo else coalesced_parts(A)
+    return parts_to_sparse(idx, vals, A.shape, A._fill, A._indefinite, A._zero[1], layout, A._coalesced)
+
+
+def dense_to_sparse(x, fill, indefinite, known_zero, layout, dense_dim) -> SparseTensor:
+    idx, vals = dense_to_parts(x, fill, indefinite, dense_dim)
+    return parts_to_sparse(idx, vals, x.shape, fill, indefinite, known_zero, layout, True)
+
+
+def check_dense_dim(ndim: int, dense_dim, layout) -> int:
+    dense_dim = 0 if dense_dim is None else dense_dim
+    if not isinstance(dense_dim, int) or not 0 <= dense_dim <= ndim:
+        raise ValueError(f"dense_dim must be an int in [0, {ndim}] for a {ndim}-d tensor, got {dense_dim!r}")
+    if layout is torch.sparse_csr and ndim - dense_dim < 2:
+        raise ValueError(f"layout=torch.sparse_csr needs at least 2 sparse dims: a {ndim}-d tensor with "
+                         f"dense_dim={dense_dim} has {ndim - dense_dim}")
+    if layout not in (torch.sparse_coo, torch.sparse_csr):
+        raise ValueError(f"layout must be torch.sparse_coo or torch.sparse_csr, got {layout}")
+    return dense_dim
+
+
+def to_torch(A: SparseTensor, *, materialize: bool = False) -> torch.Tensor:
+    """Torch native sparse tensor (zero fill) of ``A``'s layout.
+
+    Native sparse tensors have zero fill: a nonzero fill raises ``ValueError`` unless
+    ``materialize=True``, which specifies every element equal to the fill (O(numel)).
+    """
+    if A._indefinite:
+        raise ValueError("to_torch(): the fill is indefinite and torch native sparse tensors have zero fill; "
+                         "define the unspecified elements first, e.g. A.to_sparse(fill_value=0).to_torch(materialize=True)")
+    if A._fill_is_zero() or not bool(A._fill.any()):
+        if A._sf_layout is torch.sparse_coo:
+            return torch.sparse_coo_tensor(A._idx, A._vals, A.shape, is_coalesced=A._coalesced)
+        return torch.sparse_csr_tensor(A._crow, A._col, A._vals, A.shape)
+    if not materialize:
+        fill = A._fill.tolist() if A._fill.numel() <= 8 else f"tensor of shape {tuple(A._fill.shape)}"
+        raise ValueError(f"to_torch(): fill value {fill} is not zero and torch native sparse tensors have zero "
+                         "fill; pass materialize=True to specify every element (O(numel) memory)")
+    check_densify("to_torch(materialize=True)", A.numel() * A.element_size(), stacklevel=3)
+    return dense_of(A).to_sparse(layout=A._sf_layout, dense_dim=A.dense_dim())
+
+
+def from_native(t: torch.Tensor) -> SparseTensor:
+    """SparseTensor (zero fill) sharing the storage of a torch native sparse tensor."""
+    zero = t.new_zeros(())
+    if t.layout not in (torch.sparse_coo, torch.sparse_csr):
+        t = t.to_sparse_coo()
+    if t.layout is torch.sparse_coo:
+        return SparseTensor(torch.sparse_coo, t.shape, t._values(), zero, indices=t._indices(),
+                            coalesced=t.is_coalesced(), known_zero=True)
+    return SparseTensor(torch.sparse_csr, t.shape, t.values(), zero, crow=t.crow_indices().to(torch.int64),
+                        col=t.col_indices().to(torch.int64), known_zero=True)
+
+
+def convert_fill(A: SparseTensor, fill, indefinite, known_zero, layout, dense_dim) -> SparseTensor:
+    """Re-specify ``A`` for a new fill or dense_dim: via the dense tensor (O(numel), limit-checked)."""
+    check_densify_quiet(A)
+    base = fill if A._indefinite and not indefinite else None
+    return dense_to_sparse(dense_of(A, base), fill, indefinite, known_zero, layout, dense_dim)
+
+
+def check_densify_quiet(A: SparseTensor) -> None:
+    """Dense by nature (explicitly requested): no warning, but the byte limit still applies."""
+    from ._policy import get_densify_policy, DensifyError
+    lim = get_densify_policy().limit_bytes
+    nbytes = A.numel() * A.element_size()
+    if lim is not None and nbytes > lim:
+        raise DensifyError(f"changing the fill or dense_dim goes through a dense tensor of {nbytes} bytes, "
+                           f"over the densify policy's limit of {lim} bytes")

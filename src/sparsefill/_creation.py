@@ -1,0 +1,367 @@
+"""Constructors: ``sparse_coo_tensor``, ``sparse_csr_tensor``, ``to_sparse``, ``from_torch`` and factories.
+
+Every constructor validates its input (errors name the argument and the numbers,
+nothing passed in is modified) and is differentiable with respect to ``values``
+and ``fill_value``.  Invariant::
+
+    sparse_coo_tensor(i, v, size, fill_value=f).to_dense()[p] == sum(v[n] for n if i[:, n] == p)  if p in i
+                                                             == f                                 otherwise
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import torch
+
+from . import _convert, _index
+from ._autograd import Construct, SameDense
+from ._tensor import SparseTensor
+
+__all__ = ["sparse_coo_tensor", "sparse_csr_tensor", "to_sparse", "from_torch", "to_torch", "full", "zeros", "ones",
+           "empty", "eye", "full_like", "zeros_like", "ones_like", "empty_like"]
+
+
+# ---------------------------------------------------------------------- validation helpers
+def _scalar_fits(x, dtype) -> bool:
+    if isinstance(x, complex) and not dtype.is_complex:
+        return False
+    if dtype.is_complex or dtype.is_floating_point:
+        return True
+    if dtype == torch.bool:
+        return x in (0, 1)
+    return isinstance(x, numbers.Integral) or (isinstance(x, float) and x.is_integer())
+
+
+def normalize_fill(fill_value, dtype, device, dense_shape, *, own=False):
+    """``(fill, indefinite, known_zero)`` from a user's fill (number, list, tensor, ``[]``/None).
+
+    A tensor fill must match ``dtype`` and ``device`` exactly (TypeError); a Python number
+    or list is converted when that loses nothing.  The fill must broadcast to ``dense_shape``.
+    ``own=True`` returns a tensor the caller may keep (never the caller's object).
+    """
+    dense_shape = tuple(dense_shape)
+    if fill_value is None:
+        return torch.zeros((), dtype=dtype, device=device), False, True
+    if isinstance(fill_value, torch.Tensor):
+        if fill_value.shape == (0,):
+            return torch.empty(0, dtype=dtype, device=device), True, False
+        if fill_value.dtype != dtype:
+            raise TypeError(f"fill_value has dtype {fill_value.dtype} but the tensor has dtype {dtype}; "
+                            f"pass fill_value.to({dtype})")
+        if fill_value.device != torch.device(device):
+            raise TypeError(f"fill_value is on device {fill_value.device} but the tensor is on {device}")
+        fill, zero = fill_value, False
+        if own:
+            fill = fill.detach().clone()
+    elif isinstance(fill_value, numbers.Number):
+        if not _scalar_fits(fill_value, dtype):
+            raise TypeError(f"fill_value {fill_value!r} cannot be represented in dtype {dtype}")
+        try:
+            fill = torch.tensor(fill_value, dtype=dtype, device=device)
+        except RuntimeError as e:
+            raise ValueError(f"fill_value {fill_value!r} does not fit dtype {dtype}: {e}") from None
+        zero = fill_value == 0
+    else:
+        t = torch.as_tensor(fill_value)
+        if t.shape == (0,):
+            return torch.empty(0, dtype=dtype, device=device), True, False
+        if not torch.can_cast(t.dtype, dtype):
+            raise TypeError(f"fill_value of dtype {t.dtype} cannot be cast to the tensor's dtype {dtype}")
+        fill, zero = t.to(dtype=dtype, device=device), False
+    if fill.dim() > len(dense_shape) or torch.broadcast_shapes(fill.shape, dense_shape) != dense_shape:
+        raise ValueError(f"fill_value of shape {tuple(fill.shape)} does not broadcast to the dense dims "
+                         f"{dense_shape} of the tensor (a scalar, the dense shape, or smaller)")
+    return fill, False, zero
+
+
+def _index_tensor(x, name: str, device) -> torch.Tensor:
+    t = x if isinstance(x, torch.Tensor) else torch.as_tensor(x, dtype=torch.int64 if _is_empty_like(x) else None)
+    if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
+        raise TypeError(f"{name} must be an integer tensor, got dtype {t.dtype}")
+    return t.to(device=device, dtype=torch.int64)
+
+
+def _is_empty_like(x) -> bool:
+    try:
+        return len(x) == 0 or all(len(r) == 0 for r in x)
+    except TypeError:
+        return False
+
+
+def _values_tensor(values, dtype, device, fill_value) -> torch.Tensor:
+    if isinstance(values, torch.Tensor):
+        return values.to(dtype=dtype or values.dtype, device=device or values.device)
+    v = torch.as_tensor(values)
+    if dtype is None and fill_value is not None and not (isinstance(fill_value, (list, tuple)) and len(fill_value) == 0):
+        f = fill_value if isinstance(fill_value, torch.Tensor) else torch.as_tensor(fill_value)
+        dtype = f.dtype if v.numel() == 0 or isinstance(fill_value, torch.Tensor) else torch.promote_types(v.dtype, f.dtype)
+    return v.to(dtype=dtype or v.dtype, device=device)
+
+
+def _size_tuple(size, name="size"):
+    if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)):
+        size = size[0]
+    size = tuple(size)
+    if not all(isinstance(s, numbers.Integral) and s >= 0 for s in size):
+        raise ValueError(f"{name} must be a sequence of non-negative ints, got {size}")
+    return tuple(int(s) for s in size)
+
+
+def _check_bounds(idx: torch.Tensor, sizes, name: str) -> None:
+    if idx.shape[-1] == 0:
+        return
+    flat = idx.reshape(idx.shape[0], -1) if idx.dim() > 1 else idx[None]
+    lo, hi = flat.amin(1), flat.amax(1)
+    for d, (a, b, s) in enumerate(zip(lo.tolist(), hi.tolist(), sizes)):
+        where = f"{name}[{d}]" if idx.dim() > 1 else name
+        if a < 0:
+            raise IndexError(f"{where} has a negative entry {a}")
+        if b >= s:
+            raise IndexError(f"{where} has an entry {b} out of range for size {s} of dim {d}")
+
+
+def _build(make, values, fill, requires_grad: bool) -> SparseTensor:
+    """Run ``make(values, fill)`` under autograd when either input requires grad."""
+    if torch.is_grad_enabled() and (values.requires_grad or fill.requires_grad):
+        out = Construct.apply(values, fill, make)
+    else:
+        out = make(values.detach(), fill.detach())
+    if requires_grad and not out.requires_grad:
+        out.requires_grad_(True)
+    return out
+
+
+def _same_dense(x, fn):
+    if torch.is_grad_enabled() and x.requires_grad:
+        return SameDense.apply(x, fn)
+    return fn(x.detach())
+
+
+# ---------------------------------------------------------------------- constructors
+def sparse_coo_tensor(indices, values, size=None, *, fill_value=None, dtype=None, device=None,
+                      requires_grad=False, is_coalesced=None, check_invariants=True) -> SparseTensor:
+    """COO SparseTensor, as :func:`torch.sparse_coo_tensor` plus ``fill_value``.
+
+    ``indices``: ``(sparse_dim, nse)`` integers; ``values``: ``(nse, *dense_shape)``; duplicates add up.
+    ``fill_value``: None (zero), a number, an array broadcasting to ``dense_shape``, or ``[]`` (indefinite).
+
+    >>> import sparsefill
+    >>> A = sparsefill.sparse_coo_tensor([[0, 3]], [[.11, .12], [.31, .32]], (4, 2), fill_value=1.2)
+    >>> A.fill_value(), A._fill_value()
+    (tensor([1.2000, 1.2000]), tensor(1.2000))
+    """
+    values = _values_tensor(values, dtype, device, fill_value)
+    idx = _index_tensor(indices, "indices", values.device)
+    if idx.dim() != 2:
+        raise ValueError(f"indices must be 2-D (sparse_dim, nse), got shape {tuple(idx.shape)}")
+    if values.dim() == 0:
+        raise ValueError("values must have at least one dim (nse, *dense_shape), got a 0-d tensor")
+    sdim, nse = idx.shape
+    if values.shape[0] != nse:
+        raise ValueError(f"values has {values.shape[0]} rows (shape {tuple(values.shape)}) but indices has "
+                         f"nse={nse} columns")
+    dense_shape = tuple(values.shape[1:])
+    if size is None:
+        _check_bounds(idx, [_index._INT64_MAX] * sdim, "indices")
+        size = tuple((idx.amax(1) + 1).tolist() if nse else [0] * sdim) + dense_shape
+    else:
+        size = _size_tuple(size)
+        if len(size) != sdim + len(dense_shape) or size[sdim:] != dense_shape:
+            raise ValueError(f"size {size} does not match indices with sparse_dim={sdim} and values with dense "
+                             f"shape {dense_shape} (expected {sdim} sparse sizes followed by {dense_shape})")
+        if check_invariants:
+            _check_bounds(idx, size, "indices")
+    fill, indefinite, zero = normalize_fill(fill_value, values.dtype, values.device, dense_shape)
+    coalesced = False
+    if check_invariants and is_coalesced is not False:
+        coalesced = _index.is_sorted_unique(_index.linearize(idx, size[:sdim]))
+        if is_coalesced and not coalesced:
+            raise ValueError("is_coalesced=True but indices are not sorted without duplicates")
+    elif is_coalesced:
+        coalesced = True
+
+    def make(v, f):
+        return SparseTensor(torch.sparse_coo, size, v, f.clone(), indices=idx, indefinite=indefinite,
+                            coalesced=coalesced, known_zero=zero)
+    return _build(make, values, fill, requires_grad)
+
+
+def sparse_csr_tensor(crow_indices, col_indices, values, size=None, *, fill_value=None, dtype=None, device=None,
+                      requires_grad=False, check_invariants=True) -> SparseTensor:
+    """CSR SparseTensor, as :func:`torch.sparse_csr_tensor` plus ``fill_value``.
+
+    ``crow_indices``: ``(*batch, nrows + 1)``; ``col_indices``: ``(*batch, nse)`` sorted within rows;
+    ``values``: ``(*batch, nse, *dense_shape)``.
+
+    >>> import sparsefill
+    >>> sparsefill.sparse_csr_tensor([0, 1, 1], [2], [3.], (2, 3), fill_value=-1.).to_dense()
+    tensor([[-1., -1.,  3.],
+            [-1., -1., -1.]])
+    """
+    values = _values_tensor(values, dtype, device, fill_value)
+    crow = _index_tensor(crow_indices, "crow_indices", values.device)
+    col = _index_tensor(col_indices, "col_indices", values.device)
+    if crow.dim() < 1 or col.dim() != crow.dim():
+        raise ValueError(f"crow_indices (shape {tuple(crow.shape)}) and col_indices (shape {tuple(col.shape)}) "
+                         "must have the same number (>= 1) of dims")
+    batch, nse = tuple(crow.shape[:-1]), col.shape[-1]
+    if tuple(col.shape[:-1]) != batch or tuple(values.shape[: len(batch) + 1]) != batch + (nse,):
+        raise ValueError(f"values (shape {tuple(values.shape)}) and col_indices (shape {tuple(col.shape)}) must "
+                         f"start with the batch shape {batch} of crow_indices followed by nse={nse}")
+    nrows, dense_shape = crow.shape[-1] - 1, tuple(values.shape[len(batch) + 1:])
+    if nrows < 0:
+        raise ValueError("crow_indices must have at least one entry per batch (nrows + 1)")
+    if check_invariants and crow.numel():
+        first, last, steps = crow[..., 0], crow[..., -1], crow[..., 1:] - crow[..., :-1]
+        if bool((first != 0).any()) or bool((last != nse).any()):
+            raise ValueError(f"crow_indices must start at 0 and end at nse={nse} in every batch; got first "
+                             f"{first.unique().tolist()[:4]}, last {last.unique().tolist()[:4]}")
+        if bool((steps < 0).any()):
+            raise ValueError("crow_indices must be non-decreasing (ragged rows have non-negative lengths)")
+    if size is None:
+        _check_bounds(col, [_index._INT64_MAX], "col_indices")
+        ncols = int(col.max()) + 1 if col.numel() else 0
+        size = batch + (nrows, ncols) + dense_shape
+    else:
+        size = _size_tuple(size)
+        want = batch + (nrows,)
+        if len(size) != len(batch) + 2 + len(dense_shape) or size[: len(want)] != want or \
+                size[len(want) + 1:] != dense_shape:
+            raise ValueError(f"size {size} does not match crow_indices (batch {batch}, nrows {nrows}) and values "
+                             f"with dense shape {dense_shape}")
+    ncols = size[len(batch) + 1]
+    if check_invariants:
+        _check_bounds(col.reshape(-1), [ncols], "col_indices")
+    fill, indefinite, zero = normalize_fill(fill_value, values.dtype, values.device, dense_shape)
+
+    def make(v, f):
+        return SparseTensor(torch.sparse_csr, size, v, f.clone(), crow=crow, col=col, indefinite=indefinite,
+                            known_zero=zero)
+    out = _build(make, values, fill, requires_grad)
+    if check_invariants and not _index.is_sorted_unique(out._keys()):
+        raise ValueError("col_indices must be strictly increasing within each row (sorted, no duplicates)")
+    return out
+
+
+def to_sparse(x, *, fill_value=None, layout=torch.sparse_coo, dense_dim=None) -> SparseTensor:
+    """SparseTensor specifying exactly the elements (dense slices) of ``x`` that differ from ``fill_value``.
+
+    NaN fills leave NaN elements unspecified.  ``x`` may be dense, torch native sparse or a SparseTensor
+    (then layout/fill/dense_dim change, as ``x.to_sparse(...)``).  Invariant: ``to_sparse(x, ...).to_dense() == x``.
+
+    >>> import torch, sparsefill
+    >>> sparsefill.to_sparse(torch.ones(10), fill_value=1.)._nse()
+    0
+    """
+    if isinstance(x, SparseTensor):
+        return x.to_sparse(layout, fill_value=fill_value, dense_dim=dense_dim)
+    if not isinstance(x, torch.Tensor):
+        x = torch.as_tensor(x)
+    if x.layout is not torch.strided:
+        return from_torch(x).to_sparse(layout, fill_value=fill_value, dense_dim=dense_dim)
+    dd = _convert.check_dense_dim(x.dim(), dense_dim, layout)
+    fill, indefinite, zero = normalize_fill(fill_value, x.dtype, x.device, x.shape[x.dim() - dd:], own=True)
+    return _same_dense(x, lambda t: _convert.dense_to_sparse(t, fill, indefinite, zero, layout, dd))
+
+
+def convert(A: SparseTensor, layout=None, fill_value=None, dense_dim=None) -> SparseTensor:
+    """``A.to_sparse(layout, fill_value=, dense_dim=)``: same dense tensor, other layout/fill/dense dims."""
+    layout = A._sf_layout if layout is None else layout
+    dd = _convert.check_dense_dim(A.dim(), A.dense_dim() if dense_dim is None else dense_dim, layout)
+    if fill_value is None and dd == A.dense_dim():
+        return _same_dense(A, lambda a: _convert.to_layout(a, layout))
+    keep = ([] if A._indefinite else A._fill) if fill_value is None else fill_value
+    fill, indefinite, zero = normalize_fill(keep, A.dtype, A.device, A.shape[A.dim() - dd:], own=True)
+    return _same_dense(A, lambda a: _convert.convert_fill(a, fill, indefinite, zero, layout, dd))
+
+
+def from_torch(t: torch.Tensor) -> SparseTensor:
+    """SparseTensor (zero fill) from a torch native sparse tensor (COO, CSR; CSC/BSR/BSC become COO).
+
+    Shares storage; a dense ``t`` goes through :func:`to_sparse`.
+    """
+    if t.layout is torch.strided:
+        return to_sparse(t)
+    return _same_dense(t, _convert.from_native)
+
+
+def to_torch(A: SparseTensor, *, materialize: bool = False) -> torch.Tensor:
+    """Torch native sparse tensor of ``A``; see :meth:`SparseTensor.to_torch`."""
+    return _convert.to_torch(A, materialize=materialize)
+
+
+# ---------------------------------------------------------------------- factories (fill-value-rfc.md point 3)
+def full(size, fill_value, *, layout=torch.sparse_coo, dtype=None, device=None, requires_grad=False,
+         dense_dim=0) -> SparseTensor:
+    """A tensor with no specified element: every element is ``fill_value``."""
+    size = _size_tuple(size if isinstance(size, (tuple, list, torch.Size)) else (size,))
+    if layout is torch.strided:
+        return torch.full(size, fill_value, dtype=dtype, device=device, requires_grad=requires_grad)
+    if dtype is None:
+        dtype = torch.as_tensor(fill_value).dtype
+    dd = _convert.check_dense_dim(len(size), dense_dim, layout)
+    device = torch.device(device) if device is not None else torch.get_default_device()
+    fill, indefinite, zero = normalize_fill(fill_value, dtype, device, size[len(size) - dd:], own=True)
+    sdim = len(size) - dd
+    idx = torch.zeros((sdim, 0), dtype=torch.int64, device=device)
+    vals = torch.zeros((0,) + size[sdim:], dtype=dtype, device=device)
+    out = _convert.parts_to_sparse(idx, vals, size, fill, indefinite, zero, layout, True)
+    return out.requires_grad_(True) if requires_grad else out
+
+
+def _factory(value):
+    def make(*size, layout=torch.sparse_coo, dtype=None, device=None, requires_grad=False, dense_dim=0):
+        dtype = dtype or torch.get_default_dtype()
+        v = value if value is not None else torch.empty((), dtype=dtype,
+                                                        device=device or torch.get_default_device())
+        return full(_size_tuple(size), v, layout=layout, dtype=dtype, device=device,
+                    requires_grad=requires_grad, dense_dim=dense_dim)
+    return make
+
+
+zeros, ones, empty = _factory(0), _factory(1), _factory(None)
+zeros.__doc__ = "Sparse zeros: nse 0, fill 0."
+ones.__doc__ = "Sparse ones: nse 0, fill 1."
+empty.__doc__ = "Sparse empty: nse 0, fill uninitialized."
+
+
+def eye(n, m=None, *, layout=torch.sparse_coo, dtype=None, device=None, requires_grad=False) -> SparseTensor:
+    """Identity: the diagonal specified with ones, fill 0."""
+    m = n if m is None else m
+    if layout is torch.strided:
+        return torch.eye(n, m, dtype=dtype, device=device, requires_grad=requires_grad)
+    dtype = dtype or torch.get_default_dtype()
+    device = torch.device(device) if device is not None else torch.get_default_device()
+    _convert.check_dense_dim(2, 0, layout)
+    k = torch.arange(min(n, m), device=device)
+    out = _convert.parts_to_sparse(torch.stack([k, k]), torch.ones(k.numel(), dtype=dtype, device=device),
+                                   (n, m), torch.zeros((), dtype=dtype, device=device), False, True, layout, True)
+    return out.requires_grad_(True) if requires_grad else out
+
+
+def full_like(input, fill_value, *, layout=None, dtype=None, device=None, requires_grad=False, dense_dim=None,
+              memory_format=None):
+    """``full(input.shape, fill_value)`` with ``input``'s layout (and dense dims), dtype and device by default."""
+    if layout is None:
+        layout = input.sparse_layout if isinstance(input, SparseTensor) else input.layout
+    if dense_dim is None:
+        dense_dim = input.dense_dim() if isinstance(input, SparseTensor) else 0
+    if layout is torch.strided:
+        return torch.full(input.shape, fill_value, dtype=dtype or input.dtype, device=device or input.device,
+                          requires_grad=requires_grad)
+    return full(input.shape, fill_value, layout=layout, dtype=dtype or input.dtype, device=device or input.device,
+                requires_grad=requires_grad, dense_dim=dense_dim)
+
+
+def _like(value):
+    def make(input, *, layout=None, dtype=None, device=None, requires_grad=False, dense_dim=None,
+             memory_format=None):
+        v = value if value is not None else torch.empty((), dtype=dtype or input.dtype,
+                                                        device=device or input.device)
+        return full_like(input, v, layout=layout, dtype=dtype, device=device, requires_grad=requires_grad,
+                         dense_dim=dense_dim)
+    return make
+
+
+zeros_like, ones_like, empty_like = _like(0), _like(1), _like(None)

@@ -1,0 +1,79 @@
+"""Index kernels on (sparse_dim, nse) COO indices, with no Python loops.
+
+Positions of a sparse shape ``S`` are linearised row-major:
+``key = sum_d indices[d] * stride[d]`` with ``stride = contiguous strides of S``,
+so that sorting keys sorts indices lexicographically (torch's coalesced order).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+_INT64_MAX = (1 << 63) - 1
+
+
+def numel(shape) -> int:
+    return math.prod(shape)
+
+
+def strides(shape) -> list[int]:
+    out, acc = [], 1
+    for s in reversed(tuple(shape)):
+        out.append(acc)
+        acc *= s
+    return out[::-1]
+
+
+def linearize(indices: torch.Tensor, shape) -> torch.Tensor:
+    """Row-major linear keys of the columns of ``indices`` (shape ``(len(shape), nse)``)."""
+    if numel(shape) > _INT64_MAX:
+        raise ValueError(f"sparse shape {tuple(shape)} has more than 2**63 positions; cannot linearise its indices")
+    nse = indices.shape[1]
+    if len(shape) == 0:
+        return torch.zeros(nse, dtype=torch.int64, device=indices.device)
+    st = torch.tensor(strides(shape), dtype=torch.int64, device=indices.device)
+    return (indices.to(torch.int64) * st[:, None]).sum(0)
+
+
+def unravel(keys: torch.Tensor, shape) -> torch.Tensor:
+    """Inverse of :func:`linearize`: indices of shape ``(len(shape), nse)``."""
+    if len(shape) == 0:
+        return keys.new_zeros((0, keys.numel()))
+    return torch.stack(torch.unravel_index(keys, tuple(shape))) if keys.numel() else keys.new_zeros((len(shape), 0))
+
+
+def sum_duplicates(values: torch.Tensor, inverse: torch.Tensor, n: int) -> torch.Tensor:
+    """``out[inverse[i]] += values[i]`` into ``n`` rows; bool adds as logical or (as torch's coalesce)."""
+    work = values.to(torch.int64) if values.dtype == torch.bool else values
+    out = work.new_zeros((n,) + tuple(values.shape[1:])).index_add_(0, inverse, work)
+    return out.bool() if values.dtype == torch.bool else out
+
+
+def coalesce(indices: torch.Tensor, values: torch.Tensor, shape):
+    """Sort the columns of ``indices`` and sum the values of duplicates. Returns ``(indices, values)``."""
+    keys = linearize(indices, shape)
+    skeys, perm = torch.sort(keys, stable=True)
+    ukeys, inverse = torch.unique_consecutive(skeys, return_inverse=True)
+    if ukeys.numel() == keys.numel():
+        return indices[:, perm], values[perm]
+    return unravel(ukeys, shape), sum_duplicates(values[perm], inverse, ukeys.numel())
+
+
+def is_sorted_unique(keys: torch.Tensor) -> bool:
+    return keys.numel() < 2 or bool((keys[1:] > keys[:-1]).all())
+
+
+def lookup(sorted_keys: torch.Tensor, query: torch.Tensor):
+    """Positions of ``query`` in strictly increasing ``sorted_keys``: ``(pos, found)``; pos is valid where found."""
+    if sorted_keys.numel() == 0:
+        return torch.zeros_like(query), torch.zeros_like(query, dtype=torch.bool)
+    pos = torch.searchsorted(sorted_keys, query).clamp_(max=sorted_keys.numel() - 1)
+    return pos, sorted_keys[pos] == query
+
+
+def csr_row_indices(crow: torch.Tensor, nse: int) -> torch.Tensor:
+    """Row index of each stored element of a (non-batched) CSR ``crow_indices``."""
+    counts = crow[1:] - crow[:-1]
+    return torch.repeat_interleave(torch.arange(counts.numel(), device=crow.device), counts, output_size=nse)

@@ -1,0 +1,269 @@
+"""SparseTensor: a torch.Tensor wrapper subclass with COO/CSR storage and a fill value.
+
+For a COO tensor ``A`` with ``indices`` ``(S, nse)``, ``values`` ``(nse, *D)`` and
+fill ``f`` (broadcastable to ``D``), the dense tensor it stands for is::
+
+    A.to_dense()[i] = sum(values[n] for n if indices[:, n] == i)   if i is specified
+                    = f.expand(D)                                   otherwise
+
+CSR stores the same with ``crow_indices``/``col_indices`` over the last two sparse
+dims (leading batch dims allowed, equal nse per batch).  An *indefinite* fill
+(``fill_value=[]``) marks unspecified elements as masked out.
+
+The wrapper is created with ``layout=torch.strided`` (autograd would drop the fill
+of a ``sparse_coo`` layout gradient); the storage format is ``A.sparse_layout``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import _index
+
+__all__ = ["SparseTensor"]
+
+_LAYOUTS = (torch.sparse_coo, torch.sparse_csr)
+_PUBLIC_NAMES = {"_idx": "indices", "_crow": "crow_indices", "_col": "col_indices", "_vals": "values"}
+
+
+def _version(t: torch.Tensor) -> int | None:
+    return None if t.is_inference() else t._version
+
+
+class SparseTensor(torch.Tensor):
+    """A sparse tensor with a fill value that behaves as its dense equivalent.
+
+    Build one with :func:`sparsefill.sparse_coo_tensor`, :func:`sparsefill.sparse_csr_tensor`
+    or :func:`sparsefill.to_sparse`; the raw constructor below does no validation.
+
+    >>> import torch, sparsefill
+    >>> A = sparsefill.sparse_coo_tensor([[0, 3]], [7., 9.], (5,), fill_value=5.)
+    >>> A.to_dense()
+    tensor([7., 5., 5., 9., 5.])
+    """
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @staticmethod
+    def __new__(cls, layout, size, values, fill, *, indices=None, crow=None, col=None, indefinite=False,
+                coalesced=False, requires_grad=False, known_zero=False):
+        r = torch.Tensor._make_wrapper_subclass(cls, tuple(size), dtype=values.dtype, device=values.device,
+                                                layout=torch.strided, requires_grad=requires_grad)
+        r._sf_layout = layout
+        r._idx, r._crow, r._col = indices, crow, col
+        r._vals = values
+        r._fill = fill
+        r._indefinite = bool(indefinite)
+        r._coalesced = bool(coalesced) or layout is torch.sparse_csr
+        r._zero = (_version(fill), bool(known_zero) and not indefinite)
+        return r
+
+    def __init__(self, *args, **kwargs):
+        super().__init__()
+
+    # ------------------------------------------------------------------ metadata
+    @property
+    def sparse_layout(self) -> torch.layout:
+        """``torch.sparse_coo`` or ``torch.sparse_csr`` (``A.layout`` is ``torch.strided``)."""
+        return self._sf_layout
+
+    def dense_dim(self) -> int:
+        return self._vals.dim() - (1 if self._sf_layout is torch.sparse_coo else self._col.dim())
+
+    def _sparse_ndim(self) -> int:
+        """Number of leading non-dense dims (COO sparse dims; CSR batch dims + 2)."""
+        return self.dim() - self.dense_dim()
+
+    def sparse_dim(self) -> int:
+        """As torch: the number of COO sparse dims, 2 for CSR (batch dims not counted)."""
+        return self._idx.shape[0] if self._sf_layout is torch.sparse_coo else 2
+
+    @property
+    def _sparse_shape(self) -> torch.Size:
+        return self.shape[: self._sparse_ndim()]
+
+    @property
+    def _dense_shape(self) -> torch.Size:
+        return self.shape[self._sparse_ndim():]
+
+    def _nse(self) -> int:
+        """Number of specified elements (per batch for batched CSR), as torch's ``_nnz``."""
+        return self._vals.shape[0] if self._sf_layout is torch.sparse_coo else self._col.shape[-1]
+
+    _nnz = _nse
+
+    def is_coalesced(self) -> bool:
+        return self._coalesced
+
+    def is_fill_indefinite(self) -> bool:
+        """True when unspecified elements are masked out (fill_value=[])."""
+        return self._indefinite
+
+    def _fill_is_zero(self) -> bool:
+        """Host-side: True only when the fill is known to be zero (never syncs a device)."""
+        if self._indefinite:
+            return False
+        v = _version(self._fill)
+        if v is None or v != self._zero[0]:
+            known = self._fill.device.type == "cpu" and not bool(self._fill.any())
+            self._zero = (v, known)
+        return self._zero[1]
+
+    # ------------------------------------------------------------------ storage accessors
+    def _require(self, layout, what):
+        if self._sf_layout is not layout:
+            raise RuntimeError(f"{what}() is defined for {layout} tensors, this one is {self._sf_layout}")
+
+    def indices(self) -> torch.Tensor:
+        self._require(torch.sparse_coo, "indices")
+        if not self._coalesced:
+            raise RuntimeError("Cannot get indices on an uncoalesced tensor, please call .coalesce() first")
+        return self._idx
+
+    def _indices(self) -> torch.Tensor:
+        self._require(torch.sparse_coo, "_indices")
+        return self._idx
+
+    def crow_indices(self) -> torch.Tensor:
+        self._require(torch.sparse_csr, "crow_indices")
+        return self._crow
+
+    def col_indices(self) -> torch.Tensor:
+        self._require(torch.sparse_csr, "col_indices")
+        return self._col
+
+    def values(self) -> torch.Tensor:
+        """The specified values, differentiable (gradient: a zero-fill SparseTensor)."""
+        if not self._coalesced:
+            raise RuntimeError("Cannot get values on an uncoalesced tensor, please call .coalesce() first")
+        from ._autograd import Values
+        return Values.apply(self)
+
+    def _values(self) -> torch.Tensor:
+        from ._autograd import Values
+        return Values.apply(self)
+
+    def fill_value(self) -> torch.Tensor:
+        """The fill expanded to the dense dims (a view: ``A.fill_value().fill_(x)`` changes ``A``).
+
+        Indefinite fill: an empty tensor of shape ``(0,)``.
+        """
+        return self._fill if self._indefinite else self._fill.expand(self._dense_shape)
+
+    def _fill_value(self) -> torch.Tensor:
+        """The fill as specified (may be smaller than the dense dims; fill-value-rfc.md point 6)."""
+        return self._fill
+
+    def set_fill_value_(self, fill_value) -> "SparseTensor":
+        """Replace the fill in place (any kind: scalar, array, ``[]`` for indefinite). Returns ``self``."""
+        from ._creation import normalize_fill
+        fill, indefinite, zero = normalize_fill(fill_value, self.dtype, self.device, self._dense_shape)
+        self._fill, self._indefinite, self._zero = fill, indefinite, (_version(fill), zero)
+        return self
+
+    def _coo_parts(self):
+        """``(indices over all non-dense dims, values (nse_total, *dense))`` for any layout."""
+        if self._sf_layout is torch.sparse_coo:
+            return self._idx, self._vals
+        batch = self.shape[: self._col.dim() - 1]
+        nrows = self.shape[len(batch)]
+        nb = _index.numel(batch)
+        nse = self._col.shape[-1]
+        crow = self._crow.reshape(nb, -1)
+        counts = (crow[:, 1:] - crow[:, :-1]).reshape(-1)
+        grow = torch.repeat_interleave(torch.arange(counts.numel(), device=crow.device), counts,
+                                       output_size=nb * nse)
+        rows = [grow % nrows, self._col.reshape(-1)]
+        idx = torch.stack(list(_index.unravel(grow // nrows, batch)) + rows) if batch else torch.stack(rows)
+        return idx, self._vals.reshape((nb * nse,) + tuple(self._dense_shape))
+
+    def _keys(self) -> torch.Tensor:
+        """Linear keys (row-major over the sparse shape) of the stored elements."""
+        return _index.linearize(self._coo_parts()[0], self._sparse_shape)
+
+    # ------------------------------------------------------------------ conversions
+    def coalesce(self) -> "SparseTensor":
+        if self._coalesced:
+            return self
+        from ._autograd import Coalesce
+        return Coalesce.apply(self)
+
+    def to_dense(self, dtype=None, *, fill_value=None, masked_grad=None) -> torch.Tensor:
+        """The dense tensor ``A`` stands for; ``fill_value=`` stands in for an indefinite fill."""
+        from ._autograd import ToDense
+        out = ToDense.apply(self, fill_value)
+        return out if dtype is None else out.to(dtype)
+
+    def to_sparse(self, layout=None, *, fill_value=None, dense_dim=None, blocksize=None) -> "SparseTensor":
+        """Change layout (COO <-> CSR) and/or fill; the dense equivalent is unchanged."""
+        from ._creation import convert
+        if blocksize is not None:
+            raise ValueError("sparsefill supports COO and CSR layouts only; blocksize must be None")
+        return convert(self, layout, fill_value, dense_dim)
+
+    def to_sparse_coo(self, fill_value=None) -> "SparseTensor":
+        return self.to_sparse(torch.sparse_coo, fill_value=fill_value)
+
+    def to_sparse_csr(self, dense_dim=None, *, fill_value=None) -> "SparseTensor":
+        return self.to_sparse(torch.sparse_csr, fill_value=fill_value, dense_dim=dense_dim)
+
+    def to_torch(self, *, materialize: bool = False) -> torch.Tensor:
+        """A torch native sparse tensor (zero fill) of the same layout; see :func:`sparsefill.to_torch`."""
+        from ._convert import to_torch
+        return to_torch(self, materialize=materialize)
+
+    # ------------------------------------------------------------------ subclass protocol
+    def __tensor_flatten__(self):
+        names = ["_idx"] if self._sf_layout is torch.sparse_coo else ["_crow", "_col"]
+        return names + ["_vals", "_fill"], (self._sf_layout, self._indefinite, self._coalesced, self._zero[1])
+
+    @staticmethod
+    def __tensor_unflatten__(inner, ctx, outer_size, outer_stride):
+        layout, indefinite, coalesced, zero = ctx
+        return SparseTensor(layout, outer_size, inner["_vals"], inner["_fill"], indices=inner.get("_idx"),
+                            crow=inner.get("_crow"), col=inner.get("_col"), indefinite=indefinite,
+                            coalesced=coalesced, known_zero=zero)
+
+    def _rebuild_args(self, fn=lambda t: t):
+        names, ctx = self.__tensor_flatten__()
+        return (tuple(self.shape), {n: fn(getattr(self, n)) for n in names}, ctx, self.requires_grad)
+
+    def __reduce_ex__(self, proto):
+        return (_rebuild, self._rebuild_args(torch.Tensor.detach))
+
+    def __deepcopy__(self, memo):
+        if id(self) in memo:
+            return memo[id(self)]
+        import copy
+        size, inner, ctx, rg = self._rebuild_args(lambda t: copy.deepcopy(t.detach(), memo))
+        new = _rebuild(size, inner, ctx, rg)
+        memo[id(self)] = new
+        return new
+
+    def __repr__(self, *, tensor_contents=None):
+        names, _ = self.__tensor_flatten__()
+        parts = [f"{_PUBLIC_NAMES[n]}={getattr(self, n)!r}" for n in names[:-1]]
+        fill = "indefinite" if self._indefinite else repr(self._fill)
+        parts += [f"size={tuple(self.shape)}", f"nse={self._nse()}", f"layout={self._sf_layout}",
+                  f"fill_value={fill}", f"dtype={self.dtype}"]
+        if self.device.type != "cpu":
+            parts.append(f"device='{self.device}'")
+        if self.grad_fn is not None:
+            parts.append(f"grad_fn=<{type(self.grad_fn).__name__}>")
+        elif self.requires_grad:
+            parts.append("requires_grad=True")
+        k = len(names) - 1
+        return "SparseTensor(" + ",\n       ".join(parts[:k] + [", ".join(parts[k:])]) + ")"
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        from .ops.registry import dispatch
+        return dispatch(func, types, args, kwargs or {})
+
+
+def _rebuild(size, inner, ctx, requires_grad):
+    t = SparseTensor.__tensor_unflatten__(inner, ctx, size, None)
+    return t.requires_grad_(requires_grad) if requires_grad else t
+
+
+torch.serialization.add_safe_globals([SparseTensor, _rebuild])

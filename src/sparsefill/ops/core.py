@@ -1,0 +1,100 @@
+"""Handlers every tensor needs: detach/alias, clone, ``to`` (dtype/device), copy_, equality, ``*_like``."""
+
+from __future__ import annotations
+
+import torch
+
+from .. import _creation, _index
+from .._convert import coalesced_parts, dense_of, dense_to_sparse, rewrap, to_layout
+from .._tensor import SparseTensor
+from .fallback import assign_
+from .registry import register
+
+aten = torch.ops.aten
+
+
+def map_inner(A: SparseTensor, values_fn, index_fn=lambda t: t) -> SparseTensor:
+    """A new SparseTensor with ``values_fn`` applied to values and fill, ``index_fn`` to the index tensors."""
+    ix = {n: index_fn(getattr(A, "_" + n)) for n in ("idx", "crow", "col") if getattr(A, "_" + n) is not None}
+    return rewrap(A, values=values_fn(A._vals), fill=values_fn(A._fill), indices=ix.get("idx"),
+                  crow=ix.get("crow"), col=ix.get("col"))
+
+
+@register(aten.detach.default, aten.alias.default)
+def _alias(func, args, kwargs):
+    return rewrap(args[0])
+
+
+@register(aten.clone.default)
+def _clone(func, args, kwargs):
+    return map_inner(args[0], torch.clone, torch.clone)
+
+
+@register(aten._to_copy.default)
+def _to_copy(func, args, kwargs):
+    if kwargs.get("layout") not in (None, torch.strided):
+        return NotImplemented
+    dtype, device, nb = kwargs.get("dtype"), kwargs.get("device"), kwargs.get("non_blocking", False)
+    return map_inner(args[0], lambda t: t.to(dtype=dtype, device=device, non_blocking=nb, copy=True),
+                     lambda t: t.to(device=device, non_blocking=nb))
+
+
+@register(aten.copy_.default)
+def _copy_(func, args, kwargs):
+    dst, src = args[0], args[1]
+    if not isinstance(dst, SparseTensor):  # a dense target is dense by nature
+        return dst.copy_(dense_of(src))
+    if isinstance(src, SparseTensor):
+        if src.shape != dst.shape or src.dense_dim() != dst.dense_dim():
+            return NotImplemented
+        new = map_inner(src, lambda t: t.to(dtype=dst.dtype, device=dst.device, copy=True),
+                        lambda t: t.to(device=dst.device, copy=True))
+        return assign_(dst, to_layout(new, dst._sf_layout))
+    x = torch.as_tensor(src).to(dtype=dst.dtype, device=dst.device).expand(dst.shape)
+    return assign_(dst, dense_to_sparse(x, dst._fill, dst._indefinite, dst._zero[1], dst._sf_layout, dst.dense_dim()))
+
+
+@register(aten.equal.default)
+def _equal(func, args, kwargs):
+    a, b = args
+    if a.shape != b.shape:
+        return False
+    if not (isinstance(a, SparseTensor) and isinstance(b, SparseTensor)):  # the dense side is dense by nature
+        return torch.equal(*(dense_of(t) if isinstance(t, SparseTensor) else t for t in (a, b)))
+    if a._indefinite or b._indefinite:
+        return NotImplemented
+    (ia, va), (ib, vb) = coalesced_parts(a), coalesced_parts(b)
+    S = a._sparse_shape
+    if b._sparse_shape != S:
+        return NotImplemented
+    from .._convert import values_at
+    keys = torch.unique(torch.cat([_index.linearize(ia, S), _index.linearize(ib, S)]))
+    if not torch.equal(values_at(a, keys, len(S)), values_at(b, keys, len(S))):
+        return False
+    return keys.numel() == _index.numel(S) or torch.equal(a.fill_value(), b.fill_value())
+
+
+@register(aten.is_same_size.default)
+def _is_same_size(func, args, kwargs):
+    return args[0].shape == args[1].shape
+
+
+@register(aten.new_zeros.default, aten.new_ones.default, aten.new_empty.default, aten.new_full.default,
+          aten.new_empty_strided.default)
+def _new_dense(func, args, kwargs):  # torch semantics: a new strided tensor with self's dtype and device
+    return func(args[0]._vals, *args[1:], **kwargs)
+
+
+def _like_handler(make):
+    def handler(func, args, kwargs):
+        kw = {k: kwargs[k] for k in ("dtype", "device") if kwargs.get(k) is not None}
+        if kwargs.get("layout") not in (None, torch.strided):
+            kw["layout"] = kwargs["layout"]
+        return make(*args, **kw)
+    return handler
+
+
+register(aten.zeros_like.default)(_like_handler(_creation.zeros_like))
+register(aten.ones_like.default)(_like_handler(_creation.ones_like))
+register(aten.empty_like.default)(_like_handler(_creation.empty_like))
+register(aten.full_like.default)(_like_handler(_creation.full_like))

@@ -1,0 +1,55 @@
+"""The densify fallback: any op computed on the dense equivalents of its SparseTensor operands.
+
+    densify_call(op, A, ...) == op(A.to_dense(), ...)
+
+Subject to the densify policy (``sparsefill.densify_policy``).  SparseTensor
+arguments that the op writes to (in-place and ``out=`` variants) are written back,
+re-specified against their own fill, so ``A.mul_(2)`` still leaves ``A`` sparse.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
+
+from .._convert import dense_of, dense_to_sparse
+from .._policy import check_densify
+from .._tensor import SparseTensor
+
+
+def written_args(func, args, kwargs) -> list:
+    """The arguments ``func``'s schema marks as written to (``self`` of ``add_``, ``out`` of ``add.out``)."""
+    out = []
+    for i, a in enumerate(func._schema.arguments):
+        if a.alias_info is not None and a.alias_info.is_write:
+            v = args[i] if i < len(args) and not a.kwarg_only else kwargs.get(a.name)
+            out.extend(v if isinstance(v, (list, tuple)) else [v])
+    return [v for v in out if isinstance(v, SparseTensor)]
+
+
+def assign_(A: SparseTensor, new: SparseTensor) -> SparseTensor:
+    """Make ``A`` hold ``new``'s storage and fill (same shape, dtype and device)."""
+    if new.shape != A.shape or new.dtype != A.dtype:
+        raise ValueError(f"cannot store a result of shape {tuple(new.shape)} and dtype {new.dtype} in a SparseTensor "
+                         f"of shape {tuple(A.shape)} and dtype {A.dtype}")
+    for name in ("_sf_layout", "_idx", "_crow", "_col", "_vals", "_fill", "_indefinite", "_coalesced", "_zero"):
+        setattr(A, name, getattr(new, name))
+    return A
+
+
+def respecify_(A: SparseTensor, x: torch.Tensor) -> SparseTensor:
+    """Store dense ``x`` in ``A``, keeping ``A``'s fill, layout and dense dims."""
+    return assign_(A, dense_to_sparse(x, A._fill, A._indefinite, A._zero[1], A._sf_layout, A.dense_dim()))
+
+
+def densify_call(func, args, kwargs):
+    flat, spec = tree_flatten((args, kwargs))
+    sparse = [a for a in flat if isinstance(a, SparseTensor)]
+    check_densify(str(func), sum(a.numel() * a.element_size() for a in sparse), stacklevel=6)
+    dense_for = {id(a): dense_of(a) for a in sparse}
+    dargs, dkwargs = tree_unflatten([dense_for.get(id(a), a) if isinstance(a, SparseTensor) else a for a in flat], spec)
+    out = func(*dargs, **dkwargs)
+    written = {id(dense_for[id(A)]): A for A in written_args(func, args, kwargs)}
+    for A in written.values():
+        respecify_(A, dense_for[id(A)])
+    return tree_map(lambda o: written.get(id(o), o), out) if written else out

@@ -1,0 +1,43 @@
+"""One registry: aten ``OpOverload`` -> handler ``(func, args, kwargs) -> result``.
+
+A handler may return ``NotImplemented`` to hand the call to the next stage.  Order:
+registered handler; the op's CompositeImplicitAutograd decomposition (so the pieces
+can meet their handlers); the densify fallback (``fallback.py``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+HANDLERS: dict = {}
+
+
+def register(*ops):
+    """Decorator: handle every given ``OpOverload`` (a packet registers all its overloads)."""
+    def deco(fn):
+        for op in ops:
+            if isinstance(op, torch._ops.OpOverloadPacket):
+                for name in op.overloads():
+                    HANDLERS[getattr(op, name)] = fn
+            else:
+                HANDLERS[op] = fn
+        return fn
+    return deco
+
+
+def _is_composite(func) -> bool:
+    return torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), torch._C.DispatchKey.CompositeImplicitAutograd)
+
+
+def dispatch(func, types, args, kwargs):
+    handler = HANDLERS.get(func)
+    if handler is not None:
+        out = handler(func, args, kwargs)
+        if out is not NotImplemented:
+            return out
+    if _is_composite(func):
+        out = func.decompose(*args, **kwargs)
+        if out is not NotImplemented:
+            return out
+    from .fallback import densify_call
+    return densify_call(func, args, kwargs)
