@@ -6,7 +6,7 @@
 tensor([5., 5., 5., 7., 5.])
 """
 
-from ._creation import (empty, empty_like, eye, from_torch, full, full_like, ones, ones_like, sparse_coo_tensor,
+from ._creation import (indefinite, empty, empty_like, eye, from_torch, full, full_like, ones, ones_like, sparse_coo_tensor,
                         sparse_csr_tensor, to_sparse, to_torch, zeros, zeros_like)
 from ._policy import DensifyError, DensifyWarning, densify_policy, get_densify_policy, set_densify_policy
 from ._tensor import SparseTensor
@@ -14,6 +14,6 @@ from . import ops  # noqa: F401  (fills the op registry)
 
 __version__ = "0.1.0"
 
-__all__ = ["SparseTensor", "sparse_coo_tensor", "sparse_csr_tensor", "to_sparse", "from_torch", "to_torch",
+__all__ = ["SparseTensor", "indefinite", "sparse_coo_tensor", "sparse_csr_tensor", "to_sparse", "from_torch", "to_torch",
            "full", "zeros", "ones", "empty", "eye", "full_like", "zeros_like", "ones_like", "empty_like",
            "DensifyWarning", "DensifyError", "densify_policy", "set_densify_policy", "get_densify_policy"]

@@ -178,7 +178,7 @@ def to_torch(A: SparseTensor, *, materialize: bool = False) -> torch.Tensor:
 
 def from_native(t: torch.Tensor) -> SparseTensor:
     """SparseTensor (zero fill) sharing the storage of a torch native sparse tensor."""
-    zero = t.new_zeros(())
+    zero = torch.zeros((), dtype=t.dtype, device=t.device)
     if t.layout not in (torch.sparse_coo, torch.sparse_csr):
         t = t.to_sparse_coo()
     if t.layout is torch.sparse_coo:

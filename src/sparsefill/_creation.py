@@ -18,7 +18,7 @@ from . import _convert, _index
 from ._autograd import Construct, SameDense
 from ._tensor import SparseTensor
 
-__all__ = ["sparse_coo_tensor", "sparse_csr_tensor", "to_sparse", "from_torch", "to_torch", "full", "zeros", "ones",
+__all__ = ["indefinite", "sparse_coo_tensor", "sparse_csr_tensor", "to_sparse", "from_torch", "to_torch", "full", "zeros", "ones",
            "empty", "eye", "full_like", "zeros_like", "ones_like", "empty_like"]
 
 
@@ -33,6 +33,29 @@ def _scalar_fits(x, dtype) -> bool:
     return isinstance(x, numbers.Integral) or (isinstance(x, float) and x.is_integer())
 
 
+class _Indefinite:
+    """The indefinite fill: unspecified elements are masked out (fill-value-rfc.md point 13)."""
+
+    def __repr__(self):
+        return "sparsefill.indefinite"
+
+    def __reduce__(self):
+        return "indefinite"
+
+
+indefinite = _Indefinite()
+
+
+def _is_indefinite(fill_value, dense_shape) -> bool:
+    """``sparsefill.indefinite``, or the roadmap's spelling ``[]`` (a shape-(0,) array) where that
+    shape is not a valid array fill (it is one when the dense dims end with a 0-size dim)."""
+    if fill_value is indefinite:
+        return True
+    shape = fill_value.shape if isinstance(fill_value, torch.Tensor) else (
+        (0,) if isinstance(fill_value, (list, tuple)) and len(fill_value) == 0 else None)
+    return shape == (0,) and not (dense_shape and dense_shape[-1] == 0)
+
+
 def normalize_fill(fill_value, dtype, device, dense_shape, *, own=False):
     """``(fill, indefinite, known_zero)`` from a user's fill (number, list, tensor, ``[]``/None).
 
@@ -43,9 +66,9 @@ def normalize_fill(fill_value, dtype, device, dense_shape, *, own=False):
     dense_shape = tuple(dense_shape)
     if fill_value is None:
         return torch.zeros((), dtype=dtype, device=device), False, True
+    if _is_indefinite(fill_value, dense_shape):
+        return torch.empty(0, dtype=dtype, device=device), True, False
     if isinstance(fill_value, torch.Tensor):
-        if fill_value.shape == (0,):
-            return torch.empty(0, dtype=dtype, device=device), True, False
         if fill_value.dtype != dtype:
             raise TypeError(f"fill_value has dtype {fill_value.dtype} but the tensor has dtype {dtype}; "
                             f"pass fill_value.to({dtype})")
@@ -64,8 +87,6 @@ def normalize_fill(fill_value, dtype, device, dense_shape, *, own=False):
         zero = fill_value == 0
     else:
         t = torch.as_tensor(fill_value)
-        if t.shape == (0,):
-            return torch.empty(0, dtype=dtype, device=device), True, False
         if not torch.can_cast(t.dtype, dtype):
             raise TypeError(f"fill_value of dtype {t.dtype} cannot be cast to the tensor's dtype {dtype}")
         fill, zero = t.to(dtype=dtype, device=device), False
@@ -93,7 +114,8 @@ def _values_tensor(values, dtype, device, fill_value) -> torch.Tensor:
     if isinstance(values, torch.Tensor):
         return values.to(dtype=dtype or values.dtype, device=device or values.device)
     v = torch.as_tensor(values)
-    if dtype is None and fill_value is not None and not (isinstance(fill_value, (list, tuple)) and len(fill_value) == 0):
+    if dtype is None and fill_value is not None and fill_value is not indefinite and not (
+            isinstance(fill_value, (list, tuple)) and len(fill_value) == 0):
         f = fill_value if isinstance(fill_value, torch.Tensor) else torch.as_tensor(fill_value)
         dtype = f.dtype if v.numel() == 0 or isinstance(fill_value, torch.Tensor) else torch.promote_types(v.dtype, f.dtype)
     return v.to(dtype=dtype or v.dtype, device=device)
@@ -144,7 +166,8 @@ def sparse_coo_tensor(indices, values, size=None, *, fill_value=None, dtype=None
     """COO SparseTensor, as :func:`torch.sparse_coo_tensor` plus ``fill_value``.
 
     ``indices``: ``(sparse_dim, nse)`` integers; ``values``: ``(nse, *dense_shape)``; duplicates add up.
-    ``fill_value``: None (zero), a number, an array broadcasting to ``dense_shape``, or ``[]`` (indefinite).
+    ``fill_value``: None (zero), a number, an array broadcasting to ``dense_shape``, or
+    ``sparsefill.indefinite`` (also spelled ``[]``).
 
     >>> import sparsefill
     >>> A = sparsefill.sparse_coo_tensor([[0, 3]], [[.11, .12], [.31, .32]], (4, 2), fill_value=1.2)
@@ -271,7 +294,7 @@ def convert(A: SparseTensor, layout=None, fill_value=None, dense_dim=None) -> Sp
     dd = _convert.check_dense_dim(A.dim(), A.dense_dim() if dense_dim is None else dense_dim, layout)
     if fill_value is None and dd == A.dense_dim():
         return _same_dense(A, lambda a: _convert.to_layout(a, layout))
-    keep = ([] if A._indefinite else A._fill) if fill_value is None else fill_value
+    keep = (indefinite if A._indefinite else A._fill) if fill_value is None else fill_value
     fill, indefinite, zero = normalize_fill(keep, A.dtype, A.device, A.shape[A.dim() - dd:], own=True)
     return _same_dense(A, lambda a: _convert.convert_fill(a, fill, indefinite, zero, layout, dd))
 

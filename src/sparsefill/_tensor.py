@@ -8,7 +8,7 @@ fill ``f`` (broadcastable to ``D``), the dense tensor it stands for is::
 
 CSR stores the same with ``crow_indices``/``col_indices`` over the last two sparse
 dims (leading batch dims allowed, equal nse per batch).  An *indefinite* fill
-(``fill_value=[]``) marks unspecified elements as masked out.
+(``fill_value=sparsefill.indefinite``, or ``[]``) marks unspecified elements as masked out.
 
 The wrapper is created with ``layout=torch.strided`` (autograd would drop the fill
 of a ``sparse_coo`` layout gradient); the storage format is ``A.sparse_layout``.
@@ -96,7 +96,7 @@ class SparseTensor(torch.Tensor):
         return self._coalesced
 
     def is_fill_indefinite(self) -> bool:
-        """True when unspecified elements are masked out (fill_value=[])."""
+        """True when unspecified elements are masked out (``sparsefill.indefinite``)."""
         return self._indefinite
 
     def _fill_is_zero(self) -> bool:
@@ -169,7 +169,7 @@ class SparseTensor(torch.Tensor):
         nrows = self.shape[len(batch)]
         nb = _index.numel(batch)
         nse = self._col.shape[-1]
-        crow = self._crow.reshape(nb, -1)
+        crow = self._crow.reshape(nb, nrows + 1)
         counts = (crow[:, 1:] - crow[:, :-1]).reshape(-1)
         grow = torch.repeat_interleave(torch.arange(counts.numel(), device=crow.device), counts,
                                        output_size=nb * nse)
@@ -195,8 +195,13 @@ class SparseTensor(torch.Tensor):
         return out if dtype is None else out.to(dtype)
 
     def to_sparse(self, layout=None, *, fill_value=None, dense_dim=None, blocksize=None) -> "SparseTensor":
-        """Change layout (COO <-> CSR) and/or fill; the dense equivalent is unchanged."""
+        """Change layout (COO <-> CSR), fill and/or dense dims; the dense equivalent is unchanged.
+
+        As torch, an int first argument is ``sparse_dim`` (COO with that many sparse dims).
+        """
         from ._creation import convert
+        if isinstance(layout, int):
+            layout, dense_dim = torch.sparse_coo, self.dim() - layout
         if blocksize is not None:
             raise ValueError("sparsefill supports COO and CSR layouts only; blocksize must be None")
         return convert(self, layout, fill_value, dense_dim)

@@ -1,0 +1,169 @@
+"""Layout invariance over PyTorch's OpInfo database::
+
+    densify(op(A, ...)) == op(A.to_dense(), ...)          (assert_close, equal_nan=True)
+
+For every op of ``op_db`` that supports float64, up to ``MAX_SAMPLES`` sample
+inputs; the float64 strided tensors of each sample become SparseTensors in each
+variant below, holding the same dense values.  The outcome of every (op, variant,
+sample) is recorded and printed at the end of the run (``conftest.py``):
+
+* ``native``  — the result matched and no DensifyWarning was emitted;
+* ``densify`` — the result matched, computed (partly) by the densify fallback;
+* ``declared`` — an op in ``DECLARED`` behaved as declared there;
+* ``n/a``     — the sample has no float64 strided tensor of a shape the variant needs;
+* ``ref-rejects`` — the dense op raises on the sample; the sparse call must raise too.
+
+A mismatch, or an exception from the sparse call that the dense call does not
+raise, fails the op's test.
+"""
+
+from __future__ import annotations
+
+import collections
+import warnings
+
+import pytest
+import torch
+from torch.testing._internal.common_methods_invocations import op_db
+from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
+
+import sparsefill
+from sparsefill import SparseTensor
+
+MAX_SAMPLES = 4
+REPORT: dict = collections.defaultdict(collections.Counter)  # op id -> Counter of (variant, outcome)
+NO_FLOAT64 = sorted(op.name for op in op_db if not op.supports_dtype(torch.float64, "cpu"))
+
+# Ops whose sparse behaviour differs from the dense one by design: (reason, the check that holds instead).
+#   meta:        uninitialized output; shapes and dtypes are compared
+#   fixed-shape: where the dense op changes the input's shape, the sparse call raises ValueError
+#   nan-raises:  in the "nan" variant the sparse call may raise RuntimeError instead of returning NaNs
+DECLARED = {
+    "empty_like": ("uninitialized output", "meta"),
+    "new_empty": ("uninitialized output", "meta"),
+    "new_empty_strided": ("uninitialized output", "meta"),
+    "resize_": ("a SparseTensor's shape is fixed: resize_ to another shape raises ValueError", "fixed-shape"),
+    "resize_as_": ("a SparseTensor's shape is fixed: resize_as_ to another shape raises ValueError", "fixed-shape"),
+    "linalg.eigvals": ("torch itself sends tensor subclasses through linalg_eig, which rejects NaN/inf inputs "
+                       "that the dense kernel accepts", "nan-raises"),
+}
+
+
+def _sparsify(x: torch.Tensor, variant: str, gen: torch.Generator):
+    """``(A, x')``: ``x'`` is ``x`` with ~half its elements (dense slices) set to a fill, ``A`` its SparseTensor."""
+    layout = torch.sparse_csr if variant == "csr" else torch.sparse_coo
+    dense_dim = 1 if variant == "hybrid" else 0
+    if x.dim() < {"csr": 2, "hybrid": 2}.get(variant, 0):
+        return None
+    flat = x.flatten(0, -2) if dense_dim else x.reshape(-1)
+    if variant == "nan":
+        fill = torch.tensor(float("nan"), dtype=x.dtype)
+    elif flat.shape[0]:
+        fill = flat[0].clone()
+    else:
+        fill = torch.zeros(x.shape[x.dim() - dense_dim:], dtype=x.dtype)
+    xm = x.detach().clone()
+    mask = torch.rand(x.shape[: x.dim() - dense_dim], generator=gen) < 0.5
+    xm[mask] = fill
+    return sparsefill.to_sparse(xm, fill_value=fill, layout=layout, dense_dim=dense_dim), xm
+
+
+# variant -> which tensors of a sample become sparse: the input only, or every float64 tensor
+VARIANTS = {"coo": "input", "csr": "input", "hybrid": "input", "nan": "input", "coo-all": "all"}
+
+
+def _convert_sample(sample, variant, seed):
+    """``(sparse (input, args, kwargs), dense (input, args, kwargs))`` or None when not applicable."""
+    gen = torch.Generator().manual_seed(seed)
+    base = variant.split("-")[0]
+    scope = (sample.input,) if VARIANTS[variant] == "input" else (sample.input, sample.args, sample.kwargs)
+    flat, spec = tree_flatten(scope)
+    sp, dn, hit = [], [], False
+    for t in flat:
+        ok = isinstance(t, torch.Tensor) and t.dtype == torch.float64 and t.layout is torch.strided
+        pair = _sparsify(t, base, gen) if ok else None
+        hit |= pair is not None
+        sp.append(pair[0] if pair else t)
+        dn.append(pair[1] if pair else t)
+    if not hit:
+        return None
+    rest = () if VARIANTS[variant] == "all" else (sample.args, sample.kwargs)
+    (s_in, *s_rest), (d_in, *d_rest) = tree_unflatten(sp, spec), tree_unflatten(dn, spec)
+    return (s_in, *(s_rest or rest)), (d_in, *(d_rest or rest))
+
+
+def _densify(o):
+    def f(t):
+        if isinstance(t, SparseTensor):
+            return t.to_dense()
+        if isinstance(t, torch.Tensor) and t.layout is not torch.strided:
+            return t.to_dense()
+        return t
+    return tree_map(f, o)
+
+
+def _clone(o):
+    return tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, o)
+
+
+def _call(op, inp, args, kwargs):
+    torch.manual_seed(0)
+    return op(inp, *args, **kwargs)
+
+
+def _run(op, sample, variant, seed):
+    """Outcome of one (op, variant, sample); raises AssertionError on a mismatch."""
+    conv = _convert_sample(sample, variant, seed)
+    if conv is None:
+        return "n/a"
+    (s_in, s_args, s_kw), dense = conv
+    try:
+        ref = _call(op, *_clone(dense))
+    except Exception as e:  # noqa: BLE001 - the dense op rejects the sample: the sparse call must reject it too
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with pytest.raises(Exception):
+                _call(op, s_in, s_args, s_kw)
+        return "ref-rejects"
+    check = DECLARED.get(op.name, ("", None))[1]
+    if check == "fixed-shape" and ref.shape != dense[0].shape:
+        with pytest.raises(ValueError):
+            _call(op, s_in, s_args, s_kw)
+        return "declared"
+    if check == "nan-raises" and variant == "nan":
+        try:
+            _call(op, s_in, s_args, s_kw)
+        except RuntimeError:
+            return "declared"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = _call(op, s_in, s_args, s_kw)
+    out, ref = _densify(out), _densify(ref)
+    if check == "meta":  # uninitialized output: compare metadata only
+        o, r = tree_flatten(out)[0], tree_flatten(ref)[0]
+        assert [(t.shape, t.dtype) for t in o] == [(t.shape, t.dtype) for t in r]
+        return "declared"
+    torch.testing.assert_close(out, ref, equal_nan=True, msg=lambda m: f"{op.name} [{variant}]: {m}")
+    return "densify" if any(issubclass(w.category, sparsefill.DensifyWarning) for w in caught) else "native"
+
+
+OPS = [op for op in op_db if op.supports_dtype(torch.float64, "cpu")]
+
+
+@pytest.mark.parametrize("op", OPS, ids=[op.name + (f".{op.variant_test_name}" if op.variant_test_name else "")
+                                         for op in OPS])
+def test_layout_invariance(op):
+    key = op.name + (f".{op.variant_test_name}" if op.variant_test_name else "")
+    samples = list(op.sample_inputs("cpu", torch.float64, requires_grad=False))[:MAX_SAMPLES]
+    failures = []
+    for variant in VARIANTS:
+        for seed, sample in enumerate(samples):
+            try:
+                outcome = _run(op, sample, variant, seed)
+            except Exception as e:  # noqa: BLE001 - collected and reported below
+                outcome = "FAIL"
+                failures.append(f"[{variant}, sample {seed}] {type(e).__name__}: {str(e)[:300]}")
+            REPORT[key][(variant, outcome)] += 1
+    if not samples:
+        REPORT[key][("-", "no samples")] += 1
+    assert not failures, "\n".join(failures)
