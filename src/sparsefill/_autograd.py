@@ -43,7 +43,7 @@ def grad_parts(G, P: SparseTensor):
     else:
         keep = torch.ones(_index.numel(S), dtype=torch.bool, device=G.device)
         keep[ukeys] = False
-        gf = G.reshape((-1,) + D)[keep].sum(0)
+        gf = G.reshape((_index.numel(S),) + D)[keep].sum(0)
     return gv, gf.sum_to_size(P._fill.shape)
 
 

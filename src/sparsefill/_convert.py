@@ -49,10 +49,15 @@ def coalesced_parts(A: SparseTensor):
     return (idx, vals) if A._coalesced else _index.coalesce(idx, vals, A._sparse_shape)
 
 
+def coalesce_of(A: SparseTensor) -> SparseTensor:
+    idx, vals = coalesced_parts(A)
+    return rewrap(A, indices=idx, values=vals, coalesced=True)
+
+
 def values_at(S, keys: torch.Tensor, sdim: int) -> torch.Tensor:
     """Dense-semantics values of ``S`` (SparseTensor or dense) at linear positions ``keys`` of its first ``sdim`` dims."""
     if not isinstance(S, SparseTensor):
-        return S.reshape((-1,) + tuple(S.shape[sdim:]))[keys]
+        return S.reshape((_index.numel(S.shape[:sdim]),) + tuple(S.shape[sdim:]))[keys]
     idx, vals = coalesced_parts(S)
     pos, found = _index.lookup(_index.linearize(idx, S._sparse_shape), keys)
     if S._indefinite:
@@ -74,7 +79,7 @@ def dense_to_parts(x: torch.Tensor, fill: torch.Tensor, indefinite: bool, dense_
         differ = torch.ones(x.shape[:sdim], dtype=torch.bool, device=x.device)
     else:
         differ = x != fill
-        if x.is_floating_point() or x.is_complex():
+        if (x.is_floating_point() or x.is_complex()) and bool(fill.isnan().any()):
             differ &= ~(x.isnan() & fill.isnan())
         if dense_dim:
             differ = differ.flatten(sdim).any(-1)
@@ -191,6 +196,8 @@ def from_native(t: torch.Tensor) -> SparseTensor:
 def convert_fill(A: SparseTensor, fill, indefinite, known_zero, layout, dense_dim) -> SparseTensor:
     """Re-specify ``A`` for a new fill or dense_dim: via the dense tensor (O(numel), limit-checked)."""
     check_densify_quiet(A)
+    if A._indefinite and indefinite:
+        return _redim_indefinite(A, layout, dense_dim)
     base = fill if A._indefinite and not indefinite else None
     return dense_to_sparse(dense_of(A, base), fill, indefinite, known_zero, layout, dense_dim)
 
@@ -203,3 +210,17 @@ def check_densify_quiet(A: SparseTensor) -> None:
     if lim is not None and nbytes > lim:
         raise DensifyError(f"changing the fill or dense_dim goes through a dense tensor of {nbytes} bytes, "
                            f"over the densify policy's limit of {lim} bytes")
+
+
+def _redim_indefinite(A: SparseTensor, layout, dense_dim) -> SparseTensor:
+    """Indefinite fill, other dense_dim: a new dense slice is specified iff all its elements were."""
+    values = dense_of(A, A._vals.new_zeros(()))
+    specified = dense_of(rewrap(A, values=torch.ones_like(A._vals, dtype=torch.bool), indefinite=False,
+                                fill=torch.zeros((), dtype=torch.bool, device=A.device)))
+    sdim = A.dim() - dense_dim
+    flat = specified.flatten(sdim) if dense_dim else specified[..., None]
+    mask = flat.any(-1)
+    if flat.shape[-1] and not torch.equal(mask, flat.all(-1)):
+        raise ValueError(f"dense_dim={dense_dim}: with an indefinite fill every dense slice must be wholly "
+                         "specified or wholly unspecified, and here some are partly specified")
+    return parts_to_sparse(mask.nonzero().T.contiguous(), values[mask], A.shape, A._fill, True, False, layout, True)

@@ -133,7 +133,7 @@ def _size_tuple(size, name="size"):
 def _check_bounds(idx: torch.Tensor, sizes, name: str) -> None:
     if idx.shape[-1] == 0:
         return
-    flat = idx.reshape(idx.shape[0], -1) if idx.dim() > 1 else idx[None]
+    flat = idx if idx.dim() == 2 else idx[None]
     lo, hi = flat.amin(1), flat.amax(1)
     for d, (a, b, s) in enumerate(zip(lo.tolist(), hi.tolist(), sizes)):
         where = f"{name}[{d}]" if idx.dim() > 1 else name
@@ -292,11 +292,11 @@ def convert(A: SparseTensor, layout=None, fill_value=None, dense_dim=None) -> Sp
     """``A.to_sparse(layout, fill_value=, dense_dim=)``: same dense tensor, other layout/fill/dense dims."""
     layout = A._sf_layout if layout is None else layout
     dd = _convert.check_dense_dim(A.dim(), A.dense_dim() if dense_dim is None else dense_dim, layout)
-    if fill_value is None and dd == A.dense_dim():
-        return _same_dense(A, lambda a: _convert.to_layout(a, layout))
     keep = (indefinite if A._indefinite else A._fill) if fill_value is None else fill_value
-    fill, indefinite, zero = normalize_fill(keep, A.dtype, A.device, A.shape[A.dim() - dd:], own=True)
-    return _same_dense(A, lambda a: _convert.convert_fill(a, fill, indefinite, zero, layout, dd))
+    fill, indef, zero = normalize_fill(keep, A.dtype, A.device, A.shape[A.dim() - dd:], own=True)
+    if dd == A.dense_dim() and (fill_value is None or indef and A._indefinite):  # the pattern stays
+        return _same_dense(A, lambda a: _convert.to_layout(a, layout))
+    return _same_dense(A, lambda a: _convert.convert_fill(a, fill, indef, zero, layout, dd))
 
 
 def from_torch(t: torch.Tensor) -> SparseTensor:

@@ -45,10 +45,13 @@ def unravel(keys: torch.Tensor, shape) -> torch.Tensor:
 
 
 def sum_duplicates(values: torch.Tensor, inverse: torch.Tensor, n: int) -> torch.Tensor:
-    """``out[inverse[i]] += values[i]`` into ``n`` rows; bool adds as logical or (as torch's coalesce)."""
-    work = values.to(torch.int64) if values.dtype == torch.bool else values
-    out = work.new_zeros((n,) + tuple(values.shape[1:])).index_add_(0, inverse, work)
-    return out.bool() if values.dtype == torch.bool else out
+    """``out[inverse[i]] += values[i]`` into ``n`` rows; bool adds as logical or (as torch's coalesce).
+
+    ``index_put_(accumulate=True)``, not ``index_add_``: the latter multiplies by alpha and turns
+    complex ``inf + 2j`` into ``inf + nanj``.
+    """
+    out = values.new_zeros((n,) + tuple(values.shape[1:]))
+    return out.index_put_((inverse,), values, accumulate=True)
 
 
 def coalesce(indices: torch.Tensor, values: torch.Tensor, shape):

@@ -185,8 +185,9 @@ class SparseTensor(torch.Tensor):
     def coalesce(self) -> "SparseTensor":
         if self._coalesced:
             return self
-        from ._autograd import Coalesce
-        return Coalesce.apply(self)
+        from ._convert import coalesce_of
+        from ._creation import _same_dense
+        return _same_dense(self, coalesce_of)
 
     def to_dense(self, dtype=None, *, fill_value=None, masked_grad=None) -> torch.Tensor:
         """The dense tensor ``A`` stands for; ``fill_value=`` stands in for an indefinite fill."""
