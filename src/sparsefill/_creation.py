@@ -295,7 +295,7 @@ def convert(A: SparseTensor, layout=None, fill_value=None, dense_dim=None) -> Sp
     keep = (indefinite if A._indefinite else A._fill) if fill_value is None else fill_value
     fill, indef, zero = normalize_fill(keep, A.dtype, A.device, A.shape[A.dim() - dd:], own=True)
     if dd == A.dense_dim() and (fill_value is None or indef and A._indefinite):  # the pattern stays
-        return _same_dense(A, lambda a: _convert.to_layout(a, layout))
+        return A if layout is A._sf_layout else _same_dense(A, lambda a: _convert.to_layout(a, layout))
     return _same_dense(A, lambda a: _convert.convert_fill(a, fill, indef, zero, layout, dd))
 
 
