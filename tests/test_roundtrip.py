@@ -14,7 +14,7 @@ import warnings
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import example, given, settings, strategies as st
 
 import sparsefill
 from sparsefill import SparseTensor
@@ -264,7 +264,7 @@ def coo_reference(idx, vals, size, F):
     ref = F.to(work).expand(size).clone()
     if idx.shape[1]:
         if sdim == 0:
-            ref = vals.to(work).sum(0)
+            ref = vals.to(work).sum(0, dtype=work)
         else:
             specified = torch.zeros(size[:sdim], dtype=torch.bool)
             specified[tuple(idx)] = True
@@ -275,6 +275,11 @@ def coo_reference(idx, vals, size, F):
 
 @SETTINGS
 @given(coo_cases())
+# sparse_dim 0: every stored value lands on the one position (torch allows it)
+@example(case=(torch.zeros((0, 2), dtype=torch.int64), torch.tensor([2.0, 3.0]), (), -2.0, torch.tensor(-2.0)))
+# duplicates of complex values with an infinite part: inf+2j + 3+1j == inf+3j, not inf+nanj
+@example(case=(torch.tensor([[0, 0]]), torch.tensor([complex(INF, 2), 3 + 1j], dtype=torch.complex64), (1,), 0j,
+               torch.tensor(0j, dtype=torch.complex64)))
 def test_sparse_coo_tensor_duplicates_add_up(case):
     idx, vals, size, fill_value, F = case
     idx_before, vals_before = idx.clone(), vals.clone()
@@ -306,6 +311,32 @@ def test_coalesce_keeps_the_dense_tensor(case):
     assert_same(C.to_dense(fill_value=g) if F is None else C.to_dense(), ref)
     assert C.coalesce().is_coalesced()
     assert_same(A.to_dense(fill_value=g) if F is None else A.to_dense(), ref)  # A is unchanged
+
+
+@pytest.mark.parametrize("layout", [torch.sparse_coo, torch.sparse_csr])
+def test_indefinite_fill_conversions(layout):
+    x = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+    A = sparsefill.to_sparse(x, fill_value=[], layout=layout)
+    assert A.is_fill_indefinite() and A._nse() == 6
+    for B in (A.to_sparse(fill_value=[]),                      # indefinite -> indefinite
+              A.to_sparse(layout=torch.sparse_coo, dense_dim=1),  # dense_dim change keeps the indefinite fill
+              A.to_sparse(layout=torch.sparse_csr)):
+        assert B.is_fill_indefinite()
+        assert_same(B.to_dense(fill_value=0.0), x)
+    assert_same(A.to_sparse(fill_value=2.0).to_dense(), x)
+
+
+def test_indefinite_sentinel_and_empty_list():
+    x = torch.tensor([[1.0, 0.0], [0.0, 2.0]])
+    for spelling in (sparsefill.indefinite, [], torch.empty(0)):
+        A = sparsefill.to_sparse(x, fill_value=spelling)
+        assert A.is_fill_indefinite() and A._nse() == 4
+        assert_same(A.to_dense(fill_value=7.0), x)
+    # dense dims ending with a 0-size dim: `[]` is an array fill there, the sentinel stays indefinite
+    z = torch.ones(2, 0)
+    assert not sparsefill.to_sparse(z, fill_value=[], dense_dim=1).is_fill_indefinite()
+    assert sparsefill.to_sparse(z, fill_value=sparsefill.indefinite, dense_dim=1).is_fill_indefinite()
+    assert_same(sparsefill.to_sparse(z, fill_value=[], dense_dim=1).to_dense(), z)
 
 
 # ---------------------------------------------------------------------- torch native sparse
