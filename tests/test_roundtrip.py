@@ -66,9 +66,12 @@ def random_values(gen, shape, dtype, special_p=0.0):
 
 
 def same_as_fill(x, F):
-    """Element-wise ``x == F`` with NaN == NaN (torch.isnan semantics, also for complex)."""
+    """Element-wise ``x == F`` with NaN == NaN; complex numbers compare part by part, so that
+    ``nan+1j`` differs from ``nan+0j`` and the round trip is bit-exact."""
+    if x.is_complex():
+        return same_as_fill(x.real, F.real) & same_as_fill(x.imag, F.imag)
     eq = x == F
-    if x.is_floating_point() or x.is_complex():
+    if x.is_floating_point():
         eq |= x.isnan() & F.isnan()
     return eq
 

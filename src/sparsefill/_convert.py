@@ -11,7 +11,6 @@ from __future__ import annotations
 import torch
 
 from . import _index
-from ._policy import check_densify
 from ._tensor import SparseTensor
 
 _NATIVE = (torch.sparse_coo, torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc)
@@ -79,11 +78,17 @@ def dense_to_parts(x: torch.Tensor, fill: torch.Tensor, indefinite: bool, dense_
         differ = torch.ones(x.shape[:sdim], dtype=torch.bool, device=x.device)
     else:
         differ = x != fill
-        if (x.is_floating_point() or x.is_complex()) and bool(fill.isnan().any()):
-            differ &= ~(x.isnan() & fill.isnan())
+        if x.is_complex() and bool(fill.isnan().any()):  # NaN == NaN, component by component
+            differ = ~(_nan_equal(x.real, fill.real) & _nan_equal(x.imag, fill.imag))
+        elif x.is_floating_point() and bool(fill.isnan().any()):
+            differ = ~_nan_equal(x, fill)
         if dense_dim:
             differ = differ.flatten(sdim).any(-1)
     return differ.nonzero().T.contiguous(), x[differ]
+
+
+def _nan_equal(a, b):
+    return (a == b) | (a.isnan() & b.isnan())
 
 
 def parts_to_sparse(idx, vals, shape, fill, indefinite, known_zero, layout, coalesced) -> SparseTensor:
@@ -177,7 +182,7 @@ def to_torch(A: SparseTensor, *, materialize: bool = False) -> torch.Tensor:
         fill = A._fill.tolist() if A._fill.numel() <= 8 else f"tensor of shape {tuple(A._fill.shape)}"
         raise ValueError(f"to_torch(): fill value {fill} is not zero and torch native sparse tensors have zero "
                          "fill; pass materialize=True to specify every element (O(numel) memory)")
-    check_densify("to_torch(materialize=True)", A.numel() * A.element_size(), stacklevel=3)
+    check_densify_quiet(A, "to_torch(materialize=True)")
     return dense_of(A).to_sparse(layout=A._sf_layout, dense_dim=A.dense_dim())
 
 
@@ -202,13 +207,13 @@ def convert_fill(A: SparseTensor, fill, indefinite, known_zero, layout, dense_di
     return dense_to_sparse(dense_of(A, base), fill, indefinite, known_zero, layout, dense_dim)
 
 
-def check_densify_quiet(A: SparseTensor) -> None:
+def check_densify_quiet(A: SparseTensor, what: str = "changing the fill or dense_dim") -> None:
     """Dense by nature (explicitly requested): no warning, but the byte limit still applies."""
     from ._policy import get_densify_policy, DensifyError
     lim = get_densify_policy().limit_bytes
     nbytes = A.numel() * A.element_size()
     if lim is not None and nbytes > lim:
-        raise DensifyError(f"changing the fill or dense_dim goes through a dense tensor of {nbytes} bytes, "
+        raise DensifyError(f"{what} goes through a dense tensor of {nbytes} bytes, "
                            f"over the densify policy's limit of {lim} bytes")
 
 

@@ -30,7 +30,12 @@ def _scalar_fits(x, dtype) -> bool:
         return True
     if dtype == torch.bool:
         return x in (0, 1)
-    return isinstance(x, numbers.Integral) or (isinstance(x, float) and x.is_integer())
+    if not (isinstance(x, numbers.Integral) or (isinstance(x, float) and x.is_integer())):
+        return False
+    info = torch.iinfo(dtype)
+    if not info.min <= x <= info.max:
+        raise ValueError(f"fill_value {x!r} is out of range [{info.min}, {info.max}] of dtype {dtype}")
+    return True
 
 
 class _Indefinite:
@@ -90,7 +95,11 @@ def normalize_fill(fill_value, dtype, device, dense_shape, *, own=False):
         if not torch.can_cast(t.dtype, dtype):
             raise TypeError(f"fill_value of dtype {t.dtype} cannot be cast to the tensor's dtype {dtype}")
         fill, zero = t.to(dtype=dtype, device=device), False
-    if fill.dim() > len(dense_shape) or torch.broadcast_shapes(fill.shape, dense_shape) != dense_shape:
+    try:
+        fits = fill.dim() <= len(dense_shape) and torch.broadcast_shapes(fill.shape, dense_shape) == dense_shape
+    except RuntimeError:
+        fits = False
+    if not fits:
         raise ValueError(f"fill_value of shape {tuple(fill.shape)} does not broadcast to the dense dims "
                          f"{dense_shape} of the tensor (a scalar, the dense shape, or smaller)")
     return fill, False, zero
@@ -130,7 +139,7 @@ def _size_tuple(size, name="size"):
     return tuple(int(s) for s in size)
 
 
-def _check_bounds(idx: torch.Tensor, sizes, name: str) -> None:
+def _check_bounds(idx: torch.Tensor, sizes, name: str, dim_name: str | None = None) -> None:
     if idx.shape[-1] == 0:
         return
     flat = idx if idx.dim() == 2 else idx[None]
@@ -140,7 +149,8 @@ def _check_bounds(idx: torch.Tensor, sizes, name: str) -> None:
         if a < 0:
             raise IndexError(f"{where} has a negative entry {a}")
         if b >= s:
-            raise IndexError(f"{where} has an entry {b} out of range for size {s} of dim {d}")
+            raise IndexError(f"{where} has an entry {b} out of range for size {s} of "
+                             f"{dim_name or f'sparse dim {d}'}")
 
 
 def _build(make, values, fill, requires_grad: bool) -> SparseTensor:
@@ -241,7 +251,9 @@ def sparse_csr_tensor(crow_indices, col_indices, values, size=None, *, fill_valu
             raise ValueError(f"crow_indices must start at 0 and end at nse={nse} in every batch; got first "
                              f"{first.unique().tolist()[:4]}, last {last.unique().tolist()[:4]}")
         if bool((steps < 0).any()):
-            raise ValueError("crow_indices must be non-decreasing (ragged rows have non-negative lengths)")
+            at = (steps < 0).nonzero()[0].tolist()
+            raise ValueError(f"crow_indices must be non-decreasing: at {tuple(at[:-1])} row {at[-1]} it goes from "
+                             f"{int(crow[tuple(at)])} to {int(crow[tuple(at[:-1]) + (at[-1] + 1,)])}")
     if size is None:
         _check_bounds(col, [_index._INT64_MAX], "col_indices")
         ncols = int(col.max()) + 1 if col.numel() else 0
@@ -255,15 +267,21 @@ def sparse_csr_tensor(crow_indices, col_indices, values, size=None, *, fill_valu
                              f"with dense shape {dense_shape}")
     ncols = size[len(batch) + 1]
     if check_invariants:
-        _check_bounds(col.reshape(-1), [ncols], "col_indices")
+        _check_bounds(col.reshape(-1), [ncols], "col_indices", dim_name="columns")
     fill, indefinite, zero = normalize_fill(fill_value, values.dtype, values.device, dense_shape)
 
     def make(v, f):
         return SparseTensor(torch.sparse_csr, size, v, f.clone(), crow=crow, col=col, indefinite=indefinite,
                             known_zero=zero)
     out = _build(make, values, fill, requires_grad)
-    if check_invariants and not _index.is_sorted_unique(out._keys()):
-        raise ValueError("col_indices must be strictly increasing within each row (sorted, no duplicates)")
+    if check_invariants:
+        keys = out._keys()
+        bad = (keys[1:] <= keys[:-1]).nonzero()
+        if bad.numel():
+            n = int(bad[0]) + 1
+            pos = _index.unravel(keys[n - 1: n + 1], size[: len(batch) + 2]).T.tolist()
+            raise ValueError(f"col_indices must be strictly increasing within each row: stored element {n} "
+                             f"(position {tuple(pos[1])}) follows position {tuple(pos[0])}")
     return out
 
 

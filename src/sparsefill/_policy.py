@@ -77,7 +77,20 @@ def densify_policy(mode: str | None = None, limit_bytes: int | None | type(...) 
         stack.pop()
 
 
-def check_densify(what: str, nbytes: int, *, stacklevel: int = 4) -> None:
+def _caller_stacklevel() -> int:
+    """``warnings.warn`` stacklevel of the first frame outside sparsefill and torch (the user's line)."""
+    import os
+    import sys
+
+    import torch
+    inside = (os.path.dirname(__file__), os.path.dirname(torch.__file__))
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename.startswith(inside):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def check_densify(what: str, nbytes: int) -> None:
     """Apply the policy to a densifying computation ``what`` needing ``nbytes`` of dense temporaries."""
     pol = get_densify_policy()
     if pol.mode == "raise":
@@ -87,4 +100,5 @@ def check_densify(what: str, nbytes: int, *, stacklevel: int = 4) -> None:
         raise DensifyError(f"{what}: densifying needs {nbytes} bytes, over the densify policy's limit of "
                            f"{pol.limit_bytes} bytes (see sparsefill.densify_policy)")
     if pol.mode == "warn":
-        warnings.warn(f"{what}: computed by densifying ({nbytes} bytes)", DensifyWarning, stacklevel=stacklevel)
+        warnings.warn(f"{what}: computed by densifying ({nbytes} bytes)", DensifyWarning,
+                      stacklevel=_caller_stacklevel())

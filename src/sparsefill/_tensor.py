@@ -56,6 +56,7 @@ class SparseTensor(torch.Tensor):
         r._indefinite = bool(indefinite)
         r._coalesced = bool(coalesced) or layout is torch.sparse_csr
         r._zero = (_version(fill), bool(known_zero) and not indefinite)
+        r._view = None  # (base, view op, args, kwargs, output index, base state): see ops/views.py
         return r
 
     def __init__(self, *args, **kwargs):
@@ -88,6 +89,7 @@ class SparseTensor(torch.Tensor):
 
     def _nse(self) -> int:
         """Number of specified elements (per batch for batched CSR), as torch's ``_nnz``."""
+        self._sync()
         return self._vals.shape[0] if self._sf_layout is torch.sparse_coo else self._col.shape[-1]
 
     _nnz = _nse
@@ -98,6 +100,13 @@ class SparseTensor(torch.Tensor):
     def is_fill_indefinite(self) -> bool:
         """True when unspecified elements are masked out (``sparsefill.indefinite``)."""
         return self._indefinite
+
+    def _sync(self) -> "SparseTensor":
+        """A view (``A[0]``, ``A.t()``...) catches up with its base if the base changed (ops/views.py)."""
+        if self._view is not None:
+            from .ops.views import sync
+            sync(self)
+        return self
 
     def _fill_is_zero(self) -> bool:
         """Host-side: True only when the fill is known to be zero (never syncs a device)."""
@@ -115,31 +124,37 @@ class SparseTensor(torch.Tensor):
             raise RuntimeError(f"{what}() is defined for {layout} tensors, this one is {self._sf_layout}")
 
     def indices(self) -> torch.Tensor:
+        self._sync()
         self._require(torch.sparse_coo, "indices")
         if not self._coalesced:
             raise RuntimeError("Cannot get indices on an uncoalesced tensor, please call .coalesce() first")
         return self._idx
 
     def _indices(self) -> torch.Tensor:
+        self._sync()
         self._require(torch.sparse_coo, "_indices")
         return self._idx
 
     def crow_indices(self) -> torch.Tensor:
+        self._sync()
         self._require(torch.sparse_csr, "crow_indices")
         return self._crow
 
     def col_indices(self) -> torch.Tensor:
+        self._sync()
         self._require(torch.sparse_csr, "col_indices")
         return self._col
 
     def values(self) -> torch.Tensor:
         """The specified values, differentiable (gradient: a zero-fill SparseTensor)."""
+        self._sync()
         if not self._coalesced:
             raise RuntimeError("Cannot get values on an uncoalesced tensor, please call .coalesce() first")
         from ._autograd import Values
         return Values.apply(self)
 
     def _values(self) -> torch.Tensor:
+        self._sync()
         from ._autograd import Values
         return Values.apply(self)
 
@@ -148,9 +163,11 @@ class SparseTensor(torch.Tensor):
 
         Indefinite fill: an empty tensor of shape ``(0,)``.
         """
+        self._sync()
         return self._fill if self._indefinite else self._fill.expand(self._dense_shape)
 
     def _fill_value(self) -> torch.Tensor:
+        self._sync()
         """The fill as specified (may be smaller than the dense dims; fill-value-rfc.md point 6)."""
         return self._fill
 
@@ -183,6 +200,7 @@ class SparseTensor(torch.Tensor):
 
     # ------------------------------------------------------------------ conversions
     def coalesce(self) -> "SparseTensor":
+        self._sync()
         if self._coalesced:
             return self
         from ._convert import coalesce_of
@@ -191,6 +209,7 @@ class SparseTensor(torch.Tensor):
 
     def to_dense(self, dtype=None, *, fill_value=None, masked_grad=None) -> torch.Tensor:
         """The dense tensor ``A`` stands for; ``fill_value=`` stands in for an indefinite fill."""
+        self._sync()
         from ._autograd import ToDense
         out = ToDense.apply(self, fill_value)
         return out if dtype is None else out.to(dtype)
@@ -200,6 +219,7 @@ class SparseTensor(torch.Tensor):
 
         As torch, an int first argument is ``sparse_dim`` (COO with that many sparse dims).
         """
+        self._sync()
         from ._creation import convert
         if isinstance(layout, int):
             layout, dense_dim = torch.sparse_coo, self.dim() - layout
@@ -215,6 +235,7 @@ class SparseTensor(torch.Tensor):
 
     def to_torch(self, *, materialize: bool = False) -> torch.Tensor:
         """A torch native sparse tensor (zero fill) of the same layout; see :func:`sparsefill.to_torch`."""
+        self._sync()
         from ._convert import to_torch
         return to_torch(self, materialize=materialize)
 
@@ -247,6 +268,7 @@ class SparseTensor(torch.Tensor):
         return new
 
     def __repr__(self, *, tensor_contents=None):
+        self._sync()
         names, _ = self.__tensor_flatten__()
         parts = [f"{_PUBLIC_NAMES[n]}={getattr(self, n)!r}" for n in names[:-1]]
         fill = "indefinite" if self._indefinite else repr(self._fill)

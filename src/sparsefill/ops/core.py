@@ -61,12 +61,12 @@ def _equal(func, args, kwargs):
         return False
     if not (isinstance(a, SparseTensor) and isinstance(b, SparseTensor)):  # the dense side is dense by nature
         return torch.equal(*(dense_of(t) if isinstance(t, SparseTensor) else t for t in (a, b)))
-    if a._indefinite or b._indefinite:
-        return NotImplemented
     (ia, va), (ib, vb) = coalesced_parts(a), coalesced_parts(b)
     S = a._sparse_shape
     if b._sparse_shape != S:
         return NotImplemented
+    if a._indefinite or b._indefinite:  # equal masked tensors: same pattern, same values
+        return a._indefinite and b._indefinite and torch.equal(ia, ib) and torch.equal(va, vb)
     from .._convert import values_at
     keys = torch.unique(torch.cat([_index.linearize(ia, S), _index.linearize(ib, S)]))
     if not torch.equal(values_at(a, keys, len(S)), values_at(b, keys, len(S))):

@@ -9,21 +9,28 @@ re-specified against their own fill, so ``A.mul_(2)`` still leaves ``A`` sparse.
 
 from __future__ import annotations
 
+import functools
+
 import torch
-from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
+from torch.utils._pytree import tree_flatten, tree_map, tree_map_only, tree_unflatten
 
 from .._convert import dense_of, dense_to_sparse
 from .._policy import check_densify
 from .._tensor import SparseTensor
 
 
+@functools.lru_cache(maxsize=None)
+def _written_positions(func) -> tuple:
+    return tuple((i, a.name, a.kwarg_only) for i, a in enumerate(func._schema.arguments)
+                 if a.alias_info is not None and a.alias_info.is_write)
+
+
 def written_args(func, args, kwargs) -> list:
-    """The arguments ``func``'s schema marks as written to (``self`` of ``add_``, ``out`` of ``add.out``)."""
+    """The SparseTensor arguments ``func``'s schema marks as written to (``self`` of ``add_``, ``out=``)."""
     out = []
-    for i, a in enumerate(func._schema.arguments):
-        if a.alias_info is not None and a.alias_info.is_write:
-            v = args[i] if i < len(args) and not a.kwarg_only else kwargs.get(a.name)
-            out.extend(v if isinstance(v, (list, tuple)) else [v])
+    for i, name, kwarg_only in _written_positions(func):
+        v = args[i] if i < len(args) and not kwarg_only else kwargs.get(name)
+        out.extend(v if isinstance(v, (list, tuple)) else [v])
     return [v for v in out if isinstance(v, SparseTensor)]
 
 
@@ -45,11 +52,22 @@ def respecify_(A: SparseTensor, x: torch.Tensor) -> SparseTensor:
 def densify_call(func, args, kwargs):
     flat, spec = tree_flatten((args, kwargs))
     sparse = [a for a in flat if isinstance(a, SparseTensor)]
-    check_densify(str(func), sum(a.numel() * a.element_size() for a in sparse), stacklevel=6)
+    check_densify(str(func), sum(a.numel() * a.element_size() for a in sparse))
     dense_for = {id(a): dense_of(a) for a in sparse}
     dargs, dkwargs = tree_unflatten([dense_for.get(id(a), a) if isinstance(a, SparseTensor) else a for a in flat], spec)
     out = func(*dargs, **dkwargs)
     written = {id(dense_for[id(A)]): A for A in written_args(func, args, kwargs)}
     for A in written.values():
         respecify_(A, dense_for[id(A)])
-    return tree_map(lambda o: written.get(id(o), o), out) if written else out
+    if written:
+        return tree_map(lambda o: written.get(id(o), o), out)
+    if func.is_view and isinstance(args[0], SparseTensor):  # a view stays a SparseTensor (see views.py)
+        return tree_map_only(torch.Tensor, lambda t: _resparsify(t, args[0]), out)
+    return out
+
+
+def _resparsify(t: torch.Tensor, base: SparseTensor) -> SparseTensor:
+    """COO SparseTensor of ``t`` with a scalar fill taken from ``base``'s fill where dtypes agree."""
+    f = base._fill.reshape(-1)[:1].reshape(()) if base._fill.numel() and base._fill.dtype == t.dtype else \
+        torch.zeros((), dtype=t.dtype, device=t.device)
+    return dense_to_sparse(t, f.clone(), False, False, torch.sparse_coo, 0)

@@ -2,12 +2,16 @@
 
 A handler may return ``NotImplemented`` to hand the call to the next stage.  Order:
 registered handler; the op's CompositeImplicitAutograd decomposition (so the pieces
-can meet their handlers); the densify fallback (``fallback.py``).
+can meet their handlers); the densify fallback (``fallback.py``).  Around every call,
+``views.py`` keeps SparseTensor views and their bases consistent.
 """
 
 from __future__ import annotations
 
 import torch
+from torch.utils._pytree import tree_leaves
+
+from .._tensor import SparseTensor
 
 HANDLERS: dict = {}
 
@@ -30,6 +34,24 @@ def _is_composite(func) -> bool:
 
 
 def dispatch(func, types, args, kwargs):
+    from . import views
+    from .fallback import written_args
+    for A in _sparse_views(args, kwargs):
+        views.sync(A)
+    out = _compute(func, args, kwargs)
+    if func.is_view and isinstance(args[0], SparseTensor):
+        views.track(out, func, args, kwargs)
+    for A in written_args(func, args, kwargs):
+        if A._view is not None:
+            views.write_through(A)
+    return out
+
+
+def _sparse_views(args, kwargs):
+    return [a for a in tree_leaves((args, kwargs)) if isinstance(a, SparseTensor) and a._view is not None]
+
+
+def _compute(func, args, kwargs):
     handler = HANDLERS.get(func)
     if handler is not None:
         out = handler(func, args, kwargs)
