@@ -1,0 +1,81 @@
+"""Views of a SparseTensor (``A[0]``, ``A.t()``, ``A.unbind()``, ``A.detach()``) behave as views of
+``A.to_dense()``: writes go through to the base, and a view reads what its base holds now."""
+
+import warnings
+
+import pytest
+import torch
+
+import sparsefill
+from sparsefill import SparseTensor
+
+LAYOUTS = [torch.sparse_coo, torch.sparse_csr]
+
+
+@pytest.fixture(autouse=True)
+def _quiet():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", sparsefill.DensifyWarning)
+        yield
+
+
+def _pair(layout):
+    x = torch.tensor([[1., 5, 2, 5], [5, 5, 3, 5], [4, 5, 5, 5]], dtype=torch.float64)
+    return sparsefill.to_sparse(x, fill_value=5., layout=layout), x.clone()
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_view_is_refreshed_after_its_base_changes(layout):
+    A, d = _pair(layout)
+    row, col = A[1], A[:, 2]
+    A.mul_(2); d.mul_(2)
+    torch.testing.assert_close(row.to_dense(), d[1])
+    torch.testing.assert_close(col.to_dense(), d[:, 2])
+    A[1, 2] = -7.; d[1, 2] = -7.
+    assert float(col.to_dense()[1]) == -7.
+    torch.testing.assert_close(torch.exp(row), torch.exp(d[1]))  # refreshed on dispatch too
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_writes_through_a_chain_of_views(layout):
+    A, d = _pair(layout)
+    A.t()[2][1:].add_(100.); d.t()[2][1:].add_(100.)
+    torch.testing.assert_close(A.to_dense(), d)
+    sib = A[0]
+    A.t()[0].zero_(); d.t()[0].zero_()
+    torch.testing.assert_close(sib.to_dense(), d[0])  # a sibling view sees the write
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_multi_output_views(layout):
+    A, d = _pair(layout)
+    a, b, c = A.unbind(0)
+    b.sub_(1.); d[1].sub_(1.)
+    p, q = A.split(2, dim=1)
+    q.fill_(0.5); d[:, 2:].fill_(0.5)
+    torch.testing.assert_close(A.to_dense(), d)
+    torch.testing.assert_close(a.to_dense(), d[0])
+
+
+def test_detach_and_parameter_share_with_their_base():
+    A, d = _pair(torch.sparse_coo)
+    p = torch.nn.Parameter(A)
+    with torch.no_grad():
+        p.mul_(3.)
+    d.mul_(3.)
+    torch.testing.assert_close(A.to_dense(), d)
+    A.add_(1.); d.add_(1.)
+    torch.testing.assert_close(p.detach().to_dense(), d)
+    assert isinstance(A, SparseTensor) and isinstance(p, SparseTensor)
+
+
+def test_write_through_bumps_the_base_version_for_autograd():
+    A, _ = _pair(torch.sparse_coo)
+    A.requires_grad_()
+    y = A * A  # saves A for backward
+    v0 = A._version
+    with torch.no_grad():
+        A.detach()[0].fill_(0.)  # a write through a view: A's version counter must move...
+    assert A._version > v0
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.sum().backward()  # ...so autograd refuses the stale graph instead of a wrong gradient
