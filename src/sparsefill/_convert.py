@@ -84,7 +84,8 @@ def dense_to_parts(x: torch.Tensor, fill: torch.Tensor, indefinite: bool, dense_
             differ = ~_nan_equal(x, fill)
         if dense_dim:
             differ = differ.flatten(sdim).any(-1)
-    return differ.nonzero().T.contiguous(), x[differ]
+    idx = differ.nonzero().T.contiguous()
+    return idx, (x[tuple(idx)] if sdim else x[differ])  # gather nse rows, not a second pass over x
 
 
 def _nan_equal(a, b):
