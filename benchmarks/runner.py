@@ -16,13 +16,18 @@ A *case* is a function registered with :func:`case` (or ``Registry.case``).  For
    measurement is the median of a ``torch.utils.benchmark.Timer(...).blocked_autorange``;
 4. the reported time of an implementation is the median of its per-round medians
    (``spread`` is ``(max - min) / 2 / median`` over the rounds), and the ratio is
-   ``subject / peer`` (> 1: sparsefill is slower).
+   ``subject / peer`` (> 1: sparsefill is slower).  Defaults: 5 rounds of 1 s
+   (``--quick``: 2 rounds of 0.05 s).
+5. ``other_cpu``: cores that other processes kept busy meanwhile (``/proc/stat`` minus
+   this process's CPU time); with ``retry_noisy`` a row above that is measured again
+   (up to 3 tries, the quietest kept).  On a small shared machine, look at it first.
 
 Nothing happens on import.  :func:`run_cases` is the machinery (the timer is a parameter,
 so a test can run it on a tiny case with a stub timer); :func:`main` is the command line
 (``benchmarks/run.py`` calls it with the registered cases)::
 
     python benchmarks/run.py [--quick] [--filter SUBSTR] [--threads 1,2] [--out DIR]
+                             [--rounds N] [--min-run-time S] [--retry-noisy CORES] [--list] [--dry-run]
 
 It prints a Markdown table and writes ``DIR/results.json`` and ``DIR/results.md``.
 """
@@ -39,6 +44,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import time
 import traceback
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -113,7 +119,7 @@ class Settings:
     min_run_time: float  # seconds per blocked_autorange measurement
 
 
-FULL = Settings(rounds=3, min_run_time=0.5)
+FULL = Settings(rounds=5, min_run_time=1.0)
 QUICK = Settings(rounds=2, min_run_time=0.05)
 
 
@@ -139,12 +145,15 @@ def _stats(samples: list[float]) -> dict[str, Any]:
 
 def run_cases(cases: Iterable[Case], threads: Sequence[int] = (1, 2), quick: bool = False, *,
               timer: Timer = torch_timer, settings: Settings | None = None, raise_errors: bool = False,
+              retry_noisy: float | None = None, max_tries: int = 3,
               log: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
     """Run ``cases`` under the protocol of this module; returns one record per (case, size, threads).
 
     A record: ``case, size, threads, impls: [{label, median_s, rounds_s, spread}], ratios:
     [{peer, ratio}]`` (ratio = subject median / peer median), or ``error`` (a traceback) when
     the case failed and ``raise_errors`` is false.  The global torch thread count is restored.
+    ``retry_noisy``: when other processes kept more than this many cores busy during a
+    measurement (``other_cpu``), measure again, up to ``max_tries`` in all, and keep the quietest.
     """
     settings = settings or (QUICK if quick else FULL)
     log = log or (lambda msg: None)
@@ -163,7 +172,17 @@ def run_cases(cases: Iterable[Case], threads: Sequence[int] = (1, 2), quick: boo
                         raise ValueError(f"case {c.name!r} has duplicate labels {labels}")
                     for n in threads:
                         log(f"{c.name} [{size_label}] threads={n}")
-                        results.append(_run_one(c, size_label, param, impls, n, timer, settings))
+                        best = _run_one(c, size_label, param, impls, n, timer, settings)
+                        tries = 1
+                        while (retry_noisy is not None and tries < max_tries and best["other_cpu"] is not None
+                               and best["other_cpu"] > retry_noisy):
+                            log(f"  other processes used {best['other_cpu']:.2f} cores: measuring again")
+                            again = _run_one(c, size_label, param, impls, n, timer, settings)
+                            tries += 1
+                            if again["other_cpu"] is not None and again["other_cpu"] < best["other_cpu"]:
+                                best = again
+                        best["tries"] = tries
+                        results.append(best)
                 except Exception:
                     if raise_errors:
                         raise
@@ -184,21 +203,52 @@ def run_cases(cases: Iterable[Case], threads: Sequence[int] = (1, 2), quick: boo
 def _run_one(c: Case, size_label: str, param, impls: Sequence[Impl], n: int, timer: Timer,
              settings: Settings) -> dict[str, Any]:
     torch.set_num_threads(n)
+    load = _loadavg()
     outputs = {label: fn() for label, fn in impls}    # warm-up
     if c.check is not None:
         c.check(param, outputs)
     del outputs
     gc.collect()
     samples: dict[str, list[float]] = {label: [] for label, _ in impls}
+    cpu0 = _cpu_snapshot()
     for _ in range(settings.rounds):
         for label, fn in impls:
             torch.set_num_threads(n)
             samples[label].append(float(timer(fn, num_threads=n, min_run_time=settings.min_run_time)))
+    other = _other_cpu(cpu0, _cpu_snapshot())
     stats = [{"label": label, **_stats(samples[label])} for label, _ in impls]
     subject = stats[0]
     ratios = [{"peer": s["label"], "ratio": subject["median_s"] / s["median_s"] if s["median_s"] > 0 else None}
               for s in stats[1:]]
-    return {"case": c.name, "size": size_label, "threads": n, "impls": stats, "ratios": ratios}
+    return {"case": c.name, "size": size_label, "threads": n, "impls": stats, "ratios": ratios,
+            "loadavg_1min": load, "other_cpu": other}
+
+
+def _cpu_snapshot():
+    """(wall, machine busy CPU seconds, this process's CPU seconds) or None off Linux."""
+    try:
+        with open("/proc/stat") as f:
+            ticks = [int(v) for v in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    busy = (sum(ticks[:8]) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")  # all but idle and iowait
+    t = os.times()
+    return time.monotonic(), busy, t.user + t.system
+
+
+def _other_cpu(a, b) -> float | None:
+    """Cores kept busy by other processes while timing (CPU time not ours / wall time): the noise."""
+    if a is None or b is None or b[0] <= a[0]:
+        return None
+    return max(0.0, (b[1] - a[1]) - (b[2] - a[2])) / (b[0] - a[0])
+
+
+def _loadavg() -> float | None:
+    """1-minute load average when the case started (other processes make the numbers noisy)."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
 
 
 # ---------------------------------------------------------------------- reporting
@@ -216,24 +266,29 @@ def _fmt_impl(s: Mapping[str, Any]) -> str:
 
 
 def markdown_table(results: Sequence[Mapping[str, Any]]) -> str:
-    """One row per (case, size, threads, peer): medians (± half range over rounds) and the ratio."""
-    rows = ["| case | size | threads | sparsefill | peer | peer time | sparsefill / peer |",
-            "|---|---|---:|---:|---|---:|---:|"]
+    """One row per (case, size, threads, peer): medians (± half range over rounds) and the ratio.
+
+    ``other CPU``: cores that other processes kept busy while the row was timed (0 = quiet machine).
+    """
+    rows = ["| case | size | threads | sparsefill | peer | peer time | sparsefill / peer | other CPU |",
+            "|---|---|---:|---:|---|---:|---:|---:|"]
     for r in results:
         head = f"| {r['case']} | {r['size']} | {r['threads']} "
         if "error" in r:
             last = r["error"].strip().splitlines()[-1].replace("|", "\\|")
-            rows.append(head + f"| **error** | {last} | - | - |")
+            rows.append(head + f"| **error** | {last} | - | - | - |")
             continue
         subject = r["impls"][0]
+        other = r.get("other_cpu")
+        tail = " | " + ("-" if other is None else f"{other:.2f}") + " |"
         peers = r["impls"][1:] or [None]
         for peer, ratio in zip(peers, r["ratios"] or [None]):
             if peer is None:
-                rows.append(head + f"| {_fmt_impl(subject)} | - | - | - |")
+                rows.append(head + f"| {_fmt_impl(subject)} | - | - | -" + tail)
                 continue
             q = ratio["ratio"]
             rows.append(head + f"| {_fmt_impl(subject)} | `{peer['label']}` | {_fmt_impl(peer)} | "
-                        + ("-" if q is None else f"{'**' if q >= 2 else ''}{q:.2f}{'**' if q >= 2 else ''}") + " |")
+                        + ("-" if q is None else f"{'**' if q >= 2 else ''}{q:.2f}{'**' if q >= 2 else ''}") + tail)
     return "\n".join(rows)
 
 
@@ -242,7 +297,7 @@ def environment() -> dict[str, Any]:
     env: dict[str, Any] = {"python": platform.python_version(), "torch": torch.__version__,
                            "platform": platform.platform(), "machine": platform.machine(),
                            "processor": platform.processor(), "cpu_count": os.cpu_count(),
-                           "torch_default_threads": torch.get_num_threads()}
+                           "torch_default_threads": torch.get_num_threads(), "loadavg_start": _loadavg()}
     try:
         import sparsefill
         env["sparsefill"] = getattr(sparsefill, "__version__", "?")
@@ -284,6 +339,13 @@ def main(argv: Sequence[str] | None = None, cases: Sequence[Case] | None = None,
     p.add_argument("--threads", type=_parse_threads, default=[1, 2], metavar="N,M",
                    help="torch thread counts to run each case with (default 1,2)")
     p.add_argument("--out", default="bench-out", metavar="DIR", help="where results.json/.md go (default bench-out/)")
+    p.add_argument("--rounds", type=int, default=None, metavar="N",
+                   help=f"interleaved rounds (default {FULL.rounds}, --quick {QUICK.rounds})")
+    p.add_argument("--min-run-time", type=float, default=None, metavar="S",
+                   help=f"seconds per blocked_autorange (default {FULL.min_run_time}, --quick {QUICK.min_run_time})")
+    p.add_argument("--retry-noisy", type=float, default=None, metavar="CORES",
+                   help="re-measure (up to 3 tries, keep the quietest) when other processes kept more than "
+                        "CORES cores busy meanwhile")
     p.add_argument("--list", action="store_true", help="list the selected cases and sizes, run nothing")
     p.add_argument("--dry-run", action="store_true",
                    help="build inputs, run every implementation once and the checks; no timing")
@@ -301,17 +363,24 @@ def main(argv: Sequence[str] | None = None, cases: Sequence[Case] | None = None,
         return 0
 
     timer = stub_timer if args.dry_run else torch_timer
-    settings = Settings(rounds=1, min_run_time=0.0) if args.dry_run else None
+    base = QUICK if args.quick else FULL
+    settings = Settings(rounds=1, min_run_time=0.0) if args.dry_run else Settings(
+        rounds=base.rounds if args.rounds is None else args.rounds,
+        min_run_time=base.min_run_time if args.min_run_time is None else args.min_run_time)
+    if settings.rounds < 1 or settings.min_run_time < 0:
+        p.error("--rounds must be >= 1 and --min-run-time >= 0")
     started = datetime.datetime.now(datetime.timezone.utc)
+    env = environment()  # before running: the commit and load the numbers belong to
     results = run_cases(selected, args.threads, args.quick, timer=timer, settings=settings,
-                        log=lambda msg: print(f"# {msg}", file=sys.stderr, flush=True))
-    used = settings or (QUICK if args.quick else FULL)
+                        retry_noisy=args.retry_noisy, log=lambda msg: print(f"# {msg}", file=sys.stderr, flush=True))
     table = markdown_table(results)
+    if args.dry_run:
+        table = "<!-- dry run: nothing was timed, the times are placeholders -->\n" + table
     print(table)
 
     report = {"started": started.isoformat(timespec="seconds"), "quick": args.quick, "dry_run": args.dry_run,
-              "threads": args.threads, "filter": args.filter, "settings": dataclasses.asdict(used),
-              "environment": environment(), "results": results}
+              "threads": args.threads, "filter": args.filter, "retry_noisy": args.retry_noisy, "settings": dataclasses.asdict(settings),
+              "environment": env, "loadavg_end": _loadavg(), "results": results}
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump(report, f, indent=1)

@@ -1,0 +1,1 @@
+"""sparsefill benchmarks: ``python benchmarks/run.py --help`` (see README.md here)."""
