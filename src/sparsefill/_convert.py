@@ -68,22 +68,26 @@ def values_at(S, keys: torch.Tensor, sdim: int) -> torch.Tensor:
     return torch.where(found.view((-1,) + (1,) * len(D)), got, S._fill)
 
 
-def dense_to_parts(x: torch.Tensor, fill: torch.Tensor, indefinite: bool, dense_dim: int):
+def dense_to_parts(x: torch.Tensor, fill: torch.Tensor, indefinite: bool, dense_dim: int, zero: bool = False):
     """Indices and values of exactly the elements (dense slices) of ``x`` that differ from ``fill``.
 
-    NaN equals NaN here, so a NaN fill leaves NaN elements unspecified.
+    NaN equals NaN here, so a NaN fill leaves NaN elements unspecified.  ``zero``: the fill is
+    known to be zero, so ``x.nonzero()`` finds the elements in one pass, as torch's ``to_sparse``.
     """
     sdim = x.dim() - dense_dim
+    if zero and sdim and not dense_dim:
+        idx = x.nonzero().T.contiguous()
+        return idx, x[tuple(idx)]
     if indefinite:
         differ = torch.ones(x.shape[:sdim], dtype=torch.bool, device=x.device)
+    elif x.is_complex() and bool(fill.isnan().any()):  # NaN == NaN, component by component
+        differ = ~(_nan_equal(x.real, fill.real) & _nan_equal(x.imag, fill.imag))
+    elif x.is_floating_point() and bool(fill.isnan().any()):
+        differ = ~_nan_equal(x, fill)
     else:
         differ = x != fill
-        if x.is_complex() and bool(fill.isnan().any()):  # NaN == NaN, component by component
-            differ = ~(_nan_equal(x.real, fill.real) & _nan_equal(x.imag, fill.imag))
-        elif x.is_floating_point() and bool(fill.isnan().any()):
-            differ = ~_nan_equal(x, fill)
-        if dense_dim:
-            differ = differ.flatten(sdim).any(-1)
+    if dense_dim and not indefinite:
+        differ = differ.flatten(sdim).any(-1)
     idx = differ.nonzero().T.contiguous()
     return idx, (x[tuple(idx)] if sdim else x[differ])  # gather nse rows, not a second pass over x
 
@@ -150,7 +154,7 @@ def to_layout(A: SparseTensor, layout) -> SparseTensor:
 
 
 def dense_to_sparse(x, fill, indefinite, known_zero, layout, dense_dim) -> SparseTensor:
-    idx, vals = dense_to_parts(x, fill, indefinite, dense_dim)
+    idx, vals = dense_to_parts(x, fill, indefinite, dense_dim, known_zero and not indefinite)
     return parts_to_sparse(idx, vals, x.shape, fill, indefinite, known_zero, layout, True)
 
 

@@ -79,7 +79,7 @@ def normalize_fill(fill_value, dtype, device, dense_shape, *, own=False):
                             f"pass fill_value.to({dtype})")
         if fill_value.device != torch.device(device):
             raise TypeError(f"fill_value is on device {fill_value.device} but the tensor is on {device}")
-        fill, zero = fill_value, False
+        fill, zero = fill_value, fill_value.device.type == "cpu" and not bool(fill_value.any())
         if own:
             fill = fill.detach().clone()
     elif isinstance(fill_value, numbers.Number):
@@ -94,7 +94,7 @@ def normalize_fill(fill_value, dtype, device, dense_shape, *, own=False):
         t = torch.as_tensor(fill_value)
         if not torch.can_cast(t.dtype, dtype):
             raise TypeError(f"fill_value of dtype {t.dtype} cannot be cast to the tensor's dtype {dtype}")
-        fill, zero = t.to(dtype=dtype, device=device), False
+        fill, zero = t.to(dtype=dtype, device=device), not bool(t.any())
     try:
         fits = fill.dim() <= len(dense_shape) and torch.broadcast_shapes(fill.shape, dense_shape) == dense_shape
     except RuntimeError:

@@ -33,6 +33,8 @@ def linearize(indices: torch.Tensor, shape) -> torch.Tensor:
     nse = indices.shape[1]
     if len(shape) == 0:
         return torch.zeros(nse, dtype=torch.int64, device=indices.device)
+    if len(shape) == 1:
+        return indices[0].to(torch.int64)
     st = torch.tensor(strides(shape), dtype=torch.int64, device=indices.device)
     return (indices.to(torch.int64) * st[:, None]).sum(0)
 
