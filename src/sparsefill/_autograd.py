@@ -103,7 +103,7 @@ class SameDense(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, G):
-        if ctx.x_layout is None:
-            return G, None
+        if ctx.x_layout is None:  # a SparseTensor input: dense or SparseTensor gradients both fit
+            return (_convert.from_native(G) if G.layout is not torch.strided else G), None
         g = _convert.dense_of(G) if isinstance(G, SparseTensor) else G
         return (g if ctx.x_layout is torch.strided else g.to_sparse(layout=ctx.x_layout)), None

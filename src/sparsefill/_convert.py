@@ -19,7 +19,7 @@ _NATIVE = (torch.sparse_coo, torch.sparse_csr, torch.sparse_csc, torch.sparse_bs
 def rewrap(A: SparseTensor, **changes) -> SparseTensor:
     """A new SparseTensor sharing ``A``'s inner tensors, with ``changes`` applied (no autograd)."""
     kw = dict(indices=A._idx, crow=A._crow, col=A._col, indefinite=A._indefinite, coalesced=A._coalesced,
-              known_zero=A._zero[1] and not A._indefinite)
+              known_zero=A._fill_is_zero())
     kw.update(changes)
     size = kw.pop("size", A.shape)
     values = kw.pop("values", A._vals)
@@ -150,7 +150,7 @@ def to_layout(A: SparseTensor, layout) -> SparseTensor:
     if layout not in (torch.sparse_coo, torch.sparse_csr):
         raise ValueError(f"sparsefill layouts are torch.sparse_coo and torch.sparse_csr, got {layout}")
     idx, vals = A._coo_parts() if layout is torch.sparse_coo else coalesced_parts(A)
-    return parts_to_sparse(idx, vals, A.shape, A._fill, A._indefinite, A._zero[1], layout, A._coalesced)
+    return parts_to_sparse(idx, vals, A.shape, A._fill, A._indefinite, A._fill_is_zero(), layout, A._coalesced)
 
 
 def dense_to_sparse(x, fill, indefinite, known_zero, layout, dense_dim) -> SparseTensor:
@@ -179,7 +179,7 @@ def to_torch(A: SparseTensor, *, materialize: bool = False) -> torch.Tensor:
     if A._indefinite:
         raise ValueError("to_torch(): the fill is indefinite and torch native sparse tensors have zero fill; "
                          "define the unspecified elements first, e.g. A.to_sparse(fill_value=0).to_torch(materialize=True)")
-    if A._fill_is_zero() or not bool(A._fill.any()):
+    if A._fill_is_zero() or not bool(A._fill.any()):  # the cache can't see writes via .data
         if A._sf_layout is torch.sparse_coo:
             return torch.sparse_coo_tensor(A._idx, A._vals, A.shape, is_coalesced=A._coalesced)
         return torch.sparse_csr_tensor(A._crow, A._col, A._vals, A.shape)

@@ -328,8 +328,8 @@ def from_torch(t: torch.Tensor) -> SparseTensor:
 
 
 def to_torch(A: SparseTensor, *, materialize: bool = False) -> torch.Tensor:
-    """Torch native sparse tensor of ``A``; see :meth:`SparseTensor.to_torch`."""
-    return _convert.to_torch(A, materialize=materialize)
+    """Torch native sparse tensor of ``A`` (differentiable); see :meth:`SparseTensor.to_torch`."""
+    return _same_dense(A, lambda a: _convert.to_torch(a, materialize=materialize))
 
 
 # ---------------------------------------------------------------------- factories (fill-value-rfc.md point 3)

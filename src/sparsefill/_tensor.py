@@ -23,6 +23,7 @@ from . import _index
 __all__ = ["SparseTensor"]
 
 _LAYOUTS = (torch.sparse_coo, torch.sparse_csr)
+_STATE = ("_sf_layout", "_idx", "_crow", "_col", "_vals", "_fill", "_indefinite", "_coalesced", "_zero", "_view")
 _PUBLIC_NAMES = {"_idx": "indices", "_crow": "crow_indices", "_col": "col_indices", "_vals": "values"}
 
 
@@ -112,6 +113,8 @@ class SparseTensor(torch.Tensor):
         """Host-side: True only when the fill is known to be zero (never syncs a device)."""
         if self._indefinite:
             return False
+        if self._fill.device.type == "cpu":  # cheap, and sees writes that bypass version counters (.data)
+            return not bool(self._fill.any())
         v = _version(self._fill)
         if v is None or v != self._zero[0]:
             known = self._fill.device.type == "cpu" and not bool(self._fill.any())
@@ -174,8 +177,14 @@ class SparseTensor(torch.Tensor):
     def set_fill_value_(self, fill_value) -> "SparseTensor":
         """Replace the fill in place (any kind: scalar, array, ``[]`` for indefinite). Returns ``self``."""
         from ._creation import normalize_fill
-        fill, indefinite, zero = normalize_fill(fill_value, self.dtype, self.device, self._dense_shape)
+        self._sync()
+        fill, indefinite, zero = normalize_fill(fill_value, self.dtype, self.device, self._dense_shape, own=True)
         self._fill, self._indefinite, self._zero = fill, indefinite, (_version(fill), zero)
+        if not self.is_inference():
+            torch.autograd.graph.increment_version(self)
+        if self._view is not None:
+            from .ops.views import write_through
+            write_through(self)
         return self
 
     def _coo_parts(self):
@@ -236,13 +245,14 @@ class SparseTensor(torch.Tensor):
     def to_torch(self, *, materialize: bool = False) -> torch.Tensor:
         """A torch native sparse tensor (zero fill) of the same layout; see :func:`sparsefill.to_torch`."""
         self._sync()
-        from ._convert import to_torch
+        from ._creation import to_torch
         return to_torch(self, materialize=materialize)
 
     # ------------------------------------------------------------------ subclass protocol
     def __tensor_flatten__(self):
+        self._sync()
         names = ["_idx"] if self._sf_layout is torch.sparse_coo else ["_crow", "_col"]
-        return names + ["_vals", "_fill"], (self._sf_layout, self._indefinite, self._coalesced, self._zero[1])
+        return names + ["_vals", "_fill"], (self._sf_layout, self._indefinite, self._coalesced, self._fill_is_zero())
 
     @staticmethod
     def __tensor_unflatten__(inner, ctx, outer_size, outer_stride):
@@ -265,6 +275,9 @@ class SparseTensor(torch.Tensor):
         size, inner, ctx, rg = self._rebuild_args(lambda t: copy.deepcopy(t.detach(), memo))
         new = _rebuild(size, inner, ctx, rg)
         memo[id(self)] = new
+        for k, v in self.__dict__.items():  # e.g. _is_param of nn.Parameter(A); a copy is no view
+            if k not in _STATE:
+                setattr(new, k, copy.deepcopy(v, memo))
         return new
 
     def __repr__(self, *, tensor_contents=None):
@@ -286,6 +299,9 @@ class SparseTensor(torch.Tensor):
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         from .ops.registry import dispatch
+        if func.is_view and torch.is_inference_mode_enabled() and not args[0].is_inference():
+            with torch.inference_mode(False):  # a view of a normal tensor must not be an inference tensor
+                return dispatch(func, types, args, kwargs or {})
         return dispatch(func, types, args, kwargs or {})
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .. import _creation, _index
-from .._convert import coalesced_parts, dense_of, dense_to_sparse, rewrap, to_layout
+from .._convert import coalesce_of, coalesced_parts, dense_of, dense_to_sparse, rewrap, to_layout
 from .._tensor import SparseTensor
 from .fallback import assign_
 from .registry import register
@@ -14,7 +14,10 @@ aten = torch.ops.aten
 
 
 def map_inner(A: SparseTensor, values_fn, index_fn=lambda t: t) -> SparseTensor:
-    """A new SparseTensor with ``values_fn`` applied to values and fill, ``index_fn`` to the index tensors."""
+    """A new SparseTensor with ``values_fn`` applied to values and fill, ``index_fn`` to the index tensors.
+
+    ``values_fn`` must commute with summing duplicates (linear), or ``A`` must be coalesced.
+    """
     ix = {n: index_fn(getattr(A, "_" + n)) for n in ("idx", "crow", "col") if getattr(A, "_" + n) is not None}
     return rewrap(A, values=values_fn(A._vals), fill=values_fn(A._fill), indices=ix.get("idx"),
                   crow=ix.get("crow"), col=ix.get("col"))
@@ -35,8 +38,23 @@ def _to_copy(func, args, kwargs):
     if kwargs.get("layout") not in (None, torch.strided):
         return NotImplemented
     dtype, device, nb = kwargs.get("dtype"), kwargs.get("device"), kwargs.get("non_blocking", False)
-    return map_inner(args[0], lambda t: t.to(dtype=dtype, device=device, non_blocking=nb, copy=True),
+    return map_inner(_coalesced_for_cast(args[0], dtype), lambda t: t.to(dtype=dtype, device=device, non_blocking=nb, copy=True),
                      lambda t: t.to(device=device, non_blocking=nb))
+
+
+def _coalesced_for_cast(A: SparseTensor, dtype) -> SparseTensor:
+    """A cast does not commute with summing duplicates (0.5 + 0.5 -> int): coalesce first."""
+    return A if A._coalesced or dtype is None or dtype == A.dtype else coalesce_of(A)
+
+
+@register(aten._conj.default)
+def _conj(func, args, kwargs):  # physical: the conjugate bit would be lost inside dispatch
+    return map_inner(args[0], torch.conj_physical)
+
+
+@register(aten._neg_view.default)
+def _neg_view(func, args, kwargs):
+    return map_inner(args[0], torch.neg)
 
 
 @register(aten.copy_.default)
@@ -47,11 +65,11 @@ def _copy_(func, args, kwargs):
     if isinstance(src, SparseTensor):
         if src.shape != dst.shape or src.dense_dim() != dst.dense_dim():
             return NotImplemented
-        new = map_inner(src, lambda t: t.to(dtype=dst.dtype, device=dst.device, copy=True),
+        new = map_inner(_coalesced_for_cast(src, dst.dtype), lambda t: t.to(dtype=dst.dtype, device=dst.device, copy=True),
                         lambda t: t.to(device=dst.device, copy=True))
         return assign_(dst, to_layout(new, dst._sf_layout))
     x = torch.as_tensor(src).to(dtype=dst.dtype, device=dst.device).expand(dst.shape)
-    return assign_(dst, dense_to_sparse(x, dst._fill, dst._indefinite, dst._zero[1], dst._sf_layout, dst.dense_dim()))
+    return assign_(dst, dense_to_sparse(x, dst._fill, dst._indefinite, dst._fill_is_zero(), dst._sf_layout, dst.dense_dim()))
 
 
 @register(aten.equal.default)

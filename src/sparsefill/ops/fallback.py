@@ -16,7 +16,7 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_map_only, tree_unfl
 
 from .._convert import dense_of, dense_to_sparse
 from .._policy import check_densify
-from .._tensor import SparseTensor
+from .._tensor import _STATE, SparseTensor
 
 
 @functools.lru_cache(maxsize=None)
@@ -38,15 +38,16 @@ def assign_(A: SparseTensor, new: SparseTensor) -> SparseTensor:
     """Make ``A`` hold ``new``'s storage and fill (same shape, dtype and device)."""
     if new.shape != A.shape or new.dtype != A.dtype:
         raise ValueError(f"cannot store a result of shape {tuple(new.shape)} and dtype {new.dtype} in a SparseTensor "
-                         f"of shape {tuple(A.shape)} and dtype {A.dtype}")
-    for name in ("_sf_layout", "_idx", "_crow", "_col", "_vals", "_fill", "_indefinite", "_coalesced", "_zero"):
+                         f"of shape {tuple(A.shape)} and dtype {A.dtype}: a SparseTensor's shape and dtype are fixed, "
+                         "so in-place ops that change them (resize_, t_, unsqueeze_...) are not supported")
+    for name in _STATE[:-1]:  # everything but the view relation
         setattr(A, name, getattr(new, name))
     return A
 
 
 def respecify_(A: SparseTensor, x: torch.Tensor) -> SparseTensor:
     """Store dense ``x`` in ``A``, keeping ``A``'s fill, layout and dense dims."""
-    return assign_(A, dense_to_sparse(x, A._fill, A._indefinite, A._zero[1], A._sf_layout, A.dense_dim()))
+    return assign_(A, dense_to_sparse(x, A._fill, A._indefinite, A._fill_is_zero(), A._sf_layout, A.dense_dim()))
 
 
 def densify_call(func, args, kwargs):

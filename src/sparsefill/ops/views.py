@@ -17,14 +17,19 @@ import torch
 
 from .._convert import dense_of, rewrap
 from .._tensor import SparseTensor, _version
+from .core import map_inner
 from .fallback import assign_, respecify_
 
 aten = torch.ops.aten
 ALIASES = (aten.detach.default, aten.alias.default)
+INVOLUTIONS = {aten._conj.default: torch.conj_physical, aten._neg_view.default: torch.neg}  # their own inverse
 
 
-def _state(A: SparseTensor) -> tuple:
-    return (_version(A), id(A._vals), _version(A._vals), id(A._fill), _version(A._fill), A._sf_layout)
+def _state(A: SparseTensor):
+    """What a view compares to see whether its base changed; inference tensors have no version
+    counters, so their state never compares equal (the view is always refreshed)."""
+    st = (_version(A), id(A._vals), _version(A._vals), id(A._fill), _version(A._fill), A._sf_layout)
+    return object() if None in st else st
 
 
 def track(out, func, args, kwargs) -> None:
@@ -52,6 +57,8 @@ def sync(V: SparseTensor) -> None:
         return
     if func in ALIASES:
         assign_(V, rewrap(base))
+    elif func in INVOLUTIONS:
+        assign_(V, map_inner(base, INVOLUTIONS[func]))
     else:
         respecify_(V, _replay(V, dense_of(base)))
     V._view = (base, func, rest, kwargs, i, now)
@@ -62,6 +69,8 @@ def write_through(V: SparseTensor) -> None:
     base, func, rest, kwargs, i, _ = V._view
     if func in ALIASES:
         assign_(base, rewrap(V))
+    elif func in INVOLUTIONS:
+        assign_(base, map_inner(V, INVOLUTIONS[func]))
     else:
         bd = dense_of(base)
         _replay(V, bd).copy_(dense_of(V))
