@@ -79,3 +79,11 @@ def test_write_through_bumps_the_base_version_for_autograd():
     assert A._version > v0
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         y.sum().backward()  # ...so autograd refuses the stale graph instead of a wrong gradient
+
+
+def test_write_through_an_expanded_view():
+    A = sparsefill.to_sparse(torch.eye(2))
+    d = torch.eye(2)
+    A.expand(2, 2, 2).fill_(5.)
+    d.expand(2, 2, 2).fill_(5.)
+    torch.testing.assert_close(A.to_dense(), d)

@@ -311,7 +311,13 @@ def convert(A: SparseTensor, layout=None, fill_value=None, dense_dim=None) -> Sp
     layout = A._sf_layout if layout is None else layout
     dd = _convert.check_dense_dim(A.dim(), A.dense_dim() if dense_dim is None else dense_dim, layout)
     keep = (indefinite if A._indefinite else A._fill) if fill_value is None else fill_value
-    fill, indef, zero = normalize_fill(keep, A.dtype, A.device, A.shape[A.dim() - dd:], own=True)
+    try:
+        fill, indef, zero = normalize_fill(keep, A.dtype, A.device, A.shape[A.dim() - dd:], own=True)
+    except ValueError as e:
+        if fill_value is not None:
+            raise
+        raise ValueError(f"dense_dim {A.dense_dim()} -> {dd}: the fill of shape {tuple(A._fill.shape)} does not fit "
+                         f"the new dense dims {tuple(A.shape[A.dim() - dd:])}; pass fill_value= as well") from e
     if dd == A.dense_dim() and (fill_value is None or indef and A._indefinite):  # the pattern stays
         return A if layout is A._sf_layout else _same_dense(A, lambda a: _convert.to_layout(a, layout))
     return _same_dense(A, lambda a: _convert.convert_fill(a, fill, indef, zero, layout, dd))
@@ -320,7 +326,9 @@ def convert(A: SparseTensor, layout=None, fill_value=None, dense_dim=None) -> Sp
 def from_torch(t: torch.Tensor) -> SparseTensor:
     """SparseTensor (zero fill) from a torch native sparse tensor (COO, CSR; CSC/BSR/BSC become COO).
 
-    Shares storage; a dense ``t`` goes through :func:`to_sparse`.
+    Built on ``t``'s index and value tensors without copying them (an op that re-specifies the
+    SparseTensor later gives it new storage, as any SparseTensor op).  A dense ``t`` goes through
+    :func:`to_sparse`.
     """
     if t.layout is torch.strided:
         return to_sparse(t)

@@ -4,7 +4,8 @@
 
 Subject to the densify policy (``sparsefill.densify_policy``).  SparseTensor
 arguments that the op writes to (in-place and ``out=`` variants) are written back,
-re-specified against their own fill, so ``A.mul_(2)`` still leaves ``A`` sparse.
+re-specified against their own fill: ``A.mul_(2)`` leaves ``A`` a SparseTensor, specified
+wherever the result differs from ``A``'s fill (everywhere, unless ``2 * fill == fill``).
 """
 
 from __future__ import annotations

@@ -64,6 +64,16 @@ def sync(V: SparseTensor) -> None:
     V._view = (base, func, rest, kwargs, i, now)
 
 
+def _copy_into(target: torch.Tensor, src: torch.Tensor, bd: torch.Tensor) -> None:
+    """``target.copy_(src)``; for a self-overlapping view of ``bd`` (``expand``) write each location once."""
+    if torch._debug_has_internal_overlap(target) != 1:
+        target.copy_(src)
+        return
+    offsets = torch.arange(bd.numel(), device=bd.device).as_strided(
+        target.shape, target.stride(), target.storage_offset() - bd.storage_offset())
+    bd.view(-1)[offsets.reshape(-1)] = src.reshape(-1)
+
+
 def write_through(V: SparseTensor) -> None:
     """Propagate a write to view ``V`` into its base (and on up the chain of bases)."""
     base, func, rest, kwargs, i, _ = V._view
@@ -73,7 +83,7 @@ def write_through(V: SparseTensor) -> None:
         assign_(base, map_inner(V, INVOLUTIONS[func]))
     else:
         bd = dense_of(base)
-        _replay(V, bd).copy_(dense_of(V))
+        _copy_into(_replay(V, bd), dense_of(V), bd)
         respecify_(base, bd)
     if not base.is_inference():
         torch.autograd.graph.increment_version(base)
