@@ -13,8 +13,6 @@ import torch
 from . import _index
 from ._tensor import SparseTensor
 
-_NATIVE = (torch.sparse_coo, torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc)
-
 
 def rewrap(A: SparseTensor, **changes) -> SparseTensor:
     """A new SparseTensor sharing ``A``'s inner tensors, with ``changes`` applied (no autograd)."""

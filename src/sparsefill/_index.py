@@ -76,9 +76,3 @@ def lookup(sorted_keys: torch.Tensor, query: torch.Tensor):
         return torch.zeros_like(query), torch.zeros_like(query, dtype=torch.bool)
     pos = torch.searchsorted(sorted_keys, query).clamp_(max=sorted_keys.numel() - 1)
     return pos, sorted_keys[pos] == query
-
-
-def csr_row_indices(crow: torch.Tensor, nse: int) -> torch.Tensor:
-    """Row index of each stored element of a (non-batched) CSR ``crow_indices``."""
-    counts = crow[1:] - crow[:-1]
-    return torch.repeat_interleave(torch.arange(counts.numel(), device=crow.device), counts, output_size=nse)

@@ -22,7 +22,6 @@ from . import _index
 
 __all__ = ["SparseTensor"]
 
-_LAYOUTS = (torch.sparse_coo, torch.sparse_csr)
 _STATE = ("_sf_layout", "_idx", "_crow", "_col", "_vals", "_fill", "_indefinite", "_coalesced", "_zero", "_view")
 _PUBLIC_NAMES = {"_idx": "indices", "_crow": "crow_indices", "_col": "col_indices", "_vals": "values"}
 
