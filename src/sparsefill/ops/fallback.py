@@ -21,7 +21,7 @@ from .._tensor import _STATE, SparseTensor
 
 
 @functools.lru_cache(maxsize=None)
-def _written_positions(func) -> tuple:
+def written_positions(func) -> tuple:
     return tuple((i, a.name, a.kwarg_only) for i, a in enumerate(func._schema.arguments)
                  if a.alias_info is not None and a.alias_info.is_write)
 
@@ -29,7 +29,7 @@ def _written_positions(func) -> tuple:
 def written_args(func, args, kwargs) -> list:
     """The SparseTensor arguments ``func``'s schema marks as written to (``self`` of ``add_``, ``out=``)."""
     out = []
-    for i, name, kwarg_only in _written_positions(func):
+    for i, name, kwarg_only in written_positions(func):
         v = args[i] if i < len(args) and not kwarg_only else kwargs.get(name)
         out.extend(v if isinstance(v, (list, tuple)) else [v])
     return [v for v in out if isinstance(v, SparseTensor)]

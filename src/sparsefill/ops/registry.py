@@ -1,7 +1,8 @@
 """One registry: aten ``OpOverload`` -> handler ``(func, args, kwargs) -> result``.
 
 A handler may return ``NotImplemented`` to hand the call to the next stage.  Order:
-registered handler; the op's CompositeImplicitAutograd decomposition (so the pieces
+registered handler; the generic rule of ops tagged ``torch.Tag.pointwise`` (``pointwise.py``);
+the op's CompositeImplicitAutograd decomposition (so the pieces
 can meet their handlers); the densify fallback (``fallback.py``).  Around every call,
 ``views.py`` keeps SparseTensor views and their bases consistent.
 """
@@ -12,6 +13,7 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from .._tensor import SparseTensor
+from . import pointwise
 
 HANDLERS: dict = {}
 
@@ -55,6 +57,10 @@ def _compute(func, args, kwargs):
     handler = HANDLERS.get(func)
     if handler is not None:
         out = handler(func, args, kwargs)
+        if out is not NotImplemented:
+            return out
+    if pointwise.is_pointwise(func):
+        out = pointwise.unary_pointwise(func, args, kwargs)
         if out is not NotImplemented:
             return out
     if _is_composite(func):

@@ -1,0 +1,87 @@
+"""The generic element-wise rule (ops tagged torch.Tag.pointwise, one SparseTensor operand):
+f(A) keeps A's pattern, f(A).fill == f(A.fill), f(A).to_dense() == f(A.to_dense()), with no densifying."""
+
+import warnings
+
+import pytest
+import torch
+
+import sparsefill
+from sparsefill import SparseTensor
+
+
+def _inputs():
+    x = torch.tensor([[0.5, 2., 2.], [2., -1., 2.]], dtype=torch.float64)
+    yield "coo", sparsefill.to_sparse(x, fill_value=2.)
+    yield "csr", sparsefill.to_sparse(x, fill_value=2., layout=torch.sparse_csr)
+    yield "hybrid", sparsefill.to_sparse(x, fill_value=torch.tensor([2., -1., 2.], dtype=torch.float64), dense_dim=1)
+    yield "uncoalesced", sparsefill.sparse_coo_tensor([[0, 0, 2], [1, 1, 0]], torch.tensor([1., 2., -3.]).double(),
+                                                      (3, 2), fill_value=0.25)
+
+
+OPS = {
+    "exp": torch.exp, "cos": torch.cos, "sigmoid": torch.sigmoid, "log1p": torch.log1p,
+    "mul_scalar": lambda a: a * -8.0, "pow_scalar": lambda a: a ** 3, "clamp": lambda a: a.clamp(-0.5, 1.),
+    "nan_to_num": lambda a: torch.nan_to_num(torch.log(a)), "gt": lambda a: a > 1., "to_int": lambda a: a.long(),
+    "mul_0d_tensor": lambda a: a * torch.tensor(3., dtype=torch.float32),
+    "gelu": torch.nn.functional.gelu, "relu": torch.relu, "frexp_mantissa": lambda a: torch.frexp(a)[0],
+}
+
+
+@pytest.mark.parametrize("name", list(OPS))
+@pytest.mark.parametrize("kind,A", list(_inputs()), ids=[k for k, _ in _inputs()])
+def test_unary_rule_is_native_and_keeps_the_pattern(kind, A, name):
+    op = OPS[name]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", sparsefill.DensifyWarning)
+        out = op(A)
+    assert isinstance(out, SparseTensor) and out.sparse_layout == A.sparse_layout
+    torch.testing.assert_close(out.to_dense(), op(A.to_dense()), equal_nan=True)
+    if A.is_coalesced():
+        assert out._nse() == A._nse()
+        torch.testing.assert_close(out._fill_value(), op(A._fill_value()[None])[0], equal_nan=True)
+
+
+def test_integer_input_promotes_as_torch():
+    A = sparsefill.sparse_coo_tensor([[1]], [3], (4,), fill_value=2)
+    out = A + 1.5
+    assert out.dtype == torch.get_default_dtype() and isinstance(out, SparseTensor)
+    torch.testing.assert_close(out.to_dense(), A.to_dense() + 1.5)
+    assert (A * torch.tensor(2.5, dtype=torch.float64)).dtype == (A.to_dense() * torch.tensor(2.5, dtype=torch.float64)).dtype
+
+
+def test_in_place_keeps_identity_and_reaches_aliases():
+    A = sparsefill.to_sparse(torch.tensor([1., 0., 2.]), fill_value=0.)
+    B = A.detach()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", sparsefill.DensifyWarning)
+        r = A.exp_()
+    assert r is A and A._nse() == 2
+    torch.testing.assert_close(A.to_dense(), torch.tensor([1., 0., 2.]).exp())
+    torch.testing.assert_close(B.to_dense(), A.to_dense())
+
+
+def test_indefinite_fill_stays_indefinite():
+    A = sparsefill.sparse_coo_tensor([[0, 2]], [1., 2.], (4,), fill_value=sparsefill.indefinite)
+    out = torch.exp(A) > 3.
+    assert out.is_fill_indefinite() and out.dtype == torch.bool
+    torch.testing.assert_close(out.to_dense(fill_value=False), torch.tensor([False, False, True, False]))
+
+
+def test_random_ops_are_not_applied_to_the_fill_once():
+    """bernoulli on a fill would give every unspecified element the same draw: it must not take the rule."""
+    A = sparsefill.full((2000,), 0.5, dtype=torch.float64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", sparsefill.DensifyWarning)
+        out = torch.bernoulli(A)
+    d = out.to_dense() if isinstance(out, SparseTensor) else out
+    assert 0.3 < float(d.mean()) < 0.7
+
+
+def test_gradient_through_the_rule():
+    v = torch.tensor([0.5, -1.], dtype=torch.float64, requires_grad=True)
+    f = torch.tensor(2., dtype=torch.float64, requires_grad=True)
+
+    def fn(v, f):
+        return torch.exp(sparsefill.sparse_coo_tensor([[0, 3]], v, (5,), fill_value=f) * -2.).to_dense()
+    assert torch.autograd.gradcheck(fn, (v, f))
