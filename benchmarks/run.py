@@ -12,7 +12,7 @@ import warnings
 if __package__ in (None, ""):  # python benchmarks/run.py: make ``benchmarks`` importable as a package
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks import cases_convert  # noqa: E402,F401  (registers the cases)
+from benchmarks import cases_convert, cases_elementwise  # noqa: E402,F401  (registers the cases)
 from benchmarks.runner import REGISTRY, main  # noqa: E402
 
 if __name__ == "__main__":

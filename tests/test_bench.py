@@ -8,7 +8,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks import cases_convert  # noqa: E402,F401  (registers the cases)
+from benchmarks import cases_convert, cases_elementwise  # noqa: E402,F401  (registers the cases)
 from benchmarks import runner  # noqa: E402
 
 

@@ -20,6 +20,15 @@ from .._policy import check_densify
 from .._tensor import _STATE, SparseTensor
 
 
+def flat_args(args, kwargs):
+    """The arguments of an aten call, lists of tensors opened one level (aten schemas nest no deeper)."""
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, (list, tuple)):
+            yield from a
+        else:
+            yield a
+
+
 @functools.lru_cache(maxsize=None)
 def written_positions(func) -> tuple:
     return tuple((i, a.name, a.kwarg_only) for i, a in enumerate(func._schema.arguments)

@@ -13,11 +13,10 @@ Indefinite fills stay indefinite.  Other operand mixes go to the next stage.
 from __future__ import annotations
 
 import torch
-from torch.utils._pytree import tree_leaves, tree_map_only
 
 from .._convert import coalesce_of, rewrap
 from .._tensor import SparseTensor
-from .fallback import written_positions, assign_, written_args
+from .fallback import assign_, flat_args, written_args, written_positions
 
 
 def is_pointwise(func) -> bool:
@@ -27,7 +26,7 @@ def is_pointwise(func) -> bool:
 
 
 def unary_pointwise(func, args, kwargs):
-    tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+    tensors = [t for t in flat_args(args, kwargs) if isinstance(t, torch.Tensor)]
     sparse = {id(t): t for t in tensors if isinstance(t, SparseTensor)}
     if len(sparse) != 1 or "out" in kwargs or any(t.dim() and not isinstance(t, SparseTensor) for t in tensors):
         return NotImplemented
@@ -37,8 +36,8 @@ def unary_pointwise(func, args, kwargs):
         return NotImplemented  # e.g. a dense tensor updated in place from A
     B = A if A._coalesced else coalesce_of(A)
 
-    def apply(x):
-        return func(*tree_map_only(SparseTensor, lambda _: x, args), **tree_map_only(SparseTensor, lambda _: x, kwargs))
+    def apply(x):  # pointwise schemas are flat: substitute x for A
+        return func(*[x if a is A else a for a in args], **{k: x if v is A else v for k, v in kwargs.items()})
 
     if written:  # in place: compute out of place, then store (inner tensors may be shared with other tensors)
         vals, fill = apply(B._vals.clone()), (B._fill if B._indefinite else apply(B._fill[None].clone())[0])

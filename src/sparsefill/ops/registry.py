@@ -10,10 +10,10 @@ can meet their handlers); the densify fallback (``fallback.py``).  Around every 
 from __future__ import annotations
 
 import torch
-from torch.utils._pytree import tree_leaves
 
 from .._tensor import SparseTensor
 from . import pointwise
+from .fallback import flat_args
 
 HANDLERS: dict = {}
 
@@ -50,7 +50,7 @@ def dispatch(func, types, args, kwargs):
 
 
 def _sparse_views(args, kwargs):
-    return [a for a in tree_leaves((args, kwargs)) if isinstance(a, SparseTensor) and a._view is not None]
+    return [a for a in flat_args(args, kwargs) if isinstance(a, SparseTensor) and a._view is not None]
 
 
 def _compute(func, args, kwargs):

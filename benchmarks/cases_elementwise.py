@@ -1,0 +1,47 @@
+"""Element-wise cases: ``torch.exp(A * -8.0)`` with a nonzero fill (fill-value-rfc.md's membrane potential).
+
+Peers: the same two ops on the values tensor alone (the floor: what a user keeping
+``(indices, values, fill)`` by hand would run), and pydata ``sparse`` (fill_value=5) when installed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+import sparsefill
+
+from .runner import case
+
+
+def _signal(n: int, density: float, fill: float = 5.0):
+    g = torch.Generator().manual_seed(0)
+    nse = round(n * density)
+    idx = torch.randperm(n, generator=g)[:nse].sort().values
+    vals = torch.randn(nse, generator=g, dtype=torch.float64) + fill + 3
+    return idx, vals
+
+
+def _check(param, out):
+    ref = out["sparsefill"]
+    torch.testing.assert_close(ref._values(), out["values only"])
+    torch.testing.assert_close(float(ref._fill_value()), float(np.exp(5.0 * -8.0)))
+    if "pydata sparse" in out:
+        s = out["pydata sparse"]
+        torch.testing.assert_close(torch.from_numpy(s.data), ref._values())
+
+
+@case("exp(A * -8) fill=5", sizes={"1-D 10M, 1%": ((10_000_000,), 0.01)},
+      quick_sizes={"1-D 1M, 1%": ((1_000_000,), 0.01)}, check=_check)
+def exp_scaled(param):
+    (n,), density = param
+    idx, vals = _signal(n, density)
+    A = sparsefill.sparse_coo_tensor(idx[None], vals, (n,), fill_value=5.0)
+    impls = [("sparsefill", lambda: torch.exp(A * -8.0)), ("values only", lambda: torch.exp(vals * -8.0))]
+    try:
+        import sparse
+    except ImportError:  # peer not installed: skipped, noted in the table by its absence
+        return impls
+    s = sparse.COO(idx[None].numpy(), vals.numpy(), shape=(n,), fill_value=5.0)
+    impls.append(("pydata sparse", lambda: np.exp(s * -8.0)))
+    return impls
