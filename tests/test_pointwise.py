@@ -85,3 +85,52 @@ def test_gradient_through_the_rule():
     def fn(v, f):
         return torch.exp(sparsefill.sparse_coo_tensor([[0, 3]], v, (5,), fill_value=f) * -2.).to_dense()
     assert torch.autograd.gradcheck(fn, (v, f))
+
+
+def _hybrid():
+    x = torch.tensor([[0.5, 2., 2.], [2., 2., 2.], [2., -1., 2.]], dtype=torch.float64)
+    return x, sparsefill.to_sparse(x, fill_value=2., dense_dim=1)
+
+
+@pytest.mark.parametrize("op", [torch.mul, torch.add, torch.maximum, torch.atan2])
+def test_dense_operand_over_the_dense_dims_keeps_the_pattern(op):
+    x, A = _hybrid()
+    w = torch.tensor([1., 10., 100.], dtype=torch.float64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", sparsefill.DensifyWarning)
+        out = op(A, w)
+        out_r = op(w[None], A)
+    for o, ref in ((out, op(x, w)), (out_r, op(w[None], x))):
+        assert isinstance(o, SparseTensor) and o._nse() == A._nse()
+        torch.testing.assert_close(o.to_dense(), ref)
+    torch.testing.assert_close(out.fill_value(), op(torch.full((3,), 2., dtype=torch.float64), w))
+
+
+def test_dense_operand_in_place_turns_a_scalar_fill_into_an_array():
+    x, A = _hybrid()
+    w = torch.tensor([1., 10., 100.], dtype=torch.float64)
+    A.mul_(w)
+    torch.testing.assert_close(A.to_dense(), x * w)
+    assert A._fill_value().shape == (3,)
+
+
+def test_dense_operand_along_sparse_dims_gives_a_dense_result_quietly():
+    x = torch.tensor([[0.5, 2., 2.], [2., -1., 2.]], dtype=torch.float64)
+    A = sparsefill.to_sparse(x, fill_value=2.)
+    y = torch.randn(2, 3, dtype=torch.float64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", sparsefill.DensifyWarning)
+        out = A + y
+    assert not isinstance(out, SparseTensor)
+    torch.testing.assert_close(out, x + y)
+
+
+@pytest.mark.parametrize("other", [torch.ones(1, 1, dtype=torch.float32), torch.ones(1, dtype=torch.float64),
+                                   torch.ones(3, dtype=torch.float16)])
+def test_dense_operand_promotion_matches_dense(other):
+    x = torch.tensor([[1, 2, 2], [2, 5, 2]])
+    A = sparsefill.to_sparse(x, fill_value=2, dense_dim=1)
+    out = A * other
+    ref = x * other
+    assert out.dtype == ref.dtype
+    torch.testing.assert_close(out.to_dense(), ref)
