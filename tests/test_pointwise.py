@@ -134,3 +134,83 @@ def test_dense_operand_promotion_matches_dense(other):
     ref = x * other
     assert out.dtype == ref.dtype
     torch.testing.assert_close(out.to_dense(), ref)
+
+
+def _random_sparse(shape, fill, density, seed, layout=torch.sparse_coo, dense_dim=0, uncoalesced=False):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape, generator=g, dtype=torch.float64)
+    sdim = len(shape) - dense_dim
+    keep = torch.rand(shape[:sdim], generator=g) < density
+    f = torch.as_tensor(fill, dtype=torch.float64)
+    x[~keep] = f
+    A = sparsefill.to_sparse(x, fill_value=f, layout=layout, dense_dim=dense_dim)
+    if uncoalesced:  # split every stored value in two halves at the same position
+        A = sparsefill.sparse_coo_tensor(torch.cat([A._indices(), A._indices()], 1),
+                                         torch.cat([A._values() / 2, A._values() / 2]), A.shape, fill_value=f)
+    return A
+
+
+NARY = {
+    "add": torch.add, "mul": torch.mul, "div": torch.div, "maximum": torch.maximum, "atan2": torch.atan2,
+    "sub_alpha": lambda a, b: torch.sub(a, b, alpha=2.5), "where": lambda a, b: torch.where(a > b, a, b),
+    "addcmul": lambda a, b: torch.addcmul(a, a, b, value=0.5), "lerp": lambda a, b: torch.lerp(a, b, 0.25),
+    "clamp_min": lambda a, b: torch.clamp(a, min=b), "eq": torch.eq, "pow": lambda a, b: torch.pow(a.abs(), b),
+}
+
+
+@pytest.mark.parametrize("name", list(NARY))
+@pytest.mark.parametrize("case", ["coo", "csr", "hybrid", "uncoalesced", "mixed-layout"])
+def test_nary_union_merge(name, case):
+    kw = {"csr": dict(layout=torch.sparse_csr), "hybrid": dict(dense_dim=1), "uncoalesced": dict(uncoalesced=True)}
+    kw = kw.get(case, {})
+    fa, fb = ([1.5, -2., 0.5], [0.25, 3., -1.]) if case == "hybrid" else (1.5, -0.75)
+    A = _random_sparse((5, 3), fa, 0.3, 1, **kw)
+    B = _random_sparse((5, 3), fb, 0.3, 2, **(dict(layout=torch.sparse_csr) if case == "mixed-layout" else kw))
+    op = NARY[name]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", sparsefill.DensifyWarning)
+        out = op(A, B)
+    assert isinstance(out, SparseTensor)
+    torch.testing.assert_close(out.to_dense(), op(A.to_dense(), B.to_dense()), equal_nan=True)
+    n_union = torch.unique(torch.cat([A.coalesce()._keys(), B.coalesce()._keys()])).numel()
+    assert out._nse() <= n_union
+
+
+def test_rfc_point_9_example():
+    A = sparsefill.sparse_coo_tensor([[0, 1], [0, 0]], [1., 3.], (2, 2), fill_value=2.)
+    B = sparsefill.sparse_coo_tensor([[0, 1], [0, 1]], [5., 8.], (2, 2), fill_value=6.)
+    C = A + B
+    assert float(C._fill_value()) == 8. and C._nse() == 3
+    torch.testing.assert_close(C.to_dense(), torch.tensor([[6., 8.], [9., 10.]]))
+
+
+def test_nary_in_place_and_same_pattern_fast_path():
+    A = _random_sparse((6, 4), 1.5, 0.3, 3)
+    B = _random_sparse((6, 4), -1., 0.3, 4)
+    ref = A.to_dense() * B.to_dense()
+    A.mul_(B)
+    torch.testing.assert_close(A.to_dense(), ref)
+    E = A + A.exp()  # same index tensors: no merge
+    assert E._indices() is A._indices()
+    torch.testing.assert_close(E.to_dense(), A.to_dense() + A.to_dense().exp())
+
+
+def test_nary_with_indefinite_operand_is_unspecified_where_it_is():
+    A = sparsefill.sparse_coo_tensor([[0, 1, 2]], [1., 2., 3.], (4,), fill_value=0.5)
+    I = sparsefill.sparse_coo_tensor([[1, 3]], [10., 20.], (4,), fill_value=sparsefill.indefinite)
+    out = A * I
+    assert out.is_fill_indefinite() and out._indices().tolist() == [[1, 3]]
+    torch.testing.assert_close(out._values(), torch.tensor([20., 10.]))
+
+
+def test_nary_gradients_reach_values_and_fills():
+    va = torch.tensor([0.5, -1.], dtype=torch.float64, requires_grad=True)
+    vb = torch.tensor([2., 3.], dtype=torch.float64, requires_grad=True)
+    fa = torch.tensor(1.5, dtype=torch.float64, requires_grad=True)
+    fb = torch.tensor(-0.5, dtype=torch.float64, requires_grad=True)
+
+    def fn(va, vb, fa, fb):
+        A = sparsefill.sparse_coo_tensor([[0, 3]], va, (5,), fill_value=fa)
+        B = sparsefill.sparse_coo_tensor([[3, 4]], vb, (5,), fill_value=fb)
+        return (A * B + torch.sin(A)).to_dense()
+    assert torch.autograd.gradcheck(fn, (va, vb, fa, fb))

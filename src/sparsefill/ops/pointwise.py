@@ -1,23 +1,27 @@
-"""Element-wise ops (aten ops tagged ``torch.Tag.pointwise``), fill-value-rfc.md point 8::
+"""Element-wise ops (aten ops tagged ``torch.Tag.pointwise``), fill-value-rfc.md points 8-9::
 
-    f(A) == SparseTensor(A.indices, f(A.values), fill_value=f(A.fill))    so    f(A).to_dense() == f(A.to_dense())
+    f(A, B, ...) == SparseTensor(P, f(A[P], B[P], ...), fill_value=f(fill_A, fill_B, ...))
+    so  f(A, B).to_dense() == f(A.to_dense(), B.to_dense())
 
-This module covers one SparseTensor operand (it may appear several times: ``A * A``),
-Python scalars, 0-d tensors and dense tensors that broadcast over the dense dims only (the
-result keeps A's pattern and gets an array fill); the index tensors are reused untouched.
-A dense operand that varies along the sparse dims makes the result dense by nature: it is
-computed on ``A.to_dense()``, quietly.  The fill goes
-through the op as a 1-element batch ``(1, *fill.shape)`` (padded to the rank of any dense
-operand) so that type promotion and broadcasting treat it as they treat the values (a 0-d fill with a 0-d tensor operand would promote differently).
-An uncoalesced input is coalesced first: ``f`` of a sum is not the sum of ``f``.
-Indefinite fills stay indefinite.  Other operand mixes go to the next stage.
+``P`` is A's pattern when there is one SparseTensor operand (or the same index tensors
+everywhere: ``A * A``, ``A + A.exp()``; no merge), else the union of the patterns, merged
+by linear keys.  Other operands: Python scalars, 0-d tensors, and dense tensors that
+broadcast over the dense dims only (the fill may become an array).  A dense operand that
+varies along the sparse dims makes the result dense by nature: computed densely, quietly.
+
+Each fill goes through the op as a batch of one, ``(1, *fill.shape)``, so that type
+promotion and broadcasting treat it as they treat the values.  Uncoalesced inputs are
+coalesced first (``f`` of a sum is not the sum of ``f``).  An indefinite operand leaves the
+result unspecified wherever it is unspecified.  SparseTensors of different shapes go to the
+next stage.
 """
 
 from __future__ import annotations
 
 import torch
 
-from .._convert import coalesce_of, dense_of, rewrap
+from .. import _index
+from .._convert import coalesce_of, coalesced_parts, dense_of, parts_to_sparse, rewrap, values_at
 from .._tensor import SparseTensor
 from .fallback import assign_, flat_args, written_args, written_positions
 
@@ -28,40 +32,82 @@ def is_pointwise(func) -> bool:
     return torch.Tag.pointwise in tags and torch.Tag.nondeterministic_seeded not in tags
 
 
-def unary_pointwise(func, args, kwargs):
+def pointwise_rule(func, args, kwargs):
     tensors = [t for t in flat_args(args, kwargs) if isinstance(t, torch.Tensor)]
-    sparse = {id(t): t for t in tensors if isinstance(t, SparseTensor)}
-    if len(sparse) != 1 or "out" in kwargs:
+    sparse = list({id(t): t for t in tensors if isinstance(t, SparseTensor)}.values())
+    if not sparse or "out" in kwargs:
         return NotImplemented
-    (A,) = sparse.values()
+    A = sparse[0]
     written = written_args(func, args, kwargs)
     if written_positions(func) and not (len(written) == 1 and written[0] is A):
         return NotImplemented  # e.g. a dense tensor updated in place from A
-    sub = {id(A): None}
+    if any(T.shape != A.shape or T.dense_dim() != A.dense_dim() for T in sparse[1:]):
+        return NotImplemented  # broadcasting between SparseTensors: not yet
+    sub = {}
     for t in tensors:
         if not isinstance(t, SparseTensor) and t.dim():
             sub[id(t)] = _over_dense_dims(t, A)
             if sub[id(t)] is None:  # t varies along sparse dims: the result is dense by nature
-                return NotImplemented if written else func(*_swap(args, A, dense_of(A)), **_swap(kwargs, A, dense_of(A)))
-    B = A if A._coalesced else coalesce_of(A)
+                return NotImplemented if written else _dense_call(func, args, kwargs, sparse)
+    build, at = _align(sparse)
+    indefinite = any(T._indefinite for T in sparse)
 
-    def apply(x):  # pointwise schemas are flat: substitute x for A, the dense-dims form for dense operands
-        sub[id(A)] = x
+    def apply(x):  # pointwise schemas are flat: substitute operands by id
+        sub.update(x)
         return func(*[sub.get(id(a), a) for a in args], **{k: sub.get(id(v), v) for k, v in kwargs.items()})
 
-    # the fill as a batch of one, padded to the rank of the dense operands: (1, *fill.shape)
-    pad = max([d.dim() for d in sub.values() if d is not None] + [B._fill.dim()]) - B._fill.dim()
-    F = B._fill.reshape((1,) * (1 + pad) + tuple(B._fill.shape))
+    # each fill as a batch of one, padded to the common rank: (1, *fill.shape)
+    rank = max([d.dim() for d in sub.values()] + [T._fill.dim() for T in sparse])
+    fills = {id(T): T._fill.reshape((1,) * (1 + rank - T._fill.dim()) + tuple(T._fill.shape)) for T in sparse}
     if written:  # in place: compute out of place, then store (inner tensors may be shared with other tensors)
-        if len(sub) > 1 and not B._indefinite:  # a dense operand may turn a scalar fill into an array
-            F = B._fill.expand(B._dense_shape)[None]
-        vals, fill = apply(B._vals.clone()), (B._fill if B._indefinite else apply(F.clone())[0])
-        return assign_(A, rewrap(B, values=vals, fill=fill, known_zero=False))
-    vals = apply(B._vals)
-    fills = None if B._indefinite else apply(F)
+        fills[id(A)] = A._fill.expand(A._dense_shape)[None]  # the result's fill may be an array
+        vals = apply({**at, id(A): at[id(A)].clone()})
+        fill = None if indefinite else apply({**fills, id(A): fills[id(A)].clone()})[0]
+        return assign_(A, build(vals, fill))
+    vals = apply(at)
+    out_fills = None if indefinite else apply(fills)
     if isinstance(vals, torch.Tensor):
-        return _result(B, vals, None if fills is None else fills[0])
-    return type(vals)(_result(B, v, None if fills is None else f[0]) for v, f in zip(vals, fills or vals))
+        return build(vals, None if out_fills is None else out_fills[0])
+    return type(vals)(build(v, None if out_fills is None else f[0]) for v, f in zip(vals, out_fills or vals))
+
+
+def _align(sparse):
+    """``(build(values, fill) -> SparseTensor, {id(T): T's values at the result's positions})``.
+
+    One pattern (or the same index tensors everywhere): the values as stored.  Otherwise the
+    union of the patterns, merged by linear keys (fill-value-rfc.md point 9), less the positions
+    an indefinite operand leaves unspecified (those stay unspecified in the result).
+    """
+    A = sparse[0]
+    if all(_same_pattern(T, A) for T in sparse[1:]):
+        B = A if A._coalesced else coalesce_of(A)
+        return (lambda v, f: rewrap(B, values=v, fill=v.new_empty(0) if f is None else f, known_zero=False),
+                {id(T): (B if T is A else T)._vals for T in sparse})
+    S = A._sparse_shape
+    keys = [_index.linearize(coalesced_parts(T)[0], S) for T in sparse]
+    union = torch.unique(torch.cat(keys))
+    for T, k in zip(sparse, keys):
+        if T._indefinite:
+            union = union[_index.lookup(k, union)[1]]
+    idx = _index.unravel(union, S)
+
+    def build(v, f):
+        return parts_to_sparse(idx, v, A.shape, v.new_empty(0) if f is None else f, f is None, False,
+                               A._sf_layout, True)
+    return build, {id(T): values_at(T, union, len(S)) for T in sparse}
+
+
+def _same_pattern(T: SparseTensor, A: SparseTensor) -> bool:
+    if T._sf_layout is not A._sf_layout or not (T._coalesced and A._coalesced):
+        return False
+    if A._sf_layout is torch.sparse_coo:
+        return T._idx is A._idx
+    return T._crow is A._crow and T._col is A._col
+
+
+def _dense_call(func, args, kwargs, sparse):
+    dense = {id(T): dense_of(T) for T in sparse}
+    return func(*[dense.get(id(a), a) for a in args], **{k: dense.get(id(v), v) for k, v in kwargs.items()})
 
 
 def _over_dense_dims(t: torch.Tensor, A: SparseTensor):
@@ -75,13 +121,3 @@ def _over_dense_dims(t: torch.Tensor, A: SparseTensor):
         return None
     d = t.reshape(padded[sdim:])
     return d.reshape(1) if d.dim() == 0 else d
-
-
-def _swap(tree, A, x):
-    if isinstance(tree, dict):
-        return {k: x if v is A else v for k, v in tree.items()}
-    return [x if a is A else a for a in tree]
-
-
-def _result(B: SparseTensor, vals: torch.Tensor, fill) -> SparseTensor:
-    return rewrap(B, values=vals, fill=vals.new_empty(0) if fill is None else fill, known_zero=False)

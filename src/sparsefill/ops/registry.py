@@ -60,7 +60,7 @@ def _compute(func, args, kwargs):
         if out is not NotImplemented:
             return out
     if pointwise.is_pointwise(func):
-        out = pointwise.unary_pointwise(func, args, kwargs)
+        out = pointwise.pointwise_rule(func, args, kwargs)
         if out is not NotImplemented:
             return out
     if _is_composite(func):
