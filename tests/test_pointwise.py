@@ -214,3 +214,17 @@ def test_nary_gradients_reach_values_and_fills():
         B = sparsefill.sparse_coo_tensor([[3, 4]], vb, (5,), fill_value=fb)
         return (A * B + torch.sin(A)).to_dense()
     assert torch.autograd.gradcheck(fn, (va, vb, fa, fb))
+
+
+@pytest.mark.parametrize("layout", [torch.sparse_coo, torch.sparse_csr])
+def test_prune_drops_stored_fill_values_only_when_asked(layout):
+    x = torch.tensor([[1., 2., 2.], [2., float("nan"), 2.]])
+    A = sparsefill.to_sparse(x, fill_value=float("nan"), layout=layout)  # specifies everything but the NaN
+    B = A * 1.  # the rule never prunes: same pattern
+    assert B._nse() == A._nse() == 5
+    A.set_fill_value_(2.)  # now 4 stored values equal the fill (and the NaN slot is 2 too)
+    P = A.prune()
+    assert P._nse() == 1 and P.sparse_layout == layout
+    torch.testing.assert_close(P.to_dense(), A.to_dense())
+    Q = (A + 1e-9).prune(atol=1e-6)
+    assert Q._nse() == 1

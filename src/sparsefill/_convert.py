@@ -51,6 +51,18 @@ def coalesce_of(A: SparseTensor) -> SparseTensor:
     return rewrap(A, indices=idx, values=vals, coalesced=True)
 
 
+def prune_of(A: SparseTensor, atol: float) -> SparseTensor:
+    """``A`` without the stored elements (dense slices) within ``atol`` of the fill."""
+    if A._indefinite:
+        return A
+    idx, vals = coalesced_parts(A)
+    f = A._fill.expand(vals.shape[1:])
+    same = torch.isclose(vals, f, rtol=0, atol=atol, equal_nan=True) if vals.dtype.is_floating_point or \
+        vals.dtype.is_complex else vals == f
+    keep = ~same.flatten(1).all(1) if vals.dim() > 1 else ~same
+    return parts_to_sparse(idx[:, keep], vals[keep], A.shape, A._fill, False, A._fill_is_zero(), A._sf_layout, True)
+
+
 def values_at(S, keys: torch.Tensor, sdim: int) -> torch.Tensor:
     """Dense-semantics values of ``S`` (SparseTensor or dense) at linear positions ``keys`` of its first ``sdim`` dims."""
     if not isinstance(S, SparseTensor):

@@ -247,6 +247,17 @@ class SparseTensor(torch.Tensor):
         from ._creation import to_torch
         return to_torch(self, materialize=materialize)
 
+    def prune(self, *, atol: float = 0.0) -> "SparseTensor":
+        """Drop stored elements (dense slices) equal to the fill, within ``atol`` (NaN equals NaN).
+
+        Nothing prunes implicitly; the dense tensor is unchanged up to ``atol``:
+        ``A.prune().to_dense() == A.to_dense()`` for ``atol=0``.
+        """
+        from ._convert import prune_of
+        from ._creation import _same_dense
+        self._sync()
+        return _same_dense(self, lambda a: prune_of(a, atol))
+
     # ------------------------------------------------------------------ subclass protocol
     def __tensor_flatten__(self):
         self._sync()
