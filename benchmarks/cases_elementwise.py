@@ -45,3 +45,32 @@ def exp_scaled(param):
     s = sparse.COO(idx[None].numpy(), vals.numpy(), shape=(n,), fill_value=5.0)
     impls.append(("pydata sparse", lambda: np.exp(s * -8.0)))
     return impls
+
+
+def _check_add(param, out):
+    ref = out["sparsefill"]
+    torch.testing.assert_close(ref._values(), out["torch native (fill 0)"].values() + 3.0)
+    if "pydata sparse" in out:
+        torch.testing.assert_close(torch.from_numpy(out["pydata sparse"].data), ref._values())
+
+
+@case("A + B, different patterns, fills 1 and 2", sizes={"1-D 10M, 1% each": ((10_000_000,), 0.01)},
+      quick_sizes={"1-D 1M, 1% each": ((1_000_000,), 0.01)}, check=_check_add)
+def add_union(param):
+    (n,), density = param
+    (ia, va), (ib, vb) = _signal(n, density, 1.0), _signal(n, density, 2.0)
+    ib = torch.randperm(n, generator=torch.Generator().manual_seed(1))[: ib.numel()].sort().values
+    A = sparsefill.sparse_coo_tensor(ia[None], va, (n,), fill_value=1.0)
+    B = sparsefill.sparse_coo_tensor(ib[None], vb, (n,), fill_value=2.0)
+    # by hand with torch native sparse: shift to zero fill, add, coalesce, remember fill 3
+    An = torch.sparse_coo_tensor(ia[None], va - 1.0, (n,)).coalesce()
+    Bn = torch.sparse_coo_tensor(ib[None], vb - 2.0, (n,)).coalesce()
+    impls = [("sparsefill", lambda: A + B), ("torch native (fill 0)", lambda: (An + Bn).coalesce())]
+    try:
+        import sparse
+    except ImportError:
+        return impls
+    sa = sparse.COO(ia[None].numpy(), va.numpy(), shape=(n,), fill_value=1.0)
+    sb = sparse.COO(ib[None].numpy(), vb.numpy(), shape=(n,), fill_value=2.0)
+    impls.append(("pydata sparse", lambda: sa + sb))
+    return impls

@@ -43,6 +43,8 @@ def unravel(keys: torch.Tensor, shape) -> torch.Tensor:
     """Inverse of :func:`linearize`: indices of shape ``(len(shape), nse)``."""
     if len(shape) == 0:
         return keys.new_zeros((0, keys.numel()))
+    if len(shape) == 1:
+        return keys[None]
     return torch.stack(torch.unravel_index(keys, tuple(shape))) if keys.numel() else keys.new_zeros((len(shape), 0))
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from .. import _index
-from .._convert import coalesce_of, coalesced_parts, dense_of, parts_to_sparse, rewrap, values_at
+from .._convert import coalesce_of, coalesced_parts, dense_of, parts_to_sparse, rewrap
 from .._tensor import SparseTensor
 from .fallback import assign_, flat_args, written_args, written_positions
 
@@ -83,18 +83,27 @@ def _align(sparse):
         B = A if A._coalesced else coalesce_of(A)
         return (lambda v, f: rewrap(B, values=v, fill=v.new_empty(0) if f is None else f, known_zero=False),
                 {id(T): (B if T is A else T)._vals for T in sparse})
-    S = A._sparse_shape
-    keys = [_index.linearize(coalesced_parts(T)[0], S) for T in sparse]
-    union = torch.unique(torch.cat(keys))
-    for T, k in zip(sparse, keys):
+    S, D = A._sparse_shape, tuple(A._dense_shape)
+    parts = [coalesced_parts(T) for T in sparse]
+    keys = [_index.linearize(i, S) for i, _ in parts]
+    union, inverse = torch.unique(torch.cat(keys), return_inverse=True)  # one sort; no binary searches
+    at, keep = {}, None
+    for T, (_, v), inv in zip(sparse, parts, inverse.split([k.numel() for k in keys])):
+        full = (v.new_zeros(()) if T._indefinite else T._fill).expand((union.numel(),) + D).clone()
+        full[inv] = v
+        at[id(T)] = full
         if T._indefinite:
-            union = union[_index.lookup(k, union)[1]]
+            present = torch.zeros(union.numel(), dtype=torch.bool, device=union.device)
+            present[inv] = True
+            keep = present if keep is None else keep & present
+    if keep is not None:
+        union, at = union[keep], {k: v[keep] for k, v in at.items()}
     idx = _index.unravel(union, S)
 
     def build(v, f):
         return parts_to_sparse(idx, v, A.shape, v.new_empty(0) if f is None else f, f is None, False,
                                A._sf_layout, True)
-    return build, {id(T): values_at(T, union, len(S)) for T in sparse}
+    return build, at
 
 
 def _same_pattern(T: SparseTensor, A: SparseTensor) -> bool:
