@@ -228,3 +228,14 @@ def test_prune_drops_stored_fill_values_only_when_asked(layout):
     torch.testing.assert_close(P.to_dense(), A.to_dense())
     Q = (A + 1e-9).prune(atol=1e-6)
     assert Q._nse() == 1
+
+
+def test_in_place_on_indefinite():
+    I = sparsefill.sparse_coo_tensor([[1, 3]], [1., 2.], (4,), fill_value=sparsefill.indefinite)
+    I.exp_()
+    assert I.is_fill_indefinite()
+    torch.testing.assert_close(I.to_dense(fill_value=0.), torch.tensor([0., 1., 0., 2.]).exp() * torch.tensor([0, 1, 0, 1]))
+    A = sparsefill.sparse_coo_tensor([[0, 1]], [1., 2.], (4,), fill_value=0.5)
+    A.mul_(I)
+    assert A.is_fill_indefinite() and A._indices().tolist() == [[1, 3]]  # where I is specified
+    torch.testing.assert_close(A._values(), torch.tensor([2. * torch.e, 0.5 * torch.e ** 2]))

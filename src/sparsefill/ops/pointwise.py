@@ -60,7 +60,8 @@ def pointwise_rule(func, args, kwargs):
     rank = max([d.dim() for d in sub.values()] + [T._fill.dim() for T in sparse])
     fills = {id(T): T._fill.reshape((1,) * (1 + rank - T._fill.dim()) + tuple(T._fill.shape)) for T in sparse}
     if written:  # in place: compute out of place, then store (inner tensors may be shared with other tensors)
-        fills[id(A)] = A._fill.expand(A._dense_shape)[None]  # the result's fill may be an array
+        if not indefinite:
+            fills[id(A)] = A._fill.expand(A._dense_shape)[None]  # the result's fill may be an array
         vals = apply({**at, id(A): at[id(A)].clone()})
         fill = None if indefinite else apply({**fills, id(A): fills[id(A)].clone()})[0]
         return assign_(A, build(vals, fill))
