@@ -239,3 +239,15 @@ def test_in_place_on_indefinite():
     A.mul_(I)
     assert A.is_fill_indefinite() and A._indices().tolist() == [[1, 3]]  # where I is specified
     torch.testing.assert_close(A._values(), torch.tensor([2. * torch.e, 0.5 * torch.e ** 2]))
+
+
+def test_zero_dim_sparse_operand_acts_as_a_scalar():
+    A = sparsefill.to_sparse(torch.tensor([1., 2., 2., 5.], dtype=torch.float64), fill_value=2.)
+    s = sparsefill.to_sparse(torch.tensor(3., dtype=torch.float32), fill_value=0.)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", sparsefill.DensifyWarning)
+        out = A - s
+    assert isinstance(out, SparseTensor) and out._nse() == A._nse()
+    ref = A.to_dense() - s.to_dense()
+    assert out.dtype == ref.dtype
+    torch.testing.assert_close(out.to_dense(), ref)

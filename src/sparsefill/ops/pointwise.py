@@ -41,9 +41,11 @@ def pointwise_rule(func, args, kwargs):
     written = written_args(func, args, kwargs)
     if written_positions(func) and not (len(written) == 1 and written[0] is A):
         return NotImplemented  # e.g. a dense tensor updated in place from A
+    # a 0-d SparseTensor beside a larger one is one value: it joins as a 0-d dense tensor (same promotion)
+    sub = {id(T): dense_of(T) for T in sparse[1:] if T.dim() == 0 < A.dim() and not T._indefinite}
+    sparse = [T for T in sparse if id(T) not in sub]
     if any(T.shape != A.shape or T.dense_dim() != A.dense_dim() for T in sparse[1:]):
         return NotImplemented  # broadcasting between SparseTensors: not yet
-    sub = {}
     for t in tensors:
         if not isinstance(t, SparseTensor) and t.dim():
             sub[id(t)] = _over_dense_dims(t, A)
