@@ -16,9 +16,10 @@ from ._tensor import SparseTensor
 
 def rewrap(A: SparseTensor, **changes) -> SparseTensor:
     """A new SparseTensor sharing ``A``'s inner tensors, with ``changes`` applied (no autograd)."""
-    kw = dict(indices=A._idx, crow=A._crow, col=A._col, indefinite=A._indefinite, coalesced=A._coalesced,
-              known_zero=A._fill_is_zero())
+    kw = dict(indices=A._idx, crow=A._crow, col=A._col, indefinite=A._indefinite, coalesced=A._coalesced)
     kw.update(changes)
+    if "known_zero" not in kw:
+        kw["known_zero"] = A._fill_is_zero()
     size = kw.pop("size", A.shape)
     values = kw.pop("values", A._vals)
     fill = kw.pop("fill", A._fill)
@@ -44,6 +45,41 @@ def coalesced_parts(A: SparseTensor):
     """``(indices, values)`` over all non-dense dims, sorted with no duplicates."""
     idx, vals = A._coo_parts()
     return (idx, vals) if A._coalesced else _index.coalesce(idx, vals, A._sparse_shape)
+
+
+def map_inner(A: SparseTensor, values_fn, index_fn=lambda t: t) -> SparseTensor:
+    """A new SparseTensor with ``values_fn`` applied to values and fill, ``index_fn`` to the index tensors.
+
+    ``values_fn`` must commute with summing duplicates (linear), or ``A`` must be coalesced.
+    """
+    ix = {n: index_fn(getattr(A, "_" + n)) for n in ("idx", "crow", "col") if getattr(A, "_" + n) is not None}
+    return rewrap(A, values=values_fn(A._vals), fill=values_fn(A._fill), indices=ix.get("idx"),
+                  crow=ix.get("crow"), col=ix.get("col"))
+
+
+def union_parts(tensors):
+    """Merge same-shape SparseTensors by linear keys: ``(indices of the union, [each one's values there])``.
+
+    Where a tensor does not specify a position its fill stands in; positions an indefinite tensor
+    leaves unspecified are dropped (they are unspecified in any result).  One ``unique`` with
+    ``return_inverse`` and a scatter per tensor; no binary searches.
+    """
+    S, D = tensors[0]._sparse_shape, tuple(tensors[0]._dense_shape)
+    parts = [coalesced_parts(T) for T in tensors]
+    keys = [_index.linearize(i, S) for i, _ in parts]
+    union, inverse = torch.unique(torch.cat(keys), return_inverse=True)
+    values, keep = [], None
+    for T, (_, v), inv in zip(tensors, parts, inverse.split([k.numel() for k in keys])):
+        full = (v.new_zeros(()) if T._indefinite else T._fill).expand((union.numel(),) + D).clone()
+        full[inv] = v
+        values.append(full)
+        if T._indefinite:
+            present = torch.zeros(union.numel(), dtype=torch.bool, device=union.device)
+            present[inv] = True
+            keep = present if keep is None else keep & present
+    if keep is not None:
+        union, values = union[keep], [v[keep] for v in values]
+    return _index.unravel(union, S), values
 
 
 def coalesce_of(A: SparseTensor) -> SparseTensor:
@@ -189,7 +225,7 @@ def to_torch(A: SparseTensor, *, materialize: bool = False) -> torch.Tensor:
     if A._indefinite:
         raise ValueError("to_torch(): the fill is indefinite and torch native sparse tensors have zero fill; "
                          "define the unspecified elements first, e.g. A.to_sparse(fill_value=0).to_torch(materialize=True)")
-    if A._fill_is_zero() or not bool(A._fill.any()):  # the cache can't see writes via .data
+    if not bool(A._fill.any()):  # exact here: a cache can't see writes through .data
         if A._sf_layout is torch.sparse_coo:
             return torch.sparse_coo_tensor(A._idx, A._vals, A.shape, is_coalesced=A._coalesced)
         return torch.sparse_csr_tensor(A._crow, A._col, A._vals, A.shape)

@@ -5,22 +5,13 @@ from __future__ import annotations
 import torch
 
 from .. import _creation, _index
-from .._convert import coalesce_of, coalesced_parts, dense_of, dense_to_sparse, rewrap, to_layout
+from .._convert import (coalesce_of, coalesced_parts, dense_of, dense_to_sparse, map_inner, rewrap, to_layout,
+                        union_parts)
 from .._tensor import SparseTensor
 from .fallback import assign_
 from .registry import register
 
 aten = torch.ops.aten
-
-
-def map_inner(A: SparseTensor, values_fn, index_fn=lambda t: t) -> SparseTensor:
-    """A new SparseTensor with ``values_fn`` applied to values and fill, ``index_fn`` to the index tensors.
-
-    ``values_fn`` must commute with summing duplicates (linear), or ``A`` must be coalesced.
-    """
-    ix = {n: index_fn(getattr(A, "_" + n)) for n in ("idx", "crow", "col") if getattr(A, "_" + n) is not None}
-    return rewrap(A, values=values_fn(A._vals), fill=values_fn(A._fill), indices=ix.get("idx"),
-                  crow=ix.get("crow"), col=ix.get("col"))
 
 
 @register(aten.detach.default, aten.alias.default)
@@ -38,7 +29,8 @@ def _to_copy(func, args, kwargs):
     if kwargs.get("layout") not in (None, torch.strided):
         return NotImplemented
     dtype, device, nb = kwargs.get("dtype"), kwargs.get("device"), kwargs.get("non_blocking", False)
-    return map_inner(_coalesced_for_cast(args[0], dtype), lambda t: t.to(dtype=dtype, device=device, non_blocking=nb, copy=True),
+    return map_inner(_coalesced_for_cast(args[0], dtype),
+                     lambda t: t.to(dtype=dtype, device=device, non_blocking=nb, copy=True),
                      lambda t: t.to(device=device, non_blocking=nb))
 
 
@@ -65,7 +57,8 @@ def _copy_(func, args, kwargs):
     if isinstance(src, SparseTensor):
         if src.shape != dst.shape or src.dense_dim() != dst.dense_dim():
             return NotImplemented
-        new = map_inner(_coalesced_for_cast(src, dst.dtype), lambda t: t.to(dtype=dst.dtype, device=dst.device, copy=True),
+        new = map_inner(_coalesced_for_cast(src, dst.dtype),
+                        lambda t: t.to(dtype=dst.dtype, device=dst.device, copy=True),
                         lambda t: t.to(device=dst.device, copy=True))
         return assign_(dst, to_layout(new, dst._sf_layout))
     x = torch.as_tensor(src).to(dtype=dst.dtype, device=dst.device).expand(dst.shape)
@@ -79,17 +72,15 @@ def _equal(func, args, kwargs):
         return False
     if not (isinstance(a, SparseTensor) and isinstance(b, SparseTensor)):  # the dense side is dense by nature
         return torch.equal(*(dense_of(t) if isinstance(t, SparseTensor) else t for t in (a, b)))
-    (ia, va), (ib, vb) = coalesced_parts(a), coalesced_parts(b)
-    S = a._sparse_shape
-    if b._sparse_shape != S:
+    if b._sparse_shape != a._sparse_shape:
         return NotImplemented
     if a._indefinite or b._indefinite:  # equal masked tensors: same pattern, same values
+        (ia, va), (ib, vb) = coalesced_parts(a), coalesced_parts(b)
         return a._indefinite and b._indefinite and torch.equal(ia, ib) and torch.equal(va, vb)
-    from .._convert import values_at
-    keys = torch.unique(torch.cat([_index.linearize(ia, S), _index.linearize(ib, S)]))
-    if not torch.equal(values_at(a, keys, len(S)), values_at(b, keys, len(S))):
+    idx, (va, vb) = union_parts([a, b])
+    if not torch.equal(va, vb):
         return False
-    return keys.numel() == _index.numel(S) or torch.equal(a.fill_value(), b.fill_value())
+    return idx.shape[1] == _index.numel(a._sparse_shape) or torch.equal(a.fill_value(), b.fill_value())
 
 
 @register(aten.is_same_size.default)

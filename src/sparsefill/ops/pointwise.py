@@ -20,8 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import _index
-from .._convert import coalesce_of, coalesced_parts, dense_of, parts_to_sparse, rewrap
+from .._convert import coalesce_of, dense_of, parts_to_sparse, rewrap, union_parts
 from .._tensor import SparseTensor
 from .fallback import assign_, flat_args, written_args, written_positions
 
@@ -50,7 +49,7 @@ def pointwise_rule(func, args, kwargs):
         if not isinstance(t, SparseTensor) and t.dim():
             sub[id(t)] = _over_dense_dims(t, A)
             if sub[id(t)] is None:  # t varies along sparse dims: the result is dense by nature
-                return NotImplemented if written else _dense_call(func, args, kwargs, sparse)
+                return NotImplemented if written else _dense_call(func, args, kwargs, tensors)
     build, at = _align(sparse)
     indefinite = any(T._indefinite for T in sparse)
 
@@ -86,27 +85,12 @@ def _align(sparse):
         B = A if A._coalesced else coalesce_of(A)
         return (lambda v, f: rewrap(B, values=v, fill=v.new_empty(0) if f is None else f, known_zero=False),
                 {id(T): (B if T is A else T)._vals for T in sparse})
-    S, D = A._sparse_shape, tuple(A._dense_shape)
-    parts = [coalesced_parts(T) for T in sparse]
-    keys = [_index.linearize(i, S) for i, _ in parts]
-    union, inverse = torch.unique(torch.cat(keys), return_inverse=True)  # one sort; no binary searches
-    at, keep = {}, None
-    for T, (_, v), inv in zip(sparse, parts, inverse.split([k.numel() for k in keys])):
-        full = (v.new_zeros(()) if T._indefinite else T._fill).expand((union.numel(),) + D).clone()
-        full[inv] = v
-        at[id(T)] = full
-        if T._indefinite:
-            present = torch.zeros(union.numel(), dtype=torch.bool, device=union.device)
-            present[inv] = True
-            keep = present if keep is None else keep & present
-    if keep is not None:
-        union, at = union[keep], {k: v[keep] for k, v in at.items()}
-    idx = _index.unravel(union, S)
+    idx, values = union_parts(sparse)
 
     def build(v, f):
         return parts_to_sparse(idx, v, A.shape, v.new_empty(0) if f is None else f, f is None, False,
                                A._sf_layout, True)
-    return build, at
+    return build, {id(T): v for T, v in zip(sparse, values)}
 
 
 def _same_pattern(T: SparseTensor, A: SparseTensor) -> bool:
@@ -117,8 +101,8 @@ def _same_pattern(T: SparseTensor, A: SparseTensor) -> bool:
     return T._crow is A._crow and T._col is A._col
 
 
-def _dense_call(func, args, kwargs, sparse):
-    dense = {id(T): dense_of(T) for T in sparse}
+def _dense_call(func, args, kwargs, tensors):
+    dense = {id(T): dense_of(T) for T in tensors if isinstance(T, SparseTensor)}
     return func(*[dense.get(id(a), a) for a in args], **{k: dense.get(id(v), v) for k, v in kwargs.items()})
 
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 
 from .._tensor import SparseTensor
-from . import pointwise
-from .fallback import flat_args
+from . import pointwise, views
+from .fallback import flat_args, written_args
 
 HANDLERS: dict = {}
 
@@ -36,8 +36,6 @@ def _is_composite(func) -> bool:
 
 
 def dispatch(func, types, args, kwargs):
-    from . import views
-    from .fallback import written_args
     for A in _sparse_views(args, kwargs):
         views.sync(A)
     out = _compute(func, args, kwargs)

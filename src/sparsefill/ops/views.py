@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from .._convert import dense_of, rewrap
+from .._convert import dense_of, map_inner, rewrap
 from .._tensor import SparseTensor, _version
-from .core import map_inner
 from .fallback import assign_, respecify_
 
 aten = torch.ops.aten
