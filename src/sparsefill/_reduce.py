@@ -1,0 +1,227 @@
+"""The reducer protocol: one description of a reduction serves sparse, masked and segment reductions.
+
+A slice holds ``k`` stored values ``x_1..x_k`` and ``n`` unspecified elements equal to a fill ``f``.
+Its reduction is computed in closed form, never by materialising the ``n`` fills::
+
+    reduce(slice) = finalize(fold(combine(identity, x_1, ..., x_k), f, n), k + n)
+
+* ``identity``   the value of an empty combine (0 for sum, 1 for prod, -inf for amax, ...);
+* ``combine``    the associative step, run for all slices at once by one scatter kernel over
+                 ``(values, segment ids)`` (:func:`segment_combine`);
+* ``fold``       ``combine`` applied to ``n`` copies of ``f`` (sum adds ``f * n``, prod multiplies
+                 by ``f ** n``, amax takes ``max(acc, f)`` where ``n > 0``);
+* ``finalize``   maps the accumulator and the element count to the result (mean divides by the count).
+
+Reductions that need a statistic of the slice first (logsumexp shifts by the max, var centres on
+the mean) are two passes of the same machinery (:class:`LogSumExp`, :class:`Var`).
+
+Invariant, for every reducer ``r`` and any split of a slice into stored values and fills::
+
+    r(values, seg, S, fill=f, n_fill=n)[s] == r.dense(torch.cat([values[seg == s], f.expand(n[s])]))
+
+Example::
+
+    >>> import torch
+    >>> from sparsefill._reduce import REDUCERS
+    >>> v = torch.tensor([1., 2., 3.]); seg = torch.tensor([0, 0, 2])
+    >>> REDUCERS["sum"](v, seg, 3, fill=torch.tensor(10.), n_fill=torch.tensor([1, 0, 2]))
+    tensor([13.,  0., 23.])
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+__all__ = ["Reducer", "LogSumExp", "Var", "Norm", "REDUCERS", "segment_combine", "segment_counts",
+           "segment_arg", "broadcast_seg"]
+
+_SCATTER_IDENTITY = {"sum": 0, "prod": 1, "amax": -math.inf, "amin": math.inf}
+
+
+def identity_of(mode: str, dtype: torch.dtype):
+    """The identity of the scatter ``mode`` in ``dtype`` (the extreme finite value for integers)."""
+    v = _SCATTER_IDENTITY[mode]
+    if math.isinf(v) and not (dtype.is_floating_point or dtype.is_complex):
+        if dtype == torch.bool:
+            return v > 0
+        info = torch.iinfo(dtype)
+        return info.min if v < 0 else info.max
+    return v
+
+
+def broadcast_seg(seg: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """``seg`` (shape ``(k,)``) viewed with the trailing dims of ``values`` (shape ``(k, *D)``)."""
+    return seg.view(-1, *([1] * (values.dim() - 1))).expand_as(values)
+
+
+def segment_combine(values: torch.Tensor, seg: torch.Tensor, num_segments: int, mode: str,
+                    init=None) -> torch.Tensor:
+    """``out[s] = combine(init, values[i] for i with seg[i] == s)`` along dim 0, for every ``s``.
+
+    ``mode`` is a ``scatter_reduce`` mode (``sum prod amax amin``); ``init`` defaults to the identity.
+    NaN propagates as in torch's reductions.
+    """
+    out = values.new_full((num_segments, *values.shape[1:]),
+                          identity_of(mode, values.dtype) if init is None else init)
+    if values.numel() == 0:
+        return out
+    if mode == "sum":
+        return out.index_add_(0, seg, values)
+    return out.scatter_reduce_(0, broadcast_seg(seg, values), values, mode, include_self=True)
+
+
+def segment_counts(seg: torch.Tensor, num_segments: int) -> torch.Tensor:
+    """Number of stored values per segment (int64, shape ``(num_segments,)``)."""
+    return torch.bincount(seg, minlength=num_segments) if seg.numel() else \
+        torch.zeros(num_segments, dtype=torch.int64, device=seg.device)
+
+
+def _bcast(t, like):
+    """A per-segment tensor ``(S,)`` (or a fill shaped like the trailing dims) broadcast against ``like``."""
+    t = torch.as_tensor(t, device=like.device)
+    if t.dim() == 1 and like.dim() > 1 and t.shape[0] == like.shape[0]:
+        return t.view(-1, *([1] * (like.dim() - 1)))
+    return t
+
+
+def times(f, n, like):
+    """``n * f`` where ``n > 0`` and 0 elsewhere (so an inf or NaN fill with no copies adds nothing)."""
+    f = torch.as_tensor(f, dtype=like.dtype, device=like.device)
+    n = _bcast(n, like)
+    return torch.where(n > 0, f * n.to(like.dtype), torch.zeros((), dtype=like.dtype, device=like.device))
+
+
+class Reducer:
+    """A reduction described by a scatter ``mode``, an optional term map ``pre`` (applied to every
+    element, stored or fill) and a ``finalize(acc, count)``.  Subclasses override :meth:`__call__`
+    for two-pass reductions."""
+
+    def __init__(self, name, mode, pre=None, finalize=None, dense=None):
+        self.name, self.mode, self.pre, self._finalize, self._dense = name, mode, pre, finalize, dense
+
+    def identity(self, dtype):
+        return identity_of(self.mode, dtype)
+
+    def combine(self, values, seg, num_segments):
+        return segment_combine(values if self.pre is None else self.pre(values), seg, num_segments, self.mode)
+
+    def fold(self, acc, fill, n):
+        """``combine`` of ``acc`` with ``n`` copies of ``fill`` (``n`` per segment, broadcast)."""
+        f = fill if self.pre is None else self.pre(fill)
+        n = _bcast(n, acc)
+        if self.mode == "sum":
+            return acc + times(f, n, acc)
+        if self.mode == "prod":
+            return acc * torch.pow(torch.as_tensor(f, dtype=acc.dtype, device=acc.device), n)
+        op = torch.maximum if self.mode == "amax" else torch.minimum
+        return torch.where(n > 0, op(acc, torch.as_tensor(f, dtype=acc.dtype, device=acc.device)), acc)
+
+    def finalize(self, acc, count):
+        return acc if self._finalize is None else self._finalize(acc, _bcast(count, acc))
+
+    def __call__(self, values, seg, num_segments, *, fill=None, n_fill=None):
+        """Reduce ``values`` (shape ``(k, *D)``) into ``num_segments`` slices by ``seg``; each slice also
+        holds ``n_fill[s]`` copies of ``fill`` (a scalar or a tensor of shape ``D``)."""
+        if self.mode in ("sum", "prod") and not (values.is_floating_point() or values.is_complex()):
+            values = values.to(torch.int64)  # torch's rule: integer and bool sums and products are int64
+        acc = self.combine(values, seg, num_segments)
+        count = segment_counts(seg, num_segments)
+        if fill is not None and n_fill is not None:
+            acc = self.fold(acc, torch.as_tensor(fill, dtype=values.dtype, device=values.device), n_fill)
+            count = count + n_fill
+        return self.finalize(acc, count)
+
+    def dense(self, x: torch.Tensor) -> torch.Tensor:
+        """The same reduction of a dense 1-D-leading tensor along dim 0 (the reference)."""
+        return self._dense(x)
+
+    def __repr__(self):
+        return f"Reducer({self.name!r})"
+
+
+def _mean(acc, count):
+    return acc / count
+
+
+class LogSumExp(Reducer):
+    """``log(sum(exp(x)))`` as ``m + log(sum(exp(x - m)))`` with ``m`` the slice max (0 where infinite)."""
+
+    def __init__(self):
+        super().__init__("logsumexp", "sum", dense=lambda x: torch.logsumexp(x, 0))
+
+    def __call__(self, values, seg, num_segments, *, fill=None, n_fill=None):
+        m = REDUCERS["amax"](values, seg, num_segments, fill=fill, n_fill=n_fill)
+        m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+        acc = segment_combine(torch.exp(values - m[seg]), seg, num_segments, "sum")
+        if fill is not None and n_fill is not None:
+            acc = acc + times(torch.exp(torch.as_tensor(fill, dtype=values.dtype, device=values.device) - m),
+                              n_fill, acc)
+        return torch.log(acc) + m
+
+
+class Var(Reducer):
+    """``sum((x - mean)^2) / (count - correction)``; centred on the mean for accuracy (two passes)."""
+
+    def __init__(self, correction=1):
+        self.correction = correction
+        super().__init__("var", "sum", dense=lambda x: torch.var(x, 0, correction=correction))
+
+    def __call__(self, values, seg, num_segments, *, fill=None, n_fill=None):
+        mean = REDUCERS["mean"](values, seg, num_segments, fill=fill, n_fill=n_fill)
+        d = values - mean[seg]
+        acc = segment_combine((d * d.conj()).real if d.is_complex() else d * d, seg, num_segments, "sum")
+        count = segment_counts(seg, num_segments)
+        if fill is not None and n_fill is not None:
+            df = torch.as_tensor(fill, dtype=values.dtype, device=values.device) - mean
+            acc = acc + times((df * df.conj()).real if df.is_complex() else df * df, n_fill, acc)
+            count = count + n_fill
+        return acc / (_bcast(count, acc) - self.correction).clamp_min(0)
+
+
+class Norm(Reducer):
+    """The vector ``p``-norm: ``(sum |x|^p)^(1/p)``; ``p = inf`` is ``max |x|``, ``p = 0`` counts nonzeros."""
+
+    def __init__(self, p=2.0):
+        self.p = p
+        if math.isinf(p):
+            super().__init__("norm", "amax" if p > 0 else "amin", pre=lambda x: torch.abs(x))
+        elif p == 0:
+            super().__init__("norm", "sum", pre=lambda x: (x != 0).to(x.abs().dtype))
+        else:
+            super().__init__("norm", "sum", pre=lambda x: torch.abs(x) ** p, finalize=lambda a, c: a ** (1.0 / p))
+        self._dense = lambda x: torch.linalg.vector_norm(x, p, 0)
+
+
+REDUCERS: dict[str, Reducer] = {
+    "sum": Reducer("sum", "sum", dense=lambda x: torch.sum(x, 0)),
+    "prod": Reducer("prod", "prod", dense=lambda x: torch.prod(x, 0)),
+    "amax": Reducer("amax", "amax", dense=lambda x: torch.amax(x, 0)),
+    "amin": Reducer("amin", "amin", dense=lambda x: torch.amin(x, 0)),
+    "mean": Reducer("mean", "sum", finalize=_mean, dense=lambda x: torch.mean(x, 0)),
+    "logsumexp": LogSumExp(),
+    "var": Var(),
+    "norm": Norm(),
+}
+
+
+def segment_arg(values: torch.Tensor, seg: torch.Tensor, num_segments: int, positions: torch.Tensor,
+                best: torch.Tensor, *, fill=None, fill_position=None) -> torch.Tensor:
+    """Position of the first element equal to ``best[s]`` in every segment (torch's argmax/argmin tie rule).
+
+    ``positions[i]`` is the position of ``values[i]`` within its slice; a NaN ``best`` matches a NaN.
+    Where the fill equals ``best`` and ``fill_position[s]`` (the first unspecified position, or
+    ``None``/-1 for none) comes earlier, that position wins.  Segments with no match get -1.
+    """
+    b = best[seg]
+    hit = (values == b) | (torch.isnan(values) & torch.isnan(b)) if values.is_floating_point() else values == b
+    big = torch.iinfo(torch.int64).max
+    pos = torch.where(hit, broadcast_seg(positions, values), torch.full_like(hit, big, dtype=torch.int64))
+    out = segment_combine(pos, seg, num_segments, "amin", init=big)
+    if fill is not None and fill_position is not None:
+        f = torch.as_tensor(fill, dtype=values.dtype, device=values.device)
+        fhit = (f == best) | (torch.isnan(f) & torch.isnan(best)) if values.is_floating_point() else f == best
+        fp = _bcast(fill_position, out)
+        out = torch.where(fhit & (fp >= 0), torch.minimum(out, fp.expand_as(out)), out)
+    return torch.where(out == big, torch.full_like(out, -1), out)
