@@ -34,8 +34,10 @@ import math
 
 import torch
 
+from ._index import linearize, numel, unravel
+
 __all__ = ["Reducer", "LogSumExp", "Var", "Norm", "REDUCERS", "segment_combine", "segment_counts",
-           "segment_arg", "broadcast_seg"]
+           "segment_arg", "broadcast_seg", "group_slices"]
 
 _SCATTER_IDENTITY = {"sum": 0, "prod": 1, "amax": -math.inf, "amin": math.inf}
 
@@ -225,3 +227,27 @@ def segment_arg(values: torch.Tensor, seg: torch.Tensor, num_segments: int, posi
         fp = _bcast(fill_position, out)
         out = torch.where(fhit & (fp >= 0), torch.minimum(out, fp.expand_as(out)), out)
     return torch.where(out == big, torch.full_like(out, -1), out)
+
+
+def group_slices(indices: torch.Tensor, sparse_shape, dims):
+    """Group the stored elements of a COO pattern by the slice that reducing sparse ``dims`` maps them to.
+
+    ``indices`` (shape ``(len(sparse_shape), k)``) must be coalesced (no duplicates).  Returns
+    ``(seg, out_indices, n_fill)``: stored element ``i`` lands in output slice ``seg[i]``; the ``S``
+    slices that hold a stored element have indices ``out_indices`` (shape ``(ndim - len(dims), S)``,
+    sorted row-major) over the kept dims; ``n_fill[s] = prod(sparse_shape[d] for d in dims) - count[s]``
+    is the number of unspecified elements of slice ``s``.  Slices absent from ``out_indices`` hold
+    only unspecified elements (``prod(...)`` of them).
+
+    >>> seg, out, n = group_slices(torch.tensor([[0, 0, 2], [1, 3, 1]]), (3, 4), [1])
+    >>> seg.tolist(), out.tolist(), n.tolist()
+    ([0, 0, 1], [[0, 2]], [2, 3])
+    """
+    dims = sorted(d % len(sparse_shape) for d in dims) if len(sparse_shape) else []
+    keep = [d for d in range(len(sparse_shape)) if d not in dims]
+    keep_shape = [sparse_shape[d] for d in keep]
+    keys = linearize(indices[keep], keep_shape)
+    out_keys, seg = torch.unique(keys, sorted=True, return_inverse=True)
+    per_slice = numel([sparse_shape[d] for d in dims])
+    n_fill = per_slice - segment_counts(seg, out_keys.numel())
+    return seg, unravel(out_keys, keep_shape), n_fill
