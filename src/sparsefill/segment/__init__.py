@@ -1,0 +1,22 @@
+"""sparsefill.segment: the Caffe2 segment operations on plain tensors (caffe2-sparse-operations.md).
+
+A batch of variable-length examples is a values tensor (rows along dim 0) plus one of
+``lengths``, ``offsets``, sorted or unsorted ``segment_ids``, or a padded tensor; this package
+converts between them and reduces the rows of every segment.
+
+>>> import torch
+>>> from sparsefill import segment
+>>> data = torch.tensor([[1., 4.], [3., 2.], [8., 1.], [9., 4.], [5., 8.]])
+>>> segment.lengths_to_segment_ids(torch.tensor([3, 2]))
+tensor([0, 0, 0, 1, 1])
+"""
+
+from ._repr import (gather_ranges, lengths_gather, lengths_range_fill, lengths_tile, lengths_to_offsets,
+                    lengths_to_ranges, lengths_to_segment_ids, lengths_to_weights, offsets_to_lengths,
+                    segment_ids_to_lengths, segment_ids_to_offsets, segment_ids_to_ranges)
+from ._pack import lengths_top_k, pack_segments, sparse_to_dense, unpack_segments
+
+__all__ = ["lengths_to_segment_ids", "segment_ids_to_lengths", "segment_ids_to_offsets", "lengths_to_offsets",
+           "offsets_to_lengths", "lengths_to_ranges", "segment_ids_to_ranges", "lengths_to_weights",
+           "lengths_range_fill", "lengths_tile", "lengths_gather", "gather_ranges", "pack_segments",
+           "unpack_segments", "sparse_to_dense", "lengths_top_k"]

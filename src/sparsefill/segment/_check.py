@@ -1,0 +1,98 @@
+"""Argument checks shared by the segment operations.
+
+Every check raises a ValueError / TypeError / IndexError that names the argument and the
+offending numbers.  The O(N) checks (over every id or length) run only when the caller
+passes ``validate=True`` (the default); the O(1) shape checks always run.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["as_index", "check_lengths", "check_offsets", "check_segment_ids", "check_indices", "check_rows"]
+
+
+def as_index(x, name: str, device=None) -> torch.Tensor:
+    """``x`` as a 1-D int32/int64 tensor (Python lists become int64); floats and bools are rejected."""
+    t = x if isinstance(x, torch.Tensor) else torch.as_tensor(x, dtype=torch.int64, device=device)
+    if t.dtype not in (torch.int32, torch.int64, torch.int16, torch.int8, torch.uint8):
+        raise TypeError(f"{name} must be an integer tensor (int32 or int64), got dtype {t.dtype}")
+    if t.dim() != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {tuple(t.shape)}")
+    if device is not None and t.device != torch.device(device):
+        t = t.to(device)
+    return t
+
+
+def _first(mask: torch.Tensor) -> int:
+    return int(mask.nonzero()[0, 0])
+
+
+def check_lengths(lengths: torch.Tensor, total: int | None, name: str = "lengths", *, validate: bool = True,
+                  sum_: int | None = None) -> None:
+    """Lengths are non-negative and (when ``total`` is given) sum to ``total``."""
+    if validate and lengths.numel():
+        neg = lengths < 0
+        if bool(neg.any()):
+            i = _first(neg)
+            raise ValueError(f"{name} must be non-negative, got {name}[{i}] = {int(lengths[i])}")
+    if total is not None:
+        s = int(lengths.sum()) if sum_ is None else sum_
+        if s != total:
+            raise ValueError(f"{name} sum to {s}, but the data has {total} rows along dim 0")
+
+
+def check_offsets(offsets: torch.Tensor, total: int | None, name: str = "offsets", *, validate: bool = True) -> None:
+    """Offsets start at 0, do not decrease, and end at ``total`` (when given)."""
+    if offsets.numel() == 0:
+        raise ValueError(f"{name} must hold at least one entry (0), got an empty tensor")
+    first, last = int(offsets[0]), int(offsets[-1])
+    if first != 0:
+        raise ValueError(f"{name} must start at 0, got {name}[0] = {first}")
+    if total is not None and last != total:
+        raise ValueError(f"{name} end at {last}, but the data has {total} rows along dim 0")
+    if validate and offsets.numel() > 1:
+        dec = offsets[1:] < offsets[:-1]
+        if bool(dec.any()):
+            i = _first(dec)
+            raise ValueError(f"{name} must not decrease, got {name}[{i}] = {int(offsets[i])} > "
+                             f"{name}[{i + 1}] = {int(offsets[i + 1])}")
+
+
+def check_segment_ids(ids: torch.Tensor, num_segments: int | None, *, sorted: bool, name: str = "segment_ids",
+                      validate: bool = True) -> None:
+    """Ids lie in ``[0, num_segments)`` and, when ``sorted``, do not decrease."""
+    if not validate or ids.numel() == 0:
+        return
+    lo, hi = (int(v) for v in torch.aminmax(ids))
+    if lo < 0:
+        i = _first(ids < 0)
+        raise IndexError(f"{name} must be non-negative, got {name}[{i}] = {lo if int(ids[i]) == lo else int(ids[i])}")
+    if num_segments is not None and hi >= num_segments:
+        i = _first(ids >= num_segments)
+        raise IndexError(f"{name}[{i}] = {int(ids[i])} is out of range for num_segments = {num_segments}")
+    if sorted and ids.numel() > 1:
+        dec = ids[1:] < ids[:-1]
+        if bool(dec.any()):
+            i = _first(dec)
+            raise ValueError(f"{name} must be sorted (sorted=True), got {name}[{i}] = {int(ids[i])} > "
+                             f"{name}[{i + 1}] = {int(ids[i + 1])}; pass sorted=False for unsorted ids")
+
+
+def check_indices(indices: torch.Tensor, size: int, name: str = "indices", *, validate: bool = True,
+                  what: str = "rows of data") -> None:
+    """Indices lie in ``[0, size)``."""
+    if not validate or indices.numel() == 0:
+        return
+    lo, hi = (int(v) for v in torch.aminmax(indices))
+    if lo < 0 or hi >= size:
+        bad = (indices < 0) | (indices >= size)
+        i = _first(bad)
+        raise IndexError(f"{name}[{i}] = {int(indices[i])} is out of range for {size} {what}")
+
+
+def check_rows(t: torch.Tensor, n: int, name: str, against: str) -> None:
+    """``t`` has ``n`` entries along dim 0."""
+    if t.dim() == 0 or t.shape[0] != n:
+        got = "a 0-d tensor" if t.dim() == 0 else f"{t.shape[0]} entries"
+        raise ValueError(f"{name} must have {n} entries along dim 0 (one per {against}), got {got}")
