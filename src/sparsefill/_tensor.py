@@ -308,11 +308,22 @@ class SparseTensor(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        fast = _FAST.get(func)
+        if fast is None:
+            from .ops.pointwise import unary_fast, unary_fast_ok
+            fast = _FAST[func] = unary_fast if unary_fast_ok(func) else False
+        if fast:  # element-wise on one pattern with Python scalars: the aten calls and little else
+            out = fast(func, args, kwargs or {})
+            if out is not None:
+                return out
         from .ops.registry import dispatch
         if func.is_view and torch.is_inference_mode_enabled() and not args[0].is_inference():
             with torch.inference_mode(False):  # a view of a normal tensor must not be an inference tensor
                 return dispatch(func, types, args, kwargs or {})
         return dispatch(func, types, args, kwargs or {})
+
+
+_FAST: dict = {}  # OpOverload -> ops.pointwise.unary_fast where the op may take it, else False
 
 
 def _rebuild(size, inner, ctx, requires_grad):

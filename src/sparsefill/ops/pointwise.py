@@ -31,6 +31,46 @@ def is_pointwise(func) -> bool:
     return torch.Tag.pointwise in tags and torch.Tag.nondeterministic_seeded not in tags
 
 
+def unary_fast_ok(func) -> bool:
+    """``func`` may take :func:`unary_fast`: pointwise, out of place, one tensor result, no handler."""
+    from .registry import HANDLERS
+    r = func._schema.returns
+    return (is_pointwise(func) and func not in HANDLERS and not written_positions(func)
+            and len(r) == 1 and str(r[0].type) == "Tensor")
+
+
+def unary_fast(func, args, kwargs):
+    """The common cases at the cost of the aten calls: a coalesced SparseTensor ``A`` first (not a view,
+    definite fill), every other positional argument a Python value or a SparseTensor of the same
+    pattern object, dtype and shape (``A * A``, ``A + A.exp()``), keyword arguments Python values::
+
+        f(A, B, c) = SparseTensor(P, f(A.values, B.values, c), f(fill_A, fill_B, c))
+
+    Operands of one dtype beside Python scalars promote alike whatever their rank, so the fills need
+    no reshape.  Returns None when the call does not qualify (the general rule then takes it).
+    """
+    A = args[0]
+    if type(A) is not SparseTensor or A._view is not None or not A._coalesced or A._indefinite:
+        return None
+    vals, fills = [A._vals], [A._fill]
+    for a in args[1:]:
+        if isinstance(a, torch.Tensor):
+            if not (type(a) is SparseTensor and a._idx is A._idx and a._crow is A._crow and a._col is A._col
+                    and a._coalesced and a._view is None and not a._indefinite and a.dtype == A.dtype
+                    and a.shape == A.shape):
+                return None
+            vals.append(a._vals)
+            fills.append(a._fill)
+        else:
+            vals.append(a)
+            fills.append(a)
+    for a in kwargs.values():
+        if isinstance(a, torch.Tensor):
+            return None
+    return SparseTensor(A._sf_layout, A.shape, func(*vals, **kwargs), func(*fills, **kwargs),
+                        indices=A._idx, crow=A._crow, col=A._col, coalesced=True)
+
+
 def pointwise_rule(func, args, kwargs):
     tensors = [t for t in flat_args(args, kwargs) if isinstance(t, torch.Tensor)]
     sparse = list({id(t): t for t in tensors if isinstance(t, SparseTensor)}.values())
