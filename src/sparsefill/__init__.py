@@ -11,6 +11,7 @@ from ._creation import (indefinite, empty, empty_like, eye, from_torch, full, fu
 from ._policy import DensifyError, DensifyWarning, densify_policy, get_densify_policy, set_densify_policy
 from ._tensor import SparseTensor
 from . import ops  # noqa: F401  (fills the op registry)
+from . import masked  # noqa: F401,E402  (sparsefill.masked)
 from . import segment  # noqa: F401  (sparsefill.segment: the Caffe2 segment operations)
 
 __version__ = "0.1.0"

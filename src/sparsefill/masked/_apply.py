@@ -1,0 +1,120 @@
+"""Driver shared by every masked op on a sparse input: canonical mask, autograd, result building.
+
+A *compute* function maps a :class:`~._canon.Masked` ``X`` to a :class:`Result` whose tensors
+are differentiable functions of ``X.u`` and ``X.fill`` only.  :func:`run` calls it directly
+when no gradient is needed, and otherwise inside :class:`MaskedFn`, whose backward is::
+
+    grad_input = SparseTensor(pattern of X, d out / d u, fill 0)       when X.mfill is False
+    grad_input = d dense_ref(input.to_dense()) / d input                otherwise (dense by nature)
+
+The first line is exact: positions outside the pattern are masked out, so nothing depends on them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from .. import _convert
+from .._autograd import grad_parts
+from .._tensor import SparseTensor
+from ._canon import Masked, as_sparse, combine, is_sparse, mask_to_dense
+
+__all__ = ["Result", "run", "dense_mask", "dense_fallback"]
+
+
+@dataclasses.dataclass
+class Result:
+    """A dense result (``dense``) or the parts of a sparse one (COO indices over its sparse dims)."""
+
+    dense: torch.Tensor | None = None
+    idx: torch.Tensor | None = None
+    vals: torch.Tensor | None = None
+    fill: torch.Tensor | None = None
+    shape: tuple = ()
+    layout: torch.layout = torch.sparse_coo
+    indefinite: bool = False
+
+    def tensors(self):
+        return [self.dense] if self.dense is not None else [self.vals, self.fill]
+
+    def build(self):
+        if self.dense is not None:
+            return self.dense
+        layout = self.layout if self.idx.shape[0] >= 2 else torch.sparse_coo
+        fill = self.fill if not self.indefinite else self.vals.new_empty(0)
+        return _convert.parts_to_sparse(self.idx, self.vals, self.shape, fill, self.indefinite, False, layout, True)
+
+
+def dense_mask(mask, input):
+    """A strided bool mask for a strided ``input`` (None stays None)."""
+    if mask is None:
+        return None
+    return mask_to_dense(mask, input.shape).clone() if is_sparse(mask) else mask
+
+
+class MaskedFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, A, X, compute, dense_ref):
+        with torch.enable_grad():
+            u = X.u.detach().requires_grad_()
+            f = X.fill.detach().requires_grad_()
+            res = compute(dataclasses.replace(X, u=u, fill=f))
+        ctx.X, ctx.u, ctx.res, ctx.dense_ref = X, u, res, dense_ref
+        built = Result(**{**res.__dict__, "dense": None if res.dense is None else res.dense.detach(),
+                          "vals": None if res.vals is None else res.vals.detach(),
+                          "fill": None if res.fill is None else res.fill.detach()}).build()
+        ctx.out_pattern = built if isinstance(built, SparseTensor) else None
+        return built
+
+    @staticmethod
+    def backward(ctx, G):
+        X = ctx.X
+        if X.mfill:  # masked-in unspecified elements: their gradients differ per slice
+            with torch.enable_grad():
+                x = _convert.dense_of(_convert.rewrap(X.A)).requires_grad_()
+                out = ctx.dense_ref(x)
+            g = G.to_dense() if isinstance(G, SparseTensor) else G
+            (gx,) = torch.autograd.grad(out, x, g, allow_unused=True)
+            return (torch.zeros_like(x) if gx is None else gx), None, None, None
+        res = ctx.res
+        if res.dense is not None:
+            outs, grads = [res.dense], [G.to_dense() if isinstance(G, SparseTensor) else G]
+        else:
+            gv, gf = grad_parts(G, ctx.out_pattern)
+            outs, grads = [res.vals], [gv.reshape(res.vals.shape)]
+            if gf is not None and res.fill.requires_grad:
+                outs.append(res.fill)
+                grads.append(gf.expand(res.fill.shape) if gf.shape != res.fill.shape else gf)
+        pairs = [(o, g) for o, g in zip(outs, grads) if o.requires_grad]
+        gu = None
+        if pairs:
+            (gu,) = torch.autograd.grad([o for o, _ in pairs], [ctx.u], [g for _, g in pairs], allow_unused=True)
+        if gu is None:
+            gu = torch.zeros_like(ctx.u)
+        gA = _convert.parts_to_sparse(X.idx, gu, X.A.shape, gu.new_zeros(()), False, True, torch.sparse_coo, True)
+        return gA, None, None, None
+
+
+def run(input, mask, compute, dense_ref):
+    """``compute(combine(input, mask))`` built into a result, with autograd when ``input`` needs it."""
+    X = combine(input, mask)
+    A = X.A
+    if torch.is_grad_enabled() and A.requires_grad:
+        return MaskedFn.apply(A, X, compute, dense_ref)
+    with torch.no_grad():
+        return compute(X).build()
+
+
+def dense_fallback(input, mask, dense_op):
+    """A result that is dense by nature (e.g. softmax along a sparse dim with every element masked in):
+    computed on the dense equivalent (no DensifyWarning; the densify policy's byte limit applies) and
+    returned in the input's layout."""
+    A = as_sparse(input)
+    _convert.check_densify_quiet(A, "a masked normalization with masked-in unspecified elements")
+    x = A.to_dense()
+    m = None if mask is None else mask_to_dense(mask, A.shape)
+    out = dense_op(x, m)
+    from .._creation import to_sparse
+    return to_sparse(out, layout=A._sf_layout, dense_dim=A.dense_dim())

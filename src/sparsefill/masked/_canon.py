@@ -1,0 +1,178 @@
+"""The canonical input mask of a sparse input (masked-reductions-on-sparse.md, "four cases").
+
+For a sparse ``input`` (sparse shape ``S``, dense shape ``D``) and a ``mask`` of any layout,
+:func:`combine` returns a :class:`Masked`: the union ``P`` of the input's pattern and the
+masked-in pattern of the mask (an input with indefinite fill keeps its own pattern only), with
+
+    u[r] = input.to_dense()[idx[:, r]]          (the input's value there: stored or its fill)
+    m[r] = mask.to_dense()[idx[:, r]]           (broadcast to the input's shape)
+
+and one flag ``mfill`` for every position outside ``P``: masked in (``True``: ``mask=None`` on
+a defined fill) or masked out (``False``: a sparse or strided mask, or an indefinite fill).
+This is ``input_mask3`` of the design note with the unspecified rest folded into one flag, so a
+reduction sees ``k`` stored elements and, per slice, a count of identical fill elements.
+
+Mask rules: ``None`` masks every element in (an indefinite fill: its pattern is the mask); a
+strided, torch native sparse or sparsefill mask is read as ``mask.to(bool)`` and broadcast to the
+input's shape; an indefinite fill in a mask reads as ``False``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from .. import _convert, _index
+from .._tensor import SparseTensor
+
+__all__ = ["Masked", "as_sparse", "is_sparse", "combine", "mask_to_dense", "true_positions", "mask_rows"]
+
+
+def is_sparse(t) -> bool:
+    return isinstance(t, SparseTensor) or (isinstance(t, torch.Tensor) and t.layout is not torch.strided)
+
+
+def as_sparse(t) -> SparseTensor:
+    """A SparseTensor for a SparseTensor or a torch native sparse tensor (storage shared)."""
+    if isinstance(t, SparseTensor):
+        return t
+    from .._creation import from_torch
+    return from_torch(t)
+
+
+@dataclasses.dataclass
+class Masked:
+    A: SparseTensor            # the input
+    idx: torch.Tensor          # (len(S), k) coalesced union pattern
+    u: torch.Tensor            # (k, *D) input values there (differentiable in A's values and fill)
+    m: torch.Tensor            # (k, *D) bool: masked in
+    fill: torch.Tensor         # the input fill expanded to D (zeros for an indefinite fill)
+    mfill: bool                # elements outside the pattern are masked in
+    same_pattern: bool         # idx is the input's own coalesced pattern (u are its values)
+
+    @property
+    def S(self):
+        return tuple(self.A._sparse_shape)
+
+    @property
+    def D(self):
+        return tuple(self.A._dense_shape)
+
+
+def _check_broadcast(mask_shape, shape, name="mask"):
+    if len(mask_shape) > len(shape):
+        raise IndexError(f"{name} has {len(mask_shape)} dims but the input has {len(shape)}: a mask broadcasts "
+                         "to the input's shape and cannot have more dims")
+    for a, b in zip(reversed(tuple(mask_shape)), reversed(tuple(shape))):
+        if a != b and a != 1:
+            raise ValueError(f"{name} of shape {tuple(mask_shape)} does not broadcast to the input's shape "
+                             f"{tuple(shape)}")
+
+
+def mask_to_dense(mask, shape) -> torch.Tensor:
+    """A strided bool mask of ``shape`` (an expanded view where broadcasting)."""
+    _check_broadcast(mask.shape, shape)
+    if isinstance(mask, SparseTensor):
+        d = _convert.dense_of(mask, mask._vals.new_zeros(()) if mask._indefinite else None)
+    elif mask.layout is not torch.strided:
+        d = mask.to_dense()
+    else:
+        d = mask
+    return (d if d.dtype == torch.bool else d != 0).expand(shape)
+
+
+def true_positions(mask, shape) -> torch.Tensor:
+    """Indices ``(len(shape), t)`` of the masked-in elements of ``mask`` broadcast to ``shape``.
+
+    O(nse of the mask times the broadcast factor) for a sparse mask with a False/indefinite fill;
+    a strided mask (or a sparse one with a True fill) is scanned densely.
+    """
+    _check_broadcast(mask.shape, shape)
+    if is_sparse(mask):
+        M = as_sparse(mask)
+        if M._indefinite or not bool(M._fill.any()):
+            idx, vals = _convert.coalesced_parts(M)
+            nz = (vals != 0).nonzero()                                   # (t, 1 + dense_dim)
+            pos = torch.cat([idx[:, nz[:, 0]], nz[:, 1:].T], 0) if nz.shape[0] else \
+                idx.new_zeros((M.dim(), 0))
+            return _broadcast_positions(pos, tuple(M.shape), tuple(shape))
+        mask = mask_to_dense(M, M.shape)                                 # a True fill: rare, read densely
+    d = mask if mask.dtype == torch.bool else mask != 0
+    pos = d.nonzero().T
+    return _broadcast_positions(pos, tuple(d.shape), tuple(shape))
+
+
+def _broadcast_positions(pos, mshape, shape):
+    """Positions of a tensor of ``mshape`` broadcast to ``shape``: size-1 dims repeat, missing dims prepend."""
+    lead = len(shape) - len(mshape)
+    pos = torch.cat([pos.new_zeros((lead, pos.shape[1])), pos], 0)
+    mshape = (1,) * lead + mshape
+    for d, (a, b) in enumerate(zip(mshape, shape)):
+        if a == 1 and b != 1:
+            t = pos.shape[1]
+            pos = pos.repeat(1, b)
+            pos[d] = torch.arange(b, device=pos.device).repeat_interleave(t)
+    return pos
+
+
+def mask_rows(mask, A: SparseTensor):
+    """The masked-in part of ``mask`` over ``A``'s split into sparse and dense dims: ``(idx, m)`` with
+    ``idx`` (len(S), r) coalesced and ``m`` (r, *D) bool; every row holds a masked-in element."""
+    S, D = tuple(A._sparse_shape), tuple(A._dense_shape)
+    pos = true_positions(mask, tuple(A.shape))
+    keys, inv = torch.unique(_index.linearize(pos[: len(S)], S), return_inverse=True)
+    m = torch.zeros((keys.numel(),) + D, dtype=torch.bool, device=pos.device)
+    m[(inv,) + tuple(pos[len(S):])] = True
+    return _index.unravel(keys, S), m
+
+
+def _same_indices(A: SparseTensor, M) -> torch.Tensor | None:
+    """The mask's values on ``A``'s pattern when the mask is sparse with exactly ``A``'s pattern, else None."""
+    if not is_sparse(M) or tuple(M.shape) != tuple(A.shape):
+        return None
+    M = as_sparse(M)
+    if M.dense_dim() != A.dense_dim() or not (M._indefinite or not bool(M._fill.any())):
+        return None
+    if M._sf_layout is A._sf_layout and M._coalesced and A._coalesced:
+        pairs = [(A._idx, M._idx)] if A._sf_layout is torch.sparse_coo else [(A._crow, M._crow), (A._col, M._col)]
+        if all(a is b or (a.shape == b.shape and torch.equal(a, b)) for a, b in pairs):
+            v = M._vals.reshape(A._coo_parts()[1].shape)
+            return v if v.dtype == torch.bool else v != 0
+    return None
+
+
+def combine(input, mask) -> Masked:
+    """The canonical :class:`Masked` form of a sparse ``input`` and a ``mask`` of any layout (or None)."""
+    A = as_sparse(input)
+    D = tuple(A._dense_shape)
+    idx, vals = _convert.coalesced_parts(A)
+    fill = (vals.new_zeros(()) if A._indefinite else A._fill).expand(D)
+    if mask is None:
+        return Masked(A, idx, vals, torch.ones(vals.shape, dtype=torch.bool, device=vals.device), fill,
+                      not A._indefinite, True)
+    same = _same_indices(A, mask)
+    if same is not None:
+        return Masked(A, idx, vals, same, fill, False, True)
+    S = tuple(A._sparse_shape)
+    pos = true_positions(mask, tuple(A.shape))
+    sd = len(S)
+    mkeys = _index.linearize(pos[:sd], S)
+    akeys = _index.linearize(idx, S)
+    if A._indefinite:  # the input's pattern is the mask too: no new positions
+        found_pos, found = _index.lookup(akeys, mkeys)
+        m = torch.zeros(vals.shape, dtype=torch.bool, device=vals.device)
+        sel = found.nonzero().squeeze(1)
+        m[(found_pos[sel],) + tuple(pos[sd:, sel])] = True
+        return Masked(A, idx, vals, m, fill, False, True)
+    union, inv = torch.unique(torch.cat([akeys, mkeys]), return_inverse=True)
+    ia, im = inv[: akeys.numel()], inv[akeys.numel():]
+    k = union.numel()
+    if k == akeys.numel():  # the masked-in positions are all specified in the input
+        m = torch.zeros(vals.shape, dtype=torch.bool, device=vals.device)
+        m[(im,) + tuple(pos[sd:])] = True
+        return Masked(A, idx, vals, m, fill, False, True)
+    u = torch.index_put(fill.expand((k,) + D), (ia,), vals)
+    m = torch.zeros((k,) + D, dtype=torch.bool, device=vals.device)
+    m[(im,) + tuple(pos[sd:])] = True
+    return Masked(A, _index.unravel(union, S), u, m, fill, False, False)

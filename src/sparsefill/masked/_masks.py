@@ -1,0 +1,82 @@
+"""Masks: the canonical input and output masks of a masked op, and masks matching a sparse pattern.
+
+``input_mask(input, mask=)`` is the mask the ops use, in the input's layout and shape (for a sparse
+input: pattern ``P`` of ``_canon``, fill = whether unspecified elements are masked in);
+``output_mask(input, dim, keepdim, mask=)`` is ``torch.any(input_mask, dim, keepdim)`` for every
+layout: True where the reduction's output has at least one masked-in element.  ``pattern_mask(A)``
+is True exactly at the specified elements of ``A`` (masked-reductions-rfc.md, "Additional
+constructors"); ``coo_mask``/``csr_mask`` build one from indices.
+
+>>> import torch, sparsefill
+>>> A = torch.tensor([[0., 2., 0.], [0., 0., 0.]]).to_sparse()
+>>> sparsefill.masked.output_mask(A, 1, mask=sparsefill.masked.pattern_mask(A)).to_dense()
+tensor([ True, False])
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import _convert
+from .._tensor import SparseTensor
+from . import _engine as E
+from ._apply import Result, dense_mask, run
+from ._canon import as_sparse, combine, is_sparse
+from ._reductions import _reduction
+
+__all__ = ["input_mask", "output_mask", "pattern_mask", "coo_mask", "csr_mask"]
+
+
+def input_mask(input, *, mask=None):
+    """The canonical mask: bool, the input's shape and layout (``mask=None``: all True; an indefinite
+    fill: its pattern)."""
+    if not is_sparse(input):
+        return torch.ones(input.shape, dtype=torch.bool, device=input.device) if mask is None else \
+            dense_mask(mask, input).to(torch.bool).clone()
+    X = combine(input, mask)
+    A = X.A
+    fill = torch.tensor(X.mfill, device=A.device)
+    return _convert.parts_to_sparse(X.idx, X.m, A.shape, fill, False, not X.mfill, A._sf_layout, True)
+
+
+def output_mask(input, dim=None, keepdim=False, *, mask=None):
+    """``torch.any(input_mask(input, mask=mask), dim, keepdim)`` in the input's layout."""
+    if not is_sparse(input):
+        m = input_mask(input, mask=mask)
+        dims = E.canonical_dims(dim, m.dim())
+        return torch.any(m, dims, keepdim=bool(keepdim)) if dims else m.clone()
+    with torch.no_grad():
+        return _reduction(input, mask, dim, keepdim, lambda v, seg, nseg, F, n: E.seg_count(seg, nseg, n) > 0,
+                          None)
+
+
+def pattern_mask(input):
+    """True at the specified elements of a sparse ``input``, False elsewhere, in its layout (a torch
+    native input gives a torch native mask sharing its indices; a SparseTensor a SparseTensor)."""
+    if isinstance(input, SparseTensor):
+        v = torch.ones(input._vals.shape, dtype=torch.bool, device=input.device)
+        return _convert.rewrap(input, values=v, fill=torch.zeros((), dtype=torch.bool, device=input.device),
+                               indefinite=False, known_zero=True)
+    if input.layout is torch.sparse_coo:
+        return torch.sparse_coo_tensor(input._indices(), torch.ones(input._values().shape, dtype=torch.bool,
+                                                                    device=input.device),
+                                       input.shape, is_coalesced=input.is_coalesced())
+    if input.layout is torch.sparse_csr:
+        return torch.sparse_csr_tensor(input.crow_indices(), input.col_indices(),
+                                       torch.ones(input.values().shape, dtype=torch.bool, device=input.device),
+                                       input.shape)
+    raise TypeError(f"pattern_mask expects a sparse COO or CSR tensor, got layout {input.layout}")
+
+
+def coo_mask(indices, size, *, device=None):
+    """A torch native COO bool mask, True at ``indices`` (shape ``(sparse_dim, nse)``)."""
+    indices = torch.as_tensor(indices, device=device)
+    return torch.sparse_coo_tensor(indices, torch.ones(indices.shape[1], dtype=torch.bool, device=indices.device),
+                                   size).coalesce()
+
+
+def csr_mask(crow_indices, col_indices, size, *, device=None):
+    """A torch native CSR bool mask, True at the elements given by ``crow_indices``/``col_indices``."""
+    crow = torch.as_tensor(crow_indices, device=device)
+    col = torch.as_tensor(col_indices, device=crow.device)
+    return torch.sparse_csr_tensor(crow, col, torch.ones(col.shape, dtype=torch.bool, device=crow.device), size)

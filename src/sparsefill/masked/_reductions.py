@@ -1,0 +1,265 @@
+"""Masked reductions: ``sum prod amax amin argmax argmin mean median norm var std logsumexp``.
+
+Each is ``torch.masked.<op>`` with the same signature.  On a strided input it *is*
+``torch.masked.<op>`` (a sparse mask is read densely).  On a sparse input (torch native COO/CSR
+or a SparseTensor of any fill) nothing is densified: with ``P`` the union of the input's pattern
+and the mask's masked-in pattern, each output slice reduces its ``k`` masked-in stored elements
+and ``n`` masked-in unspecified elements (all equal to the fill) in closed form::
+
+    out[slice] = op(input[p] for p in slice if mask[p])          (= torch.masked.<op> on the dense tensors)
+
+The result has the input's layout (COO when fewer than 2 sparse dims remain; a strided tensor
+when none remain): its specified elements are the slices that meet ``P``, its fill is the value
+of a slice that does not.  Fully masked-out slices get torch.masked's value: sum 0, prod 1,
+amax -inf (integer min), amin +inf (integer max), argmax/argmin 0, mean/median/var/std NaN,
+logsumexp -inf, norm 0 (+inf for ``ord=-inf``).
+
+>>> import torch, sparsefill
+>>> x = torch.tensor([[-3., -2., -1.], [0., 1., 2.]])
+>>> mask = torch.tensor([[True, False, True], [False, False, False]])
+>>> sparsefill.masked.sum(x.to_sparse(), 1, mask=mask).to_dense()
+tensor([-4.,  0.])
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .. import _index
+from .._reduce import identity_of
+from . import _engine as E
+from ._apply import Result, dense_mask, run
+from ._canon import as_sparse, is_sparse
+
+__all__ = ["sum", "prod", "amax", "amin", "argmax", "argmin", "mean", "median", "norm", "var", "std",
+           "logsumexp"]
+
+_builtin_sum = sum
+_INT_PROMOTE = {torch.uint8, torch.bool, torch.int8, torch.int16, torch.int32}
+
+
+def _finish(sl, vals, fill, keepdim, layout):
+    """A :class:`Result` from per-segment values ``(nseg,)`` and the untouched slice's ``(Pk,)``."""
+    sshape, dshape = sl.out_shape(keepdim)
+    vals = vals.reshape((sl.S_out,) + dshape)
+    fill = fill.reshape(dshape)
+    if not sshape:
+        return Result(dense=vals[0] if sl.S_out else fill)
+    return Result(idx=sl.out_indices(keepdim), vals=vals, fill=fill, shape=sshape + dshape, layout=layout)
+
+
+def _reduction(input, mask, dim, keepdim, kernel, dense_ref, cast=None, post=None):
+    """Run ``kernel(values, seg, nseg, F, n)`` over the slices of ``dim``; ``cast`` first, ``post`` after."""
+    A = as_sparse(input)
+    dims = E.canonical_dims(dim, A.dim())
+
+    def compute(X):
+        sl = E.Slices(X, dims)
+        u, f = X.u, X.fill
+        if cast is not None:
+            u, f = u.to(cast), f.to(cast)
+        v, seg = sl.masked_in(u)
+        (F, n), (F0, n0) = sl.fill_classes(f)
+        out = kernel(v, seg, sl.nseg, F, n)
+        out0 = kernel(v[:0], seg[:0], sl.Pk, F0, n0)
+        if post is not None:
+            out, out0 = post(out), post(out0)
+        return _finish(sl, out, out0, bool(keepdim), A._sf_layout)
+
+    return run(A, mask, compute, dense_ref)
+
+
+def _sum_dtype(x, dtype):
+    if dtype is not None:
+        return dtype
+    return torch.int64 if x.dtype in _INT_PROMOTE else x.dtype
+
+
+def sum(input, dim=None, *, keepdim=False, dtype=None, mask=None):
+    """Masked sum: ``torch.sum(torch.where(mask, input, 0), dim)``; fully masked-out slices give 0."""
+    if not is_sparse(input):
+        return torch.masked.sum(input, dim, keepdim=keepdim, dtype=dtype, mask=dense_mask(mask, input))
+    dt = _sum_dtype(input, dtype)
+    return _reduction(input, mask, dim, keepdim, E.seg_sum, _ref("sum", dim, keepdim=keepdim, dtype=dtype, mask=mask),
+                      cast=dt)
+
+
+def prod(input, dim=None, *, keepdim=False, dtype=None, mask=None):
+    """Masked product: ``torch.prod(torch.where(mask, input, 1), dim)``; fully masked-out slices give 1."""
+    if not is_sparse(input):
+        return torch.masked.prod(input, dim, keepdim=keepdim, dtype=dtype, mask=dense_mask(mask, input))
+    dt = _sum_dtype(input, dtype)
+    return _reduction(input, mask, dim, keepdim, E.seg_prod,
+                      _ref("prod", dim, keepdim=keepdim, dtype=dtype, mask=mask), cast=dt)
+
+
+def _extreme(name, mode):
+    def op(input, dim=None, *, keepdim=False, dtype=None, mask=None):
+        if not is_sparse(input):
+            return getattr(torch.masked, name)(input, dim, keepdim=keepdim, dtype=dtype,
+                                               mask=dense_mask(mask, input))
+        dt = dtype or input.dtype
+        return _reduction(input, mask, dim, keepdim, lambda *a: E.seg_extreme(*a, mode),
+                          _ref(name, dim, keepdim=keepdim, dtype=dtype, mask=mask), post=lambda t: t.to(dt))
+    op.__name__ = op.__qualname__ = name
+    sign = "-inf" if mode == "amax" else "+inf"
+    op.__doc__ = (f"Masked {name}: ``torch.{name}(input.masked_fill(~mask, {sign}), dim)``; fully masked-out "
+                  f"slices give {sign} (the integer {'min' if mode == 'amax' else 'max'} for integer dtypes).")
+    return op
+
+
+amax = _extreme("amax", "amax")
+amin = _extreme("amin", "amin")
+
+
+def mean(input, dim=None, *, keepdim=False, dtype=None, mask=None):
+    """Masked mean: ``sum(input * mask, dim) / sum(mask, dim)``; fully masked-out slices give NaN."""
+    if not is_sparse(input):
+        return torch.masked.mean(input, dim, keepdim=keepdim, dtype=dtype, mask=dense_mask(mask, input))
+    dt = dtype or input.dtype
+    if not (dt.is_floating_point or dt.is_complex):
+        raise ValueError(f"mean(): Could not infer output dtype. {'Optional' if dtype else 'Input'} dtype must be "
+                         f"either a floating point or complex dtype. Got: {dt}")
+    return _reduction(input, mask, dim, keepdim, E.seg_mean,
+                      _ref("mean", dim, keepdim=keepdim, dtype=dtype, mask=mask), cast=dt)
+
+
+def logsumexp(input, dim=None, *, keepdim=False, dtype=None, mask=None):
+    """Masked logsumexp: ``torch.logsumexp(input.masked_fill(~mask, -inf), dim)``; fully masked-out slices
+    give -inf."""
+    if not is_sparse(input):
+        return torch.masked.logsumexp(input, dim, keepdim=keepdim, dtype=dtype, mask=dense_mask(mask, input))
+    dt = dtype or input.dtype
+    cdt = input.dtype if input.dtype.is_floating_point or input.dtype.is_complex else torch.get_default_dtype()
+    return _reduction(input, mask, dim, keepdim, E.seg_logsumexp,
+                      _ref("logsumexp", dim, keepdim=keepdim, dtype=dtype, mask=mask), cast=cdt,
+                      post=lambda t: t.to(dt))
+
+
+def norm(input, ord=2.0, dim=None, *, keepdim=False, dtype=None, mask=None):
+    """Masked vector norm: ``torch.linalg.vector_norm(torch.where(mask, input, 0), ord, dim)``; fully
+    masked-out slices give 0 (+inf for ``ord=-inf``).  Negative finite ``ord`` is not supported on sparse
+    inputs (the masked-out zeros would decide it)."""
+    if not is_sparse(input):
+        return torch.masked.norm(input, ord, dim, keepdim=keepdim, dtype=dtype, mask=dense_mask(mask, input))
+    p = 2.0 if ord is None else float(ord)
+    if p < 0 and not math.isinf(p):
+        raise ValueError(f"masked norm of a sparse input: ord={ord} (negative, finite) is not supported")
+    dt = dtype or input.dtype
+    if not (dt.is_floating_point or dt.is_complex):
+        raise RuntimeError(f"linalg.vector_norm: Expected a floating point or complex tensor as input. Got {dt}")
+    out_dt = dt.to_real() if dt.is_complex else dt
+    return _reduction(input, mask, dim, keepdim, lambda *a: E.seg_norm(*a, p),
+                      _ref("norm", ord, dim, keepdim=keepdim, dtype=dtype, mask=mask), cast=dt,
+                      post=lambda t: t.to(out_dt))
+
+
+def _std_var(name, input, dim, unbiased, correction, keepdim, dtype, mask, take_sqrt):
+    if not is_sparse(input):
+        return getattr(torch.masked, name)(input, dim, unbiased, correction=correction, keepdim=keepdim,
+                                           dtype=dtype, mask=dense_mask(mask, input))
+    if unbiased is not None and correction is not None:
+        raise ValueError("Only one of unbiased and correction may be given")
+    corr = 1.0 if unbiased is None and correction is None else (
+        (1.0 if unbiased else 0.0) if unbiased is not None else float(correction))
+    dt = dtype or (input.dtype if input.dtype.is_floating_point or input.dtype.is_complex else torch.float32)
+    cdt = dt if dt.is_floating_point or dt.is_complex else torch.float32
+
+    def kernel(v, seg, nseg, F, n):
+        out = E.seg_var(v, seg, nseg, F, n, corr)
+        return torch.sqrt(out) if take_sqrt else out
+
+    return _reduction(input, mask, dim, keepdim, kernel,
+                      _ref(name, dim, unbiased, correction=correction, keepdim=keepdim, dtype=dtype, mask=mask),
+                      cast=cdt, post=lambda t: t.to(dt))
+
+
+def var(input, dim=None, unbiased=None, *, correction=None, keepdim=False, dtype=None, mask=None):
+    """Masked variance ``sum((x - mean)^2) / max(count - correction, 0)`` over the masked-in elements;
+    fully masked-out slices give NaN."""
+    return _std_var("var", input, dim, unbiased, correction, keepdim, dtype, mask, False)
+
+
+def std(input, dim=None, unbiased=None, *, correction=None, keepdim=False, dtype=None, mask=None):
+    """Masked standard deviation: ``sqrt(var(...))``; fully masked-out slices give NaN."""
+    return _std_var("std", input, dim, unbiased, correction, keepdim, dtype, mask, True)
+
+
+def median(input, dim=-1, *, keepdim=False, dtype=None, mask=None):
+    """Masked median (``torch.nanmedian`` of the masked-in elements: the lower median, NaN values ignored);
+    fully masked-out slices give NaN (integer inputs raise ValueError then, as torch.masked)."""
+    if not is_sparse(input):
+        return torch.masked.median(input, dim, keepdim=keepdim, dtype=dtype, mask=dense_mask(mask, input))
+    A = as_sparse(input)
+    is_float = A.dtype.is_floating_point
+    dims = E.canonical_dims(dim, A.dim())[:1] if A.dim() else ()
+    out = _reduction(A, mask, dims, keepdim, E.seg_median,
+                     _ref("median", dim, keepdim=keepdim, dtype=dtype, mask=mask),
+                     cast=None if is_float else torch.float32)
+    if is_float:
+        return out
+    from .._tensor import SparseTensor
+    vals = [out._vals, out._fill] if isinstance(out, SparseTensor) else [out]
+    if _builtin_sum(int(torch.isnan(t).sum()) for t in vals):
+        raise ValueError("masked median expects no fully masked out rows if dtype is not floating point")
+    return out.to(dtype or A.dtype)
+
+
+def _argext(name, mode):
+    def op(input, dim=None, *, keepdim=False, dtype=None, mask=None):
+        if not is_sparse(input):
+            return getattr(torch.masked, name)(input, dim, keepdim=keepdim, dtype=dtype,
+                                               mask=dense_mask(mask, input))
+        A = as_sparse(input)
+        dims = E.canonical_dims(dim, A.dim())
+        dt = dtype or A.dtype
+
+        def compute(X):
+            sl = E.Slices(X, dims)
+            ident = identity_of(mode, X.u.dtype)
+            eff = torch.where(X.m, X.u, torch.full((), ident, dtype=X.u.dtype, device=X.u.device))
+            feff = X.fill if X.mfill else torch.full_like(X.fill, ident)
+            v, seg = sl.scalars(eff).reshape(-1), sl.seg3.reshape(-1)
+            pr = torch.arange(sl.Pr, device=v.device)
+            key_r = _index.linearize(X.idx[sl.red_s], [X.S[d] for d in sl.red_s])
+            pos = (key_r[:, None, None] * sl.Pr + pr).expand(-1, sl.Pk, sl.Pr).reshape(-1)
+            (F, n), (F0, n0) = sl.fill_classes(feff, counts=True)
+            mex = _first_gap(sl.seg_row, key_r, sl.S_out)
+            fpos = (mex[:, None, None] * sl.Pr + pr).expand(sl.S_out, sl.Pk, sl.Pr).reshape(sl.nseg, sl.Pr)
+            out = E.seg_arg(v, seg, sl.nseg, pos, F, n, fpos, mode)
+            out0 = E.seg_arg(v[:0], seg[:0], sl.Pk, pos[:0], F0, n0, pr.expand(sl.Pk, sl.Pr), mode)
+            return _finish(sl, out.to(dt), out0.to(dt), bool(keepdim), A._sf_layout)
+
+        return run(A, mask, compute, _ref(name, dim, keepdim=keepdim, dtype=dtype, mask=mask))
+    op.__name__ = op.__qualname__ = name
+    op.__doc__ = (f"Masked {name}: ``torch.{name}(input.masked_fill(~mask, {'-inf' if mode == 'amax' else '+inf'}), "
+                  "dim)`` (first index on ties, NaN is the extreme; the result has the input's dtype, as "
+                  "torch.masked); fully masked-out slices give 0.")
+    return op
+
+
+def _first_gap(seg_row, key_r, nseg):
+    """Per segment, the smallest non-negative key not among its (ascending) ``key_r``: the first
+    unspecified position along the reduced dims."""
+    counts = torch.bincount(seg_row, minlength=nseg)[:nseg] if seg_row.numel() else \
+        torch.zeros(nseg, dtype=torch.int64, device=seg_row.device)
+    order = torch.argsort(seg_row, stable=True)
+    s = seg_row[order]
+    start = torch.cumsum(counts, 0) - counts
+    rank = torch.arange(s.numel(), device=s.device) - start[s]
+    bad = key_r[order] != rank
+    return counts.clone().scatter_reduce(0, s[bad], rank[bad], "amin", include_self=True)
+
+
+argmax = _argext("argmax", "amax")
+argmin = _argext("argmin", "amin")
+
+
+def _ref(name, *args, mask=None, **kwargs):
+    """The dense reference (used for gradients when unspecified elements are masked in)."""
+    def f(x):
+        m = None if mask is None else dense_mask(mask, x)
+        return getattr(torch.masked, name)(x, *args, mask=m, **kwargs)
+    return f
