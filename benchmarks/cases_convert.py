@@ -88,6 +88,12 @@ def _check_to_sparse(fill):
 
 
 # ---------------------------------------------------------------------- registration
+def _bytes(param) -> int:
+    """Least bytes moved: the float32 dense tensor once, plus int64 indices and float32 values per specified element."""
+    shape, density = param
+    return math.prod(shape) * 4 + round(math.prod(shape) * density) * (8 * len(shape) + 4)
+
+
 def _native(layout):
     return (lambda x: x.to_sparse()) if layout is torch.sparse_coo else (lambda x: x.to_sparse_csr())
 
@@ -103,7 +109,8 @@ def _register_to_sparse(layout, fill):
             else f"(x - {fill}).to_sparse{'' if lname == 'coo' else '_csr'}()")
     sizes, quick = (SIZES, QUICK) if layout is torch.sparse_coo else (SIZES_2D, QUICK_2D)
 
-    @case(f"to_sparse {lname} fill={fill:g}", sizes=sizes, quick_sizes=quick, check=_check_to_sparse(fill))
+    @case(f"to_sparse {lname} fill={fill:g}", sizes=sizes, quick_sizes=quick, check=_check_to_sparse(fill),
+          bytes=_bytes)
     def bench(param):
         shape, density = param
         x = dense_input(shape, density, fill)
@@ -129,7 +136,7 @@ def _register_to_dense(layout, fill):
         if not _allclose_chunked(a, b):
             raise AssertionError("sparsefill to_dense != torch to_dense (+ fill)")
 
-    @case(f"to_dense {lname} fill={fill:g}", sizes=sizes, quick_sizes=quick, check=check)
+    @case(f"to_dense {lname} fill={fill:g}", sizes=sizes, quick_sizes=quick, check=check, bytes=_bytes)
     def bench(param):
         shape, density = param
         x = dense_input(shape, density, fill)

@@ -1,7 +1,12 @@
-"""``python -m sparsefill``: the tour of worked examples (see ``sparsefill.tour``)."""
+"""``python -m sparsefill``: the tour of worked examples (``sparsefill.tour``);
+``python -m sparsefill bench ...``: the benchmarks against the peers (``sparsefill.bench``)."""
 
 import sys
 
-from .tour import main
+if len(sys.argv) > 1 and sys.argv[1] == "bench":
+    from .bench import main
+    sys.exit(main(sys.argv[2:]))
+
+from .tour import main  # noqa: E402
 
 sys.exit(main(sys.argv[1:]))
