@@ -11,7 +11,7 @@ import torch
 
 import sparsefill
 
-from .runner import case
+from .runner import case, skipped
 
 
 def _signal(n: int, density: float, fill: float = 5.0):
@@ -32,7 +32,8 @@ def _check(param, out):
 
 
 @case("exp(A * -8) fill=5", sizes={"1-D 10M, 1%": ((10_000_000,), 0.01)},
-      quick_sizes={"1-D 1M, 1%": ((1_000_000,), 0.01)}, check=_check)
+      quick_sizes={"1-D 1M, 1%": ((1_000_000,), 0.01)}, check=_check,
+      bytes=lambda p: 2 * round(p[0][0] * p[1]) * 8)  # float64 values read and written
 def exp_scaled(param):
     (n,), density = param
     idx, vals = _signal(n, density)
@@ -40,8 +41,8 @@ def exp_scaled(param):
     impls = [("sparsefill", lambda: torch.exp(A * -8.0)), ("values only", lambda: torch.exp(vals * -8.0))]
     try:
         import sparse
-    except ImportError:  # peer not installed: skipped, noted in the table by its absence
-        return impls
+    except ImportError:  # peer not installed: skipped, noted in the table
+        return impls + [skipped("pydata sparse", "not installed (pip install sparse)")]
     s = sparse.COO(idx[None].numpy(), vals.numpy(), shape=(n,), fill_value=5.0)
     impls.append(("pydata sparse", lambda: np.exp(s * -8.0)))
     return impls
@@ -54,23 +55,27 @@ def _check_add(param, out):
         torch.testing.assert_close(torch.from_numpy(out["pydata sparse"].data), ref._values())
 
 
-@case("A + B, different patterns, fills 1 and 2", sizes={"1-D 10M, 1% each": ((10_000_000,), 0.01)},
-      quick_sizes={"1-D 1M, 1% each": ((1_000_000,), 0.01)}, check=_check_add)
+@case("A + B, different patterns, fills 1 and 2",
+      sizes={"20000x20000, 0.1% each": ((20_000, 20_000), 0.001), "1-D 10M, 1% each": ((10_000_000,), 0.01)},
+      quick_sizes={"2000x2000, 1% each": ((2_000, 2_000), 0.01)}, check=_check_add,
+      bytes=lambda p: 4 * round(np.prod(p[0]) * p[1]) * (8 * len(p[0]) + 8))  # ~: 2 operands + union
 def add_union(param):
-    (n,), density = param
+    shape, density = param
+    n = int(np.prod(shape))
     (ia, va), (ib, vb) = _signal(n, density, 1.0), _signal(n, density, 2.0)
     ib = torch.randperm(n, generator=torch.Generator().manual_seed(1))[: ib.numel()].sort().values
-    A = sparsefill.sparse_coo_tensor(ia[None], va, (n,), fill_value=1.0)
-    B = sparsefill.sparse_coo_tensor(ib[None], vb, (n,), fill_value=2.0)
+    ia, ib = (torch.stack(torch.unravel_index(i, shape)) for i in (ia, ib))  # row-major order kept
+    A = sparsefill.sparse_coo_tensor(ia, va, shape, fill_value=1.0)
+    B = sparsefill.sparse_coo_tensor(ib, vb, shape, fill_value=2.0)
     # by hand with torch native sparse: shift to zero fill, add, coalesce, remember fill 3
-    An = torch.sparse_coo_tensor(ia[None], va - 1.0, (n,)).coalesce()
-    Bn = torch.sparse_coo_tensor(ib[None], vb - 2.0, (n,)).coalesce()
+    An = torch.sparse_coo_tensor(ia, va - 1.0, shape).coalesce()
+    Bn = torch.sparse_coo_tensor(ib, vb - 2.0, shape).coalesce()
     impls = [("sparsefill", lambda: A + B), ("torch native (fill 0)", lambda: (An + Bn).coalesce())]
     try:
         import sparse
     except ImportError:
-        return impls
-    sa = sparse.COO(ia[None].numpy(), va.numpy(), shape=(n,), fill_value=1.0)
-    sb = sparse.COO(ib[None].numpy(), vb.numpy(), shape=(n,), fill_value=2.0)
+        return impls + [skipped("pydata sparse", "not installed (pip install sparse)")]
+    sa = sparse.COO(ia.numpy(), va.numpy(), shape=shape, fill_value=1.0)
+    sb = sparse.COO(ib.numpy(), vb.numpy(), shape=shape, fill_value=2.0)
     impls.append(("pydata sparse", lambda: sa + sb))
     return impls
