@@ -144,6 +144,8 @@ def seg_prod(v, seg, nseg, F, n):
 def seg_extreme(v, seg, nseg, F, n, mode, init=None):
     init = identity_of(mode, v.dtype) if init is None else init
     out = v.new_full((nseg,), init).scatter_reduce(0, seg, v, mode, include_self=True)
+    if F.shape[-1] == 0:
+        return out
     pad = torch.full((), init, dtype=F.dtype, device=F.device)
     f = torch.where(n > 0, F, pad)
     f = f.amax(1) if mode == "amax" else f.amin(1)

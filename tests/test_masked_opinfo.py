@@ -1,0 +1,207 @@
+"""``sparsefill.masked`` against ``torch.masked`` over PyTorch's OpInfo ``masked.*`` entries.
+
+For every op and every float64 sample (masks included), the input is made sparse in each INPUT
+variant (~half of its elements set to the variant's fill, so the sparse tensor has unspecified
+elements; the dense reference uses the same values) and the mask is passed in each MASK variant.
+Invariant checked at every output position with at least one masked-in element::
+
+    densify(sparsefill.masked.op(sparse input, ..., mask=mask variant))
+        == torch.masked.op(dense input, ..., mask=dense mask)                (assert_close, equal_nan)
+
+with no ``sparsefill.DensifyWarning``.  An indefinite-fill input is a masked tensor: its reference
+mask is ``pattern & mask``.  Samples that cannot be supported are listed in ``DECLARED`` with the
+reason and printed in the summary at the end of the run; nothing is skipped silently.
+"""
+
+from __future__ import annotations
+
+import collections
+import warnings
+
+import pytest
+import torch
+from torch.testing._internal.common_methods_invocations import op_db
+
+import sparsefill
+from sparsefill import SparseTensor
+from sparsefill import masked as M
+
+OPS = [op for op in op_db if op.name.startswith("masked.")]
+REPORT: dict = collections.defaultdict(collections.Counter)   # op -> Counter of outcome
+DECLARED: dict = {}   # (op, reason) -> count; filled by _declared() below, printed in the summary
+
+
+def _declared(name, sample):
+    """The reason a sample is not supported on sparse inputs, or None."""
+    if name in ("norm", "normalize"):
+        p = sample.args[0] if sample.args else 2.0
+        if p is not None and p < 0 and p != float("-inf"):
+            return "negative finite ord: the masked-out zeros would decide the norm"
+    return None
+
+
+INPUTS = {
+    # name: (layout, dense_dim, fill) ; fill "first" = the first dense slice (an array fill)
+    "sf-coo fill 0": (torch.sparse_coo, 0, 0.0),
+    "sf-coo fill 1.5": (torch.sparse_coo, 0, 1.5),
+    "sf-csr fill -0.5": (torch.sparse_csr, 0, -0.5),
+    "sf-hybrid array fill": (torch.sparse_coo, 1, "first"),
+    "sf-indefinite": (torch.sparse_coo, 0, "indefinite"),
+    "native-coo": ("native", torch.sparse_coo, 0.0),
+    "native-csr": ("native", torch.sparse_csr, 0.0),
+}
+MASKS = ["strided", "native-coo", "sf-csr"]
+
+
+def _sparsify(x, variant, gen):
+    """``(sparse input, dense values, pattern or None)`` or None when the variant does not apply."""
+    spec = INPUTS[variant]
+    if spec[0] == "native":
+        layout = spec[1]
+        if layout is torch.sparse_csr and x.dim() != 2:
+            return None
+        xm = x.clone()
+        xm[torch.rand(x.shape, generator=gen) < 0.5] = 0.0
+        return (xm.to_sparse() if layout is torch.sparse_coo else xm.to_sparse_csr()), xm, None
+    layout, dd, fill = spec
+    if x.dim() < (2 if layout is torch.sparse_csr else 0) + dd or (dd and x.dim() < 2):
+        return None
+    xm = x.clone()
+    drop = torch.rand(x.shape[: x.dim() - dd], generator=gen) < 0.5
+    if fill == "indefinite":
+        idx = (~drop).nonzero().T
+        A = sparsefill.sparse_coo_tensor(idx, xm[~drop], x.shape, fill_value=sparsefill.indefinite)
+        return A, xm, ~drop
+    if fill == "first":
+        f = xm.flatten(0, -2)[0].clone() if xm.numel() else torch.zeros(x.shape[-1:], dtype=x.dtype)
+    else:
+        f = torch.tensor(fill, dtype=x.dtype)
+    xm[drop] = f
+    return sparsefill.to_sparse(xm, fill_value=f, layout=layout, dense_dim=dd), xm, None
+
+
+def _mask_variant(mask, variant):
+    if mask is None or variant == "strided":
+        return mask
+    if variant == "native-coo":
+        return mask.to_sparse()
+    if mask.dim() < 2:
+        return None
+    return sparsefill.to_sparse(mask, layout=torch.sparse_csr)
+
+
+def _densify(t):
+    if isinstance(t, SparseTensor):
+        return t.to_dense(fill_value=float("nan")) if t.is_fill_indefinite() else t.to_dense()
+    return t.to_dense() if t.layout is not torch.strided else t
+
+
+def _check_sample(op, sample, in_variant, mask_variant, seed):
+    """Outcome string; raises AssertionError on a mismatch."""
+    name = op.name.split(".", 1)[1]
+    gen = torch.Generator().manual_seed(seed)
+    conv = _sparsify(sample.input, in_variant, gen)
+    if conv is None:
+        return "n/a"
+    A, xm, pattern = conv
+    kwargs = dict(sample.kwargs)
+    args = list(sample.args)
+    mask_keys = ["input_mask", "other_mask"] if name == "logaddexp" else ["mask"]
+    ref_kwargs, sp_kwargs = dict(kwargs), dict(kwargs)
+    for key in mask_keys:
+        mk = kwargs.get(key)
+        mv = _mask_variant(mk, mask_variant)
+        if mk is not None and mv is None:
+            return "n/a"
+        sp_kwargs[key] = mv
+    if pattern is not None:  # indefinite fill: the pattern is the mask
+        base = kwargs.get(mask_keys[0])
+        ref_kwargs[mask_keys[0]] = pattern if base is None else pattern & base.expand(pattern.shape)
+    reason = _declared(name, sample)
+    ref_op = getattr(torch.masked, name)
+    try:
+        ref = ref_op(xm, *args, **ref_kwargs)
+    except Exception:  # noqa: BLE001 - the dense op rejects the sample: so must we
+        with pytest.raises(Exception):
+            getattr(M, name)(A, *args, **sp_kwargs)
+        return "ref-rejects"
+    if reason is not None:
+        with pytest.raises(ValueError):
+            getattr(M, name)(A, *args, **sp_kwargs)
+        DECLARED[(name, reason)] = DECLARED.get((name, reason), 0) + 1
+        return "declared"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", sparsefill.DensifyWarning)
+        out = getattr(M, name)(A, *args, **sp_kwargs)
+    if isinstance(out, SparseTensor):
+        assert out.sparse_layout in (torch.sparse_coo, A.sparse_layout if isinstance(A, SparseTensor) else A.layout)
+    got = _densify(out)
+    assert got.shape == ref.shape and got.dtype == ref.dtype, (got.shape, ref.shape, got.dtype, ref.dtype)
+    where = _output_positions(name, xm, args, ref_kwargs, ref.shape)
+    torch.testing.assert_close(got[where], ref[where], equal_nan=True, atol=1e-7, rtol=1e-7)
+    return "ok"
+
+
+def _output_positions(name, x, args, kwargs, shape):
+    """Output positions with at least one masked-in element."""
+    if name == "logaddexp":
+        ms = [kwargs.get(k) for k in ("input_mask", "other_mask")]
+        if any(m is None for m in ms):
+            return torch.ones(shape, dtype=torch.bool)
+        return (ms[0] | ms[1]).expand(shape)
+    mask = kwargs.get("mask")
+    if mask is None:
+        return torch.ones(shape, dtype=torch.bool)
+    fn = getattr(torch.masked, name)
+    out = torch.masked._ops._output_mask(fn, x, *args, **kwargs)
+    return out.expand(shape) if out.shape != shape else out
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    """Tiny tensors: on 2 busy cores an intra-op thread pool wait costs ~15 ms per parallel kernel."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _summary(request):
+    class Summary:
+        def pytest_terminal_summary(self, terminalreporter):
+            tr = terminalreporter
+            tr.section("sparsefill.masked vs torch.masked (OpInfo samples)")
+            for key, c in sorted(REPORT.items()):
+                tr.write_line(f"{key}: {dict(c)}")
+            for (name, reason), n in sorted(DECLARED.items()):
+                tr.write_line(f"declared unsupported: masked.{name} x{n}: {reason}")
+    plugin = Summary()
+    request.config.pluginmanager.register(plugin, "sparsefill-masked-summary")
+    yield
+
+
+@pytest.mark.parametrize("op", OPS, ids=[op.name for op in OPS])
+def test_masked_layout_invariance(op):
+    samples = list(op.sample_inputs("cpu", torch.float64, requires_grad=False))
+    assert samples
+    failures = []
+    for seed, sample in enumerate(samples):
+        has_mask = any(sample.kwargs.get(k) is not None for k in ("mask", "input_mask", "other_mask"))
+        for i, iv in enumerate(INPUTS):
+            # every input variant; the mask variants rotate, so each sample meets all of them
+            for mv in [MASKS[(seed + i) % len(MASKS)]] if has_mask else ["strided"]:
+                try:
+                    outcome = _check_sample(op, sample, iv, mv, seed)
+                except Exception as e:  # noqa: BLE001 - collected and reported below
+                    outcome = "FAIL"
+                    failures.append(f"[{iv}, mask {mv}, sample {seed}: input {tuple(sample.input.shape)} args "
+                                    f"{sample.args if name_short(op) != 'logaddexp' else ''} kwargs "
+                                    f"{ {k: (tuple(v.shape) if isinstance(v, torch.Tensor) else v) for k, v in sample.kwargs.items()} }] "
+                                    f"{type(e).__name__}: {str(e)[:400]}")
+                REPORT[op.name][outcome] += 1
+    assert not failures, f"{len(failures)} failures:\n" + "\n".join(failures[:15])
+
+
+def name_short(op):
+    return op.name.split(".", 1)[1]
