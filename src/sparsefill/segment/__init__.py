@@ -9,14 +9,29 @@ converts between them and reduces the rows of every segment.
 >>> data = torch.tensor([[1., 4.], [3., 2.], [8., 1.], [9., 4.], [5., 8.]])
 >>> segment.lengths_to_segment_ids(torch.tensor([3, 2]))
 tensor([0, 0, 0, 1, 1])
+>>> segment.reduce(data, "sum", lengths=torch.tensor([3, 2]))
+tensor([[12.,  7.],
+        [14., 12.]])
+>>> segment.sorted_segment_sum(data, torch.tensor([0, 0, 0, 1, 1]))   # the Caffe2 name
+tensor([[12.,  7.],
+        [14., 12.]])
 """
 
 from ._repr import (gather_ranges, lengths_gather, lengths_range_fill, lengths_tile, lengths_to_offsets,
                     lengths_to_ranges, lengths_to_segment_ids, lengths_to_weights, offsets_to_lengths,
                     segment_ids_to_lengths, segment_ids_to_offsets, segment_ids_to_ranges)
 from ._pack import lengths_top_k, pack_segments, sparse_to_dense, unpack_segments
+from ._reduce_ops import SEGMENT_REDUCERS, SegmentReducer, reduce
+from ._basic import gather, scatter_assign, scatter_weighted_sum
+from ._kernels import compiled_available, set_backend, use_backend
+from . import _aliases
+from ._aliases import ALIASES
+
+globals().update({_n: getattr(_aliases, _n) for _n in ALIASES})
 
 __all__ = ["lengths_to_segment_ids", "segment_ids_to_lengths", "segment_ids_to_offsets", "lengths_to_offsets",
            "offsets_to_lengths", "lengths_to_ranges", "segment_ids_to_ranges", "lengths_to_weights",
            "lengths_range_fill", "lengths_tile", "lengths_gather", "gather_ranges", "pack_segments",
-           "unpack_segments", "sparse_to_dense", "lengths_top_k"]
+           "unpack_segments", "sparse_to_dense", "lengths_top_k", "reduce", "SEGMENT_REDUCERS", "SegmentReducer",
+           "gather", "scatter_assign", "scatter_weighted_sum", "set_backend", "use_backend", "compiled_available",
+           "ALIASES", *ALIASES]

@@ -1,0 +1,138 @@
+"""A segmented batch in canonical form: every representation becomes offsets in segment order.
+
+``Plan`` describes ``N`` input positions (rows of ``data``, or entries of ``indices`` for the fused
+gather) grouped into ``S`` segments::
+
+    positions of segment s (in segment order):  k = offsets[s] .. offsets[s+1] - 1
+    input position of k:                          order[k]   (None: k itself, the input is sorted)
+    row of data read at k:                        rows[k]    (None: k itself)
+
+Lengths, offsets and sorted ids need no permutation (``order = None``); unsorted ids are grouped by a
+stable counting sort (compiled) or ``torch.sort(stable=True)``, so within a segment the input order
+is kept (ties in max/min resolve to the earliest input position).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from . import _kernels
+from ._check import as_index, check_indices, check_lengths, check_offsets, check_segment_ids, check_rows
+
+__all__ = ["Plan", "make_plan"]
+
+
+@dataclasses.dataclass
+class Plan:
+    offsets: torch.Tensor              # (S+1,) int64
+    order: torch.Tensor | None         # (N',) int64: input position of every segment-order position
+    rows: torch.Tensor | None          # (N',) int64: row of data read at every segment-order position
+    num_segments: int
+    n: int                             # number of input positions (before any dropped ids)
+    _seg: torch.Tensor | None = None
+    _counts: torch.Tensor | None = None
+
+    @property
+    def seg(self) -> torch.Tensor:
+        """Segment id of every segment-order position (int64)."""
+        if self._seg is None:
+            self._seg = _kernels.segment_ids_of(self.offsets, int(self.offsets[-1]))
+        return self._seg
+
+    @property
+    def counts(self) -> torch.Tensor:
+        if self._counts is None:
+            self._counts = self.offsets.diff()
+        return self._counts
+
+    def to_segment_order(self, t: torch.Tensor | None) -> torch.Tensor | None:
+        """A per-input-position tensor permuted into segment order."""
+        if t is None or self.order is None:
+            return t
+        return t.index_select(0, self.order)
+
+    def input_positions(self, k: torch.Tensor) -> torch.Tensor:
+        """Map segment-order positions ``k`` (any shape; -1 stays -1) to input positions."""
+        if self.order is None or self.order.numel() == 0:
+            return k
+        return torch.where(k >= 0, self.order[k.clamp_min(0)], k)
+
+
+def _ids_policy(ids, num_segments, out_of_range):
+    """Apply the out-of-range policy; returns (ids, keep) where keep selects the positions kept (or None)."""
+    if out_of_range == "error":
+        return ids, None
+    if out_of_range not in ("drop", "clip"):
+        raise ValueError(f"out_of_range must be 'error', 'drop' or 'clip', got {out_of_range!r}")
+    hi = num_segments if num_segments is not None else None
+    if out_of_range == "clip":
+        return ids.clamp(0, (hi - 1) if hi is not None else None), None
+    keep = ids >= 0
+    if hi is not None:
+        keep &= ids < hi
+    if bool(keep.all()):
+        return ids, None
+    return ids[keep], keep.nonzero().squeeze(1)
+
+
+def make_plan(n_rows: int, device, *, lengths=None, offsets=None, segment_ids=None, num_segments=None,
+              sorted=True, indices=None, validate=True, out_of_range="error") -> Plan:
+    """Build the Plan of one call of ``segment.reduce`` (see its docstring for the arguments)."""
+    given = [name for name, v in (("lengths", lengths), ("offsets", offsets), ("segment_ids", segment_ids))
+             if v is not None]
+    if len(given) != 1:
+        raise ValueError("pass exactly one of lengths=, offsets=, segment_ids= "
+                         f"(got {', '.join(given) if given else 'none'})")
+    if indices is not None:
+        indices = as_index(indices, "indices", device).long()
+        n = indices.numel()
+        check_indices(indices, n_rows, validate=validate and not _kernels._use_compiled(indices))
+    else:
+        n = n_rows
+    against = "entry of indices" if indices is not None else "row of data"
+    order = None
+    if lengths is not None:
+        lengths = as_index(lengths, "lengths", device)
+        if num_segments is not None and num_segments != lengths.numel():
+            raise ValueError(f"num_segments = {num_segments} but lengths has {lengths.numel()} entries")
+        check_lengths(lengths, None, validate=validate)
+        offs = torch.zeros(lengths.numel() + 1, dtype=torch.int64, device=device)
+        torch.cumsum(lengths, 0, out=offs[1:])
+        if int(offs[-1]) != n:
+            raise ValueError(f"lengths sum to {int(offs[-1])}, but there are {n} "
+                             f"{'indices' if indices is not None else 'rows of data along dim 0'}")
+        S = lengths.numel()
+    elif offsets is not None:
+        offs = as_index(offsets, "offsets", device).long()
+        if num_segments is not None and num_segments != offs.numel() - 1:
+            raise ValueError(f"num_segments = {num_segments} but offsets has {offs.numel()} entries "
+                             f"(num_segments + 1 expected)")
+        check_offsets(offs, n, validate=validate)
+        S = offs.numel() - 1
+    else:
+        ids = as_index(segment_ids, "segment_ids", device)
+        check_rows(ids, n, "segment_ids", against)
+        ids, keep = _ids_policy(ids, num_segments, out_of_range)  # keep: the input positions kept
+        if num_segments is None:
+            num_segments = int(ids.max()) + 1 if ids.numel() else 0
+        S = num_segments
+        if sorted:
+            check_segment_ids(ids, S, sorted=True, validate=validate)
+            offs = torch.searchsorted(ids, torch.arange(S + 1, device=device, dtype=ids.dtype))
+            # O(1) guards that hold even without validation: nothing below 0, nothing at or above S
+            if ids.numel() and int(offs[0]) != 0:
+                raise IndexError(f"segment_ids has {int(offs[0])} negative entries")
+            if int(offs[-1]) != ids.numel():
+                raise IndexError(f"segment_ids has {ids.numel() - int(offs[-1])} entries >= num_segments = {S}")
+            order = keep
+        else:
+            check_segment_ids(ids, S, sorted=False, validate=validate and not _kernels._use_compiled(ids))
+            order, offs = _kernels.sort_by_segment(ids, S)
+            if keep is not None:
+                order = keep.index_select(0, order)
+    rows = order
+    if indices is not None:
+        rows = indices if order is None else indices.index_select(0, order)
+    return Plan(offs, order, rows, S, n)

@@ -1,0 +1,333 @@
+"""``segment.reduce``: one entry point for every segment reduction of Caffe2.
+
+For a segment ``s`` holding input positions ``P_s`` (rows of ``data``, or entries of ``indices``
+for the fused gather ``x_p = data[indices[p]]``; otherwise ``x_p = data[p]``), with ``n_s = |P_s|``::
+
+    sum                      out[s] = sum_p x_p
+    mean                     out[s] = sum_p x_p / n_s
+    sqrt_n                   out[s] = sum_p x_p / sqrt(n_s)
+    weighted_sum             out[s] = sum_p w_p x_p
+    weighted_mean            out[s] = sum_p w_p x_p / sum_p w_p
+    positional_weighted_sum  out[s] = sum_j w_j x_(j-th position of s)      (weights indexed by position)
+    max / min                out[s] = max_p x_p / min_p x_p                  (arg: the first position)
+    prod                     out[s] = prod_p x_p
+    logsumexp                out[s] = log sum_p exp(x_p)
+    logmeanexp               out[s] = log (sum_p exp(x_p) / n_s)
+
+element-wise over the trailing dims (multi-dimensional data reduces dim 0, the Caffe2 rule).  An
+empty segment (``n_s = 0``) gets ``empty`` (default: 0 for the sums, means, max and min, as Caffe2's
+Lengths ops; 1 for prod; -inf for logsumexp and logmeanexp).  The reductions are built on the
+reducer protocol of :mod:`sparsefill._reduce` (identity, combine, finalize with the count); sums,
+max and min run on the kernels of :mod:`._kernels`.
+
+Gradients (data and weights) come from one ``autograd.Function`` whose backward is written in
+differentiable torch ops, so the linear reducers have a double backward.  Max/min ties share the
+gradient by ``ties=``: ``"split"`` (equally, as ``torch.amax``; the default), ``"first"`` (the arg
+position only, as ``torch.max(dim)``) or ``"all"`` (every tie gets the full gradient, Caffe2's rule).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+
+from .. import _reduce
+from . import _kernels
+from ._check import as_index, check_indices, check_rows
+from ._plan import Plan, make_plan
+
+__all__ = ["reduce", "SegmentReducer", "SEGMENT_REDUCERS"]
+
+
+@dataclasses.dataclass(frozen=True)
+class SegmentReducer:
+    name: str
+    base: _reduce.Reducer          # the protocol reducer (identity, combine, finalize)
+    kind: str                      # "sum" | "extreme" | "prod" | "lse"
+    empty: float                   # value of an empty segment
+    weights: str | None = None     # None, "row" (one per position) or "position" (one per place in a segment)
+    scale: str | None = None       # None, "mean", "sqrt_n", "wmean", "logmean"
+    largest: bool = True
+    int_ok: bool = False
+
+    @property
+    def linear(self) -> bool:
+        return self.kind == "sum"
+
+
+_P = _reduce.REDUCERS
+_sqrt_n = _reduce.Reducer("sqrt_n", "sum", finalize=lambda acc, n: acc / torch.sqrt(n.to(acc.dtype)),
+                          dense=lambda x: x.sum(0) / math.sqrt(x.shape[0]))
+_INF = float("inf")
+
+SEGMENT_REDUCERS: dict[str, SegmentReducer] = {r.name: r for r in [
+    SegmentReducer("sum", _P["sum"], "sum", 0.0, int_ok=True),
+    SegmentReducer("mean", _P["mean"], "sum", 0.0, scale="mean"),
+    SegmentReducer("sqrt_n", _sqrt_n, "sum", 0.0, scale="sqrt_n"),
+    SegmentReducer("weighted_sum", _P["sum"], "sum", 0.0, weights="row"),
+    SegmentReducer("weighted_mean", _P["sum"], "sum", 0.0, weights="row", scale="wmean"),
+    SegmentReducer("positional_weighted_sum", _P["sum"], "sum", 0.0, weights="position"),
+    SegmentReducer("max", _P["amax"], "extreme", 0.0, largest=True, int_ok=True),
+    SegmentReducer("min", _P["amin"], "extreme", 0.0, largest=False, int_ok=True),
+    SegmentReducer("prod", _P["prod"], "prod", 1.0, int_ok=True),
+    SegmentReducer("logsumexp", _P["logsumexp"], "lse", -_INF),
+    SegmentReducer("logmeanexp", _P["logsumexp"], "lse", -_INF, scale="logmean"),
+]}
+
+
+def _lookup(reducer) -> SegmentReducer:
+    if isinstance(reducer, SegmentReducer):
+        return reducer
+    try:
+        return SEGMENT_REDUCERS[reducer]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown reducer {reducer!r}; expected one of {', '.join(SEGMENT_REDUCERS)}") from None
+
+
+# ------------------------------------------------------------------------------------------ forward
+def _segment_weights(red: SegmentReducer, weights, plan: Plan):
+    """The weight of every segment-order position (None for unweighted reducers)."""
+    if red.weights is None:
+        return None
+    if red.weights == "row":
+        return plan.to_segment_order(weights)
+    pos = torch.arange(plan.seg.numel(), device=plan.offsets.device) - plan.offsets[:-1].index_select(0, plan.seg)
+    return weights.index_select(0, pos)
+
+
+def _positions(plan: Plan, x2):
+    """The rows ``x_k`` in segment order (a gather when needed)."""
+    return x2 if plan.rows is None else x2.index_select(0, plan.rows)
+
+
+def _forward(x2: torch.Tensor, w_seg, plan: Plan, red: SegmentReducer, want_arg: bool):
+    """``(raw, arg)``: the reduction of every segment (empty segments not yet set) and, for max/min,
+    the segment-order position of the first extreme (or None)."""
+    S, offs = plan.num_segments, plan.offsets
+    if S == 0:
+        return x2.new_zeros((0, x2.shape[1]), dtype=_out_dtype(red, x2.dtype)), \
+            (torch.zeros(0, x2.shape[1], dtype=torch.int64, device=x2.device) if want_arg else None)
+    counts = plan.counts[:, None]
+    if red.kind == "sum":
+        if not x2.is_floating_point():
+            vals = _positions(plan, x2)
+            return red.base(vals, plan.seg, S), None
+        acc = _kernels.segment_sum(x2, offs, plan.rows, w_seg, plan._seg)
+        if red.scale == "mean":
+            acc = acc / counts
+        elif red.scale == "sqrt_n":
+            acc = acc / counts.to(acc.dtype).sqrt()
+        elif red.scale == "wmean":
+            acc = acc / _kernels.segment_sum(w_seg[:, None], offs, None, None, plan._seg)
+        return acc, None
+    if red.kind == "extreme":
+        return _kernels.segment_extreme(x2, offs, plan.rows, largest=red.largest, seg=plan._seg, want_arg=want_arg)
+    if red.kind == "prod":
+        return red.base(_positions(plan, x2), plan.seg, S), None
+    # lse: m + log(sum exp(x - m)) with m the segment max (0 where not finite)
+    m, _ = _kernels.segment_extreme(x2, offs, plan.rows, largest=True, seg=plan._seg, want_arg=False)
+    m = torch.where(torch.isfinite(m) & (counts > 0), m, torch.zeros((), dtype=m.dtype, device=m.device))
+    e = torch.exp(_positions(plan, x2) - m.index_select(0, plan.seg))
+    out = torch.log(_kernels.segment_sum(e, offs, None, None, plan._seg)) + m
+    if red.scale == "logmean":
+        out = out - torch.log(counts.to(out.dtype))
+    return out, None
+
+
+def _flat(t: torch.Tensor) -> torch.Tensor:
+    """``t`` viewed as 2-D ``(rows, prod(trailing dims))`` (also for zero rows)."""
+    return t.reshape(t.shape[0], math.prod(t.shape[1:]))
+
+
+def _out_dtype(red, dtype):
+    if dtype.is_floating_point or dtype.is_complex or red.kind == "extreme":
+        return dtype
+    return torch.int64
+
+
+def _set_empty(raw: torch.Tensor, plan: Plan, value) -> torch.Tensor:
+    if raw.numel() == 0:
+        return raw
+    empty = (plan.counts == 0)[:, None]
+    return torch.where(empty, torch.as_tensor(value, dtype=raw.dtype, device=raw.device), raw)
+
+
+# ------------------------------------------------------------------------------------------ backward
+def _scatter_rows(grad_pos: torch.Tensor, plan: Plan, m: int) -> torch.Tensor:
+    """Sum the per-position gradients into the rows of data they were read from."""
+    if plan.rows is None:
+        return grad_pos
+    return grad_pos.new_zeros((m, grad_pos.shape[1])).index_add(0, plan.rows, grad_pos)
+
+
+def _to_input_order(g_seg: torch.Tensor, plan: Plan) -> torch.Tensor:
+    if plan.order is None:
+        return g_seg
+    return g_seg.new_zeros(plan.n).index_copy(0, plan.order, g_seg)
+
+
+def _backward(ctx_red: SegmentReducer, plan: Plan, ties: str, x2, weights, raw, arg, g2):
+    """Gradients ``(grad_x2, grad_weights)`` from the upstream ``g2`` (shape ``(S, D)``), in torch ops."""
+    seg = plan.seg
+    S = plan.num_segments
+    G = g2.index_select(0, seg)                        # upstream gradient at every position
+    red = ctx_red
+    need_w = weights is not None and weights.requires_grad
+    gw = None
+    X = _positions(plan, x2)
+    if red.kind == "sum":
+        w_seg = _segment_weights(red, weights, plan)
+        counts = plan.counts.to(x2.dtype)
+        if red.scale == "mean":
+            coef = (1.0 / counts).index_select(0, seg)
+        elif red.scale == "sqrt_n":
+            coef = counts.rsqrt().index_select(0, seg)
+        elif red.scale == "wmean":
+            W = w_seg.new_zeros(S).index_add(0, seg, w_seg)
+            coef = w_seg / W.index_select(0, seg)
+        else:
+            coef = w_seg
+        gx = G if coef is None else G * coef[:, None]
+        if need_w:
+            d = (G * X).sum(1)
+            if red.scale == "wmean":
+                mean = X.new_zeros((S, X.shape[1])).index_add(0, seg, X * w_seg[:, None]) / W[:, None]
+                d = ((X - mean.index_select(0, seg)) * G).sum(1) / W.index_select(0, seg)
+            if red.weights == "position":
+                pos = torch.arange(seg.numel(), device=seg.device) - plan.offsets[:-1].index_select(0, seg)
+                gw = weights.new_zeros(weights.shape[0]).index_add(0, pos, d)
+            else:
+                gw = _to_input_order(d, plan)
+    elif red.kind == "extreme":
+        best = raw.index_select(0, seg)
+        if ties == "first":
+            k = torch.arange(seg.numel(), device=seg.device)[:, None]
+            hit = k == arg.index_select(0, seg)
+        else:
+            hit = (X == best) | (torch.isnan(X) & torch.isnan(best))
+        gx = torch.where(hit, G, torch.zeros((), dtype=G.dtype, device=G.device))
+        if ties == "split":
+            n_hit = X.new_zeros((S, X.shape[1])).index_add(0, seg, hit.to(X.dtype))
+            gx = gx / n_hit.index_select(0, seg).clamp_min(1)
+    elif red.kind == "prod":
+        zero = X == 0
+        one = torch.ones((), dtype=X.dtype, device=X.device)
+        nz = _reduce.segment_combine(torch.where(zero, one, X), seg, S, "prod").index_select(0, seg)
+        n_zero = X.new_zeros((S, X.shape[1])).index_add(0, seg, zero.to(X.dtype)).index_select(0, seg)
+        others = torch.where(zero, torch.where(n_zero == 1, nz, 0 * nz),
+                             torch.where(n_zero == 0, nz / torch.where(zero, one, X), 0 * nz))
+        gx = G * others
+    else:  # lse / logmeanexp: softmax of the segment
+        lse = raw if red.scale != "logmean" else raw + torch.log(plan.counts.to(raw.dtype))[:, None]
+        L = lse.index_select(0, seg)
+        p = torch.exp(X - torch.where(torch.isinf(L) & (L < 0), torch.zeros((), dtype=L.dtype), L))
+        gx = G * torch.where(torch.isinf(L) & (L < 0), torch.zeros((), dtype=p.dtype), p)
+    return _scatter_rows(gx, plan, x2.shape[0]), gw
+
+
+class _SegmentReduceFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, data, weights, plan, red, ties, empty, want_arg):
+        x2 = _flat(data)
+        w_seg = _segment_weights(red, weights, plan)
+        raw, arg = _forward(x2, w_seg, plan, red, want_arg or (red.kind == "extreme" and ties == "first"))
+        ctx.save_for_backward(data, weights, raw, arg)
+        ctx.plan, ctx.red, ctx.ties = plan, red, ties
+        out = _set_empty(raw, plan, empty)
+        out = out.reshape(plan.num_segments, *data.shape[1:])
+        if arg is None:
+            arg = torch.zeros(0, dtype=torch.int64, device=data.device)
+        ctx.mark_non_differentiable(arg)
+        return out, arg
+
+    @staticmethod
+    def backward(ctx, grad_out, _grad_arg):
+        data, weights, raw, arg = ctx.saved_tensors
+        x2 = _flat(data)
+        g2 = _flat(grad_out)
+        gx, gw = _backward(ctx.red, ctx.plan, ctx.ties, x2, weights, raw, arg, g2)
+        return gx.reshape(data.shape), gw, None, None, None, None, None
+
+
+# ------------------------------------------------------------------------------------------ entry point
+def reduce(data: torch.Tensor, reducer="sum", *, lengths=None, offsets=None, segment_ids=None, indices=None,
+           weights=None, num_segments: int | None = None, sorted: bool = True, empty=None,
+           return_arg: bool = False, ties: str = "split", out_of_range: str = "error", validate: bool = True):
+    """Reduce the rows of every segment of ``data`` (dim 0) with ``reducer`` (see the module docstring).
+
+    The segments are given by exactly one of ``lengths`` (``S``), ``offsets`` (``S + 1``, CSR style)
+    or ``segment_ids`` (one per position; ``sorted=False`` for any order; ``num_segments`` defaults
+    to ``max + 1``).  ``indices`` fuses a gather: position ``p`` reads ``data[indices[p]]`` (Caffe2's
+    ``Sparse*`` ops, ``embedding_bag``).  ``weights`` (float, one per position, or for
+    ``positional_weighted_sum`` one per place in a segment) feed the weighted reducers.
+
+    ``empty``: the value of an empty segment (default per reducer: see the module docstring).
+    ``return_arg`` (max/min): also return the input position of the first extreme (-1 for empty).
+    ``out_of_range`` (segment ids): ``"error"`` (default), ``"drop"`` the positions, or ``"clip"``
+    them into ``[0, num_segments)``.  ``validate=False`` skips the O(N) checks of ids and lengths
+    (the result is then unspecified for invalid input; out-of-range rows are still never read).
+
+    >>> data = torch.tensor([[1., 4.], [3., 2.], [8., 1.], [9., 4.], [5., 8.]])
+    >>> reduce(data, "sum", segment_ids=torch.tensor([0, 0, 0, 1, 1]))
+    tensor([[12.,  7.],
+            [14., 12.]])
+    >>> reduce(data, "max", lengths=torch.tensor([2, 0, 3]), return_arg=True)
+    (tensor([[3., 4.],
+            [0., 0.],
+            [9., 8.]]), tensor([[ 1,  0],
+            [-1, -1],
+            [ 3,  4]]))
+    """
+    red = _lookup(reducer)
+    if not isinstance(data, torch.Tensor):
+        raise TypeError(f"data must be a tensor, got {type(data).__name__}")
+    if data.dim() == 0:
+        raise ValueError("data must have at least one dimension (the rows to reduce)")
+    if not (data.is_floating_point() or (red.int_ok and not data.is_complex() and data.dtype != torch.bool)):
+        raise TypeError(f"reducer {red.name!r} needs floating-point data, got {data.dtype}")
+    if ties not in ("split", "first", "all"):
+        raise ValueError(f"ties must be 'split', 'first' or 'all', got {ties!r}")
+    if return_arg and red.kind != "extreme":
+        raise ValueError(f"return_arg=True needs the max or min reducer, got {red.name!r}")
+    plan = make_plan(data.shape[0], data.device, lengths=lengths, offsets=offsets, segment_ids=segment_ids,
+                     num_segments=num_segments, sorted=sorted, indices=indices, validate=validate,
+                     out_of_range=out_of_range)
+    if red.weights is None:
+        if weights is not None:
+            raise ValueError(f"reducer {red.name!r} takes no weights (use weighted_sum, weighted_mean or "
+                             f"positional_weighted_sum)")
+    else:
+        if weights is None:
+            raise ValueError(f"reducer {red.name!r} needs weights=")
+        if not isinstance(weights, torch.Tensor):
+            weights = torch.as_tensor(weights, dtype=data.dtype, device=data.device)
+        if weights.dtype != data.dtype:
+            raise TypeError(f"weights must have the dtype of data ({data.dtype}), got {weights.dtype}")
+        if weights.dim() != 1:
+            raise ValueError(f"weights must be 1-D, got shape {tuple(weights.shape)}")
+        if red.weights == "row":
+            check_rows(weights, plan.n, "weights", "entry of indices" if indices is not None else "row of data")
+        else:
+            longest = int(plan.counts.max()) if plan.num_segments else 0
+            if weights.shape[0] < longest:
+                raise ValueError(f"positional weights have {weights.shape[0]} entries, but the longest segment "
+                                 f"has {longest} positions")
+    empty = red.empty if empty is None else empty
+    want_arg = return_arg
+    try:
+        if torch.is_grad_enabled() and (data.requires_grad or (weights is not None and weights.requires_grad)):
+            out, arg = _SegmentReduceFn.apply(data, weights, plan, red, ties, empty, want_arg)
+        else:
+            x2 = _flat(data)
+            raw, arg = _forward(x2, _segment_weights(red, weights, plan), plan, red, want_arg)
+            out = _set_empty(raw, plan, empty).reshape(plan.num_segments, *data.shape[1:])
+    except IndexError:
+        if indices is not None:  # torch's "index out of range in self" -> name the entry (validate=False path)
+            check_indices(as_index(indices, "indices", data.device), data.shape[0])
+        raise
+    if not return_arg:
+        return out
+    arg = plan.input_positions(arg).reshape(out.shape)
+    return out, arg

@@ -1,0 +1,491 @@
+"""segment.reduce: golden tables in every representation against a slow reference, both backends,
+gradients (gradcheck for every reducer, double backward for the linear ones), aliases, errors."""
+
+import math
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+from sparsefill import segment
+
+BACKENDS = ["auto", "torch"]
+REDUCERS = list(segment.SEGMENT_REDUCERS)
+WEIGHTED = {"weighted_sum", "weighted_mean", "positional_weighted_sum"}
+REPS = ["lengths", "offsets", "sorted_ids", "unsorted_ids", "fused", "fused_unsorted"]
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request):
+    if request.param == "auto" and not segment.compiled_available():
+        pytest.skip("numba not installed: the compiled backend is not available")  # reported as a skip
+    with segment.use_backend(request.param):
+        yield request.param
+
+
+# ---- the slow, obvious reference ---------------------------------------------------------------
+def ref_reduce(data, lengths, reducer, weights=None, empty=None):
+    """Loop over segments; reduce the stacked rows with plain torch reductions."""
+    red = segment.SEGMENT_REDUCERS[reducer]
+    empty = red.empty if empty is None else empty
+    out, k = [], 0
+    for n in lengths.tolist():
+        rows = data[k:k + n]
+        w = None
+        if reducer in ("weighted_sum", "weighted_mean"):
+            w = weights[k:k + n]
+        elif reducer == "positional_weighted_sum":
+            w = weights[:n]
+        k += n
+        if n == 0:
+            dt = data.dtype if data.is_floating_point() or reducer in ("max", "min") else torch.int64
+            out.append(torch.full(data.shape[1:], empty, dtype=dt))
+            continue
+        wb = None if w is None else w.view(-1, *([1] * (data.dim() - 1)))
+        r = {"sum": lambda: rows.sum(0),
+             "mean": lambda: rows.mean(0),
+             "sqrt_n": lambda: rows.sum(0) / math.sqrt(n),
+             "weighted_sum": lambda: (rows * wb).sum(0),
+             "weighted_mean": lambda: (rows * wb).sum(0) / w.sum(),
+             "positional_weighted_sum": lambda: (rows * wb).sum(0),
+             "max": lambda: rows.amax(0),
+             "min": lambda: rows.amin(0),
+             "prod": lambda: rows.prod(0),
+             "logsumexp": lambda: torch.logsumexp(rows, 0),
+             "logmeanexp": lambda: torch.logsumexp(rows, 0) - math.log(n)}[reducer]()
+        out.append(r)
+    if not out:
+        dt = data.dtype if data.is_floating_point() or reducer in ("max", "min") else torch.int64
+        return torch.zeros((0, *data.shape[1:]), dtype=dt)
+    return torch.stack(out)
+
+
+# ---- golden tables -----------------------------------------------------------------------------
+def _t(x):
+    return torch.tensor(x, dtype=torch.float64)
+
+
+GOLDEN = {
+    # name: (data, lengths)
+    "empty_segments": (_t([[1., 2.], [3., -4.], [5., 6.], [-7., 8.]]), torch.tensor([0, 2, 0, 0, 2, 0])),
+    "ties": (_t([[2., 1.], [2., 1.], [0., 1.], [5., 5.], [5., 5.]]), torch.tensor([3, 2])),
+    "single_segment": (_t([[1.5], [-2.], [3.25]]), torch.tensor([3])),
+    "zero_rows": (torch.zeros(0, 3, dtype=torch.float64), torch.tensor([0, 0])),
+    "no_segments": (torch.zeros(0, 2, dtype=torch.float64), torch.tensor([], dtype=torch.long)),
+    "negative_max": (_t([[-3., -1.], [-2., -9.], [-8., -7.]]), torch.tensor([2, 1])),
+    "inf_nan": (_t([[float("-inf"), 1.], [float("-inf"), float("nan")], [float("inf"), 2.]]), torch.tensor([2, 1])),
+    "multi_dim": (torch.arange(24, dtype=torch.float64).reshape(4, 3, 2) - 11, torch.tensor([1, 3])),
+}
+
+
+def weights_for(reducer, n, lengths, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    if reducer in ("weighted_sum", "weighted_mean"):
+        return torch.rand(n, generator=g, dtype=torch.float64) + 0.5
+    if reducer == "positional_weighted_sum":
+        longest = int(lengths.max()) if lengths.numel() else 0
+        return torch.rand(longest + 1, generator=g, dtype=torch.float64) + 0.5
+    return None
+
+
+def in_representation(rep, data, lengths, weights, reducer, seed=0):
+    """Call segment.reduce on the batch written in representation ``rep``; return (out, arg or None, rowmap)
+    where rowmap maps an input position of that call to the position in the lengths form."""
+    g = torch.Generator().manual_seed(seed)
+    N, S = data.shape[0], lengths.numel()
+    ids = torch.repeat_interleave(torch.arange(S), lengths)
+    offsets = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
+    row_w = weights if reducer in ("weighted_sum", "weighted_mean") else None
+    kw = dict(weights=weights)
+    ext = reducer in ("max", "min")
+    if ext:
+        kw["return_arg"] = True
+    if rep in ("unsorted_ids", "fused_unsorted"):
+        # random interleaving that keeps the order within every segment (positional weights need it)
+        slots = torch.randperm(N, generator=g)
+        ids_u = ids[slots]
+        rowmap = torch.empty(N, dtype=torch.long)
+        rowmap[torch.sort(ids_u, stable=True).indices] = torch.arange(N)
+        data_u = data[rowmap]
+        if row_w is not None:
+            kw["weights"] = row_w[rowmap]
+    else:
+        rowmap = torch.arange(N)
+        data_u = data
+    if rep.startswith("fused"):
+        extra = (torch.randn(3, *data.shape[1:], dtype=torch.float64, generator=g) * 100).to(data.dtype)
+        table_rows = torch.cat([data_u, extra])
+        perm = torch.randperm(table_rows.shape[0], generator=g)
+        table = table_rows[perm]
+        inv = torch.empty_like(perm)
+        inv[perm] = torch.arange(perm.numel())
+        kw["indices"] = inv[:N]
+        src = table
+    else:
+        src = data_u
+    if rep == "lengths":
+        res = segment.reduce(src, reducer, lengths=lengths, **kw)
+    elif rep == "offsets":
+        res = segment.reduce(src, reducer, offsets=offsets, **kw)
+    elif rep in ("sorted_ids", "fused"):
+        res = segment.reduce(src, reducer, segment_ids=ids, num_segments=S, **kw)
+    else:
+        res = segment.reduce(src, reducer, segment_ids=ids_u, num_segments=S, sorted=False, **kw)
+    out, arg = res if ext else (res, None)
+    return out, arg, rowmap
+
+
+@pytest.mark.parametrize("case", list(GOLDEN))
+@pytest.mark.parametrize("reducer", REDUCERS)
+def test_golden_every_representation(backend, case, reducer):
+    data, lengths = GOLDEN[case]
+    if reducer == "prod":
+        data = data.clamp(-3, 3)
+    weights = weights_for(reducer, data.shape[0], lengths)
+    expect = ref_reduce(data, lengths, reducer, weights)
+    for rep in REPS:
+        out, arg, rowmap = in_representation(rep, data, lengths, weights, reducer)
+        assert_close(out, expect, equal_nan=True, msg=lambda m: f"{rep}: {m}")
+        if arg is not None:
+            # the arg position is the first position (in input order) holding the extreme
+            pos = torch.where(arg >= 0, rowmap[arg.clamp_min(0)], arg) if rowmap.numel() else arg
+            offs = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
+            for s in range(lengths.numel()):
+                p = pos[s].reshape(-1)
+                if lengths[s] == 0:
+                    assert bool((p == -1).all()), rep
+                    continue
+                rows = data[offs[s]:offs[s + 1]].reshape(int(lengths[s]), -1)
+                fn = torch.argmax if reducer == "max" else torch.argmin
+                first = torch.stack([fn(torch.nan_to_num(rows[:, j], nan=math.inf if reducer == "max" else -math.inf))
+                                     for j in range(rows.shape[1])]) + offs[s]
+                assert p.tolist() == first.tolist(), (rep, s)
+
+
+def test_golden_values_by_hand():
+    data, lengths = GOLDEN["empty_segments"]
+    assert segment.reduce(data, "sum", lengths=lengths).tolist() == [[0, 0], [4, -2], [0, 0], [0, 0], [-2, 14], [0, 0]]
+    assert segment.reduce(data, "max", lengths=lengths).tolist() == [[0, 0], [3, 2], [0, 0], [0, 0], [5, 8], [0, 0]]
+    assert segment.reduce(data, "max", lengths=lengths, empty=-math.inf)[0].tolist() == [-math.inf, -math.inf]
+    assert segment.reduce(data, "prod", lengths=lengths).tolist() == [[1, 1], [3, -8], [1, 1], [1, 1], [-35, 48], [1, 1]]
+    data, lengths = GOLDEN["negative_max"]
+    out, arg = segment.reduce(data, "max", lengths=lengths, return_arg=True)
+    assert out.tolist() == [[-2, -1], [-8, -7]] and arg.tolist() == [[1, 0], [2, 2]]
+    out, arg = segment.reduce(data, "min", lengths=lengths, return_arg=True)
+    assert out.tolist() == [[-3, -9], [-8, -7]] and arg.tolist() == [[0, 1], [2, 2]]
+
+
+def test_spec_examples(backend):
+    # SortedSegmentSum on the spec's 5x2 data
+    data = torch.tensor([[1, 4], [3, 2], [8, 1], [9, 4], [5, 8]], dtype=torch.float32)
+    out = segment.sorted_segment_sum(data, torch.tensor([0, 0, 0, 1, 1]))
+    assert out.tolist() == [[12., 7.], [14., 12.]]
+    # values with lengths / with segment ids: scores summed per example
+    scores = torch.tensor([0.4, 0.7, 0.5, 0.5, 0.1])
+    assert_close(segment.lengths_sum(scores, torch.tensor([2, 3])), torch.tensor([1.1, 1.1]))
+    assert_close(segment.sorted_segment_sum(scores, torch.tensor([0, 0, 1, 1, 1])), torch.tensor([1.1, 1.1]))
+    # the sparse tensor interpretation: one-hot rows summed per example = the spec's sparse_matrix
+    values = torch.tensor([1, 2, 3, 2, 4, 6, 7, 3, 6])
+    onehot = torch.eye(8)[values]
+    assert segment.lengths_sum(onehot, torch.tensor([3, 4, 2])).tolist() == [
+        [0, 1, 1, 1, 0, 0, 0, 0], [0, 0, 1, 0, 1, 0, 1, 1], [0, 0, 0, 1, 0, 0, 1, 0]]
+    # unsorted ids of the spec: same per-example sums as the sorted batch
+    unsorted_vals = torch.tensor([4., 1, 3, 6, 3, 2, 7, 2, 6])
+    unsorted_ids = torch.tensor([1, 0, 2, 1, 0, 1, 1, 0, 2])
+    assert segment.unsorted_segment_sum(unsorted_vals, unsorted_ids).tolist() == [6., 19., 9.]
+    assert segment.lengths_sum(values.double(), torch.tensor([3, 4, 2])).tolist() == [6., 19., 9.]
+    # nested: LIST<MAP<INT, LIST<INT>>>: sum per (example, key), then per example
+    nested = torch.tensor([10., 11, 101, 11, 50, 102, 103])
+    per_key = segment.lengths_sum(nested, torch.tensor([2, 1, 1, 1, 2]))
+    assert per_key.tolist() == [21., 101., 11., 50., 205.]
+    assert segment.lengths_sum(per_key, torch.tensor([2, 3])).tolist() == [122., 266.]
+
+
+# ---- random inputs: float32/float64/int, empty, multi-dim ----------------------------------------
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("S,D", [(0, (3,)), (1, ()), (40, (5,)), (17, (2, 3))])
+def test_random_against_reference(backend, dtype, S, D):
+    g = torch.Generator().manual_seed(S)
+    lengths = torch.randint(0, 5, (S,), generator=g)
+    N = int(lengths.sum())
+    data = torch.randn(N, *D, generator=g, dtype=torch.float64).to(dtype)
+    tol = dict(rtol=1e-4, atol=1e-5) if dtype == torch.float32 else {}
+    for reducer in REDUCERS:
+        w = weights_for(reducer, N, lengths, seed=S)
+        w = None if w is None else w.to(dtype)
+        expect = ref_reduce(data.double(), lengths, reducer, None if w is None else w.double()).to(dtype)
+        for rep in ("lengths", "unsorted_ids", "fused_unsorted"):
+            out, _, _ = in_representation(rep, data, lengths, w, reducer, seed=S)
+            assert out.dtype == dtype
+            assert_close(out, expect, equal_nan=True, **tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("reducer", ["sum", "max", "min", "prod"])
+def test_integer_data(backend, dtype, reducer):
+    lengths = torch.tensor([2, 0, 3, 1])
+    data = torch.tensor([[3, -1], [2, 7], [-5, 4], [9, 0], [1, 1], [4, -2]], dtype=dtype)
+    expect = ref_reduce(data, lengths, reducer)
+    for rep in ("lengths", "unsorted_ids", "fused"):
+        out, _, _ = in_representation(rep, data, lengths, None, reducer)
+        assert_close(out, expect)
+    with pytest.raises(TypeError, match="floating-point"):
+        segment.reduce(data, "mean", lengths=lengths)
+
+
+def test_id_dtypes_and_num_segments(backend):
+    data = torch.randn(6, 2)
+    for dt in (torch.int32, torch.int64):
+        ids = torch.tensor([0, 0, 2, 2, 2, 3], dtype=dt)
+        out = segment.reduce(data, "sum", segment_ids=ids, num_segments=6)
+        assert out.shape == (6, 2)
+        assert_close(out[2], data[2:5].sum(0))
+        assert bool((out[[1, 4, 5]] == 0).all())
+        assert_close(segment.reduce(data, "sum", segment_ids=ids.flip(0), sorted=False),
+                     segment.reduce(data.flip(0), "sum", segment_ids=ids))
+        lengths = torch.tensor([1, 5], dtype=dt)
+        idx = torch.tensor([5, 0, 0, 1, 2, 3], dtype=dt)
+        assert_close(segment.reduce(data, "mean", lengths=lengths, indices=idx),
+                     torch.stack([data[5], data[idx[1:].long()].mean(0)]))
+
+
+def test_out_of_range_policies(backend):
+    data = torch.arange(10.).reshape(5, 2)
+    ids = torch.tensor([0, -1, 1, 3, 1])
+    with pytest.raises(IndexError, match=r"segment_ids must be non-negative, got segment_ids\[1\] = -1"):
+        segment.reduce(data, "sum", segment_ids=ids, sorted=False, num_segments=3)
+    with pytest.raises(IndexError, match=r"segment_ids\[3\] = 3 is out of range for num_segments = 3"):
+        segment.reduce(data, "sum", segment_ids=ids.abs(), sorted=False, num_segments=3)
+    out = segment.reduce(data, "sum", segment_ids=ids, sorted=False, num_segments=3, out_of_range="drop")
+    assert out.tolist() == [[0, 1], [12, 14], [0, 0]]
+    w = torch.tensor([1., 2., 3., 4., 5.])
+    out = segment.reduce(data[:, 0], "weighted_sum", segment_ids=ids, sorted=False, num_segments=3,
+                         out_of_range="drop", weights=w)
+    assert out.tolist() == [0., 3 * 4 + 5 * 8, 0.]
+    out, arg = segment.reduce(data, "max", segment_ids=ids, sorted=False, num_segments=3, out_of_range="drop",
+                              return_arg=True)
+    assert arg.tolist() == [[0, 0], [4, 4], [-1, -1]]
+    out = segment.reduce(data, "sum", segment_ids=ids, sorted=False, num_segments=3, out_of_range="clip")
+    assert out.tolist() == [[2, 4], [12, 14], [6, 7]]
+    sorted_ids = torch.tensor([-1, 0, 0, 1, 5])
+    out = segment.reduce(data, "sum", segment_ids=sorted_ids, num_segments=2, out_of_range="drop")
+    assert out.tolist() == [[6, 8], [6, 7]]
+
+
+def test_errors_name_the_numbers(backend):
+    data = torch.randn(5, 2)
+    with pytest.raises(ValueError, match=r"lengths sum to 4, but there are 5 rows"):
+        segment.reduce(data, "sum", lengths=torch.tensor([1, 3]))
+    with pytest.raises(ValueError, match=r"lengths must be non-negative, got lengths\[0\] = -1"):
+        segment.reduce(data, "sum", lengths=torch.tensor([-1, 6]))
+    with pytest.raises(ValueError, match=r"lengths sum to 3, but there are 2 indices"):
+        segment.reduce(data, "sum", lengths=torch.tensor([3]), indices=torch.tensor([0, 1]))
+    with pytest.raises(IndexError, match=r"indices\[1\] = 5 is out of range for 5 rows of data"):
+        segment.reduce(data, "sum", lengths=torch.tensor([2]), indices=torch.tensor([0, 5]))
+    with pytest.raises(IndexError, match=r"indices\[0\] = -1 is out of range"):
+        segment.reduce(data, "max", lengths=torch.tensor([2]), indices=torch.tensor([-1, 0]), validate=False)
+    with pytest.raises(ValueError, match=r"segment_ids must have 5 entries along dim 0 \(one per row of data\), got 4"):
+        segment.reduce(data, "sum", segment_ids=torch.tensor([0, 0, 1, 1]))
+    with pytest.raises(ValueError, match=r"must be sorted \(sorted=True\), got segment_ids\[1\] = 2 > segment_ids\[2\] = 1"):
+        segment.reduce(data, "sum", segment_ids=torch.tensor([0, 2, 1, 3, 3]))
+    with pytest.raises(ValueError, match=r"weights must have 5 entries along dim 0 \(one per row of data\), got 3"):
+        segment.reduce(data, "weighted_sum", lengths=torch.tensor([5]), weights=torch.ones(3))
+    with pytest.raises(ValueError, match=r"positional weights have 2 entries, but the longest segment has 4"):
+        segment.reduce(data, "positional_weighted_sum", lengths=torch.tensor([1, 4]), weights=torch.ones(2))
+    with pytest.raises(TypeError, match=r"weights must have the dtype of data \(torch.float32\), got torch.float64"):
+        segment.reduce(data, "weighted_sum", lengths=torch.tensor([5]), weights=torch.ones(5, dtype=torch.float64))
+    with pytest.raises(ValueError, match="needs weights="):
+        segment.reduce(data, "weighted_sum", lengths=torch.tensor([5]))
+    with pytest.raises(ValueError, match="takes no weights"):
+        segment.reduce(data, "sum", lengths=torch.tensor([5]), weights=torch.ones(5))
+    with pytest.raises(ValueError, match="unknown reducer 'median'"):
+        segment.reduce(data, "median", lengths=torch.tensor([5]))
+    with pytest.raises(ValueError, match="exactly one of lengths=, offsets=, segment_ids="):
+        segment.reduce(data, "sum", lengths=torch.tensor([5]), offsets=torch.tensor([0, 5]))
+    with pytest.raises(ValueError, match=r"offsets end at 4, but the data has 5 rows"):
+        segment.reduce(data, "sum", offsets=torch.tensor([0, 4]))
+    with pytest.raises(ValueError, match="return_arg=True needs the max or min"):
+        segment.reduce(data, "sum", lengths=torch.tensor([5]), return_arg=True)
+    with pytest.raises(ValueError, match="num_segments = 3 but lengths has 2 entries"):
+        segment.reduce(data, "sum", lengths=torch.tensor([2, 3]), num_segments=3)
+    # O(1) guards without validation: sorted ids out of range are still caught
+    with pytest.raises(IndexError, match="entries >= num_segments = 2"):
+        segment.reduce(data, "sum", segment_ids=torch.tensor([0, 0, 1, 1, 2]), num_segments=2, validate=False)
+    with pytest.raises(IndexError, match="out of range for num_segments = 2"):
+        segment.reduce(data, "sum", segment_ids=torch.tensor([0, 3, 1, 1, 0]), num_segments=2, sorted=False,
+                       validate=False)
+
+
+def test_failed_call_modifies_nothing(backend):
+    data = torch.randn(5, 2)
+    w = torch.rand(5)
+    ids = torch.tensor([0, 1, 7, 1, 0])
+    before = (data.clone(), w.clone(), ids.clone())
+    with pytest.raises(IndexError):
+        segment.reduce(data, "weighted_sum", segment_ids=ids, sorted=False, num_segments=3, weights=w)
+    for a, b in zip((data, w, ids), before):
+        assert torch.equal(a, b)
+
+
+# ---- gradients ---------------------------------------------------------------------------------
+def _grad_inputs(reducer, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.tensor([2, 0, 3, 1, 4])
+    N = int(lengths.sum())
+    # distinct values: max/min/prod are differentiable there; a zero in prod's data is tested separately
+    data = (torch.randperm(3 * N, generator=g)[:N * 2].reshape(N, 2).double() / 7 + 0.3)
+    data = data * torch.where(torch.rand(N, 2, generator=g) < 0.3, -1.0, 1.0).double()
+    w = weights_for(reducer, N, lengths, seed)
+    return data, lengths, w
+
+
+@pytest.mark.parametrize("rep", ["lengths", "unsorted_ids", "fused_unsorted"])
+@pytest.mark.parametrize("reducer", REDUCERS)
+def test_gradcheck(backend, reducer, rep):
+    data, lengths, w = _grad_inputs(reducer)
+    S = lengths.numel()
+    ids = torch.repeat_interleave(torch.arange(S), lengths)
+    kw = {}
+    if rep == "lengths":
+        kw["lengths"] = lengths
+    else:
+        perm = torch.randperm(data.shape[0], generator=torch.Generator().manual_seed(1))
+        kw.update(segment_ids=ids[perm], sorted=False, num_segments=S)
+        data = data[perm]
+        if w is not None and reducer != "positional_weighted_sum":
+            w = w[perm]
+        if rep == "fused_unsorted":  # a table with repeated lookups: indices with duplicates
+            kw["indices"] = torch.tensor([0, 1, 2, 0, 3, 1, 2, 4, 0, 1])
+            data = data[:5].clone()
+    x = data.clone().requires_grad_()
+    inputs = [x]
+    if w is not None:
+        inputs.append(w.clone().requires_grad_())
+
+    def f(x, w=None):  # empty=0: a constant, finite empty value (the default -inf of logsumexp breaks gradcheck)
+        return segment.reduce(x, reducer, weights=w, empty=0.0, **kw)
+    assert torch.autograd.gradcheck(f, tuple(inputs))
+    if segment.SEGMENT_REDUCERS[reducer].linear:
+        assert torch.autograd.gradgradcheck(f, tuple(inputs))
+
+
+def test_gradcheck_prod_with_zeros(backend):
+    data = torch.tensor([[0., 2.], [3., 0.], [0., 5.], [1.5, 0.], [2., 0.5]], dtype=torch.float64, requires_grad=True)
+    lengths = torch.tensor([2, 3])  # segment 0: one zero per column; segment 1: column 0 one zero, column 1 one
+    assert torch.autograd.gradcheck(lambda x: segment.reduce(x, "prod", lengths=lengths), (data,))
+    d2 = torch.tensor([[0.], [0.], [2.]], dtype=torch.float64, requires_grad=True)  # two zeros: gradient 0
+    segment.reduce(d2, "prod", lengths=torch.tensor([3])).sum().backward()
+    assert d2.grad.tolist() == [[0.], [0.], [0.]]
+
+
+@pytest.mark.parametrize("ties,expect", [("split", [0.5, 0.5, 0.0, 1.0]), ("first", [1.0, 0.0, 0.0, 1.0]),
+                                          ("all", [1.0, 1.0, 0.0, 1.0])])
+def test_tie_policies(backend, ties, expect):
+    x = torch.tensor([[2.], [2.], [1.], [5.]], requires_grad=True)
+    segment.reduce(x, "max", lengths=torch.tensor([3, 1]), ties=ties).sum().backward()
+    assert x.grad.flatten().tolist() == expect
+    # same as torch.amax for "split"
+    if ties == "split":
+        y = x.detach().clone().requires_grad_()
+        torch.amax(y[:3], 0).sum().backward()
+        assert_close(x.grad[:3], y.grad[:3])
+
+
+def test_gradient_matches_dense_autograd(backend):
+    g = torch.Generator().manual_seed(3)
+    table = torch.randn(7, 4, dtype=torch.float64, generator=g)
+    idx = torch.randint(0, 7, (12,), generator=g)
+    lengths = torch.tensor([3, 0, 5, 4])
+    w = torch.rand(12, dtype=torch.float64, generator=g)
+    a = table.clone().requires_grad_()
+    wa = w.clone().requires_grad_()
+    out = segment.reduce(a, "weighted_sum", lengths=lengths, indices=idx, weights=wa)
+    up = torch.randn_like(out)
+    (out * up).sum().backward()
+    b = table.clone().requires_grad_()
+    wb = w.clone().requires_grad_()
+    eb = torch.nn.functional.embedding_bag(idx, b, torch.tensor([0, 3, 3, 8]), mode="sum", per_sample_weights=wb)
+    (eb * up).sum().backward()
+    assert_close(out, eb)
+    assert_close(a.grad, b.grad)
+    assert_close(wa.grad, wb.grad)
+
+
+# ---- Caffe2 aliases ----------------------------------------------------------------------------
+def test_every_alias_matches_reduce(backend):
+    g = torch.Generator().manual_seed(5)
+    lengths = torch.tensor([2, 0, 3])
+    ids = torch.repeat_interleave(torch.arange(3), lengths)
+    data = torch.randn(5, 2, dtype=torch.float64, generator=g)
+    table = torch.randn(4, 2, dtype=torch.float64, generator=g)
+    idx = torch.tensor([3, 0, 0, 2, 1])
+    w = torch.rand(5, dtype=torch.float64, generator=g) + 0.5
+    checked = 0
+    for name, (fam, r) in segment.ALIASES.items():
+        fn = getattr(segment, name)
+        weighted = r in WEIGHTED
+        wa = [w] if weighted else []
+        if fam in ("reduce_front", "reduce_back"):
+            x = torch.randn(3, 4, 2, dtype=torch.float64, generator=g)
+            wf = torch.rand(3 if fam == "reduce_front" else 2, dtype=torch.float64, generator=g)
+            got = fn(x, *([wf] if weighted else []))
+            if fam == "reduce_front":
+                ref = ref_reduce(x, torch.tensor([3]), r, wf)[0]
+            else:
+                ref = ref_reduce(x.movedim(-1, 0), torch.tensor([2]), r, wf)[0]
+            assert_close(got, ref, msg=name)
+            checked += 1
+            continue
+        if fam == "lengths":
+            got, ref = fn(data, *wa, lengths), segment.reduce(data, r, lengths=lengths, weights=w if weighted else None)
+        elif fam == "sparse_lengths":
+            got = fn(table, *wa, idx, lengths)
+            ref = segment.reduce(table, r, lengths=lengths, indices=idx, weights=w if weighted else None)
+        elif fam in ("sorted_segment", "sorted_segment_range"):
+            got = fn(data, *wa, ids)
+            ref = ref_reduce(data, torch.tensor([2, 0, 3]), r, w if weighted else None)
+        elif fam == "sparse_sorted_segment":
+            got = fn(table, *wa, idx, ids)
+            ref = ref_reduce(table[idx], lengths, r, w if weighted else None)
+        elif fam == "unsorted_segment":
+            got = fn(data.flip(0), *[t.flip(0) for t in wa], ids.flip(0), num_segments=3)
+            ref = ref_reduce(data, lengths, r, w if weighted else None)
+        else:  # sparse_unsorted_segment
+            got = fn(table, *[t.flip(0) for t in wa], idx.flip(0), ids.flip(0), num_segments=3)
+            ref = ref_reduce(table[idx], lengths, r, w if weighted else None)
+        assert_close(got, ref, msg=name)
+        checked += 1
+    assert checked == len(segment.ALIASES) >= 40
+    with pytest.raises(TypeError, match=r"lengths_weighted_sum\(\) takes data and 2 more positional tensors"):
+        segment.lengths_weighted_sum(data, lengths)
+
+
+# ---- gather / scatter --------------------------------------------------------------------------
+def test_gather_scatter_sequential_reference():
+    g = torch.Generator().manual_seed(0)
+    data = torch.randn(6, 3, generator=g)
+    idx = torch.tensor([4, 1, 4, 0, 4])
+    assert_close(segment.gather(data, idx.view(5, 1)), data[idx].view(5, 1, 3))
+    sl = torch.randn(5, 3, generator=g)
+    ref = data.clone()
+    for i, r in enumerate(idx.tolist()):
+        ref[r] = sl[i]
+    out = data.clone()
+    assert segment.scatter_assign(out, idx, sl) is out
+    assert_close(out, ref)
+    x1, x2 = torch.randn(5, 3, generator=g), torch.randn(5, 3, generator=g)
+    ref = data.clone()
+    for r in idx.tolist():          # Caffe2: every occurrence scales, then every update adds
+        ref[r] *= 0.9
+    for x, wk in ((x1, 2.0), (x2, -0.5)):
+        for i, r in enumerate(idx.tolist()):
+            ref[r] += wk * x[i]
+    out = data.clone()
+    segment.scatter_weighted_sum(out, 0.9, idx, x1, 2.0, x2, torch.tensor(-0.5))
+    assert_close(out, ref)
+    before = data.clone()
+    with pytest.raises(IndexError, match=r"indices\[1\] = 6 is out of range for 6"):
+        segment.scatter_weighted_sum(data, 0.9, torch.tensor([0, 6]), torch.ones(2, 3), 1.0)
+    with pytest.raises(ValueError, match=r"slices must have shape \(2, 3\)"):
+        segment.scatter_assign(data, torch.tensor([0, 1]), torch.ones(3, 3))
+    assert torch.equal(data, before)
