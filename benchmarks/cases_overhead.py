@@ -36,8 +36,9 @@ def _check(param, out):
 
 
 @case("overhead: torch.exp(A), 30% specified, fill 5",
-      sizes={"10": 10, "1k": 1_000, "100k": 100_000, "10M": 10_000_000},
-      quick_sizes={"10": 10, "1k": 1_000, "100k": 100_000}, tiny_sizes={"10": 10},
+      sizes={"10": 10, "100": 100, "1k": 1_000, "10k": 10_000, "100k": 100_000, "1M": 1_000_000,
+             "10M": 10_000_000},
+      quick_sizes={"10": 10, "100": 100, "1k": 1_000, "10k": 10_000, "100k": 100_000}, tiny_sizes={"10": 10},
       sweep="elements (numel of A)", check=_check)
 def exp_overhead(n):
     A, vals, x = _inputs(n)

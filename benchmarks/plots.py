@@ -2,8 +2,11 @@
 
 * one plot per case that declares ``sweep=``: time per call against the swept parameter
   (density, size...), log scales, one line per library (and per thread count when several);
-* ``summary.png``: sparsefill time / peer time for every (case, size, peer) at the largest
-  thread count, log scale, 1 marked (left of it sparsefill is faster).
+* ``crossover.png``: for the cases swept over density, sparsefill time / dense time against
+  density, one line per case (its peers labelled ``dense ...``): where a line crosses 1,
+  sparsefill stops beating dense torch;
+* ``summary.png``: sparsefill time / peer time for every (case, size, peer) of the cases that
+  are not sweeps, at the largest thread count, log scale, 1 marked (left of it sparsefill is faster).
 
 ``matplotlib`` is imported here only; the runner imports this module lazily and writes no
 plots (with a note) when it is missing.
@@ -19,7 +22,7 @@ from typing import Any, Mapping
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-__all__ = ["write_plots", "sweep_plot", "summary_plot"]
+__all__ = ["write_plots", "sweep_plot", "crossover_plot", "summary_plot"]
 
 _STYLES = ["-", "--", ":", "-."]
 
@@ -86,9 +89,43 @@ def sweep_plot(case: str, rows: list[Mapping[str, Any]], path: str) -> bool:
     return True
 
 
+def crossover_plot(results: list[Mapping[str, Any]], path: str) -> bool:
+    """sparsefill / dense against density for every density sweep; False when there is none."""
+    rows = [r for r in results if "impls" in r and r.get("x") is not None
+            and str(r.get("sweep") or "").startswith("density")]
+    if not rows:
+        return False
+    top = max(r["threads"] for r in rows)
+    lines: dict[str, list[tuple[float, float]]] = {}
+    for r in rows:
+        if r["threads"] != top:
+            continue
+        for q in r["ratios"]:
+            if q["peer"].startswith("dense") and q["ratio"]:
+                lines.setdefault(f"{r['case']} vs {q['peer']}", []).append((r["x"], q["ratio"]))
+    lines = {k: sorted(v) for k, v in lines.items() if len(v) >= 2}
+    if not lines:
+        return False
+    fig = _new_figure()
+    ax = fig.add_subplot()
+    for i, (name, pts) in enumerate(lines.items()):
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], "-", marker="o", markersize=4, color=f"C{i % 10}",
+                label=name.removeprefix("sweep: "))
+    ax.axhline(1.0, color="black", linewidth=1)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel(rows[0]["sweep"])
+    ax.set_ylabel("sparsefill time / dense torch time")
+    ax.set_title(f"Below 1 sparsefill beats dense torch ({top} thread{'s' if top > 1 else ''})", fontsize=10)
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.savefig(path)
+    return True
+
+
 def summary_plot(results: list[Mapping[str, Any]], path: str) -> bool:
     """Horizontal bars of sparsefill / peer at the largest thread count; False when there is nothing to show."""
-    rows = [r for r in results if "impls" in r and r.get("ratios")]
+    rows = [r for r in results if "impls" in r and r.get("ratios") and not r.get("sweep")]
     if not rows:
         return False
     top = max(r["threads"] for r in rows)
@@ -127,7 +164,8 @@ def write_plots(report: Mapping[str, Any], out_dir: str) -> list[str]:
         path = os.path.join(out_dir, _slug(name) + ".png")
         if sweep_plot(name, rows, path):
             written.append(path)
-    path = os.path.join(out_dir, "summary.png")
-    if summary_plot(results, path):
-        written.append(path)
+    for name, plot in (("crossover.png", crossover_plot), ("summary.png", summary_plot)):
+        path = os.path.join(out_dir, name)
+        if plot(results, path):
+            written.append(path)
     return written

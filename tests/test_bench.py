@@ -28,7 +28,7 @@ import sparsefill  # noqa: E402
 def _tiny_registry():
     reg = runner.Registry()
 
-    @reg.case("tiny to_dense", sizes={"n=8": 8, "n=16": 16, "n=32": 32}, sweep="elements", bytes=lambda n: 4 * n,
+    @reg.case("tiny to_dense", sizes={"n=8": 8, "n=16": 16, "n=32": 32}, sweep="density (%)", bytes=lambda n: 4 * n,
               check=lambda n, out: torch.testing.assert_close(out["sparsefill"], out["dense peer"]))
     def tiny(n):
         x = torch.arange(n, dtype=torch.float64) % 3
@@ -44,6 +44,10 @@ def _tiny_registry():
               check=lambda n, out: torch.testing.assert_close(out["sparsefill"], out["peer"]))
     def disagrees(n):
         return runner.Bench([("sparsefill", lambda: torch.zeros(2)), ("peer", lambda: torch.ones(2))], bytes=8)
+
+    @reg.case("tiny single", sizes={"one": 1})
+    def single(n):
+        return [("sparsefill", lambda: torch.zeros(2)), ("peer", lambda: torch.zeros(2))]
     return reg
 
 
@@ -117,7 +121,7 @@ def test_main_writes_json_markdown_and_plots(tmp_path, capsys):
         for i in r.get("impls", []):
             assert "skipped" in i or {"label", "median_s", "rounds_s", "spread", "gbps", "pct_copy", "result_bytes",
                                       "peak_bytes", "peak_torch_bytes", "peak_python_bytes"} <= set(i)
-    assert sorted(report["plots"]) == ["summary.png", "tiny_to_dense.png"]
+    assert sorted(report["plots"]) == ["crossover.png", "summary.png", "tiny_to_dense.png"]
     for name in report["plots"]:
         data = (tmp_path / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
@@ -157,7 +161,7 @@ def test_cli_bench_list_and_dry_run(tmp_path):
     p = subprocess.run([sys.executable, "-m", "sparsefill", "bench", "--list", "--quick"], cwd=str(tmp_path),
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
-    assert "overhead: torch.exp(A), 30% specified, fill 5: 10, 1k, 100k  (plot against elements (numel of A))" \
+    assert "overhead: torch.exp(A), 30% specified, fill 5: 10, 100, 1k, 10k, 100k  (plot against elements (numel of A))" \
         in p.stdout and "to_sparse coo fill=0: 1-D 1M, 1%, 2-D 4000x4000, 0.1%" in p.stdout
     p = subprocess.run([sys.executable, "benchmarks/run.py", "--dry-run", "--tiny", "--filter", "overhead: A + B",
                         "--out", str(tmp_path), "--no-plots"], cwd=ROOT, capture_output=True, text=True, timeout=120)
