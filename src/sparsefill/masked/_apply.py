@@ -35,6 +35,7 @@ class Result:
     shape: tuple = ()
     layout: torch.layout = torch.sparse_coo
     indefinite: bool = False
+    like: SparseTensor | None = None   # a coalesced tensor whose pattern, shape and layout the result shares
 
     def tensors(self):
         return [self.dense] if self.dense is not None else [self.vals, self.fill]
@@ -44,6 +45,10 @@ class Result:
             return self.dense
         layout = self.layout if self.idx.shape[0] >= 2 else torch.sparse_coo
         fill = self.fill if not self.indefinite else self.vals.new_empty(0)
+        if self.like is not None:  # the input's own index tensors (no CSR rebuild)
+            L = self.like
+            return _convert.rewrap(L, values=self.vals.reshape(L._vals.shape), fill=fill, indefinite=self.indefinite,
+                                   known_zero=False)
         return _convert.parts_to_sparse(self.idx, self.vals, self.shape, fill, self.indefinite, False, layout, True)
 
 

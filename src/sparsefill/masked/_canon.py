@@ -137,16 +137,26 @@ def _same_indices(A: SparseTensor, M) -> torch.Tensor | None:
     if M._sf_layout is A._sf_layout and M._coalesced and A._coalesced:
         pairs = [(A._idx, M._idx)] if A._sf_layout is torch.sparse_coo else [(A._crow, M._crow), (A._col, M._col)]
         if all(a is b or (a.shape == b.shape and torch.equal(a, b)) for a, b in pairs):
-            v = M._vals.reshape(A._coo_parts()[1].shape)
+            v = M._vals.reshape((-1,) + tuple(A._dense_shape))
             return v if v.dtype == torch.bool else v != 0
     return None
+
+
+def _parts(A: SparseTensor):
+    """Coalesced COO parts; a plain CSR tensor's row indices in one pass."""
+    if A._sf_layout is torch.sparse_csr and A._crow.dim() == 1:
+        counts = A._crow[1:] - A._crow[:-1]
+        rows = torch.repeat_interleave(torch.arange(counts.numel(), device=counts.device), counts,
+                                       output_size=A._col.numel())
+        return torch.stack([rows, A._col]), A._vals
+    return _convert.coalesced_parts(A)
 
 
 def combine(input, mask) -> Masked:
     """The canonical :class:`Masked` form of a sparse ``input`` and a ``mask`` of any layout (or None)."""
     A = as_sparse(input)
     D = tuple(A._dense_shape)
-    idx, vals = _convert.coalesced_parts(A)
+    idx, vals = _parts(A)
     fill = (vals.new_zeros(()) if A._indefinite else A._fill).expand(D)
     if mask is None:
         return Masked(A, idx, vals, torch.ones(vals.shape, dtype=torch.bool, device=vals.device), fill,

@@ -60,7 +60,7 @@ class Slices:
         self.Pk, self.Pr = _index.numel(self.Dk), _index.numel([D[d] for d in self.red_d])
         k = X.idx.shape[1]
         if self.red_s:
-            self.seg_row, self.out_idx, self.n_u = group_slices(X.idx, S, self.red_s)
+            self.seg_row, self.out_idx, self.n_u = _group(X.idx, S, self.red_s)
         else:
             self.seg_row = torch.arange(k, device=X.idx.device)
             self.out_idx = X.idx
@@ -93,6 +93,8 @@ class Slices:
         u = self.X.u if u is None else u
         m = self.X.m if m is None else m
         ms = self.scalars(m)
+        if bool(ms.all()):
+            return self.scalars(u).reshape(-1), self.seg3.reshape(-1)
         return self.scalars(u)[ms], self.seg3[ms]
 
     def fill_classes(self, f: torch.Tensor, counts: bool | None = None):
@@ -119,6 +121,18 @@ class Slices:
         keep = [d for d in range(len(self.X.S)) if d not in self.red_s]
         full[keep] = self.out_idx
         return full
+
+
+def _group(idx, S, red_s):
+    """:func:`sparsefill._reduce.group_slices`; O(k) when the reduced dims are trailing sparse dims
+    (then the kept keys of a coalesced pattern are already sorted)."""
+    keep = [d for d in range(len(S)) if d not in red_s]
+    if keep != list(range(len(keep))):
+        return group_slices(idx, S, red_s)
+    kshape = [S[d] for d in keep]
+    keys = _index.linearize(idx[keep], kshape)
+    out_keys, seg, counts = torch.unique_consecutive(keys, return_inverse=True, return_counts=True)
+    return seg, _index.unravel(out_keys, kshape), _index.numel([S[d] for d in red_s]) - counts
 
 
 # -------------------------------------------------------------------- kernels

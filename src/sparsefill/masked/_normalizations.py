@@ -49,11 +49,15 @@ def _normalization(input, mask, dim, name, per_element, c_out, cast, dense_op):
         sl = E.Slices(X, dims)
         u, f = (X.u, X.fill) if cast is None else (X.u.to(cast), X.fill.to(cast))
         ms = sl.scalars(X.m)
-        v, seg = sl.scalars(u)[ms], sl.seg3[ms]
+        every = bool(ms.all())  # the usual case (mask = the input's pattern): no gathers
+        v, seg = (sl.scalars(u).reshape(-1), sl.seg3.reshape(-1)) if every else (sl.scalars(u)[ms], sl.seg3[ms])
         (F, n), (F0, n0) = sl.fill_classes(f)
         out_v, g, g0 = per_element(sl, v, seg, F, n, F0, n0)
         c = torch.full((), c_out, dtype=out_v.dtype, device=out_v.device)
-        vals = sl.unscalars(c.expand(ms.shape).index_put((ms.nonzero(as_tuple=True)), out_v))
+        if every:
+            vals = sl.unscalars(out_v.reshape(ms.shape))
+        else:
+            vals = sl.unscalars(c.expand(ms.shape).index_put(ms.nonzero(as_tuple=True), out_v))
         if X.A._indefinite:
             fill = vals.new_empty(0)
         elif sl.red_s and X.mfill:  # fill elements along a sparse dim: one value per slice
@@ -65,7 +69,7 @@ def _normalization(input, mask, dim, name, per_element, c_out, cast, dense_op):
         else:
             fill = c
         return Result(idx=X.idx, vals=vals, fill=fill, shape=tuple(X.A.shape), layout=X.A._sf_layout,
-                      indefinite=X.A._indefinite)
+                      indefinite=X.A._indefinite, like=X.A if X.same_pattern and X.A._coalesced else None)
 
     ref = _dense_ref(dense_op, mask)
     try:
@@ -81,18 +85,22 @@ def _dense_ref(dense_op, mask):
 
 
 def _softmax_parts(sign, log):
+    def stats(v, seg, nseg, F, n):
+        M = E.seg_extreme(v, seg, nseg, F, n, "amax")
+        x, xf = v - M[seg], F - M[:, None]
+        e = torch.exp(x)
+        Z = v.new_zeros(nseg).index_add(0, seg, e) + \
+            torch.where(n > 0, torch.exp(xf) * n.to(F.dtype), torch.zeros((), dtype=F.dtype, device=F.device)).sum(1)
+        if log:
+            lz = torch.log(Z)
+            return x - lz[seg], xf - lz[:, None]
+        return e / Z[seg], torch.exp(xf) / Z[:, None]
+
     def per_element(sl, v, seg, F, n, F0, n0):
-        v, F, F0 = sign * v, sign * F, sign * F0
-        out = []
-        for vv, ss, FF, nn, ns in ((v, seg, F, n, sl.nseg), (v[:0], seg[:0], F0, n0, sl.Pk)):
-            M = E.seg_extreme(vv, ss, ns, FF, nn, "amax")
-            Z = vv.new_zeros(ns).index_add(0, ss, torch.exp(vv - M[ss])) + \
-                torch.where(nn > 0, torch.exp(FF - M[:, None]) * nn.to(FF.dtype), 0).sum(1)
-            if log:
-                out.append((vv - M[ss] - torch.log(Z)[ss], FF - M[:, None] - torch.log(Z)[:, None]))
-            else:
-                out.append((torch.exp(vv - M[ss]) / Z[ss], torch.exp(FF - M[:, None]) / Z[:, None]))
-        (ov, g), (_, g0) = out
+        if sign < 0:
+            v, F, F0 = -v, -F, -F0
+        ov, g = stats(v, seg, sl.nseg, F, n)
+        _, g0 = stats(v[:0], seg[:0], sl.Pk, F0, n0)
         return ov, g, g0
     return per_element
 
