@@ -20,15 +20,21 @@ from __future__ import annotations
 
 import torch
 
-from .._convert import coalesce_of, dense_of, parts_to_sparse, rewrap, union_parts
+from .._convert import coalesce_of, coalesced_parts, dense_of, parts_to_sparse, rewrap, union_parts
 from .._tensor import SparseTensor
 from .fallback import assign_, flat_args, written_args, written_positions
+
+
+aten = torch.ops.aten
+# element-wise aten ops that torch does not tag pointwise
+UNTAGGED = {aten.rsub.Tensor, aten.polar.default, aten.polar.out, aten._prelu_kernel.default,
+            aten.log_sigmoid_backward.default, aten.log_sigmoid_backward.grad_input}
 
 
 def is_pointwise(func) -> bool:
     """Deterministic element-wise ops (random ones would give every unspecified element one draw)."""
     tags = func.tags
-    return torch.Tag.pointwise in tags and torch.Tag.nondeterministic_seeded not in tags
+    return (torch.Tag.pointwise in tags and torch.Tag.nondeterministic_seeded not in tags) or func in UNTAGGED
 
 
 def unary_fast_ok(func) -> bool:
@@ -72,35 +78,51 @@ def unary_fast(func, args, kwargs):
 
 
 def pointwise_rule(func, args, kwargs):
+    out = kwargs.get("out")
+    if out is not None:  # out=: computed out of place into fresh buffers of out's dtype, then stored
+        if not isinstance(out, SparseTensor):
+            return NotImplemented
+        kwargs = {k: v for k, v in kwargs.items() if k != "out"}
     tensors = [t for t in flat_args(args, kwargs) if isinstance(t, torch.Tensor)]
     sparse = list({id(t): t for t in tensors if isinstance(t, SparseTensor)}.values())
-    if not sparse or "out" in kwargs:
+    if not sparse:
         return NotImplemented
     A = sparse[0]
-    written = written_args(func, args, kwargs)
-    if written_positions(func) and not (len(written) == 1 and written[0] is A):
+    written = [out] if out is not None else written_args(func, args, kwargs)
+    if out is None and written_positions(func) and not (len(written) == 1 and written[0] is A):
         return NotImplemented  # e.g. a dense tensor updated in place from A
     # a 0-d SparseTensor beside a larger one is one value: it joins as a 0-d dense tensor (same promotion)
     sub = {id(T): dense_of(T) for T in sparse[1:] if T.dim() == 0 < A.dim() and not T._indefinite}
     sparse = [T for T in sparse if id(T) not in sub]
-    if any(T.shape != A.shape or T.dense_dim() != A.dense_dim() for T in sparse[1:]):
-        return NotImplemented  # broadcasting between SparseTensors: not yet
+    layout = A._sf_layout
+    if any(T.shape != A.shape for T in sparse[1:]):
+        expanded = _broadcast(sparse)
+        if expanded is None:
+            return NotImplemented
+        sparse, A = expanded, expanded[0][1]
+    else:
+        sparse = [(T, T) for T in sparse]
     for t in tensors:
         if not isinstance(t, SparseTensor) and t.dim():
             sub[id(t)] = _over_dense_dims(t, A)
             if sub[id(t)] is None:  # t varies along sparse dims: the result is dense by nature
                 return NotImplemented if written else _dense_call(func, args, kwargs, tensors)
-    build, at = _align(sparse)
-    indefinite = any(T._indefinite for T in sparse)
+    build, at = _align([E for _, E in sparse], layout)
+    at = {id(T): at[id(E)] for T, E in sparse}
+    fills = {id(T): E._fill for T, E in sparse}
+    indefinite = any(E._indefinite for _, E in sparse)
 
     def apply(x):  # pointwise schemas are flat: substitute operands by id
         sub.update(x)
-        return func(*[sub.get(id(a), a) for a in args], **{k: sub.get(id(v), v) for k, v in kwargs.items()})
+        kw = {k: sub.get(id(v), v) for k, v in kwargs.items()}
+        if out is not None:
+            kw["out"] = torch.empty(0, dtype=out.dtype, device=out.device)
+        return func(*[sub.get(id(a), a) for a in args], **kw)
 
     # each fill as a batch of one, padded to the common rank: (1, *fill.shape)
-    rank = max([d.dim() for d in sub.values()] + [T._fill.dim() for T in sparse])
-    fills = {id(T): T._fill.reshape((1,) * (1 + rank - T._fill.dim()) + tuple(T._fill.shape)) for T in sparse}
-    if written:  # in place: compute out of place, then store (inner tensors may be shared with other tensors)
+    rank = max([d.dim() for d in sub.values()] + [f.dim() for f in fills.values()])
+    fills = {k: f.reshape((1,) * (1 + rank - f.dim()) + tuple(f.shape)) for k, f in fills.items()}
+    if written and out is None:  # in place: compute out of place, then store (inner tensors may be shared)
         if not indefinite:
             fills[id(A)] = A._fill.expand(A._dense_shape)[None]  # the result's fill may be an array
         vals = apply({**at, id(A): at[id(A)].clone()})
@@ -109,16 +131,49 @@ def pointwise_rule(func, args, kwargs):
     vals = apply(at)
     out_fills = None if indefinite else apply(fills)
     if isinstance(vals, torch.Tensor):
-        return build(vals, None if out_fills is None else out_fills[0])
+        result = build(vals, None if out_fills is None else out_fills[0])
+        return result if out is None else assign_(out, result)
     return type(vals)(build(v, None if out_fills is None else f[0]) for v, f in zip(vals, out_fills or vals))
 
 
-def _align(sparse):
+def _broadcast(sparse):
+    """``[(T, T expanded to the common shape)]`` for SparseTensors that broadcast over size-1 sparse dims
+    (same dense dims), else None.  Expanding dim ``d`` of size 1 to ``n`` repeats the stored elements
+    ``n`` times: the result pattern is the union of the expanded patterns."""
+    try:
+        shape = torch.broadcast_shapes(*[T.shape for T in sparse])
+    except RuntimeError:
+        return None
+    D = sparse[0]._dense_shape
+    if any(T._dense_shape != D for T in sparse):
+        return None
+    return [(T, T if T.shape == shape else _expand(T, shape)) for T in sparse]
+
+
+def _expand(T: SparseTensor, shape) -> SparseTensor:
+    """``T`` (coalesced) expanded to ``shape`` physically, as an uncoalesced-flagged COO SparseTensor."""
+    idx, vals = coalesced_parts(T)
+    sd = len(shape) - T.dense_dim()
+    lead = sd - idx.shape[0]
+    src = (1,) * lead + tuple(T._sparse_shape)
+    idx = torch.cat([idx.new_zeros(lead, idx.shape[1]), idx])
+    for d in range(sd):
+        n, k = shape[d], idx.shape[1]
+        if src[d] == 1 and n != 1:
+            idx = idx.repeat(1, n)
+            idx[d] = torch.arange(n, device=idx.device).repeat_interleave(k)
+            vals = vals.repeat(n, *([1] * (vals.dim() - 1)))
+    return SparseTensor(torch.sparse_coo, shape, vals, T._fill, indices=idx, indefinite=T._indefinite,
+                        coalesced=False)
+
+
+def _align(sparse, layout):
     """``(build(values, fill) -> SparseTensor, {id(T): T's values at the result's positions})``.
 
     One pattern (or the same index tensors everywhere): the values as stored.  Otherwise the
     union of the patterns, merged by linear keys (fill-value-rfc.md point 9), less the positions
-    an indefinite operand leaves unspecified (those stay unspecified in the result).
+    an indefinite operand leaves unspecified (those stay unspecified in the result).  The result
+    has ``layout``.
     """
     A = sparse[0]
     if all(_same_pattern(T, A) for T in sparse[1:]):
@@ -128,8 +183,7 @@ def _align(sparse):
     idx, values = union_parts(sparse)
 
     def build(v, f):
-        return parts_to_sparse(idx, v, A.shape, v.new_empty(0) if f is None else f, f is None, False,
-                               A._sf_layout, True)
+        return parts_to_sparse(idx, v, A.shape, v.new_empty(0) if f is None else f, f is None, False, layout, True)
     return build, {id(T): v for T, v in zip(sparse, values)}
 
 
