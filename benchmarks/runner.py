@@ -29,7 +29,8 @@ registration).  For every ``(case, size, thread count)``:
 
 ``budget_s`` (``--quick``: 100 s) bounds a run: each case gets a fair share of what is
 left (the budget left / the cases left); a case past its share skips its remaining
-(size, threads) rows, noted in the table; the first row of a case always runs.
+(size, threads) rows, noted in the table; the first row of a case runs while any budget
+is left.
 
 Cases live in ``benchmarks/cases_*.py``; :func:`discover` imports every such module, so
 a new file registers its cases without editing anything else.  Nothing happens on import.
@@ -304,11 +305,12 @@ def run_cases(cases: Iterable[Case], threads: Sequence[int] = (1, 2), quick: boo
         for ci, c in enumerate(cases):
             t_case = time.monotonic()
             share = None if budget_s is None else (budget_s - (t_case - t_start)) / (len(cases) - ci)
-            first = True
+            first = share is None or share > 0     # budget spent: not even the first row of a case
             for size_label, param in c.size_items(quick):
                 base = {"case": c.name, "size": size_label, "x": c.x_of(param), "sweep": c.sweep}
                 if not first and share is not None and time.monotonic() - t_case > share:
-                    reason = f"time budget ({share:.1f} s for this case of {budget_s:.0f} s)"
+                    reason = (f"time budget ({share:.1f} s for this case of {budget_s:.0f} s)" if share > 0
+                              else f"time budget of {budget_s:.0f} s spent")
                     results.extend({**base, "threads": n, "skipped": reason} for n in threads)
                     if progress is not None:
                         progress.done(len(threads))
@@ -503,7 +505,7 @@ def main(argv: Sequence[str] | None = None, cases: Sequence[Case] | None = None,
     if args.list:
         for c in selected:
             sweep = f"  (plot against {c.sweep})" if c.sweep else ""
-            print(f"{c.name}: {', '.join(lab for lab, _ in c.size_items(args.quick))}{sweep}")
+            print(f"{c.name}: {'; '.join(lab for lab, _ in c.size_items(args.quick))}{sweep}")
         for mod, tb in import_errors.items():
             print(f"IMPORT ERROR {mod}: {tb.strip().splitlines()[-1]}")
         return 1 if import_errors else 0

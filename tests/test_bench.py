@@ -79,13 +79,17 @@ def test_machinery_on_tiny_cases():
         _run(_tiny_registry(), raise_errors=True)
 
 
-def test_time_budget_skips_all_but_the_first_row_of_a_case():
+def test_time_budget_skips_rows(monkeypatch):
     reg = _tiny_registry()
-    reg.cases = reg.cases[:1]
-    res = runner.run_cases(reg.cases, threads=[1, 2], quick=True, timer=runner.stub_timer, budget_s=0.0,
-                           memory=False)
-    assert [("skipped" in r, r["threads"]) for r in res] == [(False, 1), (True, 2)] + [(True, 1), (True, 2)] * 2
-    assert res[1]["skipped"].startswith("time budget")
+    kw = dict(threads=[1, 2], quick=True, timer=runner.stub_timer, memory=False)
+    res = runner.run_cases(reg.cases, budget_s=0.0, **kw)        # spent before it starts: nothing runs
+    assert len(res) == 2 * 6 and all(r["skipped"] == "time budget of 0 s spent" for r in res)
+    clock = iter(range(0, 10**6, 10))                               # a fake clock: +10 s per reading
+    monkeypatch.setattr(runner, "time", type("T", (), {"monotonic": staticmethod(lambda: next(clock))}))
+    res = runner.run_cases(reg.cases[:1], budget_s=25.0, **kw)     # one case: a share of 15 s
+    ran = ["skipped" not in r for r in res]
+    assert len(res) == 6 and ran[0] and not ran[-1] and ran == sorted(ran, reverse=True)
+    assert all(r["skipped"].startswith("time budget (15.0 s") for r in res if "skipped" in r)
     assert "skipped: time budget" in runner.markdown_table(res)
 
 
@@ -161,8 +165,8 @@ def test_cli_bench_list_and_dry_run(tmp_path):
     p = subprocess.run([sys.executable, "-m", "sparsefill", "bench", "--list", "--quick"], cwd=str(tmp_path),
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
-    assert "overhead: torch.exp(A), 30% specified, fill 5: 10, 100, 1k, 10k, 100k  (plot against elements (numel of A))" \
-        in p.stdout and "to_sparse coo fill=0: 1-D 1M, 1%, 2-D 4000x4000, 0.1%" in p.stdout
+    assert "overhead: torch.exp(A), 30% specified, fill 5: 10; 100; 1k; 10k; 100k  (plot against elements (numel of A))" \
+        in p.stdout and "to_sparse coo fill=0: 1-D 1M, 1%; 2-D 4000x4000, 0.1%" in p.stdout
     p = subprocess.run([sys.executable, "benchmarks/run.py", "--dry-run", "--tiny", "--filter", "overhead: A + B",
                         "--out", str(tmp_path), "--no-plots"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
