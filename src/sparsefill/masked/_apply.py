@@ -43,12 +43,12 @@ class Result:
     def build(self):
         if self.dense is not None:
             return self.dense
-        layout = self.layout if self.idx.shape[0] >= 2 else torch.sparse_coo
         fill = self.fill if not self.indefinite else self.vals.new_empty(0)
         if self.like is not None:  # the input's own index tensors (no CSR rebuild)
             L = self.like
             return _convert.rewrap(L, values=self.vals.reshape(L._vals.shape), fill=fill, indefinite=self.indefinite,
                                    known_zero=False)
+        layout = self.layout if self.idx.shape[0] >= 2 else torch.sparse_coo
         return _convert.parts_to_sparse(self.idx, self.vals, self.shape, fill, self.indefinite, False, layout, True)
 
 
@@ -98,7 +98,7 @@ class MaskedFn(torch.autograd.Function):
             (gu,) = torch.autograd.grad([o for o, _ in pairs], [ctx.u], [g for _, g in pairs], allow_unused=True)
         if gu is None:
             gu = torch.zeros_like(ctx.u)
-        gA = _convert.parts_to_sparse(X.idx, gu, X.A.shape, gu.new_zeros(()), False, True, torch.sparse_coo, True)
+        gA = _convert.parts_to_sparse(X.indices(), gu, X.A.shape, gu.new_zeros(()), False, True, torch.sparse_coo, True)
         return gA, None, None, None
 
 

@@ -50,6 +50,13 @@ class Masked:
     fill: torch.Tensor         # the input fill expanded to D (zeros for an indefinite fill)
     mfill: bool                # elements outside the pattern are masked in
     same_pattern: bool         # idx is the input's own coalesced pattern (u are its values)
+    rows: torch.Tensor | None = None   # a plain CSR input: the row of every stored element (idx built lazily)
+
+    def indices(self) -> torch.Tensor:
+        """``idx``, built on first use for a plain CSR input (``[rows, col_indices]``)."""
+        if self.idx is None:
+            self.idx = torch.stack([self.rows, self.A._col])
+        return self.idx
 
     @property
     def S(self):
@@ -142,28 +149,29 @@ def _same_indices(A: SparseTensor, M) -> torch.Tensor | None:
     return None
 
 
-def _parts(A: SparseTensor):
-    """Coalesced COO parts; a plain CSR tensor's row indices in one pass."""
-    if A._sf_layout is torch.sparse_csr and A._crow.dim() == 1:
-        counts = A._crow[1:] - A._crow[:-1]
-        rows = torch.repeat_interleave(torch.arange(counts.numel(), device=counts.device), counts,
-                                       output_size=A._col.numel())
-        return torch.stack([rows, A._col]), A._vals
-    return _convert.coalesced_parts(A)
+def csr_rows(A: SparseTensor) -> torch.Tensor:
+    """The row of every stored element of a plain (unbatched) CSR tensor."""
+    counts = A._crow[1:] - A._crow[:-1]
+    return torch.repeat_interleave(torch.arange(counts.numel(), device=counts.device), counts,
+                                   output_size=A._col.numel())
 
 
 def combine(input, mask) -> Masked:
     """The canonical :class:`Masked` form of a sparse ``input`` and a ``mask`` of any layout (or None)."""
     A = as_sparse(input)
     D = tuple(A._dense_shape)
-    idx, vals = _parts(A)
+    plain_csr = A._sf_layout is torch.sparse_csr and A._crow.dim() == 1
+    idx, vals = (None, A._vals) if plain_csr else _convert.coalesced_parts(A)
+    rows = csr_rows(A) if plain_csr else None
     fill = (vals.new_zeros(()) if A._indefinite else A._fill).expand(D)
     if mask is None:
         return Masked(A, idx, vals, torch.ones(vals.shape, dtype=torch.bool, device=vals.device), fill,
-                      not A._indefinite, True)
+                      not A._indefinite, True, rows)
     same = _same_indices(A, mask)
     if same is not None:
-        return Masked(A, idx, vals, same, fill, False, True)
+        return Masked(A, idx, vals, same, fill, False, True, rows)
+    if idx is None:
+        idx = torch.stack([rows, A._col])
     S = tuple(A._sparse_shape)
     pos = true_positions(mask, tuple(A.shape))
     sd = len(S)

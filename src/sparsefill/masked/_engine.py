@@ -58,19 +58,29 @@ class Slices:
         self.keep_d = [d for d in range(len(D)) if d not in self.red_d]
         self.Dk = tuple(D[d] for d in self.keep_d)
         self.Pk, self.Pr = _index.numel(self.Dk), _index.numel([D[d] for d in self.red_d])
-        k = X.idx.shape[1]
-        if self.red_s:
-            self.seg_row, self.out_idx, self.n_u = _group(X.idx, S, self.red_s)
+        k = X.u.shape[0]
+        dev = X.u.device
+        if X.rows is not None and self.red_s == [1]:  # plain CSR along its columns: the rows are the slices
+            counts = X.A._crow[1:] - X.A._crow[:-1]
+            nonempty = counts > 0
+            self.out_idx = nonempty.nonzero().T
+            self.seg_row = X.rows if self.out_idx.shape[1] == counts.numel() else torch.repeat_interleave(
+                torch.arange(self.out_idx.shape[1], device=dev), counts[nonempty], output_size=k)
+            self.n_u = S[1] - counts[nonempty]
+        elif self.red_s:
+            self.seg_row, self.out_idx, self.n_u = _group(X.indices(), S, self.red_s)
         else:
-            self.seg_row = torch.arange(k, device=X.idx.device)
-            self.out_idx = X.idx
-            self.n_u = torch.zeros(k, dtype=torch.int64, device=X.idx.device)
+            self.seg_row = torch.arange(k, device=dev)
+            self.out_idx = X.indices()
+            self.n_u = torch.zeros(k, dtype=torch.int64, device=dev)
         self.N_r = _index.numel([S[d] for d in self.red_s])
         self.S_out = self.out_idx.shape[1]
         self.nseg = self.S_out * self.Pk
         self._perm = [0] + [d + 1 for d in self.keep_d] + [d + 1 for d in self.red_d]
-        ar = torch.arange(self.Pk, device=X.idx.device)
-        self.seg3 = (self.seg_row[:, None, None] * self.Pk + ar[None, :, None]).expand(k, self.Pk, self.Pr)
+        seg = self.seg_row[:, None, None]
+        if self.Pk != 1:
+            seg = seg * self.Pk + torch.arange(self.Pk, device=dev)[None, :, None]
+        self.seg3 = seg.expand(k, self.Pk, self.Pr)
 
     # ---------------------------------------------------------------- element views
     def scalars(self, t: torch.Tensor) -> torch.Tensor:

@@ -68,8 +68,9 @@ def _normalization(input, mask, dim, name, per_element, c_out, cast, dense_op):
             fill = sl.unscalars(g0[None])[0]
         else:
             fill = c
-        return Result(idx=X.idx, vals=vals, fill=fill, shape=tuple(X.A.shape), layout=X.A._sf_layout,
-                      indefinite=X.A._indefinite, like=X.A if X.same_pattern and X.A._coalesced else None)
+        like = X.A if X.same_pattern and X.A._coalesced else None
+        return Result(idx=X.indices() if like is None else None, vals=vals, fill=fill, shape=tuple(X.A.shape),
+                      layout=X.A._sf_layout, indefinite=X.A._indefinite, like=like)
 
     ref = _dense_ref(dense_op, mask)
     try:
@@ -87,14 +88,21 @@ def _dense_ref(dense_op, mask):
 def _softmax_parts(sign, log):
     def stats(v, seg, nseg, F, n):
         M = E.seg_extreme(v, seg, nseg, F, n, "amax")
-        x, xf = v - M[seg], F - M[:, None]
-        e = torch.exp(x)
-        Z = v.new_zeros(nseg).index_add(0, seg, e) + \
-            torch.where(n > 0, torch.exp(xf) * n.to(F.dtype), torch.zeros((), dtype=F.dtype, device=F.device)).sum(1)
+        xf = F - M[:, None]
+        ef = torch.where(n > 0, torch.exp(xf) * n.to(F.dtype), torch.zeros((), dtype=F.dtype, device=F.device)).sum(1)
+        if v.requires_grad:
+            x = v - M[seg]
+            e = torch.exp(x)
+        else:  # in place: two element-sized temporaries instead of four
+            x = e = M[seg]
+            torch.sub(v, e, out=e)
+            if not log:
+                e.exp_()
+        Z = v.new_zeros(nseg).index_add(0, seg, torch.exp(x) if log else e) + ef
         if log:
             lz = torch.log(Z)
-            return x - lz[seg], xf - lz[:, None]
-        return e / Z[seg], torch.exp(xf) / Z[:, None]
+            return (x - lz[seg] if v.requires_grad else x.sub_(lz[seg])), xf - lz[:, None]
+        return (e / Z[seg] if v.requires_grad else e.div_(Z[seg])), torch.exp(xf) / Z[:, None]
 
     def per_element(sl, v, seg, F, n, F0, n0):
         if sign < 0:

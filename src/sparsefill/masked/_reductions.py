@@ -223,7 +223,7 @@ def _argext(name, mode):
             feff = X.fill if X.mfill else torch.full_like(X.fill, ident)
             v, seg = sl.scalars(eff).reshape(-1), sl.seg3.reshape(-1)
             pr = torch.arange(sl.Pr, device=v.device)
-            key_r = _index.linearize(X.idx[sl.red_s], [X.S[d] for d in sl.red_s])
+            key_r = _index.linearize(X.indices()[sl.red_s], [X.S[d] for d in sl.red_s])
             pos = (key_r[:, None, None] * sl.Pr + pr).expand(-1, sl.Pk, sl.Pr).reshape(-1)
             (F, n), (F0, n0) = sl.fill_classes(feff, counts=True)
             mex = _first_gap(sl.seg_row, key_r, sl.S_out)
