@@ -1,16 +1,17 @@
 """The segment kernels: a compiled CPU path (numba, optional) and the torch path (any device).
 
-All kernels work in *segment order*: position ``k`` of segment ``s`` lies in
-``offsets[s] <= k < offsets[s+1]`` and reads row ``rows[k]`` of ``x`` (``rows = None``: row ``k``)::
+For a :class:`~._plan.Plan` (segments of input positions; ``x_p`` = row ``rows[p]`` of ``x``)::
 
-    segment_sum(x, offsets, rows, w)[s]  = sum_k  w[k] * x[rows[k]]
-    segment_extreme(x, offsets, rows)[s] = max_k  x[rows[k]]   (or min), with arg[s] = the first such k
+    segment_sum(x, plan, w)[s]      = sum_{p in s} w_p x_p         (mode="mean": divided by n_s)
+    segment_extreme(x, plan)[s]     = max_{p in s} x_p  (or min), arg[s] = the first input position of it
 
-The compiled path is used for float32/float64 CPU tensors when numba imports (``pip install
-sparsefill[segment]``); ``set_backend("torch")`` forces the torch path (``embedding_bag`` for sums,
-the reducer protocol's scatter kernels otherwise), which is the only one on other devices.  Both
-return the same values; the compiled kernels check every row index (an out-of-range row raises,
-never reads out of bounds).
+Sums over sorted segments run on ``embedding_bag`` (its CPU kernel is fbgemm's; on GPU CUDA's) with
+``include_last_offset``.  Max/min, and every reduction over *unsorted* ids, run on the compiled
+kernels of ``_numba_kernels`` for float32/float64 CPU tensors when numba imports (``pip install
+sparsefill[segment]``): unsorted ids are reduced in place by scatter kernels, with no sort.
+``set_backend("torch")`` (or no numba, or another device) gives the torch path: ``embedding_bag``,
+and the reducer protocol's scatter kernels (``sparsefill._reduce``) over the segment order.  Both
+paths return the same values; the compiled kernels check every row index they read.
 """
 
 from __future__ import annotations
@@ -22,9 +23,11 @@ import torch
 
 from .. import _reduce
 
-__all__ = ["set_backend", "backend", "compiled_available", "segment_sum", "segment_extreme", "sort_by_segment"]
+__all__ = ["set_backend", "backend", "use_backend", "compiled_available", "compiled_for", "segment_sum",
+           "segment_extreme", "sort_by_segment", "count_ids", "segment_ids_of"]
 
 _STATE = {"backend": os.environ.get("SPARSEFILL_SEGMENT_BACKEND", "auto"), "nb": None}
+_FLOATS = (torch.float32, torch.float64)
 
 
 def set_backend(name: str) -> None:
@@ -64,87 +67,40 @@ def compiled_available() -> bool:
     return bool(_nb())
 
 
-def _use_compiled(*tensors) -> bool:
-    if _STATE["backend"] != "auto":
-        return False
-    for t in tensors:
-        if t is None:
-            continue
-        if t.device.type != "cpu" or (t.is_floating_point() and t.dtype not in (torch.float32, torch.float64)):
-            return False
-    return bool(_nb())
+def compiled_for(device) -> bool:
+    return _STATE["backend"] == "auto" and torch.device(device).type == "cpu" and bool(_nb())
+
+
+def _compiled(x) -> bool:
+    return x.dtype in _FLOATS and compiled_for(x.device)
 
 
 def _np(t):
     return t.detach().numpy()
 
 
-def _threads():
-    _nb().set_threads(torch.get_num_threads())
+def _nb_call(name, *args):
+    nb = _nb()
+    nb.set_threads(torch.get_num_threads())
+    return getattr(nb, name)(*(_np(a) if isinstance(a, torch.Tensor) else a for a in args))
 
 
-def _empty_i64():
-    return torch.empty(0, dtype=torch.int64)
+_ARANGE = {"t": torch.empty(0, dtype=torch.int64)}
 
 
-def _raise_bad_rows(rows, m):
+def _arange(n, device):
+    """``arange(n)`` (int64), cached for the CPU (read-only use)."""
+    if torch.device(device).type != "cpu":
+        return torch.arange(n, device=device)
+    if _ARANGE["t"].numel() < n:
+        _ARANGE["t"] = torch.arange(max(n, 2 * _ARANGE["t"].numel()))
+    return _ARANGE["t"][:n]
+
+
+def _raise_bad_rows(rows, m, pos=None):
     from ._check import check_indices
     check_indices(rows, m, "indices")
-    raise IndexError("a row index is out of range")  # unreachable: check_indices raises
-
-
-def segment_sum(x: torch.Tensor, offsets: torch.Tensor, rows: torch.Tensor | None, w: torch.Tensor | None,
-                seg=None) -> torch.Tensor:
-    """``out[s] = sum_k w[k] * x[rows[k]]`` over the positions of segment ``s``; ``x`` is 2-D, float.
-
-    ``seg`` (segment id of every position, optional) saves recomputing it on the torch path.
-    """
-    S = offsets.numel() - 1
-    if _use_compiled(x, w) and x.is_floating_point():
-        out = torch.zeros(S, x.shape[1], dtype=x.dtype)
-        bad = torch.zeros(max(S, 1), dtype=torch.uint8)
-        _threads()
-        _nb().seg_sum(_np(x.contiguous()), _np(offsets), _np(rows if rows is not None else _empty_i64()),
-                      _np(w if w is not None else x.new_empty(0)), _np(out), _np(bad))
-        if rows is not None and bool(bad.any()):
-            _raise_bad_rows(rows, x.shape[0])
-        return out
-    if x.is_floating_point() and not x.is_complex():
-        idx = rows if rows is not None else torch.arange(x.shape[0], device=x.device)
-        return torch.nn.functional.embedding_bag(idx, x, offsets, mode="sum", per_sample_weights=w,
-                                                 include_last_offset=True)
-    vals = x if rows is None else x.index_select(0, rows)
-    if w is not None:
-        vals = vals * w[:, None]
-    if seg is None:
-        seg = segment_ids_of(offsets, vals.shape[0])
-    return _reduce.segment_combine(vals, seg, S, "sum")
-
-
-def segment_extreme(x: torch.Tensor, offsets: torch.Tensor, rows: torch.Tensor | None, *, largest: bool,
-                    seg=None, want_arg: bool = True):
-    """``(best, arg)``: per segment and column the max (``largest``) or min of ``x[rows[k]]`` and the
-    first position ``k`` holding it (NaN wins, as in torch); empty segments: ``best`` undefined, ``arg = -1``."""
-    S = offsets.numel() - 1
-    if _use_compiled(x) and x.is_floating_point():
-        out = torch.empty(S, x.shape[1], dtype=x.dtype)
-        arg = torch.full((S, x.shape[1]) if want_arg else (0, 0), -1, dtype=torch.int64)
-        bad = torch.zeros(max(S, 1), dtype=torch.uint8)
-        _threads()
-        _nb().seg_extreme(_np(x.contiguous()), _np(offsets), _np(rows if rows is not None else _empty_i64()),
-                          _np(out), _np(arg), bool(largest), _np(bad))
-        if rows is not None and bool(bad.any()):
-            _raise_bad_rows(rows, x.shape[0])
-        return out, (arg if want_arg else None)
-    vals = x if rows is None else x.index_select(0, rows)
-    if seg is None:
-        seg = segment_ids_of(offsets, vals.shape[0])
-    mode = "amax" if largest else "amin"
-    best = _reduce.segment_combine(vals, seg, S, mode)
-    arg = None
-    if want_arg:
-        arg = _reduce.segment_arg(vals, seg, S, torch.arange(vals.shape[0], device=x.device), best)
-    return best, arg
+    raise IndexError(f"a row index is out of range for {m} rows of data (position {pos})")  # not reached
 
 
 def segment_ids_of(offsets: torch.Tensor, n: int) -> torch.Tensor:
@@ -153,28 +109,123 @@ def segment_ids_of(offsets: torch.Tensor, n: int) -> torch.Tensor:
     return torch.repeat_interleave(torch.arange(S, device=offsets.device), offsets.diff(), output_size=n)
 
 
+def count_ids(ids: torch.Tensor, S: int) -> torch.Tensor:
+    """``bincount(ids, minlength=S)``; an id outside ``[0, S)`` raises an IndexError naming it."""
+    if compiled_for(ids.device) and ids.numel():
+        counts = torch.zeros(S, dtype=torch.int64)
+        bad = _nb_call("count_ids", ids, counts)
+    else:
+        bad = -1
+        if ids.numel():
+            lo, hi = (int(v) for v in torch.aminmax(ids))
+            if lo < 0 or hi >= S:
+                bad = int(((ids < 0) | (ids >= S)).nonzero()[0, 0])
+        counts = None if bad >= 0 else (torch.bincount(ids, minlength=S) if ids.numel() else
+                                        torch.zeros(S, dtype=torch.int64, device=ids.device))
+    if bad >= 0:
+        v = int(ids[bad])
+        if v < 0:
+            raise IndexError(f"segment_ids must be non-negative, got segment_ids[{bad}] = {v}")
+        raise IndexError(f"segment_ids[{bad}] = {v} is out of range for num_segments = {S}")
+    return counts
+
+
 def sort_by_segment(ids: torch.Tensor, num_segments: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(order, offsets)``: a stable permutation of the positions grouping them by segment id, and the
-    offsets of the groups.  ``ids`` must lie in ``[0, num_segments)`` (checked by the caller or here)."""
-    if _use_compiled(ids) and ids.numel():
-        order = torch.empty(ids.numel(), dtype=torch.int64)
-        offsets = torch.zeros(num_segments + 1, dtype=torch.int64)
-        bad = _nb().counting_sort(_np(ids.long() if ids.dtype != torch.int64 else ids), _np(order), _np(offsets))
-        if bad >= 0:
-            v = int(ids[bad])
-            if v < 0:
-                raise IndexError(f"segment_ids must be non-negative, got segment_ids[{bad}] = {v}")
-            raise IndexError(f"segment_ids[{bad}] = {v} is out of range for num_segments = {num_segments}")
-        return order, offsets
-    if ids.numel() and int(ids.min()) < 0:
-        bad = int((ids < 0).nonzero()[0, 0])
-        raise IndexError(f"segment_ids must be non-negative, got segment_ids[{bad}] = {int(ids[bad])}")
-    counts = torch.bincount(ids.long(), minlength=num_segments) if ids.numel() else \
-        torch.zeros(num_segments, dtype=torch.int64, device=ids.device)
-    if counts.numel() > num_segments:
-        bad = int((ids >= num_segments).nonzero()[0, 0])
-        raise IndexError(f"segment_ids[{bad}] = {int(ids[bad])} is out of range for num_segments = {num_segments}")
+    """``(order, offsets)``: a stable permutation grouping the positions by id (ids in range), and the
+    offsets of the groups."""
+    counts = count_ids(ids, num_segments)
     offsets = torch.zeros(num_segments + 1, dtype=torch.int64, device=ids.device)
     torch.cumsum(counts, 0, out=offsets[1:])
-    order = torch.sort(ids, stable=True).indices
+    if compiled_for(ids.device) and ids.numel():
+        order = torch.empty(ids.numel(), dtype=torch.int64)
+        _nb_call("counting_sort", ids, order, offsets)
+    else:
+        order = torch.sort(ids, stable=True).indices
     return order, offsets
+
+
+def _blocks(D: int) -> int:
+    """Column blocks for the scatter kernels: one per thread, at least 8 columns each."""
+    return max(1, min(torch.get_num_threads(), D // 8))
+
+
+def _direct(plan, x) -> bool:
+    """Reduce unsorted ids in place (compiled scatter kernels) rather than through the segment order."""
+    return plan.unsorted and not plan._sorted and _compiled(x)
+
+
+def segment_sum(x: torch.Tensor, plan, w: torch.Tensor | None = None, *, mode: str = "sum",
+                w_in_segment_order: bool = False) -> torch.Tensor:
+    """``out[s] = sum_{p in s} w_p x_p`` (``mode="mean"``: divided by the count; empty segments 0).
+
+    ``x`` is 2-D.  ``w`` is per input position, or per segment-order position with
+    ``w_in_segment_order`` (positional weights).
+    """
+    S = plan.num_segments
+    if S == 0:
+        return x.new_zeros(0, x.shape[1])
+    if not w_in_segment_order and _direct(plan, x):
+        out = torch.zeros(S, x.shape[1], dtype=x.dtype)
+        bad = torch.full((1,), -1, dtype=torch.int64)
+        rows = plan.direct_rows()
+        wd = plan.direct(w)
+        _nb_call("scatter_sum", x.contiguous(), plan.ids, rows if rows is not None else _arange(0, "cpu"),
+                 wd if wd is not None else x.new_empty(0), out, bad, _blocks(x.shape[1]))
+        if int(bad[0]) >= 0:
+            _raise_bad_rows(rows, x.shape[0], int(bad[0]))
+        return out / plan.counts[:, None] if mode == "mean" else out
+    w_seg = w if (w is None or w_in_segment_order) else plan.to_segment_order(w)
+    if x.is_floating_point() and not x.is_complex():
+        rows = plan.rows
+        idx = rows if rows is not None else _arange(x.shape[0], x.device)
+        eb_mode = "mean" if (mode == "mean" and w_seg is None) else "sum"
+        out = torch.nn.functional.embedding_bag(idx, x, plan.offsets, mode=eb_mode, per_sample_weights=w_seg,
+                                                include_last_offset=True)
+        return out / plan.counts[:, None] if (mode == "mean" and eb_mode == "sum") else out
+    vals = x if plan.rows is None else x.index_select(0, plan.rows)
+    if w_seg is not None:
+        vals = vals * w_seg[:, None]
+    out = _reduce.segment_combine(vals.to(torch.int64) if not vals.is_floating_point() else vals, plan.seg, S, "sum")
+    return out / plan.counts[:, None] if mode == "mean" else out
+
+
+def segment_extreme(x: torch.Tensor, plan, *, largest: bool, want_arg: bool = True):
+    """``(best, arg)``: per segment and column the max (``largest``) or min of ``x_p`` and the first input
+    position holding it (NaN wins, as in torch); empty segments: ``best`` unspecified, ``arg = -1``."""
+    S = plan.num_segments
+    D = x.shape[1]
+    if S == 0:
+        return x.new_zeros(0, D), (torch.zeros(0, D, dtype=torch.int64, device=x.device) if want_arg else None)
+    if _direct(plan, x):
+        out = torch.empty(S, D, dtype=x.dtype)
+        arg = torch.full((S, D), -1, dtype=torch.int64)
+        bad = torch.full((1,), -1, dtype=torch.int64)
+        rows = plan.direct_rows()
+        _nb_call("scatter_extreme", x.contiguous(), plan.ids, rows if rows is not None else _arange(0, "cpu"),
+                 out, arg, bool(largest), bad, _blocks(x.shape[1]))
+        if int(bad[0]) >= 0:
+            _raise_bad_rows(rows, x.shape[0], int(bad[0]))
+        return out, (plan.direct_positions(arg) if want_arg else None)
+    rows = plan.rows
+    if _compiled(x):
+        out = torch.empty(S, D, dtype=x.dtype)
+        bad = torch.zeros(S, dtype=torch.uint8)
+        r = rows if rows is not None else _arange(0, "cpu")
+        if want_arg:
+            arg = torch.full((S, D), -1, dtype=torch.int64)
+            _nb_call("seg_extreme_arg", x.contiguous(), plan.offsets, r, out, arg, bool(largest), bad)
+        else:
+            arg = None
+            _nb_call("seg_extreme", x.contiguous(), plan.offsets, r, out,
+                     float("-inf") if largest else float("inf"), bool(largest), bad)
+        if rows is not None and bool(bad.any()):
+            _raise_bad_rows(rows, x.shape[0])
+        return out, (plan.input_positions(arg) if want_arg else None)
+    vals = x if rows is None else x.index_select(0, rows)
+    mode = "amax" if largest else "amin"
+    best = _reduce.segment_combine(vals, plan.seg, S, mode)
+    arg = None
+    if want_arg:
+        k = _reduce.segment_arg(vals, plan.seg, S, _arange(vals.shape[0], x.device), best)
+        arg = plan.input_positions(k)
+    return best, arg

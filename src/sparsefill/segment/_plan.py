@@ -7,14 +7,14 @@ gather) grouped into ``S`` segments::
     input position of k:                          order[k]   (None: k itself, the input is sorted)
     row of data read at k:                        rows[k]    (None: k itself)
 
-Lengths, offsets and sorted ids need no permutation (``order = None``); unsorted ids are grouped by a
-stable counting sort (compiled) or ``torch.sort(stable=True)``, so within a segment the input order
-is kept (ties in max/min resolve to the earliest input position).
+Lengths, offsets and sorted ids need no permutation (``order = None``).  Unsorted ids are kept as
+they are (``plan.unsorted``): the compiled scatter kernels reduce them directly, and the segment
+order is built only when something needs it (a backward, the torch path) by a stable counting sort
+(compiled) or ``torch.sort(stable=True)`` -- so within a segment the input order is kept and ties
+in max/min resolve to the earliest input position either way.
 """
 
 from __future__ import annotations
-
-import dataclasses
 
 import torch
 
@@ -24,15 +24,70 @@ from ._check import as_index, check_indices, check_lengths, check_offsets, check
 __all__ = ["Plan", "make_plan"]
 
 
-@dataclasses.dataclass
 class Plan:
-    offsets: torch.Tensor              # (S+1,) int64
-    order: torch.Tensor | None         # (N',) int64: input position of every segment-order position
-    rows: torch.Tensor | None          # (N',) int64: row of data read at every segment-order position
-    num_segments: int
-    n: int                             # number of input positions (before any dropped ids)
-    _seg: torch.Tensor | None = None
-    _counts: torch.Tensor | None = None
+    def __init__(self, num_segments: int, n: int, *, offsets=None, order=None, indices=None, ids=None, keep=None,
+                 counts=None):
+        self.num_segments = num_segments
+        self.n = n                      # input positions (before any dropped ids)
+        self.indices = indices          # (n,) int64 or None: the fused gather
+        self.ids = ids                  # unsorted ids of the kept positions (None for sorted forms)
+        self.keep = keep                # input positions kept by out_of_range="drop" (None: all)
+        self._offsets, self._order = offsets, order
+        self._rows = None
+        self._seg = None
+        self._counts = counts
+        self._sorted = ids is None
+
+    # -- unsorted ids, direct form (for the scatter kernels) -------------------------------------
+    @property
+    def unsorted(self) -> bool:
+        return self.ids is not None
+
+    def direct_rows(self):
+        """Row of data of every kept position, in input order (None: the position itself)."""
+        if self.keep is None:
+            return self.indices
+        return self.keep if self.indices is None else self.indices.index_select(0, self.keep)
+
+    def direct(self, t):
+        """A per-input-position tensor restricted to the kept positions."""
+        return t if (t is None or self.keep is None) else t.index_select(0, self.keep)
+
+    def direct_positions(self, p):
+        """Kept positions (any shape; -1 stays -1) to input positions."""
+        if self.keep is None or self.keep.numel() == 0:
+            return p
+        return torch.where(p >= 0, self.keep[p.clamp_min(0)], p)
+
+    # -- segment order ---------------------------------------------------------------------------
+    def _materialize(self):
+        if self._sorted:
+            return
+        order, offs = _kernels.sort_by_segment(self.ids, self.num_segments)
+        if self.keep is not None:
+            order = self.keep.index_select(0, order)
+        self._order, self._offsets, self._sorted = order, offs, True
+
+    @property
+    def offsets(self) -> torch.Tensor:
+        self._materialize()
+        return self._offsets
+
+    @property
+    def order(self):
+        self._materialize()
+        return self._order
+
+    @property
+    def rows(self):
+        """Row of data read at every segment-order position (None: the position itself)."""
+        if self._rows is None:
+            order = self.order
+            if self.indices is None:
+                self._rows = order
+            else:
+                self._rows = self.indices if order is None else self.indices.index_select(0, order)
+        return self._rows
 
     @property
     def seg(self) -> torch.Tensor:
@@ -44,7 +99,11 @@ class Plan:
     @property
     def counts(self) -> torch.Tensor:
         if self._counts is None:
-            self._counts = self.offsets.diff()
+            if self._sorted:
+                self._counts = self._offsets.diff()
+            else:
+                self._counts = torch.bincount(self.ids, minlength=self.num_segments) if self.ids.numel() else \
+                    torch.zeros(self.num_segments, dtype=torch.int64, device=self.ids.device)
         return self._counts
 
     def to_segment_order(self, t: torch.Tensor | None) -> torch.Tensor | None:
@@ -61,7 +120,7 @@ class Plan:
 
 
 def _ids_policy(ids, num_segments, out_of_range):
-    """Apply the out-of-range policy; returns (ids, keep) where keep selects the positions kept (or None)."""
+    """Apply the out-of-range policy; returns (ids, keep) where keep lists the input positions kept (or None)."""
     if out_of_range == "error":
         return ids, None
     if out_of_range not in ("drop", "clip"):
@@ -88,11 +147,11 @@ def make_plan(n_rows: int, device, *, lengths=None, offsets=None, segment_ids=No
     if indices is not None:
         indices = as_index(indices, "indices", device).long()
         n = indices.numel()
-        check_indices(indices, n_rows, validate=validate and not _kernels._use_compiled(indices))
+        # the compiled kernels check every row they read; the torch path checks here
+        check_indices(indices, n_rows, validate=validate and not _kernels.compiled_for(device))
     else:
         n = n_rows
     against = "entry of indices" if indices is not None else "row of data"
-    order = None
     if lengths is not None:
         lengths = as_index(lengths, "lengths", device)
         if num_segments is not None and num_segments != lengths.numel():
@@ -103,36 +162,30 @@ def make_plan(n_rows: int, device, *, lengths=None, offsets=None, segment_ids=No
         if int(offs[-1]) != n:
             raise ValueError(f"lengths sum to {int(offs[-1])}, but there are {n} "
                              f"{'indices' if indices is not None else 'rows of data along dim 0'}")
-        S = lengths.numel()
-    elif offsets is not None:
+        return Plan(lengths.numel(), n, offsets=offs, indices=indices)
+    if offsets is not None:
         offs = as_index(offsets, "offsets", device).long()
         if num_segments is not None and num_segments != offs.numel() - 1:
             raise ValueError(f"num_segments = {num_segments} but offsets has {offs.numel()} entries "
                              f"(num_segments + 1 expected)")
         check_offsets(offs, n, validate=validate)
-        S = offs.numel() - 1
-    else:
-        ids = as_index(segment_ids, "segment_ids", device)
-        check_rows(ids, n, "segment_ids", against)
-        ids, keep = _ids_policy(ids, num_segments, out_of_range)  # keep: the input positions kept
-        if num_segments is None:
-            num_segments = int(ids.max()) + 1 if ids.numel() else 0
-        S = num_segments
-        if sorted:
-            check_segment_ids(ids, S, sorted=True, validate=validate)
-            offs = torch.searchsorted(ids, torch.arange(S + 1, device=device, dtype=ids.dtype))
-            # O(1) guards that hold even without validation: nothing below 0, nothing at or above S
-            if ids.numel() and int(offs[0]) != 0:
-                raise IndexError(f"segment_ids has {int(offs[0])} negative entries")
-            if int(offs[-1]) != ids.numel():
-                raise IndexError(f"segment_ids has {ids.numel() - int(offs[-1])} entries >= num_segments = {S}")
-            order = keep
-        else:
-            check_segment_ids(ids, S, sorted=False, validate=validate and not _kernels._use_compiled(ids))
-            order, offs = _kernels.sort_by_segment(ids, S)
-            if keep is not None:
-                order = keep.index_select(0, order)
-    rows = order
-    if indices is not None:
-        rows = indices if order is None else indices.index_select(0, order)
-    return Plan(offs, order, rows, S, n)
+        return Plan(offs.numel() - 1, n, offsets=offs, indices=indices)
+    ids = as_index(segment_ids, "segment_ids", device)
+    check_rows(ids, n, "segment_ids", against)
+    ids, keep = _ids_policy(ids, num_segments, out_of_range)
+    if num_segments is None:
+        num_segments = int(ids.max()) + 1 if ids.numel() else 0
+    S = num_segments
+    if sorted:
+        check_segment_ids(ids, S, sorted=True, validate=validate)
+        offs = torch.searchsorted(ids, torch.arange(S + 1, device=device, dtype=ids.dtype))
+        # O(1) guards that hold even without validation: nothing below 0, nothing at or above S
+        if ids.numel() and int(offs[0]) != 0:
+            raise IndexError(f"segment_ids has {int(offs[0])} negative entries")
+        if int(offs[-1]) != ids.numel():
+            raise IndexError(f"segment_ids has {ids.numel() - int(offs[-1])} entries >= num_segments = {S}")
+        return Plan(S, n, offsets=offs, order=keep, indices=indices)
+    ids = ids.long()
+    # unsorted ids are read directly by the kernels: their range is always checked (one pass, with the counts)
+    counts = _kernels.count_ids(ids, S)
+    return Plan(S, n, indices=indices, ids=ids, keep=keep, counts=counts)

@@ -102,35 +102,40 @@ def _positions(plan: Plan, x2):
     return x2 if plan.rows is None else x2.index_select(0, plan.rows)
 
 
-def _forward(x2: torch.Tensor, w_seg, plan: Plan, red: SegmentReducer, want_arg: bool):
-    """``(raw, arg)``: the reduction of every segment (empty segments not yet set) and, for max/min,
-    the segment-order position of the first extreme (or None)."""
-    S, offs = plan.num_segments, plan.offsets
+def _weight_sums(plan: Plan, w: torch.Tensor) -> torch.Tensor:
+    """``W[s] = sum_{p in s} w_p``."""
+    S = plan.num_segments
+    if plan.unsorted and not plan._sorted:
+        return w.new_zeros(S).index_add_(0, plan.ids, plan.direct(w))
+    return w.new_zeros(S).index_add_(0, plan.seg, plan.to_segment_order(w))
+
+
+def _forward(x2: torch.Tensor, weights, plan: Plan, red: SegmentReducer, want_arg: bool):
+    """``(raw, arg)``: the reduction of every segment (empty segments not yet set) and, for max/min
+    with ``want_arg``, the input position of the first extreme (-1 for an empty segment)."""
+    S = plan.num_segments
     if S == 0:
         return x2.new_zeros((0, x2.shape[1]), dtype=_out_dtype(red, x2.dtype)), \
             (torch.zeros(0, x2.shape[1], dtype=torch.int64, device=x2.device) if want_arg else None)
-    counts = plan.counts[:, None]
     if red.kind == "sum":
-        if not x2.is_floating_point():
-            vals = _positions(plan, x2)
-            return red.base(vals, plan.seg, S), None
-        acc = _kernels.segment_sum(x2, offs, plan.rows, w_seg, plan._seg)
-        if red.scale == "mean":
-            acc = acc / counts
-        elif red.scale == "sqrt_n":
-            acc = acc / counts.to(acc.dtype).sqrt()
+        if red.weights == "position":
+            return _kernels.segment_sum(x2, plan, _segment_weights(red, weights, plan), w_in_segment_order=True), None
+        acc = _kernels.segment_sum(x2, plan, weights, mode="mean" if red.scale == "mean" else "sum")
+        if red.scale == "sqrt_n":
+            acc = acc / plan.counts[:, None].to(acc.dtype).sqrt()
         elif red.scale == "wmean":
-            acc = acc / _kernels.segment_sum(w_seg[:, None], offs, None, None, plan._seg)
+            acc = acc / _weight_sums(plan, weights)[:, None]
         return acc, None
     if red.kind == "extreme":
-        return _kernels.segment_extreme(x2, offs, plan.rows, largest=red.largest, seg=plan._seg, want_arg=want_arg)
+        return _kernels.segment_extreme(x2, plan, largest=red.largest, want_arg=want_arg)
     if red.kind == "prod":
         return red.base(_positions(plan, x2), plan.seg, S), None
     # lse: m + log(sum exp(x - m)) with m the segment max (0 where not finite)
-    m, _ = _kernels.segment_extreme(x2, offs, plan.rows, largest=True, seg=plan._seg, want_arg=False)
+    counts = plan.counts[:, None]
+    m, _ = _kernels.segment_extreme(x2, plan, largest=True, want_arg=False)
     m = torch.where(torch.isfinite(m) & (counts > 0), m, torch.zeros((), dtype=m.dtype, device=m.device))
     e = torch.exp(_positions(plan, x2) - m.index_select(0, plan.seg))
-    out = torch.log(_kernels.segment_sum(e, offs, None, None, plan._seg)) + m
+    out = torch.log(_reduce.segment_combine(e, plan.seg, S, "sum")) + m
     if red.scale == "logmean":
         out = out - torch.log(counts.to(out.dtype))
     return out, None
@@ -202,8 +207,9 @@ def _backward(ctx_red: SegmentReducer, plan: Plan, ties: str, x2, weights, raw, 
                 gw = _to_input_order(d, plan)
     elif red.kind == "extreme":
         best = raw.index_select(0, seg)
-        if ties == "first":
-            k = torch.arange(seg.numel(), device=seg.device)[:, None]
+        if ties == "first":  # arg holds input positions
+            order = plan.order
+            k = (order if order is not None else torch.arange(seg.numel(), device=seg.device))[:, None]
             hit = k == arg.index_select(0, seg)
         else:
             hit = (X == best) | (torch.isnan(X) & torch.isnan(best))
@@ -231,8 +237,7 @@ class _SegmentReduceFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, data, weights, plan, red, ties, empty, want_arg):
         x2 = _flat(data)
-        w_seg = _segment_weights(red, weights, plan)
-        raw, arg = _forward(x2, w_seg, plan, red, want_arg or (red.kind == "extreme" and ties == "first"))
+        raw, arg = _forward(x2, weights, plan, red, want_arg or (red.kind == "extreme" and ties == "first"))
         ctx.save_for_backward(data, weights, raw, arg)
         ctx.plan, ctx.red, ctx.ties = plan, red, ties
         out = _set_empty(raw, plan, empty)
@@ -321,13 +326,12 @@ def reduce(data: torch.Tensor, reducer="sum", *, lengths=None, offsets=None, seg
             out, arg = _SegmentReduceFn.apply(data, weights, plan, red, ties, empty, want_arg)
         else:
             x2 = _flat(data)
-            raw, arg = _forward(x2, _segment_weights(red, weights, plan), plan, red, want_arg)
+            raw, arg = _forward(x2, weights, plan, red, want_arg)
             out = _set_empty(raw, plan, empty).reshape(plan.num_segments, *data.shape[1:])
-    except IndexError:
-        if indices is not None:  # torch's "index out of range in self" -> name the entry (validate=False path)
+    except (IndexError, RuntimeError):
+        if indices is not None:  # torch's own range errors (embedding_bag, index_select) -> name the entry
             check_indices(as_index(indices, "indices", data.device), data.shape[0])
         raise
     if not return_arg:
         return out
-    arg = plan.input_positions(arg).reshape(out.shape)
-    return out, arg
+    return out, arg.reshape(out.shape)

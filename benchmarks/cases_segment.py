@@ -1,0 +1,164 @@
+"""Segment reductions (issue 6): ``sparsefill.segment.reduce`` against the torch code a user would write.
+
+Inputs (seed 0): ``N`` rows (about 1,000,000) of float32 data with ``D`` in {1, 16, 64} columns, in
+``S = N / 20`` segments of lengths ``1 + Poisson(19)`` (no empty segment, so every peer's empty
+convention agrees).  Fused forms gather from a table of ``N / 4`` rows with uniform random indices.
+Unsorted forms shuffle the segment ids (the order within a segment is kept irrelevant: sums and
+max/min do not depend on it).
+
+Peers: ``embedding_bag`` (offsets; indices ``arange(N)`` precomputed for the unfused forms),
+``torch.segment_reduce`` (lengths), ``index_add_`` / ``scatter_reduce_`` (segment ids), and for the
+unsorted forms ``argsort`` + ``embedding_bag`` / ``segment_reduce``.  ``torch_scatter`` is a peer when
+installed (it is not here: skipped).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from sparsefill import segment
+
+from .runner import Bench, case, optional_import, skipped
+
+SIZES = {f"N=1M D={d}": (1_000_000, d) for d in (1, 16, 64)}
+QUICK = {f"N=200k D={d}": (200_000, d) for d in (1, 64)}
+TINY = {"N=2000 D=3": (2_000, 3)}
+
+
+def _batch(n: int, d: int):
+    g = torch.Generator().manual_seed(0)
+    S = max(1, n // 20)
+    lengths = 1 + torch.poisson(torch.full((S,), 19.0), generator=g).long()
+    N = int(lengths.sum())
+    x = torch.randn(N, d, generator=g)
+    offsets = torch.zeros(S + 1, dtype=torch.long)
+    torch.cumsum(lengths, 0, out=offsets[1:])
+    ids = torch.repeat_interleave(torch.arange(S), lengths)
+    return x, lengths, offsets, ids, g
+
+
+def _bytes(n, d, extra_per_row=8):
+    S = max(1, n // 20)
+    return n * d * 4 + S * d * 4 + n * extra_per_row
+
+
+def _check_all_close(param, out):
+    ref = next(iter(out.values()))
+    ref = ref[0] if isinstance(ref, tuple) else ref
+    for label, o in out.items():
+        o = o[0] if isinstance(o, tuple) else o
+        torch.testing.assert_close(o.reshape(ref.shape), ref, rtol=1e-4, atol=1e-4, msg=lambda m: f"{label}: {m}")
+
+
+def _torch_scatter_peer(fn_name, label):
+    ts = optional_import("torch_scatter")
+    if ts is None:
+        return None, skipped(label, "not installed (pip install torch-scatter)")
+    return getattr(ts, fn_name), None
+
+
+def _sum_family(reducer):
+    def build(param):
+        n, d = param
+        x, lengths, offsets, ids, g = _batch(n, d)
+        N, S = x.shape[0], lengths.numel()
+        ar = torch.arange(N)
+        w = torch.rand(N, generator=g) if reducer == "weighted_sum" else None
+        mode = "mean" if reducer == "mean" else "sum"
+        impls = [("sparsefill", lambda: segment.reduce(x, reducer, lengths=lengths, weights=w)),
+                 ("embedding_bag", lambda: F.embedding_bag(ar, x, offsets, mode=mode, per_sample_weights=w,
+                                                           include_last_offset=True))]
+        if w is None:
+            impls.append(("segment_reduce", lambda: torch.segment_reduce(x, mode, lengths=lengths, axis=0)))
+        if reducer == "mean":
+            cnt = lengths[:, None].to(x.dtype)
+            impls.append(("index_add_", lambda: x.new_zeros(S, d).index_add_(0, ids, x) / cnt))
+        elif w is None:
+            impls.append(("index_add_", lambda: x.new_zeros(S, d).index_add_(0, ids, x)))
+        else:
+            impls.append(("index_add_", lambda: x.new_zeros(S, d).index_add_(0, ids, x * w[:, None])))
+        seg_coo, skip = _torch_scatter_peer("segment_csr", "torch_scatter.segment_csr")
+        impls.append(skip or ("torch_scatter.segment_csr", lambda: seg_coo(x, offsets, reduce=mode)))
+        return Bench(impls, bytes=_bytes(N, d, 8 if w is None else 12))
+    return build
+
+
+def _fused(reducer):
+    def build(param):
+        n, d = param
+        x, lengths, offsets, ids, g = _batch(n, d)
+        N, S = x.shape[0], lengths.numel()
+        table = torch.randn(max(1, n // 4), d, generator=g)
+        idx = torch.randint(0, table.shape[0], (N,), generator=g)
+        w = torch.rand(N, generator=g) if reducer == "weighted_sum" else None
+        mode = "mean" if reducer == "mean" else "sum"
+        impls = [("sparsefill", lambda: segment.reduce(table, reducer, lengths=lengths, indices=idx, weights=w)),
+                 ("embedding_bag", lambda: F.embedding_bag(idx, table, offsets, mode=mode, per_sample_weights=w,
+                                                           include_last_offset=True))]
+        if w is None and mode == "sum":
+            impls.append(("index_select + index_add_",
+                          lambda: table.new_zeros(S, d).index_add_(0, ids, table.index_select(0, idx))))
+        return Bench(impls, bytes=_bytes(N, d, 16 if w is None else 20))
+    return build
+
+
+def _extreme(reducer):
+    def build(param):
+        n, d = param
+        x, lengths, offsets, ids, g = _batch(n, d)
+        N, S = x.shape[0], lengths.numel()
+        amode = "amax" if reducer == "max" else "amin"
+        idx2 = ids[:, None].expand(N, d)
+        impls = [("sparsefill", lambda: segment.reduce(x, reducer, lengths=lengths)),
+                 ("segment_reduce", lambda: torch.segment_reduce(x, reducer, lengths=lengths, axis=0)),
+                 ("scatter_reduce_", lambda: x.new_empty(S, d).scatter_reduce_(0, idx2, x, amode,
+                                                                                include_self=False))]
+        if reducer == "max":
+            ar = torch.arange(N)
+            impls.append(("embedding_bag", lambda: F.embedding_bag(ar, x, offsets, mode="max",
+                                                                   include_last_offset=True)))
+        seg, skip = _torch_scatter_peer("segment_csr", "torch_scatter.segment_csr")
+        impls.append(skip or ("torch_scatter.segment_csr", lambda: seg(x, offsets, reduce=reducer)[0]))
+        return Bench(impls, bytes=_bytes(N, d, 8))
+    return build
+
+
+def _unsorted(reducer):
+    def build(param):
+        n, d = param
+        x, lengths, offsets, ids, g = _batch(n, d)
+        N, S = x.shape[0], lengths.numel()
+        perm = torch.randperm(N, generator=g)
+        xs, us = x[perm].contiguous(), ids[perm].contiguous()
+        impls = [("sparsefill", lambda: segment.reduce(xs, reducer, segment_ids=us, num_segments=S, sorted=False))]
+        if reducer == "sum":
+            impls += [("index_add_", lambda: xs.new_zeros(S, d).index_add_(0, us, xs)),
+                      ("argsort + embedding_bag",
+                       lambda: F.embedding_bag(torch.sort(us, stable=True).indices, xs, offsets, mode="sum",
+                                               include_last_offset=True))]
+        else:
+            amode = "amax" if reducer == "max" else "amin"
+            idx2 = us[:, None].expand(N, d)
+            impls += [("scatter_reduce_", lambda: xs.new_empty(S, d).scatter_reduce_(0, idx2, xs, amode,
+                                                                                      include_self=False)),
+                      ("argsort + segment_reduce",
+                       lambda: torch.segment_reduce(xs[torch.sort(us, stable=True).indices], reducer,
+                                                    lengths=lengths, axis=0))]
+        sc, skip = _torch_scatter_peer("scatter", "torch_scatter.scatter")
+        impls.append(skip or ("torch_scatter.scatter", lambda: sc(xs, us, 0, dim_size=S, reduce=reducer)))
+        return Bench(impls, bytes=_bytes(N, d, 8))
+    return build
+
+
+for _name, _build in [("segment sum (lengths)", _sum_family("sum")),
+                      ("segment mean (lengths)", _sum_family("mean")),
+                      ("segment weighted_sum (lengths)", _sum_family("weighted_sum")),
+                      ("segment sum, fused gather (sparse_lengths_sum)", _fused("sum")),
+                      ("segment mean, fused gather (sparse_lengths_mean)", _fused("mean")),
+                      ("segment weighted_sum, fused gather (sparse_lengths_weighted_sum)", _fused("weighted_sum")),
+                      ("segment max (lengths)", _extreme("max")),
+                      ("segment min (lengths)", _extreme("min")),
+                      ("segment sum, unsorted ids (unsorted_segment_sum)", _unsorted("sum")),
+                      ("segment max, unsorted ids (unsorted_segment_max)", _unsorted("max"))]:
+    case(_name, sizes=SIZES, quick_sizes=QUICK, tiny_sizes=TINY, check=_check_all_close)(_build)
