@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-__all__ = ["markdown_table", "markdown_report", "fmt_time", "fmt_bytes"]
+__all__ = ["markdown_table", "markdown_summary", "markdown_report", "fmt_time", "fmt_bytes"]
 
 COLUMNS = ("case", "size", "threads", "sparsefill", "peer", "peer time", "sparsefill / peer",
            "sparsefill − peer", "sparsefill GB/s (% of copy)", "peak memory sparsefill / peer", "other CPU")
@@ -89,6 +89,35 @@ def markdown_table(results: Sequence[Mapping[str, Any]], *, dry_run: bool = Fals
     return "\n".join(rows)
 
 
+def markdown_summary(results: Sequence[Mapping[str, Any]]) -> str:
+    """One row per (case, size, threads): sparsefill's time, then every peer as ``time (sparsefill / peer)``.
+
+    Skipped peers read ``label: skipped``; ratios < 1 mean sparsefill is faster, bold when >= 2.
+    """
+    rows = ["| case | size | threads | sparsefill | peers: time (sparsefill / peer) | GB/s (% of copy) |",
+            "|---|---|---:|---:|---|---:|"]
+    for r in results:
+        head = f"| {_cell(r['case'])} | {_cell(r['size'])} | {r['threads']} "
+        if "error" in r:
+            rows.append(head + f"| **error** | {_cell(r['error'].strip().splitlines()[-1])} | - |")
+            continue
+        if "skipped" in r:
+            rows.append(head + f"| skipped | {_cell(r['skipped'])} | - |")
+            continue
+        ratios = {q["peer"]: q["ratio"] for q in r["ratios"]}
+        peers = []
+        for s in r["impls"][1:]:
+            if "skipped" in s:
+                peers.append(f"{_cell(s['label'])}: skipped")
+                continue
+            q = ratios.get(s["label"])
+            qs = "-" if q is None else (f"**{q:.2f}**" if q >= 2 else f"{q:.2f}")
+            peers.append(f"{_cell(s['label'])} {fmt_time(s['median_s'])} ({qs})")
+        rows.append(head + f"| {fmt_time(r['impls'][0]['median_s'])} | {' · '.join(peers) or '-'} | "
+                    f"{_gbps(r['impls'][0])} |")
+    return "\n".join(rows)
+
+
 def markdown_report(report: Mapping[str, Any]) -> str:
     """results.md: how it was run, on what, the copy bandwidth, the table, the plots, what was left out."""
     env = report.get("environment", {})
@@ -112,8 +141,9 @@ def markdown_report(report: Mapping[str, Any]) -> str:
     if peers:
         lines += ["Peer libraries: " + ", ".join(f"{k} {v}" if v else f"{k} not installed (its rows say skipped)"
                                                   for k, v in peers.items()) + ".", ""]
-    lines += [markdown_table(report.get("results", []), dry_run=bool(report.get("dry_run"))), ""]
-    lines += [(markdown_table.__doc__ or "").split("\n\n", 1)[-1].strip().replace("\n    ", " "), ""]
+    lines += ["## Summary", "", markdown_summary(report.get("results", [])), "",
+              "## Every peer", "", markdown_table(report.get("results", []), dry_run=bool(report.get("dry_run"))), "",
+              (markdown_table.__doc__ or "").split("\n\n", 1)[-1].strip().replace("\n    ", " "), ""]
     if report.get("plots"):
         lines += ["## Plots", ""] + [f"![{p}]({p})" for p in report["plots"]] + [""]
     if report.get("plots_note"):

@@ -131,6 +131,7 @@ def test_main_writes_json_markdown_and_plots(tmp_path, capsys):
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
     md = (tmp_path / "results.md").read_text()
     assert "![summary.png](summary.png)" in md and "Copy bandwidth" in md and "## Errors" in md
+    assert "| tiny to_dense | n=8 | 2 | 1 ms | dense peer 1 ms (1.00) · missing peer: skipped | 3.2e-05" in md
 
 
 def test_plots_need_two_x_values(tmp_path):
