@@ -81,7 +81,7 @@ class MaskedFn(torch.autograd.Function):
                 x = _convert.dense_of(_convert.rewrap(X.A)).requires_grad_()
                 out = ctx.dense_ref(x)
             g = G.to_dense() if isinstance(G, SparseTensor) else G
-            (gx,) = torch.autograd.grad(out, x, g, allow_unused=True)
+            (gx,) = torch.autograd.grad(out, x, g, allow_unused=True)  # a fresh graph each call
             return (torch.zeros_like(x) if gx is None else gx), None, None, None
         res = ctx.res
         if res.dense is not None:
@@ -95,7 +95,8 @@ class MaskedFn(torch.autograd.Function):
         pairs = [(o, g) for o, g in zip(outs, grads) if o.requires_grad]
         gu = None
         if pairs:
-            (gu,) = torch.autograd.grad([o for o, _ in pairs], [ctx.u], [g for _, g in pairs], allow_unused=True)
+            (gu,) = torch.autograd.grad([o for o, _ in pairs], [ctx.u], [g for _, g in pairs], allow_unused=True,
+                                        retain_graph=True)
         if gu is None:
             gu = torch.zeros_like(ctx.u)
         gA = _convert.parts_to_sparse(X.indices(), gu, X.A.shape, gu.new_zeros(()), False, True, torch.sparse_coo, True)

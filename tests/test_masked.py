@@ -1,0 +1,269 @@
+"""``sparsefill.masked``: the RFC's example tables in every layout, gradients, huge shapes, errors.
+
+The generic comparison with ``torch.masked`` over PyTorch's OpInfo samples is in
+``test_masked_opinfo.py``; here: the worked examples of masked-reductions-rfc.md, gradcheck over
+the input's values and fill, semantics of indefinite fills, and shapes too large to densify.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+import sparsefill
+from sparsefill import SparseTensor
+from sparsefill import masked as M
+
+INF, NAN = math.inf, math.nan
+X = torch.tensor([[-3., -2., -1.], [0., 1., 2.]])
+MASK = torch.tensor([[True, False, True], [False, False, False]])
+
+
+@pytest.fixture(autouse=True)
+def _no_densify():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", sparsefill.DensifyWarning)
+        warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
+        yield
+
+
+def _layouts(x):
+    """The same dense values in every input layout."""
+    return {
+        "strided": x,
+        "native-coo": x.to_sparse(),
+        "native-csr": x.to_sparse_csr(),
+        "sf-coo": sparsefill.to_sparse(x),
+        "sf-csr": sparsefill.to_sparse(x, layout=torch.sparse_csr),
+        "sf-coo fill 5": sparsefill.to_sparse(x, fill_value=5.0),
+        "sf-hybrid": sparsefill.to_sparse(x, dense_dim=1, fill_value=torch.tensor([1., 2., 3.])),
+        "sf-indefinite (all specified)": sparsefill.to_sparse(x, fill_value=sparsefill.indefinite),
+    }
+
+
+def _masks(m):
+    return {"strided": m, "native-coo": m.to_sparse(), "native-csr": m.to_sparse_csr(),
+            "sf-coo": sparsefill.to_sparse(m), "sf-csr": sparsefill.to_sparse(m, layout=torch.sparse_csr)}
+
+
+def _dense(t):
+    if isinstance(t, SparseTensor):
+        return t.to_dense(fill_value=NAN) if t.is_fill_indefinite() else t.to_dense()
+    return t.to_dense() if t.layout is not torch.strided else t
+
+
+REDUCTION_TABLE = {  # masked-reductions-rfc.md, "Example invocations" (reductions)
+    "sum": [-4., 0.], "prod": [3., 1.], "mean": [-2., NAN], "amin": [-3., INF], "amax": [-1., -INF],
+}
+
+
+@pytest.mark.parametrize("layout", list(_layouts(X)))
+@pytest.mark.parametrize("mask_layout", list(_masks(MASK)))
+def test_rfc_reduction_table_every_layout(layout, mask_layout):
+    x, m = _layouts(X)[layout], _masks(MASK)[mask_layout]
+    for name, want in REDUCTION_TABLE.items():
+        out = getattr(M, name)(x, 1, mask=m)
+        if layout != "strided":
+            assert isinstance(out, SparseTensor) and out.dim() == 1
+        assert_close(_dense(out), torch.tensor(want), equal_nan=True, msg=name)
+        assert_close(_dense(out), getattr(torch.masked, name)(X, 1, mask=MASK), equal_nan=True)
+    got = _dense(M.output_mask(x, 1, mask=m))
+    assert got.tolist() == [True, False]  # torch.any(mask, 1)
+
+
+SOFTMAX = torch.tensor([[0.1192, 0.0000, 0.8808], [NAN, NAN, NAN]], dtype=torch.float64)
+LOG_SOFTMAX = torch.tensor([[-2.1269, -INF, -0.1269], [NAN, NAN, NAN]], dtype=torch.float64)
+NORMALIZE = {2.0: torch.tensor([[-0.9487, 0.0000, -0.3162], [0.0000, 0.0000, 0.0000]]),
+             3.0: torch.tensor([[-0.9880, 0.0000, -0.3293], [0.0000, 0.0000, 0.0000]])}
+
+
+@pytest.mark.parametrize("layout", list(_layouts(X)))
+@pytest.mark.parametrize("mask_layout", list(_masks(MASK)))
+def test_rfc_normalization_table_every_layout(layout, mask_layout):
+    """Exact at every element, except that a sparse result's fully masked-out row reads the result's fill
+    (0 for softmax, -inf for log_softmax) where torch.masked gives NaN (the RFC: no guaranteed value)."""
+    x, m = _layouts(X)[layout], _masks(MASK)[mask_layout]
+    sparse = layout != "strided"
+    for op, want, row1 in [(M.softmax, SOFTMAX, 0.0), (M.log_softmax, LOG_SOFTMAX, -INF)]:
+        out = op(x, 1, dtype=torch.double, mask=m)
+        assert isinstance(out, SparseTensor) == sparse
+        d = _dense(out)
+        assert d.dtype == torch.float64
+        assert_close(d[0], want[0], atol=5e-5, rtol=0)
+        if not sparse:
+            assert_close(d[1], want[1], equal_nan=True)
+        elif not out.is_fill_indefinite():
+            assert_close(d[1], torch.full((3,), row1, dtype=torch.float64))
+    for p, want in NORMALIZE.items():
+        assert_close(_dense(M.normalize(x, p, 1, mask=m)).float(), want, atol=5e-5, rtol=0)
+
+
+def test_rfc_normalization_pattern_is_kept():
+    A = sparsefill.to_sparse(X, layout=torch.sparse_csr)
+    out = M.softmax(A, 1, mask=M.pattern_mask(A))
+    assert out.sparse_layout is torch.sparse_csr and out._nse() == A._nse()
+    assert out.crow_indices() is A.crow_indices()  # the same index tensors, no rebuild
+
+
+# ---------------------------------------------------------------------- indefinite fill = masked tensor
+def test_indefinite_fill_is_the_mask():
+    A = sparsefill.sparse_coo_tensor([[0, 0, 1], [0, 2, 1]], [-3., -1., 1.], (2, 3), fill_value=sparsefill.indefinite)
+    pattern = torch.tensor([[True, False, True], [False, True, False]])
+    dense = A.to_dense(fill_value=0.)
+    for name in ["sum", "prod", "amax", "amin", "mean", "logsumexp", "var", "std", "norm", "median", "argmax"]:
+        assert_close(_dense(getattr(M, name)(A, 1)), getattr(torch.masked, name)(dense, 1, mask=pattern).to(
+            torch.float32), equal_nan=True, msg=name)
+    out = M.softmax(A, 1)
+    assert out.is_fill_indefinite() and torch.equal(out._indices(), A._indices())
+    assert_close(out._values(), torch.masked.softmax(dense, 1, mask=pattern)[pattern])
+    # a mask given too is intersected with the pattern
+    m = torch.tensor([[True, True, False], [True, True, True]])
+    assert_close(_dense(M.sum(A, 1, mask=m)), torch.tensor([-3., 1.]))
+
+
+def test_mask_none_counts_unspecified_fill():
+    A = sparsefill.sparse_coo_tensor([[0, 1], [1, 2]], [4., -1.], (3, 4), fill_value=2.)
+    d = A.to_dense()
+    for name in ["sum", "prod", "amax", "amin", "mean", "var", "logsumexp", "norm", "median", "argmin"]:
+        assert_close(_dense(getattr(M, name)(A, 1)), getattr(torch.masked, name)(d, 1).to(torch.float32),
+                     msg=name)
+    # dense by nature (every element masked in, softmax of a finite fill): computed quietly, input layout
+    out = M.softmax(A, 1)
+    assert isinstance(out, SparseTensor) and out.sparse_layout is torch.sparse_coo
+    assert_close(out.to_dense(), torch.softmax(d, 1))
+
+
+def test_int_dtypes_follow_torch_masked():
+    x = torch.tensor([[1, 0, 3], [0, 5, 0]])
+    m = torch.tensor([[True, True, False], [False, True, True]])
+    A = x.to_sparse()
+    for name in ["sum", "prod", "amax", "amin", "argmax"]:
+        got, want = _dense(getattr(M, name)(A, 1, mask=m)), getattr(torch.masked, name)(x, 1, mask=m)
+        assert got.dtype == want.dtype and torch.equal(got, want), name
+    with pytest.raises(ValueError, match="mean"):
+        M.mean(A, 1, mask=m)
+
+
+def test_mask_broadcasts_and_keepdim_and_dim_none():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 5, 3, generator=g, dtype=torch.float64)
+    x[x < 0] = 0
+    m = torch.rand(5, 1, generator=g) < 0.6
+    for A in [sparsefill.to_sparse(x), sparsefill.to_sparse(x, dense_dim=1), sparsefill.to_sparse(x, layout=torch.sparse_csr)]:
+        for dim, keepdim in [(None, False), ((0, 2), True), (1, False), (-1, True)]:
+            for name in ["sum", "amax", "mean", "var"]:
+                ref = getattr(torch.masked, name)(x, dim, keepdim=keepdim, mask=m)
+                got = _dense(getattr(M, name)(A, dim, keepdim=keepdim, mask=m))
+                om = torch.masked._ops._output_mask(getattr(torch.masked, name), x, dim, keepdim=keepdim, mask=m)
+                assert got.shape == ref.shape
+                assert_close(got[om], ref[om], msg=f"{name} {dim} {keepdim}")
+
+
+def test_errors():
+    A = X.to_sparse()
+    with pytest.raises(IndexError):
+        M.sum(A, 1, mask=torch.ones(1, 2, 3, dtype=torch.bool))
+    with pytest.raises(ValueError):
+        M.sum(A, 1, mask=torch.ones(3, 3, dtype=torch.bool))
+    with pytest.raises(IndexError):
+        M.sum(A, 2)
+    with pytest.raises(RuntimeError):
+        M.sum(A, (1, 1))
+    with pytest.raises(ValueError, match="ord"):
+        M.norm(A, -2.0, 1, mask=MASK)
+
+
+# ---------------------------------------------------------------------- never densified
+def test_huge_shape_is_never_densified():
+    """A 10^6 x 10^6 input (10^12 elements) with 4 stored: any densifying step would fail."""
+    n = 10 ** 6
+    A = sparsefill.sparse_coo_tensor([[0, 0, 7, n - 1], [5, n - 1, 3, 0]], [1., 2., -3., 4.], (n, n))
+    m = M.pattern_mask(A)
+    with sparsefill.densify_policy("raise", limit_bytes=1 << 20):
+        s = M.sum(A, 1, mask=m)
+        assert s._nse() == 3 and s._values()[0].item() == 3.0
+        assert M.amax(A, 0, mask=m)._nse() == 4
+        assert M.argmax(A, 1, mask=m)._values().tolist() == [float(n - 1), 3.0, 0.0]
+        assert M.median(A, 1, mask=m)._nse() == 3
+        assert_close(M.softmax(A, 1, mask=m)._values(), torch.tensor([math.exp(-1) / (1 + math.exp(-1)),
+                                                                      1 / (1 + math.exp(-1)), 1., 1.]))
+        assert M.cumsum(A, 1, mask=m)._values().tolist() == [1., 3., -3., 4.]
+        assert M.sum(A, 1)._nse() == 3                    # fill 0 masked in: closed form
+        assert M.prod(A, 1)._fill_value().item() == 0.0
+        assert M.normalize(A, 2.0, 1)._nse() == 4        # zero fill stays zero
+        C = A.to_sparse_csr()
+        assert M.log_softmax(C, 1, mask=M.pattern_mask(C)).sparse_layout is torch.sparse_csr
+        with pytest.raises(sparsefill.DensifyError):
+            M.softmax(A, 1)                               # dense by nature: every element masked in
+
+
+# ---------------------------------------------------------------------- autograd
+DIFFERENTIABLE = {
+    "sum": lambda a, m: M.sum(a, 1, mask=m), "prod": lambda a, m: M.prod(a, 1, mask=m),
+    "amax": lambda a, m: M.amax(a, 1, mask=m), "amin": lambda a, m: M.amin(a, 0, mask=m),
+    "mean": lambda a, m: M.mean(a, 1, mask=m), "var": lambda a, m: M.var(a, 1, mask=m),
+    "std": lambda a, m: M.std(a, 0, mask=m), "norm": lambda a, m: M.norm(a, 2.0, 1, mask=m),
+    "logsumexp": lambda a, m: M.logsumexp(a, 1, mask=m), "median": lambda a, m: M.median(a, 1, mask=m),
+    "softmax": lambda a, m: M.softmax(a, 1, mask=m), "log_softmax": lambda a, m: M.log_softmax(a, 1, mask=m),
+    "softmin": lambda a, m: M.softmin(a, 0, mask=m), "normalize": lambda a, m: M.normalize(a, 2.0, 1, mask=m),
+    "cumsum": lambda a, m: M.cumsum(a, 1, mask=m), "cumprod": lambda a, m: M.cumprod(a, 1, mask=m),
+    "sum all": lambda a, m: M.sum(a, mask=m),
+    "logaddexp": lambda a, m: M.logaddexp(a, a * 0.5, input_mask=m, other_mask=None),
+}
+
+
+def _grad_case(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.tensor([[0, 0, 1, 1, 2, 3, 3], [0, 2, 1, 3, 2, 0, 3]])
+    vals = torch.randn(7, generator=g, dtype=torch.float64)
+    mask = torch.zeros(4, 4, dtype=torch.bool)
+    mask[idx[0], idx[1]] = True
+    mask[1, 3] = False
+    mask[2, 0] = mask[1, 2] = mask[3, 1] = mask[0, 3] = True  # masked in where the input is unspecified
+    return idx, vals, mask
+
+
+@pytest.mark.parametrize("name", list(DIFFERENTIABLE))
+@pytest.mark.parametrize("mask_kind", ["sparse mask", "mask=None, fill 0.7"])
+def test_gradcheck_over_values_and_fill(name, mask_kind):
+    idx, vals, mask = _grad_case()
+    fn = DIFFERENTIABLE[name]
+    fill0 = torch.tensor(0.7 if mask_kind.startswith("mask=None") else -0.4, dtype=torch.float64)
+    m = None if mask_kind.startswith("mask=None") else mask.to_sparse()
+
+    def f(v, fill):
+        A = sparsefill.sparse_coo_tensor(idx, v, (4, 4), fill_value=fill)
+        out = fn(A, m)
+        if isinstance(out, SparseTensor):
+            out = out.to_dense()
+        om = torch.isfinite(out)   # fully masked-out slices hold +-inf: not differentiable there
+        return out[om]
+
+    torch.autograd.gradcheck(f, (vals.clone().requires_grad_(), fill0.clone().requires_grad_()))
+    # the same gradient as torch.masked on the dense tensor
+    v, fl = vals.clone().requires_grad_(), fill0.clone().requires_grad_()
+    A = sparsefill.sparse_coo_tensor(idx, v, (4, 4), fill_value=fl)
+    out = fn(A, m)
+    out = out.to_dense() if isinstance(out, SparseTensor) else out
+    xd = A.detach().to_dense().requires_grad_()
+    ref = fn(xd, None if m is None else mask)
+    w = torch.isfinite(ref) & torch.isfinite(out)
+    if m is not None and out.shape == mask.shape:  # masked-out outputs of normalizations have no fixed value
+        w &= mask
+    gx, = torch.autograd.grad(ref[w].sum(), xd)
+    gv, gf = torch.autograd.grad(out[w].sum(), (v, fl), allow_unused=True)
+    assert_close(gv, gx[idx[0], idx[1]], msg=name)
+    unspec = torch.ones(4, 4, dtype=torch.bool)
+    unspec[idx[0], idx[1]] = False
+    assert_close(torch.zeros((), dtype=torch.float64) if gf is None else gf, gx[unspec].sum(), msg=name)
+
+
+def test_gradient_of_a_native_sparse_input():
+    x = torch.tensor([[1., 0., 2.], [0., 3., 0.]]).to_sparse().requires_grad_()
+    out = M.sum(x, 1, mask=M.pattern_mask(x.detach()))
+    out.to_dense().sum().backward()
+    assert_close(x.grad.to_dense(), torch.tensor([[1., 0., 1.], [0., 1., 0.]]))
