@@ -489,3 +489,26 @@ def test_gather_scatter_sequential_reference():
     with pytest.raises(ValueError, match=r"slices must have shape \(2, 3\)"):
         segment.scatter_assign(data, torch.tensor([0, 1]), torch.ones(3, 3))
     assert torch.equal(data, before)
+
+
+def test_parallel_column_blocks(backend):
+    """Wide rows with 2 threads: the scatter kernels split the columns into blocks (B > 1)."""
+    saved = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        g = torch.Generator().manual_seed(11)
+        lengths = torch.randint(0, 6, (30,), generator=g)
+        N = int(lengths.sum())
+        data = torch.randn(N, 24, generator=g, dtype=torch.float64)
+        data[3, 5] = float("nan")
+        for reducer in ("sum", "weighted_sum", "max", "min", "mean"):
+            w = weights_for(reducer, N, lengths, seed=2)
+            expect = ref_reduce(data, lengths, reducer, w)
+            for rep in ("unsorted_ids", "fused_unsorted"):
+                out, arg, rowmap = in_representation(rep, data, lengths, w, reducer, seed=3)
+                assert_close(out, expect, equal_nan=True)
+                if arg is not None:
+                    _, arg1, _ = in_representation("lengths", data, lengths, w, reducer)
+                    assert torch.equal(torch.where(arg >= 0, rowmap[arg.clamp_min(0)], arg), arg1)
+    finally:
+        torch.set_num_threads(saved)

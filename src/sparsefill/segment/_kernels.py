@@ -173,7 +173,7 @@ def segment_sum(x: torch.Tensor, plan, w: torch.Tensor | None = None, *, mode: s
                  wd if wd is not None else x.new_empty(0), out, bad, _blocks(x.shape[1]))
         if int(bad[0]) >= 0:
             _raise_bad_rows(rows, x.shape[0], int(bad[0]))
-        return out / plan.counts[:, None] if mode == "mean" else out
+        return out / plan.counts.clamp_min(1)[:, None] if mode == "mean" else out
     w_seg = w if (w is None or w_in_segment_order) else plan.to_segment_order(w)
     if x.is_floating_point() and not x.is_complex():
         rows = plan.rows
@@ -181,12 +181,12 @@ def segment_sum(x: torch.Tensor, plan, w: torch.Tensor | None = None, *, mode: s
         eb_mode = "mean" if (mode == "mean" and w_seg is None) else "sum"
         out = torch.nn.functional.embedding_bag(idx, x, plan.offsets, mode=eb_mode, per_sample_weights=w_seg,
                                                 include_last_offset=True)
-        return out / plan.counts[:, None] if (mode == "mean" and eb_mode == "sum") else out
+        return out / plan.counts.clamp_min(1)[:, None] if (mode == "mean" and eb_mode == "sum") else out
     vals = x if plan.rows is None else x.index_select(0, plan.rows)
     if w_seg is not None:
         vals = vals * w_seg[:, None]
     out = _reduce.segment_combine(vals.to(torch.int64) if not vals.is_floating_point() else vals, plan.seg, S, "sum")
-    return out / plan.counts[:, None] if mode == "mean" else out
+    return out / plan.counts.clamp_min(1)[:, None] if mode == "mean" else out
 
 
 def segment_extreme(x: torch.Tensor, plan, *, largest: bool, want_arg: bool = True):
@@ -196,28 +196,33 @@ def segment_extreme(x: torch.Tensor, plan, *, largest: bool, want_arg: bool = Tr
     D = x.shape[1]
     if S == 0:
         return x.new_zeros(0, D), (torch.zeros(0, D, dtype=torch.int64, device=x.device) if want_arg else None)
+    init = float("-inf") if largest else float("inf")
     if _direct(plan, x):
-        out = torch.empty(S, D, dtype=x.dtype)
-        arg = torch.full((S, D), -1, dtype=torch.int64)
         bad = torch.full((1,), -1, dtype=torch.int64)
         rows = plan.direct_rows()
-        _nb_call("scatter_extreme", x.contiguous(), plan.ids, rows if rows is not None else _arange(0, "cpu"),
-                 out, arg, bool(largest), bad, _blocks(x.shape[1]))
+        r = rows if rows is not None else _arange(0, "cpu")
+        if want_arg:
+            out = torch.empty(S, D, dtype=x.dtype)
+            arg = torch.full((S, D), -1, dtype=torch.int64)
+            _nb_call("scatter_extreme_arg", x.contiguous(), plan.ids, r, out, arg, bool(largest), bad,
+                     _blocks(D))
+        else:
+            out, arg = torch.full((S, D), init, dtype=x.dtype), None
+            _nb_call("scatter_extreme", x.contiguous(), plan.ids, r, out, bool(largest), bad, _blocks(D))
         if int(bad[0]) >= 0:
             _raise_bad_rows(rows, x.shape[0], int(bad[0]))
         return out, (plan.direct_positions(arg) if want_arg else None)
     rows = plan.rows
     if _compiled(x):
-        out = torch.empty(S, D, dtype=x.dtype)
         bad = torch.zeros(S, dtype=torch.uint8)
         r = rows if rows is not None else _arange(0, "cpu")
         if want_arg:
+            out = torch.empty(S, D, dtype=x.dtype)
             arg = torch.full((S, D), -1, dtype=torch.int64)
             _nb_call("seg_extreme_arg", x.contiguous(), plan.offsets, r, out, arg, bool(largest), bad)
         else:
-            arg = None
-            _nb_call("seg_extreme", x.contiguous(), plan.offsets, r, out,
-                     float("-inf") if largest else float("inf"), bool(largest), bad)
+            out, arg = torch.full((S, D), init, dtype=x.dtype), None
+            _nb_call("seg_extreme", x.contiguous(), plan.offsets, r, out, bool(largest), bad)
         if rows is not None and bool(bad.any()):
             _raise_bad_rows(rows, x.shape[0])
         return out, (plan.input_positions(arg) if want_arg else None)

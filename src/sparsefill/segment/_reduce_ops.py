@@ -152,11 +152,16 @@ def _out_dtype(red, dtype):
     return torch.int64
 
 
-def _set_empty(raw: torch.Tensor, plan: Plan, value) -> torch.Tensor:
+def _set_empty(raw: torch.Tensor, plan: Plan, value, red: SegmentReducer, inplace: bool) -> torch.Tensor:
+    """``raw`` with the rows of empty segments set to ``value`` (skipped where the kernel already wrote it)."""
     if raw.numel() == 0:
         return raw
-    empty = (plan.counts == 0)[:, None]
-    return torch.where(empty, torch.as_tensor(value, dtype=raw.dtype, device=raw.device), raw)
+    if red.kind == "sum" and red.scale in (None, "mean") and value == 0:
+        return raw  # embedding_bag / the scatter kernels leave 0 in an empty segment
+    empty = (plan.counts == 0).nonzero().squeeze(1)
+    if empty.numel() == 0:
+        return raw
+    return raw.index_fill_(0, empty, value) if inplace else raw.index_fill(0, empty, value)
 
 
 # ------------------------------------------------------------------------------------------ backward
@@ -240,7 +245,7 @@ class _SegmentReduceFn(torch.autograd.Function):
         raw, arg = _forward(x2, weights, plan, red, want_arg or (red.kind == "extreme" and ties == "first"))
         ctx.save_for_backward(data, weights, raw, arg)
         ctx.plan, ctx.red, ctx.ties = plan, red, ties
-        out = _set_empty(raw, plan, empty)
+        out = _set_empty(raw, plan, empty, red, inplace=False)
         out = out.reshape(plan.num_segments, *data.shape[1:])
         if arg is None:
             arg = torch.zeros(0, dtype=torch.int64, device=data.device)
@@ -327,7 +332,7 @@ def reduce(data: torch.Tensor, reducer="sum", *, lengths=None, offsets=None, seg
         else:
             x2 = _flat(data)
             raw, arg = _forward(x2, weights, plan, red, want_arg)
-            out = _set_empty(raw, plan, empty).reshape(plan.num_segments, *data.shape[1:])
+            out = _set_empty(raw, plan, empty, red, inplace=True).reshape(plan.num_segments, *data.shape[1:])
     except (IndexError, RuntimeError):
         if indices is not None:  # torch's own range errors (embedding_bag, index_select) -> name the entry
             check_indices(as_index(indices, "indices", data.device), data.shape[0])
