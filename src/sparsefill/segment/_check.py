@@ -31,11 +31,9 @@ def _first(mask: torch.Tensor) -> int:
 def check_lengths(lengths: torch.Tensor, total: int | None, name: str = "lengths", *, validate: bool = True,
                   sum_: int | None = None) -> None:
     """Lengths are non-negative and (when ``total`` is given) sum to ``total``."""
-    if validate and lengths.numel():
-        neg = lengths < 0
-        if bool(neg.any()):
-            i = _first(neg)
-            raise ValueError(f"{name} must be non-negative, got {name}[{i}] = {int(lengths[i])}")
+    if validate and lengths.numel() and int(lengths.min()) < 0:  # min: no temporary on the good path
+        i = _first(lengths < 0)
+        raise ValueError(f"{name} must be non-negative, got {name}[{i}] = {int(lengths[i])}")
     if total is not None:
         s = int(lengths.sum()) if sum_ is None else sum_
         if s != total:

@@ -157,7 +157,8 @@ def make_plan(n_rows: int, device, *, lengths=None, offsets=None, segment_ids=No
         if num_segments is not None and num_segments != lengths.numel():
             raise ValueError(f"num_segments = {num_segments} but lengths has {lengths.numel()} entries")
         check_lengths(lengths, None, validate=validate)
-        offs = torch.zeros(lengths.numel() + 1, dtype=torch.int64, device=device)
+        offs = torch.empty(lengths.numel() + 1, dtype=torch.int64, device=device)
+        offs[0] = 0
         torch.cumsum(lengths, 0, out=offs[1:])
         if int(offs[-1]) != n:
             raise ValueError(f"lengths sum to {int(offs[-1])}, but there are {n} "

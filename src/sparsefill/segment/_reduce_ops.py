@@ -235,16 +235,16 @@ def _backward(ctx_red: SegmentReducer, plan: Plan, ties: str, x2, weights, raw, 
         L = lse.index_select(0, seg)
         p = torch.exp(X - torch.where(torch.isinf(L) & (L < 0), torch.zeros((), dtype=L.dtype), L))
         gx = G * torch.where(torch.isinf(L) & (L < 0), torch.zeros((), dtype=p.dtype), p)
-    return _scatter_rows(gx, plan, x2.shape[0]), gw
+    return gx, gw
 
 
 class _SegmentReduceFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, data, weights, plan, red, ties, empty, want_arg):
+    def forward(ctx, data, weights, plan, red, ties, empty, want_arg, sparse_grad):
         x2 = _flat(data)
         raw, arg = _forward(x2, weights, plan, red, want_arg or (red.kind == "extreme" and ties == "first"))
         ctx.save_for_backward(data, weights, raw, arg)
-        ctx.plan, ctx.red, ctx.ties = plan, red, ties
+        ctx.plan, ctx.red, ctx.ties, ctx.sparse_grad = plan, red, ties, sparse_grad
         out = _set_empty(raw, plan, empty, red, inplace=False)
         out = out.reshape(plan.num_segments, *data.shape[1:])
         if arg is None:
@@ -257,14 +257,20 @@ class _SegmentReduceFn(torch.autograd.Function):
         data, weights, raw, arg = ctx.saved_tensors
         x2 = _flat(data)
         g2 = _flat(grad_out)
-        gx, gw = _backward(ctx.red, ctx.plan, ctx.ties, x2, weights, raw, arg, g2)
-        return gx.reshape(data.shape), gw, None, None, None, None, None
+        gpos, gw = _backward(ctx.red, ctx.plan, ctx.ties, x2, weights, raw, arg, g2)
+        if ctx.sparse_grad:  # one (row, gradient) pair per position: what embedding(sparse=True) gives
+            gx = torch.sparse_coo_tensor(ctx.plan.rows[None], gpos.reshape(-1, *data.shape[1:]), data.shape,
+                                         is_coalesced=False, check_invariants=False)
+        else:
+            gx = _scatter_rows(gpos, ctx.plan, x2.shape[0]).reshape(data.shape)
+        return gx, gw, None, None, None, None, None, None
 
 
 # ------------------------------------------------------------------------------------------ entry point
 def reduce(data: torch.Tensor, reducer="sum", *, lengths=None, offsets=None, segment_ids=None, indices=None,
            weights=None, num_segments: int | None = None, sorted: bool = True, empty=None,
-           return_arg: bool = False, ties: str = "split", out_of_range: str = "error", validate: bool = True):
+           return_arg: bool = False, ties: str = "split", out_of_range: str = "error", validate: bool = True,
+           sparse_grad: bool = False):
     """Reduce the rows of every segment of ``data`` (dim 0) with ``reducer`` (see the module docstring).
 
     The segments are given by exactly one of ``lengths`` (``S``), ``offsets`` (``S + 1``, CSR style)
@@ -278,6 +284,9 @@ def reduce(data: torch.Tensor, reducer="sum", *, lengths=None, offsets=None, seg
     ``out_of_range`` (segment ids): ``"error"`` (default), ``"drop"`` the positions, or ``"clip"``
     them into ``[0, num_segments)``.  ``validate=False`` skips the O(N) checks of ids and lengths
     (the result is then unspecified for invalid input; out-of-range rows are still never read).
+    ``sparse_grad`` (with ``indices``): the gradient of ``data`` is a sparse COO tensor holding one
+    (row, gradient row) pair per position, uncoalesced -- what ``embedding(sparse=True)`` gives and
+    what the sparse optimizers (``segment.SparseAdagrad``, ...) consume.
 
     >>> data = torch.tensor([[1., 4.], [3., 2.], [8., 1.], [9., 4.], [5., 8.]])
     >>> reduce(data, "sum", segment_ids=torch.tensor([0, 0, 0, 1, 1]))
@@ -299,6 +308,8 @@ def reduce(data: torch.Tensor, reducer="sum", *, lengths=None, offsets=None, seg
         raise TypeError(f"reducer {red.name!r} needs floating-point data, got {data.dtype}")
     if ties not in ("split", "first", "all"):
         raise ValueError(f"ties must be 'split', 'first' or 'all', got {ties!r}")
+    if sparse_grad and indices is None:
+        raise ValueError("sparse_grad=True needs indices= (the gradient rows of a fused gather)")
     if return_arg and red.kind != "extreme":
         raise ValueError(f"return_arg=True needs the max or min reducer, got {red.name!r}")
     plan = make_plan(data.shape[0], data.device, lengths=lengths, offsets=offsets, segment_ids=segment_ids,
@@ -328,7 +339,7 @@ def reduce(data: torch.Tensor, reducer="sum", *, lengths=None, offsets=None, seg
     want_arg = return_arg
     try:
         if torch.is_grad_enabled() and (data.requires_grad or (weights is not None and weights.requires_grad)):
-            out, arg = _SegmentReduceFn.apply(data, weights, plan, red, ties, empty, want_arg)
+            out, arg = _SegmentReduceFn.apply(data, weights, plan, red, ties, empty, want_arg, sparse_grad)
         else:
             x2 = _flat(data)
             raw, arg = _forward(x2, weights, plan, red, want_arg)

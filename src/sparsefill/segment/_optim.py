@@ -1,0 +1,223 @@
+"""Sparse optimizers on (param, state, indices, gradient rows): Caffe2 ``SparseAdagrad``,
+``RowWiseSparseAdagrad`` and ``SparseFtrl``, in place, and ``torch.optim`` wrappers.
+
+Row ``indices[i]`` of ``param`` receives gradient row ``grad[i]``.  Two ways to treat a row that
+appears several times:
+
+* ``mode="sequential"`` (Caffe2): the updates are applied one after the other, in order, each seeing
+  the state left by the previous one;
+* ``mode="coalesced"``: the gradient rows of a row are summed first, then one update is applied
+  (what ``torch.optim.Adagrad`` does with a sparse gradient; equal to dense Adagrad on the touched rows).
+
+Sequential updates run in rounds -- round ``r`` applies the ``r``-th occurrence of every row at once
+-- so the work is ``max multiplicity`` vectorized passes, never a Python loop over elements.
+``lr`` is positive and the step descends (Caffe2 passes a negative rate instead).  Every argument
+is checked before anything is written: a failed call modifies nothing.
+
+Adagrad (per element; rowwise: ``h`` per row and ``mean_j g_j^2`` added)::
+
+    g = grad + weight_decay * w;   h = decay * h + g^2;   w = w - lr * g / (sqrt(h) + eps)
+
+FTRL-proximal (per element)::
+
+    n' = n + g^2;   z = z + g - (sqrt(n') - sqrt(n)) / alpha * w;   n = n'
+    w = (sign(z) lambda1 - z) / ((beta + sqrt(n)) / alpha + lambda2)  if |z| > lambda1  else 0
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._check import as_index, check_indices
+
+__all__ = ["sparse_adagrad", "rowwise_sparse_adagrad", "sparse_ftrl", "SparseAdagrad", "SparseFtrl"]
+
+
+def _check(param, indices, grad, states, state_names, rowwise=False):
+    if not isinstance(param, torch.Tensor) or param.dim() == 0:
+        raise ValueError("param must be a tensor with at least one dimension (rows)")
+    idx = as_index(indices, "indices", param.device).long()
+    want = (idx.numel(), *param.shape[1:])
+    if tuple(grad.shape) != want:
+        raise ValueError(f"grad must have shape {want} (one row per index), got {tuple(grad.shape)}")
+    if grad.dtype != param.dtype:
+        raise TypeError(f"grad must have the dtype of param ({param.dtype}), got {grad.dtype}")
+    for st, name in zip(states, state_names):
+        shape = (param.shape[0],) if rowwise else tuple(param.shape)
+        if tuple(st.shape) != shape:
+            raise ValueError(f"{name} must have shape {shape}, got {tuple(st.shape)}")
+        if st.dtype != param.dtype:
+            raise TypeError(f"{name} must have the dtype of param ({param.dtype}), got {st.dtype}")
+    check_indices(idx, param.shape[0], what="rows of param")
+    return idx
+
+
+def _coalesce(idx, grad):
+    rows, inv = torch.unique(idx, return_inverse=True)
+    return rows, grad.new_zeros((rows.numel(), *grad.shape[1:])).index_add_(0, inv, grad)
+
+
+def _rounds(idx):
+    """Positions grouped by occurrence rank: a list of position tensors, each holding distinct rows, in order."""
+    n = idx.numel()
+    if n == 0:
+        return []
+    srt, order = torch.sort(idx, stable=True)
+    start = torch.ones(n, dtype=torch.bool, device=idx.device)
+    start[1:] = srt[1:] != srt[:-1]
+    pos = torch.arange(n, device=idx.device)
+    first = torch.cummax(torch.where(start, pos, torch.zeros_like(pos)), 0).values
+    rank = torch.empty_like(pos)
+    rank[order] = pos - first
+    if int(rank.max()) == 0:
+        return [None]  # all rows distinct: one round over every position
+    by_rank = torch.sort(rank, stable=True).indices
+    counts = torch.bincount(rank).tolist()
+    return list(torch.split(by_rank, counts))
+
+
+def _apply(idx, grad, mode, update):
+    """Run ``update(rows, g)`` (distinct rows) once (coalesced) or round by round (sequential)."""
+    if mode == "coalesced":
+        rows, g = _coalesce(idx, grad)
+        update(rows, g)
+    elif mode == "sequential":
+        for sel in _rounds(idx):
+            if sel is None:
+                update(idx, grad)
+            else:
+                update(idx.index_select(0, sel), grad.index_select(0, sel))
+    else:
+        raise ValueError(f"mode must be 'sequential' or 'coalesced', got {mode!r}")
+
+
+@torch.no_grad()
+def sparse_adagrad(param, moment, indices, grad, *, lr: float, eps: float = 1e-5, weight_decay: float = 0.0,
+                   decay: float = 1.0, mode: str = "sequential") -> None:
+    """In place Adagrad on the rows ``indices`` of ``param`` (``moment`` shaped like ``param``); see the module."""
+    idx = _check(param, indices, grad, [moment], ["moment"])
+
+    def update(rows, g):
+        w = param.index_select(0, rows)
+        if weight_decay:
+            g = g + weight_decay * w
+        h = moment.index_select(0, rows) * decay + g * g
+        moment.index_copy_(0, rows, h)
+        param.index_copy_(0, rows, w - lr * g / (h.sqrt() + eps))
+    _apply(idx, grad, mode, update)
+
+
+@torch.no_grad()
+def rowwise_sparse_adagrad(param, moment, indices, grad, *, lr: float, eps: float = 1e-5,
+                           weight_decay: float = 0.0, mode: str = "sequential") -> None:
+    """In place row-wise Adagrad (Caffe2 ``RowWiseSparseAdagrad``): one accumulator per row (``moment``
+    of shape ``(rows,)``) that adds the mean of ``g^2`` over the row."""
+    idx = _check(param, indices, grad, [moment], ["moment"], rowwise=True)
+
+    def update(rows, g):
+        w = param.index_select(0, rows)
+        if weight_decay:
+            g = g + weight_decay * w
+        g2 = g.reshape(g.shape[0], -1)
+        h = moment.index_select(0, rows) + (g2 * g2).mean(1)
+        moment.index_copy_(0, rows, h)
+        step = (lr / (h.sqrt() + eps)).view(-1, *([1] * (g.dim() - 1)))
+        param.index_copy_(0, rows, w - step * g)
+    _apply(idx, grad, mode, update)
+
+
+@torch.no_grad()
+def sparse_ftrl(param, n, z, indices, grad, *, alpha: float = 0.01, beta: float = 1e-4, lambda1: float = 0.0,
+                lambda2: float = 0.0, mode: str = "sequential") -> None:
+    """In place FTRL-proximal (Caffe2 ``SparseFtrl``) with per-element states ``n`` and ``z``; see the module."""
+    idx = _check(param, indices, grad, [n, z], ["n", "z"])
+    if alpha <= 0:
+        raise ValueError(f"alpha must be positive, got {alpha}")
+
+    def update(rows, g):
+        w = param.index_select(0, rows)
+        n_old = n.index_select(0, rows)
+        n_new = n_old + g * g
+        z_new = z.index_select(0, rows) + g - (n_new.sqrt() - n_old.sqrt()) / alpha * w
+        w_new = torch.where(z_new.abs() > lambda1,
+                            (torch.sign(z_new) * lambda1 - z_new) / ((beta + n_new.sqrt()) / alpha + lambda2),
+                            torch.zeros((), dtype=w.dtype, device=w.device))
+        n.index_copy_(0, rows, n_new)
+        z.index_copy_(0, rows, z_new)
+        param.index_copy_(0, rows, w_new)
+    _apply(idx, grad, mode, update)
+
+
+def _rows_and_grad(p):
+    g = p.grad
+    if g.is_sparse:
+        if g.sparse_dim() != 1:
+            raise ValueError(f"a sparse gradient must have one sparse dim (rows), got {g.sparse_dim()}")
+        return g._indices()[0], g._values()
+    return torch.arange(p.shape[0], device=p.device), g
+
+
+class SparseAdagrad(torch.optim.Optimizer):
+    """``torch.optim``-style Adagrad for embedding tables with sparse (or dense) gradients.
+
+    Sparse gradients (``segment.reduce(..., indices=..., sparse_grad=True)``, ``embedding(sparse=True)``)
+    update only their rows.  ``mode="coalesced"`` (default) equals ``torch.optim.Adagrad`` on the touched
+    rows; ``"sequential"`` applies duplicate rows one after the other (Caffe2).  ``rowwise=True``: one
+    accumulator per row.
+    """
+
+    def __init__(self, params, lr: float = 1e-2, eps: float = 1e-10, weight_decay: float = 0.0,
+                 rowwise: bool = False, mode: str = "coalesced"):
+        if lr <= 0 or eps < 0 or weight_decay < 0:
+            raise ValueError(f"invalid hyperparameters: lr={lr}, eps={eps}, weight_decay={weight_decay}")
+        if mode not in ("sequential", "coalesced"):
+            raise ValueError(f"mode must be 'sequential' or 'coalesced', got {mode!r}")
+        super().__init__(params, dict(lr=lr, eps=eps, weight_decay=weight_decay, rowwise=rowwise, mode=mode))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                st = self.state[p]
+                if "moment" not in st:
+                    st["moment"] = p.new_zeros(p.shape[0] if group["rowwise"] else p.shape)
+                rows, g = _rows_and_grad(p)
+                fn = rowwise_sparse_adagrad if group["rowwise"] else sparse_adagrad
+                fn(p, st["moment"], rows, g, lr=group["lr"], eps=group["eps"], weight_decay=group["weight_decay"],
+                   mode=group["mode"])
+        return loss
+
+
+class SparseFtrl(torch.optim.Optimizer):
+    """``torch.optim``-style FTRL-proximal for tables with sparse (or dense) gradients (see ``sparse_ftrl``)."""
+
+    def __init__(self, params, alpha: float = 0.01, beta: float = 1e-4, lambda1: float = 0.0, lambda2: float = 0.0,
+                 mode: str = "coalesced"):
+        if alpha <= 0 or beta < 0 or lambda1 < 0 or lambda2 < 0:
+            raise ValueError(f"invalid hyperparameters: alpha={alpha}, beta={beta}, lambda1={lambda1}, "
+                             f"lambda2={lambda2}")
+        super().__init__(params, dict(alpha=alpha, beta=beta, lambda1=lambda1, lambda2=lambda2, mode=mode))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                st = self.state[p]
+                if "n" not in st:
+                    st["n"], st["z"] = torch.zeros_like(p), torch.zeros_like(p)
+                rows, g = _rows_and_grad(p)
+                sparse_ftrl(p, st["n"], st["z"], rows, g, alpha=group["alpha"], beta=group["beta"],
+                            lambda1=group["lambda1"], lambda2=group["lambda2"], mode=group["mode"])
+        return loss

@@ -1,0 +1,166 @@
+"""Sparse optimizers: Caffe2's sequential rule against a Python loop, the coalesced rule against dense
+torch.optim.Adagrad in a training loop, FTRL against its formula, errors that modify nothing."""
+
+import math
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+from sparsefill import segment
+
+
+def _data(seed=0, rows=6, D=3, K=9):
+    g = torch.Generator().manual_seed(seed)
+    param = torch.randn(rows, D, generator=g, dtype=torch.float64)
+    idx = torch.tensor([4, 1, 4, 0, 4, 1, 5, 2, 0])[:K]
+    grad = torch.randn(K, D, generator=g, dtype=torch.float64)
+    return param, idx, grad
+
+
+def loop_adagrad(param, moment, idx, grad, lr, eps, wd, decay, rowwise=False):
+    p, h = param.clone(), moment.clone()
+    for i, r in enumerate(idx.tolist()):  # Caffe2: in order, one index at a time
+        gi = grad[i] + wd * p[r]
+        if rowwise:
+            h[r] = h[r] + (gi * gi).mean()
+            p[r] = p[r] - lr * gi / (math.sqrt(h[r]) + eps)
+        else:
+            h[r] = h[r] * decay + gi * gi
+            p[r] = p[r] - lr * gi / (h[r].sqrt() + eps)
+    return p, h
+
+
+def loop_ftrl(param, n, z, idx, grad, alpha, beta, l1, l2):
+    p, n, z = param.clone(), n.clone(), z.clone()
+    for i, r in enumerate(idx.tolist()):
+        for j in range(p.shape[1]):
+            g = grad[i, j].item()
+            nn = n[r, j].item() + g * g
+            sigma = (math.sqrt(nn) - math.sqrt(n[r, j].item())) / alpha
+            zz = z[r, j].item() + g - sigma * p[r, j].item()
+            n[r, j], z[r, j] = nn, zz
+            p[r, j] = ((math.copysign(l1, zz) - zz) / ((beta + math.sqrt(nn)) / alpha + l2)) if abs(zz) > l1 else 0.0
+    return p, n, z
+
+
+@pytest.mark.parametrize("wd,decay", [(0.0, 1.0), (0.1, 0.9)])
+def test_sparse_adagrad_sequential_matches_caffe2_loop(wd, decay):
+    param, idx, grad = _data()
+    moment = torch.rand_like(param)
+    ep, eh = loop_adagrad(param, moment, idx, grad, 0.1, 1e-5, wd, decay)
+    segment.sparse_adagrad(param, moment, idx, grad, lr=0.1, weight_decay=wd, decay=decay)
+    assert_close(param, ep)
+    assert_close(moment, eh)
+
+
+def test_rowwise_sequential_matches_caffe2_loop():
+    param, idx, grad = _data(1)
+    moment = torch.rand(param.shape[0], dtype=torch.float64)
+    ep, eh = loop_adagrad(param, moment, idx, grad, 0.05, 1e-5, 0.01, 1.0, rowwise=True)
+    segment.rowwise_sparse_adagrad(param, moment, idx, grad, lr=0.05, weight_decay=0.01)
+    assert_close(param, ep)
+    assert_close(moment, eh)
+
+
+@pytest.mark.parametrize("mode", ["sequential", "coalesced"])
+def test_ftrl(mode):
+    param, idx, grad = _data(2)
+    n, z = torch.rand_like(param), torch.randn_like(param)
+    if mode == "coalesced":
+        rows, inv = torch.unique(idx, return_inverse=True)
+        g2 = torch.zeros(rows.numel(), 3, dtype=torch.float64).index_add_(0, inv, grad)
+        ep, en, ez = loop_ftrl(param, n, z, rows, g2, 0.1, 1.0, 0.05, 0.01)
+    else:
+        ep, en, ez = loop_ftrl(param, n, z, idx, grad, 0.1, 1.0, 0.05, 0.01)
+    segment.sparse_ftrl(param, n, z, idx, grad, alpha=0.1, beta=1.0, lambda1=0.05, lambda2=0.01, mode=mode)
+    assert_close(param, ep)
+    assert_close(n, en)
+    assert_close(z, ez)
+
+
+def test_coalesced_equals_dense_adagrad_on_touched_rows():
+    param, idx, grad = _data(3)
+    dense_grad = torch.zeros_like(param).index_add_(0, idx, grad)
+    ref = param.clone().requires_grad_()
+    opt = torch.optim.Adagrad([ref], lr=0.1, eps=1e-10)
+    ref.grad = dense_grad
+    opt.step()
+    moment = torch.zeros_like(param)
+    segment.sparse_adagrad(param, moment, idx, grad, lr=0.1, eps=1e-10, mode="coalesced")
+    assert_close(param, ref.detach())
+
+
+@pytest.mark.parametrize("reducer", ["sum", "mean", "weighted_sum"])
+def test_training_loop_sparse_vs_dense_adagrad(reducer):
+    """A model: pooled embedding lookups -> linear -> MSE.  SparseAdagrad on sparse gradients equals
+    torch.optim.Adagrad on dense gradients (rows never touched stay as they were in both)."""
+    g = torch.Generator().manual_seed(0)
+    table0 = torch.randn(50, 8, generator=g, dtype=torch.float64)
+    head0 = torch.randn(8, 1, generator=g, dtype=torch.float64)
+    sp_table = table0.clone().requires_grad_()
+    de_table = table0.clone().requires_grad_()
+    sp_head, de_head = head0.clone().requires_grad_(), head0.clone().requires_grad_()
+    sp_opt = segment.SparseAdagrad([sp_table], lr=0.05)
+    sp_head_opt = torch.optim.Adagrad([sp_head], lr=0.05)
+    de_opt = torch.optim.Adagrad([de_table, de_head], lr=0.05)
+    for step in range(6):
+        lengths = torch.randint(0, 5, (7,), generator=g)
+        n = int(lengths.sum())
+        idx = torch.randint(0, 30, (n,), generator=g)  # rows 30..49 are never looked up
+        w = torch.rand(n, generator=g, dtype=torch.float64) if reducer == "weighted_sum" else None
+        target = torch.randn(7, 1, generator=g, dtype=torch.float64)
+        for table, head, opts, sparse in ((sp_table, sp_head, (sp_opt, sp_head_opt), True),
+                                          (de_table, de_head, (de_opt,), False)):
+            for o in opts:
+                o.zero_grad()
+            pooled = segment.reduce(table, reducer, lengths=lengths, indices=idx, weights=w, sparse_grad=sparse)
+            loss = ((pooled @ head - target) ** 2).mean()
+            loss.backward()
+            if sparse:
+                assert sp_table.grad.is_sparse
+            for o in opts:
+                o.step()
+    assert_close(sp_table.detach(), de_table.detach())
+    assert_close(sp_head.detach(), de_head.detach())
+    assert torch.equal(sp_table.detach()[30:], table0[30:])
+
+
+def test_sparse_grad_equals_dense_grad():
+    g = torch.Generator().manual_seed(4)
+    table = torch.randn(6, 2, generator=g, dtype=torch.float64)
+    idx = torch.tensor([1, 1, 4, 0, 1])
+    a, b = table.clone().requires_grad_(), table.clone().requires_grad_()
+    segment.reduce(a, "max", lengths=torch.tensor([3, 2]), indices=idx, sparse_grad=True).sum().backward()
+    segment.reduce(b, "max", lengths=torch.tensor([3, 2]), indices=idx).sum().backward()
+    assert a.grad.is_sparse
+    assert_close(a.grad.to_dense(), b.grad)
+    with pytest.raises(ValueError, match="sparse_grad=True needs indices="):
+        segment.reduce(a, "sum", lengths=torch.tensor([6]), sparse_grad=True)
+
+
+def test_sparse_ftrl_optimizer_runs_and_dense_grad():
+    p = torch.nn.Parameter(torch.randn(5, 2, dtype=torch.float64))
+    opt = segment.SparseFtrl([p], alpha=0.1, beta=1.0, lambda1=0.01)
+    p.grad = torch.randn(5, 2, dtype=torch.float64)
+    n0, z0 = torch.zeros(5, 2, dtype=torch.float64), torch.zeros(5, 2, dtype=torch.float64)
+    ep, _, _ = loop_ftrl(p.detach(), n0, z0, torch.arange(5), p.grad, 0.1, 1.0, 0.01, 0.0)
+    opt.step()
+    assert_close(p.detach(), ep)
+
+
+def test_errors_modify_nothing():
+    param, idx, grad = _data()
+    moment = torch.zeros_like(param)
+    before = param.clone(), moment.clone()
+    with pytest.raises(IndexError, match=r"indices\[1\] = 6 is out of range for 6 rows of param"):
+        segment.sparse_adagrad(param, moment, torch.tensor([0, 6]), grad[:2], lr=0.1)
+    with pytest.raises(ValueError, match=r"grad must have shape \(9, 3\)"):
+        segment.sparse_adagrad(param, moment, idx, grad[:4], lr=0.1)
+    with pytest.raises(ValueError, match=r"moment must have shape \(6,\)"):
+        segment.rowwise_sparse_adagrad(param, moment, idx, grad, lr=0.1)
+    with pytest.raises(ValueError, match="mode must be"):
+        segment.sparse_adagrad(param, moment, idx, grad, lr=0.1, mode="fast")
+    with pytest.raises(TypeError, match="grad must have the dtype of param"):
+        segment.sparse_adagrad(param, moment, idx, grad.float(), lr=0.1)
+    assert torch.equal(param, before[0]) and torch.equal(moment, before[1])
