@@ -50,7 +50,9 @@ DECLARED = {
 
 
 def _sparsify(x: torch.Tensor, variant: str, gen: torch.Generator):
-    """``(A, x')``: ``x'`` is ``x`` with ~half its elements (dense slices) set to a fill, ``A`` its SparseTensor."""
+    """``(A, x')``: ``x'`` is ``x`` with ~half its elements (dense slices) set to a fill, ``A`` its SparseTensor.
+
+    ``uncoalesced``: COO with every stored element followed, in shuffled order, by a zero-valued duplicate."""
     layout = torch.sparse_csr if variant == "csr" else torch.sparse_coo
     dense_dim = 1 if variant == "hybrid" else 0
     if x.dim() < {"csr": 2, "hybrid": 2}.get(variant, 0):
@@ -65,29 +67,37 @@ def _sparsify(x: torch.Tensor, variant: str, gen: torch.Generator):
     xm = x.detach().clone()
     mask = torch.rand(x.shape[: x.dim() - dense_dim], generator=gen) < 0.5
     xm[mask] = fill
-    return sparsefill.to_sparse(xm, fill_value=fill, layout=layout, dense_dim=dense_dim), xm
+    A = sparsefill.to_sparse(xm, fill_value=fill, layout=layout, dense_dim=dense_dim)
+    if variant == "uncoalesced":
+        idx, v = A.indices(), A.values()
+        perm = torch.randperm(2 * v.shape[0], generator=gen)
+        A = sparsefill.sparse_coo_tensor(torch.cat([idx, idx], 1)[:, perm], torch.cat([v, torch.zeros_like(v)])[perm],
+                                         x.shape, fill_value=fill)
+    return A, xm
 
 
 # variant -> which tensors of a sample become sparse: the input only, or every float64 tensor
 VARIANTS = {"coo": "input", "csr": "input", "hybrid": "input", "nan": "input", "coo-all": "all"}
 
 
-def _convert_sample(sample, variant, seed):
-    """``(sparse (input, args, kwargs), dense (input, args, kwargs))`` or None when not applicable."""
+def _convert_sample(sample, variant, seed, dtype=torch.float64):
+    """``(sparse (input, args, kwargs), dense (input, args, kwargs))`` or None when not applicable.
+    Strided tensors of ``dtype`` become SparseTensors."""
     gen = torch.Generator().manual_seed(seed)
     base = variant.split("-")[0]
-    scope = (sample.input,) if VARIANTS[variant] == "input" else (sample.input, sample.args, sample.kwargs)
+    everything = VARIANTS.get(variant, "input") == "all"
+    scope = (sample.input, sample.args, sample.kwargs) if everything else (sample.input,)
     flat, spec = tree_flatten(scope)
     sp, dn, hit = [], [], False
     for t in flat:
-        ok = isinstance(t, torch.Tensor) and t.dtype == torch.float64 and t.layout is torch.strided
+        ok = isinstance(t, torch.Tensor) and t.dtype == dtype and t.layout is torch.strided
         pair = _sparsify(t, base, gen) if ok else None
         hit |= pair is not None
         sp.append(pair[0] if pair else t)
         dn.append(pair[1] if pair else t)
     if not hit:
         return None
-    rest = () if VARIANTS[variant] == "all" else (sample.args, sample.kwargs)
+    rest = () if everything else (sample.args, sample.kwargs)
     (s_in, *s_rest), (d_in, *d_rest) = tree_unflatten(sp, spec), tree_unflatten(dn, spec)
     return (s_in, *(s_rest or rest)), (d_in, *(d_rest or rest))
 

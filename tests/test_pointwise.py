@@ -251,3 +251,91 @@ def test_zero_dim_sparse_operand_acts_as_a_scalar():
     ref = A.to_dense() - s.to_dense()
     assert out.dtype == ref.dtype
     torch.testing.assert_close(out.to_dense(), ref)
+
+
+# ---------------------------------------------------------------- out=, broadcasting, untagged element-wise ops
+def _native(fn):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", sparsefill.DensifyWarning)
+        return fn()
+
+
+def _pair(shape_a, shape_b, fa=1.5, fb=-2.0, layout=torch.sparse_coo, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for shape, f in [(shape_a, fa), (shape_b, fb)]:
+        x = torch.randn(shape, generator=g, dtype=torch.float64)
+        x[torch.rand(shape, generator=g) < 0.6] = f
+        lay = layout if len(shape) >= 2 else torch.sparse_coo
+        out.append(sparsefill.to_sparse(x, fill_value=f, layout=lay))
+    return out
+
+
+@pytest.mark.parametrize("sa,sb", [((5, 1), (1, 4)), ((5, 1), (4,)), ((3,), (2, 3)), ((2, 1, 3), (4, 1)),
+                                   ((4, 1), (4, 0)), ((1, 1), (3, 2))])
+@pytest.mark.parametrize("layout", [torch.sparse_coo, torch.sparse_csr])
+def test_broadcasting_between_sparse_tensors(sa, sb, layout):
+    A, B = _pair(sa, sb, layout=layout)
+    for op in [torch.add, torch.mul, torch.maximum, lambda a, b: torch.where(a > 0, a, b)]:
+        out = _native(lambda: op(A, B))
+        assert isinstance(out, SparseTensor) and out.shape == torch.broadcast_shapes(sa, sb)
+        torch.testing.assert_close(out.to_dense(), op(A.to_dense(), B.to_dense()))
+        if A.dim() >= 2:
+            assert out.sparse_layout == A.sparse_layout
+
+
+def test_broadcasting_with_an_indefinite_operand():
+    A, B = _pair((4, 1), (1, 3))
+    M = sparsefill.sparse_coo_tensor(A.indices(), A.values(), A.shape, fill_value=sparsefill.indefinite)
+    out = _native(lambda: M + B)
+    assert out._indefinite  # unspecified wherever M is: compare where specified
+    ref = A.to_dense() + B.to_dense()
+    idx = out.indices()
+    torch.testing.assert_close(out.values(), ref[idx[0], idx[1]])
+    assert set(idx[0].tolist()) <= set(A.indices()[0].tolist())
+
+
+def test_out_variant_into_a_sparse_tensor():
+    A, B = _pair((3, 4), (3, 4))
+    C = sparsefill.zeros(3, 4, dtype=torch.float64)
+    res = _native(lambda: torch.add(A, B, alpha=2, out=C))
+    assert res is C and isinstance(C, SparseTensor)
+    torch.testing.assert_close(C.to_dense(), A.to_dense() + 2 * B.to_dense())
+    _native(lambda: torch.exp(A, out=C))
+    torch.testing.assert_close(C.to_dense(), A.to_dense().exp())
+    # out aliasing an input
+    _native(lambda: torch.mul(A, B, out=A))
+    torch.testing.assert_close(A.to_dense(), C.to_dense().log() * B.to_dense())
+    # out of a wider dtype: cast as torch does; a narrower one: torch's error
+    D = sparsefill.zeros(3, 4, dtype=torch.complex128)
+    _native(lambda: torch.add(B, 1, out=D))
+    torch.testing.assert_close(D.to_dense(), (B.to_dense() + 1).to(torch.complex128))
+    with pytest.raises(RuntimeError, match="can't be cast"):
+        torch.add(B, 1.5, out=sparsefill.zeros(3, 4, dtype=torch.int64))
+    with pytest.raises(ValueError, match="shape"):
+        torch.add(B, 1, out=sparsefill.zeros(3, 5, dtype=torch.float64))
+
+
+def test_untagged_element_wise_ops_are_native():
+    A, B = _pair((3, 4), (3, 4))
+    F = torch.nn.functional
+    cases = {
+        "rsub": lambda a, b: torch.rsub(a, b, alpha=2), "polar": lambda a, b: torch.polar(a.abs(), b),
+        "complex": torch.complex, "floor_divide": torch.floor_divide,
+        "prelu": lambda a, b: F.prelu(a, torch.tensor([0.25], dtype=torch.float64)),
+        "rrelu_eval": lambda a, b: F.rrelu(a, training=False), "logsigmoid": lambda a, b: F.logsigmoid(a),
+        "fill": lambda a, b: torch.fill(a, 0.1), "fill_": lambda a, b: a.clone().fill_(0.1),
+    }
+    for name, op in cases.items():
+        out = _native(lambda: op(A, B))
+        assert isinstance(out, SparseTensor), name
+        torch.testing.assert_close(out.to_dense(), op(A.to_dense(), B.to_dense()), msg=name)
+
+
+def test_logsigmoid_backward_is_sparse_too():
+    A, _ = _pair((3, 4), (3, 4))
+    A.requires_grad_()
+    torch.nn.functional.logsigmoid(A).sum().backward()
+    x = A.detach().to_dense().requires_grad_()
+    torch.nn.functional.logsigmoid(x).sum().backward()
+    torch.testing.assert_close(torch.as_tensor(A.grad.to_dense()), x.grad)

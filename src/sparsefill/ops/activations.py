@@ -1,4 +1,7 @@
-"""Element-wise activations whose aten kernels are not plain pointwise ops.
+"""Element-wise ops whose aten kernels are not plain pointwise ops.
+
+* ``fill(A, v)`` / ``A.fill_(v)``: every element becomes ``v``: the pattern is kept, values and
+  fill become ``v`` (the fill keeps the shape of A's dense dims when ``v`` is a tensor).
 
 * ``log_sigmoid_forward`` returns ``(output, buffer)``; the buffer is a kernel workspace:
   element-wise on CPU (then sparse like the output), empty on other devices (passed through).
@@ -12,9 +15,23 @@ import torch
 
 from .._convert import coalesce_of, rewrap
 from .._tensor import SparseTensor
+from .fallback import assign_
 from .registry import register
 
 aten = torch.ops.aten
+
+
+@register(aten.fill.Scalar, aten.fill.Tensor, aten.fill_.Scalar, aten.fill_.Tensor)
+def _fill(func, args, kwargs):
+    A, v = args[0], args[1]
+    if not isinstance(A, SparseTensor) or isinstance(v, SparseTensor):
+        return NotImplemented
+    if isinstance(v, torch.Tensor) and v.dim():  # a Python number stays one (no float32 rounding)
+        raise RuntimeError(f"fill_ only supports 0-dimension value tensor but got tensor with {v.dim()} dimensions.")
+    fill = A._fill if A._indefinite else A._fill.new_empty(A._fill.shape).fill_(v)  # indefinite stays so
+    B = A if A._coalesced else coalesce_of(A)  # duplicates would sum to a multiple of v
+    new = rewrap(B, values=B._vals.new_empty(B._vals.shape).fill_(v), fill=fill, known_zero=False)
+    return assign_(A, new) if func._schema.name.endswith("_") else new
 
 
 @register(aten.log_sigmoid_forward.default)

@@ -28,7 +28,9 @@ from .fallback import assign_, flat_args, written_args, written_positions
 aten = torch.ops.aten
 # element-wise aten ops that torch does not tag pointwise
 UNTAGGED = {aten.rsub.Tensor, aten.polar.default, aten.polar.out, aten._prelu_kernel.default,
-            aten.log_sigmoid_backward.default, aten.log_sigmoid_backward.grad_input}
+            aten.log_sigmoid_backward.default, aten.log_sigmoid_backward.grad_input, aten.complex.default,
+            aten.complex.out, aten.floor_divide.default, aten.floor_divide.Scalar, aten.floor_divide.out,
+            aten.floor_divide_.Tensor, aten.floor_divide_.Scalar}
 
 
 def is_pointwise(func) -> bool:
