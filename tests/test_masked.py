@@ -228,11 +228,14 @@ def _grad_case(seed=0):
 
 
 @pytest.mark.parametrize("name", list(DIFFERENTIABLE))
-@pytest.mark.parametrize("mask_kind", ["sparse mask", "mask=None, fill 0.7"])
+@pytest.mark.parametrize("mask_kind", ["sparse mask", "pattern mask", "mask=None, fill 0.7"])
 def test_gradcheck_over_values_and_fill(name, mask_kind):
     idx, vals, mask = _grad_case()
     fn = DIFFERENTIABLE[name]
     fill0 = torch.tensor(0.7 if mask_kind.startswith("mask=None") else -0.4, dtype=torch.float64)
+    if mask_kind == "pattern mask":  # every stored element masked in: the segment_reduce path
+        mask = torch.zeros(4, 4, dtype=torch.bool)
+        mask[idx[0], idx[1]] = True
     m = None if mask_kind.startswith("mask=None") else mask.to_sparse()
 
     def f(v, fill):

@@ -23,7 +23,7 @@ from .. import _index
 from .._reduce import group_slices, identity_of
 from ._canon import Masked
 
-__all__ = ["Slices", "seg_sum", "seg_prod", "seg_extreme", "seg_count", "seg_mean", "seg_var", "seg_logsumexp",
+__all__ = ["Slices", "seg_add", "seg_bcast", "seg_sum", "seg_prod", "seg_extreme", "seg_count", "seg_mean", "seg_var", "seg_logsumexp",
            "seg_norm", "seg_median", "seg_arg", "canonical_dims"]
 
 
@@ -67,12 +67,14 @@ class Slices:
             self.seg_row = X.rows if self.out_idx.shape[1] == counts.numel() else torch.repeat_interleave(
                 torch.arange(self.out_idx.shape[1], device=dev), counts[nonempty], output_size=k)
             self.n_u = S[1] - counts[nonempty]
+            lengths = counts[nonempty]
         elif self.red_s:
-            self.seg_row, self.out_idx, self.n_u = _group(X.indices(), S, self.red_s)
+            self.seg_row, self.out_idx, self.n_u, lengths = _group(X.indices(), S, self.red_s)
         else:
             self.seg_row = torch.arange(k, device=dev)
             self.out_idx = X.indices()
             self.n_u = torch.zeros(k, dtype=torch.int64, device=dev)
+            lengths = None
         self.N_r = _index.numel([S[d] for d in self.red_s])
         self.S_out = self.out_idx.shape[1]
         self.nseg = self.S_out * self.Pk
@@ -81,6 +83,9 @@ class Slices:
         if self.Pk != 1:
             seg = seg * self.Pk + torch.arange(self.Pk, device=dev)[None, :, None]
         self.seg3 = seg.expand(k, self.Pk, self.Pr)
+        # sorted, gap-free segments of one scalar each (rows of a plain matrix): segment_reduce and
+        # repeat_interleave instead of index_add and gathers
+        self.lengths = lengths if lengths is not None and self.Pk == 1 and self.Pr == 1 else None
 
     # ---------------------------------------------------------------- element views
     def scalars(self, t: torch.Tensor) -> torch.Tensor:
@@ -99,13 +104,14 @@ class Slices:
         return self.scalars(f.expand(self.X.D)[None])[0]
 
     def masked_in(self, u=None, m=None):
-        """``(values, seg)`` of the masked-in stored scalar elements."""
+        """``(values, seg, lengths)`` of the masked-in stored scalar elements (``lengths``: see
+        :func:`seg_add`; None unless every element is masked in and the segments are sorted rows)."""
         u = self.X.u if u is None else u
         m = self.X.m if m is None else m
         ms = self.scalars(m)
         if bool(ms.all()):
-            return self.scalars(u).reshape(-1), self.seg3.reshape(-1)
-        return self.scalars(u)[ms], self.seg3[ms]
+            return self.scalars(u).reshape(-1), self.seg3.reshape(-1), self.lengths
+        return self.scalars(u)[ms], self.seg3[ms], None
 
     def fill_classes(self, f: torch.Tensor, counts: bool | None = None):
         """``(F, n)`` for touched segments, ``(F0, n0)`` for the untouched slice (``counts``: mfill by default)."""
@@ -138,11 +144,11 @@ def _group(idx, S, red_s):
     (then the kept keys of a coalesced pattern are already sorted)."""
     keep = [d for d in range(len(S)) if d not in red_s]
     if keep != list(range(len(keep))):
-        return group_slices(idx, S, red_s)
+        return group_slices(idx, S, red_s) + (None,)
     kshape = [S[d] for d in keep]
-    keys = _index.linearize(idx[keep], kshape)
+    keys = _index.linearize(idx[: len(keep)], kshape)
     out_keys, seg, counts = torch.unique_consecutive(keys, return_inverse=True, return_counts=True)
-    return seg, _index.unravel(out_keys, kshape), _index.numel([S[d] for d in red_s]) - counts
+    return seg, _index.unravel(out_keys, kshape), _index.numel([S[d] for d in red_s]) - counts, counts
 
 
 # -------------------------------------------------------------------- kernels
@@ -151,21 +157,38 @@ def _sum_classes(F, n):
                        torch.zeros((), dtype=F.dtype, device=F.device)).sum(1)
 
 
-def seg_sum(v, seg, nseg, F, n):
-    out = v.new_zeros(nseg).index_add(0, seg, v)
+def seg_add(v, seg, nseg, lengths=None):
+    """``out[s] = sum(v[seg == s])``; with ``lengths`` (``seg`` sorted, every segment ``lengths[s] > 0``
+    long) one pass of ``segment_reduce``."""
+    if lengths is not None and v.is_floating_point():
+        return torch.segment_reduce(v, "sum", lengths=lengths, unsafe=True)
+    return v.new_zeros(nseg).index_add(0, seg, v)
+
+
+def seg_bcast(t, seg, lengths=None):
+    """``t[seg]``: a per-segment value at every element."""
+    if lengths is not None:
+        return torch.repeat_interleave(t, lengths, output_size=seg.numel())
+    return t[seg]
+
+
+def seg_sum(v, seg, nseg, F, n, lengths=None):
+    out = seg_add(v, seg, nseg, lengths)
     return out + _sum_classes(F, n).to(out.dtype)
 
 
-def seg_count(seg, nseg, n):
+def seg_count(seg, nseg, n, lengths=None):
+    if lengths is not None:
+        return lengths + n.sum(1)
     return torch.bincount(seg, minlength=nseg)[:nseg] + n.sum(1) if seg.numel() else n.sum(1)
 
 
-def seg_prod(v, seg, nseg, F, n):
+def seg_prod(v, seg, nseg, F, n, lengths=None):
     out = v.new_ones(nseg).scatter_reduce(0, seg, v, "prod", include_self=True)
     return out * torch.pow(F, n.to(F.dtype) if F.is_floating_point() else n).prod(1).to(out.dtype)
 
 
-def seg_extreme(v, seg, nseg, F, n, mode, init=None):
+def seg_extreme(v, seg, nseg, F, n, mode, init=None, lengths=None):
     init = identity_of(mode, v.dtype) if init is None else init
     out = v.new_full((nseg,), init).scatter_reduce(0, seg, v, mode, include_self=True)
     if F.shape[-1] == 0:
@@ -176,36 +199,37 @@ def seg_extreme(v, seg, nseg, F, n, mode, init=None):
     return torch.maximum(out, f) if mode == "amax" else torch.minimum(out, f)
 
 
-def seg_mean(v, seg, nseg, F, n):
-    return seg_sum(v, seg, nseg, F, n) / seg_count(seg, nseg, n)
+def seg_mean(v, seg, nseg, F, n, lengths=None):
+    return seg_sum(v, seg, nseg, F, n, lengths) / seg_count(seg, nseg, n, lengths)
 
 
-def seg_var(v, seg, nseg, F, n, correction):
-    count = seg_count(seg, nseg, n)
-    mean = seg_sum(v, seg, nseg, F, n) / count
-    d = v - mean[seg]
+def seg_var(v, seg, nseg, F, n, correction, lengths=None):
+    count = seg_count(seg, nseg, n, lengths)
+    mean = seg_sum(v, seg, nseg, F, n, lengths) / count
+    d = v - seg_bcast(mean, seg, lengths)
     df = F - mean[:, None]
-    acc = v.new_zeros(nseg).index_add(0, seg, d * d) + _sum_classes(df * df, n)
+    acc = seg_add(d * d, seg, nseg, lengths) + _sum_classes(df * df, n)
     return acc / (count.to(acc.dtype) - correction).clamp_min(0)
 
 
-def seg_logsumexp(v, seg, nseg, F, n):
+def seg_logsumexp(v, seg, nseg, F, n, lengths=None):
     m = seg_extreme(v, seg, nseg, F, n, "amax")
     m0 = torch.where(torch.isfinite(m), m, torch.zeros((), dtype=m.dtype, device=m.device)).detach()
-    s = v.new_zeros(nseg).index_add(0, seg, torch.exp(v - m0[seg])) + _sum_classes(torch.exp(F - m0[:, None]), n)
+    s = seg_add(torch.exp(v - seg_bcast(m0, seg, lengths)), seg, nseg, lengths) + \
+        _sum_classes(torch.exp(F - m0[:, None]), n)
     return torch.log(s) + m0
 
 
-def seg_norm(v, seg, nseg, F, n, p):
+def seg_norm(v, seg, nseg, F, n, p, lengths=None):
     a, Fa = torch.abs(v), torch.abs(F)
     if math.isinf(p):
         return seg_extreme(a, seg, nseg, Fa, n, "amax" if p > 0 else "amin", init=0.0 if p > 0 else math.inf)
     if p == 0:
-        return seg_sum((a != 0).to(a.dtype), seg, nseg, (Fa != 0).to(a.dtype), n)
-    return seg_sum(a ** p, seg, nseg, Fa ** p, n) ** (1.0 / p)
+        return seg_sum((a != 0).to(a.dtype), seg, nseg, (Fa != 0).to(a.dtype), n, lengths)
+    return seg_sum(a ** p, seg, nseg, Fa ** p, n, lengths) ** (1.0 / p)
 
 
-def seg_median(v, seg, nseg, F, n):
+def seg_median(v, seg, nseg, F, n, lengths=None):
     """Lower median of the non-NaN elements (``torch.nanmedian``); NaN for a segment with none."""
     C = F.shape[1] if F.dim() == 2 else 1
     vals = torch.cat([v, F.reshape(-1)])

@@ -46,7 +46,7 @@ def output_mask(input, dim=None, keepdim=False, *, mask=None):
         dims = E.canonical_dims(dim, m.dim())
         return torch.any(m, dims, keepdim=bool(keepdim)) if dims else m.clone()
     with torch.no_grad():
-        return _reduction(input, mask, dim, keepdim, lambda v, seg, nseg, F, n: E.seg_count(seg, nseg, n) > 0,
+        return _reduction(input, mask, dim, keepdim, lambda v, seg, nseg, F, n, lengths=None: E.seg_count(seg, nseg, n, lengths) > 0,
                           None)
 
 
@@ -60,11 +60,11 @@ def pattern_mask(input):
     if input.layout is torch.sparse_coo:
         return torch.sparse_coo_tensor(input._indices(), torch.ones(input._values().shape, dtype=torch.bool,
                                                                     device=input.device),
-                                       input.shape, is_coalesced=input.is_coalesced())
+                                       input.shape, is_coalesced=input.is_coalesced(), check_invariants=False)
     if input.layout is torch.sparse_csr:
         return torch.sparse_csr_tensor(input.crow_indices(), input.col_indices(),
                                        torch.ones(input.values().shape, dtype=torch.bool, device=input.device),
-                                       input.shape)
+                                       input.shape, check_invariants=False)
     raise TypeError(f"pattern_mask expects a sparse COO or CSR tensor, got layout {input.layout}")
 
 
@@ -72,11 +72,12 @@ def coo_mask(indices, size, *, device=None):
     """A torch native COO bool mask, True at ``indices`` (shape ``(sparse_dim, nse)``)."""
     indices = torch.as_tensor(indices, device=device)
     return torch.sparse_coo_tensor(indices, torch.ones(indices.shape[1], dtype=torch.bool, device=indices.device),
-                                   size).coalesce()
+                                   size, check_invariants=True).coalesce()
 
 
 def csr_mask(crow_indices, col_indices, size, *, device=None):
     """A torch native CSR bool mask, True at the elements given by ``crow_indices``/``col_indices``."""
     crow = torch.as_tensor(crow_indices, device=device)
     col = torch.as_tensor(col_indices, device=crow.device)
-    return torch.sparse_csr_tensor(crow, col, torch.ones(col.shape, dtype=torch.bool, device=crow.device), size)
+    return torch.sparse_csr_tensor(crow, col, torch.ones(col.shape, dtype=torch.bool, device=crow.device), size,
+                                   check_invariants=True)

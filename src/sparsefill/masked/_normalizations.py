@@ -49,10 +49,10 @@ def _normalization(input, mask, dim, name, per_element, c_out, cast, dense_op):
         sl = E.Slices(X, dims)
         u, f = (X.u, X.fill) if cast is None else (X.u.to(cast), X.fill.to(cast))
         ms = sl.scalars(X.m)
-        every = bool(ms.all())  # the usual case (mask = the input's pattern): no gathers
-        v, seg = (sl.scalars(u).reshape(-1), sl.seg3.reshape(-1)) if every else (sl.scalars(u)[ms], sl.seg3[ms])
+        v, seg, lengths = sl.masked_in(u)
+        every = v.numel() == ms.numel()  # the usual case (mask = the input's pattern): no gathers
         (F, n), (F0, n0) = sl.fill_classes(f)
-        out_v, g, g0 = per_element(sl, v, seg, F, n, F0, n0)
+        out_v, g, g0 = per_element(sl, v, seg, F, n, F0, n0, lengths)
         c = torch.full((), c_out, dtype=out_v.dtype, device=out_v.device)
         if every:
             vals = sl.unscalars(out_v.reshape(ms.shape))
@@ -86,28 +86,29 @@ def _dense_ref(dense_op, mask):
 
 
 def _softmax_parts(sign, log):
-    def stats(v, seg, nseg, F, n):
+    def stats(v, seg, nseg, F, n, lengths=None):
         M = E.seg_extreme(v, seg, nseg, F, n, "amax")
         xf = F - M[:, None]
         ef = torch.where(n > 0, torch.exp(xf) * n.to(F.dtype), torch.zeros((), dtype=F.dtype, device=F.device)).sum(1)
         if v.requires_grad:
-            x = v - M[seg]
+            x = v - E.seg_bcast(M, seg, lengths)
             e = torch.exp(x)
         else:  # in place: two element-sized temporaries instead of four
-            x = e = M[seg]
+            x = e = E.seg_bcast(M, seg, lengths)
             torch.sub(v, e, out=e)
             if not log:
                 e.exp_()
-        Z = v.new_zeros(nseg).index_add(0, seg, torch.exp(x) if log else e) + ef
+        Z = E.seg_add(torch.exp(x) if log else e, seg, nseg, lengths) + ef
         if log:
-            lz = torch.log(Z)
-            return (x - lz[seg] if v.requires_grad else x.sub_(lz[seg])), xf - lz[:, None]
-        return (e / Z[seg] if v.requires_grad else e.div_(Z[seg])), torch.exp(xf) / Z[:, None]
+            lz = E.seg_bcast(torch.log(Z), seg, lengths)
+            return (x - lz if v.requires_grad else x.sub_(lz)), xf - torch.log(Z)[:, None]
+        z = E.seg_bcast(Z, seg, lengths)
+        return (e / z if v.requires_grad else e.div_(z)), torch.exp(xf) / Z[:, None]
 
-    def per_element(sl, v, seg, F, n, F0, n0):
+    def per_element(sl, v, seg, F, n, F0, n0, lengths=None):
         if sign < 0:
             v, F, F0 = -v, -F, -F0
-        ov, g = stats(v, seg, sl.nseg, F, n)
+        ov, g = stats(v, seg, sl.nseg, F, n, lengths)
         _, g0 = stats(v[:0], seg[:0], sl.Pk, F0, n0)
         return ov, g, g0
     return per_element
@@ -147,10 +148,10 @@ def normalize(input, ord, dim, *, eps=1e-12, dtype=None, mask=None):
         raise ValueError(f"masked normalize of a sparse input: ord={ord} (negative, finite) is not supported")
     cast = dtype or input.dtype
 
-    def per_element(sl, v, seg, F, n, F0, n0):
-        d = E.seg_norm(v, seg, sl.nseg, F, n, p).clamp_min(eps)
+    def per_element(sl, v, seg, F, n, F0, n0, lengths=None):
+        d = E.seg_norm(v, seg, sl.nseg, F, n, p, lengths).clamp_min(eps)
         d0 = E.seg_norm(v[:0], seg[:0], sl.Pk, F0, n0, p).clamp_min(eps)
-        return v / d[seg], F / d[:, None], F0 / d0[:, None]
+        return v / E.seg_bcast(d, seg, lengths), F / d[:, None], F0 / d0[:, None]
 
     def dense_op(x, m):
         return torch.masked.normalize(x, ord, dim, eps=eps, dtype=dtype, mask=m)
@@ -165,7 +166,7 @@ def _cum(name, mode):
             return getattr(torch.masked, name)(input, dim, dtype=dtype, mask=dense_mask(mask, input))
         cast = dtype or input.dtype
 
-        def per_element(sl, v, seg, F, n, F0, n0):
+        def per_element(sl, v, seg, F, n, F0, n0, lengths=None):
             if sl.red_s and (n > 0).any():
                 raise _DenseByNature
             out = _segmented_scan(v, seg, sl.nseg, mode)

@@ -60,9 +60,9 @@ def _reduction(input, mask, dim, keepdim, kernel, dense_ref, cast=None, post=Non
         u, f = X.u, X.fill
         if cast is not None:
             u, f = u.to(cast), f.to(cast)
-        v, seg = sl.masked_in(u)
+        v, seg, lengths = sl.masked_in(u)
         (F, n), (F0, n0) = sl.fill_classes(f)
-        out = kernel(v, seg, sl.nseg, F, n)
+        out = kernel(v, seg, sl.nseg, F, n, lengths=lengths)
         out0 = kernel(v[:0], seg[:0], sl.Pk, F0, n0)
         if post is not None:
             out, out0 = post(out), post(out0)
@@ -101,7 +101,7 @@ def _extreme(name, mode):
             return getattr(torch.masked, name)(input, dim, keepdim=keepdim, dtype=dtype,
                                                mask=dense_mask(mask, input))
         dt = dtype or input.dtype
-        return _reduction(input, mask, dim, keepdim, lambda *a: E.seg_extreme(*a, mode),
+        return _reduction(input, mask, dim, keepdim, lambda *a, **k: E.seg_extreme(*a, mode, **k),
                           _ref(name, dim, keepdim=keepdim, dtype=dtype, mask=mask), post=lambda t: t.to(dt))
     op.__name__ = op.__qualname__ = name
     sign = "-inf" if mode == "amax" else "+inf"
@@ -151,7 +151,7 @@ def norm(input, ord=2.0, dim=None, *, keepdim=False, dtype=None, mask=None):
     if not (dt.is_floating_point or dt.is_complex):
         raise RuntimeError(f"linalg.vector_norm: Expected a floating point or complex tensor as input. Got {dt}")
     out_dt = dt.to_real() if dt.is_complex else dt
-    return _reduction(input, mask, dim, keepdim, lambda *a: E.seg_norm(*a, p),
+    return _reduction(input, mask, dim, keepdim, lambda *a, **k: E.seg_norm(*a, p, **k),
                       _ref("norm", ord, dim, keepdim=keepdim, dtype=dtype, mask=mask), cast=dt,
                       post=lambda t: t.to(out_dt))
 
@@ -167,8 +167,8 @@ def _std_var(name, input, dim, unbiased, correction, keepdim, dtype, mask, take_
     dt = dtype or (input.dtype if input.dtype.is_floating_point or input.dtype.is_complex else torch.float32)
     cdt = dt if dt.is_floating_point or dt.is_complex else torch.float32
 
-    def kernel(v, seg, nseg, F, n):
-        out = E.seg_var(v, seg, nseg, F, n, corr)
+    def kernel(v, seg, nseg, F, n, lengths=None):
+        out = E.seg_var(v, seg, nseg, F, n, corr, lengths)
         return torch.sqrt(out) if take_sqrt else out
 
     return _reduction(input, mask, dim, keepdim, kernel,
