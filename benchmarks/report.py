@@ -131,6 +131,7 @@ def markdown_report(report: Mapping[str, Any]) -> str:
               f"Machine: {env.get('cpu_model') or env.get('processor') or '?'}, {env.get('cpu_count')} cores; "
               f"torch {env.get('torch')}, Python {env.get('python')}, sparsefill {env.get('sparsefill')} at "
               f"`{(env.get('git_commit') or '?')[:7]}`" + (" (src/ modified)" if env.get("src_dirty") else "")
+              + f"; THP_MEM_ALLOC_ENABLE={env.get('THP_MEM_ALLOC_ENABLE') or 'unset'}"
               + f"; rounds {report.get('settings', {}).get('rounds')}, "
               f"{report.get('settings', {}).get('min_run_time')} s per measurement.", ""]
     if bw:

@@ -430,6 +430,12 @@ def environment() -> dict[str, Any]:
         env["src_dirty"] = bool(dirty)
     except Exception:
         env["git_commit"] = None
+    env["THP_MEM_ALLOC_ENABLE"] = os.environ.get("THP_MEM_ALLOC_ENABLE")   # torch's CPU allocator on huge pages
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            env["transparent_hugepage"] = f.read().strip()
+    except OSError:
+        pass
     try:
         with open("/proc/cpuinfo") as f:
             names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
