@@ -30,7 +30,7 @@ registration).  For every ``(case, size, thread count)``:
 ``budget_s`` (``--quick``: 100 s) bounds a run: each case gets a fair share of what is
 left (the budget left / the cases left); a case past its share skips its remaining
 (size, threads) rows, noted in the table; the first row of a case runs while any budget
-is left.
+is left, with one round only when its warm-up calls alone would overrun the share.
 
 Cases live in ``benchmarks/cases_*.py``; :func:`discover` imports every such module, so
 a new file registers its cases without editing anything else.  Nothing happens on import.
@@ -330,7 +330,7 @@ def run_cases(cases: Iterable[Case], threads: Sequence[int] = (1, 2), quick: boo
                         first = False
                         if progress is not None:
                             progress.start(f"{c.name} [{size_label}] threads={n}")
-                        best = _run_one(c, param, impls, n, timer, settings, memory and mem is None)
+                        best = _run_one(c, param, impls, n, timer, settings, memory and mem is None, share)
                         mem = mem or best.pop("memory")
                         tries = 1
                         while (retry_noisy is not None and tries < max_tries and best["other_cpu"] is not None
@@ -366,10 +366,14 @@ def run_cases(cases: Iterable[Case], threads: Sequence[int] = (1, 2), quick: boo
 
 
 def _run_one(c: Case, param, impls: Sequence[Impl], n: int, timer: Timer, settings: Settings,
-             with_memory: bool) -> dict[str, Any]:
+             with_memory: bool, share: float | None = None) -> dict[str, Any]:
     torch.set_num_threads(n)
     active = [(label, fn) for label, fn in impls if not isinstance(fn, Skipped)]
+    t0 = time.monotonic()
     outputs = {label: fn() for label, fn in active}    # warm-up
+    warm = time.monotonic() - t0
+    if share is not None and settings.rounds > 1 and warm * (settings.rounds + 1) > share:
+        settings = dataclasses.replace(settings, rounds=1)  # slow calls and a time budget: one round
     if c.check is not None:
         c.check(param, outputs)
     del outputs
@@ -390,7 +394,7 @@ def _run_one(c: Case, param, impls: Sequence[Impl], n: int, timer: Timer, settin
     ratios = [{"peer": s["label"], "ratio": subject["median_s"] / s["median_s"] if s["median_s"] > 0 else None}
               for s in stats[1:] if "skipped" not in s]
     return {"threads": n, "impls": stats, "ratios": ratios, "loadavg_1min": load, "other_cpu": other,
-            "memory": mem}
+            "rounds": settings.rounds, "memory": mem}
 
 
 def _annotate(rec: dict[str, Any], mem, nbytes: int | None, bw: float | None) -> None:

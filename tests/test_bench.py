@@ -63,6 +63,7 @@ def test_machinery_on_tiny_cases():
     assert [i["label"] for i in r["impls"]] == ["sparsefill", "dense peer", "missing peer"]
     subj, peer, missing = r["impls"]
     assert missing == {"label": "missing peer", "skipped": "not installed (pip install nothing)"}
+    assert r["rounds"] == runner.QUICK.rounds and len(subj["rounds_s"]) == runner.QUICK.rounds
     assert subj["median_s"] == 1e-3 and r["ratios"] == [{"peer": "dense peer", "ratio": 1.0}]
     assert subj["gbps"] == pytest.approx(32 / 1e-3 / 1e9) and subj["pct_copy"] == pytest.approx(100 * 32e3 / 4e9)
     assert subj["result_bytes"] == 64 and peer["result_bytes"] == 64   # 8 float64
@@ -89,6 +90,7 @@ def test_time_budget_skips_rows(monkeypatch):
     res = runner.run_cases(reg.cases[:1], budget_s=25.0, **kw)     # one case: a share of 15 s
     ran = ["skipped" not in r for r in res]
     assert len(res) == 6 and ran[0] and not ran[-1] and ran == sorted(ran, reverse=True)
+    assert res[0]["rounds"] == 1            # its warm-up took 10 s: 2 rounds would overrun the share
     assert all(r["skipped"].startswith("time budget (15.0 s") for r in res if "skipped" in r)
     assert "skipped: time budget" in runner.markdown_table(res)
 
