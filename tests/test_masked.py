@@ -218,8 +218,8 @@ DIFFERENTIABLE = {
 
 def _grad_case(seed=0):
     g = torch.Generator().manual_seed(seed)
-    idx = torch.tensor([[0, 0, 1, 1, 2, 3, 3], [0, 2, 1, 3, 2, 0, 3]])
-    vals = torch.randn(7, generator=g, dtype=torch.float64)
+    idx = torch.tensor([[0, 0, 1, 1, 2, 2, 3, 3], [0, 2, 1, 3, 1, 2, 0, 3]])  # >= 2 per row and column
+    vals = torch.randn(8, generator=g, dtype=torch.float64)
     mask = torch.zeros(4, 4, dtype=torch.bool)
     mask[idx[0], idx[1]] = True
     mask[1, 3] = False
