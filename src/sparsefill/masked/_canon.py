@@ -104,7 +104,8 @@ def true_positions(mask, shape) -> torch.Tensor:
             pos = torch.cat([idx[:, nz[:, 0]], nz[:, 1:].T], 0) if nz.shape[0] else \
                 idx.new_zeros((M.dim(), 0))
             return _broadcast_positions(pos, tuple(M.shape), tuple(shape))
-        mask = mask_to_dense(M, M.shape)                                 # a True fill: rare, read densely
+        _convert.check_densify_quiet(M, "a sparse mask with a True fill")  # rare: read densely
+        mask = mask_to_dense(M, M.shape)
     d = mask if mask.dtype == torch.bool else mask != 0
     pos = d.nonzero().T
     return _broadcast_positions(pos, tuple(d.shape), tuple(shape))
@@ -172,6 +173,11 @@ def combine(input, mask) -> Masked:
         return Masked(A, idx, vals, same, fill, False, True, rows)
     if idx is None:
         idx = torch.stack([rows, A._col])
+    if not is_sparse(mask):  # a strided mask: read at the input's positions, O(nse)
+        md = mask_to_dense(mask, A.shape)
+        m = md[tuple(idx)] if idx.shape[0] else md.expand(vals.shape)
+        if A._indefinite or int(m.sum()) == int(md.sum()):  # no masked-in unspecified element
+            return Masked(A, idx, vals, m.clone(), fill, False, True, rows)
     S = tuple(A._sparse_shape)
     pos = true_positions(mask, tuple(A.shape))
     sd = len(S)
@@ -182,14 +188,14 @@ def combine(input, mask) -> Masked:
         m = torch.zeros(vals.shape, dtype=torch.bool, device=vals.device)
         sel = found.nonzero().squeeze(1)
         m[(found_pos[sel],) + tuple(pos[sd:, sel])] = True
-        return Masked(A, idx, vals, m, fill, False, True)
+        return Masked(A, idx, vals, m, fill, False, True, rows)
     union, inv = torch.unique(torch.cat([akeys, mkeys]), return_inverse=True)
     ia, im = inv[: akeys.numel()], inv[akeys.numel():]
     k = union.numel()
     if k == akeys.numel():  # the masked-in positions are all specified in the input
         m = torch.zeros(vals.shape, dtype=torch.bool, device=vals.device)
         m[(im,) + tuple(pos[sd:])] = True
-        return Masked(A, idx, vals, m, fill, False, True)
+        return Masked(A, idx, vals, m, fill, False, True, rows)
     u = torch.index_put(fill.expand((k,) + D), (ia,), vals)
     m = torch.zeros((k,) + D, dtype=torch.bool, device=vals.device)
     m[(im,) + tuple(pos[sd:])] = True
