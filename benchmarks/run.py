@@ -17,7 +17,7 @@ if __package__ in (None, ""):  # python benchmarks/run.py: make ``benchmarks`` i
 from benchmarks.runner import main as _main  # noqa: E402
 
 
-def main(argv=None, prog: str = "benchmarks/run.py") -> int:
+def main(argv=None, prog: str = "python benchmarks/run.py") -> int:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
         return _main(argv, prog=prog)

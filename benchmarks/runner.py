@@ -544,7 +544,7 @@ def main(argv: Sequence[str] | None = None, cases: Sequence[Case] | None = None,
     for mod, tb in import_errors.items():
         results.append({"case": f"(import {mod})", "size": "-", "threads": "-", "error": tb})
     report = {"started": started.isoformat(timespec="seconds"), "quick": args.quick, "dry_run": args.dry_run,
-              "command": " ".join(["python -m sparsefill bench", *(argv if argv is not None else sys.argv[1:])]),
+              "command": " ".join([prog or "python -m sparsefill bench", *(argv if argv is not None else sys.argv[1:])]),
               "threads": threads, "filter": args.filter, "retry_noisy": args.retry_noisy, "budget_s": budget,
               "settings": dataclasses.asdict(settings), "environment": env, "copy_bandwidth": bw,
               "loadavg_end": loadavg(), "results": results}
@@ -564,6 +564,6 @@ def main(argv: Sequence[str] | None = None, cases: Sequence[Case] | None = None,
         json.dump(report, f, indent=1, default=str)
     with open(os.path.join(args.out, "results.md"), "w") as f:
         f.write(markdown_report(report) + "\n")
-    print(f"# wrote {os.path.join(args.out, 'results.json')}, results.md and {len(plots)} plots "
-          f"in {report['total_s']:.1f} s", file=sys.stderr)
+    print(f"# total {report['total_s']:.1f} s; wrote {os.path.join(args.out, 'results.json')}, results.md and "
+          f"{len(plots)} plots", file=sys.stderr)
     return 1 if any("error" in r for r in results) else 0
