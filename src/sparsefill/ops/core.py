@@ -91,7 +91,14 @@ def _is_same_size(func, args, kwargs):
 @register(aten.new_zeros.default, aten.new_ones.default, aten.new_empty.default, aten.new_full.default,
           aten.new_empty_strided.default)
 def _new_dense(func, args, kwargs):  # torch semantics: a new strided tensor with self's dtype and device
-    return func(args[0]._vals, *args[1:], **kwargs)
+    A = args[0]
+    same = {"dtype": A.dtype, "device": A.device, "layout": torch.strided}
+    if (func is aten.new_empty_strided.default and tuple(args[1]) == tuple(A.shape)
+            and all(v is None or v == same.get(k, False) for k, v in kwargs.items())):
+        # autograd accumulates a leaf's gradient as A.new_empty_strided(A.shape, A.stride()).copy_(grad):
+        # an empty SparseTensor here lets a sparse gradient stay sparse (copy_ takes its pattern and fill)
+        return _creation.empty_like(A)
+    return func(A._vals, *args[1:], **kwargs)
 
 
 def _like_handler(make):

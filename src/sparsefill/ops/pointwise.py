@@ -26,11 +26,15 @@ from .fallback import assign_, flat_args, written_args, written_positions
 
 
 aten = torch.ops.aten
-# element-wise aten ops that torch does not tag pointwise
-UNTAGGED = {aten.rsub.Tensor, aten.polar.default, aten.polar.out, aten._prelu_kernel.default,
-            aten.log_sigmoid_backward.default, aten.log_sigmoid_backward.grad_input, aten.complex.default,
-            aten.complex.out, aten.floor_divide.default, aten.floor_divide.Scalar, aten.floor_divide.out,
-            aten.floor_divide_.Tensor, aten.floor_divide_.Scalar}
+# element-wise aten ops that torch does not tag pointwise (every overload, out= and in-place ones included)
+UNTAGGED = {getattr(p, o) for p in (aten.rsub, aten.polar, aten._prelu_kernel, aten.complex, aten.floor_divide,
+                                    aten.floor_divide_, aten.log_sigmoid_backward, aten.elu_backward,
+                                    aten.hardsigmoid_backward, aten.hardswish_backward, aten.hardtanh_backward,
+                                    aten.leaky_relu_backward, aten.mish_backward, aten.softplus_backward,
+                                    aten.softshrink_backward, aten.hardshrink_backward, aten.threshold_backward,
+                                    aten.gelu_backward, aten.silu_backward, aten.sigmoid_backward,
+                                    aten.tanh_backward, aten.logit_backward)
+            for o in p.overloads()}
 
 
 def is_pointwise(func) -> bool:
@@ -132,10 +136,19 @@ def pointwise_rule(func, args, kwargs):
         return assign_(A, build(vals, fill))
     vals = apply(at)
     out_fills = None if indefinite else apply(fills)
+    nd = A.dense_dim()
     if isinstance(vals, torch.Tensor):
-        result = build(vals, None if out_fills is None else out_fills[0])
+        result = build(vals, None if out_fills is None else _unbatch(out_fills, nd))
         return result if out is None else assign_(out, result)
-    return type(vals)(build(v, None if out_fills is None else f[0]) for v, f in zip(vals, out_fills or vals))
+    return type(vals)(build(v, None if out_fills is None else _unbatch(f, nd)) for v, f in zip(vals, out_fills or vals))
+
+
+def _unbatch(batch: torch.Tensor, ndense: int) -> torch.Tensor:
+    """A result fill from its batch of one, less leading size-1 dims beyond the dense dims."""
+    f = batch[0]
+    while f.dim() > ndense and f.shape[0] == 1:
+        f = f[0]
+    return f
 
 
 def _broadcast(sparse):
@@ -203,13 +216,19 @@ def _dense_call(func, args, kwargs, tensors):
 
 
 def _over_dense_dims(t: torch.Tensor, A: SparseTensor):
-    """``t`` as an operand of the values (shape of the dense dims) if it broadcasts over A's sparse dims
-    without changing A's shape; else None.  It keeps >= 1 dim so that type promotion sees a dimensioned tensor."""
+    """``t`` as an operand of the values (shape of the dense dims) if it is constant along A's sparse dims
+    (size 1 there, or an expanded tensor: stride 0) and broadcasts to A's shape; else None.  The gradient
+    of a reduction (``grad.expand(shape)``) is such a tensor, so gradients stay sparse.  The result keeps
+    >= 1 dim so that type promotion sees a dimensioned tensor."""
     if t.dim() > A.dim():
         return None
-    padded = (1,) * (A.dim() - t.dim()) + tuple(t.shape)
+    lead = A.dim() - t.dim()
     sdim, D = A.dim() - A.dense_dim(), tuple(A.shape[A.dim() - A.dense_dim():])
-    if any(n != 1 for n in padded[:sdim]) or torch.broadcast_shapes(padded[sdim:], D) != D:
+    along = range(max(sdim - lead, 0))  # t's dims that lie along A's sparse dims
+    if any(t.shape[j] != 1 and (t.stride(j) != 0 or t.shape[j] != A.shape[lead + j]) for j in along):
         return None
-    d = t.reshape(padded[sdim:])
+    d = t[tuple(0 for _ in along)] if len(along) else t  # one slice: the dense-dims part
+    d = d.reshape((1,) * (len(D) - d.dim()) + tuple(d.shape)) if d.dim() < len(D) else d
+    if torch.broadcast_shapes(tuple(d.shape), D) != D:
+        return None
     return d.reshape(1) if d.dim() == 0 else d
