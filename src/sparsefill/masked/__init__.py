@@ -6,15 +6,35 @@ or SparseTensors (COO, CSR, hybrid, any fill).  Invariant, for every op and layo
 
     densify(masked.op(input, ..., mask=mask))[p] == torch.masked.op(dense(input), ..., mask=dense(mask))[p]
 
-at every output position ``p`` with at least one masked-in element.  A sparse input is never
-densified: work and memory are O(nse of input and mask + size of output), and the result has the
-input's layout.  A SparseTensor with indefinite fill is a masked tensor: its pattern is the mask
-(``mask=None`` works; a mask given too is intersected with it).
+at every output position ``p`` with at least one masked-in element (``output_mask``).
+
+* Strided input: exactly ``torch.masked.<op>`` (a sparse mask is read densely).
+* Sparse input: never densified; work and memory O(nse of input and mask + size of output).
+  The mask is combined with the input's pattern into the union pattern ``P`` (``_canon``,
+  masked-reductions-on-sparse.md's ``input_mask3``; elements outside ``P`` are all masked in or
+  all masked out), and each slice is reduced over its stored elements plus, in closed form, its
+  ``n`` unspecified ones (``_engine``, the reducer protocol of ``sparsefill._reduce``).  A strided
+  mask is read at the input's positions (O(nse)) unless it masks in unspecified elements; a
+  sparse mask costs O(its nse).  The result is a SparseTensor with the input's layout (also for
+  torch native inputs, whose zero-fill type cannot hold e.g. the -inf of an empty amax slice):
+  reductions specify the slices that meet ``P`` and take the value of the other slices as fill;
+  normalizations keep ``P``.  Results with no sparse dim left are strided tensors.
+* ``mask=None``: every element is masked in, unspecified ones with the fill's value.  A
+  SparseTensor with indefinite fill is a masked tensor: its pattern is the mask (``mask=None``
+  works; a mask given too is intersected with it), and normalizations return its pattern with an
+  indefinite fill.
+* Autograd as ``torch.masked`` on dense inputs: gradients reach a SparseTensor's values and fill
+  (``_apply``); they are sparse unless unspecified elements are masked in.
+
+Helpers: ``input_mask``/``output_mask`` (the canonical masks in the input's layout),
+``pattern_mask`` (True at a sparse tensor's specified elements), ``coo_mask``/``csr_mask``.
 
 >>> import torch, sparsefill
 >>> A = sparsefill.sparse_coo_tensor([[0, 0, 1], [0, 2, 1]], [-3., -1., 1.], (2, 3), fill_value=sparsefill.indefinite)
 >>> sparsefill.masked.sum(A, 1).to_dense()
 tensor([-4.,  1.])
+>>> sparsefill.masked.softmax(A, 1)._values()
+tensor([0.1192, 0.8808, 1.0000])
 """
 
 from ._elementwise import logaddexp
