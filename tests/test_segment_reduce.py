@@ -512,3 +512,20 @@ def test_parallel_column_blocks(backend):
                     assert torch.equal(torch.where(arg >= 0, rowmap[arg.clamp_min(0)], arg), arg1)
     finally:
         torch.set_num_threads(saved)
+
+
+def test_without_numba_the_torch_path_runs():
+    """numba is an optional extra: with it absent, the package imports and every reducer runs on torch ops."""
+    import subprocess
+    import sys
+    code = (
+        "import sys; sys.modules['numba'] = None\n"
+        "import torch, sparsefill\n"
+        "from sparsefill import segment\n"
+        "assert not segment.compiled_available()\n"
+        "x = torch.tensor([[1., 5.], [3., 2.], [0., 7.]]); ids = torch.tensor([1, 0, 1])\n"
+        "assert segment.reduce(x, 'max', segment_ids=ids, sorted=False).tolist() == [[3., 2.], [1., 7.]]\n"
+        "assert segment.reduce(x, 'sum', lengths=torch.tensor([2, 1])).tolist() == [[4., 7.], [0., 7.]]\n"
+        "print('ok')\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr

@@ -55,9 +55,8 @@ def use_backend(name: str):
 def _nb():
     """The compiled kernels module, or False when numba is not installed."""
     if _STATE["nb"] is None:
-        try:
-            from . import _numba_kernels as mod
-        except ImportError:
+        from . import _numba_kernels as mod
+        if mod.numba is None:
             mod = False
         _STATE["nb"] = mod
     return _STATE["nb"]
