@@ -153,7 +153,8 @@ def test_mask_broadcasts_and_keepdim_and_dim_none():
     x = torch.randn(4, 5, 3, generator=g, dtype=torch.float64)
     x[x < 0] = 0
     m = torch.rand(5, 1, generator=g) < 0.6
-    for A in [sparsefill.to_sparse(x), sparsefill.to_sparse(x, dense_dim=1), sparsefill.to_sparse(x, layout=torch.sparse_csr)]:
+    for A in [sparsefill.to_sparse(x), sparsefill.to_sparse(x, dense_dim=1),
+              sparsefill.to_sparse(x, layout=torch.sparse_csr)]:
         for dim, keepdim in [(None, False), ((0, 2), True), (1, False), (-1, True)]:
             for name in ["sum", "amax", "mean", "var"]:
                 ref = getattr(torch.masked, name)(x, dim, keepdim=keepdim, mask=m)

@@ -19,7 +19,7 @@ import torch
 from .. import _convert
 from .._autograd import grad_parts
 from .._tensor import SparseTensor
-from ._canon import Masked, as_sparse, combine, is_sparse, mask_to_dense
+from ._canon import as_sparse, combine, is_sparse, mask_to_dense
 
 __all__ = ["Result", "run", "dense_mask", "dense_fallback"]
 

@@ -23,7 +23,8 @@ from .. import _index
 from .._reduce import group_slices, identity_of
 from ._canon import Masked
 
-__all__ = ["Slices", "seg_add", "seg_bcast", "seg_sum", "seg_prod", "seg_extreme", "seg_count", "seg_mean", "seg_var", "seg_logsumexp",
+__all__ = ["Slices", "seg_add", "seg_bcast", "seg_sum", "seg_prod", "seg_extreme", "seg_count", "seg_mean", "seg_var",
+           "seg_logsumexp",
            "seg_norm", "seg_median", "seg_arg", "canonical_dims"]
 
 

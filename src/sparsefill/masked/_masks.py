@@ -20,8 +20,8 @@ import torch
 from .. import _convert
 from .._tensor import SparseTensor
 from . import _engine as E
-from ._apply import Result, dense_mask, run
-from ._canon import as_sparse, combine, is_sparse
+from ._apply import dense_mask
+from ._canon import combine, is_sparse
 from ._reductions import _reduction
 
 __all__ = ["input_mask", "output_mask", "pattern_mask", "coo_mask", "csr_mask"]
@@ -46,8 +46,9 @@ def output_mask(input, dim=None, keepdim=False, *, mask=None):
         dims = E.canonical_dims(dim, m.dim())
         return torch.any(m, dims, keepdim=bool(keepdim)) if dims else m.clone()
     with torch.no_grad():
-        return _reduction(input, mask, dim, keepdim, lambda v, seg, nseg, F, n, lengths=None: E.seg_count(seg, nseg, n, lengths) > 0,
-                          None)
+        def any_in(v, seg, nseg, F, n, lengths=None):
+            return E.seg_count(seg, nseg, n, lengths) > 0
+        return _reduction(input, mask, dim, keepdim, any_in, None)
 
 
 def pattern_mask(input):
