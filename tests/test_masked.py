@@ -271,3 +271,73 @@ def test_gradient_of_a_native_sparse_input():
     out = M.sum(x, 1, mask=M.pattern_mask(x.detach()))
     out.to_dense().sum().backward()
     assert_close(x.grad.to_dense(), torch.tensor([[1., 0., 1.], [0., 1., 0.]]))
+
+
+# ---------------------------------------------------------------------- random cases
+def _random_case(rng: torch.Generator, it: int):
+    """A random input (any fill kind, dense dims, layout), mask (any layout, broadcast), op and arguments."""
+    def pick(seq):
+        return seq[int(torch.randint(len(seq), (1,), generator=rng))]
+    nd = int(torch.randint(1, 5, (1,), generator=rng))
+    shape = tuple(int(s) for s in torch.randint(0, 5, (nd,), generator=rng))
+    x = torch.randn(shape, generator=rng, dtype=torch.float64)
+    dd = int(torch.randint(0, nd, (1,), generator=rng)) if nd > 1 else 0
+    layout = pick([torch.sparse_coo, torch.sparse_csr]) if nd - dd >= 2 else torch.sparse_coo
+    kind = pick(["zero", "scalar", "indefinite", "array"])
+    keep = torch.rand(shape[: nd - dd], generator=rng) < 0.5
+    xm, pattern = x.clone(), None
+    if kind == "indefinite":
+        idx = keep.nonzero().T
+        A = sparsefill.sparse_coo_tensor(idx, xm[keep], shape, fill_value=sparsefill.indefinite)
+        pattern = keep.reshape(keep.shape + (1,) * dd).expand(shape)
+    else:
+        f = torch.randn(shape[nd - dd:], generator=rng, dtype=torch.float64) if kind == "array" else \
+            torch.tensor(0.0 if kind == "zero" else 1.5, dtype=torch.float64)
+        xm[~keep] = f
+        A = sparsefill.to_sparse(xm, fill_value=f, layout=layout, dense_dim=dd)
+    mshape = tuple(s if float(torch.rand((), generator=rng)) < 0.8 else 1 for s in shape[int(it % 3 == 0):])
+    m = torch.rand(mshape, generator=rng) < 0.6
+    mk = pick(["none", "strided", "coo", "csr", "hybrid"])
+    mv = {"none": None, "strided": m, "coo": m.to_sparse(),
+          "csr": sparsefill.to_sparse(m, layout=torch.sparse_csr) if m.dim() >= 2 else m,
+          "hybrid": sparsefill.to_sparse(m, dense_dim=1) if m.dim() >= 2 else m}[mk]
+    ref_mask = None if mk == "none" else m
+    if pattern is not None:
+        ref_mask = pattern if ref_mask is None else pattern & m.expand(shape)
+    d = int(torch.randint(-nd, nd, (1,), generator=rng))
+    op = pick(["sum", "prod", "amax", "amin", "mean", "logsumexp", "var", "std", "norm", "argmax", "argmin",
+               "median", "softmax", "log_softmax", "softmin", "normalize", "cumsum", "cumprod"])
+    if op in ("softmax", "log_softmax", "softmin", "cumsum", "cumprod", "normalize"):
+        return op, A, xm, mv, ref_mask, ((2.0, d) if op == "normalize" else (d,)), {}
+    dim = d if op in ("argmax", "argmin", "median") else pick([d, None, tuple(sorted({d % nd, nd - 1}))])
+    kw = {"keepdim": bool(it % 2)}
+    return op, A, xm, mv, ref_mask, ((2.0, dim) if op == "norm" else (dim,)), kw
+
+
+def test_random_layouts_against_torch_masked():
+    rng = torch.Generator().manual_seed(1234)
+    checked = 0
+    for it in range(300):
+        op, A, xm, mv, ref_mask, args, kw = _random_case(rng, it)
+        try:
+            ref = getattr(torch.masked, op)(xm, *args, mask=ref_mask, **kw)
+        except Exception:  # noqa: BLE001 - the dense op rejects the case: so must we
+            with pytest.raises(Exception):
+                getattr(M, op)(A, *args, mask=mv, **kw)
+            continue
+        got = _dense(getattr(M, op)(A, *args, mask=mv, **kw))
+        where = torch.ones(ref.shape, dtype=torch.bool) if ref_mask is None else \
+            torch.masked._ops._output_mask(getattr(torch.masked, op), xm, *args, mask=ref_mask, **kw).expand(ref.shape)
+        assert got.shape == ref.shape and got.dtype == ref.dtype, (op, args, kw)
+        assert_close(got[where], ref[where], equal_nan=True, msg=lambda s: f"{op} {args} {kw}: {s}")
+        checked += 1
+    assert checked > 200
+
+
+def test_uncoalesced_input_and_mask():
+    A = sparsefill.sparse_coo_tensor([[1, 0, 1, 0], [2, 0, 2, 1]], [1., 2., 3., 4.], (2, 3), fill_value=0.5)
+    m = torch.sparse_coo_tensor([[0, 1, 0], [1, 2, 1]], [True, True, True], (2, 3))  # duplicates: or
+    d, md = A.to_dense(), m.to_dense()
+    for name in ["sum", "amax", "mean", "softmax"]:
+        assert_close(_dense(getattr(M, name)(A, 1, mask=m))[md.any(1) if name != "softmax" else md],
+                     getattr(torch.masked, name)(d, 1, mask=md)[md.any(1) if name != "softmax" else md])

@@ -145,7 +145,8 @@ def _same_indices(A: SparseTensor, M) -> torch.Tensor | None:
     if M._sf_layout is A._sf_layout and M._coalesced and A._coalesced:
         pairs = [(A._idx, M._idx)] if A._sf_layout is torch.sparse_coo else [(A._crow, M._crow), (A._col, M._col)]
         if all(a is b or (a.shape == b.shape and torch.equal(a, b)) for a, b in pairs):
-            v = M._vals.reshape((-1,) + tuple(A._dense_shape))
+            k = A._vals.shape[0] if A._sf_layout is torch.sparse_coo else A._col.numel()
+            v = M._vals.reshape((k,) + tuple(A._dense_shape))
             return v if v.dtype == torch.bool else v != 0
     return None
 

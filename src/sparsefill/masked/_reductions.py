@@ -50,10 +50,20 @@ def _finish(sl, vals, fill, keepdim, layout):
     return Result(idx=sl.out_indices(keepdim), vals=vals, fill=fill, shape=sshape + dshape, layout=layout)
 
 
-def _reduction(input, mask, dim, keepdim, kernel, dense_ref, cast=None, post=None):
-    """Run ``kernel(values, seg, nseg, F, n)`` over the slices of ``dim``; ``cast`` first, ``post`` after."""
+def _check_nonempty(name, A, dims):
+    """As torch: a reduction with no identity (amax, argmax, median...) refuses a 0-size reduced dim."""
+    for d in dims or range(A.dim()):
+        if A.shape[d] == 0:
+            raise IndexError(f"{name}(): Expected reduction dim {d} to have non-zero size.")
+
+
+def _reduction(input, mask, dim, keepdim, kernel, dense_ref, cast=None, post=None, name=None):
+    """Run ``kernel(values, seg, nseg, F, n)`` over the slices of ``dim``; ``cast`` first, ``post`` after.
+    ``name``: a reduction with no identity, refusing 0-size reduced dims."""
     A = as_sparse(input)
     dims = E.canonical_dims(dim, A.dim())
+    if name is not None:
+        _check_nonempty(name, A, dims)
 
     def compute(X):
         sl = E.Slices(X, dims)
@@ -102,7 +112,7 @@ def _extreme(name, mode):
                                                mask=dense_mask(mask, input))
         dt = dtype or input.dtype
         return _reduction(input, mask, dim, keepdim, lambda *a, **k: E.seg_extreme(*a, mode, **k),
-                          _ref(name, dim, keepdim=keepdim, dtype=dtype, mask=mask), post=lambda t: t.to(dt))
+                          _ref(name, dim, keepdim=keepdim, dtype=dtype, mask=mask), post=lambda t: t.to(dt), name=name)
     op.__name__ = op.__qualname__ = name
     sign = "-inf" if mode == "amax" else "+inf"
     op.__doc__ = (f"Masked {name}: ``torch.{name}(input.masked_fill(~mask, {sign}), dim)``; fully masked-out "
@@ -197,7 +207,7 @@ def median(input, dim=-1, *, keepdim=False, dtype=None, mask=None):
     dims = E.canonical_dims(dim, A.dim())[:1] if A.dim() else ()
     out = _reduction(A, mask, dims, keepdim, E.seg_median,
                      _ref("median", dim, keepdim=keepdim, dtype=dtype, mask=mask),
-                     cast=None if is_float else torch.float32)
+                     cast=None if is_float else torch.float32, name="median")
     if is_float:
         return out
     from .._tensor import SparseTensor
@@ -214,6 +224,7 @@ def _argext(name, mode):
                                                mask=dense_mask(mask, input))
         A = as_sparse(input)
         dims = E.canonical_dims(dim, A.dim())
+        _check_nonempty(name, A, dims if dim is not None else ())
         dt = dtype or A.dtype
 
         def compute(X):
