@@ -70,7 +70,10 @@ class MaskedFn(torch.autograd.Function):
         built = Result(**{**res.__dict__, "dense": None if res.dense is None else res.dense.detach(),
                           "vals": None if res.vals is None else res.vals.detach(),
                           "fill": None if res.fill is None else res.fill.detach()}).build()
-        ctx.out_pattern = built if isinstance(built, SparseTensor) else None
+        ctx.out_pattern = None
+        if isinstance(built, SparseTensor):  # the pattern of res.vals (a CSR build may pad batches)
+            ctx.out_pattern = built if res.like is not None else _convert.parts_to_sparse(
+                res.idx, res.vals.detach(), res.shape, built._fill, res.indefinite, False, torch.sparse_coo, True)
         return built
 
     @staticmethod

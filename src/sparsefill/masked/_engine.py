@@ -227,7 +227,9 @@ def seg_norm(v, seg, nseg, F, n, p, lengths=None):
         return seg_extreme(a, seg, nseg, Fa, n, "amax" if p > 0 else "amin", init=0.0 if p > 0 else math.inf)
     if p == 0:
         return seg_sum((a != 0).to(a.dtype), seg, nseg, (Fa != 0).to(a.dtype), n, lengths)
-    return seg_sum(a ** p, seg, nseg, Fa ** p, n, lengths) ** (1.0 / p)
+    s = seg_sum(a ** p, seg, nseg, Fa ** p, n, lengths)
+    pos = s != 0  # the root has no derivative at 0: use 0 there, as torch.linalg.vector_norm does
+    return torch.where(pos, torch.where(pos, s, torch.ones_like(s)) ** (1.0 / p), torch.zeros_like(s))
 
 
 def seg_median(v, seg, nseg, F, n, lengths=None):
