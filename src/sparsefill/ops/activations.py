@@ -21,9 +21,9 @@ from .registry import register
 aten = torch.ops.aten
 
 
-@register(aten.fill.Scalar, aten.fill.Tensor, aten.fill_.Scalar, aten.fill_.Tensor)
+@register(aten.fill.Scalar, aten.fill.Tensor, aten.fill_.Scalar, aten.fill_.Tensor, aten.zero_.default)
 def _fill(func, args, kwargs):
-    A, v = args[0], args[1]
+    A, v = args[0], (args[1] if len(args) > 1 else 0)
     if not isinstance(A, SparseTensor) or isinstance(v, SparseTensor):
         return NotImplemented
     if isinstance(v, torch.Tensor) and v.dim():  # a Python number stays one (no float32 rounding)

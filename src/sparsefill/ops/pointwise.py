@@ -18,6 +18,8 @@ next stage.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from .._convert import coalesce_of, coalesced_parts, dense_of, parts_to_sparse, rewrap, union_parts
@@ -37,10 +39,18 @@ UNTAGGED = {getattr(p, o) for p in (aten.rsub, aten.polar, aten._prelu_kernel, a
             for o in p.overloads()}
 
 
+@functools.cache
 def is_pointwise(func) -> bool:
-    """Deterministic element-wise ops (random ones would give every unspecified element one draw)."""
+    """Deterministic element-wise ops (random ones would give every unspecified element one draw); an
+    in-place op (``abs_``) is one when its functional form (``abs``, same overload) is."""
     tags = func.tags
-    return (torch.Tag.pointwise in tags and torch.Tag.nondeterministic_seeded not in tags) or func in UNTAGGED
+    if (torch.Tag.pointwise in tags and torch.Tag.nondeterministic_seeded not in tags) or func in UNTAGGED:
+        return True
+    name = func._schema.name.split("::")[1]
+    if name.endswith("_") and not name.endswith("__"):
+        functional = getattr(getattr(aten, name[:-1], None), func._overloadname, None)
+        return functional is not None and is_pointwise(functional)
+    return False
 
 
 def unary_fast_ok(func) -> bool:

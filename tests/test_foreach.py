@@ -1,0 +1,60 @@
+"""``torch._foreach_*`` ops over lists holding SparseTensors equal the dense computation, natively
+(unary, binary, pointwise; out of place and in place), from PyTorch's OpInfo foreach database."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from torch.testing._internal.common_methods_invocations import (foreach_binary_op_db, foreach_pointwise_op_db,
+                                                                 foreach_unary_op_db)
+from torch.utils._pytree import tree_map
+
+import sparsefill
+from sparsefill import SparseTensor
+
+OPS = [op for op in foreach_unary_op_db + foreach_binary_op_db + foreach_pointwise_op_db
+       if op.supports_dtype(torch.float64, "cpu")]
+
+
+def _sparse(t, gen):
+    if not (isinstance(t, torch.Tensor) and t.dtype == torch.float64 and t.dim() > 0 and t.numel()):
+        return t, t
+    x = t.detach().clone()
+    fill = x.reshape(-1)[0].clone()
+    x[torch.rand(x.shape, generator=gen) < 0.5] = fill
+    return sparsefill.to_sparse(x, fill_value=fill), x
+
+
+def _pairs(o, gen):
+    flat = [(_sparse(t, gen)) for t in (o if isinstance(o, (list, tuple)) else [o])]
+    sp, dn = [a for a, _ in flat], [b for _, b in flat]
+    return (sp, dn) if isinstance(o, (list, tuple)) else (sp[0], dn[0])
+
+
+@pytest.mark.parametrize("inplace", [False, True])
+@pytest.mark.parametrize("op", OPS, ids=lambda op: op.name)
+def test_foreach_is_native(op, inplace):
+    fn = op.inplace_variant if inplace else op.op
+    if fn is None:
+        pytest.skip(f"{op.name} has no {'in-place' if inplace else 'out-of-place'} variant")  # reported by pytest
+    gen = torch.Generator().manual_seed(0)
+    ran = 0
+    for sample in list(op.sample_inputs("cpu", torch.float64, num_input_tensors=[3]))[:4]:
+        s_in, d_in = _pairs(sample.input, gen)
+        s_args, d_args = zip(*[_pairs(a, gen) for a in sample.args]) if sample.args else ((), ())
+        try:
+            ref = fn(d_in, *d_args, **sample.kwargs)
+        except Exception:  # noqa: BLE001 - the dense op rejects the sample: so must the sparse one
+            with pytest.raises(Exception):
+                fn(s_in, *s_args, **sample.kwargs)
+            continue
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", sparsefill.DensifyWarning)
+            out = fn(s_in, *s_args, **sample.kwargs)
+        got, want = (s_in, d_in) if inplace else (out, ref)
+        dense = tree_map(lambda t: t.to_dense() if isinstance(t, SparseTensor) else t, list(got))
+        torch.testing.assert_close(dense, list(want), equal_nan=True)
+        ran += 1
+    assert ran, f"{op.name}: no sample ran"
