@@ -89,3 +89,67 @@ def test_ufunc_is_native_and_sparse(op, dtype):
                 failures.append(f"[{variant}, sample {seed}] {type(e).__name__}: {str(e)[:300]}")
     assert not failures, "\n".join(failures)
     assert "sparse" in outcomes or declared == ALL, f"no sample of {op.name} ({dtype}) required a sparse result: {outcomes}"
+
+
+UNARY = [op for op in unary_ufuncs if id(op) in IN_OP_DB and op.supports_dtype(torch.float64, "cpu")
+         and not op.name.startswith(CUDA_ONLY) and op.name not in DECLARED]
+
+
+@pytest.mark.parametrize("op", UNARY, ids=lambda op: op.name + (f".{op.variant_test_name}" if op.variant_test_name else ""))
+def test_unary_ufunc_keeps_an_indefinite_fill(op):
+    """``op(M)`` of a masked tensor ``M`` (indefinite fill) is masked with M's pattern, and its values are
+    the dense result at the specified positions (DESIGN.md section 3)."""
+    gen = torch.Generator().manual_seed(0)
+    ran = 0
+    for sample in list(op.sample_inputs("cpu", torch.float64, requires_grad=False))[:MAX_SAMPLES]:
+        x = sample.input
+        if not isinstance(x, torch.Tensor) or x.dim() == 0:
+            continue
+        try:
+            ref = op(x, *sample.args, **sample.kwargs)
+        except Exception:  # noqa: BLE001 - the dense op rejects the sample
+            continue
+        keep = torch.rand(x.shape, generator=gen) < 0.5
+        M = sparsefill.sparse_coo_tensor(keep.nonzero().T, x[keep], x.shape, fill_value=sparsefill.indefinite)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", sparsefill.DensifyWarning)
+            out = op(M, *sample.args, **sample.kwargs)
+        for o, r in zip(*(t if isinstance(t, tuple) else (t,) for t in (out, ref))):
+            assert isinstance(o, SparseTensor) and o._indefinite, f"{op.name}: the result is not masked"
+            torch.testing.assert_close(o.indices(), M.indices())
+            torch.testing.assert_close(o.values(), r[keep], equal_nan=True)
+        ran += 1
+    assert ran, f"{op.name}: no sample ran"
+
+
+BINARY = [op for op in binary_ufuncs if id(op) in IN_OP_DB and op.supports_dtype(torch.float64, "cpu")
+          and not op.name.startswith(CUDA_ONLY) and op.name not in DECLARED]
+
+
+@pytest.mark.parametrize("op", BINARY, ids=lambda op: op.name + (f".{op.variant_test_name}" if op.variant_test_name else ""))
+def test_binary_ufunc_with_an_indefinite_operand(op):
+    """``op(M, B)`` with ``M`` masked (indefinite fill) and ``B`` a SparseTensor with a fill: masked, specified
+    exactly where M is, with the dense values there (DESIGN.md section 3)."""
+    gen = torch.Generator().manual_seed(0)
+    ran = 0
+    for sample in op.sample_inputs("cpu", torch.float64, requires_grad=False):
+        x, y = sample.input, sample.args[0] if sample.args else None
+        if not (isinstance(y, torch.Tensor) and x.dim() and y.shape == x.shape):
+            continue
+        keep = torch.rand(x.shape, generator=gen) < 0.5
+        M = sparsefill.sparse_coo_tensor(keep.nonzero().T, x[keep], x.shape, fill_value=sparsefill.indefinite)
+        yb = y.clone()
+        yb[torch.rand(y.shape, generator=gen) < 0.5] = y.reshape(-1)[0]
+        B = sparsefill.to_sparse(yb, fill_value=y.reshape(-1)[0])
+        ref = op(x, yb, *sample.args[1:], **sample.kwargs)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", sparsefill.DensifyWarning)
+            out = op(M, B, *sample.args[1:], **sample.kwargs)
+        assert isinstance(out, SparseTensor) and out._indefinite, f"{op.name}: the result is not masked"
+        idx = out.coalesce().indices()
+        torch.testing.assert_close(idx, M.indices())
+        torch.testing.assert_close(out.coalesce().values(), ref[keep], equal_nan=True)
+        ran += 1
+        if ran == MAX_SAMPLES:
+            break
+    assert ran, f"{op.name}: no sample with two operands of one shape"

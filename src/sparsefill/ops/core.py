@@ -103,6 +103,12 @@ def _new_dense(func, args, kwargs):  # torch semantics: a new strided tensor wit
 
 def _like_handler(make):
     def handler(func, args, kwargs):
+        A = args[0]
+        if A._indefinite and kwargs.get("layout") in (None, torch.strided) and kwargs.get("device") in (None, A.device):
+            # a masked tensor's *_like keeps its mask: the op on the values, the fill stays indefinite
+            B = A if A._coalesced else coalesce_of(A)
+            vals = func(B._vals, *args[1:], **{k: v for k, v in kwargs.items() if k not in ("layout", "memory_format")})
+            return rewrap(B, values=vals, fill=vals.new_empty(0), known_zero=False)
         kw = {k: kwargs[k] for k in ("dtype", "device") if kwargs.get(k) is not None}
         if kwargs.get("layout") not in (None, torch.strided):
             kw["layout"] = kwargs["layout"]
