@@ -196,6 +196,11 @@ def test_huge_shape_is_never_densified():
         assert M.sum(A, 1)._nse() == 3                    # fill 0 masked in: closed form
         assert M.prod(A, 1)._fill_value().item() == 0.0
         assert M.normalize(A, 2.0, 1)._nse() == 4        # zero fill stays zero
+        wide = torch.ones(1, n, dtype=torch.bool)          # a strided mask broadcast over 10^12 elements
+        assert M.sum(A, 1, mask=wide)._nse() == 3          # masked-in zeros add nothing: never joined
+        assert M.norm(A, 2.0, 0, mask=wide)._nse() == 4
+        with pytest.raises(sparsefill.DensifyError):
+            M.amax(A, 1, mask=wide)                        # would join 10^12 masked-in fill elements
         C = A.to_sparse_csr()
         assert M.log_softmax(C, 1, mask=M.pattern_mask(C)).sparse_layout is torch.sparse_csr
         with pytest.raises(sparsefill.DensifyError):

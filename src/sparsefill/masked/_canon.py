@@ -116,6 +116,9 @@ def _broadcast_positions(pos, mshape, shape):
     lead = len(shape) - len(mshape)
     pos = torch.cat([pos.new_zeros((lead, pos.shape[1])), pos], 0)
     mshape = (1,) * lead + mshape
+    factor = _index.numel([b for a, b in zip(mshape, shape) if a == 1 and b != 1])
+    if factor > 1:
+        _check_union(pos.shape[1] * factor, len(shape))
     for d, (a, b) in enumerate(zip(mshape, shape)):
         if a == 1 and b != 1:
             t = pos.shape[1]
@@ -151,6 +154,16 @@ def _same_indices(A: SparseTensor, M) -> torch.Tensor | None:
     return None
 
 
+def _check_union(n_positions: int, words: int) -> None:
+    """The union pattern holds every masked-in element of a strided mask: the densify byte limit applies."""
+    from .._policy import DensifyError, get_densify_policy
+    lim = get_densify_policy().limit_bytes
+    if lim is not None and n_positions * words * 8 > lim:
+        raise DensifyError(f"the mask masks in {n_positions} elements that the sparse input does not specify; "
+                           f"joining them to its pattern takes ~{n_positions * words * 8} bytes, over the densify "
+                           f"policy's limit of {lim} bytes (pass a sparse mask, or the input's pattern)")
+
+
 def csr_rows(A: SparseTensor) -> torch.Tensor:
     """The row of every stored element of a plain (unbatched) CSR tensor."""
     counts = A._crow[1:] - A._crow[:-1]
@@ -158,8 +171,12 @@ def csr_rows(A: SparseTensor) -> torch.Tensor:
                                    output_size=A._col.numel())
 
 
-def combine(input, mask) -> Masked:
-    """The canonical :class:`Masked` form of a sparse ``input`` and a ``mask`` of any layout (or None)."""
+def combine(input, mask, zero_absorbs: bool = False) -> Masked:
+    """The canonical :class:`Masked` form of a sparse ``input`` and a ``mask`` of any layout (or None).
+
+    ``zero_absorbs``: the op ignores masked-in zeros (sum, norm: ``input_mask6`` of the design note), so
+    for a zero fill the masked-in unspecified elements are dropped instead of joined to the pattern.
+    """
     A = as_sparse(input)
     D = tuple(A._dense_shape)
     plain_csr = A._sf_layout is torch.sparse_csr and A._crow.dim() == 1
@@ -174,17 +191,23 @@ def combine(input, mask) -> Masked:
         return Masked(A, idx, vals, same, fill, False, True, rows)
     if idx is None:
         idx = torch.stack([rows, A._col])
+    drop_rest = A._indefinite or (zero_absorbs and A._fill_is_zero())
     if not is_sparse(mask):  # a strided mask: read at the input's positions, O(nse)
         md = mask_to_dense(mask, A.shape)
         m = md[tuple(idx)] if idx.shape[0] else md.expand(vals.shape)
-        if A._indefinite or int(m.sum()) == int(md.sum()):  # no masked-in unspecified element
+        if drop_rest:
             return Masked(A, idx, vals, m.clone(), fill, False, True, rows)
+        base = mask if mask.dtype == torch.bool else mask != 0
+        total = int(base.sum()) * (A.numel() // base.numel()) if base.numel() else 0
+        if int(m.sum()) == total:  # no masked-in unspecified element
+            return Masked(A, idx, vals, m.clone(), fill, False, True, rows)
+        _check_union(total, len(A._sparse_shape) + 1)
     S = tuple(A._sparse_shape)
     pos = true_positions(mask, tuple(A.shape))
     sd = len(S)
     mkeys = _index.linearize(pos[:sd], S)
     akeys = _index.linearize(idx, S)
-    if A._indefinite:  # the input's pattern is the mask too: no new positions
+    if drop_rest:  # no new positions: the pattern is the mask too, or the op ignores masked-in zeros
         found_pos, found = _index.lookup(akeys, mkeys)
         m = torch.zeros(vals.shape, dtype=torch.bool, device=vals.device)
         sel = found.nonzero().squeeze(1)

@@ -40,7 +40,7 @@ def _same(a, b):
     return bool(((a == b) | (torch.isnan(a) & torch.isnan(b))).all())
 
 
-def _normalization(input, mask, dim, name, per_element, c_out, cast, dense_op):
+def _normalization(input, mask, dim, name, per_element, c_out, cast, dense_op, zero_absorbs=False):
     """``per_element(sl, v, seg, F, n, F0, n0) -> (out values (nv,), fill outputs (nseg, Pr), (Pk, Pr))``."""
     A = as_sparse(input)
     dims = E.canonical_dims(dim, A.dim())[:1] if A.dim() else ()
@@ -74,7 +74,7 @@ def _normalization(input, mask, dim, name, per_element, c_out, cast, dense_op):
 
     ref = _dense_ref(dense_op, mask)
     try:
-        return run(A, mask, compute, ref)
+        return run(A, mask, compute, ref, zero_absorbs)
     except _DenseByNature:
         return dense_fallback(A, mask, dense_op)
 
@@ -155,7 +155,7 @@ def normalize(input, ord, dim, *, eps=1e-12, dtype=None, mask=None):
 
     def dense_op(x, m):
         return torch.masked.normalize(x, ord, dim, eps=eps, dtype=dtype, mask=m)
-    return _normalization(input, mask, dim, "normalize", per_element, 0.0, cast, dense_op)
+    return _normalization(input, mask, dim, "normalize", per_element, 0.0, cast, dense_op, zero_absorbs=True)
 
 
 def _cum(name, mode):

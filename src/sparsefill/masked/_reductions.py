@@ -57,9 +57,10 @@ def _check_nonempty(name, A, dims):
             raise IndexError(f"{name}(): Expected reduction dim {d} to have non-zero size.")
 
 
-def _reduction(input, mask, dim, keepdim, kernel, dense_ref, cast=None, post=None, name=None):
+def _reduction(input, mask, dim, keepdim, kernel, dense_ref, cast=None, post=None, name=None, zero_absorbs=False):
     """Run ``kernel(values, seg, nseg, F, n)`` over the slices of ``dim``; ``cast`` first, ``post`` after.
-    ``name``: a reduction with no identity, refusing 0-size reduced dims."""
+    ``name``: a reduction with no identity, refusing 0-size reduced dims; ``zero_absorbs``: masked-in
+    zeros do not change the result (see :func:`._canon.combine`)."""
     A = as_sparse(input)
     dims = E.canonical_dims(dim, A.dim())
     if name is not None:
@@ -78,7 +79,7 @@ def _reduction(input, mask, dim, keepdim, kernel, dense_ref, cast=None, post=Non
             out, out0 = post(out), post(out0)
         return _finish(sl, out, out0, bool(keepdim), A._sf_layout)
 
-    return run(A, mask, compute, dense_ref)
+    return run(A, mask, compute, dense_ref, zero_absorbs)
 
 
 def _sum_dtype(x, dtype):
@@ -93,7 +94,7 @@ def sum(input, dim=None, *, keepdim=False, dtype=None, mask=None):
         return torch.masked.sum(input, dim, keepdim=keepdim, dtype=dtype, mask=dense_mask(mask, input))
     dt = _sum_dtype(input, dtype)
     return _reduction(input, mask, dim, keepdim, E.seg_sum, _ref("sum", dim, keepdim=keepdim, dtype=dtype, mask=mask),
-                      cast=dt)
+                      cast=dt, zero_absorbs=True)
 
 
 def prod(input, dim=None, *, keepdim=False, dtype=None, mask=None):
@@ -163,7 +164,7 @@ def norm(input, ord=2.0, dim=None, *, keepdim=False, dtype=None, mask=None):
     out_dt = dt.to_real() if dt.is_complex else dt
     return _reduction(input, mask, dim, keepdim, lambda *a, **k: E.seg_norm(*a, p, **k),
                       _ref("norm", ord, dim, keepdim=keepdim, dtype=dtype, mask=mask), cast=dt,
-                      post=lambda t: t.to(out_dt))
+                      post=lambda t: t.to(out_dt), zero_absorbs=p >= 0)
 
 
 def _std_var(name, input, dim, unbiased, correction, keepdim, dtype, mask, take_sqrt):
