@@ -4,6 +4,24 @@ A batch of variable-length examples is a values tensor (rows along dim 0) plus o
 ``lengths``, ``offsets``, sorted or unsorted ``segment_ids``, or a padded tensor; this package
 converts between them and reduces the rows of every segment.
 
+Modules (each small enough to read at once):
+
+* ``_repr``, ``_pack``  -- conversions: lengths / offsets / segment ids / ranges, weights, range fill,
+  tile, ``lengths_gather``, ``gather_ranges``, ``pack_segments`` / ``unpack_segments``,
+  ``sparse_to_dense``, ``lengths_top_k``;
+* ``_reduce_ops``       -- ``reduce(data, reducer, lengths= | offsets= | segment_ids=, indices=, weights=)``
+  for ``sum mean sqrt_n weighted_sum weighted_mean positional_weighted_sum max min prod logsumexp
+  logmeanexp``, built on the reducer protocol of ``sparsefill._reduce``, with autograd;
+* ``_aliases``          -- the Caffe2 names (``lengths_sum``, ``sparse_lengths_weighted_sum``,
+  ``unsorted_segment_max``, ``reduce_front_mean``, ...), generated from one table;
+* ``_plan``, ``_kernels``, ``_numba_kernels`` -- the canonical segment order and the kernels
+  (``embedding_bag``; compiled CPU kernels when numba is installed, torch ops otherwise);
+* ``_basic``            -- ``gather``, ``scatter_assign``, ``scatter_weighted_sum``;
+* ``_jagged``           -- ``KeyedJaggedBatch``, the spec's ``LIST<MAP<INT, LIST<INT>>>``;
+* ``_bridge``           -- the batch as a CSR ``SparseTensor`` and ``ids_to_sparse``;
+* ``_optim``            -- ``sparse_adagrad``, ``rowwise_sparse_adagrad``, ``sparse_ftrl`` and the
+  ``SparseAdagrad`` / ``SparseFtrl`` optimizers.
+
 >>> import torch
 >>> from sparsefill import segment
 >>> data = torch.tensor([[1., 4.], [3., 2.], [8., 1.], [9., 4.], [5., 8.]])

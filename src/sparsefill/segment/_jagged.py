@@ -40,7 +40,7 @@ def _seg_of(lengths: torch.Tensor, n: int) -> torch.Tensor:
     return torch.repeat_interleave(torch.arange(lengths.numel(), device=lengths.device), lengths, output_size=n)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class KeyedJaggedBatch:
     values: torch.Tensor
     values_lengths: torch.Tensor
