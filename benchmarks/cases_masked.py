@@ -7,6 +7,14 @@ dense mask (what a user of torch.masked writes), ``torch.sparse.softmax`` on the
 tensor (its unspecified elements are masked out, the same semantics), and ``torch.masked.sum`` /
 ``amax`` on the native COO input with a native COO mask (torch 2.13's sparse support for them).
 Full size 10000x10000 at 1% (1e6 elements); ``--quick`` 2000x2000 at 1%.
+
+Measured here on 2026-11-21 (1 thread, 5 interleaved rounds, a shared 2-core machine: other CPU ~1.3;
+peak memory from the runner; input: COO 20 MB, CSR 12 MB)::
+
+    softmax COO   7.5 ms   torch.sparse.softmax 20.7 ms (0.36x)   torch.masked dense 704 ms (93x faster)   40 MB peak
+    softmax CSR   7.8 ms   torch.sparse.softmax 28.0 ms (0.28x)   torch.masked dense 731 ms (93x faster)   25 MB peak
+    sum COO       2.4 ms   torch.masked on native COO 1.36 s (560x)   torch.masked dense 86 ms (36x)       24 MB peak
+    amax COO      3.0 ms   torch.masked on native COO 1.97 s (660x)   torch.masked dense 111 ms (37x)      24 MB peak
 """
 
 from __future__ import annotations
