@@ -129,3 +129,35 @@ def test_ids_to_sparse_duplicates_add_and_row_sums():
     assert_close(A.to_dense().sum(1), segment.lengths_sum(w, lengths))
     with pytest.raises(IndexError, match=r"ids\[4\] = 5 is out of range for 5 columns"):
         segment.ids_to_sparse(ids, lengths, 5)
+
+
+@pytest.mark.parametrize("backend", ["auto", "torch"])
+@pytest.mark.parametrize("fill", [0.0, 1.5, -3.0, float("-inf"), "indefinite"])
+@pytest.mark.parametrize("reducer", ["sum", "mean", "max", "min", "prod", "logsumexp"])
+def test_csr_row_reduce_equals_dense(backend, fill, reducer):
+    g = torch.Generator().manual_seed(0)
+    lengths = torch.tensor([0, 3, 5, 1, 2])
+    ncols = 5
+    cols = torch.cat([torch.randperm(ncols, generator=g)[:n].sort().values for n in lengths.tolist()])
+    vals = torch.randn(int(lengths.sum()), generator=g, dtype=torch.float64)
+    crow = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
+    fv = sparsefill.indefinite if fill == "indefinite" else fill
+    A = sparsefill.sparse_csr_tensor(crow, cols, vals, (5, ncols), fill_value=fv)
+    with segment.use_backend(backend):
+        got = segment.csr_row_reduce(A, reducer)
+    if fill == "indefinite":  # masked: the stored values only (empty rows: the reducer's identity / nan)
+        dense = torch.full((5, ncols), float("nan"), dtype=torch.float64)
+        mask = torch.zeros(5, ncols, dtype=torch.bool)
+        rows = torch.repeat_interleave(torch.arange(5), lengths)
+        dense[rows, cols], mask[rows, cols] = vals, True
+        expect = torch.stack([_dense_reduce(dense[s][mask[s]], reducer) for s in range(5)])
+    else:
+        expect = torch.stack([_dense_reduce(row, reducer) for row in A.to_dense()])
+    assert_close(got, expect, equal_nan=True)
+
+
+def _dense_reduce(row, reducer):
+    f = {"sum": torch.sum, "mean": torch.mean, "prod": torch.prod, "logsumexp": lambda r: torch.logsumexp(r, 0),
+         "max": lambda r: r.amax() if r.numel() else torch.tensor(float("-inf"), dtype=r.dtype),
+         "min": lambda r: r.amin() if r.numel() else torch.tensor(float("inf"), dtype=r.dtype)}[reducer]
+    return f(row)

@@ -41,7 +41,7 @@ from ._repr import (gather_ranges, lengths_gather, lengths_range_fill, lengths_t
 from ._pack import lengths_top_k, pack_segments, sparse_to_dense, unpack_segments
 from ._reduce_ops import SEGMENT_REDUCERS, SegmentReducer, reduce
 from ._basic import gather, scatter_assign, scatter_weighted_sum
-from ._bridge import from_sparse_csr, ids_to_sparse, to_sparse_csr
+from ._bridge import csr_row_reduce, from_sparse_csr, ids_to_sparse, to_sparse_csr
 from ._jagged import KeyedJaggedBatch
 from ._optim import SparseAdagrad, SparseFtrl, rowwise_sparse_adagrad, sparse_adagrad, sparse_ftrl
 from ._kernels import compiled_available, set_backend, use_backend
@@ -56,5 +56,5 @@ __all__ = ["lengths_to_segment_ids", "segment_ids_to_lengths", "segment_ids_to_o
            "unpack_segments", "sparse_to_dense", "lengths_top_k", "reduce", "SEGMENT_REDUCERS", "SegmentReducer",
            "gather", "scatter_assign", "scatter_weighted_sum", "set_backend", "use_backend", "compiled_available",
            "sparse_adagrad", "rowwise_sparse_adagrad", "sparse_ftrl", "SparseAdagrad", "SparseFtrl",
-           "to_sparse_csr", "from_sparse_csr", "ids_to_sparse", "KeyedJaggedBatch",
+           "to_sparse_csr", "from_sparse_csr", "ids_to_sparse", "csr_row_reduce", "KeyedJaggedBatch",
            "ALIASES", *ALIASES]

@@ -9,7 +9,7 @@ Two readings of a batch ``(data, lengths)`` as a :class:`sparsefill.SparseTensor
 * ``ids_to_sparse(ids, lengths, num_ids)``: the spec's "sparse tensor" of an id list -- row ``s`` has
   ``weights`` (default 1) at the columns ``ids`` of segment ``s`` (duplicates add), shape ``(S, num_ids)``.
 
->>> import torch
+>>> import torch, sparsefill
 >>> ids_to_sparse(torch.tensor([1, 2, 3, 2, 4, 6, 7, 3, 6]), torch.tensor([3, 4, 2]), 8).to_dense()
 tensor([[0., 1., 1., 1., 0., 0., 0., 0.],
         [0., 0., 1., 0., 1., 0., 1., 1.],
@@ -20,11 +20,15 @@ from __future__ import annotations
 
 import torch
 
+from .. import _reduce
 from .._creation import sparse_csr_tensor
 from ._check import as_index, check_indices, check_lengths
 from ._repr import lengths_range_fill, lengths_to_offsets
 
-__all__ = ["to_sparse_csr", "from_sparse_csr", "ids_to_sparse"]
+__all__ = ["to_sparse_csr", "from_sparse_csr", "ids_to_sparse", "csr_row_reduce"]
+
+_ROW_REDUCERS = {"sum": "sum", "mean": "mean", "max": "amax", "min": "amin", "prod": "prod",
+                 "logsumexp": "logsumexp", "amax": "amax", "amin": "amin"}
 
 
 def to_sparse_csr(data: torch.Tensor, lengths, *, num_columns: int | None = None, fill_value=0,
@@ -80,3 +84,50 @@ def ids_to_sparse(ids, lengths, num_ids: int | None = None, *, weights: torch.Te
     crow = torch.zeros(S + 1, dtype=torch.int64, device=ids.device)
     torch.cumsum(torch.bincount(rows, minlength=S), 0, out=crow[1:])
     return sparse_csr_tensor(crow, cols, vals, (S, num_ids, *weights.shape[1:]), check_invariants=False)
+
+
+def csr_row_reduce(A, reducer: str = "sum") -> torch.Tensor:
+    """Reduce every row of a 2-D CSR SparseTensor, its unspecified elements included (dense result).
+
+    The rows are segments of the stored values; the ``n_s = ncols - nse_s`` fills of row ``s`` join in
+    closed form through the reducer protocol (``sparsefill._reduce``)::
+
+        csr_row_reduce(A, r)[s] == r(A.to_dense()[s])           (an indefinite fill: the fills are skipped)
+
+    ``reducer``: ``sum mean max min prod logsumexp``.  Sums, max and min combine the stored values with
+    the segment kernels; the protocol folds the fills and finalizes with the count.
+
+    >>> import sparsefill
+    >>> A = sparsefill.sparse_csr_tensor([0, 2, 2], [0, 3], [5., -1.], (2, 4), fill_value=2.)
+    >>> csr_row_reduce(A, "sum"), csr_row_reduce(A, "min")
+    (tensor([8., 8.]), tensor([-1.,  2.]))
+    """
+    from ._plan import Plan
+    from . import _kernels
+    if getattr(A, "sparse_layout", None) != torch.sparse_csr or A.crow_indices().dim() != 1:
+        raise TypeError("csr_row_reduce needs a 2-D sparsefill SparseTensor in the CSR layout (no batch dims)")
+    if reducer not in _ROW_REDUCERS:
+        raise ValueError(f"unknown reducer {reducer!r}; expected one of sum, mean, max, min, prod, logsumexp")
+    red = _reduce.REDUCERS[_ROW_REDUCERS[reducer]]
+    crow, vals = A.crow_indices(), A.values()
+    S, ncols = A.shape[0], A.shape[1]
+    nse = crow.diff()
+    n_fill = torch.zeros_like(nse) if A.is_fill_indefinite() else ncols - nse
+    fill = None if A.is_fill_indefinite() else A.fill_value()
+    x2 = vals.reshape(vals.shape[0], -1)
+    plan = Plan(S, vals.shape[0], offsets=crow.long())
+    if red.name in ("sum", "mean") and x2.is_floating_point():
+        acc = _kernels.segment_sum(x2, plan)
+    elif red.name in ("amax", "amin") and x2.is_floating_point():
+        acc, _ = _kernels.segment_extreme(x2, plan, largest=red.name == "amax", want_arg=False)
+        acc = torch.where((nse > 0)[:, None], acc, torch.full_like(acc, red.identity(acc.dtype)))
+    else:  # prod, logsumexp, integers: the protocol end to end
+        seg = plan.seg
+        out = red(vals, seg, S, fill=fill, n_fill=n_fill if fill is not None else None)
+        return out
+    acc = acc.reshape(S, *vals.shape[1:])
+    count = nse
+    if fill is not None:
+        acc = red.fold(acc, fill.to(acc.dtype), n_fill)
+        count = nse + n_fill
+    return red.finalize(acc, count)
