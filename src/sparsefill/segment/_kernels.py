@@ -87,12 +87,15 @@ def _nb_call(name, *args):
 _ARANGE = {"t": torch.empty(0, dtype=torch.int64)}
 
 
+_ARANGE_CACHE_MAX = 1 << 24  # at most 128 MB of cached int64 positions
+
+
 def _arange(n, device):
-    """``arange(n)`` (int64), cached for the CPU (read-only use)."""
-    if torch.device(device).type != "cpu":
+    """``arange(n)`` (int64), cached for the CPU up to ``_ARANGE_CACHE_MAX`` (read-only use)."""
+    if torch.device(device).type != "cpu" or n > _ARANGE_CACHE_MAX:
         return torch.arange(n, device=device)
     if _ARANGE["t"].numel() < n:
-        _ARANGE["t"] = torch.arange(max(n, 2 * _ARANGE["t"].numel()))
+        _ARANGE["t"] = torch.arange(min(max(n, 2 * _ARANGE["t"].numel()), _ARANGE_CACHE_MAX))
     return _ARANGE["t"][:n]
 
 
