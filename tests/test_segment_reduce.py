@@ -529,3 +529,18 @@ def test_without_numba_the_torch_path_runs():
         "print('ok')\n")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr
+
+
+def test_compiled_kernels_keep_torch_thread_count(backend):
+    """numba's OpenMP layer shares libgomp with torch: a call must not change torch.get_num_threads()."""
+    saved = torch.get_num_threads()
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            x = torch.randn(50, 16)
+            ids = torch.randint(0, 5, (50,))
+            segment.reduce(x, "sum", segment_ids=ids, num_segments=5, sorted=False)
+            segment.reduce(x, "max", lengths=torch.tensor([20, 30]))
+            assert torch.get_num_threads() == n
+    finally:
+        torch.set_num_threads(saved)

@@ -79,9 +79,16 @@ def _np(t):
 
 
 def _nb_call(name, *args):
+    """Run a compiled kernel with torch's thread count.  numba's OpenMP layer shares libgomp with torch
+    and sets the process-wide OpenMP thread count when it starts: torch's setting is restored."""
     nb = _nb()
-    nb.set_threads(torch.get_num_threads())
-    return getattr(nb, name)(*(_np(a) if isinstance(a, torch.Tensor) else a for a in args))
+    n = torch.get_num_threads()
+    try:
+        nb.set_threads(n)
+        return getattr(nb, name)(*(_np(a) if isinstance(a, torch.Tensor) else a for a in args))
+    finally:
+        if torch.get_num_threads() != n:
+            torch.set_num_threads(n)
 
 
 _ARANGE = {"t": torch.empty(0, dtype=torch.int64)}
