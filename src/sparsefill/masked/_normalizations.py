@@ -40,7 +40,7 @@ def _same(a, b):
     return bool(((a == b) | (torch.isnan(a) & torch.isnan(b))).all())
 
 
-def _normalization(input, mask, dim, name, per_element, c_out, cast, dense_op, zero_absorbs=False):
+def _normalization(input, mask, dim, per_element, c_out, cast, dense_op, zero_absorbs=False):
     """``per_element(sl, v, seg, F, n, F0, n0) -> (out values (nv,), fill outputs (nseg, Pr), (Pk, Pr))``."""
     A = as_sparse(input)
     dims = E.canonical_dims(dim, A.dim())[:1] if A.dim() else ()
@@ -122,7 +122,7 @@ def _softmax_like(name, sign, log, c_out):
 
         def dense_op(x, m):
             return getattr(torch.masked, name)(x, dim, dtype=dtype, mask=m)
-        return _normalization(input, mask, dim, name, _softmax_parts(sign, log), c_out, cast, dense_op)
+        return _normalization(input, mask, dim, _softmax_parts(sign, log), c_out, cast, dense_op)
     op.__name__ = op.__qualname__ = name
     return op
 
@@ -155,7 +155,7 @@ def normalize(input, ord, dim, *, eps=1e-12, dtype=None, mask=None):
 
     def dense_op(x, m):
         return torch.masked.normalize(x, ord, dim, eps=eps, dtype=dtype, mask=m)
-    return _normalization(input, mask, dim, "normalize", per_element, 0.0, cast, dense_op, zero_absorbs=True)
+    return _normalization(input, mask, dim, per_element, 0.0, cast, dense_op, zero_absorbs=True)
 
 
 def _cum(name, mode):
@@ -181,7 +181,7 @@ def _cum(name, mode):
         if A.dim() and E.canonical_dims(dim, A.dim())[0] < len(A._sparse_shape) and mask is None and \
                 not A._indefinite:
             return dense_fallback(A, mask, dense_op)
-        return _normalization(input, mask, dim, name, per_element, ident, cast, dense_op)
+        return _normalization(input, mask, dim, per_element, ident, cast, dense_op)
     op.__name__ = op.__qualname__ = name
     op.__doc__ = (f"Masked {name} along ``dim``: ``torch.{name}(torch.where(mask, input, {int(ident)}), dim)``; "
                   f"masked-out elements of a sparse result read {int(ident)} (torch.masked: the running value).")
