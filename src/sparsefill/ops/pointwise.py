@@ -111,6 +111,8 @@ def pointwise_rule(func, args, kwargs):
     sub = {id(T): dense_of(T) for T in sparse[1:] if T.dim() == 0 < A.dim() and not T._indefinite}
     sparse = [T for T in sparse if id(T) not in sub]
     layout = A._sf_layout
+    if any(T.dense_dim() != A.dense_dim() for T in sparse[1:]):
+        return NotImplemented  # operands that split sparse and dense dims differently
     if any(T.shape != A.shape for T in sparse[1:]):
         expanded = _broadcast(sparse)
         if expanded is None:

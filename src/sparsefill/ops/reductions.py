@@ -1,0 +1,258 @@
+"""Reductions over any dims, in closed form over the count of unspecified elements (_reduce.py)::
+
+    r(A, dims).to_dense() == r(A.to_dense(), dims)
+
+* dense dims only: the op on the values and on the fill; the pattern is kept;
+* sparse dims ``R``: stored elements grouped by output slice (:func:`_reduce.group_slices`),
+  each slice folds ``n = prod(size[R]) - count`` copies of the fill; the result is sparse over the
+  kept sparse dims, its fill the reduction of ``prod(size[R])`` fills; reducing every sparse dim
+  gives a dense result (dense by nature);
+* both: dense dims first, then sparse dims (for the reducers that compose so: all but var/std).
+
+An indefinite fill skips the unspecified elements (masked semantics) and stays indefinite.
+Output dtype and shape, and torch's own errors (bad dims, mean of integers), come from running the
+op on a meta tensor of A's shape.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import _index
+from .._convert import coalesced_parts, dense_of, parts_to_sparse
+from .._reduce import Norm, REDUCERS, Var, group_slices, segment_arg, segment_counts
+from .._tensor import SparseTensor
+from .registry import register
+
+aten = torch.ops.aten
+
+# name -> the same reduction of a dense tensor over a list of dims (keepdim as given)
+_DENSE = {
+    "sum": lambda x, d, k, o: torch.sum(x, d, k),
+    "mean": lambda x, d, k, o: torch.mean(x, d, k),
+    "prod": lambda x, d, k, o: _prod_dims(x, d, k),
+    "amax": lambda x, d, k, o: torch.amax(x, d, k),
+    "amin": lambda x, d, k, o: torch.amin(x, d, k),
+    "logsumexp": lambda x, d, k, o: torch.logsumexp(x, d, k),
+    "all": lambda x, d, k, o: torch.all(x, d, k),
+    "any": lambda x, d, k, o: torch.any(x, d, k),
+    "norm": lambda x, d, k, o: torch.linalg.vector_norm(x, o, d, k),
+    "var": lambda x, d, k, o: torch.var(x, d, correction=o, keepdim=k),
+}
+_SEQUENTIAL = {"sum", "mean", "prod", "amax", "amin", "logsumexp", "all", "any", "norm"}  # compose dims in stages
+
+
+def _prod_dims(x, dims, keepdim):
+    for d in sorted(dims, reverse=True):
+        x = torch.prod(x, d, keepdim)
+    return x
+
+
+def _meta(A: SparseTensor) -> torch.Tensor:
+    return torch.empty(A.shape, dtype=A.dtype, device="meta")
+
+
+def _reducer(name, opt):
+    if name == "norm":
+        return Norm(opt)
+    if name == "var":
+        return Var(opt)
+    if name in ("all", "any"):
+        return REDUCERS["amin" if name == "all" else "amax"]
+    return REDUCERS[name]
+
+
+def reduce_dims(A: SparseTensor, name: str, dims, keepdim: bool, out_meta: torch.Tensor, opt=None):
+    """``name`` over ``dims`` (None or empty: all) of ``A``; the result has ``out_meta``'s shape and dtype."""
+    nd, sd = A.dim(), A.dim() - A.dense_dim()
+    dims = sorted({d % nd for d in dims}) if dims and nd else list(range(nd))
+    sp, dn = [d for d in dims if d < sd], [d - sd for d in dims if d >= sd]
+    if sp and dn and name not in _SEQUENTIAL:
+        return NotImplemented
+    idx, vals = coalesced_parts(A)
+    if name in ("all", "any"):
+        vals = vals.bool()
+    fill = None if A._indefinite else A._fill.expand(A._dense_shape).to(vals.dtype)
+    if dn:  # dense dims: the op on values (dims shifted past nse) and on the fill
+        vals = _DENSE[name](vals, [d + 1 for d in dn], keepdim, opt)
+        fill = None if fill is None else _DENSE[name](fill, dn, keepdim, opt)
+    if not sp:
+        return _finish(A, idx, vals, fill, A.shape[:sd], out_meta, A._sf_layout, True)
+    r = _reducer(name, opt)
+    seg, out_idx, n_fill = group_slices(idx, A._sparse_shape, sp)
+    S = out_idx.shape[1]
+    kw = {} if fill is None else dict(fill=fill, n_fill=n_fill)
+    out_vals = r(vals, seg, S, **kw)
+    N = _index.numel([A.shape[d] for d in sp])
+    out_fill = None if fill is None else \
+        r(vals[:0], seg[:0], 1, fill=fill, n_fill=torch.tensor([N], device=vals.device))[0]
+    kept = [d for d in range(sd) if d not in sp]
+    if keepdim:  # reduced sparse dims stay, of size 1, index 0
+        full = out_idx.new_zeros((sd, S))
+        full[kept] = out_idx
+        out_idx, kept = full, list(range(sd))
+    out_sshape = tuple(out_meta.shape[: len(kept)])
+    if not [d for d in range(sd) if d not in sp]:  # every sparse dim reduced: dense by nature
+        if fill is None:
+            empty = r(vals[:0], seg[:0], 1)[0]
+            res = out_vals[0] if S else empty
+        else:
+            res = out_vals[0] if S else out_fill
+        return res.reshape(out_meta.shape).to(out_meta.dtype)
+    layout = A._sf_layout if len(kept) >= 2 else torch.sparse_coo
+    return _finish(A, out_idx, out_vals, out_fill, out_sshape, out_meta, layout, True)
+
+
+def _finish(A, idx, vals, fill, sshape, out_meta, layout, coalesced):
+    dtype = out_meta.dtype
+    vals = vals.to(dtype)
+    fill = vals.new_empty(0) if fill is None else fill.to(dtype)
+    return parts_to_sparse(idx, vals, out_meta.shape, fill, A._indefinite, False, layout, coalesced)
+
+
+# ------------------------------------------------------------------ handlers
+def _dims_arg(args, kwargs, pos, name="dim"):
+    d = args[pos] if len(args) > pos else kwargs.get(name)
+    return [d] if isinstance(d, int) else (list(d) if d is not None else None)
+
+
+def _keepdim_arg(args, kwargs, pos):
+    return bool(args[pos] if len(args) > pos else kwargs.get("keepdim", False))
+
+
+def _scalar(func, args, kwargs):
+    """A 0-d SparseTensor is one value: the op on it directly."""
+    return func(dense_of(args[0]), *args[1:], **kwargs)
+
+
+def _handler(name, dim_pos=None, keep_pos=None, opt=None):
+    def handler(func, args, kwargs):
+        A = args[0]
+        if A.dim() == 0:
+            return _scalar(func, args, kwargs)
+        meta = func(_meta(A), *args[1:], **kwargs)
+        dtype = kwargs.get("dtype")
+        if dtype is not None:
+            A = A.to(dtype)
+        dims = _dims_arg(args, kwargs, dim_pos) if dim_pos is not None else None
+        keep = _keepdim_arg(args, kwargs, keep_pos) if keep_pos is not None else False
+        return reduce_dims(A, name, dims, keep, meta, opt(args, kwargs) if opt else None)
+    return handler
+
+
+register(aten.sum.default)(_handler("sum"))
+register(aten.sum.dim_IntList)(_handler("sum", 1, 2))
+register(aten.mean.default)(_handler("mean"))
+register(aten.mean.dim)(_handler("mean", 1, 2))
+register(aten.prod.default)(_handler("prod"))
+register(aten.prod.dim_int)(_handler("prod", 1, 2))
+register(aten.amax.default)(_handler("amax", 1, 2))
+register(aten.amin.default)(_handler("amin", 1, 2))
+register(aten.max.default)(_handler("amax"))
+register(aten.min.default)(_handler("amin"))
+register(aten.all.default)(_handler("all"))
+register(aten.all.dim, aten.all.dims)(_handler("all", 1, 2))
+register(aten.any.default)(_handler("any"))
+register(aten.any.dim, aten.any.dims)(_handler("any", 1, 2))
+register(aten.logsumexp.default)(_handler("logsumexp", 1, 2))
+_norm = _handler("norm", 2, 3, opt=lambda a, k: float(a[1] if len(a) > 1 else k.get("ord", 2)))
+
+
+@register(aten.linalg_vector_norm.default)
+def _vector_norm(func, args, kwargs):
+    if float(args[1] if len(args) > 1 else kwargs.get("ord", 2)) != 0:
+        return _norm(func, args, kwargs)
+    # the 0-"norm" counts nonzeros: it composes over dims as a sum of counts, not as a norm of norms
+    A = args[0]
+    if A.dim() == 0:
+        return _scalar(func, args, kwargs)
+    meta = func(_meta(A), *args[1:], **kwargs)
+    return reduce_dims((A != 0).to(meta.dtype), "sum", _dims_arg(args, kwargs, 2), _keepdim_arg(args, kwargs, 3),
+                       meta)
+
+
+def _correction(args, kwargs):
+    c = kwargs.get("correction")
+    return 1 if c is None else c
+
+
+@register(aten.var.correction, aten.std.correction)
+def _var_std(func, args, kwargs):
+    A = args[0]
+    if A.dim() == 0:
+        return _scalar(func, args, kwargs)
+    keep = bool(kwargs.get("keepdim", False))
+    meta = func(_meta(A), *args[1:], **kwargs)
+    out = reduce_dims(A, "var", _dims_arg(args, kwargs, 1), keep, meta, _correction(args, kwargs))
+    if out is NotImplemented or func is aten.var.correction:
+        return out
+    return torch.sqrt(out)
+
+
+@register(aten.count_nonzero.dim_IntList, aten.count_nonzero.default)
+def _count_nonzero(func, args, kwargs):
+    A = args[0]
+    if A.dim() == 0:
+        return _scalar(func, args, kwargs)
+    meta = func(_meta(A), *args[1:], **kwargs)
+    return reduce_dims(A != 0, "sum", _dims_arg(args, kwargs, 1), False, meta)
+
+
+# ------------------------------------------------------------------ arg reductions
+@register(aten.argmax.default, aten.argmin.default, aten.max.dim, aten.min.dim)
+def _arg(func, args, kwargs):
+    """argmax/argmin (torch's tie rule: the first position) and max/min along a dim with their indices."""
+    A = args[0]
+    if A.dim() == 0:
+        return _scalar(func, args, kwargs)
+    meta = func(_meta(A), *args[1:], **kwargs)
+    which = "amax" if func in (aten.argmax.default, aten.max.dim) else "amin"
+    dim = args[1] if len(args) > 1 else kwargs.get("dim")
+    keep = _keepdim_arg(args, kwargs, 2)
+    if A.dense_dim() or A._indefinite:
+        return NotImplemented
+    if dim is None:  # over the flattened tensor
+        flat_idx = _index.linearize(*coalesced_parts(A)[:1], A.shape)[None]
+        B = SparseTensor(torch.sparse_coo, (A.numel(),), coalesced_parts(A)[1], A._fill, indices=flat_idx,
+                         coalesced=True)
+        return _arg_dim(B, 0, False, which, meta, values=False)
+    return _arg_dim(A, dim % max(A.dim(), 1), keep, which, meta, values=func in (aten.max.dim, aten.min.dim))
+
+
+def _arg_dim(A, dim, keep, which, meta, values):
+    idx, vals = coalesced_parts(A)
+    seg, out_idx, n_fill = group_slices(idx, A._sparse_shape, [dim])
+    S, size = out_idx.shape[1], A.shape[dim] if A.dim() else 1
+    r = REDUCERS[which]
+    best = r(vals, seg, S, fill=A._fill, n_fill=n_fill)
+    pos = idx[dim] if A.dim() else torch.zeros_like(seg)
+    first_gap = _first_unspecified(pos, seg, S, size)
+    arg = segment_arg(vals, seg, S, pos, best, fill=A._fill, fill_position=first_gap)
+    out_shape = meta[0].shape if values else meta.shape
+    # slices with no stored element: the fill at position 0
+    kept = [d for d in range(A.dim()) if d != dim]
+    dense_arg = torch.zeros(tuple(A.shape[d] for d in kept), dtype=torch.int64, device=vals.device)
+    dense_val = A._fill.expand(dense_arg.shape).clone().to(A.dtype)
+    if S:
+        where = tuple(out_idx)
+        dense_arg[where] = arg
+        dense_val[where] = best.to(A.dtype)
+    if keep:
+        dense_arg, dense_val = dense_arg.unsqueeze(dim), dense_val.unsqueeze(dim)
+    dense_arg, dense_val = dense_arg.reshape(out_shape), dense_val.reshape(out_shape)
+    return (dense_val, dense_arg) if values else dense_arg
+
+
+def _first_unspecified(pos, seg, S, size):
+    """Per slice, the smallest position in ``range(size)`` that holds no stored element (-1 if none).
+    Sorted by (slice, position), the k-th element of a slice sits at position k until the first gap."""
+    order = torch.argsort(seg * size + pos)  # slices contiguous, positions ascending within each
+    seg, pos = seg[order], pos[order]
+    counts = segment_counts(seg, S)
+    start = torch.cumsum(counts, 0) - counts
+    rank = torch.arange(seg.numel(), device=seg.device) - start[seg]
+    big = torch.iinfo(torch.int64).max
+    gap = torch.full((S,), big, dtype=torch.int64, device=seg.device)
+    gap.scatter_reduce_(0, seg, torch.where(pos != rank, rank, big), "amin")
+    gap = torch.where(gap == big, counts, gap)
+    return torch.where(gap < size, gap, torch.full_like(gap, -1))
