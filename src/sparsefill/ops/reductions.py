@@ -62,6 +62,16 @@ def _reducer(name, opt):
     return REDUCERS[name]
 
 
+@register(aten.nansum.default)
+def _nansum(func, args, kwargs):
+    """``nansum(A) = sum(where(isnan(A), 0, A))``: element-wise, then the sum."""
+    A = args[0]
+    if A.is_floating_point() or A.is_complex():
+        A = torch.where(torch.isnan(A), torch.zeros((), dtype=A.dtype, device=A.device), A)
+    return aten.sum.dim_IntList(A, *args[1:], **kwargs) if len(args) > 1 or kwargs.get("dim") is not None \
+        else aten.sum.default(A, **{k: v for k, v in kwargs.items() if k == "dtype"})
+
+
 def reduce_dims(A: SparseTensor, name: str, dims, keepdim: bool, out_meta: torch.Tensor, opt=None):
     """``name`` over ``dims`` (None or empty: all) of ``A``; the result has ``out_meta``'s shape and dtype."""
     nd, sd = A.dim(), A.dim() - A.dense_dim()
@@ -176,17 +186,40 @@ def _correction(args, kwargs):
     return 1 if c is None else c
 
 
-@register(aten.var.correction, aten.std.correction)
+@register(aten.var.correction, aten.std.correction, aten.var_mean.correction, aten.std_mean.correction)
 def _var_std(func, args, kwargs):
+    """Shifted sums, shifted by the fill so that unspecified elements add nothing::
+
+        var = (sum (x - f)^2 - |sum (x - f)|^2 / N) / max(N - correction, 0)
+
+    with ``N`` the elements per output slice (the stored ones, for an indefinite fill), the shift ``f``
+    constant along the reduced dims."""
     A = args[0]
     if A.dim() == 0:
         return _scalar(func, args, kwargs)
-    keep = bool(kwargs.get("keepdim", False))
     meta = func(_meta(A), *args[1:], **kwargs)
-    out = reduce_dims(A, "var", _dims_arg(args, kwargs, 1), keep, meta, _correction(args, kwargs))
-    if out is NotImplemented or func is aten.var.correction:
-        return out
-    return torch.sqrt(out)
+    dims, keep = _dims_arg(args, kwargs, 1), bool(kwargs.get("keepdim", False))
+    dims = sorted({d % A.dim() for d in dims}) if dims else list(range(A.dim()))
+    B = A if A._indefinite else A - _shift(A, dims)
+    sq = (B * B.conj()).real if B.is_complex() else B * B
+    s1, s2 = B.sum(dims, keepdim=keep), sq.sum(dims, keepdim=keep)
+    n = torch.ones_like(sq).sum(dims, keepdim=keep) if A._indefinite else _index.numel([A.shape[d] for d in dims])
+    c = _correction(args, kwargs)
+    ss = s2 - ((s1 * s1.conj()).real if s1.is_complex() else s1 * s1) / n
+    var = ss / ((n - c).clamp_min(0) if isinstance(n, torch.Tensor) else max(n - c, 0))
+    out = var if func in (aten.var.correction, aten.var_mean.correction) else torch.sqrt(var)
+    if func in (aten.var_mean.correction, aten.std_mean.correction):
+        return out, A.mean(dims, keepdim=keep)
+    return out
+
+
+def _shift(A: SparseTensor, dims):
+    """The fill, averaged over the reduced dense dims (a shift must be constant along them), 0 where not finite."""
+    f = A._fill.expand(A._dense_shape)  # (var is shift-invariant: no gradient flows through the shift)
+    f = torch.where(torch.isfinite(f), f, torch.zeros((), dtype=f.dtype, device=f.device))
+    sd = A.dim() - A.dense_dim()
+    dn = [d - sd for d in dims if d >= sd]
+    return f.mean(dn, keepdim=True) if dn and f.dim() else f
 
 
 @register(aten.count_nonzero.dim_IntList, aten.count_nonzero.default)
