@@ -1,0 +1,67 @@
+"""softmax and log_softmax (softmin is softmax of -A) along any dim, fill-value-rfc.md point 5::
+
+    softmax(A, d).to_dense() == softmax(A.to_dense(), d)
+
+* along a dense dim: the op on the values and on the fill (pattern kept);
+* along a sparse dim ``d``: per slice (the elements sharing the other coordinates), with ``m`` the
+  slice max and ``n`` its unspecified count, ``Z = sum exp(x - m) + n exp(f - m)``; stored values
+  become ``exp(x - m) / Z`` and unspecified ones ``exp(f - m) / Z``.  With ``d`` the only sparse dim
+  there is one slice: the pattern is kept and the fill becomes an array over the dense dims (the
+  RFC's worked example).  With other sparse dims the unspecified value varies by slice: the result
+  is dense by nature and returned dense.  An indefinite fill is a mask: unspecified elements are
+  skipped and stay unspecified (masked softmax).
+
+>>> import torch, sparsefill
+>>> A = sparsefill.sparse_coo_tensor([[0, 3]], [[.11, .12], [.31, .32]], (4, 2), fill_value=0.)
+>>> A.softmax(0).fill_value()
+tensor([0.2232, 0.2220])
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .._convert import coalesce_of, coalesced_parts, dense_of, rewrap
+from .._reduce import REDUCERS, group_slices, segment_combine, times
+from .registry import register
+
+aten = torch.ops.aten
+
+
+@register(aten._softmax.default, aten._log_softmax.default)
+def _softmax(func, args, kwargs):
+    A, dim, half_to_float = args[0], args[1], args[2]
+    if A.dim() == 0:
+        return func(dense_of(A), dim, half_to_float)
+    func(torch.empty(A.shape, dtype=A.dtype, device="meta"), dim, half_to_float)  # torch's errors
+    dim, sd, log = dim % A.dim(), A.dim() - A.dense_dim(), func is aten._log_softmax.default
+    B = A if A._coalesced else coalesce_of(A)
+    if dim >= sd:  # along a dense dim
+        fill = B._fill if B._indefinite else func(B._fill.expand(B._dense_shape), dim - sd, half_to_float)
+        return rewrap(B, values=func(B._vals, dim - sd + 1, half_to_float), fill=fill, known_zero=False)
+    idx, vals = coalesced_parts(B)
+    seg, out_idx, n = group_slices(idx, B._sparse_shape, [dim])
+    S = out_idx.shape[1]
+    f = None if B._indefinite else B._fill.expand(B._dense_shape)
+    m = REDUCERS["amax"](vals, seg, S, **({} if f is None else dict(fill=f, n_fill=n)))
+    m = torch.where(torch.isfinite(m), m, torch.zeros((), dtype=m.dtype, device=m.device))
+    shifted = vals - m[seg]
+    Z = segment_combine(torch.exp(shifted), seg, S, "sum")
+    if f is not None:
+        Z = Z + times(torch.exp(f - m), n, Z)
+    out = shifted - torch.log(Z)[seg] if log else torch.exp(shifted) / Z[seg]
+    if f is None:
+        return rewrap(B, values=out, known_zero=False)
+    slice_fill = (f - m - torch.log(Z)) if log else torch.exp(f - m) / Z  # (S, *D)
+    N = A.shape[dim]
+    empty = func(f.expand((N,) + tuple(f.shape)), 0, half_to_float)[0]  # a slice of fills only
+    if sd == 1:  # one slice: the fill is an array over the dense dims
+        return rewrap(B, values=out, fill=slice_fill[0] if S else empty, known_zero=False)
+    # the unspecified value varies by slice: dense by nature
+    kept = [d for d in range(A.dim()) if d != dim]
+    P = empty.expand(tuple(A.shape[d] for d in kept)).clone()
+    if S:
+        P[tuple(out_idx)] = slice_fill.to(P.dtype)
+    dense = P.unsqueeze(dim).expand(A.shape).clone()
+    dense[tuple(idx)] = out.to(dense.dtype)
+    return dense
