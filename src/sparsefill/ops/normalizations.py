@@ -54,7 +54,7 @@ def _softmax(func, args, kwargs):
         return rewrap(B, values=out, known_zero=False)
     slice_fill = (f - m - torch.log(Z)) if log else torch.exp(f - m) / Z  # (S, *D)
     N = A.shape[dim]
-    empty = func(f.expand((N,) + tuple(f.shape)), 0, half_to_float)[0]  # a slice of fills only
+    empty = func(f.expand((max(N, 1),) + tuple(f.shape)), 0, half_to_float)[0]  # a slice of fills only
     if sd == 1:  # one slice: the fill is an array over the dense dims
         return rewrap(B, values=out, fill=slice_fill[0] if S else empty, known_zero=False)
     # the unspecified value varies by slice: dense by nature
