@@ -1,0 +1,380 @@
+"""Matrix products of SparseTensors with fill values, by decomposition (fill-value-rfc.md point 10.2).
+
+A sparse operand ``A`` (a batch of ``(m, k)`` matrices) is its zero-fill part ``A0`` plus its fill
+``F`` (constant along the sparse dims: ``F = a * ones`` for a scalar fill, ``ones_m (x) f`` for a
+row-sparse hybrid tensor's array fill)::
+
+    A0 = A - F              specified where A is, value A[p] - F[p]; a torch native CSR matrix
+    A @ X = A0 @ X + F @ X  F @ X = a * X.sum(-2) for a scalar fill: a rank-one correction
+    A @ B = A0 @ B0 + F @ B0 + A0 @ G + F @ G          (B = B0 + G sparse)
+
+where ``F @ B0 = a * colsum(B0)`` and ``A0 @ G = rowsum(A0) * b`` (a scalar fill ``b``).  The
+products ``A0 @ X`` run on torch's native CSR kernel; a batch is one block-diagonal CSR
+matrix ``(nb * m, nb * k)``.  ``X @ B`` (dense on the left) is ``(B0^T @ X^T)^T + X @ G`` with
+``B0^T`` built by a stable counting sort of the column indices.
+
+* Zero fill: ``A0`` is ``A`` itself (a 2-D CSR input's arrays are used as they are); no
+  correction.  Sparse @ sparse with zero fills is sparse (the native CSR product); every
+  other product is dense by nature and returned dense, with no DensifyWarning.
+* Indefinite fill (masked semantics, as the reductions): unspecified elements are skipped,
+  i.e. contribute nothing to the sums, so the operand acts as its zero-fill part
+  (``A @ x == A.to_dense(fill_value=0) @ x``; an empty sum is 0).
+* Non-finite fill (NaN, +-inf): ``A0 = A - F`` would be NaN everywhere, so the fill term is
+  summed exactly over the unspecified elements of each row: with ``T = F * X`` (``F`` constant
+  along the rows), ``C = T.sum(-2) - P @ T`` for the finite part of ``T`` and the counts of
+  ``+inf``, ``-inf`` and NaN terms (``P`` the pattern matrix), all in one native product of
+  4n columns.  (Needs a fill constant along the rows: otherwise the next stage densifies.)
+* Hybrid operands: the dense dims are unrolled into matrix coordinates (each stored dense
+  slice is ``prod(dense_shape)`` stored elements); the array fill stays a broadcastable
+  tensor in the correction.
+* As torch's own sparse products, structurally unspecified elements form no products: an
+  ``inf``/NaN in the dense operand against a zero fill gives no NaN where the dense product
+  (``0 * inf``) would, and with a nonzero finite fill ``(A[p] - a) * inf + a * inf`` may give
+  NaN where the dense product gives ``inf``.
+
+Gradients: autograd's formulas for ``mm``/``bmm``/``mv``/``addmm`` call these handlers again
+(``mat1.t().mm(grad)``, with ``t``/``transpose`` from ``shape.py``); the gradient of the
+sparse operand is ``grad @ x.T``, dense by nature, which reaches ``(values, fill)``
+through the constructors.
+
+>>> import torch, sparsefill
+>>> A = sparsefill.sparse_coo_tensor([[0, 1], [2, 0]], [1., 2.], (2, 3), fill_value=5.)
+>>> x = torch.ones(3, 2)
+>>> torch.equal(A @ x, A.to_dense() @ x)
+True
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from .. import _index
+from .._convert import coalesced_parts, parts_to_sparse
+from .._tensor import SparseTensor
+from . import shape as _shape
+from .registry import register
+
+aten = torch.ops.aten
+
+
+class _Mat:
+    """A sparse operand as ``nb`` matrices ``(m, k)`` in block-diagonal coordinates.
+
+    ``crow`` (``nb*m + 1``) and ``col`` (``b*k + j``) index the stored elements row by row;
+    ``vals`` are the stored values, ``fill`` the fill as a 3-d tensor broadcastable to
+    ``(nb, m, k)`` (None when zero or indefinite), ``finite`` whether it is finite."""
+
+    def __init__(self, nb, m, k, crow, col, vals, fill, finite, layout, rows=None):
+        self.nb, self.m, self.k = nb, m, k
+        self.crow, self.col, self.vals, self.fill, self.finite = crow, col, vals, fill, finite
+        self.layout, self._rows = layout, rows
+
+    @property
+    def rows(self):
+        if self._rows is None:
+            counts = self.crow[1:] - self.crow[:-1]
+            self._rows = torch.repeat_interleave(torch.arange(counts.numel(), device=self.col.device), counts,
+                                                 output_size=self.col.numel())
+        return self._rows
+
+    def fill_at(self):
+        """The fill at each stored element."""
+        f = self.fill
+        if f.numel() == 1:
+            return f.reshape(())
+        r, c = self.rows, self.col
+        b = r // self.m if self.m else r
+        return f.expand(self.nb, self.m, self.k)[b, r - b * self.m, c - b * self.k]
+
+    def csr(self, values=None):
+        """The native CSR block-diagonal matrix; ``values`` default to ``A0 = A - F``."""
+        if values is None:
+            values = self.vals if self.fill is None or not self.finite else self.vals - self.fill_at()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # "Sparse CSR tensor support is in beta state"
+            return torch.sparse_csr_tensor(self.crow, self.col, values, (self.nb * self.m, self.nb * self.k))
+
+    def t(self) -> "_Mat":
+        """The transposed matrices: global rows and columns swap roles (a stable counting sort)."""
+        cols = self.col
+        perm = torch.sort(cols, stable=True)[1]
+        counts = torch.bincount(cols, minlength=self.nb * self.k)
+        crow = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
+        fill = None if self.fill is None else self.fill.transpose(-1, -2)
+        return _Mat(self.nb, self.k, self.m, crow, self.rows[perm], self.vals[perm], fill, self.finite,
+                    self.layout, cols[perm])
+
+
+def _mat(A: SparseTensor) -> _Mat | None:
+    """``_Mat`` of a 2-d or 3-d SparseTensor (a 1-d one goes through ``unsqueeze`` first)."""
+    nd = A.dim()
+    nb, m, k = ((1,) + tuple(A.shape)) if nd == 2 else tuple(A.shape)
+    zero = A._indefinite or A._fill_is_zero()
+    fill = None
+    if not zero:
+        f = _shape._fill_dense(A)
+        fill = f.reshape((1,) * (3 - f.dim()) + tuple(f.shape))
+    finite = fill is None or bool(torch.isfinite(fill).all())
+    if A._sf_layout is torch.sparse_csr and not A.dense_dim():
+        crow, col, vals = A._crow, A._col, A._vals
+        if nd == 3:
+            nse = col.shape[-1]
+            off = torch.arange(nb, device=col.device)[:, None]
+            crow = torch.cat([(crow[:, :-1] + off * nse).reshape(-1), crow.new_full((1,), nb * nse)])
+            col, vals = (col + off * k).reshape(-1), vals.reshape(-1)
+        return _Mat(nb, m, k, crow, col, vals, fill, finite, A._sf_layout)
+    idx, vals = coalesced_parts(A)
+    D = tuple(A._dense_shape)
+    if D:
+        Q = _index.numel(D)
+        q = _index.unravel(torch.arange(Q, device=idx.device), D)
+        idx = torch.cat([idx.repeat_interleave(Q, dim=1), q.repeat(1, idx.shape[1])])
+        vals = vals.reshape(-1)
+    if nd == 2:
+        idx = torch.cat([idx.new_zeros((1, idx.shape[1])), idx])
+    rows, col = idx[0] * m + idx[1], idx[0] * k + idx[2]
+    counts = torch.bincount(rows, minlength=nb * m)
+    crow = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
+    return _Mat(nb, m, k, crow, col, vals, fill, finite, A._sf_layout, rows)
+
+
+def _as_matrix(T, vec_dim=None):
+    """SparseTensor -> ``_Mat``; a 1-d operand becomes a column (``vec_dim=1``) or a row (``0``)."""
+    if vec_dim is not None:
+        T = _shape.unsqueeze(T, vec_dim)
+    return _mat(T)
+
+
+def _native_spmm(M: _Mat, X: torch.Tensor, values=None) -> torch.Tensor:
+    """``A0 @ X`` for ``X`` ``(nb | 1, k, n)``: ``(nb, m, n)``."""
+    n = X.shape[-1]
+    Xs = X.expand(M.nb, M.k, n).reshape(M.nb * M.k, n)
+    return (M.csr(values) @ Xs).view(M.nb, M.m, n)
+
+
+def _fill_times(f: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
+    """``F @ X`` for the fill ``f`` (3-d, broadcastable to ``(nb, m, k)``)."""
+    if f.shape[-1] == 1:
+        return f * X.sum(-2, keepdim=True)
+    return torch.matmul(f, X)
+
+
+def _sp_dense(M: _Mat, X: torch.Tensor) -> torch.Tensor | None:
+    """``A @ X`` with ``X`` dense ``(nb | 1, k, n)``."""
+    if M.fill is None:
+        return _native_spmm(M, X)
+    if M.finite:
+        return _native_spmm(M, X) + _fill_times(M.fill, X)
+    if M.fill.shape[1] != 1:
+        return _rowfill_nonfinite(M, X) if M.fill.shape[2] == 1 else None
+    # T[b, k, j] = F[b, :, k] * X[b, k, j]; the fill term sums T over the unspecified k of each row
+    T = M.fill.transpose(-1, -2) * X
+    n = X.shape[-1]
+    big = torch.cat([torch.where(torch.isfinite(T), T, 0), T == float("inf"), T == -float("inf"), T.isnan()], -1)
+    big = big.to(T.dtype)
+    ones = torch.ones_like(M.vals)
+    C = big.sum(-2, keepdim=True) - _native_spmm(M, big, ones)
+    cf, cp, cn, cnan = C.split(n, -1)
+    out = _native_spmm(M, X, M.vals) + cf
+    inf = torch.full((), float("inf"), dtype=out.dtype, device=out.device)
+    nonfinite = torch.where((cnan > 0) | ((cp > 0) & (cn > 0)), inf - inf,
+                            torch.where(cp > 0, inf, torch.where(cn > 0, -inf, torch.zeros_like(inf))))
+    return out + nonfinite
+
+
+def _rowfill_nonfinite(M: _Mat, X: torch.Tensor) -> torch.Tensor:
+    """``A @ X`` for a non-finite fill constant along each row (``F[b, i, :] = f[b, i]``).
+
+    Over the unspecified ``k`` of row ``i``: the sum of ``X[k, j]`` and the counts of its positive,
+    negative and zero-or-NaN entries; ``f * sum`` where ``f`` is finite, else the sign rules of
+    ``f * X[k, j]`` (NaN fill: NaN wherever a row has an unspecified element)."""
+    n = X.shape[-1]
+    Xf = torch.where(torch.isfinite(X), X, 0)
+    big = torch.cat([Xf, X > 0, X < 0, (X == 0) | X.isnan()], -1).to(X.dtype)
+    C = big.sum(-2, keepdim=True) - _native_spmm(M, big, torch.ones_like(M.vals))
+    s, cp, cn, cz = C.split(n, -1)
+    f = M.fill
+    nan = torch.full((), float("nan"), dtype=X.dtype, device=X.device)
+    inf = torch.full((), float("inf"), dtype=X.dtype, device=X.device)
+    unspec = (cp + cn + cz) > 0
+    # f = +inf: +inf if only positive X, -inf if only negative, NaN if a zero/NaN or both signs; -inf mirrored
+    signed = torch.where((cz > 0) | ((cp > 0) & (cn > 0)), nan,
+                         torch.where(cp > 0, inf, torch.where(cn > 0, -inf, 0)))
+    term = torch.where(torch.isfinite(f), torch.where(torch.isfinite(f), f, 0) * s,
+                       torch.where(f.isnan(), torch.where(unspec, nan, 0), torch.where(f > 0, signed, -signed)))
+    return _native_spmm(M, X, M.vals) + term
+
+
+def _dense_sp(X: torch.Tensor, M: _Mat) -> torch.Tensor | None:
+    """``X @ B`` with ``X`` dense ``(nb | 1, m, k)``: ``(B^T @ X^T)^T``."""
+    out = _sp_dense(M.t(), X.transpose(-1, -2))
+    return None if out is None else out.transpose(-1, -2)
+
+
+def _sp_sp(A: _Mat, B: _Mat):
+    """``A @ B``: a SparseTensor for zero fills, else dense ``(nb, m, n)`` (None: not handled here)."""
+    if not (A.finite and B.finite):
+        return None
+    nb, m, n = A.nb, A.m, B.k
+    P = A.csr() @ B.csr()  # native CSR (nb*m, nb*n), block diagonal
+    crow, col, vals = P.crow_indices(), P.col_indices(), P.values()
+    counts = crow[1:] - crow[:-1]
+    rows = torch.repeat_interleave(torch.arange(nb * m, device=col.device), counts, output_size=col.numel())
+    b = rows // m if m else rows
+    if A.fill is None and B.fill is None:
+        return b, rows - b * m, col - b * n, vals
+    out = vals.new_zeros(nb * m * n)
+    out.index_put_(((rows * n + col - b * n),), vals, accumulate=True)
+    out = out.view(nb, m, n)
+    if A.fill is not None:  # F @ B0
+        f = A.fill
+        if f.shape[-1] == 1:
+            colsum = B.vals.new_zeros(nb * n).index_put_((B.col,), B.csr().values(), accumulate=True)
+            out = out + f * colsum.view(nb, 1, n)
+        else:
+            out = out + _dense_sp(f.expand(f.shape[0], f.shape[1], A.k), _Mat(
+                B.nb, B.m, B.k, B.crow, B.col, B.csr().values(), None, True, B.layout, B._rows))
+    if B.fill is not None:  # A0 @ G
+        g = B.fill
+        a0 = A.csr().values()
+        if g.shape[-2] == 1:
+            rowsum = a0.new_zeros(nb * m).index_put_((A.rows,), a0, accumulate=True)
+            out = out + rowsum.view(nb, m, 1) * g
+        else:
+            out = out + _native_spmm(A, g.expand(g.shape[0], B.m, g.shape[-1]))
+    if A.fill is not None and B.fill is not None:  # F @ G
+        f, g = A.fill, B.fill
+        out = out + torch.matmul(f.expand(f.shape[0], f.shape[1], A.k), g.expand(g.shape[0], B.m, g.shape[-1]))
+    return out
+
+
+# ---------------------------------------------------------------------- the product of two operands
+def _check(func, args, kwargs):
+    """torch's own shape/dtype errors (and the result shape), from the op on meta tensors."""
+    meta = [torch.empty(a.shape, dtype=a.dtype, device="meta") if isinstance(a, torch.Tensor) else a for a in args]
+    return func(*meta, **kwargs).shape
+
+
+def product(a, b, out_shape, *, sparse_ok=True):
+    """``a @ b`` for 1-d, 2-d or 3-d (batched, equal batch) operands, at least one a SparseTensor.
+
+    Returns a tensor of ``out_shape``: a SparseTensor when both are SparseTensors with zero
+    (or indefinite) fills and ``sparse_ok``, else dense; None when not handled here."""
+    if min(a.dim(), b.dim()) == 0:
+        return None
+    if any(s == 0 for s in tuple(a.shape) + tuple(b.shape)) or not _index.numel(out_shape):
+        dtype, device = a.dtype, a.device
+        both = isinstance(a, SparseTensor) and isinstance(b, SparseTensor)
+        if both and sparse_ok and a._fill_is_zero() | a._indefinite and b._fill_is_zero() | b._indefinite:
+            return _sparse_out(a, b, out_shape, *(torch.zeros(0, dtype=torch.int64, device=device),) * 3,
+                               torch.zeros(0, dtype=dtype, device=device))
+        return torch.zeros(out_shape, dtype=dtype, device=device)
+    va, vb = (0 if a.dim() == 1 else None), (1 if b.dim() == 1 else None)
+    A = _as_matrix(a, va) if isinstance(a, SparseTensor) else None
+    B = _as_matrix(b, vb) if isinstance(b, SparseTensor) else None
+    if A is not None and B is not None:
+        r = _sp_sp(A, B)
+        if isinstance(r, tuple):
+            if sparse_ok:
+                return _sparse_out(a, b, out_shape, *r)
+            bb, i, j, vals = r
+            out = vals.new_zeros(A.nb, A.m, B.k)
+            out.index_put_((bb, i, j), vals, accumulate=True)
+            r = out
+        elif r is None:  # a non-finite fill: one operand dense, if that costs no more than the result
+            r = _one_dense(a, b, A, B, out_shape)
+    elif A is not None:
+        X = b.unsqueeze(-1) if b.dim() == 1 else b
+        r = _sp_dense(A, X if X.dim() == 3 else X.unsqueeze(0))
+    else:
+        X = a.unsqueeze(0) if a.dim() == 1 else a
+        r = _dense_sp(X if X.dim() == 3 else X.unsqueeze(0), B)
+    return None if r is None else r.reshape(out_shape)
+
+
+def _one_dense(a, b, A, B, out_shape):
+    """``A @ B`` with the operand of non-finite fill densified (the other one if that is not
+    handled), when its dense tensor is no larger than the dense result; else None."""
+    from .._convert import dense_of
+    order = [0, 1] if not A.finite else [1, 0]
+    for side in order:
+        T = (a, b)[side]
+        if T.dim() > 1 and T.numel() > _index.numel(out_shape):
+            continue
+        d = dense_of(T, T._vals.new_zeros(()) if T._indefinite else None)
+        if side == 0:
+            X = d.unsqueeze(0) if d.dim() == 1 else d
+            r = _dense_sp(X if X.dim() == 3 else X.unsqueeze(0), B)
+        else:
+            X = d.unsqueeze(-1) if d.dim() == 1 else d
+            r = _sp_dense(A, X if X.dim() == 3 else X.unsqueeze(0))
+        if r is not None:
+            return r
+    return None
+
+
+def _sparse_out(a, b, out_shape, bb, i, j, vals):
+    """The zero-fill sparse product as a SparseTensor of ``out_shape`` (layout of ``a``)."""
+    idx = torch.stack([bb, i, j])
+    keep = [d for d, v in zip((0, 1, 2), (len(out_shape) == 3, a.dim() > 1, b.dim() > 1)) if v]
+    zero = torch.zeros((), dtype=vals.dtype, device=vals.device)
+    layout = a._sf_layout if len(out_shape) >= 2 else torch.sparse_coo
+    return parts_to_sparse(idx[keep], vals, out_shape, zero, False, True, layout, False)
+
+
+# ---------------------------------------------------------------------- handlers
+def _handle(func, args, kwargs, a, b, *, sparse_ok=True):
+    out_shape = _check(func, args, kwargs)
+    r = product(a, b, out_shape, sparse_ok=sparse_ok)
+    return NotImplemented if r is None else r
+
+
+@register(aten.mm.default, aten.bmm.default, aten.mv.default)
+def _mm(func, args, kwargs):
+    return _handle(func, args, kwargs, args[0], args[1])
+
+
+@register(aten.dot.default, aten.vdot.default)
+def _dot(func, args, kwargs):
+    a, b = args[0], args[1]
+    if func is aten.vdot.default and a.is_complex():
+        a = a.conj_physical()
+    return _handle(func, args, kwargs, a, b, sparse_ok=False)
+
+
+def _add_scaled(self, prod, beta, alpha, out_shape):
+    """``beta * self + alpha * prod`` (``self`` ignored when ``beta == 0``, as torch); a SparseTensor
+    ``self`` joins by the element-wise rule (``pointwise.py``)."""
+    out = prod if alpha == 1 else prod * alpha
+    if beta != 0 and isinstance(self, SparseTensor) and self._indefinite and not isinstance(out, SparseTensor):
+        if tuple(self.shape) != tuple(out_shape):
+            return NotImplemented
+        # masked: specified exactly where self is (an n-ary op with an indefinite operand)
+        from .._convert import rewrap
+        idx, vals = coalesced_parts(self)
+        keys = _index.linearize(idx, self._sparse_shape)
+        at = out.reshape((_index.numel(self._sparse_shape),) + tuple(self._dense_shape))[keys]
+        new = vals * beta + at
+        if self._sf_layout is torch.sparse_coo:
+            return rewrap(self, indices=idx, values=new, coalesced=True)
+        return rewrap(self, values=new.reshape(self._vals.shape))
+    if beta != 0:
+        out = out + (self if beta == 1 else self * beta)
+    return out.expand(out_shape) if tuple(out.shape) != tuple(out_shape) else out
+
+
+@register(aten.addmm.default, aten.addmv.default, aten.baddbmm.default)
+def _addmm(func, args, kwargs):
+    self, m1, m2 = args[:3]
+    beta, alpha = kwargs.get("beta", 1), kwargs.get("alpha", 1)
+    out_shape = _check(func, args, kwargs)
+    mm_shape = out_shape
+    if isinstance(m1, SparseTensor) or isinstance(m2, SparseTensor):
+        prod = product(m1, m2, mm_shape)
+        if prod is None:
+            return NotImplemented
+    else:
+        prod = torch.matmul(m1, m2)
+    return _add_scaled(self, prod, beta, alpha, out_shape)

@@ -1,0 +1,240 @@
+"""The view ops that linear algebra decomposes into, on the stored elements (no densifying).
+
+``matmul``, ``einsum``, ``tensordot``, ``inner`` and the backward formulas of ``mm``/``bmm``
+reach ``__torch_dispatch__`` as ``t``, ``transpose``, ``permute``, ``unsqueeze``, ``squeeze``,
+``view``/``_unsafe_view`` and ``expand`` around ``mm``/``bmm``/``mv``.  Each handler here maps
+indices and values; the dense tensor follows exactly::
+
+    op(A).to_dense() == op(A.to_dense())
+
+* sparse dims stay in front of dense dims: a permute that would move a dense dim before a
+  sparse one first turns every dense dim into a sparse dim (only for a uniform fill —
+  a scalar or an indefinite one — otherwise the op goes to the next stage);
+* ``view`` re-linearises the indices over the new shape (dense dims untouched when the
+  new shape keeps them; else they become sparse dims as above);
+* ``expand`` repeats the stored elements along the expanded sparse dims (O(nse * repeats)).
+
+Results are COO (a CSR input is read through its COO parts): the products in
+``linalg.py`` rebuild CSR arrays themselves.  The outputs are SparseTensor views of
+their input (``views.py`` keeps them consistent).
+
+>>> import torch, sparsefill
+>>> A = sparsefill.sparse_coo_tensor([[0, 1], [2, 0]], [1., 2.], (2, 3), fill_value=5.)
+>>> torch.equal(A.t().to_dense(), A.to_dense().t())
+True
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import _index
+from .._convert import coalesced_parts
+from .._tensor import SparseTensor
+from .registry import register
+
+aten = torch.ops.aten
+
+
+def _fill_dense(A: SparseTensor) -> torch.Tensor:
+    """The fill with exactly ``A.dense_dim()`` dims (size-1 dims where it broadcasts)."""
+    f, nd = A._fill, A.dense_dim()
+    return f if A._indefinite else f.reshape((1,) * (nd - f.dim()) + tuple(f.shape))
+
+
+def _make(A: SparseTensor, shape, idx, vals, fill, coalesced) -> SparseTensor:
+    return SparseTensor(torch.sparse_coo, shape, vals, fill, indices=idx, indefinite=A._indefinite,
+                        coalesced=coalesced, known_zero=A._fill_is_zero())
+
+
+def _uniform_fill(A: SparseTensor) -> bool:
+    return A._indefinite or A._fill.numel() == 1
+
+
+def all_sparse(A: SparseTensor) -> SparseTensor | None:
+    """``A`` with every dense dim turned into a sparse dim (None when the fill is not uniform).
+
+    Each stored dense slice becomes ``prod(dense_shape)`` stored elements."""
+    if not A.dense_dim():
+        return A if A._sf_layout is torch.sparse_coo else _make(A, A.shape, *A._coo_parts(), A._fill, A._coalesced)
+    if not _uniform_fill(A):
+        return None
+    idx, vals = A._coo_parts()
+    D = tuple(A._dense_shape)
+    Q = _index.numel(D)
+    q = _index.unravel(torch.arange(Q, device=idx.device), D)
+    nse = idx.shape[1]
+    full = torch.cat([idx.repeat_interleave(Q, dim=1), q.repeat(1, nse)])
+    fill = A._fill if A._indefinite else A._fill.reshape(())
+    return _make(A, A.shape, full, vals.reshape(-1), fill, A._coalesced)
+
+
+def permute(A: SparseTensor, dims) -> SparseTensor | None:
+    """Permute dims.  Size-1 dims move freely between the sparse and dense parts; when a dense
+    dim of size > 1 would precede a sparse one, every dense dim becomes sparse first."""
+    n = A.dim()
+    dims = [d % n if n else d for d in dims]
+    sd = A._sparse_ndim()
+
+    def real(lo, hi):
+        return [p for p, d in enumerate(dims) if lo <= d < hi and A.shape[d] != 1]
+    rs, rd = real(0, sd), real(sd, n)
+    if rs and rd and max(rs) > min(rd):
+        A = all_sparse(A)
+        if A is None:
+            return None
+        sd, rd = n, []
+    nsd = min(rd) if rd else n
+    idx, vals = A._coo_parts()
+    rows = [idx[d] if d < sd else idx.new_zeros(idx.shape[1]) for d in dims[:nsd]]
+    new_idx = torch.stack(rows) if rows else idx.new_zeros((0, idx.shape[1]))
+    order = dims[nsd:] + dims[:nsd]  # the new sparse dims last, where every axis has size 1
+
+    def move(t, lead):  # t: `lead` leading axes, then one axis per dim of A (size 1 for sparse dims)
+        t = t.permute(list(range(lead)) + [lead + d for d in order])
+        return t.reshape(t.shape[: lead + n - nsd])
+    shape = [A.shape[d] for d in dims]
+    vals = move(vals[(slice(None),) + (None,) * sd], 1)
+    fill = A._fill if A._indefinite else move(_fill_dense(A)[(None,) * sd], 0)
+    sp = [d for d in dims[:nsd] if d < sd and A.shape[d] != 1]
+    return _make(A, shape, new_idx, vals, fill, A._coalesced and sp == sorted(sp))
+
+
+def unsqueeze(A: SparseTensor, dim: int) -> SparseTensor:
+    dim = dim % (A.dim() + 1)
+    sd = A._sparse_ndim()
+    idx, vals = A._coo_parts()
+    shape = list(A.shape)
+    shape.insert(dim, 1)
+    if dim <= sd:
+        idx = torch.cat([idx[:dim], idx.new_zeros((1, idx.shape[1])), idx[dim:]])
+        return _make(A, shape, idx, vals, A._fill, A._coalesced)
+    fill = A._fill if A._indefinite else _fill_dense(A).unsqueeze(dim - sd)
+    return _make(A, shape, idx, vals.unsqueeze(1 + dim - sd), fill, A._coalesced)
+
+
+def squeeze(A: SparseTensor, dims=None) -> SparseTensor:
+    n = A.dim()
+    dims = range(n) if dims is None else [d % n if n else d for d in dims]
+    drop = sorted({d for d in dims if n and A.shape[d] == 1})
+    sd = A._sparse_ndim()
+    idx, vals = A._coo_parts()
+    keep_s = [d for d in range(sd) if d not in drop]
+    drop_d = [d - sd for d in drop if d >= sd]
+    shape = [s for d, s in enumerate(A.shape) if d not in drop]
+    if drop_d:
+        vals = vals.squeeze([1 + d for d in drop_d])
+    fill = A._fill if A._indefinite or not drop_d else _fill_dense(A).squeeze(drop_d)
+    return _make(A, shape, idx[keep_s], vals, fill, A._coalesced)
+
+
+def _infer(shape, numel):
+    shape = list(shape)
+    if -1 in shape:
+        i = shape.index(-1)
+        rest = _index.numel(shape[:i] + shape[i + 1:])
+        shape[i] = numel // rest if rest else 0
+    return shape
+
+
+def view(A: SparseTensor, shape) -> SparseTensor | None:
+    """Re-linearise the sparse indices; the dense dims stay when the new shape ends with them
+    (size-1 dims aside), else they become sparse dims (uniform fill only)."""
+    shape = _infer(shape, A.numel())
+    if _index.numel(shape) != A.numel():
+        return None  # torch's error comes from the next stage
+    t = _dense_tail(A, shape)
+    if t is None:
+        A = all_sparse(A)
+        if A is None:
+            return None
+        t = 0
+    tail = shape[len(shape) - t:]
+    idx, vals = A._coo_parts()
+    vals = vals.reshape((vals.shape[0],) + tuple(tail))
+    fill = A._fill
+    if not A._indefinite and fill.numel() != 1:
+        fill = _fill_dense(A).expand(A._dense_shape).reshape(tail)
+    new = _index.unravel(_index.linearize(idx, A._sparse_shape), shape[: len(shape) - t])
+    return _make(A, shape, new, vals, fill, A._coalesced)
+
+
+def _dense_tail(A: SparseTensor, shape):
+    """The fewest trailing dims of ``shape`` that hold ``A``'s dense dims (size-1 dims aside)."""
+    D = [d for d in A._dense_shape if d != 1]
+    S = _index.numel(A._sparse_shape)
+    for t in range(len(shape) + 1):
+        tail = shape[len(shape) - t:]
+        if [d for d in tail if d != 1] == D and _index.numel(shape[: len(shape) - t]) == S:
+            return t
+    return None
+
+
+def expand(A: SparseTensor, size) -> SparseTensor | None:
+    n = A.dim()
+    lead = len(size) - n
+    old = [1] * lead + list(A.shape)
+    size = [o if s == -1 else s for s, o in zip(size, old)]
+    if any(o != 1 and o != s for o, s in zip(old, size)):
+        return None
+    sd = A._sparse_ndim() + lead
+    idx, vals = A._coo_parts()
+    idx = torch.cat([idx.new_zeros((lead, idx.shape[1])), idx])
+    ordered = A._coalesced
+    for d in range(sd):
+        if old[d] == 1 and size[d] != 1:
+            r = size[d]
+            nse = idx.shape[1]
+            idx = idx.repeat(1, r)
+            idx[d] = torch.arange(r, device=idx.device).repeat_interleave(nse)
+            vals = vals.repeat((r,) + (1,) * (vals.dim() - 1))
+            ordered = ordered and all(old[e] == 1 for e in range(d))
+    vals = vals.expand([vals.shape[0]] + size[sd:])
+    return _make(A, size, idx, vals, A._fill, ordered)
+
+
+# ---------------------------------------------------------------------- handlers
+def _or_next(out):
+    return NotImplemented if out is None else out
+
+
+@register(aten.t.default)
+def _t(func, args, kwargs):
+    A = args[0]
+    return _or_next(permute(A, [1, 0]) if A.dim() == 2 else A if A.dim() < 2 else None)
+
+
+@register(aten.transpose.int)
+def _transpose(func, args, kwargs):
+    A, d0, d1 = args[0], *args[1:3]
+    n = max(A.dim(), 1)
+    dims = list(range(A.dim()))
+    if A.dim():
+        dims[d0 % n], dims[d1 % n] = dims[d1 % n], dims[d0 % n]
+    return _or_next(permute(A, dims))
+
+
+@register(aten.permute.default)
+def _permute(func, args, kwargs):
+    return _or_next(permute(args[0], list(args[1])))
+
+
+@register(aten.unsqueeze.default)
+def _unsqueeze(func, args, kwargs):
+    return unsqueeze(args[0], args[1])
+
+
+@register(aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims)
+def _squeeze(func, args, kwargs):
+    dims = None if len(args) < 2 else ([args[1]] if isinstance(args[1], int) else list(args[1]))
+    return squeeze(args[0], dims)
+
+
+@register(aten.view.default, aten._unsafe_view.default, aten.reshape.default)
+def _view(func, args, kwargs):
+    return _or_next(view(args[0], list(args[1])))
+
+
+@register(aten.expand.default)
+def _expand(func, args, kwargs):
+    return _or_next(expand(args[0], list(args[1])))
