@@ -11,30 +11,31 @@ Peers: ``embedding_bag`` (offsets; indices ``arange(N)`` precomputed for the unf
 unsorted forms ``argsort`` + ``embedding_bag`` / ``segment_reduce``.  ``torch_scatter`` is a peer when
 installed (it is not here: skipped).
 
-Measured here (2 shared vCPUs, AMD EPYC, torch 2.13.0+cpu, numba installed; copy bandwidth 25.3 GB/s
-at 1 thread; other sessions kept about one core busy, so the 2-thread rows of the same run are noise
-and not quoted) with ``python benchmarks/run.py --filter segment --threads 1 --rounds 5
---min-run-time 0.4 --retry-noisy 0.5``, time ratio sparsefill / peer (< 1: sparsefill is faster):
+Measured here (2 shared vCPUs, AMD EPYC, torch 2.13.0+cpu, numba 0.6x installed; copy bandwidth
+14.3 GB/s at 1 thread during the run) with ``python benchmarks/run.py --filter segment --threads 1,2
+--rounds 3 --min-run-time 0.4 --retry-noisy 0.6`` at commit 2f61766.  Other sessions kept 1-1.3 cores
+of the 2 busy throughout, so the 2-thread rows of that run measure the contention, not the code
+(embedding_bag itself ran 3x slower at 2 threads than at 1), and are not quoted.  Time ratio
+sparsefill / peer at 1 thread (< 1: sparsefill is faster):
 
 | case (1 thread, N = 1M)                  | D=1               | D=16              | D=64              |
 |------------------------------------------|-------------------|-------------------|-------------------|
-| sum, lengths / embedding_bag             | 1.07              | 1.09              | 1.00 (14.7 GB/s)  |
-| mean, lengths / embedding_bag            | 1.08              | 1.00              | 1.04              |
-| weighted_sum, lengths / embedding_bag    | 1.09              | 1.06              | 1.01              |
-| sum, fused gather / embedding_bag        | 1.05              | 0.98              | 0.95              |
-| mean, fused gather / embedding_bag       | 1.14              | 0.90              | 0.93              |
-| weighted_sum, fused / embedding_bag      | 1.30              | 1.00              | 1.01              |
-| max, lengths / fastest peer              | 0.97 (seg_reduce) | 0.47 (scatter_r.) | 0.59 (scatter_r.; 15.3 GB/s) |
-| min, lengths / fastest peer              | 0.89 (seg_reduce) | 0.50 (scatter_r.) | 0.56 (scatter_r.) |
-| sum, unsorted ids / fastest peer         | 1.07 (index_add_) | 0.21 (index_add_) | 0.47 (argsort+EB) |
-| max, unsorted ids / fastest peer         | 0.33 (scatter_r.) | 0.27 (scatter_r.) | 0.26 (scatter_r.) |
+| sum, lengths / embedding_bag             | 1.11              | 1.09              | 1.02 (12.4 GB/s)  |
+| mean, lengths / embedding_bag            | 0.93              | 1.16              | 1.01              |
+| weighted_sum, lengths / embedding_bag    | 1.13              | 1.07              | 1.02              |
+| sum, fused gather / embedding_bag        | 1.07              | 1.36 (+-32%)      | 1.25 (+-15%)      |
+| mean, fused gather / embedding_bag       | 1.06              | 1.03              | 0.96              |
+| weighted_sum, fused / embedding_bag      | 1.00              | 1.01              | 1.05              |
+| max, lengths / fastest peer              | 0.97 (seg_reduce) | 0.44 (scatter_r.) | 0.42 (scatter_r.; 22 GB/s) |
+| min, lengths / fastest peer              | 1.71 (seg_reduce, +-50%) | 0.49 (scatter_r.) | 0.54 (scatter_r.) |
+| sum, unsorted ids / fastest peer         | 1.05 (index_add_) | 0.29 (argsort+EB) | 0.56 (argsort+EB) |
+| max, unsorted ids / fastest peer         | 0.32 (scatter_r.) | 0.25 (scatter_r.) | 0.51 (scatter_r.) |
 
-Sums run on ``embedding_bag`` itself, so they sit at parity (what is left at D=1 is about 0.1 ms
-of per-call work: the lengths check and cumsum, one 400 kB offsets allocation).  Max/min over sorted
-segments are one read of the data (compiled kernel; 60% of the copy bandwidth at D=64), 1.7-1.8x
-faster than ``scatter_reduce_`` and 7x faster than ``segment_reduce`` at D=64 -- short of the 2x
-goal against ``scatter_reduce_`` on this machine.  Unsorted ids are reduced in place (no sort):
-2.1x faster than the fastest peer for sums and 3.9x for max at D=64.
+Sums run on ``embedding_bag`` itself, so they sit at parity up to noise (what is left at D=1 is
+about 0.1-0.2 ms of per-call work: the lengths check and cumsum, one 400 kB offsets allocation).
+Max/min over sorted segments are one read of the data by a compiled kernel, 1.9-2.4x faster than
+``scatter_reduce_`` and 8-10x faster than ``segment_reduce`` at D=64.  Unsorted ids are reduced in
+place (no sort): 1.8x faster than the fastest peer for sums and 2x for max at D=64.
 """
 
 from __future__ import annotations
