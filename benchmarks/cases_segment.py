@@ -11,7 +11,7 @@ Peers: ``embedding_bag`` (offsets; indices ``arange(N)`` precomputed for the unf
 unsorted forms ``argsort`` + ``embedding_bag`` / ``segment_reduce``.  ``torch_scatter`` is a peer when
 installed (it is not here: skipped).
 
-Measured here (2 shared vCPUs, AMD EPYC, torch 2.13.0+cpu, numba 0.6x installed; copy bandwidth
+Measured here (2 shared vCPUs, AMD EPYC, torch 2.13.0+cpu, numba 0.68.1 installed; copy bandwidth
 14.3 GB/s at 1 thread during the run) with ``python benchmarks/run.py --filter segment --threads 1,2
 --rounds 3 --min-run-time 0.4 --retry-noisy 0.6`` at commit 2f61766.  Other sessions kept 1-1.3 cores
 of the 2 busy throughout, so the 2-thread rows of that run measure the contention, not the code
