@@ -491,8 +491,8 @@ def test_gather_scatter_sequential_reference():
     assert torch.equal(data, before)
 
 
-def test_parallel_column_blocks(backend):
-    """Wide rows with 2 threads: the scatter kernels split the columns into blocks (B > 1)."""
+def test_wide_rows_two_threads(backend):
+    """Wide rows with 2 torch threads (the sorted kernels run in parallel over segments)."""
     saved = torch.get_num_threads()
     torch.set_num_threads(2)
     try:

@@ -153,11 +153,6 @@ def sort_by_segment(ids: torch.Tensor, num_segments: int) -> tuple[torch.Tensor,
     return order, offsets
 
 
-def _blocks(D: int) -> int:
-    """Column blocks for the scatter kernels: one per thread, at least 8 columns each."""
-    return max(1, min(torch.get_num_threads(), D // 8))
-
-
 def _direct(plan, x) -> bool:
     """Reduce unsorted ids in place (compiled scatter kernels) rather than through the segment order."""
     return plan.unsorted and not plan._sorted and _compiled(x)
@@ -179,7 +174,7 @@ def segment_sum(x: torch.Tensor, plan, w: torch.Tensor | None = None, *, mode: s
         rows = plan.direct_rows()
         wd = plan.direct(w)
         _nb_call("scatter_sum", x.contiguous(), plan.ids, rows if rows is not None else _arange(0, "cpu"),
-                 wd if wd is not None else x.new_empty(0), out, bad, _blocks(x.shape[1]))
+                 wd if wd is not None else x.new_empty(0), out, bad)
         if int(bad[0]) >= 0:
             _raise_bad_rows(rows, x.shape[0], int(bad[0]))
         return out / plan.counts.clamp_min(1)[:, None] if mode == "mean" else out
@@ -213,11 +208,10 @@ def segment_extreme(x: torch.Tensor, plan, *, largest: bool, want_arg: bool = Tr
         if want_arg:
             out = torch.empty(S, D, dtype=x.dtype)
             arg = torch.full((S, D), -1, dtype=torch.int64)
-            _nb_call("scatter_extreme_arg", x.contiguous(), plan.ids, r, out, arg, bool(largest), bad,
-                     _blocks(D))
+            _nb_call("scatter_extreme_arg", x.contiguous(), plan.ids, r, out, arg, bool(largest), bad)
         else:
             out, arg = torch.full((S, D), init, dtype=x.dtype), None
-            _nb_call("scatter_extreme", x.contiguous(), plan.ids, r, out, bool(largest), bad, _blocks(D))
+            _nb_call("scatter_extreme", x.contiguous(), plan.ids, r, out, bool(largest), bad)
         if int(bad[0]) >= 0:
             _raise_bad_rows(rows, x.shape[0], int(bad[0]))
         return out, (plan.direct_positions(arg) if want_arg else None)
