@@ -36,6 +36,12 @@ about 0.1-0.2 ms of per-call work: the lengths check and cumsum, one 400 kB offs
 Max/min over sorted segments are one read of the data by a compiled kernel, 1.9-2.4x faster than
 ``scatter_reduce_`` and 8-10x faster than ``segment_reduce`` at D=64.  Unsorted ids are reduced in
 place (no sort): 1.8x faster than the fastest peer for sums and 2x for max at D=64.
+
+2 threads on this contended machine: OpenMP worker threads spin after a parallel region
+(libgomp's default wait policy) and take the core the main thread needs, so every
+implementation, torch's included, ran slower at 2 threads than at 1 -- sparsefill's parallel max
+kernel most (about 6x).  With ``OMP_WAIT_POLICY=passive`` the 2-thread times equal the 1-thread
+ones; on a quiet machine the sorted max/min kernels split the segments over the threads.
 """
 
 from __future__ import annotations
