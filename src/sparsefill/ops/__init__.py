@@ -1,3 +1,3 @@
 """Op handlers, one module per family; importing this package fills the registry."""
 
-from . import activations, core, fallback, foreach, linalg, normalizations, reductions, registry  # noqa: F401
+from . import activations, core, fallback, foreach, indexing, linalg, normalizations, reductions, registry  # noqa: F401

@@ -1,0 +1,201 @@
+"""Indexing and joining on the stored elements: ``select``, ``slice`` (``narrow``, ``A[a:b:s]``),
+``index_select``, ``cat`` and ``stack``; ``split``, ``chunk`` and ``unbind`` decompose into them::
+
+    op(A).to_dense() == op(A.to_dense())
+
+Along a sparse dim the stored elements are filtered and their index re-based; along a dense dim
+the op runs on the values and on the fill.  ``cat`` of operands with different fills keeps the
+fill of the largest operand and specifies every element of the others (a DensifyWarning when
+those parts hold more than ``CAT_QUIET_ELEMENTS`` elements).
+
+>>> import torch, sparsefill
+>>> A = sparsefill.sparse_coo_tensor([[0, 2], [1, 0]], [1., 2.], (3, 2), fill_value=5.)
+>>> A[1:].to_dense()
+tensor([[5., 5.],
+        [2., 5.]])
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import _index
+from .._convert import coalesced_parts, dense_of, dense_to_parts, parts_to_sparse
+from .._policy import check_densify
+from .._tensor import SparseTensor
+from .registry import register
+
+aten = torch.ops.aten
+CAT_QUIET_ELEMENTS = 1 << 16
+
+
+def _parts(A):
+    idx, vals = coalesced_parts(A)
+    return idx, vals, A.dim() - A.dense_dim()
+
+
+def _build(A, idx, vals, shape, fill=None, layout=None):
+    fill = A._fill if fill is None else fill
+    sdim = idx.shape[0]
+    layout = layout or (A._sf_layout if sdim >= 2 else torch.sparse_coo)
+    return parts_to_sparse(idx, vals, torch.Size(shape), fill, A._indefinite, False, layout, True)
+
+
+def _dense_fill(A):
+    return A._fill if A._indefinite else A._fill.expand(A._dense_shape)
+
+
+def _on_dense_dim(A, dim, fn):
+    """``fn(t, d)`` applied to the values (dim ``d + 1``) and the fill (dim ``d``) along dense dim ``dim``."""
+    idx, vals, sd = _parts(A)
+    vals = fn(vals, dim - sd + 1)
+    fill = A._fill if A._indefinite else fn(_dense_fill(A), dim - sd)
+    return _build(A, idx, vals, A.shape[:sd] + vals.shape[1:], fill)
+
+
+@register(aten.select.int)
+def _select(func, args, kwargs):
+    A, dim, index = args[0], args[1] % args[0].dim(), args[2]
+    n = A.shape[dim]
+    if not -n <= index < n:
+        raise IndexError(f"select(): index {index} out of range for tensor of size {tuple(A.shape)} at dimension {dim}")
+    index %= n
+    idx, vals, sd = _parts(A)
+    if dim >= sd:
+        return _on_dense_dim(A, dim, lambda t, d: t.select(d, index))
+    keep = idx[dim] == index
+    rest = [d for d in range(sd) if d != dim]
+    shape = [s for d, s in enumerate(A.shape) if d != dim]
+    return _build(A, idx[rest][:, keep], vals[keep], shape)  # no sparse dim left: a 0-sparse-dim SparseTensor
+
+
+@register(aten.slice.Tensor)
+def _slice(func, args, kwargs):
+    A = args[0]
+    dim = (args[1] if len(args) > 1 else kwargs.get("dim", 0)) % A.dim()
+    start, end = (args[2] if len(args) > 2 else kwargs.get("start")), (args[3] if len(args) > 3 else kwargs.get("end"))
+    step = args[4] if len(args) > 4 else kwargs.get("step", 1)
+    start, end, _ = slice(start, end, step).indices(A.shape[dim])
+    count = max(0, -(-(end - start) // step))
+    idx, vals, sd = _parts(A)
+    if dim >= sd:
+        return _on_dense_dim(A, dim, lambda t, d: t.narrow(d, 0, t.shape[d])[
+            (slice(None),) * d + (slice(start, end, step),)])
+    c = idx[dim] - start
+    keep = (c >= 0) & (c < count * step) & (c % step == 0)
+    idx = idx[:, keep].clone()
+    idx[dim] = c[keep] // step
+    shape = list(A.shape)
+    shape[dim] = count
+    return _build(A, idx, vals[keep], shape)
+
+
+@register(aten.index_select.default)
+def _index_select(func, args, kwargs):
+    A, dim, index = args[0], args[1] % max(args[0].dim(), 1), args[2]
+    if A.dim() == 0:  # one value
+        return func(dense_of(A), *args[1:], **kwargs)
+    if index.numel() and not bool(((index >= -A.shape[dim]) & (index < A.shape[dim])).all()):
+        raise IndexError(f"index_select(): index out of range for dimension {dim} of size {A.shape[dim]}")
+    index = index.reshape(-1) % max(A.shape[dim], 1)
+    idx, vals, sd = _parts(A)
+    if dim >= sd:
+        return _on_dense_dim(A, dim, lambda t, d: t.index_select(d, index))
+    # each stored element goes to every output position j with index[j] == its coordinate
+    order = torch.argsort(index, stable=True)
+    lo = torch.searchsorted(index[order], idx[dim])
+    hi = torch.searchsorted(index[order], idx[dim], right=True)
+    reps = hi - lo
+    src = torch.repeat_interleave(torch.arange(idx.shape[1], device=idx.device), reps)
+    within = torch.arange(src.numel(), device=idx.device) - torch.repeat_interleave(torch.cumsum(reps, 0) - reps, reps)
+    new = idx[:, src].clone()
+    new[dim] = order[lo[src] + within]
+    shape = list(A.shape)
+    shape[dim] = index.numel()
+    B = parts_to_sparse(new, vals[src], torch.Size(shape), A._fill, A._indefinite, False, torch.sparse_coo, False)
+    return B if A._sf_layout is torch.sparse_coo or sd < 2 else B.to_sparse(layout=A._sf_layout)
+
+
+@register(aten.cat.default)
+def _cat(func, args, kwargs):
+    tensors = [t for t in args[0] if not (t.dim() == 1 and t.numel() == 0 and not isinstance(t, SparseTensor))]
+    dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
+    sparse = [t for t in tensors if isinstance(t, SparseTensor)]
+    if len(sparse) != len(tensors) or not sparse:
+        return NotImplemented  # dense operands: the result is dense by nature only if most of it is
+    A = max(sparse, key=lambda t: t.numel())
+    dim %= A.dim()
+    sd = A.dim() - A.dense_dim()
+    if any(t.dim() != A.dim() or t.dense_dim() != A.dense_dim() or t._indefinite != A._indefinite
+           or t.dtype != A.dtype for t in sparse):
+        return NotImplemented
+    torch.cat([torch.empty(t.shape, device="meta") for t in tensors], dim)  # torch's shape errors
+    if dim >= sd:
+        parts = [coalesced_parts(t) for t in tensors]
+        if any(not torch.equal(p[0], parts[0][0]) for p in parts):
+            return NotImplemented
+        vals = torch.cat([p[1] for p in parts], dim - sd + 1)
+        fill = A._fill if A._indefinite else torch.cat([_dense_fill(t) for t in tensors], dim - sd)
+        return _build(A, parts[0][0], vals, A.shape[:sd] + vals.shape[1:], fill)
+    fill = _dense_fill(A)
+    idxs, valss, offset = [], [], 0
+    for t in tensors:
+        if not A._indefinite and not torch.equal(_dense_fill(t), fill):  # specify t's every element
+            if t.numel() > CAT_QUIET_ELEMENTS:
+                check_densify("cat of operands with different fills", t.numel() * t.element_size())
+            i, v = dense_to_parts(dense_of(t), A._fill, False, t.dense_dim())
+        else:
+            i, v = coalesced_parts(t)
+        i = i.clone()
+        i[dim] += offset
+        offset += t.shape[dim]
+        idxs.append(i)
+        valss.append(v)
+    shape = list(A.shape)
+    shape[dim] = offset
+    out = parts_to_sparse(torch.cat(idxs, 1), torch.cat(valss), torch.Size(shape), A._fill, A._indefinite, False,
+                          torch.sparse_coo, dim == 0)
+    return out if A._sf_layout is torch.sparse_coo or sd < 2 else out.to_sparse(layout=A._sf_layout)
+
+
+@register(aten.stack.default)
+def _stack(func, args, kwargs):
+    tensors = list(args[0])
+    dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
+    if not all(isinstance(t, SparseTensor) for t in tensors) or not tensors:
+        return NotImplemented
+    dim %= tensors[0].dim() + 1
+    if dim > tensors[0].dim() - tensors[0].dense_dim():
+        return NotImplemented
+    torch.stack([torch.empty(t.shape, device="meta") for t in tensors], dim)  # torch's shape errors
+    lifted = []
+    for t in tensors:
+        i, v = coalesced_parts(t)
+        i = torch.cat([i[:dim], i.new_zeros(1, i.shape[1]), i[dim:]])
+        shape = t.shape[:dim] + (1,) + t.shape[dim:]
+        lifted.append(parts_to_sparse(i, v, torch.Size(shape), t._fill, t._indefinite, False, torch.sparse_coo, True))
+    out = _cat(aten.cat.default, (lifted, dim), {})
+    return out if out is NotImplemented or tensors[0]._sf_layout is torch.sparse_coo or out.dim() - out.dense_dim() < 2 \
+        else out.to_sparse(layout=tensors[0]._sf_layout)
+
+
+@register(aten.split.Tensor, aten.split_with_sizes.default, aten.unbind.int)
+def _split(func, args, kwargs):
+    """Pieces along ``dim``: slices (split, split_with_sizes) or selects (unbind)."""
+    A = args[0]
+    dim = (args[2] if len(args) > 2 else kwargs.get("dim", 0)) if func is not aten.unbind.int else \
+        (args[1] if len(args) > 1 else kwargs.get("dim", 0))
+    dim %= A.dim()
+    n = A.shape[dim]
+    if func is aten.unbind.int:
+        return tuple(_select(aten.select.int, (A, dim, i), {}) for i in range(n))
+    sizes = args[1]
+    if isinstance(sizes, int):
+        if sizes <= 0 and n:
+            raise RuntimeError(f"split_size can only be 0 if dimension size is 0, but got dimension size of {n}")
+        sizes = [min(sizes, n - s) for s in range(0, n, sizes)] if sizes else [0]
+    if sum(sizes) != n:
+        raise RuntimeError(f"split_with_sizes expects split_sizes to sum exactly to {n} (input tensor's size at "
+                           f"dimension {dim}), but got split_sizes={list(sizes)}")
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    return tuple(_slice(aten.slice.Tensor, (A, dim, s, s + k, 1), {}) for s, k in zip(starts, sizes))
