@@ -1,0 +1,93 @@
+"""Indexing and joining on SparseTensors (select, slices, index_select, split/chunk/unbind, cat, stack)
+equal the dense ops, natively, for COO, CSR and hybrid inputs; gradcheck over (values, fill)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from torch.autograd import gradcheck
+
+import sparsefill
+from sparsefill import SparseTensor
+
+F64 = torch.float64
+g = torch.Generator().manual_seed(0)
+X = torch.randn(4, 5, 3, generator=g, dtype=F64)
+X[torch.rand(4, 5, 3, generator=g) < 0.6] = 0.5
+Y = torch.randn(2, 5, 3, generator=g, dtype=F64)
+Y[torch.rand(2, 5, 3, generator=g) < 0.6] = -1.0
+KINDS = [(lay, dd) for dd in (0, 1, 2) for lay in (torch.sparse_coo, torch.sparse_csr)
+         if not (lay is torch.sparse_csr and dd == 2)]
+IDS = [f"{str(lay)[13:]}-dense{dd}" for lay, dd in KINDS]
+OPS = {
+    "select0": lambda t: t[1], "select1": lambda t: t[:, 2], "select_last": lambda t: t[:, :, -1],
+    "element": lambda t: t[1, 2], "slice_step": lambda t: t[1:4:2], "slice1": lambda t: t[:, ::2],
+    "slice_dense": lambda t: t[..., 1:], "slice_empty": lambda t: t[3:1], "narrow": lambda t: t.narrow(1, 1, 3),
+    "index_select0": lambda t: t.index_select(0, torch.tensor([3, 0, 3])),
+    "index_select1": lambda t: t.index_select(1, torch.tensor([4, 4, 1, 0])),
+    "index_select2": lambda t: t.index_select(2, torch.tensor([2, 0])),
+    "index_select_empty": lambda t: t.index_select(1, torch.tensor([], dtype=torch.long)),
+    "unbind": lambda t: t.unbind(1), "split": lambda t: t.split(2, 1), "split_sizes": lambda t: t.split([1, 3], 0),
+    "chunk": lambda t: t.chunk(2, 0),
+}
+
+
+def _d(o):
+    if isinstance(o, (tuple, list)):
+        return tuple(_d(x) for x in o)
+    return o.to_dense() if isinstance(o, SparseTensor) else o
+
+
+@pytest.mark.parametrize("name", list(OPS))
+@pytest.mark.parametrize("layout,dd", KINDS, ids=IDS)
+def test_indexing_is_native(layout, dd, name):
+    A = sparsefill.to_sparse(X, fill_value=0.5, layout=layout, dense_dim=dd)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", sparsefill.DensifyWarning)
+        out = OPS[name](A)
+    torch.testing.assert_close(_d(out), OPS[name](X))
+
+
+@pytest.mark.parametrize("layout,dd", KINDS, ids=IDS)
+def test_cat_and_stack(layout, dd):
+    A = sparsefill.to_sparse(X, fill_value=0.5, layout=layout, dense_dim=dd)
+    B = sparsefill.to_sparse(Y, fill_value=-1.0, layout=layout, dense_dim=dd)
+    C = sparsefill.to_sparse(X[:3], fill_value=0.5, layout=layout, dense_dim=dd)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", sparsefill.DensifyWarning)
+        cases = [(torch.cat([A, B]), torch.cat([X, Y])), (torch.cat([A, C], 0), torch.cat([X, X[:3]])),
+                 (torch.cat([A, A], 1), torch.cat([X, X], 1)), (torch.stack([A, A], 1), torch.stack([X, X], 1)),
+                 (torch.stack([A, A]), torch.stack([X, X]))]
+    for out, ref in cases:
+        assert isinstance(out, SparseTensor)
+        torch.testing.assert_close(out.to_dense(), ref)
+    assert torch.cat([A, B]).fill_value().eq(0.5).all()  # the largest operand's fill
+
+
+def test_bad_indices_raise():
+    A = sparsefill.to_sparse(X, fill_value=0.5)
+    with pytest.raises(IndexError):
+        A[4]
+    with pytest.raises(IndexError):
+        A.index_select(1, torch.tensor([5]))
+    with pytest.raises(RuntimeError):
+        A.split([1, 2], 0)
+
+
+IDX = torch.tensor([[0, 1, 3, 3], [2, 0, 1, 4]])
+
+
+@pytest.mark.parametrize("name,op", [("index_select", lambda t: t.index_select(1, torch.tensor([4, 0, 0, 2]))),
+                                     ("select", lambda t: t[3]), ("slice", lambda t: t[1:, ::2]),
+                                     ("cat", lambda t: torch.cat([t, t * 2], 0))])
+def test_gradcheck_over_values_and_fill(name, op):
+    def fn(v, f):
+        out = op(sparsefill.sparse_coo_tensor(IDX, v, (4, 5), fill_value=f))
+        return out.to_dense() if isinstance(out, SparseTensor) else out
+    v = torch.tensor([0.3, -1.2, 2.0, 0.7], dtype=F64, requires_grad=True)
+    f = torch.tensor(0.1, dtype=F64, requires_grad=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", sparsefill.DensifyWarning)  # backward formulas may scatter densely
+        assert gradcheck(fn, (v, f), check_batched_grad=False)
