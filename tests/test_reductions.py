@@ -61,3 +61,45 @@ def test_reduction_is_native(op):
                 failures.append(f"[{variant}, sample {seed}] {type(e).__name__}: {str(e)[:200]}")
     assert not failures, "\n".join(failures)
     assert ran, f"{op.name}: no sample ran"
+
+
+SCANS = {"cumsum": lambda t, d: t.cumsum(d), "cumprod": lambda t, d: t.cumprod(d), "cummax": lambda t, d: t.cummax(d),
+         "cummin": lambda t, d: t.cummin(d), "logcumsumexp": lambda t, d: t.logcumsumexp(d)}
+
+
+def _dense(o):
+    if isinstance(o, tuple):
+        return tuple(_dense(x) for x in o)
+    return o.to_dense() if isinstance(o, sparsefill.SparseTensor) else o
+
+
+@pytest.mark.parametrize("name", list(SCANS))
+@pytest.mark.parametrize("dense_dim", [0, 1, 2])
+def test_scans_native_along_dense_dims_dense_by_nature_along_sparse_ones(name, dense_dim):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 5, 3, generator=g, dtype=torch.float64)
+    x[torch.rand(4, 5, 3, generator=g) < 0.6] = 0.5
+    A = sparsefill.to_sparse(x, fill_value=0.5, dense_dim=dense_dim)
+    for d in range(3):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", sparsefill.DensifyWarning)
+            out = SCANS[name](A, d)
+        first = out[0] if isinstance(out, tuple) else out
+        assert isinstance(first, sparsefill.SparseTensor) == (d >= 3 - dense_dim)
+        ref = SCANS[name](x, d)
+        torch.testing.assert_close(_dense(out), tuple(ref) if isinstance(ref, tuple) else ref)
+
+
+@pytest.mark.parametrize("fill", [0.5, -3.0, 9.0, float("nan")])
+def test_median_and_nanmedian_in_closed_form(fill):
+    g = torch.Generator().manual_seed(1)
+    for n in (1, 2, 7, 20):
+        x = torch.randn(n, generator=g, dtype=torch.float64)
+        x[torch.rand(n, generator=g) < 0.5] = fill
+        if n == 7:
+            x[3] = float("nan")
+        A = sparsefill.to_sparse(x, fill_value=fill)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", sparsefill.DensifyWarning)
+            torch.testing.assert_close(A.median(), x.median(), equal_nan=True)
+            torch.testing.assert_close(A.nanmedian(), x.nanmedian(), equal_nan=True)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from .. import _index
-from .._convert import coalesced_parts, dense_of, parts_to_sparse
+from .._convert import coalesce_of, coalesced_parts, dense_of, parts_to_sparse, rewrap
 from .._reduce import Norm, REDUCERS, Var, group_slices, segment_arg, segment_counts
 from .._tensor import SparseTensor
 from .registry import register
@@ -289,3 +289,53 @@ def _first_unspecified(pos, seg, S, size):
     gap.scatter_reduce_(0, seg, torch.where(pos != rank, rank, big), "amin")
     gap = torch.where(gap == big, counts, gap)
     return torch.where(gap < size, gap, torch.full_like(gap, -1))
+
+
+# ------------------------------------------------------------------ scans and medians
+@register(aten.cumsum.default, aten.cumprod.default, aten.cummax.default, aten.cummin.default,
+          aten.logcumsumexp.default, aten._logcumsumexp.default)
+def _scan(func, args, kwargs):
+    """Along a dense dim: the op on the values and on the fill (pattern kept).  Along a sparse dim the
+    running value changes at every element: dense by nature, computed on the dense tensor."""
+    A, dim = args[0], args[1]
+    if A.dim() == 0:
+        return _scalar(func, args, kwargs)
+    func(_meta(A), *args[1:], **kwargs)  # torch's errors
+    dim %= A.dim()
+    sd = A.dim() - A.dense_dim()
+    if dim < sd:
+        return NotImplemented if A._indefinite else func(dense_of(A), dim, **kwargs)
+    B = A if A._coalesced else coalesce_of(A)
+    vals = func(B._vals, dim - sd + 1, **kwargs)
+    if B._indefinite:
+        return rewrap(B, values=vals, known_zero=False) if isinstance(vals, torch.Tensor) else \
+            tuple(rewrap(B, values=v, fill=v.new_empty(0), known_zero=False) for v in vals)
+    fill = func(B._fill.expand(B._dense_shape), dim - sd, **kwargs)
+    if isinstance(vals, torch.Tensor):
+        return rewrap(B, values=vals, fill=fill, known_zero=False)
+    return tuple(rewrap(B, values=v, fill=f, known_zero=False) for v, f in zip(vals, fill))
+
+
+@register(aten.median.default, aten.nanmedian.default)
+def _median(func, args, kwargs):
+    """The lower median of all elements: the stored values sorted, the ``n`` fills inserted at their rank::
+
+        median = s[m] if m < c  else  f if m < c + n  else  s[m - n],   m = (N - 1) // 2, c = #(s < f)
+    """
+    A = args[0]
+    if A.dim() == 0 or A.dense_dim() or A._indefinite:
+        return _scalar(func, args, kwargs) if A.dim() == 0 else NotImplemented
+    func(_meta(A))  # torch's errors (an empty input)
+    v, f = coalesced_parts(A)[1], A._fill.reshape(())
+    n = A.numel() - v.numel()
+    if func is aten.nanmedian.default:
+        v = v[~torch.isnan(v)]
+        n = 0 if bool(torch.isnan(f)) else n
+    elif bool(torch.isnan(v).any()) or (n and bool(torch.isnan(f))):
+        return torch.full((), float("nan"), dtype=A.dtype, device=A.device)
+    N = v.numel() + n
+    if N == 0:
+        return torch.full((), float("nan"), dtype=A.dtype, device=A.device)
+    s = torch.sort(v).values
+    m, c = (N - 1) // 2, int((s < f).sum())
+    return (s[m] if m < c else f if m < c + n else s[m - n]).clone()
