@@ -97,6 +97,11 @@ def _cases():
     yield "addmv", (5, 4), lambda A: torch.addmv(rand(5), A, v4, alpha=-1)
     yield "addmv vec", (4,), lambda A: torch.addmv(rand(5), rand(5, 4), A)
     yield "baddbmm", (2, 5, 4), lambda A: torch.baddbmm(rand(2, 5, 3), A, B243, beta=2)
+    yield "addbmm", (2, 5, 4), lambda A: torch.addbmm(rand(5, 3), A, B243, alpha=0.5)
+    yield "addbmm bias", (5, 3), lambda A: torch.addbmm(A, rand(2, 5, 4), B243)
+    yield "addr", (5,), lambda A: torch.addr(rand(5, 4), A, v4, beta=2)
+    yield "addr vec2", (4,), lambda A: torch.addr(rand(5, 4), v5, A)
+    yield "outer", (5,), lambda A: torch.outer(A, v4)
     yield "dot", (5,), lambda A: torch.dot(A, v5)
     yield "dot dense.sparse", (5,), lambda A: torch.dot(v5, A)
     yield "vdot", (5,), lambda A: torch.vdot(A, v5)
@@ -127,8 +132,13 @@ def test_one_sparse_operand(case, fill, layout):
         pytest.skip("CSR needs 2 sparse dims (1-d operands are tested as COO)")
     lay = torch.sparse_csr if layout == "csr" else torch.sparse_coo
     A, x = make(shape, fill, layout=lay, uncoalesced=layout == "uncoalesced")
-    if (fill in (NAN, -INF)) and name.startswith(("addmm beta=0",)):
-        pass
+    if name == "outer" and fill == "indefinite":
+        # known limitation, reported: outer is view + mul, and the element-wise rule (pointwise.py, not
+        # this module) raises on a dense operand broadcast against an indefinite SparseTensor; this
+        # check fails once that is fixed, so the masked comparison below can take over
+        with pytest.raises(ValueError, match="indefinite"):
+            fn(A)
+        return
     close(fn(A), fn(x))
 
 
@@ -174,6 +184,39 @@ def test_sparse_sparse(la, lb, fill, dtype):
     close(torch.dot(u, w), torch.dot(uu, ww))
     close(torch.addmm(A @ B if False else make((6, 4), fill, dtype=dtype)[0], A, B), torch.addmm(
         make((6, 4), fill, dtype=dtype)[1], a, b))
+
+
+@pytest.mark.parametrize("fa", [0.0, 2.5, NAN, INF, "indefinite"], ids=str)
+@pytest.mark.parametrize("fb", [0.0, -1.5, NAN, -INF, "indefinite"], ids=str)
+def test_sparse_sparse_mixed_fills(fa, fb):
+    """Every pair of fill kinds; non-finite fills are exact (no densifying), e.g. 0 * inf = NaN."""
+    A, a = make((6, 5), fa, seed=2)
+    B, b = make((5, 4), fb, layout=torch.sparse_csr, seed=3)
+    close(A @ B, masked_matmul(A, a, B, b))
+    C, c = make((2, 6, 5), fa, seed=5)
+    D, d = make((2, 5, 3), fb, seed=6)
+    close(torch.bmm(C, D), masked_matmul(C, c, D, d))
+    (u, uu), (w, ww) = make((5,), fa, seed=7), make((5,), fb, seed=8)
+    close(torch.dot(u, w), masked_matmul(u, uu, w, ww))
+    if "indefinite" not in (fa, fb):
+        (u, uu), (w, ww) = make((5,), fa, seed=7), make((4,), fb, seed=9)
+        close(torch.outer(u, w), torch.outer(uu, ww))
+
+
+def _mask(A, x):
+    if isinstance(A, SparseTensor) and A.is_fill_indefinite():
+        return torch.ones_like(A).to_dense(fill_value=0).bool()
+    return torch.ones(x.shape, dtype=torch.bool)
+
+
+def masked_matmul(A, a, B, b):
+    """Reference: ``sum_k a[.., i, k] * b[.., k, j]`` over the ``k`` where both are defined
+    (an indefinite fill's unspecified elements are skipped: masked semantics)."""
+    ma, mb = _mask(A, a), _mask(B, b)
+    if a.dim() == 1:
+        return torch.where(ma & mb, a * b, 0).sum()
+    prod = a.unsqueeze(-1) * b.unsqueeze(-3)
+    return torch.where(ma.unsqueeze(-1) & mb.unsqueeze(-3), prod, 0).sum(-2)
 
 
 @pytest.mark.parametrize("fill", [0.0, 2.5, NAN], ids=str)

@@ -283,8 +283,10 @@ def product(a, b, out_shape, *, sparse_ok=True):
             out = vals.new_zeros(A.nb, A.m, B.k)
             out.index_put_((bb, i, j), vals, accumulate=True)
             r = out
-        elif r is None:  # a non-finite fill: one operand dense, if that costs no more than the result
-            r = _one_dense(a, b, A, B, out_shape)
+        elif r is None:  # a non-finite fill
+            r = _nonfinite_sp_sp(a, b)
+            if r is None:  # one operand dense, if that costs no more than the result
+                r = _one_dense(a, b, A, B, out_shape)
     elif A is not None:
         X = b.unsqueeze(-1) if b.dim() == 1 else b
         r = _sp_dense(A, X if X.dim() == 3 else X.unsqueeze(0))
@@ -292,6 +294,67 @@ def product(a, b, out_shape, *, sparse_ok=True):
         X = a.unsqueeze(0) if a.dim() == 1 else a
         r = _dense_sp(X if X.dim() == 3 else X.unsqueeze(0), B)
     return None if r is None else r.reshape(out_shape)
+
+
+def _as_2d(T, vec_dim):
+    return T if T.dim() > 1 else _shape.unsqueeze(T, vec_dim)
+
+
+def _nonfinite_sp_sp(a: SparseTensor, b: SparseTensor):
+    """``a @ b`` (both SparseTensors) where a scalar fill is NaN or +-inf: exact, no densifying.
+
+    With ``a`` the non-finite one (else the transposed product): ``a @ b = a_spec @ b + N`` where
+    ``a_spec`` is ``a``'s specified elements (indefinite fill: nothing else multiplies) and ``N[i, j]`` sums ``T = fill * b`` over the unspecified ``k``
+    of row ``i``: ``colsum(Y) - P @ Y`` for ``Y`` the finite part of ``T`` and the indicators of
+    its ``+inf``, ``-inf`` and NaN elements (each a SparseTensor with a finite fill; ``P`` the
+    pattern of ``a``), then the sign rules.  Returns ``(nb, m, n)`` dense, or None."""
+    a, b = _as_2d(a, 0), _as_2d(b, 1)
+    fa_ok = a._indefinite or bool(torch.isfinite(a._fill).all())
+    if fa_ok:  # only b is non-finite: (b^T @ a^T)^T
+        tr = [*range(b.dim() - 2), b.dim() - 1, b.dim() - 2]
+        bt, at = _shape.permute(b, tr), _shape.permute(a, [*range(a.dim() - 2), a.dim() - 1, a.dim() - 2])
+        if bt is None or at is None:
+            return None
+        r = _nonfinite_sp_sp(bt, at)
+        return None if r is None else r.transpose(-1, -2)
+    if a._fill.numel() != 1:
+        return None
+    from .._convert import coalesce_of, dense_of, rewrap
+    nb = (a.shape[0],) if a.dim() == 3 else ()
+    m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
+    out_shape = nb + (m, n)
+
+    def prod(x, y):
+        r = product(x, y, out_shape if x.shape[-2] == m else nb + (1, n), sparse_ok=False)
+        if r is None:
+            raise _Unhandled
+        return r
+    try:
+        zero = a._vals.new_zeros(())
+        # the specified elements alone (masked: an indefinite fill skips the rest, no 0 * inf)
+        spec = prod(rewrap(a, fill=a._vals.new_empty(0), indefinite=True, known_zero=False), b)
+        ac = coalesce_of(a)
+        P = rewrap(ac, values=torch.ones_like(ac._vals), fill=zero, known_zero=True)
+        ones = a._vals.new_ones(nb + (1, k))
+        T = b * a._fill.reshape(())
+        parts = [torch.where(torch.isfinite(T), T, zero), T == float("inf"), T == -float("inf"), T.isnan()]
+        Cs = []
+        for Y in parts:
+            Y = Y.to(a.dtype)
+            Cs.append(prod(ones, Y) - prod(P, Y))
+    except _Unhandled:
+        return None
+    cf, cp, cn, cnan = Cs
+    nan = torch.full((), float("nan"), dtype=cf.dtype, device=cf.device)
+    inf = torch.full((), float("inf"), dtype=cf.dtype, device=cf.device)
+    nonfinite = torch.where((cnan > 0) | ((cp > 0) & (cn > 0)), nan,
+                            torch.where(cp > 0, inf, torch.where(cn > 0, -inf, 0)))
+    r = spec + cf + nonfinite
+    return r if r.dim() == 3 else r.unsqueeze(0)
+
+
+class _Unhandled(Exception):
+    pass
 
 
 def _one_dense(a, b, A, B, out_shape):
@@ -378,3 +441,36 @@ def _addmm(func, args, kwargs):
     else:
         prod = torch.matmul(m1, m2)
     return _add_scaled(self, prod, beta, alpha, out_shape)
+
+
+@register(aten.addbmm.default)
+def _addbmm(func, args, kwargs):
+    """``beta * self + alpha * sum_b(batch1[b] @ batch2[b])``."""
+    self, b1, b2 = args[:3]
+    out_shape = _check(func, args, kwargs)
+    if not (isinstance(b1, SparseTensor) or isinstance(b2, SparseTensor)):
+        prod = torch.bmm(b1, b2).sum(0)
+    else:
+        prod = product(b1, b2, (b1.shape[0],) + tuple(out_shape))
+        if prod is None:
+            return NotImplemented
+        prod = prod.sum(0)
+    return _add_scaled(self, prod, kwargs.get("beta", 1), kwargs.get("alpha", 1), out_shape)
+
+
+def _unsq(v, dim):
+    return _shape.unsqueeze(v, dim) if isinstance(v, SparseTensor) else v.unsqueeze(dim)
+
+
+@register(aten.addr.default)
+def _addr(func, args, kwargs):
+    """``beta * self + alpha * outer(vec1, vec2)``, the outer product as ``(m, 1) @ (1, n)``."""
+    self, v1, v2 = args[:3]
+    out_shape = _check(func, args, kwargs)
+    if not (isinstance(v1, SparseTensor) or isinstance(v2, SparseTensor)):
+        prod = torch.outer(v1, v2)
+    else:
+        prod = product(_unsq(v1, 1), _unsq(v2, 0), (v1.shape[0], v2.shape[0]))
+        if prod is None:
+            return NotImplemented
+    return _add_scaled(self, prod, kwargs.get("beta", 1), kwargs.get("alpha", 1), out_shape)
