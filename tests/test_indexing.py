@@ -30,7 +30,10 @@ OPS = {
     "index_select2": lambda t: t.index_select(2, torch.tensor([2, 0])),
     "index_select_empty": lambda t: t.index_select(1, torch.tensor([], dtype=torch.long)),
     "unbind": lambda t: t.unbind(1), "split": lambda t: t.split(2, 1), "split_sizes": lambda t: t.split([1, 3], 0),
-    "chunk": lambda t: t.chunk(2, 0),
+    "chunk": lambda t: t.chunk(2, 0), "flip0": lambda t: t.flip(0), "flip12": lambda t: t.flip((1, 2)),
+    "roll": lambda t: t.roll(2, 1), "roll2": lambda t: t.roll((1, -1), (0, 2)),
+    "masked_fill": lambda t: t.masked_fill(t > 0.6, -2.),
+    "masked_fill_tensor": lambda t: t.masked_fill(t > 0.6, torch.tensor(-2., dtype=F64)),
 }
 
 
@@ -64,6 +67,17 @@ def test_cat_and_stack(layout, dd):
         assert isinstance(out, SparseTensor)
         torch.testing.assert_close(out.to_dense(), ref)
     assert torch.cat([A, B]).fill_value().eq(0.5).all()  # the largest operand's fill
+
+
+@pytest.mark.parametrize("layout", [torch.sparse_coo, torch.sparse_csr])
+def test_roll_flat_and_triangles_of_a_zero_fill(layout):
+    z = X[:, :, 0].clone()
+    z[z == 0.5] = 0
+    Z = sparsefill.to_sparse(z, fill_value=0., layout=layout)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", sparsefill.DensifyWarning)
+        for op in [lambda t: t.roll(7), lambda t: t.tril(), lambda t: t.triu(1), lambda t: t.tril(-1)]:
+            torch.testing.assert_close(op(Z).to_dense(), op(z))
 
 
 def test_bad_indices_raise():

@@ -199,3 +199,67 @@ def _split(func, args, kwargs):
                            f"dimension {dim}), but got split_sizes={list(sizes)}")
     starts = [sum(sizes[:i]) for i in range(len(sizes))]
     return tuple(_slice(aten.slice.Tensor, (A, dim, s, s + k, 1), {}) for s, k in zip(starts, sizes))
+
+
+@register(aten.flip.default)
+def _flip(func, args, kwargs):
+    """``idx[d] -> size[d] - 1 - idx[d]`` on sparse dims; the values and the fill flip on dense dims."""
+    A = args[0]
+    dims = sorted({d % max(A.dim(), 1) for d in args[1]}) if A.dim() else []
+    idx, vals, sd = _parts(A)
+    idx = idx.clone()
+    for d in (d for d in dims if d < sd):
+        idx[d] = A.shape[d] - 1 - idx[d]
+    dn = [d - sd for d in dims if d >= sd]
+    if dn:
+        vals = vals.flip([d + 1 for d in dn])
+    fill = A._fill if A._indefinite or not dn else _dense_fill(A).flip(dn)
+    return parts_to_sparse(idx, vals, A.shape, fill, A._indefinite, False, torch.sparse_coo, False) \
+        if A._sf_layout is torch.sparse_coo or sd < 2 else \
+        parts_to_sparse(idx, vals, A.shape, fill, A._indefinite, False, A._sf_layout, False)
+
+
+@register(aten.roll.default)
+def _roll(func, args, kwargs):
+    """``idx[d] -> (idx[d] + shift) % size[d]``; with no dims, the flattened tensor rolls (linear keys)."""
+    A = args[0]
+    shifts = list(args[1])
+    dims = list(args[2]) if len(args) > 2 else list(kwargs.get("dims", []))
+    func(_meta_of(A), shifts, dims)  # torch's errors
+    idx, vals, sd = _parts(A)
+    if not dims:
+        if A.dense_dim():
+            return NotImplemented
+        keys = (_index.linearize(idx, A.shape) + shifts[0]) % max(A.numel(), 1)
+        return parts_to_sparse(_index.unravel(keys, A.shape), vals, A.shape, A._fill, A._indefinite, False,
+                               A._sf_layout if sd >= 2 else torch.sparse_coo, False)
+    idx = idx.clone()
+    for s, d in zip(shifts, dims):
+        d %= A.dim()
+        if d >= sd:
+            vals = vals.roll(s, d - sd + 1)
+            fill = A._fill if A._indefinite else _dense_fill(A).roll(s, d - sd)
+            A = parts_to_sparse(idx, vals, A.shape, fill, A._indefinite, False, torch.sparse_coo, False)
+        elif A.shape[d]:
+            idx[d] = (idx[d] + s) % A.shape[d]
+    return parts_to_sparse(idx, vals, A.shape, A._fill, A._indefinite, False,
+                           args[0]._sf_layout if sd >= 2 else torch.sparse_coo, False)
+
+
+def _meta_of(A):
+    return torch.empty(A.shape, dtype=A.dtype, device="meta")
+
+
+@register(aten.tril.default, aten.triu.default)
+def _tril_triu(func, args, kwargs):
+    """Elements off the kept triangle become 0: with a zero (or indefinite) fill, only stored elements move."""
+    A = args[0]
+    k = args[1] if len(args) > 1 else kwargs.get("diagonal", 0)
+    func(_meta_of(A), k)  # torch's errors (fewer than 2 dims)
+    sd = A.dim() - A.dense_dim()
+    if sd < 2 or A.dense_dim() or not (A._indefinite or A._fill_is_zero()):
+        return NotImplemented
+    idx, vals, _ = _parts(A)
+    off = idx[sd - 1] - idx[sd - 2]
+    keep = off <= k if func is aten.tril.default else off >= k
+    return parts_to_sparse(idx[:, keep], vals[keep], A.shape, A._fill, A._indefinite, False, A._sf_layout, True)
