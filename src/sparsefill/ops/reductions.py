@@ -242,8 +242,24 @@ def _arg(func, args, kwargs):
     which = "amax" if func in (aten.argmax.default, aten.max.dim) else "amin"
     dim = args[1] if len(args) > 1 else kwargs.get("dim")
     keep = _keepdim_arg(args, kwargs, 2)
-    if A.dense_dim() or A._indefinite:
+    if A._indefinite:
         return NotImplemented
+    if A.dense_dim():
+        sd = A.dim() - A.dense_dim()
+        if dim is not None and dim % A.dim() >= sd:  # along a dense dim: on the values and on the fill
+            B = A if A._coalesced else coalesce_of(A)
+            d = dim % A.dim() - sd
+            out = [func(B._vals, d + 1, keep), func(B._fill.expand(B._dense_shape), d, keep)]
+            pairs = zip(out[0], out[1]) if isinstance(out[0], tuple) else [(out[0], out[1])]
+            res = tuple(rewrap(B, values=v, fill=f, known_zero=False) for v, f in pairs)
+            return res if isinstance(out[0], tuple) else res[0]
+        from .shape import all_sparse
+        f = A._fill.reshape(-1)
+        if f.numel() > 1 and bool((f == f[0]).all()):  # an array fill that is one value
+            A = rewrap(A, fill=f[0].clone())
+        A = all_sparse(A)  # dense dims become sparse dims (a uniform fill only)
+        if A is None:
+            return NotImplemented
     if dim is None:  # over the flattened tensor
         flat_idx = _index.linearize(*coalesced_parts(A)[:1], A.shape)[None]
         B = SparseTensor(torch.sparse_coo, (A.numel(),), coalesced_parts(A)[1], A._fill, indices=flat_idx,
