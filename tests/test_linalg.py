@@ -338,3 +338,15 @@ def test_inference_mode():
     with torch.inference_mode():
         close(torch.matmul(A, X), torch.matmul(a, X))
         close(torch.einsum("bij,jk->bik", A, X), torch.einsum("bij,jk->bik", a, X))
+
+
+@pytest.mark.parametrize("fill", [0, 5])
+def test_integer_dtype(fill):
+    """torch's CSR kernels are floating-point only: integer products run on the COO kernel."""
+    x = torch.tensor([[1, 5, 2], [5, 5, 3]])
+    y = torch.arange(6).reshape(3, 2)
+    for layout in (torch.sparse_coo, torch.sparse_csr):
+        A = sparsefill.to_sparse(x, fill_value=fill, layout=layout)
+        assert torch.equal(A @ y, x @ y)
+        assert torch.equal(y.T @ A.T, y.T @ x.T)
+        assert torch.equal(torch.mv(A, y[:, 0]), x @ y[:, 0])

@@ -23,7 +23,10 @@ matrix ``(nb * m, nb * k)``.  ``X @ B`` (dense on the left) is ``(B0^T @ X^T)^T 
   summed exactly over the unspecified elements of each row: with ``T = F * X`` (``F`` constant
   along the rows), ``C = T.sum(-2) - P @ T`` for the finite part of ``T`` and the counts of
   ``+inf``, ``-inf`` and NaN terms (``P`` the pattern matrix), all in one native product of
-  4n columns.  (Needs a fill constant along the rows: otherwise the next stage densifies.)
+  4n columns; a fill constant along each row (a transposed hybrid) counts the signs of ``X``
+  instead.  Sparse @ sparse with a scalar non-finite fill: the same sums, each a sparse @ sparse
+  product with finite fills (``_nonfinite_sp_sp``).  Other non-finite array fills: the operand
+  is densified quietly when no larger than the result, else the densify fallback (warned).
 * Hybrid operands: the dense dims are unrolled into matrix coordinates (each stored dense
   slice is ``prod(dense_shape)`` stored elements); the array fill stays a broadcastable
   tensor in the correction.
@@ -31,6 +34,11 @@ matrix ``(nb * m, nb * k)``.  ``X @ B`` (dense on the left) is ``(B0^T @ X^T)^T 
   ``inf``/NaN in the dense operand against a zero fill gives no NaN where the dense product
   (``0 * inf``) would, and with a nonzero finite fill ``(A[p] - a) * inf + a * inf`` may give
   NaN where the dense product gives ``inf``.
+
+Ops: ``mm bmm mv dot vdot addmm addmv baddbmm addbmm addr`` here; ``matmul einsum tensordot
+inner outer`` (CompositeImplicit) arrive as these plus the views of ``shape.py``.  Integer
+dtypes run on torch's COO kernel (its CSR kernels are floating-point only); integer sparse @
+sparse is not in torch and goes to the densify fallback unless an operand is small.
 
 Gradients: autograd's formulas for ``mm``/``bmm``/``mv``/``addmm`` call these handlers again
 (``mat1.t().mm(grad)``, with ``t``/``transpose`` from ``shape.py``); the gradient of the
@@ -151,7 +159,10 @@ def _native_spmm(M: _Mat, X: torch.Tensor, values=None) -> torch.Tensor:
     """``A0 @ X`` for ``X`` ``(nb | 1, k, n)``: ``(nb, m, n)``."""
     n = X.shape[-1]
     Xs = X.expand(M.nb, M.k, n).reshape(M.nb * M.k, n)
-    return (M.csr(values) @ Xs).view(M.nb, M.m, n)
+    mat = M.csr(values)
+    if not (mat.dtype.is_floating_point or mat.dtype.is_complex):  # torch's CSR kernels: floating only
+        mat = torch.sparse_coo_tensor(torch.stack([M.rows, M.col]), mat.values(), mat.shape, is_coalesced=True)
+    return (mat @ Xs).view(M.nb, M.m, n)
 
 
 def _fill_times(f: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
@@ -215,7 +226,7 @@ def _dense_sp(X: torch.Tensor, M: _Mat) -> torch.Tensor | None:
 
 def _sp_sp(A: _Mat, B: _Mat):
     """``A @ B``: a SparseTensor for zero fills, else dense ``(nb, m, n)`` (None: not handled here)."""
-    if not (A.finite and B.finite):
+    if not (A.finite and B.finite and (A.vals.dtype.is_floating_point or A.vals.dtype.is_complex)):
         return None
     nb, m, n = A.nb, A.m, B.k
     P = A.csr() @ B.csr()  # native CSR (nb*m, nb*n), block diagonal
@@ -310,6 +321,8 @@ def _nonfinite_sp_sp(a: SparseTensor, b: SparseTensor):
     pattern of ``a``), then the sign rules.  Returns ``(nb, m, n)`` dense, or None."""
     a, b = _as_2d(a, 0), _as_2d(b, 1)
     fa_ok = a._indefinite or bool(torch.isfinite(a._fill).all())
+    if fa_ok and (b._indefinite or bool(torch.isfinite(b._fill).all())):
+        return None
     if fa_ok:  # only b is non-finite: (b^T @ a^T)^T
         tr = [*range(b.dim() - 2), b.dim() - 1, b.dim() - 2]
         bt, at = _shape.permute(b, tr), _shape.permute(a, [*range(a.dim() - 2), a.dim() - 1, a.dim() - 2])
