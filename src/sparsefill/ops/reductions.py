@@ -89,26 +89,25 @@ def reduce_dims(A: SparseTensor, name: str, dims, keepdim: bool, out_meta: torch
     if not sp:
         return _finish(A, idx, vals, fill, A.shape[:sd], out_meta, A._sf_layout, True)
     r = _reducer(name, opt)
+    N = _index.numel([A.shape[d] for d in sp])
+    kept = [d for d in range(sd) if d not in sp]
+    if not kept:  # every sparse dim: one slice, no grouping; dense by nature
+        k = vals.shape[0]
+        seg = torch.zeros(k, dtype=torch.int64, device=vals.device)
+        n_all = torch.tensor([N - k], device=vals.device)
+        res = r(vals, seg, 1, **({} if fill is None else dict(fill=fill, n_fill=n_all)))[0]
+        return res.reshape(out_meta.shape).to(out_meta.dtype)
     seg, out_idx, n_fill = group_slices(idx, A._sparse_shape, sp)
     S = out_idx.shape[1]
     kw = {} if fill is None else dict(fill=fill, n_fill=n_fill)
     out_vals = r(vals, seg, S, **kw)
-    N = _index.numel([A.shape[d] for d in sp])
     out_fill = None if fill is None else \
         r(vals[:0], seg[:0], 1, fill=fill, n_fill=torch.tensor([N], device=vals.device))[0]
-    kept = [d for d in range(sd) if d not in sp]
     if keepdim:  # reduced sparse dims stay, of size 1, index 0
         full = out_idx.new_zeros((sd, S))
         full[kept] = out_idx
         out_idx, kept = full, list(range(sd))
     out_sshape = tuple(out_meta.shape[: len(kept)])
-    if not [d for d in range(sd) if d not in sp]:  # every sparse dim reduced: dense by nature
-        if fill is None:
-            empty = r(vals[:0], seg[:0], 1)[0]
-            res = out_vals[0] if S else empty
-        else:
-            res = out_vals[0] if S else out_fill
-        return res.reshape(out_meta.shape).to(out_meta.dtype)
     layout = A._sf_layout if len(kept) >= 2 else torch.sparse_coo
     return _finish(A, out_idx, out_vals, out_fill, out_sshape, out_meta, layout, True)
 
