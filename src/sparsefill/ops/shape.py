@@ -201,7 +201,9 @@ def _or_next(out):
 @register(aten.t.default)
 def _t(func, args, kwargs):
     A = args[0]
-    return _or_next(permute(A, [1, 0]) if A.dim() == 2 else A if A.dim() < 2 else None)
+    if A.dim() < 2:  # a new object: torch forbids a view op returning its input
+        return _make(A, A.shape, *A._coo_parts(), A._fill, A._coalesced)
+    return _or_next(permute(A, [1, 0]) if A.dim() == 2 else None)
 
 
 @register(aten.transpose.int)
