@@ -350,3 +350,26 @@ def test_integer_dtype(fill):
         assert torch.equal(A @ y, x @ y)
         assert torch.equal(y.T @ A.T, y.T @ x.T)
         assert torch.equal(torch.mv(A, y[:, 0]), x @ y[:, 0])
+
+
+def test_gradcheck_sparse_sparse_and_bmm():
+    g = torch.Generator().manual_seed(3)
+
+    def parts(shape, nse):
+        keys = torch.randperm(torch.Size(shape).numel(), generator=g)[:nse].sort().values
+        return (torch.stack(torch.unravel_index(keys, shape)),
+                torch.randn(nse, dtype=torch.float64, generator=g, requires_grad=True),
+                torch.tensor(0.7, dtype=torch.float64, requires_grad=True))
+    (ia, va, fa), (ib, vb, fb) = parts((4, 3), 5), parts((3, 5), 6)
+
+    def f(va, fa, vb, fb):
+        A = sparsefill.sparse_coo_tensor(ia, va, (4, 3), fill_value=fa)
+        B = sparsefill.sparse_coo_tensor(ib, vb, (3, 5), fill_value=fb).to_sparse_csr()
+        return torch.mm(A, B)
+    assert torch.autograd.gradcheck(f, (va, fa, vb, fb))
+    ic, vc, fc = parts((2, 4, 3), 7)
+    x = torch.randn(2, 3, 2, dtype=torch.float64, generator=g, requires_grad=True)
+
+    def h(vc, fc, x):
+        return torch.bmm(sparsefill.sparse_coo_tensor(ic, vc, (2, 4, 3), fill_value=fc), x)
+    assert torch.autograd.gradcheck(h, (vc, fc, x))
