@@ -315,10 +315,11 @@ def _nonfinite_sp_sp(a: SparseTensor, b: SparseTensor):
     """``a @ b`` (both SparseTensors) where a scalar fill is NaN or +-inf: exact, no densifying.
 
     With ``a`` the non-finite one (else the transposed product): ``a @ b = a_spec @ b + N`` where
-    ``a_spec`` is ``a``'s specified elements (indefinite fill: nothing else multiplies) and ``N[i, j]`` sums ``T = fill * b`` over the unspecified ``k``
-    of row ``i``: ``colsum(Y) - P @ Y`` for ``Y`` the finite part of ``T`` and the indicators of
-    its ``+inf``, ``-inf`` and NaN elements (each a SparseTensor with a finite fill; ``P`` the
-    pattern of ``a``), then the sign rules.  Returns ``(nb, m, n)`` dense, or None."""
+    ``a_spec`` is ``a``'s specified elements (an indefinite fill: nothing else multiplies) and
+    ``N[i, j]`` sums ``T = fill * b`` over the unspecified ``k`` of row ``i``: ``colsum(Y) - P @ Y``
+    for ``Y`` the finite part of ``T`` and the indicators of its ``+inf``, ``-inf`` and NaN
+    elements (each a SparseTensor with a finite fill; ``P`` the pattern of ``a``), then the sign
+    rules.  Returns ``(nb, m, n)`` dense, or None."""
     a, b = _as_2d(a, 0), _as_2d(b, 1)
     fa_ok = a._indefinite or bool(torch.isfinite(a._fill).all())
     if fa_ok and (b._indefinite or bool(torch.isfinite(b._fill).all())):
