@@ -141,8 +141,9 @@ def _mat(A: SparseTensor) -> _Mat | None:
         idx = torch.cat([idx.repeat_interleave(Q, dim=1), q.repeat(1, idx.shape[1])])
         vals = vals.reshape(-1)
     if nd == 2:
-        idx = torch.cat([idx.new_zeros((1, idx.shape[1])), idx])
-    rows, col = idx[0] * m + idx[1], idx[0] * k + idx[2]
+        rows, col = idx[0], idx[1]
+    else:
+        rows, col = idx[0] * m + idx[1], idx[0] * k + idx[2]
     counts = torch.bincount(rows, minlength=nb * m)
     crow = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
     return _Mat(nb, m, k, crow, col, vals, fill, finite, A._sf_layout, rows)
