@@ -80,6 +80,21 @@ def test_roll_flat_and_triangles_of_a_zero_fill(layout):
             torch.testing.assert_close(op(Z).to_dense(), op(z))
 
 
+ADVANCED = {"int": lambda t: t[torch.tensor([3, 0, 3])], "int_dim1": lambda t: t[:, torch.tensor([4, -1])],
+            "int_2d": lambda t: t[torch.tensor([[1, 2], [0, 0]])], "mask": lambda t: t[X[:, 0, 0] > 0],
+            "mask_2d": lambda t: t[X[:, :, 0] > 0], "mask_dim1": lambda t: t[:, X[0, :, 0] > 0]}
+
+
+@pytest.mark.parametrize("name", list(ADVANCED))
+@pytest.mark.parametrize("layout,dd", [k for k in KINDS if k[1] < 2], ids=[i for k, i in zip(KINDS, IDS) if k[1] < 2])
+def test_advanced_indexing_with_one_index_tensor(layout, dd, name):
+    A = sparsefill.to_sparse(X, fill_value=0.5, layout=layout, dense_dim=dd)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", sparsefill.DensifyWarning)
+        out = ADVANCED[name](A)
+    torch.testing.assert_close(_d(out), ADVANCED[name](X))
+
+
 def test_bad_indices_raise():
     A = sparsefill.to_sparse(X, fill_value=0.5)
     with pytest.raises(IndexError):
@@ -88,6 +103,10 @@ def test_bad_indices_raise():
         A.index_select(1, torch.tensor([5]))
     with pytest.raises(RuntimeError):
         A.split([1, 2], 0)
+    with pytest.raises(IndexError):
+        A[torch.tensor([7])]
+    with pytest.raises(IndexError):
+        A[torch.ones(3, dtype=torch.bool)]
 
 
 IDX = torch.tensor([[0, 1, 3, 3], [2, 0, 1, 4]])

@@ -263,3 +263,28 @@ def _tril_triu(func, args, kwargs):
     off = idx[sd - 1] - idx[sd - 2]
     keep = off <= k if func is aten.tril.default else off >= k
     return parts_to_sparse(idx[:, keep], vals[keep], A.shape, A._fill, A._indefinite, False, A._sf_layout, True)
+
+
+@register(aten.index.Tensor)
+def _index_tensor(func, args, kwargs):
+    """``A[t]``, ``A[:, t]``, ``A[mask]``: one index tensor (the other positions ``:``) is an
+    ``index_select`` — an integer tensor over one dim (result dims ``t.shape`` there), a bool mask over
+    ``k`` dims through its true positions in those dims flattened.  Several index tensors: next stage."""
+    A, indices = args[0], list(args[1])
+    given = [i for i, t in enumerate(indices) if t is not None]
+    if len(given) != 1 or isinstance(indices[given[0]], SparseTensor):
+        return NotImplemented
+    p, t = given[0], indices[given[0]]
+    shape = tuple(A.shape)
+    if t.dtype in (torch.bool, torch.uint8):
+        k = t.dim()
+        if t.shape != shape[p:p + k]:
+            raise IndexError(f"The shape of the mask {list(t.shape)} at index {p} does not match the shape of the "
+                             f"indexed tensor {list(shape)}")
+        keys = _index.linearize(t.nonzero().T, t.shape)
+        B = A.reshape(shape[:p] + (_index.numel(t.shape),) + shape[p + k:]) if k != 1 else A
+        return aten.index_select.default(B, p, keys)
+    if t.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8):
+        raise IndexError("tensors used as indices must be long, int, byte or bool tensors")
+    out = aten.index_select.default(A, p, t.reshape(-1))
+    return out if t.dim() == 1 else out.reshape(shape[:p] + tuple(t.shape) + shape[p + 1:])
