@@ -369,3 +369,34 @@ def test_gradcheck_sparse_sparse_and_bmm():
     def h(vc, fc, x):
         return torch.bmm(sparsefill.sparse_coo_tensor(ic, vc, (2, 4, 3), fill_value=fc), x)
     assert torch.autograd.gradcheck(h, (vc, fc, x))
+
+
+@pytest.mark.parametrize("fill", [0.0, 2.5, NAN, "indefinite"], ids=str)
+def test_linear_and_4d_matmul(fill):
+    """nn.functional.linear (a transposed sparse weight into addmm/matmul), 4-d matmul (views), einsum
+    with a transposed operand."""
+    A, a = make((2, 3, 5, 4), fill)
+    close(torch.matmul(A, rand(4, 3)), torch.matmul(a, rand(4, 3)))
+    close(torch.matmul(rand(2, 3, 6, 5), A), torch.matmul(rand(2, 3, 6, 5), a))
+    W, w = make((6, 4), fill)
+    for x in (rand(3, 4), rand(2, 3, 4)):
+        close(torch.nn.functional.linear(x, W, rand(6)), torch.nn.functional.linear(x, w, rand(6)))
+    close(torch.einsum("ij,kj->ik", W, rand(3, 4)), torch.einsum("ij,kj->ik", w, rand(3, 4)))
+    B, b = make((2, 5, 4), fill)
+    close(torch.einsum("bij,bkj->bik", B, rand(2, 3, 4)), torch.einsum("bij,bkj->bik", b, rand(2, 3, 4)))
+
+
+def test_linear_layer_gradients_reach_values_and_fill():
+    """A sparse weight with a fill: gradients of (values, fill) equal those through the dense weight."""
+    g = torch.Generator().manual_seed(5)
+    idx = torch.stack(torch.unravel_index(torch.randperm(24, generator=g)[:6].sort().values, (6, 4)))
+    x, bias = torch.randn(3, 4, dtype=torch.float64, generator=g), rand(6)
+    grads = []
+    for through_dense in (False, True):
+        values = torch.randn(6, dtype=torch.float64, generator=torch.Generator().manual_seed(0), requires_grad=True)
+        fill = torch.tensor(0.3, dtype=torch.float64, requires_grad=True)
+        W = sparsefill.sparse_coo_tensor(idx, values, (6, 4), fill_value=fill)
+        W = W.to_dense() if through_dense else W
+        torch.nn.functional.linear(x, W, bias).tanh().sum().backward()
+        grads.append((values.grad, fill.grad))
+    torch.testing.assert_close(grads[0], grads[1])
