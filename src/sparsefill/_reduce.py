@@ -129,11 +129,12 @@ class Reducer:
         if self.mode in ("sum", "prod") and not (values.is_floating_point() or values.is_complex()):
             values = values.to(torch.int64)  # torch's rule: integer and bool sums and products are int64
         acc = self.combine(values, seg, num_segments)
-        count = segment_counts(seg, num_segments)
         if fill is not None and n_fill is not None:
             acc = self.fold(acc, torch.as_tensor(fill, dtype=values.dtype, device=values.device), n_fill)
-            count = count + n_fill
-        return self.finalize(acc, count)
+        if self._finalize is None:  # (the count is needed by finalize only)
+            return acc
+        count = segment_counts(seg, num_segments)
+        return self.finalize(acc, count if n_fill is None or fill is None else count + n_fill)
 
     def dense(self, x: torch.Tensor) -> torch.Tensor:
         """The same reduction of a dense 1-D-leading tensor along dim 0 (the reference)."""
@@ -247,7 +248,9 @@ def group_slices(indices: torch.Tensor, sparse_shape, dims):
     keep = [d for d in range(len(sparse_shape)) if d not in dims]
     keep_shape = [sparse_shape[d] for d in keep]
     keys = linearize(indices[keep], keep_shape)
-    out_keys, seg = torch.unique(keys, sorted=True, return_inverse=True)
-    per_slice = numel([sparse_shape[d] for d in dims])
-    n_fill = per_slice - segment_counts(seg, out_keys.numel())
+    if not keep or not dims or max(keep) < min(dims):  # reduced dims trail: keys already sorted (coalesced order)
+        out_keys, seg, counts = torch.unique_consecutive(keys, return_inverse=True, return_counts=True)
+    else:
+        out_keys, seg, counts = torch.unique(keys, sorted=True, return_inverse=True, return_counts=True)
+    n_fill = numel([sparse_shape[d] for d in dims]) - counts
     return seg, unravel(out_keys, keep_shape), n_fill

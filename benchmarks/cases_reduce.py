@@ -1,0 +1,78 @@
+"""Reductions and softmax with nonzero and array fills (issue 4).
+
+* ``A.sum(1)`` of an ``n x n`` COO matrix, ``density`` specified, fill 0.5: against dense
+  ``x.sum(1)`` on the equivalent dense tensor, torch native sparse (``torch.sparse.sum`` on the
+  zero-fill shift, plus ``fill * n`` by hand) and pydata ``sparse`` (``s.sum(axis=1)``).
+* ``A.amax(1)`` likewise (no torch native sparse peer: torch.sparse has no amax over a dim).
+* ``A.softmax(0)`` of a hybrid ``(n, 64)`` tensor (one sparse dim, fill 0): the result keeps the
+  pattern with an array fill (fill-value-rfc.md point 5); against dense ``x.softmax(0)``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+import sparsefill
+
+from .runner import case, optional_import, skipped
+
+
+def _matrix(n, density, fill=0.5):
+    g = torch.Generator().manual_seed(0)
+    nse = round(n * n * density)
+    keys = torch.randperm(n * n, generator=g)[:nse].sort().values
+    idx = torch.stack([keys // n, keys % n])
+    vals = torch.randn(nse, generator=g, dtype=torch.float64)
+    return idx, vals, sparsefill.sparse_coo_tensor(idx, vals, (n, n), fill_value=fill)
+
+
+def _check_close(param, out):
+    ref = out["sparsefill"]
+    ref = ref.to_dense() if isinstance(ref, sparsefill.SparseTensor) else ref
+    for label, o in out.items():
+        o = torch.as_tensor(o.todense() if hasattr(o, "todense") else o)
+        o = o.to_dense() if isinstance(o, sparsefill.SparseTensor) or o.layout is not torch.strided else o
+        torch.testing.assert_close(o.to(ref.dtype), ref, rtol=1e-4, atol=1e-7, msg=label)  # float32 sums: order differs
+
+
+@case("A.sum(1), fill 0.5", sizes={"10000x10000, 1%": (10_000, 0.01)}, quick_sizes={"2000x2000, 1%": (2000, 0.01)},
+      check=_check_close)
+def sum_dim(param):
+    n, density = param
+    idx, vals, A = _matrix(n, density)
+    x = A.to_dense()
+    T = torch.sparse_coo_tensor(idx, vals - 0.5, (n, n), is_coalesced=True, check_invariants=False)
+    impls = [("sparsefill", lambda: A.sum(1)), ("dense x.sum(1)", lambda: x.sum(1)),
+             ("torch.sparse.sum + fill*n", lambda: torch.sparse.sum(T, 1).to_dense() + 0.5 * n)]
+    sp = optional_import("sparse")
+    if sp is None:
+        return impls + [skipped("pydata sparse", "not installed")]
+    s = sp.COO(idx.numpy(), vals.numpy(), shape=(n, n), fill_value=0.5)
+    return impls + [("pydata sparse", lambda: s.sum(axis=1))]
+
+
+@case("A.amax(1), fill 0.5", sizes={"10000x10000, 1%": (10_000, 0.01)}, quick_sizes={"2000x2000, 1%": (2000, 0.01)},
+      check=_check_close)
+def amax_dim(param):
+    n, density = param
+    idx, vals, A = _matrix(n, density)
+    x = A.to_dense()
+    impls = [("sparsefill", lambda: A.amax(1)), ("dense x.amax(1)", lambda: x.amax(1))]
+    sp = optional_import("sparse")
+    if sp is None:
+        return impls + [skipped("pydata sparse", "not installed")]
+    s = sp.COO(idx.numpy(), vals.numpy(), shape=(n, n), fill_value=0.5)
+    return impls + [("pydata sparse", lambda: s.max(axis=1))]
+
+
+@case("hybrid softmax(0), array fill", sizes={"(1M, 64), 1%": (1_000_000, 0.01)},
+      quick_sizes={"(100k, 64), 1%": (100_000, 0.01)}, check=_check_close)
+def hybrid_softmax(param):
+    n, density = param
+    g = torch.Generator().manual_seed(0)
+    nse = round(n * density)
+    rows = torch.randperm(n, generator=g)[:nse].sort().values
+    vals = torch.randn(nse, 64, generator=g)
+    A = sparsefill.sparse_coo_tensor(rows[None], vals, (n, 64), fill_value=0.0)
+    x = A.to_dense()
+    return [("sparsefill", lambda: A.softmax(0)), ("dense x.softmax(0)", lambda: x.softmax(0))]
