@@ -400,3 +400,36 @@ def test_linear_layer_gradients_reach_values_and_fill():
         torch.nn.functional.linear(x, W, bias).tanh().sum().backward()
         grads.append((values.grad, fill.grad))
     torch.testing.assert_close(grads[0], grads[1])
+
+
+VIEWS = [
+    ("t", (5, 4), lambda A: A.t()),
+    ("transpose", (2, 5, 4), lambda A: A.transpose(0, 2)),
+    ("permute", (2, 5, 4), lambda A: A.permute(1, 2, 0)),
+    ("unsqueeze", (5, 4), lambda A: A.unsqueeze(1)),
+    ("unsqueeze last", (5, 4), lambda A: A.unsqueeze(-1)),
+    ("squeeze", (5, 1, 4), lambda A: A.squeeze(1)),
+    ("view merge", (2, 5, 4), lambda A: A.view(10, 4)),
+    ("view split", (6, 4), lambda A: A.reshape(2, 3, 2, 2)),
+    ("expand", (1, 5, 4), lambda A: A.expand(3, 5, 4)),
+    ("expand new dim", (5, 4), lambda A: A.expand(2, 5, 4)),
+]
+
+
+@pytest.mark.parametrize("kind", ["coo", "csr", "hybrid", "uncoalesced"])
+@pytest.mark.parametrize("fill", [0.0, 2.5, NAN, "indefinite"], ids=str)
+@pytest.mark.parametrize("case", VIEWS, ids=[v[0] for v in VIEWS])
+def test_shape_views(case, fill, kind):
+    """The views of shape.py on the stored elements: same dense tensor as the dense view, no densifying
+    (a hybrid tensor's array fill cannot follow a dense dim that becomes sparse: announced fallback)."""
+    name, shape, fn = case
+    A, x = make(shape, fill, layout=torch.sparse_csr if kind == "csr" else torch.sparse_coo,
+                dense_dim=int(kind == "hybrid"), uncoalesced=kind == "uncoalesced")
+    array_fill = kind == "hybrid" and fill not in (0.0, "indefinite")
+    if array_fill and name in ("transpose", "permute", "view split", "t"):
+        with pytest.warns(sparsefill.DensifyWarning):
+            out = fn(A)
+    else:
+        out = fn(A)
+    assert isinstance(out, SparseTensor)
+    close(out, fn(x))
