@@ -19,6 +19,8 @@ tensor([0.2232, 0.2220])
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .._convert import coalesce_of, coalesced_parts, dense_of, rewrap
@@ -54,7 +56,8 @@ def _softmax(func, args, kwargs):
         return rewrap(B, values=out, known_zero=False)
     slice_fill = (f - m - torch.log(Z)) if log else torch.exp(f - m) / Z  # (S, *D)
     N = A.shape[dim]
-    empty = func(f.expand((max(N, 1),) + tuple(f.shape)), 0, half_to_float)[0]  # a slice of fills only
+    one = func(f[None], 0, half_to_float)[0]  # a slice of N fills only: 1 / N (log: -log N), or NaN
+    empty = one if not N else one - math.log(N) if log else one / N
     if sd == 1:  # one slice: the fill is an array over the dense dims
         return rewrap(B, values=out, fill=slice_fill[0] if S else empty, known_zero=False)
     # the unspecified value varies by slice: dense by nature
