@@ -129,13 +129,6 @@ def test_one_sparse_operand(case, fill, layout):
     name, shape, fn = case
     lay = torch.sparse_csr if layout == "csr" else torch.sparse_coo
     A, x = make(shape, fill, layout=lay, uncoalesced=layout == "uncoalesced")
-    if name == "outer" and fill == "indefinite":
-        # known limitation, reported: outer is view + mul, and the element-wise rule (pointwise.py, not
-        # this module) raises on a dense operand broadcast against an indefinite SparseTensor; this
-        # check fails once that is fixed, so the masked comparison below can take over
-        with pytest.raises(ValueError, match="indefinite"):
-            fn(A)
-        return
     close(fn(A), fn(x))
 
 

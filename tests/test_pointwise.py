@@ -339,3 +339,23 @@ def test_logsigmoid_backward_is_sparse_too():
     x = A.detach().to_dense().requires_grad_()
     torch.nn.functional.logsigmoid(x).sum().backward()
     torch.testing.assert_close(torch.as_tensor(A.grad.to_dense()), x.grad)
+
+
+def test_masked_operand_with_a_dense_operand_that_varies_along_sparse_dims():
+    """Masked attention: scores M (indefinite fill) times / where with a dense matrix W is specified only
+    where M is; W is read at those positions (no densifying, no error)."""
+    x = torch.tensor([[1., 0, 2], [0, 0, 3]], dtype=torch.float64)
+    keep = x != 0
+    M = sparsefill.sparse_coo_tensor(keep.nonzero().T, x[keep], x.shape, fill_value=sparsefill.indefinite)
+    W = torch.arange(6., dtype=torch.float64).reshape(2, 3)
+    cases = {"mul": (lambda m, w: m * w), "where": (lambda m, w: torch.where(w > 2, m, w)),
+             "outer": (lambda m, w: torch.outer(m[0], w[1])), "broadcast": (lambda m, w: m[:, :1] + w)}
+    for name, op in cases.items():
+        out = _native(lambda: op(M, W))
+        assert isinstance(out, SparseTensor) and out._indefinite, name
+        ref = op(x, W)
+        idx = out.coalesce().indices()
+        torch.testing.assert_close(out.coalesce().values(), ref[tuple(idx)], msg=name)
+    M2 = M.clone()
+    _native(lambda: M2.mul_(W))
+    torch.testing.assert_close(M2.values(), (x * W)[keep])

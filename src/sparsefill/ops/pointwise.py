@@ -120,15 +120,28 @@ def pointwise_rule(func, args, kwargs):
         sparse, A = expanded, expanded[0][1]
     else:
         sparse = [(T, T) for T in sparse]
-    for t in tensors:
-        if not isinstance(t, SparseTensor) and t.dim():
+    indefinite = any(E._indefinite for _, E in sparse)
+    dense_ops = [t for t in tensors if not isinstance(t, SparseTensor) and t.dim()]
+    varying = [t for t in dense_ops if _over_dense_dims(t, A) is None]
+    if varying:  # dense operands that vary along the sparse dims
+        if not indefinite or A.dense_dim():  # the result is dense by nature
+            return NotImplemented if written else _dense_call(func, args, kwargs, tensors)
+        # a masked operand: the result is specified only where it is; the dense operands are read there
+        try:
+            shape = torch.broadcast_shapes(A.shape, *[t.shape for t in dense_ops])
+        except RuntimeError:
+            return NotImplemented
+        sparse = [(T, E if E.shape == shape else _expand(E, shape)) for T, E in sparse]
+        A = sparse[0][1]
+    for t in dense_ops:
+        if not any(t is v for v in varying):
             sub[id(t)] = _over_dense_dims(t, A)
-            if sub[id(t)] is None:  # t varies along sparse dims: the result is dense by nature
-                return NotImplemented if written else _dense_call(func, args, kwargs, tensors)
     build, at = _align([E for _, E in sparse], layout)
+    if varying:
+        idx = build(at[id(A)], None)._coo_parts()[0]  # the result's positions
+        sub.update({id(t): t.broadcast_to(A.shape)[tuple(idx)] for t in varying})
     at = {id(T): at[id(E)] for T, E in sparse}
     fills = {id(T): E._fill for T, E in sparse}
-    indefinite = any(E._indefinite for _, E in sparse)
 
     def apply(x):  # pointwise schemas are flat: substitute operands by id
         sub.update(x)
