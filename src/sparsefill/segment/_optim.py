@@ -157,7 +157,24 @@ def _rows_and_grad(p):
     return torch.arange(p.shape[0], device=p.device), g
 
 
-class SparseAdagrad(torch.optim.Optimizer):
+class _RowOptimizer(torch.optim.Optimizer):
+    """The step loop shared by the row-sparse optimizers: ``_update(p, state, rows, grad_rows, group)``
+    for every parameter with a gradient (sparse or dense)."""
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    self._update(p, self.state[p], *_rows_and_grad(p), group)
+        return loss
+
+
+class SparseAdagrad(_RowOptimizer):
     """``torch.optim``-style Adagrad for embedding tables with sparse (or dense) gradients.
 
     Sparse gradients (``segment.reduce(..., indices=..., sparse_grad=True)``, ``embedding(sparse=True)``)
@@ -174,27 +191,15 @@ class SparseAdagrad(torch.optim.Optimizer):
             raise ValueError(f"mode must be 'sequential' or 'coalesced', got {mode!r}")
         super().__init__(params, dict(lr=lr, eps=eps, weight_decay=weight_decay, rowwise=rowwise, mode=mode))
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                st = self.state[p]
-                if "moment" not in st:
-                    st["moment"] = p.new_zeros(p.shape[0] if group["rowwise"] else p.shape)
-                rows, g = _rows_and_grad(p)
-                fn = rowwise_sparse_adagrad if group["rowwise"] else sparse_adagrad
-                fn(p, st["moment"], rows, g, lr=group["lr"], eps=group["eps"], weight_decay=group["weight_decay"],
-                   mode=group["mode"])
-        return loss
+    def _update(self, p, st, rows, g, group):
+        if "moment" not in st:
+            st["moment"] = p.new_zeros(p.shape[0] if group["rowwise"] else p.shape)
+        fn = rowwise_sparse_adagrad if group["rowwise"] else sparse_adagrad
+        fn(p, st["moment"], rows, g, lr=group["lr"], eps=group["eps"], weight_decay=group["weight_decay"],
+           mode=group["mode"])
 
 
-class SparseFtrl(torch.optim.Optimizer):
+class SparseFtrl(_RowOptimizer):
     """``torch.optim``-style FTRL-proximal for tables with sparse (or dense) gradients (see ``sparse_ftrl``)."""
 
     def __init__(self, params, alpha: float = 0.01, beta: float = 1e-4, lambda1: float = 0.0, lambda2: float = 0.0,
@@ -204,20 +209,8 @@ class SparseFtrl(torch.optim.Optimizer):
                              f"lambda2={lambda2}")
         super().__init__(params, dict(alpha=alpha, beta=beta, lambda1=lambda1, lambda2=lambda2, mode=mode))
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                st = self.state[p]
-                if "n" not in st:
-                    st["n"], st["z"] = torch.zeros_like(p), torch.zeros_like(p)
-                rows, g = _rows_and_grad(p)
-                sparse_ftrl(p, st["n"], st["z"], rows, g, alpha=group["alpha"], beta=group["beta"],
-                            lambda1=group["lambda1"], lambda2=group["lambda2"], mode=group["mode"])
-        return loss
+    def _update(self, p, st, rows, g, group):
+        if "n" not in st:
+            st["n"], st["z"] = torch.zeros_like(p), torch.zeros_like(p)
+        sparse_ftrl(p, st["n"], st["z"], rows, g, alpha=group["alpha"], beta=group["beta"],
+                    lambda1=group["lambda1"], lambda2=group["lambda2"], mode=group["mode"])
