@@ -76,7 +76,8 @@ def test_roll_flat_and_triangles_of_a_zero_fill(layout):
     Z = sparsefill.to_sparse(z, fill_value=0., layout=layout)
     with warnings.catch_warnings():
         warnings.simplefilter("error", sparsefill.DensifyWarning)
-        for op in [lambda t: t.roll(7), lambda t: t.tril(), lambda t: t.triu(1), lambda t: t.tril(-1)]:
+        for op in [lambda t: t.roll(7), lambda t: t.tril(), lambda t: t.triu(1), lambda t: t.tril(-1),
+               lambda t: t.diagonal(), lambda t: t.diagonal(-2), lambda t: torch.diag(t, 1)]:
             torch.testing.assert_close(op(Z).to_dense(), op(z))
 
 

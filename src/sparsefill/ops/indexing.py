@@ -288,3 +288,24 @@ def _index_tensor(func, args, kwargs):
         raise IndexError("tensors used as indices must be long, int, byte or bool tensors")
     out = aten.index_select.default(A, p, t.reshape(-1))
     return out if t.dim() == 1 else out.reshape(shape[:p] + tuple(t.shape) + shape[p + 1:])
+
+
+@register(aten.diagonal.default, aten.diagonal_copy.default)
+def _diagonal(func, args, kwargs):
+    """The stored elements on the diagonal ``idx[d2] - idx[d1] == offset`` (all-sparse tensors); the
+    diagonal becomes the last dim, at position ``idx[d1]`` (``idx[d2]`` below the main diagonal)."""
+    A = args[0]
+    offset = args[1] if len(args) > 1 else kwargs.get("offset", 0)
+    d1 = args[2] if len(args) > 2 else kwargs.get("dim1", 0)
+    d2 = args[3] if len(args) > 3 else kwargs.get("dim2", 1)
+    meta = func(_meta_of(A), offset, d1, d2)  # torch's errors and the result's shape
+    if A.dense_dim():
+        return NotImplemented
+    d1, d2 = d1 % A.dim(), d2 % A.dim()
+    idx, vals, _ = _parts(A)
+    keep = idx[d2] - idx[d1] == offset
+    pos = (idx[d1] if offset >= 0 else idx[d2])[keep]
+    rest = [d for d in range(A.dim()) if d not in (d1, d2)]
+    new = torch.cat([idx[rest][:, keep], pos[None]])
+    return parts_to_sparse(new, vals[keep], meta.shape, A._fill, A._indefinite, False,
+                           A._sf_layout if new.shape[0] >= 2 else torch.sparse_coo, False)
