@@ -115,8 +115,9 @@ class Reducer:
         n = _bcast(n, acc)
         if self.mode == "sum":
             return acc + times(f, n, acc)
-        if self.mode == "prod":
-            return acc * torch.pow(torch.as_tensor(f, dtype=acc.dtype, device=acc.device), n)
+        if self.mode == "prod":  # (pow(nan + 0j, 0) is NaN: no copies multiply by 1)
+            f = torch.as_tensor(f, dtype=acc.dtype, device=acc.device)
+            return acc * torch.where(n > 0, torch.pow(f, n), torch.ones((), dtype=acc.dtype, device=acc.device))
         op = torch.maximum if self.mode == "amax" else torch.minimum
         return torch.where(n > 0, op(acc, torch.as_tensor(f, dtype=acc.dtype, device=acc.device)), acc)
 

@@ -30,6 +30,17 @@ def flat_args(args, kwargs):
 
 
 @functools.lru_cache(maxsize=None)
+def meta_of(A: torch.Tensor) -> torch.Tensor:
+    """A meta tensor of ``A``'s shape and dtype, to run an op for torch's result shape, dtype and errors.
+    Expanded from one element: no storage-size limit (a (2**31, 2**31) float64 shape is fine)."""
+    return torch.empty((), dtype=A.dtype, device="meta").expand(A.shape)
+
+
+def check_dtype(func, A: torch.Tensor, *rest, **kwargs) -> None:
+    """Run ``func`` on one element of ``A``'s dtype and device: torch's dtype errors, which meta kernels skip."""
+    func(torch.zeros((1,) * A.dim(), dtype=A.dtype, device=A.device), *rest, **kwargs)
+
+
 def written_positions(func) -> tuple:
     return tuple((i, a.name, a.kwarg_only) for i, a in enumerate(func._schema.arguments)
                  if a.alias_info is not None and a.alias_info.is_write)

@@ -31,7 +31,11 @@ def _foreach(func, args, kwargs):
 
     # addcmul/addcdiv take value keyword-only; their foreach forms pass it (or per-tensor scalars) positionally
     kw_only = [j for j in range(3, len(args))] if per.__name__.startswith("addc") else []
-    n = len(next(a for j, a in enumerate(args) if names[j] in zipped))
+    lists = [len(a) for j, a in enumerate(args) if names[j] in zipped and isinstance(a, (list, tuple))]
+    n = lists[0]
+    if any(k != n for k in lists):
+        raise RuntimeError(f"{func._schema.name}: every list argument must have the same number of elements "
+                           f"as the first ({n}); got lengths {lists}")
     outs = [per(*[pick(names[j], a, i) for j, a in enumerate(args) if j not in kw_only],
                 **{"value": pick(names[j], args[j], i) for j in kw_only},
                 **{k: pick(k, v, i) for k, v in kwargs.items()}) for i in range(n)]

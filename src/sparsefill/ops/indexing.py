@@ -23,6 +23,7 @@ from .. import _index
 from .._convert import coalesced_parts, dense_of, dense_to_parts, parts_to_sparse
 from .._policy import check_densify
 from .._tensor import SparseTensor
+from .fallback import meta_of
 from .registry import register
 
 aten = torch.ops.aten
@@ -129,7 +130,7 @@ def _cat(func, args, kwargs):
     if any(t.dim() != A.dim() or t.dense_dim() != A.dense_dim() or t._indefinite != A._indefinite
            or t.dtype != A.dtype for t in sparse):
         return NotImplemented
-    torch.cat([torch.empty(t.shape, device="meta") for t in tensors], dim)  # torch's shape errors
+    torch.cat([meta_of(t) for t in tensors], dim)  # torch's shape errors
     if dim >= sd:
         parts = [coalesced_parts(t) for t in tensors]
         if any(not torch.equal(p[0], parts[0][0]) for p in parts):
@@ -167,7 +168,7 @@ def _stack(func, args, kwargs):
     dim %= tensors[0].dim() + 1
     if dim > tensors[0].dim() - tensors[0].dense_dim():
         return NotImplemented
-    torch.stack([torch.empty(t.shape, device="meta") for t in tensors], dim)  # torch's shape errors
+    torch.stack([meta_of(t) for t in tensors], dim)  # torch's shape errors
     lifted = []
     for t in tensors:
         i, v = coalesced_parts(t)
@@ -225,7 +226,7 @@ def _roll(func, args, kwargs):
     A = args[0]
     shifts = list(args[1])
     dims = list(args[2]) if len(args) > 2 else list(kwargs.get("dims", []))
-    func(_meta_of(A), shifts, dims)  # torch's errors
+    func(meta_of(A), shifts, dims)  # torch's errors
     idx, vals, sd = _parts(A)
     if not dims:
         if A.dense_dim():
@@ -246,16 +247,12 @@ def _roll(func, args, kwargs):
                            args[0]._sf_layout if sd >= 2 else torch.sparse_coo, False)
 
 
-def _meta_of(A):
-    return torch.empty(A.shape, dtype=A.dtype, device="meta")
-
-
 @register(aten.tril.default, aten.triu.default)
 def _tril_triu(func, args, kwargs):
     """Elements off the kept triangle become 0: with a zero (or indefinite) fill, only stored elements move."""
     A = args[0]
     k = args[1] if len(args) > 1 else kwargs.get("diagonal", 0)
-    func(_meta_of(A), k)  # torch's errors (fewer than 2 dims)
+    func(meta_of(A), k)  # torch's errors (fewer than 2 dims)
     sd = A.dim() - A.dense_dim()
     if sd < 2 or A.dense_dim() or not (A._indefinite or A._fill_is_zero()):
         return NotImplemented
@@ -298,7 +295,7 @@ def _diagonal(func, args, kwargs):
     offset = args[1] if len(args) > 1 else kwargs.get("offset", 0)
     d1 = args[2] if len(args) > 2 else kwargs.get("dim1", 0)
     d2 = args[3] if len(args) > 3 else kwargs.get("dim2", 1)
-    meta = func(_meta_of(A), offset, d1, d2)  # torch's errors and the result's shape
+    meta = func(meta_of(A), offset, d1, d2)  # torch's errors and the result's shape
     if A.dense_dim():
         return NotImplemented
     d1, d2 = d1 % A.dim(), d2 % A.dim()

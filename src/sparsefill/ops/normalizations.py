@@ -23,8 +23,9 @@ import math
 
 import torch
 
-from .._convert import coalesce_of, coalesced_parts, dense_of, rewrap
+from .._convert import coalesce_of, coalesced_parts, dense_of, parts_to_sparse
 from .._reduce import REDUCERS, group_slices, segment_combine, times
+from .fallback import meta_of
 from .registry import register
 
 aten = torch.ops.aten
@@ -35,31 +36,31 @@ def _softmax(func, args, kwargs):
     A, dim, half_to_float = args[0], args[1], args[2]
     if A.dim() == 0:
         return func(dense_of(A), dim, half_to_float)
-    func(torch.empty(A.shape, dtype=A.dtype, device="meta"), dim, half_to_float)  # torch's errors
+    func(meta_of(A), dim, half_to_float)  # torch's errors
     dim, sd, log = dim % A.dim(), A.dim() - A.dense_dim(), func is aten._log_softmax.default
     B = A if A._coalesced else coalesce_of(A)
+    idx, vals = coalesced_parts(B)
     if dim >= sd:  # along a dense dim
         fill = B._fill if B._indefinite else func(B._fill.expand(B._dense_shape), dim - sd, half_to_float)
-        return rewrap(B, values=func(B._vals, dim - sd + 1, half_to_float), fill=fill, known_zero=False)
-    idx, vals = coalesced_parts(B)
+        return parts_to_sparse(idx, func(vals, dim - sd + 1, half_to_float), A.shape, fill, B._indefinite, False,
+                               B._sf_layout, True)
     seg, out_idx, n = group_slices(idx, B._sparse_shape, [dim])
     S = out_idx.shape[1]
     f = None if B._indefinite else B._fill.expand(B._dense_shape)
     m = REDUCERS["amax"](vals, seg, S, **({} if f is None else dict(fill=f, n_fill=n)))
-    m = torch.where(torch.isfinite(m), m, torch.zeros((), dtype=m.dtype, device=m.device))
     shifted = vals - m[seg]
     Z = segment_combine(torch.exp(shifted), seg, S, "sum")
     if f is not None:
         Z = Z + times(torch.exp(f - m), n, Z)
     out = shifted - torch.log(Z)[seg] if log else torch.exp(shifted) / Z[seg]
     if f is None:
-        return rewrap(B, values=out, known_zero=False)
+        return parts_to_sparse(idx, out, A.shape, out.new_empty(0), True, False, B._sf_layout, True)
     slice_fill = (f - m - torch.log(Z)) if log else torch.exp(f - m) / Z  # (S, *D)
     N = A.shape[dim]
     one = func(f[None], 0, half_to_float)[0]  # a slice of N fills only: 1 / N (log: -log N), or NaN
     empty = one if not N else one - math.log(N) if log else one / N
     if sd == 1:  # one slice: the fill is an array over the dense dims
-        return rewrap(B, values=out, fill=slice_fill[0] if S else empty, known_zero=False)
+        return parts_to_sparse(idx, out, A.shape, slice_fill[0] if S else empty, False, False, B._sf_layout, True)
     # the unspecified value varies by slice: dense by nature
     kept = [d for d in range(A.dim()) if d != dim]
     P = empty.expand(tuple(A.shape[d] for d in kept)).clone()

@@ -117,6 +117,9 @@ def pointwise_rule(func, args, kwargs):
         expanded = _broadcast(sparse)
         if expanded is None:
             return NotImplemented
+        if written and out is None and expanded[0][1] is not A:
+            raise RuntimeError(f"output with shape {list(A.shape)} doesn't match the broadcast shape "
+                               f"{list(expanded[0][1].shape)}")
         sparse, A = expanded, expanded[0][1]
     else:
         sparse = [(T, T) for T in sparse]

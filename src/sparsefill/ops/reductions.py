@@ -22,6 +22,7 @@ from .. import _index
 from .._convert import coalesce_of, coalesced_parts, dense_of, parts_to_sparse, rewrap
 from .._reduce import Norm, REDUCERS, Var, group_slices, segment_arg, segment_counts
 from .._tensor import SparseTensor
+from .fallback import check_dtype, meta_of
 from .registry import register
 
 aten = torch.ops.aten
@@ -48,8 +49,7 @@ def _prod_dims(x, dims, keepdim):
     return x
 
 
-def _meta(A: SparseTensor) -> torch.Tensor:
-    return torch.empty(A.shape, dtype=A.dtype, device="meta")
+_meta = meta_of
 
 
 def _reducer(name, opt):
@@ -66,6 +66,7 @@ def _reducer(name, opt):
 def _nansum(func, args, kwargs):
     """``nansum(A) = sum(where(isnan(A), 0, A))``: element-wise, then the sum."""
     A = args[0]
+    check_dtype(func, A, *args[1:], **kwargs)  # (nansum of complex raises)
     if A.is_floating_point() or A.is_complex():
         A = torch.where(torch.isnan(A), torch.zeros((), dtype=A.dtype, device=A.device), A)
     return aten.sum.dim_IntList(A, *args[1:], **kwargs) if len(args) > 1 or kwargs.get("dim") is not None \
@@ -143,6 +144,10 @@ def _handler(name, dim_pos=None, keep_pos=None, opt=None):
         dtype = kwargs.get("dtype")
         if dtype is not None:
             A = A.to(dtype)
+        if name == "logsumexp":  # integers and bool promote to float, as torch does; complex: next stage
+            if A.is_complex():
+                return NotImplemented
+            A = A if A.is_floating_point() else A.to(meta.dtype)
         dims = _dims_arg(args, kwargs, dim_pos) if dim_pos is not None else None
         keep = _keepdim_arg(args, kwargs, keep_pos) if keep_pos is not None else False
         return reduce_dims(A, name, dims, keep, meta, opt(args, kwargs) if opt else None)
@@ -196,6 +201,7 @@ def _var_std(func, args, kwargs):
     A = args[0]
     if A.dim() == 0:
         return _scalar(func, args, kwargs)
+    check_dtype(func, A, *args[1:], **kwargs)  # (var of integers raises)
     meta = func(_meta(A), *args[1:], **kwargs)
     dims, keep = _dims_arg(args, kwargs, 1), bool(kwargs.get("keepdim", False))
     dims = sorted({d % A.dim() for d in dims}) if dims else list(range(A.dim()))
@@ -237,6 +243,7 @@ def _arg(func, args, kwargs):
     A = args[0]
     if A.dim() == 0:
         return _scalar(func, args, kwargs)
+    check_dtype(func, A, *args[1:], **kwargs)  # (argmax of bool raises)
     meta = func(_meta(A), *args[1:], **kwargs)
     which = "amax" if func in (aten.argmax.default, aten.max.dim) else "amin"
     dim = args[1] if len(args) > 1 else kwargs.get("dim")
@@ -246,11 +253,13 @@ def _arg(func, args, kwargs):
     if A.dense_dim():
         sd = A.dim() - A.dense_dim()
         if dim is not None and dim % A.dim() >= sd:  # along a dense dim: on the values and on the fill
-            B = A if A._coalesced else coalesce_of(A)
+            idx, vals = coalesced_parts(A)
             d = dim % A.dim() - sd
-            out = [func(B._vals, d + 1, keep), func(B._fill.expand(B._dense_shape), d, keep)]
-            pairs = zip(out[0], out[1]) if isinstance(out[0], tuple) else [(out[0], out[1])]
-            res = tuple(rewrap(B, values=v, fill=f, known_zero=False) for v, f in pairs)
+            out = [func(vals, d + 1, keep), func(A._fill.expand(A._dense_shape), d, keep)]
+            shapes = [m.shape for m in meta] if isinstance(meta, tuple) else [meta.shape]
+            pairs = list(zip(out[0], out[1])) if isinstance(out[0], tuple) else [(out[0], out[1])]
+            res = tuple(parts_to_sparse(idx, v, shp, f, False, False, A._sf_layout, True)
+                        for (v, f), shp in zip(pairs, shapes))
             return res if isinstance(out[0], tuple) else res[0]
         from .shape import all_sparse
         f = A._fill.reshape(-1)
@@ -320,15 +329,13 @@ def _scan(func, args, kwargs):
     sd = A.dim() - A.dense_dim()
     if dim < sd:
         return NotImplemented if A._indefinite else func(dense_of(A), dim, **kwargs)
-    B = A if A._coalesced else coalesce_of(A)
-    vals = func(B._vals, dim - sd + 1, **kwargs)
-    if B._indefinite:
-        return rewrap(B, values=vals, known_zero=False) if isinstance(vals, torch.Tensor) else \
-            tuple(rewrap(B, values=v, fill=v.new_empty(0), known_zero=False) for v in vals)
-    fill = func(B._fill.expand(B._dense_shape), dim - sd, **kwargs)
-    if isinstance(vals, torch.Tensor):
-        return rewrap(B, values=vals, fill=fill, known_zero=False)
-    return tuple(rewrap(B, values=v, fill=f, known_zero=False) for v, f in zip(vals, fill))
+    idx, vals = coalesced_parts(A)
+    vals = func(vals, dim - sd + 1, **kwargs)
+    fill = None if A._indefinite else func(A._fill.expand(A._dense_shape), dim - sd, **kwargs)
+    outs, fills = (vals, fill) if isinstance(vals, tuple) else ((vals,), (fill,))
+    res = tuple(parts_to_sparse(idx, v, A.shape, v.new_empty(0) if f is None else f, A._indefinite, False,
+                                A._sf_layout, True) for v, f in zip(outs, fills or (None,) * len(outs)))
+    return res if isinstance(vals, tuple) else res[0]
 
 
 @register(aten.median.default, aten.nanmedian.default)
@@ -340,7 +347,8 @@ def _median(func, args, kwargs):
     A = args[0]
     if A.dim() == 0 or A.dense_dim() or A._indefinite:
         return _scalar(func, args, kwargs) if A.dim() == 0 else NotImplemented
-    func(_meta(A))  # torch's errors (an empty input)
+    check_dtype(func, A)  # torch's errors (bool, complex)
+    func(_meta(A))  # (an empty input)
     v, f = coalesced_parts(A)[1], A._fill.reshape(())
     n = A.numel() - v.numel()
     if func is aten.nanmedian.default:
