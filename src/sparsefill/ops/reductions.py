@@ -88,7 +88,7 @@ def reduce_dims(A: SparseTensor, name: str, dims, keepdim: bool, out_meta: torch
         vals = _DENSE[name](vals, [d + 1 for d in dn], keepdim, opt)
         fill = None if fill is None else _DENSE[name](fill, dn, keepdim, opt)
     if not sp:
-        return _finish(A, idx, vals, fill, A.shape[:sd], out_meta, A._sf_layout, True)
+        return _finish(A, idx, vals, fill, out_meta, A._sf_layout)
     r = _reducer(name, opt)
     N = _index.numel([A.shape[d] for d in sp])
     kept = [d for d in range(sd) if d not in sp]
@@ -108,16 +108,14 @@ def reduce_dims(A: SparseTensor, name: str, dims, keepdim: bool, out_meta: torch
         full = out_idx.new_zeros((sd, S))
         full[kept] = out_idx
         out_idx, kept = full, list(range(sd))
-    out_sshape = tuple(out_meta.shape[: len(kept)])
-    layout = A._sf_layout if len(kept) >= 2 else torch.sparse_coo
-    return _finish(A, out_idx, out_vals, out_fill, out_sshape, out_meta, layout, True)
+    return _finish(A, out_idx, out_vals, out_fill, out_meta, A._sf_layout if len(kept) >= 2 else torch.sparse_coo)
 
 
-def _finish(A, idx, vals, fill, sshape, out_meta, layout, coalesced):
-    dtype = out_meta.dtype
-    vals = vals.to(dtype)
-    fill = vals.new_empty(0) if fill is None else fill.to(dtype)
-    return parts_to_sparse(idx, vals, out_meta.shape, fill, A._indefinite, False, layout, coalesced)
+def _finish(A, idx, vals, fill, out_meta, layout):
+    """The SparseTensor result (coalesced parts) with ``out_meta``'s shape and dtype."""
+    vals = vals.to(out_meta.dtype)
+    fill = vals.new_empty(0) if fill is None else fill.to(out_meta.dtype)
+    return parts_to_sparse(idx, vals, out_meta.shape, fill, A._indefinite, False, layout, True)
 
 
 # ------------------------------------------------------------------ handlers
