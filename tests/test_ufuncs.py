@@ -29,7 +29,6 @@ ALL = frozenset(VARIANTS)
 DECLARED = {
     "nn.functional.rrelu": (ALL, "its samples use training=True: a random slope per element is not element-wise "
                                  "on a fill (rrelu in evaluation mode is native)"),
-    "nn.functional.prelu": ({"coo-all"}, "a SparseTensor weight is reshaped (view): shape ops are not yet native"),
 }
 CUDA_ONLY = ("jiterator_",)  # rejected on CPU by the dense op itself: no sample can be exercised
 IN_OP_DB = {id(op) for op in op_db}  # the lists also hold Python references (_refs.*): they are not ops
