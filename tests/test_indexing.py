@@ -125,3 +125,30 @@ def test_gradcheck_over_values_and_fill(name, op):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", sparsefill.DensifyWarning)  # backward formulas may scatter densely
         assert gradcheck(fn, (v, f), check_batched_grad=False)
+
+
+@pytest.mark.parametrize("accumulate", [False, True])
+@pytest.mark.parametrize("layout", [torch.sparse_coo, torch.sparse_csr])
+def test_index_put(layout, accumulate):
+    x = X[:, :, 0].clone()
+    A, y = sparsefill.to_sparse(x, fill_value=0.5, layout=layout), x.clone()
+    i, j, v = torch.tensor([0, 3, -1]), torch.tensor([1, 4, 0]), torch.tensor([9., 8., 7.], dtype=F64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", sparsefill.DensifyWarning)
+        A.index_put_((i, j), v, accumulate=accumulate)
+        y.index_put_((i, j), v, accumulate=accumulate)
+        torch.testing.assert_close(A.to_dense(), y)
+        m = y > 1
+        A[m] = -1.
+        y[m] = -1.
+        torch.testing.assert_close(A.to_dense(), y)
+        B = torch.index_put(A, (torch.tensor([2]), torch.tensor([2])), torch.tensor(3., dtype=F64))
+        torch.testing.assert_close(B.to_dense(), torch.index_put(y, (torch.tensor([2]), torch.tensor([2])),
+                                                                 torch.tensor(3., dtype=F64)))
+    torch.testing.assert_close(A.to_dense(), y)  # the functional form left A alone
+    before = A.to_dense()
+    with pytest.raises(IndexError):
+        A.index_put_((torch.tensor([9]), torch.tensor([0])), torch.tensor(1., dtype=F64))
+    with pytest.raises(RuntimeError, match="dtypes match"):
+        A.index_put_((torch.tensor([0]), torch.tensor([0])), torch.tensor(1))
+    torch.testing.assert_close(A.to_dense(), before)  # failed calls change nothing

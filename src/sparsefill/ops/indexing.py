@@ -23,7 +23,7 @@ from .. import _index
 from .._convert import coalesced_parts, dense_of, dense_to_parts, parts_to_sparse
 from .._policy import check_densify
 from .._tensor import SparseTensor
-from .fallback import meta_of
+from .fallback import assign_, meta_of
 from .registry import register
 
 aten = torch.ops.aten
@@ -306,3 +306,40 @@ def _diagonal(func, args, kwargs):
     new = torch.cat([idx[rest][:, keep], pos[None]])
     return parts_to_sparse(new, vals[keep], meta.shape, A._fill, A._indefinite, False,
                            A._sf_layout if new.shape[0] >= 2 else torch.sparse_coo, False)
+
+
+@register(aten.index_put_.default, aten.index_put.default, aten._index_put_impl_.default)
+def _index_put(func, args, kwargs):
+    """``A[i0, i1, ...] = v`` with one index tensor per dim (bool masks count for the dims they span):
+    the written positions join the pattern (a union by linear keys); ``accumulate=True`` adds to the
+    current values (the fill where unspecified).  Other index forms: next stage."""
+    A, indices, values = args[0], list(args[1]), args[2]
+    accumulate = args[3] if len(args) > 3 else kwargs.get("accumulate", False)
+    if A.dense_dim() or isinstance(values, SparseTensor) or any(t is None for t in indices) or \
+            (A._indefinite and accumulate):
+        return NotImplemented
+    if values.dtype != A.dtype:
+        raise RuntimeError(f"Index put requires the source and destination dtypes match, got {A.dtype} for the "
+                           f"destination and {values.dtype} for the source.")
+    coords = []
+    for t in indices:
+        coords += list(t.nonzero().T) if t.dtype in (torch.bool, torch.uint8) else [t]
+    if len(coords) != A.dim():
+        return NotImplemented
+    coords = [c.reshape(-1) for c in torch.broadcast_tensors(*coords)]
+    for d, c in enumerate(coords):
+        if c.numel() and not bool(((c >= -A.shape[d]) & (c < A.shape[d])).all()):
+            raise IndexError(f"index_put_: index out of range for dimension {d} of size {A.shape[d]}")
+    new = torch.stack([c % max(A.shape[d], 1) for d, c in enumerate(coords)]) if coords else \
+        torch.zeros(0, 1, dtype=torch.int64, device=A.device)
+    v = values.expand(new.shape[1:]).reshape(-1)  # (torch's broadcasting of values)
+    idx, vals = coalesced_parts(A)
+    k_old, k_new = _index.linearize(idx, A.shape), _index.linearize(new, A.shape)
+    union, inv = _index.unique_inverse(torch.cat([k_old, k_new]))
+    inv_old, inv_new = inv[: k_old.numel()], inv[k_old.numel():]
+    out = (vals.new_zeros(()) if A._indefinite else A._fill.reshape(())).expand(union.numel()).clone()
+    out.index_copy_(0, inv_old, vals)
+    out.index_put_((inv_new,), v, accumulate=bool(accumulate))
+    res = parts_to_sparse(_index.unravel(union, A.shape), out, A.shape, A._fill, A._indefinite, False,
+                          A._sf_layout, True)
+    return res if func is aten.index_put.default else assign_(A, res)
