@@ -152,3 +152,21 @@ def test_index_put(layout, accumulate):
     with pytest.raises(RuntimeError, match="dtypes match"):
         A.index_put_((torch.tensor([0]), torch.tensor([0])), torch.tensor(1))
     torch.testing.assert_close(A.to_dense(), before)  # failed calls change nothing
+
+
+SCATTERS = {"scatter1": lambda t, i, s: t.scatter(1, i, s), "scatter0": lambda t, i, s: t.scatter(0, i, s),
+            "scatter_value": lambda t, i, s: t.scatter(1, i, 2.5), "scatter_add": lambda t, i, s: t.scatter_add(1, i, s),
+            "scatter_": lambda t, i, s: t.clone().scatter_(0, i, 1.0),
+            "scatter_add_": lambda t, i, s: t.clone().scatter_add_(1, i, s)}
+
+
+@pytest.mark.parametrize("name", list(SCATTERS))
+@pytest.mark.parametrize("layout", [torch.sparse_coo, torch.sparse_csr])
+def test_scatter(layout, name):
+    x = X[:, :, 0].clone()
+    A = sparsefill.to_sparse(x, fill_value=0.5, layout=layout)
+    idx, src = torch.tensor([[0, 1, 2], [3, 0, 1]]), torch.arange(12, dtype=F64).reshape(2, 6)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", sparsefill.DensifyWarning)
+        out = SCATTERS[name](A, idx, src)
+    torch.testing.assert_close(out.to_dense(), SCATTERS[name](x, idx, src))

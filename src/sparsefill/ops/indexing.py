@@ -326,13 +326,15 @@ def _index_put(func, args, kwargs):
         coords += list(t.nonzero().T) if t.dtype in (torch.bool, torch.uint8) else [t]
     if len(coords) != A.dim():
         return NotImplemented
-    coords = [c.reshape(-1) for c in torch.broadcast_tensors(*coords)]
+    coords = torch.broadcast_tensors(*coords)
+    bshape = coords[0].shape if coords else ()
+    coords = [c.reshape(-1) for c in coords]
     for d, c in enumerate(coords):
         if c.numel() and not bool(((c >= -A.shape[d]) & (c < A.shape[d])).all()):
             raise IndexError(f"index_put_: index out of range for dimension {d} of size {A.shape[d]}")
     new = torch.stack([c % max(A.shape[d], 1) for d, c in enumerate(coords)]) if coords else \
         torch.zeros(0, 1, dtype=torch.int64, device=A.device)
-    v = values.expand(new.shape[1:]).reshape(-1)  # (torch's broadcasting of values)
+    v = values.expand(bshape).reshape(-1)  # (torch's broadcasting of values)
     idx, vals = coalesced_parts(A)
     k_old, k_new = _index.linearize(idx, A.shape), _index.linearize(new, A.shape)
     union, inv = _index.unique_inverse(torch.cat([k_old, k_new]))
@@ -343,3 +345,22 @@ def _index_put(func, args, kwargs):
     res = parts_to_sparse(_index.unravel(union, A.shape), out, A.shape, A._fill, A._indefinite, False,
                           A._sf_layout, True)
     return res if func is aten.index_put.default else assign_(A, res)
+
+
+@register(aten.scatter.src, aten.scatter.value, aten.scatter_.src, aten.scatter_.value,
+          aten.scatter_add.default, aten.scatter_add_.default)
+def _scatter(func, args, kwargs):
+    """``scatter(A, d, index, src)``: ``A[..., index[i], ...] = src[i]`` along ``d`` at ``index``'s positions —
+    an ``index_put`` with one coordinate tensor per dim (``scatter_add``: with ``accumulate``)."""
+    A, dim, index, src = args[0], args[1], args[2], args[3]
+    if isinstance(index, SparseTensor) or isinstance(src, SparseTensor) or "reduce" in kwargs:
+        return NotImplemented
+    func(meta_of(A), dim, index.to("meta"), src.to("meta") if isinstance(src, torch.Tensor) else src)  # torch's errors
+    dim %= max(A.dim(), 1)
+    grid = list(torch.meshgrid(*[torch.arange(n, device=index.device) for n in index.shape], indexing="ij"))
+    grid[dim] = index
+    values = src[tuple(slice(0, n) for n in index.shape)] if isinstance(src, torch.Tensor) \
+        else torch.full(index.shape, src, dtype=A.dtype, device=A.device)
+    name = func._schema.name.split("::")[1]
+    put = aten.index_put_.default if name.endswith("_") else aten.index_put.default
+    return put(A, grid, values.to(A.dtype), name.startswith("scatter_add"))
