@@ -37,7 +37,8 @@ import torch
 from ._index import linearize, numel, unravel
 
 __all__ = ["Reducer", "LogSumExp", "Var", "Norm", "REDUCERS", "segment_combine", "segment_counts",
-           "segment_arg", "broadcast_seg", "group_slices"]
+           "segment_arg", "broadcast_seg", "group_slices",
+           "first_gap"]
 
 _SCATTER_IDENTITY = {"sum": 0, "prod": 1, "amax": -math.inf, "amin": math.inf}
 
@@ -229,6 +230,24 @@ def segment_arg(values: torch.Tensor, seg: torch.Tensor, num_segments: int, posi
         fp = _bcast(fill_position, out)
         out = torch.where(fhit & (fp >= 0), torch.minimum(out, fp.expand_as(out)), out)
     return torch.where(out == big, torch.full_like(out, -1), out)
+
+
+def first_gap(seg: torch.Tensor, pos: torch.Tensor, num_segments: int, presorted: bool = False) -> torch.Tensor:
+    """Per segment, the smallest non-negative position not among its ``pos`` (the count when they are
+    ``0 .. count - 1``): the first unspecified position of a slice, where argmax finds a winning fill.
+    Sorted by (segment, position), the k-th element of a segment sits at position k until the first
+    gap.  ``presorted``: ``pos`` already ascends within every segment.
+
+    >>> first_gap(torch.tensor([0, 0, 1, 1]), torch.tensor([0, 2, 0, 1]), 3).tolist()
+    [1, 2, 0]
+    """
+    order = torch.arange(seg.numel(), device=seg.device) if presorted else torch.argsort(pos, stable=True)
+    order = order[torch.argsort(seg[order], stable=True)]
+    s, p = seg[order], pos[order]
+    counts = segment_counts(s, num_segments)
+    rank = torch.arange(s.numel(), device=s.device) - (torch.cumsum(counts, 0) - counts)[s]
+    bad = p != rank
+    return counts.clone().scatter_reduce(0, s[bad], rank[bad], "amin", include_self=True)
 
 
 def group_slices(indices: torch.Tensor, sparse_shape, dims):

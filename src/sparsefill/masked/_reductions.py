@@ -28,7 +28,7 @@ import math
 import torch
 
 from .. import _index
-from .._reduce import identity_of
+from .._reduce import first_gap, identity_of
 from . import _engine as E
 from ._apply import Result, dense_mask, run
 from ._canon import as_sparse, is_sparse
@@ -238,7 +238,7 @@ def _argext(name, mode):
             key_r = _index.linearize(X.indices()[sl.red_s], [X.S[d] for d in sl.red_s])
             pos = (key_r[:, None, None] * sl.Pr + pr).expand(-1, sl.Pk, sl.Pr).reshape(-1)
             (F, n), (F0, n0) = sl.fill_classes(feff, counts=True)
-            mex = _first_gap(sl.seg_row, key_r, sl.S_out)
+            mex = first_gap(sl.seg_row, key_r, sl.S_out, presorted=True)
             fpos = (mex[:, None, None] * sl.Pr + pr).expand(sl.S_out, sl.Pk, sl.Pr).reshape(sl.nseg, sl.Pr)
             out = E.seg_arg(v, seg, sl.nseg, pos, F, n, fpos, mode)
             out0 = E.seg_arg(v[:0], seg[:0], sl.Pk, pos[:0], F0, n0, pr.expand(sl.Pk, sl.Pr), mode)
@@ -250,19 +250,6 @@ def _argext(name, mode):
                   "dim)`` (first index on ties, NaN is the extreme; the result has the input's dtype, as "
                   "torch.masked); fully masked-out slices give 0.")
     return op
-
-
-def _first_gap(seg_row, key_r, nseg):
-    """Per segment, the smallest non-negative key not among its (ascending) ``key_r``: the first
-    unspecified position along the reduced dims."""
-    counts = torch.bincount(seg_row, minlength=nseg)[:nseg] if seg_row.numel() else \
-        torch.zeros(nseg, dtype=torch.int64, device=seg_row.device)
-    order = torch.argsort(seg_row, stable=True)
-    s = seg_row[order]
-    start = torch.cumsum(counts, 0) - counts
-    rank = torch.arange(s.numel(), device=s.device) - start[s]
-    bad = key_r[order] != rank
-    return counts.clone().scatter_reduce(0, s[bad], rank[bad], "amin", include_self=True)
 
 
 argmax = _argext("argmax", "amax")

@@ -12,8 +12,9 @@ varies along the sparse dims makes the result dense by nature: computed densely,
 Each fill goes through the op as a batch of one, ``(1, *fill.shape)``, so that type
 promotion and broadcasting treat it as they treat the values.  Uncoalesced inputs are
 coalesced first (``f`` of a sum is not the sum of ``f``).  An indefinite operand leaves the
-result unspecified wherever it is unspecified.  SparseTensors of different shapes go to the
-next stage.
+result unspecified wherever it is unspecified, and a dense operand that varies along the sparse
+dims is then read only there.  SparseTensors broadcast over size-1 dims (their stored elements
+repeat along the expanded dims); ``out=`` stores into a SparseTensor.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import functools
 
 import torch
 
-from .._convert import coalesce_of, coalesced_parts, dense_of, parts_to_sparse, rewrap, union_parts
+from .._convert import coalesce_of, dense_of, parts_to_sparse, rewrap, union_parts
 from .._tensor import SparseTensor
 from .fallback import assign_, flat_args, written_args, written_positions
 
@@ -125,7 +126,8 @@ def pointwise_rule(func, args, kwargs):
         sparse = [(T, T) for T in sparse]
     indefinite = any(E._indefinite for _, E in sparse)
     dense_ops = [t for t in tensors if not isinstance(t, SparseTensor) and t.dim()]
-    varying = [t for t in dense_ops if _over_dense_dims(t, A) is None]
+    over = {id(t): _over_dense_dims(t, A) for t in dense_ops}
+    varying = [t for t in dense_ops if over[id(t)] is None]
     if varying:  # dense operands that vary along the sparse dims
         if not indefinite or A.dense_dim():  # the result is dense by nature
             return NotImplemented if written else _dense_call(func, args, kwargs, tensors)
@@ -134,11 +136,11 @@ def pointwise_rule(func, args, kwargs):
             shape = torch.broadcast_shapes(A.shape, *[t.shape for t in dense_ops])
         except RuntimeError:
             return NotImplemented
-        sparse = [(T, E if E.shape == shape else _expand(E, shape)) for T, E in sparse]
-        A = sparse[0][1]
-    for t in dense_ops:
-        if not any(t is v for v in varying):
-            sub[id(t)] = _over_dense_dims(t, A)
+        if shape != A.shape:
+            sparse = [(T, E if E.shape == shape else _expand(E, shape)) for T, E in sparse]
+            A = sparse[0][1]
+            over = {id(t): _over_dense_dims(t, A) for t in dense_ops}
+    sub.update({k: v for k, v in over.items() if v is not None})
     build, at = _align([E for _, E in sparse], layout)
     if varying:
         idx = build(at[id(A)], None)._coo_parts()[0]  # the result's positions
@@ -194,20 +196,9 @@ def _broadcast(sparse):
 
 
 def _expand(T: SparseTensor, shape) -> SparseTensor:
-    """``T`` (coalesced) expanded to ``shape`` physically, as an uncoalesced-flagged COO SparseTensor."""
-    idx, vals = coalesced_parts(T)
-    sd = len(shape) - T.dense_dim()
-    lead = sd - idx.shape[0]
-    src = (1,) * lead + tuple(T._sparse_shape)
-    idx = torch.cat([idx.new_zeros(lead, idx.shape[1]), idx])
-    for d in range(sd):
-        n, k = shape[d], idx.shape[1]
-        if src[d] == 1 and n != 1:
-            idx = idx.repeat(1, n)
-            idx[d] = torch.arange(n, device=idx.device).repeat_interleave(k)
-            vals = vals.repeat(n, *([1] * (vals.dim() - 1)))
-    return SparseTensor(torch.sparse_coo, shape, vals, T._fill, indices=idx, indefinite=T._indefinite,
-                        coalesced=False)
+    """``T`` expanded to ``shape`` physically (``shape.expand``: the stored elements repeat)."""
+    from .shape import expand  # (shape.py imports the registry, which imports this module)
+    return expand(T, list(shape))
 
 
 def _align(sparse, layout):

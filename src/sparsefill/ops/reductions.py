@@ -7,7 +7,7 @@
   each slice folds ``n = prod(size[R]) - count`` copies of the fill; the result is sparse over the
   kept sparse dims, its fill the reduction of ``prod(size[R])`` fills; reducing every sparse dim
   gives a dense result (dense by nature);
-* both: dense dims first, then sparse dims (for the reducers that compose so: all but var/std).
+* both: dense dims first, then sparse dims (every reducer here composes so; var/std use shifted sums).
 
 An indefinite fill skips the unspecified elements (masked semantics) and stays indefinite.
 Output dtype and shape, and torch's own errors (bad dims, mean of integers), come from running the
@@ -20,7 +20,7 @@ import torch
 
 from .. import _index
 from .._convert import coalesce_of, coalesced_parts, dense_of, parts_to_sparse, rewrap
-from .._reduce import Norm, REDUCERS, Var, group_slices, segment_arg, segment_counts
+from .._reduce import Norm, REDUCERS, first_gap, group_slices, segment_arg
 from .._tensor import SparseTensor
 from .fallback import check_dtype, meta_of
 from .registry import register
@@ -38,9 +38,7 @@ _DENSE = {
     "all": lambda x, d, k, o: torch.all(x, d, k),
     "any": lambda x, d, k, o: torch.any(x, d, k),
     "norm": lambda x, d, k, o: torch.linalg.vector_norm(x, o, d, k),
-    "var": lambda x, d, k, o: torch.var(x, d, correction=o, keepdim=k),
 }
-_SEQUENTIAL = {"sum", "mean", "prod", "amax", "amin", "logsumexp", "all", "any", "norm"}  # compose dims in stages
 
 
 def _prod_dims(x, dims, keepdim):
@@ -49,14 +47,9 @@ def _prod_dims(x, dims, keepdim):
     return x
 
 
-_meta = meta_of
-
-
 def _reducer(name, opt):
     if name == "norm":
         return Norm(opt)
-    if name == "var":
-        return Var(opt)
     if name in ("all", "any"):
         return REDUCERS["amin" if name == "all" else "amax"]
     return REDUCERS[name]
@@ -78,8 +71,6 @@ def reduce_dims(A: SparseTensor, name: str, dims, keepdim: bool, out_meta: torch
     nd, sd = A.dim(), A.dim() - A.dense_dim()
     dims = sorted({d % nd for d in dims}) if dims and nd else list(range(nd))
     sp, dn = [d for d in dims if d < sd], [d - sd for d in dims if d >= sd]
-    if sp and dn and name not in _SEQUENTIAL:
-        return NotImplemented
     idx, vals = coalesced_parts(A)
     if name in ("all", "any"):
         vals = vals.bool()
@@ -138,7 +129,7 @@ def _handler(name, dim_pos=None, keep_pos=None, opt=None):
         A = args[0]
         if A.dim() == 0:
             return _scalar(func, args, kwargs)
-        meta = func(_meta(A), *args[1:], **kwargs)
+        meta = func(meta_of(A), *args[1:], **kwargs)
         dtype = kwargs.get("dtype")
         if dtype is not None:
             A = A.to(dtype)
@@ -178,7 +169,7 @@ def _vector_norm(func, args, kwargs):
     A = args[0]
     if A.dim() == 0:
         return _scalar(func, args, kwargs)
-    meta = func(_meta(A), *args[1:], **kwargs)
+    meta = func(meta_of(A), *args[1:], **kwargs)
     return reduce_dims((A != 0).to(meta.dtype), "sum", _dims_arg(args, kwargs, 2), _keepdim_arg(args, kwargs, 3),
                        meta)
 
@@ -200,7 +191,7 @@ def _var_std(func, args, kwargs):
     if A.dim() == 0:
         return _scalar(func, args, kwargs)
     check_dtype(func, A, *args[1:], **kwargs)  # (var of integers raises)
-    meta = func(_meta(A), *args[1:], **kwargs)
+    meta = func(meta_of(A), *args[1:], **kwargs)
     dims, keep = _dims_arg(args, kwargs, 1), bool(kwargs.get("keepdim", False))
     dims = sorted({d % A.dim() for d in dims}) if dims else list(range(A.dim()))
     B = A if A._indefinite else A - _shift(A, dims)
@@ -230,7 +221,7 @@ def _count_nonzero(func, args, kwargs):
     A = args[0]
     if A.dim() == 0:
         return _scalar(func, args, kwargs)
-    meta = func(_meta(A), *args[1:], **kwargs)
+    meta = func(meta_of(A), *args[1:], **kwargs)
     return reduce_dims(A != 0, "sum", _dims_arg(args, kwargs, 1), False, meta)
 
 
@@ -242,7 +233,7 @@ def _arg(func, args, kwargs):
     if A.dim() == 0:
         return _scalar(func, args, kwargs)
     check_dtype(func, A, *args[1:], **kwargs)  # (argmax of bool raises)
-    meta = func(_meta(A), *args[1:], **kwargs)
+    meta = func(meta_of(A), *args[1:], **kwargs)
     which = "amax" if func in (aten.argmax.default, aten.max.dim) else "amin"
     dim = args[1] if len(args) > 1 else kwargs.get("dim")
     keep = _keepdim_arg(args, kwargs, 2)
@@ -267,8 +258,8 @@ def _arg(func, args, kwargs):
         if A is None:
             return NotImplemented
     if dim is None:  # over the flattened tensor
-        flat_idx = _index.linearize(*coalesced_parts(A)[:1], A.shape)[None]
-        B = SparseTensor(torch.sparse_coo, (A.numel(),), coalesced_parts(A)[1], A._fill, indices=flat_idx,
+        idx, vals = coalesced_parts(A)
+        B = SparseTensor(torch.sparse_coo, (A.numel(),), vals, A._fill, indices=_index.linearize(idx, A.shape)[None],
                          coalesced=True)
         return _arg_dim(B, 0, False, which, meta, values=False)
     return _arg_dim(A, dim % max(A.dim(), 1), keep, which, meta, values=func in (aten.max.dim, aten.min.dim))
@@ -281,8 +272,8 @@ def _arg_dim(A, dim, keep, which, meta, values):
     r = REDUCERS[which]
     best = r(vals, seg, S, fill=A._fill, n_fill=n_fill)
     pos = idx[dim] if A.dim() else torch.zeros_like(seg)
-    first_gap = _first_unspecified(pos, seg, S, size)
-    arg = segment_arg(vals, seg, S, pos, best, fill=A._fill, fill_position=first_gap)
+    gap = first_gap(seg, pos, S)
+    arg = segment_arg(vals, seg, S, pos, best, fill=A._fill, fill_position=torch.where(gap < size, gap, -1))
     out_shape = meta[0].shape if values else meta.shape
     # slices with no stored element: the fill at position 0
     kept = [d for d in range(A.dim()) if d != dim]
@@ -298,21 +289,6 @@ def _arg_dim(A, dim, keep, which, meta, values):
     return (dense_val, dense_arg) if values else dense_arg
 
 
-def _first_unspecified(pos, seg, S, size):
-    """Per slice, the smallest position in ``range(size)`` that holds no stored element (-1 if none).
-    Sorted by (slice, position), the k-th element of a slice sits at position k until the first gap."""
-    order = torch.argsort(seg * size + pos)  # slices contiguous, positions ascending within each
-    seg, pos = seg[order], pos[order]
-    counts = segment_counts(seg, S)
-    start = torch.cumsum(counts, 0) - counts
-    rank = torch.arange(seg.numel(), device=seg.device) - start[seg]
-    big = torch.iinfo(torch.int64).max
-    gap = torch.full((S,), big, dtype=torch.int64, device=seg.device)
-    gap.scatter_reduce_(0, seg, torch.where(pos != rank, rank, big), "amin")
-    gap = torch.where(gap == big, counts, gap)
-    return torch.where(gap < size, gap, torch.full_like(gap, -1))
-
-
 # ------------------------------------------------------------------ scans and medians
 @register(aten.cumsum.default, aten.cumprod.default, aten.cummax.default, aten.cummin.default,
           aten.logcumsumexp.default, aten._logcumsumexp.default)
@@ -322,7 +298,7 @@ def _scan(func, args, kwargs):
     A, dim = args[0], args[1]
     if A.dim() == 0:
         return _scalar(func, args, kwargs)
-    func(_meta(A), *args[1:], **kwargs)  # torch's errors
+    func(meta_of(A), *args[1:], **kwargs)  # torch's errors
     dim %= A.dim()
     sd = A.dim() - A.dense_dim()
     if dim < sd:
@@ -346,7 +322,7 @@ def _median(func, args, kwargs):
     if A.dim() == 0 or A.dense_dim() or A._indefinite:
         return _scalar(func, args, kwargs) if A.dim() == 0 else NotImplemented
     check_dtype(func, A)  # torch's errors (bool, complex)
-    func(_meta(A))  # (an empty input)
+    func(meta_of(A))  # (an empty input)
     v, f = coalesced_parts(A)[1], A._fill.reshape(())
     n = A.numel() - v.numel()
     if func is aten.nanmedian.default:
