@@ -25,6 +25,8 @@ def pytest_terminal_summary(terminalreporter):
     tr.write_line(f"ops: {len(REPORT)} run ({dict(per_op)}); ops without float64 support: {len(NO_FLOAT64)}")
     tr.write_line(f"(op, variant, sample) outcomes: {dict(by_outcome)}")
     tr.write_line("native: " + ", ".join(sorted(k for k, v in how.items() if v == "native")))
+    tr.write_line("densify (partly or wholly computed by the dense fallback): "
+                  + ", ".join(sorted(k for k, v in how.items() if v == "densify")))
     for name, (reason, _) in sorted(DECLARED.items()):
         tr.write_line(f"declared {name}: {reason}")
     ne = sorted(k for k, v in how.items() if v == "not exercised")

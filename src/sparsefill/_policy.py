@@ -102,3 +102,15 @@ def check_densify(what: str, nbytes: int) -> None:
     if pol.mode == "warn":
         warnings.warn(f"{what}: computed by densifying ({nbytes} bytes)", DensifyWarning,
                       stacklevel=_caller_stacklevel())
+
+
+SPECIFY_QUIET_ELEMENTS = 1 << 16
+
+
+def check_specify(what: str, n_elements: int, element_size: int) -> None:
+    """A result that is dense by nature in part: ``n_elements`` unspecified elements must be stored
+    explicitly (e.g. ``cat`` of operands with different fills, a fill that cannot stay uniform).
+    Quiet up to ``SPECIFY_QUIET_ELEMENTS``; past it, the densify policy applies (a DensifyWarning
+    by default) to the bytes they take."""
+    if n_elements > SPECIFY_QUIET_ELEMENTS:
+        check_densify(what, n_elements * element_size)

@@ -6,7 +6,7 @@
 Along a sparse dim the stored elements are filtered and their index re-based; along a dense dim
 the op runs on the values and on the fill.  ``cat`` of operands with different fills keeps the
 fill of the largest operand and specifies every element of the others (a DensifyWarning when
-those parts hold more than ``CAT_QUIET_ELEMENTS`` elements).
+those parts hold more than ``_policy.SPECIFY_QUIET_ELEMENTS`` elements).
 
 >>> import torch, sparsefill
 >>> A = sparsefill.sparse_coo_tensor([[0, 2], [1, 0]], [1., 2.], (3, 2), fill_value=5.)
@@ -21,13 +21,12 @@ import torch
 
 from .. import _index
 from .._convert import coalesced_parts, dense_of, dense_to_parts, parts_to_sparse
-from .._policy import check_densify
+from .._policy import check_specify
 from .._tensor import SparseTensor
 from .fallback import assign_, meta_of
 from .registry import register
 
 aten = torch.ops.aten
-CAT_QUIET_ELEMENTS = 1 << 16
 
 
 def _parts(A):
@@ -142,8 +141,7 @@ def _cat(func, args, kwargs):
     idxs, valss, offset = [], [], 0
     for t in tensors:
         if not A._indefinite and not torch.equal(_dense_fill(t), fill):  # specify t's every element
-            if t.numel() > CAT_QUIET_ELEMENTS:
-                check_densify("cat of operands with different fills", t.numel() * t.element_size())
+            check_specify("cat of operands with different fills", t.numel(), t.element_size())
             i, v = dense_to_parts(dense_of(t), A._fill, False, t.dense_dim())
         else:
             i, v = coalesced_parts(t)
