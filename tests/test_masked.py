@@ -84,22 +84,71 @@ NORMALIZE = {2.0: torch.tensor([[-0.9487, 0.0000, -0.3162], [0.0000, 0.0000, 0.0
 @pytest.mark.parametrize("layout", list(_layouts(X)))
 @pytest.mark.parametrize("mask_layout", list(_masks(MASK)))
 def test_rfc_normalization_table_every_layout(layout, mask_layout):
-    """Exact at every element, except that a sparse result's fully masked-out row reads the result's fill
-    (0 for softmax, -inf for log_softmax) where torch.masked gives NaN (the RFC: no guaranteed value)."""
+    """Exact at every element, the fully masked-out row's NaN included (the drop-in promise)."""
     x, m = _layouts(X)[layout], _masks(MASK)[mask_layout]
     sparse = layout != "strided"
-    for op, want, row1 in [(M.softmax, SOFTMAX, 0.0), (M.log_softmax, LOG_SOFTMAX, -INF)]:
+    for op, want in [(M.softmax, SOFTMAX), (M.log_softmax, LOG_SOFTMAX)]:
         out = op(x, 1, dtype=torch.double, mask=m)
         assert isinstance(out, SparseTensor) == sparse
         d = _dense(out)
         assert d.dtype == torch.float64
-        assert_close(d[0], want[0], atol=5e-5, rtol=0)
-        if not sparse:
-            assert_close(d[1], want[1], equal_nan=True)
-        elif not out.is_fill_indefinite():
-            assert_close(d[1], torch.full((3,), row1, dtype=torch.float64))
+        assert_close(d, want, atol=5e-5, rtol=0, equal_nan=True)
+        assert_close(d, getattr(torch.masked, op.__name__)(X, 1, dtype=torch.double, mask=MASK), equal_nan=True)
     for p, want in NORMALIZE.items():
-        assert_close(_dense(M.normalize(x, p, 1, mask=m)).float(), want, atol=5e-5, rtol=0)
+        out = _dense(M.normalize(x, p, 1, mask=m))
+        assert_close(out.float(), want, atol=5e-5, rtol=0)
+        assert_close(out, torch.masked.normalize(X, p, 1, mask=MASK))
+    for op in [M.softmin, M.cumsum, M.cumprod]:  # not in the RFC's table: torch.masked's values
+        assert_close(_dense(op(x, 1, mask=m)), getattr(torch.masked, op.__name__)(X, 1, mask=MASK), equal_nan=True)
+
+
+def test_normalization_fill_is_chosen_by_counts():
+    """The result's fill is the value of the larger group of unspecified elements (fully masked-out
+    slices: NaN; partly masked-in slices: 0 / -inf); the smaller group is stored."""
+    # 6 x 5, three stored rows: 3 empty rows (15 NaN elements) vs 3 * 3 = 9 unspecified 0s: fill NaN
+    idx = torch.tensor([[0, 0, 2, 2, 4, 4], [0, 3, 1, 4, 2, 3]])
+    A = sparsefill.sparse_coo_tensor(idx, torch.arange(6.), (6, 5))
+    m = M.pattern_mask(A)
+    for op in [M.softmax, M.log_softmax, M.softmin]:
+        out = op(A, 1, mask=m)
+        assert math.isnan(out._fill_value().item()) and out._nse() == 15, op.__name__
+        assert_close(out.to_dense(), getattr(torch.masked, op.__name__)(A.to_dense(), 1, mask=m.to_dense()),
+                     equal_nan=True)
+    # one empty row of five (5 NaNs) vs 4 * 3 = 12 unspecified 0s: fill 0, the empty row stored
+    B = sparsefill.sparse_coo_tensor(torch.tensor([[0, 0, 1, 1, 2, 2, 3, 3], [0, 3, 1, 4, 2, 3, 0, 1]]),
+                                     torch.arange(8.), (5, 5), fill_value=0.0)
+    for layout in [torch.sparse_coo, torch.sparse_csr]:
+        Bl = B if layout is torch.sparse_coo else B.to_sparse_csr()
+        out = M.softmax(Bl, 1, mask=M.pattern_mask(Bl))
+        assert out.sparse_layout is layout and out._fill_value().item() == 0.0 and out._nse() == 8 + 5
+        assert_close(out.to_dense(), torch.masked.softmax(B.to_dense(), 1, mask=M.pattern_mask(B).to_dense()),
+                     equal_nan=True)
+    # the pattern-as-mask use with no empty row adds nothing: the input's own index tensors
+    C = sparsefill.sparse_coo_tensor(torch.tensor([[0, 1, 2], [1, 0, 2]]), torch.ones(3), (3, 3)).to_sparse_csr()
+    out = M.log_softmax(C, 1, mask=M.pattern_mask(C))
+    assert out._nse() == 3 and out.crow_indices() is C.crow_indices() and out._fill_value().item() == -INF
+    # along dim 0 with a dense dim: unspecified rows are fully masked-out slices
+    H = sparsefill.to_sparse(torch.tensor([[1., 2.], [0., 0.], [3., 4.]]), dense_dim=1)
+    out = M.softmax(H, 1, mask=M.pattern_mask(H))
+    assert math.isnan(out._fill_value().item()) and out._nse() == 2
+    # an indefinite fill keeps its pattern; a fully masked-out stored slice reads NaN
+    D = sparsefill.sparse_coo_tensor(idx, torch.arange(6.), (6, 5), fill_value=sparsefill.indefinite)
+    mk = torch.ones(6, 5, dtype=torch.bool)
+    mk[2] = False
+    out = M.softmax(D, 1, mask=mk)
+    assert out.is_fill_indefinite() and torch.equal(out._indices(), D._indices())
+    assert torch.isnan(out._values()[2:4]).all() and not torch.isnan(out._values()[[0, 1, 4, 5]]).any()
+
+
+def test_normalization_storing_many_masked_out_elements_warns(monkeypatch):
+    from sparsefill.masked import _normalizations
+    monkeypatch.setattr(_normalizations, "QUIET_ELEMENTS", 4)
+    A = sparsefill.sparse_coo_tensor(torch.tensor([[0], [0]]), torch.ones(1), (10, 10))
+    with pytest.warns(sparsefill.DensifyWarning, match="softmax"):  # 9 unspecified 0s in row 0 are stored
+        out = M.softmax(A, 1, mask=M.pattern_mask(A))
+    assert out._nse() == 10 and math.isnan(out._fill_value().item())
+    with pytest.warns(sparsefill.DensifyWarning, match="cumsum"):   # running values after (0, 0)
+        assert M.cumsum(A, 1, mask=M.pattern_mask(A))._nse() == 10
 
 
 def test_rfc_normalization_pattern_is_kept():
@@ -190,9 +239,12 @@ def test_huge_shape_is_never_densified():
         assert M.amax(A, 0, mask=m)._nse() == 4
         assert M.argmax(A, 1, mask=m)._values().tolist() == [float(n - 1), 3.0, 0.0]
         assert M.median(A, 1, mask=m)._nse() == 3
-        assert_close(M.softmax(A, 1, mask=m)._values(), torch.tensor([math.exp(-1) / (1 + math.exp(-1)),
-                                                                      1 / (1 + math.exp(-1)), 1., 1.]))
-        assert M.cumsum(A, 1, mask=m)._values().tolist() == [1., 3., -3., 4.]
+        Ai = sparsefill.sparse_coo_tensor(A._indices(), A._values(), A.shape, fill_value=sparsefill.indefinite)
+        assert_close(M.softmax(Ai, 1)._values(), torch.tensor([math.exp(-1) / (1 + math.exp(-1)),
+                                                               1 / (1 + math.exp(-1)), 1., 1.]))
+        with pytest.raises(sparsefill.DensifyError):
+            M.softmax(A, 1, mask=m)  # drop-in: the 3 * 10^6 unspecified 0s of the 3 stored rows are stored
+        assert M.cumsum(Ai, 1)._values().tolist() == [1., 3., -3., 4.]
         assert M.sum(A, 1)._nse() == 3                    # fill 0 masked in: closed form
         assert M.prod(A, 1)._fill_value().item() == 0.0
         assert M.normalize(A, 2.0, 1)._nse() == 4        # zero fill stays zero
@@ -202,7 +254,8 @@ def test_huge_shape_is_never_densified():
         with pytest.raises(sparsefill.DensifyError):
             M.amax(A, 1, mask=wide)                        # would join 10^12 masked-in fill elements
         C = A.to_sparse_csr()
-        assert M.log_softmax(C, 1, mask=M.pattern_mask(C)).sparse_layout is torch.sparse_csr
+        with pytest.raises(sparsefill.DensifyError):
+            M.log_softmax(C, 1, mask=M.pattern_mask(C))
         with pytest.raises(sparsefill.DensifyError):
             M.softmax(A, 1)                               # dense by nature: every element masked in
 
@@ -331,8 +384,9 @@ def test_random_layouts_against_torch_masked():
                 getattr(M, op)(A, *args, mask=mv, **kw)
             continue
         got = _dense(getattr(M, op)(A, *args, mask=mv, **kw))
-        where = torch.ones(ref.shape, dtype=torch.bool) if ref_mask is None else \
-            torch.masked._ops._output_mask(getattr(torch.masked, op), xm, *args, mask=ref_mask, **kw).expand(ref.shape)
+        where = torch.ones(ref.shape, dtype=torch.bool)  # every position (drop-in), but an indefinite fill's
+        if A.is_fill_indefinite() and ref.shape == xm.shape:   # normalization has no value off its pattern
+            where = M.pattern_mask(A).to_dense()
         assert got.shape == ref.shape and got.dtype == ref.dtype, (op, args, kw)
         assert_close(got[where], ref[where], equal_nan=True, msg=lambda s: f"{op} {args} {kw}: {s}")
         checked += 1

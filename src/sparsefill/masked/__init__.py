@@ -2,11 +2,13 @@
 
 Same names, signatures and results as ``torch.masked.<op>`` on strided tensors
 (masked-reductions-rfc.md); inputs and masks may each be strided, torch native sparse (COO, CSR)
-or SparseTensors (COO, CSR, hybrid, any fill).  Invariant, for every op and layout::
+or SparseTensors (COO, CSR, hybrid, any fill).  Invariant, for every op and layout (the drop-in
+promise)::
 
     densify(masked.op(input, ..., mask=mask))[p] == torch.masked.op(dense(input), ..., mask=dense(mask))[p]
 
-at every output position ``p`` with at least one masked-in element (``output_mask``).
+at every output position ``p``, fully masked-out slices and masked-out elements of normalizations
+included (each op's docstring says which value they read).
 
 * Strided input: exactly ``torch.masked.<op>`` (a sparse mask is read densely).
 * Sparse input: never densified; work and memory O(nse of input and mask + size of output).
@@ -18,7 +20,8 @@ at every output position ``p`` with at least one masked-in element (``output_mas
   sparse mask costs O(its nse).  The result is a SparseTensor with the input's layout (also for
   torch native inputs, whose zero-fill type cannot hold e.g. the -inf of an empty amax slice):
   reductions specify the slices that meet ``P`` and take the value of the other slices as fill;
-  normalizations keep ``P``.  Results with no sparse dim left are strided tensors.
+  normalizations keep ``P`` and choose their fill by counts (``_normalizations``: the value most
+  unspecified elements read; the others are stored).  Results with no sparse dim left are strided tensors.
 * ``mask=None``: every element is masked in, unspecified ones with the fill's value.  A
   SparseTensor with indefinite fill is a masked tensor: its pattern is the mask (``mask=None``
   works; a mask given too is intersected with it), and normalizations return its pattern with an

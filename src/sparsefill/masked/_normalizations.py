@@ -1,22 +1,37 @@
 """Masked normalizations along one dim: ``softmax log_softmax softmin normalize cumsum cumprod``.
 
-Same signatures and, on strided inputs, the same results as ``torch.masked.<op>``.  On a sparse
-input the statistics of each slice along ``dim`` (max and sum of exponentials, norm, prefix
-sums) come from the segment kernels of ``_engine`` over the union pattern ``P`` of input and mask
-(``_canon``), and every masked-in element of ``P`` gets its value, e.g. for softmax::
+Same signatures and results as ``torch.masked.<op>`` (the drop-in promise), at EVERY position::
+
+    densify(masked.op(input, dim, mask=mask)) == torch.masked.op(dense(input), dim, mask=dense(mask))
+
+On a sparse input the statistics of each slice along ``dim`` (max and sum of exponentials, norm,
+prefix sums) come from the segment kernels of ``_engine`` over the union pattern ``P`` of input and
+mask (``_canon``); e.g. for softmax every masked-in element ``p`` of ``P`` gets::
 
     out[p] = exp(x[p] - max_slice) / sum_{q in slice, mask[q]} exp(x[q] - max_slice)
 
-The result has the input's pattern ``P`` and layout.  Masked-out elements (RFC: "no guaranteed
-value") read as the op's value for a masked-out element of a partly masked-in slice: 0 for
-softmax, softmin and normalize, -inf for log_softmax, 0 for cumsum and 1 for cumprod; a fully
-masked-out slice reads the same (torch.masked gives NaN for softmax/log_softmax/softmin there).
-An input with indefinite fill gives a result with the same pattern and indefinite fill.
+A masked-out element reads torch.masked's value: for softmax/softmin/log_softmax ``c`` (0, 0,
+-inf) when its slice holds a masked-in element and ``e`` = NaN when the slice is fully masked
+out; normalize 0 in both cases; cumsum/cumprod the running value (the scan of
+``where(mask, input, 0 / 1)``).  The result's fill is chosen adaptively (:func:`_extend`): with the
+unspecified elements counted in fully masked-out slices (value ``e``) and in partly masked-in
+slices (value ``c``), the fill is the value of the larger group and the smaller group is stored
+explicitly (a DensifyWarning when that adds more than ``QUIET_ELEMENTS``; cumsum/cumprod take the
+identity as fill and store the unspecified elements after the first masked-in one of their
+slice).  In the pattern-as-mask use with no empty slice nothing is added.  An input with
+indefinite fill keeps its pattern and indefinite fill (its unspecified elements have no value).
 
 When unspecified elements are masked in along a sparse ``dim`` (``mask=None`` on a defined fill)
-and the op does not map them to the masked-out value (softmax of a finite fill, any cumsum), the
-result is dense by nature: it is computed on the dense equivalent (no DensifyWarning; the densify
-policy's byte limit applies) and returned in the input's layout.
+and the op does not map them to one value (softmax of a finite fill, any cumsum), the result is
+dense by nature: it is computed on the dense equivalent (no DensifyWarning; the densify policy's
+byte limit applies) and returned in the input's layout.
+
+>>> import torch, sparsefill
+>>> x = torch.tensor([[-3., -2., -1.], [0., 1., 2.]])
+>>> m = torch.tensor([[True, False, True], [False, False, False]])
+>>> sparsefill.masked.softmax(x.to_sparse(), 1, mask=m).to_dense()
+tensor([[0.1192, 0.0000, 0.8808],
+        [   nan,    nan,    nan]])
 """
 
 from __future__ import annotations
@@ -25,11 +40,15 @@ import math
 
 import torch
 
+from .. import _index
+from .._policy import check_densify
 from . import _engine as E
 from ._apply import Result, dense_fallback, dense_mask, run
-from ._canon import as_sparse, is_sparse
+from ._canon import Masked, as_sparse, is_sparse
 
 __all__ = ["softmax", "log_softmax", "softmin", "normalize", "cumsum", "cumprod"]
+
+QUIET_ELEMENTS = 1 << 16   # stored masked-out elements added quietly (as ``cat``'s CAT_QUIET_ELEMENTS)
 
 
 class _DenseByNature(Exception):
@@ -40,26 +59,123 @@ def _same(a, b):
     return bool(((a == b) | (torch.isnan(a) & torch.isnan(b))).all())
 
 
-def _normalization(input, mask, dim, per_element, c_out, cast, dense_op, zero_absorbs=False):
-    """``per_element(sl, v, seg, F, n, F0, n0) -> (out values (nv,), fill outputs (nseg, Pr), (Pk, Pr))``."""
+def _has_in(sl, seg, n):
+    """Per segment: holds a masked-in element (stored ``seg`` or ``n`` masked-in fill copies)."""
+    has = torch.zeros(sl.nseg, dtype=torch.bool, device=seg.device).index_fill_(0, seg, True)
+    return has | (n > 0).any(1) if n.numel() else has
+
+
+def _unspecified(X: Masked, sl, groups, start, untouched: bool) -> torch.Tensor:
+    """Sparse indices of the unspecified elements ``q >= start[j]`` along the reduced sparse dim of the
+    touched slices ``sl.out_idx[:, groups[j]]``, plus every element of the untouched slices if ``untouched``.
+    O(output + nse): only positions that are returned or stored are enumerated."""
+    S, d = X.S, sl.red_s[0]
+    N, keep = S[d], [i for i in range(len(S)) if i != d]
+    kshape = [S[i] for i in keep]
+    gk, start = sl.out_idx[:, groups], start.to(torch.int64)
+    if untouched:
+        allk = torch.arange(_index.numel(kshape), device=gk.device)
+        rest = allk[~torch.isin(allk, _index.linearize(sl.out_idx, kshape))]
+        gk = torch.cat([gk, _index.unravel(rest, kshape)], 1)
+        start = torch.cat([start, start.new_zeros(rest.numel())])
+    lens = (N - start).clamp_min(0)
+    total = int(lens.sum())
+    rep = torch.repeat_interleave(torch.arange(lens.numel(), device=gk.device), lens, output_size=total)
+    q = torch.arange(total, device=gk.device) - (torch.cumsum(lens, 0) - lens)[rep] + start[rep]
+    idx = gk.new_empty((len(S), total))
+    idx[keep] = gk[:, rep]
+    idx[d] = q
+    return idx[:, ~torch.isin(_index.linearize(idx, S), _index.linearize(X.indices(), S))]
+
+
+def _extend(name, X: Masked, sl, c_out, e_out, scan):
+    """``(X', fill)``: ``X`` with the masked-out unspecified elements that do not read ``fill`` joined to its
+    pattern (``m`` False, ``u`` the input's fill), for a reduction along a sparse dim with ``X.mfill`` False.
+
+    Softmax-like (``scan`` None): an unspecified element reads ``e_out`` when its slice is fully masked
+    out, ``c_out`` otherwise; ``fill`` is the value of the larger group.  Scans: ``fill`` = the identity
+    ``c_out``; an unspecified element after the first masked-in one of its slice reads the running value.
+    """
+    S, d = X.S, sl.red_s[0]
+    N, G = S[d], _index.numel([s for i, s in enumerate(S) if i != d])
+    ms = sl.scalars(X.m)
+    has = _has_in(sl, sl.seg3[ms], ms.new_zeros((0,))).reshape(sl.S_out, sl.Pk)
+    any_in = has.any(1)
+    if scan is not None:
+        rows_in = X.m.reshape(X.m.shape[0], _index.numel(X.D)).any(1)
+        first = torch.full((sl.S_out,), N, dtype=torch.int64, device=has.device).scatter_reduce(
+            0, sl.seg_row[rows_in], X.indices()[d][rows_in], "amin")
+        groups, untouched, fill = any_in.nonzero().squeeze(1), False, c_out
+        start = first[groups]
+    else:
+        if _same(torch.tensor(c_out), torch.tensor(e_out)):
+            return X, c_out
+        all_in = has.all(1)
+        empty = (G - sl.S_out) * N + int(sl.n_u[~any_in].sum())
+        partial = int(sl.n_u[all_in].sum())
+        if empty > partial:
+            groups, untouched, fill = any_in.nonzero().squeeze(1), False, e_out
+        else:
+            groups, untouched, fill = (~all_in).nonzero().squeeze(1), G > sl.S_out, c_out
+        start = torch.zeros(groups.numel(), dtype=torch.int64, device=has.device)
+    new = _unspecified(X, sl, groups, start, untouched)
+    t = new.shape[1]
+    if t == 0:
+        return X, fill
+    if t > QUIET_ELEMENTS:
+        row = _index.numel(X.D) * X.u.element_size() + 8 * len(S)
+        check_densify(f"masked {name}: {t} masked-out unspecified elements that do not read the result's fill "
+                      f"({fill}) are stored", t * row)
+    idx = torch.cat([X.indices(), new], 1)
+    order = torch.argsort(_index.linearize(idx, S))
+    D = X.D
+    u = torch.cat([X.u, X.fill.expand((t,) + D)])[order]
+    m = torch.cat([X.m, X.m.new_zeros((t,) + D)])[order]
+    return Masked(X.A, idx[:, order], u, m, X.fill, False, False), fill
+
+
+def _normalization(name, input, mask, dim, per_element, c_out, e_out, cast, dense_op, zero_absorbs=False,
+                   scan=None):
+    """``per_element(sl, v, seg, F, n, F0, n0) -> (out values (nv,), fill outputs (nseg, Pr), (Pk, Pr))``
+    for the masked-in elements; masked-out ones read ``c_out`` (slice with a masked-in element) or ``e_out``
+    (fully masked-out slice).  ``scan`` ("sum"/"prod"): every element reads the inclusive scan of
+    ``where(mask, input, c_out)`` instead."""
     A = as_sparse(input)
     dims = E.canonical_dims(dim, A.dim())[:1] if A.dim() else ()
 
     def compute(X):
         sl = E.Slices(X, dims)
+        fill_out = c_out
+        if not X.mfill and not X.A._indefinite:
+            if sl.red_s:
+                X, fill_out = _extend(name, X, sl, c_out, e_out, scan)
+                sl = E.Slices(X, dims) if X is not sl.X else sl
+            elif scan is None and _index.numel(X.S) > X.u.shape[0]:  # unspecified rows: fully masked-out slices
+                fill_out = e_out
         u, f = (X.u, X.fill) if cast is None else (X.u.to(cast), X.fill.to(cast))
         ms = sl.scalars(X.m)
-        v, seg, lengths = sl.masked_in(u)
-        every = v.numel() == ms.numel()  # the usual case (mask = the input's pattern): no gathers
         (F, n), (F0, n0) = sl.fill_classes(f)
-        out_v, g, g0 = per_element(sl, v, seg, F, n, F0, n0, lengths)
-        c = torch.full((), c_out, dtype=out_v.dtype, device=out_v.device)
-        if every:
-            vals = sl.unscalars(out_v.reshape(ms.shape))
+        if scan is not None:
+            ident = torch.full((), c_out, dtype=u.dtype, device=u.device)
+            eff = torch.where(ms, sl.scalars(u), ident)
+            vals = sl.unscalars(_segmented_scan(eff.reshape(-1), sl.seg3.reshape(-1), sl.nseg, scan).reshape(ms.shape))
+            g0 = torch.where(n0 > 0, F0, ident)
+            g0 = torch.cumsum(g0, 1) if scan == "sum" else torch.cumprod(g0, 1)
+            g = torch.where(n > 0, F, ident)
         else:
-            vals = sl.unscalars(c.expand(ms.shape).index_put(ms.nonzero(as_tuple=True), out_v))
+            v, seg, lengths = sl.masked_in(u)
+            out_v, g, g0 = per_element(sl, v, seg, F, n, F0, n0, lengths)
+            if v.numel() == ms.numel():  # the usual case (mask = the input's pattern): no gathers
+                vals = sl.unscalars(out_v.reshape(ms.shape))
+            else:
+                c, e = (torch.full((), x, dtype=out_v.dtype, device=out_v.device) for x in (c_out, e_out))
+                base = torch.where(_has_in(sl, seg, n)[sl.seg3], c, e)
+                vals = sl.unscalars(base.index_put(ms.nonzero(as_tuple=True), out_v))
+        c = torch.full((), fill_out, dtype=vals.dtype, device=vals.device)
         if X.A._indefinite:
             fill = vals.new_empty(0)
+        elif sl.red_s and X.mfill and scan is not None:  # running values over masked-in fills
+            raise _DenseByNature
         elif sl.red_s and X.mfill:  # fill elements along a sparse dim: one value per slice
             if not (_same(g[n > 0], c) and _same(g0[n0 > 0], c)):
                 raise _DenseByNature
@@ -114,7 +230,25 @@ def _softmax_parts(sign, log):
     return per_element
 
 
-def _softmax_like(name, sign, log, c_out):
+_SOFTMAX_DOC = """Masked {name} along ``dim``: ``torch.nn.functional.{name}(input.masked_fill(~mask, {fillv}), dim)``,
+i.e. for a slice ``x`` with masked-in set ``I``::
+
+    out[p] = {formula}
+
+Masked-out elements read {c} in a slice with a masked-in element and NaN in a fully masked-out
+slice (as torch.masked on the dense input); a sparse result takes the more frequent of the two
+among its unspecified elements as fill and stores the others.  An input with indefinite fill gives
+its pattern with an indefinite fill.
+
+>>> import torch, sparsefill
+>>> x = torch.tensor([[-3., -2., -1.], [0., 1., 2.]]).to_sparse()
+>>> m = torch.tensor([[True, False, True], [False, False, False]])
+>>> sparsefill.masked.{name}(x, 1, mask=m).to_dense()
+{example}
+"""
+
+
+def _softmax_like(name, sign, log, c_out, formula, example):
     def op(input, dim, *, dtype=None, mask=None):
         if not is_sparse(input):
             return getattr(torch.masked, name)(input, dim, dtype=dtype, mask=dense_mask(mask, input))
@@ -122,25 +256,36 @@ def _softmax_like(name, sign, log, c_out):
 
         def dense_op(x, m):
             return getattr(torch.masked, name)(x, dim, dtype=dtype, mask=m)
-        return _normalization(input, mask, dim, _softmax_parts(sign, log), c_out, cast, dense_op)
+        return _normalization(name, input, mask, dim, _softmax_parts(sign, log), c_out, math.nan, cast, dense_op)
     op.__name__ = op.__qualname__ = name
+    op.__doc__ = _SOFTMAX_DOC.format(name=name, fillv="+inf" if sign < 0 else "-inf", formula=formula,
+                                     c="-inf" if log else "0", example=example)
     return op
 
 
-softmax = _softmax_like("softmax", 1.0, False, 0.0)
-softmax.__doc__ = ("Masked softmax along ``dim``: ``softmax(input.masked_fill(~mask, -inf), dim)``; masked-out "
-                   "elements of a sparse result read 0.")
-log_softmax = _softmax_like("log_softmax", 1.0, True, -math.inf)
-log_softmax.__doc__ = ("Masked log_softmax along ``dim``: ``log_softmax(input.masked_fill(~mask, -inf), dim)``; "
-                       "masked-out elements of a sparse result read -inf.")
-softmin = _softmax_like("softmin", -1.0, False, 0.0)
-softmin.__doc__ = ("Masked softmin along ``dim``: ``softmin(input.masked_fill(~mask, +inf), dim)``; masked-out "
-                   "elements of a sparse result read 0.")
+softmax = _softmax_like("softmax", 1.0, False, 0.0, "exp(x[p]) / sum_{q in I} exp(x[q])   (p in I)",
+                        "tensor([[0.1192, 0.0000, 0.8808],\n        [   nan,    nan,    nan]])")
+log_softmax = _softmax_like("log_softmax", 1.0, True, -math.inf, "x[p] - log(sum_{q in I} exp(x[q]))   (p in I)",
+                            "tensor([[-2.1269,    -inf, -0.1269],\n        [    nan,     nan,     nan]])")
+softmin = _softmax_like("softmin", -1.0, False, 0.0, "exp(-x[p]) / sum_{q in I} exp(-x[q])   (p in I)",
+                        "tensor([[0.8808, 0.0000, 0.1192],\n        [   nan,    nan,    nan]])")
 
 
 def normalize(input, ord, dim, *, eps=1e-12, dtype=None, mask=None):
-    """Masked normalize: ``where(mask, input, 0) / max(masked.norm(input, ord, dim, keepdim=True), eps)``;
-    masked-out elements read 0."""
+    """Masked normalize along ``dim``: for a slice ``x`` with masked-in set ``I``::
+
+        out[p] = where(p in I, x[p], 0) / max(masked.norm(x, ord, mask=I), eps)
+
+    (``torch.masked.normalize``).  Masked-out elements read 0, fully masked-out slices included;
+    a negative finite ``ord`` counts masked-out elements as zeros (the norm is then 0, as torch.masked).
+
+    >>> import torch, sparsefill
+    >>> x = torch.tensor([[-3., -2., -1.], [0., 1., 2.]]).to_sparse()
+    >>> m = torch.tensor([[True, False, True], [False, False, False]])
+    >>> sparsefill.masked.normalize(x, 2.0, 1, mask=m).to_dense()
+    tensor([[-0.9487,  0.0000, -0.3162],
+            [ 0.0000,  0.0000,  0.0000]])
+    """
     if not is_sparse(input):
         return torch.masked.normalize(input, ord, dim, eps=eps, dtype=dtype, mask=dense_mask(mask, input))
     p = float(ord)
@@ -155,7 +300,11 @@ def normalize(input, ord, dim, *, eps=1e-12, dtype=None, mask=None):
 
     def dense_op(x, m):
         return torch.masked.normalize(x, ord, dim, eps=eps, dtype=dtype, mask=m)
-    return _normalization(input, mask, dim, per_element, 0.0, cast, dense_op, zero_absorbs=True)
+    return _normalization("normalize", input, mask, dim, per_element, 0.0, 0.0, cast, dense_op, zero_absorbs=True)
+
+
+_CUM_EXAMPLE = {"sum": "tensor([[-3., -3., -4.],\n            [ 0.,  0.,  0.]])",
+                "prod": "tensor([[-3., -3.,  3.],\n            [ 1.,  1.,  1.]])"}
 
 
 def _cum(name, mode):
@@ -166,25 +315,31 @@ def _cum(name, mode):
             return getattr(torch.masked, name)(input, dim, dtype=dtype, mask=dense_mask(mask, input))
         cast = dtype or input.dtype
 
-        def per_element(sl, v, seg, F, n, F0, n0, lengths=None):
-            if sl.red_s and (n > 0).any():
-                raise _DenseByNature
-            out = _segmented_scan(v, seg, sl.nseg, mode)
-            z = torch.full((), ident, dtype=F.dtype, device=F.device)
-            g0 = torch.where(n0 > 0, F0, z)
-            g0 = torch.cumsum(g0, 1) if mode == "sum" else torch.cumprod(g0, 1)
-            return out, torch.where(n > 0, F, z), g0
-
         def dense_op(x, m):
             return getattr(torch.masked, name)(x, dim, dtype=dtype, mask=m)
         A = as_sparse(input)
         if A.dim() and E.canonical_dims(dim, A.dim())[0] < len(A._sparse_shape) and mask is None and \
                 not A._indefinite:
             return dense_fallback(A, mask, dense_op)
-        return _normalization(input, mask, dim, per_element, ident, cast, dense_op)
+        return _normalization(name, input, mask, dim, None, ident, ident, cast, dense_op, scan=mode)
     op.__name__ = op.__qualname__ = name
-    op.__doc__ = (f"Masked {name} along ``dim``: ``torch.{name}(torch.where(mask, input, {int(ident)}), dim)``; "
-                  f"masked-out elements of a sparse result read {int(ident)} (torch.masked: the running value).")
+    sym = "+" if mode == "sum" else "*"
+    op.__doc__ = f"""Masked {name} along ``dim``: ``torch.{name}(torch.where(mask, input, {int(ident)}), dim)``, i.e.::
+
+        out[p] = {int(ident)} {sym} x[q_1] {sym} ... {sym} x[q_j]      (the masked-in q_i <= p of p's slice)
+
+    at every position, masked-out ones included (the running value; {int(ident)} before the first
+    masked-in element and in fully masked-out slices).  A sparse result has fill {int(ident)} and stores the
+    unspecified elements after the first masked-in element of their slice (dense by nature along a
+    sparse dim: a DensifyWarning past ``QUIET_ELEMENTS`` of them).  With ``mask=None`` along a sparse
+    dim of a defined fill the result is computed densely (dense by nature).
+
+    >>> import torch, sparsefill
+    >>> x = torch.tensor([[-3., -2., -1.], [0., 1., 2.]]).to_sparse()
+    >>> m = torch.tensor([[True, False, True], [False, False, False]])
+    >>> sparsefill.masked.{name}(x, 1, mask=m).to_dense()
+    {_CUM_EXAMPLE[mode]}
+    """
     return op
 
 
