@@ -141,8 +141,8 @@ def test_normalization_fill_is_chosen_by_counts():
 
 
 def test_normalization_storing_many_masked_out_elements_warns(monkeypatch):
-    from sparsefill.masked import _normalizations
-    monkeypatch.setattr(_normalizations, "QUIET_ELEMENTS", 4)
+    from sparsefill import _policy
+    monkeypatch.setattr(_policy, "SPECIFY_QUIET_ELEMENTS", 4)
     A = sparsefill.sparse_coo_tensor(torch.tensor([[0], [0]]), torch.ones(1), (10, 10))
     with pytest.warns(sparsefill.DensifyWarning, match="softmax"):  # 9 unspecified 0s in row 0 are stored
         out = M.softmax(A, 1, mask=M.pattern_mask(A))

@@ -16,7 +16,7 @@ out; normalize 0 in both cases; cumsum/cumprod the running value (the scan of
 ``where(mask, input, 0 / 1)``).  The result's fill is chosen adaptively (:func:`_extend`): with the
 unspecified elements counted in fully masked-out slices (value ``e``) and in partly masked-in
 slices (value ``c``), the fill is the value of the larger group and the smaller group is stored
-explicitly (a DensifyWarning when that adds more than ``QUIET_ELEMENTS``; cumsum/cumprod take the
+explicitly (``sparsefill._policy.check_specify``: a DensifyWarning past 65536 of them; cumsum/cumprod take the
 identity as fill and store the unspecified elements after the first masked-in one of their
 slice).  In the pattern-as-mask use with no empty slice nothing is added.  An input with
 indefinite fill keeps its pattern and indefinite fill (its unspecified elements have no value).
@@ -41,14 +41,12 @@ import math
 import torch
 
 from .. import _index
-from .._policy import check_densify
+from .._policy import check_specify
 from . import _engine as E
 from ._apply import Result, dense_fallback, dense_mask, run
 from ._canon import Masked, as_sparse, is_sparse
 
 __all__ = ["softmax", "log_softmax", "softmin", "normalize", "cumsum", "cumprod"]
-
-QUIET_ELEMENTS = 1 << 16   # stored masked-out elements added quietly (as ``cat``'s CAT_QUIET_ELEMENTS)
 
 
 class _DenseByNature(Exception):
@@ -122,10 +120,8 @@ def _extend(name, X: Masked, sl, c_out, e_out, scan):
     t = new.shape[1]
     if t == 0:
         return X, fill
-    if t > QUIET_ELEMENTS:
-        row = _index.numel(X.D) * X.u.element_size() + 8 * len(S)
-        check_densify(f"masked {name}: {t} masked-out unspecified elements that do not read the result's fill "
-                      f"({fill}) are stored", t * row)
+    check_specify(f"masked {name}: {t} masked-out unspecified elements that do not read the result's fill "
+                  f"({fill}) are stored", t, _index.numel(X.D) * X.u.element_size() + 8 * len(S))
     idx = torch.cat([X.indices(), new], 1)
     order = torch.argsort(_index.linearize(idx, S))
     D = X.D
@@ -331,7 +327,7 @@ def _cum(name, mode):
     at every position, masked-out ones included (the running value; {int(ident)} before the first
     masked-in element and in fully masked-out slices).  A sparse result has fill {int(ident)} and stores the
     unspecified elements after the first masked-in element of their slice (dense by nature along a
-    sparse dim: a DensifyWarning past ``QUIET_ELEMENTS`` of them).  With ``mask=None`` along a sparse
+    sparse dim: ``check_specify``).  With ``mask=None`` along a sparse
     dim of a defined fill the result is computed densely (dense by nature).
 
     >>> import torch, sparsefill
