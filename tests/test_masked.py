@@ -223,8 +223,25 @@ def test_errors():
         M.sum(A, 2)
     with pytest.raises(RuntimeError):
         M.sum(A, (1, 1))
-    with pytest.raises(ValueError, match="ord"):
-        M.norm(A, -2.0, 1, mask=MASK)
+
+
+@pytest.mark.parametrize("layout", ["native-coo", "native-csr", "sf-coo", "sf-coo fill 5", "sf-hybrid"])
+def test_negative_norm_orders(layout):
+    """ord < 0: masked-out elements count as zeros (torch.masked), so a slice with one has norm 0."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(5, 3, generator=g)
+    x[0, 1] = x[3, :2] = 0
+    x[2] = 5.0
+    m = torch.rand(5, 3, generator=g) < 0.7
+    m[1] = m[2, :2] = True
+    xs = _layouts(x)[layout]
+    for mm in [m, None, m.to_sparse()]:
+        dm = None if mm is None else m
+        for p in [-1.0, -2.5, -math.inf]:
+            for dim in [0, 1, None]:
+                ref = torch.masked.norm(x, p, dim, mask=dm)
+                assert_close(_dense(M.norm(xs, p, dim, mask=mm)), ref, msg=f"{p} {dim}")
+            assert_close(_dense(M.normalize(xs, p, 1, mask=mm)), torch.masked.normalize(x, p, 1, mask=dm))
 
 
 # ---------------------------------------------------------------------- never densified

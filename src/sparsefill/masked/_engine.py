@@ -221,7 +221,15 @@ def seg_logsumexp(v, seg, nseg, F, n, lengths=None):
     return torch.log(s) + m0
 
 
-def seg_norm(v, seg, nseg, F, n, p, lengths=None):
+def seg_norm(v, seg, nseg, F, n, p, lengths=None, size=None):
+    """``vector_norm`` of each segment's masked-in elements; for a negative finite ``p`` the masked-out
+    elements count as zeros (``torch.masked.norm``: ``where(mask, x, 0)``), so a segment with fewer
+    than ``size`` masked-in elements has norm 0."""
+    if p < 0 and not math.isinf(p):
+        a, Fa = torch.abs(v), torch.abs(F)
+        s = seg_sum(a ** p, seg, nseg, Fa ** p, n, lengths)
+        out = s ** (1.0 / p)
+        return torch.where(seg_count(seg, nseg, n, lengths) < size, torch.zeros_like(out), out)
     a, Fa = torch.abs(v), torch.abs(F)
     if math.isinf(p):
         return seg_extreme(a, seg, nseg, Fa, n, "amax" if p > 0 else "amin", init=0.0 if p > 0 else math.inf)

@@ -273,7 +273,8 @@ def normalize(input, ord, dim, *, eps=1e-12, dtype=None, mask=None):
         out[p] = where(p in I, x[p], 0) / max(masked.norm(x, ord, mask=I), eps)
 
     (``torch.masked.normalize``).  Masked-out elements read 0, fully masked-out slices included;
-    a negative finite ``ord`` counts masked-out elements as zeros (the norm is then 0, as torch.masked).
+    a negative finite ``ord`` counts masked-out elements as zeros (the norm is then 0 and the slice
+    is divided by ``eps``, as torch.masked).
 
     >>> import torch, sparsefill
     >>> x = torch.tensor([[-3., -2., -1.], [0., 1., 2.]]).to_sparse()
@@ -285,18 +286,17 @@ def normalize(input, ord, dim, *, eps=1e-12, dtype=None, mask=None):
     if not is_sparse(input):
         return torch.masked.normalize(input, ord, dim, eps=eps, dtype=dtype, mask=dense_mask(mask, input))
     p = float(ord)
-    if p < 0 and not math.isinf(p):
-        raise ValueError(f"masked normalize of a sparse input: ord={ord} (negative, finite) is not supported")
     cast = dtype or input.dtype
 
     def per_element(sl, v, seg, F, n, F0, n0, lengths=None):
-        d = E.seg_norm(v, seg, sl.nseg, F, n, p, lengths).clamp_min(eps)
-        d0 = E.seg_norm(v[:0], seg[:0], sl.Pk, F0, n0, p).clamp_min(eps)
+        size = sl.N_r * sl.Pr
+        d = E.seg_norm(v, seg, sl.nseg, F, n, p, lengths, size=size).clamp_min(eps)
+        d0 = E.seg_norm(v[:0], seg[:0], sl.Pk, F0, n0, p, size=size).clamp_min(eps)
         return v / E.seg_bcast(d, seg, lengths), F / d[:, None], F0 / d0[:, None]
 
     def dense_op(x, m):
         return torch.masked.normalize(x, ord, dim, eps=eps, dtype=dtype, mask=m)
-    return _normalization("normalize", input, mask, dim, per_element, 0.0, 0.0, cast, dense_op, zero_absorbs=True)
+    return _normalization("normalize", input, mask, dim, per_element, 0.0, 0.0, cast, dense_op, zero_absorbs=p >= 0)
 
 
 _CUM_EXAMPLE = {"sum": "tensor([[-3., -3., -4.],\n            [ 0.,  0.,  0.]])",

@@ -73,8 +73,9 @@ def _reduction(input, mask, dim, keepdim, kernel, dense_ref, cast=None, post=Non
             u, f = u.to(cast), f.to(cast)
         v, seg, lengths = sl.masked_in(u)
         (F, n), (F0, n0) = sl.fill_classes(f)
-        out = kernel(v, seg, sl.nseg, F, n, lengths=lengths)
-        out0 = kernel(v[:0], seg[:0], sl.Pk, F0, n0)
+        kw = {"size": sl.N_r * sl.Pr} if getattr(kernel, "wants_size", False) else {}
+        out = kernel(v, seg, sl.nseg, F, n, lengths=lengths, **kw)
+        out0 = kernel(v[:0], seg[:0], sl.Pk, F0, n0, **kw)
         if post is not None:
             out, out0 = post(out), post(out0)
         return _finish(sl, out, out0, bool(keepdim), A._sf_layout)
@@ -150,21 +151,35 @@ def logsumexp(input, dim=None, *, keepdim=False, dtype=None, mask=None):
 
 
 def norm(input, ord=2.0, dim=None, *, keepdim=False, dtype=None, mask=None):
-    """Masked vector norm: ``torch.linalg.vector_norm(torch.where(mask, input, 0), ord, dim)``; fully
-    masked-out slices give 0 (+inf for ``ord=-inf``).  Negative finite ``ord`` is not supported on sparse
-    inputs (the masked-out zeros would decide it)."""
+    """Masked vector norm: ``torch.linalg.vector_norm(torch.where(mask, input, 0), ord, dim)``, i.e.
+    ``(sum_{masked-in} |x|^ord)^(1/ord)``; fully masked-out slices give 0 (+inf for ``ord=-inf``, whose
+    masked-out elements read +inf).  For a negative finite ``ord`` the masked-out elements are zeros
+    (as torch.masked): a slice with a masked-out element has norm 0.
+
+    >>> import torch, sparsefill
+    >>> x = torch.tensor([[-3., -2., -1.], [0., 1., 2.]]).to_sparse()
+    >>> m = torch.tensor([[True, False, True], [True, True, True]])
+    >>> sparsefill.masked.norm(x, -1.0, 1, mask=m).to_dense()
+    tensor([0., 0.])
+    """
     if not is_sparse(input):
         return torch.masked.norm(input, ord, dim, keepdim=keepdim, dtype=dtype, mask=dense_mask(mask, input))
     p = 2.0 if ord is None else float(ord)
-    if p < 0 and not math.isinf(p):
-        raise ValueError(f"masked norm of a sparse input: ord={ord} (negative, finite) is not supported")
     dt = dtype or input.dtype
     if not (dt.is_floating_point or dt.is_complex):
         raise RuntimeError(f"linalg.vector_norm: Expected a floating point or complex tensor as input. Got {dt}")
     out_dt = dt.to_real() if dt.is_complex else dt
-    return _reduction(input, mask, dim, keepdim, lambda *a, **k: E.seg_norm(*a, p, **k),
+    return _reduction(input, mask, dim, keepdim, norm_kernel(p),
                       _ref("norm", ord, dim, keepdim=keepdim, dtype=dtype, mask=mask), cast=dt,
                       post=lambda t: t.to(out_dt), zero_absorbs=p >= 0)
+
+
+def norm_kernel(p):
+    """The segment kernel of the ``p``-norm (it needs the slice size for a negative finite ``p``)."""
+    def kernel(*a, size=None, **k):
+        return E.seg_norm(*a, p, size=size, **k)
+    kernel.wants_size = True
+    return kernel
 
 
 def _std_var(name, input, dim, unbiased, correction, keepdim, dtype, mask, take_sqrt):
