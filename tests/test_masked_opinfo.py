@@ -63,10 +63,13 @@ def _sparsify(x, variant, gen):
     spec = INPUTS[variant]
     if spec[0] == "native":
         layout = spec[1]
-        if layout is torch.sparse_csr and x.dim() != 2:
+        if layout is torch.sparse_csr and x.dim() < 2:  # (3-d: batched CSR)
             return None
         xm = x.clone()
-        xm[torch.rand(x.shape, generator=gen) < 0.5] = 0.0
+        # (batched CSR: torch wants the same nse per batch, so the dropped positions repeat per batch)
+        drop = torch.rand(x.shape if layout is torch.sparse_coo else x.shape[-2:], generator=gen) < 0.5
+        xm[drop.expand(x.shape)] = 0.0
+        xm[(xm == 0) & ~drop.expand(x.shape)] = 1.0   # (no stray zeros: they would change a batch's nse)
         return (xm.to_sparse() if layout is torch.sparse_coo else xm.to_sparse_csr()), xm, None
     layout, dd, fill = spec
     if x.dim() < (2 if layout is torch.sparse_csr else 0) + dd or (dd and x.dim() < 2):
