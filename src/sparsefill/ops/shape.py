@@ -8,8 +8,9 @@ indices and values; the dense tensor follows exactly::
     op(A).to_dense() == op(A.to_dense())
 
 * sparse dims stay in front of dense dims: a permute that would move a dense dim before a
-  sparse one first turns every dense dim into a sparse dim (only for a uniform fill —
-  a scalar or an indefinite one — otherwise the op goes to the next stage);
+  sparse one first turns every dense dim into a sparse dim (:func:`all_sparse`, roadmap Note 2);
+  an array fill then becomes its most common value, and the unspecified elements whose fill
+  differs are specified (a DensifyWarning when they are many: such a result is dense by nature);
 * ``view`` re-linearises the indices over the new shape (dense dims untouched when the
   new shape keeps them; else they become sparse dims as above);
 * ``expand`` repeats the stored elements along the expanded sparse dims (O(nse * repeats)).
@@ -29,11 +30,12 @@ from __future__ import annotations
 import torch
 
 from .. import _index
-from .._convert import coalesced_parts
+from .._policy import check_densify
 from .._tensor import SparseTensor
 from .registry import register
 
 aten = torch.ops.aten
+QUIET_ELEMENTS = 1 << 16  # specifying more fill elements than this warns (as ``cat``'s CAT_QUIET_ELEMENTS)
 
 
 def _fill_dense(A: SparseTensor) -> torch.Tensor:
@@ -42,31 +44,82 @@ def _fill_dense(A: SparseTensor) -> torch.Tensor:
     return f if A._indefinite else f.reshape((1,) * (nd - f.dim()) + tuple(f.shape))
 
 
-def _make(A: SparseTensor, shape, idx, vals, fill, coalesced) -> SparseTensor:
-    return SparseTensor(torch.sparse_coo, shape, vals, fill, indices=idx, indefinite=A._indefinite,
-                        coalesced=coalesced, known_zero=A._fill_is_zero())
+def _make(A: SparseTensor, shape, idx, vals, fill, coalesced, known_zero=None) -> SparseTensor:
+    return SparseTensor(torch.sparse_coo, shape, vals, fill, indices=idx, indefinite=A._indefinite, coalesced=coalesced,
+                        known_zero=A._fill_is_zero() if known_zero is None else known_zero)
 
 
 def _uniform_fill(A: SparseTensor) -> bool:
     return A._indefinite or A._fill.numel() == 1
 
 
-def all_sparse(A: SparseTensor) -> SparseTensor | None:
-    """``A`` with every dense dim turned into a sparse dim (None when the fill is not uniform).
+def _differs(f: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """``f != c`` element-wise, NaN equal to NaN (component by component for complex)."""
+    if f.is_complex():
+        return _differs(torch.view_as_real(f), torch.view_as_real(c.expand(f.shape))).any(-1)
+    if f.is_floating_point():
+        return ~((f == c) | (f.isnan() & c.isnan()))
+    return f != c
 
-    Each stored dense slice becomes ``prod(dense_shape)`` stored elements."""
+
+def _mode(f: torch.Tensor) -> torch.Tensor:
+    """The most common value of the 1-d ``f`` (all NaNs count as one value), as a 0-d tensor."""
+    if not f.numel():
+        return f.new_zeros(())
+    nan = f.isnan() if f.is_floating_point() else None
+    g = f[~nan] if nan is not None else f
+    if g.is_complex():  # (the choice only affects how many elements get specified, never the values)
+        u, counts = torch.unique(torch.view_as_real(g), dim=0, return_counts=True)
+        u = torch.view_as_complex(u.contiguous()) if u.numel() else u
+    else:
+        u, counts = torch.unique(g, return_counts=True)
+    if nan is not None and int(nan.sum()) > (int(counts.max()) if counts.numel() else 0):
+        return f[nan][0].clone()
+    return u[counts.argmax()].clone() if u.numel() else f[0].clone()
+
+
+def all_sparse(A: SparseTensor) -> SparseTensor:
+    """``A`` with every dense dim turned into a sparse dim (roadmap Note 2).
+
+    Each stored dense slice becomes ``prod(dense_shape)`` stored elements.  An array fill ``f``
+    becomes the scalar fill ``c = mode(f)``; every unspecified position whose fill differs from ``c``
+    is specified explicitly::
+
+        extra elements = (#unspecified sparse positions) * (#{q : f[q] != c})
+
+    with a DensifyWarning past ``QUIET_ELEMENTS`` (such a result is dense by nature)."""
     if not A.dense_dim():
         return A if A._sf_layout is torch.sparse_coo else _make(A, A.shape, *A._coo_parts(), A._fill, A._coalesced)
-    if not _uniform_fill(A):
-        return None
     idx, vals = A._coo_parts()
-    D = tuple(A._dense_shape)
+    D, S = tuple(A._dense_shape), tuple(A._sparse_shape)
     Q = _index.numel(D)
     q = _index.unravel(torch.arange(Q, device=idx.device), D)
     nse = idx.shape[1]
     full = torch.cat([idx.repeat_interleave(Q, dim=1), q.repeat(1, nse)])
-    fill = A._fill if A._indefinite else A._fill.reshape(())
-    return _make(A, A.shape, full, vals.reshape(-1), fill, A._coalesced)
+    vals = vals.reshape(-1)
+    if _uniform_fill(A):
+        fill = A._fill if A._indefinite else A._fill.reshape(())
+        return _make(A, A.shape, full, vals, fill, A._coalesced)
+    f = A._fill.expand(D).reshape(-1)
+    c = _mode(f)
+    diff = _differs(f, c).nonzero().reshape(-1)
+    if diff.numel():
+        keys = _index.linearize(idx, S)
+        stored = nse if A._coalesced else torch.unique(keys).numel()
+        n = (_index.numel(S) - stored) * diff.numel()
+        if n > QUIET_ELEMENTS:
+            check_densify(f"a dense dim of a tensor with an array fill becoming sparse ({n} elements specified)",
+                          n * (vals.element_size() + 8 * A.dim()))
+        free = torch.ones(_index.numel(S), dtype=torch.bool, device=idx.device)
+        free[keys] = False
+        free = free.nonzero().reshape(-1)
+        extra = torch.cat([_index.unravel(free, S).repeat_interleave(diff.numel(), dim=1),
+                           q[:, diff].repeat(1, free.numel())])
+        full, vals = torch.cat([full, extra], 1), torch.cat([vals, f[diff].repeat(free.numel())])
+        if A._coalesced:
+            order = torch.argsort(_index.linearize(full, A.shape))
+            full, vals = full[:, order], vals[order]
+    return _make(A, A.shape, full, vals, c, A._coalesced, known_zero=not bool(c.any()))
 
 
 def permute(A: SparseTensor, dims) -> SparseTensor | None:
@@ -81,8 +134,6 @@ def permute(A: SparseTensor, dims) -> SparseTensor | None:
     rs, rd = real(0, sd), real(sd, n)
     if rs and rd and max(rs) > min(rd):
         A = all_sparse(A)
-        if A is None:
-            return None
         sd, rd = n, []
     nsd = min(rd) if rd else n
     idx, vals = A._coo_parts()
@@ -139,15 +190,13 @@ def _infer(shape, numel):
 
 def view(A: SparseTensor, shape) -> SparseTensor | None:
     """Re-linearise the sparse indices; the dense dims stay when the new shape ends with them
-    (size-1 dims aside), else they become sparse dims (uniform fill only)."""
+    (size-1 dims aside), else they become sparse dims (:func:`all_sparse`)."""
     shape = _infer(shape, A.numel())
     if _index.numel(shape) != A.numel():
         return None  # torch's error comes from the next stage
     t = _dense_tail(A, shape)
     if t is None:
         A = all_sparse(A)
-        if A is None:
-            return None
         t = 0
     tail = shape[len(shape) - t:]
     idx, vals = A._coo_parts()

@@ -1,0 +1,209 @@
+"""Shape and view ops of SparseTensors (ops/shape.py, ops/views.py) against the dense computation::
+
+    op(A).to_dense() == op(A.to_dense())                    (assert_close, equal_nan=True)
+
+for COO / CSR / hybrid / uncoalesced inputs with scalar, NaN, inf, indefinite and array fills
+(uniform, mostly uniform, all distinct), empty patterns and 0-size dims, never a DensifyWarning
+where the result is not dense by nature:
+
+1. permutes / views that move a dense dim before a sparse one (roadmap Note 2): the dense dims
+   become sparse, an array fill becomes its most common value plus specified elements;
+2. writes through views (``A[0].add_(1)``, ``A.t().mul_(2)``...) are written back natively, base
+   and view both compared with torch's own views of the dense tensor;
+3. the shape ops and COO <-> CSR conversions keep the fill;
+4. gradcheck over ``(values, fill)`` of transpose and permute alone.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from torch.autograd import gradcheck
+
+import sparsefill
+from sparsefill import SparseTensor
+
+F64 = torch.float64
+NAN, INF = float("nan"), float("inf")
+
+
+@pytest.fixture(autouse=True)
+def _no_densify():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", sparsefill.DensifyWarning)
+        yield
+
+
+def array_fill(kind, D, dtype=F64):
+    """An array fill over the dense shape ``D``."""
+    n = torch.Size(D).numel()
+    if kind == "uniform":
+        f = torch.full((n,), 2.5, dtype=dtype)
+    elif kind == "mostly":  # one value but two entries
+        f = torch.full((n,), -1.0, dtype=dtype)
+        f[1:3] = torch.tensor([4.0, NAN], dtype=dtype)[: max(0, min(2, n - 1))]
+    elif kind == "distinct":
+        f = torch.arange(n, dtype=dtype) + 0.5
+        if n > 2:
+            f[-1], f[-2] = INF, NAN
+    else:
+        raise ValueError(kind)
+    return f.reshape(D)
+
+
+def make(shape, fill, *, layout=torch.sparse_coo, dense_dim=0, uncoalesced=False, p=0.4, seed=0, dtype=F64):
+    """``(A, dense reference)``; ``fill`` a number, ``"indefinite"`` or an array-fill kind of :func:`array_fill`."""
+    g = torch.Generator().manual_seed(seed)
+    shape = tuple(shape)
+    x = torch.randn(shape, generator=g, dtype=F64).to(dtype)
+    S, D = shape[: len(shape) - dense_dim], shape[len(shape) - dense_dim:]
+    mask = torch.rand(S, generator=g) < p
+    indefinite = fill == "indefinite"
+    if indefinite:
+        f = torch.zeros((), dtype=dtype)
+    elif isinstance(fill, str):
+        f = array_fill(fill, D, dtype)
+    else:
+        f = torch.tensor(fill, dtype=dtype)
+    x[~mask] = f
+    A = sparsefill.to_sparse(x, fill_value=f, layout=layout, dense_dim=dense_dim)
+    if indefinite or uncoalesced:
+        C = A.to_sparse_coo()
+        idx, v = C._indices(), C._values()
+        if uncoalesced:  # each element split in two duplicates, order shuffled
+            perm = torch.randperm(2 * v.shape[0], generator=g)
+            idx, v = torch.cat([idx, idx], 1)[:, perm], torch.cat([v - 1, torch.ones_like(v)])[perm]
+        A = sparsefill.sparse_coo_tensor(idx, v, shape, fill_value=sparsefill.indefinite if indefinite else f)
+        if layout is torch.sparse_csr:
+            A = A.to_sparse_csr()
+    return A, x
+
+
+def dense(o, fill=None):
+    if isinstance(o, (tuple, list)):
+        return tuple(dense(t, fill) for t in o)
+    return o.to_dense(fill_value=fill) if isinstance(o, SparseTensor) else o
+
+
+def close(got, ref):
+    """``got`` (SparseTensor or tuple of them) equals ``ref``; indefinite: where specified."""
+    if isinstance(got, (tuple, list)):
+        assert len(got) == len(ref)
+        for a, b in zip(got, ref):
+            close(a, b)
+        return
+    assert isinstance(got, SparseTensor), type(got)
+    if got.is_fill_indefinite():
+        spec = torch.ones_like(got).to_dense(fill_value=0).bool()
+        got, ref = got.to_dense(fill_value=NAN), torch.where(spec, ref, NAN)
+    else:
+        got = got.to_dense()
+    assert got.shape == ref.shape
+    torch.testing.assert_close(got, ref, equal_nan=True)
+
+
+# ---------------------------------------------------------------------- 1. dense dims that become sparse
+# (name, shape, dense_dim, op)
+MOVES = [
+    ("t", (5, 4), 1, lambda t: t.t()),
+    ("transpose", (5, 3, 4), 1, lambda t: t.transpose(0, 2)),
+    ("transpose dense-dense", (5, 3, 4), 2, lambda t: t.transpose(1, 2)),
+    ("transpose sparse-dense", (5, 3, 4), 2, lambda t: t.transpose(0, 1)),
+    ("permute", (4, 3, 2, 3), 2, lambda t: t.permute(2, 0, 3, 1)),
+    ("permute 2 sparse", (4, 3, 2, 3), 1, lambda t: t.permute(3, 1, 0, 2)),
+    ("reshape merge", (5, 3, 4), 2, lambda t: t.reshape(5, 12)),
+    ("reshape across", (6, 4), 1, lambda t: t.reshape(4, 6)),
+    ("view across", (5, 3, 4), 1, lambda t: t.view(3, 20)),
+    ("flatten", (5, 3, 4), 2, lambda t: t.flatten()),
+    ("flatten 0-1", (5, 3, 4), 2, lambda t: t.flatten(0, 1)),
+    ("unflatten dense", (5, 6), 1, lambda t: t.unflatten(1, (2, 3)).permute(2, 0, 1)),
+    ("tensordot", (5, 4), 1, lambda t: torch.tensordot(t, torch.arange(10.0, dtype=t.dtype).reshape(5, 2),
+                                                        dims=([0], [0]))),
+    ("tensordot 3d", (3, 4, 2), 1, lambda t: torch.tensordot(t, torch.arange(8.0, dtype=t.dtype).reshape(4, 2),
+                                                             dims=([1], [0]))),
+    ("einsum", (5, 4), 1, lambda t: torch.einsum("ij,ik->jk", t, torch.ones(5, 3, dtype=t.dtype))),
+    ("einsum transpose", (3, 4, 2), 1, lambda t: torch.einsum("ijk->kji", t)),
+    ("matmul t", (5, 4), 1, lambda t: t.t() @ torch.ones(5, 2, dtype=t.dtype)),
+]
+ARRAY_FILLS = ["uniform", "mostly", "distinct"]
+
+
+def _sparse_result(name):
+    return not name.startswith(("tensordot", "einsum ij", "matmul")) and name != "einsum"
+
+
+# (products with an indefinite fill are masked products: test_linalg.py)
+@pytest.mark.parametrize("case, kind, fill", [
+    pytest.param(c, k, f, id=f"{c[0]}-{k}-{f}") for c in MOVES for k in ["coo", "csr", "uncoalesced", "empty"]
+    for f in ARRAY_FILLS + [0.0, NAN, -INF, "indefinite"] if f != "indefinite" or _sparse_result(c[0])])
+def test_dense_dims_become_sparse(case, kind, fill):
+    name, shape, dd, op = case
+    layout = torch.sparse_csr if kind == "csr" and len(shape) - dd >= 2 else torch.sparse_coo
+    A, x = make(shape, fill, layout=layout, dense_dim=dd, uncoalesced=kind == "uncoalesced",
+                p=0.0 if kind == "empty" else 0.4)
+    out = op(A)
+    if _sparse_result(name):
+        close(out, op(x))
+    else:
+        torch.testing.assert_close(dense(out), op(x), equal_nan=True)
+    if _sparse_result(name) and isinstance(fill, str) and fill != "indefinite" and not out.dense_dim():
+        # the fill becomes the array fill's most common value, no more elements specified than needed
+        f = array_fill(fill, shape[len(shape) - dd:]).reshape(-1)
+        same = (f == out._fill) | (f.isnan() & out._fill.isnan())
+        n_free = torch.Size(shape[: len(shape) - dd]).numel() - (A.to_sparse_coo().coalesce()._nse())
+        assert out._fill.numel() == 1
+        assert out._nse() <= A.to_sparse_coo()._nse() * f.numel() + n_free * int((~same).sum())
+        eq = (f[:, None] == f[None]) | (f[:, None].isnan() & f[None].isnan())
+        assert int(same.sum()) == int(eq.sum(1).max())  # the most common value
+
+
+@pytest.mark.parametrize("fill", ARRAY_FILLS + [1.5], ids=str)
+@pytest.mark.parametrize("shape,dd,op", [
+    ((0, 3), 1, lambda t: t.t()), ((4, 0), 1, lambda t: t.t()), ((3, 2, 0), 1, lambda t: t.permute(2, 0, 1)),
+    ((0, 2, 3), 2, lambda t: t.reshape(3, 0)), ((1, 3), 1, lambda t: t.t()), ((3, 1), 1, lambda t: t.t()),
+    ((2, 1, 3), 2, lambda t: t.permute(1, 0, 2)), ((2, 3, 1), 2, lambda t: t.permute(2, 0, 1)),
+], ids=["0-sparse", "0-dense", "0-dense-3d", "0-reshape", "1-sparse", "1-dense", "size1-moves", "size1-moves2"])
+def test_zero_size_and_size_one_dims(shape, dd, op, fill):
+    A, x = make(shape, fill, dense_dim=dd, p=0.5)
+    close(op(A), op(x))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.complex128])
+def test_dtypes(dtype):
+    x = (torch.arange(24).reshape(6, 4) % 5).to(dtype)
+    f = torch.tensor([1, 1, 4, 2]).to(dtype)
+    x[[0, 2, 3]] = f
+    A = sparsefill.to_sparse(x, fill_value=f, dense_dim=1)
+    for op in (lambda t: t.t(), lambda t: t.reshape(4, 6), lambda t: t.flatten()):
+        out = op(A)
+        assert out._fill.numel() == 1 and out._fill.item() == 1
+        torch.testing.assert_close(out.to_dense(), op(x))
+
+
+def test_many_specified_fill_elements_warn():
+    """Past QUIET_ELEMENTS specified fill elements the (dense by nature) result warns; the policy applies."""
+    from sparsefill.ops.shape import QUIET_ELEMENTS
+    n = QUIET_ELEMENTS // 2 + 10
+    A = sparsefill.sparse_coo_tensor([[0, 5]], torch.ones(2, 3, dtype=F64), (n, 3),
+                                     fill_value=torch.tensor([0., 1., 2.], dtype=F64))
+    with pytest.warns(sparsefill.DensifyWarning, match="array fill"):
+        out = A.t()
+    assert out._nse() == 2 * 3 + (n - 2) * 2
+    torch.testing.assert_close(out.to_dense(), A.to_dense().t())
+    with sparsefill.densify_policy("raise"), pytest.raises(sparsefill.DensifyError):
+        A.t()
+    small = sparsefill.sparse_coo_tensor([[0, 5]], torch.ones(2, 3, dtype=F64), (n, 3),
+                                         fill_value=torch.tensor([1., 1., 2.], dtype=F64))
+    assert small[:100].t()._nse() == 2 * 3 + 98  # few enough: no warning
+
+
+def test_input_unchanged():
+    A, x = make((5, 3, 4), "distinct", dense_dim=2)
+    parts = [t.clone() for t in (A._idx, A._vals, A._fill)]
+    A.permute(2, 0, 1)
+    A.reshape(12, 5)
+    for a, b in zip(parts, (A._idx, A._vals, A._fill)):
+        assert torch.equal(a.nan_to_num(), b.nan_to_num())
+    close(A, x)
