@@ -48,6 +48,20 @@ def unravel(keys: torch.Tensor, shape) -> torch.Tensor:
     return torch.stack(torch.unravel_index(keys, tuple(shape))) if keys.numel() else keys.new_zeros((len(shape), 0))
 
 
+def runs_to_ids(lengths: torch.Tensor, total: int) -> torch.Tensor:
+    """``repeat_interleave(arange(len(lengths)), lengths)``: the run of each of ``total`` elements laid out
+    in contiguous runs of ``lengths`` (zeros allowed), as a cumulative sum of run starts (several
+    times faster than ``repeat_interleave`` on CPU).
+
+    >>> runs_to_ids(torch.tensor([0, 2, 0, 1]), 3).tolist()
+    [1, 1, 3]
+    """
+    starts = torch.zeros(total + 1, dtype=torch.int64, device=lengths.device)
+    if lengths.numel() > 1:
+        starts.index_add_(0, lengths[:-1].cumsum(0), torch.ones_like(lengths[:-1], dtype=torch.int64))
+    return starts[:-1].cumsum(0)
+
+
 def sum_duplicates(values: torch.Tensor, inverse: torch.Tensor, n: int) -> torch.Tensor:
     """``out[inverse[i]] += values[i]`` into ``n`` rows; bool adds as logical or (as torch's coalesce).
 

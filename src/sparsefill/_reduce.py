@@ -34,7 +34,7 @@ import math
 
 import torch
 
-from ._index import linearize, numel, unravel
+from ._index import linearize, numel, runs_to_ids, unravel
 
 __all__ = ["Reducer", "LogSumExp", "Var", "Norm", "REDUCERS", "segment_combine", "segment_counts",
            "segment_arg", "broadcast_seg", "group_slices",
@@ -59,20 +59,33 @@ def broadcast_seg(seg: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     return seg.view(-1, *([1] * (values.dim() - 1))).expand_as(values)
 
 
+_SEGMENT_REDUCE = {"sum": "sum", "prod": "prod", "amax": "max", "amin": "min"}
+
+
 def segment_combine(values: torch.Tensor, seg: torch.Tensor, num_segments: int, mode: str,
-                    init=None) -> torch.Tensor:
+                    init=None, lengths=None) -> torch.Tensor:
     """``out[s] = combine(init, values[i] for i with seg[i] == s)`` along dim 0, for every ``s``.
 
     ``mode`` is a ``scatter_reduce`` mode (``sum prod amax amin``); ``init`` defaults to the identity.
-    NaN propagates as in torch's reductions.
+    NaN propagates as in torch's reductions.  ``lengths`` (optional): the segments are contiguous
+    runs of these lengths, in order (``seg`` sorted); floating values then take torch's sorted
+    ``segment_reduce`` kernel, which reads each run once instead of scattering.
     """
-    out = values.new_full((num_segments, *values.shape[1:]),
-                          identity_of(mode, values.dtype) if init is None else init)
+    ident = identity_of(mode, values.dtype) if init is None else init
+    if lengths is not None and values.dtype in (torch.float32, torch.float64) and values.numel():
+        return torch.segment_reduce(values, _SEGMENT_REDUCE[mode], lengths=lengths, unsafe=True, initial=ident)
+    seg = seg_ids(seg, lengths, values.shape[0])
+    out = values.new_full((num_segments, *values.shape[1:]), ident)
     if values.numel() == 0:
         return out
     if mode == "sum":
         return out.index_add_(0, seg, values)
     return out.scatter_reduce_(0, broadcast_seg(seg, values), values, mode, include_self=True)
+
+
+def seg_ids(seg, lengths, k: int) -> torch.Tensor:
+    """``seg``, or, when it is None, the ids of ``k`` elements in contiguous runs of ``lengths``."""
+    return seg if seg is not None else runs_to_ids(lengths, k)
 
 
 def segment_counts(seg: torch.Tensor, num_segments: int) -> torch.Tensor:
@@ -107,8 +120,9 @@ class Reducer:
     def identity(self, dtype):
         return identity_of(self.mode, dtype)
 
-    def combine(self, values, seg, num_segments):
-        return segment_combine(values if self.pre is None else self.pre(values), seg, num_segments, self.mode)
+    def combine(self, values, seg, num_segments, lengths=None):
+        return segment_combine(values if self.pre is None else self.pre(values), seg, num_segments, self.mode,
+                               lengths=lengths)
 
     def fold(self, acc, fill, n):
         """``combine`` of ``acc`` with ``n`` copies of ``fill`` (``n`` per segment, broadcast)."""
@@ -125,17 +139,19 @@ class Reducer:
     def finalize(self, acc, count):
         return acc if self._finalize is None else self._finalize(acc, _bcast(count, acc))
 
-    def __call__(self, values, seg, num_segments, *, fill=None, n_fill=None):
+    def __call__(self, values, seg, num_segments, *, fill=None, n_fill=None, lengths=None):
         """Reduce ``values`` (shape ``(k, *D)``) into ``num_segments`` slices by ``seg``; each slice also
-        holds ``n_fill[s]`` copies of ``fill`` (a scalar or a tensor of shape ``D``)."""
+        holds ``n_fill[s]`` copies of ``fill`` (a scalar or a tensor of shape ``D``).  ``lengths``:
+        the segments are contiguous runs of these lengths (see :func:`segment_combine`); ``seg`` may
+        then be None."""
         if self.mode in ("sum", "prod") and not (values.is_floating_point() or values.is_complex()):
             values = values.to(torch.int64)  # torch's rule: integer and bool sums and products are int64
-        acc = self.combine(values, seg, num_segments)
+        acc = self.combine(values, seg, num_segments, lengths)
         if fill is not None and n_fill is not None:
             acc = self.fold(acc, torch.as_tensor(fill, dtype=values.dtype, device=values.device), n_fill)
         if self._finalize is None:  # (the count is needed by finalize only)
             return acc
-        count = segment_counts(seg, num_segments)
+        count = segment_counts(seg, num_segments) if lengths is None else lengths
         return self.finalize(acc, count if n_fill is None or fill is None else count + n_fill)
 
     def dense(self, x: torch.Tensor) -> torch.Tensor:
@@ -156,10 +172,11 @@ class LogSumExp(Reducer):
     def __init__(self):
         super().__init__("logsumexp", "sum", dense=lambda x: torch.logsumexp(x, 0))
 
-    def __call__(self, values, seg, num_segments, *, fill=None, n_fill=None):
-        m = REDUCERS["amax"](values, seg, num_segments, fill=fill, n_fill=n_fill)
+    def __call__(self, values, seg, num_segments, *, fill=None, n_fill=None, lengths=None):
+        m = REDUCERS["amax"](values, seg, num_segments, fill=fill, n_fill=n_fill, lengths=lengths)
         m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-        acc = segment_combine(torch.exp(values - m[seg]), seg, num_segments, "sum")
+        seg = seg_ids(seg, lengths, values.shape[0])
+        acc = segment_combine(torch.exp(values - m[seg]), seg, num_segments, "sum", lengths=lengths)
         if fill is not None and n_fill is not None:
             acc = acc + times(torch.exp(torch.as_tensor(fill, dtype=values.dtype, device=values.device) - m),
                               n_fill, acc)
@@ -173,11 +190,13 @@ class Var(Reducer):
         self.correction = correction
         super().__init__("var", "sum", dense=lambda x: torch.var(x, 0, correction=correction))
 
-    def __call__(self, values, seg, num_segments, *, fill=None, n_fill=None):
-        mean = REDUCERS["mean"](values, seg, num_segments, fill=fill, n_fill=n_fill)
+    def __call__(self, values, seg, num_segments, *, fill=None, n_fill=None, lengths=None):
+        mean = REDUCERS["mean"](values, seg, num_segments, fill=fill, n_fill=n_fill, lengths=lengths)
+        seg = seg_ids(seg, lengths, values.shape[0])
         d = values - mean[seg]
-        acc = segment_combine((d * d.conj()).real if d.is_complex() else d * d, seg, num_segments, "sum")
-        count = segment_counts(seg, num_segments)
+        acc = segment_combine((d * d.conj()).real if d.is_complex() else d * d, seg, num_segments, "sum",
+                              lengths=lengths)
+        count = segment_counts(seg, num_segments) if lengths is None else lengths
         if fill is not None and n_fill is not None:
             df = torch.as_tensor(fill, dtype=values.dtype, device=values.device) - mean
             acc = acc + times((df * df.conj()).real if df.is_complex() else df * df, n_fill, acc)

@@ -196,8 +196,7 @@ class SparseTensor(torch.Tensor):
         nse = self._col.shape[-1]
         crow = self._crow.reshape(nb, nrows + 1)
         counts = (crow[:, 1:] - crow[:, :-1]).reshape(-1)
-        grow = torch.repeat_interleave(torch.arange(counts.numel(), device=crow.device), counts,
-                                       output_size=nb * nse)
+        grow = _index.runs_to_ids(counts, nb * nse)
         rows = [grow % nrows, self._col.reshape(-1)]
         idx = torch.stack(list(_index.unravel(grow // nrows, batch)) + rows) if batch else torch.stack(rows)
         return idx, self._vals.reshape((nb * nse,) + tuple(self._dense_shape))

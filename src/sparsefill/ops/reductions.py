@@ -71,7 +71,8 @@ def reduce_dims(A: SparseTensor, name: str, dims, keepdim: bool, out_meta: torch
     nd, sd = A.dim(), A.dim() - A.dense_dim()
     dims = sorted({d % nd for d in dims}) if dims and nd else list(range(nd))
     sp, dn = [d for d in dims if d < sd], [d - sd for d in dims if d >= sd]
-    idx, vals = coalesced_parts(A)
+    rows = _csr_rows(A) if sp == [1] and sd == 2 else None
+    idx, vals = (None, A._vals) if rows is not None else coalesced_parts(A)
     if name in ("all", "any"):
         vals = vals.bool()
     fill = None if A._indefinite else A._fill.expand(A._dense_shape).to(vals.dtype)
@@ -89,17 +90,30 @@ def reduce_dims(A: SparseTensor, name: str, dims, keepdim: bool, out_meta: torch
         n_all = torch.tensor([N - k], device=vals.device)
         res = r(vals, seg, 1, **({} if fill is None else dict(fill=fill, n_fill=n_all)))[0]
         return res.reshape(out_meta.shape).to(out_meta.dtype)
-    seg, out_idx, n_fill = group_slices(idx, A._sparse_shape, sp)
+    seg, out_idx, n_fill = rows if rows is not None else group_slices(idx, A._sparse_shape, sp)
     S = out_idx.shape[1]
     kw = {} if fill is None else dict(fill=fill, n_fill=n_fill)
+    if max(kept) < min(sp):  # the slices are contiguous runs of the (coalesced) stored elements
+        kw["lengths"] = N - n_fill
     out_vals = r(vals, seg, S, **kw)
     out_fill = None if fill is None else \
-        r(vals[:0], seg[:0], 1, fill=fill, n_fill=torch.tensor([N], device=vals.device))[0]
+        r(vals[:0], n_fill[:0], 1, fill=fill, n_fill=torch.tensor([N], device=vals.device))[0]
     if keepdim:  # reduced sparse dims stay, of size 1, index 0
         full = out_idx.new_zeros((sd, S))
         full[kept] = out_idx
         out_idx, kept = full, list(range(sd))
     return _finish(A, out_idx, out_vals, out_fill, out_meta, A._sf_layout if len(kept) >= 2 else torch.sparse_coo)
+
+
+def _csr_rows(A: SparseTensor):
+    """``group_slices`` of a 2-D CSR pattern over its columns, read off the row pointers: the
+    non-empty rows, each stored element's slice, and the unspecified count per slice."""
+    if A._sf_layout is not torch.sparse_csr or A._crow.dim() != 1:
+        return None
+    counts = A._crow.diff()
+    rows = counts.nonzero().reshape(1, -1)
+    lengths = counts[rows[0]]
+    return None, rows, A.shape[1] - lengths  # (slice ids: from the lengths, where a reducer needs them)
 
 
 def _finish(A, idx, vals, fill, out_meta, layout):
