@@ -441,3 +441,26 @@ def test_gradients_match_torch_masked_hybrid_and_batched_csr(dense_dim, layout):
             ga, = torch.autograd.grad(o[w].sum(), A)
             gx, = torch.autograd.grad(r[w].sum(), xd)
             assert_close(ga.to_dense() if isinstance(ga, SparseTensor) else ga, gx, msg=f"{op} {args}")
+
+
+@pytest.mark.parametrize("name", ["amax", "amin"])
+def test_extreme_tie_gradients_split_evenly(name):
+    """Ties among stored values and masked-in fills: the gradient splits evenly among all tied elements, as
+    torch's amax/amin backward on the dense slice (the fill's share counts every tied unspecified element)."""
+    idx = torch.tensor([[0, 0, 0, 1, 1, 2], [0, 1, 3, 0, 2, 4]])
+    for fill0, vals in [(2.0, [2., 2., 1., 5., 5.0, -1.]), (-1.0, [-1., 3., -1., -1., 0., -1.])]:
+        for mask in [None, torch.tensor([[1, 1, 1, 0, 1], [1, 1, 1, 1, 0], [1, 1, 1, 1, 1]], dtype=torch.bool)]:
+            v = torch.tensor(vals, dtype=torch.float64, requires_grad=True)
+            f = torch.tensor(fill0, dtype=torch.float64, requires_grad=True)
+            A = sparsefill.sparse_coo_tensor(idx, v, (3, 5), fill_value=f)
+            xd = A.detach().to_dense().requires_grad_()
+            for dim in [0, 1]:
+                w = torch.arange(1., 6. if dim == 0 else 4., dtype=torch.float64)
+                out = _dense(getattr(M, name)(A, dim, mask=mask))
+                ref = getattr(torch.masked, name)(xd, dim, mask=mask)
+                gv, gf = torch.autograd.grad((out * w).sum(), (v, f))
+                gx, = torch.autograd.grad((ref * w).sum(), xd)
+                unspec = torch.ones(3, 5, dtype=torch.bool)
+                unspec[idx[0], idx[1]] = False
+                assert_close(gv, gx[idx[0], idx[1]], msg=f"{fill0} {dim}")
+                assert_close(gf, gx[unspec].sum(), msg=f"{fill0} {dim}")

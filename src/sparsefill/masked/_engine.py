@@ -197,7 +197,24 @@ def seg_extreme(v, seg, nseg, F, n, mode, init=None, lengths=None):
     pad = torch.full((), init, dtype=F.dtype, device=F.device)
     f = torch.where(n > 0, F, pad)
     f = f.amax(1) if mode == "amax" else f.amin(1)
-    return torch.maximum(out, f) if mode == "amax" else torch.minimum(out, f)
+    out = torch.maximum(out, f) if mode == "amax" else torch.minimum(out, f)
+    if torch.is_grad_enabled() and (v.requires_grad or F.requires_grad):
+        return even_ties(out, v, seg, nseg, F, n)
+    return out
+
+
+def even_ties(best, v, seg, nseg, F, n):
+    """``best`` (the extreme of every segment) as the mean of the elements equal to it, so that its gradient
+    splits evenly among all of them, the ``n`` fill copies included (torch's amax/amin backward on the
+    dense slice); segments with no such element (empty, NaN) keep ``best`` with no gradient."""
+    b = best.detach()
+    tv = v == b[seg]
+    tf = (F == b[:, None]) & (n > 0)
+    nf = torch.where(tf, n, torch.zeros_like(n)).to(b.dtype)
+    count = seg_add(tv.to(b.dtype), seg, nseg) + nf.sum(1)
+    total = seg_add(torch.where(tv, v, torch.zeros_like(v)), seg, nseg) + \
+        torch.where(tf, F * nf, torch.zeros_like(F)).sum(1)
+    return torch.where(count > 0, total / count.clamp_min(1), b)
 
 
 def seg_mean(v, seg, nseg, F, n, lengths=None):
