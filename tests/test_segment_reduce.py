@@ -491,25 +491,41 @@ def test_gather_scatter_sequential_reference():
     assert torch.equal(data, before)
 
 
-def test_wide_rows_two_threads(backend):
-    """Wide rows with 2 torch threads (the sorted kernels run in parallel over segments)."""
+@pytest.mark.parametrize("threads", [2, 3])
+@pytest.mark.parametrize("shape", ["long_segments", "many_segments"])
+def test_threaded_kernels(backend, threads, shape, monkeypatch):
+    """The compiled kernels split a call over threads (forced here on small inputs): sorted segments by
+    ranges; unsorted ids by position ranges into partial tables then merged (few segments), or by ranges
+    of segments (many).  Same values and first-extreme positions as the reference, NaN included."""
+    from sparsefill.segment import _kernels
+    monkeypatch.setattr(_kernels, "GRAIN", 1)
     saved = torch.get_num_threads()
-    torch.set_num_threads(2)
+    torch.set_num_threads(threads)
     try:
         g = torch.Generator().manual_seed(11)
-        lengths = torch.randint(0, 6, (30,), generator=g)
+        lengths = torch.randint(0, 30, (6,), generator=g) if shape == "long_segments" else \
+            torch.randint(0, 3, (40,), generator=g)
+        lengths[1] = 0
         N = int(lengths.sum())
         data = torch.randn(N, 24, generator=g, dtype=torch.float64)
         data[3, 5] = float("nan")
+        data[N - 1, 0] = float("nan")
         for reducer in ("sum", "weighted_sum", "max", "min", "mean"):
             w = weights_for(reducer, N, lengths, seed=2)
             expect = ref_reduce(data, lengths, reducer, w)
-            for rep in ("unsorted_ids", "fused_unsorted"):
+            _, arg1, _ = in_representation("lengths", data, lengths, w, reducer)
+            for rep in ("lengths", "fused", "unsorted_ids", "fused_unsorted"):
                 out, arg, rowmap = in_representation(rep, data, lengths, w, reducer, seed=3)
-                assert_close(out, expect, equal_nan=True)
+                assert_close(out, expect, equal_nan=True, msg=lambda m: f"{rep} {reducer}: {m}")
                 if arg is not None:
-                    _, arg1, _ = in_representation("lengths", data, lengths, w, reducer)
-                    assert torch.equal(torch.where(arg >= 0, rowmap[arg.clamp_min(0)], arg), arg1)
+                    assert torch.equal(torch.where(arg >= 0, rowmap[arg.clamp_min(0)], arg), arg1), (rep, reducer)
+        # a bad row index found by a thread other than the first: the error names the first bad entry
+        idx = torch.arange(N)
+        idx[N - 2], idx[N - 1] = N + 5, -3
+        ids = torch.repeat_interleave(torch.arange(lengths.numel()), lengths)
+        for kw in (dict(lengths=lengths), dict(segment_ids=ids.flip(0), sorted=False)):
+            with pytest.raises(IndexError, match=rf"indices\[{N - 2}\] = {N + 5} is out of range"):
+                segment.reduce(data, "max", indices=idx, validate=False, **kw)
     finally:
         torch.set_num_threads(saved)
 

@@ -78,17 +78,117 @@ def _np(t):
     return t.detach().numpy()
 
 
-def _nb_call(name, *args):
-    """Run a compiled kernel with torch's thread count.  numba's OpenMP layer shares libgomp with torch
-    and sets the process-wide OpenMP thread count when it starts: torch's setting is restored."""
+# ---------------------------------------------------------------------------- threads
+# The compiled kernels are serial (numba's own parallel layer would start a second OpenMP runtime
+# next to torch's, whose idle workers spin on the same cores); a call is split into independent
+# ranges run on a small pool of Python threads (the kernels release the GIL).
+_POOL = {"ex": None, "n": 0}
+GRAIN = 1 << 18  # elements of work per thread below which a call stays on one thread
+
+
+def _threads(work: int) -> int:
+    """Threads for ``work`` elements: ``torch.get_num_threads()``, fewer for small calls."""
+    return max(1, min(torch.get_num_threads(), work // GRAIN))
+
+
+def _pool(n: int):
+    if _POOL["n"] < n:
+        import concurrent.futures
+        if _POOL["ex"] is not None:
+            _POOL["ex"].shutdown(wait=True)
+        _POOL["ex"] = concurrent.futures.ThreadPoolExecutor(n, thread_name_prefix="sparsefill-segment")
+        _POOL["n"] = n
+    return _POOL["ex"]
+
+
+def _run_jobs(fn, jobs) -> int:
+    """``fn(*job, bad)`` for every job (argument tuple), in parallel: the first on this thread, the others
+    on the pool.  Returns the smallest bad position the kernels reported (-1 if none)."""
+    import numpy as np
+    bads = np.full((len(jobs), 1), -1, dtype=np.int64)
+    futures = [_pool(len(jobs) - 1).submit(fn, *job, bads[t]) for t, job in enumerate(jobs) if t]
+    fn(*jobs[0], bads[0])
+    for f in futures:
+        f.result()
+    found = bads[bads >= 0]
+    return int(found.min()) if found.size else -1
+
+
+def _split(cum: torch.Tensor, T: int) -> list[int]:
+    """``T + 1`` range bounds over ``[0, S]`` with about equal work, ``cum`` the cumulative work (``S + 1``)."""
+    S = cum.numel() - 1
+    if T == 1:
+        return [0, S]
+    total = int(cum[-1])
+    targets = torch.tensor([total * t // T for t in range(1, T)], dtype=cum.dtype)
+    return [0, *torch.searchsorted(cum, targets).tolist(), S]
+
+
+_DUMMY = {}
+
+
+def _dummy():
+    """A placeholder for the arg array of the kernels that record none."""
+    import numpy as np
+    if "arg" not in _DUMMY:
+        _DUMMY["arg"] = np.zeros((1, 1), dtype=np.int64)
+    return _DUMMY["arg"]
+
+
+def _reduce_compiled(form, op, x, plan, rows, w, *, want_arg=False, scale=None):
+    """``(out, arg)``: the compiled kernels of ``op`` over the whole plan (see ``_numba_kernels``), on up
+    to ``torch.get_num_threads()`` threads.  Sorted segments are split into ranges of about equal
+    positions.  Unsorted ids are split into position ranges reduced into partial tables, then merged
+    (when ``S`` is small next to the positions), or else into ranges of segments (each thread then
+    scans every id)."""
+    import numpy as np
     nb = _nb()
-    n = torch.get_num_threads()
-    try:
-        nb.set_threads(n)
-        return getattr(nb, name)(*(_np(a) if isinstance(a, torch.Tensor) else a for a in args))
-    finally:
-        if torch.get_num_threads() != n:
-            torch.set_num_threads(n)
+    S, D = plan.num_segments, x.shape[1]
+    xn = _np(x.contiguous())
+    out = torch.empty(S, D, dtype=x.dtype)
+    arg = torch.empty(S, D, dtype=torch.int64) if want_arg else None
+    none_i, none_f = np.empty(0, dtype=np.int64), np.empty(0, dtype=xn.dtype)
+    rows_n = _np(rows) if rows is not None else none_i
+    w_n = _np(w) if w is not None else none_f
+    scale_n = _np(scale) if scale is not None else none_i
+    out_n, arg_n = _np(out), (_np(arg) if arg is not None else _dummy())
+    if form == "sorted":
+        offs = plan.offsets
+        bounds = _split(offs, _threads(int(offs[-1]) * D))
+        fn = nb.kernel("sorted", op, want_arg)
+        jobs = [(xn, _np(offs), rows_n, w_n, scale_n, out_n, arg_n, bounds[t], bounds[t + 1])
+                for t in range(len(bounds) - 1)]
+        bad = _run_jobs(fn, jobs)
+    else:
+        ids = _np(plan.ids)
+        n = ids.shape[0]
+        T = _threads(n * D)
+        fn = nb.kernel("scatter", op, want_arg)
+        if T > 1 and S * (T - 1) * 4 <= n:  # partial tables cost at most a quarter of the data
+            parts = np.empty((T - 1, S, D), dtype=xn.dtype)
+            part_args = np.empty((T - 1, S, D), dtype=np.int64) if want_arg else _dummy()[None]
+            pos = [n * t // T for t in range(T + 1)]
+            jobs = [(xn, ids, rows_n, w_n, none_i, out_n if t == 0 else parts[t - 1],
+                     arg_n if (t == 0 or not want_arg) else part_args[t - 1], 0, S, pos[t], pos[t + 1])
+                    for t in range(T)]
+            bad = _run_jobs(fn, jobs)
+            if bad < 0:
+                bounds = [S * t // T for t in range(T + 1)]
+                merge = nb.kernel("merge", op, want_arg)
+                _run_jobs(lambda *a: merge(*a[:-1]), [(out_n, arg_n, parts, part_args, scale_n, bounds[t],
+                                                       bounds[t + 1]) for t in range(T)])
+        else:
+            cum = None
+            if T > 1:
+                cum = torch.zeros(S + 1, dtype=torch.int64)
+                torch.cumsum(plan.counts, 0, out=cum[1:])
+            bounds = _split(cum, T) if T > 1 else [0, S]
+            jobs = [(xn, ids, rows_n, w_n, scale_n, out_n, arg_n, bounds[t], bounds[t + 1], 0, n)
+                    for t in range(len(bounds) - 1)]
+            bad = _run_jobs(fn, jobs)
+    if bad >= 0:
+        _raise_bad_rows(rows, x.shape[0], bad)
+    return out, arg
 
 
 _ARANGE = {"t": torch.empty(0, dtype=torch.int64)}
@@ -118,11 +218,29 @@ def segment_ids_of(offsets: torch.Tensor, n: int) -> torch.Tensor:
     return torch.repeat_interleave(torch.arange(S, device=offsets.device), offsets.diff(), output_size=n)
 
 
+def _count_compiled(ids: torch.Tensor, S: int):
+    """``(counts, first bad position or -1)`` by the compiled counter; large calls count position ranges on
+    separate threads into one row of counts each (when ``S`` is small next to the ids)."""
+    import numpy as np
+    n = ids.numel()
+    T = _threads(n) if S * 4 <= n else 1
+    if T == 1:
+        counts = torch.zeros(S, dtype=torch.int64)
+        return counts, int(_nb().count_ids(_np(ids), _np(counts), 0, n))
+    rows = torch.zeros(T, S, dtype=torch.int64)
+    bounds = [n * t // T for t in range(T + 1)]
+    ids_np, rows_np = _np(ids), _np(rows)
+    fn = _nb().count_ids
+    futures = [_pool(T - 1).submit(fn, ids_np, rows_np[t], bounds[t], bounds[t + 1]) for t in range(1, T)]
+    bads = [int(fn(ids_np, rows_np[0], bounds[0], bounds[1]))] + [int(f.result()) for f in futures]
+    bads = [b for b in bads if b >= 0]
+    return rows.sum(0), (min(bads) if bads else -1)
+
+
 def count_ids(ids: torch.Tensor, S: int) -> torch.Tensor:
     """``bincount(ids, minlength=S)``; an id outside ``[0, S)`` raises an IndexError naming it."""
     if compiled_for(ids.device) and ids.numel():
-        counts = torch.zeros(S, dtype=torch.int64)
-        bad = _nb_call("count_ids", ids, counts)
+        counts, bad = _count_compiled(ids.contiguous(), S)
     else:
         bad = -1
         if ids.numel():
@@ -147,7 +265,7 @@ def sort_by_segment(ids: torch.Tensor, num_segments: int) -> tuple[torch.Tensor,
     torch.cumsum(counts, 0, out=offsets[1:])
     if compiled_for(ids.device) and ids.numel():
         order = torch.empty(ids.numel(), dtype=torch.int64)
-        _nb_call("counting_sort", ids, order, offsets)
+        _nb().counting_sort(_np(ids.contiguous()), _np(order), _np(offsets))
     else:
         order = torch.sort(ids, stable=True).indices
     return order, offsets
@@ -156,6 +274,10 @@ def sort_by_segment(ids: torch.Tensor, num_segments: int) -> tuple[torch.Tensor,
 def _direct(plan, x) -> bool:
     """Reduce unsorted ids in place (compiled scatter kernels) rather than through the segment order."""
     return plan.unsorted and not plan._sorted and _compiled(x)
+
+
+def _contig(t):
+    return None if t is None else t.contiguous()
 
 
 def segment_sum(x: torch.Tensor, plan, w: torch.Tensor | None = None, *, mode: str = "sum",
@@ -169,15 +291,10 @@ def segment_sum(x: torch.Tensor, plan, w: torch.Tensor | None = None, *, mode: s
     if S == 0:
         return x.new_zeros(0, x.shape[1])
     if not w_in_segment_order and _direct(plan, x):
-        out = torch.zeros(S, x.shape[1], dtype=x.dtype)
-        bad = torch.full((1,), -1, dtype=torch.int64)
-        rows = plan.direct_rows()
-        wd = plan.direct(w)
-        _nb_call("scatter_sum", x.contiguous(), plan.ids, rows if rows is not None else _arange(0, "cpu"),
-                 wd if wd is not None else x.new_empty(0), out, bad)
-        if int(bad[0]) >= 0:
-            _raise_bad_rows(rows, x.shape[0], int(bad[0]))
-        return out / plan.counts.clamp_min(1)[:, None] if mode == "mean" else out
+        op = "wsum" if w is not None else ("mean" if mode == "mean" else "sum")
+        out, _ = _reduce_compiled("scatter", op, x, plan, _contig(plan.direct_rows()), _contig(plan.direct(w)),
+                                  scale=plan.counts if op == "mean" else None)
+        return out / plan.counts.clamp_min(1)[:, None] if (mode == "mean" and op != "mean") else out
     w_seg = w if (w is None or w_in_segment_order) else plan.to_segment_order(w)
     if x.is_floating_point() and not x.is_complex():
         rows = plan.rows
@@ -200,38 +317,16 @@ def segment_extreme(x: torch.Tensor, plan, *, largest: bool, want_arg: bool = Tr
     D = x.shape[1]
     if S == 0:
         return x.new_zeros(0, D), (torch.zeros(0, D, dtype=torch.int64, device=x.device) if want_arg else None)
-    init = float("-inf") if largest else float("inf")
+    op = "max" if largest else "min"
     if _direct(plan, x):
-        bad = torch.full((1,), -1, dtype=torch.int64)
-        rows = plan.direct_rows()
-        r = rows if rows is not None else _arange(0, "cpu")
-        if want_arg:
-            out = torch.empty(S, D, dtype=x.dtype)
-            arg = torch.full((S, D), -1, dtype=torch.int64)
-            _nb_call("scatter_extreme_arg", x.contiguous(), plan.ids, r, out, arg, bool(largest), bad)
-        else:
-            out, arg = torch.full((S, D), init, dtype=x.dtype), None
-            _nb_call("scatter_extreme", x.contiguous(), plan.ids, r, out, bool(largest), bad)
-        if int(bad[0]) >= 0:
-            _raise_bad_rows(rows, x.shape[0], int(bad[0]))
+        out, arg = _reduce_compiled("scatter", op, x, plan, _contig(plan.direct_rows()), None, want_arg=want_arg)
         return out, (plan.direct_positions(arg) if want_arg else None)
     rows = plan.rows
     if _compiled(x):
-        bad = torch.zeros(S, dtype=torch.uint8)
-        r = rows if rows is not None else _arange(0, "cpu")
-        if want_arg:
-            out = torch.empty(S, D, dtype=x.dtype)
-            arg = torch.full((S, D), -1, dtype=torch.int64)
-            _nb_call("seg_extreme_arg", x.contiguous(), plan.offsets, r, out, arg, bool(largest), bad)
-        else:
-            out, arg = torch.full((S, D), init, dtype=x.dtype), None
-            _nb_call("seg_extreme", x.contiguous(), plan.offsets, r, out, bool(largest), bad)
-        if rows is not None and bool(bad.any()):
-            _raise_bad_rows(rows, x.shape[0])
+        out, arg = _reduce_compiled("sorted", op, x, plan, _contig(rows), None, want_arg=want_arg)
         return out, (plan.input_positions(arg) if want_arg else None)
     vals = x if rows is None else x.index_select(0, rows)
-    mode = "amax" if largest else "amin"
-    best = _reduce.segment_combine(vals, plan.seg, S, mode)
+    best = _reduce.segment_combine(vals, plan.seg, S, "amax" if largest else "amin")
     arg = None
     if want_arg:
         k = _reduce.segment_arg(vals, plan.seg, S, _arange(vals.shape[0], x.device), best)
