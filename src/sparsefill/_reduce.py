@@ -15,6 +15,13 @@ Its reduction is computed in closed form, never by materialising the ``n`` fills
 Reductions that need a statistic of the slice first (logsumexp shifts by the max, var centres on
 the mean) are two passes of the same machinery (:class:`LogSumExp`, :class:`Var`).
 
+*Fill tables* (masked reductions): for scalar values (``values`` 1-D) a slice may hold several
+*classes* of identical unspecified elements, ``n[s, c]`` copies of ``F[s, c]`` (one class per
+reduced dense position of a hybrid tensor, the masked-out zeros of a negative-order norm, ...).
+Pass ``fill=F`` and ``n_fill=n`` of shape ``(num_segments, C)``; ``fold`` combines every class::
+
+    reduce(slice s) = finalize(fold(combine(x_1..x_k), F[s, :], n[s, :]), k + sum_c n[s, c])
+
 Invariant, for every reducer ``r`` and any split of a slice into stored values and fills::
 
     r(values, seg, S, fill=f, n_fill=n)[s] == r.dense(torch.cat([values[seg == s], f.expand(n[s])]))
@@ -37,8 +44,8 @@ import torch
 from ._index import linearize, numel, runs_to_ids, unravel
 
 __all__ = ["Reducer", "LogSumExp", "Var", "Norm", "REDUCERS", "segment_combine", "segment_counts",
-           "segment_arg", "broadcast_seg", "group_slices",
-           "first_gap"]
+           "segment_arg", "segment_median", "broadcast_seg", "gather_seg", "group_slices", "first_gap",
+           "even_ties"]
 
 _SCATTER_IDENTITY = {"sum": 0, "prod": 1, "amax": -math.inf, "amin": math.inf}
 
@@ -88,10 +95,40 @@ def seg_ids(seg, lengths, k: int) -> torch.Tensor:
     return seg if seg is not None else runs_to_ids(lengths, k)
 
 
-def segment_counts(seg: torch.Tensor, num_segments: int) -> torch.Tensor:
+def segment_counts(seg: torch.Tensor, num_segments: int, lengths=None) -> torch.Tensor:
     """Number of stored values per segment (int64, shape ``(num_segments,)``)."""
+    if lengths is not None:
+        return lengths
     return torch.bincount(seg, minlength=num_segments) if seg.numel() else \
         torch.zeros(num_segments, dtype=torch.int64, device=seg.device)
+
+
+def gather_seg(t: torch.Tensor, seg, lengths, k: int) -> torch.Tensor:
+    """``t[seg]``: a per-segment value at each of the ``k`` elements (``seg`` may be None with ``lengths``)."""
+    return t.index_select(0, seg_ids(seg, lengths, k))
+
+
+def _table(n, acc) -> bool:
+    """``n`` is a fill table ``(num_segments, C)`` for a per-segment accumulator ``acc`` ``(num_segments,)``."""
+    return isinstance(n, torch.Tensor) and n.dim() == 2 and acc.dim() == 1
+
+
+def _n_total(n, acc):
+    """Fill copies per segment (a table summed over its classes)."""
+    return n.sum(-1) if _table(n, acc) else n
+
+
+def _per_segment(t, acc, n):
+    """A per-segment statistic shaped to meet the fills: ``(S, 1)`` against a fill table."""
+    return t[:, None] if _table(n, acc) else t
+
+
+def _fold_sum(acc, f, n):
+    """``acc + n * f`` for a per-segment ``n`` or a fill table (summed over its classes)."""
+    if _table(n, acc):
+        f = torch.as_tensor(f, dtype=acc.dtype, device=acc.device).expand(n.shape)
+        return acc + times(f, n, f).sum(-1)
+    return acc + times(f, n, acc)
 
 
 def _bcast(t, like):
@@ -111,48 +148,65 @@ def times(f, n, like):
 
 class Reducer:
     """A reduction described by a scatter ``mode``, an optional term map ``pre`` (applied to every
-    element, stored or fill) and a ``finalize(acc, count)``.  Subclasses override :meth:`__call__`
-    for two-pass reductions."""
+    element, stored or fill), a ``finalize(acc, count)`` and the start value ``init`` of ``combine``
+    (the identity by default).  Subclasses override :meth:`__call__` for two-pass reductions."""
 
-    def __init__(self, name, mode, pre=None, finalize=None, dense=None):
+    def __init__(self, name, mode, pre=None, finalize=None, dense=None, init=None):
         self.name, self.mode, self.pre, self._finalize, self._dense = name, mode, pre, finalize, dense
+        self.init = init
 
     def identity(self, dtype):
         return identity_of(self.mode, dtype)
 
     def combine(self, values, seg, num_segments, lengths=None):
         return segment_combine(values if self.pre is None else self.pre(values), seg, num_segments, self.mode,
-                               lengths=lengths)
+                               self.init, lengths=lengths)
 
     def fold(self, acc, fill, n):
-        """``combine`` of ``acc`` with ``n`` copies of ``fill`` (``n`` per segment, broadcast)."""
+        """``combine`` of ``acc`` with ``n`` copies of ``fill`` (``n`` per segment, broadcast), or with a
+        fill table (``n[s, c]`` copies of ``fill[s, c]``, see the module docstring)."""
         f = fill if self.pre is None else self.pre(fill)
-        n = _bcast(n, acc)
         if self.mode == "sum":
-            return acc + times(f, n, acc)
+            return _fold_sum(acc, f, n)
+        f = torch.as_tensor(f, dtype=acc.dtype, device=acc.device)
+        one = torch.ones((), dtype=acc.dtype, device=acc.device)
+        if _table(n, acc):
+            f = f.expand(n.shape)
+            if self.mode == "prod":
+                return acc * torch.where(n > 0, torch.pow(f, n), one).prod(-1)
+            g = torch.where(n > 0, f, torch.full((), self.identity(acc.dtype), dtype=acc.dtype, device=acc.device))
+            return torch.maximum(acc, g.amax(-1)) if self.mode == "amax" else torch.minimum(acc, g.amin(-1))
+        n = _bcast(n, acc)
         if self.mode == "prod":  # (pow(nan + 0j, 0) is NaN: no copies multiply by 1)
-            f = torch.as_tensor(f, dtype=acc.dtype, device=acc.device)
-            return acc * torch.where(n > 0, torch.pow(f, n), torch.ones((), dtype=acc.dtype, device=acc.device))
+            return acc * torch.where(n > 0, torch.pow(f, n), one)
         op = torch.maximum if self.mode == "amax" else torch.minimum
-        return torch.where(n > 0, op(acc, torch.as_tensor(f, dtype=acc.dtype, device=acc.device)), acc)
+        return torch.where(n > 0, op(acc, f), acc)
 
     def finalize(self, acc, count):
         return acc if self._finalize is None else self._finalize(acc, _bcast(count, acc))
 
     def __call__(self, values, seg, num_segments, *, fill=None, n_fill=None, lengths=None):
         """Reduce ``values`` (shape ``(k, *D)``) into ``num_segments`` slices by ``seg``; each slice also
-        holds ``n_fill[s]`` copies of ``fill`` (a scalar or a tensor of shape ``D``).  ``lengths``:
-        the segments are contiguous runs of these lengths (see :func:`segment_combine`); ``seg`` may
-        then be None."""
+        holds ``n_fill[s]`` copies of ``fill`` (a scalar or a tensor of shape ``D``), or a fill table.
+        ``lengths``: the segments are contiguous runs of these lengths (see :func:`segment_combine`);
+        ``seg`` may then be None.  amax/amin under autograd: the gradient splits evenly among tied
+        elements, fill copies included (:func:`even_ties`, torch's amax backward)."""
         if self.mode in ("sum", "prod") and not (values.is_floating_point() or values.is_complex()):
             values = values.to(torch.int64)  # torch's rule: integer and bool sums and products are int64
         acc = self.combine(values, seg, num_segments, lengths)
-        if fill is not None and n_fill is not None:
-            acc = self.fold(acc, torch.as_tensor(fill, dtype=values.dtype, device=values.device), n_fill)
+        folded = fill is not None and n_fill is not None
+        if folded:
+            fill = torch.as_tensor(fill, dtype=values.dtype, device=values.device)
+            acc = self.fold(acc, fill, n_fill)
+        if self.mode in ("amax", "amin") and torch.is_grad_enabled() and (
+                values.requires_grad or (folded and fill.requires_grad)):
+            pre = (lambda t: t) if self.pre is None else self.pre
+            acc = even_ties(acc, pre(values), seg_ids(seg, lengths, values.shape[0]), num_segments,
+                            pre(fill) if folded else None, n_fill if folded else None)
         if self._finalize is None:  # (the count is needed by finalize only)
             return acc
-        count = segment_counts(seg, num_segments) if lengths is None else lengths
-        return self.finalize(acc, count if n_fill is None or fill is None else count + n_fill)
+        count = segment_counts(seg, num_segments, lengths)
+        return self.finalize(acc, count if not folded else count + _n_total(n_fill, acc))
 
     def dense(self, x: torch.Tensor) -> torch.Tensor:
         """The same reduction of a dense 1-D-leading tensor along dim 0 (the reference)."""
@@ -167,19 +221,21 @@ def _mean(acc, count):
 
 
 class LogSumExp(Reducer):
-    """``log(sum(exp(x)))`` as ``m + log(sum(exp(x - m)))`` with ``m`` the slice max (0 where infinite)."""
+    """``log(sum(exp(x)))`` as ``m + log(sum(exp(x - m)))`` with ``m`` the slice max (0 where infinite;
+    a constant for the gradient, which is exact for any ``m``)."""
 
     def __init__(self):
         super().__init__("logsumexp", "sum", dense=lambda x: torch.logsumexp(x, 0))
 
     def __call__(self, values, seg, num_segments, *, fill=None, n_fill=None, lengths=None):
-        m = REDUCERS["amax"](values, seg, num_segments, fill=fill, n_fill=n_fill, lengths=lengths)
-        m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+        with torch.no_grad():
+            m = REDUCERS["amax"](values, seg, num_segments, fill=fill, n_fill=n_fill, lengths=lengths)
+            m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
         seg = seg_ids(seg, lengths, values.shape[0])
         acc = segment_combine(torch.exp(values - m[seg]), seg, num_segments, "sum", lengths=lengths)
         if fill is not None and n_fill is not None:
-            acc = acc + times(torch.exp(torch.as_tensor(fill, dtype=values.dtype, device=values.device) - m),
-                              n_fill, acc)
+            f = torch.as_tensor(fill, dtype=values.dtype, device=values.device)
+            acc = _fold_sum(acc, torch.exp(f - _per_segment(m, acc, n_fill)), n_fill)
         return torch.log(acc) + m
 
 
@@ -196,25 +252,38 @@ class Var(Reducer):
         d = values - mean[seg]
         acc = segment_combine((d * d.conj()).real if d.is_complex() else d * d, seg, num_segments, "sum",
                               lengths=lengths)
-        count = segment_counts(seg, num_segments) if lengths is None else lengths
+        count = segment_counts(seg, num_segments, lengths)
         if fill is not None and n_fill is not None:
-            df = torch.as_tensor(fill, dtype=values.dtype, device=values.device) - mean
-            acc = acc + times((df * df.conj()).real if df.is_complex() else df * df, n_fill, acc)
-            count = count + n_fill
+            df = torch.as_tensor(fill, dtype=values.dtype, device=values.device) - _per_segment(mean, acc, n_fill)
+            acc = _fold_sum(acc, (df * df.conj()).real if df.is_complex() else df * df, n_fill)
+            count = count + _n_total(n_fill, acc)
         return acc / (_bcast(count, acc) - self.correction).clamp_min(0)
 
 
+def _root(p):
+    """``s^(1/p)``; for ``p > 0`` the root has no derivative at 0: 0 there, as torch.linalg.vector_norm."""
+    if p < 0:
+        return lambda s, c: s ** (1.0 / p)
+
+    def root(s, c):
+        pos = s != 0
+        return torch.where(pos, torch.where(pos, s, torch.ones_like(s)) ** (1.0 / p), torch.zeros_like(s))
+    return root
+
+
 class Norm(Reducer):
-    """The vector ``p``-norm: ``(sum |x|^p)^(1/p)``; ``p = inf`` is ``max |x|``, ``p = 0`` counts nonzeros."""
+    """The vector ``p``-norm: ``(sum |x|^p)^(1/p)``; ``p = inf`` is ``max |x|`` (0 for no element),
+    ``p = -inf`` is ``min |x|``, ``p = 0`` counts nonzeros."""
 
     def __init__(self, p=2.0):
         self.p = p
         if math.isinf(p):
-            super().__init__("norm", "amax" if p > 0 else "amin", pre=lambda x: torch.abs(x))
+            super().__init__("norm", "amax" if p > 0 else "amin", pre=lambda x: torch.abs(x),
+                             init=0.0 if p > 0 else None)
         elif p == 0:
             super().__init__("norm", "sum", pre=lambda x: (x != 0).to(x.abs().dtype))
         else:
-            super().__init__("norm", "sum", pre=lambda x: torch.abs(x) ** p, finalize=lambda a, c: a ** (1.0 / p))
+            super().__init__("norm", "sum", pre=lambda x: torch.abs(x) ** p, finalize=_root(p))
         self._dense = lambda x: torch.linalg.vector_norm(x, p, 0)
 
 
@@ -237,6 +306,8 @@ def segment_arg(values: torch.Tensor, seg: torch.Tensor, num_segments: int, posi
     ``positions[i]`` is the position of ``values[i]`` within its slice; a NaN ``best`` matches a NaN.
     Where the fill equals ``best`` and ``fill_position[s]`` (the first unspecified position, or
     ``None``/-1 for none) comes earlier, that position wins.  Segments with no match get -1.
+    With a fill table (``fill``/``fill_position`` of shape ``(num_segments, C)``) every class is a
+    candidate at its own first position.
     """
     b = best[seg]
     hit = (values == b) | (torch.isnan(values) & torch.isnan(b)) if values.is_floating_point() else values == b
@@ -245,9 +316,14 @@ def segment_arg(values: torch.Tensor, seg: torch.Tensor, num_segments: int, posi
     out = segment_combine(pos, seg, num_segments, "amin", init=big)
     if fill is not None and fill_position is not None:
         f = torch.as_tensor(fill, dtype=values.dtype, device=values.device)
-        fhit = (f == best) | (torch.isnan(f) & torch.isnan(best)) if values.is_floating_point() else f == best
-        fp = _bcast(fill_position, out)
-        out = torch.where(fhit & (fp >= 0), torch.minimum(out, fp.expand_as(out)), out)
+        fp = torch.as_tensor(fill_position, device=out.device)
+        b = best[:, None] if _table(fp, out) else best
+        fhit = (f == b) | (torch.isnan(f) & torch.isnan(b)) if values.is_floating_point() else f == b
+        if _table(fp, out):  # a fill table: the first position among the classes that hit
+            out = torch.minimum(out, torch.where(fhit & (fp >= 0), fp, torch.full_like(fp, big)).amin(-1))
+        else:
+            fp = _bcast(fp, out)
+            out = torch.where(fhit & (fp >= 0), torch.minimum(out, fp.expand_as(out)), out)
     return torch.where(out == big, torch.full_like(out, -1), out)
 
 
@@ -293,3 +369,54 @@ def group_slices(indices: torch.Tensor, sparse_shape, dims):
         out_keys, seg, counts = torch.unique(keys, sorted=True, return_inverse=True, return_counts=True)
     n_fill = numel([sparse_shape[d] for d in dims]) - counts
     return seg, unravel(out_keys, keep_shape), n_fill
+
+
+def even_ties(best, values, seg, num_segments, fill=None, n_fill=None):
+    """``best`` (each segment's extreme) rewritten as the mean of the elements equal to it, so that its
+    gradient splits evenly among all of them, fill copies included (torch's amax/amin backward on the
+    dense slice).  Same value; segments with no such element (none, or NaN) keep ``best``, no gradient."""
+    b = best.detach()
+    hit = values == b[seg]
+    count = segment_combine(hit.to(b.dtype), seg, num_segments, "sum")
+    total = segment_combine(torch.where(hit, values, torch.zeros_like(values)), seg, num_segments, "sum")
+    if fill is not None and n_fill is not None:
+        table = _table(torch.as_tensor(n_fill), b)
+        bb = b[:, None] if table else b
+        n = n_fill if table else _bcast(n_fill, b)
+        fhit = (fill == bb) & (n > 0)
+        nf = torch.where(fhit, n, torch.zeros_like(n)).to(b.dtype)
+        ftot = torch.where(fhit, fill * nf, torch.zeros((), dtype=b.dtype, device=b.device))
+        count = count + (nf.sum(-1) if table else nf.expand_as(b))
+        total = total + (ftot.sum(-1) if table else ftot.expand_as(b))
+    return torch.where(count > 0, total / count.clamp_min(1), b)
+
+
+def segment_median(values: torch.Tensor, seg: torch.Tensor, num_segments: int, *, fill=None,
+                   n_fill=None) -> torch.Tensor:
+    """Lower median of the non-NaN elements of each segment (``torch.nanmedian``), for 1-D ``values``
+    plus ``n_fill`` copies of ``fill`` (per segment, or a fill table); NaN for a segment with none.
+    Sorted once by (segment, value); the copies enter as one weighted element per class.
+
+    >>> segment_median(torch.tensor([3., 1., 2.]), torch.tensor([0, 0, 1]), 2, fill=torch.tensor(0.),
+    ...                n_fill=torch.tensor([2, 0])).tolist()
+    [0.0, 2.0]
+    """
+    vals, segs, mult = values, seg, torch.ones_like(seg)
+    if fill is not None and n_fill is not None:
+        n = torch.as_tensor(n_fill, device=seg.device)
+        n = n if n.dim() == 2 else n[:, None]
+        F = torch.as_tensor(fill, dtype=values.dtype, device=values.device).expand(n.shape)
+        vals = torch.cat([values, F.reshape(-1)])
+        segs = torch.cat([seg, torch.arange(num_segments, device=seg.device).repeat_interleave(n.shape[1])])
+        mult = torch.cat([mult, n.reshape(-1)])
+    keep = (mult > 0) & ~torch.isnan(vals)
+    vals, segs, mult = vals[keep], segs[keep], mult[keep]
+    order = torch.argsort(vals.detach(), stable=True)
+    order = order[torch.argsort(segs[order], stable=True)]
+    vals, segs, mult = vals[order], segs[order], mult[order]
+    total = torch.zeros(num_segments, dtype=torch.int64, device=seg.device).index_add_(0, segs, mult)
+    after = torch.cumsum(mult, 0) - (torch.cumsum(total, 0) - total)[segs]
+    t = (total - 1).div(2, rounding_mode="floor")[segs]
+    sel = (after - mult <= t) & (t < after)
+    out = torch.full((num_segments,), math.nan, dtype=values.dtype, device=values.device)
+    return out.index_put((segs[sel],), vals[sel])
