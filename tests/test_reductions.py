@@ -8,6 +8,7 @@ where DECLARED below (run anyway, compared with dense, and printed in the summar
 
 from __future__ import annotations
 
+import itertools
 import warnings
 
 import pytest
@@ -98,3 +99,35 @@ def test_median_and_nanmedian_in_closed_form(fill):
             warnings.simplefilter("error", sparsefill.DensifyWarning)
             torch.testing.assert_close(A.median(), x.median(), equal_nan=True)
             torch.testing.assert_close(A.nanmedian(), x.nanmedian(), equal_nan=True)
+
+
+@pytest.mark.parametrize("variant", ["coo", "csr", "hybrid", "nan"])
+@pytest.mark.parametrize("fn", [torch.median, torch.nanmedian], ids=["median", "nanmedian"])
+def test_median_along_a_dim(variant, fn):
+    """Values equal torch's; indices point at an element equal to the median (torch leaves ties unspecified),
+    the first NaN where the median is NaN.  Small integers make ties and fill medians common."""
+    g = torch.Generator().manual_seed(2)
+    for trial in range(40):
+        shape = [int(s) for s in torch.randint(1, 5, (2 if variant == "csr" else 3,), generator=g)]
+        x = torch.randint(-2, 3, shape, generator=g).double()
+        fill = float("nan") if variant == "nan" else float(torch.randint(-2, 3, (), generator=g))
+        if trial % 3 == 0:
+            x[torch.rand(shape, generator=g) < 0.2] = float("nan")
+        dense_dim = 1 if variant == "hybrid" else 0
+        if dense_dim:
+            x[torch.rand(shape[:-1], generator=g) < 0.5] = fill
+        else:
+            x[torch.rand(shape, generator=g) < 0.5] = fill
+        A = sparsefill.to_sparse(x, fill_value=fill, dense_dim=dense_dim,
+                                 layout=torch.sparse_csr if variant == "csr" else torch.sparse_coo)
+        for dim, keep in itertools.product(range(-x.dim(), x.dim()), (False, True)):
+            rv, ri = fn(x, dim, keep)
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", sparsefill.DensifyWarning)
+                ov, oi = (_dense(o) for o in fn(A, dim, keep))
+            torch.testing.assert_close(ov, rv, equal_nan=True)
+            assert oi.shape == ri.shape and oi.dtype == ri.dtype
+            at = x.gather(dim, oi if keep else oi.unsqueeze(dim))
+            torch.testing.assert_close(at if keep else at.squeeze(dim), rv, equal_nan=True)
+            if fn is torch.median:
+                assert torch.equal(oi[rv.isnan()], ri[rv.isnan()])

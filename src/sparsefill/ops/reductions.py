@@ -20,7 +20,7 @@ import torch
 
 from .. import _index
 from .._convert import coalesce_of, coalesced_parts, dense_of, parts_to_sparse, rewrap
-from .._reduce import Norm, REDUCERS, first_gap, group_slices, segment_arg
+from .._reduce import Norm, REDUCERS, first_gap, group_slices, segment_arg, segment_combine, segment_counts
 from .._tensor import SparseTensor
 from .fallback import check_dtype, meta_of
 from .registry import register
@@ -240,6 +240,27 @@ def _count_nonzero(func, args, kwargs):
 
 
 # ------------------------------------------------------------------ arg reductions
+def _along_dense_dim(func, A, d, keep, meta):
+    """``func(A, dim, keepdim)`` along dense dim ``d`` (counted from the first dense dim): the op on the
+    values and on the fill, the pattern kept; one SparseTensor per output of ``func``."""
+    idx, vals = coalesced_parts(A)
+    # (contiguous: torch 2.13's median.dim reads a stride-0 input wrongly, median(t.expand(3), 0) == 0)
+    out = [func(vals.contiguous(), d + 1, keep), func(A._fill.expand(A._dense_shape).contiguous(), d, keep)]
+    shapes = [m.shape for m in meta] if isinstance(meta, tuple) else [meta.shape]
+    pairs = list(zip(out[0], out[1])) if isinstance(out[0], tuple) else [(out[0], out[1])]
+    res = tuple(parts_to_sparse(idx, v, shp, f, False, False, A._sf_layout, True) for (v, f), shp in zip(pairs, shapes))
+    return res if isinstance(out[0], tuple) else res[0]
+
+
+def _uniform_all_sparse(A):
+    """``A`` with its dense dims turned into sparse dims (None unless its fill is one value)."""
+    from .shape import all_sparse
+    f = A._fill.reshape(-1)
+    if f.numel() > 1 and bool((f == f[0]).all()):  # an array fill that is one value
+        A = rewrap(A, fill=f[0].clone())
+    return all_sparse(A)
+
+
 @register(aten.argmax.default, aten.argmin.default, aten.max.dim, aten.min.dim)
 def _arg(func, args, kwargs):
     """argmax/argmin (torch's tie rule: the first position) and max/min along a dim with their indices."""
@@ -256,19 +277,8 @@ def _arg(func, args, kwargs):
     if A.dense_dim():
         sd = A.dim() - A.dense_dim()
         if dim is not None and dim % A.dim() >= sd:  # along a dense dim: on the values and on the fill
-            idx, vals = coalesced_parts(A)
-            d = dim % A.dim() - sd
-            out = [func(vals, d + 1, keep), func(A._fill.expand(A._dense_shape), d, keep)]
-            shapes = [m.shape for m in meta] if isinstance(meta, tuple) else [meta.shape]
-            pairs = list(zip(out[0], out[1])) if isinstance(out[0], tuple) else [(out[0], out[1])]
-            res = tuple(parts_to_sparse(idx, v, shp, f, False, False, A._sf_layout, True)
-                        for (v, f), shp in zip(pairs, shapes))
-            return res if isinstance(out[0], tuple) else res[0]
-        from .shape import all_sparse
-        f = A._fill.reshape(-1)
-        if f.numel() > 1 and bool((f == f[0]).all()):  # an array fill that is one value
-            A = rewrap(A, fill=f[0].clone())
-        A = all_sparse(A)  # dense dims become sparse dims (a uniform fill only)
+            return _along_dense_dim(func, A, dim % A.dim() - sd, keep, meta)
+        A = _uniform_all_sparse(A)
         if A is None:
             return NotImplemented
     if dim is None:  # over the flattened tensor
@@ -350,3 +360,71 @@ def _median(func, args, kwargs):
     s = torch.sort(v).values
     m, c = (N - 1) // 2, int((s < f).sum())
     return (s[m] if m < c else f if m < c + n else s[m - n]).clone()
+
+
+@register(aten.median.dim, aten.nanmedian.dim)
+def _median_dim(func, args, kwargs):
+    """Lower median along ``dim`` per slice, with the rank rule of :func:`_median` run for all slices at
+    once on the stored values sorted by (slice, value).  ``indices`` point at an element equal to the
+    median: the stored one, or the first unspecified position when the fill is the median (torch leaves
+    which of several equal elements unspecified); a slice with a NaN (median) gives its first NaN."""
+    A, dim = args[0], args[1]
+    keep = _keepdim_arg(args, kwargs, 2)
+    if A.dim() == 0:
+        return _scalar(func, args, kwargs)
+    check_dtype(func, A, *args[1:], **kwargs)
+    meta = func(meta_of(A), *args[1:], **kwargs)
+    dim %= A.dim()
+    if A._indefinite:
+        return NotImplemented
+    if A.dense_dim():
+        if dim >= A.dim() - A.dense_dim():
+            return _along_dense_dim(func, A, dim - (A.dim() - A.dense_dim()), keep, meta)
+        A = _uniform_all_sparse(A)
+        if A is None:
+            return NotImplemented
+    idx, v = coalesced_parts(A)
+    f, size = A._fill.reshape(()), A.shape[dim]
+    seg, out_idx, n = group_slices(idx, A._sparse_shape, [dim])
+    S, k = out_idx.shape[1], v.shape[0]
+    order = torch.argsort(v, stable=True)  # (NaN last)
+    order = order[torch.argsort(seg[order], stable=True)]
+    s, sseg, spos = v[order], seg[order], idx[dim][order]
+    count = segment_counts(seg, S)
+    start = torch.cumsum(count, 0) - count
+    isnan = torch.isnan(s)
+    nan_s = segment_combine(isnan.long(), sseg, S, "sum")
+    fnan = bool(torch.isnan(f))
+    if func is aten.nanmedian.dim:  # NaNs sort last in a slice: the first count - #NaN are the valid ones
+        valid, n = count - nan_s, n * (not fnan)
+    else:
+        valid = count
+    c = segment_combine((s < f).long(), sseg, S, "sum")
+    N = valid + n
+    m = torch.div(N - 1, 2, rounding_mode="floor").clamp_min(0)
+    pick = torch.where(m < c, m, m - n).clamp(0, max(k - 1, 0)) + start
+    use_fill = (m >= c) & (m < c + n)
+    gap = first_gap(seg, idx[dim], S)
+    val = torch.where(use_fill, f, s[pick.clamp(max=max(k - 1, 0))] if k else f.expand(S))
+    pos = torch.where(use_fill, gap, spos[pick.clamp(max=max(k - 1, 0))] if k else gap)
+    if func is aten.median.dim:  # a NaN anywhere in the slice: NaN at the first NaN position
+        first_nan = segment_combine(torch.where(isnan, spos, size), sseg, S, "amin", init=size) if k else \
+            torch.full((S,), size, device=v.device)
+        if fnan:
+            first_nan = torch.where(n > 0, torch.minimum(first_nan, gap), first_nan)
+        has = first_nan < size
+        val = torch.where(has, torch.full_like(val, float("nan")), val)
+        pos = torch.where(has, first_nan, pos)
+    val = torch.where(N == 0, torch.full_like(val, float("nan")), val)  # (nanmedian of NaNs only)
+    pos = torch.where(N == 0, torch.zeros_like(pos), pos)
+    kept = [d for d in range(A.dim()) if d != dim]
+    dense_val = f.expand(tuple(A.shape[d] for d in kept)).clone()
+    dense_pos = torch.zeros(dense_val.shape, dtype=torch.int64, device=v.device)
+    if func is aten.nanmedian.dim and fnan:  # slices of NaN fills only
+        dense_pos.zero_()
+    if S:
+        dense_val[tuple(out_idx)] = val.to(dense_val.dtype)
+        dense_pos[tuple(out_idx)] = pos
+    if keep:
+        dense_val, dense_pos = dense_val.unsqueeze(dim), dense_pos.unsqueeze(dim)
+    return dense_val.reshape(meta[0].shape), dense_pos.reshape(meta[1].shape)
