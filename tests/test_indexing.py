@@ -81,6 +81,25 @@ def test_roll_flat_and_triangles_of_a_zero_fill(layout):
             torch.testing.assert_close(op(Z).to_dense(), op(z))
 
 
+@pytest.mark.parametrize("layout", [torch.sparse_coo, torch.sparse_csr])
+@pytest.mark.parametrize("fill", [2.0, float("nan")])
+def test_triangles_of_a_nonzero_fill(layout, fill):
+    """Dense by nature in part: the cheaper exact form (zeros stored, or the kept triangle stored)."""
+    gen = torch.Generator().manual_seed(3)
+    for shape in [(5, 5), (4, 7), (7, 3), (2, 3, 4), (0, 3)]:
+        for density in (0.1, 0.9):
+            x = torch.randn(shape, generator=gen, dtype=F64)
+            x[torch.rand(shape, generator=gen) > density] = fill
+            A = sparsefill.to_sparse(x, fill_value=fill, layout=layout)
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", sparsefill.DensifyWarning)
+                for k in (-2, 0, 1, 3):
+                    for op in (torch.tril, torch.triu):
+                        out = op(A, k)
+                        assert isinstance(out, SparseTensor) and out.sparse_layout == layout
+                        torch.testing.assert_close(out.to_dense(), op(x, k), equal_nan=True)
+
+
 ADVANCED = {"int": lambda t: t[torch.tensor([3, 0, 3])], "int_dim1": lambda t: t[:, torch.tensor([4, -1])],
             "int_2d": lambda t: t[torch.tensor([[1, 2], [0, 0]])], "mask": lambda t: t[X[:, 0, 0] > 0],
             "mask_2d": lambda t: t[X[:, :, 0] > 0], "mask_dim1": lambda t: t[:, X[0, :, 0] > 0]}

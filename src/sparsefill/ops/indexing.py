@@ -247,17 +247,40 @@ def _roll(func, args, kwargs):
 
 @register(aten.tril.default, aten.triu.default)
 def _tril_triu(func, args, kwargs):
-    """Elements off the kept triangle become 0: with a zero (or indefinite) fill, only stored elements move."""
+    """Elements off the kept triangle ``K`` become 0.  Zero (or indefinite) fill: only stored elements
+    move.  A nonzero fill ``f``: the result is dense by nature in part, and the cheaper of two exact forms
+    is built — fill ``f`` with the zeroed triangle stored as zeros, or fill 0 with ``K``'s unspecified
+    elements stored as ``f`` (``_policy.check_specify`` past 65536 of them)."""
     A = args[0]
     k = args[1] if len(args) > 1 else kwargs.get("diagonal", 0)
     func(meta_of(A), k)  # torch's errors (fewer than 2 dims)
     sd = A.dim() - A.dense_dim()
-    if sd < 2 or A.dense_dim() or not (A._indefinite or A._fill_is_zero()):
+    if sd < 2 or A.dense_dim():
         return NotImplemented
     idx, vals, _ = _parts(A)
+    lower = func is aten.tril.default
     off = idx[sd - 1] - idx[sd - 2]
-    keep = off <= k if func is aten.tril.default else off >= k
-    return parts_to_sparse(idx[:, keep], vals[keep], A.shape, A._fill, A._indefinite, False, A._sf_layout, True)
+    keep = off <= k if lower else off >= k
+    idx, vals = idx[:, keep], vals[keep]
+    if A._indefinite or A._fill_is_zero():
+        return parts_to_sparse(idx, vals, A.shape, A._fill, A._indefinite, False, A._sf_layout, True)
+    r, c = A.shape[-2:]
+    tri = (torch.tril_indices if lower else torch.triu_indices)(r, c, k, device=idx.device)
+    zeroed = (torch.triu_indices if lower else torch.tril_indices)(r, c, k + 1 if lower else k - 1, device=idx.device)
+    nb = _index.numel(A.shape[:-2])
+    batch = _index.unravel(torch.arange(nb, device=idx.device), A.shape[:-2])
+    fill_zero = zeroed.shape[1] <= tri.shape[1] - vals.shape[0] // max(nb, 1)  # (per matrix, roughly)
+    extra = zeroed if fill_zero else tri
+    check_specify(f"{func.__name__} of a tensor with a nonzero fill", nb * extra.shape[1], A.element_size())
+    pos = torch.cat([batch.repeat_interleave(extra.shape[1], 1), extra.repeat(1, nb)])
+    if fill_zero:  # fill f, the zeroed triangle stored as zeros (disjoint from the kept stored elements)
+        return parts_to_sparse(torch.cat([idx, pos], 1), torch.cat([vals, vals.new_zeros(pos.shape[1])]), A.shape,
+                               A._fill, False, False, A._sf_layout, False).coalesce()
+    keys = _index.linearize(pos, A.shape)  # fill 0, the kept triangle stored: f where unspecified
+    out = A._fill.reshape(()).expand(keys.numel()).clone()
+    at, _ = _index.lookup(keys, _index.linearize(idx, A.shape))
+    out[at] = vals
+    return parts_to_sparse(pos, out, A.shape, torch.zeros_like(A._fill), False, False, A._sf_layout, False).coalesce()
 
 
 @register(aten.index.Tensor)
