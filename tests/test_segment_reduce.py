@@ -12,7 +12,7 @@ from sparsefill import segment
 BACKENDS = ["auto", "torch"]
 REDUCERS = list(segment.SEGMENT_REDUCERS)
 WEIGHTED = {"weighted_sum", "weighted_mean", "positional_weighted_sum"}
-REPS = ["lengths", "offsets", "sorted_ids", "unsorted_ids", "fused", "fused_unsorted"]
+REPS = ["lengths", "offsets", "sorted_ids", "unsorted_ids", "fused_lengths", "fused", "fused_unsorted"]
 
 
 @pytest.fixture(params=BACKENDS)
@@ -123,7 +123,7 @@ def in_representation(rep, data, lengths, weights, reducer, seed=0):
         src = table
     else:
         src = data_u
-    if rep == "lengths":
+    if rep in ("lengths", "fused_lengths"):
         res = segment.reduce(src, reducer, lengths=lengths, **kw)
     elif rep == "offsets":
         res = segment.reduce(src, reducer, offsets=offsets, **kw)
@@ -316,15 +316,44 @@ def test_errors_name_the_numbers(backend):
                        validate=False)
 
 
-def test_failed_call_modifies_nothing(backend):
-    data = torch.randn(5, 2)
-    w = torch.rand(5)
-    ids = torch.tensor([0, 1, 7, 1, 0])
-    before = (data.clone(), w.clone(), ids.clone())
-    with pytest.raises(IndexError):
-        segment.reduce(data, "weighted_sum", segment_ids=ids, sorted=False, num_segments=3, weights=w)
-    for a, b in zip((data, w, ids), before):
-        assert torch.equal(a, b)
+BAD_CALLS = {  # name: (reducer, keyword arguments, error type, message)
+    "unsorted id out of range": ("weighted_sum", dict(segment_ids=[0, 1, 7, 1, 0], sorted=False, num_segments=3),
+                                 IndexError, r"segment_ids\[2\] = 7 is out of range for num_segments = 3"),
+    "negative unsorted id": ("max", dict(segment_ids=[0, 1, -1, 1, 0], sorted=False), IndexError,
+                             r"segment_ids must be non-negative, got segment_ids\[2\] = -1"),
+    "sorted id out of range": ("sum", dict(segment_ids=[0, 0, 1, 2, 3], num_segments=3), IndexError,
+                               r"out of range|>= num_segments = 3"),
+    "lengths not summing to N": ("mean", dict(lengths=[2, 2]), ValueError, r"lengths sum to 4, but there are 5 rows"),
+    "fused lengths not summing": ("sum", dict(lengths=[2, 2], indices=[0, 1, 2]), ValueError,
+                                  r"lengths sum to 4, but there are 3 indices"),
+    "weights too short": ("weighted_sum", dict(lengths=[2, 3], weights=4), ValueError,
+                          r"weights must have 5 entries along dim 0 \(one per row of data\), got 4"),
+    "weights for the fused positions": ("weighted_mean", dict(lengths=[1, 1], indices=[4, 0], weights=5), ValueError,
+                                        r"weights must have 2 entries along dim 0 \(one per entry of indices\), got 5"),
+    "fused index out of range": ("min", dict(lengths=[1, 2], indices=[0, 9, 1]), IndexError,
+                                 r"indices\[1\] = 9 is out of range for 5 rows of data"),
+    "fused unsorted index, no validation": ("sum", dict(segment_ids=[1, 0, 1], sorted=False, indices=[0, 2, -4],
+                                                        validate=False), IndexError, r"indices\[2\] = -4 is out of range"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_CALLS))
+def test_failed_call_modifies_nothing(backend, case):
+    """Bad ids, lengths that do not sum to N, mismatched weights, bad indices: a clear error naming the
+    numbers, and none of the caller's tensors (nor a gradient) changed."""
+    reducer, kw, err, msg = BAD_CALLS[case]
+    g = torch.Generator().manual_seed(0)
+    data = torch.randn(5, 2, generator=g).requires_grad_()
+    kw = {k: (torch.tensor(v) if isinstance(v, list) else v) for k, v in kw.items()}
+    if reducer in WEIGHTED:
+        kw["weights"] = torch.rand(kw.get("weights", 5), generator=g).requires_grad_()
+    before = {k: v.detach().clone() for k, v in [("data", data), *kw.items()] if isinstance(v, torch.Tensor)}
+    with pytest.raises(err, match=msg):
+        segment.reduce(data, reducer, **kw)
+    for k, v in [("data", data), *kw.items()]:
+        if isinstance(v, torch.Tensor):
+            assert torch.equal(v, before[k]), k
+            assert v.grad is None, k
 
 
 # ---- gradients ---------------------------------------------------------------------------------
@@ -339,14 +368,17 @@ def _grad_inputs(reducer, seed=0):
     return data, lengths, w
 
 
-@pytest.mark.parametrize("rep", ["lengths", "unsorted_ids", "fused_unsorted"])
+@pytest.mark.parametrize("rep", ["lengths", "unsorted_ids", "fused_lengths", "fused_unsorted"])
 @pytest.mark.parametrize("reducer", REDUCERS)
 def test_gradcheck(backend, reducer, rep):
     data, lengths, w = _grad_inputs(reducer)
     S = lengths.numel()
     ids = torch.repeat_interleave(torch.arange(S), lengths)
     kw = {}
-    if rep == "lengths":
+    if rep == "fused_lengths":  # a table with repeated lookups, sorted segments
+        kw.update(lengths=lengths, indices=torch.tensor([4, 1, 2, 0, 3, 1, 2, 4, 0, 1]))
+        data = data[:5].clone()
+    elif rep == "lengths":
         kw["lengths"] = lengths
     else:
         perm = torch.randperm(data.shape[0], generator=torch.Generator().manual_seed(1))
