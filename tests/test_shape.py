@@ -207,3 +207,128 @@ def test_input_unchanged():
     for a, b in zip(parts, (A._idx, A._vals, A._fill)):
         assert torch.equal(a.nan_to_num(), b.nan_to_num())
     close(A, x)
+
+
+# ---------------------------------------------------------------------- 2. writes through views
+VIEWS = {
+    "select0": lambda t: t[1], "select1": lambda t: t[:, 2], "select_last": lambda t: t.select(-1, 1),
+    "slice_step": lambda t: t[1::2], "slice1": lambda t: t[:, 1:4], "narrow": lambda t: t.narrow(1, 1, 2),
+    "t": lambda t: t.transpose(0, 1), "permute": lambda t: t.permute(*range(t.dim() - 1, -1, -1)),
+    "unsqueeze": lambda t: t.unsqueeze(1), "squeeze": lambda t: t[2:3].squeeze(0), "flatten": lambda t: t.reshape(-1),
+    "flatten01": lambda t: t.flatten(0, 1), "unflatten": lambda t: t.unflatten(0, (2, -1)),
+    "diagonal": lambda t: t.diagonal(), "detach": lambda t: t.detach(), "alias": lambda t: torch.ops.aten.alias(t),
+    "chain": lambda t: t.transpose(0, 1)[1][1:], "unbind": lambda t: t.unbind(0)[2], "split": lambda t: t.split(2, 1)[1],
+    "chunk": lambda t: t.chunk(2, 0)[0],
+}
+
+
+def _setitem(v):
+    v[0] = 7.0
+    return v
+
+
+WRITES = {"add_": lambda v: v.add_(1.5), "mul_": lambda v: v.mul_(-2.0), "fill_": lambda v: v.fill_(0.25),
+          "zero_": lambda v: v.zero_(), "setitem": _setitem, "copy_": lambda v: v.copy_(torch.full(v.shape, 3.0)),
+          "nan": lambda v: v.div_(0.0)}
+BASES = {  # name -> (shape, fill, layout, dense_dim, uncoalesced)
+    "coo": ((4, 6), 5.0, torch.sparse_coo, 0, False), "csr": ((4, 6), 5.0, torch.sparse_csr, 0, False),
+    "coo3d-nan": ((4, 6, 3), NAN, torch.sparse_coo, 0, False), "csr3d": ((4, 6, 3), -1.0, torch.sparse_csr, 0, False),
+    "uncoalesced": ((4, 6), 0.0, torch.sparse_coo, 0, True),
+    "hybrid": ((4, 6, 3), 2.0, torch.sparse_coo, 1, False),
+    "hybrid-array": ((4, 6, 3), "mostly", torch.sparse_coo, 1, False),
+    "hybrid-csr-array": ((4, 6, 3), "distinct", torch.sparse_csr, 1, False),
+}
+# the view ops of lead-owned handlers that densify on creation (reported; the write-back itself is native)
+DENSE_VIEW = {("diagonal", "hybrid"), ("diagonal", "hybrid-array"), ("diagonal", "hybrid-csr-array")}
+
+
+FULL = ("coo", "hybrid-array")  # every write; the other bases: a write that keeps the fill and one that changes it
+
+
+@pytest.mark.parametrize("base, view, write", [
+    pytest.param(b, v, w, id=f"{b}-{v}-{w}") for b in BASES for v in VIEWS for w in WRITES
+    if b in FULL or w in ("add_", "fill_")])
+def test_write_through_view_is_native(base, view, write):
+    """``write(view(A))``: A and the view equal torch's base and view after the same write on the dense tensor."""
+    with warnings.catch_warnings():
+        if (view, base) in DENSE_VIEW:
+            warnings.simplefilter("ignore", sparsefill.DensifyWarning)
+        _write_through(base, view, write)
+
+
+def _write_through(base, view, write):
+    shape, fill, layout, dd, unc = BASES[base]
+    A, x = make(shape, fill, layout=layout, dense_dim=dd, uncoalesced=unc)
+    layout0, dd0 = A.sparse_layout, A.dense_dim()
+    V = VIEWS[view](A)
+    v = VIEWS[view](x)
+    WRITES[write](V)
+    WRITES[write](v)
+    close(V, v)
+    close(A, x)
+    assert A.sparse_layout is layout0 and A.dense_dim() == dd0  # the base keeps its storage format
+    close(VIEWS[view](A), v)  # a fresh view agrees too
+
+
+@pytest.mark.parametrize("view", ["select0", "slice_step", "t", "flatten", "chain", "unbind"])
+def test_write_through_view_indefinite(view):
+    """Masked base: the view's stored elements are written, its unspecified positions stay unspecified."""
+    A, x = make((4, 6), "indefinite")
+    ref = A.to_dense(fill_value=NAN)
+    V = VIEWS[view](A)
+    V.add_(1.0).mul_(3.0)
+    v = VIEWS[view](ref)
+    v.add_(1.0).mul_(3.0)
+    torch.testing.assert_close(A.to_dense(fill_value=NAN), ref, equal_nan=True)
+    torch.testing.assert_close(V.to_dense(fill_value=NAN), v, equal_nan=True)
+    assert A.is_fill_indefinite()
+
+
+def test_write_grows_the_pattern_by_the_view_only():
+    """A[0].fill_(x) specifies row 0 only; A[:, 1].add_(1) with a scalar fill specifies column 1 only."""
+    A = sparsefill.sparse_coo_tensor([[0, 2], [1, 3]], [1., 2.], (1000, 1000), fill_value=5.)
+    A[3].fill_(0.)
+    assert A._nse() == 2 + 1000
+    A[:, 7].add_(1.)
+    assert A._nse() == 2 + 1000 + 999
+    A.t()[7].mul_(2.)  # the same column through a transpose: no new element
+    assert A._nse() == 2 + 1000 + 999
+    d = torch.full((1000, 1000), 5.)
+    d[0, 1], d[2, 3] = 1., 2.
+    d[3] = 0.
+    d[:, 7] += 1.
+    d.t()[7] *= 2.
+    torch.testing.assert_close(A.to_dense(), d)
+
+
+def test_large_fill_change_through_a_view_warns():
+    A = sparsefill.sparse_coo_tensor([[0], [1]], [1.], (400, 400), fill_value=5.)
+    with pytest.warns(sparsefill.DensifyWarning, match="fill differs"):
+        A.t().fill_(1.)
+    assert torch.equal(A.to_dense(), torch.ones(400, 400, dtype=A.dtype))
+    B = sparsefill.sparse_coo_tensor([[0], [1]], [1.], (400, 400), fill_value=5.)
+    B.t().mul_(1.)  # same fill (5 * 1): no warning
+    B.t().add_(0.)
+    assert B._nse() == 1
+
+
+def test_sibling_view_reads_the_write_natively():
+    A, x = make((4, 6), 5.0)
+    row, col = A[1], A[:, 2]
+    A.t()[2].add_(10.)
+    x.t()[2].add_(10.)
+    close(row, x[1])
+    close(col, x[:, 2])
+    A.mul_(2.)
+    x.mul_(2.)
+    close(row, x[1])
+    close(A, x)
+
+
+def test_overlapping_view_writes_go_the_dense_way():
+    """expand() is not injective: writes through it use the dense path, announced."""
+    from sparsefill.ops.views import strided_map
+    A, x = make((1, 6), 5.0)
+    E = A.expand(3, 6)
+    assert strided_map(E) is None
+    assert strided_map(A.t()) is not None

@@ -3,23 +3,43 @@
 A torch view shares memory with its base; a SparseTensor view is its own
 SparseTensor, kept consistent both ways:
 
-* a write to the view (any in-place or ``out=`` op on it) is written through to
-  the base: ``view_op(dense(base)).copy_(dense(view))``, then the base is re-specified;
-* a view whose base changed since it was taken is refreshed before it is read.
+* a write to the view (any in-place or ``out=`` op on it) is written through to the base,
+  on the stored elements (:func:`write_native`): the view op replayed on a contiguous meta
+  tensor of the base's shape gives the strided map from view positions to base positions::
 
-so that ``A[0] = 3.``, ``A[:, 1].fill_(0)`` and ``nn.Parameter(A)`` updates behave
-as on ``A.to_dense()``.  Aliases (``detach``, ``alias``) just share storage.
+      base_key(v) = offset + sum_d v[d] * stride[d]        (row-major keys over base.shape)
+
+  the view's stored elements are written at their base keys (the base's pattern grows by their
+  slices), the base's stored elements inside the view's region take the view's fill, and where
+  the view's fill differs from the base's, the region's positions are specified (a DensifyWarning
+  when they are many).  Overlapping views (``expand``), dtype views and indefinite fills over
+  dense dims go the dense way: ``view_op(dense(base)).copy_(dense(view))`` (a DensifyWarning);
+* a view whose base changed since it was taken is refreshed before it is read, by running the
+  view op again on the base (natively, through the op registry).
+
+so that ``A[0] = 3.``, ``A[:, 1].fill_(0)``, ``A.t().mul_(2)`` and ``nn.Parameter(A)`` updates
+behave as on ``A.to_dense()``.  Aliases (``detach``, ``alias``) just share storage.
+
+>>> import torch, sparsefill
+>>> A = sparsefill.sparse_coo_tensor([[0, 1], [2, 0]], [1., 2.], (2, 3), fill_value=5.)
+>>> _ = A.t()[2].add_(10.)
+>>> A.to_dense()
+tensor([[ 5.,  5., 11.],
+        [ 2.,  5., 15.]])
 """
 
 from __future__ import annotations
 
 import torch
 
-from .._convert import dense_of, map_inner, rewrap
+from .. import _index
+from .._convert import coalesced_parts, dense_of, map_inner, parts_to_sparse, rewrap
+from .._policy import check_densify
 from .._tensor import SparseTensor, _version
 from .fallback import assign_, respecify_
 
 aten = torch.ops.aten
+QUIET_ELEMENTS = 1 << 16  # a write specifying more fill elements than this warns (as shape.QUIET_ELEMENTS)
 ALIASES = (aten.detach.default, aten.alias.default)
 INVOLUTIONS = {aten._conj.default: torch.conj_physical, aten._neg_view.default: torch.neg}  # their own inverse
 
@@ -59,8 +79,21 @@ def sync(V: SparseTensor) -> None:
     elif func in INVOLUTIONS:
         assign_(V, map_inner(base, INVOLUTIONS[func]))
     else:
-        respecify_(V, _replay(V, dense_of(base)))
+        _refresh(V)
     V._view = (base, func, rest, kwargs, i, now)
+
+
+def _refresh(V: SparseTensor) -> None:
+    """``V = view_op(base)`` again, through the op registry (natively where the view op has a handler)."""
+    from .registry import _compute
+    base, func, rest, kwargs, i, _ = V._view
+    new = _compute(func, (base, *rest), kwargs)
+    new = new if i is None else new[i]
+    if isinstance(new, SparseTensor) and new.shape == V.shape and new.dtype == V.dtype:
+        assign_(V, new)
+    else:
+        check_densify(f"refreshing a view ({func}) of a changed base", base.numel() * base.element_size())
+        respecify_(V, _replay(V, dense_of(base)))
 
 
 def _copy_into(target: torch.Tensor, src: torch.Tensor, bd: torch.Tensor) -> None:
@@ -80,7 +113,8 @@ def write_through(V: SparseTensor) -> None:
         assign_(base, rewrap(V))
     elif func in INVOLUTIONS:
         assign_(base, map_inner(V, INVOLUTIONS[func]))
-    else:
+    elif not write_native(V):
+        check_densify(f"writing through a view ({func})", base.numel() * base.element_size())
         bd = dense_of(base)
         _copy_into(_replay(V, bd), dense_of(V), bd)
         respecify_(base, bd)
@@ -89,3 +123,135 @@ def write_through(V: SparseTensor) -> None:
     V._view = (base, func, rest, kwargs, i, _state(base))
     if base._view is not None:
         write_through(base)
+
+
+# ---------------------------------------------------------------------- native write-back
+def strided_map(V: SparseTensor):
+    """``(sizes, strides, offset)`` of ``V``'s view op replayed on a contiguous meta tensor of its base's
+    shape (keys: row-major over ``base.shape``); None when the view is not an injective strided view of
+    the same dtype (``expand``, ``view(dtype)``, an op the meta replay rejects)."""
+    base, func, rest, kwargs, i, _ = V._view
+    try:
+        out = func(torch.empty(base.shape, dtype=base.dtype, device="meta"), *rest, **kwargs)
+        out = out if i is None else out[i]
+    except Exception:  # (a replay the meta kernels cannot run: the dense way)
+        return None
+    if not isinstance(out, torch.Tensor) or out.dtype != base.dtype or tuple(out.shape) != tuple(V.shape):
+        return None
+    sizes, strides = tuple(out.shape), tuple(out.stride())
+    reach = 0  # non-overlapping: each stride exceeds the span of the smaller ones (greedy decoding is exact)
+    for d in sorted((d for d in range(len(sizes)) if sizes[d] > 1), key=lambda d: strides[d]):
+        if strides[d] <= reach:
+            return None
+        reach += (sizes[d] - 1) * strides[d]
+    return sizes, strides, out.storage_offset()
+
+
+def _encode(v: torch.Tensor, smap) -> torch.Tensor:
+    """Base keys of view positions ``v`` (``(V.dim(), n)``)."""
+    sizes, strides, offset = smap
+    st = torch.tensor(strides, dtype=torch.int64, device=v.device)
+    return (v * st[:, None]).sum(0) + offset if len(sizes) else v.new_full((v.shape[1],), offset)
+
+
+def _decode(keys: torch.Tensor, smap):
+    """``(in_view, v)``: which base keys the view reaches, and their view positions (valid where in_view)."""
+    sizes, strides, offset = smap
+    r = keys - offset
+    ok = r >= 0
+    v = keys.new_zeros((len(sizes), keys.numel()))
+    for d in sorted((d for d in range(len(sizes)) if sizes[d] > 1), key=lambda d: -strides[d]):
+        q = torch.div(r, strides[d], rounding_mode="floor")
+        ok &= q < sizes[d]
+        v[d] = q
+        r = r - q * strides[d]
+    return ok & (r == 0), v
+
+
+def _element_parts(V: SparseTensor):
+    """V's stored elements one scalar each: ``(indices over all of V's dims, values (n,))``."""
+    idx, vals = coalesced_parts(V)
+    Dv = tuple(V._dense_shape)
+    Q = _index.numel(Dv)
+    if not Dv:
+        return idx, vals.reshape(-1)
+    q = _index.unravel(torch.arange(Q, device=idx.device), Dv)
+    return torch.cat([idx.repeat_interleave(Q, dim=1), q.repeat(1, idx.shape[1])]), vals.reshape(-1)
+
+
+def _fills_agree(V: SparseTensor, base: SparseTensor, smap) -> bool:
+    """Cheap sufficient test that every position of V's region has V's fill equal to the base's there."""
+    from .shape import _differs
+    fV, fB = V._fill.reshape(-1), base._fill.reshape(-1)
+    if not _differs(fV, fV[:1]).any() and not _differs(fB, fV[:1]).any():
+        return True  # one value on both sides
+    D, nd = tuple(base._dense_shape), base.dense_dim()
+    sizes, strides, offset = smap
+    Q = _index.numel(D)
+    aligned = (tuple(V._dense_shape) == D and tuple(strides[len(sizes) - nd:]) == tuple(_index.strides(D))
+               and offset % max(Q, 1) == 0 and all(s % max(Q, 1) == 0 for s in strides[: len(sizes) - nd]))
+    return aligned and not _differs(V._fill.expand(D), base._fill.expand(D)).any()
+
+
+def write_native(V: SparseTensor) -> bool:
+    """Write view ``V`` back into its base on the stored elements; False when it cannot (the dense way then).
+
+    With ``m`` the strided map and ``R`` the view's region, the new base is::
+
+        base'[m(v)] = V[v]  for v in V         base'[k] = base[k]  for k not in R
+    """
+    base = V._view[0]
+    smap = strided_map(V)
+    if smap is None or V._indefinite != base._indefinite:
+        return False
+    D = tuple(base._dense_shape)
+    Q = _index.numel(D)
+    if base._indefinite and Q != 1:
+        return False  # (a dense slice partly in the view would be partly specified)
+    if _index.numel(base.shape) > _index._INT64_MAX:
+        return False
+    vi, wvals = _element_parts(V)
+    wkeys = _encode(vi, smap)
+    if not _index.is_sorted_unique(wkeys):  # (sorted runs merge in linear time in unique_inverse)
+        wkeys, order = torch.sort(wkeys)
+        wvals = wvals[order]
+    bi, bv = coalesced_parts(base)
+    bs = _index.linearize(bi, base._sparse_shape)
+    if base._indefinite:  # masked: the region's elements are V's stored ones, nothing else
+        keep = ~_decode(bs, smap)[0]
+        keys, order = torch.sort(torch.cat([bs[keep], wkeys]))
+        vals = torch.cat([bv.reshape(-1)[keep], wvals])[order].reshape((-1,) + D)
+        new = parts_to_sparse(_index.unravel(keys, base._sparse_shape), vals, base.shape, base._fill, True, False,
+                              base._sf_layout, True)
+        assign_(base, new)
+        return True
+    fV = V._fill.expand(V._dense_shape).reshape(-1)
+    ndv = V.dense_dim()
+    extra = bs.new_zeros(0)
+    if not _fills_agree(V, base, smap):  # the region takes V's fill: specify where it differs from the base's
+        from .shape import _differs
+        n = V.numel()
+        if n > QUIET_ELEMENTS:
+            check_densify(f"a write through a view whose fill differs from its base's ({n} positions)",
+                          n * (8 + V.element_size()))
+        allv = _index.unravel(torch.arange(n, device=bs.device), V.shape)
+        keys = _encode(allv, smap)
+        fv = fV[_index.linearize(allv[V.dim() - ndv:], V._dense_shape)]
+        fb = base._fill.expand(D).reshape(-1)[keys % Q] if Q else fv
+        extra = torch.unique(keys[_differs(fv, fb)] // Q)
+    U, inv = _index.unique_inverse(torch.cat([bs, wkeys // max(Q, 1), extra]))
+    out = base._fill.expand((U.numel(),) + D).clone()
+    out.index_copy_(0, inv[: bs.numel()], bv)
+    flat = out.view(-1)
+    E = (U[:, None] * Q + torch.arange(Q, device=U.device)).reshape(-1)
+    inR, ev = _decode(E, smap)
+    flat[inR] = fV[_index.linearize(ev[V.dim() - ndv:, inR], V._dense_shape)]
+    pos = inv[bs.numel(): bs.numel() + wkeys.numel()] * Q + wkeys % max(Q, 1)
+    flat[pos] = wvals
+    idx = bi.new_empty((bi.shape[0], U.numel()))  # the base's indices moved, the new ones unravelled
+    idx[:, inv[: bs.numel()]] = bi
+    added = inv[bs.numel():]
+    idx[:, added] = _index.unravel(U[added], base._sparse_shape)
+    new = parts_to_sparse(idx, out, base.shape, base._fill, False, base._fill_is_zero(), base._sf_layout, True)
+    assign_(base, new)
+    return True
