@@ -171,6 +171,8 @@ class Reducer:
         f = torch.as_tensor(f, dtype=acc.dtype, device=acc.device)
         one = torch.ones((), dtype=acc.dtype, device=acc.device)
         if _table(n, acc):
+            if n.shape[-1] == 0:  # no class (a 0-size reduced dense dim)
+                return acc
             f = f.expand(n.shape)
             if self.mode == "prod":
                 return acc * torch.where(n > 0, torch.pow(f, n), one).prod(-1)

@@ -1,31 +1,29 @@
-"""Segment kernels with fill classes: the reducer protocol of ``sparsefill._reduce`` over scalar elements.
+"""Output segments of a masked reduction: scalar elements and the fill table of ``sparsefill._reduce``.
 
 A reduction over dims ``R`` of a :class:`~._canon.Masked` input maps every stored scalar element
 ``(row r, dense position d)`` to an output segment ``s = slice(r) * Pk + d_kept`` and gives each
-segment ``C = Pr`` *fill classes* (one per reduced dense position): class ``c`` of segment ``s`` is
-``n[s, c]`` copies of the value ``F[s, c]``.  Every kernel computes, for each segment::
+segment ``C = Pr`` fill classes (one per reduced dense position): class ``c`` of segment ``s`` is
+``n[s, c]`` copies of the value ``F[s, c]``.  The reducers of ``sparsefill._reduce`` (the protocol
+shared with sparse and segment reductions) take ``(values, seg, nseg, fill=F, n_fill=n)`` as a fill
+table and compute, for each segment, in closed form::
 
     out[s] = op(values[seg == s]  ++  [F[s, c]] * n[s, c] for c in range(C))
 
-in closed form, never materialising the copies.  ``Slices`` prepares ``values``/``seg``/``F``/``n``
-for the touched segments and for the *untouched* slice (all positions outside the pattern), whose
-result is the output's fill.
+``Slices`` prepares ``values``/``seg``/``F``/``n`` for the touched segments and for the *untouched*
+slice (all positions outside the pattern), whose result is the output's fill.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import torch
 
 from .. import _index
-from .._reduce import group_slices, identity_of
+from .._reduce import group_slices
 from ._canon import Masked
 
-__all__ = ["Slices", "seg_add", "seg_bcast", "seg_sum", "seg_prod", "seg_extreme", "seg_count", "seg_mean", "seg_var",
-           "seg_logsumexp",
-           "seg_norm", "seg_median", "seg_arg", "canonical_dims"]
+__all__ = ["Slices", "canonical_dims", "reduce"]
 
 
 def canonical_dims(dim, ndim: int) -> tuple[int, ...]:
@@ -105,8 +103,9 @@ class Slices:
         return self.scalars(f.expand(self.X.D)[None])[0]
 
     def masked_in(self, u=None, m=None):
-        """``(values, seg, lengths)`` of the masked-in stored scalar elements (``lengths``: see
-        :func:`seg_add`; None unless every element is masked in and the segments are sorted rows)."""
+        """``(values, seg, lengths)`` of the masked-in stored scalar elements (``lengths``: the segments
+        are sorted gap-free runs, see ``_reduce.segment_combine``; None unless every element is masked
+        in and the segments are sorted rows)."""
         u = self.X.u if u is None else u
         m = self.X.m if m is None else m
         ms = self.scalars(m)
@@ -152,148 +151,8 @@ def _group(idx, S, red_s):
     return seg, _index.unravel(out_keys, kshape), _index.numel([S[d] for d in red_s]) - counts, counts
 
 
-# -------------------------------------------------------------------- kernels
-def _sum_classes(F, n):
-    return torch.where(n > 0, F * n.to(F.dtype) if F.is_floating_point() or F.is_complex() else F * n,
-                       torch.zeros((), dtype=F.dtype, device=F.device)).sum(1)
-
-
-def seg_add(v, seg, nseg, lengths=None):
-    """``out[s] = sum(v[seg == s])``; with ``lengths`` (``seg`` sorted, every segment ``lengths[s] > 0``
-    long) one pass of ``segment_reduce``."""
-    if lengths is not None and v.is_floating_point():
-        return torch.segment_reduce(v, "sum", lengths=lengths, unsafe=True)
-    return v.new_zeros(nseg).index_add(0, seg, v)
-
-
-def seg_bcast(t, seg, lengths=None):
-    """``t[seg]``: a per-segment value at every element."""
-    if lengths is not None:
-        return torch.repeat_interleave(t, lengths, output_size=seg.numel())
-    return t[seg]
-
-
-def seg_sum(v, seg, nseg, F, n, lengths=None):
-    out = seg_add(v, seg, nseg, lengths)
-    return out + _sum_classes(F, n).to(out.dtype)
-
-
-def seg_count(seg, nseg, n, lengths=None):
-    if lengths is not None:
-        return lengths + n.sum(1)
-    return torch.bincount(seg, minlength=nseg)[:nseg] + n.sum(1) if seg.numel() else n.sum(1)
-
-
-def seg_prod(v, seg, nseg, F, n, lengths=None):
-    out = v.new_ones(nseg).scatter_reduce(0, seg, v, "prod", include_self=True)
-    return out * torch.pow(F, n.to(F.dtype) if F.is_floating_point() else n).prod(1).to(out.dtype)
-
-
-def seg_extreme(v, seg, nseg, F, n, mode, init=None, lengths=None):
-    init = identity_of(mode, v.dtype) if init is None else init
-    out = v.new_full((nseg,), init).scatter_reduce(0, seg, v, mode, include_self=True)
-    if F.shape[-1] == 0:
-        return out
-    pad = torch.full((), init, dtype=F.dtype, device=F.device)
-    f = torch.where(n > 0, F, pad)
-    f = f.amax(1) if mode == "amax" else f.amin(1)
-    out = torch.maximum(out, f) if mode == "amax" else torch.minimum(out, f)
-    if torch.is_grad_enabled() and (v.requires_grad or F.requires_grad):
-        return even_ties(out, v, seg, nseg, F, n)
-    return out
-
-
-def even_ties(best, v, seg, nseg, F, n):
-    """``best`` (the extreme of every segment) as the mean of the elements equal to it, so that its gradient
-    splits evenly among all of them, the ``n`` fill copies included (torch's amax/amin backward on the
-    dense slice); segments with no such element (empty, NaN) keep ``best`` with no gradient."""
-    b = best.detach()
-    tv = v == b[seg]
-    tf = (F == b[:, None]) & (n > 0)
-    nf = torch.where(tf, n, torch.zeros_like(n)).to(b.dtype)
-    count = seg_add(tv.to(b.dtype), seg, nseg) + nf.sum(1)
-    total = seg_add(torch.where(tv, v, torch.zeros_like(v)), seg, nseg) + \
-        torch.where(tf, F * nf, torch.zeros_like(F)).sum(1)
-    return torch.where(count > 0, total / count.clamp_min(1), b)
-
-
-def seg_mean(v, seg, nseg, F, n, lengths=None):
-    return seg_sum(v, seg, nseg, F, n, lengths) / seg_count(seg, nseg, n, lengths)
-
-
-def seg_var(v, seg, nseg, F, n, correction, lengths=None):
-    count = seg_count(seg, nseg, n, lengths)
-    mean = seg_sum(v, seg, nseg, F, n, lengths) / count
-    d = v - seg_bcast(mean, seg, lengths)
-    df = F - mean[:, None]
-    acc = seg_add(d * d, seg, nseg, lengths) + _sum_classes(df * df, n)
-    return acc / (count.to(acc.dtype) - correction).clamp_min(0)
-
-
-def seg_logsumexp(v, seg, nseg, F, n, lengths=None):
-    m = seg_extreme(v, seg, nseg, F, n, "amax")
-    m0 = torch.where(torch.isfinite(m), m, torch.zeros((), dtype=m.dtype, device=m.device)).detach()
-    s = seg_add(torch.exp(v - seg_bcast(m0, seg, lengths)), seg, nseg, lengths) + \
-        _sum_classes(torch.exp(F - m0[:, None]), n)
-    return torch.log(s) + m0
-
-
-def seg_norm(v, seg, nseg, F, n, p, lengths=None, size=None):
-    """``vector_norm`` of each segment's masked-in elements; for a negative finite ``p`` the masked-out
-    elements count as zeros (``torch.masked.norm``: ``where(mask, x, 0)``), so a segment with fewer
-    than ``size`` masked-in elements has norm 0."""
-    if p < 0 and not math.isinf(p):
-        a, Fa = torch.abs(v), torch.abs(F)
-        s = seg_sum(a ** p, seg, nseg, Fa ** p, n, lengths)
-        out = s ** (1.0 / p)
-        return torch.where(seg_count(seg, nseg, n, lengths) < size, torch.zeros_like(out), out)
-    a, Fa = torch.abs(v), torch.abs(F)
-    if math.isinf(p):
-        return seg_extreme(a, seg, nseg, Fa, n, "amax" if p > 0 else "amin", init=0.0 if p > 0 else math.inf)
-    if p == 0:
-        return seg_sum((a != 0).to(a.dtype), seg, nseg, (Fa != 0).to(a.dtype), n, lengths)
-    s = seg_sum(a ** p, seg, nseg, Fa ** p, n, lengths)
-    pos = s != 0  # the root has no derivative at 0: use 0 there, as torch.linalg.vector_norm does
-    return torch.where(pos, torch.where(pos, s, torch.ones_like(s)) ** (1.0 / p), torch.zeros_like(s))
-
-
-def seg_median(v, seg, nseg, F, n, lengths=None):
-    """Lower median of the non-NaN elements (``torch.nanmedian``); NaN for a segment with none."""
-    C = F.shape[1] if F.dim() == 2 else 1
-    vals = torch.cat([v, F.reshape(-1)])
-    segs = torch.cat([seg, torch.arange(nseg, device=seg.device).repeat_interleave(C)])
-    mult = torch.cat([torch.ones_like(seg), n.reshape(-1)])
-    keep = (mult > 0) & ~torch.isnan(vals)
-    vals, segs, mult = vals[keep], segs[keep], mult[keep]
-    order = torch.argsort(vals.detach(), stable=True)
-    order = order[torch.argsort(segs[order], stable=True)]
-    vals, segs, mult = vals[order], segs[order], mult[order]
-    total = torch.zeros(nseg, dtype=torch.int64, device=seg.device).index_add_(0, segs, mult)
-    cum = torch.cumsum(mult, 0)
-    start = torch.cumsum(total, 0) - total
-    after = cum - start[segs]
-    before = after - mult
-    t = (total - 1).div(2, rounding_mode="floor")[segs]
-    sel = (before <= t) & (t < after)
-    out = torch.full((nseg,), math.nan, dtype=v.dtype, device=v.device)
-    return out.index_put((segs[sel],), vals[sel])
-
-
-def seg_arg(v, seg, nseg, pos, F, n, fpos, mode):
-    """Position of the first maximum (``mode="amax"``) or minimum of each segment, NaN counting as
-    the extreme (torch's argmax/argmin rule).  ``pos``: positions of the values; ``fpos[s, c]``: the
-    first position of class ``c`` in segment ``s``."""
-    best = seg_extreme(v, seg, nseg, F, n, mode)
-    has_nan = torch.zeros(nseg, dtype=torch.bool, device=v.device)
-    if v.is_floating_point():
-        has_nan = has_nan.index_put((seg,), torch.isnan(v), accumulate=True) | (torch.isnan(F) & (n > 0)).any(1)
-        best = torch.where(has_nan, torch.full((), math.nan, dtype=best.dtype, device=best.device), best)
-
-    def hits(x, b):
-        return (x == b) | (torch.isnan(x) & torch.isnan(b)) if x.is_floating_point() else x == b
-
-    big = torch.iinfo(torch.int64).max
-    cand = torch.where(hits(v, best[seg]), pos, torch.full_like(pos, big))
-    out = torch.full((nseg,), big, dtype=torch.int64, device=v.device).scatter_reduce(0, seg, cand, "amin")
-    fc = torch.where(hits(F, best[:, None]) & (n > 0), fpos, torch.full_like(fpos, big)).amin(1)
-    return torch.minimum(out, fc)
+def reduce(reducer, sl: Slices, v, seg, F, n, F0, n0, lengths=None):
+    """``(per touched segment, per kept dense position of the untouched slice)``: ``reducer`` (a
+    ``sparsefill._reduce`` reducer, or any callable with its signature) over the fill tables."""
+    return (reducer(v, seg, sl.nseg, fill=F, n_fill=n, lengths=lengths),
+            reducer(v[:0], seg[:0], sl.Pk, fill=F0, n_fill=n0))

@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from .. import _convert
+from .._reduce import segment_counts
 from .._tensor import SparseTensor
 from . import _engine as E
 from ._apply import dense_mask
@@ -46,8 +47,8 @@ def output_mask(input, dim=None, keepdim=False, *, mask=None):
         dims = E.canonical_dims(dim, m.dim())
         return torch.any(m, dims, keepdim=bool(keepdim)) if dims else m.clone()
     with torch.no_grad():
-        def any_in(v, seg, nseg, F, n, lengths=None):
-            return E.seg_count(seg, nseg, n, lengths) > 0
+        def any_in(v, seg, nseg, *, fill, n_fill, lengths=None):
+            return segment_counts(seg, nseg, lengths) + n_fill.sum(1) > 0
         return _reduction(input, mask, dim, keepdim, any_in, None)
 
 

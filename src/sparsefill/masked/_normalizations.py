@@ -42,9 +42,11 @@ import torch
 
 from .. import _index
 from .._policy import check_specify
+from .._reduce import REDUCERS, gather_seg
 from . import _engine as E
 from ._apply import Result, dense_fallback, dense_mask, run
 from ._canon import Masked, as_sparse, is_sparse
+from ._reductions import norm_kernel
 
 __all__ = ["softmax", "log_softmax", "softmin", "normalize", "cumsum", "cumprod"]
 
@@ -198,24 +200,19 @@ def _dense_ref(dense_op, mask):
 
 
 def _softmax_parts(sign, log):
+    """Per segment ``lse = logsumexp`` of the masked-in elements (the shared reducer, fill tables
+    included); then ``softmax = exp(x - lse)``, ``log_softmax = x - lse`` at every masked-in element and
+    fill class.  A slice holding +inf is NaN (as torch's softmax)."""
+    lse_reducer = REDUCERS["logsumexp"]
+
     def stats(v, seg, nseg, F, n, lengths=None):
-        M = E.seg_extreme(v, seg, nseg, F, n, "amax")
-        xf = F - M[:, None]
-        ef = torch.where(n > 0, torch.exp(xf) * n.to(F.dtype), torch.zeros((), dtype=F.dtype, device=F.device)).sum(1)
-        if v.requires_grad:
-            x = v - E.seg_bcast(M, seg, lengths)
-            e = torch.exp(x)
-        else:  # in place: two element-sized temporaries instead of four
-            x = e = E.seg_bcast(M, seg, lengths)
-            torch.sub(v, e, out=e)
-            if not log:
-                e.exp_()
-        Z = E.seg_add(torch.exp(x) if log else e, seg, nseg, lengths) + ef
+        lse = lse_reducer(v, seg, nseg, fill=F, n_fill=n, lengths=lengths)
+        lse = torch.where(torch.isposinf(lse), torch.full((), math.nan, dtype=lse.dtype, device=lse.device), lse)
+        x = v - gather_seg(lse, seg, lengths, v.shape[0])
+        xf = F - lse[:, None]
         if log:
-            lz = E.seg_bcast(torch.log(Z), seg, lengths)
-            return (x - lz if v.requires_grad else x.sub_(lz)), xf - torch.log(Z)[:, None]
-        z = E.seg_bcast(Z, seg, lengths)
-        return (e / z if v.requires_grad else e.div_(z)), torch.exp(xf) / Z[:, None]
+            return x, xf
+        return (torch.exp(x) if v.requires_grad else x.exp_()), torch.exp(xf)
 
     def per_element(sl, v, seg, F, n, F0, n0, lengths=None):
         if sign < 0:
@@ -288,11 +285,13 @@ def normalize(input, ord, dim, *, eps=1e-12, dtype=None, mask=None):
     p = float(ord)
     cast = dtype or input.dtype
 
+    kernel = norm_kernel(p)
+
     def per_element(sl, v, seg, F, n, F0, n0, lengths=None):
-        size = sl.N_r * sl.Pr
-        d = E.seg_norm(v, seg, sl.nseg, F, n, p, lengths, size=size).clamp_min(eps)
-        d0 = E.seg_norm(v[:0], seg[:0], sl.Pk, F0, n0, p, size=size).clamp_min(eps)
-        return v / E.seg_bcast(d, seg, lengths), F / d[:, None], F0 / d0[:, None]
+        size = {"size": sl.N_r * sl.Pr} if getattr(kernel, "wants_size", False) else {}
+        d = kernel(v, seg, sl.nseg, fill=F, n_fill=n, lengths=lengths, **size).clamp_min(eps)
+        d0 = kernel(v[:0], seg[:0], sl.Pk, fill=F0, n_fill=n0, **size).clamp_min(eps)
+        return v / gather_seg(d, seg, lengths, v.shape[0]), F / d[:, None], F0 / d0[:, None]
 
     def dense_op(x, m):
         return torch.masked.normalize(x, ord, dim, eps=eps, dtype=dtype, mask=m)

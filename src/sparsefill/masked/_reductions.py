@@ -28,7 +28,7 @@ import math
 import torch
 
 from .. import _index
-from .._reduce import first_gap, identity_of
+from .._reduce import REDUCERS, Norm, Var, first_gap, identity_of, segment_arg, segment_counts, segment_median
 from . import _engine as E
 from ._apply import Result, dense_mask, run
 from ._canon import as_sparse, is_sparse
@@ -58,7 +58,8 @@ def _check_nonempty(name, A, dims):
 
 
 def _reduction(input, mask, dim, keepdim, kernel, dense_ref, cast=None, post=None, name=None, zero_absorbs=False):
-    """Run ``kernel(values, seg, nseg, F, n)`` over the slices of ``dim``; ``cast`` first, ``post`` after.
+    """Run ``kernel(values, seg, nseg, fill=F, n_fill=n, lengths=)`` (a reducer of ``sparsefill._reduce``
+    over fill tables) over the slices of ``dim``; ``cast`` first, ``post`` after.
     ``name``: a reduction with no identity, refusing 0-size reduced dims; ``zero_absorbs``: masked-in
     zeros do not change the result (see :func:`._canon.combine`)."""
     A = as_sparse(input)
@@ -73,9 +74,11 @@ def _reduction(input, mask, dim, keepdim, kernel, dense_ref, cast=None, post=Non
             u, f = u.to(cast), f.to(cast)
         v, seg, lengths = sl.masked_in(u)
         (F, n), (F0, n0) = sl.fill_classes(f)
-        kw = {"size": sl.N_r * sl.Pr} if getattr(kernel, "wants_size", False) else {}
-        out = kernel(v, seg, sl.nseg, F, n, lengths=lengths, **kw)
-        out0 = kernel(v[:0], seg[:0], sl.Pk, F0, n0, **kw)
+        if getattr(kernel, "wants_size", False):  # (the slice size: the negative-order norm)
+            out = kernel(v, seg, sl.nseg, fill=F, n_fill=n, lengths=lengths, size=sl.N_r * sl.Pr)
+            out0 = kernel(v[:0], seg[:0], sl.Pk, fill=F0, n_fill=n0, size=sl.N_r * sl.Pr)
+        else:
+            out, out0 = E.reduce(kernel, sl, v, seg, F, n, F0, n0, lengths)
         if post is not None:
             out, out0 = post(out), post(out0)
         return _finish(sl, out, out0, bool(keepdim), A._sf_layout)
@@ -94,7 +97,8 @@ def sum(input, dim=None, *, keepdim=False, dtype=None, mask=None):
     if not is_sparse(input):
         return torch.masked.sum(input, dim, keepdim=keepdim, dtype=dtype, mask=dense_mask(mask, input))
     dt = _sum_dtype(input, dtype)
-    return _reduction(input, mask, dim, keepdim, E.seg_sum, _ref("sum", dim, keepdim=keepdim, dtype=dtype, mask=mask),
+    return _reduction(input, mask, dim, keepdim, REDUCERS["sum"],
+                      _ref("sum", dim, keepdim=keepdim, dtype=dtype, mask=mask),
                       cast=dt, zero_absorbs=True)
 
 
@@ -103,7 +107,7 @@ def prod(input, dim=None, *, keepdim=False, dtype=None, mask=None):
     if not is_sparse(input):
         return torch.masked.prod(input, dim, keepdim=keepdim, dtype=dtype, mask=dense_mask(mask, input))
     dt = _sum_dtype(input, dtype)
-    return _reduction(input, mask, dim, keepdim, E.seg_prod,
+    return _reduction(input, mask, dim, keepdim, REDUCERS["prod"],
                       _ref("prod", dim, keepdim=keepdim, dtype=dtype, mask=mask), cast=dt)
 
 
@@ -113,7 +117,7 @@ def _extreme(name, mode):
             return getattr(torch.masked, name)(input, dim, keepdim=keepdim, dtype=dtype,
                                                mask=dense_mask(mask, input))
         dt = dtype or input.dtype
-        return _reduction(input, mask, dim, keepdim, lambda *a, **k: E.seg_extreme(*a, mode, **k),
+        return _reduction(input, mask, dim, keepdim, REDUCERS[mode],
                           _ref(name, dim, keepdim=keepdim, dtype=dtype, mask=mask), post=lambda t: t.to(dt), name=name)
     op.__name__ = op.__qualname__ = name
     sign = "-inf" if mode == "amax" else "+inf"
@@ -134,7 +138,7 @@ def mean(input, dim=None, *, keepdim=False, dtype=None, mask=None):
     if not (dt.is_floating_point or dt.is_complex):
         raise ValueError(f"mean(): Could not infer output dtype. {'Optional' if dtype else 'Input'} dtype must be "
                          f"either a floating point or complex dtype. Got: {dt}")
-    return _reduction(input, mask, dim, keepdim, E.seg_mean,
+    return _reduction(input, mask, dim, keepdim, REDUCERS["mean"],
                       _ref("mean", dim, keepdim=keepdim, dtype=dtype, mask=mask), cast=dt)
 
 
@@ -145,7 +149,7 @@ def logsumexp(input, dim=None, *, keepdim=False, dtype=None, mask=None):
         return torch.masked.logsumexp(input, dim, keepdim=keepdim, dtype=dtype, mask=dense_mask(mask, input))
     dt = dtype or input.dtype
     cdt = input.dtype if input.dtype.is_floating_point or input.dtype.is_complex else torch.get_default_dtype()
-    return _reduction(input, mask, dim, keepdim, E.seg_logsumexp,
+    return _reduction(input, mask, dim, keepdim, REDUCERS["logsumexp"],
                       _ref("logsumexp", dim, keepdim=keepdim, dtype=dtype, mask=mask), cast=cdt,
                       post=lambda t: t.to(dt))
 
@@ -175,9 +179,16 @@ def norm(input, ord=2.0, dim=None, *, keepdim=False, dtype=None, mask=None):
 
 
 def norm_kernel(p):
-    """The segment kernel of the ``p``-norm (it needs the slice size for a negative finite ``p``)."""
-    def kernel(*a, size=None, **k):
-        return E.seg_norm(*a, p, size=size, **k)
+    """The ``p``-norm over fill tables; for a negative finite ``p`` the masked-out elements of a slice of
+    ``size`` elements join the table as one more class of zeros (``|0|^p = inf``: the norm is 0)."""
+    r = Norm(p)
+    if not (p < 0 and not math.isinf(p)):
+        return r
+
+    def kernel(v, seg, nseg, *, fill, n_fill, lengths=None, size):
+        out_n = size - segment_counts(seg, nseg, lengths) - n_fill.sum(1)
+        F = torch.cat([fill, fill.new_zeros((fill.shape[0], 1))], 1)
+        return r(v, seg, nseg, fill=F, n_fill=torch.cat([n_fill, out_n[:, None]], 1), lengths=lengths)
     kernel.wants_size = True
     return kernel
 
@@ -193,8 +204,10 @@ def _std_var(name, input, dim, unbiased, correction, keepdim, dtype, mask, take_
     dt = dtype or (input.dtype if input.dtype.is_floating_point or input.dtype.is_complex else torch.float32)
     cdt = dt if dt.is_floating_point or dt.is_complex else torch.float32
 
-    def kernel(v, seg, nseg, F, n, lengths=None):
-        out = E.seg_var(v, seg, nseg, F, n, corr, lengths)
+    r = Var(corr)
+
+    def kernel(*a, **k):
+        out = r(*a, **k)
         return torch.sqrt(out) if take_sqrt else out
 
     return _reduction(input, mask, dim, keepdim, kernel,
@@ -221,7 +234,7 @@ def median(input, dim=-1, *, keepdim=False, dtype=None, mask=None):
     A = as_sparse(input)
     is_float = A.dtype.is_floating_point
     dims = E.canonical_dims(dim, A.dim())[:1] if A.dim() else ()
-    out = _reduction(A, mask, dims, keepdim, E.seg_median,
+    out = _reduction(A, mask, dims, keepdim, lambda v, seg, nseg, lengths=None, **k: segment_median(v, seg, nseg, **k),
                      _ref("median", dim, keepdim=keepdim, dtype=dtype, mask=mask),
                      cast=None if is_float else torch.float32, name="median")
     if is_float:
@@ -255,8 +268,8 @@ def _argext(name, mode):
             (F, n), (F0, n0) = sl.fill_classes(feff, counts=True)
             mex = first_gap(sl.seg_row, key_r, sl.S_out, presorted=True)
             fpos = (mex[:, None, None] * sl.Pr + pr).expand(sl.S_out, sl.Pk, sl.Pr).reshape(sl.nseg, sl.Pr)
-            out = E.seg_arg(v, seg, sl.nseg, pos, F, n, fpos, mode)
-            out0 = E.seg_arg(v[:0], seg[:0], sl.Pk, pos[:0], F0, n0, pr.expand(sl.Pk, sl.Pr), mode)
+            out = _arg(v, seg, sl.nseg, pos, F, n, fpos, mode)
+            out0 = _arg(v[:0], seg[:0], sl.Pk, pos[:0], F0, n0, pr.expand(sl.Pk, sl.Pr), mode)
             return _finish(sl, out.to(dt), out0.to(dt), bool(keepdim), A._sf_layout)
 
         return run(A, mask, compute, _ref(name, dim, keepdim=keepdim, dtype=dtype, mask=mask))
@@ -265,6 +278,18 @@ def _argext(name, mode):
                   "dim)`` (first index on ties, NaN is the extreme; the result has the input's dtype, as "
                   "torch.masked); fully masked-out slices give 0.")
     return op
+
+
+def _arg(v, seg, nseg, pos, F, n, fpos, mode):
+    """Position of the first extreme of every segment over a fill table (class ``c`` first at
+    ``fpos[s, c]``), NaN counting as the extreme (torch's argmax/argmin rule)."""
+    with torch.no_grad():
+        best = REDUCERS[mode](v, seg, nseg, fill=F, n_fill=n)
+    if v.is_floating_point():
+        has_nan = torch.zeros(nseg, dtype=torch.bool, device=v.device).index_put(
+            (seg,), torch.isnan(v), accumulate=True) | (torch.isnan(F) & (n > 0)).any(1)
+        best = torch.where(has_nan, torch.full((), math.nan, dtype=best.dtype, device=best.device), best)
+    return segment_arg(v, seg, nseg, pos, best, fill=F, fill_position=torch.where(n > 0, fpos, -1))
 
 
 argmax = _argext("argmax", "amax")
