@@ -189,3 +189,58 @@ def test_scatter(layout, name):
         warnings.simplefilter("error", sparsefill.DensifyWarning)
         out = SCATTERS[name](A, idx, src)
     torch.testing.assert_close(out.to_dense(), SCATTERS[name](x, idx, src))
+
+
+WRITES = {
+    "rows": lambda t: t.index_put_((torch.tensor([0, 2]),), torch.tensor(7., dtype=F64)),
+    "slice_then_index": lambda t: t.__setitem__((slice(None), torch.tensor([1, -1])), -3.),
+    "two_then_dense": lambda t: t.index_put_((torch.tensor([1, 3]), torch.tensor([0, 0])),
+                                             torch.arange(3, dtype=F64), accumulate=True),
+    "mask_rows": lambda t: t.__setitem__(X[:, 0, 0] > 0, 4.),
+    "scatter_add_": lambda t: t.scatter_add_(1, torch.tensor([[[0, 1, 0]], [[4, 4, 4]]]), torch.ones(2, 1, 3, dtype=F64)),
+    "scatter_multiply": lambda t: t.scatter_(0, torch.tensor([[[1, 1, 2]]]), 2.5, reduce="multiply"),
+    "scatter_reduce_amax": lambda t: t.scatter_reduce_(1, torch.tensor([[[0, 2, 2], [2, 2, 0]]]),
+                                                       torch.full((1, 2, 3), 0.7, dtype=F64), "amax", include_self=False),
+    "scatter_reduce_mean": lambda t: t.scatter_reduce_(2, torch.tensor([[[0, 0], [1, 1]]]),
+                                                       torch.ones(1, 2, 2, dtype=F64), "mean"),
+    "index_add_": lambda t: t.index_add_(1, torch.tensor([0, 4, 0]), torch.ones(4, 3, 3, dtype=F64), alpha=2),
+    "index_copy_": lambda t: t.index_copy_(0, torch.tensor([3, 1]), torch.full((2, 5, 3), -1., dtype=F64)),
+    "index_fill_": lambda t: t.index_fill_(2, torch.tensor([1]), 0.25),
+    "index_reduce_prod": lambda t: t.index_reduce_(0, torch.tensor([0, 0, 2]), torch.full((3, 5, 3), 2., dtype=F64),
+                                                   "prod", include_self=True),
+}
+
+
+@pytest.mark.parametrize("name", list(WRITES))
+@pytest.mark.parametrize("layout,dd", KINDS, ids=IDS)
+def test_writes_every_index_form(layout, dd, name):
+    """index_put with index tensors, masks and ``:``; scatter/scatter_add/scatter_reduce; index_add/copy/fill/
+    reduce: native (the written positions join the pattern), equal to the dense write."""
+    A, y = sparsefill.to_sparse(X, fill_value=0.5, layout=layout, dense_dim=dd), X.clone()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", sparsefill.DensifyWarning)
+        WRITES[name](A)
+    WRITES[name](y)
+    assert isinstance(A, SparseTensor)
+    torch.testing.assert_close(A.to_dense(), y)
+
+
+@pytest.mark.parametrize("src_sparse", [False, True])
+def test_functional_writes_leave_the_input_alone_and_errors_change_nothing(src_sparse):
+    A = sparsefill.to_sparse(X, fill_value=0.5)
+    src = torch.randn(4, 5, 3, dtype=F64, generator=torch.Generator().manual_seed(4))
+    src_arg = sparsefill.to_sparse(src, fill_value=0.) if src_sparse else src
+    index = torch.tensor([[[0, 1, 2]], [[4, 3, 2]]])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", sparsefill.DensifyWarning)
+        out = torch.scatter(A, 1, index, src_arg)
+        torch.testing.assert_close(out.to_dense(), torch.scatter(X, 1, index, src))
+        out = torch.scatter_reduce(A, 1, index, src_arg, "prod")
+        torch.testing.assert_close(out.to_dense(), torch.scatter_reduce(X, 1, index, src, "prod"))
+    torch.testing.assert_close(A.to_dense(), X)
+    for bad in (lambda: A.scatter_(1, torch.tensor([[[5]]]), 1.), lambda: A.index_add_(0, torch.tensor([4]), src[:1]),
+                lambda: A.index_put_((torch.tensor([0]),), torch.ones(2, dtype=F64)),
+                lambda: A.index_copy_(0, torch.tensor([0]), src[:1].float())):
+        with pytest.raises((IndexError, RuntimeError)):
+            bad()
+        torch.testing.assert_close(A.to_dense(), X)
