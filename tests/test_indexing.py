@@ -102,12 +102,18 @@ def test_triangles_of_a_nonzero_fill(layout, fill):
 
 ADVANCED = {"int": lambda t: t[torch.tensor([3, 0, 3])], "int_dim1": lambda t: t[:, torch.tensor([4, -1])],
             "int_2d": lambda t: t[torch.tensor([[1, 2], [0, 0]])], "mask": lambda t: t[X[:, 0, 0] > 0],
-            "mask_2d": lambda t: t[X[:, :, 0] > 0], "mask_dim1": lambda t: t[:, X[0, :, 0] > 0]}
+            "mask_2d": lambda t: t[X[:, :, 0] > 0], "mask_dim1": lambda t: t[:, X[0, :, 0] > 0],
+            "two": lambda t: t[torch.tensor([0, 3, -1]), torch.tensor([1, 4, 0])],
+            "three": lambda t: t[torch.tensor([0, 3, -1]), torch.tensor([1, 4, 0]), torch.tensor([0, 0, 2])],
+            "broadcast_after_slice": lambda t: t[:, torch.tensor([1, 4]), torch.tensor([[2], [0]])],
+            "apart": lambda t: t[torch.tensor([0, 3, -1]), :, torch.tensor([1, 1, 2])],
+            "mask_and_int": lambda t: t[X[:, :, 0] > 0, torch.tensor(1)],
+            "ellipsis_apart": lambda t: t[torch.tensor([1]), ..., torch.tensor([2])]}
 
 
 @pytest.mark.parametrize("name", list(ADVANCED))
-@pytest.mark.parametrize("layout,dd", [k for k in KINDS if k[1] < 2], ids=[i for k, i in zip(KINDS, IDS) if k[1] < 2])
-def test_advanced_indexing_with_one_index_tensor(layout, dd, name):
+@pytest.mark.parametrize("layout,dd", KINDS, ids=IDS)
+def test_advanced_indexing(layout, dd, name):
     A = sparsefill.to_sparse(X, fill_value=0.5, layout=layout, dense_dim=dd)
     with warnings.catch_warnings():
         warnings.simplefilter("error", sparsefill.DensifyWarning)
@@ -117,6 +123,10 @@ def test_advanced_indexing_with_one_index_tensor(layout, dd, name):
 
 def test_bad_indices_raise():
     A = sparsefill.to_sparse(X, fill_value=0.5)
+    with pytest.raises(IndexError, match="index 5 is out of bounds for dimension 1 with size 5"):
+        A[torch.tensor([0]), torch.tensor([5])]
+    with pytest.raises(IndexError):
+        A[torch.tensor([0, 1]), torch.tensor([0, 1, 2])]  # (shapes do not broadcast)
     with pytest.raises(IndexError):
         A[4]
     with pytest.raises(IndexError):

@@ -290,8 +290,10 @@ def _index_tensor(func, args, kwargs):
     ``k`` dims through its true positions in those dims flattened.  Several index tensors: next stage."""
     A, indices = args[0], list(args[1])
     given = [i for i, t in enumerate(indices) if t is not None]
-    if len(given) != 1 or isinstance(indices[given[0]], SparseTensor):
+    if any(isinstance(indices[i], SparseTensor) for i in given):
         return NotImplemented
+    if len(given) > 1:
+        return _index_many(A, indices)
     p, t = given[0], indices[given[0]]
     shape = tuple(A.shape)
     if t.dtype in (torch.bool, torch.uint8):
@@ -306,6 +308,42 @@ def _index_tensor(func, args, kwargs):
         raise IndexError("tensors used as indices must be long, int, byte or bool tensors")
     out = aten.index_select.default(A, p, t.reshape(-1))
     return out if t.dim() == 1 else out.reshape(shape[:p] + tuple(t.shape) + shape[p + 1:])
+
+
+def _index_many(A, indices):
+    """Several index tensors (bool masks: their ``nonzero()`` coordinates): the indexed dims, moved to the
+    front unless adjacent (torch's placement rule), merge into one dim by a ``reshape``, indexed by the
+    linearised broadcast indices."""
+    expanded = []
+    for t in indices:
+        if t is not None and t.dtype in (torch.bool, torch.uint8):
+            expanded += list(t.nonzero().T)
+        else:
+            expanded.append(t)
+    try:
+        torch.broadcast_shapes(*[t.shape for t in expanded if t is not None])
+    except RuntimeError:
+        raise IndexError("shape mismatch: indexing tensors could not be broadcast together with shapes "
+                         + ", ".join(str(list(t.shape)) for t in expanded if t is not None)) from None
+    aten.index.Tensor(meta_of(A), [None if t is None else t.to("meta") for t in expanded])  # torch's shape errors
+    given = [i for i, t in enumerate(expanded) if t is not None]
+    for d in given:
+        t, n = expanded[d], A.shape[d]
+        if t.numel() and not bool(((t >= -n) & (t < n)).all()):
+            bad = int(t[(t >= n) | (t < -n)][0])
+            raise IndexError(f"index {bad} is out of bounds for dimension {d} with size {n}")
+    adjacent = given == list(range(given[0], given[-1] + 1))
+    p = given[0] if adjacent else 0
+    if not adjacent:
+        A = A.permute(given + [d for d in range(A.dim()) if d not in given])
+    sizes = [A.shape[p + j] for j in range(len(given))]
+    idx = torch.broadcast_tensors(*[expanded[d] % max(A_n, 1) for d, A_n in
+                                    zip(given, sizes)])
+    flat = _index.linearize(torch.stack([t.reshape(-1) for t in idx]), sizes)
+    shape = tuple(A.shape)
+    B = A.reshape(shape[:p] + (_index.numel(sizes),) + shape[p + len(given):])
+    out = aten.index_select.default(B, p, flat)
+    return out.reshape(shape[:p] + tuple(idx[0].shape) + shape[p + len(given):])
 
 
 @register(aten.diagonal.default, aten.diagonal_copy.default)
