@@ -270,10 +270,13 @@ def _write_through(base, view, write):
     close(VIEWS[view](A), v)  # a fresh view agrees too
 
 
-@pytest.mark.parametrize("view", ["select0", "slice_step", "t", "flatten", "chain", "unbind"])
-def test_write_through_view_indefinite(view):
+@pytest.mark.parametrize("view", ["select0", "slice_step", "t", "flatten", "chain", "unbind", "split"])
+@pytest.mark.parametrize("dd", [0, 1])
+def test_write_through_view_indefinite(view, dd):
     """Masked base: the view's stored elements are written, its unspecified positions stay unspecified."""
-    A, x = make((4, 6), "indefinite")
+    if dd and view in ("flatten", "t"):
+        view = "select1"  # (these move dense dims: a masked hybrid has no sparse form of that)
+    A, x = make((4, 6, 3)[: 2 + dd], "indefinite", dense_dim=dd)
     ref = A.to_dense(fill_value=NAN)
     V = VIEWS[view](A)
     V.add_(1.0).mul_(3.0)
@@ -332,3 +335,56 @@ def test_overlapping_view_writes_go_the_dense_way():
     E = A.expand(3, 6)
     assert strided_map(E) is None
     assert strided_map(A.t()) is not None
+
+
+# ---------------------------------------------------------------------- 3. shape ops and conversions, natively
+SHAPE_OPS = {
+    "reshape": lambda t: t.reshape(t.shape[0], -1), "reshape_split": lambda t: t.reshape(2, -1, *t.shape[2:]),
+    "view": lambda t: t.view(-1, *t.shape[2:]), "flatten": lambda t: t.flatten(), "flatten_sparse": lambda t: t.flatten(0, 1),
+    "unflatten": lambda t: t.unflatten(1, (2, 3)), "squeeze": lambda t: t.unsqueeze(0).unsqueeze(-1).squeeze(),
+    "squeeze_dim": lambda t: t.unsqueeze(1).squeeze(1), "unsqueeze0": lambda t: t.unsqueeze(0),
+    "unsqueeze_last": lambda t: t.unsqueeze(-1), "expand": lambda t: t.unsqueeze(1).expand(-1, 2, *t.shape[1:]),
+    "narrow": lambda t: t.narrow(1, 1, 3), "chunk": lambda t: t.chunk(3, 1), "split": lambda t: t.split([1, 3], 0),
+    "t": lambda t: t.flatten(1).t(), "transpose": lambda t: t.transpose(0, 1), "transpose_last": lambda t: t.transpose(0, -1),
+    "permute": lambda t: t.permute(*range(t.dim() - 1, -1, -1)),
+}
+SHAPE_KINDS = {  # name -> (layout, dense_dim, fill)
+    "coo": (torch.sparse_coo, 0, 2.5), "coo-nan": (torch.sparse_coo, 0, NAN), "csr": (torch.sparse_csr, 0, -1.0),
+    "csr-hybrid": (torch.sparse_csr, 1, "mostly"), "hybrid": (torch.sparse_coo, 1, 2.5),
+    "hybrid-array": (torch.sparse_coo, 1, "distinct"), "hybrid2-array": (torch.sparse_coo, 2, "mostly"),
+    "indefinite": (torch.sparse_coo, 0, "indefinite"),
+}
+
+
+@pytest.mark.parametrize("op", list(SHAPE_OPS))
+@pytest.mark.parametrize("kind", list(SHAPE_KINDS))
+def test_shape_ops_are_native(kind, op):
+    layout, dd, fill = SHAPE_KINDS[kind]
+    A, x = make((4, 6, 3), fill, layout=layout, dense_dim=dd)
+    out = SHAPE_OPS[op](A)
+    close(out, SHAPE_OPS[op](x))
+
+
+@pytest.mark.parametrize("fill", [0.0, 2.5, NAN, "uniform", "distinct", "indefinite"], ids=str)
+@pytest.mark.parametrize("dd", [0, 1])
+def test_conversions_keep_the_fill(dd, fill):
+    if isinstance(fill, str) and fill != "indefinite" and not dd:
+        fill = 1.0
+    A, x = make((3, 4, 2) if dd else (6, 4), fill, dense_dim=dd)
+    f = A._fill_value().clone()
+    convs = [lambda t: t.to_sparse_csr(), lambda t: t.to_sparse_coo(), lambda t: t.to_sparse(layout=torch.sparse_csr),
+             lambda t: t.to_sparse(layout=torch.sparse_coo), lambda t: t.to_sparse_csr().to_sparse_coo(),
+             lambda t: sparsefill.to_sparse(t, layout=torch.sparse_csr)]
+    for conv in convs:
+        B = conv(A)
+        assert B.is_fill_indefinite() == A.is_fill_indefinite()
+        assert torch.equal(B._fill_value().nan_to_num(), f.nan_to_num()) and B.dense_dim() == dd
+        close(B, x)
+    C = A.to_sparse_csr()
+    assert C.sparse_layout is torch.sparse_csr and C.to_sparse_coo().sparse_layout is torch.sparse_coo
+
+
+def test_batched_csr_conversion_of_a_masked_tensor_with_unequal_batches_raises():
+    A, _ = make((3, 4, 2), "indefinite", p=0.5)
+    with pytest.raises(ValueError, match="same nse in every batch"):
+        A.to_sparse_csr()

@@ -179,18 +179,23 @@ def _element_parts(V: SparseTensor):
     return torch.cat([idx.repeat_interleave(Q, dim=1), q.repeat(1, idx.shape[1])]), vals.reshape(-1)
 
 
+def _aligned(V: SparseTensor, base: SparseTensor, smap) -> bool:
+    """The view keeps the base's dense dims as its own and moves whole dense slices."""
+    D, nd = tuple(base._dense_shape), base.dense_dim()
+    sizes, strides, offset = smap
+    Q = max(_index.numel(D), 1)
+    return (tuple(V._dense_shape) == D and tuple(strides[len(sizes) - nd:]) == tuple(_index.strides(D))[:nd]
+            and offset % Q == 0 and all(s % Q == 0 for s in strides[: len(sizes) - nd]))
+
+
 def _fills_agree(V: SparseTensor, base: SparseTensor, smap) -> bool:
     """Cheap sufficient test that every position of V's region has V's fill equal to the base's there."""
     from .shape import _differs
     fV, fB = V._fill.reshape(-1), base._fill.reshape(-1)
     if not _differs(fV, fV[:1]).any() and not _differs(fB, fV[:1]).any():
         return True  # one value on both sides
-    D, nd = tuple(base._dense_shape), base.dense_dim()
-    sizes, strides, offset = smap
-    Q = _index.numel(D)
-    aligned = (tuple(V._dense_shape) == D and tuple(strides[len(sizes) - nd:]) == tuple(_index.strides(D))
-               and offset % max(Q, 1) == 0 and all(s % max(Q, 1) == 0 for s in strides[: len(sizes) - nd]))
-    return aligned and not _differs(V._fill.expand(D), base._fill.expand(D)).any()
+    D = tuple(base._dense_shape)
+    return _aligned(V, base, smap) and not _differs(V._fill.expand(D), base._fill.expand(D)).any()
 
 
 def write_native(V: SparseTensor) -> bool:
@@ -206,10 +211,12 @@ def write_native(V: SparseTensor) -> bool:
         return False
     D = tuple(base._dense_shape)
     Q = _index.numel(D)
-    if base._indefinite and Q != 1:
+    if base._indefinite and Q != 1 and not _aligned(V, base, smap):
         return False  # (a dense slice partly in the view would be partly specified)
     if _index.numel(base.shape) > _index._INT64_MAX:
         return False
+    if not base.numel():
+        return True
     vi, wvals = _element_parts(V)
     wkeys = _encode(vi, smap)
     if not _index.is_sorted_unique(wkeys):  # (sorted runs merge in linear time in unique_inverse)
@@ -218,9 +225,9 @@ def write_native(V: SparseTensor) -> bool:
     bi, bv = coalesced_parts(base)
     bs = _index.linearize(bi, base._sparse_shape)
     if base._indefinite:  # masked: the region's elements are V's stored ones, nothing else
-        keep = ~_decode(bs, smap)[0]
-        keys, order = torch.sort(torch.cat([bs[keep], wkeys]))
-        vals = torch.cat([bv.reshape(-1)[keep], wvals])[order].reshape((-1,) + D)
+        keep = ~_decode(bs * Q, smap)[0]  # (whole slices: aligned)
+        keys, order = torch.sort(torch.cat([bs[keep], wkeys[::Q] // Q]))
+        vals = torch.cat([bv[keep], wvals.reshape((-1,) + D)])[order]
         new = parts_to_sparse(_index.unravel(keys, base._sparse_shape), vals, base.shape, base._fill, True, False,
                               base._sf_layout, True)
         assign_(base, new)
