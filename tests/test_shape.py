@@ -388,3 +388,39 @@ def test_batched_csr_conversion_of_a_masked_tensor_with_unequal_batches_raises()
     A, _ = make((3, 4, 2), "indefinite", p=0.5)
     with pytest.raises(ValueError, match="same nse in every batch"):
         A.to_sparse_csr()
+
+
+# ---------------------------------------------------------------------- 4. gradcheck over (values, fill)
+GRAD_CASES = {  # name -> (shape, dense_dim, layout, op)
+    "t": ((4, 5), 0, torch.sparse_coo, lambda t: t.t()),
+    "t csr": ((4, 5), 0, torch.sparse_csr, lambda t: t.t()),
+    "transpose": ((3, 4, 2), 0, torch.sparse_coo, lambda t: t.transpose(0, 2)),
+    "transpose hybrid dense-dense": ((3, 4, 2), 2, torch.sparse_coo, lambda t: t.transpose(1, 2)),
+    "transpose hybrid array fill": ((4, 3), 1, torch.sparse_coo, lambda t: t.transpose(0, 1)),
+    "permute": ((3, 4, 2), 0, torch.sparse_coo, lambda t: t.permute(1, 2, 0)),
+    "permute hybrid array fill": ((3, 4, 2), 1, torch.sparse_coo, lambda t: t.permute(2, 0, 1)),
+    "permute csr hybrid": ((3, 4, 2), 1, torch.sparse_csr, lambda t: t.permute(1, 0, 2)),
+}
+
+
+@pytest.mark.parametrize("name", list(GRAD_CASES))
+def test_gradcheck_over_values_and_fill(name):
+    """``g(v, f) = op(SparseTensor(P, v, fill=f)).to_dense()``: gradients reach the values and the (array) fill."""
+    shape, dd, layout, op = GRAD_CASES[name]
+    gen = torch.Generator().manual_seed(0)
+    S, D = shape[: len(shape) - dd], shape[len(shape) - dd:]
+    n = min(5, torch.Size(S).numel() - 1)  # (at least one unspecified position: the fill matters)
+    keys = torch.randperm(torch.Size(S).numel(), generator=gen)[:n].sort().values
+    idx = torch.stack(torch.unravel_index(keys, S))
+    v = torch.randn((n,) + D, dtype=F64, generator=gen, requires_grad=True)
+    f = (torch.tensor([0.5, -1.0, 0.5, 2.0], dtype=F64)[: D[-1]].expand(D).clone() if dd else
+         torch.tensor(1.5, dtype=F64)).requires_grad_()
+
+    def fn(v, f):
+        A = sparsefill.sparse_coo_tensor(idx, v, shape, fill_value=f)
+        if layout is torch.sparse_csr:
+            A = A.to_sparse_csr()
+        out = op(A)
+        assert isinstance(out, SparseTensor)
+        return out.to_dense()
+    assert gradcheck(fn, (v, f), check_batched_grad=False)
