@@ -268,8 +268,14 @@ def test_huge_shape_is_never_densified():
         wide = torch.ones(1, n, dtype=torch.bool)          # a strided mask broadcast over 10^12 elements
         assert M.sum(A, 1, mask=wide)._nse() == 3          # masked-in zeros add nothing: never joined
         assert M.norm(A, 2.0, 0, mask=wide)._nse() == 4
-        with pytest.raises(sparsefill.DensifyError):
-            M.amax(A, 1, mask=wide)                        # would join 10^12 masked-in fill elements
+        out = M.amax(A, 1, mask=wide)                      # 10^12 masked-in fills: counted per row, not joined
+        assert out._nse() == 3 and out._values().tolist() == [2.0, 0.0, 4.0] and out._fill_value().item() == 0.0
+        assert M.mean(A, None, mask=wide).item() == pytest.approx(4.0 / n ** 2)
+        col = torch.zeros(n, 1, dtype=torch.bool)
+        col[[0, 7, 9]] = True                                 # rows 0, 7, 9 masked in: row 9 holds only fills
+        out = M.prod(A + 1, 1, mask=col)
+        assert out._indices().tolist() == [[0, 7, 9, n - 1]] and out._values().tolist() == [6.0, -2.0, 1.0, 1.0]
+        assert out._fill_value().item() == 1.0
         C = A.to_sparse_csr()
         with pytest.raises(sparsefill.DensifyError):
             M.log_softmax(C, 1, mask=M.pattern_mask(C))

@@ -106,11 +106,12 @@ class MaskedFn(torch.autograd.Function):
         return gA, None, None, None
 
 
-def run(input, mask, compute, dense_ref, zero_absorbs=False):
-    """``compute(combine(input, mask))`` built into a result, with autograd when ``input`` needs it."""
+def run(input, mask, compute, dense_ref, zero_absorbs=False, counts=False):
+    """``compute(combine(input, mask))`` built into a result, with autograd when ``input`` needs it.
+    ``counts``: see :func:`._canon.combine` (without autograd: counted fills would need gradients too)."""
     A = as_sparse(input)
     grad = torch.is_grad_enabled() and A.requires_grad
-    X = combine(A, mask, zero_absorbs and not grad)  # dropped zeros would still have gradients
+    X = combine(A, mask, zero_absorbs and not grad, counts and not grad)  # dropped zeros still have gradients
     if grad:
         return MaskedFn.apply(A, X, compute, dense_ref)
     with torch.no_grad():

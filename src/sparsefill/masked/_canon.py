@@ -51,6 +51,8 @@ class Masked:
     mfill: bool                # elements outside the pattern are masked in
     same_pattern: bool         # idx is the input's own coalesced pattern (u are its values)
     rows: torch.Tensor | None = None   # a plain CSR input: the row of every stored element (idx built lazily)
+    extra: torch.Tensor | None = None  # a strided bool mask (the input's ndim, broadcastable): its True
+    #                                    unspecified elements are masked in too, counted per slice (``counts``)
 
     def indices(self) -> torch.Tensor:
         """``idx``, built on first use for a plain CSR input (``[rows, col_indices]``)."""
@@ -171,11 +173,14 @@ def csr_rows(A: SparseTensor) -> torch.Tensor:
                                    output_size=A._col.numel())
 
 
-def combine(input, mask, zero_absorbs: bool = False) -> Masked:
+def combine(input, mask, zero_absorbs: bool = False, counts: bool = False) -> Masked:
     """The canonical :class:`Masked` form of a sparse ``input`` and a ``mask`` of any layout (or None).
 
     ``zero_absorbs``: the op ignores masked-in zeros (sum, norm: ``input_mask6`` of the design note), so
     for a zero fill the masked-in unspecified elements are dropped instead of joined to the pattern.
+    ``counts``: the op only needs, per output slice, how many unspecified elements a strided mask masks
+    in (reductions but argmax/argmin): the pattern stays the input's and the mask rides along as
+    ``extra`` (counted by ``_engine.Slices``; memory O(mask + output), however many it masks in).
     """
     A = as_sparse(input)
     D = tuple(A._dense_shape)
@@ -201,6 +206,9 @@ def combine(input, mask, zero_absorbs: bool = False) -> Masked:
         total = int(base.sum()) * (A.numel() // base.numel()) if base.numel() else 0
         if int(m.sum()) == total:  # no masked-in unspecified element
             return Masked(A, idx, vals, m.clone(), fill, False, True, rows)
+        if counts:
+            extra = base.reshape((1,) * (A.dim() - base.dim()) + tuple(base.shape))
+            return Masked(A, idx, vals, m.clone(), fill, False, True, rows, extra=extra)
         _check_union(total, len(A._sparse_shape) + 1)
     S = tuple(A._sparse_shape)
     pos = true_positions(mask, tuple(A.shape))

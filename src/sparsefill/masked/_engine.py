@@ -85,6 +85,54 @@ class Slices:
         # sorted, gap-free segments of one scalar each (rows of a plain matrix): segment_reduce and
         # repeat_interleave instead of index_add and gathers
         self.lengths = lengths if lengths is not None and self.Pk == 1 and self.Pr == 1 else None
+        self.unsorted = False   # out_idx gained slices at its end (see _count_extra)
+        self.n_in = self.n0_in = None
+        if X.extra is not None:
+            self._count_extra(X.extra)
+
+    def _count_extra(self, mk):
+        """Per (segment, class): the unspecified elements the strided mask ``mk`` masks in, as the total it
+        masks in over the reduced sparse dims minus the stored ones.  Summed on ``mk`` as given (size-1
+        dims broadcast by a factor), so memory is O(mask + output).  Untouched slices with the same counts
+        share the output's fill; otherwise those with a masked-in element join ``out_idx``."""
+        X, S, D = self.X, self.X.S, self.X.D
+        sd = len(S)
+        keep_s = [d for d in range(sd) if d not in self.red_s]
+        c = mk.to(torch.int64)
+        summed = [d for d in self.red_s if mk.shape[d] > 1]
+        if summed:
+            c = c.sum(summed, keepdim=True)
+        c = c * _index.numel([S[d] for d in self.red_s if mk.shape[d] == 1])
+        kp = [c.shape[d] for d in keep_s]                        # kept sparse dims: full or 1
+        c = c.reshape(kp + list(c.shape[sd:])).expand(kp + list(D)).reshape([_index.numel(kp)] + list(D))
+        cs = self.scalars(c)                                     # (G', Pk, Pr)
+
+        def at(idx):  # counts of output slices at kept sparse indices idx (len(keep_s), t)
+            sub = torch.stack([idx[i] if kp[i] > 1 else torch.zeros_like(idx[i]) for i in range(len(kp))]) \
+                if kp else idx
+            return cs[_index.linearize(sub, kp)]
+        dev = cs.device
+        tot = at(self.out_idx)                                   # (S_out, Pk, Pr)
+        ms = self.scalars(X.m)
+        cls = torch.arange(self.Pr, device=dev).expand(ms.shape)
+        stored = torch.zeros((self.nseg, self.Pr), dtype=torch.int64, device=dev).index_put_(
+            (self.seg3.reshape(-1), cls.reshape(-1)), ms.reshape(-1).to(torch.int64), accumulate=True)
+        n = tot.reshape(self.nseg, self.Pr) - stored
+        kshape = [S[d] for d in keep_s]
+        untouched = _index.numel(kshape) > self.S_out
+        if not untouched or cs.shape[0] == 1 or bool((cs == cs[:1]).all()):
+            self.n_in, self.n0_in = n, cs[0]
+            return
+        from ._canon import _broadcast_positions
+        pos = (cs.reshape(cs.shape[0], -1) > 0).any(1).nonzero().squeeze(1)
+        pos = _broadcast_positions(_index.unravel(pos, kp), tuple(kp), tuple(kshape))
+        new = pos[:, ~torch.isin(_index.linearize(pos, kshape), _index.linearize(self.out_idx, kshape))]
+        self.out_idx = torch.cat([self.out_idx, new], 1)
+        self.n_in = torch.cat([n, at(new).reshape(-1, self.Pr)])
+        self.n0_in = torch.zeros((self.Pk, self.Pr), dtype=torch.int64, device=dev)
+        self.S_out = self.out_idx.shape[1]
+        self.nseg = self.S_out * self.Pk
+        self.lengths, self.unsorted = None, new.shape[1] > 0
 
     # ---------------------------------------------------------------- element views
     def scalars(self, t: torch.Tensor) -> torch.Tensor:
@@ -118,6 +166,8 @@ class Slices:
         on = self.X.mfill if counts is None else counts
         F2 = self.fill2(f)
         F = F2.expand(self.S_out, self.Pk, self.Pr).reshape(self.nseg, self.Pr)
+        if self.n_in is not None and counts is None:  # a strided mask's masked-in unspecified elements
+            return (F, self.n_in), (F2, self.n0_in)
         n = (self.n_u * int(on))[:, None, None].expand(self.S_out, self.Pk, self.Pr).reshape(self.nseg, self.Pr)
         n0 = torch.full((self.Pk, self.Pr), self.N_r * int(on), dtype=torch.int64, device=F2.device)
         return (F, n), (F2, n0)

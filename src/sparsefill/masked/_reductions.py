@@ -47,7 +47,11 @@ def _finish(sl, vals, fill, keepdim, layout):
     fill = fill.reshape(dshape)
     if not sshape:
         return Result(dense=vals[0] if sl.S_out else fill)
-    return Result(idx=sl.out_indices(keepdim), vals=vals, fill=fill, shape=sshape + dshape, layout=layout)
+    idx = sl.out_indices(keepdim)
+    if sl.unsorted:  # slices appended by a strided mask's counts
+        order = torch.argsort(_index.linearize(idx, sshape[: idx.shape[0]]))
+        idx, vals = idx[:, order], vals[order]
+    return Result(idx=idx, vals=vals, fill=fill, shape=sshape + dshape, layout=layout)
 
 
 def _check_nonempty(name, A, dims):
@@ -57,7 +61,8 @@ def _check_nonempty(name, A, dims):
             raise IndexError(f"{name}(): Expected reduction dim {d} to have non-zero size.")
 
 
-def _reduction(input, mask, dim, keepdim, kernel, dense_ref, cast=None, post=None, name=None, zero_absorbs=False):
+def _reduction(input, mask, dim, keepdim, kernel, dense_ref, cast=None, post=None, name=None, zero_absorbs=False,
+               counts=True):
     """Run ``kernel(values, seg, nseg, fill=F, n_fill=n, lengths=)`` (a reducer of ``sparsefill._reduce``
     over fill tables) over the slices of ``dim``; ``cast`` first, ``post`` after.
     ``name``: a reduction with no identity, refusing 0-size reduced dims; ``zero_absorbs``: masked-in
@@ -83,7 +88,7 @@ def _reduction(input, mask, dim, keepdim, kernel, dense_ref, cast=None, post=Non
             out, out0 = post(out), post(out0)
         return _finish(sl, out, out0, bool(keepdim), A._sf_layout)
 
-    return run(A, mask, compute, dense_ref, zero_absorbs)
+    return run(A, mask, compute, dense_ref, zero_absorbs, counts)
 
 
 def _sum_dtype(x, dtype):
