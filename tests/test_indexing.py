@@ -254,3 +254,20 @@ def test_functional_writes_leave_the_input_alone_and_errors_change_nothing(src_s
         with pytest.raises((IndexError, RuntimeError)):
             bad()
         torch.testing.assert_close(A.to_dense(), X)
+
+
+@pytest.mark.parametrize("layout,dd", KINDS, ids=IDS)
+def test_cat_and_stack_along_dense_dims_and_with_dense_operands(layout, dd):
+    """Along a dense dim the patterns join (each operand's fill where it has no slice); a strided operand
+    is stored where it differs from the fill."""
+    A = sparsefill.to_sparse(X, fill_value=0.5, layout=layout, dense_dim=dd)
+    B = sparsefill.to_sparse(X.flip(0), fill_value=0.5, layout=layout, dense_dim=dd)
+    cases = [lambda a, b: torch.cat([a, b], -1), lambda a, b: torch.stack([a, b], -1),
+             lambda a, b: torch.stack([a, b], 2), lambda a, b: torch.cat([a, X], 1),
+             lambda a, b: torch.stack([X, a], 0), lambda a, b: torch.cat([a, b, X], -1)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", sparsefill.DensifyWarning)
+        outs = [op(A, B) for op in cases]
+    for op, out in zip(cases, outs):
+        assert isinstance(out, SparseTensor)
+        torch.testing.assert_close(out.to_dense(), op(X, X.flip(0)))

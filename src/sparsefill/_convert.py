@@ -58,14 +58,15 @@ def map_inner(A: SparseTensor, values_fn, index_fn=lambda t: t) -> SparseTensor:
 
 
 def union_parts(tensors):
-    """Merge same-shape SparseTensors by linear keys: ``(indices of the union, [each one's values there])``.
+    """Merge SparseTensors of one sparse shape by linear keys: ``(indices of the union, [each one's values
+    there])`` (dense shapes may differ).
 
     Where a tensor does not specify a position its fill stands in; positions an indefinite tensor
     leaves unspecified are dropped (they are unspecified in any result).  One merge of the sorted
     key runs (:func:`_index.unique_inverse`) and a scatter per tensor (values and indices: no binary
     searches, no division to unravel the keys).
     """
-    S, D = tensors[0]._sparse_shape, tuple(tensors[0]._dense_shape)
+    S = tensors[0]._sparse_shape
     parts = [coalesced_parts(T) for T in tensors]
     keys = [_index.linearize(i, S) for i, _ in parts]
     union, inverse = _index.unique_inverse(torch.cat(keys))
@@ -75,7 +76,7 @@ def union_parts(tensors):
     for T, (i, v), inv in zip(tensors, parts, inverse.split([k.numel() for k in keys])):
         for d in range(len(S)):
             indices[d].scatter_(0, inv, i[d])
-        full = (v.new_zeros(()) if T._indefinite else T._fill).expand((U,) + D).clone()
+        full = (v.new_zeros(()) if T._indefinite else T._fill).expand((U,) + tuple(T._dense_shape)).clone()
         full.index_copy_(0, inv, v)
         values.append(full)
         if T._indefinite:

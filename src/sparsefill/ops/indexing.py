@@ -20,7 +20,8 @@ from __future__ import annotations
 import torch
 
 from .. import _index
-from .._convert import coalesced_parts, dense_of, dense_to_parts, parts_to_sparse
+from .._convert import (coalesced_parts, dense_of, dense_to_parts, dense_to_sparse, parts_to_sparse,
+                        union_parts)
 from .._policy import check_specify
 from .._tensor import SparseTensor
 from .fallback import assign_, meta_of
@@ -121,22 +122,30 @@ def _cat(func, args, kwargs):
     tensors = [t for t in args[0] if not (t.dim() == 1 and t.numel() == 0 and not isinstance(t, SparseTensor))]
     dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
     sparse = [t for t in tensors if isinstance(t, SparseTensor)]
-    if len(sparse) != len(tensors) or not sparse:
-        return NotImplemented  # dense operands: the result is dense by nature only if most of it is
+    if not sparse:
+        return NotImplemented
     A = max(sparse, key=lambda t: t.numel())
+    if len(sparse) != len(tensors):  # a dense operand is already materialised: stored where it differs from the fill
+        if A._indefinite or any(not isinstance(t, SparseTensor) and (t.dim() != A.dim() or t.dtype != A.dtype)
+                                for t in tensors):
+            return NotImplemented
+        tensors = [t if isinstance(t, SparseTensor) else
+                   dense_to_sparse(t, _dense_fill(A), False, False, torch.sparse_coo, A.dense_dim())
+                   for t in tensors]
+        sparse = tensors
     dim %= A.dim()
     sd = A.dim() - A.dense_dim()
     if any(t.dim() != A.dim() or t.dense_dim() != A.dense_dim() or t._indefinite != A._indefinite
            or t.dtype != A.dtype for t in sparse):
         return NotImplemented
     torch.cat([meta_of(t) for t in tensors], dim)  # torch's shape errors
-    if dim >= sd:
-        parts = [coalesced_parts(t) for t in tensors]
-        if any(not torch.equal(p[0], parts[0][0]) for p in parts):
+    if dim >= sd:  # along a dense dim: the values at the union of the patterns, then cat
+        if A._indefinite:
             return NotImplemented
-        vals = torch.cat([p[1] for p in parts], dim - sd + 1)
-        fill = A._fill if A._indefinite else torch.cat([_dense_fill(t) for t in tensors], dim - sd)
-        return _build(A, parts[0][0], vals, A.shape[:sd] + vals.shape[1:], fill)
+        idx, vals = union_parts(tensors)
+        vals = torch.cat(vals, dim - sd + 1)
+        fill = torch.cat([_dense_fill(t) for t in tensors], dim - sd)
+        return _build(A, idx, vals, A.shape[:sd] + vals.shape[1:], fill)
     fill = _dense_fill(A)
     idxs, valss, offset = [], [], 0
     for t in tensors:
@@ -161,21 +170,28 @@ def _cat(func, args, kwargs):
 def _stack(func, args, kwargs):
     tensors = list(args[0])
     dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
-    if not all(isinstance(t, SparseTensor) for t in tensors) or not tensors:
+    if not tensors or not any(isinstance(t, SparseTensor) for t in tensors):
         return NotImplemented
     dim %= tensors[0].dim() + 1
-    if dim > tensors[0].dim() - tensors[0].dense_dim():
-        return NotImplemented
-    torch.stack([meta_of(t) for t in tensors], dim)  # torch's shape errors
+    torch.stack([meta_of(t) if isinstance(t, SparseTensor) else t.to("meta") for t in tensors], dim)  # torch's errors
     lifted = []
     for t in tensors:
+        if not isinstance(t, SparseTensor):  # (cat stores a dense operand where it differs from the fill)
+            lifted.append(t.unsqueeze(dim))
+            continue
         i, v = coalesced_parts(t)
-        i = torch.cat([i[:dim], i.new_zeros(1, i.shape[1]), i[dim:]])
+        sd = t.dim() - t.dense_dim()
         shape = t.shape[:dim] + (1,) + t.shape[dim:]
+        if dim > sd:  # a new dense dim: on the values and on the fill
+            fill = t._fill if t._indefinite else _dense_fill(t).unsqueeze(dim - sd)
+            lifted.append(_build(t, i, v.unsqueeze(dim - sd + 1), shape, fill, torch.sparse_coo))
+            continue
+        i = torch.cat([i[:dim], i.new_zeros(1, i.shape[1]), i[dim:]])
         lifted.append(parts_to_sparse(i, v, torch.Size(shape), t._fill, t._indefinite, False, torch.sparse_coo, True))
     out = _cat(aten.cat.default, (lifted, dim), {})
-    return out if out is NotImplemented or tensors[0]._sf_layout is torch.sparse_coo or out.dim() - out.dense_dim() < 2 \
-        else out.to_sparse(layout=tensors[0]._sf_layout)
+    layout = next(t for t in tensors if isinstance(t, SparseTensor))._sf_layout
+    return out if out is NotImplemented or layout is torch.sparse_coo or out.dim() - out.dense_dim() < 2 \
+        else out.to_sparse(layout=layout)
 
 
 @register(aten.split.Tensor, aten.split_with_sizes.default, aten.unbind.int)
