@@ -46,6 +46,9 @@ ones; on a quiet machine the sorted max/min kernels split the segments over the 
 
 from __future__ import annotations
 
+import os
+import types
+
 import torch
 import torch.nn.functional as F
 
@@ -53,12 +56,16 @@ from sparsefill import segment
 
 from .runner import Bench, case, optional_import, skipped
 
-SIZES = {f"N=1M D={d}": (1_000_000, d) for d in (1, 16, 64)}
+# SPARSEFILL_BENCH_SEGMENT_D=64 (comma-separated) restricts the full-size runs to those D
+_DIMS = [int(d) for d in os.environ.get("SPARSEFILL_BENCH_SEGMENT_D", "1,16,64").split(",")]
+SIZES = {f"N=1M D={d}": (1_000_000, d) for d in _DIMS}
 QUICK = {f"N=200k D={d}": (200_000, d) for d in (1, 64)}
 TINY = {"N=2000 D=3": (2_000, 3)}
 
 
 def _batch(n: int, d: int):
+    """The common inputs: ``x`` (N, d), ``lengths`` / ``offsets`` / sorted ``ids`` of ``S`` segments, the
+    generator ``g`` for what a case adds, and ``N``, ``S``, ``d``."""
     g = torch.Generator().manual_seed(0)
     S = max(1, n // 20)
     lengths = 1 + torch.poisson(torch.full((S,), 19.0), generator=g).long()
@@ -67,7 +74,12 @@ def _batch(n: int, d: int):
     offsets = torch.zeros(S + 1, dtype=torch.long)
     torch.cumsum(lengths, 0, out=offsets[1:])
     ids = torch.repeat_interleave(torch.arange(S), lengths)
-    return x, lengths, offsets, ids, g
+    return types.SimpleNamespace(x=x, lengths=lengths, offsets=offsets, ids=ids, g=g, N=N, S=S, d=d)
+
+
+def _builder(make):
+    """A case body ``make(reducer, batch)`` as the runner's ``build(param)`` for one reducer."""
+    return lambda reducer: (lambda param: make(reducer, _batch(*param)))
 
 
 def _bytes(n, d, extra_per_row=8):
@@ -90,97 +102,97 @@ def _torch_scatter_peer(fn_name, label):
     return getattr(ts, fn_name), None
 
 
-def _sum_family(reducer):
-    def build(param):
-        n, d = param
-        x, lengths, offsets, ids, g = _batch(n, d)
-        N, S = x.shape[0], lengths.numel()
+@_builder
+def _sum_family(reducer, b):
+    x, lengths, offsets, ids, g, N, S, d = b.x, b.lengths, b.offsets, b.ids, b.g, b.N, b.S, b.d
+    ar = torch.arange(N)
+    w = torch.rand(N, generator=g) if reducer == "weighted_sum" else None
+    mode = "mean" if reducer == "mean" else "sum"
+    impls = [("sparsefill", lambda: segment.reduce(x, reducer, lengths=lengths, weights=w)),
+             ("embedding_bag", lambda: F.embedding_bag(ar, x, offsets, mode=mode, per_sample_weights=w,
+                                                       include_last_offset=True))]
+    if w is None:
+        impls.append(("segment_reduce", lambda: torch.segment_reduce(x, mode, lengths=lengths, axis=0)))
+    if reducer == "mean":
+        cnt = lengths[:, None].to(x.dtype)
+        impls.append(("index_add_", lambda: x.new_zeros(S, d).index_add_(0, ids, x) / cnt))
+    elif w is None:
+        impls.append(("index_add_", lambda: x.new_zeros(S, d).index_add_(0, ids, x)))
+    else:
+        impls.append(("index_add_", lambda: x.new_zeros(S, d).index_add_(0, ids, x * w[:, None])))
+    seg_csr, skip = _torch_scatter_peer("segment_csr", "torch_scatter.segment_csr")
+    xw = (lambda: x) if w is None else (lambda: x * w[:, None])
+    impls.append(skip or ("torch_scatter.segment_csr", lambda: seg_csr(xw(), offsets, reduce=mode)))
+    return Bench(impls, bytes=_bytes(N, d, 8 if w is None else 12))
+
+
+@_builder
+def _fused(reducer, b):
+    x, lengths, offsets, ids, g, N, S, d = b.x, b.lengths, b.offsets, b.ids, b.g, b.N, b.S, b.d
+    table = torch.randn(max(1, N // 4), d, generator=g)
+    idx = torch.randint(0, table.shape[0], (N,), generator=g)
+    w = torch.rand(N, generator=g) if reducer == "weighted_sum" else None
+    mode = "mean" if reducer == "mean" else "sum"
+    impls = [("sparsefill", lambda: segment.reduce(table, reducer, lengths=lengths, indices=idx, weights=w)),
+             ("embedding_bag", lambda: F.embedding_bag(idx, table, offsets, mode=mode, per_sample_weights=w,
+                                                       include_last_offset=True))]
+    if w is None and mode == "sum":
+        impls.append(("index_select + index_add_",
+                      lambda: table.new_zeros(S, d).index_add_(0, ids, table.index_select(0, idx))))
+    return Bench(impls, bytes=_bytes(N, d, 16 if w is None else 20))
+
+
+@_builder
+def _extreme(reducer, b):
+    x, lengths, offsets, ids, g, N, S, d = b.x, b.lengths, b.offsets, b.ids, b.g, b.N, b.S, b.d
+    amode = "amax" if reducer == "max" else "amin"
+    idx2 = ids[:, None].expand(N, d)
+    impls = [("sparsefill", lambda: segment.reduce(x, reducer, lengths=lengths)),
+             ("segment_reduce", lambda: torch.segment_reduce(x, reducer, lengths=lengths, axis=0)),
+             ("scatter_reduce_", lambda: x.new_empty(S, d).scatter_reduce_(0, idx2, x, amode,
+                                                                            include_self=False))]
+    if reducer == "max":
         ar = torch.arange(N)
-        w = torch.rand(N, generator=g) if reducer == "weighted_sum" else None
-        mode = "mean" if reducer == "mean" else "sum"
-        impls = [("sparsefill", lambda: segment.reduce(x, reducer, lengths=lengths, weights=w)),
-                 ("embedding_bag", lambda: F.embedding_bag(ar, x, offsets, mode=mode, per_sample_weights=w,
-                                                           include_last_offset=True))]
-        if w is None:
-            impls.append(("segment_reduce", lambda: torch.segment_reduce(x, mode, lengths=lengths, axis=0)))
-        if reducer == "mean":
-            cnt = lengths[:, None].to(x.dtype)
-            impls.append(("index_add_", lambda: x.new_zeros(S, d).index_add_(0, ids, x) / cnt))
-        elif w is None:
-            impls.append(("index_add_", lambda: x.new_zeros(S, d).index_add_(0, ids, x)))
-        else:
-            impls.append(("index_add_", lambda: x.new_zeros(S, d).index_add_(0, ids, x * w[:, None])))
-        seg_coo, skip = _torch_scatter_peer("segment_csr", "torch_scatter.segment_csr")
-        impls.append(skip or ("torch_scatter.segment_csr", lambda: seg_coo(x, offsets, reduce=mode)))
-        return Bench(impls, bytes=_bytes(N, d, 8 if w is None else 12))
-    return build
+        impls.append(("embedding_bag", lambda: F.embedding_bag(ar, x, offsets, mode="max",
+                                                               include_last_offset=True)))
+    seg, skip = _torch_scatter_peer("segment_csr", "torch_scatter.segment_csr")
+    impls.append(skip or ("torch_scatter.segment_csr", lambda: seg(x, offsets, reduce=reducer)))
+    return Bench(impls, bytes=_bytes(N, d, 8))
 
 
-def _fused(reducer):
-    def build(param):
-        n, d = param
-        x, lengths, offsets, ids, g = _batch(n, d)
-        N, S = x.shape[0], lengths.numel()
-        table = torch.randn(max(1, n // 4), d, generator=g)
-        idx = torch.randint(0, table.shape[0], (N,), generator=g)
-        w = torch.rand(N, generator=g) if reducer == "weighted_sum" else None
-        mode = "mean" if reducer == "mean" else "sum"
-        impls = [("sparsefill", lambda: segment.reduce(table, reducer, lengths=lengths, indices=idx, weights=w)),
-                 ("embedding_bag", lambda: F.embedding_bag(idx, table, offsets, mode=mode, per_sample_weights=w,
-                                                           include_last_offset=True))]
-        if w is None and mode == "sum":
-            impls.append(("index_select + index_add_",
-                          lambda: table.new_zeros(S, d).index_add_(0, ids, table.index_select(0, idx))))
-        return Bench(impls, bytes=_bytes(N, d, 16 if w is None else 20))
-    return build
+@_builder
+def _unsorted(reducer, b):
+    x, lengths, offsets, ids, g, N, S, d = b.x, b.lengths, b.offsets, b.ids, b.g, b.N, b.S, b.d
+    perm = torch.randperm(N, generator=g)
+    xs, us = x[perm].contiguous(), ids[perm].contiguous()
+    impls = [("sparsefill", lambda: segment.reduce(xs, reducer, segment_ids=us, num_segments=S, sorted=False))]
 
-
-def _extreme(reducer):
-    def build(param):
-        n, d = param
-        x, lengths, offsets, ids, g = _batch(n, d)
-        N, S = x.shape[0], lengths.numel()
+    def sort_then(fn):  # the peer that sorts the ids first (offsets from the counts, as a user would)
+        def run():
+            order = torch.sort(us, stable=True).indices
+            offs = torch.zeros(S + 1, dtype=torch.long)
+            torch.cumsum(torch.bincount(us, minlength=S), 0, out=offs[1:])
+            return fn(order, offs)
+        return run
+    if reducer in ("sum", "mean"):
+        cnt = lengths[:, None].to(x.dtype)
+        impls.append(("index_add_", (lambda: xs.new_zeros(S, d).index_add_(0, us, xs)) if reducer == "sum" else
+                      (lambda: xs.new_zeros(S, d).index_add_(0, us, xs) / cnt)))
+        impls.append(("argsort + embedding_bag", sort_then(lambda o, offs: F.embedding_bag(
+            o, xs, offs, mode=reducer, include_last_offset=True))))
+    else:
         amode = "amax" if reducer == "max" else "amin"
-        idx2 = ids[:, None].expand(N, d)
-        impls = [("sparsefill", lambda: segment.reduce(x, reducer, lengths=lengths)),
-                 ("segment_reduce", lambda: torch.segment_reduce(x, reducer, lengths=lengths, axis=0)),
-                 ("scatter_reduce_", lambda: x.new_empty(S, d).scatter_reduce_(0, idx2, x, amode,
-                                                                                include_self=False))]
+        idx2 = us[:, None].expand(N, d)
+        impls.append(("scatter_reduce_", lambda: xs.new_empty(S, d).scatter_reduce_(0, idx2, xs, amode,
+                                                                                      include_self=False)))
         if reducer == "max":
-            ar = torch.arange(N)
-            impls.append(("embedding_bag", lambda: F.embedding_bag(ar, x, offsets, mode="max",
-                                                                   include_last_offset=True)))
-        seg, skip = _torch_scatter_peer("segment_csr", "torch_scatter.segment_csr")
-        impls.append(skip or ("torch_scatter.segment_csr", lambda: seg(x, offsets, reduce=reducer)[0]))
-        return Bench(impls, bytes=_bytes(N, d, 8))
-    return build
-
-
-def _unsorted(reducer):
-    def build(param):
-        n, d = param
-        x, lengths, offsets, ids, g = _batch(n, d)
-        N, S = x.shape[0], lengths.numel()
-        perm = torch.randperm(N, generator=g)
-        xs, us = x[perm].contiguous(), ids[perm].contiguous()
-        impls = [("sparsefill", lambda: segment.reduce(xs, reducer, segment_ids=us, num_segments=S, sorted=False))]
-        if reducer == "sum":
-            impls += [("index_add_", lambda: xs.new_zeros(S, d).index_add_(0, us, xs)),
-                      ("argsort + embedding_bag",
-                       lambda: F.embedding_bag(torch.sort(us, stable=True).indices, xs, offsets, mode="sum",
-                                               include_last_offset=True))]
-        else:
-            amode = "amax" if reducer == "max" else "amin"
-            idx2 = us[:, None].expand(N, d)
-            impls += [("scatter_reduce_", lambda: xs.new_empty(S, d).scatter_reduce_(0, idx2, xs, amode,
-                                                                                      include_self=False)),
-                      ("argsort + segment_reduce",
-                       lambda: torch.segment_reduce(xs[torch.sort(us, stable=True).indices], reducer,
-                                                    lengths=lengths, axis=0))]
-        sc, skip = _torch_scatter_peer("scatter", "torch_scatter.scatter")
-        impls.append(skip or ("torch_scatter.scatter", lambda: sc(xs, us, 0, dim_size=S, reduce=reducer)))
-        return Bench(impls, bytes=_bytes(N, d, 8))
-    return build
+            impls.append(("argsort + embedding_bag", sort_then(lambda o, offs: F.embedding_bag(
+                o, xs, offs, mode="max", include_last_offset=True))))
+        impls.append(("argsort + segment_reduce", sort_then(lambda o, offs: torch.segment_reduce(
+            xs.index_select(0, o), reducer, offsets=offs, axis=0))))
+    sc, skip = _torch_scatter_peer("scatter", "torch_scatter.scatter")
+    impls.append(skip or ("torch_scatter.scatter", lambda: sc(xs, us, 0, dim_size=S, reduce=reducer)))
+    return Bench(impls, bytes=_bytes(N, d, 8))
 
 
 for _name, _build in [("segment sum (lengths)", _sum_family("sum")),
@@ -192,5 +204,7 @@ for _name, _build in [("segment sum (lengths)", _sum_family("sum")),
                       ("segment max (lengths)", _extreme("max")),
                       ("segment min (lengths)", _extreme("min")),
                       ("segment sum, unsorted ids (unsorted_segment_sum)", _unsorted("sum")),
-                      ("segment max, unsorted ids (unsorted_segment_max)", _unsorted("max"))]:
+                      ("segment mean, unsorted ids (unsorted_segment_mean)", _unsorted("mean")),
+                      ("segment max, unsorted ids (unsorted_segment_max)", _unsorted("max")),
+                      ("segment min, unsorted ids (unsorted_segment_min)", _unsorted("min"))]:
     case(_name, sizes=SIZES, quick_sizes=QUICK, tiny_sizes=TINY, check=_check_all_close)(_build)

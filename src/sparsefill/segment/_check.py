@@ -40,6 +40,15 @@ def check_lengths(lengths: torch.Tensor, total: int | None, name: str = "lengths
             raise ValueError(f"{name} sum to {s}, but the data has {total} rows along dim 0")
 
 
+def _check_nondecreasing(t: torch.Tensor, name: str, rule: str, hint: str = "") -> None:
+    """A ValueError naming the first decrease ``t[i] > t[i + 1]``, if any."""
+    if t.numel() > 1:
+        dec = t[1:] < t[:-1]
+        if bool(dec.any()):
+            i = _first(dec)
+            raise ValueError(f"{name} {rule}, got {name}[{i}] = {int(t[i])} > {name}[{i + 1}] = {int(t[i + 1])}{hint}")
+
+
 def check_offsets(offsets: torch.Tensor, total: int | None, name: str = "offsets", *, validate: bool = True) -> None:
     """Offsets start at 0, do not decrease, and end at ``total`` (when given)."""
     if offsets.numel() == 0:
@@ -49,12 +58,8 @@ def check_offsets(offsets: torch.Tensor, total: int | None, name: str = "offsets
         raise ValueError(f"{name} must start at 0, got {name}[0] = {first}")
     if total is not None and last != total:
         raise ValueError(f"{name} end at {last}, but the data has {total} rows along dim 0")
-    if validate and offsets.numel() > 1:
-        dec = offsets[1:] < offsets[:-1]
-        if bool(dec.any()):
-            i = _first(dec)
-            raise ValueError(f"{name} must not decrease, got {name}[{i}] = {int(offsets[i])} > "
-                             f"{name}[{i + 1}] = {int(offsets[i + 1])}")
+    if validate:
+        _check_nondecreasing(offsets, name, "must not decrease")
 
 
 def check_segment_ids(ids: torch.Tensor, num_segments: int | None, *, sorted: bool, name: str = "segment_ids",
@@ -69,12 +74,8 @@ def check_segment_ids(ids: torch.Tensor, num_segments: int | None, *, sorted: bo
     if num_segments is not None and hi >= num_segments:
         i = _first(ids >= num_segments)
         raise IndexError(f"{name}[{i}] = {int(ids[i])} is out of range for num_segments = {num_segments}")
-    if sorted and ids.numel() > 1:
-        dec = ids[1:] < ids[:-1]
-        if bool(dec.any()):
-            i = _first(dec)
-            raise ValueError(f"{name} must be sorted (sorted=True), got {name}[{i}] = {int(ids[i])} > "
-                             f"{name}[{i + 1}] = {int(ids[i + 1])}; pass sorted=False for unsorted ids")
+    if sorted:
+        _check_nondecreasing(ids, name, "must be sorted (sorted=True)", "; pass sorted=False for unsorted ids")
 
 
 def check_indices(indices: torch.Tensor, size: int, name: str = "indices", *, validate: bool = True,
