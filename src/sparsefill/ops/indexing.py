@@ -129,8 +129,12 @@ def _cat(func, args, kwargs):
         if A._indefinite or any(not isinstance(t, SparseTensor) and (t.dim() != A.dim() or t.dtype != A.dtype)
                                 for t in tensors):
             return NotImplemented
+        sd = A.dim() - A.dense_dim()
+
+        def fill_for(t):  # (along a dense dim the operand's dense shape differs: one value of A's fill)
+            return _dense_fill(A) if dim % A.dim() < sd else A._fill.reshape(-1)[0].expand(t.shape[sd:])
         tensors = [t if isinstance(t, SparseTensor) else
-                   dense_to_sparse(t, _dense_fill(A), False, False, torch.sparse_coo, A.dense_dim())
+                   dense_to_sparse(t, fill_for(t), False, False, torch.sparse_coo, A.dense_dim())
                    for t in tensors]
         sparse = tensors
     dim %= A.dim()
