@@ -271,3 +271,16 @@ def test_cat_and_stack_along_dense_dims_and_with_dense_operands(layout, dd):
     for op, out in zip(cases, outs):
         assert isinstance(out, SparseTensor)
         torch.testing.assert_close(out.to_dense(), op(X, X.flip(0)))
+
+
+@pytest.mark.parametrize("layout,dd", KINDS, ids=IDS)
+def test_diagonal_of_hybrid_tensors(layout, dd):
+    """Two sparse dims: the stored diagonal, moved after the dense dims; two dense dims: on the values and the
+    fill; one of each: the dense dims become sparse first."""
+    A = sparsefill.to_sparse(X, fill_value=0.5, layout=layout, dense_dim=dd)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", sparsefill.DensifyWarning)
+        for offset in (-1, 0, 2):
+            for d1, d2 in [(0, 1), (1, 0), (0, 2), (1, 2), (-1, -2)]:
+                out = torch.diagonal(A, offset, d1, d2)
+                torch.testing.assert_close(out.to_dense(), torch.diagonal(X, offset, d1, d2))

@@ -375,16 +375,25 @@ def _diagonal(func, args, kwargs):
     d1 = args[2] if len(args) > 2 else kwargs.get("dim1", 0)
     d2 = args[3] if len(args) > 3 else kwargs.get("dim2", 1)
     meta = func(meta_of(A), offset, d1, d2)  # torch's errors and the result's shape
-    if A.dense_dim():
-        return NotImplemented
     d1, d2 = d1 % A.dim(), d2 % A.dim()
-    idx, vals, _ = _parts(A)
+    idx, vals, sd = _parts(A)
+    if d1 >= sd and d2 >= sd:  # two dense dims: on the values and on the fill
+        fill = A._fill if A._indefinite else torch.diagonal(_dense_fill(A), offset, d1 - sd, d2 - sd)
+        return _build(A, idx, torch.diagonal(vals, offset, d1 - sd + 1, d2 - sd + 1), meta.shape, fill)
+    if d1 >= sd or d2 >= sd:  # one of each: every dense dim becomes sparse (roadmap Note 2)
+        from .shape import all_sparse
+        return _diagonal(func, (all_sparse(A), offset, d1, d2), {})
     keep = idx[d2] - idx[d1] == offset
     pos = (idx[d1] if offset >= 0 else idx[d2])[keep]
-    rest = [d for d in range(A.dim()) if d not in (d1, d2)]
+    rest = [d for d in range(sd) if d not in (d1, d2)]
     new = torch.cat([idx[rest][:, keep], pos[None]])
-    return parts_to_sparse(new, vals[keep], meta.shape, A._fill, A._indefinite, False,
-                           A._sf_layout if new.shape[0] >= 2 else torch.sparse_coo, False)
+    shape = [A.shape[d] for d in rest] + [meta.shape[-1]] + list(A._dense_shape)
+    out = parts_to_sparse(new, vals[keep], torch.Size(shape), A._fill, A._indefinite, False,
+                          A._sf_layout if new.shape[0] >= 2 and not A.dense_dim() else torch.sparse_coo, False)
+    if A.dense_dim():  # torch puts the diagonal last, after the dense dims
+        n = len(shape)
+        out = out.permute(list(range(len(rest))) + list(range(len(rest) + 1, n)) + [len(rest)])
+    return out
 
 
 # ------------------------------------------------------------------ writes: index_put, scatter, index_*
