@@ -36,6 +36,35 @@ def meta_of(A: torch.Tensor) -> torch.Tensor:
     return torch.empty((), dtype=A.dtype, device="meta").expand(A.shape)
 
 
+_META_CACHE: dict = {}
+
+
+def _key(a):
+    """A hashable stand-in for an op argument (None when it has none: the call is not cached)."""
+    if isinstance(a, (list, tuple)):
+        items = [_key(x) for x in a]
+        return None if any(i is None for i in items) else (type(a).__name__, *items)
+    if a is None or isinstance(a, (bool, int, float, str, torch.dtype, torch.layout, torch.memory_format)):
+        return (type(a).__name__, a)
+    return None
+
+
+def meta_call(func, A: torch.Tensor, *rest, **kwargs):
+    """``func(meta_of(A), *rest, **kwargs)``, memoised on (func, shape, dtype, arguments): torch's meta
+    kernels for reductions run Python references (~0.3 ms); a repeated call costs a dict lookup."""
+    key = _key((rest, sorted(kwargs.items())))
+    if key is None:
+        return func(meta_of(A), *rest, **kwargs)
+    key = (func, tuple(A.shape), A.dtype, key)
+    out = _META_CACHE.get(key)
+    if out is None:
+        out = func(meta_of(A), *rest, **kwargs)
+        if len(_META_CACHE) > 4096:
+            _META_CACHE.clear()
+        _META_CACHE[key] = out
+    return out
+
+
 def check_dtype(func, A: torch.Tensor, *rest, **kwargs) -> None:
     """Run ``func`` on one element of ``A``'s dtype and device: torch's dtype errors, which meta kernels skip."""
     func(torch.zeros((1,) * A.dim(), dtype=A.dtype, device=A.device), *rest, **kwargs)

@@ -22,7 +22,7 @@ from .. import _index
 from .._convert import coalesce_of, coalesced_parts, dense_of, parts_to_sparse, rewrap
 from .._reduce import Norm, REDUCERS, first_gap, group_slices, segment_arg, segment_combine, segment_counts
 from .._tensor import SparseTensor
-from .fallback import check_dtype, meta_of
+from .fallback import check_dtype, meta_call, meta_of
 from .registry import register
 
 aten = torch.ops.aten
@@ -143,7 +143,7 @@ def _handler(name, dim_pos=None, keep_pos=None, opt=None):
         A = args[0]
         if A.dim() == 0:
             return _scalar(func, args, kwargs)
-        meta = func(meta_of(A), *args[1:], **kwargs)
+        meta = meta_call(func, A, *args[1:], **kwargs)
         dtype = kwargs.get("dtype")
         if dtype is not None:
             A = A.to(dtype)
@@ -183,7 +183,7 @@ def _vector_norm(func, args, kwargs):
     A = args[0]
     if A.dim() == 0:
         return _scalar(func, args, kwargs)
-    meta = func(meta_of(A), *args[1:], **kwargs)
+    meta = meta_call(func, A, *args[1:], **kwargs)
     return reduce_dims((A != 0).to(meta.dtype), "sum", _dims_arg(args, kwargs, 2), _keepdim_arg(args, kwargs, 3),
                        meta)
 
@@ -205,7 +205,7 @@ def _var_std(func, args, kwargs):
     if A.dim() == 0:
         return _scalar(func, args, kwargs)
     check_dtype(func, A, *args[1:], **kwargs)  # (var of integers raises)
-    meta = func(meta_of(A), *args[1:], **kwargs)
+    meta = meta_call(func, A, *args[1:], **kwargs)
     dims, keep = _dims_arg(args, kwargs, 1), bool(kwargs.get("keepdim", False))
     dims = sorted({d % A.dim() for d in dims}) if dims else list(range(A.dim()))
     B = A if A._indefinite else A - _shift(A, dims)
@@ -235,7 +235,7 @@ def _count_nonzero(func, args, kwargs):
     A = args[0]
     if A.dim() == 0:
         return _scalar(func, args, kwargs)
-    meta = func(meta_of(A), *args[1:], **kwargs)
+    meta = meta_call(func, A, *args[1:], **kwargs)
     return reduce_dims(A != 0, "sum", _dims_arg(args, kwargs, 1), False, meta)
 
 
@@ -268,7 +268,7 @@ def _arg(func, args, kwargs):
     if A.dim() == 0:
         return _scalar(func, args, kwargs)
     check_dtype(func, A, *args[1:], **kwargs)  # (argmax of bool raises)
-    meta = func(meta_of(A), *args[1:], **kwargs)
+    meta = meta_call(func, A, *args[1:], **kwargs)
     which = "amax" if func in (aten.argmax.default, aten.max.dim) else "amin"
     dim = args[1] if len(args) > 1 else kwargs.get("dim")
     keep = _keepdim_arg(args, kwargs, 2)
@@ -373,7 +373,7 @@ def _median_dim(func, args, kwargs):
     if A.dim() == 0:
         return _scalar(func, args, kwargs)
     check_dtype(func, A, *args[1:], **kwargs)
-    meta = func(meta_of(A), *args[1:], **kwargs)
+    meta = meta_call(func, A, *args[1:], **kwargs)
     dim %= A.dim()
     if A._indefinite:
         return NotImplemented
