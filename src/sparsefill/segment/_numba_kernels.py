@@ -95,12 +95,18 @@ if numba is not None:
                 if a[d] < 0 or better or (v != v and c == c):
                     o[d] = v
                     a[d] = k
-        else:  # non-short-circuit | keeps the loop branch-free (vectorised)
+        else:
             for d in range(D):
-                c = o[d]
-                v = xr[d]
-                keep = ((c >= v) if LARGEST else (c <= v)) | (c != c)
-                o[d] = c if keep else v
+                o[d] = _pick(o[d], xr[d], LARGEST)
+
+    @njit(inline="always")
+    def _pick(c, v, LARGEST):  # max / min of two values, NaN first (the non-short-circuit | vectorises)
+        return c if (((c >= v) if LARGEST else (c <= v)) | (c != c)) else v
+
+    @njit(inline="always")
+    def _combine2(o, xr, xq, D, LARGEST):  # o <- max(o, max(x_r, x_q)) (or min)
+        for d in range(D):
+            o[d] = _pick(o[d], _pick(xr[d], xq[d], LARGEST), LARGEST)
 
     @njit(inline="always")
     def _combine_arg(o, a, p, pa, D, LARGEST):  # (o, a) <- (o, a) (+) (p, pa), p from later positions
@@ -126,6 +132,9 @@ if numba is not None:
         MEAN = op == "mean"
         LARGEST = op == "max"
         ARG = with_arg and not SUM
+        # max/min without arg take the rows of a segment in pairs: the running extreme is then
+        # stored once per two rows (a masked store the next row reloads measured 1.8x slower)
+        PAIRS = not SUM and not ARG
 
         @njit(nogil=True, cache=True)
         def sorted_kernel(x, offs, rows, w, scale, out, arg, s0, s1, bad):  # pragma: no cover - compiled
@@ -136,14 +145,24 @@ if numba is not None:
                 o = out[s]
                 a = arg[s] if ARG else arg[0]
                 _start(o, a, D, SUM, LARGEST, ARG)
-                for k in range(offs[s], offs[s + 1]):
+                k, end = offs[s], offs[s + 1]
+                while k < end:
                     if has_rows and k + _AHEAD < n:
                         _prefetch_row(x, rows[k + _AHEAD], D)
                     r = rows[k] if has_rows else k
                     if r < 0 or r >= M:
                         bad[0] = k if bad[0] < 0 else min(bad[0], k)
+                        k += 1
+                        continue
+                    q = (rows[k + 1] if has_rows else k + 1) if PAIRS and k + 1 < end else -1
+                    if q >= 0 and q < M:
+                        if has_rows and k + 1 + _AHEAD < n:
+                            _prefetch_row(x, rows[k + 1 + _AHEAD], D)
+                        _combine2(o, x[r], x[q], D, LARGEST)
+                        k += 2
                         continue
                     _combine(o, a, x[r], w, k, D, SUM, W, LARGEST, ARG)
+                    k += 1
                 _finish(o, scale, s, D, MEAN)
 
         @njit(nogil=True, cache=True)
