@@ -234,7 +234,7 @@ class LogSumExp(Reducer):
             m = REDUCERS["amax"](values, seg, num_segments, fill=fill, n_fill=n_fill, lengths=lengths)
             m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
         seg = seg_ids(seg, lengths, values.shape[0])
-        acc = segment_combine(torch.exp(values - m[seg]), seg, num_segments, "sum", lengths=lengths)
+        acc = segment_combine(torch.exp(values - m.index_select(0, seg)), seg, num_segments, "sum", lengths=lengths)
         if fill is not None and n_fill is not None:
             f = torch.as_tensor(fill, dtype=values.dtype, device=values.device)
             acc = _fold_sum(acc, torch.exp(f - _per_segment(m, acc, n_fill)), n_fill)
@@ -251,7 +251,7 @@ class Var(Reducer):
     def __call__(self, values, seg, num_segments, *, fill=None, n_fill=None, lengths=None):
         mean = REDUCERS["mean"](values, seg, num_segments, fill=fill, n_fill=n_fill, lengths=lengths)
         seg = seg_ids(seg, lengths, values.shape[0])
-        d = values - mean[seg]
+        d = values - mean.index_select(0, seg)
         acc = segment_combine((d * d.conj()).real if d.is_complex() else d * d, seg, num_segments, "sum",
                               lengths=lengths)
         count = segment_counts(seg, num_segments, lengths)

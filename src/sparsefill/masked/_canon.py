@@ -168,9 +168,7 @@ def _check_union(n_positions: int, words: int) -> None:
 
 def csr_rows(A: SparseTensor) -> torch.Tensor:
     """The row of every stored element of a plain (unbatched) CSR tensor."""
-    counts = A._crow[1:] - A._crow[:-1]
-    return torch.repeat_interleave(torch.arange(counts.numel(), device=counts.device), counts,
-                                   output_size=A._col.numel())
+    return _index.runs_to_ids(torch.diff(A._crow), A._col.numel())
 
 
 def combine(input, mask, zero_absorbs: bool = False, counts: bool = False) -> Masked:

@@ -16,6 +16,7 @@ slice (all positions outside the pattern), whose result is the output's fill.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import torch
 
@@ -155,11 +156,19 @@ class Slices:
         are sorted gap-free runs, see ``_reduce.segment_combine``; None unless every element is masked
         in and the segments are sorted rows)."""
         u = self.X.u if u is None else u
-        m = self.X.m if m is None else m
-        ms = self.scalars(m)
-        if bool(ms.all()):
+        every = self.every_in if m is None else bool(m.all())
+        ms = self.scalars(self.X.m if m is None else m)
+        if every:
             return self.scalars(u).reshape(-1), self.seg3.reshape(-1), self.lengths
         return self.scalars(u)[ms], self.seg3[ms], None
+
+    @functools.cached_property
+    def every_in(self) -> bool:
+        """Every stored element is masked in (the pattern-as-mask use; one read for an expanded mask)."""
+        m = self.X.m
+        if m.numel() and all(st == 0 for st in m.stride()):
+            return bool(m.reshape(-1)[0])
+        return bool(m.all())
 
     def fill_classes(self, f: torch.Tensor, counts: bool | None = None):
         """``(F, n)`` for touched segments, ``(F0, n0)`` for the untouched slice (``counts``: mfill by default)."""
@@ -197,6 +206,13 @@ def _group(idx, S, red_s):
         return group_slices(idx, S, red_s) + (None,)
     kshape = [S[d] for d in keep]
     keys = _index.linearize(idx[: len(keep)], kshape)
+    nk, k = _index.numel(kshape), keys.numel()
+    if 0 < nk <= 4 * k + 4096:  # sorted keys in a small range: run lengths off a CSR compression
+        counts = torch.diff(torch._convert_indices_from_coo_to_csr(keys, nk))
+        out_keys = (counts > 0).nonzero().squeeze(1)
+        counts = counts[out_keys]
+        seg = keys if out_keys.numel() == nk else _index.runs_to_ids(counts, k)
+        return seg, _index.unravel(out_keys, kshape), _index.numel([S[d] for d in red_s]) - counts, counts
     out_keys, seg, counts = torch.unique_consecutive(keys, return_inverse=True, return_counts=True)
     return seg, _index.unravel(out_keys, kshape), _index.numel([S[d] for d in red_s]) - counts, counts
 

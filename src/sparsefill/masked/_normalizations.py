@@ -80,6 +80,8 @@ def _unspecified(X: Masked, sl, groups, start, untouched: bool) -> torch.Tensor:
         start = torch.cat([start, start.new_zeros(rest.numel())])
     lens = (N - start).clamp_min(0)
     total = int(lens.sum())
+    if total == 0:
+        return gk.new_zeros((len(S), 0))
     rep = torch.repeat_interleave(torch.arange(lens.numel(), device=gk.device), lens, output_size=total)
     q = torch.arange(total, device=gk.device) - (torch.cumsum(lens, 0) - lens)[rep] + start[rep]
     idx = gk.new_empty((len(S), total))
@@ -99,6 +101,8 @@ def _extend(name, X: Masked, sl, c_out, e_out, scan):
     S, d = X.S, sl.red_s[0]
     N, G = S[d], _index.numel([s for i, s in enumerate(S) if i != d])
     ms = sl.scalars(X.m)
+    if scan is None and sl.every_in and G == sl.S_out:  # the pattern as mask, no empty slice: nothing to add
+        return X, c_out
     has = _has_in(sl, sl.seg3[ms], ms.new_zeros((0,))).reshape(sl.S_out, sl.Pk)
     any_in = has.any(1)
     if scan is not None:
