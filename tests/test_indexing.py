@@ -81,6 +81,16 @@ def test_roll_flat_and_triangles_of_a_zero_fill(layout):
             torch.testing.assert_close(op(Z).to_dense(), op(z))
 
 
+@pytest.mark.parametrize("layout,dd", KINDS, ids=IDS)
+def test_triangles_of_hybrid_tensors(layout, dd):
+    A = sparsefill.to_sparse(X, fill_value=0.5, layout=layout, dense_dim=dd)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", sparsefill.DensifyWarning)
+        for k in (-1, 0, 2):
+            for op in (torch.tril, torch.triu):
+                torch.testing.assert_close(op(A, k).to_dense(), op(X, k))
+
+
 @pytest.mark.parametrize("layout", [torch.sparse_coo, torch.sparse_csr])
 @pytest.mark.parametrize("fill", [2.0, float("nan")])
 def test_triangles_of_a_nonzero_fill(layout, fill):

@@ -275,8 +275,11 @@ def _tril_triu(func, args, kwargs):
     k = args[1] if len(args) > 1 else kwargs.get("diagonal", 0)
     func(meta_of(A), k)  # torch's errors (fewer than 2 dims)
     sd = A.dim() - A.dense_dim()
-    if sd < 2 or A.dense_dim():
-        return NotImplemented
+    if A.dense_dim() >= 2:  # the matrix dims are dense: on the values and on the fill
+        return _on_dense_dim(A, A.dim() - 1, lambda t, d: func(t, k))
+    if A.dense_dim():  # one sparse, one dense matrix dim: every dense dim becomes sparse (roadmap Note 2)
+        from .shape import all_sparse
+        return _tril_triu(func, (all_sparse(A), k), {})
     idx, vals, _ = _parts(A)
     lower = func is aten.tril.default
     off = idx[sd - 1] - idx[sd - 2]
