@@ -120,3 +120,18 @@ register(aten.zeros_like.default)(_like_handler(_creation.zeros_like))
 register(aten.ones_like.default)(_like_handler(_creation.ones_like))
 register(aten.empty_like.default)(_like_handler(_creation.empty_like))
 register(aten.full_like.default)(_like_handler(_creation.full_like))
+
+
+def _copy_variant(func, args, kwargs):
+    """``X_copy(A, ...) = X(A, ...).clone()``: the view op, then a copy of every output (own storage)."""
+    view = getattr(getattr(aten, func._schema.name.split("::")[1][: -len("_copy")]), func._overloadname)
+    res = view(*args, **kwargs)
+    return [r.clone() for r in res] if isinstance(res, (list, tuple)) else res.clone()
+
+
+for _name in ("alias", "expand", "narrow", "permute", "split_with_sizes", "squeeze", "t", "transpose", "unbind",
+              "unsqueeze", "view"):
+    _copy = getattr(aten, f"{_name}_copy")
+    for _ov in _copy.overloads():
+        if not _ov.endswith("out") and _ov in getattr(aten, _name).overloads():
+            register(getattr(_copy, _ov))(_copy_variant)
