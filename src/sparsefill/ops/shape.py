@@ -252,7 +252,9 @@ def _t(func, args, kwargs):
     A = args[0]
     if A.dim() < 2:  # a new object: torch forbids a view op returning its input
         return _make(A, A.shape, *A._coo_parts(), A._fill, A._coalesced)
-    return _or_next(permute(A, [1, 0]) if A.dim() == 2 else None)
+    if A.dim() > 2:
+        func(torch.empty((), dtype=A.dtype, device="meta").expand(A.shape))  # torch's error (t() takes <= 2-D)
+    return _or_next(permute(A, [1, 0]))
 
 
 @register(aten.transpose.int)

@@ -215,8 +215,8 @@ def write_native(V: SparseTensor) -> bool:
         return False  # (a dense slice partly in the view would be partly specified)
     if _index.numel(base.shape) > _index._INT64_MAX:
         return False
-    if not base.numel():
-        return True
+    if not V.numel():
+        return True  # nothing written
     vi, wvals = _element_parts(V)
     wkeys = _encode(vi, smap)
     if not _index.is_sorted_unique(wkeys):  # (sorted runs merge in linear time in unique_inverse)
