@@ -41,6 +41,7 @@ def _layouts(x):
         "sf-csr": sparsefill.to_sparse(x, layout=torch.sparse_csr),
         "sf-coo fill 5": sparsefill.to_sparse(x, fill_value=5.0),
         "sf-hybrid": sparsefill.to_sparse(x, dense_dim=1, fill_value=torch.tensor([1., 2., 3.])),
+        "sf-hybrid fill 0": sparsefill.to_sparse(x, dense_dim=1),
         "sf-indefinite (all specified)": sparsefill.to_sparse(x, fill_value=sparsefill.indefinite),
     }
 

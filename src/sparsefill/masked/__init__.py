@@ -15,13 +15,16 @@ included (each op's docstring says which value they read).
   The mask is combined with the input's pattern into the union pattern ``P`` (``_canon``,
   masked-reductions-on-sparse.md's ``input_mask3``; elements outside ``P`` are all masked in or
   all masked out), and each slice is reduced over its stored elements plus, in closed form, its
-  ``n`` unspecified ones (``_engine``, the reducer protocol of ``sparsefill._reduce``).  A strided
-  mask is read at the input's positions (O(nse)) unless it masks in unspecified elements; a
-  sparse mask costs O(its nse).  The result is a SparseTensor with the input's layout (also for
+  ``n`` unspecified ones (``_engine``, the reducer protocol of ``sparsefill._reduce`` with fill
+  tables).  A strided mask is read at the input's positions (O(nse)); the unspecified elements it
+  masks in are counted per output slice for reductions (O(mask + output) memory, never joined)
+  and joined to ``P`` for normalizations and argmax/argmin (whose results need their positions);
+  a sparse mask costs O(its nse).  The result is a SparseTensor with the input's layout (also for
   torch native inputs, whose zero-fill type cannot hold e.g. the -inf of an empty amax slice):
   reductions specify the slices that meet ``P`` and take the value of the other slices as fill;
   normalizations keep ``P`` and choose their fill by counts (``_normalizations``: the value most
-  unspecified elements read; the others are stored).  Results with no sparse dim left are strided tensors.
+  unspecified elements read; the others are stored).  Results with no sparse dim left are strided
+  tensors.
 * ``mask=None``: every element is masked in, unspecified ones with the fill's value.  A
   SparseTensor with indefinite fill is a masked tensor: its pattern is the mask (``mask=None``
   works; a mask given too is intersected with it), and normalizations return its pattern with an

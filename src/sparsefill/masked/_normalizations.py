@@ -4,11 +4,12 @@ Same signatures and results as ``torch.masked.<op>`` (the drop-in promise), at E
 
     densify(masked.op(input, dim, mask=mask)) == torch.masked.op(dense(input), dim, mask=dense(mask))
 
-On a sparse input the statistics of each slice along ``dim`` (max and sum of exponentials, norm,
-prefix sums) come from the segment kernels of ``_engine`` over the union pattern ``P`` of input and
-mask (``_canon``); e.g. for softmax every masked-in element ``p`` of ``P`` gets::
+On a sparse input the statistics of each slice along ``dim`` (logsumexp, norm) come from the
+reducers of ``sparsefill._reduce`` (fill tables over the segments of ``_engine``) on the union
+pattern ``P`` of input and mask (``_canon``), prefix sums from :func:`_segmented_scan`; e.g. for
+softmax every masked-in element ``p`` of ``P`` gets::
 
-    out[p] = exp(x[p] - max_slice) / sum_{q in slice, mask[q]} exp(x[q] - max_slice)
+    out[p] = exp(x[p] - lse_slice),    lse_slice = log(sum_{q in slice, mask[q]} exp(x[q]))
 
 A masked-out element reads torch.masked's value: for softmax/softmin/log_softmax ``c`` (0, 0,
 -inf) when its slice holds a masked-in element and ``e`` = NaN when the slice is fully masked
@@ -16,9 +17,9 @@ out; normalize 0 in both cases; cumsum/cumprod the running value (the scan of
 ``where(mask, input, 0 / 1)``).  The result's fill is chosen adaptively (:func:`_extend`): with the
 unspecified elements counted in fully masked-out slices (value ``e``) and in partly masked-in
 slices (value ``c``), the fill is the value of the larger group and the smaller group is stored
-explicitly (``sparsefill._policy.check_specify``: a DensifyWarning past 65536 of them; cumsum/cumprod take the
-identity as fill and store the unspecified elements after the first masked-in one of their
-slice).  In the pattern-as-mask use with no empty slice nothing is added.  An input with
+explicitly (``sparsefill._policy.check_specify``: a DensifyWarning past 65536 of them;
+cumsum/cumprod take the identity as fill and store the unspecified elements after the first
+masked-in one of their slice).  In the pattern-as-mask use with no empty slice nothing is added.  An input with
 indefinite fill keeps its pattern and indefinite fill (its unspecified elements have no value).
 
 When unspecified elements are masked in along a sparse ``dim`` (``mask=None`` on a defined fill)
