@@ -335,6 +335,11 @@ def test_overlapping_view_writes_go_the_dense_way():
     E = A.expand(3, 6)
     assert strided_map(E) is None
     assert strided_map(A.t()) is not None
+    with pytest.warns(sparsefill.DensifyWarning, match="writing through a view"):
+        E.fill_(1.0)
+    x.expand(3, 6).fill_(1.0)
+    close(A, x)
+    close(E, x.expand(3, 6))
 
 
 # ---------------------------------------------------------------------- 3. shape ops and conversions, natively

@@ -216,7 +216,7 @@ def write_native(V: SparseTensor) -> bool:
     if _index.numel(base.shape) > _index._INT64_MAX:
         return False
     if not V.numel():
-        return True  # nothing written
+        return True  # nothing written (below: Q >= 1)
     vi, wvals = _element_parts(V)
     wkeys = _encode(vi, smap)
     if not _index.is_sorted_unique(wkeys):  # (sorted runs merge in linear time in unique_inverse)
@@ -244,16 +244,16 @@ def write_native(V: SparseTensor) -> bool:
         allv = _index.unravel(torch.arange(n, device=bs.device), V.shape)
         keys = _encode(allv, smap)
         fv = fV[_index.linearize(allv[V.dim() - ndv:], V._dense_shape)]
-        fb = base._fill.expand(D).reshape(-1)[keys % Q] if Q else fv
+        fb = base._fill.expand(D).reshape(-1)[keys % Q]
         extra = torch.unique(keys[_differs(fv, fb)] // Q)
-    U, inv = _index.unique_inverse(torch.cat([bs, wkeys // max(Q, 1), extra]))
+    U, inv = _index.unique_inverse(torch.cat([bs, wkeys // Q, extra]))
     out = base._fill.expand((U.numel(),) + D).clone()
     out.index_copy_(0, inv[: bs.numel()], bv)
     flat = out.view(-1)
     E = (U[:, None] * Q + torch.arange(Q, device=U.device)).reshape(-1)
     inR, ev = _decode(E, smap)
     flat[inR] = fV[_index.linearize(ev[V.dim() - ndv:, inR], V._dense_shape)]
-    pos = inv[bs.numel(): bs.numel() + wkeys.numel()] * Q + wkeys % max(Q, 1)
+    pos = inv[bs.numel(): bs.numel() + wkeys.numel()] * Q + wkeys % Q
     flat[pos] = wvals
     idx = bi.new_empty((bi.shape[0], U.numel()))  # the base's indices moved, the new ones unravelled
     idx[:, inv[: bs.numel()]] = bi
