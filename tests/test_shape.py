@@ -429,3 +429,17 @@ def test_gradcheck_over_values_and_fill(name):
         assert isinstance(out, SparseTensor)
         return out.to_dense()
     assert gradcheck(fn, (v, f), check_batched_grad=False)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool, torch.complex64])
+def test_write_through_view_dtypes(dtype):
+    x = (torch.arange(24).reshape(4, 6) % 4 == 0).to(dtype) if dtype is torch.bool else \
+        (torch.arange(24).reshape(4, 6) % 5).to(dtype)
+    fill = x[0, 1].clone()
+    A = sparsefill.to_sparse(x, fill_value=fill)
+    for view, write in [(lambda t: t[1], lambda v: v.fill_(True if dtype is torch.bool else 2)),
+                        (lambda t: t.t()[2], lambda v: v.logical_not_() if dtype is torch.bool else v.mul_(3)),
+                        (lambda t: t[:, 1:5:2], lambda v: v.zero_())]:
+        write(view(A))
+        write(view(x))
+        torch.testing.assert_close(A.to_dense(), x)
