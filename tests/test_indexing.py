@@ -294,3 +294,29 @@ def test_diagonal_of_hybrid_tensors(layout, dd):
             for d1, d2 in [(0, 1), (1, 0), (0, 2), (1, 2), (-1, -2)]:
                 out = torch.diagonal(A, offset, d1, d2)
                 torch.testing.assert_close(out.to_dense(), torch.diagonal(X, offset, d1, d2))
+
+
+@pytest.mark.parametrize("layout,dd", KINDS, ids=IDS)
+def test_gather_masked_select_and_nonzero(layout, dd):
+    """gather/take_along_dim read stored values or the fill at the index's coordinates; masked_select is A[mask]
+    (broadcast); nonzero of a zero-fill tensor lists the stored nonzeros."""
+    A = sparsefill.to_sparse(X, fill_value=0.5, layout=layout, dense_dim=dd)
+    index = torch.tensor([[[0, 2, 1], [4, 4, 0]], [[1, 1, 1], [0, 3, 2]]])
+    z = X.clone()
+    z[z == 0.5] = 0
+    Z = sparsefill.to_sparse(z, fill_value=0., layout=layout, dense_dim=dd)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", sparsefill.DensifyWarning)
+        for dim in (0, 1, 2, -1):
+            i = index.clamp(max=X.shape[dim] - 1)
+            torch.testing.assert_close(_d(torch.gather(A, dim, i)), torch.gather(X, dim, i))
+            shape = list(X.shape)
+            shape[dim] = 2
+            j = torch.randint(0, X.shape[dim], shape, generator=torch.Generator().manual_seed(dim % 3))
+            torch.testing.assert_close(_d(torch.take_along_dim(A, j, dim)), torch.take_along_dim(X, j, dim))
+        for mask in (X > 0.6, X[0, :, :1] > 0):
+            torch.testing.assert_close(_d(torch.masked_select(A, mask)), torch.masked_select(X, mask))
+        assert torch.equal(torch.nonzero(Z), torch.nonzero(z))
+        assert torch.equal(torch.argwhere(Z), torch.argwhere(z))
+    with pytest.raises(RuntimeError):
+        torch.gather(A, 0, torch.tensor([[[4]]]))

@@ -445,6 +445,17 @@ def write(A: SparseTensor, coords: torch.Tensor, values: torch.Tensor, reduce=No
                            A._sf_layout if sd >= 2 else torch.sparse_coo, True)
 
 
+def read(A: SparseTensor, coords: torch.Tensor) -> torch.Tensor:
+    """The elements of ``A`` at ``coords`` (``(ndim, M)``): stored values where specified, the fill elsewhere
+    (a binary search of the linear keys over the sparse dims).  O(M log nse + nse)."""
+    sd = A.dim() - A.dense_dim()
+    idx, vals = coalesced_parts(A)
+    pos, found = _index.lookup(_index.linearize(idx, A._sparse_shape), _index.linearize(coords[:sd], A._sparse_shape))
+    q = _index.linearize(coords[sd:], A._dense_shape)
+    stored = vals.reshape(vals.shape[0], -1)[pos, q] if vals.shape[0] else vals.new_zeros(q.shape)
+    return torch.where(found, stored, _dense_fill(A).reshape(-1)[q])
+
+
 def _dense_values(v, shape, dtype, device):
     """Written values as a strided tensor broadcast to ``shape`` (a SparseTensor source is read densely: it
     is as large as the written set)."""
@@ -545,3 +556,49 @@ def _index_along(func, args, kwargs):
         include_self = args[5] if len(args) > 5 else kwargs.get("include_self", True)
         return _result(func, A, write(A, coords, _dense_values(src, shape, A.dtype, A.device), reduce, include_self))
     return _result(func, A, write(A, coords, _dense_values(src, shape, A.dtype, A.device)))
+
+
+@register(aten.gather.default)
+def _gather(func, args, kwargs):
+    """``out[i] = A[..., index[i], ...]`` along ``dim`` (a strided result shaped like ``index``): :func:`read`
+    at the coordinates of ``scatter``."""
+    A, dim, index = args[0], args[1], args[2]
+    if isinstance(index, SparseTensor) or A._indefinite or kwargs.get("sparse_grad", False) or \
+            (len(args) > 3 and args[3]):
+        return NotImplemented
+    func(meta_of(A), dim, index.to("meta"))  # torch's errors
+    dim %= max(A.dim(), 1)
+    if index.numel() and A.dim() and not bool(((index >= 0) & (index < A.shape[dim])).all()):
+        raise RuntimeError(f"index {int(index[(index < 0) | (index >= A.shape[dim])][0])} is out of bounds for "
+                           f"dimension {dim} with size {A.shape[dim]}")
+    return read(A, _grid(index, dim, A.dim())).reshape(index.shape)
+
+
+@register(aten.nonzero.default, aten.argwhere.default)
+def _nonzero(func, args, kwargs):
+    """With a zero fill the nonzero elements are stored ones: their indices (row-major order, as torch).
+    A nonzero fill makes the result dense by nature (next stage)."""
+    A = args[0]
+    if A._indefinite or not A._fill_is_zero():
+        return NotImplemented
+    idx, vals = coalesced_parts(A)
+    if A.dense_dim():
+        nz = (vals != 0).nonzero()
+        idx = torch.cat([idx[:, nz[:, 0]], nz[:, 1:].T])
+    else:
+        idx = idx[:, vals != 0]
+    return idx.T.contiguous()
+
+
+@register(aten.masked_select.default)
+def _masked_select(func, args, kwargs):
+    """``A[mask]`` with ``A`` and ``mask`` broadcast (a 1-D SparseTensor of the selected elements)."""
+    A, mask = args[0], args[1]
+    if isinstance(mask, SparseTensor):
+        return NotImplemented
+    if mask.dtype != torch.bool:
+        raise RuntimeError(f"masked_select: expected BoolTensor for mask, got {mask.dtype}")
+    shape = torch.broadcast_shapes(A.shape, mask.shape)  # torch's shape error
+    if A.shape != shape:
+        A = A.expand(shape)
+    return aten.index.Tensor(A, [mask.expand(shape)])
