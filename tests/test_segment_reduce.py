@@ -558,6 +558,14 @@ def test_threaded_kernels(backend, threads, shape, monkeypatch):
         for kw in (dict(lengths=lengths), dict(segment_ids=ids.flip(0), sorted=False)):
             with pytest.raises(IndexError, match=rf"indices\[{N - 2}\] = {N + 5} is out of range"):
                 segment.reduce(data, "max", indices=idx, validate=False, **kw)
+        # unsorted ids out of range, found by the kernels (not counted first for the sums)
+        S = lengths.numel()
+        bad_ids = ids.flip(0).clone()
+        bad_ids[N - 3], bad_ids[N - 1] = S, -1
+        for reducer in ("sum", "weighted_sum", "max"):
+            w = weights_for(reducer, N, lengths)
+            with pytest.raises(IndexError, match=rf"segment_ids\[{N - 3}\] = {S} is out of range for num_segments"):
+                segment.reduce(data, reducer, segment_ids=bad_ids, sorted=False, num_segments=S, weights=w)
     finally:
         torch.set_num_threads(saved)
 

@@ -12,6 +12,13 @@ sparsefill[segment]``): unsorted ids are reduced in place by scatter kernels, wi
 ``set_backend("torch")`` (or no numba, or another device) gives the torch path: ``embedding_bag``,
 and the reducer protocol's scatter kernels (``sparsefill._reduce``) over the segment order.  Both
 paths return the same values; the compiled kernels check every row index they read.
+
+Threads: a compiled call uses ``torch.get_num_threads()`` threads (fewer below ``GRAIN`` elements
+of work a thread).  Sorted segments are split into ranges of about equal positions; unsorted ids
+into position ranges, each reduced into its own partial table, then merged (when the tables are
+small next to the data), or else into ranges of segment ids.  The kernels are serial and release
+the GIL; they run on a small pool of Python threads.  (numba's own parallel layer would start a
+second OpenMP runtime next to torch's, whose idle workers spin on the same cores.)
 """
 
 from __future__ import annotations
@@ -79,9 +86,6 @@ def _np(t):
 
 
 # ---------------------------------------------------------------------------- threads
-# The compiled kernels are serial (numba's own parallel layer would start a second OpenMP runtime
-# next to torch's, whose idle workers spin on the same cores); a call is split into independent
-# ranges run on a small pool of Python threads (the kernels release the GIL).
 _POOL = {"ex": None, "n": 0}
 GRAIN = 1 << 18  # elements of work per thread below which a call stays on one thread
 
@@ -103,15 +107,15 @@ def _pool(n: int):
 
 def _run_jobs(fn, jobs) -> int:
     """``fn(*job, bad)`` for every job (argument tuple), in parallel: the first on this thread, the others
-    on the pool.  Returns the smallest bad position the kernels reported (-1 if none)."""
+    on the pool.  Returns ``(bad row position, bad id position)``: the smallest each kernel reported
+    in ``bad[0]`` and ``bad[1]`` (-1 if none)."""
     import numpy as np
-    bads = np.full((len(jobs), 1), -1, dtype=np.int64)
+    bads = np.full((len(jobs), 2), -1, dtype=np.int64)
     futures = [_pool(len(jobs) - 1).submit(fn, *job, bads[t]) for t, job in enumerate(jobs) if t]
     fn(*jobs[0], bads[0])
     for f in futures:
         f.result()
-    found = bads[bads >= 0]
-    return int(found.min()) if found.size else -1
+    return tuple(int(b[b >= 0].min()) if (b >= 0).any() else -1 for b in bads.T)
 
 
 def _split(cum: torch.Tensor, T: int) -> list[int]:
@@ -158,7 +162,7 @@ def _reduce_compiled(form, op, x, plan, rows, w, *, want_arg=False, scale=None):
         fn = nb.kernel("sorted", op, want_arg)
         jobs = [(xn, _np(offs), rows_n, w_n, scale_n, out_n, arg_n, bounds[t], bounds[t + 1])
                 for t in range(len(bounds) - 1)]
-        bad = _run_jobs(fn, jobs)
+        bad, bad_id = _run_jobs(fn, jobs)
     else:
         ids = _np(plan.ids)
         n = ids.shape[0]
@@ -171,8 +175,8 @@ def _reduce_compiled(form, op, x, plan, rows, w, *, want_arg=False, scale=None):
             jobs = [(xn, ids, rows_n, w_n, none_i, out_n if t == 0 else parts[t - 1],
                      arg_n if (t == 0 or not want_arg) else part_args[t - 1], 0, S, pos[t], pos[t + 1])
                     for t in range(T)]
-            bad = _run_jobs(fn, jobs)
-            if bad < 0:
+            bad, bad_id = _run_jobs(fn, jobs)
+            if bad < 0 and bad_id < 0:
                 bounds = [S * t // T for t in range(T + 1)]
                 merge = nb.kernel("merge", op, want_arg)
                 _run_jobs(lambda *a: merge(*a[:-1]), [(out_n, arg_n, parts, part_args, scale_n, bounds[t],
@@ -185,7 +189,9 @@ def _reduce_compiled(form, op, x, plan, rows, w, *, want_arg=False, scale=None):
             bounds = _split(cum, T) if T > 1 else [0, S]
             jobs = [(xn, ids, rows_n, w_n, scale_n, out_n, arg_n, bounds[t], bounds[t + 1], 0, n)
                     for t in range(len(bounds) - 1)]
-            bad = _run_jobs(fn, jobs)
+            bad, bad_id = _run_jobs(fn, jobs)
+    if bad_id >= 0:  # unsorted ids are checked here, by the kernel (make_plan does not count them first)
+        count_ids(plan.ids, S)
     if bad >= 0:
         _raise_bad_rows(rows, x.shape[0], bad)
     return out, arg

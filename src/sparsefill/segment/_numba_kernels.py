@@ -16,7 +16,8 @@ Position ``k`` reads row ``rows[k]`` of ``x`` (``k`` itself when ``rows`` is emp
 from the identity (0, -inf, +inf; ``arg = -1``): disjoint ranges run on separate threads with no
 synchronisation.  ``"mean"`` divides a row by ``max(scale[s], 1)`` (the count) at the end (the
 scatter kernel only when ``scale`` is not empty).  A row index outside ``[0, M)`` is never read:
-the kernel keeps the smallest such position in ``bad[0]`` (-1 if none) and the caller raises.
+the kernel keeps the smallest such position in ``bad[0]`` (-1 if none) and the caller raises; the
+scatter kernel also keeps in ``bad[1]`` the first position whose id is outside ``[0, len(out))``.
 Max/min propagate NaN (as torch).
 
 The loops and the combine step are written once; ``op`` and ``arg`` are closure constants (plain
@@ -186,6 +187,8 @@ if numba is not None:
                         _prefetch_row(x, rows[i + _AHEAD], D)
                 s = ids[i]
                 if s < lo or s >= hi:
+                    if (s < 0 or s >= out.shape[0]) and bad[1] < 0:
+                        bad[1] = i
                     continue
                 r = rows[i] if has_rows else i
                 if r < 0 or r >= M:

@@ -101,9 +101,8 @@ class Plan:
         if self._counts is None:
             if self._sorted:
                 self._counts = self._offsets.diff()
-            else:
-                self._counts = torch.bincount(self.ids, minlength=self.num_segments) if self.ids.numel() else \
-                    torch.zeros(self.num_segments, dtype=torch.int64, device=self.ids.device)
+            else:  # (also the range check of the ids, when make_plan left it to the kernels)
+                self._counts = _kernels.count_ids(self.ids, self.num_segments)
         return self._counts
 
     def to_segment_order(self, t: torch.Tensor | None) -> torch.Tensor | None:
@@ -187,6 +186,7 @@ def make_plan(n_rows: int, device, *, lengths=None, offsets=None, segment_ids=No
             raise IndexError(f"segment_ids has {ids.numel() - int(offs[-1])} entries >= num_segments = {S}")
         return Plan(S, n, offsets=offs, order=keep, indices=indices)
     ids = ids.long()
-    # unsorted ids are read directly by the kernels: their range is always checked (one pass, with the counts)
-    counts = _kernels.count_ids(ids, S)
+    # unsorted ids: their range is always checked, by the compiled scatter kernels as they read them
+    # (counted only when the counts are needed), or here in one pass with the counts
+    counts = None if (_kernels.compiled_for(device) and S > 0) else _kernels.count_ids(ids, S)
     return Plan(S, n, indices=indices, ids=ids, keep=keep, counts=counts)
