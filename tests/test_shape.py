@@ -237,7 +237,7 @@ def _setitem(v):
 
 WRITES = {"add_": lambda v: v.add_(1.5), "mul_": lambda v: v.mul_(-2.0), "fill_": lambda v: v.fill_(0.25),
           "zero_": lambda v: v.zero_(), "setitem": _setitem, "copy_": lambda v: v.copy_(torch.full(v.shape, 3.0)),
-          "nan": lambda v: v.div_(0.0)}
+          "nan": lambda v: v.div_(0.0), "clamp_": lambda v: v.clamp_(min=-0.5)}  # (clamp_: the fill may stay)
 BASES = {  # name -> (shape, fill, layout, dense_dim, uncoalesced)
     "coo": ((4, 6), 5.0, torch.sparse_coo, 0, False), "csr": ((4, 6), 5.0, torch.sparse_csr, 0, False),
     "coo3d-nan": ((4, 6, 3), NAN, torch.sparse_coo, 0, False), "csr3d": ((4, 6, 3), -1.0, torch.sparse_csr, 0, False),
@@ -251,7 +251,7 @@ FULL = ("coo", "hybrid-array")  # every write; the other bases: a write that kee
 
 @pytest.mark.parametrize("base, view, write", [
     pytest.param(b, v, w, id=f"{b}-{v}-{w}") for b in BASES for v in VIEWS for w in WRITES
-    if b in FULL or w in ("add_", "fill_")])
+    if b in FULL or w in ("add_", "fill_", "clamp_")])
 def test_write_through_view_is_native(base, view, write):
     """``write(view(A))``: A and the view equal torch's base and view after the same write on the dense tensor."""
     shape, fill, layout, dd, unc = BASES[base]

@@ -246,15 +246,24 @@ def write_native(V: SparseTensor) -> bool:
         fv = fV[_index.linearize(allv[V.dim() - ndv:], V._dense_shape)]
         fb = base._fill.expand(D).reshape(-1)[keys % Q]
         extra = torch.unique(keys[_differs(fv, fb)] // Q)
+
+    def region_takes_fill(flat, slots):  # the region's elements of the stored slices `slots` take V's fill
+        inR, ev = _decode((slots[:, None] * Q + torch.arange(Q, device=slots.device)).reshape(-1), smap)
+        flat[inR] = fV[_index.linearize(ev[V.dim() - ndv:, inR], V._dense_shape)]
+
+    if not extra.numel() and base._coalesced:
+        pos, found = _index.lookup(bs, wkeys // Q)
+        if bool(found.all()):  # the pattern stays: new values only
+            out = bv.clone(memory_format=torch.contiguous_format)
+            region_takes_fill(out.view(-1), bs)
+            out.view(-1)[pos * Q + wkeys % Q] = wvals
+            assign_(base, rewrap(base, values=out.reshape(base._vals.shape)))
+            return True
     U, inv = _index.unique_inverse(torch.cat([bs, wkeys // Q, extra]))
     out = base._fill.expand((U.numel(),) + D).clone()
     out.index_copy_(0, inv[: bs.numel()], bv)
-    flat = out.view(-1)
-    E = (U[:, None] * Q + torch.arange(Q, device=U.device)).reshape(-1)
-    inR, ev = _decode(E, smap)
-    flat[inR] = fV[_index.linearize(ev[V.dim() - ndv:, inR], V._dense_shape)]
-    pos = inv[bs.numel(): bs.numel() + wkeys.numel()] * Q + wkeys % Q
-    flat[pos] = wvals
+    region_takes_fill(out.view(-1), U)
+    out.view(-1)[inv[bs.numel(): bs.numel() + wkeys.numel()] * Q + wkeys % Q] = wvals
     idx = bi.new_empty((bi.shape[0], U.numel()))  # the base's indices moved, the new ones unravelled
     idx[:, inv[: bs.numel()]] = bi
     added = inv[bs.numel():]
