@@ -198,6 +198,28 @@ def _fills_agree(V: SparseTensor, base: SparseTensor, smap) -> bool:
     return _aligned(V, base, smap) and not _differs(V._fill.expand(D), base._fill.expand(D)).any()
 
 
+def _write_masked(V, base, smap, bs, bv, wkeys, wvals) -> None:
+    """Indefinite fill: the region's elements are V's stored ones, nothing else.  Every dense slice must
+    stay wholly specified or wholly unspecified (ValueError otherwise)."""
+    D = tuple(base._dense_shape)
+    Q = _index.numel(D)
+    E = (bs[:, None] * Q + torch.arange(Q, device=bs.device)).reshape(-1)
+    spec = (~_decode(E, smap)[0] | _index.lookup(wkeys, E)[1]).view(-1, Q)  # specified after the write
+    keep = spec.all(1)  # (the others: wholly in the region and not written, so dropped)
+    ws, counts = torch.unique_consecutive(wkeys // Q, return_counts=True)
+    fresh = ~_index.lookup(bs, ws)[1]
+    if bool((spec.any(1) & ~keep).any()) or bool((counts[fresh] != Q).any()):
+        raise ValueError(f"writing through a view ({V._view[1]}) of a SparseTensor with indefinite fill and dense "
+                         f"dims {D}: a dense slice of the base would be left partly specified")
+    bs, bv = bs[keep], bv[keep]
+    U, inv = _index.unique_inverse(torch.cat([bs, ws]))
+    out = bv.new_zeros((U.numel(),) + D)
+    out.index_copy_(0, inv[: bs.numel()], bv)
+    out.view(-1)[inv[bs.numel():].repeat_interleave(counts) * Q + wkeys % Q] = wvals
+    assign_(base, parts_to_sparse(_index.unravel(U, base._sparse_shape), out, base.shape, base._fill, True, False,
+                                  base._sf_layout, True))
+
+
 def write_native(V: SparseTensor) -> bool:
     """Write view ``V`` back into its base on the stored elements; False when it cannot (the dense way then).
 
@@ -211,8 +233,6 @@ def write_native(V: SparseTensor) -> bool:
         return False
     D = tuple(base._dense_shape)
     Q = _index.numel(D)
-    if base._indefinite and Q != 1 and not _aligned(V, base, smap):
-        return False  # (a dense slice partly in the view would be partly specified)
     if _index.numel(base.shape) > _index._INT64_MAX:
         return False
     if not V.numel():
@@ -224,13 +244,8 @@ def write_native(V: SparseTensor) -> bool:
         wvals = wvals[order]
     bi, bv = coalesced_parts(base)
     bs = _index.linearize(bi, base._sparse_shape)
-    if base._indefinite:  # masked: the region's elements are V's stored ones, nothing else
-        keep = ~_decode(bs * Q, smap)[0]  # (whole slices: aligned)
-        keys, order = torch.sort(torch.cat([bs[keep], wkeys[::Q] // Q]))
-        vals = torch.cat([bv[keep], wvals.reshape((-1,) + D)])[order]
-        new = parts_to_sparse(_index.unravel(keys, base._sparse_shape), vals, base.shape, base._fill, True, False,
-                              base._sf_layout, True)
-        assign_(base, new)
+    if base._indefinite:
+        _write_masked(V, base, smap, bs, bv, wkeys, wvals)
         return True
     fV = V._fill.expand(V._dense_shape).reshape(-1)
     ndv = V.dense_dim()
