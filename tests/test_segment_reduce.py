@@ -604,3 +604,25 @@ def test_compiled_kernels_keep_torch_thread_count():
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "1"
+
+
+def test_threaded_kernels_after_fork():
+    """A forked child (e.g. a data-loader worker) gets its own worker threads: no wait on the parent's."""
+    import subprocess
+    import sys
+    if not segment.compiled_available() or not hasattr(__import__("os"), "fork"):
+        pytest.skip("needs numba and os.fork")
+    code = (
+        "import os, torch\n"
+        "from sparsefill import segment\n"
+        "from sparsefill.segment import _kernels\n"
+        "_kernels.GRAIN = 1; torch.set_num_threads(2)\n"
+        "x = torch.randn(1000, 8); ids = torch.randint(0, 5, (1000,))\n"
+        "a = segment.reduce(x, 'sum', segment_ids=ids, num_segments=5, sorted=False)\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    b = segment.reduce(x, 'max', segment_ids=ids, num_segments=5, sorted=False)\n"
+        "    os._exit(0 if torch.equal(b, torch.stack([x[ids == s].amax(0) for s in range(5)])) else 3)\n"
+        "print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and res.stdout.strip() == "0", res.stderr

@@ -86,7 +86,7 @@ def _np(t):
 
 
 # ---------------------------------------------------------------------------- threads
-_POOL = {"ex": None, "n": 0}
+_POOL = {"ex": None, "n": 0, "pid": None}
 GRAIN = 1 << 18  # elements of work per thread below which a call stays on one thread
 
 
@@ -96,12 +96,13 @@ def _threads(work: int) -> int:
 
 
 def _pool(n: int):
-    if _POOL["n"] < n:
+    """A pool of at least ``n`` worker threads (a new one in a forked child: the parent's threads are gone)."""
+    if _POOL["n"] < n or _POOL["pid"] != os.getpid():
         import concurrent.futures
-        if _POOL["ex"] is not None:
+        if _POOL["ex"] is not None and _POOL["pid"] == os.getpid():
             _POOL["ex"].shutdown(wait=True)
-        _POOL["ex"] = concurrent.futures.ThreadPoolExecutor(n, thread_name_prefix="sparsefill-segment")
-        _POOL["n"] = n
+        _POOL.update(ex=concurrent.futures.ThreadPoolExecutor(n, thread_name_prefix="sparsefill-segment"), n=n,
+                     pid=os.getpid())
     return _POOL["ex"]
 
 
