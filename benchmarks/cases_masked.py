@@ -8,13 +8,19 @@ tensor (its unspecified elements are masked out, the same semantics), and ``torc
 ``amax`` on the native COO input with a native COO mask (torch 2.13's sparse support for them).
 Full size 10000x10000 at 1% (1e6 elements); ``--quick`` 2000x2000 at 1%.
 
-Measured here on 2026-11-21 (1 thread, 5 interleaved rounds, a shared 2-core machine: other CPU ~1.3;
-peak memory from the runner; input: COO 20 MB, CSR 12 MB)::
+Measured here on 2026-11-21 at 10:42 UTC (``python -m sparsefill bench --filter masked --threads 1``,
+5 interleaved rounds; a shared 2-core machine, other processes kept ~1.2-1.3 cores busy, so the
+spreads are 2-26%; peak memory from the runner, temporaries of the call; input: COO 20 MB, CSR
+12 MB)::
 
-    softmax COO   7.5 ms   torch.sparse.softmax 20.7 ms (0.36x)   torch.masked dense 704 ms (93x faster)   40 MB peak
-    softmax CSR   7.8 ms   torch.sparse.softmax 28.0 ms (0.28x)   torch.masked dense 731 ms (93x faster)   25 MB peak
-    sum COO       2.4 ms   torch.masked on native COO 1.36 s (560x)   torch.masked dense 86 ms (36x)       24 MB peak
-    amax COO      3.0 ms   torch.masked on native COO 1.97 s (660x)   torch.masked dense 111 ms (37x)      24 MB peak
+    softmax COO   9.0 ms   torch.sparse.softmax 17.0 ms (1.9x faster)   torch.masked dense 684 ms (76x)   8.4 MB peak
+    softmax CSR  13.0 ms   torch.sparse.softmax 24.7 ms (1.9x faster)   torch.masked dense 675 ms (52x)  16.4 MB peak
+    sum COO       2.95 ms  torch.masked on native COO 2.0 s (680x)      torch.masked dense 114 ms (39x)   0.5 MB peak
+    amax COO      3.57 ms  torch.masked on native COO 1.98 s (555x)     torch.masked dense 114 ms (32x)   0.5 MB peak
+
+(The issue's ~1,080 ms ``torch.masked.sum`` peer is the native-COO call; against the dense call
+sum/amax are 32-39x faster, short of 50x: ~1 ms of segment_reduce and ~0.6 ms of run lengths
+from the COO row indices.)
 """
 
 from __future__ import annotations
