@@ -471,3 +471,12 @@ def test_extreme_tie_gradients_split_evenly(name):
                 unspec[idx[0], idx[1]] = False
                 assert_close(gv, gx[idx[0], idx[1]], msg=f"{fill0} {dim}")
                 assert_close(gf, gx[unspec].sum(), msg=f"{fill0} {dim}")
+
+
+def test_argmax_of_a_differentiable_input_has_no_grad_fn():
+    """As torch.masked.argmax: an index, not differentiable (the result has no grad_fn)."""
+    A = sparsefill.to_sparse(X).requires_grad_()
+    for name in ["argmax", "argmin"]:
+        out = getattr(M, name)(A, 1, mask=MASK)
+        assert not out.requires_grad
+        assert_close(_dense(out), getattr(torch.masked, name)(X.requires_grad_(False), 1, mask=MASK))

@@ -277,7 +277,8 @@ def _argext(name, mode):
             out0 = _arg(v[:0], seg[:0], sl.Pk, pos[:0], F0, n0, pr.expand(sl.Pk, sl.Pr), mode)
             return _finish(sl, out.to(dt), out0.to(dt), bool(keepdim), A._sf_layout)
 
-        return run(A, mask, compute, _ref(name, dim, keepdim=keepdim, dtype=dtype, mask=mask))
+        with torch.no_grad():  # an index: not differentiable (as torch.masked.argmax, whose result has no grad_fn)
+            return run(A, mask, compute, _ref(name, dim, keepdim=keepdim, dtype=dtype, mask=mask))
     op.__name__ = op.__qualname__ = name
     op.__doc__ = (f"Masked {name}: ``torch.{name}(input.masked_fill(~mask, {'-inf' if mode == 'amax' else '+inf'}), "
                   "dim)`` (first index on ties, NaN is the extreme; the result has the input's dtype, as "
