@@ -480,3 +480,18 @@ def test_argmax_of_a_differentiable_input_has_no_grad_fn():
         out = getattr(M, name)(A, 1, mask=MASK)
         assert not out.requires_grad
         assert_close(_dense(out), getattr(torch.masked, name)(X.requires_grad_(False), 1, mask=MASK))
+
+
+def test_segmented_scan_matches_a_per_segment_scan():
+    """One long segment among short ones: power-of-two width classes (tables < 2x the elements)."""
+    from sparsefill.masked._normalizations import _segmented_scan
+    g = torch.Generator().manual_seed(0)
+    seg = torch.randint(0, 50, (1000,), generator=g)
+    seg[:300] = 7
+    v = torch.randn(1000, dtype=torch.float64, generator=g)
+    for mode, scan in [("sum", torch.cumsum), ("prod", torch.cumprod)]:
+        ref = torch.empty_like(v)
+        for s in range(50):
+            i = (seg == s).nonzero().squeeze(1)
+            ref[i] = scan(v[i], 0)
+        assert_close(_segmented_scan(v, seg, 60, mode), ref)

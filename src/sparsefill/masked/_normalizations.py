@@ -344,20 +344,27 @@ def _cum(name, mode):
 
 
 def _segmented_scan(v, seg, nseg, mode):
-    """Inclusive cumulative sum/product of ``v`` within each segment, in the order of ``v``."""
+    """Inclusive cumulative sum/product of ``v`` within each segment, in the order of ``v``.
+
+    Segments are padded into rows of a power-of-two width, one table per width class (at most ~64
+    of them), so the tables hold fewer than ``2 * len(v)`` elements whatever the segment lengths."""
     if v.numel() == 0:
         return v
     order = torch.argsort(seg, stable=True)
     s = seg[order]
     counts = torch.bincount(s, minlength=nseg)
-    start = torch.cumsum(counts, 0) - counts
-    rank = torch.arange(s.numel(), device=s.device) - start[s]
-    width = int(counts.max())
-    ident = 0 if mode == "sum" else 1
-    pad = v.new_full((nseg, width), ident).index_put((s, rank), v[order])
-    pad = torch.cumsum(pad, 1) if mode == "sum" else torch.cumprod(pad, 1)
-    out = torch.empty_like(v)
-    return out.index_put((order,), pad[s, rank])
+    rank = torch.arange(s.numel(), device=s.device) - (torch.cumsum(counts, 0) - counts)[s]
+    width_class = torch.ceil(torch.log2(counts[s].to(torch.float64))).to(torch.int64)
+    vo = v[order]
+    parts, where = [], []
+    for c in torch.unique(width_class).tolist():
+        sel = (width_class == c).nonzero().squeeze(1)
+        rows, inv = torch.unique(s[sel], return_inverse=True)
+        pad = v.new_full((rows.numel(), 1 << c), 0 if mode == "sum" else 1).index_put((inv, rank[sel]), vo[sel])
+        pad = torch.cumsum(pad, 1) if mode == "sum" else torch.cumprod(pad, 1)
+        parts.append(pad[inv, rank[sel]])
+        where.append(order[sel])
+    return torch.empty_like(v).index_put((torch.cat(where),), torch.cat(parts))
 
 
 cumsum = _cum("cumsum", "sum")
