@@ -76,3 +76,21 @@ def test_invalid_input_raises_as_dense_torch(bad):
 def test_logsumexp_promotes_bool_and_int():
     for x in [torch.tensor([True, False]), torch.tensor([3, 0, 1])]:
         torch.testing.assert_close(torch.logsumexp(sf.to_sparse(x), 0), torch.logsumexp(x, 0))
+
+
+def test_a_failed_write_through_leaves_the_view_unchanged(monkeypatch):
+    """The in-place op runs on the view, then its write-through fails: the view gets its old contents back."""
+    from sparsefill.ops import views
+
+    A = sf.sparse_coo_tensor([[0, 1], [1, 2]], [1., 2.], (3, 4), fill_value=5.)
+    V = A[0]
+    before = V.to_dense().clone()
+
+    def boom(_):
+        raise ValueError("write-through refused")
+    monkeypatch.setattr(views, "write_through", boom)
+    with pytest.raises(ValueError, match="refused"):
+        V.add_(1)
+    monkeypatch.undo()
+    torch.testing.assert_close(V.to_dense(), before)
+    torch.testing.assert_close(A.to_dense()[0], before)

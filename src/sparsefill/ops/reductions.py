@@ -19,10 +19,11 @@ from __future__ import annotations
 import torch
 
 from .. import _index
-from .._convert import coalesce_of, coalesced_parts, dense_of, parts_to_sparse, rewrap
+from .._convert import coalesce_of, coalesced_parts, dense_of, parts_to_sparse
 from .._reduce import Norm, REDUCERS, first_gap, group_slices, segment_arg, segment_combine, segment_counts
 from .._tensor import SparseTensor
 from .fallback import check_dtype, meta_call, meta_of
+from .shape import all_sparse
 from .registry import register
 
 aten = torch.ops.aten
@@ -252,13 +253,6 @@ def _along_dense_dim(func, A, d, keep, meta):
     return res if isinstance(out[0], tuple) else res[0]
 
 
-def _uniform_all_sparse(A):
-    """``A`` with its dense dims turned into sparse dims (None unless its fill is one value)."""
-    from .shape import all_sparse
-    f = A._fill.reshape(-1)
-    if f.numel() > 1 and bool((f == f[0]).all()):  # an array fill that is one value
-        A = rewrap(A, fill=f[0].clone())
-    return all_sparse(A)
 
 
 @register(aten.argmax.default, aten.argmin.default, aten.max.dim, aten.min.dim)
@@ -278,9 +272,7 @@ def _arg(func, args, kwargs):
         sd = A.dim() - A.dense_dim()
         if dim is not None and dim % A.dim() >= sd:  # along a dense dim: on the values and on the fill
             return _along_dense_dim(func, A, dim % A.dim() - sd, keep, meta)
-        A = _uniform_all_sparse(A)
-        if A is None:
-            return NotImplemented
+        A = all_sparse(A)  # dense dims become sparse (an array fill: its most common value, roadmap Note 2)
     if dim is None:  # over the flattened tensor
         idx, vals = coalesced_parts(A)
         B = SparseTensor(torch.sparse_coo, (A.numel(),), vals, A._fill, indices=_index.linearize(idx, A.shape)[None],
@@ -380,9 +372,7 @@ def _median_dim(func, args, kwargs):
     if A.dense_dim():
         if dim >= A.dim() - A.dense_dim():
             return _along_dense_dim(func, A, dim - (A.dim() - A.dense_dim()), keep, meta)
-        A = _uniform_all_sparse(A)
-        if A is None:
-            return NotImplemented
+        A = all_sparse(A)  # dense dims become sparse (an array fill: its most common value, roadmap Note 2)
     idx, v = coalesced_parts(A)
     f, size = A._fill.reshape(()), A.shape[dim]
     seg, out_idx, n = group_slices(idx, A._sparse_shape, [dim])

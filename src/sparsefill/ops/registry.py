@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from .._tensor import SparseTensor
+from .._tensor import _STATE, SparseTensor
 from . import pointwise, views
 from .fallback import flat_args, written_args
 
@@ -38,12 +38,18 @@ def _is_composite(func) -> bool:
 def dispatch(func, types, args, kwargs):
     for A in _sparse_views(args, kwargs):
         views.sync(A)
+    written = [A for A in written_args(func, args, kwargs) if A._view is not None]
+    before = [{k: getattr(A, k) for k in _STATE[:-1]} for A in written]  # (in-place ops replace, never mutate)
     out = _compute(func, args, kwargs)
     if func.is_view and isinstance(args[0], SparseTensor):
         views.track(out, func, args, kwargs)
-    for A in written_args(func, args, kwargs):
-        if A._view is not None:
+    for A, state in zip(written, before):
+        try:
             views.write_through(A)
+        except Exception:  # a failed call changes nothing: the view gets its old contents back
+            for k, v in state.items():
+                setattr(A, k, v)
+            raise
     return out
 
 
