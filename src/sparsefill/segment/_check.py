@@ -24,6 +24,12 @@ def as_index(x, name: str, device=None) -> torch.Tensor:
     return t
 
 
+def cpu_min(t: torch.Tensor) -> int:
+    """``int(t.min())``; on the CPU by numpy (serial: torch would start a parallel region for this small
+    reduction, whose OpenMP workers then spin next to the compiled kernels' threads)."""
+    return int(t.numpy().min()) if t.device.type == "cpu" else int(t.min())
+
+
 def _first(mask: torch.Tensor) -> int:
     return int(mask.nonzero()[0, 0])
 
@@ -31,7 +37,7 @@ def _first(mask: torch.Tensor) -> int:
 def check_lengths(lengths: torch.Tensor, total: int | None, name: str = "lengths", *, validate: bool = True,
                   sum_: int | None = None) -> None:
     """Lengths are non-negative and (when ``total`` is given) sum to ``total``."""
-    if validate and lengths.numel() and int(lengths.min()) < 0:  # min: no temporary on the good path
+    if validate and lengths.numel() and cpu_min(lengths) < 0:  # min: no temporary on the good path
         i = _first(lengths < 0)
         raise ValueError(f"{name} must be non-negative, got {name}[{i}] = {int(lengths[i])}")
     if total is not None:

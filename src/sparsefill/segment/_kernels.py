@@ -241,7 +241,7 @@ def _count_compiled(ids: torch.Tensor, S: int):
     futures = [_pool(T - 1).submit(fn, ids_np, rows_np[t], bounds[t], bounds[t + 1]) for t in range(1, T)]
     bads = [int(fn(ids_np, rows_np[0], bounds[0], bounds[1]))] + [int(f.result()) for f in futures]
     bads = [b for b in bads if b >= 0]
-    return rows.sum(0), (min(bads) if bads else -1)
+    return torch.from_numpy(rows_np.sum(0)), (min(bads) if bads else -1)
 
 
 def count_ids(ids: torch.Tensor, S: int) -> torch.Tensor:

@@ -16,6 +16,7 @@ in max/min resolve to the earliest input position either way.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from . import _kernels
@@ -99,8 +100,9 @@ class Plan:
     @property
     def counts(self) -> torch.Tensor:
         if self._counts is None:
-            if self._sorted:
-                self._counts = self._offsets.diff()
+            if self._sorted:  # (numpy on the CPU: serial, see _check.cpu_min)
+                o = self._offsets
+                self._counts = torch.from_numpy(np.diff(o.numpy())) if o.device.type == "cpu" else o.diff()
             else:  # (also the range check of the ids, when make_plan left it to the kernels)
                 self._counts = _kernels.count_ids(self.ids, self.num_segments)
         return self._counts

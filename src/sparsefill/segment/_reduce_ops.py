@@ -31,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import numpy as np
 import torch
 
 from .. import _reduce
@@ -158,7 +159,9 @@ def _set_empty(raw: torch.Tensor, plan: Plan, value, red: SegmentReducer, inplac
         return raw
     if red.kind == "sum" and red.scale in (None, "mean") and value == 0:
         return raw  # embedding_bag / the scatter kernels leave 0 in an empty segment
-    empty = (plan.counts == 0).nonzero().squeeze(1)
+    counts = plan.counts
+    empty = torch.from_numpy(np.flatnonzero(counts.numpy() == 0)) if counts.device.type == "cpu" else \
+        (counts == 0).nonzero().squeeze(1)  # (numpy on the CPU: serial, see _check.cpu_min)
     if empty.numel() == 0:
         return raw
     return raw.index_fill_(0, empty, value) if inplace else raw.index_fill(0, empty, value)
