@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import os
 
+import numpy as np
 import torch
 
 from .. import _reduce
@@ -110,7 +111,6 @@ def _run_jobs(fn, jobs) -> int:
     """``fn(*job, bad)`` for every job (argument tuple), in parallel: the first on this thread, the others
     on the pool.  Returns ``(bad row position, bad id position)``: the smallest each kernel reported
     in ``bad[0]`` and ``bad[1]`` (-1 if none)."""
-    import numpy as np
     bads = np.full((len(jobs), 2), -1, dtype=np.int64)
     futures = [_pool(len(jobs) - 1).submit(fn, *job, bads[t]) for t, job in enumerate(jobs) if t]
     fn(*jobs[0], bads[0])
@@ -134,7 +134,6 @@ _DUMMY = {}
 
 def _dummy():
     """A placeholder for the arg array of the kernels that record none."""
-    import numpy as np
     if "arg" not in _DUMMY:
         _DUMMY["arg"] = np.zeros((1, 1), dtype=np.int64)
     return _DUMMY["arg"]
@@ -146,7 +145,6 @@ def _reduce_compiled(form, op, x, plan, rows, w, *, want_arg=False, scale=None):
     positions.  Unsorted ids are split into position ranges reduced into partial tables, then merged
     (when ``S`` is small next to the positions), or else into ranges of segments (each thread then
     scans every id)."""
-    import numpy as np
     nb = _nb()
     S, D = plan.num_segments, x.shape[1]
     xn = _np(x.contiguous())
@@ -185,8 +183,7 @@ def _reduce_compiled(form, op, x, plan, rows, w, *, want_arg=False, scale=None):
         else:
             cum = None
             if T > 1:
-                cum = torch.zeros(S + 1, dtype=torch.int64)
-                torch.cumsum(plan.counts, 0, out=cum[1:])
+                cum = torch.from_numpy(np.concatenate([[0], np.cumsum(_np(plan.counts))]))
             bounds = _split(cum, T) if T > 1 else [0, S]
             jobs = [(xn, ids, rows_n, w_n, scale_n, out_n, arg_n, bounds[t], bounds[t + 1], 0, n)
                     for t in range(len(bounds) - 1)]
@@ -228,15 +225,14 @@ def segment_ids_of(offsets: torch.Tensor, n: int) -> torch.Tensor:
 def _count_compiled(ids: torch.Tensor, S: int):
     """``(counts, first bad position or -1)`` by the compiled counter; large calls count position ranges on
     separate threads into one row of counts each (when ``S`` is small next to the ids)."""
-    import numpy as np
     n = ids.numel()
     T = _threads(n) if S * 4 <= n else 1
     if T == 1:
-        counts = torch.zeros(S, dtype=torch.int64)
-        return counts, int(_nb().count_ids(_np(ids), _np(counts), 0, n))
-    rows = torch.zeros(T, S, dtype=torch.int64)
+        counts = np.zeros(S, dtype=np.int64)
+        return torch.from_numpy(counts), int(_nb().count_ids(_np(ids), counts, 0, n))
+    rows_np = np.zeros((T, S), dtype=np.int64)
     bounds = [n * t // T for t in range(T + 1)]
-    ids_np, rows_np = _np(ids), _np(rows)
+    ids_np = _np(ids)
     fn = _nb().count_ids
     futures = [_pool(T - 1).submit(fn, ids_np, rows_np[t], bounds[t], bounds[t + 1]) for t in range(1, T)]
     bads = [int(fn(ids_np, rows_np[0], bounds[0], bounds[1]))] + [int(f.result()) for f in futures]
