@@ -107,7 +107,7 @@ def _pool(n: int):
     return _POOL["ex"]
 
 
-def _run_jobs(fn, jobs) -> int:
+def _run_jobs(fn, jobs) -> tuple[int, int]:
     """``fn(*job, bad)`` for every job (argument tuple), in parallel: the first on this thread, the others
     on the pool.  Returns ``(bad row position, bad id position)``: the smallest each kernel reported
     in ``bad[0]`` and ``bad[1]`` (-1 if none)."""
