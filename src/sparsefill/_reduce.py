@@ -187,15 +187,16 @@ class Reducer:
     def finalize(self, acc, count):
         return acc if self._finalize is None else self._finalize(acc, _bcast(count, acc))
 
-    def __call__(self, values, seg, num_segments, *, fill=None, n_fill=None, lengths=None):
+    def __call__(self, values, seg, num_segments, *, fill=None, n_fill=None, lengths=None, combined=None):
         """Reduce ``values`` (shape ``(k, *D)``) into ``num_segments`` slices by ``seg``; each slice also
         holds ``n_fill[s]`` copies of ``fill`` (a scalar or a tensor of shape ``D``), or a fill table.
         ``lengths``: the segments are contiguous runs of these lengths (see :func:`segment_combine`);
-        ``seg`` may then be None.  amax/amin under autograd: the gradient splits evenly among tied
+        ``seg`` may then be None.  ``combined``: ``combine``'s result computed by the caller (a CSR
+        SpMV for a row sum).  amax/amin under autograd: the gradient splits evenly among tied
         elements, fill copies included (:func:`even_ties`, torch's amax backward)."""
         if self.mode in ("sum", "prod") and not (values.is_floating_point() or values.is_complex()):
             values = values.to(torch.int64)  # torch's rule: integer and bool sums and products are int64
-        acc = self.combine(values, seg, num_segments, lengths)
+        acc = self.combine(values, seg, num_segments, lengths) if combined is None else combined
         folded = fill is not None and n_fill is not None
         if folded:
             fill = torch.as_tensor(fill, dtype=values.dtype, device=values.device)
