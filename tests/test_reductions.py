@@ -131,3 +131,18 @@ def test_median_along_a_dim(variant, fn):
             torch.testing.assert_close(at if keep else at.squeeze(dim), rv, equal_nan=True)
             if fn is torch.median:
                 assert torch.equal(oi[rv.isnan()], ri[rv.isnan()])
+
+
+@pytest.mark.parametrize("fill", [5.0, float("nan"), None])
+def test_csr_row_reductions_keep_empty_rows_right(fill):
+    """The CSR row path (native mv for sums): empty rows fold the fill, or stay unspecified for an indefinite
+    fill (masked semantics), with most rows non-empty and with most rows empty."""
+    for rows, cols in (([0, 0, 1, 2], [0, 1, 1, 3]), ([0, 4], [2, 2])):
+        A = sparsefill.sparse_coo_tensor([rows, cols], [1., 2., 3., 4.][: len(rows)], (5, 6),
+                                         fill_value=[] if fill is None else fill).to_sparse_csr()
+        for op in ("sum", "mean", "amax", "logsumexp", "var"):
+            out = getattr(torch, op)(A, 1)
+            if fill is None:
+                assert out._indefinite and out.indices()[0].tolist() == sorted(set(rows))
+                continue
+            torch.testing.assert_close(out.to_dense(), getattr(torch, op)(A.to_dense(), 1), equal_nan=True)

@@ -118,7 +118,7 @@ def _csr_rows(A: SparseTensor):
     if A._sf_layout is not torch.sparse_csr or A._crow.dim() != 1:
         return None
     counts = A._crow.diff()
-    if 2 * int(torch.count_nonzero(counts)) > counts.numel():  # mostly non-empty rows: keep them all
+    if not A._indefinite and 2 * int(torch.count_nonzero(counts)) > counts.numel():  # mostly non-empty: all rows
         return None, torch.arange(counts.numel(), device=counts.device)[None], A.shape[1] - counts
     rows = counts.nonzero().reshape(1, -1)
     lengths = counts[rows[0]]
