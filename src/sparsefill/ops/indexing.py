@@ -463,11 +463,16 @@ def _dense_values(v, shape, dtype, device):
     return v.expand(shape)
 
 
-def _same_dtype(func, A, src):
-    """torch's dtype rule for a tensor source (the meta kernels do not check it)."""
+def _check_dim_index_src(func, A, dim, index, src, args, kwargs) -> int:
+    """torch's errors for ``func(A, dim, index, src, ...)`` (the meta kernel's, plus the dtype rule for a
+    tensor source, which meta kernels skip); the normalised ``dim``."""
+    meta_src = meta_of(src) if isinstance(src, SparseTensor) else src.to("meta") if isinstance(src, torch.Tensor) \
+        else src
+    func(meta_of(A), dim, index.to("meta"), meta_src, *args[4:], **kwargs)
     if isinstance(src, torch.Tensor) and src.dim() and src.dtype != A.dtype:
         raise RuntimeError(f"{func._schema.name.split('::')[1]}(): self and source expected to have the same "
                            f"dtype, but got (self) {A.dtype} and (source) {src.dtype}")
+    return dim % max(A.dim(), 1)
 
 
 def _result(func, A, res):
@@ -516,11 +521,7 @@ def _scatter(func, args, kwargs):
     include_self = args[5] if len(args) > 5 else kwargs.get("include_self", True)
     if A._indefinite and reduce is not None:
         return NotImplemented
-    meta_src = meta_of(src) if isinstance(src, SparseTensor) else src.to("meta") if isinstance(src, torch.Tensor) \
-        else src
-    func(meta_of(A), dim, index.to("meta"), meta_src, *args[4:], **kwargs)  # torch's errors
-    _same_dtype(func, A, src)
-    dim %= max(A.dim(), 1)
+    dim = _check_dim_index_src(func, A, dim, index, src, args, kwargs)
     if index.numel() and A.dim() and not bool(((index >= 0) & (index < A.shape[dim])).all()):
         raise RuntimeError(f"index {int(index.max() if bool((index >= 0).all()) else index.min())} is out of "
                            f"bounds for dimension {dim} with size {A.shape[dim]}")
@@ -541,11 +542,7 @@ def _index_along(func, args, kwargs):
     name = func._schema.name.split("::")[1].rstrip("_")
     if A._indefinite and name in ("index_add", "index_reduce"):
         return NotImplemented
-    meta_src = meta_of(src) if isinstance(src, SparseTensor) else src.to("meta") if isinstance(src, torch.Tensor) \
-        else src
-    func(meta_of(A), dim, index.to("meta"), meta_src, *args[4:], **kwargs)  # torch's errors
-    _same_dtype(func, A, src)
-    dim %= max(A.dim(), 1)
+    dim = _check_dim_index_src(func, A, dim, index, src, args, kwargs)
     coords, shape = _coords(A, [None] * dim + [index.reshape(-1)])
     if name == "index_add":
         alpha = args[4] if len(args) > 4 else kwargs.get("alpha", 1)
