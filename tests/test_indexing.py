@@ -32,6 +32,7 @@ OPS = {
     "unbind": lambda t: t.unbind(1), "split": lambda t: t.split(2, 1), "split_sizes": lambda t: t.split([1, 3], 0),
     "chunk": lambda t: t.chunk(2, 0), "flip0": lambda t: t.flip(0), "flip12": lambda t: t.flip((1, 2)),
     "roll": lambda t: t.roll(2, 1), "roll2": lambda t: t.roll((1, -1), (0, 2)),
+    "rot90": lambda t: t.rot90(1, (0, 2)), "rot90_2": lambda t: t.rot90(2, (1, 2)), "rot90_3": lambda t: t.rot90(-1),
     "masked_fill": lambda t: t.masked_fill(t > 0.6, -2.),
     "masked_fill_tensor": lambda t: t.masked_fill(t > 0.6, torch.tensor(-2., dtype=F64)),
 }
@@ -77,7 +78,7 @@ def test_roll_flat_and_triangles_of_a_zero_fill(layout):
     with warnings.catch_warnings():
         warnings.simplefilter("error", sparsefill.DensifyWarning)
         for op in [lambda t: t.roll(7), lambda t: t.tril(), lambda t: t.triu(1), lambda t: t.tril(-1),
-               lambda t: t.diagonal(), lambda t: t.diagonal(-2), lambda t: torch.diag(t, 1)]:
+               lambda t: t.diagonal(), lambda t: t.diagonal(-2), lambda t: torch.diag(t, 1), torch.trace]:
             torch.testing.assert_close(op(Z).to_dense(), op(z))
 
 

@@ -599,3 +599,27 @@ def _masked_select(func, args, kwargs):
     if A.shape != shape:
         A = A.expand(shape)
     return aten.index.Tensor(A, [mask.expand(shape)])
+
+
+@register(aten.trace.default)
+def _trace(func, args, kwargs):
+    """``trace(A) = diagonal(A).sum()``."""
+    A = args[0]
+    func(meta_of(A))  # torch's errors (2-D only)
+    return aten.sum.default(aten.diagonal.default(A))
+
+
+@register(aten.rot90.default)
+def _rot90(func, args, kwargs):
+    """torch's own composition: ``k = 1``: flip ``dims[1]`` then transpose; 2: flip both; 3: flip ``dims[0]``
+    then transpose (native flips and transposes)."""
+    A = args[0]
+    k = args[1] if len(args) > 1 else kwargs.get("k", 1)
+    dims = list(args[2] if len(args) > 2 else kwargs.get("dims", [0, 1]))
+    func(meta_of(A), k, dims)  # torch's errors
+    k %= 4
+    if k == 0:
+        return A.clone()
+    if k == 2:
+        return A.flip(dims)
+    return A.flip([dims[1] if k == 1 else dims[0]]).transpose(dims[0], dims[1])
