@@ -32,7 +32,8 @@ OPS = {
     "unbind": lambda t: t.unbind(1), "split": lambda t: t.split(2, 1), "split_sizes": lambda t: t.split([1, 3], 0),
     "chunk": lambda t: t.chunk(2, 0), "flip0": lambda t: t.flip(0), "flip12": lambda t: t.flip((1, 2)),
     "roll": lambda t: t.roll(2, 1), "roll2": lambda t: t.roll((1, -1), (0, 2)),
-    "rot90": lambda t: t.rot90(1, (0, 2)), "rot90_2": lambda t: t.rot90(2, (1, 2)), "rot90_3": lambda t: t.rot90(-1),
+    "repeat": lambda t: t.repeat(2, 1, 3), "repeat_new_dims": lambda t: t.repeat(2, 1, 1, 2),
+    "tile": lambda t: t.tile((2,)), "rot90": lambda t: t.rot90(1, (0, 2)), "rot90_2": lambda t: t.rot90(2, (1, 2)), "rot90_3": lambda t: t.rot90(-1),
     "masked_fill": lambda t: t.masked_fill(t > 0.6, -2.),
     "masked_fill_tensor": lambda t: t.masked_fill(t > 0.6, torch.tensor(-2., dtype=F64)),
 }

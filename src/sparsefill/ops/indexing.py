@@ -623,3 +623,15 @@ def _rot90(func, args, kwargs):
     if k == 2:
         return A.flip(dims)
     return A.flip([dims[1] if k == 1 else dims[0]]).transpose(dims[0], dims[1])
+
+
+@register(aten.repeat.default)
+def _repeat(func, args, kwargs):
+    """``A.repeat(r_0, ..., r_m)``: each dim ``i`` of size ``n_i`` is viewed as ``(1, n_i)``, expanded to
+    ``(r_i, n_i)`` and merged: ``reshape(expand(reshape(A)))``, all native (the stored elements repeated)."""
+    A, reps = args[0], list(args[1])
+    out = func(meta_of(A), reps)  # torch's errors and the result's shape
+    shape = (1,) * (len(reps) - A.dim()) + tuple(A.shape)
+    split = [d for n in shape for d in (1, n)]
+    grown = [d for r, n in zip(reps, shape) for d in (r, n)]
+    return A.reshape(split).expand(grown).reshape(out.shape)
