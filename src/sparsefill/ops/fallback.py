@@ -55,7 +55,7 @@ def meta_call(func, A: torch.Tensor, *rest, **kwargs):
     key = _key((rest, sorted(kwargs.items())))
     if key is None:
         return func(meta_of(A), *rest, **kwargs)
-    key = (func, tuple(A.shape), A.dtype, key)
+    key = (func, tuple(A.shape), A.dtype, torch.get_default_dtype(), key)
     out = _META_CACHE.get(key)
     if out is None:
         out = func(meta_of(A), *rest, **kwargs)
@@ -66,8 +66,9 @@ def meta_call(func, A: torch.Tensor, *rest, **kwargs):
 
 
 def check_dtype(func, A: torch.Tensor, *rest, **kwargs) -> None:
-    """Run ``func`` on one element of ``A``'s dtype and device: torch's dtype errors, which meta kernels skip."""
-    func(torch.zeros((1,) * A.dim(), dtype=A.dtype, device=A.device), *rest, **kwargs)
+    """Run ``func`` on at most one element of ``A``'s dtype and device (its 0-size dims kept): torch's dtype
+    errors and empty-reduction errors, which meta kernels skip."""
+    func(torch.zeros([min(n, 1) for n in A.shape], dtype=A.dtype, device=A.device), *rest, **kwargs)
 
 
 def written_positions(func) -> tuple:

@@ -96,9 +96,9 @@ def _index_select(func, args, kwargs):
     A, dim, index = args[0], args[1] % max(args[0].dim(), 1), args[2]
     if A.dim() == 0:  # one value
         return func(dense_of(A), *args[1:], **kwargs)
-    if index.numel() and not bool(((index >= -A.shape[dim]) & (index < A.shape[dim])).all()):
-        raise IndexError(f"index_select(): index out of range for dimension {dim} of size {A.shape[dim]}")
-    index = index.reshape(-1) % max(A.shape[dim], 1)
+    if index.numel() and not bool(((index >= 0) & (index < A.shape[dim])).all()):
+        raise IndexError("index out of range in self")  # (torch's message; negative indices too)
+    index = index.reshape(-1)
     idx, vals, sd = _parts(A)
     if dim >= sd:
         return _on_dense_dim(A, dim, lambda t, d: t.index_select(d, index))
@@ -329,7 +329,11 @@ def _index_tensor(func, args, kwargs):
         return aten.index_select.default(B, p, keys)
     if t.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8):
         raise IndexError("tensors used as indices must be long, int, byte or bool tensors")
-    out = aten.index_select.default(A, p, t.reshape(-1))
+    n = shape[p]
+    if t.numel() and not bool(((t >= -n) & (t < n)).all()):
+        bad = int(t[(t >= n) | (t < -n)].reshape(-1)[0])
+        raise IndexError(f"index {bad} is out of bounds for dimension {p} with size {n}")
+    out = aten.index_select.default(A, p, t.reshape(-1) % max(n, 1))
     return out if t.dim() == 1 else out.reshape(shape[:p] + tuple(t.shape) + shape[p + 1:])
 
 
@@ -340,6 +344,10 @@ def _index_many(A, indices):
     expanded = []
     for t in indices:
         if t is not None and t.dtype in (torch.bool, torch.uint8):
+            d = len(expanded)
+            if tuple(t.shape) != tuple(A.shape[d:d + t.dim()]):
+                raise IndexError(f"The shape of the mask {list(t.shape)} at index {d} does not match the shape of "
+                                 f"the indexed tensor {list(A.shape)}")
             expanded += list(t.nonzero().T)
         else:
             expanded.append(t)
@@ -415,7 +423,7 @@ def _coords(A, indices):
 
 
 _REDUCE = {"sum": "sum", "add": "sum", "prod": "prod", "multiply": "prod", "mean": "mean", "amax": "amax",
-           "amin": "amin"}
+           "amin": "amin", "max": "amax", "min": "amin"}
 
 
 def write(A: SparseTensor, coords: torch.Tensor, values: torch.Tensor, reduce=None, include_self=True):
@@ -486,8 +494,9 @@ def _index_put(func, args, kwargs):
     bool masks, ``None`` for ``:``)."""
     A, indices, values = args[0], list(args[1]), args[2]
     accumulate = bool(args[3] if len(args) > 3 else kwargs.get("accumulate", False))
-    if A._indefinite and (accumulate or A.dense_dim()):
-        return NotImplemented
+    if not isinstance(A, SparseTensor) or any(isinstance(t, SparseTensor) for t in indices) or \
+            (A._indefinite and (accumulate or A.dense_dim())):
+        return NotImplemented  # (a strided target, or a sparse index: the next stage)
     if values.dtype != A.dtype:  # (the meta kernel does not check it)
         raise RuntimeError(f"Index put requires the source and destination dtypes match, got {A.dtype} for the "
                            f"destination and {values.dtype} for the source.")
@@ -514,13 +523,15 @@ def _scatter(func, args, kwargs):
     """``A[..., index[i], ...] (op)= src[i]`` along ``dim`` at ``index``'s positions: :func:`write` at the
     coordinates ``_grid(index)`` (scatter_add: sum; ``reduce=``; scatter_reduce with ``include_self``)."""
     A, dim, index, src = args[0], args[1], args[2], args[3]
-    if isinstance(index, SparseTensor) or (A._indefinite and A.dense_dim()):
+    if not isinstance(A, SparseTensor) or isinstance(index, SparseTensor) or (A._indefinite and A.dense_dim()):
         return NotImplemented
     name = func._schema.name.split("::")[1].rstrip("_")
     reduce = "sum" if name == "scatter_add" else (args[4] if len(args) > 4 else kwargs.get("reduce"))
     include_self = args[5] if len(args) > 5 else kwargs.get("include_self", True)
     if A._indefinite and reduce is not None:
         return NotImplemented
+    if name == "scatter_reduce" and reduce in ("max", "min"):  # (torch's kernel takes them; its meta kernel not)
+        args = (*args[:4], "a" + reduce, *args[5:])
     dim = _check_dim_index_src(func, A, dim, index, src, args, kwargs)
     if index.numel() and A.dim() and not bool(((index >= 0) & (index < A.shape[dim])).all()):
         raise RuntimeError(f"index {int(index.max() if bool((index >= 0).all()) else index.min())} is out of "
@@ -540,9 +551,15 @@ def _index_along(func, args, kwargs):
     :func:`write` at the coordinates of ``A[(:,) * dim + (index,)]``."""
     A, dim, index, src = args[0], args[1], args[2], args[3]
     name = func._schema.name.split("::")[1].rstrip("_")
-    if A._indefinite and name in ("index_add", "index_reduce"):
+    if not isinstance(A, SparseTensor) or isinstance(index, SparseTensor) or \
+            (A._indefinite and name in ("index_add", "index_reduce")):
         return NotImplemented
     dim = _check_dim_index_src(func, A, dim, index, src, args, kwargs)
+    if name != "index_fill" and index.numel() and A.dim() and not bool((index >= 0).all()):  # torch's errors
+        msg = f"index {int(index[index < 0].reshape(-1)[0])} is out of bounds for dimension {dim} with size " \
+              f"{A.shape[dim]}"
+        raise RuntimeError(msg) if name == "index_add" else IndexError(
+            f"index_copy_(): {msg}" if name == "index_copy" else "index out of range in self")
     coords, shape = _coords(A, [None] * dim + [index.reshape(-1)])
     if name == "index_add":
         alpha = args[4] if len(args) > 4 else kwargs.get("alpha", 1)

@@ -414,7 +414,7 @@ def _median_dim(func, args, kwargs):
     gap = first_gap(seg, idx[dim], S)
     val = torch.where(use_fill, f, s[pick.clamp(max=max(k - 1, 0))] if k else f.expand(S))
     pos = torch.where(use_fill, gap, spos[pick.clamp(max=max(k - 1, 0))] if k else gap)
-    if func is aten.median.dim:  # a NaN anywhere in the slice: NaN at the first NaN position
+    if func is aten.median.dim and v.is_floating_point():  # a NaN anywhere in the slice: NaN at the first NaN
         first_nan = segment_combine(torch.where(isnan, spos, size), sseg, S, "amin", init=size) if k else \
             torch.full((S,), size, device=v.device)
         if fnan:
@@ -422,7 +422,8 @@ def _median_dim(func, args, kwargs):
         has = first_nan < size
         val = torch.where(has, torch.full_like(val, float("nan")), val)
         pos = torch.where(has, first_nan, pos)
-    val = torch.where(N == 0, torch.full_like(val, float("nan")), val)  # (nanmedian of NaNs only)
+    if v.is_floating_point():  # (nanmedian of NaNs only)
+        val = torch.where(N == 0, torch.full_like(val, float("nan")), val)
     pos = torch.where(N == 0, torch.zeros_like(pos), pos)
     kept = [d for d in range(A.dim()) if d != dim]
     dense_val = f.expand(tuple(A.shape[d] for d in kept)).clone()
