@@ -495,3 +495,35 @@ def test_segmented_scan_matches_a_per_segment_scan():
             i = (seg == s).nonzero().squeeze(1)
             ref[i] = scan(v[i], 0)
         assert_close(_segmented_scan(v, seg, 60, mode), ref)
+
+
+def _check_vs_torch(op, x, inputs, *args, mask=None, **kw):
+    """``op`` on every input equals torch.masked on the dense ``x`` at every position (or raises the same type)."""
+    try:
+        want = getattr(torch.masked, op)(x, *args, mask=mask, **kw)
+    except Exception as e:  # noqa: BLE001 - the same error type is expected
+        for inp in inputs:
+            with pytest.raises(type(e)):
+                getattr(M, op)(inp, *args, mask=mask, **kw)
+        return
+    for inp in inputs:
+        got = _dense(getattr(M, op)(inp, *args, mask=mask, **kw))
+        assert got.dtype == want.dtype, (op, args, got.dtype, want.dtype)
+        assert_close(got, want, equal_nan=True, msg=f"{op} {args}")
+
+
+def _int_inputs(x):
+    out = [x, x.to_sparse(), sparsefill.to_sparse(x), sparsefill.to_sparse(x, fill_value=1)]
+    return out + ([sparsefill.to_sparse(x, layout=torch.sparse_csr), x.to_sparse_csr()] if x.dim() == 2 else [])
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.bool])
+@pytest.mark.parametrize("op", ["cumsum", "cumprod"])
+def test_cumulative_integer_and_bool_inputs_keep_torch_dtype(op, dtype):
+    """Regression: int32/16/8 scans wrote int64 running values into the input dtype; bool raises as torch."""
+    z = torch.tensor([[1, 0, 3], [0, 5, 0]]).to(dtype)
+    m = torch.tensor([[True, False, True], [False, True, True]])
+    for dim in [0, 1]:
+        for mask in [m, None]:
+            for kw in [{}, {"dtype": torch.int64}]:
+                _check_vs_torch(op, z, _int_inputs(z), dim, mask=mask, **kw)

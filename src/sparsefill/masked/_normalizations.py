@@ -163,7 +163,7 @@ def _normalization(name, input, mask, dim, per_element, c_out, e_out, cast, dens
             eff = torch.where(ms, sl.scalars(u), ident)
             vals = sl.unscalars(_segmented_scan(eff.reshape(-1), sl.seg3.reshape(-1), sl.nseg, scan).reshape(ms.shape))
             g0 = torch.where(n0 > 0, F0, ident)
-            g0 = torch.cumsum(g0, 1) if scan == "sum" else torch.cumprod(g0, 1)
+            g0 = torch.cumsum(g0, 1, dtype=g0.dtype) if scan == "sum" else torch.cumprod(g0, 1, dtype=g0.dtype)
             g = torch.where(n > 0, F, ident)
         else:
             v, seg, lengths = sl.masked_in(u)
@@ -314,6 +314,8 @@ def _cum(name, mode):
         if not is_sparse(input):
             return getattr(torch.masked, name)(input, dim, dtype=dtype, mask=dense_mask(mask, input))
         cast = dtype or input.dtype
+        if cast is torch.bool:  # as torch.masked.{name}: torch.{name} has no bool kernel
+            raise NotImplementedError(f"masked {name}: not implemented for 'Bool' (pass dtype=, as torch.{name})")
 
         def dense_op(x, m):
             return getattr(torch.masked, name)(x, dim, dtype=dtype, mask=m)
@@ -361,7 +363,7 @@ def _segmented_scan(v, seg, nseg, mode):
         sel = (width_class == c).nonzero().squeeze(1)
         rows, inv = torch.unique(s[sel], return_inverse=True)
         pad = v.new_full((rows.numel(), 1 << c), 0 if mode == "sum" else 1).index_put((inv, rank[sel]), vo[sel])
-        pad = torch.cumsum(pad, 1) if mode == "sum" else torch.cumprod(pad, 1)
+        pad = torch.cumsum(pad, 1, dtype=v.dtype) if mode == "sum" else torch.cumprod(pad, 1, dtype=v.dtype)
         parts.append(pad[inv, rank[sel]])
         where.append(order[sel])
     return torch.empty_like(v).index_put((torch.cat(where),), torch.cat(parts))
