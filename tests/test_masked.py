@@ -527,3 +527,18 @@ def test_cumulative_integer_and_bool_inputs_keep_torch_dtype(op, dtype):
         for mask in [m, None]:
             for kw in [{}, {"dtype": torch.int64}]:
                 _check_vs_torch(op, z, _int_inputs(z), dim, mask=mask, **kw)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.uint8, torch.bool])
+def test_median_integer_input_raises_only_when_a_slice_is_fully_masked_out(dtype):
+    """Regression: the result's (unread) NaN fill made integer/bool median raise with no empty slice."""
+    y = torch.tensor([1, 0, 3, 4]).to(dtype)
+    for m in [torch.tensor([False, False, True, True]), torch.tensor([True, False, False, False]),
+              torch.zeros(4, dtype=torch.bool), None]:
+        for keepdim in [True, False]:
+            _check_vs_torch("median", y, _int_inputs(y), 0, mask=m, keepdim=keepdim)
+    z = torch.tensor([[1, 0, 3, 4], [0, 0, 2, 0], [0, 0, 0, 0]]).to(dtype)
+    mz = torch.tensor([[False, False, True, True], [True, False, False, True], [False, True, False, False]])
+    for m in [mz, mz & (z != 0), None]:
+        for dim in [0, 1, -1]:
+            _check_vs_torch("median", z, _int_inputs(z), dim, mask=m, keepdim=dim == 1)

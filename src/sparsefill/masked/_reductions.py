@@ -245,10 +245,18 @@ def median(input, dim=-1, *, keepdim=False, dtype=None, mask=None):
     if is_float:
         return out
     from .._tensor import SparseTensor
-    vals = [out._vals, out._fill] if isinstance(out, SparseTensor) else [out]
+    vals = [out._vals] if isinstance(out, SparseTensor) else [out]
+    if isinstance(out, SparseTensor) and not _every_position_stored(out):
+        vals.append(out._fill)  # some position reads the fill
     if _builtin_sum(int(torch.isnan(t).sum()) for t in vals):
         raise ValueError("masked median expects no fully masked out rows if dtype is not floating point")
     return out.to(dtype or A.dtype)
+
+
+def _every_position_stored(out) -> bool:
+    """No position of the (coalesced) sparse result reads its fill: stored elements == positions."""
+    stored = out._vals.shape[0] if out._sf_layout is torch.sparse_coo else out._col.numel()
+    return bool(out._coalesced) and stored == _index.numel(out._sparse_shape)
 
 
 def _argext(name, mode):
