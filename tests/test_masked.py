@@ -542,3 +542,14 @@ def test_median_integer_input_raises_only_when_a_slice_is_fully_masked_out(dtype
     for m in [mz, mz & (z != 0), None]:
         for dim in [0, 1, -1]:
             _check_vs_torch("median", z, _int_inputs(z), dim, mask=m, keepdim=dim == 1)
+
+
+@pytest.mark.parametrize("ord", [INF, -INF, -1.0, -2.0, 0.0, 1.0, 2.0])
+def test_norm_over_an_empty_dim_raises_as_torch_for_ords_without_identity(ord):
+    """Regression: ord inf/-inf/negative over a size-0 dim returned a value; torch.masked raises RuntimeError."""
+    for shape in [(2, 0), (0, 2), (0,)]:
+        x = torch.zeros(shape)
+        ins = [x, sparsefill.to_sparse(x), x.to_sparse(), sparsefill.to_sparse(x, fill_value=1.0)]
+        for dim in [0, -1, None, (0,)]:
+            _check_vs_torch("norm", x, ins, ord, dim, mask=torch.ones(shape, dtype=torch.bool))
+            _check_vs_torch("norm", x, ins, ord, dim)

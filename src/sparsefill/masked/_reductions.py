@@ -178,6 +178,11 @@ def norm(input, ord=2.0, dim=None, *, keepdim=False, dtype=None, mask=None):
     if not (dt.is_floating_point or dt.is_complex):
         raise RuntimeError(f"linalg.vector_norm: Expected a floating point or complex tensor as input. Got {dt}")
     out_dt = dt.to_real() if dt.is_complex else dt
+    if (p < 0 or p == math.inf) and input.numel() == 0:  # no identity: torch.linalg.vector_norm raises
+        for d in E.canonical_dims(dim, input.dim()):
+            if input.shape[d] == 0:
+                raise RuntimeError(f"masked norm: cannot compute the {ord} norm over dim {d} of size 0 (input shape "
+                                   f"{tuple(input.shape)}): the operation has no identity (as torch.masked.norm)")
     return _reduction(input, mask, dim, keepdim, norm_kernel(p),
                       _ref("norm", ord, dim, keepdim=keepdim, dtype=dtype, mask=mask), cast=dt,
                       post=lambda t: t.to(out_dt), zero_absorbs=p >= 0)
