@@ -553,3 +553,27 @@ def test_norm_over_an_empty_dim_raises_as_torch_for_ords_without_identity(ord):
         for dim in [0, -1, None, (0,)]:
             _check_vs_torch("norm", x, ins, ord, dim, mask=torch.ones(shape, dtype=torch.bool))
             _check_vs_torch("norm", x, ins, ord, dim)
+
+
+def test_normalizations_masked_out_elements_of_a_slice_with_nan_normalizer():
+    """Regression: masked-out elements read torch.masked's value (masked_fill then the op) when the slice's
+    normalizer is NaN or -inf (softmax: exp(-inf - lse); normalize: 0 / max(norm, eps)), not the usual 0/-inf."""
+    assert_close(_dense(M.softmax(sparsefill.to_sparse(torch.tensor([[-1., -INF]]), fill_value=2.), 1,
+                                  mask=torch.tensor([[False, True]]))), torch.tensor([[NAN, NAN]]), equal_nan=True)
+    assert_close(_dense(M.normalize(sparsefill.to_sparse(torch.tensor([[NAN, 0.]])), 2., 1,
+                                    mask=torch.tensor([[True, False]]))), torch.tensor([[NAN, NAN]]), equal_nan=True)
+    g = torch.Generator().manual_seed(0)
+    pool = torch.tensor([0., 0., 1., -2., INF, -INF, NAN, 3.], dtype=torch.float64)
+    for shape in [(3, 5), (3, 4, 2)]:
+        for fill in [0., 2., -INF]:
+            x = pool[torch.randint(0, len(pool), shape, generator=g)]
+            x[torch.rand(shape, generator=g) < 0.4] = fill
+            m = torch.rand(shape, generator=g) < 0.6
+            ins = [sparsefill.to_sparse(x, fill_value=fill),
+                   sparsefill.to_sparse(x, fill_value=fill, dense_dim=1)] + ([x.to_sparse()] if fill == 0 else [])
+            for dim in range(len(shape)):
+                for mask in [m, None]:
+                    for op in ["softmax", "log_softmax", "softmin"]:
+                        _check_vs_torch(op, x, ins, dim, mask=mask)
+                    for ord, eps in [(2., 1e-12), (1., 0.), (-INF, 1e-12), (-1., 1e-12), (0., -1.)]:
+                        _check_vs_torch("normalize", x, ins, ord, dim, mask=mask, eps=eps)

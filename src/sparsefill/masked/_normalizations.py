@@ -13,7 +13,8 @@ softmax every masked-in element ``p`` of ``P`` gets::
 
 A masked-out element reads torch.masked's value: for softmax/softmin/log_softmax ``c`` (0, 0,
 -inf) when its slice holds a masked-in element and ``e`` = NaN when the slice is fully masked
-out; normalize 0 in both cases; cumsum/cumprod the running value (the scan of
+out, and NaN where the slice's normalizer is NaN or -inf (``exp(-inf - lse)``); normalize
+``0 / max(norm, eps)`` (0 unless that norm is NaN or the divisor 0); cumsum/cumprod the running value (the scan of
 ``where(mask, input, 0 / 1)``).  The result's fill is chosen adaptively (:func:`_extend`): with the
 unspecified elements counted in fully masked-out slices (value ``e``) and in partly masked-in
 slices (value ``c``), the fill is the value of the larger group and the smaller group is stored
@@ -123,10 +124,14 @@ def _extend(name, X: Masked, sl, c_out, e_out, scan):
         else:
             groups, untouched, fill = (~all_in).nonzero().squeeze(1), G > sl.S_out, c_out
         start = torch.zeros(groups.numel(), dtype=torch.int64, device=has.device)
-    new = _unspecified(X, sl, groups, start, untouched)
-    t = new.shape[1]
+    return _store(name, X, _unspecified(X, sl, groups, start, untouched), fill), fill
+
+
+def _store(name, X: Masked, new, fill) -> Masked:
+    """``X`` with the masked-out unspecified elements at sparse indices ``new`` joined to its pattern."""
+    S, t = X.S, new.shape[1]
     if t == 0:
-        return X, fill
+        return X
     check_specify(f"masked {name}: {t} masked-out unspecified elements that do not read the result's fill "
                   f"({fill}) are stored", t, _index.numel(X.D) * X.u.element_size() + 8 * len(S))
     idx = torch.cat([X.indices(), new], 1)
@@ -134,19 +139,25 @@ def _extend(name, X: Masked, sl, c_out, e_out, scan):
     D = X.D
     u = torch.cat([X.u, X.fill.expand((t,) + D)])[order]
     m = torch.cat([X.m, X.m.new_zeros((t,) + D)])[order]
-    return Masked(X.A, idx[:, order], u, m, X.fill, False, False), fill
+    return Masked(X.A, idx[:, order], u, m, X.fill, False, False)
+
+
+def _same_each(a, b):
+    return (a == b) | (torch.isnan(a) & torch.isnan(b))
 
 
 def _normalization(name, input, mask, dim, per_element, c_out, e_out, cast, dense_op, zero_absorbs=False,
                    scan=None):
-    """``per_element(sl, v, seg, F, n, F0, n0) -> (out values (nv,), fill outputs (nseg, Pr), (Pk, Pr))``
-    for the masked-in elements; masked-out ones read ``c_out`` (slice with a masked-in element) or ``e_out``
-    (fully masked-out slice).  ``scan`` ("sum"/"prod"): every element reads the inclusive scan of
-    ``where(mask, input, c_out)`` instead."""
+    """``per_element(sl, v, seg, F, n, F0, n0) -> (out values (nv,), fill outputs (nseg, Pr), (Pk, Pr),
+    masked-out value (nseg,))`` for the masked-in elements; masked-out ones read that value (usually
+    ``c_out``; e.g. NaN where the slice's normalizer is NaN) in a slice with a masked-in element, ``e_out``
+    in a fully masked-out slice.  A slice whose masked-out value is neither ``c_out`` nor the result's
+    fill gets its unspecified elements stored (rare: a NaN normalizer) and the slice is computed again.
+    ``scan`` ("sum"/"prod"): every element reads the inclusive scan of ``where(mask, input, c_out)``."""
     A = as_sparse(input)
     dims = E.canonical_dims(dim, A.dim())[:1] if A.dim() else ()
 
-    def compute(X):
+    def compute(X, check=True):
         sl = E.Slices(X, dims)
         fill_out = c_out
         if not X.mfill and not X.A._indefinite:
@@ -167,12 +178,21 @@ def _normalization(name, input, mask, dim, per_element, c_out, e_out, cast, dens
             g = torch.where(n > 0, F, ident)
         else:
             v, seg, lengths = sl.masked_in(u)
-            out_v, g, g0 = per_element(sl, v, seg, F, n, F0, n0, lengths)
+            out_v, g, g0, mo = per_element(sl, v, seg, F, n, F0, n0, lengths)
+            has = _has_in(sl, seg, n)
+            if check and sl.red_s and not X.mfill and not X.A._indefinite:
+                c, fo = (torch.full((), x, dtype=mo.dtype, device=mo.device) for x in (c_out, fill_out))
+                odd = has & ~_same_each(mo, c) & ~_same_each(mo, fo)  # unspecified elements would read fo
+                if bool(odd.any()):
+                    rows = odd.reshape(sl.S_out, sl.Pk).any(1).nonzero().squeeze(1)
+                    new = _unspecified(X, sl, rows, rows.new_zeros(rows.numel()), False)
+                    if new.shape[1]:
+                        return compute(_store(name, X, new, fill_out), check=False)
             if v.numel() == ms.numel():  # the usual case (mask = the input's pattern): no gathers
                 vals = sl.unscalars(out_v.reshape(ms.shape))
             else:
-                c, e = (torch.full((), x, dtype=out_v.dtype, device=out_v.device) for x in (c_out, e_out))
-                base = torch.where(_has_in(sl, seg, n)[sl.seg3], c, e)
+                e = torch.full((), e_out, dtype=out_v.dtype, device=out_v.device)
+                base = torch.where(has, mo.to(out_v.dtype), e)[sl.seg3]
                 vals = sl.unscalars(base.index_put(ms.nonzero(as_tuple=True), out_v))
         c = torch.full((), fill_out, dtype=vals.dtype, device=vals.device)
         if X.A._indefinite:
@@ -215,16 +235,17 @@ def _softmax_parts(sign, log):
         lse = torch.where(torch.isposinf(lse), torch.full((), math.nan, dtype=lse.dtype, device=lse.device), lse)
         x = v - gather_seg(lse, seg, lengths, v.shape[0])
         xf = F - lse[:, None]
+        mo = -math.inf - lse.detach()  # a masked-out element: -inf - lse (NaN when lse is NaN or -inf)
         if log:
-            return x, xf
-        return (torch.exp(x) if v.requires_grad else x.exp_()), torch.exp(xf)
+            return x, xf, mo
+        return (torch.exp(x) if v.requires_grad else x.exp_()), torch.exp(xf), mo.exp()
 
     def per_element(sl, v, seg, F, n, F0, n0, lengths=None):
         if sign < 0:
             v, F, F0 = -v, -F, -F0
-        ov, g = stats(v, seg, sl.nseg, F, n, lengths)
-        _, g0 = stats(v[:0], seg[:0], sl.Pk, F0, n0)
-        return ov, g, g0
+        ov, g, mo = stats(v, seg, sl.nseg, F, n, lengths)
+        _, g0, _ = stats(v[:0], seg[:0], sl.Pk, F0, n0)
+        return ov, g, g0, mo
     return per_element
 
 
@@ -296,11 +317,15 @@ def normalize(input, ord, dim, *, eps=1e-12, dtype=None, mask=None):
         size = {"size": sl.N_r * sl.Pr} if getattr(kernel, "wants_size", False) else {}
         d = kernel(v, seg, sl.nseg, fill=F, n_fill=n, lengths=lengths, **size).clamp_min(eps)
         d0 = kernel(v[:0], seg[:0], sl.Pk, fill=F0, n_fill=n0, **size).clamp_min(eps)
-        return v / gather_seg(d, seg, lengths, v.shape[0]), F / d[:, None], F0 / d0[:, None]
+        return v / gather_seg(d, seg, lengths, v.shape[0]), F / d[:, None], F0 / d0[:, None], 0.0 / d.detach()
 
     def dense_op(x, m):
         return torch.masked.normalize(x, ord, dim, eps=eps, dtype=dtype, mask=m)
-    return _normalization("normalize", input, mask, dim, per_element, 0.0, 0.0, cast, dense_op, zero_absorbs=p >= 0)
+    # a fully masked-out slice: 0 / max(norm of nothing, eps), the norm of nothing being +inf for ord=-inf
+    den = max(math.inf if p == -math.inf else 0.0, eps) if not math.isnan(eps) else math.nan
+    e_out = 0.0 / den if den != 0 and not math.isnan(den) else math.nan
+    return _normalization("normalize", input, mask, dim, per_element, 0.0, e_out, cast, dense_op,
+                          zero_absorbs=p >= 0)
 
 
 _CUM_EXAMPLE = {"sum": "tensor([[-3., -3., -4.],\n            [ 0.,  0.,  0.]])",
