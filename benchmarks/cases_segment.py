@@ -1,47 +1,58 @@
 """Segment reductions (issue 6): ``sparsefill.segment.reduce`` against the torch code a user would write.
 
-Inputs (seed 0): ``N`` rows (about 1,000,000) of float32 data with ``D`` in {1, 16, 64} columns, in
-``S = N / 20`` segments of lengths ``1 + Poisson(19)`` (no empty segment, so every peer's empty
-convention agrees).  Fused forms gather from a table of ``N / 4`` rows with uniform random indices.
-Unsorted forms shuffle the segment ids (the order within a segment is kept irrelevant: sums and
-max/min do not depend on it).
+Inputs (seed 0): ``N`` rows (about 1,000,000) of float32 data with ``D`` in {1, 16, 64} columns
+(``SPARSEFILL_BENCH_SEGMENT_D=64`` restricts the full-size runs), in ``S = N / 20`` segments of
+lengths ``1 + Poisson(19)`` (no empty segment, so every peer's empty convention agrees).  Fused forms
+gather from a table of ``N / 4`` rows with uniform random indices.  Unsorted forms shuffle the rows
+and their segment ids.
 
 Peers: ``embedding_bag`` (offsets; indices ``arange(N)`` precomputed for the unfused forms),
-``torch.segment_reduce`` (lengths), ``index_add_`` / ``scatter_reduce_`` (segment ids), and for the
-unsorted forms ``argsort`` + ``embedding_bag`` / ``segment_reduce``.  ``torch_scatter`` is a peer when
-installed (it is not here: skipped).
+``torch.segment_reduce`` (lengths), ``index_add_`` / ``scatter_reduce_`` (segment ids),
+``torch_scatter`` (``segment_csr`` / ``scatter``) when it imports, and for the unsorted forms the
+sort-first compositions ``argsort + embedding_bag`` / ``argsort + segment_reduce`` (a stable sort of
+the ids, offsets from their counts, then the sorted op): ``embedding_bag`` and ``segment_reduce``
+need sorted segments, so this is how a user applies them to unsorted ids.  ``torch_scatter`` has no
+wheel for this torch on PyPI; it was built from its sdist (``pip wheel torch-scatter==2.1.2``, 20 min
+on one core) into a separate folder put on ``PYTHONPATH`` for the run, not installed in the venv.
 
-Measured here (2 shared vCPUs, AMD EPYC, torch 2.13.0+cpu, numba 0.68.1 installed; copy bandwidth
-14.3 GB/s at 1 thread during the run) with ``python benchmarks/run.py --filter segment --threads 1,2
---rounds 3 --min-run-time 0.4 --retry-noisy 0.6`` at commit 2f61766.  Other sessions kept 1-1.3 cores
-of the 2 busy throughout, so the 2-thread rows of that run measure the contention, not the code
-(embedding_bag itself ran 3x slower at 2 threads than at 1), and are not quoted.  Time ratio
-sparsefill / peer at 1 thread (< 1: sparsefill is faster):
+Measured 11:05-11:37 UTC at commit 69c45e7 (sources as at f35a3a8) with
+``SPARSEFILL_BENCH_SEGMENT_D=64 PYTHONPATH=<torch_scatter> python -m sparsefill bench --filter
+segment --threads 1,2 --rounds 5 --min-run-time 0.3 --retry-noisy 0.3`` (the max/min and unsorted
+rows again with ``--filter "segment max"`` etc. once the machine was quiet); 2 shared vCPUs, AMD
+EPYC (Zen 4), torch 2.13.0+cpu, numba 0.68.1; copy bandwidth 24 GB/s at 1 thread, 33-47 GB/s at 2.
+Time ratio sparsefill / peer at D = 64 (< 1: sparsefill is faster); ``other`` = cores other
+processes kept busy during the row (all rows below: <= 0.5 for the sums, 0.0-0.16 for the rest):
 
-| case (1 thread, N = 1M)                  | D=1               | D=16              | D=64              |
-|------------------------------------------|-------------------|-------------------|-------------------|
-| sum, lengths / embedding_bag             | 1.11              | 1.09              | 1.02 (12.4 GB/s)  |
-| mean, lengths / embedding_bag            | 0.93              | 1.16              | 1.01              |
-| weighted_sum, lengths / embedding_bag    | 1.13              | 1.07              | 1.02              |
-| sum, fused gather / embedding_bag        | 1.07              | 1.36 (+-32%)      | 1.25 (+-15%)      |
-| mean, fused gather / embedding_bag       | 1.06              | 1.03              | 0.96              |
-| weighted_sum, fused / embedding_bag      | 1.00              | 1.01              | 1.05              |
-| max, lengths / fastest peer              | 0.97 (seg_reduce) | 0.44 (scatter_r.) | 0.42 (scatter_r.; 22 GB/s) |
-| min, lengths / fastest peer              | 1.71 (seg_reduce, +-50%) | 0.49 (scatter_r.) | 0.54 (scatter_r.) |
-| sum, unsorted ids / fastest peer         | 1.05 (index_add_) | 0.29 (argsort+EB) | 0.56 (argsort+EB) |
-| max, unsorted ids / fastest peer         | 0.32 (scatter_r.) | 0.25 (scatter_r.) | 0.51 (scatter_r.) |
+| case (N = 1M, D = 64)            | 1 thread                                  | 2 threads                                  |
+|----------------------------------|-------------------------------------------|--------------------------------------------|
+| sum, lengths / embedding_bag      | 1.04 (17.3 ms, 16 GB/s)                   | 1.02 (9.8 ms, 28 GB/s)                     |
+| mean, lengths / embedding_bag     | 1.02                                      | 1.04                                       |
+| weighted_sum, lengths / EB        | 1.01                                      | 1.04                                       |
+| sum, fused gather / EB            | 0.97 (23.3 ms)                            | 1.05 (10.7 ms)                             |
+| mean, fused gather / EB           | 1.01                                      | 1.02                                       |
+| weighted_sum, fused gather / EB   | 1.02                                      | 1.02                                       |
+| max, lengths / scatter_reduce_    | **0.55** (14.3 ms, 19 GB/s)               | **0.61** (10.0 ms, 28 GB/s)                |
+| min, lengths / scatter_reduce_    | **0.53** (12.4 ms, 22 GB/s)               | **0.63** (10.0 ms, 28 GB/s)                |
+| sum, unsorted / index_add_        | 0.25 (20.8 ms, 13 GB/s)                   | 0.40 (13.9 ms, 20 GB/s)                    |
+| sum, unsorted / argsort + EB      | 0.42                                      | **0.52**                                   |
+| mean, unsorted / index_add_       | 0.27 (22.4 ms)                            | 0.47 (16.6 ms)                             |
+| mean, unsorted / argsort + EB     | 0.33                                      | **0.52**                                   |
+| max, unsorted / scatter_reduce_   | 0.24 (20.4 ms)                            | 0.40 (18.1 ms)                             |
+| min, unsorted / scatter_reduce_   | 0.26 (22.5 ms)                            | 0.37 (16.3 ms)                             |
 
-Sums run on ``embedding_bag`` itself, so they sit at parity up to noise (what is left at D=1 is
-about 0.1-0.2 ms of per-call work: the lengths check and cumsum, one 400 kB offsets allocation).
-Max/min over sorted segments are one read of the data by a compiled kernel, 1.9-2.4x faster than
-``scatter_reduce_`` and 8-10x faster than ``segment_reduce`` at D=64.  Unsorted ids are reduced in
-place (no sort): 1.8x faster than the fastest peer for sums and 2x for max at D=64.
+Bold: short of the issue's 2x target.  ``segment_reduce``, ``embedding_bag(mode="max")`` and
+``torch_scatter`` are 5-40x slower than sparsefill for max/min; ``torch_scatter.scatter`` runs the
+unsorted sum at the speed of ``index_add_``.
 
-2 threads on this contended machine: OpenMP worker threads spin after a parallel region
-(libgomp's default wait policy) and take the core the main thread needs, so every
-implementation, torch's included, ran slower at 2 threads than at 1 -- sparsefill's parallel max
-kernel most (about 6x).  With ``OMP_WAIT_POLICY=passive`` the 2-thread times equal the 1-thread
-ones; on a quiet machine the sorted max/min kernels split the segments over the threads.
+Sums run on ``embedding_bag`` itself: parity up to noise.  Max/min over sorted segments are one read
+of the data by a compiled kernel (a segment's rows in pairs), at 19-28 GB/s, about 90% of the copy
+bandwidth: 1.6-1.9x faster than ``scatter_reduce_``, short of the 2x target (``scatter_reduce_``
+itself moves 11-17 GB/s here; 2x would need the kernel at the copy bandwidth or above).  Unsorted
+ids are reduced in place, with no sort: 2.4-4x faster than the fastest peer at 1 thread, 2.1-2.7x
+at 2 threads against ``index_add_`` / ``scatter_reduce_`` / ``torch_scatter``, 1.9x against the
+sort-first ``argsort + embedding_bag``.  At 2 threads the compiled kernels split the work over
+Python threads (sorted: ranges of segments; unsorted: position ranges into partial tables, then
+merged); on this shared machine a 2-thread row is only meaningful when ``other`` is near 0.
 """
 
 from __future__ import annotations
