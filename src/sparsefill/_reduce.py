@@ -231,15 +231,22 @@ class LogSumExp(Reducer):
         super().__init__("logsumexp", "sum", dense=lambda x: torch.logsumexp(x, 0))
 
     def __call__(self, values, seg, num_segments, *, fill=None, n_fill=None, lengths=None):
+        return self.parts(values, seg, num_segments, fill=fill, n_fill=n_fill, lengths=lengths)[0]
+
+    def parts(self, values, seg, num_segments, *, fill=None, n_fill=None, lengths=None):
+        """``(lse, e, acc)``: the result, the shifted terms ``e = exp(x - m[seg])`` of the stored values and
+        their per-segment sum ``acc`` (fills included), so that ``softmax = e / acc[seg]`` costs one
+        gather and one division more."""
         with torch.no_grad():
             m = REDUCERS["amax"](values, seg, num_segments, fill=fill, n_fill=n_fill, lengths=lengths)
             m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
         seg = seg_ids(seg, lengths, values.shape[0])
-        acc = segment_combine(torch.exp(values - m.index_select(0, seg)), seg, num_segments, "sum", lengths=lengths)
+        e = torch.exp(values - m.index_select(0, seg))
+        acc = segment_combine(e, seg, num_segments, "sum", lengths=lengths)
         if fill is not None and n_fill is not None:
             f = torch.as_tensor(fill, dtype=values.dtype, device=values.device)
             acc = _fold_sum(acc, torch.exp(f - _per_segment(m, acc, n_fill)), n_fill)
-        return torch.log(acc) + m
+        return torch.log(acc) + m, e, acc
 
 
 class Var(Reducer):

@@ -231,14 +231,16 @@ def _softmax_parts(sign, log):
     lse_reducer = REDUCERS["logsumexp"]
 
     def stats(v, seg, nseg, F, n, lengths=None):
-        lse = lse_reducer(v, seg, nseg, fill=F, n_fill=n, lengths=lengths)
+        lse, e, acc = lse_reducer.parts(v, seg, nseg, fill=F, n_fill=n, lengths=lengths)
         lse = torch.where(torch.isposinf(lse), torch.full((), math.nan, dtype=lse.dtype, device=lse.device), lse)
-        x = v - gather_seg(lse, seg, lengths, v.shape[0])
         xf = F - lse[:, None]
         mo = -math.inf - lse.detach()  # a masked-out element: -inf - lse (NaN when lse is NaN or -inf)
         if log:
-            return x, xf, mo
-        return (torch.exp(x) if v.requires_grad else x.exp_()), torch.exp(xf), mo.exp()
+            return v - gather_seg(lse, seg, lengths, v.shape[0]), xf, mo
+        # exp(x - lse) = e / acc with e = exp(x - m): no second exp; a NaN lse (a +inf or NaN in the slice)
+        # makes the whole slice NaN, as torch's softmax
+        acc = torch.where(torch.isnan(lse), lse, acc)
+        return e / gather_seg(acc, seg, lengths, v.shape[0]), torch.exp(xf), mo.exp()
 
     def per_element(sl, v, seg, F, n, F0, n0, lengths=None):
         if sign < 0:
