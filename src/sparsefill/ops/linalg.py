@@ -156,14 +156,18 @@ def _as_matrix(T, vec_dim=None):
     return _mat(T)
 
 
-def _native_spmm(M: _Mat, X: torch.Tensor, values=None) -> torch.Tensor:
-    """``A0 @ X`` for ``X`` ``(nb | 1, k, n)``: ``(nb, m, n)``."""
+def _native_spmm(M: _Mat, X: torch.Tensor, values=None, bias=None) -> torch.Tensor:
+    """``A0 @ X (+ bias)`` for ``X`` ``(nb | 1, k, n)``: ``(nb, m, n)``; a ``bias`` broadcastable to
+    ``(1, m, n)`` is added by the same kernel (``addmm``: no second pass over the result)."""
     n = X.shape[-1]
     Xs = X.expand(M.nb, M.k, n).reshape(M.nb * M.k, n)
     mat = M.csr(values)
     if not (mat.dtype.is_floating_point or mat.dtype.is_complex):  # torch's CSR kernels: floating only
         mat = torch.sparse_coo_tensor(torch.stack([M.rows, M.col]), mat.values(), mat.shape, is_coalesced=True)
-    return (mat @ Xs).view(M.nb, M.m, n)
+    if bias is not None and M.nb == 1 and bias.dim() == 3 and bias.shape[0] == 1 and bias.dtype == mat.dtype:
+        return torch.addmm(bias[0], mat, Xs).view(1, M.m, n)
+    out = (mat @ Xs).view(M.nb, M.m, n)
+    return out if bias is None else out + bias
 
 
 def _fill_times(f: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
@@ -178,7 +182,7 @@ def _sp_dense(M: _Mat, X: torch.Tensor) -> torch.Tensor | None:
     if M.fill is None:
         return _native_spmm(M, X)
     if M.finite:
-        return _native_spmm(M, X) + _fill_times(M.fill, X)
+        return _native_spmm(M, X, bias=_fill_times(M.fill, X))
     if M.fill.shape[1] != 1:
         return _rowfill_nonfinite(M, X) if M.fill.shape[2] == 1 else None
     # T[b, k, j] = F[b, :, k] * X[b, k, j]; the fill term sums T over the unspecified k of each row
