@@ -1,7 +1,6 @@
 """sparsefill.segment conversions: against slow Python references, the spec's examples, errors."""
 
 import doctest
-import itertools
 
 import pytest
 import torch

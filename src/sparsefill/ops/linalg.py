@@ -338,7 +338,7 @@ def _nonfinite_sp_sp(a: SparseTensor, b: SparseTensor):
         return None if r is None else r.transpose(-1, -2)
     if a._fill.numel() != 1:
         return None
-    from .._convert import coalesce_of, dense_of, rewrap
+    from .._convert import coalesce_of, rewrap
     nb = (a.shape[0],) if a.dim() == 3 else ()
     m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
     out_shape = nb + (m, n)

@@ -21,7 +21,7 @@ import warnings
 import torch
 
 from .. import _index
-from .._convert import coalesce_of, coalesced_parts, dense_of, parts_to_sparse
+from .._convert import coalesced_parts, dense_of, parts_to_sparse
 from .._reduce import Norm, REDUCERS, first_gap, group_slices, segment_arg, segment_combine, segment_counts
 from .._tensor import SparseTensor
 from .fallback import check_dtype, meta_call, meta_of
@@ -223,7 +223,7 @@ def _var_std(func, args, kwargs):
     if A.dim() == 0:
         return _scalar(func, args, kwargs)
     check_dtype(func, A, *args[1:], **kwargs)  # (var of integers raises)
-    meta = meta_call(func, A, *args[1:], **kwargs)
+    meta_call(func, A, *args[1:], **kwargs)  # torch's errors
     dims, keep = _dims_arg(args, kwargs, 1), bool(kwargs.get("keepdim", False))
     dims = sorted({d % A.dim() for d in dims}) if dims else list(range(A.dim()))
     B = A if A._indefinite else A - _shift(A, dims)
