@@ -184,7 +184,7 @@ def test_dtypes(dtype):
 
 def test_many_specified_fill_elements_warn():
     """Past QUIET_ELEMENTS specified fill elements the (dense by nature) result warns; the policy applies."""
-    from sparsefill.ops.shape import QUIET_ELEMENTS
+    from sparsefill._policy import SPECIFY_QUIET_ELEMENTS as QUIET_ELEMENTS
     n = QUIET_ELEMENTS // 2 + 10
     A = sparsefill.sparse_coo_tensor([[0, 5]], torch.ones(2, 3, dtype=F64), (n, 3),
                                      fill_value=torch.tensor([0., 1., 2.], dtype=F64))

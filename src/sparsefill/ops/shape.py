@@ -30,12 +30,11 @@ from __future__ import annotations
 import torch
 
 from .. import _index
-from .._policy import check_densify
+from .._policy import check_specify
 from .._tensor import SparseTensor
 from .registry import register
 
 aten = torch.ops.aten
-QUIET_ELEMENTS = 1 << 16  # specifying more fill elements than this warns (as ``cat``'s CAT_QUIET_ELEMENTS)
 
 
 def _fill_dense(A: SparseTensor) -> torch.Tensor:
@@ -87,7 +86,7 @@ def all_sparse(A: SparseTensor) -> SparseTensor:
 
         extra elements = (#unspecified sparse positions) * (#{q : f[q] != c})
 
-    with a DensifyWarning past ``QUIET_ELEMENTS`` (such a result is dense by nature)."""
+    through ``_policy.check_specify`` (a DensifyWarning past 65536: such a result is dense by nature)."""
     if not A.dense_dim():
         return A if A._sf_layout is torch.sparse_coo else _make(A, A.shape, *A._coo_parts(), A._fill, A._coalesced)
     idx, vals = A._coo_parts()
@@ -107,9 +106,8 @@ def all_sparse(A: SparseTensor) -> SparseTensor:
         keys = _index.linearize(idx, S)
         stored = nse if A._coalesced else torch.unique(keys).numel()
         n = (_index.numel(S) - stored) * diff.numel()
-        if n > QUIET_ELEMENTS:
-            check_densify(f"a dense dim of a tensor with an array fill becoming sparse ({n} elements specified)",
-                          n * (vals.element_size() + 8 * A.dim()))
+        check_specify(f"a dense dim of a tensor with an array fill becoming sparse ({n} elements specified)", n,
+                      vals.element_size() + 8 * A.dim())
         free = torch.ones(_index.numel(S), dtype=torch.bool, device=idx.device)
         free[keys] = False
         free = free.nonzero().reshape(-1)

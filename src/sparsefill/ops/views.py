@@ -34,12 +34,11 @@ import torch
 
 from .. import _index
 from .._convert import coalesced_parts, dense_of, map_inner, parts_to_sparse, rewrap
-from .._policy import check_densify
+from .._policy import check_densify, check_specify
 from .._tensor import SparseTensor, _version
 from .fallback import assign_, respecify_
 
 aten = torch.ops.aten
-QUIET_ELEMENTS = 1 << 16  # a write specifying more fill elements than this warns (as shape.QUIET_ELEMENTS)
 ALIASES = (aten.detach.default, aten.alias.default)
 INVOLUTIONS = {aten._conj.default: torch.conj_physical, aten._neg_view.default: torch.neg}  # their own inverse
 
@@ -253,9 +252,8 @@ def write_native(V: SparseTensor) -> bool:
     if not _fills_agree(V, base, smap):  # the region takes V's fill: specify where it differs from the base's
         from .shape import _differs
         n = V.numel()
-        if n > QUIET_ELEMENTS:
-            check_densify(f"a write through a view whose fill differs from its base's ({n} positions)",
-                          n * (8 + V.element_size()))
+        check_specify(f"a write through a view whose fill differs from its base's ({n} positions)", n,
+                      8 + V.element_size())
         allv = _index.unravel(torch.arange(n, device=bs.device), V.shape)
         keys = _encode(allv, smap)
         fv = fV[_index.linearize(allv[V.dim() - ndv:], V._dense_shape)]
