@@ -175,6 +175,41 @@ def test_golden_values_by_hand():
     assert out.tolist() == [[-3, -9], [-8, -7]] and arg.tolist() == [[0, 1], [2, 2]]
 
 
+@pytest.mark.parametrize("reducer", ["max", "min"])
+@pytest.mark.parametrize("empty", [None, -7.5, math.nan, -math.inf])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_extreme_empty_value_every_path(backend, reducer, empty, dtype):
+    # the compiled sorted kernel writes the empty value itself; every path gives the same rows
+    g = torch.Generator().manual_seed(5)
+    lengths = torch.tensor([0, 3, 0, 0, 1, 4, 0])
+    data = torch.randn(int(lengths.sum()), 3, generator=g, dtype=dtype)
+    data[2, 1] = math.nan
+    ids = torch.repeat_interleave(torch.arange(lengths.numel()), lengths)
+    perm = torch.randperm(ids.numel(), generator=g)
+    kw = {} if empty is None else {"empty": empty}
+    ref = ref_reduce(data, lengths, reducer, empty=empty)
+    fill = 0.0 if empty is None else empty
+    assert torch.isnan(ref[1, 1]) and ref[0].tolist() != []  # the NaN wins; rows of empty segments follow
+    offs = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
+    outs = {
+        "lengths": segment.reduce(data, reducer, lengths=lengths, **kw),
+        "offsets": segment.reduce(data, reducer, offsets=offs, **kw),
+        "sorted ids": segment.reduce(data, reducer, segment_ids=ids, num_segments=7, **kw),
+        "unsorted ids": segment.reduce(data[perm], reducer, segment_ids=ids[perm], num_segments=7, sorted=False,
+                                       **kw),
+        "gather": segment.reduce(data.flip(0), reducer, lengths=lengths, indices=torch.arange(8).flip(0), **kw),
+        "arg": segment.reduce(data, reducer, lengths=lengths, return_arg=True, **kw)[0],
+        "grad": segment.reduce(data.clone().requires_grad_(), reducer, lengths=lengths, **kw).detach(),
+    }
+    for name, out in outs.items():
+        torch.testing.assert_close(out, ref, equal_nan=True, msg=lambda m: f"{name}: {m}")
+        for s in (0, 2, 3, 6):
+            assert torch.equal(out[s], torch.full((3,), fill, dtype=dtype)) or (math.isnan(fill) and
+                                                                            bool(out[s].isnan().all())), name
+    _, arg = segment.reduce(data, reducer, lengths=lengths, return_arg=True, **kw)
+    assert arg[[0, 2, 3, 6]].eq(-1).all()
+
+
 def test_spec_examples(backend):
     # SortedSegmentSum on the spec's 5x2 data
     data = torch.tensor([[1, 4], [3, 2], [8, 1], [9, 4], [5, 8]], dtype=torch.float32)

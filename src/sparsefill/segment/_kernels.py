@@ -313,9 +313,11 @@ def segment_sum(x: torch.Tensor, plan, w: torch.Tensor | None = None, *, mode: s
     return out / plan.counts.clamp_min(1)[:, None] if mode == "mean" else out
 
 
-def segment_extreme(x: torch.Tensor, plan, *, largest: bool, want_arg: bool = True):
+def segment_extreme(x: torch.Tensor, plan, *, largest: bool, want_arg: bool = True, empty=None):
     """``(best, arg)``: per segment and column the max (``largest``) or min of ``x_p`` and the first input
-    position holding it (NaN wins, as in torch); empty segments: ``best`` unspecified, ``arg = -1``."""
+    position holding it (NaN wins, as in torch); empty segments: ``arg = -1`` and ``best = empty``
+    (unspecified when ``empty`` is None).  The compiled sorted kernel writes ``empty`` itself, with no
+    pass over the counts; the other paths fill the rows of zero count."""
     S = plan.num_segments
     D = x.shape[1]
     if S == 0:
@@ -323,10 +325,11 @@ def segment_extreme(x: torch.Tensor, plan, *, largest: bool, want_arg: bool = Tr
     op = "max" if largest else "min"
     if _direct(plan, x):
         out, arg = _reduce_compiled("scatter", op, x, plan, _contig(plan.direct_rows()), None, want_arg=want_arg)
-        return out, (plan.direct_positions(arg) if want_arg else None)
+        return _fill_empty(out, plan, empty), (plan.direct_positions(arg) if want_arg else None)
     rows = plan.rows
     if _compiled(x):
-        out, arg = _reduce_compiled("sorted", op, x, plan, _contig(rows), None, want_arg=want_arg)
+        w = None if empty is None else torch.empty(1, dtype=x.dtype).fill_(empty)
+        out, arg = _reduce_compiled("sorted", op, x, plan, _contig(rows), w, want_arg=want_arg)
         return out, (plan.input_positions(arg) if want_arg else None)
     vals = x if rows is None else x.index_select(0, rows)
     best = _reduce.segment_combine(vals, plan.seg, S, "amax" if largest else "amin")
@@ -334,4 +337,14 @@ def segment_extreme(x: torch.Tensor, plan, *, largest: bool, want_arg: bool = Tr
     if want_arg:
         k = _reduce.segment_arg(vals, plan.seg, S, _arange(vals.shape[0], x.device), best)
         arg = plan.input_positions(k)
-    return best, arg
+    return _fill_empty(best, plan, empty), arg
+
+
+def _fill_empty(out: torch.Tensor, plan, value) -> torch.Tensor:
+    """``out`` with the rows of the empty segments (zero count) set to ``value`` in place (None: as is)."""
+    if value is None or out.numel() == 0:
+        return out
+    counts = plan.counts
+    empty = torch.from_numpy(np.flatnonzero(counts.numpy() == 0)) if counts.device.type == "cpu" else \
+        (counts == 0).nonzero().squeeze(1)  # (numpy on the CPU: serial, see _check.cpu_min)
+    return out.index_fill_(0, empty, value) if empty.numel() else out

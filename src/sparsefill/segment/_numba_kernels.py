@@ -12,7 +12,8 @@ with ``op`` one of ``"sum"``, ``"wsum"`` (weighted), ``"mean"``, ``"max"``, ``"m
   ``parts[t]`` (of later position ranges, in order) into ``out[s0:s1]``.
 
 Position ``k`` reads row ``rows[k]`` of ``x`` (``k`` itself when ``rows`` is empty) with weight
-``w[k]`` (``"wsum"``).  A kernel writes exactly the rows ``out[s0:s1]`` (``out[lo:hi]``), starting
+``w[k]`` (``"wsum"``); for max/min the sorted kernel writes ``w[0]`` (when ``w`` is not empty)
+into every row of an empty segment.  A kernel writes exactly the rows ``out[s0:s1]`` (``out[lo:hi]``), starting
 from the identity (0, -inf, +inf; ``arg = -1``): disjoint ranges run on separate threads with no
 synchronisation.  ``"mean"`` divides a row by ``max(scale[s], 1)`` (the count) at the end (the
 scatter kernel only when ``scale`` is not empty).  A row index outside ``[0, M)`` is never read:
@@ -170,6 +171,9 @@ if numba is not None:
                     _combine(out, s, arg, x, r, w, k, D, SUM, W, LARGEST, ARG)
                     k += 1
                 _finish(out, s, scale, D, MEAN)
+                if not SUM and w.shape[0] > 0 and offs[s] == end:  # max/min: the caller's empty value
+                    for d in range(D):
+                        out[s, d] = w[0]
 
         @njit(nogil=True, cache=True)
         def scatter_kernel(x, ids, rows, w, scale, out, arg, lo, hi, p0, p1, bad):  # pragma: no cover - compiled

@@ -111,9 +111,10 @@ def _weight_sums(plan: Plan, w: torch.Tensor) -> torch.Tensor:
     return w.new_zeros(S).index_add_(0, plan.seg, plan.to_segment_order(w))
 
 
-def _forward(x2: torch.Tensor, weights, plan: Plan, red: SegmentReducer, want_arg: bool):
-    """``(raw, arg)``: the reduction of every segment (empty segments not yet set) and, for max/min
-    with ``want_arg``, the input position of the first extreme (-1 for an empty segment)."""
+def _forward(x2: torch.Tensor, weights, plan: Plan, red: SegmentReducer, want_arg: bool, empty=None):
+    """``(raw, arg)``: the reduction of every segment (empty segments not yet set, but for max/min: set
+    to ``empty``) and, for max/min with ``want_arg``, the input position of the first extreme (-1 for an
+    empty segment)."""
     S = plan.num_segments
     if S == 0:
         return x2.new_zeros((0, x2.shape[1]), dtype=_out_dtype(red, x2.dtype)), \
@@ -128,7 +129,7 @@ def _forward(x2: torch.Tensor, weights, plan: Plan, red: SegmentReducer, want_ar
             acc = acc / _weight_sums(plan, weights)[:, None]
         return acc, None
     if red.kind == "extreme":
-        return _kernels.segment_extreme(x2, plan, largest=red.largest, want_arg=want_arg)
+        return _kernels.segment_extreme(x2, plan, largest=red.largest, want_arg=want_arg, empty=empty)
     if red.kind == "prod":
         return red.base(_positions(plan, x2), plan.seg, S), None
     # lse: m + log(sum exp(x - m)) with m the segment max (0 where not finite)
@@ -159,6 +160,8 @@ def _set_empty(raw: torch.Tensor, plan: Plan, value, red: SegmentReducer, inplac
         return raw
     if red.kind == "sum" and red.scale in (None, "mean") and value == 0:
         return raw  # embedding_bag / the scatter kernels leave 0 in an empty segment
+    if red.kind == "extreme":
+        return raw  # segment_extreme set them (_forward passes the value)
     counts = plan.counts
     empty = torch.from_numpy(np.flatnonzero(counts.numpy() == 0)) if counts.device.type == "cpu" else \
         (counts == 0).nonzero().squeeze(1)  # (numpy on the CPU: serial, see _check.cpu_min)
@@ -245,7 +248,7 @@ class _SegmentReduceFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, data, weights, plan, red, ties, empty, want_arg, sparse_grad):
         x2 = _flat(data)
-        raw, arg = _forward(x2, weights, plan, red, want_arg or (red.kind == "extreme" and ties == "first"))
+        raw, arg = _forward(x2, weights, plan, red, want_arg or (red.kind == "extreme" and ties == "first"), empty)
         ctx.save_for_backward(data, weights, raw, arg)
         ctx.plan, ctx.red, ctx.ties, ctx.sparse_grad = plan, red, ties, sparse_grad
         out = _set_empty(raw, plan, empty, red, inplace=False)
@@ -345,7 +348,7 @@ def reduce(data: torch.Tensor, reducer="sum", *, lengths=None, offsets=None, seg
             out, arg = _SegmentReduceFn.apply(data, weights, plan, red, ties, empty, want_arg, sparse_grad)
         else:
             x2 = _flat(data)
-            raw, arg = _forward(x2, weights, plan, red, want_arg)
+            raw, arg = _forward(x2, weights, plan, red, want_arg, empty)
             out = _set_empty(raw, plan, empty, red, inplace=True).reshape(plan.num_segments, *data.shape[1:])
     except (IndexError, RuntimeError):
         if indices is not None:  # torch's own range errors (embedding_bag, index_select) -> name the entry
