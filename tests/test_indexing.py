@@ -39,6 +39,19 @@ OPS = {
 }
 
 
+ADVANCED = {"int": lambda t: t[torch.tensor([3, 0, 3])], "int_dim1": lambda t: t[:, torch.tensor([4, -1])],
+            "int_2d": lambda t: t[torch.tensor([[1, 2], [0, 0]])], "mask": lambda t: t[X[:, 0, 0] > 0],
+            "mask_2d": lambda t: t[X[:, :, 0] > 0], "mask_dim1": lambda t: t[:, X[0, :, 0] > 0],
+            "two": lambda t: t[torch.tensor([0, 3, -1]), torch.tensor([1, 4, 0])],
+            "three": lambda t: t[torch.tensor([0, 3, -1]), torch.tensor([1, 4, 0]), torch.tensor([0, 0, 2])],
+            "broadcast_after_slice": lambda t: t[:, torch.tensor([1, 4]), torch.tensor([[2], [0]])],
+            "apart": lambda t: t[torch.tensor([0, 3, -1]), :, torch.tensor([1, 1, 2])],
+            "mask_and_int": lambda t: t[X[:, :, 0] > 0, torch.tensor(1)],
+            "ellipsis_apart": lambda t: t[torch.tensor([1]), ..., torch.tensor([2])]}
+assert not set(ADVANCED) & set(OPS)
+OPS.update(ADVANCED)  # (run by test_indexing_is_native)
+
+
 def _d(o):
     if isinstance(o, (tuple, list)):
         return tuple(_d(x) for x in o)
@@ -48,6 +61,7 @@ def _d(o):
 @pytest.mark.parametrize("name", list(OPS))
 @pytest.mark.parametrize("layout,dd", KINDS, ids=IDS)
 def test_indexing_is_native(layout, dd, name):
+    """Every op of ``OPS`` (the advanced-indexing forms of ``ADVANCED`` included)."""
     A = sparsefill.to_sparse(X, fill_value=0.5, layout=layout, dense_dim=dd)
     with warnings.catch_warnings():
         warnings.simplefilter("error", sparsefill.DensifyWarning)
@@ -112,25 +126,6 @@ def test_triangles_of_a_nonzero_fill(layout, fill):
                         torch.testing.assert_close(out.to_dense(), op(x, k), equal_nan=True)
 
 
-ADVANCED = {"int": lambda t: t[torch.tensor([3, 0, 3])], "int_dim1": lambda t: t[:, torch.tensor([4, -1])],
-            "int_2d": lambda t: t[torch.tensor([[1, 2], [0, 0]])], "mask": lambda t: t[X[:, 0, 0] > 0],
-            "mask_2d": lambda t: t[X[:, :, 0] > 0], "mask_dim1": lambda t: t[:, X[0, :, 0] > 0],
-            "two": lambda t: t[torch.tensor([0, 3, -1]), torch.tensor([1, 4, 0])],
-            "three": lambda t: t[torch.tensor([0, 3, -1]), torch.tensor([1, 4, 0]), torch.tensor([0, 0, 2])],
-            "broadcast_after_slice": lambda t: t[:, torch.tensor([1, 4]), torch.tensor([[2], [0]])],
-            "apart": lambda t: t[torch.tensor([0, 3, -1]), :, torch.tensor([1, 1, 2])],
-            "mask_and_int": lambda t: t[X[:, :, 0] > 0, torch.tensor(1)],
-            "ellipsis_apart": lambda t: t[torch.tensor([1]), ..., torch.tensor([2])]}
-
-
-@pytest.mark.parametrize("name", list(ADVANCED))
-@pytest.mark.parametrize("layout,dd", KINDS, ids=IDS)
-def test_advanced_indexing(layout, dd, name):
-    A = sparsefill.to_sparse(X, fill_value=0.5, layout=layout, dense_dim=dd)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", sparsefill.DensifyWarning)
-        out = ADVANCED[name](A)
-    torch.testing.assert_close(_d(out), ADVANCED[name](X))
 
 
 def test_bad_indices_raise():

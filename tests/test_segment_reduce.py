@@ -641,12 +641,12 @@ def test_compiled_kernels_keep_torch_thread_count():
     assert res.stdout.strip() == "1"
 
 
+@pytest.mark.skipif(not segment.compiled_available() or not hasattr(__import__("os"), "fork"),
+                    reason="needs numba (the compiled backend) and os.fork")  # reported by -rs
 def test_threaded_kernels_after_fork():
     """A forked child (e.g. a data-loader worker) gets its own worker threads: no wait on the parent's."""
     import subprocess
     import sys
-    if not segment.compiled_available() or not hasattr(__import__("os"), "fork"):
-        pytest.skip("needs numba and os.fork")
     code = (
         "import os, torch\n"
         "from sparsefill import segment\n"

@@ -88,6 +88,17 @@ def union_parts(tensors):
     return indices, values
 
 
+def scalar_parts(idx: torch.Tensor, vals: torch.Tensor, dense_shape) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stored dense slices as scalar elements: ``(indices over all dims (nse * Q columns), values (nse * Q,))``,
+    ``Q = prod(dense_shape)``, in row-major order (coalesced parts stay coalesced)."""
+    D = tuple(dense_shape)
+    if not D:
+        return idx, vals.reshape(-1)
+    Q = _index.numel(D)
+    q = _index.unravel(torch.arange(Q, device=idx.device), D)
+    return torch.cat([idx.repeat_interleave(Q, dim=1), q.repeat(1, idx.shape[1])]), vals.reshape(-1)
+
+
 def coalesce_of(A: SparseTensor) -> SparseTensor:
     idx, vals = coalesced_parts(A)
     return rewrap(A, indices=idx, values=vals, coalesced=True)

@@ -1,3 +1,4 @@
 """Op handlers, one module per family; importing this package fills the registry."""
 
-from . import activations, core, fallback, foreach, indexing, linalg, normalizations, reductions, registry  # noqa: F401
+from . import (activations, coords, core, fallback, foreach, indexing, linalg, normalizations,  # noqa: F401
+               reductions, registry)

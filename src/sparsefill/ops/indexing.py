@@ -1,5 +1,7 @@
 """Indexing and joining on the stored elements: ``select``, ``slice`` (``narrow``, ``A[a:b:s]``),
-``index_select``, ``cat`` and ``stack``; ``split``, ``chunk`` and ``unbind`` decompose into them::
+``index_select``, ``A[i, j, ...]``, ``cat`` and ``stack``; ``split``, ``chunk`` and ``unbind`` decompose
+into them; ``flip roll rot90 repeat tril triu diagonal trace nonzero masked_select``.  Writes and reads
+at coordinates (``index_put``, ``scatter``, ``index_*``, ``gather``) are in ``coords.py``::
 
     op(A).to_dense() == op(A.to_dense())
 
@@ -20,11 +22,10 @@ from __future__ import annotations
 import torch
 
 from .. import _index
-from .._convert import (coalesced_parts, dense_of, dense_to_parts, dense_to_sparse, parts_to_sparse,
-                        union_parts)
+from .._convert import coalesced_parts, dense_of, dense_to_parts, dense_to_sparse, parts_to_sparse, union_parts
 from .._policy import check_specify
 from .._tensor import SparseTensor
-from .fallback import assign_, meta_of
+from .fallback import meta_of
 from .registry import register
 
 aten = torch.ops.aten
@@ -44,6 +45,14 @@ def _build(A, idx, vals, shape, fill=None, layout=None):
 
 def _dense_fill(A):
     return A._fill if A._indefinite else A._fill.expand(A._dense_shape)
+
+
+def out_of_bounds(t: torch.Tensor, n: int, negative: bool = True):
+    """The first index of ``t`` outside ``[-n, n)`` (``[0, n)`` unless ``negative``), or None."""
+    if not t.numel():
+        return None
+    bad = (t >= n) | (t < (-n if negative else 0))
+    return int(t[bad].reshape(-1)[0]) if bool(bad.any()) else None
 
 
 def _on_dense_dim(A, dim, fn):
@@ -96,7 +105,7 @@ def _index_select(func, args, kwargs):
     A, dim, index = args[0], args[1] % max(args[0].dim(), 1), args[2]
     if A.dim() == 0:  # one value
         return func(dense_of(A), *args[1:], **kwargs)
-    if index.numel() and not bool(((index >= 0) & (index < A.shape[dim])).all()):
+    if out_of_bounds(index, A.shape[dim], negative=False) is not None:
         raise IndexError("index out of range in self")  # (torch's message; negative indices too)
     index = index.reshape(-1)
     idx, vals, sd = _parts(A)
@@ -107,8 +116,8 @@ def _index_select(func, args, kwargs):
     lo = torch.searchsorted(index[order], idx[dim])
     hi = torch.searchsorted(index[order], idx[dim], right=True)
     reps = hi - lo
-    src = torch.repeat_interleave(torch.arange(idx.shape[1], device=idx.device), reps)
-    within = torch.arange(src.numel(), device=idx.device) - torch.repeat_interleave(torch.cumsum(reps, 0) - reps, reps)
+    src = _index.runs_to_ids(reps, int(reps.sum()))
+    within = torch.arange(src.numel(), device=idx.device) - (torch.cumsum(reps, 0) - reps)[src]
     new = idx[:, src].clone()
     new[dim] = order[lo[src] + within]
     shape = list(A.shape)
@@ -330,8 +339,8 @@ def _index_tensor(func, args, kwargs):
     if t.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8):
         raise IndexError("tensors used as indices must be long, int, byte or bool tensors")
     n = shape[p]
-    if t.numel() and not bool(((t >= -n) & (t < n)).all()):
-        bad = int(t[(t >= n) | (t < -n)].reshape(-1)[0])
+    bad = out_of_bounds(t, n)
+    if bad is not None:
         raise IndexError(f"index {bad} is out of bounds for dimension {p} with size {n}")
     out = aten.index_select.default(A, p, t.reshape(-1) % max(n, 1))
     return out if t.dim() == 1 else out.reshape(shape[:p] + tuple(t.shape) + shape[p + 1:])
@@ -359,10 +368,9 @@ def _index_many(A, indices):
     aten.index.Tensor(meta_of(A), [None if t is None else t.to("meta") for t in expanded])  # torch's shape errors
     given = [i for i, t in enumerate(expanded) if t is not None]
     for d in given:
-        t, n = expanded[d], A.shape[d]
-        if t.numel() and not bool(((t >= -n) & (t < n)).all()):
-            bad = int(t[(t >= n) | (t < -n)][0])
-            raise IndexError(f"index {bad} is out of bounds for dimension {d} with size {n}")
+        bad = out_of_bounds(expanded[d], A.shape[d])
+        if bad is not None:
+            raise IndexError(f"index {bad} is out of bounds for dimension {d} with size {A.shape[d]}")
     adjacent = given == list(range(given[0], given[-1] + 1))
     p = given[0] if adjacent else 0
     if not adjacent:
@@ -405,187 +413,6 @@ def _diagonal(func, args, kwargs):
         n = len(shape)
         out = out.permute(list(range(len(rest))) + list(range(len(rest) + 1, n)) + [len(rest)])
     return out
-
-
-# ------------------------------------------------------------------ writes: index_put, scatter, index_*
-def _coords(A, indices):
-    """The coordinates (one row per dim, one column per element of ``A[indices]``) of the elements an
-    index expression reaches, by torch's own indexing of ``arange``s (its broadcasting, bool masks, ``None``
-    slices, negative indices and range errors): ``(coords (ndim, M), shape of A[indices])``."""
-    nd = A.dim()
-    rows = []
-    for d, n in enumerate(A.shape):
-        ar = torch.arange(n, device=A.device).view([-1 if e == d else 1 for e in range(nd)]).expand(A.shape)
-        rows.append(aten.index.Tensor(ar, indices))
-    shape = rows[0].shape if rows else torch.Size([])
-    return (torch.stack([r.reshape(-1) for r in rows]) if rows else
-            torch.zeros(0, 1, dtype=torch.int64, device=A.device)), shape
-
-
-_REDUCE = {"sum": "sum", "add": "sum", "prod": "prod", "multiply": "prod", "mean": "mean", "amax": "amax",
-           "amin": "amin", "max": "amax", "min": "amin"}
-
-
-def write(A: SparseTensor, coords: torch.Tensor, values: torch.Tensor, reduce=None, include_self=True):
-    """``A`` with the elements at ``coords`` (``(ndim, M)``) set to ``values`` (``M`` of them), or combined with
-    them by ``reduce`` (``sum prod mean amax amin``, torch's ``index_reduce_`` rule, ``include_self``).  The
-    written positions join the pattern (a union of linear keys over the sparse dims); a newly specified
-    dense slice starts as the fill.  O(nse + M)."""
-    sd = A.dim() - A.dense_dim()
-    D = tuple(A._dense_shape)
-    idx, vals = coalesced_parts(A)
-    k_old, k_new = _index.linearize(idx, A._sparse_shape), _index.linearize(coords[:sd], A._sparse_shape)
-    union, inv = _index.unique_inverse(torch.cat([k_old, k_new]))
-    base = vals.new_zeros(()) if A._indefinite else A._fill
-    out = base.expand((union.numel(),) + D).clone()
-    out.index_copy_(0, inv[: k_old.numel()], vals)
-    flat = inv[k_old.numel():] * _index.numel(D) + _index.linearize(coords[sd:], D)
-    out_flat, v = out.reshape(-1), values.reshape(-1).to(A.dtype)
-    if reduce is None:
-        out_flat.index_put_((flat,), v)
-    elif _REDUCE[reduce] == "sum":
-        if not include_self:
-            out_flat.index_fill_(0, flat, 0)
-        out_flat.index_add_(0, flat, v)
-    else:
-        out_flat.index_reduce_(0, flat, v, _REDUCE[reduce], include_self=include_self)
-    return parts_to_sparse(_index.unravel(union, A._sparse_shape), out, A.shape, A._fill, A._indefinite, False,
-                           A._sf_layout if sd >= 2 else torch.sparse_coo, True)
-
-
-def read(A: SparseTensor, coords: torch.Tensor) -> torch.Tensor:
-    """The elements of ``A`` at ``coords`` (``(ndim, M)``): stored values where specified, the fill elsewhere
-    (a binary search of the linear keys over the sparse dims).  O(M log nse + nse)."""
-    sd = A.dim() - A.dense_dim()
-    idx, vals = coalesced_parts(A)
-    pos, found = _index.lookup(_index.linearize(idx, A._sparse_shape), _index.linearize(coords[:sd], A._sparse_shape))
-    q = _index.linearize(coords[sd:], A._dense_shape)
-    stored = vals.reshape(vals.shape[0], -1)[pos, q] if vals.shape[0] else vals.new_zeros(q.shape)
-    return torch.where(found, stored, _dense_fill(A).reshape(-1)[q])
-
-
-def _dense_values(v, shape, dtype, device):
-    """Written values as a strided tensor broadcast to ``shape`` (a SparseTensor source is read densely: it
-    is as large as the written set)."""
-    v = dense_of(v) if isinstance(v, SparseTensor) else torch.as_tensor(v, dtype=dtype, device=device)
-    return v.expand(shape)
-
-
-def _check_dim_index_src(func, A, dim, index, src, args, kwargs) -> int:
-    """torch's errors for ``func(A, dim, index, src, ...)`` (the meta kernel's, plus the dtype rule for a
-    tensor source, which meta kernels skip); the normalised ``dim``."""
-    meta_src = meta_of(src) if isinstance(src, SparseTensor) else src.to("meta") if isinstance(src, torch.Tensor) \
-        else src
-    func(meta_of(A), dim, index.to("meta"), meta_src, *args[4:], **kwargs)
-    if isinstance(src, torch.Tensor) and src.dim() and src.dtype != A.dtype:
-        raise RuntimeError(f"{func._schema.name.split('::')[1]}(): self and source expected to have the same "
-                           f"dtype, but got (self) {A.dtype} and (source) {src.dtype}")
-    return dim % max(A.dim(), 1)
-
-
-def _result(func, A, res):
-    """In-place overloads (name ending ``_``) write ``res`` into ``A``; the others return it."""
-    return assign_(A, res) if func._schema.name.endswith("_") else res
-
-
-@register(aten.index_put_.default, aten.index_put.default, aten._index_put_impl_.default)
-def _index_put(func, args, kwargs):
-    """``A[indices] = v`` (``accumulate``: ``+=``) for every index form torch accepts (index tensors,
-    bool masks, ``None`` for ``:``)."""
-    A, indices, values = args[0], list(args[1]), args[2]
-    accumulate = bool(args[3] if len(args) > 3 else kwargs.get("accumulate", False))
-    if not isinstance(A, SparseTensor) or any(isinstance(t, SparseTensor) for t in indices) or \
-            (A._indefinite and (accumulate or A.dense_dim())):
-        return NotImplemented  # (a strided target, or a sparse index: the next stage)
-    if values.dtype != A.dtype:  # (the meta kernel does not check it)
-        raise RuntimeError(f"Index put requires the source and destination dtypes match, got {A.dtype} for the "
-                           f"destination and {values.dtype} for the source.")
-    meta_vals = values.to("meta") if not isinstance(values, SparseTensor) else meta_of(values)
-    aten.index_put.default(meta_of(A), [None if t is None else t.to("meta") for t in indices], meta_vals,
-                           accumulate)  # torch's dtype and shape errors
-    coords, shape = _coords(A, indices)
-    v = _dense_values(values, shape, A.dtype, A.device)
-    return _result(func, A, write(A, coords, v, "sum" if accumulate else None))
-
-
-def _grid(index: torch.Tensor, dim: int, n_dims: int):
-    """``scatter``'s coordinates: ``index[i]`` along ``dim``, ``i`` along the others."""
-    grid = list(torch.meshgrid(*[torch.arange(n, device=index.device) for n in index.shape], indexing="ij")) \
-        if index.dim() else [index.new_zeros(())] * n_dims
-    grid[dim] = index
-    return torch.stack([g.reshape(-1) for g in grid]) if grid else index.reshape(1, -1)
-
-
-@register(aten.scatter.src, aten.scatter.value, aten.scatter_.src, aten.scatter_.value,
-          aten.scatter.reduce, aten.scatter.value_reduce, aten.scatter_.reduce, aten.scatter_.value_reduce,
-          aten.scatter_add.default, aten.scatter_add_.default, aten.scatter_reduce.two, aten.scatter_reduce_.two)
-def _scatter(func, args, kwargs):
-    """``A[..., index[i], ...] (op)= src[i]`` along ``dim`` at ``index``'s positions: :func:`write` at the
-    coordinates ``_grid(index)`` (scatter_add: sum; ``reduce=``; scatter_reduce with ``include_self``)."""
-    A, dim, index, src = args[0], args[1], args[2], args[3]
-    if not isinstance(A, SparseTensor) or isinstance(index, SparseTensor) or (A._indefinite and A.dense_dim()):
-        return NotImplemented
-    name = func._schema.name.split("::")[1].rstrip("_")
-    reduce = "sum" if name == "scatter_add" else (args[4] if len(args) > 4 else kwargs.get("reduce"))
-    include_self = args[5] if len(args) > 5 else kwargs.get("include_self", True)
-    if A._indefinite and reduce is not None:
-        return NotImplemented
-    if name == "scatter_reduce" and reduce in ("max", "min"):  # (torch's kernel takes them; its meta kernel not)
-        args = (*args[:4], "a" + reduce, *args[5:])
-    dim = _check_dim_index_src(func, A, dim, index, src, args, kwargs)
-    if index.numel() and A.dim() and not bool(((index >= 0) & (index < A.shape[dim])).all()):
-        raise RuntimeError(f"index {int(index.max() if bool((index >= 0).all()) else index.min())} is out of "
-                           f"bounds for dimension {dim} with size {A.shape[dim]}")
-    coords = _grid(index, dim, A.dim())
-    if isinstance(src, torch.Tensor):
-        src = src[tuple(slice(0, n) for n in index.shape)] if src.dim() else src
-    v = _dense_values(src, index.shape, A.dtype, A.device)
-    return _result(func, A, write(A, coords, v, reduce, include_self))
-
-
-@register(aten.index_add.default, aten.index_add_.default, aten.index_copy.default, aten.index_copy_.default,
-          aten.index_fill.int_Scalar, aten.index_fill_.int_Scalar, aten.index_fill.int_Tensor,
-          aten.index_fill_.int_Tensor, aten.index_reduce.default, aten.index_reduce_.default)
-def _index_along(func, args, kwargs):
-    """``index_add/copy/fill/reduce(A, dim, index, src)``: whole slices along ``dim`` at ``index``, i.e.
-    :func:`write` at the coordinates of ``A[(:,) * dim + (index,)]``."""
-    A, dim, index, src = args[0], args[1], args[2], args[3]
-    name = func._schema.name.split("::")[1].rstrip("_")
-    if not isinstance(A, SparseTensor) or isinstance(index, SparseTensor) or \
-            (A._indefinite and name in ("index_add", "index_reduce")):
-        return NotImplemented
-    dim = _check_dim_index_src(func, A, dim, index, src, args, kwargs)
-    if name != "index_fill" and index.numel() and A.dim() and not bool((index >= 0).all()):  # torch's errors
-        msg = f"index {int(index[index < 0].reshape(-1)[0])} is out of bounds for dimension {dim} with size " \
-              f"{A.shape[dim]}"
-        raise RuntimeError(msg) if name == "index_add" else IndexError(
-            f"index_copy_(): {msg}" if name == "index_copy" else "index out of range in self")
-    coords, shape = _coords(A, [None] * dim + [index.reshape(-1)])
-    if name == "index_add":
-        alpha = args[4] if len(args) > 4 else kwargs.get("alpha", 1)
-        v = _dense_values(src, shape, A.dtype, A.device)
-        return _result(func, A, write(A, coords, v * alpha if alpha != 1 else v, "sum"))
-    if name == "index_reduce":
-        reduce = args[4]
-        include_self = args[5] if len(args) > 5 else kwargs.get("include_self", True)
-        return _result(func, A, write(A, coords, _dense_values(src, shape, A.dtype, A.device), reduce, include_self))
-    return _result(func, A, write(A, coords, _dense_values(src, shape, A.dtype, A.device)))
-
-
-@register(aten.gather.default)
-def _gather(func, args, kwargs):
-    """``out[i] = A[..., index[i], ...]`` along ``dim`` (a strided result shaped like ``index``): :func:`read`
-    at the coordinates of ``scatter``."""
-    A, dim, index = args[0], args[1], args[2]
-    if isinstance(index, SparseTensor) or A._indefinite or kwargs.get("sparse_grad", False) or \
-            (len(args) > 3 and args[3]):
-        return NotImplemented
-    func(meta_of(A), dim, index.to("meta"))  # torch's errors
-    dim %= max(A.dim(), 1)
-    if index.numel() and A.dim() and not bool(((index >= 0) & (index < A.shape[dim])).all()):
-        raise RuntimeError(f"index {int(index[(index < 0) | (index >= A.shape[dim])][0])} is out of bounds for "
-                           f"dimension {dim} with size {A.shape[dim]}")
-    return read(A, _grid(index, dim, A.dim())).reshape(index.shape)
 
 
 @register(aten.nonzero.default, aten.argwhere.default)

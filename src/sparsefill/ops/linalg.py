@@ -59,7 +59,7 @@ import warnings
 import torch
 
 from .. import _index
-from .._convert import coalesced_parts, parts_to_sparse
+from .._convert import coalesced_parts, parts_to_sparse, scalar_parts
 from .._tensor import SparseTensor
 from . import shape as _shape
 from .registry import register
@@ -82,9 +82,7 @@ class _Mat:
     @property
     def rows(self):
         if self._rows is None:
-            counts = self.crow[1:] - self.crow[:-1]
-            self._rows = torch.repeat_interleave(torch.arange(counts.numel(), device=self.col.device), counts,
-                                                 output_size=self.col.numel())
+            self._rows = _index.runs_to_ids(self.crow[1:] - self.crow[:-1], self.col.numel())
         return self._rows
 
     def fill_at(self):
@@ -134,12 +132,8 @@ def _mat(A: SparseTensor) -> _Mat | None:
             col, vals = (col + off * k).reshape(-1), vals.reshape(-1)
         return _Mat(nb, m, k, crow, col, vals, fill, finite, A._sf_layout)
     idx, vals = coalesced_parts(A)
-    D = tuple(A._dense_shape)
-    if D:
-        Q = _index.numel(D)
-        q = _index.unravel(torch.arange(Q, device=idx.device), D)
-        idx = torch.cat([idx.repeat_interleave(Q, dim=1), q.repeat(1, idx.shape[1])])
-        vals = vals.reshape(-1)
+    if A.dense_dim():
+        idx, vals = scalar_parts(idx, vals, A._dense_shape)
     if nd == 2:
         rows, col = idx[0], idx[1]
     else:

@@ -30,6 +30,7 @@ from __future__ import annotations
 import torch
 
 from .. import _index
+from .._convert import scalar_parts
 from .._policy import check_specify
 from .._tensor import SparseTensor
 from .registry import register
@@ -91,11 +92,8 @@ def all_sparse(A: SparseTensor) -> SparseTensor:
         return A if A._sf_layout is torch.sparse_coo else _make(A, A.shape, *A._coo_parts(), A._fill, A._coalesced)
     idx, vals = A._coo_parts()
     D, S = tuple(A._dense_shape), tuple(A._sparse_shape)
-    Q = _index.numel(D)
-    q = _index.unravel(torch.arange(Q, device=idx.device), D)
     nse = idx.shape[1]
-    full = torch.cat([idx.repeat_interleave(Q, dim=1), q.repeat(1, nse)])
-    vals = vals.reshape(-1)
+    full, vals = scalar_parts(idx, vals, D)
     if _uniform_fill(A):
         fill = A._fill if A._indefinite else A._fill.reshape(())
         return _make(A, A.shape, full, vals, fill, A._coalesced)
@@ -112,7 +110,7 @@ def all_sparse(A: SparseTensor) -> SparseTensor:
         free[keys] = False
         free = free.nonzero().reshape(-1)
         extra = torch.cat([_index.unravel(free, S).repeat_interleave(diff.numel(), dim=1),
-                           q[:, diff].repeat(1, free.numel())])
+                           _index.unravel(diff, D).repeat(1, free.numel())])
         full, vals = torch.cat([full, extra], 1), torch.cat([vals, f[diff].repeat(free.numel())])
         if A._coalesced:
             order = torch.argsort(_index.linearize(full, A.shape))

@@ -33,7 +33,7 @@ from __future__ import annotations
 import torch
 
 from .. import _index
-from .._convert import coalesced_parts, dense_of, map_inner, parts_to_sparse, rewrap
+from .._convert import coalesced_parts, dense_of, map_inner, parts_to_sparse, rewrap, scalar_parts
 from .._policy import check_densify, check_specify
 from .._tensor import SparseTensor, _version
 from .fallback import assign_, respecify_
@@ -169,13 +169,7 @@ def _decode(keys: torch.Tensor, smap):
 
 def _element_parts(V: SparseTensor):
     """V's stored elements one scalar each: ``(indices over all of V's dims, values (n,))``."""
-    idx, vals = coalesced_parts(V)
-    Dv = tuple(V._dense_shape)
-    Q = _index.numel(Dv)
-    if not Dv:
-        return idx, vals.reshape(-1)
-    q = _index.unravel(torch.arange(Q, device=idx.device), Dv)
-    return torch.cat([idx.repeat_interleave(Q, dim=1), q.repeat(1, idx.shape[1])]), vals.reshape(-1)
+    return scalar_parts(*coalesced_parts(V), V._dense_shape)
 
 
 def _aligned(V: SparseTensor, base: SparseTensor, smap) -> bool:

@@ -29,7 +29,7 @@ import os
 import numpy as np
 import torch
 
-from .. import _reduce
+from .. import _index, _reduce
 
 __all__ = ["set_backend", "backend", "use_backend", "compiled_available", "compiled_for", "segment_sum",
            "segment_extreme", "sort_by_segment", "count_ids", "segment_ids_of"]
@@ -218,8 +218,7 @@ def _raise_bad_rows(rows, m, pos=None):
 
 def segment_ids_of(offsets: torch.Tensor, n: int) -> torch.Tensor:
     """The segment of every position ``k < n`` (int64), from offsets."""
-    S = offsets.numel() - 1
-    return torch.repeat_interleave(torch.arange(S, device=offsets.device), offsets.diff(), output_size=n)
+    return _index.runs_to_ids(offsets.diff(), n)
 
 
 def _count_compiled(ids: torch.Tensor, S: int):
