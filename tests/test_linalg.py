@@ -44,16 +44,23 @@ def make(shape, fill, *, layout=torch.sparse_coo, dense_dim=0, uncoalesced=False
     else:
         f = torch.tensor(fill, dtype=dtype)
     x[~mask] = f
+    return respecified(x, f, layout, dense_dim, g, indefinite=indefinite, uncoalesced=uncoalesced), x
+
+
+def respecified(x, f, layout, dense_dim, g, *, indefinite=False, uncoalesced=False):
+    """``x`` as a SparseTensor with fill ``f`` (indefinite: the same pattern, masked; uncoalesced: every
+    element split in two duplicates, order shuffled)."""
     A = sparsefill.to_sparse(x, fill_value=f, layout=layout, dense_dim=dense_dim)
     if indefinite or uncoalesced:
-        idx, v = A.to_sparse_coo()._indices(), A.to_sparse_coo()._values()
-        if uncoalesced:  # each element split in two duplicates, order shuffled
+        C = A.to_sparse_coo()
+        idx, v = C._indices(), C._values()
+        if uncoalesced:
             perm = torch.randperm(2 * v.shape[0], generator=g)
             idx, v = torch.cat([idx, idx], 1)[:, perm], torch.cat([v - 1, torch.ones_like(v)])[perm]
-        A = sparsefill.sparse_coo_tensor(idx, v, shape, fill_value=sparsefill.indefinite if indefinite else f)
+        A = sparsefill.sparse_coo_tensor(idx, v, x.shape, fill_value=sparsefill.indefinite if indefinite else f)
         if layout is torch.sparse_csr:
             A = A.to_sparse_csr()
-    return A, x
+    return A
 
 
 def close(got, ref):

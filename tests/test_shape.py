@@ -24,6 +24,7 @@ from torch.autograd import gradcheck
 
 import sparsefill
 from sparsefill import SparseTensor
+from test_linalg import respecified
 
 F64 = torch.float64
 NAN, INF = float("nan"), float("inf")
@@ -68,17 +69,7 @@ def make(shape, fill, *, layout=torch.sparse_coo, dense_dim=0, uncoalesced=False
     else:
         f = torch.tensor(fill, dtype=dtype)
     x[~mask] = f
-    A = sparsefill.to_sparse(x, fill_value=f, layout=layout, dense_dim=dense_dim)
-    if indefinite or uncoalesced:
-        C = A.to_sparse_coo()
-        idx, v = C._indices(), C._values()
-        if uncoalesced:  # each element split in two duplicates, order shuffled
-            perm = torch.randperm(2 * v.shape[0], generator=g)
-            idx, v = torch.cat([idx, idx], 1)[:, perm], torch.cat([v - 1, torch.ones_like(v)])[perm]
-        A = sparsefill.sparse_coo_tensor(idx, v, shape, fill_value=sparsefill.indefinite if indefinite else f)
-        if layout is torch.sparse_csr:
-            A = A.to_sparse_csr()
-    return A, x
+    return respecified(x, f, layout, dense_dim, g, indefinite=indefinite, uncoalesced=uncoalesced), x
 
 
 def dense(o, fill=None):
