@@ -158,7 +158,7 @@ def _reduce_compiled(form, op, x, plan, rows, w, *, want_arg=False, scale=None):
     if form == "sorted":
         offs = plan.offsets
         bounds = _split(offs, _threads(int(offs[-1]) * D))
-        fn = nb.kernel("sorted", op, want_arg)
+        fn = nb.kernel("sorted", op, want_arg, nb.fixed_width(op, want_arg, D, xn.itemsize))
         jobs = [(xn, _np(offs), rows_n, w_n, scale_n, out_n, arg_n, bounds[t], bounds[t + 1])
                 for t in range(len(bounds) - 1)]
         bad, bad_id = _run_jobs(fn, jobs)
