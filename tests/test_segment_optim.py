@@ -141,7 +141,7 @@ def test_sparse_grad_equals_dense_grad():
 
 def test_sparse_ftrl_optimizer_runs_and_dense_grad():
     p = torch.nn.Parameter(torch.randn(5, 2, dtype=torch.float64))
-    opt = segment.SparseFtrl([p], alpha=0.1, beta=1.0, lambda1=0.01)
+    opt = segment.SparseFtrl([p], alpha=0.1, beta=1.0, lambda1=0.01, lambda2=0.0)
     p.grad = torch.randn(5, 2, dtype=torch.float64)
     n0, z0 = torch.zeros(5, 2, dtype=torch.float64), torch.zeros(5, 2, dtype=torch.float64)
     ep, _, _ = loop_ftrl(p.detach(), n0, z0, torch.arange(5), p.grad, 0.1, 1.0, 0.01, 0.0)

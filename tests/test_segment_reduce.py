@@ -405,9 +405,11 @@ def _grad_inputs(reducer, seed=0):
     return data, lengths, w
 
 
-@pytest.mark.parametrize("rep", ["lengths", "unsorted_ids", "fused_lengths", "fused_unsorted"])
+@pytest.mark.parametrize("rep", ["lengths", "offsets", "sorted_ids", "unsorted_ids", "fused_lengths", "fused_unsorted"])
 @pytest.mark.parametrize("reducer", REDUCERS)
 def test_gradcheck(backend, reducer, rep):
+    """gradcheck of data and weights in every representation; gradgradcheck of the linear reducers and of
+    logsumexp/logmeanexp (whose backward recomputes the result from the data when differentiated)."""
     data, lengths, w = _grad_inputs(reducer)
     S = lengths.numel()
     ids = torch.repeat_interleave(torch.arange(S), lengths)
@@ -417,6 +419,10 @@ def test_gradcheck(backend, reducer, rep):
         data = data[:5].clone()
     elif rep == "lengths":
         kw["lengths"] = lengths
+    elif rep == "offsets":
+        kw["offsets"] = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
+    elif rep == "sorted_ids":
+        kw.update(segment_ids=ids, num_segments=S)
     else:
         perm = torch.randperm(data.shape[0], generator=torch.Generator().manual_seed(1))
         kw.update(segment_ids=ids[perm], sorted=False, num_segments=S)
@@ -434,7 +440,7 @@ def test_gradcheck(backend, reducer, rep):
     def f(x, w=None):  # empty=0: a constant, finite empty value (the default -inf of logsumexp breaks gradcheck)
         return segment.reduce(x, reducer, weights=w, empty=0.0, **kw)
     assert torch.autograd.gradcheck(f, tuple(inputs))
-    if segment.SEGMENT_REDUCERS[reducer].linear:
+    if segment.SEGMENT_REDUCERS[reducer].kind in ("sum", "lse"):
         assert torch.autograd.gradgradcheck(f, tuple(inputs))
 
 

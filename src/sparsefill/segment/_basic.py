@@ -67,10 +67,14 @@ def scatter_weighted_sum(data: torch.Tensor, weight0, indices, *updates) -> torc
 
         data[r] = weight0 ** d_r * data[r] + sum_k w_k * sum_{i: indices[i] = r} x_k[i]
 
-    (``d_r`` = occurrences of ``r``).  ``updates`` = ``x_1, w_1, x_2, w_2, ...``. Returns ``data``.
+    (``d_r`` = occurrences of ``r``).  ``updates`` = ``x_1, w_1, x_2, w_2, ...``; ``weight0`` and every
+    ``w_k`` are scalars (one element).  Returns ``data``.
     """
     if len(updates) % 2:
         raise ValueError(f"updates must be pairs (x_1, w_1, x_2, w_2, ...), got {len(updates)} arguments")
+    for name, w in [("weight0", weight0), *((f"w_{j + 1}", w) for j, w in enumerate(updates[1::2]))]:
+        if torch.as_tensor(w).numel() != 1:  # Caffe2 enforces one weight per update
+            raise ValueError(f"{name} must be a scalar (one element), got shape {tuple(torch.as_tensor(w).shape)}")
     idx = as_index(indices, "indices", data.device).long()
     xs = updates[0::2]
     ws = updates[1::2]

@@ -15,8 +15,8 @@ __all__ = ["as_index", "check_lengths", "check_offsets", "check_segment_ids", "c
 def as_index(x, name: str, device=None) -> torch.Tensor:
     """``x`` as a 1-D int32/int64 tensor (Python lists become int64); floats and bools are rejected."""
     t = x if isinstance(x, torch.Tensor) else torch.as_tensor(x, dtype=torch.int64, device=device)
-    if t.dtype not in (torch.int32, torch.int64, torch.int16, torch.int8, torch.uint8):
-        raise TypeError(f"{name} must be an integer tensor (int32 or int64), got dtype {t.dtype}")
+    if t.dtype not in (torch.int32, torch.int64):  # (int8/int16/uint8 would wrap in sums and offsets)
+        raise TypeError(f"{name} must be an int32 or int64 tensor, got dtype {t.dtype}")
     if t.dim() != 1:
         raise ValueError(f"{name} must be 1-D, got shape {tuple(t.shape)}")
     if device is not None and t.device != torch.device(device):

@@ -56,6 +56,12 @@ class KeyedJaggedBatch:
             raise ValueError(f"values_lengths has {self.values_lengths.numel()} entries but keys has "
                              f"{self.keys.numel()} (one per (example, key))")
         check_lengths(self.values_lengths, self.values.shape[0] if self.values.dim() else 0, "values_lengths")
+        if self.keys.numel() > 1:  # a key at most once per example (to_dict and to_padded hold one list per key)
+            pairs = torch.stack([_seg_of(self.example_lengths, self.keys.numel()), self.keys], 1)
+            _, inv, cnt = torch.unique(pairs, dim=0, return_inverse=True, return_counts=True)
+            if bool((cnt > 1).any()):
+                e, k = pairs[int((cnt[inv] > 1).nonzero()[0, 0])].tolist()
+                raise ValueError(f"key {k} appears more than once in example {e}")
         if self.weights is not None and self.weights.shape[:1] != self.values.shape[:1]:
             raise ValueError(f"weights must have one entry per value ({self.values.shape[0]}), got shape "
                              f"{tuple(self.weights.shape)}")
@@ -173,9 +179,14 @@ class KeyedJaggedBatch:
     def pooled(self, tables, reducer: str = "sum", *, keys=None, **kw) -> dict[int, torch.Tensor]:
         """Per key, the ids of every example looked up in ``tables[key]`` (or one shared table) and reduced:
         ``out[key][e] = reduce(table[ids of key in example e])``, shape ``(B, D)``; a missing key gives the
-        empty value.  Weighted reducers use the batch's weights.  ``kw`` goes to ``segment.reduce``."""
+        empty value.  Weighted reducers use the batch's weights; ``positional_weighted_sum`` takes ``weights=``
+        (one per place).  ``kw`` goes to ``segment.reduce``."""
         if keys is None:
             keys = list(tables) if isinstance(tables, dict) else sorted(set(self.keys.tolist()))
+        pos_w = kw.pop("weights", None)  # positional_weighted_sum: one weight per place in a segment
+        if (pos_w is not None) != (reducer == "positional_weighted_sum"):
+            raise ValueError("weights= is for positional_weighted_sum only (the weighted reducers use the batch's "
+                             f"weights), got reducer {reducer!r} with weights={'None' if pos_w is None else '...'}")
         ex_of_entry = _seg_of(self.example_lengths, self.keys.numel())
         out = {}
         for k in keys:
@@ -183,7 +194,7 @@ class KeyedJaggedBatch:
             entries = (self.keys == int(k)).nonzero().squeeze(1)
             ids = lengths_gather(self.values, self.values_lengths, entries, validate=False)
             seg = torch.repeat_interleave(ex_of_entry[entries], self.values_lengths[entries], output_size=ids.numel())
-            w = None
+            w = pos_w
             if reducer in ("weighted_sum", "weighted_mean"):
                 if self.weights is None:
                     raise ValueError(f"reducer {reducer!r} needs a batch with weights")

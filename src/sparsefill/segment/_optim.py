@@ -76,19 +76,23 @@ def _rounds(idx):
     return list(torch.split(by_rank, counts))
 
 
+def _check_mode(mode):
+    if mode not in ("sequential", "coalesced"):
+        raise ValueError(f"mode must be 'sequential' or 'coalesced', got {mode!r}")
+
+
 def _apply(idx, grad, mode, update):
     """Run ``update(rows, g)`` (distinct rows) once (coalesced) or round by round (sequential)."""
+    _check_mode(mode)
     if mode == "coalesced":
         rows, g = _coalesce(idx, grad)
         update(rows, g)
-    elif mode == "sequential":
+    else:
         for sel in _rounds(idx):
             if sel is None:
                 update(idx, grad)
             else:
                 update(idx.index_select(0, sel), grad.index_select(0, sel))
-    else:
-        raise ValueError(f"mode must be 'sequential' or 'coalesced', got {mode!r}")
 
 
 @torch.no_grad()
@@ -127,9 +131,10 @@ def rowwise_sparse_adagrad(param, moment, indices, grad, *, lr: float, eps: floa
 
 
 @torch.no_grad()
-def sparse_ftrl(param, n, z, indices, grad, *, alpha: float = 0.01, beta: float = 1e-4, lambda1: float = 0.0,
-                lambda2: float = 0.0, mode: str = "sequential") -> None:
-    """In place FTRL-proximal (Caffe2 ``SparseFtrl``) with per-element states ``n`` and ``z``; see the module."""
+def sparse_ftrl(param, n, z, indices, grad, *, alpha: float = 0.005, beta: float = 1.0, lambda1: float = 0.001,
+                lambda2: float = 0.001, mode: str = "sequential") -> None:
+    """In place FTRL-proximal (Caffe2 ``SparseFtrl``) with per-element states ``n`` and ``z``; see the module.
+    The defaults are Caffe2's (``FtrlParams``)."""
     idx = _check(param, indices, grad, [n, z], ["n", "z"])
     if alpha <= 0:
         raise ValueError(f"alpha must be positive, got {alpha}")
@@ -187,8 +192,7 @@ class SparseAdagrad(_RowOptimizer):
                  rowwise: bool = False, mode: str = "coalesced"):
         if lr <= 0 or eps < 0 or weight_decay < 0:
             raise ValueError(f"invalid hyperparameters: lr={lr}, eps={eps}, weight_decay={weight_decay}")
-        if mode not in ("sequential", "coalesced"):
-            raise ValueError(f"mode must be 'sequential' or 'coalesced', got {mode!r}")
+        _check_mode(mode)
         super().__init__(params, dict(lr=lr, eps=eps, weight_decay=weight_decay, rowwise=rowwise, mode=mode))
 
     def _update(self, p, st, rows, g, group):
@@ -202,8 +206,9 @@ class SparseAdagrad(_RowOptimizer):
 class SparseFtrl(_RowOptimizer):
     """``torch.optim``-style FTRL-proximal for tables with sparse (or dense) gradients (see ``sparse_ftrl``)."""
 
-    def __init__(self, params, alpha: float = 0.01, beta: float = 1e-4, lambda1: float = 0.0, lambda2: float = 0.0,
-                 mode: str = "coalesced"):
+    def __init__(self, params, alpha: float = 0.005, beta: float = 1.0, lambda1: float = 0.001,
+                 lambda2: float = 0.001, mode: str = "coalesced"):
+        _check_mode(mode)
         if alpha <= 0 or beta < 0 or lambda1 < 0 or lambda2 < 0:
             raise ValueError(f"invalid hyperparameters: alpha={alpha}, beta={beta}, lambda1={lambda1}, "
                              f"lambda2={lambda2}")

@@ -124,8 +124,6 @@ def _ids_policy(ids, num_segments, out_of_range):
     """Apply the out-of-range policy; returns (ids, keep) where keep lists the input positions kept (or None)."""
     if out_of_range == "error":
         return ids, None
-    if out_of_range not in ("drop", "clip"):
-        raise ValueError(f"out_of_range must be 'error', 'drop' or 'clip', got {out_of_range!r}")
     hi = num_segments if num_segments is not None else None
     if out_of_range == "clip":
         return ids.clamp(0, (hi - 1) if hi is not None else None), None
@@ -142,6 +140,11 @@ def make_plan(n_rows: int, device, *, lengths=None, offsets=None, segment_ids=No
     """Build the Plan of one call of ``segment.reduce`` (see its docstring for the arguments)."""
     given = [name for name, v in (("lengths", lengths), ("offsets", offsets), ("segment_ids", segment_ids))
              if v is not None]
+    if out_of_range not in ("error", "drop", "clip"):
+        raise ValueError(f"out_of_range must be 'error', 'drop' or 'clip', got {out_of_range!r}")
+    if num_segments is not None and (isinstance(num_segments, bool) or not isinstance(num_segments, int)
+                                     or num_segments < 0):
+        raise ValueError(f"num_segments must be a non-negative int, got {num_segments!r}")
     if len(given) != 1:
         raise ValueError("pass exactly one of lengths=, offsets=, segment_ids= "
                          f"(got {', '.join(given) if given else 'none'})")
@@ -157,7 +160,7 @@ def make_plan(n_rows: int, device, *, lengths=None, offsets=None, segment_ids=No
         lengths = as_index(lengths, "lengths", device)
         if num_segments is not None and num_segments != lengths.numel():
             raise ValueError(f"num_segments = {num_segments} but lengths has {lengths.numel()} entries")
-        check_lengths(lengths, None, validate=validate)
+        check_lengths(lengths, None)  # O(S), always: a negative length would make the kernels read out of range
         offs = torch.empty(lengths.numel() + 1, dtype=torch.int64, device=device)
         offs[0] = 0
         torch.cumsum(lengths, 0, out=offs[1:])
@@ -170,7 +173,7 @@ def make_plan(n_rows: int, device, *, lengths=None, offsets=None, segment_ids=No
         if num_segments is not None and num_segments != offs.numel() - 1:
             raise ValueError(f"num_segments = {num_segments} but offsets has {offs.numel()} entries "
                              f"(num_segments + 1 expected)")
-        check_offsets(offs, n, validate=validate)
+        check_offsets(offs, n)  # O(S), always (as lengths)
         return Plan(offs.numel() - 1, n, offsets=offs, indices=indices)
     ids = as_index(segment_ids, "segment_ids", device)
     check_rows(ids, n, "segment_ids", against)

@@ -237,7 +237,13 @@ def _backward(ctx_red: SegmentReducer, plan: Plan, ties: str, x2, weights, raw, 
                              torch.where(n_zero == 0, nz / torch.where(zero, one, X), 0 * nz))
         gx = G * others
     else:  # lse / logmeanexp: softmax of the segment
-        lse = raw if red.scale != "logmean" else raw + torch.log(plan.counts.to(raw.dtype))[:, None]
+        if torch.is_grad_enabled():  # a double backward: lse as a function of X (the saved result is not)
+            m = _reduce.segment_combine(X.detach(), seg, S, "amax")
+            m = torch.where(torch.isfinite(m), m, torch.zeros((), dtype=m.dtype, device=m.device))
+            lse = torch.log(X.new_zeros((S, X.shape[1])).index_add(0, seg, torch.exp(X - m.index_select(0, seg))))
+            lse = lse + m
+        else:
+            lse = raw if red.scale != "logmean" else raw + torch.log(plan.counts.to(raw.dtype))[:, None]
         L = lse.index_select(0, seg)
         p = torch.exp(X - torch.where(torch.isinf(L) & (L < 0), torch.zeros((), dtype=L.dtype), L))
         gx = G * torch.where(torch.isinf(L) & (L < 0), torch.zeros((), dtype=p.dtype), p)
@@ -249,10 +255,12 @@ class _SegmentReduceFn(torch.autograd.Function):
     def forward(ctx, data, weights, plan, red, ties, empty, want_arg, sparse_grad):
         x2 = _flat(data)
         raw, arg = _forward(x2, weights, plan, red, want_arg or (red.kind == "extreme" and ties == "first"), empty)
-        ctx.save_for_backward(data, weights, raw, arg)
+        raw = _set_empty(raw, plan, empty, red, inplace=True)  # (empty segments have no position to use it)
+        # the backward of max/min/lse reads the result: saved, an in-place change of it then raises there
+        ctx.save_for_backward(data, weights, raw if red.kind in ("extreme", "lse") else None, arg)
         ctx.plan, ctx.red, ctx.ties, ctx.sparse_grad = plan, red, ties, sparse_grad
-        out = _set_empty(raw, plan, empty, red, inplace=False)
-        out = out.reshape(plan.num_segments, *data.shape[1:])
+        # detach: not a view of raw in autograd's eyes, so the caller may modify it in place (as embedding_bag's)
+        out = raw.reshape(plan.num_segments, *data.shape[1:]).detach()
         if arg is None:
             arg = torch.zeros(0, dtype=torch.int64, device=data.device)
         ctx.mark_non_differentiable(arg)
@@ -288,8 +296,9 @@ def reduce(data: torch.Tensor, reducer="sum", *, lengths=None, offsets=None, seg
     ``empty``: the value of an empty segment (default per reducer: see the module docstring).
     ``return_arg`` (max/min): also return the input position of the first extreme (-1 for empty).
     ``out_of_range`` (segment ids): ``"error"`` (default), ``"drop"`` the positions, or ``"clip"``
-    them into ``[0, num_segments)``.  ``validate=False`` skips the O(N) checks of ids and lengths
-    (the result is then unspecified for invalid input; out-of-range rows are still never read).
+    them into ``[0, num_segments)``.  ``validate=False`` skips the O(N) checks of segment ids and
+    indices (the result is then unspecified for invalid input; out-of-range rows are still never
+    read); lengths and offsets (O(S)) are always checked.
     ``sparse_grad`` (with ``indices``): the gradient of ``data`` is a sparse COO tensor holding one
     (row, gradient row) pair per position, uncoalesced -- what ``embedding(sparse=True)`` gives and
     what the sparse optimizers (``segment.SparseAdagrad``, ...) consume.
@@ -342,6 +351,8 @@ def reduce(data: torch.Tensor, reducer="sum", *, lengths=None, offsets=None, seg
                 raise ValueError(f"positional weights have {weights.shape[0]} entries, but the longest segment "
                                  f"has {longest} positions")
     empty = red.empty if empty is None else empty
+    if not data.is_floating_point() and not (math.isfinite(empty) and float(empty).is_integer()):
+        raise ValueError(f"empty={empty!r} cannot be stored in {data.dtype} data")
     want_arg = return_arg
     try:
         if torch.is_grad_enabled() and (data.requires_grad or (weights is not None and weights.requires_grad)):
