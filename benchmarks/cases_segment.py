@@ -106,6 +106,13 @@ def _check_all_close(param, out):
         torch.testing.assert_close(o.reshape(ref.shape), ref, rtol=1e-4, atol=1e-4, msg=lambda m: f"{label}: {m}")
 
 
+def _offsets_of(lengths):
+    """What a caller holding lengths does before ``embedding_bag``: the offsets, every call."""
+    offs = torch.zeros(lengths.numel() + 1, dtype=torch.long)
+    torch.cumsum(lengths, 0, out=offs[1:])
+    return offs
+
+
 def _torch_scatter_peer(fn_name, label):
     ts = optional_import("torch_scatter")
     if ts is None:
@@ -121,7 +128,9 @@ def _sum_family(reducer, b):
     mode = "mean" if reducer == "mean" else "sum"
     impls = [("sparsefill", lambda: segment.reduce(x, reducer, lengths=lengths, weights=w)),
              ("embedding_bag", lambda: F.embedding_bag(ar, x, offsets, mode=mode, per_sample_weights=w,
-                                                       include_last_offset=True))]
+                                                       include_last_offset=True)),
+             ("cumsum + embedding_bag", lambda: F.embedding_bag(ar, x, _offsets_of(lengths), mode=mode,
+                                                                per_sample_weights=w, include_last_offset=True))]
     if w is None:
         impls.append(("segment_reduce", lambda: torch.segment_reduce(x, mode, lengths=lengths, axis=0)))
     if reducer == "mean":
@@ -146,7 +155,9 @@ def _fused(reducer, b):
     mode = "mean" if reducer == "mean" else "sum"
     impls = [("sparsefill", lambda: segment.reduce(table, reducer, lengths=lengths, indices=idx, weights=w)),
              ("embedding_bag", lambda: F.embedding_bag(idx, table, offsets, mode=mode, per_sample_weights=w,
-                                                       include_last_offset=True))]
+                                                       include_last_offset=True)),
+             ("cumsum + embedding_bag", lambda: F.embedding_bag(idx, table, _offsets_of(lengths), mode=mode,
+                                                                per_sample_weights=w, include_last_offset=True))]
     if w is None and mode == "sum":
         impls.append(("index_select + index_add_",
                       lambda: table.new_zeros(S, d).index_add_(0, ids, table.index_select(0, idx))))
