@@ -164,3 +164,43 @@ def test_errors_modify_nothing():
     with pytest.raises(TypeError, match="grad must have the dtype of param"):
         segment.sparse_adagrad(param, moment, idx, grad.float(), lr=0.1)
     assert torch.equal(param, before[0]) and torch.equal(moment, before[1])
+
+
+@pytest.mark.parametrize("mode", ["sequential", "coalesced"])
+@pytest.mark.parametrize("rowwise", [False, True])
+def test_sparse_adagrad_optimizer_with_a_sparse_gradient(rowwise, mode):
+    """The wrapper on an uncoalesced sparse gradient (duplicate rows) equals the functional form on its
+    (indices, rows): Caffe2's loop for "sequential", the summed rows for "coalesced"."""
+    param, idx, grad = _data(5)
+    p = torch.nn.Parameter(param.clone())
+    p.grad = torch.sparse_coo_tensor(idx[None], grad, param.shape, check_invariants=True)
+    opt = segment.SparseAdagrad([p], lr=0.1, eps=1e-5, weight_decay=0.01, rowwise=rowwise, mode=mode)
+    opt.step()
+    moment = torch.zeros(param.shape[0] if rowwise else param.shape, dtype=param.dtype)
+    if mode == "sequential":
+        ep, eh = loop_adagrad(param, moment, idx, grad, 0.1, 1e-5, 0.01, 1.0, rowwise=rowwise)
+    else:
+        rows, inv = torch.unique(idx, return_inverse=True)
+        summed = grad.new_zeros(rows.numel(), grad.shape[1]).index_add_(0, inv, grad)
+        ep, eh = loop_adagrad(param, moment, rows, summed, 0.1, 1e-5, 0.01, 1.0, rowwise=rowwise)
+    assert_close(p.detach(), ep)
+    assert_close(opt.state[p]["moment"], eh)
+
+
+@pytest.mark.parametrize("mode", ["sequential", "coalesced"])
+def test_sparse_ftrl_optimizer_with_a_sparse_gradient(mode):
+    param, idx, grad = _data(6)
+    p = torch.nn.Parameter(param.clone())
+    p.grad = torch.sparse_coo_tensor(idx[None], grad, param.shape, check_invariants=True)
+    opt = segment.SparseFtrl([p], alpha=0.1, beta=1.0, lambda1=0.01, lambda2=0.02, mode=mode)
+    opt.step()
+    zeros = torch.zeros_like(param)
+    if mode == "sequential":
+        ep, en, ez = loop_ftrl(param, zeros, zeros, idx, grad, 0.1, 1.0, 0.01, 0.02)
+    else:
+        rows, inv = torch.unique(idx, return_inverse=True)
+        summed = grad.new_zeros(rows.numel(), grad.shape[1]).index_add_(0, inv, grad)
+        ep, en, ez = loop_ftrl(param, zeros, zeros, rows, summed, 0.1, 1.0, 0.01, 0.02)
+    assert_close(p.detach(), ep)
+    assert_close(opt.state[p]["n"], en)
+    assert_close(opt.state[p]["z"], ez)

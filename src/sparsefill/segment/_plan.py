@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from . import _kernels
-from ._check import as_index, check_indices, check_lengths, check_offsets, check_segment_ids, check_rows
+from ._check import as_index, check_indices, check_offsets, check_segment_ids, check_rows
 
 __all__ = ["Plan", "make_plan"]
 
@@ -160,10 +160,7 @@ def make_plan(n_rows: int, device, *, lengths=None, offsets=None, segment_ids=No
         lengths = as_index(lengths, "lengths", device)
         if num_segments is not None and num_segments != lengths.numel():
             raise ValueError(f"num_segments = {num_segments} but lengths has {lengths.numel()} entries")
-        check_lengths(lengths, None)  # O(S), always: a negative length would make the kernels read out of range
-        offs = torch.empty(lengths.numel() + 1, dtype=torch.int64, device=device)
-        offs[0] = 0
-        torch.cumsum(lengths, 0, out=offs[1:])
+        offs = _kernels.offsets_of(lengths)  # (checked always: a negative length would make the kernels misread)
         if int(offs[-1]) != n:
             raise ValueError(f"lengths sum to {int(offs[-1])}, but there are {n} "
                              f"{'indices' if indices is not None else 'rows of data along dim 0'}")
