@@ -296,7 +296,7 @@ def reduce(data: torch.Tensor, reducer="sum", *, lengths=None, offsets=None, seg
     ``empty``: the value of an empty segment (default per reducer: see the module docstring).
     ``return_arg`` (max/min): also return the input position of the first extreme (-1 for empty).
     ``out_of_range`` (segment ids): ``"error"`` (default), ``"drop"`` the positions, or ``"clip"``
-    them into ``[0, num_segments)``.  ``validate=False`` skips the O(N) checks of segment ids and
+    them into ``[0, num_segments)``; an entry of ``indices`` out of range always raises.  ``validate=False`` skips the O(N) checks of segment ids and
     indices (the result is then unspecified for invalid input; out-of-range rows are still never
     read); lengths and offsets (O(S)) are always checked.
     ``sparse_grad`` (with ``indices``): the gradient of ``data`` is a sparse COO tensor holding one

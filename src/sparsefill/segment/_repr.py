@@ -131,7 +131,8 @@ def lengths_to_ranges(lengths, *, validate: bool = True) -> torch.Tensor:
 def segment_ids_to_ranges(segment_ids, num_segments: int | None = None, *, validate: bool = True) -> torch.Tensor:
     """``ranges[s] = (first row of segment s, its length)`` for sorted ids (Caffe2 ``SegmentIdsToRanges``).
 
-    An empty segment (a gap) starts where the next one does.
+    An empty segment (a gap) starts where the next one does; trailing empty segments (``num_segments``
+    past the last id, which Caffe2's op has no argument for) start at ``N``.
 
     >>> segment_ids_to_ranges(torch.tensor([0, 0, 2]))
     tensor([[0, 2],
