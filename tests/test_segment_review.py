@@ -3,10 +3,12 @@ the review found, with the behaviour torch / Caffe2 give."""
 
 import inspect
 
+import numpy as np
 import pytest
 import torch
 from torch.testing import assert_close
 
+import sparsefill
 from sparsefill import segment
 
 
@@ -49,7 +51,7 @@ def test_small_integer_index_dtypes_are_rejected():
 
 def test_int32_offsets_past_the_int32_range_raise():
     big = torch.tensor([2 ** 30, 2 ** 30], dtype=torch.int32)
-    with pytest.raises(ValueError, match="int32 lengths sum to 2147483648"):
+    with pytest.raises(ValueError, match="int32 lengths give an offset of 2147483648, past the int32 range"):
         segment.lengths_to_offsets(big)
     assert segment.lengths_to_offsets(big.long()).tolist() == [0, 2 ** 30, 2 ** 31]
     assert segment.lengths_to_offsets(torch.tensor([3, 4], dtype=torch.int32)).dtype == torch.int32
@@ -87,7 +89,7 @@ def test_pooled_positional_weighted_sum():
     assert out.tolist() == [[0 + 10 * 4, 1 + 10 * 5], [6 + 10 * 2 + 100 * 2, 7 + 10 * 3 + 100 * 3]]
     with pytest.raises(ValueError, match="weights= is for positional_weighted_sum only"):
         kj.pooled({1: table}, "sum", weights=pw)
-    with pytest.raises(ValueError, match="weights= is for positional_weighted_sum only"):
+    with pytest.raises(ValueError, match="reducer 'positional_weighted_sum' needs weights="):
         kj.pooled({1: table}, "positional_weighted_sum")
 
 
@@ -100,11 +102,53 @@ def test_arguments_checked_on_every_path():
         segment.reduce(x, "sum", segment_ids=torch.tensor([0, 0, 1, 1]), sorted=False, num_segments=-1)
     with pytest.raises(ValueError, match="mode must be 'sequential' or 'coalesced', got 'bogus'"):
         segment.SparseFtrl([torch.nn.Parameter(torch.ones(2))], mode="bogus")
+    ids = torch.tensor([0, 0, 1, 1])
+    for n in (np.int64(3), torch.tensor(3)):  # numpy integers and 0-d integer tensors count as ints
+        for sorted_ in (True, False):
+            assert segment.reduce(x, "sum", segment_ids=ids, sorted=sorted_, num_segments=n).shape == (3, 2)
     xi = torch.tensor([[1], [2], [3], [4]])
+    with pytest.raises(ValueError, match="empty=1000 cannot be stored in torch.int8 data"):
+        segment.reduce(xi.to(torch.int8), "max", lengths=torch.tensor([4, 0]), empty=1000)
     for empty in (float("-inf"), float("nan"), 0.5):
         with pytest.raises(ValueError, match=rf"empty={empty} cannot be stored in torch.int64 data"):
             segment.reduce(xi, "max", lengths=torch.tensor([4, 0]), empty=empty)
     assert segment.reduce(xi, "max", lengths=torch.tensor([4, 0]), empty=-7).tolist() == [[4], [-7]]
+
+
+def test_lengths_whose_sum_overflows_raise():
+    """(They wrapped to a small total: the compiled kernels then looped ~2**62 times.)"""
+    L = torch.tensor([2 ** 62, 2 ** 62, 2 ** 62, 2 ** 62 + 5])
+    for backend in ("auto", "torch"):
+        with segment.use_backend(backend):
+            for D in (1, 4):
+                with pytest.raises(ValueError, match=r"lengths overflow int64: .* at lengths\[1\]"):
+                    segment.reduce(torch.randn(5, D), "max", lengths=L)
+
+
+def test_int32_offsets_check_only_what_is_returned():
+    L = torch.tensor([2 ** 31 - 1, 1], dtype=torch.int32)
+    assert segment.lengths_to_offsets(L, include_last=False).tolist() == [0, 2 ** 31 - 1]
+    assert segment.lengths_to_ranges(L).tolist() == [[0, 2 ** 31 - 1], [2 ** 31 - 1, 1]]
+    with pytest.raises(ValueError, match="past the int32 range"):
+        segment.lengths_to_offsets(L)
+
+
+@pytest.mark.parametrize("reducer", ["sum", "mean", "max", "min"])
+def test_csr_row_reduce_keeps_autograd(reducer):
+    """Rows of a CSR SparseTensor reduced through segment.reduce: values and gradient as on the dense matrix
+    (the compiled one-column path had dropped the gradient)."""
+    v = torch.tensor([5.0, -1.0, 3.0, 2.5], dtype=torch.float64, requires_grad=True)
+    A = sparsefill.sparse_csr_tensor([0, 2, 3, 3, 4], [0, 3, 1, 2], v, (4, 4), fill_value=2.0)
+    out = segment.csr_row_reduce(A, reducer)
+    v2 = v.detach().clone().requires_grad_()
+    dense = torch.full((4, 4), 2.0, dtype=torch.float64).index_put((torch.tensor([0, 0, 1, 3]),
+                                                                     torch.tensor([0, 3, 1, 2])), v2)
+    ref = {"sum": dense.sum(1), "mean": dense.mean(1), "max": dense.amax(1), "min": dense.amin(1)}[reducer]
+    assert_close(out, ref)
+    w = torch.tensor([1.0, -2.0, 0.5, 3.0], dtype=torch.float64)
+    (out * w).sum().backward()
+    (ref * w).sum().backward()
+    assert_close(v.grad, v2.grad)
 
 
 def test_lengths_and_offsets_are_checked_even_without_validation():

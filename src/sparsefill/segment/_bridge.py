@@ -103,7 +103,7 @@ def csr_row_reduce(A, reducer: str = "sum") -> torch.Tensor:
     (tensor([8., 8.]), tensor([-1.,  2.]))
     """
     from ._plan import Plan
-    from . import _kernels
+    from ._reduce_ops import reduce
     if getattr(A, "sparse_layout", None) != torch.sparse_csr or A.crow_indices().dim() != 1:
         raise TypeError("csr_row_reduce needs a 2-D sparsefill SparseTensor in the CSR layout (no batch dims)")
     if reducer not in _ROW_REDUCERS:
@@ -116,15 +116,11 @@ def csr_row_reduce(A, reducer: str = "sum") -> torch.Tensor:
     fill = None if A.is_fill_indefinite() else A.fill_value()
     x2 = vals.reshape(vals.shape[0], -1)
     plan = Plan(S, vals.shape[0], offsets=crow.long())
-    if red.name in ("sum", "mean") and x2.is_floating_point():
-        acc = _kernels.segment_sum(x2, plan)
-    elif red.name in ("amax", "amin") and x2.is_floating_point():
-        acc, _ = _kernels.segment_extreme(x2, plan, largest=red.name == "amax", want_arg=False)
-        acc = torch.where((nse > 0)[:, None], acc, torch.full_like(acc, red.identity(acc.dtype)))
+    if red.name in ("sum", "mean", "amax", "amin") and x2.is_floating_point():  # segment.reduce: its autograd
+        name = {"sum": "sum", "mean": "sum", "amax": "max", "amin": "min"}[red.name]
+        acc = reduce(x2, name, offsets=plan.offsets, empty=red.identity(x2.dtype))
     else:  # prod, logsumexp, integers: the protocol end to end
-        seg = plan.seg
-        out = red(vals, seg, S, fill=fill, n_fill=n_fill if fill is not None else None)
-        return out
+        return red(vals, plan.seg, S, fill=fill, n_fill=n_fill if fill is not None else None)
     acc = acc.reshape(S, *vals.shape[1:])
     count = nse
     if fill is not None:

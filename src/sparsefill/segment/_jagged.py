@@ -184,9 +184,11 @@ class KeyedJaggedBatch:
         if keys is None:
             keys = list(tables) if isinstance(tables, dict) else sorted(set(self.keys.tolist()))
         pos_w = kw.pop("weights", None)  # positional_weighted_sum: one weight per place in a segment
-        if (pos_w is not None) != (reducer == "positional_weighted_sum"):
-            raise ValueError("weights= is for positional_weighted_sum only (the weighted reducers use the batch's "
-                             f"weights), got reducer {reducer!r} with weights={'None' if pos_w is None else '...'}")
+        if reducer == "positional_weighted_sum" and pos_w is None:
+            raise ValueError("reducer 'positional_weighted_sum' needs weights= (one per place in a segment)")
+        if reducer != "positional_weighted_sum" and pos_w is not None:
+            raise ValueError(f"weights= is for positional_weighted_sum only (the weighted reducers use the batch's "
+                             f"weights), got reducer {reducer!r}")
         ex_of_entry = _seg_of(self.example_lengths, self.keys.numel())
         out = {}
         for k in keys:

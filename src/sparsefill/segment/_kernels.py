@@ -222,13 +222,17 @@ def offsets_of(lengths: torch.Tensor) -> torch.Tensor:
     lengths are not in cache)."""
     offs = torch.empty(lengths.numel() + 1, dtype=torch.int64, device=lengths.device)
     if compiled_for(lengths.device):
-        neg = int(_nb().offsets_of(_np(lengths), _np(offs)))
+        neg, over = (int(v) for v in _nb().offsets_of(_np(lengths), _np(offs)))
     else:
         neg = int((lengths < 0).nonzero()[0, 0]) if lengths.numel() and int(lengths.min()) < 0 else -1
         offs[0] = 0
         torch.cumsum(lengths, 0, out=offs[1:])
+        dec = offs[1:] < offs[:-1]  # (non-negative lengths: a decrease is an overflow; no diff, it wraps too)
+        over = int(dec.nonzero()[0, 0]) if neg < 0 and bool(dec.any()) else -1
     if neg >= 0:
         raise ValueError(f"lengths must be non-negative, got lengths[{neg}] = {int(lengths[neg])}")
+    if over >= 0:
+        raise ValueError(f"lengths overflow int64: their running sum passes 2**63 - 1 at lengths[{over}]")
     return offs
 
 

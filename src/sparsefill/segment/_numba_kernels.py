@@ -49,6 +49,7 @@ OPS = ("sum", "wsum", "mean", "max", "min")
 _AHEAD = 16  # positions
 _L2_BYTES = 1 << 20
 _PAIR_BYTES = 384  # the longest row (bytes) that max/min read in pairs
+_INT64_MAX = (1 << 63) - 1
 
 
 if numba is not None:
@@ -301,18 +302,21 @@ if numba is not None:
     # ------------------------------------------------------------------------------- ids
     @njit(nogil=True, cache=True)
     def offsets_of(lengths, offs):  # pragma: no cover - compiled
-        """``offs[s] = lengths[:s].sum()`` (``S + 1`` entries) in one pass; returns the first ``s`` with
-        ``lengths[s] < 0``, or -1."""
+        """``offs[s] = lengths[:s].sum()`` (``S + 1`` entries) in one pass; returns ``(first s with
+        lengths[s] < 0, first s where the int64 sum overflows)``, each -1 if none."""
         offs[0] = 0
         acc = 0
         neg = -1
+        over = -1
         for s in range(lengths.shape[0]):
             v = lengths[s]
             if v < 0 and neg < 0:
                 neg = s
+            if v > 0 and acc >= 0 and v > _INT64_MAX - acc and over < 0:  # (tested before adding: no wrap relied on)
+                over = s
             acc += v
             offs[s + 1] = acc
-        return neg
+        return neg, over
 
     @njit(nogil=True, cache=True)
     def count_ids(ids, counts, lo, hi):  # pragma: no cover - compiled

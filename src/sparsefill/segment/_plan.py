@@ -16,6 +16,8 @@ in max/min resolve to the earliest input position either way.
 
 from __future__ import annotations
 
+import operator
+
 import numpy as np
 import torch
 
@@ -135,6 +137,19 @@ def _ids_policy(ids, num_segments, out_of_range):
     return ids[keep], keep.nonzero().squeeze(1)
 
 
+def _count_arg(v, name: str) -> int:
+    """``v`` as a non-negative Python int (ints, numpy integers, 0-d integer tensors; not bools)."""
+    try:
+        if isinstance(v, bool) or (isinstance(v, torch.Tensor) and v.dtype == torch.bool):
+            raise TypeError
+        n = operator.index(v)
+    except TypeError:
+        raise ValueError(f"{name} must be a non-negative int, got {v!r}") from None
+    if n < 0:
+        raise ValueError(f"{name} must be a non-negative int, got {n}")
+    return n
+
+
 def make_plan(n_rows: int, device, *, lengths=None, offsets=None, segment_ids=None, num_segments=None,
               sorted=True, indices=None, validate=True, out_of_range="error") -> Plan:
     """Build the Plan of one call of ``segment.reduce`` (see its docstring for the arguments)."""
@@ -142,9 +157,8 @@ def make_plan(n_rows: int, device, *, lengths=None, offsets=None, segment_ids=No
              if v is not None]
     if out_of_range not in ("error", "drop", "clip"):
         raise ValueError(f"out_of_range must be 'error', 'drop' or 'clip', got {out_of_range!r}")
-    if num_segments is not None and (isinstance(num_segments, bool) or not isinstance(num_segments, int)
-                                     or num_segments < 0):
-        raise ValueError(f"num_segments must be a non-negative int, got {num_segments!r}")
+    if num_segments is not None:
+        num_segments = _count_arg(num_segments, "num_segments")
     if len(given) != 1:
         raise ValueError("pass exactly one of lengths=, offsets=, segment_ids= "
                          f"(got {', '.join(given) if given else 'none'})")

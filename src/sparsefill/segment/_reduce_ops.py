@@ -351,7 +351,8 @@ def reduce(data: torch.Tensor, reducer="sum", *, lengths=None, offsets=None, seg
                 raise ValueError(f"positional weights have {weights.shape[0]} entries, but the longest segment "
                                  f"has {longest} positions")
     empty = red.empty if empty is None else empty
-    if not data.is_floating_point() and not (math.isfinite(empty) and float(empty).is_integer()):
+    if not data.is_floating_point() and not (math.isfinite(empty) and float(empty).is_integer()
+                                             and torch.iinfo(data.dtype).min <= empty <= torch.iinfo(data.dtype).max):
         raise ValueError(f"empty={empty!r} cannot be stored in {data.dtype} data")
     want_arg = return_arg
     try:

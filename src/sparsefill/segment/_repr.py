@@ -83,11 +83,11 @@ def lengths_to_offsets(lengths, *, include_last: bool = True, validate: bool = T
     check_lengths(lengths, None, validate=validate)
     out = torch.zeros(lengths.numel() + 1, dtype=torch.int64, device=lengths.device)
     torch.cumsum(lengths, 0, out=out[1:])
-    if lengths.dtype == torch.int32 and lengths.numel() and int(out[-1]) > torch.iinfo(torch.int32).max:
-        raise ValueError(f"int32 lengths sum to {int(out[-1])}, past the int32 range of their offsets; "
+    out = out if include_last else out[:-1]
+    if lengths.dtype == torch.int32 and out.numel() and int(out[-1]) > torch.iinfo(torch.int32).max:
+        raise ValueError(f"int32 lengths give an offset of {int(out[-1])}, past the int32 range; "
                          "pass int64 lengths")
-    out = out.to(lengths.dtype)
-    return out if include_last else out[:-1]
+    return out.to(lengths.dtype)
 
 
 def offsets_to_lengths(offsets, total: int | None = None, *, validate: bool = True) -> torch.Tensor:
