@@ -133,6 +133,25 @@ def test_median_along_a_dim(variant, fn):
                 assert torch.equal(oi[rv.isnan()], ri[rv.isnan()])
 
 
+@pytest.mark.parametrize("fill", [5.0, -0.0, float("inf"), float("nan")])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_csr_row_sum_fast_path(fill, dtype):
+    """A.sum(1) of a 2-D CSR matrix with mostly non-empty rows (one mv and one addcmul; a non-finite fill
+    adds nothing to a full row), against the dense sum, with gradients of values and fill."""
+    g = torch.Generator().manual_seed(3)
+    m = torch.rand(6, 5, generator=g) < 0.6
+    m[1] = True  # a full row: no fill copy
+    d = torch.randn(6, 5, generator=g, dtype=torch.float64).to(dtype)
+    x = torch.where(m, d, torch.tensor(fill, dtype=dtype))
+    A = sparsefill.to_sparse(x, fill_value=fill, layout=torch.sparse_csr)
+    torch.testing.assert_close(A.sum(1).to_dense(), x.sum(1), equal_nan=True)
+    if dtype == torch.float64 and fill == 5.0:
+        crow, col, vals = A.crow_indices(), A.col_indices(), A.values()
+        torch.autograd.gradcheck(lambda v, f: sparsefill.sparse_csr_tensor(crow, col, v, (6, 5), fill_value=f)
+                                 .sum(1).to_dense(), (vals.clone().requires_grad_(),
+                                                      torch.tensor(fill, dtype=dtype, requires_grad=True)))
+
+
 @pytest.mark.parametrize("fill", [5.0, float("nan"), None])
 def test_csr_row_reductions_keep_empty_rows_right(fill):
     """The CSR row path (native mv for sums): empty rows fold the fill, or stay unspecified for an indefinite
