@@ -149,7 +149,8 @@ def _same_each(a, b):
 def _normalization(name, input, mask, dim, per_element, c_out, e_out, cast, dense_op, zero_absorbs=False,
                    scan=None):
     """``per_element(sl, v, seg, F, n, F0, n0) -> (out values (nv,), fill outputs (nseg, Pr), (Pk, Pr),
-    masked-out value (nseg,))`` for the masked-in elements; masked-out ones read that value (usually
+    masked-out value (nseg,))`` for the masked-in elements (``F0 = n0 = None``: the ``(Pk, Pr)`` outputs of
+    the unspecified rows are not needed, return None there); masked-out ones read that value (usually
     ``c_out``; e.g. NaN where the slice's normalizer is NaN) in a slice with a masked-in element, ``e_out``
     in a fully masked-out slice.  A slice whose masked-out value is neither ``c_out`` nor the result's
     fill gets its unspecified elements stored (rare: a NaN normalizer) and the slice is computed again.
@@ -178,7 +179,8 @@ def _normalization(name, input, mask, dim, per_element, c_out, e_out, cast, dens
             g = torch.where(n > 0, F, ident)
         else:
             v, seg, lengths = sl.masked_in(u)
-            out_v, g, g0, mo = per_element(sl, v, seg, F, n, F0, n0, lengths)
+            # (the fill classes of the unspecified rows matter only for a masked-in fill)
+            out_v, g, g0, mo = per_element(sl, v, seg, F, n, *((F0, n0) if X.mfill else (None, None)), lengths)
             has = _has_in(sl, seg, n)
             if check and sl.red_s and not X.mfill and not X.A._indefinite:
                 c, fo = (torch.full((), x, dtype=mo.dtype, device=mo.device) for x in (c_out, fill_out))
@@ -244,9 +246,9 @@ def _softmax_parts(sign, log):
 
     def per_element(sl, v, seg, F, n, F0, n0, lengths=None):
         if sign < 0:
-            v, F, F0 = -v, -F, -F0
+            v, F, F0 = -v, -F, (None if F0 is None else -F0)
         ov, g, mo = stats(v, seg, sl.nseg, F, n, lengths)
-        _, g0, _ = stats(v[:0], seg[:0], sl.Pk, F0, n0)
+        g0 = None if F0 is None else stats(v[:0], seg[:0], sl.Pk, F0, n0)[1]
         return ov, g, g0, mo
     return per_element
 
@@ -318,8 +320,9 @@ def normalize(input, ord, dim, *, eps=1e-12, dtype=None, mask=None):
     def per_element(sl, v, seg, F, n, F0, n0, lengths=None):
         size = {"size": sl.N_r * sl.Pr} if getattr(kernel, "wants_size", False) else {}
         d = kernel(v, seg, sl.nseg, fill=F, n_fill=n, lengths=lengths, **size).clamp_min(eps)
-        d0 = kernel(v[:0], seg[:0], sl.Pk, fill=F0, n_fill=n0, **size).clamp_min(eps)
-        return v / gather_seg(d, seg, lengths, v.shape[0]), F / d[:, None], F0 / d0[:, None], 0.0 / d.detach()
+        g0 = None if F0 is None else \
+            F0 / kernel(v[:0], seg[:0], sl.Pk, fill=F0, n_fill=n0, **size).clamp_min(eps)[:, None]
+        return v / gather_seg(d, seg, lengths, v.shape[0]), F / d[:, None], g0, 0.0 / d.detach()
 
     def dense_op(x, m):
         return torch.masked.normalize(x, ord, dim, eps=eps, dtype=dtype, mask=m)
