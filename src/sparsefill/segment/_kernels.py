@@ -6,7 +6,8 @@ For a :class:`~._plan.Plan` (segments of input positions; ``x_p`` = row ``rows[p
     segment_extreme(x, plan)[s]     = max_{p in s} x_p  (or min), arg[s] = the first input position of it
 
 Sums over sorted segments run on ``embedding_bag`` (its CPU kernel is fbgemm's; on GPU CUDA's) with
-``include_last_offset`` (one column read in order: the compiled kernel instead, 1.6x faster there).  Max/min, and every reduction over *unsorted* ids, run on the compiled
+``include_last_offset`` (one column read in order: the compiled kernel instead, 1.6x faster there).
+Max/min, and every reduction over *unsorted* ids, run on the compiled
 kernels of ``_numba_kernels`` for float32/float64 CPU tensors when numba imports (``pip install
 sparsefill[segment]``): unsorted ids are reduced in place by scatter kernels, with no sort.
 ``set_backend("torch")`` (or no numba, or another device) gives the torch path: ``embedding_bag``,
@@ -321,7 +322,8 @@ def segment_sum(x: torch.Tensor, plan, w: torch.Tensor | None = None, *, mode: s
     if x.shape[1] == 1 and plan.rows is None and _compiled(x):
         # one column read in order: the compiled kernel, 1.6x faster than embedding_bag (not so for a gather)
         op = "wsum" if w_seg is not None else ("mean" if mode == "mean" else "sum")
-        out, _ = _reduce_compiled("sorted", op, x, plan, None, _contig(w_seg), scale=plan.counts if op == "mean" else None)
+        out, _ = _reduce_compiled("sorted", op, x, plan, None, _contig(w_seg),
+                                  scale=plan.counts if op == "mean" else None)
         return out.div_(plan.counts.clamp_min(1)[:, None]) if (mode == "mean" and op != "mean") else out
     if x.is_floating_point() and not x.is_complex():
         rows = plan.rows
