@@ -613,10 +613,17 @@ def test_threaded_kernels(backend, threads, shape, monkeypatch):
         torch.set_num_threads(saved)
 
 
-def test_without_numba_the_torch_path_runs():
-    """numba is an optional extra: with it absent, the package imports and every reducer runs on torch ops."""
+def _run_python(code: str) -> str:
+    """Run ``code`` in a fresh interpreter; its stdout (stripped), after checking it exited cleanly."""
     import subprocess
     import sys
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    return res.stdout.strip()
+
+
+def test_without_numba_the_torch_path_runs():
+    """numba is an optional extra: with it absent, the package imports and every reducer runs on torch ops."""
     code = (
         "import sys; sys.modules['numba'] = None\n"
         "import torch, sparsefill\n"
@@ -626,17 +633,13 @@ def test_without_numba_the_torch_path_runs():
         "assert segment.reduce(x, 'max', segment_ids=ids, sorted=False).tolist() == [[3., 2.], [1., 7.]]\n"
         "assert segment.reduce(x, 'sum', lengths=torch.tensor([2, 1])).tolist() == [[4., 7.], [0., 7.]]\n"
         "print('ok')\n")
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr
+    assert _run_python(code) == "ok"
 
 
+@pytest.mark.skipif(not segment.compiled_available(), reason="needs numba (the compiled backend)")  # reported by -rs
 def test_compiled_kernels_keep_torch_thread_count():
     """numba's OpenMP layer shares libgomp with torch and sets the process-wide thread count when it
     starts (the first parallel call in a process): torch.get_num_threads() must not change."""
-    import subprocess
-    import sys
-    if not segment.compiled_available():
-        pytest.skip("numba not installed")
     code = (
         "import torch; torch.set_num_threads(1)\n"
         "from sparsefill import segment\n"
@@ -644,17 +647,13 @@ def test_compiled_kernels_keep_torch_thread_count():
         "segment.reduce(x, 'sum', segment_ids=ids, num_segments=5, sorted=False)\n"
         "segment.reduce(x, 'max', lengths=torch.tensor([20, 30]))\n"
         "print(torch.get_num_threads())\n")
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert res.returncode == 0, res.stderr
-    assert res.stdout.strip() == "1"
+    assert _run_python(code) == "1"
 
 
 @pytest.mark.skipif(not segment.compiled_available() or not hasattr(__import__("os"), "fork"),
                     reason="needs numba (the compiled backend) and os.fork")  # reported by -rs
 def test_threaded_kernels_after_fork():
     """A forked child (e.g. a data-loader worker) gets its own worker threads: no wait on the parent's."""
-    import subprocess
-    import sys
     code = (
         "import os, torch\n"
         "from sparsefill import segment\n"
@@ -667,5 +666,4 @@ def test_threaded_kernels_after_fork():
         "    b = segment.reduce(x, 'max', segment_ids=ids, num_segments=5, sorted=False)\n"
         "    os._exit(0 if torch.equal(b, torch.stack([x[ids == s].amax(0) for s in range(5)])) else 3)\n"
         "print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))\n")
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert res.returncode == 0 and res.stdout.strip() == "0", res.stderr
+    assert _run_python(code) == "0"

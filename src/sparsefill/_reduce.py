@@ -128,6 +128,9 @@ def _fold_sum(acc, f, n):
     if _table(n, acc):
         f = torch.as_tensor(f, dtype=acc.dtype, device=acc.device).expand(n.shape)
         return acc + times(f, n, f).sum(-1)
+    f = torch.as_tensor(f, dtype=acc.dtype, device=acc.device)
+    if f.dim() == 0 and bool(torch.isfinite(f)):  # no 0 * inf to guard where n = 0: one fused op
+        return torch.addcmul(acc, _bcast(n, acc).to(acc.dtype), f)
     return acc + times(f, n, acc)
 
 

@@ -22,7 +22,7 @@ import torch
 
 from .. import _index
 from .._convert import coalesced_parts, dense_of, parts_to_sparse
-from .._reduce import Norm, REDUCERS, _fold_sum, first_gap, group_slices, segment_arg, segment_combine, segment_counts
+from .._reduce import Norm, REDUCERS, first_gap, group_slices, segment_arg, segment_combine, segment_counts
 from .._tensor import SparseTensor
 from .fallback import check_dtype, meta_call, meta_of
 from .shape import all_sparse
@@ -95,14 +95,6 @@ def reduce_dims(A: SparseTensor, name: str, dims, keepdim: bool, out_meta: torch
         return res.reshape(out_meta.shape).to(out_meta.dtype)
     seg, out_idx, n_fill = rows if rows is not None else group_slices(idx, A._sparse_shape, sp)
     S = out_idx.shape[1]
-    if rows is not None and name == "sum" and fill is not None and fill.dim() == 0 and not keepdim \
-            and S == A.shape[0] and vals.dim() == 1 and vals.dtype in (torch.float32, torch.float64):
-        # the plain row sum of a CSR matrix, every row: sums + fill * n_unspecified (a finite fill: one addcmul;
-        # else n = 0 must add nothing, not 0 * inf)
-        sums = _csr_row_sums(A)
-        out_vals = torch.addcmul(sums, n_fill.to(sums.dtype), fill) if bool(torch.isfinite(fill)) else \
-            _fold_sum(sums, fill, n_fill)
-        return _finish(A, out_idx, out_vals, fill * N if N else torch.zeros_like(fill), out_meta, torch.sparse_coo)
     kw = {} if fill is None else dict(fill=fill, n_fill=n_fill)
     if max(kept) < min(sp):  # the slices are contiguous runs of the (coalesced) stored elements
         kw["lengths"] = N - n_fill

@@ -366,11 +366,7 @@ def segment_extreme(x: torch.Tensor, plan, *, largest: bool, want_arg: bool = Tr
     return _fill_empty(best, plan, empty), arg
 
 
+
 def _fill_empty(out: torch.Tensor, plan, value) -> torch.Tensor:
-    """``out`` with the rows of the empty segments (zero count) set to ``value`` in place (None: as is)."""
-    if value is None or out.numel() == 0:
-        return out
-    counts = plan.counts
-    empty = torch.from_numpy(np.flatnonzero(counts.numpy() == 0)) if counts.device.type == "cpu" else \
-        (counts == 0).nonzero().squeeze(1)  # (numpy on the CPU: serial, see _check.cpu_min)
-    return out.index_fill_(0, empty, value) if empty.numel() else out
+    """``out`` with the rows of the empty segments set to ``value`` in place (None: as is)."""
+    return out if value is None or out.numel() == 0 else plan.fill_empty_(out, value)

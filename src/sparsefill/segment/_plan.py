@@ -109,6 +109,13 @@ class Plan:
                 self._counts = _kernels.count_ids(self.ids, self.num_segments)
         return self._counts
 
+    def fill_empty_(self, out: torch.Tensor, value) -> torch.Tensor:
+        """``out`` (rows = segments) with the rows of the empty segments set to ``value``, in place."""
+        counts = self.counts
+        empty = torch.from_numpy(np.flatnonzero(counts.numpy() == 0)) if counts.device.type == "cpu" else \
+            (counts == 0).nonzero().squeeze(1)  # (numpy on the CPU: serial, see _check.cpu_min)
+        return out.index_fill_(0, empty, value) if empty.numel() else out
+
     def to_segment_order(self, t: torch.Tensor | None) -> torch.Tensor | None:
         """A per-input-position tensor permuted into segment order."""
         if t is None or self.order is None:

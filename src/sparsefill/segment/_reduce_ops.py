@@ -31,7 +31,6 @@ from __future__ import annotations
 import dataclasses
 import math
 
-import numpy as np
 import torch
 
 from .. import _reduce
@@ -132,15 +131,18 @@ def _forward(x2: torch.Tensor, weights, plan: Plan, red: SegmentReducer, want_ar
         return _kernels.segment_extreme(x2, plan, largest=red.largest, want_arg=want_arg, empty=empty)
     if red.kind == "prod":
         return red.base(_positions(plan, x2), plan.seg, S), None
-    # lse: m + log(sum exp(x - m)) with m the segment max (0 where not finite)
-    counts = plan.counts[:, None]
-    m, _ = _kernels.segment_extreme(x2, plan, largest=True, want_arg=False)
-    m = torch.where(torch.isfinite(m) & (counts > 0), m, torch.zeros((), dtype=m.dtype, device=m.device))
-    e = torch.exp(_positions(plan, x2) - m.index_select(0, plan.seg))
-    out = torch.log(_reduce.segment_combine(e, plan.seg, S, "sum")) + m
+    m, _ = _kernels.segment_extreme(x2, plan, largest=True, want_arg=False)  # (empty segments: any m, log 0)
+    out = _lse(_positions(plan, x2), plan.seg, S, m)
     if red.scale == "logmean":
-        out = out - torch.log(counts.to(out.dtype))
+        out = out - torch.log(plan.counts[:, None].to(out.dtype))
     return out, None
+
+
+def _lse(X: torch.Tensor, seg: torch.Tensor, S: int, m: torch.Tensor) -> torch.Tensor:
+    """``lse[s] = log sum_{p in s} exp(X_p) = m_s + log sum exp(X_p - m_s)`` for a per-segment shift ``m``
+    (0 where not finite); differentiable in ``X``."""
+    m = torch.where(torch.isfinite(m), m, torch.zeros((), dtype=m.dtype, device=m.device))
+    return torch.log(_reduce.segment_combine(torch.exp(X - m.index_select(0, seg)), seg, S, "sum")) + m
 
 
 def _flat(t: torch.Tensor) -> torch.Tensor:
@@ -154,20 +156,16 @@ def _out_dtype(red, dtype):
     return torch.int64
 
 
-def _set_empty(raw: torch.Tensor, plan: Plan, value, red: SegmentReducer, inplace: bool) -> torch.Tensor:
-    """``raw`` with the rows of empty segments set to ``value`` (skipped where the kernel already wrote it)."""
+def _set_empty(raw: torch.Tensor, plan: Plan, value, red: SegmentReducer) -> torch.Tensor:
+    """``raw`` with the rows of empty segments set to ``value`` in place (skipped where the kernel already
+    wrote it)."""
     if raw.numel() == 0:
         return raw
     if red.kind == "sum" and red.scale in (None, "mean") and value == 0:
         return raw  # embedding_bag / the scatter kernels leave 0 in an empty segment
     if red.kind == "extreme":
         return raw  # segment_extreme set them (_forward passes the value)
-    counts = plan.counts
-    empty = torch.from_numpy(np.flatnonzero(counts.numpy() == 0)) if counts.device.type == "cpu" else \
-        (counts == 0).nonzero().squeeze(1)  # (numpy on the CPU: serial, see _check.cpu_min)
-    if empty.numel() == 0:
-        return raw
-    return raw.index_fill_(0, empty, value) if inplace else raw.index_fill(0, empty, value)
+    return plan.fill_empty_(raw, value)
 
 
 # ------------------------------------------------------------------------------------------ backward
@@ -238,10 +236,7 @@ def _backward(ctx_red: SegmentReducer, plan: Plan, ties: str, x2, weights, raw, 
         gx = G * others
     else:  # lse / logmeanexp: softmax of the segment
         if torch.is_grad_enabled():  # a double backward: lse as a function of X (the saved result is not)
-            m = _reduce.segment_combine(X.detach(), seg, S, "amax")
-            m = torch.where(torch.isfinite(m), m, torch.zeros((), dtype=m.dtype, device=m.device))
-            lse = torch.log(X.new_zeros((S, X.shape[1])).index_add(0, seg, torch.exp(X - m.index_select(0, seg))))
-            lse = lse + m
+            lse = _lse(X, seg, S, _reduce.segment_combine(X.detach(), seg, S, "amax"))
         else:
             lse = raw if red.scale != "logmean" else raw + torch.log(plan.counts.to(raw.dtype))[:, None]
         L = lse.index_select(0, seg)
@@ -255,7 +250,7 @@ class _SegmentReduceFn(torch.autograd.Function):
     def forward(ctx, data, weights, plan, red, ties, empty, want_arg, sparse_grad):
         x2 = _flat(data)
         raw, arg = _forward(x2, weights, plan, red, want_arg or (red.kind == "extreme" and ties == "first"), empty)
-        raw = _set_empty(raw, plan, empty, red, inplace=True)  # (empty segments have no position to use it)
+        raw = _set_empty(raw, plan, empty, red)  # (empty segments have no position to use it)
         # the backward of max/min/lse reads the result: saved, an in-place change of it then raises there
         ctx.save_for_backward(data, weights, raw if red.kind in ("extreme", "lse") else None, arg)
         ctx.plan, ctx.red, ctx.ties, ctx.sparse_grad = plan, red, ties, sparse_grad
@@ -296,9 +291,10 @@ def reduce(data: torch.Tensor, reducer="sum", *, lengths=None, offsets=None, seg
     ``empty``: the value of an empty segment (default per reducer: see the module docstring).
     ``return_arg`` (max/min): also return the input position of the first extreme (-1 for empty).
     ``out_of_range`` (segment ids): ``"error"`` (default), ``"drop"`` the positions, or ``"clip"``
-    them into ``[0, num_segments)``; an entry of ``indices`` out of range always raises.  ``validate=False`` skips the O(N) checks of segment ids and
-    indices (the result is then unspecified for invalid input; out-of-range rows are still never
-    read); lengths and offsets (O(S)) are always checked.
+    them into ``[0, num_segments)``; an entry of ``indices`` out of range always raises.
+    ``validate=False`` skips the O(N) checks of segment ids and indices (the result is then
+    unspecified for invalid input; out-of-range rows are still never read); lengths and offsets
+    (O(S)) are always checked.
     ``sparse_grad`` (with ``indices``): the gradient of ``data`` is a sparse COO tensor holding one
     (row, gradient row) pair per position, uncoalesced -- what ``embedding(sparse=True)`` gives and
     what the sparse optimizers (``segment.SparseAdagrad``, ...) consume.
@@ -361,7 +357,7 @@ def reduce(data: torch.Tensor, reducer="sum", *, lengths=None, offsets=None, seg
         else:
             x2 = _flat(data)
             raw, arg = _forward(x2, weights, plan, red, want_arg, empty)
-            out = _set_empty(raw, plan, empty, red, inplace=True).reshape(plan.num_segments, *data.shape[1:])
+            out = _set_empty(raw, plan, empty, red).reshape(plan.num_segments, *data.shape[1:])
     except (IndexError, RuntimeError):
         if indices is not None:  # torch's own range errors (embedding_bag, index_select) -> name the entry
             check_indices(as_index(indices, "indices", data.device), data.shape[0])
