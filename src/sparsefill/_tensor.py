@@ -275,7 +275,41 @@ class SparseTensor(torch.Tensor):
         return (tuple(self.shape), {n: fn(getattr(self, n)) for n in names}, ctx, self.requires_grad)
 
     def __reduce_ex__(self, proto):
-        return (_rebuild, self._rebuild_args(torch.Tensor.detach))
+        """Pickled as its inner tensors: ``torch.save`` stores them, ``torch.multiprocessing`` (queues, spawn,
+        DataLoader workers) sends them by torch's shared-memory reductions, never as a dense tensor."""
+        extra = {k: v for k, v in self.__dict__.items() if k not in _STATE}  # e.g. _is_param of nn.Parameter(A)
+        return (_rebuild, self._rebuild_args(torch.Tensor.detach) + ((extra,) if extra else ()))
+
+    def _inner(self) -> list:
+        return [getattr(self, n) for n in self.__tensor_flatten__()[0]]
+
+    def share_memory_(self) -> "SparseTensor":
+        """Move the inner tensors (indices or crow/col, values, fill) to shared memory, in place; returns ``self``.
+
+        As for a dense tensor, tensors sharing storage with them (views, aliases) are shared too, and
+        an in-place op that replaces the storage (a new pattern) leaves the new storage unshared.
+
+        >>> import sparsefill
+        >>> A = sparsefill.sparse_coo_tensor([[0, 2]], [1., 2.], (4,), fill_value=3.).share_memory_()
+        >>> A.is_shared(), A.values().is_shared()
+        (True, True)
+        """
+        for t in self._inner():
+            t.share_memory_()
+        return self
+
+    def is_shared(self) -> bool:
+        """True when every inner tensor is in shared memory (``share_memory_``) or on an accelerator."""
+        return all(t.is_shared() for t in self._inner())
+
+    def is_pinned(self, device=None) -> bool:
+        """True when every inner tensor is in pinned (page-locked) host memory."""
+        return all(t.is_pinned() if device is None else t.is_pinned(device) for t in self._inner())
+
+    def pin_memory(self, device=None) -> "SparseTensor":
+        """A copy with its inner tensors in pinned memory (as ``Tensor.pin_memory``: differentiable, and a
+        RuntimeError where torch has no accelerator)."""
+        return _Pin.apply(self, device)
 
     def __deepcopy__(self, memo):
         if id(self) in memo:
@@ -325,9 +359,25 @@ class SparseTensor(torch.Tensor):
 _FAST: dict = {}  # OpOverload -> ops.pointwise.unary_fast where the op may take it, else False
 
 
-def _rebuild(size, inner, ctx, requires_grad):
+def _rebuild(size, inner, ctx, requires_grad, extra=None):
     t = SparseTensor.__tensor_unflatten__(inner, ctx, size, None)
+    for k, v in (extra or {}).items():
+        setattr(t, k, v)
     return t.requires_grad_(requires_grad) if requires_grad else t
+
+
+class _Pin(torch.autograd.Function):
+    """``A.pin_memory()``: the inner tensors pinned; the gradient passes through unchanged."""
+
+    @staticmethod
+    def forward(ctx, A, device):
+        pin = (lambda t: t.pin_memory()) if device is None else (lambda t: t.pin_memory(device))
+        names, meta = A.__tensor_flatten__()
+        return SparseTensor.__tensor_unflatten__({n: pin(getattr(A, n)) for n in names}, meta, A.shape, None)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
 
 
 torch.serialization.add_safe_globals([SparseTensor, _rebuild])

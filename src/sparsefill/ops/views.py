@@ -51,8 +51,15 @@ def _state(A: SparseTensor):
 
 
 def track(out, func, args, kwargs) -> None:
-    """Record ``base`` and the view op on each SparseTensor output of a view op."""
+    """Record ``base`` and the view op on each SparseTensor output of a view op.
+
+    An alias of an alias is recorded as an alias of the first one's base (they hold the same
+    storage): ``torch.utils.swap_tensors(P, P.detach())`` -- what ``nn.Module._apply`` does when
+    ``P.cpu()`` returns ``P`` -- then leaves no tensor a view of itself.
+    """
     base = args[0]
+    if func in ALIASES and base._view is not None and base._view[1] in ALIASES:
+        base = base._view[0]
     outs = out if isinstance(out, (list, tuple)) else [out]
     for i, V in enumerate(outs):
         if isinstance(V, SparseTensor) and V is not base:
@@ -67,6 +74,8 @@ def _replay(V: SparseTensor, base_dense: torch.Tensor) -> torch.Tensor:
 
 def sync(V: SparseTensor) -> None:
     """Refresh ``V`` (a view) from its base if the base changed since."""
+    if _in_cycle(V):
+        return
     base, func, rest, kwargs, i, state = V._view
     if base._view is not None:
         sync(base)
@@ -80,6 +89,23 @@ def sync(V: SparseTensor) -> None:
     else:
         _refresh(V)
     V._view = (base, func, rest, kwargs, i, now)
+
+
+def _in_cycle(V: SparseTensor) -> bool:
+    """Whether ``V``'s chain of bases leads back to ``V``; ``V`` is then made a tensor of its own.
+
+    Only ``torch.utils.swap_tensors(X, Y)`` with ``Y`` a view of ``X`` builds such a chain (the swap
+    moves ``Y``'s state, "a view of X", into ``X``): ``load_state_dict`` and ``nn.Module._apply`` under
+    ``torch.__future__.set_swap_module_params_on_conversion(True)`` swap a buffer with its own
+    ``detach()``.  ``V`` holds the view's storage, taken from ``X`` itself, so it keeps its contents.
+    """
+    seen, B = set(), V._view[0]
+    while B is not V and B._view is not None and id(B) not in seen:
+        seen.add(id(B))
+        B = B._view[0]
+    if B is V:
+        V._view = None
+    return B is V
 
 
 def _refresh(V: SparseTensor) -> None:
