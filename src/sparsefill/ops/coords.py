@@ -107,9 +107,10 @@ def _check_dim_index_src(func, A, dim, index, src, args, kwargs) -> int:
 
 def _check_range(index, dim, A) -> None:
     """scatter's and gather's error for an index outside ``[0, size)`` along ``dim``."""
-    bad = out_of_bounds(index, A.shape[dim], negative=False) if A.dim() else None
+    n = A.shape[dim] if A.dim() else 1  # (a 0-d tensor is one element along its dim 0)
+    bad = out_of_bounds(index, n, negative=False)
     if bad is not None:
-        raise RuntimeError(f"index {bad} is out of bounds for dimension {dim} with size {A.shape[dim]}")
+        raise RuntimeError(f"index {bad} is out of bounds for dimension {dim} with size {n}")
 
 
 def _result(func, A, res):
@@ -138,7 +139,10 @@ def _index_put(func, args, kwargs):
 
 
 def _grid(index: torch.Tensor, dim: int, n_dims: int):
-    """``scatter``'s coordinates: ``index[i]`` along ``dim``, ``i`` along the others."""
+    """``scatter``'s coordinates: ``index[i]`` along ``dim``, ``i`` along the others (a 0-d tensor: no
+    coordinate rows, one column per element of ``index``)."""
+    if not n_dims:
+        return index.new_zeros((0, index.numel()))
     grid = list(torch.meshgrid(*[torch.arange(n, device=index.device) for n in index.shape], indexing="ij")) \
         if index.dim() else [index.new_zeros(())] * n_dims
     grid[dim] = index
@@ -182,7 +186,7 @@ def _index_along(func, args, kwargs):
             (A._indefinite and name in ("index_add", "index_reduce")):
         return NotImplemented
     dim = _check_dim_index_src(func, A, dim, index, src, args, kwargs)
-    neg = index[index < 0] if name != "index_fill" and A.dim() else index[:0]
+    neg = index[index < 0] if name != "index_fill" and A.dim() else index.reshape(-1)[:0]
     if neg.numel():  # torch's errors for a negative index (too large ones come from _coords)
         msg = f"index {int(neg.reshape(-1)[0])} is out of bounds for dimension {dim} with size {A.shape[dim]}"
         raise RuntimeError(msg) if name == "index_add" else IndexError(

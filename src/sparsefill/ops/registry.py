@@ -5,15 +5,39 @@ registered handler; the generic rule of ops tagged ``torch.Tag.pointwise`` (``po
 the op's CompositeImplicitAutograd decomposition (so the pieces
 can meet their handlers); the densify fallback (``fallback.py``).  Around every call,
 ``views.py`` keeps SparseTensor views and their bases consistent.
+
+The boundary rule, enforced here for every call: an operand or op sparsefill does not understand
+is converted exactly or refused, never ignored::
+
+    op(A, nat) == op(A, sparsefill.from_torch(nat))      a torch native sparse operand (any layout: fill 0)
+
+* a native sparse tensor (COO, CSR, CSC, BSR, BSC; hybrid, batched) becomes a SparseTensor with fill
+  0 before any handler runs; one the op writes to (``nat.add_(A)``, ``out=nat``) is refused
+  (``TypeError``): the write would land in a copy;
+* a tensor subclass with its own ``__torch_dispatch__`` that is neither a SparseTensor nor one of
+  torch's tracing tensors (FakeTensor, FunctionalTensor: ``torch.compile``) is refused (``TypeError``
+  naming its type); ``nn.Parameter`` and plain Python subclasses are dense tensors here;
+* an op whose schema may not say what it writes (:func:`unannotated_mutation`: the ``c10d``
+  collectives, in-place-named ops of other namespaces) is refused (``NotImplementedError``) unless
+  a handler is registered for it: the densify fallback would write into a dense copy.
+
+>>> import torch, sparsefill
+>>> A = sparsefill.sparse_coo_tensor([[0, 1], [2, 0]], [1., 2.], (2, 3), fill_value=0.5)
+>>> nat = torch.sparse_coo_tensor([[0, 1], [1, 2]], [10., 20.], (2, 3))
+>>> (A + nat).to_dense()
+tensor([[ 0.5000, 10.5000,  1.0000],
+        [ 2.0000,  0.5000, 20.5000]])
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 
 from .._tensor import _STATE, SparseTensor
 from . import pointwise, views
-from .fallback import flat_args, written_args
+from .fallback import flat_args, written_args, written_positions
 
 HANDLERS: dict = {}
 
@@ -36,8 +60,17 @@ def _is_composite(func) -> bool:
 
 
 def dispatch(func, types, args, kwargs):
-    for A in _sparse_views(args, kwargs):
-        views.sync(A)
+    if len(types) != 1 or types[0] is not SparseTensor:
+        _check_types(func, types)
+    foreign = False
+    for a in flat_args(args, kwargs):  # one pass: views to sync, operands to convert
+        if isinstance(a, SparseTensor):
+            if a._view is not None:
+                views.sync(a)
+        elif isinstance(a, torch.Tensor) and (a.layout is not torch.strided or a.is_nested):
+            foreign = True
+    if foreign:
+        args, kwargs = _convert_foreign(func, args, kwargs)
     written = [A for A in written_args(func, args, kwargs) if A._view is not None]
     before = [{k: getattr(A, k) for k in _STATE[:-1]} for A in written]  # (in-place ops replace, never mutate)
     out = _compute(func, args, kwargs)
@@ -53,8 +86,82 @@ def dispatch(func, types, args, kwargs):
     return out
 
 
-def _sparse_views(args, kwargs):
-    return [a for a in flat_args(args, kwargs) if isinstance(a, SparseTensor) and a._view is not None]
+# ---------------------------------------------------------------------- the boundary rule
+_NATIVE = (torch.sparse_coo, torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc)
+_KNOWN_TYPES: dict = {}  # type -> whether dispatch accepts operands of it
+
+
+def _known_type(t: type) -> bool:
+    if t is torch.Tensor or issubclass(t, SparseTensor):
+        return True
+    from torch._subclasses.fake_tensor import FakeTensor  # torch.compile's tracing tensors hold dense data
+    from torch._subclasses.functional_tensor import FunctionalTensor
+    return issubclass(t, (FakeTensor, FunctionalTensor))
+
+
+def _check_types(func, types) -> None:
+    """Refuse an operand of a tensor subclass with its own ``__torch_dispatch__`` that sparsefill does not
+    know: its data is not the dense tensor it stands for, so no stage here can compute with it exactly."""
+    for t in types:
+        ok = _KNOWN_TYPES.get(t)
+        if ok is None:
+            ok = _KNOWN_TYPES[t] = _known_type(t)
+        if not ok:
+            raise TypeError(f"sparsefill: {func} got an operand of type {t.__module__}.{t.__qualname__}, a tensor "
+                            "subclass sparsefill does not know how to compute with; convert it to a dense tensor "
+                            "or a sparsefill.SparseTensor first")
+
+
+def _convert_foreign(func, args, kwargs):
+    """``(args, kwargs)`` with every torch native sparse tensor replaced by its SparseTensor (fill 0, the same
+    index and value tensors); other layouts, nested tensors and native tensors the op writes to raise."""
+    from .._convert import from_native
+    written = {name for _, name, _ in written_positions(func)}
+    names = [a.name for a in func._schema.arguments]
+
+    def convert(a, name):
+        if not isinstance(a, torch.Tensor) or isinstance(a, SparseTensor) or \
+                (a.layout is torch.strided and not a.is_nested):
+            return a
+        what = "a nested tensor" if a.is_nested else f"a tensor of layout {a.layout}"
+        if name in written:
+            raise TypeError(f"sparsefill: {func} writes to its argument '{name}', {what}, which cannot hold a "
+                            "sparsefill result; compute out of place, or convert it with sparsefill.from_torch")
+        if a.is_nested or a.layout not in _NATIVE:
+            raise TypeError(f"sparsefill: {func}: argument '{name}' is {what}, which sparsefill cannot convert "
+                            "exactly; convert it to a dense tensor or a sparsefill.SparseTensor first")
+        return from_native(a)
+
+    def each(a, name):
+        return type(a)(convert(x, name) for x in a) if isinstance(a, (list, tuple)) else convert(a, name)
+    args = tuple(each(a, names[i] if i < len(names) else "") for i, a in enumerate(args))
+    return args, {k: each(v, k) for k, v in kwargs.items()}
+
+
+@functools.cache
+def unannotated_mutation(func) -> str | None:
+    """Why ``func``'s schema may not say which arguments it writes (None: it does).
+
+    aten and prims schemas mark every write (``Tensor(a!)``: functionalization relies on it), and so do
+    ops tagged ``pt2_compliant_tag`` (checked for torch.compile).  The ``c10d`` collectives take
+    ``Tensor[] tensors`` with no ``(a!)`` and write them through a process group; an op of another
+    namespace named in place (``..._``) with no write marked is suspect alike.  The densify fallback
+    would run such an op on dense copies and write nothing back."""
+    ns, name = func.namespace, func._schema.name.split("::")[-1]
+    if ns in ("aten", "prims") or torch.Tag.pt2_compliant_tag in func.tags or written_positions(func):
+        return None
+    if ns == "c10d":
+        return ("a c10d collective writes its tensor arguments through a process group, and its schema does "
+                "not mark them (no '(a!)')")
+    if name.endswith("_") and not name.endswith("__"):
+        return "the op is named as in-place but its schema marks no argument as written"
+    return None
+
+
+def _refuse(func, reason: str):
+    raise NotImplementedError(f"sparsefill: {func} is not supported on SparseTensor operands: {reason}, so a "
+                              "computation on dense copies would silently write nothing back. Convert the "
+                              "operands (A.to_dense(), or A.values()) and call it on those.")
 
 
 def _compute(func, args, kwargs):
@@ -63,6 +170,9 @@ def _compute(func, args, kwargs):
         out = handler(func, args, kwargs)
         if out is not NotImplemented:
             return out
+    reason = unannotated_mutation(func)
+    if reason is not None:  # (handlers for such ops, e.g. the collectives, are registered above this line)
+        _refuse(func, reason)
     if pointwise.is_pointwise(func):
         out = pointwise.pointwise_rule(func, args, kwargs)
         if out is not NotImplemented:

@@ -226,7 +226,7 @@ def expand(A: SparseTensor, size) -> SparseTensor | None:
     idx, vals = A._coo_parts()
     idx = torch.cat([idx.new_zeros((lead, idx.shape[1])), idx])
     ordered = A._coalesced
-    for d in range(sd):
+    for d in reversed(range(sd)):  # innermost first: each repeat keeps the order when the dims before are 1
         if old[d] == 1 and size[d] != 1:
             r = size[d]
             nse = idx.shape[1]
