@@ -487,3 +487,47 @@ def _addr(func, args, kwargs):
         if prod is None:
             return NotImplemented
     return _add_scaled(self, prod, kwargs.get("beta", 1), kwargs.get("alpha", 1), out_shape)
+
+
+# ---------------------------------------------------------------------- torch.sparse.mm / addmm
+@register(aten._sparse_addmm.default)
+def _sparse_addmm(func, args, kwargs):
+    """``torch.sparse.addmm`` (and ``torch.sparse.mm``, which decomposes into it): ``addmm`` of the dense
+    tensors; an indefinite operand forms no products at its unspecified elements, as torch's native ones."""
+    return _addmm(aten.addmm.default, args, kwargs)
+
+
+def _reduce_operand(A: SparseTensor, reduce: str) -> torch.Tensor:
+    """The native CSR matrix torch's ``reduce`` kernel reads for ``A``: the specified elements when they are
+    all that counts (an indefinite fill; a zero fill under ``sum``), else every element (O(numel), under the
+    densify policy), since ``out[i, j] = reduce_k A[i, k] * X[k, j]`` runs over every ``k``."""
+    if A._indefinite or (reduce == "sum" and A._fill_is_zero()):
+        M = _mat(A)
+        return M.csr(M.vals)
+    from .._convert import dense_of
+    from .._policy import check_densify
+    check_densify(f"torch.sparse.mm(reduce={reduce!r}) of a SparseTensor with a fill", A.numel() * A.element_size())
+    (m, k), dev = A.shape, A.device
+    crow = torch.arange(m + 1, device=dev) * k
+    col = torch.arange(k, device=dev).repeat(m)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "Sparse CSR tensor support is in beta state"
+        return torch.sparse_csr_tensor(crow, col, dense_of(A).reshape(-1), (m, k))
+
+
+@register(aten._sparse_mm_reduce_impl.default, aten._sparse_mm_reduce_impl_backward.default)
+def _sparse_mm_reduce(func, args, kwargs):
+    """``torch.sparse.mm(A, X, reduce)``: ``out[i, j] = reduce_k A[i, k] * X[k, j]`` over every ``k`` of the
+    dense ``A`` (torch's formula), on torch's CSR kernel; an indefinite fill reduces over the specified
+    elements only (torch's rule for a native tensor: an empty row gives 0).  COO and CSR, 2-D, no dense
+    dims.  The backward runs on the same CSR matrix; ``A``'s gradient is its SparseTensor (fill 0)."""
+    A = args[0]
+    reduce = args[2] if func is aten._sparse_mm_reduce_impl.default else args[3]
+    if not isinstance(A, SparseTensor) or A.dim() != 2 or A.dense_dim() or \
+            any(isinstance(a, SparseTensor) for a in args[1:3]):
+        return NotImplemented
+    out = func(_reduce_operand(A, reduce), *args[1:], **kwargs)
+    if func is aten._sparse_mm_reduce_impl.default:
+        return out
+    from .._convert import from_native
+    return (None if out[0] is None else from_native(out[0]), out[1])

@@ -69,3 +69,20 @@ def _softmax(func, args, kwargs):
     dense = P.unsqueeze(dim).expand(A.shape).clone()
     dense[tuple(idx)] = out.to(dense.dtype)
     return dense
+
+
+@register(aten._sparse_softmax.default, aten._sparse_log_softmax.default)
+def _sparse_softmax(func, args, kwargs):
+    """``torch.sparse.softmax(A, d) == torch.softmax(A.to_dense(), d)`` (log_softmax alike).  torch's rule for a
+    native tensor, unspecified elements weigh nothing, is a fill of ``-inf``; an indefinite fill skips them
+    and keeps them unspecified (masked softmax)."""
+    log = func is aten._sparse_log_softmax.default
+    return _softmax(aten._log_softmax.default if log else aten._softmax.default, args[:3], {})
+
+
+@register(aten._sparse_softmax_backward_data.default, aten._sparse_log_softmax_backward_data.default)
+def _sparse_softmax_backward(func, args, kwargs):
+    """The gradient of :func:`_sparse_softmax`: the dense softmax's (``_softmax_backward_data``)."""
+    grad, out, dim, A = args[:4]
+    log = func is aten._sparse_log_softmax_backward_data.default
+    return (aten._log_softmax_backward_data if log else aten._softmax_backward_data).default(grad, out, dim, A.dtype)

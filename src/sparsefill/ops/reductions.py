@@ -436,3 +436,21 @@ def _median_dim(func, args, kwargs):
     if keep:
         dense_val, dense_pos = dense_val.unsqueeze(dim), dense_pos.unsqueeze(dim)
     return dense_val.reshape(meta[0].shape), dense_pos.reshape(meta[1].shape)
+
+
+# ---------------------------------------------------------------------- torch.sparse.sum
+@register(aten._sparse_sum.dim)
+def _sparse_sum(func, args, kwargs):
+    """``torch.sparse.sum(A, dims) == A.to_dense().sum(dims)``; an indefinite fill skips the unspecified
+    elements (masked, as torch.sparse.sum skips a native tensor's).  (``torch.sparse.sum(A)`` with no dims
+    decomposes above ``__torch_dispatch__`` into ``A.coalesce()``: ``A.sum()`` is that sum.)"""
+    return aten.sum.dim_IntList(args[0], list(args[1]))
+
+
+@register(aten._sparse_sum_backward.default)
+def _sparse_sum_backward(func, args, kwargs):
+    """The gradient of ``torch.sparse.sum(A, dims)``: ``grad`` broadcast back over the summed dims, as for ``sum``."""
+    grad, A, dims = args[0], args[1], args[2]
+    for d in sorted(d % A.dim() for d in dims):
+        grad = grad.unsqueeze(d)
+    return grad.expand(A.shape)
