@@ -2,13 +2,14 @@
 
 Covers: the runner's records and table, skipped peers, failing cases, the time budget, memory
 accounting, results.json's schema, the plots (matplotlib's Agg canvas), the command line
-(``python -m sparsefill bench``), and every case of every ``benchmarks/cases_*.py`` module,
-built at its tiny size with its implementations checked against each other.
+(``python -m sparsefill bench`` from any directory: the cases ship with the package), and every
+case of every ``sparsefill/benchmarks/cases_*.py`` module, built at its tiny size with its
+implementations checked against each other.  Runs on whichever install ``import sparsefill`` finds
+(editable or wheel): nothing here reads the source tree.
 """
 
 import dataclasses
 import json
-import os
 import subprocess
 import sys
 
@@ -16,13 +17,10 @@ import numpy as np
 import pytest
 import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-
-from benchmarks import measure, runner  # noqa: E402
+import sparsefill
+from sparsefill.benchmarks import measure, runner
 
 IMPORT_ERRORS = runner.discover()
-import sparsefill  # noqa: E402
 
 
 def _tiny_registry():
@@ -143,8 +141,8 @@ def test_main_writes_json_markdown_and_plots(tmp_path, capsys):
 
 
 def test_plots_need_two_x_values(tmp_path):
-    plots = pytest.importorskip("matplotlib", reason="matplotlib not installed (pip install -e '.[bench]')") and \
-        __import__("benchmarks.plots", fromlist=["sweep_plot"])
+    pytest.importorskip("matplotlib", reason="matplotlib not installed (pip install '.[bench]')")
+    from sparsefill.benchmarks import plots
     reg = _tiny_registry()
     reg.cases = reg.cases[:1]
     res = _run(reg, memory=False)
@@ -156,12 +154,13 @@ def test_plots_need_two_x_values(tmp_path):
 def test_case_modules_import():
     assert not IMPORT_ERRORS, "\n".join(f"{m}:\n{tb}" for m, tb in IMPORT_ERRORS.items())
     names = {c.module for c in runner.REGISTRY.cases}
-    assert {"benchmarks.cases_convert", "benchmarks.cases_overhead", "benchmarks.cases_sweep"} <= names
+    assert {"sparsefill.benchmarks.cases_convert", "sparsefill.benchmarks.cases_overhead",
+            "sparsefill.benchmarks.cases_sweep"} <= names
 
 
 @pytest.mark.parametrize("case", runner.REGISTRY.cases, ids=lambda c: c.name)
 def test_registered_case_builds_and_agrees_with_its_peers(case):
-    """Every case of every benchmarks/cases_*.py, at its tiny size, builds its inputs, and its
+    """Every case of every sparsefill/benchmarks/cases_*.py, at its tiny size, builds its inputs, and its
     implementations agree (the runner checks the warm-up outputs against each other)."""
     tiny = dataclasses.replace(case, quick_sizes=dict(case.tiny_items()))
     res = runner.run_cases([tiny], threads=[1], quick=True, timer=runner.stub_timer, raise_errors=True, memory=False)
@@ -169,18 +168,20 @@ def test_registered_case_builds_and_agrees_with_its_peers(case):
 
 
 def test_cli_bench_list_and_dry_run(tmp_path):
-    """Two processes: ``python -m sparsefill bench --list`` from outside the checkout (benchmarks/ found
-    beside src/), and ``python benchmarks/run.py --dry-run`` on one tiny case."""
+    """Two processes in a directory outside the checkout: ``python -m sparsefill bench --list --quick``
+    and ``--dry-run --tiny`` on one case (the cases come with the package, editable or wheel)."""
     p = subprocess.run([sys.executable, "-m", "sparsefill", "bench", "--list", "--quick"], cwd=str(tmp_path),
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     assert "overhead: torch.exp(A), 30% specified, fill 5: 10; 100; 1k; 10k; 100k  (plot against elements (numel of A))" \
         in p.stdout and "to_sparse coo fill=0: 1-D 1M, 1%; 2-D 4000x4000, 0.1%" in p.stdout
-    p = subprocess.run([sys.executable, "benchmarks/run.py", "--dry-run", "--tiny", "--filter", "overhead: A + B",
-                        "--out", str(tmp_path), "--no-plots"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    p = subprocess.run([sys.executable, "-m", "sparsefill", "bench", "--dry-run", "--tiny", "--filter",
+                        "overhead: A + B", "--out", "out", "--no-plots"], cwd=str(tmp_path), capture_output=True,
+                       text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     assert "| overhead: A + B, 10 elements, different patterns | 10 | 1 |" in p.stdout
-    assert json.loads((tmp_path / "results.json").read_text())["dry_run"] is True
+    report = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert report["dry_run"] is True and report["command"].startswith("python -m sparsefill bench --dry-run")
 
 
 def test_cli_errors(capsys):
@@ -191,11 +192,37 @@ def test_cli_errors(capsys):
     assert "no benchmark case matches --filter 'no such case'" in capsys.readouterr().err
 
 
-def test_bench_without_a_checkout_says_so(tmp_path, monkeypatch, capsys):
+def test_bench_main_in_process(capsys):
     from sparsefill import bench
-    monkeypatch.setattr(bench, "__file__", str(tmp_path / "site-packages" / "sparsefill" / "bench.py"))
-    monkeypatch.chdir(tmp_path)
-    with pytest.raises(FileNotFoundError, match="needs the benchmarks/ folder of a source checkout"):
-        bench.find_benchmarks()
-    assert bench.main(["--list"]) == 2
-    assert "error: sparsefill bench needs the benchmarks/ folder" in capsys.readouterr().err
+    assert bench.main(["--list", "--filter", "overhead: A + B"]) == 0
+    assert capsys.readouterr().out == "overhead: A + B, 10 elements, different patterns: 10\n"
+
+
+def test_import_sparsefill_does_not_import_the_benchmarks():
+    """``import sparsefill`` (a fresh process) loads neither ``sparsefill.bench`` nor ``sparsefill.benchmarks``."""
+    code = ("import sys, sparsefill; print(sorted(m for m in sys.modules "
+            "if m == 'sparsefill.bench' or m.startswith('sparsefill.benchmarks')))")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == "[]"
+
+
+def test_git_state(tmp_path):
+    """The commit is recorded only when the package is a tracked folder of a checkout (editable install),
+    not for a wheel installed into a venv that sits inside one."""
+    def git(*args):
+        return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path,
+                              capture_output=True, text=True, check=True).stdout.strip()
+    assert runner.git_state(str(tmp_path)) == {"git_commit": None}              # not a repository
+    git("init", "-q")
+    (tmp_path / ".gitignore").write_text(".venv/\n")
+    (tmp_path / "__init__.py").write_text("")
+    git("add", ".")
+    git("commit", "-q", "-m", "x")
+    assert runner.git_state(str(tmp_path)) == {"git_commit": git("rev-parse", "HEAD"), "src_dirty": False}
+    (tmp_path / "__init__.py").write_text("x = 1\n")
+    assert runner.git_state(str(tmp_path))["src_dirty"] is True
+    wheel = tmp_path / ".venv" / "sparsefill"                                  # ignored: an installed copy
+    wheel.mkdir(parents=True)
+    (wheel / "__init__.py").write_text("")
+    assert runner.git_state(str(wheel)) == {"git_commit": None}

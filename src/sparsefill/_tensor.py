@@ -42,7 +42,22 @@ class SparseTensor(torch.Tensor):
     tensor([7., 5., 5., 9., 5.])
     """
 
-    __torch_function__ = torch._C._disabled_torch_function_impl
+    _route = None  # ops.autograd_routes.route, imported on first use (an upper module)
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        """Every function passes through to ``__torch_dispatch__`` as ``torch._C._disabled_torch_function_impl``
+        (results are never re-wrapped); while grad mode is on, ``ops.autograd_routes.route`` may take the
+        call first (the few functions whose backward must know the pattern; DESIGN.md section 10)."""
+        if torch.is_grad_enabled():
+            route = SparseTensor._route
+            if route is None:
+                from .ops.autograd_routes import route
+                SparseTensor._route = route
+            out = route(func, types, args, kwargs or {})
+            if out is not NotImplemented:
+                return out
+        return torch._C._disabled_torch_function_impl(func, types, args, kwargs or {})
 
     @staticmethod
     def __new__(cls, layout, size, values, fill, *, indices=None, crow=None, col=None, indefinite=False,
@@ -256,6 +271,66 @@ class SparseTensor(torch.Tensor):
         from ._creation import _same_dense
         self._sync()
         return _same_dense(self, lambda a: prune_of(a, atol))
+
+    # ------------------------------------------------------------------ numpy and the peers (see _interop.py)
+    def _densify_for(self, what: str) -> torch.Tensor:
+        """``A.to_dense()`` without autograd, for an export that is dense by its type: under the densify policy."""
+        self._sync()
+        from ._convert import dense_of
+        from ._policy import check_densify
+        if self._indefinite:
+            raise ValueError(f"{what} of a SparseTensor with indefinite fill: its unspecified elements have no value; "
+                             "give them one first, e.g. A.to_dense(fill_value=0)")
+        check_densify(what, self.numel() * self.element_size())
+        return dense_of(self).detach()
+
+    def numpy(self, *, force: bool = False):
+        """The dense array ``A`` stands for: ``A.numpy() == A.to_dense().numpy()``, a new array (writing to
+        it leaves ``A`` unchanged), under the densify policy (DensifyWarning; DensifyError past its byte limit).
+
+        As torch, a tensor that requires grad or is not on the CPU raises unless ``force=True``
+        (``A.detach().cpu().numpy()``).  ``np.asarray(A)`` and ``A.tolist()`` are the same array.
+
+        >>> import numpy as np, sparsefill
+        >>> A = sparsefill.sparse_coo_tensor([[1]], [7.], (3,), fill_value=5.)
+        >>> with sparsefill.densify_policy("allow"):
+        ...     A.numpy(), np.asarray(A, dtype=np.int64), A.tolist()
+        (array([5., 7., 5.], dtype=float32), array([5, 7, 5]), [5.0, 7.0, 5.0])
+        """
+        if not force and self.requires_grad:
+            raise RuntimeError("Can't call numpy() on Tensor that requires grad. Use tensor.detach().numpy() instead.")
+        if not force and self.device.type != "cpu":
+            raise TypeError(f"can't convert {self.device} device type tensor to numpy. Use Tensor.cpu() to copy the "
+                            "tensor to host memory first.")
+        return self._densify_for("numpy()").cpu().resolve_conj().resolve_neg().numpy()
+
+    def __array__(self, dtype=None, copy=None):
+        """``np.asarray(A, dtype)``: ``A.numpy()``; always a new array, so ``copy=False`` raises (numpy 2's rule)."""
+        if copy is False:
+            raise ValueError("np.asarray(A, copy=False): a SparseTensor has no dense buffer to share; its dense array "
+                             "is always a new one (pass copy=None or copy=True)")
+        out = self.numpy()
+        return out if dtype is None else out.astype(dtype, copy=False)
+
+    def tolist(self):
+        """``A.to_dense().tolist()``, under the densify policy (as torch, also when ``A`` requires grad)."""
+        return self._densify_for("tolist()").tolist()
+
+    def to_scipy(self, format=None):
+        """A scipy.sparse array (``A``'s fill must be 0), never densifying; see :func:`sparsefill.to_scipy`."""
+        from ._interop import to_scipy
+        return to_scipy(self, format)
+
+    def to_pydata(self, format=None):
+        """A pydata ``sparse.COO``/``GCXS`` with ``A``'s fill, never densifying; see :func:`sparsefill.to_pydata`."""
+        from ._interop import to_pydata
+        return to_pydata(self, format)
+
+    def to_pandas(self):
+        """A pandas ``SparseArray`` (1-D) or sparse ``DataFrame`` (2-D) with ``A``'s fill; see
+        :func:`sparsefill.to_pandas`."""
+        from ._interop import to_pandas
+        return to_pandas(self)
 
     # ------------------------------------------------------------------ subclass protocol
     def __tensor_flatten__(self):

@@ -8,8 +8,8 @@
 * ``summary.png``: sparsefill time / peer time for every (case, size, peer) of the cases that
   are not sweeps, at the largest thread count, log scale, 1 marked (left of it sparsefill is faster).
 
-``matplotlib`` is imported here only; the runner imports this module lazily and writes no
-plots (with a note) when it is missing.
+``matplotlib`` is imported here only, when a plot is drawn (importing this module needs none):
+the runner writes no plots (with a note) when it is missing.
 """
 
 from __future__ import annotations
@@ -18,9 +18,6 @@ import math
 import os
 import re
 from typing import Any, Mapping
-
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
 
 __all__ = ["write_plots", "sweep_plot", "crossover_plot", "summary_plot"]
 
@@ -39,7 +36,10 @@ def _time_unit(seconds: list[float]) -> tuple[str, float]:
     return "ns", 1e-9
 
 
-def _new_figure(width=6.4, height=4.2) -> Figure:
+def _new_figure(width=6.4, height=4.2):
+    """A matplotlib ``Figure`` on an Agg canvas (``ImportError`` without matplotlib)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
     fig = Figure(figsize=(width, height), dpi=100, layout="constrained")
     FigureCanvasAgg(fig)
     return fig
@@ -152,7 +152,9 @@ def summary_plot(results: list[Mapping[str, Any]], path: str) -> bool:
 
 
 def write_plots(report: Mapping[str, Any], out_dir: str) -> list[str]:
-    """Write the sweep plots and summary.png for ``report`` (the runner's results.json); return the paths."""
+    """Write the sweep plots and summary.png for ``report`` (the runner's results.json); return the paths.
+    ``ImportError`` without matplotlib, even when no plot would be drawn."""
+    import matplotlib  # noqa: F401
     os.makedirs(out_dir, exist_ok=True)
     results = report.get("results", [])
     written: list[str] = []

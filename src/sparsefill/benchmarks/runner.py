@@ -32,11 +32,13 @@ left (the budget left / the cases left); a case past its share skips its remaini
 (size, threads) rows, noted in the table; the first row of a case runs while any budget
 is left, with one round only when its warm-up calls alone would overrun the share.
 
-Cases live in ``benchmarks/cases_*.py``; :func:`discover` imports every such module, so
-a new file registers its cases without editing anything else.  Nothing happens on import.
+Cases live in ``sparsefill/benchmarks/cases_*.py`` (shipped with the package);
+:func:`discover` imports every such module, so a new file registers its cases without
+editing anything else.  Nothing happens on import, and ``import sparsefill`` does not
+import this package.
 :func:`run_cases` is the machinery (the timer is a parameter, so a test can run it on a
 tiny case with :func:`stub_timer`); :func:`main` is the command line
-(``python -m sparsefill bench`` and ``benchmarks/run.py`` call it).
+(``python -m sparsefill bench`` calls it, through ``sparsefill.bench``).
 """
 
 from __future__ import annotations
@@ -187,7 +189,7 @@ REGISTRY = Registry()
 case = REGISTRY.case
 
 
-def discover(package: str = "benchmarks", registry: Registry = REGISTRY) -> dict[str, str]:
+def discover(package: str = __package__, registry: Registry = REGISTRY) -> dict[str, str]:
     """Import every ``cases_*.py`` module of ``package`` (each registers its cases on import).
 
     A module that fails to import does not stop the others: its traceback is returned and kept
@@ -425,15 +427,7 @@ def environment() -> dict[str, Any]:
     for mod in ("sparse", "torch_scatter", "scipy"):
         m = optional_import(mod)
         env["peers"][mod] = getattr(m, "__version__", "?") if m is not None else None
-    try:
-        here = os.path.dirname(os.path.abspath(__file__))
-        env["git_commit"] = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True,
-                                           text=True, timeout=10).stdout.strip() or None
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "src"], cwd=os.path.dirname(here),
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-        env["src_dirty"] = bool(dirty)
-    except Exception:
-        env["git_commit"] = None
+    env.update(git_state())
     env["THP_MEM_ALLOC_ENABLE"] = os.environ.get("THP_MEM_ALLOC_ENABLE")   # torch's CPU allocator on huge pages
     try:
         with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
@@ -449,6 +443,23 @@ def environment() -> dict[str, Any]:
     return env
 
 
+def git_state(package_dir: str | None = None) -> dict[str, Any]:
+    """``git_commit`` and ``src_dirty`` (uncommitted changes under the package) when the imported
+    package is a tracked folder of a git checkout (an editable install), else ``git_commit: None``
+    (an installed wheel: its commit is unknown, even when the venv sits inside a checkout)."""
+    pkg = package_dir or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # .../sparsefill
+
+    def git(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", *args], cwd=pkg, capture_output=True, text=True, timeout=10)
+    try:
+        if git("ls-files", "--error-unmatch", "__init__.py").returncode != 0:
+            return {"git_commit": None}
+        return {"git_commit": git("rev-parse", "HEAD").stdout.strip() or None,
+                "src_dirty": bool(git("status", "--porcelain", "--", ".").stdout.strip())}
+    except (OSError, subprocess.SubprocessError):
+        return {"git_commit": None}
+
+
 # ---------------------------------------------------------------------- command line
 def _parse_threads(s: str) -> list[int]:
     try:
@@ -462,7 +473,7 @@ def _parse_threads(s: str) -> list[int]:
 
 def parser(prog: str | None = None) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description="sparsefill benchmarks against its peers "
-                                "(every case in benchmarks/cases_*.py)")
+                                "(every case in sparsefill/benchmarks/cases_*.py)")
     p.add_argument("--quick", action="store_true",
                    help=f"small sizes, few repeats, a {QUICK_BUDGET_S:.0f} s budget (under 2 minutes in all)")
     p.add_argument("--filter", default=None, metavar="SUBSTR", help="only cases whose name contains SUBSTR")
@@ -492,7 +503,7 @@ def parser(prog: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None, cases: Sequence[Case] | None = None, *, prog: str | None = None) -> int:
-    """Command line: run ``cases`` (default: every ``benchmarks/cases_*.py``), print Markdown, write
+    """Command line: run ``cases`` (default: every ``cases_*.py`` here), print Markdown, write
     ``results.json``, ``results.md`` and PNG plots to ``--out``."""
     p = parser(prog)
     args = p.parse_args(argv)
@@ -555,7 +566,7 @@ def main(argv: Sequence[str] | None = None, cases: Sequence[Case] | None = None,
             from . import plots as _plots
             plots = _plots.write_plots(report, args.out)
         except ImportError as e:
-            report["plots_note"] = f"no plots: {e} (pip install -e '.[bench]')"
+            report["plots_note"] = f"no plots: {e} (pip install '.[bench]')"
             print(f"# {report['plots_note']}", file=sys.stderr)
     report["plots"] = [os.path.basename(f) for f in plots]
     report["total_s"] = time.monotonic() - t0

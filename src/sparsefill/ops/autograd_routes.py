@@ -1,0 +1,112 @@
+"""Autograd routes: torch functions whose backward must know the sparse pattern (DESIGN.md section 10).
+
+Autograd's derivative formulas run above ``__torch_dispatch__``: for ``A @ X`` torch computes the
+gradient of the SparseTensor ``A`` as the dense ``G @ X^T`` (N x N) before any handler sees it.
+``SparseTensor.__torch_function__`` therefore calls :func:`route` while grad mode is on:
+
+* a function in ``ROUTES`` (registered per op family with :func:`register_route`, e.g. the
+  matrix products of ``linalg_autograd.py``) runs through an ``autograd.Function`` whose
+  backward is as sparse as its forward; a route returns ``NotImplemented`` to decline;
+* any other function mixing a SparseTensor with a dense tensor that requires grad sees that
+  tensor through :class:`DenseGrad`, so its gradient is dense: a dense leaf's ``.grad`` is a
+  dense tensor (torch's contract), never a SparseTensor;
+* everything else (and everything with grad mode off) passes through as
+  ``torch._C._disabled_torch_function_impl``: straight to ``__torch_dispatch__``, results never
+  re-wrapped.
+
+>>> import torch, sparsefill
+>>> A = sparsefill.sparse_coo_tensor([[0, 1], [1, 0]], [1., 2.], (2, 2), fill_value=3.)
+>>> w = torch.ones(2, 2, requires_grad=True)
+>>> (A * w).sum().backward()
+>>> type(w.grad).__name__, w.grad.tolist()
+('Tensor', [[3.0, 1.0], [2.0, 3.0]])
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .._tensor import SparseTensor
+
+ROUTES: dict = {}  # torch function (as __torch_function__ receives it) -> route(func, args, kwargs)
+
+
+def register_route(*funcs):
+    """Decorator: ``route(func, args, kwargs)`` takes calls of ``funcs`` while grad mode is on."""
+    def deco(fn):
+        for f in funcs:
+            ROUTES[f] = fn
+        return fn
+    return deco
+
+
+def route(func, types, args, kwargs):
+    """The call's result, or ``NotImplemented`` for the plain pass-through (grad mode is on here)."""
+    r = ROUTES.get(func)
+    if r is not None:
+        with torch._C.DisableTorchFunctionSubclass():  # attribute reads of SparseTensors: no re-entry
+            out = r(func, args, kwargs)
+        if out is not NotImplemented:
+            return out
+    if not _needs_dense_grads(args, kwargs) or _writes(func, kwargs):
+        return NotImplemented
+    args = tuple(_dense_grad_arg(a) for a in args)
+    kwargs = {k: _dense_grad_arg(v) for k, v in kwargs.items()}
+    return torch._C._disabled_torch_function_impl(func, types, args, kwargs)
+
+
+# ---------------------------------------------------------------------- dense inputs get dense gradients
+class DenseGrad(torch.autograd.Function):
+    """``x -> x`` for a dense ``x``; a SparseTensor gradient reaching it is made dense.
+
+    torch's formulas compute a dense input's gradient with the op's SparseTensor operand
+    (``grad * A`` for ``A * w``), a SparseTensor; the input is dense, so its gradient is too
+    (an indefinite gradient: 0 at the masked-out elements, which the forward did not read)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        if isinstance(g, SparseTensor):
+            g = g.to_dense(fill_value=0) if g.is_fill_indefinite() else g.to_dense()
+        return g
+
+
+def _is_dense_needing_grad(a) -> bool:
+    return isinstance(a, torch.Tensor) and not isinstance(a, SparseTensor) and a.requires_grad \
+        and a.layout is torch.strided
+
+
+def _needs_dense_grads(args, kwargs) -> bool:
+    for a in (*args, *kwargs.values()):
+        if _is_dense_needing_grad(a) or isinstance(a, (list, tuple)) and any(map(_is_dense_needing_grad, a)):
+            return True
+    return False
+
+
+def _dense_grad_arg(a):
+    if _is_dense_needing_grad(a):
+        return DenseGrad.apply(a)
+    if isinstance(a, (list, tuple)) and any(map(_is_dense_needing_grad, a)):
+        return type(a)(DenseGrad.apply(x) if _is_dense_needing_grad(x) else x for x in a)
+    return a
+
+
+_INPLACE_DUNDERS = {"add", "sub", "mul", "truediv", "floordiv", "div", "mod", "pow", "matmul", "and", "or", "xor",
+                    "lshift", "rshift"}
+
+
+def _writes(func, kwargs) -> bool:
+    """In-place and ``out=`` calls, ``__setitem__``, and the ``*_as`` functions that only read a shape or
+    dtype from their other argument: their tensors are used as they are."""
+    name = getattr(func, "__name__", "")
+    if "out" in kwargs or name == "__setitem__" or name.endswith("_as"):
+        return True
+    if name.startswith("__") and name.endswith("__"):
+        return name[2] == "i" and name[3:-2] in _INPLACE_DUNDERS
+    return name.endswith("_")
+
+
+from . import linalg_autograd  # noqa: E402,F401  (fills ROUTES: the matrix products)

@@ -1,0 +1,266 @@
+"""The backward of the matrix products, as sparse as their forward.
+
+``matmul mm bmm mv addmm addmv baddbmm linear einsum torch.sparse.mm`` with one SparseTensor
+operand ``A`` (2-d or 3-d, batched) and one dense operand ``X`` run through :class:`SparseMM`
+when ``A`` needs a gradient.  For ``Y = A @ X``, upstream gradient ``G``, pattern ``P`` of ``A``::
+
+    grad_A[b, i, j] = (G[b, i, :] * X[b, j, :]).sum()      at each (b, i, j) in P  (SDDMM: O(nse * n))
+    sum of grad_A over the unspecified elements = sum_b G[b].sum(0) . X[b].sum(0) - sum of grad_A over P
+    grad_X          = A^T @ G                                (a sparse product of ``linalg.py``)
+
+and for ``Y = X @ A``: ``grad_A[b, i, j] = (X[b, :, i] * G[b, :, j]).sum()``, ``grad_X = G @ A^T``
+(hybrid ``A``: the same per stored scalar element; the fill's gradient keeps the dense dims).
+No N x N tensor is formed.  The gradient of ``A`` is a SparseTensor with ``A``'s pattern whose fill
+is the mean of ``grad_A`` over the unspecified elements: exact for what ``A`` was built from (the
+constructor reads ``grad_A`` at the pattern and its sum over the unspecified elements), so the route
+is taken only where that is all that is read (:func:`pattern_grad_is_exact`).  An indefinite fill
+has no gradient outside the pattern (the forward reads nothing there): the gradient's fill is 0.
+
+>>> import torch, sparsefill
+>>> v, f = torch.tensor([1., 2.], requires_grad=True), torch.tensor(3., requires_grad=True)
+>>> A = sparsefill.sparse_coo_tensor([[0, 1], [1, 0]], v, (2, 2), fill_value=f)
+>>> X = torch.tensor([[1., 2.], [3., 4.]])
+>>> (A @ X).sum().backward()
+>>> v.grad.tolist(), f.grad.item()          # dense: (ones @ X^T) at (0, 1), (1, 0); the rest summed
+([7.0, 3.0], 10.0)
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from .. import _index
+from .._autograd import Construct, SameDense, _pattern
+from .._convert import coalesced_parts, parts_to_sparse, scalar_parts
+from .._tensor import SparseTensor
+from .autograd_routes import register_route
+
+_CONSTRUCT, _SAME_DENSE = Construct._backward_cls, SameDense._backward_cls
+
+
+def pattern_grad_is_exact(A: SparseTensor) -> bool:
+    """True when ``A``'s gradient is read only at its pattern and summed over its unspecified
+    elements: ``A`` comes from a differentiable constructor (through coalesce / layout changes), or
+    its fill is indefinite.  A leaf's ``.grad`` (dense semantics: ``G @ X^T``) takes torch's path."""
+    if A._indefinite:
+        return True
+    node = A.grad_fn
+    while type(node) is _SAME_DENSE and node.x_layout is None:
+        node = node.next_functions[0][0]
+    return type(node) is _CONSTRUCT
+
+
+def _sampled(A: SparseTensor, U: torch.Tensor, V: torch.Tensor):
+    """``(indices, (U @ V^T) at A's coalesced pattern)`` for ``U`` ``(nb, m, n)``, ``V`` ``(nb, k, n)``."""
+    idx, vals = coalesced_parts(A)
+    sidx, _ = scalar_parts(idx, vals, A._dense_shape)
+    if A.dim() == 2:
+        u, v = U[0].index_select(0, sidx[0]), V[0].index_select(0, sidx[1])
+    else:
+        u, v = U[sidx[0], sidx[1]], V[sidx[0], sidx[2]]
+    return idx, torch.linalg.vecdot(u, v).reshape(vals.shape)
+
+
+def _total(A: SparseTensor, U: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
+    """``(U @ V^T)`` summed over ``A``'s sparse dims (of the ``(nb, m, k)`` view): the dense dims remain."""
+    s = A._sparse_ndim() + (A.dim() == 2)
+    if s == 3:
+        return torch.linalg.vecdot(U.sum(1), V.sum(1)).sum()
+    if s == 2:
+        return torch.einsum("bn,bjn->j", U.sum(1), V)
+    return torch.einsum("bin,bjn->ij", U, V)
+
+
+def pattern_grad(A: SparseTensor, U: torch.Tensor, V: torch.Tensor) -> SparseTensor:
+    """The gradient of ``A`` for the dense gradient ``U @ V^T`` (never formed), as a SparseTensor of
+    ``A``'s pattern and layout: exact at the pattern, the mean of the rest as its fill."""
+    idx, gv = _sampled(A, U, V)
+    if A._indefinite:
+        fill, zero = gv.new_zeros(()), True
+    else:
+        rest = _total(A, U, V).reshape(A._dense_shape) - gv.sum(0)
+        n = _index.numel(A._sparse_shape) - idx.shape[1]
+        fill, zero = (rest / n if n else torch.zeros_like(rest)), False
+    return parts_to_sparse(idx, gv, A.shape, fill, False, zero, A._sf_layout, True)
+
+
+class SparseMM(torch.autograd.Function):
+    """``A @ X`` (``left``) or ``X @ A``: ``A`` a 2-d or 3-d SparseTensor, ``X`` dense of ``A``'s batch."""
+
+    @staticmethod
+    def forward(ctx, A, X, left):
+        P = _pattern(A)
+        ctx.pattern, ctx.left = P, left
+        ctx.save_for_backward(X)
+        mm = torch.mm if A.dim() == 2 else torch.bmm
+        return mm(P, X) if left else mm(X, P)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, G):
+        (X,) = ctx.saved_tensors
+        P, left = ctx.pattern, ctx.left
+        mm = torch.mm if P.dim() == 2 else torch.bmm
+        gA = gX = None
+        if ctx.needs_input_grad[0]:
+            U, V = (G, X) if left else (X.mT, G.mT)
+            gA = pattern_grad(P, U[None] if P.dim() == 2 else U, V[None] if P.dim() == 2 else V)
+        if ctx.needs_input_grad[1]:
+            gX = mm(G.mT, P).mT if left else mm(P, G.mT).mT
+        return gA, gX, None
+
+
+# ---------------------------------------------------------------------- routes
+def _eligible(A, X) -> bool:
+    return (isinstance(A, SparseTensor) and isinstance(X, torch.Tensor) and not isinstance(X, SparseTensor)
+            and X.layout is torch.strided and A.requires_grad and A.dtype == X.dtype
+            and A.dtype.is_floating_point and A.device == X.device and A.dim() in (2, 3) and 1 <= X.dim() <= 3
+            and A.numel() > 0 and X.numel() > 0 and pattern_grad_is_exact(A))
+
+
+def _matmul(a, b):
+    """``torch.matmul(a, b)`` through :class:`SparseMM`, or ``NotImplemented`` (torch's path: shape
+    errors, both sparse, 4-d operands, a leaf ``A``...)."""
+    if _eligible(a, b):
+        A, X, left = a, b, True
+    elif _eligible(b, a):
+        A, X, left = b, a, False
+    else:
+        return NotImplemented
+    k = A.shape[-1] if left else A.shape[-2]  # the contracted size
+    xk = X.shape[0 if X.dim() == 1 else (-2 if left else -1)]
+    if xk != k:
+        return NotImplemented
+    vec = X.dim() == 1
+    if vec:
+        X = X[:, None] if left else X[None]
+    if A.dim() == 2 and X.dim() == 3:  # a batch of dense operands: one product with the batch folded
+        nb = X.shape[0]
+        if left:
+            Y = SparseMM.apply(A, X.transpose(0, 1).reshape(k, -1), True)
+            return Y.reshape(A.shape[0], nb, -1).transpose(0, 1)
+        return SparseMM.apply(A, X.reshape(-1, k), False).reshape(nb, -1, A.shape[1])
+    if A.dim() == 3:
+        if X.dim() == 3 and X.shape[0] not in (1, A.shape[0]):
+            return NotImplemented
+        X = X.expand((A.shape[0],) + tuple(X.shape[-2:]))
+    Y = SparseMM.apply(A, X, left)
+    if vec:
+        Y = Y.squeeze(-1) if left else Y.squeeze(-2)
+    return Y
+
+
+def _dims_are(a, b, da, db) -> bool:
+    return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dim() == da and b.dim() == db
+
+
+T = torch.Tensor
+
+
+@register_route(torch.matmul, T.matmul, T.__matmul__)
+def _route_matmul(func, args, kwargs):
+    return NotImplemented if kwargs or len(args) != 2 else _matmul(*args)
+
+
+@register_route(T.__rmatmul__)
+def _route_rmatmul(func, args, kwargs):
+    return NotImplemented if kwargs or len(args) != 2 else _matmul(args[1], args[0])
+
+
+@register_route(torch.mm, T.mm, torch.bmm, T.bmm, torch.mv, T.mv, torch._C._sparse._sparse_mm)
+def _route_mm(func, args, kwargs):
+    """``mm``/``bmm`` need 2-d/3-d operands of equal batch, ``mv`` a matrix and a vector; ``torch.sparse.mm``
+    on a SparseTensor is ``mm`` (dense semantics)."""
+    if kwargs or len(args) != 2:
+        return NotImplemented
+    a, b = args
+    name = func.__name__
+    need = (3, 3) if name == "bmm" else (2, 1) if name == "mv" else (2, 2)
+    if not _dims_are(a, b, *need) or name == "bmm" and a.shape[0] != b.shape[0]:
+        return NotImplemented
+    return _matmul(a, b)
+
+
+@register_route(torch.addmm, T.addmm, torch.addmv, T.addmv, torch.baddbmm, T.baddbmm)
+def _route_addmm(func, args, kwargs):
+    """``beta * input + alpha * (m1 @ m2)`` (``input`` ignored when ``beta == 0``, as torch)."""
+    if len(args) != 3 or set(kwargs) - {"beta", "alpha"}:
+        return NotImplemented
+    inp, m1, m2 = args
+    name = func.__name__
+    need = (3, 3) if name == "baddbmm" else (2, 1) if name == "addmv" else (2, 2)
+    if not _dims_are(m1, m2, *need) or name == "baddbmm" and m1.shape[0] != m2.shape[0]:
+        return NotImplemented
+    p = _matmul(m1, m2)
+    if p is NotImplemented:
+        return p
+    beta, alpha = kwargs.get("beta", 1), kwargs.get("alpha", 1)
+    torch.broadcast_shapes(inp.shape, p.shape)  # torch's error for an input that does not broadcast
+    if alpha != 1:
+        p = p * alpha
+    if beta != 0:
+        p = p + (inp if beta == 1 else inp * beta)
+    return p.expand(torch.broadcast_shapes(inp.shape, p.shape))
+
+
+@register_route(torch.nn.functional.linear)
+def _route_linear(func, args, kwargs):
+    """``input @ weight^T + bias``: a sparse weight ``W`` as ``(W @ input^T)^T`` (no transposed copy)."""
+    args = list(args) + [kwargs.get(k) for k in ("input", "weight", "bias")[len(args):]]
+    if len(args) != 3 or set(kwargs) - {"input", "weight", "bias"}:
+        return NotImplemented
+    x, W, bias = args
+    if not isinstance(x, torch.Tensor) or not isinstance(W, torch.Tensor) or W.dim() != 2 or x.dim() < 1:
+        return NotImplemented
+    if isinstance(W, SparseTensor) and not isinstance(x, SparseTensor):
+        if x.shape[-1] != W.shape[1]:
+            return NotImplemented
+        x2 = x.reshape(-1, W.shape[1])
+        y = _matmul(W, x2.mT)
+        if y is NotImplemented:
+            return y
+        y = y.mT.reshape(tuple(x.shape[:-1]) + (W.shape[0],))
+    elif isinstance(x, SparseTensor) and not isinstance(W, SparseTensor) and x.dim() in (2, 3):
+        y = _matmul(x, W.mT)
+        if y is NotImplemented:
+            return y
+    else:
+        return NotImplemented
+    return y if bias is None else y + bias
+
+
+@register_route(torch.einsum)
+def _route_einsum(func, args, kwargs):
+    """Two operands whose equation is a (batched) matrix product, e.g. ``"ij,kj->ik"``, ``"bji,bjk->bki"``:
+    transposes of the dense operand and of the result around :func:`_matmul`."""
+    if kwargs or len(args) != 3 or not isinstance(args[0], str):
+        return NotImplemented
+    eq = args[0].replace(" ", "")
+    if "..." in eq or eq.count("->") != 1 or eq.count(",") != 1:
+        return NotImplemented
+    ins, lo = eq.split("->")
+    (la, ld), (S, D) = ins.split(","), args[1:]
+    if isinstance(D, SparseTensor):
+        (la, S), (ld, D) = (ld, D), (la, S)
+    if not isinstance(S, SparseTensor) or not isinstance(D, torch.Tensor) or isinstance(D, SparseTensor):
+        return NotImplemented
+    nb = len(la) - 2
+    if nb not in (0, 1) or len(ld) != len(la) or len(lo) != len(la) or la[:nb] != ld[:nb] or la[:nb] != lo[:nb] \
+            or S.dim() != len(la) or D.dim() != len(ld) or len(set(la)) != len(la) or len(set(ld)) != len(ld):
+        return NotImplemented
+    a, d, o = la[nb:], ld[nb:], lo[nb:]
+    shared = set(a) & set(d)
+    if len(shared) != 1 or nb and la[0] in shared:
+        return NotImplemented
+    c = shared.pop()
+    r, s = a.replace(c, ""), d.replace(c, "")
+    if sorted(o) != sorted(r + s) or r == s:
+        return NotImplemented
+    Dm = D if d == c + s else D.mT  # (c, s)
+    Y = _matmul(S, Dm) if a == r + c else _matmul(Dm.mT, S)  # (r, s) or (s, r)
+    if Y is NotImplemented:
+        return Y
+    if a != r + c:
+        Y = Y.mT
+    return Y if o == r + s else Y.mT
