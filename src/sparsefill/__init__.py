@@ -8,6 +8,7 @@ tensor([5., 5., 5., 7., 5.])
 
 from ._creation import (indefinite, empty, empty_like, eye, from_torch, full, full_like, ones, ones_like, sparse_coo_tensor,
                         sparse_csr_tensor, to_sparse, to_torch, zeros, zeros_like)
+from ._interop import from_pandas, from_pydata, from_scipy, to_pandas, to_pydata, to_scipy
 from ._policy import DensifyError, DensifyWarning, densify_policy, get_densify_policy, set_densify_policy
 from ._tensor import SparseTensor
 from . import ops  # noqa: F401  (fills the op registry)
@@ -17,5 +18,6 @@ from . import segment  # noqa: F401  (sparsefill.segment: the Caffe2 segment ope
 __version__ = "0.1.0"
 
 __all__ = ["SparseTensor", "indefinite", "sparse_coo_tensor", "sparse_csr_tensor", "to_sparse", "from_torch", "to_torch",
+           "from_scipy", "to_scipy", "from_pydata", "to_pydata", "from_pandas", "to_pandas",
            "full", "zeros", "ones", "empty", "eye", "full_like", "zeros_like", "ones_like", "empty_like",
            "DensifyWarning", "DensifyError", "densify_policy", "set_densify_policy", "get_densify_policy"]

@@ -291,6 +291,12 @@ def to_sparse(x, *, fill_value=None, layout=torch.sparse_coo, dense_dim=None) ->
     NaN fills leave NaN elements unspecified.  ``x`` may be dense, torch native sparse or a SparseTensor
     (then layout/fill/dense_dim change, as ``x.to_sparse(...)``).  Invariant: ``to_sparse(x, ...).to_dense() == x``.
 
+    A scipy.sparse, pydata ``sparse`` or pandas sparse object is read by :func:`sparsefill.from_scipy`,
+    :func:`~sparsefill.from_pydata` or :func:`~sparsefill.from_pandas` (its fill and pattern kept; a
+    ``fill_value`` equal to its fill prunes its fill-valued elements, another one re-specifies it, O(numel)),
+    then treated as a SparseTensor.  Another object that densifies (``toarray()``/``todense()``) goes
+    through the densify policy before its dense array is allocated.
+
     >>> import torch, sparsefill
     >>> sparsefill.to_sparse(torch.ones(10), fill_value=1.)._nse()
     0
@@ -298,7 +304,11 @@ def to_sparse(x, *, fill_value=None, layout=torch.sparse_coo, dense_dim=None) ->
     if isinstance(x, SparseTensor):
         return x.to_sparse(layout, fill_value=fill_value, dense_dim=dense_dim)
     if not isinstance(x, torch.Tensor):
-        x = torch.as_tensor(x)
+        from ._interop import as_dense, from_peer
+        A, fill_value = from_peer(x, fill_value)
+        if A is not None:
+            return A.to_sparse(layout, fill_value=fill_value, dense_dim=dense_dim)
+        x = as_dense(x)
     if x.layout is not torch.strided:
         return from_torch(x).to_sparse(layout, fill_value=fill_value, dense_dim=dense_dim)
     dd = _convert.check_dense_dim(x.dim(), dense_dim, layout)
