@@ -14,6 +14,7 @@ from ._tensor import SparseTensor
 from . import ops  # noqa: F401  (fills the op registry)
 from . import masked  # noqa: F401,E402  (sparsefill.masked)
 from . import segment  # noqa: F401  (sparsefill.segment: the Caffe2 segment operations)
+from . import data  # noqa: F401  (sparsefill.data: DataLoader collate of SparseTensors, registered on import)
 
 __version__ = "0.1.0"
 

@@ -1,0 +1,249 @@
+"""nn.Module conversions, shared memory and processes with SparseTensor parameters and buffers.
+
+Every ``nn.Module`` path is run on a module with SparseTensor parameter and buffer and on its dense
+twin (the same tensors densified); after it, with and without
+``torch.__future__.set_swap_module_params_on_conversion(True)``::
+
+    m.p.to_dense() == twin.p        m.p.dtype == twin.p.dtype (values and fill)        grads alike
+    a write to m.p reaches the tensor m.p was made from exactly when it does for the twin
+    state_dict / load_state_dict (strict, assign=True) work after
+"""
+
+import copy
+import pickle
+import warnings
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+import sparsefill
+from sparsefill import SparseTensor
+
+
+def _coo():
+    return sparsefill.sparse_coo_tensor([[0, 1, 1], [2, 0, 1]], [1., 2., -3.], (2, 3), fill_value=0.5)
+
+
+def _csr():
+    return _coo().to_sparse_csr()
+
+
+def _hybrid():
+    return sparsefill.sparse_coo_tensor([[0, 2]], [[1., 2.], [3., 4.]], (3, 2), fill_value=torch.tensor([5., 6.]))
+
+
+def _indefinite():
+    return sparsefill.sparse_coo_tensor([[0, 2], [1, 1]], [1., 2.], (3, 2), fill_value=sparsefill.indefinite)
+
+
+MAKERS = {"coo": _coo, "csr": _csr, "hybrid": _hybrid, "indefinite": _indefinite}
+
+
+def _dense(A):
+    return A.to_dense(fill_value=0.) if A.is_fill_indefinite() else A.to_dense()
+
+
+PATHS = {
+    "cpu": lambda m: m.cpu(),
+    "to_cpu": lambda m: m.to("cpu"),
+    "float": lambda m: m.float(),
+    "to_float32": lambda m: m.to(torch.float32),
+    "double": lambda m: m.double(),
+    "to_float64": lambda m: m.to(torch.float64),
+    "half": lambda m: m.half(),
+    "bfloat16": lambda m: m.bfloat16(),
+    "type": lambda m: m.type(torch.float64),
+    "share_memory": lambda m: m.share_memory(),
+    "to_empty": lambda m: m.to_empty(device="cpu"),
+    "requires_grad_": lambda m: m.requires_grad_(False),
+    "zero_grad": lambda m: m.zero_grad(),
+    "zero_grad_keep": lambda m: m.zero_grad(set_to_none=False),
+    "zero_grad_keep_foreach": lambda m: torch.optim.SGD(m.parameters(), lr=0.1, foreach=True).zero_grad(False),
+}
+
+
+@pytest.fixture(params=[False, True], ids=["set_data", "swap"])
+def swap(request):
+    old = torch.__future__.get_swap_module_params_on_conversion()
+    torch.__future__.set_swap_module_params_on_conversion(request.param)
+    yield request.param
+    torch.__future__.set_swap_module_params_on_conversion(old)
+
+
+def _modules(kind):
+    """``(m, twin, A, Ad)``: m has Parameter(A) and a buffer, twin the dense equivalents; both have grads."""
+    A, B = MAKERS[kind](), MAKERS[kind]() * 2.
+    Ad, Bd = _dense(A), _dense(B)
+    m, twin = torch.nn.Module(), torch.nn.Module()
+    m.p, twin.p = torch.nn.Parameter(A), torch.nn.Parameter(Ad)
+    m.register_buffer("b", B)
+    twin.register_buffer("b", Bd)
+    if kind != "indefinite":
+        G = A.detach() * 0. + 0.25  # a SparseTensor gradient (A's pattern, fill 0.25)
+        (m.p * 3.).backward(G)
+        (twin.p * 3.).backward(G.to_dense())
+        assert isinstance(m.p.grad, SparseTensor)
+    return m, twin, A, Ad
+
+
+def _check_tensor(S, D, values=True):
+    assert isinstance(S, SparseTensor) and S.shape == D.shape
+    assert S.dtype == D.dtype == S._vals.dtype == S._fill.dtype
+    assert S.requires_grad == D.requires_grad
+    repr(S)
+    if values:
+        torch.testing.assert_close(_dense(S.detach()), D.detach(), equal_nan=True)
+
+
+@pytest.mark.parametrize("kind", list(MAKERS))
+@pytest.mark.parametrize("path", list(PATHS))
+def test_module_paths_match_the_dense_module(path, kind, swap):
+    m, twin, A, Ad = _modules(kind)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", sparsefill.DensifyWarning)
+        out = PATHS[path](m)
+    assert PATHS[path](twin) is (None if out is None else twin)
+    assert out is None or out is m
+    init = path != "to_empty"  # (uninitialised memory)
+    assert isinstance(m.p, torch.nn.Parameter) and isinstance(twin.p, torch.nn.Parameter)
+    _check_tensor(m.p, twin.p, init)
+    _check_tensor(m.b, twin.b, init)
+    if path == "share_memory":
+        assert m.p.is_shared() and m.b.is_shared() and twin.p.is_shared()
+    if twin.p.grad is None:
+        assert m.p.grad is None
+    else:
+        _check_tensor(m.p.grad, twin.p.grad, init)
+    with torch.no_grad():  # the link between m.p and A is the one between twin.p and Ad
+        m.p.mul_(2.)
+        twin.p.mul_(2.)
+    torch.testing.assert_close(_dense(A.detach()), Ad.detach())
+    if init:
+        _check_tensor(m.p, twin.p)
+
+
+@pytest.mark.parametrize("kind", ["coo", "csr", "hybrid"])
+@pytest.mark.parametrize("path", ["cpu", "float", "double", "half"])
+def test_state_dict_round_trips_after_a_conversion(path, kind, swap):
+    m, twin, _, _ = _modules(kind)
+    PATHS[path](m)
+    PATHS[path](twin)
+    src, src_twin = _modules(kind)[:2]
+    with torch.no_grad():
+        src.p.add_(1.)
+        src_twin.p.add_(1.)
+    for assign in (False, True):
+        m.load_state_dict(src.state_dict(), assign=assign)
+        twin.load_state_dict(src_twin.state_dict(), assign=assign)
+        _check_tensor(m.p, twin.p)
+        _check_tensor(m.b, twin.b)
+        assert isinstance(m.p, torch.nn.Parameter)
+    sd = m.state_dict()
+    assert set(sd) == {"p", "b"} and all(isinstance(v, SparseTensor) for v in sd.values())
+    m.load_state_dict(twin.state_dict())  # a dense checkpoint: copied in
+    _check_tensor(m.p, twin.p)
+
+
+def test_the_buffer_swapped_with_its_own_detach_keeps_its_contents(swap):
+    """load_state_dict under the swap flag swaps a buffer with ``buffer.copy_(other).detach()``: a view of
+    itself after the swap (RecursionError before)."""
+    m = torch.nn.Module()
+    m.register_buffer("b", _csr())
+    new = _csr() * 3.
+    m.load_state_dict({"b": new})
+    torch.testing.assert_close(m.b.to_dense(), new.to_dense())
+    B = m.b
+    torch.utils.swap_tensors(B, B.detach())
+    torch.testing.assert_close(B.to_dense(), new.to_dense())
+    B.add_(1.)
+    torch.testing.assert_close(B.to_dense(), new.to_dense() + 1.)
+
+
+def test_optimizer_steps_after_cpu_and_float():
+    A = _coo()
+    m = torch.nn.Module()
+    m.p = torch.nn.Parameter(A)
+    m.cpu().float().to("cpu")
+    opt = torch.optim.SGD(m.parameters(), lr=0.5)
+    before = A.to_dense()
+    (m.p * 2.).backward(A.detach() * 0. + 1.)
+    opt.step()
+    torch.testing.assert_close(m.p.detach().to_dense(), before - 1.)
+    torch.testing.assert_close(A.to_dense(), before - 1.)  # as for a dense tensor: the parameter is A's storage
+
+
+# ---------------------------------------------------------------------------------- shared and pinned memory
+@pytest.mark.parametrize("kind", list(MAKERS))
+def test_share_memory_moves_the_inner_tensors(kind):
+    A = MAKERS[kind]()
+    dense = _dense(A)
+    assert not A.is_shared()
+    assert A.share_memory_() is A
+    names = A.__tensor_flatten__()[0]
+    assert len(names) >= 3 and all(getattr(A, n).is_shared() for n in names)
+    assert A.is_shared()
+    torch.testing.assert_close(_dense(A), dense)
+    m = torch.nn.Linear(2, 2)
+    m.p = torch.nn.Parameter(MAKERS[kind]())
+    m.register_buffer("b", MAKERS[kind]())
+    assert m.share_memory() is m and m.p.is_shared() and m.b.is_shared() and m.weight.is_shared()
+
+
+def test_pin_memory_behaves_as_on_a_dense_tensor():
+    A, d = _coo(), _coo().to_dense()
+    assert A.is_pinned() is False and d.is_pinned() is False
+    if not torch.accelerator.is_available():
+        with pytest.raises(RuntimeError) as dense_err:
+            d.pin_memory()
+        with pytest.raises(RuntimeError, match=str(dense_err.value)):
+            A.pin_memory()
+        return
+    P = A.requires_grad_().pin_memory()  # pragma: no cover (needs an accelerator)
+    assert isinstance(P, SparseTensor) and P.is_pinned() and P.grad_fn is not None
+    torch.testing.assert_close(P.detach().to_dense(), d)
+
+
+def test_pickle_keeps_parameter_ness_and_the_inner_tensors():
+    m = torch.nn.Module()
+    m.p = torch.nn.Parameter(_csr())
+    m2 = pickle.loads(pickle.dumps(m))
+    assert isinstance(m2.p, torch.nn.Parameter) and isinstance(m2.p, SparseTensor) and m2.p.requires_grad
+    assert m2.p.sparse_layout is torch.sparse_csr
+    torch.testing.assert_close(m2.p.detach().to_dense(), _csr().to_dense())
+    assert isinstance(copy.deepcopy(m).p, torch.nn.Parameter)
+
+
+# ---------------------------------------------------------------------------------- processes
+def _child(q, r, done):
+    A, M = q.get()
+    r.put((type(A).__name__, A.is_shared(), A.sparse_layout, type(M.p).__name__, M.p.is_shared()))
+    A._vals.mul_(10.)  # in the shared memory: the parent sees it (nothing was copied)
+    r.put(sparsefill.sparse_coo_tensor([[1]], [7.], (3,), fill_value=2.))
+    done.wait(60)  # (the receiver needs the sender alive to open its shared memory)
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_sparse_tensors_cross_processes_in_shared_memory(method):
+    ctx = mp.get_context(method)
+    q, r, done = ctx.Queue(), ctx.Queue(), ctx.Event()
+    A = _csr()
+    M = torch.nn.Module()
+    M.p = torch.nn.Parameter(_hybrid())
+    M.share_memory()
+    proc = ctx.Process(target=_child, args=(q, r, done), daemon=True)
+    proc.start()
+    try:
+        q.put((A, M))
+        assert r.get(timeout=60) == ("SparseTensor", True, torch.sparse_csr, "SparseTensor", True)
+        B = r.get(timeout=60)
+        assert isinstance(B, SparseTensor) and B.is_shared()
+        torch.testing.assert_close(B.to_dense(), torch.tensor([2., 7., 2.]))
+    finally:
+        done.set()
+        proc.join(60)
+    assert proc.exitcode == 0
+    assert A.is_shared()  # (put moved A's storage to shared memory, as for a dense tensor)
+    expect = _csr().to_dense()
+    expect[_csr().to_dense() != 0.5] *= 10.
+    torch.testing.assert_close(A.to_dense(), expect)
