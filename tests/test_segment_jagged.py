@@ -131,7 +131,7 @@ def test_ids_to_sparse_duplicates_add_and_row_sums():
         segment.ids_to_sparse(ids, lengths, 5)
 
 
-@pytest.mark.parametrize("backend", ["auto", "torch"])
+@pytest.mark.parametrize("backend", ["numba", "torch"] if segment.compiled_available() else ["torch"])
 @pytest.mark.parametrize("fill", [0.0, 1.5, -3.0, float("-inf"), "indefinite"])
 @pytest.mark.parametrize("reducer", ["sum", "mean", "max", "min", "prod", "logsumexp"])
 def test_csr_row_reduce_equals_dense(backend, fill, reducer):

@@ -95,10 +95,10 @@ def normalize_fill(fill_value, dtype, device, dense_shape, *, own=False):
         if not torch.can_cast(t.dtype, dtype):
             raise TypeError(f"fill_value of dtype {t.dtype} cannot be cast to the tensor's dtype {dtype}")
         fill, zero = t.to(dtype=dtype, device=device), not bool(t.any())
-    try:
-        fits = fill.dim() <= len(dense_shape) and torch.broadcast_shapes(fill.shape, dense_shape) == dense_shape
-    except RuntimeError:
-        fits = False
+    # broadcasts to dense_shape: every trailing dim of the fill is 1 or that dim (not torch.broadcast_shapes,
+    # whose first call imports sympy: 0.3 s of every process's first constructor)
+    fits = fill.dim() <= len(dense_shape) and all(f in (1, d) for f, d in zip(reversed(fill.shape),
+                                                                               reversed(tuple(dense_shape))))
     if not fits:
         raise ValueError(f"fill_value of shape {tuple(fill.shape)} does not broadcast to the dense dims "
                          f"{dense_shape} of the tensor (a scalar, the dense shape, or smaller)")

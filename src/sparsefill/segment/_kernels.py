@@ -10,9 +10,24 @@ Sums over sorted segments run on ``embedding_bag`` (its CPU kernel is fbgemm's; 
 Max/min, and every reduction over *unsorted* ids, run on the compiled
 kernels of ``_numba_kernels`` for float32/float64 CPU tensors when numba imports (``pip install
 sparsefill[segment]``): unsorted ids are reduced in place by scatter kernels, with no sort.
-``set_backend("torch")`` (or no numba, or another device) gives the torch path: ``embedding_bag``,
-and the reducer protocol's scatter kernels (``sparsefill._reduce``) over the segment order.  Both
-paths return the same values; the compiled kernels check every row index they read.
+The torch path (``embedding_bag``, and the reducer protocol's scatter kernels of ``sparsefill._reduce``
+over the segment order) serves every other device and dtype.  Both paths return the same values; the
+compiled kernels check every row index they read.
+
+Backends (``set_backend``, or the environment variable ``SPARSEFILL_SEGMENT_BACKEND``):
+
+* ``"auto"`` (default): the torch path until the calls of this process have brought
+  ``COMPILED_AFTER_WORK`` elements of work (rows x columns, 2**22: one large call or many small ones);
+  then numba is imported, once, and every later CPU call runs the compiled kernels.  The first numba use
+  costs 0.7-0.9 s in a fresh process (its import, the import of scipy it makes, and its compiler's
+  set-up; the kernels themselves load from numba's on-disk cache in milliseconds), more than the torch
+  path saves on small inputs, which therefore never pay it (e.g. a DataLoader worker);
+* ``"numba"``: the compiled kernels for every CPU call (ImportError without numba);
+* ``"torch"``: the torch path only.
+
+numba caches the compiled kernels next to this module (``__pycache__``) where the package is writable,
+else in the user's cache directory (``$NUMBA_CACHE_DIR``, or ``numba`` under ``$XDG_CACHE_HOME`` /
+``~/.cache``): each kernel is compiled once per installation and user.
 
 Threads: a compiled call uses ``torch.get_num_threads()`` threads (fewer below ``GRAIN`` elements
 of work a thread).  Sorted segments are split into ranges of about equal positions; unsorted ids
@@ -35,14 +50,19 @@ from .. import _index, _reduce
 __all__ = ["set_backend", "backend", "use_backend", "compiled_available", "compiled_for", "segment_sum",
            "segment_extreme", "sort_by_segment", "count_ids", "offsets_of", "segment_ids_of"]
 
-_STATE = {"backend": os.environ.get("SPARSEFILL_SEGMENT_BACKEND", "auto"), "nb": None}
+_BACKENDS = ("auto", "numba", "torch")
+_STATE = {"backend": os.environ.get("SPARSEFILL_SEGMENT_BACKEND", "auto"), "nb": None, "work": 0}
 _FLOATS = (torch.float32, torch.float64)
+COMPILED_AFTER_WORK = 1 << 22  # elements of work ("auto") after which numba is imported: see the module docstring
 
 
 def set_backend(name: str) -> None:
-    """``"auto"`` (compiled CPU kernels when numba is installed, the default) or ``"torch"``."""
-    if name not in ("auto", "torch"):
-        raise ValueError(f"backend must be 'auto' or 'torch', got {name!r}")
+    """``"auto"`` (the default: the compiled CPU kernels once enough work has come to pay for numba's
+    import), ``"numba"`` (the compiled kernels for every CPU call; imports numba now) or ``"torch"``."""
+    if name not in _BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(map(repr, _BACKENDS))}, got {name!r}")
+    if name == "numba":
+        _require_nb()
     _STATE["backend"] = name
 
 
@@ -71,16 +91,37 @@ def _nb():
     return _STATE["nb"]
 
 
+def _require_nb():
+    nb = _nb()
+    if not nb:
+        raise ImportError("the segment backend 'numba' needs numba installed (pip install sparsefill[segment])")
+    return nb
+
+
 def compiled_available() -> bool:
+    """Whether numba is installed (imports it: 0.3 s once)."""
     return bool(_nb())
 
 
-def compiled_for(device) -> bool:
-    return _STATE["backend"] == "auto" and torch.device(device).type == "cpu" and bool(_nb())
+def compiled_for(device, work: int = 0) -> bool:
+    """Whether a call of ``work`` elements (rows x columns) on ``device`` runs the compiled kernels
+    (``"auto"``: counts ``work`` towards ``COMPILED_AFTER_WORK`` until numba is loaded)."""
+    name = _STATE["backend"]
+    if name == "torch" or torch.device(device).type != "cpu":
+        return False
+    if name == "numba":
+        return bool(_require_nb())
+    if name != "auto":
+        raise ValueError(f"SPARSEFILL_SEGMENT_BACKEND must be one of {', '.join(_BACKENDS)}, got {name!r}")
+    if _STATE["nb"] is None:
+        _STATE["work"] += work
+        if _STATE["work"] < COMPILED_AFTER_WORK:
+            return False
+    return bool(_nb())
 
 
-def _compiled(x) -> bool:
-    return x.dtype in _FLOATS and compiled_for(x.device)
+def _compiled(x, plan) -> bool:
+    return plan.compiled and x.dtype in _FLOATS
 
 
 def _np(t):
@@ -190,7 +231,7 @@ def _reduce_compiled(form, op, x, plan, rows, w, *, want_arg=False, scale=None):
                     for t in range(len(bounds) - 1)]
             bad, bad_id = _run_jobs(fn, jobs)
     if bad_id >= 0:  # unsorted ids are checked here, by the kernel (make_plan does not count them first)
-        count_ids(plan.ids, S)
+        count_ids(plan.ids, S, True)
     if bad >= 0:
         _raise_bad_rows(rows, x.shape[0], bad)
     return out, arg
@@ -217,12 +258,12 @@ def _raise_bad_rows(rows, m, pos=None):
     raise IndexError(f"a row index is out of range for {m} rows of data (position {pos})")  # not reached
 
 
-def offsets_of(lengths: torch.Tensor) -> torch.Tensor:
+def offsets_of(lengths: torch.Tensor, compiled: bool | None = None) -> torch.Tensor:
     """The offsets (int64, ``S + 1``) of non-negative lengths; a negative length raises a ValueError naming it.
-    On the CPU one compiled pass (the check and the running sum: 2x faster than the torch ops when the
-    lengths are not in cache)."""
+    ``compiled`` (default: ``compiled_for(lengths.device)``): one compiled pass (the check and the running
+    sum: 2x faster than the torch ops when the lengths are not in cache)."""
     offs = torch.empty(lengths.numel() + 1, dtype=torch.int64, device=lengths.device)
-    if compiled_for(lengths.device):
+    if compiled_for(lengths.device) if compiled is None else compiled:
         neg, over = (int(v) for v in _nb().offsets_of(_np(lengths), _np(offs)))
     else:
         neg = int((lengths < 0).nonzero()[0, 0]) if lengths.numel() and int(lengths.min()) < 0 else -1
@@ -260,9 +301,10 @@ def _count_compiled(ids: torch.Tensor, S: int):
     return torch.from_numpy(rows_np.sum(0)), (min(bads) if bads else -1)
 
 
-def count_ids(ids: torch.Tensor, S: int) -> torch.Tensor:
-    """``bincount(ids, minlength=S)``; an id outside ``[0, S)`` raises an IndexError naming it."""
-    if compiled_for(ids.device) and ids.numel():
+def count_ids(ids: torch.Tensor, S: int, compiled: bool | None = None) -> torch.Tensor:
+    """``bincount(ids, minlength=S)``; an id outside ``[0, S)`` raises an IndexError naming it (``compiled``
+    as in :func:`offsets_of`)."""
+    if (compiled_for(ids.device) if compiled is None else compiled) and ids.numel():
         counts, bad = _count_compiled(ids.contiguous(), S)
     else:
         bad = -1
@@ -280,13 +322,14 @@ def count_ids(ids: torch.Tensor, S: int) -> torch.Tensor:
     return counts
 
 
-def sort_by_segment(ids: torch.Tensor, num_segments: int) -> tuple[torch.Tensor, torch.Tensor]:
+def sort_by_segment(ids: torch.Tensor, num_segments: int, compiled: bool | None = None):
     """``(order, offsets)``: a stable permutation grouping the positions by id (ids in range), and the
-    offsets of the groups."""
-    counts = count_ids(ids, num_segments)
+    offsets of the groups (``compiled`` as in :func:`offsets_of`)."""
+    compiled = compiled_for(ids.device) if compiled is None else compiled
+    counts = count_ids(ids, num_segments, compiled)
     offsets = torch.zeros(num_segments + 1, dtype=torch.int64, device=ids.device)
     torch.cumsum(counts, 0, out=offsets[1:])
-    if compiled_for(ids.device) and ids.numel():
+    if compiled and ids.numel():
         order = torch.empty(ids.numel(), dtype=torch.int64)
         _nb().counting_sort(_np(ids.contiguous()), _np(order), _np(offsets))
     else:
@@ -296,7 +339,7 @@ def sort_by_segment(ids: torch.Tensor, num_segments: int) -> tuple[torch.Tensor,
 
 def _direct(plan, x) -> bool:
     """Reduce unsorted ids in place (compiled scatter kernels) rather than through the segment order."""
-    return plan.unsorted and not plan._sorted and _compiled(x)
+    return plan.unsorted and not plan._sorted and _compiled(x, plan)
 
 
 def _contig(t):
@@ -319,7 +362,7 @@ def segment_sum(x: torch.Tensor, plan, w: torch.Tensor | None = None, *, mode: s
                                   scale=plan.counts if op == "mean" else None)
         return out / plan.counts.clamp_min(1)[:, None] if (mode == "mean" and op != "mean") else out
     w_seg = w if (w is None or w_in_segment_order) else plan.to_segment_order(w)
-    if x.shape[1] == 1 and plan.rows is None and _compiled(x):
+    if x.shape[1] == 1 and plan.rows is None and _compiled(x, plan):
         # one column read in order: the compiled kernel, 1.6x faster than embedding_bag (not so for a gather)
         op = "wsum" if w_seg is not None else ("mean" if mode == "mean" else "sum")
         out, _ = _reduce_compiled("sorted", op, x, plan, None, _contig(w_seg),
@@ -353,7 +396,7 @@ def segment_extreme(x: torch.Tensor, plan, *, largest: bool, want_arg: bool = Tr
         out, arg = _reduce_compiled("scatter", op, x, plan, _contig(plan.direct_rows()), None, want_arg=want_arg)
         return _fill_empty(out, plan, empty), (plan.direct_positions(arg) if want_arg else None)
     rows = plan.rows
-    if _compiled(x):
+    if _compiled(x, plan):
         w = None if empty is None else torch.empty(1, dtype=x.dtype).fill_(empty)
         out, arg = _reduce_compiled("sorted", op, x, plan, _contig(rows), w, want_arg=want_arg)
         return out, (plan.input_positions(arg) if want_arg else None)

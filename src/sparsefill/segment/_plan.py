@@ -29,8 +29,9 @@ __all__ = ["Plan", "make_plan"]
 
 class Plan:
     def __init__(self, num_segments: int, n: int, *, offsets=None, order=None, indices=None, ids=None, keep=None,
-                 counts=None):
+                 counts=None, compiled: bool = False):
         self.num_segments = num_segments
+        self.compiled = compiled        # this call runs the compiled kernels (``_kernels.compiled_for``)
         self.n = n                      # input positions (before any dropped ids)
         self.indices = indices          # (n,) int64 or None: the fused gather
         self.ids = ids                  # unsorted ids of the kept positions (None for sorted forms)
@@ -66,7 +67,7 @@ class Plan:
     def _materialize(self):
         if self._sorted:
             return
-        order, offs = _kernels.sort_by_segment(self.ids, self.num_segments)
+        order, offs = _kernels.sort_by_segment(self.ids, self.num_segments, self.compiled)
         if self.keep is not None:
             order = self.keep.index_select(0, order)
         self._order, self._offsets, self._sorted = order, offs, True
@@ -106,7 +107,7 @@ class Plan:
                 o = self._offsets
                 self._counts = torch.from_numpy(np.diff(o.numpy())) if o.device.type == "cpu" else o.diff()
             else:  # (also the range check of the ids, when make_plan left it to the kernels)
-                self._counts = _kernels.count_ids(self.ids, self.num_segments)
+                self._counts = _kernels.count_ids(self.ids, self.num_segments, self.compiled)
         return self._counts
 
     def fill_empty_(self, out: torch.Tensor, value) -> torch.Tensor:
@@ -158,8 +159,9 @@ def _count_arg(v, name: str) -> int:
 
 
 def make_plan(n_rows: int, device, *, lengths=None, offsets=None, segment_ids=None, num_segments=None,
-              sorted=True, indices=None, validate=True, out_of_range="error") -> Plan:
-    """Build the Plan of one call of ``segment.reduce`` (see its docstring for the arguments)."""
+              sorted=True, indices=None, validate=True, out_of_range="error", width: int = 1) -> Plan:
+    """Build the Plan of one call of ``segment.reduce`` (see its docstring for the arguments; ``width``: the
+    elements of a row of data, for the choice of kernels)."""
     given = [name for name, v in (("lengths", lengths), ("offsets", offsets), ("segment_ids", segment_ids))
              if v is not None]
     if out_of_range not in ("error", "drop", "clip"):
@@ -172,27 +174,28 @@ def make_plan(n_rows: int, device, *, lengths=None, offsets=None, segment_ids=No
     if indices is not None:
         indices = as_index(indices, "indices", device).long()
         n = indices.numel()
-        # the compiled kernels check every row they read; the torch path checks here
-        check_indices(indices, n_rows, validate=validate and not _kernels.compiled_for(device))
     else:
         n = n_rows
+    compiled = _kernels.compiled_for(device, n * width)  # (decided once: the checks below depend on it)
+    if indices is not None:  # the compiled kernels check every row they read; the torch path checks here
+        check_indices(indices, n_rows, validate=validate and not compiled)
     against = "entry of indices" if indices is not None else "row of data"
     if lengths is not None:
         lengths = as_index(lengths, "lengths", device)
         if num_segments is not None and num_segments != lengths.numel():
             raise ValueError(f"num_segments = {num_segments} but lengths has {lengths.numel()} entries")
-        offs = _kernels.offsets_of(lengths)  # (checked always: a negative length would make the kernels misread)
+        offs = _kernels.offsets_of(lengths, compiled)  # (checked always: a negative length makes the kernels misread)
         if int(offs[-1]) != n:
             raise ValueError(f"lengths sum to {int(offs[-1])}, but there are {n} "
                              f"{'indices' if indices is not None else 'rows of data along dim 0'}")
-        return Plan(lengths.numel(), n, offsets=offs, indices=indices)
+        return Plan(lengths.numel(), n, offsets=offs, indices=indices, compiled=compiled)
     if offsets is not None:
         offs = as_index(offsets, "offsets", device).long()
         if num_segments is not None and num_segments != offs.numel() - 1:
             raise ValueError(f"num_segments = {num_segments} but offsets has {offs.numel()} entries "
                              f"(num_segments + 1 expected)")
         check_offsets(offs, n)  # O(S), always (as lengths)
-        return Plan(offs.numel() - 1, n, offsets=offs, indices=indices)
+        return Plan(offs.numel() - 1, n, offsets=offs, indices=indices, compiled=compiled)
     ids = as_index(segment_ids, "segment_ids", device)
     check_rows(ids, n, "segment_ids", against)
     ids, keep = _ids_policy(ids, num_segments, out_of_range)
@@ -207,9 +210,9 @@ def make_plan(n_rows: int, device, *, lengths=None, offsets=None, segment_ids=No
             raise IndexError(f"segment_ids has {int(offs[0])} negative entries")
         if int(offs[-1]) != ids.numel():
             raise IndexError(f"segment_ids has {ids.numel() - int(offs[-1])} entries >= num_segments = {S}")
-        return Plan(S, n, offsets=offs, order=keep, indices=indices)
+        return Plan(S, n, offsets=offs, order=keep, indices=indices, compiled=compiled)
     ids = ids.long()
     # unsorted ids: their range is always checked, by the compiled scatter kernels as they read them
     # (counted only when the counts are needed), or here in one pass with the counts
-    counts = None if (_kernels.compiled_for(device) and S > 0) else _kernels.count_ids(ids, S)
-    return Plan(S, n, indices=indices, ids=ids, keep=keep, counts=counts)
+    counts = None if (compiled and S > 0) else _kernels.count_ids(ids, S, compiled)
+    return Plan(S, n, indices=indices, ids=ids, keep=keep, counts=counts, compiled=compiled)

@@ -325,7 +325,7 @@ def reduce(data: torch.Tensor, reducer="sum", *, lengths=None, offsets=None, seg
         raise ValueError(f"return_arg=True needs the max or min reducer, got {red.name!r}")
     plan = make_plan(data.shape[0], data.device, lengths=lengths, offsets=offsets, segment_ids=segment_ids,
                      num_segments=num_segments, sorted=sorted, indices=indices, validate=validate,
-                     out_of_range=out_of_range)
+                     out_of_range=out_of_range, width=math.prod(data.shape[1:]))
     if red.weights is None:
         if weights is not None:
             raise ValueError(f"reducer {red.name!r} takes no weights (use weighted_sum, weighted_mean or "
