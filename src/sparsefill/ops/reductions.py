@@ -331,7 +331,9 @@ def _scan(func, args, kwargs):
     A, dim = args[0], args[1]
     if A.dim() == 0:
         return _scalar(func, args, kwargs)
-    func(meta_of(A), *args[1:], **kwargs)  # torch's errors
+    # torch's errors, on one element per dim (a meta tensor runs torch's Python meta kernel, whose first
+    # call imports torch._dynamo: 0.5-1 s of a process's first scan)
+    func(torch.zeros((1,) * A.dim(), dtype=A.dtype, device=A.device), *args[1:], **kwargs)
     dim %= A.dim()
     sd = A.dim() - A.dense_dim()
     if dim < sd:
