@@ -79,6 +79,9 @@ def _modules(kind):
     m.p, twin.p = torch.nn.Parameter(A), torch.nn.Parameter(Ad)
     m.register_buffer("b", B)
     twin.register_buffer("b", Bd)
+    N = sparsefill.to_sparse(torch.tensor([[0, 3, 0], [7, 0, 0]]), layout=A.sparse_layout)  # (integer: .float() skips it)
+    m.register_buffer("n", N)
+    twin.register_buffer("n", N.to_dense())
     if kind != "indefinite":
         G = A.detach() * 0. + 0.25  # a SparseTensor gradient (A's pattern, fill 0.25)
         (m.p * 3.).backward(G)
@@ -109,8 +112,9 @@ def test_module_paths_match_the_dense_module(path, kind, swap):
     assert isinstance(m.p, torch.nn.Parameter) and isinstance(twin.p, torch.nn.Parameter)
     _check_tensor(m.p, twin.p, init)
     _check_tensor(m.b, twin.b, init)
+    _check_tensor(m.n, twin.n, init)
     if path == "share_memory":
-        assert m.p.is_shared() and m.b.is_shared() and twin.p.is_shared()
+        assert m.p.is_shared() and m.b.is_shared() and m.n.is_shared() and twin.p.is_shared()
     if twin.p.grad is None:
         assert m.p.grad is None
     else:
@@ -140,7 +144,7 @@ def test_state_dict_round_trips_after_a_conversion(path, kind, swap):
         _check_tensor(m.b, twin.b)
         assert isinstance(m.p, torch.nn.Parameter)
     sd = m.state_dict()
-    assert set(sd) == {"p", "b"} and all(isinstance(v, SparseTensor) for v in sd.values())
+    assert set(sd) == {"p", "b", "n"} and all(isinstance(v, SparseTensor) for v in sd.values())
     m.load_state_dict(twin.state_dict())  # a dense checkpoint: copied in
     _check_tensor(m.p, twin.p)
 
@@ -158,6 +162,17 @@ def test_the_buffer_swapped_with_its_own_detach_keeps_its_contents(swap):
     torch.testing.assert_close(B.to_dense(), new.to_dense())
     B.add_(1.)
     torch.testing.assert_close(B.to_dense(), new.to_dense() + 1.)
+
+
+def test_torch_save_of_a_parameter_keeps_parameter_ness(tmp_path):
+    m = torch.nn.Module()
+    m.p = torch.nn.Parameter(_hybrid())
+    torch.save({"p": m.p, "sd": m.state_dict()}, tmp_path / "m.pt")
+    back = torch.load(tmp_path / "m.pt", weights_only=True)
+    assert isinstance(back["p"], torch.nn.Parameter) and back["p"].requires_grad
+    assert not isinstance(back["sd"]["p"], torch.nn.Parameter)
+    torch.testing.assert_close(back["p"].detach().to_dense(), _hybrid().to_dense())
+    m.load_state_dict(back["sd"])
 
 
 def test_optimizer_steps_after_cpu_and_float():
