@@ -30,7 +30,7 @@ import sys
 import numpy as np
 import torch
 
-from . import _convert, _index
+from . import _convert
 from ._creation import sparse_coo_tensor, sparse_csr_tensor
 from ._tensor import SparseTensor
 
@@ -53,7 +53,8 @@ def torch_dtype(dtype, what: str) -> torch.dtype:
         d = None
     t = _TORCH_OF_NUMPY.get(d.newbyteorder("=") if d is not None else None)
     if t is None:
-        why = " (torch has no arithmetic on unsigned integers wider than 8 bits)" if d is not None and d.kind == "u" else ""
+        why = " (torch has no arithmetic on unsigned integers wider than 8 bits)" if d is not None and d.kind == "u" \
+            else ""
         raise TypeError(f"{what}: dtype {dtype} has no torch equivalent{why}; supported: bool, uint8, int8, int16, "
                         "int32, int64, float16, float32, float64, complex64, complex128")
     return t
@@ -101,10 +102,7 @@ def _scalar_fill(A: SparseTensor, what: str, peer: str):
     f = A._fill.detach().reshape(-1)
     if f.numel() == 0:
         return numpy_dtype(A.dtype, what).type(0)
-    same = f == f[0]
-    if f.is_floating_point() or f.is_complex():
-        same |= f.isnan() & f[0].isnan()
-    if not bool(same.all()):
+    if not _same_fill(f, f[:1].expand_as(f)):
         raise ValueError(f"{what}: {peer} has one scalar fill, and A's fill (shape {tuple(A._fill.shape)}) varies over "
                          f"its dense dims {tuple(A._dense_shape)}")
     return f[:1].numpy()[0]
@@ -132,13 +130,6 @@ def _module(name: str, what: str):
         return importlib.import_module(name)
     except ImportError as e:
         raise ImportError(f"{what} needs the {name!r} package ({e})") from None
-
-
-def _check_positions(shape, what: str) -> None:
-    n = math.prod(shape)
-    if n > _index._INT64_MAX:
-        raise ValueError(f"{what}: shape {tuple(shape)} ({len(shape)} dims) has {n} positions, more than sparsefill can "
-                         "index (2**63 - 1)")
 
 
 # ---------------------------------------------------------------------- scipy.sparse
@@ -173,8 +164,8 @@ def from_scipy(m, *, fill_value=0) -> SparseTensor:
                                  fill_value=fill_value)
     m = m if m.format == "coo" else m.tocoo()
     coords = getattr(m, "coords", None) or (m.row, m.col)
-    return sparse_coo_tensor(_ints(np.stack(coords).reshape(len(coords), -1)), _vals(m.data, dtype), m.shape,
-                             fill_value=fill_value)
+    return sparse_coo_tensor(_ints(np.stack(coords)).reshape(len(coords), len(m.data)), _vals(m.data, dtype),
+                             m.shape, fill_value=fill_value)
 
 
 def to_scipy(A: SparseTensor, format: str | None = None, *, materialize: bool = False):
@@ -201,16 +192,17 @@ def to_scipy(A: SparseTensor, format: str | None = None, *, materialize: bool = 
     fmt = format or ("csr" if A._sf_layout is torch.sparse_csr else "coo")
     if fmt not in _SCIPY_FORMATS:
         raise ValueError(f"to_scipy(): format must be one of {_SCIPY_FORMATS} or None, got {format!r}")
-    np_dtype = numpy_dtype(A.dtype, "to_scipy()")
+    numpy_dtype(A.dtype, "to_scipy()")
     if A._indefinite or bool(A._fill.any()):
         if not materialize or A._indefinite:
-            fill = "indefinite" if A._indefinite else A._fill.tolist()
-            raise ValueError(f"to_scipy(): scipy.sparse has no fill value (its unspecified elements are 0) and A's fill "
-                             f"is {fill}; pass materialize=True to specify every element that is not 0 (O(numel)), or "
-                             "read a scipy matrix with another fill through from_scipy(m, fill_value=...)")
+            fill = "indefinite" if A._indefinite else A._fill.tolist() if A._fill.numel() <= 8 else \
+                f"an array of shape {tuple(A._fill.shape)}"
+            raise ValueError(f"to_scipy(): scipy.sparse has no fill value (its unspecified elements are 0) and A's "
+                             f"fill is {fill}; pass materialize=True to specify every element that is not 0 "
+                             "(O(numel)), or read a scipy matrix with another fill by from_scipy(m, fill_value=...)")
         A = A.to_sparse(fill_value=0)
     if fmt == "csr" and A._sf_layout is torch.sparse_csr and not A.dense_dim():
-        return sp.csr_array((_np(A._vals).astype(np_dtype, copy=False), _np(A._col), _np(A._crow)), shape=tuple(A.shape))
+        return sp.csr_array((_np(A._vals), _np(A._col), _np(A._crow)), shape=tuple(A.shape))
     idx, vals = _scalar_coo(A, coalesce=False)
     m = sp.coo_array((_np(vals), (_np(idx[0]), _np(idx[1]))), shape=tuple(A.shape))
     return m if fmt == "coo" else m.asformat(fmt)
@@ -230,11 +222,11 @@ def from_pydata(x) -> SparseTensor:
         raise TypeError(f"from_pydata() takes a pydata sparse array (sparse.COO, sparse.GCXS), got {type(x).__name__}")
     dtype = torch_dtype(x.dtype, "from_pydata()")
     fill = _exact_fill(x.fill_value, x.dtype, "from_pydata()")
-    _check_positions(x.shape, "from_pydata()")
     if isinstance(x, sparse.GCXS) and x.ndim == 2 and tuple(x.compressed_axes) == (0,):
         return sparse_csr_tensor(_ints(x.indptr), _ints(x.indices), _vals(x.data, dtype), x.shape, fill_value=fill)
     x = x if isinstance(x, sparse.COO) else x.asformat("coo")
-    return sparse_coo_tensor(_ints(x.coords).reshape(x.ndim, -1), _vals(x.data, dtype), x.shape, fill_value=fill)
+    return sparse_coo_tensor(_ints(x.coords).reshape(x.ndim, len(x.data)), _vals(x.data, dtype), x.shape,
+                             fill_value=fill)
 
 
 def to_pydata(A: SparseTensor, format: str | None = None):
@@ -288,7 +280,8 @@ def _column(arr, what):
     """``(positions, values, fill)`` of a pandas SparseArray."""
     sub = arr.dtype.subtype
     dtype = torch_dtype(sub, f"{what} (pandas dtype {arr.dtype})")
-    return _ints(arr.sp_index.to_int_index().indices), _vals(arr.sp_values, dtype), _exact_fill(arr.fill_value, sub, what)
+    fill = _exact_fill(arr.fill_value, sub, what)
+    return _ints(arr.sp_index.to_int_index().indices), _vals(arr.sp_values, dtype), fill
 
 
 def _from_frame(pd, df) -> SparseTensor:
@@ -307,7 +300,7 @@ def _from_frame(pd, df) -> SparseTensor:
     parts = [_column(a, what) for a in cols]
     f0 = parts[0][2]
     for j, (_, _, f) in enumerate(parts):
-        if not (torch.equal(f, f0) or (f.is_floating_point() or f.is_complex()) and bool(f.isnan()) and bool(f0.isnan())):
+        if not _same_fill(f, f0):
             raise ValueError(f"{what}: column {df.columns[j]!r} has fill {f.item()} and column {df.columns[0]!r} has "
                              f"{f0.item()}; one SparseTensor has one fill (convert the columns separately)")
     rows = torch.cat([p[0] for p in parts])
@@ -369,8 +362,8 @@ def from_peer(x, fill_value=None):
     elif sparse is not None and isinstance(getattr(sparse, "SparseArray", None), type) and \
             isinstance(x, sparse.SparseArray):
         A = from_pydata(x)
-    elif pd is not None and (isinstance(x, pd.arrays.SparseArray) or isinstance(x, pd.Series) and isinstance(
-            x.dtype, pd.SparseDtype) or isinstance(x, pd.DataFrame) and any(isinstance(d, pd.SparseDtype) for d in x.dtypes)):
+    elif pd is not None and (isinstance(x, pd.arrays.SparseArray) or isinstance(x, (pd.Series, pd.DataFrame)) and any(
+            isinstance(d, pd.SparseDtype) for d in (x.dtypes if isinstance(x, pd.DataFrame) else [x.dtype]))):
         A = from_pandas(x)
     if A is not None and fill_value is not None and _is_own_fill(A, fill_value):
         return A.prune(), None
@@ -383,10 +376,15 @@ def _is_own_fill(A: SparseTensor, fill_value) -> bool:
         f, indefinite, _ = normalize_fill(fill_value, A.dtype, A.device, A._dense_shape)
     except (TypeError, ValueError):
         return False
-    if indefinite or A._indefinite or f.shape != A._fill.shape:
-        return False
-    return torch.equal(f, A._fill) or (f.is_floating_point() or f.is_complex()) and bool(
-        (f.isnan() & A._fill.isnan()).all())
+    return not (indefinite or A._indefinite) and f.shape == A._fill.shape and _same_fill(f, A._fill)
+
+
+def _same_fill(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal fills of one shape, NaN equal to NaN."""
+    same = a == b
+    if a.is_floating_point() or a.is_complex():
+        same |= a.isnan() & b.isnan()
+    return bool(same.all())
 
 
 def as_dense(x) -> torch.Tensor:
@@ -402,8 +400,8 @@ def as_dense(x) -> torch.Tensor:
         try:
             nbytes = math.prod(x.shape) * np.dtype(x.dtype).itemsize
         except (AttributeError, TypeError):
-            raise TypeError(f"to_sparse(): cannot tell the dense size of a {type(x).__name__} (no numpy shape and dtype); "
-                            "convert it to a tensor or numpy array first") from None
+            raise TypeError(f"to_sparse(): cannot tell the dense size of a {type(x).__name__} (no numpy shape and "
+                            "dtype); convert it to a tensor or numpy array first") from None
         from ._policy import check_densify
         check_densify(f"to_sparse() of a {type(x).__module__}.{type(x).__name__}", nbytes)
         x = np.asarray(to_dense())
