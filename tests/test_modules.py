@@ -125,6 +125,8 @@ def test_module_paths_match_the_dense_module(path, kind, swap):
     torch.testing.assert_close(_dense(A.detach()), Ad.detach())
     if init:
         _check_tensor(m.p, twin.p)
+    if path == "share_memory":  # an in-place op on the pattern writes into the shared memory, as dense
+        assert m.p.is_shared() and A.is_shared() and twin.p.is_shared()
 
 
 @pytest.mark.parametrize("kind", ["coo", "csr", "hybrid"])
@@ -199,6 +201,14 @@ def test_share_memory_moves_the_inner_tensors(kind):
     assert len(names) >= 3 and all(getattr(A, n).is_shared() for n in names)
     assert A.is_shared()
     torch.testing.assert_close(_dense(A), dense)
+    vals = A._vals
+    A.mul_(3)  # the pattern stays: written in place, still shared
+    assert A._vals is vals and A.is_shared()
+    torch.testing.assert_close(_dense(A), dense * 3, equal_nan=True)
+    if not A.is_fill_indefinite():
+        A.copy_(torch.full_like(dense, 2.))  # a new pattern (all stored): new storage, not shared, as is_shared says
+        assert not A.is_shared()
+        torch.testing.assert_close(A.to_dense(), torch.full_like(dense, 2.))
     m = torch.nn.Linear(2, 2)
     m.p = torch.nn.Parameter(MAKERS[kind]())
     m.register_buffer("b", MAKERS[kind]())
@@ -230,6 +240,31 @@ def test_pickle_keeps_parameter_ness_and_the_inner_tensors():
 
 
 # ---------------------------------------------------------------------------------- processes
+def _train(m, steps):
+    opt = torch.optim.SGD(m.parameters(), lr=0.125)
+    for _ in range(steps):
+        opt.zero_grad()
+        (m.p * 1.).backward(m.p.detach() * 0. + 1.)  # gradient 1 everywhere (a SparseTensor, fill 1)
+        opt.step()
+
+
+def test_hogwild_training_of_a_shared_module_with_fork():
+    """Two processes step one shared module (torch's Hogwild example): the parent sees every step."""
+    m = torch.nn.Module()
+    m.p = torch.nn.Parameter(_csr())
+    m.share_memory()
+    before = m.p.detach().to_dense()
+    ctx = mp.get_context("fork")
+    procs = [ctx.Process(target=_train, args=(m, 4), daemon=True) for _ in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    assert [p.exitcode for p in procs] == [0, 0]
+    torch.testing.assert_close(m.p.detach().to_dense(), before - 2 * 4 * 0.125)
+    assert m.p.is_shared()
+
+
 def _child(q, r, done):
     A, M = q.get()
     r.put((type(A).__name__, A.is_shared(), A.sparse_layout, type(M.p).__name__, M.p.is_shared()))

@@ -386,6 +386,26 @@ class SparseTensor(torch.Tensor):
         RuntimeError where torch has no accelerator)."""
         return _Pin.apply(self, device)
 
+    def _write_shared_(self, new: "SparseTensor") -> bool:
+        """Store ``new`` (same shape and dtype) in this tensor's own storage when that is shared memory and
+        ``new`` has its pattern: values and fill are copied in, so that other processes see an in-place op
+        as for a dense tensor (Hogwild training after ``module.share_memory()``).  False, having written
+        nothing, otherwise (the caller then takes ``new``'s tensors, which are not shared)."""
+        if (not self._vals.untyped_storage().is_shared() or not self._vals.is_cpu or self._vals.is_inference()
+                or (new._sf_layout, new._indefinite, new._coalesced) != (self._sf_layout, self._indefinite,
+                                                                         self._coalesced)):
+            return False
+        names = ("_idx",) if self._sf_layout is torch.sparse_coo else ("_crow", "_col")
+        pairs = [(getattr(self, n), getattr(new, n)) for n in names + ("_vals", "_fill")]
+        if any(a.shape != b.shape or a.dtype != b.dtype for a, b in pairs) or any(
+                a is not b and not torch.equal(a, b) for a, b in pairs[:-2]) or any(
+                a is not b and torch._debug_has_internal_overlap(a) != 0 for a, b in pairs[-2:]):
+            return False
+        for a, b in pairs[-2:]:
+            if a is not b:
+                a.copy_(b.clone() if a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr() else b)
+        return True
+
     def __deepcopy__(self, memo):
         if id(self) in memo:
             return memo[id(self)]

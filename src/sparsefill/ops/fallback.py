@@ -91,6 +91,8 @@ def assign_(A: SparseTensor, new: SparseTensor) -> SparseTensor:
         raise ValueError(f"cannot store a result of shape {tuple(new.shape)} and dtype {new.dtype} in a SparseTensor "
                          f"of shape {tuple(A.shape)} and dtype {A.dtype}: a SparseTensor's shape and dtype are fixed, "
                          "so in-place ops that change them (resize_, t_, unsqueeze_...) are not supported")
+    if A._write_shared_(new):  # shared memory (share_memory_, another process) is written in place
+        return A
     for name in _STATE[:-1]:  # everything but the view relation
         setattr(A, name, getattr(new, name))
     return A
