@@ -95,9 +95,11 @@ def _in_cycle(V: SparseTensor) -> bool:
     """Whether ``V``'s chain of bases leads back to ``V``; ``V`` is then made a tensor of its own.
 
     Only ``torch.utils.swap_tensors(X, Y)`` with ``Y`` a view of ``X`` builds such a chain (the swap
-    moves ``Y``'s state, "a view of X", into ``X``): ``load_state_dict`` and ``nn.Module._apply`` under
-    ``torch.__future__.set_swap_module_params_on_conversion(True)`` swap a buffer with its own
-    ``detach()``.  ``V`` holds the view's storage, taken from ``X`` itself, so it keeps its contents.
+    moves ``Y``'s state, "a view of X", into ``X``): ``nn.Module._apply`` swaps a parameter ``p`` with
+    ``Parameter(p.cpu())``, which is ``p.detach()`` when ``p`` is there already, and ``load_state_dict``
+    under ``torch.__future__.set_swap_module_params_on_conversion(True)`` swaps a parameter or buffer
+    with ``p.copy_(other).detach()``.  ``V`` holds the view's storage, which is ``X``'s own, so it keeps
+    its contents.
     """
     seen, B = set(), V._view[0]
     while B is not V and B._view is not None and id(B) not in seen:
