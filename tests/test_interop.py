@@ -23,10 +23,11 @@ sparse = pytest.importorskip("sparse")
 pd = pytest.importorskip("pandas")
 
 NAN = float("nan")
-NP_DTYPES = [np.float64, np.float32, np.int64, np.int32, np.int8, np.uint8, np.bool_, np.complex128, np.float16]
+NP_DTYPES = [np.float64, np.float32, np.int64, np.int32, np.int16, np.int8, np.uint8, np.bool_, np.complex128, np.complex64,
+             np.float16]
 TORCH_OF = {np.float64: torch.float64, np.float32: torch.float32, np.int64: torch.int64, np.int32: torch.int32,
-            np.int8: torch.int8, np.uint8: torch.uint8, np.bool_: torch.bool, np.complex128: torch.complex128,
-            np.float16: torch.float16}
+            np.int16: torch.int16, np.int8: torch.int8, np.uint8: torch.uint8, np.bool_: torch.bool,
+            np.complex128: torch.complex128, np.complex64: torch.complex64, np.float16: torch.float16}
 
 
 # ---------------------------------------------------------------------- helpers
@@ -495,6 +496,10 @@ def test_dense_pandas_and_numpy_objects_convert_as_before():
         A = sparsefill.to_sparse(s)
     _eq(A._indices(), np.array([[1]]))
     _eq(sparsefill.to_sparse(np.array([[0, 1]])).to_dense(), np.array([[0, 1]]))
+    big_endian = np.array([0., 2.5], dtype=">f8")
+    _eq(sparsefill.to_sparse(big_endian).to_dense(), np.array([0., 2.5]))
+    x = sparse.COO(np.array([[0, 1]]), big_endian, shape=(3,), fill_value=np.array(1., ">f8")[()])
+    _eq(sparsefill.from_pydata(x).to_dense(), np.array([0., 2.5, 1.]))
 
 
 # ---------------------------------------------------------------------- other objects that densify

@@ -407,5 +407,5 @@ def as_dense(x) -> torch.Tensor:
         x = np.asarray(to_dense())
     if isinstance(x, np.ndarray):
         torch_dtype(x.dtype, "to_sparse()")
-        x = np.asarray(x)  # (np.matrix -> ndarray)
+        x = np.asarray(x, dtype=x.dtype.newbyteorder("="))  # (np.matrix -> ndarray; native byte order)
     return torch.as_tensor(x)
