@@ -73,12 +73,23 @@ class ToDense(torch.autograd.Function):
                 raise ValueError("to_dense(fill_value=[]): the replacement fill must be defined")
         ctx.pattern = _convert.rewrap(A, fill=fill, indefinite=False) if fill is not None else _pattern(A)
         ctx.fill_is_input = isinstance(fill_value, torch.Tensor)
+        ctx.replaced = fill is not None
         return _convert.dense_of(A, fill)
 
     @staticmethod
     def backward(ctx, G):
-        gf = grad_parts(G, ctx.pattern)[1] if ctx.fill_is_input and ctx.needs_input_grad[1] else None
-        return G, gf
+        P = ctx.pattern
+        gf = grad_parts(G, P)[1] if ctx.fill_is_input and ctx.needs_input_grad[1] else None
+        return (G if not ctx.replaced else _at_pattern(G, P)), gf
+
+
+def _at_pattern(G, P: SparseTensor) -> SparseTensor:
+    """``G`` at ``P``'s (coalesced) pattern, 0 elsewhere: the gradient of ``A`` through ``A.to_dense(fill_value=f)``,
+    whose unspecified elements come from ``f``, not from ``A``."""
+    idx, _ = _convert.coalesced_parts(P)
+    gv = _convert.values_at(G, _index.linearize(idx, P._sparse_shape), len(P._sparse_shape))
+    zero = torch.zeros((), dtype=gv.dtype, device=gv.device)
+    return _convert.parts_to_sparse(idx, gv, P.shape, zero, False, True, P._sf_layout, True)
 
 
 class Values(torch.autograd.Function):

@@ -94,14 +94,17 @@ def _dense_grad_arg(a):
     return a
 
 
+_GRAPH_FUNCS = {torch.autograd.grad, torch.autograd.backward, torch.Tensor.backward}
 _INPLACE_DUNDERS = {"add", "sub", "mul", "truediv", "floordiv", "div", "mod", "pow", "matmul", "and", "or", "xor",
                     "lshift", "rshift"}
 
 
 def _writes(func, kwargs) -> bool:
-    """In-place and ``out=`` calls, ``__setitem__``, and the ``*_as`` functions that only read a shape or
-    dtype from their other argument: their tensors are used as they are."""
+    """In-place and ``out=`` calls, ``__setitem__``, the ``*_as`` functions that only read a shape or dtype
+    from their other argument, and autograd's own functions: their tensors are used as they are."""
     name = getattr(func, "__name__", "")
+    if func in _GRAPH_FUNCS or getattr(func, "__module__", "").startswith("torch.autograd"):
+        return True
     if "out" in kwargs or name == "__setitem__" or name.endswith("_as"):
         return True
     if name.startswith("__") and name.endswith("__"):

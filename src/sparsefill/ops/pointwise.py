@@ -212,7 +212,8 @@ def _align(sparse, layout):
     A = sparse[0]
     if all(_same_pattern(T, A) for T in sparse[1:]):
         B = A if A._coalesced else coalesce_of(A)
-        return (lambda v, f: rewrap(B, values=v, fill=v.new_empty(0) if f is None else f, known_zero=False),
+        return (lambda v, f: rewrap(B, values=v, fill=v.new_empty(0) if f is None else f, indefinite=f is None,
+                                    known_zero=False),
                 {id(T): (B if T is A else T)._vals for T in sparse})
     idx, values = union_parts(sparse)
 
