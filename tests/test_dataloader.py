@@ -112,10 +112,14 @@ def _A(fill=5., shape=(4,)):
      r"element 1 .*torch.sparse_csr"),
     ([_A(), torch.ones(4)], TypeError, "element 1 of the batch is a Tensor"),
     ([_A(fill=torch.nan), _A(fill=torch.nan)], None, None),  # NaN fills are one fill
+    ([sparsefill.to_sparse(torch.tensor(3.), fill_value=3.), sparsefill.to_sparse(torch.tensor(4.), fill_value=3.)],
+     None, None),  # 0-d: a 1-d batch
+    ([sparsefill.zeros(0, 3), sparsefill.zeros(0, 3)], None, None),  # 0-size
 ])
 def test_collate_refuses_a_batch_of_different_fills_or_shapes(items, err, match):
     if err is None:
         out = collate_sparse(items)
+        assert isinstance(out, SparseTensor) and out.shape == (len(items),) + items[0].shape
         torch.testing.assert_close(out.to_dense(), torch.stack([a.to_dense() for a in items]), equal_nan=True)
         return
     with pytest.raises(err, match=match):
