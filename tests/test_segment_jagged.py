@@ -161,3 +161,188 @@ def _dense_reduce(row, reducer):
          "max": lambda r: r.amax() if r.numel() else torch.tensor(float("-inf"), dtype=r.dtype),
          "min": lambda r: r.amin() if r.numel() else torch.tensor(float("inf"), dtype=r.dtype)}[reducer]
     return f(row)
+
+
+# ---- validate=, the vectorised checks and to_dict against the previous implementation (issue 15 item 12) -----
+def _old_check_lengths(lengths, total, name):
+    """check_lengths as it was (torch reductions), the reference for the messages."""
+    if lengths.numel() and int(lengths.min()) < 0:
+        i = int((lengths < 0).nonzero()[0, 0])
+        raise ValueError(f"{name} must be non-negative, got {name}[{i}] = {int(lengths[i])}")
+    s = int(lengths.sum())
+    if s != total:
+        raise ValueError(f"{name} sum to {s}, but the data has {total} rows along dim 0")
+
+
+def _old_validate(values, values_lengths, keys, example_lengths, weights=None):
+    """KeyedJaggedBatch.__post_init__ before the vectorised checks (a unique over (example, key) pairs)."""
+    from sparsefill.segment._check import as_index
+    vl, k, el = (as_index(t, n, values.device).long() for t, n in
+                 ((values_lengths, "values_lengths"), (keys, "keys"), (example_lengths, "example_lengths")))
+    _old_check_lengths(el, k.numel(), "example_lengths")
+    if vl.numel() != k.numel():
+        raise ValueError(f"values_lengths has {vl.numel()} entries but keys has {k.numel()} (one per (example, key))")
+    _old_check_lengths(vl, values.shape[0] if values.dim() else 0, "values_lengths")
+    if k.numel() > 1:
+        ex = torch.repeat_interleave(torch.arange(el.numel()), el, output_size=k.numel())
+        pairs = torch.stack([ex, k], 1)
+        _, inv, cnt = torch.unique(pairs, dim=0, return_inverse=True, return_counts=True)
+        if bool((cnt > 1).any()):
+            e, key = pairs[int((cnt[inv] > 1).nonzero()[0, 0])].tolist()
+            raise ValueError(f"key {key} appears more than once in example {e}")
+    if weights is not None and weights.shape[:1] != values.shape[:1]:
+        raise ValueError(f"weights must have one entry per value ({values.shape[0]}), got shape "
+                         f"{tuple(weights.shape)}")
+
+
+def _old_to_dict(kj):
+    """KeyedJaggedBatch.to_dict before (a loop reading one tensor element at a time): the golden reference."""
+    vals = kj.values.tolist()
+    ws = None if kj.weights is None else kj.weights.tolist()
+    out, k, v = [], 0, 0
+    for n_keys in kj.example_lengths.tolist():
+        ex = {}
+        for _ in range(n_keys):
+            n = int(kj.values_lengths[k])
+            ex[int(kj.keys[k])] = vals[v:v + n] if ws is None else (vals[v:v + n], ws[v:v + n])
+            k, v = k + 1, v + n
+        out.append(ex)
+    return out
+
+
+# the paths of the repeated-key test: residues (ids < 64), a table of counts, one int64 code sorted, two sorts
+_KEY_SPACES = {"small": (0, 8), "wide": (-3, 200), "large": (0, 10 ** 6), "huge": (-2 ** 62, 2 ** 62)}
+
+
+def _random_parts(seed, keyspace="small", B=7, dup=False, ids_dtype=torch.int64):
+    """Random (values, values_lengths, keys, example_lengths, weights): empty examples and lists included;
+    ``dup``: one key repeated within one example."""
+    rng = random.Random(seed)
+    lo, hi = _KEY_SPACES[keyspace]
+    pool = sorted({rng.randint(lo, hi) for _ in range(12)} | {lo, hi})
+    keys, elen = [], []
+    for _ in range(B):
+        ks = rng.sample(pool, rng.randint(0, min(5, len(pool))))
+        keys += ks
+        elen.append(len(ks))
+    if dup:
+        e = rng.choice([i for i, n in enumerate(elen) if n] or [0])
+        if not elen[e]:
+            elen[e], keys = 1, keys[:sum(elen[:e])] + [pool[0]] + keys[sum(elen[:e]):]
+        start = sum(elen[:e])
+        keys.insert(start + rng.randint(0, elen[e]), keys[start + rng.randrange(elen[e])])
+        elen[e] += 1
+    vlen = [rng.randint(0, 3) for _ in keys]
+    n = sum(vlen)
+    vals = torch.tensor([rng.randrange(50) for _ in range(n)], dtype=torch.int64)
+    w = torch.rand(n, generator=torch.Generator().manual_seed(seed))
+    t = dict(dtype=ids_dtype)
+    return vals, torch.tensor(vlen, **t), torch.tensor(keys, dtype=torch.int64), torch.tensor(elen, **t), w
+
+
+def _same_batch(a, b):
+    for name in ("values", "values_lengths", "keys", "example_lengths", "weights"):
+        x, y = getattr(a, name), getattr(b, name)
+        assert (x is None) == (y is None), name
+        if x is not None:
+            assert x.dtype == y.dtype and torch.equal(x, y), name
+
+
+@pytest.mark.parametrize("keyspace", list(_KEY_SPACES))
+@pytest.mark.parametrize("ids_dtype", [torch.int64, torch.int32])
+def test_validate_false_gives_the_same_batch(keyspace, ids_dtype):
+    """validate=False skips the data checks only: on valid input the batch is the validated one."""
+    for seed in range(15):
+        vals, vlen, keys, elen, w = _random_parts(seed, keyspace, ids_dtype=ids_dtype)
+        for weights in (None, w):
+            a = KeyedJaggedBatch(vals, vlen, keys, elen, weights)
+            b = KeyedJaggedBatch(vals, vlen, keys, elen, weights, validate=False)
+            _same_batch(a, b)
+            assert a.to_dict() == b.to_dict() == _old_to_dict(a)
+            assert a.values_lengths.dtype == torch.int64 and a.example_lengths.dtype == torch.int64
+
+
+def _raised(fn):
+    try:
+        fn()
+    except (ValueError, TypeError, IndexError) as e:
+        return type(e), str(e)
+    return None
+
+
+def _invalid_cases():
+    v = torch.tensor([1, 2, 3, 4])
+    yield v, torch.tensor([1, 1, 2]), torch.tensor([5, 5, 5]), torch.tensor([1, 2]), None      # key twice
+    yield v, torch.tensor([1, 1, 2]), torch.tensor([5, 6, 6]), torch.tensor([1, 2]), None
+    yield v, torch.tensor([2, 2]), torch.tensor([3, 4]), torch.tensor([3]), None                # elen sum
+    yield v, torch.tensor([2, 2]), torch.tensor([3, 4]), torch.tensor([3, -1]), None            # elen < 0
+    yield v, torch.tensor([2]), torch.tensor([3, 4]), torch.tensor([2]), None                   # entries
+    yield v, torch.tensor([2, 1]), torch.tensor([3, 4]), torch.tensor([2]), None                # vlen sum
+    yield v, torch.tensor([5, -1]), torch.tensor([3, 4]), torch.tensor([2]), None               # vlen < 0
+    yield v, torch.tensor([2, 2]), torch.tensor([3, 4]), torch.tensor([2]), torch.ones(3)      # weights
+    yield v, torch.tensor([2.0, 2.0]), torch.tensor([3, 4]), torch.tensor([2]), None            # dtype
+    yield v, torch.tensor([[2, 2]]), torch.tensor([3, 4]), torch.tensor([2]), None              # dims
+    yield v, torch.tensor([2, 2]), torch.tensor([3, 4], dtype=torch.int8), torch.tensor([2]), None
+    yield v, torch.tensor([1, 0, 1, 2]), torch.tensor([2 ** 62, -5, 2 ** 62, 7]), torch.tensor([4]), None
+    yield v, torch.tensor([1, 1, 1, 1]), torch.tensor([70, 6, 64, 64]), torch.tensor([2, 2]), None
+    yield v, torch.tensor([1, 1, 1, 1]), torch.tensor([-64, 6, 0, 0]), torch.tensor([2, 2]), None
+    for seed in range(40):
+        for keyspace in _KEY_SPACES:
+            yield _random_parts(seed, keyspace, dup=True)
+
+
+def test_validation_raises_as_before():
+    """Every check of the former __post_init__ still fires with the same type and message (with several
+    errors in one input, the same one first); a repeated key is found by each path of the vectorised
+    test (key ids below 64, a small table, one int64 code, two sorts)."""
+    n = 0
+    for vals, vlen, keys, elen, w in _invalid_cases():
+        expect = _raised(lambda: _old_validate(vals, vlen, keys, elen, w))
+        assert expect is not None, (vlen, keys, elen)
+        assert _raised(lambda: KeyedJaggedBatch(vals, vlen, keys, elen, w)) == expect
+        n += 1
+    assert n == 14 + 40 * len(_KEY_SPACES)
+    # distinct keys of equal residue (0 and 64 mod 64): valid (the residue test only screens)
+    kj = KeyedJaggedBatch(torch.tensor([1, 2, 3, 4]), torch.tensor([1, 1, 1, 1]), torch.tensor([70, 6, 0, 64]),
+                          torch.tensor([2, 2]))
+    assert kj.to_dict() == [{70: [1], 6: [2]}, {0: [3], 64: [4]}]
+
+
+
+def test_select_no_keys():
+    kj = KeyedJaggedBatch.from_lists(SPEC)
+    assert kj.select_keys([]).to_dict() == [{}, {}]
+    padded, mask = kj.to_padded([])
+    assert padded.shape == mask.shape == (2, 0, 0)
+
+
+def test_validate_false_keeps_the_o1_checks():
+    """validate=False reads no data (no device sync), but dtypes, dims and entry counts are still checked."""
+    v = torch.tensor([1, 2, 3, 4])
+    kj = KeyedJaggedBatch(v, torch.tensor([1, 1, 2]), torch.tensor([5, 5, 5]), torch.tensor([1, 2]), validate=False)
+    assert kj.keys.tolist() == [5, 5, 5]  # (invalid, unchecked: the caller's promise)
+    with pytest.raises(ValueError, match="values_lengths has 2 entries but keys has 3"):
+        KeyedJaggedBatch(v, torch.tensor([2, 2]), torch.tensor([3, 4, 5]), torch.tensor([3]), validate=False)
+    with pytest.raises(ValueError, match=r"weights must have one entry per value \(4\), got shape \(3,\)"):
+        KeyedJaggedBatch(v, torch.tensor([4]), torch.tensor([3]), torch.tensor([1]), torch.ones(3), validate=False)
+    with pytest.raises(TypeError, match="keys must be an int32 or int64 tensor"):
+        KeyedJaggedBatch(v, torch.tensor([4]), torch.tensor([3.0]), torch.tensor([1]), validate=False)
+    with pytest.raises(TypeError):
+        KeyedJaggedBatch(v, torch.tensor([4]), torch.tensor([3]), torch.tensor([1]), None, False)  # keyword-only
+
+
+@pytest.mark.parametrize("keyspace", list(_KEY_SPACES))
+def test_to_dict_equals_the_previous_implementation(keyspace):
+    """Golden comparison with the former element-by-element to_dict: ids, weights, 2-D values, empty
+    examples and lists, an empty batch, and the batches select_keys / split / concat return."""
+    for seed in range(25):
+        vals, vlen, keys, elen, w = _random_parts(seed, keyspace, B=seed % 6)
+        for kj in (KeyedJaggedBatch(vals, vlen, keys, elen), KeyedJaggedBatch(vals, vlen, keys, elen, w),
+                   KeyedJaggedBatch(torch.stack([vals, -vals], 1), vlen, keys, elen, w)):
+            assert kj.to_dict() == _old_to_dict(kj)
+            if kj.batch_size:
+                sel = kj.select_keys(keys.unique()[:3])
+                assert sel.to_dict() == _old_to_dict(sel)
+                parts = kj.split([1, kj.batch_size - 1])
+                assert [p.to_dict() for p in parts] == [_old_to_dict(p) for p in parts]
+                assert KeyedJaggedBatch.concat(parts).to_dict() == _old_to_dict(kj)

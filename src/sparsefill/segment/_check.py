@@ -7,6 +7,7 @@ passes ``validate=True`` (the default); the O(1) shape checks always run.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 __all__ = ["as_index", "check_lengths", "check_offsets", "check_segment_ids", "check_indices", "check_rows"]
@@ -30,6 +31,11 @@ def cpu_min(t: torch.Tensor) -> int:
     return int(t.numpy().min()) if t.device.type == "cpu" else int(t.min())
 
 
+def cpu_sum(t: torch.Tensor) -> int:
+    """``int(t.sum())`` of an integer tensor (int64 accumulation); on the CPU by numpy (less overhead)."""
+    return int(t.numpy().sum(dtype=np.int64)) if t.device.type == "cpu" else int(t.sum())
+
+
 def _first(mask: torch.Tensor) -> int:
     return int(mask.nonzero()[0, 0])
 
@@ -41,7 +47,7 @@ def check_lengths(lengths: torch.Tensor, total: int | None, name: str = "lengths
         i = _first(lengths < 0)
         raise ValueError(f"{name} must be non-negative, got {name}[{i}] = {int(lengths[i])}")
     if total is not None:
-        s = int(lengths.sum()) if sum_ is None else sum_
+        s = cpu_sum(lengths) if sum_ is None else sum_
         if s != total:
             raise ValueError(f"{name} sum to {s}, but the data has {total} rows along dim 0")
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import torch
 
 from ._check import as_index, check_lengths
@@ -40,28 +41,76 @@ def _seg_of(lengths: torch.Tensor, n: int) -> torch.Tensor:
     return torch.repeat_interleave(torch.arange(lengths.numel(), device=lengths.device), lengths, output_size=n)
 
 
+def _rank(match: torch.Tensor) -> torch.Tensor:
+    """Per row of ``match`` (entries x wanted keys) the column of its first True (0 if none; no columns too)."""
+    return match.to(torch.int64).argmax(1) if match.shape[1] else match.new_zeros(match.shape[0], dtype=torch.int64)
+
+
+def _distinct_residues(example_lengths: torch.Tensor, keys: torch.Tensor) -> bool:
+    """A sufficient test (CPU) that no example holds a key twice: per example, the OR of ``1 << (key mod 64)``
+    has as many bits set as the example has entries (the residues are distinct, so the keys are).  For key
+    ids below 64 (the usual feature ids) it is also necessary."""
+    el = example_lengths.numpy()
+    bits = np.bitwise_and(keys.numpy(), 63)
+    np.left_shift(1, bits, out=bits)
+    nz = el > 0
+    ors = np.bitwise_or.reduceat(bits, (np.cumsum(el) - el)[nz]).view(np.uint64) if bits.size else bits
+    count = getattr(np, "bitwise_count", None)  # (numpy >= 2)
+    n_bits = count(ors) if count else np.unpackbits(ors.view(np.uint8)).reshape(-1, 64).sum(1)
+    return bool((n_bits == el[nz]).all())
+
+
+def _has_repeated_key(example_lengths: torch.Tensor, keys: torch.Tensor) -> bool:
+    """Whether some example holds a key twice: the residue test, else the (example, key) pairs counted in
+    a table (when it is small) or sorted."""
+    if keys.device.type == "cpu" and _distinct_residues(example_lengths, keys):
+        return False
+    E, B = keys.numel(), example_lengths.numel()
+    ex = _seg_of(example_lengths, E)
+    lo, hi = (int(v) for v in torch.aminmax(keys))
+    span = hi - lo + 1
+    if span * B <= max(8 * E, 1 << 16):
+        return bool(torch.bincount(ex * span + (keys - lo), minlength=span * B).max() > 1)
+    if span * B < 2 ** 62:  # one int64 code per pair
+        code = torch.sort(ex * span + (keys - lo)).values
+        return bool((code[1:] == code[:-1]).any())
+    order = torch.sort(keys, stable=True).indices
+    order = order[torch.sort(ex[order], stable=True).indices]
+    k, e = keys[order], ex[order]
+    return bool(((k[1:] == k[:-1]) & (e[1:] == e[:-1])).any())
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class KeyedJaggedBatch:
+    """The batch (see the module docstring); ``validate=False`` skips the checks that read the data (the
+    signs and sums of the lengths, a key at most once per example), as ``torch.sparse_coo_tensor(...,
+    check_invariants=False)``: no pass over the data and no device sync; the result is then unspecified
+    for invalid input.  The checks of dtypes and entry counts always run."""
     values: torch.Tensor
     values_lengths: torch.Tensor
     keys: torch.Tensor
     example_lengths: torch.Tensor
     weights: torch.Tensor | None = None
+    _: dataclasses.KW_ONLY
+    validate: dataclasses.InitVar[bool] = True
 
-    def __post_init__(self):
+    def __post_init__(self, validate: bool):
         for name in ("values_lengths", "keys", "example_lengths"):
             object.__setattr__(self, name, as_index(getattr(self, name), name, self.values.device).long())
-        check_lengths(self.example_lengths, self.keys.numel(), "example_lengths")
-        if self.values_lengths.numel() != self.keys.numel():
+        E = self.keys.numel()
+        if validate:
+            check_lengths(self.example_lengths, E, "example_lengths")
+        if self.values_lengths.numel() != E:
             raise ValueError(f"values_lengths has {self.values_lengths.numel()} entries but keys has "
-                             f"{self.keys.numel()} (one per (example, key))")
-        check_lengths(self.values_lengths, self.values.shape[0] if self.values.dim() else 0, "values_lengths")
-        if self.keys.numel() > 1:  # a key at most once per example (to_dict and to_padded hold one list per key)
-            pairs = torch.stack([_seg_of(self.example_lengths, self.keys.numel()), self.keys], 1)
+                             f"{E} (one per (example, key))")
+        if validate:
+            check_lengths(self.values_lengths, self.values.shape[0] if self.values.dim() else 0, "values_lengths")
+        # a key at most once per example (to_dict and to_padded hold one list per key)
+        if validate and E > 1 and _has_repeated_key(self.example_lengths, self.keys):
+            pairs = torch.stack([_seg_of(self.example_lengths, E), self.keys], 1)  # (the error path: the first)
             _, inv, cnt = torch.unique(pairs, dim=0, return_inverse=True, return_counts=True)
-            if bool((cnt > 1).any()):
-                e, k = pairs[int((cnt[inv] > 1).nonzero()[0, 0])].tolist()
-                raise ValueError(f"key {k} appears more than once in example {e}")
+            e, k = pairs[int((cnt[inv] > 1).nonzero()[0, 0])].tolist()
+            raise ValueError(f"key {k} appears more than once in example {e}")
         if self.weights is not None and self.weights.shape[:1] != self.values.shape[:1]:
             raise ValueError(f"weights must have one entry per value ({self.values.shape[0]}), got shape "
                              f"{tuple(self.weights.shape)}")
@@ -91,14 +140,16 @@ class KeyedJaggedBatch:
         """The batch as a list of ``{key: [ids]}`` (``{key: ([ids], [weights])}`` with weights)."""
         vals = self.values.tolist()
         ws = None if self.weights is None else self.weights.tolist()
-        out, k, v = [], 0, 0
-        for n_keys in self.example_lengths.tolist():
-            ex = {}
-            for _ in range(n_keys):
-                n = int(self.values_lengths[k])
-                ex[int(self.keys[k])] = vals[v:v + n] if ws is None else (vals[v:v + n], ws[v:v + n])
-                k, v = k + 1, v + n
-            out.append(ex)
+        ends = torch.cumsum(self.values_lengths, 0).tolist()
+        starts = [0, *ends[:-1]]
+        if ws is None:
+            lists = [vals[a:b] for a, b in zip(starts, ends)]
+        else:
+            lists = [(vals[a:b], ws[a:b]) for a, b in zip(starts, ends)]
+        keys, out, e = self.keys.tolist(), [], 0
+        for n in self.example_lengths.tolist():
+            out.append(dict(zip(keys[e:e + n], lists[e:e + n])))
+            e += n
         return out
 
     @property
@@ -109,7 +160,7 @@ class KeyedJaggedBatch:
         """The batch made of the entries ``order`` (in that order), grouped as ``example_lengths``."""
         vals = lengths_gather(self.values, self.values_lengths, order, validate=False)
         w = None if self.weights is None else lengths_gather(self.weights, self.values_lengths, order, validate=False)
-        return KeyedJaggedBatch(vals, self.values_lengths[order], self.keys[order], example_lengths, w)
+        return KeyedJaggedBatch(vals, self.values_lengths[order], self.keys[order], example_lengths, w, validate=False)
 
     # ---------------------------------------------------------------------------- keys
     def select_keys(self, keys) -> "KeyedJaggedBatch":
@@ -120,7 +171,7 @@ class KeyedJaggedBatch:
             raise ValueError(f"keys must be distinct, got {want.tolist()}")
         match = self.keys[:, None] == want[None, :]
         present = match.any(1)
-        rank = match.to(torch.int64).argmax(1)
+        rank = _rank(match)
         ex = _seg_of(self.example_lengths, self.keys.numel())
         idx = present.nonzero().squeeze(1)
         order = idx[torch.sort(ex[idx] * max(want.numel(), 1) + rank[idx], stable=True).indices]
@@ -142,7 +193,7 @@ class KeyedJaggedBatch:
                                    torch.split(self.keys, ent), torch.split(self.values, vals_per),
                                    torch.split(self.weights, vals_per) if self.weights is not None
                                    else [None] * len(sizes)):
-            out.append(KeyedJaggedBatch(v, vl, k, el, w))
+            out.append(KeyedJaggedBatch(v, vl, k, el, w, validate=False))  # (parts of a valid batch)
         return out
 
     @staticmethod
@@ -158,7 +209,8 @@ class KeyedJaggedBatch:
                                 torch.cat([b.values_lengths for b in batches]),
                                 torch.cat([b.keys for b in batches]),
                                 torch.cat([b.example_lengths for b in batches]),
-                                torch.cat([b.weights for b in batches]) if has_w == {True} else None)
+                                torch.cat([b.weights for b in batches]) if has_w == {True} else None,
+                                validate=False)  # (examples of valid batches make a valid batch)
 
     # ---------------------------------------------------------------------------- dense and pooled
     def to_padded(self, keys, *, pad_value=0, max_length: int | None = None):
@@ -171,7 +223,7 @@ class KeyedJaggedBatch:
                                      return_presence_mask=True)
         L = packed.shape[1]
         ex = _seg_of(sel.example_lengths, sel.keys.numel())
-        slot = ex * K + (sel.keys[:, None] == want[None, :]).to(torch.int64).argmax(1)
+        slot = ex * K + _rank(sel.keys[:, None] == want[None, :])
         out = packed.new_full((B * K, L, *packed.shape[2:]), pad_value).index_copy(0, slot, packed)
         m = torch.zeros(B * K, L, dtype=torch.bool, device=mask.device).index_copy(0, slot, mask)
         return out.view(B, K, L, *packed.shape[2:]), m.view(B, K, L)
