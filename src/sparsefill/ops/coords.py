@@ -21,9 +21,9 @@ from __future__ import annotations
 import torch
 
 from .. import _index
-from .._convert import coalesced_parts, dense_of, parts_to_sparse
+from .._convert import coalesced_parts, dense_of, dense_to_sparse, parts_to_sparse
 from .._tensor import SparseTensor
-from .fallback import assign_, meta_of
+from .fallback import assign_, check_dtype, meta_of
 from .indexing import _dense_fill, out_of_bounds
 from .registry import register
 
@@ -133,6 +133,9 @@ def _index_put(func, args, kwargs):
     meta_vals = values.to("meta") if not isinstance(values, SparseTensor) else meta_of(values)
     aten.index_put.default(meta_of(A), [None if t is None else t.to("meta") for t in indices], meta_vals,
                            accumulate)  # torch's dtype and shape errors
+    if A.dim() == 0:  # (the meta kernel takes a 0-d mask on a 0-d tensor, torch's kernel raises: one element)
+        check_dtype(aten.index_put.default, A, indices, dense_of(values) if isinstance(values, SparseTensor) else values,
+                    accumulate)
     coords, shape = _coords(A, indices)
     v = _dense_values(values, shape, A.dtype, A.device)
     return _result(func, A, write(A, coords, v, "sum" if accumulate else None))
@@ -183,10 +186,14 @@ def _index_along(func, args, kwargs):
     A, dim, index, src = args[0], args[1], args[2], args[3]
     name = func._schema.name.split("::")[1].rstrip("_")
     if not isinstance(A, SparseTensor) or isinstance(index, SparseTensor) or \
-            (A._indefinite and name in ("index_add", "index_reduce")):
+            (A._indefinite and (name in ("index_add", "index_reduce") or A.dim() == 0)):
         return NotImplemented
+    if A.dim() == 0:  # one element: torch's kernel on it (its rules and errors for the indices of a 0-d tensor)
+        rest = [dense_of(a) if isinstance(a, SparseTensor) else a for a in args[1:]]
+        out = func(dense_of(A), *rest, **kwargs)
+        return _result(func, A, dense_to_sparse(out, A._fill, False, A._fill_is_zero(), torch.sparse_coo, 0))
     dim = _check_dim_index_src(func, A, dim, index, src, args, kwargs)
-    neg = index[index < 0] if name != "index_fill" and A.dim() else index.reshape(-1)[:0]
+    neg = index[index < 0] if name != "index_fill" else index.reshape(-1)[:0]
     if neg.numel():  # torch's errors for a negative index (too large ones come from _coords)
         msg = f"index {int(neg.reshape(-1)[0])} is out of bounds for dimension {dim} with size {A.shape[dim]}"
         raise RuntimeError(msg) if name == "index_add" else IndexError(

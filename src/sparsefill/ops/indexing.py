@@ -65,6 +65,8 @@ def _on_dense_dim(A, dim, fn):
 
 @register(aten.select.int)
 def _select(func, args, kwargs):
+    if args[0].dim() == 0:
+        func(meta_of(args[0]), *args[1:])  # torch's error (a 0-d tensor has no dim to select)
     A, dim, index = args[0], args[1] % args[0].dim(), args[2]
     n = A.shape[dim]
     if not -n <= index < n:
@@ -82,6 +84,8 @@ def _select(func, args, kwargs):
 @register(aten.slice.Tensor)
 def _slice(func, args, kwargs):
     A = args[0]
+    if A.dim() == 0:
+        func(meta_of(A), *args[1:], **kwargs)  # torch's error (a 0-d tensor has no dim to slice)
     dim = (args[1] if len(args) > 1 else kwargs.get("dim", 0)) % A.dim()
     start, end = (args[2] if len(args) > 2 else kwargs.get("start")), (args[3] if len(args) > 3 else kwargs.get("end"))
     step = args[4] if len(args) > 4 else kwargs.get("step", 1)
