@@ -177,6 +177,37 @@ def test_torch_save_of_a_parameter_keeps_parameter_ness(tmp_path):
     m.load_state_dict(back["sd"])
 
 
+@pytest.mark.parametrize("kind", ["coo", "csr", "hybrid"])
+def test_setting_data_is_as_for_a_dense_parameter(kind):
+    """``p.data = b``: p becomes b (shape, dtype, storage), keeps requires_grad; was silently ignored."""
+    m, twin, _, _ = _modules(kind)
+    B = MAKERS[kind]().double() * 3.
+    Bd = _dense(B)
+    m.p.data = B
+    twin.p.data = Bd
+    _check_tensor(m.p, twin.p)
+    with torch.no_grad():
+        m.p.add_(1.)
+        twin.p.add_(1.)
+    torch.testing.assert_close(B.to_dense(), Bd)  # the storage is shared, as for the dense twin
+    dense = torch.arange(float(m.p.numel()), dtype=torch.float64).view(m.p.shape)
+    m.p.data = dense  # a dense tensor of p's shape: converted exactly, keeping p's fill and layout
+    assert m.p.sparse_layout is B.sparse_layout and m.p.dense_dim() == B.dense_dim()
+    torch.testing.assert_close(m.p.detach().to_dense(), dense)
+    torch.testing.assert_close(m.p.fill_value(), B.fill_value())
+    with pytest.raises(ValueError, match=r"dense B of shape \(7,\) for a SparseTensor of shape"):
+        m.p.data = torch.ones(7)
+
+
+def test_vector_to_parameters_round_trip():
+    m = torch.nn.Module()
+    m.p = torch.nn.Parameter(_csr())
+    v = torch.nn.utils.parameters_to_vector(m.parameters())
+    torch.nn.utils.vector_to_parameters(v * 2., m.parameters())
+    assert isinstance(m.p, SparseTensor) and isinstance(m.p, torch.nn.Parameter)  # (the vector's layout: COO)
+    torch.testing.assert_close(m.p.detach().to_dense(), _csr().to_dense() * 2.)
+
+
 def test_optimizer_steps_after_cpu_and_float():
     A = _coo()
     m = torch.nn.Module()

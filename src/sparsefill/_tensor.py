@@ -406,6 +406,35 @@ class SparseTensor(torch.Tensor):
                 a.copy_(b.clone() if a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr() else b)
         return True
 
+    @property
+    def data(self) -> "SparseTensor":
+        """As ``Tensor.data``: an alias that autograd does not track."""
+        return torch._C.TensorBase.data.__get__(self)
+
+    @data.setter
+    def data(self, new) -> None:
+        """``A.data = B``, as for a dense tensor: ``A`` keeps its identity and autograd metadata and becomes an
+        alias of ``B`` (its shape, dtype, storage and fill).  A dense ``B`` of ``A``'s shape (as
+        ``torch.nn.utils.vector_to_parameters`` gives) is converted exactly, with ``A``'s fill, layout and
+        dense dims (a copy: no storage to share)."""
+        if not isinstance(new, torch.Tensor):
+            raise TypeError(f"A.data = B needs a tensor B, got {type(new).__name__}")
+        if isinstance(new, SparseTensor):
+            new._sync()
+        elif new.shape != self.shape:
+            raise ValueError(f"A.data = B with a dense B of shape {tuple(new.shape)} for a SparseTensor of shape "
+                             f"{tuple(self.shape)}: convert it first (sparsefill.to_sparse(B, fill_value=...))")
+        else:
+            from ._creation import indefinite, to_sparse
+            fill = indefinite if self._indefinite else self._fill.to(new.dtype)
+            new = to_sparse(new.detach(), fill_value=fill, layout=self._sf_layout, dense_dim=self.dense_dim())
+        torch._C.TensorBase.data.__set__(self, new)  # shape and dtype
+        for name in _STATE[:-1]:
+            setattr(self, name, getattr(new, name))
+        self._view = None
+        from .ops.views import track
+        track(self, torch.ops.aten.alias.default, (new,), {})
+
     def __deepcopy__(self, memo):
         if id(self) in memo:
             return memo[id(self)]
