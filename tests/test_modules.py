@@ -79,7 +79,7 @@ def _modules(kind):
     m.p, twin.p = torch.nn.Parameter(A), torch.nn.Parameter(Ad)
     m.register_buffer("b", B)
     twin.register_buffer("b", Bd)
-    N = sparsefill.to_sparse(torch.tensor([[0, 3, 0], [7, 0, 0]]), layout=A.sparse_layout)  # (integer: .float() skips it)
+    N = sparsefill.to_sparse(torch.tensor([[0, 3, 0], [7, 0, 0]]), layout=A.sparse_layout)  # .float() skips it
     m.register_buffer("n", N)
     twin.register_buffer("n", N.to_dense())
     if kind != "indefinite":

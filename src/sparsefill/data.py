@@ -55,10 +55,10 @@ def collate_sparse(batch, *, collate_fn_map=None) -> SparseTensor:
 
     >>> import sparsefill
     >>> A = sparsefill.sparse_coo_tensor([[0, 2]], [1., 2.], (4,), fill_value=5.)
-    >>> collate_sparse([A, A * 2])
+    >>> collate_sparse([A, A * 2])  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    ValueError: collate: element 1 of the batch (shape (4,), torch.sparse_coo, dense dims 0, fill 10.0) differs from element 0 (shape (4,), torch.sparse_coo, dense dims 0, fill 5.0): a batch of SparseTensors needs one shape, layout, dense dims and fill
+    ValueError: collate: element 1 of the batch (shape (4,), ..., fill 10.0) differs from element 0 (...fill 5.0)...
     """
     batch = list(batch)
     first = batch[0]
