@@ -185,7 +185,8 @@ def test_gradcheck(op, layout):
 
 
 class _Shapes(TorchDispatchMode):
-    """The largest dense result of any aten call (SparseTensor results are counted by their storage)."""
+    """The largest strided result of any aten call (sparse results, SparseTensor or native, are counted by
+    their storage: the aten calls that build it)."""
 
     def __init__(self):
         super().__init__()
@@ -194,7 +195,7 @@ class _Shapes(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         for t in (out if isinstance(out, (tuple, list)) else (out,)):
-            if isinstance(t, torch.Tensor) and not isinstance(t, SparseTensor):
+            if isinstance(t, torch.Tensor) and not isinstance(t, SparseTensor) and t.layout is torch.strided:
                 self.largest = max(self.largest, t.numel())
         return out
 

@@ -25,11 +25,16 @@ def _pattern(A: SparseTensor) -> SparseTensor:
 
 def grad_parts(G, P: SparseTensor):
     """``(grad_values, grad_fill)`` of the constructor of ``P`` for upstream gradient ``G``."""
-    idx, _ = P._coo_parts()
     S, D = P._sparse_shape, tuple(P._dense_shape)
-    keys = _index.linearize(idx, S)
     if isinstance(G, SparseTensor) and G._indefinite:
         raise ValueError("gradient with indefinite fill")
+    if isinstance(G, SparseTensor) and _same_stored_elements(G, P):  # e.g. from ops/linalg_autograd.py
+        gv = G._vals.reshape(P._vals.shape)
+        if P._indefinite:
+            return gv, None
+        return gv, (G._fill.expand(D) * (_index.numel(S) - P._nse())).sum_to_size(P._fill.shape)
+    idx, _ = P._coo_parts()
+    keys = _index.linearize(idx, S)
     gv = _convert.values_at(G, keys, len(S)).reshape(P._vals.shape)
     if P._indefinite:
         return gv, None
@@ -45,6 +50,15 @@ def grad_parts(G, P: SparseTensor):
         keep[ukeys] = False
         gf = G.reshape((_index.numel(S),) + D)[keep].sum(0)
     return gv, gf.sum_to_size(P._fill.shape)
+
+
+def _same_stored_elements(G: SparseTensor, P: SparseTensor) -> bool:
+    """``G`` stores exactly ``P``'s (coalesced) elements: the same index tensors."""
+    if not (G._coalesced and P._coalesced) or G._sf_layout is not P._sf_layout or G.shape != P.shape:
+        return False
+    if P._sf_layout is torch.sparse_coo:
+        return G._idx is P._idx
+    return G._crow is P._crow and G._col is P._col
 
 
 class Construct(torch.autograd.Function):

@@ -27,12 +27,14 @@ has no gradient outside the pattern (the forward reads nothing there): the gradi
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch.autograd.function import once_differentiable
 
 from .. import _index
 from .._autograd import Construct, SameDense, _pattern
-from .._convert import coalesced_parts, parts_to_sparse, scalar_parts
+from .._convert import coalesced_parts, parts_to_sparse, rewrap, scalar_parts
 from .._tensor import SparseTensor
 from .autograd_routes import register_route
 
@@ -52,14 +54,26 @@ def pattern_grad_is_exact(A: SparseTensor) -> bool:
 
 
 def _sampled(A: SparseTensor, U: torch.Tensor, V: torch.Tensor):
-    """``(indices, (U @ V^T) at A's coalesced pattern)`` for ``U`` ``(nb, m, n)``, ``V`` ``(nb, k, n)``."""
+    """``(indices, (U @ V^T) at A's coalesced pattern)`` for ``U`` ``(nb, m, n)``, ``V`` ``(nb, k, n)``.
+
+    The stored scalar elements in block-diagonal coordinates ``(b*m + i, b*k + j)`` are in row-major
+    order: torch's fused SDDMM kernel (``sparse.sampled_addmm``) reads them as a CSR pattern, with no
+    ``(nse, n)`` temporaries; other dtypes gather the rows (``O(nse * n)``)."""
     idx, vals = coalesced_parts(A)
     sidx, _ = scalar_parts(idx, vals, A._dense_shape)
-    if A.dim() == 2:
-        u, v = U[0].index_select(0, sidx[0]), V[0].index_select(0, sidx[1])
+    nb, m, n = U.shape
+    k = V.shape[1]
+    r, c = (sidx[0], sidx[1]) if A.dim() == 2 else (sidx[0] * m + sidx[1], sidx[0] * k + sidx[2])
+    U2, V2 = U.reshape(nb * m, n), V.reshape(nb * k, n)
+    if U.dtype in (torch.float32, torch.float64) and r.numel():
+        crow = torch.cat([r.new_zeros(1), torch.bincount(r, minlength=nb * m).cumsum(0)])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # "Sparse CSR tensor support is in beta state"
+            P = torch.sparse_csr_tensor(crow, c, U.new_zeros(r.numel()), (nb * m, nb * k))
+            out = torch.sparse.sampled_addmm(P, U2, V2.mT, beta=0).values()
     else:
-        u, v = U[sidx[0], sidx[1]], V[sidx[0], sidx[2]]
-    return idx, torch.linalg.vecdot(u, v).reshape(vals.shape)
+        out = torch.bmm(U2.index_select(0, r).unsqueeze(1), V2.index_select(0, c).unsqueeze(2))
+    return idx, out.reshape(vals.shape)
 
 
 def _total(A: SparseTensor, U: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
@@ -82,6 +96,8 @@ def pattern_grad(A: SparseTensor, U: torch.Tensor, V: torch.Tensor) -> SparseTen
         rest = _total(A, U, V).reshape(A._dense_shape) - gv.sum(0)
         n = _index.numel(A._sparse_shape) - idx.shape[1]
         fill, zero = (rest / n if n else torch.zeros_like(rest)), False
+    if A._coalesced:  # A's own index tensors: the constructor's backward reads the values as they are
+        return rewrap(A, values=gv.reshape(A._vals.shape), fill=fill, indefinite=False, known_zero=zero)
     return parts_to_sparse(idx, gv, A.shape, fill, False, zero, A._sf_layout, True)
 
 
