@@ -28,8 +28,9 @@ def grad_parts(G, P: SparseTensor):
     S, D = P._sparse_shape, tuple(P._dense_shape)
     if isinstance(G, SparseTensor) and G._indefinite:
         raise ValueError("gradient with indefinite fill")
-    if isinstance(G, SparseTensor) and _same_stored_elements(G, P):  # e.g. from ops/linalg_autograd.py
-        gv = G._vals.reshape(P._vals.shape)
+    gv = _values_on_pattern(G, P) if isinstance(G, SparseTensor) else None
+    if gv is not None:  # e.g. from ops/linalg_autograd.py: no lookup
+        gv = gv.reshape(P._vals.shape)
         if P._indefinite:
             return gv, None
         return gv, (G._fill.expand(D) * (_index.numel(S) - P._nse())).sum_to_size(P._fill.shape)
@@ -52,13 +53,15 @@ def grad_parts(G, P: SparseTensor):
     return gv, gf.sum_to_size(P._fill.shape)
 
 
-def _same_stored_elements(G: SparseTensor, P: SparseTensor) -> bool:
-    """``G`` stores exactly ``P``'s (coalesced) elements: the same index tensors."""
-    if not (G._coalesced and P._coalesced) or G._sf_layout is not P._sf_layout or G.shape != P.shape:
-        return False
-    if P._sf_layout is torch.sparse_coo:
-        return G._idx is P._idx
-    return G._crow is P._crow and G._col is P._col
+def _values_on_pattern(G: SparseTensor, P: SparseTensor):
+    """``G``'s values when ``G`` stores exactly ``P``'s (coalesced) elements, in ``P``'s order; else None."""
+    if not (G._coalesced and P._coalesced) or G.shape != P.shape or G.dense_dim() != P.dense_dim():
+        return None
+    if G._sf_layout is P._sf_layout and (G._idx is P._idx if P._sf_layout is torch.sparse_coo
+                                         else G._crow is P._crow and G._col is P._col):
+        return G._vals
+    (gi, gv), (pi, _) = G._coo_parts(), P._coo_parts()
+    return gv if gi.shape == pi.shape and torch.equal(gi, pi) else None
 
 
 class Construct(torch.autograd.Function):
