@@ -80,10 +80,11 @@ def _is_dense_needing_grad(a) -> bool:
 
 
 def _needs_dense_grads(args, kwargs) -> bool:
-    for a in (*args, *kwargs.values()):
-        if _is_dense_needing_grad(a) or isinstance(a, (list, tuple)) and any(map(_is_dense_needing_grad, a)):
+    for a in args:
+        if a.__class__ is not SparseTensor and (_is_dense_needing_grad(a) or isinstance(a, (list, tuple))
+                                                and any(map(_is_dense_needing_grad, a))):
             return True
-    return False
+    return bool(kwargs) and _needs_dense_grads(tuple(kwargs.values()), {})
 
 
 def _dense_grad_arg(a):
