@@ -25,7 +25,6 @@ import torch
 
 from .._convert import coalesce_of, coalesced_parts, dense_of, parts_to_sparse
 from .._reduce import REDUCERS, group_slices, segment_combine, times
-from .fallback import meta_of
 from .registry import register
 
 aten = torch.ops.aten
@@ -36,7 +35,9 @@ def _softmax(func, args, kwargs):
     A, dim, half_to_float = args[0], args[1], args[2]
     if A.dim() == 0:
         return func(dense_of(A), dim, half_to_float)
-    func(meta_of(A), dim, half_to_float)  # torch's errors
+    # torch's errors, on one element per dim (a meta tensor runs log_softmax's Python meta kernel, whose first
+    # call imports torch._dynamo: 0.5-1 s)
+    func(torch.zeros((1,) * A.dim(), dtype=A.dtype, device=A.device), dim, half_to_float)
     dim, sd, log = dim % A.dim(), A.dim() - A.dense_dim(), func is aten._log_softmax.default
     B = A if A._coalesced else coalesce_of(A)
     idx, vals = coalesced_parts(B)
