@@ -290,3 +290,36 @@ def test_dense_leaf_gradient_with_an_indefinite_operand(layout):
         op(A, w).to_dense(fill_value=0.0).sum().backward()
         assert type(w.grad) is torch.Tensor
         torch.testing.assert_close(w.grad, torch.where(specified, local, 0))
+
+
+@pytest.mark.parametrize("layout", [COO, CSR], ids=["coo", "csr"])
+def test_attention_chain_with_an_indefinite_fill(layout):
+    """A GAT layer's core: ``masked.softmax(leaky_relu(S), 1) @ Wh`` on the edge scores (indefinite fill);
+    the gradients of the scores and of ``Wh`` equal the dense masked computation (-inf off the edges)."""
+    n, d = 30, 4
+    g = torch.Generator().manual_seed(2)
+    keys = torch.randperm(n * n, generator=g)[:150].sort().values
+    idx = torch.stack([keys // n, keys % n])
+    s0, Wh0 = torch.randn(150, dtype=torch.float64, generator=g), torch.randn(n, d, dtype=torch.float64, generator=g)
+    s, Wh = s0.clone().requires_grad_(), Wh0.clone().requires_grad_()
+    S = sparsefill.sparse_coo_tensor(idx, s, (n, n), fill_value=sparsefill.indefinite)
+    S = S.to_sparse_csr() if layout is CSR else S
+    out = sparsefill.masked.softmax(F.leaky_relu(S, 0.2), 1) @ Wh
+    assert _routed(out)
+    out.square().sum().backward()
+    sd, Whd = s0.clone().requires_grad_(), Wh0.clone().requires_grad_()
+    dense = torch.full((n, n), -INF, dtype=torch.float64).index_put((idx[0], idx[1]), F.leaky_relu(sd, 0.2))
+    (torch.softmax(dense, 1).nan_to_num(0.0) @ Whd).square().sum().backward()
+    torch.testing.assert_close(s.grad, sd.grad)
+    torch.testing.assert_close(Wh.grad, Whd.grad)
+
+
+def test_indefinite_gradient_reaches_the_constructor_as_zero_outside():
+    """A gradient with an indefinite fill (masked-out outputs: nothing read them) is 0 there."""
+    v = torch.tensor([1.0, 2.0], dtype=torch.float64, requires_grad=True)
+    f = torch.tensor(3.0, dtype=torch.float64, requires_grad=True)
+    A = sparsefill.sparse_coo_tensor([[0, 2]], v, (4,), fill_value=f)
+    M = sparsefill.sparse_coo_tensor([[0, 1]], torch.ones(2, dtype=torch.float64), (4,), fill_value=sparsefill.indefinite)
+    (A * M).to_dense(fill_value=0.0).sum().backward()  # specified at 0 and 1 only
+    torch.testing.assert_close(v.grad, torch.tensor([1.0, 0.0], dtype=torch.float64))
+    torch.testing.assert_close(f.grad, torch.tensor(1.0, dtype=torch.float64))

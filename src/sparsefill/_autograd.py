@@ -26,8 +26,8 @@ def _pattern(A: SparseTensor) -> SparseTensor:
 def grad_parts(G, P: SparseTensor):
     """``(grad_values, grad_fill)`` of the constructor of ``P`` for upstream gradient ``G``."""
     S, D = P._sparse_shape, tuple(P._dense_shape)
-    if isinstance(G, SparseTensor) and G._indefinite:
-        raise ValueError("gradient with indefinite fill")
+    if isinstance(G, SparseTensor) and G._indefinite:  # masked out: no output read them, their gradient is 0
+        G = _convert.rewrap(G, fill=G._vals.new_zeros(()), indefinite=False, known_zero=True)
     gv = _values_on_pattern(G, P) if isinstance(G, SparseTensor) else None
     if gv is not None:  # e.g. from ops/linalg_autograd.py: no lookup
         gv = gv.reshape(P._vals.shape)
