@@ -25,6 +25,7 @@ values; loops over keys only where the result is per key).
 from __future__ import annotations
 
 import dataclasses
+import gc
 
 import numpy as np
 import torch
@@ -138,19 +139,25 @@ class KeyedJaggedBatch:
 
     def to_dict(self) -> list[dict]:
         """The batch as a list of ``{key: [ids]}`` (``{key: ([ids], [weights])}`` with weights)."""
-        vals = self.values.tolist()
-        ws = None if self.weights is None else self.weights.tolist()
-        ends = torch.cumsum(self.values_lengths, 0).tolist()
-        starts = [0, *ends[:-1]]
-        if ws is None:
-            lists = [vals[a:b] for a, b in zip(starts, ends)]
-        else:
-            lists = [(vals[a:b], ws[a:b]) for a, b in zip(starts, ends)]
-        keys, out, e = self.keys.tolist(), [], 0
-        for n in self.example_lengths.tolist():
-            out.append(dict(zip(keys[e:e + n], lists[e:e + n])))
-            e += n
-        return out
+        enabled = gc.isenabled()
+        gc.disable()  # (the lists built here hold no cycles: the collector's passes over them took half the time)
+        try:
+            vals = self.values.tolist()
+            ws = None if self.weights is None else self.weights.tolist()
+            ends = torch.cumsum(self.values_lengths, 0).tolist()
+            starts = [0, *ends[:-1]]
+            if ws is None:
+                lists = [vals[a:b] for a, b in zip(starts, ends)]
+            else:
+                lists = [(vals[a:b], ws[a:b]) for a, b in zip(starts, ends)]
+            keys, out, e = self.keys.tolist(), [], 0
+            for n in self.example_lengths.tolist():
+                out.append(dict(zip(keys[e:e + n], lists[e:e + n])))
+                e += n
+            return out
+        finally:
+            if enabled:
+                gc.enable()
 
     @property
     def batch_size(self) -> int:

@@ -1,0 +1,69 @@
+"""KeyedJaggedBatch: construction (validated / ``validate=False``) and ``to_dict`` against the offsets.
+
+One process, 1 thread, median of ``--repeat`` timed calls (and the minimum: the machine may be shared).
+The reference is what a batch needs anyway: its offsets, ``torch.cumsum`` of ``values_lengths`` and of
+``example_lengths``; ``to_dict`` is also set against ``values.tolist()`` (the Python ints it must create).
+
+    python tools/jagged_bench.py
+    PYTHONPATH=/tmp/before/src python tools/jagged_bench.py     # an older checkout (no validate=)
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import statistics
+import time
+
+import torch
+
+from sparsefill.segment import KeyedJaggedBatch
+
+
+def _time(fn, repeat):
+    fn()
+    ts = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t)
+    return statistics.median(ts) * 1e3, min(ts) * 1e3
+
+
+def batch(B=512, K=16, L=10, p=0.9, seed=0):
+    """``B`` examples, each with about ``p * K`` of ``K`` keys in random order, lists of 0..L-1 ids."""
+    g = torch.Generator().manual_seed(seed)
+    elen = (torch.rand(B, K, generator=g) < p).sum(1)
+    keys = torch.cat([torch.randperm(K, generator=g)[:int(n)] for n in elen])
+    vlen = torch.randint(0, L, (keys.numel(),), generator=g)
+    vals = torch.randint(0, 10 ** 6, (int(vlen.sum()),), generator=g)
+    return vals, vlen, keys, elen
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeat", type=int, default=200)
+    a = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    has_validate = "validate" in inspect.signature(KeyedJaggedBatch).parameters
+    print("| batch (examples x keys, lengths) | entries / values | offsets (ms) | validated | validate=False | "
+          "to_dict | values.tolist() |")
+    print("|---|---|---:|---:|---:|---:|---:|")
+    for B, K, L in [(512, 16, 10), (512, 64, 40)]:
+        vals, vlen, keys, elen = batch(B, K, L)
+        kj = KeyedJaggedBatch(vals, vlen, keys, elen)
+        off = _time(lambda: (torch.cumsum(vlen, 0), torch.cumsum(elen, 0)), a.repeat)
+        val = _time(lambda: KeyedJaggedBatch(vals, vlen, keys, elen), a.repeat if has_validate else 5)
+        nov = _time(lambda: KeyedJaggedBatch(vals, vlen, keys, elen, validate=False), a.repeat) if has_validate \
+            else None
+        td = _time(kj.to_dict, max(5, a.repeat // 20))
+        tl = _time(vals.tolist, max(5, a.repeat // 20))
+
+        def cell(r):
+            return "-" if r is None else f"{r[0]:.3f} (min {r[1]:.3f}; {r[0] / off[0]:.1f}x)"
+        print(f"| {B} x {K}, 0..{L - 1} | {keys.numel()} / {vals.numel()} | {off[0]:.4f} (min {off[1]:.4f}) | "
+              f"{cell(val)} | {cell(nov)} | {cell(td)} | {cell(tl)} |")
+
+
+if __name__ == "__main__":
+    main()
