@@ -146,13 +146,14 @@ def main(argv=None):
                          "what torch itself imports on the first __torch_dispatch__ of any subclass)")
     ap.add_argument("--before", metavar="SRC", help="also measure the package found in SRC (PYTHONPATH; e.g. "
                     "`git archive <commit> src | tar -x -C /tmp/before`, then /tmp/before/src), interleaved")
+    ap.add_argument("--after", metavar="SRC", help="with --before: the package in SRC instead of the installed one")
     a = ap.parse_args(argv)
     if a.importtime:
         print(importtime(a.importtime, preload=a.preload))
         return
     variants = {"now": {}}
     if a.before:
-        variants = {"before": {"PYTHONPATH": a.before}, "after": {}}
+        variants = {"before": {"PYTHONPATH": a.before}, "after": {"PYTHONPATH": a.after} if a.after else {}}
     res = measure(a.cases or None, a.repeat, variants, preload=a.preload)
     print(json.dumps(res, indent=1) if a.json else table(res))
 
