@@ -134,8 +134,8 @@ def _index_put(func, args, kwargs):
     aten.index_put.default(meta_of(A), [None if t is None else t.to("meta") for t in indices], meta_vals,
                            accumulate)  # torch's dtype and shape errors
     if A.dim() == 0:  # (the meta kernel takes a 0-d mask on a 0-d tensor, torch's kernel raises: one element)
-        check_dtype(aten.index_put.default, A, indices, dense_of(values) if isinstance(values, SparseTensor) else values,
-                    accumulate)
+        v = dense_of(values) if isinstance(values, SparseTensor) else values
+        check_dtype(aten.index_put.default, A, indices, v, accumulate)
     coords, shape = _coords(A, indices)
     v = _dense_values(values, shape, A.dtype, A.device)
     return _result(func, A, write(A, coords, v, "sum" if accumulate else None))
