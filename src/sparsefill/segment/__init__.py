@@ -15,9 +15,11 @@ Modules (each small enough to read at once):
 * ``_aliases``          -- the Caffe2 names (``lengths_sum``, ``sparse_lengths_weighted_sum``,
   ``unsorted_segment_max``, ``reduce_front_mean``, ...), generated from one table;
 * ``_plan``, ``_kernels``, ``_numba_kernels`` -- the canonical segment order and the kernels
-  (``embedding_bag``; compiled CPU kernels when numba is installed, torch ops otherwise);
+  (``embedding_bag``; compiled CPU kernels when numba is installed and the process's work has paid for
+  its import -- ``set_backend("auto" | "numba" | "torch")`` -- torch ops otherwise);
 * ``_basic``            -- ``gather``, ``scatter_assign``, ``scatter_weighted_sum``;
-* ``_jagged``           -- ``KeyedJaggedBatch``, the spec's ``LIST<MAP<INT, LIST<INT>>>``;
+* ``_jagged``           -- ``KeyedJaggedBatch``, the spec's ``LIST<MAP<INT, LIST<INT>>>`` (``validate=False``
+  skips its data checks);
 * ``_bridge``           -- the batch as a CSR ``SparseTensor`` and ``ids_to_sparse``;
 * ``_optim``            -- ``sparse_adagrad``, ``rowwise_sparse_adagrad``, ``sparse_ftrl`` and the
   ``SparseAdagrad`` / ``SparseFtrl`` optimizers.

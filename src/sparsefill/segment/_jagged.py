@@ -10,9 +10,11 @@
     example_lengths = [                2,          3]    entries per example
     weights         = optional, one per value (scores)
 
-Invariants: ``sum(example_lengths) == len(keys) == len(values_lengths)`` and
-``sum(values_lengths) == len(values)``.  Every operation is a few segment ops (no Python loop over
-values; loops over keys only where the result is per key).
+Invariants: ``sum(example_lengths) == len(keys) == len(values_lengths)``,
+``sum(values_lengths) == len(values)``, lengths non-negative and a key at most once per example:
+checked on construction by a few vectorised passes (``validate=False`` skips the ones that read the
+data).  Every operation is a few segment ops (no Python loop over values; loops over keys only where
+the result is per key; ``to_dict`` loops over the lists it creates).
 
 >>> import torch
 >>> kj = KeyedJaggedBatch.from_lists([{1: [10, 11], 3: [101]}, {1: [11], 2: [50], 3: [102, 103]}])
@@ -20,6 +22,8 @@ values; loops over keys only where the result is per key).
 ([10, 11, 101, 11, 50, 102, 103], [2, 1, 1, 1, 2], [1, 3, 1, 2, 3], [2, 3])
 >>> kj.select_keys([3, 1]).to_dict()
 [{3: [101], 1: [10, 11]}, {3: [102, 103], 1: [11]}]
+>>> KeyedJaggedBatch(kj.values, kj.values_lengths, kj.keys, kj.example_lengths, validate=False).to_dict()
+[{1: [10, 11], 3: [101]}, {1: [11], 2: [50], 3: [102, 103]}]
 """
 
 from __future__ import annotations
