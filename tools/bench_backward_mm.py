@@ -2,8 +2,9 @@
 
     python tools/bench_backward_mm.py            # N=5k/50k stored and N=50k/500k stored, D=32, 1 thread
 
-Each (implementation, size) runs in a fresh subprocess: the peak resident memory of one step above the
-peak after set-up (``ru_maxrss``), then the median time of ``--reps`` steps.  sparsefill builds ``A``
+Each (implementation, size) runs in a fresh subprocess: after a step on a tiny problem (lazy imports), the
+peak resident memory of one step above the peak after set-up (``ru_maxrss``), then the median time of
+``--reps`` steps.  ``sparsefill COO unrouted`` is the path before the route (torch's formula, N=5k only).  sparsefill builds ``A``
 from ``(values, fill)`` each step (as in training) with fill 0 and ``fill.requires_grad``.
 """
 
@@ -50,11 +51,17 @@ def _step_fn(impl, n, nse, d):
         out = torch.zeros(n, d).index_add_(0, rows, v[:, None] * X[cols])
         (out * W).sum().backward()
 
+    def unrouted():  # the path before the route (torch's formula: the dense G @ X^T)
+        from sparsefill import SparseTensor
+        SparseTensor._route = lambda *a: NotImplemented
+        ours()
+
     def dense():
         A = torch.zeros(n, n).index_put_((rows, cols), v)
         ((A @ X) * W).sum().backward()
 
-    fn = {"sparsefill COO": ours, "sparsefill CSR": ours_csr, "gather + index_add_": hand, "dense": dense}[impl]
+    fn = {"sparsefill COO": ours, "sparsefill CSR": ours_csr, "gather + index_add_": hand, "dense": dense,
+          "sparsefill COO unrouted": unrouted}[impl]
 
     def step():
         v.grad = X.grad = f.grad = None
@@ -65,6 +72,7 @@ def _step_fn(impl, n, nse, d):
 def _child(impl, size, reps):
     import torch
     torch.set_num_threads(1)
+    _step_fn(impl, 100, 500, 32)()  # lazy imports and first-call set-up, outside the measured peak
     step = _step_fn(impl, *SIZES[size])
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     step()
@@ -81,12 +89,14 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--child", nargs=2)
-    p.add_argument("--impls", default="sparsefill COO,sparsefill CSR,gather + index_add_")
+    p.add_argument("--impls", default="sparsefill COO,sparsefill CSR,gather + index_add_,sparsefill COO unrouted")
     a = p.parse_args()
     if a.child:
         return _child(*a.child, a.reps)
     for size in SIZES:
         for impl in a.impls.split(","):
+            if impl == "sparsefill COO unrouted" and SIZES[size][0] > 5000:
+                continue  # the dense N x N gradient: 10 GB at N=50k
             r = subprocess.run([sys.executable, __file__, "--child", impl, size, "--reps", str(a.reps)],
                                capture_output=True, text=True)
             res = json.loads(r.stdout) if r.returncode == 0 else {"error": r.stderr.strip().splitlines()[-1:]}
