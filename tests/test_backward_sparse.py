@@ -129,6 +129,8 @@ OPS = {  # name: (A shape, X shape, fn)
     "einsum kj,ij dense first": ((6, 5), (4, 6), lambda A, X: torch.einsum("kj,ji->ki", X, A)),
     "einsum bij,bjk": ((2, 6, 5), (2, 5, 3), lambda A, X: torch.einsum("bij,bjk->bik", A, X)),
     "torch.sparse.mm": ((6, 5), (5, 3), torch.sparse.mm),
+    "X@A.t()": ((6, 5), (4, 5), lambda A, X: X @ A.t()),
+    "A.mT@X": ((2, 6, 5), (2, 6, 3), lambda A, X: A.mT @ X),
 }
 FILLS = [0.0, 2.5, NAN, INF, "indefinite"]
 MAIN = ["A@X", "X@A", "A3@X2", "bmm", "X3@A3", "A2@X3"]
@@ -225,6 +227,7 @@ def test_route_taken_only_where_the_pattern_gradient_is_exact():
     v, f, X = case.leaves()
     A = case.build(v, f)
     assert _routed(A.coalesce() @ X) and _routed(A.to_sparse_csr() @ X)
+    assert _routed(X.T @ A.t()) and _routed(X.mT @ A.T) and _routed(X.T @ A.to_sparse_csr().transpose(0, 1))
     assert not _routed((A * 2) @ X)
     leaf = A.detach().requires_grad_()
     out = leaf @ X

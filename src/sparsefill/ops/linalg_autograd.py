@@ -41,14 +41,25 @@ from .autograd_routes import register_route
 _CONSTRUCT, _SAME_DENSE = Construct._backward_cls, SameDense._backward_cls
 
 
+def _permuting_nodes():
+    """The autograd nodes of ``t``, ``transpose``, ``permute``, ``mT``, ``T``: they map the unspecified
+    elements one to one onto the unspecified elements of their SparseTensor input."""
+    x = torch.zeros(2, 2, requires_grad=True)
+    return frozenset(type(v.grad_fn) for v in (x.t(), x.transpose(0, 1), x.permute(1, 0), x.mT, x.T))
+
+
+_PERMUTING = _permuting_nodes()
+
+
 def pattern_grad_is_exact(A: SparseTensor) -> bool:
     """True when ``A``'s gradient is read only at its pattern and summed over its unspecified
-    elements: ``A`` comes from a differentiable constructor (through coalesce / layout changes), or
-    its fill is indefinite.  A leaf's ``.grad`` (dense semantics: ``G @ X^T``) takes torch's path."""
+    elements: ``A`` comes from a differentiable constructor (through coalesce / layout changes and
+    transposes: ``x @ W.t()``), or its fill is indefinite.  A leaf's ``.grad`` (dense semantics:
+    ``G @ X^T``) and ``A`` computed otherwise take torch's path."""
     if A._indefinite:
         return True
     node = A.grad_fn
-    while type(node) is _SAME_DENSE and node.x_layout is None:
+    while type(node) in _PERMUTING or type(node) is _SAME_DENSE and node.x_layout is None:
         node = node.next_functions[0][0]
     return type(node) is _CONSTRUCT
 
@@ -212,12 +223,10 @@ def _route_addmm(func, args, kwargs):
     if p is NotImplemented:
         return p
     beta, alpha = kwargs.get("beta", 1), kwargs.get("alpha", 1)
-    torch.broadcast_shapes(inp.shape, p.shape)  # torch's error for an input that does not broadcast
+    torch.empty(inp.shape, device="meta").expand(p.shape)  # torch's error for an input that does not broadcast
     if alpha != 1:
         p = p * alpha
-    if beta != 0:
-        p = p + (inp if beta == 1 else inp * beta)
-    return p.expand(torch.broadcast_shapes(inp.shape, p.shape))
+    return p if beta == 0 else p + (inp if beta == 1 else inp * beta)
 
 
 @register_route(torch.nn.functional.linear)
