@@ -101,12 +101,12 @@ _INPLACE_DUNDERS = {"add", "sub", "mul", "truediv", "floordiv", "div", "mod", "p
 
 
 def _writes(func, kwargs) -> bool:
-    """In-place and ``out=`` calls, ``__setitem__``, the ``*_as`` functions that only read a shape or dtype
+    """In-place and ``out=`` calls, ``__setitem__``, attribute setters (``w.data = A``), the ``*_as`` functions that only read a shape or dtype
     from their other argument, and autograd's own functions: their tensors are used as they are."""
     name = getattr(func, "__name__", "")
     if func in _GRAPH_FUNCS or getattr(func, "__module__", "").startswith("torch.autograd"):
         return True
-    if "out" in kwargs or name == "__setitem__" or name.endswith("_as"):
+    if "out" in kwargs or name in ("__setitem__", "__set__") or name.endswith("_as"):
         return True
     if name.startswith("__") and name.endswith("__"):
         return name[2] == "i" and name[3:-2] in _INPLACE_DUNDERS
