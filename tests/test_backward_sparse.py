@@ -326,3 +326,15 @@ def test_indefinite_gradient_reaches_the_constructor_as_zero_outside():
     (A * M).to_dense(fill_value=0.0).sum().backward()  # specified at 0 and 1 only
     torch.testing.assert_close(v.grad, torch.tensor([1.0, 0.0], dtype=torch.float64))
     torch.testing.assert_close(f.grad, torch.tensor(1.0, dtype=torch.float64))
+
+
+def test_batched_csr_padded_with_fill_valued_elements():
+    """A batched CSR tensor with unequal counts per batch stores fill-valued padding: the padded elements
+    are specified in the gradient that reaches the COO constructor, unspecified there."""
+    case = Case((2, 6, 5), (2, 5, 3), 2.5, layout=CSR)
+    keep = case.idx[0] == 0
+    keep[(case.idx[0] == 1).nonzero()[0]] = True  # batch 1 keeps one element: 6 against 1
+    case.idx, case.values = case.idx[:, keep], case.values[keep]
+    v, f, X = case.leaves()
+    assert case.build(v, f)._nse() == 6
+    check(case, torch.bmm)
