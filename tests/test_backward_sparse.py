@@ -322,7 +322,8 @@ def test_indefinite_gradient_reaches_the_constructor_as_zero_outside():
     v = torch.tensor([1.0, 2.0], dtype=torch.float64, requires_grad=True)
     f = torch.tensor(3.0, dtype=torch.float64, requires_grad=True)
     A = sparsefill.sparse_coo_tensor([[0, 2]], v, (4,), fill_value=f)
-    M = sparsefill.sparse_coo_tensor([[0, 1]], torch.ones(2, dtype=torch.float64), (4,), fill_value=sparsefill.indefinite)
+    M = sparsefill.sparse_coo_tensor([[0, 1]], torch.ones(2, dtype=torch.float64), (4,),
+                                     fill_value=sparsefill.indefinite)
     (A * M).to_dense(fill_value=0.0).sum().backward()  # specified at 0 and 1 only
     torch.testing.assert_close(v.grad, torch.tensor([1.0, 0.0], dtype=torch.float64))
     torch.testing.assert_close(f.grad, torch.tensor(1.0, dtype=torch.float64))

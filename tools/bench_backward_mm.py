@@ -4,8 +4,8 @@
 
 Each (implementation, size) runs in a fresh subprocess: after a step on a tiny problem (lazy imports), the
 peak resident memory of one step above the peak after set-up (``ru_maxrss``), then the median time of
-``--reps`` steps.  ``sparsefill COO unrouted`` is the path before the route (torch's formula, N=5k only).  sparsefill builds ``A``
-from ``(values, fill)`` each step (as in training) with fill 0 and ``fill.requires_grad``.
+``--reps`` steps.  ``sparsefill COO unrouted`` is the path before the route (torch's formula, N=5k only).
+sparsefill builds ``A`` from ``(values, fill)`` each step (as in training) with fill 0 and ``fill.requires_grad``.
 """
 
 from __future__ import annotations

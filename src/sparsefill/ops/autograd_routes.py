@@ -101,8 +101,9 @@ _INPLACE_DUNDERS = {"add", "sub", "mul", "truediv", "floordiv", "div", "mod", "p
 
 
 def _writes(func, kwargs) -> bool:
-    """In-place and ``out=`` calls, ``__setitem__``, attribute setters (``w.data = A``), the ``*_as`` functions that only read a shape or dtype
-    from their other argument, and autograd's own functions: their tensors are used as they are."""
+    """In-place and ``out=`` calls, ``__setitem__``, attribute setters (``w.data = A``), the ``*_as``
+    functions that only read a shape or dtype from their other argument, and autograd's own functions:
+    their tensors are used as they are."""
     name = getattr(func, "__name__", "")
     if func in _GRAPH_FUNCS or getattr(func, "__module__", "").startswith("torch.autograd"):
         return True

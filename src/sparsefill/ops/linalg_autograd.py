@@ -16,6 +16,11 @@ constructor reads ``grad_A`` at the pattern and its sum over the unspecified ele
 is taken only where that is all that is read (:func:`pattern_grad_is_exact`).  An indefinite fill
 has no gradient outside the pattern (the forward reads nothing there): the gradient's fill is 0.
 
+Not routed (torch's formulas, as before): both operands SparseTensors, 4-d operands, a leaf ``A``
+and ``A`` computed by other ops (its dense gradient ``G @ X^T`` may be read elsewhere than at the
+pattern).  The fill's closed form subtracts the pattern's part: with ``inf`` in ``G`` or ``X`` it
+may be NaN where the dense sum over the unspecified elements is infinite.
+
 >>> import torch, sparsefill
 >>> v, f = torch.tensor([1., 2.], requires_grad=True), torch.tensor(3., requires_grad=True)
 >>> A = sparsefill.sparse_coo_tensor([[0, 1], [1, 0]], v, (2, 2), fill_value=f)
