@@ -41,7 +41,7 @@ def dense(x, fill=None):
 
 
 def close(got, ref, **kw):
-    torch.testing.assert_close(dense(got, kw.pop("fill", None)), ref, equal_nan=True, **kw)
+    torch.testing.assert_close(dense(got, kw.pop("fill", None)), dense(ref), equal_nan=True, **kw)
 
 
 def pattern_tensor(shape, *, density=0.4, seed=0, dtype=torch.float64):
@@ -189,6 +189,24 @@ def test_matmul_native_operand(op, fill, layout, nlayout):
     out = f(A, native(nd, nlayout))
     Ad = A.to_dense(fill_value=0.) if fill == [] else A.to_dense()  # masked: unspecified elements form no products
     close(out, f(Ad, nd), fill=0.)
+
+
+@pytest.mark.parametrize("fill", [0.5, 0.0])
+def test_native_operand_keeps_its_meaning_in_torch_sparse_kernels(fill):
+    """torch's kernels that take a native operand by design (registry.KEEPS_NATIVE) read it as torch does: the
+    mask of sampled_addmm, the skipped elements of mm(..., reduce); SparseTensor operands are their dense tensors."""
+    nd, _ = pattern_tensor((5, 6), seed=3)
+    nat = nd.to_sparse_csr()
+    X, _ = make((6, 3), fill, seed=4)
+    for reduce in ("sum", "mean", "amax", "amin"):
+        close(torch.sparse.mm(nat, X, reduce), torch.sparse.mm(nat, X.to_dense(), reduce))
+    M1, _ = make((5, 4), fill, seed=5)
+    M2, _ = make((4, 6), fill, seed=6)
+    ref = torch.sparse.sampled_addmm(nat, M1.to_dense(), M2.to_dense(), beta=.5)
+    close(torch.sparse.sampled_addmm(nat, M1, M2, beta=.5), ref)
+    m1, _ = pattern_tensor((5, 4), seed=7)
+    ref = torch.sspaddmm(nd.to_sparse(), m1.to_sparse(), M2.to_dense())
+    close(torch.sspaddmm(nd.to_sparse(), m1.to_sparse(), M2), ref)
 
 
 # ---------------------------------------------------------------------- refusals

@@ -523,10 +523,15 @@ def _sparse_mm_reduce(func, args, kwargs):
     dims.  The backward runs on the same CSR matrix; ``A``'s gradient is its SparseTensor (fill 0)."""
     A = args[0]
     reduce = args[2] if func is aten._sparse_mm_reduce_impl.default else args[3]
-    if not isinstance(A, SparseTensor) or A.dim() != 2 or A.dense_dim() or \
-            any(isinstance(a, SparseTensor) for a in args[1:3]):
-        return NotImplemented
-    out = func(_reduce_operand(A, reduce), *args[1:], **kwargs)
+    if not isinstance(A, SparseTensor) or A.dim() != 2 or A.dense_dim():
+        return NotImplemented  # (a native A goes to the densify fallback as it is: registry.KEEPS_NATIVE)
+    from .._convert import dense_of
+    from .._policy import check_densify
+    for X in args[1:3]:
+        if isinstance(X, SparseTensor):  # a dense operand of torch's kernel
+            check_densify(f"{func}: a SparseTensor in a dense role", X.numel() * X.element_size())
+    rest = [dense_of(a) if isinstance(a, SparseTensor) else a for a in args[1:]]
+    out = func(_reduce_operand(A, reduce), *rest, **kwargs)
     if func is aten._sparse_mm_reduce_impl.default:
         return out
     from .._convert import from_native

@@ -13,7 +13,10 @@ is converted exactly or refused, never ignored::
 
 * a native sparse tensor (COO, CSR, CSC, BSR, BSC; hybrid, batched) becomes a SparseTensor with fill
   0 before any handler runs; one the op writes to (``nat.add_(A)``, ``out=nat``) is refused
-  (``TypeError``): the write would land in a copy;
+  (``TypeError``): the write would land in a copy.  Except in the torch.sparse kernels of
+  :data:`KEEPS_NATIVE`, where a native operand's unspecified elements have the op's own meaning (the
+  mask of ``sampled_addmm``, the skipped elements of ``torch.sparse.mm(..., reduce)``): there it goes to
+  torch's kernel as it is, and the SparseTensor operands, in dense roles, are densified;
 * a tensor subclass with its own ``__torch_dispatch__`` that is neither a SparseTensor nor one of
   torch's tracing tensors (FakeTensor, FunctionalTensor: ``torch.compile``) is refused (``TypeError``
   naming its type); ``nn.Parameter`` and plain Python subclasses are dense tensors here;
@@ -69,7 +72,7 @@ def dispatch(func, types, args, kwargs):
                 views.sync(a)
         elif isinstance(a, torch.Tensor) and (a.layout is not torch.strided or a.is_nested):
             foreign = True
-    if foreign:
+    if foreign and func not in KEEPS_NATIVE:
         args, kwargs = _convert_foreign(func, args, kwargs)
     written = [A for A in written_args(func, args, kwargs) if A._view is not None]
     before = [{k: getattr(A, k) for k in _STATE[:-1]} for A in written]  # (in-place ops replace, never mutate)
@@ -88,6 +91,10 @@ def dispatch(func, types, args, kwargs):
 
 # ---------------------------------------------------------------------- the boundary rule
 _NATIVE = (torch.sparse_coo, torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc)
+_aten = torch.ops.aten
+KEEPS_NATIVE = {_aten._sparse_mm_reduce_impl.default, _aten._sparse_mm_reduce_impl_backward.default,
+                _aten.sparse_sampled_addmm.default, _aten.sparse_sampled_addmm.out, _aten.sspaddmm.out,
+                _aten.hspmm.default, _aten.hspmm.out}
 _KNOWN_TYPES: dict = {}  # type -> whether dispatch accepts operands of it
 
 
