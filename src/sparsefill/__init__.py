@@ -15,6 +15,7 @@ from . import ops  # noqa: F401  (fills the op registry)
 from . import masked  # noqa: F401,E402  (sparsefill.masked)
 from . import segment  # noqa: F401  (sparsefill.segment: the Caffe2 segment operations)
 from . import data  # noqa: F401  (sparsefill.data: DataLoader collate of SparseTensors, registered on import)
+from . import nn  # noqa: F401,E402  (sparsefill.nn: SparseParameter, SparseLinear: sparse weights of fixed pattern)
 
 __version__ = "0.1.0"
 
