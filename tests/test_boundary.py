@@ -155,6 +155,11 @@ def test_native_operand_dtypes_and_0d():
     for nlayout in ("coo", "csr"):
         close(A + native(d, nlayout), A.to_dense() + d)
         close(A * native(d, nlayout), A.to_dense() * d)
+    F, _ = make((4, 6), 0.5)  # float64 beside a float32 native: torch's promotion
+    n32 = d.float().to_sparse_csr()
+    close(F * n32, F.to_dense() * d.float())
+    i32 = torch.sparse_csr_tensor(n32.crow_indices().int(), n32.col_indices().int(), n32.values(), n32.shape)
+    close(F + i32, F.to_dense() + d.float())  # int32 CSR indices
     B = sparsefill.sparse_coo_tensor(torch.zeros(0, 1, dtype=torch.int64), torch.tensor([2.]), (), fill_value=0.)
     n0 = torch.sparse_coo_tensor(torch.zeros(0, 1, dtype=torch.int64), torch.tensor([5.]), ())
     close(B * n0, torch.tensor(10.))
