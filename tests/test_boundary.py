@@ -278,6 +278,9 @@ def test_written_native_and_other_layouts_refused():
     nested = torch.nested.nested_tensor([torch.ones(3), torch.ones(3)])
     with pytest.raises(TypeError, match="nested tensor"):
         torch.add(sparsefill.to_sparse(torch.ones(2, 3)), nested)
+    if torch.backends.mkldnn.is_available():
+        with pytest.raises(TypeError, match="layout torch._mkldnn"):
+            torch.add(sparsefill.to_sparse(torch.ones(2, 3)), torch.ones(2, 3).to_mkldnn())
 
 
 def test_unannotated_mutation_criterion():
