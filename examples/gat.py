@@ -47,11 +47,11 @@ def make_graph(nodes: int, edges_per_node: int = 10, features: int = 32, classes
     return x, edge_index, y
 
 
-def adjacency(edge_index: torch.Tensor, nodes: int) -> sparsefill.SparseTensor:
-    """``A[target, source] = 1`` on the edges, masked out elsewhere (indefinite fill), CSR (rows: targets)."""
+def adjacency(edge_index: torch.Tensor, nodes: int, layout=torch.sparse_coo) -> sparsefill.SparseTensor:
+    """``A[target, source] = 1`` on the edges, masked out elsewhere (indefinite fill); COO or CSR."""
     A = sparsefill.sparse_coo_tensor(edge_index.flip(0), torch.ones(edge_index.shape[1]), (nodes, nodes),
                                      fill_value=sparsefill.indefinite)
-    return A.to_sparse_csr()
+    return A.to_sparse_csr() if layout is torch.sparse_csr else A
 
 
 # ----------------------------------------------------------------------------- the model
@@ -124,17 +124,18 @@ def trainer(model: nn.Module, graph, y: torch.Tensor, lr: float = 0.005):
     return step
 
 
-def setup(nodes: int, features: int = 32, classes: int = 8, seed: int = 0):
+def setup(nodes: int, features: int = 32, classes: int = 8, seed: int = 0, layout=torch.sparse_coo):
     """The graph, our model and the peer with the same weights: ``(x, A, edge_index, y, model, peer)``."""
     x, edge_index, y = make_graph(nodes, 10, features, classes, seed)
     torch.manual_seed(seed)
     model = GAT(features, features, classes)
-    return x, adjacency(edge_index, nodes), edge_index, y, model, pyg_model(model)
+    return x, adjacency(edge_index, nodes, layout), edge_index, y, model, pyg_model(model)
 
 
-def check(nodes: int = 300, steps: int = 3, atol: float = 1e-5, rtol: float = 1e-4) -> list[tuple[float, float]]:
+def check(nodes: int = 300, steps: int = 3, layout=torch.sparse_coo, atol: float = 1e-5,
+          rtol: float = 1e-4) -> list[tuple[float, float]]:
     """Same forward outputs and same losses over ``steps`` Adam steps as ``GATConv``; returns the losses."""
-    x, A, edge_index, y, model, peer = setup(nodes)
+    x, A, edge_index, y, model, peer = setup(nodes, layout=layout)
     torch.testing.assert_close(model(x, A), peer(x, edge_index), atol=atol, rtol=rtol)
     ours, theirs = trainer(model, (x, A), y), trainer(peer, (x, edge_index), y)
     losses = [(ours(), theirs()) for _ in range(steps)]
@@ -153,20 +154,29 @@ def _median_ms(fn, reps: int) -> float:
     return 1e3 * statistics.median(times)
 
 
+def _peak_mb(fn) -> float:
+    from sparsefill.benchmarks.measure import measure_memory   # torch's allocations + Python's, one call
+    return measure_memory(fn)["peak_bytes"] / 2 ** 20
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--nodes", type=int, nargs="*", default=[5000, 20000])
-    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--csr", action="store_true", help="the adjacency in CSR (default COO)")
+    p.add_argument("--reps", type=int, default=7)
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
-    print("losses (sparsefill, GATConv):", [f"{a:.6f} {b:.6f}" for a, b in check()])
+    layout = torch.sparse_csr if args.csr else torch.sparse_coo
+    print("losses (sparsefill, GATConv):", [f"{a:.6f} {b:.6f}" for a, b in check(layout=layout)])
     for n in args.nodes:
-        x, A, edge_index, y, model, peer = setup(n)
+        x, A, edge_index, y, model, peer = setup(n, layout=layout)
         ours, theirs = trainer(model, (x, A), y), trainer(peer, (x, edge_index), y)
         t_ours, t_theirs = _median_ms(ours, args.reps), _median_ms(theirs, args.reps)
-        print(f"{n} nodes, {edge_index.shape[1]} edges: training step {t_ours:.1f} ms (sparsefill) against "
-              f"{t_theirs:.1f} ms (GATConv): {t_ours / t_theirs:.2f}x")
+        m_ours, m_theirs = _peak_mb(ours), _peak_mb(theirs)
+        print(f"{n} nodes, {edge_index.shape[1]} edges, training step: sparsefill {t_ours:.1f} ms, "
+              f"{m_ours:.0f} MB; GATConv {t_theirs:.1f} ms, {m_theirs:.0f} MB "
+              f"({t_ours / t_theirs:.2f}x the time, {m_ours / m_theirs:.2f}x the memory)")
 
 
 if __name__ == "__main__":
