@@ -114,7 +114,10 @@ TINY = {"N=2000 D=3": (2_000, 3)}
 
 def _batch(n: int, d: int):
     """The common inputs: ``x`` (N, d), ``lengths`` / ``offsets`` / sorted ``ids`` of ``S`` segments, the
-    generator ``g`` for what a case adds, and ``N``, ``S``, ``d``."""
+    generator ``g`` for what a case adds, and ``N``, ``S``, ``d``.  The compiled kernels are selected here,
+    when a case is built (the default backend "auto" would import numba inside a timed round)."""
+    if segment.compiled_available() and segment._kernels.backend() == "auto":
+        segment.set_backend("numba")
     g = torch.Generator().manual_seed(0)
     S = max(1, n // 20)
     lengths = 1 + torch.poisson(torch.full((S,), 19.0), generator=g).long()
