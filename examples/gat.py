@@ -124,12 +124,14 @@ def trainer(model: nn.Module, graph, y: torch.Tensor, lr: float = 0.005):
     return step
 
 
-def setup(nodes: int, features: int = 32, classes: int = 8, seed: int = 0, layout=torch.sparse_coo):
-    """The graph, our model and the peer with the same weights: ``(x, A, edge_index, y, model, peer)``."""
+def setup(nodes: int, features: int = 32, classes: int = 8, seed: int = 0, layout=torch.sparse_coo,
+          with_peer: bool = True):
+    """The graph, our model and the peer with the same weights: ``(x, A, edge_index, y, model, peer)``
+    (``peer`` None unless ``with_peer``)."""
     x, edge_index, y = make_graph(nodes, 10, features, classes, seed)
     torch.manual_seed(seed)
     model = GAT(features, features, classes)
-    return x, adjacency(edge_index, nodes, layout), edge_index, y, model, pyg_model(model)
+    return x, adjacency(edge_index, nodes, layout), edge_index, y, model, pyg_model(model) if with_peer else None
 
 
 def check(nodes: int = 300, steps: int = 3, layout=torch.sparse_coo, atol: float = 1e-5,
