@@ -1,0 +1,95 @@
+"""The models of ``examples/`` at smoke size, against their peers (issue 13 item 4).
+
+- ``gat.py``: the two-layer GAT on an indefinite-fill SparseTensor adjacency (COO and CSR) gives
+  torch_geometric ``GATConv``'s forward output and its losses over three Adam steps, same weights;
+- ``dlrm.py``: the DLRM on a ``KeyedJaggedBatch`` pooled with ``sparsefill.segment`` + ``SparseAdagrad``
+  gives the losses and the tables of ``nn.EmbeddingBag(sparse=True)`` + ``torch.optim.Adagrad``;
+- ``rare_events.py``: the rare-event pipeline's loss and the gradients of the signal's values and fill
+  equal dense torch's, with and without the windowed mean;
+- each script's ``main`` (the command line) runs at a tiny size.
+
+The scripts are loaded from the checkout's ``examples/`` folder (skipped, with the reason, when the
+tests run without it).  The full sizes are in ``python -m sparsefill bench --filter model:``.
+"""
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+if not EXAMPLES.is_dir():
+    pytest.skip(f"no examples/ folder at {EXAMPLES} (not a source checkout)", allow_module_level=True)
+
+
+def _load(name):
+    key = f"sparsefill_examples_{name}"   # the name cases_models.py uses: one module per script
+    if key not in sys.modules:
+        spec = importlib.util.spec_from_file_location(key, EXAMPLES / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[key] = module
+        spec.loader.exec_module(module)
+    return sys.modules[key]
+
+
+@pytest.fixture
+def gat():
+    pytest.importorskip("torch_geometric", reason="the GAT peer: pip install '.[test]'")
+    return _load("gat")
+
+
+@pytest.mark.parametrize("layout", [torch.sparse_coo, torch.sparse_csr], ids=["coo", "csr"])
+def test_gat_matches_gatconv(gat, layout):
+    losses = gat.check(nodes=200, steps=3, layout=layout)
+    assert len(losses) == 3 and all(math.isfinite(a) for a, _ in losses)
+    assert losses[-1][0] < losses[0][0]   # it trains
+
+
+def test_gat_is_the_dense_masked_model(gat):
+    """The layer equals the dense formula with -inf off the edges (the peer aside)."""
+    x, A, edge_index, y, model, _ = gat.setup(60, with_peer=False)
+    layer = model.layer1
+    Wh = layer.lin(x)
+    S = (Wh @ layer.att_dst)[:, None] + (Wh @ layer.att_src)[None, :]
+    adj = torch.zeros(60, 60, dtype=torch.bool).index_put_((edge_index[1], edge_index[0]), torch.tensor(True))
+    dense = torch.softmax(torch.nn.functional.leaky_relu(S, 0.2).masked_fill(~adj, -math.inf), 1) @ Wh + layer.bias
+    torch.testing.assert_close(layer(x, A), dense)
+
+
+def test_gat_parameter_gradients_are_dense_tensors(gat):
+    """After a step every parameter's gradient is a plain dense tensor of its shape (torch's leaf contract)."""
+    x, A, edge_index, y, model, _ = gat.setup(80, with_peer=False)
+    gat.trainer(model, (x, A), y)()
+    for name, p in model.named_parameters():
+        assert type(p.grad) is torch.Tensor and p.grad.shape == p.shape, name
+
+
+def test_dlrm_matches_embedding_bag():
+    dlrm = _load("dlrm")
+    losses = dlrm.check(batch=64, keys=4, rows=300, dim=8, steps=4)
+    assert losses[-1][0] < losses[0][0]
+
+
+def test_rare_events_match_dense():
+    losses = _load("rare_events").check(samples=20_000, rate=0.002)
+    assert all(a > 0 for a, _ in losses)
+
+
+@pytest.mark.parametrize("name, argv", [
+    ("gat", ["--nodes", "150", "--reps", "1"]),
+    ("dlrm", ["--batch", "32", "--rows", "300", "--reps", "1"]),
+    ("rare_events", ["--samples", "20000", "--rate", "0.002", "--reps", "1"]),
+])
+def test_script_main_runs(name, argv, capsys):
+    if name == "gat":
+        pytest.importorskip("torch_geometric", reason="the GAT peer: pip install '.[test]'")
+    threads = torch.get_num_threads()
+    try:
+        _load(name).main(argv)
+    finally:
+        torch.set_num_threads(threads)
+    out = capsys.readouterr().out
+    assert "losses" in out and " ms" in out
