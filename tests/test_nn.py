@@ -280,6 +280,10 @@ def test_to_dtype_deepcopy(layout):
         c.sparse_weight.values.add_(1.)
     torch.testing.assert_close(lin(x), y)  # the copy owns its parameters
     assert c.sparse_weight.values.data_ptr() != lin.sparse_weight.values.data_ptr()
+    buf = io.BytesIO()
+    torch.save(lin, buf)  # the whole module (pickled: weights_only=False, as for any nn.Module)
+    buf.seek(0)
+    torch.testing.assert_close(torch.load(buf, weights_only=False)(x), y)
     assert lin.half().weight.dtype == torch.float16
 
 

@@ -34,6 +34,7 @@ The fill is frozen by default (a buffer, as the zeros of a pruned weight or of
 from __future__ import annotations
 
 import math
+import weakref
 
 import torch
 from torch import nn
@@ -94,7 +95,7 @@ class SparseParameter(nn.Module):
             self.fill = nn.Parameter(fill)
         else:
             self.register_buffer("fill", fill)
-        self._checked = None  # (id, version) of the index buffers last validated
+        self._checked = None  # ((weakref to a buffer, its version), ...) of the index buffers last validated
 
     @classmethod
     def from_sparse(cls, data, *, train_fill: bool = False) -> "SparseParameter":
@@ -132,8 +133,8 @@ class SparseParameter(nn.Module):
         """The SparseTensor, differentiable with respect to ``values`` (and ``fill``)."""
         fill = _creation.indefinite if self.indefinite else self.fill
         bufs = self._index_buffers()
-        key = tuple((id(b), b._version) for b in bufs)
-        check = key != self._checked  # a new pattern (load_state_dict, .to(device)): validated once
+        check = self._checked is None or any(b is not c() or b._version != v for b, (c, v) in zip(bufs, self._checked))
+        key = tuple((weakref.ref(b), b._version) for b in bufs)  # a new pattern (load_state_dict...): validated once
         if self.sparse_layout is torch.sparse_coo:
             A = _creation.sparse_coo_tensor(bufs[0], self.values, self.size, fill_value=fill,
                                             is_coalesced=True, check_invariants=check)
@@ -142,6 +143,11 @@ class SparseParameter(nn.Module):
                                             check_invariants=check)
         self._checked = key
         return A
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_checked"] = None  # weak references do not pickle; a copy validates its pattern once
+        return state
 
     def extra_repr(self) -> str:
         fill = "indefinite" if self.indefinite else ("trained" if isinstance(self.fill, nn.Parameter) else "frozen")
