@@ -339,3 +339,20 @@ def test_batched_csr_padded_with_fill_valued_elements():
     v, f, X = case.leaves()
     assert case.build(v, f)._nse() == 6
     check(case, torch.bmm)
+
+
+def test_routes_first_imported_under_no_grad():
+    """The routes module may be imported by a first call under ``no_grad`` (e.g. ``torch.sparse.sum``):
+    the route for ``A.t() @ X`` is still taken afterwards."""
+    import subprocess
+    import sys
+    code = ("import torch, sparsefill\n"
+            "with torch.no_grad():\n"
+            "    torch.sparse.sum(sparsefill.sparse_coo_tensor([[0]], [1.], (2,)))\n"
+            "v = torch.ones(2, requires_grad=True)\n"
+            "A = sparsefill.sparse_coo_tensor([[0, 1], [1, 0]], v, (2, 2), fill_value=3.)\n"
+            "out = torch.ones(3, 2) @ A.t()\n"
+            "print(type(out.grad_fn).__name__)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["SparseMMBackward"], r.stdout

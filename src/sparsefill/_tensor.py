@@ -47,16 +47,16 @@ class SparseTensor(torch.Tensor):
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         """Every function passes through to ``__torch_dispatch__`` as ``torch._C._disabled_torch_function_impl``
-        (results are never re-wrapped); while grad mode is on, ``ops.autograd_routes.route`` may take the
-        call first (the few functions whose backward must know the pattern; DESIGN.md section 10)."""
-        if torch.is_grad_enabled():
-            route = SparseTensor._route
-            if route is None:
-                from .ops.autograd_routes import route
-                SparseTensor._route = route
-            out = route(func, types, args, kwargs or {})
-            if out is not NotImplemented:
-                return out
+        (results are never re-wrapped); ``ops.autograd_routes.route`` may take the call first (while grad
+        mode is on, the few functions whose backward must know the pattern, DESIGN.md section 10; in every
+        mode, the few whose composite torch body cannot run on a SparseTensor)."""
+        route = SparseTensor._route
+        if route is None:
+            from .ops.autograd_routes import route
+            SparseTensor._route = route
+        out = route(func, types, args, kwargs or {})
+        if out is not NotImplemented:
+            return out
         return torch._C._disabled_torch_function_impl(func, types, args, kwargs or {})
 
     @staticmethod

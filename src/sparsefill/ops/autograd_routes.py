@@ -10,6 +10,8 @@ gradient of the SparseTensor ``A`` as the dense ``G @ X^T`` (N x N) before any h
 * any other function mixing a SparseTensor with a dense tensor that requires grad sees that
   tensor through :class:`DenseGrad`, so its gradient is dense: a dense leaf's ``.grad`` is a
   dense tensor (torch's contract), never a SparseTensor;
+* ``torch.sparse.sum(A)`` (``torch._sparse_sum``, whose composite body calls ``coalesce``, which
+  checks for torch's sparse layout) is ``A.sum()``, in every grad mode;
 * everything else (and everything with grad mode off) passes through as
   ``torch._C._disabled_torch_function_impl``: straight to ``__torch_dispatch__``, results never
   re-wrapped.
@@ -29,19 +31,25 @@ import torch
 from .._tensor import SparseTensor
 
 ROUTES: dict = {}  # torch function (as __torch_function__ receives it) -> route(func, args, kwargs)
+ALWAYS: set = set()  # functions routed with grad mode off too (torch decomposes them above __torch_dispatch__)
 
 
-def register_route(*funcs):
-    """Decorator: ``route(func, args, kwargs)`` takes calls of ``funcs`` while grad mode is on."""
+def register_route(*funcs, always: bool = False):
+    """Decorator: ``route(func, args, kwargs)`` takes calls of ``funcs`` while grad mode is on (``always``:
+    in every mode, for functions whose composite torch implementation cannot run on a SparseTensor)."""
     def deco(fn):
         for f in funcs:
             ROUTES[f] = fn
+            if always:
+                ALWAYS.add(f)
         return fn
     return deco
 
 
 def route(func, types, args, kwargs):
-    """The call's result, or ``NotImplemented`` for the plain pass-through (grad mode is on here)."""
+    """The call's result, or ``NotImplemented`` for the plain pass-through."""
+    if not torch.is_grad_enabled() and func not in ALWAYS:
+        return NotImplemented
     r = ROUTES.get(func)
     if r is not None:
         with torch._C.DisableTorchFunctionSubclass():  # attribute reads of SparseTensors: no re-entry
@@ -112,6 +120,16 @@ def _writes(func, kwargs) -> bool:
     if name.startswith("__") and name.endswith("__"):
         return name[2] == "i" and name[3:-2] in _INPLACE_DUNDERS
     return name.endswith("_")
+
+
+# ---------------------------------------------------------------------- torch.sparse.sum over every dim
+@register_route(torch._sparse_sum, always=True)
+def _sparse_sum_all(func, args, kwargs):
+    """``torch.sparse.sum(A) == A.sum()``: dense semantics, the masked sum of the stored elements for an
+    indefinite fill (torch.sparse skips unspecified elements); with ``dim`` the aten handler runs."""
+    if set(kwargs) - {"dtype"} or not (len(args) == 1 or len(args) == 2 and isinstance(args[1], torch.dtype)):
+        return NotImplemented
+    return torch.sum(args[0], dtype=kwargs.get("dtype", args[1] if len(args) == 2 else None))
 
 
 from . import linalg_autograd  # noqa: E402,F401  (fills ROUTES: the matrix products)

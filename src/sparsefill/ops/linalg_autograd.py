@@ -49,8 +49,9 @@ _CONSTRUCT, _SAME_DENSE = Construct._backward_cls, SameDense._backward_cls
 def _permuting_nodes():
     """The autograd nodes of ``t``, ``transpose``, ``permute``, ``mT``, ``T``: they map the unspecified
     elements one to one onto the unspecified elements of their SparseTensor input."""
-    x = torch.zeros(2, 2, requires_grad=True)
-    return frozenset(type(v.grad_fn) for v in (x.t(), x.transpose(0, 1), x.permute(1, 0), x.mT, x.T))
+    with torch.enable_grad():  # (this module may be imported first under no_grad)
+        x = torch.zeros(2, 2, requires_grad=True)
+        return frozenset(type(v.grad_fn) for v in (x.t(), x.transpose(0, 1), x.permute(1, 0), x.mT, x.T))
 
 
 _PERMUTING = _permuting_nodes()
@@ -145,7 +146,8 @@ class SparseMM(torch.autograd.Function):
 
 # ---------------------------------------------------------------------- routes
 def _eligible(A, X) -> bool:
-    return (isinstance(A, SparseTensor) and isinstance(X, torch.Tensor) and not isinstance(X, SparseTensor)
+    return (torch.is_grad_enabled() and isinstance(A, SparseTensor) and isinstance(X, torch.Tensor)
+            and not isinstance(X, SparseTensor)
             and X.layout is torch.strided and A.requires_grad and A.dtype == X.dtype
             and A.dtype.is_floating_point and A.device == X.device and A.dim() in (2, 3) and 1 <= X.dim() <= 3
             and A.numel() > 0 and X.numel() > 0 and pattern_grad_is_exact(A))
@@ -153,7 +155,11 @@ def _eligible(A, X) -> bool:
 
 def _matmul(a, b):
     """``torch.matmul(a, b)`` through :class:`SparseMM`, or ``NotImplemented`` (torch's path: shape
-    errors, both sparse, 4-d operands, a leaf ``A``...)."""
+    errors, both sparse, 4-d operands, a leaf ``A``...).  A vector times a stack of matrices, both
+    sparse: torch squeezes the sparse product in place (``squeeze_``, which a SparseTensor refuses), so
+    it is squeezed here, out of place."""
+    if isinstance(a, SparseTensor) and isinstance(b, SparseTensor) and a.dim() == 1 and b.dim() >= 2:
+        return torch.matmul(a.unsqueeze(0), b).squeeze(-2)
     if _eligible(a, b):
         A, X, left = a, b, True
     elif _eligible(b, a):
@@ -190,12 +196,12 @@ def _dims_are(a, b, da, db) -> bool:
 T = torch.Tensor
 
 
-@register_route(torch.matmul, T.matmul, T.__matmul__)
+@register_route(torch.matmul, T.matmul, T.__matmul__, always=True)
 def _route_matmul(func, args, kwargs):
     return NotImplemented if kwargs or len(args) != 2 else _matmul(*args)
 
 
-@register_route(T.__rmatmul__)
+@register_route(T.__rmatmul__, always=True)
 def _route_rmatmul(func, args, kwargs):
     return NotImplemented if kwargs or len(args) != 2 else _matmul(args[1], args[0])
 
