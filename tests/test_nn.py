@@ -103,6 +103,35 @@ def test_step_is_sparse_no_dense_temporary(layout, train_fill):
     assert lin.sparse_weight.values.grad.shape == (1200,) and lin.weight._nse() == 1200
 
 
+PRODUCTS = {"F.linear(x, W)": lambda W, x, X: F.linear(x, W), "W @ X": lambda W, x, X: W @ X,
+            "x @ W.T": lambda W, x, X: x @ W.T, "x @ W.t()": lambda W, x, X: x @ W.t(),
+            "torch.sparse.mm(W, X)": lambda W, x, X: torch.sparse.mm(W, X),
+            "torch.addmm(b, W, X)": lambda W, x, X: torch.addmm(torch.ones(W.shape[0], 1), W, X),
+            "einsum": lambda W, x, X: torch.einsum("oi,bi->bo", W, x)}
+
+
+@pytest.mark.parametrize("form", PRODUCTS)
+@pytest.mark.parametrize("layout", LAYOUTS, ids=["coo", "csr"])
+def test_products_of_the_weight_are_sparse_and_exact(form, layout):
+    """The products the module docstring names: gradients of values and fill equal the dense ones, and no
+    dense tensor of the weight's size is formed."""
+    torch.manual_seed(0)
+    dense = torch.randn(60, 80) * (torch.rand(60, 80) < 0.05)
+    P = SparseParameter.from_dense(dense, fill_value=0., layout=layout, train_fill=True)
+    with torch.no_grad():
+        P.fill.fill_(0.3)
+    x, X = torch.randn(4, 80), torch.randn(80, 4)
+    rec = ResultShapes()
+    with sparsefill.densify_policy("raise"), rec:
+        PRODUCTS[form](P(), x, X).square().sum().backward()
+    assert max(rec.numels)[0] < 60 * 80 // 4, max(rec.numels)
+    Wd = P().detach().to_dense().requires_grad_()
+    PRODUCTS[form](Wd, x, X).square().sum().backward()
+    keep = dense != 0
+    torch.testing.assert_close(P.values.grad, Wd.grad[keep], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(P.fill.grad, Wd.grad[~keep].sum(), rtol=1e-4, atol=1e-4)
+
+
 def test_nn_parameter_of_sparse_tensor_has_dense_semantics():
     """The contrast: ``nn.Parameter(A)`` gets the dense gradient, and one step specifies every element."""
     torch.manual_seed(0)

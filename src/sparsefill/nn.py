@@ -13,7 +13,11 @@ differentiable constructors.  For a loss ``L`` of ``W = P()``, pattern ``S``::
 the gradient that ``torch.sparse.mm`` gives a native sparse weight, plus the fill's.  The
 matrix products (``F.linear``, ``@``, ``mm``, ``addmm``...) compute both without the dense
 ``dL/dW`` (``ops/linalg_autograd.py``: the values' gradient is the sampled product at ``S``,
-the fill's a closed form): a training step costs O(nse + batch x features).
+the fill's a closed form): a training step costs O(nse + batch x features).  This holds for the
+weight used as it is in a product (``W @ X``, ``x @ W.T``, ``F.linear``, ``torch.sparse.mm``,
+``addmm``, ``einsum``); an element-wise op on ``W`` before the product (``(2 * W) @ X``) or a
+penalty computed on ``W`` (``W.square().sum()``) still gets torch's dense gradient of ``W``: scale
+the output instead, and penalise ``values`` (or use the optimizer's ``weight_decay``).
 
 The fill is frozen by default (a buffer, as the zeros of a pruned weight or of
 ``torch.sparse.mm``): ``train_fill=True`` makes it a parameter.  An indefinite fill
