@@ -218,7 +218,8 @@ def _dense_twin(lin):
     return m, Wv, f, b
 
 
-@pytest.mark.parametrize("opt_cls,kw", [(torch.optim.SGD, dict(lr=0.1, momentum=0.9)), (torch.optim.Adam, dict(lr=0.05)),
+@pytest.mark.parametrize("opt_cls,kw", [(torch.optim.SGD, dict(lr=0.1, momentum=0.9)),
+                                        (torch.optim.Adam, dict(lr=0.05)),
                                         (torch.optim.AdamW, dict(lr=0.05, weight_decay=0.1)),
                                         (torch.optim.Adagrad, dict(lr=0.1))],
                          ids=["SGD", "Adam", "AdamW", "Adagrad"])

@@ -211,11 +211,11 @@ class SparseLinear(nn.Module):
 
     >>> import torch, sparsefill
     >>> torch.manual_seed(0) and None
-    >>> lin = sparsefill.nn.SparseLinear(4000, 4000, density=0.005)
-    >>> lin.weight._nse(), lin(torch.randn(64, 4000)).shape
-    (80000, torch.Size([64, 4000]))
+    >>> lin = sparsefill.nn.SparseLinear(1000, 500, density=0.01)
+    >>> lin.weight._nse(), lin(torch.randn(64, 1000)).shape
+    (5000, torch.Size([64, 500]))
     >>> W = lin.weight.detach().to_dense()
-    >>> x = torch.randn(2, 4000)
+    >>> x = torch.randn(2, 1000)
     >>> torch.testing.assert_close(lin(x), x @ W.T + lin.bias)
     """
 
@@ -289,8 +289,8 @@ class SparseLinear(nn.Module):
             if bias is not None:
                 raise ValueError("from_dense(nn.Linear, bias=...): the bias comes from the nn.Linear; pass bias=None")
             weight, bias = weight.weight, weight.bias
-        if not isinstance(weight, torch.Tensor) or isinstance(weight, SparseTensor) or weight.layout is not torch.strided \
-                or weight.dim() != 2:
+        if not isinstance(weight, torch.Tensor) or isinstance(weight, SparseTensor) \
+                or weight.layout is not torch.strided or weight.dim() != 2:
             raise TypeError("from_dense: weight must be a 2-d dense torch.Tensor or an nn.Linear, got "
                             + (f"shape {tuple(weight.shape)}, layout {weight.layout}, {type(weight).__name__}"
                                if isinstance(weight, torch.Tensor) else type(weight).__name__))
