@@ -15,6 +15,7 @@ losses over a few Adam steps; timed against it (one training step: forward + bac
 
     python examples/gat.py                 # 5k nodes / 55k edges and 20k / 220k, D=32, 1 thread
     python examples/gat.py --nodes 5000    # one size
+    python examples/gat.py --csr           # the adjacency in CSR
 """
 
 from __future__ import annotations
