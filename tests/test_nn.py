@@ -163,8 +163,6 @@ def test_hybrid_and_array_fill_gradients():
     torch.testing.assert_close(P().to_dense(), A.to_dense())
 
 
-@pytest.mark.xfail(strict=True, reason="_autograd.grad_parts counts the unspecified elements of a batched CSR pattern "
-                   "as numel - P._nse() (nse per batch): the fill's gradient is scaled by 60-10 / 60-20 here")
 def test_batched_csr_bmm_fill_gradient():
     """A batched CSR SparseParameter through ``torch.bmm`` (routed: sampled gradient): the fill's gradient."""
     torch.manual_seed(0)

@@ -40,7 +40,8 @@ def grad_parts(G, P: SparseTensor):
         gv = gv.reshape(P._vals.shape)
         if P._indefinite:
             return gv, None
-        return gv, (G._fill.expand(D) * (_index.numel(S) - P._nse())).sum_to_size(P._fill.shape)
+        stored = _index.numel(P._vals.shape[: P._vals.dim() - len(D)])  # (every batch of a batched CSR)
+        return gv, (G._fill.expand(D) * (_index.numel(S) - stored)).sum_to_size(P._fill.shape)
     idx, _ = P._coo_parts()
     keys = _index.linearize(idx, S)
     gv = _convert.values_at(G, keys, len(S)).reshape(P._vals.shape)
