@@ -1,0 +1,307 @@
+"""The backward of the reductions, as sparse as their forward.
+
+``sum mean prod amax amin max min logsumexp var std norm linalg.vector_norm nansum nanmean`` of a
+SparseTensor ``A`` that needs a gradient, over every sparse dim (and any of its dense dims), run
+through :class:`SparseReduce`.  Every unspecified element of ``A`` in one dense slice has the same
+value (the fill), so torch's derivative formula gives them all the same gradient: the gradient of
+``A`` is a SparseTensor with ``A``'s pattern, exact everywhere::
+
+    grad_A at a stored element x = d(x)        grad_A's fill = d(fill)
+    d(x) = torch's formula at x, with y = result, G = upstream gradient, broadcast back over the
+           reduced dims, and the slice statistics it needs (a count of maxima, the mean) in closed
+           form over the count m of unspecified elements:  stat = stat(stored) + m * stat(fill)
+
+e.g. ``sum``: ``d(x) = G``; ``mean``: ``G / count``; ``amax``: ``G / (number of maxima)`` at the maxima
+(torch's rule: evenly among the maxima; a fill that is the maximum counts ``m`` times); ``prod``: ``G``
+times the product of the others (exclusive products of the stored values times ``fill ** m``).  torch's
+formula would instead expand the dense ``G`` to ``A``'s full shape before any handler sees it
+(DESIGN.md section 10).  An indefinite fill skips the unspecified elements (masked semantics, as the
+forward): ``m = 0`` and the gradient's fill is 0.
+
+Not routed (torch's formulas, as before): reductions that keep a sparse dim (the gradient varies over
+the unspecified elements, slice by slice), ``max``/``min`` with a dim (the gradient goes to one
+element), ``prod`` over a dense dim too, named dims, complex dtypes, ``out=``.
+
+>>> import torch, sparsefill
+>>> v, f = torch.tensor([1., 4.], requires_grad=True), torch.tensor(4., requires_grad=True)
+>>> A = sparsefill.sparse_coo_tensor([[0, 2]], v, (5,), fill_value=f)
+>>> A.amax().backward()                 # dense [1, 4, 4, 4, 4]: four maxima, 1/4 each
+>>> v.grad.tolist(), f.grad.item()      # the fill's gradient: its 3 elements' sum
+([0.0, 0.25], 0.75)
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from .. import _index
+from .._autograd import _pattern
+from .._convert import coalesced_parts, parts_to_sparse, rewrap
+from .._tensor import SparseTensor
+from .autograd_routes import register_route
+
+T = torch.Tensor
+_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+class _Slices:
+    """The stored values ``V`` ``(nse, *D)`` and the fill ``F`` ``(*D)`` counted ``m`` times, reduced over
+    every sparse dim and the dense dims ``rd``: statistics of shape ``K`` (``D`` with ``rd`` of size 1)."""
+
+    def __init__(self, V, F, m, rd, K):
+        self.V, self.F, self.m, self.rd, self.K = V, F, m, rd, K
+
+    def sum(self, fn):
+        """``sum of fn(x)`` over each slice: the stored elements plus ``m`` times the fill's."""
+        s = fn(self.V).sum([0] + [d + 1 for d in self.rd], keepdim=True).reshape(self.K)
+        return s + self.m * fn(self.F).sum(self.rd, keepdim=True) if self.m else s
+
+    def count(self):
+        return self.sum(lambda x: torch.ones_like(x, dtype=torch.bool))
+
+
+# ---------------------------------------------------------------------- torch's formulas, element-wise
+def _d_sum(x, G, Y, st, o):
+    return G.expand(x.shape)
+
+
+def _d_nansum(x, G, Y, st, o):
+    return G * x.isnan().logical_not()
+
+
+def _d_mean(x, G, Y, st, o):
+    return (G / st.count()).expand(x.shape)
+
+
+def _d_nanmean(x, G, Y, st, o):
+    keep = x.isnan().logical_not()
+    return (G / st.sum(lambda t: t.isnan().logical_not())) * keep
+
+
+def _d_amax(x, G, Y, st, o):
+    """``amax``/``amin`` (``scale_grad_by_count``): ``G / count`` at each element equal to the result."""
+    return (G / st.sum(lambda t: t == Y)) * (x == Y)
+
+
+def _d_max(x, G, Y, st, o):
+    """``max()``/``min()`` (``evenly_distribute_backward``): NaN elements are the maxima of a NaN result."""
+    def mask(t):
+        return (t == Y).logical_or(t.isnan().logical_and(Y.isnan()))
+    return mask(x) * (G / st.sum(mask))
+
+
+def _d_logsumexp(x, G, Y, st, o):
+    return G * (x - Y).exp()
+
+
+def _d_norm(x, G, Y, st, p):
+    """``norm_backward`` of torch, ``Y`` the norm."""
+    if p == 0:
+        return torch.zeros_like(x * G)
+    if p == 1:
+        return x.sgn() * G
+    if p == 2:
+        return G * (x / Y).masked_fill(Y == 0, 0)
+    if abs(p) == float("inf"):
+        def mask(t):
+            return t.abs().eq(Y).logical_or(t.abs().isnan())
+        return x.sgn() * ((G / st.sum(mask)) * mask(x))
+    if p < 1:
+        return x.sgn() * x.abs().pow(p - 1).masked_fill(x == 0, 0) * G * Y.pow(1 - p)
+    scale = (G / Y.pow(p - 1)).masked_fill(Y == 0, 0)
+    return (x.sgn() * x.abs().pow(p - 1) if p < 2 else x * x.abs().pow(p - 2)) * scale
+
+
+def _d_var(x, G, Y, st, o):
+    """``var_backward``: ``2 / (n - correction) * G * (x - mean)``; with no dim and ``n <= correction``,
+    ``G * (nan where x == mean else inf)``."""
+    correction, no_dim = o
+    n = st.count()
+    mean = st.sum(lambda t: t) / n
+    dof = n - correction
+    out = (2.0 / dof) * G * (x - mean)
+    if no_dim:
+        nan, inf = torch.tensor(float("nan"), dtype=x.dtype), torch.tensor(float("inf"), dtype=x.dtype)
+        out = torch.where(dof <= 0, G * torch.where(x == mean, nan, inf), out)
+    return out
+
+
+def _d_std(x, G, Y, st, o):
+    return _d_var(x, (G / (Y * 2)).masked_fill(Y == 0, 0), Y, st, o)
+
+
+def _prod_grads(V, F, m, G):
+    """``prod`` over the sparse dims: ``G`` times the product of the other elements, exact with zeros
+    (exclusive products from both ends of the stored values, ``F ** m`` for the unspecified ones)."""
+    one = torch.ones_like(V[:1])
+    left = torch.cat([one, V[:-1]]).cumprod(0)
+    right = torch.cat([one, V.flip(0)[:-1]]).cumprod(0).flip(0)
+    gv = G * left * right * F.pow(m)
+    gf = G * V.prod(0) * F.pow(max(m - 1, 0))
+    return gv, gf
+
+
+FORMULAS = {"sum": _d_sum, "nansum": _d_nansum, "mean": _d_mean, "nanmean": _d_nanmean, "amax": _d_amax,
+            "amin": _d_amax, "max": _d_max, "min": _d_max, "logsumexp": _d_logsumexp, "norm": _d_norm,
+            "var": _d_var, "std": _d_std, "prod": None}
+
+
+def reduction_grad(P: SparseTensor, name: str, dims, opt, Y: torch.Tensor, G: torch.Tensor) -> SparseTensor:
+    """The gradient of ``P`` through ``Y = name(P)`` over ``dims`` (every sparse dim, and these dense dims)
+    for upstream ``G``: a SparseTensor with ``P``'s pattern and layout, its fill (over the dense dims)
+    the gradient of every unspecified element."""
+    sd, D = P._sparse_ndim(), tuple(P._dense_shape)
+    rd = [d - sd for d in dims if d >= sd]
+    K = tuple(1 if i in rd else n for i, n in enumerate(D))
+    idx, V = coalesced_parts(P)
+    ct = Y.dtype if Y.dtype.is_floating_point else P.dtype
+    V = V.to(ct)
+    F = V.new_zeros(D) if P._indefinite else P._fill.expand(D).to(ct)
+    m = 0 if P._indefinite else _index.numel(P._sparse_shape) - idx.shape[1]
+    G, Y = G.to(ct).reshape(K), Y.to(ct).reshape(K)
+    if name == "prod":
+        gv, gf = _prod_grads(V, F, m, G)
+    else:
+        st = _Slices(V, F, m, rd, K)
+        gv, gf = FORMULAS[name](V, G, Y, st, opt), FORMULAS[name](F, G, Y, st, opt)
+    gv = gv.expand(V.shape).to(P.dtype).contiguous()
+    zero = P._indefinite or m == 0  # no unspecified element reads the fill's gradient
+    gf = gf.new_zeros(D) if zero else gf.expand(D).to(P.dtype).clone()
+    if P._coalesced:  # P's own index tensors: the constructor's backward reads the values as they are
+        return rewrap(P, values=gv.reshape(P._vals.shape), fill=gf, indefinite=False, known_zero=zero)
+    return parts_to_sparse(idx, gv, P.shape, gf, False, zero, P._sf_layout, True)
+
+
+class SparseReduce(torch.autograd.Function):
+    """``Y = call(A)``: the reduction ``name`` over ``dims`` (``opt``: its parameter); the backward is
+    :func:`reduction_grad`."""
+
+    @staticmethod
+    def forward(ctx, A, call, name, dims, opt):
+        P = _pattern(A)
+        Y = call(P)
+        ctx.pattern, ctx.name, ctx.dims, ctx.opt = P, name, dims, opt
+        ctx.save_for_backward(Y)
+        return Y
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, G):
+        (Y,) = ctx.saved_tensors
+        if isinstance(G, SparseTensor):
+            G = G.to_dense(fill_value=0) if G.is_fill_indefinite() else G.to_dense()
+        return reduction_grad(ctx.pattern, ctx.name, ctx.dims, ctx.opt, Y, G), None, None, None, None
+
+
+# ---------------------------------------------------------------------- routes
+def _dims(A, dim):
+    """``dim`` (None, an int or a sequence of ints) as a sorted list of A's dims; None for named dims."""
+    nd = A.dim()
+    if dim is None:
+        return list(range(nd))
+    ds = [dim] if isinstance(dim, int) else list(dim)
+    if not all(isinstance(d, int) and not isinstance(d, bool) for d in ds) or not ds:
+        return None
+    if nd == 0:
+        return [] if all(d in (0, -1) for d in ds) else None
+    if not all(-nd <= d < nd for d in ds):
+        return None  # torch's IndexError from the forward
+    return sorted({d % nd for d in ds})
+
+
+def _apply(func, args, kwargs, name, dim, opt=None):
+    """``func(*args, **kwargs)`` through :class:`SparseReduce` when ``args[0]`` is a SparseTensor needing a
+    gradient and ``dim`` covers every sparse dim; else ``NotImplemented``."""
+    A = args[0] if args else kwargs.get("input")
+    if not (isinstance(A, SparseTensor) and A.requires_grad and A.dtype in _FLOATS):
+        return NotImplemented
+    dims = _dims(A, dim)
+    if dims is None or not set(range(A._sparse_ndim())) <= set(dims):
+        return NotImplemented
+    if name == "prod" and A.dense_dim() and any(d >= A._sparse_ndim() for d in dims):
+        return NotImplemented
+
+    def call(P):
+        return func(*(P if a is A else a for a in args), **{k: P if v is A else v for k, v in kwargs.items()})
+    return SparseReduce.apply(A, call, name, tuple(dims), opt)
+
+
+def _bind(sig, args, kwargs):
+    try:
+        return sig(*args, **kwargs)
+    except TypeError:
+        return None  # torch's own error from the forward
+
+
+def _sig_dim(input, dim=None, keepdim=False, *, dtype=None):
+    return dim
+
+
+def _sig_all(input):
+    return None
+
+
+def _sig_amax(input, dim=(), keepdim=False):
+    return None if isinstance(dim, (tuple, list)) and not dim else dim
+
+
+def _sig_logsumexp(input, dim, keepdim=False):
+    return dim
+
+
+def _sig_prod(input, dim=None, keepdim=False, *, dtype=None):
+    return dim if dim is None or isinstance(dim, int) else False
+
+
+def _route_simple(name, sig):
+    def route(func, args, kwargs):
+        dim = _bind(sig, args, kwargs)
+        return NotImplemented if dim is False else _apply(func, args, kwargs, name, dim)
+    return route
+
+
+for _name, _sig, _funcs in (
+        ("sum", _sig_dim, (torch.sum, T.sum)), ("mean", _sig_dim, (torch.mean, T.mean)),
+        ("nansum", _sig_dim, (torch.nansum, T.nansum)), ("nanmean", _sig_dim, (torch.nanmean, T.nanmean)),
+        ("amax", _sig_amax, (torch.amax, T.amax)), ("amin", _sig_amax, (torch.amin, T.amin)),
+        ("max", _sig_all, (torch.max, T.max)), ("min", _sig_all, (torch.min, T.min)),
+        ("logsumexp", _sig_logsumexp, (torch.logsumexp, T.logsumexp)), ("prod", _sig_prod, (torch.prod, T.prod))):
+    register_route(*_funcs)(_route_simple(_name, _sig))
+
+
+def _sig_var(input, dim=None, unbiased=None, keepdim=False, *, correction=None):
+    if isinstance(dim, bool):  # var(input, unbiased)
+        dim, unbiased = None, dim
+    if unbiased is not None and correction is not None:
+        return False
+    return dim, (1 if unbiased is None else int(unbiased)) if correction is None else correction
+
+
+@register_route(torch.var, T.var, torch.std, T.std)
+def _route_var(func, args, kwargs):
+    """``var``/``std`` with ``unbiased`` or ``correction`` (default 1)."""
+    b = _bind(_sig_var, args, kwargs)
+    if not b or not isinstance(b[1], (int, float)):
+        return NotImplemented
+    dim, correction = b
+    return _apply(func, args, kwargs, func.__name__, dim, (correction, dim is None))
+
+
+def _sig_vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None):
+    return ord, dim
+
+
+def _sig_norm(input, p="fro", dim=None, keepdim=False, out=None, dtype=None):
+    if out is not None or p == "fro" and not (dim is None or isinstance(dim, int) or len(dim) <= 2):
+        return False
+    return (2 if p == "fro" else p), dim
+
+
+@register_route(torch.linalg.vector_norm, torch.norm, T.norm)
+def _route_norm(func, args, kwargs):
+    """``vector_norm(A, ord, dim)``; ``torch.norm`` with ``p`` a number or ``'fro'`` (a vector 2-norm)."""
+    b = _bind(_sig_vector_norm if func is torch.linalg.vector_norm else _sig_norm, args, kwargs)
+    if not b or isinstance(b[0], (str, bool)) or not isinstance(b[0], (int, float)):
+        return NotImplemented
+    return _apply(func, args, kwargs, "norm", b[1], float(b[0]))
