@@ -2,7 +2,9 @@
 
 One process, 1 thread, median of ``--repeat`` timed calls (and the minimum: the machine may be shared).
 The reference is what a batch needs anyway: its offsets, ``torch.cumsum`` of ``values_lengths`` and of
-``example_lengths``; ``to_dict`` is also set against ``values.tolist()`` (the Python ints it must create).
+``example_lengths``; ``to_dict`` is also set against ``values.tolist()`` (the Python ints it must create).  The checks run
+as numpy passes in a process that has not loaded numba, as one compiled kernel once it has: the
+"numba loaded" column is measured after ``import numba``, against the offsets measured again then.
 
     python tools/jagged_bench.py
     PYTHONPATH=/tmp/before/src python tools/jagged_bench.py     # an older checkout (no validate=)
@@ -13,6 +15,7 @@ from __future__ import annotations
 import argparse
 import inspect
 import statistics
+import sys
 import time
 
 import torch
@@ -46,23 +49,41 @@ def main(argv=None):
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
     has_validate = "validate" in inspect.signature(KeyedJaggedBatch).parameters
-    print("| batch (examples x keys, lengths) | entries / values | offsets (ms) | validated | validate=False | "
-          "to_dict | values.tolist() |")
-    print("|---|---|---:|---:|---:|---:|---:|")
-    for B, K, L in [(512, 16, 10), (512, 64, 40)]:
+    cases = [(512, 16, 10), (512, 64, 40)]
+    rows = []
+    for B, K, L in cases:  # numba not loaded: the numpy checks
         vals, vlen, keys, elen = batch(B, K, L)
         kj = KeyedJaggedBatch(vals, vlen, keys, elen)
-        off = _time(lambda: (torch.cumsum(vlen, 0), torch.cumsum(elen, 0)), a.repeat)
-        val = _time(lambda: KeyedJaggedBatch(vals, vlen, keys, elen), a.repeat if has_validate else 5)
-        nov = _time(lambda: KeyedJaggedBatch(vals, vlen, keys, elen, validate=False), a.repeat) if has_validate \
-            else None
-        td = _time(kj.to_dict, max(5, a.repeat // 20))
-        tl = _time(vals.tolist, max(5, a.repeat // 20))
+        r = dict(case=(B, K, L, keys.numel(), vals.numel()))
+        r["off"] = _time(lambda: (torch.cumsum(vlen, 0), torch.cumsum(elen, 0)), a.repeat)
+        r["val"] = _time(lambda: KeyedJaggedBatch(vals, vlen, keys, elen), a.repeat if has_validate else 5)
+        r["nov"] = _time(lambda: KeyedJaggedBatch(vals, vlen, keys, elen, validate=False), a.repeat) \
+            if has_validate else None
+        r["td"] = _time(kj.to_dict, max(5, a.repeat // 20))
+        r["tl"] = _time(vals.tolist, max(5, a.repeat // 20))
+        rows.append(r)
+    numba_loaded = "numba" in sys.modules
+    try:
+        import numba  # noqa: F401  (loaded by the process: the checks then run as one compiled kernel)
+    except ImportError:
+        pass
+    for (B, K, L), r in zip(cases, rows):
+        vals, vlen, keys, elen = batch(B, K, L)
+        r["nb"] = _time(lambda: KeyedJaggedBatch(vals, vlen, keys, elen), a.repeat if has_validate else 5) \
+            if "numba" in sys.modules and not numba_loaded else None
+        r["off2"] = _time(lambda: (torch.cumsum(vlen, 0), torch.cumsum(elen, 0)), a.repeat)
 
-        def cell(r):
-            return "-" if r is None else f"{r[0]:.3f} (min {r[1]:.3f}; {r[0] / off[0]:.1f}x)"
-        print(f"| {B} x {K}, 0..{L - 1} | {keys.numel()} / {vals.numel()} | {off[0]:.4f} (min {off[1]:.4f}) | "
-              f"{cell(val)} | {cell(nov)} | {cell(td)} | {cell(tl)} |")
+    def cell(t, off):
+        return "-" if t is None else f"{t[0]:.3f} (min {t[1]:.3f}; {t[0] / off[0]:.1f}x)"
+    print("| batch (examples x keys, lengths) | entries / values | offsets (ms) | validated (numpy) | "
+          "validated (numba loaded) | validate=False | to_dict | values.tolist() |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        B, K, L, E, N = r["case"]
+        off = r["off"]
+        print(f"| {B} x {K}, 0..{L - 1} | {E} / {N} | {off[0]:.4f} (min {off[1]:.4f}; then {r['off2'][0]:.4f}) | "
+              f"{cell(r['val'], off)} | {cell(r['nb'], r['off2'])} | {cell(r['nov'], off)} | {cell(r['td'], off)} | "
+              f"{cell(r['tl'], off)} |")
 
 
 if __name__ == "__main__":

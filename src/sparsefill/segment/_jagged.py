@@ -55,7 +55,6 @@ def _rank(match: torch.Tensor) -> torch.Tensor:
 
 
 _INT64_MAX = (1 << 63) - 1
-_POW2 = np.left_shift(np.uint64(1), np.arange(64, dtype=np.uint64))  # 1 << r: the residue bits
 
 
 def _quick_numpy(el: np.ndarray, vl: np.ndarray, keys: np.ndarray, total: int) -> int:
@@ -63,8 +62,9 @@ def _quick_numpy(el: np.ndarray, vl: np.ndarray, keys: np.ndarray, total: int) -
     (its sign: none negative; it bounds each one, so ``n * OR < 2**64`` rules out a wrapped sum), their
     sum, and the residue bitmask per example: ``1 << (key mod 64)`` OR-ed per example (``reduceat``) has
     as many bits set as the example has entries iff the residues are distinct (then so are the keys; for
-    ids below 64, the usual feature ids, it is also necessary).  An empty example reads the next one's
-    first bit (or the padding 0): ``popcount >= length`` holds for it, and means ``==`` for the others."""
+    ids below 64, the usual feature ids, it is also necessary; those are tried first, without the mod).
+    An empty example reads the next one's first bit (or the padding 0): ``popcount >= length`` holds for
+    it, and means ``==`` for the others."""
     E, B = keys.shape[0], el.shape[0]
     if B:
         o = int(np.bitwise_or.reduce(el))
@@ -82,14 +82,17 @@ def _quick_numpy(el: np.ndarray, vl: np.ndarray, keys: np.ndarray, total: int) -
     elif total:
         return 1
     if E > 1:
-        bits = np.empty(E + 1, dtype=np.uint64)
-        np.take(_POW2, keys, out=bits[:E], mode="wrap")  # (wrap: key mod 64, negative keys too)
+        bits = np.empty(E + 1, dtype=np.int64)
         bits[E] = 0
-        ors = np.bitwise_or.reduceat(bits, ends - el)
+        starts = ends - el
         count = getattr(np, "bitwise_count", None)  # (numpy >= 2)
-        n_bits = count(ors) if count else np.unpackbits(ors.view(np.uint8)).reshape(-1, 64).sum(1)
-        if not (n_bits >= el).all():
-            return 2
+        for wrap in (False, True):  # key ids in [0, 64) first: one pass (numpy's 1 << k is 0 for other k)
+            np.left_shift(1, np.bitwise_and(keys, 63, out=bits[:E]) if wrap else keys, out=bits[:E])
+            ors = np.bitwise_or.reduceat(bits, starts).view(np.uint64)
+            n_bits = count(ors) if count else np.unpackbits(ors.view(np.uint8)).reshape(-1, 64).sum(1)
+            if (n_bits >= el).all():
+                return 0
+        return 2
     return 0
 
 
@@ -132,15 +135,20 @@ def _compiled_quick():
     return quick
 
 
+def _use_compiled() -> bool:
+    """Whether the checks run as the numba kernel: numba is loaded in this process already (never imported
+    here: 0.7 s in a fresh process, more than a batch's checks cost) and the segment backend is not
+    ``"torch"``."""
+    return "numba" in sys.modules and _kernels.backend() != "torch" and _kernels.compiled_available()
+
+
 def _quick_check(el: torch.Tensor, vl: torch.Tensor, keys: torch.Tensor, total: int) -> int:
-    """The checks' valid path on the CPU, in one pass over each tensor: 0 if the batch is valid, 2 if its
+    """The checks' valid path on the CPU, one pass over each tensor: 0 if the batch is valid, 2 if its
     lengths are and the residue test cannot settle the keys, 1 otherwise (the exact checks then run and
-    name the first error).  The numba kernel when numba is loaded in this process already (never imported
-    here: 0.7 s in a fresh process, more than a batch's checks cost) and the backend is not ``"torch"``;
-    numpy otherwise (2.5-3x slower on small batches: a dozen calls)."""
+    name the first error).  The numba kernel where ``_use_compiled()``, else numpy (2-3x slower: a dozen
+    calls)."""
     el_np, vl_np, k_np = el.numpy(), vl.numpy(), keys.numpy()
-    if "numba" in sys.modules and _kernels.backend() != "torch" and _kernels.compiled_available() \
-            and el_np.flags.c_contiguous and vl_np.flags.c_contiguous and k_np.flags.c_contiguous:
+    if el_np.flags.c_contiguous and vl_np.flags.c_contiguous and k_np.flags.c_contiguous and _use_compiled():
         return int(_compiled_quick()(el_np, vl_np, k_np, total))
     return _quick_numpy(el_np, vl_np, k_np, total)
 
