@@ -81,14 +81,11 @@ def test_gat_layer_gradients_are_the_dense_masked_models(gat):
                                atol=1e-4)   # float32, sums in another order
 
 
-@pytest.mark.xfail(strict=True, raises=ValueError, reason=(
-    "library defect (issue 13 item 1): torch.softmax(S, 1) on an indefinite-fill SparseTensor runs forward, but its "
-    "backward (aten._softmax_backward_data) densifies and raises 'to_dense() of a SparseTensor with indefinite "
-    "fill'; the example uses sparsefill.masked.softmax"))
 def test_gat_layer_with_torch_softmax(gat):
-    """The layer with the dense model's spelling ``torch.softmax``: the dense masked model's gradients."""
+    """The layer with the dense model's spelling ``torch.softmax``: the dense masked model's gradients, nothing
+    densified (its backward raised 'to_dense() of a SparseTensor with indefinite fill' at 65c5dfa; fixed since)."""
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", sparsefill.DensifyWarning)
+        warnings.simplefilter("error", sparsefill.DensifyWarning)
         got = _layer_grads(gat, torch.softmax)
     torch.testing.assert_close(got, _layer_grads(gat, None), rtol=1e-5, atol=1e-4)
 
