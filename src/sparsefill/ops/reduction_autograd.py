@@ -55,7 +55,10 @@ class _Slices:
     def sum(self, fn):
         """``sum of fn(x)`` over each slice: the stored elements plus ``m`` times the fill's."""
         s = fn(self.V).sum([0] + [d + 1 for d in self.rd], keepdim=True).reshape(self.K)
-        return s + self.m * fn(self.F).sum(self.rd, keepdim=True) if self.m else s
+        if not self.m:
+            return s
+        f = fn(self.F)
+        return s + self.m * (f.sum(self.rd, keepdim=True) if self.rd else f)  # (sum over [] is over every dim)
 
     def count(self):
         return self.sum(lambda x: torch.ones_like(x, dtype=torch.bool))
@@ -131,9 +134,12 @@ def _d_std(x, G, Y, st, o):
     return _d_var(x, (G / (Y * 2)).masked_fill(Y == 0, 0), Y, st, o)
 
 
-def _prod_grads(V, F, m, G):
-    """``prod`` over the sparse dims: ``G`` times the product of the other elements, exact with zeros
-    (exclusive products from both ends of the stored values, ``F ** m`` for the unspecified ones)."""
+def _prod_grads(V, F, m, G, Y):
+    """``prod`` over the sparse dims (``prod_backward``): ``G * Y / x`` where no element is 0, else ``G``
+    times the product of the others (exclusive products from both ends of the stored values, ``F ** m`` for
+    the unspecified ones)."""
+    if not bool((V == 0).any()) and not (m and bool((F == 0).any())):
+        return G * (Y / V), G * (Y / F)
     one = torch.ones_like(V[:1])
     left = torch.cat([one, V[:-1]]).cumprod(0)
     right = torch.cat([one, V.flip(0)[:-1]]).cumprod(0).flip(0)
@@ -161,7 +167,7 @@ def reduction_grad(P: SparseTensor, name: str, dims, opt, Y: torch.Tensor, G: to
     m = 0 if P._indefinite else _index.numel(P._sparse_shape) - idx.shape[1]
     G, Y = G.to(ct).reshape(K), Y.to(ct).reshape(K)
     if name == "prod":
-        gv, gf = _prod_grads(V, F, m, G)
+        gv, gf = (G, G) if P.dim() == 0 else _prod_grads(V, F, m, G, Y)
     else:
         st = _Slices(V, F, m, rd, K)
         gv, gf = FORMULAS[name](V, G, Y, st, opt), FORMULAS[name](F, G, Y, st, opt)
@@ -228,10 +234,11 @@ def _apply(func, args, kwargs, name, dim, opt=None):
 
 
 def _bind(sig, args, kwargs):
+    """``sig``'s reading of the call, or False (another overload, or torch's own error from the forward)."""
     try:
         return sig(*args, **kwargs)
     except TypeError:
-        return None  # torch's own error from the forward
+        return False
 
 
 def _sig_dim(input, dim=None, keepdim=False, *, dtype=None):

@@ -1,0 +1,363 @@
+"""The backward of the reductions over every sparse dim is as sparse as their forward (ops/reduction_autograd.py).
+
+For ``A`` built from ``(values, fill)``, the gradients of ``values`` and ``fill`` through ``r(A)`` equal those
+through ``r(A.to_dense())`` (an indefinite fill: masked semantics, the reduction of the stored elements
+only, i.e. ``r`` of the stored values stacked along one dim)::
+
+    grad(values, fill) of r(A, dims) == grad(values, fill) of r(A.to_dense(), dims)
+
+for every routed reduction with and without dims, keepdim and dtype, on COO, CSR, uncoalesced, hybrid
+(array fill), empty (nse 0), 0-size and 0-d operands, zero, nonzero, NaN, inf and indefinite fills,
+float32/float64; the route is asserted taken (a ``SparseReduceBackward`` node), its gradient is a
+SparseTensor on the input's pattern, and no aten call of the forward or backward returns a tensor of the
+input's size.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import sparsefill
+from sparsefill import SparseTensor
+
+NAN, INF = float("nan"), float("inf")
+COO, CSR = torch.sparse_coo, torch.sparse_csr
+
+
+class Case:
+    """Leaves ``values`` and ``fill`` and the SparseTensor built from them."""
+
+    def __init__(self, shape, fill, *, layout=COO, dense_dim=0, uncoalesced=False, dtype=torch.float64, nse=6,
+                 seed=0, values=None):
+        g = torch.Generator().manual_seed(seed)
+        self.shape, self.layout, self.dtype, self.dense_dim = shape, layout, dtype, dense_dim
+        S = shape[: len(shape) - dense_dim]
+        D = tuple(shape[len(shape) - dense_dim:])
+        keys = torch.randperm(math.prod(S), generator=g)[:nse].sort().values
+        if uncoalesced and keys.numel():
+            keys = torch.cat([keys, keys[:2]])
+            keys = keys[torch.randperm(keys.numel(), generator=g)]
+        self.idx = torch.stack(torch.unravel_index(keys, S)) if S else torch.zeros(0, keys.numel(), dtype=torch.long)
+        self.values = torch.randn((keys.numel(),) + D, dtype=dtype, generator=g) if values is None \
+            else torch.tensor(values, dtype=dtype)
+        self.indefinite = fill == "indefinite"
+        self.fill = None if self.indefinite else (torch.randn(D, dtype=dtype, generator=g) if fill == "array"
+                                                  else torch.tensor(fill, dtype=dtype))
+
+    def leaves(self):
+        v = self.values.clone().requires_grad_()
+        return v, None if self.indefinite else self.fill.clone().requires_grad_()
+
+    def build(self, v, f):
+        A = sparsefill.sparse_coo_tensor(self.idx, v, self.shape,
+                                         fill_value=sparsefill.indefinite if f is None else f)
+        return A.to_sparse_csr() if self.layout is CSR else A
+
+
+def _routed(out) -> bool:
+    seen, todo = set(), [out.grad_fn]
+    while todo:
+        n = todo.pop()
+        if n is None or n in seen:
+            continue
+        seen.add(n)
+        if type(n).__name__ == "SparseReduceBackward":
+            return True
+        todo.extend(m for m, _ in n.next_functions)
+    return False
+
+
+def _stored(case, A):
+    """The stored elements of ``A`` (indefinite fill), coalesced, stacked along dim 0: ``(nse, *dense)``."""
+    D = A.to_dense(fill_value=0.0)
+    keys = torch.unique(torch.tensor([0]).new_tensor(
+        [int(k) for k in torch.tensor(list(zip(*case.idx.tolist()))).matmul(
+            torch.tensor([math.prod(case.shape[i + 1: case.idx.shape[0]]) for i in range(case.idx.shape[0])]))]
+        if case.idx.shape[1] else [], dtype=torch.long))
+    return D.reshape((-1,) + tuple(A.shape[case.idx.shape[0]:]))[keys]
+
+
+def _grads(case, fn, mode):
+    v, f = case.leaves()
+    A = case.build(v, f)
+    if mode == "dense":
+        A = A.to_dense()
+    elif mode == "masked":
+        A = _stored(case, A)
+    out = fn(A)
+    W = torch.randn(out.shape, dtype=out.dtype, generator=torch.Generator().manual_seed(1))
+    (out * W).sum().backward()
+    return out, (v.grad, None if f is None else f.grad)
+
+
+def check(case, fn, fn_masked=None):
+    """``fn_masked``: the same reduction of the stored values ``(nse, *dense)`` (indefinite fill)."""
+    out, got = _grads(case, fn, "sparse")
+    ref_out, want = _grads(case, fn_masked, "masked") if case.indefinite else _grads(case, fn, "dense")
+    assert _routed(out)
+    tol = {} if case.dtype == torch.float64 else dict(rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(out, ref_out, equal_nan=True, **tol)
+    for name, a, b in zip(("values", "fill"), got, want):
+        assert (a is None) == (b is None), name
+        if a is not None:
+            torch.testing.assert_close(a, b, equal_nan=True, **tol, msg=lambda m: f"grad of {name}: {m}")
+
+
+# name: (fn on A with all sparse dims reduced, fn on the stored values (nse, *dense) for the masked reference);
+# ``d`` is A's sparse dims as a tuple, ``n`` the number of sparse dims
+def _ops(d, n):
+    sd = tuple(range(n))
+    return {
+        "sum()": (lambda A: A.sum(), lambda S: S.sum()),
+        "sum(d)": (lambda A: torch.sum(A, sd), lambda S: S.sum(0)),
+        "sum(d, keepdim)": (lambda A: A.sum(sd, keepdim=True), lambda S: S.sum(0).reshape((1,) * n + S.shape[1:])),
+        "sum(dtype)": (lambda A: torch.sum(A, dtype=torch.float32), lambda S: S.sum(dtype=torch.float32)),
+        "mean()": (lambda A: A.mean(), lambda S: S.mean()),
+        "mean(d, dtype)": (lambda A: torch.mean(A, sd, dtype=torch.float64), lambda S: S.mean(0, dtype=torch.float64)),
+        "nansum()": (torch.nansum, torch.nansum),
+        "nanmean(d)": (lambda A: A.nanmean(sd), lambda S: S.nanmean(0)),
+        "prod()": (torch.prod, torch.prod),
+        "amax()": (torch.amax, torch.amax),
+        "amin(d, keepdim)": (lambda A: A.amin(sd, True), lambda S: S.amin(0).reshape((1,) * n + S.shape[1:])),
+        "max()": (torch.max, torch.max),
+        "min()": (lambda A: A.min(), lambda S: S.min()),
+        "logsumexp(d)": (lambda A: torch.logsumexp(A, sd), lambda S: torch.logsumexp(S, 0)),
+        "var()": (torch.var, torch.var),
+        "var(d, correction=0)": (lambda A: A.var(sd, correction=0), lambda S: S.var(0, correction=0)),
+        "std(unbiased=False)": (lambda A: torch.std(A, False), lambda S: torch.std(S, False)),
+        "std(d, keepdim)": (lambda A: A.std(sd, keepdim=True), lambda S: S.std(0).reshape((1,) * n + S.shape[1:])),
+        "norm()": (lambda A: A.norm(), lambda S: S.norm()),
+        "norm(p=1)": (lambda A: torch.norm(A, 1), lambda S: torch.norm(S, 1)),
+        "norm(p=3, d)": (lambda A: torch.norm(A, 3, sd), lambda S: torch.norm(S, 3, 0)),
+        "vector_norm(0.5)": (lambda A: torch.linalg.vector_norm(A, 0.5), lambda S: torch.linalg.vector_norm(S, 0.5)),
+        "vector_norm(inf)": (lambda A: torch.linalg.vector_norm(A, INF), lambda S: torch.linalg.vector_norm(S, INF)),
+        "vector_norm(-inf, d)": (lambda A: torch.linalg.vector_norm(A, -INF, sd),
+                                 lambda S: torch.linalg.vector_norm(S, -INF, 0)),
+        "vector_norm(0)": (lambda A: torch.linalg.vector_norm(A, 0), lambda S: torch.linalg.vector_norm(S, 0)),
+    }
+
+
+OPS2 = _ops((0, 1), 2)
+FILLS = [0.0, 2.5, NAN, INF, -INF, "indefinite"]
+
+
+def _case_kw(layout):
+    return dict(layout=CSR) if layout == "csr" else dict(uncoalesced=True) if layout == "uncoalesced" else {}
+
+
+@pytest.mark.parametrize("fill", FILLS, ids=str)
+@pytest.mark.parametrize("layout", ["coo", "csr", "uncoalesced"])
+@pytest.mark.parametrize("op", sorted(OPS2))
+def test_gradients_match_dense(op, layout, fill):
+    fn, masked = OPS2[op]
+    check(Case((6, 5), fill, **_case_kw(layout)), fn, masked)
+
+
+@pytest.mark.parametrize("fill", [0.0, -1.5, INF, "indefinite"], ids=str)
+@pytest.mark.parametrize("op", sorted(OPS2))
+def test_float32(op, fill):
+    fn, masked = OPS2[op]
+    check(Case((6, 5), fill, dtype=torch.float32), fn, masked)
+    check(Case((6, 5), fill, dtype=torch.float32, layout=CSR, seed=2), fn, masked)
+
+
+HYB = _ops((0, 1), 2)
+HYB.update({  # dense dims reduced too
+    "sum(all dims)": (lambda A: A.sum((0, 1, 2)), lambda S: S.sum((0, 1))),
+    "amax(2, 0, 1)": (lambda A: A.amax((2, 0, 1)), lambda S: S.amax((1, 0))),
+    "logsumexp(-1, 0, 1, keepdim)": (lambda A: torch.logsumexp(A, (-1, 0, 1), True),
+                                     lambda S: torch.logsumexp(S, (0, 1)).reshape(1, 1, 1)),
+    "var(all dims)": (lambda A: A.var((0, 1, 2)), lambda S: S.var((0, 1))),
+    "norm(inf, all dims)": (lambda A: torch.linalg.vector_norm(A, INF, (0, 1, 2)),
+                            lambda S: torch.linalg.vector_norm(S, INF, (0, 1))),
+    "mean(all dims, keepdim)": (lambda A: A.mean((0, 1, 2), True), lambda S: S.mean((0, 1)).reshape(1, 1, 1)),
+})
+HYB.pop("prod()")  # prod over a dense dim too: not routed (test_not_routed)
+
+
+@pytest.mark.parametrize("fill", [0.0, 1.5, "array", NAN, "indefinite"], ids=str)
+@pytest.mark.parametrize("op", sorted(HYB))
+def test_hybrid(op, fill):
+    """Sparse dims (6, 4), a dense dim of 3: an array fill's gradient keeps the dense dim."""
+    fn, masked = HYB[op]
+    check(Case((6, 4, 3), fill, dense_dim=1, nse=5), fn, masked)
+    check(Case((6, 4, 3), fill, dense_dim=1, nse=4, uncoalesced=True, seed=3), fn, masked)
+
+
+@pytest.mark.parametrize("fill", [0.0, 2.0, "array", "indefinite"], ids=str)
+def test_hybrid_prod_over_the_sparse_dim(fill):
+    check(Case((5, 3), fill, dense_dim=1, nse=3), lambda A: torch.prod(A, 0), lambda S: torch.prod(S, 0))
+
+
+OPS1 = _ops((0,), 1)
+
+
+@pytest.mark.parametrize("op", sorted(OPS1))
+def test_empty(op):
+    """No stored element: every element is the fill."""
+    fn, _ = OPS1[op]
+    check(Case((7,), 1.5, nse=0), fn)
+    check(Case((4, 3), -0.5, nse=0, layout=CSR), OPS2[op][0])
+
+
+@pytest.mark.parametrize("op", ["sum()", "mean()", "nansum()", "nanmean(d)", "prod()", "logsumexp(d)", "var()",
+                                "norm()", "sum(d, keepdim)"])
+def test_zero_size(op):
+    fn, _ = OPS2[op]
+    check(Case((0, 5), 2.0, nse=0), fn)
+    check(Case((3, 0), 2.0, nse=0, layout=CSR), fn)
+
+
+@pytest.mark.parametrize("op", ["sum()", "mean()", "amax()", "max()", "prod()", "var()", "std(unbiased=False)",
+                                "norm()", "logsumexp(d)"])
+def test_zero_d_and_fully_stored(op):
+    """A 0-d SparseTensor (one stored element or none) and a 1-d one storing every element (no fill)."""
+    fn = OPS1[op][0] if op != "logsumexp(d)" else (lambda A: torch.logsumexp(A, ()))
+    if op != "logsumexp(d)":
+        check(Case((), 1.5, nse=1), fn)
+        check(Case((), 1.5, nse=0), fn)
+    check(Case((4,), 1.5, nse=4), OPS1[op][0])
+
+
+@pytest.mark.parametrize("op", ["amax()", "amin(d, keepdim)", "max()", "min()", "vector_norm(inf)",
+                                "vector_norm(-inf, d)"])
+@pytest.mark.parametrize("values", [[2.0, 2.0, -1.0], [-2.0, 5.0, 5.0], [NAN, 2.0, 5.0]], ids=str)
+def test_ties_split_as_torch(op, values):
+    """Maxima among stored elements and the fill (fill 2: 6 unspecified elements of value 2): torch's rule,
+    evenly among the maxima (``amax``: ``G / count`` at each; a NaN result: NaN (amax), its NaNs (max))."""
+    fn, masked = OPS1[op]
+    for fill in (2.0, -2.0, "indefinite"):
+        check(Case((9,), fill, nse=3, values=values), fn, masked)
+
+
+@pytest.mark.parametrize("fill", [0.0, 3.0], ids=str)
+@pytest.mark.parametrize("values", [[0.0, 2.0, 4.0], [0.0, 0.0, 4.0], [1.0, 2.0, 4.0]], ids=str)
+def test_prod_with_zeros(values, fill):
+    """Zeros among the stored elements and the fill: the product of the others, exactly."""
+    check(Case((4,), fill, nse=3, values=values), torch.prod)
+    check(Case((3,), fill, nse=3, values=values), torch.prod)  # no unspecified element
+    check(Case((5,), fill, nse=3, values=values), torch.prod)
+
+
+@pytest.mark.parametrize("fill", [0.0, 3.0, "indefinite"], ids=str)
+@pytest.mark.parametrize("correction", [1, 2, 5])
+def test_var_with_no_degrees_of_freedom(correction, fill):
+    """``n <= correction``: torch's ``inf``/``NaN`` gradients (no dim: NaN where x == mean, else inf)."""
+    for fn in (lambda A: A.var(correction=correction), lambda A: A.var(0, correction=correction),
+               lambda A: A.std(correction=correction)):
+        check(Case((2,), fill, nse=1), fn, fn)
+        check(Case((2,), fill, nse=2, values=[1.0, 1.0]), fn, fn)
+
+
+@pytest.mark.parametrize("fill", [0.0, 5.0, NAN, "indefinite"], ids=str)
+@pytest.mark.parametrize("layout", ["coo", "csr"])
+@pytest.mark.parametrize("chain", ["(A * 1.).sum()", "exp(-0.1 * A).mean()", "exp(A).sum()", "exp(A).mean()",
+                                   "square().sum()", "relu(A - 1).amax()", "(A * A).logsumexp()"])
+def test_through_elementwise_ops(chain, layout, fill):
+    """The reduced SparseTensor computed by element-wise ops: their backward (torch's formulas through
+    ``__torch_dispatch__``) consumes the SparseTensor gradient natively."""
+    fn = {"(A * 1.).sum()": lambda A: (A * 1.0).sum(), "exp(-0.1 * A).mean()": lambda A: torch.exp(-0.1 * A).mean(),
+          "exp(A).sum()": lambda A: torch.exp(A).sum(), "exp(A).mean()": lambda A: torch.exp(A).mean(),
+          "square().sum()": lambda A: A.square().sum(), "relu(A - 1).amax()": lambda A: torch.relu(A - 1).amax(),
+          "(A * A).logsumexp()": lambda A: torch.logsumexp(A * A, tuple(range(A.dim())))}[chain]
+    check(Case((6, 5), fill, **_case_kw(layout)), fn, fn)
+
+
+def test_gradient_is_a_sparse_tensor_on_the_pattern():
+    """The gradient reaching ``A``: a SparseTensor with ``A``'s pattern and layout, its fill the gradient of
+    every unspecified element (``mean``: ``G / numel``)."""
+    for layout in (COO, CSR):
+        case = Case((6, 5), 2.5, layout=layout)
+        v, f = case.leaves()
+        A = case.build(v, f)
+        seen = []
+        A.register_hook(seen.append)
+        (A.mean() * 3).backward()
+        (G,) = seen
+        assert isinstance(G, SparseTensor) and G.sparse_layout is layout and G._nse() == A._nse()
+        torch.testing.assert_close(G.to_dense(), torch.full((6, 5), 0.1, dtype=torch.float64))
+        torch.testing.assert_close(G._fill_value(), torch.tensor(0.1, dtype=torch.float64))
+
+
+def test_gradcheck():
+    for case in (Case((6, 5), 1.5, uncoalesced=True), Case((6, 4, 3), "array", dense_dim=1, nse=4)):
+        v, f = case.leaves()
+        for fn in (lambda A: A.sum(), lambda A: A.mean(), lambda A: torch.logsumexp(A, (0, 1)),
+                   lambda A: A.var(), lambda A: A.norm(), lambda A: torch.linalg.vector_norm(A, 3)):
+            assert torch.autograd.gradcheck(lambda v, f: fn(case.build(v, f)), (v, f))
+    ind = Case((6, 5), "indefinite", layout=CSR)
+    v, _ = ind.leaves()
+    assert torch.autograd.gradcheck(lambda v: ind.build(v, None).std(), (v,))
+
+
+def test_not_routed():
+    """Reductions that keep a sparse dim, ``max(dim)``, ``prod`` over a dense dim, a SparseTensor that needs
+    no gradient, grad mode off: torch's path (still exact)."""
+    case = Case((6, 5), 2.5)
+    v, f = case.leaves()
+    A = case.build(v, f)
+    for out in (A.sum(0), A.amax(1), A.max(0).values, A.logsumexp(1), A.sum(()) if False else A.sum(1)):
+        assert not _routed(out)
+    H = Case((5, 3), 2.0, dense_dim=1, nse=3)
+    assert not _routed(torch.prod(H.build(*H.leaves()), 1))
+    assert not _routed(case.build(case.values, case.fill).sum())
+    with torch.no_grad():
+        assert A.sum().grad_fn is None
+    out = A.sum(0).sum()  # through torch's path, the gradients are still exact
+    out.backward()
+    vd, fd = case.leaves()
+    case.build(vd, fd).to_dense().sum(0).sum().backward()
+    torch.testing.assert_close((v.grad, f.grad), (vd.grad, fd.grad))
+
+
+def test_errors_come_from_the_forward():
+    """Bad arguments raise torch's own errors (the forward runs the reduction as it is)."""
+    case = Case((6, 5), 2.5)
+    A = case.build(*case.leaves())
+    with pytest.raises(IndexError):
+        A.sum(2)
+    with pytest.raises(TypeError):
+        A.sum(keepdims=True, bogus=1)
+    with pytest.raises(RuntimeError):
+        Case((0,), 1.0, nse=0).build(*Case((0,), 1.0, nse=0).leaves()).amax()
+
+
+class _Sizes(TorchDispatchMode):
+    """The largest strided result of any aten call."""
+
+    def __init__(self):
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in (out if isinstance(out, (tuple, list)) else (out,)):
+            if isinstance(t, torch.Tensor) and not isinstance(t, SparseTensor) and t.layout is torch.strided:
+                self.largest = max(self.largest, t.numel())
+        return out
+
+
+@pytest.mark.parametrize("fill", [0.0, 5.0, NAN, "indefinite"], ids=str)
+@pytest.mark.parametrize("layout", [COO, CSR], ids=["coo", "csr"])
+@pytest.mark.parametrize("chain", ["(A * 1.).sum()", "exp(-0.1 * A).mean()", "exp(A).mean()", "A.amax()",
+                                   "A.var()", "A.norm()", "logsumexp", "A.prod()", "nanmean"])
+def test_no_temporary_of_the_input_size(chain, layout, fill):
+    """(300, 400) with 60 stored elements: nothing of 120k elements is made, forward or backward, and the
+    backward runs under a densify policy that raises past 64 kB."""
+    fn = {"(A * 1.).sum()": lambda A: (A * 1.0).sum(), "exp(-0.1 * A).mean()": lambda A: torch.exp(-0.1 * A).mean(),
+          "exp(A).mean()": lambda A: torch.exp(A).mean(), "A.amax()": lambda A: A.amax(), "A.var()": torch.var,
+          "A.norm()": lambda A: A.norm(), "logsumexp": lambda A: torch.logsumexp(A, (0, 1)),
+          "A.prod()": lambda A: (A * 0.999).prod(), "nanmean": torch.nanmean}[chain]
+    case = Case((300, 400), fill, layout=layout, nse=60)
+    v, f = case.leaves()
+    with _Sizes() as rec:
+        out = fn(case.build(v, f))
+        with sparsefill.densify_policy("raise", limit_bytes=1 << 16):
+            out.backward()
+    assert _routed(out)
+    assert v.grad is not None and (f is None or f.grad is not None)
+    assert rec.largest < 300 * 400 // 20, rec.largest
