@@ -291,10 +291,24 @@ def _invalid_cases():
             yield _random_parts(seed, keyspace, dup=True)
 
 
-def test_validation_raises_as_before():
+_CHECK_PATHS = ["numpy", "torch"] + (["numba"] if segment.compiled_available() else [])
+
+
+@pytest.fixture(params=_CHECK_PATHS)
+def check_path(request, monkeypatch):
+    """The checks' valid path: numpy passes, the numba kernel (numba loaded), or none (every input then goes
+    through the exact torch checks, as on a non-CPU device)."""
+    from sparsefill.segment import _jagged
+    monkeypatch.setattr(_jagged, "_use_compiled", lambda: request.param == "numba")
+    if request.param == "torch":
+        monkeypatch.setattr(_jagged, "_quick_check", lambda *a: 1)
+    return request.param
+
+
+def test_validation_raises_as_before(check_path):
     """Every check of the former __post_init__ still fires with the same type and message (with several
-    errors in one input, the same one first); a repeated key is found by each path of the vectorised
-    test (key ids below 64, a small table, one int64 code, two sorts)."""
+    errors in one input, the same one first) on every path of the checks; a repeated key is found by each
+    path of the exact test (key ids below 64, a small table, one int64 code, two sorts)."""
     n = 0
     for vals, vlen, keys, elen, w in _invalid_cases():
         expect = _raised(lambda: _old_validate(vals, vlen, keys, elen, w))
@@ -306,6 +320,76 @@ def test_validation_raises_as_before():
     kj = KeyedJaggedBatch(torch.tensor([1, 2, 3, 4]), torch.tensor([1, 1, 1, 1]), torch.tensor([70, 6, 0, 64]),
                           torch.tensor([2, 2]))
     assert kj.to_dict() == [{70: [1], 6: [2]}, {0: [3], 64: [4]}]
+
+
+def _exact_ok(vals, vlen, keys, elen):
+    """Whether the batch is valid, by the exact checks alone (Python ints: no wrapped sums)."""
+    el, vl, k = elen.tolist(), vlen.tolist(), keys.tolist()
+    if min(el + vl + [0]) < 0 or sum(el) != len(k) or len(vl) != len(k) or sum(vl) != vals.shape[0]:
+        return False
+    ends = [sum(el[:i + 1]) for i in range(len(el))]
+    return all(len(set(k[e - n:e])) == n for e, n in zip(ends, el))
+
+
+def _quick_cases():
+    big = 2 ** 62
+    yield torch.arange(2), torch.tensor([big, big, big, big + 2]), torch.tensor([1, 2, 3, 4]), torch.tensor([4])
+    yield torch.arange(2), torch.tensor([1, 1]), torch.tensor([1, 2]), torch.tensor([big, big, big, big + 2])[:1]
+    yield torch.arange(3), torch.tensor([1, 1, 1]), torch.tensor([0, 63, 64]), torch.tensor([3])   # residues 0 0
+    yield torch.arange(3), torch.tensor([1, 1, 1]), torch.tensor([-1, 63, 5]), torch.tensor([3])   # -1 = 63 mod 64
+    yield torch.arange(3), torch.tensor([1, 1, 1]), torch.tensor([5, 63, 5]), torch.tensor([0, 3, 0])
+    yield torch.arange(0), torch.tensor([0, 0]), torch.tensor([7, 7]), torch.tensor([1, 0, 1])
+    yield torch.arange(0), torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long), torch.zeros(3, dtype=torch.long)
+    rng = random.Random(0)
+    for seed in range(300):
+        vals, vlen, keys, elen, _ = _random_parts(seed, list(_KEY_SPACES)[seed % 4], B=seed % 9,
+                                               dup=seed % 3 == 0 and seed % 9 > 0)
+        if seed % 5 == 1 and vlen.numel():   # a wrong sum or a negative length
+            vlen[rng.randrange(vlen.numel())] += rng.choice([-5, -1, 1])
+        if seed % 7 == 2 and elen.numel():
+            elen[rng.randrange(elen.numel())] += rng.choice([-2, -1, 1])
+        yield vals, vlen, keys, elen
+
+
+@pytest.mark.parametrize("path", _CHECK_PATHS[::2])
+def test_quick_checks_agree_with_the_exact_ones(path):
+    """The fast valid path (numpy passes; the numba kernel) accepts only valid batches (state 0), every
+    valid batch of key ids in [0, 64); 2 (keys left to the exact test) only with valid lengths; wrapped
+    sums, residue collisions (0 and 64, -1 and 63), empty examples at either end included."""
+    from sparsefill.segment import _jagged
+    quick = _jagged._compiled_quick() if path == "numba" else _jagged._quick_numpy
+    for vals, vlen, keys, elen in _quick_cases():
+        ok = _exact_ok(vals, vlen, keys, elen)
+        if vlen.numel() != keys.numel():
+            continue
+        state = quick(elen.numpy(), vlen.numpy(), keys.numpy(), vals.shape[0])
+        assert state in (0, 1, 2) and (state == 0) <= ok, (vlen, keys, elen, state)
+        if ok:  # (1: only for an invalid batch here; 2: residues collide, distinct keys or not)
+            small = keys.numel() == 0 or 0 <= int(keys.min()) and int(keys.max()) < 64
+            assert state == 0 if small else state in (0, 2), (vlen, keys, elen, state)
+        if state == 2:
+            assert min(elen.tolist() + vlen.tolist() + [0]) >= 0 and sum(elen.tolist()) == keys.numel()
+            assert sum(vlen.tolist()) == vals.shape[0]
+
+
+def test_wrapped_sums_raise(check_path):
+    """Lengths whose int64 sum passes 2**63 - 1 raise (the wrapped sum equals the data's count: it passed
+    before), naming the first length past the limit."""
+    big = 2 ** 62
+    with pytest.raises(ValueError, match=r"values_lengths overflow int64: their running sum passes "
+                                         r"2\*\*63 - 1 at values_lengths\[1\]"):
+        KeyedJaggedBatch(torch.arange(2), torch.tensor([big, big, big, big + 2]), torch.tensor([1, 2, 3, 4]),
+                         torch.tensor([4]))
+    with pytest.raises(ValueError, match=r"example_lengths overflow int64: .* at example_lengths\[2\]"):
+        KeyedJaggedBatch(torch.arange(2), torch.tensor([1, 1]), torch.tensor([1, 2]),
+                         torch.tensor([1, big, big, big, big + 1]))
+
+
+def test_validated_equals_unvalidated_on_every_path(check_path):
+    for seed in range(40):
+        vals, vlen, keys, elen, w = _random_parts(seed, list(_KEY_SPACES)[seed % 4], B=seed % 9)
+        _same_batch(KeyedJaggedBatch(vals, vlen, keys, elen, w), KeyedJaggedBatch(vals, vlen, keys, elen, w,
+                                                                                   validate=False))
 
 
 
