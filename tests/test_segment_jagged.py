@@ -430,3 +430,30 @@ def test_to_dict_equals_the_previous_implementation(keyspace):
                 parts = kj.split([1, kj.batch_size - 1])
                 assert [p.to_dict() for p in parts] == [_old_to_dict(p) for p in parts]
                 assert KeyedJaggedBatch.concat(parts).to_dict() == _old_to_dict(kj)
+
+
+@pytest.mark.skipif(not segment.compiled_available(), reason="needs numba (the compiled backend)")  # reported by -rs
+def test_the_checks_compile_only_where_numba_is_set_up():
+    """The checks never import numba nor set up its compiler (0.7-1 s in a fresh process: see
+    test_coldstart.py): numba imported alone leaves them on numpy; the kernel runs once an njit function
+    has run in the process (and with the backend "numba")."""
+    import os
+    import subprocess
+    import sys
+    code = (
+        "import sys\n"
+        "from sparsefill.segment import KeyedJaggedBatch, _jagged, use_backend\n"
+        "def kj():\n"
+        "    KeyedJaggedBatch.from_lists([{1: [10, 11], 3: [101]}, {1: [11], 2: [50]}])\n"
+        "    return _jagged._compiled_quick.cache_info().currsize\n"
+        "print(kj(), 'numba' in sys.modules)\n"
+        "import numba\n"
+        "print(kj())\n"
+        "with use_backend('torch'):\n"
+        "    numba.njit(lambda x: x)(0)\n"
+        "    print(kj())\n"
+        "print(kj())\n")
+    env = {k: v for k, v in os.environ.items() if k != "SPARSEFILL_SEGMENT_BACKEND"}
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["0", "False", "0", "0", "1"]

@@ -3,8 +3,8 @@
 One process, 1 thread, median of ``--repeat`` timed calls (and the minimum: the machine may be shared).
 The reference is what a batch needs anyway: its offsets, ``torch.cumsum`` of ``values_lengths`` and of
 ``example_lengths``; ``to_dict`` is also set against ``values.tolist()`` (the Python ints it must create).  The checks run
-as numpy passes in a process that has not loaded numba, as one compiled kernel once it has: the
-"numba loaded" column is measured after ``import numba``, against the offsets measured again then.
+as numpy passes in a process that has not used numba, as one compiled kernel once it has: the
+"numba loaded" column is measured after a first njit call, against the offsets measured again then.
 
     python tools/jagged_bench.py
     PYTHONPATH=/tmp/before/src python tools/jagged_bench.py     # an older checkout (no validate=)
@@ -63,8 +63,9 @@ def main(argv=None):
         r["tl"] = _time(vals.tolist, max(5, a.repeat // 20))
         rows.append(r)
     numba_loaded = "numba" in sys.modules
-    try:
-        import numba  # noqa: F401  (loaded by the process: the checks then run as one compiled kernel)
+    try:  # a process that uses numba (its compiler set up): the checks then run as one compiled kernel
+        import numba
+        numba.njit(lambda x: x)(0)
     except ImportError:
         pass
     for (B, K, L), r in zip(cases, rows):

@@ -98,15 +98,10 @@ def _quick_numpy(el: np.ndarray, vl: np.ndarray, keys: np.ndarray, total: int) -
 
 @functools.cache
 def _compiled_quick():
-    """The valid path of the checks as one numba kernel (compiled once, cached on disk): a vectorised pass
-    over each lengths tensor (sum and OR, as ``_quick_numpy``), then the residue bitmask of every example
-    (its popcount against the example's length)."""
+    """The valid path of the checks as one numba kernel (compiled once, cached on disk: it closes over
+    nothing): a vectorised pass over each lengths tensor (sum and OR, as ``_quick_numpy``), then the
+    residue bitmask of every example, its popcount against the example's length."""
     from numba import njit
-    from numba.extending import intrinsic
-
-    @intrinsic
-    def popcount(typingctx, x):
-        return x(x), lambda context, builder, sig, args: builder.ctpop(args[0])
 
     @njit(nogil=True, cache=True)
     def quick(el, vl, keys, total):  # pragma: no cover - compiled
@@ -115,20 +110,24 @@ def _compiled_quick():
         for b in range(B):
             s += el[b]
             o |= el[b]
-        if o < 0 or (B and o > _INT64_MAX // B) or s != E:  # (each length at most o: no wrapped sum)
+        if o < 0 or (B and o > (2 ** 63 - 1) // B) or s != E:  # (each length at most o: no wrapped sum)
             return 1
         s, o = 0, 0
         for i in range(E):
             s += vl[i]
             o |= vl[i]
-        if o < 0 or (E and o > _INT64_MAX // E) or s != total:
+        if o < 0 or (E and o > (2 ** 63 - 1) // E) or s != total:
             return 1
         start, bad = 0, np.uint64(0)
+        m1, m2, m4 = np.uint64(0x5555555555555555), np.uint64(0x3333333333333333), np.uint64(0x0F0F0F0F0F0F0F0F)
         for b in range(B):
-            mask = np.uint64(0)
+            x = np.uint64(0)
             for i in range(start, start + el[b]):
-                mask |= np.uint64(1) << np.uint64(keys[i] & 63)
-            bad |= popcount(mask) ^ np.uint64(el[b])
+                x |= np.uint64(1) << np.uint64(keys[i] & 63)
+            x -= (x >> np.uint64(1)) & m1  # popcount (LLVM emits the instruction)
+            x = (x & m2) + ((x >> np.uint64(2)) & m2)
+            x = (x + (x >> np.uint64(4))) & m4
+            bad |= ((x * np.uint64(0x0101010101010101)) >> np.uint64(56)) ^ np.uint64(el[b])
             start += el[b]
         return 0 if bad == 0 else 2
 
@@ -136,17 +135,24 @@ def _compiled_quick():
 
 
 def _use_compiled() -> bool:
-    """Whether the checks run as the numba kernel: numba is loaded in this process already (never imported
-    here: 0.7 s in a fresh process, more than a batch's checks cost) and the segment backend is not
-    ``"torch"``."""
-    return "numba" in sys.modules and _kernels.backend() != "torch" and _kernels.compiled_available()
+    """Whether the checks run as the numba kernel: with the segment backend ``"numba"``, or ``"auto"`` once
+    numba's compiler is set up in this process (by any njit function's first call: 0.7-1 s, more than a
+    batch's checks cost, so never here; the kernel then loads from numba's disk cache in ~20 ms)."""
+    name = _kernels.backend()
+    if name == "numba":
+        return _kernels.compiled_available()
+    if name != "auto" or "numba" not in sys.modules:
+        return False
+    registry = getattr(getattr(sys.modules["numba"], "core", None), "registry", None)
+    target = getattr(registry, "cpu_target", None)  # (its context is a cached property: read, not computed)
+    return "_toplevel_target_context" in getattr(target, "__dict__", ())
 
 
 def _quick_check(el: torch.Tensor, vl: torch.Tensor, keys: torch.Tensor, total: int) -> int:
     """The checks' valid path on the CPU, one pass over each tensor: 0 if the batch is valid, 2 if its
     lengths are and the residue test cannot settle the keys, 1 otherwise (the exact checks then run and
     name the first error).  The numba kernel where ``_use_compiled()``, else numpy (2-3x slower: a dozen
-    calls)."""
+    calls); the kernel reads C-contiguous arrays only (one compiled signature)."""
     el_np, vl_np, k_np = el.numpy(), vl.numpy(), keys.numpy()
     if el_np.flags.c_contiguous and vl_np.flags.c_contiguous and k_np.flags.c_contiguous and _use_compiled():
         return int(_compiled_quick()(el_np, vl_np, k_np, total))
