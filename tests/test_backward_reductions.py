@@ -16,6 +16,7 @@ input's size.
 from __future__ import annotations
 
 import math
+import warnings
 
 import pytest
 import torch
@@ -361,3 +362,82 @@ def test_no_temporary_of_the_input_size(chain, layout, fill):
     assert _routed(out)
     assert v.grad is not None and (f is None or f.grad is not None)
     assert rec.largest < 300 * 400 // 20, rec.largest
+
+
+SLICES = {  # name: (shape, dense_dim, fn)
+    "x[:4].sum()": ((10,), 0, lambda A: A[:4].sum()),
+    "x[2:9:3].exp().sum()": ((10,), 0, lambda A: A[2:9:3].exp().sum()),
+    "A[1:5:2].sum()": ((6, 5), 0, lambda A: A[1:5:2].sum()),
+    "A[:, 1:4].amax()": ((6, 5), 0, lambda A: A[:, 1:4].amax()),
+    "A[3].mean()": ((6, 5), 0, lambda A: A[3].mean()),
+    "(A[1:3] * 2)": ((6, 5), 0, lambda A: A[1:3] * 2),
+    "A.narrow(1, 1, 3).sum()": ((6, 5), 0, lambda A: A.narrow(1, 1, 3).sum()),
+    "split(2)": ((6, 5), 0, lambda A: sum(t.sum() for t in A.split(2))),
+    "H[..., 1:].sum()": ((6, 5, 3), 1, lambda A: A[..., 1:].sum()),
+    "H[2].sum()": ((6, 5, 3), 1, lambda A: A[2].sum()),
+    "H[1:4, :, ::2].var()": ((6, 5, 3), 1, lambda A: A[1:4, :, ::2].var()),
+    "H4[:, :, :, 1].sum()": ((6, 5, 4, 3), 2, lambda A: A[:, :, :, 1].sum()),
+}
+
+
+LINEAR = {"x[:4].sum()", "A[1:5:2].sum()", "(A[1:3] * 2)", "A.narrow(1, 1, 3).sum()", "split(2)", "H[..., 1:].sum()",
+          "H[2].sum()", "H4[:, :, :, 1].sum()"}  # where an indefinite fill's masked reference is the 0-filled one
+
+
+def _slice_params():
+    for op, (shape, dd, _) in sorted(SLICES.items()):
+        for layout in (["coo", "csr"] if len(shape) - dd >= 2 else ["coo"]):
+            for fill in [0.0, 2.5, NAN] + (["array"] if dd else []) + (["indefinite"] if op in LINEAR else []):
+                yield op, layout, fill
+
+
+def _dense_out(out):
+    return out if not isinstance(out, SparseTensor) else \
+        out.to_dense(fill_value=0.0) if out.is_fill_indefinite() else out.to_dense()
+
+
+@pytest.mark.parametrize("op, layout, fill", list(_slice_params()), ids=str)
+def test_slice_and_select_backward(op, layout, fill):
+    """``slice_backward``/``select_backward`` of a SparseTensor gradient (``ops/indexing.py``): ``G`` in zeros
+    of the input's shape, as a SparseTensor, never densified (a DensifyWarning is an error here); an
+    indefinite fill against the 0-filled dense computation (sums: the masked sum)."""
+    shape, dd, fn = SLICES[op]
+    case = Case(shape, fill, dense_dim=dd, nse=5, **_case_kw(layout))
+    v, f = case.leaves()
+    out = fn(case.build(v, f))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", sparsefill.DensifyWarning)
+        _dense_out(out).sum().backward()
+    got = (v.grad, None if f is None else f.grad)
+    v, f = case.leaves()
+    A = case.build(v, f)
+    fn(A.to_dense(fill_value=0.0) if case.indefinite else A.to_dense()).sum().backward()
+    torch.testing.assert_close(got, (v.grad, None if f is None else f.grad), equal_nan=True)
+
+
+def test_select_along_the_first_dense_dim_position_densifies_as_before():
+    """``select_backward`` cannot tell a select on the last sparse dim from one on the first dense dim (the
+    gradient's dense dims must be the input's): torch's fallback, exact."""
+    case = Case((6, 5), 2.5)
+    v, f = case.leaves()
+    with pytest.warns(sparsefill.DensifyWarning):
+        case.build(v, f)[:, 3].sum().backward()
+    vd, fd = case.leaves()
+    case.build(vd, fd).to_dense()[:, 3].sum().backward()
+    torch.testing.assert_close((v.grad, f.grad), (vd.grad, fd.grad))
+
+
+@pytest.mark.parametrize("fill", [0.0, 5.0, "indefinite"], ids=str)
+def test_slice_backward_has_no_temporary_of_the_input_size(fill):
+    """``x[:100].sum()`` on 1M elements with 50 stored: the gradient stores at most the slice's 100 elements."""
+    case = Case((1_000_000,), fill, nse=50)
+    v, f = case.leaves()
+    with _Sizes() as rec:
+        out = case.build(v, f)[:100].sum()
+        with sparsefill.densify_policy("raise", limit_bytes=1 << 16):
+            out.backward()
+    assert rec.largest <= 1000, rec.largest
+    in_slice = case.idx[0] < 100
+    torch.testing.assert_close(v.grad, in_slice.to(v.dtype))
+    if f is not None:
+        torch.testing.assert_close(f.grad, torch.tensor(100.0 - int(in_slice.sum()), dtype=torch.float64))

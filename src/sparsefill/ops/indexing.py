@@ -104,6 +104,40 @@ def _slice(func, args, kwargs):
     return _build(A, idx, vals[keep], shape)
 
 
+@register(aten.slice_backward.default, aten.select_backward.default)
+def _slice_backward(func, args, kwargs):
+    """``slice_backward(G, sizes, dim, start, end, step)``, ``select_backward(G, sizes, dim, index)``: ``G`` in
+    zeros of ``sizes`` (a gradient: an indefinite fill is 0), fill 0, storing ``G``'s elements -- all of them
+    where ``G``'s fill is not 0: O(numel of ``G``), never of ``sizes``.  A select along ``G``'s first dense dim
+    position is either a sparse or a dense dim of the input (the gradient's dense dims must be the input's):
+    densified, as before."""
+    G, sizes, dim, rest = args[0], list(args[1]), args[2] % len(args[1]), args[3:]
+    sd = G._sparse_ndim()
+    if func is aten.select_backward.default:
+        if dim == sd:
+            return NotImplemented
+        sd += dim < sd
+    fill = G._fill.new_zeros(()) if G._indefinite else G._fill.expand(G._dense_shape)
+    if dim >= sd:  # a dense dim: the same on the values and the fill
+        idx, vals = coalesced_parts(G)
+        vals, fill = func(vals, [vals.shape[0]] + sizes[sd:], dim - sd + 1, *rest), func(fill, sizes[sd:], dim - sd, *rest)
+        return parts_to_sparse(idx, vals, torch.Size(sizes), fill, False, False, torch.sparse_coo, True)
+    if G._indefinite or G._fill_is_zero() or not bool(fill.ne(0).any()):
+        idx, vals = coalesced_parts(G)
+    else:  # every element of G, stored
+        S = G._sparse_shape
+        idx = _index.unravel(torch.arange(_index.numel(S), device=G.device), S)
+        vals = dense_of(G).reshape((-1,) + tuple(G._dense_shape))
+    if func is aten.select_backward.default:
+        idx = torch.cat([idx[:dim], idx.new_full((1, idx.shape[1]), rest[0] % sizes[dim]), idx[dim:]])
+    else:
+        start, _, step = slice(rest[0], rest[1], rest[2]).indices(sizes[dim])
+        idx = idx.clone()
+        idx[dim] = idx[dim] * step + start
+    zero = vals.new_zeros(())
+    return parts_to_sparse(idx, vals, torch.Size(sizes), zero, False, True, torch.sparse_coo, True)
+
+
 @register(aten.index_select.default)
 def _index_select(func, args, kwargs):
     A, dim, index = args[0], args[1] % max(args[0].dim(), 1), args[2]
