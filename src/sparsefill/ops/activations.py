@@ -52,3 +52,12 @@ def _rrelu_with_noise(func, args, kwargs):
     if kw.get("training", False) or not isinstance(args[0], SparseTensor):
         return NotImplemented
     return aten.leaky_relu.default(args[0], (kw.get("lower", 1 / 8) + kw.get("upper", 1 / 3)) / 2)
+
+
+@register(aten.rrelu_with_noise_backward.default)
+def _rrelu_with_noise_backward(func, args, kwargs):
+    """The gradient of :func:`_rrelu_with_noise` in evaluation mode: ``leaky_relu``'s (as aten computes it)."""
+    kw = dict(zip(["noise", "lower", "upper", "training", "self_is_result"], args[2:]), **kwargs)
+    if kw["training"] and kw["upper"] - kw["lower"] > 1e-6:
+        return NotImplemented
+    return aten.leaky_relu_backward.default(args[0], args[1], (kw["lower"] + kw["upper"]) / 2, kw["self_is_result"])

@@ -23,8 +23,11 @@ import math
 
 import torch
 
-from .._convert import coalesce_of, coalesced_parts, dense_of, parts_to_sparse
+from .._convert import (check_densify_quiet, coalesce_of, coalesced_parts, dense_of, parts_to_sparse, rewrap,
+                        union_parts, values_at)
+from .._index import linearize
 from .._reduce import REDUCERS, group_slices, segment_combine, times
+from .._tensor import SparseTensor
 from .registry import register
 
 aten = torch.ops.aten
@@ -87,3 +90,65 @@ def _sparse_softmax_backward(func, args, kwargs):
     grad, out, dim, A = args[:4]
     log = func is aten._sparse_log_softmax_backward_data.default
     return (aten._log_softmax_backward_data if log else aten._softmax_backward_data).default(grad, out, dim, A.dtype)
+
+
+# ---------------------------------------------------------------------- backward: native on the pattern
+@register(aten._softmax_backward_data.default, aten._log_softmax_backward_data.default)
+def _softmax_backward(func, args, kwargs):
+    """The gradient of softmax (``y``: its output, ``g``: the upstream gradient), per slice along ``dim``::
+
+        softmax:      grad = y * (g - sum_dim(g * y))        log_softmax:  grad = g - exp(y) * sum_dim(g)
+
+    on ``y``'s pattern (united with ``g``'s); along a sparse dim each slice's sum adds its ``n`` unspecified
+    elements in closed form (``n * g_fill * y_fill``), and the unspecified elements get
+    ``y_fill * (g_fill - sum)``: one slice (``d`` the only sparse dim) keeps the pattern with that fill.
+    An indefinite ``y`` is masked (its slices hold only its stored elements) and so is its gradient; an
+    indefinite ``g`` is 0 at its masked-out elements (nothing read them).  Dense by nature otherwise
+    (a dense ``y``, or a dense ``g`` beside a defined fill): computed densely, quietly."""
+    g, y, dim, dtype = args[:4]
+    log = func is aten._log_softmax_backward_data.default
+    parts = _backward_parts(g, y, dim)
+    if parts is None:  # dense by nature
+        return func(*[_dense_grad_operand(t) for t in (g, y)], dim, dtype)
+    idx, gv, yv, gf, yf = parts
+    d, sd = dim % y.dim(), y.dim() - y.dense_dim()
+    if d >= sd:  # along a dense dim: every stored slice and the fill on their own
+        vals = func(gv, yv, d - sd + 1, dtype)
+        fill = None if yf is None else func(gf[None], yf[None], d - sd + 1, dtype)[0]
+    else:
+        seg, _, n = group_slices(idx, y._sparse_shape, [d])
+        t, tf = (gv, gf) if log else (gv * yv, None if yf is None else gf * yf)
+        s = segment_combine(t, seg, n.numel(), "sum")
+        if yf is not None:  # one slice (sd == 1, else dense by nature): its n unspecified elements in closed form
+            s = s[0] + times(tf, n[0], tf) if n.numel() else times(tf, y.shape[d], tf)
+        at = s[seg] if yf is None else s  # each stored element's slice sum
+        vals = gv - torch.exp(yv) * at if log else yv * (gv - at)
+        fill = None if yf is None else gf - torch.exp(yf) * s if log else yf * (gf - s)
+    fill = vals.new_empty(0) if fill is None else fill.to(dtype)
+    return parts_to_sparse(idx, vals.to(dtype), y.shape, fill, yf is None, False, y._sf_layout, True)
+
+
+def _backward_parts(g, y, dim):
+    """``(indices, g values, y values, g fill, y fill)`` on ``y``'s pattern united with ``g``'s (fills None
+    for an indefinite ``y``), or None when the gradient is dense by nature."""
+    if not isinstance(y, SparseTensor) or y.dim() == 0:
+        return None
+    d, sd = dim % y.dim(), y.dim() - y.dense_dim()
+    if not y._indefinite and (not isinstance(g, SparseTensor) or d < sd and sd > 1):
+        return None  # the unspecified elements' gradient varies by slice (or by g's dense values)
+    if isinstance(g, SparseTensor):
+        if g.dense_dim() != y.dense_dim():
+            return None
+        g0 = rewrap(g, fill=g._vals.new_zeros(()), indefinite=False, known_zero=True) if g._indefinite else g
+        idx, (yv, gv) = union_parts([y, g0])
+        return idx, gv, yv, None if y._indefinite else g0._fill.expand(y._dense_shape), \
+            None if y._indefinite else y._fill.expand(y._dense_shape)
+    idx, yv = coalesced_parts(y)
+    return idx, values_at(g, linearize(idx, y._sparse_shape), sd), yv, None, None
+
+
+def _dense_grad_operand(t):
+    if not isinstance(t, SparseTensor):
+        return t
+    check_densify_quiet(t, "the softmax gradient (dense by nature)")
+    return dense_of(t, t._vals.new_zeros(()) if t._indefinite else None)

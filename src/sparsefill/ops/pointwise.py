@@ -30,7 +30,8 @@ from .fallback import assign_, flat_args, written_args, written_positions
 
 aten = torch.ops.aten
 # element-wise aten ops that torch does not tag pointwise (every overload, out= and in-place ones included)
-UNTAGGED = {getattr(p, o) for p in (aten.rsub, aten.polar, aten.masked_fill, aten._prelu_kernel, aten.complex, aten.floor_divide,
+UNTAGGED = {getattr(p, o) for p in (aten.rsub, aten.polar, aten.masked_fill, aten._prelu_kernel,
+                                    aten._prelu_kernel_backward, aten.complex, aten.floor_divide,
                                     aten.floor_divide_, aten.log_sigmoid_backward, aten.elu_backward,
                                     aten.hardsigmoid_backward, aten.hardswish_backward, aten.hardtanh_backward,
                                     aten.leaky_relu_backward, aten.mish_backward, aten.softplus_backward,
