@@ -339,7 +339,9 @@ def _quick_cases():
     yield torch.arange(3), torch.tensor([1, 1, 1]), torch.tensor([-1, 63, 5]), torch.tensor([3])   # -1 = 63 mod 64
     yield torch.arange(3), torch.tensor([1, 1, 1]), torch.tensor([5, 63, 5]), torch.tensor([0, 3, 0])
     yield torch.arange(0), torch.tensor([0, 0]), torch.tensor([7, 7]), torch.tensor([1, 0, 1])
-    yield torch.arange(0), torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long), torch.zeros(3, dtype=torch.long)
+    none = torch.zeros(0, dtype=torch.long)
+    yield none, none, none, torch.zeros(3, dtype=torch.long)
+    yield none, none, none, none
     rng = random.Random(0)
     for seed in range(300):
         vals, vlen, keys, elen, _ = _random_parts(seed, list(_KEY_SPACES)[seed % 4], B=seed % 9,

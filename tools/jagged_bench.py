@@ -2,9 +2,10 @@
 
 One process, 1 thread, median of ``--repeat`` timed calls (and the minimum: the machine may be shared).
 The reference is what a batch needs anyway: its offsets, ``torch.cumsum`` of ``values_lengths`` and of
-``example_lengths``; ``to_dict`` is also set against ``values.tolist()`` (the Python ints it must create).  The checks run
-as numpy passes in a process that has not used numba, as one compiled kernel once it has: the
-"numba loaded" column is measured after a first njit call, against the offsets measured again then.
+``example_lengths``; ``to_dict`` is also set against ``values.tolist()`` (the Python ints it must create).
+The checks run as numpy passes in a process that has not used numba, as one compiled kernel once it has:
+the "numba loaded" column is measured after a first njit call, against the offsets measured again then.
+Calls of a few ms are often preempted on a shared machine: their minimum is the steadier figure.
 
     python tools/jagged_bench.py
     PYTHONPATH=/tmp/before/src python tools/jagged_bench.py     # an older checkout (no validate=)

@@ -11,9 +11,10 @@
     weights         = optional, one per value (scores)
 
 Invariants: ``sum(example_lengths) == len(keys) == len(values_lengths)``,
-``sum(values_lengths) == len(values)``, lengths non-negative and a key at most once per example:
-checked on construction by a few vectorised passes (``validate=False`` skips the ones that read the
-data).  Every operation is a few segment ops (no Python loop over values; loops over keys only where
+``sum(values_lengths) == len(values)`` (no int64 overflow), lengths non-negative and a key at most once
+per example: checked on construction in one pass over each tensor on the CPU (numpy; one compiled kernel
+once numba is set up in the process), the exact checks naming the first error only where it fails
+(``validate=False`` skips every check that reads the data).  Every operation is a few segment ops (no Python loop over values; loops over keys only where
 the result is per key; ``to_dict`` loops over the lists it creates).
 
 >>> import torch
@@ -205,25 +206,27 @@ class KeyedJaggedBatch:
     validate: dataclasses.InitVar[bool] = True
 
     def __post_init__(self, validate: bool):
-        dev = self.values.device
+        cpu = self.values.is_cpu  # (the tests below are the cheapest torch has: this is the valid path)
+        dev = None if cpu else self.values.device
         for name in ("values_lengths", "keys", "example_lengths"):
             t = getattr(self, name)
-            if not (type(t) is torch.Tensor and t.dtype is torch.int64 and t.dim() == 1 and t.device == dev):
-                object.__setattr__(self, name, as_index(t, name, dev).long())
+            if not (type(t) is torch.Tensor and t.dtype is torch.int64 and t.dim() == 1
+                    and (t.is_cpu if cpu else t.device == dev)):
+                object.__setattr__(self, name, as_index(t, name, self.values.device).long())
         el, vl, keys = self.example_lengths, self.values_lengths, self.keys
         E = keys.shape[0]
-        if validate:
+        state = 0  # (validate=False: no check reads the data)
+        if validate:  # one pass over each tensor on the CPU; the exact checks, in order, only where it fails
             total = self.values.shape[0] if self.values.dim() else 0
-            fast = dev.type == "cpu" and vl.shape[0] == E
-            state = _quick_check(el, vl, keys, total) if fast else 1
-            if state == 1:  # invalid, or not settled fast: the exact checks, in order (they name the first error)
-                _check_lengths(el, E, "example_lengths")
+            state = _quick_check(el, vl, keys, total) if cpu and vl.shape[0] == E else 1
+        if state == 1:  # invalid, not settled, or not on the CPU: the checks that name the first error
+            _check_lengths(el, E, "example_lengths")
         if vl.shape[0] != E:
             raise ValueError(f"values_lengths has {vl.shape[0]} entries but keys has {E} (one per (example, key))")
-        if validate and state == 1:
+        if state == 1:
             _check_lengths(vl, total, "values_lengths")
         # a key at most once per example (to_dict and to_padded hold one list per key)
-        if validate and state and E > 1 and _has_repeated_key(el, keys):
+        if state and E > 1 and _has_repeated_key(el, keys):
             pairs = torch.stack([_seg_of(el, E), keys], 1)  # (the error path: the first)
             _, inv, cnt = torch.unique(pairs, dim=0, return_inverse=True, return_counts=True)
             e, k = pairs[int((cnt[inv] > 1).nonzero()[0, 0])].tolist()
