@@ -71,7 +71,7 @@ def _quick_numpy(el: np.ndarray, vl: np.ndarray, keys: np.ndarray, total: int) -
         o = int(np.bitwise_or.reduce(el))
         if o < 0 or B * o >> 64:
             return 1
-        ends = np.cumsum(el)
+        ends = np.add.accumulate(el)  # (the ufunc itself: np.cumsum adds 1 us of wrappers)
         if ends[-1] != E:
             return 1
     elif E:
@@ -135,6 +135,9 @@ def _compiled_quick():
     return quick
 
 
+_NUMBA_SET_UP = [False]  # (once set up, numba's compiler stays so)
+
+
 def _use_compiled() -> bool:
     """Whether the checks run as the numba kernel: with the segment backend ``"numba"``, or ``"auto"`` once
     numba's compiler is set up in this process (by any njit function's first call: 0.7-1 s, more than a
@@ -142,11 +145,13 @@ def _use_compiled() -> bool:
     name = _kernels.backend()
     if name == "numba":
         return _kernels.compiled_available()
-    if name != "auto" or "numba" not in sys.modules:
+    if name != "auto":
         return False
-    registry = getattr(getattr(sys.modules["numba"], "core", None), "registry", None)
-    target = getattr(registry, "cpu_target", None)  # (its context is a cached property: read, not computed)
-    return "_toplevel_target_context" in getattr(target, "__dict__", ())
+    if not _NUMBA_SET_UP[0] and "numba" in sys.modules:
+        registry = getattr(getattr(sys.modules["numba"], "core", None), "registry", None)
+        target = getattr(registry, "cpu_target", None)  # (its context is a cached property: read, not computed)
+        _NUMBA_SET_UP[0] = "_toplevel_target_context" in getattr(target, "__dict__", ())
+    return _NUMBA_SET_UP[0]
 
 
 def _quick_check(el: torch.Tensor, vl: torch.Tensor, keys: torch.Tensor, total: int) -> int:
