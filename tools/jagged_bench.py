@@ -8,6 +8,7 @@ the "numba loaded" column is measured after a first njit call, against the offse
 Calls of a few ms are often preempted on a shared machine: their minimum is the steadier figure.
 
     python tools/jagged_bench.py
+    python tools/jagged_bench.py --parts                         # the floor: each pass of the checks alone
     PYTHONPATH=/tmp/before/src python tools/jagged_bench.py     # an older checkout (no validate=)
 """
 
@@ -44,11 +45,54 @@ def batch(B=512, K=16, L=10, p=0.9, seed=0):
     return vals, vlen, keys, elen
 
 
+def parts(repeat):
+    """The floor of the checks: each numpy pass of the valid path alone (their sum is what numpy cannot go
+    below), the compiled kernel alone, and the construction without checks; microseconds, median."""
+    import numpy as np
+    from sparsefill.segment import _jagged
+    print("| batch | offsets | no checks | .numpy() x 3 | OR + sum of example_lengths (accumulate) | "
+          "OR + sum of values_lengths | 1 << key | OR per example (reduceat) | popcount >= length, all | "
+          "numpy passes, sum | kernel (numba set up) |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for B, K, L in [(512, 16, 10), (512, 64, 40)]:
+        vals, vlen, keys, elen = batch(B, K, L)
+        el, vl, k = elen.numpy(), vlen.numpy(), keys.numpy()
+        ends = np.add.accumulate(el)
+        starts = ends - el
+        bits = np.left_shift(1, k)
+        ors = np.bitwise_or.reduceat(bits, starts).view(np.uint64)
+        n_bits = np.bitwise_count(ors)
+        us = {name: _time(fn, repeat)[0] * 1e3 for name, fn in [
+            ("off", lambda: (torch.cumsum(vlen, 0), torch.cumsum(elen, 0))),
+            ("none", lambda: KeyedJaggedBatch(vals, vlen, keys, elen, validate=False)),
+            ("np", lambda: (elen.numpy(), vlen.numpy(), keys.numpy())),
+            ("el", lambda: (np.bitwise_or.reduce(el), np.add.accumulate(el))),
+            ("vl", lambda: (np.bitwise_or.reduce(vl), np.add.reduce(vl))),
+            ("shift", lambda: np.left_shift(1, k, out=bits)),
+            ("or", lambda: np.bitwise_or.reduceat(bits, ends - el)),
+            ("cmp", lambda: (np.bitwise_count(ors) >= el).all())]}
+        numpy_sum = sum(us[n] for n in ("np", "el", "vl", "shift", "or", "cmp"))
+        kern = "-"
+        if _jagged._use_compiled():
+            q = _jagged._compiled_quick()
+            kern = f"{_time(lambda: q(el, vl, k, vals.shape[0]), repeat)[0] * 1e3:.1f}"
+        print(f"| {B} x {K} | {us['off']:.1f} | {us['none']:.1f} | {us['np']:.1f} | {us['el']:.1f} | {us['vl']:.1f} | "
+              f"{us['shift']:.1f} | {us['or']:.1f} | {us['cmp']:.1f} | {numpy_sum:.1f} | {kern} |")
+        del n_bits
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=200)
+    ap.add_argument("--parts", action="store_true", help="the floor: each pass of the checks alone (us)")
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
+    if a.parts:
+        parts(a.repeat)
+        import numba
+        numba.njit(lambda x: x)(0)
+        parts(a.repeat)
+        return
     has_validate = "validate" in inspect.signature(KeyedJaggedBatch).parameters
     cases = [(512, 16, 10), (512, 64, 40)]
     rows = []
