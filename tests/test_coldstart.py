@@ -81,6 +81,42 @@ def test_first_op_of_every_family_loads_nothing_heavy():
     assert _run(code).splitlines() == ["[]", "[]"]
 
 
+# (family, setup, first call): the families whose shape inference ran torch's Python meta kernels (reductions by
+# torch._refs, mv/addmm/addmv/addr/dot by torch._decomp, cat/stack/roll/tril), whose first call imports torch._dynamo
+_META_FAMILIES = [
+    ("mean", "", "A.mean(1); A.mean()"),
+    ("std/var", "", "A.std(1); A.var(0, keepdim=True); torch.std_mean(A, 1)"),
+    ("norm", "", "A.norm(); torch.linalg.vector_norm(A, 0, 1); torch.linalg.vector_norm(A, 3., (0, 1), True)"),
+    ("logsumexp", "", "torch.logsumexp(A, 1)"),
+    ("all/any/count_nonzero", "", "A.all(1); A.any(); torch.count_nonzero(A, 0)"),
+    ("CSR @ vector", "v = torch.randn(5)", "C @ v; torch.mv(C, v)"),
+    ("vector @ matrix", "v = torch.randn(4)", "v @ A; torch.matmul(A, torch.randn(5))"),
+    ("addmm", "b = torch.randn(4, 3); x = torch.randn(5, 3)", "torch.addmm(b, A, x); torch.addmm(b, C, x)"),
+    ("addmv/addr/dot", "v = torch.randn(5)", "torch.addmv(torch.randn(4), A, v); torch.addr(A, torch.randn(4), v); "
+                                             "torch.dot(A[0], v)"),
+    ("cat", "", "torch.cat([A, A]); torch.cat([A, A], 1); torch.cat([C, C])"),
+    ("stack", "", "torch.stack([A, A]); torch.stack([A, A.to_dense()], 2)"),
+    ("roll", "", "torch.roll(A, 1, 0); torch.roll(A, (1, 2), (0, 1)); torch.roll(A, 3)"),
+    ("tril/triu", "", "torch.tril(A); torch.triu(A, 1)"),
+]
+
+
+@pytest.mark.parametrize("family,setup,call", _META_FAMILIES, ids=[f[0] for f in _META_FAMILIES])
+def test_first_call_of_a_meta_family_does_not_import_dynamo(family, setup, call):
+    """Each family's first call in a fresh process runs no Python meta kernel: ``torch._dynamo`` (0.4-0.5 s) is
+    not imported (shape inference from one-element tensors and shape arithmetic, ``ops/fallback.py``)."""
+    code = (
+        "import sys, torch\n"
+        "import torch.distributed.tensor  # what torch imports on the first __torch_dispatch__ of any subclass\n"
+        "import sparsefill\n"
+        "A = sparsefill.sparse_coo_tensor([[0, 1, 1, 3], [2, 0, 3, 1]], [1., 2., 3., 4.], (4, 5), fill_value=0.5)\n"
+        "C = sparsefill.sparse_csr_tensor([0, 1, 2, 2, 3], [1, 0, 4], [3., 4., 5.], (4, 5), fill_value=-1.)\n"
+        "import warnings; warnings.simplefilter('ignore')\n"
+        f"{setup}\n{call}\n"
+        "print('torch._dynamo' in sys.modules)\n")
+    assert _run(code) == "False"
+
+
 @pytest.mark.skipif(not segment.compiled_available(), reason="needs numba (the compiled backend)")  # reported by -rs
 def test_auto_backend_imports_numba_once_the_work_pays():
     """'auto': torch ops until COMPILED_AFTER_WORK elements of work have come (counted over calls), then

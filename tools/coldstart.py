@@ -28,6 +28,7 @@ import sys
 # name: (setup, first call).  The setup builds small inputs (the size of a unit test, a DataLoader item).
 _SP = ("A = sparsefill.sparse_coo_tensor(torch.tensor([[0, 1, 1, 3], [2, 0, 3, 1]]), torch.tensor([1., 2., 3., 4.]),"
        " (4, 5), fill_value=0.5)\n")
+_CSR = "C = sparsefill.sparse_csr_tensor([0, 1, 2, 2, 3], [1, 0, 4], [3., 4., 5.], (4, 5), fill_value=-1.)\n"
 _SEG = ("data = torch.randn(100, 8); lengths = torch.tensor([30, 0, 50, 20]); "
         "ids = torch.randint(0, 4, (100,)); idx = torch.randint(0, 100, (60,)); ilen = torch.tensor([20, 40])\n")
 CASES = {
@@ -41,6 +42,17 @@ CASES = {
     "softmax": (_SP, "torch.softmax(A, 1)"),
     "matmul": (_SP + "x = torch.randn(5, 3)", "A @ x"),
     "indexing": (_SP, "A[torch.tensor([0, 3])]"),
+    "mean": (_SP, "A.mean(1)"),
+    "std": (_SP, "A.std(1)"),
+    "norm": (_SP, "A.norm()"),
+    "logsumexp": (_SP, "torch.logsumexp(A, 1)"),
+    "CSR @ vector": (_CSR + "v = torch.randn(5)", "C @ v"),
+    "addmm": (_SP + "b = torch.randn(4, 3); x = torch.randn(5, 3)", "torch.addmm(b, A, x)"),
+    "matmul with a vector": (_SP + "v = torch.randn(5)", "torch.matmul(A, v)"),
+    "cat": (_SP, "torch.cat([A, A])"),
+    "stack": (_SP, "torch.stack([A, A])"),
+    "roll": (_SP, "torch.roll(A, 1, 0)"),
+    "tril": (_SP, "torch.tril(A)"),
     "masked.sum": (_SP + "m = torch.rand(4, 5) > 0.5", "sparsefill.masked.sum(A, 1, mask=m)"),
     "masked.softmax": (_SP + "m = torch.rand(4, 5) > 0.5", "sparsefill.masked.softmax(A, 1, mask=m)"),
     "segment.reduce sum": (_SEG, "sparsefill.segment.reduce(data, 'sum', lengths=lengths)"),

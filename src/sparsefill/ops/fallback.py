@@ -11,6 +11,7 @@ wherever the result differs from ``A``'s fill (everywhere, unless ``2 * fill == 
 from __future__ import annotations
 
 import functools
+import warnings
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_map, tree_map_only, tree_unflatten
@@ -59,6 +60,57 @@ def meta_call(func, A: torch.Tensor, *rest, **kwargs):
     out = _META_CACHE.get(key)
     if out is None:
         out = func(meta_of(A), *rest, **kwargs)
+        if len(_META_CACHE) > 4096:
+            _META_CACHE.clear()
+        _META_CACHE[key] = out
+    return out
+
+
+def probe_of(A: torch.Tensor) -> torch.Tensor:
+    """A real tensor of ``A``'s dtype and device with at most one element per dim (its 0-size dims kept):
+    torch's rank, dim, dtype and device errors, and its result dtype, from the real kernels.  (A meta
+    tensor runs torch's Python meta kernel for many ops -- mean, std, norm, logsumexp, mv, addmm, cat,
+    stack, roll... -- whose first call in a process imports ``torch._dynamo``: 0.4-1 s.)"""
+    return torch.zeros([min(n, 1) for n in A.shape], dtype=A.dtype, device=A.device)
+
+
+def reduced_shape(shape, dims, keepdim: bool) -> list:
+    """The shape of a reduction of ``shape`` over ``dims`` (None or empty: every dim)::
+
+        reduced_shape(s, dims, keepdim) == list(torch.sum(torch.zeros(s), dims, keepdim).shape)
+
+    >>> reduced_shape((4, 5, 6), [1], False), reduced_shape((4, 5, 6), [-1], True), reduced_shape((4, 5), None, False)
+    ([4, 6], [4, 5, 1], [])
+    """
+    nd = len(shape)
+    dims = {d % nd for d in dims} if dims and nd else set(range(nd))
+    return [1 if d in dims else n for d, n in enumerate(shape) if keepdim or d not in dims]
+
+
+def reduction_meta(func, A: torch.Tensor, dims, keepdim: bool, /, *rest, **kwargs) -> torch.Tensor:
+    """``meta_call(func, A, *rest, **kwargs)`` for a reduction over ``dims`` (None or empty: every dim)
+    without torch's Python meta kernels: errors and dtype from ``func`` on :func:`probe_of` ``(A)``, the
+    shape from :func:`reduced_shape` -- checked on the probe's result, else (a ``dims`` torch reads
+    otherwise) the meta call.  Memoised as ``meta_call``::
+
+        reduction_meta(f, A, dims, k, *rest).shape == meta_call(f, A, *rest).shape  (and the dtype)
+    """
+    key = _key((rest, sorted(kwargs.items())))
+    if key is not None:
+        key = ("reduction", func, tuple(A.shape), A.dtype, A.device, torch.get_default_dtype(), key)
+        out = _META_CACHE.get(key)
+        if out is not None:
+            return out
+    P = probe_of(A)
+    with warnings.catch_warnings():  # (std's "degrees of freedom <= 0" of a one-element probe)
+        warnings.simplefilter("ignore", UserWarning)
+        r = func(P, *rest, **kwargs)
+    r = r[0] if isinstance(r, tuple) else r
+    if isinstance(dims, (list, tuple)) and not dims or list(r.shape) != reduced_shape(P.shape, dims, keepdim):
+        out = meta_call(func, A, *rest, **kwargs)
+    else:
+        out = torch.empty((), dtype=r.dtype, device="meta").expand(reduced_shape(A.shape, dims, keepdim))
+    if key is not None:
         if len(_META_CACHE) > 4096:
             _META_CACHE.clear()
         _META_CACHE[key] = out

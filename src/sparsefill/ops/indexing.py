@@ -25,7 +25,7 @@ from .. import _index
 from .._convert import coalesced_parts, dense_of, dense_to_parts, dense_to_sparse, parts_to_sparse, union_parts
 from .._policy import check_specify
 from .._tensor import SparseTensor
-from .fallback import meta_of
+from .fallback import meta_of, probe_of
 from .registry import register
 
 aten = torch.ops.aten
@@ -189,7 +189,7 @@ def _cat(func, args, kwargs):
     if any(t.dim() != A.dim() or t.dense_dim() != A.dense_dim() or t._indefinite != A._indefinite
            or t.dtype != A.dtype for t in sparse):
         return NotImplemented
-    torch.cat([meta_of(t) for t in tensors], dim)  # torch's shape errors
+    _check_cat(tensors, args[1] if len(args) > 1 else kwargs.get("dim", 0), dim)
     if dim >= sd:  # along a dense dim: the values at the union of the patterns, then cat
         if A._indefinite:
             return NotImplemented
@@ -217,14 +217,30 @@ def _cat(func, args, kwargs):
     return out if A._sf_layout is torch.sparse_coo or sd < 2 else out.to_sparse(layout=A._sf_layout)
 
 
+def _check_cat(tensors, dim, d):
+    """torch's errors for ``cat(tensors, dim)`` (``d``: ``dim`` wrapped), without a meta tensor (cat's meta kernel
+    is Python; its first call in a process imports torch._dynamo): the dim, dtype and device from ``cat`` of
+    one-element tensors, the sizes here, with torch's words."""
+    torch.cat([torch.zeros((1,) * t.dim(), dtype=t.dtype, device=t.device) for t in tensors], dim)
+    for i, t in enumerate(tensors):
+        for j, (m, n) in enumerate(zip(tensors[0].shape, t.shape)):
+            if j != d and m != n:
+                raise RuntimeError(f"Sizes of tensors must match except in dimension {d}. Expected size {m} but got "
+                                   f"size {n} for tensor number {i} in the list.")
+
+
 @register(aten.stack.default)
 def _stack(func, args, kwargs):
     tensors = list(args[0])
     dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
     if not tensors or not any(isinstance(t, SparseTensor) for t in tensors):
         return NotImplemented
+    for i, t in enumerate(tensors):  # torch's error, with torch's words
+        if t.shape != tensors[0].shape:
+            raise RuntimeError(f"stack expects each tensor to be equal size, but got {list(tensors[0].shape)} at "
+                               f"entry 0 and {list(t.shape)} at entry {i}")
+    torch.stack([probe_of(t) for t in tensors], dim)  # torch's dim, dtype and device errors
     dim %= tensors[0].dim() + 1
-    torch.stack([meta_of(t) if isinstance(t, SparseTensor) else t.to("meta") for t in tensors], dim)  # torch's errors
     lifted = []
     for t in tensors:
         if not isinstance(t, SparseTensor):  # (cat stores a dense operand where it differs from the fill)
@@ -291,7 +307,7 @@ def _roll(func, args, kwargs):
     A = args[0]
     shifts = list(args[1])
     dims = list(args[2]) if len(args) > 2 else list(kwargs.get("dims", []))
-    func(meta_of(A), shifts, dims)  # torch's errors
+    func(probe_of(A), shifts, dims)  # torch's errors
     idx, vals, sd = _parts(A)
     if not dims:
         if A.dense_dim():
@@ -320,7 +336,7 @@ def _tril_triu(func, args, kwargs):
     elements stored as ``f`` (``_policy.check_specify`` past 65536 of them)."""
     A = args[0]
     k = args[1] if len(args) > 1 else kwargs.get("diagonal", 0)
-    func(meta_of(A), k)  # torch's errors (fewer than 2 dims)
+    func(probe_of(A), k)  # torch's errors (fewer than 2 dims)
     sd = A.dim() - A.dense_dim()
     if A.dense_dim() >= 2:  # the matrix dims are dense: on the values and on the fill
         return _on_dense_dim(A, A.dim() - 1, lambda t, d: func(t, k))

@@ -62,6 +62,7 @@ from .. import _index
 from .._convert import coalesced_parts, parts_to_sparse, scalar_parts
 from .._tensor import SparseTensor
 from . import shape as _shape
+from .fallback import probe_of
 from .registry import register
 
 aten = torch.ops.aten
@@ -261,10 +262,28 @@ def _sp_sp(A: _Mat, B: _Mat):
 
 
 # ---------------------------------------------------------------------- the product of two operands
+# products whose meta kernel is torch's C++ one; the others' (mv, dot, addmm, addmv, addr) is Python, and its first
+# call in a process imports torch._dynamo (0.4-0.5 s)
+_CPP_META = (aten.mm.default, aten.bmm.default, aten.baddbmm.default, aten.addbmm.default)
+
+
 def _check(func, args, kwargs):
-    """torch's own shape/dtype errors (and the result shape), from the op on meta tensors."""
+    """torch's own shape/dtype errors and the result shape: from the op on meta tensors where its meta kernel is
+    C++; else from the op on one-element tensors (rank, dtype and device errors) and ``mm`` on meta tensors
+    (the sizes: ``(m, k) @ (k,) -> (m, 1)[:, 0]``; ``self`` expands to the product's shape)."""
     meta = [torch.empty(a.shape, dtype=a.dtype, device="meta") if isinstance(a, torch.Tensor) else a for a in args]
-    return func(*meta, **kwargs).shape
+    if func in _CPP_META:
+        return func(*meta, **kwargs).shape
+    func(*[probe_of(a) if isinstance(a, torch.Tensor) else a for a in args], **kwargs)
+    if func is aten.addr.default:
+        shape = aten.mm.default(meta[1][:, None], meta[2][None]).shape
+    else:
+        a, b = meta[1:3] if func in (aten.addmm.default, aten.addmv.default) else meta[:2]
+        p = aten.mm.default(a if a.dim() == 2 else a[None], b if b.dim() == 2 else b[:, None])
+        shape = p.shape[(a.dim() == 1):2 - (b.dim() == 1)]
+    if func in (aten.addmm.default, aten.addmv.default, aten.addr.default):
+        meta[0].expand(shape)  # torch's error for a self that does not broadcast
+    return shape
 
 
 def product(a, b, out_shape, *, sparse_ok=True):

@@ -10,8 +10,9 @@
 * both: dense dims first, then sparse dims (every reducer here composes so; var/std use shifted sums).
 
 An indefinite fill skips the unspecified elements (masked semantics) and stays indefinite.
-Output dtype and shape, and torch's own errors (bad dims, mean of integers), come from running the
-op on a meta tensor of A's shape.
+Output dtype and torch's own errors (bad dims, mean of integers) come from running the op on a
+one-element tensor of A's dtype, the output shape from the dims (``fallback.reduction_meta``: no Python
+meta kernel, whose first call in a process imports ``torch._dynamo``).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from .. import _index
 from .._convert import coalesced_parts, dense_of, parts_to_sparse
 from .._reduce import Norm, REDUCERS, first_gap, group_slices, segment_arg, segment_combine, segment_counts
 from .._tensor import SparseTensor
-from .fallback import check_dtype, meta_call, meta_of
+from .fallback import check_dtype, meta_call, meta_of, reduction_meta
 from .shape import all_sparse
 from .registry import register
 
@@ -161,7 +162,9 @@ def _handler(name, dim_pos=None, keep_pos=None, opt=None):
         A = args[0]
         if A.dim() == 0:
             return _scalar(func, args, kwargs)
-        meta = meta_call(func, A, *args[1:], **kwargs)
+        dims = _dims_arg(args, kwargs, dim_pos) if dim_pos is not None else None
+        keep = _keepdim_arg(args, kwargs, keep_pos) if keep_pos is not None else False
+        meta = reduction_meta(func, A, dims, keep, *args[1:], **kwargs)
         dtype = kwargs.get("dtype")
         if dtype is not None:
             A = A.to(dtype)
@@ -169,8 +172,6 @@ def _handler(name, dim_pos=None, keep_pos=None, opt=None):
             if A.is_complex():
                 return NotImplemented
             A = A if A.is_floating_point() else A.to(meta.dtype)
-        dims = _dims_arg(args, kwargs, dim_pos) if dim_pos is not None else None
-        keep = _keepdim_arg(args, kwargs, keep_pos) if keep_pos is not None else False
         return reduce_dims(A, name, dims, keep, meta, opt(args, kwargs) if opt else None)
     return handler
 
@@ -201,9 +202,9 @@ def _vector_norm(func, args, kwargs):
     A = args[0]
     if A.dim() == 0:
         return _scalar(func, args, kwargs)
-    meta = meta_call(func, A, *args[1:], **kwargs)
-    return reduce_dims((A != 0).to(meta.dtype), "sum", _dims_arg(args, kwargs, 2), _keepdim_arg(args, kwargs, 3),
-                       meta)
+    dims, keep = _dims_arg(args, kwargs, 2), _keepdim_arg(args, kwargs, 3)
+    meta = reduction_meta(func, A, dims, keep, *args[1:], **kwargs)
+    return reduce_dims((A != 0).to(meta.dtype), "sum", dims, keep, meta)
 
 
 def _correction(args, kwargs):
@@ -223,8 +224,8 @@ def _var_std(func, args, kwargs):
     if A.dim() == 0:
         return _scalar(func, args, kwargs)
     check_dtype(func, A, *args[1:], **kwargs)  # (var of integers raises)
-    meta_call(func, A, *args[1:], **kwargs)  # torch's errors
     dims, keep = _dims_arg(args, kwargs, 1), bool(kwargs.get("keepdim", False))
+    reduction_meta(func, A, dims, keep, *args[1:], **{k: v for k, v in kwargs.items() if k != "keepdim"})  # errors
     dims = sorted({d % A.dim() for d in dims}) if dims else list(range(A.dim()))
     B = A if A._indefinite else A - _shift(A, dims)
     sq = (B * B.conj()).real if B.is_complex() else B * B
@@ -253,8 +254,8 @@ def _count_nonzero(func, args, kwargs):
     A = args[0]
     if A.dim() == 0:
         return _scalar(func, args, kwargs)
-    meta = meta_call(func, A, *args[1:], **kwargs)
-    return reduce_dims(A != 0, "sum", _dims_arg(args, kwargs, 1), False, meta)
+    dims = _dims_arg(args, kwargs, 1)
+    return reduce_dims(A != 0, "sum", dims, False, reduction_meta(func, A, dims, False, *args[1:], **kwargs))
 
 
 # ------------------------------------------------------------------ arg reductions
