@@ -296,23 +296,92 @@ def test_gradcheck():
 
 
 def test_not_routed():
-    """Reductions that keep a sparse dim, ``max(dim)``, ``prod`` over a dense dim, a SparseTensor that needs
-    no gradient, grad mode off: torch's path (still exact)."""
+    """``max(dim)``, ``prod`` over a dense dim or keeping a sparse dim, a SparseTensor that needs no gradient,
+    grad mode off, and a reduction keeping a sparse dim of a definite-fill SparseTensor computed by other
+    ops (its gradient varies over the unspecified elements and may be read there): torch's path (exact)."""
     case = Case((6, 5), 2.5)
     v, f = case.leaves()
     A = case.build(v, f)
-    for out in (A.sum(0), A.amax(1), A.max(0).values, A.logsumexp(1), A.sum(()) if False else A.sum(1)):
+    for out in (A.max(0).values, A.prod(1), (A * 2).sum(1), torch.exp(A).amax(0)):
         assert not _routed(out)
+    assert _routed(A.sum(1)) and _routed(A.coalesce().to_sparse_csr().logsumexp(0))
     H = Case((5, 3), 2.0, dense_dim=1, nse=3)
     assert not _routed(torch.prod(H.build(*H.leaves()), 1))
     assert not _routed(case.build(case.values, case.fill).sum())
     with torch.no_grad():
         assert A.sum().grad_fn is None
-    out = A.sum(0).sum()  # through torch's path, the gradients are still exact
+    out = (A * 2).sum(0).sum()  # through torch's path, the gradients are still exact
     out.backward()
     vd, fd = case.leaves()
-    case.build(vd, fd).to_dense().sum(0).sum().backward()
+    (case.build(vd, fd).to_dense() * 2).sum(0).sum().backward()
     torch.testing.assert_close((v.grad, f.grad), (vd.grad, fd.grad))
+
+
+# reductions keeping a sparse dim: name -> (fn on A, fn on the dense masked reference: (x, mask))
+PARTIAL = {
+    "sum(1)": (lambda A: A.sum(1), lambda x, m: torch.masked.sum(x, 1, mask=m)),
+    "sum(0, keepdim)": (lambda A: A.sum(0, keepdim=True), lambda x, m: torch.masked.sum(x, 0, keepdim=True, mask=m)),
+    "mean(0)": (lambda A: A.mean(0), lambda x, m: torch.masked.mean(x, 0, mask=m)),
+    "nansum(1)": (lambda A: A.nansum(1), None),
+    "nanmean(0)": (lambda A: torch.nanmean(A, 0), None),
+    "amax(1)": (lambda A: A.amax(1), lambda x, m: torch.masked.amax(x, 1, mask=m)),
+    "amin(0, keepdim)": (lambda A: A.amin(0, True), lambda x, m: torch.masked.amin(x, 0, keepdim=True, mask=m)),
+    "logsumexp(1)": (lambda A: torch.logsumexp(A, 1), lambda x, m: torch.masked.logsumexp(x, 1, mask=m)),
+    "var(1)": (lambda A: A.var(1), lambda x, m: torch.masked.var(x, 1, mask=m)),
+    "std(0, correction=0)": (lambda A: A.std(0, correction=0), lambda x, m: torch.masked.std(x, 0, unbiased=False, mask=m)),
+    "norm(dim=1)": (lambda A: A.norm(dim=1), lambda x, m: torch.masked.norm(x, 2.0, 1, mask=m)),
+    "vector_norm(inf, 0)": (lambda A: torch.linalg.vector_norm(A, INF, 0), None),
+    "vector_norm(3, 1)": (lambda A: torch.linalg.vector_norm(A, 3, 1), None),
+}
+
+
+@pytest.mark.parametrize("fill", [0.0, 2.5, NAN, -INF], ids=str)
+@pytest.mark.parametrize("layout", ["coo", "csr", "uncoalesced"])
+@pytest.mark.parametrize("op", sorted(PARTIAL))
+def test_partial_reductions(op, layout, fill):
+    """Some sparse dims kept: the gradient reaching the constructor (exact at the pattern, the mean over the
+    unspecified elements as the fill: what the constructor reads) equals the dense one; empty slices and
+    slices with stored elements both."""
+    fn, _ = PARTIAL[op]
+    check(Case((6, 5), fill, **_case_kw(layout), nse=8), fn)
+    check(Case((6, 5), fill, **_case_kw(layout), nse=0), fn)
+
+
+@pytest.mark.parametrize("fill", [0.0, 1.5, "array"], ids=str)
+@pytest.mark.parametrize("op", sorted(PARTIAL))
+def test_partial_reductions_hybrid_and_3d(op, fill):
+    fn, _ = PARTIAL[op]
+    check(Case((6, 5, 3), fill, dense_dim=1, nse=7), fn)
+    if fill != "array":
+        check(Case((4, 3, 5), fill, nse=9, uncoalesced=True), fn)
+        check(Case((4, 3, 5), fill, nse=9, dtype=torch.float32), lambda A: fn(A.sum(2) if False else A))
+
+
+@pytest.mark.parametrize("op", sorted(op for op in PARTIAL if PARTIAL[op][1] is not None))
+@pytest.mark.parametrize("layout", ["coo", "csr"])
+def test_partial_reductions_indefinite(op, layout):
+    """Masked semantics: against ``torch.masked`` on the 0-filled dense tensor with the pattern as mask (the
+    slices with no stored element are masked out in both: not compared, no gradient)."""
+    fn, ref = PARTIAL[op]
+    case = Case((6, 5), "indefinite", nse=12, **_case_kw(layout))
+    v, _ = case.leaves()
+    out = fn(case.build(v, None))
+    assert _routed(out)
+    d0, d1 = out.to_dense(fill_value=0.0).detach(), out.to_dense(fill_value=1.0).detach()
+    spec = (d0 == d1) | d0.isnan()  # the specified outputs (NaN ones too)
+    W = torch.randn(out.shape, dtype=out.dtype, generator=torch.Generator().manual_seed(1))
+    (out.to_dense(fill_value=0.0) * W).sum().backward()
+    vd = case.values.clone().requires_grad_()
+    A = case.build(vd, None)
+    mask = ~torch.isnan(A.detach().to_dense(fill_value=NAN))
+    r = ref(A.to_dense(fill_value=0.0), mask)
+    torch.testing.assert_close(d0, torch.where(spec, r, 0.0).detach(), equal_nan=True)
+    (torch.where(spec, r, 0.0) * W).sum().backward()
+    keep = slice(None)
+    if op in ("var(1)", "std(0, correction=0)"):  # a slice of one element: torch.var's rule gives NaN (inf * 0),
+        d = 1 if op == "var(1)" else 0            # torch.std's 0 (std == 0), torch.masked's composites differ
+        keep = mask.sum(d)[case.idx[1 - d]] > 1
+    torch.testing.assert_close(v.grad[keep], vd.grad[keep], equal_nan=True)
 
 
 def test_errors_come_from_the_forward():
@@ -441,3 +510,18 @@ def test_slice_backward_has_no_temporary_of_the_input_size(fill):
     torch.testing.assert_close(v.grad, in_slice.to(v.dtype))
     if f is not None:
         torch.testing.assert_close(f.grad, torch.tensor(100.0 - int(in_slice.sum()), dtype=torch.float64))
+
+
+@pytest.mark.parametrize("fill", [0.0, 5.0, "indefinite"], ids=str)
+@pytest.mark.parametrize("layout", [COO, CSR], ids=["coo", "csr"])
+@pytest.mark.parametrize("op", ["sum(1)", "mean(0)", "amax(1)", "logsumexp(1)", "var(1)", "norm(dim=1)"])
+def test_partial_reductions_have_no_temporary_of_the_input_size(op, layout, fill):
+    """(300, 400) with 60 stored elements, a row or column reduction: nothing of 120k elements is made."""
+    case = Case((300, 400), fill, layout=layout, nse=60)
+    v, f = case.leaves()
+    with _Sizes() as rec:
+        out = PARTIAL[op][0](case.build(v, f))
+        with sparsefill.densify_policy("raise", limit_bytes=1 << 16):
+            (out.to_dense(fill_value=0.0) if case.indefinite else out.to_dense()).sum().backward()
+    assert _routed(out)
+    assert rec.largest < 300 * 400 // 20, rec.largest

@@ -18,9 +18,15 @@ formula would instead expand the dense ``G`` to ``A``'s full shape before any ha
 (DESIGN.md section 10).  An indefinite fill skips the unspecified elements (masked semantics, as the
 forward): ``m = 0`` and the gradient's fill is 0.
 
-Not routed (torch's formulas, as before): reductions that keep a sparse dim (the gradient varies over
-the unspecified elements, slice by slice), ``max``/``min`` with a dim (the gradient goes to one
-element), ``prod`` over a dense dim too, named dims, complex dtypes, ``out=``.
+A reduction over some sparse dims only (the rest kept) gives the unspecified elements gradients that
+vary slice by slice: the gradient is then exact at the pattern with the *mean* over the unspecified
+elements as its fill (:func:`partial_grad`), which is exact for what reads it only there and in sum, the
+constructor; so it is routed only where ``linalg_autograd.pattern_grad_is_exact(A)`` (``A`` built by a
+constructor, through coalesce/layout changes/transposes, or an indefinite fill).
+
+Not routed (torch's formulas, as before): those partial reductions of another ``A``, a partial one over
+a dense dim too, ``prod`` over a dense dim or keeping a sparse dim, ``max``/``min`` with a dim (the
+gradient goes to one element), named dims, complex dtypes, ``out=``.
 
 >>> import torch, sparsefill
 >>> v, f = torch.tensor([1., 4.], requires_grad=True), torch.tensor(4., requires_grad=True)
@@ -37,9 +43,11 @@ from torch.autograd.function import once_differentiable
 
 from .. import _index
 from .._autograd import _pattern
-from .._convert import coalesced_parts, parts_to_sparse, rewrap
+from .._convert import coalesced_parts, parts_to_sparse, rewrap, values_at
+from .._reduce import group_slices
 from .._tensor import SparseTensor
 from .autograd_routes import register_route
+from .linalg_autograd import pattern_grad_is_exact
 
 T = torch.Tensor
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -47,26 +55,52 @@ _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 class _Slices:
     """The stored values ``V`` ``(nse, *D)`` and the fill ``F`` ``(*D)`` counted ``m`` times, reduced over
-    every sparse dim and the dense dims ``rd``: statistics of shape ``K`` (``D`` with ``rd`` of size 1)."""
+    every sparse dim and the dense dims ``rd``: statistics of shape ``K`` (``D`` with ``rd`` of size 1);
+    ``Y`` the result (shape ``K``)."""
 
-    def __init__(self, V, F, m, rd, K):
-        self.V, self.F, self.m, self.rd, self.K = V, F, m, rd, K
+    def __init__(self, V, F, m, rd, K, Y):
+        self.V, self.F, self.m, self.rd, self.K, self.Y = V, F, m, rd, K, Y
 
     def sum(self, fn):
-        """``sum of fn(x)`` over each slice: the stored elements plus ``m`` times the fill's."""
-        s = fn(self.V).sum([0] + [d + 1 for d in self.rd], keepdim=True).reshape(self.K)
+        """``sum of fn(x, y)`` over each slice: the stored elements plus ``m`` times the fill's."""
+        s = fn(self.V, self.Y).sum([0] + [d + 1 for d in self.rd], keepdim=True).reshape(self.K)
         if not self.m:
             return s
-        f = fn(self.F)
+        f = fn(self.F, self.Y)
         return s + self.m * (f.sum(self.rd, keepdim=True) if self.rd else f)  # (sum over [] is over every dim)
 
     def count(self):
-        return self.sum(lambda x: torch.ones_like(x, dtype=torch.bool))
+        return self.sum(lambda x, y: torch.ones_like(x, dtype=torch.bool))
+
+
+class _Segments:
+    """Statistics of the slices of a reduction that keeps sparse dims: stored element ``i`` in slice ``seg[i]``
+    of ``S``, slice ``s`` holding ``m[s]`` unspecified elements; ``Ys`` the result at the slices ``(S, *D)``.
+    ``at_values``: the statistics gathered to the stored elements (else one row per slice)."""
+
+    def __init__(self, V, F, m, seg, Ys, at_values):
+        self.V, self.F, self.m, self.seg, self.Ys, self.at_values = V, F, m, seg, Ys, at_values
+
+    def sum(self, fn):
+        t = fn(self.V, self.Ys[self.seg])
+        t = t.to(torch.int64) if t.dtype == torch.bool else t
+        s = torch.zeros(self.Ys.shape, dtype=t.dtype, device=t.device).index_add_(0, self.seg, t)
+        f = fn(self.F, self.Ys)
+        m = self.m.view((-1,) + (1,) * (s.dim() - 1))
+        s = s + torch.where(m > 0, m * f, torch.zeros((), dtype=s.dtype))  # (0 * a NaN fill: no term)
+        return s[self.seg] if self.at_values else s
+
+    def count(self):
+        return self.sum(lambda x, y: torch.ones_like(x, dtype=torch.bool))
 
 
 # ---------------------------------------------------------------------- torch's formulas, element-wise
+def _bc(G, x):
+    return G.expand(torch.broadcast_shapes(G.shape, x.shape))
+
+
 def _d_sum(x, G, Y, st, o):
-    return G.expand(x.shape)
+    return _bc(G, x)
 
 
 def _d_nansum(x, G, Y, st, o):
@@ -74,24 +108,24 @@ def _d_nansum(x, G, Y, st, o):
 
 
 def _d_mean(x, G, Y, st, o):
-    return (G / st.count()).expand(x.shape)
+    return _bc(G / st.count(), x)
 
 
 def _d_nanmean(x, G, Y, st, o):
     keep = x.isnan().logical_not()
-    return (G / st.sum(lambda t: t.isnan().logical_not())) * keep
+    return (G / st.sum(lambda t, y: t.isnan().logical_not())) * keep
 
 
 def _d_amax(x, G, Y, st, o):
     """``amax``/``amin`` (``scale_grad_by_count``): ``G / count`` at each element equal to the result."""
-    return (G / st.sum(lambda t: t == Y)) * (x == Y)
+    return (G / st.sum(lambda t, y: t == y)) * (x == Y)
 
 
 def _d_max(x, G, Y, st, o):
     """``max()``/``min()`` (``evenly_distribute_backward``): NaN elements are the maxima of a NaN result."""
-    def mask(t):
-        return (t == Y).logical_or(t.isnan().logical_and(Y.isnan()))
-    return mask(x) * (G / st.sum(mask))
+    def mask(t, y):
+        return (t == y).logical_or(t.isnan().logical_and(y.isnan()))
+    return mask(x, Y) * (G / st.sum(mask))
 
 
 def _d_logsumexp(x, G, Y, st, o):
@@ -107,9 +141,9 @@ def _d_norm(x, G, Y, st, p):
     if p == 2:
         return G * (x / Y).masked_fill(Y == 0, 0)
     if abs(p) == float("inf"):
-        def mask(t):
-            return t.abs().eq(Y).logical_or(t.abs().isnan())
-        return x.sgn() * ((G / st.sum(mask)) * mask(x))
+        def mask(t, y):
+            return t.abs().eq(y).logical_or(t.abs().isnan())
+        return x.sgn() * ((G / st.sum(mask)) * mask(x, Y))
     if p < 1:
         return x.sgn() * x.abs().pow(p - 1).masked_fill(x == 0, 0) * G * Y.pow(1 - p)
     scale = (G / Y.pow(p - 1)).masked_fill(Y == 0, 0)
@@ -121,7 +155,7 @@ def _d_var(x, G, Y, st, o):
     ``G * (nan where x == mean else inf)``."""
     correction, no_dim = o
     n = st.count()
-    mean = st.sum(lambda t: t) / n
+    mean = st.sum(lambda t, y: t) / n
     dof = n - correction
     out = (2.0 / dof) * G * (x - mean)
     if no_dim:
@@ -169,12 +203,64 @@ def reduction_grad(P: SparseTensor, name: str, dims, opt, Y: torch.Tensor, G: to
     if name == "prod":
         gv, gf = (G, G) if P.dim() == 0 else _prod_grads(V, F, m, G, Y)
     else:
-        st = _Slices(V, F, m, rd, K)
+        st = _Slices(V, F, m, rd, K, Y)
         gv, gf = FORMULAS[name](V, G, Y, st, opt), FORMULAS[name](F, G, Y, st, opt)
     gv = gv.expand(V.shape).to(P.dtype).contiguous()
     zero = P._indefinite or m == 0  # no unspecified element reads the fill's gradient
     gf = gf.new_zeros(D) if zero else gf.expand(D).to(P.dtype).clone()
     if P._coalesced:  # P's own index tensors: the constructor's backward reads the values as they are
+        return rewrap(P, values=gv.reshape(P._vals.shape), fill=gf, indefinite=False, known_zero=zero)
+    return parts_to_sparse(idx, gv, P.shape, gf, False, zero, P._sf_layout, True)
+
+
+def _zero_fill(G):
+    """A gradient's indefinite fill is 0 (no output read those elements)."""
+    if isinstance(G, SparseTensor) and G._indefinite:
+        return rewrap(G, fill=G._vals.new_zeros(()), indefinite=False, known_zero=True)
+    return G
+
+
+def partial_grad(P: SparseTensor, name: str, dims, opt, Y, G) -> SparseTensor:
+    """The gradient of ``P`` through ``Y = name(P)`` over some of its sparse dims (no dense dim): exact at
+    the pattern, the mean over the unspecified elements as its fill (exact for a reader of the values and of
+    the sum over the unspecified elements: the constructor; the gradient varies from slice to slice).
+
+    Slices holding a stored element: torch's formula per slice (:class:`_Segments`); the others hold only
+    fills, all alike: the formula is linear in ``G``, so their total is ``N * d(fill; sum of G there)``."""
+    sd, D = P._sparse_ndim(), tuple(P._dense_shape)
+    idx, V = coalesced_parts(P)
+    ct = Y.dtype if Y.dtype.is_floating_point else P.dtype
+    V = V.to(ct)
+    F = V.new_zeros(D) if P._indefinite else P._fill.expand(D).to(ct)
+    seg, out_idx, n_fill = group_slices(idx, P._sparse_shape, list(dims))
+    osd = Y.dim() - len(D)
+    if osd == sd:  # keepdim: the reduced dims stay, of size 1, index 0
+        full = out_idx.new_zeros((sd, out_idx.shape[1]))
+        full[[d for d in range(sd) if d not in dims]] = out_idx
+        out_idx = full
+    keys = _index.linearize(out_idx, Y.shape[:osd])
+    G = _zero_fill(G)
+    if isinstance(G, SparseTensor) and G._sparse_ndim() != osd:
+        G = G.to_dense()
+    Gs, Ys = values_at(G, keys, osd).to(ct), values_at(_zero_fill(Y), keys, osd).to(ct)
+    m = torch.zeros_like(n_fill) if P._indefinite else n_fill
+    fn = FORMULAS[name]
+    gv = fn(V, Gs[seg], Ys[seg], _Segments(V, F, m, seg, Ys, True), opt)
+    gv = gv.expand(V.shape).to(P.dtype).contiguous()
+    n_unspecified = _index.numel(P._sparse_shape) - idx.shape[1]
+    if P._indefinite or not n_unspecified:
+        gf, zero = gv.new_zeros(D), True
+    else:
+        per_slice = fn(F, Gs, Ys, _Segments(V, F, m, seg, Ys, False), opt)
+        mask = (m > 0).view((-1,) + (1,) * len(D))
+        total = torch.where(mask, m.view(mask.shape) * per_slice, torch.zeros((), dtype=ct)).sum(0)
+        N = _index.numel([P.shape[d] for d in dims])
+        if n_unspecified > int(m.sum()):  # slices of fills only, alike: Y's fill there
+            G_rest = G.sum(tuple(range(osd))).to(ct) - Gs.sum(0)
+            Ye = Y._fill.expand(D).to(ct)
+            total = total + N * fn(F, G_rest, Ye, _Slices(V[:0], F, N, [], D, Ye), opt)
+        gf, zero = (total / n_unspecified).to(P.dtype), False
+    if P._coalesced:
         return rewrap(P, values=gv.reshape(P._vals.shape), fill=gf, indefinite=False, known_zero=zero)
     return parts_to_sparse(idx, gv, P.shape, gf, False, zero, P._sf_layout, True)
 
@@ -195,6 +281,9 @@ class SparseReduce(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, G):
         (Y,) = ctx.saved_tensors
+        P = ctx.pattern
+        if not set(range(P._sparse_ndim())) <= set(ctx.dims):
+            return partial_grad(P, ctx.name, ctx.dims, ctx.opt, Y, G), None, None, None, None
         if isinstance(G, SparseTensor):
             G = G.to_dense(fill_value=0) if G.is_fill_indefinite() else G.to_dense()
         return reduction_grad(ctx.pattern, ctx.name, ctx.dims, ctx.opt, Y, G), None, None, None, None
@@ -222,11 +311,12 @@ def _apply(func, args, kwargs, name, dim, opt=None):
     A = args[0] if args else kwargs.get("input")
     if not (isinstance(A, SparseTensor) and A.requires_grad and A.dtype in _FLOATS):
         return NotImplemented
-    dims = _dims(A, dim)
-    if dims is None or not set(range(A._sparse_ndim())) <= set(dims):
+    dims, sd = _dims(A, dim), A._sparse_ndim()
+    if dims is None or name == "prod" and A.dense_dim() and any(d >= sd for d in dims):
         return NotImplemented
-    if name == "prod" and A.dense_dim() and any(d >= A._sparse_ndim() for d in dims):
-        return NotImplemented
+    if not set(range(sd)) <= set(dims):  # some sparse dims kept: over sparse dims only, read as the constructor does
+        if not dims or dims[-1] >= sd or name in ("prod", "max", "min") or not pattern_grad_is_exact(A):
+            return NotImplemented
 
     def call(P):
         return func(*(P if a is A else a for a in args), **{k: P if v is A else v for k, v in kwargs.items()})
