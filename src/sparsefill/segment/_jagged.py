@@ -14,8 +14,9 @@ Invariants: ``sum(example_lengths) == len(keys) == len(values_lengths)``,
 ``sum(values_lengths) == len(values)`` (no int64 overflow), lengths non-negative and a key at most once
 per example: checked on construction in one pass over each tensor on the CPU (numpy; one compiled kernel
 once numba is set up in the process), the exact checks naming the first error only where it fails
-(``validate=False`` skips every check that reads the data).  Every operation is a few segment ops (no Python loop over values; loops over keys only where
-the result is per key; ``to_dict`` loops over the lists it creates).
+(``validate=False`` skips every check that reads the data).  Every operation is a few segment ops (no
+Python loop over values; loops over keys only where the result is per key; ``to_dict`` loops over the
+lists it creates).
 
 >>> import torch
 >>> kj = KeyedJaggedBatch.from_lists([{1: [10, 11], 3: [101]}, {1: [11], 2: [50], 3: [102, 103]}])
