@@ -44,6 +44,15 @@ def _conj(func, args, kwargs):  # physical: the conjugate bit would be lost insi
     return map_inner(args[0], torch.conj_physical)
 
 
+@register(aten.view_as_real.default)
+def _view_as_real(func, args, kwargs):
+    """``view_as_real(A)``: a trailing dense dim of 2 (real, imaginary) on values and fill; an indefinite fill
+    stays so.  (The backward of a complex result of a real input reads ``real(grad)`` through it.)"""
+    A = args[0]
+    fill = A._vals.real.new_empty(0) if A._indefinite else func(A._fill)
+    return rewrap(A, size=A.shape + (2,), values=func(A._vals), fill=fill, known_zero=False)
+
+
 @register(aten._neg_view.default)
 def _neg_view(func, args, kwargs):
     return map_inner(args[0], torch.neg)
