@@ -388,10 +388,18 @@ def test_wrapped_sums_raise(check_path):
 
 
 def test_validated_equals_unvalidated_on_every_path(check_path):
+    """Valid batches pass every path, strided (non-contiguous) index tensors too; a repeated key in a
+    strided batch is still found."""
     for seed in range(40):
         vals, vlen, keys, elen, w = _random_parts(seed, list(_KEY_SPACES)[seed % 4], B=seed % 9)
         _same_batch(KeyedJaggedBatch(vals, vlen, keys, elen, w), KeyedJaggedBatch(vals, vlen, keys, elen, w,
                                                                                    validate=False))
+        strided = [torch.stack([t, t], 1)[:, 0] for t in (vlen, keys, elen)]
+        assert not strided[1].is_contiguous() or keys.numel() < 2
+        _same_batch(KeyedJaggedBatch(vals, *strided, w), KeyedJaggedBatch(vals, vlen, keys, elen, w))
+    k = torch.stack([torch.tensor([3, 9, 3]), torch.zeros(3, dtype=torch.long)], 1)[:, 0]
+    with pytest.raises(ValueError, match="key 3 appears more than once in example 0"):
+        KeyedJaggedBatch(torch.arange(3), torch.ones(3, dtype=torch.long), k, torch.tensor([3]))
 
 
 
