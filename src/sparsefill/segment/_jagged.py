@@ -34,6 +34,7 @@ import dataclasses
 import functools
 import gc
 import sys
+from itertools import islice
 
 import numpy as np
 import torch
@@ -275,11 +276,8 @@ class KeyedJaggedBatch:
                 lists = [vals[a:b] for a, b in zip(starts, ends)]
             else:
                 lists = [(vals[a:b], ws[a:b]) for a, b in zip(starts, ends)]
-            keys, out, e = self.keys.tolist(), [], 0
-            for n in self.example_lengths.tolist():
-                out.append(dict(zip(keys[e:e + n], lists[e:e + n])))
-                e += n
-            return out
+            entries = zip(self.keys.tolist(), lists)  # (one iterator: no slice of keys or lists per example)
+            return [dict(islice(entries, n)) for n in self.example_lengths.tolist()]
         finally:
             if enabled:
                 gc.enable()
