@@ -9,7 +9,8 @@ constructor's ``values`` is the dense masked computation's gradient read at the 
   ``binary_ufuncs``) with autograd and float64, every sample whose input is a float64 tensor with an
   element, its input an indefinite-fill SparseTensor (COO; CSR for 2-d inputs; and beside a second
   indefinite operand of the input's rank), the upstream gradient a random indefinite-fill SparseTensor
-  on the result's pattern; the dense operands' gradients too.  The reference gathers every operand at
+  on the result's pattern (and, ``coo-sum``, a masked sum ``(out * W).real.sum()``, whose reduction
+  gives the upstream gradient); the dense operands' gradients too.  The reference gathers every operand at
   the result's pattern (it never reads a masked-out element).  Outcomes are printed at the end of the
   run (``native``: no DensifyWarning forward or backward; ``densify``: right, but densified;
   ``declared``: see ``DECLARED``; ``n/a``: with the reason);
@@ -25,6 +26,7 @@ constructor's ``values`` is the dense masked computation's gradient read at the 
 from __future__ import annotations
 
 import collections
+import functools
 import warnings
 
 import pytest
@@ -117,10 +119,11 @@ def _close(a, b, what):
         torch.testing.assert_close(a, b, equal_nan=True, rtol=1e-6, atol=1e-8, msg=lambda m: f"{what}: {m}")
 
 
-def _reference(op, xd, ref, spec, out, omask, up, k, whole):
+def _reference(op, xd, ref, spec, out, omask, seed, k, whole):
     """Backward of the dense masked computation: every operand gathered at the result's pattern (or, for
     ``whole`` and where gathering changes the call, e.g. a ``memory_format``, the op on the whole dense
-    operands with the upstream gradient 0 off the pattern: the same for an element-wise op's input)."""
+    operands with the upstream gradient 0 off the pattern: the same for an element-wise op's input).
+    ``seed(y, gathered)`` runs the backward from ``y``."""
     def pick(o):
         return o[k] if isinstance(o, tuple) else o
     if not whole:
@@ -130,12 +133,20 @@ def _reference(op, xd, ref, spec, out, omask, up, k, whole):
         except RuntimeError:
             whole = True
         else:
-            return y.backward(up)
+            return seed(y, True)
     r_args, r_kwargs = tree_unflatten(ref, spec)
-    pick(op.op(xd, *r_args, **r_kwargs)).backward(torch.zeros(out.shape, dtype=out.dtype).index_put((omask,), up))
+    seed(pick(op.op(xd, *r_args, **r_kwargs)), False)
 
 
-def _run_sample(op, s, si, layout, two):
+def _seed(loss, W, omask, y, gathered):
+    Wm = W[omask] if gathered else torch.where(omask, W, 0)
+    if loss == "sum":
+        (y * Wm).real.sum().backward()
+    else:
+        y.backward(Wm)
+
+
+def _run_sample(op, s, si, layout, two, loss):
     """One sample: ``None`` (checked) or the reason it does not apply."""
     if not (isinstance(s.input, torch.Tensor) and s.input.dtype == F64 and s.input.numel()):
         return "input is not a float64 tensor with an element"
@@ -174,14 +185,17 @@ def _run_sample(op, s, si, layout, two):
             return f"no differentiable SparseTensor result ({type(outs).__name__})"
         assert out.is_fill_indefinite()
         omask = _pattern_mask(out)
-        up = torch.randn(int(omask.sum()), dtype=out.dtype, generator=g)
-        G = sparsefill.sparse_coo_tensor(omask.nonzero().T, up, out.shape, fill_value=I)
-        out.backward(G.to_sparse_csr() if out.sparse_layout is CSR else G)
+        W = torch.randn(out.shape, dtype=out.dtype, generator=g)
+        if loss == "sum":  # a masked sum: the reduction's backward gives the upstream gradient
+            (out * W).real.sum().backward()
+        else:  # an indefinite upstream gradient on the result's pattern
+            G = sparsefill.sparse_coo_tensor(omask.nonzero().T, W[omask], out.shape, fill_value=I)
+            out.backward(G.to_sparse_csr() if out.sparse_layout is CSR else G)
         densified = any(issubclass(x.category, sparsefill.DensifyWarning) for x in w)
     xd = s.input.detach().clone().requires_grad_()
     whole = DECLARED.get(op.name, ("", ""))[1] == "dense-ref"
     try:
-        _reference(op, xd, ref, spec, out, omask, up, k, whole)
+        _reference(op, xd, ref, spec, out, omask, functools.partial(_seed, loss, W, omask), k, whole)
     except RuntimeError as e:
         if "not implemented for" in str(e):
             return f"the dense reference has no backward: {str(e)[:60]}"
@@ -195,10 +209,10 @@ def _run_sample(op, s, si, layout, two):
     return "declared" if op.name in DECLARED else "densify" if densified else "native"
 
 
-@pytest.mark.parametrize("variant", ["coo", "csr", "coo-two"])
+@pytest.mark.parametrize("variant", ["coo", "csr", "coo-two", "coo-sum"])
 @pytest.mark.parametrize("op", ELEMENTWISE, ids=[_name(op) for op in ELEMENTWISE])
 def test_elementwise_backward_on_an_indefinite_fill(op, variant):
-    layout, two = (CSR if variant == "csr" else COO), variant.endswith("two")
+    layout, two, loss = (CSR if variant == "csr" else COO), variant.endswith("two"), variant.split("-")[-1]
     checked = 0
     for si, s in enumerate(op.sample_inputs("cpu", F64, requires_grad=False)):
         try:
@@ -207,7 +221,7 @@ def test_elementwise_backward_on_an_indefinite_fill(op, variant):
         except Exception:
             REPORT[_name(op)][f"n/a: dense op rejects the sample ({variant})"] += 1
             continue
-        outcome = _run_sample(op, s, si, layout, two)
+        outcome = _run_sample(op, s, si, layout, two, loss)
         key = outcome if outcome in ("native", "densify", "declared") else f"n/a: {outcome} ({variant})"
         REPORT[_name(op)][key] += 1
         checked += key in ("native", "densify", "declared")
