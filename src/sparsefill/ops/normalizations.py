@@ -25,6 +25,7 @@ import torch
 
 from .._convert import (check_densify_quiet, coalesce_of, coalesced_parts, dense_of, parts_to_sparse, rewrap,
                         union_parts, values_at)
+from .._autograd import _values_on_pattern
 from .._index import linearize
 from .._reduce import REDUCERS, group_slices, segment_combine, times
 from .._tensor import SparseTensor
@@ -110,7 +111,7 @@ def _softmax_backward(func, args, kwargs):
     parts = _backward_parts(g, y, dim)
     if parts is None:  # dense by nature
         return func(*[_dense_grad_operand(t) for t in (g, y)], dim, dtype)
-    idx, gv, yv, gf, yf = parts
+    idx, gv, yv, gf, yf, own = parts
     d, sd = dim % y.dim(), y.dim() - y.dense_dim()
     if d >= sd:  # along a dense dim: every stored slice and the fill on their own
         vals = func(gv, yv, d - sd + 1, dtype)
@@ -124,13 +125,16 @@ def _softmax_backward(func, args, kwargs):
         at = s[seg] if yf is None else s  # each stored element's slice sum
         vals = gv - torch.exp(yv) * at if log else yv * (gv - at)
         fill = None if yf is None else gf - torch.exp(yf) * s if log else yf * (gf - s)
-    fill = vals.new_empty(0) if fill is None else fill.to(dtype)
-    return parts_to_sparse(idx, vals.to(dtype), y.shape, fill, yf is None, False, y._sf_layout, True)
+    fill, vals = vals.new_empty(0) if fill is None else fill.to(dtype), vals.to(dtype)
+    if own:  # on y's own (coalesced) storage: its index tensors serve
+        return rewrap(y, values=vals.reshape(y._vals.shape), fill=fill, indefinite=yf is None, known_zero=False)
+    return parts_to_sparse(idx, vals, y.shape, fill, yf is None, False, y._sf_layout, True)
 
 
 def _backward_parts(g, y, dim):
-    """``(indices, g values, y values, g fill, y fill)`` on ``y``'s pattern united with ``g``'s (fills None
-    for an indefinite ``y``), or None when the gradient is dense by nature."""
+    """``(indices, g values, y values, g fill, y fill, own)`` on ``y``'s pattern united with ``g``'s (fills
+    None for an indefinite ``y``; ``own``: the indices are ``y``'s stored elements in its storage order), or
+    None when the gradient is dense by nature."""
     if not isinstance(y, SparseTensor) or y.dim() == 0:
         return None
     d, sd = dim % y.dim(), y.dim() - y.dense_dim()
@@ -140,11 +144,16 @@ def _backward_parts(g, y, dim):
         if g.dense_dim() != y.dense_dim():
             return None
         g0 = rewrap(g, fill=g._vals.new_zeros(()), indefinite=False, known_zero=True) if g._indefinite else g
-        idx, (yv, gv) = union_parts([y, g0])
-        return idx, gv, yv, None if y._indefinite else g0._fill.expand(y._dense_shape), \
-            None if y._indefinite else y._fill.expand(y._dense_shape)
+        same = _values_on_pattern(g0, y)  # g stores exactly y's elements (the usual case): no merge
+        if same is not None:
+            idx, yv = y._coo_parts()
+            gv = same.reshape(yv.shape)
+        else:
+            idx, (yv, gv) = union_parts([y, g0])
+        fills = (None, None) if y._indefinite else (g0._fill.expand(y._dense_shape), y._fill.expand(y._dense_shape))
+        return (idx, gv, yv) + fills + (same is not None,)
     idx, yv = coalesced_parts(y)
-    return idx, values_at(g, linearize(idx, y._sparse_shape), sd), yv, None, None
+    return idx, values_at(g, linearize(idx, y._sparse_shape), sd), yv, None, None, y._coalesced
 
 
 def _dense_grad_operand(t):
