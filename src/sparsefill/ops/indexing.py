@@ -120,7 +120,8 @@ def _slice_backward(func, args, kwargs):
     fill = G._fill.new_zeros(()) if G._indefinite else G._fill.expand(G._dense_shape)
     if dim >= sd:  # a dense dim: the same on the values and the fill
         idx, vals = coalesced_parts(G)
-        vals, fill = func(vals, [vals.shape[0]] + sizes[sd:], dim - sd + 1, *rest), func(fill, sizes[sd:], dim - sd, *rest)
+        vals = func(vals, [vals.shape[0]] + sizes[sd:], dim - sd + 1, *rest)
+        fill = func(fill, sizes[sd:], dim - sd, *rest)
         return parts_to_sparse(idx, vals, torch.Size(sizes), fill, False, False, torch.sparse_coo, True)
     if G._indefinite or G._fill_is_zero() or not bool(fill.ne(0).any()):
         idx, vals = coalesced_parts(G)
