@@ -324,14 +324,20 @@ SOFTMAX_CASES = {  # name: (shape, dense_dim, dim, fill)
 }
 
 
+# CSR where the case has exactly 2 sparse dims (a batched CSR with an indefinite fill needs equal nse per batch)
+SOFTMAX_LAYOUTS = [(c, lay) for c, (shape, dd, _, _) in SOFTMAX_CASES.items()
+                   for lay in ([COO, CSR] if len(shape) - dd == 2 else [COO])]
+
+
 @pytest.mark.parametrize("dtype", [F64, F32], ids=str)
 @pytest.mark.parametrize("upstream", ["dense", "sparse", "indefinite"])
 @pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
-@pytest.mark.parametrize("case", list(SOFTMAX_CASES))
-def test_softmax_backward(case, log, upstream, dtype):
+@pytest.mark.parametrize("case,layout", SOFTMAX_LAYOUTS, ids=[f"{c}-{'csr' if lay is CSR else 'coo'}"
+                                                              for c, lay in SOFTMAX_LAYOUTS])
+def test_softmax_backward(case, layout, log, upstream, dtype):
     shape, dense_dim, dim, fill = SOFTMAX_CASES[case]
     density = 0.0 if case.startswith("empty") else 0.5
-    L = Leaf(shape, fill, dense_dim=dense_dim, dtype=dtype, seed=len(case), density=density)
+    L = Leaf(shape, fill, dense_dim=dense_dim, dtype=dtype, seed=len(case), density=density, layout=layout)
     fn = torch.log_softmax if log else torch.softmax
     A = L.sparse()
     sparse_by_nature = fill is I or len(shape) - dense_dim == 1 or dim % len(shape) >= len(shape) - dense_dim
@@ -458,3 +464,26 @@ def test_maximum_minimum_backward(case, fn, layout):
         torch.testing.assert_close(o.grad, od.grad)
     else:
         torch.testing.assert_close(M.v.grad, od.grad[tuple(M.idx)])
+
+
+@pytest.mark.parametrize("layout", [COO, CSR], ids=["coo", "csr"])
+@pytest.mark.parametrize("dim", [0, 1])
+@pytest.mark.parametrize("fill", [I, 0.0, 1.5], ids=str)
+@pytest.mark.parametrize("fn", ["softmax", "log_softmax"])
+def test_masked_softmax_backward(fn, fill, dim, layout):
+    """``sparsefill.masked.softmax``/``log_softmax`` with the pattern as mask (an indefinite fill: its own
+    mask) backward without a DensifyWarning, equal to ``torch.masked``'s on the dense tensors at the
+    masked-in elements (the values; the fill is never read)."""
+    L = Leaf((6, 7), fill, layout=layout, seed=9)
+    A = L.sparse()
+    M = sparsefill.sparse_coo_tensor(L.idx, torch.ones(L.idx.shape[1], dtype=torch.bool), (6, 7), fill_value=False)
+    W = torch.randn(6, 7, dtype=F64, generator=torch.Generator().manual_seed(3))
+    with sparsefill.densify_policy("raise"):
+        out = getattr(sparsefill.masked, fn)(A, dim, mask=None if fill is I else M)
+        G = sparsefill.sparse_coo_tensor(L.idx, W[L.mask], (6, 7), fill_value=I)
+        out.backward(G if out.is_fill_indefinite() else G.to_dense(fill_value=0.0))
+    xd = L.dense(0.0)
+    getattr(torch.masked, fn)(xd, dim, mask=L.mask).backward(torch.where(L.mask, W, 0))
+    torch.testing.assert_close(L.v.grad, xd.grad[L.mask])
+    if L.f is not None:
+        torch.testing.assert_close(L.f.grad, torch.zeros((), dtype=F64))
