@@ -159,7 +159,7 @@ def _d_var(x, G, Y, st, o):
     dof = n - correction
     out = (2.0 / dof) * G * (x - mean)
     if no_dim:
-        nan, inf = torch.tensor(float("nan"), dtype=x.dtype), torch.tensor(float("inf"), dtype=x.dtype)
+        nan, inf = x.new_tensor(float("nan")), x.new_tensor(float("inf"))
         out = torch.where(dof <= 0, G * torch.where(x == mean, nan, inf), out)
     return out
 
