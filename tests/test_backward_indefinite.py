@@ -20,7 +20,9 @@ constructor's ``values`` is the dense masked computation's gradient read at the 
   (against dense) and indefinite fills (against the dense masked computation, ``-inf`` off the
   pattern), dense, SparseTensor and indefinite upstream gradients, under
   ``densify_policy("raise")`` where the gradient is sparse by nature; float32/float64;
-* ``amax``/``amin`` on an indefinite fill, ``maximum``/``minimum`` with no DensifyWarning.
+* ``sparsefill.masked.softmax``/``log_softmax`` backward against ``torch.masked``;
+* ``amax``/``amin`` on an indefinite fill, ``maximum``/``minimum``/``fmax``/``fmin`` with no DensifyWarning;
+* the issue's reproductions (``A.exp().sum()``, ``A.amax(1).sum()``, ``torch.softmax(A, 1)``...).
 """
 
 from __future__ import annotations
@@ -487,3 +489,36 @@ def test_masked_softmax_backward(fn, fill, dim, layout):
     torch.testing.assert_close(L.v.grad, xd.grad[L.mask])
     if L.f is not None:
         torch.testing.assert_close(L.f.grad, torch.zeros((), dtype=F64))
+
+
+REPROS = {  # the issue's reproductions: name -> (loss of the SparseTensor, the same on the dense masked tensor)
+    "exp().sum()": (lambda A: A.exp().sum(), lambda x, m: torch.where(m, x.exp(), 0).sum()),
+    "amax(1).sum()": (lambda A: A.amax(1).sum(), lambda x, m: torch.where(m.any(1), x.amax(1), 0).sum()),
+    "softmax(A, 1) * W": (lambda A: (torch.softmax(A, 1) * _W(A)).sum(),
+                          lambda x, m: torch.where(m, torch.softmax(x, 1) * _W(x), 0).sum()),
+    "log_softmax(A, 1) * W": (lambda A: (torch.log_softmax(A, 1) * _W(A)).sum(),
+                              lambda x, m: torch.where(m, torch.log_softmax(x, 1) * _W(x), 0).sum()),
+    "relu(A).exp().mean()": (lambda A: F.relu(A).exp().mean(), lambda x, m: torch.where(m, F.relu(x).exp(), 0).sum()
+                             / m.sum()),
+}
+
+
+def _W(t):
+    return torch.linspace(-1, 1, t.numel(), dtype=t.dtype).reshape(t.shape)
+
+
+@pytest.mark.parametrize("layout", [COO, CSR], ids=["coo", "csr"])
+@pytest.mark.parametrize("name", list(REPROS))
+def test_issue_reproductions(name, layout):
+    """Each raised in backward on an indefinite fill; now each runs natively (no DensifyWarning) and equals
+    the dense masked computation (``-inf`` off the pattern, results read where defined)."""
+    L = Leaf((6, 7), I, layout=layout, seed=11)
+    L.mask[2] = False  # an empty row: masked out entirely
+    L.idx = L.mask.nonzero().T
+    L.v0 = torch.randn(L.idx.shape[1], dtype=F64, generator=torch.Generator().manual_seed(1))
+    sparse_loss, dense_loss = REPROS[name]
+    with sparsefill.densify_policy("raise"):
+        sparse_loss(L.sparse()).backward()
+    xd = L.dense()
+    dense_loss(xd, L.mask).backward()
+    torch.testing.assert_close(L.v.grad, xd.grad[L.mask])
