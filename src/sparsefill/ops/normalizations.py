@@ -105,7 +105,15 @@ def _softmax_backward(func, args, kwargs):
     ``y_fill * (g_fill - sum)``: one slice (``d`` the only sparse dim) keeps the pattern with that fill.
     An indefinite ``y`` is masked (its slices hold only its stored elements) and so is its gradient; an
     indefinite ``g`` is 0 at its masked-out elements (nothing read them).  Dense by nature otherwise
-    (a dense ``y``, or a dense ``g`` beside a defined fill): computed densely, quietly."""
+    (a dense ``y``, or a dense ``g`` beside a defined fill): computed densely, quietly.
+
+    >>> import torch, sparsefill
+    >>> v = torch.tensor([1., 2., 3.], requires_grad=True)
+    >>> A = sparsefill.sparse_coo_tensor([[0, 0, 1], [0, 2, 1]], v, (2, 3), fill_value=sparsefill.indefinite)
+    >>> torch.softmax(A, 1).values()[0].backward()    # row 0 holds two elements: y0 (1 - y0), -y0 y1
+    >>> v.grad
+    tensor([ 0.1966, -0.1966,  0.0000])
+    """
     g, y, dim, dtype = args[:4]
     log = func is aten._log_softmax_backward_data.default
     parts = _backward_parts(g, y, dim)
