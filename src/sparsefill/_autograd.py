@@ -55,9 +55,9 @@ def grad_parts(G, P: SparseTensor):
         n_both_unspecified = _index.numel(S) - ukeys.numel() - int(outside.sum())
         gf = gvals[outside].sum(0) + G._fill.expand(D) * n_both_unspecified
     else:
-        keep = torch.ones(_index.numel(S), dtype=torch.bool, device=G.device)
-        keep[ukeys] = False
-        gf = G.reshape((_index.numel(S),) + D)[keep].sum(0)
+        at = torch.zeros((_index.numel(S),) + (1,) * len(D), dtype=torch.bool, device=G.device)
+        at[ukeys] = True  # (one masked pass: boolean indexing ran nonzero and a gather over the whole G)
+        gf = G.reshape((_index.numel(S),) + D).masked_fill(at, 0).sum(0)
     return gv, gf.sum_to_size(P._fill.shape)
 
 
