@@ -165,3 +165,15 @@ def test_csr_row_reductions_keep_empty_rows_right(fill):
                 assert out._indefinite and out.indices()[0].tolist() == sorted(set(rows))
                 continue
             torch.testing.assert_close(out.to_dense(), getattr(torch, op)(A.to_dense(), 1), equal_nan=True)
+
+
+def test_var_std_warn_only_as_dense():
+    """The one-element probe that checks torch's errors must not warn where the dense call does not
+    (a one-element std has zero degrees of freedom)."""
+    import warnings
+    A = sparsefill.sparse_coo_tensor([[0, 1], [1, 2]], [1., 2.], (4, 5), fill_value=1.)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for f in (torch.std, torch.var, torch.var_mean, torch.std_mean):
+            torch.testing.assert_close(f(A, 1), f(A.to_dense(), 1))
+            torch.testing.assert_close(f(A), f(A.to_dense()))

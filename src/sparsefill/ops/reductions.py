@@ -223,15 +223,19 @@ def _var_std(func, args, kwargs):
     A = args[0]
     if A.dim() == 0:
         return _scalar(func, args, kwargs)
-    check_dtype(func, A, *args[1:], **kwargs)  # (var of integers raises)
+    probe = {**kwargs, "correction": 0}  # (torch's errors; on one element a correction would warn, see below)
+    check_dtype(func, A, *args[1:], **probe)  # (var of integers raises)
     dims, keep = _dims_arg(args, kwargs, 1), bool(kwargs.get("keepdim", False))
-    reduction_meta(func, A, dims, keep, *args[1:], **{k: v for k, v in kwargs.items() if k != "keepdim"})  # errors
+    reduction_meta(func, A, dims, keep, *args[1:], **{k: v for k, v in probe.items() if k != "keepdim"})  # errors
     dims = sorted({d % A.dim() for d in dims}) if dims else list(range(A.dim()))
     B = A if A._indefinite else A - _shift(A, dims)
     sq = (B * B.conj()).real if B.is_complex() else B * B
     s1, s2 = B.sum(dims, keepdim=keep), sq.sum(dims, keepdim=keep)
     n = torch.ones_like(sq).sum(dims, keepdim=keep) if A._indefinite else _index.numel([A.shape[d] for d in dims])
     c = _correction(args, kwargs)
+    if not A._indefinite and n - c <= 0 and A.numel():
+        warnings.warn(f"{func._schema.name.split('::')[1]}(): degrees of freedom is <= 0. Correction "
+                      "should be strictly less than the reduction factor (input numel divided by output numel).")
     ss = s2 - ((s1 * s1.conj()).real if s1.is_complex() else s1 * s1) / n
     var = ss / ((n - c).clamp_min(0) if isinstance(n, torch.Tensor) else max(n - c, 0))
     out = var if func in (aten.var.correction, aten.var_mean.correction) else torch.sqrt(var)
