@@ -24,6 +24,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import sparsefill
 from sparsefill import SparseTensor
+from test_backward_sparse import _routed as routed
 
 NAN, INF = float("nan"), float("inf")
 COO, CSR = torch.sparse_coo, torch.sparse_csr
@@ -60,16 +61,7 @@ class Case:
 
 
 def _routed(out) -> bool:
-    seen, todo = set(), [out.grad_fn]
-    while todo:
-        n = todo.pop()
-        if n is None or n in seen:
-            continue
-        seen.add(n)
-        if type(n).__name__ == "SparseReduceBackward":
-            return True
-        todo.extend(m for m, _ in n.next_functions)
-    return False
+    return routed(out, "SparseReduceBackward")
 
 
 def _stored(case, A):

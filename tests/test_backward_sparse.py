@@ -66,14 +66,15 @@ class Case:
         return A.to_sparse_csr() if self.layout is CSR else A
 
 
-def _routed(out) -> bool:
+def _routed(out, node: str = "SparseMMBackward") -> bool:
+    """Whether the autograd graph of ``out`` holds a ``node`` (a routed Function's backward)."""
     seen, todo = set(), [out.grad_fn]
     while todo:
         n = todo.pop()
         if n is None or n in seen:
             continue
         seen.add(n)
-        if type(n).__name__ == "SparseMMBackward":
+        if type(n).__name__ == node:
             return True
         todo.extend(m for m, _ in n.next_functions)
     return False
