@@ -154,8 +154,6 @@ def _run_sample(op, s, si, layout, two, loss):
     """One sample: ``None`` (checked) or the reason it does not apply."""
     if not (isinstance(s.input, torch.Tensor) and s.input.dtype == F64):
         return "input is not a float64 tensor"
-    if s.input.dim() == 0 and loss == "sum":
-        return "0-d input: the masked sum of a 0-d tensor raises in forward (see test_masked_sum_of_0d)"
     if layout is CSR and s.input.dim() != 2:
         return "CSR needs a 2-d input"
     g = torch.Generator().manual_seed(si)
@@ -526,10 +524,22 @@ def test_issue_reproductions(name, layout):
     torch.testing.assert_close(L.v.grad, xd.grad[L.mask])
 
 
-@pytest.mark.xfail(strict=True, raises=ValueError, reason="ops/reductions.py _scalar densifies a 0-d SparseTensor, which "
-                   "raises on an indefinite fill (to_dense()); the masked sum of one stored element is that element")
 def test_masked_sum_of_0d():
+    """A 0-d tensor with indefinite fill: its one element stored (the reductions see it) or masked out (the
+    reductions of nothing: torch.masked's identities)."""
     v = torch.tensor([0.7], dtype=F64, requires_grad=True)
     A = sparsefill.sparse_coo_tensor(torch.zeros((0, 1), dtype=torch.long), v, (), fill_value=I)
     A.sum().backward()
     torch.testing.assert_close(v.grad, torch.ones(1, dtype=F64))
+    x, m = torch.tensor(0.7, dtype=F64), torch.tensor(True)
+    for nse in (1, 0):
+        A = sparsefill.sparse_coo_tensor(torch.zeros((0, nse), dtype=torch.long), v.detach()[:nse], (), fill_value=I)
+        for name in ("sum", "mean", "amax", "amin", "prod"):
+            got = getattr(torch, name)(A)
+            assert got.shape == () and type(got) is torch.Tensor
+            if nse:
+                torch.testing.assert_close(got, getattr(torch, name)(x))
+        for dim in (0, -1):
+            for keep in (False, True):
+                got = A.sum(dim, keepdim=keep)
+                torch.testing.assert_close(got, torch.masked.sum(x, dim, keepdim=keep, mask=m & bool(nse)))

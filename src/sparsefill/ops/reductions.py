@@ -20,6 +20,7 @@ from __future__ import annotations
 import warnings
 
 import torch
+from torch.utils._pytree import tree_map_only
 
 from .. import _index
 from .._convert import coalesced_parts, dense_of, parts_to_sparse
@@ -153,8 +154,13 @@ def _keepdim_arg(args, kwargs, pos):
 
 
 def _scalar(func, args, kwargs):
-    """A 0-d SparseTensor is one value: the op on it directly."""
-    return func(dense_of(args[0]), *args[1:], **kwargs)
+    """A 0-d SparseTensor is one value: the op on it directly.  With an indefinite fill that value may be
+    masked out: the op on its one-element reshape (the masked reduction of it), as a 0-d result."""
+    A = args[0]
+    if not A._indefinite:
+        return func(dense_of(A), *args[1:], **kwargs)
+    out = func(A.reshape(1), *args[1:], **kwargs)
+    return tree_map_only(torch.Tensor, lambda t: t.reshape(()) if t.dim() == 1 else t, out)
 
 
 def _handler(name, dim_pos=None, keep_pos=None, opt=None):
