@@ -4,6 +4,7 @@ import collections
 
 
 def pytest_terminal_summary(terminalreporter):
+    _backward_summary(terminalreporter)
     try:
         from test_opinfo import DECLARED, NO_FLOAT64, REPORT
     except ImportError:
@@ -28,6 +29,45 @@ def pytest_terminal_summary(terminalreporter):
     tr.write_line("densify (partly or wholly computed by the dense fallback): "
                   + ", ".join(sorted(k for k, v in how.items() if v == "densify")))
     for name, (reason, _) in sorted(DECLARED.items()):
+        tr.write_line(f"declared {name}: {reason}")
+    ne = sorted(k for k, v in how.items() if v == "not exercised")
+    if ne:
+        tr.write_line("not exercised (no applicable sample or the dense op rejects all): " + ", ".join(ne))
+    fails = sorted(k for k, v in how.items() if v == "FAIL")
+    if fails:
+        tr.write_line("FAILING: " + ", ".join(fails))
+
+
+def _backward_summary(tr):
+    """The OpInfo backward conformance (tests/test_opinfo_backward.py): per op, how its backward ran."""
+    try:
+        from test_opinfo_backward import DECLARED_BACKWARD, REPORT
+    except ImportError:
+        return
+    if not REPORT:
+        return
+    tr.section("sparsefill OpInfo backward conformance (gradients of values and fill)")
+    by_outcome, how = collections.Counter(), {}
+    order = ("FAIL", "declared", "densify-backward", "densify", "native")
+    for key, counts in REPORT.items():
+        for (_, outcome), n in counts.items():
+            by_outcome[outcome] += n
+        outcomes = {o for (_, o) in counts}
+        how[key] = next((o for o in order if o in outcomes), "not exercised")
+    tr.write_line(f"ops: {len(REPORT)} run ({dict(collections.Counter(how.values()))})")
+    tr.write_line(f"(op, variant, sample) outcomes: {dict(by_outcome)}")
+    per_variant = collections.defaultdict(collections.Counter)
+    for counts in REPORT.values():
+        for (variant, outcome), n in counts.items():
+            per_variant[variant][outcome] += n
+    for variant, c in sorted(per_variant.items()):
+        tr.write_line(f"  {variant}: {dict(c)}")
+    tr.write_line("native backward: " + ", ".join(sorted(k for k, v in how.items() if v == "native")))
+    tr.write_line("FORWARD NATIVE, BACKWARD DENSIFIES (in the variants named): " + ", ".join(
+        f"{k} [{' '.join(sorted({var for (var, o) in REPORT[k] if o == 'densify-backward'}))}]"
+        for k, v in sorted(how.items()) if v == "densify-backward"))
+    tr.write_line("densify (the forward densified): " + ", ".join(sorted(k for k, v in how.items() if v == "densify")))
+    for name, reason in sorted(DECLARED_BACKWARD.items()):
         tr.write_line(f"declared {name}: {reason}")
     ne = sorted(k for k, v in how.items() if v == "not exercised")
     if ne:
