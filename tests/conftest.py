@@ -67,8 +67,8 @@ def _backward_summary(tr):
         f"{k} [{' '.join(sorted({var for (var, o) in REPORT[k] if o == 'densify-backward'}))}]"
         for k, v in sorted(how.items()) if v == "densify-backward"))
     tr.write_line("densify (the forward densified): " + ", ".join(sorted(k for k, v in how.items() if v == "densify")))
-    for name, reason in sorted(DECLARED_BACKWARD.items()):
-        tr.write_line(f"declared {name}: {reason}")
+    for name, (reason, variants) in sorted(DECLARED_BACKWARD.items()):
+        tr.write_line(f"declared {name} [{' '.join(variants)}]: {reason}")
     ne = sorted(k for k, v in how.items() if v == "not exercised")
     if ne:
         tr.write_line("not exercised (no applicable sample or the dense op rejects all): " + ", ".join(ne))
