@@ -10,8 +10,9 @@ result's dense form (``out.to_dense()`` for a SparseTensor result).
 
 For every op of ``op_db`` with autograd (``op.supports_autograd``) and float64, the first
 ``MAX_SAMPLES`` (= 2, to keep this module near a minute on 2 cores) samples with ``requires_grad=True``;
-the sample's input becomes the SparseTensor (its other tensor arguments are detached: only the
-gradients of ``values`` and ``fill`` are compared here), in each variant:
+the sample's input (the first tensor of a sequence input: ``cat``, ``stack``...) becomes the SparseTensor
+(its other tensor arguments are detached: only the gradients of ``values`` and ``fill`` are compared
+here), in each variant:
 
 * ``coo``: ~half the elements unspecified, the fill a scalar leaf (the input's first element);
 * ``csr``: the same on 2-d inputs, converted with ``to_sparse_csr()`` (the gradient flows through it);
@@ -156,10 +157,13 @@ def _loss(out, masked_shape=None, mask=None):
     return total
 
 
-def _grads(op, lv, args, kwargs, sparse):
-    """Gradients of (values, fill) and whether a DensifyWarning came (forward, backward)."""
+def _grads(op, lv, args, kwargs, sparse, rest=None):
+    """Gradients of (values, fill) and whether a DensifyWarning came (forward, backward).
+    ``rest``: the other tensors of a sequence input (``cat``, ``stack``...), the first one made sparse."""
     v, f = lv.leaves()
     inp = lv.sparse(v, f) if sparse else lv.dense(v, f)
+    if rest is not None:
+        inp = [inp, *rest]
     with warnings.catch_warnings(record=True) as fw:
         warnings.simplefilter("always")
         torch.manual_seed(0)
@@ -181,18 +185,20 @@ def _grads(op, lv, args, kwargs, sparse):
 
 
 def _run(op, sample, variant, seed):
-    x = sample.input
+    x, rest = sample.input, None
+    if isinstance(x, (list, tuple)) and x:  # a sequence of tensors: the first one becomes sparse
+        x, rest = x[0], _detach(list(x[1:]))
     if not _applies(op, x, variant):
         return "n/a"
     lv = Leaves(x, variant, seed)
     args, kwargs = _detach(sample.args), _detach(sample.kwargs)
     try:
-        ref = _grads(op, lv, args, kwargs, sparse=False)
+        ref = _grads(op, lv, args, kwargs, sparse=False, rest=rest)
     except Exception:  # noqa: BLE001 - the dense op rejects the sample (the forward test checks the sparse call)
         return "ref-rejects"
     if ref is None:
         return "n/a"
-    got = _grads(op, lv, args, kwargs, sparse=True)
+    got = _grads(op, lv, args, kwargs, sparse=True, rest=rest)
     assert got is not None, "the sparse result has no output with a gradient where the dense one has"
     (gv, gf), (fwd_dens, bwd_dens) = got
     (rv, rf), _ = ref
