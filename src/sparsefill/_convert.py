@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from . import _index
+from ._reduce import pattern_cached
 from ._tensor import SparseTensor
 
 
@@ -43,6 +44,9 @@ def dense_of(A: SparseTensor, fill: torch.Tensor | None = None) -> torch.Tensor:
 
 def coalesced_parts(A: SparseTensor):
     """``(indices, values)`` over all non-dense dims, sorted with no duplicates."""
+    if A._sf_layout is torch.sparse_csr and A._crow.dim() == 1:  # the same index tensors for the same pattern
+        idx = pattern_cached("csr_indices", (A._crow, A._col), lambda: A._coo_parts()[0])
+        return idx, A._vals
     idx, vals = A._coo_parts()
     return (idx, vals) if A._coalesced else _index.coalesce(idx, vals, A._sparse_shape)
 

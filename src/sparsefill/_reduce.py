@@ -38,13 +38,14 @@ Example::
 from __future__ import annotations
 
 import math
+import weakref
 
 import torch
 
 from ._index import linearize, numel, runs_to_ids, unravel
 
 __all__ = ["Reducer", "LogSumExp", "Var", "Norm", "REDUCERS", "segment_combine", "segment_counts",
-           "segment_arg", "segment_median", "broadcast_seg", "gather_seg", "group_slices", "first_gap",
+           "segment_arg", "segment_median", "broadcast_seg", "gather_seg", "group_slices", "pattern_cached", "first_gap",
            "even_ties"]
 
 _SCATTER_IDENTITY = {"sum": 0, "prod": 1, "amax": -math.inf, "amin": math.inf}
@@ -358,6 +359,49 @@ def first_gap(seg: torch.Tensor, pos: torch.Tensor, num_segments: int, presorted
     return counts.clone().scatter_reduce(0, s[bad], rank[bad], "amin", include_self=True)
 
 
+# ---------------------------------------------------------------------- the pattern cache
+_PATTERN_CACHE: dict = {}
+_PATTERN_CACHE_SIZE = 64
+
+
+def _tensor_key(t: torch.Tensor):
+    """``(the tensor owning t's memory, a key of t's view and contents version)``, or None (no cache)."""
+    base = t._base if t._base is not None else t
+    return base, (id(base), t.data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype, t.device,
+                  t._version)
+
+
+def pattern_cached(tag, tensors, compute):
+    """``compute()``, cached for index tensors ``tensors`` (a pattern that recurs, e.g. every training
+    step): keyed by ``tag`` and each tensor's identity (its memory owner, view and contents version:
+    an in-place change, ``set_`` or a new tensor is a miss, never a stale hit); an entry is dropped
+    when a key tensor dies, and the cache holds at most 64.  The results are shared: never modify them
+    in place.  Not cached under ``torch.compile``, for tensors without storage or version counter.
+
+    >>> i = torch.tensor([3, 1]); f = lambda: i.sort()[1]
+    >>> pattern_cached("sort", (i,), f) is pattern_cached("sort", (i,), f)
+    True
+    >>> i[0] = 0; pattern_cached("sort", (i,), f).tolist()     # changed in place: recomputed
+    [0, 1]
+    """
+    try:
+        if torch.compiler.is_compiling():
+            return compute()
+        parts = [_tensor_key(t) for t in tensors]
+    except (RuntimeError, NotImplementedError, AttributeError):  # inference tensors, tensors without storage
+        return compute()
+    key = (tag,) + tuple(k for _, k in parts)
+    hit = _PATTERN_CACHE.get(key)
+    if hit is not None and all(r() is b for r, (b, _) in zip(hit[0], parts)):
+        return hit[1]
+    out = compute()
+    if len(_PATTERN_CACHE) >= _PATTERN_CACHE_SIZE:
+        _PATTERN_CACHE.pop(next(iter(_PATTERN_CACHE)), None)
+    drop = lambda _ref, key=key, cache=_PATTERN_CACHE: cache.pop(key, None)  # noqa: E731 (safe at exit)
+    _PATTERN_CACHE[key] = ([weakref.ref(b, drop) for b, _ in parts], out)
+    return out
+
+
 def group_slices(indices: torch.Tensor, sparse_shape, dims):
     """Group the stored elements of a COO pattern by the slice that reducing sparse ``dims`` maps them to.
 
@@ -373,6 +417,12 @@ def group_slices(indices: torch.Tensor, sparse_shape, dims):
     ([0, 0, 1], [[0, 2]], [2, 3])
     """
     dims = sorted(d % len(sparse_shape) for d in dims) if len(sparse_shape) else []
+    shape = tuple(int(n) for n in sparse_shape)
+    return pattern_cached(("group_slices", shape, tuple(dims)), (indices,),
+                          lambda: _group_slices(indices, shape, dims))
+
+
+def _group_slices(indices, sparse_shape, dims):
     keep = [d for d in range(len(sparse_shape)) if d not in dims]
     keep_shape = [sparse_shape[d] for d in keep]
     keys = linearize(indices[keep], keep_shape)

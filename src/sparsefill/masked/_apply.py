@@ -102,7 +102,12 @@ class MaskedFn(torch.autograd.Function):
                                         retain_graph=True)
         if gu is None:
             gu = torch.zeros_like(ctx.u)
-        gA = _convert.parts_to_sparse(X.indices(), gu, X.A.shape, gu.new_zeros(()), False, True, torch.sparse_coo, True)
+        if X.same_pattern and X.A._coalesced:  # the input's layout and index tensors (no merge downstream)
+            gA = _convert.rewrap(X.A, values=gu.reshape(X.A._vals.shape), fill=gu.new_zeros(()), indefinite=False,
+                                 known_zero=True)
+        else:
+            gA = _convert.parts_to_sparse(X.indices(), gu, X.A.shape, gu.new_zeros(()), False, True, torch.sparse_coo,
+                                          True)
         return gA, None, None, None
 
 

@@ -60,6 +60,7 @@ import torch
 
 from .. import _index
 from .._convert import coalesced_parts, parts_to_sparse, scalar_parts
+from .._reduce import pattern_cached
 from .._tensor import SparseTensor
 from . import shape as _shape
 from .fallback import probe_of
@@ -75,10 +76,11 @@ class _Mat:
     ``vals`` are the stored values, ``fill`` the fill as a 3-d tensor broadcastable to
     ``(nb, m, k)`` (None when zero or indefinite), ``finite`` whether it is finite."""
 
-    def __init__(self, nb, m, k, crow, col, vals, fill, finite, layout, rows=None):
+    def __init__(self, nb, m, k, crow, col, vals, fill, finite, layout, rows=None, key=None):
         self.nb, self.m, self.k = nb, m, k
         self.crow, self.col, self.vals, self.fill, self.finite = crow, col, vals, fill, finite
         self.layout, self._rows = layout, rows
+        self.key = key  # (the operand's index tensors, a tag of what else the pattern depends on) or None
 
     @property
     def rows(self):
@@ -105,13 +107,22 @@ class _Mat:
 
     def t(self) -> "_Mat":
         """The transposed matrices: global rows and columns swap roles (a stable counting sort)."""
+        if self.key is None:
+            perm, crow, tcol, trows = self._transposed_pattern()
+        else:  # the operand's own index tensors: the same pattern recurs (a training loop), sorted once
+            tensors, tag = self.key
+            perm, crow, tcol, trows = pattern_cached(("mat_t", self.nb, self.m, self.k) + tag, tensors,
+                                                     self._transposed_pattern)
+        fill = None if self.fill is None else self.fill.transpose(-1, -2)
+        return _Mat(self.nb, self.k, self.m, crow, tcol, self.vals[perm], fill, self.finite, self.layout, trows)
+
+    def _transposed_pattern(self):
+        """``(perm, crow, col, rows)`` of the transpose: the stored elements reordered by column."""
         cols = self.col
         perm = torch.sort(cols, stable=True)[1]
         counts = torch.bincount(cols, minlength=self.nb * self.k)
         crow = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
-        fill = None if self.fill is None else self.fill.transpose(-1, -2)
-        return _Mat(self.nb, self.k, self.m, crow, self.rows[perm], self.vals[perm], fill, self.finite,
-                    self.layout, cols[perm])
+        return perm, crow, self.rows[perm], cols[perm]
 
 
 def _mat(A: SparseTensor) -> _Mat | None:
@@ -131,8 +142,9 @@ def _mat(A: SparseTensor) -> _Mat | None:
             off = torch.arange(nb, device=col.device)[:, None]
             crow = torch.cat([(crow[:, :-1] + off * nse).reshape(-1), crow.new_full((1,), nb * nse)])
             col, vals = (col + off * k).reshape(-1), vals.reshape(-1)
-        return _Mat(nb, m, k, crow, col, vals, fill, finite, A._sf_layout)
+        return _Mat(nb, m, k, crow, col, vals, fill, finite, A._sf_layout, key=((A._crow, A._col), ()))
     idx, vals = coalesced_parts(A)
+    key = ((idx,), tuple(A._dense_shape))  # (indices, not their row views: untracked in __torch_dispatch__)
     if A.dense_dim():
         idx, vals = scalar_parts(idx, vals, A._dense_shape)
     if nd == 2:
@@ -141,7 +153,7 @@ def _mat(A: SparseTensor) -> _Mat | None:
         rows, col = idx[0] * m + idx[1], idx[0] * k + idx[2]
     counts = torch.bincount(rows, minlength=nb * m)
     crow = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
-    return _Mat(nb, m, k, crow, col, vals, fill, finite, A._sf_layout, rows)
+    return _Mat(nb, m, k, crow, col, vals, fill, finite, A._sf_layout, rows, key)
 
 
 def _as_matrix(T, vec_dim=None):

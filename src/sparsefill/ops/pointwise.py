@@ -224,11 +224,26 @@ def _align(sparse, layout):
 
 
 def _same_pattern(T: SparseTensor, A: SparseTensor) -> bool:
-    if T._sf_layout is not A._sf_layout or not (T._coalesced and A._coalesced):
+    """Same coalesced pattern: the same index tensors, or (a 2-d CSR beside a COO of the same stored
+    elements, e.g. a gradient built from the CSR's indices) equal indices, checked in O(nse) with no
+    merge.  Both layouts store a coalesced pattern in row-major order, so the values line up."""
+    if not (T._coalesced and A._coalesced):
         return False
+    if T._sf_layout is not A._sf_layout:
+        return _same_across_layouts(T, A)
     if A._sf_layout is torch.sparse_coo:
         return T._idx is A._idx
     return T._crow is A._crow and T._col is A._col
+
+
+def _same_across_layouts(T: SparseTensor, A: SparseTensor) -> bool:
+    C, O = (T, A) if T._sf_layout is torch.sparse_csr else (A, T)
+    if C._sf_layout is not torch.sparse_csr or O._sf_layout is not torch.sparse_coo or C._crow.dim() != 1 \
+            or C.shape[:2] != O.shape[:2] or O._idx.shape != (2, C._col.shape[0]):
+        return False
+    rows, cols = O._idx
+    return torch.equal(cols, C._col.to(cols.dtype)) and torch.equal(
+        torch._convert_indices_from_coo_to_csr(rows, C.shape[0], out_int32=C._crow.dtype == torch.int32), C._crow)
 
 
 def _dense_call(func, args, kwargs, tensors):
