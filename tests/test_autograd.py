@@ -288,3 +288,14 @@ def test_sgd_step_on_sparse_parameter():
         opt.step()
     assert isinstance(p, SparseTensor)
     assert_same(p.detach().to_dense(), x - 0.1 * W)
+
+
+def test_fill_gradient_of_a_fully_stored_tensor_is_zero():
+    """No unspecified element reads the fill: its gradient is 0 even where the derivative at the fill is NaN
+    (not NaN * 0), as the dense gradient."""
+    for shape, idx in (((), torch.zeros((0, 1), dtype=torch.long)), ((2,), torch.tensor([[0, 1]]))):
+        v = torch.ones(idx.shape[1], dtype=torch.float64, requires_grad=True)
+        f = torch.tensor(float("nan"), dtype=torch.float64, requires_grad=True)
+        A = sparsefill.sparse_coo_tensor(idx, v, shape, fill_value=f)
+        torch.atan2(A, torch.tensor(2., dtype=torch.float64)).sum().backward()
+        assert f.grad == 0 and not v.grad.isnan().any()

@@ -63,18 +63,7 @@ MASKED_REDUCTIONS = ("sum", "prod", "amax", "amin", "mean", "logsumexp")
 # Failures measured on the first run of this sweep (torch 2.13), each a defect to fix in the library, not
 # in the test: op id -> (reason, the variants whose failures are recorded ``declared``).  A failure in
 # another variant still fails the test; a declared op that passes is reported ``native``/``densify``.
-_NAN_TIMES_ZERO = ("the fill's gradient is NaN on a fully stored (0-d) input where the derivative at the fill is "
-                   "NaN: (derivative at the fill) * (upstream summed over no unspecified element) = NaN * 0, where "
-                   "the dense gradient is 0")
 DECLARED_BACKWARD = {
-    **{name: (_NAN_TIMES_ZERO, ("nan",)) for name in (
-        "atan2", "copysign", "logaddexp", "nn.functional.binary_cross_entropy_with_logits", "pow", "float_power",
-        "__rdiv__", "__rmod__", "polar", "hypot", "masked.norm", "masked.logsumexp")},
-    "__rpow__": (_NAN_TIMES_ZERO + " (also a finite fill: the derivative of base ** x at x is NaN for a negative "
-                 "base)", ("coo", "nan")),
-    **{f"index_reduce.{r}": (_NAN_TIMES_ZERO + "; and on a 0-d input with nothing stored (all fill, NaN) the "
-                             "dense gradient through index_reduce is 0, the sparse one NaN", ("nan",))
-       for r in ("prod", "amin", "amax")},
     "prod": ("prod(A, dim) on an indefinite fill (3-d, some slices partly stored): its backward reaches an aten "
              "call that falls back to densify_call, which raises ValueError (to_dense() of an indefinite fill); "
              "the full prod and the dense reference (torch.masked.prod) run", ("indefinite",)),

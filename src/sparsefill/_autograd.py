@@ -41,7 +41,7 @@ def grad_parts(G, P: SparseTensor):
         if P._indefinite:
             return gv, None
         stored = _index.numel(P._vals.shape[: P._vals.dim() - len(D)])  # (every batch of a batched CSR)
-        return gv, (G._fill.expand(D) * (_index.numel(S) - stored)).sum_to_size(P._fill.shape)
+        return gv, _times_count(G._fill.expand(D), _index.numel(S) - stored).sum_to_size(P._fill.shape)
     idx, _ = P._coo_parts()
     keys = _index.linearize(idx, S)
     gv = _convert.values_at(G, keys, len(S)).reshape(P._vals.shape)
@@ -53,12 +53,18 @@ def grad_parts(G, P: SparseTensor):
         gkeys = _index.linearize(gidx, S)
         outside = ~_index.lookup(ukeys, gkeys)[1]
         n_both_unspecified = _index.numel(S) - ukeys.numel() - int(outside.sum())
-        gf = gvals[outside].sum(0) + G._fill.expand(D) * n_both_unspecified
+        gf = gvals[outside].sum(0) + _times_count(G._fill.expand(D), n_both_unspecified)
     else:
         at = torch.zeros((_index.numel(S),) + (1,) * len(D), dtype=torch.bool, device=G.device)
         at[ukeys] = True  # (one masked pass: boolean indexing ran nonzero and a gather over the whole G)
         gf = G.reshape((_index.numel(S),) + D).masked_fill(at, 0).sum(0)
     return gv, gf.sum_to_size(P._fill.shape)
+
+
+def _times_count(f: torch.Tensor, n: int) -> torch.Tensor:
+    """``f`` summed over ``n`` elements: ``f * n``, and 0 for ``n == 0`` whatever ``f`` (NaN * 0 would be NaN
+    where no element contributes: a fully stored input's fill has gradient 0)."""
+    return f * n if n else torch.zeros_like(f)
 
 
 def _values_on_pattern(G: SparseTensor, P: SparseTensor):
