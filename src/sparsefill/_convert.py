@@ -42,9 +42,13 @@ def dense_of(A: SparseTensor, fill: torch.Tensor | None = None) -> torch.Tensor:
     return out
 
 
+_CSR_INDEX_CACHE_MAX = 1 << 22  # stored elements of a CSR whose COO indices are cached (64 MB)
+
+
 def coalesced_parts(A: SparseTensor):
     """``(indices, values)`` over all non-dense dims, sorted with no duplicates."""
-    if A._sf_layout is torch.sparse_csr and A._crow.dim() == 1:  # the same index tensors for the same pattern
+    if A._sf_layout is torch.sparse_csr and A._crow.dim() == 1 and A._col.numel() <= _CSR_INDEX_CACHE_MAX:
+        # the same index tensors for the same pattern (kept while its crow/col live: 16 bytes per element)
         idx = pattern_cached("csr_indices", (A._crow, A._col), lambda: A._coo_parts()[0])
         return idx, A._vals
     idx, vals = A._coo_parts()

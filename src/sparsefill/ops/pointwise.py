@@ -23,7 +23,7 @@ import functools
 
 import torch
 
-from .._convert import coalesce_of, dense_of, parts_to_sparse, rewrap, union_parts
+from .._convert import coalesce_of, coalesced_parts, dense_of, parts_to_sparse, rewrap, union_parts
 from .._tensor import SparseTensor
 from .fallback import assign_, flat_args, written_args, written_positions
 
@@ -144,7 +144,7 @@ def pointwise_rule(func, args, kwargs):
     sub.update({k: v for k, v in over.items() if v is not None})
     build, at = _align([E for _, E in sparse], layout)
     if varying:
-        idx = build(at[id(A)], None)._coo_parts()[0]  # the result's positions
+        idx = coalesced_parts(build(at[id(A)], None))[0]  # the result's positions (a CSR's: cached)
         sub.update({id(t): t.broadcast_to(A.shape)[tuple(idx)] for t in varying})
     at = {id(T): at[id(E)] for T, E in sparse}
     fills = {id(T): E._fill for T, E in sparse}
