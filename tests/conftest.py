@@ -14,15 +14,7 @@ def pytest_terminal_summary(terminalreporter):
         return
     tr = terminalreporter
     tr.section("sparsefill OpInfo layout invariance")
-    by_outcome = collections.Counter()
-    how = {}
-    for key, counts in REPORT.items():
-        for (_, outcome), n in counts.items():
-            by_outcome[outcome] += n
-        outcomes = {o for (_, o) in counts}
-        how[key] = ("FAIL" if "FAIL" in outcomes else "densify" if "densify" in outcomes
-                    else "native" if "native" in outcomes else "declared" if "declared" in outcomes
-                    else "not exercised")
+    by_outcome, how = _classify(REPORT, ("FAIL", "densify", "native", "declared"))
     per_op = collections.Counter(how.values())
     tr.write_line(f"ops: {len(REPORT)} run ({dict(per_op)}); ops without float64 support: {len(NO_FLOAT64)}")
     tr.write_line(f"(op, variant, sample) outcomes: {dict(by_outcome)}")
@@ -31,12 +23,7 @@ def pytest_terminal_summary(terminalreporter):
                   + ", ".join(sorted(k for k, v in how.items() if v == "densify")))
     for name, (reason, _) in sorted(DECLARED.items()):
         tr.write_line(f"declared {name}: {reason}")
-    ne = sorted(k for k, v in how.items() if v == "not exercised")
-    if ne:
-        tr.write_line("not exercised (no applicable sample or the dense op rejects all): " + ", ".join(ne))
-    fails = sorted(k for k, v in how.items() if v == "FAIL")
-    if fails:
-        tr.write_line("FAILING: " + ", ".join(fails))
+    _unexercised_and_failing(tr, how)
 
 
 def _backward_summary(tr):
@@ -46,13 +33,7 @@ def _backward_summary(tr):
         return
     DECLARED_BACKWARD, REPORT = mod.DECLARED_BACKWARD, mod.REPORT
     tr.section("sparsefill OpInfo backward conformance (gradients of values and fill)")
-    by_outcome, how = collections.Counter(), {}
-    order = ("FAIL", "declared", "densify-backward", "densify", "native")
-    for key, counts in REPORT.items():
-        for (_, outcome), n in counts.items():
-            by_outcome[outcome] += n
-        outcomes = {o for (_, o) in counts}
-        how[key] = next((o for o in order if o in outcomes), "not exercised")
+    by_outcome, how = _classify(REPORT, ("FAIL", "declared", "densify-backward", "densify", "native"))
     tr.write_line(f"ops: {len(REPORT)} run ({dict(collections.Counter(how.values()))})")
     tr.write_line(f"(op, variant, sample) outcomes: {dict(by_outcome)}")
     per_variant = collections.defaultdict(collections.Counter)
@@ -68,6 +49,21 @@ def _backward_summary(tr):
     tr.write_line("densify (the forward densified): " + ", ".join(sorted(k for k, v in how.items() if v == "densify")))
     for name, (reason, variants) in sorted(DECLARED_BACKWARD.items()):
         tr.write_line(f"declared {name} [{' '.join(variants)}]: {reason}")
+    _unexercised_and_failing(tr, how)
+
+
+def _classify(report, order):
+    """``(outcome counts over every (op, variant, sample), op -> its first outcome in ``order``)``."""
+    by_outcome, how = collections.Counter(), {}
+    for key, counts in report.items():
+        for (_, outcome), n in counts.items():
+            by_outcome[outcome] += n
+        outcomes = {o for (_, o) in counts}
+        how[key] = next((o for o in order if o in outcomes), "not exercised")
+    return by_outcome, how
+
+
+def _unexercised_and_failing(tr, how):
     ne = sorted(k for k, v in how.items() if v == "not exercised")
     if ne:
         tr.write_line("not exercised (no applicable sample or the dense op rejects all): " + ", ".join(ne))

@@ -20,11 +20,10 @@ import warnings
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import sparsefill
 from sparsefill import SparseTensor
-from test_backward_sparse import _routed as routed
+from test_backward_sparse import _Shapes as _Sizes, _routed as routed
 
 NAN, INF = float("nan"), float("inf")
 COO, CSR = torch.sparse_coo, torch.sparse_csr
@@ -387,21 +386,6 @@ def test_errors_come_from_the_forward():
         A.sum(keepdims=True, bogus=1)
     with pytest.raises(RuntimeError):
         Case((0,), 1.0, nse=0).build(*Case((0,), 1.0, nse=0).leaves()).amax()
-
-
-class _Sizes(TorchDispatchMode):
-    """The largest strided result of any aten call."""
-
-    def __init__(self):
-        super().__init__()
-        self.largest = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in (out if isinstance(out, (tuple, list)) else (out,)):
-            if isinstance(t, torch.Tensor) and not isinstance(t, SparseTensor) and t.layout is torch.strided:
-                self.largest = max(self.largest, t.numel())
-        return out
 
 
 @pytest.mark.parametrize("fill", [0.0, 5.0, NAN, "indefinite"], ids=str)
