@@ -15,7 +15,7 @@ import torch
 
 from .._convert import coalesce_of, rewrap
 from .._tensor import SparseTensor
-from .fallback import assign_
+from ._writes import assign_
 from .registry import register
 
 aten = torch.ops.aten

@@ -23,7 +23,8 @@ import torch
 from .. import _index
 from .._convert import coalesced_parts, dense_of, dense_to_sparse, parts_to_sparse
 from .._tensor import SparseTensor
-from .fallback import assign_, check_dtype, meta_of
+from ._schema import check_dtype, meta_of
+from ._writes import assign_
 from .indexing import _dense_fill, out_of_bounds
 from .registry import register
 

@@ -8,7 +8,7 @@ from .. import _creation, _index
 from .._convert import (coalesce_of, coalesced_parts, dense_of, dense_to_sparse, map_inner, rewrap, to_layout,
                         union_parts)
 from .._tensor import SparseTensor
-from .fallback import assign_
+from ._writes import assign_
 from .registry import register
 
 aten = torch.ops.aten

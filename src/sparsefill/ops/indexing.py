@@ -25,7 +25,7 @@ from .. import _index
 from .._convert import coalesced_parts, dense_of, dense_to_parts, dense_to_sparse, parts_to_sparse, union_parts
 from .._policy import check_specify
 from .._tensor import SparseTensor
-from .fallback import meta_of, probe_of
+from ._schema import meta_of, probe_of
 from .registry import register
 
 aten = torch.ops.aten

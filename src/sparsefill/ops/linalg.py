@@ -63,7 +63,7 @@ from .._convert import coalesced_parts, parts_to_sparse, scalar_parts
 from .._reduce import pattern_cached
 from .._tensor import SparseTensor
 from . import shape as _shape
-from .fallback import probe_of
+from ._schema import probe_of
 from .registry import register
 
 aten = torch.ops.aten

@@ -25,7 +25,8 @@ import torch
 
 from .._convert import coalesce_of, coalesced_parts, dense_of, parts_to_sparse, rewrap, union_parts
 from .._tensor import SparseTensor
-from .fallback import assign_, flat_args, written_args, written_positions
+from ._schema import flat_args, written_args, written_positions
+from ._writes import assign_
 
 
 aten = torch.ops.aten

@@ -11,7 +11,7 @@
 
 An indefinite fill skips the unspecified elements (masked semantics) and stays indefinite.
 Output dtype and torch's own errors (bad dims, mean of integers) come from running the op on a
-one-element tensor of A's dtype, the output shape from the dims (``fallback.reduction_meta``: no Python
+one-element tensor of A's dtype, the output shape from the dims (``_schema.reduction_meta``: no Python
 meta kernel, whose first call in a process imports ``torch._dynamo``).
 """
 
@@ -26,7 +26,7 @@ from .. import _index
 from .._convert import coalesced_parts, dense_of, parts_to_sparse
 from .._reduce import Norm, REDUCERS, first_gap, group_slices, segment_arg, segment_combine, segment_counts
 from .._tensor import SparseTensor
-from .fallback import check_dtype, meta_call, meta_of, reduction_meta
+from ._schema import check_dtype, meta_call, meta_of, reduction_meta
 from .shape import all_sparse
 from .registry import register
 

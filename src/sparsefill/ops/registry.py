@@ -40,7 +40,7 @@ import torch
 
 from .._tensor import _STATE, SparseTensor
 from . import pointwise, views
-from .fallback import flat_args, written_args, written_positions
+from ._schema import flat_args, written_args, written_positions
 
 HANDLERS: dict = {}
 

@@ -36,7 +36,7 @@ from .. import _index
 from .._convert import coalesced_parts, dense_of, map_inner, parts_to_sparse, rewrap, scalar_parts
 from .._policy import check_densify, check_specify
 from .._tensor import SparseTensor, _version
-from .fallback import assign_, respecify_
+from ._writes import assign_, respecify_
 
 aten = torch.ops.aten
 ALIASES = (aten.detach.default, aten.alias.default)
