@@ -204,3 +204,73 @@ def test_sparse_ftrl_optimizer_with_a_sparse_gradient(mode):
     assert_close(p.detach(), ep)
     assert_close(opt.state[p]["n"], en)
     assert_close(opt.state[p]["z"], ez)
+
+
+_BACKENDS = ["torch"] + (["numba"] if segment.compiled_available() else [])  # numba: the fused kernels
+
+
+def _coalesced_reference(param, moment, idx, grad, lr, eps, wd, decay, rowwise):
+    rows, inv = torch.unique(idx, return_inverse=True)
+    summed = grad.new_zeros(rows.numel(), *grad.shape[1:]).index_add_(0, inv, grad)
+    p, h = param.clone().flatten(1), moment.clone()
+    h = h if rowwise else h.flatten(1)
+    ep, eh = loop_adagrad(p, h, rows, summed.flatten(1), lr, eps, wd, decay, rowwise=rowwise)
+    return ep.view(param.shape), eh.view(moment.shape)
+
+
+@pytest.mark.parametrize("backend", _BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("rowwise", [False, True])
+@pytest.mark.parametrize("wd,decay", [(0.0, 1.0), (0.1, 0.9)])
+@pytest.mark.parametrize("rows_shape", [(40, 5), (40, 2, 3), (70_000, 2)])
+def test_coalesced_adagrad_paths_match_the_loop(backend, dtype, rowwise, wd, decay, rows_shape):
+    """The coalesced update on both backends (the compiled kernel fuses coalescing and update; the torch
+    path marks the rows in a table or, for a table much larger than the gradient (70k rows), sorts them) against
+    Caffe2's loop over the summed rows; rows never indexed are untouched.  Row-wise Adagrad has no decay."""
+    if rowwise and decay != 1.0:
+        decay = 1.0
+    g = torch.Generator().manual_seed(7)
+    param = torch.randn(rows_shape, generator=g, dtype=dtype)
+    moment = torch.rand(rows_shape[0] if rowwise else rows_shape, generator=g, dtype=dtype)
+    idx = torch.randint(0, 30, (50,), generator=g)  # duplicates; rows 30.. never touched
+    grad = torch.randn(50, *rows_shape[1:], generator=g, dtype=dtype)
+    ep, eh = _coalesced_reference(param, moment, idx, grad, 0.1, 1e-5, wd, decay, rowwise)
+    with segment.use_backend(backend):
+        if rowwise:
+            segment.rowwise_sparse_adagrad(param, moment, idx, grad, lr=0.1, eps=1e-5, weight_decay=wd,
+                                           mode="coalesced")
+        else:
+            segment.sparse_adagrad(param, moment, idx, grad, lr=0.1, eps=1e-5, weight_decay=wd, decay=decay,
+                                   mode="coalesced")
+    assert_close(param, ep)
+    assert_close(moment, eh)
+
+
+@pytest.mark.filterwarnings("ignore:Sparse invariant checks")  # (torch.optim.Adagrad's own sparse tensors)
+@pytest.mark.parametrize("backend", _BACKENDS)
+def test_sparse_adagrad_equals_torch_adagrad_over_steps(backend, monkeypatch):
+    """SparseAdagrad (coalesced) on uncoalesced sparse gradients equals torch.optim.Adagrad on the same
+    sparse gradients over several steps, float32, on one and on two threads (the compiled kernel splits
+    the rows ``r % T`` between threads); empty gradients change nothing."""
+    from sparsefill.segment import _kernels
+    monkeypatch.setattr(_kernels, "GRAIN", 64)  # (two threads already at this small size)
+    g = torch.Generator().manual_seed(8)
+    table = torch.randn(200, 6, generator=g)
+    ours, ref = torch.nn.Parameter(table.clone()), torch.nn.Parameter(table.clone())
+    opt, ref_opt = segment.SparseAdagrad([ours], lr=0.05), torch.optim.Adagrad([ref], lr=0.05)
+    threads = torch.get_num_threads()
+    try:
+        for step, n in enumerate([300, 0, 120, 300]):
+            torch.set_num_threads(1 + step % 2)
+            idx = (torch.rand(n, generator=g) ** 2 * 150).long()
+            grad = torch.randn(n, 6, generator=g)
+            for p in (ours, ref):
+                p.grad = torch.sparse_coo_tensor(idx[None], grad, p.shape, check_invariants=True)
+            with segment.use_backend(backend):
+                opt.step()
+            ref_opt.step()
+            assert_close(ours.detach(), ref.detach())
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(ours.detach()[150:], table[150:])
+    assert_close(opt.state[ours]["moment"], ref_opt.state[ref]["sum"])

