@@ -30,6 +30,47 @@ def _version(t: torch.Tensor) -> int | None:
     return None if t.is_inference() else t._version
 
 
+class OpLayer:
+    """The op layer as this data class calls it: entry points that ``sparsefill.ops`` installs when it is
+    imported (:func:`install_op_layer`, from ``ops/__init__.py``), so that this module imports no op handler.
+    Until then each entry imports ``sparsefill.ops`` on its first call.
+
+    ========================================  ==========================================================
+    ``dispatch(func, types, args, kwargs)``   ``__torch_dispatch__``: the registry (``ops/registry.py``)
+    ``fast(func)``                            a shortcut for ``func`` (``fast(func, args, kwargs)``, None
+                                              when it does not apply) or False
+    ``route(func, types, args, kwargs)``      ``__torch_function__``: an autograd route or NotImplemented
+    ``sync(V)``                               view ``V`` catches up with its base (``ops/views.py``)
+    ``write_through(V)``                      a write to view ``V`` goes through to its base
+    ``track(V, func, args, kwargs)``          ``V`` is now the view ``func(*args, **kwargs)`` of ``args[0]``
+    ========================================  ==========================================================
+    """
+
+    def __init__(self):
+        for name in ("dispatch", "fast", "route", "sync", "write_through", "track"):
+            setattr(self, name, self._loading(name))
+
+    def _loading(self, name):
+        def first_call(*args):
+            import sparsefill.ops  # noqa: F401  (the op layer's entry point: installs every entry)
+            entry = getattr(self, name)
+            if entry is first_call:
+                raise RuntimeError(f"sparsefill.ops did not install the op layer's entry {name!r}")
+            return entry(*args)
+        return first_call
+
+
+_OPS = OpLayer()
+
+
+def install_op_layer(**entries) -> None:
+    """Install the op layer's entries (names as in :class:`OpLayer`); called by ``sparsefill.ops`` on import."""
+    for name, fn in entries.items():
+        if not hasattr(_OPS, name):
+            raise TypeError(f"install_op_layer: unknown entry {name!r}")
+        setattr(_OPS, name, fn)
+
+
 class SparseTensor(torch.Tensor):
     """A sparse tensor with a fill value that behaves as its dense equivalent.
 
@@ -42,19 +83,13 @@ class SparseTensor(torch.Tensor):
     tensor([7., 5., 5., 9., 5.])
     """
 
-    _route = None  # ops.autograd_routes.route, imported on first use (an upper module)
-
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         """Every function passes through to ``__torch_dispatch__`` as ``torch._C._disabled_torch_function_impl``
-        (results are never re-wrapped); ``ops.autograd_routes.route`` may take the call first (while grad
-        mode is on, the few functions whose backward must know the pattern, DESIGN.md section 10; in every
-        mode, the few whose composite torch body cannot run on a SparseTensor)."""
-        route = SparseTensor._route
-        if route is None:
-            from .ops.autograd_routes import route
-            SparseTensor._route = route
-        out = route(func, types, args, kwargs or {})
+        (results are never re-wrapped); the op layer's ``route`` (``ops.autograd_routes.route``) may take the
+        call first (while grad mode is on, the few functions whose backward must know the pattern, DESIGN.md
+        section 10; in every mode, the few whose composite torch body cannot run on a SparseTensor)."""
+        out = _OPS.route(func, types, args, kwargs or {})
         if out is not NotImplemented:
             return out
         return torch._C._disabled_torch_function_impl(func, types, args, kwargs or {})
@@ -71,7 +106,7 @@ class SparseTensor(torch.Tensor):
         r._indefinite = bool(indefinite)
         r._coalesced = bool(coalesced) or layout is torch.sparse_csr
         r._zero = (_version(fill), bool(known_zero) and not indefinite)
-        r._view = None  # (base, view op, args, kwargs, output index, base state): see ops/views.py
+        r._view = None  # while a view: what of which base (an ops.views.View record)
         return r
 
     def __init__(self, *args, **kwargs):
@@ -119,8 +154,7 @@ class SparseTensor(torch.Tensor):
     def _sync(self) -> "SparseTensor":
         """A view (``A[0]``, ``A.t()``...) catches up with its base if the base changed (ops/views.py)."""
         if self._view is not None:
-            from .ops.views import sync
-            sync(self)
+            _OPS.sync(self)
         return self
 
     def _fill_is_zero(self) -> bool:
@@ -197,8 +231,7 @@ class SparseTensor(torch.Tensor):
         if not self.is_inference():
             torch.autograd.graph.increment_version(self)
         if self._view is not None:
-            from .ops.views import write_through
-            write_through(self)
+            _OPS.write_through(self)
         return self
 
     def _coo_parts(self):
@@ -432,8 +465,7 @@ class SparseTensor(torch.Tensor):
         for name in _STATE[:-1]:
             setattr(self, name, getattr(new, name))
         self._view = None
-        from .ops.views import track
-        track(self, torch.ops.aten.alias.default, (new,), {})
+        _OPS.track(self, torch.ops.aten.alias.default, (new,), {})
 
     def __deepcopy__(self, memo):
         if id(self) in memo:
@@ -467,20 +499,18 @@ class SparseTensor(torch.Tensor):
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         fast = _FAST.get(func)
         if fast is None:
-            from .ops.pointwise import unary_fast, unary_fast_ok
-            fast = _FAST[func] = unary_fast if unary_fast_ok(func) else False
+            fast = _FAST[func] = _OPS.fast(func)
         if fast:  # element-wise on one pattern with Python scalars: the aten calls and little else
             out = fast(func, args, kwargs or {})
             if out is not None:
                 return out
-        from .ops.registry import dispatch
         if func.is_view and torch.is_inference_mode_enabled() and not args[0].is_inference():
             with torch.inference_mode(False):  # a view of a normal tensor must not be an inference tensor
-                return dispatch(func, types, args, kwargs or {})
-        return dispatch(func, types, args, kwargs or {})
+                return _OPS.dispatch(func, types, args, kwargs or {})
+        return _OPS.dispatch(func, types, args, kwargs or {})
 
 
-_FAST: dict = {}  # OpOverload -> ops.pointwise.unary_fast where the op may take it, else False
+_FAST: dict = {}  # OpOverload -> the op layer's fast(func): a shortcut where the op may take it, else False
 
 
 def _rebuild(size, inner, ctx, requires_grad, extra=None):

@@ -1,4 +1,21 @@
-"""Op handlers, one module per family; importing this package fills the registry."""
+"""Op handlers, one module per family; importing this package fills the registry and installs the op layer's
+entry points into ``SparseTensor`` (``_tensor.install_op_layer``: the data class imports no op handler)."""
 
+from .. import _tensor
 from . import (activations, coords, core, fallback, foreach, indexing, linalg, normalizations,  # noqa: F401
-               reductions, registry)
+               pointwise, reductions, registry, views)
+
+
+def _fast(func):
+    return pointwise.unary_fast if pointwise.unary_fast_ok(func) else False
+
+
+def _route(func, types, args, kwargs):
+    """``autograd_routes.route``, imported on the first torch function call (it loads the autograd Functions)."""
+    from .autograd_routes import route
+    _tensor.install_op_layer(route=route)
+    return route(func, types, args, kwargs)
+
+
+_tensor.install_op_layer(dispatch=registry.dispatch, fast=_fast, route=_route, sync=views.sync,
+                         write_through=views.write_through, track=views.track)

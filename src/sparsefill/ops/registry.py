@@ -3,8 +3,8 @@
 A handler may return ``NotImplemented`` to hand the call to the next stage.  Order:
 registered handler; the generic rule of ops tagged ``torch.Tag.pointwise`` (``pointwise.py``);
 the op's CompositeImplicitAutograd decomposition (so the pieces
-can meet their handlers); the densify fallback (``fallback.py``).  Around every call,
-``views.py`` keeps SparseTensor views and their bases consistent.
+can meet their handlers); the densify fallback (``fallback.py``).  Around every call run the
+:func:`middleware` (``views.py``'s keeps SparseTensor views and their bases consistent).
 
 The boundary rule, enforced here for every call: an operand or op sparsefill does not understand
 is converted exactly or refused, never ignored::
@@ -38,9 +38,9 @@ import functools
 
 import torch
 
-from .._tensor import _STATE, SparseTensor
-from . import pointwise, views
-from ._schema import flat_args, written_args, written_positions
+from .._tensor import SparseTensor
+from . import pointwise
+from ._schema import flat_args, written_positions
 
 HANDLERS: dict = {}
 
@@ -63,30 +63,25 @@ def _is_composite(func) -> bool:
 
 
 def dispatch(func, types, args, kwargs):
+    """``SparseTensor.__torch_dispatch__``: the boundary rule, then :func:`compute` inside every middleware."""
     if len(types) != 1 or types[0] is not SparseTensor:
         _check_types(func, types)
-    foreign = False
-    for a in flat_args(args, kwargs):  # one pass: views to sync, operands to convert
-        if isinstance(a, SparseTensor):
-            if a._view is not None:
-                views.sync(a)
-        elif isinstance(a, torch.Tensor) and (a.layout is not torch.strided or a.is_nested):
-            foreign = True
-    if foreign and func not in KEEPS_NATIVE:
-        args, kwargs = _convert_foreign(func, args, kwargs)
-    written = [A for A in written_args(func, args, kwargs) if A._view is not None]
-    before = [{k: getattr(A, k) for k in _STATE[:-1]} for A in written]  # (in-place ops replace, never mutate)
-    out = _compute(func, args, kwargs)
-    if func.is_view and isinstance(args[0], SparseTensor):
-        views.track(out, func, args, kwargs)
-    for A, state in zip(written, before):
-        try:
-            views.write_through(A)
-        except Exception:  # a failed call changes nothing: the view gets its old contents back
-            for k, v in state.items():
-                setattr(A, k, v)
-            raise
-    return out
+    for a in flat_args(args, kwargs):
+        if not isinstance(a, SparseTensor) and isinstance(a, torch.Tensor) and \
+                (a.layout is not torch.strided or a.is_nested):
+            if func not in KEEPS_NATIVE:
+                args, kwargs = _convert_foreign(func, args, kwargs)
+            break
+    return _call(func, args, kwargs)
+
+
+def middleware(fn):
+    """Decorator: run ``fn(func, args, kwargs, call)`` around every dispatched call, where ``call(func, args,
+    kwargs)`` runs the middleware registered before ``fn`` and then :func:`compute`; returns ``fn``."""
+    global _call
+    inner = _call
+    _call = lambda func, args, kwargs: fn(func, args, kwargs, inner)  # noqa: E731
+    return fn
 
 
 # ---------------------------------------------------------------------- the boundary rule
@@ -165,13 +160,27 @@ def unannotated_mutation(func) -> str | None:
     return None
 
 
+LAZY = {"c10d": "sparsefill.distributed"}  # op namespace -> the module whose import registers its handlers
+
+
+def _load_handlers(func) -> bool:
+    """Import the module that registers the handlers of ``func``'s namespace (once); True when ``func`` got one."""
+    mod = LAZY.pop(func.namespace, None)
+    if mod is None:
+        return False
+    import importlib
+    importlib.import_module(mod)
+    return func in HANDLERS
+
+
 def _refuse(func, reason: str):
     raise NotImplementedError(f"sparsefill: {func} is not supported on SparseTensor operands: {reason}, so a "
                               "computation on dense copies would silently write nothing back. Convert the "
                               "operands (A.to_dense(), or A.values()) and call it on those.")
 
 
-def _compute(func, args, kwargs):
+def compute(func, args, kwargs):
+    """The stages for one call (no middleware): handler, pointwise rule, decomposition, densify fallback."""
     handler = HANDLERS.get(func)
     if handler is not None:
         out = handler(func, args, kwargs)
@@ -179,6 +188,8 @@ def _compute(func, args, kwargs):
             return out
     reason = unannotated_mutation(func)
     if reason is not None:  # (handlers for such ops, e.g. the collectives, are registered above this line)
+        if _load_handlers(func):
+            return compute(func, args, kwargs)
         _refuse(func, reason)
     if pointwise.is_pointwise(func):
         out = pointwise.pointwise_rule(func, args, kwargs)
@@ -190,3 +201,6 @@ def _compute(func, args, kwargs):
             return out
     from .fallback import densify_call
     return densify_call(func, args, kwargs)
+
+
+_call = compute  # compute inside every middleware (see middleware)

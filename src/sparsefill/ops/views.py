@@ -20,6 +20,10 @@ SparseTensor, kept consistent both ways:
 so that ``A[0] = 3.``, ``A[:, 1].fill_(0)``, ``A.t().mul_(2)`` and ``nn.Parameter(A)`` updates
 behave as on ``A.to_dense()``.  Aliases (``detach``, ``alias``) just share storage.
 
+This module is a middleware of the op registry (:func:`around`, around every dispatched call) and
+gives ``SparseTensor`` its view hooks (``sync``, ``write_through``, ``track``: installed by
+``ops/__init__.py``); a view's relation to its base is a :class:`View` record in ``V._view``.
+
 >>> import torch, sparsefill
 >>> A = sparsefill.sparse_coo_tensor([[0, 1], [2, 0]], [1., 2.], (2, 3), fill_value=5.)
 >>> _ = A.t()[2].add_(10.)
@@ -30,17 +34,58 @@ tensor([[ 5.,  5., 11.],
 
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
 import torch
 
 from .. import _index
 from .._convert import coalesced_parts, dense_of, map_inner, parts_to_sparse, rewrap, scalar_parts
 from .._policy import check_densify, check_specify
-from .._tensor import SparseTensor, _version
+from .._tensor import _STATE, SparseTensor, _version
+from ._schema import flat_args, written_args
 from ._writes import assign_, respecify_
+from .registry import compute, middleware
 
 aten = torch.ops.aten
 ALIASES = (aten.detach.default, aten.alias.default)
 INVOLUTIONS = {aten._conj.default: torch.conj_physical, aten._neg_view.default: torch.neg}  # their own inverse
+
+
+class View(NamedTuple):
+    """What a view ``V`` is of its base, as ``V._view`` holds it::
+
+        V == func(base, *args, **kwargs)         ([index] of that for a multi-output view op: unbind, split)
+
+    as of ``state``, the base's :func:`_state` when ``V`` last agreed with it."""
+    base: SparseTensor
+    func: Any  # the view op, an OpOverload
+    args: tuple  # its arguments after the base
+    kwargs: dict
+    index: int | None
+    state: Any
+
+
+@middleware
+def around(func, args, kwargs, call):
+    """Around every dispatched call: views among the operands catch up with their bases, the SparseTensor
+    outputs of a view op remember their base (:func:`track`), and a write to a view goes through to its
+    base (:func:`write_through`; when that fails the view gets its old contents back)."""
+    for a in flat_args(args, kwargs):
+        if isinstance(a, SparseTensor) and a._view is not None:
+            sync(a)
+    written = [A for A in written_args(func, args, kwargs) if A._view is not None]
+    before = [{k: getattr(A, k) for k in _STATE[:-1]} for A in written]  # (in-place ops replace, never mutate)
+    out = call(func, args, kwargs)
+    if func.is_view and isinstance(args[0], SparseTensor):
+        track(out, func, args, kwargs)
+    for A, state in zip(written, before):
+        try:
+            write_through(A)
+        except Exception:
+            for k, v in state.items():
+                setattr(A, k, v)
+            raise
+    return out
 
 
 def _state(A: SparseTensor):
@@ -58,37 +103,38 @@ def track(out, func, args, kwargs) -> None:
     ``P.cpu()`` returns ``P`` -- then leaves no tensor a view of itself.
     """
     base = args[0]
-    if func in ALIASES and base._view is not None and base._view[1] in ALIASES:
-        base = base._view[0]
+    if func in ALIASES and base._view is not None and base._view.func in ALIASES:
+        base = base._view.base
     outs = out if isinstance(out, (list, tuple)) else [out]
     for i, V in enumerate(outs):
         if isinstance(V, SparseTensor) and V is not base:
-            V._view = (base, func, args[1:], kwargs, i if outs is out else None, _state(base))
+            V._view = View(base, func, args[1:], kwargs, i if outs is out else None, _state(base))
 
 
 def _replay(V: SparseTensor, base_dense: torch.Tensor) -> torch.Tensor:
-    _, func, rest, kwargs, i, _ = V._view
-    out = func(base_dense, *rest, **kwargs)
-    return out if i is None else out[i]
+    v = V._view
+    out = v.func(base_dense, *v.args, **v.kwargs)
+    return out if v.index is None else out[v.index]
 
 
 def sync(V: SparseTensor) -> None:
     """Refresh ``V`` (a view) from its base if the base changed since."""
     if _in_cycle(V):
         return
-    base, func, rest, kwargs, i, state = V._view
+    v = V._view
+    base = v.base
     if base._view is not None:
         sync(base)
     now = _state(base)
-    if now == state:
+    if now == v.state:
         return
-    if func in ALIASES:
+    if v.func in ALIASES:
         assign_(V, rewrap(base))
-    elif func in INVOLUTIONS:
-        assign_(V, map_inner(base, INVOLUTIONS[func]))
+    elif v.func in INVOLUTIONS:
+        assign_(V, map_inner(base, INVOLUTIONS[v.func]))
     else:
         _refresh(V)
-    V._view = (base, func, rest, kwargs, i, now)
+    V._view = v._replace(state=now)
 
 
 def _in_cycle(V: SparseTensor) -> bool:
@@ -101,10 +147,10 @@ def _in_cycle(V: SparseTensor) -> bool:
     with ``p.copy_(other).detach()``.  ``V`` holds the view's storage, which is ``X``'s own, so it keeps
     its contents.
     """
-    seen, B = set(), V._view[0]
+    seen, B = set(), V._view.base
     while B is not V and B._view is not None and id(B) not in seen:
         seen.add(id(B))
-        B = B._view[0]
+        B = B._view.base
     if B is V:
         V._view = None
     return B is V
@@ -112,15 +158,14 @@ def _in_cycle(V: SparseTensor) -> bool:
 
 def _refresh(V: SparseTensor) -> None:
     """``V = view_op(base)`` again, through the op registry (natively where the view op has a handler)."""
-    from .registry import _compute
-    base, func, rest, kwargs, i, _ = V._view
-    new = _compute(func, (base, *rest), kwargs)
-    new = new if i is None else new[i]
+    v = V._view
+    new = compute(v.func, (v.base, *v.args), v.kwargs)
+    new = new if v.index is None else new[v.index]
     if isinstance(new, SparseTensor) and new.shape == V.shape and new.dtype == V.dtype:
         assign_(V, new)
     else:
-        check_densify(f"refreshing a view ({func}) of a changed base", base.numel() * base.element_size())
-        respecify_(V, _replay(V, dense_of(base)))
+        check_densify(f"refreshing a view ({v.func}) of a changed base", v.base.numel() * v.base.element_size())
+        respecify_(V, _replay(V, dense_of(v.base)))
 
 
 def _copy_into(target: torch.Tensor, src: torch.Tensor, bd: torch.Tensor) -> None:
@@ -135,19 +180,20 @@ def _copy_into(target: torch.Tensor, src: torch.Tensor, bd: torch.Tensor) -> Non
 
 def write_through(V: SparseTensor) -> None:
     """Propagate a write to view ``V`` into its base (and on up the chain of bases)."""
-    base, func, rest, kwargs, i, _ = V._view
-    if func in ALIASES:
+    v = V._view
+    base = v.base
+    if v.func in ALIASES:
         assign_(base, rewrap(V))
-    elif func in INVOLUTIONS:
-        assign_(base, map_inner(V, INVOLUTIONS[func]))
+    elif v.func in INVOLUTIONS:
+        assign_(base, map_inner(V, INVOLUTIONS[v.func]))
     elif not write_native(V):
-        check_densify(f"writing through a view ({func})", base.numel() * base.element_size())
+        check_densify(f"writing through a view ({v.func})", base.numel() * base.element_size())
         bd = dense_of(base)
         _copy_into(_replay(V, bd), dense_of(V), bd)
         respecify_(base, bd)
     if not base.is_inference():
         torch.autograd.graph.increment_version(base)
-    V._view = (base, func, rest, kwargs, i, _state(base))
+    V._view = v._replace(state=_state(base))
     if base._view is not None:
         write_through(base)
 
@@ -157,10 +203,9 @@ def strided_map(V: SparseTensor):
     """``(sizes, strides, offset)`` of ``V``'s view op replayed on a contiguous meta tensor of its base's
     shape (keys: row-major over ``base.shape``); None when the view is not an injective strided view of
     the same dtype (``expand``, ``view(dtype)``, an op the meta replay rejects)."""
-    base, func, rest, kwargs, i, _ = V._view
+    base = V._view.base
     try:
-        out = func(torch.empty(base.shape, dtype=base.dtype, device="meta"), *rest, **kwargs)
-        out = out if i is None else out[i]
+        out = _replay(V, torch.empty(base.shape, dtype=base.dtype, device="meta"))
     except Exception:  # (a replay the meta kernels cannot run: the dense way)
         return None
     if not isinstance(out, torch.Tensor) or out.dtype != base.dtype or tuple(out.shape) != tuple(V.shape):
@@ -230,7 +275,7 @@ def _write_masked(V, base, smap, bs, bv, wkeys, wvals) -> None:
     ws, counts = torch.unique_consecutive(wkeys // Q, return_counts=True)
     fresh = ~_index.lookup(bs, ws)[1]
     if bool((spec.any(1) & ~keep).any()) or bool((counts[fresh] != Q).any()):
-        raise ValueError(f"writing through a view ({V._view[1]}) of a SparseTensor with indefinite fill and dense "
+        raise ValueError(f"writing through a view ({V._view.func}) of a SparseTensor with indefinite fill and dense "
                          f"dims {D}: a dense slice of the base would be left partly specified")
     bs, bv = bs[keep], bv[keep]
     U, inv = _index.unique_inverse(torch.cat([bs, ws]))
@@ -248,7 +293,7 @@ def write_native(V: SparseTensor) -> bool:
 
         base'[m(v)] = V[v]  for v in V         base'[k] = base[k]  for k not in R
     """
-    base = V._view[0]
+    base = V._view.base
     smap = strided_map(V)
     if smap is None or V._indefinite != base._indefinite:
         return False
