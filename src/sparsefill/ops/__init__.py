@@ -3,7 +3,7 @@ entry points into ``SparseTensor`` (``_tensor.install_op_layer``: the data class
 
 from .. import _tensor
 from . import (activations, coords, core, fallback, foreach, indexing, linalg, normalizations,  # noqa: F401
-               pointwise, reductions, registry, views)
+               pointwise, reductions, registry, views, windows)
 
 
 def _fast(func):

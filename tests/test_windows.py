@@ -1,0 +1,224 @@
+"""Windowed ops of ops/windows.py against dense torch, forward and backward (values and fill gradients).
+
+``avg_pool1d`` and ``conv1d`` of a SparseTensor (1-d signals as ``x[None, None]``, batched (N, C, L),
+unbatched (C, L) from a CSR) equal the op on ``A.to_dense()``; the gradients of the constructor's values
+and fill equal those through ``A.to_dense()``.  The native runs are under ``densify_policy('raise')``:
+nothing densifies (the pattern of the result and of the input's gradient is checked to be sparse too).
+"""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import sparsefill
+
+DT = torch.float64
+
+
+def _signal(shape, positions, fill, layout=torch.sparse_coo, dtype=DT, seed=0):
+    """Leaves ``(values, fill)`` and the SparseTensor (COO over all dims, or CSR when 2-d) built from them."""
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.tensor(positions, dtype=torch.int64).T.reshape(len(shape), -1)
+    v = (torch.rand(idx.shape[1], generator=g, dtype=DT) * 4 - 1).to(dtype).requires_grad_()
+    f = torch.tensor(fill, dtype=dtype, requires_grad=True)
+    A = sparsefill.sparse_coo_tensor(idx, v, shape, fill_value=f)
+    if layout is torch.sparse_csr:
+        A = A.to_sparse_csr()
+    return v, f, A
+
+
+def _grads(loss, v, f):
+    return torch.autograd.grad(loss, (v, f), allow_unused=True)
+
+
+def _check(op, shape, positions, fill, loss=lambda y: (y * y).sum(), layout=torch.sparse_coo, dtype=DT,
+           native_backward=True):
+    v, f, A = _signal(shape, positions, fill, layout, dtype)
+    with sparsefill.densify_policy("raise"):
+        y = op(A)
+        assert isinstance(y, sparsefill.SparseTensor), type(y)
+        assert y._nse() < y.numel() or y.numel() <= 3 * len(positions) * 8, "the result is not sparse"
+        gv, gf = _grads(loss(y), v, f) if native_backward else (None, None)
+    ref = op(A.to_dense())
+    torch.testing.assert_close(y.to_dense(), ref, equal_nan=True)
+    rv, rf = _grads(loss(op(A.to_dense())), v, f)
+    if not native_backward:
+        gv, gf = _grads(loss(op(A)), v, f)
+    torch.testing.assert_close(gv, rv, equal_nan=True)
+    torch.testing.assert_close(gf, rf, equal_nan=True)
+    return y
+
+
+L = 40
+EDGES = [[0], [3], [17], [19], [39]]  # both ends, a cluster, an isolated one
+
+
+def pool(w, **kw):
+    if "divisor_override" in kw:  # (avg_pool1d has none: the 2-d op with a kernel of height 1)
+        s, p = kw.pop("stride", w), kw.pop("padding", 0)
+        return lambda x: F.avg_pool2d(x[None, None, None], (1, w), (1, s), (0, p), **kw)[0, 0, 0]
+    return lambda x: F.avg_pool1d(x[None, None], w, **kw)[0, 0]
+
+
+def conv(kernel, **kw):
+    return lambda x: F.conv1d(x[None, None], kernel, **kw)[0, 0]
+
+
+@pytest.mark.parametrize("fill", [0.0, 5.0, math.nan, math.inf])
+@pytest.mark.parametrize("kw", [dict(stride=1), dict(stride=1, padding=2), dict(stride=2), dict(stride=3),
+                                dict(stride=2, padding=2, ceil_mode=True), dict(stride=1, padding=2,
+                                count_include_pad=False), dict(stride=2, padding=1, divisor_override=3)],
+                         ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()))
+def test_avg_pool1d_1d_signal(fill, kw):
+    w = 4 if kw.get("padding", 0) <= 2 else 6
+    # a gradient fill that is nonzero needs a stride dividing the window (else the gradient is dense)
+    native = w % kw["stride"] == 0
+    _check(pool(w, **dict(kw)), (L,), EDGES, fill, native_backward=native)
+
+
+def test_avg_pool1d_loss_with_zero_gradient_fill():
+    """relu(window - threshold).mean(): the pipeline of examples/rare_events.py (stride 3: zero gradient fill)."""
+    loss = lambda y: F.relu(y - 5.5).mean()  # noqa: E731
+    _check(pool(6, stride=1), (L,), EDGES, 5.0, loss)
+    _check(pool(6, stride=3, padding=3), (L,), EDGES, 5.0, loss)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_avg_pool1d_batched_and_dtypes(dtype):
+    pos = [[0, 0, 0], [0, 0, 39], [0, 2, 7], [1, 1, 20], [1, 1, 21]]  # (N, C, L) = (2, 3, 40): rows without elements
+    y = _check(lambda x: F.avg_pool1d(x, 5, stride=1, padding=1), (2, 3, L), pos, 2.0, dtype=dtype)
+    assert y.dtype == dtype and y.shape == (2, 3, L - 2)
+
+
+@pytest.mark.parametrize("fill", [0.0, 5.0, math.nan])
+def test_avg_pool1d_csr(fill):
+    pos = [[0, 0], [0, 12], [2, 39], [2, 38]]
+    v, f, A = _signal((3, L), pos, fill, torch.sparse_csr)
+    assert A.sparse_layout is torch.sparse_csr
+    _check(lambda x: F.avg_pool1d(x, 3, stride=1), (3, L), pos, fill, layout=torch.sparse_csr)
+
+
+def test_avg_pool1d_uncoalesced_and_empty():
+    v = torch.tensor([1., 2., 3.], dtype=DT, requires_grad=True)
+    A = sparsefill.sparse_coo_tensor([[5, 5, 30]], v, (L,), fill_value=1.)
+    assert not A.is_coalesced()
+    torch.testing.assert_close(pool(3)(A).to_dense(), pool(3)(A.to_dense()))
+    E = sparsefill.sparse_coo_tensor(torch.zeros(1, 0, dtype=torch.int64), torch.zeros(0, dtype=DT), (L,),
+                                     fill_value=2.)
+    for op in (pool(3), pool(4, stride=2, padding=2), conv(torch.ones(1, 1, 3, dtype=DT))):
+        torch.testing.assert_close(op(E).to_dense(), op(E.to_dense()))
+    Z = sparsefill.sparse_coo_tensor(torch.zeros(1, 0, dtype=torch.int64), torch.zeros(0, dtype=DT), (0,))
+    for x in (Z, Z.to_dense()):  # a 0-size signal: torch's own error
+        with pytest.raises(RuntimeError, match="Expected 3D or 4D"):
+            pool(1)(x)
+
+
+@pytest.mark.parametrize("fill", [0.0, 5.0, math.nan])
+@pytest.mark.parametrize("kw", [dict(), dict(padding=2), dict(stride=2), dict(stride=2, padding=3, dilation=2),
+                                dict(dilation=3)], ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()) or "plain")
+def test_conv1d_1d_signal(fill, kw):
+    kernel = torch.tensor([[[0.5, -1.0, 2.0, 0.25]]], dtype=DT)
+    s = kw.get("stride", 1)
+    finite = not math.isnan(fill)
+    _check(conv(kernel, **kw), (L,), EDGES, fill, native_backward=finite and (s == 1 or fill == 0.0)) \
+        if finite else _check_fallback(conv(kernel, **kw), (L,), EDGES, fill)
+
+
+def _check_fallback(op, shape, positions, fill):
+    """A NaN fill in conv1d: the densify fallback (exact), no native path claimed."""
+    v, f, A = _signal(shape, positions, fill)
+    y = op(A)
+    torch.testing.assert_close(y.to_dense() if isinstance(y, sparsefill.SparseTensor) else y, op(A.to_dense()),
+                               equal_nan=True)
+
+
+@pytest.mark.parametrize("groups, cout, uniform", [(1, 1, True), (2, 2, True), (1, 1, False), (1, 2, False),
+                                                   (2, 4, False)])
+def test_conv1d_channels_weight_and_bias_gradients(groups, cout, uniform):
+    """(N, C, L) = (2, 2, 40): the weight's and the bias's gradients too (dense leaves: dense gradients).
+
+    With a weight whose sums agree over channels the result and the input's gradient are sparse (native,
+    nothing densifies); with a random weight each output channel has its own interior value (the result
+    is dense by nature) or each input channel its own gradient fill: the densify fallback, announced."""
+    pos = [[0, 0, 0], [0, 1, 5], [0, 1, 6], [1, 0, 39], [1, 1, 20]]
+    g = torch.Generator().manual_seed(1)
+    W = (torch.full((cout, 2 // groups, 3), 0.25, dtype=DT) if uniform else
+         torch.randn(cout, 2 // groups, 3, generator=g, dtype=DT)).requires_grad_()
+    b = (torch.full((cout,), 0.5, dtype=DT) if uniform else torch.randn(cout, generator=g, dtype=DT)).requires_grad_()
+    op = lambda x: F.conv1d(x, W, b, padding=1, groups=groups)  # noqa: E731
+    v, f, A = _signal((2, 2, L), pos, 0.5)
+    with sparsefill.densify_policy("raise" if uniform else "warn"):
+        y = op(A)
+        assert isinstance(y, sparsefill.SparseTensor) == (uniform or cout == 1)
+        loss = (y * y).sum()
+        if uniform:
+            got = torch.autograd.grad(loss, (v, f, W, b))
+        else:
+            with pytest.warns(sparsefill.DensifyWarning, match="convolution_backward"):
+                got = torch.autograd.grad(loss, (v, f, W, b))
+    ref = op(A.to_dense())
+    torch.testing.assert_close(y.to_dense() if isinstance(y, sparsefill.SparseTensor) else y, ref)
+    want = torch.autograd.grad((ref * ref).sum(), (v, f, W, b))
+    for a, e in zip(got, want):
+        torch.testing.assert_close(a, e)
+    assert type(got[2]) is torch.Tensor and type(got[3]) is torch.Tensor
+
+
+def test_conv1d_weight_gradient_native():
+    """One channel, a weight that requires grad: nothing densifies, the weight's gradient is exact."""
+    W = torch.tensor([[[0.5, -1.0, 2.0]]], dtype=DT, requires_grad=True)
+    v, f, A = _signal((L,), EDGES, 3.0)
+    with sparsefill.densify_policy("raise"):
+        y = F.conv1d(A[None, None], W, padding=1, dilation=2)
+        gv, gf, gw = torch.autograd.grad((y * y).sum(), (v, f, W))
+    yd = F.conv1d(A.to_dense()[None, None], W, padding=1, dilation=2)
+    for a, e in zip((gv, gf, gw), torch.autograd.grad((yd * yd).sum(), (v, f, W))):
+        torch.testing.assert_close(a, e)
+
+
+def test_gradient_is_sparse():
+    """The input's gradient stores O(nse * w) elements (the pattern and the w - 1 inputs at either end that
+    fewer windows cover), not the signal's length."""
+    v, f, A = _signal((10_000,), [[100], [5000], [9000]], 5.0)
+    x = A.detach()
+    y = F.avg_pool1d(x[None, None], 10, stride=1)
+    assert y._nse() <= 3 * 10
+    G = y * y
+    gi = torch.ops.aten.avg_pool2d_backward.default(G[None], x[None, None, None], [1, 10], [1, 1], [0, 0],
+                                                    False, True, None)
+    assert isinstance(gi, sparsefill.SparseTensor) and gi._nse() <= 3 * 19 + 2 * 9
+
+
+def test_indefinite_fill_raises():
+    A = sparsefill.sparse_coo_tensor([[1, 5]], [1., 2.], (10,), fill_value=sparsefill.indefinite)
+    with pytest.raises(ValueError, match="indefinite"):
+        F.avg_pool1d(A[None, None], 3)
+    with pytest.raises(ValueError, match="indefinite"):
+        F.conv1d(A[None, None], torch.ones(1, 1, 3))
+
+
+def test_bad_arguments_raise_as_torch():
+    v, f, A = _signal((L,), EDGES, 1.0)
+    for kw in (dict(kernel_size=3, padding=2), dict(kernel_size=50), dict(kernel_size=0)):
+        with pytest.raises(RuntimeError) as ours:
+            F.avg_pool1d(A.detach()[None, None], **kw)
+        with pytest.raises(RuntimeError) as dense:
+            F.avg_pool1d(A.detach().to_dense()[None, None], **kw)
+        assert str(ours.value).split("\n")[0] == str(dense.value).split("\n")[0]
+
+
+def test_unsupported_goes_dense_exactly():
+    """A true 2-d pooling window and a transposed convolution are not windows along one dim: the densify
+    fallback computes them (exact, with its DensifyWarning)."""
+    A = sparsefill.sparse_coo_tensor([[0, 1], [2, 3]], [1., 2.], (3, 5), fill_value=1.)
+    with pytest.warns(sparsefill.DensifyWarning):
+        y = F.avg_pool2d(A[None], 2)
+    torch.testing.assert_close(y.to_dense() if isinstance(y, sparsefill.SparseTensor) else y,
+                               F.avg_pool2d(A.to_dense()[None], 2))
+    K = torch.ones(1, 1, 2)
+    with pytest.warns(sparsefill.DensifyWarning):
+        y = F.conv_transpose1d(A[None, :1], K)
+    torch.testing.assert_close(y.to_dense() if isinstance(y, sparsefill.SparseTensor) else y,
+                               F.conv_transpose1d(A.to_dense()[None, :1], K))
