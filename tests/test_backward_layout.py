@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import gc
+import warnings
 
 import pytest
 import torch
@@ -274,3 +275,163 @@ def test_gradient_of_e_sum_over_rows_repeated_steps():
             s = torch.zeros(n, n, dtype=torch.float64).index_put((idx[0], idx[1]), vals * e2[idx[1]])
             s.sum(1).square().sum().backward()
             torch.testing.assert_close(e.grad, e2.grad)
+
+
+# ---------------------------------------------------------------------- gradient types follow torch's contract
+def _leaf(layout, fill=1.5, dense=(), uncoalesced=False, dtype=torch.float64, seed=3):
+    """``(A, dense copy)``: a SparseTensor leaf that requires grad (6 x 5, hybrid with ``dense`` dims)."""
+    g = torch.Generator().manual_seed(seed)
+    keys = torch.unique(torch.randint(0, 30, (9,), generator=g))
+    idx = torch.stack([keys // 5, keys % 5])
+    if uncoalesced:
+        idx = torch.cat([idx, idx[:, :2]], 1)
+    v = torch.randn((idx.shape[1],) + dense, generator=g, dtype=dtype)
+    A = sparsefill.sparse_coo_tensor(idx, v, (6, 5) + dense, fill_value=fill)
+    if layout is torch.sparse_csr:
+        A = A.to_sparse_csr(dense_dim=len(dense))
+    A = A.detach().requires_grad_()
+    d = A.detach().to_dense(fill_value=0.0 if fill is sparsefill.indefinite else None)
+    return A, d.clone().requires_grad_()
+
+
+def _is_leaf_grad_of(grad, A):
+    assert type(grad) is sparsefill.SparseTensor, type(grad)
+    assert grad.layout is torch.strided and grad.sparse_layout is A.sparse_layout
+    assert grad.shape == A.shape and grad.dense_dim() == A.dense_dim() and grad.dtype == A.dtype
+
+
+LOSSES = {  # loss(T, w, X): the leaf's upstream gradient is dense (torch's formulas) or a SparseTensor
+    "times_dense": lambda T, w, X: (T * w).sum(),
+    "matmul": lambda T, w, X: (T @ X).square().sum(),
+    "exp_sum": lambda T, w, X: T.exp().sum(),
+    "sum_rows": lambda T, w, X: (T.sum(0) * w[0]).sum(),
+    "mixed": lambda T, w, X: (T * w).sum() + T.sin().sum() + (T @ X).sum(),
+}
+
+
+def _leaf_cases():
+    for layout in LAYOUTS:
+        for loss in LOSSES:
+            for kind in ("plain", "hybrid", "uncoalesced", "indefinite", "nan_fill", "float32"):
+                if kind == "uncoalesced" and layout is torch.sparse_csr:  # a CSR is coalesced
+                    continue
+                if kind == "hybrid" and loss in ("matmul", "mixed") or kind == "nan_fill" and loss in ("matmul", "mixed"):
+                    continue  # a 3-d matmul operand; NaN in every element of the gradient
+                yield pytest.param(layout, loss, kind, id=f"{str(layout)[6:]}-{loss}-{kind}")
+
+
+@pytest.mark.parametrize("layout,loss,kind", list(_leaf_cases()))
+def test_sparse_leaf_gradient_is_a_sparse_tensor_of_its_layout(layout, loss, kind):
+    """A SparseTensor leaf's ``.grad`` is a SparseTensor of its layout, shape and dense dims, equal to the
+    dense computation's gradient (an indefinite leaf: at its pattern; the gradient's fill is 0)."""
+    dense = (2,) if kind == "hybrid" else ()
+    fill = sparsefill.indefinite if kind == "indefinite" else float("nan") if kind == "nan_fill" else 1.5
+    dtype = torch.float32 if kind == "float32" else torch.float64
+    A, d = _leaf(layout, fill, dense, kind == "uncoalesced", dtype)
+    g = torch.Generator().manual_seed(4)
+    w, X = torch.randn((6, 5) + dense, generator=g, dtype=dtype), torch.randn(5, 3, generator=g, dtype=dtype)
+    LOSSES[loss](A, w, X).backward()
+    _is_leaf_grad_of(A.grad, A)
+    LOSSES[loss](d, w, X).backward()
+    tol = dict(rtol=1e-4, atol=1e-4) if dtype is torch.float32 else {}
+    if kind == "indefinite":  # no output reads a masked-out element: the gradient there is 0
+        stored = A.detach().to_dense(fill_value=float("nan")).isnan().logical_not()
+        want = torch.where(stored, d.grad, 0)
+        torch.testing.assert_close(A.grad.to_dense(fill_value=0.0), want, **tol)  # (its fill: 0 or indefinite)
+    else:
+        torch.testing.assert_close(A.grad.to_dense(), d.grad, equal_nan=True, **tol)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_dense_leaf_gradient_is_dense(layout):
+    """torch's contract for the dense operands beside a SparseTensor: their ``.grad`` is a dense tensor."""
+    A, d = _leaf(layout)
+    w = torch.randn(6, 5, dtype=torch.float64, requires_grad=True)
+    X = torch.randn(5, 3, dtype=torch.float64, requires_grad=True)
+    ((A * w).sum() + (A @ X).square().sum()).backward()
+    w2, X2 = w.detach().clone().requires_grad_(), X.detach().clone().requires_grad_()
+    ((d * w2).sum() + (d @ X2).square().sum()).backward()
+    for t, t2 in ((w, w2), (X, X2)):
+        assert type(t.grad) is torch.Tensor and t.grad.layout is torch.strided
+        torch.testing.assert_close(t.grad, t2.grad)
+    _is_leaf_grad_of(A.grad, A)
+
+
+def test_uniform_dense_gradient_keeps_the_leaf_pattern():
+    """A dense gradient uniform over the unspecified elements becomes the leaf's pattern with that fill, on
+    the leaf's own index tensors; a varying one stores the pattern and the nonzero elements, fill 0."""
+    A, d = _leaf(torch.sparse_csr)
+    (A * torch.full((6, 5), 2.0, dtype=torch.float64)).sum().backward()
+    _same_indices(A.grad, A)
+    assert A.grad.fill_value().item() == 2.0
+    B, _ = _leaf(torch.sparse_coo)
+    w = torch.zeros(6, 5, dtype=torch.float64)
+    w[0, 0], w[5, 4] = 3.0, -1.0
+    (B * w).sum().backward()
+    assert B.grad.fill_value().item() == 0.0
+    keys = set(B.grad._keys().tolist())
+    assert keys == set(B.detach()._keys().tolist()) | {0, 29}
+    torch.testing.assert_close(B.grad.to_dense(), w)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_sparse_leaf_gradient_accumulates(layout):
+    """Several backward calls add up (``grad + grad``), whatever each gradient's kind: dense, a SparseTensor
+    of the leaf's pattern, one of a larger pattern."""
+    A, d = _leaf(layout)
+    g = torch.Generator().manual_seed(5)
+    w, X = torch.randn(6, 5, generator=g, dtype=torch.float64), torch.randn(5, 3, generator=g, dtype=torch.float64)
+    for fn in (lambda T: (T * w).sum(), lambda T: T.exp().sum(), lambda T: (T @ X).sum(), lambda T: (T * 2).sum()):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", sparsefill.DensifyWarning)  # no SparseTensor += dense
+            fn(A).backward()
+        fn(d).backward()
+        _is_leaf_grad_of(A.grad, A)
+        torch.testing.assert_close(A.grad.to_dense(), d.grad)
+
+
+def test_sparse_leaf_gradient_with_a_native_sparse_operand():
+    """``A * nat`` (a torch native sparse operand): the SparseTensor leaf's gradient is a SparseTensor."""
+    for layout in LAYOUTS:
+        A, d = _leaf(layout)
+        nat = torch.sparse_coo_tensor([[0, 2, 5], [1, 1, 4]], [5., 6., -1.], (6, 5), dtype=torch.float64)
+        (A * nat).sum().backward()
+        (d * nat.to_dense()).sum().backward()
+        _is_leaf_grad_of(A.grad, A)
+        torch.testing.assert_close(A.grad.to_dense(), d.grad)
+
+
+def test_sparse_leaf_gradient_create_graph():
+    """``autograd.grad`` gives the leaf's gradient as a SparseTensor too, differentiable under ``create_graph``."""
+    A, d = _leaf(torch.sparse_coo)
+    w = torch.randn(6, 5, dtype=torch.float64, requires_grad=True)
+    (g,) = torch.autograd.grad((A.exp() * w).sum(), A, create_graph=True)
+    _is_leaf_grad_of(g, A)
+    (g.to_dense() * 2).sum().backward()
+    w2 = w.detach().clone().requires_grad_()
+    (g2,) = torch.autograd.grad((d.exp() * w2).sum(), d, create_graph=True)
+    (g2 * 2).sum().backward()
+    torch.testing.assert_close(g.to_dense(), g2)
+    torch.testing.assert_close(w.grad, w2.grad)
+
+
+@pytest.mark.parametrize("foreach", [False, True])
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("opt_cls", [torch.optim.SGD, torch.optim.Adam, torch.optim.Adagrad])
+def test_optimizers_step_a_sparse_parameter_with_varying_gradients(opt_cls, layout, foreach):
+    """``nn.Parameter(A)`` whose gradients vary over the unspecified elements (converted from dense):
+    the steps equal the dense parameter's (dense semantics), the gradient and the parameter SparseTensors."""
+    A, d = _leaf(layout)
+    P, D = torch.nn.Parameter(A.detach()), torch.nn.Parameter(d.detach().clone())
+    kw = dict(lr=0.1, momentum=0.9) if opt_cls is torch.optim.SGD else dict(lr=0.05)
+    oP, oD = opt_cls([P], foreach=foreach, **kw), opt_cls([D], foreach=foreach, **kw)
+    g = torch.Generator().manual_seed(6)
+    for _ in range(3):
+        w, X = torch.randn(6, 5, generator=g, dtype=torch.float64), torch.randn(5, 3, generator=g, dtype=torch.float64)
+        for o, T in ((oP, P), (oD, D)):
+            o.zero_grad()
+            ((T * w).sum() + (T @ X).square().sum()).backward()
+            o.step()
+        _is_leaf_grad_of(P.grad, P)
+        assert type(P) is sparsefill.SparseTensor
+        torch.testing.assert_close(P.detach().to_dense(), D.detach())

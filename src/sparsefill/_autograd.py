@@ -149,3 +149,99 @@ class SameDense(torch.autograd.Function):
             return (_convert.from_native(G) if G.layout is not torch.strided else G), None
         g = _convert.dense_of(G) if isinstance(G, SparseTensor) else G
         return (g if ctx.x_layout is torch.strided else g.to_sparse(layout=ctx.x_layout)), None
+
+
+# ---------------------------------------------------------------------- a SparseTensor leaf's .grad
+def leaf_grad(G, P: SparseTensor) -> SparseTensor:
+    """The gradient ``G`` (dense, torch native sparse or SparseTensor) of the leaf ``P``, as a SparseTensor of
+    ``P``'s shape, layout and dense dims, exactly::
+
+        leaf_grad(G, P).to_dense() == G                  (G read as a dense tensor)
+
+    A dense ``G`` stores ``P``'s pattern; the fill is ``G``'s value over the unspecified elements when it
+    is uniform there (then nothing else is stored), else 0 and the nonzero elements outside the pattern
+    are stored too (torch's ``to_sparse``).  An indefinite ``P``: ``G`` at its pattern, fill 0 (its
+    masked-out elements are read by no output).  A SparseTensor ``G`` keeps its pattern and fill (an
+    indefinite one for a defined ``P``: 0 at its masked-out elements); only its layout changes.
+
+    >>> import torch, sparsefill
+    >>> P = sparsefill.sparse_coo_tensor([[0, 2]], [1., 2.], (4,), fill_value=3.)
+    >>> g = leaf_grad(torch.tensor([5., 7., 7., 6.]), P)
+    >>> g.indices().tolist(), g.values().tolist(), g.fill_value().item()
+    ([[0, 2]], [5.0, 6.0], 7.0)
+    >>> leaf_grad(torch.tensor([5., 7., 0., 6.]), P).to_dense().tolist()
+    [5.0, 7.0, 0.0, 6.0]
+    """
+    if isinstance(G, torch.Tensor) and not isinstance(G, SparseTensor) and G.layout is not torch.strided:
+        G = _convert.from_native(G)
+    if isinstance(G, SparseTensor):
+        if G._indefinite and not P._indefinite:  # masked out: no output read them, their gradient is 0
+            G = _convert.rewrap(G, fill=G._vals.new_zeros(()), indefinite=False, known_zero=True)
+        if G.dense_dim() == P.dense_dim():
+            return _convert.to_layout(G, P._sf_layout)
+        G = _convert.dense_of(G, None if not G._indefinite else G._vals.new_zeros(()))
+    S, D = P._sparse_shape, tuple(P._dense_shape)
+    flat = G.reshape((_index.numel(S),) + D)
+    idx, _ = P._coo_parts()
+    keys = _index.linearize(idx, S)
+    zero = flat.new_zeros(())
+    if P._indefinite:
+        return _pattern_grad(P, keys, flat, zero, True)
+    at = torch.zeros(_index.numel(S), dtype=torch.bool, device=G.device)
+    at[keys] = True
+    free = (~at).nonzero()
+    if not free.numel():  # every element stored
+        return _pattern_grad(P, keys, flat, zero, True)
+    rest = flat[free[:, 0]]
+    c = rest[0]
+    if bool(_convert._nan_equal(rest, c).all()):  # uniform over the unspecified elements: it is the fill
+        return _pattern_grad(P, keys, flat, c, not bool(c.any()))
+    differ = flat != 0
+    keep = at | (differ.flatten(1).any(1) if D else differ)
+    skeys = keep.nonzero()[:, 0]
+    return _convert.parts_to_sparse(_index.unravel(skeys, S), flat[skeys], P.shape, zero, False, True,
+                                    P._sf_layout, True)
+
+
+def _pattern_grad(P, keys, flat, fill, known_zero) -> SparseTensor:
+    """``flat`` at ``P``'s stored elements, ``fill`` elsewhere: on ``P``'s own index tensors when coalesced."""
+    if P._coalesced:
+        return _convert.rewrap(P, values=flat[keys].reshape(P._vals.shape), fill=fill, indefinite=False,
+                               known_zero=known_zero)
+    ukeys = torch.unique(keys)  # an uncoalesced P: each element once
+    return _convert.parts_to_sparse(_index.unravel(ukeys, P._sparse_shape), flat[ukeys], P.shape, fill, False,
+                                    known_zero, P._sf_layout, True)
+
+
+class LeafGradHook:
+    """``A.register_hook(LeafGradHook(A))``: the gradient reaching the SparseTensor leaf ``A`` is
+    :func:`leaf_grad` of it before autograd accumulates it into ``A.grad`` (so ``A.grad`` is a SparseTensor
+    of ``A``'s layout; ``grad + grad`` of SparseTensors over several backward calls; differentiable under
+    ``create_graph``).  It holds ``A``'s attribute dict, where ``A`` keeps its storage and which in-place
+    ops update, not ``A``: no reference cycle, and no weak reference (``torch.utils.swap_tensors``, which
+    ``nn.Module.to`` uses for wrapper subclasses, refuses a tensor with one)."""
+
+    __slots__ = ("state",)
+
+    def __init__(self, A: SparseTensor):
+        self.state = A.__dict__
+
+    def leaf(self, shape) -> SparseTensor:
+        """A graph-free SparseTensor of the leaf's current storage (a view of another tensor caught up)."""
+        s = self.state
+        P = SparseTensor(s["_sf_layout"], shape, s["_vals"], s["_fill"], indices=s["_idx"], crow=s["_crow"],
+                         col=s["_col"], indefinite=s["_indefinite"], coalesced=s["_coalesced"])
+        P._view = s.get("_view")
+        return P._sync()
+
+    def __call__(self, G):
+        P = self.leaf(G.shape)
+        if torch.is_grad_enabled() and G.requires_grad:
+            return SameDense.apply(G, lambda g: leaf_grad(g, P))
+        return leaf_grad(G, P)
+
+
+def track_leaf(A: SparseTensor) -> None:
+    """Register :class:`LeafGradHook` on ``A`` once, when it is a leaf that requires grad."""
+    if A.requires_grad and A.is_leaf and not any(type(h) is LeafGradHook for h in (A._backward_hooks or {}).values()):
+        A.register_hook(LeafGradHook(A))

@@ -28,8 +28,11 @@ from __future__ import annotations
 
 import torch
 
+from .._autograd import track_leaf
 from .._tensor import SparseTensor
 
+_REQUIRES_GRAD_, _REQUIRES_GRAD = torch._C.TensorBase.requires_grad_, torch._C.TensorBase.requires_grad
+_SETTER = type(_REQUIRES_GRAD.__set__)  # ``A.requires_grad = True`` arrives as the descriptor's bound __set__
 ROUTES: dict = {}  # torch function (as __torch_function__ receives it) -> route(func, args, kwargs)
 ALWAYS: set = set()  # functions routed with grad mode off too (torch decomposes them above __torch_dispatch__)
 
@@ -48,6 +51,12 @@ def register_route(*funcs, always: bool = False):
 
 def route(func, types, args, kwargs):
     """The call's result, or ``NotImplemented`` for the plain pass-through."""
+    if func is _REQUIRES_GRAD_ or func.__class__ is _SETTER and func.__self__ is _REQUIRES_GRAD:
+        out = torch._C._disabled_torch_function_impl(func, types, args, kwargs)
+        if isinstance(args[0], SparseTensor):  # a leaf's .grad is a SparseTensor (_autograd.LeafGradHook)
+            with torch._C.DisableTorchFunctionSubclass():
+                track_leaf(args[0])
+        return out
     if not torch.is_grad_enabled() and func not in ALWAYS:
         return NotImplemented
     r = ROUTES.get(func)
