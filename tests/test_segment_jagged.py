@@ -84,6 +84,72 @@ def test_to_padded_and_pooled():
     assert_close(t.grad, counts[:, None].expand(20, 2))
 
 
+def _pooled_by_loop(batch, tables, keys, reducer, weights=None):
+    """The golden reference: per key and example, the listed rows of the key's table reduced in Python."""
+    out = {}
+    for k in keys:
+        t = tables[k] if isinstance(tables, dict) else tables
+        rows = []
+        for e, ex in enumerate(batch):
+            ids = ex.get(k, [])
+            x = t[ids]
+            if not ids:
+                rows.append(torch.zeros(t.shape[1:], dtype=t.dtype))
+            elif reducer == "weighted_sum":
+                rows.append((x * torch.tensor(weights[e][k], dtype=t.dtype)[:, None]).sum(0))
+            else:
+                rows.append({"sum": x.sum(0), "mean": x.mean(0), "max": x.amax(0)}[reducer])
+        out[k] = torch.stack(rows) if rows else torch.zeros(0, *t.shape[1:], dtype=t.dtype)
+    return out
+
+
+@pytest.mark.parametrize("case", ["random", "key order", "repeated key", "absent key", "no examples",
+                                  "no entries", "large and negative keys", "shared table"])
+def test_pooled_per_key_layout(case):
+    """pooled groups the ids by (key, example) once for all keys: against a loop over the lists for keys
+    in any order, a key asked twice (pooled once), a key no example has (the empty value), an empty batch,
+    examples with no entries, key ids far apart and negative, one shared table; the sparse gradient of
+    each table equals the dense one."""
+    batch, weights = random_batch(11, B=7)
+    keys = [1, 2, 3, 7]
+    if case == "key order":
+        keys = [7, 3, 1, 2]
+    elif case == "repeated key":
+        keys = [3, 1, 3]
+    elif case == "absent key":
+        keys = [1, 99]
+    elif case == "no examples":
+        batch, weights = [], []
+    elif case == "no entries":
+        batch, weights = [{}, {}, {}], [{}, {}, {}]
+    elif case == "large and negative keys":
+        remap = {1: -5, 2: 1 << 40, 3: 0, 7: 64}
+        batch = [{remap[k]: v for k, v in ex.items()} for ex in batch]
+        weights = [{remap[k]: v for k, v in ex.items()} for ex in weights]
+        keys = [1 << 40, -5, 64, 0]
+    g = torch.Generator().manual_seed(1)
+    shared = case == "shared table"
+    tables = torch.randn(20, 3, generator=g, dtype=torch.float64) if shared else \
+        {k: torch.randn(20, 3, generator=g, dtype=torch.float64) for k in keys}
+    kj = KeyedJaggedBatch.from_lists(batch, weights=weights)
+    want_keys = list(dict.fromkeys(keys))
+    for reducer in ("sum", "mean", "max", "weighted_sum"):
+        got = kj.pooled(tables, reducer, keys=keys)
+        assert list(got) == want_keys
+        expect = _pooled_by_loop(batch, tables, want_keys, reducer, weights)
+        for k in want_keys:
+            assert got[k].shape == (len(batch), 3)
+            assert_close(got[k], expect[k])
+    leaves = {k: (tables if shared else tables[k]).clone().requires_grad_() for k in want_keys[:1]}
+    dense = {k: t.detach().clone().requires_grad_() for k, t in leaves.items()}
+    for ts, sparse in ((leaves, True), (dense, False)):
+        out = kj.pooled(ts, "sum", keys=list(ts), sparse_grad=sparse)
+        sum((o * torch.arange(1.0, 4.0, dtype=o.dtype)).sum() for o in out.values()).backward()
+    for k in leaves:
+        assert leaves[k].grad.is_sparse
+        assert_close(leaves[k].grad.to_dense(), dense[k].grad)
+
+
 def test_jagged_errors():
     with pytest.raises(ValueError, match="example_lengths sum to 3, but the data has 2 rows"):
         KeyedJaggedBatch(torch.tensor([1, 2]), torch.tensor([1, 1]), torch.tensor([0, 1]), torch.tensor([3]))

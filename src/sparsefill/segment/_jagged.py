@@ -371,18 +371,47 @@ class KeyedJaggedBatch:
         if reducer != "positional_weighted_sum" and pos_w is not None:
             raise ValueError(f"weights= is for positional_weighted_sum only (the weighted reducers use the batch's "
                              f"weights), got reducer {reducer!r}")
-        ex_of_entry = _seg_of(self.example_lengths, self.keys.numel())
-        out = {}
+        given = {}  # key -> as given (a key asked twice is pooled once)
         for k in keys:
-            table = tables[k] if isinstance(tables, dict) else tables
-            entries = (self.keys == int(k)).nonzero().squeeze(1)
-            ids = lengths_gather(self.values, self.values_lengths, entries, validate=False)
-            seg = torch.repeat_interleave(ex_of_entry[entries], self.values_lengths[entries], output_size=ids.numel())
-            w = pos_w
-            if reducer in ("weighted_sum", "weighted_mean"):
-                if self.weights is None:
-                    raise ValueError(f"reducer {reducer!r} needs a batch with weights")
-                w = lengths_gather(self.weights, self.values_lengths, entries, validate=False).to(table.dtype)
-            out[int(k)] = reduce(table, reducer, segment_ids=seg, num_segments=self.batch_size,
-                                 indices=ids, weights=w, **kw)
+            given.setdefault(int(k), k)
+        keys = list(given)
+        weighted = reducer in ("weighted_sum", "weighted_mean")
+        if weighted and self.weights is None:
+            raise ValueError(f"reducer {reducer!r} needs a batch with weights")
+        offsets, ids, w = self._by_key(keys, with_weights=weighted)
+        B = self.batch_size
+        bounds = offsets[::B].tolist() if B else [0] * (len(keys) + 1)  # each key's ids: one sync
+        out = {}
+        for j, k in enumerate(keys):
+            table = tables[given[k]] if isinstance(tables, dict) else tables
+            lo, hi = bounds[j], bounds[j + 1]
+            wk = w[lo:hi].to(table.dtype) if weighted else pos_w
+            out[k] = reduce(table, reducer, offsets=offsets[j * B:(j + 1) * B + 1] - lo, indices=ids[lo:hi],
+                            weights=wk, **kw)
         return out
+
+    def _by_key(self, keys: list[int], *, with_weights: bool = False):
+        """``(offsets, ids, weights)``: the ids of the batch ordered by (key in ``keys``, example), and the
+        ``K * B + 1`` offsets of those (key, example) lists: the ids of key ``keys[j]`` in example ``e``
+        are ``ids[offsets[j * B + e]:offsets[j * B + e + 1]]`` (an absent key: an empty list).  Computed
+        once for all keys: a few passes over the entries, one gather of the ids (and weights), no
+        per-key mask."""
+        K, B, E = len(keys), self.batch_size, self.keys.numel()
+        dev = self.keys.device
+        want = torch.tensor(keys, dtype=torch.int64, device=dev)
+        lengths = torch.zeros(K * B, dtype=torch.int64, device=dev)
+        order = torch.zeros(0, dtype=torch.int64, device=dev)
+        if K and E:
+            srt, perm = torch.sort(want)
+            at = torch.searchsorted(srt, self.keys).clamp_max_(K - 1)
+            entries = (srt.index_select(0, at) == self.keys).nonzero().squeeze(1)  # entries of a wanted key
+            slot = (perm.index_select(0, at.index_select(0, entries)) * B
+                    + _seg_of(self.example_lengths, E).index_select(0, entries))  # (key rank, example): distinct
+            slot, by_slot = torch.sort(slot)
+            order = entries.index_select(0, by_slot)
+            lengths.index_copy_(0, slot, self.values_lengths.index_select(0, order))
+        offsets = torch.zeros(K * B + 1, dtype=torch.int64, device=dev)
+        torch.cumsum(lengths, 0, out=offsets[1:])
+        ids = lengths_gather(self.values, self.values_lengths, order, validate=False)
+        w = lengths_gather(self.weights, self.values_lengths, order, validate=False) if with_weights else None
+        return offsets, ids, w

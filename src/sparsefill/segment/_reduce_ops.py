@@ -190,7 +190,7 @@ def _backward(ctx_red: SegmentReducer, plan: Plan, ties: str, x2, weights, raw, 
     red = ctx_red
     need_w = weights is not None and weights.requires_grad
     gw = None
-    X = _positions(plan, x2)
+    X = _positions(plan, x2) if (red.kind != "sum" or need_w) else None  # (the sums' data gradient reads no row)
     if red.kind == "sum":
         w_seg = _segment_weights(red, weights, plan)
         counts = plan.counts.to(x2.dtype)
