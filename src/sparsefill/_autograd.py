@@ -10,8 +10,10 @@ Conversions that keep the dense tensor (coalesce, layout or fill change,
 to_sparse) pass ``G`` through, converted to the input's kind.
 
 Gradient types (torch's contract): a dense input's gradient is dense (``DenseGrad`` in
-``ops/autograd_routes.py``); a SparseTensor ``G`` with an indefinite fill is 0 at its
-masked-out elements (no output read them).  The matrix products give ``A`` a SparseTensor
+``ops/autograd_routes.py``); a SparseTensor leaf's ``.grad`` is a SparseTensor of its layout and dense
+dims, the gradient represented exactly (:func:`leaf_grad`, run before accumulation by
+:class:`LeafGradHook`, registered when the leaf starts requiring grad); a SparseTensor ``G`` with an
+indefinite fill is 0 at its masked-out elements (no output read them).  The matrix products give ``A`` a SparseTensor
 gradient with ``A``'s pattern whose fill is the mean of the dense gradient over the unspecified
 elements (``ops/linalg_autograd.py``): ``grad_parts`` reads it in O(nse) when it stores exactly
 ``A``'s elements.
