@@ -168,7 +168,7 @@ def leaf_grad(G, P: SparseTensor) -> SparseTensor:
 
     >>> import torch, sparsefill
     >>> P = sparsefill.sparse_coo_tensor([[0, 2]], [1., 2.], (4,), fill_value=3.)
-    >>> g = leaf_grad(torch.tensor([5., 7., 7., 6.]), P)
+    >>> g = leaf_grad(torch.tensor([5., 7., 6., 7.]), P)
     >>> g.indices().tolist(), g.values().tolist(), g.fill_value().item()
     ([[0, 2]], [5.0, 6.0], 7.0)
     >>> leaf_grad(torch.tensor([5., 7., 0., 6.]), P).to_dense().tolist()
