@@ -45,7 +45,9 @@ import torch
 from .. import _index
 from .._policy import check_specify
 from .._reduce import REDUCERS, gather_seg
+from .._tensor import SparseTensor
 from . import _engine as E
+from . import _segsoftmax
 from ._apply import Result, dense_fallback, dense_mask, run
 from ._canon import Masked, as_sparse, is_sparse
 from ._reductions import norm_kernel
@@ -276,6 +278,11 @@ def _softmax_like(name, sign, log, c_out, formula, example):
         if not is_sparse(input):
             return getattr(torch.masked, name)(input, dim, dtype=dtype, mask=dense_mask(mask, input))
         cast = dtype or (input.dtype if input.dtype.is_floating_point else torch.get_default_dtype())
+        if isinstance(input, SparseTensor) and input.dim():
+            input._sync()
+            d = E.canonical_dims(dim, input.dim())[0]
+            if _segsoftmax.applies(input, d, cast, mask):  # a masked tensor along a sparse dim: the edge softmax
+                return _segsoftmax.segment_softmax(input, d, sign, log)
 
         def dense_op(x, m):
             return getattr(torch.masked, name)(x, dim, dtype=dtype, mask=m)

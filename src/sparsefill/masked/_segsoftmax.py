@@ -1,0 +1,162 @@
+"""Softmax, log_softmax and softmin of a masked tensor along a sparse dim: the edge softmax of graph attention.
+
+The shortcut of :mod:`._normalizations` for a SparseTensor with indefinite fill (its pattern is the
+mask), ``mask=None`` and a floating dtype: the result keeps the input's pattern and index tensors,
+so the work is a few segment kernels over its values.  For every slice ``s`` along ``dim`` (the stored
+elements sharing the other sparse coordinates) and every dense position, ``m_s`` the slice max::
+
+    softmax:      y = exp(x - m_s) / sum_s exp(x - m_s)          grad_x = y * (g - sum_s(g * y))
+    log_softmax:  y = x - m_s - log(sum_s exp(x - m_s))          grad_x = g - exp(y) * sum_s(g)
+    softmin:      y = softmax(-x)                                grad_x = -(y * (g - sum_s(g * y)))
+
+the values and gradients of ``torch.masked.<op>`` on the dense equivalent at the stored elements, as
+torch computes them (a slice holding +inf or NaN is NaN, one of -inf only too: ``-inf - m_s``).  The
+grouping of a pattern into slices (:class:`Plan`) is computed once per pattern and dim
+(``sparsefill._reduce.pattern_cached``: an adjacency reused every training step pays it once); one
+``autograd.Function`` runs the forward and the closed-form backward above, with no graph inside.
+
+>>> import torch, sparsefill
+>>> v = torch.tensor([-3., -1., 1.], requires_grad=True)
+>>> A = sparsefill.sparse_coo_tensor([[0, 0, 1], [0, 2, 1]], v, (2, 3), fill_value=sparsefill.indefinite)
+>>> P = sparsefill.masked.softmax(A, 1)
+>>> P._values()
+tensor([0.1192, 0.8808, 1.0000], grad_fn=<ValuesBackward>)
+>>> P._values()[0].backward(); v.grad          # y0 (1 - y0), -y0 y1, 0
+tensor([ 0.1050, -0.1050,  0.0000])
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from .. import _convert, _index
+from .._autograd import grad_parts
+from .._reduce import pattern_cached
+from .._tensor import SparseTensor
+
+__all__ = ["applies", "segment_softmax", "Plan", "plan_of"]
+
+_FLOATS = (torch.float32, torch.float64)
+
+
+def applies(A, dim: int, cast, mask) -> bool:
+    """The shortcut serves ``A`` (canonical ``dim``): an indefinite, coalesced COO or plain CSR SparseTensor of
+    a float dtype kept by ``cast``, with stored elements, no mask, and ``dim`` a sparse dim."""
+    return (mask is None and isinstance(A, SparseTensor) and A._indefinite and A._coalesced and A.dtype in _FLOATS
+            and cast == A.dtype and dim < A.dim() - A.dense_dim() and A._vals.numel() > 0
+            and (A._sf_layout is torch.sparse_coo or A._crow.dim() == 1))
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """The slices along one sparse dim of a pattern: stored element ``perm[i]`` (``i`` when ``perm`` is None)
+    is the ``i``-th in slice order, in slice ``seg[i]``; slice ``s`` holds ``lengths[s]`` elements (runs in
+    that order, empty slices included); ``inv`` undoes ``perm``."""
+
+    seg: torch.Tensor
+    lengths: torch.Tensor
+    perm: torch.Tensor | None
+    inv: torch.Tensor | None
+
+    @property
+    def nseg(self) -> int:
+        return self.lengths.numel()
+
+
+def _plan(keys: torch.Tensor, nkeys: int, presorted: bool) -> Plan:
+    """The plan for slice keys ``keys`` (one per stored element, in ``[0, nkeys)``)."""
+    perm = inv = None
+    if not presorted:
+        keys, perm = torch.sort(keys, stable=True)
+        inv = torch.empty_like(perm).index_put_((perm,), torch.arange(perm.numel(), device=perm.device))
+    if nkeys <= 4 * keys.numel() + 4096:  # a small key range: the keys are the segment ids
+        lengths = torch.diff(torch._convert_indices_from_coo_to_csr(keys, nkeys))
+        return Plan(keys, lengths, perm, inv)
+    _, seg, lengths = torch.unique_consecutive(keys, return_inverse=True, return_counts=True)
+    return Plan(seg, lengths, perm, inv)
+
+
+def plan_of(A: SparseTensor, dim: int) -> Plan:
+    """The cached :class:`Plan` of ``A``'s pattern along sparse ``dim`` (kept while its index tensors live)."""
+    S = tuple(A._sparse_shape)
+    if A._sf_layout is torch.sparse_csr:
+        if dim == 1:  # the rows are the slices
+            def compute():
+                return Plan(_index.runs_to_ids(torch.diff(A._crow), A._col.numel()), torch.diff(A._crow), None, None)
+            return pattern_cached(("segsoftmax_plan", S, dim), (A._crow,), compute)
+        tensors = (A._crow, A._col)
+    else:
+        tensors = (A._idx,)
+
+    def compute():
+        idx = _convert.coalesced_parts(A)[0]
+        keep = [d for d in range(len(S)) if d != dim]
+        keys = _index.linearize(idx[keep], [S[d] for d in keep])
+        return _plan(keys, _index.numel([S[d] for d in keep]), presorted=dim == len(S) - 1)
+    return pattern_cached(("segsoftmax_plan", S, dim), tensors, compute)
+
+
+def _segsum(t: torch.Tensor, plan: Plan) -> torch.Tensor:
+    out = t.new_zeros((plan.nseg,) + t.shape[1:])
+    if t.dim() == 1:
+        return out.scatter_add_(0, plan.seg, t)
+    return out.index_add_(0, plan.seg, t)
+
+
+def _forward(x: torch.Tensor, plan: Plan, log: bool) -> torch.Tensor:
+    m = torch.segment_reduce(x, "max", lengths=plan.lengths, unsafe=True)
+    shifted = x - m.index_select(0, plan.seg)
+    e = torch.exp(shifted)
+    s = _segsum(e, plan)
+    if log:
+        return shifted.sub_(torch.log(s).index_select(0, plan.seg))
+    return e.div_(s.index_select(0, plan.seg))
+
+
+def _backward(g: torch.Tensor, y: torch.Tensor, plan: Plan, log: bool) -> torch.Tensor:
+    if log:
+        return g - torch.exp(y).mul_(_segsum(g, plan).index_select(0, plan.seg))
+    return (g - _segsum(g * y, plan).index_select(0, plan.seg)).mul_(y)
+
+
+def _values(A: SparseTensor, dim: int, sign: float, log: bool):
+    """``(the result's values in A's order, the same in slice order, the plan)``."""
+    plan = plan_of(A, dim)
+    x = A._vals if plan.perm is None else A._vals.index_select(0, plan.perm)
+    y = _forward(-x if sign < 0 else x, plan, log)
+    return (y if plan.inv is None else y.index_select(0, plan.inv)), y, plan
+
+
+class _SegmentSoftmax(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, A, dim, sign, log):
+        out, y, plan = _values(A, dim, sign, log)
+        ctx.plan, ctx.sign, ctx.log, ctx.pattern = plan, sign, log, _convert.rewrap(A)
+        ctx.save_for_backward(y)
+        return _convert.rewrap(A, values=out, known_zero=False)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, G):
+        (y,), plan = ctx.saved_tensors, ctx.plan
+        gv, _ = grad_parts(G, ctx.pattern)   # the values of G on the output's (= the input's) pattern
+        if plan.perm is not None:
+            gv = gv.index_select(0, plan.perm)
+        gx = _backward(gv.to(y.dtype), y, plan, ctx.log)
+        if ctx.sign < 0:
+            gx = gx.neg_()
+        if plan.inv is not None:
+            gx = gx.index_select(0, plan.inv)
+        return (_convert.rewrap(ctx.pattern, values=gx, fill=gx.new_zeros(()), indefinite=False, known_zero=True),
+                None, None, None)
+
+
+def segment_softmax(A: SparseTensor, dim: int, sign: float, log: bool) -> SparseTensor:
+    """``masked.softmax`` (``sign`` 1), ``masked.softmin`` (-1) or ``masked.log_softmax`` (``log``) of ``A`` along
+    sparse ``dim`` (canonical), where :func:`applies`: ``A``'s pattern and index tensors, indefinite fill."""
+    if torch.is_grad_enabled() and A.requires_grad:
+        return _SegmentSoftmax.apply(A, dim, sign, log)
+    with torch.no_grad():
+        return _convert.rewrap(A, values=_values(A, dim, sign, log)[0], known_zero=False)

@@ -1,0 +1,152 @@
+"""The edge softmax: ``masked.softmax/log_softmax/softmin`` of a SparseTensor with indefinite fill along a sparse dim
+(``masked/_segsoftmax.py``, one cached segment plan per pattern and a closed-form backward).
+
+Values and gradients against ``torch.masked.<op>`` on the dense equivalent with the pattern as mask, read at the
+pattern, for COO (2 and 3 sparse dims, hybrid) and CSR, every sparse dim, float32/float64, slices holding +inf,
+NaN, -inf only, and empty slices; the shortcut is checked to have run (the result shares the input's index
+tensors), and its plan to be cached per pattern.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+import sparsefill
+from sparsefill import SparseTensor
+from sparsefill import masked as M
+from sparsefill.masked import _segsoftmax
+
+OPS = ("softmax", "log_softmax", "softmin")
+
+
+def _pattern(shape, nse, seed, dense=()):
+    """A random coalesced COO pattern of ``shape`` (some slices empty) with randn values; special values in
+    three slices: +inf, NaN, and -inf only."""
+    g = torch.Generator().manual_seed(seed)
+    n = math.prod(shape)
+    keys = torch.randperm(n, generator=g)[:nse].sort().values
+    idx = torch.stack(torch.unravel_index(keys, shape))
+    vals = torch.randn((nse,) + tuple(dense), generator=g, dtype=torch.float64)
+    return idx, vals
+
+
+def _special(idx, vals):
+    """+inf in the slice (along the last dim) of the first stored element, NaN in that of the 6th, -inf in
+    every element of that of the 11th."""
+    vals = vals.clone()
+    keys = idx[:-1]
+    for pos, v in ((0, math.inf), (5, math.nan)):
+        vals[pos] = v
+    k = keys[:, 10:11]
+    vals[(keys == k).all(0)] = -math.inf
+    return vals
+
+
+def _reference(op, idx, vals, shape, dim, g):
+    """``torch.masked.<op>`` on the dense equivalent, and the gradient of ``(out * G).sum()`` (``G``: ``g`` at
+    the pattern), both read at the pattern."""
+    sd = idx.shape[0]
+    dense_shape = tuple(shape) + tuple(vals.shape[1:])
+    x = torch.zeros(dense_shape, dtype=vals.dtype).index_put_(tuple(idx), vals).requires_grad_()
+    mask = torch.zeros(dense_shape, dtype=torch.bool).index_put_(tuple(idx), torch.tensor(True))
+    out = getattr(torch.masked, op)(x, dim, mask=mask)
+    G = torch.zeros(dense_shape, dtype=vals.dtype).index_put_(tuple(idx), g)
+    (gx,) = torch.autograd.grad(out, x, G)
+    at = tuple(idx)
+    assert sd == len(shape)
+    return out.detach()[at], gx[at]
+
+
+def _check(op, A, idx, vals, shape, dim, dtype):
+    A.requires_grad_()
+    P = getattr(M, op)(A, dim)
+    own = (P._idx is A._idx) if A.sparse_layout is torch.sparse_coo else (P._crow is A._crow and P._col is A._col)
+    assert own and P.is_fill_indefinite() and P.dtype == dtype, "the shortcut did not run"
+    g = torch.randn(vals.shape, generator=torch.Generator().manual_seed(1), dtype=dtype)
+    (gA,) = torch.autograd.grad(P._values(), A, g)
+    ref_out, ref_grad = _reference(op, idx, vals.to(dtype), shape, dim, g)
+    tol = dict(atol=1e-5, rtol=1e-4) if dtype is torch.float32 else {}
+    assert_close(P._values().detach(), ref_out, equal_nan=True, **tol)
+    assert isinstance(gA, SparseTensor) and not gA.is_fill_indefinite() and float(gA._fill_value()) == 0
+    assert_close(gA._values(), ref_grad, equal_nan=True, **tol)
+    with torch.no_grad():  # the same values without a graph
+        assert_close(getattr(M, op)(A, dim)._values(), P._values().detach(), equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("dim", [0, 1, -1])
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("layout", ["coo", "csr"])
+def test_matches_torch_masked_on_the_dense_equivalent(layout, op, dim, dtype):
+    shape = (12, 9)
+    idx, vals = _pattern(shape, 40, seed=0)
+    vals = _special(idx, vals).to(dtype)
+    A = sparsefill.sparse_coo_tensor(idx, vals, shape, fill_value=sparsefill.indefinite)
+    if layout == "csr":
+        A = A.to_sparse_csr()
+    _check(op, A, idx, vals, shape, dim, dtype)
+
+
+@pytest.mark.parametrize("dim", [0, 1, 2])
+@pytest.mark.parametrize("op", OPS)
+def test_three_sparse_dims_and_hybrid(op, dim):
+    shape = (4, 5, 6)
+    idx, vals = _pattern(shape, 50, seed=2)
+    vals = _special(idx, vals)
+    A = sparsefill.sparse_coo_tensor(idx, vals, shape, fill_value=sparsefill.indefinite)
+    _check(op, A, idx, vals, shape, dim, torch.float64)
+    if dim < 2:  # a trailing dense dim: each dense position is its own slice
+        idx2, vals2 = _pattern(shape[:2], 12, seed=3, dense=(3,))
+        H = sparsefill.sparse_coo_tensor(idx2, vals2, shape[:2] + (3,), fill_value=sparsefill.indefinite)
+        _check(op, H, idx2, vals2, shape[:2], dim, torch.float64)
+
+
+def test_gradient_through_a_product_and_a_dense_read():
+    """The upstream gradient as the matmul route gives it (a SparseTensor on the pattern) and as a dense read
+    gives it (a dense tensor): both equal the dense computation's."""
+    shape = (7, 7)
+    idx, vals = _pattern(shape, 20, seed=4)
+    X = torch.randn(7, 3, dtype=torch.float64)
+    for layout in (torch.sparse_coo, torch.sparse_csr):
+        v = vals.clone().requires_grad_()
+        A = sparsefill.sparse_coo_tensor(idx, v, shape, fill_value=sparsefill.indefinite)
+        A = A.to_sparse_csr() if layout is torch.sparse_csr else A
+        P = M.softmax(A, 1)
+        loss = (P @ X).square().sum() + (P.to_dense(fill_value=0.) * X[:, :1]).sum()
+        loss.backward()
+        x = torch.zeros(shape, dtype=torch.float64).index_put_(tuple(idx), vals).requires_grad_()
+        mask = torch.zeros(shape, dtype=torch.bool).index_put_(tuple(idx), torch.tensor(True))
+        Pd = torch.masked.softmax(x, 1, mask=mask).nan_to_num(0.0)
+        ((Pd @ X).square().sum() + (Pd * X[:, :1]).sum()).backward()
+        assert_close(v.grad, x.grad[tuple(idx)])
+
+
+def test_the_plan_is_cached_per_pattern():
+    idx, vals = _pattern((6, 6), 15, seed=5)
+    A = sparsefill.sparse_coo_tensor(idx, vals, (6, 6), fill_value=sparsefill.indefinite)
+    B = sparsefill.sparse_coo_tensor(A._idx, vals * 2, (6, 6), fill_value=sparsefill.indefinite, is_coalesced=True)
+    assert _segsoftmax.plan_of(A, 1) is _segsoftmax.plan_of(B, 1)     # one pattern, one plan
+    assert _segsoftmax.plan_of(A, 0) is not _segsoftmax.plan_of(A, 1)
+    p0 = _segsoftmax.plan_of(A, 0)
+    assert p0.perm is not None and torch.equal(p0.perm[p0.inv], torch.arange(15))
+    assert torch.equal(p0.lengths, torch.bincount(idx[1], minlength=6))
+
+
+def test_other_cases_take_the_general_path():
+    """A mask, a dtype cast, a defined fill, no stored element: not the shortcut, same results as before."""
+    idx, vals = _pattern((5, 5), 9, seed=6)
+    A = sparsefill.sparse_coo_tensor(idx, vals, (5, 5), fill_value=sparsefill.indefinite)
+    assert not _segsoftmax.applies(A, 1, torch.float32, None)                  # a cast
+    assert not _segsoftmax.applies(A, 1, torch.float64, torch.ones(5, 5, dtype=torch.bool))
+    assert not _segsoftmax.applies(sparsefill.to_sparse(torch.eye(3)), 1, torch.float32, None)
+    E = sparsefill.sparse_coo_tensor(torch.zeros(2, 0, dtype=torch.int64), torch.zeros(0), (3, 3),
+                                     fill_value=sparsefill.indefinite)
+    assert not _segsoftmax.applies(E, 1, torch.float32, None)
+    assert M.softmax(E, 1)._nse() == 0
+    out = M.softmax(A, 1, dtype=torch.float32)
+    assert out.dtype == torch.float32
+    assert_close(out._values(), M.softmax(A, 1)._values().float())
