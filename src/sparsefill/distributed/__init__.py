@@ -1,0 +1,53 @@
+"""sparsefill on ``torch.distributed``: collectives on SparseTensors, data-parallel training with sparse
+gradients, row-sharded embedding tables.
+
+Importing ``sparsefill`` is enough for torch's own collectives to work on SparseTensors, in place, with
+the dense result (the ``c10d`` handlers of this package are loaded on the first collective)::
+
+    dist.all_reduce(A)  ->  A.to_dense() == dist.all_reduce(A.to_dense()) would give     (on every rank)
+
+A SUM all-reduce moves the stored elements, not the dense tensor: every rank gathers the others'
+``(keys, values, fill)`` and merges them into the union pattern; the fill becomes the reduced fills.
+Indefinite fills reduce the ranks that define an element (masked semantics, ``_combine.py``).  Before
+any data moves the ranks exchange a small header and compare shapes, dtypes, layouts and calls: a
+mismatch raises the same error on every rank.  This module adds options to the same calls
+(``algorithm=`` of :func:`all_reduce`) and :data:`traffic`, the bytes sent and received.
+"""
+
+from __future__ import annotations
+
+import torch.distributed as dist
+
+from . import _c10d  # noqa: F401  (registers the c10d handlers)
+from ._collectives import ALGORITHM, DENSE_BYTES_RATIO, dense_bytes  # noqa: F401
+from ._combine import combine
+from ._exchange import Traffic, traffic
+
+ReduceOp = dist.ReduceOp
+
+__all__ = ["all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter",
+           "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "send", "recv", "reduce", "gather", "scatter",
+           "combine", "traffic", "Traffic", "ReduceOp"]
+
+
+def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, *, algorithm: str = "auto"):
+    """``dist.all_reduce(tensor, op, group, async_op)`` (SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR, BXOR), with
+    ``algorithm`` for a SparseTensor: ``"sparse"`` moves the stored elements (the result has the union
+    pattern), ``"dense"`` all-reduces the dense tensor (the result stores what differs from the reduced
+    fill), ``"auto"`` picks the one that moves fewer bytes (see ``DENSE_BYTES_RATIO``).  AVG of floating
+    dtypes is computed as SUM / W on every backend."""
+    token = ALGORITHM.set(algorithm)
+    try:
+        return dist.all_reduce(tensor, op, group, async_op)
+    finally:
+        ALGORITHM.reset(token)
+
+
+broadcast = dist.broadcast
+all_gather = dist.all_gather
+all_gather_into_tensor = dist.all_gather_into_tensor
+reduce_scatter = dist.reduce_scatter
+reduce_scatter_tensor = dist.reduce_scatter_tensor
+all_to_all = dist.all_to_all
+all_to_all_single = dist.all_to_all_single
+send, recv, reduce, gather, scatter = dist.send, dist.recv, dist.reduce, dist.gather, dist.scatter

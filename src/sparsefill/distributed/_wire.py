@@ -1,0 +1,172 @@
+"""What crosses the wire: a tensor as a small int64 header and a byte payload.
+
+    unpack(header(T), pack(T)) == T          (the same dense tensor, fill, layout and dense dims)
+
+A SparseTensor travels as its coalesced stored elements -- linear keys over the sparse shape (int64),
+values, then the fill -- never as the dense tensor: ``nse * (8 + itemsize * prod(dense_shape))`` bytes
+plus the fill.  A dense tensor travels as its bytes.  The header says what the payload holds and is
+what the ranks compare before anything else moves (:func:`mismatch`)::
+
+    present, kind, layout, dtype, ndim, dense_dim, indefinite, fill ndim, fill ones-mask, nse, nbytes,
+    shape hash, call, call arg, has NaN (a stored value or the fill), shape[:K]
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import torch
+
+from .. import _index
+from .._convert import coalesced_parts, dense_of, parts_to_sparse
+from .._tensor import SparseTensor
+
+K = 8  # shape entries shown in the header (the hash covers every dim)
+H = 15 + K
+DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.complex64, torch.complex128,
+          torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.bool]
+LAYOUTS = [torch.sparse_coo, torch.sparse_csr]
+SPARSE, DENSE = 1, 2
+(PRESENT, KIND, LAYOUT, DTYPE, NDIM, DENSE_DIM, INDEFINITE, FILL_NDIM, FILL_ONES, NSE, NBYTES, SHASH, CALL,
+ CALL_ARG, HAS_NAN) = range(15)
+
+
+def _shape_hash(shape) -> int:
+    return zlib.crc32(repr(tuple(shape)).encode()) & 0x7FFFFFFF
+
+
+def _dtype_code(dtype) -> int:
+    if dtype not in DTYPES:
+        raise TypeError(f"sparsefill.distributed: dtype {dtype} cannot be sent (supported: "
+                        f"{', '.join(str(d) for d in DTYPES)})")
+    return DTYPES.index(dtype)
+
+
+def describe(T: torch.Tensor | None, call: int = 0, arg: int = 0, nse: int = 0, nbytes: int = 0) -> torch.Tensor:
+    """The header of ``T`` (all zeros but the call for ``None``: nothing is sent or expected)."""
+    h = torch.zeros(H, dtype=torch.int64)
+    h[CALL], h[CALL_ARG] = call, arg
+    if T is None:
+        return h
+    h[PRESENT], h[DTYPE], h[NDIM], h[NSE], h[NBYTES] = 1, _dtype_code(T.dtype), T.dim(), nse, nbytes
+    h[SHASH] = _shape_hash(T.shape)
+    h[H - K:H - K + min(T.dim(), K)] = torch.tensor(T.shape[:K], dtype=torch.int64)
+    if isinstance(T, SparseTensor):
+        h[KIND], h[LAYOUT], h[DENSE_DIM], h[INDEFINITE] = SPARSE, LAYOUTS.index(T._sf_layout), T.dense_dim(), \
+            T._indefinite
+        f = T._fill
+        h[FILL_NDIM] = f.dim()
+        h[FILL_ONES] = sum(1 << i for i, n in enumerate(f.shape) if n == 1)
+    else:
+        h[KIND] = DENSE
+    return h
+
+
+def what(h) -> str:
+    """A header in words: ``a sparse_coo float32 tensor of shape (5,) (dense_dim 0)``."""
+    if not h[PRESENT]:
+        return "nothing"
+    n = int(h[NDIM])
+    dims = [int(x) for x in h[H - K:H - K + min(n, K)]] + (["..."] if n > K else [])
+    shape = "(" + ", ".join(map(str, dims)) + ("," if n == 1 else "") + ")"
+    dtype = DTYPES[int(h[DTYPE])]
+    if h[KIND] == DENSE:
+        return f"a dense {dtype} tensor of shape {shape}"
+    fill = ", indefinite fill" if h[INDEFINITE] else ""
+    return f"a {LAYOUTS[int(h[LAYOUT])]} {dtype} SparseTensor of shape {shape} (dense_dim {int(h[DENSE_DIM])}{fill})"
+
+
+def mismatch(s, e) -> tuple[type, str] | None:
+    """Why what one rank sends (header ``s``) cannot be stored in what the other expects (``e``), or None."""
+    if bool(s[PRESENT]) != bool(e[PRESENT]):
+        return ValueError, "one side has no tensor"
+    if not s[PRESENT]:
+        return None
+    if s[DTYPE] != e[DTYPE]:
+        return TypeError, "the dtypes differ"
+    if s[NDIM] != e[NDIM] or s[SHASH] != e[SHASH] or not torch.equal(s[H - K:], e[H - K:]):
+        return ValueError, "the shapes differ"
+    if s[KIND] == SPARSE and e[KIND] == SPARSE and (s[LAYOUT] != e[LAYOUT] or s[DENSE_DIM] != e[DENSE_DIM]):
+        return ValueError, "the layouts differ (layout and dense_dim must agree)"
+    if s[KIND] == SPARSE and e[KIND] == DENSE and s[INDEFINITE]:
+        return ValueError, "a dense tensor cannot hold the masked-out elements of an indefinite fill"
+    return None
+
+
+# ---------------------------------------------------------------------- payloads
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    t = t.detach().contiguous().reshape(-1)
+    return t.view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8, device=t.device)
+
+
+def _pad8(b: torch.Tensor) -> torch.Tensor:
+    """``b`` padded to a multiple of 8 bytes: every payload in a received buffer starts 8-aligned (``view``)."""
+    r = -b.numel() % 8
+    return torch.cat([b, b.new_zeros(r)]) if r else b
+
+
+def _keys_fit(shape) -> bool:
+    return _index.numel(shape) < 2 ** 63
+
+
+def parts(T: torch.Tensor):
+    """``(index tensor, values, fill)`` as sent: keys (or coordinates past 2**63 positions), coalesced."""
+    T._sync()
+    idx, vals = coalesced_parts(T)
+    S = T._sparse_shape
+    return (_index.linearize(idx, S) if _keys_fit(S) else idx.to(torch.int64)), vals, T._fill
+
+
+def pack(T: torch.Tensor | None, call: int = 0, arg: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(header, payload)`` of ``T`` (``None``: an absent header, no bytes)."""
+    if T is None:
+        return describe(None, call, arg), torch.empty(0, dtype=torch.uint8)
+    if not isinstance(T, SparseTensor):
+        payload = _pad8(_bytes(T))
+        return describe(T, call, arg, 0, payload.numel()), payload
+    keys, vals, fill = parts(T)
+    payload = _pad8(torch.cat([_bytes(keys), _bytes(vals), _bytes(fill)]))
+    h = describe(T, call, arg, vals.shape[0], payload.numel())
+    h[HAS_NAN] = (vals.is_floating_point() or vals.is_complex()) and bool(vals.isnan().any() or fill.isnan().any())
+    return h, payload
+
+
+def unpack(h, payload: torch.Tensor, shape, device) -> torch.Tensor:
+    """The tensor a ``(header, payload)`` pair stands for (a coalesced SparseTensor, or dense); ``shape`` is
+    the receiver's (equal to the sender's: :func:`mismatch` compared them)."""
+    dtype = DTYPES[int(h[DTYPE])]
+    shape = tuple(shape)
+    payload = payload.to(device)
+    if h[KIND] == DENSE:
+        return _from_bytes(payload, dtype, shape)
+    sdim = int(h[NDIM]) - int(h[DENSE_DIM])
+    S, D = shape[:sdim], shape[sdim:]
+    nse = int(h[NSE])
+    nkey = nse * 8 * (1 if _keys_fit(S) else sdim)
+    nval = nse * _index.numel(D) * dtype.itemsize
+    keys = _from_bytes(payload[:nkey], torch.int64, (-1,))
+    idx = _index.unravel(keys, S) if _keys_fit(S) else keys.view(sdim, nse)
+    vals = _from_bytes(payload[nkey:nkey + nval], dtype, (nse,) + tuple(D))
+    fill = _from_bytes(payload[nkey + nval:], dtype, fill_shape(h, D)).clone()
+    return parts_to_sparse(idx, vals, shape, fill, bool(h[INDEFINITE]), False, LAYOUTS[int(h[LAYOUT])], True)
+
+
+def fill_shape(h, D) -> tuple:
+    """The fill's own shape: its last ``fill ndim`` dense dims, with the 1s the mask records."""
+    n = int(h[FILL_NDIM])
+    if h[INDEFINITE]:
+        return (0,)
+    ones = int(h[FILL_ONES])
+    dims = tuple(D)[len(D) - n:] if n else ()
+    return tuple(1 if ones >> i & 1 else d for i, d in enumerate(dims))
+
+
+def _from_bytes(b: torch.Tensor, dtype, shape) -> torch.Tensor:
+    n = _index.numel(shape) if -1 not in shape else b.numel() // dtype.itemsize
+    return b[:n * dtype.itemsize].view(dtype).reshape(shape) if n else torch.empty(shape if -1 not in shape else 0,
+                                                                                    dtype=dtype, device=b.device)
+
+
+def dense_value(T: torch.Tensor) -> torch.Tensor:
+    """The dense tensor a received value stands for (to store in a dense output)."""
+    return dense_of(T) if isinstance(T, SparseTensor) else T

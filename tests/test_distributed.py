@@ -1,0 +1,314 @@
+"""torch.distributed on SparseTensors (issue 16): collectives, bad inputs, several processes.
+
+Each test spawns a gloo group on 127.0.0.1 (a free port chosen here) and runs many checks per spawn;
+every spawn is bounded (a process-group timeout inside, a join deadline outside: the suite never hangs).
+Oracles: the dense collective of ``A.to_dense()`` and the single-process computation (every rank can
+build every rank's inputs: they are seeded by case and rank).
+"""
+
+from __future__ import annotations
+
+import datetime
+import multiprocessing
+import socket
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import sparsefill
+import sparsefill.distributed
+
+R = dist.ReduceOp
+DEADLINE = 90  # seconds per spawn (each normally takes a few)
+# the processes fork from one server that imported torch and sparsefill once (spawn re-imports them per process)
+multiprocessing.set_forkserver_preload(["torch", "sparsefill", "sparsefill.distributed", __name__])
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _entry(rank, fn, world, port, args):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=30))
+    try:
+        fn(rank, world, *args)
+    finally:
+        dist.destroy_process_group()
+
+
+def spawn(fn, world: int, *args) -> None:
+    """Run ``fn(rank, world, *args)`` in ``world`` processes of one gloo group; a failure in any raises here."""
+    ctx = mp.start_processes(_entry, args=(fn, world, _free_port(), args), nprocs=world, join=False,
+                             start_method="forkserver")
+    end = time.monotonic() + DEADLINE
+    while not ctx.join(timeout=1):
+        if time.monotonic() > end:
+            for p in ctx.processes:
+                if p.is_alive():
+                    p.kill()
+            pytest.fail(f"distributed test {fn.__name__} (world {world}) ran past {DEADLINE} s")
+
+
+# ---------------------------------------------------------------------- inputs, seeded by (case, rank)
+CASES = ["coo1d", "coo2d_f64_uncoalesced", "csr", "hybrid", "empty", "zerosize", "zero_d", "nonfinite", "int64",
+         "bool", "indefinite", "mixed_indefinite"]
+
+
+def make(case: str, rank: int) -> sparsefill.SparseTensor:
+    g = torch.Generator().manual_seed(CASES.index(case) * 100 + rank)
+
+    def dense(shape, fill, dtype=torch.float32, p=0.3):
+        x = torch.randn(shape, generator=g, dtype=torch.float64).mul(4).round().to(dtype)
+        return torch.where(torch.rand(shape, generator=g) < p, x, torch.as_tensor(fill, dtype=dtype))
+
+    if case == "coo1d":
+        return sparsefill.to_sparse(dense((12,), float(rank)), fill_value=float(rank))
+    if case == "coo2d_f64_uncoalesced":
+        idx = torch.randint(0, 3, (2, 6), generator=g)
+        return sparsefill.sparse_coo_tensor(idx, torch.randn(6, generator=g, dtype=torch.float64), (3, 4),
+                                            fill_value=0.5 * rank)
+    if case == "csr":
+        return sparsefill.to_sparse(dense((4, 5), rank - 1.), fill_value=rank - 1., layout=torch.sparse_csr)
+    if case == "hybrid":
+        f = torch.tensor([float(rank), -float(rank)])
+        x = torch.where(torch.rand(4, 3, 1, generator=g) < 0.3, torch.randn(4, 3, 2, generator=g), f)
+        return sparsefill.to_sparse(x, fill_value=f, dense_dim=1)
+    if case == "empty":
+        x = dense((6,), 2.) if rank else torch.full((6,), 2.)
+        return sparsefill.to_sparse(x, fill_value=2.)
+    if case == "zerosize":
+        return sparsefill.to_sparse(torch.zeros(0, 3), fill_value=float(rank))
+    if case == "zero_d":
+        return sparsefill.to_sparse(torch.tensor(3. + rank), fill_value=0.)
+    if case == "nonfinite":
+        x = dense((8,), 1.)
+        x[rank % 8] = float("nan") if rank % 2 else float("inf")
+        fill = float("inf") if rank == 0 else -1.
+        return sparsefill.to_sparse(torch.where(x == 1., torch.tensor(fill), x), fill_value=fill)
+    if case == "int64":
+        return sparsefill.to_sparse(dense((3, 4), rank + 1, torch.int64), fill_value=rank + 1)
+    if case == "bool":
+        x = torch.rand(10, generator=g) < 0.5
+        return sparsefill.to_sparse(x, fill_value=rank % 2 == 0)
+    if case == "indefinite" or case == "mixed_indefinite" and rank % 2 == 0:
+        return _indefinite_of(dense((3, 4), 0., p=0.4))
+    return sparsefill.to_sparse(dense((3, 4), float(rank)), fill_value=float(rank))  # mixed_indefinite, odd rank
+
+
+def _indefinite_of(x):
+    """A SparseTensor with indefinite fill storing the nonzero elements of ``x``."""
+    idx = x.nonzero().T
+    return sparsefill.sparse_coo_tensor(idx, x[tuple(idx)], x.shape, fill_value=sparsefill.indefinite)
+
+
+FUNCS = {R.SUM: torch.add, R.AVG: torch.add, R.PRODUCT: torch.mul, R.MIN: torch.minimum, R.MAX: torch.maximum,
+         R.BAND: torch.bitwise_and, R.BOR: torch.bitwise_or, R.BXOR: torch.bitwise_xor}
+
+
+def ops_for(dtype):
+    if dtype == torch.bool:
+        return [R.SUM, R.PRODUCT, R.MIN, R.MAX, R.BAND, R.BOR, R.BXOR]
+    if dtype.is_floating_point:
+        return [R.SUM, R.AVG, R.PRODUCT, R.MIN, R.MAX]
+    return [R.SUM, R.PRODUCT, R.MIN, R.MAX, R.BAND, R.BOR, R.BXOR]
+
+
+def local_reduce(op, tensors):
+    """The single-process oracle: ``(values, mask)`` of the element-wise reduction over ranks, masked
+    semantics for indefinite fills (a rank contributes where it defines the element)."""
+    vals = [T.to_dense(fill_value=0) if T.is_fill_indefinite() else T.to_dense() for T in tensors]
+    masks = [_mask(T) for T in tensors]
+    acc, have = vals[0].clone(), masks[0].clone()
+    count = masks[0].long()
+    for v, m in zip(vals[1:], masks[1:]):
+        acc = torch.where(m & have, FUNCS[op](acc, v), torch.where(m, v, acc))
+        have |= m
+        count += m.long()
+    if op == R.AVG:
+        acc = acc / count.clamp(min=1)
+    return acc, have
+
+
+def _mask(T) -> torch.Tensor:
+    if not T.is_fill_indefinite():
+        return torch.ones(T.shape, dtype=torch.bool)
+    ones = sparsefill.sparse_coo_tensor(T._indices() if T.sparse_layout == torch.sparse_coo else
+                                        T.to_sparse(torch.sparse_coo)._indices(),
+                                        torch.ones(T._nse(), dtype=torch.bool), T.shape, fill_value=False)
+    return ones.to_dense()
+
+
+def assert_holds(R_, values, mask, msg, indefinite=None):
+    """``R_`` stands for ``values`` where ``mask`` and is unspecified (indefinite fill) elsewhere."""
+    if bool(mask.all()) if indefinite is None else not indefinite:
+        assert not R_.is_fill_indefinite(), msg
+        torch.testing.assert_close(R_.to_dense(), values, equal_nan=True, msg=msg)
+    else:
+        assert R_.is_fill_indefinite(), msg
+        torch.testing.assert_close(_mask(R_), mask, msg=msg)
+        torch.testing.assert_close(R_.to_dense(fill_value=0)[mask], values[mask], equal_nan=True, msg=msg)
+
+
+# ---------------------------------------------------------------------- the collectives
+def _check_all_reduce(rank, world, ops=None, algorithms=("auto", "sparse", "dense")):
+    for case in CASES:
+        everyone = [make(case, j) for j in range(world)]
+        for op in [o for o in ops_for(everyone[0].dtype) if ops is None or o in ops]:
+            for algorithm in algorithms:
+                indefinite = any(T.is_fill_indefinite() for T in everyone)
+                if algorithm == "dense" and indefinite:
+                    continue  # (refused: tested in the bad inputs)
+                A = make(case, rank)
+                layout = A.sparse_layout
+                msg = f"all_reduce {case} {op} {algorithm} rank {rank}"
+                sparsefill.distributed.all_reduce(A, op, algorithm=algorithm)
+                nan_minmax = case == "nonfinite" and op in (R.MIN, R.MAX)  # gloo's dense min/max skip NaN
+                if not (nan_minmax and algorithm == "dense"):
+                    assert_holds(A, *local_reduce(op, everyone), msg, all(T.is_fill_indefinite() for T in everyone))
+                assert A.sparse_layout == layout and isinstance(A, sparsefill.SparseTensor), msg
+                if not indefinite and op != R.AVG and (algorithm == "dense" or not nan_minmax):
+                    D = make(case, rank).to_dense()
+                    dist.all_reduce(D, op)  # the dense collective (gloo's MIN/MAX skip NaN: not compared there)
+                    torch.testing.assert_close(A.to_dense(), D, equal_nan=True, msg=msg)
+    # the plain torch call on the issue's example, in place, and the same for a view and async_op
+    B = sparsefill.sparse_coo_tensor([[0, 3]], [1., 2.], (5,), fill_value=float(rank))
+    same = B
+    dist.all_reduce(B)
+    assert B is same
+    base = world * (world - 1) / 2
+    torch.testing.assert_close(B.to_dense(), torch.tensor([world, base, base, 2. * world, base]))
+    A = sparsefill.to_sparse(torch.arange(12.).reshape(3, 4) * (rank + 1), fill_value=0.)
+    work = dist.all_reduce(A[1], async_op=True)
+    work.wait()
+    expect = torch.arange(12.).reshape(3, 4) * (rank + 1)
+    expect[1] = torch.arange(4., 8.) * sum(range(1, world + 1))
+    torch.testing.assert_close(A.to_dense(), expect)
+
+
+def _check_moves(rank, world):
+    """broadcast, all_gather(_into_tensor), reduce_scatter(_tensor), all_to_all(_single), reduce, gather,
+    scatter, send/recv: against the dense collective or the inputs themselves."""
+    for case in CASES:
+        everyone = [make(case, j) for j in range(world)]
+        A = make(case, rank)
+        indefinite = any(T.is_fill_indefinite() for T in everyone)
+        like = [sparsefill.full_like(A, 7 if A.dtype != torch.bool else True) if not A.is_fill_indefinite() else
+                make(case, rank) for _ in range(world)]
+        for root in range(world):  # broadcast
+            B = make(case, rank)
+            dist.broadcast(B, root)
+            assert_holds(B, *local_reduce(R.MAX, [everyone[root]]), f"broadcast {case} root {root}",
+                         everyone[root].is_fill_indefinite())
+            assert B.is_fill_indefinite() == everyone[root].is_fill_indefinite()
+        dist.all_gather(like, A)
+        for j in range(world):
+            assert_holds(like[j], *local_reduce(R.MAX, [everyone[j]]), f"all_gather {case} from {j}",
+                         everyone[j].is_fill_indefinite())
+        if not indefinite:
+            outs = [torch.empty(A.shape, dtype=A.dtype) for _ in range(world)]  # dense outputs
+            dist.all_gather(outs, A)
+            dense = [torch.empty(A.shape, dtype=A.dtype) for _ in range(world)]
+            dist.all_gather(dense, A.to_dense())  # the dense collective
+            for o, d in zip(outs, dense):
+                torch.testing.assert_close(o, d, equal_nan=True)
+        if A.dim() and not indefinite:
+            out = sparsefill.zeros((world * A.shape[0],) + tuple(A.shape[1:]), dtype=A.dtype)
+            dist.all_gather_into_tensor(out, A)
+            torch.testing.assert_close(out.to_dense(), torch.cat([T.to_dense() for T in everyone]), equal_nan=True)
+        # all_to_all: rank i sends its case tensor + j * fill shift to rank j
+        sends = [make(case, rank) for j in range(world)]
+        outs = [make(case, rank) for j in range(world)]
+        dist.all_to_all(outs, sends)
+        for j in range(world):
+            assert_holds(outs[j], *local_reduce(R.MAX, [everyone[j]]), f"all_to_all {case} from {j}",
+                         everyone[j].is_fill_indefinite())
+        if everyone[0].dtype in (torch.float32, torch.float64, torch.int64) and not indefinite:
+            for op in (R.SUM, R.MAX):  # reduce_scatter: rank j gets the reduction of the ranks' inputs[j]
+                ins = [make(case, (rank + j) % world) for j in range(world)]
+                out = make(case, rank)
+                dist.reduce_scatter(out, ins, op)
+                values, mask = local_reduce(op, [make(case, (i + rank) % world) for i in range(world)])
+                assert_holds(out, values, mask, f"reduce_scatter {case} {op}")
+                root = world - 1
+                T = make(case, rank)
+                dist.reduce(T, root, op)
+                expect = local_reduce(op, everyone) if rank == root else local_reduce(R.MAX, [A])
+                assert_holds(T, *expect, f"reduce {case} {op}")
+    # rows: reduce_scatter_tensor and all_to_all_single along the first dim, gather, scatter
+    X = sparsefill.to_sparse(torch.arange(world * 2 * 3.).reshape(world * 2, 3) % (rank + 2), fill_value=1.)
+    out = sparsefill.zeros(2, 3)
+    dist.reduce_scatter_tensor(out, X)
+    full = sum(torch.arange(world * 2 * 3.).reshape(world * 2, 3) % (j + 2) for j in range(world))
+    torch.testing.assert_close(out.to_dense(), full[2 * rank:2 * rank + 2])
+    out = sparsefill.zeros(world * 2, 3)
+    dist.all_to_all_single(out, X)
+    expect = torch.cat([(torch.arange(world * 2 * 3.).reshape(world * 2, 3) % (j + 2))[2 * rank:2 * rank + 2]
+                        for j in range(world)])
+    torch.testing.assert_close(out.to_dense(), expect)
+    gl = [sparsefill.zeros(world * 2, 3) for _ in range(world)] if rank == 0 else None
+    dist.gather(X, gl, dst=0)
+    if rank == 0:
+        for j in range(world):
+            torch.testing.assert_close(gl[j].to_dense(), torch.arange(world * 2 * 3.).reshape(world * 2, 3) % (j + 2))
+    S = sparsefill.zeros(world * 2, 3)
+    dist.scatter(S, [X * (j + 1) for j in range(world)] if rank == 0 else None, src=0)
+    torch.testing.assert_close(S.to_dense(), (torch.arange(world * 2 * 3.).reshape(world * 2, 3) % 2) * (rank + 1))
+    # send/recv around the ring, every case
+    for case in CASES:
+        A = make(case, rank)
+        nxt, prv = (rank + 1) % world, (rank - 1) % world
+        got = make(case, rank)
+        if rank % 2 == 0:
+            dist.send(A, nxt)
+            dist.recv(got, prv)
+        else:
+            dist.recv(got, prv)
+            dist.send(A, nxt)
+        assert_holds(got, *local_reduce(R.MAX, [make(case, prv)]), f"send/recv {case}", make(case, prv).is_fill_indefinite())
+
+
+def _check_groups(rank, world):
+    """A subgroup: group ranks, not global ranks, inside; the others take no part."""
+    g = dist.new_group([1, 3])
+    A = make("coo1d", rank)
+    if rank in (1, 3):
+        dist.all_reduce(A, group=g)
+        torch.testing.assert_close(A.to_dense(), make("coo1d", 1).to_dense() + make("coo1d", 3).to_dense())
+        B = make("csr", rank)
+        dist.broadcast(B, src=3, group=g)
+        torch.testing.assert_close(B.to_dense(), make("csr", 3).to_dense())
+        C = make("csr", rank)
+        if rank == 1:
+            dist.send(make("csr", 1), dst=3, group=g)
+        else:
+            dist.recv(C, src=1, group=g)
+            torch.testing.assert_close(C.to_dense(), make("csr", 1).to_dense())
+    else:
+        torch.testing.assert_close(A.to_dense(), make("coo1d", rank).to_dense())
+    dist.barrier()
+
+
+def test_collectives_world2():
+    spawn(_worker_w2, 2)
+
+
+def _worker_w2(rank, world):
+    _check_all_reduce(rank, world)
+    _check_moves(rank, world)
+
+
+def test_collectives_world4():
+    spawn(_worker_w4, 4)
+
+
+def _worker_w4(rank, world):
+    _check_all_reduce(rank, world, (R.SUM, R.AVG, R.MAX, R.BXOR), ("sparse", "dense"))
+    _check_moves(rank, world)
+    _check_groups(rank, world)
