@@ -312,3 +312,91 @@ def _worker_w4(rank, world):
     _check_all_reduce(rank, world, (R.SUM, R.AVG, R.MAX, R.BXOR), ("sparse", "dense"))
     _check_moves(rank, world)
     _check_groups(rank, world)
+    _check_bad_inputs(rank, world, VARIANTS[:1])
+
+
+# ---------------------------------------------------------------------- bad inputs: the same error on every rank
+def _snapshot(T):
+    return (T.to_dense(fill_value=0) if T.is_fill_indefinite() else T.to_dense()).clone()
+
+
+def _expect_error(world, err, match, fn, *tensors):
+    """``fn()`` raises ``err`` on every rank with the same message, modifies none of ``tensors``, and the
+    group is still in step afterwards (a dense all_reduce gives the right sum)."""
+    before = [_snapshot(T) for T in tensors]
+    with pytest.raises(err, match=match) as info:
+        fn()
+    msgs = [None] * world
+    dist.all_gather_object(msgs, str(info.value))
+    assert len(set(msgs)) == 1, msgs
+    for T, b in zip(tensors, before):
+        torch.testing.assert_close(_snapshot(T), b, equal_nan=True)
+    x = torch.ones(1)
+    dist.all_reduce(x)
+    assert x.item() == world
+
+
+def _bad(rank, world, **kw):
+    """Rank 0 gets the base tensor, the others the variant ``kw`` describes."""
+    shape, dtype, layout, dense_dim = (4, 3), torch.float32, torch.sparse_coo, 0
+    if rank:
+        shape = kw.get("shape", shape)
+        dtype = kw.get("dtype", dtype)
+        layout = kw.get("layout", layout)
+        dense_dim = kw.get("dense_dim", dense_dim)
+    x = torch.zeros(shape, dtype=dtype)
+    x[0, 0] = 1
+    return sparsefill.to_sparse(x, fill_value=0, layout=layout, dense_dim=dense_dim)
+
+
+VARIANTS = [(dict(shape=(4, 4)), ValueError, "shapes differ"), (dict(dtype=torch.float64), TypeError, "dtypes differ"),
+            (dict(layout=torch.sparse_csr), ValueError, "layouts differ"), (dict(dense_dim=1), ValueError, "layouts")]
+
+
+def _check_bad_inputs(rank, world, variants=VARIANTS):
+    W = world
+    for kw, err, match in variants:
+        A = _bad(rank, world, **kw)
+        others = [_bad(rank, world, **kw) for _ in range(W)]
+        _expect_error(W, err, match, lambda: dist.all_reduce(A), A)
+        _expect_error(W, err, match, lambda: dist.broadcast(A, 0), A)
+        _expect_error(W, err, match, lambda: dist.reduce(A, 0), A)
+        _expect_error(W, err, match, lambda: dist.all_gather(others, A), A, *others)
+        _expect_error(W, err, match, lambda: dist.all_to_all(others, [_bad(rank, world, **kw) for _ in range(W)]),
+                      *others)
+        _expect_error(W, err, match, lambda: dist.reduce_scatter(A, [_bad(rank, world, **kw) for _ in range(W)]),
+                      A)
+        _expect_error(W, err, match, lambda: dist.gather(A, others if rank == 0 else None, 0), A, *others)
+        _expect_error(W, err, match, lambda: dist.scatter(A, others if rank == 0 else None, 0), A)
+        X = sparsefill.zeros((W * 4,) + tuple(A.shape[1:]), dtype=A.dtype)
+        _expect_error(W, err, match, lambda: dist.all_gather_into_tensor(X, A), X, A)
+        msg = ""
+        if rank in (0, 1):  # send/recv: the receiver's tensor differs; both sides raise the same error
+            before = _snapshot(A)
+            with pytest.raises(err, match=match) as info:
+                dist.send(A, 1) if rank == 0 else dist.recv(A, 0)
+            msg = str(info.value)
+            torch.testing.assert_close(_snapshot(A), before)
+        msgs = [None] * W
+        dist.all_gather_object(msgs, msg)
+        assert msgs[0] == msgs[1] != "", msgs
+    # the ranks make different calls: another op, another root
+    A = _bad(rank, world)
+    _expect_error(W, ValueError, "different calls", lambda: dist.all_reduce(A, R.SUM if rank else R.MAX), A)
+    _expect_error(W, ValueError, "different calls", lambda: dist.broadcast(A, rank % 2), A)
+    # ops with no closed form for the dtype, and the dense form of an indefinite fill
+    _expect_error(W, TypeError, "integer or bool", lambda: dist.all_reduce(A, R.BAND), A)
+    _expect_error(W, TypeError, "AVG needs a floating", lambda: dist.all_reduce(A.to(torch.int64), R.AVG))
+    I = _indefinite_of(torch.eye(3))
+    _expect_error(W, ValueError, "indefinite fill has no dense form",
+                  lambda: sparsefill.distributed.all_reduce(I, algorithm="dense"), I)
+    outs = [torch.zeros(3, 3) for _ in range(W)]
+    _expect_error(W, ValueError, "masked-out elements", lambda: dist.all_gather(outs, I), I)
+    with pytest.raises(ValueError, match="algorithm must be"):
+        sparsefill.distributed.all_reduce(A, algorithm="ring")
+    with pytest.raises(NotImplementedError, match="source rank"):
+        dist.recv(A)
+
+
+def test_bad_inputs_world2():
+    spawn(_check_bad_inputs, 2)

@@ -284,13 +284,10 @@ def convert_fill(A: SparseTensor, fill, indefinite, known_zero, layout, dense_di
 
 
 def check_densify_quiet(A: SparseTensor, what: str = "changing the fill or dense_dim") -> None:
-    """Dense by nature (explicitly requested): no warning, but the byte limit still applies."""
-    from ._policy import get_densify_policy, DensifyError
-    lim = get_densify_policy().limit_bytes
-    nbytes = A.numel() * A.element_size()
-    if lim is not None and nbytes > lim:
-        raise DensifyError(f"{what} goes through a dense tensor of {nbytes} bytes, "
-                           f"over the densify policy's limit of {lim} bytes")
+    """Dense by nature (or explicitly requested): the densify gate with ``by_nature=True`` (quiet under the
+    default policy; the byte limit applies)."""
+    from ._policy import check_densify
+    check_densify(what, A.numel() * A.element_size(), by_nature=True)
 
 
 def _redim_indefinite(A: SparseTensor, layout, dense_dim) -> SparseTensor:

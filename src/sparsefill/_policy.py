@@ -10,9 +10,19 @@ An operation without a native handler is computed on ``A.to_dense()`` (the
 In every mode a dense temporary larger than ``limit_bytes`` raises
 :class:`DensifyError` (``None`` means no limit).
 
+A result that is *dense by nature* -- ``A.cumsum(d)`` along a sparse dim, a dense tensor updated
+from ``A`` (``x.add_(A)``), a gradient that varies over the unspecified elements (softmax along
+one of several sparse dims, a masked op's backward where they are masked in) -- needs the dense
+form whatever the handler does.  It passes the same gate (:func:`check_densify` with
+``by_nature=True``) under its own mode, ``dense_by_nature``: ``"allow"`` by default (quiet, as a
+dense result is expected to be), ``"warn"`` or ``"raise"`` to find or forbid them; the byte limit
+applies alike.
+
 >>> import sparsefill
 >>> with sparsefill.densify_policy("raise"):
-...     pass  # any densifying computation in here raises DensifyError
+...     pass  # any densifying computation for want of a sparse handler raises DensifyError in here
+>>> with sparsefill.densify_policy("raise", dense_by_nature="raise"):
+...     pass  # ... and so does any dense-by-nature one
 """
 
 from __future__ import annotations
@@ -39,10 +49,13 @@ class DensifyError(RuntimeError):
 class DensifyPolicy:
     mode: str = "warn"
     limit_bytes: int | None = 1 << 30  # 1 GiB
+    dense_by_nature: str = "allow"
 
     def __post_init__(self):
         if self.mode not in _MODES:
             raise ValueError(f"densify policy mode must be one of {_MODES}, got {self.mode!r}")
+        if self.dense_by_nature not in _MODES:
+            raise ValueError(f"densify policy dense_by_nature must be one of {_MODES}, got {self.dense_by_nature!r}")
         if self.limit_bytes is not None and (not isinstance(self.limit_bytes, int) or self.limit_bytes < 0):
             raise ValueError(f"densify policy limit_bytes must be a non-negative int or None, got {self.limit_bytes!r}")
 
@@ -57,18 +70,25 @@ def get_densify_policy() -> DensifyPolicy:
     return stack[-1] if stack else _global[0]
 
 
-def set_densify_policy(mode: str | None = None, limit_bytes: int | None | type(...) = ...) -> DensifyPolicy:
+def _with(cur: DensifyPolicy, mode, limit_bytes, dense_by_nature) -> DensifyPolicy:
+    return DensifyPolicy(cur.mode if mode is None else mode, cur.limit_bytes if limit_bytes is ... else limit_bytes,
+                         cur.dense_by_nature if dense_by_nature is None else dense_by_nature)
+
+
+def set_densify_policy(mode: str | None = None, limit_bytes: int | None | type(...) = ..., *,
+                       dense_by_nature: str | None = None) -> DensifyPolicy:
     """Set the global policy; arguments left out keep their current value. Returns the previous policy."""
     old = _global[0]
-    _global[0] = DensifyPolicy(old.mode if mode is None else mode, old.limit_bytes if limit_bytes is ... else limit_bytes)
+    _global[0] = _with(old, mode, limit_bytes, dense_by_nature)
     return old
 
 
 @contextlib.contextmanager
-def densify_policy(mode: str | None = None, limit_bytes: int | None | type(...) = ...):
-    """Context manager: use this policy inside the ``with`` block (thread-local)."""
-    cur = get_densify_policy()
-    pol = DensifyPolicy(cur.mode if mode is None else mode, cur.limit_bytes if limit_bytes is ... else limit_bytes)
+def densify_policy(mode: str | None = None, limit_bytes: int | None | type(...) = ..., *,
+                   dense_by_nature: str | None = None):
+    """Context manager: use this policy inside the ``with`` block (thread-local); arguments left out keep
+    the value in force."""
+    pol = _with(get_densify_policy(), mode, limit_bytes, dense_by_nature)
     stack = _state.__dict__.setdefault("stack", [])
     stack.append(pol)
     try:
@@ -90,16 +110,30 @@ def _caller_stacklevel() -> int:
     return level
 
 
-def check_densify(what: str, nbytes: int) -> None:
-    """Apply the policy to a densifying computation ``what`` needing ``nbytes`` of dense temporaries."""
+def check_densify(what: str, nbytes: int, *, by_nature: bool = False) -> None:
+    """The densify gate: every computation that makes the dense form of a SparseTensor (``nbytes`` of dense
+    temporaries) asks it first.  ``by_nature=False``: for want of a sparse implementation (the densify
+    fallback, a view written the dense way), under the policy's ``mode``; ``by_nature=True``: a result or
+    gradient that is dense by nature, or an explicitly requested dense form, under ``dense_by_nature``.
+
+    >>> from sparsefill import DensifyError, densify_policy
+    >>> check_densify("A.cumsum(0)", 800, by_nature=True)         # quiet under the default policy
+    >>> with densify_policy(dense_by_nature="raise"):
+    ...     check_densify("A.cumsum(0)", 800, by_nature=True)
+    Traceback (most recent call last):
+    ...
+    sparsefill._policy.DensifyError: A.cumsum(0): dense by nature, and the densify policy's dense_by_nature is 'raise' (dense temporaries would take 800 bytes)
+    """
     pol = get_densify_policy()
-    if pol.mode == "raise":
-        raise DensifyError(f"{what}: no sparse implementation, and the densify policy is 'raise' "
-                           f"(dense temporaries would take {nbytes} bytes)")
+    mode = pol.dense_by_nature if by_nature else pol.mode
+    if mode == "raise":
+        why = "dense by nature, and the densify policy's dense_by_nature is" if by_nature else \
+            "no sparse implementation, and the densify policy is"
+        raise DensifyError(f"{what}: {why} 'raise' (dense temporaries would take {nbytes} bytes)")
     if pol.limit_bytes is not None and nbytes > pol.limit_bytes:
         raise DensifyError(f"{what}: densifying needs {nbytes} bytes, over the densify policy's limit of "
                            f"{pol.limit_bytes} bytes (see sparsefill.densify_policy)")
-    if pol.mode == "warn":
+    if mode == "warn":
         warnings.warn(f"{what}: computed by densifying ({nbytes} bytes)", DensifyWarning,
                       stacklevel=_caller_stacklevel())
 

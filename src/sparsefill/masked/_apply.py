@@ -80,6 +80,7 @@ class MaskedFn(torch.autograd.Function):
     def backward(ctx, G):
         X = ctx.X
         if X.mfill:  # masked-in unspecified elements: their gradients differ per slice
+            _convert.check_densify_quiet(X.A, "the backward of a masked op with masked-in unspecified elements")
             with torch.enable_grad():
                 x = _convert.dense_of(_convert.rewrap(X.A)).requires_grad_()
                 out = ctx.dense_ref(x)

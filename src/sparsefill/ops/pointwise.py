@@ -24,6 +24,7 @@ import functools
 import torch
 
 from .._convert import coalesce_of, coalesced_parts, dense_of, parts_to_sparse, rewrap, union_parts
+from .._policy import check_densify
 from .._tensor import SparseTensor
 from ._schema import flat_args, written_args, written_positions
 from ._writes import assign_
@@ -248,7 +249,12 @@ def _same_across_layouts(T: SparseTensor, A: SparseTensor) -> bool:
 
 
 def _dense_call(func, args, kwargs, tensors):
-    dense = {id(T): dense_of(T) for T in tensors if isinstance(T, SparseTensor)}
+    """``func`` on the SparseTensors' dense forms, for a result that is dense by nature (the densify gate's
+    ``by_nature``: quiet under the default policy)."""
+    sparse = {id(T): T for T in tensors if isinstance(T, SparseTensor)}
+    check_densify(f"{func}: a dense result from SparseTensor operands",
+                  sum(T.numel() * T.element_size() for T in sparse.values()), by_nature=True)
+    dense = {k: dense_of(T) for k, T in sparse.items()}
     return func(*[dense.get(id(a), a) for a in args], **{k: dense.get(id(v), v) for k, v in kwargs.items()})
 
 

@@ -25,6 +25,7 @@ from torch.utils._pytree import tree_map_only
 from .. import _index
 from .._convert import coalesced_parts, dense_of, parts_to_sparse
 from .._reduce import Norm, REDUCERS, first_gap, group_slices, segment_arg, segment_combine, segment_counts
+from .._policy import check_densify
 from .._tensor import SparseTensor
 from ._schema import check_dtype, meta_call, meta_of, reduction_meta
 from .shape import all_sparse
@@ -348,7 +349,10 @@ def _scan(func, args, kwargs):
     dim %= A.dim()
     sd = A.dim() - A.dense_dim()
     if dim < sd:
-        return NotImplemented if A._indefinite else func(dense_of(A), dim, **kwargs)
+        if A._indefinite:
+            return NotImplemented
+        check_densify(f"{func} along a sparse dim", A.numel() * A.element_size(), by_nature=True)
+        return func(dense_of(A), dim, **kwargs)
     idx, vals = coalesced_parts(A)
     vals = func(vals, dim - sd + 1, **kwargs)
     fill = None if A._indefinite else func(A._fill.expand(A._dense_shape), dim - sd, **kwargs)
