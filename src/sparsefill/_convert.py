@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from . import _index
+from ._compile import bincount
 from ._reduce import pattern_cached
 from ._tensor import SparseTensor
 
@@ -181,7 +182,7 @@ def parts_to_sparse(idx, vals, shape, fill, indefinite, known_zero, layout, coal
     nb = _index.numel(batch)
     keys = _index.linearize(idx, shape[:sdim])
     bkey = keys // (m * n) if m * n else keys
-    counts = torch.bincount(bkey, minlength=nb) if nb else bkey.new_zeros(0)
+    counts = bincount(bkey, nb) if nb else bkey.new_zeros(0)
     if nb > 1 and bool((counts != counts.max()).any()):  # equal nse per batch: pad with fill-valued elements
         if indefinite:
             raise ValueError("a batched sparse_csr tensor needs the same nse in every batch; with an indefinite "
@@ -194,7 +195,7 @@ def parts_to_sparse(idx, vals, shape, fill, indefinite, known_zero, layout, coal
     cols = keys % n if n else keys
     crow = keys.new_zeros(nb, m + 1)
     if nb and m:
-        crow[:, 1:] = torch.bincount(keys // n if n else keys, minlength=nb * m).view(nb, m).cumsum(1)
+        crow[:, 1:] = bincount(keys // n if n else keys, nb * m).view(nb, m).cumsum(1)
     return SparseTensor(layout, shape, vals.reshape(batch + (per,) + tuple(vals.shape[1:])), fill,
                         crow=crow.reshape(batch + (m + 1,)), col=cols.reshape(batch + (per,)),
                         indefinite=indefinite, known_zero=known_zero)

@@ -11,6 +11,8 @@ import math
 
 import torch
 
+from ._compile import traced
+
 _INT64_MAX = (1 << 63) - 1
 
 
@@ -45,7 +47,9 @@ def unravel(keys: torch.Tensor, shape) -> torch.Tensor:
         return keys.new_zeros((0, keys.numel()))
     if len(shape) == 1:
         return keys[None]
-    return torch.stack(torch.unravel_index(keys, tuple(shape))) if keys.numel() else keys.new_zeros((len(shape), 0))
+    if not traced(keys) and not keys.numel():
+        return keys.new_zeros((len(shape), 0))
+    return torch.stack(torch.unravel_index(keys, tuple(shape)))
 
 
 def runs_to_ids(lengths: torch.Tensor, total: int) -> torch.Tensor:
@@ -77,7 +81,7 @@ def coalesce(indices: torch.Tensor, values: torch.Tensor, shape):
     keys = linearize(indices, shape)
     skeys, perm = torch.sort(keys, stable=True)
     ukeys, inverse = torch.unique_consecutive(skeys, return_inverse=True)
-    if ukeys.numel() == keys.numel():
+    if not traced(keys) and ukeys.numel() == keys.numel():  # (traced: the general path, sizes unknown)
         return indices[:, perm], values[perm]
     return unravel(ukeys, shape), sum_duplicates(values[perm], inverse, ukeys.numel())
 
@@ -88,7 +92,7 @@ def unique_inverse(keys: torch.Tensor):
     On CPU, numpy's stable argsort (timsort) merges presorted runs in linear time, about 5x faster
     than ``torch.unique`` on the union of two coalesced patterns; elsewhere ``torch.unique``.
     """
-    if keys.device.type != "cpu" or keys.numel() < 4096:  # (small: torch.unique's lower call overhead wins)
+    if keys.device.type != "cpu" or traced(keys) or keys.numel() < 4096:  # (small: torch.unique's lower overhead)
         return torch.unique(keys, return_inverse=True)
     import numpy as np
     perm = torch.from_numpy(np.argsort(keys.numpy(), kind="stable"))

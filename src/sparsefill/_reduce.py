@@ -42,6 +42,7 @@ import weakref
 
 import torch
 
+from ._compile import bincount, known_true, traced
 from ._index import linearize, numel, runs_to_ids, unravel
 
 __all__ = ["Reducer", "LogSumExp", "Var", "Norm", "REDUCERS", "segment_combine", "segment_counts",
@@ -80,12 +81,15 @@ def segment_combine(values: torch.Tensor, seg: torch.Tensor, num_segments: int, 
     ``segment_reduce`` kernel, which reads each run once instead of scattering.
     """
     ident = identity_of(mode, values.dtype) if init is None else init
-    if lengths is not None and values.dtype in (torch.float32, torch.float64) and values.numel():
+    fake = traced(values)  # (torch.compile: sizes are symbols, and the scatter forms trace)
+    if lengths is not None and values.dtype in (torch.float32, torch.float64) and not fake and values.numel():
         return torch.segment_reduce(values, _SEGMENT_REDUCE[mode], lengths=lengths, unsafe=True, initial=ident)
     seg = seg_ids(seg, lengths, values.shape[0])
     out = values.new_full((num_segments, *values.shape[1:]), ident)
-    if values.numel() == 0:
+    if not fake and values.numel() == 0:
         return out
+    if fake and mode == "sum" and type(num_segments) is int and num_segments == 1:  # (inductor fails on a scatter-add into one row)
+        return out + values.sum(0, keepdim=True)
     if mode == "sum":
         return out.index_add_(0, seg, values)
     return out.scatter_reduce_(0, broadcast_seg(seg, values), values, mode, include_self=True)
@@ -100,7 +104,7 @@ def segment_counts(seg: torch.Tensor, num_segments: int, lengths=None) -> torch.
     """Number of stored values per segment (int64, shape ``(num_segments,)``)."""
     if lengths is not None:
         return lengths
-    return torch.bincount(seg, minlength=num_segments) if seg.numel() else \
+    return bincount(seg, num_segments) if seg.numel() else \
         torch.zeros(num_segments, dtype=torch.int64, device=seg.device)
 
 
@@ -130,7 +134,7 @@ def _fold_sum(acc, f, n):
         f = torch.as_tensor(f, dtype=acc.dtype, device=acc.device).expand(n.shape)
         return acc + times(f, n, f).sum(-1)
     f = torch.as_tensor(f, dtype=acc.dtype, device=acc.device)
-    if f.dim() == 0 and bool(torch.isfinite(f)):  # no 0 * inf to guard where n = 0: one fused op
+    if f.dim() == 0 and known_true(torch.isfinite(f)):  # no 0 * inf to guard where n = 0: one fused op
         return torch.addcmul(acc, _bcast(n, acc).to(acc.dtype), f)
     return acc + times(f, n, acc)
 

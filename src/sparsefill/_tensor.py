@@ -16,6 +16,8 @@ of a ``sparse_coo`` layout gradient); the storage format is ``A.sparse_layout``.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from . import _index
@@ -161,6 +163,8 @@ class SparseTensor(torch.Tensor):
         """Host-side: True only when the fill is known to be zero (never syncs a device)."""
         if self._indefinite:
             return False
+        if type(self._fill) is not torch.Tensor:  # traced (FakeTensor, FunctionalTensor): read no data
+            return self._zero[1] and self._zero[0] == _version(self._fill)
         if self._fill.device.type == "cpu":  # cheap, and sees writes that bypass version counters (.data)
             return not bool(self._fill.any())
         v = _version(self._fill)
@@ -367,16 +371,41 @@ class SparseTensor(torch.Tensor):
 
     # ------------------------------------------------------------------ subclass protocol
     def __tensor_flatten__(self):
+        """``(inner tensor names, metadata)`` for torch.compile: the metadata reads no data (DESIGN.md section
+        10) and the stored-element count is a dynamic size (as torch's nested tensors mark their ragged dim),
+        so a new pattern with another nse reuses the compiled graph."""
         self._sync()
         names = ["_idx"] if self._sf_layout is torch.sparse_coo else ["_crow", "_col"]
-        return names + ["_vals", "_fill"], (self._sf_layout, self._indefinite, self._coalesced, self._fill_is_zero())
+        if type(self._vals) is torch.Tensor and not hasattr(self._vals, "_dynamo_propagated_dynamic_indices"):
+            _mark_nse_dynamic(self)
+        return names + ["_vals", "_fill"], (self._sf_layout, self._indefinite, self._coalesced)
 
     @staticmethod
     def __tensor_unflatten__(inner, ctx, outer_size, outer_stride):
-        layout, indefinite, coalesced, zero = ctx
+        layout, indefinite, coalesced = ctx[:3]  # (files saved before: a 4th entry, the zero flag, is ignored)
         return SparseTensor(layout, outer_size, inner["_vals"], inner["_fill"], indices=inner.get("_idx"),
                             crow=inner.get("_crow"), col=inner.get("_col"), indefinite=indefinite,
-                            coalesced=coalesced, known_zero=zero)
+                            coalesced=coalesced)
+
+    def _stable_hash_for_caching(self) -> str:
+        """AOTAutograd's cache key of this tensor: its metadata and its inner tensors' (no data)."""
+        import hashlib
+        names, meta = self.__tensor_flatten__()
+        key = [tuple(self.shape), self.dtype, self.device, self.requires_grad, meta]
+        key += [(n, tuple(t.shape), t.dtype, t.stride()) for n in names for t in (getattr(self, n),)]
+        return hashlib.blake2b(repr(key).encode(), digest_size=16).hexdigest()
+
+    def __coerce_tangent_metadata__(self):
+        """AOTAutograd's tangent of a SparseTensor output: as it comes (any pattern, coalesced or not; a
+        view is caught up with its base first)."""
+        return self._sync()
+
+    def __coerce_same_metadata_as_tangent__(self, expected_metadata, expected_type=None):
+        """The incoming gradient ``self`` in the form the traced backward expects (``expected_type`` and the
+        flatten metadata ``(layout, indefinite, coalesced)``), its dense tensor unchanged: coalesced or of
+        the other layout; None where no exact form exists (see ``_compile.coerce_tangent``)."""
+        from ._compile import coerce_tangent
+        return coerce_tangent(self, expected_metadata, expected_type)
 
     def _rebuild_args(self, fn=lambda t: t):
         names, ctx = self.__tensor_flatten__()
@@ -504,12 +533,31 @@ class SparseTensor(torch.Tensor):
             out = fast(func, args, kwargs or {})
             if out is not None:
                 return out
+        mode = _tracing_mode()
+        if mode is not None:  # torch.compile (see _compile.traced_dispatch)
+            from ._compile import traced_dispatch
+            return traced_dispatch(_OPS.dispatch, mode, func, types, args, kwargs or {})
         if func.is_view and torch.is_inference_mode_enabled() and not args[0].is_inference():
             with torch.inference_mode(False):  # a view of a normal tensor must not be an inference tensor
                 return _OPS.dispatch(func, types, args, kwargs or {})
         return _OPS.dispatch(func, types, args, kwargs or {})
 
 
+def _mark_nse_dynamic(A: SparseTensor) -> None:
+    """Mark the stored-element dims of ``A``'s inner tensors dynamic for dynamo (unguarded, as torch's nested
+    tensors mark their ragged dim): COO ``indices`` dim 1 and ``values`` dim 0, CSR ``col_indices``' and
+    ``values``' nse dim."""
+    if A._sf_layout is torch.sparse_coo:
+        A._idx._dynamo_propagated_dynamic_indices = {1}
+        A._vals._dynamo_propagated_dynamic_indices = {0}
+    else:
+        k = A._col.dim() - 1
+        A._col._dynamo_propagated_dynamic_indices = {k}
+        A._vals._dynamo_propagated_dynamic_indices = {k}
+
+
+_FAKE_MODE = torch._C._TorchDispatchModeKey.FAKE
+_tracing_mode = functools.partial(torch._C._get_dispatch_mode, _FAKE_MODE)  # the active FakeTensorMode or None
 _FAST: dict = {}  # OpOverload -> the op layer's fast(func): a shortcut where the op may take it, else False
 
 

@@ -59,6 +59,7 @@ import warnings
 import torch
 
 from .. import _index
+from .._compile import bincount, known_true, traced
 from .._convert import coalesced_parts, parts_to_sparse, scalar_parts
 from .._reduce import pattern_cached
 from .._tensor import SparseTensor
@@ -120,7 +121,7 @@ class _Mat:
         """``(perm, crow, col, rows)`` of the transpose: the stored elements reordered by column."""
         cols = self.col
         perm = torch.sort(cols, stable=True)[1]
-        counts = torch.bincount(cols, minlength=self.nb * self.k)
+        counts = bincount(cols, self.nb * self.k)
         crow = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
         return perm, crow, self.rows[perm], cols[perm]
 
@@ -134,7 +135,7 @@ def _mat(A: SparseTensor) -> _Mat | None:
     if not zero:
         f = _shape._fill_dense(A)
         fill = f.reshape((1,) * (3 - f.dim()) + tuple(f.shape))
-    finite = fill is None or bool(torch.isfinite(fill).all())
+    finite = fill is None or known_true(torch.isfinite(fill).all())  # (traced: the general path)
     if A._sf_layout is torch.sparse_csr and not A.dense_dim():
         crow, col, vals = A._crow, A._col, A._vals
         if nd == 3:
@@ -151,7 +152,7 @@ def _mat(A: SparseTensor) -> _Mat | None:
         rows, col = idx[0], idx[1]
     else:
         rows, col = idx[0] * m + idx[1], idx[0] * k + idx[2]
-    counts = torch.bincount(rows, minlength=nb * m)
+    counts = bincount(rows, nb * m)
     crow = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
     return _Mat(nb, m, k, crow, col, vals, fill, finite, A._sf_layout, rows, key)
 
@@ -168,6 +169,9 @@ def _native_spmm(M: _Mat, X: torch.Tensor, values=None, bias=None) -> torch.Tens
     ``(1, m, n)`` is added by the same kernel (``addmm``: no second pass over the result)."""
     n = X.shape[-1]
     Xs = X.expand(M.nb, M.k, n).reshape(M.nb * M.k, n)
+    if traced(M.col) or traced(Xs):  # torch's sparse kernels do not trace: a gather and a scatter-add
+        out = _gather_spmm(M, Xs, values).view(M.nb, M.m, n)
+        return out if bias is None else out + bias
     mat = M.csr(values)
     if not (mat.dtype.is_floating_point or mat.dtype.is_complex):  # torch's CSR kernels: floating only
         mat = torch.sparse_coo_tensor(torch.stack([M.rows, M.col]), mat.values(), mat.shape, is_coalesced=True)
@@ -175,6 +179,15 @@ def _native_spmm(M: _Mat, X: torch.Tensor, values=None, bias=None) -> torch.Tens
         return torch.addmm(bias[0], mat, Xs).view(1, M.m, n)
     out = (mat @ Xs).view(M.nb, M.m, n)
     return out if bias is None else out + bias
+
+
+def _gather_spmm(M: _Mat, Xs: torch.Tensor, values=None) -> torch.Tensor:
+    """``out[r] = sum(values[e] * Xs[col[e]] for the stored e of row r)``, ``(nb * m, n)``: ``M.csr(values) @ Xs``
+    in ops that torch.compile traces (values default to ``A0 = A - F``, as :meth:`_Mat.csr`)."""
+    if values is None:
+        values = M.vals if M.fill is None or not M.finite else M.vals - M.fill_at()
+    terms = values[:, None] * Xs.index_select(0, M.col)
+    return terms.new_zeros(M.nb * M.m, Xs.shape[-1]).index_add_(0, M.rows, terms)
 
 
 def _fill_times(f: torch.Tensor, X: torch.Tensor) -> torch.Tensor:

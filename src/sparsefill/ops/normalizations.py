@@ -65,12 +65,12 @@ def _softmax(func, args, kwargs):
     one = func(f[None], 0, half_to_float)[0]  # a slice of N fills only: 1 / N (log: -log N), or NaN
     empty = one if not N else one - math.log(N) if log else one / N
     if sd == 1:  # one slice: the fill is an array over the dense dims
-        return parts_to_sparse(idx, out, A.shape, slice_fill[0] if S else empty, False, False, B._sf_layout, True)
+        one_slice = slice_fill[0] if S else empty if isinstance(S, int) else torch.cat([slice_fill, empty[None]])[0]
+        return parts_to_sparse(idx, out, A.shape, one_slice, False, False, B._sf_layout, True)
     # the unspecified value varies by slice: dense by nature
     kept = [d for d in range(A.dim()) if d != dim]
     P = empty.expand(tuple(A.shape[d] for d in kept)).clone()
-    if S:
-        P[tuple(out_idx)] = slice_fill.to(P.dtype)
+    P[tuple(out_idx)] = slice_fill.to(P.dtype)  # (no slice specified: nothing written)
     dense = P.unsqueeze(dim).expand(A.shape).clone()
     dense[tuple(idx)] = out.to(dense.dtype)
     return dense

@@ -93,7 +93,7 @@ def reduce_dims(A: SparseTensor, name: str, dims, keepdim: bool, out_meta: torch
     if not kept:  # every sparse dim: one slice, no grouping; dense by nature
         k = vals.shape[0]
         seg = torch.zeros(k, dtype=torch.int64, device=vals.device)
-        n_all = torch.tensor([N - k], device=vals.device)
+        n_all = torch.tensor([N], device=vals.device) - k  # (k: a dynamic size when traced, not a constant)
         res = r(vals, seg, 1, **({} if fill is None else dict(fill=fill, n_fill=n_all)))[0]
         return res.reshape(out_meta.shape).to(out_meta.dtype)
     seg, out_idx, n_fill = rows if rows is not None else group_slices(idx, A._sparse_shape, sp)
