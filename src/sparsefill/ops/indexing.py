@@ -1,7 +1,7 @@
 """Indexing and joining on the stored elements: ``select``, ``slice`` (``narrow``, ``A[a:b:s]``),
 ``index_select``, ``A[i, j, ...]``, ``cat`` and ``stack``; ``split``, ``chunk`` and ``unbind`` decompose
-into them; ``flip roll rot90 repeat tril triu diagonal trace nonzero masked_select``.  Writes and reads
-at coordinates (``index_put``, ``scatter``, ``index_*``, ``gather``) are in ``coords.py``::
+into them; ``flip roll rot90 repeat tril triu diagonal trace nonzero masked_select masked_scatter``.
+Writes and reads at coordinates (``index_put``, ``scatter``, ``index_*``, ``gather``) are in ``coords.py``::
 
     op(A).to_dense() == op(A.to_dense())
 
@@ -498,6 +498,39 @@ def _masked_select(func, args, kwargs):
     if A.shape != shape:
         A = A.expand(shape)
     return aten.index.Tensor(A, [mask.expand(shape)])
+
+
+@register(aten.masked_scatter.default, aten.masked_scatter_.default)
+def _masked_scatter(func, args, kwargs):
+    """``A.masked_scatter(mask, source)``: the elements where ``mask`` (broadcast) is True take ``source``'s
+    first elements in row-major order and join the pattern (``coords.write``), O(nse + mask's elements)::
+
+        A.masked_scatter(mask, s).to_dense() == A.to_dense().masked_scatter(mask, s)
+
+    It is the backward of ``masked_select`` (the upstream gradient scattered into ``zeros_like(A)``):
+    a SparseTensor on the selected elements.  A SparseTensor mask with a False fill gives its stored True
+    elements; a SparseTensor source is read densely at its first elements; other masks, an indefinite
+    source, a hybrid indefinite ``A``: the next stage."""
+    from .coords import _result, write  # (coords.py imports this module)
+    A, mask, source = args[0], args[1], args[2]
+    sparse_mask = isinstance(mask, SparseTensor)
+    if not isinstance(A, SparseTensor) or isinstance(source, SparseTensor) and source._indefinite \
+            or A._indefinite and A.dense_dim() \
+            or sparse_mask and (mask._indefinite or not mask._fill_is_zero()):
+        return NotImplemented
+    probe = torch.empty(0, dtype=A.dtype, device=A.device)  # torch's dtype errors, from the real kernel
+    probe.masked_scatter_(torch.empty(0, dtype=mask.dtype, device=A.device), source.new_empty(0))
+    shape = torch.broadcast_shapes(A.shape, mask.shape)  # torch's shape error
+    if shape != A.shape:
+        if func is aten.masked_scatter_.default:
+            raise RuntimeError(f"masked_scatter_: mask of shape {list(mask.shape)} does not broadcast to self "
+                               f"of shape {list(A.shape)}")
+        A = A.expand(shape)
+    coords = aten.nonzero.default(mask.expand(shape)).T  # row-major, as torch fills them
+    if source.numel() < coords.shape[1]:
+        raise RuntimeError("Number of elements of source < number of ones in mask")
+    src = source.reshape(-1)[: coords.shape[1]]
+    return _result(func, args[0], write(A, coords, dense_of(src) if isinstance(src, SparseTensor) else src))
 
 
 @register(aten.trace.default)

@@ -110,7 +110,7 @@ def pointwise_rule(func, args, kwargs):
     A = sparse[0]
     written = [out] if out is not None else written_args(func, args, kwargs)
     if out is None and written_positions(func) and not (len(written) == 1 and written[0] is A):
-        return NotImplemented  # e.g. a dense tensor updated in place from A
+        return _into_dense(func, args, kwargs, tensors, sparse, written)  # e.g. a dense tensor updated from A
     # a 0-d SparseTensor beside a larger one is one value: it joins as a 0-d dense tensor (same promotion)
     sub = {id(T): dense_of(T) for T in sparse[1:] if T.dim() == 0 < A.dim() and not T._indefinite}
     sparse = [T for T in sparse if id(T) not in sub]
@@ -185,15 +185,13 @@ def _unbatch(batch: torch.Tensor, ndense: int) -> torch.Tensor:
 
 
 def _broadcast(sparse):
-    """``[(T, T expanded to the common shape)]`` for SparseTensors that broadcast over size-1 sparse dims
-    (same dense dims), else None.  Expanding dim ``d`` of size 1 to ``n`` repeats the stored elements
-    ``n`` times: the result pattern is the union of the expanded patterns."""
+    """``[(T, T expanded to the common shape)]`` for SparseTensors that broadcast over size-1 dims (as many
+    dense dims each), else None.  Expanding sparse dim ``d`` of size 1 to ``n`` repeats the stored elements
+    ``n`` times: the result pattern is the union of the expanded patterns; a dense dim expands the values
+    and the fill (``A - A.logsumexp(-1, keepdim=True)`` on a hybrid ``A``)."""
     try:
         shape = torch.broadcast_shapes(*[T.shape for T in sparse])
     except RuntimeError:
-        return None
-    D = sparse[0]._dense_shape
-    if any(T._dense_shape != D for T in sparse):
         return None
     return [(T, T if T.shape == shape else _expand(T, shape)) for T in sparse]
 
@@ -246,6 +244,17 @@ def _same_across_layouts(T: SparseTensor, A: SparseTensor) -> bool:
     rows, cols = O._idx
     return torch.equal(cols, C._col.to(cols.dtype)) and torch.equal(
         torch._convert_indices_from_coo_to_csr(rows, C.shape[0], out_int32=C._crow.dtype == torch.int32), C._crow)
+
+
+def _into_dense(func, args, kwargs, tensors, sparse, written):
+    """A dense tensor updated in place from SparseTensors (``x.add_(A)``; ``g.masked_fill_(A < B, 0)`` in torch's
+    derivative formulas of ``maximum``, ``std``, ``norm``): dense by nature, as ``x + A`` is, so computed with
+    the SparseTensors' dense forms, quietly (they broadcast to the target: no larger than it).  A SparseTensor
+    written too, or an indefinite operand (no dense form), takes the fallback."""
+    if any(isinstance(w, SparseTensor) or w.layout is not torch.strided for w in written) \
+            or any(T._indefinite or T.numel() > w.numel() for T in sparse for w in written):
+        return NotImplemented
+    return _dense_call(func, args, kwargs, tensors)
 
 
 def _dense_call(func, args, kwargs, tensors):

@@ -235,7 +235,8 @@ def expand(A: SparseTensor, size) -> SparseTensor | None:
             vals = vals.repeat((r,) + (1,) * (vals.dim() - 1))
             ordered = ordered and all(old[e] == 1 for e in range(d))
     vals = vals.expand([vals.shape[0]] + size[sd:])
-    return _make(A, size, idx, vals, A._fill, ordered)
+    fill = A._fill if A._indefinite or not A._fill.dim() else A._fill.expand(size[sd:])  # an array fill: as the values
+    return _make(A, size, idx, vals, fill, ordered)
 
 
 # ---------------------------------------------------------------------- handlers
