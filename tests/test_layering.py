@@ -90,6 +90,7 @@ def _dense(t):
 CASES = {  # forward computations that are dense by nature: (sparsefill, dense reference)
     "cumsum along a sparse dim": lambda A: torch.cumsum(A, 0),
     "A + dense varying over the sparse dims": lambda A: A + torch.arange(6., dtype=torch.float64).view(2, 3),
+    "dense.add_(A)": lambda A: torch.ones(2, 3, dtype=torch.float64).add_(A),
 }
 
 
