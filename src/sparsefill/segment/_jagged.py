@@ -394,24 +394,27 @@ class KeyedJaggedBatch:
         """``(offsets, ids, weights)``: the ids of the batch ordered by (key in ``keys``, example), and the
         ``K * B + 1`` offsets of those (key, example) lists: the ids of key ``keys[j]`` in example ``e``
         are ``ids[offsets[j * B + e]:offsets[j * B + e + 1]]`` (an absent key: an empty list).  Computed
-        once for all keys: a few passes over the entries, one gather of the ids (and weights), no
-        per-key mask."""
+        once for all keys, with no sort and no per-key mask: every entry's list is placed at its slot
+        ``j * B + e`` (its length and start there; an entry of another key goes to a discarded slot),
+        then one gather of the ids (and weights) reads the lists in slot order."""
         K, B, E = len(keys), self.batch_size, self.keys.numel()
         dev = self.keys.device
-        want = torch.tensor(keys, dtype=torch.int64, device=dev)
-        lengths = torch.zeros(K * B, dtype=torch.int64, device=dev)
-        order = torch.zeros(0, dtype=torch.int64, device=dev)
+        KB = K * B
+        lengths = torch.zeros(KB + 1, dtype=torch.int64, device=dev)
+        starts = torch.zeros(KB + 1, dtype=torch.int64, device=dev)
         if K and E:
-            srt, perm = torch.sort(want)
+            srt, perm = torch.sort(torch.tensor(keys, dtype=torch.int64, device=dev))
             at = torch.searchsorted(srt, self.keys).clamp_max_(K - 1)
-            entries = (srt.index_select(0, at) == self.keys).nonzero().squeeze(1)  # entries of a wanted key
-            slot = (perm.index_select(0, at.index_select(0, entries)) * B
-                    + _seg_of(self.example_lengths, E).index_select(0, entries))  # (key rank, example): distinct
-            slot, by_slot = torch.sort(slot)
-            order = entries.index_select(0, by_slot)
-            lengths.index_copy_(0, slot, self.values_lengths.index_select(0, order))
-        offsets = torch.zeros(K * B + 1, dtype=torch.int64, device=dev)
-        torch.cumsum(lengths, 0, out=offsets[1:])
-        ids = lengths_gather(self.values, self.values_lengths, order, validate=False)
-        w = lengths_gather(self.weights, self.values_lengths, order, validate=False) if with_weights else None
+            slot = perm.index_select(0, at).mul_(B).add_(_seg_of(self.example_lengths, E))
+            slot.masked_fill_(srt.index_select(0, at) != self.keys, KB)  # (another key: the discarded slot)
+            vl = self.values_lengths
+            lengths.index_put_((slot,), vl)
+            starts.index_put_((slot,), torch.cumsum(vl, 0).sub_(vl))
+        offsets = torch.zeros(KB + 1, dtype=torch.int64, device=dev)
+        torch.cumsum(lengths[:KB], 0, out=offsets[1:])
+        n = int(offsets[-1])
+        at = torch.arange(n, device=dev).add_(torch.repeat_interleave(starts[:KB] - offsets[:-1], lengths[:KB],
+                                                                       output_size=n))
+        ids = self.values.index_select(0, at)
+        w = self.weights.index_select(0, at) if with_weights else None
         return offsets, ids, w
