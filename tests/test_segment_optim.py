@@ -274,3 +274,30 @@ def test_sparse_adagrad_equals_torch_adagrad_over_steps(backend, monkeypatch):
         torch.set_num_threads(threads)
     assert torch.equal(ours.detach()[150:], table[150:])
     assert_close(opt.state[ours]["moment"], ref_opt.state[ref]["sum"])
+
+
+@pytest.mark.parametrize("backend", _BACKENDS)
+def test_coalesced_ftrl_and_the_kept_marks(backend):
+    """Coalesced FTRL on both backends (the compiled coalescing, then the torch update) against the loop
+    over the summed rows; the compiled kernels leave their kept table of row marks all -1 (they restore
+    every mark they set), and while another step holds it a call takes a fresh one, with the same result."""
+    from sparsefill.segment import _optim
+    param, idx, grad = _data(9)
+    n, z = torch.rand_like(param), torch.randn_like(param)
+    rows, inv = torch.unique(idx, return_inverse=True)
+    summed = grad.new_zeros(rows.numel(), 3).index_add_(0, inv, grad)
+    ep, en, ez = loop_ftrl(param, n, z, rows, summed, 0.1, 1.0, 0.05, 0.01)
+    with segment.use_backend(backend):
+        segment.sparse_ftrl(param, n, z, idx, grad, alpha=0.1, beta=1.0, lambda1=0.05, lambda2=0.01, mode="coalesced")
+    assert_close(param, ep)
+    assert_close(n, en)
+    assert_close(z, ez)
+    p2, idx2, grad2 = _data(10)
+    m_free, m_held = torch.zeros_like(p2), torch.zeros_like(p2)
+    p_free, p_held = p2.clone(), p2.clone()
+    with segment.use_backend(backend):
+        segment.sparse_adagrad(p_free, m_free, idx2, grad2, lr=0.1, mode="coalesced")
+        with _optim._MARKS_LOCK:  # (another step holds the kept table)
+            segment.sparse_adagrad(p_held, m_held, idx2, grad2, lr=0.1, mode="coalesced")
+    assert torch.equal(p_free, p_held) and torch.equal(m_free, m_held)
+    assert (_optim._MARKS["buf"] == -1).all()

@@ -33,7 +33,9 @@ FTRL-proximal (per element)::
 
 from __future__ import annotations
 
+import contextlib
 import math
+import threading
 
 import numpy as np
 import torch
@@ -74,10 +76,18 @@ def _marks_fit(R: int, n: int) -> bool:
 
 
 def _coalesce(idx, grad, R):
-    """``(rows, g)``: the distinct rows of ``idx`` (ascending) and the sum of the gradient rows of each,
-    ``g[i] = sum_{p: idx[p] == rows[i]} grad[p]``.  The rows are found by marking them in a table of
-    ``R`` flags when that is small next to ``idx`` (no sort), else by ``torch.unique``."""
-    if _marks_fit(R, idx.numel()):
+    """``(rows, g)``: the distinct rows of ``idx`` and the sum of the gradient rows of each,
+    ``g[i] = sum_{p: idx[p] == rows[i]} grad[p]``.  By the compiled kernel where it applies (rows in
+    order of first appearance), else by marking the rows in a table of ``R`` flags when that is small
+    next to ``idx`` (no sort), else by ``torch.unique`` (rows ascending)."""
+    n, D = idx.numel(), math.prod(grad.shape[1:])
+    if _compilable(idx, grad) and _kernels.compiled_for(grad.device, n * D):
+        rows, acc = torch.empty(n, dtype=torch.int64), torch.empty(n, D, dtype=grad.dtype)
+        with _marks(R) as mark:
+            g = grad.detach().reshape(n, D).contiguous().numpy()
+            u = _kernels._nb().coalesce_rows(idx.contiguous().numpy(), g, mark, rows.numpy(), acc.numpy())
+        return rows[:u], acc[:u].view(u, *grad.shape[1:])
+    if _marks_fit(R, n):
         mark = torch.zeros(R, dtype=torch.bool, device=idx.device).index_fill_(0, idx, True)
         rows = mark.nonzero().squeeze(1)
         slot = torch.empty(R, dtype=torch.int64, device=idx.device)
@@ -86,6 +96,14 @@ def _coalesce(idx, grad, R):
     else:
         rows, inv = torch.unique(idx, return_inverse=True)
     return rows, grad.new_zeros((rows.numel(), *grad.shape[1:])).index_add_(0, inv, grad)
+
+
+def _compilable(idx, param, *states) -> bool:
+    """Whether the compiled row kernels can take these tensors: CPU, float32/float64, some gradient rows,
+    ``param`` and ``states`` contiguous (they are written in place through numpy views)."""
+    n, D = idx.numel(), math.prod(param.shape[1:])
+    return (0 < n < 2 ** 31 and D > 0 and param.device.type == "cpu" and param.dtype in _FLOATS
+            and all(t.is_contiguous() for t in states))
 
 
 def _rounds(idx):
@@ -125,29 +143,52 @@ def _apply(idx, grad, mode, update, R):
                 update(idx.index_select(0, sel), grad.index_select(0, sel))
 
 
+_MARKS = {"buf": np.empty(0, dtype=np.int32)}
+_MARKS_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _marks(R: int):
+    """A table of ``R`` int32 marks, all -1, for the compiled kernels (which restore every mark they set):
+    one buffer kept for the process (grown to the largest table seen: 4 bytes a row) so that a step
+    costs no pass over the table's rows; a fresh one while another step holds it.  An exception inside
+    drops the kept buffer (its marks may not have been restored)."""
+    if not _MARKS_LOCK.acquire(blocking=False):
+        yield np.full(R, -1, dtype=np.int32)
+        return
+    try:
+        if _MARKS["buf"].shape[0] < R:
+            _MARKS["buf"] = np.full(R, -1, dtype=np.int32)
+        yield _MARKS["buf"]
+    except BaseException:
+        _MARKS["buf"] = np.empty(0, dtype=np.int32)
+        raise
+    finally:
+        _MARKS_LOCK.release()
+
+
 def _compiled(kernel: str, param, states, idx, grad, mode, *scalars) -> bool:
     """Run the fused compiled kernel ``kernel`` of ``_numba_kernels`` (coalescing and update in one pass
     over the gradient rows and one over the touched rows, no sort) when it applies: ``mode="coalesced"``,
-    CPU float32/float64 contiguous tensors, a row table small next to the gradient (``_marks_fit``) and
-    the segment backend's choice (``_kernels.compiled_for``).  Returns whether it ran."""
+    CPU float32/float64 contiguous tensors and the segment backend's choice (``_kernels.compiled_for``).
+    Returns whether it ran.  The touched rows are split ``r % T`` between ``T`` threads."""
     n, R = idx.numel(), param.shape[0]
     D = math.prod(param.shape[1:])
-    if not (mode == "coalesced" and n and D and param.device.type == "cpu" and param.dtype in _FLOATS
-            and param.is_contiguous() and all(s.is_contiguous() for s in states) and _marks_fit(R, n)
+    if not (mode == "coalesced" and _compilable(idx, param, param, *states)
             and _kernels.compiled_for(param.device, n * D)):
         return False
     fn = getattr(_kernels._nb(), kernel)
     arr = [(t.view(R, D) if t.shape == param.shape else t).detach().numpy() for t in (param, *states)]  # (rowwise: 1-D)
-    g = grad.reshape(n, D).contiguous().numpy()
+    g = grad.detach().reshape(n, D).contiguous().numpy()
     dt = arr[0].dtype.type
-    mark = np.full(R, -1, dtype=np.int64)
     T = _kernels._threads(n * D)
-    jobs = [(*arr, idx.contiguous().numpy(), g, mark, np.empty(n, dtype=np.int64), np.empty((n, D), dtype=g.dtype),
-             *(dt(v) for v in scalars), t, T) for t in range(T)]
-    futures = [_kernels._pool(T - 1).submit(fn, *job) for job in jobs[1:]]
-    fn(*jobs[0])
-    for f in futures:
-        f.result()
+    with _marks(R) as mark:
+        jobs = [(*arr, idx.contiguous().numpy(), g, mark, np.empty(n, dtype=np.int64),
+                 np.empty((n, D), dtype=g.dtype), *(dt(v) for v in scalars), t, T) for t in range(T)]
+        futures = [_kernels._pool(T - 1).submit(fn, *job) for job in jobs[1:]]
+        fn(*jobs[0])
+        for f in futures:
+            f.result()
     return True
 
 
