@@ -302,6 +302,7 @@ def test_collectives_world2():
 def _worker_w2(rank, world):
     _check_all_reduce(rank, world)
     _check_moves(rank, world)
+    _check_data_parallel(rank, world)
 
 
 def test_collectives_world4():
@@ -313,6 +314,7 @@ def _worker_w4(rank, world):
     _check_moves(rank, world)
     _check_groups(rank, world)
     _check_bad_inputs(rank, world, VARIANTS[:1])
+    _check_data_parallel(rank, world)
 
 
 # ---------------------------------------------------------------------- bad inputs: the same error on every rank
@@ -400,3 +402,74 @@ def _check_bad_inputs(rank, world, variants=VARIANTS):
 
 def test_bad_inputs_world2():
     spawn(_check_bad_inputs, 2)
+
+
+# ---------------------------------------------------------------------- data-parallel training
+class _Model(torch.nn.Module):
+    """A table read by sparse_lengths_sum (sparse gradient), a SparseLinear (DDP buckets its values), a
+    SparseTensor parameter (dense semantics: excluded from DDP) and a dense head."""
+
+    def __init__(self):
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.table = torch.nn.Parameter(torch.randn(20, 4, generator=g))
+        self.lin = sparsefill.nn.SparseLinear.from_dense(torch.randn(3, 4, generator=g) *
+                                                         (torch.rand(3, 4, generator=g) < 0.5))
+        x = torch.randn(3, 3, generator=g) * (torch.rand(3, 3, generator=g) < 0.5)
+        self.S = torch.nn.Parameter(sparsefill.to_sparse(x, fill_value=0.1))
+        self.head = torch.nn.Linear(3, 1)
+        with torch.no_grad():
+            self.head.weight.copy_(torch.randn(1, 3, generator=g))
+            self.head.bias.copy_(torch.randn(1, generator=g))
+
+    def forward(self, ids, lengths):
+        pooled = sparsefill.segment.sparse_lengths_sum(self.table, ids, lengths, sparse_grad=True)
+        return self.head(torch.relu(self.lin(pooled)) @ self.S).squeeze(-1)
+
+
+def _batches(steps, n):
+    g = torch.Generator().manual_seed(7)
+    out = []
+    for _ in range(steps):
+        lengths = torch.randint(0, 4, (n,), generator=g)
+        out.append((torch.randint(0, 20, (int(lengths.sum()),), generator=g), lengths, torch.randn(n, generator=g)))
+    return out
+
+
+def _train(model, batches, lr=0.1):
+    opt1 = sparsefill.segment.SparseAdagrad([model.table if hasattr(model, "table") else model.module.table], lr=lr)
+    rest = [p for n, p in model.named_parameters() if not n.endswith("table")]
+    opt2 = torch.optim.SGD(rest, lr=lr)
+    for ids, lengths, y in batches:
+        opt1.zero_grad()
+        opt2.zero_grad()
+        (model(ids, lengths) - y).square().mean().backward()
+        opt1.step()
+        opt2.step()
+
+
+def _check_data_parallel(rank, world, B=3, steps=3):
+    full = _batches(steps, world * B)
+    mine = []
+    for ids, lengths, y in full:
+        at = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
+        lo, hi = int(at[rank * B]), int(at[(rank + 1) * B])
+        mine.append((ids[lo:hi], lengths[rank * B:(rank + 1) * B], y[rank * B:(rank + 1) * B]))
+    model = _Model()
+    with torch.no_grad():  # other ranks start elsewhere: data_parallel broadcasts rank 0's values
+        model.table.add_(rank)
+        model.S.mul_(rank + 1)
+        model.head.bias.add_(rank)
+    ddp = sparsefill.distributed.data_parallel(model, sparse=["table"])
+    assert isinstance(ddp, torch.nn.parallel.DistributedDataParallel)
+    assert len(ddp.sparse_grad_sync.params) == 2  # the table and S
+    _train(ddp, mine)
+    ref = _Model()
+    _train(ref, full)
+    got = dict(model.named_parameters())
+    for n, p in ref.named_parameters():
+        q = got[n]
+        torch.testing.assert_close(q.to_dense() if isinstance(q, sparsefill.SparseTensor) else q,
+                                   p.to_dense() if isinstance(p, sparsefill.SparseTensor) else p,
+                                   msg=f"data-parallel parameter {n} (rank {rank}, world {world})")
+    ddp.sparse_grad_sync.remove()

@@ -102,8 +102,8 @@ def combine(op, tensors: list, layout=None) -> SparseTensor:
     indefinite = fill is None
     if indefinite:
         fill = torch.empty(0, dtype=T0.dtype, device=T0.device)
-    return parts_to_sparse(_index.unravel(union, S), acc, T0.shape, fill, indefinite, False,
-                           layout or T0._sf_layout, True)
+    return parts_to_sparse(_index.unravel(union, S), acc, T0.shape, fill, indefinite=indefinite,
+                           layout=layout or T0._sf_layout, coalesced=True)
 
 
 def _mask(m, U, device):

@@ -148,7 +148,8 @@ def unpack(h, payload: torch.Tensor, shape, device) -> torch.Tensor:
     idx = _index.unravel(keys, S) if _keys_fit(S) else keys.view(sdim, nse)
     vals = _from_bytes(payload[nkey:nkey + nval], dtype, (nse,) + tuple(D))
     fill = _from_bytes(payload[nkey + nval:], dtype, fill_shape(h, D)).clone()
-    return parts_to_sparse(idx, vals, shape, fill, bool(h[INDEFINITE]), False, LAYOUTS[int(h[LAYOUT])], True)
+    return parts_to_sparse(idx, vals, shape, fill, indefinite=bool(h[INDEFINITE]), layout=LAYOUTS[int(h[LAYOUT])],
+                           coalesced=True)
 
 
 def fill_shape(h, D) -> tuple:
