@@ -293,18 +293,20 @@ def test_not_routed():
     case = Case((6, 5), 2.5)
     v, f = case.leaves()
     A = case.build(v, f)
-    for out in (A.max(0).values, A.prod(1), (A * 2).sum(1), torch.exp(A).amax(0)):
+    for out in (A.max(0).values, A.prod(1), A[torch.tensor([1, 0, 2, 3, 4, 5])].sum(1)):
         assert not _routed(out)
+    assert _routed((A * 2).sum(1)) and _routed(torch.exp(A).amax(0))  # element-wise ops: a uniform derivative
     assert _routed(A.sum(1)) and _routed(A.coalesce().to_sparse_csr().logsumexp(0))
     H = Case((5, 3), 2.0, dense_dim=1, nse=3)
     assert not _routed(torch.prod(H.build(*H.leaves()), 1))
     assert not _routed(case.build(case.values, case.fill).sum())
     with torch.no_grad():
         assert A.sum().grad_fn is None
-    out = (A * 2).sum(0).sum()  # through torch's path, the gradients are still exact
+    perm = torch.tensor([1, 0, 2, 3, 4, 5])
+    out = A[perm].sum(0).sum()  # through torch's path, the gradients are still exact
     out.backward()
     vd, fd = case.leaves()
-    (case.build(vd, fd).to_dense() * 2).sum(0).sum().backward()
+    case.build(vd, fd).to_dense()[perm].sum(0).sum().backward()
     torch.testing.assert_close((v.grad, f.grad), (vd.grad, fd.grad))
 
 
@@ -500,5 +502,32 @@ def test_partial_reductions_have_no_temporary_of_the_input_size(op, layout, fill
         out = PARTIAL[op][0](case.build(v, f))
         with sparsefill.densify_policy("raise", limit_bytes=1 << 16):
             (out.to_dense(fill_value=0.0) if case.indefinite else out.to_dense()).sum().backward()
+    assert _routed(out)
+    assert rec.largest < 300 * 400 // 20, rec.largest
+
+
+@pytest.mark.parametrize("fill", [0.0, 2.5, NAN], ids=str)
+@pytest.mark.parametrize("layout", ["coo", "csr", "uncoalesced"])
+@pytest.mark.parametrize("chain", ["(2*A).sum(1)", "exp(A).amax(0)", "(A+A*A).mean(0)", "(A*s).var(1)",
+                                   "sigmoid(A).logsumexp(1)"])
+def test_partial_reductions_of_computed_tensors(chain, layout, fill):
+    """A reduction keeping a sparse dim of a definite-fill tensor computed by element-wise ops (a derivative
+    the same at every unspecified element) is routed; the gradients equal the dense ones."""
+    s = torch.tensor(1.5, dtype=torch.float64)
+    fn = {"(2*A).sum(1)": lambda A: (2 * A).sum(1), "exp(A).amax(0)": lambda A: torch.exp(A).amax(0),
+          "(A+A*A).mean(0)": lambda A: (A + A * A).mean(0), "(A*s).var(1)": lambda A: (A * s).var(1),
+          "sigmoid(A).logsumexp(1)": lambda A: torch.sigmoid(A).logsumexp(1)}[chain]
+    check(Case((6, 5), fill, **_case_kw(layout), nse=8), fn)
+
+
+@pytest.mark.parametrize("fill", [0.0, 5.0], ids=str)
+@pytest.mark.parametrize("layout", [COO, CSR], ids=["coo", "csr"])
+def test_partial_reduction_of_a_computed_tensor_has_no_temporary_of_the_input_size(layout, fill):
+    case = Case((300, 400), fill, layout=layout, nse=60)
+    v, f = case.leaves()
+    with _Sizes() as rec:
+        out = torch.exp(-0.1 * case.build(v, f)).sum(1)
+        with sparsefill.densify_policy("raise", limit_bytes=1 << 16):
+            out.to_dense().sum().backward()
     assert _routed(out)
     assert rec.largest < 300 * 400 // 20, rec.largest

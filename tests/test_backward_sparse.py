@@ -223,13 +223,15 @@ def test_no_n_by_n_temporary(op, layout, fill):
 
 def test_route_taken_only_where_the_pattern_gradient_is_exact():
     """A leaf (dense semantics: its ``.grad`` is ``G @ X^T``) and ``A`` computed from another SparseTensor
-    with a definite fill take torch's path; through coalesce / CSR conversion the route is taken."""
+    with a definite fill by other than element-wise ops take torch's path; through coalesce / CSR
+    conversion and element-wise ops the route is taken."""
     case = Case((6, 5), (5, 3), 2.5, uncoalesced=True)
     v, f, X = case.leaves()
     A = case.build(v, f)
     assert _routed(A.coalesce() @ X) and _routed(A.to_sparse_csr() @ X)
     assert _routed(X.T @ A.t()) and _routed(X.mT @ A.T) and _routed(X.T @ A.to_sparse_csr().transpose(0, 1))
-    assert not _routed((A * 2) @ X)
+    assert _routed((A * 2) @ X) and _routed(A.exp() @ X)
+    assert not _routed(A[torch.tensor([1, 0, 2, 3, 4, 5])] @ X)
     leaf = A.detach().requires_grad_()
     out = leaf @ X
     assert not _routed(out)
@@ -357,3 +359,57 @@ def test_routes_first_imported_under_no_grad():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["SparseMMBackward"], r.stdout
+
+
+COMPUTED = {  # name: (A shape, X shape, fn): the SparseTensor operand computed by element-wise ops
+    "(2*A)@X": ((6, 5), (5, 3), lambda A, X: (2 * A) @ X),
+    "X@exp(A)": ((6, 5), (4, 6), lambda A, X: X @ torch.exp(A * 0.5)),
+    "(A+A*A)@X": ((6, 5), (5, 3), lambda A, X: (A + A * A) @ X),
+    "(2*A.t())@X": ((6, 5), (6, 3), lambda A, X: (2 * A.t()) @ X),
+    "(A*s)@X": ((6, 5), (5, 3), lambda A, X: (A * X[0, 0]) @ X),
+    "linear(x, tanh(A))": ((6, 5), (2, 5), lambda A, x: F.linear(x, torch.tanh(A))),
+}
+
+
+@pytest.mark.parametrize("fill", [0.0, 2.5, "indefinite"], ids=str)
+@pytest.mark.parametrize("layout", ["coo", "csr", "uncoalesced"])
+@pytest.mark.parametrize("op", sorted(COMPUTED))
+def test_matmul_of_a_computed_operand(op, layout, fill):
+    """``(2 * W) @ X``: a SparseTensor operand computed by element-wise ops whose derivative is the same at
+    every unspecified element (numbers, 0-d tensors, SparseTensors within its pattern) is routed; the
+    gradients equal the dense ones."""
+    if fill == "indefinite" and op == "X@exp(A)":
+        fill = NAN  # (exp(0) != 0: the 0-filled dense reference is not the masked product)
+    shape, xshape, fn = COMPUTED[op]
+    kw = dict(layout=CSR) if layout == "csr" else dict(uncoalesced=True) if layout == "uncoalesced" else {}
+    check(Case(shape, xshape, fill, **kw), fn)
+
+
+@pytest.mark.parametrize("fill", [0.0, 2.5], ids=str)
+@pytest.mark.parametrize("layout", [COO, CSR], ids=["coo", "csr"])
+def test_matmul_of_a_computed_operand_has_no_n_by_n_temporary(layout, fill):
+    case = Case((300, 400), (400, 4), fill, layout=layout, nse=60)
+    v, f, X = case.leaves()
+    with _Shapes() as rec:
+        out = torch.exp(0.5 * case.build(v, f)) @ X
+        with sparsefill.densify_policy("raise", limit_bytes=1 << 16):
+            out.sum().backward()
+    assert _routed(out)
+    assert rec.largest < 300 * 400 // 20, rec.largest
+
+
+def test_matmul_of_an_operand_with_a_varying_derivative_takes_torchs_path():
+    """``(A * B) @ X`` where ``B`` stores elements outside the result's pattern cannot happen (element-wise
+    results store the union); an operand whose derivative varies over its unspecified elements -- a SparseTensor
+    multiplied by a dense tensor over its dense dims, or rows gathered by index -- is not routed, and exact."""
+    case = Case((6, 5, 2), (2, 3), 1.5, dense_dim=1)
+    v, f, _ = case.leaves()
+    w = torch.tensor([2.0, -1.0], dtype=torch.float64)
+    A = case.build(v, f) * w  # (6, 5, 2): its dense dim scaled element by element
+    from sparsefill.ops.linalg_autograd import pattern_grad_is_exact
+    assert isinstance(A, SparseTensor) and not pattern_grad_is_exact(A)
+    out = A.sum((0, 1))
+    out.sum().backward()
+    vd, fd, _ = case.leaves()
+    (case.build(vd, fd).to_dense() * w).sum((0, 1)).sum().backward()
+    torch.testing.assert_close((v.grad, f.grad), (vd.grad, fd.grad))

@@ -16,9 +16,10 @@ constructor reads ``grad_A`` at the pattern and its sum over the unspecified ele
 is taken only where that is all that is read (:func:`pattern_grad_is_exact`).  An indefinite fill
 has no gradient outside the pattern (the forward reads nothing there): the gradient's fill is 0.
 
-Not routed (torch's formulas, as before): both operands SparseTensors, 4-d operands, a leaf ``A``
-and ``A`` computed by other ops (its dense gradient ``G @ X^T`` may be read elsewhere than at the
-pattern).  The fill's closed form subtracts the pattern's part: with ``inf`` in ``G`` or ``X`` it
+``A`` may be computed by element-wise ops with the same derivative at every unspecified element
+(``(2 * W) @ X``, ``W.exp() @ X``): the mean is carried through them unchanged in kind.  Not routed
+(torch's formulas, as before): both operands SparseTensors, 4-d operands, a leaf ``A`` and ``A``
+computed by other ops (its dense gradient ``G @ X^T`` may be read elsewhere than at the pattern).  The fill's closed form subtracts the pattern's part: with ``inf`` in ``G`` or ``X`` it
 may be NaN where the dense sum over the unspecified elements is infinite.
 
 >>> import torch, sparsefill
@@ -32,6 +33,7 @@ may be NaN where the dense sum over the unspecified elements is infinite.
 
 from __future__ import annotations
 
+import re
 import warnings
 
 import torch
@@ -60,15 +62,94 @@ _PERMUTING = _permuting_nodes()
 
 def pattern_grad_is_exact(A: SparseTensor) -> bool:
     """True when ``A``'s gradient is read only at its pattern and summed over its unspecified
-    elements: ``A`` comes from a differentiable constructor (through coalesce / layout changes and
-    transposes: ``x @ W.t()``), or its fill is indefinite.  A leaf's ``.grad`` (dense semantics:
-    ``G @ X^T``) and ``A`` computed otherwise take torch's path."""
+    elements, so that a gradient exact at the pattern with the *mean* over the unspecified elements as
+    its fill is exact for every reader: ``A`` comes from a differentiable constructor through
+
+    * coalesce / layout changes and transposes (``x @ W.t()``), or
+    * element-wise ops whose derivative is the same at every unspecified element of ``A``
+      (``2 * W``, ``W.exp()``, ``W + B``): every tensor their backward reads is a number, a 0-d tensor
+      or a SparseTensor with a defined fill and no stored element outside ``A``'s pattern, and their
+      inputs have ``A``'s shape (or are 0-d: their gradient is a sum over every element);
+
+    or its fill is indefinite.  A leaf's ``.grad`` (dense semantics: ``G @ X^T``) and ``A`` computed
+    otherwise (``W * w`` with a dense ``w``: a derivative that varies) take torch's path."""
     if A._indefinite:
         return True
-    node = A.grad_fn
+    if A.grad_fn is None:  # a leaf
+        return False
+    keys, seen, todo = [], set(), [A.grad_fn]
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if _through_permutations(node):
+            continue
+        if type(node) is _CONSTRUCT and tuple(node.pattern.shape) == tuple(A.shape):
+            if not _within_pattern(node.pattern, A, keys):
+                return False
+            continue
+        if not _uniform_elementwise(node, A, keys):
+            return False
+        todo.extend(m for m, _ in node.next_functions if m is not None and len(m._input_metadata) and
+                    tuple(m._input_metadata[0].shape) != ())  # 0-d inputs: a sum over every element
+    return True
+
+
+def _through_permutations(node) -> bool:
+    """Transposes, coalesce and layout changes down to a constructor (``A`` is that constructor's tensor)."""
+    moved = False
     while type(node) in _PERMUTING or type(node) is _SAME_DENSE and node.x_layout is None:
-        node = node.next_functions[0][0]
-    return type(node) is _CONSTRUCT
+        node, moved = node.next_functions[0][0], True
+    return moved and type(node) is _CONSTRUCT
+
+
+_POINTWISE_NODES: dict = {}  # autograd node type -> whether it is the backward of an element-wise aten op
+
+
+def _is_pointwise_node(node) -> bool:
+    t = type(node)
+    ok = _POINTWISE_NODES.get(t)
+    if ok is None:
+        m = re.fullmatch(r"([A-Za-z0-9]+?)Backward\d+", t.__name__)
+        name = m and re.sub(r"(?<=[a-z0-9])([A-Z])", r"_\1", m.group(1)).lower()
+        op = getattr(torch.ops.aten, name, None) if name else None
+        ok = _POINTWISE_NODES[t] = isinstance(op, torch._ops.OpOverloadPacket) and any(
+            torch.Tag.pointwise in getattr(op, o).tags for o in op.overloads())
+    return ok
+
+
+def _uniform_elementwise(node, A: SparseTensor, keys: list) -> bool:
+    """``node`` is an element-wise op's backward on ``A``'s shape whose every saved tensor is a number, 0-d,
+    or a SparseTensor with a defined fill storing nothing outside ``A``'s pattern."""
+    if not _is_pointwise_node(node) or len(node._input_metadata) != 1 or \
+            tuple(node._input_metadata[0].shape) != tuple(A.shape):
+        return False
+    for name in dir(node):
+        if not name.startswith("_saved_"):
+            continue
+        t = getattr(node, name)
+        if isinstance(t, SparseTensor):
+            if t._indefinite or t.shape != A.shape or not _within_pattern(t, A, keys):
+                return False
+        elif isinstance(t, torch.Tensor) and t.dim() > 0:
+            return False
+    return True
+
+
+def _within_pattern(T: SparseTensor, A: SparseTensor, keys: list) -> bool:
+    """No stored element of ``T`` (same shape as ``A``) lies outside ``A``'s pattern (``keys``: A's sorted
+    keys, computed once)."""
+    if T._sf_layout is A._sf_layout and (T._idx is A._idx if A._sf_layout is torch.sparse_coo
+                                         else T._crow is A._crow and T._col is A._col):
+        return True
+    if T._sparse_ndim() != A._sparse_ndim():
+        return False
+    if not keys:
+        idx, _ = coalesced_parts(A)
+        keys.append(_index.linearize(idx, A._sparse_shape))
+    tk = _index.linearize(T._coo_parts()[0], T._sparse_shape)
+    return bool(_index.lookup(keys[0], tk)[1].all())
 
 
 def _sampled(A: SparseTensor, U: torch.Tensor, V: torch.Tensor):

@@ -22,7 +22,8 @@ A reduction over some sparse dims only (the rest kept) gives the unspecified ele
 vary slice by slice: the gradient is then exact at the pattern with the *mean* over the unspecified
 elements as its fill (:func:`partial_grad`), which is exact for what reads it only there and in sum, the
 constructor; so it is routed only where ``linalg_autograd.pattern_grad_is_exact(A)`` (``A`` built by a
-constructor, through coalesce/layout changes/transposes, or an indefinite fill).
+constructor, through coalesce/layout changes/transposes or element-wise ops with the same derivative at
+every unspecified element, or an indefinite fill).
 
 Not routed (torch's formulas, as before): those partial reductions of another ``A``, a partial one over
 a dense dim too, ``prod`` over a dense dim or keeping a sparse dim, ``max``/``min`` with a dim (the
