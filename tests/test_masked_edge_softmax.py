@@ -1,5 +1,5 @@
-"""The edge softmax: ``masked.softmax/log_softmax/softmin`` of a SparseTensor with indefinite fill along a sparse dim
-(``masked/_segsoftmax.py``, one cached segment plan per pattern and a closed-form backward).
+"""The edge softmax: ``masked.softmax/log_softmax/softmin`` and ``torch.softmax/log_softmax`` of a SparseTensor with
+indefinite fill along a sparse dim (``_segsoftmax.py``, one cached segment plan per pattern, closed-form backward).
 
 Values and gradients against ``torch.masked.<op>`` on the dense equivalent with the pattern as mask, read at the
 pattern, for COO (2 and 3 sparse dims, hybrid) and CSR, every sparse dim, float32/float64, slices holding +inf,
@@ -18,9 +18,9 @@ from torch.testing import assert_close
 import sparsefill
 from sparsefill import SparseTensor
 from sparsefill import masked as M
-from sparsefill.masked import _segsoftmax
+from sparsefill import _segsoftmax
 
-OPS = ("softmax", "log_softmax", "softmin")
+OPS = ("softmax", "log_softmax", "softmin", "torch.softmax", "torch.log_softmax")
 
 
 def _pattern(shape, nse, seed, dense=()):
@@ -61,48 +61,65 @@ def _reference(op, idx, vals, shape, dim, g):
     return out.detach()[at], gx[at]
 
 
-def _check(op, A, idx, vals, shape, dim, dtype):
+def _fn(op):
+    """``masked.<op>``, or ``torch.softmax``/``torch.log_softmax`` for ``torch.<op>`` (an indefinite fill is a mask)."""
+    return getattr(torch, op[6:]) if op.startswith("torch.") else getattr(M, op)
+
+
+def _check(op, A, idx, vals, shape, dim, dtype, calls):
     A.requires_grad_()
-    P = getattr(M, op)(A, dim)
+    n = len(calls)
+    P = _fn(op)(A, dim)
     own = (P._idx is A._idx) if A.sparse_layout is torch.sparse_coo else (P._crow is A._crow and P._col is A._col)
-    assert own and P.is_fill_indefinite() and P.dtype == dtype, "the shortcut did not run"
+    assert own and P.is_fill_indefinite() and P.dtype == dtype and len(calls) == n + 1, "the edge softmax did not run"
     g = torch.randn(vals.shape, generator=torch.Generator().manual_seed(1), dtype=dtype)
     (gA,) = torch.autograd.grad(P._values(), A, g)
-    ref_out, ref_grad = _reference(op, idx, vals.to(dtype), shape, dim, g)
+    assert len(calls) == n + 2, "its backward did not run"
+    ref_out, ref_grad = _reference(op.removeprefix("torch."), idx, vals.to(dtype), shape, dim, g)
     tol = dict(atol=1e-5, rtol=1e-4) if dtype is torch.float32 else {}
     assert_close(P._values().detach(), ref_out, equal_nan=True, **tol)
-    assert isinstance(gA, SparseTensor) and not gA.is_fill_indefinite() and float(gA._fill_value()) == 0
+    assert isinstance(gA, SparseTensor)   # (masked.*: fill 0; torch.*: indefinite, 0 at the masked-out elements)
     assert_close(gA._values(), ref_grad, equal_nan=True, **tol)
     with torch.no_grad():  # the same values without a graph
-        assert_close(getattr(M, op)(A, dim)._values(), P._values().detach(), equal_nan=True)
+        assert_close(_fn(op)(A, dim)._values(), P._values().detach(), equal_nan=True)
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """The calls of the edge softmax's forward and backward kernels."""
+    seen = []
+    for name in ("softmax_values", "softmax_grad_values"):
+        real = getattr(_segsoftmax, name)
+        monkeypatch.setattr(_segsoftmax, name, lambda *a, real=real, **k: seen.append(real) or real(*a, **k))
+    return seen
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("dim", [0, 1, -1])
 @pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("layout", ["coo", "csr"])
-def test_matches_torch_masked_on_the_dense_equivalent(layout, op, dim, dtype):
+def test_matches_torch_masked_on_the_dense_equivalent(layout, op, dim, dtype, calls):
     shape = (12, 9)
     idx, vals = _pattern(shape, 40, seed=0)
     vals = _special(idx, vals).to(dtype)
     A = sparsefill.sparse_coo_tensor(idx, vals, shape, fill_value=sparsefill.indefinite)
     if layout == "csr":
         A = A.to_sparse_csr()
-    _check(op, A, idx, vals, shape, dim, dtype)
+    _check(op, A, idx, vals, shape, dim, dtype, calls)
 
 
 @pytest.mark.parametrize("dim", [0, 1, 2])
 @pytest.mark.parametrize("op", OPS)
-def test_three_sparse_dims_and_hybrid(op, dim):
+def test_three_sparse_dims_and_hybrid(op, dim, calls):
     shape = (4, 5, 6)
     idx, vals = _pattern(shape, 50, seed=2)
     vals = _special(idx, vals)
     A = sparsefill.sparse_coo_tensor(idx, vals, shape, fill_value=sparsefill.indefinite)
-    _check(op, A, idx, vals, shape, dim, torch.float64)
+    _check(op, A, idx, vals, shape, dim, torch.float64, calls)
     if dim < 2:  # a trailing dense dim: each dense position is its own slice
         idx2, vals2 = _pattern(shape[:2], 12, seed=3, dense=(3,))
         H = sparsefill.sparse_coo_tensor(idx2, vals2, shape[:2] + (3,), fill_value=sparsefill.indefinite)
-        _check(op, H, idx2, vals2, shape[:2], dim, torch.float64)
+        _check(op, H, idx2, vals2, shape[:2], dim, torch.float64, calls)
 
 
 def test_gradient_through_a_product_and_a_dense_read():
@@ -136,17 +153,21 @@ def test_the_plan_is_cached_per_pattern():
     assert torch.equal(p0.lengths, torch.bincount(idx[1], minlength=6))
 
 
-def test_other_cases_take_the_general_path():
-    """A mask, a dtype cast, a defined fill, no stored element: not the shortcut, same results as before."""
+def test_other_cases_take_the_general_path(calls):
+    """A mask, a dtype cast, a defined fill, no stored element, a dense dim: not the edge softmax, and the general
+    path's results (a cast: the same values in the new dtype)."""
     idx, vals = _pattern((5, 5), 9, seed=6)
     A = sparsefill.sparse_coo_tensor(idx, vals, (5, 5), fill_value=sparsefill.indefinite)
-    assert not _segsoftmax.applies(A, 1, torch.float32, None)                  # a cast
-    assert not _segsoftmax.applies(A, 1, torch.float64, torch.ones(5, 5, dtype=torch.bool))
-    assert not _segsoftmax.applies(sparsefill.to_sparse(torch.eye(3)), 1, torch.float32, None)
-    E = sparsefill.sparse_coo_tensor(torch.zeros(2, 0, dtype=torch.int64), torch.zeros(0), (3, 3),
-                                     fill_value=sparsefill.indefinite)
-    assert not _segsoftmax.applies(E, 1, torch.float32, None)
-    assert M.softmax(E, 1)._nse() == 0
+    ref = M.softmax(A, 1)._values()
+    assert len(calls) == 1
     out = M.softmax(A, 1, dtype=torch.float32)
     assert out.dtype == torch.float32
-    assert_close(out._values(), M.softmax(A, 1)._values().float())
+    assert_close(out._values(), ref.float())
+    assert_close(M.softmax(A, 1, mask=torch.ones(5, 5, dtype=torch.bool))._values(), ref)
+    E = sparsefill.sparse_coo_tensor(torch.zeros(2, 0, dtype=torch.int64), torch.zeros(0), (3, 3),
+                                     fill_value=sparsefill.indefinite)
+    assert M.softmax(E, 1)._nse() == 0 and torch.softmax(E, 1)._nse() == 0
+    H = sparsefill.sparse_coo_tensor([[0, 2, 3]], vals[:6].reshape(3, 2), (5, 2), fill_value=sparsefill.indefinite)
+    M.softmax(H, 1), torch.softmax(H, 1)   # along the dense dim
+    assert len(calls) == 1
+    assert not _segsoftmax.applies(sparsefill.to_sparse(torch.eye(3)), 1)      # a defined fill

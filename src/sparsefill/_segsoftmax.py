@@ -1,9 +1,10 @@
-"""Softmax, log_softmax and softmin of a masked tensor along a sparse dim: the edge softmax of graph attention.
+"""The edge softmax: softmax, log_softmax and softmin of a masked tensor along a sparse dim.
 
-The shortcut of :mod:`._normalizations` for a SparseTensor with indefinite fill (its pattern is the
-mask), ``mask=None`` and a floating dtype: the result keeps the input's pattern and index tensors,
-so the work is a few segment kernels over its values.  For every slice ``s`` along ``dim`` (the stored
-elements sharing the other sparse coordinates) and every dense position, ``m_s`` the slice max::
+Shared by ``sparsefill.masked`` (``masked.softmax(A, d)`` with ``mask=None``) and the ``torch.softmax``
+handlers of ``ops/normalizations.py``, for a SparseTensor with indefinite fill (its pattern is the mask):
+the result keeps the input's pattern and index tensors, so the work is a few segment kernels over its
+values.  For every slice ``s`` along ``dim`` (the stored elements sharing the other sparse coordinates)
+and every dense position, ``m_s`` the slice max::
 
     softmax:      y = exp(x - m_s) / sum_s exp(x - m_s)          grad_x = y * (g - sum_s(g * y))
     log_softmax:  y = x - m_s - log(sum_s exp(x - m_s))          grad_x = g - exp(y) * sum_s(g)
@@ -12,8 +13,9 @@ elements sharing the other sparse coordinates) and every dense position, ``m_s``
 the values and gradients of ``torch.masked.<op>`` on the dense equivalent at the stored elements, as
 torch computes them (a slice holding +inf or NaN is NaN, one of -inf only too: ``-inf - m_s``).  The
 grouping of a pattern into slices (:class:`Plan`) is computed once per pattern and dim
-(``sparsefill._reduce.pattern_cached``: an adjacency reused every training step pays it once); one
-``autograd.Function`` runs the forward and the closed-form backward above, with no graph inside.
+(``sparsefill._reduce.pattern_cached``: an adjacency reused every training step pays it once);
+:func:`segment_softmax` runs the forward and the closed-form backward above in one
+``autograd.Function``, with no graph inside.
 
 >>> import torch, sparsefill
 >>> v = torch.tensor([-3., -1., 1.], requires_grad=True)
@@ -31,21 +33,21 @@ import dataclasses
 
 import torch
 
-from .. import _convert, _index
-from .._autograd import grad_parts
-from .._reduce import pattern_cached
-from .._tensor import SparseTensor
+from . import _convert, _index
+from ._autograd import grad_parts
+from ._reduce import pattern_cached
+from ._tensor import SparseTensor
 
-__all__ = ["applies", "segment_softmax", "Plan", "plan_of"]
+__all__ = ["applies", "segment_softmax", "softmax_values", "softmax_grad_values", "Plan", "plan_of"]
 
 _FLOATS = (torch.float32, torch.float64)
 
 
-def applies(A, dim: int, cast, mask) -> bool:
-    """The shortcut serves ``A`` (canonical ``dim``): an indefinite, coalesced COO or plain CSR SparseTensor of
-    a float dtype kept by ``cast``, with stored elements, no mask, and ``dim`` a sparse dim."""
-    return (mask is None and isinstance(A, SparseTensor) and A._indefinite and A._coalesced and A.dtype in _FLOATS
-            and cast == A.dtype and dim < A.dim() - A.dense_dim() and A._vals.numel() > 0
+def applies(A, dim: int) -> bool:
+    """The edge softmax serves ``A`` along ``dim`` (canonical): an indefinite, coalesced COO or plain CSR
+    SparseTensor of float32/float64 with stored elements, and ``dim`` a sparse dim."""
+    return (isinstance(A, SparseTensor) and A._indefinite and A._coalesced and A._vals.dtype in _FLOATS
+            and dim < len(A._sparse_shape) and A._vals.numel() > 0
             and (A._sf_layout is torch.sparse_coo or A._crow.dim() == 1))
 
 
@@ -121,42 +123,53 @@ def _backward(g: torch.Tensor, y: torch.Tensor, plan: Plan, log: bool) -> torch.
     return (g - _segsum(g * y, plan).index_select(0, plan.seg)).mul_(y)
 
 
-def _values(A: SparseTensor, dim: int, sign: float, log: bool):
-    """``(the result's values in A's order, the same in slice order, the plan)``."""
+def _sorted(t: torch.Tensor, plan: Plan) -> torch.Tensor:
+    return t if plan.perm is None else t.index_select(0, plan.perm)
+
+
+def _unsorted(t: torch.Tensor, plan: Plan) -> torch.Tensor:
+    return t if plan.inv is None else t.index_select(0, plan.inv)
+
+
+def softmax_values(A: SparseTensor, dim: int, log: bool, sign: float = 1.0) -> torch.Tensor:
+    """The values of the (log_)softmax of ``A`` along sparse ``dim`` (``sign`` -1: softmin), where :func:`applies`,
+    in ``A``'s storage order (no autograd)."""
     plan = plan_of(A, dim)
-    x = A._vals if plan.perm is None else A._vals.index_select(0, plan.perm)
-    y = _forward(-x if sign < 0 else x, plan, log)
-    return (y if plan.inv is None else y.index_select(0, plan.inv)), y, plan
+    x = _sorted(A._vals, plan)
+    return _unsorted(_forward(-x if sign < 0 else x, plan, log), plan)
+
+
+def softmax_grad_values(g: torch.Tensor, y: torch.Tensor, A: SparseTensor, dim: int, log: bool,
+                        sign: float = 1.0) -> torch.Tensor:
+    """The gradient of the values of ``A`` for the output values ``y`` of :func:`softmax_values` and their upstream
+    gradient ``g`` (both in ``A``'s storage order)."""
+    plan = plan_of(A, dim)
+    gx = _backward(_sorted(g.to(y.dtype), plan), _sorted(y, plan), plan, log)
+    return _unsorted(gx.neg_() if sign < 0 else gx, plan)
 
 
 class _SegmentSoftmax(torch.autograd.Function):
     @staticmethod
     def forward(ctx, A, dim, sign, log):
-        out, y, plan = _values(A, dim, sign, log)
-        ctx.plan, ctx.sign, ctx.log, ctx.pattern = plan, sign, log, _convert.rewrap(A)
-        ctx.save_for_backward(y)
+        out = softmax_values(A, dim, log, sign)
+        ctx.dim, ctx.sign, ctx.log, ctx.pattern = dim, sign, log, _convert.rewrap(A)
+        ctx.save_for_backward(out)
         return _convert.rewrap(A, values=out, known_zero=False)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, G):
-        (y,), plan = ctx.saved_tensors, ctx.plan
-        gv, _ = grad_parts(G, ctx.pattern)   # the values of G on the output's (= the input's) pattern
-        if plan.perm is not None:
-            gv = gv.index_select(0, plan.perm)
-        gx = _backward(gv.to(y.dtype), y, plan, ctx.log)
-        if ctx.sign < 0:
-            gx = gx.neg_()
-        if plan.inv is not None:
-            gx = gx.index_select(0, plan.inv)
-        return (_convert.rewrap(ctx.pattern, values=gx, fill=gx.new_zeros(()), indefinite=False, known_zero=True),
+        (y,), P = ctx.saved_tensors, ctx.pattern
+        gv, _ = grad_parts(G, P)   # the values of G on the output's (= the input's) pattern
+        gx = softmax_grad_values(gv, y, P, ctx.dim, ctx.log, ctx.sign)
+        return (_convert.rewrap(P, values=gx, fill=gx.new_zeros(()), indefinite=False, known_zero=True),
                 None, None, None)
 
 
 def segment_softmax(A: SparseTensor, dim: int, sign: float, log: bool) -> SparseTensor:
     """``masked.softmax`` (``sign`` 1), ``masked.softmin`` (-1) or ``masked.log_softmax`` (``log``) of ``A`` along
-    sparse ``dim`` (canonical), where :func:`applies`: ``A``'s pattern and index tensors, indefinite fill."""
+    sparse ``dim`` (canonical), where :func:`applies`, with autograd: ``A``'s pattern and index tensors,
+    indefinite fill; the gradient of ``A`` is a SparseTensor on its pattern and index tensors, fill 0."""
     if torch.is_grad_enabled() and A.requires_grad:
         return _SegmentSoftmax.apply(A, dim, sign, log)
-    with torch.no_grad():
-        return _convert.rewrap(A, values=_values(A, dim, sign, log)[0], known_zero=False)
+    return _convert.rewrap(A, values=softmax_values(A, dim, log, sign), known_zero=False)

@@ -47,7 +47,7 @@ from .._policy import check_specify
 from .._reduce import REDUCERS, gather_seg
 from .._tensor import SparseTensor
 from . import _engine as E
-from . import _segsoftmax
+from .. import _segsoftmax
 from ._apply import Result, dense_fallback, dense_mask, run
 from ._canon import Masked, as_sparse, is_sparse
 from ._reductions import norm_kernel
@@ -281,7 +281,7 @@ def _softmax_like(name, sign, log, c_out, formula, example):
         if isinstance(input, SparseTensor) and input.dim():
             input._sync()
             d = E.canonical_dims(dim, input.dim())[0]
-            if _segsoftmax.applies(input, d, cast, mask):  # a masked tensor along a sparse dim: the edge softmax
+            if mask is None and cast == input.dtype and _segsoftmax.applies(input, d):  # the edge softmax
                 return _segsoftmax.segment_softmax(input, d, sign, log)
 
         def dense_op(x, m):

@@ -25,6 +25,7 @@ import torch
 
 from .._convert import (check_densify_quiet, coalesce_of, coalesced_parts, dense_of, parts_to_sparse, rewrap,
                         union_parts, values_at)
+from .. import _autograd, _segsoftmax
 from .._autograd import _values_on_pattern
 from .._index import linearize
 from .._reduce import REDUCERS, group_slices, segment_combine, times
@@ -43,6 +44,8 @@ def _softmax(func, args, kwargs):
     # call imports torch._dynamo: 0.5-1 s)
     func(torch.zeros((1,) * A.dim(), dtype=A.dtype, device=A.device), dim, half_to_float)
     dim, sd, log = dim % A.dim(), A.dim() - A.dense_dim(), func is aten._log_softmax.default
+    if _segsoftmax.applies(A, dim):  # a masked tensor along a sparse dim: the edge softmax (pattern kept)
+        return rewrap(A, values=_segsoftmax.softmax_values(A, dim, log), known_zero=False)
     B = A if A._coalesced else coalesce_of(A)
     idx, vals = coalesced_parts(B)
     if dim >= sd:  # along a dense dim
@@ -116,6 +119,9 @@ def _softmax_backward(func, args, kwargs):
     """
     g, y, dim, dtype = args[:4]
     log = func is aten._log_softmax_backward_data.default
+    edge = _edge_softmax_grad(g, y, dim, log)
+    if edge is not None:
+        return edge if edge.dtype == dtype else edge.to(dtype)
     parts = _backward_parts(g, y, dim)
     if parts is None:  # dense by nature
         return func(*[_dense_grad_operand(t) for t in (g, y)], dim, dtype)
@@ -137,6 +143,18 @@ def _softmax_backward(func, args, kwargs):
     if own:  # on y's own (coalesced) storage: its index tensors serve
         return rewrap(y, values=vals.reshape(y._vals.shape), fill=fill, indefinite=yf is None, known_zero=False)
     return parts_to_sparse(idx, vals, y.shape, fill, yf is None, False, y._sf_layout, True)
+
+
+def _edge_softmax_grad(g, y, dim, log):
+    """The gradient for an indefinite ``y`` along a sparse dim (:mod:`sparsefill._segsoftmax`) on ``y``'s own
+    pattern and index tensors, or None where that does not apply."""
+    if not isinstance(y, SparseTensor) or y.dim() == 0 or not _segsoftmax.applies(y, dim % y.dim()):
+        return None
+    if isinstance(g, SparseTensor) and g.dense_dim() != y.dense_dim() or g.shape != y.shape:
+        return None
+    gv = _autograd.grad_parts(g, y)[0]   # g's values on y's pattern (its masked-out elements read 0)
+    vals = _segsoftmax.softmax_grad_values(gv, y._vals, y, dim % y.dim(), log)
+    return rewrap(y, values=vals, known_zero=False)
 
 
 def _backward_parts(g, y, dim):
