@@ -34,6 +34,7 @@ indefinite fill raises (a window over masked-out elements has no dense meaning).
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 
@@ -46,45 +47,119 @@ aten = torch.ops.aten
 
 
 # ---------------------------------------------------------------------- the pattern of a windowed scatter
-def _pattern(rows, x, n_rows: int, w: int, a: int, b: int, e: int, q: int, T: int, tL: int, tR: int):
-    """Targets of sources ``x`` (sorted within ``rows``) through taps ``j < w``: ``q*t = a*x + b + e*j``.
+class _Runs(NamedTuple):
+    """The union of target intervals, in runs of consecutive targets: run ``r`` holds targets
+    ``first[r] ..`` of row ``row[r]``, ``length[r]`` of them, from index ``offset[r]`` of the union;
+    ``run`` of each source (-1: it meets no target)."""
+    row: torch.Tensor
+    first: torch.Tensor
+    offset: torch.Tensor
+    length: torch.Tensor
+    run: torch.Tensor
 
-    Returns ``(keys, ok, dst, K)``: the sorted row-major keys ``row*K + t`` of the union, per row, of
-    every source's target range and of the edge targets (``t < tL`` or ``t > tR``, in every row); ``ok``
-    ``(n, w)``: the tap reaches a target in ``[0, T)``; ``dst`` ``(n, w)``: that target's index in ``keys``.
-    """
-    dev = x.device
-    j = torch.arange(w, device=dev)
-    num = a * x[:, None] + (b + e * j)[None, :]
-    t = torch.div(num, q, rounding_mode="floor")
-    ok = (t * q == num) & (t >= 0) & (t < T)
-    lo, hi = torch.where(ok, t, T).amin(1), torch.where(ok, t, -1).amax(1)
+    def numel(self) -> int:
+        return int(self.length.sum())
+
+    def rows_and_targets(self):
+        """``(row, t)`` of every target of the union, row-major sorted (no division)."""
+        n = self.numel()
+        rows = torch.repeat_interleave(self.row, self.length, output_size=n)
+        t = torch.arange(n, device=self.row.device) + torch.repeat_interleave(self.first - self.offset, self.length,
+                                                                              output_size=n)
+        return rows, t
+
+    def index(self, t, run):
+        """Index in the union of target ``t`` of a source in run ``run`` (any value where ``run`` is -1)."""
+        if not self.first.numel():
+            return t
+        run = run.clamp(min=0)
+        return (self.offset - self.first)[run] + t
+
+
+def _union(rows, lo, hi, n_rows: int, T: int, tL: int, tR: int, presorted: bool = True) -> _Runs:
+    """Per row, the union of the sources' target intervals ``[lo, hi]`` (empty where ``lo > hi``) and of the
+    edge targets ``t < tL`` and ``t > tR`` (every row).  ``presorted``: the sources are sorted by row, then
+    by ``lo`` (the edges are put in place without a sort)."""
+    dev, n = lo.device, lo.numel()
+    perm = None
+    if not presorted:
+        perm = torch.sort(rows * (T + 1) + lo.clamp(0, T), stable=True)[1]
+        rows, lo, hi = rows[perm], lo[perm], hi[perm]
+    nl, nr = int(min(tL, T) > 0), int(max(tR + 1, 0) < T)
+    counts = torch.bincount(rows, minlength=n_rows)
+    block = counts + nl + nr
+    bstart = block.cumsum(0) - block
+    src_at = (bstart - (counts.cumsum(0) - counts) + nl)[rows] + torch.arange(n, device=dev)
+    starts, ends = lo.new_empty(n + n_rows * (nl + nr)), lo.new_empty(n + n_rows * (nl + nr))
+    rws = torch.empty_like(starts)
+    starts[src_at], ends[src_at], rws[src_at] = lo, hi, rows
     r = torch.arange(n_rows, device=dev)
-    left, right = min(tL, T) - 1, max(tR + 1, 0)
-    starts = torch.cat([lo, r.new_zeros(n_rows if left >= 0 else 0), r.new_full((n_rows if right < T else 0,), right)])
-    ends = torch.cat([hi, r.new_full((n_rows if left >= 0 else 0,), left), r.new_full((n_rows if right < T else 0,), T - 1)])
-    rws = torch.cat([rows, r[: n_rows if left >= 0 else 0], r[: n_rows if right < T else 0]])
-    K = T + 1
+    if nl:
+        starts[bstart], ends[bstart], rws[bstart] = 0, min(tL, T) - 1, r
+    if nr:
+        at = bstart + nl + counts
+        starts[at], ends[at], rws[at] = max(tR + 1, 0), T - 1, r
     valid = starts <= ends
+    K = T + 1
     ks, ke = (rws * K + starts)[valid], (rws * K + ends)[valid]
-    ks, order = torch.sort(ks, stable=True)
-    ke = ke[order]
     cm = ke.cummax(0).values if ke.numel() else ke
     new = torch.ones_like(ks, dtype=torch.bool)
     new[1:] = ks[1:] > cm[:-1]
-    run = new.cumsum(0) - 1
     last = torch.ones_like(new)
     last[:-1] = new[1:]
-    rstart, rlen = ks[new], cm[last] - ks[new] + 1
-    shift = rstart - (rlen.cumsum(0) - rlen)  # key - index within keys, per run
-    keys = torch.arange(int(rlen.sum()), device=dev) + torch.repeat_interleave(shift, rlen)
-    run_of = torch.empty_like(run)
-    run_of[order] = run
-    n_src = int(valid[: x.numel()].sum())
-    src_run = run.new_zeros(x.numel())
-    src_run[valid[: x.numel()]] = run_of[:n_src]
-    dst = t + (rows * K)[:, None] - shift[src_run][:, None] if shift.numel() else t
-    return keys, ok, dst, K
+    row, first = rws[valid][new], starts[valid][new]
+    length = cm[last] - ks[new] + 1
+    run_all = torch.full_like(starts, -1)
+    run_all[valid] = new.cumsum(0) - 1
+    run = run_all[src_at]
+    if perm is not None:
+        run = torch.empty_like(run).scatter_(0, perm, run)
+    return _Runs(row, first, length.cumsum(0) - length, length, run)
+
+
+def _taps(x, w: int, a: int, b: int, e: int, q: int, T: int):
+    """Targets of sources ``x`` through taps ``j < w`` (``q*t = a*x + b + e*j``): ``(t, ok)`` ``(n, w)``
+    (``ok``: the tap meets a target in ``[0, T)``) and each source's target interval ``(lo, hi)``."""
+    j = torch.arange(w, device=x.device)
+    num = a * x[:, None] + (b + e * j)[None, :]
+    t = torch.div(num, q, rounding_mode="floor")
+    ok = (t * q == num) & (t >= 0) & (t < T)
+    return t, ok, torch.where(ok, t, T).amin(1), torch.where(ok, t, -1).amax(1)
+
+
+def _window_sums(R: _Runs, t, x, cols, S: int, win):
+    """``out[c, k] = sum of cols[c, e] over the sources e (positions x) in the window of target t[k]``, the
+    window ``win(t) = (first, last)`` source positions (non-decreasing in ``t``) clipped to ``[0, S)``.
+
+    Each run's windows cover a contiguous range of source positions that holds only the run's own sources:
+    the sources go to one buffer of those ranges, and a window sum is a difference of its prefix sums
+    (float64 accumulation), O(nse + targets) with no search.  Non-finite values are counted apart."""
+    dev = x.device
+    b0 = win(R.first)[0].clamp(0, S)
+    b1 = win(R.first + R.length - 1)[1].clamp(-1, S - 1)
+    blen = (b1 - b0 + 1).clamp(min=0)
+    shift = blen.cumsum(0) - blen - b0
+    has = R.run >= 0
+    at = shift[R.run[has]] + x[has] + 1
+    cols = cols[:, has]
+    finite = bool(torch.isfinite(cols).all())
+    if not finite:  # NaN, +inf, -inf counted in three more rows; the finite part summed
+        cols = torch.cat([torch.where(torch.isfinite(cols), cols, 0)] + [c.to(cols.dtype) for c in (
+            cols.isnan(), cols == math.inf, cols == -math.inf)], 0)
+    buf = torch.zeros((cols.shape[0], int(blen.sum()) + 1), dtype=torch.float64, device=dev)
+    buf[:, at] = cols.to(torch.float64)
+    csum = buf.cumsum(1)
+    first, last = win(t)
+    base = torch.repeat_interleave(shift, R.length, output_size=t.numel())
+    lo = base + first.clamp(0, S)
+    hi = base + torch.maximum(last.clamp(-1, S - 1), first.clamp(0, S) - 1) + 1
+    out = csum.index_select(1, hi) - csum.index_select(1, lo)
+    if finite:
+        return out
+    n = out.shape[0] // 4
+    fin, nan, pinf, ninf = out[:n], out[n:2 * n], out[2 * n:3 * n], out[3 * n:]
+    inf = torch.tensor(math.inf, dtype=out.dtype, device=dev)
+    return fin + torch.where(pinf > 0, inf, 0) + torch.where(ninf > 0, -inf, 0) + torch.where(nan > 0, inf - inf, 0)
 
 
 def _parts(X: SparseTensor):
@@ -93,10 +168,14 @@ def _parts(X: SparseTensor):
     return _index.linearize(idx[:-1], X.shape[:-1]), idx[-1], vals
 
 
-def _build(keys, K, vals, shape, fill, layout) -> SparseTensor:
-    rows, t = torch.div(keys, K, rounding_mode="floor"), keys % K
-    idx = torch.cat([_index.unravel(rows, shape[:-1]), t[None]]) if len(shape) > 1 else t[None]
-    return parts_to_sparse(idx, vals, shape, fill, False, False, layout, True)
+def _build(rows, t, vals, shape, fill, layout) -> SparseTensor:
+    """The SparseTensor of ``shape`` holding ``vals`` at the union's targets (rows over ``shape[:-1]``)."""
+    lead = shape[:-1]
+    if _index.numel(lead) == 1:
+        idx = torch.cat([rows.new_zeros((len(lead), rows.numel())), t[None]])
+    else:
+        idx = torch.cat([_index.unravel(rows, lead), t[None]])
+    return parts_to_sparse(idx, vals, shape, fill, layout=layout, coalesced=True)
 
 
 def _meta(func, args, kwargs):
@@ -152,6 +231,10 @@ def _pool_div(o, L, w, s, p, count_include_pad, divisor):
     return div, real
 
 
+def _ceil_div(a, b):
+    return -torch.div(-a, b, rounding_mode="floor")
+
+
 @register(aten.avg_pool2d.default)
 def _avg_pool2d(func, args, kwargs):
     X = args[0]
@@ -162,14 +245,15 @@ def _avg_pool2d(func, args, kwargs):
     out_shape = _meta(func, args, kwargs).shape
     L, Lo, w, s, p = X.shape[-1], out_shape[-1], k[1], st[1], pd[1]
     rows, x, v = _parts(X)
-    keys, ok, dst, K = _pattern(rows, x, _index.numel(X.shape[:-1]), w, 1, p, -1, s, Lo,
-                                -(-p // s), (L - 1 + p - (w - 1)) // s)
-    m = keys.numel()
-    div, real = _pool_div(keys % K, L, w, s, p, cip, divisor)
-    n_fill = real - torch.bincount(dst[ok], minlength=m)
-    vals = (_scatter(m, dst, ok, v[:, None]) + _fill_term(X._fill, n_fill, n_fill)) / div
+    lo, hi = _ceil_div(x + p - w + 1, s).clamp(min=0), torch.div(x + p, s, rounding_mode="floor").clamp(max=Lo - 1)
+    R = _union(rows, lo, hi, _index.numel(X.shape[:-1]), Lo, -(-p // s), (L - 1 + p - (w - 1)) // s)
+    orow, o = R.rows_and_targets()
+    sums = _window_sums(R, o, x, torch.stack([v, torch.ones_like(v)]), L, lambda o: (o * s - p, o * s - p + w - 1))
+    div, real = _pool_div(o, L, w, s, p, cip, divisor)
+    n_fill = real - sums[1].round().long()
     interior = func(X._fill.expand(1, 1, 1, w), [1, w], [1, s], [0, 0], False, cip, divisor).reshape(())
-    return _build(keys, K, vals.to(interior.dtype), out_shape, interior, X._sf_layout)
+    vals = (sums[0] + _fill_term(X._fill.to(sums.dtype), n_fill, n_fill)) / div
+    return _build(orow, o, vals.to(interior.dtype), out_shape, interior, X._sf_layout)
 
 
 @register(aten.avg_pool2d_backward.default)
@@ -188,25 +272,26 @@ def _avg_pool2d_backward(func, args, kwargs):
     rows, o, gv = _parts(G)
     div_int = divisor or w
     oL, oR = -(-p // s), (L - 1 + p - (w - 1)) // s  # interior outputs: the window inside [0, L), divisor w
-    keys, ok, dst, K = _pattern(rows, o, _index.numel(G.shape[:-1]), w, s, -p, 1, 1, L,
-                                oL * s - p + w - 1, oR * s - p)
-    m = keys.numel()
-    inv = 1 / _pool_div(o, L, w, s, p, cip, divisor)[0].to(gv.dtype)
-    stored = _scatter(m, dst, ok, (gv * inv)[:, None])
-    w_stored, n_stored = _scatter(m, dst, ok, inv[:, None]), torch.bincount(dst[ok], minlength=m)
-    i = keys % K
-    w_all = torch.full((m,), w // s / div_int, dtype=gv.dtype, device=gv.device)
+    R = _union(rows, (o * s - p).clamp(min=0), (o * s - p + w - 1).clamp(max=L - 1), _index.numel(G.shape[:-1]),
+               L, oL * s - p + w - 1, oR * s - p)
+    inv = 1 / _pool_div(o, L, w, s, p, cip, divisor)[0].to(torch.float64)
+    irow, i = R.rows_and_targets()
+    sums = _window_sums(R, i, o, torch.stack([gv * inv, inv, torch.ones_like(inv)]), Lo,
+                        lambda i: (_ceil_div(i + p - w + 1, s), torch.div(i + p, s, rounding_mode="floor")))
+    m = i.numel()
+    w_all = torch.full((m,), w // s / div_int, dtype=sums.dtype, device=gv.device)
     n_all = torch.full((m,), w // s, dtype=torch.int64, device=gv.device)
     edge = ((i < oL * s - p + w - 1) | (i > oR * s - p)).nonzero().squeeze(1)
     if edge.numel():  # the covering outputs of the edge inputs, one by one
         num = i[edge, None] + p - torch.arange(w, device=i.device)
         oo = torch.div(num, s, rounding_mode="floor")
         hit = (oo * s == num) & (oo >= 0) & (oo < Lo)
-        d = _pool_div(oo.clamp(0, max(Lo - 1, 0)), L, w, s, p, cip, divisor)[0].to(gv.dtype)
+        d = _pool_div(oo.clamp(0, max(Lo - 1, 0)), L, w, s, p, cip, divisor)[0].to(sums.dtype)
         w_all[edge] = torch.where(hit, 1 / d, 0).sum(1)
         n_all[edge] = hit.sum(1)
-    vals = stored + _fill_term(g, w_all - w_stored, n_all - n_stored)
-    return _build(keys, K, vals, X.shape, g / div_int * (w // s), X._sf_layout)
+    n_fill = n_all - sums[2].round().long()
+    vals = sums[0] + _fill_term(g.to(sums.dtype), w_all - sums[1], n_fill)
+    return _build(irow, i, vals.to(gv.dtype), X.shape, g / div_int * (w // s), X._sf_layout)
 
 
 # ---------------------------------------------------------------------- conv1d (convolution, 1-d)
@@ -230,19 +315,20 @@ def _grouped(rows, x, C: int, Cg: int, L: int):
     return order, grow[order]
 
 
-def _expand_rows(keys, K, n_grows: int, per: int, N: int, C: int):
-    """Every group row's pattern repeated for each of its ``per`` channels: ``(out keys, row start of each
-    (sample, channel) row, group-row start)``, out keys over rows ``n*C + c``."""
-    counts = torch.bincount(torch.div(keys, K, rounding_mode="floor"), minlength=n_grows)
+def _expand_rows(R: _Runs, n_grows: int, per: int, N: int, C: int):
+    """Every group row's targets repeated for each of its ``per`` channels: ``(rows n*C + c, targets, start
+    of each such row in the result, start of each group row in the union)``."""
+    grow, t = R.rows_and_targets()
+    counts = torch.bincount(grow, minlength=n_grows)
     gstart = counts.cumsum(0) - counts
-    out_rows = torch.arange(N * C, device=keys.device)
+    out_rows = torch.arange(N * C, device=t.device)
     gr = torch.div(out_rows, C, rounding_mode="floor") * (n_grows // max(N, 1)) + torch.div(out_rows % C, per,
                                                                                             rounding_mode="floor")
     lens = counts[gr]
     ostart = lens.cumsum(0) - lens
-    src = torch.repeat_interleave(gstart[gr] - ostart, lens) + torch.arange(int(lens.sum()), device=keys.device)
-    out_keys = keys[src] % K + torch.repeat_interleave(out_rows, lens) * K
-    return out_keys, ostart, gstart
+    n = int(lens.sum())
+    src = torch.repeat_interleave(gstart[gr] - ostart, lens, output_size=n) + torch.arange(n, device=t.device)
+    return torch.repeat_interleave(out_rows, lens, output_size=n), t[src], ostart, gstart
 
 
 @register(aten.convolution.default)
@@ -257,38 +343,38 @@ def _convolution(func, args, kwargs):
     c, Cout_g = X._fill, Cout // groups
     rows, x, v = _parts(X)
     order, grow = _grouped(rows, x, Cin, Cin_g, L)
-    keys, ok, dst, K = _pattern(grow, x[order], N * groups, w, 1, p, -d, s, Lo,
-                                -(-p // s), (L - 1 + p - d * (w - 1)) // s)
-    out_keys, ostart, gstart = _expand_rows(keys, K, N * groups, Cout_g, N, Cout)
+    t, ok, lo, hi = _taps(x[order], w, 1, p, -d, s, Lo)
+    R = _union(grow, lo, hi, N * groups, Lo, -(-p // s), (L - 1 + p - d * (w - 1)) // s, presorted=False)
+    dst = R.index(t, R.run[:, None])
+    orow, o, ostart, gstart = _expand_rows(R, N * groups, Cout_g, N, Cout)
     # contributions W[co, ci, j] * (v - c) of each (element, tap, output channel of its group)
     n, ci = torch.div(rows[order], Cin, rounding_mode="floor"), rows[order] % Cin
     co = (torch.div(ci, Cin_g, rounding_mode="floor") * Cout_g)[:, None] + torch.arange(Cout_g, device=x.device)
     wt = W[co, (ci % Cin_g)[:, None]]  # (nse, Cout_g, w)
     at = (ostart[n[:, None] * Cout + co] - gstart[grow][:, None])[:, :, None] + dst[:, None, :]
-    delta = _scatter(out_keys.numel(), at, ok[:, None, :].expand(at.shape), wt * (v[order] - c)[:, None, None])
+    delta = _scatter(o.numel(), at, ok[:, None, :].expand(at.shape), wt * (v[order] - c)[:, None, None])
     interior = func(c.expand(1, Cin, d * (w - 1) + 1), W, bias, [1], [0], [d], False, [0], groups).reshape(Cout)
-    vals = interior[torch.div(out_keys, K, rounding_mode="floor") % Cout] + delta
-    edge = _conv_edge(out_keys, K, Cout, c, W, bias, L, s, p, d)
+    vals = interior[orow % Cout] + delta
+    edge = _conv_edge(orow, o, Cout, c, W, bias, L, s, p, d)
     if edge is not None:
         vals[edge[0]] = edge[1] + delta[edge[0]]
     if bool((interior == interior[0]).all()) or bool(interior.isnan().all()):
-        return _build(out_keys, K, vals, out_shape, interior[0].clone(), X._sf_layout)
+        return _build(orow, o, vals, out_shape, interior[0].clone(), X._sf_layout)
     out = interior[None, :, None].expand(out_shape).clone()  # per-channel interiors: dense by nature
-    out.view(-1)[torch.div(out_keys, K, rounding_mode="floor") * Lo + out_keys % K] = vals
+    out.view(-1)[orow * Lo + o] = vals
     return out
 
 
-def _conv_edge(out_keys, K, Cout, c, W, bias, L, s, p, d):
-    """``(positions in out_keys, values)`` of the outputs whose window meets the padding: ``c`` times the
-    weights of their in-range taps, plus the bias."""
-    o = out_keys % K
+def _conv_edge(orow, o, Cout, c, W, bias, L, s, p, d):
+    """``(indices, values)`` of the outputs (rows ``orow``, positions ``o``) whose window meets the padding:
+    ``c`` times the weights of their in-range taps, plus the bias."""
     w = W.shape[-1]
     edge = ((o * s - p < 0) | (o * s - p + d * (w - 1) > L - 1)).nonzero().squeeze(1)
     if not edge.numel():
         return None
     src = o[edge, None] * s - p + d * torch.arange(w, device=o.device)
     inside = (src >= 0) & (src < L)
-    co = torch.div(out_keys[edge], K, rounding_mode="floor") % Cout
+    co = orow[edge] % Cout
     val = c * (W.sum(1)[co] * inside).sum(1)
     return edge, val + bias[co] if bias is not None else val
 
@@ -337,16 +423,17 @@ def _conv_grad_input(G, X, W, s, p, d, groups):
         return NotImplemented  # the gradient's unspecified elements differ by channel or residue: dense
     rows, o, gv = _parts(G)
     order, grow = _grouped(rows, o, Cout, Cout // groups, Lo)
-    keys, ok, dst, K = _pattern(grow, o[order], N * groups, w, s, -p, d, 1, L,
-                                d * (w - 1) - p, (Lo - 1) * s - p)
-    in_keys, istart, gstart = _expand_rows(keys, K, N * groups, Cin_g, N, Cin)
+    t, ok, lo, hi = _taps(o[order], w, s, -p, d, 1, L)
+    R = _union(grow, lo, hi, N * groups, L, d * (w - 1) - p, (Lo - 1) * s - p, presorted=False)
+    dst = R.index(t, R.run[:, None])
+    irow, i, istart, gstart = _expand_rows(R, N * groups, Cin_g, N, Cin)
     n, co = torch.div(rows[order], Cout, rounding_mode="floor"), rows[order] % Cout
     ci = (torch.div(co, Cout // groups, rounding_mode="floor") * Cin_g)[:, None] + torch.arange(Cin_g,
                                                                                             device=o.device)
     wt = W[co[:, None], ci % Cin_g]  # (nse, Cin_g, w)
     at = (istart[n[:, None] * Cin + ci] - gstart[grow][:, None])[:, :, None] + dst[:, None, :]
-    vals = _scatter(in_keys.numel(), at, ok[:, None, :].expand(at.shape), wt * (gv[order] - g)[:, None, None])
-    i, chan = in_keys % K, torch.div(in_keys, K, rounding_mode="floor") % Cin
+    vals = _scatter(i.numel(), at, ok[:, None, :].expand(at.shape), wt * (gv[order] - g)[:, None, None])
+    chan = irow % Cin
     vals += interior.reshape(-1)[0]
     edge = ((i < d * (w - 1) - p) | (i > (Lo - 1) * s - p)).nonzero().squeeze(1)
     if edge.numel():  # the in-range outputs over the aligned taps of the edge inputs
@@ -355,7 +442,7 @@ def _conv_grad_input(G, X, W, s, p, d, groups):
         hit = (oo * s == num) & (oo >= 0) & (oo < Lo)
         per_ci = W.reshape(groups, Cout // groups, Cin_g, w).sum(1).reshape(Cin, w)
         vals[edge] += g * (per_ci[chan[edge]] * hit).sum(1) - interior.reshape(-1)[0]
-    return _build(in_keys, K, vals, X.shape, interior.reshape(-1)[0].clone(), X._sf_layout)
+    return _build(irow, i, vals, X.shape, interior.reshape(-1)[0].clone(), X._sf_layout)
 
 
 def _conv_grad_weight(G, X, W, s, p, d, groups):
