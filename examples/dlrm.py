@@ -2,10 +2,12 @@
 
 Every example has dense features and, per sparse feature ("key"), a list of ids of any length (or none).
 The batch is one ``sparsefill.segment.KeyedJaggedBatch`` (flat ids, lengths, keys); each key's ids are
-looked up in its embedding table and summed per example (``KeyedJaggedBatch.pooled``:
-``segment.reduce(table, "sum", indices=ids, ...)``, Caffe2's ``SparseLengthsSum``) with a sparse gradient
-(``sparse_grad=True``: one row per looked-up id, as ``nn.EmbeddingBag(sparse=True)`` gives), which
-``segment.SparseAdagrad`` applies to the touched rows only.  The dense features go through a bottom MLP;
+looked up in its embedding table and summed per example (``KeyedJaggedBatch.pooled``: the ids grouped by
+(key, example) once for all keys, then per key ``segment.reduce(table, "sum", offsets=..., indices=ids)``,
+Caffe2's ``SparseLengthsSum``, one ``embedding_bag``) with a sparse gradient (``sparse_grad=True``: one
+row per looked-up id, as ``nn.EmbeddingBag(sparse=True)`` gives), which ``segment.SparseAdagrad`` applies
+to the touched rows only (the rows' gradients summed, then one update each: ``torch.optim.Adagrad``'s
+sparse step; one fused compiled kernel with numba installed).  The dense features go through a bottom MLP;
 the bottom output and the pooled embeddings, concatenated, through a top MLP to a click logit.
 
 Checked against the same model on ``nn.EmbeddingBag(mode="sum", sparse=True)`` tables with

@@ -361,8 +361,18 @@ class KeyedJaggedBatch:
     def pooled(self, tables, reducer: str = "sum", *, keys=None, **kw) -> dict[int, torch.Tensor]:
         """Per key, the ids of every example looked up in ``tables[key]`` (or one shared table) and reduced:
         ``out[key][e] = reduce(table[ids of key in example e])``, shape ``(B, D)``; a missing key gives the
-        empty value.  Weighted reducers use the batch's weights; ``positional_weighted_sum`` takes ``weights=``
-        (one per place).  ``kw`` goes to ``segment.reduce``."""
+        empty value; a key asked twice is pooled once.  Weighted reducers use the batch's weights;
+        ``positional_weighted_sum`` takes ``weights=`` (one per place).  ``kw`` goes to ``segment.reduce``.
+
+        The ids are grouped by (key, example) once for all keys (:meth:`_by_key`), then each key is one
+        ``segment.reduce`` over its slice of the ids with offsets (for the sums, one ``embedding_bag``).
+
+        >>> kj = KeyedJaggedBatch.from_lists([{1: [0, 2], 3: [1]}, {3: [2, 2]}])
+        >>> table = torch.tensor([[1.], [10.], [100.]])
+        >>> out = kj.pooled({1: table, 3: table})
+        >>> out[1].tolist(), out[3].tolist()
+        ([[101.0], [0.0]], [[10.0], [200.0]])
+        """
         if keys is None:
             keys = list(tables) if isinstance(tables, dict) else sorted(set(self.keys.tolist()))
         pos_w = kw.pop("weights", None)  # positional_weighted_sum: one weight per place in a segment
