@@ -122,7 +122,7 @@ def _at_pattern(G, P: SparseTensor) -> SparseTensor:
     idx, _ = _convert.coalesced_parts(P)
     gv = _convert.values_at(G, _index.linearize(idx, P._sparse_shape), len(P._sparse_shape))
     zero = torch.zeros((), dtype=gv.dtype, device=gv.device)
-    return _convert.parts_to_sparse(idx, gv, P.shape, zero, False, True, P._sf_layout, True)
+    return _convert.parts_to_sparse(idx, gv, P.shape, zero, known_zero=True, layout=P._sf_layout, coalesced=True)
 
 
 class Values(torch.autograd.Function):
@@ -201,8 +201,8 @@ def leaf_grad(G, P: SparseTensor) -> SparseTensor:
     differ = flat != 0
     keep = at | (differ.flatten(1).any(1) if D else differ)
     skeys = keep.nonzero()[:, 0]
-    return _convert.parts_to_sparse(_index.unravel(skeys, S), flat[skeys], P.shape, zero, False, True,
-                                    P._sf_layout, True)
+    return _convert.parts_to_sparse(_index.unravel(skeys, S), flat[skeys], P.shape, zero, known_zero=True,
+                                    layout=P._sf_layout, coalesced=True)
 
 
 def _pattern_grad(P, keys, flat, fill, known_zero) -> SparseTensor:
@@ -211,8 +211,8 @@ def _pattern_grad(P, keys, flat, fill, known_zero) -> SparseTensor:
         return _convert.rewrap(P, values=flat[keys].reshape(P._vals.shape), fill=fill, indefinite=False,
                                known_zero=known_zero)
     ukeys = torch.unique(keys)  # an uncoalesced P: each element once
-    return _convert.parts_to_sparse(_index.unravel(ukeys, P._sparse_shape), flat[ukeys], P.shape, fill, False,
-                                    known_zero, P._sf_layout, True)
+    return _convert.parts_to_sparse(_index.unravel(ukeys, P._sparse_shape), flat[ukeys], P.shape, fill,
+                                    known_zero=known_zero, layout=P._sf_layout, coalesced=True)
 
 
 class LeafGradHook:

@@ -122,7 +122,8 @@ def prune_of(A: SparseTensor, atol: float) -> SparseTensor:
     same = torch.isclose(vals, f, rtol=0, atol=atol, equal_nan=True) if vals.dtype.is_floating_point or \
         vals.dtype.is_complex else vals == f
     keep = ~same.flatten(1).all(1) if vals.dim() > 1 else ~same
-    return parts_to_sparse(idx[:, keep], vals[keep], A.shape, A._fill, False, A._fill_is_zero(), A._sf_layout, True)
+    return parts_to_sparse(idx[:, keep], vals[keep], A.shape, A._fill, known_zero=A._fill_is_zero(),
+                           layout=A._sf_layout, coalesced=True)
 
 
 def values_at(S, keys: torch.Tensor, sdim: int) -> torch.Tensor:
@@ -168,8 +169,10 @@ def _nan_equal(a, b):
     return (a == b) | (a.isnan() & b.isnan())
 
 
-def parts_to_sparse(idx, vals, shape, fill, indefinite, known_zero, layout, coalesced) -> SparseTensor:
-    """SparseTensor of ``layout`` from COO parts over all non-dense dims (sorted for CSR)."""
+def parts_to_sparse(idx, vals, shape, fill, *, indefinite: bool = False, known_zero: bool = False,
+                    layout: torch.layout = torch.sparse_coo, coalesced: bool = False) -> SparseTensor:
+    """SparseTensor of ``layout`` from COO parts over all non-dense dims (sorted for CSR); ``known_zero``: the
+    fill is known to be 0 (a host-side hint), ``coalesced``: ``idx`` is sorted and unique."""
     if layout is torch.sparse_coo:
         return SparseTensor(layout, shape, vals, fill, indices=idx, indefinite=indefinite,
                             coalesced=coalesced, known_zero=known_zero)
@@ -222,12 +225,14 @@ def to_layout(A: SparseTensor, layout) -> SparseTensor:
     if layout not in (torch.sparse_coo, torch.sparse_csr):
         raise ValueError(f"sparsefill layouts are torch.sparse_coo and torch.sparse_csr, got {layout}")
     idx, vals = A._coo_parts() if layout is torch.sparse_coo else coalesced_parts(A)
-    return parts_to_sparse(idx, vals, A.shape, A._fill, A._indefinite, A._fill_is_zero(), layout, A._coalesced)
+    return parts_to_sparse(idx, vals, A.shape, A._fill, indefinite=A._indefinite, known_zero=A._fill_is_zero(),
+                           layout=layout, coalesced=A._coalesced)
 
 
 def dense_to_sparse(x, fill, indefinite, known_zero, layout, dense_dim) -> SparseTensor:
     idx, vals = dense_to_parts(x, fill, indefinite, dense_dim, known_zero and not indefinite)
-    return parts_to_sparse(idx, vals, x.shape, fill, indefinite, known_zero, layout, True)
+    return parts_to_sparse(idx, vals, x.shape, fill, indefinite=indefinite, known_zero=known_zero, layout=layout,
+                           coalesced=True)
 
 
 def check_dense_dim(ndim: int, dense_dim, layout) -> int:
@@ -302,4 +307,5 @@ def _redim_indefinite(A: SparseTensor, layout, dense_dim) -> SparseTensor:
     if flat.shape[-1] and not torch.equal(mask, flat.all(-1)):
         raise ValueError(f"dense_dim={dense_dim}: with an indefinite fill every dense slice must be wholly "
                          "specified or wholly unspecified, and here some are partly specified")
-    return parts_to_sparse(mask.nonzero().T.contiguous(), values[mask], A.shape, A._fill, True, False, layout, True)
+    return parts_to_sparse(mask.nonzero().T.contiguous(), values[mask], A.shape, A._fill, indefinite=True,
+                           layout=layout, coalesced=True)

@@ -365,7 +365,8 @@ def full(size, fill_value, *, layout=torch.sparse_coo, dtype=None, device=None, 
     sdim = len(size) - dd
     idx = torch.zeros((sdim, 0), dtype=torch.int64, device=device)
     vals = torch.zeros((0,) + size[sdim:], dtype=dtype, device=device)
-    out = _convert.parts_to_sparse(idx, vals, size, fill, indefinite, zero, layout, True)
+    out = _convert.parts_to_sparse(idx, vals, size, fill, indefinite=indefinite, known_zero=zero, layout=layout,
+                                   coalesced=True)
     return out.requires_grad_(True) if requires_grad else out
 
 
@@ -394,8 +395,9 @@ def eye(n, m=None, *, layout=torch.sparse_coo, dtype=None, device=None, requires
     device = torch.device(device) if device is not None else torch.get_default_device()
     _convert.check_dense_dim(2, 0, layout)
     k = torch.arange(min(n, m), device=device)
-    out = _convert.parts_to_sparse(torch.stack([k, k]), torch.ones(k.numel(), dtype=dtype, device=device),
-                                   (n, m), torch.zeros((), dtype=dtype, device=device), False, True, layout, True)
+    out = _convert.parts_to_sparse(torch.stack([k, k]), torch.ones(k.numel(), dtype=dtype, device=device), (n, m),
+                                   torch.zeros((), dtype=dtype, device=device), known_zero=True, layout=layout,
+                                   coalesced=True)
     return out.requires_grad_(True) if requires_grad else out
 
 

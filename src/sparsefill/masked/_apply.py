@@ -49,7 +49,8 @@ class Result:
             return _convert.rewrap(L, values=self.vals.reshape(L._vals.shape), fill=fill, indefinite=self.indefinite,
                                    known_zero=False)
         layout = self.layout if self.idx.shape[0] >= 2 else torch.sparse_coo
-        return _convert.parts_to_sparse(self.idx, self.vals, self.shape, fill, self.indefinite, False, layout, True)
+        return _convert.parts_to_sparse(self.idx, self.vals, self.shape, fill, indefinite=self.indefinite,
+                                        layout=layout, coalesced=True)
 
 
 def dense_mask(mask, input):
@@ -73,7 +74,8 @@ class MaskedFn(torch.autograd.Function):
         ctx.out_pattern = None
         if isinstance(built, SparseTensor):  # the pattern of res.vals (a CSR build may pad batches)
             ctx.out_pattern = built if res.like is not None else _convert.parts_to_sparse(
-                res.idx, res.vals.detach(), res.shape, built._fill, res.indefinite, False, torch.sparse_coo, True)
+                res.idx, res.vals.detach(), res.shape, built._fill, indefinite=res.indefinite, layout=torch.sparse_coo,
+                coalesced=True)
         return built
 
     @staticmethod
@@ -107,8 +109,8 @@ class MaskedFn(torch.autograd.Function):
             gA = _convert.rewrap(X.A, values=gu.reshape(X.A._vals.shape), fill=gu.new_zeros(()), indefinite=False,
                                  known_zero=True)
         else:
-            gA = _convert.parts_to_sparse(X.indices(), gu, X.A.shape, gu.new_zeros(()), False, True, torch.sparse_coo,
-                                          True)
+            gA = _convert.parts_to_sparse(X.indices(), gu, X.A.shape, gu.new_zeros(()), known_zero=True,
+                                          layout=torch.sparse_coo, coalesced=True)
         return gA, None, None, None
 
 

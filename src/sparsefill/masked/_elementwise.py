@@ -42,8 +42,8 @@ def _effective(t, mask):
     if mask is None:
         return A
     idx, m = mask_rows(mask, A)
-    M = _convert.parts_to_sparse(idx, m, A.shape, torch.zeros((), dtype=torch.bool, device=A.device), False, True,
-                                 torch.sparse_coo, True)
+    M = _convert.parts_to_sparse(idx, m, A.shape, torch.zeros((), dtype=torch.bool, device=A.device), known_zero=True,
+                                 layout=torch.sparse_coo, coalesced=True)
     return torch.where(M, A, ninf)
 
 

@@ -37,7 +37,8 @@ def input_mask(input, *, mask=None):
     X = combine(input, mask)
     A = X.A
     fill = torch.tensor(X.mfill, device=A.device)
-    return _convert.parts_to_sparse(X.indices(), X.m, A.shape, fill, False, not X.mfill, A._sf_layout, True)
+    return _convert.parts_to_sparse(X.indices(), X.m, A.shape, fill, known_zero=not X.mfill, layout=A._sf_layout,
+                                    coalesced=True)
 
 
 def output_mask(input, dim=None, keepdim=False, *, mask=None):

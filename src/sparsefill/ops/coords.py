@@ -72,8 +72,8 @@ def write(A: SparseTensor, coords: torch.Tensor, values: torch.Tensor, reduce=No
         out_flat.index_add_(0, flat, v)
     else:
         out_flat.index_reduce_(0, flat, v, _REDUCE[reduce], include_self=include_self)
-    return parts_to_sparse(_index.unravel(union, A._sparse_shape), out, A.shape, A._fill, A._indefinite, False,
-                           A._sf_layout if sd >= 2 else torch.sparse_coo, True)
+    return parts_to_sparse(_index.unravel(union, A._sparse_shape), out, A.shape, A._fill, indefinite=A._indefinite,
+                           layout=A._sf_layout if sd >= 2 else torch.sparse_coo, coalesced=True)
 
 
 def read(A: SparseTensor, coords: torch.Tensor) -> torch.Tensor:

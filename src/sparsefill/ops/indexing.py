@@ -40,7 +40,7 @@ def _build(A, idx, vals, shape, fill=None, layout=None):
     fill = A._fill if fill is None else fill
     sdim = idx.shape[0]
     layout = layout or (A._sf_layout if sdim >= 2 else torch.sparse_coo)
-    return parts_to_sparse(idx, vals, torch.Size(shape), fill, A._indefinite, False, layout, True)
+    return parts_to_sparse(idx, vals, torch.Size(shape), fill, indefinite=A._indefinite, layout=layout, coalesced=True)
 
 
 def _dense_fill(A):
@@ -122,7 +122,7 @@ def _slice_backward(func, args, kwargs):
         idx, vals = coalesced_parts(G)
         vals = func(vals, [vals.shape[0]] + sizes[sd:], dim - sd + 1, *rest)
         fill = func(fill, sizes[sd:], dim - sd, *rest)
-        return parts_to_sparse(idx, vals, torch.Size(sizes), fill, False, False, torch.sparse_coo, True)
+        return parts_to_sparse(idx, vals, torch.Size(sizes), fill, layout=torch.sparse_coo, coalesced=True)
     if G._indefinite or G._fill_is_zero() or not bool(fill.ne(0).any()):
         idx, vals = coalesced_parts(G)
     else:  # every element of G, stored
@@ -136,7 +136,7 @@ def _slice_backward(func, args, kwargs):
         idx = idx.clone()
         idx[dim] = idx[dim] * step + start
     zero = vals.new_zeros(())
-    return parts_to_sparse(idx, vals, torch.Size(sizes), zero, False, True, torch.sparse_coo, True)
+    return parts_to_sparse(idx, vals, torch.Size(sizes), zero, known_zero=True, layout=torch.sparse_coo, coalesced=True)
 
 
 @register(aten.index_select.default)
@@ -161,7 +161,7 @@ def _index_select(func, args, kwargs):
     new[dim] = order[lo[src] + within]
     shape = list(A.shape)
     shape[dim] = index.numel()
-    B = parts_to_sparse(new, vals[src], torch.Size(shape), A._fill, A._indefinite, False, torch.sparse_coo, False)
+    B = parts_to_sparse(new, vals[src], torch.Size(shape), A._fill, indefinite=A._indefinite, layout=torch.sparse_coo)
     return B if A._sf_layout is torch.sparse_coo or sd < 2 else B.to_sparse(layout=A._sf_layout)
 
 
@@ -213,8 +213,8 @@ def _cat(func, args, kwargs):
         valss.append(v)
     shape = list(A.shape)
     shape[dim] = offset
-    out = parts_to_sparse(torch.cat(idxs, 1), torch.cat(valss), torch.Size(shape), A._fill, A._indefinite, False,
-                          torch.sparse_coo, dim == 0)
+    out = parts_to_sparse(torch.cat(idxs, 1), torch.cat(valss), torch.Size(shape), A._fill, indefinite=A._indefinite,
+                          layout=torch.sparse_coo, coalesced=dim == 0)
     return out if A._sf_layout is torch.sparse_coo or sd < 2 else out.to_sparse(layout=A._sf_layout)
 
 
@@ -255,7 +255,8 @@ def _stack(func, args, kwargs):
             lifted.append(_build(t, i, v.unsqueeze(dim - sd + 1), shape, fill, torch.sparse_coo))
             continue
         i = torch.cat([i[:dim], i.new_zeros(1, i.shape[1]), i[dim:]])
-        lifted.append(parts_to_sparse(i, v, torch.Size(shape), t._fill, t._indefinite, False, torch.sparse_coo, True))
+        lifted.append(parts_to_sparse(i, v, torch.Size(shape), t._fill, indefinite=t._indefinite,
+                                      layout=torch.sparse_coo, coalesced=True))
     out = _cat(aten.cat.default, (lifted, dim), {})
     layout = next(t for t in tensors if isinstance(t, SparseTensor))._sf_layout
     return out if out is NotImplemented or layout is torch.sparse_coo or out.dim() - out.dense_dim() < 2 \
@@ -297,9 +298,9 @@ def _flip(func, args, kwargs):
     if dn:
         vals = vals.flip([d + 1 for d in dn])
     fill = A._fill if A._indefinite or not dn else _dense_fill(A).flip(dn)
-    return parts_to_sparse(idx, vals, A.shape, fill, A._indefinite, False, torch.sparse_coo, False) \
+    return parts_to_sparse(idx, vals, A.shape, fill, indefinite=A._indefinite, layout=torch.sparse_coo) \
         if A._sf_layout is torch.sparse_coo or sd < 2 else \
-        parts_to_sparse(idx, vals, A.shape, fill, A._indefinite, False, A._sf_layout, False)
+        parts_to_sparse(idx, vals, A.shape, fill, indefinite=A._indefinite, layout=A._sf_layout)
 
 
 @register(aten.roll.default)
@@ -314,19 +315,19 @@ def _roll(func, args, kwargs):
         if A.dense_dim():
             return NotImplemented
         keys = (_index.linearize(idx, A.shape) + shifts[0]) % max(A.numel(), 1)
-        return parts_to_sparse(_index.unravel(keys, A.shape), vals, A.shape, A._fill, A._indefinite, False,
-                               A._sf_layout if sd >= 2 else torch.sparse_coo, False)
+        return parts_to_sparse(_index.unravel(keys, A.shape), vals, A.shape, A._fill, indefinite=A._indefinite,
+                               layout=A._sf_layout if sd >= 2 else torch.sparse_coo)
     idx = idx.clone()
     for s, d in zip(shifts, dims):
         d %= A.dim()
         if d >= sd:
             vals = vals.roll(s, d - sd + 1)
             fill = A._fill if A._indefinite else _dense_fill(A).roll(s, d - sd)
-            A = parts_to_sparse(idx, vals, A.shape, fill, A._indefinite, False, torch.sparse_coo, False)
+            A = parts_to_sparse(idx, vals, A.shape, fill, indefinite=A._indefinite, layout=torch.sparse_coo)
         elif A.shape[d]:
             idx[d] = (idx[d] + s) % A.shape[d]
-    return parts_to_sparse(idx, vals, A.shape, A._fill, A._indefinite, False,
-                           args[0]._sf_layout if sd >= 2 else torch.sparse_coo, False)
+    return parts_to_sparse(idx, vals, A.shape, A._fill, indefinite=A._indefinite,
+                           layout=args[0]._sf_layout if sd >= 2 else torch.sparse_coo)
 
 
 @register(aten.tril.default, aten.triu.default)
@@ -350,7 +351,8 @@ def _tril_triu(func, args, kwargs):
     keep = off <= k if lower else off >= k
     idx, vals = idx[:, keep], vals[keep]
     if A._indefinite or A._fill_is_zero():
-        return parts_to_sparse(idx, vals, A.shape, A._fill, A._indefinite, False, A._sf_layout, True)
+        return parts_to_sparse(idx, vals, A.shape, A._fill, indefinite=A._indefinite, layout=A._sf_layout,
+                               coalesced=True)
     r, c = A.shape[-2:]
     tri = (torch.tril_indices if lower else torch.triu_indices)(r, c, k, device=idx.device)
     zeroed = (torch.triu_indices if lower else torch.tril_indices)(r, c, k + 1 if lower else k - 1, device=idx.device)
@@ -362,12 +364,12 @@ def _tril_triu(func, args, kwargs):
     pos = torch.cat([batch.repeat_interleave(extra.shape[1], 1), extra.repeat(1, nb)])
     if fill_zero:  # fill f, the zeroed triangle stored as zeros (disjoint from the kept stored elements)
         return parts_to_sparse(torch.cat([idx, pos], 1), torch.cat([vals, vals.new_zeros(pos.shape[1])]), A.shape,
-                               A._fill, False, False, A._sf_layout, False).coalesce()
+                               A._fill, layout=A._sf_layout).coalesce()
     keys = _index.linearize(pos, A.shape)  # fill 0, the kept triangle stored: f where unspecified
     out = A._fill.reshape(()).expand(keys.numel()).clone()
     at, _ = _index.lookup(keys, _index.linearize(idx, A.shape))
     out[at] = vals
-    return parts_to_sparse(pos, out, A.shape, torch.zeros_like(A._fill), False, False, A._sf_layout, False).coalesce()
+    return parts_to_sparse(pos, out, A.shape, torch.zeros_like(A._fill), layout=A._sf_layout).coalesce()
 
 
 @register(aten.index.Tensor)
@@ -462,8 +464,8 @@ def _diagonal(func, args, kwargs):
     rest = [d for d in range(sd) if d not in (d1, d2)]
     new = torch.cat([idx[rest][:, keep], pos[None]])
     shape = [A.shape[d] for d in rest] + [meta.shape[-1]] + list(A._dense_shape)
-    out = parts_to_sparse(new, vals[keep], torch.Size(shape), A._fill, A._indefinite, False,
-                          A._sf_layout if new.shape[0] >= 2 and not A.dense_dim() else torch.sparse_coo, False)
+    out = parts_to_sparse(new, vals[keep], torch.Size(shape), A._fill, indefinite=A._indefinite,
+                          layout=A._sf_layout if new.shape[0] >= 2 and not A.dense_dim() else torch.sparse_coo)
     if A.dense_dim():  # torch puts the diagonal last, after the dense dims
         n = len(shape)
         out = out.permute(list(range(len(rest))) + list(range(len(rest) + 1, n)) + [len(rest)])

@@ -441,7 +441,7 @@ def _sparse_out(a, b, out_shape, bb, i, j, vals):
     keep = [d for d, v in zip((0, 1, 2), (len(out_shape) == 3, a.dim() > 1, b.dim() > 1)) if v]
     zero = torch.zeros((), dtype=vals.dtype, device=vals.device)
     layout = a._sf_layout if len(out_shape) >= 2 else torch.sparse_coo
-    return parts_to_sparse(idx[keep], vals, out_shape, zero, False, True, layout, False)
+    return parts_to_sparse(idx[keep], vals, out_shape, zero, known_zero=True, layout=layout)
 
 
 # ---------------------------------------------------------------------- handlers

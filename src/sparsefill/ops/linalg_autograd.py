@@ -197,7 +197,7 @@ def pattern_grad(A: SparseTensor, U: torch.Tensor, V: torch.Tensor) -> SparseTen
         fill, zero = (rest / n if n else torch.zeros_like(rest)), False
     if A._coalesced:  # A's own index tensors: the constructor's backward reads the values as they are
         return rewrap(A, values=gv.reshape(A._vals.shape), fill=fill, indefinite=False, known_zero=zero)
-    return parts_to_sparse(idx, gv, A.shape, fill, False, zero, A._sf_layout, True)
+    return parts_to_sparse(idx, gv, A.shape, fill, known_zero=zero, layout=A._sf_layout, coalesced=True)
 
 
 class SparseMM(torch.autograd.Function):

@@ -50,8 +50,8 @@ def _softmax(func, args, kwargs):
     idx, vals = coalesced_parts(B)
     if dim >= sd:  # along a dense dim
         fill = B._fill if B._indefinite else func(B._fill.expand(B._dense_shape), dim - sd, half_to_float)
-        return parts_to_sparse(idx, func(vals, dim - sd + 1, half_to_float), A.shape, fill, B._indefinite, False,
-                               B._sf_layout, True)
+        return parts_to_sparse(idx, func(vals, dim - sd + 1, half_to_float), A.shape, fill, indefinite=B._indefinite,
+                               layout=B._sf_layout, coalesced=True)
     seg, out_idx, n = group_slices(idx, B._sparse_shape, [dim])
     S = out_idx.shape[1]
     f = None if B._indefinite else B._fill.expand(B._dense_shape)
@@ -62,14 +62,15 @@ def _softmax(func, args, kwargs):
         Z = Z + times(torch.exp(f - m), n, Z)
     out = shifted - torch.log(Z)[seg] if log else torch.exp(shifted) / Z[seg]
     if f is None:
-        return parts_to_sparse(idx, out, A.shape, out.new_empty(0), True, False, B._sf_layout, True)
+        return parts_to_sparse(idx, out, A.shape, out.new_empty(0), indefinite=True, layout=B._sf_layout,
+                               coalesced=True)
     slice_fill = (f - m - torch.log(Z)) if log else torch.exp(f - m) / Z  # (S, *D)
     N = A.shape[dim]
     one = func(f[None], 0, half_to_float)[0]  # a slice of N fills only: 1 / N (log: -log N), or NaN
     empty = one if not N else one - math.log(N) if log else one / N
     if sd == 1:  # one slice: the fill is an array over the dense dims
         one_slice = slice_fill[0] if S else empty if isinstance(S, int) else torch.cat([slice_fill, empty[None]])[0]
-        return parts_to_sparse(idx, out, A.shape, one_slice, False, False, B._sf_layout, True)
+        return parts_to_sparse(idx, out, A.shape, one_slice, layout=B._sf_layout, coalesced=True)
     # the unspecified value varies by slice: dense by nature
     kept = [d for d in range(A.dim()) if d != dim]
     P = empty.expand(tuple(A.shape[d] for d in kept)).clone()
@@ -142,7 +143,7 @@ def _softmax_backward(func, args, kwargs):
     fill, vals = vals.new_empty(0) if fill is None else fill.to(dtype), vals.to(dtype)
     if own:  # on y's own (coalesced) storage: its index tensors serve
         return rewrap(y, values=vals.reshape(y._vals.shape), fill=fill, indefinite=yf is None, known_zero=False)
-    return parts_to_sparse(idx, vals, y.shape, fill, yf is None, False, y._sf_layout, True)
+    return parts_to_sparse(idx, vals, y.shape, fill, indefinite=yf is None, layout=y._sf_layout, coalesced=True)
 
 
 def _edge_softmax_grad(g, y, dim, log):

@@ -219,7 +219,8 @@ def _align(sparse, layout):
     idx, values = union_parts(sparse)
 
     def build(v, f):
-        return parts_to_sparse(idx, v, A.shape, v.new_empty(0) if f is None else f, f is None, False, layout, True)
+        return parts_to_sparse(idx, v, A.shape, v.new_empty(0) if f is None else f, indefinite=f is None, layout=layout,
+                               coalesced=True)
     return build, {id(T): v for T, v in zip(sparse, values)}
 
 

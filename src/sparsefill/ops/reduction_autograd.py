@@ -211,7 +211,7 @@ def reduction_grad(P: SparseTensor, name: str, dims, opt, Y: torch.Tensor, G: to
     gf = gf.new_zeros(D) if zero else gf.expand(D).to(P.dtype).clone()
     if P._coalesced:  # P's own index tensors: the constructor's backward reads the values as they are
         return rewrap(P, values=gv.reshape(P._vals.shape), fill=gf, indefinite=False, known_zero=zero)
-    return parts_to_sparse(idx, gv, P.shape, gf, False, zero, P._sf_layout, True)
+    return parts_to_sparse(idx, gv, P.shape, gf, known_zero=zero, layout=P._sf_layout, coalesced=True)
 
 
 def _zero_fill(G):
@@ -263,7 +263,7 @@ def partial_grad(P: SparseTensor, name: str, dims, opt, Y, G) -> SparseTensor:
         gf, zero = (total / n_unspecified).to(P.dtype), False
     if P._coalesced:
         return rewrap(P, values=gv.reshape(P._vals.shape), fill=gf, indefinite=False, known_zero=zero)
-    return parts_to_sparse(idx, gv, P.shape, gf, False, zero, P._sf_layout, True)
+    return parts_to_sparse(idx, gv, P.shape, gf, known_zero=zero, layout=P._sf_layout, coalesced=True)
 
 
 class SparseReduce(torch.autograd.Function):

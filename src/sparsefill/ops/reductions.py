@@ -141,7 +141,7 @@ def _finish(A, idx, vals, fill, out_meta, layout):
     """The SparseTensor result (coalesced parts) with ``out_meta``'s shape and dtype."""
     vals = vals.to(out_meta.dtype)
     fill = vals.new_empty(0) if fill is None else fill.to(out_meta.dtype)
-    return parts_to_sparse(idx, vals, out_meta.shape, fill, A._indefinite, False, layout, True)
+    return parts_to_sparse(idx, vals, out_meta.shape, fill, indefinite=A._indefinite, layout=layout, coalesced=True)
 
 
 # ------------------------------------------------------------------ handlers
@@ -278,7 +278,8 @@ def _along_dense_dim(func, A, d, keep, meta):
     out = [func(vals.contiguous(), d + 1, keep), func(A._fill.expand(A._dense_shape).contiguous(), d, keep)]
     shapes = [m.shape for m in meta] if isinstance(meta, tuple) else [meta.shape]
     pairs = list(zip(out[0], out[1])) if isinstance(out[0], tuple) else [(out[0], out[1])]
-    res = tuple(parts_to_sparse(idx, v, shp, f, False, False, A._sf_layout, True) for (v, f), shp in zip(pairs, shapes))
+    res = tuple(parts_to_sparse(idx, v, shp, f, layout=A._sf_layout, coalesced=True)
+                for (v, f), shp in zip(pairs, shapes))
     return res if isinstance(out[0], tuple) else res[0]
 
 
@@ -357,8 +358,9 @@ def _scan(func, args, kwargs):
     vals = func(vals, dim - sd + 1, **kwargs)
     fill = None if A._indefinite else func(A._fill.expand(A._dense_shape), dim - sd, **kwargs)
     outs, fills = (vals, fill) if isinstance(vals, tuple) else ((vals,), (fill,))
-    res = tuple(parts_to_sparse(idx, v, A.shape, v.new_empty(0) if f is None else f, A._indefinite, False,
-                                A._sf_layout, True) for v, f in zip(outs, fills or (None,) * len(outs)))
+    res = tuple(parts_to_sparse(idx, v, A.shape, v.new_empty(0) if f is None else f, indefinite=A._indefinite,
+                                layout=A._sf_layout, coalesced=True)
+                for v, f in zip(outs, fills or (None,) * len(outs)))
     return res if isinstance(vals, tuple) else res[0]
 
 

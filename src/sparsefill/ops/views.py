@@ -282,8 +282,8 @@ def _write_masked(V, base, smap, bs, bv, wkeys, wvals) -> None:
     out = bv.new_zeros((U.numel(),) + D)
     out.index_copy_(0, inv[: bs.numel()], bv)
     out.view(-1)[inv[bs.numel():].repeat_interleave(counts) * Q + wkeys % Q] = wvals
-    assign_(base, parts_to_sparse(_index.unravel(U, base._sparse_shape), out, base.shape, base._fill, True, False,
-                                  base._sf_layout, True))
+    assign_(base, parts_to_sparse(_index.unravel(U, base._sparse_shape), out, base.shape, base._fill, indefinite=True,
+                                  layout=base._sf_layout, coalesced=True))
 
 
 def write_native(V: SparseTensor) -> bool:
@@ -348,6 +348,7 @@ def write_native(V: SparseTensor) -> bool:
     idx[:, inv[: bs.numel()]] = bi
     added = inv[bs.numel():]
     idx[:, added] = _index.unravel(U[added], base._sparse_shape)
-    new = parts_to_sparse(idx, out, base.shape, base._fill, False, base._fill_is_zero(), base._sf_layout, True)
+    new = parts_to_sparse(idx, out, base.shape, base._fill, known_zero=base._fill_is_zero(), layout=base._sf_layout,
+                          coalesced=True)
     assign_(base, new)
     return True
