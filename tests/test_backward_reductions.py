@@ -293,8 +293,9 @@ def test_not_routed():
     case = Case((6, 5), 2.5)
     v, f = case.leaves()
     A = case.build(v, f)
-    for out in (A.max(0).values, A.prod(1), A[torch.tensor([1, 0, 2, 3, 4, 5])].sum(1)):
+    for out in (A.prod(1), A[torch.tensor([1, 0, 2, 3, 4, 5])].sum(1)):
         assert not _routed(out)
+    assert routed(A.max(0).values, "SparseSelectBackward")
     assert _routed((A * 2).sum(1)) and _routed(torch.exp(A).amax(0))  # element-wise ops: a uniform derivative
     assert _routed(A.sum(1)) and _routed(A.coalesce().to_sparse_csr().logsumexp(0))
     H = Case((5, 3), 2.0, dense_dim=1, nse=3)
@@ -530,4 +531,54 @@ def test_partial_reduction_of_a_computed_tensor_has_no_temporary_of_the_input_si
         with sparsefill.densify_policy("raise", limit_bytes=1 << 16):
             out.to_dense().sum().backward()
     assert _routed(out)
+    assert rec.largest < 300 * 400 // 20, rec.largest
+
+
+def _max_min_out(r):
+    """``(values as dense, indices)`` of a ``max``/``min`` with a dim."""
+    return _dense_out(r.values), r.indices
+
+
+def _max_min_params():
+    for op in ["max(0)", "max(1, keepdim)", "min(-1)", "min(0, keepdim)", "max(1) hybrid", "Tensor.min(dim=0) 3d"]:
+        for layout in ["coo", "uncoalesced"] + ([] if op.endswith(("hybrid", "3d")) else ["csr"]):  # (CSR: 2-d)
+            for fill in [0.0, 5.0, -5.0, NAN]:  # (indefinite: the forward is not native)
+                yield op, layout, fill
+
+
+@pytest.mark.parametrize("op, layout, fill", list(_max_min_params()), ids=str)
+def test_max_min_with_a_dim(op, layout, fill):
+    """``max``/``min`` with a dim over a sparse dim (values and indices): the gradient of the values goes to the
+    selected element, exact at the pattern, the rest summed into the fill's gradient; against dense."""
+    hybrid, three = op.endswith("hybrid"), op.endswith("3d")
+    shape, dd = ((6, 5, 3), 1) if hybrid else ((4, 3, 5), 0) if three else ((6, 5), 0)
+    fn = {"max(0)": lambda A: torch.max(A, 0), "max(1, keepdim)": lambda A: A.max(1, keepdim=True),
+          "min(-1)": lambda A: A.min(-1), "min(0, keepdim)": lambda A: torch.min(A, 0, True),
+          "max(1) hybrid": lambda A: A.max(1), "Tensor.min(dim=0) 3d": lambda A: A.min(dim=0)}[op]
+    case = Case(shape, fill, dense_dim=dd, nse=9, **_case_kw(layout))
+    v, f = case.leaves()
+    r = fn(case.build(v, f))
+    assert routed(r.values, "SparseSelectBackward")
+    vals, ind = _max_min_out(r)
+    W = torch.randn(vals.shape, dtype=vals.dtype, generator=torch.Generator().manual_seed(1))
+    (vals * W).sum().backward()
+    vd, fd = case.leaves()
+    A = case.build(vd, fd)
+    rd = fn(A.to_dense())
+    torch.testing.assert_close(vals, rd.values, equal_nan=True)
+    torch.testing.assert_close(ind, rd.indices)
+    (rd.values * W).sum().backward()
+    torch.testing.assert_close(f.grad, fd.grad, equal_nan=True)
+    torch.testing.assert_close(v.grad, vd.grad, equal_nan=True)
+
+
+@pytest.mark.parametrize("fill", [0.0, 5.0], ids=str)
+@pytest.mark.parametrize("layout", [COO, CSR], ids=["coo", "csr"])
+def test_max_min_with_a_dim_have_no_temporary_of_the_input_size(layout, fill):
+    case = Case((300, 400), fill, layout=layout, nse=60)
+    v, f = case.leaves()
+    with _Sizes() as rec:
+        r, s = case.build(v, f).max(1), case.build(v, f).min(0, keepdim=True)
+        with sparsefill.densify_policy("raise", limit_bytes=1 << 16):
+            (_dense_out(r.values).sum() + _dense_out(s.values).sum()).backward()
     assert rec.largest < 300 * 400 // 20, rec.largest

@@ -363,9 +363,81 @@ for _name, _sig, _funcs in (
         ("sum", _sig_dim, (torch.sum, T.sum)), ("mean", _sig_dim, (torch.mean, T.mean)),
         ("nansum", _sig_dim, (torch.nansum, T.nansum)), ("nanmean", _sig_dim, (torch.nanmean, T.nanmean)),
         ("amax", _sig_amax, (torch.amax, T.amax)), ("amin", _sig_amax, (torch.amin, T.amin)),
-        ("max", _sig_all, (torch.max, T.max)), ("min", _sig_all, (torch.min, T.min)),
         ("logsumexp", _sig_logsumexp, (torch.logsumexp, T.logsumexp)), ("prod", _sig_prod, (torch.prod, T.prod))):
     register_route(*_funcs)(_route_simple(_name, _sig))
+
+
+# ---------------------------------------------------------------------- max/min with a dim: values and indices
+def select_grad(P: SparseTensor, dim: int, keepdim: bool, I, G) -> SparseTensor:
+    """The gradient of ``P`` through ``(Y, I) = max(P, dim)`` (or ``min``): ``G`` at the element each output
+    position selected (``I``, torch's ``value_selecting_reduction_backward``).  Exact at the pattern; the
+    fill is the mean over the unspecified elements (what the selections there got: ``G``'s total less the
+    stored elements'), so it is routed only where ``pattern_grad_is_exact``; an indefinite fill: 0."""
+    sd, D = P._sparse_ndim(), tuple(P._dense_shape)
+    idx, V = coalesced_parts(P)
+    oidx = idx.clone() if keepdim else torch.cat([idx[:dim], idx[dim + 1:]])
+    if keepdim:
+        oidx[dim] = 0
+    osd = sd if keepdim else sd - 1
+    keys = _index.linearize(oidx, I.shape[:osd])
+    G, I = _zero_fill(G), _zero_fill(I)
+    if isinstance(G, SparseTensor) and G._sparse_ndim() != osd:
+        G = G.to_dense()
+    Gs, Is = values_at(G, keys, osd), values_at(I, keys, osd)
+    hit = Is == idx[dim].view((-1,) + (1,) * len(D))
+    gv = torch.where(hit, Gs, torch.zeros((), dtype=Gs.dtype)).to(P.dtype)
+    n = _index.numel(P._sparse_shape) - idx.shape[1]
+    if P._indefinite or not n:
+        gf, zero = gv.new_zeros(D), True
+    else:
+        total = G.sum(tuple(range(osd))) if osd else G
+        gf, zero = ((total.to(gv.dtype) - gv.sum(0)) / n).reshape(D), False
+    if P._coalesced:
+        return rewrap(P, values=gv.reshape(P._vals.shape), fill=gf, indefinite=False, known_zero=zero)
+    return parts_to_sparse(idx, gv, P.shape, gf, indefinite=False, known_zero=zero, layout=P._sf_layout,
+                           coalesced=True)
+
+
+class SparseSelect(torch.autograd.Function):
+    """``(Y, I) = call(A)``: ``max``/``min`` over the sparse dim ``dim``; the backward is :func:`select_grad`."""
+
+    @staticmethod
+    def forward(ctx, A, call, dim, keepdim):
+        P = _pattern(A)
+        Y, I = call(P)
+        ctx.pattern, ctx.dim, ctx.keepdim = P, dim, keepdim
+        ctx.save_for_backward(I)
+        ctx.mark_non_differentiable(I)
+        return Y, I
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, G, _):
+        (I,) = ctx.saved_tensors
+        return select_grad(ctx.pattern, ctx.dim, ctx.keepdim, I, G), None, None, None
+
+
+def _sig_max_dim(input, dim, keepdim=False):
+    return dim, keepdim
+
+
+@register_route(torch.max, T.max, torch.min, T.min)
+def _route_max_min(func, args, kwargs):
+    """``max()``/``min()`` as the other reductions; ``max(A, dim, keepdim)`` over a sparse dim of ``A`` through
+    :class:`SparseSelect` (``max(A, B)`` and a dense dim: torch's path)."""
+    if _bind(_sig_all, args, kwargs) is not False:
+        return _apply(func, args, kwargs, func.__name__, None)
+    b = _bind(_sig_max_dim, args, kwargs)
+    A = args[0] if args else kwargs.get("input")
+    if not b or not isinstance(b[0], int) or isinstance(b[0], bool) or not isinstance(b[1], bool) or not (
+            isinstance(A, SparseTensor) and A.requires_grad and A.dtype in _FLOATS and A.dim()):
+        return NotImplemented
+    dim, keepdim = b
+    if not -A.dim() <= dim < A.dim() or dim % A.dim() >= A._sparse_ndim() or not pattern_grad_is_exact(A):
+        return NotImplemented
+    dim %= A.dim()
+    Y, I = SparseSelect.apply(A, lambda P: tuple(func(P, dim, keepdim)), dim, keepdim)
+    return getattr(torch.return_types, func.__name__)((Y, I))
 
 
 def _sig_var(input, dim=None, unbiased=None, keepdim=False, *, correction=None):
