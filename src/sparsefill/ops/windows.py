@@ -138,22 +138,24 @@ def _window_sums(R: _Runs, t, x, cols, S: int, win):
     b0 = win(R.first)[0].clamp(0, S)
     b1 = win(R.first + R.length - 1)[1].clamp(-1, S - 1)
     blen = (b1 - b0 + 1).clamp(min=0)
-    shift = blen.cumsum(0) - blen - b0
+    shift = blen.cumsum(0) - blen - b0 + 1
     has = R.run >= 0
-    at = shift[R.run[has]] + x[has] + 1
-    cols = cols[:, has]
+    if bool(has.all()):
+        at = shift[R.run] + x
+    else:
+        at, cols = shift[R.run[has]] + x[has], cols[:, has]
     finite = bool(torch.isfinite(cols).all())
     if not finite:  # NaN, +inf, -inf counted in three more rows; the finite part summed
         cols = torch.cat([torch.where(torch.isfinite(cols), cols, 0)] + [c.to(cols.dtype) for c in (
             cols.isnan(), cols == math.inf, cols == -math.inf)], 0)
     buf = torch.zeros((cols.shape[0], int(blen.sum()) + 1), dtype=torch.float64, device=dev)
     buf[:, at] = cols.to(torch.float64)
-    csum = buf.cumsum(1)
+    csum = buf.cumsum_(1)
     first, last = win(t)
     base = torch.repeat_interleave(shift, R.length, output_size=t.numel())
-    lo = base + first.clamp(0, S)
-    hi = base + torch.maximum(last.clamp(-1, S - 1), first.clamp(0, S) - 1) + 1
-    out = csum.index_select(1, hi) - csum.index_select(1, lo)
+    lo = first.clamp_(0, S).add_(base)
+    hi = torch.maximum(last.clamp_(-1, S - 1).add_(base), lo - 1)
+    out = csum[:, hi] - csum[:, lo - 1]
     if finite:
         return out
     n = out.shape[0] // 4
@@ -235,6 +237,14 @@ def _ceil_div(a, b):
     return -torch.div(-a, b, rounding_mode="floor")
 
 
+def _pool_windows(w: int, s: int, p: int):
+    """``(window of output o in input positions, window of input i in output positions)``."""
+    if s == 1:  # (no integer division: it is the slow pass)
+        return (lambda o: (o - p, o - p + w - 1)), (lambda i: (i + p - w + 1, i + p))
+    return ((lambda o: (o * s - p, o * s - p + w - 1)),
+            (lambda i: (_ceil_div(i + p - w + 1, s), torch.div(i + p, s, rounding_mode="floor"))))
+
+
 @register(aten.avg_pool2d.default)
 def _avg_pool2d(func, args, kwargs):
     X = args[0]
@@ -244,15 +254,25 @@ def _avg_pool2d(func, args, kwargs):
         return NotImplemented
     out_shape = _meta(func, args, kwargs).shape
     L, Lo, w, s, p = X.shape[-1], out_shape[-1], k[1], st[1], pd[1]
+    c, div_int = X._fill, divisor or w
     rows, x, v = _parts(X)
     lo, hi = _ceil_div(x + p - w + 1, s).clamp(min=0), torch.div(x + p, s, rounding_mode="floor").clamp(max=Lo - 1)
-    R = _union(rows, lo, hi, _index.numel(X.shape[:-1]), Lo, -(-p // s), (L - 1 + p - (w - 1)) // s)
+    oL, oR = -(-p // s), (L - 1 + p - (w - 1)) // s  # interior outputs: the window inside [0, L)
+    R = _union(rows, lo, hi, _index.numel(X.shape[:-1]), Lo, oL, oR)
     orow, o = R.rows_and_targets()
-    sums = _window_sums(R, o, x, torch.stack([v, torch.ones_like(v)]), L, lambda o: (o * s - p, o * s - p + w - 1))
+    win = _pool_windows(w, s, p)[0]
+    interior = func(c.expand(1, 1, 1, w), [1, w], [1, s], [0, 0], False, cip, divisor).reshape(())
+    if bool(torch.isfinite(c)):  # sum(v - c) over the window, + c for each of its elements in range
+        delta = _window_sums(R, o, x, (v - c)[None], L, win)[0]
+        vals = (delta + c * w) / div_int
+        edge = ((o < oL) | (o > oR)).nonzero().squeeze(1)
+        div, real = _pool_div(o[edge], L, w, s, p, cip, divisor)
+        vals[edge] = (delta[edge] + c * real) / div
+        return _build(orow, o, vals.to(interior.dtype), out_shape, interior, X._sf_layout)
+    sums = _window_sums(R, o, x, torch.stack([v, torch.ones_like(v)]), L, win)
     div, real = _pool_div(o, L, w, s, p, cip, divisor)
     n_fill = real - sums[1].round().long()
-    interior = func(X._fill.expand(1, 1, 1, w), [1, w], [1, s], [0, 0], False, cip, divisor).reshape(())
-    vals = (sums[0] + _fill_term(X._fill.to(sums.dtype), n_fill, n_fill)) / div
+    vals = (sums[0] + _fill_term(c.to(sums.dtype), n_fill, n_fill)) / div
     return _build(orow, o, vals.to(interior.dtype), out_shape, interior, X._sf_layout)
 
 
@@ -267,21 +287,26 @@ def _avg_pool2d_backward(func, args, kwargs):
         return NotImplemented
     L, Lo, w, s, p = X.shape[-1], G.shape[-1], k[1], st[1], pd[1]
     g = G._fill
-    if w % s and not (bool(torch.isfinite(g)) and not bool(g)):  # coverage w/s varies with i mod s: dense
+    finite = bool(torch.isfinite(g))
+    if w % s and not (finite and not bool(g)):  # coverage w/s varies with i mod s: dense
         return NotImplemented
     rows, o, gv = _parts(G)
     div_int = divisor or w
     oL, oR = -(-p // s), (L - 1 + p - (w - 1)) // s  # interior outputs: the window inside [0, L), divisor w
+    iL, iR = oL * s - p + w - 1, oR * s - p  # interior inputs: every covering output interior
     R = _union(rows, (o * s - p).clamp(min=0), (o * s - p + w - 1).clamp(max=L - 1), _index.numel(G.shape[:-1]),
-               L, oL * s - p + w - 1, oR * s - p)
-    inv = 1 / _pool_div(o, L, w, s, p, cip, divisor)[0].to(torch.float64)
+               L, iL, iR)
+    inv = torch.full(o.shape, 1 / div_int, dtype=torch.float64, device=o.device)
+    oedge = ((o < oL) | (o > oR)).nonzero().squeeze(1)
+    inv[oedge] = 1 / _pool_div(o[oedge], L, w, s, p, cip, divisor)[0].to(torch.float64)
     irow, i = R.rows_and_targets()
-    sums = _window_sums(R, i, o, torch.stack([gv * inv, inv, torch.ones_like(inv)]), Lo,
-                        lambda i: (_ceil_div(i + p - w + 1, s), torch.div(i + p, s, rounding_mode="floor")))
+    win = _pool_windows(w, s, p)[1]
+    cols = ((gv - g) * inv)[None] if finite else torch.stack([gv * inv, inv, torch.ones_like(inv)])
+    sums = _window_sums(R, i, o, cols, Lo, win)
     m = i.numel()
     w_all = torch.full((m,), w // s / div_int, dtype=sums.dtype, device=gv.device)
     n_all = torch.full((m,), w // s, dtype=torch.int64, device=gv.device)
-    edge = ((i < oL * s - p + w - 1) | (i > oR * s - p)).nonzero().squeeze(1)
+    edge = ((i < iL) | (i > iR)).nonzero().squeeze(1)
     if edge.numel():  # the covering outputs of the edge inputs, one by one
         num = i[edge, None] + p - torch.arange(w, device=i.device)
         oo = torch.div(num, s, rounding_mode="floor")
@@ -289,8 +314,10 @@ def _avg_pool2d_backward(func, args, kwargs):
         d = _pool_div(oo.clamp(0, max(Lo - 1, 0)), L, w, s, p, cip, divisor)[0].to(sums.dtype)
         w_all[edge] = torch.where(hit, 1 / d, 0).sum(1)
         n_all[edge] = hit.sum(1)
-    n_fill = n_all - sums[2].round().long()
-    vals = sums[0] + _fill_term(g.to(sums.dtype), w_all - sums[1], n_fill)
+    if finite:
+        vals = sums[0] + g * w_all
+    else:
+        vals = sums[0] + _fill_term(g.to(sums.dtype), w_all - sums[1], n_all - sums[2].round().long())
     return _build(irow, i, vals.to(gv.dtype), X.shape, g / div_int * (w // s), X._sf_layout)
 
 
