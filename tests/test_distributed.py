@@ -303,6 +303,7 @@ def _worker_w2(rank, world):
     _check_all_reduce(rank, world)
     _check_moves(rank, world)
     _check_data_parallel(rank, world)
+    _check_sharded(rank, world)
 
 
 def test_collectives_world4():
@@ -315,6 +316,7 @@ def _worker_w4(rank, world):
     _check_groups(rank, world)
     _check_bad_inputs(rank, world, VARIANTS[:1])
     _check_data_parallel(rank, world)
+    _check_sharded(rank, world)
 
 
 # ---------------------------------------------------------------------- bad inputs: the same error on every rank
@@ -473,3 +475,65 @@ def _check_data_parallel(rank, world, B=3, steps=3):
                                    p.to_dense() if isinstance(p, sparsefill.SparseTensor) else p,
                                    msg=f"data-parallel parameter {n} (rank {rank}, world {world})")
     ddp.sparse_grad_sync.remove()
+
+
+# ---------------------------------------------------------------------- row-sharded embedding tables
+def _bags(steps, n, N, seed=11):
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(steps):
+        lengths = torch.randint(0, 5, (n,), generator=g)
+        out.append((torch.randint(0, N, (int(lengths.sum()),), generator=g), lengths, torch.randn(n, generator=g)))
+    return out
+
+
+def _mine(batch, rank, B):
+    ids, lengths, y = batch
+    at = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
+    return ids[int(at[rank * B]):int(at[(rank + 1) * B])], lengths[rank * B:(rank + 1) * B], y[rank * B:(rank + 1) * B]
+
+
+def _check_sharded(rank, world, N=23, D=4, B=3, steps=3):
+    """Step for step equal to the unsharded table (SparseAdagrad, plain and row-wise; mean loss per rank)."""
+    table = torch.randn(N, D, generator=torch.Generator().manual_seed(5))
+    v = torch.randn(D, generator=torch.Generator().manual_seed(6))
+    full = _bags(steps, world * B, N)
+    for rowwise in (False, True):
+        emb = sparsefill.distributed.RowShardedEmbeddingBag.from_pretrained(table)
+        assert emb.weight.shape == (emb.hi - emb.lo, D)
+        opt = sparsefill.segment.SparseAdagrad([emb.weight], lr=0.1, rowwise=rowwise)
+        ref = torch.nn.Parameter(table.clone())
+        ref_opt = sparsefill.segment.SparseAdagrad([ref], lr=0.1, rowwise=rowwise)
+        for batch in full:
+            ids, lengths, y = _mine(batch, rank, B)
+            pooled = emb(ids, lengths=lengths)
+            rp = sparsefill.segment.sparse_lengths_sum(ref, batch[0], batch[1], sparse_grad=True)
+            torch.testing.assert_close(pooled, rp[rank * B:(rank + 1) * B].detach())
+            opt.zero_grad()
+            (pooled @ v - y).square().mean().backward()
+            assert emb.weight.grad is None if emb.hi == emb.lo or not bool(
+                ((batch[0] >= emb.lo) & (batch[0] < emb.hi)).any()) else emb.weight.grad.is_sparse
+            opt.step()
+            ref_opt.zero_grad()
+            (rp @ v - batch[2]).square().mean().backward()
+            ref_opt.step()
+            torch.testing.assert_close(emb.full_weight(), ref.detach(), msg=f"sharded step, rowwise={rowwise}")
+    # nn.EmbeddingBag's input forms and modes, and a keyed jagged batch (one exchange for every key)
+    emb = sparsefill.distributed.RowShardedEmbeddingBag.from_pretrained(table, mode="mean")
+    ids = torch.tensor([[1, 22 - rank, 5], [0, 0, 7]]) + rank
+    torch.testing.assert_close(emb(ids), torch.nn.functional.embedding_bag(ids, table, mode="mean"))
+    flat, offsets = ids.reshape(-1), torch.tensor([0, 2])
+    torch.testing.assert_close(emb(flat, offsets), torch.nn.functional.embedding_bag(flat, table, offsets,
+                                                                                    mode="mean"))
+    kj = sparsefill.segment.KeyedJaggedBatch.from_lists([{1: [3, 4], 2: [22]}, {2: [rank, 1, 1]}, {}])
+    emb = sparsefill.distributed.RowShardedEmbeddingBag.from_pretrained(table)
+    got = emb.forward_jagged(kj, keys=[2, 1, 9])
+    want = kj.pooled(table, keys=[2, 1, 9])
+    assert list(got) == [2, 1, 9]
+    for k in want:
+        torch.testing.assert_close(got[k], want[k])
+    # bad input: an id out of range on one rank, or another table: the same error on every rank
+    _expect_error(world, IndexError, "rank 1 looks up id 23",
+                  lambda: emb(torch.tensor([0, N if rank == 1 else 1]), lengths=torch.tensor([2])))
+    other = sparsefill.distributed.RowShardedEmbeddingBag.from_pretrained(table if rank else table[:-1])
+    _expect_error(world, ValueError, "tables differ", lambda: other(torch.tensor([0]), lengths=torch.tensor([1])))

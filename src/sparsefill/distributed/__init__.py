@@ -14,7 +14,8 @@ mismatch raises the same error on every rank.  This module adds options to the s
 (``algorithm=`` of :func:`all_reduce`) and :data:`traffic`, the bytes sent and received.
 
 Training: :func:`data_parallel` (DDP for what it can bucket, gradient hooks with these collectives for
-SparseTensor parameters and sparse-gradient tables; ``_ddp.py``).
+SparseTensor parameters and sparse-gradient tables; ``_ddp.py``); :class:`RowShardedEmbeddingBag`
+(a table split by rows over the ranks, ids and rows moved by ``all_to_all_single``; ``_sharded.py``).
 """
 
 from __future__ import annotations
@@ -25,13 +26,15 @@ from . import _c10d  # noqa: F401  (registers the c10d handlers)
 from ._collectives import ALGORITHM, DENSE_BYTES_RATIO, dense_bytes  # noqa: F401
 from ._combine import combine
 from ._ddp import GradSync, average, data_parallel
+from ._sharded import RowShardedEmbeddingBag
 from ._exchange import Traffic, traffic
 
 ReduceOp = dist.ReduceOp
 
 __all__ = ["all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter",
            "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "send", "recv", "reduce", "gather", "scatter",
-           "combine", "traffic", "Traffic", "ReduceOp", "data_parallel", "GradSync", "average"]
+           "combine", "traffic", "Traffic", "ReduceOp", "data_parallel", "GradSync", "average",
+           "RowShardedEmbeddingBag"]
 
 
 def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, *, algorithm: str = "auto"):
