@@ -287,15 +287,14 @@ def test_gradcheck():
 
 
 def test_not_routed():
-    """``max(dim)``, ``prod`` over a dense dim or keeping a sparse dim, a SparseTensor that needs no gradient,
+    """``prod`` over a dense dim, a SparseTensor that needs no gradient,
     grad mode off, and a reduction keeping a sparse dim of a definite-fill SparseTensor computed by other
     ops (its gradient varies over the unspecified elements and may be read there): torch's path (exact)."""
     case = Case((6, 5), 2.5)
     v, f = case.leaves()
     A = case.build(v, f)
-    for out in (A.prod(1), A[torch.tensor([1, 0, 2, 3, 4, 5])].sum(1)):
-        assert not _routed(out)
-    assert routed(A.max(0).values, "SparseSelectBackward")
+    assert not _routed(A[torch.tensor([1, 0, 2, 3, 4, 5])].sum(1))
+    assert routed(A.max(0).values, "SparseSelectBackward") and _routed(A.prod(1))
     assert _routed((A * 2).sum(1)) and _routed(torch.exp(A).amax(0))  # element-wise ops: a uniform derivative
     assert _routed(A.sum(1)) and _routed(A.coalesce().to_sparse_csr().logsumexp(0))
     H = Case((5, 3), 2.0, dense_dim=1, nse=3)
@@ -327,6 +326,8 @@ PARTIAL = {
     "norm(dim=1)": (lambda A: A.norm(dim=1), lambda x, m: torch.masked.norm(x, 2.0, 1, mask=m)),
     "vector_norm(inf, 0)": (lambda A: torch.linalg.vector_norm(A, INF, 0), None),
     "vector_norm(3, 1)": (lambda A: torch.linalg.vector_norm(A, 3, 1), None),
+    "prod(1)": (lambda A: A.prod(1), lambda x, m: torch.masked.prod(x, 1, mask=m)),
+    "prod(0, keepdim)": (lambda A: torch.prod(A, 0, True), lambda x, m: torch.masked.prod(x, 0, keepdim=True, mask=m)),
 }
 
 
@@ -494,7 +495,7 @@ def test_slice_backward_has_no_temporary_of_the_input_size(fill):
 
 @pytest.mark.parametrize("fill", [0.0, 5.0, "indefinite"], ids=str)
 @pytest.mark.parametrize("layout", [COO, CSR], ids=["coo", "csr"])
-@pytest.mark.parametrize("op", ["sum(1)", "mean(0)", "amax(1)", "logsumexp(1)", "var(1)", "norm(dim=1)"])
+@pytest.mark.parametrize("op", ["sum(1)", "mean(0)", "amax(1)", "logsumexp(1)", "var(1)", "norm(dim=1)", "prod(1)"])
 def test_partial_reductions_have_no_temporary_of_the_input_size(op, layout, fill):
     """(300, 400) with 60 stored elements, a row or column reduction: nothing of 120k elements is made."""
     case = Case((300, 400), fill, layout=layout, nse=60)
@@ -582,3 +583,14 @@ def test_max_min_with_a_dim_have_no_temporary_of_the_input_size(layout, fill):
         with sparsefill.densify_policy("raise", limit_bytes=1 << 16):
             (_dense_out(r.values).sum() + _dense_out(s.values).sum()).backward()
     assert rec.largest < 300 * 400 // 20, rec.largest
+
+
+@pytest.mark.parametrize("fill", [0.0, 3.0, INF], ids=str)
+@pytest.mark.parametrize("values", [[0.0, 2.0, 4.0, 1.5, -1.0, 3.0], [0.0, 0.0, 4.0, 1.5, 0.0, 3.0],
+                                    [1.0, 2.0, 4.0, 1.5, -1.0, INF]], ids=str)
+@pytest.mark.parametrize("op", ["prod(0)", "prod(1)"])
+def test_partial_prod_with_zeros_and_inf(op, values, fill):
+    """``prod`` keeping a sparse dim: ``G * Y / x`` without a 0 in the input (torch's rule), the products of
+    the others (no division) with one; zeros stored, zero fills, several zeros in a slice, inf."""
+    fn = {"prod(0)": lambda A: A.prod(0), "prod(1)": lambda A: A.prod(1)}[op]
+    check(Case((4, 3), fill, nse=6, values=values), fn)

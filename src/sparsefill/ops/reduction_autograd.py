@@ -25,9 +25,10 @@ constructor; so it is routed only where ``linalg_autograd.pattern_grad_is_exact(
 constructor, through coalesce/layout changes/transposes or element-wise ops with the same derivative at
 every unspecified element, or an indefinite fill).
 
-Not routed (torch's formulas, as before): those partial reductions of another ``A``, a partial one over
-a dense dim too, ``prod`` over a dense dim or keeping a sparse dim, ``max``/``min`` with a dim (the
-gradient goes to one element), named dims, complex dtypes, ``out=``.
+``max``/``min`` with a sparse dim (values and indices) run through :class:`SparseSelect`: the gradient goes
+to the selected element (:func:`select_grad`, routed as the partial reductions).  Not routed (torch's
+formulas, as before): those partial reductions of another ``A``, a partial one over a dense dim too,
+``prod`` over a dense dim, ``max``/``min`` over a dense dim, named dims, complex dtypes, ``out=``.
 
 >>> import torch, sparsefill
 >>> v, f = torch.tensor([1., 4.], requires_grad=True), torch.tensor(4., requires_grad=True)
@@ -221,6 +222,51 @@ def _zero_fill(G):
     return G
 
 
+def _seg_scan_prod(x, s):
+    """Inclusive products along dim 0 within the runs of equal (sorted) ``s``: log2(n) passes, no division."""
+    k, n = 1, x.shape[0]
+    while k < n:
+        same = (s[k:] == s[:-k]).view((-1,) + (1,) * (x.dim() - 1))
+        x = torch.cat([x[:k], torch.where(same, x[k:] * x[:-k], x[k:])])
+        k *= 2
+    return x
+
+
+def _exclusive_prods(V, seg):
+    """``(products of the other stored elements of each one's slice, product of each slice's stored elements)``."""
+    order = torch.argsort(seg, stable=True)
+    x, s = V[order], seg[order]
+
+    def before(x, s):  # the product of the earlier elements of the run: 1 for its first
+        start = torch.cat([s.new_ones(1, dtype=torch.bool), s[1:] != s[:-1]]).view((-1,) + (1,) * (x.dim() - 1))
+        return torch.where(start, 1, torch.cat([torch.ones_like(x[:1]), _seg_scan_prod(x, s)[:-1]]))
+    others_sorted = before(x, s) * before(x.flip(0), s.flip(0)).flip(0)
+    others = torch.empty_like(V).index_copy_(0, order, others_sorted)
+    whole = torch.ones((int(seg.max()) + 1 if seg.numel() else 0,) + tuple(V.shape[1:]), dtype=V.dtype,
+                       device=V.device)
+    whole[s] = others_sorted * x  # (one value per slice)
+    return others, whole
+
+
+def _prod_as_formula(V, F, m, seg, Gs, Ys, fill_counts):
+    """``prod`` keeping sparse dims as a formula ``fn(x, G, Y, st, opt)`` of :func:`partial_grad`: ``G * Y / x``
+    where the input has no 0 (torch's ``prod_backward``), else ``G`` times the product of the others: for a
+    stored element the other stored ones' times ``F ** m``, for an unspecified one the stored ones' times
+    ``F ** (m - 1)``; a slice of fills only (``st`` a :class:`_Slices` of ``N`` fills): ``G * F ** (N - 1)``."""
+    if not bool((V == 0).any()) and not (fill_counts and bool((F == 0).any())):
+        return lambda x, G, Y, st, o: G * (Y / x)
+    others, whole = _exclusive_prods(V, seg)
+    mv = m.view((-1,) + (1,) * (V.dim() - 1))
+
+    def fn(x, G, Y, st, o):
+        if isinstance(st, _Slices):
+            return G * F.pow(st.m - 1)
+        if st.at_values:
+            return G * others * F.pow(mv[seg])
+        return G * whole * torch.where(mv > 0, F.pow((mv - 1).clamp(min=0)), 0)
+    return fn
+
+
 def partial_grad(P: SparseTensor, name: str, dims, opt, Y, G) -> SparseTensor:
     """The gradient of ``P`` through ``Y = name(P)`` over some of its sparse dims (no dense dim): exact at
     the pattern, the mean over the unspecified elements as its fill (exact for a reader of the values and of
@@ -245,10 +291,13 @@ def partial_grad(P: SparseTensor, name: str, dims, opt, Y, G) -> SparseTensor:
         G = G.to_dense()
     Gs, Ys = values_at(G, keys, osd).to(ct), values_at(_zero_fill(Y), keys, osd).to(ct)
     m = torch.zeros_like(n_fill) if P._indefinite else n_fill
-    fn = FORMULAS[name]
+    n_unspecified = _index.numel(P._sparse_shape) - idx.shape[1]
+    if name == "prod":  # (the exclusive products: a formula of its own, prod_backward's)
+        fn = _prod_as_formula(V, F, m, seg, Gs, Ys, not P._indefinite and n_unspecified > 0)
+    else:
+        fn = FORMULAS[name]
     gv = fn(V, Gs[seg], Ys[seg], _Segments(V, F, m, seg, Ys, True), opt)
     gv = gv.expand(V.shape).to(P.dtype).contiguous()
-    n_unspecified = _index.numel(P._sparse_shape) - idx.shape[1]
     if P._indefinite or not n_unspecified:
         gf, zero = gv.new_zeros(D), True
     else:
@@ -316,7 +365,7 @@ def _apply(func, args, kwargs, name, dim, opt=None):
     if dims is None or name == "prod" and A.dense_dim() and any(d >= sd for d in dims):
         return NotImplemented
     if not set(range(sd)) <= set(dims):  # some sparse dims kept: over sparse dims only, read as the constructor does
-        if not dims or dims[-1] >= sd or name in ("prod", "max", "min") or not pattern_grad_is_exact(A):
+        if not dims or dims[-1] >= sd or name in ("max", "min") or not pattern_grad_is_exact(A):
             return NotImplemented
 
     def call(P):
