@@ -68,6 +68,21 @@ class _Runs(NamedTuple):
                                                                               output_size=n)
         return rows, t
 
+    def edges(self, tL: int, tR: int):
+        """Indices in the union of its targets ``t < tL`` or ``t > tR`` (from the runs: no pass over targets)."""
+        last = self.first + self.length - 1
+        nl = (tL - self.first).clamp(0).minimum(self.length)  # the first nl targets of each run
+        nr = (last - tR).clamp(0).minimum(self.length - nl)  # and its last nr
+        parts = []
+        for n, at in ((nl, self.offset), (nr, self.offset + self.length - nr)):
+            keep = (n > 0).nonzero().squeeze(1)
+            if keep.numel():
+                n, at = n[keep], at[keep]
+                tot = int(n.sum())
+                parts.append(torch.arange(tot, device=at.device) + torch.repeat_interleave(at - (n.cumsum(0) - n), n,
+                                                                                           output_size=tot))
+        return torch.cat(parts) if parts else self.first.new_zeros(0)
+
     def index(self, t, run):
         """Index in the union of target ``t`` of a source in run ``run`` (any value where ``run`` is -1)."""
         if not self.first.numel():
@@ -101,15 +116,17 @@ def _union(rows, lo, hi, n_rows: int, T: int, tL: int, tR: int, presorted: bool 
         starts[at], ends[at], rws[at] = max(tR + 1, 0), T - 1, r
     valid = starts <= ends
     K = T + 1
-    ks, ke = (rws * K + starts)[valid], (rws * K + ends)[valid]
+    ks, ke = rws * K + starts, rws * K + ends
+    if not bool(valid.all()):
+        ks, ke, rws, starts = ks[valid], ke[valid], rws[valid], starts[valid]
     cm = ke.cummax(0).values if ke.numel() else ke
     new = torch.ones_like(ks, dtype=torch.bool)
     new[1:] = ks[1:] > cm[:-1]
     last = torch.ones_like(new)
     last[:-1] = new[1:]
-    row, first = rws[valid][new], starts[valid][new]
+    row, first = rws[new], starts[new]
     length = cm[last] - ks[new] + 1
-    run_all = torch.full_like(starts, -1)
+    run_all = torch.full_like(valid, -1, dtype=torch.int64)
     run_all[valid] = new.cumsum(0) - 1
     run = run_all[src_at]
     if perm is not None:
@@ -127,9 +144,11 @@ def _taps(x, w: int, a: int, b: int, e: int, q: int, T: int):
     return t, ok, torch.where(ok, t, T).amin(1), torch.where(ok, t, -1).amax(1)
 
 
-def _window_sums(R: _Runs, t, x, cols, S: int, win):
+def _window_sums(R: _Runs, t, x, cols, S: int, win, edge, span: int | None = None):
     """``out[c, k] = sum of cols[c, e] over the sources e (positions x) in the window of target t[k]``, the
-    window ``win(t) = (first, last)`` source positions (non-decreasing in ``t``) clipped to ``[0, S)``.
+    window ``win(t) = (first, last)`` source positions (non-decreasing in ``t``) clipped to ``[0, S)``, which
+    changes only the windows of the targets ``edge``; ``span``: every window is ``(t + span, t + span + w - 1)``
+    (stride 1: no division, one pass).
 
     Each run's windows cover a contiguous range of source positions that holds only the run's own sources:
     the sources go to one buffer of those ranges, and a window sum is a difference of its prefix sums
@@ -138,7 +157,7 @@ def _window_sums(R: _Runs, t, x, cols, S: int, win):
     b0 = win(R.first)[0].clamp(0, S)
     b1 = win(R.first + R.length - 1)[1].clamp(-1, S - 1)
     blen = (b1 - b0 + 1).clamp(min=0)
-    shift = blen.cumsum(0) - blen - b0 + 1
+    shift = blen.cumsum(0) - blen - b0 + 1  # buffer index of source position x in run r: shift[r] + x
     has = R.run >= 0
     if bool(has.all()):
         at = shift[R.run] + x
@@ -151,17 +170,31 @@ def _window_sums(R: _Runs, t, x, cols, S: int, win):
     buf = torch.zeros((cols.shape[0], int(blen.sum()) + 1), dtype=torch.float64, device=dev)
     buf[:, at] = cols.to(torch.float64)
     csum = buf.cumsum_(1)
-    first, last = win(t)
-    base = torch.repeat_interleave(shift, R.length, output_size=t.numel())
-    lo = first.clamp_(0, S).add_(base)
-    hi = torch.maximum(last.clamp_(-1, S - 1).add_(base), lo - 1)
-    out = csum[:, hi] - csum[:, lo - 1]
+    if span is not None:
+        w = int(win(t.new_zeros(1))[1]) - span + 1
+        lo = t + torch.repeat_interleave(shift + span - 1, R.length, output_size=t.numel())
+        hi = lo + w
+    else:
+        first, last = win(t)
+        lo, hi = _clipped(first, last, torch.repeat_interleave(shift, R.length, output_size=t.numel()), S)
+    if span is not None and edge.numel():  # the windows that the signal's ends clip
+        run = torch.searchsorted(R.offset, edge, right=True) - 1
+        first, last = win(t[edge])
+        lo[edge], hi[edge] = _clipped(first, last, shift[run], S)
+    out = csum[:, hi] - csum[:, lo]
     if finite:
         return out
     n = out.shape[0] // 4
     fin, nan, pinf, ninf = out[:n], out[n:2 * n], out[2 * n:3 * n], out[3 * n:]
     inf = torch.tensor(math.inf, dtype=out.dtype, device=dev)
     return fin + torch.where(pinf > 0, inf, 0) + torch.where(ninf > 0, -inf, 0) + torch.where(nan > 0, inf - inf, 0)
+
+
+def _clipped(first, last, shift, S: int):
+    """Prefix-sum indices ``(lo, hi)`` of windows ``[first, last]`` clipped to ``[0, S)`` (``hi - lo``
+    elements, none where the clipped window is empty)."""
+    lo = first.clamp(0, S) + shift - 1
+    return lo, torch.maximum(last.clamp(-1, S - 1) + shift, lo)
 
 
 def _parts(X: SparseTensor):
@@ -262,14 +295,14 @@ def _avg_pool2d(func, args, kwargs):
     orow, o = R.rows_and_targets()
     win = _pool_windows(w, s, p)[0]
     interior = func(c.expand(1, 1, 1, w), [1, w], [1, s], [0, 0], False, cip, divisor).reshape(())
+    edge, span = R.edges(oL, oR), (-p if s == 1 else None)
     if bool(torch.isfinite(c)):  # sum(v - c) over the window, + c for each of its elements in range
-        delta = _window_sums(R, o, x, (v - c)[None], L, win)[0]
+        delta = _window_sums(R, o, x, (v - c)[None], L, win, edge, span)[0]
         vals = (delta + c * w) / div_int
-        edge = ((o < oL) | (o > oR)).nonzero().squeeze(1)
         div, real = _pool_div(o[edge], L, w, s, p, cip, divisor)
         vals[edge] = (delta[edge] + c * real) / div
         return _build(orow, o, vals.to(interior.dtype), out_shape, interior, X._sf_layout)
-    sums = _window_sums(R, o, x, torch.stack([v, torch.ones_like(v)]), L, win)
+    sums = _window_sums(R, o, x, torch.stack([v, torch.ones_like(v)]), L, win, edge, span)
     div, real = _pool_div(o, L, w, s, p, cip, divisor)
     n_fill = real - sums[1].round().long()
     vals = (sums[0] + _fill_term(c.to(sums.dtype), n_fill, n_fill)) / div
@@ -302,11 +335,11 @@ def _avg_pool2d_backward(func, args, kwargs):
     irow, i = R.rows_and_targets()
     win = _pool_windows(w, s, p)[1]
     cols = ((gv - g) * inv)[None] if finite else torch.stack([gv * inv, inv, torch.ones_like(inv)])
-    sums = _window_sums(R, i, o, cols, Lo, win)
+    edge = R.edges(iL, iR)
+    sums = _window_sums(R, i, o, cols, Lo, win, edge, (p - w + 1) if s == 1 else None)
     m = i.numel()
     w_all = torch.full((m,), w // s / div_int, dtype=sums.dtype, device=gv.device)
     n_all = torch.full((m,), w // s, dtype=torch.int64, device=gv.device)
-    edge = ((i < iL) | (i > iR)).nonzero().squeeze(1)
     if edge.numel():  # the covering outputs of the edge inputs, one by one
         num = i[edge, None] + p - torch.arange(w, device=i.device)
         oo = torch.div(num, s, rounding_mode="floor")
