@@ -103,9 +103,10 @@ def _pooled_by_loop(batch, tables, keys, reducer, weights=None):
     return out
 
 
+@pytest.mark.parametrize("backend", ["numba", "torch"] if segment.compiled_available() else ["torch"])
 @pytest.mark.parametrize("case", ["random", "key order", "repeated key", "absent key", "no examples",
                                   "no entries", "large and negative keys", "shared table"])
-def test_pooled_per_key_layout(case):
+def test_pooled_per_key_layout(case, backend):
     """pooled groups the ids by (key, example) once for all keys: against a loop over the lists for keys
     in any order, a key asked twice (pooled once), a key no example has (the empty value), an empty batch,
     examples with no entries, key ids far apart and negative, one shared table; the sparse gradient of
@@ -134,7 +135,8 @@ def test_pooled_per_key_layout(case):
     kj = KeyedJaggedBatch.from_lists(batch, weights=weights)
     want_keys = list(dict.fromkeys(keys))
     for reducer in ("sum", "mean", "max", "weighted_sum"):
-        got = kj.pooled(tables, reducer, keys=keys)
+        with segment.use_backend(backend):  # (numba: the lists gathered by the compiled kernel)
+            got = kj.pooled(tables, reducer, keys=keys)
         assert list(got) == want_keys
         expect = _pooled_by_loop(batch, tables, want_keys, reducer, weights)
         for k in want_keys:
@@ -148,6 +150,14 @@ def test_pooled_per_key_layout(case):
     for k in leaves:
         assert leaves[k].grad.is_sparse
         assert_close(leaves[k].grad.to_dense(), dense[k].grad)
+    # weights that require grad: their gradient (each id's row, dotted with the upstream gradient)
+    w = kj.weights.clone().requires_grad_()
+    kjw = KeyedJaggedBatch(kj.values, kj.values_lengths, kj.keys, kj.example_lengths, w)
+    table = torch.randn(20, 3, generator=g, dtype=torch.float64)
+    with segment.use_backend(backend):
+        sum(o.sum() for o in kjw.pooled(table, "weighted_sum", keys=want_keys).values()).backward()
+    wanted = torch.isin(torch.repeat_interleave(kj.keys, kj.values_lengths), torch.tensor(want_keys))
+    assert_close(w.grad, torch.where(wanted, table.sum(1)[kj.values], 0.0).to(w.dtype))
 
 
 def test_jagged_errors():

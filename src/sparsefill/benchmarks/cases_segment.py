@@ -271,3 +271,58 @@ for _name, _build in [("segment sum (lengths)", _sum_family("sum")),
                       ("segment max, unsorted ids (unsorted_segment_max)", _unsorted("max")),
                       ("segment min, unsorted ids (unsorted_segment_min)", _unsorted("min"))]:
     case(_name, sizes=SIZES, quick_sizes=QUICK, tiny_sizes=TINY, check=_check_all_close)(_build)
+
+
+# ---------------------------------------------------------------------------- keyed jagged batches
+def _jagged(param):
+    """A DLRM-style batch (``examples/dlrm.py``'s shape): ``B`` examples, ``K`` keys, lists of 0-40 ids
+    (0: the key is absent), ids skewed to small rows, one ``rows x D`` float32 table per key."""
+    B, K, rows, D = param
+    g = torch.Generator().manual_seed(0)
+    lengths = torch.randint(0, 41, (B, K), generator=g)
+    present = lengths.flatten() > 0
+    vl = lengths.flatten()[present]
+    ids = (torch.rand(int(vl.sum()), generator=g) ** 3 * rows).long()
+    kj = segment.KeyedJaggedBatch(ids, vl, torch.arange(K).repeat(B)[present], (lengths > 0).sum(1))
+    return kj, {k: torch.randn(rows, D, generator=g) for k in range(K)}
+
+
+def _split_by_masks(kj, keys):
+    """What a user writes from the flat batch: per key, a mask over the entries and one over the ids, the
+    key's per-example lengths and offsets: ``{key: (ids, offsets)}``, ``embedding_bag``'s input."""
+    key_of_id = torch.repeat_interleave(kj.keys, kj.values_lengths)
+    ex = torch.repeat_interleave(torch.arange(kj.batch_size), kj.example_lengths)
+    out = {}
+    for k in keys:
+        sel = kj.keys == k
+        per_ex = torch.zeros(kj.batch_size, dtype=torch.long).index_put_((ex[sel],), kj.values_lengths[sel])
+        offs = torch.zeros(kj.batch_size + 1, dtype=torch.long)
+        torch.cumsum(per_ex, 0, out=offs[1:])
+        out[k] = (kj.values[key_of_id == k], offs)
+    return out
+
+
+def _bags(split, tables):
+    return {k: F.embedding_bag(i, tables[k], o, mode="sum", include_last_offset=True) for k, (i, o) in split.items()}
+
+
+def _check_pooled(param, out):
+    ref = out["sparsefill"]
+    for label, o in out.items():
+        for k in ref:
+            torch.testing.assert_close(o[k], ref[k], rtol=1e-5, atol=1e-5, msg=lambda m: f"{label}, key {k}: {m}")
+
+
+@case("segment: KeyedJaggedBatch.pooled sum, per-key tables",
+      sizes={"batch 2048, 8 keys, 50k x 64": (2048, 8, 50_000, 64)},
+      quick_sizes={"batch 512, 8 keys, 10k x 64": (512, 8, 10_000, 64)},
+      tiny_sizes={"batch 32, 4 keys, 200 x 8": (32, 4, 200, 8)}, check=_check_pooled)
+def jagged_pooled(param):
+    """``kj.pooled(tables, "sum")`` (the forward of examples/dlrm.py's lookups) against one
+    ``embedding_bag`` per key on inputs split per key beforehand (``nn.EmbeddingBag``'s layout: the
+    split not timed) and with the split done per key by masks in the call."""
+    kj, tables = _jagged(param)
+    split = _split_by_masks(kj, tables)
+    return [("sparsefill", lambda: kj.pooled(tables, "sum")),
+            ("embedding_bag per key, inputs split beforehand", lambda: _bags(split, tables)),
+            ("per-key masks + embedding_bag", lambda: _bags(_split_by_masks(kj, tables), tables))]

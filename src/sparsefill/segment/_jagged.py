@@ -406,7 +406,8 @@ class KeyedJaggedBatch:
         are ``ids[offsets[j * B + e]:offsets[j * B + e + 1]]`` (an absent key: an empty list).  Computed
         once for all keys, with no sort and no per-key mask: every entry's list is placed at its slot
         ``j * B + e`` (its length and start there; an entry of another key goes to a discarded slot),
-        then one gather of the ids (and weights) reads the lists in slot order."""
+        then one gather of the ids (and weights) reads the lists in slot order (one compiled copy per
+        list on the compiled segment backend; weights that require grad go through ``index_select``)."""
         K, B, E = len(keys), self.batch_size, self.keys.numel()
         dev = self.keys.device
         KB = K * B
@@ -423,8 +424,16 @@ class KeyedJaggedBatch:
         offsets = torch.zeros(KB + 1, dtype=torch.int64, device=dev)
         torch.cumsum(lengths[:KB], 0, out=offsets[1:])
         n = int(offsets[-1])
+        srcs = [self.values] + ([self.weights] if with_weights else [])
+        if (all(t.dim() == 1 and t.is_contiguous() and not (t.requires_grad and torch.is_grad_enabled())
+                for t in srcs) and _kernels.compiled_for(dev, n)):
+            nb, parts = _kernels._nb(), []  # (one copy of each list: 4-6x fewer passes than the torch ops)
+            for t in srcs:
+                out = t.new_empty(n)
+                nb.gather_runs(t.detach().numpy(), starts[:KB].numpy(), lengths[:KB].numpy(), offsets.numpy(),
+                               out.numpy())
+                parts.append(out)
+            return offsets, parts[0], parts[1] if with_weights else None
         at = torch.arange(n, device=dev).add_(torch.repeat_interleave(starts[:KB] - offsets[:-1], lengths[:KB],
                                                                        output_size=n))
-        ids = self.values.index_select(0, at)
-        w = self.weights.index_select(0, at) if with_weights else None
-        return offsets, ids, w
+        return offsets, *(t.index_select(0, at) for t in srcs), *([] if with_weights else [None])

@@ -44,7 +44,7 @@ except ImportError:  # numba is optional: this module then defines nothing and `
     numba = None
 
 __all__ = ["kernel", "fixed_width", "offsets_of", "count_ids", "counting_sort", "adagrad_coalesced",
-           "rowwise_adagrad_coalesced", "coalesce_rows", "OPS"]
+           "rowwise_adagrad_coalesced", "coalesce_rows", "gather_runs", "OPS"]
 
 OPS = ("sum", "wsum", "mean", "max", "min")
 _AHEAD = 16  # positions
@@ -421,3 +421,13 @@ if numba is not None:
         for s in range(u):
             mark[rows[s]] = -1
         return u
+
+    # ------------------------------------------------------------------------------- lists
+    @njit(nogil=True, cache=True)
+    def gather_runs(src, starts, lengths, offsets, out):  # pragma: no cover - compiled
+        """``out[offsets[j]:offsets[j] + lengths[j]] = src[starts[j]:starts[j] + lengths[j]]`` for every
+        ``j`` (runs in range: the caller built them)."""
+        for j in range(lengths.shape[0]):
+            a, o = starts[j], offsets[j]
+            for i in range(lengths[j]):
+                out[o + i] = src[a + i]
