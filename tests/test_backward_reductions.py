@@ -594,3 +594,56 @@ def test_partial_prod_with_zeros_and_inf(op, values, fill):
     the others (no division) with one; zeros stored, zero fills, several zeros in a slice, inf."""
     fn = {"prod(0)": lambda A: A.prod(0), "prod(1)": lambda A: A.prod(1)}[op]
     check(Case((4, 3), fill, nse=6, values=values), fn)
+
+
+DENSE_DIM = {  # reductions over dense dims only of a (6, 5, 3) hybrid (2 sparse dims)
+    "amax(-1)": lambda A: A.amax(-1),
+    "amin(2, keepdim)": lambda A: A.amin(2, True),
+    "sum(-1)": lambda A: A.sum(-1),
+    "mean(2)": lambda A: torch.mean(A, 2),
+    "logsumexp(-1)": lambda A: A.logsumexp(-1),
+    "var(-1)": lambda A: A.var(-1),
+    "norm(dim=-1)": lambda A: A.norm(dim=-1),
+    "vector_norm(inf, -1)": lambda A: torch.linalg.vector_norm(A, INF, -1),
+    "exp(2*A).amax(-1)": lambda A: torch.exp(2 * A).amax(-1),
+}
+
+
+@pytest.mark.parametrize("fill", [0.0, "array", NAN, "indefinite"], ids=str)
+@pytest.mark.parametrize("layout", ["coo", "csr", "uncoalesced"])
+@pytest.mark.parametrize("op", sorted(DENSE_DIM))
+def test_reductions_over_a_dense_dim(op, layout, fill):
+    """``A.amax(-1)`` over a dense dim of a hybrid: torch's formula on each stored slice and on the fill's; the
+    gradients equal the dense ones (an indefinite fill: the 0-filled dense tensor, whose rows that are
+    masked out hold no leaf value)."""
+    fn = DENSE_DIM[op]
+    case = Case((6, 5, 3), fill, dense_dim=1, nse=7, uncoalesced=layout == "uncoalesced")
+    build = case.build if layout != "csr" else lambda v, f: case.build(v, f).to_sparse_csr(dense_dim=1)
+    v, f = case.leaves()
+    A = build(v, f)
+    assert A.sparse_layout is (CSR if layout == "csr" else COO) and A.dense_dim() == 1
+    out = fn(A)
+    assert _routed(out)
+    W = torch.randn(out.shape, dtype=out.dtype, generator=torch.Generator().manual_seed(1))
+    (_dense_out(out) * W).sum().backward()
+    vd, fd = case.leaves()
+    A = build(vd, fd)
+    ref = fn(A.to_dense(fill_value=0.0) if case.indefinite else A.to_dense())
+    (torch.where(torch.isnan(ref), 0.0, ref) * W if case.indefinite else ref * W).sum().backward()
+    torch.testing.assert_close(v.grad, vd.grad, equal_nan=True)
+    if f is not None:
+        torch.testing.assert_close(f.grad, fd.grad, equal_nan=True)
+
+
+@pytest.mark.parametrize("fill", [0.0, 5.0, "indefinite"], ids=str)
+@pytest.mark.parametrize("op", ["amax(-1)", "logsumexp(-1)", "var(-1)"])
+def test_reductions_over_a_dense_dim_have_no_temporary_of_the_input_size(op, fill):
+    """(300, 400, 4) with 60 stored rows: nothing of 480k elements is made, forward or backward."""
+    case = Case((300, 400, 4), fill, dense_dim=1, nse=60)
+    v, f = case.leaves()
+    with _Sizes() as rec:
+        out = DENSE_DIM[op](case.build(v, f))
+        with sparsefill.densify_policy("raise", limit_bytes=1 << 16):
+            out.sum((0, 1)).sum().backward()
+    assert _routed(out)
+    assert rec.largest < 300 * 400, rec.largest

@@ -26,9 +26,10 @@ constructor, through coalesce/layout changes/transposes or element-wise ops with
 every unspecified element, or an indefinite fill).
 
 ``max``/``min`` with a sparse dim (values and indices) run through :class:`SparseSelect`: the gradient goes
-to the selected element (:func:`select_grad`, routed as the partial reductions).  Not routed (torch's
-formulas, as before): those partial reductions of another ``A``, a partial one over a dense dim too,
-``prod`` over a dense dim, ``max``/``min`` over a dense dim, named dims, complex dtypes, ``out=``.
+to the selected element (:func:`select_grad`, routed as the partial reductions).  A reduction over dense
+dims only (``A.amax(-1)`` of a hybrid): :func:`dense_dims_grad`, routed as the partial ones.  Not routed
+(torch's formulas, as before): those partial reductions of another ``A``, one over sparse and dense dims
+keeping a sparse dim, ``prod``/``max``/``min`` over a dense dim, named dims, complex dtypes, ``out=``.
 
 >>> import torch, sparsefill
 >>> v, f = torch.tensor([1., 4.], requires_grad=True), torch.tensor(4., requires_grad=True)
@@ -315,6 +316,51 @@ def partial_grad(P: SparseTensor, name: str, dims, opt, Y, G) -> SparseTensor:
     return parts_to_sparse(idx, gv, P.shape, gf, known_zero=zero, layout=P._sf_layout, coalesced=True)
 
 
+def dense_dims_grad(P: SparseTensor, name: str, dims, opt, Y, G) -> SparseTensor:
+    """The gradient of ``P`` through ``Y = name(P)`` over dense dims only (``A.amax(-1)`` of a hybrid): torch's
+    formula on each stored element's dense slice (exact), and on the fill's with the sum of ``G`` over the
+    unspecified elements (the formula is linear in ``G``), divided among them: the mean as the fill (what the
+    constructor reads; routed where ``pattern_grad_is_exact``)."""
+    sd, D = P._sparse_ndim(), tuple(P._dense_shape)
+    rd = [d - sd for d in dims]
+    K = tuple(1 if i in rd else n for i, n in enumerate(D))
+    idx, V = coalesced_parts(P)
+    ct = Y.dtype if Y.dtype.is_floating_point else P.dtype
+    V = V.to(ct)
+    keys = _index.linearize(idx, P._sparse_shape)
+    G, Y = _zero_fill(G), _zero_fill(Y)  # (Y: a SparseTensor with P's sparse pattern)
+    Gv = values_at(G, keys, sd).to(ct)
+    Gs, Ys = Gv.reshape((-1,) + K), values_at(Y, keys, sd).to(ct).reshape((-1,) + K)
+    fn = FORMULAS[name]
+    gv = fn(V, Gs, Ys, _RowStats(V, Ys, rd, 1), opt).expand(V.shape).to(P.dtype).contiguous()
+    n = _index.numel(P._sparse_shape) - idx.shape[1]
+    if P._indefinite or not n:
+        gf, zero = gv.new_zeros(D), True
+    else:
+        F = P._fill.expand(D).to(ct)
+        G_rest = (G.sum(tuple(range(sd))).to(ct) - Gv.sum(0)).reshape(K)
+        Yf = Y._fill.to(ct).expand(tuple(Y.shape[sd:])).reshape(K)
+        gf, zero = (fn(F, G_rest, Yf, _RowStats(F, Yf, rd, 0), opt).expand(D) / n).to(P.dtype), False
+    if P._coalesced:
+        return rewrap(P, values=gv.reshape(P._vals.shape), fill=gf, indefinite=False, known_zero=zero)
+    return parts_to_sparse(idx, gv, P.shape, gf, indefinite=False, known_zero=zero, layout=P._sf_layout,
+                           coalesced=True)
+
+
+class _RowStats:
+    """:class:`_Slices` for a reduction over dense dims only: ``x`` ``(nse, *D)`` (``lead`` 1) or the fill
+    ``(*D)`` (``lead`` 0), each slice its own, ``y`` the result broadcast to it."""
+
+    def __init__(self, x, y, rd, lead):
+        self.x, self.y, self.dims = x, y, [d + lead for d in rd]
+
+    def sum(self, fn):
+        return fn(self.x, self.y).sum(self.dims, keepdim=True)
+
+    def count(self):
+        return self.sum(lambda t, y: torch.ones_like(t, dtype=torch.bool))
+
+
 class SparseReduce(torch.autograd.Function):
     """``Y = call(A)``: the reduction ``name`` over ``dims`` (``opt``: its parameter); the backward is
     :func:`reduction_grad`."""
@@ -332,6 +378,8 @@ class SparseReduce(torch.autograd.Function):
     def backward(ctx, G):
         (Y,) = ctx.saved_tensors
         P = ctx.pattern
+        if ctx.dims and ctx.dims[0] >= P._sparse_ndim():  # dense dims only
+            return dense_dims_grad(P, ctx.name, ctx.dims, ctx.opt, Y, G), None, None, None, None
         if not set(range(P._sparse_ndim())) <= set(ctx.dims):
             return partial_grad(P, ctx.name, ctx.dims, ctx.opt, Y, G), None, None, None, None
         if isinstance(G, SparseTensor):
@@ -364,7 +412,10 @@ def _apply(func, args, kwargs, name, dim, opt=None):
     dims, sd = _dims(A, dim), A._sparse_ndim()
     if dims is None or name == "prod" and A.dense_dim() and any(d >= sd for d in dims):
         return NotImplemented
-    if not set(range(sd)) <= set(dims):  # some sparse dims kept: over sparse dims only, read as the constructor does
+    if dims and dims[0] >= sd and sd:  # dense dims only (the gradient's fill: a mean, read as the constructor does)
+        if name in ("prod", "max", "min") or not pattern_grad_is_exact(A):
+            return NotImplemented
+    elif not set(range(sd)) <= set(dims):  # some sparse dims kept: over sparse dims only, as the constructor reads
         if not dims or dims[-1] >= sd or name in ("max", "min") or not pattern_grad_is_exact(A):
             return NotImplemented
 
