@@ -169,6 +169,19 @@ def _nan_equal(a, b):
     return (a == b) | (a.isnan() & b.isnan())
 
 
+def differs(f: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """``f != c`` element-wise, NaN equal to NaN (component by component for complex).
+
+    >>> differs(torch.tensor([1., float('nan'), 2.]), torch.tensor(float('nan'))).tolist()
+    [True, False, True]
+    """
+    if f.is_complex():
+        return differs(torch.view_as_real(f), torch.view_as_real(c.expand(f.shape))).any(-1)
+    if f.is_floating_point():
+        return ~((f == c) | (f.isnan() & c.isnan()))
+    return f != c
+
+
 def parts_to_sparse(idx, vals, shape, fill, *, indefinite: bool = False, known_zero: bool = False,
                     layout: torch.layout = torch.sparse_coo, coalesced: bool = False) -> SparseTensor:
     """SparseTensor of ``layout`` from COO parts over all non-dense dims (sorted for CSR); ``known_zero``: the

@@ -6,10 +6,6 @@ from . import (activations, coords, core, fallback, foreach, indexing, linalg, n
                pointwise, reductions, registry, views, windows)
 
 
-def _fast(func):
-    return pointwise.unary_fast if pointwise.unary_fast_ok(func) else False
-
-
 def _route(func, types, args, kwargs):
     """``autograd_routes.route``, imported on the first torch function call (it loads the autograd Functions)."""
     from .autograd_routes import route
@@ -17,5 +13,5 @@ def _route(func, types, args, kwargs):
     return route(func, types, args, kwargs)
 
 
-_tensor.install_op_layer(dispatch=registry.dispatch, fast=_fast, route=_route, sync=views.sync,
+_tensor.install_op_layer(dispatch=registry.dispatch, fast=registry.fast_path, route=_route, sync=views.sync,
                          write_through=views.write_through, track=views.track)

@@ -75,6 +75,12 @@ def dispatch(func, types, args, kwargs):
     return _call(func, args, kwargs)
 
 
+def fast_path(func):
+    """The shortcut ``SparseTensor.__torch_dispatch__`` takes for ``func`` before :func:`dispatch` (called once
+    per op, cached there): ``pointwise.unary_fast`` for an out-of-place pointwise op with no handler, else False."""
+    return pointwise.unary_fast if func not in HANDLERS and pointwise.unary_fast_ok(func) else False
+
+
 def middleware(fn):
     """Decorator: run ``fn(func, args, kwargs, call)`` around every dispatched call, where ``call(func, args,
     kwargs)`` runs the middleware registered before ``fn`` and then :func:`compute`; returns ``fn``."""

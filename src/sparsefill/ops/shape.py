@@ -30,7 +30,7 @@ from __future__ import annotations
 import torch
 
 from .. import _index
-from .._convert import scalar_parts
+from .._convert import differs, scalar_parts
 from .._policy import check_specify
 from .._tensor import SparseTensor
 from .registry import register
@@ -51,15 +51,6 @@ def _make(A: SparseTensor, shape, idx, vals, fill, coalesced, known_zero=None) -
 
 def _uniform_fill(A: SparseTensor) -> bool:
     return A._indefinite or A._fill.numel() == 1
-
-
-def _differs(f: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-    """``f != c`` element-wise, NaN equal to NaN (component by component for complex)."""
-    if f.is_complex():
-        return _differs(torch.view_as_real(f), torch.view_as_real(c.expand(f.shape))).any(-1)
-    if f.is_floating_point():
-        return ~((f == c) | (f.isnan() & c.isnan()))
-    return f != c
 
 
 def _mode(f: torch.Tensor) -> torch.Tensor:
@@ -99,7 +90,7 @@ def all_sparse(A: SparseTensor) -> SparseTensor:
         return _make(A, A.shape, full, vals, fill, A._coalesced)
     f = A._fill.expand(D).reshape(-1)
     c = _mode(f)
-    diff = _differs(f, c).nonzero().reshape(-1)
+    diff = differs(f, c).nonzero().reshape(-1)
     if diff.numel():
         keys = _index.linearize(idx, S)
         stored = nse if A._coalesced else torch.unique(keys).numel()

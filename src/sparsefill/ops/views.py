@@ -39,7 +39,7 @@ from typing import Any, NamedTuple
 import torch
 
 from .. import _index
-from .._convert import coalesced_parts, dense_of, map_inner, parts_to_sparse, rewrap, scalar_parts
+from .._convert import coalesced_parts, dense_of, differs, map_inner, parts_to_sparse, rewrap, scalar_parts
 from .._policy import check_densify, check_specify
 from .._tensor import _STATE, SparseTensor, _version
 from ._schema import flat_args, written_args
@@ -256,12 +256,11 @@ def _aligned(V: SparseTensor, base: SparseTensor, smap) -> bool:
 
 def _fills_agree(V: SparseTensor, base: SparseTensor, smap) -> bool:
     """Cheap sufficient test that every position of V's region has V's fill equal to the base's there."""
-    from .shape import _differs
     fV, fB = V._fill.reshape(-1), base._fill.reshape(-1)
-    if not _differs(fV, fV[:1]).any() and not _differs(fB, fV[:1]).any():
+    if not differs(fV, fV[:1]).any() and not differs(fB, fV[:1]).any():
         return True  # one value on both sides
     D = tuple(base._dense_shape)
-    return _aligned(V, base, smap) and not _differs(V._fill.expand(D), base._fill.expand(D)).any()
+    return _aligned(V, base, smap) and not differs(V._fill.expand(D), base._fill.expand(D)).any()
 
 
 def _write_masked(V, base, smap, bs, bv, wkeys, wvals) -> None:
@@ -317,7 +316,6 @@ def write_native(V: SparseTensor) -> bool:
     ndv = V.dense_dim()
     extra = bs.new_zeros(0)
     if not _fills_agree(V, base, smap):  # the region takes V's fill: specify where it differs from the base's
-        from .shape import _differs
         n = V.numel()
         check_specify(f"a write through a view whose fill differs from its base's ({n} positions)", n,
                       8 + V.element_size())
@@ -325,7 +323,7 @@ def write_native(V: SparseTensor) -> bool:
         keys = _encode(allv, smap)
         fv = fV[_index.linearize(allv[V.dim() - ndv:], V._dense_shape)]
         fb = base._fill.expand(D).reshape(-1)[keys % Q]
-        extra = torch.unique(keys[_differs(fv, fb)] // Q)
+        extra = torch.unique(keys[differs(fv, fb)] // Q)
 
     def region_takes_fill(flat, slots):  # the region's elements of the stored slices `slots` take V's fill
         inR, ev = _decode((slots[:, None] * Q + torch.arange(Q, device=slots.device)).reshape(-1), smap)
