@@ -47,8 +47,13 @@ def applies(A, dim: int) -> bool:
     """The edge softmax serves ``A`` along ``dim`` (canonical): an indefinite, coalesced COO or plain CSR
     SparseTensor of float32/float64 with stored elements, and ``dim`` a sparse dim."""
     return (isinstance(A, SparseTensor) and A._indefinite and A._coalesced and A._vals.dtype in _FLOATS
-            and dim < len(A._sparse_shape) and A._vals.numel() > 0
-            and (A._sf_layout is torch.sparse_coo or A._crow.dim() == 1))
+            and (A._sf_layout is torch.sparse_coo or A._crow.dim() == 1) and dim < _sparse_ndim(A)
+            and A._vals.numel() > 0)
+
+
+def _sparse_ndim(A: SparseTensor) -> int:
+    """The sparse dims of a COO or plain CSR (read off the index tensors: no ``__torch_function__`` call)."""
+    return A._idx.shape[0] if A._sf_layout is torch.sparse_coo else 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,7 +87,7 @@ def _plan(keys: torch.Tensor, nkeys: int, presorted: bool) -> Plan:
 
 def plan_of(A: SparseTensor, dim: int) -> Plan:
     """The cached :class:`Plan` of ``A``'s pattern along sparse ``dim`` (kept while its index tensors live)."""
-    S = tuple(A._sparse_shape)
+    S = tuple(A.shape[:_sparse_ndim(A)])
     if A._sf_layout is torch.sparse_csr:
         if dim == 1:  # the rows are the slices
             def compute():
@@ -152,7 +157,7 @@ class _SegmentSoftmax(torch.autograd.Function):
     @staticmethod
     def forward(ctx, A, dim, sign, log):
         out = softmax_values(A, dim, log, sign)
-        ctx.dim, ctx.sign, ctx.log, ctx.pattern = dim, sign, log, _convert.rewrap(A)
+        ctx.dim, ctx.sign, ctx.log, ctx.pattern = dim, sign, log, A   # (its pattern; y holds the values needed)
         ctx.save_for_backward(out)
         return _convert.rewrap(A, values=out, known_zero=False)
 

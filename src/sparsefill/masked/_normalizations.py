@@ -278,9 +278,10 @@ def _softmax_like(name, sign, log, c_out, formula, example):
         if not is_sparse(input):
             return getattr(torch.masked, name)(input, dim, dtype=dtype, mask=dense_mask(mask, input))
         cast = dtype or (input.dtype if input.dtype.is_floating_point else torch.get_default_dtype())
-        if isinstance(input, SparseTensor) and input.dim():
+        nd = input.dim()
+        if isinstance(input, SparseTensor) and nd:
             input._sync()
-            d = E.canonical_dims(dim, input.dim())[0]
+            d = E.canonical_dims(dim, nd)[0]
             if mask is None and cast == input.dtype and _segsoftmax.applies(input, d):  # the edge softmax
                 return _segsoftmax.segment_softmax(input, d, sign, log)
 
