@@ -419,8 +419,8 @@ class KeyedJaggedBatch:
             slot = perm.index_select(0, at).mul_(B).add_(_seg_of(self.example_lengths, E))
             slot.masked_fill_(srt.index_select(0, at) != self.keys, KB)  # (another key: the discarded slot)
             vl = self.values_lengths
-            lengths.index_put_((slot,), vl)
-            starts.index_put_((slot,), torch.cumsum(vl, 0).sub_(vl))
+            lengths.index_copy_(0, slot, vl)  # (the discarded slot gets any one of its entries)
+            starts.index_copy_(0, slot, torch.cumsum(vl, 0).sub_(vl))
         offsets = torch.zeros(KB + 1, dtype=torch.int64, device=dev)
         torch.cumsum(lengths[:KB], 0, out=offsets[1:])
         n = int(offsets[-1])
