@@ -22,7 +22,7 @@ from .._convert import dense_of, dense_to_sparse, to_layout
 from .._tensor import SparseTensor
 from ..ops._writes import assign_, respecify_
 from . import _wire
-from ._combine import FUNCS, check_op, combine, red_op
+from ._combine import FUNCS, check_op, combine, combine_parts, red_op
 from ._exchange import exchange, traffic
 
 _R = dist.ReduceOp.RedOpType
@@ -52,6 +52,14 @@ def as_sparse(x: torch.Tensor, like: SparseTensor) -> SparseTensor:
         return x
     fill = torch.zeros((), dtype=x.dtype, device=x.device) if like._indefinite else like._fill
     return dense_to_sparse(x, fill, False, False, like._sf_layout, like.dense_dim())
+
+
+def _combine_received(op, got, like: SparseTensor) -> SparseTensor:
+    """``combine`` of what the ranks sent (``_wire.Parts``, SparseTensors or dense tensors) in ``like``'s layout."""
+    if all(isinstance(g, _wire.Parts) for g in got):
+        return combine_parts(op, got, like.shape, like._sparse_ndim(), like._sf_layout)
+    got = [_wire.parts_to_tensor(g, like.shape) if isinstance(g, _wire.Parts) else g for g in got]
+    return combine(op, [as_sparse(g, like) for g in got], like._sf_layout)
 
 
 def _reduce_into(out, op, received) -> None:
@@ -94,10 +102,10 @@ def all_reduce(A, op, pg, algorithm: str = "auto") -> None:
         sparse_bytes = int(allh[:, :, _wire.NBYTES].sum() - allh.diagonal(0, 0, 1)[_wire.NBYTES].sum())
         return algorithm == "auto" and sparse_bytes > DENSE_BYTES_RATIO * dense_bytes(A, W)
 
-    allh, got = exchange(pg, "all_reduce", [A] * W, [A] * W, int(op), go_dense)
+    allh, got = exchange(pg, "all_reduce", [A] * W, [A] * W, int(op), go_dense, keys=True)
     if got is None:
         return _dense_all_reduce(A, op, pg, allh)
-    store(A, combine(op, got, A._sf_layout))
+    store(A, _combine_received(op, got, A))
 
 
 def dense_bytes(A, W: int) -> int:

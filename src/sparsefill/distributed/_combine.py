@@ -31,6 +31,7 @@ from torch.distributed import ReduceOp
 from .. import _index
 from .._convert import coalesced_parts, parts_to_sparse
 from .._tensor import SparseTensor
+from ._wire import Parts
 
 _R = ReduceOp.RedOpType
 FUNCS = {_R.SUM: torch.add, _R.AVG: torch.add, _R.PRODUCT: torch.mul, _R.MIN: torch.minimum, _R.MAX: torch.maximum,
@@ -62,27 +63,37 @@ def check_op(op, dtype: torch.dtype) -> None:
 
 
 def combine(op, tensors: list, layout=None) -> SparseTensor:
-    """The reduction of ``tensors`` (one shape, dtype and dense dims) by ``op``, in ``layout`` (default the
-    first one's), coalesced; see the module docstring."""
+    """The reduction of ``tensors`` (SparseTensors of one shape, dtype and dense dims) by ``op``, in ``layout``
+    (default the first one's), coalesced; see the module docstring."""
+    T0 = tensors[0]
+    S = T0._sparse_shape
+    parts = []
+    for T in tensors:
+        idx, vals = coalesced_parts(T)
+        parts.append(Parts(_index.linearize(idx, S), vals, T._fill, T._indefinite, T._sf_layout))
+    return combine_parts(op, parts, T0.shape, len(S), layout or T0._sf_layout)
+
+
+def combine_parts(op, parts: list, shape, sdim: int, layout) -> SparseTensor:
+    """:func:`combine` of tensors given as ``_wire.Parts`` (sorted unique linear keys over the first ``sdim``
+    dims of ``shape``, values, fill): one merge of the keys, one unravel of the union."""
     op = red_op(op)
     fn = FUNCS[op]
-    T0 = tensors[0]
-    S, D = T0._sparse_shape, tuple(T0._dense_shape)
-    parts = [coalesced_parts(T) for T in tensors]
-    keys = [_index.linearize(i, S) for i, _ in parts]
-    union, inverse = _index.unique_inverse(torch.cat(keys))
+    S, D = tuple(shape[:sdim]), tuple(shape[sdim:])
+    union, inverse = _index.unique_inverse(torch.cat([p.keys for p in parts]))
     U = union.numel()
     acc = have = fill = count = None
     ndef = 0
-    for T, (_, v), inv in zip(tensors, parts, inverse.split([k.numel() for k in keys])):
-        full = (v.new_zeros(()) if T._indefinite else T._fill).expand((U,) + D).clone()
+    for p, inv in zip(parts, inverse.split([p.keys.numel() for p in parts])):
+        v = p.vals
+        full = (v.new_zeros(()) if p.indefinite else p.fill).expand((U,) + D).clone()
         full.index_copy_(0, inv, v)
         defined = None
-        if T._indefinite:
+        if p.indefinite:
             defined = torch.zeros(U, dtype=torch.bool, device=v.device)
             defined[inv] = True
         else:
-            fill = T._fill if fill is None else fn(fill, T._fill)
+            fill = p.fill if fill is None else fn(fill, p.fill)
             ndef += 1
         if acc is None:
             acc, have = full, defined
@@ -101,9 +112,9 @@ def combine(op, tensors: list, layout=None) -> SparseTensor:
         fill = fill / ndef if fill is not None else None
     indefinite = fill is None
     if indefinite:
-        fill = torch.empty(0, dtype=T0.dtype, device=T0.device)
-    return parts_to_sparse(_index.unravel(union, S), acc, T0.shape, fill, indefinite=indefinite,
-                           layout=layout or T0._sf_layout, coalesced=True)
+        fill = torch.empty(0, dtype=parts[0].vals.dtype, device=parts[0].vals.device)
+    return parts_to_sparse(_index.unravel(union, S), acc, tuple(shape), fill, indefinite=indefinite, layout=layout,
+                           coalesced=True)
 
 
 def _mask(m, U, device):

@@ -61,7 +61,7 @@ def average(g: torch.Tensor, group=None) -> torch.Tensor:
         S = from_native(g.to_sparse_coo() if g.layout is not torch.sparse_coo else g)
         from . import all_reduce
         all_reduce(S, dist.ReduceOp.AVG, group=group, algorithm="sparse")
-        return torch.sparse_coo_tensor(S._idx, S._vals, S.shape, is_coalesced=True)
+        return torch.sparse_coo_tensor(S._idx, S._vals, S.shape, is_coalesced=True, check_invariants=False)
     dist.all_reduce(g, group=group)
     return g.div_(dist.get_world_size(group))
 

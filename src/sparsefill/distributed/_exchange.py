@@ -47,13 +47,18 @@ def call_code(name: str) -> int:
     return CALLS.index(name)
 
 
-def exchange(pg, name: str, sends, expects, arg: int = 0, decide=None):
+def exchange(pg, name: str, sends, expects, arg: int = 0, decide=None, keys: bool = False):
     """``(headers (W, 2W, H), received)``: ``received[j]`` is what rank ``j`` sent here (``None`` where it sends
-    nothing).  ``sends[j]``/``expects[j]`` are this rank's tensors for rank ``j`` (None: nothing); ``decide``
-    ``(headers) -> bool`` may stop after the check (no payload moves: ``received`` is None)."""
+    nothing; ``keys``: a SparseTensor as its ``_wire.Parts`` where it can).  ``sends[j]``/``expects[j]`` are
+    this rank's tensors for rank ``j`` (None: nothing); ``decide`` ``(headers) -> bool`` may stop after the
+    check (no payload moves: ``received`` is None)."""
     W, me = pg.size(), pg.rank()
     call = call_code(name)
-    packed = [_wire.pack(T, call, arg) for T in sends]
+    memo: dict = {}  # (all_reduce and all_gather send one tensor to every rank: packed once)
+    for T in sends:
+        if id(T) not in memo:
+            memo[id(T)] = _wire.pack(T, call, arg)
+    packed = [memo[id(T)] for T in sends]
     mine = torch.stack([h for h, _ in packed] + [_wire.describe(E, call, arg) for E in expects])
     device = _device(sends, expects)
     allh = torch.empty((W * 2 * W, H), dtype=torch.int64, device=device)
@@ -75,8 +80,8 @@ def exchange(pg, name: str, sends, expects, arg: int = 0, decide=None):
     received, at = [], 0
     for j, n in enumerate(out_splits):
         E = expects[j]
-        received.append(_wire.unpack(allh[j, me], out[at:at + n], E.shape, E.device) if allh[j, me, PRESENT]
-                        else None)
+        received.append(_wire.unpack(allh[j, me], out[at:at + n], E.shape, E.device, keys=keys)
+                        if allh[j, me, PRESENT] else None)
         at += n
     return allh, received
 

@@ -166,7 +166,8 @@ class _Rows(torch.autograd.Function):
             back = back / dist.get_world_size(ctx.group)
         if not local.numel():  # no rank looked up a row of this shard: no gradient (the optimizer skips it)
             return None, None, None, None, None, None
-        return torch.sparse_coo_tensor(local[None], back, ctx.shape), None, None, None, None, None
+        grad_shard = torch.sparse_coo_tensor(local[None], back, ctx.shape, check_invariants=False)
+        return grad_shard, None, None, None, None, None
 
 
 def _count(sent_rows, got_rows, sent_splits, got_splits, group) -> None:

@@ -14,6 +14,7 @@ what the ranks compare before anything else moves (:func:`mismatch`)::
 from __future__ import annotations
 
 import zlib
+from typing import NamedTuple
 
 import torch
 
@@ -131,9 +132,19 @@ def pack(T: torch.Tensor | None, call: int = 0, arg: int = 0) -> tuple[torch.Ten
     return h, payload
 
 
-def unpack(h, payload: torch.Tensor, shape, device) -> torch.Tensor:
+class Parts(NamedTuple):
+    """A received SparseTensor before it is built: linear keys (sorted, unique), values, fill."""
+    keys: torch.Tensor
+    vals: torch.Tensor
+    fill: torch.Tensor
+    indefinite: bool
+    layout: torch.layout
+
+
+def unpack(h, payload: torch.Tensor, shape, device, *, keys: bool = False):
     """The tensor a ``(header, payload)`` pair stands for (a coalesced SparseTensor, or dense); ``shape`` is
-    the receiver's (equal to the sender's: :func:`mismatch` compared them)."""
+    the receiver's (equal to the sender's: :func:`mismatch` compared them).  ``keys``: a SparseTensor whose
+    sparse shape has < 2**63 positions comes as its :class:`Parts` (no unravelling of the keys)."""
     dtype = DTYPES[int(h[DTYPE])]
     shape = tuple(shape)
     payload = payload.to(device)
@@ -144,12 +155,21 @@ def unpack(h, payload: torch.Tensor, shape, device) -> torch.Tensor:
     nse = int(h[NSE])
     nkey = nse * 8 * (1 if _keys_fit(S) else sdim)
     nval = nse * _index.numel(D) * dtype.itemsize
-    keys = _from_bytes(payload[:nkey], torch.int64, (-1,))
-    idx = _index.unravel(keys, S) if _keys_fit(S) else keys.view(sdim, nse)
+    ix = _from_bytes(payload[:nkey], torch.int64, (-1,))
     vals = _from_bytes(payload[nkey:nkey + nval], dtype, (nse,) + tuple(D))
     fill = _from_bytes(payload[nkey + nval:], dtype, fill_shape(h, D)).clone()
-    return parts_to_sparse(idx, vals, shape, fill, indefinite=bool(h[INDEFINITE]), layout=LAYOUTS[int(h[LAYOUT])],
-                           coalesced=True)
+    layout = LAYOUTS[int(h[LAYOUT])]
+    if keys and _keys_fit(S):
+        return Parts(ix, vals, fill, bool(h[INDEFINITE]), layout)
+    idx = _index.unravel(ix, S) if _keys_fit(S) else ix.view(sdim, nse)
+    return parts_to_sparse(idx, vals, shape, fill, indefinite=bool(h[INDEFINITE]), layout=layout, coalesced=True)
+
+
+def parts_to_tensor(p: Parts, shape) -> torch.Tensor:
+    """The SparseTensor of :class:`Parts` of a tensor of ``shape``."""
+    sdim = len(shape) - (p.vals.dim() - 1)
+    return parts_to_sparse(_index.unravel(p.keys, tuple(shape)[:sdim]), p.vals, tuple(shape), p.fill,
+                           indefinite=p.indefinite, layout=p.layout, coalesced=True)
 
 
 def fill_shape(h, D) -> tuple:
