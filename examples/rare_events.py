@@ -4,13 +4,22 @@ A device samples a signal that sits at 5 except for rare spikes (fill-value-rfc.
 rare events with nonzero mean"): 10M samples, 0.1% of them events.  As a SparseTensor with fill 5 it
 stores 10k values; the code below is the code one writes for a dense tensor, and runs unchanged on both:
 
-    potential = signal * -8                      # to mV (the RFC's mV_unit)
-    ratio = exp(-0.1 * potential)                # a Nernst-like concentration ratio
-    window_mean = (cumsum(ratio)[w:] - cumsum(ratio)[:-w]) / w
-    loss = relu(window_mean - threshold).mean()  # how far the windowed mean exceeds a threshold
+    potential = signal * -8                                # to mV (the RFC's mV_unit)
+    ratio = exp(-0.1 * potential)                          # a Nernst-like concentration ratio
+    window_mean = avg_pool1d(ratio[None, None], w, stride=1)[0, 0]      # the mean over w samples
+    loss = relu(window_mean - threshold).mean()            # how far the windowed mean exceeds a threshold
 
 and ``loss.backward()`` gives the gradients of the stored values and of the fill (the baseline level).
-Checked against dense torch (same loss, same gradients) and timed against it.
+The windowed mean of a signal with fill ``c`` is ``c`` except within ``w`` samples of an event, so every
+step, forward and backward, stores O(events * w) elements (``ops/windows.py``): ``pipeline``.
+
+``pipeline_cumsum`` writes the same windowed mean as a difference of running sums,
+``(cumsum(ratio)[w:] - cumsum(ratio)[:-w]) / w``.  The running sum of a signal with a nonzero fill grows
+at every sample: it is dense by nature, and its forward and backward pass over all 10M samples whatever
+the representation.  Its floor is a dense ``cumsum`` forward + backward over 10M samples (``cumsum_floor``):
+no implementation of that form can be faster than the dense pipeline's time divided by the floor's.
+``events_only`` is the pipeline without the window.  Each is checked against dense torch (same loss,
+same gradients) and timed against it.
 
     python examples/rare_events.py               # 10M samples, 0.1% events, 1 thread
 """
@@ -51,14 +60,33 @@ def pipeline(signal: torch.Tensor, window: int = 100, threshold: float = 56.0) -
     """The loss; the same code for a SparseTensor and a dense tensor."""
     potential = signal * -8.0
     ratio = torch.exp(-0.1 * potential)
+    window_mean = F.avg_pool1d(ratio[None, None], window, stride=1)[0, 0]
+    return F.relu(window_mean - threshold).mean()
+
+
+def pipeline_cumsum(signal: torch.Tensor, window: int = 100, threshold: float = 56.0) -> torch.Tensor:
+    """The same windowed mean written with running sums: ``cumsum`` of a signal with a nonzero fill is
+    dense, so this form costs at least a dense cumsum forward + backward (:func:`cumsum_floor`)."""
+    potential = signal * -8.0
+    ratio = torch.exp(-0.1 * potential)
     csum = torch.cumsum(ratio, 0)
     window_mean = (csum[window:] - csum[:-window]) / window
     return F.relu(window_mean - threshold).mean()
 
 
 def events_only(signal: torch.Tensor, threshold: float = 56.0) -> torch.Tensor:
-    """The pipeline without the windowed mean (no cumsum): every step keeps the signal's pattern."""
+    """The pipeline without the windowed mean: every step keeps the signal's pattern."""
     return F.relu(torch.exp(-0.1 * (signal * -8.0)) - threshold).mean()
+
+
+def cumsum_floor(samples: int, dtype=torch.float64):
+    """A dense ``cumsum`` forward + backward over ``samples`` elements: the least :func:`pipeline_cumsum` does."""
+    x = torch.full((samples,), FILL, dtype=dtype, requires_grad=True)
+    g = torch.ones(samples, dtype=dtype)
+    return lambda: torch.autograd.grad(torch.cumsum(x, 0), x, g)[0]
+
+
+PIPELINES = (pipeline, pipeline_cumsum, events_only)
 
 
 def step(make, positions, values, samples: int, loss_fn=pipeline):
@@ -71,16 +99,16 @@ def step(make, positions, values, samples: int, loss_fn=pipeline):
 
 
 def check(samples: int = 20_000, rate: float = 0.002, rtol: float = 1e-7, atol: float = 1e-12):
-    """Same loss and same gradients (values, fill) as dense torch, for both pipelines; returns the losses."""
+    """Same loss and same gradients (values, fill) as dense torch, for each pipeline; returns the losses."""
     positions, values = make_events(samples, rate)
     losses = []
-    for fn in (pipeline, events_only):
+    for fn in PIPELINES:
         ours = step(sparse_signal, positions, values, samples, fn)
         dense = step(dense_signal, positions, values, samples, fn)
         for a, b, what in zip(ours, dense, ("loss", "values' gradient", "fill's gradient")):
             torch.testing.assert_close(a, b, rtol=rtol, atol=atol, msg=lambda m: f"{fn.__name__}, {what}: {m}")
         assert ours[0] > 0 and ours[1].abs().sum() > 0, "a check that cannot fail"
-        assert fn is not pipeline or ours[2] != 0, "the fill's gradient is not exercised"
+        assert fn is events_only or ours[2] != 0, "the fill's gradient is not exercised"
         losses.append((float(ours[0]), float(dense[0])))
     return losses
 
@@ -105,11 +133,15 @@ def main(argv=None):
     torch.set_num_threads(args.threads)
     print("losses (sparsefill, dense):", check())
     positions, values = make_events(args.samples, args.rate)
-    for fn in (pipeline, events_only):
+    for fn in PIPELINES:
         t = [_median_ms(lambda: step(make, positions, values, args.samples, fn), args.reps)
              for make in (sparse_signal, dense_signal)]
         print(f"{fn.__name__}, {args.samples} samples, {values.numel()} events, forward + backward: "
               f"sparsefill {t[0]:.1f} ms, dense torch {t[1]:.1f} ms ({t[1] / t[0]:.1f}x faster)")
+        if fn is pipeline_cumsum:
+            floor = _median_ms(cumsum_floor(args.samples, values.dtype), args.reps)
+            print(f"  floor of the cumsum form: a dense cumsum forward + backward, {floor:.1f} ms "
+                  f"(at best {t[1] / floor:.1f}x faster than dense)")
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@
 - ``dlrm.py``: the DLRM on a ``KeyedJaggedBatch`` pooled with ``sparsefill.segment`` + ``SparseAdagrad``
   gives the losses and the tables of ``nn.EmbeddingBag(sparse=True)`` + ``torch.optim.Adagrad``;
 - ``rare_events.py``: the rare-event pipeline's loss and the gradients of the signal's values and fill
-  equal dense torch's, with and without the windowed mean;
+  equal dense torch's, with the windowed mean as ``avg_pool1d`` and as a ``cumsum`` difference, and
+  without it; the ``avg_pool1d`` form and the one without a window densify nothing;
 - each script's ``main`` (the command line) runs at a tiny size.
 
 The scripts are loaded from the checkout's ``examples/`` folder (skipped, with the reason, when the
@@ -106,7 +107,29 @@ def test_dlrm_matches_embedding_bag():
 
 def test_rare_events_match_dense():
     losses = _load("rare_events").check(samples=20_000, rate=0.002)
-    assert all(a > 0 for a, _ in losses)
+    assert len(losses) == 3 and all(a > 0 for a, _ in losses)
+
+
+@pytest.mark.parametrize("fn", ["pipeline", "events_only"])
+def test_rare_events_stay_sparse(fn):
+    """The windowed pipeline and the one without the window densify nothing, forward or backward (the
+    cumsum form is dense by nature: its cumsum returns a dense tensor)."""
+    ex = _load("rare_events")
+    positions, values = ex.make_events(20_000, 0.002)
+    with sparsefill.densify_policy("raise"):
+        loss, gv, gf = ex.step(ex.sparse_signal, positions, values, 20_000, getattr(ex, fn))
+    assert loss > 0 and gv.abs().sum() > 0
+    v = values.detach().clone().requires_grad_()
+    x = ex.sparse_signal(positions, v, torch.tensor(ex.FILL, dtype=values.dtype), 20_000)
+    ratio = torch.exp(-0.1 * (x * -8.0))
+    window = torch.nn.functional.avg_pool1d(ratio[None, None], 100, stride=1)[0, 0]
+    assert isinstance(window, sparsefill.SparseTensor) and window._nse() <= 100 * values.numel()
+
+
+def test_rare_events_cumsum_floor():
+    ex = _load("rare_events")
+    g = ex.cumsum_floor(1000)()
+    torch.testing.assert_close(g, torch.arange(1000, 0, -1, dtype=torch.float64))
 
 
 @pytest.mark.parametrize("name, argv", [

@@ -8,9 +8,10 @@
   ``sparsefill.segment`` and ``SparseAdagrad`` against ``nn.EmbeddingBag(sparse=True)`` +
   ``torch.optim.Adagrad``; batch 2048, 8 tables of 50k x 64, lists of 0-40 ids.
 - ``model: rare events ...``: ``examples/rare_events.py``, the fill-value RFC's signal (fill 5, 0.1%
-  events, float64): ``* -8``, ``exp``, ``cumsum``, a windowed mean, ``relu`` threshold, ``.mean()`` loss,
-  backward to the values and the fill, against the same code on a dense tensor; and the same without
-  the windowed mean (every step keeps the pattern).
+  events, float64): ``* -8``, ``exp``, a windowed mean (``avg_pool1d``), ``relu`` threshold, ``.mean()``
+  loss, backward to the values and the fill, against the same code on a dense tensor; the same with the
+  windowed mean written with ``cumsum`` (dense by nature: its floor, a bare dense cumsum forward +
+  backward, is the third column); and the same without the windowed mean (every step keeps the pattern).
 
 The model code exists once, in the scripts: this module loads them from the ``examples/`` folder of the
 source checkout the package is installed from (editable install).  From a wheel there is no such
@@ -106,8 +107,12 @@ if (EXAMPLES / "dlrm.py").is_file():
 
 
 if (EXAMPLES / "rare_events.py").is_file():
+    def _check_rare(param, out):
+        """The pipelines' outputs as in :func:`_check_grads`; the floor's (a bare dense cumsum) is no pipeline."""
+        _check_grads(param, {k: v for k, v in out.items() if not k.startswith("floor")})
+
     _RARE = dict(sizes={"10M, 0.1%": (10_000_000, 0.001)}, quick_sizes={"1M, 0.1%": (1_000_000, 0.001)},
-                 tiny_sizes={"20k, 0.2%": (20_000, 0.002)}, check=_check_grads)
+                 tiny_sizes={"20k, 0.2%": (20_000, 0.002)}, check=_check_rare)
 
     def _rare(param, fn_name):
         ex = _example("rare_events")
@@ -117,9 +122,18 @@ if (EXAMPLES / "rare_events.py").is_file():
         return [(label, lambda make=make: ex.step(make, positions, values, samples, fn))
                 for label, make in (("sparsefill", ex.sparse_signal), ("dense torch", ex.dense_signal))]
 
-    @case("model: rare events, exp, cumsum, windowed mean, threshold, mean loss, forward + backward", **_RARE)
+    @case("model: rare events, exp, windowed mean (avg_pool1d), threshold, mean loss, forward + backward", **_RARE)
     def rare_events(param):
+        """``examples/rare_events.py``'s ``pipeline``: every step stores O(events * window) elements."""
         return _rare(param, "pipeline")
+
+    @case("model: rare events, exp, cumsum windowed mean, threshold, mean loss, forward + backward", **_RARE)
+    def rare_events_cumsum(param):
+        """``pipeline_cumsum``: the windowed mean as a difference of running sums, dense by nature; the
+        third column is its floor, a bare dense cumsum forward + backward over the samples."""
+        ex = _example("rare_events")
+        return _rare(param, "pipeline_cumsum") + [
+            ("floor: dense cumsum forward + backward", ex.cumsum_floor(param[0]))]
 
     @case("model: rare events, exp, threshold, mean loss (no window), forward + backward", **_RARE)
     def rare_events_no_window(param):
