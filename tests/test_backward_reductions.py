@@ -427,11 +427,16 @@ SLICES = {  # name: (shape, dense_dim, fn)
     "H[2].sum()": ((6, 5, 3), 1, lambda A: A[2].sum()),
     "H[1:4, :, ::2].var()": ((6, 5, 3), 1, lambda A: A[1:4, :, ::2].var()),
     "H4[:, :, :, 1].sum()": ((6, 5, 4, 3), 2, lambda A: A[:, :, :, 1].sum()),
+    "A[:, 3].sum()": ((6, 5), 0, lambda A: A[:, 3].sum()),
+    "A.select(1, 2).exp().sum()": ((6, 5), 0, lambda A: A.select(1, 2).exp().sum()),
+    "H[:, :, 1].sum()": ((6, 5, 3), 1, lambda A: A[:, :, 1].sum()),
+    "(2*H)[..., 2].var()": ((6, 5, 3), 1, lambda A: (2 * A)[..., 2].var()),
+    "H4[:, :, 1].sum()": ((6, 5, 4, 3), 2, lambda A: A[:, :, 1].sum()),
 }
 
 
 LINEAR = {"x[:4].sum()", "A[1:5:2].sum()", "(A[1:3] * 2)", "A.narrow(1, 1, 3).sum()", "split(2)", "H[..., 1:].sum()",
-          "H[2].sum()", "H4[:, :, :, 1].sum()"}  # where an indefinite fill's masked reference is the 0-filled one
+          "H[2].sum()", "H4[:, :, :, 1].sum()", "A[:, 3].sum()", "H[:, :, 1].sum()", "H4[:, :, 1].sum()"}  # where an indefinite fill's masked reference is the 0-filled one
 
 
 def _slice_params():
@@ -465,16 +470,25 @@ def test_slice_and_select_backward(op, layout, fill):
     torch.testing.assert_close(got, (v.grad, None if f is None else f.grad), equal_nan=True)
 
 
-def test_select_along_the_first_dense_dim_position_densifies_as_before():
-    """``select_backward`` cannot tell a select on the last sparse dim from one on the first dense dim (the
-    gradient's dense dims must be the input's): torch's fallback, exact."""
-    case = Case((6, 5), 2.5)
+@pytest.mark.parametrize("fill", [0.0, 5.0, "indefinite"], ids=str)
+@pytest.mark.parametrize("op", ["A[:, 7].sum()", "H[:, :, 1].sum()"])
+def test_select_at_the_first_dense_dim_position_has_no_temporary_of_the_input_size(op, fill):
+    """``select_backward`` along ``G``'s first dense dim position (the input's last sparse dim, or its first
+    dense dim): a sparse dim there, read by the constructor with the input's dense dims; (2000, 500) and
+    (300, 400, 4) with 50 stored: nothing of the input's size is made, the gradients are exact."""
+    shape, dd = ((2000, 500), 0) if op.startswith("A") else ((300, 400, 4), 1)
+    case = Case(shape, fill, dense_dim=dd, nse=50)
+    fn = (lambda A: A[:, 7].sum()) if dd == 0 else (lambda A: A[:, :, 1].sum())
     v, f = case.leaves()
-    with pytest.warns(sparsefill.DensifyWarning):
-        case.build(v, f)[:, 3].sum().backward()
+    with _Sizes() as rec:
+        out = fn(case.build(v, f))
+        with sparsefill.densify_policy("raise", limit_bytes=1 << 16):
+            out.backward()
+    assert rec.largest < 100_000, rec.largest
     vd, fd = case.leaves()
-    case.build(vd, fd).to_dense()[:, 3].sum().backward()
-    torch.testing.assert_close((v.grad, f.grad), (vd.grad, fd.grad))
+    A = case.build(vd, fd)
+    fn(A.to_dense(fill_value=0.0) if case.indefinite else A.to_dense()).backward()
+    torch.testing.assert_close((v.grad, None if f is None else f.grad), (vd.grad, None if fd is None else fd.grad))
 
 
 @pytest.mark.parametrize("fill", [0.0, 5.0, "indefinite"], ids=str)

@@ -37,6 +37,10 @@ def grad_parts(G, P: SparseTensor):
     S, D = P._sparse_shape, tuple(P._dense_shape)
     if isinstance(G, SparseTensor) and G._indefinite:  # masked out: no output read them, their gradient is 0
         G = _convert.rewrap(G, fill=G._vals.new_zeros(()), indefinite=False, known_zero=True)
+    if isinstance(G, SparseTensor) and G._sparse_ndim() > len(S):  # e.g. select_backward on a dense dim
+        G = resplit(G, len(S))
+    elif isinstance(G, SparseTensor) and G._sparse_ndim() < len(S):  # or on the last sparse dim
+        return _grad_parts_of_hybrid(G, P)
     gv = _values_on_pattern(G, P) if isinstance(G, SparseTensor) else None
     if gv is not None:  # e.g. from ops/linalg_autograd.py: no lookup
         gv = gv.reshape(P._vals.shape)
@@ -61,6 +65,63 @@ def grad_parts(G, P: SparseTensor):
         at[ukeys] = True  # (one masked pass: boolean indexing ran nonzero and a gather over the whole G)
         gf = G.reshape((_index.numel(S),) + D).masked_fill(at, 0).sum(0)
     return gv, gf.sum_to_size(P._fill.shape)
+
+
+def _grad_parts_of_hybrid(G: SparseTensor, P: SparseTensor):
+    """:func:`grad_parts` for ``G`` (defined fill) with fewer sparse dims ``g`` than ``P``: ``P``'s dims
+    ``g..`` are dense in ``G``.  Exact with no conversion: a stored position of ``P`` reads ``G``'s slice or
+    fill; the unspecified elements sum ``G``'s stored slices less ``P``'s positions in them (a masked sum)
+    and, per slot ``j`` of those dims, the fill times the count of ``G``'s unspecified slices without ``P``
+    at ``j``.  O(G's stored slices + P's stored elements)."""
+    S, D = P._sparse_shape, tuple(P._dense_shape)
+    g = G._sparse_ndim()
+    idx, _ = P._coo_parts()
+    outer, inner = _index.linearize(idx[:g], S[:g]), _index.linearize(idx[g:], S[g:])
+    gidx, gvals = _convert.coalesced_parts(G)
+    M = _index.numel(S[g:])
+    gvals, fill = gvals.reshape((-1, M) + D), G._fill.expand(G._dense_shape).reshape((M,) + D)
+    pos, found = _index.lookup(_index.linearize(gidx, S[:g]), outer)
+    gv = torch.where(found.view((-1,) + (1,) * len(D)), gvals[pos.clamp(max=max(gvals.shape[0] - 1, 0)), inner]
+                     if gvals.shape[0] else fill[inner], fill[inner]).reshape(P._vals.shape)
+    if P._indefinite:
+        return gv, None
+    ukeys = torch.unique(outer * M + inner)  # (P's distinct positions)
+    uo, ui = ukeys // M, ukeys % M
+    upos, ufound = _index.lookup(_index.linearize(gidx, S[:g]), uo)
+    at = torch.zeros(gvals.shape[:2], dtype=torch.bool, device=gvals.device)
+    at[upos[ufound], ui[ufound]] = True
+    gf = gvals.masked_fill(at.view(at.shape + (1,) * len(D)), 0).sum((0, 1))
+    n_rows = _index.numel(S[:g]) - gvals.shape[0]  # G's unspecified slices, less those where P has j
+    count = n_rows - torch.bincount(ui[~ufound], minlength=M)
+    gf = gf + torch.where(count.view((-1,) + (1,) * len(D)) > 0, count.view((-1,) + (1,) * len(D)) * fill,
+                          torch.zeros((), dtype=fill.dtype)).sum(0)
+    return gv, gf.sum_to_size(P._fill.shape)
+
+
+def resplit(G: SparseTensor, sd: int):
+    """``G`` (defined fill) with ``sd`` sparse dims, exactly: its trailing sparse dims past ``sd`` become dense
+    (each stored slice the fill's but for ``G``'s stored elements: O(nse * slice)); more sparse dims than
+    ``G`` has: the dense tensor (a fill varying along a dense dim that would become sparse).
+
+    >>> import sparsefill
+    >>> G = sparsefill.sparse_coo_tensor([[0, 2], [1, 0]], [5., 6.], (3, 2), fill_value=1.)
+    >>> H = resplit(G, 1)
+    >>> H.indices().tolist(), H.values().tolist(), H.fill_value().tolist()
+    ([[0, 2]], [[1.0, 5.0], [6.0, 1.0]], [1.0, 1.0])
+    """
+    g = G._sparse_ndim()
+    if sd >= g:
+        return _convert.dense_of(G)
+    idx, vals = _convert.coalesced_parts(G)
+    outer = _index.linearize(idx[:sd], G.shape[:sd])
+    ukeys, inv = torch.unique(outer, return_inverse=True)
+    D = tuple(G.shape[sd:])
+    fill = G._fill.expand(G._dense_shape).expand(D)
+    out = fill.expand((ukeys.numel(),) + D).clone()
+    out[(inv,) + tuple(idx[sd:])] = vals
+    return _convert.parts_to_sparse(_index.unravel(ukeys, G.shape[:sd]), out, G.shape, fill.clone(),
+                                    indefinite=False, known_zero=G._fill_is_zero(), layout=torch.sparse_coo,
+                                    coalesced=True)
 
 
 def _times_count(f: torch.Tensor, n: int) -> torch.Tensor:
@@ -179,9 +240,13 @@ def leaf_grad(G, P: SparseTensor) -> SparseTensor:
     if isinstance(G, SparseTensor):
         if G._indefinite and not P._indefinite:  # masked out: no output read them, their gradient is 0
             G = _convert.rewrap(G, fill=G._vals.new_zeros(()), indefinite=False, known_zero=True)
+        if G._indefinite and G._sparse_ndim() != P._sparse_ndim():  # (resplit needs a defined fill: 0)
+            G = _convert.rewrap(G, fill=G._vals.new_zeros(()), indefinite=False, known_zero=True)
+        if G._sparse_ndim() > P._sparse_ndim():
+            G = resplit(G, P._sparse_ndim())
         if G.dense_dim() == P.dense_dim():
             return _convert.to_layout(G, P._sf_layout)
-        G = _convert.dense_of(G, None if not G._indefinite else G._vals.new_zeros(()))
+        G = _convert.dense_of(G)
     S, D = P._sparse_shape, tuple(P._dense_shape)
     flat = G.reshape((_index.numel(S),) + D)
     idx, _ = P._coo_parts()

@@ -109,14 +109,14 @@ def _slice_backward(func, args, kwargs):
     """``slice_backward(G, sizes, dim, start, end, step)``, ``select_backward(G, sizes, dim, index)``: ``G`` in
     zeros of ``sizes`` (a gradient: an indefinite fill is 0), fill 0, storing ``G``'s elements -- all of them
     where ``G``'s fill is not 0: O(numel of ``G``), never of ``sizes``.  A select along ``G``'s first dense dim
-    position is either a sparse or a dense dim of the input (the gradient's dense dims must be the input's):
-    densified, as before."""
+    position was on the input's last sparse dim or on its first dense dim: the gradient gets a sparse dim
+    there where ``G``'s fill is 0 (only ``G``'s stored elements), else a dense dim (``G``'s pattern, the fill
+    ``G``'s at ``index``); the constructor's backward (``_autograd.grad_parts``) reads either with the input's
+    dense dims."""
     G, sizes, dim, rest = args[0], list(args[1]), args[2] % len(args[1]), args[3:]
     sd = G._sparse_ndim()
     if func is aten.select_backward.default:
-        if dim == sd:
-            return NotImplemented
-        sd += dim < sd
+        sd += dim < sd or dim == sd and (G._indefinite or G._fill_is_zero() or not bool(G._fill.ne(0).any()))
     fill = G._fill.new_zeros(()) if G._indefinite else G._fill.expand(G._dense_shape)
     if dim >= sd:  # a dense dim: the same on the values and the fill
         idx, vals = coalesced_parts(G)
