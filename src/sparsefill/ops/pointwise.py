@@ -115,18 +115,22 @@ def pointwise_rule(func, args, kwargs):
     sub = {id(T): dense_of(T) for T in sparse[1:] if T.dim() == 0 < A.dim() and not T._indefinite}
     sparse = [T for T in sparse if id(T) not in sub]
     layout = A._sf_layout
+    conv = sparse
     if any(T.dense_dim() != A.dense_dim() for T in sparse[1:]):
-        return NotImplemented  # operands that split sparse and dense dims differently
-    if any(T.shape != A.shape for T in sparse[1:]):
-        expanded = _broadcast(sparse)
+        nd = max(T.dense_dim() for T in sparse)
+        conv = [T if T.dense_dim() == nd else _with_dense_dims(T, nd) for T in sparse]
+        if any(C is None for C in conv) or written and conv[0] is not A:
+            return NotImplemented  # operands that split sparse and dense dims differently
+    if any(C.shape != conv[0].shape for C in conv[1:]):
+        expanded = _broadcast(conv)
         if expanded is None:
             return NotImplemented
         if written and out is None and expanded[0][1] is not A:
             raise RuntimeError(f"output with shape {list(A.shape)} doesn't match the broadcast shape "
                                f"{list(expanded[0][1].shape)}")
-        sparse, A = expanded, expanded[0][1]
+        sparse, A = [(T, E) for T, (_, E) in zip(sparse, expanded)], expanded[0][1]
     else:
-        sparse = [(T, T) for T in sparse]
+        sparse, A = list(zip(sparse, conv)), conv[0]
     indefinite = any(E._indefinite for _, E in sparse)
     dense_ops = [t for t in tensors if not isinstance(t, SparseTensor) and t.dim()]
     over = {id(t): _over_dense_dims(t, A) for t in dense_ops}
@@ -182,6 +186,20 @@ def _unbatch(batch: torch.Tensor, ndense: int) -> torch.Tensor:
     while f.dim() > ndense and f.shape[0] == 1:
         f = f[0]
     return f
+
+
+def _with_dense_dims(T: SparseTensor, nd: int):
+    """``T`` (the same dense tensor) with its last ``nd - T.dense_dim()`` sparse dims, all of size 1, made
+    dense dims, so that it splits its dims as an operand with ``nd`` dense dims (the unsqueezed reduction
+    ``A.logsumexp(-1)[..., None]`` beside a hybrid ``A``, in torch's formula); None where they are not of size 1."""
+    sd, k = T._sparse_ndim(), nd - T.dense_dim()
+    if k > sd or any(n != 1 for n in T.shape[sd - k: sd]):
+        return None
+    idx, vals = T._coo_parts()
+    fill = T._fill if T._indefinite or not T._fill.dim() else T._fill.reshape((1,) * k + tuple(T._fill.shape))
+    return SparseTensor(torch.sparse_coo, T.shape, vals.reshape(vals.shape[:1] + T.shape[sd - k:]), fill,
+                        indices=idx[: sd - k], indefinite=T._indefinite, coalesced=T._coalesced,
+                        known_zero=not T._indefinite and T._fill_is_zero())
 
 
 def _broadcast(sparse):

@@ -1,7 +1,7 @@
 """The backward of the reductions, as sparse as their forward.
 
-``sum mean prod amax amin max min logsumexp var std norm linalg.vector_norm nansum nanmean`` of a
-SparseTensor ``A`` that needs a gradient, over every sparse dim (and any of its dense dims), run
+``sum mean prod amax amin max min logsumexp var std var_mean std_mean norm linalg.vector_norm nansum
+nanmean`` of a SparseTensor ``A`` that needs a gradient, over every sparse dim (and any of its dense dims), run
 through :class:`SparseReduce`.  Every unspecified element of ``A`` in one dense slice has the same
 value (the fill), so torch's derivative formula gives them all the same gradient: the gradient of
 ``A`` is a SparseTensor with ``A``'s pattern, exact everywhere::
@@ -556,6 +556,26 @@ def _route_var(func, args, kwargs):
         return NotImplemented
     dim, correction = b
     return _apply(func, args, kwargs, func.__name__, dim, (correction, dim is None))
+
+
+def _sig_keepdim(input, dim=None, unbiased=None, keepdim=False, *, correction=None):
+    return keepdim
+
+
+@register_route(torch.var_mean, torch.std_mean)
+def _route_var_mean(func, args, kwargs):
+    """``var_mean``/``std_mean`` as the routed ``(var or std, mean)`` of the same arguments: their backwards
+    are as sparse as theirs (torch's formula forms ``A - A.mean(dim, True)``, which stores every element of
+    each slice holding a stored one: O(nse * slice length))."""
+    b, keepdim = _bind(_sig_var, args, kwargs), _bind(_sig_keepdim, args, kwargs)
+    if not b or not isinstance(b[1], (int, float)) or not isinstance(keepdim, bool):
+        return NotImplemented
+    (dim, correction), A = b, args[0] if args else kwargs.get("input")
+    first = torch.var if func is torch.var_mean else torch.std
+    s = _apply(first, (A,), {"dim": dim, "correction": correction, "keepdim": keepdim}, first.__name__, dim,
+               (correction, dim is None))
+    m = _apply(torch.mean, (A,), {"dim": dim, "keepdim": keepdim}, "mean", dim)
+    return NotImplemented if s is NotImplemented or m is NotImplemented else (s, m)
 
 
 def _sig_vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None):
