@@ -122,6 +122,13 @@ def test_three_sparse_dims_and_hybrid(op, dim, calls):
         _check(op, H, idx2, vals2, shape[:2], dim, torch.float64, calls)
 
 
+@pytest.mark.parametrize("op", OPS)
+def test_one_sparse_dim(op, calls):
+    idx, vals = _pattern((9,), 5, seed=7)
+    A = sparsefill.sparse_coo_tensor(idx, vals, (9,), fill_value=sparsefill.indefinite)
+    _check(op, A, idx, vals, (9,), 0, torch.float64, calls)
+
+
 def test_gradient_through_a_product_and_a_dense_read():
     """The upstream gradient as the matmul route gives it (a SparseTensor on the pattern) and as a dense read
     gives it (a dense tensor): both equal the dense computation's."""
