@@ -4,7 +4,10 @@ A table of ``N x D`` float32 rows and a gradient on ``k`` random rows (duplicate
 embedding lookup produces): ``sparsefill.segment.sparse_adagrad(..., mode="coalesced")`` against
 ``torch.optim.Adagrad`` stepping the same table with a torch sparse COO gradient (what
 ``nn.Embedding(sparse=True)`` gives), and against dense Adagrad on a dense gradient.  Both sparse
-forms update only the touched rows; the check compares one step from the same state.
+forms update only the touched rows; the check compares one step from the same state.  The second
+size is one table of ``examples/dlrm.py`` (41k looked-up ids a step, a quarter of them repeated).
+sparsefill runs one fused compiled kernel where numba is installed (coalescing, then the update of
+each touched row), else torch ops (rows marked in a table of flags, ``index_add_``, in-place update).
 """
 
 from __future__ import annotations
@@ -31,7 +34,8 @@ def _check(param, out):
         torch.testing.assert_close(o, ref, rtol=1e-5, atol=1e-6, msg=label)
 
 
-@case("sparse Adagrad step, embedding table", sizes={"1M x 64, 50k rows": ((1_000_000, 64), 50_000)},
+@case("sparse Adagrad step, embedding table", sizes={"1M x 64, 50k rows": ((1_000_000, 64), 50_000),
+                                                     "50k x 64, 41k rows (a DLRM table)": ((50_000, 64), 41_000)},
       quick_sizes={"100k x 64, 5k rows": ((100_000, 64), 5_000)}, check=_check,
       tiny_sizes={"1k x 8, 50 rows": ((1_000, 8), 50)})
 def sparse_adagrad(param):
