@@ -12,6 +12,7 @@ import datetime
 import multiprocessing
 import socket
 import time
+import warnings
 
 import pytest
 import torch
@@ -177,6 +178,14 @@ def _check_all_reduce(rank, world, ops=None, algorithms=("auto", "sparse", "dens
                     D = make(case, rank).to_dense()
                     dist.all_reduce(D, op)  # the dense collective (gloo's MIN/MAX skip NaN: not compared there)
                     torch.testing.assert_close(A.to_dense(), D, equal_nan=True, msg=msg)
+    # complex: dist.all_reduce runs on torch.view_as_real(A) (a view, written through)
+    C = sparsefill.sparse_coo_tensor([[rank]], torch.tensor([1 + 2j]), (4,), fill_value=1j * rank)
+    D = C.to_dense()
+    with warnings.catch_warnings():  # (the write through view_as_real densifies: 4 elements)
+        warnings.simplefilter("ignore", sparsefill.DensifyWarning)
+        dist.all_reduce(C)
+    dist.all_reduce(D)
+    torch.testing.assert_close(C.to_dense(), D)
     # the plain torch call on the issue's example, in place, and the same for a view and async_op
     B = sparsefill.sparse_coo_tensor([[0, 3]], [1., 2.], (5,), fill_value=float(rank))
     same = B
@@ -498,8 +507,8 @@ def _check_sharded(rank, world, N=23, D=4, B=3, steps=3):
     table = torch.randn(N, D, generator=torch.Generator().manual_seed(5))
     v = torch.randn(D, generator=torch.Generator().manual_seed(6))
     full = _bags(steps, world * B, N)
-    for rowwise in (False, True):
-        emb = sparsefill.distributed.RowShardedEmbeddingBag.from_pretrained(table)
+    for rowwise, pool in ((False, "requester"), (True, "requester"), (False, "owner")):
+        emb = sparsefill.distributed.RowShardedEmbeddingBag.from_pretrained(table, pool=pool)
         assert emb.weight.shape == (emb.hi - emb.lo, D)
         opt = sparsefill.segment.SparseAdagrad([emb.weight], lr=0.1, rowwise=rowwise)
         ref = torch.nn.Parameter(table.clone())
@@ -517,14 +526,15 @@ def _check_sharded(rank, world, N=23, D=4, B=3, steps=3):
             ref_opt.zero_grad()
             (rp @ v - batch[2]).square().mean().backward()
             ref_opt.step()
-            torch.testing.assert_close(emb.full_weight(), ref.detach(), msg=f"sharded step, rowwise={rowwise}")
+            torch.testing.assert_close(emb.full_weight(), ref.detach(), msg=f"sharded step, {rowwise=}, {pool=}")
     # nn.EmbeddingBag's input forms and modes, and a keyed jagged batch (one exchange for every key)
-    emb = sparsefill.distributed.RowShardedEmbeddingBag.from_pretrained(table, mode="mean")
-    ids = torch.tensor([[1, 22 - rank, 5], [0, 0, 7]]) + rank
-    torch.testing.assert_close(emb(ids), torch.nn.functional.embedding_bag(ids, table, mode="mean"))
-    flat, offsets = ids.reshape(-1), torch.tensor([0, 2])
-    torch.testing.assert_close(emb(flat, offsets), torch.nn.functional.embedding_bag(flat, table, offsets,
-                                                                                    mode="mean"))
+    for pool in ("requester", "owner"):
+        emb = sparsefill.distributed.RowShardedEmbeddingBag.from_pretrained(table, mode="mean", pool=pool)
+        ids = torch.tensor([[1, 22 - rank, 5], [0, 0, 7]]) + rank
+        torch.testing.assert_close(emb(ids), torch.nn.functional.embedding_bag(ids, table, mode="mean"))
+        flat, offsets = ids.reshape(-1), torch.tensor([0, 2, 2])  # (an empty bag)
+        torch.testing.assert_close(emb(flat, offsets), torch.nn.functional.embedding_bag(flat, table, offsets,
+                                                                                        mode="mean"))
     kj = sparsefill.segment.KeyedJaggedBatch.from_lists([{1: [3, 4], 2: [22]}, {2: [rank, 1, 1]}, {}])
     emb = sparsefill.distributed.RowShardedEmbeddingBag.from_pretrained(table)
     got = emb.forward_jagged(kj, keys=[2, 1, 9])

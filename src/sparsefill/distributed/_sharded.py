@@ -5,7 +5,9 @@ Rank ``r`` owns rows ``[r * R, (r + 1) * R)``, ``R = ceil(num_embeddings / W)``.
 
 1. the ids are bucketed by owner; counts first (``all_to_all_single``, with a status word: an id out of
    range or a table configured differently raises the same error on every rank), then the ids;
-2. each owner gathers its rows; they come back (``all_to_all_single``) and are pooled per bag here;
+2. each owner gathers its rows; they come back (``all_to_all_single``) and are pooled per bag here
+   (``pool="owner"``: each id travels with its bag, owners send back partial sums per (requester, bag),
+   summed here: TorchRec's row-wise pooling, fewer bytes back when a bag holds several ids of one owner);
 3. backward sends the gradient rows back to their owners, whose shard gets a sparse COO gradient
    (one row per id looked up: what ``segment.SparseAdagrad`` / ``rowwise_sparse_adagrad`` consume).
 
@@ -36,9 +38,14 @@ class RowShardedEmbeddingBag(nn.Module):
     """``nn.EmbeddingBag``-like pooling over a table whose rows are split over ``group`` (see the module
     docstring).  ``weight`` is this rank's shard, ``(hi - lo, embedding_dim)`` for rows ``[lo, hi)``."""
 
-    def __init__(self, num_embeddings: int, embedding_dim: int, *, mode: str = "sum", group=None,
-                 average_grad: bool = True, dtype=None, device=None, _shard=None):
+    def __init__(self, num_embeddings: int, embedding_dim: int, *, mode: str = "sum", pool: str = "requester",
+                 group=None, average_grad: bool = True, dtype=None, device=None, _shard=None):
         super().__init__()
+        if pool not in ("requester", "owner"):
+            raise ValueError(f"pool must be 'requester' or 'owner', got {pool!r}")
+        if pool == "owner" and mode not in ("sum", "mean"):
+            raise ValueError(f"pool='owner' pools partial sums at the owners: mode must be 'sum' or 'mean', got {mode!r}")
+        self.pool = pool
         if num_embeddings < 0 or embedding_dim < 0:
             raise ValueError(f"num_embeddings and embedding_dim must be >= 0, got {num_embeddings}, {embedding_dim}")
         self.num_embeddings, self.embedding_dim, self.mode = num_embeddings, embedding_dim, mode
@@ -99,17 +106,40 @@ class RowShardedEmbeddingBag(nn.Module):
 
     def _pool(self, ids: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
         ids = ids.long().reshape(-1)
+        if self.pool == "owner":
+            return self._pool_at_owners(ids, offsets)
         perm, send, recv, local = _route(self, ids)
         rows = _Rows.apply(self.weight, local, send, recv, self.group, self.average_grad)
         inv = torch.empty_like(perm).scatter_(0, perm, torch.arange(perm.numel(), device=perm.device))
         return segment.reduce(rows, self.mode, offsets=offsets, indices=inv)
+
+    def _pool_at_owners(self, ids: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        """``pool='owner'``: each id goes with its bag; owners sum their rows per (requester, bag) and send
+        back the partial sums (TorchRec's row-wise pooling: fewer bytes back when bags hold several ids
+        of one owner), summed here per bag."""
+        nb = offsets.numel() - 1
+        lengths = offsets[1:] - offsets[:-1]
+        bag = torch.repeat_interleave(torch.arange(nb, device=ids.device), lengths, output_size=ids.numel())
+        perm, send, recv, local, asked_bag = _route(self, ids, bag)
+        W = dist.get_world_size(self.group)
+        src = torch.repeat_interleave(torch.arange(W, device=ids.device), recv, output_size=local.numel())
+        uniq, inv = torch.unique(src * (1 << 32) + asked_bag, return_inverse=True)  # (requester, bag) pairs
+        back = torch.bincount(torch.div(uniq, 1 << 32, rounding_mode="floor"), minlength=W)
+        got = torch.empty(W, dtype=torch.int64, device=ids.device)
+        dist.all_to_all_single(got, back, group=self.group)
+        bags = uniq.new_empty(int(got.sum()))
+        dist.all_to_all_single(bags, uniq % (1 << 32), got.tolist(), back.tolist(), group=self.group)
+        traffic.sent += 8 * (int(back.sum()) - int(back[dist.get_rank(self.group)]))
+        partial = _Partial.apply(self.weight, local, inv, uniq.numel(), back, got, self.group, self.average_grad)
+        out = partial.new_zeros(nb, self.embedding_dim).index_add(0, bags, partial)
+        return out / lengths.clamp(min=1)[:, None].to(out.dtype) if self.mode == "mean" else out
 
     def extra_repr(self) -> str:
         return (f"{self.num_embeddings}, {self.embedding_dim}, mode={self.mode!r}, rows [{self.lo}, {self.hi}) of "
                 f"{dist.get_world_size(self.group)} shards")
 
 
-def _route(emb, ids: torch.Tensor):
+def _route(emb, ids: torch.Tensor, bag: torch.Tensor | None = None):
     """``(perm, send counts, receive counts, local ids asked of this rank)``: ids sorted by owner, the counts
     and a status word exchanged first, then the ids."""
     W, R, N = dist.get_world_size(emb.group), emb.rows_per_rank, emb.num_embeddings
@@ -133,12 +163,16 @@ def _route(emb, ids: torch.Tensor):
                              f"embedding_dim) = {tuple(out[0, 3:5].tolist())}, rank {j} "
                              f"{tuple(out[j, 3:5].tolist())}")
     recv = out[:, 0].to(ids.device)
-    asked = ids.new_empty(int(recv.sum()))
-    dist.all_to_all_single(asked, ids[perm], recv.tolist(), send.tolist(), group=emb.group)
+    k = 1 if bag is None else 2  # (with bags: each id travels with its bag)
+    sent = ids[perm] if bag is None else torch.stack([ids[perm], bag[perm]], 1)
+    asked = ids.new_empty((int(recv.sum()),) + sent.shape[1:])
+    dist.all_to_all_single(asked, sent, recv.tolist(), send.tolist(), group=emb.group)
     me = dist.get_rank(emb.group)
-    traffic.sent += 8 * (int(send.sum()) - int(send[me])) + 48 * (W - 1)
-    traffic.received += 8 * (int(recv.sum()) - int(recv[me])) + 48 * (W - 1)
-    return perm, send, recv, asked - emb.lo
+    traffic.sent += 8 * k * (int(send.sum()) - int(send[me])) + 48 * (W - 1)
+    traffic.received += 8 * k * (int(recv.sum()) - int(recv[me])) + 48 * (W - 1)
+    if bag is None:
+        return perm, send, recv, asked - emb.lo
+    return perm, send, recv, asked[:, 0] - emb.lo, asked[:, 1]
 
 
 class _Rows(torch.autograd.Function):
@@ -168,6 +202,35 @@ class _Rows(torch.autograd.Function):
             return None, None, None, None, None, None
         grad_shard = torch.sparse_coo_tensor(local[None], back, ctx.shape, check_invariants=False)
         return grad_shard, None, None, None, None, None
+
+
+class _Partial(torch.autograd.Function):
+    """Owner side: the shard's rows summed per (requester, bag) pair (``inv``), sent back; the requester gets
+    its partial sums in owner order.  Backward: each pair's gradient row goes back to its owner and to
+    every id of the pair (a sparse COO gradient of the shard)."""
+
+    @staticmethod
+    def forward(ctx, shard, local, inv, npairs, back, got, group, average):
+        ctx.save_for_backward(local, inv)
+        ctx.back, ctx.got, ctx.group, ctx.average, ctx.shape = back.tolist(), got.tolist(), group, average, shard.shape
+        partial = shard.new_zeros(npairs, shard.shape[1]).index_add_(0, inv, shard.index_select(0, local))
+        out = shard.new_empty(sum(ctx.got), shard.shape[1])
+        dist.all_to_all_single(out, partial, ctx.got, ctx.back, group=group)
+        _count(partial, out, ctx.back, ctx.got, group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        local, inv = ctx.saved_tensors
+        gp = grad.new_empty(sum(ctx.back), ctx.shape[1])
+        dist.all_to_all_single(gp, grad.contiguous(), ctx.back, ctx.got, group=ctx.group)
+        _count(grad, gp, ctx.got, ctx.back, ctx.group)
+        if ctx.average:
+            gp = gp / dist.get_world_size(ctx.group)
+        if not local.numel():
+            return (None,) * 8
+        return (torch.sparse_coo_tensor(local[None], gp.index_select(0, inv), ctx.shape, check_invariants=False),
+                None, None, None, None, None, None, None)
 
 
 def _count(sent_rows, got_rows, sent_splits, got_splits, group) -> None:
