@@ -116,7 +116,7 @@ def _union(rows, lo, hi, n_rows: int, T: int, tL: int, tR: int, presorted: bool 
         starts[at], ends[at], rws[at] = max(tR + 1, 0), T - 1, r
     valid = starts <= ends
     K = T + 1
-    ks, ke = rws * K + starts, rws * K + ends
+    ks, ke = (rws * K + starts, rws * K + ends) if n_rows > 1 else (starts, ends)
     if not bool(valid.all()):
         ks, ke, rws, starts = ks[valid], ke[valid], rws[valid], starts[valid]
     cm = ke.cummax(0).values if ke.numel() else ke
@@ -200,6 +200,8 @@ def _clipped(first, last, shift, S: int):
 def _parts(X: SparseTensor):
     """``(rows, positions, values)`` of ``X``'s stored elements, rows row-major over ``X.shape[:-1]``."""
     idx, vals = coalesced_parts(X)
+    if _index.numel(X.shape[:-1]) == 1:  # (one row: no arithmetic over the leading index rows)
+        return idx.new_zeros(idx.shape[1]), idx[-1], vals
     return _index.linearize(idx[:-1], X.shape[:-1]), idx[-1], vals
 
 
