@@ -22,6 +22,11 @@ the kernel keeps the smallest such position in ``bad[0]`` (-1 if none) and the c
 scatter kernel also keeps in ``bad[1]`` the first position whose id is outside ``[0, len(out))``.
 Max/min propagate NaN (as torch).
 
+Beside them: ``adagrad_coalesced`` / ``rowwise_adagrad_coalesced`` / ``coalesce_rows`` (the sparse
+optimizers of ``_optim``: the gradient rows of each distinct row summed with no sort, then one update
+of the row) and ``gather_runs`` (runs of a 1-D tensor copied to new places: ``KeyedJaggedBatch``'s
+lists grouped by key).
+
 The loops and the combine step are written once; ``op`` and ``arg`` are closure constants (plain
 flags, so the compiled code is cached on disk), and numba compiles one specialised loop per variant
 (the weight and NaN branches resolved at compile time, the column loop vectorised).  Random rows

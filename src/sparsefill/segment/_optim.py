@@ -178,7 +178,9 @@ def _compiled(kernel: str, param, states, idx, grad, mode, *scalars) -> bool:
             and _kernels.compiled_for(param.device, n * D)):
         return False
     fn = getattr(_kernels._nb(), kernel)
-    arr = [(t.view(R, D) if t.shape == param.shape else t).detach().numpy() for t in (param, *states)]  # (rowwise: 1-D)
+    rowwise = kernel.startswith("rowwise")  # (its one state stays 1-D: one accumulator a row)
+    arr = [t.detach().view(R, D).numpy() for t in (param, *([] if rowwise else states))]
+    arr += [t.detach().numpy() for t in states] if rowwise else []
     g = grad.detach().reshape(n, D).contiguous().numpy()
     dt = arr[0].dtype.type
     T = _kernels._threads(n * D)
