@@ -127,11 +127,39 @@ def test_conv1d_1d_signal(fill, kw):
 
 
 def _check_fallback(op, shape, positions, fill):
-    """A NaN fill in conv1d: the densify fallback (exact), no native path claimed."""
+    """A NaN fill in conv1d: the densify fallback (exact, announced), no native path claimed."""
     v, f, A = _signal(shape, positions, fill)
-    y = op(A)
+    with pytest.warns(sparsefill.DensifyWarning, match="convolution"):
+        y = op(A)
     torch.testing.assert_close(y.to_dense() if isinstance(y, sparsefill.SparseTensor) else y, op(A.to_dense()),
                                equal_nan=True)
+
+
+@pytest.mark.parametrize("fill", [0.0, 2.0, math.nan, -math.inf])
+@pytest.mark.parametrize("odd", [math.inf, -math.inf, math.nan])
+def test_avg_pool1d_non_finite_values(fill, odd):
+    """Stored inf/NaN values: counted apart from the prefix sums (a window holding +inf and -inf is NaN)."""
+    v = torch.tensor([1.0, odd, 3.0, -odd if not math.isnan(odd) else 2.0, 4.0], dtype=DT, requires_grad=True)
+    f = torch.tensor(fill, dtype=DT, requires_grad=True)
+    A = sparsefill.sparse_coo_tensor([[0, 5, 6, 8, 39]], v, (L,), fill_value=f)
+    for kw in (dict(stride=1), dict(stride=2, padding=1)):
+        op = pool(3, **kw)
+        with sparsefill.densify_policy("raise"):
+            y = op(A)
+            gv, gf = _grads((y * 0.5).sum(), v, f)
+        torch.testing.assert_close(y.to_dense(), op(A.to_dense()), equal_nan=True)
+        rv, rf = _grads((op(A.to_dense()) * 0.5).sum(), v, f)
+        torch.testing.assert_close(gv, rv, equal_nan=True)
+        torch.testing.assert_close(gf, rf, equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_conv1d_csr_unbatched(dtype):
+    """A (C, L) CSR signal, unbatched conv1d (torch unsqueezes it to (1, C, L))."""
+    pos = [[0, 0], [0, 20], [1, 39]]
+    W = torch.full((1, 2, 5), 0.2, dtype=dtype)
+    y = _check(lambda x: F.conv1d(x, W, padding=2), (2, L), pos, 1.5, layout=torch.sparse_csr, dtype=dtype)
+    assert y.shape == (1, L)
 
 
 @pytest.mark.parametrize("groups, cout, uniform", [(1, 1, True), (2, 2, True), (1, 1, False), (1, 2, False),
@@ -189,6 +217,26 @@ def test_gradient_is_sparse():
     gi = torch.ops.aten.avg_pool2d_backward.default(G[None], x[None, None, None], [1, 10], [1, 1], [0, 0],
                                                     False, True, None)
     assert isinstance(gi, sparsefill.SparseTensor) and gi._nse() <= 3 * 19 + 2 * 9
+
+
+@pytest.mark.parametrize("w, s, p, native", [(4, 2, 1, True), (6, 3, 0, True), (3, 2, 1, False)])
+def test_avg_pool_backward_gradient_fill(w, s, p, native):
+    """avg_pool2d_backward with a gradient of nonzero fill (what a loss like ``y.sum()`` sends without the
+    ``[0, 0]`` selection): native where the stride divides the window (uniform coverage w / s), else the
+    densify fallback (the gradient's unspecified elements differ by position mod s: dense by nature)."""
+    x = sparsefill.sparse_coo_tensor([[0, 9, 10, 30, 39]], [1., 2., 3., 4., 5.], (L,), fill_value=2.)[None, None, None]
+    y = torch.ops.aten.avg_pool2d.default(x, [1, w], [1, s], [0, p], False, True, None)
+    G = y * y + 1.0
+    args = (G, x, [1, w], [1, s], [0, p], False, False, None)
+    if native:
+        with sparsefill.densify_policy("raise"):
+            gi = torch.ops.aten.avg_pool2d_backward.default(*args)
+        assert isinstance(gi, sparsefill.SparseTensor) and gi._nse() < L
+    else:
+        with pytest.warns(sparsefill.DensifyWarning):
+            gi = torch.ops.aten.avg_pool2d_backward.default(*args)
+    ref = torch.ops.aten.avg_pool2d_backward.default(G.to_dense(), x.to_dense(), *args[2:])
+    torch.testing.assert_close(gi.to_dense() if isinstance(gi, sparsefill.SparseTensor) else gi, ref)
 
 
 def test_indefinite_fill_raises():
