@@ -121,7 +121,7 @@ def _bags(n_bags, N, mean_len, seed=0):
     return torch.randint(0, N, (int(lengths.sum()),), generator=g), lengths, torch.randn(n_bags, generator=g)
 
 
-def _sharded(rank, world, N, D, bags, mean_len, rounds, reps):
+def _sharded(rank, world, N, D, bags, mean_len, rounds, reps, pool="requester"):
     import sparsefill
     import sparsefill.distributed as sd
     from sparsefill import segment
@@ -131,7 +131,7 @@ def _sharded(rank, world, N, D, bags, mean_len, rounds, reps):
     B = bags // world
     at = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
     mine = ids[int(at[rank * B]):int(at[(rank + 1) * B])], lengths[rank * B:(rank + 1) * B], y[rank * B:(rank + 1) * B]
-    emb = sd.RowShardedEmbeddingBag.from_pretrained(table)
+    emb = sd.RowShardedEmbeddingBag.from_pretrained(table, pool=pool)
     opt = segment.SparseAdagrad([emb.weight], lr=0.01)
 
     def step():
@@ -171,32 +171,51 @@ def _unsharded(N, D, bags, mean_len, rounds, reps):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="smaller tensors, fewer rounds")
+    p.add_argument("--only", choices=["all_reduce", "sharded"], help="one of the two parts")
     a = p.parse_args(argv)
     shape = (500, 500) if a.quick else (1000, 1000)
     rounds, reps = (3, 3) if a.quick else (5, 5)
     print(f"# sparsefill.distributed on loopback gloo, {os.cpu_count()} cores, torch {torch.__version__}\n")
+    if a.only != "sharded":
+        _print_all_reduce(shape, rounds, reps)
+    if a.only != "all_reduce":
+        _print_sharded(a.quick, rounds, reps)
+
+
+def _print_all_reduce(shape, rounds, reps):
     print(f"## all_reduce (SUM) of a {shape[0]} x {shape[1]} float32 SparseTensor, fill 0 "
           f"(dense: {shape[0] * shape[1] * 4 / 1e6:.1f} MB)\n")
     print("| W | stored | bytes sent/rank: sparse | auto | dense ring | torch sparse COO | time: sparse | auto | "
           "dense | torch sparse COO | sparse / dense | load |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    cross = []
     for W in (2, 4):
-        for r in run(_all_reduce, W, shape, rounds, reps):
+        rs = run(_all_reduce, W, shape, rounds, reps)
+        per = (rs[-1]["sparse_bytes"] - rs[0]["sparse_bytes"]) / (rs[-1]["nse"] - rs[0]["nse"])  # bytes per element
+        cross.append(f"W={W}: {rs[0]['dense_bytes'] / per / (shape[0] * shape[1]):.1%} stored")
+        for r in rs:
             t = r["times"]
             print(f"| {W} | {r['density']:.1%} | {r['sparse_bytes']:,} | {r['auto_bytes']:,} | {r['dense_bytes']:,} | "
                   f"{r['native_bytes']:,} | {t['sparsefill sparse'] * 1e3:.2f} ms | {t['sparsefill auto'] * 1e3:.2f} ms"
                   f" | {t['dense all_reduce'] * 1e3:.2f} ms | {t['torch sparse COO'] * 1e3:.2f} ms | "
                   f"{t['sparsefill sparse'] / t['dense all_reduce']:.2f} | {r['load']:.1f} |")
-    N, D, bags, mean_len = (20_000, 32, 256, 10) if a.quick else (100_000, 64, 1024, 20)
+    print(f"\nbyte crossover (the sparse payload per rank equals the dense ring's; 'auto' turns dense past it): "
+          f"{', '.join(cross)}")
+
+
+def _print_sharded(quick, rounds, reps):
+    N, D, bags, mean_len = (20_000, 32, 256, 10) if quick else (100_000, 64, 1024, 20)
     print(f"\n## Row-sharded embedding step: {N:,} x {D} table, {bags} bags of ~{mean_len} ids (global batch), "
           "forward + backward + SparseAdagrad\n")
     base = _unsharded(N, D, bags, mean_len, rounds, reps)
     print(f"unsharded, one process: {base * 1e3:.2f} ms per step\n")
-    print("| W | per-rank step | / unsharded | bytes sent per rank per step | load |")
-    print("|---|---|---|---|---|")
+    print("| W | pooled at | per-rank step | / unsharded | bytes sent per rank per step | load |")
+    print("|---|---|---|---|---|---|")
     for W in (1, 2, 4):
-        r = run(_sharded, W, N, D, bags, mean_len, rounds, reps)
-        print(f"| {W} | {r['time'] * 1e3:.2f} ms | {r['time'] / base:.2f} | {r['bytes']:,} | {r['load']:.1f} |")
+        for pool in ("requester", "owner"):
+            r = run(_sharded, W, N, D, bags, mean_len, rounds, reps, pool)
+            print(f"| {W} | {pool} | {r['time'] * 1e3:.2f} ms | {r['time'] / base:.2f} | {r['bytes']:,} | "
+                  f"{r['load']:.1f} |")
 
 
 if __name__ == "__main__":

@@ -102,7 +102,8 @@ def all_reduce(A, op, pg, algorithm: str = "auto") -> None:
         sparse_bytes = int(allh[:, :, _wire.NBYTES].sum() - allh.diagonal(0, 0, 1)[_wire.NBYTES].sum())
         return algorithm == "auto" and sparse_bytes > DENSE_BYTES_RATIO * dense_bytes(A, W)
 
-    allh, got = exchange(pg, "all_reduce", [A] * W, [A] * W, int(op), go_dense, keys=True)
+    allh, got = exchange(pg, "all_reduce", [A] * W, [A] * W, int(op), go_dense, keys=True,
+                         nan=algorithm == "auto" and op in (_R.MIN, _R.MAX))
     if got is None:
         return _dense_all_reduce(A, op, pg, allh)
     store(A, _combine_received(op, got, A))

@@ -31,7 +31,7 @@ from torch.distributed import ReduceOp
 from .. import _index
 from .._convert import coalesced_parts, parts_to_sparse
 from .._tensor import SparseTensor
-from ._wire import Parts
+from ._wire import Parts, coords_of, keys_of
 
 _R = ReduceOp.RedOpType
 FUNCS = {_R.SUM: torch.add, _R.AVG: torch.add, _R.PRODUCT: torch.mul, _R.MIN: torch.minimum, _R.MAX: torch.maximum,
@@ -70,7 +70,7 @@ def combine(op, tensors: list, layout=None) -> SparseTensor:
     parts = []
     for T in tensors:
         idx, vals = coalesced_parts(T)
-        parts.append(Parts(_index.linearize(idx, S), vals, T._fill, T._indefinite, T._sf_layout))
+        parts.append(Parts(keys_of(idx, S), vals, T._fill, T._indefinite, T._sf_layout))
     return combine_parts(op, parts, T0.shape, len(S), layout or T0._sf_layout)
 
 
@@ -113,7 +113,7 @@ def combine_parts(op, parts: list, shape, sdim: int, layout) -> SparseTensor:
     indefinite = fill is None
     if indefinite:
         fill = torch.empty(0, dtype=parts[0].vals.dtype, device=parts[0].vals.device)
-    return parts_to_sparse(_index.unravel(union, S), acc, tuple(shape), fill, indefinite=indefinite, layout=layout,
+    return parts_to_sparse(coords_of(union, S), acc, tuple(shape), fill, indefinite=indefinite, layout=layout,
                            coalesced=True)
 
 

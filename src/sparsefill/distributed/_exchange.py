@@ -47,17 +47,17 @@ def call_code(name: str) -> int:
     return CALLS.index(name)
 
 
-def exchange(pg, name: str, sends, expects, arg: int = 0, decide=None, keys: bool = False):
+def exchange(pg, name: str, sends, expects, arg: int = 0, decide=None, keys: bool = False, nan: bool = False):
     """``(headers (W, 2W, H), received)``: ``received[j]`` is what rank ``j`` sent here (``None`` where it sends
     nothing; ``keys``: a SparseTensor as its ``_wire.Parts`` where it can).  ``sends[j]``/``expects[j]`` are
     this rank's tensors for rank ``j`` (None: nothing); ``decide`` ``(headers) -> bool`` may stop after the
-    check (no payload moves: ``received`` is None)."""
+    check (no payload moves: ``received`` is None); ``nan``: each header says whether its tensor holds a NaN."""
     W, me = pg.size(), pg.rank()
     call = call_code(name)
     memo: dict = {}  # (all_reduce and all_gather send one tensor to every rank: packed once)
     for T in sends:
         if id(T) not in memo:
-            memo[id(T)] = _wire.pack(T, call, arg)
+            memo[id(T)] = _wire.pack(T, call, arg, nan)
     packed = [memo[id(T)] for T in sends]
     mine = torch.stack([h for h, _ in packed] + [_wire.describe(E, call, arg) for E in expects])
     device = _device(sends, expects)

@@ -110,16 +110,42 @@ def _keys_fit(shape) -> bool:
     return _index.numel(shape) < 2 ** 63
 
 
+def keys_of(idx: torch.Tensor, S) -> torch.Tensor:
+    """Row-major linear keys of coordinates ``idx`` ``(len(S), n)``: ``_index.linearize``, one fused
+    multiply-add per dim (Horner) and no ``(len(S), n)`` temporary."""
+    if len(S) <= 1:
+        return idx[0].to(torch.int64) if len(S) else idx.new_zeros(idx.shape[1], dtype=torch.int64)
+    k = idx[0].to(torch.int64)
+    for d in range(1, len(S)):
+        k = idx[d].to(torch.int64).add(k, alpha=int(S[d]))
+    return k
+
+
+def coords_of(keys: torch.Tensor, S) -> torch.Tensor:
+    """Inverse of :func:`keys_of`: ``(len(S), n)`` coordinates; one division and one multiply-subtract per
+    dim (keys are non-negative: truncating division), written into one output."""
+    out = keys.new_empty((len(S), keys.numel()))
+    k = keys
+    for d in range(len(S) - 1, 0, -1):
+        q = torch.div(k, int(S[d]), rounding_mode="trunc")
+        torch.sub(k, q, alpha=int(S[d]), out=out[d])
+        k = q
+    if len(S):
+        out[0].copy_(k)
+    return out
+
+
 def parts(T: torch.Tensor):
     """``(index tensor, values, fill)`` as sent: keys (or coordinates past 2**63 positions), coalesced."""
     T._sync()
     idx, vals = coalesced_parts(T)
     S = T._sparse_shape
-    return (_index.linearize(idx, S) if _keys_fit(S) else idx.to(torch.int64)), vals, T._fill
+    return (keys_of(idx, S) if _keys_fit(S) else idx.to(torch.int64)), vals, T._fill
 
 
-def pack(T: torch.Tensor | None, call: int = 0, arg: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(header, payload)`` of ``T`` (``None``: an absent header, no bytes)."""
+def pack(T: torch.Tensor | None, call: int = 0, arg: int = 0, nan: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(header, payload)`` of ``T`` (``None``: an absent header, no bytes); ``nan``: record in the header
+    whether a stored value or the fill is NaN (one pass over the values)."""
     if T is None:
         return describe(None, call, arg), torch.empty(0, dtype=torch.uint8)
     if not isinstance(T, SparseTensor):
@@ -128,7 +154,8 @@ def pack(T: torch.Tensor | None, call: int = 0, arg: int = 0) -> tuple[torch.Ten
     keys, vals, fill = parts(T)
     payload = _pad8(torch.cat([_bytes(keys), _bytes(vals), _bytes(fill)]))
     h = describe(T, call, arg, vals.shape[0], payload.numel())
-    h[HAS_NAN] = (vals.is_floating_point() or vals.is_complex()) and bool(vals.isnan().any() or fill.isnan().any())
+    h[HAS_NAN] = nan and (vals.is_floating_point() or vals.is_complex()) and bool(vals.isnan().any() or
+                                                                                 fill.isnan().any())
     return h, payload
 
 
@@ -161,14 +188,14 @@ def unpack(h, payload: torch.Tensor, shape, device, *, keys: bool = False):
     layout = LAYOUTS[int(h[LAYOUT])]
     if keys and _keys_fit(S):
         return Parts(ix, vals, fill, bool(h[INDEFINITE]), layout)
-    idx = _index.unravel(ix, S) if _keys_fit(S) else ix.view(sdim, nse)
+    idx = coords_of(ix, S) if _keys_fit(S) else ix.view(sdim, nse)
     return parts_to_sparse(idx, vals, shape, fill, indefinite=bool(h[INDEFINITE]), layout=layout, coalesced=True)
 
 
 def parts_to_tensor(p: Parts, shape) -> torch.Tensor:
     """The SparseTensor of :class:`Parts` of a tensor of ``shape``."""
     sdim = len(shape) - (p.vals.dim() - 1)
-    return parts_to_sparse(_index.unravel(p.keys, tuple(shape)[:sdim]), p.vals, tuple(shape), p.fill,
+    return parts_to_sparse(coords_of(p.keys, tuple(shape)[:sdim]), p.vals, tuple(shape), p.fill,
                            indefinite=p.indefinite, layout=p.layout, coalesced=True)
 
 
