@@ -12,7 +12,17 @@ Full size 10000x10000 at 1% (1e6 elements); ``--quick`` 2000x2000 at 1%.
 (issue 13): the scores ``S`` of a random graph (10 edges a node plus self loops, as ``examples/gat.py``)
 as an N x N SparseTensor with indefinite fill, a leaf requiring grad; ``masked.softmax(S, 1)`` and the
 gradient of ``S`` for a random upstream gradient of its values, against ``torch_geometric.utils.softmax``
-(scores indexed by target node) forward and backward with the same values; 5k and 20k nodes.
+(scores indexed by target node) forward and backward with the same values; 5k and 20k nodes.  Measured
+on 2026-11-24 ~09:00 UTC (``--filter 'GAT edge scores' --threads 1``, two runs; other processes kept
+1.7 of the 2 cores busy, so absolute times are ~3x a quiet machine's and spreads large)::
+
+    COO  5k nodes   3.29 ms  pyg 4.19 ms (0.78)      20k nodes  10.8 ms  pyg 16.7 ms (0.64)   peak 0.46x
+    CSR  5k nodes   2.94 ms  pyg 3.66 ms (0.80)      20k nodes  10.6 ms  pyg 16.1 ms (0.66)   peak 0.46x
+
+(a lighter moment, a plain timing loop: 5k 0.85 ms against 1.10 ms, 20k 2.37 ms against 4.2 ms).  With
+``S`` built each call from a values leaf (``sparse_coo_tensor(..., check_invariants=False)`` inside the
+timed call) it stays under the peer (0.86 ms at 5k); with the constructor's default index validation it
+does not (~1.4 ms: the validation, not the softmax).
 
 Measured here on 2026-11-21 at 10:42 UTC (``python -m sparsefill bench --filter masked --threads 1``,
 5 interleaved rounds; a shared 2-core machine, other processes kept ~1.2-1.3 cores busy, so the
