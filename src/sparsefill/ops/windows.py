@@ -288,27 +288,33 @@ def _avg_pool2d(func, args, kwargs):
     if not _pool_supported(X, k, st, pd):
         return NotImplemented
     out_shape = _meta(func, args, kwargs).shape
-    L, Lo, w, s, p = X.shape[-1], out_shape[-1], k[1], st[1], pd[1]
-    c, div_int = X._fill, divisor or w
+    w, s = k[1], st[1]
+    orow, o, vals = _pool_values(X, out_shape[-1], w, s, pd[1], cip, divisor)
+    interior = func(X._fill.expand(1, 1, 1, w), [1, w], [1, s], [0, 0], False, cip, divisor).reshape(())
+    return _build(orow, o, vals.to(interior.dtype), out_shape, interior, X._sf_layout)
+
+
+def _pool_values(X: SparseTensor, Lo: int, w: int, s: int, p: int, cip: bool, divisor):
+    """``(rows, outputs, values)`` of the windows over ``X``'s last dim that its stored elements or the
+    padding reach (float64 values); ``divisor`` 1 gives the window sums."""
+    L, c, div_int = X.shape[-1], X._fill, divisor or w
     rows, x, v = _parts(X)
     lo, hi = _ceil_div(x + p - w + 1, s).clamp(min=0), torch.div(x + p, s, rounding_mode="floor").clamp(max=Lo - 1)
     oL, oR = -(-p // s), (L - 1 + p - (w - 1)) // s  # interior outputs: the window inside [0, L)
     R = _union(rows, lo, hi, _index.numel(X.shape[:-1]), Lo, oL, oR)
     orow, o = R.rows_and_targets()
     win = _pool_windows(w, s, p)[0]
-    interior = func(c.expand(1, 1, 1, w), [1, w], [1, s], [0, 0], False, cip, divisor).reshape(())
     edge, span = R.edges(oL, oR), (-p if s == 1 else None)
     if bool(torch.isfinite(c)):  # sum(v - c) over the window, + c for each of its elements in range
         delta = _window_sums(R, o, x, (v - c)[None], L, win, edge, span)[0]
         vals = (delta + c * w) / div_int
         div, real = _pool_div(o[edge], L, w, s, p, cip, divisor)
         vals[edge] = (delta[edge] + c * real) / div
-        return _build(orow, o, vals.to(interior.dtype), out_shape, interior, X._sf_layout)
+        return orow, o, vals
     sums = _window_sums(R, o, x, torch.stack([v, torch.ones_like(v)]), L, win, edge, span)
     div, real = _pool_div(o, L, w, s, p, cip, divisor)
     n_fill = real - sums[1].round().long()
-    vals = (sums[0] + _fill_term(c.to(sums.dtype), n_fill, n_fill)) / div
-    return _build(orow, o, vals.to(interior.dtype), out_shape, interior, X._sf_layout)
+    return orow, o, (sums[0] + _fill_term(c.to(sums.dtype), n_fill, n_fill)) / div
 
 
 @register(aten.avg_pool2d_backward.default)
@@ -320,11 +326,18 @@ def _avg_pool2d_backward(func, args, kwargs):
     _refuse_indefinite(G, "the gradient of avg_pool")
     if not _pool_supported(X, k, st, pd) or not isinstance(G, SparseTensor) or G.dense_dim():
         return NotImplemented
-    L, Lo, w, s, p = X.shape[-1], G.shape[-1], k[1], st[1], pd[1]
-    g = G._fill
-    finite = bool(torch.isfinite(g))
-    if w % s and not (finite and not bool(g)):  # coverage w/s varies with i mod s: dense
+    w, s, g = k[1], st[1], G._fill
+    if w % s and not (bool(torch.isfinite(g)) and not bool(g)):  # coverage w/s varies with i mod s: dense
         return NotImplemented
+    irow, i, vals = _pool_grad_values(G, X.shape[-1], w, s, pd[1], cip, divisor)
+    return _build(irow, i, vals.to(G.dtype), X.shape, g / (divisor or w) * (w // s), X._sf_layout)
+
+
+def _pool_grad_values(G: SparseTensor, L: int, w: int, s: int, p: int, cip: bool, divisor):
+    """``(rows, inputs, values)`` of the gradient of :func:`_pool_values` where it differs from the
+    interior value ``g / div * (w // s)`` (float64 values)."""
+    Lo, g = G.shape[-1], G._fill
+    finite = bool(torch.isfinite(g))
     rows, o, gv = _parts(G)
     div_int = divisor or w
     oL, oR = -(-p // s), (L - 1 + p - (w - 1)) // s  # interior outputs: the window inside [0, L), divisor w
@@ -350,10 +363,8 @@ def _avg_pool2d_backward(func, args, kwargs):
         w_all[edge] = torch.where(hit, 1 / d, 0).sum(1)
         n_all[edge] = hit.sum(1)
     if finite:
-        vals = sums[0] + g * w_all
-    else:
-        vals = sums[0] + _fill_term(g.to(sums.dtype), w_all - sums[1], n_all - sums[2].round().long())
-    return _build(irow, i, vals.to(gv.dtype), X.shape, g / div_int * (w // s), X._sf_layout)
+        return irow, i, sums[0] + g * w_all
+    return irow, i, sums[0] + _fill_term(g.to(sums.dtype), w_all - sums[1], n_all - sums[2].round().long())
 
 
 # ---------------------------------------------------------------------- conv1d (convolution, 1-d)
@@ -403,6 +414,12 @@ def _convolution(func, args, kwargs):
     out_shape = _meta(func, args, kwargs).shape
     (N, Cin, L), (Cout, Cin_g, w), Lo = X.shape, W.shape, out_shape[-1]
     c, Cout_g = X._fill, Cout // groups
+    interior = func(c.expand(1, Cin, d * (w - 1) + 1), W, bias, [1], [0], [d], False, [0], groups).reshape(Cout)
+    if _moving_sum(W, d, groups):  # one channel per group, equal taps: a window sum per row, scaled
+        orow, o, sums = _pool_values(X, Lo, w, s, p, True, 1)
+        ch = orow % Cout
+        vals = (sums * W[:, 0, 0][ch] + (bias[ch] if bias is not None else 0)).to(X.dtype)
+        return _conv_result(orow, o, vals, interior, out_shape, X._sf_layout)
     rows, x, v = _parts(X)
     order, grow = _grouped(rows, x, Cin, Cin_g, L)
     t, ok, lo, hi = _taps(x[order], w, 1, p, -d, s, Lo)
@@ -415,15 +432,25 @@ def _convolution(func, args, kwargs):
     wt = W[co, (ci % Cin_g)[:, None]]  # (nse, Cout_g, w)
     at = (ostart[n[:, None] * Cout + co] - gstart[grow][:, None])[:, :, None] + dst[:, None, :]
     delta = _scatter(o.numel(), at, ok[:, None, :].expand(at.shape), wt * (v[order] - c)[:, None, None])
-    interior = func(c.expand(1, Cin, d * (w - 1) + 1), W, bias, [1], [0], [d], False, [0], groups).reshape(Cout)
     vals = interior[orow % Cout] + delta
     edge = _conv_edge(orow, o, Cout, c, W, bias, L, s, p, d)
     if edge is not None:
         vals[edge[0]] = edge[1] + delta[edge[0]]
+    return _conv_result(orow, o, vals, interior, out_shape, X._sf_layout)
+
+
+def _moving_sum(W, d: int, groups: int) -> bool:
+    """``W`` maps each channel to itself alone with one weight for all taps: a scaled moving sum, summed
+    by prefix sums (:func:`_pool_values`) in O(nse + outputs) -- the pairs would take O(nse * w)."""
+    return d == 1 and W.shape[1] == 1 and W.shape[0] == groups and bool((W == W[..., :1]).all())
+
+
+def _conv_result(orow, o, vals, interior, out_shape, layout):
+    """The SparseTensor of the outputs (a dense tensor when the channels' interior values differ)."""
     if bool((interior == interior[0]).all()) or bool(interior.isnan().all()):
-        return _build(orow, o, vals, out_shape, interior[0].clone(), X._sf_layout)
+        return _build(orow, o, vals, out_shape, interior[0].clone(), layout)
     out = interior[None, :, None].expand(out_shape).clone()  # per-channel interiors: dense by nature
-    out.view(-1)[orow * Lo + o] = vals
+    out.view(-1)[orow * out_shape[-1] + o] = vals
     return out
 
 
@@ -483,6 +510,10 @@ def _conv_grad_input(G, X, W, s, p, d, groups):
     interior = g * per_res
     if not bool((interior == interior.reshape(-1)[0]).all()):
         return NotImplemented  # the gradient's unspecified elements differ by channel or residue: dense
+    if _moving_sum(W, d, groups):
+        irow, i, vals = _pool_grad_values(G, L, w, s, p, True, 1)
+        vals = (vals * W[:, 0, 0][irow % Cin]).to(X.dtype)
+        return _build(irow, i, vals, X.shape, interior.reshape(-1)[0].clone(), X._sf_layout)
     rows, o, gv = _parts(G)
     order, grow = _grouped(rows, o, Cout, Cout // groups, Lo)
     t, ok, lo, hi = _taps(o[order], w, s, -p, d, 1, L)
