@@ -160,6 +160,18 @@ def test_the_plan_is_cached_per_pattern():
     assert torch.equal(p0.lengths, torch.bincount(idx[1], minlength=6))
 
 
+def test_a_mask_of_the_whole_pattern_is_no_mask(calls):
+    """``mask=masked.pattern_mask(A)`` (or any sparse mask True on exactly A's pattern) masks out nothing."""
+    idx, vals = _pattern((6, 8), 20, seed=8)
+    for layout in (torch.sparse_coo, torch.sparse_csr):
+        A = sparsefill.sparse_coo_tensor(idx, vals, (6, 8), fill_value=sparsefill.indefinite)
+        A = A.to_sparse_csr() if layout is torch.sparse_csr else A
+        out = M.log_softmax(A, 1, mask=M.pattern_mask(A))
+        assert len(calls) == 1
+        assert_close(out._values(), M.log_softmax(A, 1)._values())
+        calls.clear()
+
+
 def test_other_cases_take_the_general_path(calls):
     """A mask, a dtype cast, a defined fill, no stored element, a dense dim: not the edge softmax, and the general
     path's results (a cast: the same values in the new dtype)."""
@@ -171,6 +183,10 @@ def test_other_cases_take_the_general_path(calls):
     assert out.dtype == torch.float32
     assert_close(out._values(), ref.float())
     assert_close(M.softmax(A, 1, mask=torch.ones(5, 5, dtype=torch.bool))._values(), ref)
+    m = M.pattern_mask(A).clone()
+    m._vals[0] = False   # a sparse mask on A's pattern masking an element out: the general path
+    assert_close(M.softmax(A, 1, mask=m)._values(),
+                 torch.masked.softmax(A.to_dense(fill_value=0.), 1, mask=m.to_dense())[tuple(idx)])
     E = sparsefill.sparse_coo_tensor(torch.zeros(2, 0, dtype=torch.int64), torch.zeros(0), (3, 3),
                                      fill_value=sparsefill.indefinite)
     assert M.softmax(E, 1)._nse() == 0 and torch.softmax(E, 1)._nse() == 0

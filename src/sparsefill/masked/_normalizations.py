@@ -49,7 +49,7 @@ from .._tensor import SparseTensor
 from . import _engine as E
 from .. import _segsoftmax
 from ._apply import Result, dense_fallback, dense_mask, run
-from ._canon import Masked, as_sparse, is_sparse
+from ._canon import Masked, _same_indices, as_sparse, is_sparse
 from ._reductions import norm_kernel
 
 __all__ = ["softmax", "log_softmax", "softmin", "normalize", "cumsum", "cumprod"]
@@ -222,6 +222,15 @@ def _normalization(name, input, mask, dim, per_element, c_out, e_out, cast, dens
         return dense_fallback(A, mask, dense_op)
 
 
+def _no_mask(A, mask) -> bool:
+    """``mask`` masks out nothing of an indefinite ``A``'s pattern: None, or a sparse mask on ``A``'s own pattern
+    that is True everywhere there (e.g. ``masked.pattern_mask(A)``)."""
+    if mask is None:
+        return True
+    same = _same_indices(A, mask)
+    return same is not None and bool(same.all())
+
+
 def _dense_ref(dense_op, mask):
     def f(x):
         return dense_op(x, None if mask is None else dense_mask(mask, x))
@@ -282,7 +291,7 @@ def _softmax_like(name, sign, log, c_out, formula, example):
         if isinstance(input, SparseTensor) and nd:
             input._sync()
             d = E.canonical_dims(dim, nd)[0]
-            if mask is None and cast == input.dtype and _segsoftmax.applies(input, d):  # the edge softmax
+            if cast == input.dtype and _segsoftmax.applies(input, d) and _no_mask(input, mask):  # the edge softmax
                 return _segsoftmax.segment_softmax(input, d, sign, log)
 
         def dense_op(x, m):
