@@ -9,12 +9,16 @@ differ.  So, for ``X`` of shape ``(..., L)`` (every dim sparse) with stored posi
     conv1d(X, W, b, s, p, d)[n, co, o] == b[co] + sum_{ci,j} W[co, ci, j] * Xpad[n, ci, o*s - p + d*j]
 
 The result stores the union of the windows over the stored elements and the edge windows: at most
-``nse * w + rows * 2 * (p / s + 1)`` elements, computed in O(nse * w) from the stored elements (a scatter
-over (element, tap) pairs, no sort of them).  The gradients are the transposed windows of the gradient's
-stored elements (as sparse as it is) and a closed form for the fill; ``conv1d``'s weight gradient adds the
-stored pairs (a lookup per (element, tap)).  Where the result is dense by nature -- per output channel
-interiors that differ, a stride that does not divide the window with a nonzero gradient fill -- it is
-returned dense (forward) or computed by the densify fallback (backward).
+``nse * w / s + rows * 2 * (p / s + 1)`` elements (:func:`_union`, runs of consecutive outputs, no sort
+when the sources come sorted).  A moving sum (``avg_pool``; ``conv1d`` with one weight for all taps, one
+channel per group) is a difference of prefix sums over one buffer of the runs (:func:`_window_sums`): O(nse
++ outputs); any other kernel scatters its (element, tap) pairs: O(nse * w * channels).  The gradients are
+the transposed windows of the gradient's stored elements (as sparse as it is) and a closed form for the
+fill; ``conv1d``'s weight gradient adds the stored pairs (a lookup per (element, tap)).  Where the result
+is dense by nature -- per output channel interiors that differ, a stride that does not divide the window
+with a nonzero gradient fill -- it is returned dense (forward) or computed by the densify fallback
+(backward); so is a kernel whose pairs would outnumber 8 times the dense operand's elements (their index
+arrays would take more memory than the dense way).
 
 >>> import torch, torch.nn.functional as F, sparsefill
 >>> x = sparsefill.sparse_coo_tensor([[3]], [8.], (8,), fill_value=5.)
@@ -44,6 +48,7 @@ from .._tensor import SparseTensor
 from .registry import register
 
 aten = torch.ops.aten
+_PAIRS_PER_ELEMENT = 8  # (element, tap) pairs per dense element beyond which a conv goes the dense way
 
 
 # ---------------------------------------------------------------------- the pattern of a windowed scatter
@@ -224,8 +229,7 @@ def _meta(func, args, kwargs):
 def _refuse_indefinite(X, what):
     if isinstance(X, SparseTensor) and X._indefinite:
         raise ValueError(f"sparsefill: {what} of a SparseTensor with indefinite fill: a window over masked-out "
-                         "elements has no dense meaning; give the tensor a fill first (sparsefill.convert(A, "
-                         "fill_value=...))")
+                         "elements has no dense meaning; give the tensor a fill first (A.to_sparse(fill_value=...))")
 
 
 def _scatter(n: int, dst, ok, vals):
@@ -420,6 +424,8 @@ def _convolution(func, args, kwargs):
         ch = orow % Cout
         vals = (sums * W[:, 0, 0][ch] + (bias[ch] if bias is not None else 0)).to(X.dtype)
         return _conv_result(orow, o, vals, interior, out_shape, X._sf_layout)
+    if X._nse() * w * Cout_g > _PAIRS_PER_ELEMENT * X.numel():  # the pairs would outweigh the dense way
+        return NotImplemented
     rows, x, v = _parts(X)
     order, grow = _grouped(rows, x, Cin, Cin_g, L)
     t, ok, lo, hi = _taps(x[order], w, 1, p, -d, s, Lo)
@@ -514,6 +520,8 @@ def _conv_grad_input(G, X, W, s, p, d, groups):
         irow, i, vals = _pool_grad_values(G, L, w, s, p, True, 1)
         vals = (vals * W[:, 0, 0][irow % Cin]).to(X.dtype)
         return _build(irow, i, vals, X.shape, interior.reshape(-1)[0].clone(), X._sf_layout)
+    if G._nse() * w * Cin_g > _PAIRS_PER_ELEMENT * G.numel():  # the pairs would outweigh the dense way
+        return NotImplemented
     rows, o, gv = _parts(G)
     order, grow = _grouped(rows, o, Cout, Cout // groups, Lo)
     t, ok, lo, hi = _taps(o[order], w, s, -p, d, 1, L)
