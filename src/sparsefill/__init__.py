@@ -13,6 +13,8 @@ from ._policy import DensifyError, DensifyWarning, densify_policy, get_densify_p
 from ._tensor import SparseTensor
 from . import ops  # noqa: F401  (fills the op registry)
 from . import masked  # noqa: F401,E402  (sparsefill.masked)
+from . import _compile  # noqa: E402
+_compile._install()  # (torch.compile: sparsefill.masked entry points recorded whole, once torch._dynamo loads)
 from . import segment  # noqa: F401  (sparsefill.segment: the Caffe2 segment operations)
 from . import data  # noqa: F401  (sparsefill.data: DataLoader collate of SparseTensors, registered on import)
 from . import nn  # noqa: F401,E402  (sparsefill.nn: SparseParameter, SparseLinear: sparse weights of fixed pattern)

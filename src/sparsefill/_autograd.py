@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 
 from . import _convert, _index
+from ._compile import traced
 from ._tensor import SparseTensor
 
 
@@ -137,6 +138,8 @@ def _values_on_pattern(G: SparseTensor, P: SparseTensor):
     if G._sf_layout is P._sf_layout and (G._idx is P._idx if P._sf_layout is torch.sparse_coo
                                          else G._crow is P._crow and G._col is P._col):
         return G._vals
+    if traced():  # (torch.compile: equal patterns are not known without reading them; the general path)
+        return None
     (gi, gv), (pi, _) = G._coo_parts(), P._coo_parts()
     return gv if gi.shape == pi.shape and torch.equal(gi, pi) else None
 

@@ -1,45 +1,45 @@
-"""torch.compile support: what AOTAutograd asks of a traceable wrapper subclass beyond flatten/unflatten.
+"""torch.compile support: tracing helpers for the handlers, and what AOTAutograd asks of a traceable wrapper
+subclass beyond flatten/unflatten.
 
 A SparseTensor output of a compiled function that requires grad gets its gradient (the *tangent*) from
-whatever runs after it; the backward graph was traced for a tangent with the output's flatten metadata
-``(layout, indefinite, coalesced)``.  :func:`coerce_tangent` brings a runtime tangent to that form
-without changing the dense tensor it stands for::
+whatever runs after it, of any pattern.  AOTAutograd traces the backward once, for a tangent whose inner
+sizes it takes from the traced one, so the tangent is traced, and every runtime gradient converted, in
+the all-stored form (:func:`all_stored`, nse = the numel of the sparse dims: O(numel) per backward)::
 
     dense_of(coerce_tangent(G, meta)) == dense_of(G)
 
-(an uncoalesced tangent is coalesced, a COO one becomes CSR or back; a coalesced tangent may stand where
-an uncoalesced one was traced).  A definite gradient of an indefinite output keeps only the positions
-the output specifies: the others have no value, so no gradient.
+A gradient that arrives as a dense tensor cannot be converted (torch calls no method of a plain tensor):
+AOTAutograd raises; take ``.to_dense()`` inside the compiled function instead.
 
 >>> import torch, sparsefill
 >>> G = sparsefill.sparse_coo_tensor([[2, 0, 2]], [1., 2., 3.], (4,), fill_value=0.5)
->>> coerce_tangent(G, (torch.sparse_coo, False, True), None).to_dense()
-tensor([2.0000, 0.5000, 4.0000, 0.5000])
+>>> T = coerce_tangent(G, (torch.sparse_coo, False, True, ALL_STORED))
+>>> T._nse(), T.to_dense()
+(4, tensor([2.0000, 0.5000, 4.0000, 0.5000]))
 """
 
 from __future__ import annotations
 
+import importlib.machinery
+import sys
+
 import torch
 
+_FAKE = torch._C._TorchDispatchModeKey.FAKE
+_FUNCTIONAL = torch._C._TorchDispatchModeKey.FUNCTIONAL
 
 
-def traced(t) -> bool:
-    """``t`` is a tracing tensor (FakeTensor, or a FunctionalTensor over one: torch.compile, torch.export)
-    whose data cannot be read on the host."""
-    if type(t) is torch.Tensor or not isinstance(t, torch.Tensor):
-        return False
-    from torch._subclasses.fake_tensor import is_fake
-    return is_fake(t)
+def traced(t=None) -> bool:
+    """``t``'s data cannot be read on the host: torch.compile is compiling (dynamo tracing this code's
+    bytecode, its fake propagation, AOTAutograd's trace) or a FakeTensorMode is active (torch.export, make_fx).
+    Code that branches on data takes its general path then (correct either way)."""
+    return torch.compiler.is_compiling() or torch._C._get_dispatch_mode(_FAKE) is not None
 
 
 def known_true(cond: torch.Tensor) -> bool:
     """``bool(cond)`` on real data; False while tracing, so that a caller's fast path taken only when
     ``cond`` is known true gives way to its general path (correct either way) and reads no data."""
     return False if traced(cond) else bool(cond)
-
-
-_FAKE = torch._C._TorchDispatchModeKey.FAKE
-_FUNCTIONAL = torch._C._TorchDispatchModeKey.FUNCTIONAL
 
 
 def tracing_mode():
@@ -86,22 +86,100 @@ def bincount(ids: torch.Tensor, minlength: int) -> torch.Tensor:
     return ids.new_zeros(minlength, dtype=torch.int64).index_add_(0, ids, torch.ones_like(ids, dtype=torch.int64))
 
 
-def coerce_tangent(G, meta, expected_type=None):
-    """``G`` with the flatten metadata ``meta`` (see the module docstring); None where no exact form exists."""
-    from ._convert import rewrap, to_layout
+ALL_STORED = "all-stored"  # the 4th entry of the flatten metadata of a tangent in the all-stored form
+
+
+def all_stored(G, layout=None):
+    """``G`` with every element of its sparse dims stored (row-major, coalesced), in ``layout`` (default G's),
+    flagged as a tangent: ``dense_of(all_stored(G)) == dense_of(G)``; an indefinite ``G``'s masked-out
+    elements (no gradient) become 0.  Its sizes depend on the shape only (nse = the sparse dims' numel)."""
+    from . import _index
+    from ._convert import dense_of
     from ._tensor import SparseTensor
-    if expected_type is not None and expected_type is not SparseTensor:
-        return None  # a SparseTensor gradient of a dense output: AOTAutograd raises its own clear error
-    layout, indefinite, coalesced = meta[:3]
-    G = G._sync()
-    if G._indefinite and not indefinite:
-        return None  # no value at the unspecified positions: not a gradient of a definite output
-    if G._sf_layout is not layout:
-        G = to_layout(G, layout)
-    elif coalesced and not G._coalesced:
-        G = G.coalesce()
-    if not coalesced and G._coalesced and layout is torch.sparse_coo:
-        G = rewrap(G, coalesced=False)
-    if indefinite and not G._indefinite:
-        G = rewrap(G, fill=G._vals.new_empty(0), indefinite=True, known_zero=False)
+    layout = G._sf_layout if layout is None else layout
+    S, D = tuple(G._sparse_shape), tuple(G._dense_shape)
+    zero = G._vals.new_zeros(D)
+    X = dense_of(G, zero if G._indefinite else None)
+    N = _index.numel(S)
+    vals = X.reshape((N,) + D)
+    fill = G._vals.new_empty(0) if G._indefinite else G._fill
+    if layout is torch.sparse_coo:
+        idx = _index.unravel(torch.arange(N, device=X.device), S)
+        out = SparseTensor(layout, G.shape, vals, fill, indices=idx, indefinite=G._indefinite, coalesced=True)
+    else:
+        batch, (m, n) = S[:-2], S[-2:]
+        crow = (torch.arange(m + 1, device=X.device) * n).expand(batch + (m + 1,))
+        col = torch.arange(n, device=X.device).repeat(m).expand(batch + (m * n,))
+        out = SparseTensor(layout, G.shape, vals.reshape(batch + (m * n,) + D), fill, crow=crow, col=col,
+                           indefinite=G._indefinite)
+    out._tangent = True
+    return out
+
+
+def coerce_tangent(G, meta, expected_type=None):
+    """``G`` in the form of the tangent AOTAutograd traced, flatten metadata ``meta``: the all-stored form
+    (:func:`all_stored`) of the expected layout.  The backward graph was traced for a tangent of sizes
+    known from the output's shape, whatever pattern the runtime gradient has.  None where no exact form
+    exists (a SparseTensor gradient of a dense output: AOTAutograd's own error)."""
+    from ._tensor import SparseTensor
+    if expected_type is not None and expected_type is not SparseTensor or len(meta) < 4 or meta[3] != ALL_STORED:
+        return None
+    layout, indefinite = meta[:2]
+    G = all_stored(G._sync(), layout)
+    if indefinite != G._indefinite:  # (a definite gradient of a masked output: the masked-out values are unused)
+        G._indefinite, G._fill = indefinite, G._vals.new_empty(0) if indefinite else G._vals.new_zeros(())
     return G
+
+
+# ---------------------------------------------------------------------- entry points dynamo records whole
+# Python functions of sparsefill that dynamo cannot trace line by line (they call SparseTensor methods that
+# return metadata, which dynamo puts in its graph as ops, or hold locks): ``torch._dynamo.allow_in_graph``
+# makes each one node of dynamo's graph, run on fake tensors to propagate shapes; AOTAutograd then traces
+# into it (its autograd.Functions included).  Registered when torch._dynamo is first imported, never
+# importing it (3 s of a cold start).
+_IN_GRAPH = {"sparsefill.masked": ("sum", "prod", "cumsum", "cumprod", "amax", "amin", "argmax", "argmin", "mean",
+                                   "median", "norm", "var", "std", "logsumexp", "logaddexp", "softmax",
+                                   "log_softmax", "softmin", "normalize")}
+
+
+def _register_with_dynamo() -> None:
+    """The :data:`_IN_GRAPH` functions recorded whole; sparsefill's other code inlined when traced code calls
+    it (as torch's own modules) but never compiled as a frame of its own: after a graph break sparsefill
+    runs eagerly, where dynamo would otherwise try (and fail, slowly) to compile each of its functions."""
+    import importlib
+    import os
+    dynamo = sys.modules["torch._dynamo"]
+    for module, names in _IN_GRAPH.items():
+        mod = importlib.import_module(module)
+        for name in names:
+            dynamo.allow_in_graph(getattr(mod, name))
+    rules = dynamo.trace_rules
+    rules.BUILTIN_INLINE_WHEN_CALLED.add(os.path.dirname(os.path.abspath(__file__)) + os.sep)
+    rules.add("sparsefill")
+
+
+class _DynamoImportHook:
+    """A ``sys.meta_path`` finder that runs :func:`_register_with_dynamo` right after ``torch._dynamo`` is
+    imported (it finds nothing itself, and removes itself)."""
+
+    def find_spec(self, name, path, target=None):
+        if name != "torch._dynamo":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None:
+            return spec
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            _register_with_dynamo()
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+def _install() -> None:
+    if "torch._dynamo" in sys.modules:
+        _register_with_dynamo()
+    else:
+        sys.meta_path.insert(0, _DynamoImportHook())

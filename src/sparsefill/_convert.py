@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from . import _index
-from ._compile import bincount
+from ._compile import bincount, traced
 from ._reduce import pattern_cached
 from ._tensor import SparseTensor
 
@@ -48,7 +48,8 @@ _CSR_INDEX_CACHE_MAX = 1 << 22  # stored elements of a CSR whose COO indices are
 
 def coalesced_parts(A: SparseTensor):
     """``(indices, values)`` over all non-dense dims, sorted with no duplicates."""
-    if A._sf_layout is torch.sparse_csr and A._crow.dim() == 1 and A._col.numel() <= _CSR_INDEX_CACHE_MAX:
+    if A._sf_layout is torch.sparse_csr and A._crow.dim() == 1 and not traced(A._col) and \
+            A._col.numel() <= _CSR_INDEX_CACHE_MAX:
         # the same index tensors for the same pattern (kept while its crow/col live: 16 bytes per element)
         idx = pattern_cached("csr_indices", (A._crow, A._col), lambda: A._coo_parts()[0])
         return idx, A._vals
@@ -132,11 +133,16 @@ def values_at(S, keys: torch.Tensor, sdim: int) -> torch.Tensor:
         return S.reshape((_index.numel(S.shape[:sdim]),) + tuple(S.shape[sdim:]))[keys]
     idx, vals = coalesced_parts(S)
     pos, found = _index.lookup(_index.linearize(idx, S._sparse_shape), keys)
+    D = tuple(S._dense_shape)
+    if traced(vals):  # (sizes may be unknown: one extra row, read where nothing is found; a runtime check)
+        if S._indefinite:
+            torch._assert_async(found.all(), "values_at: a position is unspecified in a tensor with indefinite fill")
+        got = torch.cat([vals, vals.new_zeros((1,) + D)])[torch.where(found, pos, vals.shape[0])]
+        return got if S._indefinite else torch.where(found.view((-1,) + (1,) * len(D)), got, S._fill)
     if S._indefinite:
         if not bool(found.all()):
             raise ValueError("values_at: a position is unspecified in a tensor with indefinite fill")
         return vals[pos]
-    D = tuple(S._dense_shape)
     got = vals[pos] if vals.shape[0] else vals.new_zeros((keys.numel(),) + D)
     return torch.where(found.view((-1,) + (1,) * len(D)), got, S._fill)
 

@@ -61,7 +61,7 @@ def runs_to_ids(lengths: torch.Tensor, total: int) -> torch.Tensor:
     [1, 1, 3]
     """
     starts = torch.zeros(total + 1, dtype=torch.int64, device=lengths.device)
-    if lengths.numel() > 1:
+    if traced(lengths) or lengths.numel() > 1:  # (traced: the size may be unknown; none or one adds nothing)
         starts.index_add_(0, lengths[:-1].cumsum(0), torch.ones_like(lengths[:-1], dtype=torch.int64))
     return starts[:-1].cumsum(0)
 
@@ -110,6 +110,10 @@ def is_sorted_unique(keys: torch.Tensor) -> bool:
 
 def lookup(sorted_keys: torch.Tensor, query: torch.Tensor):
     """Positions of ``query`` in strictly increasing ``sorted_keys``: ``(pos, found)``; pos is valid where found."""
+    if traced(sorted_keys):  # (the size may be unknown: a sentinel past every key instead of the clamp)
+        padded = torch.cat([sorted_keys, sorted_keys.new_full((1,), _INT64_MAX)])
+        pos = torch.searchsorted(padded, query)
+        return pos.clamp(max=sorted_keys.shape[0] - 1).clamp_(min=0), padded[pos] == query
     if sorted_keys.numel() == 0:
         return torch.zeros_like(query), torch.zeros_like(query, dtype=torch.bool)
     pos = torch.searchsorted(sorted_keys, query).clamp_(max=sorted_keys.numel() - 1)

@@ -378,14 +378,18 @@ class SparseTensor(torch.Tensor):
         names = ["_idx"] if self._sf_layout is torch.sparse_coo else ["_crow", "_col"]
         if type(self._vals) is torch.Tensor and not hasattr(self._vals, "_dynamo_propagated_dynamic_indices"):
             _mark_nse_dynamic(self)
-        return names + ["_vals", "_fill"], (self._sf_layout, self._indefinite, self._coalesced)
+        meta = (self._sf_layout, self._indefinite, self._coalesced)
+        return names + ["_vals", "_fill"], meta + ("all-stored",) if self.__dict__.get("_tangent") else meta
 
     @staticmethod
     def __tensor_unflatten__(inner, ctx, outer_size, outer_stride):
         layout, indefinite, coalesced = ctx[:3]  # (files saved before: a 4th entry, the zero flag, is ignored)
-        return SparseTensor(layout, outer_size, inner["_vals"], inner["_fill"], indices=inner.get("_idx"),
-                            crow=inner.get("_crow"), col=inner.get("_col"), indefinite=indefinite,
-                            coalesced=coalesced)
+        out = SparseTensor(layout, outer_size, inner["_vals"], inner["_fill"], indices=inner.get("_idx"),
+                           crow=inner.get("_crow"), col=inner.get("_col"), indefinite=indefinite,
+                           coalesced=coalesced)
+        if len(ctx) > 3 and ctx[3] == "all-stored":  # a tangent (see _compile.coerce_tangent)
+            out._tangent = True
+        return out
 
     def _stable_hash_for_caching(self) -> str:
         """AOTAutograd's cache key of this tensor: its metadata and its inner tensors' (no data)."""
@@ -396,14 +400,15 @@ class SparseTensor(torch.Tensor):
         return hashlib.blake2b(repr(key).encode(), digest_size=16).hexdigest()
 
     def __coerce_tangent_metadata__(self):
-        """AOTAutograd's tangent of a SparseTensor output: as it comes (any pattern, coalesced or not; a
-        view is caught up with its base first)."""
-        return self._sync()
+        """AOTAutograd traces the gradient of a SparseTensor output in the all-stored form (sizes from the
+        shape only: a runtime gradient may have any pattern; see ``_compile.coerce_tangent``)."""
+        from ._compile import all_stored
+        return all_stored(self._sync())
 
     def __coerce_same_metadata_as_tangent__(self, expected_metadata, expected_type=None):
         """The incoming gradient ``self`` in the form the traced backward expects (``expected_type`` and the
-        flatten metadata ``(layout, indefinite, coalesced)``), its dense tensor unchanged: coalesced or of
-        the other layout; None where no exact form exists (see ``_compile.coerce_tangent``)."""
+        flatten metadata): the all-stored form of the expected layout, its dense tensor unchanged; None where
+        no exact form exists (see ``_compile.coerce_tangent``)."""
         from ._compile import coerce_tangent
         return coerce_tangent(self, expected_metadata, expected_type)
 

@@ -21,6 +21,7 @@ import functools
 import torch
 
 from .. import _index
+from .._compile import traced
 from .._reduce import group_slices
 from ._canon import Masked
 
@@ -211,7 +212,7 @@ def _group(idx, S, red_s):
         counts = torch.diff(torch._convert_indices_from_coo_to_csr(keys, nk))
         out_keys = (counts > 0).nonzero().squeeze(1)
         counts = counts[out_keys]
-        seg = keys if out_keys.numel() == nk else _index.runs_to_ids(counts, k)
+        seg = keys if not traced(keys) and out_keys.numel() == nk else _index.runs_to_ids(counts, k)
         return seg, _index.unravel(out_keys, kshape), _index.numel([S[d] for d in red_s]) - counts, counts
     out_keys, seg, counts = torch.unique_consecutive(keys, return_inverse=True, return_counts=True)
     return seg, _index.unravel(out_keys, kshape), _index.numel([S[d] for d in red_s]) - counts, counts

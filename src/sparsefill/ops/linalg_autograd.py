@@ -40,7 +40,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from .. import _index
-from .._compile import bincount
+from .._compile import bincount, traced
 from .._autograd import Construct, SameDense, _pattern
 from .._convert import coalesced_parts, parts_to_sparse, rewrap, scalar_parts
 from .._tensor import SparseTensor
@@ -164,7 +164,7 @@ def _sampled(A: SparseTensor, U: torch.Tensor, V: torch.Tensor):
     k = V.shape[1]
     r, c = (sidx[0], sidx[1]) if A.dim() == 2 else (sidx[0] * m + sidx[1], sidx[0] * k + sidx[2])
     U2, V2 = U.reshape(nb * m, n), V.reshape(nb * k, n)
-    if U.dtype in (torch.float32, torch.float64) and r.numel():
+    if U.dtype in (torch.float32, torch.float64) and not traced() and r.numel():  # (torch's kernel: no trace)
         crow = torch.cat([r.new_zeros(1), bincount(r, nb * m).cumsum(0)])
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # "Sparse CSR tensor support is in beta state"

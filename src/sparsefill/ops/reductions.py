@@ -23,6 +23,7 @@ import torch
 from torch.utils._pytree import tree_map_only
 
 from .. import _index
+from .._compile import traced
 from .._convert import coalesced_parts, dense_of, parts_to_sparse
 from .._reduce import Norm, REDUCERS, first_gap, group_slices, segment_arg, segment_combine, segment_counts
 from .._policy import check_densify
@@ -102,7 +103,7 @@ def reduce_dims(A: SparseTensor, name: str, dims, keepdim: bool, out_meta: torch
     if max(kept) < min(sp):  # the slices are contiguous runs of the (coalesced) stored elements
         kw["lengths"] = N - n_fill
     if rows is not None and type(r) is type(REDUCERS["sum"]) and r.mode == "sum" and r.pre is None \
-            and vals.dim() == 1 and vals.dtype in (torch.float32, torch.float64):
+            and vals.dim() == 1 and vals.dtype in (torch.float32, torch.float64) and not traced(vals):
         sums = _csr_row_sums(A)
         kw["combined"] = sums if S == sums.shape[0] else sums[out_idx[0]]
     out_vals = r(vals, seg, S, **kw)
@@ -121,7 +122,8 @@ def _csr_rows(A: SparseTensor):
     if A._sf_layout is not torch.sparse_csr or A._crow.dim() != 1:
         return None
     counts = A._crow.diff()
-    if not A._indefinite and 2 * int(torch.count_nonzero(counts)) > counts.numel():  # mostly non-empty: all rows
+    if not A._indefinite and (traced(counts) or 2 * int(torch.count_nonzero(counts)) > counts.numel()):
+        # mostly non-empty (traced: sizes known): all rows
         return None, torch.arange(counts.numel(), device=counts.device)[None], A.shape[1] - counts
     rows = counts.nonzero().reshape(1, -1)
     lengths = counts[rows[0]]

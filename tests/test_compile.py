@@ -1,0 +1,194 @@
+"""torch.compile (issue 14): compiled functions of SparseTensors give the eager result, forward and gradients of
+values and fill, with ``fullgraph=True`` and no recompile when the pattern (and its nse) changes::
+
+    compiled(A)            == f(A)                      (densified, equal_nan)
+    grad(values, fill)     == eager grad(values, fill)
+
+Backends: ``eager`` (dynamo, SparseTensor ops run by sparsefill's handlers), ``aot_eager`` (AOTAutograd
+traces the handlers into aten ops on the inner tensors, forward and backward) and ``inductor`` on a few
+cases (its compile is slow).  Each case is compiled once, warmed up on two patterns of different nse, then
+run on a third with ``error_on_recompile``.  Where a handler cannot trace, compiling without ``fullgraph``
+graph-breaks and gives the eager result.
+"""
+
+import warnings
+
+import pytest
+import torch
+import torch._dynamo
+
+import sparsefill
+
+pytestmark = pytest.mark.filterwarnings("ignore")
+
+SHAPE = (6, 5)
+X = torch.linspace(-1, 1, 15, dtype=torch.float64).reshape(5, 3)
+Y = torch.linspace(-1, 2, 24, dtype=torch.float64).reshape(4, 6)
+
+
+def make(nse, seed, *, layout=torch.sparse_coo, dense=(), fill=0.5):
+    """``(A, values, fill)``: a coalesced SparseTensor of ``nse`` stored elements built from leaves that
+    require grad (fill None: indefinite, no fill leaf)."""
+    g = torch.Generator().manual_seed(seed)
+    keys = torch.randperm(SHAPE[0] * SHAPE[1], generator=g)[:nse].sort().values
+    idx = torch.stack([keys // SHAPE[1], keys % SHAPE[1]])
+    vals = torch.randn((nse,) + dense, generator=g, dtype=torch.float64).requires_grad_()
+    f = sparsefill.indefinite if fill is None else torch.tensor(fill, dtype=torch.float64).requires_grad_()
+    A = sparsefill.sparse_coo_tensor(idx, vals, SHAPE + dense, fill_value=f)
+    return (A.to_sparse_csr() if layout is torch.sparse_csr else A), vals, f
+
+
+def dense(out):
+    if isinstance(out, sparsefill.SparseTensor):
+        return out.to_dense(fill_value=float("nan")) if out._indefinite else out.to_dense()
+    return out
+
+
+def weighted(out):
+    """A loss that weighs every element differently (a plain sum would hide misplaced gradients)."""
+    d = dense(out)
+    if isinstance(out, sparsefill.SparseTensor) and out._indefinite:
+        d = torch.nan_to_num(d)
+    return (d * torch.linspace(0.1, 1, d.numel(), dtype=d.dtype).view(d.shape)).sum()
+
+
+CASES = {
+    "unary": lambda A, B: torch.exp(A * -8) + 1,
+    "same_pattern": lambda A, B: A * A.exp() - A / 3,
+    "scalar_0d": lambda A, B: A * torch.tensor(2.0, dtype=torch.float64) + 1.5,
+    "dense_dims": lambda A, B: A * torch.linspace(1, 2, A.shape[-1], dtype=A.dtype),  # (hybrid: over the dense dim)
+    "union": lambda A, B: A + B,
+    "sum": lambda A, B: A.sum(),
+    "sum_dim": lambda A, B: A.sum(1),
+    "amax_dim": lambda A, B: A.amax(0),
+    "softmax": lambda A, B: torch.softmax(A, 1),
+    "A@X": lambda A, B: A @ X,
+    "Y@A": lambda A, B: Y @ A,
+    "masked_softmax": lambda A, B: sparsefill.masked.softmax(A, 1),
+}
+
+
+def run_case(name, backend, layout=torch.sparse_coo, dense_shape=(), fill=0.5):
+    fn = CASES[name]
+    torch._dynamo.reset()
+    out_c = torch.compile(fn, backend=backend, fullgraph=True)
+    loss_c = torch.compile(lambda A, B: weighted(fn(A, B)), backend=backend, fullgraph=True)
+    kw = dict(layout=layout, dense=dense_shape, fill=fill)
+    leaves = (lambda v, f: [v]) if fill is None else (lambda v, f: [v, f])
+    for step, (na, nb) in enumerate([(8, 6), (11, 9), (13, 4)]):
+        with torch._dynamo.config.patch(error_on_recompile=step == 2):
+            A, va, fa = make(na, 2 * step, **kw)
+            B, _, _ = make(nb, 2 * step + 1, **{**kw, "fill": -0.25 if fill is not None else None})
+            torch.testing.assert_close(dense(out_c(A, B)), dense(fn(A, B)), equal_nan=True)
+            got = torch.autograd.grad(loss_c(A, B), leaves(va, fa))
+            want = torch.autograd.grad(weighted(fn(A, B)), leaves(va, fa))
+            torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("name", [n for n in CASES if n not in ("masked_softmax", "dense_dims")])
+def test_eager_backend_coo(name):
+    run_case(name, "eager")
+
+
+@pytest.mark.parametrize("name", ["unary", "union", "sum_dim", "softmax", "A@X", "Y@A"])
+def test_eager_backend_csr(name):
+    run_case(name, "eager", torch.sparse_csr)
+
+
+@pytest.mark.parametrize("name", ["unary", "dense_dims", "union", "sum", "sum_dim"])
+def test_eager_backend_hybrid(name):
+    run_case(name, "eager", dense_shape=(3,))
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("layout", [torch.sparse_coo, torch.sparse_csr])
+def test_masked_softmax_indefinite(backend, layout):
+    """``sparsefill.masked.softmax`` of a masked (indefinite-fill) tensor: recorded whole by dynamo."""
+    run_case("masked_softmax", backend, layout, fill=None)
+
+
+@pytest.mark.parametrize("name", ["unary", "same_pattern", "union", "sum", "sum_dim", "amax_dim", "softmax",
+                                  "A@X", "Y@A"])
+def test_aot_eager_coo(name):
+    run_case(name, "aot_eager")
+
+
+@pytest.mark.parametrize("name,layout,dense_shape", [
+    ("union", torch.sparse_csr, ()), ("sum_dim", torch.sparse_csr, ()), ("A@X", torch.sparse_csr, ()),
+    ("dense_dims", torch.sparse_coo, (3,)), ("sum_dim", torch.sparse_coo, (3,))])
+def test_aot_eager_csr_hybrid(name, layout, dense_shape):
+    run_case(name, "aot_eager", layout, dense_shape)
+
+
+@pytest.mark.parametrize("name", ["unary", "A@X"])
+def test_inductor(name):
+    run_case(name, "inductor")
+
+
+def test_sparse_output_gradient_through_sparse_ops():
+    """A compiled function that returns a SparseTensor: the gradient that reaches it from sparsefill ops
+    (a SparseTensor tangent, of another pattern than the traced one) goes through the compiled backward."""
+    torch._dynamo.reset()
+    f = torch.compile(lambda A: torch.exp(A * -8) + 1, backend="aot_eager", fullgraph=True)
+    for nse, seed in [(8, 0), (12, 1)]:
+        A, va, fa = make(nse, seed)
+        B, _, _ = make(5, seed + 7)
+        got = torch.autograd.grad((f(A) * B).sum(), [va, fa])  # (mul's backward: a SparseTensor of B's pattern)
+        want = torch.autograd.grad(((torch.exp(A * -8) + 1) * B).sum(), [va, fa])
+        torch.testing.assert_close(got, want)
+
+
+def test_graph_break_never_an_error():
+    """Without fullgraph, an op whose handler does not trace (sparse @ sparse: torch's native sparse kernels)
+    is a graph break and the result is the eager one; with fullgraph the break is reported."""
+    fn = lambda A, B: torch.exp((A @ B.t()) * -1) + 1  # noqa: E731
+    A, _, _ = make(8, 0)
+    B, _, _ = make(9, 1)
+    torch._dynamo.reset()
+    torch.testing.assert_close(dense(torch.compile(fn, backend="eager")(A, B)), dense(fn(A, B)))
+    torch._dynamo.reset()
+    with pytest.raises(torch._dynamo.exc.Unsupported, match="sparsefill"):
+        torch.compile(fn, backend="eager", fullgraph=True)(A, B)
+
+
+def test_metadata_reads_no_data_and_marks_nse_dynamic():
+    """``__tensor_flatten__``: metadata from no data (a fake fill would raise on a read), the nse dims of the
+    inner tensors dynamic; ``__tensor_unflatten__`` accepts the 4-entry metadata of files saved before."""
+    A, _, _ = make(8, 0)
+    names, meta = A.__tensor_flatten__()
+    assert names == ["_idx", "_vals", "_fill"] and meta == (torch.sparse_coo, False, True)
+    assert A._idx._dynamo_propagated_dynamic_indices == {1} and A._vals._dynamo_propagated_dynamic_indices == {0}
+    inner = {n: getattr(A, n) for n in names}
+    old = sparsefill.SparseTensor.__tensor_unflatten__(inner, meta + (False,), A.shape, None)
+    torch.testing.assert_close(old.to_dense(), A.to_dense())
+    C, _, _ = make(8, 0, layout=torch.sparse_csr)
+    names, meta = C.__tensor_flatten__()
+    assert names == ["_crow", "_col", "_vals", "_fill"] and meta == (torch.sparse_csr, False, True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+            F = sparsefill.SparseTensor(torch.sparse_coo, A.shape, mode.from_tensor(A._vals.detach()),
+                                        mode.from_tensor(A._fill.detach()), indices=mode.from_tensor(A._idx),
+                                        coalesced=True)
+            assert F.__tensor_flatten__()[1] == (torch.sparse_coo, False, True)
+            assert not F._fill_is_zero()  # (structural only: never read)
+
+
+def test_coerce_tangent():
+    """A SparseTensor tangent is traced and converted in the all-stored form (sizes from the shape only), its
+    dense tensor kept: uncoalesced, either layout, indefinite; a dense output's tangent has no such form."""
+    from sparsefill._compile import ALL_STORED, coerce_tangent
+    G = sparsefill.sparse_coo_tensor([[2, 0, 2], [1, 1, 1]], [1., 2., 3.], (3, 2), fill_value=0.5)
+    for layout in (torch.sparse_coo, torch.sparse_csr):
+        for T in (G, G.to_sparse_csr()):
+            H = coerce_tangent(T, (layout, False, True, ALL_STORED))
+            assert H.__tensor_flatten__()[1] == (layout, False, True, ALL_STORED) and H._nse() == 6
+            torch.testing.assert_close(H.to_dense(), G.to_dense())
+            K = sparsefill.SparseTensor.__tensor_unflatten__(
+                {n: getattr(H, n) for n in H.__tensor_flatten__()[0]}, H.__tensor_flatten__()[1], H.shape, None)
+            assert K.__tensor_flatten__()[1][-1] == ALL_STORED
+    M = sparsefill.sparse_coo_tensor([[0]], [1.], (2,), fill_value=sparsefill.indefinite)
+    torch.testing.assert_close(coerce_tangent(M, (torch.sparse_coo, True, True, ALL_STORED)).to_dense(fill_value=9.),
+                               torch.tensor([1., 0.]))
+    assert coerce_tangent(G, (torch.sparse_coo, False, True, ALL_STORED), torch.Tensor) is None
