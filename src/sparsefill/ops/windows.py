@@ -99,8 +99,21 @@ class _Runs(NamedTuple):
 def _union(rows, lo, hi, n_rows: int, T: int, tL: int, tR: int, presorted: bool = True) -> _Runs:
     """Per row, the union of the sources' target intervals ``[lo, hi]`` (empty where ``lo > hi``) and of the
     edge targets ``t < tL`` and ``t > tR`` (every row).  ``presorted``: the sources are sorted by row, then
-    by ``lo`` (the edges are put in place without a sort)."""
+    by ``lo``, with ``hi`` non-decreasing too (the edges are put in place without a sort, and the sources
+    whose intervals touch -- a run of stored elements -- are merged first, in one pass)."""
     dev, n = lo.device, lo.numel()
+    if presorted and n > 1:
+        ok = lo <= hi
+        touch = (lo[1:] <= hi[:-1] + 1) & ok[1:] & ok[:-1]
+        if n_rows > 1:
+            touch &= rows[1:] == rows[:-1]
+        if bool(touch.any()):  # one interval per group of touching ones: the union of fewer intervals
+            first = torch.ones(n, dtype=torch.bool, device=dev)
+            first[1:] = ~touch
+            at = first.nonzero().squeeze(1)
+            last = torch.cat([at[1:] - 1, at.new_full((1,), n - 1)])
+            R = _union(rows[at], lo[at], hi[last], n_rows, T, tL, tR)
+            return R._replace(run=R.run[first.cumsum(0) - 1])
     perm = None
     if not presorted:
         perm = torch.sort(rows * (T + 1) + lo.clamp(0, T), stable=True)[1]
