@@ -10,6 +10,9 @@ gradient of the SparseTensor ``A`` as the dense ``G @ X^T`` (N x N) before any h
 * any other function mixing a SparseTensor with a dense tensor that requires grad sees that
   tensor through :class:`DenseGrad`, so its gradient is dense: a dense leaf's ``.grad`` is a
   dense tensor (torch's contract), never a SparseTensor;
+* ``A.requires_grad_()`` / ``A.requires_grad = True`` (``nn.Parameter(A)`` too) on a SparseTensor leaf
+  registers ``_autograd.LeafGradHook``: its ``.grad`` is a SparseTensor of its layout and dense dims,
+  the gradient represented exactly (torch's contract: a leaf's gradient has the leaf's type);
 * ``torch.sparse.sum(A)`` (``torch._sparse_sum``, whose composite body calls ``coalesce``, which
   checks for torch's sparse layout) is ``A.sum()``, in every grad mode;
 * everything else (and everything with grad mode off) passes through as
@@ -22,6 +25,10 @@ gradient of the SparseTensor ``A`` as the dense ``G @ X^T`` (N x N) before any h
 >>> (A * w).sum().backward()
 >>> type(w.grad).__name__, w.grad.tolist()
 ('Tensor', [[3.0, 1.0], [2.0, 3.0]])
+>>> L = A.detach().requires_grad_()
+>>> (L * w).sum().backward()
+>>> type(L.grad).__name__, L.grad.sparse_layout, L.grad.to_dense().tolist()
+('SparseTensor', torch.sparse_coo, [[1.0, 1.0], [1.0, 1.0]])
 """
 
 from __future__ import annotations
