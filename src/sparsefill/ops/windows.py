@@ -227,7 +227,8 @@ def _build(rows, t, vals, shape, fill, layout) -> SparseTensor:
     """The SparseTensor of ``shape`` holding ``vals`` at the union's targets (rows over ``shape[:-1]``)."""
     lead = shape[:-1]
     if _index.numel(lead) == 1:
-        idx = torch.cat([rows.new_zeros((len(lead), rows.numel())), t[None]])
+        idx = t.new_zeros((len(shape), t.numel()))
+        idx[-1] = t
     else:
         idx = torch.cat([_index.unravel(rows, lead), t[None]])
     return parts_to_sparse(idx, vals, shape, fill, layout=layout, coalesced=True)
@@ -361,26 +362,34 @@ def _pool_grad_values(G: SparseTensor, L: int, w: int, s: int, p: int, cip: bool
     iL, iR = oL * s - p + w - 1, oR * s - p  # interior inputs: every covering output interior
     R = _union(rows, (o * s - p).clamp(min=0), (o * s - p + w - 1).clamp(max=L - 1), _index.numel(G.shape[:-1]),
                L, iL, iR)
-    inv = torch.full(o.shape, 1 / div_int, dtype=torch.float64, device=o.device)
-    oedge = ((o < oL) | (o > oR)).nonzero().squeeze(1)
-    inv[oedge] = 1 / _pool_div(o[oedge], L, w, s, p, cip, divisor)[0].to(torch.float64)
+    oedge = ((o < oL) | (o > oR)).nonzero().squeeze(1)  # (their divisors differ)
+    inv_edge = 1 / _pool_div(o[oedge], L, w, s, p, cip, divisor)[0].to(torch.float64)
     irow, i = R.rows_and_targets()
     win = _pool_windows(w, s, p)[1]
-    cols = ((gv - g) * inv)[None] if finite else torch.stack([gv * inv, inv, torch.ones_like(inv)])
     edge = R.edges(iL, iR)
-    sums = _window_sums(R, i, o, cols, Lo, win, edge, (p - w + 1) if s == 1 else None)
-    m = i.numel()
-    w_all = torch.full((m,), w // s / div_int, dtype=sums.dtype, device=gv.device)
-    n_all = torch.full((m,), w // s, dtype=torch.int64, device=gv.device)
     if edge.numel():  # the covering outputs of the edge inputs, one by one
         num = i[edge, None] + p - torch.arange(w, device=i.device)
         oo = torch.div(num, s, rounding_mode="floor")
         hit = (oo * s == num) & (oo >= 0) & (oo < Lo)
-        d = _pool_div(oo.clamp(0, max(Lo - 1, 0)), L, w, s, p, cip, divisor)[0].to(sums.dtype)
-        w_all[edge] = torch.where(hit, 1 / d, 0).sum(1)
-        n_all[edge] = hit.sum(1)
-    if finite:
-        return irow, i, sums[0] + g * w_all
+        d = _pool_div(oo.clamp(0, max(Lo - 1, 0)), L, w, s, p, cip, divisor)[0].to(torch.float64)
+        w_edge, n_edge = torch.where(hit, 1 / d, 0).sum(1), hit.sum(1)
+    else:
+        w_edge, n_edge = torch.zeros(0, dtype=torch.float64), torch.zeros(0, dtype=torch.int64)
+    w_int = w // s / div_int  # the total weight of the covering outputs of an interior input
+    if finite:  # sum((G - g) / div) over the covering outputs, + g times their total weight
+        cols = (gv - g).to(torch.float64) / div_int
+        cols[oedge] = (gv[oedge] - g) * inv_edge
+        vals = _window_sums(R, i, o, cols[None], Lo, win, edge, (p - w + 1) if s == 1 else None)[0]
+        vals += g * w_int
+        vals[edge] += g * (w_edge - w_int)
+        return irow, i, vals
+    inv = torch.full(o.shape, 1 / div_int, dtype=torch.float64, device=o.device)
+    inv[oedge] = inv_edge
+    sums = _window_sums(R, i, o, torch.stack([gv * inv, inv, torch.ones_like(inv)]), Lo, win, edge,
+                        (p - w + 1) if s == 1 else None)
+    w_all = torch.full((i.numel(),), w_int, dtype=sums.dtype, device=gv.device)
+    n_all = torch.full((i.numel(),), w // s, dtype=torch.int64, device=gv.device)
+    w_all[edge], n_all[edge] = w_edge, n_edge
     return irow, i, sums[0] + _fill_term(g.to(sums.dtype), w_all - sums[1], n_all - sums[2].round().long())
 
 
