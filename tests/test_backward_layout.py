@@ -435,3 +435,31 @@ def test_optimizers_step_a_sparse_parameter_with_varying_gradients(opt_cls, layo
         _is_leaf_grad_of(P.grad, P)
         assert type(P) is sparsefill.SparseTensor
         torch.testing.assert_close(P.detach().to_dense(), D.detach())
+
+
+def test_sparse_leaf_gradient_edge_cases():
+    """Batched CSR, 0-d (stored or not), 0-size and nothing-stored leaves: a SparseTensor ``.grad`` of the
+    leaf's layout, equal to the dense gradient."""
+    g = torch.Generator().manual_seed(7)
+    idx = [[0, 0, 1, 1], [0, 1, 0, 2], [1, 0, 2, 2]]
+    B = sparsefill.sparse_coo_tensor(idx, torch.randn(4, generator=g, dtype=torch.float64), (2, 3, 3),
+                                     fill_value=1.5).to_sparse_csr()
+    cases = [
+        (B, lambda T: (T * torch.linspace(0, 1, 18, dtype=torch.float64).view(2, 3, 3)).sum()),
+        (B, lambda T: (T @ torch.ones(2, 3, 2, dtype=torch.float64)).square().sum()),
+        (sparsefill.sparse_coo_tensor(torch.zeros(0, 1, dtype=torch.long), [2.], (), fill_value=1.),
+         lambda T: T * 3),
+        (sparsefill.sparse_coo_tensor(torch.zeros(0, 0, dtype=torch.long), torch.zeros(0), (), fill_value=1.),
+         lambda T: T * torch.tensor(3.)),
+        (sparsefill.sparse_coo_tensor(torch.zeros(2, 0, dtype=torch.long), torch.zeros(0), (0, 3), fill_value=1.),
+         lambda T: (T * torch.ones(0, 3)).sum()),
+        (sparsefill.sparse_coo_tensor(torch.zeros(2, 0, dtype=torch.long), torch.zeros(0), (2, 3), fill_value=1.),
+         lambda T: (T * torch.arange(6.).view(2, 3)).sum()),
+    ]
+    for A0, fn in cases:
+        A = A0.detach().requires_grad_()
+        fn(A).backward()
+        d = A0.detach().to_dense().requires_grad_()
+        fn(d).backward()
+        _is_leaf_grad_of(A.grad, A)
+        torch.testing.assert_close(A.grad.to_dense(), d.grad)
