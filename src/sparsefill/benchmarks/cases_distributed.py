@@ -199,8 +199,9 @@ def _print_all_reduce(shape, rounds, reps):
                   f"{r['native_bytes']:,} | {t['sparsefill sparse'] * 1e3:.2f} ms | {t['sparsefill auto'] * 1e3:.2f} ms"
                   f" | {t['dense all_reduce'] * 1e3:.2f} ms | {t['torch sparse COO'] * 1e3:.2f} ms | "
                   f"{t['sparsefill sparse'] / t['dense all_reduce']:.2f} | {r['load']:.1f} |")
-    print(f"\nbyte crossover (the sparse payload per rank equals the dense ring's; 'auto' turns dense past it): "
-          f"{', '.join(cross)}")
+    from sparsefill.distributed._collectives import DENSE_BYTES_RATIO
+    print(f"\nbyte crossover (the sparse payload per rank equals the dense ring's): {', '.join(cross)}; 'auto' "
+          f"turns dense at {DENSE_BYTES_RATIO} of it")
 
 
 def _print_sharded(quick, rounds, reps):

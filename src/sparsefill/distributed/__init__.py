@@ -13,6 +13,16 @@ any data moves the ranks exchange a small header and compare shapes, dtypes, lay
 mismatch raises the same error on every rank.  This module adds options to the same calls
 (``algorithm=`` of :func:`all_reduce`) and :data:`traffic`, the bytes sent and received.
 
+>>> import torch, torch.distributed as dist, sparsefill
+>>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)  # (one process here)
+>>> A = sparsefill.sparse_coo_tensor([[0, 3]], [1., 2.], (5,), fill_value=0.5)
+>>> dist.all_reduce(A, op=dist.ReduceOp.MAX)
+>>> A.to_dense(), A._nse()
+(tensor([1.0000, 0.5000, 0.5000, 2.0000, 0.5000]), 2)
+>>> traffic.reset(); all_reduce(A, algorithm="dense"); A._nse()    # the dense way re-specifies against the fill
+2
+>>> dist.destroy_process_group()
+
 Training: :func:`data_parallel` (DDP for what it can bucket, gradient hooks with these collectives for
 SparseTensor parameters and sparse-gradient tables; ``_ddp.py``); :class:`RowShardedEmbeddingBag`
 (a table split by rows over the ranks, ids and rows moved by ``all_to_all_single``; ``_sharded.py``).
@@ -23,7 +33,7 @@ from __future__ import annotations
 import torch.distributed as dist
 
 from . import _c10d  # noqa: F401  (registers the c10d handlers)
-from ._collectives import ALGORITHM, DENSE_BYTES_RATIO, dense_bytes  # noqa: F401
+from ._collectives import ALGORITHM, dense_bytes  # noqa: F401
 from ._combine import combine
 from ._ddp import GradSync, average, data_parallel
 from ._sharded import RowShardedEmbeddingBag
@@ -41,7 +51,8 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, *, algorithm
     """``dist.all_reduce(tensor, op, group, async_op)`` (SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR, BXOR), with
     ``algorithm`` for a SparseTensor: ``"sparse"`` moves the stored elements (the result has the union
     pattern), ``"dense"`` all-reduces the dense tensor (the result stores what differs from the reduced
-    fill), ``"auto"`` picks the one that moves fewer bytes (see ``DENSE_BYTES_RATIO``).  AVG of floating
+    fill), ``"auto"`` takes the dense way once the ranks' sparse payloads exceed a quarter of a dense ring
+    all-reduce's bytes (``_collectives.DENSE_BYTES_RATIO``; never for an indefinite fill).  AVG of floating
     dtypes is computed as SUM / W on every backend."""
     token = ALGORITHM.set(algorithm)
     try:

@@ -5,9 +5,9 @@ Rank ``r`` owns rows ``[r * R, (r + 1) * R)``, ``R = ceil(num_embeddings / W)``.
 
 1. the ids are bucketed by owner; counts first (``all_to_all_single``, with a status word: an id out of
    range or a table configured differently raises the same error on every rank), then the ids;
-2. each owner gathers its rows; they come back (``all_to_all_single``) and are pooled per bag here
-   (``pool="owner"``: each id travels with its bag, owners send back partial sums per (requester, bag),
-   summed here: TorchRec's row-wise pooling, fewer bytes back when a bag holds several ids of one owner);
+2. ``pool="owner"`` (the default for ``mode`` sum and mean: TorchRec's row-wise pooling): each id travels
+   with its bag, owners sum their rows per (requester, bag) and send back the partial sums, summed here;
+   ``pool="requester"`` (any ``segment.reduce`` mode): owners send back the rows, pooled here;
 3. backward sends the gradient rows back to their owners, whose shard gets a sparse COO gradient
    (one row per id looked up: what ``segment.SparseAdagrad`` / ``rowwise_sparse_adagrad`` consume).
 
@@ -38,9 +38,11 @@ class RowShardedEmbeddingBag(nn.Module):
     """``nn.EmbeddingBag``-like pooling over a table whose rows are split over ``group`` (see the module
     docstring).  ``weight`` is this rank's shard, ``(hi - lo, embedding_dim)`` for rows ``[lo, hi)``."""
 
-    def __init__(self, num_embeddings: int, embedding_dim: int, *, mode: str = "sum", pool: str = "requester",
+    def __init__(self, num_embeddings: int, embedding_dim: int, *, mode: str = "sum", pool: str | None = None,
                  group=None, average_grad: bool = True, dtype=None, device=None, _shard=None):
         super().__init__()
+        if pool is None:  # (owners pool sums and means: fewer bytes, no id-sized gradient back; measured faster)
+            pool = "owner" if mode in ("sum", "mean") else "requester"
         if pool not in ("requester", "owner"):
             raise ValueError(f"pool must be 'requester' or 'owner', got {pool!r}")
         if pool == "owner" and mode not in ("sum", "mean"):
