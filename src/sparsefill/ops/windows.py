@@ -66,9 +66,13 @@ class _Runs(NamedTuple):
         return int(self.length.sum())
 
     def rows_and_targets(self):
-        """``(row, t)`` of every target of the union, row-major sorted (no division)."""
+        """``(row, t)`` of every target of the union, row-major sorted (no division; ``row`` a stride-0 view
+        when every run is in one row)."""
         n = self.numel()
-        rows = torch.repeat_interleave(self.row, self.length, output_size=n)
+        if not self.row.numel() or bool((self.row == self.row[0]).all()):
+            rows = (self.row[:1] if self.row.numel() else self.row.new_zeros(1)).expand(n)
+        else:
+            rows = torch.repeat_interleave(self.row, self.length, output_size=n)
         t = torch.arange(n, device=self.row.device) + torch.repeat_interleave(self.first - self.offset, self.length,
                                                                               output_size=n)
         return rows, t
