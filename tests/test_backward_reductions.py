@@ -525,14 +525,15 @@ def test_partial_reductions_have_no_temporary_of_the_input_size(op, layout, fill
 @pytest.mark.parametrize("fill", [0.0, 2.5, NAN], ids=str)
 @pytest.mark.parametrize("layout", ["coo", "csr", "uncoalesced"])
 @pytest.mark.parametrize("chain", ["(2*A).sum(1)", "exp(A).amax(0)", "(A+A*A).mean(0)", "(A*s).var(1)",
-                                   "sigmoid(A).logsumexp(1)"])
+                                   "sigmoid(A).logsumexp(1)", "(2*A).t().sum(1)"])
 def test_partial_reductions_of_computed_tensors(chain, layout, fill):
     """A reduction keeping a sparse dim of a definite-fill tensor computed by element-wise ops (a derivative
     the same at every unspecified element) is routed; the gradients equal the dense ones."""
     s = torch.tensor(1.5, dtype=torch.float64)
     fn = {"(2*A).sum(1)": lambda A: (2 * A).sum(1), "exp(A).amax(0)": lambda A: torch.exp(A).amax(0),
           "(A+A*A).mean(0)": lambda A: (A + A * A).mean(0), "(A*s).var(1)": lambda A: (A * s).var(1),
-          "sigmoid(A).logsumexp(1)": lambda A: torch.sigmoid(A).logsumexp(1)}[chain]
+          "sigmoid(A).logsumexp(1)": lambda A: torch.sigmoid(A).logsumexp(1),
+          "(2*A).t().sum(1)": lambda A: (2 * A).t().sum(1)}[chain]
     check(Case((6, 5), fill, **_case_kw(layout), nse=8), fn)
 
 

@@ -368,6 +368,9 @@ COMPUTED = {  # name: (A shape, X shape, fn): the SparseTensor operand computed 
     "(2*A.t())@X": ((6, 5), (6, 3), lambda A, X: (2 * A.t()) @ X),
     "(A*s)@X": ((6, 5), (5, 3), lambda A, X: (A * X[0, 0]) @ X),
     "linear(x, tanh(A))": ((6, 5), (2, 5), lambda A, x: F.linear(x, torch.tanh(A))),
+    "(2*A).t()@X": ((6, 5), (6, 3), lambda A, X: (2 * A).t() @ X),
+    "X@(A+A.t().t()*3).T": ((6, 5), (4, 5), lambda A, X: X @ (A + A.t().t() * 3).T),
+    "(2*A3).mT@X": ((2, 6, 5), (2, 6, 3), lambda A, X: (2 * A).mT @ X),
 }
 
 

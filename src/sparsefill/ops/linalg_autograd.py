@@ -65,11 +65,13 @@ def pattern_grad_is_exact(A: SparseTensor) -> bool:
     elements, so that a gradient exact at the pattern with the *mean* over the unspecified elements as
     its fill is exact for every reader: ``A`` comes from a differentiable constructor through
 
-    * coalesce / layout changes and transposes (``x @ W.t()``), or
+    * coalesce / layout changes and transposes (``x @ W.t()``), and
     * element-wise ops whose derivative is the same at every unspecified element of ``A``
-      (``2 * W``, ``W.exp()``, ``W + B``): every tensor their backward reads is a number, a 0-d tensor
-      or a SparseTensor with a defined fill and no stored element outside ``A``'s pattern, and their
-      inputs have ``A``'s shape (or are 0-d: their gradient is a sum over every element);
+      (``2 * W``, ``W.exp()``, ``W + B``, ``(2 * W).t()``): every tensor their backward reads is a
+      number, a 0-d tensor or a SparseTensor with a defined fill and no stored element outside the
+      pattern (``A``'s, through the transposes), and their inputs have their output's shape (or are
+      0-d: their gradient is a sum over every element); the constructors reached store nothing outside
+      it either;
 
     or its fill is indefinite.  A leaf's ``.grad`` (dense semantics: ``G @ X^T``) and ``A`` computed
     otherwise (``W * w`` with a dense ``w``: a derivative that varies) take torch's path."""
@@ -77,31 +79,37 @@ def pattern_grad_is_exact(A: SparseTensor) -> bool:
         return True
     if A.grad_fn is None:  # a leaf
         return False
-    keys, seen, todo = [], set(), [A.grad_fn]
+    keys, seen, todo = {}, set(), [(A.grad_fn, _pattern(A))]  # (node, its output's pattern: graph-free)
     while todo:
-        node = todo.pop()
+        node, R = todo.pop()
         if node is None or node in seen:
             continue
         seen.add(node)
-        if _through_permutations(node):
-            continue
-        if type(node) is _CONSTRUCT and tuple(node.pattern.shape) == tuple(A.shape):
-            if not _within_pattern(node.pattern, A, keys):
+        if type(node) in _PERMUTING or type(node) is _SAME_DENSE and node.x_layout is None:
+            todo.append((node.next_functions[0][0], _input_pattern(node, R)))
+        elif type(node) is _CONSTRUCT and tuple(node.pattern.shape) == tuple(R.shape):
+            if not _within_pattern(node.pattern, R, keys):
                 return False
-            continue
-        if not _uniform_elementwise(node, A, keys):
+        elif not _uniform_elementwise(node, R, keys):
             return False
-        todo.extend(m for m, _ in node.next_functions if m is not None and len(m._input_metadata) and
-                    tuple(m._input_metadata[0].shape) != ())  # 0-d inputs: a sum over every element
+        else:
+            todo.extend((m, R) for m, _ in node.next_functions if m is not None and len(m._input_metadata) and
+                        tuple(m._input_metadata[0].shape) != ())  # 0-d inputs: a sum over every element
     return True
 
 
-def _through_permutations(node) -> bool:
-    """Transposes, coalesce and layout changes down to a constructor (``A`` is that constructor's tensor)."""
-    moved = False
-    while type(node) in _PERMUTING or type(node) is _SAME_DENSE and node.x_layout is None:
-        node, moved = node.next_functions[0][0], True
-    return moved and type(node) is _CONSTRUCT
+def _input_pattern(node, R: SparseTensor) -> SparseTensor:
+    """The pattern of a permuting node's input (``R``: its output's), or ``R`` through a layout change."""
+    if type(node) is _SAME_DENSE:
+        return R
+    name = type(node).__name__
+    if name == "TransposeBackward0":
+        d0, d1 = (d - (1 << 64) if d >= 1 << 63 else d for d in (node._saved_dim0, node._saved_dim1))
+        return R.transpose(d0, d1)
+    if name == "PermuteBackward0":
+        dims = [d % R.dim() for d in node._saved_dims]
+        return R.permute([dims.index(i) for i in range(R.dim())])
+    return R.t()
 
 
 _POINTWISE_NODES: dict = {}  # autograd node type -> whether it is the backward of an element-wise aten op
@@ -119,7 +127,7 @@ def _is_pointwise_node(node) -> bool:
     return ok
 
 
-def _uniform_elementwise(node, A: SparseTensor, keys: list) -> bool:
+def _uniform_elementwise(node, A: SparseTensor, keys: dict) -> bool:
     """``node`` is an element-wise op's backward on ``A``'s shape whose every saved tensor is a number, 0-d,
     or a SparseTensor with a defined fill storing nothing outside ``A``'s pattern."""
     if not _is_pointwise_node(node) or len(node._input_metadata) != 1 or \
@@ -137,19 +145,19 @@ def _uniform_elementwise(node, A: SparseTensor, keys: list) -> bool:
     return True
 
 
-def _within_pattern(T: SparseTensor, A: SparseTensor, keys: list) -> bool:
+def _within_pattern(T: SparseTensor, A: SparseTensor, keys: dict) -> bool:
     """No stored element of ``T`` (same shape as ``A``) lies outside ``A``'s pattern (``keys``: A's sorted
-    keys, computed once)."""
+    keys by ``id(A)``, computed once)."""
     if T._sf_layout is A._sf_layout and (T._idx is A._idx if A._sf_layout is torch.sparse_coo
                                          else T._crow is A._crow and T._col is A._col):
         return True
-    if T._sparse_ndim() != A._sparse_ndim():
+    if T._sparse_ndim() != A._sparse_ndim() or T.shape != A.shape:
         return False
-    if not keys:
+    if id(A) not in keys:
         idx, _ = coalesced_parts(A)
-        keys.append(_index.linearize(idx, A._sparse_shape))
+        keys[id(A)] = (A, _index.linearize(idx, A._sparse_shape))  # (A kept: its id stays its own)
     tk = _index.linearize(T._coo_parts()[0], T._sparse_shape)
-    return bool(_index.lookup(keys[0], tk)[1].all())
+    return bool(_index.lookup(keys[id(A)][1], tk)[1].all())
 
 
 def _sampled(A: SparseTensor, U: torch.Tensor, V: torch.Tensor):
