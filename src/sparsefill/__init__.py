@@ -11,6 +11,7 @@ from ._creation import (indefinite, empty, empty_like, eye, from_torch, full, fu
 from ._interop import from_pandas, from_pydata, from_scipy, to_pandas, to_pydata, to_scipy
 from ._policy import DensifyError, DensifyWarning, densify_policy, get_densify_policy, set_densify_policy
 from ._tensor import SparseTensor
+from ._explain import explain  # noqa: E402  (which stage computes an op: sparsefill.explain)
 from . import ops  # noqa: F401  (fills the op registry)
 from . import masked  # noqa: F401,E402  (sparsefill.masked)
 from . import _compile  # noqa: E402
