@@ -340,16 +340,19 @@ def gloo_group():
         dist.destroy_process_group()
 
 
-def test_collectives_refused(gloo_group):
+def test_collectives_handled_or_refused(gloo_group):
+    """torch's collectives on a SparseTensor run sparsefill.distributed's handlers in place (world size 1:
+    the tensor is unchanged, and a dense copy agrees); a c10d op without a handler is refused, never a no-op."""
     dist = gloo_group
     A = sparsefill.sparse_coo_tensor([[0, 1], [2, 0]], [1., 2.], (2, 3), fill_value=0.5)
     before = A.to_dense()
-    with pytest.raises(NotImplementedError, match="c10d.allreduce_"):
-        dist.all_reduce(A)  # was a silent no-op
-    with pytest.raises(NotImplementedError, match="c10d.broadcast_"):
-        dist.broadcast(A, 0)
-    with pytest.raises(NotImplementedError, match="c10d.reduce_"):
-        dist.reduce(A, 0)
+    dist.all_reduce(A)
+    dist.broadcast(A, 0)
+    dist.reduce(A, 0)
+    close(A, before)
+    assert isinstance(A, sparsefill.SparseTensor)
+    with pytest.raises(NotImplementedError, match="c10d.barrier"):
+        torch.ops.c10d.barrier.default(A, dist.group.WORLD.boxed(), [], True, 10000)
     assert torch.equal(A.to_dense(), before)
     x = torch.ones(3)
     dist.all_reduce(x)  # dense collectives are untouched
