@@ -223,3 +223,19 @@ def test_bad_dense_dim():
 def test_bad_layout():
     check(ValueError, mentions("layout", "sparse_csc"), sparsefill.to_sparse, torch.ones(2, 3),
           layout=torch.sparse_csc)
+
+
+# ---------------------------------------------------------------- edge cases found in review (moved from tests/test_review_regressions.py)
+import sparsefill as sf  # noqa: E402
+
+
+@pytest.mark.filterwarnings("ignore::sparsefill.DensifyWarning")
+@pytest.mark.parametrize("bad", [lambda: sf.to_sparse(torch.tensor([True, False])).argmax(),
+                                 lambda: sf.to_sparse(torch.tensor([1, 0])).var(),
+                                 lambda: sf.to_sparse(torch.tensor([True, False])).median(),
+                                 lambda: sf.to_sparse(torch.tensor([1j, 0])).nansum(),
+                                 lambda: torch._foreach_add([sf.to_sparse(torch.tensor([1., 0.]))], [1., 2.]),
+                                 lambda: sf.to_sparse(torch.ones(1, 3)).add_(sf.to_sparse(torch.ones(2, 3)))])
+def test_invalid_input_raises_as_dense_torch(bad):
+    with pytest.raises(RuntimeError):  # (NotImplementedError, torch's "not implemented for 'Bool'", is one)
+        bad()

@@ -317,3 +317,61 @@ def test_gather_masked_select_and_nonzero(layout, dd):
         assert torch.equal(torch.argwhere(Z), torch.argwhere(z))
     with pytest.raises(RuntimeError):
         torch.gather(A, 0, torch.tensor([[[4]]]))
+
+
+# ---------------------------------------------------------------- edge cases found in review (moved from tests/test_review_regressions.py)
+import sparsefill as sf  # noqa: E402
+
+
+@pytest.mark.filterwarnings("ignore::sparsefill.DensifyWarning")
+def test_strided_targets_with_sparse_sources_and_sparse_masks():
+    xd = torch.zeros(4, 3)
+    S = sf.to_sparse(torch.eye(4, 3), fill_value=0.)
+    i = torch.tensor([3, 0, 3, 1])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", sf.DensifyWarning)
+        torch.testing.assert_close(_d(torch.index_add(xd, 0, i, S)), torch.index_add(xd, 0, i, torch.eye(4, 3)))
+        torch.testing.assert_close(_d(torch.index_copy(xd, 0, torch.tensor([2, 0, 1, 3]), S)),
+                                   torch.index_copy(xd, 0, torch.tensor([2, 0, 1, 3]), torch.eye(4, 3)))
+        y, z = xd.clone(), xd.clone()
+        y[torch.tensor([1, 2])] = S[:2]
+        z[torch.tensor([1, 2])] = torch.eye(4, 3)[:2]
+        torch.testing.assert_close(_d(y), z)
+        x = torch.tensor([[1., 0, 2], [0, 0, 3]])
+        A = sf.to_sparse(x, fill_value=0.)
+        A[sf.to_sparse(x > 0, fill_value=False)] = 5.
+        torch.testing.assert_close(A.to_dense(), torch.where(x > 0, 5., x))
+
+
+@pytest.mark.filterwarnings("ignore::sparsefill.DensifyWarning")
+def test_index_errors_as_torch():
+    A4 = sf.to_sparse(torch.arange(20.).reshape(4, 5), fill_value=0.)
+    with pytest.raises(IndexError):
+        A4[torch.tensor([True, False, True]), torch.tensor([0, 1])]  # the mask's length is not dim 0's
+    for bad in (lambda t: torch.index_add(t, 0, torch.tensor([-1]), torch.ones(1, 5)),
+                lambda t: torch.index_copy(t, 0, torch.tensor([-1]), torch.ones(1, 5)),
+                lambda t: torch.index_select(t, 0, torch.tensor([-1]))):
+        with pytest.raises(Exception) as dense_err:
+            bad(torch.arange(20.).reshape(4, 5))
+        with pytest.raises(type(dense_err.value)):
+            bad(A4)
+    torch.testing.assert_close(A4[torch.tensor([-1])].to_dense(), torch.arange(20.).reshape(4, 5)[[-1]])
+    torch.testing.assert_close(torch.index_fill(A4, 0, torch.tensor([-1]), 2.).to_dense(),
+                               torch.index_fill(torch.arange(20.).reshape(4, 5), 0, torch.tensor([-1]), 2.))
+    E = sf.to_sparse(torch.zeros(3, 0), fill_value=0.)
+    for fn in (lambda t: torch.max(t, 1), lambda t: torch.min(t, 1), lambda t: torch.median(t, 1),
+               lambda t: torch.argmax(t, 1)):
+        with pytest.raises(IndexError):
+            fn(E)
+
+
+@pytest.mark.filterwarnings("ignore::sparsefill.DensifyWarning")
+def test_scatter_reduce_max_and_min_names():
+    x = torch.tensor([[1., 0, 2], [0, 0, 3]])
+    A = sf.to_sparse(x, fill_value=0.)
+    idx, src = torch.tensor([[1, 1, 0]]), torch.tensor([[5., -1., 7.]])
+    for name in ("max", "min"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", sf.DensifyWarning)
+            out = torch.scatter_reduce(A, 0, idx, src, name)
+        torch.testing.assert_close(out.to_dense(), torch.scatter_reduce(x, 0, idx, src, name))

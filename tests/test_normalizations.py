@@ -92,3 +92,25 @@ def test_gradcheck_over_values_and_fill(name, layout):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", sparsefill.DensifyWarning)  # backward formulas may use shape ops
         assert gradcheck(fn, (v, f), check_batched_grad=False)
+
+
+# ---------------------------------------------------------------- edge cases found in review (moved from tests/test_review_regressions.py)
+import math  # noqa: E402
+
+import sparsefill as sf  # noqa: E402
+
+
+def D(t):
+    if isinstance(t, tuple):
+        return tuple(D(x) for x in t)
+    return t.to_dense() if isinstance(t, sf.SparseTensor) else t
+
+
+@pytest.mark.filterwarnings("ignore::sparsefill.DensifyWarning")
+def test_softmax_of_a_slice_holding_inf_is_nan_as_in_torch():
+    x = torch.tensor([1., math.inf, 0.])
+    torch.testing.assert_close(D(sf.to_sparse(x, fill_value=0.).softmax(0)), x.softmax(0), equal_nan=True)
+    y = torch.tensor([[1., 2.], [math.inf, 0.]])
+    B = sf.to_sparse(y, fill_value=math.inf)
+    torch.testing.assert_close(D(B.softmax(0)), y.softmax(0), equal_nan=True)
+    torch.testing.assert_close(D(B.log_softmax(1)), y.log_softmax(1), equal_nan=True)

@@ -177,3 +177,78 @@ def test_var_std_warn_only_as_dense():
         for f in (torch.std, torch.var, torch.var_mean, torch.std_mean):
             torch.testing.assert_close(f(A, 1), f(A.to_dense(), 1))
             torch.testing.assert_close(f(A), f(A.to_dense()))
+
+
+# ---------------------------------------------------------------- edge cases found in review (moved from tests/test_review_regressions.py)
+import math  # noqa: E402
+
+import sparsefill as sf  # noqa: E402
+
+
+def D(t):
+    if isinstance(t, tuple):
+        return tuple(D(x) for x in t)
+    return t.to_dense() if isinstance(t, sf.SparseTensor) else t
+
+
+@pytest.mark.filterwarnings("ignore::sparsefill.DensifyWarning")
+@pytest.mark.parametrize("op", [lambda t: t.cumsum(-1), lambda t: t.softmax(-1), lambda t: t.cummax(-1),
+                                lambda t: t.log_softmax(-1), lambda t: t.argmax(-1), lambda t: t.max(-1)])
+def test_batched_csr_hybrid_dense_dim_ops(op):
+    x = torch.zeros(2, 2, 2, 2)
+    x[0, 1, 0, 1], x[1, 0, 1, 0] = 1., 3.
+    A = sf.to_sparse(x, fill_value=0., layout=torch.sparse_csr, dense_dim=1)
+    ref = op(x)
+    torch.testing.assert_close(D(op(A)), tuple(ref) if isinstance(ref, tuple) else ref)
+
+
+@pytest.mark.filterwarnings("ignore::sparsefill.DensifyWarning")
+@pytest.mark.parametrize("dense_dim", [1, 2])
+def test_arg_reductions_along_dense_dims_have_torch_shapes(dense_dim):
+    x = torch.tensor([[[1., 5., 0.], [0., 0., 0.]], [[7., 2., 1.], [0., 3., 0.]]])
+    A = sf.to_sparse(x, fill_value=0., dense_dim=dense_dim)
+    for d in range(3):
+        torch.testing.assert_close(D(torch.argmax(A, d)), torch.argmax(x, d))
+        torch.testing.assert_close(D(torch.min(A, d, keepdim=True)), tuple(torch.min(x, d, keepdim=True)))
+
+
+@pytest.mark.filterwarnings("ignore::sparsefill.DensifyWarning")
+def test_complex_prod_with_a_nan_fill_only_where_the_fill_is():
+    x = torch.tensor([[math.nan], [-3.]], dtype=torch.complex64)
+    torch.testing.assert_close(D(sf.to_sparse(x, fill_value=math.nan).prod(1)), x.prod(1), equal_nan=True)
+
+
+@pytest.mark.filterwarnings("ignore::sparsefill.DensifyWarning")
+def test_reductions_of_a_shape_over_2_63_bytes():
+    A = sf.sparse_coo_tensor([[1], [3]], [1.], (2**31 + 5, 2**31 + 3), fill_value=0.)
+    assert float(A.sum()) == 1.0 and int(A.argmax()) == 1 * (2**31 + 3) + 3
+    assert float(A.mean()) == pytest.approx(1.0 / ((2**31 + 5) * (2**31 + 3)))
+
+
+@pytest.mark.filterwarnings("ignore::sparsefill.DensifyWarning")
+def test_logsumexp_promotes_bool_and_int():
+    for x in [torch.tensor([True, False]), torch.tensor([3, 0, 1])]:
+        torch.testing.assert_close(torch.logsumexp(sf.to_sparse(x), 0), torch.logsumexp(x, 0))
+
+
+@pytest.mark.filterwarnings("ignore::sparsefill.DensifyWarning")
+def test_median_dim_of_integer_tensors():
+    x = torch.tensor([[1, 0, 2], [0, 0, 3]])
+    for layout in (torch.sparse_coo, torch.sparse_csr):
+        A = sf.to_sparse(x, fill_value=0, layout=layout)
+        for fn in (torch.median, torch.nanmedian):
+            v, i = fn(A, 1)
+            torch.testing.assert_close(v, fn(x, 1).values)
+            torch.testing.assert_close(x.gather(1, i[:, None])[:, 0], v)
+
+
+@pytest.mark.filterwarnings("ignore::sparsefill.DensifyWarning")
+def test_meta_cache_follows_the_default_dtype():
+    B = sf.to_sparse(torch.tensor([[1, 0, 2], [0, 0, 3]]), fill_value=0)
+    old = torch.get_default_dtype()
+    try:
+        assert torch.logsumexp(B, 1).dtype == torch.float32
+        torch.set_default_dtype(torch.float64)
+        assert torch.logsumexp(B, 1).dtype == torch.float64
+    finally:
+        torch.set_default_dtype(old)

@@ -543,3 +543,44 @@ def test_the_checks_compile_only_where_numba_is_set_up():
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
     assert res.returncode == 0, res.stderr
     assert res.stdout.split() == ["0", "False", "0", "0", "1"]
+
+
+# ---------------------------------------------------------------- edge cases found in review (moved from tests/test_segment_review.py)
+def test_keyed_jagged_batch_rejects_a_key_twice_in_an_example():
+    """to_dict / to_padded hold one list per key: a repeated key lost ids silently."""
+    with pytest.raises(ValueError, match="key 5 appears more than once in example 1"):
+        segment.KeyedJaggedBatch(torch.tensor([1, 2, 3, 4]), torch.tensor([1, 1, 2]), torch.tensor([5, 5, 5]),
+                                 torch.tensor([1, 2]))
+    kj = segment.KeyedJaggedBatch(torch.tensor([1, 2, 3]), torch.tensor([1, 2]), torch.tensor([5, 5]),
+                                  torch.tensor([1, 1]))  # the same key in two examples is fine
+    assert kj.to_dict() == [{5: [1]}, {5: [2, 3]}]
+
+
+def test_pooled_positional_weighted_sum():
+    kj = segment.KeyedJaggedBatch.from_lists([{1: [0, 2], 3: [1]}, {1: [3, 1, 1]}])
+    table = torch.arange(8.0).reshape(4, 2)
+    pw = torch.tensor([1.0, 10.0, 100.0])
+    out = kj.pooled({1: table}, "positional_weighted_sum", weights=pw)[1]
+    assert out.tolist() == [[0 + 10 * 4, 1 + 10 * 5], [6 + 10 * 2 + 100 * 2, 7 + 10 * 3 + 100 * 3]]
+    with pytest.raises(ValueError, match="weights= is for positional_weighted_sum only"):
+        kj.pooled({1: table}, "sum", weights=pw)
+    with pytest.raises(ValueError, match="reducer 'positional_weighted_sum' needs weights="):
+        kj.pooled({1: table}, "positional_weighted_sum")
+
+
+@pytest.mark.parametrize("reducer", ["sum", "mean", "max", "min"])
+def test_csr_row_reduce_keeps_autograd(reducer):
+    """Rows of a CSR SparseTensor reduced through segment.reduce: values and gradient as on the dense matrix
+    (the compiled one-column path had dropped the gradient)."""
+    v = torch.tensor([5.0, -1.0, 3.0, 2.5], dtype=torch.float64, requires_grad=True)
+    A = sparsefill.sparse_csr_tensor([0, 2, 3, 3, 4], [0, 3, 1, 2], v, (4, 4), fill_value=2.0)
+    out = segment.csr_row_reduce(A, reducer)
+    v2 = v.detach().clone().requires_grad_()
+    dense = torch.full((4, 4), 2.0, dtype=torch.float64).index_put((torch.tensor([0, 0, 1, 3]),
+                                                                     torch.tensor([0, 3, 1, 2])), v2)
+    ref = {"sum": dense.sum(1), "mean": dense.mean(1), "max": dense.amax(1), "min": dense.amin(1)}[reducer]
+    assert_close(out, ref)
+    w = torch.tensor([1.0, -2.0, 0.5, 3.0], dtype=torch.float64)
+    (out * w).sum().backward()
+    (ref * w).sum().backward()
+    assert_close(v.grad, v2.grad)

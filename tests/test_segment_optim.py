@@ -302,3 +302,15 @@ def test_coalesced_ftrl_and_the_kept_marks(backend):
             segment.sparse_adagrad(p_held, m_held, idx2, grad2, lr=0.1, mode="coalesced")
     assert torch.equal(p_free, p_held) and torch.equal(m_free, m_held)
     assert (_optim._MARKS["buf"] == -1).all()
+
+
+# ---------------------------------------------------------------- edge cases found in review (moved from tests/test_segment_review.py)
+import inspect  # noqa: E402
+
+
+def test_ftrl_defaults_are_caffe2s():
+    """Caffe2 FtrlParams: alpha 0.005, beta 1.0, lambda1 0.001, lambda2 0.001."""
+    want = dict(alpha=0.005, beta=1.0, lambda1=0.001, lambda2=0.001)
+    for fn in (segment.sparse_ftrl, segment.SparseFtrl.__init__):
+        params = inspect.signature(fn).parameters
+        assert {k: params[k].default for k in want} == want

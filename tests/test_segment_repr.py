@@ -225,3 +225,29 @@ def test_validate_false_skips_the_scan():
 def test_doctests(mod):
     res = doctest.testmod(mod, extraglobs=dict(vars(mod)), optionflags=doctest.NORMALIZE_WHITESPACE)
     assert res.attempted > 0 and res.failed == 0
+
+
+# ---------------------------------------------------------------- edge cases found in review (moved from tests/test_segment_review.py)
+def test_small_integer_index_dtypes_are_rejected():
+    """int8/int16/uint8 lengths and ids wrapped (uint8 lengths [200, 100] gave offsets [0, 200, 44])."""
+    for dt in (torch.uint8, torch.int8, torch.int16):
+        with pytest.raises(TypeError, match=rf"lengths must be an int32 or int64 tensor, got dtype {dt}"):
+            segment.lengths_to_offsets(torch.tensor([100, 20], dtype=dt))
+        with pytest.raises(TypeError, match="segment_ids must be an int32 or int64 tensor"):
+            segment.reduce(torch.ones(3), "sum", segment_ids=torch.tensor([0, 1, 1], dtype=dt))
+
+
+def test_int32_offsets_past_the_int32_range_raise():
+    big = torch.tensor([2 ** 30, 2 ** 30], dtype=torch.int32)
+    with pytest.raises(ValueError, match="int32 lengths give an offset of 2147483648, past the int32 range"):
+        segment.lengths_to_offsets(big)
+    assert segment.lengths_to_offsets(big.long()).tolist() == [0, 2 ** 30, 2 ** 31]
+    assert segment.lengths_to_offsets(torch.tensor([3, 4], dtype=torch.int32)).dtype == torch.int32
+
+
+def test_int32_offsets_check_only_what_is_returned():
+    L = torch.tensor([2 ** 31 - 1, 1], dtype=torch.int32)
+    assert segment.lengths_to_offsets(L, include_last=False).tolist() == [0, 2 ** 31 - 1]
+    assert segment.lengths_to_ranges(L).tolist() == [[0, 2 ** 31 - 1], [2 ** 31 - 1, 1]]
+    with pytest.raises(ValueError, match="past the int32 range"):
+        segment.lengths_to_offsets(L)

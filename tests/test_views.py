@@ -87,3 +87,26 @@ def test_write_through_an_expanded_view():
     A.expand(2, 2, 2).fill_(5.)
     d.expand(2, 2, 2).fill_(5.)
     torch.testing.assert_close(A.to_dense(), d)
+
+
+# ---------------------------------------------------------------- edge cases found in review (moved from tests/test_review_regressions.py)
+import sparsefill as sf  # noqa: E402
+
+
+@pytest.mark.filterwarnings("ignore::sparsefill.DensifyWarning")
+def test_a_failed_write_through_leaves_the_view_unchanged(monkeypatch):
+    """The in-place op runs on the view, then its write-through fails: the view gets its old contents back."""
+    from sparsefill.ops import views
+
+    A = sf.sparse_coo_tensor([[0, 1], [1, 2]], [1., 2.], (3, 4), fill_value=5.)
+    V = A[0]
+    before = V.to_dense().clone()
+
+    def boom(_):
+        raise ValueError("write-through refused")
+    monkeypatch.setattr(views, "write_through", boom)
+    with pytest.raises(ValueError, match="refused"):
+        V.add_(1)
+    monkeypatch.undo()
+    torch.testing.assert_close(V.to_dense(), before)
+    torch.testing.assert_close(A.to_dense()[0], before)
