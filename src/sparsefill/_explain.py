@@ -57,7 +57,7 @@ class Step:
 @dataclasses.dataclass(frozen=True)
 class Explanation:
     """What handles ``op``: ``stage`` the first stage the call takes (with arguments) or, without, the first
-    that could apply; ``steps`` every stage found, in the order the registry tries them (with arguments: the
+    that could apply (``"unknown"``: no argument given and no aten op of ``op``'s name); ``steps`` every stage found, in the order the registry tries them (with arguments: the
     route if it takes the call, else one step per aten op reached); ``notes`` caveats."""
     op: str
     stage: str
@@ -211,8 +211,15 @@ def _overload_steps(packet) -> list:
 
 
 def _packet_of(op):
+    """The aten packet named as torch function ``op`` (``__radd__``: ``add``, ``__iadd__``: ``add_``)."""
     name = getattr(op, "__name__", "")
-    return getattr(torch.ops.aten, name, None) if name and not name.startswith("__") else None
+    if name.startswith("__") and name.endswith("__"):
+        name = name[2:-2]
+        for p, suffix in (("i", "_"), ("r", "")):
+            if name.startswith(p) and hasattr(torch.ops.aten, name[1:]):
+                name = name[1:] + suffix
+                break
+    return getattr(torch.ops.aten, name, None) if name.isidentifier() and hasattr(torch.ops.aten, name) else None
 
 
 def explain(op, *args, **kwargs) -> Explanation:
@@ -261,9 +268,9 @@ def explain(op, *args, **kwargs) -> Explanation:
             rstep = dataclasses.replace(rstep, note=rstep.note + ("; every grad mode" if op in ALWAYS
                                                                   else "; grad mode on") + "; may decline")
         steps = ([rstep] if rstep else []) + steps
-        if packet is not None:
-            notes.append(f"aten ops found by name ({packet}); pass arguments for the ops the call reaches")
-        return Explanation(name, steps[0].stage if steps else "densify", tuple(steps), tuple(notes))
+        notes.append(f"aten ops found by name ({packet}); pass arguments for the ops the call reaches" if packet
+                     else "no aten op of this name: pass arguments for the ops the call reaches")
+        return Explanation(name, steps[0].stage if steps else "unknown", tuple(steps), tuple(notes))
     if takes:
         return Explanation(name, "route", (rstep,))
     if route is not None:
