@@ -105,3 +105,30 @@ def test_names_and_errors():
 def test_data_dependent_op_is_said_not_raised():
     e = sparsefill.explain(torch.nonzero, _A())
     assert e.stage == "handler" and any("meta" in n for n in e.notes)
+
+
+def test_coverage_generator_on_a_subset(tmp_path):
+    """tools/coverage.py (docs/coverage.md) on two ops: the sweeps' outcomes and explain's stages, not by hand."""
+    import importlib.util
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools", "coverage.py")
+    spec = importlib.util.spec_from_file_location("sparsefill_tools_coverage", path)
+    cov = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cov)
+    out = tmp_path / "coverage.md"
+    text = cov.generate({"exp", "sort"}, str(out))
+    assert out.read_text() == text
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+            for line in text.splitlines() if line.startswith("| `")}
+    assert rows["`exp`"][:3] == ["pointwise", "`aten.exp.default`", "native"]
+    assert rows["`exp`"][4] == "native" and "csr" in rows["`exp`"][3].split()
+    assert rows["`sort`"][0] == "densify" and rows["`sort`"][2] == "densify"
+    h = registry.HANDLERS[aten.sum.dim_IntList]
+    assert rows["`aten.sum.dim_IntList`"][0] == f"`{h.__qualname__}`"
+
+
+def test_dunders_without_arguments():
+    assert sparsefill.explain(torch.Tensor.__radd__).steps[0].op == "aten.add.Tensor"
+    assert sparsefill.explain(torch.Tensor.__iadd__).steps[0].op == "aten.add_.Tensor"
+    e = sparsefill.explain(torch.Tensor.__getitem__)
+    assert e.stage == "unknown" and not e.steps and e.notes
+    assert sparsefill.explain(torch.Tensor.__getitem__, _A(), 0).stage in STAGES
