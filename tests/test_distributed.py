@@ -383,6 +383,10 @@ def _check_bad_inputs(rank, world, variants=VARIANTS):
         _expect_error(W, err, match, lambda: dist.scatter(A, others if rank == 0 else None, 0), A)
         X = sparsefill.zeros((W * 4,) + tuple(A.shape[1:]), dtype=A.dtype)
         _expect_error(W, err, match, lambda: dist.all_gather_into_tensor(X, A), X, A)
+        out = _bad(rank, world, **kw)
+        _expect_error(W, err, match, lambda: dist.all_to_all_single(out, A), out, A)
+        out = _bad(rank, world, **kw)[:4 // W].clone()
+        _expect_error(W, err, match, lambda: dist.reduce_scatter_tensor(out, A), out, A)
         msg = ""
         if rank in (0, 1):  # send/recv: the receiver's tensor differs; both sides raise the same error
             before = _snapshot(A)

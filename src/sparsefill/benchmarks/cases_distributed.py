@@ -172,24 +172,25 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="smaller tensors, fewer rounds")
     p.add_argument("--only", choices=["all_reduce", "sharded"], help="one of the two parts")
+    p.add_argument("--worlds", default="2,4", help="world sizes of the all_reduce part (default 2,4)")
     a = p.parse_args(argv)
     shape = (500, 500) if a.quick else (1000, 1000)
     rounds, reps = (3, 3) if a.quick else (5, 5)
     print(f"# sparsefill.distributed on loopback gloo, {os.cpu_count()} cores, torch {torch.__version__}\n")
     if a.only != "sharded":
-        _print_all_reduce(shape, rounds, reps)
+        _print_all_reduce(shape, rounds, reps, [int(w) for w in a.worlds.split(",")])
     if a.only != "all_reduce":
         _print_sharded(a.quick, rounds, reps)
 
 
-def _print_all_reduce(shape, rounds, reps):
+def _print_all_reduce(shape, rounds, reps, worlds=(2, 4)):
     print(f"## all_reduce (SUM) of a {shape[0]} x {shape[1]} float32 SparseTensor, fill 0 "
           f"(dense: {shape[0] * shape[1] * 4 / 1e6:.1f} MB)\n")
     print("| W | stored | bytes sent/rank: sparse | auto | dense ring | torch sparse COO | time: sparse | auto | "
           "dense | torch sparse COO | sparse / dense | load |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     cross = []
-    for W in (2, 4):
+    for W in worlds:
         rs = run(_all_reduce, W, shape, rounds, reps)
         per = (rs[-1]["sparse_bytes"] - rs[0]["sparse_bytes"]) / (rs[-1]["nse"] - rs[0]["nse"])  # bytes per element
         cross.append(f"W={W}: {rs[0]['dense_bytes'] / per / (shape[0] * shape[1]):.1%} stored")
