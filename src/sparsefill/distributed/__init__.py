@@ -51,7 +51,7 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, *, algorithm
     """``dist.all_reduce(tensor, op, group, async_op)`` (SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR, BXOR), with
     ``algorithm`` for a SparseTensor: ``"sparse"`` moves the stored elements (the result has the union
     pattern), ``"dense"`` all-reduces the dense tensor (the result stores what differs from the reduced
-    fill), ``"auto"`` takes the dense way once the ranks' sparse payloads exceed a quarter of a dense ring
+    fill), ``"auto"`` takes the dense way once the ranks' sparse payloads exceed half a dense ring
     all-reduce's bytes (``_collectives.DENSE_BYTES_RATIO``; never for an indefinite fill).  AVG of floating
     dtypes is computed as SUM / W on every backend."""
     token = ALGORITHM.set(algorithm)

@@ -28,9 +28,10 @@ from ._exchange import exchange, traffic
 _R = dist.ReduceOp.RedOpType
 ALGORITHM = contextvars.ContextVar("sparsefill_all_reduce_algorithm", default="auto")  # set by the public all_reduce
 # all_reduce "auto": dense when the ranks' sparse payloads exceed this times a dense ring all-reduce's bytes.  Not 1:
-# the merge of the stored elements costs more per byte than the ring's sums (on loopback, 2 cores, the sparse way
-# lost in time from ~5% stored at W=2, where it still moved 1/3 of the bytes; README "Scaling out")
-DENSE_BYTES_RATIO = 0.25
+# the dense way costs a densify and a re-sparsify, the sparse way a merge that costs more per byte than the ring's
+# sums; measured on loopback (README "Scaling out"), 10% stored: sparse faster at W=2 (payloads 0.3 of the ring's
+# bytes: 30 vs 46 ms), dense faster at W=4 (0.6: 221 vs 93 ms)
+DENSE_BYTES_RATIO = 0.5
 
 
 def store(out: torch.Tensor, value: torch.Tensor) -> None:
