@@ -42,12 +42,13 @@ import weakref
 
 import torch
 
+from . import _engine
 from ._compile import bincount, known_true, traced
 from ._index import linearize, numel, runs_to_ids, unravel
 
 __all__ = ["Reducer", "LogSumExp", "Var", "Norm", "REDUCERS", "segment_combine", "segment_counts",
            "segment_arg", "segment_median", "broadcast_seg", "gather_seg", "group_slices", "pattern_cached", "first_gap",
-           "even_ties"]
+           "even_ties", "tie_counts", "csr_row_slices", "finite_shift", "shifted_exp_sums"]
 
 _SCATTER_IDENTITY = {"sum": 0, "prod": 1, "amax": -math.inf, "amin": math.inf}
 
@@ -82,7 +83,8 @@ def segment_combine(values: torch.Tensor, seg: torch.Tensor, num_segments: int, 
     """
     ident = identity_of(mode, values.dtype) if init is None else init
     fake = traced(values)  # (torch.compile: sizes are symbols, and the scatter forms trace)
-    if lengths is not None and values.dtype in (torch.float32, torch.float64) and not fake and values.numel():
+    engine = _engine.choose(mode, values.dtype, runs=lengths is not None and bool(values.numel()), traced=fake)
+    if engine == "segment_reduce":
         return torch.segment_reduce(values, _SEGMENT_REDUCE[mode], lengths=lengths, unsafe=True, initial=ident)
     seg = seg_ids(seg, lengths, values.shape[0])
     out = values.new_full((num_segments, *values.shape[1:]), ident)
@@ -90,7 +92,7 @@ def segment_combine(values: torch.Tensor, seg: torch.Tensor, num_segments: int, 
         return out
     if fake and mode == "sum" and type(num_segments) is int and num_segments == 1:  # (inductor fails on a scatter-add into one row)
         return out + values.sum(0, keepdim=True)
-    if mode == "sum":
+    if engine == "index_add":
         return out.index_add_(0, seg, values)
     return out.scatter_reduce_(0, broadcast_seg(seg, values), values, mode, include_self=True)
 
@@ -246,15 +248,39 @@ class LogSumExp(Reducer):
         their per-segment sum ``acc`` (fills included), so that ``softmax = e / acc[seg]`` costs one
         gather and one division more."""
         with torch.no_grad():
-            m = REDUCERS["amax"](values, seg, num_segments, fill=fill, n_fill=n_fill, lengths=lengths)
-            m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-        seg = seg_ids(seg, lengths, values.shape[0])
-        e = torch.exp(values - m.index_select(0, seg))
-        acc = segment_combine(e, seg, num_segments, "sum", lengths=lengths)
-        if fill is not None and n_fill is not None:
-            f = torch.as_tensor(fill, dtype=values.dtype, device=values.device)
-            acc = _fold_sum(acc, torch.exp(f - _per_segment(m, acc, n_fill)), n_fill)
+            m = finite_shift(REDUCERS["amax"](values, seg, num_segments, fill=fill, n_fill=n_fill, lengths=lengths))
+        _, e, acc = shifted_exp_sums(values, seg, num_segments, m, fill=fill, n_fill=n_fill, lengths=lengths)
         return torch.log(acc) + m, e, acc
+
+
+def finite_shift(m: torch.Tensor) -> torch.Tensor:
+    """The shift of a log-sum-exp: the slice max ``m``, 0 where it is not finite (an empty or all -inf
+    slice, an inf or NaN max); any shift gives the same result, and the gradient through it is 0."""
+    return torch.where(torch.isfinite(m), m, torch.zeros((), dtype=m.dtype, device=m.device))
+
+
+def shifted_exp_sums(values, seg, num_segments, m, *, fill=None, n_fill=None, lengths=None):
+    """``(shifted, e, Z)``: ``shifted = x - m[seg]``, ``e = exp(shifted)`` and the per-segment sums
+    ``Z[s] = sum_{seg[i] == s} e[i] + n[s] * exp(f - m[s])`` (fills by count or fill table), so that::
+
+        logsumexp = log(Z) + m,   softmax = e / Z[seg],   log_softmax = shifted - log(Z)[seg]
+
+    The one shifted log-sum-exp of sparse, masked and segment reductions and softmaxes (``m``: the
+    slice max, :func:`finite_shift` for a logsumexp; ``seg`` may be None with ``lengths``).
+
+    >>> v = torch.tensor([0., 1., 5.]); seg = torch.tensor([0, 0, 1])
+    >>> _, _, Z = shifted_exp_sums(v, seg, 2, torch.tensor([1., 5.]), fill=torch.tensor(1.), n_fill=torch.tensor([1, 0]))
+    >>> torch.allclose(torch.log(Z) + torch.tensor([1., 5.]), torch.tensor([torch.logsumexp(torch.tensor([0., 1., 1.]), 0), 5.]))
+    True
+    """
+    seg = seg_ids(seg, lengths, values.shape[0])
+    shifted = values - m.index_select(0, seg)
+    e = torch.exp(shifted)
+    Z = segment_combine(e, seg, num_segments, "sum", lengths=lengths)
+    if fill is not None and n_fill is not None:
+        f = torch.as_tensor(fill, dtype=values.dtype, device=values.device)
+        Z = _fold_sum(Z, torch.exp(f - _per_segment(m, Z, n_fill)), n_fill)
+    return shifted, e, Z
 
 
 class Var(Reducer):
@@ -430,12 +456,62 @@ def _group_slices(indices, sparse_shape, dims):
     keep = [d for d in range(len(sparse_shape)) if d not in dims]
     keep_shape = [sparse_shape[d] for d in keep]
     keys = linearize(indices[keep], keep_shape)
-    if not keep or not dims or max(keep) < min(dims):  # reduced dims trail: keys already sorted (coalesced order)
-        out_keys, seg, counts = torch.unique_consecutive(keys, return_inverse=True, return_counts=True)
-    else:
+    nk, k = numel(keep_shape), keys.numel()
+    if keep != list(range(len(keep))):
         out_keys, seg, counts = torch.unique(keys, sorted=True, return_inverse=True, return_counts=True)
+    elif 0 < nk <= 4 * k + 4096:  # reduced dims trail (keys sorted, coalesced order), in a small range:
+        counts = torch.diff(torch._convert_indices_from_coo_to_csr(keys, nk))  # run lengths off a CSR compression
+        out_keys = (counts > 0).nonzero().squeeze(1)
+        counts = counts[out_keys]
+        seg = keys if not traced(keys) and out_keys.numel() == nk else runs_to_ids(counts, k)
+    else:  # reduced dims trail: keys already sorted
+        out_keys, seg, counts = torch.unique_consecutive(keys, return_inverse=True, return_counts=True)
     n_fill = numel([sparse_shape[d] for d in dims]) - counts
     return seg, unravel(out_keys, keep_shape), n_fill
+
+
+def csr_row_slices(counts: torch.Tensor, ncols, all_rows: bool = False):
+    """:func:`group_slices` of a 2-D CSR pattern over its columns, read off its row lengths ``counts``
+    (``crow.diff()``): ``(out_indices, n_fill, lengths)`` of the non-empty rows (``all_rows``: every row).
+    The slices are the contiguous runs of ``lengths`` (``seg = runs_to_ids(lengths, k)``; with every row,
+    each stored element's row).
+
+    >>> [t.tolist() for t in csr_row_slices(torch.tensor([2, 0, 1]), 4)]
+    [[[0, 2]], [2, 3], [2, 1]]
+    """
+    if all_rows:
+        return torch.arange(counts.numel(), device=counts.device)[None], ncols - counts, counts
+    rows = counts.nonzero().reshape(1, -1)
+    lengths = counts[rows[0]]
+    return rows, ncols - lengths, lengths
+
+
+def tie_counts(values, best, seg, num_segments, *, fill=None, n_fill=None, nan=False):
+    """``(hit, count, n_hit)``: the ties of each segment's extreme ``best``, the one tie rule of amax/amin
+    gradients (:func:`even_ties`, ``segment.reduce``'s max/min backward)::
+
+        hit[i] = values[i] == best[seg[i]]     (``nan``: a NaN also matches a NaN best, torch's rule)
+        count[s] = #{i : seg[i] == s, hit[i]} + sum of n_hit[s]
+
+    ``n_hit``: the fill copies equal to ``best`` (per segment, or per class of a fill table), None without
+    fills.  ``count`` has ``values``' dtype and ``best``'s shape.
+
+    >>> hit, count, _ = tie_counts(torch.tensor([2., 2., 1.]), torch.tensor([2., 1.]), torch.tensor([0, 0, 1]), 2)
+    >>> hit.tolist(), count.tolist()
+    ([True, True, True], [2.0, 1.0])
+    """
+    b = best.index_select(0, seg)
+    hit = values == b
+    if nan and values.is_floating_point():
+        hit = hit | (torch.isnan(values) & torch.isnan(b))
+    count = segment_combine(hit.to(best.dtype), seg, num_segments, "sum")
+    if fill is None or n_fill is None:
+        return hit, count, None
+    table = _table(torch.as_tensor(n_fill), best)
+    bb = best[:, None] if table else best
+    n = n_fill if table else _bcast(n_fill, best)
+    nf = torch.where((fill == bb) & (n > 0), n, torch.zeros_like(n)).to(best.dtype)
+    return hit, count + (nf.sum(-1) if table else nf.expand_as(best)), nf
 
 
 def even_ties(best, values, seg, num_segments, fill=None, n_fill=None):
@@ -443,47 +519,51 @@ def even_ties(best, values, seg, num_segments, fill=None, n_fill=None):
     gradient splits evenly among all of them, fill copies included (torch's amax/amin backward on the
     dense slice).  Same value; segments with no such element (none, or NaN) keep ``best``, no gradient."""
     b = best.detach()
-    hit = values == b[seg]
-    count = segment_combine(hit.to(b.dtype), seg, num_segments, "sum")
+    hit, count, nf = tie_counts(values, b, seg, num_segments, fill=fill, n_fill=n_fill)
     total = segment_combine(torch.where(hit, values, torch.zeros_like(values)), seg, num_segments, "sum")
-    if fill is not None and n_fill is not None:
-        table = _table(torch.as_tensor(n_fill), b)
-        bb = b[:, None] if table else b
-        n = n_fill if table else _bcast(n_fill, b)
-        fhit = (fill == bb) & (n > 0)
-        nf = torch.where(fhit, n, torch.zeros_like(n)).to(b.dtype)
-        ftot = torch.where(fhit, fill * nf, torch.zeros((), dtype=b.dtype, device=b.device))
-        count = count + (nf.sum(-1) if table else nf.expand_as(b))
-        total = total + (ftot.sum(-1) if table else ftot.expand_as(b))
+    if nf is not None:
+        ftot = torch.where(nf > 0, fill * nf, torch.zeros((), dtype=b.dtype, device=b.device))
+        total = total + (ftot.sum(-1) if nf.dim() == 2 and b.dim() == 1 else ftot.expand_as(b))
     return torch.where(count > 0, total / count.clamp_min(1), b)
 
 
 def segment_median(values: torch.Tensor, seg: torch.Tensor, num_segments: int, *, fill=None,
-                   n_fill=None) -> torch.Tensor:
+                   n_fill=None, return_index: bool = False):
     """Lower median of the non-NaN elements of each segment (``torch.nanmedian``), for 1-D ``values``
-    plus ``n_fill`` copies of ``fill`` (per segment, or a fill table); NaN for a segment with none.
-    Sorted once by (segment, value); the copies enter as one weighted element per class.
+    plus ``n_fill`` copies of ``fill`` (per segment, or a fill table); NaN (0 for integers) for a segment
+    with none.  The one median rank rule of sparse, masked and whole-tensor medians: sorted once by
+    (segment, value), the copies enter as one weighted element per class, ahead of equal stored values,
+    and the median is the element whose cumulative weight first exceeds ``(N - 1) // 2``.
+
+    ``return_index``: also the element picked: ``i < k`` the stored ``values[i]``, ``k + s * C + c`` the
+    fill class ``c`` of segment ``s`` (``C`` classes, 1 without a table), -1 for a segment with none.
 
     >>> segment_median(torch.tensor([3., 1., 2.]), torch.tensor([0, 0, 1]), 2, fill=torch.tensor(0.),
     ...                n_fill=torch.tensor([2, 0])).tolist()
     [0.0, 2.0]
     """
+    k = values.shape[0]
     vals, segs, mult = values, seg, torch.ones_like(seg)
+    ids = torch.arange(k, device=seg.device)
     if fill is not None and n_fill is not None:
         n = torch.as_tensor(n_fill, device=seg.device)
         n = n if n.dim() == 2 else n[:, None]
         F = torch.as_tensor(fill, dtype=values.dtype, device=values.device).expand(n.shape)
-        vals = torch.cat([values, F.reshape(-1)])
-        segs = torch.cat([seg, torch.arange(num_segments, device=seg.device).repeat_interleave(n.shape[1])])
-        mult = torch.cat([mult, n.reshape(-1)])
+        vals = torch.cat([F.reshape(-1), values])  # (fills first: ahead of equal stored values in the stable sort)
+        segs = torch.cat([torch.arange(num_segments, device=seg.device).repeat_interleave(n.shape[1]), seg])
+        mult = torch.cat([n.reshape(-1), mult])
+        ids = torch.cat([k + torch.arange(n.numel(), device=seg.device), ids])
     keep = (mult > 0) & ~torch.isnan(vals)
-    vals, segs, mult = vals[keep], segs[keep], mult[keep]
+    vals, segs, mult, ids = vals[keep], segs[keep], mult[keep], ids[keep]
     order = torch.argsort(vals.detach(), stable=True)
     order = order[torch.argsort(segs[order], stable=True)]
-    vals, segs, mult = vals[order], segs[order], mult[order]
+    vals, segs, mult, ids = vals[order], segs[order], mult[order], ids[order]
     total = torch.zeros(num_segments, dtype=torch.int64, device=seg.device).index_add_(0, segs, mult)
     after = torch.cumsum(mult, 0) - (torch.cumsum(total, 0) - total)[segs]
     t = (total - 1).div(2, rounding_mode="floor")[segs]
     sel = (after - mult <= t) & (t < after)
-    out = torch.full((num_segments,), math.nan, dtype=values.dtype, device=values.device)
-    return out.index_put((segs[sel],), vals[sel])
+    empty = math.nan if values.is_floating_point() or values.is_complex() else 0
+    out = torch.full((num_segments,), empty, dtype=values.dtype, device=values.device).index_put((segs[sel],), vals[sel])
+    if not return_index:
+        return out
+    return out, torch.full((num_segments,), -1, dtype=torch.int64, device=seg.device).index_put((segs[sel],), ids[sel])

@@ -21,8 +21,7 @@ import functools
 import torch
 
 from .. import _index
-from .._compile import traced
-from .._reduce import group_slices
+from .._reduce import csr_row_slices, group_slices
 from ._canon import Masked
 
 __all__ = ["Slices", "canonical_dims", "reduce"]
@@ -62,15 +61,13 @@ class Slices:
         k = X.u.shape[0]
         dev = X.u.device
         if X.rows is not None and self.red_s == [1]:  # plain CSR along its columns: the rows are the slices
-            counts = X.A._crow[1:] - X.A._crow[:-1]
-            nonempty = counts > 0
-            self.out_idx = nonempty.nonzero().T
-            self.seg_row = X.rows if self.out_idx.shape[1] == counts.numel() else torch.repeat_interleave(
-                torch.arange(self.out_idx.shape[1], device=dev), counts[nonempty], output_size=k)
-            self.n_u = S[1] - counts[nonempty]
-            lengths = counts[nonempty]
+            counts = X.A._crow.diff()
+            self.out_idx, self.n_u, lengths = csr_row_slices(counts, S[1])
+            self.seg_row = X.rows if self.out_idx.shape[1] == counts.numel() else _index.runs_to_ids(lengths, k)
         elif self.red_s:
-            self.seg_row, self.out_idx, self.n_u, lengths = _group(X.indices(), S, self.red_s)
+            self.seg_row, self.out_idx, self.n_u = group_slices(X.indices(), S, self.red_s)
+            trailing = max(self.red_s) == len(S) - 1 and len(self.red_s) == len(S) - min(self.red_s)
+            lengths = _index.numel([S[d] for d in self.red_s]) - self.n_u if trailing else None
         else:
             self.seg_row = torch.arange(k, device=dev)
             self.out_idx = X.indices()
@@ -197,25 +194,6 @@ class Slices:
         keep = [d for d in range(len(self.X.S)) if d not in self.red_s]
         full[keep] = self.out_idx
         return full
-
-
-def _group(idx, S, red_s):
-    """:func:`sparsefill._reduce.group_slices`; O(k) when the reduced dims are trailing sparse dims
-    (then the kept keys of a coalesced pattern are already sorted)."""
-    keep = [d for d in range(len(S)) if d not in red_s]
-    if keep != list(range(len(keep))):
-        return group_slices(idx, S, red_s) + (None,)
-    kshape = [S[d] for d in keep]
-    keys = _index.linearize(idx[: len(keep)], kshape)
-    nk, k = _index.numel(kshape), keys.numel()
-    if 0 < nk <= 4 * k + 4096:  # sorted keys in a small range: run lengths off a CSR compression
-        counts = torch.diff(torch._convert_indices_from_coo_to_csr(keys, nk))
-        out_keys = (counts > 0).nonzero().squeeze(1)
-        counts = counts[out_keys]
-        seg = keys if not traced(keys) and out_keys.numel() == nk else _index.runs_to_ids(counts, k)
-        return seg, _index.unravel(out_keys, kshape), _index.numel([S[d] for d in red_s]) - counts, counts
-    out_keys, seg, counts = torch.unique_consecutive(keys, return_inverse=True, return_counts=True)
-    return seg, _index.unravel(out_keys, kshape), _index.numel([S[d] for d in red_s]) - counts, counts
 
 
 def reduce(reducer, sl: Slices, v, seg, F, n, F0, n0, lengths=None):

@@ -28,7 +28,7 @@ from .._convert import (check_densify_quiet, coalesce_of, coalesced_parts, dense
 from .. import _autograd, _segsoftmax
 from .._autograd import _values_on_pattern
 from .._index import linearize
-from .._reduce import REDUCERS, group_slices, segment_combine, times
+from .._reduce import REDUCERS, group_slices, segment_combine, shifted_exp_sums, times
 from .._tensor import SparseTensor
 from .registry import register
 
@@ -55,12 +55,10 @@ def _softmax(func, args, kwargs):
     seg, out_idx, n = group_slices(idx, B._sparse_shape, [dim])
     S = out_idx.shape[1]
     f = None if B._indefinite else B._fill.expand(B._dense_shape)
-    m = REDUCERS["amax"](vals, seg, S, **({} if f is None else dict(fill=f, n_fill=n)))
-    shifted = vals - m[seg]
-    Z = segment_combine(torch.exp(shifted), seg, S, "sum")
-    if f is not None:
-        Z = Z + times(torch.exp(f - m), n, Z)
-    out = shifted - torch.log(Z)[seg] if log else torch.exp(shifted) / Z[seg]
+    kw = {} if f is None else dict(fill=f, n_fill=n)
+    m = REDUCERS["amax"](vals, seg, S, **kw)
+    shifted, e, Z = shifted_exp_sums(vals, seg, S, m, **kw)
+    out = shifted - torch.log(Z)[seg] if log else e / Z[seg]
     if f is None:
         return parts_to_sparse(idx, out, A.shape, out.new_empty(0), indefinite=True, layout=B._sf_layout,
                                coalesced=True)

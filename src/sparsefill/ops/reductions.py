@@ -22,10 +22,11 @@ import warnings
 import torch
 from torch.utils._pytree import tree_map_only
 
-from .. import _index
+from .. import _engine, _index
 from .._compile import traced
 from .._convert import coalesced_parts, dense_of, parts_to_sparse
-from .._reduce import Norm, REDUCERS, first_gap, group_slices, segment_arg, segment_combine, segment_counts
+from .._reduce import (Norm, REDUCERS, first_gap, group_slices, segment_arg, segment_combine,
+                       segment_median, csr_row_slices)
 from .._policy import check_densify
 from .._tensor import SparseTensor
 from ._schema import check_dtype, meta_call, meta_of, reduction_meta
@@ -102,8 +103,8 @@ def reduce_dims(A: SparseTensor, name: str, dims, keepdim: bool, out_meta: torch
     kw = {} if fill is None else dict(fill=fill, n_fill=n_fill)
     if max(kept) < min(sp):  # the slices are contiguous runs of the (coalesced) stored elements
         kw["lengths"] = N - n_fill
-    if rows is not None and type(r) is type(REDUCERS["sum"]) and r.mode == "sum" and r.pre is None \
-            and vals.dim() == 1 and vals.dtype in (torch.float32, torch.float64) and not traced(vals):
+    plain = rows is not None and type(r) is type(REDUCERS["sum"]) and r.pre is None and vals.dim() == 1
+    if _engine.choose(r.mode, vals.dtype, runs=True, csr_rows=plain, traced=traced(vals)) == "csr_mv":
         sums = _csr_row_sums(A)
         kw["combined"] = sums if S == sums.shape[0] else sums[out_idx[0]]
     out_vals = r(vals, seg, S, **kw)
@@ -122,12 +123,10 @@ def _csr_rows(A: SparseTensor):
     if A._sf_layout is not torch.sparse_csr or A._crow.dim() != 1:
         return None
     counts = A._crow.diff()
-    if not A._indefinite and (traced(counts) or 2 * int(torch.count_nonzero(counts)) > counts.numel()):
-        # mostly non-empty (traced: sizes known): all rows
-        return None, torch.arange(counts.numel(), device=counts.device)[None], A.shape[1] - counts
-    rows = counts.nonzero().reshape(1, -1)
-    lengths = counts[rows[0]]
-    return None, rows, A.shape[1] - lengths  # (slice ids: from the lengths, where a reducer needs them)
+    # mostly non-empty (traced: sizes known): all rows
+    every = not A._indefinite and (traced(counts) or 2 * int(torch.count_nonzero(counts)) > counts.numel())
+    out_idx, n_fill, _ = csr_row_slices(counts, A.shape[1], every)
+    return None, out_idx, n_fill  # (slice ids: from the lengths, where a reducer needs them)
 
 
 def _csr_row_sums(A: SparseTensor) -> torch.Tensor:
@@ -387,15 +386,14 @@ def _median(func, args, kwargs):
     N = v.numel() + n
     if N == 0:
         return torch.full((), float("nan"), dtype=A.dtype, device=A.device)
-    s = torch.sort(v).values
-    m, c = (N - 1) // 2, int((s < f).sum())
-    return (s[m] if m < c else f if m < c + n else s[m - n]).clone()
+    seg = torch.zeros(v.shape[0], dtype=torch.int64, device=v.device)
+    return segment_median(v, seg, 1, fill=f, n_fill=torch.tensor([n], device=v.device))[0]
 
 
 @register(aten.median.dim, aten.nanmedian.dim)
 def _median_dim(func, args, kwargs):
-    """Lower median along ``dim`` per slice, with the rank rule of :func:`_median` run for all slices at
-    once on the stored values sorted by (slice, value).  ``indices`` point at an element equal to the
+    """Lower median along ``dim`` per slice, by the one rank rule (:func:`_reduce.segment_median`, the fills
+    ahead of equal stored values), for all slices at once.  ``indices`` point at an element equal to the
     median: the stored one, or the first unspecified position when the fill is the median (torch leaves
     which of several equal elements unspecified); a slice with a NaN (median) gives its first NaN."""
     A, dim = args[0], args[1]
@@ -414,38 +412,20 @@ def _median_dim(func, args, kwargs):
     idx, v = coalesced_parts(A)
     f, size = A._fill.reshape(()), A.shape[dim]
     seg, out_idx, n = group_slices(idx, A._sparse_shape, [dim])
-    S, k = out_idx.shape[1], v.shape[0]
-    order = torch.argsort(v, stable=True)  # (NaN last)
-    order = order[torch.argsort(seg[order], stable=True)]
-    s, sseg, spos = v[order], seg[order], idx[dim][order]
-    count = segment_counts(seg, S)
-    start = torch.cumsum(count, 0) - count
-    isnan = torch.isnan(s)
-    nan_s = segment_combine(isnan.long(), sseg, S, "sum")
+    S, k, spos = out_idx.shape[1], v.shape[0], idx[dim]
     fnan = bool(torch.isnan(f))
-    if func is aten.nanmedian.dim:  # NaNs sort last in a slice: the first count - #NaN are the valid ones
-        valid, n = count - nan_s, n * (not fnan)
-    else:
-        valid = count
-    c = segment_combine((s < f).long(), sseg, S, "sum")
-    N = valid + n
-    m = torch.div(N - 1, 2, rounding_mode="floor").clamp_min(0)
-    pick = torch.where(m < c, m, m - n).clamp(0, max(k - 1, 0)) + start
-    use_fill = (m >= c) & (m < c + n)
-    gap = first_gap(seg, idx[dim], S)
-    val = torch.where(use_fill, f, s[pick.clamp(max=max(k - 1, 0))] if k else f.expand(S))
-    pos = torch.where(use_fill, gap, spos[pick.clamp(max=max(k - 1, 0))] if k else gap)
+    val, which = segment_median(v, seg, S, fill=f, n_fill=n, return_index=True)  # (NaNs skipped: nanmedian)
+    gap = first_gap(seg, spos, S)
+    pos = torch.where(which >= k, gap, spos[which.clamp(0, max(k - 1, 0))] if k else gap)
+    pos = torch.where(which < 0, torch.zeros_like(pos), pos)  # (nanmedian of NaNs only)
     if func is aten.median.dim and v.is_floating_point():  # a NaN anywhere in the slice: NaN at the first NaN
-        first_nan = segment_combine(torch.where(isnan, spos, size), sseg, S, "amin", init=size) if k else \
+        first_nan = segment_combine(torch.where(torch.isnan(v), spos, size), seg, S, "amin", init=size) if k else \
             torch.full((S,), size, device=v.device)
         if fnan:
             first_nan = torch.where(n > 0, torch.minimum(first_nan, gap), first_nan)
         has = first_nan < size
         val = torch.where(has, torch.full_like(val, float("nan")), val)
         pos = torch.where(has, first_nan, pos)
-    if v.is_floating_point():  # (nanmedian of NaNs only)
-        val = torch.where(N == 0, torch.full_like(val, float("nan")), val)
-    pos = torch.where(N == 0, torch.zeros_like(pos), pos)
     kept = [d for d in range(A.dim()) if d != dim]
     dense_val = f.expand(tuple(A.shape[d] for d in kept)).clone()
     dense_pos = torch.zeros(dense_val.shape, dtype=torch.int64, device=v.device)

@@ -45,14 +45,13 @@ import os
 import numpy as np
 import torch
 
-from .. import _index, _reduce
+from .. import _engine, _index, _reduce
 
 __all__ = ["set_backend", "backend", "use_backend", "compiled_available", "compiled_for", "segment_sum",
            "segment_extreme", "sort_by_segment", "count_ids", "offsets_of", "segment_ids_of"]
 
 _BACKENDS = ("auto", "numba", "torch")
 _STATE = {"backend": os.environ.get("SPARSEFILL_SEGMENT_BACKEND", "auto"), "nb": None, "work": 0}
-_FLOATS = (torch.float32, torch.float64)
 COMPILED_AFTER_WORK = 1 << 22  # elements of work ("auto") after which numba is imported: see the module docstring
 
 
@@ -118,10 +117,6 @@ def compiled_for(device, work: int = 0) -> bool:
         if _STATE["work"] < COMPILED_AFTER_WORK:
             return False
     return bool(_nb())
-
-
-def _compiled(x, plan) -> bool:
-    return plan.compiled and x.dtype in _FLOATS
 
 
 def _np(t):
@@ -337,11 +332,6 @@ def sort_by_segment(ids: torch.Tensor, num_segments: int, compiled: bool | None 
     return order, offsets
 
 
-def _direct(plan, x) -> bool:
-    """Reduce unsorted ids in place (compiled scatter kernels) rather than through the segment order."""
-    return plan.unsorted and not plan._sorted and _compiled(x, plan)
-
-
 def _contig(t):
     return None if t is None else t.contiguous()
 
@@ -356,19 +346,21 @@ def segment_sum(x: torch.Tensor, plan, w: torch.Tensor | None = None, *, mode: s
     S = plan.num_segments
     if S == 0:
         return x.new_zeros(0, x.shape[1])
-    if not w_in_segment_order and _direct(plan, x):
+    engine = _engine.choose("sum", x.dtype, unsorted=plan.unsorted and not plan._sorted and not w_in_segment_order,
+                            compiled=plan.compiled, bag=True, one_column=x.shape[1] == 1, gather=plan.rows is not None)
+    if engine == "numba_scatter":
         op = "wsum" if w is not None else ("mean" if mode == "mean" else "sum")
         out, _ = _reduce_compiled("scatter", op, x, plan, _contig(plan.direct_rows()), _contig(plan.direct(w)),
                                   scale=plan.counts if op == "mean" else None)
         return out / plan.counts.clamp_min(1)[:, None] if (mode == "mean" and op != "mean") else out
     w_seg = w if (w is None or w_in_segment_order) else plan.to_segment_order(w)
-    if x.shape[1] == 1 and plan.rows is None and _compiled(x, plan):
+    if engine == "numba_sorted":
         # one column read in order: the compiled kernel, 1.6x faster than embedding_bag (not so for a gather)
         op = "wsum" if w_seg is not None else ("mean" if mode == "mean" else "sum")
         out, _ = _reduce_compiled("sorted", op, x, plan, None, _contig(w_seg),
                                   scale=plan.counts if op == "mean" else None)
         return out.div_(plan.counts.clamp_min(1)[:, None]) if (mode == "mean" and op != "mean") else out
-    if x.is_floating_point() and not x.is_complex():
+    if engine == "embedding_bag":
         rows = plan.rows
         idx = rows if rows is not None else _arange(x.shape[0], x.device)
         # (a mean is the sum divided in place: embedding_bag's own mean mode measured 1.5-4x slower)
@@ -392,11 +384,13 @@ def segment_extreme(x: torch.Tensor, plan, *, largest: bool, want_arg: bool = Tr
     if S == 0:
         return x.new_zeros(0, D), (torch.zeros(0, D, dtype=torch.int64, device=x.device) if want_arg else None)
     op = "max" if largest else "min"
-    if _direct(plan, x):
+    engine = _engine.choose("amax" if largest else "amin", x.dtype, unsorted=plan.unsorted and not plan._sorted,
+                            compiled=plan.compiled)
+    if engine == "numba_scatter":
         out, arg = _reduce_compiled("scatter", op, x, plan, _contig(plan.direct_rows()), None, want_arg=want_arg)
         return _fill_empty(out, plan, empty), (plan.direct_positions(arg) if want_arg else None)
     rows = plan.rows
-    if _compiled(x, plan):
+    if engine == "numba_sorted":
         w = None if empty is None else torch.empty(1, dtype=x.dtype).fill_(empty)
         out, arg = _reduce_compiled("sorted", op, x, plan, _contig(rows), w, want_arg=want_arg)
         return out, (plan.input_positions(arg) if want_arg else None)

@@ -141,8 +141,8 @@ def _forward(x2: torch.Tensor, weights, plan: Plan, red: SegmentReducer, want_ar
 def _lse(X: torch.Tensor, seg: torch.Tensor, S: int, m: torch.Tensor) -> torch.Tensor:
     """``lse[s] = log sum_{p in s} exp(X_p) = m_s + log sum exp(X_p - m_s)`` for a per-segment shift ``m``
     (0 where not finite); differentiable in ``X``."""
-    m = torch.where(torch.isfinite(m), m, torch.zeros((), dtype=m.dtype, device=m.device))
-    return torch.log(_reduce.segment_combine(torch.exp(X - m.index_select(0, seg)), seg, S, "sum")) + m
+    m = _reduce.finite_shift(m)
+    return torch.log(_reduce.shifted_exp_sums(X, seg, S, m)[2]) + m
 
 
 def _flat(t: torch.Tensor) -> torch.Tensor:
@@ -215,16 +215,14 @@ def _backward(ctx_red: SegmentReducer, plan: Plan, ties: str, x2, weights, raw, 
             else:
                 gw = _to_input_order(d, plan)
     elif red.kind == "extreme":
-        best = raw.index_select(0, seg)
         if ties == "first":  # arg holds input positions
             order = plan.order
             k = (order if order is not None else torch.arange(seg.numel(), device=seg.device))[:, None]
             hit = k == arg.index_select(0, seg)
         else:
-            hit = (X == best) | (torch.isnan(X) & torch.isnan(best))
+            hit, n_hit, _ = _reduce.tie_counts(X, raw, seg, S, nan=True)
         gx = torch.where(hit, G, torch.zeros((), dtype=G.dtype, device=G.device))
         if ties == "split":
-            n_hit = X.new_zeros((S, X.shape[1])).index_add(0, seg, hit.to(X.dtype))
             gx = gx / n_hit.index_select(0, seg).clamp_min(1)
     elif red.kind == "prod":
         zero = X == 0
