@@ -178,6 +178,27 @@ def _check_all_reduce(rank, world, ops=None, algorithms=("auto", "sparse", "dens
                     D = make(case, rank).to_dense()
                     dist.all_reduce(D, op)  # the dense collective (gloo's MIN/MAX skip NaN: not compared there)
                     torch.testing.assert_close(A.to_dense(), D, equal_nan=True, msg=msg)
+    # the functional collectives return SparseTensors
+    import torch.distributed._functional_collectives as funcol
+    W = dist.group.WORLD
+    for case in ("coo1d", "hybrid", "csr", "indefinite"):
+        everyone = [make(case, j) for j in range(world)]
+        A = make(case, rank)
+        r = funcol.wait_tensor(funcol.all_reduce(A, "sum", W))
+        assert isinstance(r, sparsefill.SparseTensor)
+        assert_holds(r, *local_reduce(R.SUM, everyone), f"funcol.all_reduce {case}",
+                     all(T.is_fill_indefinite() for T in everyone))
+        assert_holds(A, *local_reduce(R.MAX, [make(case, rank)]), "funcol input unchanged", A.is_fill_indefinite())
+        r = funcol.wait_tensor(funcol.broadcast(A, 1, W))
+        assert_holds(r, *local_reduce(R.MAX, [everyone[1]]), f"funcol.broadcast {case}",
+                     everyone[1].is_fill_indefinite())
+        if case != "indefinite":
+            r = funcol.wait_tensor(funcol.all_gather_tensor(A, 0, W))
+            torch.testing.assert_close(r.to_dense(), torch.cat([T.to_dense() for T in everyone]))
+    X = sparsefill.to_sparse(torch.arange(world * 2 * 3.).reshape(world * 2, 3) % (rank + 2), fill_value=1.)
+    r = funcol.wait_tensor(funcol.reduce_scatter_tensor(X, "sum", 0, W))
+    full = sum(torch.arange(world * 2 * 3.).reshape(world * 2, 3) % (j + 2) for j in range(world))
+    torch.testing.assert_close(r.to_dense(), full[2 * rank:2 * rank + 2])
     # complex: dist.all_reduce runs on torch.view_as_real(A) (a view, written through)
     C = sparsefill.sparse_coo_tensor([[rank]], torch.tensor([1 + 2j]), (4,), fill_value=1j * rank)
     D = C.to_dense()

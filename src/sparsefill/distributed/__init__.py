@@ -23,6 +23,10 @@ mismatch raises the same error on every rank.  This module adds options to the s
 2
 >>> dist.destroy_process_group()
 
+The functional collectives (``torch.distributed._functional_collectives``: ``all_reduce``, ``broadcast``,
+``all_gather_tensor``, ``reduce_scatter_tensor``) return SparseTensors once this module is imported
+(``_functional.py``; before, they compute on dense copies: dense results and a DensifyWarning).
+
 Training: :func:`data_parallel` (DDP for what it can bucket, gradient hooks with these collectives for
 SparseTensor parameters and sparse-gradient tables; ``_ddp.py``); :class:`RowShardedEmbeddingBag`
 (a table split by rows over the ranks, ids and rows moved by ``all_to_all_single``; ``_sharded.py``).
@@ -32,7 +36,7 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
-from . import _c10d  # noqa: F401  (registers the c10d handlers)
+from . import _c10d, _functional  # noqa: F401  (register the c10d and functional-collective handlers)
 from ._collectives import ALGORITHM, dense_bytes  # noqa: F401
 from ._combine import combine
 from ._ddp import GradSync, average, data_parallel

@@ -187,10 +187,15 @@ def scatter(out, inputs, root: int, pg) -> None:
     store(out, got[root])
 
 
+def gathered(A, pg) -> list:
+    """The ranks' ``A``, in rank order (new tensors)."""
+    W = pg.size()
+    return exchange(pg, "all_gather_into_tensor", [A] * W, [A] * W)[1]
+
+
 def all_gather_into_tensor(out, A, pg) -> None:
     """``out`` (``(W * n, ...)`` or ``(W, n, ...)``) becomes the ranks' ``A`` concatenated (or stacked)."""
-    W = pg.size()
-    _, got = exchange(pg, "all_gather_into_tensor", [A] * W, [A] * W)
+    got = gathered(A, pg)
     stacked = out.dim() == A.dim() + 1
     store(out, torch.stack(got) if stacked else torch.cat(got))
 
