@@ -6,7 +6,7 @@ stores 10k values; the code below is the code one writes for a dense tensor, and
 
     potential = signal * -8                                # to mV (the RFC's mV_unit)
     ratio = exp(-0.1 * potential)                          # a Nernst-like concentration ratio
-    window_mean = avg_pool1d(ratio[None, None], w, stride=1)[0, 0]      # the mean over w samples
+    window_mean = avg_pool1d(ratio[None], w, stride=1)[0]  # the mean over w samples
     loss = relu(window_mean - threshold).mean()            # how far the windowed mean exceeds a threshold
 
 and ``loss.backward()`` gives the gradients of the stored values and of the fill (the baseline level).
@@ -74,7 +74,7 @@ def pipeline(signal: torch.Tensor, window: int = 100, threshold: float = 56.0) -
     """The loss; the same code for a SparseTensor and a dense tensor."""
     potential = signal * -8.0
     ratio = torch.exp(-0.1 * potential)
-    window_mean = F.avg_pool1d(ratio[None, None], window, stride=1)[0, 0]
+    window_mean = F.avg_pool1d(ratio[None], window, stride=1)[0]  # (one channel, unbatched)
     return F.relu(window_mean - threshold).mean()
 
 
