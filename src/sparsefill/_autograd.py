@@ -59,6 +59,12 @@ def grad_parts(G, P: SparseTensor):
         gidx, gvals = _convert.coalesced_parts(G)
         gkeys = _index.linearize(gidx, S)
         outside = ~_index.lookup(ukeys, gkeys)[1]
+        if traced():  # (the count as a tensor: no value read while torch.compile traces)
+            n = _index.numel(S) - ukeys.numel() - outside.sum()
+            f = G._fill.expand(D)
+            gf = torch.where(outside.view((-1,) + (1,) * len(D)), gvals, 0).sum(0) + \
+                torch.where(n > 0, f * n, 0).to(f.dtype)
+            return gv, gf.sum_to_size(P._fill.shape)
         n_both_unspecified = _index.numel(S) - ukeys.numel() - int(outside.sum())
         gf = gvals[outside].sum(0) + _times_count(G._fill.expand(D), n_both_unspecified)
     else:

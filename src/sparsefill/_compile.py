@@ -137,7 +137,8 @@ def coerce_tangent(G, meta, expected_type=None):
 # makes each one node of dynamo's graph, run on fake tensors to propagate shapes; AOTAutograd then traces
 # into it (its autograd.Functions included).  Registered when torch._dynamo is first imported, never
 # importing it (3 s of a cold start).
-_IN_GRAPH = {"sparsefill.masked": ("sum", "prod", "cumsum", "cumprod", "amax", "amin", "argmax", "argmin", "mean",
+_IN_GRAPH = {"sparsefill": ("sparse_coo_tensor", "sparse_csr_tensor"),
+             "sparsefill.masked": ("sum", "prod", "cumsum", "cumprod", "amax", "amin", "argmax", "argmin", "mean",
                                    "median", "norm", "var", "std", "logsumexp", "logaddexp", "softmax",
                                    "log_softmax", "softmin", "normalize")}
 

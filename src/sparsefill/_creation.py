@@ -11,11 +11,13 @@ and ``fill_value``.  Invariant::
 from __future__ import annotations
 
 import numbers
+import sys
 
 import torch
 
 from . import _convert, _index
 from ._autograd import Construct, SameDense
+from ._compile import traced
 from ._tensor import SparseTensor
 
 __all__ = ["indefinite", "sparse_coo_tensor", "sparse_csr_tensor", "to_sparse", "from_torch", "to_torch", "full", "zeros", "ones",
@@ -79,7 +81,7 @@ def normalize_fill(fill_value, dtype, device, dense_shape, *, own=False):
                             f"pass fill_value.to({dtype})")
         if fill_value.device != torch.device(device):
             raise TypeError(f"fill_value is on device {fill_value.device} but the tensor is on {device}")
-        fill, zero = fill_value, fill_value.device.type == "cpu" and not bool(fill_value.any())
+        fill, zero = fill_value, fill_value.device.type == "cpu" and not traced() and not bool(fill_value.any())
         if own:
             fill = fill.detach().clone()
     elif isinstance(fill_value, numbers.Number):
@@ -94,7 +96,7 @@ def normalize_fill(fill_value, dtype, device, dense_shape, *, own=False):
         t = torch.as_tensor(fill_value)
         if not torch.can_cast(t.dtype, dtype):
             raise TypeError(f"fill_value of dtype {t.dtype} cannot be cast to the tensor's dtype {dtype}")
-        fill, zero = t.to(dtype=dtype, device=device), not bool(t.any())
+        fill, zero = t.to(dtype=dtype, device=device), not traced() and not bool(t.any())
     # broadcasts to dense_shape: every trailing dim of the fill is 1 or that dim (not torch.broadcast_shapes,
     # whose first call imports sympy: 0.3 s of every process's first constructor)
     fits = fill.dim() <= len(dense_shape) and all(f in (1, d) for f, d in zip(reversed(fill.shape),
@@ -140,9 +142,13 @@ def _size_tuple(size, name="size"):
 
 
 def _check_bounds(idx: torch.Tensor, sizes, name: str, dim_name: str | None = None) -> None:
+    flat = idx if idx.dim() == 2 else idx[None]
+    if traced(idx):  # torch.compile: the data is not known while tracing; checked when the graph runs
+        ok = ((flat >= 0) & (flat < torch.tensor(list(sizes), device=idx.device)[:, None])).all()
+        torch._assert_async(ok, f"{name} has an entry out of range [0, size) for sizes {tuple(sizes)}")
+        return
     if idx.shape[-1] == 0:
         return
-    flat = idx if idx.dim() == 2 else idx[None]
     lo, hi = flat.amin(1), flat.amax(1)
     for d, (a, b, s) in enumerate(zip(lo.tolist(), hi.tolist(), sizes)):
         where = f"{name}[{d}]" if idx.dim() > 1 else name
@@ -151,6 +157,14 @@ def _check_bounds(idx: torch.Tensor, sizes, name: str, dim_name: str | None = No
         if b >= s:
             raise IndexError(f"{where} has an entry {b} out of range for size {s} of "
                              f"{dim_name or f'sparse dim {d}'}")
+
+
+def _size_from_data(what: str) -> None:
+    """While torch.compile traces, a size inferred from the indices would be a value read from data: a graph
+    break (the constructor runs eagerly)."""
+    if traced():
+        sys.modules["torch._dynamo"].graph_break(msg=f"sparsefill.{what} with size=None reads the indices "
+                                                 "(pass size= to compile it)")
 
 
 def _build(make, values, fill, requires_grad: bool) -> SparseTensor:
@@ -196,6 +210,7 @@ def sparse_coo_tensor(indices, values, size=None, *, fill_value=None, dtype=None
                          f"nse={nse} columns")
     dense_shape = tuple(values.shape[1:])
     if size is None:
+        _size_from_data("sparse_coo_tensor")
         _check_bounds(idx, [_index._INT64_MAX] * sdim, "indices")
         size = tuple((idx.amax(1) + 1).tolist() if nse else [0] * sdim) + dense_shape
     else:
@@ -207,7 +222,14 @@ def sparse_coo_tensor(indices, values, size=None, *, fill_value=None, dtype=None
             _check_bounds(idx, size, "indices")
     fill, indefinite, zero = normalize_fill(fill_value, values.dtype, values.device, dense_shape)
     coalesced = False
-    if check_invariants and is_coalesced is not False:
+    if check_invariants and is_coalesced and traced(idx):  # (checked when the graph runs)
+        keys = _index.linearize(idx, size[:sdim])
+        torch._assert_async((keys[1:] > keys[:-1]).all(), "is_coalesced=True but indices are not sorted "
+                            "without duplicates")
+        coalesced = True
+    elif check_invariants and is_coalesced is not False and traced(idx):
+        coalesced = False  # (not known without reading the indices: the handlers coalesce where they need)
+    elif check_invariants and is_coalesced is not False:
         coalesced = _index.is_sorted_unique(_index.linearize(idx, size[:sdim]))
         if is_coalesced and not coalesced:
             raise ValueError("is_coalesced=True but indices are not sorted without duplicates")
@@ -245,7 +267,11 @@ def sparse_csr_tensor(crow_indices, col_indices, values, size=None, *, fill_valu
     nrows, dense_shape = crow.shape[-1] - 1, tuple(values.shape[len(batch) + 1:])
     if nrows < 0:
         raise ValueError("crow_indices must have at least one entry per batch (nrows + 1)")
-    if check_invariants and crow.numel():
+    if check_invariants and traced(crow):  # (checked when the graph runs)
+        steps = crow[..., 1:] - crow[..., :-1]
+        torch._assert_async(((crow[..., 0] == 0) & (crow[..., -1] == nse)).all() & (steps >= 0).all(),
+                            "crow_indices must start at 0, end at nse and be non-decreasing in every batch")
+    elif check_invariants and crow.numel():
         first, last, steps = crow[..., 0], crow[..., -1], crow[..., 1:] - crow[..., :-1]
         if bool((first != 0).any()) or bool((last != nse).any()):
             raise ValueError(f"crow_indices must start at 0 and end at nse={nse} in every batch; got first "
@@ -255,6 +281,7 @@ def sparse_csr_tensor(crow_indices, col_indices, values, size=None, *, fill_valu
             raise ValueError(f"crow_indices must be non-decreasing: at {tuple(at[:-1])} row {at[-1]} it goes from "
                              f"{int(crow[tuple(at)])} to {int(crow[tuple(at[:-1]) + (at[-1] + 1,)])}")
     if size is None:
+        _size_from_data("sparse_csr_tensor")
         _check_bounds(col, [_index._INT64_MAX], "col_indices")
         ncols = int(col.max()) + 1 if col.numel() else 0
         size = batch + (nrows, ncols) + dense_shape
@@ -274,7 +301,10 @@ def sparse_csr_tensor(crow_indices, col_indices, values, size=None, *, fill_valu
         return SparseTensor(torch.sparse_csr, size, v, f.clone(), crow=crow, col=col, indefinite=indefinite,
                             known_zero=zero)
     out = _build(make, values, fill, requires_grad)
-    if check_invariants:
+    if check_invariants and traced(col):
+        keys = out._keys()
+        torch._assert_async((keys[1:] > keys[:-1]).all(), "col_indices must be strictly increasing within each row")
+    elif check_invariants:
         keys = out._keys()
         bad = (keys[1:] <= keys[:-1]).nonzero()
         if bad.numel():

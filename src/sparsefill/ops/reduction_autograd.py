@@ -45,6 +45,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from .. import _index
+from .._compile import traced
 from .._autograd import _pattern
 from .._convert import coalesced_parts, parts_to_sparse, rewrap, values_at
 from .._reduce import group_slices
@@ -209,7 +210,7 @@ def reduction_grad(P: SparseTensor, name: str, dims, opt, Y: torch.Tensor, G: to
         st = _Slices(V, F, m, rd, K, Y)
         gv, gf = FORMULAS[name](V, G, Y, st, opt), FORMULAS[name](F, G, Y, st, opt)
     gv = gv.expand(V.shape).to(P.dtype).contiguous()
-    zero = P._indefinite or m == 0  # no unspecified element reads the fill's gradient
+    zero = P._indefinite or (not traced() and m == 0)  # no unspecified element reads the fill's gradient
     gf = gf.new_zeros(D) if zero else gf.expand(D).to(P.dtype).clone()
     if P._coalesced:  # P's own index tensors: the constructor's backward reads the values as they are
         return rewrap(P, values=gv.reshape(P._vals.shape), fill=gf, indefinite=False, known_zero=zero)
