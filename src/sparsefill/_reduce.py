@@ -237,11 +237,20 @@ class LogSumExp(Reducer):
     """``log(sum(exp(x)))`` as ``m + log(sum(exp(x - m)))`` with ``m`` the slice max (0 where infinite;
     a constant for the gradient, which is exact for any ``m``)."""
 
-    def __init__(self):
-        super().__init__("logsumexp", "sum", dense=lambda x: torch.logsumexp(x, 0))
+    def __init__(self, mean: bool = False):
+        """``mean``: ``logmeanexp = logsumexp - log(count)`` (the finalize step)."""
+        if mean:
+            super().__init__("logmeanexp", "sum", finalize=lambda lse, n: lse - torch.log(n.to(lse.dtype)),
+                             dense=lambda x: torch.logsumexp(x, 0) - math.log(x.shape[0]))
+        else:
+            super().__init__("logsumexp", "sum", dense=lambda x: torch.logsumexp(x, 0))
 
     def __call__(self, values, seg, num_segments, *, fill=None, n_fill=None, lengths=None):
-        return self.parts(values, seg, num_segments, fill=fill, n_fill=n_fill, lengths=lengths)[0]
+        lse = self.parts(values, seg, num_segments, fill=fill, n_fill=n_fill, lengths=lengths)[0]
+        if self._finalize is None:
+            return lse
+        count = segment_counts(seg, num_segments, lengths)
+        return self.finalize(lse, count if fill is None or n_fill is None else count + _n_total(n_fill, lse))
 
     def parts(self, values, seg, num_segments, *, fill=None, n_fill=None, lengths=None):
         """``(lse, e, acc)``: the result, the shifted terms ``e = exp(x - m[seg])`` of the stored values and

@@ -43,18 +43,47 @@ __all__ = ["reduce", "SegmentReducer", "SEGMENT_REDUCERS"]
 
 @dataclasses.dataclass(frozen=True)
 class SegmentReducer:
+    """A reducer of the protocol (:mod:`sparsefill._reduce`: identity, combine, finalize with the count)
+    plus the weights of the positions and the count its finalize divides by::
+
+        out[s] = base.finalize(base.combine(w_p x_p for p in s), count[s])
+
+    ``weights``: None, ``"row"`` (one per position) or ``"position"`` (one per place in a segment);
+    ``scale``: the count of ``finalize``: ``"count"`` (``n_s``, the default) or ``"weights"``
+    (``sum_p w_p``: the weighted mean)."""
+
     name: str
     base: _reduce.Reducer          # the protocol reducer (identity, combine, finalize)
-    kind: str                      # "sum" | "extreme" | "prod" | "lse"
     empty: float                   # value of an empty segment
     weights: str | None = None     # None, "row" (one per position) or "position" (one per place in a segment)
-    scale: str | None = None       # None, "mean", "sqrt_n", "wmean", "logmean"
-    largest: bool = True
+    scale: str = "count"           # what finalize divides by: "count" or "weights"
     int_ok: bool = False
+
+    @property
+    def kind(self) -> str:
+        """``"lse"`` (two passes), ``"extreme"`` (amax/amin), ``"prod"`` or ``"sum"`` (linear)."""
+        if isinstance(self.base, _reduce.LogSumExp):
+            return "lse"
+        return {"sum": "sum", "prod": "prod", "amax": "extreme", "amin": "extreme"}[self.base.mode]
 
     @property
     def linear(self) -> bool:
         return self.kind == "sum"
+
+    def count(self, plan: Plan, weights) -> torch.Tensor:
+        """What ``finalize`` divides by, per segment."""
+        return _weight_sums(plan, weights) if self.scale == "weights" else plan.counts
+
+    def finalize(self, acc: torch.Tensor, plan: Plan, weights) -> torch.Tensor:
+        """The protocol's finalize of the per-segment ``acc`` (shape ``(S, D)``)."""
+        return acc if self.base._finalize is None else self.base.finalize(acc, self.count(plan, weights))
+
+    def slope(self, plan: Plan, weights, dtype):
+        """``d finalize / d acc`` per segment for a linear reducer (its finalize is linear in acc); None: 1."""
+        if self.base._finalize is None:
+            return None
+        count = self.count(plan, weights)
+        return self.base.finalize(torch.ones(count.shape, dtype=dtype, device=count.device), count)
 
 
 _P = _reduce.REDUCERS
@@ -63,17 +92,17 @@ _sqrt_n = _reduce.Reducer("sqrt_n", "sum", finalize=lambda acc, n: acc / torch.s
 _INF = float("inf")
 
 SEGMENT_REDUCERS: dict[str, SegmentReducer] = {r.name: r for r in [
-    SegmentReducer("sum", _P["sum"], "sum", 0.0, int_ok=True),
-    SegmentReducer("mean", _P["mean"], "sum", 0.0, scale="mean"),
-    SegmentReducer("sqrt_n", _sqrt_n, "sum", 0.0, scale="sqrt_n"),
-    SegmentReducer("weighted_sum", _P["sum"], "sum", 0.0, weights="row"),
-    SegmentReducer("weighted_mean", _P["sum"], "sum", 0.0, weights="row", scale="wmean"),
-    SegmentReducer("positional_weighted_sum", _P["sum"], "sum", 0.0, weights="position"),
-    SegmentReducer("max", _P["amax"], "extreme", 0.0, largest=True, int_ok=True),
-    SegmentReducer("min", _P["amin"], "extreme", 0.0, largest=False, int_ok=True),
-    SegmentReducer("prod", _P["prod"], "prod", 1.0, int_ok=True),
-    SegmentReducer("logsumexp", _P["logsumexp"], "lse", -_INF),
-    SegmentReducer("logmeanexp", _P["logsumexp"], "lse", -_INF, scale="logmean"),
+    SegmentReducer("sum", _P["sum"], 0.0, int_ok=True),
+    SegmentReducer("mean", _P["mean"], 0.0),
+    SegmentReducer("sqrt_n", _sqrt_n, 0.0),
+    SegmentReducer("weighted_sum", _P["sum"], 0.0, weights="row"),
+    SegmentReducer("weighted_mean", _P["mean"], 0.0, weights="row", scale="weights"),
+    SegmentReducer("positional_weighted_sum", _P["sum"], 0.0, weights="position"),
+    SegmentReducer("max", _P["amax"], 0.0, int_ok=True),
+    SegmentReducer("min", _P["amin"], 0.0, int_ok=True),
+    SegmentReducer("prod", _P["prod"], 1.0, int_ok=True),
+    SegmentReducer("logsumexp", _P["logsumexp"], -_INF),
+    SegmentReducer("logmeanexp", _reduce.LogSumExp(mean=True), -_INF),
 ]}
 
 
@@ -118,24 +147,24 @@ def _forward(x2: torch.Tensor, weights, plan: Plan, red: SegmentReducer, want_ar
     if S == 0:
         return x2.new_zeros((0, x2.shape[1]), dtype=_out_dtype(red, x2.dtype)), \
             (torch.zeros(0, x2.shape[1], dtype=torch.int64, device=x2.device) if want_arg else None)
-    if red.kind == "sum":
-        if red.weights == "position":
-            return _kernels.segment_sum(x2, plan, _segment_weights(red, weights, plan), w_in_segment_order=True), None
-        acc = _kernels.segment_sum(x2, plan, weights, mode="mean" if red.scale == "mean" else "sum")
-        if red.scale == "sqrt_n":
-            acc = acc / plan.counts[:, None].to(acc.dtype).sqrt()
-        elif red.scale == "wmean":
-            acc = acc / _weight_sums(plan, weights)[:, None]
-        return acc, None
-    if red.kind == "extreme":
-        return _kernels.segment_extreme(x2, plan, largest=red.largest, want_arg=want_arg, empty=empty)
-    if red.kind == "prod":
-        return red.base(_positions(plan, x2), plan.seg, S), None
+    kind, base = red.kind, red.base
+    if kind == "sum":  # the mean's finalize runs fused in the kernels (the count division in the same pass)
+        position = red.weights == "position"
+        fused = _fused_mean(red)
+        w = _segment_weights(red, weights, plan) if position else weights
+        acc = _kernels.segment_sum(x2, plan, w, mode="mean" if fused else "sum", w_in_segment_order=position)
+        return (acc if fused else red.finalize(acc, plan, weights)), None
+    if kind == "extreme":
+        return _kernels.segment_extreme(x2, plan, largest=base.mode == "amax", want_arg=want_arg, empty=empty)
+    if kind == "prod":
+        return base(_positions(plan, x2), plan.seg, S), None
     m, _ = _kernels.segment_extreme(x2, plan, largest=True, want_arg=False)  # (empty segments: any m, log 0)
-    out = _lse(_positions(plan, x2), plan.seg, S, m)
-    if red.scale == "logmean":
-        out = out - torch.log(plan.counts[:, None].to(out.dtype))
-    return out, None
+    return red.finalize(_lse(_positions(plan, x2), plan.seg, S, m), plan, weights), None
+
+
+def _fused_mean(red: SegmentReducer) -> bool:
+    """The mean by the count: the kernels divide in the same pass (and leave 0 in an empty segment)."""
+    return red.base is _P["mean"] and red.scale == "count"
 
 
 def _lse(X: torch.Tensor, seg: torch.Tensor, S: int, m: torch.Tensor) -> torch.Tensor:
@@ -161,7 +190,7 @@ def _set_empty(raw: torch.Tensor, plan: Plan, value, red: SegmentReducer) -> tor
     wrote it)."""
     if raw.numel() == 0:
         return raw
-    if red.kind == "sum" and red.scale in (None, "mean") and value == 0:
+    if red.kind == "sum" and (red.base._finalize is None or _fused_mean(red)) and value == 0:
         return raw  # embedding_bag / the scatter kernels leave 0 in an empty segment
     if red.kind == "extreme":
         return raw  # segment_extreme set them (_forward passes the value)
@@ -193,20 +222,14 @@ def _backward(ctx_red: SegmentReducer, plan: Plan, ties: str, x2, weights, raw, 
     X = _positions(plan, x2) if (red.kind != "sum" or need_w) else None  # (the sums' data gradient reads no row)
     if red.kind == "sum":
         w_seg = _segment_weights(red, weights, plan)
-        counts = plan.counts.to(x2.dtype)
-        if red.scale == "mean":
-            coef = (1.0 / counts).index_select(0, seg)
-        elif red.scale == "sqrt_n":
-            coef = counts.rsqrt().index_select(0, seg)
-        elif red.scale == "wmean":
-            W = w_seg.new_zeros(S).index_add(0, seg, w_seg)
-            coef = w_seg / W.index_select(0, seg)
-        else:
-            coef = w_seg
+        slope = red.slope(plan, weights, x2.dtype)  # d out / d acc: 1 / n_s, 1 / sqrt(n_s), 1 / W_s
+        coef = None if slope is None else slope.index_select(0, seg)
+        coef = w_seg if coef is None else coef if w_seg is None else coef * w_seg
         gx = G if coef is None else G * coef[:, None]
         if need_w:
             d = (G * X).sum(1)
-            if red.scale == "wmean":
+            if red.scale == "weights":  # the weighted mean: W_s depends on the weights too
+                W = w_seg.new_zeros(S).index_add(0, seg, w_seg)
                 mean = X.new_zeros((S, X.shape[1])).index_add(0, seg, X * w_seg[:, None]) / W[:, None]
                 d = ((X - mean.index_select(0, seg)) * G).sum(1) / W.index_select(0, seg)
             if red.weights == "position":
@@ -236,7 +259,7 @@ def _backward(ctx_red: SegmentReducer, plan: Plan, ties: str, x2, weights, raw, 
         if torch.is_grad_enabled():  # a double backward: lse as a function of X (the saved result is not)
             lse = _lse(X, seg, S, _reduce.segment_combine(X.detach(), seg, S, "amax"))
         else:
-            lse = raw if red.scale != "logmean" else raw + torch.log(plan.counts.to(raw.dtype))[:, None]
+            lse = raw if red.base._finalize is None else raw + torch.log(plan.counts.to(raw.dtype))[:, None]
         L = lse.index_select(0, seg)
         p = torch.exp(X - torch.where(torch.isinf(L) & (L < 0), torch.zeros((), dtype=L.dtype), L))
         gx = G * torch.where(torch.isinf(L) & (L < 0), torch.zeros((), dtype=p.dtype), p)
