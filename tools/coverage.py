@@ -89,6 +89,20 @@ def _forward_stage(op, fwd_mod):
     return "n/a", []
 
 
+def _revision() -> str:
+    """`` at commit abc1234`` (``, src/ modified`` when the working tree differs there), or ``""``."""
+    import subprocess
+    root = os.path.dirname(HERE)
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "src"], cwd=root, capture_output=True,
+                               text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return ""
+    return f" at commit {head}" + (" with src/ modified in the working tree" if dirty else "")
+
+
 def _key(op) -> str:
     return op.name + (f".{op.variant_test_name}" if op.variant_test_name else "")
 
@@ -109,7 +123,7 @@ def generate(names=None, out=None, backward=True) -> str:
     _, bhow = conftest._classify(bwd, BACKWARD_ORDER) if bwd else ({}, {})
     took = time.time() - t0
 
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC") + _revision()
     import torch
     lines = [
         "# Coverage: which stage computes each op",
