@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _index
+from . import _index, _merge
 from ._compile import bincount, traced
 from ._reduce import pattern_cached
 from ._tensor import SparseTensor
@@ -72,18 +72,21 @@ def union_parts(tensors):
     there])`` (dense shapes may differ).
 
     Where a tensor does not specify a position its fill stands in; positions an indefinite tensor
-    leaves unspecified are dropped (they are unspecified in any result).  One merge of the sorted
-    key runs (:func:`_index.unique_inverse`) and a scatter per tensor (values and indices: no binary
-    searches, no division to unravel the keys).
+    leaves unspecified are dropped (they are unspecified in any result).  One linear-time merge of the
+    sorted key runs (:func:`_merge.union_inverse`; two indefinite tensors: :func:`_merge.merge_intersect`)
+    and a scatter per tensor (values and indices: no division to unravel the keys).
     """
     S = tensors[0]._sparse_shape
     parts = [coalesced_parts(T) for T in tensors]
     keys = [_index.linearize(i, S) for i, _ in parts]
-    union, inverse = _index.unique_inverse(torch.cat(keys))
+    if len(tensors) == 2 and tensors[0]._indefinite and tensors[1]._indefinite and not traced(keys[0]):
+        _, ia, ib = _merge.merge_intersect(*keys)  # (only the positions both specify)
+        return parts[0][0].index_select(1, ia), [parts[0][1].index_select(0, ia), parts[1][1].index_select(0, ib)]
+    union, inverse = _merge.union_inverse(keys)
     U = union.numel()
     indices = parts[0][0].new_empty((len(S), U))
     values, keep = [], None
-    for T, (i, v), inv in zip(tensors, parts, inverse.split([k.numel() for k in keys])):
+    for T, (i, v), inv in zip(tensors, parts, inverse):
         for d in range(len(S)):
             indices[d].scatter_(0, inv, i[d])
         full = (v.new_zeros(()) if T._indefinite else T._fill).expand((U,) + tuple(T._dense_shape)).clone()

@@ -1,0 +1,171 @@
+"""Linear-time merges of sorted unique key sequences (the union and intersection of coalesced patterns).
+
+Keys are the row-major linear keys of :mod:`._index` (int64, strictly increasing within a run, as a
+coalesced pattern stores them).  For runs ``a`` and ``b``::
+
+    union, pa, pb = merge_union(a, b):    union == torch.unique(torch.cat([a, b])),  union[pa] == a,  union[pb] == b
+    common, ia, ib = merge_intersect(a, b):  common == a[ia] == b[ib] == the keys in both, ascending
+
+On CPU with numba installed one compiled two-pointer pass (O(len(a) + len(b)), no sort of the
+concatenation); elsewhere (other devices, no numba, small runs before numba is loaded) torch ops: a
+binary search of one run in the other (``torch.searchsorted``, O(n log m)).  While torch.compile
+traces (or fake tensors flow), :func:`union_inverse` takes the general ``torch.unique`` path.
+
+>>> a, b = torch.tensor([1, 4, 6]), torch.tensor([0, 4, 9])
+>>> [t.tolist() for t in merge_union(a, b)]
+[[0, 1, 4, 6, 9], [1, 2, 3], [0, 2, 4]]
+>>> [t.tolist() for t in merge_intersect(a, b)]
+[[4], [1], [1]]
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from . import _index
+from ._compile import traced
+
+_COMPILED_MIN = 2048  # total keys from which a merge imports numba (below: torch ops unless numba is loaded)
+_kernels = None       # (union, intersect) compiled functions, or False without numba
+
+
+def _compiled():
+    global _kernels
+    if _kernels is None:
+        try:
+            from numba import njit
+        except ImportError:
+            _kernels = False
+            return _kernels
+
+        @njit(cache=True, nogil=True)
+        def union(a, b, out, pa, pb):  # pragma: no cover (compiled)
+            na, nb = a.shape[0], b.shape[0]
+            i = j = k = 0
+            while i < na and j < nb:
+                x, y = a[i], b[j]
+                if x < y:
+                    out[k] = x
+                    pa[i] = k
+                    i += 1
+                elif y < x:
+                    out[k] = y
+                    pb[j] = k
+                    j += 1
+                else:
+                    out[k] = x
+                    pa[i] = k
+                    pb[j] = k
+                    i += 1
+                    j += 1
+                k += 1
+            while i < na:
+                out[k] = a[i]
+                pa[i] = k
+                i += 1
+                k += 1
+            while j < nb:
+                out[k] = b[j]
+                pb[j] = k
+                j += 1
+                k += 1
+            return k
+
+        @njit(cache=True, nogil=True)
+        def intersect(a, b, ia, ib):  # pragma: no cover (compiled)
+            na, nb = a.shape[0], b.shape[0]
+            i = j = k = 0
+            while i < na and j < nb:
+                x, y = a[i], b[j]
+                if x < y:
+                    i += 1
+                elif y < x:
+                    j += 1
+                else:
+                    ia[k] = i
+                    ib[k] = j
+                    k += 1
+                    i += 1
+                    j += 1
+            return k
+
+        _kernels = (union, intersect)
+    return _kernels
+
+
+def _use_compiled(a: torch.Tensor, b: torch.Tensor, compiled) -> bool:
+    if compiled is not None:
+        return bool(compiled) and bool(_compiled())
+    if a.device.type != "cpu" or b.device.type != "cpu":
+        return False
+    if "numba" not in sys.modules and a.numel() + b.numel() < _COMPILED_MIN:
+        return False
+    return bool(_compiled())
+
+
+def _check(a: torch.Tensor, b: torch.Tensor):
+    if a.dim() != 1 or b.dim() != 1 or a.dtype != torch.int64 or b.dtype != torch.int64:
+        raise TypeError(f"merge: keys must be 1-d int64 tensors, got {a.dtype} of shape {tuple(a.shape)} "
+                        f"and {b.dtype} of shape {tuple(b.shape)}")
+    if a.device != b.device:
+        raise ValueError(f"merge: keys on different devices, {a.device} and {b.device}")
+
+
+def merge_union(a: torch.Tensor, b: torch.Tensor, *, compiled: bool | None = None):
+    """``(union, pa, pb)`` of strictly increasing int64 runs: ``union[pa] == a``, ``union[pb] == b``.
+
+    ``compiled``: force (True) or forbid (False) the numba kernel; None chooses (CPU, numba importable).
+    """
+    _check(a, b)
+    if _use_compiled(a, b, compiled):
+        a, b = a.contiguous(), b.contiguous()
+        out = torch.empty(a.numel() + b.numel(), dtype=torch.int64)
+        pa, pb = torch.empty_like(a), torch.empty_like(b)
+        k = _kernels[0](a.numpy(), b.numpy(), out.numpy(), pa.numpy(), pb.numpy())
+        return out[:k], pa, pb
+    # torch ops: sa[j] = #{a < b[j]}; b[j] found in a or new; new keys before j shift b[j]'s place
+    a, b = a.contiguous(), b.contiguous()
+    sa = torch.searchsorted(a, b)
+    found = a[sa.clamp(max=max(a.numel() - 1, 0))] == b if a.numel() else torch.zeros_like(b, dtype=torch.bool)
+    new = ~found
+    before = torch.cumsum(new, 0).sub_(new.long())
+    pb = sa + before
+    pa = torch.arange(a.numel(), device=a.device) + torch.searchsorted(b[new], a)
+    out = a.new_empty(a.numel() + int(new.sum()))
+    out[pa] = a
+    out[pb] = b
+    return out, pa, pb
+
+
+def merge_intersect(a: torch.Tensor, b: torch.Tensor, *, compiled: bool | None = None):
+    """``(common, ia, ib)``: the keys in both strictly increasing int64 runs, ascending, and their positions
+    (``a[ia] == b[ib] == common``)."""
+    _check(a, b)
+    if _use_compiled(a, b, compiled):
+        a, b = a.contiguous(), b.contiguous()
+        n = min(a.numel(), b.numel())
+        ia, ib = torch.empty(n, dtype=torch.int64), torch.empty(n, dtype=torch.int64)
+        k = _kernels[1](a.numpy(), b.numpy(), ia.numpy(), ib.numpy())
+        return a[ia[:k]], ia[:k], ib[:k]
+    if not a.numel() or not b.numel():
+        e = a.new_empty(0)
+        return e, e, e.clone()
+    a, b = a.contiguous(), b.contiguous()
+    sa = torch.searchsorted(a, b).clamp_(max=a.numel() - 1)
+    ib = (a[sa] == b).nonzero().squeeze(1)
+    return b[ib], sa[ib], ib
+
+
+def union_inverse(keys: list[torch.Tensor]):
+    """``(union, [positions of each run's keys in union])`` of strictly increasing int64 runs: a fold of
+    :func:`merge_union` (``union[pos[t]] == keys[t]``); while tracing, ``torch.unique`` of the concatenation."""
+    if any(traced(k) for k in keys) or keys[0].device.type == "meta":
+        union, inverse = _index.unique_inverse(torch.cat(keys))
+        return union, list(inverse.split([k.numel() for k in keys]))
+    union, pos = keys[0], [None]  # (None: the identity, no gather)
+    for k in keys[1:]:
+        union, pu, pk = merge_union(union, k)
+        pos = [pu if p is None else pu[p] for p in pos] + [pk]
+    return union, [torch.arange(union.numel(), device=union.device) if p is None else p for p in pos]
