@@ -178,6 +178,22 @@ def _check_all_reduce(rank, world, ops=None, algorithms=("auto", "sparse", "dens
                     D = make(case, rank).to_dense()
                     dist.all_reduce(D, op)  # the dense collective (gloo's MIN/MAX skip NaN: not compared there)
                     torch.testing.assert_close(A.to_dense(), D, equal_nan=True, msg=msg)
+    # bytes: the stored elements (8-byte key + value) and the fill to each peer, and the headers; the dense way
+    # counts the ring's 2 (W-1)/W * numel * itemsize
+    g = torch.Generator().manual_seed(rank)
+    A = sparsefill.to_sparse(torch.where(torch.rand(100, 100, generator=g) < 0.01, 1., 0.), fill_value=0.)
+    nses = [None] * world
+    dist.all_gather_object(nses, A._nse())
+    sd = sparsefill.distributed
+    sd.traffic.reset()
+    sd.all_reduce(A, algorithm="sparse")
+    header = 2 * world * sd._wire.H * 8
+    payload = [-(-(n * 12 + 4) // 8) * 8 for n in nses]  # keys, values and the 4-byte fill, padded to 8
+    assert sd.traffic.sent == (world - 1) * (header + payload[rank]), (sd.traffic, nses)
+    assert sd.traffic.received == (world - 1) * header + sum(payload) - payload[rank]
+    sd.traffic.reset()
+    sd.all_reduce(A, algorithm="dense")
+    assert sd.traffic.sent == (world - 1) * header + 2 * (world - 1) * 100 * 100 * 4 // world
     # the functional collectives return SparseTensors
     import torch.distributed._functional_collectives as funcol
     W = dist.group.WORLD

@@ -31,7 +31,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .. import segment
-from ._exchange import traffic
+from ._exchange import _ALL_GATHER, traffic
 
 
 class RowShardedEmbeddingBag(nn.Module):
@@ -78,7 +78,7 @@ class RowShardedEmbeddingBag(nn.Module):
         pad = self.weight.detach().new_zeros(R, self.embedding_dim)
         pad[:self.hi - self.lo] = self.weight.detach()
         out = pad.new_empty(W * R, self.embedding_dim)
-        dist.all_gather_into_tensor(out, pad, group=self.group)
+        _ALL_GATHER(out, pad, group=self.group)
         return out[:self.num_embeddings]
 
     def forward(self, input: torch.Tensor, offsets: torch.Tensor | None = None, *,
