@@ -317,7 +317,8 @@ def _check_moves(rank, world):
         else:
             dist.recv(got, prv)
             dist.send(A, nxt)
-        assert_holds(got, *local_reduce(R.MAX, [make(case, prv)]), f"send/recv {case}", make(case, prv).is_fill_indefinite())
+        assert_holds(got, *local_reduce(R.MAX, [make(case, prv)]), f"send/recv {case}",
+                     make(case, prv).is_fill_indefinite())
 
 
 def _check_groups(rank, world):

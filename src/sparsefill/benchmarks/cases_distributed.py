@@ -122,7 +122,6 @@ def _bags(n_bags, N, mean_len, seed=0):
 
 
 def _sharded(rank, world, N, D, bags, mean_len, rounds, reps, pool="requester"):
-    import sparsefill
     import sparsefill.distributed as sd
     from sparsefill import segment
     table = torch.randn(N, D, generator=torch.Generator().manual_seed(1))

@@ -46,7 +46,8 @@ class RowShardedEmbeddingBag(nn.Module):
         if pool not in ("requester", "owner"):
             raise ValueError(f"pool must be 'requester' or 'owner', got {pool!r}")
         if pool == "owner" and mode not in ("sum", "mean"):
-            raise ValueError(f"pool='owner' pools partial sums at the owners: mode must be 'sum' or 'mean', got {mode!r}")
+            raise ValueError(f"pool='owner' pools partial sums at the owners: mode must be 'sum' or 'mean', got "
+                             f"{mode!r}")
         self.pool = pool
         if num_embeddings < 0 or embedding_dim < 0:
             raise ValueError(f"num_embeddings and embedding_dim must be >= 0, got {num_embeddings}, {embedding_dim}")
@@ -54,7 +55,8 @@ class RowShardedEmbeddingBag(nn.Module):
         self.group, self.average_grad = group, average_grad
         W, r = dist.get_world_size(group), dist.get_rank(group)
         self.rows_per_rank = max(1, math.ceil(num_embeddings / W)) if W else 0
-        self.lo, self.hi = min(num_embeddings, r * self.rows_per_rank), min(num_embeddings, (r + 1) * self.rows_per_rank)
+        R = self.rows_per_rank
+        self.lo, self.hi = min(num_embeddings, r * R), min(num_embeddings, (r + 1) * R)
         if _shard is None:
             _shard = torch.empty(self.hi - self.lo, embedding_dim, dtype=dtype, device=device).normal_()
         self.weight = nn.Parameter(_shard)
