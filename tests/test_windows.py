@@ -289,3 +289,21 @@ def test_unsupported_goes_dense_exactly():
         y = F.conv_transpose1d(A[None, :1], K)
     torch.testing.assert_close(y.to_dense() if isinstance(y, sparsefill.SparseTensor) else y,
                                F.conv_transpose1d(A.to_dense()[None, :1], K))
+
+
+@pytest.mark.parametrize("fill", [[0.0] * 12, [float(i) for i in range(12)], [math.nan] * 12])
+def test_avg_pool1d_hybrid(fill):
+    """(N, C, L) with L a dense dim: the op on every stored slice and on the fill (an array over L)."""
+    v = torch.rand(3, 12, dtype=DT, requires_grad=True)
+    f = torch.tensor(fill, dtype=DT, requires_grad=True)
+    A = sparsefill.sparse_coo_tensor([[0, 1, 1], [2, 0, 1]], v, (2, 3, 12), fill_value=f)
+    assert A.dense_dim() == 1
+    op = lambda x: F.avg_pool1d(x, 4, stride=2, padding=1)  # noqa: E731
+    with sparsefill.densify_policy("raise"):
+        y = op(A)
+        gv, gf = _grads((y * y).sum(), v, f)
+    assert isinstance(y, sparsefill.SparseTensor) and y.dense_dim() == 1 and y._nse() == 3
+    torch.testing.assert_close(y.to_dense(), op(A.to_dense()), equal_nan=True)
+    rv, rf = _grads((op(A.to_dense()) ** 2).sum(), v, f)
+    torch.testing.assert_close(gv, rv, equal_nan=True)
+    torch.testing.assert_close(gf, rf, equal_nan=True)

@@ -31,8 +31,10 @@ True
 Supported natively: ``avg_pool2d`` with a kernel of height 1 (what ``avg_pool1d`` calls; every stride,
 padding, ``ceil_mode``, ``count_include_pad``, ``divisor_override``; any fill, NaN and inf included);
 ``convolution`` in 1-D (not transposed; dense weight and bias; stride, padding, dilation, groups; a
-finite fill).  A floating dtype, every dim sparse.  Anything else goes to the densify fallback (exact); an
-indefinite fill raises (a window over masked-out elements has no dense meaning).
+finite fill).  A floating dtype, every dim sparse -- or, for ``avg_pool``, a hybrid tensor whose dense dims
+hold the window (the op then runs on every stored slice and on the fill: any 2-d window over the last two
+dense dims).  Anything else goes to the densify fallback (exact); an indefinite fill raises (a window over
+masked-out elements has no dense meaning).
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ from typing import NamedTuple
 import torch
 
 from .. import _index
-from .._convert import coalesced_parts, parts_to_sparse
+from .._convert import coalesced_parts, parts_to_sparse, rewrap
 from .._tensor import SparseTensor
 from .registry import register
 
@@ -307,6 +309,10 @@ def _avg_pool2d(func, args, kwargs):
     X = args[0]
     k, st, pd, ceil, cip, divisor = _pool_args(args, kwargs)
     _refuse_indefinite(X, "avg_pool")
+    per = _dense_window(X, k, st, pd)
+    if per is not None:  # the windows lie in the dense dims: the op on every stored slice and on the fill
+        v, f = (_slices(func, t, per, args[1:], kwargs) for t in (X._vals, X._fill.expand(X._dense_shape)))
+        return rewrap(X, values=v, fill=f, size=_meta(func, args, kwargs).shape, known_zero=False)
     if not _pool_supported(X, k, st, pd):
         return NotImplemented
     out_shape = _meta(func, args, kwargs).shape
@@ -314,6 +320,23 @@ def _avg_pool2d(func, args, kwargs):
     orow, o, vals = _pool_values(X, out_shape[-1], w, s, pd[1], cip, divisor)
     interior = func(X._fill.expand(1, 1, 1, w), [1, w], [1, s], [0, 0], False, cip, divisor).reshape(())
     return _build(orow, o, vals.to(interior.dtype), out_shape, interior, X._sf_layout)
+
+
+def _dense_window(X, k, st, pd):
+    """For a SparseTensor whose dense dims hold the pooling window (the last two, or the last one with a
+    window of height 1): how many trailing dims the op takes from each slice; else None."""
+    if not isinstance(X, SparseTensor) or not X.dense_dim() or X._indefinite or not X.dtype.is_floating_point:
+        return None
+    if X.dense_dim() >= 2:
+        return 2
+    return 1 if k[0] == 1 and st[0] == 1 and pd[0] == 0 else None
+
+
+def _slices(func, t, per: int, args, kwargs):
+    """``func`` on every trailing ``per``-dim slice of ``t`` (as a batch of one-channel images)."""
+    lead, tail = t.shape[: t.dim() - per], t.shape[t.dim() - per:]
+    out = func(t.reshape((-1, 1) + (1,) * (2 - per) + tuple(tail)), *args, **kwargs)
+    return out.reshape(tuple(lead) + tuple(out.shape[4 - per:]))
 
 
 def _pool_values(X: SparseTensor, Lo: int, w: int, s: int, p: int, cip: bool, divisor):
@@ -346,6 +369,12 @@ def _avg_pool2d_backward(func, args, kwargs):
     G, X = args[0], args[1]
     k, st, pd, ceil, cip, divisor = _pool_args(args[1:], kwargs)
     _refuse_indefinite(G, "the gradient of avg_pool")
+    per = _dense_window(X, k, st, pd)
+    if per is not None and isinstance(G, SparseTensor) and G.dense_dim() == X.dense_dim():  # slice by slice
+        D = tuple(X._dense_shape)
+        grad = lambda g: func(g, g.new_empty(g.shape[:4 - per] + D[-per:]), *args[2:], **kwargs)  # noqa: E731
+        v, f = (_slices(grad, t, per, (), {}) for t in (G._vals, G._fill.expand(G._dense_shape)))
+        return rewrap(G, values=v, fill=f, size=X.shape, known_zero=False)
     if not _pool_supported(X, k, st, pd) or not isinstance(G, SparseTensor) or G.dense_dim():
         return NotImplemented
     w, s, g = k[1], st[1], G._fill
