@@ -314,3 +314,21 @@ def test_ftrl_defaults_are_caffe2s():
     for fn in (segment.sparse_ftrl, segment.SparseFtrl.__init__):
         params = inspect.signature(fn).parameters
         assert {k: params[k].default for k in want} == want
+
+
+@pytest.mark.parametrize("backend", _BACKENDS)
+@pytest.mark.parametrize("rowwise", [False, True])
+@pytest.mark.parametrize("mode", ["sequential", "coalesced"])
+@pytest.mark.parametrize("rows_shape", [(10, 4), (10,), (10, 2, 3)])
+def test_adagrad_with_no_gradient_rows_changes_nothing(backend, rowwise, mode, rows_shape):
+    """A gradient of 0 rows (a shard no id reached) is a no-op on both paths (row-wise raised on a 0-row reshape)."""
+    param = torch.randn(rows_shape, dtype=torch.float64)
+    moment = torch.rand(rows_shape[0] if rowwise else rows_shape, dtype=torch.float64)
+    p0, m0 = param.clone(), moment.clone()
+    idx, grad = torch.zeros(0, dtype=torch.long), torch.zeros(0, *rows_shape[1:], dtype=torch.float64)
+    with segment.use_backend(backend):
+        if rowwise:
+            segment.rowwise_sparse_adagrad(param, moment, idx, grad, lr=0.1, mode=mode)
+        else:
+            segment.sparse_adagrad(param, moment, idx, grad, lr=0.1, mode=mode)
+    assert torch.equal(param, p0) and torch.equal(moment, m0)

@@ -226,7 +226,7 @@ def rowwise_sparse_adagrad(param, moment, indices, grad, *, lr: float, eps: floa
     def update(rows, g):
         if weight_decay:
             g = g + weight_decay * param.index_select(0, rows)
-        g2 = g.reshape(g.shape[0], -1)
+        g2 = g.flatten(1) if g.dim() > 1 else g[:, None]
         h = moment.index_select(0, rows) + (g2 * g2).mean(1)
         moment.index_copy_(0, rows, h)
         step = (lr / (h.sqrt() + eps)).view(-1, *([1] * (g.dim() - 1)))
