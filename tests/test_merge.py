@@ -87,14 +87,12 @@ def test_merge_rejects_bad_keys():
         _merge.merge_intersect(a[None], a)
 
 
-@pytest.fixture(params=["torch", pytest.param("compiled", marks=pytest.mark.skipif(
+@pytest.fixture(params=["search", "unique", pytest.param("numba", marks=pytest.mark.skipif(
     not _merge._compiled(), reason="numba not installed"))])
 def merge_path(request, monkeypatch):
-    """Every merge through the torch fallback, or through the compiled kernel (any size)."""
-    if request.param == "torch":
-        monkeypatch.setattr(_merge, "_kernels", False)
-    else:
-        monkeypatch.setattr(_merge, "_COMPILED_MIN", 0)
+    """Every merge through one path: torch's binary searches (other devices), the CPU merge of presorted runs
+    without numba, or the compiled kernel (any size)."""
+    monkeypatch.setattr(_merge, "_path", lambda a, b, compiled: request.param)
     return request.param
 
 
