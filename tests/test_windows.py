@@ -307,3 +307,15 @@ def test_avg_pool1d_hybrid(fill):
     rv, rf = _grads((op(A.to_dense()) ** 2).sum(), v, f)
     torch.testing.assert_close(gv, rv, equal_nan=True)
     torch.testing.assert_close(gf, rf, equal_nan=True)
+
+
+def test_avg_pool_dense_upstream_gradient():
+    """A dense upstream gradient (``(y * R).sum()``, R dense): the input's gradient is dense by nature and
+    computed without densifying the input (no DensifyWarning)."""
+    v, f, A = _signal((L,), EDGES, 5.0)
+    R = torch.rand(L - 3, dtype=DT)
+    with sparsefill.densify_policy("raise"):
+        gv, gf = _grads((pool(4)(A) * R).sum(), v, f)
+    rv, rf = _grads((pool(4)(A.to_dense()) * R).sum(), v, f)
+    torch.testing.assert_close(gv, rv)
+    torch.testing.assert_close(gf, rf)

@@ -46,6 +46,7 @@ import torch
 
 from .. import _index
 from .._convert import coalesced_parts, parts_to_sparse, rewrap
+from .._policy import check_densify
 from .._tensor import SparseTensor
 from .registry import register
 
@@ -369,6 +370,9 @@ def _avg_pool2d_backward(func, args, kwargs):
     G, X = args[0], args[1]
     k, st, pd, ceil, cip, divisor = _pool_args(args[1:], kwargs)
     _refuse_indefinite(G, "the gradient of avg_pool")
+    if isinstance(X, SparseTensor) and not isinstance(G, SparseTensor):  # a dense gradient: so is this one
+        check_densify(f"{func} (a dense upstream gradient)", X.numel() * X.element_size(), by_nature=True)
+        return func(G, G.new_empty(X.shape), *args[2:], **kwargs)  # (the input's values are not read)
     per = _dense_window(X, k, st, pd)
     if per is not None and isinstance(G, SparseTensor) and G.dense_dim() == X.dense_dim():  # slice by slice
         D = tuple(X._dense_shape)
