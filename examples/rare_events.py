@@ -25,10 +25,10 @@ Measured (``python -m sparsefill bench --filter 'rare events' --threads 1``, 10M
 float64, medians of one run on a loaded 2-core machine -- other processes kept 1.7 cores busy, so the
 times are inflated several-fold and only the ratios carry over):
 
-    pipeline (avg_pool1d)      sparsefill 1.09 s   dense 3.58 s   3.3x faster, 264 MB vs 480 MB peak
-    pipeline_cumsum            sparsefill 2.70 s   dense 2.77 s   1.0x; its floor, a dense cumsum forward +
-                               backward over 10M samples, 0.51 s: at best 5.4x faster than dense
-    events_only                sparsefill 4.8 ms   dense 1.58 s   330x faster
+    pipeline (avg_pool1d)      sparsefill 0.92 s   dense 3.73 s   4.0x faster, 202 MB vs 480 MB peak
+    pipeline_cumsum            sparsefill 2.30 s   dense 2.37 s   1.0x; its floor, a dense cumsum forward +
+                               backward over 10M samples, 0.49 s: at best 4.9x faster than dense
+    events_only                sparsefill 1.5 ms   dense 1.36 s   ~900x faster
 
 The windowed pipeline stores ~1M elements (10% of the samples: 10k events times a window of 100) forward
 and ~2M (20%) in the gradient, with four index rows each; that, not the window arithmetic, bounds it
