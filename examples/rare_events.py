@@ -31,7 +31,7 @@ times are inflated several-fold and only the ratios carry over):
     events_only                sparsefill 1.5 ms   dense 1.36 s   ~900x faster
 
 The windowed pipeline stores ~1M elements (10% of the samples: 10k events times a window of 100) forward
-and ~2M (20%) in the gradient, with four index rows each; that, not the window arithmetic, bounds it
+and ~2M (20%) in the gradient, with an index row per dim each; that, not the window arithmetic, bounds it
 (about half its time is the window ops of ``ops/windows.py``, the rest the selections, the element-wise
 union in ``relu``'s backward and the constructor's gradient).
 
