@@ -33,6 +33,8 @@ count: the warm-up call is the first call) and otherwise only that both are fini
 
 from __future__ import annotations
 
+import functools
+
 import importlib.util
 import math
 import sys
@@ -127,14 +129,20 @@ if (EXAMPLES / "rare_events.py").is_file():
         ex = _example("rare_events")
         samples, rate = param
         positions, values = ex.make_events(samples, rate)
-        fn = getattr(ex, fn_name)
+        fn = getattr(ex, fn_name) if isinstance(fn_name, str) else fn_name
         return [(label, lambda make=make: ex.step(make, positions, values, samples, fn))
                 for label, make in (("sparsefill", ex.sparse_signal), ("dense torch", ex.dense_signal))]
 
-    @case("model: rare events, exp, windowed mean (avg_pool1d), threshold, mean loss, forward + backward", **_RARE)
+    @case("model: rare events, exp, windowed mean (avg_pool1d), threshold, mean loss, forward + backward",
+          sizes={"10M, 0.1%, window 100": (10_000_000, 0.001, 100), "10M, 0.1%, window 10": (10_000_000, 0.001, 10)},
+          quick_sizes={"1M, 0.1%, window 100": (1_000_000, 0.001, 100)},
+          tiny_sizes={"20k, 0.2%, window 100": (20_000, 0.002, 100)}, check=_check_rare)
     def rare_events(param):
-        """``examples/rare_events.py``'s ``pipeline``: every step stores O(events * window) elements."""
-        return _rare(param, "pipeline")
+        """``examples/rare_events.py``'s ``pipeline``: every step stores O(events * window) elements, so the
+        window sets the density of the windowed signal (0.1% events: ~10% at window 100, ~1% at window 10)."""
+        samples, rate, window = param
+        ex = _example("rare_events")
+        return _rare((samples, rate), functools.partial(ex.pipeline, window=window))
 
     @case("model: rare events, exp, cumsum windowed mean, threshold, mean loss, forward + backward", **_RARE)
     def rare_events_cumsum(param):
