@@ -165,3 +165,18 @@ def test_add_near_the_largest_keys(merge_path):
     assert C._indices().tolist() == [[0, n - 3, n - 1, n - 1, n - 1], [0, 5, 0, n - 2, n - 1]]
     assert C._values().tolist() == [11., 3., 22., 31., 5.]
     assert C.fill_value().item() == 3.0
+
+
+def test_distributed_combine_of_three_patterns(merge_path):
+    """The n-run fold through a caller: ``combine(SUM, [A, B, C])`` (distributed reductions) == the dense sum."""
+    from torch.distributed import ReduceOp
+
+    from sparsefill.distributed._combine import combine
+    g = torch.Generator().manual_seed(3)
+    Ts = [sparsefill.sparse_coo_tensor(torch.stack(torch.unravel_index(k, (4, 7))), torch.randn(k.numel(), 2,
+          generator=g, dtype=torch.float64), (4, 7, 2), fill_value=f)
+          for k, f in zip(_runs("random", 9, g) + _runs("inside", 9, g), (0.5, 1.0, -2.0, 0.0))]
+    ref = sum(T.to_dense() for T in Ts)
+    torch.testing.assert_close(combine(ReduceOp.SUM, Ts).to_dense(), ref)
+    torch.testing.assert_close(combine(ReduceOp.MAX, Ts[:3]).to_dense(),
+                               torch.stack([T.to_dense() for T in Ts[:3]]).amax(0))

@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 from torch.distributed import ReduceOp
 
-from .. import _index
+from .. import _merge
 from .._convert import coalesced_parts, parts_to_sparse
 from .._tensor import SparseTensor
 from ._wire import Parts, coords_of, keys_of
@@ -80,11 +80,11 @@ def combine_parts(op, parts: list, shape, sdim: int, layout) -> SparseTensor:
     op = red_op(op)
     fn = FUNCS[op]
     S, D = tuple(shape[:sdim]), tuple(shape[sdim:])
-    union, inverse = _index.unique_inverse(torch.cat([p.keys for p in parts]))
+    union, inverse = _merge.union_inverse([p.keys for p in parts])  # (linear-time merges of the sorted runs)
     U = union.numel()
     acc = have = fill = count = None
     ndef = 0
-    for p, inv in zip(parts, inverse.split([p.keys.numel() for p in parts])):
+    for p, inv in zip(parts, inverse):
         v = p.vals
         full = (v.new_zeros(()) if p.indefinite else p.fill).expand((U,) + D).clone()
         full.index_copy_(0, inv, v)
