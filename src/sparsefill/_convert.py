@@ -84,10 +84,11 @@ def union_parts(tensors):
         return parts[0][0].index_select(1, ia), [parts[0][1].index_select(0, ia), parts[1][1].index_select(0, ib)]
     union, inverse = _merge.union_inverse(keys)
     U = union.numel()
-    indices = parts[0][0].new_empty((len(S), U))
+    one_dim = len(S) == 1 and parts[0][0].dtype == union.dtype  # (the keys are the indices)
+    indices = union[None] if one_dim else parts[0][0].new_empty((len(S), U))
     values, keep = [], None
     for T, (i, v), inv in zip(tensors, parts, inverse):
-        for d in range(len(S)):
+        for d in range(0 if one_dim else len(S)):
             indices[d].scatter_(0, inv, i[d])
         full = (v.new_zeros(()) if T._indefinite else T._fill).expand((U,) + tuple(T._dense_shape)).clone()
         full.index_copy_(0, inv, v)
