@@ -257,3 +257,12 @@ def test_gat_layer(backend, layout):
             w = torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view(out.shape)
             torch.testing.assert_close(torch.autograd.grad((out * w).sum(), params + [x]),
                                        torch.autograd.grad((want * w).sum(), params + [x]))
+
+
+def test_benchmark_script_smoke():
+    """``python -m sparsefill.benchmarks.cases_compile`` at a tiny size on the eager backend: every part runs
+    (each checks its compiled result against eager before timing) and reports."""
+    from sparsefill.benchmarks import cases_compile
+    out = cases_compile.main(["--sizes", "10", "--nodes", "40", "--dlrm-batch", "8", "--dlrm-rows", "50",
+                              "--rounds", "1", "--reps", "1", "--backend", "eager"])
+    assert set(out) == {("exp", 10), "gat", "dlrm"} and out["gat"]["compiled"] > 0

@@ -1,0 +1,158 @@
+"""torch.compile measurements (issue 14): not a harness case (compiling takes seconds per case, and the test
+suite runs the harness cases); run ``python -m sparsefill.benchmarks.cases_compile [--quick]``.
+
+1. **Elementwise chain** ``torch.exp(A * -8) + 1`` on a 1-D SparseTensor of ``n`` elements, 1% stored
+   (at least one), fill 0.5, float32, at ``n`` = 10, 1k, 100k, 10M: compiled sparsefill (inductor,
+   ``fullgraph=True``) against eager sparsefill, compiled dense torch on ``A.to_dense()`` and compiled torch
+   on the stored values alone (``A.values()``: the floor of any sparse format).
+2. **GAT training step** (``examples/gat.py``, 5k nodes, COO): forward + loss compiled (``fullgraph=True``),
+   backward through the compiled graph, eager Adam step; against the eager step.
+3. **DLRM training step** (``examples/dlrm.py``, small tables): the model compiled without ``fullgraph``
+   (``sparsefill.segment``'s numba kernels are not custom ops yet: the graph breaks on them, reported
+   with dynamo's count) against the eager step.
+
+Interleaved: every round times each implementation in turn (median of ``reps`` calls), the figure is the
+median of the rounds; one thread.  The CPU kept busy by other processes during the run is printed (the
+noise).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+import sparsefill
+
+from .measure import cpu_snapshot, loadavg, other_cpu
+
+SIZES = (10, 1_000, 100_000, 10_000_000)
+
+
+def _ms(fn, reps: int) -> float:
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return 1e3 * statistics.median(times)
+
+
+def interleaved(fns: dict, rounds: int, reps: int) -> dict:
+    """``{name: median over rounds of the median of reps calls}`` (each fn called once first: compiled)."""
+    for fn in fns.values():
+        fn()
+    per = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            per[name].append(_ms(fn, reps))
+    return {name: statistics.median(v) for name, v in per.items()}
+
+
+def chain(A):
+    return torch.exp(A * -8) + 1
+
+
+def elementwise(n: int, backend: str, rounds: int, reps: int) -> dict:
+    g = torch.Generator().manual_seed(n)
+    nse = max(1, n // 100)
+    idx = torch.randperm(n, generator=g)[:nse].sort().values[None]
+    A = sparsefill.sparse_coo_tensor(idx, torch.randn(nse, generator=g), (n,), fill_value=0.5, is_coalesced=True)
+    D, V = A.to_dense(), A.values()
+    torch._dynamo.reset()
+    comp = torch.compile(chain, backend=backend, fullgraph=True, dynamic=False)
+    comp_dense = torch.compile(chain, backend=backend, fullgraph=True, dynamic=False)
+    comp_vals = torch.compile(chain, backend=backend, fullgraph=True, dynamic=False)
+    torch.testing.assert_close(comp(A).to_dense(), chain(D))
+    return interleaved({"compiled sparsefill": lambda: comp(A), "eager sparsefill": lambda: chain(A),
+                        "compiled dense": lambda: comp_dense(D), "compiled values": lambda: comp_vals(V)},
+                       rounds, reps)
+
+
+def gat_step(nodes: int, backend: str, rounds: int, reps: int) -> dict:
+    from .cases_models import _example
+    gat = _example("gat")
+    x, A, _, y, model, _ = gat.setup(nodes, with_peer=False)
+    opt = torch.optim.Adam(model.parameters(), lr=0.005)
+    loss_fn = lambda: F.cross_entropy(model(x, A), y)  # noqa: E731
+    torch._dynamo.reset()
+    compiled = torch.compile(loss_fn, backend=backend, fullgraph=True)
+
+    def step(fn):
+        opt.zero_grad()
+        loss = fn()
+        loss.backward()
+        opt.step()
+        return loss
+    torch.testing.assert_close(compiled(), loss_fn())
+    return interleaved({"compiled": lambda: step(compiled), "eager": lambda: step(loss_fn)}, rounds, reps)
+
+
+def dlrm_step(batch: int, rows: int, backend: str, rounds: int, reps: int) -> tuple[dict, str]:
+    """The timings and how dynamo compiled the forward (graphs, breaks and the first break's reason)."""
+    from .cases_models import _example
+    dlrm = _example("dlrm")
+    (model, inputs, labels), _ = dlrm.setup(batch=batch, keys=4, rows=rows, dim=32)
+    opts = model.optimizers()
+    from torch._dynamo.utils import counters
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(model, backend=backend)
+    torch.testing.assert_close(compiled(*inputs), model(*inputs))
+    breaks = counters["graph_break"]
+    why = next(iter(breaks)).splitlines()[0] if breaks else "none"
+    how = f"{sum(breaks.values())} graph breaks, first: {why}"
+
+    def step(m):
+        for o in opts:
+            o.zero_grad()
+        loss = F.binary_cross_entropy_with_logits(m(*inputs), labels)
+        loss.backward()
+        for o in opts:
+            o.step()
+        return loss
+    return interleaved({"compiled": lambda: step(compiled), "eager": lambda: step(model)}, rounds, reps), how
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sizes", type=int, nargs="*", default=list(SIZES))
+    p.add_argument("--nodes", type=int, default=5000)
+    p.add_argument("--dlrm-batch", type=int, default=512)
+    p.add_argument("--dlrm-rows", type=int, default=10_000)
+    p.add_argument("--backend", default="inductor")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--quick", action="store_true", help="10 and 1k elements, 500 nodes, 3 rounds of 3")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.sizes, args.nodes, args.dlrm_batch, args.rounds, args.reps = [10, 1000], 500, 64, 3, 3
+    torch.set_num_threads(1)
+    import logging
+    logging.getLogger("torch._dynamo").setLevel(logging.ERROR)   # (the DLRM's graph-break warnings: counted)
+    out = {}
+    a = cpu_snapshot()
+    print(f"backend {args.backend}, 1 thread, median of {args.rounds} interleaved rounds of {args.reps} calls; "
+          f"load average {loadavg()}")
+    for n in args.sizes:
+        t = out[("exp", n)] = elementwise(n, args.backend, args.rounds, args.reps)
+        c = t["compiled sparsefill"]
+        print(f"torch.exp(A * -8) + 1, {n} elements (1% stored): " + ", ".join(f"{k} {v:.4f} ms" for k, v in t.items())
+              + f"; compiled sparsefill / eager {c / t['eager sparsefill']:.2f}x, / compiled dense "
+              f"{c / t['compiled dense']:.2f}x, / compiled values {c / t['compiled values']:.2f}x")
+    t = out["gat"] = gat_step(args.nodes, args.backend, args.rounds, args.reps)
+    print(f"GAT training step, {args.nodes} nodes: compiled {t['compiled']:.1f} ms, eager {t['eager']:.1f} ms "
+          f"({t['compiled'] / t['eager']:.2f}x)")
+    t, how = out["dlrm"] = dlrm_step(args.dlrm_batch, args.dlrm_rows, args.backend, args.rounds, args.reps)
+    print(f"DLRM training step, batch {args.dlrm_batch}, 4 tables of {args.dlrm_rows} x 32: compiled (no fullgraph: "
+          f"{how}) {t['compiled']:.2f} ms, eager {t['eager']:.2f} ms ({t['compiled'] / t['eager']:.2f}x)")
+    o = other_cpu(a, cpu_snapshot())
+    print(f"other processes kept {o:.2f} cores busy during the run" if o is not None else "")
+    return out
+
+
+if __name__ == "__main__":
+    main()
