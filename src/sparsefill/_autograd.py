@@ -165,15 +165,30 @@ class Construct(torch.autograd.Function):
         return gv, gf, None
 
 
+def to_dense(A: SparseTensor, fill_value=None) -> torch.Tensor:
+    """``A.to_dense(fill_value=...)``: through :class:`ToDense` where autograd records a graph, else the
+    kernel alone (no graph to record: ``Function.apply``'s cost saved)."""
+    if traced() or torch._C._are_functorch_transforms_active() or torch.is_grad_enabled() and (
+            A.requires_grad or isinstance(fill_value, torch.Tensor) and fill_value.requires_grad):
+        return ToDense.apply(A, fill_value)
+    with torch._C.DisableTorchFunctionSubclass():  # metadata reads of A (shape, dim) without the op layer's route
+        return _convert.dense_of(A, _replacement_fill(A, fill_value))
+
+
+def _replacement_fill(A: SparseTensor, fill_value):
+    if fill_value is None:
+        return None
+    from ._creation import normalize_fill
+    fill, indefinite, _ = normalize_fill(fill_value, A.dtype, A.device, A._dense_shape)
+    if indefinite:
+        raise ValueError("to_dense(fill_value=[]): the replacement fill must be defined")
+    return fill
+
+
 class ToDense(torch.autograd.Function):
     @staticmethod
     def forward(ctx, A, fill_value):
-        fill = None
-        if fill_value is not None:
-            from ._creation import normalize_fill
-            fill, indefinite, _ = normalize_fill(fill_value, A.dtype, A.device, A._dense_shape)
-            if indefinite:
-                raise ValueError("to_dense(fill_value=[]): the replacement fill must be defined")
+        fill = _replacement_fill(A, fill_value)
         ctx.pattern = _convert.rewrap(A, fill=fill, indefinite=False) if fill is not None else _pattern(A)
         ctx.fill_is_input = isinstance(fill_value, torch.Tensor)
         ctx.replaced = fill is not None

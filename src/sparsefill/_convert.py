@@ -36,11 +36,33 @@ def dense_of(A: SparseTensor, fill: torch.Tensor | None = None) -> torch.Tensor:
             raise ValueError("to_dense() of a SparseTensor with indefinite fill: its unspecified elements have no "
                              "value; pass to_dense(fill_value=...) to give them one")
         fill = A._fill
-    out = fill.expand(A.shape).clone(memory_format=torch.contiguous_format)
-    idx, vals = coalesced_parts(A)
-    flat = out.view((_index.numel(A._sparse_shape),) + tuple(A._dense_shape))
-    flat[_index.linearize(idx, A._sparse_shape)] = vals
+    shape, k = A.shape, A._sparse_ndim()
+    out = fill.expand(shape).clone(memory_format=torch.contiguous_format)
+    keys, vals = linear_parts(A, shape[:k])
+    out.view((_index.numel(shape[:k]),) + tuple(shape[k:])).index_copy_(0, keys, vals)
     return out
+
+
+def linear_parts(A: SparseTensor, S=None):
+    """``(linear keys, values)`` of ``A`` coalesced: ``keys == linearize(coalesced_parts(A)[0])``.
+
+    The keys of a coalesced COO pattern with several sparse dims, or of a CSR pattern, are cached per
+    pattern (:func:`pattern_cached`: an in-place change of the index tensors is a miss), not while traced.
+
+    >>> import sparsefill
+    >>> A = sparsefill.sparse_coo_tensor([[1, 0], [2, 0]], [1., 2.], (2, 3))
+    >>> linear_parts(A)[0].tolist()
+    [0, 5]
+    """
+    S = A._sparse_shape if S is None else S
+    cache = len(S) > 1 and (A._sf_layout is torch.sparse_csr or A._coalesced)
+    if cache and (A._crow is None or A._crow.dim() == 1) and not traced(A._vals) and \
+            A._vals.shape[0] <= _CSR_INDEX_CACHE_MAX:
+        index = (A._idx,) if A._sf_layout is torch.sparse_coo else (A._crow, A._col)
+        keys = pattern_cached(("linear_keys", tuple(S)), index, lambda: _index.linearize(A._coo_parts()[0], S))
+        return keys, A._vals
+    idx, vals = coalesced_parts(A)
+    return _index.linearize(idx, S), vals
 
 
 _CSR_INDEX_CACHE_MAX = 1 << 22  # stored elements of a CSR whose COO indices are cached (64 MB)

@@ -269,8 +269,8 @@ class SparseTensor(torch.Tensor):
     def to_dense(self, dtype=None, *, fill_value=None, masked_grad=None) -> torch.Tensor:
         """The dense tensor ``A`` stands for; ``fill_value=`` stands in for an indefinite fill."""
         self._sync()
-        from ._autograd import ToDense
-        out = ToDense.apply(self, fill_value)
+        from ._autograd import to_dense
+        out = to_dense(self, fill_value)
         return out if dtype is None else out.to(dtype)
 
     def to_sparse(self, layout=None, *, fill_value=None, dense_dim=None, blocksize=None) -> "SparseTensor":

@@ -1,0 +1,140 @@
+"""``A.to_dense()`` (issue 18: one scatter of cached linear keys): against a dense tensor built element by element.
+
+The reference is written independently of sparsefill's kernels: start from the fill broadcast to the shape,
+then add each stored element (duplicates sum) at its index.
+"""
+
+import itertools
+
+import pytest
+import torch
+
+import sparsefill
+from sparsefill import _convert, _index
+
+
+def reference(indices, values, shape, fill):
+    """The dense tensor of COO parts: ``fill`` where nothing is stored, the sum of the stored values elsewhere."""
+    out = torch.as_tensor(fill, dtype=values.dtype).expand(shape).clone()
+    seen = set()
+    for j in range(indices.shape[1]):
+        pos = tuple(int(i) for i in indices[:, j])
+        out[pos] = values[j] if pos not in seen else out[pos] + values[j]
+        seen.add(pos)
+    return out
+
+
+def check(A, expected):
+    got = A.to_dense()
+    assert type(got) is torch.Tensor and got.dtype == expected.dtype and got.shape == expected.shape
+    torch.testing.assert_close(got, expected, equal_nan=True, rtol=0, atol=0)
+
+
+IDX2 = torch.tensor([[0, 1, 2, 2], [3, 0, 1, 4]])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64, torch.bool])
+@pytest.mark.parametrize("layout", [torch.sparse_coo, torch.sparse_csr])
+def test_matrix(layout, dtype):
+    vals = torch.tensor([1, 0, 7, 2]).to(dtype)
+    fill = True if dtype is torch.bool else 5
+    A = sparsefill.sparse_coo_tensor(IDX2, vals, (3, 5), fill_value=fill).to_sparse(layout)
+    check(A, reference(IDX2, vals, (3, 5), fill))
+
+
+def test_uncoalesced_duplicates_sum():
+    idx = torch.tensor([[2, 0, 2, 1, 2], [1, 3, 1, 0, 1]])
+    vals = torch.tensor([1., 2., 3., 4., 5.], dtype=torch.float64)
+    A = sparsefill.sparse_coo_tensor(idx, vals, (3, 4), fill_value=-1.)
+    assert not A.is_coalesced()
+    check(A, reference(idx, vals, (3, 4), -1.))          # position (2, 1) holds 1 + 3 + 5, not the fill
+    check(A, reference(idx, vals, (3, 4), -1.))          # twice: nothing cached from the first call
+
+
+def test_hybrid_array_fill():
+    idx = torch.tensor([[0, 2], [1, 1]])
+    vals = torch.arange(6.).reshape(2, 3)
+    fill = torch.tensor([10., 20., float("nan")])
+    A = sparsefill.sparse_coo_tensor(idx, vals, (3, 2, 3), fill_value=fill)
+    expected = fill.expand(3, 2, 3).clone()
+    expected[0, 1], expected[2, 1] = vals[0], vals[1]
+    check(A, expected)
+    check(A.to_sparse(torch.sparse_csr, dense_dim=1), expected)
+
+
+def test_nan_inf_values_and_fill():
+    idx = torch.tensor([[0, 3]])
+    vals = torch.tensor([float("nan"), float("-inf")])
+    A = sparsefill.sparse_coo_tensor(idx, vals, (5,), fill_value=float("inf"))
+    check(A, torch.tensor([float("nan"), float("inf"), float("inf"), float("-inf"), float("inf")]))
+
+
+def test_indefinite_needs_a_replacement_fill():
+    A = sparsefill.sparse_coo_tensor(IDX2, torch.ones(4), (3, 5), fill_value=sparsefill.indefinite)
+    with pytest.raises(ValueError, match="indefinite"):
+        A.to_dense()
+    torch.testing.assert_close(A.to_dense(fill_value=-2.), reference(IDX2, torch.ones(4), (3, 5), -2.))
+    with pytest.raises(ValueError, match="must be defined"):
+        A.to_dense(fill_value=sparsefill.indefinite)
+
+
+@pytest.mark.parametrize("shape", [(), (0,), (0, 3), (3, 0)])
+def test_zero_dim_and_zero_size(shape):
+    if shape == ():
+        A = sparsefill.sparse_coo_tensor(torch.zeros(0, 1, dtype=torch.int64), torch.tensor([4.]), (), fill_value=1.)
+        check(A, torch.tensor(4.))
+        A = sparsefill.sparse_coo_tensor(torch.zeros(0, 0, dtype=torch.int64), torch.zeros(0), (), fill_value=1.)
+        check(A, torch.tensor(1.))
+        return
+    A = sparsefill.sparse_coo_tensor(torch.zeros(len(shape), 0, dtype=torch.int64), torch.zeros(0), shape,
+                                     fill_value=3.)
+    check(A, torch.full(shape, 3.))
+    if len(shape) == 2:
+        check(A.to_sparse(torch.sparse_csr), torch.full(shape, 3.))
+
+
+@pytest.mark.parametrize("layout", [torch.sparse_coo, torch.sparse_csr])
+def test_pattern_changed_in_place_is_seen(layout):
+    """The linear keys are cached per pattern: an in-place write to the index tensors is a new pattern."""
+    vals = torch.tensor([1., 2., 3., 4.])
+    A = sparsefill.sparse_coo_tensor(IDX2.clone(), vals, (3, 5), fill_value=0.5).to_sparse(layout)  # written below
+    keys = _convert.linear_parts(A)[0]
+    assert _convert.linear_parts(A)[0] is keys            # cached: the same tensor for the same pattern
+    check(A, reference(IDX2, vals, (3, 5), 0.5))
+    moved = IDX2.clone()
+    moved[1, 0] = 4                                        # (0, 3) -> (0, 4): still sorted, one per row 0
+    if layout is torch.sparse_coo:
+        A.indices()[1, 0] = 4
+    else:
+        A.col_indices()[0] = 4
+    assert not torch.equal(_convert.linear_parts(A)[0], keys)
+    check(A, reference(moved, vals, (3, 5), 0.5))
+
+
+def test_same_index_tensor_other_shape_is_not_a_hit():
+    """The cache key holds the sparse shape: one index tensor under two shapes gives two key sets."""
+    vals = torch.ones(4)
+    A = sparsefill.sparse_coo_tensor(IDX2, vals, (3, 5), fill_value=0.)
+    B = _convert.rewrap(A, size=(4, 7))
+    check(A, reference(IDX2, vals, (3, 5), 0.))
+    check(B, reference(IDX2, vals, (4, 7), 0.))
+
+
+def test_keys_match_linearize():
+    for layout, shape in itertools.product((torch.sparse_coo, torch.sparse_csr), ((3, 5), (2, 3, 5))):
+        x = torch.arange(float(torch.Size(shape).numel())).reshape(shape) % 4
+        A = sparsefill.to_sparse(x, layout=layout)
+        idx, _ = _convert.coalesced_parts(A)
+        torch.testing.assert_close(_convert.linear_parts(A)[0], _index.linearize(idx, A._sparse_shape))
+
+
+def test_gradient_path_and_graph_free_path():
+    vals = torch.tensor([1., 2., 3., 4.], requires_grad=True)
+    A = sparsefill.sparse_coo_tensor(IDX2, vals, (3, 5), fill_value=2.)
+    d = A.to_dense()
+    assert d.requires_grad
+    (d * torch.arange(15.).reshape(3, 5)).sum().backward()
+    torch.testing.assert_close(vals.grad, torch.tensor([3., 5., 11., 14.]))
+    with torch.no_grad():
+        assert A.to_dense().grad_fn is None
+    assert sparsefill.sparse_coo_tensor(IDX2, vals.detach(), (3, 5)).to_dense().grad_fn is None
