@@ -346,8 +346,10 @@ def segment_sum(x: torch.Tensor, plan, w: torch.Tensor | None = None, *, mode: s
     S = plan.num_segments
     if S == 0:
         return x.new_zeros(0, x.shape[1])
-    engine = _engine.choose("sum", x.dtype, unsorted=plan.unsorted and not plan._sorted and not w_in_segment_order,
-                            compiled=plan.compiled, bag=True, one_column=x.shape[1] == 1, gather=plan.rows is not None)
+    unsorted, one = plan.unsorted and not plan._sorted and not w_in_segment_order, x.shape[1] == 1
+    # (gather read only where it decides: plan.rows of unsorted ids is a sort)
+    engine = _engine.choose("sum", x.dtype, unsorted=unsorted, compiled=plan.compiled, bag=True, one_column=one,
+                            gather=one and not unsorted and plan.rows is not None)
     if engine == "numba_scatter":
         op = "wsum" if w is not None else ("mean" if mode == "mean" else "sum")
         out, _ = _reduce_compiled("scatter", op, x, plan, _contig(plan.direct_rows()), _contig(plan.direct(w)),
