@@ -138,3 +138,12 @@ def test_gradient_path_and_graph_free_path():
     with torch.no_grad():
         assert A.to_dense().grad_fn is None
     assert sparsefill.sparse_coo_tensor(IDX2, vals.detach(), (3, 5)).to_dense().grad_fn is None
+
+
+@pytest.mark.parametrize("shape", [(3,), (0,), (2, 3)])
+def test_no_sparse_dims(shape):
+    """Every dim dense (``dense_dim=A.dim()``): the one stored element is the whole tensor."""
+    x = torch.arange(float(torch.Size(shape).numel())).reshape(shape)
+    A = sparsefill.to_sparse(x, dense_dim=len(shape))
+    assert A._sparse_ndim() == 0
+    check(A, x)

@@ -168,11 +168,11 @@ class Construct(torch.autograd.Function):
 def to_dense(A: SparseTensor, fill_value=None) -> torch.Tensor:
     """``A.to_dense(fill_value=...)``: through :class:`ToDense` where autograd records a graph, else the
     kernel alone (no graph to record: ``Function.apply``'s cost saved)."""
-    if traced() or torch._C._are_functorch_transforms_active() or torch.is_grad_enabled() and (
-            A.requires_grad or isinstance(fill_value, torch.Tensor) and fill_value.requires_grad):
-        return ToDense.apply(A, fill_value)
     with torch._C.DisableTorchFunctionSubclass():  # metadata reads of A (shape, dim) without the op layer's route
-        return _convert.dense_of(A, _replacement_fill(A, fill_value))
+        if not (traced() or torch._C._are_functorch_transforms_active() or torch.is_grad_enabled() and (
+                A.requires_grad or isinstance(fill_value, torch.Tensor) and fill_value.requires_grad)):
+            return _convert.dense_of(A, _replacement_fill(A, fill_value))
+    return ToDense.apply(A, fill_value)
 
 
 def _replacement_fill(A: SparseTensor, fill_value):

@@ -37,9 +37,10 @@ def dense_of(A: SparseTensor, fill: torch.Tensor | None = None) -> torch.Tensor:
                              "value; pass to_dense(fill_value=...) to give them one")
         fill = A._fill
     shape, k = A.shape, A._sparse_ndim()
-    out = fill.expand(shape).clone(memory_format=torch.contiguous_format)
+    out = torch.empty(shape, dtype=fill.dtype, device=fill.device).copy_(fill)
     keys, vals = linear_parts(A, shape[:k])
-    out.view((_index.numel(shape[:k]),) + tuple(shape[k:])).index_copy_(0, keys, vals)
+    flat = out if k == len(shape) == 1 else out.view((_index.numel(shape[:k]),) + tuple(shape[k:]))  # a view costs µs
+    flat.index_copy_(0, keys, vals)
     return out
 
 
