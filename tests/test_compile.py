@@ -65,6 +65,8 @@ CASES = {
     "A@X": lambda A, B: A @ X,
     "Y@A": lambda A, B: Y @ A,
     "masked_softmax": lambda A, B: sparsefill.masked.softmax(A, 1),
+    "masked_sum": lambda A, B: sparsefill.masked.sum(A, 1),
+    "masked_amax": lambda A, B: sparsefill.masked.amax(A, 0),
 }
 
 
@@ -85,7 +87,8 @@ def run_case(name, backend, layout=torch.sparse_coo, dense_shape=(), fill=0.5):
             torch.testing.assert_close(got, want)
 
 
-@pytest.mark.parametrize("name", [n for n in CASES if n not in ("masked_softmax", "dense_dims")])
+@pytest.mark.parametrize("name", [n for n in CASES if n not in ("masked_softmax", "dense_dims", "masked_sum",
+                                                                  "masked_amax")])
 def test_eager_backend_coo(name):
     run_case(name, "eager")
 
@@ -104,6 +107,14 @@ def test_masked_softmax_indefinite():
     """``sparsefill.masked.softmax`` of a masked (indefinite-fill) tensor: recorded whole by dynamo (CSR and
     aot_eager: in :func:`test_gat_layer`)."""
     run_case("masked_softmax", "eager", fill=None)
+
+
+@pytest.mark.parametrize("name,backend", [("masked_sum", "aot_eager"), ("masked_amax", "aot_eager"),
+                                          ("masked_amax", "eager")])
+def test_masked_reduction_definite(name, backend):
+    """``sparsefill.masked`` reductions of a definite fill without a mask (the pattern is the mask: known
+    without reading the mask's values)."""
+    run_case(name, backend)
 
 
 @pytest.mark.parametrize("name", ["unary", "union", "sum", "sum_dim", "softmax", "A@X", "Y@A"])
@@ -137,13 +148,17 @@ def test_sparse_output_gradient_through_sparse_ops():
 
 
 def test_graph_break_never_an_error():
-    """Without fullgraph, an op whose handler does not trace (sparse @ sparse: torch's native sparse kernels)
-    is a graph break and the result is the eager one; with fullgraph the break is reported."""
+    """Without fullgraph, an op whose handler does not trace (sparse @ sparse: torch's native sparse kernels;
+    ``masked.softmax`` of a definite fill) is a graph break and the result is the eager one; with fullgraph the break is reported."""
     fn = lambda A, B: torch.exp((A @ B.t()) * -1) + 1  # noqa: E731
     A, _, _ = make(8, 0)
     B, _, _ = make(9, 1)
     torch._dynamo.reset()
     torch.testing.assert_close(dense(torch.compile(fn, backend="eager")(A, B)), dense(fn(A, B)))
+    # masked.softmax of a definite fill extends the pattern by a data-dependent count: not traceable, eager
+    ms = lambda A: sparsefill.masked.softmax(A * 2, 1)  # noqa: E731
+    torch._dynamo.reset()
+    torch.testing.assert_close(dense(torch.compile(ms, backend="eager")(A)), dense(ms(A)), equal_nan=True)
     torch._dynamo.reset()
     with pytest.raises(torch._dynamo.exc.Unsupported, match="sparsefill"):
         torch.compile(fn, backend="eager", fullgraph=True)(A, B)

@@ -53,6 +53,7 @@ class Masked:
     rows: torch.Tensor | None = None   # a plain CSR input: the row of every stored element (idx built lazily)
     extra: torch.Tensor | None = None  # a strided bool mask (the input's ndim, broadcastable): its True
     #                                    unspecified elements are masked in too, counted per slice (``counts``)
+    all_in: bool = False               # every stored element is masked in (mask=None; known without reading m)
 
     def indices(self) -> torch.Tensor:
         """``idx``, built on first use for a plain CSR input (``[rows, col_indices]``)."""
@@ -188,7 +189,7 @@ def combine(input, mask, zero_absorbs: bool = False, counts: bool = False) -> Ma
     fill = (vals.new_zeros(()) if A._indefinite else A._fill).expand(D)
     if mask is None:
         return Masked(A, idx, vals, torch.ones(vals.shape, dtype=torch.bool, device=vals.device), fill,
-                      not A._indefinite, True, rows)
+                      not A._indefinite, True, rows, all_in=True)
     same = _same_indices(A, mask)
     if same is not None:
         return Masked(A, idx, vals, same, fill, False, True, rows)

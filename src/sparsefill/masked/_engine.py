@@ -163,6 +163,8 @@ class Slices:
     @functools.cached_property
     def every_in(self) -> bool:
         """Every stored element is masked in (the pattern-as-mask use; one read for an expanded mask)."""
+        if self.X.all_in:  # (mask=None: no read, which torch.compile could not trace)
+            return True
         m = self.X.m
         if m.numel() and all(st == 0 for st in m.stride()):
             return bool(m.reshape(-1)[0])
