@@ -416,3 +416,29 @@ def test_matmul_of_an_operand_with_a_varying_derivative_takes_torchs_path():
     vd, fd, _ = case.leaves()
     (case.build(vd, fd).to_dense() * w).sum((0, 1)).sum().backward()
     torch.testing.assert_close((v.grad, f.grad), (vd.grad, fd.grad))
+
+
+@pytest.mark.parametrize("fill", [0.0, 2.5, NAN], ids=str)
+@pytest.mark.parametrize("shape,take", [((1, 1, 3000), lambda y: y[0, 0]), ((1, 3000), lambda y: y[0]),
+                                        ((3, 1, 1000), lambda y: y[:, 0]), ((3, 1000), lambda y: y[0:3]),
+                                        ((3, 1000), lambda y: y[:, 0:1000])],
+                         ids=["[0,0] of (1,1,L)", "[0] of (1,L)", "[:,0] of (3,1,L)", "full slice dim 0",
+                              "full slice dim 1"])
+def test_select_or_slice_of_everything_keeps_the_fill(shape, take, fill):
+    """A select on a size-1 dim or a full slice has no zeros around it: its backward is the upstream gradient
+    with its fill (a nonzero fill stored every element before), forward and backward against dense."""
+    g = torch.Generator().manual_seed(3)
+    n = int(torch.tensor(shape).prod())
+    pos = torch.randperm(n, generator=g)[:20].sort().values
+    idx = torch.stack(torch.unravel_index(pos, shape))
+    vals = torch.rand(20, generator=g, dtype=torch.float64)
+    v, f = vals.clone().requires_grad_(), torch.tensor(fill, dtype=torch.float64, requires_grad=True)
+    with _Shapes() as rec:
+        A = sparsefill.sparse_coo_tensor(idx, v, shape, fill_value=f)
+        (take(torch.exp(A)) * 3).sum().backward()
+    assert rec.largest < n // 10
+    vd, fd = vals.clone().requires_grad_(), torch.tensor(fill, dtype=torch.float64, requires_grad=True)
+    D = fd.expand(shape).index_put(tuple(idx), vd)
+    (take(torch.exp(D)) * 3).sum().backward()
+    torch.testing.assert_close(v.grad, vd.grad, equal_nan=True)
+    torch.testing.assert_close(f.grad, fd.grad, equal_nan=True)

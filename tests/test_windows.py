@@ -241,8 +241,9 @@ def test_gradient_is_sparse():
 @pytest.mark.parametrize("w, s, p, native", [(4, 2, 1, True), (6, 3, 0, True), (3, 2, 1, False)])
 def test_avg_pool_backward_gradient_fill(w, s, p, native):
     """avg_pool2d_backward with a gradient of nonzero fill (what a loss like ``y.sum()`` sends without the
-    ``[0, 0]`` selection): native where the stride divides the window (uniform coverage w / s), else the
-    densify fallback (the gradient's unspecified elements differ by position mod s: dense by nature)."""
+    ``[0, 0]`` selection): native where the stride divides the window (uniform coverage w / s), else dense
+    by nature (the gradient's unspecified elements differ by position mod s): every output of ``G`` stored,
+    O(outputs), no densify fallback; under ``dense_by_nature='raise'`` it refuses."""
     x = sparsefill.sparse_coo_tensor([[0, 9, 10, 30, 39]], [1., 2., 3., 4., 5.], (L,), fill_value=2.)[None, None, None]
     y = torch.ops.aten.avg_pool2d.default(x, [1, w], [1, s], [0, p], False, True, None)
     G = y * y + 1.0
@@ -252,8 +253,11 @@ def test_avg_pool_backward_gradient_fill(w, s, p, native):
             gi = torch.ops.aten.avg_pool2d_backward.default(*args)
         assert isinstance(gi, sparsefill.SparseTensor) and gi._nse() < L
     else:
-        with pytest.warns(sparsefill.DensifyWarning):
+        with sparsefill.densify_policy("raise"):  # no fallback; the gate's dense_by_nature refuses if asked
             gi = torch.ops.aten.avg_pool2d_backward.default(*args)
+            with pytest.raises(sparsefill.DensifyError, match="dense by nature"), \
+                    sparsefill.densify_policy(dense_by_nature="raise"):
+                torch.ops.aten.avg_pool2d_backward.default(*args)
     ref = torch.ops.aten.avg_pool2d_backward.default(G.to_dense(), x.to_dense(), *args[2:])
     torch.testing.assert_close(gi.to_dense() if isinstance(gi, sparsefill.SparseTensor) else gi, ref)
 

@@ -104,6 +104,14 @@ def _slice(func, args, kwargs):
     return _build(A, idx, vals[keep], shape)
 
 
+def _covers(func, sizes, dim, rest) -> bool:
+    """Whether the select/slice took every index of ``dim`` (a select on a size-1 dim, a full slice)."""
+    if func is aten.select_backward.default:
+        return sizes[dim] == 1
+    start, stop, step = slice(rest[0], rest[1], rest[2]).indices(sizes[dim])
+    return start == 0 and step == 1 and stop == sizes[dim]
+
+
 @register(aten.slice_backward.default, aten.select_backward.default)
 def _slice_backward(func, args, kwargs):
     """``slice_backward(G, sizes, dim, start, end, step)``, ``select_backward(G, sizes, dim, index)``: ``G`` in
@@ -122,6 +130,11 @@ def _slice_backward(func, args, kwargs):
         idx, vals = coalesced_parts(G)
         vals = func(vals, [vals.shape[0]] + sizes[sd:], dim - sd + 1, *rest)
         fill = func(fill, sizes[sd:], dim - sd, *rest)
+        return parts_to_sparse(idx, vals, torch.Size(sizes), fill, layout=torch.sparse_coo, coalesced=True)
+    if _covers(func, sizes, dim, rest) and not G._indefinite:  # no zeros around G: G itself, its fill kept
+        idx, vals = coalesced_parts(G)
+        if func is aten.select_backward.default:
+            idx = torch.cat([idx[:dim], idx.new_zeros((1, idx.shape[1])), idx[dim:]])
         return parts_to_sparse(idx, vals, torch.Size(sizes), fill, layout=torch.sparse_coo, coalesced=True)
     if G._indefinite or G._fill_is_zero() or not bool(fill.ne(0).any()):
         idx, vals = coalesced_parts(G)

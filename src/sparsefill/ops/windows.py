@@ -45,7 +45,7 @@ from typing import NamedTuple
 import torch
 
 from .. import _index
-from .._convert import coalesced_parts, parts_to_sparse, rewrap
+from .._convert import coalesced_parts, dense_of, parts_to_sparse, rewrap
 from .._policy import check_densify
 from .._tensor import SparseTensor
 from .registry import register
@@ -383,9 +383,21 @@ def _avg_pool2d_backward(func, args, kwargs):
         return NotImplemented
     w, s, g = k[1], st[1], G._fill
     if w % s and not (bool(torch.isfinite(g)) and not bool(g)):  # coverage w/s varies with i mod s: dense
-        return NotImplemented
+        if not bool(torch.isfinite(g)) or not bool(torch.isfinite(G._vals).all()):
+            return NotImplemented
+        G = _every_output_stored(G)  # dense by nature: O(outputs), the input's size over the stride
+        g = G._fill
     irow, i, vals = _pool_grad_values(G, X.shape[-1], w, s, pd[1], cip, divisor)
     return _build(irow, i, vals.to(G.dtype), X.shape, g / (divisor or w) * (w // s), X._sf_layout)
+
+
+def _every_output_stored(G: SparseTensor) -> SparseTensor:
+    """``G`` with every element stored and fill 0 (a gradient whose pooled form is dense by nature)."""
+    check_densify("avg_pool's gradient with a stride that does not divide the window", G.numel() * G.element_size(),
+                  by_nature=True)
+    idx = _index.unravel(torch.arange(G.numel(), device=G.device), G.shape)
+    return parts_to_sparse(idx, dense_of(G).reshape(-1), G.shape, G._fill.new_zeros(()), known_zero=True,
+                           layout=torch.sparse_coo, coalesced=True)
 
 
 def _pool_grad_values(G: SparseTensor, L: int, w: int, s: int, p: int, cip: bool, divisor):
