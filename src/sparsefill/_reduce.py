@@ -83,7 +83,8 @@ def segment_combine(values: torch.Tensor, seg: torch.Tensor, num_segments: int, 
     """
     ident = identity_of(mode, values.dtype) if init is None else init
     fake = traced(values)  # (torch.compile: sizes are symbols, and the scatter forms trace)
-    engine = _engine.choose(mode, values.dtype, runs=lengths is not None and bool(values.numel()), traced=fake)
+    engine = _engine.choose(mode, values.dtype, runs=lengths is not None and bool(values.numel()),
+                            one_dim=values.dim() == 1, traced=fake)
     if engine == "segment_reduce":
         return torch.segment_reduce(values, _SEGMENT_REDUCE[mode], lengths=lengths, unsafe=True, initial=ident)
     seg = seg_ids(seg, lengths, values.shape[0])
@@ -94,6 +95,8 @@ def segment_combine(values: torch.Tensor, seg: torch.Tensor, num_segments: int, 
         return out + values.sum(0, keepdim=True)
     if engine == "index_add":
         return out.index_add_(0, seg, values)
+    if engine == "scatter_add":
+        return out.scatter_add_(0, seg, values)
     return out.scatter_reduce_(0, broadcast_seg(seg, values), values, mode, include_self=True)
 
 

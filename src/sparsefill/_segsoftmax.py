@@ -33,7 +33,7 @@ import dataclasses
 
 import torch
 
-from . import _convert, _index
+from . import _convert, _index, _reduce
 from ._autograd import grad_parts
 from ._reduce import pattern_cached
 from ._tensor import SparseTensor
@@ -114,9 +114,7 @@ def _segsum(t: torch.Tensor, plan: Plan) -> torch.Tensor:
 
 def _forward(x: torch.Tensor, plan: Plan, log: bool) -> torch.Tensor:
     m = torch.segment_reduce(x, "max", lengths=plan.lengths, unsafe=True)
-    shifted = x - m.index_select(0, plan.seg)
-    e = torch.exp(shifted)
-    s = _segsum(e, plan)
+    shifted, e, s = _reduce.shifted_exp_sums(x, plan.seg, plan.nseg, m)  # (no lengths: scatter_add_ for 1-D)
     if log:
         return shifted.sub_(torch.log(s).index_select(0, plan.seg))
     return e.div_(s.index_select(0, plan.seg))
