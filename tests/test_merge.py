@@ -180,3 +180,16 @@ def test_distributed_combine_of_three_patterns(merge_path):
     torch.testing.assert_close(combine(ReduceOp.SUM, Ts).to_dense(), ref)
     torch.testing.assert_close(combine(ReduceOp.MAX, Ts[:3]).to_dense(),
                                torch.stack([T.to_dense() for T in Ts[:3]]).amax(0))
+
+
+@pytest.mark.parametrize("dense", [(), (2,)])
+@pytest.mark.parametrize("kind", ["random", "disjoint", "inside", "empty"])
+def test_masked_pattern_combination(merge_path, kind, dense):
+    """A sparse mask joined to the input's pattern (masked ops that do not ignore masked-in fills): the
+    merged union (no dense dims: the mask's positions come sorted) or torch.unique (dense dims)."""
+    g = torch.Generator().manual_seed(len(kind) + 5)
+    A, M = _pair(kind, (4, 6), dense, g, torch.sparse_coo, (1.5, 0.0))
+    M = sparsefill.sparse_coo_tensor(M._indices(), M._values() > -5, M.shape, fill_value=False)
+    x, m = A.to_dense(), M.to_dense()
+    for op in (torch.masked.amax, torch.masked.prod):
+        torch.testing.assert_close(op(A, 1, mask=M).to_dense(), op(x, 1, mask=m), equal_nan=True)

@@ -23,7 +23,8 @@ import dataclasses
 
 import torch
 
-from .. import _convert, _index
+from .. import _convert, _index, _merge
+from .._compile import traced
 from .._tensor import SparseTensor
 
 __all__ = ["Masked", "as_sparse", "is_sparse", "combine", "mask_to_dense", "true_positions", "mask_rows"]
@@ -220,8 +221,11 @@ def combine(input, mask, zero_absorbs: bool = False, counts: bool = False) -> Ma
         sel = found.nonzero().squeeze(1)
         m[(found_pos[sel],) + tuple(pos[sd:, sel])] = True
         return Masked(A, idx, vals, m, fill, False, True, rows)
-    union, inv = torch.unique(torch.cat([akeys, mkeys]), return_inverse=True)
-    ia, im = inv[: akeys.numel()], inv[akeys.numel():]
+    if not traced(mkeys) and _index.is_sorted_unique(mkeys):  # (no dense dims: linear-time merge of sorted runs)
+        union, (ia, im) = _merge.union_inverse([akeys, mkeys])
+    else:
+        union, inv = torch.unique(torch.cat([akeys, mkeys]), return_inverse=True)
+        ia, im = inv[: akeys.numel()], inv[akeys.numel():]
     k = union.numel()
     if k == akeys.numel():  # the masked-in positions are all specified in the input
         m = torch.zeros(vals.shape, dtype=torch.bool, device=vals.device)
