@@ -61,6 +61,7 @@ CASES = {
     "sum": lambda A, B: A.sum(),
     "sum_dim": lambda A, B: A.sum(1),
     "amax_dim": lambda A, B: A.amax(0),
+    "amin_dim": lambda A, B: A.amin(1),  # (along the last dim: the sorted-runs combine)
     "softmax": lambda A, B: torch.softmax(A, 1),
     "A@X": lambda A, B: A @ X,
     "Y@A": lambda A, B: Y @ A,
@@ -117,13 +118,14 @@ def test_masked_reduction_definite(name, backend):
     run_case(name, backend)
 
 
-@pytest.mark.parametrize("name", ["unary", "union", "sum", "sum_dim", "softmax", "A@X", "Y@A"])
+@pytest.mark.parametrize("name", ["unary", "union", "sum", "sum_dim", "amax_dim", "amin_dim", "softmax", "A@X", "Y@A"])
 def test_aot_eager_coo(name):
     run_case(name, "aot_eager")
 
 
 @pytest.mark.parametrize("name,layout,dense_shape", [
-    ("union", torch.sparse_csr, ()), ("sum_dim", torch.sparse_csr, ()), ("A@X", torch.sparse_csr, ()),
+    ("union", torch.sparse_csr, ()), ("sum_dim", torch.sparse_csr, ()), ("amin_dim", torch.sparse_csr, ()),
+    ("A@X", torch.sparse_csr, ()),
     ("dense_dims", torch.sparse_coo, (3,)), ("sum_dim", torch.sparse_coo, (3,))])
 def test_aot_eager_csr_hybrid(name, layout, dense_shape):
     run_case(name, "aot_eager", layout, dense_shape)

@@ -83,7 +83,7 @@ def segment_combine(values: torch.Tensor, seg: torch.Tensor, num_segments: int, 
     """
     ident = identity_of(mode, values.dtype) if init is None else init
     fake = traced(values)  # (torch.compile: sizes are symbols, and the scatter forms trace)
-    engine = _engine.choose(mode, values.dtype, runs=lengths is not None and bool(values.numel()),
+    engine = _engine.choose(mode, values.dtype, runs=lengths is not None and not fake and values.numel() > 0,
                             one_dim=values.dim() == 1, traced=fake)
     if engine == "segment_reduce":
         return torch.segment_reduce(values, _SEGMENT_REDUCE[mode], lengths=lengths, unsafe=True, initial=ident)
