@@ -131,7 +131,7 @@ def test_aot_eager_csr_hybrid(name, layout, dense_shape):
     run_case(name, "aot_eager", layout, dense_shape)
 
 
-@pytest.mark.parametrize("name", ["unary", "A@X"])
+@pytest.mark.parametrize("name", ["unary", "A@X", "amin_dim"])
 def test_inductor(name):
     run_case(name, "inductor")
 
