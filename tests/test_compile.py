@@ -8,7 +8,9 @@ Backends: ``eager`` (dynamo, SparseTensor ops run by sparsefill's handlers), ``a
 traces the handlers into aten ops on the inner tensors, forward and backward) and ``inductor`` on a few
 cases (its compile is slow).  Each case is compiled once, warmed up on two patterns of different nse, then
 run on a third with ``error_on_recompile``.  Where a handler cannot trace, compiling without ``fullgraph``
-graph-breaks and gives the eager result.
+graph-breaks and gives the eager result.  Also: ``examples/gat.py``'s attention layer (three graphs of
+different nse), ``sparsefill.masked`` reductions of a definite fill, and a smoke run of
+``python -m sparsefill.benchmarks.cases_compile``.
 """
 
 import warnings
