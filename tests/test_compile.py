@@ -153,7 +153,8 @@ def test_sparse_output_gradient_through_sparse_ops():
 
 def test_graph_break_never_an_error():
     """Without fullgraph, an op whose handler does not trace (sparse @ sparse: torch's native sparse kernels;
-    ``masked.softmax`` of a definite fill) is a graph break and the result is the eager one; with fullgraph the break is reported."""
+    ``masked.softmax`` of a definite fill) is a graph break and the result is the eager one; with fullgraph
+    the break is reported."""
     fn = lambda A, B: torch.exp((A @ B.t()) * -1) + 1  # noqa: E731
     A, _, _ = make(8, 0)
     B, _, _ = make(9, 1)
