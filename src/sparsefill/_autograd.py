@@ -285,7 +285,7 @@ def leaf_grad(G, P: SparseTensor) -> SparseTensor:
         return _pattern_grad(P, keys, flat, zero, True)
     rest = flat[free[:, 0]]
     c = rest[0]
-    if bool(_convert._nan_equal(rest, c).all()):  # uniform over the unspecified elements: it is the fill
+    if not bool(_convert.differs(rest, c).any()):  # uniform over the unspecified elements: it is the fill
         return _pattern_grad(P, keys, flat, c, not bool(c.any()))
     differ = flat != 0
     keep = at | (differ.flatten(1).any(1) if D else differ)

@@ -186,20 +186,14 @@ def dense_to_parts(x: torch.Tensor, fill: torch.Tensor, indefinite: bool, dense_
         return idx, x[tuple(idx)]
     if indefinite:
         differ = torch.ones(x.shape[:sdim], dtype=torch.bool, device=x.device)
-    elif x.is_complex() and bool(fill.isnan().any()):  # NaN == NaN, component by component
-        differ = ~(_nan_equal(x.real, fill.real) & _nan_equal(x.imag, fill.imag))
-    elif x.is_floating_point() and bool(fill.isnan().any()):
-        differ = ~_nan_equal(x, fill)
+    elif (x.is_complex() or x.is_floating_point()) and bool(fill.isnan().any()):  # NaN == NaN
+        differ = differs(x, fill)
     else:
         differ = x != fill
     if dense_dim and not indefinite:
         differ = differ.flatten(sdim).any(-1)
     idx = differ.nonzero().T.contiguous()
     return idx, (x[tuple(idx)] if sdim else x[differ])  # gather nse rows, not a second pass over x
-
-
-def _nan_equal(a, b):
-    return (a == b) | (a.isnan() & b.isnan())
 
 
 def differs(f: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
