@@ -151,3 +151,20 @@ def test_policy_dense_by_nature_is_validated_and_kept():
     finally:
         sparsefill.set_densify_policy(old.mode, old.limit_bytes, dense_by_nature=old.dense_by_nature)
     assert sparsefill.get_densify_policy() == old
+
+
+def test_backward_densification_passes_the_gate():
+    """A gradient read as a dense tensor in a backward (here: a dense leaf's gradient through a SparseTensor
+    product, and a reduction whose upstream gradient has another split) asks the gate: quiet by default,
+    refused under dense_by_nature='raise', and the gradient equals the dense computation's."""
+    from sparsefill._autograd import dense_grad
+    G = sparsefill.sparse_coo_tensor([[0, 2]], [1., 2.], (4,), fill_value=0.5)
+    torch.testing.assert_close(dense_grad(G), G.to_dense())
+    with pytest.raises(sparsefill.DensifyError, match="dense by nature"), \
+            sparsefill.densify_policy(dense_by_nature="raise"):
+        dense_grad(G)
+    I = sparsefill.sparse_coo_tensor([[0, 2]], [1., 2.], (4,), fill_value=sparsefill.indefinite)
+    torch.testing.assert_close(dense_grad(I), torch.tensor([1., 0., 2., 0.]))  # a gradient's masked-out: 0
+    one = sparsefill.sparse_coo_tensor(torch.zeros(0, 0, dtype=torch.long), torch.zeros(0), (), fill_value=3.)
+    with sparsefill.densify_policy(dense_by_nature="raise"):
+        assert float(dense_grad(one)) == 3.0  # one element: a number, not a densification

@@ -105,6 +105,14 @@ def _grad_parts_of_hybrid(G: SparseTensor, P: SparseTensor):
     return gv, gf.sum_to_size(P._fill.shape)
 
 
+def dense_grad(G: SparseTensor, what: str = "a gradient read as a dense tensor") -> torch.Tensor:
+    """``G``'s dense form, an indefinite fill read as 0 (a gradient's masked-out elements carry none), through the
+    densify gate: a gradient whose consumer is dense is dense by nature (quiet under the default policy)."""
+    if G.numel() > 1:  # (one element: a number, as the 0-d conversions elsewhere)
+        _convert.check_densify_quiet(G, what)
+    return to_dense(G, 0 if G._indefinite else None)  # (differentiable where a graph is recorded: create_graph)
+
+
 def resplit(G: SparseTensor, sd: int):
     """``G`` (defined fill) with ``sd`` sparse dims, exactly: its trailing sparse dims past ``sd`` become dense
     (each stored slice the fill's but for ``G``'s stored elements: O(nse * slice)); more sparse dims than
@@ -118,7 +126,7 @@ def resplit(G: SparseTensor, sd: int):
     """
     g = G._sparse_ndim()
     if sd >= g:
-        return _convert.dense_of(G)
+        return dense_grad(G)
     idx, vals = _convert.coalesced_parts(G)
     outer = _index.linearize(idx[:sd], G.shape[:sd])
     ukeys, inv = torch.unique(outer, return_inverse=True)
@@ -234,7 +242,7 @@ class SameDense(torch.autograd.Function):
     def backward(ctx, G):
         if ctx.x_layout is None:  # a SparseTensor input: dense or SparseTensor gradients both fit
             return (_convert.from_native(G) if G.layout is not torch.strided else G), None
-        g = _convert.dense_of(G) if isinstance(G, SparseTensor) else G
+        g = dense_grad(G) if isinstance(G, SparseTensor) else G
         return (g if ctx.x_layout is torch.strided else g.to_sparse(layout=ctx.x_layout)), None
 
 
@@ -270,7 +278,7 @@ def leaf_grad(G, P: SparseTensor) -> SparseTensor:
             G = resplit(G, P._sparse_ndim())
         if G.dense_dim() == P.dense_dim():
             return _convert.to_layout(G, P._sf_layout)
-        G = _convert.dense_of(G)
+        G = dense_grad(G)
     S, D = P._sparse_shape, tuple(P._dense_shape)
     flat = G.reshape((_index.numel(S),) + D)
     idx, _ = P._coo_parts()

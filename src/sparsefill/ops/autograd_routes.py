@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import torch
 
-from .._autograd import track_leaf
+from .._autograd import dense_grad, track_leaf
 from .._tensor import SparseTensor
 
 _REQUIRES_GRAD_, _REQUIRES_GRAD = torch._C.TensorBase.requires_grad_, torch._C.TensorBase.requires_grad
@@ -94,7 +94,7 @@ class DenseGrad(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         if isinstance(g, SparseTensor):
-            g = g.to_dense(fill_value=0) if g.is_fill_indefinite() else g.to_dense()
+            g = dense_grad(g)
         return g
 
 

@@ -46,7 +46,7 @@ from torch.autograd.function import once_differentiable
 
 from .. import _index
 from .._compile import traced
-from .._autograd import _pattern
+from .._autograd import _pattern, dense_grad
 from .._convert import coalesced_parts, parts_to_sparse, rewrap, values_at
 from .._reduce import group_slices
 from .._tensor import SparseTensor
@@ -290,7 +290,7 @@ def partial_grad(P: SparseTensor, name: str, dims, opt, Y, G) -> SparseTensor:
     keys = _index.linearize(out_idx, Y.shape[:osd])
     G = _zero_fill(G)
     if isinstance(G, SparseTensor) and G._sparse_ndim() != osd:
-        G = G.to_dense()
+        G = dense_grad(G)
     Gs, Ys = values_at(G, keys, osd).to(ct), values_at(_zero_fill(Y), keys, osd).to(ct)
     m = torch.zeros_like(n_fill) if P._indefinite else n_fill
     n_unspecified = _index.numel(P._sparse_shape) - idx.shape[1]
@@ -384,7 +384,7 @@ class SparseReduce(torch.autograd.Function):
         if not set(range(P._sparse_ndim())) <= set(ctx.dims):
             return partial_grad(P, ctx.name, ctx.dims, ctx.opt, Y, G), None, None, None, None
         if isinstance(G, SparseTensor):
-            G = G.to_dense(fill_value=0) if G.is_fill_indefinite() else G.to_dense()
+            G = dense_grad(G)
         return reduction_grad(ctx.pattern, ctx.name, ctx.dims, ctx.opt, Y, G), None, None, None, None
 
 
@@ -483,7 +483,7 @@ def select_grad(P: SparseTensor, dim: int, keepdim: bool, I, G) -> SparseTensor:
     keys = _index.linearize(oidx, I.shape[:osd])
     G, I = _zero_fill(G), _zero_fill(I)
     if isinstance(G, SparseTensor) and G._sparse_ndim() != osd:
-        G = G.to_dense()
+        G = dense_grad(G)
     Gs, Is = values_at(G, keys, osd), values_at(I, keys, osd)
     hit = Is == idx[dim].view((-1,) + (1,) * len(D))
     gv = torch.where(hit, Gs, torch.zeros((), dtype=Gs.dtype)).to(P.dtype)
