@@ -238,20 +238,18 @@ def test_constructor_inside(backend, layout):
         cf(a, c + 5, v, fv)
 
 
-def _gat():
-    """examples/gat.py loaded from the checkout (the name cases_models.py and test_examples.py use)."""
-    import importlib.util
-    import sys
+def _example(name):
+    """examples/<name>.py loaded from the checkout (the bench cases' loader: one module per script)."""
     from pathlib import Path
-    path = Path(__file__).resolve().parents[1] / "examples" / "gat.py"
-    if not path.is_file():
-        pytest.skip(f"no {path} (not a source checkout)")
-    key = "sparsefill_examples_gat"
-    if key not in sys.modules:
-        spec = importlib.util.spec_from_file_location(key, path)
-        sys.modules[key] = module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    return sys.modules[key]
+    from sparsefill.benchmarks.cases_models import _example as load
+    folder = Path(__file__).resolve().parents[1] / "examples"
+    if not (folder / f"{name}.py").is_file():
+        pytest.skip(f"no {folder / name}.py (not a source checkout)")
+    return load(name, folder)
+
+
+def _gat():
+    return _example("gat")
 
 
 @pytest.mark.parametrize("backend,layout", [("aot_eager", torch.sparse_coo), ("aot_eager", torch.sparse_csr),
@@ -283,6 +281,7 @@ def test_benchmark_script_smoke():
     """``python -m sparsefill.benchmarks.cases_compile`` at a tiny size on the eager backend: every part runs
     (each checks its compiled result against eager before timing) and reports."""
     from sparsefill.benchmarks import cases_compile
+    _example("gat"), _example("dlrm")  # (from the checkout: an installed package has no examples/)
     out = cases_compile.main(["--sizes", "10", "--nodes", "40", "--dlrm-batch", "8", "--dlrm-rows", "50",
                               "--rounds", "1", "--reps", "1", "--backend", "eager"])
     assert set(out) == {("exp", 10), "gat", "dlrm"} and out["gat"]["compiled"] > 0

@@ -13,9 +13,7 @@ The scripts are loaded from the checkout's ``examples/`` folder (skipped, with t
 tests run without it).  The full sizes are in ``python -m sparsefill bench --filter model:``.
 """
 
-import importlib.util
 import math
-import sys
 import warnings
 from pathlib import Path
 
@@ -30,13 +28,9 @@ if not EXAMPLES.is_dir():
 
 
 def _load(name):
-    key = f"sparsefill_examples_{name}"   # the name cases_models.py uses: one module per script
-    if key not in sys.modules:
-        spec = importlib.util.spec_from_file_location(key, EXAMPLES / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[key] = module
-        spec.loader.exec_module(module)
-    return sys.modules[key]
+    """The checkout's script, through the bench cases' loader (one module per script for both)."""
+    from sparsefill.benchmarks.cases_models import _example
+    return _example(name, EXAMPLES)
 
 
 @pytest.fixture

@@ -47,14 +47,23 @@ from .runner import case, optional_import, skipped
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 
 
-def _example(name: str):
-    """``examples/<name>.py`` as a module (imported once)."""
+def _example(name: str, folder: Path = EXAMPLES):
+    """``<folder>/<name>.py`` (the checkout's ``examples/``) as a module, imported once under one name for the
+    bench cases and the tests; a script that is absent or fails to import leaves nothing behind."""
     key = f"sparsefill_examples_{name}"
     if key not in sys.modules:
-        spec = importlib.util.spec_from_file_location(key, EXAMPLES / f"{name}.py")
+        path = Path(folder) / f"{name}.py"
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: the example scripts are in the repository's examples/ folder, not in "
+                                    "the installed package (run from a checkout)")
+        spec = importlib.util.spec_from_file_location(key, path)
         module = importlib.util.module_from_spec(spec)
         sys.modules[key] = module
-        spec.loader.exec_module(module)
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[key]
+            raise
     return sys.modules[key]
 
 
