@@ -11,7 +11,7 @@ stores 10k values; the code below is the code one writes for a dense tensor, and
 
 and ``loss.backward()`` gives the gradients of the stored values and of the fill (the baseline level).
 The windowed mean of a signal with fill ``c`` is ``c`` except within ``w`` samples of an event, so every
-step, forward and backward, stores O(events * w) elements (``ops/windows.py``): ``pipeline``.
+step, forward and backward, stores O(events * w) elements (``ops/windows/``): ``pipeline``.
 
 ``pipeline_cumsum`` writes the same windowed mean as a difference of running sums,
 ``(cumsum(ratio)[w:] - cumsum(ratio)[:-w]) / w``.  The running sum of a signal with a nonzero fill grows
@@ -32,7 +32,7 @@ times are inflated several-fold and only the ratios carry over):
 
 The windowed pipeline stores ~1M elements (10% of the samples: 10k events times a window of 100) forward
 and ~2M (20%) in the gradient, with an index row per dim each; that, not the window arithmetic, bounds it
-(about half its time is the window ops of ``ops/windows.py``, the rest the selections, the element-wise
+(about half its time is the window ops of ``ops/windows/``, the rest the selections, the element-wise
 union in ``relu``'s backward and the constructor's gradient).
 
     python examples/rare_events.py               # 10M samples, 0.1% events, 1 thread

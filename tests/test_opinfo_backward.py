@@ -71,11 +71,11 @@ DECLARED_BACKWARD = {
              "call that falls back to densify_call, which raises ValueError (to_dense() of an indefinite fill); "
              "the full prod and the dense reference (torch.masked.prod) run", ("indefinite",)),
     "nn.functional.avg_pool1d": ("the sweep's upstream gradient is dense (W over the result's dense form), so the input's "
-                                 "gradient is dense by nature: ops/windows.py's avg_pool2d_backward takes a SparseTensor "
+                                 "gradient is dense by nature: ops/windows/pooling.py's avg_pool2d_backward takes a SparseTensor "
                                  "gradient natively and leaves a dense one to the densify fallback, announced (by "
                                  "design: tests/test_windows.py)", ("coo", "csr", "nan")),
     "nn.functional.conv1d": ("the result of a random kernel is dense by nature (each output channel its own interior "
-                             "value), so the upstream gradient is dense: ops/windows.py's convolution_backward takes a "
+                             "value), so the upstream gradient is dense: ops/windows/convolution.py's convolution_backward takes a "
                              "SparseTensor gradient natively and leaves a dense one to the densify fallback, announced "
                              "(by design: tests/test_windows.py)", ("coo", "csr", "nan")),
     "nn.functional.rrelu": ("in training mode each element draws its own slope: on an indefinite fill the forward "

@@ -1,4 +1,4 @@
-"""Windowed ops of ops/windows.py against dense torch, forward and backward (values and fill gradients).
+"""Windowed ops of ops/windows/ against dense torch, forward and backward (values and fill gradients).
 
 ``avg_pool1d`` and ``conv1d`` of a SparseTensor (1-d signals as ``x[None, None]``, batched (N, C, L),
 unbatched (C, L) from a CSR) equal the op on ``A.to_dense()``; the gradients of the constructor's values

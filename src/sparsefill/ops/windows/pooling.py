@@ -1,0 +1,190 @@
+"""``avg_pool`` along the last dim (``avg_pool2d`` with a kernel of height 1, what ``avg_pool1d`` calls) and its
+backward (see the package docstring)."""
+
+from __future__ import annotations
+
+import torch
+
+from ... import _index
+from ..._convert import dense_of, parts_to_sparse, rewrap
+from ..._policy import check_densify
+from ..._tensor import SparseTensor
+from ..registry import register
+from ._core import _build, _fill_term, _meta, _parts, _refuse_indefinite, _union, _window_sums, aten
+
+
+def _pool_args(args, kwargs):
+    names = ["kernel_size", "stride", "padding", "ceil_mode", "count_include_pad", "divisor_override"]
+    kw = dict(zip(names, args[1:]), **kwargs)
+    two = lambda v: (list(v) * 2)[:2] if len(v) == 1 else list(v)  # noqa: E731
+    k = two(kw["kernel_size"])
+    st = two(kw.get("stride") or k)
+    pd = kw.get("padding", 0)
+    pd = two([pd] if isinstance(pd, int) else pd)
+    return k, st, pd, kw.get("ceil_mode", False), kw.get("count_include_pad", True), kw.get("divisor_override")
+
+
+def _pool_supported(X, k, st, pd) -> bool:
+    return isinstance(X, SparseTensor) and X.dense_dim() == 0 and X.dim() >= 3 and X.dtype.is_floating_point \
+        and k[0] == 1 and st[0] == 1 and pd[0] == 0
+
+
+def _pool_div(o, L, w, s, p, count_include_pad, divisor):
+    """``(divisor, real taps)`` of output windows ``o``, as aten's CPU kernel computes them."""
+    start = o * s - p
+    end = torch.clamp(start + w, max=L + p)
+    real = (torch.clamp(end, max=L) - torch.clamp(start, min=0)).clamp(min=0)
+    div = torch.full_like(o, divisor) if divisor else (end - start if count_include_pad else real)
+    return div, real
+
+
+def _ceil_div(a, b):
+    return -torch.div(-a, b, rounding_mode="floor")
+
+
+def _pool_windows(w: int, s: int, p: int):
+    """``(window of output o in input positions, window of input i in output positions)``."""
+    if s == 1:  # (no integer division: it is the slow pass)
+        return (lambda o: (o - p, o - p + w - 1)), (lambda i: (i + p - w + 1, i + p))
+    return ((lambda o: (o * s - p, o * s - p + w - 1)),
+            (lambda i: (_ceil_div(i + p - w + 1, s), torch.div(i + p, s, rounding_mode="floor"))))
+
+
+@register(aten.avg_pool2d.default)
+def _avg_pool2d(func, args, kwargs):
+    X = args[0]
+    k, st, pd, ceil, cip, divisor = _pool_args(args, kwargs)
+    _refuse_indefinite(X, "avg_pool")
+    per = _dense_window(X, k, st, pd)
+    if per is not None:  # the windows lie in the dense dims: the op on every stored slice and on the fill
+        v, f = (_slices(func, t, per, args[1:], kwargs) for t in (X._vals, X._fill.expand(X._dense_shape)))
+        return rewrap(X, values=v, fill=f, size=_meta(func, args, kwargs).shape, known_zero=False)
+    if not _pool_supported(X, k, st, pd):
+        return NotImplemented
+    out_shape = _meta(func, args, kwargs).shape
+    w, s = k[1], st[1]
+    orow, o, vals = _pool_values(X, out_shape[-1], w, s, pd[1], cip, divisor)
+    interior = func(X._fill.expand(1, 1, 1, w), [1, w], [1, s], [0, 0], False, cip, divisor).reshape(())
+    return _build(orow, o, vals.to(interior.dtype), out_shape, interior, X._sf_layout)
+
+
+def _dense_window(X, k, st, pd):
+    """For a SparseTensor whose dense dims hold the pooling window (the last two, or the last one with a
+    window of height 1): how many trailing dims the op takes from each slice; else None."""
+    if not isinstance(X, SparseTensor) or not X.dense_dim() or X._indefinite or not X.dtype.is_floating_point:
+        return None
+    if X.dense_dim() >= 2:
+        return 2
+    return 1 if k[0] == 1 and st[0] == 1 and pd[0] == 0 else None
+
+
+def _slices(func, t, per: int, args, kwargs):
+    """``func`` on every trailing ``per``-dim slice of ``t`` (as a batch of one-channel images)."""
+    lead, tail = t.shape[: t.dim() - per], t.shape[t.dim() - per:]
+    out = func(t.reshape((-1, 1) + (1,) * (2 - per) + tuple(tail)), *args, **kwargs)
+    return out.reshape(tuple(lead) + tuple(out.shape[4 - per:]))
+
+
+def _pool_values(X: SparseTensor, Lo: int, w: int, s: int, p: int, cip: bool, divisor):
+    """``(rows, outputs, values)`` of the windows over ``X``'s last dim that its stored elements or the
+    padding reach (float64 values); ``divisor`` 1 gives the window sums."""
+    L, c, div_int = X.shape[-1], X._fill, divisor or w
+    rows, x, v = _parts(X)
+    lo, hi = _ceil_div(x + p - w + 1, s).clamp(min=0), torch.div(x + p, s, rounding_mode="floor").clamp(max=Lo - 1)
+    oL, oR = -(-p // s), (L - 1 + p - (w - 1)) // s  # interior outputs: the window inside [0, L)
+    R = _union(rows, lo, hi, _index.numel(X.shape[:-1]), Lo, oL, oR)
+    orow, o = R.rows_and_targets()
+    win = _pool_windows(w, s, p)[0]
+    edge, span = R.edges(oL, oR), (-p if s == 1 else None)
+    if bool(torch.isfinite(c)):  # sum(v - c) over the window, + c for each of its elements in range
+        delta = _window_sums(R, o, x, (v - c)[None], L, win, edge, span)[0]
+        vals = (delta + c * w) / div_int
+        div, real = _pool_div(o[edge], L, w, s, p, cip, divisor)
+        vals[edge] = (delta[edge] + c * real) / div
+        return orow, o, vals
+    sums = _window_sums(R, o, x, torch.stack([v, torch.ones_like(v)]), L, win, edge, span)
+    div, real = _pool_div(o, L, w, s, p, cip, divisor)
+    n_fill = real - sums[1].round().long()
+    return orow, o, (sums[0] + _fill_term(c.to(sums.dtype), n_fill, n_fill)) / div
+
+
+@register(aten.avg_pool2d_backward.default)
+def _avg_pool2d_backward(func, args, kwargs):
+    """``grad_in[i] = sum_{o covers i} G[o] / div(o)``: the transposed windows of ``G``'s stored elements,
+    and ``g * coverage / w`` at the unspecified elements (uniform when the stride divides the window)."""
+    G, X = args[0], args[1]
+    k, st, pd, ceil, cip, divisor = _pool_args(args[1:], kwargs)
+    _refuse_indefinite(G, "the gradient of avg_pool")
+    if isinstance(X, SparseTensor) and not isinstance(G, SparseTensor):  # a dense gradient: so is this one
+        check_densify(f"{func} (a dense upstream gradient)", X.numel() * X.element_size(), by_nature=True)
+        return func(G, G.new_empty(X.shape), *args[2:], **kwargs)  # (the input's values are not read)
+    per = _dense_window(X, k, st, pd)
+    if per is not None and isinstance(G, SparseTensor) and G.dense_dim() == X.dense_dim():  # slice by slice
+        D = tuple(X._dense_shape)
+        grad = lambda g: func(g, g.new_empty(g.shape[:4 - per] + D[-per:]), *args[2:], **kwargs)  # noqa: E731
+        v, f = (_slices(grad, t, per, (), {}) for t in (G._vals, G._fill.expand(G._dense_shape)))
+        return rewrap(G, values=v, fill=f, size=X.shape, known_zero=False)
+    if not _pool_supported(X, k, st, pd) or not isinstance(G, SparseTensor) or G.dense_dim():
+        return NotImplemented
+    w, s, g = k[1], st[1], G._fill
+    if w % s and not (bool(torch.isfinite(g)) and not bool(g)):  # coverage w/s varies with i mod s: dense
+        if not bool(torch.isfinite(g)) or not bool(torch.isfinite(G._vals).all()):
+            return NotImplemented
+        G = _every_output_stored(G)  # dense by nature: O(outputs), the input's size over the stride
+        g = G._fill
+    irow, i, vals = _pool_grad_values(G, X.shape[-1], w, s, pd[1], cip, divisor)
+    return _build(irow, i, vals.to(G.dtype), X.shape, g / (divisor or w) * (w // s), X._sf_layout)
+
+
+def _every_output_stored(G: SparseTensor) -> SparseTensor:
+    """``G`` with every element stored and fill 0 (a gradient whose pooled form is dense by nature)."""
+    check_densify("avg_pool's gradient with a stride that does not divide the window", G.numel() * G.element_size(),
+                  by_nature=True)
+    idx = _index.unravel(torch.arange(G.numel(), device=G.device), G.shape)
+    return parts_to_sparse(idx, dense_of(G).reshape(-1), G.shape, G._fill.new_zeros(()), known_zero=True,
+                           layout=torch.sparse_coo, coalesced=True)
+
+
+def _pool_grad_values(G: SparseTensor, L: int, w: int, s: int, p: int, cip: bool, divisor):
+    """``(rows, inputs, values)`` of the gradient of :func:`_pool_values` where it differs from the
+    interior value ``g / div * (w // s)`` (float64 values)."""
+    Lo, g = G.shape[-1], G._fill
+    finite = bool(torch.isfinite(g))
+    rows, o, gv = _parts(G)
+    div_int = divisor or w
+    oL, oR = -(-p // s), (L - 1 + p - (w - 1)) // s  # interior outputs: the window inside [0, L), divisor w
+    iL, iR = oL * s - p + w - 1, oR * s - p  # interior inputs: every covering output interior
+    R = _union(rows, (o * s - p).clamp(min=0), (o * s - p + w - 1).clamp(max=L - 1), _index.numel(G.shape[:-1]),
+               L, iL, iR)
+    oedge = ((o < oL) | (o > oR)).nonzero().squeeze(1)  # (their divisors differ)
+    inv_edge = 1 / _pool_div(o[oedge], L, w, s, p, cip, divisor)[0].to(torch.float64)
+    irow, i = R.rows_and_targets()
+    win = _pool_windows(w, s, p)[1]
+    edge = R.edges(iL, iR)
+    if edge.numel():  # the covering outputs of the edge inputs, one by one
+        num = i[edge, None] + p - torch.arange(w, device=i.device)
+        oo = torch.div(num, s, rounding_mode="floor")
+        hit = (oo * s == num) & (oo >= 0) & (oo < Lo)
+        d = _pool_div(oo.clamp(0, max(Lo - 1, 0)), L, w, s, p, cip, divisor)[0].to(torch.float64)
+        w_edge, n_edge = torch.where(hit, 1 / d, 0).sum(1), hit.sum(1)
+    else:
+        w_edge, n_edge = torch.zeros(0, dtype=torch.float64), torch.zeros(0, dtype=torch.int64)
+    w_int = w // s / div_int  # the total weight of the covering outputs of an interior input
+    if finite:  # sum((G - g) / div) over the covering outputs, + g times their total weight
+        cols = (gv - g).to(torch.float64) / div_int
+        cols[oedge] = (gv[oedge] - g) * inv_edge
+        vals = _window_sums(R, i, o, cols[None], Lo, win, edge, (p - w + 1) if s == 1 else None)[0]
+        vals += g * w_int
+        vals[edge] += g * (w_edge - w_int)
+        return irow, i, vals
+    inv = torch.full(o.shape, 1 / div_int, dtype=torch.float64, device=o.device)
+    inv[oedge] = inv_edge
+    sums = _window_sums(R, i, o, torch.stack([gv * inv, inv, torch.ones_like(inv)]), Lo, win, edge,
+                        (p - w + 1) if s == 1 else None)
+    w_all = torch.full((i.numel(),), w_int, dtype=sums.dtype, device=gv.device)
+    n_all = torch.full((i.numel(),), w // s, dtype=torch.int64, device=gv.device)
+    w_all[edge], n_all[edge] = w_edge, n_edge
+    return irow, i, sums[0] + _fill_term(g.to(sums.dtype), w_all - sums[1], n_all - sums[2].round().long())
+
+
+# ---------------------------------------------------------------------- conv1d (convolution, 1-d)
