@@ -19,8 +19,6 @@ noise).
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
 import torch.nn.functional as F
@@ -28,28 +26,14 @@ import torch.nn.functional as F
 import sparsefill
 
 from .measure import cpu_snapshot, loadavg, other_cpu
+from .measure import interleaved as measure_interleaved
 
 SIZES = (10, 1_000, 100_000, 10_000_000)
 
 
-def _ms(fn, reps: int) -> float:
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return 1e3 * statistics.median(times)
-
-
 def interleaved(fns: dict, rounds: int, reps: int) -> dict:
-    """``{name: median over rounds of the median of reps calls}`` (each fn called once first: compiled)."""
-    for fn in fns.values():
-        fn()
-    per = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            per[name].append(_ms(fn, reps))
-    return {name: statistics.median(v) for name, v in per.items()}
+    """``{name: ms}``: :func:`measure.interleaved` (each fn called once first: compiled)."""
+    return {name: 1e3 * t for name, t in measure_interleaved(fns, rounds, reps).items()}
 
 
 def chain(A):

@@ -29,6 +29,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from .measure import interleaved
+
 DENSITIES = (0.001, 0.01, 0.1, 0.3)
 
 
@@ -58,24 +60,9 @@ def run(fn, world, *args):
     return q.get()
 
 
-def _time(fn, reps):
-    ts = []
-    for _ in range(reps):
-        dist.barrier()
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    return statistics.median(ts)
-
-
 def _interleaved(impls, rounds, reps):
-    for fn in impls.values():  # warm-up
-        fn()
-    med = {k: [] for k in impls}
-    for _ in range(rounds):
-        for k, fn in impls.items():
-            med[k].append(_time(fn, reps))
-    return {k: statistics.median(v) for k, v in med.items()}
+    """Seconds per call, every rank starting each call together (a barrier, untimed)."""
+    return interleaved(impls, rounds, reps, before=dist.barrier)
 
 
 # ---------------------------------------------------------------------- 1. all_reduce

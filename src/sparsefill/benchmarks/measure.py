@@ -31,6 +31,7 @@ import contextlib
 import itertools
 import os
 import re
+import statistics
 import sys
 import tempfile
 import time
@@ -58,6 +59,27 @@ def stub_timer(fn: Callable[[], Any], *, num_threads: int, min_run_time: float) 
 
 
 # ---------------------------------------------------------------------- memory
+def interleaved(impls: dict, rounds: int, reps: int, *, before: Callable[[], Any] | None = None) -> dict:
+    """``{name: seconds}``: for the standalone scripts (compile, distributed) that the harness cannot time --
+    each implementation called once (warm-up, compilation), then ``rounds`` rounds of ``reps`` calls of
+    each in turn; the median over rounds of each round's median.  ``before`` runs ahead of every timed call
+    (``dist.barrier`` for collectives: every rank starts together) and is not timed."""
+    for fn in impls.values():
+        fn()
+    per = {name: [] for name in impls}
+    for _ in range(rounds):
+        for name, fn in impls.items():
+            ts = []
+            for _ in range(reps):
+                if before is not None:
+                    before()
+                t = time.perf_counter()
+                fn()
+                ts.append(time.perf_counter() - t)
+            per[name].append(statistics.median(ts))
+    return {name: statistics.median(v) for name, v in per.items()}
+
+
 def result_bytes(obj: Any) -> int:
     """Bytes held by the storages ``obj`` refers to (tensors, SparseTensors, numpy, pydata/scipy sparse,
     and tuples/lists/dicts of them); a storage referred to twice counts once."""
