@@ -189,17 +189,12 @@ class _Rows(torch.autograd.Function):
         ctx.send, ctx.recv, ctx.group, ctx.average, ctx.shape = send.tolist(), recv.tolist(), group, average, \
             shard.shape
         rows = shard.index_select(0, local)
-        out = rows.new_empty(sum(ctx.send), shard.shape[1])
-        dist.all_to_all_single(out, rows, ctx.send, ctx.recv, group=group)
-        _count(rows, out, ctx.recv, ctx.send, group)
-        return out
+        return _swap(rows, ctx.send, ctx.recv, group)
 
     @staticmethod
     def backward(ctx, grad):
         (local,) = ctx.saved_tensors
-        back = grad.new_empty(sum(ctx.recv), ctx.shape[1])
-        dist.all_to_all_single(back, grad.contiguous(), ctx.recv, ctx.send, group=ctx.group)
-        _count(grad, back, ctx.send, ctx.recv, ctx.group)
+        back = _swap(grad, ctx.recv, ctx.send, ctx.group)
         if ctx.average:
             back = back / dist.get_world_size(ctx.group)
         if not local.numel():  # no rank looked up a row of this shard: no gradient (the optimizer skips it)
@@ -218,23 +213,26 @@ class _Partial(torch.autograd.Function):
         ctx.save_for_backward(local, inv)
         ctx.back, ctx.got, ctx.group, ctx.average, ctx.shape = back.tolist(), got.tolist(), group, average, shard.shape
         partial = shard.new_zeros(npairs, shard.shape[1]).index_add_(0, inv, shard.index_select(0, local))
-        out = shard.new_empty(sum(ctx.got), shard.shape[1])
-        dist.all_to_all_single(out, partial, ctx.got, ctx.back, group=group)
-        _count(partial, out, ctx.back, ctx.got, group)
-        return out
+        return _swap(partial, ctx.got, ctx.back, group)
 
     @staticmethod
     def backward(ctx, grad):
         local, inv = ctx.saved_tensors
-        gp = grad.new_empty(sum(ctx.back), ctx.shape[1])
-        dist.all_to_all_single(gp, grad.contiguous(), ctx.back, ctx.got, group=ctx.group)
-        _count(grad, gp, ctx.got, ctx.back, ctx.group)
+        gp = _swap(grad, ctx.back, ctx.got, ctx.group)
         if ctx.average:
             gp = gp / dist.get_world_size(ctx.group)
         if not local.numel():
             return (None,) * 8
         return (torch.sparse_coo_tensor(local[None], gp.index_select(0, inv), ctx.shape, check_invariants=False),
                 None, None, None, None, None, None, None)
+
+
+def _swap(rows: torch.Tensor, got_splits: list, sent_splits: list, group) -> torch.Tensor:
+    """``all_to_all_single`` of 2-D ``rows`` (``sent_splits`` rows to each rank, ``got_splits`` from each), counted."""
+    out = rows.new_empty(sum(got_splits), rows.shape[1])
+    dist.all_to_all_single(out, rows.contiguous(), got_splits, sent_splits, group=group)
+    _count(rows, out, sent_splits, got_splits, group)
+    return out
 
 
 def _count(sent_rows, got_rows, sent_splits, got_splits, group) -> None:
