@@ -174,6 +174,14 @@ def values_at(S, keys: torch.Tensor, sdim: int) -> torch.Tensor:
     return torch.where(found.view((-1,) + (1,) * len(D)), got, S._fill)
 
 
+def every_element(A: SparseTensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """COO indices and values of every element of ``A`` (all stored, coalesced): a result dense by nature
+    kept in ``A``'s form, O(numel)."""
+    S = A._sparse_shape
+    idx = _index.unravel(torch.arange(_index.numel(S), device=A.device), S)
+    return idx, dense_of(A).reshape((-1,) + tuple(A._dense_shape))
+
+
 def dense_to_parts(x: torch.Tensor, fill: torch.Tensor, indefinite: bool, dense_dim: int, zero: bool = False):
     """Indices and values of exactly the elements (dense slices) of ``x`` that differ from ``fill``.
 

@@ -22,7 +22,8 @@ from __future__ import annotations
 import torch
 
 from .. import _index
-from .._convert import coalesced_parts, dense_of, dense_to_parts, dense_to_sparse, parts_to_sparse, union_parts
+from .._convert import (coalesced_parts, dense_of, dense_to_parts, dense_to_sparse, every_element, parts_to_sparse,
+                        union_parts)
 from .._policy import check_specify
 from .._tensor import SparseTensor
 from ._schema import meta_of, probe_of
@@ -139,9 +140,7 @@ def _slice_backward(func, args, kwargs):
     if G._indefinite or G._fill_is_zero() or not bool(fill.ne(0).any()):
         idx, vals = coalesced_parts(G)
     else:  # every element of G, stored
-        S = G._sparse_shape
-        idx = _index.unravel(torch.arange(_index.numel(S), device=G.device), S)
-        vals = dense_of(G).reshape((-1,) + tuple(G._dense_shape))
+        idx, vals = every_element(G)
     if func is aten.select_backward.default:
         idx = torch.cat([idx[:dim], idx.new_full((1, idx.shape[1]), rest[0] % sizes[dim]), idx[dim:]])
     else:

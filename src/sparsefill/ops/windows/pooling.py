@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from ... import _index
-from ..._convert import dense_of, parts_to_sparse, rewrap
+from ..._convert import every_element, parts_to_sparse, rewrap
 from ..._policy import check_densify
 from ..._tensor import SparseTensor
 from ..registry import register
@@ -140,8 +140,7 @@ def _every_output_stored(G: SparseTensor) -> SparseTensor:
     """``G`` with every element stored and fill 0 (a gradient whose pooled form is dense by nature)."""
     check_densify("avg_pool's gradient with a stride that does not divide the window", G.numel() * G.element_size(),
                   by_nature=True)
-    idx = _index.unravel(torch.arange(G.numel(), device=G.device), G.shape)
-    return parts_to_sparse(idx, dense_of(G).reshape(-1), G.shape, G._fill.new_zeros(()), known_zero=True,
+    return parts_to_sparse(*every_element(G), G.shape, G._fill.new_zeros(()), known_zero=True,
                            layout=torch.sparse_coo, coalesced=True)
 
 
