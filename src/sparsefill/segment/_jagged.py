@@ -39,6 +39,7 @@ from itertools import islice
 import numpy as np
 import torch
 
+from .._compile import traced
 from . import _kernels
 from ._check import as_index, check_lengths
 from ._pack import pack_segments
@@ -388,6 +389,8 @@ class KeyedJaggedBatch:
         weighted = reducer in ("weighted_sum", "weighted_mean")
         if weighted and self.weights is None:
             raise ValueError(f"reducer {reducer!r} needs a batch with weights")
+        if traced(self.values):  # torch.compile: per key the positions of its ids (sizes known at run time)
+            return self._pooled_traced(tables, given, keys, reducer, weighted, pos_w, kw)
         offsets, ids, w = self._by_key(keys, with_weights=weighted)
         B = self.batch_size
         bounds = offsets[::B].tolist() if B else [0] * (len(keys) + 1)  # each key's ids: one sync
@@ -400,29 +403,31 @@ class KeyedJaggedBatch:
                             weights=wk, **kw)
         return out
 
+    def _pooled_traced(self, tables, given, keys, reducer, weighted, pos_w, kw):
+        """``pooled`` under torch.compile: the positions of every key's ids by the custom op
+        ``sparsefill::jagged_key_positions`` (one dynamic size per key), then as ``pooled``."""
+        from ._custom_ops import jagged_key_positions
+        offsets, pos = jagged_key_positions(self.values_lengths, self.keys, self.example_lengths, keys)
+        B = self.batch_size
+        out = {}
+        for j, k in enumerate(keys):
+            table = tables[given[k]] if isinstance(tables, dict) else tables
+            offs = offsets[j * B:(j + 1) * B + 1]
+            wk = self.weights.index_select(0, pos[j]).to(table.dtype) if weighted else pos_w
+            out[k] = reduce(table, reducer, offsets=offs - offs[0], indices=self.values.index_select(0, pos[j]),
+                            weights=wk, **kw)
+        return out
+
     def _by_key(self, keys: list[int], *, with_weights: bool = False):
         """``(offsets, ids, weights)``: the ids of the batch ordered by (key in ``keys``, example), and the
         ``K * B + 1`` offsets of those (key, example) lists: the ids of key ``keys[j]`` in example ``e``
         are ``ids[offsets[j * B + e]:offsets[j * B + e + 1]]`` (an absent key: an empty list).  Computed
-        once for all keys, with no sort and no per-key mask: every entry's list is placed at its slot
-        ``j * B + e`` (its length and start there; an entry of another key goes to a discarded slot),
-        then one gather of the ids (and weights) reads the lists in slot order (one compiled copy per
-        list on the compiled segment backend; weights that require grad go through ``index_select``)."""
-        K, B, E = len(keys), self.batch_size, self.keys.numel()
+        once for all keys, with no sort and no per-key mask (:func:`_slots`), then one gather of the ids
+        (and weights) reads the lists in slot order (one compiled copy per list on the compiled segment
+        backend; weights that require grad go through ``index_select``)."""
         dev = self.keys.device
-        KB = K * B
-        lengths = torch.zeros(KB + 1, dtype=torch.int64, device=dev)
-        starts = torch.zeros(KB + 1, dtype=torch.int64, device=dev)
-        if K and E:
-            srt, perm = torch.sort(torch.tensor(keys, dtype=torch.int64, device=dev))
-            at = torch.searchsorted(srt, self.keys).clamp_max_(K - 1)
-            slot = perm.index_select(0, at).mul_(B).add_(_seg_of(self.example_lengths, E))
-            slot.masked_fill_(srt.index_select(0, at) != self.keys, KB)  # (another key: the discarded slot)
-            vl = self.values_lengths
-            lengths.index_copy_(0, slot, vl)  # (the discarded slot gets any one of its entries)
-            starts.index_copy_(0, slot, torch.cumsum(vl, 0).sub_(vl))
-        offsets = torch.zeros(KB + 1, dtype=torch.int64, device=dev)
-        torch.cumsum(lengths[:KB], 0, out=offsets[1:])
+        offsets, starts, lengths = _slots(self.values_lengths, self.keys, self.example_lengths, keys)
+        KB = offsets.shape[0] - 1
         n = int(offsets[-1])
         srcs = [self.values] + ([self.weights] if with_weights else [])
         if (all(t.dim() == 1 and t.is_contiguous() and not (t.requires_grad and torch.is_grad_enabled())
@@ -434,6 +439,41 @@ class KeyedJaggedBatch:
                                out.numpy())
                 parts.append(out)
             return offsets, parts[0], parts[1] if with_weights else None
-        at = torch.arange(n, device=dev).add_(torch.repeat_interleave(starts[:KB] - offsets[:-1], lengths[:KB],
-                                                                       output_size=n))
+        at = _positions(offsets, starts, lengths, n)
         return offsets, *(t.index_select(0, at) for t in srcs), *([] if with_weights else [None])
+
+
+def _slots(values_lengths, keys, example_lengths, wanted: list[int]):
+    """``(offsets, starts, lengths)`` of the lists of ``wanted`` keys placed by (key, example): every entry's
+    list at its slot ``j * B + e`` (its length and start in ``values`` there; an entry of another key goes to
+    the discarded slot ``K * B``, an absent (key, example) is an empty list); ``offsets`` (``K * B + 1``) the
+    running sum of the lengths of the ``K * B`` slots."""
+    K, B, E = len(wanted), example_lengths.shape[0], keys.shape[0]
+    dev = keys.device
+    KB = K * B
+    lengths = torch.zeros(KB + 1, dtype=torch.int64, device=dev)
+    starts = torch.zeros(KB + 1, dtype=torch.int64, device=dev)
+    if K and E:
+        srt, perm = torch.sort(torch.tensor(wanted, dtype=torch.int64, device=dev))
+        at = torch.searchsorted(srt, keys).clamp_max_(K - 1)
+        slot = perm.index_select(0, at).mul_(B).add_(_seg_of(example_lengths, E))
+        slot.masked_fill_(srt.index_select(0, at) != keys, KB)  # (another key: the discarded slot)
+        lengths.index_copy_(0, slot, values_lengths)  # (the discarded slot gets any one of its entries)
+        starts.index_copy_(0, slot, torch.cumsum(values_lengths, 0).sub_(values_lengths))
+    offsets = torch.zeros(KB + 1, dtype=torch.int64, device=dev)
+    torch.cumsum(lengths[:KB], 0, out=offsets[1:])
+    return offsets, starts, lengths
+
+
+def _positions(offsets, starts, lengths, n: int):
+    """The position in ``values`` of every id of the slots, in slot order (``n = offsets[-1]`` of them)."""
+    KB = offsets.shape[0] - 1
+    return torch.arange(n, device=offsets.device).add_(
+        torch.repeat_interleave(starts[:KB] - offsets[:-1], lengths[:KB], output_size=n))
+
+
+def key_positions(values_lengths, keys, example_lengths, wanted: list[int]):
+    """``(offsets, at)``: the offsets of ``KeyedJaggedBatch._by_key`` and the positions in ``values`` of its
+    ids (``ids = values[at]``)."""
+    offsets, starts, lengths = _slots(values_lengths, keys, example_lengths, wanted)
+    return offsets, _positions(offsets, starts, lengths, int(offsets[-1]))

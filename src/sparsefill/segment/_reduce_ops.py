@@ -34,6 +34,7 @@ import math
 import torch
 
 from .. import _reduce
+from .._compile import traced
 from . import _kernels
 from ._check import as_index, check_indices, check_rows
 from ._plan import Plan, make_plan
@@ -211,13 +212,14 @@ def _to_input_order(g_seg: torch.Tensor, plan: Plan) -> torch.Tensor:
     return g_seg.new_zeros(plan.n).index_copy(0, plan.order, g_seg)
 
 
-def _backward(ctx_red: SegmentReducer, plan: Plan, ties: str, x2, weights, raw, arg, g2):
-    """Gradients ``(grad_x2, grad_weights)`` from the upstream ``g2`` (shape ``(S, D)``), in torch ops."""
+def _backward(ctx_red: SegmentReducer, plan: Plan, ties: str, x2, weights, raw, arg, g2, need_w=None):
+    """Gradients ``(grad_x2, grad_weights)`` from the upstream ``g2`` (shape ``(S, D)``), in torch ops
+    (``need_w``: whether the weights' gradient is wanted; default: whether they require grad)."""
     seg = plan.seg
     S = plan.num_segments
     G = g2.index_select(0, seg)                        # upstream gradient at every position
     red = ctx_red
-    need_w = weights is not None and weights.requires_grad
+    need_w = weights is not None and (weights.requires_grad if need_w is None else need_w)
     gw = None
     X = _positions(plan, x2) if (red.kind != "sum" or need_w) else None  # (the sums' data gradient reads no row)
     if red.kind == "sum":
@@ -331,6 +333,22 @@ def reduce(data: torch.Tensor, reducer="sum", *, lengths=None, offsets=None, seg
             [-1, -1],
             [ 3,  4]]))
     """
+    red, weights, empty = _args(data, reducer, weights, ties, sparse_grad, return_arg, indices, empty)
+    kw = dict(lengths=lengths, offsets=offsets, segment_ids=segment_ids, indices=indices, weights=weights,
+              num_segments=num_segments, sorted=sorted, empty=empty, want_arg=return_arg, ties=ties,
+              out_of_range=out_of_range, validate=validate, sparse_grad=sparse_grad)
+    if traced(data) and SEGMENT_REDUCERS.get(red.name) is red:  # torch.compile: one custom op (its checks at run time)
+        from . import _custom_ops
+        out, arg = _custom_ops.segment_reduce(data, red.name, **kw)
+    else:
+        out, arg = _reduce_eager(data, red, **kw)
+    if not return_arg:
+        return out
+    return out, arg.reshape(out.shape)
+
+
+def _args(data, reducer, weights, ties, sparse_grad, return_arg, indices, empty):
+    """``(red, weights, empty)`` after the checks of ``reduce``'s arguments that read no data."""
     red = _lookup(reducer)
     if not isinstance(data, torch.Tensor):
         raise TypeError(f"data must be a tensor, got {type(data).__name__}")
@@ -344,9 +362,6 @@ def reduce(data: torch.Tensor, reducer="sum", *, lengths=None, offsets=None, seg
         raise ValueError("sparse_grad=True needs indices= (the gradient rows of a fused gather)")
     if return_arg and red.kind != "extreme":
         raise ValueError(f"return_arg=True needs the max or min reducer, got {red.name!r}")
-    plan = make_plan(data.shape[0], data.device, lengths=lengths, offsets=offsets, segment_ids=segment_ids,
-                     num_segments=num_segments, sorted=sorted, indices=indices, validate=validate,
-                     out_of_range=out_of_range, width=math.prod(data.shape[1:]))
     if red.weights is None:
         if weights is not None:
             raise ValueError(f"reducer {red.name!r} takes no weights (use weighted_sum, weighted_mean or "
@@ -360,18 +375,27 @@ def reduce(data: torch.Tensor, reducer="sum", *, lengths=None, offsets=None, seg
             raise TypeError(f"weights must have the dtype of data ({data.dtype}), got {weights.dtype}")
         if weights.dim() != 1:
             raise ValueError(f"weights must be 1-D, got shape {tuple(weights.shape)}")
-        if red.weights == "row":
-            check_rows(weights, plan.n, "weights", "entry of indices" if indices is not None else "row of data")
-        else:
-            longest = int(plan.counts.max()) if plan.num_segments else 0
-            if weights.shape[0] < longest:
-                raise ValueError(f"positional weights have {weights.shape[0]} entries, but the longest segment "
-                                 f"has {longest} positions")
     empty = red.empty if empty is None else empty
     if not data.is_floating_point() and not (math.isfinite(empty) and float(empty).is_integer()
                                              and torch.iinfo(data.dtype).min <= empty <= torch.iinfo(data.dtype).max):
         raise ValueError(f"empty={empty!r} cannot be stored in {data.dtype} data")
-    want_arg = return_arg
+    return red, weights, empty
+
+
+def _reduce_eager(data, red: SegmentReducer, *, lengths, offsets, segment_ids, indices, weights, num_segments, sorted,
+            empty, want_arg, ties, out_of_range, validate, sparse_grad):
+    """``(out, arg)`` of ``reduce`` (``arg`` an empty tensor unless computed) after :func:`_args`: the plan,
+    the checks that read data, and the kernels (through ``_SegmentReduceFn`` where a gradient is wanted)."""
+    plan = make_plan(data.shape[0], data.device, lengths=lengths, offsets=offsets, segment_ids=segment_ids,
+                     num_segments=num_segments, sorted=sorted, indices=indices, validate=validate,
+                     out_of_range=out_of_range, width=math.prod(data.shape[1:]))
+    if red.weights == "row":
+        check_rows(weights, plan.n, "weights", "entry of indices" if indices is not None else "row of data")
+    elif red.weights == "position":
+        longest = int(plan.counts.max()) if plan.num_segments else 0
+        if weights.shape[0] < longest:
+            raise ValueError(f"positional weights have {weights.shape[0]} entries, but the longest segment "
+                             f"has {longest} positions")
     try:
         if torch.is_grad_enabled() and (data.requires_grad or (weights is not None and weights.requires_grad)):
             out, arg = _SegmentReduceFn.apply(data, weights, plan, red, ties, empty, want_arg, sparse_grad)
@@ -383,6 +407,4 @@ def reduce(data: torch.Tensor, reducer="sum", *, lengths=None, offsets=None, seg
         if indices is not None:  # torch's own range errors (embedding_bag, index_select) -> name the entry
             check_indices(as_index(indices, "indices", data.device), data.shape[0])
         raise
-    if not return_arg:
-        return out
-    return out, arg.reshape(out.shape)
+    return out, (torch.zeros(0, dtype=torch.int64, device=data.device) if arg is None else arg)

@@ -1,0 +1,227 @@
+"""The segment operations as ``torch.library`` custom ops (namespace ``sparsefill::``): what torch.compile
+records for them.
+
+The kernels (numba's, when loaded, else torch's; ``_kernels``) read numpy views, build plans and check
+their data in Python: opaque to dynamo and to fake tensors.  Under torch.compile (``_compile.traced``)
+``segment.reduce``, the sparse optimizers and ``KeyedJaggedBatch.pooled`` call these ops instead; each op's
+real implementation is the eager function (its checks of the data run then, at run time, and raise the
+eager errors), its fake implementation gives the output sizes from the input sizes, or a dynamic size
+(``get_ctx().new_dynamic_size()``) where they depend on the data::
+
+    sparsefill::segment_reduce(data, ...)      == segment.reduce(data, ...)          (out, arg); autograd:
+    sparsefill::segment_reduce_backward(...)   == the gradients of _SegmentReduceFn  (data, or rows+values; weights)
+    sparsefill::sparse_adagrad_(param!, moment!, indices, grad, ...)          == segment.sparse_adagrad
+    sparsefill::rowwise_sparse_adagrad_(param!, moment!, indices, grad, ...)  == segment.rowwise_sparse_adagrad
+    sparsefill::sparse_ftrl_(param!, n!, z!, indices, grad, ...)              == segment.sparse_ftrl
+    sparsefill::jagged_key_positions(values_lengths, keys, example_lengths, wanted)
+        == (offsets of the (key, example) lists, per wanted key the positions of its ids in values)
+
+The optimizers' ops declare the tensors they update in place (``mutates_args``).  Registered on the first
+import of this module (by the first traced call).
+
+>>> import torch
+>>> out, arg = torch.ops.sparsefill.segment_reduce(torch.tensor([[1.], [2.], [4.]]), torch.tensor([2, 1]), None,
+...     None, None, None, "sum", None, True, 0.0, False, "split", "error", True, False)
+>>> out.tolist(), arg.numel()
+([[3.0], [4.0]], 0)
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch.library import custom_op, get_ctx
+
+from ._check import as_index
+from ._reduce_ops import SEGMENT_REDUCERS, _backward, _flat, _out_dtype, _reduce_eager, _scatter_rows
+
+__all__ = ["segment_reduce", "segment_reduce_op", "segment_reduce_backward", "sparse_adagrad_",
+           "rowwise_sparse_adagrad_", "sparse_ftrl_", "jagged_key_positions"]
+
+
+def _wants_arg(reducer: str, want_arg: bool, ties: str) -> bool:
+    """Whether the op computes the arg positions (returned, or read by the ``ties="first"`` backward)."""
+    return want_arg or (SEGMENT_REDUCERS[reducer].kind == "extreme" and ties == "first")
+
+
+def _num_segments(data, lengths, offsets, segment_ids, num_segments):
+    """``S`` from the sizes of the segments' description; a dynamic size where it is the data's (max id + 1)."""
+    if lengths is not None:
+        return lengths.shape[0]
+    if offsets is not None:
+        return offsets.shape[0] - 1
+    if num_segments is not None:
+        return num_segments
+    return get_ctx().new_dynamic_size()
+
+
+def _plan(data, lengths, offsets, segment_ids, indices, num_segments, sorted, out_of_range):
+    from ._plan import make_plan
+    return make_plan(data.shape[0], data.device, lengths=lengths, offsets=offsets, segment_ids=segment_ids,
+                     num_segments=num_segments, sorted=sorted, indices=indices, validate=False,
+                     out_of_range=out_of_range, width=math.prod(data.shape[1:]))
+
+
+# ------------------------------------------------------------------------------------------ segment_reduce
+@custom_op("sparsefill::segment_reduce", mutates_args=())
+def segment_reduce_op(data: torch.Tensor, lengths: torch.Tensor | None, offsets: torch.Tensor | None,
+                      segment_ids: torch.Tensor | None, indices: torch.Tensor | None, weights: torch.Tensor | None,
+                      reducer: str, num_segments: int | None, sorted: bool, empty: float, want_arg: bool, ties: str,
+                      out_of_range: str, validate: bool, sparse_grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(out, arg)`` of ``segment.reduce`` (``arg``: empty unless ``want_arg`` or ``ties="first"`` of max/min;
+    ``sparse_grad`` is the backward's)."""
+    red = SEGMENT_REDUCERS[reducer]
+    if not data.is_floating_point():
+        empty = int(empty)
+    with torch.no_grad():
+        return _reduce_eager(data, red, lengths=lengths, offsets=offsets, segment_ids=segment_ids, indices=indices,
+                       weights=weights, num_segments=num_segments, sorted=sorted, empty=empty,
+                       want_arg=_wants_arg(reducer, want_arg, ties), ties=ties, out_of_range=out_of_range,
+                       validate=validate, sparse_grad=sparse_grad)
+
+
+@segment_reduce_op.register_fake
+def _(data, lengths, offsets, segment_ids, indices, weights, reducer, num_segments, sorted, empty, want_arg, ties,
+      out_of_range, validate, sparse_grad):
+    S = _num_segments(data, lengths, offsets, segment_ids, num_segments)
+    shape = (S, *data.shape[1:])
+    out = data.new_empty(shape, dtype=_out_dtype(SEGMENT_REDUCERS[reducer], data.dtype))
+    arg = data.new_empty(shape if _wants_arg(reducer, want_arg, ties) else (0,), dtype=torch.int64)
+    return out, arg
+
+
+_TENSORS = ("data", "lengths", "offsets", "segment_ids", "indices", "weights")
+
+
+def _setup(ctx, inputs, output):
+    (data, lengths, offsets, segment_ids, indices, weights, reducer, num_segments, sorted, _, _, ties,
+     out_of_range, _, sparse_grad) = inputs
+    out, arg = output
+    keep = SEGMENT_REDUCERS[reducer].kind in ("extreme", "lse")  # (their backward reads the result)
+    ctx.save_for_backward(data, lengths, offsets, segment_ids, indices, weights, out if keep else None, arg)
+    ctx.args = (reducer, num_segments, sorted, ties, out_of_range, sparse_grad)
+    ctx.data_shape = data.shape
+
+
+def _segment_reduce_grad(ctx, grad_out, _grad_arg):
+    data, lengths, offsets, segment_ids, indices, weights, out, arg = ctx.saved_tensors
+    reducer, num_segments, sorted, ties, out_of_range, sparse_grad = ctx.args
+    need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[5]
+    nones = [None] * 9
+    if not (need_x or need_w):
+        return (None,) * 6 + tuple(nones)
+    if out is None:
+        out = grad_out.new_empty(0)
+    gx, rows, gw = segment_reduce_backward(grad_out, data, lengths, offsets, segment_ids, indices, weights, out,
+                                           arg, reducer, num_segments, sorted, ties, out_of_range, sparse_grad,
+                                           need_w)
+    if sparse_grad and need_x:  # one (row, gradient row) pair per position, as embedding(sparse=True)
+        gx = torch.sparse_coo_tensor(rows[None], gx, ctx.data_shape, is_coalesced=False, check_invariants=False)
+    return (gx if need_x else None, None, None, None, None, gw if need_w else None, *nones)
+
+
+segment_reduce_op.register_autograd(_segment_reduce_grad, setup_context=_setup)
+
+
+@custom_op("sparsefill::segment_reduce_backward", mutates_args=())
+def segment_reduce_backward(grad: torch.Tensor, data: torch.Tensor, lengths: torch.Tensor | None,
+                            offsets: torch.Tensor | None, segment_ids: torch.Tensor | None,
+                            indices: torch.Tensor | None, weights: torch.Tensor | None, out: torch.Tensor,
+                            arg: torch.Tensor, reducer: str, num_segments: int | None, sorted: bool, ties: str,
+                            out_of_range: str, sparse_grad: bool, need_weights: bool
+                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(grad_data, rows, grad_weights)`` of ``segment_reduce`` for the upstream ``grad``: ``grad_data``
+    shaped like ``data`` (``rows`` empty), or with ``sparse_grad`` one gradient row per position read and
+    ``rows`` the row of data each was read from; ``grad_weights`` empty unless ``need_weights``."""
+    red = SEGMENT_REDUCERS[reducer]
+    plan = _plan(data, lengths, offsets, segment_ids, indices, num_segments, sorted, out_of_range)
+    x2 = _flat(data)
+    raw = _flat(out) if red.kind in ("extreme", "lse") else None
+    with torch.no_grad():
+        gpos, gw = _backward(red, plan, ties, x2, weights, raw, _flat(arg) if arg.dim() > 1 else arg, _flat(grad),
+                             need_w=need_weights)
+        gw = data.new_empty(0) if gw is None else gw
+        if sparse_grad:
+            rows = plan.rows if plan.rows is not None else torch.arange(x2.shape[0], device=data.device)
+            return gpos.reshape(-1, *data.shape[1:]).clone(), rows.clone(), gw
+        gx = _scatter_rows(gpos, plan, x2.shape[0]).reshape(data.shape)
+        return gx, torch.zeros(0, dtype=torch.int64, device=data.device), gw
+
+
+@segment_reduce_backward.register_fake
+def _(grad, data, lengths, offsets, segment_ids, indices, weights, out, arg, reducer, num_segments, sorted, ties,
+      out_of_range, sparse_grad, need_weights):
+    gw = weights.new_empty(weights.shape) if (need_weights and weights is not None) else data.new_empty(0)
+    if not sparse_grad:
+        return data.new_empty(data.shape), data.new_empty(0, dtype=torch.int64), gw
+    n = indices.shape[0] if (segment_ids is None or out_of_range != "drop") else get_ctx().new_dynamic_size()
+    return data.new_empty((n, *data.shape[1:])), data.new_empty(n, dtype=torch.int64), gw
+
+
+def segment_reduce(data, reducer: str, *, lengths=None, offsets=None, segment_ids=None, indices=None, weights=None,
+                   num_segments=None, sorted=True, empty=0.0, want_arg=False, ties="split", out_of_range="error",
+                   validate=True, sparse_grad=False):
+    """:func:`segment_reduce_op` with ``segment.reduce``'s keywords (lists of ids become tensors)."""
+    dev = data.device
+    lengths, offsets, segment_ids, indices = (None if t is None else as_index(t, name, dev) for t, name in (
+        (lengths, "lengths"), (offsets, "offsets"), (segment_ids, "segment_ids"), (indices, "indices")))
+    return segment_reduce_op(data, lengths, offsets, segment_ids, indices, weights, reducer, num_segments, sorted,
+                             float(empty), want_arg, ties, out_of_range, validate, sparse_grad)
+
+
+# ------------------------------------------------------------------------------------------ optimizers
+@custom_op("sparsefill::sparse_adagrad_", mutates_args=("param", "moment"))
+def sparse_adagrad_(param: torch.Tensor, moment: torch.Tensor, indices: torch.Tensor, grad: torch.Tensor, lr: float,
+                    eps: float, weight_decay: float, decay: float, mode: str) -> None:
+    from ._optim import sparse_adagrad
+    sparse_adagrad(param, moment, indices, grad, lr=lr, eps=eps, weight_decay=weight_decay, decay=decay, mode=mode)
+
+
+@sparse_adagrad_.register_fake
+def _(param, moment, indices, grad, lr, eps, weight_decay, decay, mode):
+    return None
+
+
+@custom_op("sparsefill::rowwise_sparse_adagrad_", mutates_args=("param", "moment"))
+def rowwise_sparse_adagrad_(param: torch.Tensor, moment: torch.Tensor, indices: torch.Tensor, grad: torch.Tensor,
+                            lr: float, eps: float, weight_decay: float, mode: str) -> None:
+    from ._optim import rowwise_sparse_adagrad
+    rowwise_sparse_adagrad(param, moment, indices, grad, lr=lr, eps=eps, weight_decay=weight_decay, mode=mode)
+
+
+@rowwise_sparse_adagrad_.register_fake
+def _(param, moment, indices, grad, lr, eps, weight_decay, mode):
+    return None
+
+
+@custom_op("sparsefill::sparse_ftrl_", mutates_args=("param", "n", "z"))
+def sparse_ftrl_(param: torch.Tensor, n: torch.Tensor, z: torch.Tensor, indices: torch.Tensor, grad: torch.Tensor,
+                 alpha: float, beta: float, lambda1: float, lambda2: float, mode: str) -> None:
+    from ._optim import sparse_ftrl
+    sparse_ftrl(param, n, z, indices, grad, alpha=alpha, beta=beta, lambda1=lambda1, lambda2=lambda2, mode=mode)
+
+
+@sparse_ftrl_.register_fake
+def _(param, n, z, indices, grad, alpha, beta, lambda1, lambda2, mode):
+    return None
+
+
+# ------------------------------------------------------------------------------------------ keyed jagged batches
+@custom_op("sparsefill::jagged_key_positions", mutates_args=())
+def jagged_key_positions(values_lengths: torch.Tensor, keys: torch.Tensor, example_lengths: torch.Tensor,
+                         wanted: list[int]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """``(offsets, positions)``: ``KeyedJaggedBatch._by_key``'s offsets (``K * B + 1``) and, per wanted key
+    ``j``, the positions in ``values`` of its ids, example by example (their count: a dynamic size)."""
+    from ._jagged import key_positions
+    offsets, at = key_positions(values_lengths, keys, example_lengths, wanted)
+    B = example_lengths.shape[0]
+    bounds = offsets[::B].tolist() if B else [0] * (len(wanted) + 1)
+    return offsets, [at[lo:hi].clone() for lo, hi in zip(bounds[:-1], bounds[1:])]
+
+
+@jagged_key_positions.register_fake
+def _(values_lengths, keys, example_lengths, wanted):
+    ctx = get_ctx()
+    offsets = keys.new_empty(len(wanted) * example_lengths.shape[0] + 1, dtype=torch.int64)
+    return offsets, [keys.new_empty(ctx.new_dynamic_size(), dtype=torch.int64) for _ in wanted]
