@@ -147,3 +147,26 @@ def test_no_sparse_dims(shape):
     A = sparsefill.to_sparse(x, dense_dim=len(shape))
     assert A._sparse_ndim() == 0
     check(A, x)
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("shape,nse", [((12,), 2), ((12,), 9), ((3, 4), 2), ((3, 4), 9), ((3, 4, 2), 3)])
+def test_put_and_index_copy_paths(shape, nse, deterministic):
+    """Both scatters (``put_`` at most a quarter stored, ``index_copy_`` above it, for hybrid tensors and under
+    deterministic algorithms) give the reference, on COO and CSR, coalesced or not."""
+    S = shape[:2] if len(shape) == 3 else shape
+    g = torch.Generator().manual_seed(nse)
+    idx = _index.unravel(torch.randperm(torch.Size(S).numel(), generator=g)[:nse], S)
+    vals = torch.randn((nse,) + shape[len(S):], generator=g, dtype=torch.float64)
+    fill = torch.tensor([1.5, -2.], dtype=torch.float64) if len(shape) == 3 else 1.5
+    A = sparsefill.sparse_coo_tensor(idx, vals, shape, fill_value=fill)
+    expected = reference(idx, vals, shape, torch.as_tensor(fill, dtype=vals.dtype).expand(shape))
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(deterministic)
+    try:
+        check(A, expected)
+        check(A.coalesce(), expected)
+        if len(S) == 2:
+            check(A.to_sparse(torch.sparse_csr, dense_dim=len(shape) - 2), expected)
+    finally:
+        torch.use_deterministic_algorithms(before)
