@@ -69,35 +69,24 @@ def broadcast_seg(seg: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     return seg.view(-1, *([1] * (values.dim() - 1))).expand_as(values)
 
 
-_SEGMENT_REDUCE = {"sum": "sum", "prod": "prod", "amax": "max", "amin": "min"}
-
-
 def segment_combine(values: torch.Tensor, seg: torch.Tensor, num_segments: int, mode: str,
-                    init=None, lengths=None) -> torch.Tensor:
+                    init=None, lengths=None, csr=None) -> torch.Tensor:
     """``out[s] = combine(init, values[i] for i with seg[i] == s)`` along dim 0, for every ``s``.
 
     ``mode`` is a ``scatter_reduce`` mode (``sum prod amax amin``); ``init`` defaults to the identity.
     NaN propagates as in torch's reductions.  ``lengths`` (optional): the segments are contiguous
     runs of these lengths, in order (``seg`` sorted); floating values then take torch's sorted
-    ``segment_reduce`` kernel, which reads each run once instead of scattering.
+    ``segment_reduce`` kernel, which reads each run once instead of scattering.  ``csr``
+    (:class:`sparsefill._engine.CsrRows`): the segments are rows of a CSR matrix whose stored values
+    are ``values`` (a row sum may take its SpMV).  The engine: :func:`sparsefill._engine.choose`.
     """
     ident = identity_of(mode, values.dtype) if init is None else init
     fake = traced(values)  # (torch.compile: sizes are symbols, and the scatter forms trace)
+    rows = csr is not None and init is None and not fake and values.numel() > 0
     engine = _engine.choose(mode, values.dtype, runs=lengths is not None and not fake and values.numel() > 0,
+                            csr_rows=rows and values.dim() == 1, compiled=rows and csr.compiled,
                             one_dim=values.dim() == 1, traced=fake)
-    if engine == "segment_reduce":
-        return torch.segment_reduce(values, _SEGMENT_REDUCE[mode], lengths=lengths, unsafe=True, initial=ident)
-    seg = seg_ids(seg, lengths, values.shape[0])
-    out = values.new_full((num_segments, *values.shape[1:]), ident)
-    if not fake and values.numel() == 0:
-        return out
-    if fake and mode == "sum" and type(num_segments) is int and num_segments == 1:  # (inductor fails on a scatter-add into one row)
-        return out + values.sum(0, keepdim=True)
-    if engine == "index_add":
-        return out.index_add_(0, seg, values)
-    if engine == "scatter_add":
-        return out.scatter_add_(0, seg, values)
-    return out.scatter_reduce_(0, broadcast_seg(seg, values), values, mode, include_self=True)
+    return _engine.run(engine, mode, values, seg, num_segments, ident, lengths=lengths, csr=csr, traced=fake)
 
 
 def seg_ids(seg, lengths, k: int) -> torch.Tensor:
@@ -171,9 +160,9 @@ class Reducer:
     def identity(self, dtype):
         return identity_of(self.mode, dtype)
 
-    def combine(self, values, seg, num_segments, lengths=None):
+    def combine(self, values, seg, num_segments, lengths=None, csr=None):
         return segment_combine(values if self.pre is None else self.pre(values), seg, num_segments, self.mode,
-                               self.init, lengths=lengths)
+                               self.init, lengths=lengths, csr=csr)
 
     def fold(self, acc, fill, n):
         """``combine`` of ``acc`` with ``n`` copies of ``fill`` (``n`` per segment, broadcast), or with a
@@ -200,16 +189,16 @@ class Reducer:
     def finalize(self, acc, count):
         return acc if self._finalize is None else self._finalize(acc, _bcast(count, acc))
 
-    def __call__(self, values, seg, num_segments, *, fill=None, n_fill=None, lengths=None, combined=None):
+    def __call__(self, values, seg, num_segments, *, fill=None, n_fill=None, lengths=None, csr=None):
         """Reduce ``values`` (shape ``(k, *D)``) into ``num_segments`` slices by ``seg``; each slice also
         holds ``n_fill[s]`` copies of ``fill`` (a scalar or a tensor of shape ``D``), or a fill table.
         ``lengths``: the segments are contiguous runs of these lengths (see :func:`segment_combine`);
-        ``seg`` may then be None.  ``combined``: ``combine``'s result computed by the caller (a CSR
-        SpMV for a row sum).  amax/amin under autograd: the gradient splits evenly among tied
-        elements, fill copies included (:func:`even_ties`, torch's amax backward)."""
+        ``seg`` may then be None.  ``csr``: they are the rows of a CSR matrix (:class:`_engine.CsrRows`).
+        amax/amin under autograd: the gradient splits evenly among tied elements, fill copies included
+        (:func:`even_ties`, torch's amax backward)."""
         if self.mode in ("sum", "prod") and not (values.is_floating_point() or values.is_complex()):
             values = values.to(torch.int64)  # torch's rule: integer and bool sums and products are int64
-        acc = self.combine(values, seg, num_segments, lengths) if combined is None else combined
+        acc = self.combine(values, seg, num_segments, lengths, csr)
         folded = fill is not None and n_fill is not None
         if folded:
             fill = torch.as_tensor(fill, dtype=values.dtype, device=values.device)
@@ -223,6 +212,36 @@ class Reducer:
             return acc
         count = segment_counts(seg, num_segments, lengths)
         return self.finalize(acc, count if not folded else count + _n_total(n_fill, acc))
+
+    def of_fills(self, fill, n: int, dtype: torch.dtype) -> torch.Tensor:
+        """The reduction of a slice of ``n`` copies of ``fill`` and no stored value, for values of ``dtype``
+        (the fill of a reduction's result)::
+
+            r.of_fills(f, n, v.dtype) == r(v[:0], seg[:0], 1, fill=f, n_fill=torch.tensor([n]))[0]
+
+        >>> REDUCERS["mean"].of_fills(torch.tensor(2.), 3, torch.float32), REDUCERS["prod"].of_fills(torch.tensor(2.), 3, torch.float32)
+        (tensor(2.), tensor(8.))
+        """
+        fill = torch.as_tensor(fill)
+        if type(self).__call__ is not Reducer.__call__ or (torch.is_grad_enabled() and fill.requires_grad):
+            v = fill.new_empty((0, *fill.shape), dtype=dtype)
+            seg = torch.zeros(0, dtype=torch.int64, device=fill.device)
+            return self(v, seg, 1, fill=fill, n_fill=torch.tensor([n], device=fill.device))[0]
+        if self.mode in ("sum", "prod") and not (dtype.is_floating_point or dtype.is_complex):
+            dtype = torch.int64
+        f = fill.to(dtype)
+        f = f if self.pre is None else self.pre(f)
+        start = identity_of(self.mode, f.dtype) if self.init is None else self.init
+        if n <= 0:
+            acc = torch.full(f.shape, start, dtype=f.dtype, device=f.device)
+        elif self.mode == "sum":
+            acc = f * n if start == 0 else f * n + start
+        elif self.mode == "prod":
+            acc = torch.pow(f, n) if start == 1 else torch.pow(f, n) * start
+        else:
+            op = torch.maximum if self.mode == "amax" else torch.minimum
+            acc = op(f, torch.full((), start, dtype=f.dtype, device=f.device))
+        return acc if self._finalize is None else self._finalize(acc, torch.tensor(n, device=f.device))
 
     def dense(self, x: torch.Tensor) -> torch.Tensor:
         """The same reduction of a dense 1-D-leading tensor along dim 0 (the reference)."""
@@ -248,20 +267,21 @@ class LogSumExp(Reducer):
         else:
             super().__init__("logsumexp", "sum", dense=lambda x: torch.logsumexp(x, 0))
 
-    def __call__(self, values, seg, num_segments, *, fill=None, n_fill=None, lengths=None):
-        lse = self.parts(values, seg, num_segments, fill=fill, n_fill=n_fill, lengths=lengths)[0]
+    def __call__(self, values, seg, num_segments, *, fill=None, n_fill=None, lengths=None, csr=None):
+        lse = self.parts(values, seg, num_segments, fill=fill, n_fill=n_fill, lengths=lengths, csr=csr)[0]
         if self._finalize is None:
             return lse
         count = segment_counts(seg, num_segments, lengths)
         return self.finalize(lse, count if fill is None or n_fill is None else count + _n_total(n_fill, lse))
 
-    def parts(self, values, seg, num_segments, *, fill=None, n_fill=None, lengths=None):
+    def parts(self, values, seg, num_segments, *, fill=None, n_fill=None, lengths=None, csr=None):
         """``(lse, e, acc)``: the result, the shifted terms ``e = exp(x - m[seg])`` of the stored values and
         their per-segment sum ``acc`` (fills included), so that ``softmax = e / acc[seg]`` costs one
         gather and one division more."""
         with torch.no_grad():
-            m = finite_shift(REDUCERS["amax"](values, seg, num_segments, fill=fill, n_fill=n_fill, lengths=lengths))
-        _, e, acc = shifted_exp_sums(values, seg, num_segments, m, fill=fill, n_fill=n_fill, lengths=lengths)
+            m = finite_shift(REDUCERS["amax"](values, seg, num_segments, fill=fill, n_fill=n_fill, lengths=lengths,
+                                              csr=csr))
+        _, e, acc = shifted_exp_sums(values, seg, num_segments, m, fill=fill, n_fill=n_fill, lengths=lengths, csr=csr)
         return torch.log(acc) + m, e, acc
 
 
@@ -271,7 +291,7 @@ def finite_shift(m: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isfinite(m), m, torch.zeros((), dtype=m.dtype, device=m.device))
 
 
-def shifted_exp_sums(values, seg, num_segments, m, *, fill=None, n_fill=None, lengths=None):
+def shifted_exp_sums(values, seg, num_segments, m, *, fill=None, n_fill=None, lengths=None, csr=None):
     """``(shifted, e, Z)``: ``shifted = x - m[seg]``, ``e = exp(shifted)`` and the per-segment sums
     ``Z[s] = sum_{seg[i] == s} e[i] + n[s] * exp(f - m[s])`` (fills by count or fill table), so that::
 
@@ -288,7 +308,7 @@ def shifted_exp_sums(values, seg, num_segments, m, *, fill=None, n_fill=None, le
     seg = seg_ids(seg, lengths, values.shape[0])
     shifted = values - m.index_select(0, seg)
     e = torch.exp(shifted)
-    Z = segment_combine(e, seg, num_segments, "sum", lengths=lengths)
+    Z = segment_combine(e, seg, num_segments, "sum", lengths=lengths, csr=csr)
     if fill is not None and n_fill is not None:
         f = torch.as_tensor(fill, dtype=values.dtype, device=values.device)
         Z = _fold_sum(Z, torch.exp(f - _per_segment(m, Z, n_fill)), n_fill)
@@ -302,12 +322,12 @@ class Var(Reducer):
         self.correction = correction
         super().__init__("var", "sum", dense=lambda x: torch.var(x, 0, correction=correction))
 
-    def __call__(self, values, seg, num_segments, *, fill=None, n_fill=None, lengths=None):
-        mean = REDUCERS["mean"](values, seg, num_segments, fill=fill, n_fill=n_fill, lengths=lengths)
+    def __call__(self, values, seg, num_segments, *, fill=None, n_fill=None, lengths=None, csr=None):
+        mean = REDUCERS["mean"](values, seg, num_segments, fill=fill, n_fill=n_fill, lengths=lengths, csr=csr)
         seg = seg_ids(seg, lengths, values.shape[0])
         d = values - mean.index_select(0, seg)
         acc = segment_combine((d * d.conj()).real if d.is_complex() else d * d, seg, num_segments, "sum",
-                              lengths=lengths)
+                              lengths=lengths, csr=csr)
         count = segment_counts(seg, num_segments, lengths)
         if fill is not None and n_fill is not None:
             df = torch.as_tensor(fill, dtype=values.dtype, device=values.device) - _per_segment(mean, acc, n_fill)

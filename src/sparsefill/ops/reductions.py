@@ -25,8 +25,8 @@ from torch.utils._pytree import tree_map_only
 from .. import _engine, _index
 from .._compile import traced
 from .._convert import coalesced_parts, dense_of, parts_to_sparse
-from .._reduce import (Norm, REDUCERS, first_gap, group_slices, segment_arg, segment_combine,
-                       segment_median, csr_row_slices)
+from .._reduce import (Norm, REDUCERS, csr_row_slices, first_gap, group_slices, pattern_cached, segment_arg,
+                       segment_combine, segment_median)
 from .._policy import check_densify
 from .._tensor import SparseTensor
 from ._schema import check_dtype, meta_call, meta_of, reduction_meta
@@ -98,18 +98,18 @@ def reduce_dims(A: SparseTensor, name: str, dims, keepdim: bool, out_meta: torch
         n_all = torch.tensor([N], device=vals.device) - k  # (k: a dynamic size when traced, not a constant)
         res = r(vals, seg, 1, **({} if fill is None else dict(fill=fill, n_fill=n_all)))[0]
         return res.reshape(out_meta.shape).to(out_meta.dtype)
-    seg, out_idx, n_fill = rows if rows is not None else group_slices(idx, A._sparse_shape, sp)
+    if rows is not None:  # the slices are the (non-empty) rows of a 2-D CSR matrix
+        out_idx, n_fill, lengths, csr = rows
+        seg, kw = None, dict(lengths=lengths, csr=csr)
+    else:
+        seg, out_idx, n_fill = group_slices(idx, A._sparse_shape, sp)
+        # the slices are contiguous runs of the (coalesced) stored elements when the reduced dims trail
+        kw = dict(lengths=N - n_fill) if max(kept) < min(sp) else {}
     S = out_idx.shape[1]
-    kw = {} if fill is None else dict(fill=fill, n_fill=n_fill)
-    if max(kept) < min(sp):  # the slices are contiguous runs of the (coalesced) stored elements
-        kw["lengths"] = N - n_fill
-    plain = rows is not None and type(r) is type(REDUCERS["sum"]) and r.pre is None and vals.dim() == 1
-    if _engine.choose(r.mode, vals.dtype, runs=True, csr_rows=plain, traced=traced(vals)) == "csr_mv":
-        sums = _csr_row_sums(A)
-        kw["combined"] = sums if S == sums.shape[0] else sums[out_idx[0]]
+    if fill is not None:
+        kw.update(fill=fill, n_fill=n_fill)
     out_vals = r(vals, seg, S, **kw)
-    out_fill = None if fill is None else \
-        r(vals[:0], n_fill[:0], 1, fill=fill, n_fill=torch.tensor([N], device=vals.device))[0]
+    out_fill = None if fill is None else r.of_fills(fill, N, vals.dtype)
     if keepdim:  # reduced sparse dims stay, of size 1, index 0
         full = out_idx.new_zeros((sd, S))
         full[kept] = out_idx
@@ -118,24 +118,21 @@ def reduce_dims(A: SparseTensor, name: str, dims, keepdim: bool, out_meta: torch
 
 
 def _csr_rows(A: SparseTensor):
-    """``group_slices`` of a 2-D CSR pattern over its columns, read off the row pointers: the
-    non-empty rows, each stored element's slice, and the unspecified count per slice."""
+    """``group_slices`` of a 2-D CSR pattern over its columns, read off the row pointers (cached per
+    pattern, as ``group_slices``): ``(out_idx, n_fill, lengths, csr)`` of the slices, the non-empty rows
+    or every row, whose stored elements are contiguous runs of ``lengths``; ``csr`` the rows for the
+    engines (:class:`_engine.CsrRows`)."""
     if A._sf_layout is not torch.sparse_csr or A._crow.dim() != 1:
         return None
-    counts = A._crow.diff()
-    # mostly non-empty (traced: sizes known): all rows
-    every = not A._indefinite and (traced(counts) or 2 * int(torch.count_nonzero(counts)) > counts.numel())
-    out_idx, n_fill, _ = csr_row_slices(counts, A.shape[1], every)
-    return None, out_idx, n_fill  # (slice ids: from the lengths, where a reducer needs them)
+    crow, col, ncols, fake = A._crow, A._col, A.shape[1], traced(A._crow)
 
-
-def _csr_row_sums(A: SparseTensor) -> torch.Tensor:
-    """Row sums of the stored values of a 2-D CSR tensor by torch's native CSR ``mv`` with ones (the
-    sparse BLAS kernel: ~1.7x faster than ``segment_reduce`` on CPU)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # torch: "Sparse CSR tensor support is in beta state"
-        M = torch.sparse_csr_tensor(A._crow, A._col, A._vals, tuple(A.shape), check_invariants=False)
-    return torch.mv(M, A._vals.new_ones(A.shape[1]))
+    def compute():
+        counts = crow.diff()
+        # mostly non-empty (traced: sizes known): all rows
+        every = not A._indefinite and (fake or 2 * int(torch.count_nonzero(counts)) > counts.numel())
+        return (*csr_row_slices(counts, ncols, every), every)
+    out_idx, n_fill, lengths, every = pattern_cached(("csr_rows", ncols, A._indefinite), (crow,), compute)
+    return out_idx, n_fill, lengths, _engine.CsrRows(crow, col, ncols, None if every else out_idx[0])
 
 
 def _finish(A, idx, vals, fill, out_meta, layout):
