@@ -1,7 +1,13 @@
-"""Element-wise cases: ``torch.exp(A * -8.0)`` with a nonzero fill (fill-value-rfc.md's membrane potential).
+"""Element-wise cases: ``torch.exp(A * -8.0)`` with a nonzero fill (fill-value-rfc.md's membrane potential),
+``A + B`` over two patterns, and the per-call cost of small element-wise ops.
 
-Peers: the same two ops on the values tensor alone (the floor: what a user keeping
+Peers: the same ops on the values tensor alone (the floor: what a user keeping
 ``(indices, values, fill)`` by hand would run), and pydata ``sparse`` (fill_value=5) when installed.
+
+Per call (issue 18): a coalesced 10-element COO tensor, 5 stored, fill 1, float64; the ``sparsefill − peer``
+column is the cost above the values-only op (``torch.exp(A)`` vs ``torch.exp(A.values())``, ``A * 2`` vs
+``values * 2``, ``A + A`` vs ``values + values``) and, for ``A + B`` with another pattern (5 stored, fill 2,
+3 positions in common), above dense ``x + y`` on the 10 elements.
 """
 
 from __future__ import annotations
@@ -79,3 +85,35 @@ def add_union(param):
     sb = sparse.COO(ib.numpy(), vb.numpy(), shape=shape, fill_value=2.0)
     impls.append(("pydata sparse", lambda: sa + sb))
     return impls
+
+
+def _small(seed: int, fill: float):
+    """A coalesced 10-element COO tensor with 5 stored (float64), its values and its dense tensor."""
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.randperm(10, generator=g)[:5].sort().values
+    vals = torch.randn(5, generator=g, dtype=torch.float64)
+    A = sparsefill.sparse_coo_tensor(idx[None], vals, (10,), fill_value=fill).coalesce()
+    return A, A._values().detach(), A.to_dense()
+
+
+def _check_per_call(param, out):
+    got, peer = out["sparsefill"], [v for k, v in out.items() if k != "sparsefill"][0]
+    torch.testing.assert_close(got.to_dense() if param == "A + B, other pattern" else got._values(), peer)
+
+
+PER_CALL = {"torch.exp(A)": "torch.exp(A)", "A * 2": "A * 2", "A + A": "A + A",
+            "A + B, other pattern": "A + B, other pattern"}
+
+
+@case("per call: 10 elements, 5 stored, fill 1, float64", sizes=PER_CALL, check=_check_per_call)
+def per_call(op):
+    """One small element-wise call against the same op on the values alone (dense ``x + y`` for ``A + B``)."""
+    A, vals, x = _small(0, 1.0)
+    if op == "torch.exp(A)":
+        return [("sparsefill", lambda: torch.exp(A)), ("torch.exp(values)", lambda: torch.exp(vals))]
+    if op == "A * 2":
+        return [("sparsefill", lambda: A * 2), ("values * 2", lambda: vals * 2)]
+    if op == "A + A":
+        return [("sparsefill", lambda: A + A), ("values + values", lambda: vals + vals)]
+    B, _, y = _small(2, 2.0)
+    return [("sparsefill", lambda: A + B), ("dense x + y", lambda: x + y)]
