@@ -116,6 +116,32 @@ def all_stored(G, layout=None):
     return out
 
 
+def every_element(x: torch.Tensor, layout, dense_dim: int):
+    """The dense ``x`` as a SparseTensor of ``layout`` with every element stored (fill 0, coalesced),
+    differentiable: while traced, a result that is dense by nature is kept in this form, whose sizes depend
+    on the shape only (``to_sparse`` would store the elements that differ from the fill: a count read from
+    the data, an unbacked size)::
+
+        every_element(x, layout, dense_dim).to_dense() == x
+
+    >>> every_element(torch.tensor([[0., 2.], [3., 0.]]), torch.sparse_csr, 0)._nse()
+    4
+    """
+    from . import _index
+    from ._creation import sparse_coo_tensor, sparse_csr_tensor
+    sd = x.dim() - dense_dim
+    S, D = tuple(x.shape[:sd]), tuple(x.shape[sd:])
+    N = _index.numel(S)
+    zero = x.new_zeros(())
+    if layout is torch.sparse_coo or sd < 2:
+        idx = _index.unravel(torch.arange(N, device=x.device), S)
+        return sparse_coo_tensor(idx, x.reshape((N,) + D), x.shape, fill_value=zero, is_coalesced=True)
+    batch, (m, n) = S[:-2], S[-2:]
+    crow = (torch.arange(m + 1, device=x.device) * n).expand(batch + (m + 1,))
+    col = torch.arange(n, device=x.device).repeat(m).expand(batch + (m * n,))
+    return sparse_csr_tensor(crow, col, x.reshape(batch + (m * n,) + D), x.shape, fill_value=zero)
+
+
 def coerce_tangent(G, meta, expected_type=None):
     """``G`` in the form of the tangent AOTAutograd traced, flatten metadata ``meta``: the all-stored form
     (:func:`all_stored`) of the expected layout.  The backward graph was traced for a tangent of sizes

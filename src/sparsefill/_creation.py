@@ -144,7 +144,7 @@ def _size_tuple(size, name="size"):
 def _check_bounds(idx: torch.Tensor, sizes, name: str, dim_name: str | None = None) -> None:
     flat = idx if idx.dim() == 2 else idx[None]
     if traced(idx):  # torch.compile: the data is not known while tracing; checked when the graph runs
-        ok = ((flat >= 0) & (flat < torch.tensor(list(sizes), device=idx.device)[:, None])).all()
+        ok = ((flat >= 0) & (flat < torch.tensor(list(sizes)[:flat.shape[0]], device=idx.device)[:, None])).all()
         torch._assert_async(ok, f"{name} has an entry out of range [0, size) for sizes {tuple(sizes)}")
         return
     if idx.shape[-1] == 0:

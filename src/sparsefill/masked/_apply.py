@@ -135,5 +135,8 @@ def dense_fallback(input, mask, dense_op):
     x = A.to_dense()
     m = None if mask is None else mask_to_dense(mask, A.shape)
     out = dense_op(x, m)
+    from .._compile import every_element, traced
+    if traced(out):  # torch.compile: every element stored (to_sparse's nse would be read from the data)
+        return every_element(out, A._sf_layout, A.dense_dim())
     from .._creation import to_sparse
     return to_sparse(out, layout=A._sf_layout, dense_dim=A.dense_dim())

@@ -43,6 +43,7 @@ import math
 import torch
 
 from .. import _index
+from .._compile import traced
 from .._policy import check_specify
 from .._reduce import REDUCERS, gather_seg
 from .._tensor import SparseTensor
@@ -216,6 +217,8 @@ def _normalization(name, input, mask, dim, per_element, c_out, e_out, cast, dens
                       layout=X.A._sf_layout, indefinite=X.A._indefinite, like=like)
 
     ref = _dense_ref(dense_op, mask)
+    if not A._indefinite and (mask is not None or dims and dims[0] < len(A._sparse_shape)) and traced(A):
+        return dense_fallback(A, mask, dense_op)  # (compiled: the pattern a definite fill needs is read from data)
     try:
         return run(A, mask, compute, ref, zero_absorbs)
     except _DenseByNature:
