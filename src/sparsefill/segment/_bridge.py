@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import _reduce
+from .. import _engine, _reduce
 from .._creation import sparse_csr_tensor
 from ._check import as_index, check_indices, check_lengths
 from ._repr import lengths_range_fill, lengths_to_offsets
@@ -94,16 +94,16 @@ def csr_row_reduce(A, reducer: str = "sum") -> torch.Tensor:
 
         csr_row_reduce(A, r)[s] == r(A.to_dense()[s])           (an indefinite fill: the fills are skipped)
 
-    ``reducer``: ``sum mean max min prod logsumexp``.  Sums, max and min combine the stored values with
-    the segment kernels; the protocol folds the fills and finalizes with the count.
+    ``reducer``: ``sum mean max min prod logsumexp``.  The engine is ``_engine.choose``'s for CSR rows
+    (the SpMV for sums, the compiled sorted kernels for max and min on the compiled segment backend);
+    the protocol folds the fills and finalizes with the count; differentiable in the values and the fill.
 
     >>> import sparsefill
     >>> A = sparsefill.sparse_csr_tensor([0, 2, 2], [0, 3], [5., -1.], (2, 4), fill_value=2.)
     >>> csr_row_reduce(A, "sum"), csr_row_reduce(A, "min")
     (tensor([8., 8.]), tensor([-1.,  2.]))
     """
-    from ._plan import Plan
-    from ._reduce_ops import reduce
+    from ._kernels import compiled_for
     if getattr(A, "sparse_layout", None) != torch.sparse_csr or A.crow_indices().dim() != 1:
         raise TypeError("csr_row_reduce needs a 2-D sparsefill SparseTensor in the CSR layout (no batch dims)")
     if reducer not in _ROW_REDUCERS:
@@ -112,18 +112,6 @@ def csr_row_reduce(A, reducer: str = "sum") -> torch.Tensor:
     crow, vals = A.crow_indices(), A.values()
     S, ncols = A.shape[0], A.shape[1]
     nse = crow.diff()
-    n_fill = torch.zeros_like(nse) if A.is_fill_indefinite() else ncols - nse
-    fill = None if A.is_fill_indefinite() else A.fill_value()
-    x2 = vals.reshape(vals.shape[0], -1)
-    plan = Plan(S, vals.shape[0], offsets=crow.long())
-    if red.name in ("sum", "mean", "amax", "amin") and x2.is_floating_point():  # segment.reduce: its autograd
-        name = {"sum": "sum", "mean": "sum", "amax": "max", "amin": "min"}[red.name]
-        acc = reduce(x2, name, offsets=plan.offsets, empty=red.identity(x2.dtype))
-    else:  # prod, logsumexp, integers: the protocol end to end
-        return red(vals, plan.seg, S, fill=fill, n_fill=n_fill if fill is not None else None)
-    acc = acc.reshape(S, *vals.shape[1:])
-    count = nse
-    if fill is not None:
-        acc = red.fold(acc, fill.to(acc.dtype), n_fill)
-        count = nse + n_fill
-    return red.finalize(acc, count)
+    kw = {} if A.is_fill_indefinite() else dict(fill=A.fill_value(), n_fill=ncols - nse)
+    rows = _engine.CsrRows(crow, A.col_indices(), ncols, compiled=compiled_for(vals.device, vals.numel()))
+    return red(vals, None, S, lengths=nse, csr=rows, **kw)
