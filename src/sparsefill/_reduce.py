@@ -48,7 +48,7 @@ from ._index import linearize, numel, runs_to_ids, unravel
 
 __all__ = ["Reducer", "LogSumExp", "Var", "Norm", "REDUCERS", "segment_combine", "segment_counts",
            "segment_arg", "segment_median", "broadcast_seg", "gather_seg", "group_slices", "pattern_cached", "first_gap",
-           "even_ties", "tie_counts", "csr_row_slices", "finite_shift", "shifted_exp_sums"]
+           "even_ties", "tie_counts", "csr_row_slices", "finite_shift", "shifted_exp_sums", "sorted_runs"]
 
 _SCATTER_IDENTITY = {"sum": 0, "prod": 1, "amax": -math.inf, "amin": math.inf}
 
@@ -491,15 +491,28 @@ def _group_slices(indices, sparse_shape, dims):
     nk, k = numel(keep_shape), keys.numel()
     if keep != list(range(len(keep))):
         out_keys, seg, counts = torch.unique(keys, sorted=True, return_inverse=True, return_counts=True)
-    elif 0 < nk <= 4 * k + 4096:  # reduced dims trail (keys sorted, coalesced order), in a small range:
-        counts = torch.diff(torch._convert_indices_from_coo_to_csr(keys, nk))  # run lengths off a CSR compression
-        out_keys = (counts > 0).nonzero().squeeze(1)
-        counts = counts[out_keys]
-        seg = keys if not traced(keys) and out_keys.numel() == nk else runs_to_ids(counts, k)
-    else:  # reduced dims trail: keys already sorted
-        out_keys, seg, counts = torch.unique_consecutive(keys, return_inverse=True, return_counts=True)
+    else:  # reduced dims trail: keys already sorted (coalesced order)
+        out_keys, seg, counts = sorted_runs(keys, nk)
     n_fill = numel([sparse_shape[d] for d in dims]) - counts
     return seg, unravel(out_keys, keep_shape), n_fill
+
+
+def sorted_runs(keys: torch.Tensor, num_keys: int):
+    """``(out_keys, seg, counts)`` of sorted slice keys in ``[0, num_keys)``: the distinct keys, the run of
+    every element and the run lengths (a CSR compression of the keys in a small range, else
+    ``unique_consecutive``).  The grouping step of :func:`group_slices` and of the edge softmax's plan.
+
+    >>> [t.tolist() for t in sorted_runs(torch.tensor([1, 1, 4]), 6)]
+    [[1, 4], [0, 0, 1], [2, 1]]
+    """
+    k = keys.numel()
+    if 0 < num_keys <= 4 * k + 4096:  # run lengths off a CSR compression
+        counts = torch.diff(torch._convert_indices_from_coo_to_csr(keys, num_keys))
+        out_keys = (counts > 0).nonzero().squeeze(1)
+        counts = counts[out_keys]
+        seg = keys if not traced(keys) and out_keys.numel() == num_keys else runs_to_ids(counts, k)
+        return out_keys, seg, counts
+    return torch.unique_consecutive(keys, return_inverse=True, return_counts=True)
 
 
 def csr_row_slices(counts: torch.Tensor, ncols, all_rows: bool = False):

@@ -58,9 +58,10 @@ def _sparse_ndim(A: SparseTensor) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """The slices along one sparse dim of a pattern: stored element ``perm[i]`` (``i`` when ``perm`` is None)
-    is the ``i``-th in slice order, in slice ``seg[i]``; slice ``s`` holds ``lengths[s]`` elements (runs in
-    that order, empty slices included); ``inv`` undoes ``perm``."""
+    """The slices along one sparse dim of a pattern (the backend's grouping: ``_reduce.sorted_runs``,
+    ``_reduce.csr_row_slices``): stored element ``perm[i]`` (``i`` when ``perm`` is None) is the ``i``-th
+    in slice order, in slice ``seg[i]``; slice ``s`` holds ``lengths[s]`` elements (contiguous runs in that
+    order); ``inv`` undoes ``perm``."""
 
     seg: torch.Tensor
     lengths: torch.Tensor
@@ -73,15 +74,13 @@ class Plan:
 
 
 def _plan(keys: torch.Tensor, nkeys: int, presorted: bool) -> Plan:
-    """The plan for slice keys ``keys`` (one per stored element, in ``[0, nkeys)``)."""
+    """The plan for slice keys ``keys`` (one per stored element, in ``[0, nkeys)``): sorted (stably) unless
+    ``presorted``, then grouped into runs."""
     perm = inv = None
     if not presorted:
         keys, perm = torch.sort(keys, stable=True)
         inv = torch.empty_like(perm).index_put_((perm,), torch.arange(perm.numel(), device=perm.device))
-    if nkeys <= 4 * keys.numel() + 4096:  # a small key range: the keys are the segment ids
-        lengths = torch.diff(torch._convert_indices_from_coo_to_csr(keys, nkeys))
-        return Plan(keys, lengths, perm, inv)
-    _, seg, lengths = torch.unique_consecutive(keys, return_inverse=True, return_counts=True)
+    _, seg, lengths = _reduce.sorted_runs(keys, nkeys)
     return Plan(seg, lengths, perm, inv)
 
 
@@ -91,7 +90,8 @@ def plan_of(A: SparseTensor, dim: int) -> Plan:
     if A._sf_layout is torch.sparse_csr:
         if dim == 1:  # the rows are the slices
             def compute():
-                return Plan(_index.runs_to_ids(torch.diff(A._crow), A._col.numel()), torch.diff(A._crow), None, None)
+                _, _, lengths = _reduce.csr_row_slices(torch.diff(A._crow), S[1], all_rows=True)
+                return Plan(_index.runs_to_ids(lengths, A._col.numel()), lengths, None, None)
             return pattern_cached(("segsoftmax_plan", S, dim), (A._crow,), compute)
         tensors = (A._crow, A._col)
     else:
@@ -106,14 +106,12 @@ def plan_of(A: SparseTensor, dim: int) -> Plan:
 
 
 def _segsum(t: torch.Tensor, plan: Plan) -> torch.Tensor:
-    out = t.new_zeros((plan.nseg,) + t.shape[1:])
-    if t.dim() == 1:
-        return out.scatter_add_(0, plan.seg, t)
-    return out.index_add_(0, plan.seg, t)
+    """Per-slice sums (the protocol's combine: ``scatter_add_`` for 1-D values, as ``_engine.choose`` picks)."""
+    return _reduce.segment_combine(t, plan.seg, plan.nseg, "sum")
 
 
 def _forward(x: torch.Tensor, plan: Plan, log: bool) -> torch.Tensor:
-    m = torch.segment_reduce(x, "max", lengths=plan.lengths, unsafe=True)
+    m = _reduce.segment_combine(x, plan.seg, plan.nseg, "amax", lengths=plan.lengths)  # (runs: segment_reduce)
     shifted, e, s = _reduce.shifted_exp_sums(x, plan.seg, plan.nseg, m)  # (no lengths: scatter_add_ for 1-D)
     if log:
         return shifted.sub_(torch.log(s).index_select(0, plan.seg))
