@@ -173,37 +173,37 @@ def segment_reduce(data, reducer: str, *, lengths=None, offsets=None, segment_id
 # ------------------------------------------------------------------------------------------ optimizers
 @custom_op("sparsefill::sparse_adagrad_", mutates_args=("param", "moment"))
 def sparse_adagrad_(param: torch.Tensor, moment: torch.Tensor, indices: torch.Tensor, grad: torch.Tensor, lr: float,
-                    eps: float, weight_decay: float, decay: float, mode: str) -> None:
+                    eps: float, weight_decay: float, decay: float, update_mode: str) -> None:
     from ._optim import sparse_adagrad
-    sparse_adagrad(param, moment, indices, grad, lr=lr, eps=eps, weight_decay=weight_decay, decay=decay, mode=mode)
+    sparse_adagrad(param, moment, indices, grad, lr=lr, eps=eps, weight_decay=weight_decay, decay=decay, mode=update_mode)
 
 
 @sparse_adagrad_.register_fake
-def _(param, moment, indices, grad, lr, eps, weight_decay, decay, mode):
+def _(param, moment, indices, grad, lr, eps, weight_decay, decay, update_mode):
     return None
 
 
 @custom_op("sparsefill::rowwise_sparse_adagrad_", mutates_args=("param", "moment"))
 def rowwise_sparse_adagrad_(param: torch.Tensor, moment: torch.Tensor, indices: torch.Tensor, grad: torch.Tensor,
-                            lr: float, eps: float, weight_decay: float, mode: str) -> None:
+                            lr: float, eps: float, weight_decay: float, update_mode: str) -> None:
     from ._optim import rowwise_sparse_adagrad
-    rowwise_sparse_adagrad(param, moment, indices, grad, lr=lr, eps=eps, weight_decay=weight_decay, mode=mode)
+    rowwise_sparse_adagrad(param, moment, indices, grad, lr=lr, eps=eps, weight_decay=weight_decay, mode=update_mode)
 
 
 @rowwise_sparse_adagrad_.register_fake
-def _(param, moment, indices, grad, lr, eps, weight_decay, mode):
+def _(param, moment, indices, grad, lr, eps, weight_decay, update_mode):
     return None
 
 
 @custom_op("sparsefill::sparse_ftrl_", mutates_args=("param", "n", "z"))
 def sparse_ftrl_(param: torch.Tensor, n: torch.Tensor, z: torch.Tensor, indices: torch.Tensor, grad: torch.Tensor,
-                 alpha: float, beta: float, lambda1: float, lambda2: float, mode: str) -> None:
+                 alpha: float, beta: float, lambda1: float, lambda2: float, update_mode: str) -> None:
     from ._optim import sparse_ftrl
-    sparse_ftrl(param, n, z, indices, grad, alpha=alpha, beta=beta, lambda1=lambda1, lambda2=lambda2, mode=mode)
+    sparse_ftrl(param, n, z, indices, grad, alpha=alpha, beta=beta, lambda1=lambda1, lambda2=lambda2, mode=update_mode)
 
 
 @sparse_ftrl_.register_fake
-def _(param, n, z, indices, grad, alpha, beta, lambda1, lambda2, mode):
+def _(param, n, z, indices, grad, alpha, beta, lambda1, lambda2, update_mode):
     return None
 
 

@@ -41,6 +41,7 @@ import numpy as np
 import torch
 
 from . import _kernels
+from .._compile import traced
 from ._check import as_index, check_indices
 
 __all__ = ["sparse_adagrad", "rowwise_sparse_adagrad", "sparse_ftrl", "SparseAdagrad", "SparseFtrl"]
@@ -65,6 +66,16 @@ def _check(param, indices, grad, states, state_names, rowwise=False):
             raise TypeError(f"{name} must have the dtype of param ({param.dtype}), got {st.dtype}")
     check_indices(idx, param.shape[0], what="rows of param")
     return idx
+
+
+def _ops():
+    from . import _custom_ops  # (registers the ops: imported by the first traced call)
+    return _custom_ops
+
+
+def _index(indices, param):
+    """``indices`` as an int64 tensor (a list too) for the custom ops, which check its values at run time."""
+    return as_index(indices, "indices", param.device).long()
 
 
 _MARK_ROWS = 16  # rows of param per gradient row up to which coalescing marks rows in a table (no sort)
@@ -198,6 +209,8 @@ def _compiled(kernel: str, param, states, idx, grad, mode, *scalars) -> bool:
 def sparse_adagrad(param, moment, indices, grad, *, lr: float, eps: float = 1e-5, weight_decay: float = 0.0,
                    decay: float = 1.0, mode: str = "sequential") -> None:
     """In place Adagrad on the rows ``indices`` of ``param`` (``moment`` shaped like ``param``); see the module."""
+    if traced(param):  # torch.compile: the custom op (the checks and the kernels at run time)
+        return _ops().sparse_adagrad_(param, moment, _index(indices, param), grad, lr, eps, weight_decay, decay, mode)
     idx = _check(param, indices, grad, [moment], ["moment"])
     if _compiled("adagrad_coalesced", param, [moment], idx, grad, mode, lr, eps, weight_decay, decay):
         return
@@ -219,6 +232,8 @@ def rowwise_sparse_adagrad(param, moment, indices, grad, *, lr: float, eps: floa
                            weight_decay: float = 0.0, mode: str = "sequential") -> None:
     """In place row-wise Adagrad (Caffe2 ``RowWiseSparseAdagrad``): one accumulator per row (``moment``
     of shape ``(rows,)``) that adds the mean of ``g^2`` over the row."""
+    if traced(param):
+        return _ops().rowwise_sparse_adagrad_(param, moment, _index(indices, param), grad, lr, eps, weight_decay, mode)
     idx = _check(param, indices, grad, [moment], ["moment"], rowwise=True)
     if _compiled("rowwise_adagrad_coalesced", param, [moment], idx, grad, mode, lr, eps, weight_decay):
         return
@@ -239,6 +254,8 @@ def sparse_ftrl(param, n, z, indices, grad, *, alpha: float = 0.005, beta: float
                 lambda2: float = 0.001, mode: str = "sequential") -> None:
     """In place FTRL-proximal (Caffe2 ``SparseFtrl``) with per-element states ``n`` and ``z``; see the module.
     The defaults are Caffe2's (``FtrlParams``)."""
+    if traced(param):
+        return _ops().sparse_ftrl_(param, n, z, _index(indices, param), grad, alpha, beta, lambda1, lambda2, mode)
     idx = _check(param, indices, grad, [n, z], ["n", "z"])
     if alpha <= 0:
         raise ValueError(f"alpha must be positive, got {alpha}")

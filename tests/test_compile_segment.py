@@ -1,0 +1,224 @@
+"""torch.compile of ``sparsefill.segment`` (issue 14, item 3): the segment kernels as ``sparsefill::`` custom ops.
+
+Compiled with ``fullgraph=True`` (backends ``eager``, ``aot_eager``, inductor), warmed up on two batches of
+different lengths / offsets / ids counts, then run on a third with ``error_on_recompile``; every result
+against eager::
+
+    compiled(sparse_lengths_sum + MLP) loss, gradients (table: sparse rows; MLP)  == eager
+    table, moment after SparseAdagrad (plain / row-wise) steps                     == eager
+
+plus ``segment.reduce`` variants (max with ties, weighted, unsorted ids whose count of segments is a
+dynamic size), ``KeyedJaggedBatch.pooled``, the run-time checks (an out-of-range index raises the eager
+error inside the compiled graph), the torch fallback of the ops without numba, and
+``torch.library.opcheck`` of every op at small sizes.
+"""
+
+import pytest
+import torch
+import torch._dynamo
+import torch.nn.functional as F
+
+from sparsefill import segment
+from sparsefill.segment import _custom_ops, _kernels
+
+pytestmark = pytest.mark.filterwarnings("ignore")
+
+R, D, B, X = 30, 4, 5, 3  # table rows, table width, batch, dense features
+
+
+def batches():
+    """Three ``(ids, lengths, x, y)`` batches of ``B`` examples, each with another count of ids."""
+    out = []
+    for seed, lengths in enumerate([[3, 0, 4, 1, 2], [1, 5, 2, 2, 3], [2, 2, 0, 6, 1]]):
+        g = torch.Generator().manual_seed(seed)
+        lengths = torch.tensor(lengths)
+        ids = torch.randint(0, R, (int(lengths.sum()),), generator=g)
+        out.append((ids, lengths, torch.randn(B, X, generator=g, dtype=torch.float64),
+                    torch.randint(0, 2, (B,), generator=g).double()))
+    return out
+
+
+class Model(torch.nn.Module):
+    """``sparse_lengths_sum`` of a table, concatenated with dense features, through an MLP to a logit."""
+
+    def __init__(self, sparse_grad):
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.table = torch.nn.Parameter(torch.randn(R, D, generator=g, dtype=torch.float64))
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(D + X, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1)).double()
+        self.sparse_grad = sparse_grad
+
+    def forward(self, ids, lengths, x, y):
+        pooled = segment.sparse_lengths_sum(self.table, ids, lengths, sparse_grad=self.sparse_grad)
+        return F.binary_cross_entropy_with_logits(self.mlp(torch.cat([pooled, x], 1)).squeeze(1), y)
+
+
+def _dense(g):
+    return g.to_dense() if g.is_sparse else g
+
+
+@pytest.mark.parametrize("backend,sparse_grad,rowwise", [
+    ("eager", True, False), ("aot_eager", True, True), ("aot_eager", False, False), ("inductor", True, False),
+    ("inductor", False, True)])
+def test_training_step(backend, sparse_grad, rowwise):
+    """Loss and backward compiled (fullgraph); the table's SparseAdagrad step eager on its sparse gradient, or
+    compiled itself (fullgraph) on a dense one; the MLP's Adagrad eager.  Against the same model in eager."""
+    torch.manual_seed(0)
+    eager, comp = Model(sparse_grad), Model(sparse_grad)
+    comp.load_state_dict(eager.state_dict())
+    opts = {m: (segment.SparseAdagrad([m.table], lr=0.1, rowwise=rowwise),
+                torch.optim.Adagrad(m.mlp.parameters(), lr=0.1)) for m in (eager, comp)}
+    torch._dynamo.reset()
+    loss_c = torch.compile(comp, backend=backend, fullgraph=True)
+    step_c = opts[comp][0].step if sparse_grad else torch.compile(opts[comp][0].step, backend=backend, fullgraph=True)
+    for k, batch in enumerate(batches()):
+        with torch._dynamo.config.patch(error_on_recompile=k == 2):
+            got, want = loss_c(*batch), eager(*batch)
+            torch.testing.assert_close(got, want)
+            for m, loss in ((comp, got), (eager, want)):
+                for o in opts[m]:
+                    o.zero_grad()
+                loss.backward()
+            assert comp.table.grad.is_sparse == sparse_grad
+            for p, q in zip(comp.parameters(), eager.parameters()):
+                torch.testing.assert_close(_dense(p.grad), _dense(q.grad))
+            step_c()
+            opts[comp][1].step()
+            for o in opts[eager]:
+                o.step()
+        torch.testing.assert_close(comp.table, eager.table)
+        torch.testing.assert_close(opts[comp][0].state[comp.table]["moment"], opts[eager][0].state[eager.table]["moment"])
+
+
+REDUCE_CASES = {
+    # name: fn of (data, weights, ids, lengths, offsets)
+    "max_first": lambda d, w, ids, lengths, offs: segment.reduce(d, "max", lengths=lengths, indices=ids, ties="first",
+                                                           return_arg=True),
+    "weighted_offsets": lambda d, w, ids, lengths, offs: segment.reduce(d, "weighted_sum", offsets=offs, indices=ids,
+                                                                       weights=w),
+    "unsorted_ids": lambda d, w, ids, lengths, offs: segment.reduce(d[:ids.numel()], "logsumexp", segment_ids=ids % 7,
+                                                              sorted=False),  # (S = max + 1: a dynamic size)
+    "mean_front": lambda d, w, ids, lengths, offs: segment.reduce_front_mean(d, num_reduce_dims=1),
+}
+
+
+@pytest.mark.parametrize("name", list(REDUCE_CASES))
+def test_reduce(name):
+    """``segment.reduce`` variants (aot_eager): forward and the gradients of data and weights as eager."""
+    fn = REDUCE_CASES[name]
+    torch._dynamo.reset()
+    cf = torch.compile(fn, backend="aot_eager", fullgraph=True)
+    for k, (ids, lengths, _, _) in enumerate(batches()):
+        g = torch.Generator().manual_seed(k)
+        data = torch.randn(R, 2, generator=g, dtype=torch.float64).round(decimals=1).requires_grad_()  # (ties)
+        w = torch.randn(ids.numel(), generator=g, dtype=torch.float64, requires_grad=True)
+        offs = segment.lengths_to_offsets(lengths)
+        with torch._dynamo.config.patch(error_on_recompile=k == 2):
+            got, want = cf(data, w, ids, lengths, offs), fn(data, w, ids, lengths, offs)
+            torch.testing.assert_close(got, want)
+            out, ref = (got[0], want[0]) if isinstance(got, tuple) else (got, want)
+            sel = [data, w] if name == "weighted_offsets" else [data]
+            c = torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view(out.shape)
+            torch.testing.assert_close(torch.autograd.grad((out * c).sum(), sel), torch.autograd.grad((ref * c).sum(), sel))
+
+
+def test_pooled_keyed_jagged():
+    """``KeyedJaggedBatch.pooled`` (weighted, a key absent from the batch, a key of the batch not asked for):
+    per key one dynamic count of ids; forward and the gradients of tables and weights as eager."""
+    tables = {k: torch.randn(R, 2, dtype=torch.float64, requires_grad=True) for k in (1, 3, 4)}
+
+    def f(kj):
+        out = kj.pooled(tables, "weighted_sum")
+        return sum((v * (k + 1)).sum() for k, v in out.items()), out
+    torch._dynamo.reset()
+    cf = torch.compile(f, backend="aot_eager", fullgraph=True)
+    for k in range(3):
+        g = torch.Generator().manual_seed(k)
+        lists = [{key: torch.randint(0, R, (int(n),), generator=g).tolist()
+                  for key, n in zip((1, 2, 3), torch.randint(0, 4, (3,), generator=g)) if n or key == 3}
+                 for _ in range(B)]
+        kj = segment.KeyedJaggedBatch.from_lists(lists, weights=[{key: [0.5 + i for i in range(len(v))]
+                                                                 for key, v in ex.items()} for ex in lists])
+        kj.weights.requires_grad_()
+        leaves = [*tables.values(), kj.weights]
+        with torch._dynamo.config.patch(error_on_recompile=k == 2):
+            (lc, oc), (le, oe) = cf(kj), f(kj)
+            torch.testing.assert_close(oc, oe)
+            torch.testing.assert_close(torch.autograd.grad(lc, leaves), torch.autograd.grad(le, leaves))
+
+
+def test_runtime_checks_raise_eager_errors():
+    """The checks of the data run in the ops, at run time: an index out of range, lengths that do not sum
+    to the ids, raise the eager errors from the compiled function."""
+    fn = lambda d, ids, lengths: segment.sparse_lengths_sum(d, ids, lengths)  # noqa: E731
+    torch._dynamo.reset()
+    cf = torch.compile(fn, backend="aot_eager", fullgraph=True)
+    d = torch.randn(R, 2)
+    torch.testing.assert_close(cf(d, torch.tensor([1, 2, 3]), torch.tensor([2, 1])),
+                               fn(d, torch.tensor([1, 2, 3]), torch.tensor([2, 1])))
+    with pytest.raises(IndexError, match=rf"indices\[1\] = {R} is out of range for {R} rows"):
+        cf(d, torch.tensor([1, R, 3]), torch.tensor([2, 1]))
+    with pytest.raises(ValueError, match="lengths sum to 4, but there are 3 indices"):
+        cf(d, torch.tensor([1, 2, 3]), torch.tensor([2, 2]))
+
+
+@pytest.mark.parametrize("backend", ["torch", "numba", "numba missing"])
+def test_ops_real_implementation(backend, monkeypatch):
+    """The ops run the segment backend's kernels: torch's, numba's, and torch's where numba is not installed
+    (the "auto" backend then never loads it); forward, backward and an optimizer step as eager."""
+    if backend == "numba" and not _kernels.compiled_available():
+        pytest.skip("numba is not installed: the compiled kernels are not there to run")
+    if backend == "numba missing":
+        monkeypatch.setitem(_kernels._STATE, "nb", False)
+        monkeypatch.setitem(_kernels._STATE, "work", 1 << 40)
+    ids, lengths, _, _ = batches()[0]
+    data = torch.randn(R, 3, dtype=torch.float64, requires_grad=True)
+    with segment.use_backend("auto" if backend == "numba missing" else backend):
+        out, arg = torch.ops.sparsefill.segment_reduce(data, lengths, None, None, ids, None, "max", None, True, 0.0,
+                                                       True, "split", "error", True, False)
+        want, want_arg = segment.reduce(data, "max", lengths=lengths, indices=ids, return_arg=True)
+        torch.testing.assert_close((out, arg), (want, want_arg))
+        torch.testing.assert_close(torch.autograd.grad(out.sum(), data), torch.autograd.grad(want.sum(), data))
+        p, m = torch.randn(R, 3, dtype=torch.float64), torch.zeros(R, 3, dtype=torch.float64)
+        p2, m2 = p.clone(), m.clone()
+        grad = torch.randn(ids.numel(), 3, dtype=torch.float64)
+        torch.ops.sparsefill.sparse_adagrad_(p, m, ids, grad, 0.1, 1e-10, 0.0, 1.0, "coalesced")
+        segment.sparse_adagrad(p2, m2, ids, grad, lr=0.1, eps=1e-10, mode="coalesced")
+        torch.testing.assert_close((p, m), (p2, m2))
+
+
+def _opcheck(op, args):
+    torch.library.opcheck(op, args, test_utils=("test_schema", "test_autograd_registration", "test_faketensor",
+                                                "test_aot_dispatch_dynamic"))
+
+
+def test_opcheck():
+    """``torch.library.opcheck`` of every op (schema and mutations, autograd registration, fake implementation
+    against the real one, AOT dispatch with dynamic sizes) at small sizes."""
+    ids, lengths = torch.tensor([0, 3, 3, 1, 2]), torch.tensor([2, 0, 3])
+    data = torch.randn(4, 2, dtype=torch.float64, requires_grad=True)
+    w = torch.rand(5, dtype=torch.float64, requires_grad=True)
+    op = torch.ops.sparsefill.segment_reduce.default
+    common = ("error", True)
+    _opcheck(op, (data, lengths, None, None, ids, None, "sum", None, True, 0.0, False, "split", *common, False))
+    _opcheck(op, (data, None, torch.tensor([0, 2, 2, 5]), None, ids, w, "weighted_sum", None, True, 0.0, False,
+                  "split", *common, False))
+    data5 = torch.tensor([[1., 2.], [1., 0.], [3., 3.], [3., -1.], [0., 3.]], dtype=torch.float64, requires_grad=True)
+    _opcheck(op, (data5, lengths, None, None, None, None, "max", None, True, 0.0, True, "first", *common, False))
+    _opcheck(op, (data, None, None, torch.tensor([2, 0, 2, 1]), None, None, "logsumexp", None, False, float("-inf"),
+                  False, "split", *common, False))
+    x = data.detach()
+    out = segment.reduce(x, "sum", lengths=lengths, indices=ids)
+    _opcheck(torch.ops.sparsefill.segment_reduce_backward.default,
+             (torch.ones_like(out), x, lengths, None, None, ids, None, out, torch.zeros(0, dtype=torch.int64), "sum",
+              None, True, "split", "error", True, False))
+    g = torch.randn(5, 2, dtype=torch.float64)
+    p, m = torch.randn(4, 2, dtype=torch.float64), torch.zeros(4, 2, dtype=torch.float64)
+    _opcheck(torch.ops.sparsefill.sparse_adagrad_.default, (p, m, ids, g, 0.1, 1e-10, 0.0, 1.0, "coalesced"))
+    _opcheck(torch.ops.sparsefill.rowwise_sparse_adagrad_.default,
+             (p, torch.zeros(4, dtype=torch.float64), ids, g, 0.1, 1e-10, 0.0, "sequential"))
+    _opcheck(torch.ops.sparsefill.sparse_ftrl_.default, (p, m.clone(), m.clone(), ids, g, 0.005, 1.0, 0.001, 0.001,
+                                                         "coalesced"))
+    kj = segment.KeyedJaggedBatch.from_lists([{1: [10, 11], 3: [101]}, {1: [11], 2: [50], 3: [102, 103]}])
+    _opcheck(torch.ops.sparsefill.jagged_key_positions.default,
+             (kj.values_lengths, kj.keys, kj.example_lengths, [3, 1, 7]))
