@@ -175,7 +175,8 @@ def segment_reduce(data, reducer: str, *, lengths=None, offsets=None, segment_id
 def sparse_adagrad_(param: torch.Tensor, moment: torch.Tensor, indices: torch.Tensor, grad: torch.Tensor, lr: float,
                     eps: float, weight_decay: float, decay: float, update_mode: str) -> None:
     from ._optim import sparse_adagrad
-    sparse_adagrad(param, moment, indices, grad, lr=lr, eps=eps, weight_decay=weight_decay, decay=decay, mode=update_mode)
+    sparse_adagrad(param, moment, indices, grad, lr=lr, eps=eps, weight_decay=weight_decay, decay=decay,
+                   mode=update_mode)
 
 
 @sparse_adagrad_.register_fake
