@@ -25,6 +25,7 @@ import torch
 
 from .._convert import coalesce_of, coalesced_parts, dense_of, parts_to_sparse, rewrap, union_parts
 from .._policy import check_densify
+from .._splits import one_split
 from .._tensor import SparseTensor
 from ._schema import flat_args, written_args, written_positions
 from ._writes import assign_
@@ -67,34 +68,50 @@ def unary_fast_ok(func) -> bool:
 
 def unary_fast(func, args, kwargs):
     """The common cases at the cost of the aten calls: a coalesced SparseTensor ``A`` first (not a view,
-    definite fill), every other positional argument a Python value or a SparseTensor of the same
-    pattern object, dtype and shape (``A * A``, ``A + A.exp()``), keyword arguments Python values::
+    definite fill), every other positional argument a Python value or a coalesced definite SparseTensor
+    of ``A``'s dtype and shape that is not a view, keyword arguments Python values::
 
-        f(A, B, c) = SparseTensor(P, f(A.values, B.values, c), f(fill_A, fill_B, c))
+        f(A, B, c) = SparseTensor(P, f(A[P], B[P], c), f(fill_A, fill_B, c))
 
-    Operands of one dtype beside Python scalars promote alike whatever their rank, so the fills need
-    no reshape.  Returns None when the call does not qualify (the general rule then takes it).
+    ``P`` is ``A``'s pattern when every SparseTensor operand holds ``A``'s index tensors (``A * A``,
+    ``A + A.exp()``: the values as stored), else (COO operands with as many sparse dims) the union of
+    the patterns (:func:`_convert.union_parts`).  Operands of one dtype beside Python scalars promote
+    alike whatever their rank, so the fills need no reshape.  Returns None when the call does not
+    qualify (the general rule then takes it).
     """
     A = args[0]
     if type(A) is not SparseTensor or A._view is not None or not A._coalesced or A._indefinite:
         return None
-    vals, fills = [A._vals], [A._fill]
-    for a in args[1:]:
-        if isinstance(a, torch.Tensor):
-            if not (type(a) is SparseTensor and a._idx is A._idx and a._crow is A._crow and a._col is A._col
-                    and a._coalesced and a._view is None and not a._indefinite and a.dtype == A.dtype
-                    and a.shape == A.shape):
-                return None
-            vals.append(a._vals)
-            fills.append(a._fill)
-        else:
-            vals.append(a)
-            fills.append(a)
+    op = func._op  # (the OpOverload's own __call__ is a Python frame more)
+    if len(args) == 1 and not kwargs:  # torch.exp(A)
+        return A._with_values(op(A._vals), op(A._fill))
     for a in kwargs.values():
         if isinstance(a, torch.Tensor):
             return None
-    return SparseTensor(A._sf_layout, A.shape, func(*vals, **kwargs), func(*fills, **kwargs),
-                        indices=A._idx, crow=A._crow, col=A._col, coalesced=True)
+    vals, fills, sparse, merge = [A._vals], [A._fill], [A], False
+    for a in args[1:]:
+        if isinstance(a, torch.Tensor):
+            if type(a) is not SparseTensor or a._view is not None or not a._coalesced or a._indefinite \
+                    or a._vals.dtype != A._vals.dtype or a.shape != A.shape:
+                return None
+            if a._idx is not A._idx or a._crow is not A._crow or a._col is not A._col:
+                if a._sf_layout is not torch.sparse_coo or A._sf_layout is not torch.sparse_coo \
+                        or a._idx.shape[0] != A._idx.shape[0]:
+                    return None
+                merge = True
+            vals.append(a._vals)
+            fills.append(a._fill)
+            sparse.append(a)
+        else:
+            vals.append(a)
+            fills.append(a)
+    if not merge:
+        return A._with_values(op(*vals, **kwargs), op(*fills, **kwargs))
+    idx, at = union_parts(sparse)
+    it = iter(at)
+    vals = [next(it) if type(a) is SparseTensor else a for a in args]
+    return SparseTensor._make(torch.sparse_coo, A.shape, op(*vals, **kwargs), op(*fills, **kwargs), idx, None, None,
+                              False, True, False)
 
 
 def pointwise_rule(func, args, kwargs):
@@ -116,11 +133,10 @@ def pointwise_rule(func, args, kwargs):
     sparse = [T for T in sparse if id(T) not in sub]
     layout = A._sf_layout
     conv = sparse
-    if any(T.dense_dim() != A.dense_dim() for T in sparse[1:]):
-        nd = max(T.dense_dim() for T in sparse)
-        conv = [T if T.dense_dim() == nd else _with_dense_dims(T, nd) for T in sparse]
-        if any(C is None for C in conv) or written and conv[0] is not A:
-            return NotImplemented  # operands that split sparse and dense dims differently
+    if any(T.dense_dim() != A.dense_dim() for T in sparse[1:]):  # operands that split their dims differently
+        conv, layout = one_split(sparse, layout, A if written and out is None else None)  # (_splits.py: exact conversions)
+        if conv is None:
+            return NotImplemented
     if any(C.shape != conv[0].shape for C in conv[1:]):
         expanded = _broadcast(conv)
         if expanded is None:
@@ -186,20 +202,6 @@ def _unbatch(batch: torch.Tensor, ndense: int) -> torch.Tensor:
     while f.dim() > ndense and f.shape[0] == 1:
         f = f[0]
     return f
-
-
-def _with_dense_dims(T: SparseTensor, nd: int):
-    """``T`` (the same dense tensor) with its last ``nd - T.dense_dim()`` sparse dims, all of size 1, made
-    dense dims, so that it splits its dims as an operand with ``nd`` dense dims (the unsqueezed reduction
-    ``A.logsumexp(-1)[..., None]`` beside a hybrid ``A``, in torch's formula); None where they are not of size 1."""
-    sd, k = T._sparse_ndim(), nd - T.dense_dim()
-    if k > sd or any(n != 1 for n in T.shape[sd - k: sd]):
-        return None
-    idx, vals = T._coo_parts()
-    fill = T._fill if T._indefinite or not T._fill.dim() else T._fill.reshape((1,) * k + tuple(T._fill.shape))
-    return SparseTensor(torch.sparse_coo, T.shape, vals.reshape(vals.shape[:1] + T.shape[sd - k:]), fill,
-                        indices=idx[: sd - k], indefinite=T._indefinite, coalesced=T._coalesced,
-                        known_zero=not T._indefinite and T._fill_is_zero())
 
 
 def _broadcast(sparse):
