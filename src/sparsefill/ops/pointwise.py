@@ -68,50 +68,34 @@ def unary_fast_ok(func) -> bool:
 
 def unary_fast(func, args, kwargs):
     """The common cases at the cost of the aten calls: a coalesced SparseTensor ``A`` first (not a view,
-    definite fill), every other positional argument a Python value or a coalesced definite SparseTensor
-    of ``A``'s dtype and shape that is not a view, keyword arguments Python values::
+    definite fill), every other positional argument a Python value or a SparseTensor of the same
+    pattern object, dtype and shape (``A * A``, ``A + A.exp()``), keyword arguments Python values::
 
-        f(A, B, c) = SparseTensor(P, f(A[P], B[P], c), f(fill_A, fill_B, c))
+        f(A, B, c) = SparseTensor(P, f(A.values, B.values, c), f(fill_A, fill_B, c))
 
-    ``P`` is ``A``'s pattern when every SparseTensor operand holds ``A``'s index tensors (``A * A``,
-    ``A + A.exp()``: the values as stored), else (COO operands with as many sparse dims) the union of
-    the patterns (:func:`_convert.union_parts`).  Operands of one dtype beside Python scalars promote
-    alike whatever their rank, so the fills need no reshape.  Returns None when the call does not
-    qualify (the general rule then takes it).
+    Operands of one dtype beside Python scalars promote alike whatever their rank, so the fills need
+    no reshape.  Returns None when the call does not qualify (the general rule then takes it).
     """
     A = args[0]
     if type(A) is not SparseTensor or A._view is not None or not A._coalesced or A._indefinite:
         return None
-    op = func._op  # (the OpOverload's own __call__ is a Python frame more)
-    if len(args) == 1 and not kwargs:  # torch.exp(A)
-        return A._with_values(op(A._vals), op(A._fill))
-    for a in kwargs.values():
-        if isinstance(a, torch.Tensor):
-            return None
-    vals, fills, sparse, merge = [A._vals], [A._fill], [A], False
+    vals, fills = [A._vals], [A._fill]
     for a in args[1:]:
         if isinstance(a, torch.Tensor):
-            if type(a) is not SparseTensor or a._view is not None or not a._coalesced or a._indefinite \
-                    or a._vals.dtype != A._vals.dtype or a.shape != A.shape:
+            if not (type(a) is SparseTensor and a._idx is A._idx and a._crow is A._crow and a._col is A._col
+                    and a._coalesced and a._view is None and not a._indefinite and a.dtype == A.dtype
+                    and a.shape == A.shape):
                 return None
-            if a._idx is not A._idx or a._crow is not A._crow or a._col is not A._col:
-                if a._sf_layout is not torch.sparse_coo or A._sf_layout is not torch.sparse_coo \
-                        or a._idx.shape[0] != A._idx.shape[0]:
-                    return None
-                merge = True
             vals.append(a._vals)
             fills.append(a._fill)
-            sparse.append(a)
         else:
             vals.append(a)
             fills.append(a)
-    if not merge:
-        return A._with_values(op(*vals, **kwargs), op(*fills, **kwargs))
-    idx, at = union_parts(sparse)
-    it = iter(at)
-    vals = [next(it) if type(a) is SparseTensor else a for a in args]
-    return SparseTensor._make(torch.sparse_coo, A.shape, op(*vals, **kwargs), op(*fills, **kwargs), idx, None, None,
-                              False, True, False)
+    for a in kwargs.values():
+        if isinstance(a, torch.Tensor):
+            return None
+    return SparseTensor(A._sf_layout, A.shape, func(*vals, **kwargs), func(*fills, **kwargs),
+                        indices=A._idx, crow=A._crow, col=A._col, coalesced=True)
 
 
 def pointwise_rule(func, args, kwargs):
@@ -134,7 +118,7 @@ def pointwise_rule(func, args, kwargs):
     layout = A._sf_layout
     conv = sparse
     if any(T.dense_dim() != A.dense_dim() for T in sparse[1:]):  # operands that split their dims differently
-        conv, layout = one_split(sparse, layout, A if written and out is None else None)  # (_splits.py: exact conversions)
+        conv, layout = one_split(sparse, layout, A if written and out is None else None)  # (_splits.py)
         if conv is None:
             return NotImplemented
     if any(C.shape != conv[0].shape for C in conv[1:]):
