@@ -25,6 +25,7 @@ import torch
 
 from .. import _convert, _index, _merge
 from .._compile import traced
+from .._policy import check_specify
 from .._tensor import SparseTensor
 
 __all__ = ["Masked", "as_sparse", "is_sparse", "combine", "mask_to_dense", "true_positions", "mask_rows"]
@@ -159,13 +160,11 @@ def _same_indices(A: SparseTensor, M) -> torch.Tensor | None:
 
 
 def _check_union(n_positions: int, words: int) -> None:
-    """The union pattern holds every masked-in element of a strided mask: the densify byte limit applies."""
-    from .._policy import DensifyError, get_densify_policy
-    lim = get_densify_policy().limit_bytes
-    if lim is not None and n_positions * words * 8 > lim:
-        raise DensifyError(f"the mask masks in {n_positions} elements that the sparse input does not specify; "
-                           f"joining them to its pattern takes ~{n_positions * words * 8} bytes, over the densify "
-                           f"policy's limit of {lim} bytes (pass a sparse mask, or the input's pattern)")
+    """The union pattern stores every masked-in element of a strided mask that the input does not specify
+    (``words`` index words each): elements stored explicitly, under the one size policy
+    (``_policy.check_specify``: quiet up to 65536, then the densify policy's mode and byte limit)."""
+    check_specify(f"a mask that masks in {n_positions} elements the sparse input does not specify (joined to "
+                  "its pattern: pass a sparse mask, or the input's pattern)", n_positions, words * 8)
 
 
 def csr_rows(A: SparseTensor) -> torch.Tensor:
