@@ -58,20 +58,37 @@ def grad_parts(G, P: SparseTensor):
     if isinstance(G, SparseTensor):
         gidx, gvals = _convert.coalesced_parts(G)
         gkeys = _index.linearize(gidx, S)
-        outside = ~_index.lookup(ukeys, gkeys)[1]
         if traced():  # (the count as a tensor: no value read while torch.compile traces)
+            outside = ~_index.lookup(ukeys, gkeys)[1]
             n = _index.numel(S) - ukeys.numel() - outside.sum()
             f = G._fill.expand(D)
             gf = torch.where(outside.view((-1,) + (1,) * len(D)), gvals, 0).sum(0) + \
                 torch.where(n > 0, f * n, 0).to(f.dtype)
             return gv, gf.sum_to_size(P._fill.shape)
-        n_both_unspecified = _index.numel(S) - ukeys.numel() - int(outside.sum())
-        gf = gvals[outside].sum(0) + _times_count(G._fill.expand(D), n_both_unspecified)
+        pos, found = _index.lookup(gkeys, ukeys)  # (P's distinct positions among G's: O(nse(P) log nse(G)))
+        inside = torch.zeros_like(gkeys, dtype=torch.bool).index_fill_(0, pos[found], True)
+        n_both_unspecified = _index.numel(S) - ukeys.numel() - (gkeys.numel() - int(found.sum()))
+        gf = gvals.masked_fill(inside.view((-1,) + (1,) * len(D)), 0).sum(0) + \
+            _times_count(G._fill.expand(D), n_both_unspecified)
     else:
         at = torch.zeros((_index.numel(S),) + (1,) * len(D), dtype=torch.bool, device=G.device)
         at[ukeys] = True  # (one masked pass: boolean indexing ran nonzero and a gather over the whole G)
         gf = G.reshape((_index.numel(S),) + D).masked_fill(at, 0).sum(0)
     return gv, gf.sum_to_size(P._fill.shape)
+
+
+def sum_outside(G, idx: torch.Tensor, shape, dense_shape) -> torch.Tensor:
+    """``G`` (dense or a SparseTensor of ``shape``) summed over the positions of its leading ``idx.shape[0]``
+    dims that are not among ``idx``'s columns: shape ``dense_shape``.  Each term is summed as it is (an inf
+    there gives inf, as the dense sum), never as the total less the part at ``idx`` (``inf - inf``: NaN).
+
+    >>> sum_outside(torch.tensor([1., float('inf'), 2., 4.]), torch.tensor([[1, 2]]), (4,), ()).item()
+    5.0
+    """
+    D = tuple(dense_shape)
+    z = torch.zeros((), dtype=G.dtype, device=G.device)
+    P = _convert.parts_to_sparse(idx, z.expand((idx.shape[1],) + D), tuple(shape), z.expand(D).clone())
+    return grad_parts(G, P)[1]
 
 
 def _grad_parts_of_hybrid(G: SparseTensor, P: SparseTensor):
@@ -244,6 +261,41 @@ class SameDense(torch.autograd.Function):
             return (_convert.from_native(G) if G.layout is not torch.strided else G), None
         g = dense_grad(G) if isinstance(G, SparseTensor) else G
         return (g if ctx.x_layout is torch.strided else g.to_sparse(layout=ctx.x_layout)), None
+
+
+# ---------------------------------------------------------------------- a torch native sparse input's gradient
+def native_grad(G: SparseTensor, layout, dense_dim: int) -> torch.Tensor:
+    """``G`` as a torch native sparse tensor of ``layout`` and ``dense_dim`` (the gradient of a native sparse
+    input: torch's contract), exactly: ``native_grad(G, ...).to_dense() == G.to_dense()`` (an indefinite
+    fill read as 0).  A nonzero fill specifies every element (dense by nature: the densify gate).
+
+    >>> import sparsefill
+    >>> G = sparsefill.sparse_coo_tensor([[0, 2]], [5., 6.], (4,))
+    >>> g = native_grad(G, torch.sparse_coo, 0)
+    >>> g.layout, g.to_dense().tolist()
+    (torch.sparse_coo, [5.0, 0.0, 6.0, 0.0])
+    """
+    if G._indefinite:
+        G = _convert.rewrap(G, fill=G._vals.new_zeros(()), indefinite=False, known_zero=True)
+    if G.dense_dim() == dense_dim and not bool(G._fill.any()):
+        return _convert.to_torch(_convert.to_layout(G, layout))
+    return dense_grad(G, "the gradient of a torch native sparse tensor").to_sparse(layout=layout, dense_dim=dense_dim)
+
+
+class NativeGrad(torch.autograd.Function):
+    """``x -> x`` for a torch native sparse ``x``; a SparseTensor or dense gradient reaching it becomes a native
+    sparse tensor of ``x``'s layout and dense dims, exactly (:func:`native_grad`; a dense one: ``to_sparse``)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.layout, ctx.dense_dim = x.layout, x.dense_dim()
+        return x.detach()
+
+    @staticmethod
+    def backward(ctx, g):
+        if isinstance(g, SparseTensor):
+            return native_grad(g, ctx.layout, ctx.dense_dim)
+        return g.to_sparse(layout=ctx.layout, dense_dim=ctx.dense_dim) if g.layout is torch.strided else g
 
 
 # ---------------------------------------------------------------------- a SparseTensor leaf's .grad

@@ -9,7 +9,8 @@ gradient of the SparseTensor ``A`` as the dense ``G @ X^T`` (N x N) before any h
   backward is as sparse as its forward; a route returns ``NotImplemented`` to decline;
 * any other function mixing a SparseTensor with a dense tensor that requires grad sees that
   tensor through :class:`DenseGrad`, so its gradient is dense: a dense leaf's ``.grad`` is a
-  dense tensor (torch's contract), never a SparseTensor;
+  dense tensor (torch's contract), never a SparseTensor (a torch native sparse COO/CSR tensor through
+  ``_autograd.NativeGrad``: its ``.grad`` is a native sparse tensor of its layout);
 * ``A.requires_grad_()`` / ``A.requires_grad = True`` (``nn.Parameter(A)`` too) on a SparseTensor leaf
   registers ``_autograd.LeafGradHook``: its ``.grad`` is a SparseTensor of its layout and dense dims,
   the gradient represented exactly (torch's contract: a leaf's gradient has the leaf's type);
@@ -35,7 +36,7 @@ from __future__ import annotations
 
 import torch
 
-from .._autograd import dense_grad, track_leaf
+from .._autograd import NativeGrad, dense_grad, track_leaf
 from .._tensor import SparseTensor
 
 _REQUIRES_GRAD_, _REQUIRES_GRAD = torch._C.TensorBase.requires_grad_, torch._C.TensorBase.requires_grad
@@ -99,8 +100,13 @@ class DenseGrad(torch.autograd.Function):
 
 
 def _is_dense_needing_grad(a) -> bool:
+    """A dense or torch native sparse (COO/CSR) tensor needing a gradient: it gets one of its own layout."""
     return isinstance(a, torch.Tensor) and not isinstance(a, SparseTensor) and a.requires_grad \
-        and a.layout is torch.strided
+        and a.layout in (torch.strided, torch.sparse_coo, torch.sparse_csr)
+
+
+def _grad_wrap(a):
+    return DenseGrad.apply(a) if a.layout is torch.strided else NativeGrad.apply(a)  # (native: _autograd.native_grad)
 
 
 def _needs_dense_grads(args, kwargs) -> bool:
@@ -113,9 +119,9 @@ def _needs_dense_grads(args, kwargs) -> bool:
 
 def _dense_grad_arg(a):
     if _is_dense_needing_grad(a):
-        return DenseGrad.apply(a)
+        return _grad_wrap(a)
     if isinstance(a, (list, tuple)) and any(map(_is_dense_needing_grad, a)):
-        return type(a)(DenseGrad.apply(x) if _is_dense_needing_grad(x) else x for x in a)
+        return type(a)(_grad_wrap(x) if _is_dense_needing_grad(x) else x for x in a)
     return a
 
 

@@ -19,8 +19,9 @@ has no gradient outside the pattern (the forward reads nothing there): the gradi
 ``A`` may be computed by element-wise ops with the same derivative at every unspecified element
 (``(2 * W) @ X``, ``W.exp() @ X``): the mean is carried through them unchanged in kind.  Not routed
 (torch's formulas, as before): both operands SparseTensors, 4-d operands, a leaf ``A`` and ``A``
-computed by other ops (its dense gradient ``G @ X^T`` may be read elsewhere than at the pattern).  The fill's closed form subtracts the pattern's part: with ``inf`` in ``G`` or ``X`` it
-may be NaN where the dense sum over the unspecified elements is infinite.
+computed by other ops (its dense gradient ``G @ X^T`` may be read elsewhere than at the pattern).  The fill's closed form subtracts the pattern's part; where
+that is not finite (an ``inf`` in ``G`` or ``X``: ``inf - inf``) the elements in the non-finite rows are
+summed one by one (:func:`_rest_nonfinite`), so the fill's gradient is the dense one (``inf``, not NaN).
 
 >>> import torch, sparsefill
 >>> v, f = torch.tensor([1., 2.], requires_grad=True), torch.tensor(3., requires_grad=True)
@@ -193,6 +194,37 @@ def _total(A: SparseTensor, U: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
     return torch.einsum("bin,bjn->ij", U, V)
 
 
+def _rest_nonfinite(A: SparseTensor, idx, U: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
+    """``U @ V^T`` summed over ``A``'s unspecified elements (per dense position) where ``U`` or ``V`` has a
+    non-finite entry: the elements of their finite rows by the closed form (finite: no ``inf - inf``), the
+    elements in a non-finite row of ``U`` or of ``V`` one by one (``O(rows * n)`` each), as the dense sum."""
+    D = tuple(A._dense_shape)
+    bu, bv = ~torch.isfinite(U).all(-1), ~torch.isfinite(V).all(-1)  # (nb, m), (nb, k)
+    zero = U.new_zeros(())
+    Uf, Vf = torch.where(bu[..., None], zero, U), torch.where(bv[..., None], zero, V)
+    rest = _total(A, Uf, Vf).reshape(D) - _sampled(A, Uf, Vf)[1].sum(0)
+    b, i = bu.nonzero(as_tuple=True)
+    b2, j2 = bv.nonzero(as_tuple=True)
+    nb, m, k = U.shape[0], U.shape[1], V.shape[1]
+    from .._policy import check_densify
+    check_densify("the fill's gradient of a sparse product with a non-finite operand", (b.numel() * k + b2.numel() * m)
+                  * U.element_size(), by_nature=True)
+    rows = torch.einsum("tn,tjn->tj", U[b, i], V[b])                     # elements (b, i, every j)
+    cols = torch.einsum("tin,tn->ti", U[b2], V[b2, j2])                  # elements (b2, every i, j2)
+    cols = torch.where(bu[b2], zero, cols)                               # (those in a non-finite U row: in rows)
+    ar_k, ar_m = torch.arange(k, device=U.device), torch.arange(m, device=U.device)
+    coords = torch.cat([torch.stack([b[:, None].expand(-1, k), i[:, None].expand(-1, k), ar_k.expand(b.numel(), k)]
+                                    ).reshape(3, -1),
+                        torch.stack([b2[:, None].expand(-1, m), ar_m.expand(b2.numel(), m), j2[:, None].expand(-1, m)]
+                                    ).reshape(3, -1)], 1)
+    vals = torch.cat([rows.reshape(-1), cols.reshape(-1)])
+    coords = coords if A.dim() == 3 else coords[1:]
+    sd = A._sparse_ndim()
+    free = ~torch.isin(_index.linearize(coords[:sd], A._sparse_shape), _index.linearize(idx, A._sparse_shape))
+    at = _index.linearize(coords[sd:], D) if D else torch.zeros_like(vals, dtype=torch.int64)
+    return rest.reshape(-1).index_add(0, at[free], vals[free]).reshape(D)
+
+
 def pattern_grad(A: SparseTensor, U: torch.Tensor, V: torch.Tensor) -> SparseTensor:
     """The gradient of ``A`` for the dense gradient ``U @ V^T`` (never formed), as a SparseTensor of
     ``A``'s pattern and layout: exact at the pattern, the mean of the rest as its fill."""
@@ -201,6 +233,8 @@ def pattern_grad(A: SparseTensor, U: torch.Tensor, V: torch.Tensor) -> SparseTen
         fill, zero = gv.new_zeros(()), True
     else:
         rest = _total(A, U, V).reshape(A._dense_shape) - gv.sum(0)
+        if not traced() and not bool(torch.isfinite(rest).all()):  # an inf or NaN in U or V: inf - inf
+            rest = _rest_nonfinite(A, idx, U, V)
         n = _index.numel(A._sparse_shape) - idx.shape[1]
         fill, zero = (rest / n if n else torch.zeros_like(rest)), False
     if A._coalesced:  # A's own index tensors: the constructor's backward reads the values as they are

@@ -25,11 +25,12 @@ constructor; so it is routed only where ``linalg_autograd.pattern_grad_is_exact(
 constructor, through coalesce/layout changes/transposes or element-wise ops with the same derivative at
 every unspecified element, or an indefinite fill).
 
-``max``/``min`` with a sparse dim (values and indices) run through :class:`SparseSelect`: the gradient goes
-to the selected element (:func:`select_grad`, routed as the partial reductions).  A reduction over dense
+``max``/``min`` with a dim (values and indices) run through :class:`SparseSelect`: the gradient goes
+to the selected element (:func:`select_grad`; over a dense dim :func:`select_dense_grad`; routed as the
+partial reductions).  A reduction over dense
 dims only (``A.amax(-1)`` of a hybrid): :func:`dense_dims_grad`, routed as the partial ones.  Not routed
 (torch's formulas, as before): those partial reductions of another ``A``, one over sparse and dense dims
-keeping a sparse dim, ``prod``/``max``/``min`` over a dense dim, named dims, complex dtypes, ``out=``.
+keeping a sparse dim, ``prod`` over a dense dim, named dims, complex dtypes, ``out=``.
 
 >>> import torch, sparsefill
 >>> v, f = torch.tensor([1., 4.], requires_grad=True), torch.tensor(4., requires_grad=True)
@@ -46,7 +47,7 @@ from torch.autograd.function import once_differentiable
 
 from .. import _index
 from .._compile import traced
-from .._autograd import _pattern, dense_grad
+from .._autograd import _pattern, dense_grad, sum_outside
 from .._convert import coalesced_parts, parts_to_sparse, rewrap, values_at
 from .._reduce import group_slices
 from .._tensor import SparseTensor
@@ -308,7 +309,7 @@ def partial_grad(P: SparseTensor, name: str, dims, opt, Y, G) -> SparseTensor:
         total = torch.where(mask, m.view(mask.shape) * per_slice, torch.zeros((), dtype=ct)).sum(0)
         N = _index.numel([P.shape[d] for d in dims])
         if n_unspecified > int(m.sum()):  # slices of fills only, alike: Y's fill there
-            G_rest = G.sum(tuple(range(osd))).to(ct) - Gs.sum(0)
+            G_rest = sum_outside(G, out_idx, Y.shape, D).to(ct)  # (summed there: an inf stays inf)
             Ye = Y._fill.expand(D).to(ct)
             total = total + N * fn(F, G_rest, Ye, _Slices(V[:0], F, N, [], D, Ye), opt)
         gf, zero = (total / n_unspecified).to(P.dtype), False
@@ -339,7 +340,7 @@ def dense_dims_grad(P: SparseTensor, name: str, dims, opt, Y, G) -> SparseTensor
         gf, zero = gv.new_zeros(D), True
     else:
         F = P._fill.expand(D).to(ct)
-        G_rest = (G.sum(tuple(range(sd))).to(ct) - Gv.sum(0)).reshape(K)
+        G_rest = sum_outside(G, idx, G.shape, G.shape[sd:]).to(ct).reshape(K)  # (an inf stays inf)
         Yf = Y._fill.to(ct).expand(tuple(Y.shape[sd:])).reshape(K)
         gf, zero = (fn(F, G_rest, Yf, _RowStats(F, Yf, rd, 0), opt).expand(D) / n).to(P.dtype), False
     if P._coalesced:
@@ -486,13 +487,52 @@ def select_grad(P: SparseTensor, dim: int, keepdim: bool, I, G) -> SparseTensor:
         G = dense_grad(G)
     Gs, Is = values_at(G, keys, osd), values_at(I, keys, osd)
     hit = Is == idx[dim].view((-1,) + (1,) * len(D))
-    gv = torch.where(hit, Gs, torch.zeros((), dtype=Gs.dtype)).to(P.dtype)
+    zero_t = torch.zeros((), dtype=Gs.dtype)
+    gv = torch.where(hit, Gs, zero_t).to(P.dtype)
+    n = _index.numel(P._sparse_shape) - idx.shape[1]
+    if P._indefinite or not n:
+        gf, zero = gv.new_zeros(D), True
+    else:  # G where an unspecified element was selected: touched slices whose stored elements all missed, the rest
+        ukeys, inv = torch.unique(keys, return_inverse=True)
+        taken = torch.zeros((ukeys.numel(),) + D, dtype=torch.bool, device=hit.device).index_put_((inv,), hit,
+                                                                                                  accumulate=True)
+        missed = torch.where(taken, zero_t, values_at(G, ukeys, osd)).sum(0)
+        if osd:
+            rest = sum_outside(G, _index.unravel(ukeys, I.shape[:osd]), I.shape, D)
+        else:  # one output: it selected an unspecified element iff no stored one was touched
+            rest = zero_t.expand(D) if ukeys.numel() else values_at(G, keys.new_zeros(1), 0)[0]
+        gf, zero = ((missed + rest).to(gv.dtype) / n).reshape(D), False
+    if P._coalesced:
+        return rewrap(P, values=gv.reshape(P._vals.shape), fill=gf, indefinite=False, known_zero=zero)
+    return parts_to_sparse(idx, gv, P.shape, gf, indefinite=False, known_zero=zero, layout=P._sf_layout,
+                           coalesced=True)
+
+
+def select_dense_grad(P: SparseTensor, dim: int, keepdim: bool, I, G) -> SparseTensor:
+    """The gradient of ``P`` through ``(Y, I) = max(P, dim)`` (or ``min``) over the dense dim ``dim``: ``G``
+    scattered to the selected position of each stored slice (torch's ``value_selecting_reduction_backward``),
+    and for the unspecified slices, all alike (the fill's selection), ``G`` summed over them there: the mean as
+    the fill (routed where ``pattern_grad_is_exact``); an indefinite fill: 0."""
+    sd, D = P._sparse_ndim(), tuple(P._dense_shape)
+    d = dim - sd
+    idx, V = coalesced_parts(P)
+    keys = _index.linearize(idx, P._sparse_shape)
+    G, I = _zero_fill(G), _zero_fill(I)
+    if isinstance(G, SparseTensor) and G._sparse_ndim() != sd:
+        G = dense_grad(G)
+    Gv, Iv = values_at(G, keys, sd), values_at(I, keys, sd)
+    if not keepdim:
+        Gv, Iv = Gv.unsqueeze(d + 1), Iv.unsqueeze(d + 1)
+    gv = torch.zeros_like(V).scatter(d + 1, Iv, Gv.to(V.dtype))
     n = _index.numel(P._sparse_shape) - idx.shape[1]
     if P._indefinite or not n:
         gf, zero = gv.new_zeros(D), True
     else:
-        total = G.sum(tuple(range(osd))) if osd else G
-        gf, zero = ((total.to(gv.dtype) - gv.sum(0)) / n).reshape(D), False
+        rest = sum_outside(G, idx, G.shape, G.shape[sd:])  # (an inf stays inf)
+        If = I._fill.expand(tuple(I.shape[sd:]))
+        if not keepdim:
+            rest, If = rest.unsqueeze(d), If.unsqueeze(d)
+        gf, zero = torch.zeros(D, dtype=V.dtype, device=V.device).scatter(d, If, rest.to(V.dtype)) / n, False
     if P._coalesced:
         return rewrap(P, values=gv.reshape(P._vals.shape), fill=gf, indefinite=False, known_zero=zero)
     return parts_to_sparse(idx, gv, P.shape, gf, indefinite=False, known_zero=zero, layout=P._sf_layout,
@@ -500,7 +540,8 @@ def select_grad(P: SparseTensor, dim: int, keepdim: bool, I, G) -> SparseTensor:
 
 
 class SparseSelect(torch.autograd.Function):
-    """``(Y, I) = call(A)``: ``max``/``min`` over the sparse dim ``dim``; the backward is :func:`select_grad`."""
+    """``(Y, I) = call(A)``: ``max``/``min`` over ``dim``; the backward is :func:`select_grad` (a sparse dim) or
+    :func:`select_dense_grad` (a dense dim)."""
 
     @staticmethod
     def forward(ctx, A, call, dim, keepdim):
@@ -515,7 +556,8 @@ class SparseSelect(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, G, _):
         (I,) = ctx.saved_tensors
-        return select_grad(ctx.pattern, ctx.dim, ctx.keepdim, I, G), None, None, None
+        grad = select_grad if ctx.dim < ctx.pattern._sparse_ndim() else select_dense_grad
+        return grad(ctx.pattern, ctx.dim, ctx.keepdim, I, G), None, None, None
 
 
 def _sig_max_dim(input, dim, keepdim=False):
@@ -524,8 +566,8 @@ def _sig_max_dim(input, dim, keepdim=False):
 
 @register_route(torch.max, T.max, torch.min, T.min)
 def _route_max_min(func, args, kwargs):
-    """``max()``/``min()`` as the other reductions; ``max(A, dim, keepdim)`` over a sparse dim of ``A`` through
-    :class:`SparseSelect` (``max(A, B)`` and a dense dim: torch's path)."""
+    """``max()``/``min()`` as the other reductions; ``max(A, dim, keepdim)`` through :class:`SparseSelect`
+    (``max(A, B)``: torch's path)."""
     if _bind(_sig_all, args, kwargs) is not False:
         return _apply(func, args, kwargs, func.__name__, None)
     b = _bind(_sig_max_dim, args, kwargs)
@@ -534,7 +576,7 @@ def _route_max_min(func, args, kwargs):
             isinstance(A, SparseTensor) and A.requires_grad and A.dtype in _FLOATS and A.dim()):
         return NotImplemented
     dim, keepdim = b
-    if not -A.dim() <= dim < A.dim() or dim % A.dim() >= A._sparse_ndim() or not pattern_grad_is_exact(A):
+    if not -A.dim() <= dim < A.dim() or not pattern_grad_is_exact(A):
         return NotImplemented
     dim %= A.dim()
     Y, I = SparseSelect.apply(A, lambda P: tuple(func(P, dim, keepdim)), dim, keepdim)

@@ -295,7 +295,7 @@ def _arg(func, args, kwargs):
     dim = args[1] if len(args) > 1 else kwargs.get("dim")
     keep = _keepdim_arg(args, kwargs, 2)
     if A._indefinite:
-        return NotImplemented
+        return _arg_indefinite(A, dim, keep, which, meta, values=func in (aten.max.dim, aten.min.dim))
     if A.dense_dim():
         sd = A.dim() - A.dense_dim()
         if dim is not None and dim % A.dim() >= sd:  # along a dense dim: on the values and on the fill
@@ -307,6 +307,45 @@ def _arg(func, args, kwargs):
                          coalesced=True)
         return _arg_dim(B, 0, False, which, meta, values=False)
     return _arg_dim(A, dim % max(A.dim(), 1), keep, which, meta, values=func in (aten.max.dim, aten.min.dim))
+
+
+def _arg_indefinite(A, dim, keep, which, meta, values):
+    """An indefinite fill (masked semantics, as ``torch.masked.amax``/``argmax``): the extreme over the stored
+    elements of each slice and the position of its first occurrence; a slice with none stored is masked out
+    (unspecified in the results, whose fill is indefinite).  ``dim=None``: the flat position (0-d)."""
+    idx, vals = coalesced_parts(A)
+    sd, D = A._sparse_ndim(), tuple(A._dense_shape)
+    if dim is None:
+        if vals.numel() == 0:
+            raise IndexError(f"{which.replace('am', 'argm')}(): no specified element to select (indefinite fill, "
+                             f"nse 0, shape {tuple(A.shape)})")
+        flat = _index.linearize(torch.cat([idx.repeat_interleave(_index.numel(D), 1), _index.unravel(
+            torch.arange(_index.numel(D), device=idx.device), D).repeat(1, idx.shape[1])]), A.shape) if D else \
+            _index.linearize(idx, A.shape)
+        v = vals.reshape(-1)
+        best = REDUCERS[which](v, torch.zeros_like(flat), 1)
+        return segment_arg(v, torch.zeros_like(flat), 1, flat, best).reshape(())
+    dim %= A.dim()
+    out_meta = meta if not values else meta[0]
+    if dim >= sd:  # along a dense dim: on each stored slice; the pattern kept
+        d = dim - sd + 1
+        res = (torch.amax if which == "amax" else torch.amin)(vals, d, keep), \
+            (torch.argmax if which == "amax" else torch.argmin)(vals, d, keep)
+        out_idx = idx
+    else:
+        seg, out_idx, _ = group_slices(idx, A._sparse_shape, [dim])
+        S = out_idx.shape[1]
+        best = REDUCERS[which](vals, seg, S)
+        res = best.to(A.dtype), segment_arg(vals, seg, S, idx[dim], best)
+        if keep:
+            full = out_idx.new_zeros((sd, S))
+            full[[i for i in range(sd) if i != dim]] = out_idx
+            out_idx = full
+    layout = A._sf_layout if dim >= sd or keep and sd == 2 else torch.sparse_coo  # (the pattern, or a 2-d one)
+    empty = vals.new_empty(0)
+    out = tuple(parts_to_sparse(out_idx, r, out_meta.shape, empty.to(r.dtype), indefinite=True, layout=layout,
+                                coalesced=True) for r in res)
+    return out if values else out[1]
 
 
 def _arg_dim(A, dim, keep, which, meta, values):
