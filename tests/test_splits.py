@@ -27,6 +27,7 @@ from torch.testing._internal.common_methods_invocations import binary_ufuncs, op
 
 import sparsefill
 from sparsefill import SparseTensor
+from sparsefill._splits import coarser, finer, merge_dense_dim, uniform_along
 
 
 IN_OP_DB = {id(op) for op in op_db}
@@ -175,3 +176,199 @@ def test_report(capsys):
             print(f"\ndeclared (mixed splits) {name} [{', '.join(fills)}]: {reason}")
         print(f"\nmixed splits: {len(REPORT)} ops, outcomes {dict(total)}; ops with a densified or failed sample: "
               f"{len(bad)}{': ' + ', '.join(bad) if bad else ''}")
+
+
+# ---------------------------------------------------------------------- the conversions and the rule
+def _hybrid(x, fill, dense_dim=1, layout=torch.sparse_coo, p=0.5, seed=0):
+    """``x`` with about ``p`` of its slices (over the sparse dims) replaced by the fill, as a SparseTensor."""
+    g = torch.Generator().manual_seed(seed)
+    xm = x.clone()
+    if fill is not sparsefill.indefinite:
+        xm[torch.rand(x.shape[: x.dim() - dense_dim], generator=g) < p] = torch.as_tensor(fill, dtype=x.dtype)
+        return sparsefill.to_sparse(xm, fill_value=fill, dense_dim=dense_dim, layout=layout), xm
+    keep = torch.rand(x.shape[: x.dim() - dense_dim], generator=g) >= p
+    A = sparsefill.sparse_coo_tensor(keep.nonzero().T, x[keep], x.shape, fill_value=sparsefill.indefinite)
+    return (A.to_sparse_csr() if layout is torch.sparse_csr else A), xm
+
+
+def _same(T, ref, spec=None):
+    """``T`` stands for ``ref`` (an indefinite ``T``: specified exactly where ``spec`` is, equal there)."""
+    if not T._indefinite:
+        torch.testing.assert_close(T.to_dense(), ref, equal_nan=True)
+        return
+    d0, d1 = T.to_dense(fill_value=0), T.to_dense(fill_value=1)
+    assert torch.equal((d0 != 0) | (d1 != 1), spec)
+    torch.testing.assert_close(d0[spec], ref[spec], equal_nan=True)
+
+
+FILL_CASES = {  # name -> (fill of a (3, 2, 4, 3) hybrid with 2 dense dims, uniform along the first / both dense dims)
+    "scalar": (2.5, (True, True)), "uniform": (torch.tensor([1., 2., 3.]), (True, False)),
+    "nan": (float("nan"), (True, True)), "array": (torch.arange(12.).reshape(4, 3), (False, False)),
+    "array-nan-inf": (torch.tensor([[float("nan"), 1, float("inf")], [float("nan"), 2, float("inf")]] * 2), (False, False)),
+    "indefinite": (sparsefill.indefinite, (True, True)),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("case", list(FILL_CASES))
+@pytest.mark.parametrize("layout", [torch.sparse_coo, torch.sparse_csr])
+def test_finer_and_coarser_are_exact(case, layout, dtype):
+    """``finer``/``coarser`` stand for the same tensor; ``finer`` stores ``nse * |K|`` elements where the fill is
+    uniform along K and more where it varies; ``coarser`` back gives one slice per stored prefix."""
+    fill, uniform = FILL_CASES[case]
+    fill = fill.to(dtype) if isinstance(fill, torch.Tensor) else fill
+    x = torch.randn(3, 2, 4, 3, dtype=dtype)
+    A, xm = _hybrid(x, fill, dense_dim=2, layout=layout)
+    spec = ((A.to_dense(fill_value=0) != 0) | (A.to_dense(fill_value=1) != 1)) if A._indefinite else None
+    assert (uniform_along(A, 1), uniform_along(A, 2)) == uniform
+    for nd, k, nK in ((1, 1, 4), (0, 2, 12)):
+        F = finer(A, nd)
+        assert F.dense_dim() == nd and F.sparse_layout is torch.sparse_coo and F.is_coalesced()
+        _same(F, xm, spec)
+        assert F._nse() == A._nse() * nK if uniform[k - 1] else F._nse() > A._nse() * nK
+        for back in range(nd, 3):
+            C = coarser(F, back)
+            assert C.dense_dim() == back and C.is_coalesced()
+            _same(C, xm, spec)
+            assert C._nse() == A._nse() * (12, 4, 1)[back] or not uniform[k - 1]
+    assert finer(A, 2) is A and coarser(A, 1) is A
+
+
+def test_finer_stores_the_varying_fill_exactly():
+    """``finer``'s equation: the fill's first slice along K is the new fill, and the fill's other values are
+    stored at every unspecified slice (NaN equal to NaN: not stored where it is the first slice's)."""
+    H = sparsefill.sparse_coo_tensor([[1]], [[5., 6., 7.]], (3, 3), fill_value=torch.tensor([0., 1., 0.]))
+    F = finer(H, 0)
+    assert F.fill_value().item() == 0.
+    assert F.indices().tolist() == [[0, 1, 1, 1, 2], [1, 0, 1, 2, 1]] and F.values().tolist() == [1., 5., 6., 7., 1.]
+    N = sparsefill.sparse_coo_tensor([[0]], [[5., 6.]], (2, 2), fill_value=torch.tensor([float("nan"), float("nan")]))
+    assert finer(N, 0)._nse() == 2  # uniform: only the stored slice's elements
+
+
+def test_coarser_of_a_partly_stored_indefinite_slice_is_refused():
+    I = sparsefill.sparse_coo_tensor([[0, 0, 1], [0, 1, 0]], [1., 2., 3.], (2, 2), fill_value=sparsefill.indefinite)
+    assert coarser(I, 1) is None  # row 1 is half specified: a hybrid slice is all specified or all masked out
+    W = sparsefill.sparse_coo_tensor([[0, 0], [0, 1]], [1., 2.], (2, 2), fill_value=sparsefill.indefinite)
+    C = coarser(W, 1)
+    assert C._indefinite and C.indices().tolist() == [[0]] and C.values().tolist() == [[1., 2.]]
+
+
+def test_coarser_pads_leading_dims_and_takes_uncoalesced_input():
+    U = sparsefill.sparse_coo_tensor([[2, 0, 2]], [1., 2., 3.], (3,), fill_value=9.)  # uncoalesced: 2 twice
+    C = coarser(U, 2)
+    assert C.shape == (1, 3) and C.dense_dim() == 2 and C.values().tolist() == [[[2., 9., 4.]]]
+    torch.testing.assert_close(C.to_dense()[0], U.to_dense())
+    E = sparsefill.sparse_coo_tensor(torch.zeros(2, 0, dtype=torch.long), torch.zeros(0), (0, 3), fill_value=1.)
+    assert coarser(E, 1)._nse() == 0 and finer(coarser(E, 1), 0).shape == (0, 3)
+
+
+def test_merge_dense_dim_rule():
+    h = torch.randn(4, 3)
+    scalar = sparsefill.to_sparse(h, fill_value=0., dense_dim=1)
+    varying = sparsefill.to_sparse(h, fill_value=torch.tensor([0., 1., 2.]), dense_dim=1)
+    coo = sparsefill.to_sparse(h, fill_value=0.)
+    masked = sparsefill.sparse_coo_tensor([[0], [1]], [1.], (4, 3), fill_value=sparsefill.indefinite)
+    column = sparsefill.sparse_coo_tensor([[0], [0]], [1.], (4, 1), fill_value=0.)
+    assert merge_dense_dim([scalar, coo]) == 0      # the finest split: the uniform fill stores nothing
+    assert merge_dense_dim([varying, coo]) == 1     # the coarser: the all-sparse operand's slices are stored
+    assert merge_dense_dim([varying, masked]) == 0  # a masked operand cannot be coarsened: the fill is stored
+    assert merge_dense_dim([varying, column]) == 1  # free: the size-1 dim becomes dense
+    three = sparsefill.to_sparse(torch.randn(2, 4, 3), fill_value=0., dense_dim=2)
+    assert merge_dense_dim([three, varying, coo]) == 1 and merge_dense_dim([three, scalar, coo]) == 0
+
+
+# ---------------------------------------------------------------------- through the ops
+def _pair(op, A, B, xa, xb):
+    with sparsefill.densify_policy("raise"):
+        out = op(A, B)
+    assert isinstance(out, SparseTensor)
+    torch.testing.assert_close(out.to_dense(), op(xa, xb), equal_nan=True)
+    return out
+
+
+def test_the_issue_examples_are_native():
+    """A hybrid with an array fill beside an all-sparse COO of the same shape (``A + B``, ``A * B``), and a (5, 1)
+    hybrid broadcast against a (5,) COO: the pointwise rule takes them (``explain``), no densify fallback."""
+    x = torch.randn(5, 3)
+    A, xa = _hybrid(x, torch.tensor([1., 2., 3.]))
+    B, xb = _hybrid(torch.randn(5, 3), 0.5, dense_dim=0, seed=1)
+    for op in (torch.add, torch.mul):
+        assert sparsefill.explain(op, A, B).stage == "pointwise" and sparsefill.explain(op, B, A).stage == "pointwise"
+        out = _pair(op, A, B, xa, xb)
+        assert out.dense_dim() == 1 and out._nse() <= A._nse() + B._nse()  # the varying fill: B's rows stored
+        _pair(op, B, A, xb, xa)
+    A1, xa1 = _hybrid(torch.randn(5, 1), torch.tensor([0.]))
+    B1, xb1 = _hybrid(torch.randn(5), 0., dense_dim=0)
+    assert _pair(torch.add, A1, B1, xa1, xb1).shape == (5, 5) and _pair(torch.sub, B1, A1, xb1, xa1).dense_dim() == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.bool])
+def test_integer_and_bool(dtype):
+    x = torch.randint(-3, 4, (4, 3)).to(dtype)
+    A, xa = _hybrid(x, torch.tensor([1, 0, 1]).to(dtype))
+    B, xb = _hybrid(torch.randint(-3, 4, (4, 3)).to(dtype), 1 if dtype is torch.bool else 2, dense_dim=0, seed=1)
+    ops = [torch.eq, torch.logical_xor, torch.maximum, torch.bitwise_and] + ([] if dtype is torch.bool else
+                                                                            [torch.add, torch.mul, torch.sub])
+    for op in ops:
+        _pair(op, A, B, xa, xb)
+        _pair(op, B, A, xb, xa)
+        _pair(op, B.to_sparse_csr(), A, xb, xa)
+
+
+def test_three_operands_of_three_splits():
+    D2, x2 = _hybrid(torch.randn(4, 3, 2), torch.tensor(1.5), dense_dim=2)
+    D1, x1 = _hybrid(torch.randn(4, 3, 2), torch.tensor([[0.5, 1.], [2., 3.], [4., 5.]])[0], dense_dim=1, seed=1)
+    D0, x0 = _hybrid(torch.randn(4, 3, 2), 0., dense_dim=0, seed=2)
+    with sparsefill.densify_policy("raise"):
+        out = torch.addcmul(D2, D1, D0, value=0.5)
+        torch.testing.assert_close(out.to_dense(), torch.addcmul(x2, x1, x0, value=0.5))
+        cond, xc = _hybrid(torch.rand(4, 3, 2) < 0.5, False, dense_dim=0, seed=3)
+        torch.testing.assert_close(torch.where(cond, D1, D0).to_dense(), torch.where(xc, x1, x0))
+
+
+@pytest.mark.parametrize("target", ["hybrid", "coo", "csr"])
+def test_in_place_keeps_the_targets_split(target):
+    """``A.add_(B)``: ``A`` keeps its dense dims and layout (the other operand is converted to them, storing a
+    varying fill's values where ``A`` is finer)."""
+    hybrid = _hybrid(torch.randn(4, 3), torch.tensor([1., 2., 3.]))
+    sparse = _hybrid(torch.randn(4, 3), 0.5, dense_dim=0, seed=1,
+                     layout=torch.sparse_csr if target == "csr" else torch.sparse_coo)
+    (A, xa), (B, xb) = (hybrid, sparse) if target == "hybrid" else (sparse, hybrid)
+    dd, layout = A.dense_dim(), A.sparse_layout
+    with sparsefill.densify_policy("raise"):
+        assert A.mul_(B) is A and A.add_(B) is A
+    assert A.dense_dim() == dd and A.sparse_layout is layout
+    torch.testing.assert_close(A.to_dense(), xa * xb + xb)
+    out = sparsefill.zeros_like(B)
+    with sparsefill.densify_policy("raise"):
+        torch.add(A, B, out=out)
+    torch.testing.assert_close(out.to_dense(), xa * xb + 2 * xb)
+
+
+def test_a_varying_fill_stored_past_the_quiet_limit_passes_the_gate(monkeypatch):
+    """Where ``finer`` must store a varying fill (an in-place target finer than a hybrid operand with a varying
+    fill), past ``SPECIFY_QUIET_ELEMENTS`` elements the densify policy applies."""
+    import sparsefill._policy as policy
+    monkeypatch.setattr(policy, "SPECIFY_QUIET_ELEMENTS", 2)
+    A, xa = _hybrid(torch.randn(8, 3), 0.5, dense_dim=0)
+    B, xb = _hybrid(torch.randn(8, 3), torch.tensor([1., 2., 3.]), seed=1)
+    with pytest.warns(sparsefill.DensifyWarning, match="fill varying"):
+        A.add_(B)
+    torch.testing.assert_close(A.to_dense(), xa + xb)
+    with sparsefill.densify_policy("raise"), pytest.raises(sparsefill.DensifyError, match="fill varying"):
+        A.add_(B)
+
+
+def test_in_place_with_a_partly_masked_slice_is_refused():
+    """``A.add_(I)``: ``I`` masked out in part of a slice of ``A``'s dense dims cannot be stored in ``A``'s form:
+    ValueError naming the dims, ``A`` unchanged; ``A + I`` (out of place) merges at the finer split."""
+    A, xa = _hybrid(torch.randn(2, 2), torch.tensor([0., 1.]))
+    I = sparsefill.sparse_coo_tensor([[0, 0, 1], [0, 1, 0]], [1., 2., 3.], (2, 2), fill_value=sparsefill.indefinite)
+    with pytest.raises(ValueError, match="1 dense dims.*partly specified"):
+        A.add_(I)
+    torch.testing.assert_close(A.to_dense(), xa)
+    with sparsefill.densify_policy("raise"):
+        out = A + I
+    spec = torch.tensor([[True, True], [True, False]])
+    assert out._indefinite and out.dense_dim() == 0
+    _same(out, xa + I.to_dense(fill_value=0), spec)

@@ -63,13 +63,15 @@ def finer(T: SparseTensor, nd: int) -> SparseTensor:
     if T._indefinite:
         return SparseTensor(torch.sparse_coo, T.shape, new_vals, T._fill, indices=new_idx, indefinite=True,
                             coalesced=True)
-    fk = _fill_over(T._fill, K, D)
-    c = fk[0].clone() if nK else T._fill.new_zeros(()).expand(D).clone()
-    vary = _varying(fk, c, D)
-    if vary is not None:  # the fill's other values, at every unspecified slice
-        new_idx, new_vals = _with_unspecified(idx, S, K, new_idx, new_vals, fk, vary, T)
+    c = T._fill  # (a fill that broadcasts over K as it is: kept, a scalar stays a scalar)
+    if T._fill.dim() > len(D):
+        fk = _fill_over(T._fill, K, D)
+        c = fk[0].clone() if nK else T._fill.new_zeros(()).expand(D).clone()
+        vary = _varying(fk, c, D)
+        if vary is not None:  # the fill's other values, at every unspecified slice
+            new_idx, new_vals = _with_unspecified(idx, S, K, new_idx, new_vals, fk, vary, T)
     return SparseTensor(torch.sparse_coo, T.shape, new_vals, c, indices=new_idx, coalesced=True,
-                        known_zero=not bool(c.any()))
+                        known_zero=T._fill_is_zero() if c is T._fill else not bool(c.any()))
 
 
 def coarser(T: SparseTensor, nd: int) -> SparseTensor | None:
@@ -118,12 +120,16 @@ def merge_dense_dim(operands) -> int:
 def one_split(operands, layout, keep: SparseTensor | None = None):
     """``(operands at one split, result layout)``: ``keep``'s split (an in-place op's target) or
     :func:`merge_dense_dim`'s; the layout stays ``layout`` when the first operand keeps its split (else COO: a
-    CSR's rows and columns would become other dims).  ``(None, layout)`` when an operand cannot be converted
-    (an indefinite one with a partly stored slice at ``keep``'s coarser split)."""
+    CSR's rows and columns would become other dims).  ValueError where an operand cannot take ``keep``'s
+    split (an indefinite one with a partly specified slice there), before anything is written."""
     nd = keep.dense_dim() if keep is not None else merge_dense_dim(operands)
     conv = [finer(T, nd) if T.dense_dim() > nd else coarser(T, nd) for T in operands]
-    if any(C is None for C in conv):
-        return None, layout
+    for T, C in zip(operands, conv):
+        if C is None:
+            raise ValueError(f"an in-place op on a SparseTensor with {nd} dense dims: an operand with an indefinite "
+                             f"fill and {T.dense_dim()} dense dims has slices of the last {nd} dims partly specified, "
+                             "which the target's dense dims cannot hold (a slice is all specified or all masked "
+                             "out); compute it out of place")
     return conv, layout if conv[0] is operands[0] else torch.sparse_coo
 
 
