@@ -89,7 +89,8 @@ def choose(mode: str, dtype: torch.dtype, *, runs: bool = False, csr_rows: bool 
 class CsrRows(NamedTuple):
     """The segments are rows of a 2-D CSR matrix (``crow``, ``col``: its index tensors, ``ncols`` columns;
     the values are its stored values, in its order): ``rows`` are the rows that make the segments, in
-    order (None: every row); ``compiled``: the compiled kernels may run (the segment backend's decision,
+    order, every row that holds a stored value among them (None: every row; else, say, the non-empty
+    rows); ``compiled``: the compiled kernels may run (the segment backend's decision,
     ``segment.compiled_for``)."""
     crow: torch.Tensor
     col: torch.Tensor
@@ -100,6 +101,7 @@ class CsrRows(NamedTuple):
 
 _SEGMENT_REDUCE = {"sum": "sum", "prod": "prod", "amax": "max", "amin": "min"}
 _ONES: dict = {}
+_CSR_WARNED = [False]
 
 
 def run(engine: str, mode: str, values: torch.Tensor, seg, num_segments, init, *, lengths=None,
@@ -139,9 +141,13 @@ def _csr_mv(values: torch.Tensor, csr: CsrRows) -> torch.Tensor:
         if len(_ONES) >= 8:
             _ONES.pop(next(iter(_ONES)))
         ones = _ONES[key] = torch.ones(csr.ncols, dtype=values.dtype, device=values.device)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # torch: "Sparse CSR tensor support is in beta state"
+    if _CSR_WARNED[0]:  # (torch warns once per process: silenced on the first call, never paid again)
         M = torch.sparse_csr_tensor(csr.crow, csr.col, values, (nrows, csr.ncols), check_invariants=False)
+    else:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # torch: "Sparse CSR tensor support is in beta state"
+            M = torch.sparse_csr_tensor(csr.crow, csr.col, values, (nrows, csr.ncols), check_invariants=False)
+        _CSR_WARNED[0] = True
     return torch.mv(M, ones)
 
 

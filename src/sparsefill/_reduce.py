@@ -37,13 +37,14 @@ Example::
 
 from __future__ import annotations
 
+import cmath
 import math
 import weakref
 
 import torch
 
 from . import _engine
-from ._compile import bincount, known_true, traced
+from ._compile import bincount, traced
 from ._index import linearize, numel, runs_to_ids, unravel
 
 __all__ = ["Reducer", "LogSumExp", "Var", "Norm", "REDUCERS", "segment_combine", "segment_counts",
@@ -128,9 +129,17 @@ def _fold_sum(acc, f, n):
         f = torch.as_tensor(f, dtype=acc.dtype, device=acc.device).expand(n.shape)
         return acc + times(f, n, f).sum(-1)
     f = torch.as_tensor(f, dtype=acc.dtype, device=acc.device)
-    if f.dim() == 0 and known_true(torch.isfinite(f)):  # no 0 * inf to guard where n = 0: one fused op
-        return torch.addcmul(acc, _bcast(n, acc).to(acc.dtype), f)
+    if f.dim() == 0 and _finite_scalar(f):  # no 0 * inf to guard where n = 0: one fused op (n promoted in it)
+        return torch.addcmul(acc, _bcast(n, acc), f)
     return acc + times(f, n, acc)
+
+
+def _finite_scalar(f: torch.Tensor) -> bool:
+    """A 0-d ``f`` is known finite (False while traced: its data is not read)."""
+    if traced(f):
+        return False
+    v = f.item()
+    return cmath.isfinite(v) if isinstance(v, complex) else math.isfinite(v)
 
 
 def _bcast(t, like):
@@ -488,7 +497,7 @@ def _group_slices(indices, sparse_shape, dims):
     keep = [d for d in range(len(sparse_shape)) if d not in dims]
     keep_shape = [sparse_shape[d] for d in keep]
     keys = linearize(indices[keep], keep_shape)
-    nk, k = numel(keep_shape), keys.numel()
+    nk = numel(keep_shape)
     if keep != list(range(len(keep))):
         out_keys, seg, counts = torch.unique(keys, sorted=True, return_inverse=True, return_counts=True)
     else:  # reduced dims trail: keys already sorted (coalesced order)
