@@ -1,0 +1,132 @@
+"""The element-wise fast path (``pointwise.unary_fast``, issue 18's per-call cost): same results as on the dense
+tensors, whatever shortcut it takes (same pattern, the cached union of two patterns, three patterns), and the
+per-op decisions it caches (``_call_of``) run exactly the op that was dispatched."""
+
+import pytest
+import torch
+
+import sparsefill
+from sparsefill import SparseTensor
+from sparsefill.ops import pointwise
+
+aten = torch.ops.aten
+
+
+def _coo(shape, nse, fill, dtype=torch.float64, seed=0, dense_dims=0):
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(shape, generator=g, dtype=torch.float64) * 3).to(dtype)
+    S = shape[: len(shape) - dense_dims]
+    keep = torch.zeros(S, dtype=torch.bool).view(-1)
+    keep[torch.randperm(keep.numel(), generator=g)[:nse]] = True
+    keep = keep.view(S).reshape(S + (1,) * dense_dims)
+    fillv = torch.as_tensor(fill, dtype=dtype)
+    x = torch.where(keep, x, fillv.expand(x.shape) if fillv.dim() else fillv)
+    return sparsefill.to_sparse(x, fill_value=fill, dense_dim=dense_dims)
+
+
+def _check(out, ref):
+    assert isinstance(out, SparseTensor) and out.is_coalesced()
+    torch.testing.assert_close(out.to_dense(), ref, equal_nan=True)
+
+
+CASES = [((10,), 5, 1.0, 2.0, torch.float64, 0), ((4, 5), 6, 0.5, float("nan"), torch.float32, 0),
+         ((3, 4, 2), 5, 1.0, -1.0, torch.float64, 0), ((6, 3), 2, [1.0, 2.0, 3.0], 0.0, torch.float64, 1),
+         ((8,), 0, 2.0, 3.0, torch.float64, 0), ((), 1, 1.0, 2.0, torch.float64, 0), ((9,), 4, 3, -2, torch.int64, 0),
+         ((7,), 3, True, False, torch.bool, 0), ((0, 3), 0, 1.0, 2.0, torch.float32, 0)]
+
+
+@pytest.mark.parametrize("shape,nse,fa,fb,dtype,dd", CASES)
+@pytest.mark.parametrize("op", [torch.add, torch.mul, torch.maximum, lambda a, b: torch.add(a, b, alpha=2)])
+def test_two_patterns_equal_dense(shape, nse, fa, fb, dtype, dd, op):
+    if dtype is torch.bool and op is not torch.maximum:
+        op = torch.logical_xor
+    A = _coo(shape, nse, fa, dtype, 0, dd)
+    B = _coo(shape, max(nse - 1, 0), fb if dd == 0 else fb, dtype, 1, dd)
+    for X, Y in ((A, B), (B, A), (A, A)):
+        out = op(X, Y)
+        _check(out, op(X.to_dense(), Y.to_dense()))
+        if X is not Y:  # the union: every position either stores
+            keys = torch.cat([X._keys(), Y._keys()]).unique()
+            assert out._nse() == keys.numel()
+
+
+def test_scalar_and_unary_keep_the_pattern():
+    A = _coo((10,), 5, 1.0)
+    for out, ref in ((torch.exp(A), A.to_dense().exp()), (A * 2, A.to_dense() * 2), (A + A, A.to_dense() * 2),
+                     (torch.pow(A, 2), A.to_dense() ** 2), (torch.clamp(A, min=0.5), A.to_dense().clamp(min=0.5))):
+        _check(out, ref)
+        assert out._indices() is A._indices()
+
+
+def test_three_patterns():
+    A, B, C = (_coo((12,), 4, f, seed=s) for s, f in enumerate((1.0, 2.0, 3.0)))
+    out = torch.addcmul(A, B, C, value=0.5)
+    _check(out, torch.addcmul(A.to_dense(), B.to_dense(), C.to_dense(), value=0.5))
+    out = torch.addcmul(A, B, A)  # two patterns, A twice
+    _check(out, torch.addcmul(A.to_dense(), B.to_dense(), A.to_dense()))
+
+
+def test_union_cached_per_pattern_pair_and_never_stale():
+    A = sparsefill.sparse_coo_tensor([[1, 3, 4, 5, 7]], torch.arange(5.), (10,), fill_value=1.0)
+    B = sparsefill.sparse_coo_tensor([[1, 5, 6, 7, 8]], torch.arange(5.) + 10, (10,), fill_value=2.0)
+    C1, C2 = A + B, A * B
+    assert C1._indices() is C2._indices()  # the pair's union, merged once
+    assert C1._indices().tolist() == [[1, 3, 4, 5, 6, 7, 8]]
+    C1._indices().add_(1)  # a result's indices changed in place: not served again
+    _check(A - B, A.to_dense() - B.to_dense())
+    assert (A - B)._indices().tolist() == [[1, 3, 4, 5, 6, 7, 8]]
+    A._indices()[0, 4] = 9  # an operand's pattern changed in place (still coalesced): merged again
+    _check(A + B, sparsefill.sparse_coo_tensor([[1, 3, 4, 5, 9]], torch.arange(5.), (10,), fill_value=1.0).to_dense()
+           + B.to_dense())
+
+
+def test_result_fill_is_its_own():
+    A, B = _coo((10,), 5, 1.0, seed=0), _coo((10,), 5, 2.0, seed=3)
+    for C in (A + B, A * 2, torch.exp(A)):
+        C.fill_value().fill_(7.0)
+        assert float(A._fill_value()) == 1.0 and float(B._fill_value()) == 2.0
+
+
+def test_other_operands_take_the_general_rule():
+    A = _coo((4, 5), 6, 1.0)
+    B32 = _coo((4, 5), 6, 2.0, torch.float32, seed=1)
+    C = A.to_sparse_csr()
+    D = _coo((4, 5), 3, 2.0, seed=2).to_sparse_csr()
+    x = torch.randn(5, dtype=torch.float64)
+    for X, Y in ((A, B32), (A, C), (C, D), (C, A), (A, torch.tensor(2.0))):
+        _check(X + Y, X.to_dense() + (Y.to_dense() if isinstance(Y, SparseTensor) else Y))
+    torch.testing.assert_close(A + x, A.to_dense() + x)  # dense by nature
+
+
+def test_call_of_runs_exactly_the_dispatched_overload():
+    f = torch.tensor(1.5, dtype=torch.float64)
+    call = pointwise._call_of(aten.mul.Tensor, (f, 2), {}, ("test", aten.mul.Tensor))
+    assert call is torch.mul  # the binding dispatches to mul.Tensor
+    # torch.add(t, 2) dispatches to add.Tensor, not add.Scalar: the schema's own call
+    assert pointwise._call_of(aten.add.Scalar, (f, 2), {}, ("test", aten.add.Scalar)) == aten.add.Scalar._op
+    # no binding of that name
+    assert pointwise._call_of(aten.sigmoid_backward.default, (f, f), {}, ("test", 3)) == \
+        aten.sigmoid_backward.default._op
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Passthrough(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+    with Passthrough():  # a dispatch mode is active: the schema's call, not cached
+        assert pointwise._call_of(aten.exp.default, (f,), {}, ("test", "mode")) == aten.exp.default._op
+    assert ("test", "mode") not in pointwise._CALLS
+    for k in [k for k in pointwise._CALLS if isinstance(k, tuple) and k[0] == "test"]:
+        del pointwise._CALLS[k]
+
+
+def test_fast_results_under_autograd():
+    va = torch.tensor([0.5, -1., 2.], dtype=torch.float64, requires_grad=True)
+    vb = torch.tensor([2., 3.], dtype=torch.float64, requires_grad=True)
+    fa = torch.tensor(1.5, dtype=torch.float64, requires_grad=True)
+    fb = torch.tensor(-0.5, dtype=torch.float64, requires_grad=True)
+
+    def fn(va, vb, fa, fb):
+        A = sparsefill.sparse_coo_tensor([[0, 3, 6]], va, (8,), fill_value=fa)
+        B = sparsefill.sparse_coo_tensor([[3, 4]], vb, (8,), fill_value=fb)
+        return (A * B + torch.exp(A) * 2).to_dense()
+    assert torch.autograd.gradcheck(fn, (va, vb, fa, fb))
