@@ -133,7 +133,7 @@ def test_run_names_the_engine_it_runs():
         torch.testing.assert_close(out, ref, msg=engine)
 
 
-@pytest.mark.filterwarnings("ignore:var\\(\\): degrees of freedom")
+@pytest.mark.filterwarnings("ignore:var.*degrees of freedom")  # (var of one fill: torch warns too)
 @pytest.mark.parametrize("name", ["sum", "prod", "amax", "amin", "mean", "logsumexp", "var", "norm"])
 @pytest.mark.parametrize("fill", [2.5, -0.5, 0.0, math.inf, -math.inf, math.nan])
 @pytest.mark.parametrize("n", [0, 1, 3])
