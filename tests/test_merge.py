@@ -193,3 +193,110 @@ def test_masked_pattern_combination(merge_path, kind, dense):
     x, m = A.to_dense(), M.to_dense()
     for op in (torch.masked.amax, torch.masked.prod):
         torch.testing.assert_close(op(A, 1, mask=M).to_dense(), op(x, 1, mask=m), equal_nan=True)
+
+
+# ---------------------------------------------------------------------- the other merge call sites
+@pytest.mark.parametrize("layout", [torch.sparse_coo, torch.sparse_csr])
+@pytest.mark.parametrize("dense", [(), (2,)])
+@pytest.mark.parametrize("written", ["sorted", "random with repeats", "inside the pattern", "none"])
+def test_writes_join_the_pattern_by_merge(merge_path, written, dense, layout):
+    """``index_put_`` / ``index_put_(accumulate=True)`` / ``scatter_add``: the written positions (sorted alone,
+    then merged with the pattern) join it; against the dense writes."""
+    g = torch.Generator().manual_seed(len(written))
+    A, _ = _pair("random", (6, 9), dense, g, layout, (1.5, 0.0))
+    ka = _keys(A, (6, 9))
+    if written == "sorted":
+        k = torch.randperm(54, generator=g)[:11].sort().values
+    elif written == "random with repeats":
+        k = torch.randint(54, (15,), generator=g)
+    elif written == "inside the pattern":
+        k = ka[torch.randint(ka.numel(), (4,), generator=g)]
+    else:
+        k = torch.zeros(0, dtype=torch.int64)
+    rows, cols = torch.unravel_index(k, (6, 9))
+    v = torch.randn((k.numel(),) + dense, generator=g, dtype=torch.float64)
+    for accumulate in (False, True):
+        B, x = A.clone(), A.to_dense()
+        B.index_put_((rows, cols), v, accumulate=accumulate)
+        x.index_put_((rows, cols), v, accumulate=accumulate)
+        torch.testing.assert_close(B.to_dense(), x)
+        assert torch.equal(_keys(B, (6, 9)), torch.unique(torch.cat([ka, k])))
+    if not dense:
+        idx = torch.randint(6, (3, 9), generator=g)
+        src = torch.randn(3, 9, generator=g, dtype=torch.float64)
+        torch.testing.assert_close(A.scatter_add(0, idx, src).to_dense(), A.to_dense().scatter_add(0, idx, src))
+
+
+def _sorted_runs(sizes, hi, g, dup=False):
+    runs = [torch.randint(hi, (m,), generator=g).sort().values for m in sizes]
+    return torch.cat(runs if not dup else runs + [runs[0][: max(sizes[0] // 3, 1)]])
+
+
+@pytest.mark.parametrize("case", ["sorted", "sorted with repeats", "2 runs", "5 runs with repeats", "many runs",
+                                  "random", "one", "empty"])
+@pytest.mark.parametrize("n", [9, 5000])
+def test_sort_keys_is_a_stable_sort(case, n):
+    """``_index.sort_keys`` (numpy's run-merging sort for a few runs on CPU, torch.sort else) == torch.sort(stable)."""
+    from sparsefill import _index
+    g = torch.Generator().manual_seed(n)
+    keys = {"sorted": torch.arange(n) * 3, "sorted with repeats": torch.arange(n) // 2,
+            "2 runs": _sorted_runs([n // 2, n - n // 2], 4 * n, g),
+            "5 runs with repeats": _sorted_runs([n // 5] * 5, n, g, dup=True),
+            "many runs": _sorted_runs([max(n // 100, 1)] * 100, 4 * n, g),
+            "random": torch.randint(n, (n,), generator=g), "one": torch.tensor([7]),
+            "empty": torch.zeros(0, dtype=torch.int64)}[case]
+    k, perm = _index.sort_keys(keys)
+    ref_k, ref_p = torch.sort(keys, stable=True)
+    assert torch.equal(k, ref_k)
+    assert torch.equal(ref_p, torch.arange(keys.numel()) if perm is None else perm)
+
+
+@pytest.mark.parametrize("runs", [1, 2, 3, 80])
+@pytest.mark.parametrize("dense", [(), (2,)])
+def test_coalesce_of_concatenated_runs(runs, dense):
+    """An uncoalesced COO tensor made of sorted runs that overlap (duplicates sum), as torch's native ``A + B``
+    or a concatenation of coalesced patterns gives: coalesce() and to_dense() against the dense sum, COO and CSR."""
+    g = torch.Generator().manual_seed(runs)
+    shape, n = (70, 90), 70 * 90
+    keys = _sorted_runs([max(8000 // runs, 1)] * runs, n, g)  # (8000 keys: numpy's merge of the runs)
+    idx = torch.stack(torch.unravel_index(keys, shape))
+    vals = torch.randn((keys.numel(),) + dense, generator=g, dtype=torch.float64)
+    A = sparsefill.sparse_coo_tensor(idx, vals, shape + dense, fill_value=0.5)
+    ref = torch.full(shape + dense, 0.5, dtype=torch.float64)
+    ref.view((n,) + dense).index_fill_(0, keys, 0).index_add_(0, keys, vals)
+    C = A.coalesce()
+    assert C.is_coalesced() and torch.equal(_keys(C, shape), torch.unique(keys))
+    torch.testing.assert_close(C.to_dense(), ref)
+    torch.testing.assert_close(A.to_dense(), ref)
+    torch.testing.assert_close(A.to_sparse_csr(dense_dim=len(dense)).to_dense(), ref)
+
+
+@pytest.mark.parametrize("coalesce", [True, False])
+def test_all_sparse_merges_the_fill_elements(merge_path, coalesce):
+    """A dense dim moved before a sparse one with an array fill: the elements whose fill differs from the most
+    common one join the stored elements (a merge of two sorted runs when coalesced); against the dense permute."""
+    g = torch.Generator().manual_seed(4)
+    idx = torch.tensor([[0, 3, 1, 2], [2, 0, 4, 0]])
+    vals = torch.randn(4, 3, generator=g, dtype=torch.float64)
+    fill = torch.tensor([1.0, 2.0, 1.0], dtype=torch.float64)
+    A = sparsefill.sparse_coo_tensor(idx, vals, (4, 5, 3), fill_value=fill)
+    A = A.coalesce() if coalesce else A
+    for dims in ((2, 0, 1), (0, 2, 1)):
+        torch.testing.assert_close(A.permute(dims).to_dense(), A.to_dense().permute(dims))
+    from sparsefill.ops.shape import all_sparse
+    S = all_sparse(A)
+    torch.testing.assert_close(S.to_dense(), A.to_dense())
+    assert S.dense_dim() == 0 and S._nse() == 4 * 3 + (20 - 4) * 1 and S.is_coalesced() == coalesce
+    k = _keys(S, S.shape)
+    assert bool((k[1:] > k[:-1]).all()) or not coalesce
+
+
+def test_batched_csr_padding_merges(merge_path):
+    """A batched CSR needs the same nse per batch: fill-valued elements pad the short batches, merged into
+    the sorted pattern; against the dense tensor."""
+    idx = torch.tensor([[0, 0, 0, 1], [0, 1, 2, 1], [1, 0, 2, 2]])
+    vals = torch.tensor([1., 2., 3., 4.], dtype=torch.float64)
+    A = sparsefill.sparse_coo_tensor(idx, vals, (2, 3, 3), fill_value=-1.0)
+    C = A.to_sparse(torch.sparse_csr)
+    assert C.col_indices().shape == (2, 3)
+    torch.testing.assert_close(C.to_dense(), A.to_dense())

@@ -305,9 +305,10 @@ def parts_to_sparse(idx, vals, shape, fill, *, indefinite: bool = False, known_z
             raise ValueError("a batched sparse_csr tensor needs the same nse in every batch; with an indefinite "
                              f"fill it cannot be padded (nse per batch: {counts.tolist()[:8]}...)")
         extra = _pad_keys(keys, counts, m * n)
-        pad = fill.expand((extra.numel(),) + tuple(vals.shape[1:]))
-        keys, perm = torch.sort(torch.cat([keys, extra]))
-        vals = torch.cat([vals, pad])[perm]
+        keys, pk, pe = _merge.merge_union(keys, extra)  # (disjoint sorted runs: a linear merge)
+        merged = vals.new_empty((keys.numel(),) + tuple(vals.shape[1:]))
+        merged[pk], merged[pe] = vals, fill
+        vals = merged
     per = keys.numel() // nb if nb else 0
     cols = keys % n if n else keys
     crow = keys.new_zeros(nb, m + 1)

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import torch
 
-from .. import _index
+from .. import _index, _merge
+from .._compile import traced
 from .._convert import coalesced_parts, dense_of, dense_to_sparse, parts_to_sparse
 from .._tensor import SparseTensor
 from ._schema import check_dtype, meta_of
@@ -58,11 +59,11 @@ def write(A: SparseTensor, coords: torch.Tensor, values: torch.Tensor, reduce=No
     D = tuple(A._dense_shape)
     idx, vals = coalesced_parts(A)
     k_old, k_new = _index.linearize(idx, A._sparse_shape), _index.linearize(coords[:sd], A._sparse_shape)
-    union, inv = _index.unique_inverse(torch.cat([k_old, k_new]))
+    union, p_old, p_new = _join(k_old, k_new)
     base = vals.new_zeros(()) if A._indefinite else A._fill
     out = base.expand((union.numel(),) + D).clone()
-    out.index_copy_(0, inv[: k_old.numel()], vals)
-    flat = inv[k_old.numel():] * _index.numel(D) + _index.linearize(coords[sd:], D)
+    out.index_copy_(0, p_old, vals)
+    flat = p_new * _index.numel(D) + _index.linearize(coords[sd:], D)
     out_flat, v = out.reshape(-1), values.reshape(-1).to(A.dtype)
     if reduce is None:
         out_flat.index_put_((flat,), v)
@@ -74,6 +75,22 @@ def write(A: SparseTensor, coords: torch.Tensor, values: torch.Tensor, reduce=No
         out_flat.index_reduce_(0, flat, v, _REDUCE[reduce], include_self=include_self)
     return parts_to_sparse(_index.unravel(union, A._sparse_shape), out, A.shape, A._fill, indefinite=A._indefinite,
                            layout=A._sf_layout if sd >= 2 else torch.sparse_coo, coalesced=True)
+
+
+def _join(k_old: torch.Tensor, k_new: torch.Tensor):
+    """``(union, p_old, p_new)``: the sorted union of a pattern's keys ``k_old`` (sorted unique) and written keys
+    ``k_new`` (any order, repeats allowed), ``union[p_old] == k_old``, ``union[p_new] == k_new``.  The written
+    keys are sorted alone (already sorted unique: not at all), then merged with the pattern in one linear pass
+    (:func:`_merge.union_inverse`): O(nse + M log M), not a sort of the nse + M keys."""
+    if traced(k_new):
+        union, inv = _index.unique_inverse(torch.cat([k_old, k_new]))
+        return union, inv[: k_old.numel()], inv[k_old.numel():]
+    if _index.is_sorted_unique(k_new):
+        u, inv = k_new, None
+    else:
+        u, inv = _index.unique_inverse(k_new)
+    union, (p_old, p_u) = _merge.union_inverse([k_old, u])
+    return union, p_old, (p_u if inv is None else p_u[inv])
 
 
 def read(A: SparseTensor, coords: torch.Tensor) -> torch.Tensor:

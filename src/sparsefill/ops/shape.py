@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import _index
+from .. import _index, _merge
 from .._convert import differs, scalar_parts
 from .._policy import check_specify
 from .._tensor import SparseTensor
@@ -102,10 +102,15 @@ def all_sparse(A: SparseTensor) -> SparseTensor:
         free = free.nonzero().reshape(-1)
         extra = torch.cat([_index.unravel(free, S).repeat_interleave(diff.numel(), dim=1),
                            _index.unravel(diff, D).repeat(1, free.numel())])
-        full, vals = torch.cat([full, extra], 1), torch.cat([vals, f[diff].repeat(free.numel())])
-        if A._coalesced:
-            order = torch.argsort(_index.linearize(full, A.shape))
-            full, vals = full[:, order], vals[order]
+        extra_vals = f[diff].repeat(free.numel())
+        if A._coalesced:  # (two disjoint sorted runs: a linear merge, not a sort)
+            keys, ps, pe = _merge.merge_union(_index.linearize(full, A.shape), _index.linearize(extra, A.shape))
+            merged, mvals = full.new_empty((full.shape[0], keys.numel())), vals.new_empty(keys.numel())
+            merged[:, ps], merged[:, pe] = full, extra
+            mvals[ps], mvals[pe] = vals, extra_vals
+            full, vals = merged, mvals
+        else:
+            full, vals = torch.cat([full, extra], 1), torch.cat([vals, extra_vals])
     return _make(A, A.shape, full, vals, c, A._coalesced, known_zero=not bool(c.any()))
 
 
