@@ -7,9 +7,11 @@ suite runs the harness cases); run ``python -m sparsefill.benchmarks.cases_compi
    on the stored values alone (``A.values()``: the floor of any sparse format).
 2. **GAT training step** (``examples/gat.py``, 5k nodes, COO): forward + loss compiled (``fullgraph=True``),
    backward through the compiled graph, eager Adam step; against the eager step.
-3. **DLRM training step** (``examples/dlrm.py``, small tables): the model compiled without ``fullgraph``
-   (``sparsefill.segment``'s numba kernels are not custom ops yet: the graph breaks on them, reported
-   with dynamo's count) against the eager step.
+3. **DLRM training step** (``examples/dlrm.py``, small tables): the model compiled with ``fullgraph=True``
+   (the pooling by ``KeyedJaggedBatch.pooled`` and ``segment.reduce``: ``sparsefill::`` custom ops, each
+   key's count of ids a dynamic size; dynamo's count of graph breaks reported), backward through the
+   compiled graph (sparse table gradients), eager ``SparseAdagrad`` and ``Adagrad`` steps; against the
+   eager step and the ``nn.EmbeddingBag(sparse=True)`` + ``torch.optim.Adagrad`` model of the example.
 
 Interleaved: every round times each implementation in turn (median of ``reps`` calls), the figure is the
 median of the rounds; one thread.  The CPU kept busy by other processes during the run is printed (the
@@ -76,29 +78,32 @@ def gat_step(nodes: int, backend: str, rounds: int, reps: int) -> dict:
 
 
 def dlrm_step(batch: int, rows: int, backend: str, rounds: int, reps: int) -> tuple[dict, str]:
-    """The timings and how dynamo compiled the forward (graphs, breaks and the first break's reason)."""
+    """The timings (compiled, eager, the EmbeddingBag + Adagrad peer) and how dynamo compiled the forward
+    (graphs, breaks and the first break's reason)."""
     from .cases_models import _example
     dlrm = _example("dlrm")
-    (model, inputs, labels), _ = dlrm.setup(batch=batch, keys=4, rows=rows, dim=32)
-    opts = model.optimizers()
+    (model, inputs, labels), (peer, peer_inputs, _) = dlrm.setup(batch=batch, keys=4, rows=rows, dim=32)
+    opts, peer_opts = model.optimizers(), peer.optimizers()
     from torch._dynamo.utils import counters
     torch._dynamo.reset()
     counters.clear()
-    compiled = torch.compile(model, backend=backend)
+    compiled = torch.compile(model, backend=backend, fullgraph=True)
     torch.testing.assert_close(compiled(*inputs), model(*inputs))
+    torch.testing.assert_close(compiled(*inputs), peer(*peer_inputs))
     breaks = counters["graph_break"]
     why = next(iter(breaks)).splitlines()[0] if breaks else "none"
-    how = f"{sum(breaks.values())} graph breaks, first: {why}"
+    how = f"{counters['stats']['unique_graphs']} graph(s), {sum(breaks.values())} graph breaks, first: {why}"
 
-    def step(m):
-        for o in opts:
+    def step(m, x, optimizers):
+        for o in optimizers:
             o.zero_grad()
-        loss = F.binary_cross_entropy_with_logits(m(*inputs), labels)
+        loss = F.binary_cross_entropy_with_logits(m(*x), labels)
         loss.backward()
-        for o in opts:
+        for o in optimizers:
             o.step()
         return loss
-    return interleaved({"compiled": lambda: step(compiled), "eager": lambda: step(model)}, rounds, reps), how
+    return interleaved({"compiled": lambda: step(compiled, inputs, opts), "eager": lambda: step(model, inputs, opts),
+                        "EmbeddingBag + Adagrad": lambda: step(peer, peer_inputs, peer_opts)}, rounds, reps), how
 
 
 def main(argv=None) -> dict:
@@ -131,8 +136,11 @@ def main(argv=None) -> dict:
     print(f"GAT training step, {args.nodes} nodes: compiled {t['compiled']:.1f} ms, eager {t['eager']:.1f} ms "
           f"({t['compiled'] / t['eager']:.2f}x)")
     t, how = out["dlrm"] = dlrm_step(args.dlrm_batch, args.dlrm_rows, args.backend, args.rounds, args.reps)
-    print(f"DLRM training step, batch {args.dlrm_batch}, 4 tables of {args.dlrm_rows} x 32: compiled (no fullgraph: "
-          f"{how}) {t['compiled']:.2f} ms, eager {t['eager']:.2f} ms ({t['compiled'] / t['eager']:.2f}x)")
+    peer = t["EmbeddingBag + Adagrad"]
+    print(f"DLRM training step, batch {args.dlrm_batch}, 4 tables of {args.dlrm_rows} x 32: compiled (fullgraph: "
+          f"{how}) {t['compiled']:.2f} ms, eager {t['eager']:.2f} ms, EmbeddingBag + Adagrad {peer:.2f} ms; "
+          f"compiled / eager {t['compiled'] / t['eager']:.2f}x, compiled / EmbeddingBag + Adagrad "
+          f"{t['compiled'] / peer:.2f}x, eager / EmbeddingBag + Adagrad {t['eager'] / peer:.2f}x")
     o = other_cpu(a, cpu_snapshot())
     print(f"other processes kept {o:.2f} cores busy during the run" if o is not None else "")
     return out
