@@ -142,9 +142,8 @@ def segment_reduce_backward(grad: torch.Tensor, data: torch.Tensor, lengths: tor
         gpos, gw = _backward(red, plan, ties, x2, weights, raw, _flat(arg) if arg.dim() > 1 else arg, _flat(grad),
                              need_w=need_weights)
         gw = data.new_empty(0) if gw is None else gw
-        if sparse_grad:
-            rows = plan.rows if plan.rows is not None else torch.arange(x2.shape[0], device=data.device)
-            return gpos.reshape(-1, *data.shape[1:]).clone(), rows.clone(), gw
+        if sparse_grad:  # (gpos: a new tensor, never a view of grad; rows may be indices itself: a copy)
+            return gpos.reshape(-1, *data.shape[1:]), plan.rows.clone(), gw
         gx = _scatter_rows(gpos, plan, x2.shape[0]).reshape(data.shape)
         return gx, torch.zeros(0, dtype=torch.int64, device=data.device), gw
 
