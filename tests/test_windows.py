@@ -1,4 +1,5 @@
-"""Windowed ops of ops/windows/ against dense torch, forward and backward (values and fill gradients).
+"""Windowed ops of ops/windows/ against dense torch, forward and backward (values and fill gradients), on
+the torch path and the compiled kernel (numba) alike.
 
 ``avg_pool1d`` and ``conv1d`` of a SparseTensor (1-d signals as ``x[None, None]``, batched (N, C, L),
 unbatched (C, L) from a CSR) equal the op on ``A.to_dense()``; the gradients of the constructor's values
@@ -16,6 +17,16 @@ import torch.nn.functional as F
 import sparsefill
 
 DT = torch.float64
+
+
+@pytest.fixture(autouse=True, params=["torch", "numba"])
+def backend(request):
+    """Every test on both paths of ``ops/windows/_core._windowed``: torch ops, and the compiled kernel of
+    ``_kernels`` (the segment backend's policy: ``"numba"`` takes it for every call)."""
+    if request.param == "numba":
+        pytest.importorskip("numba", reason="the compiled window kernel needs numba")
+    with sparsefill.segment.use_backend(request.param):
+        yield request.param
 
 
 def _signal(shape, positions, fill, layout=torch.sparse_coo, dtype=DT, seed=0):
@@ -323,3 +334,54 @@ def test_avg_pool_dense_upstream_gradient():
     rv, rf = _grads((pool(4, stride=1)(A.to_dense()) * R).sum(), v, f)
     torch.testing.assert_close(gv, rv)
     torch.testing.assert_close(gf, rf)
+
+
+@pytest.mark.parametrize("w, s, p", [(5, 1, 0), (5, 1, 2), (4, 2, 1), (3, 3, 0), (2, 4, 1)])
+@pytest.mark.parametrize("odd", [None, math.inf, math.nan])
+def test_compiled_kernel_equals_torch_path(w, s, p, odd):
+    """``_core._windowed`` on both paths, forward windows and their transpose, several rows (some empty), on
+    random sorted sources: the same targets, edge positions and sums (non-finite values counted apart)."""
+    pytest.importorskip("numba")
+    from sparsefill.ops.windows import _core
+    from sparsefill.ops.windows.pooling import _pool_windows
+    g = torch.Generator().manual_seed(w * 10 + s)
+    n_rows, L = 4, 60
+    keys = torch.randperm(n_rows * L, generator=g)[:40].sort().values
+    keys = keys[keys // L != 2]  # (a row with no source)
+    rows, x = keys // L, keys % L
+    cols = torch.randn(2, x.numel(), generator=g, dtype=DT)
+    if odd is not None:
+        cols[0, 3], cols[1, 7] = odd, -odd
+    Lo = (L + 2 * p - w) // s + 1
+    fwd, bwd = _pool_windows(w, s, p)
+    oL, oR = -(-p // s), (L - 1 + p - (w - 1)) // s
+    edges = 0
+    for shape, tL, tR, win, reach, S in (((2, 2, Lo), oL, oR, fwd, bwd, L),
+                                         ((2, 2, L), oL * s - p + w - 1, oR * s - p, bwd, fwd, Lo)):
+        src = x if S == L else x.clamp(max=Lo - 1)
+        keep = torch.ones_like(src, dtype=torch.bool)
+        keep[1:] = (rows[1:] != rows[:-1]) | (src[1:] != src[:-1])  # (unique positions in a row)
+        args = (rows[keep], src[keep], cols[:, keep], shape, tL, tR, win, reach, S, 2.5, 3.0)
+        with sparsefill.segment.use_backend("torch"):
+            ref = _core._windowed(*args)
+        with sparsefill.segment.use_backend("numba"):
+            got = _core._windowed_compiled(*args)
+        assert torch.equal(got.idx, ref.idx) and torch.equal(got.edge, ref.edge.sort().values)  # (any order)
+        torch.testing.assert_close(got.sums, ref.sums, equal_nan=True)
+        edges += got.edge.numel()
+    assert edges, "no edge target: the edges' bare sums are not exercised"
+
+
+def test_avg_pool_backward_gradient_past_the_right_edge():
+    """A gradient stored only at the last output (ceil_mode, padding, count_include_pad=False: the last two
+    outputs' divisors differ), fill 1: the inputs between the interior and that output's window take the edge
+    weights too (their union once ended at the first stored window past the edge's start)."""
+    x = sparsefill.sparse_coo_tensor([[3]], [2.], (L,), fill_value=1.)[None, None, None]
+    args = ([1, 6], [1, 2], [0, 3], True, False, None)
+    y = torch.ops.aten.avg_pool2d.default(x, *args)
+    Lo = y.shape[-1]
+    G = sparsefill.sparse_coo_tensor([[0], [0], [0], [Lo - 1]], [5.], y.shape, fill_value=1.)
+    with sparsefill.densify_policy("raise"):
+        gi = torch.ops.aten.avg_pool2d_backward.default(G, x, *args)
+    ref = torch.ops.aten.avg_pool2d_backward.default(G.to_dense(), x.to_dense(), *args)
+    torch.testing.assert_close(gi.to_dense(), ref)

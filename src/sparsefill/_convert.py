@@ -174,10 +174,16 @@ def union_parts(tensors):
     union, inverse = _merge.union_inverse(keys)
     U = union.numel()
     one_dim = len(S) == 1 and parts[0][0].dtype == union.dtype  # (the keys are the indices)
-    indices = union[None] if one_dim else parts[0][0].new_empty((len(S), U))
+    # a pattern that is the union (e.g. a gradient beside the smaller pattern of the forward): its parts as stored
+    whole = [i.shape[1] == U for i, _ in parts]
+    indices = union[None] if one_dim else parts[whole.index(True)][0] if any(whole) else \
+        parts[0][0].new_empty((len(S), U))
     values, keep = [], None
-    for T, (i, v), inv in zip(tensors, parts, inverse):
-        for d in range(0 if one_dim else len(S)):
+    for T, (i, v), inv, same in zip(tensors, parts, inverse, whole):
+        if same:
+            values.append(v)
+            continue
+        for d in range(0 if one_dim or any(whole) else len(S)):
             indices[d].scatter_(0, inv, i[d])
         full = (v.new_zeros(()) if T._indefinite else T._fill).expand((U,) + tuple(T._dense_shape)).clone()
         full.index_copy_(0, inv, v)

@@ -28,6 +28,7 @@ from .._policy import check_specify
 from .._tensor import SparseTensor
 from ._schema import meta_of, probe_of
 from .registry import register
+from .shape import squeeze
 
 aten = torch.ops.aten
 
@@ -73,6 +74,8 @@ def _select(func, args, kwargs):
     if not -n <= index < n:
         raise IndexError(f"select(): index {index} out of range for tensor of size {tuple(A.shape)} at dimension {dim}")
     index %= n
+    if n == 1 and dim < A._sparse_ndim() and A._sf_layout is torch.sparse_coo:  # every element: a squeeze (O(1))
+        return squeeze(A, [dim])
     idx, vals, sd = _parts(A)
     if dim >= sd:
         return _on_dense_dim(A, dim, lambda t, d: t.select(d, index))

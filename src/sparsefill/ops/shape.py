@@ -168,7 +168,16 @@ def squeeze(A: SparseTensor, dims=None) -> SparseTensor:
     if drop_d:
         vals = vals.squeeze([1 + d for d in drop_d])
     fill = A._fill if A._indefinite or not drop_d else _fill_dense(A).squeeze(drop_d)
-    return _make(A, shape, idx[keep_s], vals, fill, A._coalesced)
+    return _make(A, shape, _kept_rows(idx, keep_s, A.shape), vals, fill, A._coalesced)
+
+
+def _kept_rows(idx, keep, shape):
+    """``idx[keep]``, as a view of consecutive rows where some match: the row of a size-1 dim (all 0) stands
+    for any other's (O(1) instead of a copy of the index rows)."""
+    for a in range(idx.shape[0] - len(keep) + 1):
+        if all(a + j == d or shape[a + j] == 1 and shape[d] == 1 for j, d in enumerate(keep)):
+            return idx[a:a + len(keep)]
+    return idx[keep]
 
 
 def _infer(shape, numel):

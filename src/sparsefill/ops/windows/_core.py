@@ -9,6 +9,7 @@ from typing import NamedTuple
 import torch
 
 from ... import _index
+from ..._compile import traced
 from ..._convert import coalesced_parts, parts_to_sparse
 from ..._tensor import SparseTensor
 
@@ -88,6 +89,9 @@ def _union(rows, lo, hi, n_rows: int, T: int, tL: int, tR: int, presorted: bool 
         perm = torch.sort(rows * (T + 1) + lo.clamp(0, T), stable=True)[1]
         rows, lo, hi = rows[perm], lo[perm], hi[perm]
     nl, nr = int(min(tL, T) > 0), int(max(tR + 1, 0) < T)
+    if nr:  # an interval starting past the right edge's start lies within the edge (hi < T): started there, the
+        # edge (put after the row's sources) comes in order of start
+        lo = torch.where(lo <= hi, lo.clamp(max=max(tR + 1, 0)), lo)
     counts = torch.bincount(rows, minlength=n_rows)
     block = counts + nl + nr
     bstart = block.cumsum(0) - block
@@ -119,6 +123,96 @@ def _union(rows, lo, hi, n_rows: int, T: int, tL: int, tR: int, presorted: bool 
     if perm is not None:
         run = torch.empty_like(run).scatter_(0, perm, run)
     return _Runs(row, first, length.cumsum(0) - length, length, run)
+
+
+class _Targets(NamedTuple):
+    """The union's targets: ``idx`` their index over the result's shape (row-major sorted), ``row`` and ``t``
+    (their row over the leading dims and position), ``sums`` the window sums ``(columns, targets)``,
+    ``edge`` the positions in the union of the targets ``t < tL`` or ``t > tR``."""
+    idx: torch.Tensor
+    row: torch.Tensor
+    t: torch.Tensor
+    sums: torch.Tensor
+    edge: torch.Tensor
+
+
+def _window_fn(window):
+    """``win(t) = (ceil((m*t + c0) / q), floor((m*t + c1) / q))`` of ``window = (m, c0, c1, q)`` (no
+    division when ``q`` is 1: it is the slow pass)."""
+    m, c0, c1, q = window
+    if q == 1:
+        return (lambda t: (t + c0, t + c1)) if m == 1 else (lambda t: (t * m + c0, t * m + c1))
+    return lambda t: (-torch.div(-(t * m + c0), q, rounding_mode="floor"), torch.div(t * m + c1, q,
+                                                                                     rounding_mode="floor"))
+
+
+def _windowed(rows, x, cols, shape, tL: int, tR: int, window, reach, S: int, base=0.0, div=1.0,
+              work: int = 0) -> _Targets:
+    """The targets of the result of ``shape`` (leading dims x ``T`` positions) that the sources reach -- per
+    row the union of the sources' target intervals ``reach(x)`` (clipped to ``[0, T)``) and of the edge
+    targets ``t < tL``, ``t > tR`` -- and their window sums over the ``S`` source positions (float64)::
+
+        sums[:, k] = (sum of cols[:, e] over the sources e of row(k) with x_e in window(t_k) + base) / div
+
+    at the targets in ``[tL, tR]``, the bare sum at the edge targets; ``window`` and ``reach`` are
+    ``(m, c0, c1, q)``: ``t -> (ceil((m*t + c0) / q), floor((m*t + c1) / q))`` (:func:`_window_fn`).  The
+    sources come sorted by row, then by ``x`` (unique in a row).  One linear pass of the compiled kernel
+    (``_kernels``: numba on the CPU, once the segment backend's policy has loaded it; ``work`` counts
+    towards it); else :func:`_union` and :func:`_window_sums`."""
+    n_rows, T = _index.numel(shape[:-1]), shape[-1]
+    cols = cols.to(torch.float64)
+    if x.device.type == "cpu" and not traced(x) and _compiled(x.device, work):
+        return _windowed_compiled(rows, x, cols, shape, tL, tR, window, reach, S, base, div)
+    lo, hi = _window_fn(reach)(x)
+    R = _union(rows, lo.clamp(min=0), hi.clamp(max=T - 1), n_rows, T, tL, tR)
+    orow, t = R.rows_and_targets()
+    edge = R.edges(tL, tR)
+    m, c0, _, q = window
+    sums = _window_sums(R, t, x, cols, S, _window_fn(window), edge, c0 if m == q == 1 else None)
+    if base != 0.0 or div != 1.0:
+        raw = sums[:, edge]
+        sums = (sums + base) / div
+        sums[:, edge] = raw
+    return _Targets(_target_index(orow, t, shape), orow, t, sums, edge)
+
+
+def _compiled(device, work: int) -> bool:
+    from ...segment._kernels import compiled_for
+    return compiled_for(device, work) and _kernels() is not None
+
+
+def _kernels():
+    from . import _kernels as mod
+    return mod if mod.numba is not None else None
+
+
+def _windowed_compiled(rows, x, cols, shape, tL, tR, window, reach, S, base, div) -> _Targets:
+    k = _kernels()
+    n_rows, T = _index.numel(shape[:-1]), shape[-1]
+    one = n_rows == 1
+    a = lambda t: t.detach().contiguous().numpy()  # noqa: E731
+    srow, xs = a(x[:0] if one else rows), a(x)
+    n, ne = k.count(srow, xs, reach, n_rows, T, tL, tR)
+    # (numpy's zeros come from calloc: the pages of the rows of the size-1 leading dims are never touched)
+    idx = torch.from_numpy(k.np.zeros((len(shape), n), k.np.int64)) if one else None
+    t = idx[-1] if one else x.new_empty(n)
+    row = x.new_empty(0 if one else n)
+    sums, edge = cols.new_empty((cols.shape[0], n)), x.new_empty(ne)
+    k.fill(srow, xs, reach, n_rows, T, tL, tR, a(cols), window, S, base, div, t.numpy(), row.numpy(), sums.numpy(),
+           edge.numpy())
+    if one:
+        return _Targets(idx, x.new_zeros(1).expand(n), t, sums, edge)
+    return _Targets(_target_index(row, t, shape), row, t, sums, edge)
+
+
+def _target_index(rows, t, shape):
+    """The index over ``shape`` of targets ``t`` of rows ``rows`` over ``shape[:-1]``."""
+    lead = shape[:-1]
+    if _index.numel(lead) == 1:
+        idx = t.new_zeros((len(shape), t.numel()))
+        idx[-1] = t
+        return idx
+    return torch.cat([_index.unravel(rows, lead), t[None]])
 
 
 def _taps(x, w: int, a: int, b: int, e: int, q: int, T: int):
@@ -192,14 +286,10 @@ def _parts(X: SparseTensor):
     return _index.linearize(idx[:-1], X.shape[:-1]), idx[-1], vals
 
 
-def _build(rows, t, vals, shape, fill, layout) -> SparseTensor:
-    """The SparseTensor of ``shape`` holding ``vals`` at the union's targets (rows over ``shape[:-1]``)."""
-    lead = shape[:-1]
-    if _index.numel(lead) == 1:
-        idx = t.new_zeros((len(shape), t.numel()))
-        idx[-1] = t
-    else:
-        idx = torch.cat([_index.unravel(rows, lead), t[None]])
+def _build(rows, t, vals, shape, fill, layout, idx=None) -> SparseTensor:
+    """The SparseTensor of ``shape`` holding ``vals`` at the union's targets (rows over ``shape[:-1]``;
+    ``idx``: their index, when made already)."""
+    idx = _target_index(rows, t, shape) if idx is None else idx
     return parts_to_sparse(idx, vals, shape, fill, layout=layout, coalesced=True)
 
 

@@ -61,7 +61,8 @@ def _convolution(func, args, kwargs):
     c, Cout_g = X._fill, Cout // groups
     interior = func(c.expand(1, Cin, d * (w - 1) + 1), W, bias, [1], [0], [d], False, [0], groups).reshape(Cout)
     if _moving_sum(W, d, groups):  # one channel per group, equal taps: a window sum per row, scaled
-        orow, o, sums = _pool_values(X, Lo, w, s, p, True, 1)
+        T, sums = _pool_values(X, out_shape, w, s, p, True, 1)
+        orow, o = T.row, T.t
         ch = orow % Cout
         vals = (sums * W[:, 0, 0][ch] + (bias[ch] if bias is not None else 0)).to(X.dtype)
         return _conv_result(orow, o, vals, interior, out_shape, X._sf_layout)
@@ -158,9 +159,9 @@ def _conv_grad_input(G, X, W, s, p, d, groups):
     if not bool((interior == interior.reshape(-1)[0]).all()):
         return NotImplemented  # the gradient's unspecified elements differ by channel or residue: dense
     if _moving_sum(W, d, groups):
-        irow, i, vals = _pool_grad_values(G, L, w, s, p, True, 1)
-        vals = (vals * W[:, 0, 0][irow % Cin]).to(X.dtype)
-        return _build(irow, i, vals, X.shape, interior.reshape(-1)[0].clone(), X._sf_layout)
+        T, vals = _pool_grad_values(G, X.shape, w, s, p, True, 1)
+        vals = (vals * W[:, 0, 0][T.row % Cin]).to(X.dtype)
+        return _build(T.row, T.t, vals, X.shape, interior.reshape(-1)[0].clone(), X._sf_layout, T.idx)
     if G._nse() * w * Cin_g > _PAIRS_PER_ELEMENT * G.numel():  # the pairs would outweigh the dense way
         return NotImplemented
     rows, o, gv = _parts(G)

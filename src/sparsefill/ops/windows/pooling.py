@@ -10,7 +10,7 @@ from ..._convert import every_element, parts_to_sparse, rewrap
 from ..._policy import check_densify
 from ..._tensor import SparseTensor
 from ..registry import register
-from ._core import _build, _fill_term, _meta, _parts, _refuse_indefinite, _union, _window_sums, aten
+from ._core import _build, _fill_term, _meta, _parts, _refuse_indefinite, _windowed, aten
 
 
 def _pool_args(args, kwargs):
@@ -43,11 +43,9 @@ def _ceil_div(a, b):
 
 
 def _pool_windows(w: int, s: int, p: int):
-    """``(window of output o in input positions, window of input i in output positions)``."""
-    if s == 1:  # (no integer division: it is the slow pass)
-        return (lambda o: (o - p, o - p + w - 1)), (lambda i: (i + p - w + 1, i + p))
-    return ((lambda o: (o * s - p, o * s - p + w - 1)),
-            (lambda i: (_ceil_div(i + p - w + 1, s), torch.div(i + p, s, rounding_mode="floor"))))
+    """``(window of output o in input positions, window of input i in output positions)`` as ``(m, c0, c1, q)``:
+    ``t -> (ceil((m*t + c0) / q), floor((m*t + c1) / q))`` (``_core._window_fn``)."""
+    return (s, -p, w - 1 - p, 1), (1, p - w + 1, p, s)  # (each the other's reach)
 
 
 @register(aten.avg_pool2d.default)
@@ -63,9 +61,9 @@ def _avg_pool2d(func, args, kwargs):
         return NotImplemented
     out_shape = _meta(func, args, kwargs).shape
     w, s = k[1], st[1]
-    orow, o, vals = _pool_values(X, out_shape[-1], w, s, pd[1], cip, divisor)
+    T, vals = _pool_values(X, out_shape, w, s, pd[1], cip, divisor)
     interior = func(X._fill.expand(1, 1, 1, w), [1, w], [1, s], [0, 0], False, cip, divisor).reshape(())
-    return _build(orow, o, vals.to(interior.dtype), out_shape, interior, X._sf_layout)
+    return _build(T.row, T.t, vals.to(interior.dtype), out_shape, interior, X._sf_layout, T.idx)
 
 
 def _dense_window(X, k, st, pd):
@@ -85,27 +83,26 @@ def _slices(func, t, per: int, args, kwargs):
     return out.reshape(tuple(lead) + tuple(out.shape[4 - per:]))
 
 
-def _pool_values(X: SparseTensor, Lo: int, w: int, s: int, p: int, cip: bool, divisor):
-    """``(rows, outputs, values)`` of the windows over ``X``'s last dim that its stored elements or the
-    padding reach (float64 values); ``divisor`` 1 gives the window sums."""
-    L, c, div_int = X.shape[-1], X._fill, divisor or w
+def _pool_values(X: SparseTensor, shape, w: int, s: int, p: int, cip: bool, divisor):
+    """``(targets, values)`` of the windows over ``X``'s last dim that its stored elements or the padding
+    reach (``_core._Targets`` over the result's ``shape``; float64 values); ``divisor`` 1 gives the window
+    sums."""
+    L, Lo, c, div_int = X.shape[-1], shape[-1], X._fill, divisor or w
     rows, x, v = _parts(X)
-    lo, hi = _ceil_div(x + p - w + 1, s).clamp(min=0), torch.div(x + p, s, rounding_mode="floor").clamp(max=Lo - 1)
     oL, oR = -(-p // s), (L - 1 + p - (w - 1)) // s  # interior outputs: the window inside [0, L)
-    R = _union(rows, lo, hi, _index.numel(X.shape[:-1]), Lo, oL, oR)
-    orow, o = R.rows_and_targets()
-    win = _pool_windows(w, s, p)[0]
-    edge, span = R.edges(oL, oR), (-p if s == 1 else None)
+    win, reach = _pool_windows(w, s, p)
+    work = x.numel() * -(-w // s)
     if bool(torch.isfinite(c)):  # sum(v - c) over the window, + c for each of its elements in range
-        delta = _window_sums(R, o, x, (v - c)[None], L, win, edge, span)[0]
-        vals = (delta + c * w) / div_int
-        div, real = _pool_div(o[edge], L, w, s, p, cip, divisor)
-        vals[edge] = (delta[edge] + c * real) / div
-        return orow, o, vals
-    sums = _window_sums(R, o, x, torch.stack([v, torch.ones_like(v)]), L, win, edge, span)
-    div, real = _pool_div(o, L, w, s, p, cip, divisor)
-    n_fill = real - sums[1].round().long()
-    return orow, o, (sums[0] + _fill_term(c.to(sums.dtype), n_fill, n_fill)) / div
+        T = _windowed(rows, x, (v - c)[None], shape, oL, oR, win, reach, L, float(c) * w, div_int, work)
+        vals = T.sums[0]
+        if T.edge.numel():
+            div, real = _pool_div(T.t[T.edge], L, w, s, p, cip, divisor)
+            vals[T.edge] = (vals[T.edge] + c * real) / div
+        return T, vals
+    T = _windowed(rows, x, torch.stack([v, torch.ones_like(v)]), shape, oL, oR, win, reach, L, work=work)
+    div, real = _pool_div(T.t, L, w, s, p, cip, divisor)
+    n_fill = real - T.sums[1].round().long()
+    return T, (T.sums[0] + _fill_term(c.to(T.sums.dtype), n_fill, n_fill)) / div
 
 
 @register(aten.avg_pool2d_backward.default)
@@ -132,8 +129,8 @@ def _avg_pool2d_backward(func, args, kwargs):
             return NotImplemented
         G = _every_output_stored(G)  # dense by nature: O(outputs), the input's size over the stride
         g = G._fill
-    irow, i, vals = _pool_grad_values(G, X.shape[-1], w, s, pd[1], cip, divisor)
-    return _build(irow, i, vals.to(G.dtype), X.shape, g / (divisor or w) * (w // s), X._sf_layout)
+    T, vals = _pool_grad_values(G, X.shape, w, s, pd[1], cip, divisor)
+    return _build(T.row, T.t, vals.to(G.dtype), X.shape, g / (divisor or w) * (w // s), X._sf_layout, T.idx)
 
 
 def _every_output_stored(G: SparseTensor) -> SparseTensor:
@@ -144,46 +141,46 @@ def _every_output_stored(G: SparseTensor) -> SparseTensor:
                            layout=torch.sparse_coo, coalesced=True)
 
 
-def _pool_grad_values(G: SparseTensor, L: int, w: int, s: int, p: int, cip: bool, divisor):
-    """``(rows, inputs, values)`` of the gradient of :func:`_pool_values` where it differs from the
-    interior value ``g / div * (w // s)`` (float64 values)."""
-    Lo, g = G.shape[-1], G._fill
-    finite = bool(torch.isfinite(g))
+def _pool_grad_values(G: SparseTensor, shape, w: int, s: int, p: int, cip: bool, divisor):
+    """``(targets, values)`` of the gradient of :func:`_pool_values` where it differs from the interior value
+    ``g / div * (w // s)`` (over the input's ``shape``; float64 values)."""
+    L, Lo, g = shape[-1], G.shape[-1], G._fill
     rows, o, gv = _parts(G)
     div_int = divisor or w
     oL, oR = -(-p // s), (L - 1 + p - (w - 1)) // s  # interior outputs: the window inside [0, L), divisor w
     iL, iR = oL * s - p + w - 1, oR * s - p  # interior inputs: every covering output interior
-    R = _union(rows, (o * s - p).clamp(min=0), (o * s - p + w - 1).clamp(max=L - 1), _index.numel(G.shape[:-1]),
-               L, iL, iR)
-    oedge = ((o < oL) | (o > oR)).nonzero().squeeze(1)  # (their divisors differ)
+    win, reach = _pool_windows(w, s, p)
+    # outputs whose divisors differ (padding, ceil_mode): at either end of a row
+    oedge = ((o < oL) | (o > oR)).nonzero().squeeze(1) if oL > 0 or oR < Lo - 1 else o[:0]
     inv_edge = 1 / _pool_div(o[oedge], L, w, s, p, cip, divisor)[0].to(torch.float64)
-    irow, i = R.rows_and_targets()
-    win = _pool_windows(w, s, p)[1]
-    edge = R.edges(iL, iR)
-    if edge.numel():  # the covering outputs of the edge inputs, one by one
-        num = i[edge, None] + p - torch.arange(w, device=i.device)
-        oo = torch.div(num, s, rounding_mode="floor")
-        hit = (oo * s == num) & (oo >= 0) & (oo < Lo)
-        d = _pool_div(oo.clamp(0, max(Lo - 1, 0)), L, w, s, p, cip, divisor)[0].to(torch.float64)
-        w_edge, n_edge = torch.where(hit, 1 / d, 0).sum(1), hit.sum(1)
-    else:
-        w_edge, n_edge = torch.zeros(0, dtype=torch.float64), torch.zeros(0, dtype=torch.int64)
-    w_int = w // s / div_int  # the total weight of the covering outputs of an interior input
-    if finite:  # sum((G - g) / div) over the covering outputs, + g times their total weight
-        cols = (gv - g).to(torch.float64) / div_int
-        cols[oedge] = (gv[oedge] - g) * inv_edge
-        vals = _window_sums(R, i, o, cols[None], Lo, win, edge, (p - w + 1) if s == 1 else None)[0]
-        vals += g * w_int
-        vals[edge] += g * (w_edge - w_int)
-        return irow, i, vals
+    work = o.numel() * -(-w // s)
+    if bool(torch.isfinite(g)):  # sum((G - g) / div) over the covering outputs, + g times their total weight
+        cols = (gv - g).to(torch.float64)
+        cols[oedge] *= inv_edge * div_int
+        T = _windowed(rows, o, cols[None], shape, iL, iR, reach, win, Lo, float(g) * (w // s), div_int, work)
+        vals = T.sums[0]
+        if T.edge.numel():
+            w_edge, _ = _edge_weights(T.t[T.edge], Lo, L, w, s, p, cip, divisor)
+            vals[T.edge] = vals[T.edge] / div_int + g * w_edge
+        return T, vals
     inv = torch.full(o.shape, 1 / div_int, dtype=torch.float64, device=o.device)
     inv[oedge] = inv_edge
-    sums = _window_sums(R, i, o, torch.stack([gv * inv, inv, torch.ones_like(inv)]), Lo, win, edge,
-                        (p - w + 1) if s == 1 else None)
-    w_all = torch.full((i.numel(),), w_int, dtype=sums.dtype, device=gv.device)
-    n_all = torch.full((i.numel(),), w // s, dtype=torch.int64, device=gv.device)
-    w_all[edge], n_all[edge] = w_edge, n_edge
-    return irow, i, sums[0] + _fill_term(g.to(sums.dtype), w_all - sums[1], n_all - sums[2].round().long())
+    T = _windowed(rows, o, torch.stack([gv * inv, inv, torch.ones_like(inv)]), shape, iL, iR, reach, win, Lo,
+                  work=work)
+    w_all = torch.full((T.t.numel(),), w // s / div_int, dtype=torch.float64, device=gv.device)
+    n_all = torch.full((T.t.numel(),), w // s, dtype=torch.int64, device=gv.device)
+    w_all[T.edge], n_all[T.edge] = _edge_weights(T.t[T.edge], Lo, L, w, s, p, cip, divisor)
+    sums = T.sums
+    return T, sums[0] + _fill_term(g.to(sums.dtype), w_all - sums[1], n_all - sums[2].round().long())
+
+
+def _edge_weights(i, Lo: int, L: int, w: int, s: int, p: int, cip: bool, divisor):
+    """``(total weight 1 / div, count)`` of the outputs covering the inputs ``i`` (one by one: the edge inputs)."""
+    num = i[:, None] + p - torch.arange(w, device=i.device)
+    oo = torch.div(num, s, rounding_mode="floor")
+    hit = (oo * s == num) & (oo >= 0) & (oo < Lo)
+    d = _pool_div(oo.clamp(0, max(Lo - 1, 0)), L, w, s, p, cip, divisor)[0].to(torch.float64)
+    return torch.where(hit, 1 / d, 0).sum(1), hit.sum(1)
 
 
 # ---------------------------------------------------------------------- conv1d (convolution, 1-d)
