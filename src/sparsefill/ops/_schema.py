@@ -118,7 +118,9 @@ def check_dtype(func, A: torch.Tensor, *rest, **kwargs) -> None:
     func(torch.zeros([min(n, 1) for n in A.shape], dtype=A.dtype, device=A.device), *rest, **kwargs)
 
 
+@functools.cache
 def written_positions(func) -> tuple:
+    """``(position, name, keyword-only)`` of each argument ``func``'s schema marks as written (cached per op)."""
     return tuple((i, a.name, a.kwarg_only) for i, a in enumerate(func._schema.arguments)
                  if a.alias_info is not None and a.alias_info.is_write)
 

@@ -38,7 +38,7 @@ import functools
 
 import torch
 
-from .._tensor import SparseTensor
+from .._tensor import _FAST, SparseTensor
 from . import pointwise
 from ._schema import flat_args, written_positions
 
@@ -48,6 +48,8 @@ HANDLERS: dict = {}
 def register(*ops):
     """Decorator: handle every given ``OpOverload`` (a packet registers all its overloads)."""
     def deco(fn):
+        _PLANS.clear()  # (decisions taken with the handlers registered so far)
+        _FAST.clear()
         for op in ops:
             if isinstance(op, torch._ops.OpOverloadPacket):
                 for name in op.overloads():
@@ -187,26 +189,40 @@ def _refuse(func, reason: str):
 
 def compute(func, args, kwargs):
     """The stages for one call (no middleware): handler, pointwise rule, decomposition, densify fallback."""
-    handler = HANDLERS.get(func)
+    plan = _PLANS.get(func)
+    if plan is None:
+        plan = _plan(func)
+    handler, reason, is_pointwise, composite = plan
     if handler is not None:
         out = handler(func, args, kwargs)
         if out is not NotImplemented:
             return out
-    reason = unannotated_mutation(func)
     if reason is not None:  # (handlers for such ops, e.g. the collectives, are registered above this line)
+        _PLANS.pop(func, None)
         if _load_handlers(func):
             return compute(func, args, kwargs)
         _refuse(func, reason)
-    if pointwise.is_pointwise(func):
+    if is_pointwise:
         out = pointwise.pointwise_rule(func, args, kwargs)
         if out is not NotImplemented:
             return out
-    if _is_composite(func):
+    if composite:
         out = func.decompose(*args, **kwargs)
         if out is not NotImplemented:
             return out
     from .fallback import densify_call
     return densify_call(func, args, kwargs)
+
+
+_PLANS: dict = {}  # OpOverload -> _plan(func); cleared by every registration
+
+
+def _plan(func) -> tuple:
+    """``(handler, why the op is refused, pointwise, composite)``: what :func:`compute` tries for ``func``,
+    decided once per op (until the next :func:`register`)."""
+    plan = _PLANS[func] = (HANDLERS.get(func), unannotated_mutation(func), pointwise.is_pointwise(func),
+                           _is_composite(func))
+    return plan
 
 
 _call = compute  # compute inside every middleware (see middleware)
