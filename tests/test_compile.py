@@ -151,6 +151,35 @@ def test_sparse_output_gradient_through_sparse_ops():
         torch.testing.assert_close(got, want)
 
 
+@pytest.mark.parametrize("backend,layout,dense_shape,fill", [
+    ("aot_eager", torch.sparse_coo, (), 0.5), ("aot_eager", torch.sparse_csr, (), 0.5),
+    ("aot_eager", torch.sparse_coo, (3,), 0.5), ("aot_eager", torch.sparse_coo, (), None),
+    ("inductor", torch.sparse_coo, (), 0.5)])
+def test_dense_gradient_of_sparse_output(backend, layout, dense_shape, fill):
+    """A compiled function returns a SparseTensor and its gradient arrives dense: ``out.backward(G)`` with a
+    dense ``G``, a dense loss of ``out`` computed eagerly, ``out.sum()``, and a second (dense) output alone
+    differentiated (the SparseTensor's gradient then zero): values' and fill's gradients as eager, no
+    recompile on a third pattern (COO, CSR, hybrid, an indefinite output)."""
+    if fill is None:
+        fn = lambda A: (sparsefill.masked.softmax(A, 1) * 2, (A * A).sum())  # noqa: E731
+    else:
+        fn = lambda A: (torch.exp(A * -8) + 1, (A * A).sum())  # noqa: E731
+    torch._dynamo.reset()
+    cf = torch.compile(fn, backend=backend, fullgraph=True)
+    G = torch.linspace(-1, 1, 30 * (dense_shape[0] if dense_shape else 1), dtype=torch.float64).view(SHAPE + dense_shape)
+    losses = [lambda o: (o[0], G), lambda o: (weighted(o[0]), None), lambda o: (o[0].sum(), None),
+              lambda o: (o[1], None)]
+    for step, nse in enumerate([8, 11, 13]):
+        A, v, f = make(nse, step, layout=layout, dense=dense_shape, fill=fill)
+        leaves = [v] if fill is None else [v, f]
+        for loss in losses:
+            with torch._dynamo.config.patch(error_on_recompile=step == 2):
+                out, g = loss(cf(A))
+                got = torch.autograd.grad(out, leaves, g)
+            out, g = loss(fn(A))
+            torch.testing.assert_close(got, torch.autograd.grad(out, leaves, g))
+
+
 def test_graph_break_never_an_error():
     """Without fullgraph, an op whose handler does not trace (sparse @ sparse: torch's native sparse kernels;
     ``masked.softmax`` of a definite fill) is a graph break and the result is the eager one; with fullgraph
@@ -200,16 +229,23 @@ def test_coerce_tangent():
     G = sparsefill.sparse_coo_tensor([[2, 0, 2], [1, 1, 1]], [1., 2., 3.], (3, 2), fill_value=0.5)
     for layout in (torch.sparse_coo, torch.sparse_csr):
         for T in (G, G.to_sparse_csr()):
-            H = coerce_tangent(T, (layout, False, True, ALL_STORED))
-            assert H.__tensor_flatten__()[1] == (layout, False, True, ALL_STORED) and H._nse() == 6
+            H = coerce_tangent(T, (layout, False, True, ALL_STORED, 0))
+            assert H.__tensor_flatten__()[1] == (layout, False, True, ALL_STORED, 0) and H._nse() == 6
             torch.testing.assert_close(H.to_dense(), G.to_dense())
             K = sparsefill.SparseTensor.__tensor_unflatten__(
                 {n: getattr(H, n) for n in H.__tensor_flatten__()[0]}, H.__tensor_flatten__()[1], H.shape, None)
-            assert K.__tensor_flatten__()[1][-1] == ALL_STORED
+            assert K.__tensor_flatten__()[1][3:] == (ALL_STORED, 0)
     M = sparsefill.sparse_coo_tensor([[0]], [1.], (2,), fill_value=sparsefill.indefinite)
     torch.testing.assert_close(coerce_tangent(M, (torch.sparse_coo, True, True, ALL_STORED)).to_dense(fill_value=9.),
                                torch.tensor([1., 0.]))
     assert coerce_tangent(G, (torch.sparse_coo, False, True, ALL_STORED), torch.Tensor) is None
+    # a dense gradient (of a hybrid output: the metadata's 5th entry counts the dense dims)
+    D = torch.arange(12.).reshape(3, 2, 2)
+    for layout in (torch.sparse_coo, torch.sparse_csr):
+        H = coerce_tangent(D, (layout, False, True, ALL_STORED, 1), sparsefill.SparseTensor)
+        assert H.__tensor_flatten__()[1] == (layout, False, True, ALL_STORED, 1) and H._nse() == 6
+        torch.testing.assert_close(H.to_dense(), D)
+    assert D.__coerce_same_metadata_as_tangent__((torch.sparse_coo, False, True, ALL_STORED, 1), torch.Tensor) is None
 
 
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])

@@ -8,8 +8,9 @@ the all-stored form (:func:`all_stored`, nse = the numel of the sparse dims: O(n
 
     dense_of(coerce_tangent(G, meta)) == dense_of(G)
 
-A gradient that arrives as a dense tensor cannot be converted (torch calls no method of a plain tensor):
-AOTAutograd raises; take ``.to_dense()`` inside the compiled function instead.
+A gradient that arrives as a dense tensor (``out.backward(G)``, a dense loss of ``out`` computed eagerly) is
+converted as well: torch.Tensor gets ``__coerce_same_metadata_as_tangent__`` (:func:`_coerce_plain_tangent`,
+for a SparseTensor tangent only) when torch._dynamo loads.
 
 >>> import torch, sparsefill
 >>> G = sparsefill.sparse_coo_tensor([[2, 0, 2]], [1., 2., 3.], (4,), fill_value=0.5)
@@ -86,36 +87,6 @@ def bincount(ids: torch.Tensor, minlength: int) -> torch.Tensor:
     return ids.new_zeros(minlength, dtype=torch.int64).index_add_(0, ids, torch.ones_like(ids, dtype=torch.int64))
 
 
-ALL_STORED = "all-stored"  # the 4th entry of the flatten metadata of a tangent in the all-stored form
-
-
-def all_stored(G, layout=None):
-    """``G`` with every element of its sparse dims stored (row-major, coalesced), in ``layout`` (default G's),
-    flagged as a tangent: ``dense_of(all_stored(G)) == dense_of(G)``; an indefinite ``G``'s masked-out
-    elements (no gradient) become 0.  Its sizes depend on the shape only (nse = the sparse dims' numel)."""
-    from . import _index
-    from ._convert import dense_of
-    from ._tensor import SparseTensor
-    layout = G._sf_layout if layout is None else layout
-    S, D = tuple(G._sparse_shape), tuple(G._dense_shape)
-    zero = G._vals.new_zeros(D)
-    X = dense_of(G, zero if G._indefinite else None)
-    N = _index.numel(S)
-    vals = X.reshape((N,) + D)
-    fill = G._vals.new_empty(0) if G._indefinite else G._fill
-    if layout is torch.sparse_coo:
-        idx = _index.unravel(torch.arange(N, device=X.device), S)
-        out = SparseTensor(layout, G.shape, vals, fill, indices=idx, indefinite=G._indefinite, coalesced=True)
-    else:
-        batch, (m, n) = S[:-2], S[-2:]
-        crow = (torch.arange(m + 1, device=X.device) * n).expand(batch + (m + 1,))
-        col = torch.arange(n, device=X.device).repeat(m).expand(batch + (m * n,))
-        out = SparseTensor(layout, G.shape, vals.reshape(batch + (m * n,) + D), fill, crow=crow, col=col,
-                           indefinite=G._indefinite)
-    out._tangent = True
-    return out
-
-
 def every_element(x: torch.Tensor, layout, dense_dim: int):
     """The dense ``x`` as a SparseTensor of ``layout`` with every element stored (fill 0, coalesced),
     differentiable: while traced, a result that is dense by nature is kept in this form, whose sizes depend
@@ -142,31 +113,102 @@ def every_element(x: torch.Tensor, layout, dense_dim: int):
     return sparse_csr_tensor(crow, col, x.reshape(batch + (m * n,) + D), x.shape, fill_value=zero)
 
 
+ALL_STORED = "all-stored"  # the 4th entry of the flatten metadata of a tangent in the all-stored form (5th: dense dims)
+
+
+def all_stored(G, layout=None):
+    """``G`` with every element of its sparse dims stored (row-major, coalesced), in ``layout`` (default G's),
+    flagged as a tangent: ``dense_of(all_stored(G)) == dense_of(G)``; an indefinite ``G``'s masked-out
+    elements (no gradient) become 0.  Its sizes depend on the shape only (nse = the sparse dims' numel; the
+    fill, which no element reads, a 0-d zero: a gradient's fill may be an array over the dense dims)."""
+    from ._convert import dense_of
+    layout = G._sf_layout if layout is None else layout
+    X = dense_of(G, G._vals.new_zeros(tuple(G._dense_shape)) if G._indefinite else None)
+    fill = G._vals.new_empty(0) if G._indefinite else G._vals.new_zeros(())  # (read by no element: a 0-d zero)
+    return _all_stored_of(X, len(G._dense_shape), layout, fill, G._indefinite)
+
+
+def _all_stored_of(X: torch.Tensor, dense_dims: int, layout, fill: torch.Tensor, indefinite: bool):
+    """The dense ``X`` as a tangent in the all-stored form of ``layout`` (see :func:`all_stored`)."""
+    from . import _index
+    from ._tensor import SparseTensor
+    S, D = tuple(X.shape[:X.dim() - dense_dims]), tuple(X.shape[X.dim() - dense_dims:])
+    N = _index.numel(S)
+    vals = X.reshape((N,) + D)
+    if layout is torch.sparse_coo:
+        idx = _index.unravel(torch.arange(N, device=X.device), S)
+        out = SparseTensor(layout, X.shape, vals, fill, indices=idx, indefinite=indefinite, coalesced=True)
+    else:
+        batch, (m, n) = S[:-2], S[-2:]
+        crow = (torch.arange(m + 1, device=X.device) * n).expand(batch + (m + 1,))
+        col = torch.arange(n, device=X.device).repeat(m).expand(batch + (m * n,))
+        out = SparseTensor(layout, X.shape, vals.reshape(batch + (m * n,) + D), fill, crow=crow, col=col,
+                           indefinite=indefinite)
+    out._tangent = True
+    return out
+
+
 def coerce_tangent(G, meta, expected_type=None):
     """``G`` in the form of the tangent AOTAutograd traced, flatten metadata ``meta``: the all-stored form
     (:func:`all_stored`) of the expected layout.  The backward graph was traced for a tangent of sizes
-    known from the output's shape, whatever pattern the runtime gradient has.  None where no exact form
-    exists (a SparseTensor gradient of a dense output: AOTAutograd's own error)."""
+    known from the output's shape, whatever pattern the runtime gradient has.  ``G`` may be a SparseTensor
+    of any pattern or a dense tensor (a dense loss computed outside the compiled function: its values are
+    the all-stored form's, fill 0).  None where no exact form exists (a SparseTensor gradient of a dense
+    output: AOTAutograd's own error)."""
     from ._tensor import SparseTensor
     if expected_type is not None and expected_type is not SparseTensor or len(meta) < 4 or meta[3] != ALL_STORED:
         return None
     layout, indefinite = meta[:2]
+    if not isinstance(G, SparseTensor):  # a dense gradient (shape and dtype checked by autograd)
+        zero = G.new_zeros(())
+        return _all_stored_of(G, meta[4] if len(meta) > 4 else 0, layout, G.new_empty(0) if indefinite else zero,
+                              indefinite)
     G = all_stored(G._sync(), layout)
     if indefinite != G._indefinite:  # (a definite gradient of a masked output: the masked-out values are unused)
         G._indefinite, G._fill = indefinite, G._vals.new_empty(0) if indefinite else G._vals.new_zeros(())
     return G
 
 
+def _coerce_plain_tangent(self, expected_metadata, expected_type=None):
+    """``torch.Tensor.__coerce_same_metadata_as_tangent__`` (installed when torch._dynamo loads, where
+    torch.Tensor has none): a dense gradient of a compiled function's SparseTensor output (``out.backward(G)``,
+    a dense loss of ``out`` computed eagerly) in the all-stored form its compiled backward was traced for;
+    None (AOTAutograd's own error, as without this method) for any other expected type."""
+    from ._tensor import SparseTensor
+    if expected_type is not SparseTensor or isinstance(self, SparseTensor):
+        return None
+    return coerce_tangent(self, expected_metadata, expected_type)
+
+
 # ---------------------------------------------------------------------- entry points dynamo records whole
 # Python functions of sparsefill that dynamo cannot trace line by line (they call SparseTensor methods that
-# return metadata, which dynamo puts in its graph as ops, or hold locks): ``torch._dynamo.allow_in_graph``
-# makes each one node of dynamo's graph, run on fake tensors to propagate shapes; AOTAutograd then traces
-# into it (its autograd.Functions included).  Registered when torch._dynamo is first imported, never
+# return metadata, which dynamo puts in its graph as ops, or hold locks): each is replaced in dynamo's view
+# (``substitute_in_graph``) by a wrapper that ``allow_in_graph`` makes one node of dynamo's graph, run on
+# fake tensors to propagate shapes (:func:`_recorded_whole`); AOTAutograd then traces into it (its
+# autograd.Functions included).  Registered when torch._dynamo is first imported, never
 # importing it (3 s of a cold start).
 _IN_GRAPH = {"sparsefill": ("sparse_coo_tensor", "sparse_csr_tensor"),
              "sparsefill.masked": ("sum", "prod", "cumsum", "cumprod", "amax", "amin", "argmax", "argmin", "mean",
                                    "median", "norm", "var", "std", "logsumexp", "logaddexp", "softmax",
                                    "log_softmax", "softmin", "normalize")}
+
+
+def _recorded_whole(fn):
+    """``fn`` as dynamo's graph records it (one node; dynamo calls it in place of ``fn``): while traced,
+    the sizes that depend on data inside it and do not reach its result (the slices of a softmax, a
+    coalesce's count) may stay unbound, as inside a handler (:func:`traced_dispatch`)."""
+    import functools
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        mode = tracing_mode()
+        env = mode.shape_env if mode is not None else None
+        n0 = len(env.pending_fresh_unbacked_symbols) if env is not None else 0
+        out = fn(*args, **kwargs)
+        if env is not None:
+            env.ignorable_fresh_unbacked_symbols.extend(env.pending_fresh_unbacked_symbols[n0:])
+        return out
+    return run
 
 
 def _register_with_dynamo() -> None:
@@ -179,7 +221,11 @@ def _register_with_dynamo() -> None:
     for module, names in _IN_GRAPH.items():
         mod = importlib.import_module(module)
         for name in names:
-            dynamo.allow_in_graph(getattr(mod, name))
+            fn = getattr(mod, name)
+            run = dynamo.allow_in_graph(_recorded_whole(fn))
+            dynamo.substitute_in_graph(fn, skip_signature_check=True)(lambda *a, _run=run, **k: _run(*a, **k))
+    if not hasattr(torch.Tensor, "__coerce_same_metadata_as_tangent__"):  # (AOTAutograd asks a plain tangent)
+        torch.Tensor.__coerce_same_metadata_as_tangent__ = _coerce_plain_tangent
     rules = dynamo.trace_rules
     rules.BUILTIN_INLINE_WHEN_CALLED.add(os.path.dirname(os.path.abspath(__file__)) + os.sep)
     rules.add("sparsefill")

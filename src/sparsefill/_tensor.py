@@ -393,7 +393,9 @@ class SparseTensor(torch.Tensor):
         if type(self._vals) is torch.Tensor and not hasattr(self._vals, "_dynamo_propagated_dynamic_indices"):
             _mark_nse_dynamic(self)
         meta = (self._sf_layout, self._indefinite, self._coalesced)
-        return names + ["_vals", "_fill"], meta + ("all-stored",) if self.__dict__.get("_tangent") else meta
+        if self.__dict__.get("_tangent"):  # the all-stored form and its dense dims (_compile.coerce_tangent)
+            meta += ("all-stored", len(self._dense_shape))
+        return names + ["_vals", "_fill"], meta
 
     @staticmethod
     def __tensor_unflatten__(inner, ctx, outer_size, outer_stride):

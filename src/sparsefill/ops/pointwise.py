@@ -112,6 +112,8 @@ def unary_fast(func, args, kwargs):
     op = _CALLS.get(key) or _call_of(func, fills, kwargs, key)
     if B is None:
         return A._with_values(op(*vals, **kwargs), op(*fills, **kwargs))
+    if type(A._vals) is not torch.Tensor:  # torch.compile (fake tensors): the general rule (a union's nse is unbacked)
+        return None
     if many:  # three patterns or more
         idx, at = union_parts([a for a in args if type(a) is SparseTensor])
         it = iter(at)
