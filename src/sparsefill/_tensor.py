@@ -91,10 +91,12 @@ class SparseTensor(torch.Tensor):
         (results are never re-wrapped); the op layer's ``route`` (``ops.autograd_routes.route``) may take the
         call first (while grad mode is on, the few functions whose backward must know the pattern, DESIGN.md
         section 10; in every mode, the few whose composite torch body cannot run on a SparseTensor)."""
-        out = _OPS.route(func, types, args, kwargs or {})
+        if kwargs is None:
+            kwargs = {}
+        out = _OPS.route(func, types, args, kwargs)
         if out is not NotImplemented:
             return out
-        return torch._C._disabled_torch_function_impl(func, types, args, kwargs or {})
+        return _PASS_THROUGH(func, types, args, kwargs)
 
     @staticmethod
     def __new__(cls, layout, size, values, fill, *, indices=None, crow=None, col=None, indefinite=False,
@@ -567,6 +569,8 @@ class SparseTensor(torch.Tensor):
 # (cls, size, strides, storage_offset, memory_format, dtype, layout, device): positional, 0.2 µs less than keywords
 _make_wrapper = torch.Tensor._make_wrapper_subclass
 _STRIDED = torch.strided  # the wrapper's layout (see the module docstring)
+_PASS_THROUGH = torch._C._disabled_torch_function_impl
+_UNKNOWN = (None, False)  # A._zero of a fill not known to be zero
 
 
 def _store(r: SparseTensor, layout, indices, crow, col, values, fill, indefinite: bool, coalesced: bool,
@@ -578,7 +582,7 @@ def _store(r: SparseTensor, layout, indices, crow, col, values, fill, indefinite
     r._fill = fill
     r._indefinite = indefinite
     r._coalesced = coalesced
-    r._zero = (_version(fill), known_zero)
+    r._zero = (_version(fill), True) if known_zero else _UNKNOWN  # (the version matters only when known)
     r._view = None  # while a view: what of which base (an ops.views.View record)
 
 

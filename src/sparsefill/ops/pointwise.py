@@ -173,9 +173,8 @@ def union2(A: SparseTensor, B: SparseTensor):
     elements, cached per pair of index tensors (``_reduce.pattern_cached``: patterns that recur, a training
     step or a loop over small tensors, merge once).  The indices are shared by the results: an in-place
     change of them is seen (version) and the union merged again."""
-    S = A.shape[: A._idx.shape[0]]
-
     def merge():
+        S = A.shape[: A._idx.shape[0]]
         ka, kb = (T._idx[0] if len(S) == 1 else _index.linearize(T._idx, S) for T in (A, B))
         union, pa, pb = _merge.merge_union(ka, kb)
         idx = union[None] if len(S) == 1 else _index.unravel(union, S)
@@ -183,7 +182,7 @@ def union2(A: SparseTensor, B: SparseTensor):
     if A._vals.shape[0] + B._vals.shape[0] > _UNION_CACHE_MAX:
         idx, _, pos = merge()
         return idx, pos
-    idx, version, pos = pattern_cached(("union2", tuple(S)), (A._idx, B._idx), merge)
+    idx, version, pos = pattern_cached(("union2", A.shape), (A._idx, B._idx), merge)
     if idx._version != version:  # (a result's indices changed in place)
         idx, _, pos = merge()
     return idx, pos
