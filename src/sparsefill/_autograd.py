@@ -186,6 +186,10 @@ class Construct(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, G):
+        if isinstance(G, SparseTensor) and G.requires_grad and torch.is_grad_enabled():
+            # create_graph: G's stored tensors hold no graph (the ops that made G ran below autograd), its dense
+            # form does (ToDense): read through it, so a second backward is exact or raises, never silently 0
+            G = dense_grad(G, "a SparseTensor gradient differentiated again (create_graph)")
         gv, gf = grad_parts(G, ctx.pattern)
         return gv, gf, None
 
@@ -232,7 +236,17 @@ def _at_pattern(G, P: SparseTensor) -> SparseTensor:
     idx, _ = _convert.coalesced_parts(P)
     gv = _convert.values_at(G, _index.linearize(idx, P._sparse_shape), len(P._sparse_shape))
     zero = torch.zeros((), dtype=gv.dtype, device=gv.device)
-    return _convert.parts_to_sparse(idx, gv, P.shape, zero, known_zero=True, layout=P._sf_layout, coalesced=True)
+    return graph_kept(gv, lambda v: _convert.parts_to_sparse(idx, v, P.shape, zero, known_zero=True,
+                                                             layout=P._sf_layout, coalesced=True))
+
+
+def graph_kept(gv: torch.Tensor, make) -> SparseTensor:
+    """``make(gv)``: a SparseTensor gradient built from the values ``gv`` in a backward; under ``create_graph``
+    (``gv`` with a graph) through :class:`Construct`, so the next backward sees a gradient that requires grad
+    (its second backward is exact, or raises for a ``once_differentiable`` one, never silently constant)."""
+    if not (torch.is_grad_enabled() and gv.requires_grad):
+        return make(gv)
+    return Construct.apply(gv, torch.zeros((), dtype=gv.dtype, device=gv.device), lambda v, f: make(v))
 
 
 class Values(torch.autograd.Function):
@@ -244,7 +258,8 @@ class Values(torch.autograd.Function):
     @staticmethod
     def backward(ctx, gv):
         P = ctx.pattern
-        return _convert.rewrap(P, values=gv, fill=gv.new_zeros(()), indefinite=False, known_zero=True)
+        return graph_kept(gv, lambda v: _convert.rewrap(P, values=v, fill=v.new_zeros(()), indefinite=False,
+                                                        known_zero=True))
 
 
 class SameDense(torch.autograd.Function):

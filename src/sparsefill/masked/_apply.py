@@ -5,9 +5,16 @@ are differentiable functions of ``X.u`` and ``X.fill`` only.  :func:`run` calls 
 when no gradient is needed, and otherwise inside :class:`MaskedFn`, whose backward is::
 
     grad_input = SparseTensor(pattern of X, d out / d u, fill 0)       when X.mfill is False
+    grad_input = SparseTensor(pattern of X, d out / d u, fill (d out / d fill) / m)
+                                                                        X.mfill, a sparse result, and
+                                                                        pattern_grad_is_exact(input)
     grad_input = d dense_ref(input.to_dense()) / d input                otherwise (dense by nature)
 
-The first line is exact: positions outside the pattern are masked out, so nothing depends on them.
+The first line is exact: positions outside the pattern are masked out, so nothing depends on them.  In
+the second the ``m`` unspecified elements are masked in (``mask=None``): ``d out / d fill`` is their
+total, from the fill classes (``Result.classes``: the value of the unspecified outputs of each slice,
+weighted by ``G`` summed over them, :func:`class_sums`), ``O(stored + G)``; the mean is exact where only
+the pattern and the total are read (the constructor).
 """
 
 from __future__ import annotations
@@ -16,8 +23,8 @@ import dataclasses
 
 import torch
 
-from .. import _convert
-from .._autograd import grad_parts
+from .. import _convert, _index
+from .._autograd import dense_grad, grad_parts, sum_outside
 from .._tensor import SparseTensor
 from ._canon import as_sparse, combine, is_sparse, mask_to_dense
 
@@ -36,6 +43,8 @@ class Result:
     layout: torch.layout = torch.sparse_coo
     indefinite: bool = False
     like: SparseTensor | None = None   # a coalesced tensor whose pattern, shape and layout the result shares
+    classes: tuple | None = None       # (Slices, g, n, g0, n0): the values of the unspecified outputs per fill
+    #                                    class (masked-in fills along a sparse dim, read by the backward)
 
     def tensors(self):
         return [self.dense] if self.dense is not None else [self.vals, self.fill]
@@ -67,7 +76,7 @@ class MaskedFn(torch.autograd.Function):
             u = X.u.detach().requires_grad_()
             f = X.fill.detach().requires_grad_()
             res = compute(dataclasses.replace(X, u=u, fill=f))
-        ctx.X, ctx.u, ctx.res, ctx.dense_ref = X, u, res, dense_ref
+        ctx.X, ctx.u, ctx.f, ctx.res, ctx.dense_ref = X, u, f, res, dense_ref
         built = Result(**{**res.__dict__, "dense": None if res.dense is None else res.dense.detach(),
                           "vals": None if res.vals is None else res.vals.detach(),
                           "fill": None if res.fill is None else res.fill.detach()}).build()
@@ -80,8 +89,8 @@ class MaskedFn(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, G):
-        X = ctx.X
-        if X.mfill:  # masked-in unspecified elements: their gradients differ per slice
+        X, res = ctx.X, ctx.res
+        if X.mfill and not _native_fill_grad(ctx):  # masked-in unspecified elements: gradients differ per slice
             _convert.check_densify_quiet(X.A, "the backward of a masked op with masked-in unspecified elements")
             with torch.enable_grad():
                 x = _convert.dense_of(_convert.rewrap(X.A)).requires_grad_()
@@ -89,29 +98,87 @@ class MaskedFn(torch.autograd.Function):
             g = G.to_dense() if isinstance(G, SparseTensor) else G
             (gx,) = torch.autograd.grad(out, x, g, allow_unused=True)  # a fresh graph each call
             return (torch.zeros_like(x) if gx is None else gx), None, None, None
-        res = ctx.res
         if res.dense is not None:
             outs, grads = [res.dense], [G.to_dense() if isinstance(G, SparseTensor) else G]
         else:
             gv, gf = grad_parts(G, ctx.out_pattern)
             outs, grads = [res.vals], [gv.reshape(res.vals.shape)]
-            if gf is not None and res.fill.requires_grad:
+            P = ctx.out_pattern
+            free = _index.numel(P._sparse_shape) > _index.numel(P._vals.shape[: P._vals.dim() - P.dense_dim()])
+            if gf is not None and res.fill.requires_grad and free:  # (read by no output: not differentiated)
                 outs.append(res.fill)
                 grads.append(gf.expand(res.fill.shape) if gf.shape != res.fill.shape else gf)
+            if X.mfill and res.classes is not None:  # the unspecified outputs, per fill class: G summed there
+                sl, g, n, g0, n0 = res.classes
+                for o, gs, cnt in zip((g, g0), class_sums(G, X, sl), (n, n0)):
+                    if o is not None and o.requires_grad and bool((cnt > 0).any()):
+                        outs.append(o)
+                        grads.append(torch.where(cnt > 0, gs.to(o.dtype), torch.zeros((), dtype=o.dtype)))
         pairs = [(o, g) for o, g in zip(outs, grads) if o.requires_grad]
-        gu = None
+        leaves = [ctx.u, ctx.f] if X.mfill else [ctx.u]
+        got = [None] * len(leaves)
         if pairs:
-            (gu,) = torch.autograd.grad([o for o, _ in pairs], [ctx.u], [g for _, g in pairs], allow_unused=True,
-                                        retain_graph=True)
-        if gu is None:
-            gu = torch.zeros_like(ctx.u)
+            got = list(torch.autograd.grad([o for o, _ in pairs], leaves, [g for _, g in pairs], allow_unused=True,
+                                           retain_graph=True))
+        gu = torch.zeros_like(ctx.u) if got[0] is None else got[0]
+        fill = gu.new_zeros(())
+        if X.mfill:  # the unspecified elements' total, as their mean (exact for the constructor: _native_fill_grad)
+            n_free = _index.numel(X.S) - X.u.shape[0]
+            if n_free and got[1] is not None:
+                fill = got[1] / n_free
+        zero = not X.mfill
         if X.same_pattern and X.A._coalesced:  # the input's layout and index tensors (no merge downstream)
-            gA = _convert.rewrap(X.A, values=gu.reshape(X.A._vals.shape), fill=gu.new_zeros(()), indefinite=False,
-                                 known_zero=True)
+            gA = _convert.rewrap(X.A, values=gu.reshape(X.A._vals.shape), fill=fill, indefinite=False,
+                                 known_zero=zero)
         else:
-            gA = _convert.parts_to_sparse(X.indices(), gu, X.A.shape, gu.new_zeros(()), known_zero=True,
+            gA = _convert.parts_to_sparse(X.indices(), gu, X.A.shape, fill, known_zero=zero,
                                           layout=torch.sparse_coo, coalesced=True)
         return gA, None, None, None
+
+
+def _native_fill_grad(ctx) -> bool:
+    """Masked-in unspecified elements (``mask=None`` on a defined fill) and a sparse result: the gradient is
+    computed on the pattern, exact there, with the *mean* over the unspecified elements as its fill (their
+    total from the fill classes: ``O(stored + G)``); exact for every reader where
+    ``linalg_autograd.pattern_grad_is_exact`` (the constructor reads the pattern and the total), otherwise
+    the dense way (dense by nature: the gradient varies from slice to slice)."""
+    res = ctx.res
+    if res.dense is not None or res.classes is None and res.fill is not None and not res.fill.requires_grad:
+        return False
+    from ..ops.linalg_autograd import pattern_grad_is_exact
+    return pattern_grad_is_exact(ctx.X.A)
+
+
+def class_sums(G, X, sl):
+    """``G`` (dense or SparseTensor, the input's shape) summed over the unspecified elements of ``X`` per output
+    segment and fill class of ``sl`` (``(nseg, Pr)``), and over the slices holding no stored element
+    (``(Pk, Pr)``): each term as it is (an inf stays inf), never a total less the stored part."""
+    S, D = X.S, X.D
+    idx = X.indices()
+    keys = _index.linearize(idx, S)
+    if isinstance(G, SparseTensor):
+        if G._indefinite:  # (no output read its masked-out elements: 0)
+            G = _convert.rewrap(G, fill=G._vals.new_zeros(()), indefinite=False, known_zero=True)
+        if G._sparse_ndim() != len(S) or G.dense_dim() != len(D):
+            G = dense_grad(G)
+    if isinstance(G, SparseTensor):  # G off X's pattern: its stored elements there, X's positions at 0
+        gidx, gvals = _convert.coalesced_parts(G)
+        off = ~_index.lookup(keys, _index.linearize(gidx, S))[1]
+        z = gvals.new_zeros((idx.shape[1],) + D)
+        Gm = _convert.parts_to_sparse(torch.cat([gidx[:, off], idx], 1), torch.cat([gvals[off], z]), G.shape,
+                                      G._fill, known_zero=G._fill_is_zero())
+    else:
+        Gm = G.reshape((_index.numel(S),) + D).index_fill(0, keys, 0).reshape(G.shape)
+    R = Gm.sum(sl.red_s)
+    kept = [i for i in range(len(S)) if i not in sl.red_s]
+    if kept:
+        kshape = [S[i] for i in kept]
+        touched = _convert.values_at(R, _index.linearize(sl.out_idx, kshape), len(kept))
+        untouched = sum_outside(R, sl.out_idx, R.shape, D)
+    else:  # one slice: touched (S_out 1) or not
+        touched = (R.to_dense() if isinstance(R, SparseTensor) else R).reshape((1,) + D)[: sl.S_out]
+        untouched = torch.zeros(D, dtype=touched.dtype, device=touched.device)
+    return sl.scalars(touched).reshape(sl.nseg, sl.Pr), sl.scalars(untouched[None]).reshape(sl.Pk, sl.Pr)
 
 
 def run(input, mask, compute, dense_ref, zero_absorbs=False, counts=False):

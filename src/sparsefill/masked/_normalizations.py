@@ -200,21 +200,24 @@ def _normalization(name, input, mask, dim, per_element, c_out, e_out, cast, dens
                 base = torch.where(has, mo.to(out_v.dtype), e)[sl.seg3]
                 vals = sl.unscalars(base.index_put(ms.nonzero(as_tuple=True), out_v))
         c = torch.full((), fill_out, dtype=vals.dtype, device=vals.device)
+        classes = None
         if X.A._indefinite:
             fill = vals.new_empty(0)
         elif sl.red_s and X.mfill and scan is not None:  # running values over masked-in fills
             raise _DenseByNature
         elif sl.red_s and X.mfill:  # fill elements along a sparse dim: one value per slice
+            if not _index.numel([s for i, s in enumerate(X.S) if i not in sl.red_s]) > sl.S_out:
+                n0 = torch.zeros_like(n0)  # no slice without a stored element: g0 is read by none
             if not (_same(g[n > 0], c) and _same(g0[n0 > 0], c)):
                 raise _DenseByNature
-            fill = c
+            fill, classes = c, (sl, g, n, g0, n0)  # (the backward reads g, g0: the unspecified outputs' values)
         elif X.mfill:  # a dense dim: every unspecified row is the same slice
             fill = sl.unscalars(g0[None])[0]
         else:
             fill = c
         like = X.A if X.same_pattern and X.A._coalesced else None
         return Result(idx=X.indices() if like is None else None, vals=vals, fill=fill, shape=tuple(X.A.shape),
-                      layout=X.A._sf_layout, indefinite=X.A._indefinite, like=like)
+                      layout=X.A._sf_layout, indefinite=X.A._indefinite, like=like, classes=classes)
 
     ref = _dense_ref(dense_op, mask)
     if not A._indefinite and (mask is not None or dims and dims[0] < len(A._sparse_shape)) and traced(A):

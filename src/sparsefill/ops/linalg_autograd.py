@@ -19,9 +19,10 @@ has no gradient outside the pattern (the forward reads nothing there): the gradi
 ``A`` may be computed by element-wise ops with the same derivative at every unspecified element
 (``(2 * W) @ X``, ``W.exp() @ X``): the mean is carried through them unchanged in kind.  Not routed
 (torch's formulas, as before): both operands SparseTensors, 4-d operands, a leaf ``A`` and ``A``
-computed by other ops (its dense gradient ``G @ X^T`` may be read elsewhere than at the pattern).  The fill's closed form subtracts the pattern's part; where
-that is not finite (an ``inf`` in ``G`` or ``X``: ``inf - inf``) the elements in the non-finite rows are
-summed one by one (:func:`_rest_nonfinite`), so the fill's gradient is the dense one (``inf``, not NaN).
+computed by other ops (its dense gradient ``G @ X^T`` may be read elsewhere than at the pattern).  The
+fill's closed form subtracts the pattern's part; where that is not finite (an ``inf`` in ``G`` or ``X``:
+``inf - inf``) the elements in the non-finite rows are summed one by one (:func:`_rest_nonfinite`), so the
+fill's gradient is the dense one (``inf``, not NaN).
 
 >>> import torch, sparsefill
 >>> v, f = torch.tensor([1., 2.], requires_grad=True), torch.tensor(3., requires_grad=True)

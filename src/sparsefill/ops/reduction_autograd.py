@@ -28,9 +28,9 @@ every unspecified element, or an indefinite fill).
 ``max``/``min`` with a dim (values and indices) run through :class:`SparseSelect`: the gradient goes
 to the selected element (:func:`select_grad`; over a dense dim :func:`select_dense_grad`; routed as the
 partial reductions).  A reduction over dense
-dims only (``A.amax(-1)`` of a hybrid): :func:`dense_dims_grad`, routed as the partial ones.  Not routed
-(torch's formulas, as before): those partial reductions of another ``A``, one over sparse and dense dims
-keeping a sparse dim, ``prod`` over a dense dim, named dims, complex dtypes, ``out=``.
+dims only (``A.amax(-1)`` of a hybrid): :func:`dense_dims_grad`, routed as the partial ones (which may reduce
+dense dims too).  Not routed (torch's formulas, as before): those partial reductions of another ``A``,
+``prod`` over a dense dim, named dims, complex dtypes, ``out=``.
 
 >>> import torch, sparsefill
 >>> v, f = torch.tensor([1., 4.], requires_grad=True), torch.tensor(4., requires_grad=True)
@@ -80,17 +80,25 @@ class _Slices:
 
 class _Segments:
     """Statistics of the slices of a reduction that keeps sparse dims: stored element ``i`` in slice ``seg[i]``
-    of ``S``, slice ``s`` holding ``m[s]`` unspecified elements; ``Ys`` the result at the slices ``(S, *D)``.
-    ``at_values``: the statistics gathered to the stored elements (else one row per slice)."""
+    of ``S``, slice ``s`` holding ``m[s]`` unspecified elements; ``Ys`` the result at the slices ``(S, *K)``
+    (``K``: the dense shape with the reduced dense dims ``rd`` of size 1).  ``at_values``: the statistics
+    gathered to the stored elements (else one row per slice)."""
 
-    def __init__(self, V, F, m, seg, Ys, at_values):
+    def __init__(self, V, F, m, seg, Ys, at_values, rd=()):
         self.V, self.F, self.m, self.seg, self.Ys, self.at_values = V, F, m, seg, Ys, at_values
+        self.rd = [d + 1 for d in rd]
+
+    def _over_rd(self, t):
+        return t.sum(self.rd, keepdim=True) if self.rd else t
 
     def sum(self, fn):
         t = fn(self.V, self.Ys[self.seg])
-        t = t.to(torch.int64) if t.dtype == torch.bool else t
+        t = self._over_rd(t.to(torch.int64) if t.dtype == torch.bool else t)
         s = torch.zeros(self.Ys.shape, dtype=t.dtype, device=t.device).index_add_(0, self.seg, t)
         f = fn(self.F, self.Ys)
+        if self.rd:  # (per slice, over the reduced dense dims)
+            f = self._over_rd((f.to(torch.int64) if f.dtype == torch.bool else f).expand(
+                (self.Ys.shape[0],) + tuple(self.F.shape)))
         m = self.m.view((-1,) + (1,) * (s.dim() - 1))
         s = s + torch.where(m > 0, m * f, torch.zeros((), dtype=s.dtype))  # (0 * a NaN fill: no term)
         return s[self.seg] if self.at_values else s
@@ -271,9 +279,9 @@ def _prod_as_formula(V, F, m, seg, Gs, Ys, fill_counts):
 
 
 def partial_grad(P: SparseTensor, name: str, dims, opt, Y, G) -> SparseTensor:
-    """The gradient of ``P`` through ``Y = name(P)`` over some of its sparse dims (no dense dim): exact at
-    the pattern, the mean over the unspecified elements as its fill (exact for a reader of the values and of
-    the sum over the unspecified elements: the constructor; the gradient varies from slice to slice).
+    """The gradient of ``P`` through ``Y = name(P)`` over some of its sparse dims (and any of its dense dims):
+    exact at the pattern, the mean over the unspecified elements as its fill (exact for a reader of the values
+    and of the sum over the unspecified elements: the constructor; the gradient varies from slice to slice).
 
     Slices holding a stored element: torch's formula per slice (:class:`_Segments`); the others hold only
     fills, all alike: the formula is linear in ``G``, so their total is ``N * d(fill; sum of G there)``."""
@@ -282,9 +290,12 @@ def partial_grad(P: SparseTensor, name: str, dims, opt, Y, G) -> SparseTensor:
     ct = Y.dtype if Y.dtype.is_floating_point else P.dtype
     V = V.to(ct)
     F = V.new_zeros(D) if P._indefinite else P._fill.expand(D).to(ct)
-    seg, out_idx, n_fill = group_slices(idx, P._sparse_shape, list(dims))
-    osd = Y.dim() - len(D)
-    if osd == sd:  # keepdim: the reduced dims stay, of size 1, index 0
+    sdims, rd = [d for d in dims if d < sd], [d - sd for d in dims if d >= sd]
+    K = tuple(1 if i in rd else n for i, n in enumerate(D))
+    seg, out_idx, n_fill = group_slices(idx, P._sparse_shape, sdims)
+    keep = Y.dim() == P.dim()
+    osd = sd if keep else sd - len(sdims)
+    if keep:  # keepdim: the reduced dims stay, of size 1, index 0
         full = out_idx.new_zeros((sd, out_idx.shape[1]))
         full[[d for d in range(sd) if d not in dims]] = out_idx
         out_idx = full
@@ -292,26 +303,28 @@ def partial_grad(P: SparseTensor, name: str, dims, opt, Y, G) -> SparseTensor:
     G = _zero_fill(G)
     if isinstance(G, SparseTensor) and G._sparse_ndim() != osd:
         G = dense_grad(G)
-    Gs, Ys = values_at(G, keys, osd).to(ct), values_at(_zero_fill(Y), keys, osd).to(ct)
+    Gs = values_at(G, keys, osd).to(ct).reshape((-1,) + K)
+    Ys = values_at(_zero_fill(Y), keys, osd).to(ct).reshape((-1,) + K)
     m = torch.zeros_like(n_fill) if P._indefinite else n_fill
     n_unspecified = _index.numel(P._sparse_shape) - idx.shape[1]
     if name == "prod":  # (the exclusive products: a formula of its own, prod_backward's)
         fn = _prod_as_formula(V, F, m, seg, Gs, Ys, not P._indefinite and n_unspecified > 0)
     else:
         fn = FORMULAS[name]
-    gv = fn(V, Gs[seg], Ys[seg], _Segments(V, F, m, seg, Ys, True), opt)
+    gv = fn(V, Gs[seg], Ys[seg], _Segments(V, F, m, seg, Ys, True, rd), opt)
     gv = gv.expand(V.shape).to(P.dtype).contiguous()
     if P._indefinite or not n_unspecified:
         gf, zero = gv.new_zeros(D), True
     else:
-        per_slice = fn(F, Gs, Ys, _Segments(V, F, m, seg, Ys, False), opt)
+        per_slice = fn(F, Gs, Ys, _Segments(V, F, m, seg, Ys, False, rd), opt)
         mask = (m > 0).view((-1,) + (1,) * len(D))
         total = torch.where(mask, m.view(mask.shape) * per_slice, torch.zeros((), dtype=ct)).sum(0)
-        N = _index.numel([P.shape[d] for d in dims])
+        N = _index.numel([P.shape[d] for d in sdims])
         if n_unspecified > int(m.sum()):  # slices of fills only, alike: Y's fill there
-            G_rest = sum_outside(G, out_idx, Y.shape, D).to(ct)  # (summed there: an inf stays inf)
-            Ye = Y._fill.expand(D).to(ct)
-            total = total + N * fn(F, G_rest, Ye, _Slices(V[:0], F, N, [], D, Ye), opt)
+            Yd = tuple(Y.shape[osd:])
+            G_rest = sum_outside(G, out_idx, Y.shape, Yd).to(ct).reshape(K)  # (summed there: an inf stays inf)
+            Ye = Y._fill.expand(Yd).to(ct).reshape(K)
+            total = total + N * fn(F, G_rest, Ye, _Slices(V[:0], F, N, rd, K, Ye), opt)
         gf, zero = (total / n_unspecified).to(P.dtype), False
     if P._coalesced:
         return rewrap(P, values=gv.reshape(P._vals.shape), fill=gf, indefinite=False, known_zero=zero)
@@ -417,8 +430,8 @@ def _apply(func, args, kwargs, name, dim, opt=None):
     if dims and dims[0] >= sd and sd:  # dense dims only (the gradient's fill: a mean, read as the constructor does)
         if name in ("prod", "max", "min") or not pattern_grad_is_exact(A):
             return NotImplemented
-    elif not set(range(sd)) <= set(dims):  # some sparse dims kept: over sparse dims only, as the constructor reads
-        if not dims or dims[-1] >= sd or name in ("max", "min") or not pattern_grad_is_exact(A):
+    elif not set(range(sd)) <= set(dims):  # some sparse dims kept (dense dims too): as the constructor reads
+        if not dims or name in ("max", "min") or not pattern_grad_is_exact(A):
             return NotImplemented
 
     def call(P):
@@ -473,8 +486,9 @@ for _name, _sig, _funcs in (
 def select_grad(P: SparseTensor, dim: int, keepdim: bool, I, G) -> SparseTensor:
     """The gradient of ``P`` through ``(Y, I) = max(P, dim)`` (or ``min``): ``G`` at the element each output
     position selected (``I``, torch's ``value_selecting_reduction_backward``).  Exact at the pattern; the
-    fill is the mean over the unspecified elements (what the selections there got: ``G``'s total less the
-    stored elements'), so it is routed only where ``pattern_grad_is_exact``; an indefinite fill: 0."""
+    fill is the mean over the unspecified elements of what the selections there got (``G`` at the output
+    positions that selected no stored element, summed directly: an inf stays inf), so it is routed only
+    where ``pattern_grad_is_exact``; an indefinite fill: 0."""
     sd, D = P._sparse_ndim(), tuple(P._dense_shape)
     idx, V = coalesced_parts(P)
     oidx = idx.clone() if keepdim else torch.cat([idx[:dim], idx[dim + 1:]])
