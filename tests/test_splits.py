@@ -4,7 +4,9 @@
     grad(values, fill of A and B) == the same gradients through the dense tensors        (backward)
 
 with no densify fallback, forward or backward (``densify_policy("raise")``: the fallback raises
-``DensifyError``).  Over every OpInfo binary ufunc (``binary_ufuncs`` of ``op_db``, float64), every sample
+``DensifyError``), and the forward not dense by nature either.  The upstream gradient is a SparseTensor on
+even samples (the backward then merges its split with the operands': ``dense_by_nature="raise"`` there
+too) and a dense tensor on odd ones (a gradient dense by nature).  Over every OpInfo binary ufunc (``binary_ufuncs`` of ``op_db``, float64), every sample
 whose input and first argument are tensors: one operand hybrid (one trailing dense dim, COO or CSR), the
 other all-sparse (COO, or CSR on 2-d), in both orders (:data:`PAIRS`), so that broadcasting meets both
 kinds of size-1 dims ((5, 1) hybrid against (5,), (10, 1, 5) against (10, 5)...).  The fills rotate over
@@ -117,9 +119,10 @@ def _run(op, sample, pair, fill, seed):
             op(*[o.sparse(*[t.detach() for t in vf if t is not None], *([None] if vf[1] is None else []))
                  for o, vf in zip(ops, leaves)], *rest, **kw)
         return "ref-rejects"
-    with sparsefill.densify_policy("raise"):
+    with sparsefill.densify_policy("raise", dense_by_nature="raise"):
         out = op(*[o.sparse(*vf) for o, vf in zip(ops, leaves)], *rest, **kw)
-        assert isinstance(out, SparseTensor), f"the result is a {type(out).__name__}, not a SparseTensor"
+    assert isinstance(out, SparseTensor), f"the result is a {type(out).__name__}, not a SparseTensor"
+    with sparsefill.densify_policy("raise"):
         if spec is None:
             torch.testing.assert_close(out.to_dense(), ref, equal_nan=True)
         else:
@@ -129,14 +132,23 @@ def _run(op, sample, pair, fill, seed):
             torch.testing.assert_close(d0[spec], ref[spec], equal_nan=True)
         if not (ref.dtype.is_floating_point and op.supports_autograd and flat):
             return "native"
-        W = torch.randn(ref.shape, dtype=ref.dtype, generator=torch.Generator().manual_seed(seed))
+        g = torch.Generator().manual_seed(seed)
+        W = torch.randn(ref.shape, dtype=ref.dtype, generator=g)
+        sparse_upstream = spec is None and seed % 2 == 0 and ref.dim()
+        if sparse_upstream:  # the backward merges the gradient's split with the operands': sparse throughout
+            W[torch.rand(ref.shape, generator=g) < 0.5] = 0.25
         dense_loss = (ref * W).sum() if spec is None else torch.where(spec, ref * W, 0).sum()
         try:
             want = torch.autograd.grad(dense_loss, flat, allow_unused=True)
         except RuntimeError:  # no derivative formula (e.g. igamma's in its first argument): nor sparse
             return "native"
-        loss = ((out.to_dense() if spec is None else out.to_dense(fill_value=0)) * W).sum()
-        got = torch.autograd.grad(loss, flat, allow_unused=True)
+        if sparse_upstream:
+            with sparsefill.densify_policy(dense_by_nature="raise"):
+                got = torch.autograd.grad((out * sparsefill.to_sparse(W, fill_value=0.25)).sum(), flat,
+                                          allow_unused=True)
+        else:  # a dense upstream gradient: dense by nature in backward (allowed), never the fallback
+            loss = ((out.to_dense() if spec is None else out.to_dense(fill_value=0)) * W).sum()
+            got = torch.autograd.grad(loss, flat, allow_unused=True)
     for w, g_, t in zip(want, got, flat):
         torch.testing.assert_close(torch.zeros_like(t) if g_ is None else g_,
                                    torch.zeros_like(t) if w is None else w, equal_nan=True)
