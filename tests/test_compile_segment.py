@@ -227,3 +227,19 @@ def test_opcheck():
     kj = segment.KeyedJaggedBatch.from_lists([{1: [10, 11], 3: [101]}, {1: [11], 2: [50], 3: [102, 103]}])
     _opcheck(torch.ops.sparsefill.jagged_key_positions.default,
              (kj.values_lengths, kj.keys, kj.example_lengths, [3, 1, 7]))
+
+
+def test_optimizer_step_sparse_gradient_graph_break():
+    """A sparse gradient (torch's sparse COO: dynamo cannot wrap it, pytorch#130687) reaches a compiled
+    ``SparseAdagrad.step`` without ``fullgraph``: a graph break, and the step of eager (plain and row-wise)."""
+    for rowwise in (False, True):
+        p, q = (torch.nn.Parameter(torch.linspace(-1, 1, R * D, dtype=torch.float64).view(R, D)) for _ in range(2))
+        opt, ref = (segment.SparseAdagrad([t], lr=0.1, rowwise=rowwise) for t in (p, q))
+        torch._dynamo.reset()
+        step = torch.compile(opt.step, backend="eager")
+        for ids, _, _, _ in batches():
+            g = torch.sparse_coo_tensor(ids[None], torch.randn(ids.numel(), D, dtype=torch.float64), (R, D))
+            p.grad, q.grad = g.clone(), g.clone()
+            step()
+            ref.step()
+            torch.testing.assert_close(p, q)
