@@ -85,9 +85,15 @@ def unary_fast(func, args, kwargs):
     A = args[0]
     if type(A) is not SparseTensor or A._view is not None or not A._coalesced or A._indefinite:
         return None
-    if len(args) == 1 and not kwargs:  # torch.exp(A)
-        op = _CALLS.get(func) or _call_of(func, (A._fill,), kwargs, func)
-        return A._with_values(op(A._vals), op(A._fill))
+    if not kwargs:
+        if len(args) == 1:  # torch.exp(A)
+            op = _CALLS.get(func) or _call_of(func, (A._fill,), kwargs, func)
+            return A._with_values(op(A._vals), op(A._fill))
+        if len(args) == 2 and not isinstance(args[1], torch.Tensor):  # A * 2
+            c = args[1]
+            key = (func, type(c))
+            op = _CALLS.get(key) or _call_of(func, (A._fill, c), kwargs, key)
+            return A._with_values(op(A._vals, c), op(A._fill, c))
     for a in kwargs.values():
         if isinstance(a, torch.Tensor):
             return None
