@@ -171,7 +171,7 @@ def union_parts(tensors):
     if len(tensors) == 2 and tensors[0]._indefinite and tensors[1]._indefinite and not traced(keys[0]):
         _, ia, ib = _merge.merge_intersect(*keys)  # (only the positions both specify)
         return parts[0][0].index_select(1, ia), [parts[0][1].index_select(0, ia), parts[1][1].index_select(0, ib)]
-    union, inverse = _merge.union_inverse(keys)
+    union, inverse = _union_of(keys)
     U = union.numel()
     one_dim = len(S) == 1 and parts[0][0].dtype == union.dtype  # (the keys are the indices)
     # a pattern that is the union (e.g. a gradient beside the smaller pattern of the forward): its parts as stored
@@ -195,6 +195,19 @@ def union_parts(tensors):
     if keep is not None:
         indices, values = indices[:, keep], [v[keep] for v in values]
     return indices, values
+
+
+def _union_of(keys):
+    """``_merge.union_inverse(keys)``; where one of two runs holds every key of a much smaller one (a gradient
+    beside the forward's pattern, say), no merge: a binary search of the small run in the large one (the large
+    run's positions, the identity, are None)."""
+    if len(keys) == 2 and not traced(keys[0]) and keys[0].device.type != "meta":
+        big = int(keys[1].numel() > keys[0].numel())
+        if 16 * keys[1 - big].numel() < keys[big].numel():  # (the search costs less than the merge)
+            pos, found = _index.lookup(keys[big], keys[1 - big])
+            if bool(found.all()):
+                return keys[big], [None, pos] if big == 0 else [pos, None]
+    return _merge.union_inverse(keys)
 
 
 def scalar_parts(idx: torch.Tensor, vals: torch.Tensor, dense_shape) -> tuple[torch.Tensor, torch.Tensor]:

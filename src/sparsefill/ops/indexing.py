@@ -28,7 +28,7 @@ from .._policy import check_specify
 from .._tensor import SparseTensor
 from ._schema import meta_of, probe_of
 from .registry import register
-from .shape import squeeze
+from .shape import squeeze, with_zero_row
 
 aten = torch.ops.aten
 
@@ -138,7 +138,7 @@ def _slice_backward(func, args, kwargs):
     if _covers(func, sizes, dim, rest) and not G._indefinite:  # no zeros around G: G itself, its fill kept
         idx, vals = coalesced_parts(G)
         if func is aten.select_backward.default:
-            idx = torch.cat([idx[:dim], idx.new_zeros((1, idx.shape[1])), idx[dim:]])
+            idx = with_zero_row(idx, dim, G.shape)
         return parts_to_sparse(idx, vals, torch.Size(sizes), fill, layout=torch.sparse_coo, coalesced=True)
     if G._indefinite or G._fill_is_zero() or not bool(fill.ne(0).any()):
         idx, vals = coalesced_parts(G)

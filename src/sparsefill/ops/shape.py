@@ -27,9 +27,11 @@ True
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from .. import _index, _merge
+from .._compile import traced
 from .._convert import differs, scalar_parts
 from .._policy import check_specify
 from .._tensor import SparseTensor
@@ -150,10 +152,26 @@ def unsqueeze(A: SparseTensor, dim: int) -> SparseTensor:
     shape = list(A.shape)
     shape.insert(dim, 1)
     if dim <= sd:
-        idx = torch.cat([idx[:dim], idx.new_zeros((1, idx.shape[1])), idx[dim:]])
-        return _make(A, shape, idx, vals, A._fill, A._coalesced)
+        return _make(A, shape, with_zero_row(idx, dim, A.shape), vals, A._fill, A._coalesced)
     fill = A._fill if A._indefinite else _fill_dense(A).unsqueeze(dim - sd)
     return _make(A, shape, idx, vals.unsqueeze(1 + dim - sd), fill, A._coalesced)
+
+
+def with_zero_row(idx: torch.Tensor, dim: int, shape) -> torch.Tensor:
+    """``idx`` (over ``shape``'s sparse dims) with a row of zeros inserted at ``dim`` (a new size-1 dim).  A large
+    CPU index is allocated zeroed by calloc (numpy's zeros): the rows of the size-1 dims, zeros, are not
+    written (their pages stay untouched until read) -- one row copied per dim of size > 1."""
+    n = idx.shape[1]
+    if idx.device.type != "cpu" or idx.dtype != torch.int64 or n < _CALLOC_MIN or traced(idx):
+        return torch.cat([idx[:dim], idx.new_zeros((1, n)), idx[dim:]])
+    out = torch.from_numpy(np.zeros((idx.shape[0] + 1, n), np.int64))
+    for d in range(idx.shape[0]):
+        if shape[d] != 1:
+            out[d + (d >= dim)] = idx[d]
+    return out
+
+
+_CALLOC_MIN = 1 << 16  # index columns from which with_zero_row allocates through calloc
 
 
 def squeeze(A: SparseTensor, dims=None) -> SparseTensor:
