@@ -67,17 +67,30 @@ CASES = {
     "softmax": lambda A, B: torch.softmax(A, 1),
     "A@X": lambda A, B: A @ X,
     "Y@A": lambda A, B: Y @ A,
-    "masked_softmax": lambda A, B: sparsefill.masked.softmax(A, 1),
+    "masked_softmax": lambda A, B: sparsefill.masked.softmax(A, 1),  # (run on an indefinite fill)
     "masked_sum": lambda A, B: sparsefill.masked.sum(A, 1),
     "masked_amax": lambda A, B: sparsefill.masked.amax(A, 0),
+    # masked normalizations of a definite fill: dense by nature, compiled all-stored (static nse)
+    "masked_softmax_def": lambda A, B: sparsefill.masked.softmax(A, 1),
+    "masked_cumsum_def": lambda A, B: sparsefill.masked.cumsum(A, 0),
+    "masked_normalize_mask": lambda A, B: sparsefill.masked.normalize(A, 2.0, 1, mask=B > 0),
 }
+FORMS = {"coo": {}, "csr": {"layout": torch.sparse_csr}, "hybrid": {"dense_shape": (3,)}}
+ALL = tuple(FORMS)
+# every case family in every form it applies to (eager backend: dynamo's graph, autograd eager)
+FAMILIES = {**{n: ALL for n in CASES}, "dense_dims": ("hybrid",), "A@X": ("coo", "csr"), "Y@A": ("coo", "csr")}
 
 
 def run_case(name, backend, layout=torch.sparse_coo, dense_shape=(), fill=0.5):
+    """``CASES[name]`` compiled (fullgraph) against eager on three pattern pairs of different nse, the third
+    under ``error_on_recompile``: forward, and the gradients of values and fill of a loss computed inside
+    the compiled function (backends with AOTAutograd: the joint graph) or of the compiled output (eager)."""
     fn = CASES[name]
+    fill = None if name == "masked_softmax" else fill
     torch._dynamo.reset()
     out_c = torch.compile(fn, backend=backend, fullgraph=True)
-    loss_c = torch.compile(lambda A, B: weighted(fn(A, B)), backend=backend, fullgraph=True)
+    loss_c = (lambda A, B: weighted(out_c(A, B))) if backend == "eager" else \
+        torch.compile(lambda A, B: weighted(fn(A, B)), backend=backend, fullgraph=True)
     kw = dict(layout=layout, dense=dense_shape, fill=fill)
     leaves = (lambda v, f: [v]) if fill is None else (lambda v, f: [v, f])
     for step, (na, nb) in enumerate([(8, 6), (11, 9), (13, 4)]):
@@ -90,34 +103,17 @@ def run_case(name, backend, layout=torch.sparse_coo, dense_shape=(), fill=0.5):
             torch.testing.assert_close(got, want)
 
 
-@pytest.mark.parametrize("name", [n for n in CASES if n not in ("masked_softmax", "dense_dims", "masked_sum",
-                                                                  "masked_amax")])
-def test_eager_backend_coo(name):
-    run_case(name, "eager")
+@pytest.mark.parametrize("name,form", [(n, f) for n, forms in FAMILIES.items() for f in forms])
+def test_eager_backend(name, form):
+    run_case(name, "eager", **FORMS[form])
 
 
-@pytest.mark.parametrize("name", ["unary", "union", "sum_dim", "softmax", "A@X", "Y@A"])
-def test_eager_backend_csr(name):
-    run_case(name, "eager", torch.sparse_csr)
-
-
-@pytest.mark.parametrize("name", ["unary", "dense_dims", "union", "sum", "sum_dim"])
-def test_eager_backend_hybrid(name):
-    run_case(name, "eager", dense_shape=(3,))
-
-
-def test_masked_softmax_indefinite():
-    """``sparsefill.masked.softmax`` of a masked (indefinite-fill) tensor: recorded whole by dynamo (CSR and
-    aot_eager: in :func:`test_gat_layer`)."""
-    run_case("masked_softmax", "eager", fill=None)
-
-
-@pytest.mark.parametrize("name,backend", [("masked_sum", "aot_eager"), ("masked_amax", "aot_eager"),
-                                          ("masked_amax", "eager")])
-def test_masked_reduction_definite(name, backend):
-    """``sparsefill.masked`` reductions of a definite fill without a mask (the pattern is the mask: known
-    without reading the mask's values)."""
-    run_case(name, backend)
+@pytest.mark.parametrize("name,form", [("masked_sum", "coo"), ("masked_amax", "coo"), ("masked_softmax_def", "csr"),
+                                       ("masked_normalize_mask", "hybrid")])
+def test_aot_eager_masked_definite(name, form):
+    """``sparsefill.masked`` of a definite fill: reductions without a mask (the pattern is the mask: known
+    without reading the mask's values); normalizations (dense by nature: compiled in the all-stored form)."""
+    run_case(name, "aot_eager", **FORMS[form])
 
 
 @pytest.mark.parametrize("name", ["unary", "union", "sum", "sum_dim", "amax_dim", "amin_dim", "softmax", "A@X", "Y@A"])
@@ -182,17 +178,17 @@ def test_dense_gradient_of_sparse_output(backend, layout, dense_shape, fill):
 
 def test_graph_break_never_an_error():
     """Without fullgraph, an op whose handler does not trace (sparse @ sparse: torch's native sparse kernels;
-    ``masked.softmax`` of a definite fill) is a graph break and the result is the eager one; with fullgraph
+    ``masked.cumsum`` of an indefinite fill) is a graph break and the result is the eager one; with fullgraph
     the break is reported."""
     fn = lambda A, B: torch.exp((A @ B.t()) * -1) + 1  # noqa: E731
     A, _, _ = make(8, 0)
     B, _, _ = make(9, 1)
     torch._dynamo.reset()
     torch.testing.assert_close(dense(torch.compile(fn, backend="eager")(A, B)), dense(fn(A, B)))
-    # masked.softmax of a definite fill extends the pattern by a data-dependent count: not traceable, eager
-    ms = lambda A: sparsefill.masked.softmax(A * 2, 1)  # noqa: E731
+    M, _, _ = make(8, 0, fill=None)
+    mc = lambda A: sparsefill.masked.cumsum(A * 2, 1)  # noqa: E731
     torch._dynamo.reset()
-    torch.testing.assert_close(dense(torch.compile(ms, backend="eager")(A)), dense(ms(A)), equal_nan=True)
+    torch.testing.assert_close(dense(torch.compile(mc, backend="eager")(M)), dense(mc(M)), equal_nan=True)
     torch._dynamo.reset()
     with pytest.raises(torch._dynamo.exc.Unsupported, match="sparsefill"):
         torch.compile(fn, backend="eager", fullgraph=True)(A, B)

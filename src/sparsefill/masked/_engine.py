@@ -21,6 +21,7 @@ import functools
 import torch
 
 from .. import _index
+from .._compile import traced
 from .._reduce import csr_row_slices, group_slices
 from ._canon import Masked
 
@@ -62,7 +63,7 @@ class Slices:
         dev = X.u.device
         if X.rows is not None and self.red_s == [1]:  # plain CSR along its columns: the rows are the slices
             counts = X.A._crow.diff()
-            self.out_idx, self.n_u, lengths = csr_row_slices(counts, S[1])
+            self.out_idx, self.n_u, lengths = csr_row_slices(counts, S[1], all_rows=traced(counts))  # (static)
             self.seg_row = X.rows if self.out_idx.shape[1] == counts.numel() else _index.runs_to_ids(lengths, k)
         elif self.red_s:
             self.seg_row, self.out_idx, self.n_u = group_slices(X.indices(), S, self.red_s)
