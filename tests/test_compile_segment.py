@@ -225,8 +225,9 @@ def test_opcheck():
     _opcheck(torch.ops.sparsefill.sparse_ftrl_.default, (p, m.clone(), m.clone(), ids, g, 0.005, 1.0, 0.001, 0.001,
                                                          "coalesced"))
     kj = segment.KeyedJaggedBatch.from_lists([{1: [10, 11], 3: [101]}, {1: [11], 2: [50], 3: [102, 103]}])
-    _opcheck(torch.ops.sparsefill.jagged_key_positions.default,
-             (kj.values_lengths, kj.keys, kj.example_lengths, [3, 1, 7]))
+    for values in (kj.values, torch.arange(kj.values.numel())):
+        _opcheck(torch.ops.sparsefill.jagged_key_lists.default,
+                 (values, kj.values_lengths, kj.keys, kj.example_lengths, [3, 1, 7]))
 
 
 def test_optimizer_step_sparse_gradient_graph_break():

@@ -13,8 +13,8 @@ eager errors), its fake implementation gives the output sizes from the input siz
     sparsefill::sparse_adagrad_(param!, moment!, indices, grad, ...)          == segment.sparse_adagrad
     sparsefill::rowwise_sparse_adagrad_(param!, moment!, indices, grad, ...)  == segment.rowwise_sparse_adagrad
     sparsefill::sparse_ftrl_(param!, n!, z!, indices, grad, ...)              == segment.sparse_ftrl
-    sparsefill::jagged_key_positions(values_lengths, keys, example_lengths, wanted)
-        == (offsets of the (key, example) lists, per wanted key the positions of its ids in values)
+    sparsefill::jagged_key_lists(values, values_lengths, keys, example_lengths, wanted)
+        == (offsets of the (key, example) lists, per wanted key its entries of values)
 
 The optimizers' ops declare the tensors they update in place (``mutates_args``).  Registered on the first
 import of this module (by the first traced call).
@@ -37,7 +37,7 @@ from ._check import as_index
 from ._reduce_ops import SEGMENT_REDUCERS, _backward, _flat, _out_dtype, _reduce_eager, _scatter_rows
 
 __all__ = ["segment_reduce", "segment_reduce_op", "segment_reduce_backward", "sparse_adagrad_",
-           "rowwise_sparse_adagrad_", "sparse_ftrl_", "jagged_key_positions"]
+           "rowwise_sparse_adagrad_", "sparse_ftrl_", "jagged_key_lists"]
 
 
 def _wants_arg(reducer: str, want_arg: bool, ties: str) -> bool:
@@ -208,20 +208,17 @@ def _(param, n, z, indices, grad, alpha, beta, lambda1, lambda2, update_mode):
 
 
 # ------------------------------------------------------------------------------------------ keyed jagged batches
-@custom_op("sparsefill::jagged_key_positions", mutates_args=())
-def jagged_key_positions(values_lengths: torch.Tensor, keys: torch.Tensor, example_lengths: torch.Tensor,
-                         wanted: list[int]) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """``(offsets, positions)``: ``KeyedJaggedBatch._by_key``'s offsets (``K * B + 1``) and, per wanted key
-    ``j``, the positions in ``values`` of its ids, example by example (their count: a dynamic size)."""
-    from ._jagged import key_positions
-    offsets, at = key_positions(values_lengths, keys, example_lengths, wanted)
-    B = example_lengths.shape[0]
-    bounds = offsets[::B].tolist() if B else [0] * (len(wanted) + 1)
-    return offsets, [at[lo:hi].clone() for lo, hi in zip(bounds[:-1], bounds[1:])]
+@custom_op("sparsefill::jagged_key_lists", mutates_args=())
+def jagged_key_lists(values: torch.Tensor, values_lengths: torch.Tensor, keys: torch.Tensor,
+                     example_lengths: torch.Tensor, wanted: list[int]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """``(offsets, lists)``: ``KeyedJaggedBatch._by_key``'s offsets (``K * B + 1``) and, per wanted key ``j``,
+    its entries of ``values`` example by example (their count: a dynamic size)."""
+    from ._jagged import key_lists
+    return key_lists(values, values_lengths, keys, example_lengths, wanted)
 
 
-@jagged_key_positions.register_fake
-def _(values_lengths, keys, example_lengths, wanted):
+@jagged_key_lists.register_fake
+def _(values, values_lengths, keys, example_lengths, wanted):
     ctx = get_ctx()
     offsets = keys.new_empty(len(wanted) * example_lengths.shape[0] + 1, dtype=torch.int64)
-    return offsets, [keys.new_empty(ctx.new_dynamic_size(), dtype=torch.int64) for _ in wanted]
+    return offsets, [values.new_empty(ctx.new_dynamic_size()) for _ in wanted]

@@ -404,18 +404,21 @@ class KeyedJaggedBatch:
         return out
 
     def _pooled_traced(self, tables, given, keys, reducer, weighted, pos_w, kw):
-        """``pooled`` under torch.compile: the positions of every key's ids by the custom op
-        ``sparsefill::jagged_key_positions`` (one dynamic size per key), then as ``pooled``."""
-        from ._custom_ops import jagged_key_positions
-        offsets, pos = jagged_key_positions(self.values_lengths, self.keys, self.example_lengths, keys)
+        """``pooled`` under torch.compile: every key's ids (or, weighted, their positions) by the custom op
+        ``sparsefill::jagged_key_lists`` (one dynamic size per key), then as ``pooled``."""
+        from ._custom_ops import jagged_key_lists
+        vals = self.values
+        src = torch.arange(vals.shape[0], device=vals.device) if weighted else vals  # (weighted: positions)
+        offsets, lists = jagged_key_lists(src, self.values_lengths, self.keys, self.example_lengths, keys)
         B = self.batch_size
         out = {}
         for j, k in enumerate(keys):
             table = tables[given[k]] if isinstance(tables, dict) else tables
             offs = offsets[j * B:(j + 1) * B + 1]
-            wk = self.weights.index_select(0, pos[j]).to(table.dtype) if weighted else pos_w
-            out[k] = reduce(table, reducer, offsets=offs - offs[0], indices=self.values.index_select(0, pos[j]),
-                            weights=wk, **kw)
+            ids, wk = lists[j], pos_w
+            if weighted:
+                ids, wk = vals.index_select(0, lists[j]), self.weights.index_select(0, lists[j]).to(table.dtype)
+            out[k] = reduce(table, reducer, offsets=offs - offs[0], indices=ids, weights=wk, **kw)
         return out
 
     def _by_key(self, keys: list[int], *, with_weights: bool = False):
@@ -472,8 +475,24 @@ def _positions(offsets, starts, lengths, n: int):
         torch.repeat_interleave(starts[:KB] - offsets[:-1], lengths[:KB], output_size=n))
 
 
-def key_positions(values_lengths, keys, example_lengths, wanted: list[int]):
-    """``(offsets, at)``: the offsets of ``KeyedJaggedBatch._by_key`` and the positions in ``values`` of its
-    ids (``ids = values[at]``)."""
+def key_lists(values, values_lengths, keys, example_lengths, wanted: list[int]):
+    """``(offsets, lists)``: the offsets of ``KeyedJaggedBatch._by_key`` and, per wanted key ``j``, its entries
+    of ``values`` (1-D) example by example (``_by_key``'s ids ``[offsets[j * B]:offsets[(j + 1) * B]]``), each
+    its own tensor (one compiled copy per list on the compiled segment backend, else a gather)."""
     offsets, starts, lengths = _slots(values_lengths, keys, example_lengths, wanted)
-    return offsets, _positions(offsets, starts, lengths, int(offsets[-1]))
+    B = example_lengths.shape[0]
+    bounds = offsets[::B].tolist() if B else [0] * (len(wanted) + 1)
+    nb = values.dim() == 1 and values.is_contiguous() and _kernels.compiled_for(values.device, bounds[-1])
+    out = []
+    for j, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:])):
+        slots = slice(j * B, (j + 1) * B)
+        offs = offsets[slots] - lo
+        if nb:
+            part = values.new_empty(hi - lo)
+            _kernels._nb().gather_runs(values.numpy(), starts[slots].numpy(), lengths[slots].numpy(), offs.numpy(),
+                                       part.numpy())
+        else:
+            part = values.index_select(0, torch.arange(hi - lo, device=values.device).add_(
+                torch.repeat_interleave(starts[slots] - offs, lengths[slots], output_size=hi - lo)))
+        out.append(part)
+    return offsets, out
