@@ -384,3 +384,22 @@ def test_in_place_with_a_partly_masked_slice_is_refused():
     spec = torch.tensor([[True, True], [True, False]])
     assert out._indefinite and out.dense_dim() == 0
     _same(out, xa + I.to_dense(fill_value=0), spec)
+
+
+@pytest.mark.parametrize("fill", ["scalar", "array", "indefinite"])
+def test_equal_and_copy_across_splits(fill):
+    """``torch.equal`` and ``copy_`` between SparseTensors split differently: at one split, exactly, no fallback
+    (``copy_``: the target keeps its dense dims; ``equal`` of a masked tensor: same pattern and values)."""
+    x = torch.randn(5, 3)
+    x[1] = torch.tensor([1., 2., 3.])
+    f = {"scalar": torch.tensor(2.), "array": torch.tensor([1., 2., 3.]), "indefinite": sparsefill.indefinite}[fill]
+    H, xh = _hybrid(x, f)
+    C = finer(H, 0)
+    with sparsefill.densify_policy("raise"):
+        assert torch.equal(H, C) and torch.equal(C, H)
+        assert not torch.equal(H, C * 2) and not torch.equal(C * 2, H)
+        for dst, src in ((H.clone(), C), (C.clone(), H)):
+            dd = dst.dense_dim()
+            dst.copy_(src * 2)
+            assert dst.dense_dim() == dd
+            _same(dst, 2 * xh, (dst.to_dense(fill_value=0) != 0) | (dst.to_dense(fill_value=1) != 1))

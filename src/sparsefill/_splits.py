@@ -104,6 +104,11 @@ def coarser(T: SparseTensor, nd: int) -> SparseTensor | None:
                         coalesced=True, known_zero=T._fill_is_zero())
 
 
+def to_dense_dim(T: SparseTensor, nd: int) -> SparseTensor | None:
+    """``T`` with ``nd`` dense dims, exactly: :func:`finer` or :func:`coarser` (None where ``coarser`` is)."""
+    return finer(T, nd) if T.dense_dim() > nd else coarser(T, nd)
+
+
 def merge_dense_dim(operands) -> int:
     """The number of trailing dense dims at which ``operands`` (SparseTensors, broadcastable) merge: the
     module's rule, the finest split that stores no unspecified element (or the free coarsening)."""
@@ -123,7 +128,7 @@ def one_split(operands, layout, keep: SparseTensor | None = None):
     CSR's rows and columns would become other dims).  ValueError where an operand cannot take ``keep``'s
     split (an indefinite one with a partly specified slice there), before anything is written."""
     nd = keep.dense_dim() if keep is not None else merge_dense_dim(operands)
-    conv = [finer(T, nd) if T.dense_dim() > nd else coarser(T, nd) for T in operands]
+    conv = [to_dense_dim(T, nd) for T in operands]
     for T, C in zip(operands, conv):
         if C is None:
             raise ValueError(f"an in-place op on a SparseTensor with {nd} dense dims: an operand with an indefinite "

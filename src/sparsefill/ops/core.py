@@ -7,6 +7,7 @@ import torch
 from .. import _creation, _index
 from .._convert import (coalesce_of, coalesced_parts, dense_of, dense_to_sparse, map_inner, rewrap, to_layout,
                         union_parts)
+from .._splits import one_split, to_dense_dim
 from .._tensor import SparseTensor
 from ._writes import assign_
 from .registry import register
@@ -64,6 +65,9 @@ def _copy_(func, args, kwargs):
     if not isinstance(dst, SparseTensor):  # a dense target is dense by nature
         return dst.copy_(dense_of(src))
     if isinstance(src, SparseTensor):
+        if src.dense_dim() != dst.dense_dim() and src.shape == dst.shape:  # src at dst's split, exactly
+            conv = to_dense_dim(src, dst.dense_dim())  # (None: an indefinite src with a partly masked slice)
+            src = src if conv is None else conv
         if src.shape != dst.shape or src.dense_dim() != dst.dense_dim():
             return NotImplemented
         new = map_inner(_coalesced_for_cast(src, dst.dtype),
@@ -81,8 +85,8 @@ def _equal(func, args, kwargs):
         return False
     if not (isinstance(a, SparseTensor) and isinstance(b, SparseTensor)):  # the dense side is dense by nature
         return torch.equal(*(dense_of(t) if isinstance(t, SparseTensor) else t for t in (a, b)))
-    if b._sparse_shape != a._sparse_shape:
-        return NotImplemented
+    if b._sparse_shape != a._sparse_shape:  # split differently: compared at one split, exactly
+        a, b = one_split([a, b], a._sf_layout)[0]
     if a._indefinite or b._indefinite:  # equal masked tensors: same pattern, same values
         (ia, va), (ib, vb) = coalesced_parts(a), coalesced_parts(b)
         return a._indefinite and b._indefinite and torch.equal(ia, ib) and torch.equal(va, vb)
