@@ -21,6 +21,12 @@ Adagrad on embedding-table gradients).
 ``lr`` is positive and the step descends (Caffe2 passes a negative rate instead).  Every argument
 is checked before anything is written: a failed call modifies nothing.
 
+Under torch.compile each function is one custom op that updates ``param`` and its states in place
+(``sparsefill::sparse_adagrad_``, ``rowwise_sparse_adagrad_``, ``sparse_ftrl_``: ``mutates_args``; the
+checks and kernels above at run time), so an optimizer's ``step`` compiles with ``fullgraph=True`` on
+dense gradients.  torch's sparse gradients cannot enter a compiled graph (dynamo does not wrap sparse
+tensors): a compiled ``step`` on them breaks the graph (without ``fullgraph``) and runs eagerly.
+
 Adagrad (per element; rowwise: ``h`` per row and ``mean_j g_j^2`` added)::
 
     g = grad + weight_decay * w;   h = decay * h + g^2;   w = w - lr * (g / (sqrt(h) + eps))

@@ -21,7 +21,9 @@ reducer protocol of :mod:`sparsefill._reduce` (identity, combine, finalize with 
 max and min run on the kernels of :mod:`._kernels`.
 
 Gradients (data and weights) come from one ``autograd.Function`` whose backward is written in
-differentiable torch ops, so the linear reducers have a double backward.  Max/min ties share the
+differentiable torch ops, so the linear reducers have a double backward.  Under torch.compile the call is
+one custom op, ``sparsefill::segment_reduce``, with its backward another (``_custom_ops``: the same
+kernels and checks, run at run time; no double backward there).  Max/min ties share the
 gradient by ``ties=``: ``"split"`` (equally, as ``torch.amax``; the default), ``"first"`` (the arg
 position only, as ``torch.max(dim)``) or ``"all"`` (every tie gets the full gradient, Caffe2's rule).
 """
@@ -383,7 +385,7 @@ def _args(data, reducer, weights, ties, sparse_grad, return_arg, indices, empty)
 
 
 def _reduce_eager(data, red: SegmentReducer, *, lengths, offsets, segment_ids, indices, weights, num_segments, sorted,
-            empty, want_arg, ties, out_of_range, validate, sparse_grad):
+                  empty, want_arg, ties, out_of_range, validate, sparse_grad):
     """``(out, arg)`` of ``reduce`` (``arg`` an empty tensor unless computed) after :func:`_args`: the plan,
     the checks that read data, and the kernels (through ``_SegmentReduceFn`` where a gradient is wanted)."""
     plan = make_plan(data.shape[0], data.device, lengths=lengths, offsets=offsets, segment_ids=segment_ids,
