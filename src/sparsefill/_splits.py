@@ -18,12 +18,20 @@ slice (O(numel), through the gate of :func:`._policy.check_specify`).  ``coarser
 stored prefix (O(nse * |K|)); an indefinite ``T`` only when each such slice is wholly stored (a slice of a
 hybrid is all specified or all masked out), else None.
 
-:func:`merge_dense_dim` picks the result's ``nd`` among the operands' numbers of dense dims::
+:func:`merge_dense_dim` picks the result's ``nd`` among the operands' numbers of dense dims (an in-place
+op keeps its target's, :func:`one_split`)::
 
-    nd = max(dense dims)   when every operand with fewer has size 1 in the dims that become dense (free)
+    nd = max(dense dims)   when every operand with fewer has size 1 in the dims that become dense
+                           (free: A - A.logsumexp(-1, keepdim=True) of a hybrid A stays hybrid)
        = min{n : every operand with more than n dense dims has a fill uniform along the extra ones,
-                 and every one with fewer is definite}               (the finest split that stores no fill)
+                 and every one with fewer is definite}
        = min(dense dims)   when no n qualifies (an indefinite operand beside a varying array fill)
+
+The second line is the finest split at which no unspecified element is stored: the finer split, unless
+a hybrid operand's fill varies along dense dims that would become sparse (e.g. a per-feature default
+``fill_value=torch.tensor([1., 2., 3.])``); there the all-sparse operand's stored elements are gathered
+into slices instead (O(nse * |K|) elements, the fill stays an array) where the finer split would store
+the fill at every unspecified slice (O(numel)).
 
 >>> import torch, sparsefill
 >>> H = sparsefill.sparse_coo_tensor([[1]], [[5., 6.]], (3, 2), fill_value=0.)          # hybrid, 1 dense dim
