@@ -370,6 +370,38 @@ def test_masked_normalization_with_the_fill_masked_in_variants(how):
     _check_masked_norm(case, fn, sparse_weights=how == "sparse upstream gradient", computed=how == "computed input")
 
 
+MASKED_REDUCTIONS = {
+    "sum()": (lambda A: sparsefill.masked.sum(A), lambda D: torch.masked.sum(D)),
+    "mean(0)": (lambda A: sparsefill.masked.mean(A, 0), lambda D: torch.masked.mean(D, 0)),
+    "amax()": (lambda A: sparsefill.masked.amax(A), lambda D: torch.masked.amax(D)),
+    "var(1)": (lambda A: sparsefill.masked.var(A, 1), lambda D: torch.masked.var(D, 1)),
+    "logsumexp((0, 1))": (lambda A: sparsefill.masked.logsumexp(A, (0, 1)),
+                          lambda D: torch.masked.logsumexp(D, (0, 1))),
+    "norm(2, 1)": (lambda A: sparsefill.masked.norm(A, 2.0, 1), lambda D: torch.masked.norm(D, 2.0, 1)),
+}
+
+
+@pytest.mark.parametrize("fill", [0.0, 2.5], ids=str)
+@pytest.mark.parametrize("layout", ["coo", "csr"])
+@pytest.mark.parametrize("op", sorted(MASKED_REDUCTIONS))
+def test_masked_reduction_with_the_fill_masked_in_runs_on_the_pattern(op, layout, fill):
+    """``sparsefill.masked.<reduction>(A)`` with ``mask=None`` on a defined fill: the backward gives the fill its
+    total over the unspecified elements with no densifying; against torch.masked on dense."""
+    fn, ref = MASKED_REDUCTIONS[op]
+    case = RCase((6, 5), fill, nse=8, **_case_kw(layout))
+    v, f = case.leaves()
+    with sparsefill.densify_policy("raise", dense_by_nature="raise"):
+        out = _dense(fn(case.build(v, f)))
+        W = torch.randn(out.shape, dtype=out.dtype, generator=torch.Generator().manual_seed(1))
+        (out * W).sum().backward()
+    vd, fd = case.leaves()
+    want = ref(case.build(vd, fd).to_dense())
+    (want * W).sum().backward()
+    torch.testing.assert_close(out, want, equal_nan=True)
+    torch.testing.assert_close(v.grad, vd.grad, equal_nan=True)
+    torch.testing.assert_close(f.grad, fd.grad, equal_nan=True)
+
+
 def test_masked_normalization_of_a_leaf_declares_its_densifying_backward():
     """A SparseTensor leaf's gradient varies over its unspecified elements (``G / norm`` per slice): dense by
     nature, through the densify gate (refused under ``dense_by_nature='raise'``), and equal to the dense one."""
@@ -536,7 +568,8 @@ def test_reductions_over_sparse_and_dense_dims_of_an_indefinite_fill(op):
               "amax((0, 2))": (lambda A: A.amax((0, 2)), lambda D, M: torch.masked.amax(D, (0, 2), mask=M)),
               "logsumexp((1, 2))": (lambda A: A.logsumexp((1, 2)),
                                     lambda D, M: torch.masked.logsumexp(D, (1, 2), mask=M)),
-              "norm((1, 2))": (lambda A: A.norm(dim=(1, 2)), lambda D, M: torch.masked.norm(D, 2.0, (1, 2), mask=M))}[op]
+              "norm((1, 2))": (lambda A: A.norm(dim=(1, 2)),
+                               lambda D, M: torch.masked.norm(D, 2.0, (1, 2), mask=M))}[op]
     case = RCase((6, 5, 3), "indefinite", dense_dim=1, nse=7)
     v, _ = case.leaves()
     out = fn(case.build(v, None))

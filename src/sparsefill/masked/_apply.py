@@ -6,15 +6,14 @@ when no gradient is needed, and otherwise inside :class:`MaskedFn`, whose backwa
 
     grad_input = SparseTensor(pattern of X, d out / d u, fill 0)       when X.mfill is False
     grad_input = SparseTensor(pattern of X, d out / d u, fill (d out / d fill) / m)
-                                                                        X.mfill, a sparse result, and
-                                                                        pattern_grad_is_exact(input)
+                                                                        X.mfill and pattern_grad_is_exact(input)
     grad_input = d dense_ref(input.to_dense()) / d input                otherwise (dense by nature)
 
 The first line is exact: positions outside the pattern are masked out, so nothing depends on them.  In
 the second the ``m`` unspecified elements are masked in (``mask=None``): ``d out / d fill`` is their
-total, from the fill classes (``Result.classes``: the value of the unspecified outputs of each slice,
-weighted by ``G`` summed over them, :func:`class_sums`), ``O(stored + G)``; the mean is exact where only
-the pattern and the total are read (the constructor).
+total (for a normalization along a sparse dim from the fill classes, ``Result.classes``: the value of the
+unspecified outputs of each slice, weighted by ``G`` summed over them, :func:`class_sums`), ``O(stored +
+G)``; the mean is exact where only the pattern and the total are read (the constructor).
 """
 
 from __future__ import annotations
@@ -137,14 +136,14 @@ class MaskedFn(torch.autograd.Function):
 
 
 def _native_fill_grad(ctx) -> bool:
-    """Masked-in unspecified elements (``mask=None`` on a defined fill) and a sparse result: the gradient is
-    computed on the pattern, exact there, with the *mean* over the unspecified elements as its fill (their
+    """Masked-in unspecified elements (``mask=None`` on a defined fill): the gradient is computed on the
+    pattern, exact there, with the *mean* over the unspecified elements as its fill (their
     total from the fill classes: ``O(stored + G)``); exact for every reader where
     ``linalg_autograd.pattern_grad_is_exact`` (the constructor reads the pattern and the total), otherwise
     the dense way (dense by nature: the gradient varies from slice to slice)."""
     res = ctx.res
-    if res.dense is not None or res.classes is None and res.fill is not None and not res.fill.requires_grad:
-        return False
+    if res.dense is None and res.classes is None and not res.fill.requires_grad:
+        return False  # (the unspecified outputs' dependence on the fill is not recorded: a softmax-like fallback)
     from ..ops.linalg_autograd import pattern_grad_is_exact
     return pattern_grad_is_exact(ctx.X.A)
 
