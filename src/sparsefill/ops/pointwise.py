@@ -85,27 +85,35 @@ def unary_fast(func, args, kwargs):
     A = args[0]
     if type(A) is not SparseTensor or A._view is not None or not A._coalesced or A._indefinite:
         return None
-    if not kwargs:
+    if not kwargs:  # (the common calls, their kinds known: no argument lists)
         if len(args) == 1:  # torch.exp(A)
             op = _CALLS.get(func) or _call_of(func, (A._fill,), kwargs, func)
             return A._with_values(op(A._vals), op(A._fill))
-        if len(args) == 2 and not isinstance(args[1], torch.Tensor):  # A * 2
+        if len(args) == 2:
             c = args[1]
-            key = (func, type(c))
-            op = _CALLS.get(key) or _call_of(func, (A._fill, c), kwargs, key)
-            return A._with_values(op(A._vals, c), op(A._fill, c))
+            if not isinstance(c, torch.Tensor):  # A * 2
+                key = (func, type(c))
+                op = _CALLS.get(key) or _call_of(func, (A._fill, c), kwargs, key)
+                return A._with_values(op(A._vals, c), op(A._fill, c))
+            if not _joins(c, A):
+                return None
+            key = (func, SparseTensor)
+            op = _CALLS.get(key) or _call_of(func, (A._fill, c._fill), kwargs, key)
+            if c._idx is A._idx and c._crow is A._crow and c._col is A._col:  # A + A
+                return A._with_values(op(A._vals, c._vals), op(A._fill, c._fill))
+            if not _mergeable(c, A):
+                return None
+            return _on_union(op, args, kwargs, A, c, False)  # A + B
     for a in kwargs.values():
         if isinstance(a, torch.Tensor):
             return None
     vals, fills, B, many = [A._vals], [A._fill], None, False
     for a in args[1:]:
         if isinstance(a, torch.Tensor):
-            if type(a) is not SparseTensor or a._view is not None or not a._coalesced or a._indefinite \
-                    or a._vals.dtype != A._vals.dtype or a.shape != A.shape:
+            if not _joins(a, A):
                 return None
             if a._idx is not A._idx or a._crow is not A._crow or a._col is not A._col:
-                if a._sf_layout is not torch.sparse_coo or A._sf_layout is not torch.sparse_coo \
-                        or a._idx.shape[0] != A._idx.shape[0]:
+                if not _mergeable(a, A):
                     return None
                 many = many or B is not None and a._idx is not B._idx
                 B = a if B is None else B
@@ -118,17 +126,36 @@ def unary_fast(func, args, kwargs):
     op = _CALLS.get(key) or _call_of(func, fills, kwargs, key)
     if B is None:
         return A._with_values(op(*vals, **kwargs), op(*fills, **kwargs))
+    return _on_union(op, args, kwargs, A, B, many)
+
+
+def _joins(a: SparseTensor, A: SparseTensor) -> bool:
+    """A tensor operand ``a`` beside ``A`` in :func:`unary_fast`: a coalesced definite SparseTensor of ``A``'s dtype
+    and shape that is not a view."""
+    return type(a) is SparseTensor and a._view is None and a._coalesced and not a._indefinite \
+        and a._vals.dtype == A._vals.dtype and a.shape == A.shape
+
+
+def _mergeable(a: SparseTensor, A: SparseTensor) -> bool:
+    """Another pattern than ``A``'s that :func:`unary_fast` merges: both COO, as many sparse dims."""
+    return a._sf_layout is torch.sparse_coo and A._sf_layout is torch.sparse_coo and a._idx.shape[0] == A._idx.shape[0]
+
+
+def _on_union(op, args, kwargs, A: SparseTensor, B: SparseTensor, many: bool):
+    """``op`` on the SparseTensor operands' values at the union of their patterns (``A``'s and ``B``'s: two; or
+    ``many``) and on the fills; None while traced (the general rule: a union's size is data)."""
     if type(A._vals) is not torch.Tensor:  # torch.compile (fake tensors): the general rule (a union's nse is unbacked)
         return None
     if many:  # three patterns or more
         idx, at = union_parts([a for a in args if type(a) is SparseTensor])
         it = iter(at)
         vals = [next(it) if type(a) is SparseTensor else a for a in args]
-    else:  # A + B: the two patterns' union
+    else:  # the two patterns' union
         idx, (pa, pb) = union2(A, B)
         n = idx.shape[1]
         va, vb = _spread(A, pa, n), _spread(B, pb, n)
         vals = [(va if a._idx is A._idx else vb) if type(a) is SparseTensor else a for a in args]
+    fills = [a._fill if type(a) is SparseTensor else a for a in args]
     return SparseTensor._make(torch.sparse_coo, A.shape, op(*vals, **kwargs), op(*fills, **kwargs), idx, None, None,
                               False, True, False)
 
