@@ -83,7 +83,7 @@ def reduce_dims(A: SparseTensor, name: str, dims, keepdim: bool, out_meta: torch
     idx, vals = (None, A._vals) if rows is not None else coalesced_parts(A)
     if name in ("all", "any"):
         vals = vals.bool()
-    fill = None if A._indefinite else A._fill.expand(A._dense_shape).to(vals.dtype)
+    fill = None if A._indefinite else _fill_of(A, vals.dtype)
     if dn:  # dense dims: the op on values (dims shifted past nse) and on the fill
         vals = _DENSE[name](vals, [d + 1 for d in dn], keepdim, opt)
         fill = None if fill is None else _DENSE[name](fill, dn, keepdim, opt)
@@ -135,10 +135,19 @@ def _csr_rows(A: SparseTensor):
     return out_idx, n_fill, lengths, _engine.CsrRows(crow, col, ncols, None if every else out_idx[0])
 
 
+def _fill_of(A: SparseTensor, dtype: torch.dtype) -> torch.Tensor:
+    """``A``'s fill expanded to its dense dims, in ``dtype`` (no copy, no op for a scalar fill of that dtype)."""
+    f = A._fill
+    if f.dim() or A._vals.dim() > (1 if A._sf_layout is torch.sparse_coo else A._col.dim()):
+        f = f.expand(A._dense_shape)
+    return f if f.dtype == dtype else f.to(dtype)
+
+
 def _finish(A, idx, vals, fill, out_meta, layout):
     """The SparseTensor result (coalesced parts) with ``out_meta``'s shape and dtype."""
-    vals = vals.to(out_meta.dtype)
-    fill = vals.new_empty(0) if fill is None else fill.to(out_meta.dtype)
+    dtype = out_meta.dtype
+    vals = vals if vals.dtype == dtype else vals.to(dtype)
+    fill = vals.new_empty(0) if fill is None else fill if fill.dtype == dtype else fill.to(dtype)
     return parts_to_sparse(idx, vals, out_meta.shape, fill, indefinite=A._indefinite, layout=layout, coalesced=True)
 
 
