@@ -121,8 +121,8 @@ def run(engine: str, mode: str, values: torch.Tensor, seg, num_segments, init, *
     out = values.new_full((num_segments, *values.shape[1:]), init)
     if not traced and values.numel() == 0:
         return out
-    if traced and mode == "sum" and type(num_segments) is int and num_segments == 1:  # (inductor fails on a scatter-add into one row)
-        return out + values.sum(0, keepdim=True)
+    if traced and mode == "sum" and type(num_segments) is int and num_segments == 1:
+        return out + values.sum(0, keepdim=True)  # (inductor fails on a scatter-add into one row)
     if engine == "index_add":
         return out.index_add_(0, seg, values)
     if engine == "scatter_add":

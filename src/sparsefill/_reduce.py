@@ -228,7 +228,8 @@ class Reducer:
 
             r.of_fills(f, n, v.dtype) == r(v[:0], seg[:0], 1, fill=f, n_fill=torch.tensor([n]))[0]
 
-        >>> REDUCERS["mean"].of_fills(torch.tensor(2.), 3, torch.float32), REDUCERS["prod"].of_fills(torch.tensor(2.), 3, torch.float32)
+        >>> f = torch.tensor(2.)
+        >>> REDUCERS["mean"].of_fills(f, 3, torch.float32), REDUCERS["prod"].of_fills(f, 3, torch.float32)
         (tensor(2.), tensor(8.))
         """
         fill = torch.as_tensor(fill)
