@@ -110,11 +110,15 @@ def _grad_wrap(a):
 
 
 def _needs_dense_grads(args, kwargs) -> bool:
-    for a in args:
-        if a.__class__ is not SparseTensor and (_is_dense_needing_grad(a) or isinstance(a, (list, tuple))
-                                                and any(map(_is_dense_needing_grad, a))):
+    for a in args:  # (per call: Python values and SparseTensors cost a type test each)
+        if a.__class__ is SparseTensor or a.__class__ in _PLAIN:
+            continue
+        if _is_dense_needing_grad(a) or isinstance(a, (list, tuple)) and any(map(_is_dense_needing_grad, a)):
             return True
     return bool(kwargs) and _needs_dense_grads(tuple(kwargs.values()), {})
+
+
+_PLAIN = {int, float, bool, complex, type(None), str, torch.dtype, torch.device}  # arguments that are no tensor
 
 
 def _dense_grad_arg(a):
