@@ -192,14 +192,13 @@ def _windowed_compiled(rows, x, cols, shape, tL, tR, window, reach, S, base, div
     one = n_rows == 1
     a = lambda t: t.detach().contiguous().numpy()  # noqa: E731
     srow, xs = a(x[:0] if one else rows), a(x)
-    n, ne = k.count(srow, xs, reach, n_rows, T, tL, tR)
+    R, n, ne = k.runs(srow, xs, reach, n_rows, T, tL, tR)
     # (numpy's zeros come from calloc: the pages of the rows of the size-1 leading dims are never touched)
     idx = torch.from_numpy(k.np.zeros((len(shape), n), k.np.int64)) if one else None
     t = idx[-1] if one else x.new_empty(n)
     row = x.new_empty(0 if one else n)
     sums, edge = cols.new_empty((cols.shape[0], n)), x.new_empty(ne)
-    k.fill(srow, xs, reach, n_rows, T, tL, tR, a(cols), window, S, base, div, t.numpy(), row.numpy(), sums.numpy(),
-           edge.numpy())
+    k.sums(R, xs, a(cols), window, S, tL, tR, base, div, t.numpy(), row.numpy(), sums.numpy(), edge.numpy())
     if one:
         return _Targets(idx, x.new_zeros(1).expand(n), t, sums, edge)
     return _Targets(_target_index(row, t, shape), row, t, sums, edge)

@@ -155,8 +155,9 @@ def _pool_grad_values(G: SparseTensor, shape, w: int, s: int, p: int, cip: bool,
     inv_edge = 1 / _pool_div(o[oedge], L, w, s, p, cip, divisor)[0].to(torch.float64)
     work = o.numel() * -(-w // s)
     if bool(torch.isfinite(g)):  # sum((G - g) / div) over the covering outputs, + g times their total weight
-        cols = (gv - g).to(torch.float64)
-        cols[oedge] *= inv_edge * div_int
+        cols = gv.to(torch.float64) if G._fill_is_zero() and not oedge.numel() else (gv - g).to(torch.float64)
+        if oedge.numel():
+            cols[oedge] *= inv_edge * div_int
         T = _windowed(rows, o, cols[None], shape, iL, iR, reach, win, Lo, float(g) * (w // s), div_int, work)
         vals = T.sums[0]
         if T.edge.numel():
