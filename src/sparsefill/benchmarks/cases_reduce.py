@@ -24,6 +24,9 @@ import sparsefill
 from .runner import case, optional_import, skipped
 
 
+_TINY = {"50x50, 5%": (50, 0.05)}  # (what the test suite builds)
+
+
 def _matrix(n, density, fill=0.5):
     g = torch.Generator().manual_seed(0)
     nse = round(n * n * density)
@@ -43,7 +46,7 @@ def _check_close(param, out):
 
 
 @case("A.sum(1), A CSR fill 5", sizes={"4000x4000, 0.1%": (4000, 0.001), "20000x20000, 0.1%": (20_000, 0.001)},
-      quick_sizes={"4000x4000, 0.1%": (4000, 0.001)}, check=_check_close)
+      quick_sizes={"4000x4000, 0.1%": (4000, 0.001)}, tiny_sizes=_TINY, check=_check_close)
 def sum_dim(param):
     """Issue 4's case: against a hand-written torch reduction on the same CSR arrays (sorted segment sum over
     ``crow`` plus ``fill * (n - row counts)``; and the same through torch's native CSR ``mv`` with ones),
@@ -71,8 +74,7 @@ def sum_dim(param):
 
 
 @case("A.amax(1), fill 0.5", sizes={"2000x2000, 1%": (2000, 0.01), "10000x10000, 1%": (10_000, 0.01)},
-      quick_sizes={"2000x2000, 1%": (2000, 0.01)},
-      check=_check_close)
+      quick_sizes={"2000x2000, 1%": (2000, 0.01)}, tiny_sizes=_TINY, check=_check_close)
 def amax_dim(param):
     n, density = param
     idx, vals, A = _matrix(n, density)
@@ -92,7 +94,7 @@ def _check_median(param, out):
 
 
 @case("A.median(1), fill 0.5", sizes={"2000x2000, 1%": (2000, 0.01), "10000x10000, 1%": (10_000, 0.01)},
-      quick_sizes={"2000x2000, 1%": (2000, 0.01)}, check=_check_median)
+      quick_sizes={"2000x2000, 1%": (2000, 0.01)}, tiny_sizes=_TINY, check=_check_median)
 def median_dim(param):
     """The lower median of every row (values and indices, as ``torch.median(dim)``): the stored values and the
     row's fills ranked together, in closed form over the fill count; against dense ``x.median(1)``."""
