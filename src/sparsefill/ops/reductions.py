@@ -94,9 +94,12 @@ def reduce_dims(A: SparseTensor, name: str, dims, keepdim: bool, out_meta: torch
     kept = [d for d in range(sd) if d not in sp]
     if not kept:  # every sparse dim: one slice, no grouping; dense by nature
         k = vals.shape[0]
-        seg = torch.zeros(k, dtype=torch.int64, device=vals.device)
         n_all = torch.tensor([N], device=vals.device) - k  # (k: a dynamic size when traced, not a constant)
-        res = r(vals, seg, 1, **({} if fill is None else dict(fill=fill, n_fill=n_all)))[0]
+        kw = {} if fill is None else dict(fill=fill, n_fill=n_all)
+        if k and not traced(vals):  # the k stored elements as one run: no segment ids to scatter or count
+            res = r(vals, None, 1, lengths=torch.tensor([k], device=vals.device), **kw)[0]
+        else:
+            res = r(vals, torch.zeros(k, dtype=torch.int64, device=vals.device), 1, **kw)[0]
         return res.reshape(out_meta.shape).to(out_meta.dtype)
     if rows is not None:  # the slices are the (non-empty) rows of a 2-D CSR matrix
         out_idx, n_fill, lengths, csr = rows
