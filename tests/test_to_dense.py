@@ -170,3 +170,17 @@ def test_put_and_index_copy_paths(shape, nse, deterministic):
             check(A.to_sparse(torch.sparse_csr, dense_dim=len(shape) - 2), expected)
     finally:
         torch.use_deterministic_algorithms(before)
+
+
+def test_large_result_advised_into_huge_pages():
+    """A dense result of at least 4 MiB (its memory advised into transparent huge pages on Linux) holds the fill
+    and the stored values like a small one; the advice is a hint, never an error."""
+    n = (_convert._HUGE_MIN // 8) + 12345  # float64 elements: just above the bound
+    keys = torch.tensor([0, 1, 4099, n // 2, n - 1])
+    vals = torch.tensor([1., 2., 3., 4., 5.], dtype=torch.float64)
+    A = sparsefill.sparse_coo_tensor(keys[None], vals, (n,), fill_value=-0.5)
+    expected = torch.full((n,), -0.5, dtype=torch.float64)
+    expected[keys] = vals
+    check(A, expected)
+    out = _convert.empty_dense((3, n), torch.float32, torch.device("cpu"))
+    assert out.shape == (3, n) and out.dtype == torch.float32 and out.is_contiguous()
