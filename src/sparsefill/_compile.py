@@ -21,6 +21,8 @@ for a SparseTensor tangent only) when torch._dynamo loads.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import importlib.machinery
 import sys
 
@@ -49,6 +51,22 @@ def tracing_mode():
     return torch._C._get_dispatch_mode(_FAKE)
 
 
+@contextlib.contextmanager
+def data_dependent_sizes(env):
+    """Inside sparsefill's code, ops whose output size depends on data (``nonzero``, ``unique``) give
+    unbacked sizes, also where dynamo compiles without ``fullgraph`` (it then refuses them, a graph break
+    at every such handler: five per GAT layer step)."""
+    if env is None or env.allow_dynamic_output_shape_ops:
+        yield
+        return
+    settings = env.settings
+    env.settings = dataclasses.replace(settings, allow_dynamic_output_shape_ops=True)
+    try:
+        yield
+    finally:
+        env.settings = settings
+
+
 def traced_dispatch(dispatch, mode, func, types, args, kwargs):
     """``dispatch(func, types, args, kwargs)`` on tracing tensors.
 
@@ -61,7 +79,8 @@ def traced_dispatch(dispatch, mode, func, types, args, kwargs):
     env = mode.shape_env
     n0 = len(env.pending_fresh_unbacked_symbols) if env is not None else 0
     try:
-        out = dispatch(func, types, args, kwargs)
+        with data_dependent_sizes(env):
+            out = dispatch(func, types, args, kwargs)
     except Exception as e:
         from torch._dynamo.exc import Unsupported, unimplemented
         if isinstance(e, Unsupported) or torch._C._get_dispatch_mode(_FUNCTIONAL) is not None:
@@ -204,7 +223,8 @@ def _recorded_whole(fn):
         mode = tracing_mode()
         env = mode.shape_env if mode is not None else None
         n0 = len(env.pending_fresh_unbacked_symbols) if env is not None else 0
-        out = fn(*args, **kwargs)
+        with data_dependent_sizes(env):
+            out = fn(*args, **kwargs)
         if env is not None:
             env.ignorable_fresh_unbacked_symbols.extend(env.pending_fresh_unbacked_symbols[n0:])
         return out

@@ -391,7 +391,8 @@ class SparseTensor(torch.Tensor):
         """``(inner tensor names, metadata)`` for torch.compile: the metadata reads no data (DESIGN.md section
         10) and the stored-element count is a dynamic size (as torch's nested tensors mark their ragged dim),
         so a new pattern with another nse reuses the compiled graph."""
-        self._sync()
+        if self._view is not None:
+            self._sync()
         names = ["_idx"] if self._sf_layout is torch.sparse_coo else ["_crow", "_col"]
         if type(self._vals) is torch.Tensor and not hasattr(self._vals, "_dynamo_propagated_dynamic_indices"):
             _mark_nse_dynamic(self)
@@ -403,9 +404,10 @@ class SparseTensor(torch.Tensor):
     @staticmethod
     def __tensor_unflatten__(inner, ctx, outer_size, outer_stride):
         layout, indefinite, coalesced = ctx[:3]  # (files saved before: a 4th entry, the zero flag, is ignored)
-        out = SparseTensor(layout, outer_size, inner["_vals"], inner["_fill"], indices=inner.get("_idx"),
-                           crow=inner.get("_crow"), col=inner.get("_col"), indefinite=indefinite,
-                           coalesced=coalesced)
+        csr = layout is torch.sparse_csr  # (the wrapper alone: compiled code rebuilds each output per call)
+        out = SparseTensor._make(layout, outer_size, inner["_vals"], inner["_fill"], inner.get("_idx"),
+                                 inner.get("_crow") if csr else None, inner.get("_col") if csr else None,
+                                 bool(indefinite), bool(coalesced) or csr, False)
         if len(ctx) > 3 and ctx[3] == "all-stored":  # a tangent (see _compile.coerce_tangent)
             out._tangent = True
         return out

@@ -108,6 +108,9 @@ class _Mat:
 
     def t(self) -> "_Mat":
         """The transposed matrices: global rows and columns swap roles (a stable counting sort)."""
+        if traced(self.col):  # compiled: the gather/scatter-add products read rows and columns in any order
+            fill = None if self.fill is None else self.fill.transpose(-1, -2)
+            return _Mat(self.nb, self.k, self.m, None, self.rows, self.vals, fill, self.finite, self.layout, self.col)
         if self.key is None:
             perm, crow, tcol, trows = self._transposed_pattern()
         else:  # the operand's own index tensors: the same pattern recurs (a training loop), sorted once
