@@ -9,7 +9,9 @@ A batch of ``S`` segments over ``N`` rows is written as any of::
     padded       (S, L, *D) with a presence mask (see pack_segments)
 
 Integer outputs keep the dtype of the integer input (int32 stays int32).  ``validate=False``
-skips the O(N) checks (negative lengths, ids out of range); the O(1) ones always run.
+skips the O(N) checks (negative lengths, ids out of range); the O(1) ones always run.  Under torch.compile
+the parts that read the data (sizes such as ``sum(lengths)``, the checks) are custom ops (``_repr_ops``):
+they trace with ``fullgraph=True`` and raise the eager errors at run time.
 
 Example (the spec's batch ``{1,2,3}, {2,4,6,7}, {3,6}``)::
 
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import torch
 
+from .._compile import traced
 from ._check import as_index, check_indices, check_lengths, check_offsets, check_segment_ids
 
 __all__ = ["lengths_to_segment_ids", "segment_ids_to_lengths", "lengths_to_offsets", "offsets_to_lengths",
@@ -39,6 +42,12 @@ def _i64(t):
     return t if t.dtype == torch.int64 else t.long()
 
 
+def _ops():
+    """The custom ops of the conversions (registered on the first traced call)."""
+    from . import _repr_ops
+    return _repr_ops
+
+
 def lengths_to_segment_ids(lengths, *, validate: bool = True) -> torch.Tensor:
     """``segment_ids[i] = s`` for ``offsets[s] <= i < offsets[s+1]`` (Caffe2 ``LengthsToSegmentIds``).
 
@@ -46,6 +55,8 @@ def lengths_to_segment_ids(lengths, *, validate: bool = True) -> torch.Tensor:
     tensor([0, 2, 2])
     """
     lengths = as_index(lengths, "lengths")
+    if traced(lengths):
+        return _ops().lengths_to_segment_ids(lengths, validate)
     check_lengths(lengths, None, validate=validate)
     ids = torch.repeat_interleave(torch.arange(lengths.numel(), device=lengths.device), _i64(lengths))
     return ids.to(lengths.dtype)
@@ -63,6 +74,8 @@ def segment_ids_to_lengths(segment_ids, num_segments: int | None = None, *, sort
     tensor([2, 0, 1, 0])
     """
     ids = as_index(segment_ids, "segment_ids")
+    if traced(ids):
+        return _ops().segment_ids_to_lengths(ids, num_segments, sorted, validate)
     check_segment_ids(ids, num_segments, sorted=sorted, validate=validate)
     if num_segments is None:
         num_segments = int(ids.max()) + 1 if ids.numel() else 0
@@ -80,6 +93,8 @@ def lengths_to_offsets(lengths, *, include_last: bool = True, validate: bool = T
     tensor([0, 3, 7])
     """
     lengths = as_index(lengths, "lengths")
+    if traced(lengths):
+        return _ops().lengths_to_offsets(lengths, include_last, validate)
     check_lengths(lengths, None, validate=validate)
     out = torch.zeros(lengths.numel() + 1, dtype=torch.int64, device=lengths.device)
     torch.cumsum(lengths, 0, out=out[1:])
@@ -102,6 +117,10 @@ def offsets_to_lengths(offsets, total: int | None = None, *, validate: bool = Tr
     tensor([3, 4, 2])
     """
     offsets = as_index(offsets, "offsets")
+    if traced(offsets):
+        if offsets.shape[0] == 0 and total is None:  # (the eager error; a size, not data)
+            check_offsets(offsets, None)
+        return _ops().offsets_to_lengths(offsets, total, validate)
     if total is not None:
         if offsets.numel() and int(offsets[-1]) > total:
             raise ValueError(f"offsets end at {int(offsets[-1])}, beyond total = {total}")
@@ -151,8 +170,10 @@ def lengths_to_weights(lengths, power: float = 0.5, *, dtype: torch.dtype | None
     tensor([0.5000, 0.5000, 0.5000, 0.5000, 1.0000])
     """
     lengths = as_index(lengths, "lengths")
-    check_lengths(lengths, None, validate=validate)
     dtype = dtype or torch.get_default_dtype()
+    if traced(lengths):
+        return _ops().lengths_to_weights(lengths, float(power), dtype, validate)
+    check_lengths(lengths, None, validate=validate)
     w = lengths.to(dtype).pow(-power)
     return torch.repeat_interleave(w, _i64(lengths))
 
@@ -164,6 +185,8 @@ def lengths_range_fill(lengths, *, validate: bool = True) -> torch.Tensor:
     tensor([0, 0, 1, 2, 0, 1])
     """
     lengths = as_index(lengths, "lengths")
+    if traced(lengths):
+        return _ops().lengths_range_fill(lengths, validate)
     check_lengths(lengths, None, validate=validate)
     li = _i64(lengths)
     starts = torch.cumsum(li, 0) - li
@@ -186,6 +209,8 @@ def lengths_tile(data: torch.Tensor, lengths, *, validate: bool = True) -> torch
     if data.dim() == 0 or data.shape[0] != lengths.numel():
         raise ValueError(f"lengths must have one entry per row of data: data has "
                          f"{data.shape[0] if data.dim() else 'no'} rows, lengths has {lengths.numel()} entries")
+    if traced(lengths):  # (out[i] = data[segment_ids[i]]: a gather, differentiable)
+        return data.index_select(0, _ops().lengths_to_segment_ids(lengths, validate))
     check_lengths(lengths, None, validate=validate)
     return torch.repeat_interleave(data, _i64(lengths), dim=0)
 
@@ -207,12 +232,19 @@ def lengths_gather(items: torch.Tensor, lengths, indices, *, validate: bool = Tr
     """
     lengths = as_index(lengths, "lengths", items.device)
     indices = as_index(indices, "indices", items.device)
-    check_lengths(lengths, items.shape[0] if items.dim() else 0, validate=validate)
+    n = items.shape[0] if items.dim() else 0
+    rows = (_ops().lengths_gather_rows if traced(items) else lengths_gather_rows)(lengths, indices, n, validate)
+    return items.index_select(0, rows)
+
+
+def lengths_gather_rows(lengths: torch.Tensor, indices: torch.Tensor, n: int, validate: bool = True):
+    """The rows (int64) of ``n`` items that :func:`lengths_gather` reads, after its checks."""
+    check_lengths(lengths, n, validate=validate)
     check_indices(indices, lengths.numel(), validate=validate, what="segments")
     li = _i64(lengths)
     starts = torch.cumsum(li, 0) - li
     idx = _i64(indices)
-    return items.index_select(0, _gather_rows(starts[idx], li[idx]))
+    return _gather_rows(starts[idx], li[idx])
 
 
 def gather_ranges(data: torch.Tensor, ranges, *, validate: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
@@ -230,9 +262,16 @@ def gather_ranges(data: torch.Tensor, ranges, *, validate: bool = True) -> tuple
     if ranges.dim() != 3 or ranges.shape[-1] != 2:
         raise ValueError(f"ranges must have shape (batch, num_ranges, 2), got {tuple(ranges.shape)}")
     ranges = ranges.to(data.device)
+    n = data.shape[0] if data.dim() else 0
+    rows = (_ops().gather_ranges_rows if traced(data) else gather_ranges_rows)(ranges, n, validate)
+    return data.index_select(0, rows), ranges[..., 1].sum(1).to(ranges.dtype)
+
+
+def gather_ranges_rows(ranges: torch.Tensor, n: int, validate: bool = True) -> torch.Tensor:
+    """The rows (int64) of data with ``n`` rows that :func:`gather_ranges` reads (``ranges``: ``(B, R, 2)``),
+    after its checks."""
     r = _i64(ranges).reshape(-1, 2)
     starts, lens = r[:, 0], r[:, 1]
-    n = data.shape[0] if data.dim() else 0
     if validate and r.numel():
         bad = (starts < 0) | (lens < 0) | (starts + lens > n)
         if bool(bad.any()):
@@ -240,5 +279,4 @@ def gather_ranges(data: torch.Tensor, ranges, *, validate: bool = True) -> tuple
             b, k = divmod(j, ranges.shape[1])
             raise IndexError(f"ranges[{b}, {k}] = (start {int(starts[j])}, length {int(lens[j])}) is out of "
                              f"bounds for data with {n} rows")
-    out = data.index_select(0, _gather_rows(starts, lens))
-    return out, ranges[..., 1].sum(1).to(ranges.dtype)
+    return _gather_rows(starts, lens)
