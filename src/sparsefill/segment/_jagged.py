@@ -224,6 +224,10 @@ class KeyedJaggedBatch:
         el, vl, keys = self.example_lengths, self.values_lengths, self.keys
         E = keys.shape[0]
         state = 0  # (validate=False: no check reads the data)
+        if validate and traced(self.values):  # torch.compile: the checks as a custom op, at run time
+            from ._repr_ops import jagged_check
+            jagged_check(el, vl, keys, self.values.shape[0] if self.values.dim() else 0)
+            validate = False
         if validate:  # one pass over each tensor on the CPU; the exact checks, in order, only where it fails
             total = self.values.shape[0] if self.values.dim() else 0
             state = _quick_check(el, vl, keys, total) if cpu and vl.shape[0] == E else 1
@@ -375,6 +379,9 @@ class KeyedJaggedBatch:
         ([[101.0], [0.0]], [[10.0], [200.0]])
         """
         if keys is None:
+            if not isinstance(tables, dict) and torch.compiler.is_compiling():  # (the keys are data: eager)
+                torch._dynamo.graph_break(msg="KeyedJaggedBatch.pooled with one shared table and no keys= pools "
+                                              "the keys the batch holds (data); pass keys= to trace it")
             keys = list(tables) if isinstance(tables, dict) else sorted(set(self.keys.tolist()))
         pos_w = kw.pop("weights", None)  # positional_weighted_sum: one weight per place in a segment
         if reducer == "positional_weighted_sum" and pos_w is None:
