@@ -14,7 +14,7 @@ the samples (:data:`FILLS`): a non-uniform array fill on the hybrid operand, a u
 indefinite fill on either operand (then the result is compared where it is specified, which must be
 exactly where every indefinite operand is, and the loss is the masked sum).
 
-The counts of (op, pair, sample) outcomes are printed by :func:`test_report` (``-s``): ``native``, ``n/a``
+The counts of (op, pair, sample) outcomes are printed by :func:`test_report`: ``native``, ``declared``, ``n/a``
 (an operand of a shape the kind does not take), ``ref-rejects`` (the dense op raises: so must the sparse one).
 """
 

@@ -252,8 +252,6 @@ def pointwise_rule(func, args, kwargs):
     conv = sparse
     if any(T.dense_dim() != A.dense_dim() for T in sparse[1:]):  # operands that split their dims differently
         conv, layout = one_split(sparse, layout, A if written and out is None else None)  # (_splits.py)
-        if conv is None:
-            return NotImplemented
     if any(C.shape != conv[0].shape for C in conv[1:]):
         expanded = _broadcast(conv)
         if expanded is None:
