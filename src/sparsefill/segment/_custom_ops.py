@@ -34,7 +34,7 @@ import torch
 from torch.library import custom_op, get_ctx
 
 from ._check import as_index
-from ._reduce_ops import SEGMENT_REDUCERS, _backward, _flat, _out_dtype, _reduce_eager, _scatter_rows
+from ._reduce_ops import _backward, _flat, _out_dtype, _reduce_eager, _scatter_rows, reducer_of
 
 __all__ = ["segment_reduce", "segment_reduce_op", "segment_reduce_backward", "sparse_adagrad_",
            "rowwise_sparse_adagrad_", "sparse_ftrl_", "jagged_key_lists"]
@@ -42,7 +42,7 @@ __all__ = ["segment_reduce", "segment_reduce_op", "segment_reduce_backward", "sp
 
 def _wants_arg(reducer: str, want_arg: bool, ties: str) -> bool:
     """Whether the op computes the arg positions (returned, or read by the ``ties="first"`` backward)."""
-    return want_arg or (SEGMENT_REDUCERS[reducer].kind == "extreme" and ties == "first")
+    return want_arg or (reducer_of(reducer).kind == "extreme" and ties == "first")
 
 
 def _num_segments(data, lengths, offsets, segment_ids, num_segments):
@@ -71,7 +71,7 @@ def segment_reduce_op(data: torch.Tensor, lengths: torch.Tensor | None, offsets:
                       out_of_range: str, validate: bool, sparse_grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """``(out, arg)`` of ``segment.reduce`` (``arg``: empty unless ``want_arg`` or ``ties="first"`` of max/min;
     ``sparse_grad`` is the backward's)."""
-    red = SEGMENT_REDUCERS[reducer]
+    red = reducer_of(reducer)
     if not data.is_floating_point():
         empty = int(empty)
     with torch.no_grad():
@@ -86,7 +86,7 @@ def _(data, lengths, offsets, segment_ids, indices, weights, reducer, num_segmen
       out_of_range, validate, sparse_grad):
     S = _num_segments(data, lengths, offsets, segment_ids, num_segments)
     shape = (S, *data.shape[1:])
-    out = data.new_empty(shape, dtype=_out_dtype(SEGMENT_REDUCERS[reducer], data.dtype))
+    out = data.new_empty(shape, dtype=_out_dtype(reducer_of(reducer), data.dtype))
     arg = data.new_empty(shape if _wants_arg(reducer, want_arg, ties) else (0,), dtype=torch.int64)
     return out, arg
 
@@ -98,7 +98,7 @@ def _setup(ctx, inputs, output):
     (data, lengths, offsets, segment_ids, indices, weights, reducer, num_segments, sorted, _, _, ties,
      out_of_range, _, sparse_grad) = inputs
     out, arg = output
-    keep = SEGMENT_REDUCERS[reducer].kind in ("extreme", "lse")  # (their backward reads the result)
+    keep = reducer_of(reducer).kind in ("extreme", "lse")  # (their backward reads the result)
     ctx.save_for_backward(data, lengths, offsets, segment_ids, indices, weights, out if keep else None, arg)
     ctx.args = (reducer, num_segments, sorted, ties, out_of_range, sparse_grad)
     ctx.data_shape = data.shape
@@ -134,7 +134,7 @@ def segment_reduce_backward(grad: torch.Tensor, data: torch.Tensor, lengths: tor
     """``(grad_data, rows, grad_weights)`` of ``segment_reduce`` for the upstream ``grad``: ``grad_data``
     shaped like ``data`` (``rows`` empty), or with ``sparse_grad`` one gradient row per position read and
     ``rows`` the row of data each was read from; ``grad_weights`` empty unless ``need_weights``."""
-    red = SEGMENT_REDUCERS[reducer]
+    red = reducer_of(reducer)
     plan = _plan(data, lengths, offsets, segment_ids, indices, num_segments, sorted, out_of_range)
     x2 = _flat(data)
     raw = _flat(out) if red.kind in ("extreme", "lse") else None

@@ -44,6 +44,13 @@ from ._plan import Plan, make_plan
 __all__ = ["reduce", "SegmentReducer", "SEGMENT_REDUCERS"]
 
 
+_CREATED: dict = {}  # every SegmentReducer by _key (a few small objects; a plain dict: dynamo reads it, no weakref)
+
+
+def _key(red) -> str:
+    return f"{red.name}@{id(red):x}"
+
+
 @dataclasses.dataclass(frozen=True)
 class SegmentReducer:
     """A reducer of the protocol (:mod:`sparsefill._reduce`: identity, combine, finalize with the count)
@@ -61,6 +68,9 @@ class SegmentReducer:
     weights: str | None = None     # None, "row" (one per position) or "position" (one per place in a segment)
     scale: str = "count"           # what finalize divides by: "count" or "weights"
     int_ok: bool = False
+
+    def __post_init__(self):  # (named for sparsefill::segment_reduce: reducer_key)
+        _CREATED[_key(self)] = self
 
     @property
     def kind(self) -> str:
@@ -107,6 +117,19 @@ SEGMENT_REDUCERS: dict[str, SegmentReducer] = {r.name: r for r in [
     SegmentReducer("logsumexp", _P["logsumexp"], -_INF),
     SegmentReducer("logmeanexp", _reduce.LogSumExp(mean=True), -_INF),
 ]}
+
+
+def reducer_key(red: SegmentReducer) -> str | None:
+    """The name of ``red`` for ``sparsefill::segment_reduce`` (a string argument; ``reducer_of(key) is red``): a
+    built-in reducer's name, else its key registered on creation (None if it is not: made while tracing)."""
+    if SEGMENT_REDUCERS.get(red.name) is red:
+        return red.name
+    key = _key(red)
+    return key if _CREATED.get(key) is red else None
+
+
+def reducer_of(key: str) -> SegmentReducer:
+    return SEGMENT_REDUCERS[key] if key in SEGMENT_REDUCERS else _CREATED[key]
 
 
 def _lookup(reducer) -> SegmentReducer:
@@ -339,9 +362,10 @@ def reduce(data: torch.Tensor, reducer="sum", *, lengths=None, offsets=None, seg
     kw = dict(lengths=lengths, offsets=offsets, segment_ids=segment_ids, indices=indices, weights=weights,
               num_segments=num_segments, sorted=sorted, empty=empty, want_arg=return_arg, ties=ties,
               out_of_range=out_of_range, validate=validate, sparse_grad=sparse_grad)
-    if traced(data) and SEGMENT_REDUCERS.get(red.name) is red:  # torch.compile: one custom op (its checks at run time)
+    key = reducer_key(red) if traced(data) else None
+    if key is not None:  # torch.compile: one custom op (its checks at run time)
         from . import _custom_ops
-        out, arg = _custom_ops.segment_reduce(data, red.name, **kw)
+        out, arg = _custom_ops.segment_reduce(data, key, **kw)
     else:
         out, arg = _reduce_eager(data, red, **kw)
     if not return_arg:
