@@ -174,7 +174,7 @@ def union_parts(tensors):
     U = union.numel()
     one_dim = len(S) == 1 and parts[0][0].dtype == union.dtype  # (the keys are the indices)
     # a pattern that is the union (e.g. a gradient beside the smaller pattern of the forward): its parts as stored
-    whole = [i.shape[1] == U for i, _ in parts]
+    whole = [False] * len(parts) if traced(keys[0]) else [i.shape[1] == U for i, _ in parts]  # (U: unbacked)
     indices = union[None] if one_dim else parts[whole.index(True)][0] if any(whole) else \
         parts[0][0].new_empty((len(S), U))
     values, keep = [], None
