@@ -244,3 +244,191 @@ def test_optimizer_step_sparse_gradient_graph_break():
             step()
             ref.step()
             torch.testing.assert_close(p, q)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The conversions (_repr), a KeyedJaggedBatch built in the compiled function, pooled with a shared table, a custom
+# SegmentReducer: fullgraph (aot_eager), no recompile on a third pattern, forward and gradients as eager; the
+# checks of the data raise the eager errors from the compiled function.
+
+PATTERNS = [[3, 0, 4, 1, 2], [1, 5, 2, 2, 3], [2, 2, 0, 6, 1]]  # (every count of ids >= 2: no 0/1 specialization)
+
+
+def _compiled_against_eager(fn, make_args, grads=()):
+    """``fn`` compiled (aot_eager, fullgraph) on three patterns, the third with ``error_on_recompile``: its
+    outputs and the gradients of ``make_args``'s arguments at positions ``grads`` as eager."""
+    torch._dynamo.reset()
+    cf = torch.compile(fn, backend="aot_eager", fullgraph=True)
+    for k, lengths in enumerate(PATTERNS):
+        args = make_args(torch.tensor(lengths), k)
+        with torch._dynamo.config.patch(error_on_recompile=k == 2):
+            got, want = cf(*args), fn(*args)
+            torch.testing.assert_close(got, want)
+            if grads:
+                leaves = [args[i] for i in grads]
+                outs = [o for o in torch.utils._pytree.tree_leaves((got, want)) if o.is_floating_point()]
+                n = len(outs) // 2
+                c = [torch.linspace(-1, 1, o.numel(), dtype=o.dtype).view(o.shape) for o in outs[:n]]
+                torch.testing.assert_close(
+                    torch.autograd.grad(sum((o * ci).sum() for o, ci in zip(outs[:n], c)), leaves),
+                    torch.autograd.grad(sum((o * ci).sum() for o, ci in zip(outs[n:], c)), leaves))
+
+
+def _conversions(lengths, lengths32):
+    ids = segment.lengths_to_segment_ids(lengths)
+    offs = segment.lengths_to_offsets(lengths)
+    return (ids, segment.lengths_to_segment_ids(lengths32), offs, segment.lengths_to_offsets(lengths32),
+            segment.lengths_to_offsets(lengths, include_last=False), segment.offsets_to_lengths(offs),
+            segment.offsets_to_lengths(offs[:-1], total=ids.shape[0]), segment.lengths_to_ranges(lengths),
+            segment.segment_ids_to_lengths(ids), segment.segment_ids_to_lengths(ids, num_segments=B + 2),
+            segment.segment_ids_to_lengths(ids.flip(0), B, sorted=False), segment.segment_ids_to_offsets(ids),
+            segment.segment_ids_to_ranges(ids, B), segment.lengths_to_weights(lengths, dtype=torch.float64),
+            segment.lengths_to_weights(lengths32, 1.0), segment.lengths_range_fill(lengths32))
+
+
+def test_conversions():
+    """Every conversion of ``_repr`` (int64 and int32 lengths; sizes ``sum(lengths)`` and ``max(ids) + 1``:
+    dynamic sizes) as eager, with no recompile on a third pattern."""
+    _compiled_against_eager(_conversions, lambda lengths, k: (lengths, lengths.int()))
+
+
+def _gathers(data, lengths, items, indices, ranges):
+    return (segment.lengths_tile(data, lengths), segment.lengths_gather(items, lengths, indices),
+            segment.gather_ranges(items, ranges))
+
+
+def test_conversions_differentiable():
+    """``lengths_tile``, ``lengths_gather``, ``gather_ranges``: forward and the gradients of their data."""
+    def make(lengths, k):
+        g = torch.Generator().manual_seed(k)
+        n = int(lengths.sum())
+        data = torch.randn(B, 2, generator=g, dtype=torch.float64, requires_grad=True)
+        items = torch.randn(n, 3, generator=g, dtype=torch.float64, requires_grad=True)
+        starts = torch.randint(0, n - 2, (2, 3), generator=g)
+        ranges = torch.stack([starts, torch.randint(0, 3, (2, 3), generator=g)], -1)
+        return data, lengths, items, torch.tensor([k + 1, 0, 3, k + 1]), ranges
+    _compiled_against_eager(_gathers, make, grads=(0, 2))
+
+
+BAD_CONVERSIONS = {
+    # name: (fn of lengths, the bad lengths or ids, the eager error)
+    "negative length": (lambda t: segment.lengths_to_offsets(t), [2, -1, 3], ValueError),
+    "negative length, tile": (lambda t: segment.lengths_tile(torch.ones(3, 2), t), [2, -1, 3], ValueError),
+    "negative length, weights": (lambda t: segment.lengths_to_weights(t), [2, -1, 3], ValueError),
+    "unsorted ids": (lambda t: segment.segment_ids_to_lengths(t), [0, 2, 1], ValueError),
+    "id out of range": (lambda t: segment.segment_ids_to_lengths(t, 2), [0, 1, 2], IndexError),
+    "negative id": (lambda t: segment.segment_ids_to_lengths(t, 4, sorted=False), [0, -1, 2], IndexError),
+    "decreasing offsets": (lambda t: segment.offsets_to_lengths(t), [0, 3, 2], ValueError),
+    "offsets past total": (lambda t: segment.offsets_to_lengths(t, total=2), [0, 1, 3], ValueError),
+    "gather index": (lambda t: segment.lengths_gather(torch.ones(5), torch.tensor([2, 3]), t), [0, 2, 1], IndexError),
+    "gather lengths": (lambda t: segment.lengths_gather(torch.ones(6), t, torch.tensor([0])), [2, 3, 0], ValueError),
+    "range": (lambda t: segment.gather_ranges(torch.ones(4), t.view(1, -1, 2)), [0, 2, 3, 2], IndexError),
+    "result unused": (lambda t: (segment.lengths_to_segment_ids(t), t * 2)[1], [2, -1, 3], ValueError),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_CONVERSIONS))
+def test_conversions_bad_input_raise(name):
+    """A compiled conversion (fullgraph) on bad data raises the eager error from the compiled function, its
+    result used or not (the ops are effectful: never dead code)."""
+    fn, bad, err = BAD_CONVERSIONS[name]
+    with pytest.raises(err) as want:
+        fn(torch.tensor(bad))
+    torch._dynamo.reset()
+    with pytest.raises(err) as got:
+        torch.compile(fn, backend="aot_eager", fullgraph=True)(torch.tensor(bad))
+    assert str(got.value) == str(want.value)
+
+
+def _jagged(seed):
+    """A batch of ``B`` examples of keys 1..3 (values in [0, R)) with weights, as its tensors."""
+    g = torch.Generator().manual_seed(seed)
+    lists = [{key: torch.randint(0, R, (int(n),), generator=g).tolist()
+              for key, n in zip((1, 2, 3), torch.randint(0, 4, (3,), generator=g)) if n or key == 3}
+             for _ in range(B)]
+    kj = segment.KeyedJaggedBatch.from_lists(lists, weights=[{key: [0.5 + i for i in range(len(v))]
+                                                             for key, v in ex.items()} for ex in lists])
+    return kj.values, kj.values_lengths, kj.keys, kj.example_lengths, kj.weights.double().requires_grad_()
+
+
+def test_keyed_jagged_batch_built_traced():
+    """A ``KeyedJaggedBatch`` built inside the compiled function (its checks: the op ``jagged_check``) and
+    pooled (a table per key; one shared table with ``keys=``): forward, gradients of tables and weights."""
+    tables = {k: torch.randn(R, 2, dtype=torch.float64, requires_grad=True) for k in (1, 3)}
+    shared = torch.randn(R, 2, dtype=torch.float64, requires_grad=True)
+
+    def f(values, values_lengths, keys, example_lengths, weights, t1, t3, shared):
+        kj = segment.KeyedJaggedBatch(values, values_lengths, keys, example_lengths, weights)
+        return kj.pooled({1: t1, 3: t3}, "weighted_sum"), kj.pooled(shared, "max", keys=[3, 2])
+    _compiled_against_eager(f, lambda lengths, k: (*_jagged(k), tables[1], tables[3], shared), grads=(4, 5, 6, 7))
+
+
+@pytest.mark.parametrize("bad", ["negative length", "sum", "repeated key"])
+def test_keyed_jagged_batch_bad_input_raises(bad):
+    """Built in a compiled function (fullgraph) from bad tensors: the eager error, from the compiled function,
+    the batch used or not."""
+    values, vl, keys, el, _ = _jagged(0)
+    vl, keys, el = vl.clone(), keys.clone(), el.clone()
+    if bad == "negative length":
+        vl[1], vl[2] = -1, vl[2] + vl[1] + 1
+    elif bad == "sum":
+        el[0] += 1
+    else:
+        keys[1] = keys[0]
+    fns = [lambda *t: segment.KeyedJaggedBatch(*t).values * 2, lambda *t: (segment.KeyedJaggedBatch(*t), t[0])[1]]
+    with pytest.raises(ValueError) as want:
+        segment.KeyedJaggedBatch(values, vl, keys, el)
+    for fn in fns:
+        torch._dynamo.reset()
+        with pytest.raises(ValueError) as got:
+            torch.compile(fn, backend="aot_eager", fullgraph=True)(values, vl, keys, el)
+        assert str(got.value) == str(want.value)
+
+
+def test_pooled_shared_table_without_keys_graph_break():
+    """``pooled`` of one shared table and no ``keys=`` pools the keys read from the batch: with ``fullgraph``
+    dynamo's error says to pass ``keys=``; without, a graph break and the eager result and gradients."""
+    table = torch.randn(R, 2, dtype=torch.float64, requires_grad=True)
+    f = lambda kj: kj.pooled(table, "mean")  # noqa: E731
+    kj = segment.KeyedJaggedBatch(*_jagged(0)[:4])
+    torch._dynamo.reset()
+    with pytest.raises(torch._dynamo.exc.Unsupported, match="pass keys="):
+        torch.compile(f, backend="aot_eager", fullgraph=True)(kj)
+    torch._dynamo.reset()
+    cf = torch.compile(f, backend="aot_eager")
+    for k in range(3):
+        kj = segment.KeyedJaggedBatch(*_jagged(k)[:4])
+        got, want = cf(kj), f(kj)
+        assert list(got) == list(want)
+        torch.testing.assert_close(got, want)
+        torch.testing.assert_close(torch.autograd.grad(sum(v.sum() for v in got.values()), table),
+                                   torch.autograd.grad(sum(v.sum() for v in want.values()), table))
+
+
+def test_custom_reducer():
+    """A ``SegmentReducer`` object of the user's (a mean with another empty value; a sqrt-n mean of squares):
+    one op ``sparsefill::segment_reduce`` naming it, forward and gradients of data and weights as eager; a
+    reducer made inside the compiled function (unnamed to the op) breaks the graph and gives the eager result."""
+    import dataclasses
+    from sparsefill import _reduce
+    mean_m1 = dataclasses.replace(segment.SEGMENT_REDUCERS["weighted_mean"], name="wmean_m1", empty=-1.0)
+    rms = segment.SegmentReducer("rms_n", _reduce.Reducer("rms_n", "sum", finalize=lambda acc, n: acc / n.clamp(1)),
+                                 0.0)
+
+    def f(data, w, lengths):
+        return (segment.reduce(data, mean_m1, lengths=lengths, weights=w),
+                segment.reduce(data * data, rms, lengths=lengths))
+
+    def make(lengths, k):
+        g = torch.Generator().manual_seed(k)
+        n = int(lengths.sum())
+        return (torch.randn(n, 2, generator=g, dtype=torch.float64, requires_grad=True),
+                torch.rand(n, generator=g, dtype=torch.float64, requires_grad=True), lengths)
+    _compiled_against_eager(f, make, grads=(0, 1))
+
+    def g(data, lengths):
+        red = dataclasses.replace(segment.SEGMENT_REDUCERS["max"], name="max_inner", empty=-5.0)
+        return segment.reduce(data, red, lengths=lengths)
+    data, _, lengths = make(torch.tensor(PATTERNS[0]), 0)
+    torch._dynamo.reset()
+    torch.testing.assert_close(torch.compile(g, backend="aot_eager")(data, lengths), g(data, lengths))
