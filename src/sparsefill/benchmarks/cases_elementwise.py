@@ -7,10 +7,13 @@ Peers: the same ops on the values tensor alone (the floor: what a user keeping
 Per call (issue 18): a coalesced 10-element COO tensor, 5 stored, fill 1, float64; the ``sparsefill − peer``
 column is the cost above the values-only op (``torch.exp(A)`` vs ``torch.exp(A.values())``, ``A * 2`` vs
 ``values * 2``, ``A + A`` vs ``values + values``) and, for ``A + B`` with another pattern (5 stored, fill 2,
-3 positions in common), above dense ``x + y`` on the 10 elements.
+3 positions in common), above dense ``x + y`` on the 10 elements: with the same ``B`` every call (the pattern pair
+recurs: its union is merged once) and with a new ``B`` of that pattern every call (a merge per call).
 """
 
 from __future__ import annotations
+
+import itertools
 
 import numpy as np
 import torch
@@ -98,11 +101,12 @@ def _small(seed: int, fill: float):
 
 def _check_per_call(param, out):
     got, peer = out["sparsefill"], [v for k, v in out.items() if k != "sparsefill"][0]
-    torch.testing.assert_close(got.to_dense() if param == "A + B, other pattern" else got._values(), peer)
+    torch.testing.assert_close(got._values() if param in ("torch.exp(A)", "A * 2", "A + A") else got.to_dense(), peer)
 
 
 PER_CALL = {"torch.exp(A)": "torch.exp(A)", "A * 2": "A * 2", "A + A": "A + A",
-            "A + B, other pattern": "A + B, other pattern"}
+            "A + B, other pattern": "A + B, other pattern",
+            "A + B, other pattern, new each call": "A + B, other pattern, new each call"}
 
 
 @case("per call: 10 elements, 5 stored, fill 1, float64", sizes=PER_CALL, check=_check_per_call)
@@ -116,4 +120,10 @@ def per_call(op):
     if op == "A + A":
         return [("sparsefill", lambda: A + A), ("values + values", lambda: vals + vals)]
     B, _, y = _small(2, 2.0)
-    return [("sparsefill", lambda: A + B), ("dense x + y", lambda: x + y)]
+    if op == "A + B, other pattern":  # the union of a pattern pair that recurs is merged once (pointwise.union2)
+        return [("sparsefill", lambda: A + B), ("dense x + y", lambda: x + y)]
+    # every call a B of that pattern with index tensors of its own (more than the pattern cache holds): a merge
+    Bs = itertools.cycle([sparsefill.sparse_coo_tensor(B._indices().clone(), B._values().detach(), (10,),
+                                                       fill_value=2.0, is_coalesced=True) for _ in range(256)])
+    ys = itertools.cycle([y] * 256)
+    return [("sparsefill", lambda: A + next(Bs)), ("dense x + y", lambda: x + next(ys))]
