@@ -10,7 +10,10 @@ against eager::
 plus ``segment.reduce`` variants (max with ties, weighted, unsorted ids whose count of segments is a
 dynamic size), ``KeyedJaggedBatch.pooled``, the run-time checks (an out-of-range index raises the eager
 error inside the compiled graph), the torch fallback of the ops without numba, and
-``torch.library.opcheck`` of every op at small sizes.
+``torch.library.opcheck`` of every op at small sizes.  Then (aot_eager, fullgraph, three patterns, as eager)
+the conversions of ``_repr`` (their ``_repr_ops``), a ``KeyedJaggedBatch`` built inside the compiled function,
+``pooled`` of a shared table with ``keys=``, a custom ``SegmentReducer`` object; their bad data raising the
+eager errors from the compiled function; ``pooled`` of a shared table without ``keys=`` as a graph break.
 """
 
 import pytest
@@ -19,7 +22,7 @@ import torch._dynamo
 import torch.nn.functional as F
 
 from sparsefill import segment
-from sparsefill.segment import _custom_ops, _kernels
+from sparsefill.segment import _custom_ops, _kernels, _repr_ops  # noqa: F401 (the ops registered)
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
@@ -432,3 +435,18 @@ def test_custom_reducer():
     data, _, lengths = make(torch.tensor(PATTERNS[0]), 0)
     torch._dynamo.reset()
     torch.testing.assert_close(torch.compile(g, backend="aot_eager")(data, lengths), g(data, lengths))
+
+
+def test_opcheck_conversions():
+    """``torch.library.opcheck`` of the conversions' ops and ``jagged_check`` (int64 and int32 inputs)."""
+    L, ids = torch.tensor([2, 0, 3]), torch.tensor([0, 0, 2, 2, 2])
+    kj = segment.KeyedJaggedBatch.from_lists([{1: [10, 11], 3: [101]}, {1: [11], 2: [50], 3: [102, 103]}])
+    ops = torch.ops.sparsefill
+    for op, args in [(ops.lengths_to_segment_ids, (L, True)), (ops.segment_ids_to_lengths, (ids, None, True, True)),
+                     (ops.segment_ids_to_lengths, (ids.int(), 4, False, True)), (ops.lengths_to_offsets, (L, False, True)),
+                     (ops.offsets_to_lengths, (torch.tensor([0, 2, 2]), 5, True)),
+                     (ops.lengths_to_weights, (L, 0.5, torch.float64, True)), (ops.lengths_range_fill, (L.int(), True)),
+                     (ops.lengths_gather_rows, (L, torch.tensor([2, 0]), 5, True)),
+                     (ops.gather_ranges_rows, (torch.tensor([[[0, 2], [3, 1]]]), 5, True)),
+                     (ops.jagged_check, (kj.example_lengths, kj.values_lengths, kj.keys, 7))]:
+        _opcheck(op.default, args)

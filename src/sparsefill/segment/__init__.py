@@ -22,7 +22,10 @@ Modules (each small enough to read at once):
   skips its data checks);
 * ``_bridge``           -- the batch as a CSR ``SparseTensor`` and ``ids_to_sparse``;
 * ``_optim``            -- ``sparse_adagrad``, ``rowwise_sparse_adagrad``, ``sparse_ftrl`` and the
-  ``SparseAdagrad`` / ``SparseFtrl`` optimizers.
+  ``SparseAdagrad`` / ``SparseFtrl`` optimizers;
+* ``_custom_ops``, ``_repr_ops`` -- what torch.compile records: the parts that read data (kernels, checks,
+  data-dependent sizes) as ``sparsefill::`` custom ops, so every function here traces with ``fullgraph=True``
+  except ``KeyedJaggedBatch.pooled`` of one shared table without ``keys=`` (its keys are data: a graph break).
 
 >>> import torch
 >>> from sparsefill import segment
