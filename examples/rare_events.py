@@ -22,18 +22,22 @@ no implementation of that form can be faster than the dense pipeline's time divi
 same gradients) and timed against it.
 
 Measured (``python -m sparsefill bench --filter 'rare events' --threads 1``, 10M samples, 0.1% events,
-float64, medians of one run on a loaded 2-core machine -- other processes kept 1.7 cores busy, so the
-times are inflated several-fold and only the ratios carry over):
+float64, interleaved medians of one run at commit ``fe5e3de`` on a loaded 2-core machine -- other processes
+kept 1.5-1.7 cores busy, so the times are inflated several-fold and only the ratios carry over):
 
-    pipeline (avg_pool1d)      sparsefill 0.92 s   dense 3.73 s   4.0x faster, 202 MB vs 480 MB peak
-    pipeline_cumsum            sparsefill 2.30 s   dense 2.37 s   1.0x; its floor, a dense cumsum forward +
-                               backward over 10M samples, 0.49 s: at best 4.9x faster than dense
-    events_only                sparsefill 1.5 ms   dense 1.36 s   ~900x faster
+    pipeline (avg_pool1d), window 100   sparsefill 204 ms   dense 3.27 s   16x faster, 194 MB vs 480 MB peak
+    pipeline (avg_pool1d), window 10    sparsefill 29.8 ms  dense 1.65 s   55x faster, 20 MB vs 480 MB peak
+    pipeline_cumsum                     sparsefill 2.41 s   dense 2.81 s   1.2x; its floor, a dense cumsum forward +
+                                        backward over 10M samples, 481 ms: at best 5.8x faster than dense
+    events_only                         sparsefill 2.9 ms   dense 1.39 s   ~470x faster
 
 The windowed pipeline stores ~1M elements (10% of the samples: 10k events times a window of 100) forward
-and ~2M (20%) in the gradient, with an index row per dim each; that, not the window arithmetic, bounds it
-(about half its time is the window ops of ``ops/windows/``, the rest the selections, the element-wise
-union in ``relu``'s backward and the constructor's gradient).
+and ~1.8M (18%) in the gradient.  What bounds it is memory traffic on those elements, not arithmetic: the
+window ops run as compiled linear passes over sorted runs (``ops/windows/_kernels.py``: numba, under the
+segment backend's policy; torch ops without it), the selections ``[None]``/``[0]`` and their backward
+move index rows (views, or one row copied into a zeroed index), and the rest is one pass per element-wise
+op over the stored values.  About a quarter of the time is the window's backward (1.8M outputs written),
+much of the rest first touches of freshly allocated pages (the results of each step).
 
     python examples/rare_events.py               # 10M samples, 0.1% events, 1 thread
 """

@@ -9,10 +9,13 @@ differ.  So, for ``X`` of shape ``(..., L)`` (every dim sparse) with stored posi
     conv1d(X, W, b, s, p, d)[n, co, o] == b[co] + sum_{ci,j} W[co, ci, j] * Xpad[n, ci, o*s - p + d*j]
 
 The result stores the union of the windows over the stored elements and the edge windows: at most
-``nse * w / s + rows * 2 * (p / s + 1)`` elements (:func:`_union`, runs of consecutive outputs, no sort
-when the sources come sorted).  A moving sum (``avg_pool``; ``conv1d`` with one weight for all taps, one
-channel per group) is a difference of prefix sums over one buffer of the runs (:func:`_window_sums`): O(nse
-+ outputs); any other kernel scatters its (element, tap) pairs: O(nse * w * channels).  The gradients are
+``nse * w / s + rows * 2 * (p / s + 1)`` elements, in runs of consecutive outputs (no sort: the sources
+come sorted).  A moving sum (``avg_pool``; ``conv1d`` with one weight for all taps, one channel per group)
+is ``_core._windowed``: with numba on the CPU (the segment backend's policy, ``sparsefill.segment.
+set_backend``) one compiled pass finds the runs and a second keeps each output's window sum by two pointers
+over the sorted sources, writing the result's index directly (``_kernels``); else torch ops, the union
+(``_union``) and a difference of prefix sums over one buffer of the runs (``_window_sums``): O(nse +
+outputs) either way.  Any other kernel scatters its (element, tap) pairs: O(nse * w * channels).  The gradients are
 the transposed windows of the gradient's stored elements (as sparse as it is) and a closed form for the
 fill; ``conv1d``'s weight gradient adds the stored pairs (a lookup per (element, tap)).  Where the result
 is dense by nature -- per output channel interiors that differ, a stride that does not divide the window
