@@ -24,7 +24,7 @@
   Measured on 2026-11-24 ~13:37 UTC (``--filter 'rare events' --threads 1``, commit ``fe5e3de``, other
   processes keeping 1.5-1.7 of the 2 cores busy), 10M samples: window 100 16x faster than dense (204 ms
   against 3.27 s), window 10 55x (29.8 ms against 1.65 s); 5.2x at window 100 on the torch-only window path
-  (``SPARSEFILL_SEGMENT_BACKEND=torch``, CPU time, ~13:41).  Before (session 6, quiet): 4.6x and 24x.
+  (``SPARSEFILL_SEGMENT_BACKEND=torch``, CPU time, ~13:41).  Before (the previous quiet run, commit ``c70847c``): 4.6x and 24x.
 
 The model code exists once, in the scripts: this module loads them from the ``examples/`` folder of the
 source checkout the package is installed from (editable install).  From a wheel there is no such
