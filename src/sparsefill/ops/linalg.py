@@ -77,8 +77,8 @@ class _Mat:
     ``vals`` are the stored values, ``fill`` the fill as a 3-d tensor broadcastable to
     ``(nb, m, k)`` (None when zero or indefinite), ``finite`` whether it is finite."""
 
-    def __init__(self, nb, m, k, crow, col, vals, fill, finite, layout, rows=None, key=None):
-        self.nb, self.m, self.k = nb, m, k
+    def __init__(self, nb, m, k, crow, col, vals, fill, finite, layout, rows=None, key=None, indefinite=False):
+        self.nb, self.m, self.k, self.indefinite = nb, m, k, indefinite
         self.crow, self.col, self.vals, self.fill, self.finite = crow, col, vals, fill, finite
         self.layout, self._rows = layout, rows
         self.key = key  # (the operand's index tensors, a tag of what else the pattern depends on) or None
@@ -110,7 +110,8 @@ class _Mat:
         """The transposed matrices: global rows and columns swap roles (a stable counting sort)."""
         if traced(self.col):  # compiled: the gather/scatter-add products read rows and columns in any order
             fill = None if self.fill is None else self.fill.transpose(-1, -2)
-            return _Mat(self.nb, self.k, self.m, None, self.rows, self.vals, fill, self.finite, self.layout, self.col)
+            return _Mat(self.nb, self.k, self.m, None, self.rows, self.vals, fill, self.finite, self.layout, self.col,
+                        indefinite=self.indefinite)
         if self.key is None:
             perm, crow, tcol, trows = self._transposed_pattern()
         else:  # the operand's own index tensors: the same pattern recurs (a training loop), sorted once
@@ -118,7 +119,8 @@ class _Mat:
             perm, crow, tcol, trows = pattern_cached(("mat_t", self.nb, self.m, self.k) + tag, tensors,
                                                      self._transposed_pattern)
         fill = None if self.fill is None else self.fill.transpose(-1, -2)
-        return _Mat(self.nb, self.k, self.m, crow, tcol, self.vals[perm], fill, self.finite, self.layout, trows)
+        return _Mat(self.nb, self.k, self.m, crow, tcol, self.vals[perm], fill, self.finite, self.layout, trows,
+                    indefinite=self.indefinite)
 
     def _transposed_pattern(self):
         """``(perm, crow, col, rows)`` of the transpose: the stored elements reordered by column."""
@@ -146,7 +148,8 @@ def _mat(A: SparseTensor) -> _Mat | None:
             off = torch.arange(nb, device=col.device)[:, None]
             crow = torch.cat([(crow[:, :-1] + off * nse).reshape(-1), crow.new_full((1,), nb * nse)])
             col, vals = (col + off * k).reshape(-1), vals.reshape(-1)
-        return _Mat(nb, m, k, crow, col, vals, fill, finite, A._sf_layout, key=((A._crow, A._col), ()))
+        return _Mat(nb, m, k, crow, col, vals, fill, finite, A._sf_layout, key=((A._crow, A._col), ()),
+                    indefinite=A._indefinite)
     idx, vals = coalesced_parts(A)
     key = ((idx,), tuple(A._dense_shape))  # (indices, not their row views: untracked in __torch_dispatch__)
     if A.dense_dim():
@@ -157,7 +160,7 @@ def _mat(A: SparseTensor) -> _Mat | None:
         rows, col = idx[0] * m + idx[1], idx[0] * k + idx[2]
     counts = bincount(rows, nb * m)
     crow = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
-    return _Mat(nb, m, k, crow, col, vals, fill, finite, A._sf_layout, rows, key)
+    return _Mat(nb, m, k, crow, col, vals, fill, finite, A._sf_layout, rows, key, A._indefinite)
 
 
 def _as_matrix(T, vec_dim=None):
@@ -200,14 +203,32 @@ def _fill_times(f: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
     return torch.matmul(f, X)
 
 
+def _all_finite(X: torch.Tensor) -> bool:
+    """No inf or NaN in ``X`` (integer and bool: none); False while tracing (the exact path reads no data)."""
+    if not (X.dtype.is_floating_point or X.dtype.is_complex):
+        return True
+    return known_true(torch.isfinite(X).all())
+
+
 def _sp_dense(M: _Mat, X: torch.Tensor) -> torch.Tensor | None:
-    """``A @ X`` with ``X`` dense ``(nb | 1, k, n)``."""
-    if M.fill is None:
-        return _native_spmm(M, X)
-    if M.finite:
+    """``A @ X`` with ``X`` dense ``(nb | 1, k, n)``.
+
+    An inf or NaN in ``X`` (or a non-finite fill) takes the exact path: the unspecified elements'
+    terms ``F[i, k] * X[k, j]`` are summed as dense sums them (``0 * inf`` is NaN, ``inf - inf``
+    never arises from the decomposition); an indefinite fill forms no products there (masked)."""
+    if M.indefinite or (M.finite and _all_finite(X)):
+        if M.fill is None:
+            return _native_spmm(M, X)
         return _native_spmm(M, X, bias=_fill_times(M.fill, X))
+    if M.fill is None:  # zero fill, X not finite: NaN where a row's unspecified k meets an inf/NaN X[k, j]
+        nf = (~torch.isfinite(X)).to(M.vals.dtype)
+        C = nf.sum(-2, keepdim=True) - _native_spmm(M, nf, torch.ones_like(M.vals))
+        nan = torch.full((), float("nan"), dtype=M.vals.dtype, device=X.device)
+        return _native_spmm(M, X, M.vals) + torch.where(C > 0, nan, 0)
+    if M.vals.dtype.is_complex:
+        return None  # (the densify fallback: exact)
     if M.fill.shape[1] != 1:
-        return _rowfill_nonfinite(M, X) if M.fill.shape[2] == 1 else None
+        return _rowfill_exact(M, X) if M.fill.shape[2] == 1 else None
     # T[b, k, j] = F[b, :, k] * X[b, k, j]; the fill term sums T over the unspecified k of each row
     T = M.fill.transpose(-1, -2) * X
     n = X.shape[-1]
@@ -217,23 +238,28 @@ def _sp_dense(M: _Mat, X: torch.Tensor) -> torch.Tensor | None:
     C = big.sum(-2, keepdim=True) - _native_spmm(M, big, ones)
     cf, cp, cn, cnan = C.split(n, -1)
     out = _native_spmm(M, X, M.vals) + cf
-    inf = torch.full((), float("inf"), dtype=out.dtype, device=out.device)
-    nonfinite = torch.where((cnan > 0) | ((cp > 0) & (cn > 0)), inf - inf,
-                            torch.where(cp > 0, inf, torch.where(cn > 0, -inf, torch.zeros_like(inf))))
-    return out + nonfinite
+    return out + _inf_terms(cp, cn, cnan)
 
 
-def _rowfill_nonfinite(M: _Mat, X: torch.Tensor) -> torch.Tensor:
-    """``A @ X`` for a non-finite fill constant along each row (``F[b, i, :] = f[b, i]``).
+def _inf_terms(cp, cn, cnan):
+    """The sum of ``cp`` terms ``+inf``, ``cn`` terms ``-inf`` and ``cnan`` NaN terms: NaN, +-inf or 0."""
+    inf = torch.full((), float("inf"), dtype=cp.dtype, device=cp.device)
+    return torch.where((cnan > 0) | ((cp > 0) & (cn > 0)), inf - inf,
+                       torch.where(cp > 0, inf, torch.where(cn > 0, -inf, torch.zeros_like(inf))))
 
-    Over the unspecified ``k`` of row ``i``: the sum of ``X[k, j]`` and the counts of its positive,
-    negative and zero-or-NaN entries; ``f * sum`` where ``f`` is finite, else the sign rules of
-    ``f * X[k, j]`` (NaN fill: NaN wherever a row has an unspecified element)."""
+
+def _rowfill_exact(M: _Mat, X: torch.Tensor) -> torch.Tensor:
+    """``A @ X`` for a fill constant along each row (``F[b, i, :] = f[b, i]``) where ``f`` or ``X`` is not finite.
+
+    Over the unspecified ``k`` of row ``i``: the sum ``S`` of ``X[k, j]`` (its finite part plus the
+    counts of ``+inf``, ``-inf``, NaN) and the counts of positive, negative and zero-or-NaN entries;
+    ``f * S`` where ``f`` is finite (``0 * inf`` NaN, as dense), else the sign rules of ``f * X[k, j]``
+    (NaN fill: NaN wherever a row has an unspecified element)."""
     n = X.shape[-1]
     Xf = torch.where(torch.isfinite(X), X, 0)
-    big = torch.cat([Xf, X > 0, X < 0, (X == 0) | X.isnan()], -1).to(X.dtype)
-    C = big.sum(-2, keepdim=True) - _native_spmm(M, big, torch.ones_like(M.vals))
-    s, cp, cn, cz = C.split(n, -1)
+    big = torch.cat([Xf, X > 0, X < 0, (X == 0) | X.isnan(), X == float("inf"), X == -float("inf"), X.isnan()], -1)
+    C = big.to(X.dtype).sum(-2, keepdim=True) - _native_spmm(M, big.to(X.dtype), torch.ones_like(M.vals))
+    s, cp, cn, cz, cpi, cni, cnan = C.split(n, -1)
     f = M.fill
     nan = torch.full((), float("nan"), dtype=X.dtype, device=X.device)
     inf = torch.full((), float("inf"), dtype=X.dtype, device=X.device)
@@ -241,7 +267,8 @@ def _rowfill_nonfinite(M: _Mat, X: torch.Tensor) -> torch.Tensor:
     # f = +inf: +inf if only positive X, -inf if only negative, NaN if a zero/NaN or both signs; -inf mirrored
     signed = torch.where((cz > 0) | ((cp > 0) & (cn > 0)), nan,
                          torch.where(cp > 0, inf, torch.where(cn > 0, -inf, 0)))
-    term = torch.where(torch.isfinite(f), torch.where(torch.isfinite(f), f, 0) * s,
+    S = s + _inf_terms(cpi, cni, cnan)
+    term = torch.where(torch.isfinite(f), torch.where(torch.isfinite(f), f, 0) * S,
                        torch.where(f.isnan(), torch.where(unspec, nan, 0), torch.where(f > 0, signed, -signed)))
     return _native_spmm(M, X, M.vals) + term
 
