@@ -443,7 +443,8 @@ def test_opcheck_conversions():
     kj = segment.KeyedJaggedBatch.from_lists([{1: [10, 11], 3: [101]}, {1: [11], 2: [50], 3: [102, 103]}])
     ops = torch.ops.sparsefill
     for op, args in [(ops.lengths_to_segment_ids, (L, True)), (ops.segment_ids_to_lengths, (ids, None, True, True)),
-                     (ops.segment_ids_to_lengths, (ids.int(), 4, False, True)), (ops.lengths_to_offsets, (L, False, True)),
+                     (ops.segment_ids_to_lengths, (ids.int(), 4, False, True)),
+                     (ops.lengths_to_offsets, (L, False, True)),
                      (ops.offsets_to_lengths, (torch.tensor([0, 2, 2]), 5, True)),
                      (ops.lengths_to_weights, (L, 0.5, torch.float64, True)), (ops.lengths_range_fill, (L.int(), True)),
                      (ops.lengths_gather_rows, (L, torch.tensor([2, 0]), 5, True)),
