@@ -385,3 +385,40 @@ def test_avg_pool_backward_gradient_past_the_right_edge():
         gi = torch.ops.aten.avg_pool2d_backward.default(G, x, *args)
     ref = torch.ops.aten.avg_pool2d_backward.default(G.to_dense(), x.to_dense(), *args)
     torch.testing.assert_close(gi.to_dense(), ref)
+
+
+@pytest.mark.parametrize("fill", [0.0, 5.0, math.nan])
+@pytest.mark.parametrize("coalesced", [True, False])
+def test_selections_of_the_pipeline_share_the_index(fill, coalesced):
+    """``A[None]``, ``[0]``, ``squeeze``/``unsqueeze`` and their backward on the size-1 dims of the rare-events
+    pipeline: equal to dense (values and fill gradients), the index rows of a squeeze or of a select on a
+    size-1 dim a view of the input's (no copy), an inserted size-1 dim's row zero -- past ``_CALLOC_MIN``
+    stored elements too (the zeroed index whose size-1 rows are not written)."""
+    from sparsefill.ops import shape
+    n = shape._CALLOC_MIN + 10
+    g = torch.Generator().manual_seed(3)
+    pos = torch.randperm(4 * n, generator=g)[:n].sort().values
+    if not coalesced:
+        pos = torch.cat([pos, pos[:5]])
+    v = torch.rand(pos.numel(), generator=g, dtype=DT).requires_grad_()
+    f = torch.tensor(fill, dtype=DT, requires_grad=True)
+    A = sparsefill.sparse_coo_tensor(pos[None], v, (4 * n,), fill_value=f)
+    assert A.is_coalesced() == coalesced
+    ops = [lambda x: x[None][0], lambda x: x[None, None].squeeze(1)[0], lambda x: x.unsqueeze(0).unsqueeze(0)[0, 0]]
+    for op in ops:
+        y = op(A)
+        yd = op(A.to_dense())
+        torch.testing.assert_close(y.to_dense(), yd, equal_nan=True)
+        w = torch.linspace(0, 1, 4 * n, dtype=DT)
+        got = torch.autograd.grad((y * w).sum(), (v, f))
+        want = torch.autograd.grad((yd * w).sum(), (v, f))
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b, equal_nan=True)
+    B = A.detach()[None, None]  # (1, 1, L): rows 0 and 1 all zero
+    assert B._idx.shape == (3, B._nse()) and not bool(B._idx[:2].any())
+    for S in (B.squeeze(1), B[0], B.squeeze(0)[0]):
+        assert S._idx.untyped_storage().data_ptr() == B._idx.untyped_storage().data_ptr()  # a view
+        torch.testing.assert_close(S.to_dense(), B.to_dense().reshape(S.shape), equal_nan=True)
+    G = torch.ops.aten.select_backward.default(A.detach() * 2., [1, 4 * n], 0, 0)
+    assert G._idx.shape[0] == 2 and not bool(G._idx[0].any())
+    torch.testing.assert_close(G.to_dense(), (A.detach() * 2.).to_dense()[None], equal_nan=True)
