@@ -25,6 +25,7 @@ import torch
 
 from . import _convert, _index
 from ._compile import traced
+from ._splits import coarser, to_dense_dim
 from ._tensor import SparseTensor
 
 
@@ -39,7 +40,7 @@ def grad_parts(G, P: SparseTensor):
     if isinstance(G, SparseTensor) and G._indefinite:  # masked out: no output read them, their gradient is 0
         G = _convert.rewrap(G, fill=G._vals.new_zeros(()), indefinite=False, known_zero=True)
     if isinstance(G, SparseTensor) and G._sparse_ndim() > len(S):  # e.g. select_backward on a dense dim
-        G = resplit(G, len(S))
+        G = coarser(G, len(D))  # (its trailing sparse dims made dense, exactly: O(nse * slice))
     elif isinstance(G, SparseTensor) and G._sparse_ndim() < len(S):  # or on the last sparse dim
         return _grad_parts_of_hybrid(G, P)
     gv = _values_on_pattern(G, P) if isinstance(G, SparseTensor) else None
@@ -128,32 +129,6 @@ def dense_grad(G: SparseTensor, what: str = "a gradient read as a dense tensor")
     if G.numel() > 1:  # (one element: a number, as the 0-d conversions elsewhere)
         _convert.check_densify_quiet(G, what)
     return to_dense(G, 0 if G._indefinite else None)  # (differentiable where a graph is recorded: create_graph)
-
-
-def resplit(G: SparseTensor, sd: int):
-    """``G`` (defined fill) with ``sd`` sparse dims, exactly: its trailing sparse dims past ``sd`` become dense
-    (each stored slice the fill's but for ``G``'s stored elements: O(nse * slice)); more sparse dims than
-    ``G`` has: the dense tensor (a fill varying along a dense dim that would become sparse).
-
-    >>> import sparsefill
-    >>> G = sparsefill.sparse_coo_tensor([[0, 2], [1, 0]], [5., 6.], (3, 2), fill_value=1.)
-    >>> H = resplit(G, 1)
-    >>> H.indices().tolist(), H.values().tolist(), H.fill_value().tolist()
-    ([[0, 2]], [[1.0, 5.0], [6.0, 1.0]], [1.0, 1.0])
-    """
-    g = G._sparse_ndim()
-    if sd >= g:
-        return dense_grad(G)
-    idx, vals = _convert.coalesced_parts(G)
-    outer = _index.linearize(idx[:sd], G.shape[:sd])
-    ukeys, inv = torch.unique(outer, return_inverse=True)
-    D = tuple(G.shape[sd:])
-    fill = G._fill.expand(G._dense_shape).expand(D)
-    out = fill.expand((ukeys.numel(),) + D).clone()
-    out[(inv,) + tuple(idx[sd:])] = vals
-    return _convert.parts_to_sparse(_index.unravel(ukeys, G.shape[:sd]), out, G.shape, fill.clone(),
-                                    indefinite=False, known_zero=G._fill_is_zero(), layout=torch.sparse_coo,
-                                    coalesced=True)
 
 
 def _times_count(f: torch.Tensor, n: int) -> torch.Tensor:
@@ -324,7 +299,9 @@ def leaf_grad(G, P: SparseTensor) -> SparseTensor:
     is uniform there (then nothing else is stored), else 0 and the nonzero elements outside the pattern
     are stored too (torch's ``to_sparse``).  An indefinite ``P``: ``G`` at its pattern, fill 0 (its
     masked-out elements are read by no output).  A SparseTensor ``G`` keeps its pattern and fill (an
-    indefinite one for a defined ``P``: 0 at its masked-out elements); only its layout changes.
+    indefinite one for a defined ``P``: 0 at its masked-out elements); its layout changes, and its split
+    where it has other dense dims than ``P`` (:func:`._splits.finer`/:func:`~._splits.coarser`: exact, no
+    dense temporary; a fill varying along dims that become sparse is stored where it differs).
 
     >>> import torch, sparsefill
     >>> P = sparsefill.sparse_coo_tensor([[0, 2]], [1., 2.], (4,), fill_value=3.)
@@ -337,15 +314,10 @@ def leaf_grad(G, P: SparseTensor) -> SparseTensor:
     if isinstance(G, torch.Tensor) and not isinstance(G, SparseTensor) and G.layout is not torch.strided:
         G = _convert.from_native(G)
     if isinstance(G, SparseTensor):
-        if G._indefinite and not P._indefinite:  # masked out: no output read them, their gradient is 0
+        if G._indefinite and (not P._indefinite or G._sparse_ndim() > P._sparse_ndim()):
+            # masked out: no output read them, their gradient is 0 (and coarser needs it where a slice is partly so)
             G = _convert.rewrap(G, fill=G._vals.new_zeros(()), indefinite=False, known_zero=True)
-        if G._indefinite and G._sparse_ndim() != P._sparse_ndim():  # (resplit needs a defined fill: 0)
-            G = _convert.rewrap(G, fill=G._vals.new_zeros(()), indefinite=False, known_zero=True)
-        if G._sparse_ndim() > P._sparse_ndim():
-            G = resplit(G, P._sparse_ndim())
-        if G.dense_dim() == P.dense_dim():
-            return _convert.to_layout(G, P._sf_layout)
-        G = dense_grad(G)
+        return _convert.to_layout(to_dense_dim(G, P.dense_dim()), P._sf_layout)  # (_splits.finer/coarser: exact)
     S, D = P._sparse_shape, tuple(P._dense_shape)
     flat = G.reshape((_index.numel(S),) + D)
     idx, _ = P._coo_parts()

@@ -52,7 +52,7 @@ from __future__ import annotations
 import torch
 
 from . import _index, _merge
-from ._convert import coalesced_parts, differs
+from ._convert import check_dense_dim, coalesced_parts, differs, to_layout
 from ._tensor import SparseTensor
 
 
@@ -115,6 +115,26 @@ def coarser(T: SparseTensor, nd: int) -> SparseTensor | None:
 def to_dense_dim(T: SparseTensor, nd: int) -> SparseTensor | None:
     """``T`` with ``nd`` dense dims, exactly: :func:`finer` or :func:`coarser` (None where ``coarser`` is)."""
     return finer(T, nd) if T.dense_dim() > nd else coarser(T, nd)
+
+
+def resplit(T: SparseTensor, dense_dim: int, layout=None) -> SparseTensor:
+    """``T.to_sparse(layout, dense_dim=dense_dim)`` with ``T``'s fill kept: :func:`to_dense_dim` then the layout,
+    exactly and with no dense temporary (``resplit(T, n).to_dense() == T.to_dense()``); ValueError for a bad
+    ``dense_dim`` or an indefinite ``T`` with a slice of the new dense dims partly specified.
+
+    >>> import sparsefill
+    >>> H = sparsefill.sparse_coo_tensor([[1]], [[5., 6.]], (3, 2), fill_value=torch.tensor([0., 1.]))
+    >>> R = resplit(H, 0, torch.sparse_csr)
+    >>> R.sparse_layout, R.to_dense().tolist() == H.to_dense().tolist(), R._nse()
+    (torch.sparse_csr, True, 4)
+    """
+    layout = T._sf_layout if layout is None else layout
+    nd = check_dense_dim(T.dim(), dense_dim, layout)
+    C = to_dense_dim(T, nd)
+    if C is None:
+        raise ValueError(f"dense_dim={nd}: with an indefinite fill every dense slice must be wholly specified or "
+                         f"wholly unspecified, and here some of the last {nd} dims' slices are partly specified")
+    return to_layout(C, layout)
 
 
 def merge_dense_dim(operands) -> int:
@@ -187,7 +207,7 @@ def _with_unspecified(idx, S, K, new_idx, new_vals, fk, vary, T):
     free = (~taken).nonzero().squeeze(1)
     n = free.numel() * vary.numel()
     check_specify(f"a hybrid SparseTensor's fill varying along dims of sizes {list(K)} that become sparse "
-                  f"(beside an operand with more sparse dims)", n, T.element_size() * max(1, fk[0].numel()))
+                  f"({n} unspecified elements stored)", n, T.element_size() * max(1, fk[0].numel()))
     SK = S + K
     stored = _index.linearize(new_idx, SK)
     extra = (free[:, None] * nK + vary[None, :]).reshape(-1)

@@ -301,6 +301,10 @@ class SparseTensor(torch.Tensor):
             layout, dense_dim = torch.sparse_coo, self.dim() - layout
         if blocksize is not None:
             raise ValueError("sparsefill supports COO and CSR layouts only; blocksize must be None")
+        if fill_value is None and dense_dim is not None and dense_dim != self.dense_dim():  # the fill kept: exact
+            from ._creation import _same_dense
+            from ._splits import resplit
+            return _same_dense(self, lambda a: resplit(a, dense_dim, layout))
         return convert(self, layout, fill_value, dense_dim)
 
     def to_sparse_coo(self, fill_value=None) -> "SparseTensor":

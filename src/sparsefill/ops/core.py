@@ -9,6 +9,7 @@ from .._convert import (coalesce_of, coalesced_parts, dense_of, dense_to_sparse,
                         union_parts)
 from .._splits import one_split, to_dense_dim
 from .._tensor import SparseTensor
+from ._schema import probe_of
 from ._writes import assign_
 from .registry import register
 
@@ -94,6 +95,36 @@ def _equal(func, args, kwargs):
     if not torch.equal(va, vb):
         return False
     return idx.shape[1] == _index.numel(a._sparse_shape) or torch.equal(a.fill_value(), b.fill_value())
+
+
+@register(aten.allclose.default)
+def _allclose(func, args, kwargs):
+    """``allclose(a, b, ...) == isclose(a, b, ...).all()``: the pointwise rule (operands split differently merge at
+    one split, :mod:`.._splits`) and a reduction, no dense temporary.  A masked operand (an indefinite fill) is
+    close to one masked at the same elements (after broadcasting) with close values there, as ``equal``."""
+    a, b = args[:2]
+    if not (isinstance(a, SparseTensor) and a._indefinite or isinstance(b, SparseTensor) and b._indefinite):
+        return bool(torch.isclose(a, b, *args[2:], **kwargs).all())
+    func(probe_of(a), probe_of(b), *args[2:], **kwargs)  # torch's dtype and device errors
+    if a.shape != b.shape:
+        a, b = torch.broadcast_tensors(a, b)
+    if not (isinstance(a, SparseTensor) and isinstance(b, SparseTensor) and a._indefinite and b._indefinite):
+        return False
+    if b.dense_dim() != a.dense_dim():
+        a, b = one_split([a, b], a._sf_layout)[0]
+    (ia, va), (ib, vb) = coalesced_parts(a), coalesced_parts(b)
+    return torch.equal(ia, ib) and bool(torch.isclose(va, vb, *args[2:], **kwargs).all())
+
+
+@register(aten.dist.default)
+def _dist(func, args, kwargs):
+    """``dist(a, b, p) == linalg.vector_norm(a - b, p)``: the difference by the pointwise rule (at one split where
+    the operands split differently), its norm over the stored elements and the fill (a masked norm over the
+    specified elements where a fill is indefinite); no dense temporary."""
+    a, b = args[:2]
+    p = args[2] if len(args) > 2 else kwargs.get("p", 2)
+    func(probe_of(a), probe_of(b), p)  # torch's dtype and device errors
+    return torch.linalg.vector_norm(torch.sub(a, b), p)
 
 
 @register(aten.is_same_size.default)

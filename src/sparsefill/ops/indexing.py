@@ -25,6 +25,7 @@ from .. import _index
 from .._convert import (coalesced_parts, dense_of, dense_to_parts, dense_to_sparse, every_element, parts_to_sparse,
                         union_parts)
 from .._policy import check_specify
+from .._splits import one_split
 from .._tensor import SparseTensor
 from ._schema import meta_of, probe_of
 from .registry import register
@@ -187,6 +188,10 @@ def _cat(func, args, kwargs):
     sparse = [t for t in tensors if isinstance(t, SparseTensor)]
     if not sparse:
         return NotImplemented
+    if len({t.dense_dim() for t in sparse}) > 1 and len({(t.dim(), t._indefinite) for t in sparse}) == 1:
+        conv = iter(one_split(sparse, sparse[0]._sf_layout)[0])  # split differently: at one split first, exactly
+        tensors = [next(conv) if isinstance(t, SparseTensor) else t for t in tensors]
+        sparse = [t for t in tensors if isinstance(t, SparseTensor)]
     A = max(sparse, key=lambda t: t.numel())
     if len(sparse) != len(tensors):  # a dense operand is already materialised: stored where it differs from the fill
         if A._indefinite or any(not isinstance(t, SparseTensor) and (t.dim() != A.dim() or t.dtype != A.dtype)
