@@ -1,0 +1,262 @@
+"""Sparse products with inf/NaN in the dense operand or the upstream gradient are the dense products
+(ops/linalg.py, ops/linalg_autograd.py): nothing is skipped, no ``inf - inf`` is introduced::
+
+    op(A, X) == op(A.to_dense(), X)      and so are the gradients of values, fill and X
+
+where ``X`` holds ``inf``, ``-inf`` and NaN at contracted indices that are stored in some rows of ``A`` and
+unspecified in others (``0 * inf`` is NaN in the dense product), and/or the upstream gradient ``G`` holds
+``inf`` and NaN; for COO, CSR and hybrid (scalar and array fills) operands, fills 0, 2.5, NaN, +-inf, and
+indefinite (masked: the unspecified elements form no products, compared with an explicit masked sum);
+float64 and float32; the routed backward (``SparseMMBackward``), torch's formulas (only ``X`` needs a
+gradient), and torch.compile (aot_eager) against eager.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import sparsefill
+
+NAN, INF = float("nan"), float("inf")
+COO, CSR = torch.sparse_coo, torch.sparse_csr
+
+
+def _routed(out) -> bool:
+    seen, todo = set(), [out.grad_fn]
+    while todo:
+        n = todo.pop()
+        if n is None or n in seen:
+            continue
+        seen.add(n)
+        if type(n).__name__ == "SparseMMBackward":
+            return True
+        todo.extend(m for m, _ in n.next_functions)
+    return False
+
+
+# name: (A shape, X shape, fn, the dim of X contracted with A, A's contracted dim)
+OPS = {
+    "A@X": ((6, 5), (5, 3), lambda A, X: A @ X, -2, -1),
+    "X@A": ((6, 5), (4, 6), lambda A, X: X @ A, -1, -2),
+    "mm": ((6, 5), (5, 3), torch.mm, -2, -1),
+    "mv": ((6, 5), (5,), torch.mv, 0, -1),
+    "x@A": ((6, 5), (6,), lambda A, x: x @ A, 0, -2),
+    "A2@X3": ((6, 5), (2, 5, 3), torch.matmul, -2, -1),
+    "bmm": ((2, 6, 5), (2, 5, 3), torch.bmm, -2, -1),
+    "X3@A3": ((2, 6, 5), (2, 4, 6), lambda A, X: X @ A, -1, -2),
+    "addmm": ((6, 5), (5, 3), lambda A, X: torch.addmm(torch.ones(6, 3, dtype=X.dtype), A, X, beta=0.5, alpha=2),
+              -2, -1),
+    "addmm dense@sparse": ((6, 5), (3, 6), lambda A, X: torch.addmm(torch.ones(5, dtype=X.dtype), X, A), -1, -2),
+    "linear weight": ((6, 5), (2, 4, 5), lambda A, x: F.linear(x, A, torch.arange(6, dtype=x.dtype)), -1, -1),
+    "linear input": ((6, 5), (3, 5), lambda A, W: F.linear(A, W), -1, -1),
+    "einsum ij,jk": ((6, 5), (5, 3), lambda A, X: torch.einsum("ij,jk->ik", A, X), -2, -1),
+    "einsum ij,kj->ki": ((6, 5), (4, 5), lambda A, X: torch.einsum("ij,kj->ki", A, X), -1, -1),
+    "einsum bij,bjk": ((2, 6, 5), (2, 5, 3), lambda A, X: torch.einsum("bij,bjk->bik", A, X), -2, -1),
+}
+
+
+def _pattern(shape, nse_per_row, acdim, g):
+    """A pattern over ``shape``'s sparse dims (all of them here, or all but the last for hybrid) where
+    contracted index 0 and 1 are stored in some rows and unspecified in others (asserted)."""
+    keys = []
+    per = shape[-2] * shape[-1]
+    nb = shape[0] if len(shape) == 3 else 1
+    for b in range(nb):
+        keys.append(b * per + torch.randperm(per, generator=g)[: nse_per_row * shape[-2]])
+    keys = torch.cat(keys).sort().values
+    idx = torch.stack(torch.unravel_index(keys, shape))
+    c = idx[acdim % len(shape)]
+    for k in (0, 1):
+        stored = int((c == k).sum())
+        other = shape[-1] if acdim % len(shape) == len(shape) - 2 else shape[-2]
+        assert 0 < stored < nb * other, "the contracted index must be stored in some rows only"
+    return idx
+
+
+class Case:
+    def __init__(self, op, layout, fill, dtype=torch.float64, x_bad=True, g_bad=False, seed=0):
+        g = torch.Generator().manual_seed(seed)
+        self.ashape, xshape, self.fn, xc, ac = OPS[op]
+        self.layout, self.dtype, self.g_bad = layout, dtype, g_bad
+        self.hybrid = layout == "hybrid"
+        while True:
+            try:
+                self.idx = _pattern(self.ashape, 2, ac, g)
+                break
+            except AssertionError:
+                continue
+        if self.hybrid:  # the last dim dense: the stored "rows" are whole slices; keep the distinct sparse keys
+            sd = len(self.ashape) - 1
+            self.idx = torch.unique(self.idx[:sd], dim=1)
+        D = self.ashape[len(self.ashape) - 1:] if self.hybrid else ()
+        self.values = torch.randn((self.idx.shape[1],) + tuple(D), dtype=dtype, generator=g)
+        self.indefinite = fill == "indefinite"
+        if self.indefinite:
+            self.fill = None
+        elif isinstance(fill, str):  # "array" / "array_inf": an array fill over the dense dim (hybrid)
+            self.fill = torch.randn(D, dtype=dtype, generator=g)
+            if fill == "array_inf":
+                self.fill[1] = INF
+        else:
+            self.fill = torch.tensor(fill, dtype=dtype)
+        X = torch.randn(xshape, dtype=dtype, generator=g)
+        if x_bad:
+            Xm = X.movedim(xc, 0)  # a view: (contracted, ...)
+            X = Xm.contiguous()
+            X[0].view(-1)[0] = INF
+            X[1].view(-1)[min(1, X[1].numel() - 1)] = NAN
+            X[2].view(-1)[0] = -INF
+            X[3].view(-1)[-1] = INF
+            X = X.movedim(0, xc).contiguous()
+        self.X = X
+
+    def leaves(self):
+        v = self.values.clone().requires_grad_()
+        f = None if self.fill is None else self.fill.clone().requires_grad_()
+        return v, f, self.X.clone().requires_grad_()
+
+    def build(self, v, f):
+        A = sparsefill.sparse_coo_tensor(self.idx, v, self.ashape, fill_value=sparsefill.indefinite if f is None else f)
+        return A.to_sparse_csr() if self.layout is CSR else A
+
+    def masked_dense(self, v):
+        """The dense operand of an indefinite ``A`` (zeros outside the pattern) and its mask."""
+        Ad = torch.zeros(self.ashape, dtype=self.dtype).index_put(tuple(self.idx), v)
+        mask = torch.zeros(self.ashape, dtype=torch.bool).index_put(tuple(self.idx), torch.tensor(True))
+        return Ad, mask
+
+    def upstream(self, shape):
+        W = torch.randn(shape, dtype=self.dtype, generator=torch.Generator().manual_seed(1))
+        if self.g_bad:
+            W.view(-1)[0], W.view(-1)[-1] = INF, NAN
+            if W.numel() > 3:
+                W.view(-1)[2] = -INF
+        return W
+
+
+def _grads(case, how, x_only=False):
+    v, f, X = case.leaves()
+    if x_only:
+        v.requires_grad_(False)
+        if f is not None:
+            f.requires_grad_(False)
+    A = case.build(v, f)
+    if how == "dense":
+        A = A.to_dense()
+    out = case.fn(A, X)
+    G = case.upstream(out.shape)
+    out.backward(G)
+    return out, (None if x_only else v.grad, None if (x_only or f is None) else f.grad, X.grad)
+
+
+def _assert(case, got, want, what=""):
+    tol = {} if case.dtype == torch.float64 else dict(rtol=1e-4, atol=1e-4)
+    (out, g), (ref, w) = got, want
+    torch.testing.assert_close(out, ref, equal_nan=True, **tol, msg=lambda m: f"forward {what}: {m}")
+    for name, a, b in zip(("values", "fill", "X"), g, w):
+        assert (a is None) == (b is None), name
+        if a is not None:
+            torch.testing.assert_close(a, b, equal_nan=True, **tol, msg=lambda m: f"grad of {name} {what}: {m}")
+
+
+def check(case, x_only=False):
+    got = _grads(case, "sparse", x_only)
+    assert x_only or _routed(got[0])
+    want = _grads(case, "dense", x_only)
+    _assert(case, got, want)
+
+
+FILLS = [0.0, 2.5, -1.5, NAN, INF, -INF]
+
+
+@pytest.mark.parametrize("fill", FILLS, ids=str)
+@pytest.mark.parametrize("layout", [COO, CSR], ids=["coo", "csr"])
+@pytest.mark.parametrize("op", list(OPS))
+def test_nonfinite_x(op, layout, fill):
+    case = Case(op, layout, fill)
+    check(case)
+    out = case.fn(case.build(case.values, case.fill), case.X)
+    assert out.isnan().any()  # the case exercises the non-finite path (0 * inf or inf - inf somewhere)
+
+
+@pytest.mark.parametrize("fill", FILLS, ids=str)
+@pytest.mark.parametrize("op", ["A@X", "X@A", "bmm", "X3@A3", "linear weight", "einsum ij,kj->ki", "mv"])
+def test_nonfinite_upstream_gradient(op, fill):
+    check(Case(op, COO, fill, x_bad=False, g_bad=True))
+
+
+@pytest.mark.parametrize("fill", [0.0, 2.5, INF], ids=str)
+@pytest.mark.parametrize("op", ["A@X", "X@A", "bmm", "addmm dense@sparse", "linear input"])
+def test_nonfinite_x_and_upstream_gradient(op, fill):
+    check(Case(op, CSR, fill, g_bad=True))
+
+
+@pytest.mark.parametrize("fill", [0.0, 2.5, NAN, INF, "array", "array_inf"], ids=str)
+@pytest.mark.parametrize("op", ["A@X", "X@A", "bmm", "X3@A3", "addmm", "mv", "x@A"])
+def test_hybrid(op, fill):
+    check(Case(op, "hybrid", fill))
+
+
+@pytest.mark.parametrize("fill", [0.0, 2.5, -INF], ids=str)
+@pytest.mark.parametrize("op", ["A@X", "X@A", "bmm", "linear weight", "einsum bij,bjk"])
+def test_float32(op, fill):
+    check(Case(op, COO, fill, dtype=torch.float32, g_bad=True))
+
+
+@pytest.mark.parametrize("fill", [0.0, 2.5, NAN], ids=str)
+@pytest.mark.parametrize("op", ["A@X", "X@A", "bmm", "addmm dense@sparse", "einsum ij,jk"])
+def test_torchs_formulas_gradient_of_x(op, fill):
+    """Only ``X`` needs a gradient: torch's derivative formulas (``A^T @ G`` through the handlers)."""
+    check(Case(op, CSR, fill, g_bad=True), x_only=True)
+
+
+def test_no_grad_forward():
+    for fill in (0.0, 2.5):
+        case = Case("A@X", COO, fill)
+        with torch.no_grad():
+            A = case.build(case.values, case.fill)
+            torch.testing.assert_close(A @ case.X, A.to_dense() @ case.X, equal_nan=True)
+            torch.testing.assert_close(case.X.T @ A.T, case.X.T @ A.to_dense().T, equal_nan=True)
+
+
+@pytest.mark.parametrize("layout", [COO, CSR], ids=["coo", "csr"])
+@pytest.mark.parametrize("op", ["A@X", "X@A", "bmm", "X3@A3", "mv"])
+def test_indefinite_is_masked(op, layout):
+    """Indefinite fill: the unspecified elements form no products (no ``0 * inf``): the masked sum."""
+    case = Case(op, layout, "indefinite", g_bad=True)
+    v, _, X = case.leaves()
+    out = case.fn(case.build(v, None), X)
+    out.backward(case.upstream(out.shape))
+    got = out, (v.grad, None, X.grad)
+    v2, _, X2 = case.leaves()
+    Ad, mask = case.masked_dense(v2)
+    if op in ("A@X", "bmm", "mv"):
+        Xe = X2 if X2.dim() > 1 else X2[:, None]
+        ref = torch.where(mask[..., None], Ad[..., None] * Xe[..., None, :, :], 0).sum(-2)
+        ref = ref if X2.dim() > 1 else ref[..., 0]
+    else:
+        ref = torch.where(mask[..., None, :, :], X2[..., :, :, None] * Ad[..., None, :, :], 0).sum(-2)
+    ref.backward(case.upstream(ref.shape))
+    _assert(case, got, (ref, (v2.grad, None, X2.grad)))
+    assert out.isnan().sum() < out.numel()
+
+
+def test_integer_operands_unchanged():
+    A = sparsefill.sparse_coo_tensor([[0, 1], [1, 0]], torch.tensor([2, 3]), (2, 2), fill_value=1)
+    X = torch.tensor([[1, 2], [3, 4]])
+    assert torch.equal(A @ X, A.to_dense() @ X) and torch.equal(X @ A, X @ A.to_dense())
+
+
+@pytest.mark.parametrize("fill", [0.0, 2.5], ids=str)
+def test_compiled_matches_eager(fill):
+    """Traced (no data read): the exact path, branch-free; the same as eager and dense."""
+    torch._dynamo.reset()
+    case = Case("A@X", COO, fill)
+    fn = torch.compile(lambda A, X: (A @ X, X.T @ A.T), backend="aot_eager", fullgraph=True)
+    A = case.build(case.values, case.fill)
+    for X in (case.X, torch.randn(case.X.shape, dtype=case.dtype)):
+        got = fn(A, X)
+        torch.testing.assert_close(got[0], A.to_dense() @ X, equal_nan=True)
+        torch.testing.assert_close(got[1], X.T @ A.to_dense().T, equal_nan=True)
