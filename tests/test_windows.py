@@ -389,27 +389,30 @@ def test_avg_pool_backward_gradient_past_the_right_edge():
 
 @pytest.mark.parametrize("fill", [0.0, 5.0, math.nan])
 @pytest.mark.parametrize("coalesced", [True, False])
-def test_selections_of_the_pipeline_share_the_index(fill, coalesced):
+def test_selections_of_the_pipeline_share_the_index(fill, coalesced, backend):
     """``A[None]``, ``[0]``, ``squeeze``/``unsqueeze`` and their backward on the size-1 dims of the rare-events
     pipeline: equal to dense (values and fill gradients), the index rows of a squeeze or of a select on a
     size-1 dim a view of the input's (no copy), an inserted size-1 dim's row zero -- past ``_CALLOC_MIN``
     stored elements too (the zeroed index whose size-1 rows are not written)."""
+    if backend == "numba":
+        pytest.skip("no window op here: the torch run covers it")
     from sparsefill.ops import shape
     n = shape._CALLOC_MIN + 10
     g = torch.Generator().manual_seed(3)
-    pos = torch.randperm(4 * n, generator=g)[:n].sort().values
+    L = n + 1000
+    pos = torch.randperm(L, generator=g)[:n].sort().values
     if not coalesced:
         pos = torch.cat([pos, pos[:5]])
     v = torch.rand(pos.numel(), generator=g, dtype=DT).requires_grad_()
     f = torch.tensor(fill, dtype=DT, requires_grad=True)
-    A = sparsefill.sparse_coo_tensor(pos[None], v, (4 * n,), fill_value=f)
+    A = sparsefill.sparse_coo_tensor(pos[None], v, (L,), fill_value=f)
     assert A.is_coalesced() == coalesced
     ops = [lambda x: x[None][0], lambda x: x[None, None].squeeze(1)[0], lambda x: x.unsqueeze(0).unsqueeze(0)[0, 0]]
     for op in ops:
         y = op(A)
         yd = op(A.to_dense())
         torch.testing.assert_close(y.to_dense(), yd, equal_nan=True)
-        w = torch.linspace(0, 1, 4 * n, dtype=DT)
+        w = torch.linspace(0, 1, L, dtype=DT)
         got = torch.autograd.grad((y * w).sum(), (v, f))
         want = torch.autograd.grad((yd * w).sum(), (v, f))
         for a, b in zip(got, want):
@@ -419,6 +422,6 @@ def test_selections_of_the_pipeline_share_the_index(fill, coalesced):
     for S in (B.squeeze(1), B[0], B.squeeze(0)[0]):
         assert S._idx.untyped_storage().data_ptr() == B._idx.untyped_storage().data_ptr()  # a view
         torch.testing.assert_close(S.to_dense(), B.to_dense().reshape(S.shape), equal_nan=True)
-    G = torch.ops.aten.select_backward.default(A.detach() * 2., [1, 4 * n], 0, 0)
+    G = torch.ops.aten.select_backward.default(A.detach() * 2., [1, L], 0, 0)
     assert G._idx.shape[0] == 2 and not bool(G._idx[0].any())
     torch.testing.assert_close(G.to_dense(), (A.detach() * 2.).to_dense()[None], equal_nan=True)
