@@ -114,9 +114,11 @@ def test_dense_by_nature_results_pass_the_gate(case, layout):
 
 
 BACKWARD = {  # backward computations that are dense by nature: (input shape, stored positions, op)
+    "softmax, a dense upstream gradient": ((5,), lambda A: torch.softmax(A, 0)),
+}
+PATTERN_BACKWARD = {  # masked-in fills of a constructor's tensor: the backward stays on the pattern (no gate)
     "masked.sum, fill masked in": ((2, 3), lambda A: masked.sum(A, 1)),
     "masked.amax, fill masked in": ((2, 3), lambda A: masked.amax(A, 1)),
-    "softmax, a dense upstream gradient": ((5,), lambda A: torch.softmax(A, 0)),
 }
 
 
@@ -136,6 +138,21 @@ def test_dense_by_nature_backward_passes_the_gate(case, layout):
     out = _dense(f(A)).pow(2).sum()
     with sparsefill.densify_policy(dense_by_nature="raise"), pytest.raises(DensifyError, match="dense by nature"):
         torch.autograd.grad(out, v)
+
+
+@pytest.mark.parametrize("case,layout", [(c, lay) for c in PATTERN_BACKWARD for lay in LAYOUTS])
+def test_masked_in_fill_backward_stays_on_the_pattern(case, layout):
+    shape, f = PATTERN_BACKWARD[case]
+    v = torch.tensor([1., 3., 4.], dtype=torch.float64, requires_grad=True)
+    fill = torch.tensor(2., dtype=torch.float64, requires_grad=True)
+    A = sparsefill.sparse_coo_tensor([[0, 1, 1], [0, 0, 2]], v, shape, fill_value=fill).to_sparse(layout)
+    x = A.to_dense().detach().requires_grad_()
+    (gx,) = torch.autograd.grad(_dense(f(x)).pow(2).sum(), x)
+    out = _dense(f(A)).pow(2).sum()
+    with sparsefill.densify_policy("raise", dense_by_nature="raise"):
+        g, gf = torch.autograd.grad(out, (v, fill))
+    torch.testing.assert_close(g, torch.stack([gx[0, 0], gx[1, 0], gx[1, 2]]))
+    torch.testing.assert_close(gf, gx[0, 1] + gx[0, 2] + gx[1, 1])
 
 
 def test_policy_dense_by_nature_is_validated_and_kept():
