@@ -69,7 +69,7 @@ class Operand:
         self.values = x.detach()[self.mask].clone() if self.mask.dim() else x.detach()[None][: int(self.mask)].clone()
         first = x.reshape(-1)[0] if x.numel() else torch.ones((), dtype=x.dtype)
         indefinite = fill == "indefinite-hybrid" and self.dd or fill == "indefinite-sparse" and not self.dd
-        self.fill = (None if indefinite else torch.full((), float("nan"), dtype=x.dtype) if fill == "nan" else
+        self.fill = (None if indefinite else torch.full((), float(fill), dtype=x.dtype) if fill in ("nan", "inf") else
                      torch.randn(D, dtype=x.dtype, generator=g) if fill == "array" and self.dd else
                      first.expand(D).clone() if self.dd else first.clone())
 
@@ -403,3 +403,84 @@ def test_equal_and_copy_across_splits(fill):
             dst.copy_(src * 2)
             assert dst.dense_dim() == dd
             _same(dst, 2 * xh, (dst.to_dense(fill_value=0) != 0) | (dst.to_dense(fill_value=1) != 1))
+
+
+# ---------------------------------------------------------------------- gradients, comparisons, joins, to_sparse
+def _x_for(pair, g, dtype=torch.float64):
+    """A tensor both kinds of ``pair`` take (a hybrid CSR: 3-d; a CSR: 2-d)."""
+    return torch.randn((4, 5, 3) if "hybrid-csr" in pair else (4, 3), dtype=dtype, generator=g)
+
+
+def _fill_name(fill, kind):
+    """``Operand``'s fill name: ``indefinite`` makes both operands masked."""
+    return ("indefinite-hybrid" if KINDS[kind][1] else "indefinite-sparse") if fill == "indefinite" else fill
+
+
+def _sparse_w(shape, dtype, g):
+    """An upstream weight ``W`` (half its elements 0.25) and ``W`` as an all-sparse SparseTensor of fill 0.25."""
+    W = torch.randn(shape, dtype=dtype, generator=g)
+    W[torch.rand(shape, generator=g) < 0.5] = 0.25
+    return W, sparsefill.to_sparse(W, fill_value=0.25)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("fill", ["uniform", "array", "nan", "inf"])
+@pytest.mark.parametrize("pair", PAIRS, ids="-".join)
+def test_leaf_gradient_of_another_split_stays_sparse(pair, fill, dtype):
+    """``A * B`` with ``A`` a SparseTensor leaf and ``B`` split differently, a sparse upstream gradient: the
+    gradient reaching ``A`` has the merged split (finer or coarser than ``A``'s); ``A.grad`` is a SparseTensor
+    of ``A``'s layout and dense dims equal to the dense gradient, with no densifying (``leaf_grad``:
+    ``_splits.finer``/``coarser``); the same through the constructor's ``values``/``fill`` (``grad_parts``)."""
+    g = torch.Generator().manual_seed(11)
+    x, y = _x_for(pair, g, dtype), _x_for(pair, g, dtype)
+    P, Q = Operand(x, pair[0], fill, g), Operand(y, pair[1], fill, g)
+    (vp, fp), (vq, fq) = P.leaves(), Q.leaves()
+    A = P.sparse(vp.detach(), fp.detach()).requires_grad_()
+    B = Q.sparse(vq.detach(), fq.detach())
+    W, Ws = _sparse_w(x.shape, dtype, g)
+    with sparsefill.densify_policy("raise", dense_by_nature="raise"):
+        (A * B * Ws).sum().backward()
+        (P.sparse(vp, fp) * B * Ws).sum().backward()
+    assert type(A.grad) is SparseTensor and A.grad.sparse_layout is A.sparse_layout
+    assert A.grad.shape == A.shape and A.grad.dense_dim() == A.dense_dim()
+    tol = dict(rtol=1e-4, atol=1e-4) if dtype is torch.float32 else {}
+    torch.testing.assert_close(A.grad.to_dense(), W * Q.dense(vq, fq).detach(), equal_nan=True, **tol)
+    v2, f2 = vp.detach().clone().requires_grad_(), fp.detach().clone().requires_grad_()
+    (P.dense(v2, f2) * Q.dense(vq, fq).detach() * W).sum().backward()
+    torch.testing.assert_close(vp.grad, v2.grad, equal_nan=True, **tol)
+    torch.testing.assert_close(fp.grad, f2.grad, equal_nan=True, **tol)
+
+
+@pytest.mark.parametrize("fill", ["scalar", "uniform", "varying", "nan", "inf", "indefinite"])
+@pytest.mark.parametrize("layout", [torch.sparse_coo, torch.sparse_csr])
+@pytest.mark.parametrize("direction", ["finer", "coarser"])
+def test_leaf_grad_converts_the_split_exactly(direction, layout, fill):
+    """``leaf_grad(G, P)`` for ``G`` with more dense dims than ``P`` (``finer``: was densified) or fewer
+    (``coarser``): a SparseTensor of ``P``'s layout and dense dims, ``G``'s dense tensor (masked-out elements of
+    an indefinite ``G``: 0 for a defined ``P``), no densifying; an indefinite ``P`` beside an indefinite ``G``
+    stays masked where ``finer`` keeps it so."""
+    from sparsefill._autograd import leaf_grad
+    f = {"scalar": 1.5, "uniform": torch.tensor([2., 2., 2.]), "varying": torch.tensor([1., 2., 3.]),
+         "nan": float("nan"), "inf": float("inf"), "indefinite": sparsefill.indefinite}[fill]
+    gd, pd = (1, 0) if direction == "finer" else (0, 1)
+    if direction == "coarser" and isinstance(f, torch.Tensor):
+        f = f[0].item()  # (an all-sparse G: a scalar fill)
+    f = f.double() if isinstance(f, torch.Tensor) else f
+    shape = (4, 3) if direction == "finer" else (4, 5, 3)  # (a CSR leaf: unbatched, or hybrid)
+    G, xg = _hybrid(torch.randn(shape, dtype=torch.float64), f, dense_dim=gd, seed=1)
+    for pfill in (0.5, sparsefill.indefinite):
+        P = _hybrid(torch.randn(shape, dtype=torch.float64), pfill, dense_dim=pd, layout=layout, seed=2)[0]
+        with sparsefill.densify_policy("raise", dense_by_nature="raise"):
+            out = leaf_grad(G, P)
+        assert type(out) is SparseTensor and out.sparse_layout is layout and out.dense_dim() == pd
+        assert out.shape == P.shape
+        if G._indefinite:
+            assert out._indefinite == (P._indefinite and direction == "finer")
+            torch.testing.assert_close(out.to_dense(fill_value=0), G.to_dense(fill_value=0))
+        else:
+            torch.testing.assert_close(out.to_dense(), xg, equal_nan=True)
+    E = _hybrid(torch.zeros((0,) + shape[1:]), 1., dense_dim=gd)[0]  # 0-size
+    P0 = _hybrid(torch.zeros((0,) + shape[1:]), 0., dense_dim=pd, layout=layout)[0]
+    with sparsefill.densify_policy("raise", dense_by_nature="raise"):
+        out = leaf_grad(E, P0)
+    assert out.shape == P0.shape and out.dense_dim() == pd and out.sparse_layout is layout
