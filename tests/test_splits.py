@@ -484,3 +484,69 @@ def test_leaf_grad_converts_the_split_exactly(direction, layout, fill):
     with sparsefill.densify_policy("raise", dense_by_nature="raise"):
         out = leaf_grad(E, P0)
     assert out.shape == P0.shape and out.dense_dim() == pd and out.sparse_layout is layout
+
+
+@pytest.mark.parametrize("fill", ["uniform", "array", "nan", "inf"])
+@pytest.mark.parametrize("pair", PAIRS, ids="-".join)
+def test_allclose_and_dist_across_splits(pair, fill):
+    """``torch.allclose`` (rtol/atol/equal_nan) and ``torch.dist`` (p = 2, 1, 0, inf, 3.5) of operands split
+    differently equal the dense results with no densifying; ``dist``'s gradients of values and fill too."""
+    g = torch.Generator().manual_seed(12)
+    x = _x_for(pair, g)
+    P, Q = Operand(x, pair[0], fill, g), Operand(x, pair[1], fill, g)
+    (vp, fp), (vq, fq) = P.leaves(), Q.leaves()
+    A, B = P.sparse(vp.detach(), fp.detach()), Q.sparse(vq.detach(), fq.detach())
+    same = A.to_sparse(B.sparse_layout, dense_dim=B.dense_dim())  # the same tensor at B's split
+    xa, xb = A.to_dense(), B.to_dense()
+    with sparsefill.densify_policy("raise", dense_by_nature="raise"):
+        for a, b, da, db in ((A, B, xa, xb), (B, A, xb, xa), (A, same, xa, xa), (same, A, xa, xa),
+                             (A, same * (1 + 1e-3), xa, xa * (1 + 1e-3))):
+            for kw in ({}, dict(rtol=1e-2), dict(atol=1e-2, equal_nan=True), dict(equal_nan=True)):
+                assert torch.allclose(a, b, **kw) == torch.allclose(da, db, **kw), (kw, fill)
+            for p in (2, 1, 0, float("inf"), 3.5):
+                torch.testing.assert_close(torch.dist(a, b, p), torch.dist(da, db, p), equal_nan=True)
+        assert torch.allclose(A, same) == (fill != "nan") and torch.allclose(A, same, equal_nan=True)
+        for p in (2, 1, float("inf")):
+            for t in (vp, fp, vq, fq):
+                t.grad = None
+            torch.dist(P.sparse(vp, fp), Q.sparse(vq, fq), p).backward()
+            got = [t.grad for t in (vp, fp, vq, fq)]
+            leaves = [t.detach().clone().requires_grad_() for t in (vp, fp, vq, fq)]
+            torch.dist(P.dense(*leaves[:2]), Q.dense(*leaves[2:]), p).backward()
+            for gt, t in zip(got, leaves):
+                torch.testing.assert_close(gt, t.grad, equal_nan=True)
+
+
+def test_allclose_and_dist_of_masked_and_other_dtypes():
+    """Masked operands (an indefinite fill): close when both are masked at the same elements with close values
+    (at one split, as ``equal``); ``dist`` is the norm over the elements both specify.  int64 and bool
+    ``allclose``; torch's errors for mixed dtypes and an integer ``dist``; 0-size and 0-d operands."""
+    I = sparsefill.sparse_coo_tensor([[0, 2]], [[1., 2.], [3., 4.]], (3, 2), fill_value=sparsefill.indefinite)
+    F = finer(I, 0)
+    J = sparsefill.sparse_coo_tensor([[0, 1]], [[1., 4.], [3., 4.]], (3, 2), fill_value=sparsefill.indefinite)
+    D = sparsefill.to_sparse(I.to_dense(fill_value=0.), fill_value=0.)
+    with sparsefill.densify_policy("raise", dense_by_nature="raise"):
+        assert torch.allclose(I, F) and torch.allclose(F, I) and torch.allclose(I, F * (1 + 1e-7))
+        assert not torch.allclose(I, F * 1.1) and torch.allclose(I, F * 1.1, rtol=0.2)
+        assert not torch.allclose(I, J) and not torch.allclose(F, J) and not torch.allclose(I, D)
+        assert torch.allclose(I, I[None].expand(2, 3, 2))  # (broadcast)
+        assert torch.dist(I, F).item() == 0.
+        torch.testing.assert_close(torch.dist(I, D * 2, 1), torch.tensor(10.))  # (rows 0 and 2)
+        torch.testing.assert_close(torch.dist(F, J, float("inf")), torch.tensor(2.))  # (row 0 only)
+        xi = torch.tensor([[1, 0, 2], [0, 0, 3]])
+        for dtype in (torch.int64, torch.bool):
+            Hi = sparsefill.to_sparse(xi.to(dtype), fill_value=torch.tensor([0, 0, 1]).to(dtype), dense_dim=1)
+            Ci = sparsefill.to_sparse(xi.to(dtype), fill_value=0)
+            assert torch.allclose(Hi, Ci) and torch.allclose(Ci, Hi)
+            assert not torch.allclose(Hi, sparsefill.to_sparse(torch.zeros(2, 3, dtype=dtype), fill_value=0))
+        E = sparsefill.to_sparse(torch.zeros(0, 3), fill_value=1., dense_dim=1)
+        assert torch.allclose(E, finer(E, 0)) and torch.dist(E, finer(E, 0)).item() == 0.
+        Z = sparsefill.to_sparse(torch.tensor(2.), fill_value=1.)
+        assert torch.allclose(Z, Z) and torch.dist(Z, Z * 2).item() == 2.
+    A64 = sparsefill.to_sparse(torch.ones(2, 3, dtype=torch.float64), fill_value=0., dense_dim=1)
+    with pytest.raises(RuntimeError, match="did not match"):
+        torch.allclose(A64, finer(A64, 0).float())
+    with pytest.raises(RuntimeError, match="floating point or complex"):
+        torch.dist(sparsefill.to_sparse(xi), sparsefill.to_sparse(xi, dense_dim=1))
+    torch.testing.assert_close(torch.dist(A64, finer(A64, 0).float() * 2), torch.dist(torch.ones(2, 3, dtype=torch.float64),
+                                                                                     torch.full((2, 3), 2.)))
