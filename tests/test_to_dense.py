@@ -184,3 +184,24 @@ def test_large_result_advised_into_huge_pages():
     check(A, expected)
     out = _convert.empty_dense((3, n), torch.float32, torch.device("cpu"))
     assert out.shape == (3, n) and out.dtype == torch.float32 and out.is_contiguous()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64, torch.bool, torch.complex64,
+                                   torch.bfloat16])
+def test_compiled_scatter_matches_put(dtype):
+    """``_merge.put_flat`` (a compiled loop from ``_SCATTER_MIN`` values on CPU; ``put_`` below it, for other
+    dtypes or without numba) == ``put_``, and ``to_dense`` through it == the reference."""
+    from sparsefill import _merge
+    n = 4 * _merge._SCATTER_MIN + 7
+    g = torch.Generator().manual_seed(1)
+    for nse in (_merge._SCATTER_MIN - 1, _merge._SCATTER_MIN, n // 4):
+        keys = torch.randperm(n, generator=g)[:nse].sort().values
+        vals = (torch.randn(nse, generator=g) * 5).to(dtype)
+        fill = torch.tensor(True if dtype is torch.bool else 2, dtype=dtype)
+        ref = fill.expand(n).clone().put_(keys, vals)
+        assert torch.equal(_merge.put_flat(fill.expand(n).clone(), keys, vals), ref)
+        A = sparsefill.sparse_coo_tensor(keys[None], vals, (n,), fill_value=fill)
+        check(A, ref)
+        B = sparsefill.sparse_coo_tensor(torch.stack(torch.unravel_index(keys, (7, n // 7 + 1))), vals,
+                                         (7, n // 7 + 1), fill_value=fill)
+        check(B, fill.expand(7 * (n // 7 + 1)).clone().put_(keys, vals).view(7, -1))

@@ -36,8 +36,9 @@ def dense_of(A: SparseTensor, fill: torch.Tensor | None = None) -> torch.Tensor:
 
     ``out = fill expanded; out.view(-1, *dense_shape)[keys] = values`` with the linear keys of
     :func:`linear_parts` (a coalesced 1-D COO pattern's indices are its keys): ``put_`` into the flat
-    buffer while the stored elements are at most a quarter of the positions (fewer steps per element,
-    no view), ``index_copy_`` above that and for hybrid tensors, or under deterministic algorithms.
+    buffer (:func:`_merge.put_flat`: a compiled loop on CPU) while the stored elements are at most a
+    quarter of the positions (fewer steps per element, no view), ``index_copy_`` above that and for
+    hybrid tensors, or under deterministic algorithms.
 
     >>> import sparsefill
     >>> dense_of(sparsefill.sparse_coo_tensor([[1, 3]], [7., 8.], (5,), fill_value=-1.)).tolist()
@@ -66,7 +67,7 @@ def dense_of(A: SparseTensor, fill: torch.Tensor | None = None) -> torch.Tensor:
         keys, vals = linear_parts(A, shape[:k])
     if vals.dim() == 1 and not traced(vals) and vals.shape[0] * 4 <= out.numel() and \
             not torch.are_deterministic_algorithms_enabled():
-        return out.put_(keys, vals)
+        return _merge.put_flat(out, keys, vals)
     keys = keys.view(-1)
     flat = out if k == 1 else out.view((_index.numel(shape[:k]),) + tuple(shape[k:]))  # (a view costs µs)
     flat.index_copy_(0, keys, vals)
