@@ -548,5 +548,35 @@ def test_allclose_and_dist_of_masked_and_other_dtypes():
         torch.allclose(A64, finer(A64, 0).float())
     with pytest.raises(RuntimeError, match="floating point or complex"):
         torch.dist(sparsefill.to_sparse(xi), sparsefill.to_sparse(xi, dense_dim=1))
-    torch.testing.assert_close(torch.dist(A64, finer(A64, 0).float() * 2), torch.dist(torch.ones(2, 3, dtype=torch.float64),
-                                                                                     torch.full((2, 3), 2.)))
+    torch.testing.assert_close(torch.dist(A64, finer(A64, 0).float() * 2),  # (dist promotes)
+                               torch.dist(torch.ones(2, 3, dtype=torch.float64), torch.full((2, 3), 2.)))
+
+
+@pytest.mark.parametrize("fill", ["uniform", "array", "nan", "indefinite"])
+@pytest.mark.parametrize("pair", PAIRS, ids="-".join)
+def test_cat_and_stack_across_splits(pair, fill):
+    """``torch.cat``/``torch.stack`` of SparseTensors split differently, along every dim: brought to one split
+    (``_splits.one_split``), no densifying; equal to the dense result (masked operands: specified where they
+    are), and the gradients of values and fill equal the dense ones (a sparse upstream gradient)."""
+    g = torch.Generator().manual_seed(13)
+    x, y = _x_for(pair, g), _x_for(pair, g)
+    P, Q = Operand(x, pair[0], _fill_name(fill, pair[0]), g), Operand(y, pair[1], _fill_name(fill, pair[1]), g)
+    for join, dims in ((torch.cat, range(-1, x.dim())), (torch.stack, range(-1, x.dim() + 1))):
+        for dim in dims:
+            (vp, fp), (vq, fq) = P.leaves(), Q.leaves()
+            ref = join([P.dense(vp, fp), Q.dense(vq, fq)], dim)
+            with sparsefill.densify_policy("raise", dense_by_nature="raise"):
+                out = join([P.sparse(vp, fp), Q.sparse(vq, fq)], dim)
+                assert isinstance(out, SparseTensor) and out.shape == ref.shape
+                if fill == "indefinite":
+                    spec = join([P.specified(), Q.specified()], dim)
+                    _same(out.detach(), ref.detach(), spec)
+                    continue
+                W, Ws = _sparse_w(ref.shape, ref.dtype, g)
+                (out * Ws).sum().backward()
+            torch.testing.assert_close(out.detach().to_dense(), ref.detach(), equal_nan=True)
+            got = [t.grad for t in (vp, fp, vq, fq)]
+            leaves = [t.detach().clone().requires_grad_() for t in (vp, fp, vq, fq)]
+            (join([P.dense(*leaves[:2]), Q.dense(*leaves[2:])], dim) * W).sum().backward()
+            for gt, t in zip(got, leaves):
+                torch.testing.assert_close(gt, t.grad, equal_nan=True)

@@ -235,7 +235,21 @@ def _cat(func, args, kwargs):
     shape[dim] = offset
     out = parts_to_sparse(torch.cat(idxs, 1), torch.cat(valss), torch.Size(shape), A._fill, indefinite=A._indefinite,
                           layout=torch.sparse_coo, coalesced=dim == 0)
-    return out if A._sf_layout is torch.sparse_coo or sd < 2 else out.to_sparse(layout=A._sf_layout)
+    return _in_layout(out, A._sf_layout)
+
+
+def _in_layout(out: SparseTensor, layout) -> SparseTensor:
+    """The joined ``out`` (COO) in the operands' ``layout`` where it holds it: COO below 2 sparse dims, and for a
+    masked result whose batches store different numbers of elements (a batched CSR pads them with the fill)."""
+    sd = out.dim() - out.dense_dim()
+    if layout is torch.sparse_coo or sd < 2:
+        return out
+    if out._indefinite and sd > 2:
+        batch = out.shape[: sd - 2]
+        counts = torch.bincount(_index.linearize(out._coo_parts()[0][: sd - 2], batch), minlength=_index.numel(batch))
+        if counts.numel() and bool((counts != counts[0]).any()):
+            return out
+    return out.to_sparse(layout=layout)
 
 
 def _check_cat(tensors, dim, d):
@@ -279,8 +293,7 @@ def _stack(func, args, kwargs):
                                       layout=torch.sparse_coo, coalesced=True))
     out = _cat(aten.cat.default, (lifted, dim), {})
     layout = next(t for t in tensors if isinstance(t, SparseTensor))._sf_layout
-    return out if out is NotImplemented or layout is torch.sparse_coo or out.dim() - out.dense_dim() < 2 \
-        else out.to_sparse(layout=layout)
+    return out if out is NotImplemented else _in_layout(out, layout)
 
 
 @register(aten.split.Tensor, aten.split_with_sizes.default, aten.unbind.int)
