@@ -580,3 +580,80 @@ def test_cat_and_stack_across_splits(pair, fill):
             (join([P.dense(*leaves[:2]), Q.dense(*leaves[2:])], dim) * W).sum().backward()
             for gt, t in zip(got, leaves):
                 torch.testing.assert_close(gt, t.grad, equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("case", list(FILL_CASES))
+@pytest.mark.parametrize("layout", [torch.sparse_coo, torch.sparse_csr])
+def test_to_sparse_resplits_exactly(layout, case, dtype):
+    """``A.to_sparse(layout, dense_dim=n)`` / ``to_sparse_csr(dense_dim=n)`` / ``A.to_sparse(sparse_dim)`` with the
+    fill kept: the same tensor at the new split (``_splits.resplit``), no dense temporary (the densify gate
+    raises), no ``fill_value=`` asked of an array fill; the stored pattern kept (nothing pruned)."""
+    fill, uniform = FILL_CASES[case]
+    fill = fill.to(dtype) if isinstance(fill, torch.Tensor) else fill
+    x = torch.randn(3, 2, 4, 3, dtype=dtype)
+    A, xm = _hybrid(x, fill, dense_dim=2, layout=layout)
+    spec = ((A.to_dense(fill_value=0) != 0) | (A.to_dense(fill_value=1) != 1)) if A._indefinite else None
+    with sparsefill.densify_policy("raise", dense_by_nature="raise"):
+        for nd in range(5):
+            for to in (torch.sparse_coo, torch.sparse_csr):
+                if to is torch.sparse_csr and nd > 2:
+                    with pytest.raises(ValueError, match="at least 2 sparse dims"):
+                        A.to_sparse(to, dense_dim=nd)
+                    continue
+                if A._indefinite and nd > 2 and coarser(A, nd) is None:
+                    with pytest.raises(ValueError, match=f"dense_dim={nd}: .*partly specified"):
+                        A.to_sparse(to, dense_dim=nd)
+                    continue
+                try:
+                    R = A.to_sparse_csr(dense_dim=nd) if to is torch.sparse_csr else A.to_sparse(to, dense_dim=nd)
+                except ValueError as e:  # a masked tensor whose batches store different numbers: no batched CSR
+                    assert A._indefinite and to is torch.sparse_csr and nd < 2, e
+                    assert "same nse in every batch" in str(e)
+                    continue
+                assert R.dense_dim() == nd and R.sparse_layout is to and R._indefinite == A._indefinite
+                _same(R, xm, spec)
+                if to is torch.sparse_coo and nd < 2 and uniform[1 - nd]:  # (uniform along the new sparse dims)
+                    assert R._nse() == A._nse() * (12, 4)[nd]
+        if coarser(A, 3) is not None:
+            R = A.to_sparse(1)  # (torch's int form: sparse_dim)
+            assert R.dense_dim() == 3 and R.sparse_layout is torch.sparse_coo
+            _same(R, xm, spec)
+    with pytest.raises(ValueError, match=r"dense_dim must be an int in \[0, 4\]"):
+        A.to_sparse(dense_dim=5)
+
+
+def test_to_sparse_resplit_gradients_and_other_dtypes():
+    """Gradients of values and fill through ``to_sparse(dense_dim=...)`` both ways equal the dense ones (a sparse
+    upstream gradient, no densifying); int64 and bool; an uncoalesced COO; a masked tensor with a partly specified
+    slice: ValueError, the tensor unchanged."""
+    g = torch.Generator().manual_seed(14)
+    for kind, nd, fill in (("hybrid", 0, "array"), ("coo", 1, "uniform"), ("hybrid-csr", 0, "nan"),
+                           ("coo", 2, "inf"), ("hybrid", 2, "array")):
+        x = torch.randn((4, 5, 3) if kind == "hybrid-csr" else (4, 3), dtype=torch.float64, generator=g)
+        P = Operand(x, kind, fill, g)
+        v, f = P.leaves()
+        W, Ws = _sparse_w(x.shape, x.dtype, g)
+        with sparsefill.densify_policy("raise", dense_by_nature="raise"):
+            R = P.sparse(v, f).to_sparse(dense_dim=nd)
+            assert R.dense_dim() == nd
+            (R * Ws).sum().backward()
+        v2, f2 = v.detach().clone().requires_grad_(), f.detach().clone().requires_grad_()
+        (P.dense(v2, f2) * W).sum().backward()
+        torch.testing.assert_close(v.grad, v2.grad, equal_nan=True)
+        torch.testing.assert_close(f.grad, f2.grad, equal_nan=True)
+    xi = torch.tensor([[1, 0, 2], [0, 1, 1], [3, 3, 3]])
+    for dtype in (torch.int64, torch.bool):
+        H = sparsefill.to_sparse(xi.to(dtype), fill_value=torch.tensor([0, 1, 1]).to(dtype), dense_dim=1)
+        with sparsefill.densify_policy("raise", dense_by_nature="raise"):
+            assert torch.equal(H.to_sparse(dense_dim=0).to_dense(), xi.to(dtype))
+            back = H.to_sparse(dense_dim=0).to_sparse_csr().to_sparse(torch.sparse_coo, dense_dim=1)
+            assert back.dense_dim() == 1 and torch.equal(back.to_dense(), xi.to(dtype))
+    U = sparsefill.sparse_coo_tensor([[2, 0, 2], [1, 1, 1]], [1., 2., 3.], (3, 2), fill_value=9.)  # uncoalesced
+    with sparsefill.densify_policy("raise", dense_by_nature="raise"):
+        torch.testing.assert_close(U.to_sparse(dense_dim=1).to_dense(), U.to_dense())
+        torch.testing.assert_close(U.to_sparse(dense_dim=2).to_dense(), U.to_dense())
+    I = sparsefill.sparse_coo_tensor([[0, 0, 1], [0, 1, 0]], [1., 2., 3.], (2, 2), fill_value=sparsefill.indefinite)
+    with pytest.raises(ValueError, match="dense_dim=1: .*partly specified"):
+        I.to_sparse(dense_dim=1)
+    assert I.dense_dim() == 0 and I._nse() == 3 and I.values().tolist() == [1., 2., 3.]
