@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import torch
 
-from ... import _index
 from ..._convert import every_element, parts_to_sparse, rewrap
 from ..._policy import check_densify
 from ..._tensor import SparseTensor
@@ -87,7 +86,7 @@ def _pool_values(X: SparseTensor, shape, w: int, s: int, p: int, cip: bool, divi
     """``(targets, values)`` of the windows over ``X``'s last dim that its stored elements or the padding
     reach (``_core._Targets`` over the result's ``shape``; float64 values); ``divisor`` 1 gives the window
     sums."""
-    L, Lo, c, div_int = X.shape[-1], shape[-1], X._fill, divisor or w
+    L, c, div_int = X.shape[-1], X._fill, divisor or w
     rows, x, v = _parts(X)
     oL, oR = -(-p // s), (L - 1 + p - (w - 1)) // s  # interior outputs: the window inside [0, L)
     win, reach = _pool_windows(w, s, p)
