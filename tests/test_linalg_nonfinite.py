@@ -260,3 +260,27 @@ def test_compiled_matches_eager(fill):
         got = fn(A, X)
         torch.testing.assert_close(got[0], A.to_dense() @ X, equal_nan=True)
         torch.testing.assert_close(got[1], X.T @ A.to_dense().T, equal_nan=True)
+
+
+@pytest.mark.parametrize("inside", [True, False], ids=["built inside", "input"])
+@pytest.mark.parametrize("fill", [0.0, 2.5], ids=str)
+@pytest.mark.parametrize("op", ["A@X", "X@A", "bmm"])
+def test_compiled_gradients(op, fill, inside):
+    """The gradients of values, fill and X of a compiled loss (aot_eager: the joint graph) equal the dense
+    ones, for a non-finite ``X`` and ``G``: ``A`` built inside the compiled function (the routed backward,
+    traced: the fill's gradient is the branch-free exact sum) or passed in (torch's formulas)."""
+    torch._dynamo.reset()
+    case = Case(op, COO, fill, g_bad=True)
+    W = case.upstream(case.fn(case.build(case.values, case.fill), case.X).shape)
+    if inside:
+        loss = torch.compile(lambda v, f, X: (case.fn(case.build(v, f), X) * W).sum(), backend="aot_eager",
+                             fullgraph=True)
+    else:
+        inner = torch.compile(lambda A, X: (case.fn(A, X) * W).sum(), backend="aot_eager", fullgraph=True)
+        loss = lambda v, f, X: inner(case.build(v, f), X)  # noqa: E731
+    got, want = case.leaves(), case.leaves()
+    loss(*got).backward()
+    (case.fn(case.build(*want[:2]).to_dense(), want[2]) * W).sum().backward()
+    for name, a, b in zip(("values", "fill", "X"), got, want):
+        torch.testing.assert_close(a.grad, b.grad, equal_nan=True, msg=lambda m: f"grad of {name}: {m}")
+    assert not torch.isfinite(want[1].grad)  # (the case reaches the non-finite sums)
