@@ -33,6 +33,10 @@ a hybrid operand's fill varies along dense dims that would become sparse (e.g. a
 into slices instead (O(nse * |K|) elements, the fill stays an array) where the finer split would store
 the fill at every unspecified slice (O(numel)).
 
+Used by the pointwise rule, ``equal``/``copy_``/``allclose``/``dist`` (``ops/core.py``), ``cat``/``stack``
+(``ops/indexing.py``), a gradient of another split than its input (``_autograd.grad_parts``/``leaf_grad``) and
+``A.to_sparse(dense_dim=...)`` with the fill kept (:func:`resplit`).
+
 >>> import torch, sparsefill
 >>> H = sparsefill.sparse_coo_tensor([[1]], [[5., 6.]], (3, 2), fill_value=0.)          # hybrid, 1 dense dim
 >>> F = finer(H, 0)
