@@ -129,7 +129,9 @@ class Case:
 
     def upstream(self, shape):
         W = torch.randn(shape, dtype=self.dtype, generator=torch.Generator().manual_seed(1))
-        if self.g_bad:
+        if self.g_bad == "inf":  # one +inf (with a positive X: the dense sums are +inf, not NaN)
+            W.view(-1)[0] = INF
+        elif self.g_bad:
             W.view(-1)[0], W.view(-1)[-1] = INF, NAN
             if W.numel() > 3:
                 W.view(-1)[2] = -INF
@@ -181,10 +183,14 @@ def test_nonfinite_x(op, layout, fill):
     assert out.isnan().any()  # the case exercises the non-finite path (0 * inf or inf - inf somewhere)
 
 
+@pytest.mark.parametrize("g", ["inf, -inf, NaN", "one inf"])
 @pytest.mark.parametrize("fill", FILLS, ids=str)
 @pytest.mark.parametrize("op", ["A@X", "X@A", "bmm", "X3@A3", "linear weight", "einsum ij,kj->ki", "mv"])
-def test_nonfinite_upstream_gradient(op, fill):
-    check(Case(op, COO, fill, x_bad=False, g_bad=True))
+def test_nonfinite_upstream_gradient(op, fill, g):
+    case = Case(op, COO, fill, x_bad=False, g_bad=True if g != "one inf" else "inf")
+    if g == "one inf":  # a positive X: the dense sums are +inf (inf - inf would give NaN)
+        case.X = case.X.abs() + 0.1
+    check(case)
 
 
 @pytest.mark.parametrize("fill", [0.0, 2.5, INF], ids=str)
@@ -262,15 +268,18 @@ def test_compiled_matches_eager(fill):
         torch.testing.assert_close(got[1], X.T @ A.to_dense().T, equal_nan=True)
 
 
+@pytest.mark.parametrize("bad", ["X and G", "one inf in G"])
 @pytest.mark.parametrize("inside", [True, False], ids=["built inside", "input"])
 @pytest.mark.parametrize("fill", [0.0, 2.5], ids=str)
 @pytest.mark.parametrize("op", ["A@X", "X@A", "bmm"])
-def test_compiled_gradients(op, fill, inside):
+def test_compiled_gradients(op, fill, inside, bad):
     """The gradients of values, fill and X of a compiled loss (aot_eager: the joint graph) equal the dense
     ones, for a non-finite ``X`` and ``G``: ``A`` built inside the compiled function (the routed backward,
     traced: the fill's gradient is the branch-free exact sum) or passed in (torch's formulas)."""
     torch._dynamo.reset()
-    case = Case(op, COO, fill, g_bad=True)
+    case = Case(op, COO, fill, x_bad=bad == "X and G", g_bad=True if bad == "X and G" else "inf")
+    if bad != "X and G":
+        case.X = case.X.abs() + 0.1
     W = case.upstream(case.fn(case.build(case.values, case.fill), case.X).shape)
     if inside:
         loss = torch.compile(lambda v, f, X: (case.fn(case.build(v, f), X) * W).sum(), backend="aot_eager",
@@ -284,3 +293,4 @@ def test_compiled_gradients(op, fill, inside):
     for name, a, b in zip(("values", "fill", "X"), got, want):
         torch.testing.assert_close(a.grad, b.grad, equal_nan=True, msg=lambda m: f"grad of {name}: {m}")
     assert not torch.isfinite(want[1].grad)  # (the case reaches the non-finite sums)
+    assert bad == "X and G" or want[1].grad == INF  # (inf: where inf - inf would give NaN)
