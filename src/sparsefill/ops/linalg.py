@@ -30,10 +30,12 @@ matrix ``(nb * m, nb * k)``.  ``X @ B`` (dense on the left) is ``(B0^T @ X^T)^T 
 * Hybrid operands: the dense dims are unrolled into matrix coordinates (each stored dense
   slice is ``prod(dense_shape)`` stored elements); the array fill stays a broadcastable
   tensor in the correction.
-* As torch's own sparse products, structurally unspecified elements form no products: an
-  ``inf``/NaN in the dense operand against a zero fill gives no NaN where the dense product
-  (``0 * inf``) would, and with a nonzero finite fill ``(A[p] - a) * inf + a * inf`` may give
-  NaN where the dense product gives ``inf``.
+* Non-finite dense operand (an ``inf``/NaN in ``X``; checked once, ``isfinite(X).all()``, O(X); traced:
+  always this path, branch-free): the products are the dense ones, unlike torch's own sparse
+  products.  Zero fill: NaN wherever a row's unspecified element meets an ``inf``/NaN ``X[k, j]``
+  (``0 * inf``), counted by one native product; a nonzero fill: its terms summed over the
+  unspecified elements as the non-finite fill's are (counts of ``+inf``, ``-inf``, NaN terms: no
+  ``inf - inf`` from the decomposition).  An indefinite fill forms no products there (masked).
 
 Ops: ``mm bmm mv dot vdot addmm addmv baddbmm addbmm addr`` here; ``matmul einsum tensordot
 inner outer`` (CompositeImplicit) arrive as these plus the views of ``shape.py``.  Integer
@@ -50,6 +52,9 @@ through the constructors.
 >>> x = torch.ones(3, 2)
 >>> torch.equal(A @ x, A.to_dense() @ x)
 True
+>>> x[1, 0] = float("inf")                  # 0 * inf and 5 * inf, as dense
+>>> torch.equal((A @ x).isnan(), (A.to_dense() @ x).isnan()), (A @ x)[:, 0].tolist()
+(True, [inf, inf])
 """
 
 from __future__ import annotations

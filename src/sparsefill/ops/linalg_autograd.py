@@ -22,7 +22,8 @@ has no gradient outside the pattern (the forward reads nothing there): the gradi
 computed by other ops (its dense gradient ``G @ X^T`` may be read elsewhere than at the pattern).  The
 fill's closed form subtracts the pattern's part; where that is not finite (an ``inf`` in ``G`` or ``X``:
 ``inf - inf``) the elements in the non-finite rows are summed one by one (:func:`_rest_nonfinite`), so the
-fill's gradient is the dense one (``inf``, not NaN).
+fill's gradient is the dense one (``inf``, not NaN); traced (torch.compile, no data read) by the counts of
+non-finite terms, branch-free (:func:`_rest_counted`).  ``grad_X`` is exact by ``linalg.py``'s products.
 
 >>> import torch, sparsefill
 >>> v, f = torch.tensor([1., 2.], requires_grad=True), torch.tensor(3., requires_grad=True)
