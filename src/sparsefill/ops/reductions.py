@@ -112,7 +112,10 @@ def reduce_dims(A: SparseTensor, name: str, dims, keepdim: bool, out_meta: torch
     if fill is not None:
         kw.update(fill=fill, n_fill=n_fill)
     out_vals = r(vals, seg, S, **kw)
-    out_fill = None if fill is None else r.of_fills(fill, N, vals.dtype)
+    if fill is not None and name == "sum" and N > 0 and (fill.is_floating_point() or fill.is_complex()):
+        out_fill = fill * N  # r.of_fills(fill, N, dtype) in one op (exact, gradient included)
+    else:
+        out_fill = None if fill is None else r.of_fills(fill, N, vals.dtype)
     if keepdim:  # reduced sparse dims stay, of size 1, index 0
         full = out_idx.new_zeros((sd, S))
         full[kept] = out_idx
