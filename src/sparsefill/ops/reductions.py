@@ -177,6 +177,25 @@ def _scalar(func, args, kwargs):
     return tree_map_only(torch.Tensor, lambda t: t.reshape(()) if t.dim() == 1 else t, out)
 
 
+_METAS: dict = {}
+
+
+def _meta(func, A, dims, keep, args, kwargs, plain: bool):
+    """``reduction_meta`` of the call, memoised here on its plain form (``(A, dims, keepdim)`` positional,
+    no keyword: the arguments are the normalised ``dims`` and ``keep``) without hashing the arguments."""
+    if kwargs or not plain:
+        return reduction_meta(func, A, dims, keep, *args[1:], **kwargs)
+    key = (func, A.shape, A.dtype, A.device, torch.get_default_dtype(), None if dims is None else tuple(dims),
+           keep, len(args))
+    out = _METAS.get(key)
+    if out is None:
+        out = reduction_meta(func, A, dims, keep, *args[1:], **kwargs)
+        if len(_METAS) > 1024:
+            _METAS.clear()
+        _METAS[key] = out
+    return out
+
+
 def _handler(name, dim_pos=None, keep_pos=None, opt=None):
     def handler(func, args, kwargs):
         A = args[0]
@@ -184,7 +203,7 @@ def _handler(name, dim_pos=None, keep_pos=None, opt=None):
             return _scalar(func, args, kwargs)
         dims = _dims_arg(args, kwargs, dim_pos) if dim_pos is not None else None
         keep = _keepdim_arg(args, kwargs, keep_pos) if keep_pos is not None else False
-        meta = reduction_meta(func, A, dims, keep, *args[1:], **kwargs)
+        meta = _meta(func, A, dims, keep, args, kwargs, opt is None and len(args) <= 3)
         dtype = kwargs.get("dtype")
         if dtype is not None:
             A = A.to(dtype)
