@@ -175,22 +175,36 @@ def _call_of(func, probe, kwargs, key):
     binding = getattr(torch._C._VariableFunctions, func._schema.name.split("::")[1], None) \
         if func.namespace == "aten" else None
     if binding is not None:
-        from torch.utils._python_dispatch import TorchDispatchMode
-
-        class Record(TorchDispatchMode):
-            def __torch_dispatch__(self, f, types, args=(), kw=None):
-                seen.append(f)
-                return f(*args, **(kw or {}))
-        seen = []
+        mode = _record_mode()
         try:
-            with Record():
+            with mode:
                 binding(*probe, **kwargs)
+            seen = mode.seen
         except Exception:  # (the binding does not take these arguments: the schema's call)
             seen = None
         if seen == [func]:
             call = binding
     _CALLS[key] = call
     return call
+
+
+def _record_mode():
+    """A dispatch mode recording the aten ops a call runs (``mode.seen``).  Its ``__torch_dispatch__`` is not
+    wrapped in ``torch._disable_dynamo`` (``_should_skip_dynamo``: False), which would import ``torch._dynamo``
+    (0.5 s) on the first call of every op family (tests/test_coldstart.py)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Record(TorchDispatchMode):
+        @classmethod
+        def _should_skip_dynamo(cls):
+            return False
+
+        def __torch_dispatch__(self, f, types, args=(), kw=None):
+            self.seen.append(f)
+            return f(*args, **(kw or {}))
+    mode = Record()
+    mode.seen = []
+    return mode
 
 
 _UNION_CACHE_MAX = 1024  # stored elements of two patterns up to which union2 caches their union
