@@ -22,14 +22,14 @@ no implementation of that form can be faster than the dense pipeline's time divi
 same gradients) and timed against it.
 
 Measured (``python -m sparsefill bench --filter 'rare events' --threads 1``, 10M samples, 0.1% events,
-float64, interleaved medians of one run at commit ``fe5e3de`` on a loaded 2-core machine -- other processes
-kept 1.5-1.7 cores busy, so the times are inflated several-fold and only the ratios carry over):
+float64, interleaved medians of one run at commit ``eeca1a4`` on a quiet 2-core machine, other processes
+at most 0.01 cores busy):
 
-    pipeline (avg_pool1d), window 100   sparsefill 204 ms   dense 3.27 s   16x faster, 194 MB vs 480 MB peak
-    pipeline (avg_pool1d), window 10    sparsefill 29.8 ms  dense 1.65 s   55x faster, 20 MB vs 480 MB peak
-    pipeline_cumsum                     sparsefill 2.41 s   dense 2.81 s   1.2x; its floor, a dense cumsum forward +
-                                        backward over 10M samples, 481 ms: at best 5.8x faster than dense
-    events_only                         sparsefill 2.9 ms   dense 1.39 s   ~470x faster
+    pipeline (avg_pool1d), window 100   sparsefill 62 ms    dense 929 ms   15x faster, 194 MB vs 480 MB peak
+    pipeline (avg_pool1d), window 10    sparsefill 12.4 ms  dense 640 ms   52x faster, 20 MB vs 480 MB peak
+    pipeline_cumsum                     sparsefill 650 ms   dense 791 ms   1.2x; its floor, a dense cumsum forward +
+                                        backward over 10M samples, 152 ms: at best 5.2x faster than dense
+    events_only                         sparsefill 1.28 ms  dense 384 ms   ~300x faster
 
 The windowed pipeline stores ~1M elements (10% of the samples: 10k events times a window of 100) forward
 and ~1.8M (18%) in the gradient.  What bounds it is memory traffic on those elements, not arithmetic: the
