@@ -18,22 +18,10 @@ import torch
 import torch.nn.functional as F
 
 import sparsefill
+from test_backward_sparse import _routed
 
 NAN, INF = float("nan"), float("inf")
 COO, CSR = torch.sparse_coo, torch.sparse_csr
-
-
-def _routed(out) -> bool:
-    seen, todo = set(), [out.grad_fn]
-    while todo:
-        n = todo.pop()
-        if n is None or n in seen:
-            continue
-        seen.add(n)
-        if type(n).__name__ == "SparseMMBackward":
-            return True
-        todo.extend(m for m, _ in n.next_functions)
-    return False
 
 
 # name: (A shape, X shape, fn, the dim of X contracted with A, A's contracted dim)
