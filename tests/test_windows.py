@@ -341,7 +341,7 @@ def test_avg_pool_dense_upstream_gradient():
 def test_compiled_kernel_equals_torch_path(w, s, p, odd):
     """``_core._windowed`` on both paths, forward windows and their transpose, several rows (some empty), on
     random sorted sources: the same targets, edge positions and sums (non-finite values counted apart)."""
-    pytest.importorskip("numba")
+    pytest.importorskip("numba", reason="the compiled window kernel needs numba")
     from sparsefill.ops.windows import _core
     from sparsefill.ops.windows.pooling import _pool_windows
     g = torch.Generator().manual_seed(w * 10 + s)
