@@ -2,7 +2,7 @@
 entry points into ``SparseTensor`` (``_tensor.install_op_layer``: the data class imports no op handler)."""
 
 from .. import _tensor
-from . import (activations, coords, core, fallback, foreach, indexing, linalg, normalizations,  # noqa: F401
+from . import (activations, coords, core, fallback, foreach, indexing, linalg, normalizations, products,  # noqa: F401
                pointwise, reductions, registry, views, windows)
 
 
