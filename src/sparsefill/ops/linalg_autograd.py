@@ -47,7 +47,6 @@ from .._compile import bincount, traced
 from .._autograd import Construct, SameDense, _pattern
 from .._convert import coalesced_parts, parts_to_sparse, rewrap, scalar_parts
 from .._tensor import SparseTensor
-from .autograd_routes import register_route
 
 _CONSTRUCT, _SAME_DENSE = Construct._backward_cls, SameDense._backward_cls
 
@@ -305,6 +304,11 @@ class SparseMM(torch.autograd.Function):
 
 
 # ---------------------------------------------------------------------- routes
+# (imported here, not at the top: autograd_routes imports this module and reduction_autograd, which imports
+# pattern_grad_is_exact from it; entered from this module first, the names above must already exist)
+from .autograd_routes import register_route  # noqa: E402
+
+
 def _eligible(A, X) -> bool:
     return (torch.is_grad_enabled() and isinstance(A, SparseTensor) and isinstance(X, torch.Tensor)
             and not isinstance(X, SparseTensor)
