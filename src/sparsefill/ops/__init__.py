@@ -2,8 +2,8 @@
 entry points into ``SparseTensor`` (``_tensor.install_op_layer``: the data class imports no op handler)."""
 
 from .. import _tensor
-from . import (activations, coords, core, fallback, foreach, indexing, linalg, normalizations, products,  # noqa: F401
-               pointwise, reductions, registry, views, windows)
+from . import (activations, concat, coords, core, fallback, foreach, indexing, linalg, normalizations,  # noqa: F401
+               products, pointwise, reductions, registry, views, windows)
 
 
 def _route(func, types, args, kwargs):
