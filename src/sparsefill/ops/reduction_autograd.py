@@ -25,10 +25,8 @@ constructor; so it is routed only where ``linalg_autograd.pattern_grad_is_exact(
 constructor, through coalesce/layout changes/transposes or element-wise ops with the same derivative at
 every unspecified element, or an indefinite fill).
 
-``max``/``min`` with a dim (values and indices) run through :class:`SparseSelect`: the gradient goes
-to the selected element (:func:`select_grad`; over a dense dim :func:`select_dense_grad`; routed as the
-partial reductions).  A reduction over dense
-dims only (``A.amax(-1)`` of a hybrid): :func:`dense_dims_grad`, routed as the partial ones (which may reduce
+``max``/``min`` with a dim (values and indices, the gradient to the selected element) are in
+``select_autograd.py``.  A reduction over dense dims only (``A.amax(-1)`` of a hybrid): :func:`dense_dims_grad`, routed as the partial ones (which may reduce
 dense dims too).  Not routed (torch's formulas, as before): those partial reductions of another ``A``,
 ``prod`` over a dense dim, named dims, complex dtypes, ``out=``.
 
@@ -221,9 +219,22 @@ def reduction_grad(P: SparseTensor, name: str, dims, opt, Y: torch.Tensor, G: to
     gv = gv.expand(V.shape).to(P.dtype).contiguous()
     zero = P._indefinite or (not traced() and m == 0)  # no unspecified element reads the fill's gradient
     gf = gf.new_zeros(D) if zero else gf.expand(D).to(P.dtype).clone()
+    return _on_pattern(P, idx, gv, gf, zero)
+
+
+def _on_pattern(P: SparseTensor, idx, gv, gf, zero: bool) -> SparseTensor:
+    """A gradient of ``P`` with its pattern and layout: the values ``gv`` at ``P``'s coalesced indices ``idx``,
+    the fill ``gf`` (``zero``: known to be 0)."""
     if P._coalesced:  # P's own index tensors: the constructor's backward reads the values as they are
         return rewrap(P, values=gv.reshape(P._vals.shape), fill=gf, indefinite=False, known_zero=zero)
     return parts_to_sparse(idx, gv, P.shape, gf, known_zero=zero, layout=P._sf_layout, coalesced=True)
+
+
+def _upstream(G, sd: int):
+    """The upstream gradient ``G`` of a result with ``sd`` sparse dims: an indefinite fill read as 0, and dense
+    where it splits its dims otherwise."""
+    G = _zero_fill(G)
+    return dense_grad(G) if isinstance(G, SparseTensor) and G._sparse_ndim() != sd else G
 
 
 def _zero_fill(G):
@@ -300,9 +311,7 @@ def partial_grad(P: SparseTensor, name: str, dims, opt, Y, G) -> SparseTensor:
         full[[d for d in range(sd) if d not in dims]] = out_idx
         out_idx = full
     keys = _index.linearize(out_idx, Y.shape[:osd])
-    G = _zero_fill(G)
-    if isinstance(G, SparseTensor) and G._sparse_ndim() != osd:
-        G = dense_grad(G)
+    G = _upstream(G, osd)
     Gs = values_at(G, keys, osd).to(ct).reshape((-1,) + K)
     Ys = values_at(_zero_fill(Y), keys, osd).to(ct).reshape((-1,) + K)
     m = torch.zeros_like(n_fill) if P._indefinite else n_fill
@@ -326,9 +335,7 @@ def partial_grad(P: SparseTensor, name: str, dims, opt, Y, G) -> SparseTensor:
             Ye = Y._fill.expand(Yd).to(ct).reshape(K)
             total = total + N * fn(F, G_rest, Ye, _Slices(V[:0], F, N, rd, K, Ye), opt)
         gf, zero = (total / n_unspecified).to(P.dtype), False
-    if P._coalesced:
-        return rewrap(P, values=gv.reshape(P._vals.shape), fill=gf, indefinite=False, known_zero=zero)
-    return parts_to_sparse(idx, gv, P.shape, gf, known_zero=zero, layout=P._sf_layout, coalesced=True)
+    return _on_pattern(P, idx, gv, gf, zero)
 
 
 def dense_dims_grad(P: SparseTensor, name: str, dims, opt, Y, G) -> SparseTensor:
@@ -356,10 +363,7 @@ def dense_dims_grad(P: SparseTensor, name: str, dims, opt, Y, G) -> SparseTensor
         G_rest = sum_outside(G, idx, G.shape, G.shape[sd:]).to(ct).reshape(K)  # (an inf stays inf)
         Yf = Y._fill.to(ct).expand(tuple(Y.shape[sd:])).reshape(K)
         gf, zero = (fn(F, G_rest, Yf, _RowStats(F, Yf, rd, 0), opt).expand(D) / n).to(P.dtype), False
-    if P._coalesced:
-        return rewrap(P, values=gv.reshape(P._vals.shape), fill=gf, indefinite=False, known_zero=zero)
-    return parts_to_sparse(idx, gv, P.shape, gf, indefinite=False, known_zero=zero, layout=P._sf_layout,
-                           coalesced=True)
+    return _on_pattern(P, idx, gv, gf, zero)
 
 
 class _RowStats:
@@ -480,121 +484,6 @@ for _name, _sig, _funcs in (
         ("amax", _sig_amax, (torch.amax, T.amax)), ("amin", _sig_amax, (torch.amin, T.amin)),
         ("logsumexp", _sig_logsumexp, (torch.logsumexp, T.logsumexp)), ("prod", _sig_prod, (torch.prod, T.prod))):
     register_route(*_funcs)(_route_simple(_name, _sig))
-
-
-# ---------------------------------------------------------------------- max/min with a dim: values and indices
-def select_grad(P: SparseTensor, dim: int, keepdim: bool, I, G) -> SparseTensor:
-    """The gradient of ``P`` through ``(Y, I) = max(P, dim)`` (or ``min``): ``G`` at the element each output
-    position selected (``I``, torch's ``value_selecting_reduction_backward``).  Exact at the pattern; the
-    fill is the mean over the unspecified elements of what the selections there got (``G`` at the output
-    positions that selected no stored element, summed directly: an inf stays inf), so it is routed only
-    where ``pattern_grad_is_exact``; an indefinite fill: 0."""
-    sd, D = P._sparse_ndim(), tuple(P._dense_shape)
-    idx, V = coalesced_parts(P)
-    oidx = idx.clone() if keepdim else torch.cat([idx[:dim], idx[dim + 1:]])
-    if keepdim:
-        oidx[dim] = 0
-    osd = sd if keepdim else sd - 1
-    keys = _index.linearize(oidx, I.shape[:osd])
-    G, I = _zero_fill(G), _zero_fill(I)
-    if isinstance(G, SparseTensor) and G._sparse_ndim() != osd:
-        G = dense_grad(G)
-    Gs, Is = values_at(G, keys, osd), values_at(I, keys, osd)
-    hit = Is == idx[dim].view((-1,) + (1,) * len(D))
-    zero_t = torch.zeros((), dtype=Gs.dtype)
-    gv = torch.where(hit, Gs, zero_t).to(P.dtype)
-    n = _index.numel(P._sparse_shape) - idx.shape[1]
-    if P._indefinite or not n:
-        gf, zero = gv.new_zeros(D), True
-    else:  # G where an unspecified element was selected: touched slices whose stored elements all missed, the rest
-        ukeys, inv = torch.unique(keys, return_inverse=True)
-        taken = torch.zeros((ukeys.numel(),) + D, dtype=torch.bool, device=hit.device).index_put_((inv,), hit,
-                                                                                                  accumulate=True)
-        missed = torch.where(taken, zero_t, values_at(G, ukeys, osd)).sum(0)
-        if osd:
-            rest = sum_outside(G, _index.unravel(ukeys, I.shape[:osd]), I.shape, D)
-        else:  # one output: it selected an unspecified element iff no stored one was touched
-            rest = zero_t.expand(D) if ukeys.numel() else values_at(G, keys.new_zeros(1), 0)[0]
-        gf, zero = ((missed + rest).to(gv.dtype) / n).reshape(D), False
-    if P._coalesced:
-        return rewrap(P, values=gv.reshape(P._vals.shape), fill=gf, indefinite=False, known_zero=zero)
-    return parts_to_sparse(idx, gv, P.shape, gf, indefinite=False, known_zero=zero, layout=P._sf_layout,
-                           coalesced=True)
-
-
-def select_dense_grad(P: SparseTensor, dim: int, keepdim: bool, I, G) -> SparseTensor:
-    """The gradient of ``P`` through ``(Y, I) = max(P, dim)`` (or ``min``) over the dense dim ``dim``: ``G``
-    scattered to the selected position of each stored slice (torch's ``value_selecting_reduction_backward``),
-    and for the unspecified slices, all alike (the fill's selection), ``G`` summed over them there: the mean as
-    the fill (routed where ``pattern_grad_is_exact``); an indefinite fill: 0."""
-    sd, D = P._sparse_ndim(), tuple(P._dense_shape)
-    d = dim - sd
-    idx, V = coalesced_parts(P)
-    keys = _index.linearize(idx, P._sparse_shape)
-    G, I = _zero_fill(G), _zero_fill(I)
-    if isinstance(G, SparseTensor) and G._sparse_ndim() != sd:
-        G = dense_grad(G)
-    Gv, Iv = values_at(G, keys, sd), values_at(I, keys, sd)
-    if not keepdim:
-        Gv, Iv = Gv.unsqueeze(d + 1), Iv.unsqueeze(d + 1)
-    gv = torch.zeros_like(V).scatter(d + 1, Iv, Gv.to(V.dtype))
-    n = _index.numel(P._sparse_shape) - idx.shape[1]
-    if P._indefinite or not n:
-        gf, zero = gv.new_zeros(D), True
-    else:
-        rest = sum_outside(G, idx, G.shape, G.shape[sd:])  # (an inf stays inf)
-        If = I._fill.expand(tuple(I.shape[sd:]))
-        if not keepdim:
-            rest, If = rest.unsqueeze(d), If.unsqueeze(d)
-        gf, zero = torch.zeros(D, dtype=V.dtype, device=V.device).scatter(d, If, rest.to(V.dtype)) / n, False
-    if P._coalesced:
-        return rewrap(P, values=gv.reshape(P._vals.shape), fill=gf, indefinite=False, known_zero=zero)
-    return parts_to_sparse(idx, gv, P.shape, gf, indefinite=False, known_zero=zero, layout=P._sf_layout,
-                           coalesced=True)
-
-
-class SparseSelect(torch.autograd.Function):
-    """``(Y, I) = call(A)``: ``max``/``min`` over ``dim``; the backward is :func:`select_grad` (a sparse dim) or
-    :func:`select_dense_grad` (a dense dim)."""
-
-    @staticmethod
-    def forward(ctx, A, call, dim, keepdim):
-        P = _pattern(A)
-        Y, I = call(P)
-        ctx.pattern, ctx.dim, ctx.keepdim = P, dim, keepdim
-        ctx.save_for_backward(I)
-        ctx.mark_non_differentiable(I)
-        return Y, I
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, G, _):
-        (I,) = ctx.saved_tensors
-        grad = select_grad if ctx.dim < ctx.pattern._sparse_ndim() else select_dense_grad
-        return grad(ctx.pattern, ctx.dim, ctx.keepdim, I, G), None, None, None
-
-
-def _sig_max_dim(input, dim, keepdim=False):
-    return dim, keepdim
-
-
-@register_route(torch.max, T.max, torch.min, T.min)
-def _route_max_min(func, args, kwargs):
-    """``max()``/``min()`` as the other reductions; ``max(A, dim, keepdim)`` through :class:`SparseSelect`
-    (``max(A, B)``: torch's path)."""
-    if _bind(_sig_all, args, kwargs) is not False:
-        return _apply(func, args, kwargs, func.__name__, None)
-    b = _bind(_sig_max_dim, args, kwargs)
-    A = args[0] if args else kwargs.get("input")
-    if not b or not isinstance(b[0], int) or isinstance(b[0], bool) or not isinstance(b[1], bool) or not (
-            isinstance(A, SparseTensor) and A.requires_grad and A.dtype in _FLOATS and A.dim()):
-        return NotImplemented
-    dim, keepdim = b
-    if not -A.dim() <= dim < A.dim() or not pattern_grad_is_exact(A):
-        return NotImplemented
-    dim %= A.dim()
-    Y, I = SparseSelect.apply(A, lambda P: tuple(func(P, dim, keepdim)), dim, keepdim)
-    return getattr(torch.return_types, func.__name__)((Y, I))
 
 
 def _sig_var(input, dim=None, unbiased=None, keepdim=False, *, correction=None):
