@@ -130,3 +130,42 @@ def test_fast_results_under_autograd():
         B = sparsefill.sparse_coo_tensor([[3, 4]], vb, (8,), fill_value=fb)
         return (A * B + torch.exp(A) * 2).to_dense()
     assert torch.autograd.gradcheck(fn, (va, vb, fa, fb))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16, torch.int64,
+                                   torch.int32, torch.complex64])
+@pytest.mark.parametrize("op", [torch.mul, torch.add, torch.sub, torch.div, torch.true_divide, torch.eq,
+                                lambda a, c: a / c, lambda a, c: c - a, lambda a, c: a ** c])
+def test_python_number_operand_is_bitwise_the_dense_op(dtype, op):
+    """``A * c`` with a Python number: a float32/float64 ``A`` takes ``c`` as a cached 0-d tensor of its dtype
+    (``pointwise._scalar_call``); the values and the fill are bit for bit what the op gives on them with ``c``."""
+    A = _coo((7,), 4, 1.5 if dtype.is_floating_point or dtype.is_complex else 3, dtype, seed=4)
+    for c in (2, 3, -7, 0.1, 1 / 3, -0.0, 0.0, float("nan"), float("inf"), 2 ** 60 + 1, 1e300, 3 + 0j, True):
+        try:
+            ref_v, ref_f = op(A._values(), c), op(A._fill_value(), c)
+        except RuntimeError:  # (e.g. an int tensor to the power of a negative int)
+            continue
+        for _ in range(2):  # the first call decides and caches, the second takes the cache
+            out = op(A, c)
+            assert isinstance(out, SparseTensor) and out.dtype == ref_v.dtype
+            for got, ref in ((out._values(), ref_v), (out._fill_value(), ref_f)):
+                torch.testing.assert_close(got, ref, equal_nan=True, rtol=0, atol=0)
+                if ref.is_floating_point():  # (-0.0 and 0.0 compare equal)
+                    assert torch.equal(torch.signbit(got), torch.signbit(ref))
+            torch.testing.assert_close(out.to_dense(), op(A.to_dense(), c), equal_nan=True, rtol=0, atol=0)
+
+
+def test_python_number_cache_is_keyed_exactly():
+    """-0.0 and 0.0 (equal keys) keep their signs; int and float keys of one value give the same tensor value;
+    the cached 0-d tensors are never the results' storage."""
+    A = _coo((6,), 3, 1.0, seed=5)
+    assert torch.signbit(A * -0.0)._fill_value() and not torch.signbit(A * 0.0)._fill_value()
+    assert torch.signbit((A * 0.0) * -0.0)._fill_value()
+    for c in (2, 2.0, 2):
+        out = A * c
+        out._fill_value().fill_(9.0)
+        out._values().fill_(9.0)
+    torch.testing.assert_close((A * 2).to_dense(), A.to_dense() * 2, rtol=0, atol=0)
+    f32 = A.to(torch.float32)
+    torch.testing.assert_close((f32 * 0.1)._fill_value(), f32._fill_value() * 0.1, rtol=0, atol=0)
+    torch.testing.assert_close((A * 0.1)._fill_value(), A._fill_value() * 0.1, rtol=0, atol=0)

@@ -24,7 +24,8 @@ from . import _index
 
 __all__ = ["SparseTensor"]
 
-_STATE = ("_sf_layout", "_idx", "_crow", "_col", "_vals", "_fill", "_indefinite", "_coalesced", "_zero", "_view")
+_STATE = ("_sf_layout", "_size", "_idx", "_crow", "_col", "_vals", "_fill", "_indefinite", "_coalesced", "_zero",
+          "_view")
 _PUBLIC_NAMES = {"_idx": "indices", "_crow": "crow_indices", "_col": "col_indices", "_vals": "values"}
 
 
@@ -101,9 +102,10 @@ class SparseTensor(torch.Tensor):
     @staticmethod
     def __new__(cls, layout, size, values, fill, *, indices=None, crow=None, col=None, indefinite=False,
                 coalesced=False, requires_grad=False, known_zero=False):
-        r = _make_wrapper(cls, tuple(size), None, None, None, values.dtype, _STRIDED, values.device, False,
+        size = tuple(size)
+        r = _make_wrapper(cls, size, None, None, None, values.dtype, _STRIDED, values.device, False,
                           bool(requires_grad))
-        _store(r, layout, indices, crow, col, values, fill, bool(indefinite),
+        _store(r, layout, size, indices, crow, col, values, fill, bool(indefinite),
                bool(coalesced) or layout is torch.sparse_csr, bool(known_zero) and not indefinite)
         return r
 
@@ -118,7 +120,7 @@ class SparseTensor(torch.Tensor):
         True for CSR, ``known_zero`` False when indefinite), no ``requires_grad`` (a result inside
         ``__torch_dispatch__``; autograd wraps it above).  Nothing is checked, so nothing may come from a user."""
         r = _make_wrapper(cls, size, None, None, None, values.dtype, _STRIDED, values.device)
-        _store(r, layout, indices, crow, col, values, fill, indefinite, coalesced, known_zero)
+        _store(r, layout, size, indices, crow, col, values, fill, indefinite, coalesced, known_zero)
         return r
 
     def _with_values(self, values: torch.Tensor, fill: torch.Tensor) -> "SparseTensor":
@@ -127,8 +129,8 @@ class SparseTensor(torch.Tensor):
 
             A._with_values(f(A.values()), f(A.fill)) == f(A)          for an element-wise f and a coalesced A
         """
-        r = _make_wrapper(SparseTensor, self.shape, None, None, None, values.dtype, _STRIDED, values.device)
-        _store(r, self._sf_layout, self._idx, self._crow, self._col, values, fill, False, True, False)
+        r = _make_wrapper(SparseTensor, self._size, None, None, None, values.dtype, _STRIDED, values.device)
+        _store(r, self._sf_layout, self._size, self._idx, self._crow, self._col, values, fill, False, True, False)
         return r
 
     # ------------------------------------------------------------------ metadata
@@ -581,10 +583,12 @@ _PASS_THROUGH = torch._C._disabled_torch_function_impl
 _UNKNOWN = (None, False)  # A._zero of a fill not known to be zero
 
 
-def _store(r: SparseTensor, layout, indices, crow, col, values, fill, indefinite: bool, coalesced: bool,
+def _store(r: SparseTensor, layout, size, indices, crow, col, values, fill, indefinite: bool, coalesced: bool,
            known_zero: bool) -> None:
-    """Set the storage attributes (``_STATE``) of a new wrapper ``r``."""
+    """Set the storage attributes (``_STATE``) of a new wrapper ``r``; ``r._size`` is the size it was made with
+    (``r.shape`` without the ``__torch_function__`` hop, 1.5 µs; fixed, as the shape is: ``A.data = B`` copies it)."""
     r._sf_layout = layout
+    r._size = size
     r._idx, r._crow, r._col = indices, crow, col
     r._vals = values
     r._fill = fill
