@@ -160,4 +160,3 @@ def _sparse_sum_all(func, args, kwargs):
 
 from . import linalg_autograd  # noqa: E402,F401  (fills ROUTES: the matrix products)
 from . import reduction_autograd  # noqa: E402,F401  (the reductions over every sparse dim)
-from . import select_autograd  # noqa: E402,F401  (max/min with a dim: the selected element)

@@ -541,3 +541,6 @@ def _route_norm(func, args, kwargs):
     if not b or isinstance(b[0], (str, bool)) or not isinstance(b[0], (int, float)):
         return NotImplemented
     return _apply(func, args, kwargs, "norm", b[1], float(b[0]))
+
+
+from . import select_autograd  # noqa: E402,F401  (max/min with a dim: registers its route with the helpers above)
