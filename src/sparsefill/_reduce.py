@@ -128,10 +128,17 @@ def _fold_sum(acc, f, n):
     if _table(n, acc):
         f = torch.as_tensor(f, dtype=acc.dtype, device=acc.device).expand(n.shape)
         return acc + times(f, n, f).sum(-1)
-    f = torch.as_tensor(f, dtype=acc.dtype, device=acc.device)
+    f = _like(f, acc)
     if f.dim() == 0 and _finite_scalar(f):  # no 0 * inf to guard where n = 0: one fused op (n promoted in it)
         return torch.addcmul(acc, _bcast(n, acc), f)
     return acc + times(f, n, acc)
+
+
+def _like(t, like) -> torch.Tensor:
+    """``torch.as_tensor(t, dtype=like.dtype, device=like.device)``, ``t`` itself where it already is that."""
+    if isinstance(t, torch.Tensor) and t.dtype == like.dtype and t.device == like.device:
+        return t
+    return torch.as_tensor(t, dtype=like.dtype, device=like.device)
 
 
 def _finite_scalar(f: torch.Tensor) -> bool:
@@ -144,7 +151,8 @@ def _finite_scalar(f: torch.Tensor) -> bool:
 
 def _bcast(t, like):
     """A per-segment tensor ``(S,)`` (or a fill shaped like the trailing dims) broadcast against ``like``."""
-    t = torch.as_tensor(t, device=like.device)
+    if not (isinstance(t, torch.Tensor) and t.device == like.device):
+        t = torch.as_tensor(t, device=like.device)
     if t.dim() == 1 and like.dim() > 1 and t.shape[0] == like.shape[0]:
         return t.view(-1, *([1] * (like.dim() - 1)))
     return t
@@ -210,7 +218,7 @@ class Reducer:
         acc = self.combine(values, seg, num_segments, lengths, csr)
         folded = fill is not None and n_fill is not None
         if folded:
-            fill = torch.as_tensor(fill, dtype=values.dtype, device=values.device)
+            fill = _like(fill, values)
             acc = self.fold(acc, fill, n_fill)
         if self.mode in ("amax", "amin") and torch.is_grad_enabled() and (
                 values.requires_grad or (folded and fill.requires_grad)):
@@ -437,10 +445,10 @@ _PATTERN_CACHE_SIZE = 64
 
 
 def _tensor_key(t: torch.Tensor):
-    """``(the tensor owning t's memory, a key of t's view and contents version)``, or None (no cache)."""
-    base = t._base if t._base is not None else t
-    return base, (id(base), t.data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype, t.device,
-                  t._version)
+    """``(the tensor owning t's memory, a key of t's view and contents version)``."""
+    b = t._base
+    b = t if b is None else b
+    return b, (id(b), t.data_ptr(), t.storage_offset(), t.shape, t.stride(), t.dtype, t.device, t._version)
 
 
 def pattern_cached(tag, tensors, compute):
@@ -459,18 +467,26 @@ def pattern_cached(tag, tensors, compute):
     try:
         if torch.compiler.is_compiling():
             return compute()
-        parts = [_tensor_key(t) for t in tensors]
+        key, bases = [tag], []
+        for t in tensors:
+            b, k = _tensor_key(t)
+            bases.append(b)
+            key.append(k)
     except (RuntimeError, NotImplementedError, AttributeError):  # inference tensors, tensors without storage
         return compute()
-    key = (tag,) + tuple(k for _, k in parts)
+    key = tuple(key)
     hit = _PATTERN_CACHE.get(key)
-    if hit is not None and all(r() is b for r, (b, _) in zip(hit[0], parts)):
-        return hit[1]
+    if hit is not None:
+        for r, b in zip(hit[0], bases):
+            if r() is not b:
+                break
+        else:
+            return hit[1]
     out = compute()
     if len(_PATTERN_CACHE) >= _PATTERN_CACHE_SIZE:
         _PATTERN_CACHE.pop(next(iter(_PATTERN_CACHE)), None)
     drop = lambda _ref, key=key, cache=_PATTERN_CACHE: cache.pop(key, None)  # noqa: E731 (safe at exit)
-    _PATTERN_CACHE[key] = ([weakref.ref(b, drop) for b, _ in parts], out)
+    _PATTERN_CACHE[key] = ([weakref.ref(b, drop) for b in bases], out)
     return out
 
 

@@ -79,7 +79,7 @@ def reduce_dims(A: SparseTensor, name: str, dims, keepdim: bool, out_meta: torch
     nd, sd = A.dim(), A.dim() - A.dense_dim()
     dims = sorted({d % nd for d in dims}) if dims and nd else list(range(nd))
     sp, dn = [d for d in dims if d < sd], [d - sd for d in dims if d >= sd]
-    rows = _csr_rows(A) if sp == [1] and sd == 2 else None
+    rows = _csr_rows(A, A.dtype if name == "sum" and A.dtype in _FLOATS else None) if sp == [1] and sd == 2 else None
     idx, vals = (None, A._vals) if rows is not None else coalesced_parts(A)
     if name in ("all", "any"):
         vals = vals.bool()
@@ -123,22 +123,30 @@ def reduce_dims(A: SparseTensor, name: str, dims, keepdim: bool, out_meta: torch
     return _finish(A, out_idx, out_vals, out_fill, out_meta, A._sf_layout if len(kept) >= 2 else torch.sparse_coo)
 
 
-def _csr_rows(A: SparseTensor):
+def _csr_rows(A: SparseTensor, acc_dtype=None):
     """``group_slices`` of a 2-D CSR pattern over its columns, read off the row pointers (cached per
     pattern, as ``group_slices``): ``(out_idx, n_fill, lengths, csr)`` of the slices, the non-empty rows
     or every row, whose stored elements are contiguous runs of ``lengths``; ``csr`` the rows for the
-    engines (:class:`_engine.CsrRows`)."""
+    engines (:class:`_engine.CsrRows`).  ``acc_dtype`` (float32/float64): ``n_fill`` in that dtype, cached
+    so (a floating sum folds ``fill * n_fill`` in one op, no conversion per call)."""
     if A._sf_layout is not torch.sparse_csr or A._crow.dim() != 1:
         return None
-    crow, col, ncols, fake = A._crow, A._col, A.shape[1], traced(A._crow)
+    crow, ncols, masked = A._crow, A.shape[1], A._indefinite
+    out_idx, n_fill, lengths, rows = pattern_cached(("csr_rows", ncols, masked, acc_dtype), (crow,),
+                                                    lambda: _rows_of(crow, ncols, masked, acc_dtype))
+    return out_idx, n_fill, lengths, _engine.CsrRows(crow, A._col, ncols, rows)
 
-    def compute():
-        counts = crow.diff()
-        # mostly non-empty (traced: sizes known): all rows
-        every = not A._indefinite and (fake or 2 * int(torch.count_nonzero(counts)) > counts.numel())
-        return (*csr_row_slices(counts, ncols, every), every)
-    out_idx, n_fill, lengths, every = pattern_cached(("csr_rows", ncols, A._indefinite), (crow,), compute)
-    return out_idx, n_fill, lengths, _engine.CsrRows(crow, col, ncols, None if every else out_idx[0])
+
+def _rows_of(crow, ncols, masked: bool, acc_dtype):
+    """:func:`_csr_rows`' cached part: ``(out_idx, n_fill, lengths, rows)``, ``rows`` None for every row."""
+    counts = crow.diff()
+    # mostly non-empty (traced: sizes known): all rows
+    every = not masked and (traced(crow) or 2 * int(torch.count_nonzero(counts)) > counts.numel())
+    out_idx, n_fill, lengths = csr_row_slices(counts, ncols, every)
+    return out_idx, n_fill if acc_dtype is None else n_fill.to(acc_dtype), lengths, None if every else out_idx[0]
+
+
+_FLOATS = (torch.float32, torch.float64)  # (a sum of these folds its fill with n_fill in the values' dtype)
 
 
 def _fill_of(A: SparseTensor, dtype: torch.dtype) -> torch.Tensor:
@@ -154,6 +162,8 @@ def _finish(A, idx, vals, fill, out_meta, layout):
     dtype = out_meta.dtype
     vals = vals if vals.dtype == dtype else vals.to(dtype)
     fill = vals.new_empty(0) if fill is None else fill if fill.dtype == dtype else fill.to(dtype)
+    if layout is torch.sparse_coo:  # (parts computed here: the wrapper alone)
+        return SparseTensor._make(layout, out_meta.shape, vals, fill, idx, None, None, A._indefinite, True, False)
     return parts_to_sparse(idx, vals, out_meta.shape, fill, indefinite=A._indefinite, layout=layout, coalesced=True)
 
 
