@@ -169,3 +169,35 @@ def test_python_number_cache_is_keyed_exactly():
     f32 = A.to(torch.float32)
     torch.testing.assert_close((f32 * 0.1)._fill_value(), f32._fill_value() * 0.1, rtol=0, atol=0)
     torch.testing.assert_close((A * 0.1)._fill_value(), A._fill_value() * 0.1, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("shape,na,nb", [((10,), 5, 5), ((4, 5), 6, 3), ((3, 4, 2), 0, 5), ((3, 4, 2), 7, 0),
+                                         ((6,), 6, 6), ((2, 3), 1, 1), ((40, 40), 40, 40)])
+def test_small_union_is_the_torch_merge(shape, na, nb):
+    """``union2``'s Python-tuple merge of small CPU patterns (``_union_small``) against the torch merge of the
+    linear keys: the same sorted indices and positions, whatever the overlap."""
+    for seed in range(4):
+        A, B = _coo(shape, na, 1.0, seed=seed), _coo(shape, nb, 2.0, seed=seed + 10)
+        if A._nse() + B._nse() == 0:
+            continue
+        idx, pa, pb = pointwise._union_small(A._indices(), B._indices())
+        keys = torch.cat([A._keys(), B._keys()]).unique()
+        assert idx.tolist() == torch.stack(torch.unravel_index(keys, shape[: A.sparse_dim()])).tolist()
+        assert torch.equal(idx[:, pa], A._indices()) and torch.equal(idx[:, pb], B._indices())
+        assert idx.is_contiguous() and idx.dtype == torch.int64 and idx.untyped_storage().resizable()
+        _check(A + B, A.to_dense() + B.to_dense())
+
+
+def test_union_cache_new_operands_and_inference_mode():
+    """A new pair of index tensors (same pattern) is merged anew; in inference mode (no version counters)
+    nothing is cached and results stay exact."""
+    A = _coo((10,), 5, 1.0, seed=0)
+    Bs = [sparsefill.sparse_coo_tensor(_coo((10,), 5, 2.0, seed=2)._indices().clone(), torch.arange(5.) + k, (10,),
+                                       fill_value=2.0, is_coalesced=True).to(torch.float64) for k in range(3)]
+    for B in Bs * 2:
+        _check(A + B, A.to_dense() + B.to_dense())
+    with torch.inference_mode():
+        Ai = _coo((10,), 5, 1.0, seed=0)
+        Bi = _coo((10,), 4, 2.0, seed=3)
+        for _ in range(2):
+            _check(Ai * Bi, Ai.to_dense() * Bi.to_dense())
