@@ -99,7 +99,7 @@ def segment_counts(seg: torch.Tensor, num_segments: int, lengths=None) -> torch.
     """Number of stored values per segment (int64, shape ``(num_segments,)``)."""
     if lengths is not None:
         return lengths
-    return bincount(seg, num_segments) if seg.numel() else \
+    return bincount(seg, num_segments) if traced(seg) or seg.numel() else \
         torch.zeros(num_segments, dtype=torch.int64, device=seg.device)
 
 

@@ -106,7 +106,7 @@ def true_positions(mask, shape) -> torch.Tensor:
         if M._indefinite or not bool(M._fill.any()):
             idx, vals = _convert.coalesced_parts(M)
             nz = (vals != 0).nonzero()                                   # (t, 1 + dense_dim)
-            pos = torch.cat([idx[:, nz[:, 0]], nz[:, 1:].T], 0) if nz.shape[0] else \
+            pos = torch.cat([idx[:, nz[:, 0]], nz[:, 1:].T], 0) if traced(nz) or nz.shape[0] else \
                 idx.new_zeros((M.dim(), 0))
             return _broadcast_positions(pos, tuple(M.shape), tuple(shape))
         _convert.check_densify_quiet(M, "a sparse mask with a True fill")  # rare: read densely
@@ -152,7 +152,7 @@ def _same_indices(A: SparseTensor, M) -> torch.Tensor | None:
         return None
     if M._sf_layout is A._sf_layout and M._coalesced and A._coalesced:
         pairs = [(A._idx, M._idx)] if A._sf_layout is torch.sparse_coo else [(A._crow, M._crow), (A._col, M._col)]
-        if all(a is b or (a.shape == b.shape and torch.equal(a, b)) for a, b in pairs):
+        if all(a is b or (not traced(a) and a.shape == b.shape and torch.equal(a, b)) for a, b in pairs):
             k = A._vals.shape[0] if A._sf_layout is torch.sparse_coo else A._col.numel()
             v = M._vals.reshape((k,) + tuple(A._dense_shape))
             return v if v.dtype == torch.bool else v != 0

@@ -167,6 +167,8 @@ class Slices:
         if self.X.all_in:  # (mask=None: no read, which torch.compile could not trace)
             return True
         m = self.X.m
+        if traced(m):  # (torch.compile: not known without reading m; the general path)
+            return False
         if m.numel() and all(st == 0 for st in m.stride()):
             return bool(m.reshape(-1)[0])
         return bool(m.all())

@@ -43,7 +43,7 @@ import math
 import torch
 
 from .. import _index
-from .._compile import traced
+from .._compile import known_true, traced
 from .._policy import check_specify
 from .._reduce import REDUCERS, gather_seg
 from .._tensor import SparseTensor
@@ -67,7 +67,7 @@ def _same(a, b):
 def _has_in(sl, seg, n):
     """Per segment: holds a masked-in element (stored ``seg`` or ``n`` masked-in fill copies)."""
     has = torch.zeros(sl.nseg, dtype=torch.bool, device=seg.device).index_fill_(0, seg, True)
-    return has | (n > 0).any(1) if n.numel() else has
+    return has | (n > 0).any(1) if n.dim() == 2 else has  # (n: (nseg, Pr), or (0,) for none)
 
 
 def _unspecified(X: Masked, sl, groups, start, untouched: bool) -> torch.Tensor:
@@ -176,12 +176,18 @@ def _normalization(name, input, mask, dim, per_element, c_out, e_out, cast, dens
         if scan is not None:
             ident = torch.full((), c_out, dtype=u.dtype, device=u.device)
             eff = torch.where(ms, sl.scalars(u), ident)
-            vals = sl.unscalars(_segmented_scan(eff.reshape(-1), sl.seg3.reshape(-1), sl.nseg, scan).reshape(ms.shape))
+            vals = sl.unscalars(_segmented_scan(eff.reshape(-1), sl.seg3.reshape(-1), sl.nseg, scan,
+                                                sl.N_r * sl.Pr).reshape(ms.shape))
             g0 = torch.where(n0 > 0, F0, ident)
             g0 = torch.cumsum(g0, 1, dtype=g0.dtype) if scan == "sum" else torch.cumprod(g0, 1, dtype=g0.dtype)
             g = torch.where(n > 0, F, ident)
         else:
-            v, seg, lengths = sl.masked_in(u)
+            nz = None
+            if traced(u) and not X.all_in:  # (one nonzero for the gather and the scatter: one unbacked size)
+                nz = ms.nonzero(as_tuple=True)
+                v, seg, lengths = sl.scalars(u)[nz], sl.seg3[nz], None
+            else:
+                v, seg, lengths = sl.masked_in(u)
             # (the fill classes of the unspecified rows matter only for a masked-in fill)
             out_v, g, g0, mo = per_element(sl, v, seg, F, n, *((F0, n0) if X.mfill else (None, None)), lengths)
             has = _has_in(sl, seg, n)
@@ -193,12 +199,12 @@ def _normalization(name, input, mask, dim, per_element, c_out, e_out, cast, dens
                     new = _unspecified(X, sl, rows, rows.new_zeros(rows.numel()), False)
                     if new.shape[1]:
                         return compute(_store(name, X, new, fill_out), check=False)
-            if v.numel() == ms.numel():  # the usual case (mask = the input's pattern): no gathers
+            if X.all_in if traced(v) else v.numel() == ms.numel():  # the usual case (mask = the pattern)
                 vals = sl.unscalars(out_v.reshape(ms.shape))
             else:
                 e = torch.full((), e_out, dtype=out_v.dtype, device=out_v.device)
                 base = torch.where(has, mo.to(out_v.dtype), e)[sl.seg3]
-                vals = sl.unscalars(base.index_put(ms.nonzero(as_tuple=True), out_v))
+                vals = sl.unscalars(base.index_put(ms.nonzero(as_tuple=True) if nz is None else nz, out_v))
         c = torch.full((), fill_out, dtype=vals.dtype, device=vals.device)
         classes = None
         if X.A._indefinite:
@@ -234,7 +240,7 @@ def _no_mask(A, mask) -> bool:
     if mask is None:
         return True
     same = _same_indices(A, mask)
-    return same is not None and bool(same.all())
+    return same is not None and known_true(same.all())  # (traced: the general path, reading no data)
 
 
 def _dense_ref(dense_op, mask):
@@ -398,11 +404,15 @@ def _cum(name, mode):
     return op
 
 
-def _segmented_scan(v, seg, nseg, mode):
+def _segmented_scan(v, seg, nseg, mode, longest=None):
     """Inclusive cumulative sum/product of ``v`` within each segment, in the order of ``v``.
 
     Segments are padded into rows of a power-of-two width, one table per width class (at most ~64
-    of them), so the tables hold fewer than ``2 * len(v)`` elements whatever the segment lengths."""
+    of them), so the tables hold fewer than ``2 * len(v)`` elements whatever the segment lengths.
+    While traced (the classes are read from the data) :func:`_doubling_scan`, whose steps depend on
+    ``longest`` (a bound of the segments' lengths from the shape) only."""
+    if traced(v) and longest is not None:
+        return _doubling_scan(v, seg, mode, longest)
     if v.numel() == 0:
         return v
     order = torch.argsort(seg, stable=True)
@@ -420,6 +430,29 @@ def _segmented_scan(v, seg, nseg, mode):
         parts.append(pad[inv, rank[sel]])
         where.append(order[sel])
     return torch.empty_like(v).index_put((torch.cat(where),), torch.cat(parts))
+
+
+def _doubling_scan(v, seg, mode, longest: int):
+    """:func:`_segmented_scan` by doubling (Hillis-Steele): ``ceil(log2(longest))`` steps over the elements
+    sorted by segment, step ``s`` combining each element with the one ``2**s`` places before it in its
+    segment; ``O(len(v) log longest)``, sizes from ``len(v)`` only (no value read on the host)::
+
+        _doubling_scan(v, seg, mode, L)[i] == op(v[j] for j <= i with seg[j] == seg[i])
+
+    >>> _doubling_scan(torch.tensor([1., 2., 3., 4.]), torch.tensor([0, 1, 0, 0]), "sum", 3).tolist()
+    [1.0, 2.0, 4.0, 8.0]
+    """
+    order = torch.argsort(seg, stable=True)
+    s, x = seg[order], v[order]
+    pos = torch.arange(s.shape[0], device=s.device)
+    shift = 1
+    while shift < longest:
+        src = (pos - shift).clamp_min(0)
+        same = (pos >= shift) & (s[src] == s)
+        y = x[src] + x if mode == "sum" else x[src] * x
+        x = torch.where(same, y, x)
+        shift *= 2
+    return torch.empty_like(v).index_put((order,), x)
 
 
 cumsum = _cum("cumsum", "sum")

@@ -1,0 +1,99 @@
+"""torch.compile of ``sparsefill.masked`` normalizations of an INDEFINITE fill (issue 14): softmax, log_softmax and
+softmin with a mask, cumsum and cumprod, normalize, along a sparse and a dense dim, compile with ``fullgraph=True``
+(backends ``eager``, ``aot_eager``, inductor) and give the eager result, forward and the gradient of the values::
+
+    densify(compiled(A)) == densify(f(A))                 (NaN at the masked-out elements, equal_nan)
+    grad(values)         == eager grad(values)
+
+Each case is compiled once, warmed up on two patterns of different nse, then run on a third with
+``error_on_recompile``.  Masks: None (the pattern), a sparse mask on the input's pattern (``A > 0``), a sparse mask
+of another pattern (indefinite fill), a strided mask.  COO, CSR and hybrid inputs.
+"""
+
+import pytest
+import torch
+import torch._dynamo
+
+import sparsefill
+
+pytestmark = pytest.mark.filterwarnings("ignore")
+
+M = sparsefill.masked
+SHAPE = (6, 5)
+STRIDED = torch.tensor([[True, False, True, True, False]]).expand(6, 5)  # (a strided mask, broadcast rows)
+
+
+def make(nse, seed, *, layout=torch.sparse_coo, dense=()):
+    """``(A, values)``: a coalesced SparseTensor with indefinite fill and ``nse`` stored elements, from a leaf."""
+    g = torch.Generator().manual_seed(seed)
+    keys = torch.randperm(SHAPE[0] * SHAPE[1], generator=g)[:nse].sort().values
+    idx = torch.stack([keys // SHAPE[1], keys % SHAPE[1]])
+    vals = torch.randn((nse,) + dense, generator=g, dtype=torch.float64).requires_grad_()
+    A = sparsefill.sparse_coo_tensor(idx, vals, SHAPE + dense, fill_value=sparsefill.indefinite)
+    return (A.to_sparse_csr() if layout is torch.sparse_csr else A), vals
+
+
+def dense(out):
+    if isinstance(out, sparsefill.SparseTensor):
+        return out.to_dense(fill_value=float("nan")) if out._indefinite else out.to_dense()
+    return out
+
+
+def weighted(out):
+    """A loss weighing every element differently (masked-out and NaN elements: 0)."""
+    d = torch.nan_to_num(dense(out), nan=0.0, posinf=0.0, neginf=0.0)
+    return (d * torch.linspace(0.1, 1, d.numel(), dtype=d.dtype).view(d.shape)).sum()
+
+
+CASES = {
+    "softmax_mask": lambda A, B: M.softmax(A, 1, mask=A > 0),
+    "log_softmax_mask0": lambda A, B: M.log_softmax(A * 2, 0, mask=A > -0.5),
+    "softmin_other_mask": lambda A, B: M.softmin(A, 1, mask=B > 0),
+    "softmax_strided_mask": lambda A, B: M.softmax(A, 1, mask=STRIDED),
+    "cumsum1": lambda A, B: M.cumsum(A, 1),
+    "cumsum0_mask": lambda A, B: M.cumsum(A, 0, mask=A > 0),
+    "cumprod1": lambda A, B: M.cumprod(A, 1),
+    "normalize2": lambda A, B: M.normalize(A, 2.0, 1),
+    "normalize1_mask0": lambda A, B: M.normalize(A, 1.0, 0, mask=A < 0.5),
+    "log_softmax_dense_dim": lambda A, B: M.log_softmax(A, -1, mask=A > 0),  # (hybrid: along the dense dim)
+    "cumsum_dense_dim": lambda A, B: M.cumsum(A, -1),
+}
+FORMS = {"coo": {}, "csr": {"layout": torch.sparse_csr}, "hybrid": {"dense": (3,)}}
+SPARSE_DIM = [n for n in CASES if "dense_dim" not in n]
+
+
+def run_case(name, backend, form):
+    fn = CASES[name]
+    kw = FORMS[form]
+    torch._dynamo.reset()
+    out_c = torch.compile(fn, backend=backend, fullgraph=True)
+    loss_c = (lambda A, B: weighted(out_c(A, B))) if backend == "eager" else \
+        torch.compile(lambda A, B: weighted(fn(A, B)), backend=backend, fullgraph=True)
+    for step, (na, nb) in enumerate([(8, 6), (11, 9), (13, 4)]):
+        with torch._dynamo.config.patch(error_on_recompile=step == 2):
+            A, va = make(na, 2 * step, **kw)
+            B, _ = make(nb, 2 * step + 1, **kw)
+            got, want = out_c(A, B), fn(A, B)
+            assert isinstance(got, sparsefill.SparseTensor) and got._indefinite
+            torch.testing.assert_close(dense(got), dense(want), equal_nan=True)
+            torch.testing.assert_close(torch.autograd.grad(loss_c(A, B), [va]),
+                                       torch.autograd.grad(weighted(fn(A, B)), [va]))
+
+
+@pytest.mark.parametrize("name,form", [(n, f) for n in SPARSE_DIM for f in ("coo", "csr")]
+                         + [(n, "hybrid") for n in ("softmax_mask", "cumsum1", "normalize2", "log_softmax_dense_dim",
+                                                    "cumsum_dense_dim")])
+def test_eager_backend(name, form):
+    run_case(name, "eager", form)
+
+
+@pytest.mark.parametrize("name,form", [(n, "coo") for n in SPARSE_DIM] + [
+    ("softmax_mask", "csr"), ("cumprod1", "csr"), ("normalize1_mask0", "csr"),
+    ("log_softmax_dense_dim", "hybrid"), ("cumsum_dense_dim", "hybrid")])
+def test_aot_eager(name, form):
+    run_case(name, "aot_eager", form)
+
+
+@pytest.mark.parametrize("name", ["softmax_mask", "cumsum1"])
+def test_inductor(name):
+    run_case(name, "inductor", "coo")
