@@ -7,7 +7,10 @@ Along a sparse dim the stored elements of each operand are shifted by the sizes 
 dim the values are joined at the union of the patterns, and the fills are joined.  The result takes the fill
 of the largest operand; the elements of an operand with another fill are specified (stored), a
 DensifyWarning past ``_policy.SPECIFY_QUIET_ELEMENTS`` of them.  A dense operand is stored where it differs
-from that fill.
+from that fill.  A masked (indefinite) operand makes the result masked where it is unspecified and defined
+elsewhere, as ``torch.masked``'s ``cat`` (a defined operand's mask is all True): the fill is indefinite and
+every element of the defined operands is stored (through the same gate); along a dense dim a slice would be
+partly masked, which no hybrid holds: refused (the densify fallback's ValueError).
 
 >>> import torch, sparsefill
 >>> A = sparsefill.sparse_coo_tensor([[1]], [2.], (3,), fill_value=5.)
@@ -16,6 +19,9 @@ from that fill.
 tensor([5., 2., 5., 7., 5.])
 >>> torch.stack([A, A]).indices().tolist()
 [[0, 1], [1, 1]]
+>>> M = sparsefill.sparse_coo_tensor([[1]], [3.], (2,), fill_value=sparsefill.indefinite)
+>>> torch.cat([M, B]).to_dense(fill_value=float("nan"))       # B's elements all stored, M's mask kept
+tensor([nan, 3., 7., 5.])
 """
 
 from __future__ import annotations
@@ -23,7 +29,8 @@ from __future__ import annotations
 import torch
 
 from .. import _index
-from .._convert import coalesced_parts, dense_of, dense_to_parts, dense_to_sparse, parts_to_sparse, union_parts
+from .._convert import (coalesced_parts, dense_of, dense_to_parts, dense_to_sparse, every_element, parts_to_sparse,
+                        union_parts)
 from .._policy import check_specify
 from .._splits import one_split
 from .._tensor import SparseTensor
@@ -40,31 +47,31 @@ def _cat(func, args, kwargs):
     sparse = [t for t in tensors if isinstance(t, SparseTensor)]
     if not sparse:
         return NotImplemented
-    if len({t.dense_dim() for t in sparse}) > 1 and len({(t.dim(), t._indefinite) for t in sparse}) == 1:
+    if any(t.dim() == 0 for t in tensors):  # torch's error (a 0-d tensor cannot be concatenated)
+        _check_cat(tensors, dim, dim)
+    if len({t.dense_dim() for t in sparse}) > 1 and len({t.dim() for t in sparse}) == 1:
         conv = iter(one_split(sparse, sparse[0]._sf_layout)[0])  # split differently: at one split first, exactly
         tensors = [next(conv) if isinstance(t, SparseTensor) else t for t in tensors]
         sparse = [t for t in tensors if isinstance(t, SparseTensor)]
-    A = max(sparse, key=lambda t: t.numel())
+    A = max(sparse, key=lambda t: (t._indefinite, t.numel()))  # (a masked operand's fill: no other can stand in)
+    sd = A.dim() - A.dense_dim()
     if len(sparse) != len(tensors):  # a dense operand is already materialised: stored where it differs from the fill
-        if A._indefinite or any(not isinstance(t, SparseTensor) and (t.dim() != A.dim() or t.dtype != A.dtype)
-                                for t in tensors):
+        if any(not isinstance(t, SparseTensor) and (t.dim() != A.dim() or t.dtype != A.dtype) for t in tensors) \
+                or A._indefinite and dim % A.dim() >= sd:
             return NotImplemented
-        sd = A.dim() - A.dense_dim()
 
         def fill_for(t):  # (along a dense dim the operand's dense shape differs: one value of A's fill)
             return _dense_fill(A) if dim % A.dim() < sd else A._fill.reshape(-1)[0].expand(t.shape[sd:])
-        tensors = [t if isinstance(t, SparseTensor) else
-                   dense_to_sparse(t, fill_for(t), False, False, torch.sparse_coo, A.dense_dim())
+        tensors = [t if isinstance(t, SparseTensor) else  # (beside a masked operand: every element stored)
+                   dense_to_sparse(t, fill_for(t), A._indefinite, False, torch.sparse_coo, A.dense_dim())
                    for t in tensors]
         sparse = tensors
     dim %= A.dim()
-    sd = A.dim() - A.dense_dim()
-    if any(t.dim() != A.dim() or t.dense_dim() != A.dense_dim() or t._indefinite != A._indefinite
-           or t.dtype != A.dtype for t in sparse):
+    if any(t.dim() != A.dim() or t.dense_dim() != A.dense_dim() or t.dtype != A.dtype for t in sparse):
         return NotImplemented
     _check_cat(tensors, args[1] if len(args) > 1 else kwargs.get("dim", 0), dim)
     if dim >= sd:  # along a dense dim: the values at the union of the patterns, then cat
-        if A._indefinite:
+        if A._indefinite:  # (a slice partly masked out: no hybrid holds it, no dense form exists)
             return NotImplemented
         idx, vals = union_parts(tensors)
         vals = torch.cat(vals, dim - sd + 1)
@@ -73,7 +80,10 @@ def _cat(func, args, kwargs):
     fill = _dense_fill(A)
     idxs, valss, offset = [], [], 0
     for t in tensors:
-        if not A._indefinite and not torch.equal(_dense_fill(t), fill):  # specify t's every element
+        if A._indefinite and not t._indefinite:  # defined beside masked: every element of t stored
+            check_specify("cat of a masked (indefinite) operand and a defined one", t.numel(), t.element_size())
+            i, v = every_element(t)
+        elif not A._indefinite and not torch.equal(_dense_fill(t), fill):  # t's elements that differ from the fill
             check_specify("cat of operands with different fills", t.numel(), t.element_size())
             i, v = dense_to_parts(dense_of(t), A._fill, False, t.dense_dim())
         else:

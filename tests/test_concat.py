@@ -1,0 +1,156 @@
+"""``cat``/``stack`` of a masked (indefinite) operand and defined ones (``ops/concat.py``): the result is masked
+where the masked operand is unspecified and defined everywhere else, as ``torch.masked``'s ``cat`` (a defined
+operand's mask is all True): fill indefinite, every element of each defined operand stored.  Checked against the
+dense result: ``R.to_dense(fill_value=s) == cat([M.to_dense(fill_value=s), B.to_dense()])`` for two sentinels
+``s`` (so the mask is checked too)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import sparsefill
+from sparsefill import DensifyWarning, SparseTensor
+
+g = torch.Generator().manual_seed(5)
+KINDS = [(lay, dd) for dd in (0, 1, 2) for lay in (torch.sparse_coo, torch.sparse_csr)
+         if not (lay is torch.sparse_csr and dd == 2)]
+IDS = [f"{str(lay)[13:]}-dense{dd}" for lay, dd in KINDS]
+
+
+def _operands(layout, dd, dtype=torch.float64, m_rows=4, b_rows=2):
+    """A masked ``M`` (a quarter of its slices stored; the pattern is its mask) and a defined ``B`` with fill 5
+    (NaN and inf among its elements where the dtype has them), of shapes ``(m_rows, 3, 2)``/``(b_rows, 3, 2)``."""
+    x = torch.randint(-3, 9, (m_rows, 3, 2), generator=g).to(dtype)
+    keep = torch.rand((m_rows, 3, 2)[: 3 - dd], generator=g) < 0.5
+    idx = keep.nonzero().T
+    M = sparsefill.sparse_coo_tensor(idx, x[tuple(idx)], (m_rows, 3, 2), fill_value=sparsefill.indefinite)
+    y = torch.randint(-3, 9, (b_rows, 3, 2), generator=g).to(dtype)
+    y[y == 4] = 5
+    if dtype.is_floating_point and y.numel() > 2:
+        y.view(-1)[:2] = torch.tensor([float("nan"), float("inf")])
+    B = sparsefill.to_sparse(y, fill_value=5, layout=layout, dense_dim=dd)
+    return (M.to_sparse(layout=layout) if layout is torch.sparse_csr and dd == 1 else M), B, y  # (a batched CSR
+    # with an indefinite fill needs the same nse in every batch: COO there)
+
+
+def _check(out, ref_fn, M, dtype):
+    """``out`` is a masked SparseTensor equal to ``ref_fn(M.to_dense(fill_value=s))`` for two sentinels."""
+    assert isinstance(out, SparseTensor) and out._indefinite
+    for s in ((float("nan"), -7.) if dtype.is_floating_point else (-7, 99)):
+        torch.testing.assert_close(out.to_dense(fill_value=s), ref_fn(M.to_dense(fill_value=s)), equal_nan=True)
+
+
+@pytest.mark.parametrize("layout,dd", KINDS, ids=IDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64])
+def test_cat_and_stack_of_masked_and_defined(layout, dd, dtype):
+    M, B, y = _operands(layout, dd, dtype)
+    M2, _, _ = _operands(layout, dd, dtype, m_rows=2)
+    sd = 3 - dd
+    cases = {"cat0": (lambda m, b: torch.cat([m, b]), lambda m: torch.cat([m, y])),
+             "cat0_defined_first": (lambda m, b: torch.cat([b, m, b]), lambda m: torch.cat([y, m, y])),
+             "cat_dense_operand": (lambda m, b: torch.cat([m, y]), lambda m: torch.cat([m, y])),
+             "stack0": (lambda m, b: torch.stack([M2, b]), None),
+             "stack_dense_operand": (lambda m, b: torch.stack([y, M2], 1), None)}
+    if sd >= 2:
+        cases["cat1"] = (lambda m, b: torch.cat([m[:2], b], 1), lambda m: torch.cat([m[:2], y], 1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DensifyWarning)  # (small: every element of B stored quietly)
+        for name, (op, ref) in cases.items():
+            out = op(M, B)
+            if name == "stack0":
+                _check(out, lambda m: torch.stack([m, y]), M2, dtype)
+            elif name == "stack_dense_operand":
+                _check(out, lambda m: torch.stack([y, m], 1), M2, dtype)
+            else:
+                _check(out, ref, M, dtype)
+            if name in ("cat0", "cat1"):
+                assert out.sparse_layout is M.sparse_layout  # (the masked operand's)
+
+
+@pytest.mark.parametrize("layout", [torch.sparse_coo, torch.sparse_csr])
+def test_cat_of_masked_and_defined_at_different_splits(layout):
+    """A hybrid masked operand beside an all-sparse defined one: converted to one split first, exactly."""
+    M, _, _ = _operands(layout, 1)
+    _, B, y = _operands(layout, 0)
+    _check(torch.cat([M, B]), lambda m: torch.cat([m, y]), M, torch.float64)
+    _check(torch.cat([B, M.to_sparse(layout=torch.sparse_coo)]), lambda m: torch.cat([y, m]), M, torch.float64)
+
+
+def test_cat_of_masked_and_defined_empty_and_zero_size():
+    M, B, y = _operands(torch.sparse_coo, 0, m_rows=0)
+    _check(torch.cat([M, B]), lambda m: torch.cat([m, y]), M, torch.float64)
+    M, B, y = _operands(torch.sparse_coo, 0, b_rows=0)
+    _check(torch.cat([B, M]), lambda m: torch.cat([y, m]), M, torch.float64)
+    E = sparsefill.sparse_coo_tensor(torch.zeros(3, 0, dtype=torch.long), torch.zeros(0, dtype=torch.float64),
+                                     (2, 3, 2), fill_value=sparsefill.indefinite)  # nothing specified
+    _check(torch.cat([E, B]), lambda m: torch.cat([m, y]), E, torch.float64)
+
+
+def test_cat_of_masked_and_defined_past_the_quiet_limit_warns(monkeypatch):
+    """Every element of the defined operand is stored: the specify gate applies (a DensifyWarning past
+    ``_policy.SPECIFY_QUIET_ELEMENTS``; a DensifyError under the raise policy, nothing returned)."""
+    from sparsefill import _policy
+    M, B, y = _operands(torch.sparse_coo, 0)
+    monkeypatch.setattr(_policy, "SPECIFY_QUIET_ELEMENTS", 4)
+    with pytest.warns(DensifyWarning, match="masked"):
+        out = torch.cat([M, B])
+    _check(out, lambda m: torch.cat([m, y]), M, torch.float64)
+    with sparsefill.densify_policy("raise"), pytest.raises(sparsefill.DensifyError):
+        torch.cat([M, B])
+
+
+@pytest.mark.filterwarnings("ignore::sparsefill.DensifyWarning")  # (the refused stack tries the dense form)
+def test_cat_of_masked_and_defined_along_a_dense_dim_is_refused():
+    """Along a dense dim a slice would be partly masked, which a hybrid cannot hold (a slice is all specified or
+    all masked out), and no dense form exists: a clear ValueError, as before."""
+    M, B, y = _operands(torch.sparse_coo, 1, b_rows=4)
+    for op in (lambda: torch.cat([M, B], -1), lambda: torch.cat([M, y], -1), lambda: torch.stack([B, M], -1)):
+        with pytest.raises(ValueError, match="indefinite"):
+            op()
+
+
+@pytest.mark.parametrize("fill", [1., sparsefill.indefinite])
+def test_cat_of_0d_tensors_raises_torchs_error(fill):
+    """A 0-d operand: torch's RuntimeError (it was a ZeroDivisionError wrapping the dim)."""
+    A = sparsefill.sparse_coo_tensor(torch.zeros(0, 1, dtype=torch.long), [2.], (), fill_value=fill)
+    with pytest.raises(RuntimeError, match="zero-dimensional"):
+        torch.cat([A, A])
+    with pytest.raises(RuntimeError, match="zero-dimensional"):
+        torch.cat([A, torch.tensor(1.)])
+    with pytest.raises(RuntimeError, match="zero-dimensional"):
+        torch.cat([torch.ones(2), A])
+
+
+@pytest.mark.parametrize("layout", [torch.sparse_coo, torch.sparse_csr])
+@pytest.mark.parametrize("dim", [0, 1])
+def test_cat_of_masked_and_defined_backward(layout, dim):
+    """The gradients of the values of both operands and of the defined one's fill equal the dense computation's
+    over the specified elements (``(R * W).sum()`` skips the masked ones)."""
+    F = torch.float64
+    vm, vb = torch.tensor([1., 2., 3.], dtype=F), torch.tensor([4., 5.], dtype=F)
+    fb = torch.tensor(7., dtype=F)
+    im, ib = torch.tensor([[0, 1, 2], [1, 0, 2]]), torch.tensor([[0, 1], [0, 1]])
+    bshape = (2, 3) if dim == 0 else (3, 2)
+    W = torch.arange(15., dtype=F).view((5, 3) if dim == 0 else (3, 5)) + 1
+
+    def leaves():
+        return [t.clone().requires_grad_() for t in (vm, vb, fb)]
+    lm, lb, lf = leaves()
+    M = sparsefill.sparse_coo_tensor(im, lm, (3, 3), fill_value=sparsefill.indefinite)
+    B = sparsefill.sparse_coo_tensor(ib, lb, bshape, fill_value=lf)
+    if layout is torch.sparse_csr:
+        M, B = M.to_sparse_csr(), B.to_sparse_csr()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DensifyWarning)
+        (torch.cat([M, B], dim) * W).sum().backward()
+    dm, db, df = leaves()
+    Md = torch.zeros(3, 3, dtype=F).index_put(tuple(im), dm)
+    Bd = df.expand(bshape).index_put(tuple(ib), db)
+    mask = torch.cat([torch.zeros(3, 3, dtype=torch.bool).index_put(tuple(im), torch.tensor(True)),
+                      torch.ones(bshape, dtype=torch.bool)], dim)
+    (torch.cat([Md, Bd], dim) * W)[mask].sum().backward()
+    for got, ref in ((lm, dm), (lb, db), (lf, df)):
+        torch.testing.assert_close(got.grad, ref.grad)
