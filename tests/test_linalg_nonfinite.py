@@ -280,3 +280,138 @@ def test_compiled_gradients(op, fill, inside, bad):
         torch.testing.assert_close(a.grad, b.grad, equal_nan=True, msg=lambda m: f"grad of {name}: {m}")
     assert not torch.isfinite(want[1].grad)  # (the case reaches the non-finite sums)
     assert bad == "X and G" or want[1].grad == INF  # (inf: where inf - inf would give NaN)
+
+
+# ---------------------------------------------------------------------- sparse @ sparse, stored inf/NaN
+# A stored inf/NaN in one operand meets the other's unspecified elements (a fill, 0 included): ``0 * inf`` is
+# NaN, ``2.5 * inf`` is inf, as dense; an indefinite operand's unspecified elements form no products (masked).
+# name: (A shape, B shape, fn)
+SPSP = {
+    "A@B": ((6, 5), (5, 4), lambda A, B: A @ B),
+    "mm": ((6, 5), (5, 4), torch.mm),
+    "bmm": ((2, 6, 5), (2, 5, 4), torch.bmm),
+    "addmm": ((6, 5), (5, 4), lambda A, B: torch.addmm(torch.ones(6, 4, dtype=A.dtype), A, B, beta=0.5, alpha=2)),
+    "matmul 3x2": ((2, 6, 5), (5, 4), torch.matmul),
+    "mv": ((6, 5), (5,), torch.mv),
+    "dot": ((5,), (5,), torch.dot),
+}
+
+
+class SpSp:
+    """Two SparseTensor operands with stored ``inf``, ``-inf`` and NaN (in ``A``, ``B`` or both: ``bad``)."""
+
+    def __init__(self, op, fa, fb, layout=COO, bad="both", dtype=torch.float64, seed=0):
+        g = torch.Generator().manual_seed(seed)
+        sa, sb, self.fn = SPSP[op]
+        self.layout, self.dtype, self.fills = layout, dtype, (fa, fb)
+        self.parts = [self._operand(s, f, g, bad in (name, "both")) for s, f, name in ((sa, fa, "A"), (sb, fb, "B"))]
+        self.shapes = (sa, sb)
+
+    def _operand(self, shape, fill, g, bad):
+        dd = int(self.layout == "hybrid" and len(shape) >= 2)  # hybrid: the last dim dense
+        S = shape[: len(shape) - dd]
+        mask = torch.rand(S, generator=g) < 0.5
+        mask.view(-1)[:3] = True
+        mask.view(-1)[-1] = False
+        idx = mask.nonzero().T
+        vals = torch.randn((idx.shape[1],) + tuple(shape[len(S):]), dtype=self.dtype, generator=g)
+        if bad:
+            v = vals.view(-1)
+            pos = torch.randperm(v.numel(), generator=g)[:3]
+            v[pos] = torch.tensor([INF, -INF, NAN], dtype=self.dtype)
+        if fill == "indefinite":
+            f = None
+        elif fill == "array":
+            f = torch.randn(shape[len(S):], dtype=self.dtype, generator=g)
+        else:
+            f = torch.tensor(fill, dtype=self.dtype)
+        return idx, vals, f
+
+    def leaves(self):
+        return [(i, v.clone().requires_grad_(), None if f is None else f.clone().requires_grad_())
+                for i, v, f in self.parts]
+
+    def build(self, i, v, f, shape):
+        A = sparsefill.sparse_coo_tensor(i, v, shape, fill_value=sparsefill.indefinite if f is None else f)
+        # (CSR: 2-d, or batched with a definite fill: an indefinite batched CSR needs equal nse per batch)
+        return A.to_sparse_csr() if self.layout is CSR and (len(shape) == 2 or len(shape) == 3 and f is not None) else A
+
+    def run(self, dense):
+        leaves = self.leaves()
+        ops = [self.build(i, v, f, s) for (i, v, f), s in zip(leaves, self.shapes)]
+        if dense:  # masked: sum over k where both are defined, as an explicit where (no 0 * inf outside)
+            ops = [self.masked(T, v, f) for T, (_, v, f) in zip(ops, leaves)]
+            out = self.masked_fn(*ops) if any(m is not None for _, m in ops) else self.fn(*(d for d, _ in ops))
+        else:
+            out = self.fn(*ops)
+        G = torch.randn(out.shape, dtype=self.dtype, generator=torch.Generator().manual_seed(1))
+        out.backward(G)
+        out = out.to_dense() if isinstance(out, sparsefill.SparseTensor) else out
+        return out, [t.grad for _, v, f in leaves for t in (v, f) if t is not None]
+
+    def masked(self, T, v, f):
+        if f is not None:
+            return T.to_dense(), None
+        return T.to_dense(fill_value=0.0), torch.ones_like(T).to_dense(fill_value=0).bool()
+
+    def masked_fn(self, a, b):
+        """``fn`` with the masked product ``sum_k where(ma & mb, a * b, 0)`` (both operands 2-d/3-d here)."""
+        (a, ma), (b, mb) = a, b
+        ma = torch.ones(a.shape, dtype=torch.bool) if ma is None else ma
+        mb = torch.ones(b.shape, dtype=torch.bool) if mb is None else mb
+        if a.dim() == 1:
+            m = ma & mb
+            return (torch.where(m, a, 0) * torch.where(m, b, 0)).sum()
+        if b.dim() == 1:  # mv: b a column
+            return self.masked_fn((a, ma), (b[:, None], mb[:, None]))[..., 0]
+        m = ma.unsqueeze(-1) & mb.unsqueeze(-3)
+        prod = torch.where(m, a.unsqueeze(-1), 0) * torch.where(m, b.unsqueeze(-3), 0)
+        mat = lambda A, B: prod.sum(-2)  # noqa: E731  (the op's own arithmetic around the product)
+        with_prod = {"addmm": lambda A, B: 0.5 * torch.ones(6, 4, dtype=a.dtype) + 2 * mat(A, B)}
+        return with_prod.get(self.op_name, mat)(a, b)
+
+
+def check_spsp(case, op):
+    case.op_name = op
+    got, want = case.run(False), case.run(True)
+    assert want[0].isnan().any() or not torch.isfinite(want[0]).all()
+    tol = {} if case.dtype == torch.float64 else dict(rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(got[0], want[0], equal_nan=True, **tol, msg=lambda m: f"forward: {m}")
+    assert len(got[1]) == len(want[1])
+    for n, (a, b) in enumerate(zip(got[1], want[1])):
+        torch.testing.assert_close(a, b, equal_nan=True, **tol, msg=lambda m: f"gradient {n}: {m}")
+
+
+SPSP_FILLS = [(0.0, 0.0), (2.5, -1.5), (0.0, 2.5), (-1.5, 0.0), (NAN, 0.0), (0.0, INF), (INF, 2.5),
+              ("indefinite", 0.0), (0.0, "indefinite"), ("indefinite", "indefinite"), ("indefinite", 2.5)]
+
+
+@pytest.mark.parametrize("bad", ["A", "B", "both"])
+@pytest.mark.parametrize("fa,fb", SPSP_FILLS, ids=str)
+def test_sparse_sparse_stored_nonfinite(fa, fb, bad):
+    check_spsp(SpSp("A@B", fa, fb, bad=bad), "A@B")
+
+
+@pytest.mark.parametrize("fa,fb", [(0.0, 0.0), (2.5, -1.5), ("indefinite", 0.0)], ids=str)
+@pytest.mark.parametrize("op,layout", [(op, lay) for op in SPSP for lay in (COO, CSR, "hybrid")
+                                       if not (op == "dot" and lay != COO)], ids=str)  # (1-d: COO only)
+def test_sparse_sparse_stored_nonfinite_ops(op, layout, fa, fb):
+    check_spsp(SpSp(op, fa, fb, layout=layout, seed=3), op)
+
+
+@pytest.mark.parametrize("fa,fb", [(0.0, 0.0), (2.5, -1.5), ("array", 0.0), (0.0, "array")], ids=str)
+def test_sparse_sparse_stored_nonfinite_hybrid_array_fill(fa, fb):
+    check_spsp(SpSp("A@B", fa, fb, layout="hybrid", seed=5), "A@B")
+
+
+@pytest.mark.parametrize("fa,fb", [(0.0, 0.0), (2.5, -1.5)], ids=str)
+def test_sparse_sparse_stored_nonfinite_float32(fa, fb):
+    check_spsp(SpSp("bmm", fa, fb, dtype=torch.float32, seed=7), "bmm")
+
+
+def test_linalg_autograd_imports_alone():
+    """``ops.linalg_autograd`` imports first in a fresh interpreter (no circular import through autograd_routes)."""
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-c", "import sparsefill.ops.linalg_autograd"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]

@@ -283,20 +283,17 @@ def _dense_sp(X: torch.Tensor, M: _Mat) -> torch.Tensor | None:
 
 
 def _sp_sp(A: _Mat, B: _Mat):
-    """``A @ B``: a SparseTensor for zero fills, else dense ``(nb, m, n)`` (None: not handled here)."""
+    """``A @ B``: a SparseTensor for zero fills, else dense ``(nb, m, n)`` (None: not handled here).  A stored
+    inf/NaN (checked by the sum of the stored values, O(nse)) takes :func:`_sp_sp_stored_nonfinite`."""
     if not (A.finite and B.finite and (A.vals.dtype.is_floating_point or A.vals.dtype.is_complex)):
         return None
+    if not (known_true(torch.isfinite(A.vals.sum())) and known_true(torch.isfinite(B.vals.sum()))):
+        return _sp_sp_stored_nonfinite(A, B)
     nb, m, n = A.nb, A.m, B.k
-    P = A.csr() @ B.csr()  # native CSR (nb*m, nb*n), block diagonal
-    crow, col, vals = P.crow_indices(), P.col_indices(), P.values()
-    counts = crow[1:] - crow[:-1]
-    rows = torch.repeat_interleave(torch.arange(nb * m, device=col.device), counts, output_size=col.numel())
-    b = rows // m if m else rows
+    b, i, j, vals = _native_pairs(A, B)
     if A.fill is None and B.fill is None:
-        return b, rows - b * m, col - b * n, vals
-    out = vals.new_zeros(nb * m * n)
-    out.index_put_(((rows * n + col - b * n),), vals, accumulate=True)
-    out = out.view(nb, m, n)
+        return b, i, j, vals
+    out = vals.new_zeros(nb, m, n).index_put_((b, i, j), vals, accumulate=True)
     if A.fill is not None:  # F @ B0
         f = A.fill
         if f.shape[-1] == 1:
@@ -317,6 +314,137 @@ def _sp_sp(A: _Mat, B: _Mat):
         f, g = A.fill, B.fill
         out = out + torch.matmul(f.expand(f.shape[0], f.shape[1], A.k), g.expand(g.shape[0], B.m, g.shape[-1]))
     return out
+
+
+def _like(M: _Mat, vals, fill) -> _Mat:
+    """``M``'s pattern with other stored values and a finite fill (None: zero), definite."""
+    return _Mat(M.nb, M.m, M.k, M.crow, M.col, vals, fill, True, M.layout, M._rows, M.key)
+
+
+def _dense_product(L: _Mat, R: _Mat) -> torch.Tensor:
+    """``L @ R`` of two finite operands as a dense ``(nb, m, n)`` tensor."""
+    r = _sp_sp(L, R)
+    if isinstance(r, tuple):
+        b, i, j, vals = r
+        r = vals.new_zeros(L.nb, L.m, R.k).index_put_((b, i, j), vals, accumulate=True)
+    return r
+
+
+def _sp_sp_stored_nonfinite(A: _Mat, B: _Mat):
+    """``A @ B`` (finite fills) where a stored value is inf or NaN, as dense sums it: the term
+    ``A[i, k] * B[k, j]`` of a stored inf/NaN meeting the other's unspecified element is formed too
+    (``0 * inf`` NaN, ``2.5 * inf`` inf; none where that operand's fill is indefinite: masked).
+
+    * Zero (or indefinite) fills: the native sparse product (exact for stored pairs) plus NaN at ``(i, j)`` where
+      row ``i`` of ``A`` has more non-finite stored elements than meet stored elements of column ``j`` of ``B``
+      (counted by a sparse product of indicators), and the same for the non-finite columns of ``B``: the
+      result stays sparse (the NaN positions are in the rows and columns holding a non-finite value).
+    * Otherwise (dense result): the product with the non-finite stored values replaced by 0, plus the sum
+      of the non-finite terms from the counts of ``+inf``, ``-inf`` and NaN terms (:func:`_inf_terms`),
+      each a product of indicator operands (sign indicators of the finite values, fills included).
+
+    Complex values: None (an operand densified when small, else the densify fallback: exact)."""
+    if A.vals.dtype.is_complex:
+        return None
+    if A.fill is None and B.fill is None:
+        return _zero_fill_nonfinite(A, B)
+    nfa, nfb = ~torch.isfinite(A.vals), ~torch.isfinite(B.vals)
+    dt = A.vals.dtype
+    zero = A.vals.new_zeros(())
+    out = _dense_product(_like(A, torch.where(nfa, zero, A.vals), A.fill),
+                         _like(B, torch.where(nfb, zero, B.vals), B.fill))
+
+    def ind(M, stored, on_fill):
+        """An indicator operand: ``stored`` at the pattern, ``on_fill(fill)`` elsewhere (0 if indefinite)."""
+        f = None if M.indefinite else on_fill(M.fill if M.fill is not None else zero.reshape(1, 1, 1)).to(dt)
+        return _like(M, stored.to(dt), f)
+
+    def prod(L, R):
+        nothing = lambda M: M.fill is None and not bool(M.vals.any())  # noqa: E731
+        return 0 if nothing(L) or nothing(R) else _dense_product(L, R)
+
+    a, b = A.vals, B.vals
+    sgn = lambda x: torch.where(x.isnan(), 0, torch.sign(x))  # noqa: E731
+    a_inf, a_sinf = ind(A, a.isinf(), lambda f: f * 0), ind(A, torch.where(a.isinf(), sgn(a), 0), lambda f: f * 0)
+    b_inf, b_sinf = ind(B, b.isinf(), lambda f: f * 0), ind(B, torch.where(b.isinf(), sgn(b), 0), lambda f: f * 0)
+    # terms of a non-finite A[i, k] with any B[k, j], then of a finite A[i, k] with a non-finite B[k, j]
+    s = prod(a_inf, ind(B, sgn(b) != 0, lambda f: f != 0)) + prod(ind(A, ~nfa & (a != 0), lambda f: f != 0), b_inf)
+    d = prod(a_sinf, ind(B, sgn(b), torch.sign)) + prod(ind(A, torch.where(nfa, 0, torch.sign(a)), torch.sign), b_sinf)
+    cnan = (prod(a_inf, ind(B, (b == 0) | b.isnan(), lambda f: f == 0))
+            + prod(ind(A, a.isnan(), lambda f: f * 0), ind(B, torch.ones_like(b), lambda f: f * 0 + 1))
+            + prod(ind(A, a == 0, lambda f: f == 0), b_inf)
+            + prod(ind(A, ~nfa, lambda f: f * 0 + 1), ind(B, b.isnan(), lambda f: f * 0)))
+    cp, cn = (s + d) / 2, (s - d) / 2
+    if not isinstance(cnan, torch.Tensor):
+        cnan = torch.zeros_like(out)
+    return out + _inf_terms(cp + torch.zeros_like(out), cn + torch.zeros_like(out), cnan)
+
+
+def _zero_fill_nonfinite(A: _Mat, B: _Mat):
+    """``A @ B`` for zero or indefinite fills with a stored inf/NaN: ``(b, i, j, values)`` of the native product
+    and of the NaN terms ``inf * 0`` (see :func:`_sp_sp_stored_nonfinite`)."""
+    b, i, j, vals = _native_pairs(A, B)
+    nb, m, n = A.nb, A.m, B.k
+    rows, cols = [vals.new_zeros(0, dtype=torch.int64)], [vals.new_zeros(0, dtype=torch.int64)]
+    if not B.indefinite:  # a non-finite A[r, k] meets the unspecified B[k, j] of its block
+        r, c = _uncovered(A, B, by_rows=True)
+        rows.append(r), cols.append(c)
+    if not A.indefinite:  # an unspecified A[i, k] meets a non-finite B[k, c]
+        r, c = _uncovered(A, B, by_rows=False)
+        rows.append(r), cols.append(c)
+    r, c = torch.cat(rows), torch.cat(cols)
+    bb = r // m if m else r
+    nan = torch.full((r.numel(),), float("nan"), dtype=vals.dtype, device=vals.device)
+    return torch.cat([b, bb]), torch.cat([i, r - bb * m]), torch.cat([j, c - bb * n]), torch.cat([vals, nan])
+
+
+def _native_pairs(A: _Mat, B: _Mat):
+    """``A0 @ B0`` by torch's native CSR product (block diagonal ``(nb*m, nb*n)``) as ``(b, i, j, values)``."""
+    P = A.csr() @ B.csr()
+    crow, col, vals = P.crow_indices(), P.col_indices(), P.values()
+    m, n = A.m, B.k
+    rows = torch.repeat_interleave(torch.arange(A.nb * m, device=col.device), crow[1:] - crow[:-1],
+                                   output_size=col.numel())
+    b = rows // m if m else rows
+    return b, rows - b * m, col - b * n, vals
+
+
+def _uncovered(A: _Mat, B: _Mat, by_rows: bool):
+    """Global ``(rows, cols)`` of the block-diagonal product where a non-finite stored element of ``A`` (``by_rows``:
+    in row ``r``) or of ``B`` (in column ``c``) meets an unspecified element of the other operand: its count of
+    non-finite elements exceeds those meeting stored partners (a native product of indicators).  ``O(rows * n)``
+    or ``O(m * cols)`` for the rows/columns holding a non-finite value."""
+    S, O = (A, B) if by_rows else (B, A)
+    dt = S.vals.dtype
+    nf = (~torch.isfinite(S.vals)).to(dt)
+    keys = S.rows if by_rows else S.col
+    cnt = nf.new_zeros(S.nb * (S.m if by_rows else S.k)).index_add_(0, keys, nf)
+    sel = cnt.nonzero()[:, 0]
+    if not sel.numel():
+        return sel, sel
+    ones = torch.ones_like(O.vals)
+    P = _like(A, nf, None).csr() @ _like(B, ones, None).csr() if by_rows else \
+        _like(A, ones, None).csr() @ _like(B, nf, None).csr()
+    crow, col, v = P.crow_indices(), P.col_indices(), P.values()
+    prow = torch.repeat_interleave(torch.arange(crow.numel() - 1, device=col.device), crow[1:] - crow[:-1],
+                                   output_size=col.numel())
+    m, n = A.m, B.k
+    pos = torch.full_like(cnt, -1, dtype=torch.int64)
+    pos[sel] = torch.arange(sel.numel(), device=sel.device)
+    if by_rows:  # D[t, j] = cnt[sel[t]] - covered[sel[t], block col j]
+        at, other, width, blk = pos[prow], col, n, sel // m if m else sel
+        D = cnt[sel][:, None].expand(-1, n).clone()
+        keep = at >= 0
+        D.index_put_((at[keep], other[keep] - (prow[keep] // m) * n), -v[keep], accumulate=True)
+        t, j = (D > 0).nonzero(as_tuple=True)
+        return sel[t], blk[t] * n + j
+    at = pos[col]  # D[i, t] = cnt[sel[t]] - covered[block row i, sel[t]]
+    blk = sel // n if n else sel
+    D = cnt[sel][None, :].expand(m, -1).clone()
+    keep = at >= 0
+    D.index_put_((prow[keep] - (col[keep] // n) * m, at[keep]), -v[keep], accumulate=True)
+    i, t = (D > 0).nonzero(as_tuple=True)
+    return blk[t] * m + i, sel[t]
 
 
 # ---------------------------------------------------------------------- the product of two operands
