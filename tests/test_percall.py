@@ -201,3 +201,48 @@ def test_union_cache_new_operands_and_inference_mode():
         Bi = _coo((10,), 4, 2.0, seed=3)
         for _ in range(2):
             _check(Ai * Bi, Ai.to_dense() * Bi.to_dense())
+
+
+def test_in_place_fast_path_equals_dense():
+    """``A.mul_(c)``, ``A.add_(B)`` (``pointwise.inplace_fast``): ``A`` keeps its identity and holds what the dense
+    in-place op gives; its views see the change; a result of another dtype takes the general rule (torch's
+    cast or error)."""
+    for op, other in ((torch.Tensor.mul_, 2.5), (torch.Tensor.add_, -1), (torch.Tensor.div_, 3.0),
+                      (torch.Tensor.add_, "same"), (torch.Tensor.mul_, "other"), (torch.Tensor.sub_, "self")):
+        A = _coo((4, 5), 6, 1.5, seed=1)
+        B = {"same": lambda: A.detach().clone().mul(2).exp(), "other": lambda: _coo((4, 5), 5, 2.0, seed=7),
+             "self": lambda: A}.get(other, lambda: other)()
+        x, y = A.to_dense(), B.to_dense() if isinstance(B, SparseTensor) else B
+        V, W = A.detach(), A[1:]
+        out = op(A, B)
+        op(x, y)
+        assert out is A
+        _check(A, x)
+        torch.testing.assert_close(V.to_dense(), x)
+        torch.testing.assert_close(W.to_dense(), x[1:])
+    from sparsefill.ops import registry
+    assert registry.fast_path(aten.mul_.Tensor) is pointwise.inplace_fast
+    assert registry.fast_path(aten.add_.Tensor) is pointwise.inplace_fast
+    assert registry.fast_path(aten.normal_.default) is False  # (random: not pointwise)
+    N = _coo((5,), 2, 3, torch.int64)
+    with pytest.raises(RuntimeError, match="can't be cast"):
+        N.mul_(2.5)
+    _check(N, torch.tensor([3] * 5).where(N.to_dense() == 3, N.to_dense()))  # unchanged
+    F = _coo((5,), 2, 1.0, torch.float32)
+    G = _coo((5,), 3, 2.0, torch.float64, seed=3)
+    x = F.to_dense()
+    F.add_(G)
+    _check(F, x.add_(G.to_dense()))
+    assert F.dtype == torch.float32
+
+
+def test_in_place_fast_path_under_autograd():
+    v = torch.tensor([1.0, -2.0, 3.0], requires_grad=True)
+    f = torch.tensor(0.5, requires_grad=True)
+    A = sparsefill.sparse_coo_tensor([[0, 2, 4]], v, (6,), fill_value=f)
+    B = A * 1.0
+    B.mul_(3.0)
+    B.add_(B)
+    B.to_dense().sum().backward()
+    torch.testing.assert_close(v.grad, torch.full((3,), 6.0))
+    torch.testing.assert_close(f.grad, torch.tensor(18.0))

@@ -92,7 +92,10 @@ def unary_fast(func, args, kwargs):
             return A._with_values(op(A._vals), op(A._fill))
         if len(args) == 2:
             c = args[1]
-            if not isinstance(c, torch.Tensor):  # A * 2
+            if c is A:  # A + A (A qualifies: no _joins)
+                op = _CALLS.get((func, SparseTensor)) or _call_of(func, (A._fill, A._fill), kwargs, (func, SparseTensor))
+                return A._with_values(op(A._vals, A._vals), op(A._fill, A._fill))
+            if type(c) is not SparseTensor and not isinstance(c, torch.Tensor):  # A * 2
                 v = A._vals
                 key = (func, type(c), v.dtype)
                 op, cast = _CALLS.get(key) or _scalar_call(func, A, c, key)
@@ -131,6 +134,37 @@ def unary_fast(func, args, kwargs):
     if B is None:
         return A._with_values(op(*vals, **kwargs), op(*fills, **kwargs))
     return _on_union(op, args, kwargs, A, B, many)
+
+
+def inplace_fast_ok(func) -> bool:
+    """``func`` may take :func:`inplace_fast`: an in-place pointwise op (``mul_``) that writes ``self`` alone
+    and whose functional op (``mul``, same overload) may take :func:`unary_fast`."""
+    return _functional(func) is not None
+
+
+@functools.cache
+def _functional(func):
+    """The functional op of an in-place op that writes ``self`` alone and returns it (None otherwise)."""
+    name = func._schema.name.split("::")[1]
+    if not name.endswith("_") or name.endswith("__") or func.namespace != "aten" or not is_pointwise(func) \
+            or [p for p, _, _ in written_positions(func)] != [0] or len(func._schema.returns) != 1:
+        return None
+    functional = getattr(getattr(aten, name[:-1], None), func._overloadname, None)
+    return functional if functional is not None and unary_fast_ok(functional) else None
+
+
+def inplace_fast(func, args, kwargs):
+    """``A.mul_(c)`` for the calls :func:`unary_fast` takes: the functional op's result, stored in ``A``
+    (``_writes.assign_``: ``A`` keeps its identity) when it has ``A``'s dtype::
+
+        A.mul_(c)  ==  A.copy_(A * c)          torch.mul(A, c).dtype == A.dtype
+
+    (else, e.g. an int ``A`` times 2.5, the general rule raises torch's error).  ``A`` is no view, so
+    nothing writes through; the views of ``A`` see the change (its version and values)."""
+    out = unary_fast(_functional(func), args, kwargs)
+    if out is None or out._vals.dtype != args[0]._vals.dtype:
+        return None
+    return assign_(args[0], out)
 
 
 def _joins(a: SparseTensor, A: SparseTensor) -> bool:

@@ -79,8 +79,12 @@ def dispatch(func, types, args, kwargs):
 
 def fast_path(func):
     """The shortcut ``SparseTensor.__torch_dispatch__`` takes for ``func`` before :func:`dispatch` (called once
-    per op, cached there): ``pointwise.unary_fast`` for an out-of-place pointwise op with no handler, else False."""
-    return pointwise.unary_fast if func not in HANDLERS and pointwise.unary_fast_ok(func) else False
+    per op, cached there): for a pointwise op with no handler ``pointwise.unary_fast`` (out of place) or
+    ``pointwise.inplace_fast`` (``A.mul_(c)``), else False."""
+    if func in HANDLERS:
+        return False
+    return pointwise.unary_fast if pointwise.unary_fast_ok(func) else \
+        pointwise.inplace_fast if pointwise.inplace_fast_ok(func) else False
 
 
 def middleware(fn):
