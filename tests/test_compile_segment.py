@@ -343,6 +343,32 @@ def test_conversions_bad_input_raise(name):
     assert str(got.value) == str(want.value)
 
 
+BAD_REDUCE = {
+    # name: (fn of (data, lengths or ids), bad tensor, the eager error)
+    "lengths sum": (lambda d, t: segment.reduce(d, "sum", lengths=t), [2, 2], ValueError),
+    "negative length": (lambda d, t: segment.reduce(d, "max", lengths=t), [4, -1], ValueError),
+    "index": (lambda d, t: segment.sparse_lengths_sum(d, t, torch.tensor([1, 2])), [0, 5, 1], IndexError),
+    "unsorted ids": (lambda d, t: segment.reduce(d, "mean", segment_ids=t), [0, 2, 1], ValueError),
+    "offsets": (lambda d, t: segment.reduce(d, "sum", offsets=t, indices=torch.tensor([0, 1, 2])), [0, 2, 1, 3],
+                ValueError),
+}
+
+
+@pytest.mark.parametrize("name,backend", [(n, "aot_eager") for n in BAD_REDUCE] + [("index", "inductor")])
+def test_reduce_bad_input_raises_result_unused(name, backend):
+    """``sparsefill::segment_reduce`` is effectful: a compiled (fullgraph) reduction whose result is unused still
+    runs, and bad data raise the eager error from the compiled function (the op is not dead code)."""
+    fn, bad, err = BAD_REDUCE[name]
+    data = torch.randn(3, 2, dtype=torch.float64, requires_grad=True)
+    unused = lambda d, t: (fn(d, t), d * 2)[1]  # noqa: E731
+    with pytest.raises(err) as want:
+        fn(data, torch.tensor(bad))
+    torch._dynamo.reset()
+    with pytest.raises(err) as got:
+        torch.compile(unused, backend=backend, fullgraph=True)(data, torch.tensor(bad))
+    assert str(got.value) == str(want.value)
+
+
 def _jagged(seed):
     """A batch of ``B`` examples of keys 1..3 (values in [0, R)) with weights, as its tensors."""
     g = torch.Generator().manual_seed(seed)

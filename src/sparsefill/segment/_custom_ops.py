@@ -16,8 +16,10 @@ eager errors), its fake implementation gives the output sizes from the input siz
     sparsefill::jagged_key_lists(values, values_lengths, keys, example_lengths, wanted)
         == (offsets of the (key, example) lists, per wanted key its entries of values)
 
-The optimizers' ops declare the tensors they update in place (``mutates_args``).  Registered on the first
-import of this module (by the first traced call).
+The optimizers' ops declare the tensors they update in place (``mutates_args``); ``segment_reduce`` is
+registered effectful (``_repr_ops._effectful``): a compiled call whose result is unused is not removed as dead
+code, so its checks of the data still raise.  Registered on the first import of this module (by the first
+traced call).
 
 >>> import torch
 >>> out, arg = torch.ops.sparsefill.segment_reduce(torch.tensor([[1.], [2.], [4.]]), torch.tensor([2, 1]), None,
@@ -34,6 +36,7 @@ import torch
 from torch.library import custom_op, get_ctx
 
 from ._check import as_index
+from ._repr_ops import _effectful
 from ._reduce_ops import _backward, _flat, _out_dtype, _reduce_eager, _scatter_rows, reducer_of
 
 __all__ = ["segment_reduce", "segment_reduce_op", "segment_reduce_backward", "sparse_adagrad_",
@@ -222,3 +225,6 @@ def _(values, values_lengths, keys, example_lengths, wanted):
     ctx = get_ctx()
     offsets = keys.new_empty(len(wanted) * example_lengths.shape[0] + 1, dtype=torch.int64)
     return offsets, [values.new_empty(ctx.new_dynamic_size()) for _ in wanted]
+
+
+_effectful(segment_reduce_op)  # (its checks of the data run even where its result is unused: never dead code)
