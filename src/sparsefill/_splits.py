@@ -34,7 +34,7 @@ into slices instead (O(nse * |K|) elements, the fill stays an array) where the f
 the fill at every unspecified slice (O(numel)).
 
 Used by the pointwise rule, ``equal``/``copy_``/``allclose``/``dist`` (``ops/core.py``), ``cat``/``stack``
-(``ops/indexing.py``), a gradient of another split than its input (``_autograd.grad_parts``/``leaf_grad``) and
+(``ops/concat.py``), a gradient of another split than its input (``_autograd.grad_parts``/``leaf_grad``) and
 ``A.to_sparse(dense_dim=...)`` with the fill kept (:func:`resplit`).
 
 >>> import torch, sparsefill
