@@ -26,8 +26,8 @@ constructor, through coalesce/layout changes/transposes or element-wise ops with
 every unspecified element, or an indefinite fill).
 
 ``max``/``min`` with a dim (values and indices, the gradient to the selected element) are in
-``select_autograd.py``.  A reduction over dense dims only (``A.amax(-1)`` of a hybrid): :func:`dense_dims_grad`, routed as the partial ones (which may reduce
-dense dims too).  Not routed (torch's formulas, as before): those partial reductions of another ``A``,
+``select_autograd.py``.  A reduction over dense dims only (``A.amax(-1)`` of a hybrid): :func:`dense_dims_grad`,
+routed as the partial ones (which may reduce dense dims too).  Not routed (torch's formulas, as before): those partial reductions of another ``A``,
 ``prod`` over a dense dim, named dims, complex dtypes, ``out=``.
 
 >>> import torch, sparsefill
