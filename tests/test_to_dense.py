@@ -205,3 +205,39 @@ def test_compiled_scatter_matches_put(dtype):
         B = sparsefill.sparse_coo_tensor(torch.stack(torch.unravel_index(keys, (7, n // 7 + 1))), vals,
                                          (7, n // 7 + 1), fill_value=fill)
         check(B, fill.expand(7 * (n // 7 + 1)).clone().put_(keys, vals).view(7, -1))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int32, torch.complex128, torch.float16])
+@pytest.mark.parametrize("frac", [0.5, 1.0])
+def test_dense_patterns_above_a_quarter(dtype, frac):
+    """More than a quarter of the positions stored (half, all): the compiled scatter where it applies (numba,
+    its dtypes), ``index_copy_`` for the others (float16 here) and under deterministic algorithms; 1-D, 2-D
+    and CSR, with values requiring grad (the ``ToDense`` path and its gradient), against the reference."""
+    from sparsefill import _merge
+    n = 2 * _merge._SCATTER_MIN + 8  # (above the compiled loop's bound at half stored; 8 rows)
+    g = torch.Generator().manual_seed(3)
+    nse = int(n * frac)
+    keys = torch.randperm(n, generator=g)[:nse].sort().values
+    vals = (torch.randn(nse, generator=g, dtype=torch.float64) * 5).to(dtype)
+    fill = torch.tensor(-3, dtype=dtype)
+    ref = fill.expand(n).clone()
+    ref[keys] = vals
+    before = torch.are_deterministic_algorithms_enabled()
+    for deterministic in (False, True):
+        torch.use_deterministic_algorithms(deterministic)
+        try:
+            check(sparsefill.sparse_coo_tensor(keys[None], vals, (n,), fill_value=fill), ref)
+            idx2 = torch.stack(torch.unravel_index(keys, (8, n // 8)))
+            B = sparsefill.sparse_coo_tensor(idx2, vals, (8, n // 8), fill_value=fill)
+            check(B, ref.view(8, -1))
+            check(B.to_sparse(torch.sparse_csr), ref.view(8, -1))
+        finally:
+            torch.use_deterministic_algorithms(before)
+    if dtype.is_floating_point or dtype.is_complex:
+        v = vals.clone().requires_grad_(True)
+        A = sparsefill.sparse_coo_tensor(keys[None], v, (n,), fill_value=fill)
+        out = A.to_dense()
+        torch.testing.assert_close(out.detach(), ref, rtol=0, atol=0)
+        w = torch.randn(n, generator=g, dtype=torch.float64).to(dtype)
+        (out * w).real.sum().backward() if dtype.is_complex else (out * w).sum().backward()
+        torch.testing.assert_close(v.grad, w[keys].conj() if dtype.is_complex else w[keys], rtol=0, atol=0)
