@@ -36,6 +36,10 @@ matrix ``(nb * m, nb * k)``.  ``X @ B`` (dense on the left) is ``(B0^T @ X^T)^T 
   (``0 * inf``), counted by one native product; a nonzero fill: its terms summed over the
   unspecified elements as the non-finite fill's are (counts of ``+inf``, ``-inf``, NaN terms: no
   ``inf - inf`` from the decomposition).  An indefinite fill forms no products there (masked).
+* Stored inf/NaN in a sparse @ sparse product (checked by the sums of the stored values, O(nse)): the
+  terms they form with the other operand's unspecified elements are formed as dense forms them (zero
+  fills: NaN in the rows/columns holding them, the result stays sparse; otherwise the counts of
+  ``+inf``, ``-inf``, NaN terms, each a product of indicator operands): :func:`_sp_sp_stored_nonfinite`.
 
 Ops: ``mm bmm mv dot vdot addmm addmv baddbmm addbmm addr`` here; ``matmul einsum tensordot
 inner outer`` (CompositeImplicit) arrive as these plus the views of ``shape.py``.  Integer
@@ -55,6 +59,9 @@ True
 >>> x[1, 0] = float("inf")                  # 0 * inf and 5 * inf, as dense
 >>> torch.equal((A @ x).isnan(), (A.to_dense() @ x).isnan()), (A @ x)[:, 0].tolist()
 (True, [inf, inf])
+>>> B = sparsefill.sparse_coo_tensor([[0], [1]], [float("inf")], (3, 2))   # inf * 0 = NaN, as dense
+>>> (B @ B.T).to_dense().tolist()
+[[inf, nan, nan], [nan, 0.0, 0.0], [nan, 0.0, 0.0]]
 """
 
 from __future__ import annotations
@@ -354,30 +361,29 @@ def _sp_sp_stored_nonfinite(A: _Mat, B: _Mat):
     out = _dense_product(_like(A, torch.where(nfa, zero, A.vals), A.fill),
                          _like(B, torch.where(nfb, zero, B.vals), B.fill))
 
-    def ind(M, stored, on_fill):
-        """An indicator operand: ``stored`` at the pattern, ``on_fill(fill)`` elsewhere (0 if indefinite)."""
-        f = None if M.indefinite else on_fill(M.fill if M.fill is not None else zero.reshape(1, 1, 1)).to(dt)
-        return _like(M, stored.to(dt), f)
+    def ind(M, stored, on_fill=None):
+        """An indicator operand: ``stored`` at the pattern, ``on_fill(fill)`` elsewhere (None: 0; indefinite: 0)."""
+        f = M.fill if M.fill is not None else zero.reshape(1, 1, 1)
+        return _like(M, stored.to(dt), None if M.indefinite or on_fill is None else on_fill(f).to(dt))
 
-    def prod(L, R):
+    def prod(L, R):  # (0 when an operand is all zero: no non-finite value on that side)
         nothing = lambda M: M.fill is None and not bool(M.vals.any())  # noqa: E731
-        return 0 if nothing(L) or nothing(R) else _dense_product(L, R)
+        return torch.zeros_like(out) if nothing(L) or nothing(R) else _dense_product(L, R)
 
     a, b = A.vals, B.vals
     sgn = lambda x: torch.where(x.isnan(), 0, torch.sign(x))  # noqa: E731
-    a_inf, a_sinf = ind(A, a.isinf(), lambda f: f * 0), ind(A, torch.where(a.isinf(), sgn(a), 0), lambda f: f * 0)
-    b_inf, b_sinf = ind(B, b.isinf(), lambda f: f * 0), ind(B, torch.where(b.isinf(), sgn(b), 0), lambda f: f * 0)
-    # terms of a non-finite A[i, k] with any B[k, j], then of a finite A[i, k] with a non-finite B[k, j]
+    one = lambda f: torch.ones_like(f)  # noqa: E731
+    a_inf, a_sinf = ind(A, a.isinf()), ind(A, torch.where(a.isinf(), sgn(a), 0))
+    b_inf, b_sinf = ind(B, b.isinf()), ind(B, torch.where(b.isinf(), sgn(b), 0))
+    # terms of a non-finite A[i, k] with every B[k, j], then of a finite A[i, k] with a non-finite B[k, j]:
+    # s counts the +-inf terms, d their signs; NaN terms: inf * (0 or NaN), NaN * anything, 0 * inf, finite * NaN
     s = prod(a_inf, ind(B, sgn(b) != 0, lambda f: f != 0)) + prod(ind(A, ~nfa & (a != 0), lambda f: f != 0), b_inf)
     d = prod(a_sinf, ind(B, sgn(b), torch.sign)) + prod(ind(A, torch.where(nfa, 0, torch.sign(a)), torch.sign), b_sinf)
     cnan = (prod(a_inf, ind(B, (b == 0) | b.isnan(), lambda f: f == 0))
-            + prod(ind(A, a.isnan(), lambda f: f * 0), ind(B, torch.ones_like(b), lambda f: f * 0 + 1))
+            + prod(ind(A, a.isnan()), ind(B, torch.ones_like(b), one))
             + prod(ind(A, a == 0, lambda f: f == 0), b_inf)
-            + prod(ind(A, ~nfa, lambda f: f * 0 + 1), ind(B, b.isnan(), lambda f: f * 0)))
-    cp, cn = (s + d) / 2, (s - d) / 2
-    if not isinstance(cnan, torch.Tensor):
-        cnan = torch.zeros_like(out)
-    return out + _inf_terms(cp + torch.zeros_like(out), cn + torch.zeros_like(out), cnan)
+            + prod(ind(A, ~nfa, one), ind(B, b.isnan())))
+    return out + _inf_terms((s + d) / 2, (s - d) / 2, cnan)
 
 
 def _zero_fill_nonfinite(A: _Mat, B: _Mat):
