@@ -93,7 +93,8 @@ def unary_fast(func, args, kwargs):
         if len(args) == 2:
             c = args[1]
             if c is A:  # A + A (A qualifies: no _joins)
-                op = _CALLS.get((func, SparseTensor)) or _call_of(func, (A._fill, A._fill), kwargs, (func, SparseTensor))
+                key = (func, SparseTensor)
+                op = _CALLS.get(key) or _call_of(func, (A._fill, A._fill), kwargs, key)
                 return A._with_values(op(A._vals, A._vals), op(A._fill, A._fill))
             if type(c) is not SparseTensor and not isinstance(c, torch.Tensor):  # A * 2
                 v = A._vals

@@ -68,8 +68,8 @@ def dispatch(func, types, args, kwargs):
     """``SparseTensor.__torch_dispatch__``: the boundary rule, then :func:`compute` inside every middleware."""
     if len(types) != 1 or types[0] is not SparseTensor:
         _check_types(func, types)
-    for a in flat_args(args, kwargs):
-        if not isinstance(a, SparseTensor) and isinstance(a, torch.Tensor) and \
+    for a in () if len(args) == 1 and args[0].__class__ is SparseTensor and not kwargs else flat_args(args, kwargs):
+        if a.__class__ is not SparseTensor and isinstance(a, torch.Tensor) and not isinstance(a, SparseTensor) and \
                 (a.layout is not torch.strided or a.is_nested):
             if func not in KEEPS_NATIVE:
                 args, kwargs = _convert_foreign(func, args, kwargs)

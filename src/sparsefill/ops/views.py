@@ -41,7 +41,7 @@ import torch
 from .. import _index
 from .._convert import coalesced_parts, dense_of, differs, map_inner, parts_to_sparse, rewrap, scalar_parts
 from .._policy import check_densify, check_specify
-from .._tensor import _STATE, SparseTensor, _version
+from .._tensor import _STATE, SparseTensor
 from ._schema import flat_args, written_args
 from ._writes import assign_, respecify_
 from .registry import compute, middleware
@@ -70,7 +70,7 @@ def around(func, args, kwargs, call):
     """Around every dispatched call: views among the operands catch up with their bases, the SparseTensor
     outputs of a view op remember their base (:func:`track`), and a write to a view goes through to its
     base (:func:`write_through`; when that fails the view gets its old contents back)."""
-    for a in flat_args(args, kwargs):
+    for a in args if len(args) == 1 and args[0].__class__ is SparseTensor and not kwargs else flat_args(args, kwargs):
         if isinstance(a, SparseTensor) and a._view is not None:
             sync(a)
     written = [A for A in written_args(func, args, kwargs) if A._view is not None]
@@ -91,8 +91,10 @@ def around(func, args, kwargs, call):
 def _state(A: SparseTensor):
     """What a view compares to see whether its base changed; inference tensors have no version
     counters, so their state never compares equal (the view is always refreshed)."""
-    st = (_version(A), id(A._vals), _version(A._vals), id(A._fill), _version(A._fill), A._sf_layout)
-    return object() if None in st else st
+    try:
+        return (A._version, id(A._vals), A._vals._version, id(A._fill), A._fill._version, A._sf_layout)
+    except RuntimeError:  # (an inference tensor)
+        return object()
 
 
 def track(out, func, args, kwargs) -> None:
