@@ -463,6 +463,30 @@ def test_custom_reducer():
     torch.testing.assert_close(torch.compile(g, backend="aot_eager")(data, lengths), g(data, lengths))
 
 
+def test_custom_reducers_made_in_a_loop_are_forgotten():
+    """Every ``SegmentReducer`` is named for ``sparsefill::segment_reduce`` by a weak reference: reducers made in a
+    loop and dropped leave no entry (the registry stays bounded); a live one keeps its name, a dead name raises."""
+    import dataclasses
+    import gc
+    from sparsefill.segment import _reduce_ops
+    gc.collect()
+    before = len(_reduce_ops._CREATED)
+    keep = dataclasses.replace(segment.SEGMENT_REDUCERS["mean"], name="kept", empty=-2.0)
+    data, lengths = torch.arange(6.).view(3, 2), torch.tensor([2, 0, 1])
+    keys = set()
+    for i in range(200):
+        red = dataclasses.replace(segment.SEGMENT_REDUCERS["sum"], name=f"loop{i}", empty=float(i))
+        keys.add(_reduce_ops.reducer_key(red))
+        out, _ = _custom_ops.segment_reduce(data, _reduce_ops.reducer_key(red), lengths=lengths, empty=float(i))
+        torch.testing.assert_close(out, segment.reduce(data, red, lengths=lengths))
+    del red
+    gc.collect()
+    assert len(_reduce_ops._CREATED) == before + 1
+    assert _reduce_ops.reducer_of(_reduce_ops.reducer_key(keep)) is keep
+    with pytest.raises(ValueError, match="no SegmentReducer 'loop3@"):
+        _reduce_ops.reducer_of(next(k for k in keys if k.startswith("loop3@")))
+
+
 def test_opcheck_conversions():
     """``torch.library.opcheck`` of the conversions' ops and ``jagged_check`` (int64 and int32 inputs)."""
     L, ids = torch.tensor([2, 0, 3]), torch.tensor([0, 0, 2, 2, 2])

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import weakref
 
 import torch
 
@@ -44,7 +45,13 @@ from ._plan import Plan, make_plan
 __all__ = ["reduce", "SegmentReducer", "SEGMENT_REDUCERS"]
 
 
-_CREATED: dict = {}  # every SegmentReducer by _key (a few small objects; a plain dict: dynamo reads it, no weakref)
+_CREATED: dict = {}  # every live SegmentReducer by _key, as a weak reference (dynamo calls a plain weakref.ref)
+
+
+def _forget(ref, key):
+    """The weak reference's callback: its reducer died (a key reused since belongs to another reducer)."""
+    if _CREATED.get(key) is ref:
+        del _CREATED[key]
 
 
 def _key(red) -> str:
@@ -70,7 +77,8 @@ class SegmentReducer:
     int_ok: bool = False
 
     def __post_init__(self):  # (named for sparsefill::segment_reduce: reducer_key)
-        _CREATED[_key(self)] = self
+        key = _key(self)
+        _CREATED[key] = weakref.ref(self, lambda ref, key=key: _forget(ref, key))
 
     @property
     def kind(self) -> str:
@@ -125,11 +133,20 @@ def reducer_key(red: SegmentReducer) -> str | None:
     if SEGMENT_REDUCERS.get(red.name) is red:
         return red.name
     key = _key(red)
-    return key if _CREATED.get(key) is red else None
+    ref = _CREATED.get(key)
+    return key if ref is not None and ref() is red else None
 
 
 def reducer_of(key: str) -> SegmentReducer:
-    return SEGMENT_REDUCERS[key] if key in SEGMENT_REDUCERS else _CREATED[key]
+    """The reducer named ``key`` by :func:`reducer_key` (built-in, or a live one of the user's)."""
+    if key in SEGMENT_REDUCERS:
+        return SEGMENT_REDUCERS[key]
+    ref = _CREATED.get(key)
+    red = None if ref is None else ref()
+    if red is None:
+        raise ValueError(f"no SegmentReducer {key!r}: sparsefill::segment_reduce takes a built-in reducer's name or "
+                         "the key of a live SegmentReducer (reducer_key)")
+    return red
 
 
 def _lookup(reducer) -> SegmentReducer:
