@@ -6,7 +6,8 @@ Peers: the same ops on the values tensor alone (the floor: what a user keeping
 
 Per call (issue 18): a coalesced 10-element COO tensor, 5 stored, fill 1, float64; the ``sparsefill − peer``
 column is the cost above the values-only op (``torch.exp(A)`` vs ``torch.exp(A.values())``, ``A * 2`` vs
-``values * 2``, ``A + A`` vs ``values + values``) and, for ``A + B`` with another pattern (5 stored, fill 2,
+``values * 2``, ``A + A`` vs ``values + values``, in place ``A.mul_(1.0)`` vs ``values.mul_(1.0)``, ``A.detach()``
+vs ``values.detach()``) and, for ``A + B`` with another pattern (5 stored, fill 2,
 3 positions in common), above dense ``x + y`` on the 10 elements: with the same ``B`` every call (the pattern pair
 recurs: its union is merged once) and with a new ``B`` of that pattern every call (a merge per call).
 """
@@ -101,11 +102,11 @@ def _small(seed: int, fill: float):
 
 def _check_per_call(param, out):
     got, peer = out["sparsefill"], [v for k, v in out.items() if k != "sparsefill"][0]
-    torch.testing.assert_close(got._values() if param in ("torch.exp(A)", "A * 2", "A + A") else got.to_dense(), peer)
+    torch.testing.assert_close(got.to_dense() if param.startswith("A + B") else got._values(), peer)
 
 
-PER_CALL = {"torch.exp(A)": "torch.exp(A)", "A * 2": "A * 2", "A + A": "A + A",
-            "A + B, other pattern": "A + B, other pattern",
+PER_CALL = {"torch.exp(A)": "torch.exp(A)", "A * 2": "A * 2", "A + A": "A + A", "A.mul_(1.0)": "A.mul_(1.0)",
+            "A.detach()": "A.detach()", "A + B, other pattern": "A + B, other pattern",
             "A + B, other pattern, new each call": "A + B, other pattern, new each call"}
 
 
@@ -119,6 +120,11 @@ def per_call(op):
         return [("sparsefill", lambda: A * 2), ("values * 2", lambda: vals * 2)]
     if op == "A + A":
         return [("sparsefill", lambda: A + A), ("values + values", lambda: vals + vals)]
+    if op == "A.mul_(1.0)":  # in place (times 1.0: every call the same values)
+        v = vals.clone()
+        return [("sparsefill", lambda: A.mul_(1.0)), ("values.mul_(1.0)", lambda: v.mul_(1.0))]
+    if op == "A.detach()":
+        return [("sparsefill", lambda: A.detach()), ("values.detach()", lambda: vals.detach())]
     B, _, y = _small(2, 2.0)
     if op == "A + B, other pattern":  # the union of a pattern pair that recurs is merged once (pointwise.union2)
         return [("sparsefill", lambda: A + B), ("dense x + y", lambda: x + y)]
