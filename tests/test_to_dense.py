@@ -241,3 +241,35 @@ def test_dense_patterns_above_a_quarter(dtype, frac):
         w = torch.randn(n, generator=g, dtype=torch.float64).to(dtype)
         (out * w).real.sum().backward() if dtype.is_complex else (out * w).sum().backward()
         torch.testing.assert_close(v.grad, w[keys].conj() if dtype.is_complex else w[keys], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64, torch.int8, torch.bool, torch.complex64])
+def test_blocked_fill_and_scatter_matches_fill_put(dtype):
+    """``_merge.fill_put_sorted`` (fill a block, then the values falling in it) == ``fill_`` then ``put_``: keys on
+    both sides of block edges, at the first and last position, none at all; a size that is no multiple of the
+    block; a 2-D buffer; fills NaN and -0.0; and ``to_dense`` through it (at most a quarter stored)."""
+    from sparsefill import _merge
+    pytest.importorskip("numba", reason="fill_put_sorted is a numba kernel (without numba it declines)")
+    B = _merge._FILL_BLOCK
+    n = 2 * B + 37
+    g = torch.Generator().manual_seed(5)
+    edges = torch.tensor([0, B - 1, B, B + 1, 2 * B - 1, 2 * B, n - 1])
+    for keys in (edges, torch.cat([edges, torch.randperm(n, generator=g)[:300]]).unique(), edges[:0]):
+        vals = (torch.randn(keys.numel(), generator=g) * 9).to(dtype)
+        fills = [torch.tensor(True if dtype is torch.bool else 3, dtype=dtype)]
+        if dtype.is_floating_point:
+            fills += [torch.tensor(float("nan"), dtype=dtype), torch.tensor(-0.0, dtype=dtype)]
+        for fill in fills:
+            ref = torch.empty(n, dtype=dtype).fill_(fill).put_(keys, vals)
+            out = torch.empty(n, dtype=dtype)
+            assert _merge.fill_put_sorted(out, fill, keys, vals)
+            torch.testing.assert_close(out, ref, equal_nan=True, rtol=0, atol=0)
+            assert (out.view(torch.int8) == ref.view(torch.int8)).all()  # bitwise (-0.0)
+            out2 = torch.empty((2, (n - 37) // 2), dtype=dtype)
+            k2 = keys[keys < n - 37]
+            assert _merge.fill_put_sorted(out2, fill, k2, vals[keys < n - 37])
+            torch.testing.assert_close(out2.view(-1), torch.empty(n - 37, dtype=dtype).fill_(fill).put_(
+                k2, vals[keys < n - 37]), equal_nan=True, rtol=0, atol=0)
+            check(sparsefill.sparse_coo_tensor(keys[None], vals, (n,), fill_value=fill), ref)
+    assert not _merge.fill_put_sorted(torch.empty(4, dtype=torch.float16), torch.tensor(1., dtype=torch.float16),
+                                      edges[:1], torch.ones(1, dtype=torch.float16))  # (not a numba dtype)

@@ -35,10 +35,13 @@ def dense_of(A: SparseTensor, fill: torch.Tensor | None = None) -> torch.Tensor:
     """The dense tensor ``A`` stands for; ``fill`` replaces ``A``'s fill (needed when it is indefinite).
 
     ``out = fill expanded; out.view(-1, *dense_shape)[keys] = values`` with the linear keys of
-    :func:`linear_parts` (a coalesced 1-D COO pattern's indices are its keys): ``put_`` into the flat
-    buffer (:func:`_merge.put_flat`: a compiled loop on CPU, at any density: 0.7x ``index_copy_``'s time at
-    half the positions stored) while the stored elements are at most a quarter of the positions or the
-    compiled loop applies; ``index_copy_`` otherwise, for hybrid tensors and under deterministic algorithms.
+    :func:`linear_parts` (a coalesced 1-D COO pattern's indices are its keys; sorted).  On CPU with numba,
+    one torch thread (or a result under ``_PARALLEL_FILL_MIN`` elements), a scalar fill and at most a quarter
+    of the positions stored: one compiled pass, block by block (:func:`_merge.fill_put_sorted`).  Otherwise
+    ``fill_``/``copy_``, then ``put_`` into the flat buffer (:func:`_merge.put_flat`: a compiled loop on CPU,
+    at any density: 0.7x ``index_copy_``'s time at half the positions stored) while the stored elements are
+    at most a quarter of the positions or the compiled loop applies; ``index_copy_`` otherwise, for hybrid
+    tensors and under deterministic algorithms.
 
     >>> import sparsefill
     >>> dense_of(sparsefill.sparse_coo_tensor([[1, 3]], [7., 8.], (5,), fill_value=-1.)).tolist()
@@ -51,29 +54,35 @@ def dense_of(A: SparseTensor, fill: torch.Tensor | None = None) -> torch.Tensor:
         fill = A._fill
     shape, vals, idx = A.shape, A._vals, A._idx
     out = _advised(fill.new_empty(shape))  # (new_empty: 1-2 µs less than torch.empty(dtype=, device=))
-    if fill.dim():
-        out.copy_(fill)
-    else:
-        out.fill_(fill)
     k = len(shape) - vals.dim() + (1 if idx is not None else A._col.dim())  # sparse dims
     if k == 1 == vals.dim() and A._coalesced and idx.dtype is torch.int64:
         keys = idx  # (one sparse dim: the indices are the keys; put_ reads them flat)
     elif not A._coalesced and traced(vals):  # compiled: duplicates add in place (a coalesce's nse is data)
+        out.copy_(fill) if fill.dim() else out.fill_(fill)
         keys = _index.linearize(A._coo_parts()[0], shape[:k])
         flat = out.view((_index.numel(shape[:k]),) + tuple(shape[k:]))
         flat.index_fill_(0, keys, 0).index_put_((keys,), vals.reshape((-1,) + tuple(shape[k:])), accumulate=True)
         return out
     else:
         keys, vals = linear_parts(A, shape[:k])
+    quarter = vals.shape[0] * 4 <= out.numel()
+    if quarter and vals.dim() == 1 and not traced(vals) and vals.is_cpu and (
+            out.numel() < _PARALLEL_FILL_MIN or torch.get_num_threads() == 1) and \
+            ("numba" in sys.modules or out.numel() >= _merge._FILL_BLOCK) and \
+            _merge.fill_put_sorted(out, fill, keys, vals):
+        return out
+    out.copy_(fill) if fill.dim() else out.fill_(fill)
     if vals.dim() == 1 and not traced(vals) and not torch.are_deterministic_algorithms_enabled() and (
-            vals.shape[0] * 4 <= out.numel() or vals.shape[0] >= _merge._SCATTER_MIN and vals.is_cpu and
-            vals.dtype in _merge._SCATTER_DTYPES and
-            _merge._compiled()):
+            quarter or vals.shape[0] >= _merge._SCATTER_MIN and vals.is_cpu and
+            vals.dtype in _merge._SCATTER_DTYPES and _merge._compiled()):
         return _merge.put_flat(out, keys, vals)
     keys = keys.view(-1)
     flat = out if k == 1 else out.view((_index.numel(shape[:k]),) + tuple(shape[k:]))  # (a view costs µs)
     flat.index_copy_(0, keys, vals)
     return out
+
+
+_PARALLEL_FILL_MIN = 1 << 18  # elements from which fill_ on several torch threads goes before the one-thread pass
 
 
 _HUGE_MIN = 1 << 22  # bytes from which a dense result's memory is advised into 2 MiB pages (numpy's bound)
