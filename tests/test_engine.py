@@ -133,6 +133,29 @@ def test_run_names_the_engine_it_runs():
         torch.testing.assert_close(out, ref, msg=engine)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_csr_mv_reads_int32_indices_alike(dtype):
+    """``spmv_index``: int32 copies of a CPU pattern's indices (None for int32 input or sizes past int32);
+    ``csr_mv`` on them gives the row sums and the values' gradient of the int64 indices, every row or some."""
+    lengths = torch.tensor([2, 0, 3, 1])
+    crow, col, v = _csr(lengths, 5, dtype=dtype)
+    index32 = _engine.spmv_index(crow, col, 5)
+    assert [t.dtype for t in index32] == [torch.int32, torch.int32]
+    assert torch.equal(index32[0].long(), crow) and torch.equal(index32[1].long(), col)
+    assert _engine.spmv_index(*index32, 5) is None and _engine.spmv_index(crow, col, 2 ** 31) is None
+    for rows in (None, torch.tensor([0, 2, 3])):
+        outs = []
+        for idx in (None, index32):
+            x = v.clone().requires_grad_()
+            out = _engine.run("csr_mv", "sum", x, None, 4, 0, csr=_engine.CsrRows(crow, col, 5, rows, False, idx))
+            (out * torch.arange(1., out.numel() + 1, dtype=dtype)).sum().backward()
+            outs.append((out.detach(), x.grad))
+        torch.testing.assert_close(outs[0], outs[1], rtol=0, atol=0)
+        seg = torch.repeat_interleave(torch.arange(4), lengths)
+        ref = torch.stack([v[seg == s].sum() for s in range(4)])
+        torch.testing.assert_close(outs[1][0], ref if rows is None else ref[rows])
+
+
 @pytest.mark.filterwarnings("ignore:var.*degrees of freedom")  # (var of one fill: torch warns too)
 @pytest.mark.parametrize("name", ["sum", "prod", "amax", "amin", "mean", "logsumexp", "var", "norm"])
 @pytest.mark.parametrize("fill", [2.5, -0.5, 0.0, math.inf, -math.inf, math.nan])

@@ -152,6 +152,29 @@ def test_csr_row_sum_fast_path(fill, dtype):
                                                       torch.tensor(fill, dtype=dtype, requires_grad=True)))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_csr_row_sum_cached_pattern_follows_its_index_tensors(dtype):
+    """The CSR row sum caches, per (crow, col), the fill counts and width in the values' dtype and the SpMV's
+    int32 indices: an in-place change of ``col`` or ``crow``, and another matrix sharing ``crow`` but not
+    ``col``, are recomputed (never a stale hit); each result against the dense sum, its fill fill * ncols."""
+    crow, col = torch.tensor([0, 2, 3, 5]), torch.tensor([0, 2, 3, 0, 1])
+    A = sparsefill.sparse_csr_tensor(crow, col, torch.tensor([1., 2., 3., 4., 5.], dtype=dtype), (3, 4),
+                                     fill_value=0.5)
+    for _ in range(2):  # (the second call: a cache hit)
+        torch.testing.assert_close(A.sum(1).to_dense(), A.to_dense().sum(1))
+    assert A.sum(1).fill_value().item() == 0.5 * 4 and A.sum(1).dtype == dtype
+    A.col_indices()[0] = 1  # row 0 now stores columns 1, 2
+    torch.testing.assert_close(A.sum(1).to_dense(), A.to_dense().sum(1))
+    assert A.to_dense()[0, 0] == 0.5
+    B = sparsefill.sparse_csr_tensor(A.crow_indices(), torch.tensor([0, 3, 3, 1, 2]), A.values(), (3, 4),
+                                     fill_value=-1.0)
+    torch.testing.assert_close(B.sum(1).to_dense(), B.to_dense().sum(1))
+    A.crow_indices()[1:3] = torch.tensor([1, 3])  # rows of 1, 2 and 2 stored elements
+    A.col_indices().copy_(torch.tensor([0, 1, 3, 0, 1]))
+    torch.testing.assert_close(A.sum(1).to_dense(), A.to_dense().sum(1))
+    torch.testing.assert_close(A.to_dense().sum(1), torch.tensor([1. + 1.5, 5. + 1., 9. + 1.], dtype=dtype))
+
+
 @pytest.mark.parametrize("fill", [5.0, float("nan"), None])
 def test_csr_row_reductions_keep_empty_rows_right(fill):
     """The CSR row path (native mv for sums): empty rows fold the fill, or stay unspecified for an indefinite

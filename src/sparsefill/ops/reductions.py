@@ -76,7 +76,8 @@ def _nansum(func, args, kwargs):
 
 def reduce_dims(A: SparseTensor, name: str, dims, keepdim: bool, out_meta: torch.Tensor, opt=None):
     """``name`` over ``dims`` (None or empty: all) of ``A``; the result has ``out_meta``'s shape and dtype."""
-    nd, sd = A.dim(), A.dim() - A.dense_dim()
+    nd = A.dim()
+    sd = nd - A.dense_dim()
     dims = sorted({d % nd for d in dims}) if dims and nd else list(range(nd))
     sp, dn = [d for d in dims if d < sd], [d - sd for d in dims if d >= sd]
     rows = _csr_rows(A, A.dtype if name == "sum" and A.dtype in _FLOATS else None) if sp == [1] and sd == 2 else None
@@ -90,7 +91,7 @@ def reduce_dims(A: SparseTensor, name: str, dims, keepdim: bool, out_meta: torch
     if not sp:
         return _finish(A, idx, vals, fill, out_meta, A._sf_layout)
     r = _reducer(name, opt)
-    N = _index.numel([A.shape[d] for d in sp])
+    N = width = _index.numel([A.shape[d] for d in sp])
     kept = [d for d in range(sd) if d not in sp]
     if not kept:  # every sparse dim: one slice, no grouping; dense by nature
         k = vals.shape[0]
@@ -102,7 +103,7 @@ def reduce_dims(A: SparseTensor, name: str, dims, keepdim: bool, out_meta: torch
             res = r(vals, torch.zeros(k, dtype=torch.int64, device=vals.device), 1, **kw)[0]
         return res.reshape(out_meta.shape).to(out_meta.dtype)
     if rows is not None:  # the slices are the (non-empty) rows of a 2-D CSR matrix
-        out_idx, n_fill, lengths, csr = rows
+        out_idx, n_fill, lengths, csr, width = rows
         seg, kw = None, dict(lengths=lengths, csr=csr)
     else:
         seg, out_idx, n_fill = group_slices(idx, A._sparse_shape, sp)
@@ -113,7 +114,7 @@ def reduce_dims(A: SparseTensor, name: str, dims, keepdim: bool, out_meta: torch
         kw.update(fill=fill, n_fill=n_fill)
     out_vals = r(vals, seg, S, **kw)
     if fill is not None and name == "sum" and N > 0 and (fill.is_floating_point() or fill.is_complex()):
-        out_fill = fill * N  # r.of_fills(fill, N, dtype) in one op (exact, gradient included)
+        out_fill = fill * width  # r.of_fills(fill, N, dtype) in one op (exact, gradient included)
     else:
         out_fill = None if fill is None else r.of_fills(fill, N, vals.dtype)
     if keepdim:  # reduced sparse dims stay, of size 1, index 0
@@ -125,25 +126,34 @@ def reduce_dims(A: SparseTensor, name: str, dims, keepdim: bool, out_meta: torch
 
 def _csr_rows(A: SparseTensor, acc_dtype=None):
     """``group_slices`` of a 2-D CSR pattern over its columns, read off the row pointers (cached per
-    pattern, as ``group_slices``): ``(out_idx, n_fill, lengths, csr)`` of the slices, the non-empty rows
-    or every row, whose stored elements are contiguous runs of ``lengths``; ``csr`` the rows for the
-    engines (:class:`_engine.CsrRows`).  ``acc_dtype`` (float32/float64): ``n_fill`` in that dtype, cached
-    so (a floating sum folds ``fill * n_fill`` in one op, no conversion per call)."""
+    pattern, as ``group_slices``): ``(out_idx, n_fill, lengths, csr, width)`` of the slices, the non-empty
+    rows or every row, whose stored elements are contiguous runs of ``lengths``; ``csr`` the rows for the
+    engines (:class:`_engine.CsrRows`); ``width`` the number of columns.  ``acc_dtype`` (float32/float64,
+    a floating sum, whose engine is the SpMV): ``n_fill`` and ``width`` (0-d) are tensors of that dtype
+    and the index tensors the SpMV reads best come along (``_engine.spmv_index``), all cached (per
+    ``crow`` and ``col`` then): the sum folds ``fill * n_fill`` and makes its fill ``fill * width`` with no
+    conversion or scalar wrapping per call."""
     if A._sf_layout is not torch.sparse_csr or A._crow.dim() != 1:
         return None
-    crow, ncols, masked = A._crow, A.shape[1], A._indefinite
-    out_idx, n_fill, lengths, rows = pattern_cached(("csr_rows", ncols, masked, acc_dtype), (crow,),
-                                                    lambda: _rows_of(crow, ncols, masked, acc_dtype))
-    return out_idx, n_fill, lengths, _engine.CsrRows(crow, A._col, ncols, rows)
+    crow, col, ncols, masked = A._crow, A._col, A.shape[1], A._indefinite
+    out_idx, n_fill, lengths, rows, width, index32 = pattern_cached(
+        ("csr_rows", ncols, masked, acc_dtype), (crow,) if acc_dtype is None else (crow, col),
+        lambda: _rows_of(crow, col, ncols, masked, acc_dtype))
+    return out_idx, n_fill, lengths, _engine.CsrRows(crow, col, ncols, rows, False, index32), width
 
 
-def _rows_of(crow, ncols, masked: bool, acc_dtype):
-    """:func:`_csr_rows`' cached part: ``(out_idx, n_fill, lengths, rows)``, ``rows`` None for every row."""
+def _rows_of(crow, col, ncols, masked: bool, acc_dtype):
+    """:func:`_csr_rows`' cached part: ``(out_idx, n_fill, lengths, rows, width, index32)``, ``rows`` None for
+    every row."""
     counts = crow.diff()
     # mostly non-empty (traced: sizes known): all rows
     every = not masked and (traced(crow) or 2 * int(torch.count_nonzero(counts)) > counts.numel())
     out_idx, n_fill, lengths = csr_row_slices(counts, ncols, every)
-    return out_idx, n_fill if acc_dtype is None else n_fill.to(acc_dtype), lengths, None if every else out_idx[0]
+    rows = None if every else out_idx[0]
+    if acc_dtype is None:
+        return out_idx, n_fill, lengths, rows, ncols, None
+    return (out_idx, n_fill.to(acc_dtype), lengths, rows, torch.tensor(ncols, dtype=acc_dtype, device=crow.device),
+            None if traced(crow) else _engine.spmv_index(crow, col, ncols))
 
 
 _FLOATS = (torch.float32, torch.float64)  # (a sum of these folds its fill with n_fill in the values' dtype)
