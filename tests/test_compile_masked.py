@@ -21,6 +21,7 @@ pytestmark = pytest.mark.filterwarnings("ignore")
 M = sparsefill.masked
 SHAPE = (6, 5)
 STRIDED = torch.tensor([[True, False, True, True, False]]).expand(6, 5)  # (a strided mask, broadcast rows)
+DEF = sparsefill.sparse_coo_tensor([[0, 1, 2, 4], [1, 2, 3, 0]], [1., -1., 2., 3.], SHAPE, fill_value=0.5)
 
 
 def make(nse, seed, *, layout=torch.sparse_coo, dense=()):
@@ -35,7 +36,8 @@ def make(nse, seed, *, layout=torch.sparse_coo, dense=()):
 
 def dense(out):
     if isinstance(out, sparsefill.SparseTensor):
-        return out.to_dense(fill_value=float("nan")) if out._indefinite else out.to_dense()
+        masked = float("nan") if out.dtype.is_floating_point else -99
+        return out.to_dense(fill_value=masked) if out._indefinite else out.to_dense()
     return out
 
 
@@ -50,6 +52,8 @@ CASES = {
     "log_softmax_mask0": lambda A, B: M.log_softmax(A * 2, 0, mask=A > -0.5),
     "softmin_other_mask": lambda A, B: M.softmin(A, 1, mask=B > 0),
     "softmax_strided_mask": lambda A, B: M.softmax(A, 1, mask=STRIDED),
+    "softmax_definite_mask": lambda A, B: M.softmax(A, 1, mask=DEF > 0),  # (a True fill: read densely)
+    "cumsum_definite_mask": lambda A, B: M.cumsum(A, 0, mask=DEF < 0),
     "cumsum1": lambda A, B: M.cumsum(A, 1),
     "cumsum0_mask": lambda A, B: M.cumsum(A, 0, mask=A > 0),
     "cumprod1": lambda A, B: M.cumprod(A, 1),
@@ -97,3 +101,30 @@ def test_aot_eager(name, form):
 
 def test_inductor():
     run_case("softmax_mask", "inductor", "coo")
+
+
+@pytest.mark.parametrize("op", ["cumsum", "cumprod"])
+def test_integer_scan(op):
+    """int64 values (no gradient): the running sum/product in int64, as eager, no recompile on a third pattern."""
+    fn = lambda A: getattr(M, op)((A.detach() * 3).to(torch.int64), 1)  # noqa: E731
+    torch._dynamo.reset()
+    cf = torch.compile(fn, backend="aot_eager", fullgraph=True)
+    for step, nse in enumerate([8, 11, 13]):
+        with torch._dynamo.config.patch(error_on_recompile=step == 2):
+            A, _ = make(nse, step)
+            got = cf(A)
+            assert got.dtype == torch.int64
+            torch.testing.assert_close(dense(got), dense(fn(A)))
+
+
+def test_graph_break_where_not_traceable():
+    """A torch native sparse mask cannot enter a compiled graph (torch's own limit): without ``fullgraph`` a
+    graph break with the eager result, with ``fullgraph`` dynamo's Unsupported, never another error."""
+    A, _ = make(8, 0)
+    native = (DEF > 0).to_dense().to_sparse()
+    fn = lambda A: M.cumsum(A, 1, mask=native)  # noqa: E731
+    torch._dynamo.reset()
+    torch.testing.assert_close(dense(torch.compile(fn, backend="eager")(A)), dense(fn(A)), equal_nan=True)
+    torch._dynamo.reset()
+    with pytest.raises(torch._dynamo.exc.Unsupported):
+        torch.compile(fn, backend="eager", fullgraph=True)(A)

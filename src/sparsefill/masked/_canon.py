@@ -103,7 +103,7 @@ def true_positions(mask, shape) -> torch.Tensor:
     _check_broadcast(mask.shape, shape)
     if is_sparse(mask):
         M = as_sparse(mask)
-        if M._indefinite or not bool(M._fill.any()):
+        if M._indefinite or _known_false_fill(M):
             idx, vals = _convert.coalesced_parts(M)
             nz = (vals != 0).nonzero()                                   # (t, 1 + dense_dim)
             pos = torch.cat([idx[:, nz[:, 0]], nz[:, 1:].T], 0) if traced(nz) or nz.shape[0] else \
@@ -114,6 +114,12 @@ def true_positions(mask, shape) -> torch.Tensor:
     d = mask if mask.dtype == torch.bool else mask != 0
     pos = d.nonzero().T
     return _broadcast_positions(pos, tuple(d.shape), tuple(shape))
+
+
+def _known_false_fill(M: SparseTensor) -> bool:
+    """A definite mask's fill is False everywhere; not known while traced (torch.compile: the mask is then
+    read densely, correct for either fill)."""
+    return not traced(M._fill) and not bool(M._fill.any())
 
 
 def _broadcast_positions(pos, mshape, shape):
@@ -148,7 +154,7 @@ def _same_indices(A: SparseTensor, M) -> torch.Tensor | None:
     if not is_sparse(M) or tuple(M.shape) != tuple(A.shape):
         return None
     M = as_sparse(M)
-    if M.dense_dim() != A.dense_dim() or not (M._indefinite or not bool(M._fill.any())):
+    if M.dense_dim() != A.dense_dim() or not (M._indefinite or _known_false_fill(M)):
         return None
     if M._sf_layout is A._sf_layout and M._coalesced and A._coalesced:
         pairs = [(A._idx, M._idx)] if A._sf_layout is torch.sparse_coo else [(A._crow, M._crow), (A._col, M._col)]
