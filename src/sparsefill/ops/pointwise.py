@@ -293,7 +293,7 @@ def union2(A: SparseTensor, B: SparseTensor):
     by :func:`_merge.merge_union` of the linear keys (:func:`_union_small` for small CPU patterns); while the
     two hold at most ``_UNION_CACHE_MAX`` elements, cached per pair of index tensors (patterns that recur, a
     training step or a loop over small tensors, merge once; the key is the two tensors' identity and
-    versions: 1 µs, against 3.5 µs for ``_reduce.pattern_cached``'s storage keys; the pattern of index tensors
+    versions: 1 µs, against 3.5 µs for ``_grouping.pattern_cached``'s storage keys; the pattern of index tensors
     changed through ``set_`` is a version change too).  The indices are shared by the results: an in-place
     change of them is seen (version) and the union merged again."""
     ia, ib = A._idx, B._idx
@@ -336,11 +336,18 @@ def _union_small(ia: torch.Tensor, ib: torch.Tensor):
     >>> [t.tolist() for t in _union_small(torch.tensor([[0, 1], [2, 0]]), torch.tensor([[0, 0], [1, 2]]))]
     [[[0, 0, 1], [1, 2, 0]], [1, 2], [0, 1]]
     """
-    ta, tb = list(zip(*ia.tolist())), list(zip(*ib.tolist()))
-    union = sorted(set(ta).union(tb))
+    d = ia.shape[0]
+    if d == 1:  # (keys as they are: no tuples)
+        ta, tb = ia.tolist()[0], ib.tolist()[0]
+        union = sorted(set(ta).union(tb))
+        flat = union.copy()
+    else:
+        ta, tb = list(zip(*ia.tolist())), list(zip(*ib.tolist()))
+        union = sorted(set(ta).union(tb))
+        flat = [x for col in zip(*union) for x in col]
     at = {t: i for i, t in enumerate(union)}
-    d, k, na = ia.shape[0], len(union), len(ta)
-    flat = [x for col in zip(*union) for x in col] + [at[t] for t in ta] + [at[t] for t in tb]
+    k, na = len(union), len(ta)
+    flat += [at[t] for t in ta] + [at[t] for t in tb]
     buf = torch.frombuffer(array.array("q", flat), dtype=torch.int64).clone()  # (clone: torch-owned storage)
     return (buf.as_strided((d, k), (k, 1)), buf.as_strided((na,), (1,), d * k),
             buf.as_strided((len(tb),), (1,), d * k + na))
