@@ -399,13 +399,14 @@ class SparseTensor(torch.Tensor):
         so a new pattern with another nse reuses the compiled graph."""
         if self._view is not None:
             self._sync()
-        names = ["_idx"] if self._sf_layout is torch.sparse_coo else ["_crow", "_col"]
-        if type(self._vals) is torch.Tensor and not hasattr(self._vals, "_dynamo_propagated_dynamic_indices"):
+        vals = self._vals  # (dynamo's guards call this twice per compiled call: kept to plain attribute reads)
+        if type(vals) is torch.Tensor and not hasattr(vals, "_dynamo_propagated_dynamic_indices"):
             _mark_nse_dynamic(self)
-        meta = (self._sf_layout, self._indefinite, self._coalesced)
-        if self.__dict__.get("_tangent"):  # the all-stored form and its dense dims (_compile.coerce_tangent)
+        layout = self._sf_layout
+        meta = (layout, self._indefinite, self._coalesced)
+        if "_tangent" in self.__dict__:  # the all-stored form and its dense dims (_compile.coerce_tangent)
             meta += ("all-stored", len(self._dense_shape))
-        return names + ["_vals", "_fill"], meta
+        return ["_idx", "_vals", "_fill"] if layout is _COO else ["_crow", "_col", "_vals", "_fill"], meta
 
     @staticmethod
     def __tensor_unflatten__(inner, ctx, outer_size, outer_stride):
@@ -579,6 +580,7 @@ class SparseTensor(torch.Tensor):
 # 0.2 µs less than keywords
 _make_wrapper = torch.Tensor._make_wrapper_subclass
 _STRIDED = torch.strided  # the wrapper's layout (see the module docstring)
+_COO = torch.sparse_coo
 _PASS_THROUGH = torch._C._disabled_torch_function_impl
 _UNKNOWN = (None, False)  # A._zero of a fill not known to be zero
 

@@ -7,7 +7,9 @@ suite runs the harness cases); run ``python -m sparsefill.benchmarks.cases_compi
    on the stored values alone (``A.values()``: the floor of any sparse format) and on the values (a dynamic
    size, as the nse) and the fill as two plain tensors (``compiled parts``: sparsefill's compiled graph
    without the subclass, so ``compiled sparsefill - compiled parts`` is the wrapper's per-call cost:
-   dynamo's guards on the inner tensors, AOTAutograd's unwrapping and rewrapping).
+   dynamo's guards on the inner tensors, AOTAutograd's unwrapping and rewrapping) and compiled on a
+   ``minimal subclass`` (:class:`Minimal`: the fewest lines a traceable wrapper subclass of the same three
+   inner tensors needs, nse dynamic as sparsefill's: the floor of torch's subclass machinery for this case).
 2. **GAT training step** (``examples/gat.py``, 5k nodes, COO): forward + loss compiled (``fullgraph=True``),
    backward through the compiled graph, eager Adam step; against the eager step.
 3. **DLRM training step** (``examples/dlrm.py``, small tables): the model compiled with ``fullgraph=True``
@@ -45,6 +47,49 @@ def chain(A):
     return torch.exp(A * -8) + 1
 
 
+class Minimal(torch.Tensor):
+    """The floor of torch's wrapper-subclass machinery for :func:`chain`: a traceable wrapper of the inner
+    tensors a 1-D COO SparseTensor has (``_idx`` (1, nse) passed through, ``_vals`` (nse,), 0-d ``_fill``; the
+    nse a dynamic size, marked as sparsefill marks it) whose ops apply to the values and the fill, with
+    nothing else: no metadata, no checks, no fast paths.  Compiled, it costs what any such subclass costs per
+    call (dynamo's guards on three inner tensors, AOTAutograd's unwrapping and rewrapping)."""
+
+    @staticmethod
+    def __new__(cls, size, idx, vals, fill):
+        r = torch.Tensor._make_wrapper_subclass(cls, size, dtype=vals.dtype, device=vals.device)
+        r._idx, r._vals, r._fill = idx, vals, fill
+        return r
+
+    def __init__(self, *args):
+        super().__init__()
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    def __tensor_flatten__(self):
+        return ["_idx", "_vals", "_fill"], None
+
+    @staticmethod
+    def __tensor_unflatten__(inner, meta, outer_size, outer_stride):
+        return Minimal(outer_size, inner["_idx"], inner["_vals"], inner["_fill"])
+
+    def _stable_hash_for_caching(self):
+        return repr((tuple(self.shape), self.dtype, tuple(self._vals.shape[1:])))
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        A = next(a for a in args if isinstance(a, Minimal))
+        part = lambda name: func(*[getattr(a, name) if isinstance(a, Minimal) else a for a in args],  # noqa: E731
+                                 **(kwargs or {}))
+        return Minimal(A.shape, A._idx, part("_vals"), part("_fill"))
+
+    @staticmethod
+    def of(A) -> "Minimal":
+        """The Minimal of a 1-D COO SparseTensor's inner tensors (copies), its nse dynamic."""
+        idx, vals = A._idx.clone(), A._vals.detach().clone()
+        idx._dynamo_propagated_dynamic_indices, vals._dynamo_propagated_dynamic_indices = {1}, {0}
+        return Minimal(A.shape, idx, vals, A._fill.clone())
+
+
 def elementwise(n: int, backend: str, rounds: int, reps: int) -> dict:
     g = torch.Generator().manual_seed(n)
     nse = max(1, n // 100)
@@ -58,10 +103,14 @@ def elementwise(n: int, backend: str, rounds: int, reps: int) -> dict:
     comp_dense = torch.compile(chain, backend=backend, fullgraph=True, dynamic=False)
     comp_vals = torch.compile(chain, backend=backend, fullgraph=True, dynamic=False)
     comp_parts = torch.compile(lambda v, f: (chain(v), chain(f)), backend=backend, fullgraph=True, dynamic=False)
+    M, comp_min = Minimal.of(A), torch.compile(chain, backend=backend, fullgraph=True, dynamic=False)
     torch.testing.assert_close(comp(A).to_dense(), chain(D))
+    out, floor = comp(A), comp_min(M)
+    torch.testing.assert_close((floor._vals, floor._fill), (out._vals, out._fill))
     return interleaved({"compiled sparsefill": lambda: comp(A), "eager sparsefill": lambda: chain(A),
                         "compiled dense": lambda: comp_dense(D), "compiled values": lambda: comp_vals(V),
-                        "compiled parts": lambda: comp_parts(V2, fill)}, rounds, reps)
+                        "compiled parts": lambda: comp_parts(V2, fill),
+                        "compiled minimal subclass": lambda: comp_min(M)}, rounds, reps)
 
 
 def gat_step(nodes: int, backend: str, rounds: int, reps: int) -> dict:
@@ -138,7 +187,9 @@ def main(argv=None) -> dict:
         print(f"torch.exp(A * -8) + 1, {n} elements (1% stored): " + ", ".join(f"{k} {v:.4f} ms" for k, v in t.items())
               + f"; compiled sparsefill / eager {c / t['eager sparsefill']:.2f}x, / compiled dense "
               f"{c / t['compiled dense']:.2f}x, / compiled values {c / t['compiled values']:.2f}x; the wrapper's "
-              f"per-call cost {1e3 * (c - t['compiled parts']):.1f} us")
+              f"per-call cost {1e3 * (c - t['compiled parts']):.1f} us; the floor of a subclass: compiled minimal "
+              f"subclass / compiled values {t['compiled minimal subclass'] / t['compiled values']:.2f}x, compiled "
+              f"sparsefill - compiled minimal subclass {1e3 * (c - t['compiled minimal subclass']):.1f} us")
     t = out["gat"] = gat_step(args.nodes, args.backend, args.rounds, args.reps)
     print(f"GAT training step, {args.nodes} nodes: compiled {t['compiled']:.1f} ms, eager {t['eager']:.1f} ms "
           f"({t['compiled'] / t['eager']:.2f}x)")
