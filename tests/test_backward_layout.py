@@ -7,7 +7,7 @@
   (``_convert.union_parts`` is not called), patterns that differ still merge, results against dense;
 - the GAT layer (``examples/gat.py``'s formula) on a CSR adjacency runs its backward with no merge, and
   its gradients equal the COO adjacency's;
-- the pattern cache (``_reduce.pattern_cached``: the transpose of ``_Mat.t`` and ``group_slices``)
+- the pattern cache (``_grouping.pattern_cached``: the transpose of ``_Mat.t`` and ``group_slices``)
   serves a recurring pattern, and never a changed one: indices changed in place, then the results
   against dense again; an entry goes when its index tensor dies.
 """
@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 import sparsefill
-from sparsefill import _convert, _reduce, masked
+from sparsefill import _convert, _grouping, masked
 from sparsefill.ops import pointwise
 
 LAYOUTS = [torch.sparse_coo, torch.sparse_csr]
@@ -178,7 +178,7 @@ def test_gat_layer_backward_on_csr_does_not_merge(monkeypatch):
 
 # ---------------------------------------------------------------------- the pattern cache
 def _tags():
-    return {k[0] if isinstance(k[0], str) else k[0][0] for k in _reduce._PATTERN_CACHE}
+    return {k[0] if isinstance(k[0], str) else k[0][0] for k in _grouping._PATTERN_CACHE}
 
 
 def test_pattern_cached_hits_misses_and_drops():
@@ -188,21 +188,21 @@ def test_pattern_cached_hits_misses_and_drops():
     def f():
         calls.append(1)
         return i.sort()[1]
-    a = _reduce.pattern_cached("t", (i,), f)
-    assert _reduce.pattern_cached("t", (i,), f) is a and len(calls) == 1
-    assert _reduce.pattern_cached("other", (i,), f) is not a  # the tag is part of the key
+    a = _grouping.pattern_cached("t", (i,), f)
+    assert _grouping.pattern_cached("t", (i,), f) is a and len(calls) == 1
+    assert _grouping.pattern_cached("other", (i,), f) is not a  # the tag is part of the key
     i.add_(0)  # an in-place change (even one that keeps the contents) is a miss
-    assert _reduce.pattern_cached("t", (i,), f) is not a and len(calls) == 3
+    assert _grouping.pattern_cached("t", (i,), f) is not a and len(calls) == 3
     j = i.clone()  # equal contents, another tensor: a miss
-    _reduce.pattern_cached("t", (j,), f)
+    _grouping.pattern_cached("t", (j,), f)
     assert len(calls) == 4
     v = i[:2]  # a view of a cached tensor's memory (same start): its own key
-    assert _reduce.pattern_cached("t", (v,), lambda: v.sort()[1]).tolist() == [1, 0]
-    kj = ("t", _reduce._tensor_key(j)[1])
-    assert kj in _reduce._PATTERN_CACHE
+    assert _grouping.pattern_cached("t", (v,), lambda: v.sort()[1]).tolist() == [1, 0]
+    kj = ("t", _grouping._tensor_key(j)[1])
+    assert kj in _grouping._PATTERN_CACHE
     del j
     gc.collect()
-    assert kj not in _reduce._PATTERN_CACHE  # the entry of a dead tensor goes
+    assert kj not in _grouping._PATTERN_CACHE  # the entry of a dead tensor goes
 
 
 def _move_last_element(A, idx, n):

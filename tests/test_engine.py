@@ -207,7 +207,7 @@ def test_csr_row_reduce_values_and_gradients_with_ties_between_stored_and_fill(b
 
 
 def test_sorted_runs_small_and_large_key_ranges():
-    from sparsefill._reduce import sorted_runs
+    from sparsefill._grouping import sorted_runs
     keys = torch.tensor([0, 0, 3, 3, 3, 7])
     for nkeys in (8, 10 ** 9):   # a CSR compression, and unique_consecutive
         out, seg, counts = sorted_runs(keys, nkeys)

@@ -46,6 +46,17 @@ def test_lower_ops_modules_import_no_handler(name):
                    "sparsefill.ops._writes.respecify_"}, ops
 
 
+@pytest.mark.parametrize("name", ["_grouping.py", "_reduce.py", "_engine.py"])
+def test_reduction_kernels_know_no_sparse_tensor(name):
+    """The grouping (``_grouping``: slices and the pattern cache), the reducer protocol (``_reduce``) and the
+    engine boundary (``_engine``) work on tensors only: no SparseTensor, no op module; the grouping sits
+    below the protocol and the engines (it imports neither)."""
+    mods = _imports(SRC / name)
+    assert not {m for m in mods if m.startswith(("sparsefill._tensor", "sparsefill.ops"))}, mods
+    if name == "_grouping.py":
+        assert not {m for m in mods if m.startswith(("sparsefill._reduce", "sparsefill._engine"))}, mods
+
+
 def test_op_layer_entries_are_installed():
     from sparsefill._tensor import _OPS
     from sparsefill.ops import registry

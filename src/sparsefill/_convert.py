@@ -14,7 +14,7 @@ import torch
 
 from . import _index, _merge
 from ._compile import bincount, traced
-from ._reduce import pattern_cached
+from ._grouping import pattern_cached
 from ._tensor import SparseTensor
 
 

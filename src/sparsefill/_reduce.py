@@ -39,17 +39,16 @@ from __future__ import annotations
 
 import cmath
 import math
-import weakref
 
 import torch
 
 from . import _engine
 from ._compile import bincount, traced
-from ._index import linearize, numel, runs_to_ids, unravel
+from ._index import runs_to_ids
 
 __all__ = ["Reducer", "LogSumExp", "Var", "Norm", "REDUCERS", "segment_combine", "segment_counts",
-           "segment_arg", "segment_median", "broadcast_seg", "gather_seg", "group_slices", "pattern_cached", "first_gap",
-           "even_ties", "tie_counts", "csr_row_slices", "finite_shift", "shifted_exp_sums", "sorted_runs"]
+           "segment_arg", "segment_median", "broadcast_seg", "gather_seg", "first_gap", "even_ties", "tie_counts",
+           "finite_shift", "shifted_exp_sums"]
 
 _SCATTER_IDENTITY = {"sum": 0, "prod": 1, "amax": -math.inf, "amin": math.inf}
 
@@ -437,124 +436,6 @@ def first_gap(seg: torch.Tensor, pos: torch.Tensor, num_segments: int, presorted
     rank = torch.arange(s.numel(), device=s.device) - (torch.cumsum(counts, 0) - counts)[s]
     bad = p != rank
     return counts.clone().scatter_reduce(0, s[bad], rank[bad], "amin", include_self=True)
-
-
-# ---------------------------------------------------------------------- the pattern cache
-_PATTERN_CACHE: dict = {}
-_PATTERN_CACHE_SIZE = 64
-
-
-def _tensor_key(t: torch.Tensor):
-    """``(the tensor owning t's memory, a key of t's view and contents version)``."""
-    b = t._base
-    b = t if b is None else b
-    return b, (id(b), t.data_ptr(), t.storage_offset(), t.shape, t.stride(), t.dtype, t.device, t._version)
-
-
-def pattern_cached(tag, tensors, compute):
-    """``compute()``, cached for index tensors ``tensors`` (a pattern that recurs, e.g. every training
-    step): keyed by ``tag`` and each tensor's identity (its memory owner, view and contents version:
-    an in-place change, ``set_`` or a new tensor is a miss, never a stale hit); an entry is dropped
-    when a key tensor dies, and the cache holds at most 64.  The results are shared: never modify them
-    in place.  Not cached under ``torch.compile``, for tensors without storage or version counter.
-
-    >>> i = torch.tensor([3, 1]); f = lambda: i.sort()[1]
-    >>> pattern_cached("sort", (i,), f) is pattern_cached("sort", (i,), f)
-    True
-    >>> i[0] = 0; pattern_cached("sort", (i,), f).tolist()     # changed in place: recomputed
-    [0, 1]
-    """
-    try:
-        if torch.compiler.is_compiling():
-            return compute()
-        key, bases = [tag], []
-        for t in tensors:
-            b, k = _tensor_key(t)
-            bases.append(b)
-            key.append(k)
-    except (RuntimeError, NotImplementedError, AttributeError):  # inference tensors, tensors without storage
-        return compute()
-    key = tuple(key)
-    hit = _PATTERN_CACHE.get(key)
-    if hit is not None:
-        for r, b in zip(hit[0], bases):
-            if r() is not b:
-                break
-        else:
-            return hit[1]
-    out = compute()
-    if len(_PATTERN_CACHE) >= _PATTERN_CACHE_SIZE:
-        _PATTERN_CACHE.pop(next(iter(_PATTERN_CACHE)), None)
-    drop = lambda _ref, key=key, cache=_PATTERN_CACHE: cache.pop(key, None)  # noqa: E731 (safe at exit)
-    _PATTERN_CACHE[key] = ([weakref.ref(b, drop) for b in bases], out)
-    return out
-
-
-def group_slices(indices: torch.Tensor, sparse_shape, dims):
-    """Group the stored elements of a COO pattern by the slice that reducing sparse ``dims`` maps them to.
-
-    ``indices`` (shape ``(len(sparse_shape), k)``) must be coalesced (no duplicates).  Returns
-    ``(seg, out_indices, n_fill)``: stored element ``i`` lands in output slice ``seg[i]``; the ``S``
-    slices that hold a stored element have indices ``out_indices`` (shape ``(ndim - len(dims), S)``,
-    sorted row-major) over the kept dims; ``n_fill[s] = prod(sparse_shape[d] for d in dims) - count[s]``
-    is the number of unspecified elements of slice ``s``.  Slices absent from ``out_indices`` hold
-    only unspecified elements (``prod(...)`` of them).
-
-    >>> seg, out, n = group_slices(torch.tensor([[0, 0, 2], [1, 3, 1]]), (3, 4), [1])
-    >>> seg.tolist(), out.tolist(), n.tolist()
-    ([0, 0, 1], [[0, 2]], [2, 3])
-    """
-    dims = sorted(d % len(sparse_shape) for d in dims) if len(sparse_shape) else []
-    shape = tuple(int(n) for n in sparse_shape)
-    return pattern_cached(("group_slices", shape, tuple(dims)), (indices,),
-                          lambda: _group_slices(indices, shape, dims))
-
-
-def _group_slices(indices, sparse_shape, dims):
-    keep = [d for d in range(len(sparse_shape)) if d not in dims]
-    keep_shape = [sparse_shape[d] for d in keep]
-    keys = linearize(indices[keep], keep_shape)
-    nk = numel(keep_shape)
-    if keep != list(range(len(keep))):
-        out_keys, seg, counts = torch.unique(keys, sorted=True, return_inverse=True, return_counts=True)
-    else:  # reduced dims trail: keys already sorted (coalesced order)
-        out_keys, seg, counts = sorted_runs(keys, nk)
-    n_fill = numel([sparse_shape[d] for d in dims]) - counts
-    return seg, unravel(out_keys, keep_shape), n_fill
-
-
-def sorted_runs(keys: torch.Tensor, num_keys: int):
-    """``(out_keys, seg, counts)`` of sorted slice keys in ``[0, num_keys)``: the distinct keys, the run of
-    every element and the run lengths (a CSR compression of the keys in a small range, else
-    ``unique_consecutive``).  The grouping step of :func:`group_slices` and of the edge softmax's plan.
-
-    >>> [t.tolist() for t in sorted_runs(torch.tensor([1, 1, 4]), 6)]
-    [[1, 4], [0, 0, 1], [2, 1]]
-    """
-    k = keys.numel()
-    if 0 < num_keys <= 4 * k + 4096:  # run lengths off a CSR compression
-        counts = torch.diff(torch._convert_indices_from_coo_to_csr(keys, num_keys))
-        out_keys = (counts > 0).nonzero().squeeze(1)
-        counts = counts[out_keys]
-        seg = keys if not traced(keys) and out_keys.numel() == num_keys else runs_to_ids(counts, k)
-        return out_keys, seg, counts
-    return torch.unique_consecutive(keys, return_inverse=True, return_counts=True)
-
-
-def csr_row_slices(counts: torch.Tensor, ncols, all_rows: bool = False):
-    """:func:`group_slices` of a 2-D CSR pattern over its columns, read off its row lengths ``counts``
-    (``crow.diff()``): ``(out_indices, n_fill, lengths)`` of the non-empty rows (``all_rows``: every row).
-    The slices are the contiguous runs of ``lengths`` (``seg = runs_to_ids(lengths, k)``; with every row,
-    each stored element's row).
-
-    >>> [t.tolist() for t in csr_row_slices(torch.tensor([2, 0, 1]), 4)]
-    [[[0, 2]], [2, 3], [2, 1]]
-    """
-    if all_rows:
-        return torch.arange(counts.numel(), device=counts.device)[None], ncols - counts, counts
-    rows = counts.nonzero().reshape(1, -1)
-    lengths = counts[rows[0]]
-    return rows, ncols - lengths, lengths
 
 
 def tie_counts(values, best, seg, num_segments, *, fill=None, n_fill=None, nan=False):

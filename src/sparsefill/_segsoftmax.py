@@ -13,7 +13,7 @@ and every dense position, ``m_s`` the slice max::
 the values and gradients of ``torch.masked.<op>`` on the dense equivalent at the stored elements, as
 torch computes them (a slice holding +inf or NaN is NaN, one of -inf only too: ``-inf - m_s``).  The
 grouping of a pattern into slices (:class:`Plan`) is computed once per pattern and dim
-(``sparsefill._reduce.pattern_cached``: an adjacency reused every training step pays it once);
+(``sparsefill._grouping.pattern_cached``: an adjacency reused every training step pays it once);
 :func:`segment_softmax` runs the forward and the closed-form backward above in one
 ``autograd.Function``, with no graph inside.
 
@@ -35,7 +35,7 @@ import torch
 
 from . import _convert, _index, _reduce
 from ._autograd import grad_parts
-from ._reduce import pattern_cached
+from ._grouping import csr_row_slices, pattern_cached, sorted_runs
 from ._tensor import SparseTensor
 
 __all__ = ["applies", "segment_softmax", "softmax_values", "softmax_grad_values", "Plan", "plan_of"]
@@ -58,8 +58,8 @@ def _sparse_ndim(A: SparseTensor) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """The slices along one sparse dim of a pattern (the backend's grouping: ``_reduce.sorted_runs``,
-    ``_reduce.csr_row_slices``): stored element ``perm[i]`` (``i`` when ``perm`` is None) is the ``i``-th
+    """The slices along one sparse dim of a pattern (the backend's grouping: ``_grouping.sorted_runs``,
+    ``_grouping.csr_row_slices``): stored element ``perm[i]`` (``i`` when ``perm`` is None) is the ``i``-th
     in slice order, in slice ``seg[i]``; slice ``s`` holds ``lengths[s]`` elements (contiguous runs in that
     order); ``inv`` undoes ``perm``."""
 
@@ -80,7 +80,7 @@ def _plan(keys: torch.Tensor, nkeys: int, presorted: bool) -> Plan:
     if not presorted:
         keys, perm = torch.sort(keys, stable=True)
         inv = torch.empty_like(perm).index_put_((perm,), torch.arange(perm.numel(), device=perm.device))
-    _, seg, lengths = _reduce.sorted_runs(keys, nkeys)
+    _, seg, lengths = sorted_runs(keys, nkeys)
     return Plan(seg, lengths, perm, inv)
 
 
@@ -90,7 +90,7 @@ def plan_of(A: SparseTensor, dim: int) -> Plan:
     if A._sf_layout is torch.sparse_csr:
         if dim == 1:  # the rows are the slices
             def compute():
-                _, _, lengths = _reduce.csr_row_slices(torch.diff(A._crow), S[1], all_rows=True)
+                _, _, lengths = csr_row_slices(torch.diff(A._crow), S[1], all_rows=True)
                 return Plan(_index.runs_to_ids(lengths, A._col.numel()), lengths, None, None)
             return pattern_cached(("segsoftmax_plan", S, dim), (A._crow,), compute)
         tensors = (A._crow, A._col)

@@ -22,7 +22,7 @@ import torch
 
 from .. import _index
 from .._compile import traced
-from .._reduce import csr_row_slices, group_slices
+from .._grouping import csr_row_slices, group_slices
 from ._canon import Masked
 
 __all__ = ["Slices", "canonical_dims", "reduce"]

@@ -73,7 +73,7 @@ import torch
 from .. import _index
 from .._compile import bincount, known_true, traced
 from .._convert import coalesced_parts, parts_to_sparse, scalar_parts
-from .._reduce import pattern_cached
+from .._grouping import pattern_cached
 from .._tensor import SparseTensor
 from . import shape as _shape
 

@@ -27,8 +27,9 @@ from .._convert import (check_densify_quiet, coalesce_of, coalesced_parts, dense
                         union_parts, values_at)
 from .. import _autograd, _segsoftmax
 from .._autograd import _values_on_pattern
+from .._grouping import group_slices
 from .._index import linearize
-from .._reduce import REDUCERS, group_slices, segment_combine, shifted_exp_sums, times
+from .._reduce import REDUCERS, segment_combine, shifted_exp_sums, times
 from .._tensor import SparseTensor
 from .registry import register
 

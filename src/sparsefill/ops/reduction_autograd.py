@@ -47,7 +47,7 @@ from .. import _index
 from .._compile import traced
 from .._autograd import _pattern, dense_grad, sum_outside
 from .._convert import coalesced_parts, parts_to_sparse, rewrap, values_at
-from .._reduce import group_slices
+from .._grouping import group_slices
 from .._tensor import SparseTensor
 from .autograd_routes import register_route
 from .linalg_autograd import pattern_grad_is_exact

@@ -3,7 +3,7 @@
     r(A, dims).to_dense() == r(A.to_dense(), dims)
 
 * dense dims only: the op on the values and on the fill; the pattern is kept;
-* sparse dims ``R``: stored elements grouped by output slice (:func:`_reduce.group_slices`),
+* sparse dims ``R``: stored elements grouped by output slice (:func:`_grouping.group_slices`),
   each slice folds ``n = prod(size[R]) - count`` copies of the fill; the result is sparse over the
   kept sparse dims, its fill the reduction of ``prod(size[R])`` fills; reducing every sparse dim
   gives a dense result (dense by nature);
@@ -25,8 +25,8 @@ from torch.utils._pytree import tree_map_only
 from .. import _engine, _index
 from .._compile import traced
 from .._convert import coalesced_parts, dense_of, parts_to_sparse
-from .._reduce import (Norm, REDUCERS, csr_row_slices, first_gap, group_slices, pattern_cached, segment_arg,
-                       segment_combine, segment_median)
+from .._grouping import csr_row_slices, group_slices, pattern_cached
+from .._reduce import Norm, REDUCERS, first_gap, segment_arg, segment_combine, segment_median
 from .._policy import check_densify
 from .._tensor import SparseTensor
 from ._schema import check_dtype, meta_call, meta_of, reduction_meta
