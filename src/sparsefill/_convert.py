@@ -65,14 +65,14 @@ def dense_of(A: SparseTensor, fill: torch.Tensor | None = None) -> torch.Tensor:
         return out
     else:
         keys, vals = linear_parts(A, shape[:k])
-    quarter = vals.shape[0] * 4 <= out.numel()
-    if quarter and vals.dim() == 1 and not traced(vals) and vals.is_cpu and (
-            out.numel() < _PARALLEL_FILL_MIN or torch.get_num_threads() == 1) and \
+    plain = vals.dim() == 1 and not traced(vals)  # (while traced, nse may be unbacked: no comparison)
+    quarter = plain and vals.shape[0] * 4 <= out.numel()
+    if quarter and (out.numel() < _PARALLEL_FILL_MIN or torch.get_num_threads() == 1) and \
             ("numba" in sys.modules or out.numel() >= _merge._FILL_BLOCK) and \
             _merge.fill_put_sorted(out, fill, keys, vals):
         return out
     out.copy_(fill) if fill.dim() else out.fill_(fill)
-    if vals.dim() == 1 and not traced(vals) and not torch.are_deterministic_algorithms_enabled() and (
+    if plain and not torch.are_deterministic_algorithms_enabled() and (
             quarter or vals.shape[0] >= _merge._SCATTER_MIN and vals.is_cpu and
             vals.dtype in _merge._SCATTER_DTYPES and _merge._compiled()):
         return _merge.put_flat(out, keys, vals)
