@@ -13,7 +13,9 @@ error inside the compiled graph), the torch fallback of the ops without numba, a
 ``torch.library.opcheck`` of every op at small sizes.  Then (aot_eager, fullgraph, three patterns, as eager)
 the conversions of ``_repr`` (their ``_repr_ops``), a ``KeyedJaggedBatch`` built inside the compiled function,
 ``pooled`` of a shared table with ``keys=``, a custom ``SegmentReducer`` object; their bad data raising the
-eager errors from the compiled function; ``pooled`` of a shared table without ``keys=`` as a graph break.
+eager errors from the compiled function; ``pooled`` of a shared table without ``keys=`` as a graph break.  A
+reduction whose result is unused still checks its data (``segment_reduce`` is effectful); reducers made in a loop
+leave no entry in the registry that names them for the op (weak references).
 """
 
 import pytest
