@@ -138,7 +138,7 @@ def test_fast_results_under_autograd():
                                 lambda a, c: a / c, lambda a, c: c - a, lambda a, c: a ** c])
 def test_python_number_operand_is_bitwise_the_dense_op(dtype, op):
     """``A * c`` with a Python number: a float32/float64 ``A`` takes ``c`` as a cached 0-d tensor of its dtype
-    (``pointwise._scalar_call``); the values and the fill are bit for bit what the op gives on them with ``c``."""
+    (``pointwise._by_value``); the values and the fill are bit for bit what the op gives on them with ``c``."""
     A = _coo((7,), 4, 1.5 if dtype.is_floating_point or dtype.is_complex else 3, dtype, seed=4)
     for c in (2, 3, -7, 0.1, 1 / 3, -0.0, 0.0, float("nan"), float("inf"), 2 ** 60 + 1, 1e300, 3 + 0j, True):
         try:
@@ -246,3 +246,17 @@ def test_in_place_fast_path_under_autograd():
     B.to_dense().sum().backward()
     torch.testing.assert_close(v.grad, torch.full((3,), 6.0))
     torch.testing.assert_close(f.grad, torch.tensor(18.0))
+
+
+def test_python_number_operand_cached_per_value():
+    """A float32 ``A * 0.1`` serves its second call from ``pointwise._by_value``'s cache (keyed by the Python
+    number, not its float32 rounding), the 0-d tensor holding the float32 rounding of 0.1."""
+    A = _coo((6,), 3, 1.0, torch.float32, seed=5)
+    pointwise._BY_VALUE.clear()
+    A * 0.1
+    (entry,) = [v for k, v in pointwise._BY_VALUE.items() if k[1] == 0.1]
+    op, t = entry
+    assert t.dim() == 0 and t.dtype == torch.float32 and float(t) == float(torch.tensor(0.1, dtype=torch.float32))
+    A * 0.1
+    assert len(pointwise._BY_VALUE) == 1
+    torch.testing.assert_close((A * 0.1).to_dense(), A.to_dense() * 0.1, rtol=0, atol=0)

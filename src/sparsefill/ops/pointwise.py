@@ -97,11 +97,12 @@ def unary_fast(func, args, kwargs):
                 op = _CALLS.get(key) or _call_of(func, (A._fill, A._fill), kwargs, key)
                 return A._with_values(op(A._vals, A._vals), op(A._fill, A._fill))
             if type(c) is not SparseTensor and not isinstance(c, torch.Tensor):  # A * 2
-                v = A._vals
-                key = (func, type(c), v.dtype)
-                op, cast = _CALLS.get(key) or _scalar_call(func, A, c, key)
-                if cast and (c or type(c) is int) and -_EXACT < c < _EXACT and v.is_cpu and type(v) is torch.Tensor:
-                    c = _SCALARS.get((c, v.dtype)) or _scalar(c, v.dtype)
+                v, tc = A._vals, type(c)
+                if (tc is float and c or tc is int) and -_EXACT < c < _EXACT and v.is_cpu and type(v) is torch.Tensor:
+                    op, c = _BY_VALUE.get((func, c, v.dtype)) or _by_value(func, A, c)
+                else:  # (bool, complex, -0.0, NaN, inf, large ints; traced)
+                    key = (func, tc)
+                    op = _CALLS.get(key) or _call_of(func, (A._fill, c), kwargs, key)
                 return A._with_values(op(v, c), op(A._fill, c))
             if not _joins(c, A):
                 return None
@@ -200,37 +201,35 @@ def _on_union(op, args, kwargs, A: SparseTensor, B: SparseTensor, many: bool):
 
 
 _CALLS: dict = {}  # (OpOverload, argument kinds) -> the callable unary_fast runs it with (see _call_of)
-_SCALARS: dict = {}  # (Python number, dtype) -> the 0-d CPU tensor of that dtype holding it (see _scalar_call)
+_BY_VALUE: dict = {}  # (OpOverload, Python int/float, dtype) -> (op, operand): see _by_value
 _EXACT = 2 ** 53  # |c| below which a Python int converts to float64 exactly (so to float32 in one rounding)
 _CAST_DTYPES = (torch.float32, torch.float64)
 
 
-def _scalar_call(func, A: SparseTensor, c, key):
-    """``(op, cast)`` for :func:`unary_fast`'s ``func(A, c)`` with a Python number ``c`` (cached under ``key``):
-    ``cast`` when ``c`` may be passed as a cached 0-d CPU tensor of ``A``'s dtype instead::
+def _by_value(func, A: SparseTensor, c):
+    """``(op, operand)`` that :func:`unary_fast` runs ``func(A, c)`` with, for a Python int or float ``c`` (nonzero
+    when a float, finite, below 2**53) and CPU values (cached under ``(func, c, dtype)``, at most 1024 entries).
+    The operand is a cached 0-d CPU tensor of the values' dtype holding ``c`` where that is exact::
 
-        func(v, c) == func(v, torch.tensor(c, dtype=v.dtype))       v float32/float64 on CPU, c int/float
+        func(v, c) == func(v, torch.tensor(c, dtype=v.dtype))        v float32/float64, func taking a Tensor there
 
-    ``func`` takes a Tensor there (torch wrapped ``c`` as a *wrapped number*, which promotes as a Python number and
-    which TensorIterator casts to the common dtype, ``v.dtype`` for a float ``v``: the cast done once instead of on
-    every call, 1.4 µs each for the values and the fill).  Not for reduced floats (their kernels read the scalar
-    uncast), -0.0 and NaN (equal-keyed: ``unary_fast`` passes those, and ints of 2**53 and beyond, as they are)."""
-    args = func._schema.arguments
-    cast = type(c) in (int, float) and A._vals.dtype in _CAST_DTYPES and len(args) > 1 and \
-        isinstance(args[1].type, torch.TensorType)
-    op = _call_of(func, (A._fill, _scalar(1, A._vals.dtype) if cast else c), {}, None)
-    if not torch._C._len_torch_dispatch_stack():
-        _CALLS[key] = (op, cast)
-    return op, cast
-
-
-def _scalar(c, dtype) -> torch.Tensor:
-    """The cached 0-d CPU tensor of ``dtype`` holding ``c`` (the cache dropped past 1024 entries)."""
-    if len(_SCALARS) >= 1024:
-        _SCALARS.clear()
-    with torch.inference_mode(False):
-        t = _SCALARS[(c, dtype)] = torch.tensor(c, dtype=dtype)
-    return t
+    (torch wrapped ``c`` as a *wrapped number*, which promotes as a Python number and which TensorIterator casts
+    to the common dtype, ``v.dtype`` for a float ``v``: that cast done once, not twice a call, 1.4 µs each).  Not
+    for reduced floats (their kernels read the scalar uncast); -0.0 and NaN (keys equal to others') never come
+    here.  Else the operand is ``c`` itself."""
+    dtype, schema, value = A._vals.dtype, func._schema.arguments, c
+    if dtype in _CAST_DTYPES and len(schema) > 1 and isinstance(schema[1].type, torch.TensorType):
+        with torch.inference_mode(False):  # (usable in and out of inference mode)
+            c = torch.tensor(c, dtype=dtype)
+        key = (func, "0-d tensor")
+    else:
+        key = (func, type(c))
+    out = (_CALLS.get(key) or _call_of(func, (A._fill, c), {}, key), c)
+    if not torch._C._len_torch_dispatch_stack():  # (a dispatch mode: _call_of's choice is not cached either)
+        if len(_BY_VALUE) >= 1024:
+            _BY_VALUE.clear()
+        _BY_VALUE[(func, value, dtype)] = out
+    return out
 
 
 def _call_of(func, probe, kwargs, key):
