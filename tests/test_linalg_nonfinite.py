@@ -415,3 +415,95 @@ def test_linalg_autograd_imports_alone():
     import sys
     r = subprocess.run([sys.executable, "-c", "import sparsefill.ops.linalg_autograd"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]
+
+
+# ---------------------------------------------------------------------- complex; a fill varying along both dims
+def _no_densify_check(fn):
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", sparsefill.DensifyWarning)
+        return fn()
+
+
+def _against_dense(build, leaves, X, fn, ref_fn=None):
+    """Forward and the gradients of every leaf (values, fill, X) of ``fn(build(...), X)`` against the dense;
+    with ``ref_fn`` (complex: the sum of the terms), each element equals one of the two dense computations."""
+    def run(how):
+        ls = [t.detach().clone().requires_grad_() for t in leaves + [X]]
+        A = build(*ls[:-1])
+        out = fn(A, ls[-1]) if how is None else how(A.to_dense(), ls[-1])
+        G = torch.randn(out.shape, dtype=out.dtype, generator=torch.Generator().manual_seed(1))
+        out.backward(G)
+        return [out] + [t.grad for t in ls]
+    got = _no_densify_check(lambda: run(None))
+    refs = [run(fn)] + ([run(ref_fn)] if ref_fn else [])
+    assert not torch.isfinite(refs[0][0]).all()
+    for n, a in enumerate(got):
+        ok = [torch.isclose(_nan(a), _nan(r[n]), equal_nan=True) for r in refs]
+        bad = ~torch.stack(ok).any(0)
+        assert not bad.any(), f"{'forward' if n == 0 else f'gradient {n - 1}'}: {a[bad]} vs {[r[n][bad] for r in refs]}"
+
+
+def _nan(z):
+    """A complex NaN (``torch.isnan``: either part NaN) as ``nan + nan j`` (which part is NaN depends on the order
+    of the complex products' operations)."""
+    return torch.where(z.isnan(), complex(NAN, NAN), z) if z.is_complex() else z
+
+
+# the complex products as the sums of their terms: torch's dense gradients multiply by conjugate views, whose
+# BLAS path differs from the terms' products where inf meets inf (``G @ A.mH`` gives ``nan + nan j`` where
+# ``G @ A.mH.contiguous()`` and the sum of the terms give ``-inf - inf j``)
+TERMS = {"A@X": lambda A, X: (A[:, :, None] * X[None]).sum(1), "X@A": lambda A, X: (X[:, :, None] * A[None]).sum(1),
+         "bmm": lambda A, X: (A[..., None] * X[:, None]).sum(2)}
+
+
+CPLX = torch.complex128
+
+
+@pytest.mark.parametrize("layout", [COO, CSR], ids=["coo", "csr"])
+@pytest.mark.parametrize("fill", [2.5 + 1j, -1j, 0j, complex(NAN, 0), complex(INF, 1)], ids=str)
+@pytest.mark.parametrize("op", ["A@X", "X@A", "bmm"])
+def test_complex_nonfinite_x(op, fill, layout):
+    """Complex operands with inf/NaN in ``X`` (real and imaginary parts) and any fill: the dense product (as the
+    real products of the real and imaginary parts: the same sums of the same terms), no densifying."""
+    g = torch.Generator().manual_seed(4)
+    ashape, xshape, fn, xc, _ = OPS[op]
+    keys = torch.randperm(torch.Size(ashape).numel(), generator=g)[: torch.Size(ashape).numel() // 3].sort().values
+    idx = torch.stack(torch.unravel_index(keys, ashape))
+    v = torch.randn(idx.shape[1], dtype=CPLX, generator=g)
+    X = torch.randn(xshape, dtype=CPLX, generator=g).movedim(xc, 0).contiguous()
+    X[0].view(-1)[0] = INF
+    X[1].view(-1)[0] = complex(-INF, 1)
+    X[2].view(-1)[-1] = complex(1, NAN)
+    X[3].view(-1)[0] = complex(2, INF)
+    X = X.movedim(0, xc).contiguous()
+
+    def build(v, f):
+        A = sparsefill.sparse_coo_tensor(idx, v, ashape, fill_value=f)
+        return A.to_sparse_csr() if layout is CSR else A
+    _against_dense(build, [v, torch.tensor(fill, dtype=CPLX)], X, fn, TERMS[op])
+    A = build(v, torch.tensor(fill, dtype=CPLX))
+    torch.testing.assert_close(_nan(fn(A, X)), _nan(fn(A.to_dense(), X)), equal_nan=True)  # torch's dense forward
+
+
+@pytest.mark.parametrize("fill", ["finite", "inf"])
+@pytest.mark.parametrize("op", ["bmm", "X3@A3", "matmul 3x2", "A3@x"])
+def test_fill_varying_along_both_dims(op, fill):
+    """A batch of matrices sparse along the batch only (two dense dims: the fill an ``(m, k)`` array, varying along
+    both matrix dims) times an ``X`` with inf/NaN: each matrix is stored or the fill, so the product is the dense
+    one, no densifying.  (COO only: CSR needs 2 sparse dims.)"""
+    g = torch.Generator().manual_seed(6)
+    fns = {"bmm": (lambda A, X: torch.bmm(A, X), (3, 5, 2)), "X3@A3": (lambda A, X: X @ A, (3, 2, 4)),
+           "matmul 3x2": (lambda A, X: torch.matmul(A, X), (5, 2)), "A3@x": (lambda A, x: A @ x, (5,))}
+    fn, xshape = fns[op]
+    v = torch.randn(2, 4, 5, dtype=torch.float64, generator=g)
+    f = torch.randn(4, 5, dtype=torch.float64, generator=g)
+    if fill == "inf":
+        f[1, 2], f[3, 0] = INF, NAN
+    X = torch.randn(xshape, dtype=torch.float64, generator=g)
+    X.view(-1)[0], X.view(-1)[-1] = INF, NAN
+    v.view(-1)[3] = -INF
+
+    def build(v, f):
+        return sparsefill.sparse_coo_tensor([[0, 2]], v, (3, 4, 5), fill_value=f)
+    _against_dense(build, [v, f], X, fn)

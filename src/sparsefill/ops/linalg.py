@@ -230,15 +230,17 @@ def _sp_dense(M: _Mat, X: torch.Tensor) -> torch.Tensor | None:
         if M.fill is None:
             return _native_spmm(M, X)
         return _native_spmm(M, X, bias=M.fill * s if M.fill.shape[-1] == 1 else torch.matmul(M.fill, X))
+    if M.fill is not None and M.fill.shape[1] != 1 and M.fill.shape[2] != 1:
+        return _batchfill_exact(M, X)
+    if M.vals.dtype.is_complex:
+        return _complex_exact(M, X)
     if M.fill is None:  # zero fill, X not finite: NaN where a row's unspecified k meets an inf/NaN X[k, j]
         nf = (~torch.isfinite(X)).to(M.vals.dtype)
         C = nf.sum(-2, keepdim=True) - _native_spmm(M, nf, torch.ones_like(M.vals))
         nan = torch.full((), float("nan"), dtype=M.vals.dtype, device=X.device)
         return _native_spmm(M, X, M.vals) + torch.where(C > 0, nan, 0)
-    if M.vals.dtype.is_complex:
-        return None  # (the densify fallback: exact)
     if M.fill.shape[1] != 1:
-        return _rowfill_exact(M, X) if M.fill.shape[2] == 1 else None
+        return _rowfill_exact(M, X)
     # T[b, k, j] = F[b, :, k] * X[b, k, j]; the fill term sums T over the unspecified k of each row
     T = M.fill.transpose(-1, -2) * X
     n = X.shape[-1]
@@ -249,6 +251,28 @@ def _sp_dense(M: _Mat, X: torch.Tensor) -> torch.Tensor | None:
     cf, cp, cn, cnan = C.split(n, -1)
     out = _native_spmm(M, X, M.vals) + cf
     return out + _inf_terms(cp, cn, cnan)
+
+
+def _complex_exact(M: _Mat, X: torch.Tensor) -> torch.Tensor:
+    """``A @ X`` for complex values where ``X`` or the fill is not finite, from the exact real products:
+    ``(Ar @ Xr - Ai @ Xi) + i (Ar @ Xi + Ai @ Xr)`` sums the real and imaginary parts of the terms
+    ``A[i, k] * X[k, j]`` that dense sums (grouped otherwise: a sum of extended reals is NaN, +-inf or finite
+    whatever its grouping)."""
+    def part(f):
+        fill = None if M.fill is None else f(M.fill)
+        finite = fill is None or known_true(torch.isfinite(fill).all())
+        return _Mat(M.nb, M.m, M.k, M.crow, M.col, f(M.vals), fill, finite, M.layout, M._rows, M.key, M.indefinite)
+    re, im = part(torch.real), part(torch.imag)
+    Xr, Xi = X.real, X.imag
+    return torch.complex(_sp_dense(re, Xr) - _sp_dense(im, Xi), _sp_dense(re, Xi) + _sp_dense(im, Xr))
+
+
+def _batchfill_exact(M: _Mat, X: torch.Tensor) -> torch.Tensor:
+    """``A @ X`` for a fill varying along both matrix dims (``A`` sparse along its batch dim only: each matrix
+    is stored whole or is the fill), exact for any ``X`` and fill: the stored matrices' products plus
+    ``F @ X`` (dense) for the others."""
+    stored = (M.crow[M.m::M.m] - M.crow[:-1:M.m]) > 0  # (nb,): a matrix with stored elements is stored whole
+    return _native_spmm(M, X, M.vals) + torch.where(stored[:, None, None], 0, torch.matmul(M.fill, X))
 
 
 def _inf_terms(cp, cn, cnan):
