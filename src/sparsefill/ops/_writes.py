@@ -8,7 +8,9 @@ Lower than every op handler and the densify fallback (which write their in-place
 from __future__ import annotations
 
 import torch
+from torch.fx.experimental.symbolic_shapes import statically_known_true, sym_eq
 
+from .._compile import traced
 from .._convert import dense_to_sparse
 from .._tensor import _STATE, SparseTensor
 
@@ -19,11 +21,60 @@ def assign_(A: SparseTensor, new: SparseTensor) -> SparseTensor:
         raise ValueError(f"cannot store a result of shape {tuple(new.shape)} and dtype {new.dtype} in a SparseTensor "
                          f"of shape {tuple(A.shape)} and dtype {A.dtype}: a SparseTensor's shape and dtype are fixed, "
                          "so in-place ops that change them (resize_, t_, unsqueeze_...) are not supported")
+    if traced(A._vals) and _traced_write_(A, new):  # torch.compile (see _traced_write_)
+        return A
     if A._write_shared_(new):  # shared memory (share_memory_, another process) is written in place
         return A
     for name in _STATE[:-1]:  # everything but the view relation
         setattr(A, name, getattr(new, name))
     return A
+
+
+def _traced_write_(A: SparseTensor, new: SparseTensor) -> bool:
+    """``assign_`` while torch.compile traces; True when done here, False to rebind ``A``'s tensors as in eager.
+
+    AOTAutograd sees a compiled function's write into a SparseTensor *input* only as writes into its inner
+    tensors (it writes the result back with ``input.copy_(result)``): rebinding ``A._vals`` to another tensor
+    there is lost, and the input silently kept its old values.  So:
+
+    * dynamo's fake propagation: a result whose inner tensors do not have ``A``'s sizes (another pattern) or
+      another layout or coalesced flag raises: a graph break, the op runs eagerly, exactly (``fullgraph=True``:
+      an error naming sparsefill);
+    * AOTAutograd's trace (functional inner tensors, which record writes): a result of ``A``'s inner sizes is
+      copied into ``A``'s inner tensors; another (an intermediate's new pattern) rebinds them;
+    * AOTAutograd's write-back into an input (``A`` fake, ``new`` functional): ``new``'s inner tensors are
+      copied into ``A``'s (those that changed), which the graph records as the input's mutation."""
+    names = (("_idx",) if A._sf_layout is torch.sparse_coo else ("_crow", "_col")) + ("_vals", "_fill")
+    pairs = [(getattr(A, n), getattr(new, n)) for n in names]
+    same = ((new._sf_layout, new._indefinite, new._coalesced) == (A._sf_layout, A._indefinite, A._coalesced)
+            and all(a is b or a.dtype == b.dtype and statically_known_true(sym_eq(a.shape, b.shape))
+                    for a, b in pairs))
+    if _functional(A._vals):
+        if not same:
+            return False
+    elif _functional(new._vals):
+        if not same:
+            raise NotImplementedError(f"sparsefill: torch.compile writes a result of another pattern into a "
+                                      f"SparseTensor input (inner sizes {[tuple(b.shape) for _, b in pairs]} for "
+                                      f"{[tuple(a.shape) for a, _ in pairs]})")
+        from torch._functorch._aot_autograd.functional_utils import from_fun
+        pairs = [(a, from_fun(b)) for a, b in pairs]
+    elif not same:
+        raise NotImplementedError("sparsefill: an in-place op that changes a SparseTensor's pattern (or its layout "
+                                  "or coalesced flag) does not trace under torch.compile")
+    else:
+        return False
+    for a, b in pairs:
+        if a is not b:
+            a.copy_(b)
+    A._zero = new._zero
+    return True
+
+
+def _functional(t: torch.Tensor) -> bool:
+    """``t`` is a tensor of AOTAutograd's functionalized trace."""
+    from torch._subclasses.functional_tensor import FunctionalTensor
+    return isinstance(t, FunctionalTensor) or torch._is_functional_tensor(t)
 
 
 def respecify_(A: SparseTensor, x: torch.Tensor) -> SparseTensor:
