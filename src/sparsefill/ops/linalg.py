@@ -35,7 +35,9 @@ matrix ``(nb * m, nb * k)``.  ``X @ B`` (dense on the left) is ``(B0^T @ X^T)^T 
   products.  Zero fill: NaN wherever a row's unspecified element meets an ``inf``/NaN ``X[k, j]``
   (``0 * inf``), counted by one native product; a nonzero fill: its terms summed over the
   unspecified elements as the non-finite fill's are (counts of ``+inf``, ``-inf``, NaN terms: no
-  ``inf - inf`` from the decomposition).  An indefinite fill forms no products there (masked).
+  ``inf - inf`` from the decomposition).  An indefinite fill forms no products there (masked).  Complex: the
+  exact real products of the real and imaginary parts; a fill varying along both matrix dims (sparse along
+  the batch only): each matrix is stored whole or is the fill.
 * Stored inf/NaN in a sparse @ sparse product (checked by the sums of the stored values, O(nse)): the
   terms they form with the other operand's unspecified elements are formed as dense forms them (zero
   fills: NaN in the rows/columns holding them, the result stays sparse; otherwise the counts of
