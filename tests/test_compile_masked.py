@@ -7,7 +7,8 @@ softmin with a mask, cumsum and cumprod, normalize, along a sparse and a dense d
 
 Each case is compiled once, warmed up on two patterns of different nse, then run on a third with
 ``error_on_recompile``.  Masks: None (the pattern), a sparse mask on the input's pattern (``A > 0``), a sparse mask
-of another pattern (indefinite fill), a strided mask.  COO, CSR and hybrid inputs.
+of another pattern (indefinite fill), a sparse mask of a definite fill, a strided mask.  COO, CSR and hybrid
+inputs; float64, float32 and int64 (the scans).
 """
 
 import pytest
@@ -59,6 +60,8 @@ CASES = {
     "cumprod1": lambda A, B: M.cumprod(A, 1),
     "normalize2": lambda A, B: M.normalize(A, 2.0, 1),
     "normalize1_mask0": lambda A, B: M.normalize(A, 1.0, 0, mask=A < 0.5),
+    "softmax_float32": lambda A, B: M.softmax(A.to(torch.float32), 1, mask=A > 0),
+    "cumprod_float32": lambda A, B: M.cumprod(A.to(torch.float32) + 1, 0),
     "log_softmax_dense_dim": lambda A, B: M.log_softmax(A, -1, mask=A > 0),  # (hybrid: along the dense dim)
     "cumsum_dense_dim": lambda A, B: M.cumsum(A, -1),
 }
