@@ -80,7 +80,8 @@ def reduce_dims(A: SparseTensor, name: str, dims, keepdim: bool, out_meta: torch
     sd = nd - A.dense_dim()
     dims = sorted({d % nd for d in dims}) if dims and nd else list(range(nd))
     sp, dn = [d for d in dims if d < sd], [d - sd for d in dims if d >= sd]
-    rows = _csr_rows(A, A.dtype if name == "sum" and A.dtype in _FLOATS else None) if sp == [1] and sd == 2 else None
+    spmv = name == "sum" and A.dtype in _FLOATS and sd == nd  # (a floating row sum of scalars: the SpMV engine)
+    rows = _csr_rows(A, A.dtype if spmv else None) if sp == [1] and sd == 2 else None
     idx, vals = (None, A._vals) if rows is not None else coalesced_parts(A)
     if name in ("all", "any"):
         vals = vals.bool()
