@@ -23,7 +23,8 @@ they need of the plan, the dtype and the device):
 :func:`choose` picks one; :func:`run` runs it for the protocol's ``combine``
 (:func:`sparsefill._reduce.segment_combine`).  The compiled engines are reached through the public
 functions of ``segment/_kernels`` (``segment_sum``, ``segment_extreme``: their custom ops under
-torch.compile); ``segment.reduce``'s own plans (gathers, weights, unsorted ids) choose here too.
+torch.compile), told the engine :func:`run` chose (``engine=``: no second choice); ``segment.reduce``'s own
+plans (gathers, weights, unsorted ids) choose here too, in those functions.
 The engines know tensors only (no SparseTensor).
 
 >>> choose("sum", torch.float32, runs=True)
@@ -171,15 +172,17 @@ def _csr_mv(values: torch.Tensor, csr: CsrRows) -> torch.Tensor:
 
 def _compiled_rows(mode: str, values: torch.Tensor, csr: CsrRows, init) -> torch.Tensor:
     """``combine`` of the rows of ``csr`` on the compiled sorted kernels (through ``segment/_kernels``' public
-    ``segment_sum``/``segment_extreme``; an empty row gets ``init``)."""
+    ``segment_sum``/``segment_extreme``, told the engine chosen here: no second choice; an empty row gets
+    ``init``)."""
     from .segment import _kernels
     from .segment._plan import Plan
     nrows, k = csr.crow.shape[0] - 1, values.shape[0]
     x2 = values.reshape(k, math.prod(values.shape[1:]))
     plan = Plan(nrows, k, offsets=csr.crow, compiled=True)
     if mode == "sum":
-        out = _kernels.segment_sum(x2, plan)
+        out = _kernels.segment_sum(x2, plan, engine="numba_sorted")
     else:
-        out, _ = _kernels.segment_extreme(x2, plan, largest=mode == "amax", want_arg=False, empty=init)
+        out, _ = _kernels.segment_extreme(x2, plan, largest=mode == "amax", want_arg=False, empty=init,
+                                          engine="numba_sorted")
     out = out.reshape(nrows, *values.shape[1:])
     return out if csr.rows is None else out.index_select(0, csr.rows)

@@ -337,19 +337,21 @@ def _contig(t):
 
 
 def segment_sum(x: torch.Tensor, plan, w: torch.Tensor | None = None, *, mode: str = "sum",
-                w_in_segment_order: bool = False) -> torch.Tensor:
+                w_in_segment_order: bool = False, engine: str | None = None) -> torch.Tensor:
     """``out[s] = sum_{p in s} w_p x_p`` (``mode="mean"``: divided by the count; empty segments 0).
 
     ``x`` is 2-D.  ``w`` is per input position, or per segment-order position with
-    ``w_in_segment_order`` (positional weights).
+    ``w_in_segment_order`` (positional weights).  ``engine``: the one ``_engine.run`` chose and runs
+    here (None: chosen here by ``_engine.choose`` for the plan).
     """
     S = plan.num_segments
     if S == 0:
         return x.new_zeros(0, x.shape[1])
-    unsorted, one = plan.unsorted and not plan._sorted and not w_in_segment_order, x.shape[1] == 1
-    # (gather read only where it decides: plan.rows of unsorted ids is a sort)
-    engine = _engine.choose("sum", x.dtype, unsorted=unsorted, compiled=plan.compiled, bag=True, one_column=one,
-                            gather=one and not unsorted and plan.rows is not None)
+    if engine is None:
+        unsorted, one = plan.unsorted and not plan._sorted and not w_in_segment_order, x.shape[1] == 1
+        # (gather read only where it decides: plan.rows of unsorted ids is a sort)
+        engine = _engine.choose("sum", x.dtype, unsorted=unsorted, compiled=plan.compiled, bag=True, one_column=one,
+                                gather=one and not unsorted and plan.rows is not None)
     if engine == "numba_scatter":
         op = "wsum" if w is not None else ("mean" if mode == "mean" else "sum")
         out, _ = _reduce_compiled("scatter", op, x, plan, _contig(plan.direct_rows()), _contig(plan.direct(w)),
@@ -376,18 +378,20 @@ def segment_sum(x: torch.Tensor, plan, w: torch.Tensor | None = None, *, mode: s
     return out / plan.counts.clamp_min(1)[:, None] if mode == "mean" else out
 
 
-def segment_extreme(x: torch.Tensor, plan, *, largest: bool, want_arg: bool = True, empty=None):
+def segment_extreme(x: torch.Tensor, plan, *, largest: bool, want_arg: bool = True, empty=None,
+                    engine: str | None = None):
     """``(best, arg)``: per segment and column the max (``largest``) or min of ``x_p`` and the first input
     position holding it (NaN wins, as in torch); empty segments: ``arg = -1`` and ``best = empty``
     (unspecified when ``empty`` is None).  The compiled sorted kernel writes ``empty`` itself, with no
-    pass over the counts; the other paths fill the rows of zero count."""
+    pass over the counts; the other paths fill the rows of zero count.  ``engine``: as in :func:`segment_sum`."""
     S = plan.num_segments
     D = x.shape[1]
     if S == 0:
         return x.new_zeros(0, D), (torch.zeros(0, D, dtype=torch.int64, device=x.device) if want_arg else None)
     op = "max" if largest else "min"
-    engine = _engine.choose("amax" if largest else "amin", x.dtype, unsorted=plan.unsorted and not plan._sorted,
-                            compiled=plan.compiled)
+    if engine is None:
+        engine = _engine.choose("amax" if largest else "amin", x.dtype, unsorted=plan.unsorted and not plan._sorted,
+                                compiled=plan.compiled)
     if engine == "numba_scatter":
         out, arg = _reduce_compiled("scatter", op, x, plan, _contig(plan.direct_rows()), None, want_arg=want_arg)
         return _fill_empty(out, plan, empty), (plan.direct_positions(arg) if want_arg else None)
