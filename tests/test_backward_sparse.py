@@ -403,14 +403,15 @@ def test_matmul_of_a_computed_operand_has_no_n_by_n_temporary(layout, fill):
 
 def test_matmul_of_an_operand_with_a_varying_derivative_takes_torchs_path():
     """``(A * B) @ X`` where ``B`` stores elements outside the result's pattern cannot happen (element-wise
-    results store the union); an operand whose derivative varies over its unspecified elements -- a SparseTensor
-    multiplied by a dense tensor over its dense dims, or rows gathered by index -- is not routed, and exact."""
+    results store the union); an operand whose derivative varies over its unspecified elements -- rows gathered
+    by index -- is not routed, and exact.  A SparseTensor multiplied by a dense tensor over its dense dims has
+    the same derivative at the unspecified elements of each dense position: routed (linalg_autograd), exact."""
     case = Case((6, 5, 2), (2, 3), 1.5, dense_dim=1)
     v, f, _ = case.leaves()
     w = torch.tensor([2.0, -1.0], dtype=torch.float64)
     A = case.build(v, f) * w  # (6, 5, 2): its dense dim scaled element by element
     from sparsefill.ops.linalg_autograd import pattern_grad_is_exact
-    assert isinstance(A, SparseTensor) and not pattern_grad_is_exact(A)
+    assert isinstance(A, SparseTensor) and pattern_grad_is_exact(A)
     out = A.sum((0, 1))
     out.sum().backward()
     vd, fd, _ = case.leaves()

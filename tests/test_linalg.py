@@ -421,3 +421,32 @@ def test_shape_views(case, fill, kind):
     out = fn(A)
     assert isinstance(out, SparseTensor)
     close(out, fn(x))
+
+
+# ---------------------------------------------------------------------- routed backward of a scaled hybrid operand
+@pytest.mark.parametrize("w_grad", [False, True], ids=["w", "w leaf"])
+@pytest.mark.parametrize("op", ["var_mean dim 1", "var_mean", "std_mean (0, 2)", "A@X"])
+def test_routed_backward_of_a_dense_dims_scaled_operand(op, w_grad):
+    """``A * w`` with ``w`` over the dense dims of a hybrid ``A`` has the same derivative at every unspecified
+    element of each dense position: the routed backwards (var_mean/std_mean, products) take it (as sparse as the
+    forward), with the gradients of values, fill and ``w`` as dense; ``w`` varying along a sparse dim is not
+    routed (torch's formulas) and exact too."""
+    g = torch.Generator().manual_seed(2)
+    idx = torch.tensor([[0, 1, 2, 3, 3], [1, 0, 2, 1, 3]])
+    V, F, X = (torch.randn(s, dtype=torch.float64, generator=g) for s in ((5, 3), (3,), (3, 2)))
+    fns = {"var_mean dim 1": lambda B: torch.var_mean(B, 1), "var_mean": lambda B: torch.var_mean(B),
+           "std_mean (0, 2)": lambda B: torch.std_mean(B, (0, 2)),
+           "A@X": lambda B: (B @ X,)}
+    for wshape, routed in (((3,), True), ((4, 1, 1), False)):
+        W = torch.randn(wshape, dtype=torch.float64, generator=g)
+        grads = []
+        for dense in (False, True):
+            v, f, w = V.clone().requires_grad_(), F.clone().requires_grad_(), W.clone().requires_grad_(w_grad)
+            A = sparsefill.sparse_coo_tensor(idx, v, (4, 4, 3), fill_value=f)
+            outs = fns[op]((A.to_dense() if dense else A) * w)
+            if not dense and routed:
+                assert all(type(o.grad_fn).__name__ in ("SparseReduceBackward", "SparseMMBackward") for o in outs)
+            outs = [o.to_dense() if isinstance(o, SparseTensor) else o for o in outs]
+            sum((o * (n + 1)).sum() for n, o in enumerate(outs)).backward()
+            grads.append([outs, v.grad, f.grad] + ([w.grad] if w_grad else []))
+        torch.testing.assert_close(grads[0], grads[1])

@@ -68,12 +68,13 @@ def pattern_grad_is_exact(A: SparseTensor) -> bool:
     its fill is exact for every reader: ``A`` comes from a differentiable constructor through
 
     * coalesce / layout changes and transposes (``x @ W.t()``), and
-    * element-wise ops whose derivative is the same at every unspecified element of ``A``
-      (``2 * W``, ``W.exp()``, ``W + B``, ``(2 * W).t()``): every tensor their backward reads is a
-      number, a 0-d tensor or a SparseTensor with a defined fill and no stored element outside the
+    * element-wise ops whose derivative is the same at every unspecified element of ``A`` (at each position
+      of its dense dims) (``2 * W``, ``W.exp()``, ``W + B``, ``(2 * W).t()``, ``W * w`` with ``w`` over the
+      dense dims of a hybrid ``W``): every tensor their backward reads is a number, a dense tensor constant
+      along ``A``'s sparse dims or a SparseTensor with a defined fill and no stored element outside the
       pattern (``A``'s, through the transposes), and their inputs have their output's shape (or are
-      0-d: their gradient is a sum over every element); the constructors reached store nothing outside
-      it either;
+      constant along the sparse dims: their gradient is a sum over them); the constructors reached store
+      nothing outside it either;
 
     or its fill is indefinite.  A leaf's ``.grad`` (dense semantics: ``G @ X^T``) and ``A`` computed
     otherwise (``W * w`` with a dense ``w``: a derivative that varies) take torch's path."""
@@ -94,10 +95,16 @@ def pattern_grad_is_exact(A: SparseTensor) -> bool:
                 return False
         elif not _uniform_elementwise(node, R, keys):
             return False
-        else:
+        else:  # an input constant along R's sparse dims (0-d, a dense-dims vector): its gradient sums over them
             todo.extend((m, R) for m, _ in node.next_functions if m is not None and len(m._input_metadata) and
-                        tuple(m._input_metadata[0].shape) != ())  # 0-d inputs: a sum over every element
+                        not _along_dense_dims(tuple(m._input_metadata[0].shape), R))
     return True
+
+
+def _along_dense_dims(shape, A: SparseTensor) -> bool:
+    """A tensor of ``shape`` broadcast to ``A``'s shape varies only along ``A``'s dense dims (0-d: nowhere)."""
+    lead = A.dim() - len(shape)
+    return lead >= 0 and all(n == 1 for i, n in enumerate(shape) if lead + i < A._sparse_ndim())
 
 
 def _input_pattern(node, R: SparseTensor) -> SparseTensor:
@@ -142,7 +149,7 @@ def _uniform_elementwise(node, A: SparseTensor, keys: dict) -> bool:
         if isinstance(t, SparseTensor):
             if t._indefinite or t.shape != A.shape or not _within_pattern(t, A, keys):
                 return False
-        elif isinstance(t, torch.Tensor) and t.dim() > 0:
+        elif isinstance(t, torch.Tensor) and not _along_dense_dims(tuple(t.shape), A):
             return False
     return True
 
