@@ -64,6 +64,9 @@ CASES = {
     "cumprod_float32": lambda A, B: M.cumprod(A.to(torch.float32) + 1, 0),
     "log_softmax_dense_dim": lambda A, B: M.log_softmax(A, -1, mask=A > 0),  # (hybrid: along the dense dim)
     "cumsum_dense_dim": lambda A, B: M.cumsum(A, -1),
+    # (reductions along dim 0: slices grouped by column, compiled by a count over the columns, no sort)
+    "sum0_by_column": lambda A, B: M.sum(A * 2, 0),
+    "amax0_by_column": lambda A, B: M.amax(A, 0, keepdim=True),
 }
 FORMS = {"coo": {}, "csr": {"layout": torch.sparse_csr}, "hybrid": {"dense": (3,)}}
 SPARSE_DIM = [n for n in CASES if "dense_dim" not in n]
@@ -81,7 +84,7 @@ def run_case(name, backend, form):
             A, va = make(na, 2 * step, **kw)
             B, _ = make(nb, 2 * step + 1, **kw)
             got, want = out_c(A, B), fn(A, B)
-            assert isinstance(got, sparsefill.SparseTensor) and got._indefinite
+            assert isinstance(got, sparsefill.SparseTensor) and got._indefinite == want._indefinite
             torch.testing.assert_close(dense(got), dense(want), equal_nan=True)
             torch.testing.assert_close(torch.autograd.grad(loss_c(A, B), [va]),
                                        torch.autograd.grad(weighted(fn(A, B)), [va]))
@@ -94,7 +97,7 @@ def test_eager_backend(name, form):
     run_case(name, "eager", form)
 
 
-@pytest.mark.parametrize("name,form", [
+@pytest.mark.parametrize("name,form", [("sum0_by_column", "coo"),
     ("softmax_mask", "csr"), ("softmin_other_mask", "coo"), ("softmax_strided_mask", "coo"), ("cumsum0_mask", "coo"),
     ("cumprod1", "csr"), ("normalize1_mask0", "coo"), ("log_softmax_dense_dim", "hybrid")])
 def test_aot_eager(name, form):

@@ -27,7 +27,7 @@ import weakref
 
 import torch
 
-from ._compile import traced
+from ._compile import bincount, traced
 from ._index import linearize, numel, runs_to_ids, unravel
 
 __all__ = ["pattern_cached", "group_slices", "sorted_runs", "csr_row_slices"]
@@ -106,12 +106,21 @@ def group_slices(indices: torch.Tensor, sparse_shape, dims):
                           lambda: _group_slices(indices, shape, dims))
 
 
+_COUNTED_KEYS = 1 << 24  # compiled: unsorted slice keys grouped by a count over every key up to this many
+
+
 def _group_slices(indices, sparse_shape, dims):
     keep = [d for d in range(len(sparse_shape)) if d not in dims]
     keep_shape = [sparse_shape[d] for d in keep]
     keys = linearize(indices[keep], keep_shape)
     nk = numel(keep_shape)
-    if keep != list(range(len(keep))):
+    if keep != list(range(len(keep))) and traced(keys) and nk <= _COUNTED_KEYS:  # compiled: counted, no sort
+        counts = bincount(keys, nk)
+        nonempty = counts > 0
+        out_keys = nonempty.nonzero().squeeze(1)
+        seg = (torch.cumsum(nonempty, 0) - 1)[keys]  # (the rank of its key among the non-empty ones)
+        counts = counts[out_keys]
+    elif keep != list(range(len(keep))):
         out_keys, seg, counts = torch.unique(keys, sorted=True, return_inverse=True, return_counts=True)
     else:  # reduced dims trail: keys already sorted (coalesced order)
         out_keys, seg, counts = sorted_runs(keys, nk)

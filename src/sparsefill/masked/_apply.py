@@ -24,6 +24,7 @@ import torch
 
 from .. import _convert, _index
 from .._autograd import dense_grad, grad_parts, sum_outside
+from .._compile import traced
 from .._tensor import SparseTensor
 from ._canon import as_sparse, combine, is_sparse, mask_to_dense
 
@@ -103,10 +104,16 @@ class MaskedFn(torch.autograd.Function):
             gv, gf = grad_parts(G, ctx.out_pattern)
             outs, grads = [res.vals], [gv.reshape(res.vals.shape)]
             P = ctx.out_pattern
-            free = _index.numel(P._sparse_shape) > _index.numel(P._vals.shape[: P._vals.dim() - P.dense_dim()])
+            stored = _index.numel(P._vals.shape[: P._vals.dim() - P.dense_dim()])
+            traced_nse = traced(gv)  # (compiled: nse may be unbacked, the comparison a 0-d tensor)
+            free = True if traced_nse else _index.numel(P._sparse_shape) > stored
             if gf is not None and res.fill.requires_grad and free:  # (read by no output: not differentiated)
+                gf = gf.expand(res.fill.shape) if gf.shape != res.fill.shape else gf
+                if traced_nse:
+                    some = torch.scalar_tensor(_index.numel(P._sparse_shape), device=gf.device) > stored
+                    gf = torch.where(some, gf, torch.zeros((), dtype=gf.dtype, device=gf.device))
                 outs.append(res.fill)
-                grads.append(gf.expand(res.fill.shape) if gf.shape != res.fill.shape else gf)
+                grads.append(gf)
             if X.mfill and res.classes is not None:  # the unspecified outputs, per fill class: G summed there
                 sl, g, n, g0, n0 = res.classes
                 for o, gs, cnt in zip((g, g0), class_sums(G, X, sl), (n, n0)):
