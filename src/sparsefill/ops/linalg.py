@@ -416,7 +416,7 @@ def _zero_fill_nonfinite(A: _Mat, B: _Mat):
     """``A @ B`` for zero or indefinite fills with a stored inf/NaN: ``(b, i, j, values)`` of the native product
     and of the NaN terms ``inf * 0`` (see :func:`_sp_sp_stored_nonfinite`)."""
     b, i, j, vals = _native_pairs(A, B)
-    nb, m, n = A.nb, A.m, B.k
+    m, n = A.m, B.k
     rows, cols = [vals.new_zeros(0, dtype=torch.int64)], [vals.new_zeros(0, dtype=torch.int64)]
     if not B.indefinite:  # a non-finite A[r, k] meets the unspecified B[k, j] of its block
         r, c = _uncovered(A, B, by_rows=True)
@@ -464,10 +464,10 @@ def _uncovered(A: _Mat, B: _Mat, by_rows: bool):
     pos = torch.full_like(cnt, -1, dtype=torch.int64)
     pos[sel] = torch.arange(sel.numel(), device=sel.device)
     if by_rows:  # D[t, j] = cnt[sel[t]] - covered[sel[t], block col j]
-        at, other, width, blk = pos[prow], col, n, sel // m if m else sel
+        at, blk = pos[prow], sel // m if m else sel
         D = cnt[sel][:, None].expand(-1, n).clone()
         keep = at >= 0
-        D.index_put_((at[keep], other[keep] - (prow[keep] // m) * n), -v[keep], accumulate=True)
+        D.index_put_((at[keep], col[keep] - (prow[keep] // m) * n), -v[keep], accumulate=True)
         t, j = (D > 0).nonzero(as_tuple=True)
         return sel[t], blk[t] * n + j
     at = pos[col]  # D[i, t] = cnt[sel[t]] - covered[block row i, sel[t]]
