@@ -8,7 +8,6 @@ Lower than every op handler and the densify fallback (which write their in-place
 from __future__ import annotations
 
 import torch
-from torch.fx.experimental.symbolic_shapes import statically_known_true, sym_eq
 
 from .._compile import traced
 from .._convert import dense_to_sparse
@@ -44,6 +43,7 @@ def _traced_write_(A: SparseTensor, new: SparseTensor) -> bool:
       copied into ``A``'s inner tensors; another (an intermediate's new pattern) rebinds them;
     * AOTAutograd's write-back into an input (``A`` fake, ``new`` functional): ``new``'s inner tensors are
       copied into ``A``'s (those that changed), which the graph records as the input's mutation."""
+    from torch.fx.experimental.symbolic_shapes import statically_known_true, sym_eq  # sympy: only when traced
     names = (("_idx",) if A._sf_layout is torch.sparse_coo else ("_crow", "_col")) + ("_vals", "_fill")
     pairs = [(getattr(A, n), getattr(new, n)) for n in names]
     same = ((new._sf_layout, new._indefinite, new._coalesced) == (A._sf_layout, A._indefinite, A._coalesced)

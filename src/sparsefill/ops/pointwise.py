@@ -97,6 +97,11 @@ def unary_fast(func, args, kwargs):
                 op = _CALLS.get(key) or _call_of(func, (A._fill, A._fill), kwargs, key)
                 return A._with_values(op(A._vals, A._vals), op(A._fill, A._fill))
             if type(c) is not SparseTensor and not isinstance(c, torch.Tensor):  # A * 2
+                first = _FIRST_TENSOR.get(func)
+                if first is None:  # (aten.pow.Scalar(Scalar self, Tensor exponent) takes A second: not this rule)
+                    first = _FIRST_TENSOR[func] = isinstance(func._schema.arguments[0].type, torch.TensorType)
+                if not first:
+                    return None
                 v, tc = A._vals, type(c)
                 if (tc is float and c or tc is int) and -_EXACT < c < _EXACT and v.is_cpu and type(v) is torch.Tensor:
                     op, c = _BY_VALUE.get((func, c, v.dtype)) or _by_value(func, A, c)
@@ -204,6 +209,9 @@ _CALLS: dict = {}  # (OpOverload, argument kinds) -> the callable unary_fast run
 _BY_VALUE: dict = {}  # (OpOverload, Python int/float, dtype) -> (op, operand): see _by_value
 _EXACT = 2 ** 53  # |c| below which a Python int converts to float64 exactly (so to float32 in one rounding)
 _CAST_DTYPES = (torch.float32, torch.float64)
+
+
+_FIRST_TENSOR: dict = {}  # OpOverload -> its first argument is a Tensor
 
 
 def _by_value(func, A: SparseTensor, c):
