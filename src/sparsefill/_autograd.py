@@ -31,7 +31,16 @@ from ._tensor import SparseTensor
 
 def _pattern(A: SparseTensor) -> SparseTensor:
     """A graph-free SparseTensor sharing ``A``'s storage (safe to keep in ``ctx``)."""
-    return _convert.rewrap(A)
+    return _convert.rewrap(unwrapped(A))
+
+
+def unwrapped(t):
+    """``t`` without torch.func's wrappers (``setup_context`` under ``torch.func.grad``/``vjp`` receives its
+    inputs and output wrapped at the transform's level): the SparseTensor inside."""
+    is_wrapped, get = torch._C._functorch.is_functorch_wrapped_tensor, torch._C._functorch.get_unwrapped
+    while isinstance(t, torch.Tensor) and not isinstance(t, SparseTensor) and is_wrapped(t):
+        t = get(t)
+    return t
 
 
 def grad_parts(G, P: SparseTensor):
@@ -150,14 +159,40 @@ def _values_on_pattern(G: SparseTensor, P: SparseTensor):
     return gv if gi.shape == pi.shape and torch.equal(gi, pi) else None
 
 
+def refuse_vmap(what: str):
+    """The ``vmap`` rule of sparsefill's autograd.Functions: ``torch.func.vmap`` batching a SparseTensor (or the
+    values a SparseTensor is built from) is refused, never computed with the batch dim read as a tensor dim."""
+    raise NotImplementedError(
+        f"sparsefill: torch.func.vmap through {what} is not supported (a batched SparseTensor has no batching "
+        "rule); loop over the batch instead (torch.stack([f(x) for x in xs])), or build one SparseTensor with "
+        "the batch as its leading sparse dim and call f on it")
+
+
 class Construct(torch.autograd.Function):
     """``(values, fill) -> SparseTensor`` for a fixed pattern built by ``make``."""
 
     @staticmethod
-    def forward(ctx, values, fill, make):
+    def forward(values, fill, make):
         out = make(values.detach(), fill.detach())
-        ctx.pattern = _pattern(out)
+        if torch._C._functorch.is_functorch_wrapped_tensor(out._idx if out._idx is not None else out._crow):
+            # under torch.func.grad: index tensors made inside the transform are wrapped at its level, which
+            # is not active where the SparseTensor's ops run (they hold no gradient: the plain tensors inside)
+            out = _convert.rewrap(out, indices=unwrapped(out._idx), crow=unwrapped(out._crow),
+                                  col=unwrapped(out._col))
         return out
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.pattern = _pattern(output)
+        ctx.primals = (inputs[0].detach(), inputs[1].detach(), inputs[2])  # (jvp: shapes and make)
+
+    @staticmethod
+    def jvp(ctx, tv, tf, _):
+        """The constructor is linear in ``(values, fill)``: its tangent is the SparseTensor of the tangents."""
+        v, f, make = ctx.primals
+        return make(torch.zeros_like(v) if tv is None else tv, torch.zeros_like(f) if tf is None else tf)
+
+    vmap = staticmethod(lambda info, in_dims, *args: refuse_vmap("a sparsefill constructor"))
 
     @staticmethod
     def backward(ctx, G):
@@ -191,12 +226,18 @@ def _replacement_fill(A: SparseTensor, fill_value):
 
 class ToDense(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, A, fill_value):
+    def forward(A, fill_value):
+        return _convert.dense_of(A, _replacement_fill(A, fill_value))
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        A, fill_value = unwrapped(inputs[0]), inputs[1]
         fill = _replacement_fill(A, fill_value)
         ctx.pattern = _convert.rewrap(A, fill=fill, indefinite=False) if fill is not None else _pattern(A)
         ctx.fill_is_input = isinstance(fill_value, torch.Tensor)
         ctx.replaced = fill is not None
-        return _convert.dense_of(A, fill)
+
+    vmap = staticmethod(lambda info, in_dims, *args: refuse_vmap("SparseTensor.to_dense"))
 
     @staticmethod
     def backward(ctx, G):
@@ -226,9 +267,14 @@ def graph_kept(gv: torch.Tensor, make) -> SparseTensor:
 
 class Values(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, A):
-        ctx.pattern = _pattern(A)
+    def forward(A):
         return A._vals.detach()
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.pattern = _pattern(inputs[0])
+
+    vmap = staticmethod(lambda info, in_dims, *args: refuse_vmap("SparseTensor.values"))
 
     @staticmethod
     def backward(ctx, gv):
@@ -241,9 +287,15 @@ class SameDense(torch.autograd.Function):
     """``x -> fn(x)`` where ``fn`` keeps the dense tensor (coalesce, relayout, to_sparse, from_torch)."""
 
     @staticmethod
-    def forward(ctx, x, fn):
-        ctx.x_layout = x.layout if not isinstance(x, SparseTensor) else None
+    def forward(x, fn):
         return fn(x)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        x = unwrapped(inputs[0])
+        ctx.x_layout = x.layout if not isinstance(x, SparseTensor) else None
+
+    vmap = staticmethod(lambda info, in_dims, *args: refuse_vmap("a sparsefill conversion"))
 
     @staticmethod
     def backward(ctx, G):
@@ -277,9 +329,14 @@ class NativeGrad(torch.autograd.Function):
     sparse tensor of ``x``'s layout and dense dims, exactly (:func:`native_grad`; a dense one: ``to_sparse``)."""
 
     @staticmethod
-    def forward(ctx, x):
-        ctx.layout, ctx.dense_dim = x.layout, x.dense_dim()
+    def forward(x):
         return x.detach()
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.layout, ctx.dense_dim = inputs[0].layout, inputs[0].dense_dim()
+
+    vmap = staticmethod(lambda info, in_dims, *args: refuse_vmap("a torch native sparse operand's gradient"))
 
     @staticmethod
     def backward(ctx, g):

@@ -34,7 +34,7 @@ import dataclasses
 import torch
 
 from . import _convert, _index, _reduce
-from ._autograd import grad_parts
+from ._autograd import _pattern, grad_parts, refuse_vmap, unwrapped
 from ._grouping import csr_row_slices, pattern_cached, sorted_runs
 from ._tensor import SparseTensor
 
@@ -151,11 +151,16 @@ def softmax_grad_values(g: torch.Tensor, y: torch.Tensor, A: SparseTensor, dim: 
 
 class _SegmentSoftmax(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, A, dim, sign, log):
-        out = softmax_values(A, dim, log, sign)
-        ctx.dim, ctx.sign, ctx.log, ctx.pattern = dim, sign, log, A   # (its pattern; y holds the values needed)
-        ctx.save_for_backward(out)
-        return _convert.rewrap(A, values=out, known_zero=False)
+    def forward(A, dim, sign, log):
+        return _convert.rewrap(A, values=softmax_values(A, dim, log, sign), known_zero=False)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        A, ctx.dim, ctx.sign, ctx.log = inputs
+        ctx.pattern = _pattern(A)  # (its pattern; the output's values hold what the backward needs)
+        ctx.save_for_backward(unwrapped(output)._vals)
+
+    vmap = staticmethod(lambda info, in_dims, *args: refuse_vmap("a SparseTensor softmax"))
 
     @staticmethod
     @torch.autograd.function.once_differentiable

@@ -43,6 +43,9 @@ _REQUIRES_GRAD_, _REQUIRES_GRAD = torch._C.TensorBase.requires_grad_, torch._C.T
 _SETTER = type(_REQUIRES_GRAD.__set__)  # ``A.requires_grad = True`` arrives as the descriptor's bound __set__
 ROUTES: dict = {}  # torch function (as __torch_function__ receives it) -> route(func, args, kwargs)
 ALWAYS: set = set()  # functions routed with grad mode off too (torch decomposes them above __torch_dispatch__)
+# the functions route may take when every argument is a SparseTensor or a Python value, no keywords (ROUTES' and
+# requires_grad_): SparseTensor.__torch_function__ does not call route for any other such call (route declines it)
+ROUTED: set = {_REQUIRES_GRAD_, _REQUIRES_GRAD.__set__}
 
 
 def register_route(*funcs, always: bool = False):
@@ -51,6 +54,7 @@ def register_route(*funcs, always: bool = False):
     def deco(fn):
         for f in funcs:
             ROUTES[f] = fn
+            ROUTED.add(f)
             if always:
                 ALWAYS.add(f)
         return fn
@@ -88,9 +92,15 @@ class DenseGrad(torch.autograd.Function):
     (``grad * A`` for ``A * w``), a SparseTensor; the input is dense, so its gradient is too
     (an indefinite gradient: 0 at the masked-out elements, which the forward did not read)."""
 
+    generate_vmap_rule = True  # (a view: torch.func.vmap batches it as it batches view_as)
+
     @staticmethod
-    def forward(ctx, x):
+    def forward(x):
         return x.view_as(x)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        pass
 
     @staticmethod
     def backward(ctx, g):

@@ -36,6 +36,7 @@ non-finite terms, branch-free (:func:`_rest_counted`).  ``grad_X`` is exact by `
 
 from __future__ import annotations
 
+import contextlib
 import re
 import warnings
 
@@ -44,7 +45,7 @@ from torch.autograd.function import once_differentiable
 
 from .. import _index
 from .._compile import bincount, traced
-from .._autograd import Construct, SameDense, _pattern
+from .._autograd import Construct, SameDense, _pattern, refuse_vmap
 from .._convert import coalesced_parts, parts_to_sparse, rewrap, scalar_parts
 from .._tensor import SparseTensor
 
@@ -288,12 +289,18 @@ class SparseMM(torch.autograd.Function):
     """``A @ X`` (``left``) or ``X @ A``: ``A`` a 2-d or 3-d SparseTensor, ``X`` dense of ``A``'s batch."""
 
     @staticmethod
-    def forward(ctx, A, X, left):
+    def forward(A, X, left):
         P = _pattern(A)
-        ctx.pattern, ctx.left = P, left
-        ctx.save_for_backward(X)
         mm = torch.mm if A.dim() == 2 else torch.bmm
         return mm(P, X) if left else mm(X, P)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        A, X, left = inputs
+        ctx.pattern, ctx.left = _pattern(A), left
+        ctx.save_for_backward(X)
+
+    vmap = staticmethod(lambda info, in_dims, *args: refuse_vmap("a sparse matrix product"))
 
     @staticmethod
     @once_differentiable
@@ -302,11 +309,14 @@ class SparseMM(torch.autograd.Function):
         P, left = ctx.pattern, ctx.left
         mm = torch.mm if P.dim() == 2 else torch.bmm
         gA = gX = None
+        Xc, Pc = X.to(G.dtype), P.to(G.dtype)  # autocast: the operands as the forward's product read them
         if ctx.needs_input_grad[0]:
-            U, V = (G, X) if left else (X.mT, G.mT)
-            gA = pattern_grad(P, U[None] if P.dim() == 2 else U, V[None] if P.dim() == 2 else V)
+            U, V = (G, Xc) if left else (Xc.mT, G.mT)
+            if G.dtype in (torch.bfloat16, torch.float16):  # sums in float32, as torch's dense mm accumulates
+                U, V = U.float(), V.float()
+            gA = pattern_grad(P, U[None] if P.dim() == 2 else U, V[None] if P.dim() == 2 else V).to(P.dtype)
         if ctx.needs_input_grad[1]:
-            gX = mm(G.mT, P).mT if left else mm(P, G.mT).mT
+            gX = (mm(G.mT, Pc).mT if left else mm(Pc, G.mT).mT).to(X.dtype)
         return gA, gX, None
 
 
@@ -364,6 +374,23 @@ def _dims_are(a, b, da, db) -> bool:
     return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dim() == da and b.dim() == db
 
 
+def _autocast_as_dense(name, a):
+    """``mv``/``addmv`` are not on autocast's lists (computed in the operands' dtype): autocast off for the
+    product :class:`SparseMM` computes by ``mm``; the others are cast, as dense casts them."""
+    dev = a.device.type
+    off = name in ("mv", "addmv") and torch.is_autocast_enabled(dev)
+    return torch.autocast(dev, enabled=False) if off else contextlib.nullcontext()
+
+
+def _autocast_added(t, p):
+    """``t`` added to the product ``p`` (``addmm``'s input, ``linear``'s bias): cast to ``p``'s dtype where
+    autocast computed ``p`` (it casts every floating operand of these ops but float64)."""
+    if isinstance(t, torch.Tensor) and t.dtype != p.dtype and t.is_floating_point() and t.dtype != torch.float64 \
+            and torch.is_autocast_enabled(p.device.type):
+        return t.to(p.dtype)
+    return t
+
+
 T = torch.Tensor
 
 
@@ -388,7 +415,8 @@ def _route_mm(func, args, kwargs):
     need = (3, 3) if name == "bmm" else (2, 1) if name == "mv" else (2, 2)
     if not _dims_are(a, b, *need) or name == "bmm" and a.shape[0] != b.shape[0]:
         return NotImplemented
-    return _matmul(a, b)
+    with _autocast_as_dense(name, a):
+        return _matmul(a, b)
 
 
 @register_route(torch.addmm, T.addmm, torch.addmv, T.addmv, torch.baddbmm, T.baddbmm)
@@ -401,9 +429,11 @@ def _route_addmm(func, args, kwargs):
     need = (3, 3) if name == "baddbmm" else (2, 1) if name == "addmv" else (2, 2)
     if not _dims_are(m1, m2, *need) or name == "baddbmm" and m1.shape[0] != m2.shape[0]:
         return NotImplemented
-    p = _matmul(m1, m2)
+    with _autocast_as_dense(name, m1):
+        p = _matmul(m1, m2)
     if p is NotImplemented:
         return p
+    inp = _autocast_added(inp, p)
     beta, alpha = kwargs.get("beta", 1), kwargs.get("alpha", 1)
     torch.empty(inp.shape, device="meta").expand(p.shape)  # torch's error for an input that does not broadcast
     if alpha != 1:
@@ -434,7 +464,7 @@ def _route_linear(func, args, kwargs):
             return y
     else:
         return NotImplemented
-    return y if bias is None else y + bias
+    return y if bias is None else y + _autocast_added(bias, y)
 
 
 @register_route(torch.einsum)

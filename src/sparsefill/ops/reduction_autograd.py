@@ -45,7 +45,7 @@ from torch.autograd.function import once_differentiable
 
 from .. import _index
 from .._compile import traced
-from .._autograd import _pattern, dense_grad, sum_outside
+from .._autograd import _pattern, dense_grad, refuse_vmap, sum_outside
 from .._convert import coalesced_parts, parts_to_sparse, rewrap, values_at
 from .._grouping import group_slices
 from .._tensor import SparseTensor
@@ -385,12 +385,16 @@ class SparseReduce(torch.autograd.Function):
     :func:`reduction_grad`."""
 
     @staticmethod
-    def forward(ctx, A, call, name, dims, opt):
-        P = _pattern(A)
-        Y = call(P)
-        ctx.pattern, ctx.name, ctx.dims, ctx.opt = P, name, dims, opt
-        ctx.save_for_backward(Y)
-        return Y
+    def forward(A, call, name, dims, opt):
+        return call(_pattern(A))
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        A, _, ctx.name, ctx.dims, ctx.opt = inputs
+        ctx.pattern = _pattern(A)
+        ctx.save_for_backward(output)
+
+    vmap = staticmethod(lambda info, in_dims, *args: refuse_vmap("a SparseTensor reduction"))
 
     @staticmethod
     @once_differentiable

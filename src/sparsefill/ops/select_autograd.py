@@ -24,7 +24,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from .. import _index
-from .._autograd import _pattern, sum_outside
+from .._autograd import _pattern, refuse_vmap, sum_outside
 from .._convert import coalesced_parts, values_at
 from .._tensor import SparseTensor
 from .autograd_routes import register_route
@@ -98,13 +98,17 @@ class SparseSelect(torch.autograd.Function):
     :func:`select_dense_grad` (a dense dim)."""
 
     @staticmethod
-    def forward(ctx, A, call, dim, keepdim):
-        P = _pattern(A)
-        Y, I = call(P)
-        ctx.pattern, ctx.dim, ctx.keepdim = P, dim, keepdim
-        ctx.save_for_backward(I)
-        ctx.mark_non_differentiable(I)
-        return Y, I
+    def forward(A, call, dim, keepdim):
+        return tuple(call(_pattern(A)))
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        A, _, ctx.dim, ctx.keepdim = inputs
+        ctx.pattern = _pattern(A)
+        ctx.save_for_backward(output[1])
+        ctx.mark_non_differentiable(output[1])
+
+    vmap = staticmethod(lambda info, in_dims, *args: refuse_vmap("a SparseTensor max/min over a dim"))
 
     @staticmethod
     @once_differentiable
