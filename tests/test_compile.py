@@ -129,9 +129,12 @@ def test_aot_eager_csr_hybrid(name, layout, dense_shape):
     run_case(name, "aot_eager", layout, dense_shape)
 
 
-@pytest.mark.parametrize("name", ["unary", "A@X", "amin_dim"])
-def test_inductor(name):
-    run_case(name, "inductor")
+@pytest.mark.parametrize("name,form", [
+    ("unary", "coo"), ("unary", "csr"), ("scalar_0d", "coo"), ("dense_dims", "hybrid"), ("union", "coo"),
+    ("union", "hybrid"), ("sum", "coo"), ("sum_dim", "csr"), ("amin_dim", "coo"), ("softmax", "coo"), ("A@X", "coo"),
+    ("Y@A", "coo")])
+def test_inductor(name, form):
+    run_case(name, "inductor", **FORMS[form])
 
 
 def test_sparse_output_gradient_through_sparse_ops():
