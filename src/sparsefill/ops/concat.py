@@ -156,3 +156,32 @@ def _stack(func, args, kwargs):
     out = _cat(aten.cat.default, (lifted, dim), {})
     layout = next(t for t in tensors if isinstance(t, SparseTensor))._sf_layout
     return out if out is NotImplemented else _in_layout(out, layout)
+
+
+@register(aten.block_diag.default)
+def _block_diag(func, args, kwargs):
+    """``block_diag`` of 2-D SparseTensors of one dtype, all of fill 0 (the off-diagonal blocks' value: the
+    result stores what the operands store, shifted; a batch of graphs' adjacencies) or all masked (the
+    off-diagonal blocks masked too: no edge between the graphs); others densify (the fallback)::
+
+        block_diag(A, B).to_dense() == block_diag(A.to_dense(), B.to_dense())
+
+    >>> import torch, sparsefill
+    >>> A = sparsefill.sparse_coo_tensor([[0], [1]], [2.], (1, 2))
+    >>> torch.block_diag(A, A).indices().tolist()
+    [[0, 1], [1, 3]]
+    """
+    ts = list(args[0])
+    if not ts or any(not isinstance(t, SparseTensor) or t.dim() != 2 or t.dense_dim() or t.dtype != ts[0].dtype
+                     or t.device != ts[0].device for t in ts):
+        return NotImplemented
+    masked = ts[0]._indefinite
+    if any(t._indefinite != masked or not (masked or t._fill_is_zero()) for t in ts):
+        return NotImplemented
+    parts = [coalesced_parts(t) for t in ts]
+    offs = torch.tensor([[0, 0]] + [list(t.shape) for t in ts]).cumsum(0)  # (row, col) of each block's corner
+    idx = torch.cat([i + offs[k, :, None].to(i.device) for k, (i, _) in enumerate(parts)], 1)
+    vals = torch.cat([v for _, v in parts])
+    out = parts_to_sparse(idx, vals, torch.Size(offs[-1].tolist()), ts[0]._fill.clone(), indefinite=masked,
+                          known_zero=not masked, coalesced=True)
+    return _in_layout(out, ts[0]._sf_layout)

@@ -24,6 +24,10 @@ def densify_call(func, args, kwargs):
     flat, spec = tree_flatten((args, kwargs))
     sparse = [a for a in flat if isinstance(a, SparseTensor)]
     check_densify(str(func), sum(a.numel() * a.element_size() for a in sparse))
+    if any(a._indefinite for a in sparse):  # (dense_of would say "to_dense()": a call the user never made)
+        raise ValueError(f"{func} has no sparse handler and is computed on the dense equivalent, but an operand "
+                         "has an indefinite fill (masked-out elements have no dense value): give it a fill "
+                         "(A.to_dense(fill_value=...)), or use sparsefill.masked's form of the op")
     dense_for = {id(a): dense_of(a) for a in sparse}
     dargs, dkwargs = tree_unflatten([dense_for.get(id(a), a) if isinstance(a, SparseTensor) else a for a in flat], spec)
     out = func(*dargs, **dkwargs)
