@@ -450,3 +450,116 @@ def test_routed_backward_of_a_dense_dims_scaled_operand(op, w_grad):
             sum((o * (n + 1)).sum() for n, o in enumerate(outs)).backward()
             grads.append([outs, v.grad, f.grad] + ([w.grad] if w_grad else []))
         torch.testing.assert_close(grads[0], grads[1])
+
+
+# ---------------------------------------------------------------------- half types and autocast
+HALF = [torch.bfloat16, torch.float16]
+
+
+def _half_cases():
+    """(name, shape of the sparse operand, fn(A, r)) with ``r(*shape)`` the dense operands in A's dtype."""
+    lin = torch.nn.functional.linear
+    yield "mm", (5, 4), lambda A, r: torch.mm(A, r(4, 3))
+    yield "mm dense@sparse", (5, 4), lambda A, r: torch.mm(r(2, 5), A)
+    yield "matmul 2x1", (5, 4), lambda A, r: A @ r(4)
+    yield "matmul 1x2", (5,), lambda A, r: A @ r(5, 3)
+    yield "matmul 3x2", (2, 5, 4), lambda A, r: A @ r(4, 3)
+    yield "mv", (5, 4), lambda A, r: torch.mv(A, r(4))
+    yield "bmm", (2, 5, 4), lambda A, r: torch.bmm(A, r(2, 4, 3))
+    yield "addmm", (5, 4), lambda A, r: torch.addmm(r(5, 3), A, r(4, 3), beta=0.5, alpha=2)
+    yield "addmm bias", (5, 3), lambda A, r: torch.addmm(A, r(5, 4), r(4, 3))
+    yield "addmv", (5, 4), lambda A, r: torch.addmv(r(5), A, r(4))
+    yield "baddbmm", (2, 5, 4), lambda A, r: torch.baddbmm(r(2, 5, 3), A, r(2, 4, 3))
+    yield "addbmm", (2, 5, 4), lambda A, r: torch.addbmm(r(5, 3), A, r(2, 4, 3))
+    yield "addr", (5,), lambda A, r: torch.addr(r(5, 4), A, r(4))
+    yield "dot", (5,), lambda A, r: torch.dot(A, r(5))
+    yield "linear", (6, 4), lambda A, r: lin(r(3, 4), A, r(6))
+    yield "linear sparse input", (3, 4), lambda A, r: lin(A, r(6, 4), r(6))
+    yield "einsum", (5, 4), lambda A, r: torch.einsum("ij,kj->ik", A, r(3, 4))
+    yield "sparse.mm", (5, 4), lambda A, r: torch.sparse.mm(A, r(4, 3))
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+@pytest.mark.parametrize("case", list(_half_cases()), ids=lambda c: c[0])
+def test_half_dtypes(case, dtype):
+    """bfloat16/float16 (no sparse kernel of torch's has them): computed in float32 and rounded once, as torch's
+    dense CPU product; the result's dtype and values are the dense product's (torch's tolerances for the dtype).
+    COO, CSR, uncoalesced, hybrid; zero, nonzero, NaN and indefinite fills."""
+    name, shape, fn = case
+    r = lambda *s: rand(*s, seed=sum(s)).to(dtype)  # noqa: E731  (the same operands for A and its dense tensor)
+    for kind in ("coo", "csr", "uncoalesced", "hybrid"):
+        if kind == "csr" and len(shape) == 1:
+            continue  # (CSR needs 2 sparse dims)
+        for fill in (0.0, 2.5, NAN, "indefinite"):
+            A, _ = make(shape, fill, layout=torch.sparse_csr if kind == "csr" else torch.sparse_coo, dtype=dtype,
+                        dense_dim=int(kind == "hybrid" and len(shape) > 1), uncoalesced=kind == "uncoalesced")
+            got, ref = fn(A, r), fn(A.to_dense(fill_value=0) if fill == "indefinite" else A.to_dense(), r)
+            assert got.dtype == ref.dtype == dtype, (kind, fill)
+            if name == "addbmm":  # torch's dense addbmm rounds once per batch: 2 roundings apart
+                torch.testing.assert_close(got, ref, equal_nan=True, rtol=2 ** -7 if dtype == torch.float16 else 0.032,
+                                           atol=1e-5)
+            else:
+                close(got, ref)
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+@pytest.mark.parametrize("fill", [0.0, 2.5, NAN], ids=str)
+def test_half_sparse_sparse(fill, dtype):
+    """Sparse @ sparse in half types: sparse for zero fills (values rounded once), else dense, as dense."""
+    for la, lb in ((torch.sparse_coo, torch.sparse_csr), (torch.sparse_csr, torch.sparse_coo)):
+        A, _ = make((6, 5), fill, layout=la, dtype=dtype, seed=2)
+        B, _ = make((5, 4), fill, layout=lb, dtype=dtype, seed=3)
+        out = A @ B
+        assert out.dtype == dtype and isinstance(out, SparseTensor) == (fill == 0.0)
+        close(out, A.to_dense() @ B.to_dense())
+    C, _ = make((2, 6, 5), fill, dtype=dtype, seed=5)
+    D, _ = make((2, 5, 3), fill, dtype=dtype, seed=6)
+    close(torch.bmm(C, D), torch.bmm(C.to_dense(), D.to_dense()))
+
+
+def _grad_ops():
+    lin = torch.nn.functional.linear
+    yield "matmul", (5, 4), (4, 3), lambda A, x, b: A @ x
+    yield "mm dense@sparse", (5, 4), (3, 5), lambda A, x, b: torch.mm(x, A)
+    yield "mv", (5, 4), (4,), lambda A, x, b: torch.mv(A, x)
+    yield "addmm", (5, 4), (4, 3), lambda A, x, b: torch.addmm(b[:3].expand(5, 3), A, x, alpha=2)
+    yield "addmv", (5, 4), (4,), lambda A, x, b: torch.addmv(b[:5], A, x)
+    yield "linear", (6, 4), (3, 4), lambda A, x, b: lin(x, A, b)
+    yield "bmm", (2, 5, 4), (2, 4, 3), lambda A, x, b: torch.bmm(A, x)
+    yield "sparse@sparse", (5, 4), (5, 3), lambda A, x, b: A @ A.T @ x
+
+
+@pytest.mark.parametrize("mode", ["autocast", "bfloat16", "float16"])
+@pytest.mark.parametrize("kind", ["coo", "csr", "hybrid"])
+@pytest.mark.parametrize("op", list(_grad_ops()), ids=lambda o: o[0])
+def test_half_gradients(op, kind, mode):
+    """Forward dtype and gradients of values, fill and the dense operands as through the dense tensor: under
+    ``torch.autocast("cpu", dtype=torch.bfloat16)`` (float32 leaves: autocast casts the SparseTensor, fill
+    included, as dense; mv/addmv stay float32, as dense) and with half leaves.  Positive data: relative
+    tolerances of the half type hold for the sums."""
+    name, shape, xshape, fn = op
+    if kind == "csr" and len(shape) == 3:
+        kind = "coo"  # (batched CSR: test_half_dtypes)
+    dt = torch.float32 if mode == "autocast" else getattr(torch, mode)
+    g = torch.Generator().manual_seed(0)
+    pos = lambda *s: (torch.rand(s, generator=g) + 0.5).to(dt)  # noqa: E731
+    sd = len(shape) - (kind == "hybrid")
+    keys = torch.randperm(torch.Size(shape[:sd]).numel(), generator=g)[:3].sort().values
+    idx = torch.stack(torch.unravel_index(keys, shape[:sd]))
+    V, X, Bias = pos(3, *shape[sd:]), pos(*xshape), pos(6)
+    out, grads = [], []
+    for dense in (False, True):
+        v, f = V.clone().requires_grad_(), torch.tensor(0.3, dtype=dt, requires_grad=True)
+        x, b = X.clone().requires_grad_(), Bias.clone().requires_grad_()
+        A = sparsefill.sparse_coo_tensor(idx, v, shape, fill_value=f)
+        A = A.to_sparse_csr() if kind == "csr" else A
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=mode == "autocast"):
+            y = fn(A.to_dense() if dense else A, x, b)
+        y = y.to_dense() if isinstance(y, SparseTensor) else y
+        (y.float() * torch.arange(1., y.numel() + 1).reshape(y.shape)).sum().backward()
+        out.append(y)
+        grads.append([t.grad for t in (v, f, x, b) if t.grad is not None])
+    assert out[0].dtype == out[1].dtype and [t.dtype for t in grads[0]] == [t.dtype for t in grads[1]]
+    tol = dict(rtol=1.6e-2, atol=1e-5) if torch.bfloat16 in (dt, out[1].dtype) else {}
+    torch.testing.assert_close(out[0], out[1], **tol)
+    torch.testing.assert_close(grads[0], grads[1], **tol)

@@ -74,7 +74,7 @@ import torch
 
 from .. import _index
 from .._compile import bincount, known_true, traced
-from .._convert import coalesced_parts, parts_to_sparse, scalar_parts
+from .._convert import coalesce_of, coalesced_parts, map_inner, parts_to_sparse, scalar_parts
 from .._grouping import pattern_cached
 from .._tensor import SparseTensor
 from . import shape as _shape
@@ -293,9 +293,14 @@ def product(a, b, out_shape, *, sparse_ok=True):
     """``a @ b`` for 1-d, 2-d or 3-d (batched, equal batch) operands, at least one a SparseTensor.
 
     Returns a tensor of ``out_shape``: a SparseTensor when both are SparseTensors with zero
-    (or indefinite) fills and ``sparse_ok``, else dense; None when not handled here."""
+    (or indefinite) fills and ``sparse_ok``, else dense; None when not handled here.  Half types
+    (bfloat16, float16; torch's sparse kernels have none) are computed in float32 and rounded once, as
+    torch's dense CPU product accumulates them."""
     if min(a.dim(), b.dim()) == 0:
         return None
+    if a.dtype in _HALF:
+        r = product(_upcast(a), _upcast(b), out_shape, sparse_ok=sparse_ok)
+        return None if r is None else _cast(r, a.dtype)
     if any(s == 0 for s in tuple(a.shape) + tuple(b.shape)) or not _index.numel(out_shape):
         dtype, device = a.dtype, a.device
         both = isinstance(a, SparseTensor) and isinstance(b, SparseTensor)
@@ -327,6 +332,22 @@ def product(a, b, out_shape, *, sparse_ok=True):
         X = a.unsqueeze(0) if a.dim() == 1 else a
         r = _dense_sp(X if X.dim() == 3 else X.unsqueeze(0), B)
     return None if r is None else r.reshape(out_shape)
+
+
+_HALF = (torch.bfloat16, torch.float16)
+
+
+def _upcast(T: torch.Tensor) -> torch.Tensor:
+    """``T`` in float32 (exact); a SparseTensor is coalesced first: its duplicates add up in its own dtype,
+    as in its dense tensor."""
+    if not isinstance(T, SparseTensor):
+        return T.float()
+    return map_inner(T if T._coalesced else coalesce_of(T), torch.Tensor.float)
+
+
+def _cast(T: torch.Tensor, dtype) -> torch.Tensor:
+    """``T`` (a product's result) rounded to ``dtype``."""
+    return map_inner(T, lambda t: t.to(dtype)) if isinstance(T, SparseTensor) else T.to(dtype)
 
 
 def _sparse_out(a, b, out_shape, bb, i, j, vals):

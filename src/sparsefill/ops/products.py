@@ -23,7 +23,7 @@ from .._convert import coalesced_parts
 from .._tensor import SparseTensor
 from . import shape as _shape
 from ._schema import probe_of
-from .linalg import _mat, product
+from .linalg import _HALF, _cast, _mat, _upcast, product
 from .registry import register
 
 aten = torch.ops.aten
@@ -53,6 +53,19 @@ def _check(func, args, kwargs):
 
 
 # ---------------------------------------------------------------------- handlers
+def _half_in_float32(handler):
+    """``beta * self + alpha * (a @ b)`` in bfloat16/float16 computed in float32 and rounded once, as torch's dense
+    CPU kernels (rounding the product first, then the sum, is 2-3 roundings: not the dense result)."""
+    def wrapped(func, args, kwargs):
+        dtype = args[1].dtype
+        if dtype not in _HALF:
+            return handler(func, args, kwargs)
+        _check(func, args, kwargs)  # (torch's errors in the operands' dtypes)
+        out = handler(func, [_upcast(a) if isinstance(a, torch.Tensor) else a for a in args], kwargs)
+        return out if out is NotImplemented else _cast(out, dtype)
+    return wrapped
+
+
 def _handle(func, args, kwargs, a, b, *, sparse_ok=True):
     out_shape = _check(func, args, kwargs)
     r = product(a, b, out_shape, sparse_ok=sparse_ok)
@@ -94,6 +107,7 @@ def _add_scaled(self, prod, beta, alpha, out_shape):
 
 
 @register(aten.addmm.default, aten.addmv.default, aten.baddbmm.default)
+@_half_in_float32
 def _addmm(func, args, kwargs):
     self, m1, m2 = args[:3]
     beta, alpha = kwargs.get("beta", 1), kwargs.get("alpha", 1)
@@ -109,6 +123,7 @@ def _addmm(func, args, kwargs):
 
 
 @register(aten.addbmm.default)
+@_half_in_float32
 def _addbmm(func, args, kwargs):
     """``beta * self + alpha * sum_b(batch1[b] @ batch2[b])``."""
     self, b1, b2 = args[:3]
@@ -128,6 +143,7 @@ def _unsq(v, dim):
 
 
 @register(aten.addr.default)
+@_half_in_float32
 def _addr(func, args, kwargs):
     """``beta * self + alpha * outer(vec1, vec2)``, the outer product as ``(m, 1) @ (1, n)``."""
     self, v1, v2 = args[:3]
