@@ -168,6 +168,15 @@ def refuse_vmap(what: str):
         "the batch as its leading sparse dim and call f on it")
 
 
+def refuse_forward_ad(what: str) -> None:
+    """Raise under ``torch.func.jvp``/``jacfwd`` (forward-mode AD): a SparseTensor has no dual (tangent) form."""
+    top = torch._C._functorch.peek_interpreter_stack()
+    if top is not None and top.key() == torch._C._functorch.TransformType.Jvp:
+        raise NotImplementedError(
+            f"sparsefill: torch.func.jvp/jacfwd (forward-mode AD) through {what} is not supported (a SparseTensor "
+            "has no tangent form); use reverse mode: torch.func.vjp, torch.func.jacrev or torch.func.grad")
+
+
 class Construct(torch.autograd.Function):
     """``(values, fill) -> SparseTensor`` for a fixed pattern built by ``make``."""
 
@@ -184,13 +193,11 @@ class Construct(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx, inputs, output):
         ctx.pattern = _pattern(output)
-        ctx.primals = (inputs[0].detach(), inputs[1].detach(), inputs[2])  # (jvp: shapes and make)
 
-    @staticmethod
-    def jvp(ctx, tv, tf, _):
-        """The constructor is linear in ``(values, fill)``: its tangent is the SparseTensor of the tangents."""
-        v, f, make = ctx.primals
-        return make(torch.zeros_like(v) if tv is None else tv, torch.zeros_like(f) if tf is None else tf)
+    @classmethod
+    def apply(cls, *args):
+        refuse_forward_ad("a sparsefill constructor")
+        return super().apply(*args)
 
     vmap = staticmethod(lambda info, in_dims, *args: refuse_vmap("a sparsefill constructor"))
 
@@ -285,6 +292,11 @@ class Values(torch.autograd.Function):
 
 class SameDense(torch.autograd.Function):
     """``x -> fn(x)`` where ``fn`` keeps the dense tensor (coalesce, relayout, to_sparse, from_torch)."""
+
+    @classmethod
+    def apply(cls, *args):
+        refuse_forward_ad("a sparsefill conversion")
+        return super().apply(*args)
 
     @staticmethod
     def forward(x, fn):

@@ -169,7 +169,7 @@ def _size_from_data(what: str) -> None:
 
 def _build(make, values, fill, requires_grad: bool) -> SparseTensor:
     """Run ``make(values, fill)`` under autograd when either input requires grad."""
-    if torch.is_grad_enabled() and (values.requires_grad or fill.requires_grad):
+    if torch.is_grad_enabled() and (values.requires_grad or fill.requires_grad) or _func_wrapped(values, fill):
         out = Construct.apply(values, fill, make)
     else:
         out = make(values.detach(), fill.detach())
@@ -178,8 +178,14 @@ def _build(make, values, fill, requires_grad: bool) -> SparseTensor:
     return out
 
 
+def _func_wrapped(*ts) -> bool:
+    """A tensor of a torch.func transform (vmap's batched, jvp's dual): built through the autograd.Function,
+    whose rules answer for the transform (never a SparseTensor holding the transform's wrapper inside)."""
+    return torch._C._are_functorch_transforms_active() and any(map(torch._C._functorch.is_functorch_wrapped_tensor, ts))
+
+
 def _same_dense(x, fn):
-    if torch.is_grad_enabled() and x.requires_grad:
+    if torch.is_grad_enabled() and x.requires_grad or _func_wrapped(x):
         return SameDense.apply(x, fn)
     return fn(x.detach())
 

@@ -34,6 +34,8 @@ gradient of the SparseTensor ``A`` as the dense ``G @ X^T`` (N x N) before any h
 
 from __future__ import annotations
 
+import sys
+
 import torch
 
 from .._autograd import NativeGrad, dense_grad, track_leaf
@@ -63,6 +65,11 @@ def register_route(*funcs, always: bool = False):
 
 def route(func, types, args, kwargs):
     """The call's result, or ``NotImplemented`` for the plain pass-through."""
+    if func is _DIM and _vmap_input():
+        raise NotImplementedError(
+            "sparsefill: torch.func.vmap over a SparseTensor's dim is not supported (torch's batching rules would "
+            "see its storage, and to_dense/values/fill_value would not run per example): pass it with in_dims=None "
+            "(shared by every example), or loop: torch.stack([f(a) for a in A.unbind(0)])")
     if func is _REQUIRES_GRAD_ or func.__class__ is _SETTER and func.__self__ is _REQUIRES_GRAD:
         out = torch._C._disabled_torch_function_impl(func, types, args, kwargs)
         if isinstance(args[0], SparseTensor):  # a leaf's .grad is a SparseTensor (_autograd.LeafGradHook)
@@ -82,6 +89,22 @@ def route(func, types, args, kwargs):
     args = tuple(_dense_grad_arg(a) for a in args)
     kwargs = {k: _dense_grad_arg(v) for k, v in kwargs.items()}
     return torch._C._disabled_torch_function_impl(func, types, args, kwargs)
+
+
+_DIM = torch._C.TensorBase.dim
+
+
+def _vmap_input() -> bool:
+    """``A.dim()`` called by ``torch.func.vmap`` checking the ``in_dims`` of its batched inputs (it reads the
+    dim of an input only where its in_dim is not None): the SparseTensor is about to be batched."""
+    f = sys._getframe(2)  # (route's caller: the op layer's loader, then SparseTensor.__torch_function__)
+    for _ in range(4):
+        if f is None:
+            return False
+        if f.f_code.co_name == "_process_batched_inputs" and f.f_globals.get("__name__") == "torch._functorch.vmap":
+            return True
+        f = f.f_back
+    return False
 
 
 # ---------------------------------------------------------------------- dense inputs get dense gradients
