@@ -45,6 +45,28 @@ def known_true(cond: torch.Tensor) -> bool:
     return False if traced(cond) else bool(cond)
 
 
+def same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """``a is b``; or, in AOTAutograd's trace, two functional wrappers of one tensor, neither written since:
+    an inner tensor that two SparseTensor inputs share (a parameter's index tensor, held by its gradient or
+    momentum buffer too) is one tensor in dynamo's fake propagation and one wrapper per input in AOTAutograd's
+    trace, where a pattern test by identity alone found two patterns (a union of unbacked size written into
+    the input: an error after dynamo had passed the op).  A write replaces a wrapper's tensor, so a written
+    one is never taken for the other.
+
+    >>> t = torch.arange(3)
+    >>> same_tensor(t, t), same_tensor(t, t.clone())
+    (True, False)
+    """
+    if a is b:
+        return True
+    ea, eb = getattr(a, "elem", None), getattr(b, "elem", None)  # (torch's FunctionalTensor wraps elem)
+    if ea is None or eb is None or not (torch._is_functional_tensor(ea) and torch._is_functional_tensor(eb)):
+        return False
+    torch._sync(a)
+    torch._sync(b)
+    return torch._from_functional_tensor(ea) is torch._from_functional_tensor(eb)
+
+
 def tracing_mode():
     """The active FakeTensorMode (torch.compile is tracing: dynamo's fake propagation, or AOTAutograd's
     trace when a functionalization mode is active too), else None."""
@@ -249,6 +271,27 @@ def _register_with_dynamo() -> None:
     rules = dynamo.trace_rules
     rules.BUILTIN_INLINE_WHEN_CALLED.add(os.path.dirname(os.path.abspath(__file__)) + os.sep)
     rules.add("sparsefill")
+    _bind_shared_symbols_in_order(sys.modules["torch._dynamo.output_graph"].SubgraphTracer)
+
+
+def _bind_shared_symbols_in_order(tracer_cls) -> None:
+    """Dynamo binds a dynamic size of a SparseTensor it puts in its graph as an attribute (an optimizer's
+    parameter: a static address) lazily, by a ``getattr(p, "_idx")`` node made when first needed.  When
+    another input shares that inner tensor (``p.grad`` or ``p``'s momentum buffer holds ``p``'s index tensor:
+    sparsefill shares the pattern of same-pattern results) it is needed while dynamo creates the other
+    input's placeholder, and made there: before ``p``'s own node, an invalid graph (InternalTorchDynamoError
+    "Argument 'p' of Node 'getattr_1' was used before it has been defined" after a graph break in
+    ``optimizer.step``).  The binding nodes are made at the graph's end instead, after ``p`` (they read only
+    ``p``'s sizes; the placeholder itself uses none of them)."""
+    lookup = getattr(tracer_cls, "lookup_unbound_symbols", None)
+    if lookup is None or getattr(lookup, "_sparsefill", False):
+        return
+
+    def lookup_unbound_symbols(self, s):
+        with self.graph.inserting_after(None):  # (None: the end of the graph)
+            return lookup(self, s)
+    lookup_unbound_symbols._sparsefill = True
+    tracer_cls.lookup_unbound_symbols = lookup_unbound_symbols
 
 
 class _DynamoImportHook:

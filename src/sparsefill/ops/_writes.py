@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from .._compile import traced
+from .._compile import same_tensor, traced
 from .._convert import dense_to_sparse
 from .._tensor import _STATE, SparseTensor
 
@@ -65,8 +65,8 @@ def _traced_write_(A: SparseTensor, new: SparseTensor) -> bool:
     else:
         return False
     for a, b in pairs:
-        if a is not b:
-            a.copy_(b)
+        if not same_tensor(a, b):  # (an index tensor the operands share: no write, whose copy AOTAutograd
+            a.copy_(b)             # would make once per input that holds it)
     A._zero = new._zero
     return True
 

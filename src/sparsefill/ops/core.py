@@ -77,9 +77,10 @@ def _copy_(func, args, kwargs):
             src = src if conv is None else conv
         if src.shape != dst.shape or src.dense_dim() != dst.dense_dim():
             return NotImplemented
+        held = {id(t) for t in (dst._idx, dst._crow, dst._col) if t is not None}  # (dst's own: no copy, no write)
         new = map_inner(_coalesced_for_cast(src, dst.dtype),
                         lambda t: t.to(dtype=dst.dtype, device=dst.device, copy=True),
-                        lambda t: t.to(device=dst.device, copy=True))
+                        lambda t: t if id(t) in held else t.to(device=dst.device, copy=True))
         return assign_(dst, to_layout(new, dst._sf_layout))
     x = torch.as_tensor(src).to(dtype=dst.dtype, device=dst.device).expand(dst.shape)
     return assign_(dst, dense_to_sparse(x, dst._fill, dst._indefinite, dst._fill_is_zero(), dst._sf_layout, dst.dense_dim()))

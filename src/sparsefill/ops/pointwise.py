@@ -26,6 +26,7 @@ import weakref
 import torch
 
 from .. import _index, _merge
+from .._compile import same_tensor
 from .._convert import coalesce_of, coalesced_parts, dense_of, parts_to_sparse, rewrap, union_parts
 from .._policy import check_densify
 from .._splits import one_split
@@ -507,8 +508,8 @@ def _same_pattern(T: SparseTensor, A: SparseTensor) -> bool:
     if T._sf_layout is not A._sf_layout:
         return _same_across_layouts(T, A)
     if A._sf_layout is torch.sparse_coo:
-        return T._idx is A._idx
-    return T._crow is A._crow and T._col is A._col
+        return same_tensor(T._idx, A._idx)
+    return same_tensor(T._crow, A._crow) and same_tensor(T._col, A._col)
 
 
 def _same_across_layouts(T: SparseTensor, A: SparseTensor) -> bool:
