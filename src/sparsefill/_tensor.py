@@ -426,6 +426,22 @@ class SparseTensor(HostMixin, torch.Tensor):
         k = len(names) - 1
         return "SparseTensor(" + ",\n       ".join(parts[:k] + [", ".join(parts[k:])]) + ")"
 
+    def __format__(self, format_spec):
+        """As ``torch.Tensor``: a 0-d tensor formats its item (no DensifyWarning; an unspecified element of an
+        indefinite tensor has no value: to_dense's ValueError); any other ``object.__format__`` (``""``: the
+        repr; a format spec: TypeError).
+
+        >>> import sparsefill
+        >>> A = sparsefill.sparse_coo_tensor([[0], [1]], [2.], (2, 2))
+        >>> f"{A[0, 1]:.2f}", f"{A[1, 1]}"
+        ('2.00', '0.0')
+        """
+        if self.dim() == 0 and not self.is_meta:
+            A = self.detach()
+            d = A.to_dense(fill_value=0) if A._indefinite and A._nse() else A.to_dense()  # (specified: its value)
+            return d.item().__format__(format_spec)
+        return object.__format__(self, format_spec)
+
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         fast = _FAST.get(func)
