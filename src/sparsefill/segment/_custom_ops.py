@@ -35,6 +35,7 @@ import math
 import torch
 from torch.library import custom_op, get_ctx
 
+from . import _kernels
 from ._check import as_index
 from ._repr_ops import _effectful
 from ._reduce_ops import _backward, _flat, _out_dtype, _reduce_eager, _scatter_rows, reducer_of
@@ -60,10 +61,20 @@ def _num_segments(data, lengths, offsets, segment_ids, num_segments):
 
 
 def _plan(data, lengths, offsets, segment_ids, indices, num_segments, sorted, out_of_range):
-    from ._plan import make_plan
-    return make_plan(data.shape[0], data.device, lengths=lengths, offsets=offsets, segment_ids=segment_ids,
-                     num_segments=num_segments, sorted=sorted, indices=indices, validate=False,
-                     out_of_range=out_of_range, width=math.prod(data.shape[1:]))
+    """The forward's Plan again, for the backward.  The forward checked these inputs (autograd's version counters
+    keep them unchanged since), so offsets and lengths become the Plan directly, with no second check of their
+    data (``make_plan``'s O(S) checks and syncs: a quarter of a compiled DLRM backward); segment ids are grouped
+    again by ``make_plan`` (its O(N) checks skipped)."""
+    from ._plan import Plan, make_plan
+    width = math.prod(data.shape[1:])
+    if segment_ids is not None:
+        return make_plan(data.shape[0], data.device, segment_ids=segment_ids, num_segments=num_segments,
+                         sorted=sorted, indices=indices, validate=False, out_of_range=out_of_range, width=width)
+    n = data.shape[0] if indices is None else indices.shape[0]
+    compiled = _kernels.compiled_for(data.device, n * width)
+    offs = offsets.long() if offsets is not None else _kernels.offsets_of(lengths, compiled)
+    return Plan(offs.shape[0] - 1, n, offsets=offs, indices=None if indices is None else indices.long(),
+                compiled=compiled)
 
 
 # ------------------------------------------------------------------------------------------ segment_reduce
