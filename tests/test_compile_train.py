@@ -1,0 +1,106 @@
+"""torch.compile of training steps over SparseTensor parameters, without ``fullgraph`` (issue 14, point 4: where
+tracing is impossible a graph break, never an error): the compiled step runs and trains as the eager loop on the
+dense equivalent::
+
+    losses(compiled step on P) == losses(eager step on P.to_dense())    W after the steps alike
+
+for optimizers with state (SGD momentum / Nesterov, Adam, AdamW, RMSprop), COO and CSR, backends ``eager`` and
+``aot_eager``, the whole step compiled or ``optimizer.step`` alone.  Such a step's gradient and momentum buffer hold
+the parameter's index tensor (sparsefill shares a same pattern), which dynamo (the parameter is a graph
+attribute) and AOTAutograd (one wrapper per input) failed on.  Small sizes.
+"""
+
+import pytest
+import torch
+import torch._dynamo
+from torch.testing import assert_close
+
+import sparsefill
+
+pytestmark = pytest.mark.filterwarnings("ignore")
+
+_X = torch.randn(5, 3, generator=torch.Generator().manual_seed(0))
+_Y = torch.randn(5, 4, generator=torch.Generator().manual_seed(1))
+
+OPTIMIZERS = {
+    "sgd_momentum": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9),
+    "sgd_nesterov": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9, nesterov=True, weight_decay=0.01),
+    "adam": lambda p: torch.optim.Adam(p, lr=0.05),
+    "adamw": lambda p: torch.optim.AdamW(p, lr=0.05, weight_decay=0.1),
+    "rmsprop": lambda p: torch.optim.RMSprop(p, lr=0.01, momentum=0.5),
+}
+
+
+def _W(layout):
+    A = sparsefill.sparse_coo_tensor([[0, 1, 3, 2], [1, 2, 0, 2]], [1., 2., 3., -1.], (4, 3), fill_value=0.1)
+    return A.coalesce() if layout is torch.sparse_coo else A.to_sparse(layout=layout)
+
+
+def _train(opt, layout, backend, whole, sparse, steps=3):
+    """``steps`` training steps of ``((X @ W.t() - Y) ** 2).mean()``: the losses and W after them (dense)."""
+    W = torch.nn.Parameter(_W(layout) if sparse else _W(layout).to_dense())
+    o = OPTIMIZERS[opt]([W])
+
+    def loss():
+        return ((_X @ W.t() - _Y) ** 2).mean()
+
+    def step():
+        o.zero_grad()
+        out = loss()
+        out.backward()
+        o.step()
+        return out.detach()
+
+    if sparse and whole:
+        step = torch.compile(step, backend=backend)
+    elif sparse:
+        compiled = torch.compile(o.step, backend=backend)
+
+        def step():
+            o.zero_grad()
+            out = loss()
+            out.backward()
+            compiled()
+            return out.detach()
+    losses = torch.stack([step() for _ in range(steps)])
+    if sparse:
+        assert type(W) is sparsefill.SparseTensor and W.sparse_layout is layout
+    return W.detach().to_dense() if sparse else W.detach(), losses
+
+
+@pytest.mark.parametrize("opt,layout,backend,whole", [
+    ("sgd_momentum", torch.sparse_coo, "aot_eager", True),
+    ("sgd_momentum", torch.sparse_csr, "eager", True),
+    ("sgd_nesterov", torch.sparse_coo, "aot_eager", False),
+    ("adam", torch.sparse_coo, "aot_eager", False),
+    ("adam", torch.sparse_csr, "eager", True),
+    ("adamw", torch.sparse_csr, "aot_eager", False),
+    ("rmsprop", torch.sparse_coo, "eager", False),
+], ids=lambda v: v if isinstance(v, str) else {True: "step", False: "opt.step"}.get(v, str(v).split("_")[-1]))
+def test_compiled_training_with_optimizer_state_matches_dense(opt, layout, backend, whole):
+    torch._dynamo.reset()
+    W, losses = _train(opt, layout, backend, whole, sparse=True)
+    Wd, losses_d = _train(opt, layout, backend, whole, sparse=False)
+    assert_close(losses, losses_d, rtol=1e-5, atol=1e-5)
+    assert_close(W, Wd, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_compiled_optimizer_step_gradient_sharing_the_index(backend):
+    """An eager backward whose gradient keeps the parameter's pattern (its very index tensor), then a compiled
+    ``optimizer.step`` (plain SGD): the parameter, a graph attribute, shares an inner tensor with an input (it
+    raised InternalTorchDynamoError: a node used before its definition)."""
+    torch._dynamo.reset()
+    A = _W(torch.sparse_coo)
+    W, Wd = torch.nn.Parameter(A.clone()), torch.nn.Parameter(A.to_dense())
+    o, od = torch.optim.SGD([W], lr=0.1), torch.optim.SGD([Wd], lr=0.1)
+    step = torch.compile(o.step, backend=backend)
+    for _ in range(3):
+        o.zero_grad()
+        od.zero_grad()
+        (W * W).sum().backward()
+        (Wd * Wd).sum().backward()
+        assert W.grad._idx is W._idx  # (the case under test)
+        step()
+        od.step()
+        assert_close(W.detach().to_dense(), Wd.detach())
