@@ -194,18 +194,60 @@ def test_compiled_training_step_matches_dense():
     assert_close(out[0][0], out[1][0], rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.xfail(strict=True, raises=NotImplementedError,
-                   reason="open: ops/linalg._native_spmm calls torch's CSR addmm, not implemented for bfloat16/half")
-def test_bfloat16_matmul():
-    W = _W().to(torch.bfloat16)
-    x = torch.ones(3, 2, dtype=torch.bfloat16)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_half_precision_matmul(dtype):
+    """bfloat16/float16 products as dense (they raised NotImplementedError: torch's sparse kernels have no half
+    types; ``ops/linalg.product`` computes them in float32 and rounds once, as dense CPU ``mm``)."""
+    W, x = _W().to(dtype), _X.T[:, :2].to(dtype)
     assert_close(W @ x, W.to_dense() @ x)
+    assert_close(torch.nn.functional.linear(x.T, W), torch.nn.functional.linear(x.T, W.to_dense()))
 
 
-@pytest.mark.xfail(strict=True, raises=TypeError,
-                   reason="open: Tensor.__format__ formats 0-d tensors of type torch.Tensor only (_tensor.py)")
+@_LAYOUTS
+def test_autocast_sparse_linear_matches_nn_linear(layout):
+    """``SparseLinear`` under ``torch.autocast("cpu", dtype=torch.bfloat16)`` as ``nn.Linear`` of its dense weight:
+    a bfloat16 output (autocast casts the SparseTensor weight, its fill too, and the bias) and float32 gradients
+    of the stored values, the trained fill and the bias as the dense weight's (positive data: bfloat16's relative
+    tolerance holds for the sums)."""
+    lin = sparsefill.nn.SparseLinear.from_sparse(_W(layout, fill=0.3).abs(), torch.full((4,), 0.5), train_fill=True)
+    dense = torch.nn.Linear(3, 4)
+    with torch.no_grad():
+        dense.weight.copy_(lin.weight.to_dense())
+        dense.bias.copy_(lin.bias)
+    x = _X.abs() + 0.5
+    out = []
+    for m in (lin, dense):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = m(x)
+        (y.float() * torch.arange(1., 21.).reshape(5, 4)).sum().backward()
+        out.append(y)
+    assert out[0].dtype == out[1].dtype == torch.bfloat16
+    assert_close(out[0], out[1])
+    gW, P = dense.weight.grad, lin.sparse_weight
+    mask = lin.weight.to_dense(fill_value=0) != 0  # the pattern (stored values are nonzero), row-major as values
+    tol = dict(rtol=1.6e-2, atol=1e-5)
+    assert_close(P.values.grad, gW[mask], **tol)
+    assert_close(P.fill.grad, gW[~mask].sum(), **tol)
+    assert_close(lin.bias.grad, dense.bias.grad, **tol)
+
+
 def test_format_zero_dim():
-    assert f"{_W()[0, 1]:.2f}" == "1.00"
+    """f-strings format a 0-d SparseTensor's item as torch.Tensor's (it raised TypeError); any other one as torch
+    does (``""``: str, a format spec: TypeError)."""
+    A = _W()
+    D = A.to_dense()
+    assert f"{A[0, 1]:.2f}" == "1.00" and f"{A[0, 0]:>8.3f}" == f"{D[0, 0]:>8.3f}" == "   0.100"
+    assert f"{A[0, 0]}" == f"{D[0, 0]}" and f"{A.sum():.4g}" == f"{D.sum():.4g}"
+    assert f"{A.requires_grad_()[0, 1]:.1f}" == "1.0"
+    assert f"{A}" == str(A)
+    for T in (A, D):
+        with pytest.raises(TypeError, match="unsupported format string"):
+            f"{T:.2f}"
+    assert f"{sparsefill.sparse_coo_tensor([[0]], [3], (2,))[1]:03d}" == "000"
+    B = sparsefill.sparse_coo_tensor([[0]], [1.5], (2,), fill_value=sparsefill.indefinite)
+    assert f"{B[0]:.2f}" == "1.50"
+    with pytest.raises(ValueError, match="indefinite"):
+        f"{B[1]:.2f}"
 
 
 @pytest.mark.xfail(strict=True, raises=RuntimeError,
