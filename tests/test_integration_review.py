@@ -250,8 +250,6 @@ def test_format_zero_dim():
         f"{B[1]:.2f}"
 
 
-@pytest.mark.xfail(strict=True, raises=RuntimeError,
-                   reason="open: sparsefill's autograd.Functions have no setup_context (torch.func transforms)")
 def test_func_grad_through_constructor():
     from torch.func import grad
     idx = [[0, 1, 3, 2], [1, 2, 0, 2]]

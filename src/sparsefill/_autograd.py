@@ -43,6 +43,16 @@ def unwrapped(t):
     return t
 
 
+def sparse_inside(G):
+    """A backward's gradient ``G``, or the SparseTensor inside it when torch.func wrapped one (then read as the
+    SparseTensor it is: its pattern and fill, never indexed through the wrapper as if dense)."""
+    if isinstance(G, SparseTensor) or not isinstance(G, torch.Tensor) or \
+            not torch._C._functorch.is_functorch_wrapped_tensor(G):
+        return G
+    U = unwrapped(G)
+    return U if isinstance(U, SparseTensor) else G
+
+
 def grad_parts(G, P: SparseTensor):
     """``(grad_values, grad_fill)`` of the constructor of ``P`` for upstream gradient ``G``."""
     S, D = P._sparse_shape, tuple(P._dense_shape)
@@ -203,6 +213,7 @@ class Construct(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, G):
+        G = sparse_inside(G)
         if isinstance(G, SparseTensor) and G.requires_grad and torch.is_grad_enabled():
             # create_graph: G's stored tensors hold no graph (the ops that made G ran below autograd), its dense
             # form does (ToDense): read through it, so a second backward is exact or raises, never silently 0
@@ -248,7 +259,7 @@ class ToDense(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, G):
-        P = ctx.pattern
+        P, G = ctx.pattern, sparse_inside(G)
         gf = grad_parts(G, P)[1] if ctx.fill_is_input and ctx.needs_input_grad[1] else None
         return (G if not ctx.replaced else _at_pattern(G, P)), gf
 
@@ -311,6 +322,7 @@ class SameDense(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, G):
+        G = sparse_inside(G)
         if ctx.x_layout is None:  # a SparseTensor input: dense or SparseTensor gradients both fit
             return (_convert.from_native(G) if G.layout is not torch.strided else G), None
         g = dense_grad(G) if isinstance(G, SparseTensor) else G
@@ -352,6 +364,7 @@ class NativeGrad(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g):
+        g = sparse_inside(g)
         if isinstance(g, SparseTensor):
             return native_grad(g, ctx.layout, ctx.dense_dim)
         return g.to_sparse(layout=ctx.layout, dense_dim=ctx.dense_dim) if g.layout is torch.strided else g

@@ -16,7 +16,7 @@ import sys
 import torch
 
 from . import _convert, _index
-from ._autograd import Construct, SameDense
+from ._autograd import Construct, SameDense, unwrapped
 from ._compile import traced
 from ._tensor import SparseTensor
 
@@ -181,7 +181,8 @@ def _build(make, values, fill, requires_grad: bool) -> SparseTensor:
 def _func_wrapped(*ts) -> bool:
     """A tensor of a torch.func transform (vmap's batched, jvp's dual): built through the autograd.Function,
     whose rules answer for the transform (never a SparseTensor holding the transform's wrapper inside)."""
-    return torch._C._are_functorch_transforms_active() and any(map(torch._C._functorch.is_functorch_wrapped_tensor, ts))
+    wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+    return torch._C._are_functorch_transforms_active() and any(map(wrapped, ts))
 
 
 def _same_dense(x, fn):
@@ -311,7 +312,7 @@ def sparse_csr_tensor(crow_indices, col_indices, values, size=None, *, fill_valu
         keys = out._keys()
         torch._assert_async((keys[1:] > keys[:-1]).all(), "col_indices must be strictly increasing within each row")
     elif check_invariants:
-        keys = out._keys()
+        keys = unwrapped(out)._keys()  # (torch.func.grad returns it wrapped)
         bad = (keys[1:] <= keys[:-1]).nonzero()
         if bad.numel():
             n = int(bad[0]) + 1

@@ -34,7 +34,7 @@ import dataclasses
 import torch
 
 from . import _convert, _index, _reduce
-from ._autograd import _pattern, grad_parts, refuse_vmap, unwrapped
+from ._autograd import _pattern, grad_parts, refuse_vmap, sparse_inside, unwrapped
 from ._grouping import csr_row_slices, pattern_cached, sorted_runs
 from ._tensor import SparseTensor
 
@@ -165,7 +165,7 @@ class _SegmentSoftmax(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, G):
-        (y,), P = ctx.saved_tensors, ctx.pattern
+        (y,), P, G = ctx.saved_tensors, ctx.pattern, sparse_inside(G)
         gv, _ = grad_parts(G, P)   # the values of G on the output's (= the input's) pattern
         gx = softmax_grad_values(gv, y, P, ctx.dim, ctx.log, ctx.sign)
         return (_convert.rewrap(P, values=gx, fill=gx.new_zeros(()), indefinite=False, known_zero=True),

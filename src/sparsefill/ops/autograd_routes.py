@@ -38,7 +38,7 @@ import sys
 
 import torch
 
-from .._autograd import NativeGrad, dense_grad, track_leaf
+from .._autograd import NativeGrad, dense_grad, sparse_inside, track_leaf
 from .._tensor import SparseTensor
 
 _REQUIRES_GRAD_, _REQUIRES_GRAD = torch._C.TensorBase.requires_grad_, torch._C.TensorBase.requires_grad
@@ -92,6 +92,7 @@ def route(func, types, args, kwargs):
 
 
 _DIM = torch._C.TensorBase.dim
+ROUTED.add(_DIM)  # (every A.dim() asks route: vmap's in_dims check is one)
 
 
 def _vmap_input() -> bool:
@@ -127,6 +128,7 @@ class DenseGrad(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g):
+        g = sparse_inside(g)
         if isinstance(g, SparseTensor):
             g = dense_grad(g)
         return g

@@ -45,7 +45,7 @@ from torch.autograd.function import once_differentiable
 
 from .. import _index
 from .._compile import bincount, traced
-from .._autograd import Construct, SameDense, _pattern, refuse_vmap
+from .._autograd import Construct, SameDense, _pattern, refuse_vmap, sparse_inside
 from .._convert import coalesced_parts, parts_to_sparse, rewrap, scalar_parts
 from .._tensor import SparseTensor
 
@@ -305,7 +305,7 @@ class SparseMM(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, G):
-        (X,) = ctx.saved_tensors
+        (X,), G = ctx.saved_tensors, sparse_inside(G)
         P, left = ctx.pattern, ctx.left
         mm = torch.mm if P.dim() == 2 else torch.bmm
         gA = gX = None

@@ -45,7 +45,7 @@ from torch.autograd.function import once_differentiable
 
 from .. import _index
 from .._compile import traced
-from .._autograd import _pattern, dense_grad, refuse_vmap, sum_outside
+from .._autograd import _pattern, dense_grad, refuse_vmap, sparse_inside, sum_outside
 from .._convert import coalesced_parts, parts_to_sparse, rewrap, values_at
 from .._grouping import group_slices
 from .._tensor import SparseTensor
@@ -399,7 +399,7 @@ class SparseReduce(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, G):
-        (Y,) = ctx.saved_tensors
+        (Y,), G = ctx.saved_tensors, sparse_inside(G)
         P = ctx.pattern
         if ctx.dims and ctx.dims[0] >= P._sparse_ndim():  # dense dims only
             return dense_dims_grad(P, ctx.name, ctx.dims, ctx.opt, Y, G), None, None, None, None

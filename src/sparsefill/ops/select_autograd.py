@@ -24,7 +24,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from .. import _index
-from .._autograd import _pattern, refuse_vmap, sum_outside
+from .._autograd import _pattern, refuse_vmap, sparse_inside, sum_outside
 from .._convert import coalesced_parts, values_at
 from .._tensor import SparseTensor
 from .autograd_routes import register_route
@@ -113,6 +113,7 @@ class SparseSelect(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, G, _):
+        G = sparse_inside(G)
         (I,) = ctx.saved_tensors
         grad = select_grad if ctx.dim < ctx.pattern._sparse_ndim() else select_dense_grad
         return grad(ctx.pattern, ctx.dim, ctx.keepdim, I, G), None, None, None

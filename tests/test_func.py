@@ -1,0 +1,230 @@
+"""torch.func with SparseTensors: ``grad``/``vjp``/``jacrev`` through sparsefill's constructors and ops equal
+``torch.autograd.grad`` of the same function (values and fill gradients); ``functional_call`` training steps
+equal autograd's; ``vmap`` over a SparseTensor (or through a constructor) and forward mode (``jvp``/``jacfwd``)
+raise a NotImplementedError naming sparsefill, never a wrong type or value.
+"""
+
+import copy
+import warnings
+
+import pytest
+import torch
+from torch.func import functional_call, grad, jacfwd, jacrev, jvp, vjp, vmap
+
+import sparsefill
+from sparsefill import SparseTensor
+
+COO, CSR = torch.sparse_coo, torch.sparse_csr
+IDX = torch.tensor([[0, 1, 3, 2, 1], [1, 2, 0, 2, 2]])  # (1, 2) twice: uncoalesced
+CROW, COL = torch.tensor([0, 1, 3, 3, 4]), torch.tensor([1, 0, 2, 0])
+
+
+@pytest.fixture(autouse=True)
+def _quiet():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", sparsefill.DensifyWarning)
+        yield
+
+
+def build(layout, v, f, hybrid=False):
+    """A SparseTensor ``(4, 3)`` (``(4, 3, 2)`` hybrid) from values ``v`` and fill ``f``."""
+    size = (4, 3, 2) if hybrid else (4, 3)
+    if layout is COO:
+        return sparsefill.sparse_coo_tensor(IDX, v, size, fill_value=f)
+    return sparsefill.sparse_csr_tensor(CROW, COL, v, size, fill_value=f)
+
+
+def n_stored(layout):
+    return IDX.shape[1] if layout is COO else COL.shape[0]
+
+
+def inputs(layout, fill, dtype, hybrid=False):
+    g = torch.Generator().manual_seed(7)
+    v = torch.randn((n_stored(layout),) + ((2,) if hybrid else ()), generator=g, dtype=dtype)
+    f = {"scalar": torch.tensor(0.3, dtype=dtype), "array": torch.tensor([0.3, -0.2], dtype=dtype),
+         "indefinite": sparsefill.indefinite}[fill]
+    return v, f
+
+
+def loss_of(layout, hybrid):
+    """A scalar loss through the routed and the dispatched ops: product, element-wise, reductions, softmax."""
+    X = torch.linspace(-1, 1, 3 * (1 if not hybrid else 1)).reshape(3, 1)
+
+    def loss(v, f):
+        A = build(layout, v, f, hybrid)
+        out = (A * A).sum() + torch.exp(A).sum(0).pow(2).sum() + torch.tanh(A).sum()
+        if not hybrid:
+            out = out + (A @ X.to(v.dtype)).pow(2).sum()
+        return out
+    return loss
+
+
+def loss_indefinite(layout):
+    def loss(v, f):
+        A = build(layout, v, sparsefill.indefinite)
+        return (A * A).sum() + torch.exp(A).sum() + torch.sin(A).sum(1).pow(2).sum()
+    return loss
+
+
+def autograd_ref(loss, v, f, fill_grad):
+    vv = v.clone().requires_grad_()
+    ff = f.clone().requires_grad_() if fill_grad else f
+    out = loss(vv, ff)
+    return torch.autograd.grad(out, (vv, ff) if fill_grad else (vv,))
+
+
+CASES = [(lay, fill, dt, hyb) for lay in (COO, CSR) for dt in (torch.float32, torch.float64)
+         for fill, hyb in (("scalar", False), ("indefinite", False), ("array", True), ("scalar", True))
+         if not (hyb and lay is CSR)]
+
+
+@pytest.mark.parametrize("layout,fill,dtype,hybrid", CASES)
+def test_grad_vjp_jacrev_equal_autograd(layout, fill, dtype, hybrid):
+    v, f = inputs(layout, fill, dtype, hybrid)
+    defined = fill != "indefinite"
+    loss = loss_of(layout, hybrid) if defined else loss_indefinite(layout)
+    ref = autograd_ref(loss, v, f, defined)
+    argnums = (0, 1) if defined else 0
+    got = {"grad": grad(loss, argnums=argnums)(v, f),
+           "jacrev": jacrev(loss, argnums=argnums)(v, f)}
+    out, pullback = vjp(loss, v, f) if defined else vjp(lambda v: loss(v, f), v)
+    got["vjp"] = pullback(torch.ones((), dtype=dtype))
+    torch.testing.assert_close(out, loss(v, f))
+    for name, g in got.items():
+        g = g if isinstance(g, tuple) else (g,)
+        assert len(g) == len(ref), name
+        for a, b in zip(g, ref):
+            assert type(a) is torch.Tensor and a.dtype == dtype, (name, type(a), a.dtype)
+            torch.testing.assert_close(a, b, equal_nan=True, msg=lambda m: f"{name}: {m}")
+
+
+def test_grad_through_constructor_nonzero_fill():
+    """The integration review's case: the fill's part of ``A @ 1`` does not reach ``values``."""
+    idx = [[0, 1, 3, 2], [1, 2, 0, 2]]
+    g = grad(lambda v: (sparsefill.sparse_coo_tensor(idx, v, (4, 3), fill_value=0.1) @ torch.ones(3)).sum())(
+        torch.ones(4))
+    torch.testing.assert_close(g, torch.ones(4))
+
+
+@pytest.mark.parametrize("layout", [COO, CSR])
+def test_jacrev_of_sparse_output_is_dense_jacobian(layout):
+    """A SparseTensor-valued function: ``jacrev`` gives the dense Jacobian (duplicates add, the fill's column)."""
+    v, f = inputs(layout, "scalar", torch.float64)
+    J = jacrev(lambda v, f: build(layout, v, f) * 2, argnums=(0, 1))(v, f)
+    R = torch.autograd.functional.jacobian(lambda v, f: (build(layout, v, f) * 2).to_dense(), (v, f))
+    for a, b in zip(J, R):
+        assert type(a) is torch.Tensor
+        torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_grad_of_dense_input_with_sparse_leaf(dtype):
+    """A SparseTensor leaf that requires grad, captured: its routed ops (matrix product, reductions over every
+    sparse dim, max over a dim) run their autograd.Functions under the transform; ``x``'s gradient equals
+    autograd's."""
+    A = sparsefill.sparse_coo_tensor(IDX, torch.arange(1., 6.), (4, 3), fill_value=0.3, dtype=dtype).requires_grad_()
+    x0 = torch.tensor([0.5, -1., 2.], dtype=dtype)
+
+    def loss(x):
+        return (A @ x).pow(2).sum() + (A * x).sum() + (A.sum() * x).sum() + (A.max(0).values * x).sum()
+    xx = x0.clone().requires_grad_()
+    ref = torch.autograd.grad(loss(xx), xx)[0]
+    g = grad(loss)(x0)
+    assert type(g) is torch.Tensor
+    torch.testing.assert_close(g, ref)
+    torch.testing.assert_close(vjp(loss, x0)[1](torch.ones((), dtype=dtype))[0], ref)
+
+
+def test_grad_wrt_sparse_argument_values():
+    """``grad(f)(A)`` for a SparseTensor ``A``: the exact gradient (dense semantics), as autograd's ``A.grad``."""
+    A = sparsefill.sparse_coo_tensor(IDX, torch.arange(1., 6.), (4, 3), fill_value=0.3, dtype=torch.float64)
+    X = torch.linspace(-1, 1, 6, dtype=torch.float64).reshape(3, 2)
+
+    def loss(A):
+        return torch.tanh(A @ X).sum() + (A * A).sum()
+    L = A.detach().requires_grad_()
+    loss(L).backward()
+    g = grad(loss)(A)
+    torch.testing.assert_close(g.to_dense() if isinstance(g, SparseTensor) else g, L.grad.to_dense())
+
+
+# ---------------------------------------------------------------------- refused transforms
+def test_vmap_through_constructor_refused():
+    V = torch.randn(2, n_stored(COO))
+    with pytest.raises(NotImplementedError, match="sparsefill: torch.func.vmap"):
+        vmap(lambda v: build(COO, v, 0.).sum())(V)
+
+
+@pytest.mark.parametrize("layout", [COO, CSR])
+def test_vmap_over_sparse_tensor_refused(layout):
+    """``vmap(to_dense)(A)`` returned A itself (a SparseTensor): refused before any op runs."""
+    A = build(layout, torch.randn(n_stored(layout)), 0.5)
+    for f in (lambda a: a.to_dense(), torch.exp):
+        with pytest.raises(NotImplementedError, match="sparsefill: torch.func.vmap over a SparseTensor"):
+            vmap(f)(A)
+
+
+@pytest.mark.parametrize("layout", [COO, CSR])
+def test_vmap_shared_sparse_tensor_equals_loop(layout):
+    """``A`` shared by every example (``in_dims=None``, or captured): the batch of dense inputs is exact."""
+    A = build(layout, torch.randn(n_stored(layout), dtype=torch.float64), torch.tensor(0.5, dtype=torch.float64))
+    xs = torch.randn(3, 3, dtype=torch.float64)
+    got = vmap(lambda x, a: torch.tanh(a @ x) + (a * x).sum(1), in_dims=(0, None))(xs, A)
+    D = A.to_dense()
+    torch.testing.assert_close(got, torch.stack([torch.tanh(D @ x) + (D * x).sum(1) for x in xs]))
+    torch.testing.assert_close(vmap(lambda x: A @ x)(xs), xs @ D.T)
+
+
+def test_forward_mode_refused():
+    v, f = inputs(COO, "scalar", torch.float64)
+    with pytest.raises(NotImplementedError, match="sparsefill: torch.func.jvp/jacfwd"):
+        jacfwd(lambda v: build(COO, v, f).sum())(v)
+    with pytest.raises(NotImplementedError, match="sparsefill: torch.func.jvp/jacfwd"):
+        jvp(lambda v: build(COO, v, f).sum(), (v,), (torch.ones_like(v),))
+
+
+# ---------------------------------------------------------------------- functional_call training
+@pytest.mark.parametrize("layout", [COO, CSR])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_functional_call_training_step(layout, dtype):
+    """``SparseLinear``'s parameters (values, fill, bias) through ``functional_call`` + ``grad``: two SGD steps
+    equal ``loss.backward()`` + ``torch.optim.SGD`` on a copy of the module."""
+    torch.manual_seed(0)
+    lin = sparsefill.nn.SparseLinear(6, 4, density=0.4, layout=layout, train_fill=True, dtype=dtype)
+    ref = copy.deepcopy(lin)
+    opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    params = {k: p.detach().clone() for k, p in lin.named_parameters()}
+    buffers = dict(lin.named_buffers())
+    assert set(params) == {"bias", "sparse_weight.values", "sparse_weight.fill"}
+
+    def loss(p, x, y):
+        return torch.nn.functional.mse_loss(functional_call(lin, (p, buffers), (x,)), y)
+    for step in range(2):
+        x, y = torch.randn(5, 6, dtype=dtype), torch.randn(5, 4, dtype=dtype)
+        g = grad(loss)(params, x, y)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(ref(x), y).backward()
+        for k, p in ref.named_parameters():
+            torch.testing.assert_close(g[k], p.grad)
+        opt.step()
+        params = {k: p - 0.1 * g[k] for k, p in params.items()}
+        for k, p in ref.named_parameters():
+            torch.testing.assert_close(params[k], p.detach())
+
+
+def test_functional_call_sparse_parameter():
+    """A module whose parameter is a SparseTensor (``nn.Parameter(A)``): ``grad`` over it through
+    ``functional_call`` equals autograd's ``W.grad`` (dense semantics)."""
+    class M(torch.nn.Module):
+        def __init__(self, A):
+            super().__init__()
+            self.W = torch.nn.Parameter(A)
+
+        def forward(self, x):
+            return torch.tanh(x @ self.W).sum() + (self.W * self.W).sum()
+    A = sparsefill.sparse_coo_tensor([[0, 1, 2], [1, 0, 2]], [1., 2., 3.], (3, 3), fill_value=0.5,
+                                     dtype=torch.float64)
+    m, x = M(A), torch.randn(2, 3, dtype=torch.float64)
+    m(x).backward()
+    g = grad(lambda p: functional_call(m, p, (x,)))({"W": m.W.detach()})["W"]
+    torch.testing.assert_close(g.to_dense() if isinstance(g, SparseTensor) else g, m.W.grad.to_dense())
