@@ -260,3 +260,94 @@ def test_python_number_operand_cached_per_value():
     A * 0.1
     assert len(pointwise._BY_VALUE) == 1
     torch.testing.assert_close((A * 0.1).to_dense(), A.to_dense() * 0.1, rtol=0, atol=0)
+
+
+def test_torch_function_skips_route_only_for_what_route_declines():
+    """``SparseTensor.__torch_function__`` passes a call through without calling ``autograd_routes.route`` when
+    no keyword is given, every argument is a SparseTensor or a Python value and the function is not in
+    ``ROUTED``: route itself declines exactly those (grad mode on and off); ``ROUTED`` holds every routed
+    function and ``requires_grad_`` (method and property setter)."""
+    from sparsefill.ops import autograd_routes as ar
+    A = _coo((3, 4), 5, 1.0)
+    assert set(ar.ROUTES) <= ar.ROUTED and ar.ALWAYS <= ar.ROUTED
+    assert torch.Tensor.requires_grad_ in ar.ROUTED and torch._C.TensorBase.requires_grad.__set__ in ar.ROUTED
+    calls = [(torch.exp, (A,)), (torch.Tensor.mul, (A, 2)), (torch.Tensor.__add__, (A, A)), (torch.add, (A, A, 2)),
+             (torch.Tensor.mul_, (A, 1.0)), (torch.Tensor.detach, (A,)), (torch.Tensor.clone, (A,)),
+             (torch.neg, (A,)), (torch.clamp, (A, None, 0.5)), (torch.Tensor.__getitem__, (A, 1)),
+             (torch.Tensor.to, (A, torch.float32)), (torch.Tensor.t, (A,))]
+    for grad in (True, False):
+        with torch.set_grad_enabled(grad):
+            for func, args in calls:
+                assert func not in ar.ROUTED
+                assert ar.route(func, (SparseTensor,), args, {}) is NotImplemented, func
+    # the routed ones still route: a SparseTensor leaf's gradient is a SparseTensor (a dense one reaches it here),
+    # torch.sparse.sum is A.sum()
+    w = torch.arange(12.0, dtype=torch.float64).view(3, 4)
+    for make_leaf in (lambda L: L.requires_grad_(), lambda L: setattr(L, "requires_grad", True)):
+        L = A.detach()
+        make_leaf(L)
+        (L * w).sum().backward()
+        assert isinstance(L.grad, SparseTensor)
+        torch.testing.assert_close(L.grad.to_dense(), w)
+    with torch.no_grad():
+        torch.testing.assert_close(torch.sparse.sum(A), A.to_dense().sum())
+    L = A.detach().requires_grad_()
+    (L @ L.t()).sum().backward()  # the matrix-product route: the gradient on the pattern of L (dense semantics)
+    torch.testing.assert_close(L.grad.to_dense(), (torch.ones(3, 3, dtype=torch.float64) @ A.to_dense()) * 2)
+
+
+def test_per_op_caches_are_keyed_by_the_cpp_op():
+    """The fast path's per-op caches are keyed by ``func._op`` (an OpOverload's own ``__hash__`` is Python code):
+    one entry per op and overload, never shared between overloads, and a handler registered later is seen (the
+    registry's ``register`` clears the decisions)."""
+    from sparsefill._tensor import _FAST
+    from sparsefill.ops import registry
+    A = _coo((5,), 3, 1.0)
+    torch.exp(A), A * 2, A + A
+    assert _FAST.get(aten.exp.default._op) is pointwise.unary_fast
+    assert aten.exp.default._op in pointwise._CALLS and aten.exp.default not in pointwise._CALLS
+    assert aten.mul.Tensor._op != aten.mul.Scalar._op
+    seen = []
+
+    @registry.register(aten.exp.default)
+    def _probe(func, args, kwargs):
+        seen.append(func)
+        return NotImplemented  # (the next stage: the pointwise rule)
+    try:
+        _check(torch.exp(A), A.to_dense().exp())
+        assert seen == [aten.exp.default]
+    finally:
+        del registry.HANDLERS[aten.exp.default]
+        registry._PLANS.clear()
+        _FAST.clear()
+    _check(torch.exp(A), A.to_dense().exp())
+    assert seen == [aten.exp.default]
+
+
+@pytest.mark.parametrize("shape", [(600,), (20, 30), (4, 10, 15)])
+@pytest.mark.parametrize("op", [torch.mul, torch.add, torch.maximum])
+def test_union_with_a_superset_pattern_keeps_it(shape, op):
+    """Two patterns of which one holds every stored position of the other (at most 1/16 its size: a gradient
+    beside the forward's pattern): the result takes the larger pattern's index tensor, no merge; one position
+    outside it merges as before.  Both orders, against dense; NaN and nonzero fills."""
+    n = torch.Size(shape).numel()
+    g = torch.Generator().manual_seed(3)
+    big = torch.randperm(n, generator=g)[:300].sort().values
+    small = big[torch.randperm(300, generator=g)[:12]].sort().values
+    outside = torch.tensor([int(torch.ones(n, dtype=torch.bool).index_fill_(0, big, False).nonzero()[0])])
+
+    def make(keys, fill, seed):
+        idx = torch.stack(torch.unravel_index(keys, shape)) if len(shape) > 1 else keys[None]
+        vals = torch.randn(keys.numel(), generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+        return sparsefill.sparse_coo_tensor(idx, vals, shape, fill_value=fill, is_coalesced=True)
+    G = make(big, float("nan"), 1)
+    E = make(small, 1.5, 2)
+    for X, Y in ((G, E), (E, G)):
+        out = op(X, Y)
+        _check(out, op(X.to_dense(), Y.to_dense()))
+        assert out._indices() is G._indices()
+    F = make(torch.cat([small, outside]).sort().values, 2.0, 4)  # not a subset: merged
+    for X, Y in ((G, F), (F, G)):
+        out = op(X, Y)
+        _check(out, op(X.to_dense(), Y.to_dense()))
+        assert out._nse() == 301 and out._indices() is not G._indices()

@@ -206,6 +206,27 @@ def merge_union(a: torch.Tensor, b: torch.Tensor, *, compiled: bool | None = Non
     return out, pa, pb
 
 
+def union_or_superset(a: torch.Tensor, b: torch.Tensor):
+    """:func:`merge_union`'s ``(union, pa, pb)``, except where one run holds every key of a run at most 1/16 its
+    length (a gradient's pattern beside the forward's): that run is the union (the same tensor) and its
+    positions, the identity, are None; the other's come from a binary search, no merge::
+
+        union, pa, pb = union_or_superset(a, b):   union[pa] == a (union is a where pa is None), likewise b
+
+    >>> a, b = torch.arange(0, 80, 2), torch.tensor([4, 10])
+    >>> union, pa, pb = union_or_superset(a, b)
+    >>> union is a, pa, pb.tolist()
+    (True, None, [2, 5])
+    """
+    na, nb = a.numel(), b.numel()
+    if 16 * min(na, nb) < max(na, nb) and not traced(a) and not traced(b) and a.device.type != "meta":
+        big, small = (a, b) if na > nb else (b, a)
+        pos, found = _index.lookup(big, small)
+        if bool(found.all()):
+            return (big, None, pos) if big is a else (big, pos, None)
+    return merge_union(a, b)
+
+
 def merge_intersect(a: torch.Tensor, b: torch.Tensor, *, compiled: bool | None = None):
     """``(common, ia, ib)``: the keys in both strictly increasing int64 runs, ascending, and their positions
     (``a[ia] == b[ib] == common``)."""

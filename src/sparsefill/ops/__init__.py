@@ -8,8 +8,8 @@ from . import (activations, concat, coords, core, fallback, foreach, indexing, l
 
 def _route(func, types, args, kwargs):
     """``autograd_routes.route``, imported on the first torch function call (it loads the autograd Functions)."""
-    from .autograd_routes import route
-    _tensor.install_op_layer(route=route)
+    from .autograd_routes import ROUTED, route
+    _tensor.install_op_layer(route=route, routed=ROUTED)
     return route(func, types, args, kwargs)
 
 

@@ -89,30 +89,30 @@ def unary_fast(func, args, kwargs):
         return None
     if not kwargs:  # (the common calls, their kinds known: no argument lists)
         if len(args) == 1:  # torch.exp(A)
-            op = _CALLS.get(func) or _call_of(func, (A._fill,), kwargs, func)
+            op = _CALLS.get(func._op) or _call_of(func, (A._fill,), kwargs, func._op)
             return A._with_values(op(A._vals), op(A._fill))
         if len(args) == 2:
             c = args[1]
             if c is A:  # A + A (A qualifies: no _joins)
-                key = (func, SparseTensor)
+                key = (func._op, SparseTensor)
                 op = _CALLS.get(key) or _call_of(func, (A._fill, A._fill), kwargs, key)
                 return A._with_values(op(A._vals, A._vals), op(A._fill, A._fill))
             if type(c) is not SparseTensor and not isinstance(c, torch.Tensor):  # A * 2
-                first = _FIRST_TENSOR.get(func)
+                first = _FIRST_TENSOR.get(func._op)
                 if first is None:  # (aten.pow.Scalar(Scalar self, Tensor exponent) takes A second: not this rule)
-                    first = _FIRST_TENSOR[func] = isinstance(func._schema.arguments[0].type, torch.TensorType)
+                    first = _FIRST_TENSOR[func._op] = isinstance(func._schema.arguments[0].type, torch.TensorType)
                 if not first:
                     return None
                 v, tc = A._vals, type(c)
                 if (tc is float and c or tc is int) and -_EXACT < c < _EXACT and v.is_cpu and type(v) is torch.Tensor:
-                    op, c = _BY_VALUE.get((func, c, v.dtype)) or _by_value(func, A, c)
+                    op, c = _BY_VALUE.get((func._op, c, v.dtype)) or _by_value(func, A, c)
                 else:  # (bool, complex, -0.0, NaN, inf, large ints; traced)
-                    key = (func, tc)
+                    key = (func._op, tc)
                     op = _CALLS.get(key) or _call_of(func, (A._fill, c), kwargs, key)
                 return A._with_values(op(v, c), op(A._fill, c))
             if not _joins(c, A):
                 return None
-            key = (func, SparseTensor)
+            key = (func._op, SparseTensor)
             op = _CALLS.get(key) or _call_of(func, (A._fill, c._fill), kwargs, key)
             if c._idx is A._idx and c._crow is A._crow and c._col is A._col:  # A + A
                 return A._with_values(op(A._vals, c._vals), op(A._fill, c._fill))
@@ -137,7 +137,8 @@ def unary_fast(func, args, kwargs):
         else:
             vals.append(a)
             fills.append(a)
-    key = (func, *map(type, args), *((k, type(v)) for k, v in kwargs.items())) if kwargs else (func, *map(type, args))
+    key = (func._op, *map(type, args), *((k, type(v)) for k, v in kwargs.items())) if kwargs else \
+        (func._op, *map(type, args))
     op = _CALLS.get(key) or _call_of(func, fills, kwargs, key)
     if B is None:
         return A._with_values(op(*vals, **kwargs), op(*fills, **kwargs))
@@ -150,9 +151,19 @@ def inplace_fast_ok(func) -> bool:
     return _functional(func) is not None
 
 
-@functools.cache
 def _functional(func):
-    """The functional op of an in-place op that writes ``self`` alone and returns it (None otherwise)."""
+    """The functional op of an in-place op that writes ``self`` alone and returns it (None otherwise; cached)."""
+    try:
+        return _FUNCTIONAL[func._op]
+    except KeyError:
+        out = _FUNCTIONAL[func._op] = _functional_of(func)
+        return out
+
+
+_FUNCTIONAL: dict = {}  # OpOverload._op -> _functional(func)
+
+
+def _functional_of(func):
     name = func._schema.name.split("::")[1]
     if not name.endswith("_") or name.endswith("__") or func.namespace != "aten" or not is_pointwise(func) \
             or [p for p, _, _ in written_positions(func)] != [0] or len(func._schema.returns) != 1:
@@ -206,13 +217,15 @@ def _on_union(op, args, kwargs, A: SparseTensor, B: SparseTensor, many: bool):
                               False, True, False)
 
 
-_CALLS: dict = {}  # (OpOverload, argument kinds) -> the callable unary_fast runs it with (see _call_of)
-_BY_VALUE: dict = {}  # (OpOverload, Python int/float, dtype) -> (op, operand): see _by_value
+# The caches of the fast path are keyed by ``func._op`` (the C++ op), not by the OpOverload ``func``, whose
+# ``__hash__`` is Python code (0.3 µs a lookup, a third of this path's own cost).
+_CALLS: dict = {}  # (OpOverload._op, argument kinds) -> the callable unary_fast runs it with (see _call_of)
+_BY_VALUE: dict = {}  # (OpOverload._op, Python int/float, dtype) -> (op, operand): see _by_value
 _EXACT = 2 ** 53  # |c| below which a Python int converts to float64 exactly (so to float32 in one rounding)
 _CAST_DTYPES = (torch.float32, torch.float64)
 
 
-_FIRST_TENSOR: dict = {}  # OpOverload -> its first argument is a Tensor
+_FIRST_TENSOR: dict = {}  # OpOverload._op -> its first argument is a Tensor
 
 
 def _by_value(func, A: SparseTensor, c):
@@ -230,14 +243,14 @@ def _by_value(func, A: SparseTensor, c):
     if dtype in _CAST_DTYPES and len(schema) > 1 and isinstance(schema[1].type, torch.TensorType):
         with torch.inference_mode(False):  # (usable in and out of inference mode)
             c = torch.tensor(c, dtype=dtype)
-        key = (func, "0-d tensor")
+        key = (func._op, "0-d tensor")
     else:
-        key = (func, type(c))
+        key = (func._op, type(c))
     out = (_CALLS.get(key) or _call_of(func, (A._fill, c), {}, key), c)
     if not torch._C._len_torch_dispatch_stack():  # (a dispatch mode: _call_of's choice is not cached either)
         if len(_BY_VALUE) >= 1024:
             _BY_VALUE.clear()
-        _BY_VALUE[(func, value, dtype)] = out
+        _BY_VALUE[(func._op, value, dtype)] = out
     return out
 
 
@@ -298,7 +311,8 @@ def union2(A: SparseTensor, B: SparseTensor):
 
         indices[:, pa] == A._idx      indices[:, pb] == B._idx      (sorted, unique: a coalesced pattern)
 
-    by :func:`_merge.merge_union` of the linear keys (:func:`_union_small` for small CPU patterns); while the
+    (``pa`` None: ``A``'s pattern holds ``B``'s, ``indices`` is ``A._idx`` itself; likewise ``pb``), by
+    :func:`_merge.union_or_superset` of the linear keys (:func:`_union_small` for small CPU patterns); while the
     two hold at most ``_UNION_CACHE_MAX`` elements, cached per pair of index tensors (patterns that recur, a
     training step or a loop over small tensors, merge once; the key is the two tensors' identity and
     versions: 1 µs, against 3.5 µs for ``_grouping.pattern_cached``'s storage keys; the pattern of index tensors
@@ -332,7 +346,9 @@ def _merge2(A: SparseTensor, B: SparseTensor):
         return idx, (pa, pb)
     S = A._size[:d]
     ka, kb = (T._idx[0] if d == 1 else _index.linearize(T._idx, S) for T in (A, B))
-    union, pa, pb = _merge.merge_union(ka, kb)
+    union, pa, pb = _merge.union_or_superset(ka, kb)  # (None: that pattern is the union, e.g. a gradient's)
+    if pa is None or pb is None:
+        return (ia if pa is None else ib), (pa, pb)
     return (union[None] if d == 1 else _index.unravel(union, S)), (pa, pb)
 
 
@@ -361,10 +377,11 @@ def _union_small(ia: torch.Tensor, ib: torch.Tensor):
             buf.as_strided((len(tb),), (1,), d * k + na))
 
 
-def _spread(T: SparseTensor, pos: torch.Tensor, n: int) -> torch.Tensor:
-    """``T``'s values at ``n`` positions: its stored ones at ``pos``, its fill elsewhere."""
+def _spread(T: SparseTensor, pos: torch.Tensor | None, n: int) -> torch.Tensor:
+    """``T``'s values at ``n`` positions: its stored ones at ``pos``, its fill elsewhere (``pos`` None or of
+    length ``n``: ``T``'s pattern is the union)."""
     v, fill = T._vals, T._fill
-    if pos.shape[0] == n:  # T's pattern is the union
+    if pos is None or pos.shape[0] == n:  # T's pattern is the union
         return v
     if v.dim() == 1 and v.is_cpu and not fill.dim():  # (fill_, put_: 1.5 µs less on small tensors)
         return v.new_empty(n).fill_(fill).put_(pos, v)
