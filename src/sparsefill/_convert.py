@@ -53,9 +53,11 @@ def dense_of(A: SparseTensor, fill: torch.Tensor | None = None) -> torch.Tensor:
                              "value; pass to_dense(fill_value=...) to give them one")
         fill = A._fill
     shape, vals, idx = A.shape, A._vals, A._idx
-    out = _advised(fill.new_empty(shape))  # (new_empty: 1-2 µs less than torch.empty(dtype=, device=))
-    k = len(shape) - vals.dim() + (1 if idx is not None else A._col.dim())  # sparse dims
-    if k == 1 == vals.dim() and A._coalesced and idx.dtype is torch.int64:
+    nd = len(shape)
+    # (new_empty: 1-2 µs less than torch.empty(dtype=, device=); of an int or a tuple, 0.6-1.1 µs less than of a Size)
+    out = _advised(fill.new_empty(shape[0] if nd == 1 else tuple(shape)))
+    k = nd - vals.dim() + (1 if idx is not None else A._col.dim())  # sparse dims
+    if k == 1 == nd and A._coalesced and idx.dtype is torch.int64:
         keys = idx  # (one sparse dim: the indices are the keys; put_ reads them flat)
     elif not A._coalesced and traced(vals):  # compiled: duplicates add in place (a coalesce's nse is data)
         out.copy_(fill) if fill.dim() else out.fill_(fill)
@@ -66,9 +68,9 @@ def dense_of(A: SparseTensor, fill: torch.Tensor | None = None) -> torch.Tensor:
     else:
         keys, vals = linear_parts(A, shape[:k])
     plain = vals.dim() == 1 and not traced(vals)  # (while traced, nse may be unbacked: no comparison)
-    quarter = plain and vals.shape[0] * 4 <= out.numel()
-    if quarter and (out.numel() < _PARALLEL_FILL_MIN or torch.get_num_threads() == 1) and \
-            ("numba" in sys.modules or out.numel() >= _merge._FILL_BLOCK) and \
+    quarter = plain and vals.shape[0] * 4 <= (numel := out.numel())
+    if quarter and (numel < _PARALLEL_FILL_MIN or torch.get_num_threads() == 1) and \
+            ("numba" in sys.modules or numel >= _merge._FILL_BLOCK) and \
             _merge.fill_put_sorted(out, fill, keys, vals):
         return out
     out.copy_(fill) if fill.dim() else out.fill_(fill)
