@@ -207,7 +207,8 @@ class SparseLinear(nn.Module):
     stored values and the bias, with ``k = nse / out_features`` the mean number of stored
     elements per output (``in_features`` for a dense ``W``), so that outputs keep ``nn.Linear``'s
     scale at any density.  Forward and backward cost O(nse + batch x features): no dense ``W``
-    nor dense gradient of ``W`` is formed.
+    nor dense gradient of ``W`` is formed.  Under ``torch.autocast`` it computes as ``nn.Linear`` does
+    (``W``, its fill and the bias cast: a bfloat16 output; float32 gradients).
 
     >>> import torch, sparsefill
     >>> torch.manual_seed(0) and None
