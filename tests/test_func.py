@@ -228,3 +228,25 @@ def test_functional_call_sparse_parameter():
     m(x).backward()
     g = grad(lambda p: functional_call(m, p, (x,)))({"W": m.W.detach()})["W"]
     torch.testing.assert_close(g.to_dense() if isinstance(g, SparseTensor) else g, m.W.grad.to_dense())
+
+
+# ---------------------------------------------------------------------- segment reductions (plain tensors)
+@pytest.mark.parametrize("red", ["weighted_sum", "mean", "max", "logsumexp"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_segment_reduce_grad_jacrev(red, dtype):
+    """``sparsefill.segment.reduce`` (an empty segment included): ``grad`` and ``jacrev`` of data and weights
+    equal autograd's."""
+    from sparsefill import segment
+    g = torch.Generator().manual_seed(3)
+    x, w = torch.randn(7, 3, generator=g, dtype=dtype), torch.rand(7, generator=g, dtype=dtype)
+    lengths = torch.tensor([2, 0, 3, 2])
+
+    def f(x, w):
+        weights = w if red.startswith("weighted") else None
+        return segment.reduce(x, red, lengths=lengths, weights=weights, empty=0.).sin() + w.sum()
+    xx, ww = x.clone().requires_grad_(), w.clone().requires_grad_()
+    ref = torch.autograd.grad(f(xx, ww).sum(), (xx, ww))
+    for a, b in zip(grad(lambda x, w: f(x, w).sum(), argnums=(0, 1))(x, w), ref):
+        torch.testing.assert_close(a, b)
+    for a, b in zip(jacrev(f, argnums=(0, 1))(x, w), torch.autograd.functional.jacobian(f, (x, w))):
+        torch.testing.assert_close(a, b)

@@ -311,25 +311,32 @@ def _backward(ctx_red: SegmentReducer, plan: Plan, ties: str, x2, weights, raw, 
 
 
 class _SegmentReduceFn(torch.autograd.Function):
+    generate_vmap_rule = True  # (forward and backward are torch ops and kernels that vmap batches: jacrev)
+
     @staticmethod
-    def forward(ctx, data, weights, plan, red, ties, empty, want_arg, sparse_grad):
+    def forward(data, weights, plan, red, ties, empty, want_arg, sparse_grad):
         x2 = _flat(data)
         raw, arg = _forward(x2, weights, plan, red, want_arg or (red.kind == "extreme" and ties == "first"), empty)
         raw = _set_empty(raw, plan, empty, red)  # (empty segments have no position to use it)
-        # the backward of max/min/lse reads the result: saved, an in-place change of it then raises there
-        ctx.save_for_backward(data, weights, raw if red.kind in ("extreme", "lse") else None, arg)
-        ctx.plan, ctx.red, ctx.ties, ctx.sparse_grad = plan, red, ties, sparse_grad
         # detach: not a view of raw in autograd's eyes, so the caller may modify it in place (as embedding_bag's)
         out = raw.reshape(plan.num_segments, *data.shape[1:]).detach()
         if arg is None:
             arg = torch.zeros(0, dtype=torch.int64, device=data.device)
-        ctx.mark_non_differentiable(arg)
         return out, arg
 
     @staticmethod
+    def setup_context(ctx, inputs, output):
+        data, weights, plan, red, ties, _, _, sparse_grad = inputs
+        out, arg = output
+        # the backward of max/min/lse reads the result: saved, an in-place change of it then raises there
+        ctx.save_for_backward(data, weights, out if red.kind in ("extreme", "lse") else None, arg)
+        ctx.plan, ctx.red, ctx.ties, ctx.sparse_grad = plan, red, ties, sparse_grad
+        ctx.mark_non_differentiable(arg)
+
+    @staticmethod
     def backward(ctx, grad_out, _grad_arg):
-        data, weights, raw, arg = ctx.saved_tensors
-        x2 = _flat(data)
+        data, weights, out, arg = ctx.saved_tensors
+        x2, raw = _flat(data), None if out is None else _flat(out)
         g2 = _flat(grad_out)
         gpos, gw = _backward(ctx.red, ctx.plan, ctx.ties, x2, weights, raw, arg, g2)
         if ctx.sparse_grad:  # one (row, gradient) pair per position: what embedding(sparse=True) gives
