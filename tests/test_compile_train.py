@@ -104,3 +104,41 @@ def test_compiled_optimizer_step_gradient_sharing_the_index(backend):
         step()
         od.step()
         assert_close(W.detach().to_dense(), Wd.detach())
+
+
+def _weights(layout):
+    """Three weights of (4, 3), another pattern and fill each (one uncoalesced COO): a warm-up, a recompile
+    with dynamic sizes, a reuse."""
+    def make(idx, vals, fill, coalesce=True):
+        A = sparsefill.sparse_coo_tensor(idx, vals, (4, 3), fill_value=fill)
+        A = A.coalesce() if coalesce else A
+        return A if layout is torch.sparse_coo else A.to_sparse(layout=layout)
+    return [make([[0, 1, 3, 2], [1, 2, 0, 2]], [1., 2., 3., -1.], 0.1), make([[0, 3, 2], [1, 0, 2]], [1., 3., -1.], 0.),
+            make([[0, 1, 3, 2, 2, 0], [1, 2, 0, 2, 1, 2]], [1., 2., 3., -1., 4., 5.], -0.5, coalesce=False)]
+
+
+_LINEAR = {"x@W.t()": lambda x, W: x @ W.t(),
+           "F.linear": lambda x, W: torch.nn.functional.linear(x, W, torch.arange(4.)),
+           "x@W.mT": lambda x, W: x @ W.mT}
+
+
+@pytest.mark.parametrize("fn,layout,fullgraph", [("F.linear", torch.sparse_coo, False),
+                                                 ("x@W.t()", torch.sparse_csr, False),
+                                                 ("x@W.mT", torch.sparse_coo, True)])
+def test_inductor_transposed_weight(fn, layout, fullgraph):
+    """``x @ W.t()`` / ``F.linear(x, W, b)`` with a SparseTensor ``W`` under inductor, forward and gradients of
+    ``x`` and ``W`` against eager: the transpose's re-coalesce gave ``unique_consecutive``, and without
+    ``fullgraph`` the handlers' ``nonzero``, which inductor refused (DynamicOutputShapeException)."""
+    torch._dynamo.reset()
+    f = _LINEAR[fn]
+    compiled = torch.compile(f, backend="inductor", fullgraph=fullgraph)
+    for i, A in enumerate(_weights(layout)):
+        x = torch.randn(5, 3, generator=torch.Generator().manual_seed(i))
+        (W, x1), (We, x2) = [(A.clone().requires_grad_(), x.clone().requires_grad_()) for _ in range(2)]
+        out, ref = compiled(x1, W), f(x2, We)
+        assert_close(out, ref)
+        G = torch.randn(ref.shape, generator=torch.Generator().manual_seed(10 + i))
+        out.backward(G)
+        ref.backward(G)
+        assert_close(x1.grad, x2.grad)
+        assert_close(W.grad.to_dense(), We.grad.to_dense())

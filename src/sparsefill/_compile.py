@@ -77,16 +77,19 @@ def tracing_mode():
 def data_dependent_sizes(env):
     """Inside sparsefill's code, ops whose output size depends on data (``nonzero``, ``unique``) give
     unbacked sizes, also where dynamo compiles without ``fullgraph`` (it then refuses them, a graph break
-    at every such handler: five per GAT layer step)."""
+    at every such handler: five per GAT layer step).  Where they made an unbacked size the setting stays on
+    for the rest of the compilation (as ``fullgraph=True`` sets it): inductor propagates the graph's
+    ``nonzero`` again when it lowers it (DynamicOutputShapeException otherwise)."""
     if env is None or env.allow_dynamic_output_shape_ops:
         yield
         return
-    settings = env.settings
+    settings, n0 = env.settings, env.unbacked_symint_counter
     env.settings = dataclasses.replace(settings, allow_dynamic_output_shape_ops=True)
     try:
         yield
     finally:
-        env.settings = settings
+        if env.unbacked_symint_counter == n0:
+            env.settings = settings
 
 
 def traced_dispatch(dispatch, mode, func, types, args, kwargs):
@@ -126,6 +129,25 @@ def bincount(ids: torch.Tensor, minlength: int) -> torch.Tensor:
     if not traced(ids):
         return torch.bincount(ids, minlength=minlength)
     return ids.new_zeros(minlength, dtype=torch.int64).index_add_(0, ids, torch.ones_like(ids, dtype=torch.int64))
+
+
+def unique_consecutive(keys: torch.Tensor, return_counts: bool = False):
+    """``torch.unique_consecutive(keys, return_inverse=True[, return_counts=True])`` of 1-D ``keys`` by a
+    comparison of neighbours, a cumsum and a ``nonzero`` (an unbacked size): traceable by inductor, which lowers
+    no ``unique_consecutive`` (DynamicOutputShapeException)::
+
+        new[i] = i == 0 or keys[i] != keys[i - 1]      inverse = cumsum(new) - 1      out = keys[new]
+
+    >>> [t.tolist() for t in unique_consecutive(torch.tensor([3, 3, 5, 7, 7, 7]), return_counts=True)]
+    [[3, 5, 7], [0, 0, 1, 2, 2, 2], [2, 1, 3]]
+    """
+    new = torch.ones_like(keys, dtype=torch.bool)
+    new[1:] = keys[1:] != keys[:-1]
+    starts = new.nonzero().squeeze(1)
+    out = (keys[starts], new.cumsum(0) - 1)
+    if not return_counts:
+        return out
+    return out + (torch.diff(starts, append=starts.new_full((1,), keys.numel())),)
 
 
 def every_element(x: torch.Tensor, layout, dense_dim: int):

@@ -27,7 +27,7 @@ import weakref
 
 import torch
 
-from ._compile import bincount, traced
+from ._compile import bincount, traced, unique_consecutive
 from ._index import linearize, numel, runs_to_ids, unravel
 
 __all__ = ["pattern_cached", "group_slices", "sorted_runs", "csr_row_slices"]
@@ -143,6 +143,8 @@ def sorted_runs(keys: torch.Tensor, num_keys: int):
         counts = counts[out_keys]
         seg = keys if not traced(keys) and out_keys.numel() == num_keys else runs_to_ids(counts, k)
         return out_keys, seg, counts
+    if traced(keys):  # (inductor lowers no unique_consecutive)
+        return unique_consecutive(keys, return_counts=True)
     return torch.unique_consecutive(keys, return_inverse=True, return_counts=True)
 
 

@@ -11,6 +11,7 @@ import math
 
 import torch
 
+from . import _compile
 from ._compile import traced
 
 _INT64_MAX = (1 << 63) - 1
@@ -114,7 +115,8 @@ def coalesce(indices: torch.Tensor, values: torch.Tensor, shape):
     """
     keys = linearize(indices, shape)
     skeys, perm = sort_keys(keys)
-    ukeys, inverse = torch.unique_consecutive(skeys, return_inverse=True)
+    ukeys, inverse = _compile.unique_consecutive(skeys) if traced(keys) else \
+        torch.unique_consecutive(skeys, return_inverse=True)  # (traced: inductor lowers no unique_consecutive)
     if not traced(keys) and ukeys.numel() == keys.numel():  # (traced: the general path, sizes unknown)
         return (indices, values) if perm is None else (indices[:, perm], values[perm])
     if perm is None:
