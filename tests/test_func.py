@@ -117,20 +117,35 @@ def test_jacrev_of_sparse_output_is_dense_jacobian(layout):
         torch.testing.assert_close(a, b)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_grad_of_dense_input_with_sparse_leaf(dtype):
-    """A SparseTensor leaf that requires grad, captured: its routed ops (matrix product, reductions over every
-    sparse dim, max over a dim) run their autograd.Functions under the transform; ``x``'s gradient equals
-    autograd's."""
-    A = sparsefill.sparse_coo_tensor(IDX, torch.arange(1., 6.), (4, 3), fill_value=0.3, dtype=dtype).requires_grad_()
-    x0 = torch.tensor([0.5, -1., 2.], dtype=dtype)
+LEAF_LOSSES = {
+    "matmul": lambda A, x: (A @ x).pow(2).sum(),
+    "mul": lambda A, x: (A * x).sum(),
+    "sum": lambda A, x: (A.sum() * x).sum(),
+    "sum(1)": lambda A, x: (A.sum(1) * x.sum()).sum(),
+    "max(0)": lambda A, x: (A.max(0).values * x).sum(),
+    "to_dense": lambda A, x: (A.to_dense() * x).sum(),
+    "to_dense(fill_value)": lambda A, x: (A.to_dense(fill_value=0.7) * x).sum(),
+    "softmax": lambda A, x: (torch.softmax(A, 1) * x).sum(),
+    "masked.sum": lambda A, x: sparsefill.masked.sum(A * x, 1).sum(),
+    "to_sparse(x)": lambda A, x: (sparsefill.to_sparse(x * A.to_dense(), fill_value=0.5) * x).sum(),
+}
 
-    def loss(x):
-        return (A @ x).pow(2).sum() + (A * x).sum() + (A.sum() * x).sum() + (A.max(0).values * x).sum()
+
+@pytest.mark.parametrize("op", list(LEAF_LOSSES))
+@pytest.mark.parametrize("layout", [COO, CSR])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_grad_of_dense_input_with_sparse_leaf(op, layout, dtype):
+    """A SparseTensor leaf that requires grad, captured: its routed ops (matrix product, reductions, max over a
+    dim, to_dense, softmax, conversions of the transformed input) run their autograd.Functions under the
+    transform; ``x``'s gradient equals autograd's."""
+    A = build(layout, torch.arange(1., n_stored(layout) + 1, dtype=dtype), torch.tensor(0.3, dtype=dtype))
+    A = A.detach().requires_grad_()
+    x0 = torch.tensor([0.5, -1., 2.], dtype=dtype)
+    loss = lambda x: LEAF_LOSSES[op](A, x)  # noqa: E731
     xx = x0.clone().requires_grad_()
     ref = torch.autograd.grad(loss(xx), xx)[0]
     g = grad(loss)(x0)
-    assert type(g) is torch.Tensor
+    assert type(g) is torch.Tensor and g.dtype == dtype
     torch.testing.assert_close(g, ref)
     torch.testing.assert_close(vjp(loss, x0)[1](torch.ones((), dtype=dtype))[0], ref)
 

@@ -43,6 +43,19 @@ def unwrapped(t):
     return t
 
 
+def inner_unwrapped(out):
+    """``out`` (an autograd.Function's forward result) with plain inner tensors: under torch.func.grad the
+    tensors made inside the transform (index tensors, a fill) are wrapped at its level, which is not active
+    where the SparseTensor's ops run; the forward's are constants of the transform (no gradient)."""
+    if not isinstance(out, SparseTensor):
+        return out
+    inner = (out._idx, out._crow, out._col, out._vals, out._fill)
+    if not any(t is not None and torch._C._functorch.is_functorch_wrapped_tensor(t) for t in inner):
+        return out
+    return _convert.rewrap(out, indices=unwrapped(out._idx), crow=unwrapped(out._crow), col=unwrapped(out._col),
+                           values=unwrapped(out._vals), fill=unwrapped(out._fill))
+
+
 def sparse_inside(G):
     """A backward's gradient ``G``, or the SparseTensor inside it when torch.func wrapped one (then read as the
     SparseTensor it is: its pattern and fill, never indexed through the wrapper as if dense)."""
@@ -192,13 +205,7 @@ class Construct(torch.autograd.Function):
 
     @staticmethod
     def forward(values, fill, make):
-        out = make(values.detach(), fill.detach())
-        if torch._C._functorch.is_functorch_wrapped_tensor(out._idx if out._idx is not None else out._crow):
-            # under torch.func.grad: index tensors made inside the transform are wrapped at its level, which
-            # is not active where the SparseTensor's ops run (they hold no gradient: the plain tensors inside)
-            out = _convert.rewrap(out, indices=unwrapped(out._idx), crow=unwrapped(out._crow),
-                                  col=unwrapped(out._col))
-        return out
+        return inner_unwrapped(make(values.detach(), fill.detach()))
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -311,7 +318,7 @@ class SameDense(torch.autograd.Function):
 
     @staticmethod
     def forward(x, fn):
-        return fn(x)
+        return inner_unwrapped(fn(x))
 
     @staticmethod
     def setup_context(ctx, inputs, output):
