@@ -250,7 +250,7 @@ def test_blocked_fill_and_scatter_matches_fill_put(dtype):
     block; a 2-D buffer; fills NaN and -0.0; and ``to_dense`` through it (at most a quarter stored)."""
     from sparsefill import _merge
     pytest.importorskip("numba", reason="fill_put_sorted is a numba kernel (without numba it declines)")
-    B = _merge._FILL_BLOCK
+    B = _merge._FILL_BYTES // dtype.itemsize  # (elements per block)
     n = 2 * B + 37
     g = torch.Generator().manual_seed(5)
     edges = torch.tensor([0, B - 1, B, B + 1, 2 * B - 1, 2 * B, n - 1])
@@ -273,3 +273,40 @@ def test_blocked_fill_and_scatter_matches_fill_put(dtype):
             check(sparsefill.sparse_coo_tensor(keys[None], vals, (n,), fill_value=fill), ref)
     assert not _merge.fill_put_sorted(torch.empty(4, dtype=torch.float16), torch.tensor(1., dtype=torch.float16),
                                       edges[:1], torch.ones(1, dtype=torch.float16))  # (not a numba dtype)
+
+
+def test_blocked_pass_declines_what_it_cannot_read_by_address():
+    """The compiled pass reads and writes at the tensors' addresses: it declines (False, ``out`` untouched) a
+    non-contiguous operand, values with a negative or conjugate bit, keys and values of different lengths,
+    tensors off the CPU and a fill that is not 0-d; a fill with a negative or conjugate bit is read exactly;
+    ``to_dense`` of such values is right either way."""
+    from sparsefill import _merge
+    pytest.importorskip("numba", reason="fill_put_sorted is a numba kernel (without numba it declines)")
+    n, g = 50, torch.Generator().manual_seed(9)
+    keys = torch.tensor([0, 7, 31, 49])
+    wide = torch.randn(8, generator=g)
+    z = torch.randn(4, generator=g, dtype=torch.complex64)
+    fill = torch.tensor(2.5)
+    declined = {
+        "strided values": (torch.empty(n), fill, keys, wide[::2]),
+        "strided keys": (torch.empty(n), fill, torch.tensor([0, 0, 7, 0, 31, 0, 49, 0])[::2], wide[:4]),
+        "strided out": (torch.empty(2 * n)[::2], fill, keys, wide[:4]),
+        "negative bit": (torch.empty(n), fill, keys, z.conj().imag),
+        "conjugate bit": (torch.empty(n, dtype=torch.complex64), torch.tensor(1j), keys, z.conj()),
+        "lengths differ": (torch.empty(n), fill, keys[:3], wide[:4]),
+        "meta values": (torch.empty(n), fill, keys, wide[:4].to("meta")),
+        "meta keys": (torch.empty(n), fill, keys.to("meta"), wide[:4]),
+        "1-d fill": (torch.empty(n), fill[None], keys, wide[:4]),
+    }
+    for what, (out, f, k, v) in declined.items():
+        before = out.fill_(-7.0).clone()
+        assert not _merge.fill_put_sorted(out, f, k, v), what
+        assert torch.equal(out, before), what
+    for f in (torch.tensor([1 + 2j]).conj().imag[0], torch.tensor(3 - 1j, dtype=torch.complex64).conj()):
+        vals = (wide[:4] if not f.is_complex() else z).to(f.dtype)
+        out = torch.empty(n, dtype=f.dtype)
+        assert _merge.fill_put_sorted(out, f, keys, vals) and (f.is_neg() or f.is_conj())
+        torch.testing.assert_close(out, f.resolve_neg().resolve_conj().expand(n).clone().put_(keys, vals), rtol=0, atol=0)
+    for vals in (wide[::2], z.conj().imag, z.conj()):
+        A = sparsefill.sparse_coo_tensor(keys[None], vals, (n,), fill_value=-1.0)
+        check(A, reference(keys[None], vals.resolve_neg().resolve_conj(), (n,), -1.0))
