@@ -8,6 +8,8 @@ sizes, one compiled function per case where several ops share it (the file runs 
 import copy
 import io
 
+import warnings
+
 import pytest
 import torch
 from torch.testing import assert_close
@@ -251,6 +253,28 @@ def test_format_zero_dim():
     assert f"{B[0]:.2f}" == "1.50"
     with pytest.raises(ValueError, match="indefinite"):
         f"{B[1]:.2f}"
+
+
+def test_item_of_one_element():
+    """``item()``, ``float()``, ``bool()`` of a one-element SparseTensor: its stored value (duplicates summed) or its
+    fill, no DensifyWarning; a specified element of an indefinite tensor its value, an unspecified one a ValueError;
+    more elements: torch's error."""
+    A = sparsefill.sparse_coo_tensor([[0, 1, 0], [1, 0, 1]], [1., 2., 3.], (2, 3), fill_value=5.)
+    D = A.to_dense()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for i, j in [(0, 1), (1, 0), (1, 2)]:
+            assert A[i, j].item() == D[i, j].item() and float(A[i, j]) == float(D[i, j])
+            assert bool(A[i, j]) and int(A.to(torch.int64)[i, j]) == int(D.to(torch.int64)[i, j])
+        H = sparsefill.sparse_coo_tensor([[0]], torch.tensor([[7]]), (1, 1), fill_value=torch.tensor([2]))
+        assert H.item() == 7 and (H * 0).sum().item() == 0
+        assert sparsefill.sparse_coo_tensor([[0, 0]], [True, False], (1,), fill_value=False).item() is True
+        M = sparsefill.sparse_coo_tensor([[0], [1]], [1.5], (2, 3), fill_value=sparsefill.indefinite)
+        assert M[0, 1].item() == 1.5
+        with pytest.raises(ValueError, match="indefinite"):
+            M[0, 0].item()
+    with pytest.raises(RuntimeError, match="6 elements cannot be converted"):
+        A.item()
 
 
 def test_func_grad_through_constructor():

@@ -466,9 +466,7 @@ class SparseTensor(HostMixin, torch.Tensor):
         ('2.00', '0.0')
         """
         if self.dim() == 0 and not self.is_meta:
-            A = self.detach()
-            d = A.to_dense(fill_value=0) if A._indefinite and A._nse() else A.to_dense()  # (specified: its value)
-            return d.item().__format__(format_spec)
+            return self.detach().item().__format__(format_spec)
         return object.__format__(self, format_spec)
 
     @classmethod

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from .. import _creation, _index
+from .._compile import traced
 from .._convert import (coalesce_of, coalesced_parts, dense_of, dense_to_sparse, map_inner, rewrap, to_layout,
                         union_parts)
 from .._splits import one_split, to_dense_dim
@@ -102,6 +103,21 @@ def _equal(func, args, kwargs):
     if not torch.equal(va, vb):
         return False
     return idx.shape[1] == _index.numel(a._sparse_shape) or torch.equal(a.fill_value(), b.fill_value())
+
+
+@register(aten._local_scalar_dense.default)
+def _item(func, args, kwargs):
+    """``A.item()`` (``float(A)``, ``bool(A)``, formatting) of a one-element SparseTensor: its stored value
+    (duplicates summed), else its fill, ``== A.to_dense().item()``, no dense temporary; an unspecified element of
+    an indefinite fill has no value (ValueError, as ``to_dense``).  Other sizes: the fallback's (torch's) error."""
+    A = args[0]
+    if A.numel() != 1:
+        return NotImplemented
+    vals = coalesced_parts(A)[1]
+    if A._indefinite and not traced(vals) and not vals.shape[0]:
+        raise ValueError("item(): the element of this SparseTensor is unspecified and its fill is indefinite (masked "
+                         "out: no value); give it a fill: A.to_dense(fill_value=...).item()")
+    return func(torch.cat([vals.reshape(-1), A._fill.reshape(-1).to(vals.dtype)])[0])  # the stored value first
 
 
 @register(aten.allclose.default)
