@@ -15,6 +15,13 @@ eager errors), its fake implementation gives the output sizes from the input siz
     sparsefill::sparse_ftrl_(param!, n!, z!, indices, grad, ...)              == segment.sparse_ftrl
     sparsefill::jagged_key_lists(values, values_lengths, keys, example_lengths, wanted)
         == (offsets of the (key, example) lists, per wanted key its entries of values)
+    sparsefill::jagged_pooled(tables, values, values_lengths, keys, example_lengths, wanted, reducer, ...)
+        == (per wanted key segment_reduce(tables[j], ...) over its ids; offsets; per key its ids); autograd:
+    sparsefill::jagged_pooled_backward(grads, tables, offsets, lists, ...)  == the tables' gradients
+
+``jagged_pooled`` is ``KeyedJaggedBatch.pooled`` of an unweighted sum, mean or sqrt_n in one op (one op call
+forward, one backward, instead of ``jagged_key_lists`` then a ``segment_reduce`` per key: each custom op call
+costs tens of microseconds of dispatch, the whole of a compiled DLRM step's loss to eager).
 
 The optimizers' ops declare the tensors they update in place (``mutates_args``); ``segment_reduce`` is
 registered effectful (``_repr_ops._effectful``): a compiled call whose result is unused is not removed as dead
@@ -38,10 +45,11 @@ from torch.library import custom_op, get_ctx
 from . import _kernels
 from ._check import as_index
 from ._repr_ops import _effectful
-from ._reduce_ops import _backward, _flat, _out_dtype, _reduce_eager, _scatter_rows, reducer_of
+from ._reduce_ops import _args, _backward, _flat, _out_dtype, _reduce_eager, _scatter_rows, reducer_key, reducer_of
 
 __all__ = ["segment_reduce", "segment_reduce_op", "segment_reduce_backward", "sparse_adagrad_",
-           "rowwise_sparse_adagrad_", "sparse_ftrl_", "jagged_key_lists"]
+           "rowwise_sparse_adagrad_", "sparse_ftrl_", "jagged_key_lists", "jagged_pooled", "jagged_pooled_backward",
+           "pooled_fused"]
 
 
 def _wants_arg(reducer: str, want_arg: bool, ties: str) -> bool:
@@ -236,6 +244,112 @@ def _(values, values_lengths, keys, example_lengths, wanted):
     ctx = get_ctx()
     offsets = keys.new_empty(len(wanted) * example_lengths.shape[0] + 1, dtype=torch.int64)
     return offsets, [values.new_empty(ctx.new_dynamic_size()) for _ in wanted]
+
+
+def _key_slices(offsets, B: int, j: int):
+    """Key ``j``'s ``B + 1`` offsets of ``jagged_key_lists``, from 0."""
+    offs = offsets[j * B:(j + 1) * B + 1]
+    return offs - offs[0]
+
+
+@custom_op("sparsefill::jagged_pooled", mutates_args=())
+def jagged_pooled(tables: list[torch.Tensor], values: torch.Tensor, values_lengths: torch.Tensor, keys: torch.Tensor,
+                  example_lengths: torch.Tensor, wanted: list[int], reducer: str, empty: float, validate: bool,
+                  sparse_grad: bool) -> tuple[list[torch.Tensor], torch.Tensor, list[torch.Tensor]]:
+    """``(outs, offsets, lists)``: :func:`jagged_key_lists`, then per wanted key ``j``
+    ``outs[j] = segment.reduce(tables[j], reducer, offsets=<key j's offsets>, indices=lists[j])`` (the eager
+    function, its checks included); ``offsets`` and ``lists`` are the backward's."""
+    from ._jagged import key_lists
+    offsets, lists = key_lists(values, values_lengths, keys, example_lengths, wanted)
+    B, red = example_lengths.shape[0], reducer_of(reducer)
+    with torch.no_grad():
+        outs = [_reduce_eager(t, red, lengths=None, offsets=_key_slices(offsets, B, j), segment_ids=None, indices=ids,
+                              weights=None, num_segments=None, sorted=True,
+                              empty=empty if t.is_floating_point() else int(empty), want_arg=False, ties="split",
+                              out_of_range="error", validate=validate, sparse_grad=sparse_grad)[0]
+                for j, (t, ids) in enumerate(zip(tables, lists))]
+    return outs, offsets, lists
+
+
+@jagged_pooled.register_fake
+def _(tables, values, values_lengths, keys, example_lengths, wanted, reducer, empty, validate, sparse_grad):
+    ctx, B, red = get_ctx(), example_lengths.shape[0], reducer_of(reducer)
+    outs = [t.new_empty((B, *t.shape[1:]), dtype=_out_dtype(red, t.dtype)) for t in tables]
+    offsets = keys.new_empty(len(wanted) * B + 1, dtype=torch.int64)
+    return outs, offsets, [values.new_empty(ctx.new_dynamic_size()) for _ in wanted]
+
+
+def _pooled_setup(ctx, inputs, output):
+    tables, reducer, sparse_grad = inputs[0], inputs[6], inputs[9]
+    _, offsets, lists = output
+    ctx.save_for_backward(*tables, offsets, *lists)
+    ctx.k, ctx.B, ctx.args = len(tables), inputs[4].shape[0], (reducer, sparse_grad)
+
+
+def _pooled_grad(ctx, grad_outs, _grad_offsets, _grad_lists):
+    saved = ctx.saved_tensors
+    tables, offsets, lists = list(saved[:ctx.k]), saved[ctx.k], list(saved[ctx.k + 1:])
+    reducer, sparse_grad = ctx.args
+    grads = [torch.zeros((ctx.B, *t.shape[1:]), dtype=t.dtype, device=t.device) if g is None else g
+             for g, t in zip(grad_outs, tables)]
+    gx, rows = jagged_pooled_backward(grads, tables, offsets, lists, reducer, sparse_grad)
+    if sparse_grad:  # one (row, gradient row) pair per id, as embedding(sparse=True)
+        gx = [torch.sparse_coo_tensor(r[None], g, t.shape, is_coalesced=False, check_invariants=False)
+              for r, g, t in zip(rows, gx, tables)]
+    return (list(gx),) + (None,) * 9
+
+
+jagged_pooled.register_autograd(_pooled_grad, setup_context=_pooled_setup)
+
+
+@custom_op("sparsefill::jagged_pooled_backward", mutates_args=())
+def jagged_pooled_backward(grads: list[torch.Tensor], tables: list[torch.Tensor], offsets: torch.Tensor,
+                           lists: list[torch.Tensor], reducer: str, sparse_grad: bool
+                           ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """``(grad_tables, rows)`` of :func:`jagged_pooled` for the upstream ``grads`` (one per key): per key as
+    ``segment_reduce_backward`` (``sparse_grad``: one gradient row per id, ``rows`` the ids; else the table's
+    gradient, ``rows`` empty).  No check of the data: the forward checked it."""
+    from ._plan import Plan
+    red, gx, rows = reducer_of(reducer), [], []
+    no_rows = offsets.new_empty(0)
+    with torch.no_grad():
+        for j, (g, t, ids) in enumerate(zip(grads, tables, lists)):
+            x2, B = _flat(t), g.shape[0]
+            plan = Plan(B, ids.shape[0], offsets=_key_slices(offsets, B, j), indices=ids,
+                        compiled=_kernels.compiled_for(t.device, ids.shape[0] * x2.shape[1]))
+            gpos, _ = _backward(red, plan, "split", x2, None, None, no_rows, _flat(g))
+            if sparse_grad:  # (gpos: a new tensor, never a view of g; the ids: an input, copied)
+                gx.append(gpos.reshape(-1, *t.shape[1:]))
+                rows.append(ids.clone())
+            else:
+                gx.append(_scatter_rows(gpos, plan, x2.shape[0]).reshape(t.shape))
+                rows.append(no_rows.clone())
+    return gx, rows
+
+
+@jagged_pooled_backward.register_fake
+def _(grads, tables, offsets, lists, reducer, sparse_grad):
+    if sparse_grad:
+        return ([t.new_empty((ids.shape[0], *t.shape[1:])) for t, ids in zip(tables, lists)],
+                [ids.new_empty(ids.shape[0]) for ids in lists])
+    return [t.new_empty(t.shape) for t in tables], [offsets.new_empty(0) for _ in lists]
+
+
+def pooled_fused(tables: list, batch, keys: list[int], reducer, kw: dict):
+    """``KeyedJaggedBatch.pooled``'s ``{key: out}`` by one :func:`jagged_pooled` where it applies (an unweighted
+    sum, mean or sqrt_n, keywords among ``sparse_grad``, ``validate``, ``empty``), else None (the per-key ops)."""
+    if not (tables and set(kw) <= {"sparse_grad", "validate", "empty"}
+            and all(isinstance(t, torch.Tensor) for t in tables)):
+        return None
+    sparse_grad, validate = bool(kw.get("sparse_grad", False)), bool(kw.get("validate", True))
+    for t in tables:  # (reduce's checks of its arguments, which read no data)
+        red, _, empty = _args(t, reducer, None, "split", sparse_grad, False, batch.values, kw.get("empty"))
+    name = reducer_key(red)
+    if name is None or red.kind != "sum" or red.weights is not None:
+        return None
+    outs, _, _ = jagged_pooled(tables, batch.values, batch.values_lengths, batch.keys, batch.example_lengths, keys,
+                               name, float(empty), validate, sparse_grad)
+    return dict(zip(keys, outs))
 
 
 _effectful(segment_reduce_op)  # (its checks of the data run even where its result is unused: never dead code)

@@ -412,8 +412,14 @@ class KeyedJaggedBatch:
 
     def _pooled_traced(self, tables, given, keys, reducer, weighted, pos_w, kw):
         """``pooled`` under torch.compile: every key's ids (or, weighted, their positions) by the custom op
-        ``sparsefill::jagged_key_lists`` (one dynamic size per key), then as ``pooled``."""
-        from ._custom_ops import jagged_key_lists
+        ``sparsefill::jagged_key_lists`` (one dynamic size per key), then as ``pooled``; an unweighted sum, mean
+        or sqrt_n is one op for every key (``_custom_ops.pooled_fused``)."""
+        from ._custom_ops import jagged_key_lists, pooled_fused
+        if not weighted and pos_w is None:
+            fused = pooled_fused([tables[given[k]] if isinstance(tables, dict) else tables for k in keys], self, keys,
+                                 reducer, kw)
+            if fused is not None:
+                return fused
         vals = self.values
         src = torch.arange(vals.shape[0], device=vals.device) if weighted else vals  # (weighted: positions)
         offsets, lists = jagged_key_lists(src, self.values_lengths, self.keys, self.example_lengths, keys)
