@@ -184,7 +184,14 @@ def _values_on_pattern(G: SparseTensor, P: SparseTensor):
 
 def refuse_vmap(what: str):
     """The ``vmap`` rule of sparsefill's autograd.Functions: ``torch.func.vmap`` batching a SparseTensor (or the
-    values a SparseTensor is built from) is refused, never computed with the batch dim read as a tensor dim."""
+    values a SparseTensor is built from) is refused, never computed with the batch dim read as a tensor dim.
+
+    >>> import sparsefill
+    >>> torch.func.vmap(lambda v: sparsefill.sparse_coo_tensor([[0, 2]], v, (3,)))(torch.ones(4, 2))
+    ... # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    NotImplementedError: sparsefill: torch.func.vmap through a sparsefill constructor is not supported ...
+    """
     raise NotImplementedError(
         f"sparsefill: torch.func.vmap through {what} is not supported (a batched SparseTensor has no batching "
         "rule); loop over the batch instead (torch.stack([f(x) for x in xs])), or build one SparseTensor with "
