@@ -351,3 +351,18 @@ def test_union_with_a_superset_pattern_keeps_it(shape, op):
         out = op(X, Y)
         _check(out, op(X.to_dense(), Y.to_dense()))
         assert out._nse() == 301 and out._indices() is not G._indices()
+
+
+def test_in_place_shape_change_refused_and_nothing_modified():
+    """``_writes.assign_`` compares the sizes the SparseTensors were made with (not ``.shape``): an in-place op
+    that changes the shape raises ValueError naming both shapes, and ``A`` keeps its storage."""
+    import warnings
+    A = _coo((2, 3), 3, 0.5)
+    dense, vals = A.to_dense(), A._vals
+    for f in (lambda: A.unsqueeze_(0), lambda: A.t_(), lambda: A.resize_(3, 2)):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", sparsefill.DensifyWarning)
+            with pytest.raises(ValueError, match=r"shape \((1, 2, 3|3, 2)\) .* shape \(2, 3\)"):
+                f()
+        assert A.shape == (2, 3) and A._vals is vals
+        torch.testing.assert_close(A.to_dense(), dense)
