@@ -190,12 +190,18 @@ def test_vmap_shared_sparse_tensor_equals_loop(layout):
     torch.testing.assert_close(vmap(lambda x: A @ x)(xs), xs @ D.T)
 
 
-def test_forward_mode_refused():
+def test_forward_mode_and_nested_refused():
+    """Forward mode (``jvp``, ``jacfwd``, ``hessian``) and nested reverse mode (``grad`` of ``grad``) through a
+    constructor raise (nested: the inner backward's SparseTensor gradient, read inside the wrappers, gave a
+    wrong Hessian)."""
     v, f = inputs(COO, "scalar", torch.float64)
-    with pytest.raises(NotImplementedError, match="sparsefill: torch.func.jvp/jacfwd"):
-        jacfwd(lambda v: build(COO, v, f).sum())(v)
-    with pytest.raises(NotImplementedError, match="sparsefill: torch.func.jvp/jacfwd"):
-        jvp(lambda v: build(COO, v, f).sum(), (v,), (torch.ones_like(v),))
+    loss = lambda v: torch.exp(build(COO, v, f)).pow(2).sum()  # noqa: E731
+    for fn in (jacfwd(loss), torch.func.hessian(loss), lambda v: jvp(loss, (v,), (torch.ones_like(v),))):
+        with pytest.raises(NotImplementedError, match="sparsefill: torch.func.jvp/jacfwd/hessian"):
+            fn(v)
+    for fn in (jacrev(grad(loss)), grad(lambda v: grad(loss)(v).sum())):
+        with pytest.raises(NotImplementedError, match="sparsefill: nested torch.func differentiation"):
+            fn(v)
 
 
 # ---------------------------------------------------------------------- functional_call training
@@ -225,6 +231,22 @@ def test_functional_call_training_step(layout, dtype):
         params = {k: p - 0.1 * g[k] for k, p in params.items()}
         for k, p in ref.named_parameters():
             torch.testing.assert_close(params[k], p.detach())
+
+
+@pytest.mark.parametrize("layout", [COO, CSR])
+def test_per_example_grads(layout):
+    """``vmap(grad(loss), in_dims=(None, 0, 0))``: per-example gradients of SparseLinear's parameters (the
+    batch over the data; the constructor's values shared) equal a loop of ``grad``."""
+    torch.manual_seed(1)
+    lin = sparsefill.nn.SparseLinear(6, 4, density=0.4, layout=layout, train_fill=True, dtype=torch.float64)
+    params, buffers = {k: p.detach() for k, p in lin.named_parameters()}, dict(lin.named_buffers())
+
+    def loss(p, x, y):
+        return torch.nn.functional.mse_loss(functional_call(lin, (p, buffers), (x[None],)), y[None])
+    X, Y = torch.randn(3, 6, dtype=torch.float64), torch.randn(3, 4, dtype=torch.float64)
+    G = vmap(grad(loss), in_dims=(None, 0, 0))(params, X, Y)
+    for k in params:
+        torch.testing.assert_close(G[k], torch.stack([grad(loss)(params, x, y)[k] for x, y in zip(X, Y)]))
 
 
 def test_functional_call_sparse_parameter():

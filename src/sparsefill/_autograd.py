@@ -199,12 +199,22 @@ def refuse_vmap(what: str):
 
 
 def refuse_forward_ad(what: str) -> None:
-    """Raise under ``torch.func.jvp``/``jacfwd`` (forward-mode AD): a SparseTensor has no dual (tangent) form."""
-    top = torch._C._functorch.peek_interpreter_stack()
-    if top is not None and top.key() == torch._C._functorch.TransformType.Jvp:
+    """Raise under ``torch.func.jvp``/``jacfwd``/``hessian`` (forward-mode AD: a SparseTensor has no dual (tangent)
+    form) and under nested differentiation (``grad`` of ``grad``, ``jacrev`` of ``grad``: the inner backward
+    reads the SparseTensor gradient inside torch.func's wrappers, which an outer level would not see through)."""
+    stack = torch._C._functorch.get_interpreter_stack() if torch._C._are_functorch_transforms_active() else None
+    if not stack:
+        return
+    kinds = [i.key() for i in stack]
+    T = torch._C._functorch.TransformType
+    if T.Jvp in kinds:
         raise NotImplementedError(
-            f"sparsefill: torch.func.jvp/jacfwd (forward-mode AD) through {what} is not supported (a SparseTensor "
-            "has no tangent form); use reverse mode: torch.func.vjp, torch.func.jacrev or torch.func.grad")
+            f"sparsefill: torch.func.jvp/jacfwd/hessian (forward-mode AD) through {what} is not supported (a "
+            "SparseTensor has no tangent form); use reverse mode: torch.func.vjp, torch.func.jacrev or torch.func.grad")
+    if kinds.count(T.Grad) > 1:
+        raise NotImplementedError(
+            f"sparsefill: nested torch.func differentiation (grad of grad, jacrev of grad) through {what} is not "
+            "supported; use torch.autograd.grad(..., create_graph=True) for higher derivatives")
 
 
 class Construct(torch.autograd.Function):
