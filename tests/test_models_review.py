@@ -19,7 +19,9 @@ from torch.utils.checkpoint import checkpoint
 import sparsefill
 from sparsefill import masked, segment
 
-pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # (torch.jit, imported by inductor)
+# (torch.jit's deprecation, imported by inductor; torch's beta/invariant notes on native sparse tensors)
+pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+              pytest.mark.filterwarnings("ignore:Sparse:UserWarning")]
 _LAYOUTS = pytest.mark.parametrize("layout", [torch.sparse_coo, torch.sparse_csr], ids=["coo", "csr"])
 
 
@@ -337,3 +339,52 @@ def test_sdpa_with_sparse_attn_mask():
         warnings.simplefilter("ignore", sparsefill.DensifyWarning)
         with pytest.raises(ValueError, match="indefinite fill"):
             F.scaled_dot_product_attention(q, k, v, attn_mask=_MASK)
+
+
+@_LAYOUTS
+@pytest.mark.parametrize("fill", [0., "indefinite"])
+def test_sampled_addmm_and_sparse_mask(layout, fill):
+    """``torch.sparse.sampled_addmm`` (SDDMM) of a SparseTensor (it densified, then torch raised
+    NotImplementedError) and ``x.sparse_mask(A)``: as torch's on the native CSR tensor, forward and the
+    gradients of the constructor's values, mat1 and mat2 (a dense and a sparse upstream gradient); an
+    indefinite fill stays indefinite."""
+    idx = torch.tensor([[0, 1, 2, 2, 0], [1, 2, 0, 2, 1]])  # (uncoalesced: (0, 1) twice)
+    v = torch.tensor([1., 2., 3., 4., .5], requires_grad=True)
+    f = sparsefill.indefinite if fill == "indefinite" else fill
+    A = sparsefill.sparse_coo_tensor(idx, v, (3, 3), fill_value=f).to_sparse(layout=layout)
+    m1, m2 = torch.randn(3, 2, requires_grad=True), torch.randn(2, 3, requires_grad=True)
+    nat = torch.sparse_coo_tensor(idx, v.detach(), (3, 3)).coalesce().to_sparse_csr()
+    with warnings.catch_warnings():
+        _no_densify()
+        r = torch.sparse.sampled_addmm(A, m1, m2, beta=0.5, alpha=2.)
+        D = torch.randn(3, 3)
+        Dm = D.sparse_mask(A)
+    want = torch.sparse.sampled_addmm(nat, m1.detach(), m2.detach(), beta=0.5, alpha=2.).to_dense()
+    assert r.sparse_layout is layout and r._indefinite == (fill == "indefinite")
+    assert_close(r.to_dense(fill_value=0.), want)
+    assert not Dm._indefinite and Dm.sparse_layout is layout
+    assert_close(Dm.to_dense(), D.sparse_mask(nat).to_dense())
+    keep = torch.zeros(3, 3, dtype=torch.bool).index_put((idx[0], idx[1]), torch.tensor(True))
+    vd, m1d, m2d = (t.detach().requires_grad_() for t in (v, m1, m2))
+    Ad = torch.zeros(3, 3).index_put((idx[0], idx[1]), vd, accumulate=True)
+    dense = torch.where(keep, 0.5 * Ad + 2. * (m1d @ m2d), 0.)
+    G = torch.randn(3, 3)
+    ref = torch.autograd.grad((dense * G).sum(), [vd, m1d, m2d])
+    for loss in (lambda r: (r.to_dense(fill_value=0.) * G).sum(), lambda r: masked.sum(r * G)):
+        with warnings.catch_warnings():
+            _no_densify()
+            got = torch.autograd.grad(loss(r), [v, m1, m2], retain_graph=True)
+        assert_close(got, ref)
+
+
+def test_sddmm_attention_matches_dense():
+    """Sparse attention with no dense score matrix: ``masked.softmax(sampled_addmm(mask, q, k^T), 1) @ v``
+    on an indefinite-fill mask, forward and gradients of q, k, v as the dense masked attention."""
+    q, k, v = (torch.randn(_L, _E, generator=torch.Generator().manual_seed(s), requires_grad=True) for s in (4, 5, 6))
+    with warnings.catch_warnings():
+        _no_densify()
+        out = masked.softmax(torch.sparse.sampled_addmm(_MASK.to_sparse_csr(), q, k.t()), 1) @ v
+        got = torch.autograd.grad(out.pow(2).sum(), [q, k, v])
+    ref_out = torch.softmax((q @ k.t()).masked_fill(~_KEEP, float("-inf")), 1) @ v
+    assert_close(out, ref_out)
+    assert_close(got, torch.autograd.grad(ref_out.pow(2).sum(), [q, k, v]))

@@ -3,7 +3,7 @@ entry points into ``SparseTensor`` (``_tensor.install_op_layer``: the data class
 
 from .. import _tensor
 from . import (activations, concat, coords, core, fallback, foreach, indexing, linalg, normalizations,  # noqa: F401
-               products, pointwise, reductions, registry, views, windows)
+               products, pointwise, reductions, registry, sampled, views, windows)
 
 
 def _route(func, types, args, kwargs):
