@@ -15,12 +15,15 @@ the conversions of ``_repr`` (their ``_repr_ops``), a ``KeyedJaggedBatch`` built
 ``pooled`` of a shared table with ``keys=``, a custom ``SegmentReducer`` object; their bad data raising the
 eager errors from the compiled function; ``pooled`` of a shared table without ``keys=`` as a graph break.  A
 reduction whose result is unused still checks its data (``segment_reduce`` is effectful); reducers made in a loop
-leave no entry in the registry that names them for the op (weak references).
+leave no entry in the registry that names them for the op (weak references).  An unweighted ``pooled`` is one
+op, ``jagged_pooled`` (forward, gradients, its id checks, opcheck), and the DLRM example's training step compiled
+with inductor gives the eager step's losses and tables.
 """
 
 import pytest
 import torch
 import torch._dynamo
+import torch._dynamo.testing
 import torch.nn.functional as F
 
 from sparsefill import segment
@@ -503,3 +506,92 @@ def test_opcheck_conversions():
                      (ops.gather_ranges_rows, (torch.tensor([[[0, 2], [3, 1]]]), 5, True)),
                      (ops.jagged_check, (kj.example_lengths, kj.values_lengths, kj.keys, 7))]:
         _opcheck(op.default, args)
+
+
+# KeyedJaggedBatch.pooled of an unweighted sum / mean / sqrt_n: one op for every key (sparsefill::jagged_pooled),
+# forward and backward; the DLRM example's training step compiled against eager.
+
+def _pooled_batch(k):
+    """Batch ``k`` of three (other counts of ids per key): keys 1, 2, 3 (key 2 never asked for), ids < R."""
+    g = torch.Generator().manual_seed(10 + k)
+    lists = [{key: torch.randint(0, R, (int(n),), generator=g).tolist()
+              for key, n in zip((1, 2, 3), torch.randint(0, 4, (3,), generator=g)) if n or key == 3}
+             for _ in range(B)]
+    return segment.KeyedJaggedBatch.from_lists(lists)
+
+
+def _graph_ops(gm):
+    return [str(n.target) for n in gm.graph.nodes if n.op == "call_function" and "sparsefill" in str(n.target)]
+
+
+@pytest.mark.parametrize("reducer,sparse_grad", [("sum", True), ("mean", False), ("sqrt_n", True), ("sum", False)])
+def test_pooled_one_op(reducer, sparse_grad):
+    """An unweighted ``pooled`` (a table per key, a key absent from the batch, ``empty=``) is one
+    ``jagged_pooled`` op in the graph (no per-key ops), its results and the tables' gradients (sparse rows or
+    dense) as eager, on three batches with no recompile on the third."""
+    tables = {k: torch.randn(R, 2, dtype=torch.float64, requires_grad=True) for k in (1, 3, 4)}
+    f = lambda kj: kj.pooled(tables, reducer, sparse_grad=sparse_grad, empty=-1.0)  # noqa: E731
+    torch._dynamo.reset()
+    counter = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
+    cf = torch.compile(f, backend=counter, fullgraph=True)
+    leaves = list(tables.values())
+    for k in range(3):
+        kj = _pooled_batch(k)
+        with torch._dynamo.config.patch(error_on_recompile=k == 2):
+            got, want = cf(kj), f(kj)
+        assert list(got) == list(want)
+        torch.testing.assert_close(got, want)
+        c = {key: torch.linspace(-1, 1, v.numel(), dtype=v.dtype).view(v.shape) for key, v in want.items()}
+        gg = torch.autograd.grad(sum((v * c[key]).sum() for key, v in got.items()), leaves)
+        gw = torch.autograd.grad(sum((v * c[key]).sum() for key, v in want.items()), leaves)
+        assert all(a.is_sparse == sparse_grad == b.is_sparse for a, b in zip(gg, gw))
+        torch.testing.assert_close([_dense(a) for a in gg], [_dense(b) for b in gw])
+    assert _graph_ops(counter.graphs[0]) == ["sparsefill.jagged_pooled.default"]
+
+
+def test_pooled_one_op_checks_ids():
+    """The ids' range check runs in ``jagged_pooled``: an id out of range of its table raises the eager error
+    from the compiled function."""
+    tables = {k: torch.randn(R, 2) for k in (1, 3)}
+    kj = segment.KeyedJaggedBatch.from_lists([{1: [0, 2], 3: [R]}, {3: [1]}])
+    f = lambda kj: kj.pooled(tables, "sum")  # noqa: E731
+    with pytest.raises(IndexError) as want:
+        f(kj)
+    torch._dynamo.reset()
+    with pytest.raises(IndexError) as got:
+        torch.compile(f, backend="aot_eager", fullgraph=True)(kj)
+    assert str(got.value) == str(want.value) and f"= {R}" in str(want.value)
+
+
+def test_opcheck_jagged_pooled():
+    """``torch.library.opcheck`` of ``jagged_pooled`` (sparse and dense gradients; a key absent from the batch)
+    and of its backward."""
+    kj = segment.KeyedJaggedBatch.from_lists([{1: [1, 2], 3: [0]}, {1: [2], 2: [3], 3: [1, 3]}])
+    tables = [torch.randn(4, 2, dtype=torch.float64, requires_grad=True) for _ in range(3)]
+    args = (kj.values, kj.values_lengths, kj.keys, kj.example_lengths, [3, 1, 7])
+    for reducer, sparse_grad in (("sum", True), ("mean", False)):
+        _opcheck(torch.ops.sparsefill.jagged_pooled.default, (tables, *args, reducer, 0.0, True, sparse_grad))
+    outs, offsets, lists = torch.ops.sparsefill.jagged_pooled(tables, *args, "sum", 0.0, True, True)
+    _opcheck(torch.ops.sparsefill.jagged_pooled_backward.default,
+             ([torch.randn_like(o) for o in outs], [t.detach() for t in tables], offsets, lists, "sum", True))
+
+
+def test_dlrm_step_compiled(backend="inductor"):
+    """The DLRM example's training step (4 tables; the model compiled, fullgraph; SparseAdagrad and Adagrad
+    eager, as ``benchmarks.cases_compile`` times it): losses over three steps and the tables after them as the
+    eager step's, on two copies of one model; one graph, no break."""
+    import copy
+    from sparsefill.benchmarks.cases_models import _example
+    dlrm = _example("dlrm")
+    (model, (x, kj), y), _ = dlrm.setup(batch=16, keys=4, rows=50, dim=4)
+    twin = copy.deepcopy(model)
+    torch._dynamo.reset()
+    counter = torch._dynamo.testing.CompileCounterWithBackend(backend)
+    compiled = torch.compile(model, backend=counter, fullgraph=True)
+    steps = [dlrm.trainer(compiled, (x, kj), y), dlrm.trainer(twin, (x, kj), y)]
+    for _ in range(3):
+        got, want = (s() for s in steps)
+        torch.testing.assert_close(got, want)
+    torch.testing.assert_close(list(model.parameters()), list(twin.parameters()))
+    assert counter.frame_count == 1
+    assert _graph_ops(counter.graphs[0]) == ["sparsefill.jagged_pooled.default"]

@@ -337,11 +337,14 @@ def _(grads, tables, offsets, lists, reducer, sparse_grad):
 
 def pooled_fused(tables: list, batch, keys: list[int], reducer, kw: dict):
     """``KeyedJaggedBatch.pooled``'s ``{key: out}`` by one :func:`jagged_pooled` where it applies (an unweighted
-    sum, mean or sqrt_n, keywords among ``sparse_grad``, ``validate``, ``empty``), else None (the per-key ops)."""
+    sum, mean or sqrt_n, keywords among ``sparse_grad``, ``validate``, ``empty``; a table given for two keys
+    only with ``sparse_grad``), else None (the per-key ops)."""
     if not (tables and set(kw) <= {"sparse_grad", "validate", "empty"}
             and all(isinstance(t, torch.Tensor) for t in tables)):
         return None
     sparse_grad, validate = bool(kw.get("sparse_grad", False)), bool(kw.get("validate", True))
+    if not sparse_grad and len({id(t) for t in tables}) < len(tables):
+        return None  # (a table twice with dense gradients: AOTAutograd's fake dispatch fails on torch 2.13)
     for t in tables:  # (reduce's checks of its arguments, which read no data)
         red, _, empty = _args(t, reducer, None, "split", sparse_grad, False, batch.values, kw.get("empty"))
     name = reducer_key(red)
