@@ -217,6 +217,18 @@ def refuse_forward_ad(what: str) -> None:
             "supported; use torch.autograd.grad(..., create_graph=True) for higher derivatives")
 
 
+def refuse_masked_in_transform(out) -> None:
+    """Raise where a SparseTensor with an indefinite fill enters a torch.func differentiation transform (as
+    ``out``, wrapped): inside it torch's dense derivative formulas and ``sparsefill.masked`` see a dense tensor,
+    so a masked reduction's count (``mean``, ``var``) would be silently wrong."""
+    if torch._C._functorch.is_functorch_wrapped_tensor(out):
+        U = unwrapped(out)
+        if isinstance(U, SparseTensor) and U._indefinite:
+            raise NotImplementedError(
+                "sparsefill: a SparseTensor with an indefinite fill inside torch.func.grad/vjp/jacrev is not supported "
+                "(its masked semantics would be read as dense there); use torch.autograd.grad, or a defined fill")
+
+
 class Construct(torch.autograd.Function):
     """``(values, fill) -> SparseTensor`` for a fixed pattern built by ``make``."""
 
@@ -226,6 +238,7 @@ class Construct(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx, inputs, output):
+        refuse_masked_in_transform(output)
         ctx.pattern = _pattern(output)
 
     @classmethod
@@ -339,6 +352,7 @@ class SameDense(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx, inputs, output):
+        refuse_masked_in_transform(output)
         x = unwrapped(inputs[0])
         ctx.x_layout = x.layout if not isinstance(x, SparseTensor) else None
 

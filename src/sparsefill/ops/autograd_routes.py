@@ -70,6 +70,11 @@ def route(func, types, args, kwargs):
             "sparsefill: torch.func.vmap over a SparseTensor's dim is not supported (torch's batching rules would "
             "see its storage, and to_dense/values/fill_value would not run per example): pass it with in_dims=None "
             "(shared by every example), or loop: torch.stack([f(a) for a in A.unbind(0)])")
+    if torch._C._are_functorch_transforms_active() and _masked_meets_transform(args, kwargs) and _differentiating():
+        raise NotImplementedError(
+            f"sparsefill: {getattr(func, '__name__', func)} of a SparseTensor with an indefinite fill and a tensor of "
+            "a torch.func transform is not supported (the result, inside the transform, would be differentiated "
+            "with dense semantics); use torch.autograd.grad, or a defined fill")
     if func is _REQUIRES_GRAD_ or func.__class__ is _SETTER and func.__self__ is _REQUIRES_GRAD:
         out = torch._C._disabled_torch_function_impl(func, types, args, kwargs)
         if isinstance(args[0], SparseTensor):  # a leaf's .grad is a SparseTensor (_autograd.LeafGradHook)
@@ -106,6 +111,20 @@ def _vmap_input() -> bool:
             return True
         f = f.f_back
     return False
+
+
+def _masked_meets_transform(args, kwargs) -> bool:
+    """An indefinite-fill SparseTensor and a torch.func-wrapped tensor among the arguments (lists included)."""
+    flat = [x for a in (*args, *kwargs.values()) for x in (a if isinstance(a, (list, tuple)) else (a,))]
+    wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+    return any(isinstance(a, SparseTensor) and a._indefinite for a in flat) and \
+        any(isinstance(a, torch.Tensor) and not isinstance(a, SparseTensor) and wrapped(a) for a in flat)
+
+
+def _differentiating() -> bool:
+    """A torch.func differentiation transform (grad, vjp, jacrev, jvp) is active (vmap alone reads no formula)."""
+    T = torch._C._functorch.TransformType
+    return any(i.key() in (T.Grad, T.Jvp) for i in torch._C._functorch.get_interpreter_stack() or ())
 
 
 # ---------------------------------------------------------------------- dense inputs get dense gradients
