@@ -388,3 +388,19 @@ def test_sddmm_attention_matches_dense():
     ref_out = torch.softmax((q @ k.t()).masked_fill(~_KEEP, float("-inf")), 1) @ v
     assert_close(out, ref_out)
     assert_close(got, torch.autograd.grad(ref_out.pow(2).sum(), [q, k, v]))
+
+
+def test_sparse_attention_example():
+    """examples/sparse_attention.py (SDDMM scores, masked.softmax, checkpoint, AdamW) at smoke size: the same
+    losses as the dense masked block; its main runs."""
+    from pathlib import Path
+    from sparsefill.benchmarks.cases_models import _example as load
+    folder = Path(__file__).resolve().parents[1] / "examples"
+    if not (folder / "sparse_attention.py").is_file():
+        pytest.skip(f"no {folder / 'sparse_attention.py'} (not a source checkout)")
+    ex = load("sparse_attention", folder)
+    with warnings.catch_warnings():
+        _no_densify()
+        losses = ex.check(tokens=40, density=0.1, steps=2)
+        ex.main(["--tokens", "50", "--reps", "1"])
+    assert len(losses) == 2
