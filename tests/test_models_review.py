@@ -404,3 +404,42 @@ def test_sparse_attention_example():
         losses = ex.check(tokens=40, density=0.1, steps=2)
         ex.main(["--tokens", "50", "--reps", "1"])
     assert len(losses) == 2
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="open: a hybrid SparseTensor (heads as a dense dim: multi-head GAT scores A * e[:, None, :]) "
+                          "times a dense operand varying along a sparse dim is computed dense with no DensifyWarning "
+                          "and returned as a dense Tensor (the 2-D case gathers the operand at the pattern); fix in "
+                          "ops/pointwise.py (_dense_call: gather the operand at the stored indices, over the dense dims)")
+def test_hybrid_times_dense_along_sparse_dims_stays_sparse():
+    idx = torch.tensor([[0, 1, 2], [1, 2, 0]])
+    A = sparsefill.sparse_coo_tensor(idx, torch.arange(6.).view(3, 2), (3, 3, 2))
+    e = torch.randn(3, 2)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        r = A * e[:, None, :]
+    assert_close(r.to_dense() if isinstance(r, sparsefill.SparseTensor) else r, A.to_dense() * e[:, None, :])
+    assert isinstance(r, sparsefill.SparseTensor) and r._nse() == 3, type(r)
+    assert not w
+
+
+@pytest.mark.xfail(strict=True, raises=ValueError,
+                   reason="open: the multi-head GAT on an indefinite hybrid adjacency: A * e[:, None, :] raises "
+                          "to_dense's ValueError (ops/pointwise._dense_call densifies, and it does not name the op); "
+                          "same fix as above")
+def test_multihead_gat_scores_on_masked_hybrid():
+    N, H, D = 7, 2, 3
+    idx = (torch.eye(N, dtype=torch.bool) | torch.eye(N, dtype=torch.bool).roll(1, 1)).nonzero().t()
+    keep = torch.zeros(N, N, dtype=torch.bool).index_put((idx[0], idx[1]), torch.tensor(True))
+    A = sparsefill.sparse_coo_tensor(idx, torch.ones(idx.shape[1], H), (N, N, H), fill_value=sparsefill.indefinite)
+    Wh = torch.randn(N, H, D, generator=torch.Generator().manual_seed(7), requires_grad=True)
+    a_src, a_dst = torch.randn(2, H, D, generator=torch.Generator().manual_seed(8)).unbind(0)
+
+    def attend(scores_of):
+        es, ed = (Wh * a_src).sum(-1), (Wh * a_dst).sum(-1)
+        return scores_of(ed[:, None, :], es[None, :, :])
+
+    P = attend(lambda d, s: masked.softmax(F.leaky_relu(A * d + A * s, 0.2), 1))
+    out = torch.einsum("ijh,jhd->ihd", P, Wh)
+    Pd = attend(lambda d, s: torch.softmax(F.leaky_relu(d + s, 0.2).masked_fill(~keep[..., None], float("-inf")), 1))
+    assert_close(out, torch.einsum("ijh,jhd->ihd", Pd, Wh))
