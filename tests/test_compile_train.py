@@ -142,3 +142,44 @@ def test_inductor_transposed_weight(fn, layout, fullgraph):
         ref.backward(G)
         assert_close(x1.grad, x2.grad)
         assert_close(W.grad.to_dense(), We.grad.to_dense())
+
+
+def _adagrad_run(compile_step, sparse):
+    """Three ``SparseAdagrad`` steps on an embedding table (sparse or dense gradients): the table and losses."""
+    from sparsefill import segment
+    emb = torch.nn.Embedding(10, 3, sparse=sparse)
+    emb.weight.data = torch.randn(10, 3, generator=torch.Generator().manual_seed(0))
+    o = segment.SparseAdagrad(emb.parameters(), lr=0.1)
+    step = compile_step(o.step) if compile_step else o.step
+    losses = []
+    for ids in (torch.tensor([1, 3, 3, 7]), torch.tensor([0, 1, 2]), torch.tensor([9, 9])):
+        o.zero_grad()
+        loss = emb(ids).pow(2).sum()
+        loss.backward()
+        assert emb.weight.grad.is_sparse == sparse
+        step()
+        losses.append(loss.detach())
+    return emb.weight.detach(), torch.stack(losses)
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_sparse_adagrad_native_sparse_gradients_graph_break(backend):
+    """``SparseAdagrad.step`` on torch native sparse gradients (which no compiled graph can take:
+    pytorch/pytorch#130687) compiled without ``fullgraph``: a graph break, the eager result."""
+    torch._dynamo.reset()
+    W, losses = _adagrad_run(lambda f: torch.compile(f, backend=backend), sparse=True)
+    We, losses_e = _adagrad_run(None, sparse=True)
+    assert_close(W, We)
+    assert_close(losses, losses_e)
+
+
+def test_sparse_adagrad_native_sparse_gradients_fullgraph_error():
+    """With ``fullgraph=True`` an error naming sparsefill and the cause; dense gradients still compile whole."""
+    torch._dynamo.reset()
+    with pytest.raises(torch._dynamo.exc.Unsupported, match="sparsefill: .*native sparse gradients"):
+        _adagrad_run(lambda f: torch.compile(f, backend="eager", fullgraph=True), sparse=True)
+    torch._dynamo.reset()
+    W, losses = _adagrad_run(lambda f: torch.compile(f, backend="eager", fullgraph=True), sparse=False)
+    We, losses_e = _adagrad_run(None, sparse=False)
+    assert_close(W, We)
+    assert_close(losses, losses_e)

@@ -294,6 +294,9 @@ def _register_with_dynamo() -> None:
     rules.BUILTIN_INLINE_WHEN_CALLED.add(os.path.dirname(os.path.abspath(__file__)) + os.sep)
     rules.add("sparsefill")
     _bind_shared_symbols_in_order(sys.modules["torch._dynamo.output_graph"].SubgraphTracer)
+    _REGISTERED.append(True)
+    while _ON_DYNAMO:
+        _ON_DYNAMO.pop(0)()
 
 
 def _bind_shared_symbols_in_order(tracer_cls) -> None:
@@ -334,6 +337,21 @@ class _DynamoImportHook:
             _register_with_dynamo()
         spec.loader.exec_module = exec_module
         return spec
+
+
+_ON_DYNAMO: list = []  # callbacks run once torch._dynamo is loaded (see when_dynamo_loads)
+
+
+def when_dynamo_loads(callback) -> None:
+    """Run ``callback()`` once ``torch._dynamo`` is imported (now, if it is): code that needs dynamo's
+    decorators (``torch.compiler.disable`` imports it, 3 s of a cold start) without importing it itself."""
+    if "torch._dynamo" in sys.modules and _REGISTERED:
+        callback()
+    else:
+        _ON_DYNAMO.append(callback)
+
+
+_REGISTERED: list = []
 
 
 def _install() -> None:

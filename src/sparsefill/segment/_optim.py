@@ -42,12 +42,13 @@ from __future__ import annotations
 import contextlib
 import math
 import threading
+import weakref
 
 import numpy as np
 import torch
 
 from . import _kernels
-from .._compile import traced
+from .._compile import traced, when_dynamo_loads
 from ._check import as_index, check_indices
 
 __all__ = ["sparse_adagrad", "rowwise_sparse_adagrad", "sparse_ftrl", "SparseAdagrad", "SparseFtrl"]
@@ -289,12 +290,58 @@ def _rows_and_grad(p):
     return torch.arange(p.shape[0], device=p.device), g
 
 
+_NATIVE_SPARSE = ("sparsefill: a row optimizer's step (SparseAdagrad, SparseFtrl) on torch native sparse gradients "
+                  "(embedding(sparse=True), sparse_grad=True) does not compile: torch.compile cannot trace torch's "
+                  "sparse tensors (pytorch/pytorch#130687), so the step runs eagerly (a graph break; with "
+                  "fullgraph=True this error). Dense gradients compile.")
+
+
+def _note_grad_layouts(opt_ref):
+    """A post-accumulate-grad hook noting in the optimizer whether ``p.grad`` is a torch native sparse tensor:
+    a compiled ``step`` reads that Python flag (``p.grad`` itself dynamo cannot even wrap)."""
+    def hook(p):
+        opt = opt_ref()
+        if opt is not None:
+            opt._native_grads[id(p)] = p.grad is not None and p.grad.layout is not torch.strided
+    return hook
+
+
+def _eager_step(opt, closure):
+    return opt._step(closure)
+
+
+def _disable_eager_step():  # (when torch._dynamo loads: torch.compiler.disable imports it)
+    global _eager_step
+    _eager_step = torch.compiler.disable(_eager_step, reason=_NATIVE_SPARSE)
+
+
+when_dynamo_loads(_disable_eager_step)
+
+
 class _RowOptimizer(torch.optim.Optimizer):
     """The step loop shared by the row-sparse optimizers: ``_update(p, state, rows, grad_rows, group)``
-    for every parameter with a gradient (sparse or dense)."""
+    for every parameter with a gradient (sparse or dense).
+
+    Under torch.compile a step on torch native sparse gradients is a graph break and runs eagerly (with
+    ``fullgraph=True``: an error naming sparsefill), known from a flag its parameters' post-accumulate-grad
+    hooks set (a gradient assigned to ``p.grad`` by hand sets none: dynamo's own graph break or error then)."""
+
+    def add_param_group(self, param_group):
+        super().add_param_group(param_group)
+        if "_native_grads" not in self.__dict__:
+            self._native_grads = {}  # id(param) -> its last accumulated gradient is a torch native sparse tensor
+        hook = _note_grad_layouts(weakref.ref(self))
+        for p in self.param_groups[-1]["params"]:
+            if p.requires_grad:
+                p.register_post_accumulate_grad_hook(hook)
+
+    def step(self, closure=None):
+        if torch.compiler.is_compiling() and any(self._native_grads.values()):
+            return _eager_step(self, closure)
+        return self._step(closure)
 
     @torch.no_grad()
-    def step(self, closure=None):
+    def _step(self, closure=None):
         loss = None
         if closure is not None:
             with torch.enable_grad():
