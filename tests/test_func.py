@@ -294,3 +294,13 @@ def test_segment_reduce_grad_jacrev(red, dtype):
         torch.testing.assert_close(a, b)
     for a, b in zip(jacrev(f, argnums=(0, 1))(x, w), torch.autograd.functional.jacobian(f, (x, w))):
         torch.testing.assert_close(a, b)
+
+
+@pytest.mark.xfail(strict=True, reason="open: a SparseTensor wrapped inside the transform (here by detach) meets x "
+                                       "there with no route: torch's formula gives x a SparseTensor gradient "
+                                       "(values exact)")
+def test_dense_input_grad_type_with_sparse_wrapped_inside():
+    Z = sparsefill.sparse_coo_tensor([[0, 1, 2]], [1., 2., 3.], (3,), fill_value=0.3, dtype=torch.float64)
+    g = grad(lambda x: (Z.detach() * x).sum())(torch.ones(3, dtype=torch.float64))
+    torch.testing.assert_close(g.to_dense() if isinstance(g, SparseTensor) else g, Z.to_dense())
+    assert type(g) is torch.Tensor
