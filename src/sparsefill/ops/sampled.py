@@ -1,4 +1,5 @@
-"""Sampling at a pattern: ``x.sparse_mask(A)`` and the sampled product (SDDMM): ``torch.sparse.sampled_addmm(A, m1, m2, beta=, alpha=)`` of a 2-D SparseTensor::
+"""Sampling at a 2-D SparseTensor's pattern: ``x.sparse_mask(A)`` and the sampled product (SDDMM)
+``torch.sparse.sampled_addmm(A, m1, m2, beta=, alpha=)``::
 
     out = A with values beta * A[i, j] + alpha * (m1 @ m2)[i, j] at A's stored (i, j), and fill beta * fill
 
