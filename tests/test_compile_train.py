@@ -183,3 +183,30 @@ def test_sparse_adagrad_native_sparse_gradients_fullgraph_error():
     We, losses_e = _adagrad_run(None, sparse=False)
     assert_close(W, We)
     assert_close(losses, losses_e)
+
+
+def test_sum_of_a_union_fullgraph():
+    """``(A * B).sum()`` of two patterns (a union of unbacked nse) with ``fullgraph=True``, value and gradients of
+    both values and fills against eager (the full sum guarded on the unbacked count: an error)."""
+    idx = ([[0, 1, 3, 2], [1, 2, 0, 2]], [[0, 2], [1, 1]])
+
+    def parts():
+        return [t.requires_grad_() for t in (torch.tensor([1., 2., 3., -1.]), torch.tensor(0.1),
+                                             torch.tensor([1., 2.]), torch.tensor(0.2))]
+
+    def f(va, fa, vb, fb):
+        A = sparsefill.sparse_coo_tensor(idx[0], va, (4, 3), fill_value=fa)
+        B = sparsefill.sparse_coo_tensor(idx[1], vb, (4, 3), fill_value=fb)
+        return (A * B).sum()
+
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda A, B: (A * B).sum(), backend="aot_eager", fullgraph=True)
+    p, q = parts(), parts()
+    A = sparsefill.sparse_coo_tensor(idx[0], p[0], (4, 3), fill_value=p[1])
+    B = sparsefill.sparse_coo_tensor(idx[1], p[2], (4, 3), fill_value=p[3])
+    out, ref = compiled(A, B), f(*q)
+    assert_close(out, ref)
+    out.backward()
+    ref.backward()
+    for a, b in zip(p, q):
+        assert_close(a.grad, b.grad)

@@ -98,7 +98,7 @@ def reduce_dims(A: SparseTensor, name: str, dims, keepdim: bool, out_meta: torch
         k = vals.shape[0]
         n_all = torch.tensor([N], device=vals.device) - k  # (k: a dynamic size when traced, not a constant)
         kw = {} if fill is None else dict(fill=fill, n_fill=n_all)
-        if k and not traced(vals):  # the k stored elements as one run: no segment ids to scatter or count
+        if not traced(vals) and k:  # the k stored elements as one run: no segment ids to scatter or count
             res = r(vals, None, 1, lengths=torch.tensor([k], device=vals.device), **kw)[0]
         else:
             res = r(vals, torch.zeros(k, dtype=torch.int64, device=vals.device), 1, **kw)[0]
