@@ -65,7 +65,9 @@ def register_route(*funcs, always: bool = False):
 
 def route(func, types, args, kwargs):
     """The call's result, or ``NotImplemented`` for the plain pass-through."""
-    if func is _DIM and _vmap_input():
+    if func is _DIM:  # (routed only for this check)
+        if not _vmap_input():
+            return NotImplemented
         raise NotImplementedError(
             "sparsefill: torch.func.vmap over a SparseTensor's dim is not supported (torch's batching rules would "
             "see its storage, and to_dense/values/fill_value would not run per example): pass it with in_dims=None "
