@@ -304,3 +304,19 @@ def test_dense_input_grad_type_with_sparse_wrapped_inside():
     g = grad(lambda x: (Z.detach() * x).sum())(torch.ones(3, dtype=torch.float64))
     torch.testing.assert_close(g.to_dense() if isinstance(g, SparseTensor) else g, Z.to_dense())
     assert type(g) is torch.Tensor
+
+
+@pytest.mark.xfail(strict=True, reason="open: an indefinite-fill SparseTensor passed as grad's argument reaches "
+                                       "torch's dense formulas undetected (no hook before its wrapper's ops): "
+                                       "mean's gradient divides by every element (README torch.func)")
+def test_grad_wrt_indefinite_argument_masked_mean():
+    A = build(COO, torch.arange(1., 6., dtype=torch.float64), sparsefill.indefinite)
+    w = torch.arange(1., 4., dtype=torch.float64)
+    L = A.detach().requires_grad_()
+    (L.mean(0) * w).sum().backward()
+    try:
+        g = grad(lambda A: (A.mean(0) * w).sum())(A)
+    except NotImplementedError:
+        return  # refused: as good as exact
+    g = g.to_dense(fill_value=0.) if isinstance(g, SparseTensor) else g
+    torch.testing.assert_close(g, L.grad.to_dense(fill_value=0.))
