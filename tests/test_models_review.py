@@ -170,11 +170,8 @@ def test_state_dict_of_sparse_adjacency_buffer():
     assert_close(m2(x, m2.A), m(x, A.to_dense()))
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="open: F.dropout of a SparseTensor of fill 0 densifies (on CPU at::dropout is "
-                          "empty_like(A).bernoulli_(1-p) * A: bernoulli_ has no handler; the result stores every "
-                          "element); fix: a dropout route (ops/autograd_routes.py) masking the stored values only")
 def test_dropout_keeps_pattern():
+    """F.dropout of a fill-0 adjacency drops stored values only (it densified: ops/dropout.py)."""
     A, _, _ = _graph()
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
@@ -183,11 +180,8 @@ def test_dropout_keeps_pattern():
     assert isinstance(D, sparsefill.SparseTensor) and D._nse() <= A._nse()
 
 
-@pytest.mark.xfail(strict=True, raises=ValueError,
-                   reason="open: F.dropout of attention probabilities on an indefinite fill (GAT's attention "
-                          "dropout after masked.softmax) raises (bernoulli_ densifies); fix with the dropout route "
-                          "above: masked-out elements stay masked out")
 def test_dropout_of_masked_attention():
+    """The GAT's attention dropout after masked.softmax: masked-out elements stay masked out (it raised)."""
     A, _, _ = _graph(fill=sparsefill.indefinite)
     P = masked.softmax(A, 1)
     with warnings.catch_warnings():
@@ -201,8 +195,8 @@ def test_indefinite_operand_of_a_densifying_op_names_the_op():
     A, _, _ = _graph(8, 10, fill=sparsefill.indefinite)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", sparsefill.DensifyWarning)
-        with pytest.raises(ValueError, match="aten.bernoulli_.*indefinite fill"):
-            F.dropout(A, 0.5, training=True)
+        with pytest.raises(ValueError, match="aten.bernoulli.*indefinite fill"):
+            torch.bernoulli(A)
 
 
 # ---------------------------------------------------------------------------------------------- (b) DLRM-like

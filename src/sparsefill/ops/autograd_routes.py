@@ -216,3 +216,4 @@ def _sparse_sum_all(func, args, kwargs):
 
 from . import linalg_autograd  # noqa: E402,F401  (fills ROUTES: the matrix products)
 from . import reduction_autograd  # noqa: E402,F401  (the reductions over every sparse dim)
+from . import dropout  # noqa: E402,F401  (dropout of a zero or masked fill: the stored values)
