@@ -210,3 +210,21 @@ def test_sum_of_a_union_fullgraph():
     ref.backward()
     for a, b in zip(p, q):
         assert_close(a.grad, b.grad)
+
+
+def test_compiled_sparse_attention_training_step():
+    """``examples/sparse_attention.py``'s AdamW step (SDDMM scores on an indefinite-fill mask, ``masked.softmax``,
+    checkpoint) compiled with ``aot_eager``, no ``fullgraph``: the eager losses (the backward's ``sparse_mask``
+    read index bounds and a repeat count from the data: errors in AOTAutograd's trace)."""
+    import importlib.util
+    import pathlib
+    path = pathlib.Path(__file__).resolve().parents[1] / "examples" / "sparse_attention.py"
+    spec = importlib.util.spec_from_file_location("sparse_attention_example", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    torch._dynamo.reset()
+    step, _ = example.setup(48, 0.1)
+    ref, _ = example.setup(48, 0.1)
+    compiled = torch.compile(step, backend="aot_eager")
+    assert_close(torch.tensor([compiled() for _ in range(2)]), torch.tensor([ref() for _ in range(2)]),
+                 rtol=1e-4, atol=1e-5)

@@ -75,16 +75,16 @@ def tracing_mode():
 
 @contextlib.contextmanager
 def data_dependent_sizes(env):
-    """Inside sparsefill's code, ops whose output size depends on data (``nonzero``, ``unique``) give
-    unbacked sizes, also where dynamo compiles without ``fullgraph`` (it then refuses them, a graph break
+    """Inside sparsefill's code, ops whose output size depends on data (``nonzero``, ``unique``) and sizes
+    read from data (``int(counts.sum())``) give unbacked sizes, also where dynamo compiles without ``fullgraph`` (it then refuses them, a graph break
     at every such handler: five per GAT layer step).  Where they made an unbacked size the setting stays on
     for the rest of the compilation (as ``fullgraph=True`` sets it): inductor propagates the graph's
     ``nonzero`` again when it lowers it (DynamicOutputShapeException otherwise)."""
-    if env is None or env.allow_dynamic_output_shape_ops:
+    if env is None or env.allow_dynamic_output_shape_ops and env.allow_scalar_outputs:
         yield
         return
     settings, n0 = env.settings, env.unbacked_symint_counter
-    env.settings = dataclasses.replace(settings, allow_dynamic_output_shape_ops=True)
+    env.settings = dataclasses.replace(settings, allow_dynamic_output_shape_ops=True, allow_scalar_outputs=True)
     try:
         yield
     finally:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from .. import _index
+from .._compile import traced
 from .._convert import coalesced_parts, dense_of, every_element, parts_to_sparse
 from .._policy import check_specify
 from .._tensor import SparseTensor
@@ -47,7 +48,12 @@ def _dense_fill(A):
 
 
 def out_of_bounds(t: torch.Tensor, n: int, negative: bool = True):
-    """The first index of ``t`` outside ``[-n, n)`` (``[0, n)`` unless ``negative``), or None."""
+    """The first index of ``t`` outside ``[-n, n)`` (``[0, n)`` unless ``negative``), or None.  While traced
+    None, and the check a runtime assert of the graph (it reads data)."""
+    if traced(t):
+        ok = ((t < n) & (t >= (-n if negative else 0))).all()
+        torch._assert_async(ok, f"index out of range [{-n if negative else 0}, {n})")
+        return None
     if not t.numel():
         return None
     bad = (t >= n) | (t < (-n if negative else 0))
@@ -167,7 +173,7 @@ def _index_select(func, args, kwargs):
     lo = torch.searchsorted(index[order], idx[dim])
     hi = torch.searchsorted(index[order], idx[dim], right=True)
     reps = hi - lo
-    src = _index.runs_to_ids(reps, int(reps.sum()))
+    src = _index.runs_to_ids(reps, reps.sum().item() if traced(reps) else int(reps.sum()))  # (traced: unbacked)
     within = torch.arange(src.numel(), device=idx.device) - (torch.cumsum(reps, 0) - reps)[src]
     new = idx[:, src].clone()
     new[dim] = order[lo[src] + within]
