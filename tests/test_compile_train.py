@@ -212,16 +212,35 @@ def test_sum_of_a_union_fullgraph():
         assert_close(a.grad, b.grad)
 
 
+def _example(name):
+    import importlib.util
+    import pathlib
+    path = pathlib.Path(__file__).resolve().parents[1] / "examples" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"{name}_example", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_compiled_rare_events_step():
+    """``examples/rare_events.py``'s forward and backward (windows of a sparse signal) compiled with ``aot_eager``,
+    no ``fullgraph``: loss and gradients of values and fill as eager (the backward's ``torch.unique`` outside a
+    handler's dispatch, and dynamo compiling numba's dispatcher frames, raised)."""
+    example = _example("rare_events")
+    positions, values = example.make_events(20_000, 0.002)
+    for fn in example.PIPELINES:
+        torch._dynamo.reset()
+        got = torch.compile(example.step, backend="aot_eager")(example.sparse_signal, positions, values, 20_000, fn)
+        ref = example.step(example.sparse_signal, positions, values, 20_000, fn)
+        for a, b in zip(got, ref):
+            assert_close(a, b, rtol=1e-7, atol=1e-12)
+
+
 def test_compiled_sparse_attention_training_step():
     """``examples/sparse_attention.py``'s AdamW step (SDDMM scores on an indefinite-fill mask, ``masked.softmax``,
     checkpoint) compiled with ``aot_eager``, no ``fullgraph``: the eager losses (the backward's ``sparse_mask``
     read index bounds and a repeat count from the data: errors in AOTAutograd's trace)."""
-    import importlib.util
-    import pathlib
-    path = pathlib.Path(__file__).resolve().parents[1] / "examples" / "sparse_attention.py"
-    spec = importlib.util.spec_from_file_location("sparse_attention_example", path)
-    example = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(example)
+    example = _example("sparse_attention")
     torch._dynamo.reset()
     step, _ = example.setup(48, 0.1)
     ref, _ = example.setup(48, 0.1)

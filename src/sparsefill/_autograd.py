@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from . import _convert, _index
-from ._compile import traced
+from ._compile import dynamic_sizes, traced
 from ._splits import coarser, to_dense_dim
 from ._tensor import SparseTensor
 
@@ -87,7 +87,8 @@ def grad_parts(G, P: SparseTensor):
     gv = _convert.values_at(G, keys, len(S)).reshape(P._vals.shape)
     if P._indefinite:
         return gv, None
-    ukeys = torch.unique(keys)
+    with dynamic_sizes():  # (traced: an unbacked size, also in AOTAutograd's trace of this backward)
+        ukeys = torch.unique(keys)
     if isinstance(G, SparseTensor):
         gidx, gvals = _convert.coalesced_parts(G)
         gkeys = _index.linearize(gidx, S)

@@ -92,6 +92,14 @@ def data_dependent_sizes(env):
             env.settings = settings
 
 
+def dynamic_sizes():
+    """:func:`data_dependent_sizes` for the active FakeTensorMode (nothing in eager): for sparsefill code that
+    torch.compile traces outside a handler's dispatch, e.g. an autograd.Function's backward in AOTAutograd's
+    trace."""
+    mode = tracing_mode()
+    return data_dependent_sizes(mode.shape_env if mode is not None else None)
+
+
 def traced_dispatch(dispatch, mode, func, types, args, kwargs):
     """``dispatch(func, types, args, kwargs)`` on tracing tensors.
 
@@ -293,6 +301,8 @@ def _register_with_dynamo() -> None:
     rules = dynamo.trace_rules
     rules.BUILTIN_INLINE_WHEN_CALLED.add(os.path.dirname(os.path.abspath(__file__)) + os.sep)
     rules.add("sparsefill")
+    rules.add("numba")  # (sparsefill's kernels, compiled lazily, also while a compiled frame's backward runs eagerly:
+    #                     dynamo failed on numba's dispatcher frames, "exception table entry start instruction")
     _bind_shared_symbols_in_order(sys.modules["torch._dynamo.output_graph"].SubgraphTracer)
     _REGISTERED.append(True)
     while _ON_DYNAMO:
