@@ -400,12 +400,9 @@ def test_sparse_attention_example():
     assert len(losses) == 2
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="open: a hybrid SparseTensor (heads as a dense dim: multi-head GAT scores A * e[:, None, :]) "
-                          "times a dense operand varying along a sparse dim is computed dense with no DensifyWarning "
-                          "and returned as a dense Tensor (the 2-D case gathers the operand at the pattern); fix in "
-                          "ops/pointwise.py (_dense_call: gather the operand at the stored indices, over the dense dims)")
 def test_hybrid_times_dense_along_sparse_dims_stays_sparse():
+    """Multi-head GAT scores ``A * e[:, None, :]`` (heads as a dense dim; fill 0): a SparseTensor of A's pattern (it was
+    computed dense with no DensifyWarning: ops/pointwise._constant_fill)."""
     idx = torch.tensor([[0, 1, 2], [1, 2, 0]])
     A = sparsefill.sparse_coo_tensor(idx, torch.arange(6.).view(3, 2), (3, 3, 2))
     e = torch.randn(3, 2)
@@ -417,11 +414,8 @@ def test_hybrid_times_dense_along_sparse_dims_stays_sparse():
     assert not w
 
 
-@pytest.mark.xfail(strict=True, raises=ValueError,
-                   reason="open: the multi-head GAT on an indefinite hybrid adjacency: A * e[:, None, :] raises "
-                          "to_dense's ValueError (ops/pointwise._dense_call densifies, and it does not name the op); "
-                          "same fix as above")
 def test_multihead_gat_scores_on_masked_hybrid():
+    """The multi-head GAT on an indefinite hybrid adjacency (it raised to_dense's ValueError)."""
     N, H, D = 7, 2, 3
     idx = (torch.eye(N, dtype=torch.bool) | torch.eye(N, dtype=torch.bool).roll(1, 1)).nonzero().t()
     keep = torch.zeros(N, N, dtype=torch.bool).index_put((idx[0], idx[1]), torch.tensor(True))

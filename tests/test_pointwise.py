@@ -359,3 +359,41 @@ def test_masked_operand_with_a_dense_operand_that_varies_along_sparse_dims():
     M2 = M.clone()
     _native(lambda: M2.mul_(W))
     torch.testing.assert_close(M2.values(), (x * W)[keep])
+
+
+@pytest.mark.parametrize("form", ["coo", "csr", "hybrid"])
+def test_dense_operand_varying_along_sparse_dims_constant_fill(form):
+    """``A * e`` with ``e`` varying along A's sparse dims: where ``op(fill, e)`` is one value (a zero fill times a
+    finite ``e``) the result keeps A's pattern with that fill (no dense result); where it varies (``A + e``, an inf
+    in ``e``) the result is dense by nature, as before.  Forward and the gradients of values, fill and ``e``."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(4, 5, 3, generator=g, dtype=torch.float64)
+    x[x < 0.4] = 0
+    if form == "csr":
+        x = x[..., 0]
+    A = sparsefill.to_sparse(x, fill_value=0., dense_dim=1 if form == "hybrid" else 0)
+    A = A.to_sparse_csr() if form == "csr" else A
+    shapes = [(4, 1), (5,), (4, 5)] if form == "csr" else [(4, 1, 3), (5, 1), (4, 5, 3)]
+    for e in (torch.randn(s, generator=g, dtype=torch.float64) for s in shapes):
+        for op, sparse in ((torch.mul, True), (torch.div, True), (torch.add, False)):
+            vals = A._vals.clone().requires_grad_()
+            fill = A._fill.clone().requires_grad_()
+            B = sparsefill.SparseTensor(A._sf_layout, A.shape, vals, fill, indices=A._idx, crow=A._crow, col=A._col)
+            ee = e.clone().requires_grad_()
+            out = op(B, ee)
+            assert isinstance(out, SparseTensor) == sparse, (op, e.shape)
+            d = out.to_dense() if sparse else out
+            torch.testing.assert_close(d, op(x, e), equal_nan=True)
+            if sparse:
+                assert out._nse() == A._nse() and out.sparse_layout == A.sparse_layout
+            w = torch.linspace(0.1, 1, d.numel(), dtype=d.dtype).view(d.shape)
+            (d * w).sum().backward()
+            xd, ed = x.clone().requires_grad_(), e.clone().requires_grad_()
+            (op(xd, ed) * w).sum().backward()
+            torch.testing.assert_close(ee.grad, ed.grad)
+            assert type(ee.grad) is torch.Tensor
+    inf = torch.ones(x.shape[:1] + (1,) * (x.dim() - 1), dtype=torch.float64)
+    inf[0] = float("inf")
+    out = A * inf  # 0 * inf is NaN where A is unspecified in row 0: dense by nature
+    assert not isinstance(out, SparseTensor)
+    torch.testing.assert_close(out, x * inf, equal_nan=True)

@@ -26,7 +26,7 @@ import weakref
 import torch
 
 from .. import _index, _merge
-from .._compile import same_tensor
+from .._compile import same_tensor, traced
 from .._convert import coalesce_of, coalesced_parts, dense_of, parts_to_sparse, rewrap, union_parts
 from .._policy import check_densify
 from .._splits import one_split
@@ -423,14 +423,18 @@ def pointwise_rule(func, args, kwargs):
     dense_ops = [t for t in tensors if not isinstance(t, SparseTensor) and t.dim()]
     over = {id(t): _over_dense_dims(t, A) for t in dense_ops}
     varying = [t for t in dense_ops if over[id(t)] is None]
+    const = None  # the result's fill where the dense operands vary along the sparse dims but op(fills, them) not
     if varying:  # dense operands that vary along the sparse dims
-        if not indefinite or A.dense_dim():  # the result is dense by nature
-            return NotImplemented if written else _dense_call(func, args, kwargs, tensors)
-        # a masked operand: the result is specified only where it is; the dense operands are read there
         try:
             shape = torch.broadcast_shapes(A.shape, *[t.shape for t in dense_ops])
         except RuntimeError:
             return NotImplemented
+        # (not inside a backward: torch's derivative formulas reshape such intermediates in place, unsqueeze_)
+        if not indefinite and not written and shape == A.shape and torch._C._current_graph_task_id() == -1:
+            const = _constant_fill(func, args, kwargs, sparse, A)  # e.g. A * e with A's fill 0: 0 * e == 0
+        if not indefinite and const is None:  # the result is dense by nature
+            return NotImplemented if written else _dense_call(func, args, kwargs, tensors)
+        # a masked operand (or a constant fill): the result is specified where A is; the dense operands are read there
         if shape != A.shape:
             sparse = [(T, E if E.shape == shape else _expand(E, shape)) for T, E in sparse]
             A = sparse[0][1]
@@ -439,7 +443,8 @@ def pointwise_rule(func, args, kwargs):
     build, at = _align([E for _, E in sparse], layout)
     if varying:
         idx = coalesced_parts(build(at[id(A)], None))[0]  # the result's positions (a CSR's: cached)
-        sub.update({id(t): t.broadcast_to(A.shape)[tuple(idx)] for t in varying})
+        vshape = at[id(A)].shape  # (a batched CSR stores (*batch, nnz, *dense))
+        sub.update({id(t): t.broadcast_to(A.shape)[tuple(idx)].reshape(vshape) for t in varying})
     at = {id(T): at[id(E)] for T, E in sparse}
     fills = {id(T): E._fill for T, E in sparse}
 
@@ -460,12 +465,41 @@ def pointwise_rule(func, args, kwargs):
         fill = None if indefinite else apply({**fills, id(A): fills[id(A)].clone()})[0]
         return assign_(A, build(vals, fill))
     vals = apply(at)
+    if const is not None:
+        return build(vals, const.to(vals.dtype))
     out_fills = None if indefinite else apply(fills)
     nd = A.dense_dim()
     if isinstance(vals, torch.Tensor):
         result = build(vals, None if out_fills is None else _unbatch(out_fills, nd))
         return result if out is None else assign_(out, result)
     return type(vals)(build(v, None if out_fills is None else _unbatch(f, nd)) for v, f in zip(vals, out_fills or vals))
+
+
+def _constant_fill(func, args, kwargs, sparse, A: SparseTensor):
+    """``op(fills, dense operands)`` over the dense operands' own shapes (no larger than them): the result's fill
+    (over A's dense dims) when it is constant along A's sparse dims, else None (then the result is dense by
+    nature).  ``A * e`` with a zero fill and a finite ``e`` has fill 0; ``A + e`` varies."""
+    fills = {id(T): E._fill if E._fill.dim() else E._fill.reshape(1) for T, E in sparse}  # (dimensioned: promotion)
+    dense = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor) and id(a) not in fills]
+    if traced(A._vals) or any(traced(t) for t in dense):
+        return None  # (no data read while traced: the dense result, as before)
+
+    def call(sub):
+        return func(*[sub.get(id(a), a) for a in args], **{k: sub.get(id(v), v) for k, v in kwargs.items()})
+    if len(dense) == 1 and all(f.shape == (1,) for f in fills.values()) and dense[0].numel() > 2:  # two elements first
+        two = call({**fills, id(dense[0]): dense[0].reshape(-1)[[0, -1]]})
+        if not isinstance(two, torch.Tensor) or not bool((two[0] == two[1]) | (two[0] != two[0]) & (two[1] != two[1])):
+            return None
+    F = call(fills)
+    if not isinstance(F, torch.Tensor) or not F.numel():
+        return None
+    along = max(A.dim() - A.dense_dim() - (A.dim() - F.dim()), 0)  # F's leading dims along A's sparse dims
+    ref = F[(0,) * along]
+    if not bool(((F == ref) | (F != F) & (ref != ref)).all()):
+        return None
+    D = A._dense_shape
+    return ref.reshape(()) if not D and ref.numel() == 1 else \
+        ref.reshape((1,) * (len(D) - ref.dim()) + tuple(ref.shape)).expand(D).contiguous()
 
 
 def _unbatch(batch: torch.Tensor, ndense: int) -> torch.Tensor:

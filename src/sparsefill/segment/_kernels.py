@@ -120,7 +120,17 @@ def compiled_for(device, work: int = 0) -> bool:
 
 
 def _np(t):
-    return t.detach().numpy()
+    """``t``'s memory as a NumPy array (no copy), through torch.func's wrappers (under ``grad``/``vmap`` even a
+    captured tensor's ``detach()`` is wrapped at the transform's level, and a wrapper has no storage)."""
+    if not _IS_WRAPPED(t) and not torch._C._are_functorch_transforms_active():
+        return t.detach().numpy()
+    while _IS_WRAPPED(t):
+        t = _UNWRAP(t)
+    with torch._C._DisableFuncTorch():  # (numpy() inside a transform wraps its detach() again)
+        return t.detach().numpy()
+
+
+_IS_WRAPPED, _UNWRAP = torch._C._functorch.is_functorch_wrapped_tensor, torch._C._functorch.get_unwrapped
 
 
 # ---------------------------------------------------------------------------- threads
