@@ -563,3 +563,26 @@ def test_half_gradients(op, kind, mode):
     tol = dict(rtol=1.6e-2, atol=1e-5) if torch.bfloat16 in (dt, out[1].dtype) else {}
     torch.testing.assert_close(out[0], out[1], **tol)
     torch.testing.assert_close(grads[0], grads[1], **tol)
+
+
+@pytest.mark.parametrize("layout", [torch.sparse_coo, torch.sparse_csr], ids=str)
+def test_added_tensor_of_another_dtype_raises_as_dense(layout):
+    """``F.linear``'s bias and ``addmm``'s input are not promoted (torch raises "self and mat2 must have the same
+    dtype"); the routed products raise the same (a bfloat16 weight with a float32 bias returned float32).  Under
+    autocast the bias is cast as dense casts it."""
+    W = sparsefill.sparse_coo_tensor([[0, 1, 3], [1, 2, 0]], [1., 2., 3.], (4, 3), fill_value=0.5)
+    W = W.to_sparse_csr() if layout is torch.sparse_csr else W
+    x = torch.randn(2, 3)
+    for Wt, xt, b in [(W, x, torch.randn(4, dtype=torch.float64)), (W.to(torch.bfloat16), x.to(torch.bfloat16),
+                                                                   torch.randn(4))]:
+        for f in (lambda w: torch.nn.functional.linear(xt, w, b), lambda w: torch.addmm(b, xt, w.t())):
+            with pytest.raises(RuntimeError) as dense_err:
+                f(Wt.to_dense())
+            with pytest.raises(RuntimeError, match="must have the same dtype") as ours:
+                f(Wt)
+            assert str(ours.value) == str(dense_err.value)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        b = torch.randn(4)
+        out, ref = torch.nn.functional.linear(x, W, b), torch.nn.functional.linear(x, W.to_dense(), b)
+    assert out.dtype == ref.dtype == torch.bfloat16
+    torch.testing.assert_close(out, ref)

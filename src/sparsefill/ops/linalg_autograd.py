@@ -388,7 +388,13 @@ def _autocast_added(t, p):
     if isinstance(t, torch.Tensor) and t.dtype != p.dtype and t.is_floating_point() and t.dtype != torch.float64 \
             and torch.is_autocast_enabled(p.device.type):
         return t.to(p.dtype)
+    if isinstance(t, torch.Tensor) and t.dtype != p.dtype:  # torch's addmm/linear: no promotion of the added tensor
+        raise RuntimeError(f"self and mat2 must have the same dtype, but got {_DTYPE_NAMES.get(t.dtype, t.dtype)} and "
+                           f"{_DTYPE_NAMES.get(p.dtype, p.dtype)}")
     return t
+
+
+_DTYPE_NAMES = {torch.float64: "Double", torch.float32: "Float", torch.float16: "Half", torch.bfloat16: "BFloat16"}
 
 
 T = torch.Tensor
