@@ -9,7 +9,7 @@ under ``densify_policy("raise")``, with the upstream gradient sparse (``.sum()``
 * ``maximum minimum max min fmax fmin`` of two SparseTensors (union pattern, ties between stored values
   and between the fills: torch splits the gradient in two), or with a dense 0-d operand (whose ``.grad``
   is a dense tensor): torch's formula writes ``masked_fill_`` into a dense gradient with a SparseTensor
-  mask -- a dense tensor updated in place from SparseTensors is dense by nature (``pointwise._into_dense``);
+  mask -- a dense tensor updated in place from SparseTensors is dense by nature (``pointwise_dense._into_dense``);
 * ``masked_select``: its backward is ``masked_scatter`` of the upstream gradient into ``zeros_like(A)``, a
   SparseTensor storing only the selected elements (``indexing._masked_scatter``, tested here forward too);
 * ``var_mean``/``std_mean``: routed as the routed ``(var or std, mean)``; torch's formula formed

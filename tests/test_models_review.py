@@ -402,7 +402,7 @@ def test_sparse_attention_example():
 
 def test_hybrid_times_dense_along_sparse_dims_stays_sparse():
     """Multi-head GAT scores ``A * e[:, None, :]`` (heads as a dense dim; fill 0): a SparseTensor of A's pattern (it was
-    computed dense with no DensifyWarning: ops/pointwise._constant_fill)."""
+    computed dense with no DensifyWarning: ops/pointwise_dense._constant_fill)."""
     idx = torch.tensor([[0, 1, 2], [1, 2, 0]])
     A = sparsefill.sparse_coo_tensor(idx, torch.arange(6.).view(3, 2), (3, 3, 2))
     e = torch.randn(3, 2)

@@ -7,7 +7,8 @@
 everywhere: ``A * A``, ``A + A.exp()``; no merge), else the union of the patterns, merged
 by linear keys.  Other operands: Python scalars, 0-d tensors, and dense tensors that
 broadcast over the dense dims only (the fill may become an array).  A dense operand that
-varies along the sparse dims makes the result dense by nature: computed densely, quietly.
+varies along the sparse dims keeps the pattern where ``f(fill, t)`` is one value (``A * e``, a zero
+fill), else makes the result dense by nature: computed densely, quietly (:mod:`.pointwise_dense`).
 
 Each fill goes through the op as a batch of one, ``(1, *fill.shape)``, so that type
 promotion and broadcasting treat it as they treat the values.  Uncoalesced inputs are
@@ -26,13 +27,13 @@ import weakref
 import torch
 
 from .. import _index, _merge
-from .._compile import same_tensor, traced
+from .._compile import same_tensor
 from .._convert import coalesce_of, coalesced_parts, dense_of, parts_to_sparse, rewrap, union_parts
-from .._policy import check_densify
 from .._splits import one_split
 from .._tensor import SparseTensor
 from ._schema import flat_args, written_args, written_positions
 from ._writes import assign_
+from .pointwise_dense import _constant_fill, _dense_call, _into_dense, _over_dense_dims
 
 
 aten = torch.ops.aten
@@ -475,33 +476,6 @@ def pointwise_rule(func, args, kwargs):
     return type(vals)(build(v, None if out_fills is None else _unbatch(f, nd)) for v, f in zip(vals, out_fills or vals))
 
 
-def _constant_fill(func, args, kwargs, sparse, A: SparseTensor):
-    """``op(fills, dense operands)`` over the dense operands' own shapes (no larger than them): the result's fill
-    (over A's dense dims) when it is constant along A's sparse dims, else None (then the result is dense by
-    nature).  ``A * e`` with a zero fill and a finite ``e`` has fill 0; ``A + e`` varies."""
-    fills = {id(T): E._fill if E._fill.dim() else E._fill.reshape(1) for T, E in sparse}  # (dimensioned: promotion)
-    dense = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor) and id(a) not in fills]
-    if traced(A._vals) or any(traced(t) for t in dense):
-        return None  # (no data read while traced: the dense result, as before)
-
-    def call(sub):
-        return func(*[sub.get(id(a), a) for a in args], **{k: sub.get(id(v), v) for k, v in kwargs.items()})
-    if len(dense) == 1 and all(f.shape == (1,) for f in fills.values()) and dense[0].numel() > 2:  # two elements first
-        two = call({**fills, id(dense[0]): dense[0].reshape(-1)[[0, -1]]})
-        if not isinstance(two, torch.Tensor) or not bool((two[0] == two[1]) | (two[0] != two[0]) & (two[1] != two[1])):
-            return None
-    F = call(fills)
-    if not isinstance(F, torch.Tensor) or not F.numel():
-        return None
-    along = max(A.dim() - A.dense_dim() - (A.dim() - F.dim()), 0)  # F's leading dims along A's sparse dims
-    ref = F[(0,) * along]
-    if not bool(((F == ref) | (F != F) & (ref != ref)).all()):
-        return None
-    D = A._dense_shape
-    return ref.reshape(()) if not D and ref.numel() == 1 else \
-        ref.reshape((1,) * (len(D) - ref.dim()) + tuple(ref.shape)).expand(D).contiguous()
-
-
 def _unbatch(batch: torch.Tensor, ndense: int) -> torch.Tensor:
     """A result fill from its batch of one, less leading size-1 dims beyond the dense dims."""
     f = batch[0]
@@ -571,43 +545,3 @@ def _same_across_layouts(T: SparseTensor, A: SparseTensor) -> bool:
     rows, cols = O._idx
     return torch.equal(cols, C._col.to(cols.dtype)) and torch.equal(
         torch._convert_indices_from_coo_to_csr(rows, C.shape[0], out_int32=C._crow.dtype == torch.int32), C._crow)
-
-
-def _into_dense(func, args, kwargs, tensors, sparse, written):
-    """A dense tensor updated in place from SparseTensors (``x.add_(A)``; ``g.masked_fill_(A < B, 0)`` in torch's
-    derivative formulas of ``maximum``, ``std``, ``norm``): dense by nature, as ``x + A`` is, so computed with
-    the SparseTensors' dense forms, quietly (they broadcast to the target: no larger than it).  A SparseTensor
-    written too, or an indefinite operand (no dense form), takes the fallback."""
-    if any(isinstance(w, SparseTensor) or w.layout is not torch.strided for w in written) \
-            or any(T._indefinite or T.numel() > w.numel() for T in sparse for w in written):
-        return NotImplemented
-    return _dense_call(func, args, kwargs, tensors)
-
-
-def _dense_call(func, args, kwargs, tensors):
-    """``func`` on the SparseTensors' dense forms, for a result that is dense by nature (the densify gate's
-    ``by_nature``: quiet under the default policy)."""
-    sparse = {id(T): T for T in tensors if isinstance(T, SparseTensor)}
-    check_densify(f"{func}: a dense result from SparseTensor operands",
-                  sum(T.numel() * T.element_size() for T in sparse.values()), by_nature=True)
-    dense = {k: dense_of(T) for k, T in sparse.items()}
-    return func(*[dense.get(id(a), a) for a in args], **{k: dense.get(id(v), v) for k, v in kwargs.items()})
-
-
-def _over_dense_dims(t: torch.Tensor, A: SparseTensor):
-    """``t`` as an operand of the values (shape of the dense dims) if it is constant along A's sparse dims
-    (size 1 there, or an expanded tensor: stride 0) and broadcasts to A's shape; else None.  The gradient
-    of a reduction (``grad.expand(shape)``) is such a tensor, so gradients stay sparse.  The result keeps
-    >= 1 dim so that type promotion sees a dimensioned tensor."""
-    if t.dim() > A.dim():
-        return None
-    lead = A.dim() - t.dim()
-    sdim, D = A.dim() - A.dense_dim(), tuple(A.shape[A.dim() - A.dense_dim():])
-    along = range(max(sdim - lead, 0))  # t's dims that lie along A's sparse dims
-    if any(t.shape[j] != 1 and (t.stride(j) != 0 or t.shape[j] != A.shape[lead + j]) for j in along):
-        return None
-    d = t[tuple(0 for _ in along)] if len(along) else t  # one slice: the dense-dims part
-    d = d.reshape((1,) * (len(D) - d.dim()) + tuple(d.shape)) if d.dim() < len(D) else d
-    if torch.broadcast_shapes(tuple(d.shape), D) != D:
-        return None
-    return d.reshape(1) if d.dim() == 0 else d
