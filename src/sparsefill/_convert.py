@@ -215,15 +215,12 @@ def union_parts(tensors):
 
 
 def _union_of(keys):
-    """``_merge.union_inverse(keys)``; where one of two runs holds every key of a much smaller one (a gradient
-    beside the forward's pattern, say), no merge: a binary search of the small run in the large one (the large
-    run's positions, the identity, are None)."""
-    if len(keys) == 2 and not traced(keys[0]) and keys[0].device.type != "meta":
-        big = int(keys[1].numel() > keys[0].numel())
-        if 16 * keys[1 - big].numel() < keys[big].numel():  # (the search costs less than the merge)
-            pos, found = _index.lookup(keys[big], keys[1 - big])
-            if bool(found.all()):
-                return keys[big], [None, pos] if big == 0 else [pos, None]
+    """``_merge.union_inverse(keys)``; two runs through ``_merge.union_or_superset`` (where one holds every key of a
+    much smaller one, a gradient beside the forward's pattern say, no merge: the large run's positions, the
+    identity, are None)."""
+    if len(keys) == 2 and not any(traced(k) for k in keys) and keys[0].device.type != "meta":
+        union, pa, pb = _merge.union_or_superset(*keys)
+        return union, [pa, pb]
     return _merge.union_inverse(keys)
 
 
