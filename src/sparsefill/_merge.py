@@ -33,15 +33,44 @@ _kernels = None       # (union, intersect) compiled functions, or False without 
 
 
 def _compiled():
-    global _kernels, address  # (address: a global of the kernels, not a closure variable: they stay cached on disk)
+    global _kernels, address, fill_at  # (globals of the kernels, not closure variables: they stay cached on disk)
     if _kernels is None:
         try:
+            from llvmlite import ir
             from numba import carray, njit, types
+            from numba.core import cgutils
             from numba.extending import intrinsic
         except ImportError:
             _kernels = False
             return _kernels
         import numpy as np
+
+        stos = _stos_ready()
+
+        @intrinsic
+        def fill_at(typingctx, at, count, value):  # pragma: no cover (compiled)
+            # ``count`` copies of ``value`` from address ``at``: x86-64's ``rep stos`` (fast-string stores, no
+            # read of the lines first: 7% less than a store loop or numpy's fill on a 4 MB buffer), a loop elsewhere
+            def codegen(context, builder, sig, args):
+                ptr, n, v = args
+                ty = context.get_value_type(sig.args[2])
+                bits = 8 * context.get_abi_sizeof(ty)
+                if stos and bits in (8, 16, 32, 64):
+                    slot = builder.alloca(ty)
+                    builder.store(v, slot)
+                    word, i64 = ir.IntType(bits), ir.IntType(64)
+                    pattern = builder.load(builder.bitcast(slot, word.as_pointer()))
+                    asm = ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([i64, i64]), [i64, i64, word]),
+                                       "rep stos" + {8: "b", 16: "w", 32: "l", 64: "q"}[bits],
+                                       "={di},={cx},0,1,{ax},~{memory},~{dirflag},~{fpsr},~{flags}",
+                                       side_effect=True)
+                    builder.call(asm, [ptr, n, pattern])
+                else:
+                    base = builder.inttoptr(ptr, ty.as_pointer())
+                    with cgutils.for_range(builder, n) as loop:
+                        builder.store(v, builder.gep(base, [loop.index]))
+                return context.get_dummy_value()
+            return types.void(types.intp, types.intp, value), codegen
 
         @intrinsic
         def address(typingctx, at, like):  # pragma: no cover (compiled)
@@ -101,11 +130,12 @@ def _compiled():
             # values that fall in the block, while its lines are in cache
             out, vals = carray(address(at_out, like), n), carray(address(at_vals, like), nse)
             keys = carray(address(at_keys, np.int64), nse)
-            block = _FILL_BYTES // like.itemsize
+            size = like.itemsize
+            block, value = _FILL_BYTES // size, like.dtype.type(fill)
             j = 0
             for a in range(0, n, block):
                 b = min(a + block, n)
-                out[a:b] = fill
+                fill_at(at_out + a * size, b - a, value)
                 lo, hi = j, nse  # e: the first key >= b (a binary search)
                 while lo < hi:
                     mid = (lo + hi) >> 1
@@ -121,6 +151,19 @@ def _compiled():
         _LIKE.update({d: np.empty(0, torch.empty(0, dtype=d).numpy().dtype) for d in _SCATTER_DTYPES})
         _kernels = (union, intersect, scatter, fill_scatter)
     return _kernels
+
+
+def _stos_ready() -> bool:
+    """Whether the fill kernel may use x86-64's ``rep stos`` (LLVM's inline assembly needs its parser)."""
+    import platform
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return False
+    try:
+        import llvmlite.binding
+        llvmlite.binding.initialize_native_asmparser()
+    except Exception:  # pragma: no cover - an llvmlite without it: the loop
+        return False
+    return True
 
 
 _SCATTER_MIN = 4096  # stored values from which put_flat takes the compiled loop (CPU)
@@ -152,7 +195,9 @@ def fill_put_sorted(out: torch.Tensor, fill: torch.Tensor, keys: torch.Tensor, v
     """``out.fill_(fill).put_(keys, vals)`` for strictly increasing int64 ``keys`` (a coalesced pattern's),
     0-d ``fill``, 1-d ``vals`` and a contiguous ``out`` of their dtype, on CPU with numba: one compiled pass
     that fills a 32 KiB block and writes the values falling in it while its lines are still in cache (1M
-    float32, 1% stored: 0.85x the time of a whole ``fill_`` then the scatter; 10%: 0.7x).  True when done;
+    float32, 1% stored: 0.85x the time of a whole ``fill_`` then the scatter; 10%: 0.7x).  On x86-64 a block
+    is filled by ``rep stos`` (1M float32: 151 µs against 158-165 for ``np.full`` and 155-170 for
+    ``torch.full``, the same run).  True when done;
     False, ``out`` untouched, where it does not apply (other devices or dtypes, a non-contiguous operand,
     conjugate or negative bits, ``keys`` and ``vals`` of different lengths, no numba).
 
@@ -163,7 +208,7 @@ def fill_put_sorted(out: torch.Tensor, fill: torch.Tensor, keys: torch.Tensor, v
     [8.0, -1.0, -1.0, 7.0, -1.0]
     """
     # the kernel reads and writes at the tensors' addresses: every condition below is needed (a call costs
-    # 2 µs above the pass; a fresh 4 MB ``out`` is 150 µs, pydata's todense)
+    # 2 µs above the pass)
     if not ((_kernels or _compiled()) and fill.dim() == 0 and vals.dim() == 1 and out.is_cpu and vals.is_cpu and
             keys.is_cpu and vals.dtype == out.dtype == fill.dtype and keys.dtype == torch.int64 and
             keys.numel() == (nse := vals.shape[0]) and out.is_contiguous() and vals.is_contiguous() and

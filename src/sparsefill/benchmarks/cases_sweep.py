@@ -96,14 +96,24 @@ def sweep_add(param):
 
 @case("sweep: A.to_dense(), fill 5", check=_check_against_dense("dense torch x.clone()"), **SWEEP)
 def sweep_to_dense(param):
-    """``A.to_dense()`` against torch native sparse (fill 0: ``t.to_dense() + 5``), pydata's ``todense()`` and,
-    as the dense floor, a copy of the dense tensor (``x.clone()``)."""
+    """``A.to_dense()`` against torch native sparse (fill 0: ``t.to_dense() + 5``), pydata's ``todense()``, a
+    copy of the dense tensor (``x.clone()``) and the same result written by hand, the floors at low density:
+    ``torch.full`` then ``index_put_`` (torch's fill of a fresh buffer), ``np.full`` then a fancy-index
+    assignment (pydata's ``todense()`` without its Python)."""
     n, d = param
     idx, vals, A, x = _pattern(n, d, 5.0, 0)
     t = torch.sparse_coo_tensor(idx[None], vals - 5.0, (n,)).coalesce()
     s = _pydata(idx, vals, n, 5.0)
+    inp, vnp = idx.numpy(), vals.numpy()
+
+    def by_numpy():
+        out = np.full(n, 5.0, dtype=np.float32)
+        out[inp] = vnp
+        return out
     return Bench([("sparsefill", lambda: A.to_dense()),
                   ("dense torch x.clone()", lambda: x.clone()),
                   ("torch native t.to_dense() + 5", lambda: t.to_dense() + 5.0),
-                  ("pydata sparse", lambda: s.todense()) if s is not None else skipped("pydata sparse", NO_PYDATA)],
+                  ("pydata sparse", lambda: s.todense()) if s is not None else skipped("pydata sparse", NO_PYDATA),
+                  ("torch by hand: full + index_put_", lambda: torch.full((n,), 5.0).index_put_((idx,), vals)),
+                  ("numpy by hand: full + fancy index", by_numpy)],
                  bytes=n * 4 + vals.numel() * (8 + 4))
