@@ -318,3 +318,54 @@ def test_linearize_and_unravel_are_inverse(shape):
     assert torch.equal(_index.linearize(idx, shape), keys)
     assert torch.equal(_index.linearize(idx.int(), shape), keys) or n > (1 << 31)
     assert _index.unravel(keys[:0], shape).shape == (len(shape), 0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64, torch.int32, torch.int16, torch.int8,
+                                   torch.uint8, torch.bool])
+def test_find_differ_matches_nonzero(dtype):
+    """``_merge.find_differ`` (a vectorized count, then blocks of ``_FIND_BLOCK`` tested and written) ==
+    ``(x != fill).nonzero()`` with NaN equal to NaN: sizes around the block edges, densities 0 to 100%, fills
+    0, 3, NaN and -0.0, and ``to_sparse`` through it (COO and CSR, 2-D and 3-D) == the input."""
+    pytest.importorskip("numba", reason="find_differ is a numba kernel (without numba it declines)")
+    B, g = _merge._FIND_BLOCK, torch.Generator().manual_seed(3)
+    fills = [False, True] if dtype is torch.bool else [0, 3] + ([float("nan"), -0.0] if dtype.is_floating_point else [])
+    for n in (0, 1, B - 1, B, B + 1, 2 * B, 5 * B + 3, 3000):
+        for p in (0.0, 0.01, 0.3, 1.0):
+            for fv in fills:
+                x = (torch.rand(n, generator=g) * 9).to(dtype) if dtype is not torch.bool else \
+                    torch.rand(n, generator=g) > 0.5
+                if dtype.is_floating_point:
+                    x[torch.rand(n, generator=g) < 0.1] = float("nan")
+                x[torch.rand(n, generator=g) >= p] = fv
+                fill = torch.tensor(fv, dtype=dtype)
+                got = _merge.find_differ(x, fill)
+                assert got is not None
+                keys = sparsefill._convert.differs(x, fill).nonzero()[:, 0]
+                assert torch.equal(got[0], keys)
+                torch.testing.assert_close(got[1], x[keys], equal_nan=True, rtol=0, atol=0)
+    x = (torch.rand(6, 7, 9, generator=g) * 4).round().to(dtype) if dtype is not torch.bool else \
+        torch.rand(6, 7, 9, generator=g) > 0.6
+    for layout in (torch.sparse_coo, torch.sparse_csr):
+        A = sparsefill.to_sparse(x, fill_value=fills[0], layout=layout)
+        assert torch.equal(A.to_dense(), x)
+        assert layout is torch.sparse_csr or A._nse() == int((x != fills[0]).sum())  # (batched CSR: nse per batch)
+
+
+def test_find_differ_declines_what_it_cannot_read_by_address():
+    """The compiled passes read ``x`` at its address: non-contiguous, negative-bit, complex, a fill of another
+    dtype or shape, autograd recording: None (``x`` untouched), and ``to_sparse`` is right either way, its
+    gradient included."""
+    pytest.importorskip("numba", reason="find_differ is a numba kernel (without numba it declines)")
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(40, 30, generator=g).double()
+    x[x.abs() < 1] = 2.
+    f = torch.tensor(2., dtype=torch.float64)
+    for bad, fill in [(x.t(), f), (x._neg_view(), f), (x.to(torch.complex128), f.to(torch.complex128)),
+                      (x, f.float()), (x, f.expand(30)), (x.clone().requires_grad_(), f)]:
+        assert _merge.find_differ(bad, fill) is None
+    for t in (x.t(), x._neg_view()):
+        assert torch.equal(sparsefill.to_sparse(t, fill_value=2.).to_dense(), t)
+    w = x.clone().requires_grad_()
+    A = sparsefill.to_sparse(w, fill_value=2.)
+    (A * 3).sum().backward()
+    torch.testing.assert_close(w.grad, torch.full_like(x, 3.))

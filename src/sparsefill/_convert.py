@@ -290,6 +290,9 @@ def dense_to_parts(x: torch.Tensor, fill: torch.Tensor, indefinite: bool, dense_
     known to be zero, so ``x.nonzero()`` finds the elements in one pass, as torch's ``to_sparse``.
     """
     sdim = x.dim() - dense_dim
+    if sdim and not (dense_dim or indefinite) and (found := _merge.find_differ(x, fill)) is not None:
+        keys, vals = found  # (CPU: two compiled passes, no nonzero)
+        return _index.unravel(keys, x.shape), vals
     if zero and sdim and not dense_dim:
         idx = x.nonzero().T.contiguous()
         return idx, x[tuple(idx)]

@@ -33,7 +33,7 @@ _kernels = None       # (union, intersect) compiled functions, or False without 
 
 
 def _compiled():
-    global _kernels, address, fill_at  # (globals of the kernels, not closure variables: they stay cached on disk)
+    global _kernels, address, fill_at, any_differ  # (globals of the kernels, not closure variables: they stay cached on disk)
     if _kernels is None:
         try:
             from llvmlite import ir
@@ -148,8 +148,56 @@ def _compiled():
                     out[keys[i]] = vals[i]
                 j = e
 
+        @njit(cache=True, nogil=True)
+        def count_differ(at_x, n, fill, like):  # pragma: no cover (compiled)
+            # the elements != fill (NaN == NaN): a vectorized count
+            x, f, c = carray(address(at_x, like), n), like.dtype.type(fill), 0
+            if f != f:
+                for i in range(n):
+                    c += x[i] == x[i]
+            else:
+                for i in range(n):
+                    c += x[i] != f
+            return c
+
+        @njit(cache=True, nogil=True, inline="always")
+        def any_differ(x, a, f, nan):  # pragma: no cover (compiled)
+            hit = False  # (a fixed trip count: vectorized)
+            if nan:
+                for i in range(a, a + _FIND_BLOCK):
+                    hit |= x[i] == x[i]
+            else:
+                for i in range(a, a + _FIND_BLOCK):
+                    hit |= x[i] != f
+            return hit
+
+        @njit(cache=True, nogil=True)
+        def find_differ(at_x, n, fill, like, at_keys, at_vals, nse):  # pragma: no cover (compiled)
+            # a block with no differing element costs a vectorized test; in the others every element is
+            # written at k and k advances by the test (branch-free: random patterns defeat a predictor),
+            # unguarded while more than a block of places is left
+            x, f = carray(address(at_x, like), n), like.dtype.type(fill)
+            keys, vals = carray(address(at_keys, np.int64), nse), carray(address(at_vals, like), nse)
+            nan, k, B = f != f, 0, _FIND_BLOCK
+            for a in range(0, n, B):
+                b = min(a + B, n)
+                if b - a == B and not any_differ(x, a, f, nan):
+                    continue
+                if nse - k > B:
+                    for i in range(a, b):
+                        v = x[i]
+                        keys[k], vals[k] = i, v
+                        k += (v == v) if nan else (v != f)
+                else:
+                    for i in range(a, b):
+                        v = x[i]
+                        if k < nse:
+                            keys[k], vals[k] = i, v
+                        k += (v == v) if nan else (v != f)
+            return k
+
         _LIKE.update({d: np.empty(0, torch.empty(0, dtype=d).numpy().dtype) for d in _SCATTER_DTYPES})
-        _kernels = (union, intersect, scatter, fill_scatter)
+        _kernels = (union, intersect, scatter, fill_scatter, count_differ, find_differ)
     return _kernels
 
 
@@ -185,6 +233,37 @@ def put_flat(out: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor) -> torch
         _kernels[2](out.view(-1).numpy(), keys.reshape(-1).numpy(), vals.numpy())
         return out
     return out.put_(keys, vals)
+
+
+_FIND_DTYPES = _SCATTER_DTYPES - {torch.complex64, torch.complex128}  # (complex: != component by component)
+_FIND_BLOCK = 64  # elements per test of find_differ (1M float32: 64 best of 16-128 at 0.01-50% stored)
+_FIND_MIN = 1 << 16  # elements from which a to_sparse imports numba for find_differ (below: torch ops unless loaded)
+
+
+def find_differ(x: torch.Tensor, fill: torch.Tensor):
+    """``(keys, values)`` of the elements of ``x`` that differ from the 0-d ``fill`` (NaN equal to NaN), keys
+    ascending: ``keys == (x.view(-1) != fill).nonzero()[:, 0]`` and ``values == x.view(-1)[keys]`` for a
+    non-NaN fill.  Two compiled passes on CPU (a vectorized count, then the writes; 1M float32 at 0.01-1%
+    stored: 5-10x less than ``nonzero``, which alone costs 1.6 ms); None where it does not apply (other
+    devices, complex or other dtypes, a non-contiguous ``x``, negative bits, a ``fill`` of another dtype or
+    not 0-d, autograd recording, tracing, no numba).
+
+    >>> r = find_differ(torch.tensor([1., 5., 1., 7.]), torch.tensor(1.))
+    >>> r is None or [t.tolist() for t in r] == [[1, 3], [5.0, 7.0]]  # (None: numba not loaded, 4 elements)
+    True
+    """
+    if not (x.is_cpu and fill.is_cpu and x.dtype in _FIND_DTYPES and fill.dtype == x.dtype and fill.dim() == 0 and
+            type(x) is torch.Tensor and x.is_contiguous() and not x.is_neg() and not traced(x) and
+            not (torch.is_grad_enabled() and x.requires_grad) and ("numba" in sys.modules or x.numel() >= _FIND_MIN)
+            and _compiled()):
+        return None
+    if torch._C._functorch.is_functorch_wrapped_tensor(x):
+        return None
+    like, n, at, f = _LIKE[x.dtype], x.numel(), x.data_ptr(), fill.item()
+    nse = _kernels[4](at, n, f, like)
+    keys, vals = torch.empty(nse, dtype=torch.int64), torch.empty(nse, dtype=x.dtype)
+    _kernels[5](at, n, f, like, keys.data_ptr(), vals.data_ptr(), nse)
+    return keys, vals
 
 
 _FILL_BYTES = 1 << 15  # bytes per block of fill_put_sorted (inside L1d; 1M float32, 1-10% stored: 4% less than 128 KiB)
