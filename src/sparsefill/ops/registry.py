@@ -38,6 +38,7 @@ import functools
 
 import torch
 
+from .. import _func_guard
 from .._tensor import _FAST, SparseTensor
 from . import pointwise
 from ._schema import flat_args, written_positions
@@ -74,6 +75,7 @@ def dispatch(func, types, args, kwargs):
             if func not in KEEPS_NATIVE:
                 args, kwargs = _convert_foreign(func, args, kwargs)
             break
+    _func_guard.check(func, args, kwargs)  # (an indefinite fill under torch.func.grad's wrapper: refused)
     return _call(func, args, kwargs)
 
 
