@@ -6,8 +6,8 @@ wrapper, which has no ``__torch_function__``: its ops reach ``__torch_dispatch__
 derivative formula was recorded at the transform's level.  Those formulas have dense semantics; for an
 indefinite (masked) fill they are wrong wherever the masked-out elements count (``mean``'s gradient divides
 by every element, products and reductions give the masked-out positions a gradient, a dense operand's
-gradient becomes masked).  :func:`check` (called by the registry's ``dispatch`` for every call it takes)
-therefore refuses every such call that carries a gradient::
+gradient becomes masked).  :func:`check` (called by the registry's ``dispatch`` while such a transform may
+run) therefore refuses every such call that carries a gradient::
 
     func(A, ...) under a transform, A indefinite, reached through the wrapper  ->  NotImplementedError
         unless  func carries no gradient           (detach, zeros_like, comparisons, item; a bool A)
@@ -15,6 +15,11 @@ therefore refuses every such call that carries a gradient::
 Element-wise ops are refused too: their gradient is exact on the stored elements, but the masked-out
 positions keep what the formula left there (``vjp(lambda a: a * 2, A)``'s pullback gives ``2 * ct``
 there, where ``torch.autograd.grad`` gives 0: no output read them).
+
+The registry calls :func:`check` only where :data:`no_reverse_transform` is False: ``grad``/``vjp``/``jacrev``
+(and ``hessian``'s ``jacrev``) disable autograd's saved-tensor hooks while they run, a C flag read in
+~40 ns; elsewhere no call is made.  (Forward mode alone, ``jvp``/``jacfwd``, leaves it set: there a
+SparseTensor primal fails torch's own storage check first, and the constructors and routes refuse.)
 
 "Reached through the wrapper" is read from the Python frames above the call (the wrapper leaves no other
 trace there: the transform's level is popped while ``__torch_dispatch__`` runs): a transform's frame
@@ -43,6 +48,7 @@ import torch
 from ._tensor import SparseTensor
 
 _aten = torch.ops.aten
+no_reverse_transform = torch._C._autograd._saved_tensors_hooks_is_enabled  # () -> False while grad/vjp/jacrev run
 NO_GRADIENT = {_aten.detach, _aten.alias, _aten.zeros_like, _aten.ones_like, _aten.empty_like, _aten.full_like,
                _aten.rand_like, _aten.randn_like, _aten.randint_like, _aten._local_scalar_dense, _aten.is_same_size,
                _aten.eq, _aten.ne, _aten.lt, _aten.le, _aten.gt, _aten.ge, _aten.isnan, _aten.isinf, _aten.isfinite}

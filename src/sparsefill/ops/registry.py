@@ -38,7 +38,7 @@ import functools
 
 import torch
 
-from .. import _func_guard
+from .._func_guard import check as _func_guard, no_reverse_transform as _no_reverse_transform
 from .._tensor import _FAST, SparseTensor
 from . import pointwise
 from ._schema import flat_args, written_positions
@@ -75,7 +75,8 @@ def dispatch(func, types, args, kwargs):
             if func not in KEEPS_NATIVE:
                 args, kwargs = _convert_foreign(func, args, kwargs)
             break
-    _func_guard.check(func, args, kwargs)  # (an indefinite fill under torch.func.grad's wrapper: refused)
+    if not _no_reverse_transform():  # (torch.func.grad/vjp/jacrev run: an indefinite fill through their wrapper)
+        _func_guard(func, args, kwargs)
     return _call(func, args, kwargs)
 
 
