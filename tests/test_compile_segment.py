@@ -564,16 +564,18 @@ def test_pooled_one_op_checks_ids():
 
 
 def test_opcheck_jagged_pooled():
-    """``torch.library.opcheck`` of ``jagged_pooled`` (sparse and dense gradients; a key absent from the batch)
-    and of its backward."""
+    """``torch.library.opcheck`` of ``jagged_pooled`` (sparse and dense gradients; a key absent from the batch; a
+    table shared by two keys) and of its backward."""
     kj = segment.KeyedJaggedBatch.from_lists([{1: [1, 2], 3: [0]}, {1: [2], 2: [3], 3: [1, 3]}])
-    tables = [torch.randn(4, 2, dtype=torch.float64, requires_grad=True) for _ in range(3)]
-    args = (kj.values, kj.values_lengths, kj.keys, kj.example_lengths, [3, 1, 7])
+    tables = [torch.randn(4, 2, dtype=torch.float64, requires_grad=True) for _ in range(2)]
+    args = (kj.values, kj.values_lengths, kj.keys, kj.example_lengths, [3, 1, 7], [0, 1, 0])
     for reducer, sparse_grad in (("sum", True), ("mean", False)):
         _opcheck(torch.ops.sparsefill.jagged_pooled.default, (tables, *args, reducer, 0.0, True, sparse_grad))
     outs, offsets, lists = torch.ops.sparsefill.jagged_pooled(tables, *args, "sum", 0.0, True, True)
-    _opcheck(torch.ops.sparsefill.jagged_pooled_backward.default,
-             ([torch.randn_like(o) for o in outs], [t.detach() for t in tables], offsets, lists, "sum", True))
+    for sparse_grad in (True, False):
+        _opcheck(torch.ops.sparsefill.jagged_pooled_backward.default,
+                 ([torch.randn_like(o) for o in outs], [t.detach() for t in tables], [0, 1, 0], offsets, lists, "sum",
+                  sparse_grad))
 
 
 def test_dlrm_step_compiled(backend="inductor"):

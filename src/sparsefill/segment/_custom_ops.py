@@ -15,9 +15,9 @@ eager errors), its fake implementation gives the output sizes from the input siz
     sparsefill::sparse_ftrl_(param!, n!, z!, indices, grad, ...)              == segment.sparse_ftrl
     sparsefill::jagged_key_lists(values, values_lengths, keys, example_lengths, wanted)
         == (offsets of the (key, example) lists, per wanted key its entries of values)
-    sparsefill::jagged_pooled(tables, values, values_lengths, keys, example_lengths, wanted, reducer, ...)
-        == (per wanted key segment_reduce(tables[j], ...) over its ids; offsets; per key its ids); autograd:
-    sparsefill::jagged_pooled_backward(grads, tables, offsets, lists, ...)  == the tables' gradients
+    sparsefill::jagged_pooled(tables, values, values_lengths, keys, example_lengths, wanted, table_of, reducer, ...)
+        == (per wanted key segment_reduce(tables[table_of[j]], ...) over its ids; offsets; per key its ids); autograd:
+    sparsefill::jagged_pooled_backward(grads, tables, table_of, offsets, lists, ...)  == the tables' gradients
 
 ``jagged_pooled`` is ``KeyedJaggedBatch.pooled`` of an unweighted sum, mean or sqrt_n in one op (one op call
 forward, one backward, instead of ``jagged_key_lists`` then a ``segment_reduce`` per key: each custom op call
@@ -41,6 +41,7 @@ traced call).
 from __future__ import annotations
 
 import math
+import weakref
 
 import torch
 from torch.library import custom_op, get_ctx
@@ -52,7 +53,7 @@ from ._reduce_ops import _args, _backward, _flat, _out_dtype, _reduce_eager, _sc
 
 __all__ = ["segment_reduce", "segment_reduce_op", "segment_reduce_backward", "sparse_adagrad_",
            "rowwise_sparse_adagrad_", "sparse_ftrl_", "jagged_key_lists", "jagged_pooled", "jagged_pooled_backward",
-           "pooled_fused"]
+           "pooled_fused", "distinct_tables"]
 
 
 def _wants_arg(reducer: str, want_arg: bool, ties: str) -> bool:
@@ -88,6 +89,39 @@ def _plan(data, lengths, offsets, segment_ids, indices, num_segments, sorted, ou
                 compiled=compiled)
 
 
+_SPARSE_GRADS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # dynamo's FX graph -> {id(table): node}
+
+
+def _one_sparse_grad_per_table(tables, sparse_grad: bool) -> None:
+    """In dynamo's trace (its fake run of the op, whose node is then the graph's last): a table that requires
+    grad and had a sparse gradient from another op of the graph breaks the graph here (with ``fullgraph``:
+    dynamo's error, this message).  Autograd would add the two sparse gradients, and torch 2.13 cannot trace
+    that sum for data-dependent counts of rows (its sparse ``add`` reads ``_nnz()`` as an int: an internal
+    assert in AOTAutograd; ``nn.Embedding(sparse=True)`` used twice fails alike).  After the break the ops are
+    in two graphs and eager autograd adds the gradients.  (The keys of one ``pooled`` call that share a table
+    are one op: one gradient.)"""
+    if not sparse_grad:
+        return
+    try:
+        from torch._dynamo.symbolic_convert import InstructionTranslator
+        graph = InstructionTranslator.current_tx().output.graph  # (the FX graph being built)
+    except AttributeError:  # (not dynamo: opcheck, make_fx)
+        return
+    node = next(reversed(graph.nodes), None)
+    if node is None or node.op == "output":
+        return  # (AOTAutograd's trace of the finished graph: dynamo has passed it)
+    seen = _SPARSE_GRADS.setdefault(graph, {})
+    if any(seen.setdefault(id(t), node) is not node for t in tables if t.requires_grad):
+        from torch._dynamo.exc import unimplemented
+        unimplemented(gb_type="sparsefill: a second sparse gradient of one table",
+                      context="sparse_grad=True on a table that has a sparse gradient from another op of the graph",
+                      explanation="A table given sparse_grad=True by two ops of one graph gets two sparse gradients, "
+                                  "which autograd adds: torch 2.13 cannot trace that sum of sparse tensors of "
+                                  "data-dependent sizes.",
+                      hints=["Pool every key of the table in one KeyedJaggedBatch.pooled call (its keys share "
+                             "one gradient), or use sparse_grad=False."])
+
+
 # ------------------------------------------------------------------------------------------ segment_reduce
 @custom_op("sparsefill::segment_reduce", mutates_args=())
 def segment_reduce_op(data: torch.Tensor, lengths: torch.Tensor | None, offsets: torch.Tensor | None,
@@ -109,6 +143,7 @@ def segment_reduce_op(data: torch.Tensor, lengths: torch.Tensor | None, offsets:
 @segment_reduce_op.register_fake
 def _(data, lengths, offsets, segment_ids, indices, weights, reducer, num_segments, sorted, empty, want_arg, ties,
       out_of_range, validate, sparse_grad):
+    _one_sparse_grad_per_table([data], sparse_grad)
     S = _num_segments(data, lengths, offsets, segment_ids, num_segments)
     shape = (S, *data.shape[1:])
     out = data.new_empty(shape, dtype=_out_dtype(reducer_of(reducer), data.dtype))
@@ -257,11 +292,14 @@ def _key_slices(offsets, B: int, j: int):
 
 @custom_op("sparsefill::jagged_pooled", mutates_args=())
 def jagged_pooled(tables: list[torch.Tensor], values: torch.Tensor, values_lengths: torch.Tensor, keys: torch.Tensor,
-                  example_lengths: torch.Tensor, wanted: list[int], reducer: str, empty: float, validate: bool,
-                  sparse_grad: bool) -> tuple[list[torch.Tensor], torch.Tensor, list[torch.Tensor]]:
+                  example_lengths: torch.Tensor, wanted: list[int], table_of: list[int], reducer: str, empty: float,
+                  validate: bool, sparse_grad: bool) -> tuple[list[torch.Tensor], torch.Tensor, list[torch.Tensor]]:
     """``(outs, offsets, lists)``: :func:`jagged_key_lists`, then per wanted key ``j``
-    ``outs[j] = segment.reduce(tables[j], reducer, offsets=<key j's offsets>, indices=lists[j])`` (the eager
-    function, its checks included); ``offsets`` and ``lists`` are the backward's."""
+    ``outs[j] = segment.reduce(tables[table_of[j]], reducer, offsets=<key j's offsets>, indices=lists[j])`` (the
+    eager function, its checks included); ``offsets`` and ``lists`` are the backward's.  ``tables`` are distinct
+    (a table shared by keys is given once: its gradient is one tensor, the rows of all its keys; two sparse
+    gradients of one tensor would be added by autograd, which torch 2.13 cannot trace for data-dependent
+    counts of rows)."""
     from ._jagged import key_lists
     offsets, lists = key_lists(values, values_lengths, keys, example_lengths, wanted)
     B, red = example_lengths.shape[0], reducer_of(reducer)
@@ -270,92 +308,123 @@ def jagged_pooled(tables: list[torch.Tensor], values: torch.Tensor, values_lengt
                               weights=None, num_segments=None, sorted=True,
                               empty=empty if t.is_floating_point() else int(empty), want_arg=False, ties="split",
                               out_of_range="error", validate=validate, sparse_grad=sparse_grad)[0]
-                for j, (t, ids) in enumerate(zip(tables, lists))]
+                for j, (t, ids) in enumerate(zip((tables[i] for i in table_of), lists))]
     return outs, offsets, lists
 
 
 @jagged_pooled.register_fake
-def _(tables, values, values_lengths, keys, example_lengths, wanted, reducer, empty, validate, sparse_grad):
+def _(tables, values, values_lengths, keys, example_lengths, wanted, table_of, reducer, empty, validate, sparse_grad):
+    _one_sparse_grad_per_table(tables, sparse_grad)
     ctx, B, red = get_ctx(), example_lengths.shape[0], reducer_of(reducer)
-    outs = [t.new_empty((B, *t.shape[1:]), dtype=_out_dtype(red, t.dtype)) for t in tables]
+    outs = [tables[i].new_empty((B, *tables[i].shape[1:]), dtype=_out_dtype(red, tables[i].dtype)) for i in table_of]
     offsets = keys.new_empty(len(wanted) * B + 1, dtype=torch.int64)
     return outs, offsets, [values.new_empty(ctx.new_dynamic_size()) for _ in wanted]
 
 
 def _pooled_setup(ctx, inputs, output):
-    tables, reducer, sparse_grad = inputs[0], inputs[6], inputs[9]
+    tables, table_of, reducer, sparse_grad = inputs[0], inputs[6], inputs[7], inputs[10]
     _, offsets, lists = output
     ctx.save_for_backward(*tables, offsets, *lists)
-    ctx.k, ctx.B, ctx.args = len(tables), inputs[4].shape[0], (reducer, sparse_grad)
+    ctx.k, ctx.B, ctx.args = len(tables), inputs[4].shape[0], (table_of, reducer, sparse_grad)
 
 
 def _pooled_grad(ctx, grad_outs, _grad_offsets, _grad_lists):
     saved = ctx.saved_tensors
     tables, offsets, lists = list(saved[:ctx.k]), saved[ctx.k], list(saved[ctx.k + 1:])
-    reducer, sparse_grad = ctx.args
-    grads = [torch.zeros((ctx.B, *t.shape[1:]), dtype=t.dtype, device=t.device) if g is None else g
-             for g, t in zip(grad_outs, tables)]
-    gx, rows = jagged_pooled_backward(grads, tables, offsets, lists, reducer, sparse_grad)
+    table_of, reducer, sparse_grad = ctx.args
+    grads = [torch.zeros((ctx.B, *tables[i].shape[1:]), dtype=tables[i].dtype, device=tables[i].device)
+             if g is None else g for g, i in zip(grad_outs, table_of)]
+    gx, rows = jagged_pooled_backward(grads, tables, table_of, offsets, lists, reducer, sparse_grad)
     if sparse_grad:  # one (row, gradient row) pair per id, as embedding(sparse=True)
         gx = [torch.sparse_coo_tensor(r[None], g, t.shape, is_coalesced=False, check_invariants=False)
               for r, g, t in zip(rows, gx, tables)]
-    return (list(gx),) + (None,) * 9
+    return (list(gx),) + (None,) * 10
 
 
 jagged_pooled.register_autograd(_pooled_grad, setup_context=_pooled_setup)
 
 
 @custom_op("sparsefill::jagged_pooled_backward", mutates_args=())
-def jagged_pooled_backward(grads: list[torch.Tensor], tables: list[torch.Tensor], offsets: torch.Tensor,
-                           lists: list[torch.Tensor], reducer: str, sparse_grad: bool
+def jagged_pooled_backward(grads: list[torch.Tensor], tables: list[torch.Tensor], table_of: list[int],
+                           offsets: torch.Tensor, lists: list[torch.Tensor], reducer: str, sparse_grad: bool
                            ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """``(grad_tables, rows)`` of :func:`jagged_pooled` for the upstream ``grads`` (one per key): per key as
-    ``segment_reduce_backward`` (``sparse_grad``: one gradient row per id, ``rows`` the ids; else the table's
-    gradient, ``rows`` empty).  No check of the data: the forward checked it."""
+    """``(grad_tables, rows)`` of :func:`jagged_pooled` for the upstream ``grads`` (one per key), one per table:
+    per key as ``segment_reduce_backward``, the keys of one table together (``sparse_grad``: one gradient row
+    per id of its keys, ``rows`` those ids; else the table's gradient, ``rows`` empty).  No check of the data:
+    the forward checked it."""
     from ._plan import Plan
-    red, gx, rows = reducer_of(reducer), [], []
+    red = reducer_of(reducer)
     no_rows = offsets.new_empty(0)
+    pos = [[] for _ in tables]  # per table, (per-position gradient rows, plan, ids) of each of its keys
     with torch.no_grad():
-        for j, (g, t, ids) in enumerate(zip(grads, tables, lists)):
-            x2, B = _flat(t), g.shape[0]
+        for j, (g, i, ids) in enumerate(zip(grads, table_of, lists)):
+            x2, B = _flat(tables[i]), g.shape[0]
             plan = Plan(B, ids.shape[0], offsets=_key_slices(offsets, B, j), indices=ids,
-                        compiled=_kernels.compiled_for(t.device, ids.shape[0] * x2.shape[1]))
-            gpos, _ = _backward(red, plan, "split", x2, None, None, no_rows, _flat(g))
-            if sparse_grad:  # (gpos: a new tensor, never a view of g; the ids: an input, copied)
-                gx.append(gpos.reshape(-1, *t.shape[1:]))
-                rows.append(ids.clone())
-            else:
-                gx.append(_scatter_rows(gpos, plan, x2.shape[0]).reshape(t.shape))
-                rows.append(no_rows.clone())
+                        compiled=_kernels.compiled_for(tables[i].device, ids.shape[0] * x2.shape[1]))
+            pos[i].append((_backward(red, plan, "split", x2, None, None, no_rows, _flat(g))[0], plan, ids))
+        gx, rows = [], []
+        for t, parts in zip(tables, pos):
+            shape = t.shape[1:]
+            if sparse_grad:  # (new tensors, never views of grads; the ids: inputs, copied)
+                if len(parts) == 1:
+                    gx.append(parts[0][0].reshape(-1, *shape))
+                    rows.append(parts[0][2].clone())
+                else:  # (the keys of a shared table, or none)
+                    gx.append(torch.cat([g.reshape(-1, *shape) for g, _, _ in parts] or [t.new_empty((0, *shape))]))
+                    rows.append(torch.cat([ids for _, _, ids in parts] or [no_rows]))
+                continue
+            m = t.shape[0]
+            if len(parts) == 1:
+                total = _scatter_rows(parts[0][0], parts[0][1], m)
+            else:  # (the keys of a shared table: their gradient rows summed into one)
+                total = t.new_zeros((m, math.prod(shape)))
+                for g, p, _ in parts:
+                    total.index_add_(0, p.rows, g)
+            gx.append(total.reshape(t.shape))
+            rows.append(no_rows.clone())
     return gx, rows
 
 
 @jagged_pooled_backward.register_fake
-def _(grads, tables, offsets, lists, reducer, sparse_grad):
-    if sparse_grad:
-        return ([t.new_empty((ids.shape[0], *t.shape[1:])) for t, ids in zip(tables, lists)],
-                [ids.new_empty(ids.shape[0]) for ids in lists])
-    return [t.new_empty(t.shape) for t in tables], [offsets.new_empty(0) for _ in lists]
+def _(grads, tables, table_of, offsets, lists, reducer, sparse_grad):
+    if not sparse_grad:
+        return [t.new_empty(t.shape) for t in tables], [offsets.new_empty(0) for _ in tables]
+    n = [0] * len(tables)
+    for i, ids in zip(table_of, lists):
+        n[i] = n[i] + ids.shape[0]
+    return [t.new_empty((k, *t.shape[1:])) for t, k in zip(tables, n)], [offsets.new_empty(k) for k in n]
 
 
 def pooled_fused(tables: list, batch, keys: list[int], reducer, kw: dict):
     """``KeyedJaggedBatch.pooled``'s ``{key: out}`` by one :func:`jagged_pooled` where it applies (an unweighted
-    sum, mean or sqrt_n, keywords among ``sparse_grad``, ``validate``, ``empty``; a table given for two keys
-    only with ``sparse_grad``), else None (the per-key ops)."""
+    sum, mean or sqrt_n, keywords among ``sparse_grad``, ``validate``, ``empty``), else None (the per-key ops).
+    A table given for several keys is passed once (``table_of``)."""
     if not (tables and set(kw) <= {"sparse_grad", "validate", "empty"}
             and all(isinstance(t, torch.Tensor) for t in tables)):
         return None
     sparse_grad, validate = bool(kw.get("sparse_grad", False)), bool(kw.get("validate", True))
-    if not sparse_grad and len({id(t) for t in tables}) < len(tables):
-        return None  # (a table twice with dense gradients: AOTAutograd's fake dispatch fails on torch 2.13)
     for t in tables:  # (reduce's checks of its arguments, which read no data)
         red, _, empty = _args(t, reducer, None, "split", sparse_grad, False, batch.values, kw.get("empty"))
     name = reducer_key(red)
     if name is None or red.kind != "sum" or red.weights is not None:
         return None
-    outs, _, _ = jagged_pooled(tables, batch.values, batch.values_lengths, batch.keys, batch.example_lengths, keys,
-                               name, float(empty), validate, sparse_grad)
+    distinct, table_of = distinct_tables(tables)
+    outs, _, _ = jagged_pooled(distinct, batch.values, batch.values_lengths, batch.keys, batch.example_lengths, keys,
+                               table_of, name, float(empty), validate, sparse_grad)
     return dict(zip(keys, outs))
 
 
+def distinct_tables(tables: list) -> tuple[list, list[int]]:
+    """``(distinct, table_of)``: the tables without repeats (by identity, first occurrence first) and per given
+    table its place there: ``tables[j] is distinct[table_of[j]]``."""
+    place, distinct = {}, []
+    for t in tables:
+        if id(t) not in place:
+            place[id(t)] = len(distinct)
+            distinct.append(t)
+    return distinct, [place[id(t)] for t in tables]
+
+
 _effectful(segment_reduce_op)  # (its checks of the data run even where its result is unused: never dead code)
+# (jagged_pooled's checks too: kept as a side effect, with no effect token, which inductor cannot lower for its lists)
+torch.fx.node.has_side_effect(torch.ops.sparsefill.jagged_pooled.default)

@@ -413,26 +413,39 @@ class KeyedJaggedBatch:
     def _pooled_traced(self, tables, given, keys, reducer, weighted, pos_w, kw):
         """``pooled`` under torch.compile: every key's ids (or, weighted, their positions) by the custom op
         ``sparsefill::jagged_key_lists`` (one dynamic size per key), then as ``pooled``; an unweighted sum, mean
-        or sqrt_n is one op for every key (``_custom_ops.pooled_fused``)."""
-        from ._custom_ops import jagged_key_lists, pooled_fused
+        or sqrt_n is one op for every key (``_custom_ops.pooled_fused``).  The keys of a table given for several
+        keys are one ``segment.reduce`` (their lists one after the other): one gradient for the table (two
+        sparse gradients of one tensor would be added by autograd, which torch 2.13 cannot trace for
+        data-dependent counts of rows), unless ``return_arg`` (its positions are per key)."""
+        from ._custom_ops import distinct_tables, jagged_key_lists, pooled_fused
+        per_key = [tables[given[k]] if isinstance(tables, dict) else tables for k in keys]
         if not weighted and pos_w is None:
-            fused = pooled_fused([tables[given[k]] if isinstance(tables, dict) else tables for k in keys], self, keys,
-                                 reducer, kw)
+            fused = pooled_fused(per_key, self, keys, reducer, kw)
             if fused is not None:
                 return fused
+        distinct, table_of = distinct_tables(per_key)
+        if kw.get("return_arg"):
+            table_of = list(range(len(keys)))
+        order = sorted(range(len(keys)), key=lambda j: table_of[j])  # (the keys of a table together; stable)
         vals = self.values
         src = torch.arange(vals.shape[0], device=vals.device) if weighted else vals  # (weighted: positions)
-        offsets, lists = jagged_key_lists(src, self.values_lengths, self.keys, self.example_lengths, keys)
+        offsets, lists = jagged_key_lists(src, self.values_lengths, self.keys, self.example_lengths,
+                                          [keys[j] for j in order])
         B = self.batch_size
-        out = {}
-        for j, k in enumerate(keys):
-            table = tables[given[k]] if isinstance(tables, dict) else tables
-            offs = offsets[j * B:(j + 1) * B + 1]
-            ids, wk = lists[j], pos_w
+        out, at = {}, 0
+        while at < len(order):
+            group = [j for j in order[at:] if table_of[j] == table_of[order[at]]]
+            table, parts = per_key[group[0]], lists[at:at + len(group)]
+            ids = parts[0] if len(parts) == 1 else torch.cat(parts)
+            wk = pos_w
             if weighted:
-                ids, wk = vals.index_select(0, lists[j]), self.weights.index_select(0, lists[j]).to(table.dtype)
-            out[k] = reduce(table, reducer, offsets=offs - offs[0], indices=ids, weights=wk, **kw)
-        return out
+                ids, wk = vals.index_select(0, ids), self.weights.index_select(0, ids).to(table.dtype)
+            offs = offsets[at * B:(at + len(group)) * B + 1]
+            res = reduce(table, reducer, offsets=offs - offs[0], indices=ids, weights=wk, **kw)
+            for n, j in enumerate(group):
+                out[keys[j]] = res if len(group) == 1 else res[n * B:(n + 1) * B]
+            at += len(group)
+        return {k: out[k] for k in keys}
 
     def _by_key(self, keys: list[int], *, with_weights: bool = False):
         """``(offsets, ids, weights)``: the ids of the batch ordered by (key in ``keys``, example), and the
