@@ -444,10 +444,19 @@ def test_indefinite_not_refused_where_exact(layout):
 
 
 def test_transforms_found():
-    """The frames the guard reads (``_func_guard.TRANSFORMS``) exist in this torch: a rename fails here, not
-    silently."""
+    """What the guard reads of torch exists in this torch, so a change fails here, not silently: the frames
+    (``_func_guard.TRANSFORMS``), and the saved-tensor-hooks flag the registry tests first (False exactly while
+    ``grad``/``vjp``/``jacrev`` run)."""
     from torch._functorch import eager_transforms
     from sparsefill import _func_guard
+    seen = []
+
+    def f(x):
+        seen.append(_func_guard.no_reverse_transform())
+        return x.sum()
+    for transform in (grad(f), jacrev(f), lambda x: vjp(f, x), vmap(f), lambda x: jvp(f, (x,), (x,))):
+        transform(torch.ones(2, 3))
+    assert seen == [False, False, False, True, True] and _func_guard.no_reverse_transform()
     codes = _func_guard.transform_codes(eager_transforms)
     assert {c.co_name for c in codes} == set(_func_guard.TRANSFORMS)
     assert all(c.co_filename == eager_transforms.__file__ for c in codes)
