@@ -597,3 +597,110 @@ def test_dlrm_step_compiled(backend="inductor"):
     torch.testing.assert_close(list(model.parameters()), list(twin.parameters()))
     assert counter.frame_count == 1
     assert _graph_ops(counter.graphs[0]) == ["sparsefill.jagged_pooled.default"]
+
+
+# A table shared by keys (TorchRec's shared tables): one pooled call, or two; dense nn.Parameter and SparseTensor
+# parameter; the training step compiled against eager.
+
+class SharedTables(torch.nn.Module):
+    """Keys 1 and 3 share ``shared``, key 4 has ``own`` (absent from the batches: empty); with dense gradients
+    a second ``pooled`` call reads ``shared`` again."""
+
+    def __init__(self, sparse_grad, kind):
+        super().__init__()
+        import sparsefill
+        g = torch.Generator().manual_seed(0)
+        t = torch.randn(R, 2, generator=g, dtype=torch.float64)
+        if kind == "SparseTensor":  # (every other row stored, fill 0)
+            t = sparsefill.sparse_coo_tensor(torch.arange(0, R, 2)[None], t[::2], (R, 2), fill_value=0.0)
+        self.shared = torch.nn.Parameter(t)
+        self.own = torch.nn.Parameter(torch.randn(R, 2, generator=g, dtype=torch.float64))
+        self.sparse_grad = sparse_grad
+
+    def forward(self, kj):
+        out = list(kj.pooled({1: self.shared, 3: self.shared, 4: self.own}, "sum",
+                             sparse_grad=self.sparse_grad).values())
+        if not self.sparse_grad:
+            out += kj.pooled({3: self.shared}, "max").values()
+        return sum(((v - 0.3) ** 2).sum() for v in out)
+
+
+@pytest.mark.parametrize("backend,sparse_grad,kind", [("aot_eager", False, "Parameter"),
+                                                      ("inductor", True, "Parameter"),
+                                                      ("aot_eager", False, "SparseTensor")])
+def test_pooled_shared_table_training(backend, sparse_grad, kind):
+    """Three training steps (SparseAdagrad on sparse gradients, else SGD) of a model whose keys share a table:
+    the compiled model's losses and tables after the steps as eager's (fullgraph; no recompile on the third
+    batch, except the SparseTensor table, whose count of stored rows grows each step: a parameter's sizes are
+    static to dynamo)."""
+    import copy
+    model = SharedTables(sparse_grad, kind)
+    twin = copy.deepcopy(model)
+    opts = [segment.SparseAdagrad(list(m.parameters()), lr=0.1) if sparse_grad else
+            torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, twin)]
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=backend, fullgraph=True)
+    for k in range(3):
+        kj = _pooled_batch(k)
+        with torch._dynamo.config.patch(error_on_recompile=k == 2 and kind == "Parameter"):
+            losses = [compiled(kj), twin(kj)]
+        torch.testing.assert_close(*losses)
+        for o, loss in zip(opts, losses):
+            o.zero_grad()
+            loss.backward()
+            o.step()
+    assert model.shared.grad is None or type(model.shared.grad) is type(twin.shared.grad)
+    torch.testing.assert_close([_dense(p) for p in model.parameters()], [_dense(p) for p in twin.parameters()])
+
+
+def test_pooled_sparse_grad_twice_graph_break():
+    """One table given ``sparse_grad=True`` by two ``pooled`` calls: two sparse gradients, whose sum torch 2.13
+    cannot trace (data-dependent sizes): with ``fullgraph`` dynamo's error says what to do, without a graph
+    break and the eager result and gradient."""
+    table = torch.randn(R, 2, dtype=torch.float64, requires_grad=True)
+
+    def f(kj):
+        return kj.pooled({1: table}, "sum", sparse_grad=True)[1], kj.pooled({3: table}, "mean", sparse_grad=True)[3]
+    kj = _pooled_batch(0)
+    torch._dynamo.reset()
+    with pytest.raises(torch._dynamo.exc.Unsupported, match="in one KeyedJaggedBatch.pooled call"):
+        torch.compile(f, backend="aot_eager", fullgraph=True)(kj)
+    torch._dynamo.reset()
+    got, want = torch.compile(f, backend="aot_eager")(kj), f(kj)
+    torch.testing.assert_close(got, want)
+    gg, gw = (torch.autograd.grad(a.sum() + 2 * b.sum(), table)[0] for a, b in (got, want))
+    assert gg.is_sparse and gw.is_sparse
+    torch.testing.assert_close(gg.to_dense(), gw.to_dense())
+
+
+def test_pooled_sparse_grad_of_sparse_tensor_table_raises():
+    """``sparse_grad=True`` asks for torch's sparse COO gradient of a dense table; a SparseTensor table's gradient
+    is a SparseTensor: a TypeError saying so, eager and compiled (autograd refused the COO gradient with an
+    internal 'hook has changed the type of value')."""
+    import sparsefill
+    table = sparsefill.sparse_coo_tensor([[0, 2]], torch.ones(2, 2), (R, 2)).requires_grad_()
+    kj = _pooled_batch(0)
+    f = lambda kj: kj.pooled({1: table, 3: table}, "sum", sparse_grad=True)  # noqa: E731
+    torch._dynamo.reset()
+    for fn in (f, torch.compile(f, backend="aot_eager")):
+        with pytest.raises(TypeError, match="SparseTensor, whose gradient is a SparseTensor already"):
+            fn(kj)
+
+
+def test_pooled_result_unused_checks_ids():
+    """A compiled ``pooled`` whose result is unused still checks its ids (``jagged_pooled`` is never dead
+    code): an id out of range of its table raises the eager error (inductor)."""
+    tables = {k: torch.randn(R, 2, requires_grad=True) for k in (1, 3)}
+
+    def f(kj, x):
+        kj.pooled(tables, "sum")
+        return x * 2
+    bad = segment.KeyedJaggedBatch.from_lists([{1: [0, 2], 3: [R]}, {3: [1]}])
+    with pytest.raises(IndexError) as want:
+        kj_out = bad.pooled(tables, "sum")  # noqa: F841
+    torch._dynamo.reset()
+    cf = torch.compile(f, backend="inductor", fullgraph=True)
+    cf(segment.KeyedJaggedBatch.from_lists([{1: [0, 2], 3: [1]}, {3: [1]}]), torch.ones(2))
+    with pytest.raises(IndexError) as got:
+        cf(bad, torch.ones(2))
+    assert str(got.value) == str(want.value)

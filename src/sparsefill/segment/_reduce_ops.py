@@ -410,6 +410,9 @@ def _args(data, reducer, weights, ties, sparse_grad, return_arg, indices, empty)
         raise ValueError(f"ties must be 'split', 'first' or 'all', got {ties!r}")
     if sparse_grad and indices is None:
         raise ValueError("sparse_grad=True needs indices= (the gradient rows of a fused gather)")
+    if sparse_grad and hasattr(data, "_sf_layout"):  # (autograd refuses torch's sparse gradient for a SparseTensor)
+        raise TypeError("sparse_grad=True gives a dense table torch's sparse COO gradient; data is a sparsefill "
+                        "SparseTensor, whose gradient is a SparseTensor already: pass sparse_grad=False")
     if return_arg and red.kind != "extreme":
         raise ValueError(f"return_arg=True needs the max or min reducer, got {red.name!r}")
     if red.weights is None:
