@@ -1,7 +1,8 @@
 """torch.func with SparseTensors: ``grad``/``vjp``/``jacrev`` through sparsefill's constructors and ops equal
 ``torch.autograd.grad`` of the same function (values and fill gradients); ``functional_call`` training steps
-equal autograd's; ``vmap`` over a SparseTensor (or through a constructor) and forward mode (``jvp``/``jacfwd``)
-raise a NotImplementedError naming sparsefill, never a wrong type or value.
+equal autograd's; ``vmap`` over a SparseTensor (or through a constructor), forward mode (``jvp``/``jacfwd``) and
+an indefinite-fill SparseTensor argument's ops that carry a gradient (``sparsefill._func_guard``: torch's dense
+formulas would ignore its masked-out elements) raise a NotImplementedError naming sparsefill, never a wrong value.
 """
 
 import copy
