@@ -55,9 +55,7 @@ def dense_of(A: SparseTensor, fill: torch.Tensor | None = None) -> torch.Tensor:
     shape, vals, idx = A.shape, A._vals, A._idx
     nd = len(shape)
     # (new_empty: 1-2 µs less than torch.empty(dtype=, device=); of an int or a tuple, 0.6-1.1 µs less than of a Size)
-    out = fill.new_empty(shape[0] if nd == 1 else tuple(shape))
-    if out.nbytes >= _HUGE_MIN:  # (tested here: a call less for small results)
-        _advised(out)
+    out = _advised(fill.new_empty(shape[0] if nd == 1 else tuple(shape)))
     k = nd - (vd := vals.dim()) + (1 if idx is not None else A._col.dim())  # sparse dims
     if k == 1 == nd and A._coalesced and idx.dtype is torch.int64:
         keys = idx  # (one sparse dim: the indices are the keys; put_ reads them flat)
