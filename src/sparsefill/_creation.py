@@ -82,6 +82,7 @@ def normalize_fill(fill_value, dtype, device, dense_shape, *, own=False):
         if fill_value.device != torch.device(device):
             raise TypeError(f"fill_value is on device {fill_value.device} but the tensor is on {device}")
         fill, zero = fill_value, fill_value.device.type == "cpu" and not traced() and not bool(fill_value.any())
+        fill = fill.resolve_conj().resolve_neg()  # (as the values': see _values_tensor)
         if own:
             fill = fill.detach().clone()
     elif isinstance(fill_value, numbers.Number):
@@ -122,8 +123,9 @@ def _is_empty_like(x) -> bool:
 
 
 def _values_tensor(values, dtype, device, fill_value) -> torch.Tensor:
-    if isinstance(values, torch.Tensor):
-        return values.to(dtype=dtype or values.dtype, device=device or values.device)
+    if isinstance(values, torch.Tensor):  # (conjugate/negative bits resolved: ops inside __torch_dispatch__ run
+        # with those dispatch keys excluded and would read the raw data, A * 2 of values.conj() conjugated)
+        return values.to(dtype=dtype or values.dtype, device=device or values.device).resolve_conj().resolve_neg()
     v = torch.as_tensor(values)
     if dtype is None and fill_value is not None and fill_value is not indefinite and not (
             isinstance(fill_value, (list, tuple)) and len(fill_value) == 0):

@@ -217,3 +217,4 @@ def _sparse_sum_all(func, args, kwargs):
 from . import linalg_autograd  # noqa: E402,F401  (fills ROUTES: the matrix products)
 from . import reduction_autograd  # noqa: E402,F401  (the reductions over every sparse dim)
 from . import dropout  # noqa: E402,F401  (dropout of a zero or masked fill: the stored values)
+from . import sampled_autograd  # noqa: E402,F401  (x.sparse_mask(A): x's gradient at A's pattern)

@@ -106,7 +106,7 @@ def unary_fast(func, args, kwargs):
                     return None
                 v, tc = A._vals, type(c)
                 if (tc is float and c or tc is int) and -_EXACT < c < _EXACT and v.is_cpu and type(v) is torch.Tensor:
-                    op, c = _BY_VALUE.get((func._op, c, v.dtype)) or _by_value(func, A, c)
+                    op, c = _BY_VALUE.get((func._op, c, tc, v.dtype)) or _by_value(func, A, c)
                 else:  # (bool, complex, -0.0, NaN, inf, large ints; traced)
                     key = (func._op, tc)
                     op = _CALLS.get(key) or _call_of(func, (A._fill, c), kwargs, key)
@@ -221,7 +221,7 @@ def _on_union(op, args, kwargs, A: SparseTensor, B: SparseTensor, many: bool):
 # The caches of the fast path are keyed by ``func._op`` (the C++ op), not by the OpOverload ``func``, whose
 # ``__hash__`` is Python code (0.3 µs a lookup, a third of this path's own cost).
 _CALLS: dict = {}  # (OpOverload._op, argument kinds) -> the callable unary_fast runs it with (see _call_of)
-_BY_VALUE: dict = {}  # (OpOverload._op, Python int/float, dtype) -> (op, operand): see _by_value
+_BY_VALUE: dict = {}  # (OpOverload._op, Python int/float, its type, dtype) -> (op, operand): see _by_value
 _EXACT = 2 ** 53  # |c| below which a Python int converts to float64 exactly (so to float32 in one rounding)
 _CAST_DTYPES = (torch.float32, torch.float64)
 
@@ -231,7 +231,8 @@ _FIRST_TENSOR: dict = {}  # OpOverload._op -> its first argument is a Tensor
 
 def _by_value(func, A: SparseTensor, c):
     """``(op, operand)`` that :func:`unary_fast` runs ``func(A, c)`` with, for a Python int or float ``c`` (nonzero
-    when a float, finite, below 2**53) and CPU values (cached under ``(func, c, dtype)``, at most 1024 entries).
+    when a float, finite, below 2**53) and CPU values (cached under ``(func, c, type(c), dtype)``, at most 1024
+    entries: ``1 == 1.0`` hash alike, and an integer ``A * 1.0`` is float where ``A * 1`` is not).
     The operand is a cached 0-d CPU tensor of the values' dtype holding ``c`` where that is exact::
 
         func(v, c) == func(v, torch.tensor(c, dtype=v.dtype))        v float32/float64, func taking a Tensor there
@@ -251,7 +252,7 @@ def _by_value(func, A: SparseTensor, c):
     if not torch._C._len_torch_dispatch_stack():  # (a dispatch mode: _call_of's choice is not cached either)
         if len(_BY_VALUE) >= 1024:
             _BY_VALUE.clear()
-        _BY_VALUE[(func._op, value, dtype)] = out
+        _BY_VALUE[(func._op, value, type(value), dtype)] = out
     return out
 
 

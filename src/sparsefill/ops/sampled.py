@@ -34,6 +34,10 @@ def _sampled_addmm(func, args, kwargs):
     if m1.shape[1] != m2.shape[0] or (m1.shape[0], m2.shape[1]) != tuple(A.shape):
         raise RuntimeError(f"sampled_addmm: self {tuple(A.shape)}, mat1 {tuple(m1.shape)} and mat2 "
                            f"{tuple(m2.shape)} do not fit: need mat1 (m, k), mat2 (k, n), self (m, n)")
+    for name, m in (("mat1", m1), ("mat2", m2)):  # (as torch's: the product is not cast to self's dtype)
+        if m.dtype != A.dtype:
+            raise RuntimeError(f"sampled_addmm: Expected {name} and self to have the same dtype, but got {m.dtype} "
+                               f"and {A.dtype}")
     A, rows, cols = _pattern(A)
     sampled = (m1.index_select(0, rows) * m2.t().index_select(0, cols)).sum(1)
     vals = (A._vals * beta if beta != 1 else A._vals) + (sampled * alpha if alpha != 1 else sampled)
