@@ -22,9 +22,12 @@ eager errors), its fake implementation gives the output sizes from the input siz
 ``jagged_pooled`` is ``KeyedJaggedBatch.pooled`` of an unweighted sum, mean or sqrt_n in one op (one op call
 forward, one backward, instead of ``jagged_key_lists`` then a ``segment_reduce`` per key: each custom op call
 costs ~40 us of dispatch: with four keys, most of what a compiled DLRM step lost to eager).  It is not
-registered effectful: torch 2.13's inductor cannot lower an effectful op with a ``Tensor[]`` argument or
-result (an IndexError in its lowering), so a compiled ``pooled`` whose result is unused is dead code and its
-checks of the ids do not run (nothing reads a result; a used one always checks).
+registered effectful (torch 2.13's inductor cannot lower an effectful op with a ``Tensor[]`` argument or
+result: an IndexError in its lowering) but as a side effect (``torch.fx.node.has_side_effect``: no effect
+token, no cost), so a compiled ``pooled`` whose result is unused is never dead code and still checks its ids.
+A table shared by keys is passed once (``table_of``): one gradient per table.  Autograd would add two sparse
+gradients of one table, which torch 2.13 cannot trace for data-dependent sizes; a table given ``sparse_grad``
+by two ops of one graph breaks the graph (:func:`_one_sparse_grad_per_table`).
 
 The optimizers' ops declare the tensors they update in place (``mutates_args``); ``segment_reduce`` is
 registered effectful (``_repr_ops._effectful``): a compiled call whose result is unused is not removed as dead
