@@ -704,3 +704,44 @@ def test_pooled_result_unused_checks_ids():
     with pytest.raises(IndexError) as got:
         cf(bad, torch.ones(2))
     assert str(got.value) == str(want.value)
+
+
+# torch.unique on other compiled paths, under inductor: masked/_canon (a strided mask's rows, a sparse mask's union
+# with the pattern) compile with fullgraph; max(dim)'s sparse backward (ops/select_autograd) is behind a forward that
+# does not trace: a clean graph break.
+
+def _unique_case(name):
+    """``(fn of the values v, v, fullgraph)``: a 4 x 4 COO of fill 0.25 built from ``v`` inside ``fn``."""
+    import sparsefill
+    from sparsefill import masked
+    v = torch.tensor([1., -2., 3., 0.5, 4.], dtype=torch.float64, requires_grad=True)
+    A = lambda v: sparsefill.sparse_coo_tensor([[0, 0, 1, 2, 3], [1, 3, 0, 2, 3]], v, (4, 4),  # noqa: E731
+                                               fill_value=0.25)
+    ones = torch.ones(5, dtype=torch.bool)
+    if name == "strided mask":
+        mask = torch.tensor([[1, 1, 0, 0], [0, 1, 1, 0], [1, 0, 1, 0], [0, 0, 0, 1]], dtype=torch.bool)
+        B = torch.linspace(-2, 2, 16, dtype=torch.float64).view(4, 4)
+        return lambda v: masked.logaddexp(A(v), B, input_mask=mask).to_dense(), v, True
+    if name == "sparse mask":  # (partly outside the pattern, then inside it: the union's two ends)
+        M = sparsefill.sparse_coo_tensor([[0, 1, 2, 3, 3], [0, 2, 1, 3, 0]], ones, (4, 4))
+        M2 = sparsefill.sparse_coo_tensor([[0, 2], [1, 2]], ones[:2], (4, 4))
+        return lambda v: (masked.amax(A(v), 1, mask=M), masked.sum(A(v), 0, mask=M2)), v, True
+    return lambda v: A(v).max(1).values, v, False  # max(dim): a graph break
+
+
+@pytest.mark.parametrize("name", ["strided mask", "sparse mask", "max dim"])
+def test_unique_paths_inductor(name):
+    """Compiled with inductor (fullgraph where it traces): forward and the values' gradient as eager."""
+    fn, v, fullgraph = _unique_case(name)
+    torch._dynamo.reset()
+    got, want = torch.compile(fn, backend="inductor", fullgraph=fullgraph)(v), fn(v)
+    got, want = (torch.stack(t) if isinstance(t, tuple) else t.to_dense() if type(t) is not torch.Tensor else t
+                 for t in (got, want))
+    torch.testing.assert_close(got, want, equal_nan=True)
+    c = torch.linspace(-1, 1, want.numel(), dtype=want.dtype).view(want.shape)
+    torch.testing.assert_close(torch.autograd.grad((got * c).nan_to_num().sum(), v),
+                               torch.autograd.grad((want * c).nan_to_num().sum(), v))
+    if not fullgraph:
+        torch._dynamo.reset()
+        with pytest.raises(torch._dynamo.exc.Unsupported, match="sparsefill"):
+            torch.compile(fn, backend="inductor", fullgraph=True)(v)

@@ -232,7 +232,7 @@ def combine(input, mask, zero_absorbs: bool = False, counts: bool = False) -> Ma
         union, inv = torch.unique(torch.cat([akeys, mkeys]), return_inverse=True)
         ia, im = inv[: akeys.numel()], inv[akeys.numel():]
     k = union.numel()
-    if k == akeys.numel():  # the masked-in positions are all specified in the input
+    if not traced(union) and k == akeys.numel():  # the masked-in positions are all specified in the input
         m = torch.zeros(vals.shape, dtype=torch.bool, device=vals.device)
         m[(im,) + tuple(pos[sd:])] = True
         return Masked(A, idx, vals, m, fill, False, True, rows)
