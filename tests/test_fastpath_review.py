@@ -155,13 +155,13 @@ def differ(a, b):
     return (a != b) & ~((a != a) & (b != b))
 
 
-def check_masked(R, expected, unspecified):
+def check_masked(R, expected, unspecified, signed_zeros=True):
     """An indefinite result ``R``: unspecified exactly at ``unspecified``, ``expected`` elsewhere."""
     assert isinstance(R, SparseTensor) and R.is_fill_indefinite()
     r0 = R.to_dense(fill_value=torch.zeros((), dtype=R.dtype))
     assert torch.equal(differ(r0, R.to_dense(fill_value=ones_of(R.dtype))), unspecified)
     assert_identical(torch.where(unspecified, torch.zeros((), dtype=R.dtype), r0),
-                     torch.where(unspecified, torch.zeros((), dtype=R.dtype), expected))
+                     torch.where(unspecified, torch.zeros((), dtype=R.dtype), expected), signed_zeros)
 
 
 # ---------------------------------------------------------------------- pointwise.unary_fast and its caches
@@ -196,6 +196,8 @@ def test_scalar_ops_match_dense(A, calls):
     for name, c in calls:
         f = OPS_SCALAR[name]
         if unspecified is None:
+            if x.numel() == 0 and outcome(lambda: f(A, c))[0] == "raise":
+                continue  # (the open finding of test_empty_integer_division_by_zero)
             check_same_outcome(lambda: f(A, c), lambda: f(x, c))
             if name in INPLACE:
                 check_same_outcome(lambda: getattr(A.clone(), INPLACE[name])(c),
@@ -207,6 +209,27 @@ def test_scalar_ops_match_dense(A, calls):
             assert kind == kd or kind == "ok" and bool(unspecified.all()), (kind, kd, R if kind == "raise" else "")
             if kind == kd == "ok":
                 check_masked(R, expected, unspecified)
+
+
+def test_zero_dim_sparse_promotes_as_a_zero_dim_tensor():
+    """Finding: a 0-d SparseTensor promoted as a dimensioned tensor (its values are): ``a0 + e0`` with a 0-d float64
+    dense ``e0`` was float32 (dense: float64), a 0-d float64 ``a0 + B`` with a float32 ``B`` float64 (dense: float32)."""
+    a64 = sparsefill.sparse_coo_tensor(torch.zeros(0, 1, dtype=torch.int64), torch.tensor([2.], dtype=torch.float64), ())
+    a32 = sparsefill.sparse_coo_tensor(torch.zeros(0, 0, dtype=torch.int64), torch.zeros(0), (), fill_value=3.)
+    B = sparsefill.sparse_coo_tensor([[0, 1], [1, 0]], [1., 2.], (2, 2))
+    e64 = torch.tensor(1., dtype=torch.float64)
+    for f in (lambda a, b: a + b, lambda a, b: b * a, lambda a, b: torch.where(a > 0, b, a)):
+        for a, b in ((a64, B), (B, a64), (a32, e64), (e64, a32), (a32, a64)):
+            check_same_outcome(lambda: f(a, b), lambda: f(*(t.to_dense() if isinstance(t, SparseTensor) else t
+                                                            for t in (a, b))))
+
+
+@pytest.mark.xfail(strict=True, reason="open finding (ops/pointwise, the fill's op): a SparseTensor with no element "
+                   "(numel 0) raises where the fill's op raises (int // 0, % 0; an int32 // 2**60 overflow), though no "
+                   "element uses the fill; dense returns the empty result")
+def test_empty_integer_division_by_zero():
+    A = sparsefill.sparse_coo_tensor(torch.zeros(1, 0, dtype=torch.int64), torch.zeros(0, dtype=torch.int64), (0,))
+    assert_identical(A // 0, A.to_dense() // 0)
 
 
 @SETTINGS
@@ -280,8 +303,9 @@ def test_in_place_on_views_and_aliases(A, which, op):
         assert_identical(A.to_dense(), before)
         return
     assert ks == kd
-    assert_identical(V.to_dense(), v)
-    assert_identical(A.to_dense(), x)
+    # (the sign of a zero fill is not kept through a view's write-through: the library's -0.0 == 0.0 convention)
+    assert_identical(V.to_dense(), v, signed_zeros=False)
+    assert_identical(A.to_dense(), x, signed_zeros=False)
 
 
 # ---------------------------------------------------------------------- _merge.union_or_superset
@@ -320,13 +344,14 @@ def test_superset_union_matches_dense(pair, name):
     A, B = pair
     f = {"add": torch.add, "mul": torch.mul, "maximum": torch.maximum, "sub": torch.sub}[name]
     (a, ua), (b, ub) = dense_and_unspecified(A), dense_and_unspecified(B)
+    signed = name != "maximum"  # (torch's own maximum(-0.0, 0.0) differs between its vectorized and scalar loops)
     if ua is None and ub is None:
-        assert_identical(f(A, B), f(a, b))
-        assert_identical(f(A.to_sparse_coo(), B.to_sparse_coo()), f(a, b))
+        assert_identical(f(A, B), f(a, b), signed)
+        assert_identical(f(A.to_sparse_coo(), B.to_sparse_coo()), f(a, b), signed)
     else:
         unspecified = (torch.zeros_like(a, dtype=torch.bool) if ua is None else ua) | \
             (torch.zeros_like(b, dtype=torch.bool) if ub is None else ub)
-        check_masked(f(A, B), f(a, b), unspecified)
+        check_masked(f(A, B), f(a, b), unspecified, signed)
 
 
 def test_superset_union_gradients():
@@ -445,6 +470,8 @@ def test_dense_operand_varying_along_sparse_dims(pair, name):
     A, e = pair
     x = A.to_dense()
     f = OPS_DENSE[name]
+    if not x.numel() and name == "floordiv" and not A.dtype.is_floating_point and not bool(e.all()):
+        return  # (the open finding of test_empty_integer_division_by_zero)
     check_same_outcome(lambda: f(A, e), lambda: f(x, e), signed_zeros=False)
     with torch.no_grad():
         check_same_outcome(lambda: f(A, e), lambda: f(x, e), signed_zeros=False)
@@ -455,8 +482,10 @@ def test_dense_operand_varying_along_sparse_dims(pair, name):
 
 @pytest.mark.xfail(strict=True, reason="open finding (ops/pointwise_dense._constant_fill): A * e with a zero fill and "
                    "an e of mixed sign is 0.0 at some unspecified elements and -0.0 at others; the pattern is kept with "
-                   "fill 0.0 (== ignores the sign), so 1 / (A * e) gives inf where dense gives -inf. Exact fix: also "
-                   "compare signbit in _constant_fill, which makes the GAT scores (examples/gat.py) dense: the lead's call")
+                   "fill 0.0 (== ignores the sign), so 1 / (A * e) gives inf where dense gives -inf. The library's "
+                   "convention (_convert.differs: -0.0 == 0.0; to_sparse, prune, views' write-through) and torch's "
+                   "sparse mul's; the exact fix (signbit in _constant_fill) makes the GAT scores (examples/gat.py) "
+                   "dense: the lead's call")
 def test_signed_zero_fill_regression():
     A = sparsefill.sparse_coo_tensor([[0, 1], [1, 0]], [1., 2.], (2, 3))
     e = torch.tensor([[1., -1., 2.], [3., 4., -5.]])
@@ -516,13 +545,15 @@ def test_dense_operand_varying_under_checkpoint():
 # ---------------------------------------------------------------------- ops/dropout.py
 @SETTINGS
 @given(sparse_cases(dtypes=[torch.float32, torch.float64], fills=("zero", "indefinite", "array")),
-       st.sampled_from([0.0, 0.3, 1.0]), st.booleans(), st.sampled_from(["grad", "no_grad", "inference"]))
-def test_dropout_matches_dense(A, p, inplace, mode):
+       st.sampled_from([0.0, 0.3, 1.0]), st.booleans(), st.sampled_from(["grad", "no_grad", "inference"]),
+       st.integers(0, 2 ** 16))
+def test_dropout_matches_dense(A, p, inplace, mode, seed):
     """p = 0 and p = 1 are deterministic: equal to dense (NaN * 0 is NaN); otherwise every element is dropped
     whole (0) or scaled by 1 / (1 - p); masked elements stay masked; in place writes the input."""
     x, unspecified = dense_and_unspecified(A)
     zero_fill = unspecified is None and bool((A.fill_value() == 0).all()) and not A.fill_value().signbit().any()
     ctx = {"grad": torch.enable_grad, "no_grad": torch.no_grad, "inference": torch.inference_mode}[mode]
+    torch.manual_seed(seed)
     with ctx():
         T = A.clone()
         out = F.dropout(T, p, training=True, inplace=inplace)
@@ -543,9 +574,9 @@ def test_dropout_matches_dense(A, p, inplace, mode):
             return
     if ref is not None:
         assert_identical(got, ref)
-    else:
-        kept = got != 0
-        torch.testing.assert_close(got[kept], x[kept] / (1 - p), equal_nan=True)
+    else:  # each element kept (x / (1 - p)) or dropped (x * 0: NaN for inf and NaN, as dense's x * mask)
+        ok = torch.isclose(got, x / (1 - p), equal_nan=True) | torch.isclose(got, x * 0, equal_nan=True)
+        assert bool(ok.all()), (got, x)
 
 
 # ---------------------------------------------------------------------- ops/core._item

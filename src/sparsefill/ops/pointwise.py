@@ -404,9 +404,14 @@ def pointwise_rule(func, args, kwargs):
     written = [out] if out is not None else written_args(func, args, kwargs)
     if out is None and written_positions(func) and not (len(written) == 1 and written[0] is A):
         return _into_dense(func, args, kwargs, tensors, sparse, written)  # e.g. a dense tensor updated from A
-    # a 0-d SparseTensor beside a larger one is one value: it joins as a 0-d dense tensor (same promotion)
-    sub = {id(T): dense_of(T) for T in sparse[1:] if T.dim() == 0 < A.dim() and not T._indefinite}
+    # a 0-d SparseTensor beside a larger one is one value: it joins as a 0-d dense tensor (same promotion), the
+    # first one too unless written (0-d f64 A + f32 B is f32, as dense)
+    big = A if A.dim() or written else next((T for T in sparse if T.dim()), A)
+    sub = {id(T): dense_of(T) for T in sparse if T.dim() == 0 < big.dim() and not T._indefinite}
     sparse = [T for T in sparse if id(T) not in sub]
+    A = sparse[0]
+    if not A.dim():  # every operand 0-d: a 0-d dense one promotes as A's values do (zero-dim tensors alike)
+        sub.update({id(t): t.reshape(1) for t in tensors if t.dim() == 0 and not isinstance(t, SparseTensor)})
     layout = A._sf_layout
     conv = sparse
     if any(T.dense_dim() != A.dense_dim() for T in sparse[1:]):  # operands that split their dims differently
