@@ -579,6 +579,14 @@ def test_dropout_matches_dense(A, p, inplace, mode, seed):
         assert bool(ok.all()), (got, x)
 
 
+def test_dropout_negative_zero_fill():
+    """Finding: a -0.0 fill (a zero fill, as the library compares) times the keep mask's fill -0.0 gave 0.0; dense
+    keeps -0.0 * 0 = -0.0 (p = 1: deterministic)."""
+    for fill in (torch.tensor(-0.0), torch.tensor([-0.0, 0.0])):
+        A = sparsefill.sparse_coo_tensor([[0]], torch.ones(1, *fill.shape), (3,) + tuple(fill.shape), fill_value=fill)
+        assert_identical(F.dropout(A, 1.0), F.dropout(A.to_dense(), 1.0))
+
+
 # ---------------------------------------------------------------------- ops/core._item
 @SETTINGS
 @given(st.sampled_from([(), (1,), (1, 1), (1, 1, 1)]), st.booleans(),

@@ -39,7 +39,8 @@ def _dropout(func, args, kwargs):
         return A
     C = A if A._coalesced else A.coalesce()
     keep = torch.zeros_like(C._vals) if p == 1 else torch.empty_like(C._vals).bernoulli_(1 - p).div_(1 - p)
-    M = rewrap(C.detach(), values=keep, fill=C._fill.detach(), known_zero=not C._indefinite)
+    # (M's fill a +0: C's may be -0.0, a zero fill too, and -0.0 * -0.0 is 0.0 where dense keeps -0.0 * 0)
+    M = rewrap(C.detach(), values=keep, fill=torch.zeros_like(C._fill), known_zero=not C._indefinite)
     if not inplace:
         return C * M
     return A.mul_(M) if C is A else A.copy_(C * M)
