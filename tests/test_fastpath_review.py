@@ -378,6 +378,33 @@ def test_superset_union_gradients():
             torch.testing.assert_close(a, b)
 
 
+def test_union_caches_see_index_writes():
+    """``union2``'s cache (small patterns) and the superset shortcut's (large ones) after an index tensor is
+    written in place (still sorted): the new pattern's union, as dense."""
+    keys = torch.arange(0, 400, 2)
+    for big, small in ((keys[:3], keys[3:5]), (keys, keys[:5])):
+        A = sparsefill.sparse_coo_tensor(torch.stack([big // 20, big % 20]), torch.ones(big.numel()), (20, 20),
+                                         fill_value=0.5)
+        B = sparsefill.sparse_coo_tensor(torch.stack([small // 20, small % 20]), torch.full((small.numel(),), 3.),
+                                         (20, 20), fill_value=1.)
+        for _ in range(2):
+            assert_identical(A + B, A.to_dense() + B.to_dense())
+            assert_identical(A * B, A.to_dense() * B.to_dense())
+            B.indices()[1, -1] = 19  # (the last key moves to the end of its row: still sorted)
+
+
+def test_in_place_under_no_grad_is_seen_by_the_backward():
+    """An optimizer-style ``A.mul_(2)`` under no_grad (``inplace_fast``) bumps the version: a backward that saved
+    ``A`` raises as dense."""
+    A = sparsefill.sparse_coo_tensor([[0, 1, 2], [1, 0, 2]], [1., 2., 3.], (3, 4), fill_value=0.5)
+    for L in (A.detach().requires_grad_(), A.to_dense().requires_grad_()):
+        y = (L * L.exp()).sum()
+        with torch.no_grad():
+            L.mul_(2.)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            y.backward()
+
+
 # ---------------------------------------------------------------------- to_dense's by-address kernels
 @SETTINGS
 @given(st.sampled_from([torch.float32, torch.float64, torch.int8, torch.uint8, torch.int32, torch.int64, torch.bool,
