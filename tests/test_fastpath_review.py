@@ -213,8 +213,10 @@ def test_scalar_ops_match_dense(A, calls):
 
 def test_zero_dim_sparse_promotes_as_a_zero_dim_tensor():
     """Finding: a 0-d SparseTensor promoted as a dimensioned tensor (its values are): ``a0 + e0`` with a 0-d float64
-    dense ``e0`` was float32 (dense: float64), a 0-d float64 ``a0 + B`` with a float32 ``B`` float64 (dense: float32)."""
-    a64 = sparsefill.sparse_coo_tensor(torch.zeros(0, 1, dtype=torch.int64), torch.tensor([2.], dtype=torch.float64), ())
+    dense ``e0`` was float32 (dense: float64), a 0-d float64 ``a0 + B`` with a float32 ``B`` float64 (dense:
+    float32)."""
+    a64 = sparsefill.sparse_coo_tensor(torch.zeros(0, 1, dtype=torch.int64), torch.tensor([2.], dtype=torch.float64),
+                                       ())
     a32 = sparsefill.sparse_coo_tensor(torch.zeros(0, 0, dtype=torch.int64), torch.zeros(0), (), fill_value=3.)
     B = sparsefill.sparse_coo_tensor([[0, 1], [1, 0]], [1., 2.], (2, 2))
     e64 = torch.tensor(1., dtype=torch.float64)
@@ -467,7 +469,8 @@ def test_kernels_decline_what_they_cannot_read():
 # ---------------------------------------------------------------------- pointwise_dense._constant_fill
 OPS_DENSE = {"mul": torch.mul, "add": torch.add, "div": torch.div, "floordiv": torch.floor_divide,
              "maximum": torch.maximum, "lt": torch.lt, "eq": torch.eq, "rmul": lambda a, e: e * a,
-             "where": lambda a, e: torch.where(e > 0, a, e), "where_sparse_cond": lambda a, e: torch.where(a > 0, e, 0.)}
+             "where": lambda a, e: torch.where(e > 0, a, e),
+             "where_sparse_cond": lambda a, e: torch.where(a > 0, e, 0.)}
 
 
 @st.composite
@@ -508,9 +511,9 @@ def test_dense_operand_varying_along_sparse_dims(pair, name):
 
 
 @pytest.mark.xfail(strict=True, reason="open finding (ops/pointwise_dense._constant_fill): A * e with a zero fill and "
-                   "an e of mixed sign is 0.0 at some unspecified elements and -0.0 at others; the pattern is kept with "
-                   "fill 0.0 (== ignores the sign), so 1 / (A * e) gives inf where dense gives -inf. The library's "
-                   "convention (_convert.differs: -0.0 == 0.0; to_sparse, prune, views' write-through) and torch's "
+                   "an e of mixed sign is 0.0 at some unspecified elements and -0.0 at others; the pattern is kept "
+                   "with fill 0.0 (== ignores the sign), so 1 / (A * e) gives inf where dense gives -inf. The "
+                   "library's convention (_convert.differs: -0.0 == 0.0; to_sparse, prune, views' write-through) and torch's "
                    "sparse mul's; the exact fix (signbit in _constant_fill) makes the GAT scores (examples/gat.py) "
                    "dense: the lead's call")
 def test_signed_zero_fill_regression():
