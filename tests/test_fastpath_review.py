@@ -510,12 +510,12 @@ def test_dense_operand_varying_along_sparse_dims(pair, name):
                            signed_zeros=False)
 
 
-@pytest.mark.xfail(strict=True, reason="open finding (ops/pointwise_dense._constant_fill): A * e with a zero fill and "
-                   "an e of mixed sign is 0.0 at some unspecified elements and -0.0 at others; the pattern is kept "
-                   "with fill 0.0 (== ignores the sign), so 1 / (A * e) gives inf where dense gives -inf. The "
-                   "library's convention (_convert.differs: -0.0 == 0.0; to_sparse, prune, views' write-through) and torch's "
-                   "sparse mul's; the exact fix (signbit in _constant_fill) makes the GAT scores (examples/gat.py) "
-                   "dense: the lead's call")
+@pytest.mark.xfail(strict=True, reason=(
+    "open finding (ops/pointwise_dense._constant_fill): A * e with a zero fill and an e of mixed sign is 0.0 at some "
+    "unspecified elements and -0.0 at others; the pattern is kept with fill 0.0 (== ignores the sign), so 1 / (A * e) "
+    "gives inf where dense gives -inf. The library's convention (_convert.differs: -0.0 == 0.0; to_sparse, prune, "
+    "views' write-through) and torch's sparse mul's; the exact fix (signbit in _constant_fill) makes the GAT scores "
+    "(examples/gat.py) dense: the lead's call"))
 def test_signed_zero_fill_regression():
     A = sparsefill.sparse_coo_tensor([[0, 1], [1, 0]], [1., 2.], (2, 3))
     e = torch.tensor([[1., -1., 2.], [3., 4., -5.]])
