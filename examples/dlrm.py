@@ -20,14 +20,13 @@ step: forward, backward, both optimizers' steps).
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from sparsefill import segment
+from sparsefill.benchmarks.measure import interleaved  # (one round: each warmed up, then the median of reps)
 
 
 # ----------------------------------------------------------------------------- data
@@ -149,16 +148,6 @@ def check(batch: int = 64, keys: int = 4, rows: int = 500, dim: int = 8, steps: 
     return losses
 
 
-def _median_ms(fn, reps: int) -> float:
-    fn()
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return 1e3 * statistics.median(times)
-
-
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--batch", type=int, default=2048)
@@ -169,7 +158,8 @@ def main(argv=None):
     torch.set_num_threads(args.threads)
     print("losses (sparsefill, EmbeddingBag):", [f"{a:.6f} {b:.6f}" for a, b in check()])
     (m, x, y), (pm, xp, yp) = setup(args.batch, rows=args.rows)
-    t_ours, t_theirs = _median_ms(trainer(m, x, y), args.reps), _median_ms(trainer(pm, xp, yp), args.reps)
+    t_ours, t_theirs = (1e3 * t for t in interleaved({"ours": trainer(m, x, y), "theirs": trainer(pm, xp, yp)}, 1,
+                                                       args.reps).values())
     print(f"batch {args.batch}, 8 tables of {args.rows} x 64, {x[1].values.numel()} ids: training step "
           f"sparsefill {t_ours:.1f} ms, EmbeddingBag + Adagrad {t_theirs:.1f} ms ({t_ours / t_theirs:.2f}x)")
 

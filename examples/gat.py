@@ -21,8 +21,6 @@ losses over a few Adam steps; timed against it (one training step: forward + bac
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +28,7 @@ from torch import nn
 
 import sparsefill
 from sparsefill import masked
+from sparsefill.benchmarks.measure import interleaved  # (one round: each warmed up, then the median of reps)
 
 
 # ----------------------------------------------------------------------------- data
@@ -147,16 +146,6 @@ def check(nodes: int = 300, steps: int = 3, layout=torch.sparse_coo, atol: float
     return losses
 
 
-def _median_ms(fn, reps: int) -> float:
-    fn()
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return 1e3 * statistics.median(times)
-
-
 def _peak_mb(fn) -> float:
     from sparsefill.benchmarks.measure import measure_memory   # torch's allocations + Python's, one call
     return measure_memory(fn)["peak_bytes"] / 2 ** 20
@@ -175,7 +164,7 @@ def main(argv=None):
     for n in args.nodes:
         x, A, edge_index, y, model, peer = setup(n, layout=layout)
         ours, theirs = trainer(model, (x, A), y), trainer(peer, (x, edge_index), y)
-        t_ours, t_theirs = _median_ms(ours, args.reps), _median_ms(theirs, args.reps)
+        t_ours, t_theirs = (1e3 * t for t in interleaved({"ours": ours, "theirs": theirs}, 1, args.reps).values())
         m_ours, m_theirs = _peak_mb(ours), _peak_mb(theirs)
         print(f"{n} nodes, {edge_index.shape[1]} edges, training step: sparsefill {t_ours:.1f} ms, "
               f"{m_ours:.0f} MB; GATConv {t_theirs:.1f} ms, {m_theirs:.0f} MB "

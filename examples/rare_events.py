@@ -45,13 +45,12 @@ much of the rest first touches of freshly allocated pages (the results of each s
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
 import torch.nn.functional as F
 
 import sparsefill
+from sparsefill.benchmarks.measure import interleaved  # (one round: each warmed up, then the median of reps)
 
 FILL = 5.0
 
@@ -131,16 +130,6 @@ def check(samples: int = 20_000, rate: float = 0.002, rtol: float = 1e-7, atol: 
     return losses
 
 
-def _median_ms(fn, reps: int) -> float:
-    fn()
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return 1e3 * statistics.median(times)
-
-
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--samples", type=int, default=10_000_000)
@@ -152,12 +141,12 @@ def main(argv=None):
     print("losses (sparsefill, dense):", check())
     positions, values = make_events(args.samples, args.rate)
     for fn in PIPELINES:
-        t = [_median_ms(lambda: step(make, positions, values, args.samples, fn), args.reps)
-             for make in (sparse_signal, dense_signal)]
+        t = [1e3 * t for t in interleaved({make: (lambda make=make: step(make, positions, values, args.samples, fn))
+                                            for make in (sparse_signal, dense_signal)}, 1, args.reps).values()]
         print(f"{fn.__name__}, {args.samples} samples, {values.numel()} events, forward + backward: "
               f"sparsefill {t[0]:.1f} ms, dense torch {t[1]:.1f} ms ({t[1] / t[0]:.1f}x faster)")
         if fn is pipeline_cumsum:
-            floor = _median_ms(cumsum_floor(args.samples, values.dtype), args.reps)
+            floor = 1e3 * interleaved({"floor": cumsum_floor(args.samples, values.dtype)}, 1, args.reps)["floor"]
             print(f"  floor of the cumsum form: a dense cumsum forward + backward, {floor:.1f} ms "
                   f"(at best {t[1] / floor:.1f}x faster than dense)")
 

@@ -17,8 +17,6 @@ steps) and timed against it (one training step).
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
 import torch.nn.functional as F
@@ -27,6 +25,7 @@ from torch.utils.checkpoint import checkpoint
 
 import sparsefill
 from sparsefill import masked
+from sparsefill.benchmarks.measure import interleaved  # (one round: each warmed up, then the median of reps)
 
 
 def make_mask(tokens: int, density: float, seed: int = 0):
@@ -97,16 +96,6 @@ def check(tokens: int = 64, density: float = 0.1, steps: int = 3) -> list[tuple[
     return losses
 
 
-def _median_ms(fn, reps: int) -> float:
-    fn()
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return 1e3 * statistics.median(times)
-
-
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tokens", type=int, default=2000)
@@ -117,7 +106,7 @@ def main(argv=None):
     torch.set_num_threads(args.threads)
     print("losses (sparse mask, dense mask):", [f"{a:.6f} {b:.6f}" for a, b in check()])
     ours, peer = setup(args.tokens, args.density)
-    t_ours, t_peer = _median_ms(ours, args.reps), _median_ms(peer, args.reps)
+    t_ours, t_peer = (1e3 * t for t in interleaved({"ours": ours, "peer": peer}, 1, args.reps).values())
     print(f"{args.tokens} tokens, {args.density:.1%} of the pairs: training step sparse {t_ours:.1f} ms, "
           f"dense masked {t_peer:.1f} ms ({t_ours / t_peer:.2f}x the time)")
 
