@@ -266,7 +266,7 @@ def to_dense(A: SparseTensor, fill_value=None) -> torch.Tensor:
     with torch._C.DisableTorchFunctionSubclass():  # metadata reads of A (shape, dim) without the op layer's route
         if not (traced() or torch._C._are_functorch_transforms_active() or torch.is_grad_enabled() and (
                 A.requires_grad or isinstance(fill_value, torch.Tensor) and fill_value.requires_grad)):
-            return _convert.dense_of(A, None if fill_value is None else _replacement_fill(A, fill_value))
+            return _convert.dense_of(A, _replacement_fill(A, fill_value))
     return ToDense.apply(A, fill_value)
 
 

@@ -56,7 +56,7 @@ def dense_of(A: SparseTensor, fill: torch.Tensor | None = None) -> torch.Tensor:
     nd = len(shape)
     # (new_empty: 1-2 µs less than torch.empty(dtype=, device=); of an int or a tuple, 0.6-1.1 µs less than of a Size)
     out = _advised(fill.new_empty(shape[0] if nd == 1 else tuple(shape)))
-    k = nd - (vd := vals.dim()) + (1 if idx is not None else A._col.dim())  # sparse dims
+    k = nd - vals.dim() + (1 if idx is not None else A._col.dim())  # sparse dims
     if k == 1 == nd and A._coalesced and idx.dtype is torch.int64:
         keys = idx  # (one sparse dim: the indices are the keys; put_ reads them flat)
     elif not A._coalesced and traced(vals):  # compiled: duplicates add in place (a coalesce's nse is data)
@@ -67,7 +67,7 @@ def dense_of(A: SparseTensor, fill: torch.Tensor | None = None) -> torch.Tensor:
         return out
     else:
         keys, vals = linear_parts(A, shape[:k])
-    plain = (vd if keys is idx else vals.dim()) == 1 and not traced(vals)  # (traced: nse may be unbacked)
+    plain = vals.dim() == 1 and not traced(vals)  # (while traced, nse may be unbacked: no comparison)
     quarter = plain and vals.shape[0] * 4 <= (numel := out.numel())
     if quarter and (numel < _PARALLEL_FILL_MIN or torch.get_num_threads() == 1) and \
             ("numba" in sys.modules or numel >= _merge._FILL_BLOCK) and \

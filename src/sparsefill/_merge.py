@@ -12,6 +12,10 @@ binary search of one run in the other (``torch.searchsorted``, O(n log m); on CP
 union takes :func:`._index.unique_inverse`, faster there).  While torch.compile
 traces (or fake tensors flow), :func:`union_inverse` takes the general ``torch.unique`` path.
 
+Between keys and a dense buffer, with the same compiled kernels: :func:`fill_put_sorted` (``to_dense``: the fill,
+then the values at their sorted keys, block by block), :func:`put_flat` (the scatter) and :func:`find_differ`
+(``to_sparse``: the keys and values of the elements differing from the fill).
+
 >>> a, b = torch.tensor([1, 4, 6]), torch.tensor([0, 4, 9])
 >>> [t.tolist() for t in merge_union(a, b)]
 [[0, 1, 4, 6, 9], [1, 2, 3], [0, 2, 4]]
