@@ -31,8 +31,9 @@ def rewrap(A: SparseTensor, **changes) -> SparseTensor:
     return SparseTensor(layout, size, values, fill, **kw)
 
 
-def dense_of(A: SparseTensor, fill: torch.Tensor | None = None) -> torch.Tensor:
-    """The dense tensor ``A`` stands for; ``fill`` replaces ``A``'s fill (needed when it is indefinite).
+def dense_of(A: SparseTensor, fill: torch.Tensor | None = None, *, eager: bool = False) -> torch.Tensor:
+    """The dense tensor ``A`` stands for; ``fill`` replaces ``A``'s fill (needed when it is indefinite);
+    ``eager=True``: the caller found that nothing traces (:func:`traced` is False), not asked again.
 
     ``out = fill expanded; out.view(-1, *dense_shape)[keys] = values`` with the linear keys of
     :func:`linear_parts` (a coalesced 1-D COO pattern's indices are its keys; sorted).  On CPU with numba,
@@ -52,11 +53,14 @@ def dense_of(A: SparseTensor, fill: torch.Tensor | None = None) -> torch.Tensor:
             raise ValueError("to_dense() of a SparseTensor with indefinite fill: its unspecified elements have no "
                              "value; pass to_dense(fill_value=...) to give them one")
         fill = A._fill
-    shape, vals, idx = A.shape, A._vals, A._idx
+    shape, vals, idx = A._size, A._vals, A._idx  # (A._size: A.shape without the op layer's route)
     nd = len(shape)
     # (new_empty: 1-2 µs less than torch.empty(dtype=, device=); of an int or a tuple, 0.6-1.1 µs less than of a Size)
-    out = _advised(fill.new_empty(shape[0] if nd == 1 else tuple(shape)))
-    k = nd - vals.dim() + (1 if idx is not None else A._col.dim())  # sparse dims
+    out = fill.new_empty(shape[0] if nd == 1 else tuple(shape))
+    numel, vd = out.numel(), vals.dim()
+    if type(out) is torch.Tensor and numel * out.itemsize >= _HUGE_MIN:  # (no fake or functional tensor)
+        _advised(out)  # (called only then: each Python call costs ~1 µs after a 4 MB result evicted the caches)
+    k = nd - vd + (1 if idx is not None else A._col.dim())  # sparse dims
     if k == 1 == nd and A._coalesced and idx.dtype is torch.int64:
         keys = idx  # (one sparse dim: the indices are the keys; put_ reads them flat)
     elif not A._coalesced and traced(vals):  # compiled: duplicates add in place (a coalesce's nse is data)
@@ -67,10 +71,11 @@ def dense_of(A: SparseTensor, fill: torch.Tensor | None = None) -> torch.Tensor:
         return out
     else:
         keys, vals = linear_parts(A, shape[:k])
-    plain = vals.dim() == 1 and not traced(vals)  # (while traced, nse may be unbacked: no comparison)
-    quarter = plain and vals.shape[0] * 4 <= (numel := out.numel())
+        vd = vals.dim()  # (a batched CSR's values: flat)
+    plain = vd == 1 and (eager or not traced(vals))  # (while traced, nse may be unbacked: no comparison)
+    quarter = plain and vals.shape[0] * 4 <= numel
     if quarter and (numel < _PARALLEL_FILL_MIN or torch.get_num_threads() == 1) and \
-            ("numba" in sys.modules or numel >= _merge._FILL_BLOCK) and \
+            (_merge._kernels or "numba" in sys.modules or numel >= _merge._FILL_BLOCK) and \
             _merge.fill_put_sorted(out, fill, keys, vals):
         return out
     out.copy_(fill) if fill.dim() else out.fill_(fill)
