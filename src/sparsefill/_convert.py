@@ -58,10 +58,10 @@ def dense_of(A: SparseTensor, fill: torch.Tensor | None = None, *, eager: bool =
     # (new_empty: 1-2 µs less than torch.empty(dtype=, device=); of an int or a tuple, 0.6-1.1 µs less than of a Size)
     out = fill.new_empty(shape[0] if nd == 1 else tuple(shape))
     numel, vd = out.numel(), vals.dim()
-    if type(out) is torch.Tensor and numel * out.itemsize >= _HUGE_MIN:  # (no fake or functional tensor)
+    if type(out) is _TENSOR and numel * out.itemsize >= _HUGE_MIN:  # (no fake or functional tensor)
         _advised(out)  # (called only then: each Python call costs ~1 µs after a 4 MB result evicted the caches)
     k = nd - vd + (1 if idx is not None else A._col.dim())  # sparse dims
-    if k == 1 == nd and A._coalesced and idx.dtype is torch.int64:
+    if k == 1 == nd and A._coalesced and idx.dtype is _INT64:
         keys = idx  # (one sparse dim: the indices are the keys; put_ reads them flat)
     elif not A._coalesced and traced(vals):  # compiled: duplicates add in place (a coalesce's nse is data)
         out.copy_(fill) if fill.dim() else out.fill_(fill)
@@ -74,7 +74,7 @@ def dense_of(A: SparseTensor, fill: torch.Tensor | None = None, *, eager: bool =
         vd = vals.dim()  # (a batched CSR's values: flat)
     plain = vd == 1 and (eager or not traced(vals))  # (while traced, nse may be unbacked: no comparison)
     quarter = plain and vals.numel() * 4 <= numel  # (numel(), not shape[0]: 0.7 µs less after a cache-evicting write)
-    if quarter and (numel < _PARALLEL_FILL_MIN or torch.get_num_threads() == 1) and \
+    if quarter and (numel < _PARALLEL_FILL_MIN or _num_threads() == 1) and \
             (_merge._kernels or "numba" in sys.modules or numel >= _merge._FILL_BLOCK) and \
             _merge.fill_put_sorted(out, fill, keys, vals):
         return out
@@ -90,6 +90,8 @@ def dense_of(A: SparseTensor, fill: torch.Tensor | None = None, *, eager: bool =
 
 
 _PARALLEL_FILL_MIN = 1 << 18  # elements from which fill_ on several torch threads goes before the one-thread pass
+# (bound here: ``torch.x`` looks x up in torch's module dict, 0.2-0.4 µs after a 4 MB result evicted the caches)
+_TENSOR, _INT64, _num_threads = torch.Tensor, torch.int64, torch.get_num_threads
 
 
 _HUGE_MIN = 1 << 22  # bytes from which a dense result's memory is advised into 2 MiB pages (numpy's bound)
