@@ -320,3 +320,30 @@ def test_benchmark_script_smoke():
     out = cases_compile.main(["--sizes", "10", "--nodes", "40", "--dlrm-batch", "8", "--dlrm-rows", "50",
                               "--rounds", "1", "--reps", "1", "--backend", "eager"])
     assert set(out) == {("exp", 10), "gat", "dlrm"} and out["gat"]["compiled"] > 0
+
+
+def test_traced_agrees_with_is_compiling():
+    """``_compile.traced()`` reads ``torch.compiler.is_dynamo_compiling()`` and the compile session's flag (cheaper
+    than ``is_compiling()``): it is False eagerly, True in dynamo's trace (constant-folded: no guard on the flag, no
+    recompile per call), in AOTAutograd's trace, under a FakeTensorMode and in a compile session; the names it
+    reads exist (a torch that renames them fails here, not silently)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from sparsefill._compile import traced
+    assert hasattr(torch.compiler, "_is_compiling_flag") and callable(torch.compiler.is_dynamo_compiling)
+    assert traced() is False and torch.compiler.is_compiling() is False
+    with FakeTensorMode():
+        assert traced()
+    with torch.compiler._compile_session_context():
+        assert traced() == torch.compiler.is_compiling() is True
+    seen = []
+
+    def backend(gm, example_inputs):  # AOTAutograd-like: runs inside the compile session
+        seen.append(traced())
+        return gm.forward
+
+    f = torch.compile(lambda x: x + 1 if traced() else x - 1, backend=backend, fullgraph=True)
+    x = torch.arange(3.)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        assert torch.equal(f(x), x + 1) and torch.equal(f(x), x + 1) and torch.equal(f(x + 2), x + 3)
+    assert seen == [True] and traced() is False
