@@ -84,7 +84,7 @@ def reference(indices, values, size, fill) -> torch.Tensor:
     k = indices.shape[0]
     fill = torch.as_tensor(fill, dtype=values.dtype)
     out = fill.expand(size).clone()
-    flat = out.view((-1,) + size[k:])
+    flat = out.view((_prod(size[:k]),) + size[k:])
     if indices.shape[1]:
         lin = torch.zeros(indices.shape[1], dtype=torch.int64)
         for d in range(k):
@@ -95,6 +95,13 @@ def reference(indices, values, size, fill) -> torch.Tensor:
             acc.index_put_((torch.searchsorted(keys, lin),), values, accumulate=True)
         flat[keys] = acc
     return out
+
+
+def _prod(sizes) -> int:
+    n = 1
+    for s in sizes:
+        n *= s
+    return n
 
 
 def special_values(dtype):
@@ -291,3 +298,106 @@ def test_numba_disable_jit_falls_back_to_torch_ops():
               "assert torch.equal(A.to_dense(), R)\n")
     r = _run(script, NUMBA_DISABLE_JIT="1")
     assert r.returncode == 0, r.stderr[-1500:]
+
+
+# ---------------------------------------------------------------------- 3. dense_of(eager=True): layouts and sizes
+def _coo_cases():
+    """``(name, indices, values, size, fill)``: 1-3 sparse dims, uncoalesced, hybrid with scalar and array fills,
+    0-d, 0-size, a result over 4 MiB (the huge-page advice), more than a quarter stored."""
+    g = torch.Generator().manual_seed(1)
+    big = (1 << 20) + 3  # float32: over _HUGE_MIN (4 MiB)
+    rows = torch.randint(0, 300, (40,), generator=g)
+    return [
+        ("1d", [[1, 4, 6]], torch.tensor([1., -2., 3.]), (9,), 2.5),
+        ("1d_uncoalesced", [[4, 1, 4]], torch.tensor([1., -2., 3.]), (9,), NAN),
+        ("1d_over_4MiB", [[0, 7, big - 1]], torch.tensor([1., -2., 3.]), (big,), -0.0),
+        ("1d_over_4MiB_dup", [[7, 0, 7]], torch.tensor([1., -2., 3.]), (big,), INF),
+        ("1d_half_stored", [list(range(0, 20000, 2))], torch.arange(10000.), (20000,), -1.),
+        ("2d", torch.stack([rows, (rows * 7) % 200]), torch.randn(40, generator=g), (300, 200), 0.5),
+        ("2d_uncoalesced", [[0, 2, 0], [1, 0, 1]], torch.tensor([1., 2., 3.]), (3, 4), -0.0),
+        ("3d", [[0, 1, 1], [2, 0, 2], [3, 3, 0]], torch.tensor([1., 2., 3.]), (2, 3, 4), -INF),
+        ("hybrid", [[0, 2], [1, 3]], torch.tensor([[1., 2.], [3., 4.]]), (3, 4, 2), 7.),
+        ("hybrid_array_fill", [[0, 2], [1, 3]], torch.tensor([[1., 2.], [3., 4.]]), (3, 4, 2),
+         torch.tensor([-0.0, NAN])),
+        ("hybrid_uncoalesced", [[2, 2]], torch.tensor([[1., 2.], [3., 4.]]), (3, 2), torch.tensor([5., 6.])),
+        ("0d", torch.zeros(0, 1, dtype=torch.int64), torch.tensor([3.]), (), 1.),
+        ("0d_unspecified", torch.zeros(0, 0, dtype=torch.int64), torch.zeros(0), (), -0.0),
+        ("0size", torch.zeros(2, 0, dtype=torch.int64), torch.zeros(0), (0, 3), 1.),
+        ("0size_hybrid", torch.zeros(1, 0, dtype=torch.int64), torch.zeros(0, 0), (3, 0), 1.),
+    ]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_coo_layouts_and_sizes(threads, deterministic):
+    """Every COO case, fill definite and replaced (``to_dense(fill_value=)`` of the indefinite tensor), on one and
+    two torch threads, with and without deterministic algorithms: the dense result bit for bit."""
+    old_threads, old_det = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    torch.set_num_threads(threads)
+    torch.use_deterministic_algorithms(deterministic)
+    try:
+        for name, idx, vals, size, fill in _coo_cases():
+            R = reference(idx, vals, size, fill)
+            A = sparsefill.sparse_coo_tensor(idx, vals, size, fill_value=fill)
+            assert_identical(A.to_dense(), R)
+            assert_identical(A.coalesce().to_dense(), R)
+            I = sparsefill.sparse_coo_tensor(idx, vals, size, fill_value=sparsefill.indefinite)
+            assert_identical(I.to_dense(fill_value=fill), R)
+    finally:
+        torch.set_num_threads(old_threads)
+        torch.use_deterministic_algorithms(old_det)
+
+
+def test_csr_plain_batched_hybrid():
+    """CSR, batched CSR (flat values after linear_parts: the values' dims counted again) and hybrid CSR."""
+    crow, col = torch.tensor([[0, 1, 3, 3], [0, 0, 2, 3]]), torch.tensor([[2, 0, 3], [1, 3, 0]])
+    v = torch.tensor([[1., 2., 3.], [4., 5., 6.]])
+    for fill in (2.5, -0.0, NAN):
+        B = sparsefill.sparse_csr_tensor(crow, col, v, (2, 3, 4), fill_value=fill)
+        R = torch.full((2, 3, 4), fill)
+        for b in range(2):
+            for r in range(3):
+                for p in range(int(crow[b, r]), int(crow[b, r + 1])):
+                    R[b, r, col[b, p]] = v[b, p]
+        assert_identical(B.to_dense(), R)
+        assert_identical(sparsefill.sparse_csr_tensor(crow[1], col[1], v[1], (3, 4), fill_value=fill).to_dense(), R[1])
+        I = sparsefill.sparse_csr_tensor(crow, col, v, (2, 3, 4), fill_value=sparsefill.indefinite)
+        assert_identical(I.to_dense(fill_value=fill), R)
+    H = sparsefill.sparse_csr_tensor(crow[0], col[0], torch.tensor([[1., 2.], [3., 4.], [5., 6.]]), (3, 4, 2),
+                                     fill_value=torch.tensor([-1., NAN]))
+    R = torch.tensor([-1., NAN]).expand(3, 4, 2).clone()
+    R[0, 2], R[1, 0], R[1, 3] = torch.tensor([1., 2.]), torch.tensor([3., 4.]), torch.tensor([5., 6.])
+    assert_identical(H.to_dense(), R)
+
+
+def test_parts_at_an_offset_or_strided():
+    """Values and indices that are views (at a storage offset: the pass reads data_ptr(); strided: refused there),
+    the fill a view of the values' storage."""
+    store = torch.arange(20.)
+    ibase = torch.tensor([[0, 9, 1, 9, 4, 9, 8000, 9]])
+    cases = {"offset": (ibase[:, ::2].contiguous()[:, 1:], store[5:8]), "strided_vals": (ibase[:, 2::2], store[::3][:3]),
+             "strided_idx": (ibase[:, 2::2], store[5:8].clone())}
+    for name, (idx, vals) in cases.items():
+        A = sparsefill.sparse_coo_tensor(idx, vals, (N,), fill_value=0.)
+        A._fill = store[11]  # (a 0-d view at an offset of the values' storage)
+        assert_identical(A.to_dense(), reference(idx, vals, (N,), 11.))
+
+
+def test_size_read_without_the_op_layer():
+    """``A._size`` (read instead of ``A.shape``) stays A's shape: after ``A.data = B``, for a view after its base
+    changed (the sync), and after refused in-place metadata ops (A unchanged)."""
+    A = sparsefill.sparse_coo_tensor([[0, 1], [2, 0]], [1., 2.], (2, 3), fill_value=-1.)
+    B = sparsefill.sparse_coo_tensor([[0], [1]], [5.], (3, 2), fill_value=4.)
+    A.data = B
+    assert tuple(A._size) == tuple(A.shape) == (3, 2)
+    assert_identical(A.to_dense(), B.to_dense())
+    A = sparsefill.sparse_coo_tensor([[0, 1], [2, 0]], [1., 2.], (2, 3), fill_value=-1.)
+    V, T = A[1], A.t()
+    A.mul_(2)
+    assert_identical(V.to_dense(), A.to_dense()[1])
+    assert_identical(T.to_dense(), A.to_dense().t())
+    for op in (lambda X: X.t_(), lambda X: X.unsqueeze_(0), lambda X: X.resize_(3, 2)):
+        with pytest.raises(ValueError):
+            op(A)
+        assert tuple(A._size) == tuple(A.shape) == (2, 3)
+        assert_identical(A.to_dense(), reference([[0, 1], [2, 0]], torch.tensor([2., 4.]), (2, 3), -2.))
