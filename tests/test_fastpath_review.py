@@ -196,8 +196,6 @@ def test_scalar_ops_match_dense(A, calls):
     for name, c in calls:
         f = OPS_SCALAR[name]
         if unspecified is None:
-            if x.numel() == 0 and outcome(lambda: f(A, c))[0] == "raise":
-                continue  # (the open finding of test_empty_integer_division_by_zero)
             check_same_outcome(lambda: f(A, c), lambda: f(x, c))
             if name in INPLACE:
                 check_same_outcome(lambda: getattr(A.clone(), INPLACE[name])(c),
@@ -226,12 +224,56 @@ def test_zero_dim_sparse_promotes_as_a_zero_dim_tensor():
                                                             for t in (a, b))))
 
 
-@pytest.mark.xfail(strict=True, reason="open finding (ops/pointwise, the fill's op): a SparseTensor with no element "
-                   "(numel 0) raises where the fill's op raises (int // 0, % 0; an int32 // 2**60 overflow), though no "
-                   "element uses the fill; dense returns the empty result")
+def _no_element_cases(dtype):
+    """SparseTensors with no element (and one with elements: errors stay), as ``(name, A)``."""
+    def coo(idx, vals, shape, fill):
+        return sparsefill.sparse_coo_tensor(torch.tensor(idx, dtype=torch.int64).reshape(len(idx), -1),
+                                            torch.tensor(vals).to(dtype).reshape(len(idx[0]), *shape[len(idx):]),
+                                            shape,
+                                            fill_value=torch.tensor(fill).to(dtype))
+    return [("1-d", coo([[]], [], (0,), 0)), ("2-d", coo([[], []], [], (0, 3), 5)),
+            ("csr", coo([[], []], [], (0, 3), 1).to_sparse_csr()), ("csr, no column", coo([[], []], [], (3, 0), 0)
+                                                                      .to_sparse_csr()),
+            ("hybrid", coo([[]], [], (0, 2), 0)), ("hybrid, array fill", coo([[]], [], (0, 2), [0, 1])),
+            ("hybrid, uncoalesced, no dense element", coo([[1, 1, 0]], [], (2, 0), 0)),
+            ("with elements", coo([[0, 2]], [1, 2], (4,), 0))]
+
+
 def test_empty_integer_division_by_zero():
-    A = sparsefill.sparse_coo_tensor(torch.zeros(1, 0, dtype=torch.int64), torch.zeros(0, dtype=torch.int64), (0,))
-    assert_identical(A // 0, A.to_dense() // 0)
+    """Finding: a SparseTensor with no element (numel 0) raised where the fill's op raises (int ``// 0``, ``% 0``;
+    an int32 ``// 2**60`` overflow), though no element reads the fill; dense returns the empty result.  Out of place
+    (``unary_fast``, the general rule, a dense operand varying along the sparse dims: ``_constant_fill``), in place
+    and ``out=``; a SparseTensor with elements still raises as dense."""
+    ops = {"floordiv": lambda a: a // 0, "rem": lambda a: a % 0, "fmod": lambda a: torch.fmod(a, 0),
+           "trunc": lambda a: torch.div(a, 0, rounding_mode="trunc"), "overflow": lambda a: a // 2 ** 60,
+           "rfloordiv": lambda a: 7 // a, "self": lambda a: a // a, "other": lambda a: a % (a + 1) // a.clone(),
+           "0-d tensor": lambda a: a // torch.tensor(0, dtype=a.dtype), "dense over dense dims":
+           lambda a: a // torch.zeros(a.shape[-1:], dtype=a.dtype), "dense varying":
+           lambda a: a // torch.zeros(a.shape[:1] + (1,) * (a.dim() - 1), dtype=a.dtype),
+           "float divisor": lambda a: a // torch.zeros(a.shape, dtype=torch.float64) // 0}
+    inplace = {"floor_divide_": lambda a: a.floor_divide_(0), "remainder_": lambda a: a.remainder_(0),
+               "div_": lambda a: a.div_(0, rounding_mode="floor"), "self": lambda a: a.floor_divide_(a),
+               "dense": lambda a: a.remainder_(torch.zeros(a.shape[-1:], dtype=a.dtype))}
+    for dtype in (torch.int64, torch.int32, torch.int8, torch.uint8):
+        for name, A in _no_element_cases(dtype):
+            x = A.to_dense()
+            for f in ops.values():
+                check_same_outcome(lambda: f(A), lambda: f(x))
+            for f in inplace.values():
+                B = A.clone()
+                kind, R = outcome(lambda: f(B))
+                assert kind == outcome(lambda: f(x.clone()))[0], (name, f, R)
+                if kind == "ok":
+                    assert R is B and type(B) is SparseTensor
+                    assert_identical(B, f(x.clone()))
+                else:
+                    assert_identical(B, x)  # (nothing modified)
+            O = A.clone()
+            kind, R = outcome(lambda: torch.floor_divide(A, 0, out=O))
+            assert kind == outcome(lambda: torch.floor_divide(x, 0, out=x.clone()))[0]
+            if kind == "ok":
+                assert R is O
+                assert_identical(O, x // 0)
 
 
 @SETTINGS
@@ -500,8 +542,6 @@ def test_dense_operand_varying_along_sparse_dims(pair, name):
     A, e = pair
     x = A.to_dense()
     f = OPS_DENSE[name]
-    if not x.numel() and name == "floordiv" and not A.dtype.is_floating_point and not bool(e.all()):
-        return  # (the open finding of test_empty_integer_division_by_zero)
     check_same_outcome(lambda: f(A, e), lambda: f(x, e), signed_zeros=False)
     with torch.no_grad():
         check_same_outcome(lambda: f(A, e), lambda: f(x, e), signed_zeros=False)

@@ -83,67 +83,74 @@ def unary_fast(func, args, kwargs):
     the patterns (:func:`union2` for two, cached while small; :func:`_convert.union_parts`).  Operands of
     one dtype beside Python scalars promote alike whatever their rank, so the fills need no reshape.
     ``f`` runs as :func:`_call_of` says.  Returns None when the call does not qualify (the general rule
-    then takes it).
+    then takes it), and when ``f`` raises on a SparseTensor with no element (``A // 0`` of an empty integer ``A``:
+    the general rule gives it a fill no element reads, :func:`_unread_fill`).
     """
     A = args[0]
     if type(A) is not SparseTensor or A._view is not None or not A._coalesced or A._indefinite:
         return None
-    if not kwargs:  # (the common calls, their kinds known: no argument lists)
-        if len(args) == 1:  # torch.exp(A)
-            op = _CALLS.get(func._op) or _call_of(func, (A._fill,), kwargs, func._op)
-            return A._with_values(op(A._vals), op(A._fill))
-        if len(args) == 2:
-            c = args[1]
-            if c is A:  # A + A (A qualifies: no _joins)
+    try:  # (free until it raises)
+        if not kwargs:  # (the common calls, their kinds known: no argument lists)
+            if len(args) == 1:  # torch.exp(A)
+                op = _CALLS.get(func._op) or _call_of(func, (A._fill,), kwargs, func._op)
+                return A._with_values(op(A._vals), op(A._fill))
+            if len(args) == 2:
+                c = args[1]
+                if c is A:  # A + A (A qualifies: no _joins)
+                    key = (func._op, SparseTensor)
+                    op = _CALLS.get(key) or _call_of(func, (A._fill, A._fill), kwargs, key)
+                    return A._with_values(op(A._vals, A._vals), op(A._fill, A._fill))
+                if type(c) is not SparseTensor and not isinstance(c, torch.Tensor):  # A * 2
+                    first = _FIRST_TENSOR.get(func._op)
+                    if first is None:  # (aten.pow.Scalar(Scalar self, Tensor exponent) takes A second: not this rule)
+                        first = _FIRST_TENSOR[func._op] = isinstance(func._schema.arguments[0].type, torch.TensorType)
+                    if not first:
+                        return None
+                    v, tc = A._vals, type(c)
+                    if (tc is float and c or tc is int) and -_EXACT < c < _EXACT and v.is_cpu \
+                            and type(v) is torch.Tensor:
+                        op, c = _BY_VALUE.get((func._op, c, tc, v.dtype)) or _by_value(func, A, c)
+                    else:  # (bool, complex, -0.0, NaN, inf, large ints; traced)
+                        key = (func._op, tc)
+                        op = _CALLS.get(key) or _call_of(func, (A._fill, c), kwargs, key)
+                    return A._with_values(op(v, c), op(A._fill, c))
+                if not _joins(c, A):
+                    return None
                 key = (func._op, SparseTensor)
-                op = _CALLS.get(key) or _call_of(func, (A._fill, A._fill), kwargs, key)
-                return A._with_values(op(A._vals, A._vals), op(A._fill, A._fill))
-            if type(c) is not SparseTensor and not isinstance(c, torch.Tensor):  # A * 2
-                first = _FIRST_TENSOR.get(func._op)
-                if first is None:  # (aten.pow.Scalar(Scalar self, Tensor exponent) takes A second: not this rule)
-                    first = _FIRST_TENSOR[func._op] = isinstance(func._schema.arguments[0].type, torch.TensorType)
-                if not first:
+                op = _CALLS.get(key) or _call_of(func, (A._fill, c._fill), kwargs, key)
+                if c._idx is A._idx and c._crow is A._crow and c._col is A._col:  # A + A
+                    return A._with_values(op(A._vals, c._vals), op(A._fill, c._fill))
+                if not _mergeable(c, A):
                     return None
-                v, tc = A._vals, type(c)
-                if (tc is float and c or tc is int) and -_EXACT < c < _EXACT and v.is_cpu and type(v) is torch.Tensor:
-                    op, c = _BY_VALUE.get((func._op, c, tc, v.dtype)) or _by_value(func, A, c)
-                else:  # (bool, complex, -0.0, NaN, inf, large ints; traced)
-                    key = (func._op, tc)
-                    op = _CALLS.get(key) or _call_of(func, (A._fill, c), kwargs, key)
-                return A._with_values(op(v, c), op(A._fill, c))
-            if not _joins(c, A):
+                return _on_union(op, args, kwargs, A, c, False)  # A + B
+        for a in kwargs.values():
+            if isinstance(a, torch.Tensor):
                 return None
-            key = (func._op, SparseTensor)
-            op = _CALLS.get(key) or _call_of(func, (A._fill, c._fill), kwargs, key)
-            if c._idx is A._idx and c._crow is A._crow and c._col is A._col:  # A + A
-                return A._with_values(op(A._vals, c._vals), op(A._fill, c._fill))
-            if not _mergeable(c, A):
-                return None
-            return _on_union(op, args, kwargs, A, c, False)  # A + B
-    for a in kwargs.values():
-        if isinstance(a, torch.Tensor):
+        vals, fills, B, many = [A._vals], [A._fill], None, False
+        for a in args[1:]:
+            if isinstance(a, torch.Tensor):
+                if not _joins(a, A):
+                    return None
+                if a._idx is not A._idx or a._crow is not A._crow or a._col is not A._col:
+                    if not _mergeable(a, A):
+                        return None
+                    many = many or B is not None and a._idx is not B._idx
+                    B = a if B is None else B
+                vals.append(a._vals)
+                fills.append(a._fill)
+            else:
+                vals.append(a)
+                fills.append(a)
+        key = (func._op, *map(type, args), *((k, type(v)) for k, v in kwargs.items())) if kwargs else \
+            (func._op, *map(type, args))
+        op = _CALLS.get(key) or _call_of(func, fills, kwargs, key)
+        if B is None:
+            return A._with_values(op(*vals, **kwargs), op(*fills, **kwargs))
+        return _on_union(op, args, kwargs, A, B, many)
+    except Exception:
+        if 0 in A._size:  # no element: the fill's op may raise where no element reads it (the general rule)
             return None
-    vals, fills, B, many = [A._vals], [A._fill], None, False
-    for a in args[1:]:
-        if isinstance(a, torch.Tensor):
-            if not _joins(a, A):
-                return None
-            if a._idx is not A._idx or a._crow is not A._crow or a._col is not A._col:
-                if not _mergeable(a, A):
-                    return None
-                many = many or B is not None and a._idx is not B._idx
-                B = a if B is None else B
-            vals.append(a._vals)
-            fills.append(a._fill)
-        else:
-            vals.append(a)
-            fills.append(a)
-    key = (func._op, *map(type, args), *((k, type(v)) for k, v in kwargs.items())) if kwargs else \
-        (func._op, *map(type, args))
-    op = _CALLS.get(key) or _call_of(func, fills, kwargs, key)
-    if B is None:
-        return A._with_values(op(*vals, **kwargs), op(*fills, **kwargs))
-    return _on_union(op, args, kwargs, A, B, many)
+        raise
 
 
 def inplace_fast_ok(func) -> bool:
@@ -469,17 +476,42 @@ def pointwise_rule(func, args, kwargs):
         if not indefinite:
             fills[id(A)] = A._fill.expand(A._dense_shape)[None]  # the result's fill may be an array
         vals = apply({**at, id(A): at[id(A)].clone()})
-        fill = None if indefinite else apply({**fills, id(A): fills[id(A)].clone()})[0]
+        try:
+            fill = None if indefinite else apply({**fills, id(A): fills[id(A)].clone()})[0]
+        except Exception:
+            fill = _unread_fill(A, vals)[0]
         return assign_(A, build(vals, fill))
     vals = apply(at)
     if const is not None:
         return build(vals, const.to(vals.dtype))
-    out_fills = None if indefinite else apply(fills)
+    try:
+        out_fills = None if indefinite else apply(fills)
+    except Exception:
+        out_fills = _unread_fill(A, vals)
     nd = A.dense_dim()
     if isinstance(vals, torch.Tensor):
         result = build(vals, None if out_fills is None else _unbatch(out_fills, nd))
         return result if out is None else assign_(out, result)
     return type(vals)(build(v, None if out_fills is None else _unbatch(f, nd)) for v, f in zip(vals, out_fills or vals))
+
+
+def _unread_fill(A: SparseTensor, vals):
+    """The fill (a batch of one: zeros of the values' dtype, one per result) of a result of ``A``'s shape that has
+    no element, whose fills' op raised; called in an ``except`` block, which it re-raises when ``A`` has an element.
+    No element reads that fill, so any is exact; dense returns the empty result::
+
+        A.numel() == 0  =>  (A // 0).to_dense() == A.to_dense() // 0          (though 0 // 0 raises)
+
+    >>> import sparsefill
+    >>> A = sparsefill.sparse_coo_tensor(torch.zeros(1, 0, dtype=torch.int64), torch.zeros(0, dtype=torch.int64), (0,))
+    >>> torch.equal((A // 0).to_dense(), A.to_dense() // 0)
+    True
+    """
+    if A.numel():
+        raise
+    if isinstance(vals, torch.Tensor):
+        return vals.new_zeros(1)
+    return type(vals)(v.new_zeros(1) for v in vals)
 
 
 def _unbatch(batch: torch.Tensor, ndense: int) -> torch.Tensor:

@@ -29,7 +29,8 @@ from .._tensor import SparseTensor
 def _constant_fill(func, args, kwargs, sparse, A: SparseTensor):
     """``op(fills, dense operands)`` over the dense operands' own shapes (no larger than them): the result's fill
     (over A's dense dims) when it is constant along A's sparse dims, else None (then the result is dense by
-    nature).  ``A * e`` with a zero fill and a finite ``e`` has fill 0; ``A + e`` varies."""
+    nature; also where ``op`` raises, ``A // e`` with a zero in ``e``: dense raises too unless ``A`` has no
+    element).  ``A * e`` with a zero fill and a finite ``e`` has fill 0; ``A + e`` varies."""
     fills = {id(T): E._fill if E._fill.dim() else E._fill.reshape(1) for T, E in sparse}  # (dimensioned: promotion)
     dense = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor) and id(a) not in fills]
     if traced(A._vals) or any(traced(t) for t in dense):
@@ -37,11 +38,15 @@ def _constant_fill(func, args, kwargs, sparse, A: SparseTensor):
 
     def call(sub):
         return func(*[sub.get(id(a), a) for a in args], **{k: sub.get(id(v), v) for k, v in kwargs.items()})
-    if len(dense) == 1 and all(f.shape == (1,) for f in fills.values()) and dense[0].numel() > 2:  # two elements first
-        two = call({**fills, id(dense[0]): dense[0].reshape(-1)[[0, -1]]})
-        if not isinstance(two, torch.Tensor) or not bool((two[0] == two[1]) | (two[0] != two[0]) & (two[1] != two[1])):
-            return None
-    F = call(fills)
+    try:  # (an op that raises, 0 // e: the dense call gives dense's outcome, an empty A's empty result)
+        if len(dense) == 1 and all(f.shape == (1,) for f in fills.values()) and dense[0].numel() > 2:  # two first
+            two = call({**fills, id(dense[0]): dense[0].reshape(-1)[[0, -1]]})
+            if not isinstance(two, torch.Tensor) or \
+                    not bool((two[0] == two[1]) | (two[0] != two[0]) & (two[1] != two[1])):
+                return None
+        F = call(fills)
+    except Exception:
+        return None
     if not isinstance(F, torch.Tensor) or not F.numel():
         return None
     along = max(A.dim() - A.dense_dim() - (A.dim() - F.dim()), 0)  # F's leading dims along A's sparse dims
