@@ -274,6 +274,11 @@ def test_empty_integer_division_by_zero():
             if kind == "ok":
                 assert R is O
                 assert_identical(O, x // 0)
+            # the same elsewhere: median of no element (a NaN in an integer dtype), softmax (torch checks no dtype)
+            for f in (torch.median, torch.nanmedian, lambda a: torch.softmax(a, 0),
+                      lambda a: torch.log_softmax(a, -1)):
+                check_same_outcome(lambda: f(A), lambda: f(x))
+            check_same_outcome(lambda: torch.sparse.softmax(A, 0), lambda: torch.softmax(x, 0))
 
 
 @SETTINGS

@@ -43,7 +43,13 @@ def _softmax(func, args, kwargs):
         return func(dense_of(A), dim, half_to_float)
     # torch's errors, on one element per dim (a meta tensor runs log_softmax's Python meta kernel, whose first
     # call imports torch._dynamo: 0.5-1 s)
-    func(torch.zeros((1,) * A.dim(), dtype=A.dtype, device=A.device), dim, half_to_float)
+    try:
+        func(torch.zeros((1,) * A.dim(), dtype=A.dtype, device=A.device), dim, half_to_float)
+    except Exception:
+        if A.numel():
+            raise
+        # no element: dense's result (torch reads no dtype there: an integer softmax of nothing is empty)
+        return func(torch.empty(A.shape, dtype=A.dtype, device=A.device), dim, half_to_float)
     dim, sd, log = dim % A.dim(), A.dim() - A.dense_dim(), func is aten._log_softmax.default
     if _segsoftmax.applies(A, dim):  # a masked tensor along a sparse dim: the edge softmax (pattern kept)
         return rewrap(A, values=_segsoftmax.softmax_values(A, dim, log), known_zero=False)
