@@ -475,7 +475,7 @@ def _median(func, args, kwargs):
     elif bool(torch.isnan(v).any()) or (n and bool(torch.isnan(f))):
         return torch.full((), float("nan"), dtype=A.dtype, device=A.device)
     N = v.numel() + n
-    if N == 0:  # torch's value for no element (NaN; an integer dtype's own, where a NaN fill raised)
+    if N == 0:  # torch's value for no element: NaN, or an integer dtype's own (a NaN of that dtype raises)
         return func(v.new_empty(0))
     seg = torch.zeros(v.shape[0], dtype=torch.int64, device=v.device)
     return segment_median(v, seg, 1, fill=f, n_fill=torch.tensor([n], device=v.device))[0]
