@@ -41,10 +41,13 @@ def _compiled():
     if _kernels is None:
         try:
             from llvmlite import ir
-            from numba import carray, njit, types
+            from numba import carray, config, njit, types
             from numba.core import cgutils
             from numba.extending import intrinsic
         except ImportError:
+            _kernels = False
+            return _kernels
+        if config.DISABLE_JIT:  # (NUMBA_DISABLE_JIT=1, numba's debugging switch: its intrinsics cannot run) torch ops
             _kernels = False
             return _kernels
         import numpy as np
@@ -234,7 +237,8 @@ def put_flat(out: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor) -> torch
     """
     if keys.numel() >= _SCATTER_MIN and out.is_cpu and vals.dtype in _SCATTER_DTYPES and \
             vals.dtype == out.dtype and keys.dtype == torch.int64 and out.is_contiguous() and \
-            not (vals.requires_grad or out.requires_grad or vals.is_conj() or vals.is_neg()) and _compiled():
+            not (vals.requires_grad or out.requires_grad or vals.is_conj() or vals.is_neg()) and \
+            _by_address(out, keys, vals) and _compiled():
         _kernels[2](out.view(-1).numpy(), keys.reshape(-1).numpy(), vals.numpy())
         return out
     return out.put_(keys, vals)
@@ -262,7 +266,7 @@ def find_differ(x: torch.Tensor, fill: torch.Tensor):
             not (torch.is_grad_enabled() and x.requires_grad) and ("numba" in sys.modules or x.numel() >= _FIND_MIN)
             and _compiled()):
         return None
-    if torch._C._functorch.is_functorch_wrapped_tensor(x):
+    if torch._C._functorch.is_functorch_wrapped_tensor(x) or not _by_address(x):
         return None
     like, n, at, f = _LIKE[x.dtype], x.numel(), x.data_ptr(), fill.item()
     nse = _kernels[4](at, n, f, like)
@@ -298,17 +302,27 @@ def fill_put_sorted(out: torch.Tensor, fill: torch.Tensor, keys: torch.Tensor, v
             keys.is_cpu and fill.is_cpu and vals.dtype == (dtype := out.dtype) == fill.dtype and
             keys.dtype is _INT64 and keys.numel() == (nse := vals.numel()) and out.is_contiguous() and
             vals.is_contiguous() and keys.is_contiguous() and not (vals.is_neg() or vals.is_conj())) or \
-            (run := _FILL_ENTRY.get(dtype) or _fill_entry(dtype)) is None:
+            (run := _FILL_ENTRY.get(dtype) or _fill_entry(dtype)) is None or _jit_state() is not None:
         return False
     if fill.is_neg() or fill.is_conj():  # (the fill is read at its address too: its value, with the bits applied)
         fill = fill.resolve_conj().resolve_neg()
+    at_fill, at_keys, at_vals = fill.data_ptr(), keys.data_ptr(), vals.data_ptr()
+    if not at_fill or nse and not (at_keys and at_vals):  # a freed storage (resize_(0)): torch's ops raise
+        return False
     entry, like = run
-    entry(out.data_ptr(), out.numel(), fill.data_ptr(), keys.data_ptr(), vals.data_ptr(), nse, like)
+    entry(out.data_ptr(), out.numel(), at_fill, at_keys, at_vals, nse, like)
     return True
 
 
+def _by_address(*tensors) -> bool:
+    """The compiled kernels may read and write ``tensors`` at their addresses: no ``torch.jit.trace`` is recording
+    (it would replay torch's ops alone, not the kernels' writes) and no storage was freed (``resize_(0)``, as FSDP
+    does: address 0, where torch's ops raise)."""
+    return _jit_state() is None and all(t.data_ptr() or not t.numel() for t in tensors)
+
+
 _FILL_ENTRY = {}  # dtype -> (the compiled fill_put_sorted pass for it, its element type)
-_INT64 = torch.int64  # (bound: 0.2 µs less than torch.int64 after a cache-evicting write)
+_INT64, _jit_state = torch.int64, torch._C._get_tracing_state  # (bound: 0.2 µs less a look-up after a cache-evicting write)
 
 
 def _fill_entry(dtype):
