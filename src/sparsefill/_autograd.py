@@ -22,6 +22,7 @@ elements (``ops/linalg_autograd.py``): ``grad_parts`` reads it in O(nse) when it
 from __future__ import annotations
 
 import torch
+import torch.autograd.forward_ad as _fwad
 
 from . import _convert, _index
 from ._compile import dynamic_sizes, traced
@@ -197,6 +198,18 @@ def refuse_vmap(what: str):
         f"sparsefill: torch.func.vmap through {what} is not supported (a batched SparseTensor has no batching "
         "rule); loop over the batch instead (torch.stack([f(x) for x in xs])), or build one SparseTensor with "
         "the batch as its leading sparse dim and call f on it")
+
+
+def refuse_dual(what: str, *tensors) -> None:
+    """Raise where a dual tensor of ``torch.autograd.forward_ad`` (forward-mode AD inside ``dual_level()``)
+    enters a sparsefill constructor or conversion: a SparseTensor has no tangent form, and its values' tangent
+    would be dropped (``unpack_dual(A.to_dense()).tangent`` None).  One read of the dual level when none is open;
+    torch.func's jvp (its duals inside a transform) is :func:`refuse_forward_ad`'s."""
+    if _fwad._current_level >= 0 and not torch._C._are_functorch_transforms_active() and \
+            any(_fwad.unpack_dual(t).tangent is not None for t in tensors):
+        raise NotImplementedError(
+            f"sparsefill: forward-mode AD (torch.autograd.forward_ad) through {what} is not supported (a SparseTensor "
+            "has no tangent form, so the tangent would be lost); use reverse mode (backward, torch.autograd.grad)")
 
 
 def refuse_forward_ad(what: str) -> None:

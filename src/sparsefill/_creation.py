@@ -16,7 +16,7 @@ import sys
 import torch
 
 from . import _convert, _index
-from ._autograd import Construct, SameDense, unwrapped
+from ._autograd import Construct, SameDense, refuse_dual, unwrapped
 from ._compile import traced
 from ._tensor import SparseTensor
 
@@ -171,6 +171,7 @@ def _size_from_data(what: str) -> None:
 
 def _build(make, values, fill, requires_grad: bool) -> SparseTensor:
     """Run ``make(values, fill)`` under autograd when either input requires grad."""
+    refuse_dual("a sparsefill constructor", values, fill)
     if torch.is_grad_enabled() and (values.requires_grad or fill.requires_grad) or _func_wrapped(values, fill):
         out = Construct.apply(values, fill, make)
     else:
@@ -188,6 +189,7 @@ def _func_wrapped(*ts) -> bool:
 
 
 def _same_dense(x, fn):
+    refuse_dual("a sparsefill conversion", x)
     if torch.is_grad_enabled() and x.requires_grad or _func_wrapped(x):
         return SameDense.apply(x, fn)
     return fn(x.detach())
