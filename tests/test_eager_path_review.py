@@ -271,13 +271,15 @@ def test_freed_fill_storage_is_an_error_not_a_crash():
 
 
 test_freed_fill_storage_is_an_error_not_a_crash = pytest.mark.xfail(strict=True, reason=(
-    "bf518f0: fill_put_sorted reads the fill at fill.data_ptr() with no storage check: a freed fill (data_ptr 0) "
-    "segfaults (before: fill.item() raised torch's RuntimeError)"))(test_freed_fill_storage_is_an_error_not_a_crash)
+    "bf518f0: the fill pass reads a freed fill at address 0 and segfaults (before, fill.item() raised torch's "
+    "RuntimeError); 4a91f3b's decline hands it to out.fill_(fill), which segfaults in torch itself: dense_of needs "
+    "its own check (fill.data_ptr() == 0 -> RuntimeError)"))(test_freed_fill_storage_is_an_error_not_a_crash)
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "pre-existing (before bf518f0 too): fill_put_sorted/put_flat read values and indices at data_ptr() with no "
-    "storage check: freed values or indices segfault where torch raises 'data is not allocated yet'"))
+    "pre-existing (before bf518f0 too): freed values or indices segfault: the by-address kernels decline since "
+    "4a91f3b, but torch's own put_/index_copy_ segfault on a freed storage too; a clear error needs sparsefill's "
+    "own check (data_ptr() == 0 of a non-empty part -> RuntimeError naming it)"))
 @pytest.mark.parametrize("part", ["values", "indices"])
 def test_freed_values_or_indices_storage_is_an_error_not_a_crash(part):
     pytest.importorskip("numba")
@@ -285,12 +287,9 @@ def test_freed_values_or_indices_storage_is_an_error_not_a_crash(part):
     assert r.returncode == 0 and "not allocated" in r.stdout, (r.returncode, r.stdout, r.stderr[-1000:])
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "pre-existing (before bf518f0: NotImplementedError '<intrinsic address> is not usable in pure-python'; now "
-    "AttributeError 'function' object has no attribute 'compile'): with NUMBA_DISABLE_JIT=1 (numba's debugging "
-    "switch) _merge._compiled() hands out the pure-Python kernels, which cannot run: every to_dense of >= 8192 "
-    "elements raises"))
 def test_numba_disable_jit_falls_back_to_torch_ops():
+    """NUMBA_DISABLE_JIT=1 (numba's debugging switch): the pure-Python kernels cannot run (before bf518f0 a
+    NotImplementedError, after it an AttributeError, for every to_dense of >= 8192 elements); 4a91f3b: torch ops."""
     pytest.importorskip("numba")
     script = ("import torch, sparsefill\n"
               "A = sparsefill.sparse_coo_tensor([[1, 5]], [3., 4.], (20000,), fill_value=2.)\n"
@@ -556,11 +555,9 @@ def test_saved_tensor_hooks_and_double_backward():
     assert packed and set(packed) == {torch.Tensor}
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "pre-existing (before bf518f0 too): forward-mode AD by torch.autograd.forward_ad silently drops the tangent "
-    "(the constructor of dual values and to_dense return no tangent; torch.func.jvp is refused with a clear "
-    "NotImplementedError, this entry point is not)"))
 def test_forward_ad_tangent_kept_or_refused():
+    """Dual values entering the constructor: the tangent kept or a NotImplementedError (it was dropped silently
+    before 732b1af)."""
     import torch.autograd.forward_ad as fwAD
     v = torch.tensor([1., -2., 3., 0.5], dtype=torch.float64)
     with fwAD.dual_level():
@@ -572,6 +569,41 @@ def test_forward_ad_tangent_kept_or_refused():
         tangent = fwAD.unpack_dual(D).tangent
         assert tangent is not None
         torch.testing.assert_close(tangent, fwAD.unpack_dual(dense_ref(dv, 2.0)).tangent)
+
+
+def test_forward_ad_of_a_dual_fill_value():
+    """``to_dense(fill_value=<dual>)``: the fill's tangent at the unspecified positions, as dense."""
+    import torch.autograd.forward_ad as fwAD
+    I, _ = leaf(fill=sparsefill.indefinite)
+    I = I.detach()
+    with fwAD.dual_level():
+        f = fwAD.make_dual(torch.tensor(4., dtype=torch.float64), torch.tensor(1., dtype=torch.float64))
+        try:
+            D = I.to_dense(fill_value=f)
+        except NotImplementedError:
+            return
+        expected = fwAD.unpack_dual(dense_ref(I._vals, f)).tangent
+        torch.testing.assert_close(fwAD.unpack_dual(D).tangent, expected)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "pre-existing (not bf518f0): fwAD.make_dual(A, T) of a SparseTensor A keeps the tangent on A, but A.to_dense() "
+    "returns no tangent (silently; 732b1af refuses dual tensors entering constructors and conversions, not a dual "
+    "SparseTensor itself)"))
+def test_forward_ad_of_a_dual_sparse_tensor():
+    import torch.autograd.forward_ad as fwAD
+    A, _ = leaf()
+    A = A.detach()
+    T = sparsefill.sparse_coo_tensor(torch.stack([ROWS, COLS]), torch.ones(4, dtype=torch.float64), SIZE)
+    with fwAD.dual_level():
+        dA = fwAD.make_dual(A, T)
+        try:
+            D = dA.to_dense()
+        except NotImplementedError:
+            return
+        tangent = fwAD.unpack_dual(D).tangent
+        assert tangent is not None
+        torch.testing.assert_close(tangent, T.to_dense())
 
 
 # ---------------------------------------------------------------------- 1. traced(): export, make_fx, compile, jit
@@ -678,12 +710,10 @@ def test_eager_to_dense_while_another_thread_compiles():
     torch.testing.assert_close(g, W[ROWS, COLS])
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bf518f0: torch.jit.trace records the by-address fill pass as new_empty alone (the pass writes memory the tracer "
-    "never sees; the fill read at its address no longer goes through fill.item(), which raised at trace time): the "
-    "traced function returns uninitialized memory for tensors of >= 8192 elements at <= 1/4 stored (before: a numba "
-    "TypingError when tracing). The put_flat scatter (> 1/4 stored, >= 4096 values) had the same silent defect before"))
 def test_jit_trace_replays_to_dense():
+    """torch.jit.trace of to_dense (>= 8192 elements, <= 1/4 stored): bf518f0 recorded new_empty alone (the by-address
+    pass wrote memory the tracer never sees; before, fill.item() raised a numba TypingError at trace time) and the
+    replay returned uninitialized memory; fixed in 4a91f3b (the kernels decline while jit.trace records)."""
     if _merge._compiled() is False:
         pytest.skip("numba not installed: the torch ops are traced")
     idx = torch.tensor([[1, 5, N - 1]])
@@ -701,7 +731,7 @@ def test_jit_trace_replays_to_dense():
 
 def test_jit_trace_small_tensor_without_the_pass():
     """Under the pass's size (numba not needed) torch.jit.trace records fill_ and put_: the replay is right (the
-    contrast to the xfail above)."""
+    contrast to the test above)."""
     idx = torch.tensor([[1, 5, 60]])
 
     def f(v):
@@ -722,8 +752,8 @@ def test_jit_trace_small_tensor_without_the_pass():
 
 @pytest.mark.xfail(strict=True, reason=(
     "pre-existing (before bf518f0 too): make_fx(tracing_mode='real') of to_dense records new_empty without the "
-    "by-address fill pass's writes: the graph returns uninitialized memory (the op layer's fill_/put_ path is "
-    "recorded; a proxy mode should send to_dense there, as traced() does for fake tensors)"))
+    "by-address fill pass's writes: the graph returns uninitialized memory (4a91f3b's _by_address checks "
+    "torch.jit.trace only; make_fx's PROXY dispatch mode needs the same decline)"))
 def test_make_fx_real_replays_to_dense():
     if _merge._compiled() is False:
         pytest.skip("numba not installed")
