@@ -37,7 +37,7 @@ import pytest
 import torch
 
 import sparsefill
-from sparsefill import SparseTensor, _convert, _merge
+from sparsefill import SparseTensor, _merge
 
 NAN, INF = float("nan"), float("inf")
 PASS_DTYPES = [torch.bool, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.float32,
@@ -374,8 +374,8 @@ def test_parts_at_an_offset_or_strided():
     the fill a view of the values' storage."""
     store = torch.arange(20.)
     ibase = torch.tensor([[0, 9, 1, 9, 4, 9, 8000, 9]])
-    cases = {"offset": (ibase[:, ::2].contiguous()[:, 1:], store[5:8]), "strided_vals": (ibase[:, 2::2], store[::3][:3]),
-             "strided_idx": (ibase[:, 2::2], store[5:8].clone())}
+    cases = {"offset": (ibase[:, ::2].contiguous()[:, 1:], store[5:8]),
+             "strided_vals": (ibase[:, 2::2], store[::3][:3]), "strided_idx": (ibase[:, 2::2], store[5:8].clone())}
     for name, (idx, vals) in cases.items():
         A = sparsefill.sparse_coo_tensor(idx, vals, (N,), fill_value=0.)
         A._fill = store[11]  # (a 0-d view at an offset of the values' storage)
@@ -767,3 +767,22 @@ def test_make_fx_real_replays_to_dense():
 
 _WRITES = {"aten.fill_.Tensor", "aten.fill_.Scalar", "aten.copy_.default", "aten.put_.default",
            "aten.index_copy_.default", "aten.index_put_.default", "aten.full.default", "aten.expand.default"}
+
+
+def test_subclass_fill_value_same_type_on_every_path():
+    """A fill_value of a torch.Tensor subclass (its __torch_function__ wraps results): the result's type is the same
+    on the no-graph path and the graph path (before bf518f0 the no-graph path ran under DisableTorchFunctionSubclass
+    and gave a plain Tensor where the graph path gave the subclass), as torch.where(mask, x, fill) gives it."""
+    class Tagged(torch.Tensor):
+        pass
+    for n in (64, N):
+        I = sparsefill.sparse_coo_tensor([[1, 5, n - 1]], [3., 4., 5.], (n,), fill_value=sparsefill.indefinite)
+        Ig = sparsefill.sparse_coo_tensor([[1, 5, n - 1]], torch.tensor([3., 4., 5.], requires_grad=True), (n,),
+                                          fill_value=sparsefill.indefinite)
+        f = torch.tensor(2.).as_subclass(Tagged)
+        kinds = {type(I.to_dense(fill_value=f)), type(Ig.to_dense(fill_value=f))}
+        with torch.no_grad():
+            kinds.add(type(Ig.to_dense(fill_value=f)))
+        assert kinds == {type(torch.where(torch.zeros(n, dtype=torch.bool), torch.zeros(n), f))}, kinds
+        R = reference([[1, 5, n - 1]], torch.tensor([3., 4., 5.]), (n,), 2.)
+        assert torch.equal(I.to_dense(fill_value=f).as_subclass(torch.Tensor), R)
