@@ -23,7 +23,9 @@ What changed, and what is checked here:
    conjugate bits, NaN payloads and -0.0, a fill on another device, the first call of a dtype (compiled, then
    loaded from numba's cache, in subprocesses), threads racing on first calls.
 
-Defects found are strict xfails naming the defect (see each reason).
+Defects found (each now a plain regression test): jit.trace and make_fx(tracing_mode="real") replayed uninitialized
+memory (the by-address kernels step aside while torch's ops are recorded), a freed fill storage segfaulted (a
+RuntimeError), NUMBA_DISABLE_JIT=1 raised (torch ops), forward-mode AD dropped tangents silently (refused).
 """
 
 import os
@@ -262,24 +264,14 @@ _SCRIPT_FREED = textwrap.dedent("""
 
 
 def test_freed_fill_storage_is_an_error_not_a_crash():
-    """A fill whose storage was freed (``untyped_storage().resize_(0)``, as FSDP frees parameters): bf518f0 reads it
-    at ``data_ptr()`` == 0 and the process dies of SIGSEGV; before it (``fill.item()``) torch raised its
-    RuntimeError 'data is not allocated yet'."""
+    """A fill whose storage was freed (``untyped_storage().resize_(0)``, as FSDP frees parameters): bf518f0 read it
+    at ``data_ptr()`` == 0 and the process died of SIGSEGV (before it, ``fill.item()`` raised torch's RuntimeError;
+    torch's own ``fill_``/``put_`` crash there too): the fill pass raises a RuntimeError naming the part."""
     pytest.importorskip("numba")
     r = subprocess.run([sys.executable, "-c", _SCRIPT_FREED, "fill"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.startswith("RuntimeError"), (r.returncode, r.stdout, r.stderr[-1000:])
 
 
-test_freed_fill_storage_is_an_error_not_a_crash = pytest.mark.xfail(strict=True, reason=(
-    "bf518f0: the fill pass reads a freed fill at address 0 and segfaults (before, fill.item() raised torch's "
-    "RuntimeError); 4a91f3b's decline hands it to out.fill_(fill), which segfaults in torch itself: dense_of needs "
-    "its own check (fill.data_ptr() == 0 -> RuntimeError)"))(test_freed_fill_storage_is_an_error_not_a_crash)
-
-
-@pytest.mark.xfail(strict=True, reason=(
-    "pre-existing (before bf518f0 too): freed values or indices segfault: the by-address kernels decline since "
-    "4a91f3b, but torch's own put_/index_copy_ segfault on a freed storage too; a clear error needs sparsefill's "
-    "own check (data_ptr() == 0 of a non-empty part -> RuntimeError naming it)"))
 @pytest.mark.parametrize("part", ["values", "indices"])
 def test_freed_values_or_indices_storage_is_an_error_not_a_crash(part):
     pytest.importorskip("numba")
@@ -587,10 +579,6 @@ def test_forward_ad_of_a_dual_fill_value():
         torch.testing.assert_close(fwAD.unpack_dual(D).tangent, expected)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "pre-existing (before bf518f0 too): to_dense(fill_value=<dual tensor>) at <= 1/4 stored takes the by-address "
-    "fill pass, which writes the primal alone: the result has no tangent (silently); with more stored, torch's "
-    "fill_ carries it. The pass should decline while a forward-AD level is open (forward_ad._current_level >= 0)"))
 def test_forward_ad_of_a_dual_fill_value_through_the_fill_pass():
     import torch.autograd.forward_ad as fwAD
     I = sparsefill.sparse_coo_tensor([[1, 5, N - 1]], [3., 4., 5.], (N,), fill_value=sparsefill.indefinite)
@@ -605,10 +593,6 @@ def test_forward_ad_of_a_dual_fill_value_through_the_fill_pass():
         torch.testing.assert_close(tangent, reference([[1, 5, N - 1]], torch.zeros(3), (N,), 1.))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "pre-existing (not bf518f0): fwAD.make_dual(A, T) of a SparseTensor A keeps the tangent on A, but A.to_dense() "
-    "returns no tangent (silently; 732b1af refuses dual tensors entering constructors and conversions, not a dual "
-    "SparseTensor itself)"))
 def test_forward_ad_of_a_dual_sparse_tensor():
     import torch.autograd.forward_ad as fwAD
     A, _ = leaf()
@@ -769,10 +753,6 @@ def test_jit_trace_small_tensor_without_the_pass():
     assert_identical(traced_f(v), f(v))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "pre-existing (before bf518f0 too): make_fx(tracing_mode='real') of to_dense records new_empty without the "
-    "by-address fill pass's writes: the graph returns uninitialized memory (4a91f3b's _by_address checks "
-    "torch.jit.trace only; make_fx's PROXY dispatch mode needs the same decline)"))
 def test_make_fx_real_replays_to_dense():
     if _merge._compiled() is False:
         pytest.skip("numba not installed")

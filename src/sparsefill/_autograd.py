@@ -280,7 +280,8 @@ def to_dense(A: SparseTensor, fill_value=None) -> torch.Tensor:
     # after a 4 MB result has evicted the caches, 0.4 µs less again of one argument; there each Python call costs
     # about 1 µs: none for no fill_value)
     if not (traced() or _functorch_active() or _grad_enabled() and (
-            _any_requires_grad(A) if fill_value is None else _any_requires_grad(A, fill_value))):
+            _any_requires_grad(A) if fill_value is None else _any_requires_grad(A, fill_value)) or
+            _fwad._current_level >= 0):  # (a forward-AD level open: the Function, which has no jvp, raises for a dual)
         return _convert.dense_of(A, None if fill_value is None else _replacement_fill(A, fill_value), eager=True)
     return ToDense.apply(A, fill_value)
 

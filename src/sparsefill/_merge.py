@@ -302,27 +302,36 @@ def fill_put_sorted(out: torch.Tensor, fill: torch.Tensor, keys: torch.Tensor, v
             keys.is_cpu and fill.is_cpu and vals.dtype == (dtype := out.dtype) == fill.dtype and
             keys.dtype is _INT64 and keys.numel() == (nse := vals.numel()) and out.is_contiguous() and
             vals.is_contiguous() and keys.is_contiguous() and not (vals.is_neg() or vals.is_conj())) or \
-            (run := _FILL_ENTRY.get(dtype) or _fill_entry(dtype)) is None or _jit_state() is not None:
+            (run := _FILL_ENTRY.get(dtype) or _fill_entry(dtype)) is None or _recording():
         return False
     if fill.is_neg() or fill.is_conj():  # (the fill is read at its address too: its value, with the bits applied)
         fill = fill.resolve_conj().resolve_neg()
     at_fill, at_keys, at_vals = fill.data_ptr(), keys.data_ptr(), vals.data_ptr()
-    if not at_fill or nse and not (at_keys and at_vals):  # a freed storage (resize_(0)): torch's ops raise
-        return False
+    if not at_fill or nse and not (at_keys and at_vals):  # (torch's fill_, put_ would crash on address 0)
+        raise RuntimeError("to_dense: the storage of the SparseTensor's " + (
+            "fill" if not at_fill else "values" if not at_vals else "indices") + " was freed (data_ptr() is 0 for "
+            "a tensor with elements; untyped_storage().resize_(0), as FSDP frees parameters)")
     entry, like = run
     entry(out.data_ptr(), out.numel(), at_fill, at_keys, at_vals, nse, like)
     return True
 
 
 def _by_address(*tensors) -> bool:
-    """The compiled kernels may read and write ``tensors`` at their addresses: no ``torch.jit.trace`` is recording
-    (it would replay torch's ops alone, not the kernels' writes) and no storage was freed (``resize_(0)``, as FSDP
-    does: address 0, where torch's ops raise)."""
-    return _jit_state() is None and all(t.data_ptr() or not t.numel() for t in tensors)
+    """The compiled kernels may read and write ``tensors`` at their addresses: nothing records torch's ops (see
+    :func:`_recording`) and no storage was freed (``resize_(0)``, as FSDP does: address 0)."""
+    return not _recording() and all(t.data_ptr() or not t.numel() for t in tensors)
+
+
+def _recording() -> bool:
+    """``torch.jit.trace`` or ``make_fx(tracing_mode="real")`` records torch's ops on real data: a replay would
+    run them alone, without a compiled kernel's writes (uninitialized memory), so the kernels step aside."""
+    return _jit_state() is not None or _dispatch_mode(_PROXY) is not None
 
 
 _FILL_ENTRY = {}  # dtype -> (the compiled fill_put_sorted pass for it, its element type)
-_INT64, _jit_state = torch.int64, torch._C._get_tracing_state  # (bound: 0.2 µs less a look-up after a cache-evicting write)
+# (bound: 0.2 µs less a look-up after a cache-evicting write)
+_INT64, _jit_state, _dispatch_mode = torch.int64, torch._C._get_tracing_state, torch._C._get_dispatch_mode
+_PROXY = torch._C._TorchDispatchModeKey.PROXY
 
 
 def _fill_entry(dtype):
@@ -344,7 +353,7 @@ def _path(a: torch.Tensor, b: torch.Tensor, compiled) -> str:
     the presorted runs, 4x faster there than the binary searches) or ``"search"`` (torch ops, any device)."""
     if compiled is not None:
         return "numba" if compiled and _compiled() else "search"
-    if a.device.type != "cpu" or b.device.type != "cpu":
+    if a.device.type != "cpu" or b.device.type != "cpu" or _recording():
         return "search"
     if ("numba" in sys.modules or a.numel() + b.numel() >= _COMPILED_MIN) and _compiled():
         return "numba"
