@@ -126,6 +126,23 @@ def test_attention_layer_with_checkpoint():
         _no_densify()
         got = _train_attn(_adj(), wrap=lambda m: (lambda x, A, d: checkpoint(m, x, A, d, use_reentrant=False)))
     assert_close(got, ref)
+    # reentrant too (an input requiring grad), and the gradient of the adjacency's values through the checkpoint
+    vals = torch.ones(_E, requires_grad=True)
+    for reentrant in (True, False):
+        m = _Attn()
+        X, Xd = _X.clone().requires_grad_(), _X.clone().requires_grad_()
+        A = _adj(values=vals)
+        F.cross_entropy(checkpoint(m, X, A, _drop(0, A), use_reentrant=reentrant), _Y).backward()
+        g = [p.grad.clone() for p in m.parameters()]
+        m.zero_grad()
+        F.cross_entropy(m(Xd, _KEEP, _drop(0, _KEEP)), _Y).backward()
+        assert_close(g, [p.grad for p in m.parameters()])
+        assert_close(X.grad, Xd.grad)
+    vals_grad = vals.grad.clone()
+    vals.grad = None
+    A = _adj(values=vals)
+    F.cross_entropy(m(_X, A, _drop(0, A)), _Y).backward()
+    assert_close(vals_grad, 2 * vals.grad)
 
 
 def test_attention_layer_under_autocast_bfloat16():
