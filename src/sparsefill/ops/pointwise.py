@@ -219,7 +219,10 @@ def _on_union(op, args, kwargs, A: SparseTensor, B: SparseTensor, many: bool):
         idx, (pa, pb) = union2(A, B)
         n = idx.shape[1]
         va, vb = _spread(A, pa, n), _spread(B, pb, n)
-        vals = [(va if a._idx is A._idx else vb) if type(a) is SparseTensor else a for a in args]
+        # (each operand's own values: a third one shares A's or B's index, not its values, as an optimizer's
+        # exp_avg and denom share one)
+        vals = [a if type(a) is not SparseTensor else va if a is A else vb if a is B else
+                _spread(a, pa if a._idx is A._idx else pb, n) for a in args]
     fills = [a._fill if type(a) is SparseTensor else a for a in args]
     return SparseTensor._make(torch.sparse_coo, A._size, op(*vals, **kwargs), op(*fills, **kwargs), idx, None, None,
                               False, True, False)
