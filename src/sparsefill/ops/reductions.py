@@ -267,6 +267,20 @@ def _vector_norm(func, args, kwargs):
     return reduce_dims((A != 0).to(meta.dtype), "sum", dims, keep, meta)
 
 
+@register(aten.norm.Scalar, aten.norm.ScalarOpt_dim, aten.norm.ScalarOpt_dim_dtype, aten.norm.ScalarOpt_dtype)
+def _legacy_norm(func, args, kwargs):
+    """``aten.norm`` (``torch.norm``, ``_foreach_norm``'s per-tensor form: ``clip_grad_norm_(foreach=True)``) as
+    ``linalg_vector_norm(A, p or 2, dim, keepdim, dtype=)``: the same value."""
+    a = list(args) + [None] * (4 - len(args))
+    p = a[1] if len(args) > 1 else kwargs.get("p", 2)
+    dim, keep = (a[2], bool(a[3])) if func in _NORM_DIM else (kwargs.get("dim"), kwargs.get("keepdim", False))
+    kw = {"dtype": kwargs["dtype"]} if kwargs.get("dtype") is not None else {}
+    return _vector_norm(aten.linalg_vector_norm.default, (args[0], 2 if p is None else p, dim, keep), kw)
+
+
+_NORM_DIM = (aten.norm.ScalarOpt_dim, aten.norm.ScalarOpt_dim_dtype)
+
+
 def _correction(args, kwargs):
     c = kwargs.get("correction")
     return 1 if c is None else c
