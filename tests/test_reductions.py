@@ -275,3 +275,36 @@ def test_meta_cache_follows_the_default_dtype():
         assert torch.logsumexp(B, 1).dtype == torch.float64
     finally:
         torch.set_default_dtype(old)
+
+
+@pytest.mark.parametrize("variant", ["coo", "csr", "hybrid", "indefinite"])
+def test_legacy_norm_overloads_native(variant):
+    """``aten.norm``'s overloads (``torch.norm``, ``_foreach_norm``) reduce as ``linalg_vector_norm``: no densify,
+    the dense value and the dense gradient of the values (read at the pattern)."""
+    aten = torch.ops.aten
+    v = torch.tensor([[1., -2.], [3., .5], [-4., 2.]] if variant == "hybrid" else [1., -2., 3.], dtype=torch.float64)
+    fill = sparsefill.indefinite if variant == "indefinite" else (torch.tensor([.5, -1.], dtype=torch.float64)
+                                                                 if variant == "hybrid" else .5)
+    size = (4, 3, 2) if variant == "hybrid" else (4, 3)
+    calls = [(aten.norm.Scalar, (1,), {}), (aten.norm.Scalar, (), {}), (aten.norm.ScalarOpt_dim, (None, [1]), {}),
+             (aten.norm.ScalarOpt_dim, (3., [0], True), {}),
+             (aten.norm.ScalarOpt_dim_dtype, (2, [1], False), {"dtype": torch.float64}),
+             (aten.norm.ScalarOpt_dtype, (float("inf"),), {"dtype": torch.float64})]
+    for f, a, k in calls:
+        vals = v.clone().requires_grad_()
+        A = sparsefill.sparse_coo_tensor([[0, 1, 3], [1, 2, 0]], vals, size, fill_value=fill)
+        A = A.to_sparse_csr() if variant == "csr" else A
+        ref = vals.detach().clone().requires_grad_()
+        D = sparsefill.sparse_coo_tensor([[0, 1, 3], [1, 2, 0]], ref, size, fill_value=fill).to_dense(
+            fill_value=0. if variant == "indefinite" else None)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", sparsefill.DensifyWarning)
+            r = f(A, *a, **k)
+        # (indefinite: the norm of the stored elements, that of the dense tensor with 0 elsewhere for these p)
+        got = (r.to_dense(fill_value=0.) if variant == "indefinite" else r.to_dense()) \
+            if isinstance(r, sparsefill.SparseTensor) else r
+        want = f(D, *a, **k)
+        torch.testing.assert_close(got, want)
+        got.sum().backward()
+        want.sum().backward()
+        torch.testing.assert_close(vals.grad, ref.grad)
