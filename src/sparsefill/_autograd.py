@@ -318,6 +318,12 @@ class ToDense(torch.autograd.Function):
     vmap = staticmethod(lambda info, in_dims, *args: refuse_vmap("SparseTensor.to_dense"))
 
     @staticmethod
+    def jvp(ctx, *tangents):  # (a dual SparseTensor or fill_value under torch.autograd.forward_ad)
+        raise NotImplementedError("sparsefill: forward-mode AD (torch.autograd.forward_ad) through "
+                                  "SparseTensor.to_dense is not supported (a SparseTensor has no tangent form); use "
+                                  "reverse mode (backward, torch.autograd.grad)")
+
+    @staticmethod
     def backward(ctx, G):
         P, G = ctx.pattern, sparse_inside(G)
         gf = grad_parts(G, P)[1] if ctx.fill_is_input and ctx.needs_input_grad[1] else None
