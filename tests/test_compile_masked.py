@@ -67,6 +67,10 @@ CASES = {
     # (reductions along dim 0: slices grouped by column, compiled by a count over the columns, no sort)
     "sum0_by_column": lambda A, B: M.sum(A * 2, 0),
     "amax0_by_column": lambda A, B: M.amax(A, 0, keepdim=True),
+    # (the edge softmax of an n-ary result: its nse is an unbacked size, never tested: the user review's F6)
+    "softmax_of_sum": lambda A, B: M.softmax(A * 2 + B, 1),
+    "torch_softmax_of_sum": lambda A, B: torch.softmax(A + B, 0),
+    "torch_log_softmax_of_product": lambda A, B: torch.log_softmax(A * B, 1),
 }
 FORMS = {"coo": {}, "csr": {"layout": torch.sparse_csr}, "hybrid": {"dense": (3,)}}
 SPARSE_DIM = [n for n in CASES if "dense_dim" not in n]
@@ -134,3 +138,26 @@ def test_graph_break_where_not_traceable():
     torch._dynamo.reset()
     with pytest.raises(torch._dynamo.exc.Unsupported):
         torch.compile(fn, backend="eager", fullgraph=True)(A)
+
+
+@pytest.mark.parametrize("layout", [torch.sparse_coo, torch.sparse_csr], ids=["coo", "csr"])
+def test_edge_softmax_of_an_empty_sum(layout):
+    """The edge softmax of ``A + B`` (an unbacked nse) under ``fullgraph=True``, compiled on overlapping patterns,
+    then run without a recompile on two whose result stores nothing: empty values and gradients, as eager."""
+    fn = lambda A, B: M.softmax(A + B, 1)  # noqa: E731
+    torch._dynamo.reset()
+    cf = torch.compile(fn, backend="aot_eager", fullgraph=True)
+    rows = {"a": [0, 0, 2, 3, 5], "b": [1, 1, 4, 4, 4]}
+    for step, (ra, rb) in enumerate([("a", "a"), ("a", "a"), ("a", "b")]):
+        with torch._dynamo.config.patch(error_on_recompile=step == 2):
+            va, vb = (torch.randn(5, dtype=torch.float64, requires_grad=True) for _ in range(2))
+            A, B = (sparsefill.sparse_coo_tensor([rows[r], [0, step + 1, 1, 2, 3]], v, SHAPE,
+                                                 fill_value=sparsefill.indefinite).to_sparse(layout=layout)
+                    for r, v in ((ra, va), (rb, vb)))
+            got, want = cf(A, B), fn(A, B)
+            assert isinstance(got, sparsefill.SparseTensor) and got._indefinite
+            assert got._nse() == want._nse() == (0 if step == 2 else 5)
+            torch.testing.assert_close(dense(got), dense(want), equal_nan=True)
+            ga = torch.autograd.grad(weighted(got), [va, vb], allow_unused=True)
+            gw = torch.autograd.grad(weighted(want), [va, vb], allow_unused=True)
+            torch.testing.assert_close(ga, gw)

@@ -206,11 +206,8 @@ def test_indefinite_constructor_and_sparse_parameter_compile_fullgraph():
     assert_close(torch.compile(f, backend="eager", fullgraph=True)(e), f(e))
 
 
-@pytest.mark.xfail(strict=True, reason="open finding: the edge softmax of a union of two masked patterns (A + I: self "
-                   "loops, a bias of another pattern) under torch.compile: fullgraph=True raises dynamo's unnamed "
-                   "UserError 'Could not guard on data-dependent expression u1 > 0' (torch.softmax: a graph break "
-                   "also without fullgraph): _segsoftmax.applies tests A._vals.numel() > 0 on the union's unbacked nse")
 def test_masked_softmax_of_a_union_compiles_fullgraph():
+    """(Finding F6, fixed: ``_segsoftmax.applies`` tested the union's unbacked nse, a guard on data.)"""
     keep = torch.rand(_N, _N, generator=torch.Generator().manual_seed(1)) < 0.3
     A = sparsefill.sparse_coo_tensor(keep.nonzero().t(), torch.ones(int(keep.sum())), (_N, _N),
                                      fill_value=sparsefill.indefinite)

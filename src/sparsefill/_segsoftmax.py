@@ -45,10 +45,11 @@ _FLOATS = (torch.float32, torch.float64)
 
 def applies(A, dim: int) -> bool:
     """The edge softmax serves ``A`` along ``dim`` (canonical): an indefinite, coalesced COO or plain CSR
-    SparseTensor of float32/float64 with stored elements, and ``dim`` a sparse dim."""
+    SparseTensor of float32/float64, and ``dim`` a sparse dim.  Its stored count is not read (one with none
+    stored gives an empty result, as the dense path does): under torch.compile it may be an unbacked size (a
+    union's), where a test of it is a guard on data (dynamo's unnamed error with ``fullgraph=True``)."""
     return (isinstance(A, SparseTensor) and A._indefinite and A._coalesced and A._vals.dtype in _FLOATS
-            and (A._sf_layout is torch.sparse_coo or A._crow.dim() == 1) and dim < _sparse_ndim(A)
-            and A._vals.numel() > 0)
+            and (A._sf_layout is torch.sparse_coo or A._crow.dim() == 1) and dim < _sparse_ndim(A))
 
 
 def _sparse_ndim(A: SparseTensor) -> int:
