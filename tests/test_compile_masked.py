@@ -161,3 +161,26 @@ def test_edge_softmax_of_an_empty_sum(layout):
             ga = torch.autograd.grad(weighted(got), [va, vb], allow_unused=True)
             gw = torch.autograd.grad(weighted(want), [va, vb], allow_unused=True)
             torch.testing.assert_close(ga, gw)
+
+
+@pytest.mark.parametrize("layout", [torch.sparse_coo, torch.sparse_csr], ids=["coo", "csr"])
+def test_indefinite_constructor_in_graph(layout):
+    """A constructor with ``fill_value=sparsefill.indefinite`` inside a compiled function
+    traces with ``fullgraph=True`` (the sentinel enters the graph as a constant: the user review's F5), the result
+    masked, values and gradients as eager, no recompile on a third pattern."""
+    def fn(idx, v):
+        if layout is torch.sparse_coo:
+            A = sparsefill.sparse_coo_tensor(idx, v, SHAPE, fill_value=sparsefill.indefinite, is_coalesced=True)
+        else:
+            A = sparsefill.sparse_csr_tensor(*idx, v, SHAPE, fill_value=sparsefill.indefinite)
+        return M.softmax(A * 2, 1)
+    torch._dynamo.reset()
+    cf = torch.compile(fn, backend="aot_eager", fullgraph=True)
+    for step, nse in enumerate([8, 11, 13]):
+        with torch._dynamo.config.patch(error_on_recompile=step == 2):
+            A, v = make(nse, step, layout=layout)
+            idx = A._idx if layout is torch.sparse_coo else (A._crow, A._col)
+            got, want = cf(idx, v), fn(idx, v)
+            assert isinstance(got, sparsefill.SparseTensor) and got._indefinite and want._indefinite
+            torch.testing.assert_close(dense(got), dense(want), equal_nan=True)
+            torch.testing.assert_close(torch.autograd.grad(weighted(got), [v]), torch.autograd.grad(weighted(want), [v]))

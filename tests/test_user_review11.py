@@ -188,14 +188,10 @@ def test_attention_layer_compiled_aot_eager_dynamic_fullgraph():
     assert_close(got, ref, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.xfail(strict=True, reason="open finding: a constructor with fill_value=sparsefill.indefinite inside "
-                   "torch.compile (SparseParameter of a masked pattern always) is a graph break, and with "
-                   "fullgraph=True dynamo's unnamed 'Failed to convert args/kwargs to proxy': the _Indefinite "
-                   "sentinel reaches the allow_in_graph constructor (_compile._register_with_dynamo) as an "
-                   "argument dynamo cannot proxy; fill_value=[] compiles")
 def test_indefinite_constructor_and_sparse_parameter_compile_fullgraph():
     """A learned per-edge attention bias as ``SparseParameter`` of the masked adjacency, inside a compiled function:
-    the fill_value=[] spelling of a constructor compiles, the sentinel should too."""
+    the fill_value=[] spelling of a constructor compiles, the sentinel should too.  (Finding F5, fixed: the sentinel
+    enters dynamo's graph as a constant, ``_compile._as_constant``.)"""
     torch._dynamo.reset()
     bias = SparseParameter(_adj(values=torch.randn(_E)))
     e = torch.randn(_N)

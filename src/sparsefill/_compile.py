@@ -273,14 +273,35 @@ _IN_GRAPH = {"sparsefill": ("sparse_coo_tensor", "sparse_csr_tensor"),
                                    "log_softmax", "softmin", "normalize")}
 
 
+_INDEFINITE = "sparsefill.indefinite"  # the indefinite fill as it enters dynamo's graph (see _as_constant)
+
+
+def _as_constant(x):
+    """``x``, the ``sparsefill.indefinite`` sentinel as the string :data:`_INDEFINITE`: dynamo passes a string to an
+    ``allow_in_graph`` function as a constant, an object of sparsefill's own class not at all ('Failed to convert
+    args/kwargs to proxy', a graph break; with ``fullgraph=True`` that unnamed error).  Traced by dynamo."""
+    return _INDEFINITE if type(x) is _Indefinite else x
+
+
+def _from_constant(x):
+    """``x``, :data:`_INDEFINITE` as the sentinel again (the inverse of :func:`_as_constant`)."""
+    return _indefinite if isinstance(x, str) and x == _INDEFINITE else x
+
+
+_Indefinite = _indefinite = None  # (sparsefill._creation's sentinel and its class, set on registration)
+
+
 def _recorded_whole(fn):
     """``fn`` as dynamo's graph records it (one node; dynamo calls it in place of ``fn``): while traced,
     the sizes that depend on data inside it and do not reach its result (the slices of a softmax, a
-    coalesce's count) may stay unbound, as inside a handler (:func:`traced_dispatch`)."""
+    coalesce's count) may stay unbound, as inside a handler (:func:`traced_dispatch`).  Its arguments arrive
+    with the indefinite fill as a constant (:func:`_as_constant`)."""
     import functools
 
     @functools.wraps(fn)
     def run(*args, **kwargs):
+        args = tuple(_from_constant(a) for a in args)
+        kwargs = {k: _from_constant(v) for k, v in kwargs.items()}
         mode = tracing_mode()
         env = mode.shape_env if mode is not None else None
         n0 = len(env.pending_fresh_unbacked_symbols) if env is not None else 0
@@ -298,13 +319,17 @@ def _register_with_dynamo() -> None:
     runs eagerly, where dynamo would otherwise try (and fail, slowly) to compile each of its functions."""
     import importlib
     import os
+    global _Indefinite, _indefinite
+    from ._creation import _Indefinite, indefinite as _indefinite
     dynamo = sys.modules["torch._dynamo"]
     for module, names in _IN_GRAPH.items():
         mod = importlib.import_module(module)
         for name in names:
             fn = getattr(mod, name)
             run = dynamo.allow_in_graph(_recorded_whole(fn))
-            dynamo.substitute_in_graph(fn, skip_signature_check=True)(lambda *a, _run=run, **k: _run(*a, **k))
+            dynamo.substitute_in_graph(fn, skip_signature_check=True)(
+                lambda *a, _run=run, **k: _run(*(_as_constant(x) for x in a),
+                                               **{n: _as_constant(x) for n, x in k.items()}))
     if not hasattr(torch.Tensor, "__coerce_same_metadata_as_tangent__"):  # (AOTAutograd asks a plain tangent)
         torch.Tensor.__coerce_same_metadata_as_tangent__ = _coerce_plain_tangent
     rules = dynamo.trace_rules
