@@ -521,16 +521,13 @@ def test_row_normalisation_by_a_dense_norm_keeps_the_pattern():
         assert_close(R.to_dense(fill_value=0.), F.normalize(X.to_dense(fill_value=0.), p=1, dim=1))
 
 
-_EXPAND = ("open finding, silent O(N^2) memory past the densify policy: F.normalize(A, p=1, dim=1) of a 2000 x 2000 "
-           "adjacency with 8000 stored stores all 4M elements (fill 0) or builds a 4M-element expand_as temporary "
-           "(indefinite; at 50000 nodes it tries to allocate 39 GB under densify_policy('raise', limit_bytes=10 MB)): "
-           "expand of a size-1 sparse dim repeats the stored elements (ops/shape.expand, O(nse x n)) with no policy "
-           "check, and ops/pointwise._broadcast expands a SparseTensor operand that way; fix: a SparseTensor operand "
-           "broadcast along a sparse dim joins as a dense operand (its numel is small; the dense-operand rule keeps "
-           "A's pattern where fill * e is one value), and expand past the byte limit raises DensifyError")
+# (a finding of the review, fixed: F.normalize(A, p=1, dim=1) of a 2000 x 2000 adjacency with 8000 stored stored all
+# 4M elements (fill 0) or built a 4M-element expand_as temporary (indefinite), 39 GB at 50000 nodes under
+# densify_policy('raise', limit_bytes=10 MB): ops/shape.expand of a size-1 sparse dim now makes the dims from it on
+# dense (the values a stride-0 view), the pointwise rule joins a SparseTensor operand broadcast along a sparse dim as a
+# dense one where that keeps the pattern, and an expand that must repeat the stored elements passes the policy's gate)
 
 
-@pytest.mark.xfail(strict=True, reason=_EXPAND)
 def test_row_normalisation_f_normalize_keeps_the_pattern():
     X = _rows_graph(0.)
     with sparsefill.densify_policy("raise", limit_bytes=1_000_000):
@@ -539,7 +536,6 @@ def test_row_normalisation_f_normalize_keeps_the_pattern():
     assert_close(R.to_dense(), F.normalize(X.to_dense(), p=1, dim=1))
 
 
-@pytest.mark.xfail(strict=True, reason=_EXPAND)
 @pytest.mark.parametrize("fill", [0., sparsefill.indefinite], ids=["fill0", "indefinite"])
 def test_expand_of_a_size_one_sparse_dim_is_bounded_by_the_policy(fill):
     """F.normalize's denominator ``norm(keepdim=True).clamp_min(eps).expand_as(X)``: at most O(N) stored, or a
@@ -555,16 +551,9 @@ def test_expand_of_a_size_one_sparse_dim_is_bounded_by_the_policy(fill):
 
 
 # ============================================================================== errors a user meets
-@pytest.mark.xfail(strict=True, reason="open finding, misleading error: an element-wise op between a masked (indefinite) "
-                   "SparseTensor and an operand of a non-broadcastable shape (A * e[:, None] with e one node too "
-                   "long) raises 'aten.mul.Tensor has no sparse handler ... an operand has an indefinite fill: give it "
-                   "a fill' instead of torch's 'The size of tensor a (12) must match the size of tensor b (13)' (a "
-                   "small fill-0 SparseTensor gives torch's after densifying; a 50000 x 50000 one with 2 stored raises "
-                   "DensifyError 'densifying needs 10000000000 bytes'): the pointwise rule declines on the broadcast failure "
-                   "(pointwise._broadcast returns None) and the densify fallback's indefinite check runs before any "
-                   "shape check; fix: check the shapes on meta tensors first (as ops/products._check does)")
 @pytest.mark.parametrize("case", ["mul_column", "add_matrix", "dense_plus_A", "where", "fill0_large"])
 def test_shape_mismatch_with_a_masked_operand_raises_torchs_error(case):
+    """(A finding of the review, fixed: these raised 'no sparse handler ... give it a fill' or a DensifyError.)"""
     A = _adj()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", sparsefill.DensifyWarning)

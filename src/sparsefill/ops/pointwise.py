@@ -33,7 +33,8 @@ from .._splits import one_split
 from .._tensor import SparseTensor
 from ._schema import flat_args, written_args, written_positions
 from ._writes import assign_
-from .pointwise_dense import _constant_fill, _dense_call, _into_dense, _over_dense_dims
+from .pointwise_dense import (_constant_fill, _dense_call, _into_dense, _over_dense_dims, broadcast_error, join_small,
+                              unexpanded)
 
 
 aten = torch.ops.aten
@@ -400,7 +401,9 @@ def _spread(T: SparseTensor, pos: torch.Tensor | None, n: int) -> torch.Tensor:
     return v.new_empty((n,) + v.shape[1:]).copy_(fill).index_copy_(0, pos, v)
 
 
-def pointwise_rule(func, args, kwargs):
+def pointwise_rule(func, args, kwargs, pattern_only=False):
+    """The rule (module docstring); ``pattern_only``: None where the result would be dense by nature
+    (:func:`.pointwise_dense.join_small` asks)."""
     out = kwargs.get("out")
     if out is not None:  # out=: computed out of place into fresh buffers of out's dtype, then stored
         if not isinstance(out, SparseTensor):
@@ -424,11 +427,18 @@ def pointwise_rule(func, args, kwargs):
         sub.update({id(t): t.reshape(1) for t in tensors if t.dim() == 0 and not isinstance(t, SparseTensor)})
     layout = A._sf_layout
     conv = sparse
-    if any(T.dense_dim() != A.dense_dim() for T in sparse[1:]):  # operands that split their dims differently
-        conv, layout = one_split(sparse, layout, A if written and out is None else None)  # (_splits.py)
+    if len(sparse) > 1 and out is None:  # operands that broadcast along a sparse dim: as dense ones, where small
+        conv = unexpanded(sparse, written)
+        if any(C.shape != conv[0].shape for C in conv[1:]):
+            joined = join_small(pointwise_rule, func, args, kwargs, sparse, conv, written)
+            if joined is not None:
+                return joined
+    if any(T.dense_dim() != conv[0].dense_dim() for T in conv[1:]):  # operands that split their dims differently
+        conv, layout = one_split(conv, layout, A if written and out is None else None)  # (_splits.py)
     if any(C.shape != conv[0].shape for C in conv[1:]):
         expanded = _broadcast(conv)
         if expanded is None:
+            broadcast_error(func, args, kwargs)  # (torch's error: the sizes that do not match)
             return NotImplemented
         if written and out is None and expanded[0][1] is not A:
             raise RuntimeError(f"output with shape {list(A.shape)} doesn't match the broadcast shape "
@@ -445,12 +455,13 @@ def pointwise_rule(func, args, kwargs):
         try:
             shape = torch.broadcast_shapes(A.shape, *[t.shape for t in dense_ops])
         except RuntimeError:
+            broadcast_error(func, args, kwargs)
             return NotImplemented
         # (not inside a backward: torch's derivative formulas reshape such intermediates in place, unsqueeze_)
         if not indefinite and not written and shape == A.shape and torch._C._current_graph_task_id() == -1:
             const = _constant_fill(func, args, kwargs, sparse, A)  # e.g. A * e with A's fill 0: 0 * e == 0
         if not indefinite and const is None:  # the result is dense by nature
-            return NotImplemented if written else _dense_call(func, args, kwargs, tensors)
+            return None if pattern_only else NotImplemented if written else _dense_call(func, args, kwargs, tensors)
         # a masked operand (or a constant fill): the result is specified where A is; the dense operands are read there
         if shape != A.shape:
             sparse = [(T, E if E.shape == shape else _expand(E, shape)) for T, E in sparse]
@@ -540,7 +551,7 @@ def _broadcast(sparse):
 def _expand(T: SparseTensor, shape) -> SparseTensor:
     """``T`` expanded to ``shape`` physically (``shape.expand``: the stored elements repeat)."""
     from .shape import expand  # (shape.py imports the registry, which imports this module)
-    return expand(T, list(shape))
+    return expand(T, list(shape), keep_split=True)
 
 
 def _align(sparse, layout):

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import torch
 
+from .. import _index
 from .._compile import traced
-from .._convert import dense_of
+from .._convert import coalesced_parts, dense_of, parts_to_sparse, rewrap
 from .._policy import check_densify
 from .._tensor import SparseTensor
 
@@ -96,3 +97,133 @@ def _over_dense_dims(t: torch.Tensor, A: SparseTensor):
     if torch.broadcast_shapes(tuple(d.shape), D) != D:
         return None
     return d.reshape(1) if d.dim() == 0 else d
+
+
+def unexpanded(sparse, written):
+    """The SparseTensor operands with the dense dims along which their values are an expanded view (stride 0, a
+    uniform fill there: ``d.expand_as(A)`` of a row reduction, :func:`.shape.expand`) back to size 1, where
+    another operand not so expanded has that size (the result keeps its shape)::
+
+        op(E, B) == op(E1, B)        E == E1.expand(E.shape),  B.shape == E.shape
+
+    so that they broadcast (:func:`join_small`) instead of being merged at one split, which would store every
+    element of ``E``.  Written operands stay as they are."""
+    cut = [_expanded_dims(T) if T.dense_dim() and not any(T is w for w in written) else () for T in sparse]
+    if not any(cut):
+        return sparse
+    sizes = {}  # position from the right -> it has its size in an operand not expanded there
+    for T, c in zip(sparse, cut):
+        for j in range(T.dim()):
+            if T.shape[j] != 1 and j - T.dim() not in c:
+                sizes[j - T.dim()] = True
+    return [_narrowed(T, {p for p in c if sizes.get(p)}) if c else T for T, c in zip(sparse, cut)]
+
+
+def _expanded_dims(T: SparseTensor):
+    """``T``'s dense dims (counted from the right, negative) of size > 1 along which the values have stride 0 and the
+    fill is uniform."""
+    v, nd, f = T._vals, T.dense_dim(), T._fill
+    out = set()
+    for j in range(-nd, 0):
+        if v.stride(j) == 0 and v.shape[j] > 1 and (T._indefinite or f.dim() < -j or f.shape[j] == 1 or
+                                                    f.stride(j) == 0):
+            out.add(j)
+    return out
+
+
+def _narrowed(T: SparseTensor, dims) -> SparseTensor:
+    """``T`` at index 0 (kept as a size-1 dim) along its expanded dense dims ``dims`` (from the right)."""
+    if not dims:
+        return T
+    v, f, size = T._vals, T._fill, list(T.shape)
+    for j in dims:
+        v, size[j] = v.narrow(j, 0, 1), 1
+        if not T._indefinite and f.dim() >= -j:
+            f = f.narrow(j, 0, 1)
+    return rewrap(T, size=size, values=v, fill=f)
+
+
+def join_small(rule, func, args, kwargs, sparse, conv, written):
+    """``op`` with each SparseTensor operand ``T`` that broadcasts along a sparse dim of the result (size 1 where a
+    full-shape operand has ``n``: ``A / A.sum(1, keepdim=True)``, ``A - A.amax(1, keepdim=True)``) given as its
+    dense form, where that keeps a full operand's pattern (``rule`` with ``pattern_only``: an indefinite ``A`` read
+    at its pattern, or one fill ``f(fill, t)``, :func:`_constant_fill`)::
+
+        op(A, T) == op(A, dense(T))        (dense(T): T.numel() elements, no more than T expanded and A store)
+
+    An indefinite ``T`` (beside indefinite full operands only) joins with a stored value as its fill, and the
+    result then drops the positions where ``T`` is unspecified (:func:`_masked_where`).  None where it does not
+    apply (the rule then expands ``T``: :func:`.shape.expand`, under the densify policy)."""
+    try:
+        shape = torch.broadcast_shapes(*[C.shape for C in conv])
+    except RuntimeError:
+        return None
+    full = [C for C in conv if C.shape == shape]
+    if not full or traced(full[0]._vals):
+        return None
+    sd = max(C._sparse_ndim() for C in full)
+    small = {}
+    for T, C in zip(sparse, conv):
+        if C.shape == shape:
+            continue
+        pad = len(shape) - C.dim()
+        grown = [j for j in range(sd) if shape[j] != 1 and (j < pad or C.shape[j - pad] == 1)]
+        if not grown or any(T is w for w in written) or \
+                C._indefinite and (written or not all(F._indefinite for F in full)):
+            return None
+        repeats = _index.numel([shape[j] for j in grown])
+        if C.numel() > (max(C._nse(), 1) * repeats + full[0]._nse()) * _index.numel(C._dense_shape):
+            return None  # (no larger than T expanded, nse * repeats, and the result's part in its union)
+        small[id(T)] = C
+    dense, masks = {}, []
+    for k, C in small.items():
+        if C._indefinite:
+            v = C._vals.reshape(-1)
+            dense[k] = dense_of(C, v[0] if v.numel() else torch.ones((), dtype=C.dtype, device=C.device))
+            masks.append(dense_of(rewrap(C, values=torch.ones(C._vals.shape, dtype=torch.bool, device=C.device),
+                                         fill=torch.zeros((), dtype=torch.bool, device=C.device), indefinite=False,
+                                         known_zero=True)))
+        else:
+            dense[k] = dense_of(C)
+    out = rule(func, [dense.get(id(a), a) for a in args], {k: dense.get(id(v), v) for k, v in kwargs.items()},
+               pattern_only=True)
+    if not isinstance(out, SparseTensor):
+        return None
+    return _masked_where(out, masks) if masks else out
+
+
+def _masked_where(R: SparseTensor, masks) -> SparseTensor | None:
+    """The indefinite ``R`` less its stored elements where a mask (a dense bool tensor broadcasting to ``R``) is
+    False; None where a mask varies within a dense slice of ``R`` (a slice is all specified or all masked out)."""
+    idx, vals = coalesced_parts(R)
+    sd = idx.shape[0]
+    keep = None
+    for m in masks:
+        m = m.reshape((1,) * (R.dim() - m.dim()) + tuple(m.shape))
+        if R.dim() > sd:
+            lo, m = m.flatten(sd).all(-1), m.flatten(sd).any(-1)
+            if not torch.equal(lo, m):
+                return None
+        k = m[tuple(idx[j] if m.shape[j] > 1 else 0 for j in range(sd))].reshape(-1).expand(idx.shape[1])
+        keep = k if keep is None else keep & k
+    if bool(keep.all()):
+        return R
+    return parts_to_sparse(idx[:, keep], vals[keep], R.shape, R._fill, indefinite=True, layout=R._sf_layout,
+                           coalesced=True)
+
+
+def broadcast_error(func, args, kwargs):
+    """Raise torch's own error for tensor operands whose shapes do not broadcast (``The size of tensor a (12) must
+    match the size of tensor b (13) at non-singleton dimension 0``): the op on tensors of the operands' shapes,
+    dtypes and devices that hold one element each (expanded: no memory; torch's meta kernels of element-wise ops
+    word it otherwise).  Returns where the shapes broadcast."""
+    tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+    try:
+        torch.broadcast_shapes(*[t.shape for t in tensors])
+        return
+    except RuntimeError:
+        pass
+
+    def stub(a):
+        return torch.empty((), dtype=a.dtype, device=a.device).expand(a.shape) if isinstance(a, torch.Tensor) else a
+    func(*[stub(a) for a in args], **{k: stub(v) for k, v in kwargs.items()})

@@ -13,7 +13,8 @@ indices and values; the dense tensor follows exactly::
   differs are specified (a DensifyWarning when they are many: such a result is dense by nature);
 * ``view`` re-linearises the indices over the new shape (dense dims untouched when the
   new shape keeps them; else they become sparse dims as above);
-* ``expand`` repeats the stored elements along the expanded sparse dims (O(nse * repeats)).
+* ``expand`` of a size-1 sparse dim makes the sparse dims from it on dense and expands the values (a view,
+  O(nse)); where it cannot, it repeats the stored elements (O(nse * repeats), under the densify policy).
 
 Results are COO (a CSR input is read through its COO parts): the products in
 ``linalg.py`` rebuild CSR arrays themselves.  The outputs are SparseTensor views of
@@ -33,7 +34,7 @@ import torch
 from .. import _index, _merge
 from .._compile import traced
 from .._convert import differs, scalar_parts
-from .._policy import check_specify
+from .._policy import SPECIFY_QUIET_ELEMENTS, check_densify, check_specify
 from .._tensor import SparseTensor
 from .registry import register
 
@@ -238,7 +239,19 @@ def _dense_tail(A: SparseTensor, shape):
     return None
 
 
-def expand(A: SparseTensor, size) -> SparseTensor | None:
+def expand(A: SparseTensor, size, keep_split: bool = False) -> SparseTensor | None:
+    """``A.expand(size)``, O(nse) where a grown sparse dim can become dense (the values then grow as a view)::
+
+        expand(A, size).to_dense() == A.to_dense().expand(size)
+
+    Grown dense dims expand the values and the fill (stride 0).  Where sparse dims grow (size 1 to ``n``, or new
+    leading dims), the sparse dims from the first grown one on become dense dims (:func:`_splits.coarser`:
+    one slice per stored prefix, exact) and the values expand along them: the column of a row reduction
+    ``d = A.norm(1, 1, keepdim=True)`` expanded to ``A``'s shape (``F.normalize``) stores ``d``'s elements, not
+    ``n`` times as many.  Else (``keep_split``, the pointwise rule's broadcast that merges patterns at one
+    split; an indefinite prefix partly stored; or more slice elements than the repeats would store) the stored
+    elements repeat along the grown sparse dims (O(nse * repeats)), a dense-by-nature result past
+    ``SPECIFY_QUIET_ELEMENTS`` under the densify policy's gate (its byte limit raises DensifyError)."""
     n = A.dim()
     lead = len(size) - n
     old = [1] * lead + list(A.shape)
@@ -246,7 +259,17 @@ def expand(A: SparseTensor, size) -> SparseTensor | None:
     if any(o != 1 and o != s for o, s in zip(old, size)):
         return None
     sd = A._sparse_ndim() + lead
+    grown = [d for d in range(sd) if old[d] == 1 and size[d] != 1]
+    r = _index.numel([size[d] for d in grown])
+    if grown and not keep_split:
+        out = _expand_as_dense_dims(A, size, grown[0], r)
+        if out is not None:
+            return out
     idx, vals = A._coo_parts()
+    if grown and idx.shape[1] * r > SPECIFY_QUIET_ELEMENTS:
+        check_densify(f"expand of a SparseTensor of shape {list(A.shape)} to {size} along sparse dims: its "
+                      f"{idx.shape[1]} stored elements repeat {r} times", idx.shape[1] * r * (
+                          8 * sd + vals.element_size() * _index.numel(vals.shape[1:])), by_nature=True)
     idx = torch.cat([idx.new_zeros((lead, idx.shape[1])), idx])
     ordered = A._coalesced
     for d in reversed(range(sd)):  # innermost first: each repeat keeps the order when the dims before are 1
@@ -260,6 +283,28 @@ def expand(A: SparseTensor, size) -> SparseTensor | None:
     vals = vals.expand([vals.shape[0]] + size[sd:])
     fill = A._fill if A._indefinite or not A._fill.dim() else A._fill.expand(size[sd:])  # an array fill: as the values
     return _make(A, size, idx, vals, fill, ordered)
+
+
+def _expand_as_dense_dims(A: SparseTensor, size, f: int, r: int) -> SparseTensor | None:
+    """:func:`expand` with the dims from ``f`` on (of ``size``) dense, when :func:`_splits.coarser` can make them
+    dense (None for an indefinite ``A`` whose slices there are partly stored) and stores no more than the
+    repeats would (one slice of the old dims ``f..`` per stored prefix, against ``nse * r`` slices)."""
+    from .._splits import coarser  # (_splits imports _convert, which the registry's modules import first)
+    nd, lead = len(size) - f, len(size) - A.dim()
+    old = [1] * lead + list(A.shape)
+    nse = A._nse()
+    prefixes = min(nse, _index.numel(old[:f]))
+    if prefixes * _index.numel(old[f:len(old) - A.dense_dim()]) > nse * r:
+        return None
+    B = coarser(A, nd)
+    if B is None:
+        return None
+    idx = B._idx
+    idx = torch.cat([idx.new_zeros((f - idx.shape[0], idx.shape[1])), idx]) if idx.shape[0] < f else idx
+    vals = B._vals.reshape((B._vals.shape[0],) + tuple(old[f:])).expand([B._vals.shape[0]] + size[f:])
+    fill = B._fill if B._indefinite or not B._fill.dim() else B._fill.expand(size[f:])
+    return SparseTensor(torch.sparse_coo, size, vals, fill, indices=idx, indefinite=B._indefinite,
+                        coalesced=B._coalesced, known_zero=B._fill_is_zero())
 
 
 # ---------------------------------------------------------------------- handlers
