@@ -183,4 +183,5 @@ def test_indefinite_constructor_in_graph(layout):
             got, want = cf(idx, v), fn(idx, v)
             assert isinstance(got, sparsefill.SparseTensor) and got._indefinite and want._indefinite
             torch.testing.assert_close(dense(got), dense(want), equal_nan=True)
-            torch.testing.assert_close(torch.autograd.grad(weighted(got), [v]), torch.autograd.grad(weighted(want), [v]))
+            torch.testing.assert_close(torch.autograd.grad(weighted(got), [v]),
+                                       torch.autograd.grad(weighted(want), [v]))

@@ -262,11 +262,14 @@ def test_optimizer_step_sparse_gradient_graph_break():
 PATTERNS = [[3, 0, 4, 1, 2], [1, 5, 2, 2, 3], [2, 2, 0, 6, 1]]  # (every count of ids >= 2: no 0/1 specialization)
 
 
-def _compiled_against_eager(fn, make_args, grads=()):
-    """``fn`` compiled (aot_eager, fullgraph) on three patterns, the third with ``error_on_recompile``: its
-    outputs and the gradients of ``make_args``'s arguments at positions ``grads`` as eager."""
+def _compiled_against_eager(fn, make_args, grads=(), fullgraph=True):
+    """``fn`` compiled (aot_eager, fullgraph unless told) on three patterns, the third with ``error_on_recompile``:
+    no graph break (also without ``fullgraph``), its outputs and the gradients of ``make_args``'s
+    arguments at positions ``grads`` as eager."""
     torch._dynamo.reset()
-    cf = torch.compile(fn, backend="aot_eager", fullgraph=True)
+    torch._dynamo.utils.counters.clear()
+    counter = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
+    cf = torch.compile(fn, backend=counter, fullgraph=fullgraph)
     for k, lengths in enumerate(PATTERNS):
         args = make_args(torch.tensor(lengths), k)
         with torch._dynamo.config.patch(error_on_recompile=k == 2):
@@ -277,9 +280,11 @@ def _compiled_against_eager(fn, make_args, grads=()):
                 outs = [o for o in torch.utils._pytree.tree_leaves((got, want)) if o.is_floating_point()]
                 n = len(outs) // 2
                 c = [torch.linspace(-1, 1, o.numel(), dtype=o.dtype).view(o.shape) for o in outs[:n]]
-                torch.testing.assert_close(
-                    torch.autograd.grad(sum((o * ci).sum() for o, ci in zip(outs[:n], c)), leaves),
-                    torch.autograd.grad(sum((o * ci).sum() for o, ci in zip(outs[n:], c)), leaves))
+                got_g, want_g = (torch.autograd.grad(sum((o * ci).sum() for o, ci in zip(part, c)), leaves)
+                                 for part in (outs[:n], outs[n:]))
+                torch.testing.assert_close([_dense(g) for g in got_g], [_dense(g) for g in want_g])  # (sparse: dense)
+    assert counter.frame_count and not torch._dynamo.utils.counters["graph_break"], \
+        dict(torch._dynamo.utils.counters["graph_break"])
 
 
 def _conversions(lengths, lengths32):
@@ -395,6 +400,29 @@ def test_keyed_jagged_batch_built_traced():
         kj = segment.KeyedJaggedBatch(values, values_lengths, keys, example_lengths, weights)
         return kj.pooled({1: t1, 3: t3}, "weighted_sum"), kj.pooled(shared, "max", keys=[3, 2])
     _compiled_against_eager(f, lambda lengths, k: (*_jagged(k), tables[1], tables[3], shared), grads=(4, 5, 6, 7))
+
+
+def _pooled_cases(kj, t1, t3, shared):
+    return (kj.pooled({1: t1, 3: t3}, "sum"), kj.pooled({1: t1, 3: t3}, "max"),
+            kj.pooled(shared, "sqrt_n", keys=[3, 2], sparse_grad=True))
+
+
+@pytest.mark.parametrize("name", ["pooled", "built traced", "conversions"])
+def test_traced_without_fullgraph(name):
+    """Without ``fullgraph`` the ops of a dynamic output size (``jagged_pooled``, ``jagged_key_lists``, the
+    conversions) are traced as with it (the user review's F7: a graph break "Dynamic shape operator" at each):
+    no graph break, no recompile on the third batch, outputs and gradients as eager."""
+    tables = [torch.randn(R, 2, dtype=torch.float64, requires_grad=True) for _ in range(3)]
+    if name == "pooled":
+        _compiled_against_eager(_pooled_cases, lambda lengths, k: (_pooled_batch(k), *tables), grads=(1, 2, 3),
+                                fullgraph=False)
+    elif name == "built traced":
+        def f(values, values_lengths, keys, example_lengths, weights, t1, t3):
+            kj = segment.KeyedJaggedBatch(values, values_lengths, keys, example_lengths, weights)
+            return kj.pooled({1: t1, 3: t3}, "weighted_sum"), kj.pooled(t3, "max", keys=[3, 2])
+        _compiled_against_eager(f, lambda lengths, k: (*_jagged(k), *tables[:2]), grads=(4, 5, 6), fullgraph=False)
+    else:
+        _compiled_against_eager(_conversions, lambda lengths, k: (lengths, lengths.int()), fullgraph=False)
 
 
 @pytest.mark.parametrize("bad", ["negative length", "sum", "repeated key"])

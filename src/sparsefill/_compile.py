@@ -109,6 +109,16 @@ def dynamic_sizes():
     return data_dependent_sizes(mode.shape_env if mode is not None else None)
 
 
+def new_dynamic_size() -> torch.SymInt:
+    """``torch.library.get_ctx().new_dynamic_size()`` in a custom op's fake implementation (an unbacked size:
+    a count the data decide), also where dynamo compiles without ``fullgraph`` (its fake run of the op is
+    then refused: a graph break at every such op, "Dynamic shape operator"), as in a handler
+    (:func:`data_dependent_sizes`)."""
+    ctx = torch.library.get_ctx()
+    with data_dependent_sizes(ctx._shape_env):
+        return ctx.new_dynamic_size()
+
+
 def traced_dispatch(dispatch, mode, func, types, args, kwargs):
     """``dispatch(func, types, args, kwargs)`` on tracing tensors.
 

@@ -6,7 +6,7 @@ their data in Python: opaque to dynamo and to fake tensors.  Under torch.compile
 ``segment.reduce``, the sparse optimizers and ``KeyedJaggedBatch.pooled`` call these ops instead; each op's
 real implementation is the eager function (its checks of the data run then, at run time, and raise the
 eager errors), its fake implementation gives the output sizes from the input sizes, or a dynamic size
-(``get_ctx().new_dynamic_size()``) where they depend on the data::
+(``_compile.new_dynamic_size()``: also without ``fullgraph``) where they depend on the data::
 
     sparsefill::segment_reduce(data, ...)      == segment.reduce(data, ...)          (out, arg); autograd:
     sparsefill::segment_reduce_backward(...)   == the gradients of _SegmentReduceFn  (data, or rows+values; weights)
@@ -47,8 +47,9 @@ import math
 import weakref
 
 import torch
-from torch.library import custom_op, get_ctx
+from torch.library import custom_op
 
+from .._compile import new_dynamic_size
 from . import _kernels
 from ._check import as_index
 from ._repr_ops import _effectful
@@ -72,7 +73,7 @@ def _num_segments(data, lengths, offsets, segment_ids, num_segments):
         return offsets.shape[0] - 1
     if num_segments is not None:
         return num_segments
-    return get_ctx().new_dynamic_size()
+    return new_dynamic_size()
 
 
 def _plan(data, lengths, offsets, segment_ids, indices, num_segments, sorted, out_of_range):
@@ -217,7 +218,7 @@ def _(grad, data, lengths, offsets, segment_ids, indices, weights, out, arg, red
     gw = weights.new_empty(weights.shape) if (need_weights and weights is not None) else data.new_empty(0)
     if not sparse_grad:
         return data.new_empty(data.shape), data.new_empty(0, dtype=torch.int64), gw
-    n = indices.shape[0] if (segment_ids is None or out_of_range != "drop") else get_ctx().new_dynamic_size()
+    n = indices.shape[0] if (segment_ids is None or out_of_range != "drop") else new_dynamic_size()
     return data.new_empty((n, *data.shape[1:])), data.new_empty(n, dtype=torch.int64), gw
 
 
@@ -282,9 +283,8 @@ def jagged_key_lists(values: torch.Tensor, values_lengths: torch.Tensor, keys: t
 
 @jagged_key_lists.register_fake
 def _(values, values_lengths, keys, example_lengths, wanted):
-    ctx = get_ctx()
     offsets = keys.new_empty(len(wanted) * example_lengths.shape[0] + 1, dtype=torch.int64)
-    return offsets, [values.new_empty(ctx.new_dynamic_size()) for _ in wanted]
+    return offsets, [values.new_empty(new_dynamic_size()) for _ in wanted]
 
 
 def _key_slices(offsets, B: int, j: int):
@@ -318,10 +318,10 @@ def jagged_pooled(tables: list[torch.Tensor], values: torch.Tensor, values_lengt
 @jagged_pooled.register_fake
 def _(tables, values, values_lengths, keys, example_lengths, wanted, table_of, reducer, empty, validate, sparse_grad):
     _one_sparse_grad_per_table(tables, sparse_grad)
-    ctx, B, red = get_ctx(), example_lengths.shape[0], reducer_of(reducer)
+    B, red = example_lengths.shape[0], reducer_of(reducer)
     outs = [tables[i].new_empty((B, *tables[i].shape[1:]), dtype=_out_dtype(red, tables[i].dtype)) for i in table_of]
     offsets = keys.new_empty(len(wanted) * B + 1, dtype=torch.int64)
-    return outs, offsets, [values.new_empty(ctx.new_dynamic_size()) for _ in wanted]
+    return outs, offsets, [values.new_empty(new_dynamic_size()) for _ in wanted]
 
 
 def _pooled_setup(ctx, inputs, output):

@@ -5,7 +5,7 @@ Their results' sizes (``sum(lengths)`` ids, ``max(segment_ids) + 1`` lengths) an
 length, an id out of range) read the data: under torch.compile (``_compile.traced``) the public functions call
 these ops, whose real implementation is the eager function (its checks run at run time and raise the eager
 errors) and whose fake implementation gives the sizes from the input sizes, or a dynamic size
-(``get_ctx().new_dynamic_size()``) where the data decide it::
+(``_compile.new_dynamic_size()``: also without ``fullgraph``) where the data decide it::
 
     sparsefill::lengths_to_segment_ids(lengths, validate)             == segment.lengths_to_segment_ids   (N: dynamic)
     sparsefill::segment_ids_to_lengths(ids, num_segments, sorted, validate)      (S: num_segments, else dynamic)
@@ -31,8 +31,9 @@ from __future__ import annotations
 
 import torch
 from torch._library.effects import EffectType
-from torch.library import custom_op, get_ctx
+from torch.library import custom_op
 
+from .._compile import new_dynamic_size
 from . import _repr
 
 __all__ = ["lengths_to_segment_ids", "segment_ids_to_lengths", "lengths_to_offsets", "offsets_to_lengths",
@@ -40,7 +41,7 @@ __all__ = ["lengths_to_segment_ids", "segment_ids_to_lengths", "lengths_to_offse
 
 
 def _dynamic():
-    return get_ctx().new_dynamic_size()
+    return new_dynamic_size()  # (also where dynamo compiles without fullgraph: _compile.new_dynamic_size)
 
 
 def _effectful(op):
