@@ -6,6 +6,7 @@ Subject to the densify policy (``sparsefill.densify_policy``).  SparseTensor
 arguments that the op writes to (in-place and ``out=`` variants) are written back,
 re-specified against their own fill: ``A.mul_(2)`` leaves ``A`` a SparseTensor, specified
 wherever the result differs from ``A``'s fill (everywhere, unless ``2 * fill == fill``).
+An element-wise op whose operands do not broadcast raises torch's own error first (not the policy's).
 """
 
 from __future__ import annotations
@@ -18,11 +19,17 @@ from .._policy import check_densify
 from .._tensor import SparseTensor
 from ._schema import written_args
 from ._writes import respecify_
+from .pointwise import is_pointwise
+from .pointwise_dense import broadcast_error
+
+_EQUAL = torch.ops.aten.equal.default  # tagged pointwise, but compares the shapes (False where they differ)
 
 
 def densify_call(func, args, kwargs):
     flat, spec = tree_flatten((args, kwargs))
     sparse = [a for a in flat if isinstance(a, SparseTensor)]
+    if is_pointwise(func) and func is not _EQUAL:  # torch's error where the operands do not broadcast, before ours
+        broadcast_error(args, kwargs)
     check_densify(str(func), sum(a.numel() * a.element_size() for a in sparse))
     if any(a._indefinite for a in sparse):  # (dense_of would say "to_dense()": a call the user never made)
         raise ValueError(f"{func} has no sparse handler and is computed on the dense equivalent, but an operand "

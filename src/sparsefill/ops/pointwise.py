@@ -438,7 +438,7 @@ def pointwise_rule(func, args, kwargs, pattern_only=False):
     if any(C.shape != conv[0].shape for C in conv[1:]):
         expanded = _broadcast(conv)
         if expanded is None:
-            broadcast_error(func, args, kwargs)  # (torch's error: the sizes that do not match)
+            broadcast_error(args, kwargs)  # (torch's error: the sizes that do not match)
             return NotImplemented
         if written and out is None and expanded[0][1] is not A:
             raise RuntimeError(f"output with shape {list(A.shape)} doesn't match the broadcast shape "
@@ -455,7 +455,7 @@ def pointwise_rule(func, args, kwargs, pattern_only=False):
         try:
             shape = torch.broadcast_shapes(A.shape, *[t.shape for t in dense_ops])
         except RuntimeError:
-            broadcast_error(func, args, kwargs)
+            broadcast_error(args, kwargs)
             return NotImplemented
         # (not inside a backward: torch's derivative formulas reshape such intermediates in place, unsqueeze_)
         if not indefinite and not written and shape == A.shape and torch._C._current_graph_task_id() == -1:

@@ -212,18 +212,11 @@ def _masked_where(R: SparseTensor, masks) -> SparseTensor | None:
                            coalesced=True)
 
 
-def broadcast_error(func, args, kwargs):
-    """Raise torch's own error for tensor operands whose shapes do not broadcast (``The size of tensor a (12) must
-    match the size of tensor b (13) at non-singleton dimension 0``): the op on tensors of the operands' shapes,
-    dtypes and devices that hold one element each (expanded: no memory; torch's meta kernels of element-wise ops
-    word it otherwise).  Returns where the shapes broadcast."""
-    tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
-    try:
-        torch.broadcast_shapes(*[t.shape for t in tensors])
-        return
-    except RuntimeError:
-        pass
-
-    def stub(a):
-        return torch.empty((), dtype=a.dtype, device=a.device).expand(a.shape) if isinstance(a, torch.Tensor) else a
-    func(*[stub(a) for a in args], **{k: stub(v) for k, v in kwargs.items()})
+def broadcast_error(args, kwargs) -> None:
+    """Raise torch's own error where the tensor operands (``out=`` aside) do not broadcast, as TensorIterator words
+    it (``The size of tensor a (12) must match the size of tensor b (13) at non-singleton dimension 0``): their
+    shapes folded pairwise, in order, by torch's ``infer_size``, nothing allocated."""
+    shape = None
+    for a in (*args, *(v for k, v in kwargs.items() if k != "out")):
+        if isinstance(a, torch.Tensor):
+            shape = a.shape if shape is None else torch._C._infer_size(shape, a.shape)

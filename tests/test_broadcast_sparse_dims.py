@@ -1,0 +1,243 @@
+"""A SparseTensor operand broadcast along a sparse dim of the result (a row or column reduction with keepdim=True:
+``F.normalize``, ``A / A.sum(1, keepdim=True)``, ``A - A.amax(1, keepdim=True)``) and ``expand`` of size-1 sparse
+dims: the invariant ``densify(op(A, ...)) == op(A.to_dense(), ...)`` forward and backward, the pattern kept where the
+result has one (a masked ``A``; one fill ``f(fill, t)``), O(nse) storage for ``expand`` where it can be, the
+densify policy's gate where it cannot; and torch's own error for operands that do not broadcast.
+
+A masked (indefinite) ``A`` is compared where it is specified, against dense ``A`` with a fill that the op reads as
+"absent" (0 for sums and norms of positive values, -inf under a max and exp)."""
+
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.testing import assert_close
+
+import sparsefill
+from sparsefill import SparseTensor
+
+F64 = torch.float64
+N = 24
+_g = torch.Generator().manual_seed(0)
+_EI = torch.unique(torch.randint(0, N, (2, 70), generator=_g), dim=1)  # some rows and columns empty
+_NSE = _EI.shape[1]
+_W = torch.randn(N, N, 2, generator=_g, dtype=F64)
+assert (torch.bincount(_EI[0], minlength=N) == 0).any() and (torch.bincount(_EI[1], minlength=N) == 0).any()
+
+FNS = {  # name -> (fn, the dense fill that an indefinite A stands for, result keeps a fill-0 A's pattern)
+    "normalize_p1_dim1": (lambda X: F.normalize(X, p=1, dim=1), 0., True),
+    "normalize_p2_dim1": (lambda X: F.normalize(X, p=2, dim=1), 0., True),
+    "normalize_p1_dim0": (lambda X: F.normalize(X, p=1, dim=0), 0., True),
+    "normalize_p2_dim0": (lambda X: F.normalize(X, p=2, dim=0), 0., True),
+    "div_row_sum": (lambda X: X / X.sum(1, keepdim=True), 0., False),  # (0 / 0 in the empty rows: NaN)
+    "div_col_sum_clamped": (lambda X: X / X.sum(0, keepdim=True).clamp_min(0.5), 0., True),
+    "row_sum_over_x": (lambda X: X.sum(1, keepdim=True) / X.clamp_min(0.5), 0., False),
+    "sub_row_max": (lambda X: X - X.amax(1, keepdim=True), float("-inf"), False),
+    "softmax_by_hand": (lambda X: (X - X.amax(1, keepdim=True)).exp() / (X - X.amax(1, keepdim=True)).exp().sum(
+        1, keepdim=True), float("-inf"), False),
+}
+KINDS = ["coo", "csr", "hybrid", "uncoalesced"]
+
+
+def _leaf(kind, fill):
+    """``(X, v, Xd, vd, M)``: a SparseTensor of leaf values ``v``, its dense form ``Xd`` from leaf values ``vd`` (an
+    indefinite X's unspecified elements hold ``dense_fill`` there), and the mask ``M`` of X's specified elements."""
+    hybrid = kind == "hybrid"
+    shape = (N, N, 2) if hybrid else (N, N)
+    vals = torch.rand((_NSE, 2) if hybrid else (_NSE,), generator=torch.Generator().manual_seed(1), dtype=F64) + 0.1
+    v, vd = vals.clone().requires_grad_(), vals.clone().requires_grad_()
+    if kind == "uncoalesced":  # every element stored twice, in halves
+        X = sparsefill.sparse_coo_tensor(torch.cat([_EI, _EI], 1), torch.cat([v * 0.5, v * 0.5]), shape, fill_value=fill)
+    else:
+        X = sparsefill.sparse_coo_tensor(_EI, v, shape, fill_value=fill)
+        X = X.to_sparse(layout=torch.sparse_csr) if kind == "csr" else X
+    M = torch.zeros(N, N, dtype=torch.bool)
+    M[_EI[0], _EI[1]] = True
+    return X, v, vd, shape, (M[..., None].expand(shape) if hybrid else M)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("fill", [0., sparsefill.indefinite], ids=["fill0", "indefinite"])
+@pytest.mark.parametrize("name", list(FNS))
+def test_reduction_broadcast_along_a_sparse_dim_forward_and_backward(name, fill, kind):
+    fn, absent, keeps = FNS[name]
+    X, v, vd, shape, M = _leaf(kind, fill)
+    masked = fill is sparsefill.indefinite
+    Xd = torch.full(shape, absent if masked else 0., dtype=F64).index_put((_EI[0], _EI[1]), vd)
+    W = _W if kind == "hybrid" else _W[..., 0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", sparsefill.DensifyWarning)
+        R = fn(X)
+    Rd = fn(Xd)
+    assert isinstance(R, SparseTensor)
+    if masked:  # specified exactly where X is (every row and column that X stores in has a reduction)
+        assert R._indefinite and R._nse() == _NSE
+        assert_close(R.to_dense(fill_value=float("nan"))[M], Rd[M], equal_nan=True)
+        loss, lossd = (R * W).sum(), (Rd * W)[M].sum()
+    else:
+        assert_close(R.to_dense(), Rd, equal_nan=True)
+        if keeps:
+            assert R._nse() == _NSE
+        loss, lossd = (R * W).sum(), (Rd * W).sum()
+    loss.backward()
+    lossd.backward()
+    assert_close(loss, lossd, equal_nan=True)
+    assert_close(v.grad, vd.grad, equal_nan=True)
+
+
+@pytest.mark.parametrize("fill", [0., sparsefill.indefinite], ids=["fill0", "indefinite"])
+def test_normalize_of_a_large_adjacency_stays_within_the_policy(fill):
+    """50000 nodes: the denominators' expand and the division take O(nse), under a 10 MB densify policy."""
+    n, e = 50000, 100000
+    g = torch.Generator().manual_seed(0)
+    ei = torch.randint(0, n, (2, e), generator=g)
+    X = sparsefill.sparse_coo_tensor(ei, torch.rand(e, generator=g), (n, n), fill_value=fill).coalesce()
+    with sparsefill.densify_policy("raise", limit_bytes=10_000_000):
+        for R in (F.normalize(X, p=1, dim=1), F.normalize(X, p=2, dim=1), X / X.sum(0, keepdim=True).clamp_min(1e-9),
+                  X / X.norm(2, 1, keepdim=True).clamp_min(1e-9)):
+            assert R._nse() == X._nse() and R._indefinite == X._indefinite
+        if fill == 0.:
+            assert F.normalize(X, p=1, dim=0)._nse() == X._nse()
+            with pytest.raises(sparsefill.DensifyError, match="repeat 50000 times"):  # dense by nature: 0 - max
+                X - X.amax(1, keepdim=True)
+        else:
+            assert (X - X.amax(1, keepdim=True))._nse() == X._nse()
+            # (F.normalize(X, dim=0) of a masked X with an empty column: expand_as of the (1, n) norms cannot keep
+            # them as one dense slice, so it repeats them, n * n elements: the policy's gate refuses)
+            with pytest.raises(sparsefill.DensifyError, match="repeat 50000 times"):
+                F.normalize(X, p=1, dim=0)
+
+
+def test_a_masked_broadcast_operand_masks_the_result():
+    """X * Y.sum(1, keepdim=True), both indefinite: unspecified where Y's row has no element, although X has some."""
+    X = sparsefill.sparse_coo_tensor(_EI, torch.rand(_NSE, dtype=F64), (N, N), fill_value=sparsefill.indefinite)
+    Y = sparsefill.sparse_coo_tensor([[1, 1, 5], [0, 3, 2]], torch.tensor([1., 2., 3.], dtype=F64), (N, N),
+                                     fill_value=sparsefill.indefinite)
+    s = Y.sum(1, keepdim=True)
+    for R in (X * s, s * X):
+        rows = set(R.indices()[0].tolist())
+        assert R._indefinite and rows <= {1, 5} and R._nse() == int(((_EI[0] == 1) | (_EI[0] == 5)).sum())
+        i = R.indices()
+        assert_close(R.values(), (X.to_dense(fill_value=0.) * s.to_dense(fill_value=0.))[i[0], i[1]])
+
+
+def test_an_integer_masked_operand_with_no_value_at_a_zero():
+    """An integer floor division by a masked row sum: the masked rows' placeholder is a stored value, not 0."""
+    X = sparsefill.sparse_coo_tensor(_EI, torch.arange(1, _NSE + 1), (N, N), fill_value=sparsefill.indefinite)
+    Y = sparsefill.sparse_coo_tensor([[0, 2], [1, 1]], torch.tensor([3, 4]), (N, N), fill_value=sparsefill.indefinite)
+    R = X // Y.sum(1, keepdim=True)
+    i = R.indices()
+    assert set(i[0].tolist()) <= {0, 2}
+    assert_close(R.values(), (X.to_dense(fill_value=0) // Y.to_dense(fill_value=0).sum(1, keepdim=True).clamp_min(1))
+                 [i[0], i[1]])
+
+
+@pytest.mark.parametrize("fill", [0., sparsefill.indefinite], ids=["fill0", "indefinite"])
+def test_in_place_and_out_with_a_broadcast_sparse_operand(fill):
+    X, _, _, _, M = _leaf("coo", fill)
+    X = X.detach()
+    ref = X.to_dense(fill_value=0.) / X.sum(1, keepdim=True).clamp_min(1.).to_dense(fill_value=1.)
+    Y = X.clone()
+    Y.div_(Y.sum(1, keepdim=True).clamp_min(1.))
+    assert_close(Y.to_dense(fill_value=0.), ref)
+    if fill == 0.:
+        O = sparsefill.zeros(N, N, dtype=F64)
+        torch.div(X, X.sum(1, keepdim=True).clamp_min(1.), out=O)
+        assert_close(O.to_dense(), ref)
+    else:
+        assert Y._nse() == _NSE
+
+
+def _fills(shape, fill, hybrid):
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(shape, generator=g, dtype=F64)
+    x[torch.rand(shape, generator=g) < 0.5] = 0.
+    if fill == "array":
+        return sparsefill.to_sparse(x, fill_value=torch.arange(shape[-1], dtype=F64) % 3, dense_dim=1)
+    return sparsefill.to_sparse(x, fill_value=fill, dense_dim=1 if hybrid else 0)
+
+
+EXPANDS = [((N, 1), (N, N)), ((1, N), (N, N)), ((3,), (2, 3)), ((3,), (4, 2, 3)), ((2, 1, 3), (2, 5, 3)),
+           ((1, 1, 3), (4, 5, 3)), ((2, 1), (2, 0)), ((0, 1), (0, 4))]
+
+
+_EXPAND_CASES = [(src, size, fill, hybrid, layout) for src, size in EXPANDS for fill in (0., 1.5, "array", "masked")
+                 for hybrid in (False, True) for layout in (torch.sparse_coo, torch.sparse_csr)
+                 if (hybrid or fill != "array") and (not hybrid or len(src) >= 2)  # an array fill needs a dense dim
+                 and (layout is torch.sparse_coo or len(src) - hybrid >= 2 and fill != "array")]  # CSR: 2 sparse dims
+
+
+@pytest.mark.parametrize("src,size,fill,hybrid,layout", _EXPAND_CASES,
+                         ids=[f"{a}->{b}-{f}-{'hybrid' if h else 'sparse'}-{str(lay)[13:]}" for a, b, f, h, lay in
+                              _EXPAND_CASES])
+def test_expand_equals_dense_and_stores_no_repeats(src, size, fill, hybrid, layout):
+    A = _fills(src, sparsefill.indefinite if fill == "masked" else fill, hybrid)
+    A = A.to_sparse(layout=layout) if layout is torch.sparse_csr else A
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", sparsefill.DensifyWarning)
+        E = A.expand(size)
+    assert E.shape == torch.Size(size)
+    ref = A.to_dense(fill_value=float("nan")) if fill == "masked" else A.to_dense()
+    got = E.to_dense(fill_value=float("nan")) if fill == "masked" else E.to_dense()
+    assert_close(got, ref.expand(size), equal_nan=True)
+    grown = [s for o, s in zip((1,) * (len(size) - len(src)) + src, size) if o == 1 and s != 1]
+    if fill != "masked" and grown:  # one slice of the grown dims on per stored prefix, never nse * repeats
+        assert E._nse() <= max(A._nse(), 1)
+    assert_close(((E * 2).to_dense(fill_value=float("nan")) if fill == "masked" else (E * 2).to_dense()),
+                 ref.expand(size) * 2, equal_nan=True)
+
+
+def test_expand_that_must_repeat_passes_the_policy_gate():
+    """A masked (1, n) with a column masked out cannot become one dense slice: its stored elements repeat n times,
+    through the densify policy's gate (a DensifyError past the byte limit, quiet below it)."""
+    n = 3000
+    A = sparsefill.sparse_coo_tensor([[0] * 50, list(range(0, 100, 2))], torch.ones(50), (1, n),
+                                     fill_value=sparsefill.indefinite)
+    with sparsefill.densify_policy("raise", limit_bytes=1_000_000):
+        with pytest.raises(sparsefill.DensifyError, match=r"expand of a SparseTensor of shape \[1, 3000\] to "
+                                                          r"\[3000, 3000\].*50 stored elements repeat 3000 times"):
+            A.expand(n, n)
+    E = A.expand(n, n)
+    assert E._nse() == 50 * n
+    B = sparsefill.sparse_coo_tensor([[0] * 50, list(range(50))], torch.ones(50), (1, 50),
+                                     fill_value=sparsefill.indefinite)
+    assert B.expand(50, 50)._nse() == 1  # wholly specified: one dense slice
+
+
+def test_expand_follows_its_base():
+    A = sparsefill.sparse_coo_tensor([[0, 2], [0, 0]], torch.tensor([1., 2.]), (3, 1))
+    E = A.expand(3, 4)
+    A.mul_(3.)
+    assert_close(E.to_dense(), A.to_dense().expand(3, 4))
+
+
+CASES = {
+    "mul_column": lambda A: A * torch.randn(N + 1)[:, None],
+    "add_matrix": lambda A: A + torch.randn(N + 1, N + 1),
+    "dense_first": lambda A: torch.randn(N, N + 1) + A,
+    "where": lambda A: torch.where(torch.ones(N + 1, N + 1, dtype=torch.bool), A, 0.),
+    "lerp": lambda A: torch.lerp(A, torch.zeros(N, N), torch.rand(N + 1, 1)),
+    "sparse_pair": lambda A: A * sparsefill.zeros(N + 1, 1),
+    "in_place": lambda A: A.add_(torch.randn(N + 1)[:, None]),
+    "zeta": lambda A: torch.special.zeta(A, torch.rand(1, N + 1)),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("fill", [0., sparsefill.indefinite], ids=["fill0", "indefinite"])
+def test_operands_that_do_not_broadcast_raise_torchs_error_and_change_nothing(case, fill):
+    A = sparsefill.sparse_coo_tensor(_EI, torch.rand(_NSE, dtype=torch.float32), (N, N), fill_value=fill)
+    before = A.values().clone()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", sparsefill.DensifyWarning)
+        with pytest.raises(RuntimeError, match=r"The size of tensor a \(\d+\) must match the size of tensor b \(\d+\)"):
+            CASES[case](A)
+    assert torch.equal(A.values(), before) and A._nse() == _NSE
+
+
+def test_a_large_operand_that_does_not_broadcast_raises_torchs_error_not_densify_error():
+    A = sparsefill.sparse_coo_tensor([[0, 1], [1, 2]], torch.ones(2), (50000, 50000))
+    with sparsefill.densify_policy("raise", limit_bytes=1_000_000):
+        with pytest.raises(RuntimeError, match=r"size of tensor a \(50000\) must match the size of tensor b \(50001\)"):
+            A * torch.randn(50001)[:, None]
