@@ -241,3 +241,18 @@ def test_a_large_operand_that_does_not_broadcast_raises_torchs_error_not_densify
     with sparsefill.densify_policy("raise", limit_bytes=1_000_000):
         with pytest.raises(RuntimeError, match=r"size of tensor a \(50000\) must match the size of tensor b \(50001\)"):
             A * torch.randn(50001)[:, None]
+
+
+@pytest.mark.parametrize("sx,ss", [((4, 0), (4, 1)), ((0, 3), (1, 3)), ((0, 3), (0, 1)), ((3, 4), (1, 4))])
+@pytest.mark.parametrize("fill", [0., sparsefill.indefinite], ids=["fill0", "indefinite"])
+def test_zero_size_and_empty_broadcast_operands(sx, ss, fill):
+    """0-size results, and a broadcast operand with nothing stored (masked: it masks every element out)."""
+    X = sparsefill.to_sparse(torch.ones(sx), fill_value=fill)
+    S = sparsefill.sparse_coo_tensor(torch.zeros(len(ss), 0, dtype=torch.int64), torch.zeros(0), ss, fill_value=fill)
+    for op in (torch.add, lambda a, b: b * a, lambda a, b: a / b.exp()):
+        R = op(X, S)
+        assert R.shape == torch.broadcast_shapes(sx, ss)
+        if fill == 0.:
+            assert_close(R.to_dense(), op(X.to_dense(), S.to_dense()))
+        else:
+            assert R._indefinite and R._nse() == 0

@@ -204,7 +204,7 @@ def _masked_where(R: SparseTensor, masks) -> SparseTensor | None:
             lo, m = m.flatten(sd).all(-1), m.flatten(sd).any(-1)
             if not torch.equal(lo, m):
                 return None
-        k = m[tuple(idx[j] if m.shape[j] > 1 else 0 for j in range(sd))].reshape(-1).expand(idx.shape[1])
+        k = m[tuple(idx[j] if m.shape[j] != 1 else 0 for j in range(sd))].reshape(-1).expand(idx.shape[1])
         keep = k if keep is None else keep & k
     if bool(keep.all()):
         return R
