@@ -185,3 +185,53 @@ def test_indefinite_constructor_in_graph(layout):
             torch.testing.assert_close(dense(got), dense(want), equal_nan=True)
             torch.testing.assert_close(torch.autograd.grad(weighted(got), [v]),
                                        torch.autograd.grad(weighted(want), [v]))
+
+
+# Conversions of a constructor's result inside the graph (the user review's F8: an uncoalesced COO's to_sparse_csr
+# was dynamo's internal PendingUnbackedSymbolNotFound, its coalesce's count an unbound size).
+def _coo(i, v, **kw):
+    return sparsefill.sparse_coo_tensor(i, v, (4, 5), **kw)
+
+
+CONVERSIONS = {
+    "csr": lambda i, v: _coo(i, v).to_sparse_csr(),
+    "csr_indefinite": lambda i, v: _coo(i, v, fill_value=sparsefill.indefinite).to_sparse_csr(),
+    "csr_then_coo": lambda i, v: _coo(i, v, fill_value=0.5).to_sparse_csr().to_sparse_coo(),
+    "refill": lambda i, v: _coo(i, v, fill_value=0.5).to_sparse(fill_value=1.0),
+    "csr_refill": lambda i, v: _coo(i, v).to_sparse(layout=torch.sparse_csr, fill_value=2.0),
+    "prune": lambda i, v: _coo(i, v).prune(),
+    "coalesce_indices": lambda i, v: (_coo(i, v).coalesce().indices() * 1, _coo(i, v).coalesce().values() * 2),
+    "csr_matmul": lambda i, v: _coo(i, v).to_sparse_csr() @ torch.linspace(-1, 1, 10, dtype=v.dtype).view(5, 2),
+}
+
+
+@pytest.mark.parametrize("name", list(CONVERSIONS))
+def test_conversion_of_an_in_graph_constructor(name):
+    """An uncoalesced COO built in the graph (duplicates), converted: fullgraph (aot_eager), no recompile on a third
+    pattern, the dense result and the values' gradient as eager."""
+    fn = CONVERSIONS[name]
+    torch._dynamo.reset()
+    cf = torch.compile(fn, backend="aot_eager", fullgraph=True)
+    g = torch.Generator().manual_seed(3)
+    for step, nse in enumerate([6, 9, 11]):
+        with torch._dynamo.config.patch(error_on_recompile=step == 2):
+            i = torch.stack([torch.randint(0, 4, (nse,), generator=g), torch.randint(0, 5, (nse,), generator=g)])
+            i[:, 1] = i[:, 0]  # (a duplicate at least)
+            v = torch.randn(nse, dtype=torch.float64, generator=g, requires_grad=True)
+            got, want = (tuple(dense(t) for t in (r if isinstance(r, tuple) else (r,))) for r in (cf(i, v), fn(i, v)))
+            torch.testing.assert_close(got, want, equal_nan=True)
+            loss = [sum(weighted(t) for t in r if t.requires_grad) for r in (got, want)]
+            if isinstance(loss[1], torch.Tensor):
+                torch.testing.assert_close(torch.autograd.grad(loss[0], v), torch.autograd.grad(loss[1], v))
+
+
+def test_to_torch_in_graph_is_a_named_graph_break():
+    """``to_torch`` (a native sparse tensor of a data-dependent nse: torch does not trace it) is a graph break with
+    the eager result, and with ``fullgraph`` a named error, never dynamo's unnamed guard error."""
+    i, v = torch.tensor([[0, 2, 1, 2], [1, 0, 2, 0]]), torch.randn(4)
+    fn = lambda i, v: _coo(i, v).to_torch() * 2  # noqa: E731
+    torch._dynamo.reset()
+    torch.testing.assert_close(torch.compile(fn, backend="eager")(i, v).to_dense(), fn(i, v).to_dense())
+    torch._dynamo.reset()
+    with pytest.raises(torch._dynamo.exc.Unsupported, match="sparsefill: to_torch not traceable"):
+        torch.compile(fn, backend="eager", fullgraph=True)(i, v)

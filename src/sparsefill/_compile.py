@@ -312,15 +312,25 @@ def _recorded_whole(fn):
     def run(*args, **kwargs):
         args = tuple(_from_constant(a) for a in args)
         kwargs = {k: _from_constant(v) for k, v in kwargs.items()}
-        mode = tracing_mode()
-        env = mode.shape_env if mode is not None else None
-        n0 = len(env.pending_fresh_unbacked_symbols) if env is not None else 0
-        with data_dependent_sizes(env):
-            out = fn(*args, **kwargs)
-        if env is not None:
-            env.ignorable_fresh_unbacked_symbols.extend(env.pending_fresh_unbacked_symbols[n0:])
-        return out
+        with inner_sizes():
+            return fn(*args, **kwargs)
     return run
+
+
+@contextlib.contextmanager
+def inner_sizes():
+    """While traced (nothing in eager), for sparsefill code that torch.compile runs as one node of its graph
+    (a function recorded whole, a SparseTensor method such as ``to_sparse_csr`` that dynamo calls on fake
+    tensors): sizes that depend on data are unbacked (:func:`data_dependent_sizes`), and those that do not
+    reach the result (a coalesce's count before a conversion) may stay unbound, as inside a handler
+    (:func:`traced_dispatch`; dynamo's unnamed PendingUnbackedSymbolNotFound otherwise)."""
+    mode = tracing_mode()
+    env = mode.shape_env if mode is not None else None
+    n0 = len(env.pending_fresh_unbacked_symbols) if env is not None else 0
+    with data_dependent_sizes(env):
+        yield
+    if env is not None:
+        env.ignorable_fresh_unbacked_symbols.extend(env.pending_fresh_unbacked_symbols[n0:])
 
 
 def _register_with_dynamo() -> None:

@@ -17,7 +17,7 @@ import torch
 
 from . import _convert, _index
 from ._autograd import Construct, SameDense, refuse_dual, unwrapped
-from ._compile import traced
+from ._compile import inner_sizes, traced, tracing_mode
 from ._tensor import SparseTensor
 
 __all__ = ["indefinite", "sparse_coo_tensor", "sparse_csr_tensor", "to_sparse", "from_torch", "to_torch", "full", "zeros", "ones",
@@ -189,7 +189,17 @@ def _func_wrapped(*ts) -> bool:
 
 
 def _same_dense(x, fn):
+    """``fn(x)`` (a conversion: the same dense tensor), differentiable.  While traced its inner data-dependent
+    sizes may stay unbound (``_compile.inner_sizes``): dynamo runs a conversion method (``to_sparse_csr``) as
+    one node of its graph, on fake tensors."""
     refuse_dual("a sparsefill conversion", x)
+    if tracing_mode() is not None:
+        with inner_sizes():
+            return _same_dense_of(x, fn)
+    return _same_dense_of(x, fn)
+
+
+def _same_dense_of(x, fn):
     if torch.is_grad_enabled() and x.requires_grad or _func_wrapped(x):
         return SameDense.apply(x, fn)
     return fn(x.detach())
@@ -387,7 +397,15 @@ def from_torch(t: torch.Tensor) -> SparseTensor:
 
 
 def to_torch(A: SparseTensor, *, materialize: bool = False) -> torch.Tensor:
-    """Torch native sparse tensor of ``A`` (differentiable); see :meth:`SparseTensor.to_torch`."""
+    """Torch native sparse tensor of ``A`` (differentiable); see :meth:`SparseTensor.to_torch`.  Under torch.compile
+    a graph break (with ``fullgraph=True`` dynamo's error, this message): torch traces no native sparse tensor of a
+    data-dependent nse (it guards on it)."""
+    if traced(A._vals):  # (dynamo runs A.to_torch() on fake tensors, as one node of its graph: a graph break there)
+        from torch._dynamo.exc import unimplemented
+        unimplemented(gb_type="sparsefill: to_torch not traceable", context="SparseTensor.to_torch",
+                      explanation="A torch native sparse tensor of a data-dependent nse does not trace (torch "
+                                  "guards on its nse); to_torch runs eagerly",
+                      hints=["Convert outside the compiled function."])
     return _same_dense(A, lambda a: _convert.to_torch(a, materialize=materialize))
 
 

@@ -44,7 +44,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from .. import _index
-from .._compile import bincount, traced
+from .._compile import bincount, known_true, traced
 from .._autograd import Construct, SameDense, _pattern, refuse_vmap, sparse_inside
 from .._convert import coalesced_parts, parts_to_sparse, rewrap, scalar_parts
 from .._tensor import SparseTensor
@@ -167,7 +167,7 @@ def _within_pattern(T: SparseTensor, A: SparseTensor, keys: dict) -> bool:
         idx, _ = coalesced_parts(A)
         keys[id(A)] = (A, _index.linearize(idx, A._sparse_shape))  # (A kept: its id stays its own)
     tk = _index.linearize(T._coo_parts()[0], T._sparse_shape)
-    return bool(_index.lookup(keys[id(A)][1], tk)[1].all())
+    return known_true(_index.lookup(keys[id(A)][1], tk)[1].all())  # (traced: not known, the general path)
 
 
 def _sampled(A: SparseTensor, U: torch.Tensor, V: torch.Tensor):
