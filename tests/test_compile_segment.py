@@ -407,6 +407,22 @@ def _pooled_cases(kj, t1, t3, shared):
             kj.pooled(shared, "sqrt_n", keys=[3, 2], sparse_grad=True))
 
 
+def _padded_cases(values, values_lengths, keys, example_lengths, weights):
+    kj = segment.KeyedJaggedBatch(values, values_lengths, keys, example_lengths)
+    fw = segment.KeyedJaggedBatch(weights, values_lengths, keys, example_lengths)  # (float values: a gradient)
+    return (kj.to_padded([3, 1]), kj.to_padded([2, 4, 3], max_length=2, pad_value=-1), kj.to_padded([]),
+            fw.to_padded((1, 3), pad_value=0.5), fw.to_padded([3], max_length=1))
+
+
+@pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "plain"])
+def test_to_padded(fullgraph):
+    """``KeyedJaggedBatch.to_padded`` (keys as a list or tuple, a key absent from the batch, ``max_length``
+    truncating, no keys; float values with a gradient) traces, with and without ``fullgraph`` (the user review's
+    F7: ``select_keys``' data-dependent sizes were a graph break, and with ``fullgraph`` dynamo's unnamed
+    guard error): no graph break, no recompile, outputs and gradients as eager."""
+    _compiled_against_eager(_padded_cases, lambda lengths, k: _jagged(k), grads=(4,), fullgraph=fullgraph)
+
+
 @pytest.mark.parametrize("name", ["pooled", "built traced", "conversions"])
 def test_traced_without_fullgraph(name):
     """Without ``fullgraph`` the ops of a dynamic output size (``jagged_pooled``, ``jagged_key_lists``, the
@@ -532,6 +548,7 @@ def test_opcheck_conversions():
                      (ops.lengths_to_weights, (L, 0.5, torch.float64, True)), (ops.lengths_range_fill, (L.int(), True)),
                      (ops.lengths_gather_rows, (L, torch.tensor([2, 0]), 5, True)),
                      (ops.gather_ranges_rows, (torch.tensor([[[0, 2], [3, 1]]]), 5, True)),
+                     (ops.lengths_max_range, (L,)), (ops.lengths_max_range, (L[:0].int(),)),
                      (ops.jagged_check, (kj.example_lengths, kj.values_lengths, kj.keys, 7))]:
         _opcheck(op.default, args)
 

@@ -351,6 +351,8 @@ class KeyedJaggedBatch:
     def to_padded(self, keys, *, pad_value=0, max_length: int | None = None):
         """``(padded, mask)``: ``padded[e, j, :]`` holds the ids of key ``keys[j]`` in example ``e``,
         padded with ``pad_value`` to the longest list (or ``max_length``, truncating); shape ``(B, K, L)``."""
+        if traced(self.values) and isinstance(keys, (list, tuple)):  # torch.compile: no select_keys (data sizes)
+            return self._padded_traced([int(k) for k in keys], pad_value, max_length)
         want = as_index(keys, "keys", self.keys.device).long()
         sel = self.select_keys(want)
         K, B = want.numel(), self.batch_size
@@ -362,6 +364,36 @@ class KeyedJaggedBatch:
         out = packed.new_full((B * K, L, *packed.shape[2:]), pad_value).index_copy(0, slot, packed)
         m = torch.zeros(B * K, L, dtype=torch.bool, device=mask.device).index_copy(0, slot, mask)
         return out.view(B, K, L, *packed.shape[2:]), m.view(B, K, L)
+
+    def _padded_traced(self, keys: list[int], pad_value, max_length):
+        """``to_padded`` under torch.compile: the ids' positions per (key, example) list by the custom op
+        ``sparsefill::jagged_key_lists`` (slot ``j * B + e``), the width by ``sparsefill::lengths_max_range`` (both
+        dynamic sizes, also without ``fullgraph``); each list copied to row ``e * K + j`` of the padded layout,
+        its places past ``max_length`` to a dropped slot."""
+        from ._custom_ops import jagged_key_lists
+        from ._repr_ops import lengths_max_range
+        if len(set(keys)) != len(keys):
+            raise ValueError(f"keys must be distinct, got {keys}")
+        if max_length is not None and max_length < 0:
+            raise ValueError(f"max_length must be non-negative, got {max_length}")
+        vals, K, B = self.values, len(keys), self.batch_size
+        dev = vals.device
+        offsets, lists = jagged_key_lists(torch.arange(vals.shape[0], device=dev), self.values_lengths, self.keys,
+                                          self.example_lengths, keys)
+        lens = torch.diff(offsets)  # (K * B,) slot j * B + e
+        L = lengths_max_range(lens).shape[0] if max_length is None else max_length
+        at = torch.cat(lists) if K else offsets.new_empty(0)  # (the ids' positions in slot order)
+        n = at.shape[0]
+        slot = torch.arange(K * B, device=dev)
+        row = (slot % B) * K + slot // B if B else slot
+        pos = torch.arange(n, device=dev) - torch.repeat_interleave(offsets[:-1], lens, output_size=n)
+        dest = torch.repeat_interleave(row * L, lens, output_size=n) + pos
+        if max_length is not None:
+            dest = torch.where(pos < L, dest, B * K * L)
+        flat = vals.new_full((B * K * L + 1, *vals.shape[1:]), pad_value).index_copy(0, dest, vals.index_select(0, at))
+        by_row = lens.view(K, B).t().reshape(B * K, 1)
+        mask = torch.arange(L, device=dev) < by_row
+        return flat[:B * K * L].view(B, K, L, *vals.shape[1:]), mask.view(B, K, L)
 
     def pooled(self, tables, reducer: str = "sum", *, keys=None, **kw) -> dict[int, torch.Tensor]:
         """Per key, the ids of every example looked up in ``tables[key]`` (or one shared table) and reduced:

@@ -15,6 +15,7 @@ errors) and whose fake implementation gives the sizes from the input sizes, or a
     sparsefill::lengths_range_fill(lengths, validate)                           (N: dynamic)
     sparsefill::lengths_gather_rows(lengths, indices, n, validate)   the rows of items lengths_gather reads
     sparsefill::gather_ranges_rows(ranges, n, validate)              the rows of data gather_ranges reads
+    sparsefill::lengths_max_range(lengths)                           arange(max(lengths)): the padded width
     sparsefill::jagged_check(example_lengths, values_lengths, keys, total)   KeyedJaggedBatch's data checks
 
 The differentiable conversions (``lengths_tile``, ``lengths_gather``, ``gather_ranges``) gather their data
@@ -131,6 +132,19 @@ def gather_ranges_rows(ranges: torch.Tensor, n: int, validate: bool) -> torch.Te
 @gather_ranges_rows.register_fake
 def _(ranges, n, validate):
     return ranges.new_empty(_dynamic(), dtype=torch.int64)
+
+
+@custom_op("sparsefill::lengths_max_range", mutates_args=())
+def lengths_max_range(lengths: torch.Tensor) -> torch.Tensor:
+    """``arange(max(lengths))`` (int64; empty for no lengths): its size, the longest segment, is the width of a
+    padded layout, a dynamic size read from no host value (``int(lengths.max())`` is a graph break without
+    ``fullgraph``)."""
+    return torch.arange(int(lengths.max()) if lengths.numel() else 0, device=lengths.device)
+
+
+@lengths_max_range.register_fake
+def _(lengths):
+    return lengths.new_empty(_dynamic(), dtype=torch.int64)
 
 
 @custom_op("sparsefill::jagged_check", mutates_args=())
