@@ -256,3 +256,18 @@ def test_zero_size_and_empty_broadcast_operands(sx, ss, fill):
             assert_close(R.to_dense(), op(X.to_dense(), S.to_dense()))
         else:
             assert R._indefinite and R._nse() == 0
+
+
+@pytest.mark.parametrize("rows", [None, [0, 1, 2, 3, 5, 7, 9]], ids=["masks_none_of_A", "masks_some_of_A"])
+def test_in_place_masked_fill_by_a_masked_broadcast_mask(rows):
+    """``g.masked_fill_(norm == 0, 0)`` (norm's backward) with a masked (N, 1) condition: A keeps its pattern where
+    the condition is specified on every row A stores in, else loses the elements of the masked rows."""
+    A = sparsefill.sparse_coo_tensor(_EI, torch.rand(_NSE, dtype=F64), (N, N), fill_value=sparsefill.indefinite)
+    ref = A.to_dense(fill_value=0.)
+    S = A.sum(1, keepdim=True) if rows is None else sparsefill.sparse_coo_tensor(
+        [rows, [0] * len(rows)], torch.zeros(len(rows), dtype=F64), (N, 1), fill_value=sparsefill.indefinite)
+    M = S < 0.5
+    A.masked_fill_(M, -1.)
+    i = A.indices()
+    assert A._indefinite and A._nse() == (_NSE if rows is None else int(torch.isin(_EI[0], torch.tensor(rows)).sum()))
+    assert_close(A.values(), ref.masked_fill(M.to_dense(fill_value=False), -1.)[i[0], i[1]])

@@ -152,7 +152,8 @@ def join_small(rule, func, args, kwargs, sparse, conv, written):
         op(A, T) == op(A, dense(T))        (dense(T): T.numel() elements, no more than T expanded and A store)
 
     An indefinite ``T`` (beside indefinite full operands only) joins with a stored value as its fill, and the
-    result then drops the positions where ``T`` is unspecified (:func:`_masked_where`).  None where it does not
+    result then drops the positions where ``T`` is unspecified (:func:`_masked_where`; in place, only where that
+    drops none of the target's elements: ``g.masked_fill_(norm == 0, 0)`` in norm's backward).  None where it does not
     apply (the rule then expands ``T``: :func:`.shape.expand`, under the densify policy)."""
     try:
         shape = torch.broadcast_shapes(*[C.shape for C in conv])
@@ -168,8 +169,7 @@ def join_small(rule, func, args, kwargs, sparse, conv, written):
             continue
         pad = len(shape) - C.dim()
         grown = [j for j in range(sd) if shape[j] != 1 and (j < pad or C.shape[j - pad] == 1)]
-        if not grown or any(T is w for w in written) or \
-                C._indefinite and (written or not all(F._indefinite for F in full)):
+        if not grown or any(T is w for w in written) or C._indefinite and not all(F._indefinite for F in full):
             return None
         repeats = _index.numel([shape[j] for j in grown])
         if C.numel() > (max(C._nse(), 1) * repeats + full[0]._nse()) * _index.numel(C._dense_shape):
@@ -185,6 +185,10 @@ def join_small(rule, func, args, kwargs, sparse, conv, written):
                                          known_zero=True)))
         else:
             dense[k] = dense_of(C)
+    if masks and written:  # in place: where the masks drop none of the target's elements (nothing to undo after)
+        if _masked_where(written[0], masks) is not written[0]:
+            return None
+        masks = []
     out = rule(func, [dense.get(id(a), a) for a in args], {k: dense.get(id(v), v) for k, v in kwargs.items()},
                pattern_only=True)
     if not isinstance(out, SparseTensor):
