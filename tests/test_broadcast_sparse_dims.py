@@ -271,3 +271,14 @@ def test_in_place_masked_fill_by_a_masked_broadcast_mask(rows):
     i = A.indices()
     assert A._indefinite and A._nse() == (_NSE if rows is None else int(torch.isin(_EI[0], torch.tensor(rows)).sum()))
     assert_close(A.values(), ref.masked_fill(M.to_dense(fill_value=False), -1.)[i[0], i[1]])
+
+
+def test_an_uncoalesced_masked_broadcast_operand():
+    """Duplicates of the (N, 1) operand add up; its unspecified rows mask the result's."""
+    X = sparsefill.sparse_coo_tensor([[0, 1, 2, 3], [1, 2, 3, 4]], torch.tensor([1., 2., 3., 4.]), (6, 6),
+                                     fill_value=sparsefill.indefinite)
+    S = sparsefill.sparse_coo_tensor([[0, 0, 1, 3, 3], [0] * 5], torch.tensor([1., 2., 3., 4., 5.]), (6, 1),
+                                     fill_value=sparsefill.indefinite)
+    assert not S.is_coalesced()
+    R = X * S
+    assert R.indices().tolist() == [[0, 1, 3], [1, 2, 4]] and R.values().tolist() == [3., 6., 36.]
