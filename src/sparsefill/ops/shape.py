@@ -290,6 +290,8 @@ def _expand_as_dense_dims(A: SparseTensor, size, f: int, r: int) -> SparseTensor
     dense (None for an indefinite ``A`` whose slices there are partly stored) and stores no more than the
     repeats would (one slice of the old dims ``f..`` per stored prefix, against ``nse * r`` slices)."""
     from .._splits import coarser  # (_splits imports _convert, which the registry's modules import first)
+    if traced(A._vals):  # (torch.compile: coarser's slice count is data; the repeats are not)
+        return None
     nd, lead = len(size) - f, len(size) - A.dim()
     old = [1] * lead + list(A.shape)
     nse = A._nse()
