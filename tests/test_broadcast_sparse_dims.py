@@ -282,3 +282,18 @@ def test_an_uncoalesced_masked_broadcast_operand():
     assert not S.is_coalesced()
     R = X * S
     assert R.indices().tolist() == [[0, 1, 3], [1, 2, 4]] and R.values().tolist() == [3., 6., 36.]
+
+
+@pytest.mark.parametrize("fill", [0., sparsefill.indefinite], ids=["fill0", "indefinite"])
+def test_normalize_under_torch_compile_forward_and_backward(fill):
+    """Traced, expand repeats (its slice count and its stored count are data): no guard on them, the eager results."""
+    def f(v):
+        R = F.normalize(sparsefill.sparse_coo_tensor(_EI, v, (N, N), fill_value=fill), p=1, dim=1)
+        return (R * R).sum()
+    vals = torch.rand(_NSE, generator=torch.Generator().manual_seed(2), dtype=F64)
+    v1, v2 = vals.clone().requires_grad_(), vals.clone().requires_grad_()
+    out, ref = torch.compile(f, backend="aot_eager")(v1), f(v2)
+    out.backward()
+    ref.backward()
+    assert_close(out, ref)
+    assert_close(v1.grad, v2.grad)

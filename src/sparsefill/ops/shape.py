@@ -266,7 +266,7 @@ def expand(A: SparseTensor, size, keep_split: bool = False) -> SparseTensor | No
         if out is not None:
             return out
     idx, vals = A._coo_parts()
-    if grown and idx.shape[1] * r > SPECIFY_QUIET_ELEMENTS:
+    if grown and not traced(idx) and idx.shape[1] * r > SPECIFY_QUIET_ELEMENTS:  # (traced: nse may be unbacked)
         check_densify(f"expand of a SparseTensor of shape {list(A.shape)} to {size} along sparse dims: its "
                       f"{idx.shape[1]} stored elements repeat {r} times", idx.shape[1] * r * (
                           8 * sd + vals.element_size() * _index.numel(vals.shape[1:])), by_nature=True)
