@@ -41,14 +41,15 @@ KINDS = ["coo", "csr", "hybrid", "uncoalesced"]
 
 
 def _leaf(kind, fill):
-    """``(X, v, Xd, vd, M)``: a SparseTensor of leaf values ``v``, its dense form ``Xd`` from leaf values ``vd`` (an
-    indefinite X's unspecified elements hold ``dense_fill`` there), and the mask ``M`` of X's specified elements."""
+    """``(X, v, vd, shape, M)``: a SparseTensor of leaf values ``v``, a copy ``vd`` of them for the dense computation,
+    the shape, and the mask ``M`` of X's specified elements."""
     hybrid = kind == "hybrid"
     shape = (N, N, 2) if hybrid else (N, N)
     vals = torch.rand((_NSE, 2) if hybrid else (_NSE,), generator=torch.Generator().manual_seed(1), dtype=F64) + 0.1
     v, vd = vals.clone().requires_grad_(), vals.clone().requires_grad_()
     if kind == "uncoalesced":  # every element stored twice, in halves
-        X = sparsefill.sparse_coo_tensor(torch.cat([_EI, _EI], 1), torch.cat([v * 0.5, v * 0.5]), shape, fill_value=fill)
+        X = sparsefill.sparse_coo_tensor(torch.cat([_EI, _EI], 1), torch.cat([v * 0.5, v * 0.5]), shape,
+                                         fill_value=fill)
     else:
         X = sparsefill.sparse_coo_tensor(_EI, v, shape, fill_value=fill)
         X = X.to_sparse(layout=torch.sparse_csr) if kind == "csr" else X
