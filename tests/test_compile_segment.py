@@ -283,8 +283,8 @@ def _compiled_against_eager(fn, make_args, grads=(), fullgraph=True):
                 got_g, want_g = (torch.autograd.grad(sum((o * ci).sum() for o, ci in zip(part, c)), leaves)
                                  for part in (outs[:n], outs[n:]))
                 torch.testing.assert_close([_dense(g) for g in got_g], [_dense(g) for g in want_g])  # (sparse: dense)
-    assert counter.frame_count and not torch._dynamo.utils.counters["graph_break"], \
-        dict(torch._dynamo.utils.counters["graph_break"])
+    breaks = {k: dict(torch._dynamo.utils.counters[k]) for k in ("graph_break", "unimplemented")}  # (a break that
+    assert counter.frame_count and not any(breaks.values()), breaks  # restarts the frame counts as "unimplemented")
 
 
 def _conversions(lengths, lengths32):
@@ -412,6 +412,21 @@ def _padded_cases(values, values_lengths, keys, example_lengths, weights):
     fw = segment.KeyedJaggedBatch(weights, values_lengths, keys, example_lengths)  # (float values: a gradient)
     return (kj.to_padded([3, 1]), kj.to_padded([2, 4, 3], max_length=2, pad_value=-1), kj.to_padded([]),
             fw.to_padded((1, 3), pad_value=0.5), fw.to_padded([3], max_length=1))
+
+
+def _select_cases(values, values_lengths, keys, example_lengths, weights):
+    kj = segment.KeyedJaggedBatch(values, values_lengths, keys, example_lengths, weights)
+    parts = lambda b: (b.values, b.values_lengths, b.keys, b.example_lengths, b.weights)  # noqa: E731
+    return (parts(kj.select_keys([3, 1])), parts(kj.permute_keys((3, 2, 1))), parts(kj.select_keys([4, 2])),
+            parts(kj.select_keys([])))
+
+
+@pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "plain"])
+def test_select_keys(fullgraph):
+    """``select_keys`` / ``permute_keys`` (keys as a list or tuple, a key absent from the batch, none) trace, with
+    and without ``fullgraph`` (their unique/nonzero/bincount were a graph break, and with ``fullgraph`` dynamo's
+    unnamed guard error): no graph break, no recompile, the batch's tensors and the weights' gradient as eager."""
+    _compiled_against_eager(_select_cases, lambda lengths, k: _jagged(k), grads=(4,), fullgraph=fullgraph)
 
 
 @pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "plain"])

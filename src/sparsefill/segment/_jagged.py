@@ -293,6 +293,12 @@ class KeyedJaggedBatch:
 
     def _entries(self, order: torch.Tensor, example_lengths: torch.Tensor) -> "KeyedJaggedBatch":
         """The batch made of the entries ``order`` (in that order), grouped as ``example_lengths``."""
+        if self.weights is not None and traced(self.values):  # (one gather of rows: one size for values and weights)
+            from ._repr_ops import lengths_gather_rows
+            rows = lengths_gather_rows(self.values_lengths, order, self.values.shape[0], False)
+            vals, w = self.values.index_select(0, rows), self.weights.index_select(0, rows)
+            return KeyedJaggedBatch(vals, self.values_lengths[order], self.keys[order], example_lengths, w,
+                                    validate=False)
         vals = lengths_gather(self.values, self.values_lengths, order, validate=False)
         w = None if self.weights is None else lengths_gather(self.weights, self.values_lengths, order, validate=False)
         return KeyedJaggedBatch(vals, self.values_lengths[order], self.keys[order], example_lengths, w, validate=False)
@@ -301,6 +307,8 @@ class KeyedJaggedBatch:
     def select_keys(self, keys) -> "KeyedJaggedBatch":
         """Keep the entries whose key is in ``keys``, ordered as ``keys`` within every example
         (``permute_keys`` is the same call with every key)."""
+        if traced(self.values) and isinstance(keys, (list, tuple)):  # torch.compile: sizes read from data
+            return self._select_traced([int(k) for k in keys])
         want = as_index(keys, "keys", self.keys.device).long()
         if want.unique().numel() != want.numel():
             raise ValueError(f"keys must be distinct, got {want.tolist()}")
@@ -314,6 +322,24 @@ class KeyedJaggedBatch:
         return self._entries(order, new_elen)
 
     permute_keys = select_keys
+
+    def _select_traced(self, keys: list[int]) -> "KeyedJaggedBatch":
+        """``select_keys`` under torch.compile: each wanted key's entries, example by example, by the custom op
+        ``sparsefill::jagged_key_lists`` over the entry numbers (a dynamic count per key, also without
+        ``fullgraph``), then in (example, rank of the key) order by a sort."""
+        from ._custom_ops import jagged_key_lists
+        if len(set(keys)) != len(keys):
+            raise ValueError(f"keys must be distinct, got {keys}")
+        E, K, B = self.keys.shape[0], len(keys), self.batch_size
+        ent = torch.arange(E, device=self.keys.device)
+        offsets, lists = jagged_key_lists(ent, torch.ones_like(ent), self.keys, self.example_lengths, keys)
+        per = torch.diff(offsets).view(K, B)  # (0 or 1: a key at most once per example)
+        ids = torch.cat(lists) if K else ent[:0]
+        n = ids.shape[0]
+        rank = torch.repeat_interleave(torch.arange(K, device=ent.device), per.sum(1), output_size=n)
+        ex = _seg_of(self.example_lengths, E).index_select(0, ids)
+        order = ids.index_select(0, torch.sort(ex * max(K, 1) + rank, stable=True).indices)
+        return self._entries(order, per.sum(0))
 
     # ---------------------------------------------------------------------------- batches
     def split(self, sizes) -> list["KeyedJaggedBatch"]:
