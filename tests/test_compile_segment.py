@@ -429,6 +429,20 @@ def test_select_keys(fullgraph):
     _compiled_against_eager(_select_cases, lambda lengths, k: _jagged(k), grads=(4,), fullgraph=fullgraph)
 
 
+@pytest.mark.parametrize("method", ["select_keys", "to_padded"])
+def test_keys_as_a_tensor_graph_break(method):
+    """Keys given as a tensor are data: a graph break with the eager result, with ``fullgraph`` dynamo's error
+    naming the method, never its unnamed guard error."""
+    kj = _pooled_batch(0)
+    f = lambda kj: getattr(kj, method)(torch.tensor([3, 1]))  # noqa: E731
+    parts = lambda r: (r.values, r.values_lengths, r.keys, r.example_lengths) if method == "select_keys" else r  # noqa
+    torch._dynamo.reset()
+    torch.testing.assert_close(parts(torch.compile(f, backend="aot_eager")(kj)), parts(f(kj)))
+    torch._dynamo.reset()
+    with pytest.raises(torch._dynamo.exc.Unsupported, match=f"KeyedJaggedBatch.{method} with keys given as a tensor"):
+        torch.compile(f, backend="aot_eager", fullgraph=True)(kj)
+
+
 @pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "plain"])
 def test_to_padded(fullgraph):
     """``KeyedJaggedBatch.to_padded`` (keys as a list or tuple, a key absent from the batch, ``max_length``

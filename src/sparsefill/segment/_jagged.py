@@ -53,6 +53,15 @@ def _seg_of(lengths: torch.Tensor, n: int) -> torch.Tensor:
     return torch.repeat_interleave(torch.arange(lengths.numel(), device=lengths.device), lengths, output_size=n)
 
 
+def _traced_keys(keys, method: str) -> list[int]:
+    """The wanted keys of a traced ``method`` as ints: a list or tuple (a tensor's values are data: a graph break,
+    with ``fullgraph`` dynamo's error with this message)."""
+    if not isinstance(keys, (list, tuple)):
+        torch._dynamo.graph_break(msg=f"KeyedJaggedBatch.{method} with keys given as a tensor reads them (data); "
+                                      f"pass a list of ints to trace it")
+    return [int(k) for k in keys]
+
+
 def _rank(match: torch.Tensor) -> torch.Tensor:
     """Per row of ``match`` (entries x wanted keys) the column of its first True (0 if none; no columns too)."""
     return match.to(torch.int64).argmax(1) if match.shape[1] else match.new_zeros(match.shape[0], dtype=torch.int64)
@@ -307,8 +316,8 @@ class KeyedJaggedBatch:
     def select_keys(self, keys) -> "KeyedJaggedBatch":
         """Keep the entries whose key is in ``keys``, ordered as ``keys`` within every example
         (``permute_keys`` is the same call with every key)."""
-        if traced(self.values) and isinstance(keys, (list, tuple)):  # torch.compile: sizes read from data
-            return self._select_traced([int(k) for k in keys])
+        if traced(self.values):  # torch.compile: sizes read from data
+            return self._select_traced(_traced_keys(keys, "select_keys"))
         want = as_index(keys, "keys", self.keys.device).long()
         if want.unique().numel() != want.numel():
             raise ValueError(f"keys must be distinct, got {want.tolist()}")
@@ -377,8 +386,8 @@ class KeyedJaggedBatch:
     def to_padded(self, keys, *, pad_value=0, max_length: int | None = None):
         """``(padded, mask)``: ``padded[e, j, :]`` holds the ids of key ``keys[j]`` in example ``e``,
         padded with ``pad_value`` to the longest list (or ``max_length``, truncating); shape ``(B, K, L)``."""
-        if traced(self.values) and isinstance(keys, (list, tuple)):  # torch.compile: no select_keys (data sizes)
-            return self._padded_traced([int(k) for k in keys], pad_value, max_length)
+        if traced(self.values):  # torch.compile: no select_keys (data sizes)
+            return self._padded_traced(_traced_keys(keys, "to_padded"), pad_value, max_length)
         want = as_index(keys, "keys", self.keys.device).long()
         sel = self.select_keys(want)
         K, B = want.numel(), self.batch_size
