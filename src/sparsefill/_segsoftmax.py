@@ -45,11 +45,14 @@ _FLOATS = (torch.float32, torch.float64)
 
 def applies(A, dim: int) -> bool:
     """The edge softmax serves ``A`` along ``dim`` (canonical): an indefinite, coalesced COO or plain CSR
-    SparseTensor of float32/float64, and ``dim`` a sparse dim.  Its stored count is not read (one with none
-    stored gives an empty result, as the dense path does): under torch.compile it may be an unbacked size (a
-    union's), where a test of it is a guard on data (dynamo's unnamed error with ``fullgraph=True``)."""
+    SparseTensor of float32/float64 with stored elements, and ``dim`` a sparse dim.  A symbolic stored count
+    (torch.compile: a union's is unbacked) is not tested (a guard on data: dynamo's unnamed error with
+    ``fullgraph=True``, a graph break without) but taken as nonzero: the edge softmax of none stored is the
+    empty result the general path gives."""
+    n = A._vals.numel() if isinstance(A, SparseTensor) else 0
     return (isinstance(A, SparseTensor) and A._indefinite and A._coalesced and A._vals.dtype in _FLOATS
-            and (A._sf_layout is torch.sparse_coo or A._crow.dim() == 1) and dim < _sparse_ndim(A))
+            and (A._sf_layout is torch.sparse_coo or A._crow.dim() == 1) and dim < _sparse_ndim(A)
+            and (isinstance(n, torch.SymInt) or n > 0))
 
 
 def _sparse_ndim(A: SparseTensor) -> int:
