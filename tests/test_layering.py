@@ -43,7 +43,7 @@ def test_the_data_class_imports_no_op_module():
 def test_lower_ops_modules_import_no_handler(name):
     ops = {m for m in _imports(SRC / "ops" / name) if m.startswith("sparsefill.ops")}
     assert ops <= {"sparsefill.ops._schema", "sparsefill.ops._writes", "sparsefill.ops._schema.written_args",
-                   "sparsefill.ops._writes.respecify_"}, ops
+                   "sparsefill.ops._schema.broadcast_error", "sparsefill.ops._writes.respecify_"}, ops
 
 
 @pytest.mark.parametrize("name", ["_grouping.py", "_reduce.py", "_engine.py"])

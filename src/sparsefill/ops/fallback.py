@@ -17,18 +17,17 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_map_only, tree_unfl
 from .._convert import dense_of, dense_to_sparse
 from .._policy import check_densify
 from .._tensor import SparseTensor
-from ._schema import written_args
+from ._schema import broadcast_error, written_args
 from ._writes import respecify_
-from .pointwise import is_pointwise
-from .pointwise_dense import broadcast_error
 
 _EQUAL = torch.ops.aten.equal.default  # tagged pointwise, but compares the shapes (False where they differ)
+_POINTWISE = torch.Tag.pointwise
 
 
 def densify_call(func, args, kwargs):
     flat, spec = tree_flatten((args, kwargs))
     sparse = [a for a in flat if isinstance(a, SparseTensor)]
-    if is_pointwise(func) and func is not _EQUAL:  # torch's error where the operands do not broadcast, before ours
+    if _POINTWISE in func.tags and func is not _EQUAL:  # torch's error where the operands do not broadcast, first
         broadcast_error(args, kwargs)
     check_densify(str(func), sum(a.numel() * a.element_size() for a in sparse))
     if any(a._indefinite for a in sparse):  # (dense_of would say "to_dense()": a call the user never made)

@@ -31,9 +31,9 @@ from .._compile import same_tensor
 from .._convert import coalesce_of, coalesced_parts, dense_of, parts_to_sparse, rewrap, union_parts
 from .._splits import one_split
 from .._tensor import SparseTensor
-from ._schema import flat_args, written_args, written_positions
+from ._schema import broadcast_error, flat_args, written_args, written_positions
 from ._writes import assign_
-from .pointwise_dense import (_constant_fill, _dense_call, _into_dense, _over_dense_dims, broadcast_error, join_small,
+from .pointwise_dense import (_constant_fill, _dense_call, _into_dense, _over_dense_dims, join_small,
                               unexpanded)
 
 

@@ -214,13 +214,3 @@ def _masked_where(R: SparseTensor, masks) -> SparseTensor | None:
         return R
     return parts_to_sparse(idx[:, keep], vals[keep], R.shape, R._fill, indefinite=True, layout=R._sf_layout,
                            coalesced=True)
-
-
-def broadcast_error(args, kwargs) -> None:
-    """Raise torch's own error where the tensor operands (``out=`` aside) do not broadcast, as TensorIterator words
-    it (``The size of tensor a (12) must match the size of tensor b (13) at non-singleton dimension 0``): their
-    shapes folded pairwise, in order, by torch's ``infer_size``, nothing allocated."""
-    shape = None
-    for a in (*args, *(v for k, v in kwargs.items() if k != "out")):
-        if isinstance(a, torch.Tensor):
-            shape = a.shape if shape is None else torch._C._infer_size(shape, a.shape)
