@@ -287,7 +287,8 @@ def fill_put_sorted(out: torch.Tensor, fill: torch.Tensor, keys: torch.Tensor, v
     is filled by ``rep stos`` (1M float32: 151 µs against 158-165 for ``np.full`` and 155-170 for
     ``torch.full``, the same run).  True when done;
     False, ``out`` untouched, where it does not apply (other devices or dtypes, a non-contiguous operand,
-    conjugate or negative bits, ``keys`` and ``vals`` of different lengths, no numba).
+    negative or conjugate bits of ``vals``, ``keys`` and ``vals`` of different lengths, no numba, torch's ops
+    being recorded: :func:`_recording`); a RuntimeError for a freed storage (address 0).
 
     >>> out, keys, vals = torch.empty(5), torch.tensor([0, 3]), torch.tensor([8., 7.])
     >>> if not fill_put_sorted(out, torch.tensor(-1.), keys, vals):
