@@ -526,17 +526,24 @@ def test_matmul_every_shape(left, right, side, fill):
 
 def test_expand_keeps_sorted_indices():
     """The cause of item 2: expanding two size-1 dims repeated the stored elements out of order while the
-    result was flagged coalesced."""
+    result was flagged coalesced.  (Since session 11 an expand may make the grown dims dense, a stride-0 view of
+    the values: the keys are then those of the remaining sparse dims, still sorted where flagged coalesced.)"""
     A, _ = make((4, 10), 0.0)
     E = A.expand(5, 5, 4, 10)
-    keys = sparsefill._index.linearize(E._idx, E.shape)
+    keys = sparsefill._index.linearize(E._idx, E._sparse_shape)
     assert E.is_coalesced() and bool((keys[1:] > keys[:-1]).all())
     close(E, A.to_dense().expand(5, 5, 4, 10))
     B, _ = make((1, 4, 1, 3), 0.5)
     F = B.expand(2, 3, 4, 5, 3)
-    keys = sparsefill._index.linearize(F._idx, F.shape)
+    keys = sparsefill._index.linearize(F._idx, F._sparse_shape)
     assert not F.is_coalesced() or bool((keys[1:] > keys[:-1]).all())
     close(F, B.to_dense().expand(2, 3, 4, 5, 3))
+    for T, size in ((A, (5, 5, 4, 10)), (B, (2, 3, 4, 5, 3))):  # the repeat path (the split kept) sorts too
+        from sparsefill.ops.shape import expand
+        R = expand(T, list(size), keep_split=True)
+        keys = sparsefill._index.linearize(R._idx, R._sparse_shape)
+        assert not R.is_coalesced() or bool((keys[1:] > keys[:-1]).all())
+        close(R, T.to_dense().expand(*size))
 
 
 # ---------------------------------------------------------------------- item 7: indexing ops on 0-d tensors
