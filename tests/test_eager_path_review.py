@@ -241,7 +241,7 @@ def _run(script, **env):
 def test_fill_pass_first_call_compiles_then_loads_from_numba_cache(tmp_path):
     """A fresh process with an empty numba cache compiles the pass's entry point per dtype (misses); the next one
     loads them from the cache (hits); both give the dense result."""
-    pytest.importorskip("numba")
+    pytest.importorskip("numba", reason="the compiled kernels under test need numba (without it torch ops run)")
     first = _run(_SCRIPT_DTYPES, NUMBA_CACHE_DIR=str(tmp_path))
     assert first.returncode == 0, first.stderr[-2000:]
     assert first.stdout.split() == ["0", "3"], first.stdout
@@ -267,14 +267,14 @@ def test_freed_fill_storage_is_an_error_not_a_crash():
     """A fill whose storage was freed (``untyped_storage().resize_(0)``, as FSDP frees parameters): bf518f0 read it
     at ``data_ptr()`` == 0 and the process died of SIGSEGV (before it, ``fill.item()`` raised torch's RuntimeError;
     torch's own ``fill_``/``put_`` crash there too): the fill pass raises a RuntimeError naming the part."""
-    pytest.importorskip("numba")
+    pytest.importorskip("numba", reason="the compiled kernels under test need numba (without it torch ops run)")
     r = subprocess.run([sys.executable, "-c", _SCRIPT_FREED, "fill"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.startswith("RuntimeError"), (r.returncode, r.stdout, r.stderr[-1000:])
 
 
 @pytest.mark.parametrize("part", ["values", "indices"])
 def test_freed_values_or_indices_storage_is_an_error_not_a_crash(part):
-    pytest.importorskip("numba")
+    pytest.importorskip("numba", reason="the compiled kernels under test need numba (without it torch ops run)")
     r = subprocess.run([sys.executable, "-c", _SCRIPT_FREED, part], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.startswith("RuntimeError"), (r.returncode, r.stdout, r.stderr[-1000:])
 
@@ -282,7 +282,7 @@ def test_freed_values_or_indices_storage_is_an_error_not_a_crash(part):
 def test_numba_disable_jit_falls_back_to_torch_ops():
     """NUMBA_DISABLE_JIT=1 (numba's debugging switch): the pure-Python kernels cannot run (before bf518f0 a
     NotImplementedError, after it an AttributeError, for every to_dense of >= 8192 elements); 4a91f3b: torch ops."""
-    pytest.importorskip("numba")
+    pytest.importorskip("numba", reason="the compiled kernels under test need numba (without it torch ops run)")
     script = ("import torch, sparsefill\n"
               "A = sparsefill.sparse_coo_tensor([[1, 5]], [3., 4.], (20000,), fill_value=2.)\n"
               "R = torch.full((20000,), 2.); R[[1, 5]] = torch.tensor([3., 4.])\n"

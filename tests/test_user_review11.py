@@ -11,7 +11,8 @@ same model on dense tensors (losses and gradients):
    ``deepcopy``, ``clip_grad_norm_``, ``zero_grad(set_to_none=False)``, gradient accumulation, ``no_grad`` /
    ``inference_mode``, hooks, torch's optimizers.
 
-The ``xfail(strict=True)`` tests are open findings of the review (each fails today and passes once fixed).
+Its findings (ternary ops on a shared index, _foreach_norm, F.normalize's expand, shape errors, compile of an
+indefinite constructor and of a union's softmax) are fixed; their tests stay as regression tests.
 Compiled functions: three (one ``aot_eager`` training loop, two ``eager``-backend findings); inductor was checked by
 hand (default, ``dynamic=True``, ``fullgraph=True``: the same losses and gradients) but takes ~30 s cold here.
 """

@@ -31,6 +31,19 @@ def rewrap(A: SparseTensor, **changes) -> SparseTensor:
     return SparseTensor(layout, size, values, fill, **kw)
 
 
+def pattern_mask(A: SparseTensor) -> SparseTensor:
+    """True at ``A``'s specified elements, False elsewhere: ``A``'s pattern, values one True expanded (no memory
+    per element), fill False.
+
+    >>> import sparsefill
+    >>> dense_of(pattern_mask(sparsefill.sparse_coo_tensor([[1]], [7.], (3,)))).tolist()
+    [False, True, False]
+    """
+    v = torch.ones((), dtype=torch.bool, device=A._vals.device).expand(A._vals.shape)
+    return rewrap(A, values=v, fill=torch.zeros((), dtype=torch.bool, device=A._vals.device), indefinite=False,
+                  known_zero=True)
+
+
 def dense_of(A: SparseTensor, fill: torch.Tensor | None = None, *, eager: bool = False) -> torch.Tensor:
     """The dense tensor ``A`` stands for; ``fill`` replaces ``A``'s fill (needed when it is indefinite);
     ``eager=True``: the caller found that nothing traces (:func:`traced` is False), not asked again.

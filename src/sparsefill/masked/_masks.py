@@ -56,10 +56,8 @@ def output_mask(input, dim=None, keepdim=False, *, mask=None):
 def pattern_mask(input):
     """True at the specified elements of a sparse ``input``, False elsewhere, in its layout (a torch
     native input gives a torch native mask sharing its indices; a SparseTensor a SparseTensor)."""
-    if isinstance(input, SparseTensor):  # (values: one True expanded, no memory per element)
-        v = torch.ones((), dtype=torch.bool, device=input.device).expand(input._vals.shape)
-        return _convert.rewrap(input, values=v, fill=torch.zeros((), dtype=torch.bool, device=input.device),
-                               indefinite=False, known_zero=True)
+    if isinstance(input, SparseTensor):
+        return _convert.pattern_mask(input)
     if input.layout is torch.sparse_coo:
         return torch.sparse_coo_tensor(input._indices(), torch.ones(input._values().shape, dtype=torch.bool,
                                                                     device=input.device),

@@ -22,7 +22,7 @@ import torch
 
 from .. import _index
 from .._compile import traced
-from .._convert import coalesced_parts, dense_of, parts_to_sparse, rewrap
+from .._convert import coalesced_parts, dense_of, parts_to_sparse, pattern_mask, rewrap
 from .._policy import check_densify
 from .._tensor import SparseTensor
 
@@ -180,9 +180,7 @@ def join_small(rule, func, args, kwargs, sparse, conv, written):
         if C._indefinite:
             v = C._vals.reshape(-1)
             dense[k] = dense_of(C, v[0] if v.numel() else torch.ones((), dtype=C.dtype, device=C.device))
-            masks.append(dense_of(rewrap(C, values=torch.ones(C._vals.shape, dtype=torch.bool, device=C.device),
-                                         fill=torch.zeros((), dtype=torch.bool, device=C.device), indefinite=False,
-                                         known_zero=True)))
+            masks.append(dense_of(pattern_mask(C)))
         else:
             dense[k] = dense_of(C)
     if masks and written:  # in place: where the masks drop none of the target's elements (nothing to undo after)

@@ -54,12 +54,15 @@ def _seg_of(lengths: torch.Tensor, n: int) -> torch.Tensor:
 
 
 def _traced_keys(keys, method: str) -> list[int]:
-    """The wanted keys of a traced ``method`` as ints: a list or tuple (a tensor's values are data: a graph break,
-    with ``fullgraph`` dynamo's error with this message)."""
+    """The wanted keys of a traced ``method`` as distinct ints: a list or tuple (a tensor's values are data: a graph
+    break, with ``fullgraph`` dynamo's error with this message)."""
     if not isinstance(keys, (list, tuple)):
         torch._dynamo.graph_break(msg=f"KeyedJaggedBatch.{method} with keys given as a tensor reads them (data); "
                                       f"pass a list of ints to trace it")
-    return [int(k) for k in keys]
+    keys = [int(k) for k in keys]
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"keys must be distinct, got {keys}")
+    return keys
 
 
 def _rank(match: torch.Tensor) -> torch.Tensor:
@@ -337,8 +340,6 @@ class KeyedJaggedBatch:
         ``sparsefill::jagged_key_lists`` over the entry numbers (a dynamic count per key, also without
         ``fullgraph``), then in (example, rank of the key) order by a sort."""
         from ._custom_ops import jagged_key_lists
-        if len(set(keys)) != len(keys):
-            raise ValueError(f"keys must be distinct, got {keys}")
         E, K, B = self.keys.shape[0], len(keys), self.batch_size
         ent = torch.arange(E, device=self.keys.device)
         offsets, lists = jagged_key_lists(ent, torch.ones_like(ent), self.keys, self.example_lengths, keys)
@@ -407,8 +408,6 @@ class KeyedJaggedBatch:
         its places past ``max_length`` to a dropped slot."""
         from ._custom_ops import jagged_key_lists
         from ._repr_ops import lengths_max_range
-        if len(set(keys)) != len(keys):
-            raise ValueError(f"keys must be distinct, got {keys}")
         if max_length is not None and max_length < 0:
             raise ValueError(f"max_length must be non-negative, got {max_length}")
         vals, K, B = self.values, len(keys), self.batch_size
