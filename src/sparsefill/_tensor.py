@@ -542,10 +542,11 @@ _FAST: dict = {}  # OpOverload._op -> the op layer's fast(func): a shortcut wher
 
 
 def _rebuild(size, inner, ctx, requires_grad, extra=None):
-    t = SparseTensor.__tensor_unflatten__(inner, ctx, size, None)
-    for k, v in (extra or {}).items():
-        setattr(t, k, v)
-    return t.requires_grad_(requires_grad) if requires_grad else t
+    """The SparseTensor of ``__reduce_ex__``'s parts (files, pickles, queues, deep copies name this function;
+    its arguments stay as they are), checked before any kernel indexes memory with them: ``_loading.rebuild``."""
+    from ._loading import rebuild
+    return rebuild(size, inner, ctx, requires_grad, extra)
 
 
-torch.serialization.add_safe_globals([SparseTensor, _rebuild])
+# (_rebuild alone: the class itself would let a file call the unchecked constructor or set its attributes)
+torch.serialization.add_safe_globals([_rebuild])

@@ -20,6 +20,7 @@ import torch
 
 from .. import _index
 from .._convert import coalesced_parts, dense_of, parts_to_sparse
+from .._creation import check_parts
 from .._tensor import SparseTensor
 
 K = 8  # shape entries shown in the header (the hash covers every dim)
@@ -172,24 +173,75 @@ def unpack(h, payload: torch.Tensor, shape, device, *, keys: bool = False):
     """The tensor a ``(header, payload)`` pair stands for (a coalesced SparseTensor, or dense); ``shape`` is
     the receiver's (equal to the sender's: :func:`mismatch` compared them).  ``keys``: a SparseTensor whose
     sparse shape has < 2**63 positions comes as its :class:`Parts` (no unravelling of the keys)."""
-    dtype = DTYPES[int(h[DTYPE])]
     shape = tuple(shape)
+    dtype, nkey, nval = _checked_header(h, payload.numel(), shape)
     payload = payload.to(device)
     if h[KIND] == DENSE:
         return _from_bytes(payload, dtype, shape)
     sdim = int(h[NDIM]) - int(h[DENSE_DIM])
     S, D = shape[:sdim], shape[sdim:]
     nse = int(h[NSE])
-    nkey = nse * 8 * (1 if _keys_fit(S) else sdim)
-    nval = nse * _index.numel(D) * dtype.itemsize
     ix = _from_bytes(payload[:nkey], torch.int64, (-1,))
     vals = _from_bytes(payload[nkey:nkey + nval], dtype, (nse,) + tuple(D))
     fill = _from_bytes(payload[nkey + nval:], dtype, fill_shape(h, D)).clone()
     layout = LAYOUTS[int(h[LAYOUT])]
-    if keys and _keys_fit(S):
-        return Parts(ix, vals, fill, bool(h[INDEFINITE]), layout)
-    idx = coords_of(ix, S) if _keys_fit(S) else ix.view(sdim, nse)
+    if _keys_fit(S):
+        _check_keys(ix, S)
+        if keys:
+            return Parts(ix, vals, fill, bool(h[INDEFINITE]), layout)
+        idx = coords_of(ix, S)
+    else:
+        idx = ix.view(sdim, nse)
+        _received(check_parts, torch.sparse_coo, S + tuple(D), vals, fill, idx, indefinite=bool(h[INDEFINITE]),
+                  coalesced=True)
     return parts_to_sparse(idx, vals, shape, fill, indefinite=bool(h[INDEFINITE]), layout=layout, coalesced=True)
+
+
+# ---------------------------------------------------------------------- what a receiver checks
+def _received(check, *args, **kwargs) -> None:
+    """``check(*args, **kwargs)``, its error a ValueError that says the parts came from another rank."""
+    try:
+        check(*args, **kwargs)
+    except (ValueError, TypeError, IndexError) as e:
+        raise ValueError(f"sparsefill.distributed: received an invalid tensor: {e}") from None
+
+
+def _checked_header(h, nbytes: int, shape) -> tuple:
+    """``(dtype, key bytes, value bytes)`` of a received header that fits the receiver's ``shape`` and a
+    payload of ``nbytes`` (ValueError otherwise): the codes in range, the sizes within the payload."""
+    def need(ok, what):
+        if not ok:
+            raise ValueError(f"sparsefill.distributed: received an invalid header ({what}): {h.tolist()}")
+    need(0 <= int(h[DTYPE]) < len(DTYPES) and int(h[KIND]) in (SPARSE, DENSE), "dtype or kind code")
+    need(int(h[NDIM]) == len(shape), f"ndim for a tensor of shape {shape}")
+    dtype = DTYPES[int(h[DTYPE])]
+    if h[KIND] == DENSE:
+        need(nbytes >= _index.numel(shape) * dtype.itemsize, f"{nbytes} bytes for a dense {dtype} {shape}")
+        return dtype, 0, 0
+    sdim = len(shape) - int(h[DENSE_DIM])
+    need(0 <= int(h[LAYOUT]) < len(LAYOUTS) and 0 <= sdim <= len(shape) and (sdim >= 2 or h[LAYOUT] == 0),
+         "layout or dense_dim")
+    D, nse, nfill = shape[sdim:], int(h[NSE]), int(h[FILL_NDIM])
+    need(0 <= nse and 0 <= nfill <= len(D) and int(h[INDEFINITE]) in (0, 1), "nse, fill ndim or indefinite")
+    nkey = nse * 8 * (1 if _keys_fit(shape[:sdim]) else sdim)
+    nval = nse * _index.numel(D) * dtype.itemsize
+    need(nkey + nval + _index.numel(fill_shape(h, D)) * dtype.itemsize <= nbytes,
+         f"nse={nse} needs more than the {nbytes} bytes received")
+    return dtype, nkey, nval
+
+
+def _check_keys(keys: torch.Tensor, S) -> None:
+    """Received linear keys are sorted without duplicates (what the sender promises) and in ``[0, numel(S))``:
+    one pass."""
+    n = _index.numel(S)
+    if keys.numel() and (int(keys[0]) < 0 or int(keys[-1]) >= n):
+        raise ValueError(f"sparsefill.distributed: received an invalid tensor: keys: an entry "
+                         f"{int(keys[0]) if int(keys[0]) < 0 else int(keys[-1])} out of range [0, {n}) of the "
+                         f"sparse shape {tuple(S)}")
+    if keys.numel() > 1 and bool((keys[1:] <= keys[:-1]).any()):
+        at = int((keys[1:] <= keys[:-1]).nonzero()[0]) + 1
+        raise ValueError(f"sparsefill.distributed: received an invalid tensor: keys must be sorted without "
+                         f"duplicates; key {at} ({int(keys[at])}) follows {int(keys[at - 1])}")
 
 
 def parts_to_tensor(p: Parts, shape) -> torch.Tensor:
