@@ -439,16 +439,27 @@ def to_torch(A: SparseTensor, *, materialize: bool = False) -> torch.Tensor:
     return dense_of(A).to_sparse(layout=A._sf_layout, dense_dim=A.dense_dim())
 
 
-def from_native(t: torch.Tensor) -> SparseTensor:
-    """SparseTensor (zero fill) sharing the storage of a torch native sparse tensor."""
+def from_native(t: torch.Tensor, checked: bool = False) -> SparseTensor:
+    """SparseTensor (zero fill) sharing the storage of a torch native sparse tensor.  ``checked``: ``t`` comes
+    from a user (torch does not check the sparse tensors it loads unless told to), so its parts are checked
+    (``_creation.check_parts``, O(nse)) before any kernel indexes memory with them."""
     zero = torch.zeros((), dtype=t.dtype, device=t.device)
     if t.layout not in (torch.sparse_coo, torch.sparse_csr):
         t = t.to_sparse_coo()
     if t.layout is torch.sparse_coo:
-        return SparseTensor(torch.sparse_coo, t.shape, t._values(), zero, indices=t._indices(),
-                            coalesced=t.is_coalesced(), known_zero=True)
-    return SparseTensor(torch.sparse_csr, t.shape, t.values(), zero, crow=t.crow_indices().to(torch.int64),
-                        col=t.col_indices().to(torch.int64), known_zero=True)
+        out = SparseTensor(torch.sparse_coo, t.shape, t._values(), zero, indices=t._indices(),
+                           coalesced=t.is_coalesced(), known_zero=True)
+    else:
+        out = SparseTensor(torch.sparse_csr, t.shape, t.values(), zero, crow=t.crow_indices().to(torch.int64),
+                           col=t.col_indices().to(torch.int64), known_zero=True)
+    if checked:
+        from ._creation import check_parts
+        try:
+            check_parts(out._sf_layout, out.shape, out._vals, out._fill, out._idx, out._crow, out._col,
+                        coalesced=out._coalesced)
+        except (ValueError, TypeError, IndexError) as e:
+            raise ValueError(f"a torch {t.layout} tensor with invalid parts (size {tuple(t.shape)}): {e}") from None
+    return out
 
 
 def convert_fill(A: SparseTensor, fill, indefinite, known_zero, layout, dense_dim) -> SparseTensor:

@@ -253,6 +253,12 @@ def sparse_coo_tensor(indices, values, size=None, *, fill_value=None, dtype=None
     ``fill_value``: None (zero), a number, an array broadcasting to ``dense_shape``, or
     ``sparsefill.indefinite`` (also spelled ``[]``).
 
+    ``check_invariants=True`` (the default) checks the indices against ``size`` and, unless
+    ``is_coalesced=False``, whether they are sorted without duplicates: one vectorised O(nse) pass (a few
+    reductions over ``indices``).  ``False`` skips it, as torch's switch: indices out of range then give
+    undefined results (compiled kernels index memory with them).  Files, pickles, queues and collectives
+    are always checked (:func:`check_parts`).
+
     >>> import sparsefill
     >>> A = sparsefill.sparse_coo_tensor([[0, 3]], [[.11, .12], [.31, .32]], (4, 2), fill_value=1.2)
     >>> A.fill_value(), A._fill_value()
@@ -290,7 +296,7 @@ def sparse_coo_tensor(indices, values, size=None, *, fill_value=None, dtype=None
     elif check_invariants and is_coalesced is not False and traced(idx):
         coalesced = False  # (not known without reading the indices: the handlers coalesce where they need)
     elif check_invariants and is_coalesced is not False:
-        coalesced = _index.is_sorted_unique(_index.linearize(idx, size[:sdim]))
+        coalesced = _first_unsorted(idx, size[:sdim]) is None
         if is_coalesced and not coalesced:
             raise ValueError("is_coalesced=True but indices are not sorted without duplicates")
     elif is_coalesced:
@@ -308,6 +314,11 @@ def sparse_csr_tensor(crow_indices, col_indices, values, size=None, *, fill_valu
 
     ``crow_indices``: ``(*batch, nrows + 1)``; ``col_indices``: ``(*batch, nse)`` sorted within rows;
     ``values``: ``(*batch, nse, *dense_shape)``.
+
+    ``check_invariants=True`` (the default) checks ``crow_indices`` (0, non-decreasing, nse), the columns'
+    range and their order within each row: one vectorised O(nse + nrows) pass.  ``False`` skips it, as
+    torch's switch: parts that break these give undefined results (compiled kernels index memory with
+    them).  Files, pickles, queues and collectives are always checked (:func:`check_parts`).
 
     >>> import sparsefill
     >>> sparsefill.sparse_csr_tensor([0, 1, 1], [2], [3.], (2, 3), fill_value=-1.).to_dense()
@@ -472,27 +483,23 @@ def _has_data(*ts) -> bool:
 
 
 def _check_sorted_unique(indices: torch.Tensor, sparse_shape) -> None:
-    """COO ``indices`` claimed coalesced: their columns strictly increase in row-major order (one pass; a
-    lexicographic comparison where the linear keys would not fit int64)."""
-    n = indices.shape[1]
-    if n < 2:
-        return
-    if _index.numel(sparse_shape) <= _index._INT64_MAX:
-        keys = _index.linearize(indices, sparse_shape)
-        bad = keys[1:] <= keys[:-1]
-    else:
-        a, b = indices[:, :-1], indices[:, 1:]
-        bad = torch.zeros(n - 1, dtype=torch.bool, device=indices.device)
-        undecided = torch.ones_like(bad)
-        for d in range(indices.shape[0]):
-            bad |= undecided & (b[d] < a[d])
-            undecided &= b[d] == a[d]
-        bad |= undecided
-    at = bad.nonzero()
-    if at.numel():
-        j = int(at[0]) + 1
+    """COO ``indices`` claimed coalesced: their columns strictly increase in row-major order."""
+    j = _first_unsorted(indices, sparse_shape)
+    if j is not None:
         raise ValueError(f"is_coalesced=True but indices are not sorted without duplicates: column {j} "
                          f"{tuple(indices[:, j].tolist())} follows {tuple(indices[:, j - 1].tolist())}")
+
+
+def _first_unsorted(indices: torch.Tensor, sparse_shape) -> int | None:
+    """The first column of in-range COO ``indices`` not past its predecessor in row-major order (None: sorted
+    without duplicates): one pass over their linear keys (which fit int64: torch has no tensor of more than
+    2**63 - 1 elements)."""
+    if indices.shape[1] < 2:
+        return None
+    keys = _index.linearize(indices, sparse_shape)
+    bad = keys[1:] <= keys[:-1]
+    at = bad.nonzero()
+    return int(at[0]) + 1 if at.numel() else None
 
 
 def to_sparse(x, *, fill_value=None, layout=torch.sparse_coo, dense_dim=None) -> SparseTensor:
@@ -548,11 +555,12 @@ def from_torch(t: torch.Tensor) -> SparseTensor:
 
     Built on ``t``'s index and value tensors without copying them (an op that re-specifies the
     SparseTensor later gives it new storage, as any SparseTensor op).  A dense ``t`` goes through
-    :func:`to_sparse`.
+    :func:`to_sparse`.  Its parts are checked first (:func:`check_parts`, one O(nse) pass; ValueError): torch
+    does not check the sparse tensors it loads unless ``torch.sparse.check_sparse_tensor_invariants`` is on.
     """
     if t.layout is torch.strided:
         return to_sparse(t)
-    return _same_dense(t, _convert.from_native)
+    return _same_dense(t, lambda a: _convert.from_native(a, checked=True))
 
 
 def to_torch(A: SparseTensor, *, materialize: bool = False) -> torch.Tensor:

@@ -222,7 +222,8 @@ def _checked_header(h, nbytes: int, shape) -> tuple:
     need(0 <= int(h[LAYOUT]) < len(LAYOUTS) and 0 <= sdim <= len(shape) and (sdim >= 2 or h[LAYOUT] == 0),
          "layout or dense_dim")
     D, nse, nfill = shape[sdim:], int(h[NSE]), int(h[FILL_NDIM])
-    need(0 <= nse and 0 <= nfill <= len(D) and int(h[INDEFINITE]) in (0, 1), "nse, fill ndim or indefinite")
+    need(0 <= nse and int(h[INDEFINITE]) in (0, 1) and 0 <= nfill <= (1 if h[INDEFINITE] else len(D)),
+         "nse, fill ndim or indefinite")
     nkey = nse * 8 * (1 if _keys_fit(shape[:sdim]) else sdim)
     nval = nse * _index.numel(D) * dtype.itemsize
     need(nkey + nval + _index.numel(fill_shape(h, D)) * dtype.itemsize <= nbytes,

@@ -147,7 +147,7 @@ def _convert_foreign(func, args, kwargs):
         if a.is_nested or a.layout not in _NATIVE:
             raise TypeError(f"sparsefill: {func}: argument '{name}' is {what}, which sparsefill cannot convert "
                             "exactly; convert it to a dense tensor or a sparsefill.SparseTensor first")
-        return from_native(a)
+        return from_native(a, checked=True)
 
     def each(a, name):
         return type(a)(convert(x, name) for x in a) if isinstance(a, (list, tuple)) else convert(a, name)
