@@ -296,3 +296,18 @@ def test_the_distributed_decode_refuses_a_bad_header(field, value, words):
     h[field] = value
     with pytest.raises(ValueError, match="received an invalid header.*" + words):
         _wire.unpack(h, payload, A.shape, "cpu")
+
+
+def test_a_keyed_jagged_batch_is_checked_when_unpickled():
+    """Its lengths index the values in the segment kernels: a batch from a pickle, queue or deep copy is
+    rebuilt by its constructor (checked), not field by field."""
+    from sparsefill.segment import KeyedJaggedBatch
+    kj = KeyedJaggedBatch.from_lists([{1: [10, 11], 3: [12]}, {2: [13]}])
+    for how, load in LOADERS.items():
+        if how.startswith("torch_load"):
+            continue  # (not a safe global: weights_only refuses it)
+        got = load(kj)
+        assert got.to_dict() == kj.to_dict(), how
+        bad = KeyedJaggedBatch(kj.values, torch.tensor([2, 1, 9]), kj.keys, kj.example_lengths, validate=False)
+        with pytest.raises(ValueError, match="values_lengths"):
+            load(bad)

@@ -156,7 +156,7 @@ def _check_bounds(idx: torch.Tensor, sizes, name: str, dim_name: str | None = No
         return
     if idx.shape[-1] == 0:
         return
-    lo, hi = flat.amin(1), flat.amax(1)
+    lo, hi = torch.aminmax(flat, dim=1)  # (one pass)
     for d, (a, b, s) in enumerate(zip(lo.tolist(), hi.tolist(), sizes)):
         where = f"{name}[{d}]" if idx.dim() > 1 else name
         if a < 0:
@@ -498,8 +498,7 @@ def _first_unsorted(indices: torch.Tensor, sparse_shape) -> int | None:
         return None
     keys = _index.linearize(indices, sparse_shape)
     bad = keys[1:] <= keys[:-1]
-    at = bad.nonzero()
-    return int(at[0]) + 1 if at.numel() else None
+    return None if not bool(bad.any()) else int(bad.nonzero()[0]) + 1
 
 
 def to_sparse(x, *, fill_value=None, layout=torch.sparse_coo, dense_dim=None) -> SparseTensor:

@@ -259,6 +259,12 @@ class KeyedJaggedBatch:
             raise ValueError(f"weights must have one entry per value ({self.values.shape[0]}), got shape "
                              f"{tuple(self.weights.shape)}")
 
+    def __reduce__(self):
+        """Pickled (files, ``torch.multiprocessing`` queues, DataLoader workers, deep copies) as the
+        constructor's call, so that a batch from outside is checked (one pass) before a kernel reads its
+        lengths: the dataclass default would restore the fields unchecked."""
+        return type(self), (self.values, self.values_lengths, self.keys, self.example_lengths, self.weights)
+
     # ---------------------------------------------------------------------------- construction
     @classmethod
     def from_lists(cls, batch, *, weights=None, dtype=torch.int64, device=None) -> "KeyedJaggedBatch":
