@@ -214,6 +214,8 @@ def test_a_file_cannot_set_the_storage_through_extra_attributes(extra, words):
     (None, {"_idx": torch.zeros(1, 1, dtype=I64), "_vals": torch.ones(1), "_fill": 0.}, "fill_value must be a"),
     (None, {"_idx": torch.zeros(1, 1, dtype=I64), "_vals": torch.ones(1).to_sparse(), "_fill": torch.zeros(())},
      "values must be a strided torch.Tensor"),
+    (None, {"_idx": torch.nn.Parameter(_t([[5]]), requires_grad=False), "_vals": torch.ones(1),
+            "_fill": torch.zeros(())}, "indices must be a plain torch.Tensor, got Parameter"),
 ])
 def test_malformed_metadata_is_refused(ctx, inner, words):
     from sparsefill._tensor import _rebuild

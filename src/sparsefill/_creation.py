@@ -479,7 +479,8 @@ def _csr_shapes(size, values, crow, col) -> int:
 
 def _has_data(*ts) -> bool:
     """The tensors' values can be read on the host (no meta or fake tensor, nothing being traced)."""
-    return not traced() and not any(t.is_meta or type(t) is not torch.Tensor for t in ts)
+    fake = torch._subclasses.fake_tensor.FakeTensor
+    return not traced() and not any(t.is_meta or isinstance(t, fake) for t in ts)
 
 
 def _check_sorted_unique(indices: torch.Tensor, sparse_shape) -> None:

@@ -37,6 +37,12 @@ def rebuild(size, inner, ctx, requires_grad, extra=None):
     if not isinstance(inner, dict) or set(inner) != set(names):
         got = sorted(inner) if isinstance(inner, dict) else type(inner).__name__
         raise ValueError(f"invalid SparseTensor parts: a {layout} tensor is stored as {list(names)}, got {got}")
+    fake = torch._subclasses.fake_tensor.FakeTensor
+    odd = [n for n in names if isinstance(inner[n], torch.Tensor) and type(inner[n]) is not torch.Tensor
+           and not isinstance(inner[n], fake)]
+    if odd:  # (a subclass answers the checks' ops itself: only the tensor a file or copy holds is checked)
+        raise ValueError(f"invalid SparseTensor parts: {_PUBLIC[odd[0]]} must be a plain torch.Tensor, got "
+                         f"{type(inner[odd[0]]).__name__}")
     if not isinstance(requires_grad, bool):
         raise ValueError(f"invalid SparseTensor parts: requires_grad must be a bool, got {requires_grad!r}")
     extra = _extra(extra, _STATE)
