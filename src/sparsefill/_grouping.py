@@ -23,6 +23,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 
 import torch
@@ -30,11 +31,7 @@ import torch
 from ._compile import bincount, traced, unique_consecutive
 from ._index import linearize, numel, runs_to_ids, unravel
 
-__all__ = ["pattern_cached", "group_slices", "sorted_runs", "csr_row_slices"]
-
-_PATTERN_CACHE: dict = {}
-_PATTERN_CACHE_SIZE = 64
-
+__all__ = ["pattern_cached", "gathered_cached", "group_slices", "sorted_runs", "csr_row_slices"]
 
 _PATTERN_CACHE: dict = {}
 _PATTERN_CACHE_SIZE = 64
@@ -83,6 +80,56 @@ def pattern_cached(tag, tensors, compute):
         _PATTERN_CACHE.pop(next(iter(_PATTERN_CACHE)), None)
     drop = lambda _ref, key=key, cache=_PATTERN_CACHE: cache.pop(key, None)  # noqa: E731 (safe at exit)
     _PATTERN_CACHE[key] = ([weakref.ref(b, drop) for b in bases], out)
+    return out
+
+
+_KEEP_VALUES = [True]
+
+
+@contextlib.contextmanager
+def values_not_kept():
+    """No :func:`gathered_cached` copies while inside: for products whose sparse operand needs a
+    gradient, seen inside dispatch as a plain pattern."""
+    old, _KEEP_VALUES[0] = _KEEP_VALUES[0], False
+    try:
+        yield
+    finally:
+        _KEEP_VALUES[0] = old
+
+
+def kept_values_owner(A: torch.Tensor):
+    """The tensor whose reordered copies :func:`gathered_cached` may keep for the SparseTensor ``A``:
+    its stored values, or None where ``A`` needs a gradient (its values change every optimizer step,
+    and gradcheck perturbs them through ``.data``, which no version counter sees)."""
+    return A._vals if _KEEP_VALUES[0] and not A.requires_grad else None
+
+
+def gathered_cached(values: torch.Tensor, perm: torch.Tensor, tag, tensors, owner=None):
+    """``values.index_select(0, perm)``, kept beside the pattern ``tensors`` while ``owner`` (the
+    stored values ``values`` is read from, see :func:`kept_values_owner`; None: never kept) is the
+    same unchanged tensor: the transpose of a constant data matrix (``X.t() @ G`` in every training
+    step) then reorders its values once.  One slot per pattern, so new or changed values replace the
+    kept copy instead of adding one.
+
+    >>> v, p = torch.tensor([1., 2., 3.]), torch.tensor([2, 0, 1]); i = torch.tensor([0, 1, 2])
+    >>> gathered_cached(v, p, "t", (i,), v) is gathered_cached(v, p, "t", (i,), v)
+    True
+    """
+    if owner is None or owner.requires_grad:
+        return values.index_select(0, perm)
+    slot = pattern_cached(("gathered",) + tuple(tag), tensors, dict)
+    # The memory and version of the stored values, not the objects: autograd unpacks a saved tensor
+    # as a new alias each step, and a view made inside dispatch has a version counter of its own.
+    try:
+        key = (owner.data_ptr(), owner.storage_offset(), owner.shape, owner.stride(), owner.dtype,
+               owner.device, owner._version, values.data_ptr(), values.shape, values.stride())
+    except (RuntimeError, NotImplementedError, AttributeError):  # no storage or version counter
+        return values.index_select(0, perm)
+    if slot.get("key") == key and slot["perm"] is perm:
+        return slot["out"]
+    out = values.index_select(0, perm)
+    # (the slot holds ``owner``: its memory cannot be freed and reused under the same key)
+    slot.update(owner=owner, key=key, perm=perm, out=out)
     return out
 
 

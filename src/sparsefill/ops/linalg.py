@@ -84,7 +84,7 @@ import torch
 from .. import _index
 from .._compile import bincount, known_true, traced
 from .._convert import coalesce_of, coalesced_parts, map_inner, parts_to_sparse, scalar_parts
-from .._grouping import pattern_cached
+from .._grouping import gathered_cached, kept_values_owner, pattern_cached
 from .._tensor import SparseTensor
 from . import shape as _shape
 
@@ -103,6 +103,7 @@ class _Mat:
         self.crow, self.col, self.vals, self.fill, self.finite = crow, col, vals, fill, finite
         self.layout, self._rows = layout, rows
         self.key = key  # (the operand's index tensors, a tag of what else the pattern depends on) or None
+        self.values_owner = None  # (set by _mat: the operand's values may be kept reordered)
 
     @property
     def rows(self):
@@ -137,10 +138,12 @@ class _Mat:
             perm, crow, tcol, trows = self._transposed_pattern()
         else:  # the operand's own index tensors: the same pattern recurs (a training loop), sorted once
             tensors, tag = self.key
-            perm, crow, tcol, trows = pattern_cached(("mat_t", self.nb, self.m, self.k) + tag, tensors,
-                                                     self._transposed_pattern)
+            tag = ("mat_t", self.nb, self.m, self.k) + tag
+            perm, crow, tcol, trows = pattern_cached(tag, tensors, self._transposed_pattern)
+        vals = self.vals[perm] if self.key is None else \
+            gathered_cached(self.vals, perm, tag, tensors, self.values_owner)
         fill = None if self.fill is None else self.fill.transpose(-1, -2)
-        return _Mat(self.nb, self.k, self.m, crow, tcol, self.vals[perm], fill, self.finite, self.layout, trows,
+        return _Mat(self.nb, self.k, self.m, crow, tcol, vals, fill, self.finite, self.layout, trows,
                     indefinite=self.indefinite)
 
     def _transposed_pattern(self):
@@ -169,8 +172,10 @@ def _mat(A: SparseTensor) -> _Mat | None:
             off = torch.arange(nb, device=col.device)[:, None]
             crow = torch.cat([(crow[:, :-1] + off * nse).reshape(-1), crow.new_full((1,), nb * nse)])
             col, vals = (col + off * k).reshape(-1), vals.reshape(-1)
-        return _Mat(nb, m, k, crow, col, vals, fill, finite, A._sf_layout, key=((A._crow, A._col), ()),
-                    indefinite=A._indefinite)
+        M = _Mat(nb, m, k, crow, col, vals, fill, finite, A._sf_layout, key=((A._crow, A._col), ()),
+                 indefinite=A._indefinite)
+        M.values_owner = kept_values_owner(A)
+        return M
     idx, vals = coalesced_parts(A)
     key = ((idx,), tuple(A._dense_shape))  # (indices, not their row views: untracked in __torch_dispatch__)
     if A.dense_dim():
@@ -181,7 +186,9 @@ def _mat(A: SparseTensor) -> _Mat | None:
         rows, col = idx[0] * m + idx[1], idx[0] * k + idx[2]
     counts = bincount(rows, nb * m)
     crow = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
-    return _Mat(nb, m, k, crow, col, vals, fill, finite, A._sf_layout, rows, key, A._indefinite)
+    M = _Mat(nb, m, k, crow, col, vals, fill, finite, A._sf_layout, rows, key, A._indefinite)
+    M.values_owner = kept_values_owner(A)
+    return M
 
 
 def _as_matrix(T, vec_dim=None):

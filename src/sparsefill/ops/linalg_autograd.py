@@ -46,6 +46,7 @@ from torch.autograd.function import once_differentiable
 from .. import _index
 from .._compile import bincount, known_true, traced
 from .._autograd import Construct, SameDense, _pattern, refuse_vmap, sparse_inside
+from .._grouping import values_not_kept
 from .._convert import coalesced_parts, parts_to_sparse, rewrap, scalar_parts
 from .._tensor import SparseTensor
 
@@ -292,7 +293,8 @@ class SparseMM(torch.autograd.Function):
     def forward(A, X, left):
         P = _pattern(A)
         mm = torch.mm if A.dim() == 2 else torch.bmm
-        return mm(P, X) if left else mm(X, P)
+        with values_not_kept():  # (A needs a gradient: its values change)
+            return mm(P, X) if left else mm(X, P)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -316,7 +318,8 @@ class SparseMM(torch.autograd.Function):
                 U, V = U.float(), V.float()
             gA = pattern_grad(P, U[None] if P.dim() == 2 else U, V[None] if P.dim() == 2 else V).to(P.dtype)
         if ctx.needs_input_grad[1]:
-            gX = (mm(G.mT, Pc).mT if left else mm(Pc, G.mT).mT).to(X.dtype)
+            with values_not_kept():
+                gX = (mm(G.mT, Pc).mT if left else mm(Pc, G.mT).mT).to(X.dtype)
         return gA, gX, None
 
 

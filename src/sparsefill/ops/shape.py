@@ -34,6 +34,7 @@ import torch
 from .. import _index, _merge
 from .._compile import traced
 from .._convert import differs, scalar_parts
+from .._grouping import gathered_cached, kept_values_owner, pattern_cached
 from .._policy import SPECIFY_QUIET_ELEMENTS, check_densify, check_specify
 from .._tensor import SparseTensor
 from .registry import register
@@ -131,19 +132,46 @@ def permute(A: SparseTensor, dims) -> SparseTensor | None:
         A = all_sparse(A)
         sd, rd = n, []
     nsd = min(rd) if rd else n
-    idx, vals = A._coo_parts()
-    rows = [idx[d] if d < sd else idx.new_zeros(idx.shape[1]) for d in dims[:nsd]]
-    new_idx = torch.stack(rows) if rows else idx.new_zeros((0, idx.shape[1]))
+    shape = [A.shape[d] for d in dims]
+    sp = [d for d in dims[:nsd] if d < sd and A.shape[d] != 1]
+    coalesced = A._coalesced and sp == sorted(sp)
+    vals = A._vals.reshape((-1,) + tuple(A._dense_shape))  # (a batched CSR's batches flattened)
+    if A._coalesced and not coalesced and not traced(vals):
+        perm, new_idx, tag, tensors = _sorted_permuted_pattern(A, dims[:nsd], shape[:nsd])
+        vals, coalesced = gathered_cached(vals, perm, tag, tensors, kept_values_owner(A)), True
+    else:
+        new_idx = _permuted_indices(A, dims[:nsd])
     order = dims[nsd:] + dims[:nsd]  # the new sparse dims last, where every axis has size 1
 
     def move(t, lead):  # t: `lead` leading axes, then one axis per dim of A (size 1 for sparse dims)
         t = t.permute(list(range(lead)) + [lead + d for d in order])
         return t.reshape(t.shape[: lead + n - nsd])
-    shape = [A.shape[d] for d in dims]
     vals = move(vals[(slice(None),) + (None,) * sd], 1)
     fill = A._fill if A._indefinite else move(_fill_dense(A)[(None,) * sd], 0)
-    sp = [d for d in dims[:nsd] if d < sd and A.shape[d] != 1]
-    return _make(A, shape, new_idx, vals, fill, A._coalesced and sp == sorted(sp))
+    return _make(A, shape, new_idx, vals, fill, coalesced)
+
+
+def _permuted_indices(A: SparseTensor, sparse_dims) -> torch.Tensor:
+    """The index rows of the permuted tensor's sparse dims (``sparse_dims`` of ``A``; a dense dim of
+    size 1 that becomes sparse gets a row of zeros)."""
+    idx, sd = A._coo_parts()[0], A._sparse_ndim()
+    rows = [idx[d] if d < sd else idx.new_zeros(idx.shape[1]) for d in sparse_dims]
+    return torch.stack(rows) if rows else idx.new_zeros((0, idx.shape[1]))
+
+
+def _sorted_permuted_pattern(A: SparseTensor, sparse_dims, sparse_shape):
+    """``(perm, indices, tag, tensors)``: the permuted pattern of a coalesced ``A`` in sorted order, so the result is
+    coalesced too (``X.t() @ G`` of a data matrix then never sorts).  Computed once per pattern: a
+    training loop transposes the same constant matrix every step."""
+    def compute():
+        idx = _permuted_indices(A, sparse_dims)
+        _, perm = _index.sort_keys(_index.linearize(idx, sparse_shape))
+        if perm is None:
+            perm = torch.arange(idx.shape[1], device=idx.device)
+        return perm, idx.index_select(1, perm)
+    tensors = (A._idx,) if A._sf_layout is torch.sparse_coo else (A._crow, A._col)
+    tag = ("permute", tuple(A.shape), tuple(sparse_dims), A._sparse_ndim())
+    return pattern_cached(tag, tensors, compute) + (tag, tensors)
 
 
 def unsqueeze(A: SparseTensor, dim: int) -> SparseTensor:
