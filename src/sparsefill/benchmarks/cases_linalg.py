@@ -86,3 +86,93 @@ def spmm_fill(param):
             ("torch CSR (A - a) @ x + a * x.sum(0)", lambda: torch.addmm(x.sum(0).mul_(FILL), A0, x)),
             ("torch CSR A0 @ x (zero fill, no correction)", lambda: Az @ x),
             ("dense torch.mm", lambda: torch.mm(dense, x))]
+
+
+# ---------------------------------------------------------------------- a constant data matrix
+def _data_matrix(shape, density, seed=SEED):
+    """``(X as a SparseTensor CSR, its rows, cols, values)``: ``density * rows * cols`` uniform values
+    at random positions (duplicates summed), float32, fill 0: a TF-IDF-like feature matrix."""
+    n, k = shape
+    nse = round(n * k * density)
+    g = torch.Generator().manual_seed(seed)
+    keys = torch.randint(n * k, (nse,), generator=g).unique()
+    rows, cols = keys // k, keys % k
+    vals = torch.rand(keys.numel(), generator=g)
+    X = sparsefill.sparse_coo_tensor(torch.stack([rows, cols]), vals, shape, is_coalesced=True)
+    return X.to_sparse_csr(), rows, cols, vals
+
+
+def _logistic_step(n, predict, w):
+    """One Adam step of logistic regression ``bce(predict(w), y)``: returns the loss."""
+    y = (torch.arange(n) % 3 == 0).float()
+    opt = torch.optim.Adam([w], lr=0.01)
+
+    def step():
+        opt.zero_grad()
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(predict(w), y)
+        loss.backward()
+        opt.step()
+        return loss.detach()
+    return step
+
+
+def _first_losses_agree(param, out):
+    ref = out["hand-written index_add_ step"]
+    for label, y in out.items():
+        if not torch.allclose(y, ref, rtol=1e-4, atol=1e-5):
+            raise AssertionError(f"{label}: loss {float(y)} against the hand-written {float(ref)}")
+
+
+DATA_SIZES = {"200000x50000, 0.1%": ((200_000, 50_000), 0.001)}
+DATA_QUICK = {"20000x5000, 0.1%": ((20_000, 5_000), 0.001)}
+
+
+@case("data matrix: logistic regression step, X @ w (TF-IDF-like CSR)", sizes=DATA_SIZES,
+      quick_sizes=DATA_QUICK, check=_first_losses_agree)
+def logistic_regression(param):
+    """A training step (forward, backward, Adam) of ``bce(X @ w, y)`` with a constant sparse data
+    matrix ``X`` (``sparsefill.from_scipy``-like CSR, fill 0) against the same model written by hand
+    with a gather and ``index_add_`` (what a user writes without a sparse library) and torch's own
+    sparse CSR and COO tensors."""
+    (n, k), density = param
+    X, rows, cols, vals = _data_matrix((n, k), density)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # torch: "Sparse CSR tensor support is in beta state"
+        Xcsr = torch.sparse_csr_tensor(X.crow_indices(), X.col_indices(), X.values(), (n, k))
+    Xcoo = torch.sparse_coo_tensor(torch.stack([rows, cols]), vals, (n, k)).coalesce()
+
+    def hand(w):
+        return torch.zeros(n).index_add_(0, rows, vals * w[cols])
+    w = [torch.zeros(k, requires_grad=True) for _ in range(4)]
+    return [("sparsefill", _logistic_step(n, lambda w: X @ w, w[0])),
+            ("hand-written index_add_ step", _logistic_step(n, hand, w[1])),
+            ("torch native CSR", _logistic_step(n, lambda w: Xcsr @ w, w[2])),
+            ("torch native COO", _logistic_step(n, lambda w: torch.sparse.mm(Xcoo, w[:, None])[:, 0], w[3]))]
+
+
+def _grads_agree(param, out):
+    ref = out["hand-written gather + index_add_"]
+    scale = ref.abs().max().clamp_min(1.0)
+    for label, g in out.items():
+        if not torch.allclose(g / scale, ref / scale, rtol=1e-4, atol=1e-4):
+            raise AssertionError(f"{label}: gradient differs by {float((g - ref).abs().max())}")
+
+
+@case("data matrix: X @ W forward + backward, W (cols, 64)", sizes=DATA_SIZES,
+      quick_sizes=DATA_QUICK, check=_grads_agree)
+def data_matrix_mm(param):
+    """``Y = X @ W`` and ``dL/dW = X^T @ G`` for a constant sparse ``X`` and a dense ``W`` that needs
+    a gradient (a linear layer over sparse features), against a gather + ``index_add_`` by hand."""
+    (n, k), density = param
+    X, rows, cols, vals = _data_matrix((n, k), density)
+    W = torch.randn(k, COLS, generator=torch.Generator().manual_seed(1), requires_grad=True)
+    G = torch.randn(n, COLS, generator=torch.Generator().manual_seed(2))
+
+    def grad_of(product):
+        def run():
+            W.grad = None
+            product().backward(G)
+            return W.grad
+        return run
+    hand = grad_of(lambda: torch.zeros(n, COLS).index_add_(0, rows, vals[:, None] * W[cols]))
+    return [("sparsefill", grad_of(lambda: X @ W)), ("hand-written gather + index_add_", hand)]
