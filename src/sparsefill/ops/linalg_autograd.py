@@ -162,6 +162,8 @@ def _within_pattern(T: SparseTensor, A: SparseTensor, keys: dict) -> bool:
     if T._sf_layout is A._sf_layout and (T._idx is A._idx if A._sf_layout is torch.sparse_coo
                                          else T._crow is A._crow and T._col is A._col):
         return True
+    if T._sparse_ndim() < A._sparse_ndim() == A.dim() and T.shape == A.shape:  # a hybrid T in a permuted A's
+        return _within_scalar_pattern(T, A, keys)                           # (dense dims made sparse) pattern
     if T._sparse_ndim() != A._sparse_ndim() or T.shape != A.shape:
         return False
     if id(A) not in keys:
@@ -169,6 +171,16 @@ def _within_pattern(T: SparseTensor, A: SparseTensor, keys: dict) -> bool:
         keys[id(A)] = (A, _index.linearize(idx, A._sparse_shape))  # (A kept: its id stays its own)
     tk = _index.linearize(T._coo_parts()[0], T._sparse_shape)
     return known_true(_index.lookup(keys[id(A)][1], tk)[1].all())  # (traced: not known, the general path)
+
+
+def _within_scalar_pattern(T: SparseTensor, A: SparseTensor, keys: dict) -> bool:
+    """:func:`_within_pattern` for a hybrid ``T`` and an ``A`` of no dense dims (``P.permute(2, 0, 1)`` of a
+    hybrid ``P`` stores each of its dense slices' scalars): each stored slice of ``T``, scalar by scalar."""
+    idx, vals = T._coo_parts()
+    sidx, _ = scalar_parts(idx, vals, T._dense_shape)
+    if id(A) not in keys:
+        keys[id(A)] = (A, _index.linearize(coalesced_parts(A)[0], A.shape))
+    return known_true(_index.lookup(keys[id(A)][1], _index.linearize(sidx, A.shape))[1].all())
 
 
 def _sampled(A: SparseTensor, U: torch.Tensor, V: torch.Tensor):
@@ -478,8 +490,17 @@ def _route_linear(func, args, kwargs):
 
 @register_route(torch.einsum)
 def _route_einsum(func, args, kwargs):
-    """Two operands whose equation is a (batched) matrix product, e.g. ``"ij,kj->ik"``, ``"bji,bjk->bki"``:
-    transposes of the dense operand and of the result around :func:`_matmul`."""
+    """Two operands whose equation is a (batched) matrix product: transposes (permutes) of the operands and
+    of the result around :func:`_matmul`.  The sparse operand ``S`` has letters ``r c`` (2-d) or ``b r c``
+    in any order (3-d: ``b`` a batch letter, e.g. the heads of a hybrid ``(N, N, H)`` attention), the dense
+    operand ``c s`` or ``b c s``; ``c`` is contracted.  A batch letter absent from the dense operand
+    broadcasts it::
+
+        einsum("ijh,jhd->ihd", P, X) == (P.permute(2, 0, 1) @ X.permute(1, 0, 2)).permute(1, 0, 2)
+        einsum("ijh,jd->ihd", P, W)  == (P.permute(2, 0, 1) @ W).permute(1, 0, 2)
+
+    (a hybrid ``P`` permuted so: a SparseTensor of no dense dims, each stored slice's scalars stored; its
+    gradient on that pattern is read back at ``P``'s, see :func:`_within_scalar_pattern`)."""
     if kwargs or len(args) != 3 or not isinstance(args[0], str):
         return NotImplemented
     eq = args[0].replace(" ", "")
@@ -489,24 +510,36 @@ def _route_einsum(func, args, kwargs):
     (la, ld), (S, D) = ins.split(","), args[1:]
     if isinstance(D, SparseTensor):
         (la, S), (ld, D) = (ld, D), (la, S)
-    if not isinstance(S, SparseTensor) or not isinstance(D, torch.Tensor) or isinstance(D, SparseTensor):
+    if not isinstance(S, SparseTensor) or not isinstance(D, torch.Tensor) or isinstance(D, SparseTensor) \
+            or S.dim() != len(la) or D.dim() != len(ld):
         return NotImplemented
-    nb = len(la) - 2
-    if nb not in (0, 1) or len(ld) != len(la) or len(lo) != len(la) or la[:nb] != ld[:nb] or la[:nb] != lo[:nb] \
-            or S.dim() != len(la) or D.dim() != len(ld) or len(set(la)) != len(la) or len(set(ld)) != len(ld):
+    roles = _einsum_roles(la, ld, lo, S)
+    if roles is None:
         return NotImplemented
-    a, d, o = la[nb:], ld[nb:], lo[nb:]
-    shared = set(a) & set(d)
-    if len(shared) != 1 or nb and la[0] in shared:
-        return NotImplemented
-    c = shared.pop()
-    r, s = a.replace(c, ""), d.replace(c, "")
-    if sorted(o) != sorted(r + s) or r == s:
-        return NotImplemented
-    Dm = D if d == c + s else D.mT  # (c, s)
-    Y = _matmul(S, Dm) if a == r + c else _matmul(Dm.mT, S)  # (r, s) or (s, r)
-    if Y is NotImplemented:
-        return Y
-    if a != r + c:
-        Y = Y.mT
-    return Y if o == r + s else Y.mT
+    b, r, c, s = roles
+    A = S.permute([la.index(x) for x in b + r + c])
+    X = D.permute([ld.index(x) for x in (b if b in ld else "") + c + s])
+    Y = _matmul(A, X)  # (b, r, s)
+    return Y if Y is NotImplemented else Y.permute([(b + r + s).index(x) for x in lo])
+
+
+def _einsum_roles(la: str, ld: str, lo: str, S: SparseTensor):
+    """``(b, r, c, s)``: the batch letter ('' for 2-d ``S``), ``S``'s row, the contracted and the dense
+    operand's free letter of an einsum that is a (batched) matrix product, else None."""
+    if any(len(set(x)) != len(x) for x in (la, ld, lo)) or len(la) not in (2, 3) or len(ld) not in (2, 3):
+        return None
+    shared = [x for x in la if x in ld]
+    c = [x for x in shared if x not in lo]
+    b = [x for x in shared if x in lo]
+    s = [x for x in ld if x not in la]
+    free = [x for x in la if x not in ld]
+    if len(c) != 1 or len(s) != 1 or len(b) + len(free) != len(la) - 1 or len(b) > 1 \
+            or sorted(lo) != sorted(set(la + ld) - set(c)) or len(ld) != len(b) + 2:
+        return None
+    if len(la) == 3 and not b:  # two free letters of S: the batch one is a dense dim of S where there is one
+        dense = [x for x in free if la.index(x) >= S._sparse_ndim()]
+        b = dense[:1] or free[:1]
+        free.remove(b[0])
+    if len(free) != 1 or len(la) == 2 and b:
+        return None
+    return "".join(b), free[0], c[0], s[0]
