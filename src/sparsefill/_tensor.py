@@ -50,11 +50,14 @@ class OpLayer:
     ``sync(V)``                               view ``V`` catches up with its base (``ops/views.py``)
     ``write_through(V)``                      a write to view ``V`` goes through to its base
     ``track(V, func, args, kwargs)``          ``V`` is now the view ``func(*args, **kwargs)`` of ``args[0]``
+    ``gate(out, func, args, kwargs)``         a passed-through call's result, grad mode on: torch's
+                                              derivative formulas for its SparseTensor operands ask the
+                                              densify policy first (``ops/backward_gate.py``)
     ========================================  ==========================================================
     """
 
     def __init__(self):
-        for name in ("dispatch", "fast", "route", "sync", "write_through", "track"):
+        for name in ("dispatch", "fast", "route", "sync", "write_through", "track", "gate"):
             setattr(self, name, self._loading(name))
         self.routed = _Everything()  # (until installed: every call asks route, which installs it)
 
@@ -109,13 +112,13 @@ class SparseTensor(HostMixin, torch.Tensor):
                 if a.__class__ is not SparseTensor and a.__class__ not in _PLAIN:
                     break
             else:
-                return _PASS_THROUGH(func, types, args, {})
+                return _gated(_PASS_THROUGH(func, types, args, {}), func, args, {})
         if kwargs is None:
             kwargs = {}
         out = _OPS.route(func, types, args, kwargs)
         if out is not NotImplemented:
             return out
-        return _PASS_THROUGH(func, types, args, kwargs)
+        return _gated(_PASS_THROUGH(func, types, args, kwargs), func, args, kwargs)
 
     @staticmethod
     def __new__(cls, layout, size, values, fill, *, indices=None, crow=None, col=None, indefinite=False,
@@ -504,6 +507,16 @@ _make_wrapper = torch.Tensor._make_wrapper_subclass
 _STRIDED = torch.strided  # the wrapper's layout (see the module docstring)
 _COO = torch.sparse_coo
 _PASS_THROUGH = torch._C._disabled_torch_function_impl
+_GRAD_ENABLED = torch.is_grad_enabled
+_RESULTS = (torch.Tensor, SparseTensor)
+
+
+def _gated(out, func, args, kwargs):
+    """``out`` of a passed-through call; with grad mode on, the derivative formulas torch recorded for it ask the
+    densify policy before they form a dense gradient of a SparseTensor operand (the op layer's ``gate``)."""
+    if _GRAD_ENABLED() and (out.__class__ in _RESULTS or isinstance(out, tuple)):
+        _OPS.gate(out, func, args, kwargs)
+    return out
 _PLAIN = {int, float, bool, complex, type(None)}  # arguments of __torch_function__ that are no tensor (route's too)
 _UNKNOWN = (None, False)  # A._zero of a fill not known to be zero
 

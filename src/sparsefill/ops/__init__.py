@@ -2,8 +2,8 @@
 entry points into ``SparseTensor`` (``_tensor.install_op_layer``: the data class imports no op handler)."""
 
 from .. import _tensor
-from . import (activations, concat, coords, core, fallback, foreach, indexing, linalg, normalizations,  # noqa: F401
-               products, pointwise, reductions, registry, sampled, views, windows)
+from . import (activations, backward_gate, concat, coords, core, fallback, foreach, indexing, linalg,  # noqa: F401
+               normalizations, products, pointwise, reductions, registry, sampled, views, windows)
 
 
 def _route(func, types, args, kwargs):
@@ -14,4 +14,5 @@ def _route(func, types, args, kwargs):
 
 
 _tensor.install_op_layer(dispatch=registry.dispatch, fast=registry.fast_path, route=_route, sync=views.sync,
-                         write_through=views.write_through, track=views.track)
+                         write_through=views.write_through, track=views.track,
+                         gate=backward_gate.gate)

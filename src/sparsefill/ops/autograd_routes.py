@@ -8,7 +8,8 @@ gradient of the SparseTensor ``A`` as the dense ``G @ X^T`` (N x N) before any h
   matrix products of ``linalg_autograd.py``) runs through an ``autograd.Function`` whose
   backward is as sparse as its forward; a route returns ``NotImplemented`` to decline;
 * any other function mixing a SparseTensor with a dense tensor that requires grad sees that
-  tensor through :class:`DenseGrad`, so its gradient is dense: a dense leaf's ``.grad`` is a
+  tensor through :class:`DenseGrad`, so its gradient is dense (and torch's formulas for its SparseTensor
+  operands ask the densify policy first: ``backward_gate.py``): a dense leaf's ``.grad`` is a
   dense tensor (torch's contract), never a SparseTensor (a torch native sparse COO/CSR tensor through
   ``_autograd.NativeGrad``: its ``.grad`` is a native sparse tensor of its layout);
 * ``A.requires_grad_()`` / ``A.requires_grad = True`` (``nn.Parameter(A)`` too) on a SparseTensor leaf
@@ -40,6 +41,7 @@ import torch
 
 from .._autograd import NativeGrad, dense_grad, sparse_inside, track_leaf
 from .._tensor import SparseTensor
+from .backward_gate import gate
 
 _REQUIRES_GRAD_, _REQUIRES_GRAD = torch._C.TensorBase.requires_grad_, torch._C.TensorBase.requires_grad
 _SETTER = type(_REQUIRES_GRAD.__set__)  # ``A.requires_grad = True`` arrives as the descriptor's bound __set__
@@ -95,7 +97,9 @@ def route(func, types, args, kwargs):
         return NotImplemented
     args = tuple(_dense_grad_arg(a) for a in args)
     kwargs = {k: _dense_grad_arg(v) for k, v in kwargs.items()}
-    return torch._C._disabled_torch_function_impl(func, types, args, kwargs)
+    out = torch._C._disabled_torch_function_impl(func, types, args, kwargs)
+    gate(out, func, args, kwargs)  # torch's formulas for the SparseTensor operands: under the densify policy
+    return out
 
 
 _DIM = torch._C.TensorBase.dim
