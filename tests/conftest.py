@@ -6,6 +6,7 @@ import sys
 
 def pytest_terminal_summary(terminalreporter):
     _backward_summary(terminalreporter)
+    _policy_sweep_summary(terminalreporter)
     mod = sys.modules.get("test_opinfo")  # not imported when the module did not run (importing op_db: 13 s)
     if mod is None or not mod.REPORT:
         return
@@ -22,6 +23,17 @@ def pytest_terminal_summary(terminalreporter):
     for name, (reason, _) in sorted(DECLARED.items()):
         tr.write_line(f"declared {name}: {reason}")
     _unexercised_and_failing(tr, how)
+
+
+def _policy_sweep_summary(tr):
+    """The densify policy sweep (tests/test_policy_sweep.py): ops per outcome under a tight byte limit."""
+    mod = sys.modules.get("test_policy_sweep")
+    if mod is None or not mod.OUTCOMES:
+        return
+    tr.section("sparsefill densify policy sweep (forward and backward under a byte limit below the dense form)")
+    tr.write_line(f"ops: {len(mod.OUTCOMES)} ({dict(mod.COUNTS)})")
+    for name, why in sorted(mod.DECLARED.items()):
+        tr.write_line(f"declared {name}: {why}")
 
 
 def _backward_summary(tr):
