@@ -335,6 +335,62 @@ class SparseMM(torch.autograd.Function):
         return gA, gX, None
 
 
+def _heads(P: SparseTensor):
+    """``(Pc, [P[..., h] for each h])``: ``Pc`` is ``P`` (hybrid, two sparse dims, one dense dim) coalesced, the
+    heads 2-d SparseTensors of its pattern (its index tensors shared) holding ``Pc``'s values and fill at ``h``."""
+    if not P._coalesced:
+        idx, vals = coalesced_parts(P)
+        P = rewrap(P, indices=idx, values=vals, coalesced=True)
+    H = P.shape[2]
+    fill = P._fill if P._indefinite else P._fill.expand(H)
+    return P, [rewrap(P, size=P.shape[:2], values=P._vals[:, h].contiguous(),
+                      fill=fill if P._indefinite else fill[h]) for h in range(H)]
+
+
+class HybridMM(torch.autograd.Function):
+    """``Y[h] = A[..., h] @ X[h]`` (``left``) or ``(X[h]^T @ A[..., h])^T`` for each position ``h`` of the one
+    dense dim of a hybrid ``A`` ``(m, k, H)`` (``(k, m, H)`` for ``left=False``) and a dense ``X`` ``(H, k, n)``:
+    the heads of a multi-head attention, ``einsum("ijh,jhd->hid", A, X)``, head by head on the pattern.  The
+    gradient of ``A``: :func:`pattern_grad` per head (its fill the per-head mean of the rest), assembled as a
+    hybrid SparseTensor of ``A``'s pattern; no ``(m, k)`` tensor is formed, and no scalar-per-element copy of
+    ``A``'s indices (``A.permute(2, 0, 1)``: ``H`` times ``A``'s index memory)."""
+
+    @staticmethod
+    def forward(A, X, left):
+        _, heads = _heads(_pattern(A))
+        return torch.stack([torch.mm(P, X[h]) if left else torch.mm(X[h].mT, P).mT for h, P in enumerate(heads)])
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        A, X, left = inputs
+        ctx.pattern, ctx.left = _pattern(A), left
+        ctx.save_for_backward(X)
+
+    vmap = staticmethod(lambda info, in_dims, *args: refuse_vmap("a sparse matrix product"))
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, G):
+        (X,), G = ctx.saved_tensors, sparse_inside(G)
+        Pc, heads = _heads(ctx.pattern)
+        gA = gX = None
+        if ctx.needs_input_grad[0]:
+            vals, fills = [], []
+            for h, P in enumerate(heads):
+                U, V = (G[h], X[h]) if ctx.left else (X[h], G[h])
+                if G.dtype in (torch.bfloat16, torch.float16):  # sums in float32, as SparseMM's
+                    U, V = U.float(), V.float()
+                g = pattern_grad(P, U[None], V[None])
+                vals.append(g._vals.to(Pc.dtype))
+                fills.append(g._fill.to(Pc.dtype))
+            gA = rewrap(Pc, values=torch.stack(vals, -1), fill=torch.stack(fills), indefinite=False,
+                        known_zero=Pc._indefinite)
+        if ctx.needs_input_grad[1]:
+            gX = torch.stack([(torch.mm(P.mT, G[h]) if ctx.left else torch.mm(P, G[h])).to(X.dtype)
+                              for h, P in enumerate(heads)])
+        return gA, gX, None
+
+
 # ---------------------------------------------------------------------- routes
 # (imported here, not at the top: autograd_routes imports this module and reduction_autograd, which imports
 # pattern_grad_is_exact from it; entered from this module first, the names above must already exist)
@@ -499,8 +555,9 @@ def _route_einsum(func, args, kwargs):
         einsum("ijh,jhd->ihd", P, X) == (P.permute(2, 0, 1) @ X.permute(1, 0, 2)).permute(1, 0, 2)
         einsum("ijh,jd->ihd", P, W)  == (P.permute(2, 0, 1) @ W).permute(1, 0, 2)
 
-    (a hybrid ``P`` permuted so: a SparseTensor of no dense dims, each stored slice's scalars stored; its
-    gradient on that pattern is read back at ``P``'s, see :func:`_within_scalar_pattern`)."""
+    (the batch letter a hybrid ``P``'s dense dim: :class:`HybridMM`, head by head; otherwise ``P`` permuted so,
+    a SparseTensor of no dense dims storing each stored slice's scalars, its gradient on that pattern read back
+    at ``P``'s, see :func:`_within_scalar_pattern`)."""
     if kwargs or len(args) != 3 or not isinstance(args[0], str):
         return NotImplemented
     eq = args[0].replace(" ", "")
@@ -517,8 +574,11 @@ def _route_einsum(func, args, kwargs):
     if roles is None:
         return NotImplemented
     b, r, c, s = roles
-    A = S.permute([la.index(x) for x in b + r + c])
     X = D.permute([ld.index(x) for x in (b if b in ld else "") + c + s])
+    if b and la.index(b) == 2 and S._sparse_ndim() == 2 and _eligible(S, X):  # heads: a hybrid's dense dim
+        Y = HybridMM.apply(S, X.expand((S.shape[2],) + tuple(X.shape[-2:])), la[:2] == r + c)
+        return Y.permute([(b + r + s).index(x) for x in lo])
+    A = S.permute([la.index(x) for x in b + r + c])
     Y = _matmul(A, X)  # (b, r, s)
     return Y if Y is NotImplemented else Y.permute([(b + r + s).index(x) for x in lo])
 
