@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_einsum_hybrid import DenseFormLog, _gat
 from torch.testing import assert_close
 
 import sparsefill
 from sparsefill import DensifyError
-from test_einsum_hybrid import DenseFormLog, _gat
 
 
 def test_decomposition_backward_raises_before_the_dense_gradient():

@@ -11,8 +11,8 @@ import warnings
 import pytest
 import torch
 from torch.testing import assert_close
-from torch.utils._pytree import tree_flatten
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 import sparsefill
 from sparsefill import SparseTensor
@@ -58,12 +58,14 @@ def _dense(idx, v, f, shape):
     return torch.where(mask, z, 0.0 if f is None else f)
 
 
+# (CSR: two sparse dims, here the leading two, with the dense dims after them)
+CASES = [(e, layout) for e in EQUATIONS for layout in ("coo", "coo-uncoalesced", "csr") if layout != "csr" or e[2] == 2]
+
+
 @pytest.mark.parametrize("fill", FILLS, ids=list(FILLS))
-@pytest.mark.parametrize("layout", ["coo", "coo-uncoalesced", "csr"])
-@pytest.mark.parametrize("eq,sshape,sd,dshape", EQUATIONS, ids=[f"{e[0]}-{e[2]}sparse" for e in EQUATIONS])
-def test_einsum_matches_dense_forward_and_backward(eq, sshape, sd, dshape, layout, fill):
-    if layout == "csr" and sd != 2:
-        pytest.skip("CSR has two sparse dims (its batch dims lead): this sparse shape has three")
+@pytest.mark.parametrize("case", CASES, ids=[f"{e[0]}-{e[2]}sparse-{layout}" for e, layout in CASES])
+def test_einsum_matches_dense_forward_and_backward(case, fill):
+    (eq, sshape, sd, dshape), layout = case
     f0 = FILLS[fill]
     idx, v, f = _leaves(sshape, sd, f0, seed=len(eq) + sd)
     X = torch.randn(dshape, dtype=torch.float64, generator=torch.Generator().manual_seed(3)).requires_grad_()
@@ -84,7 +86,7 @@ def test_einsum_matches_dense_forward_and_backward(eq, sshape, sd, dshape, layou
     assert type(out) is torch.Tensor
     assert_close(out, ref_out, equal_nan=True)
     for name, a, b in zip(("values", "dense operand", "fill"), got, ref):
-        assert_close(a, b, equal_nan=True, msg=lambda m: f"gradient of the {name}: {m}")
+        assert_close(a, b, equal_nan=True, msg=lambda m, name=name: f"gradient of the {name}: {m}")
 
 
 class DenseFormLog(TorchDispatchMode):

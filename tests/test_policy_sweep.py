@@ -34,8 +34,8 @@ import re
 import pytest
 import torch
 from torch.testing._internal.common_methods_invocations import op_db
-from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 import sparsefill
 from sparsefill import DensifyError, SparseTensor

@@ -50,7 +50,7 @@ class OpLayer:
     ``sync(V)``                               view ``V`` catches up with its base (``ops/views.py``)
     ``write_through(V)``                      a write to view ``V`` goes through to its base
     ``track(V, func, args, kwargs)``          ``V`` is now the view ``func(*args, **kwargs)`` of ``args[0]``
-    ``gate(out, func, args, kwargs)``         a passed-through call's result, grad mode on: torch's
+    ``gate(out, func, args, kwargs)``         a passed-through call's dense result requires grad: torch's
                                               derivative formulas for its SparseTensor operands ask the
                                               densify policy first (``ops/backward_gate.py``)
     ========================================  ==========================================================
@@ -507,14 +507,16 @@ _make_wrapper = torch.Tensor._make_wrapper_subclass
 _STRIDED = torch.strided  # the wrapper's layout (see the module docstring)
 _COO = torch.sparse_coo
 _PASS_THROUGH = torch._C._disabled_torch_function_impl
-_GRAD_ENABLED = torch.is_grad_enabled
-_RESULTS = (torch.Tensor, SparseTensor)
+_TENSOR = torch.Tensor
 
 
 def _gated(out, func, args, kwargs):
-    """``out`` of a passed-through call; with grad mode on, the derivative formulas torch recorded for it ask the
-    densify policy before they form a dense gradient of a SparseTensor operand (the op layer's ``gate``)."""
-    if _GRAD_ENABLED() and (out.__class__ in _RESULTS or isinstance(out, tuple)):
+    """``out`` of a passed-through call; where it is dense and requires grad (its gradient is dense), the
+    derivative formulas torch recorded for it ask the densify policy before they form a dense gradient of a
+    SparseTensor operand (the op layer's ``gate``).  (A SparseTensor result, ``2 * A``, gets SparseTensor
+    gradients: 1 µs instead of 50 µs per call.)"""
+    if out.__class__ is _TENSOR and out.requires_grad or isinstance(out, tuple) and out and \
+            any(t.__class__ is _TENSOR and t.requires_grad for t in out):
         _OPS.gate(out, func, args, kwargs)
     return out
 _PLAIN = {int, float, bool, complex, type(None)}  # arguments of __torch_function__ that are no tensor (route's too)

@@ -5,9 +5,11 @@ autograd records *torch's* derivative formulas for it, above any handler: for a 
 decomposition of ``einsum`` into ``bmm``, ``A * x``, a leaf's ``A @ X``) the gradient that such a formula
 computes for a SparseTensor operand is a dense tensor of the operand's full shape (``BmmBackward0``:
 ``grad @ mat2^T``), which sparsefill never sees being allocated.  :func:`gate` therefore runs after every
-such call with an output that requires grad: it finds the call's own autograd nodes (those between
-its outputs and its operands) whose gradient reaches a SparseTensor operand, and registers on each a
-pre-hook that asks the densify gate *before* the formula runs::
+such call with a dense output that requires grad (a SparseTensor result gets SparseTensor gradients from the
+routes and handlers: the first formula given a dense one is that of a call with a dense result): it finds
+the call's own autograd nodes (those between its outputs and its operands) whose gradient reaches a
+SparseTensor operand, and registers on each a pre-hook that asks the densify gate *before* the formula
+runs::
 
     check_densify(<node> of <op>, <dense bytes of the SparseTensor operands it differentiates>, by_nature=True)
 
@@ -35,7 +37,6 @@ from __future__ import annotations
 import functools
 
 import torch
-from torch.utils._pytree import tree_flatten
 
 from .._policy import check_densify
 from .._tensor import SparseTensor
@@ -57,8 +58,8 @@ def gate(out, func, args, kwargs) -> None:
                 if isinstance(t, torch.Tensor) and t.grad_fn is not None]
         if not outs:
             return
-        flat = [a for x in tree_flatten((args, kwargs))[0] for a in (x if isinstance(x, (tuple, list)) else (x,))
-                if isinstance(a, torch.Tensor) and a.grad_fn is not None]
+        flat = [a for x in (*args, *kwargs.values()) for a in (x if isinstance(x, (tuple, list)) else (x,))
+                if isinstance(a, torch.Tensor) and a.grad_fn is not None]  # (tensors: at most in a list)
         sparse = {(a.grad_fn, a.output_nr) for a in flat if isinstance(a, SparseTensor)}
         stop = {a.grad_fn for a in flat}
         name = getattr(func, "__name__", str(func))
