@@ -155,7 +155,9 @@ def test_dense_dims_become_sparse(case, kind, fill):
     ((0, 3), 1, lambda t: t.t()), ((4, 0), 1, lambda t: t.t()), ((3, 2, 0), 1, lambda t: t.permute(2, 0, 1)),
     ((0, 2, 3), 2, lambda t: t.reshape(3, 0)), ((1, 3), 1, lambda t: t.t()), ((3, 1), 1, lambda t: t.t()),
     ((2, 1, 3), 2, lambda t: t.permute(1, 0, 2)), ((2, 3, 1), 2, lambda t: t.permute(2, 0, 1)),
-], ids=["0-sparse", "0-dense", "0-dense-3d", "0-reshape", "1-sparse", "1-dense", "size1-moves", "size1-moves2"])
+    ((4, 1, 1, 1), 3, lambda t: t.view(4)),
+], ids=["0-sparse", "0-dense", "0-dense-3d", "0-reshape", "1-sparse", "1-dense", "size1-moves", "size1-moves2",
+        "size1-dense-dropped"])
 def test_zero_size_and_size_one_dims(shape, dd, op, fill):
     A, x = make(shape, fill, dense_dim=dd, p=0.5)
     close(op(A), op(x))
@@ -409,6 +411,7 @@ GRAD_CASES = {  # name -> (shape, dense_dim, layout, op)
     "permute": ((3, 4, 2), 0, torch.sparse_coo, lambda t: t.permute(1, 2, 0)),
     "permute hybrid array fill": ((3, 4, 2), 1, torch.sparse_coo, lambda t: t.permute(2, 0, 1)),
     "permute csr hybrid": ((3, 4, 2), 1, torch.sparse_csr, lambda t: t.permute(1, 0, 2)),
+    "view drops size-1 dense dims": ((4, 1, 1), 2, torch.sparse_coo, lambda t: t.view(4) * 2),
 }
 
 

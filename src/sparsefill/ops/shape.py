@@ -250,7 +250,7 @@ def view(A: SparseTensor, shape) -> SparseTensor | None:
     idx, vals = A._coo_parts()
     vals = vals.reshape((vals.shape[0],) + tuple(tail))
     fill = A._fill
-    if not A._indefinite and fill.numel() != 1:
+    if not A._indefinite and fill.dim():  # (a one-element array fill too: dense dims (1, 1) may become ())
         fill = _fill_dense(A).expand(A._dense_shape).reshape(tail)
     new = _index.unravel(_index.linearize(idx, A._sparse_shape), shape[: len(shape) - t])
     return _make(A, shape, new, vals, fill, A._coalesced)
