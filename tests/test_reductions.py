@@ -23,9 +23,7 @@ MAX_SAMPLES = 6
 IN_OP_DB = {id(op) for op in op_db}
 OPS = [op for op in reduction_ops if id(op) in IN_OP_DB and op.supports_dtype(torch.float64, "cpu")]
 ALL = frozenset(VARIANTS)
-DECLARED = {  # op name -> (variants, reason)
-    "hash_tensor": (ALL, "a hash of the dense bits: computed densely, by definition"),
-}
+DECLARED: dict = {}  # op name -> (variants, reason): reductions that may densify there (none now)
 
 
 def test_declared_reductions_are_reported(capsys):
@@ -308,3 +306,38 @@ def test_legacy_norm_overloads_native(variant):
         got.sum().backward()
         want.sum().backward()
         torch.testing.assert_close(vals.grad, ref.grad)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16, torch.int64, torch.uint8, torch.bool])
+@pytest.mark.parametrize("variant", ["coo", "csr", "hybrid", "uncoalesced", "indefinite"])
+def test_hash_tensor_native_closed_form(variant, dtype):
+    """``hash_tensor`` xors the stored elements' 64-bit patterns with the fill's where it occurs an odd number
+    of times in a slice: bit for bit the dense result, over every dims argument, with no DensifyWarning.
+    Indefinite: the xor of the specified elements (dense: the masked-out elements as 0, the xor identity)."""
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(5, 4, 3, generator=g) * 3).to(dtype)
+    dd = 1 if variant == "hybrid" else 0
+    fill = x[0, 0].clone() if dd else x[0, 0, 0].clone()
+    mask = torch.rand((5, 4) if dd else (5, 4, 3), generator=g) < 0.5
+    x[mask] = fill
+    A = sparsefill.to_sparse(x, fill_value=fill, layout=torch.sparse_csr if variant == "csr" else torch.sparse_coo,
+                             dense_dim=dd)
+    if variant == "indefinite":  # the fill's elements masked out
+        A = sparsefill.sparse_coo_tensor(A.indices(), A.values(), x.shape, fill_value=sparsefill.indefinite)
+        x = x.masked_fill(x == fill, 0)
+    if variant == "uncoalesced":  # each stored element split in two that sum to it (integers: v and 0)
+        i, v = A.indices(), A.values()
+        half = v if dtype in (torch.bool, torch.uint8, torch.int64) else v / 2
+        A = sparsefill.sparse_coo_tensor(torch.cat([i, i], 1), torch.cat([half, v - half if dtype is not torch.bool
+                                                                                  else torch.zeros_like(v)]),
+                                         x.shape, fill_value=fill)
+    for args, kw in [((), {}), (([],), {}), ((0,), {}), ((1,), {"keepdim": True}), (([0, 2],), {}), ((-1,), {}),
+                     (([1, 2],), {"keepdim": True})]:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", sparsefill.DensifyWarning)
+            out = torch.hash_tensor(A, *args, **kw)
+        got = out.to_dense(fill_value=0) if isinstance(out, sparsefill.SparseTensor) and out.is_fill_indefinite() \
+            else out.to_dense() if isinstance(out, sparsefill.SparseTensor) else out
+        want = torch.hash_tensor(x, *args, **kw)
+        assert got.dtype == torch.uint64 and got.shape == want.shape
+        assert torch.equal(got.view(torch.int64), want.view(torch.int64)), (args, kw)

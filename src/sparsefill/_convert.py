@@ -98,8 +98,14 @@ def dense_of(A: SparseTensor, fill: torch.Tensor | None = None, *, eager: bool =
         return _merge.put_flat(out, keys, vals)
     keys = keys.view(-1)
     flat = out if k == 1 else out.view((_index.numel(shape[:k]),) + tuple(shape[k:]))  # (a view costs µs)
+    signed = _SIGNED_VIEW.get(vals.dtype)
+    if signed is not None:  # (torch has no index_copy_ kernel for uint16/32/64: their bits, as signed)
+        flat, vals = flat.view(signed), vals.view(signed)
     flat.index_copy_(0, keys, vals)
     return out
+
+
+_SIGNED_VIEW = {torch.uint16: torch.int16, torch.uint32: torch.int32, torch.uint64: torch.int64}
 
 
 _PARALLEL_FILL_MIN = 1 << 18  # elements from which fill_ on several torch threads goes before the one-thread pass

@@ -46,7 +46,7 @@ from . import _engine
 from ._compile import bincount, traced
 from ._index import runs_to_ids
 
-__all__ = ["Reducer", "LogSumExp", "Var", "Norm", "REDUCERS", "segment_combine", "segment_counts",
+__all__ = ["Reducer", "LogSumExp", "Var", "Norm", "Xor", "REDUCERS", "segment_combine", "segment_counts",
            "segment_arg", "segment_median", "broadcast_seg", "gather_seg", "first_gap", "even_ties", "tie_counts",
            "finite_shift", "shifted_exp_sums"]
 
@@ -380,6 +380,58 @@ class Norm(Reducer):
         self._dense = lambda x: torch.linalg.vector_norm(x, p, 0)
 
 
+def bits64(x: torch.Tensor) -> torch.Tensor:
+    """The 64-bit pattern of each element, as ``torch.hash_tensor`` reads it: floating values upcast to
+    float64, integers and bool to int64 (uint64 as is), bitcast to int64.
+
+    >>> bits64(torch.tensor([1.5], dtype=torch.float32)).view(torch.uint64) == torch.hash_tensor(torch.tensor([1.5]))
+    tensor([True])
+    """
+    if x.dtype in (torch.int64, torch.uint64):
+        return x.view(torch.int64)
+    return x.to(torch.float64).view(torch.int64) if x.is_floating_point() else x.to(torch.int64)
+
+
+_XOR_CHUNK = 1 << 16  # stored elements per pass of the bit-plane count (64 bytes each)
+
+
+class Xor(Reducer):
+    """``torch.hash_tensor`` (mode 0): the xor of the elements' 64-bit patterns (:func:`bits64`), uint64.
+    ``n`` copies of a fill xor to the fill's pattern where ``n`` is odd, to 0 where it is even::
+
+        hash(slice) = xor(bits64(x_1), ..., bits64(x_k)) ^ (bits64(f) if n % 2 else 0)
+
+    No scatter kernel xors: each slice's parity of every bit plane is counted in uint8 (which wraps
+    modulo 256, keeping the parity), in chunks of ``_XOR_CHUNK`` elements.
+
+    >>> v = torch.tensor([1., 2., 3.]); seg = torch.tensor([0, 0, 2])
+    >>> h = Xor()(v, seg, 3, fill=torch.tensor(10.), n_fill=torch.tensor([1, 2, 2]))
+    >>> bool(h[0] == torch.hash_tensor(torch.tensor([1., 2., 10.]))), int(h[1]), bool(h[2] == torch.hash_tensor(v[2:]))
+    (True, 0, True)
+    """
+
+    def __init__(self):
+        super().__init__("hash_tensor", "xor", dense=lambda x: torch.hash_tensor(x, [0]))
+
+    def __call__(self, values, seg, num_segments, *, fill=None, n_fill=None, lengths=None, csr=None):
+        k = values.shape[0]
+        seg = seg_ids(seg, lengths, k)
+        shifts = torch.arange(64, dtype=torch.int64, device=values.device)
+        count = torch.zeros((num_segments, *values.shape[1:], 64), dtype=torch.uint8, device=values.device)
+        for i in range(0, k, _XOR_CHUNK):
+            planes = (bits64(values[i:i + _XOR_CHUNK]).unsqueeze(-1) >> shifts) & 1
+            count.index_add_(0, seg[i:i + _XOR_CHUNK], planes.to(torch.uint8))
+        acc = ((count & 1).to(torch.int64) << shifts).sum(-1)  # (distinct bits: the sum is their or)
+        if fill is not None and n_fill is not None:
+            f = bits64(torch.as_tensor(fill, device=values.device))
+            odd = _bcast(n_fill, acc) % 2 == 1
+            if _table(n_fill, acc):  # the classes with an odd count, xored together
+                f = torch.where(odd, f.expand(n_fill.shape), 0)
+                f, odd = torch.hash_tensor(f, [-1]).view(torch.int64), True
+            acc = torch.where(odd, acc ^ f, acc)
+        return acc.view(torch.uint64)
+
+
 REDUCERS: dict[str, Reducer] = {
     "sum": Reducer("sum", "sum", dense=lambda x: torch.sum(x, 0)),
     "prod": Reducer("prod", "prod", dense=lambda x: torch.prod(x, 0)),
@@ -389,6 +441,7 @@ REDUCERS: dict[str, Reducer] = {
     "logsumexp": LogSumExp(),
     "var": Var(),
     "norm": Norm(),
+    "hash_tensor": Xor(),
 }
 
 

@@ -46,6 +46,7 @@ _DENSE = {
     "all": lambda x, d, k, o: torch.all(x, d, k),
     "any": lambda x, d, k, o: torch.any(x, d, k),
     "norm": lambda x, d, k, o: torch.linalg.vector_norm(x, o, d, k),
+    "hash_tensor": lambda x, d, k, o: torch.hash_tensor(x, d, keepdim=k),
 }
 
 
@@ -251,6 +252,7 @@ register(aten.all.dim, aten.all.dims)(_handler("all", 1, 2))
 register(aten.any.default)(_handler("any"))
 register(aten.any.dim, aten.any.dims)(_handler("any", 1, 2))
 register(aten.logsumexp.default)(_handler("logsumexp", 1, 2))
+register(aten.hash_tensor.default)(_handler("hash_tensor", 1, 2))  # (keepdim: keyword only, not at 2)
 _norm = _handler("norm", 2, 3, opt=lambda a, k: float(a[1] if len(a) > 1 else k.get("ord", 2)))
 
 
