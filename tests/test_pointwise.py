@@ -253,6 +253,73 @@ def test_zero_dim_sparse_operand_acts_as_a_scalar():
     torch.testing.assert_close(out.to_dense(), ref)
 
 
+
+def _scalar_sparse(value, stored: bool, fill, dtype=torch.float64):
+    """A 0-d SparseTensor: ``value`` stored, or nothing stored and ``fill`` (``"indefinite"``: masked out)."""
+    v = torch.tensor([value] if stored else [], dtype=dtype)
+    f = sparsefill.indefinite if fill == "indefinite" else fill
+    return sparsefill.sparse_coo_tensor(torch.zeros(0, int(stored), dtype=torch.int64), v, (), fill_value=f)
+
+
+ZERO_DIM_OPS = {
+    "masked_fill": lambda a, b: a.masked_fill(torch.tensor(True), b),
+    "masked_fill_false": lambda a, b: a.masked_fill(torch.tensor(False), b),
+    "add": torch.add, "mul": torch.mul, "atan2": torch.atan2, "maximum": torch.maximum,
+    "where": lambda a, b: torch.where(a > b, a, b), "frexp": lambda a, b: torch.frexp(a * b),
+    "lerp": lambda a, b: torch.lerp(a, b, torch.tensor(0.25, dtype=torch.float64)),
+}
+
+
+@pytest.mark.parametrize("name", list(ZERO_DIM_OPS))
+@pytest.mark.parametrize("b_kind", ["dense", "stored", "fill"])
+@pytest.mark.parametrize("a_stored", [True, False])
+def test_every_operand_zero_dim(name, b_kind, a_stored):
+    """Every operand 0-d: the op runs on 0-d tensors as on dense ones (``masked_fill``'s value stays 0-d; the
+    result stores its element where an operand does), forward and backward, natively."""
+    op = ZERO_DIM_OPS[name]
+    va = torch.tensor(-1.5 if a_stored else 2.5, dtype=torch.float64, requires_grad=True)
+    vb = torch.tensor(0.75, dtype=torch.float64, requires_grad=True)
+    A = sparsefill.sparse_coo_tensor(torch.zeros(0, int(a_stored), dtype=torch.int64), va.reshape(-1)[: int(a_stored)],
+                                     (), fill_value=va if not a_stored else torch.tensor(9., dtype=torch.float64))
+    B = vb if b_kind == "dense" else sparsefill.sparse_coo_tensor(
+        torch.zeros(0, int(b_kind == "stored"), dtype=torch.int64), vb.reshape(-1)[: int(b_kind == "stored")], (),
+        fill_value=vb if b_kind == "fill" else torch.tensor(-4., dtype=torch.float64))
+    out = _native(lambda: op(A, B))
+    ref = op(va, vb)
+    outs, refs = (out, ref) if isinstance(ref, tuple) else ((out,), (ref,))
+    for o, r in zip(outs, refs):
+        assert isinstance(o, SparseTensor) and o.shape == () and o._nse() == int(a_stored or b_kind == "stored")
+        torch.testing.assert_close(o.to_dense(), r, equal_nan=True)
+    if outs[0].requires_grad:
+        g = torch.autograd.grad(outs[0].to_dense(), (va, vb), allow_unused=True)
+        gr = torch.autograd.grad(refs[0], (va, vb), allow_unused=True)
+        for x, y in zip(g, gr):
+            torch.testing.assert_close(0. if x is None else x, 0. if y is None else y, check_dtype=False)
+
+
+def test_every_operand_zero_dim_promotion_in_place_out_and_indefinite():
+    A32 = _scalar_sparse(3., True, 0., torch.float32)
+    b64 = torch.tensor(0.1, dtype=torch.float64)
+    out = _native(lambda: A32 + b64)
+    assert out.dtype == (A32.to_dense() + b64).dtype == torch.float64  # zero-dim tensors promote alike
+    torch.testing.assert_close(out.to_dense(), A32.to_dense() + b64)
+    A = _scalar_sparse(3., False, 1.25)
+    _native(lambda: A.masked_fill_(torch.tensor(True), torch.tensor(7., dtype=torch.float32)))
+    assert A.dtype == torch.float64 and A.to_dense().item() == 7.
+    target = _scalar_sparse(0., True, 0.)
+    _native(lambda: torch.mul(_scalar_sparse(3., True, 1.), 2., out=target))
+    assert target.to_dense().item() == 6.
+    masked = _scalar_sparse(0., False, "indefinite")
+    r = _native(lambda: masked + _scalar_sparse(2., True, 1.))
+    assert r.is_fill_indefinite() and r._nse() == 0 and r.dtype == torch.float64
+    r = _native(lambda: _scalar_sparse(5., True, "indefinite").masked_fill(torch.tensor(True), 1.))
+    assert r.is_fill_indefinite() and r.to_dense(fill_value=0.).item() == 1.
+    i = _scalar_sparse(7, True, 0, torch.int64)  # the fill's 7 // 0 raises; no element reads it
+    assert _native(lambda: i // torch.tensor(2)).to_dense().item() == 3
+    with pytest.raises(RuntimeError, match="ZeroDivision"):
+        _scalar_sparse(7, False, 7, torch.int64) // torch.tensor(0)
+
+
 # ---------------------------------------------------------------- out=, broadcasting, untagged element-wise ops
 def _native(fn):
     with warnings.catch_warnings():

@@ -423,7 +423,10 @@ def pointwise_rule(func, args, kwargs, pattern_only=False):
     sub = {id(T): dense_of(T) for T in sparse if T.dim() == 0 < big.dim() and not T._indefinite}
     sparse = [T for T in sparse if id(T) not in sub]
     A = sparse[0]
-    if not A.dim():  # every operand 0-d: a 0-d dense one promotes as A's values do (zero-dim tensors alike)
+    if not A.dim():
+        if all(t.dim() == 0 for t in tensors):
+            return _zero_dim(func, args, kwargs, sparse, out, bool(written))
+        # beside a dense operand with dims: a 0-d dense one promotes as A's values do (zero-dim tensors alike)
         sub.update({id(t): t.reshape(1) for t in tensors if t.dim() == 0 and not isinstance(t, SparseTensor)})
     layout = A._sf_layout
     conv = sparse
@@ -507,6 +510,60 @@ def pointwise_rule(func, args, kwargs, pattern_only=False):
         result = build(vals, None if out_fills is None else _unbatch(out_fills, nd))
         return result if out is None else assign_(out, result)
     return type(vals)(build(v, None if out_fills is None else _unbatch(f, nd)) for v, f in zip(vals, out_fills or vals))
+
+
+def _zero_dim(func, args, kwargs, sparse, out, written: bool):
+    """Every operand 0-d: each SparseTensor is one value, its stored element or its fill, and the op runs on
+    0-d tensors exactly as on dense ones (zero-dim type promotion; ``masked_fill``'s value must be 0-d)::
+
+        f(A, b).to_dense() == f(A.to_dense(), b)
+
+    The result stores its element where an operand stores one (unspecified where an indefinite operand stores
+    none); its fill is ``f`` of the fills.  In place (``written``: the first operand) and ``out=`` store it.
+
+    >>> import sparsefill
+    >>> A = sparsefill.sparse_coo_tensor(torch.zeros(0, 1, dtype=torch.int64), torch.tensor([2.]), (), fill_value=0.)
+    >>> A.masked_fill(torch.tensor(True), torch.tensor(5.)).to_dense()
+    tensor(5.)
+    """
+    parts = {id(T): T if T._coalesced else coalesce_of(T) for T in sparse}  # (duplicates summed: one value)
+    has = {k: P._vals.shape[0] > 0 for k, P in parts.items()}
+    indefinite = any(P._indefinite for P in parts.values())
+    specified = any(has.values()) and not any(P._indefinite and not has[k] for k, P in parts.items())
+    target = out if out is not None else sparse[0] if written else None
+
+    def call(point):  # the op on 0-d stand-ins (the target's cloned: an in-place op writes it)
+        if written and out is None:
+            point[id(sparse[0])] = point[id(sparse[0])].clone()
+        kw = {k: point.get(id(v), v) for k, v in kwargs.items()}
+        if out is not None:
+            kw["out"] = torch.empty(0, dtype=out.dtype, device=out.device)
+        return func(*[point.get(id(a), a) for a in args], **kw)
+
+    # each operand's value: stored, else its fill (an unspecified one only types the result: 1 of its dtype)
+    vals = call({k: P._vals[0] if has[k] else P._vals.new_ones(()) if P._indefinite else P._fill
+                 for k, P in parts.items()})
+    try:
+        fills = None if indefinite else call({k: P._fill for k, P in parts.items()})
+    except Exception:  # noqa: BLE001 - the fill is read only where no operand stores the element
+        if specified:
+            fills = vals
+        else:
+            raise
+    single = isinstance(vals, torch.Tensor)
+    results = [_one_value(v, None if fills is None else f, specified)
+               for v, f in zip([vals] if single else vals, [fills] if single else fills or vals)]
+    if target is not None:
+        return assign_(target, results[0])
+    return results[0] if single else type(vals)(results)
+
+
+def _one_value(v: torch.Tensor, fill, specified: bool) -> SparseTensor:
+    """A 0-d SparseTensor holding ``v`` (stored if ``specified``) with ``fill`` (None: indefinite)."""
+    idx = torch.zeros((0, int(specified)), dtype=torch.int64, device=v.device)
+    vals = v.reshape(1) if specified else v.new_empty(0)
+    return parts_to_sparse(idx, vals, (), v.new_empty(0) if fill is None else fill.to(v.dtype),
+                           indefinite=fill is None, coalesced=True)
 
 
 def _unread_fill(A: SparseTensor, vals):
