@@ -355,14 +355,16 @@ def test_union_with_a_superset_pattern_keeps_it(shape, op):
 
 def test_in_place_shape_change_refused_and_nothing_modified():
     """``_writes.assign_`` compares the sizes the SparseTensors were made with (not ``.shape``): an in-place op
-    that changes the shape raises ValueError naming both shapes, and ``A`` keeps its storage."""
+    that changes the shape raises ValueError naming both shapes, and ``A`` keeps its storage; so do the
+    in-place view ops (``_writes.reshape_``) of a SparseTensor that has a view (which would not follow)."""
     import warnings
     A = _coo((2, 3), 3, 0.5)
     dense, vals = A.to_dense(), A._vals
-    for f in (lambda: A.unsqueeze_(0), lambda: A.t_(), lambda: A.resize_(3, 2)):
+    V = A[0]
+    for f in (lambda: A.unsqueeze_(0), lambda: A.t_(), lambda: A.resize_(3, 2), lambda: V.unsqueeze_(0)):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", sparsefill.DensifyWarning)
-            with pytest.raises(ValueError, match=r"shape \((1, 2, 3|3, 2)\) .* shape \(2, 3\)"):
+            with pytest.raises(ValueError, match=r"shape \((1, 2, 3|3, 2)\) .* shape \(2, 3\)|keeps its shape"):
                 f()
-        assert A.shape == (2, 3) and A._vals is vals
+        assert A.shape == (2, 3) and A._vals is vals and V.shape == (3,)
         torch.testing.assert_close(A.to_dense(), dense)

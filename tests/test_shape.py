@@ -450,3 +450,53 @@ def test_write_through_view_dtypes(dtype):
         write(view(A))
         write(view(x))
         torch.testing.assert_close(A.to_dense(), x)
+
+
+IN_PLACE_VIEWS = {"unsqueeze_0": lambda t: t.unsqueeze_(0), "unsqueeze_last": lambda t: t.unsqueeze_(-1),
+                  "squeeze_": lambda t: t.unsqueeze_(1).squeeze_(), "squeeze_dim": lambda t: t.unsqueeze_(0).squeeze_(0),
+                  "t_": lambda t: t.t_(), "transpose_": lambda t: t.transpose_(0, 1), "swapdims_": lambda t: t.swapdims_(1, 0)}
+
+
+@pytest.mark.parametrize("name", list(IN_PLACE_VIEWS))
+@pytest.mark.parametrize("kind", ["coo", "csr", "hybrid", "indefinite"])
+def test_in_place_view_ops_keep_identity(kind, name):
+    """``A.unsqueeze_(0)`` (and the other in-place view ops) is ``A`` holding ``A.unsqueeze(0)``, as dense;
+    a view of ``A``, or ``A`` once viewed, keeps its shape: ValueError, nothing modified."""
+    fill = "indefinite" if kind == "indefinite" else "distinct" if kind == "hybrid" else 0.5
+    A, x = make((4, 3), fill, layout=torch.sparse_csr if kind == "csr" else torch.sparse_coo,
+                dense_dim=1 if kind == "hybrid" else 0)
+    op = IN_PLACE_VIEWS[name]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", sparsefill.DensifyWarning)
+        assert op(A) is A
+    op(x)
+    assert A.shape == x.shape
+    close(A, x)
+    before, V = A.to_dense(fill_value=0. if kind == "indefinite" else None), A[0]
+    for T in (A, V):
+        with pytest.raises(ValueError, match="keeps its shape"):
+            op(T)
+    assert A.shape == before.shape
+    torch.testing.assert_close(A.to_dense(fill_value=0. if kind == "indefinite" else None), before, equal_nan=True)
+
+
+@pytest.mark.parametrize("stored", [True, False])
+def test_in_place_view_of_an_intermediate_in_a_backward_formula(stored):
+    """group_norm's backward (all three outputs used) reshapes ``(dY * X).sum(3)`` in place (``unsqueeze_``);
+    on a (1, C) hybrid input that intermediate is a SparseTensor (dY varies over its dense dims only): the
+    gradients of the values and the fill are dense's."""
+    idx = torch.zeros((1, int(stored)), dtype=torch.int64)
+    v0, f0 = torch.randn(int(stored), 3, dtype=F64), torch.tensor([0.5, -1.0, 2.0], dtype=F64)
+    w, b = torch.randn(3, dtype=F64), torch.randn(3, dtype=F64)
+    grads = []
+    for sparse in (True, False):
+        v, f = v0.clone().requires_grad_(), f0.clone().requires_grad_()
+        A = sparsefill.sparse_coo_tensor(idx, v, (1, 3), fill_value=f)
+        X = A if sparse else A.to_dense()
+        with warnings.catch_warnings():  # (native_group_norm has no sparse form: its forward densifies, announced)
+            warnings.simplefilter("ignore", sparsefill.DensifyWarning)
+            out, mean, rstd = torch.native_group_norm(X, w, b, 1, 3, 1, 1, 1e-5)
+        (out.sum() * 0.5 + (out * out).sum() + mean.sum() + rstd.sum() * 2).backward()
+        grads.append((v.grad, f.grad))
+    for g, r in zip(*grads):
+        torch.testing.assert_close(g, r)

@@ -8,6 +8,7 @@ Lower than every op handler and the densify fallback (which write their in-place
 from __future__ import annotations
 
 import torch
+from torch.utils._mode_utils import no_dispatch
 
 from .._compile import same_tensor, traced
 from .._convert import dense_to_sparse
@@ -26,6 +27,27 @@ def assign_(A: SparseTensor, new: SparseTensor) -> SparseTensor:
     if A._write_shared_(new):  # shared memory (share_memory_, another process) is written in place
         return A
     for name in _STATE[:-1]:  # everything but the view relation
+        setattr(A, name, getattr(new, name))
+    return A
+
+
+def reshape_(A: SparseTensor, new: SparseTensor, func, args, kwargs) -> SparseTensor:
+    """An in-place view op (``A.unsqueeze_(0)``, ``A.t_()``: ``func``) whose out-of-place result is ``new``:
+    ``A`` keeps its identity and takes ``new``'s shape, storage and fill, as a dense tensor keeps its storage
+    and takes new sizes.  torch's derivative formulas do this to their intermediates (``unsqueeze_`` in
+    group_norm's).  Refused (ValueError, nothing modified) where another SparseTensor would have to follow:
+    a view of a base, or a base with views (``views.track`` marks it), and while torch.compile traces."""
+    if A._view is not None or A.__dict__.get("_viewed") or traced(A._vals):
+        raise ValueError(f"{func}: a SparseTensor that is a view, has views or is traced keeps its shape "
+                         f"{tuple(A.shape)} (its views would not follow): use the out-of-place op")
+    with no_dispatch():  # the wrapper's own sizes and strides: func on it, dispatched to meta (as torch's
+        meta = torch._C._meta_in_tls_dispatch_include()  # return_and_correct_aliasing does for subclasses)
+        torch._C._set_meta_in_tls_dispatch_include(True)
+        try:
+            func(A, *args[1:], **kwargs)
+        finally:
+            torch._C._set_meta_in_tls_dispatch_include(meta)
+    for name in _STATE[:-1]:
         setattr(A, name, getattr(new, name))
     return A
 

@@ -37,6 +37,7 @@ from .._convert import differs, scalar_parts
 from .._grouping import gathered_cached, kept_values_owner, pattern_cached
 from .._policy import SPECIFY_QUIET_ELEMENTS, check_densify, check_specify
 from .._tensor import SparseTensor
+from ._writes import reshape_
 from .registry import register
 
 aten = torch.ops.aten
@@ -386,3 +387,19 @@ def _view(func, args, kwargs):
 @register(aten.expand.default)
 def _expand(func, args, kwargs):
     return _or_next(expand(args[0], list(args[1])))
+
+
+# in-place view ops -> their out-of-place form (swapdims_ and swapaxes_ reach transpose_)
+_IN_PLACE_VIEWS = {aten.unsqueeze_.default: aten.unsqueeze.default, aten.squeeze_.default: aten.squeeze.default,
+                   aten.squeeze_.dim: aten.squeeze.dim, aten.squeeze_.dims: aten.squeeze.dims,
+                   aten.t_.default: aten.t.default, aten.transpose_.default: aten.transpose.int}
+
+
+@register(*_IN_PLACE_VIEWS)
+def _in_place_view(func, args, kwargs):
+    """``A.unsqueeze_(0) == A.unsqueeze(0)``, ``A`` itself (:func:`._writes.reshape_`)."""
+    A = args[0]
+    viewed = A.__dict__.get("_viewed")
+    new = _IN_PLACE_VIEWS[func](*args, **kwargs)  # (torch's errors; tracked as a view of A, then dropped)
+    A._viewed = viewed
+    return reshape_(A, new, func, args, kwargs)

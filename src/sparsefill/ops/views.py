@@ -111,6 +111,7 @@ def track(out, func, args, kwargs) -> None:
     for i, V in enumerate(outs):
         if isinstance(V, SparseTensor) and V is not base:
             V._view = View(base, func, args[1:], kwargs, i if outs is out else None, _state(base))
+            base._viewed = True  # (its shape is then fixed: _writes.reshape_)
 
 
 def _replay(V: SparseTensor, base_dense: torch.Tensor) -> torch.Tensor:
