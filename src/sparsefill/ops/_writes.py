@@ -7,6 +7,8 @@ Lower than every op handler and the densify fallback (which write their in-place
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 from torch.utils._mode_utils import no_dispatch
 
@@ -31,13 +33,36 @@ def assign_(A: SparseTensor, new: SparseTensor) -> SparseTensor:
     return A
 
 
+# SparseTensors a view was taken of (``views.track`` marks them): their shape is fixed (see ``reshape_``).  Weak
+# references by id, not an attribute: a copy, a pickle or a loaded file of one has no views.  (Not a WeakSet:
+# its lookups compare tensors with ==.)
+_VIEWED: dict = {}
+
+
+def mark_viewed(A: SparseTensor) -> None:
+    """Remember that a view of ``A`` was taken (until ``A`` is freed)."""
+    key = id(A)
+    if not viewed(A):
+        _VIEWED[key] = weakref.ref(A, lambda r: _VIEWED.pop(key) if _VIEWED.get(key) is r else None)
+
+
+def viewed(A: SparseTensor) -> bool:
+    r = _VIEWED.get(id(A))
+    return r is not None and r() is A
+
+
+def unmark_viewed(A: SparseTensor) -> None:
+    if viewed(A):
+        del _VIEWED[id(A)]
+
+
 def reshape_(A: SparseTensor, new: SparseTensor, func, args, kwargs) -> SparseTensor:
     """An in-place view op (``A.unsqueeze_(0)``, ``A.t_()``: ``func``) whose out-of-place result is ``new``:
     ``A`` keeps its identity and takes ``new``'s shape, storage and fill, as a dense tensor keeps its storage
     and takes new sizes.  torch's derivative formulas do this to their intermediates (``unsqueeze_`` in
     group_norm's).  Refused (ValueError, nothing modified) where another SparseTensor would have to follow:
-    a view of a base, or a base with views (``views.track`` marks it), and while torch.compile traces."""
-    if A._view is not None or A.__dict__.get("_viewed") or traced(A._vals):
+    a view of a base, or a base with views (:func:`viewed`), and while torch.compile traces."""
+    if A._view is not None or viewed(A) or traced(A._vals):
         raise ValueError(f"{func}: a SparseTensor that is a view, has views or is traced keeps its shape "
                          f"{tuple(A.shape)} (its views would not follow): use the out-of-place op")
     with no_dispatch():  # the wrapper's own sizes and strides: func on it, dispatched to meta (as torch's

@@ -37,7 +37,7 @@ from .._convert import differs, scalar_parts
 from .._grouping import gathered_cached, kept_values_owner, pattern_cached
 from .._policy import SPECIFY_QUIET_ELEMENTS, check_densify, check_specify
 from .._tensor import SparseTensor
-from ._writes import reshape_
+from ._writes import reshape_, unmark_viewed, viewed
 from .registry import register
 
 aten = torch.ops.aten
@@ -399,7 +399,8 @@ _IN_PLACE_VIEWS = {aten.unsqueeze_.default: aten.unsqueeze.default, aten.squeeze
 def _in_place_view(func, args, kwargs):
     """``A.unsqueeze_(0) == A.unsqueeze(0)``, ``A`` itself (:func:`._writes.reshape_`)."""
     A = args[0]
-    viewed = A.__dict__.get("_viewed")
+    was_viewed = viewed(A)
     new = _IN_PLACE_VIEWS[func](*args, **kwargs)  # (torch's errors; tracked as a view of A, then dropped)
-    A._viewed = viewed
+    if not was_viewed:
+        unmark_viewed(A)
     return reshape_(A, new, func, args, kwargs)

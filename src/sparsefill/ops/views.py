@@ -43,7 +43,7 @@ from .._convert import coalesced_parts, dense_of, differs, map_inner, parts_to_s
 from .._policy import check_densify, check_specify
 from .._tensor import _STATE, SparseTensor
 from ._schema import flat_args, written_args
-from ._writes import assign_, respecify_
+from ._writes import assign_, mark_viewed, respecify_
 from .registry import compute, middleware
 
 aten = torch.ops.aten
@@ -111,7 +111,7 @@ def track(out, func, args, kwargs) -> None:
     for i, V in enumerate(outs):
         if isinstance(V, SparseTensor) and V is not base:
             V._view = View(base, func, args[1:], kwargs, i if outs is out else None, _state(base))
-            base._viewed = True  # (its shape is then fixed: _writes.reshape_)
+            mark_viewed(base)  # (its shape is then fixed: _writes.reshape_)
 
 
 def _replay(V: SparseTensor, base_dense: torch.Tensor) -> torch.Tensor:
