@@ -453,8 +453,9 @@ def test_write_through_view_dtypes(dtype):
 
 
 IN_PLACE_VIEWS = {"unsqueeze_0": lambda t: t.unsqueeze_(0), "unsqueeze_last": lambda t: t.unsqueeze_(-1),
-                  "squeeze_": lambda t: t.unsqueeze_(1).squeeze_(), "squeeze_dim": lambda t: t.unsqueeze_(0).squeeze_(0),
-                  "t_": lambda t: t.t_(), "transpose_": lambda t: t.transpose_(0, 1), "swapdims_": lambda t: t.swapdims_(1, 0)}
+                  "squeeze_": lambda t: t.unsqueeze_(1).squeeze_(),
+                  "squeeze_dim": lambda t: t.unsqueeze_(0).squeeze_(0), "t_": lambda t: t.t_(),
+                  "transpose_": lambda t: t.transpose_(0, 1), "swapdims_": lambda t: t.swapdims_(1, 0)}
 
 
 @pytest.mark.parametrize("name", list(IN_PLACE_VIEWS))
