@@ -10,12 +10,22 @@ with no gather, no scatter, no edge list: ``S = A * e_dst[:, None] + A * e_src[N
 pattern, ``F.leaky_relu`` maps the stored scores, ``sparsefill.masked.softmax`` normalises each row
 over its stored entries and ``@`` is the sparse-dense product.  Autograd trains it as it is (Adam).
 
-Checked against torch_geometric's ``GATConv`` (heads=1, same weights): same forward outputs and same
-losses over a few Adam steps; timed against it (one training step: forward + backward + step).
+With ``H`` heads (``--heads``) the adjacency is a hybrid ``(N, N, H)`` SparseTensor, the heads a dense
+dim: each head's scores ``A * e_dst[:, None, :] + A * e_src[None]`` stay on the one pattern, the
+softmax runs over dim 1 for every head at once, and the product with ``Wh`` viewed ``(N, H, D)`` is
+
+    out = torch.einsum("ijh,jhd->ihd", P, Wh)        # head h: P[:, :, h] @ Wh[:, h]
+
+which runs on the pattern head by head, forward and backward (no ``N x N`` tensor).  The first layer
+concatenates the heads (``GATConv(heads=H)``), the second has one head on ``A[:, :, 0]``.
+
+Checked against torch_geometric's ``GATConv`` (same weights): same forward outputs and same losses over
+a few Adam steps; timed against it (one training step: forward + backward + step).
 
     python examples/gat.py                 # 5k nodes / 55k edges and 20k / 220k, D=32, 1 thread
     python examples/gat.py --nodes 5000    # one size
     python examples/gat.py --csr           # the adjacency in CSR
+    python examples/gat.py --heads 4       # four heads: a hybrid (N, N, 4) adjacency
 """
 
 from __future__ import annotations
@@ -47,41 +57,55 @@ def make_graph(nodes: int, edges_per_node: int = 10, features: int = 32, classes
     return x, edge_index, y
 
 
-def adjacency(edge_index: torch.Tensor, nodes: int, layout=torch.sparse_coo) -> sparsefill.SparseTensor:
-    """``A[target, source] = 1`` on the edges, masked out elsewhere (indefinite fill); COO or CSR."""
-    A = sparsefill.sparse_coo_tensor(edge_index.flip(0), torch.ones(edge_index.shape[1]), (nodes, nodes),
-                                     fill_value=sparsefill.indefinite)
+def adjacency(edge_index: torch.Tensor, nodes: int, layout=torch.sparse_coo,
+              heads: int = 1) -> sparsefill.SparseTensor:
+    """``A[target, source] = 1`` on the edges, masked out elsewhere (indefinite fill); COO or CSR.
+    With ``heads > 1``: a hybrid ``(nodes, nodes, heads)`` tensor, the heads a dense dim."""
+    dense = (heads,) if heads > 1 else ()
+    A = sparsefill.sparse_coo_tensor(edge_index.flip(0), torch.ones((edge_index.shape[1],) + dense),
+                                     (nodes, nodes) + dense, fill_value=sparsefill.indefinite)
     return A.to_sparse_csr() if layout is torch.sparse_csr else A
 
 
 # ----------------------------------------------------------------------------- the model
 class GATLayer(nn.Module):
-    """One attention head; parameters named and shaped as ``GATConv(heads=1)``'s."""
+    """Attention with ``heads`` heads, concatenated; parameters named as ``GATConv(heads=heads)``'s."""
 
-    def __init__(self, d_in: int, d_out: int):
+    def __init__(self, d_in: int, d_out: int, heads: int = 1):
         super().__init__()
-        self.lin = nn.Linear(d_in, d_out, bias=False)
-        self.att_src = nn.Parameter(torch.empty(d_out))
-        self.att_dst = nn.Parameter(torch.empty(d_out))
-        self.bias = nn.Parameter(torch.zeros(d_out))
+        self.heads, self.d_out = heads, d_out
+        self.lin = nn.Linear(d_in, heads * d_out, bias=False)
+        shape = (heads, d_out) if heads > 1 else (d_out,)
+        self.att_src = nn.Parameter(torch.empty(shape))
+        self.att_dst = nn.Parameter(torch.empty(shape))
+        self.bias = nn.Parameter(torch.zeros(heads * d_out))
         nn.init.xavier_uniform_(self.lin.weight)
         nn.init.normal_(self.att_src, std=0.3)
         nn.init.normal_(self.att_dst, std=0.3)
 
     def forward(self, x: torch.Tensor, A: sparsefill.SparseTensor) -> torch.Tensor:
-        Wh = self.lin(x)
-        S = A * (Wh @ self.att_dst)[:, None] + A * (Wh @ self.att_src)[None, :]   # scores on A's pattern
-        P = masked.softmax(F.leaky_relu(S, 0.2), 1)                                 # each row over its edges
-        return P @ Wh + self.bias
+        if self.heads == 1:  # A (N, N)
+            Wh = self.lin(x)
+            S = A * (Wh @ self.att_dst)[:, None] + A * (Wh @ self.att_src)[None, :]   # scores on A's pattern
+            P = masked.softmax(F.leaky_relu(S, 0.2), 1)                               # each row over its edges
+            return P @ Wh + self.bias
+        Wh = self.lin(x).view(-1, self.heads, self.d_out)                 # A (N, N, heads)
+        e_dst, e_src = (Wh * self.att_dst).sum(-1), (Wh * self.att_src).sum(-1)      # (N, heads)
+        S = A * e_dst[:, None, :] + A * e_src[None, :, :]
+        P = masked.softmax(F.leaky_relu(S, 0.2), 1)
+        return torch.einsum("ijh,jhd->ihd", P, Wh).flatten(1) + self.bias
 
 
 class GAT(nn.Module):
-    def __init__(self, d_in: int, hidden: int, classes: int):
+    """Two layers: ``heads`` concatenated heads (a hybrid ``(N, N, heads)`` adjacency when ``heads > 1``),
+    then one head."""
+
+    def __init__(self, d_in: int, hidden: int, classes: int, heads: int = 1):
         super().__init__()
-        self.layer1, self.layer2 = GATLayer(d_in, hidden), GATLayer(hidden, classes)
+        self.layer1, self.layer2 = GATLayer(d_in, hidden, heads), GATLayer(heads * hidden, classes)
 
     def forward(self, x, A):
-        return self.layer2(F.elu(self.layer1(x, A)), A)
+        return self.layer2(F.elu(self.layer1(x, A)), A if A.dim() == 2 else A[:, :, 0])
 
 
 # ----------------------------------------------------------------------------- the peer
@@ -92,7 +116,7 @@ def pyg_model(model: GAT):
     class PygGAT(nn.Module):
         def __init__(self):
             super().__init__()
-            conv = lambda layer: GATConv(layer.lin.in_features, layer.lin.out_features, heads=1,
+            conv = lambda layer: GATConv(layer.lin.in_features, layer.d_out, heads=layer.heads,
                                          add_self_loops=False)   # the graph already has them
             self.layer1, self.layer2 = conv(model.layer1), conv(model.layer2)
 
@@ -125,19 +149,20 @@ def trainer(model: nn.Module, graph, y: torch.Tensor, lr: float = 0.005):
 
 
 def setup(nodes: int, features: int = 32, classes: int = 8, seed: int = 0, layout=torch.sparse_coo,
-          with_peer: bool = True):
+          with_peer: bool = True, heads: int = 1):
     """The graph, our model and the peer with the same weights: ``(x, A, edge_index, y, model, peer)``
     (``peer`` None unless ``with_peer``)."""
     x, edge_index, y = make_graph(nodes, 10, features, classes, seed)
     torch.manual_seed(seed)
-    model = GAT(features, features, classes)
-    return x, adjacency(edge_index, nodes, layout), edge_index, y, model, pyg_model(model) if with_peer else None
+    model = GAT(features, features, classes, heads)
+    A = adjacency(edge_index, nodes, layout, heads)
+    return x, A, edge_index, y, model, pyg_model(model) if with_peer else None
 
 
 def check(nodes: int = 300, steps: int = 3, layout=torch.sparse_coo, atol: float = 1e-5,
-          rtol: float = 1e-4) -> list[tuple[float, float]]:
+          rtol: float = 1e-4, heads: int = 1) -> list[tuple[float, float]]:
     """Same forward outputs and same losses over ``steps`` Adam steps as ``GATConv``; returns the losses."""
-    x, A, edge_index, y, model, peer = setup(nodes, layout=layout)
+    x, A, edge_index, y, model, peer = setup(nodes, layout=layout, heads=heads)
     torch.testing.assert_close(model(x, A), peer(x, edge_index), atol=atol, rtol=rtol)
     ours, theirs = trainer(model, (x, A), y), trainer(peer, (x, edge_index), y)
     losses = [(ours(), theirs()) for _ in range(steps)]
@@ -157,12 +182,14 @@ def main(argv=None):
     p.add_argument("--csr", action="store_true", help="the adjacency in CSR (default COO)")
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--heads", type=int, default=1, help="attention heads of the first layer")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     layout = torch.sparse_csr if args.csr else torch.sparse_coo
-    print("losses (sparsefill, GATConv):", [f"{a:.6f} {b:.6f}" for a, b in check(layout=layout)])
+    losses = check(layout=layout, heads=args.heads)
+    print("losses (sparsefill, GATConv):", [f"{a:.6f} {b:.6f}" for a, b in losses])
     for n in args.nodes:
-        x, A, edge_index, y, model, peer = setup(n, layout=layout)
+        x, A, edge_index, y, model, peer = setup(n, layout=layout, heads=args.heads)
         ours, theirs = trainer(model, (x, A), y), trainer(peer, (x, edge_index), y)
         t_ours, t_theirs = (1e3 * t for t in interleaved({"ours": ours, "theirs": theirs}, 1, args.reps).values())
         m_ours, m_theirs = _peak_mb(ours), _peak_mb(theirs)

@@ -40,10 +40,36 @@ def gat():
 
 
 @pytest.mark.parametrize("layout", [torch.sparse_coo, torch.sparse_csr], ids=["coo", "csr"])
-def test_gat_matches_gatconv(gat, layout):
-    losses = gat.check(nodes=200, steps=3, layout=layout)
+@pytest.mark.parametrize("heads", [1, 4])
+def test_gat_matches_gatconv(gat, layout, heads):
+    """Outputs and three Adam steps' losses equal ``GATConv(heads=heads)``'s; with 4 heads the
+    adjacency is a hybrid ``(N, N, 4)`` tensor and the product an einsum over its dense dim."""
+    losses = gat.check(nodes=200, steps=3, layout=layout, heads=heads)
     assert len(losses) == 3 and all(math.isfinite(a) for a, _ in losses)
     assert losses[-1][0] < losses[0][0]   # it trains
+
+
+def test_multi_head_gat_layer_is_the_dense_masked_model(gat):
+    """Each head of the hybrid layer equals the dense formula with -inf off the edges, forward and the
+    gradients of every parameter."""
+    n, heads = 50, 3
+    x, A, edge_index, y, model, _ = gat.setup(n, with_peer=False, heads=heads)
+    layer = model.layer1
+    adj = torch.zeros(n, n, dtype=torch.bool).index_put_((edge_index[1], edge_index[0]), torch.tensor(True))
+
+    def dense(x):
+        Wh = layer.lin(x).view(n, heads, -1)
+        e_dst, e_src = (Wh * layer.att_dst).sum(-1), (Wh * layer.att_src).sum(-1)
+        S = torch.nn.functional.leaky_relu(e_dst[:, None, :] + e_src[None, :, :], 0.2)
+        P = torch.softmax(S.masked_fill(~adj[:, :, None], -math.inf), 1)
+        return torch.einsum("ijh,jhd->ihd", P, Wh).flatten(1) + layer.bias
+    out, ref = layer(x, A), dense(x)
+    torch.testing.assert_close(out, ref)
+    g = torch.randn(ref.shape, generator=torch.Generator().manual_seed(0))
+    grads = torch.autograd.grad(out, list(layer.parameters()), g)
+    ref_grads = torch.autograd.grad(ref, list(layer.parameters()), g)
+    for a, b in zip(grads, ref_grads):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
 def test_gat_is_the_dense_masked_model(gat):
@@ -128,6 +154,7 @@ def test_rare_events_cumsum_floor():
 
 @pytest.mark.parametrize("name, argv", [
     ("gat", ["--nodes", "150", "--reps", "1"]),
+    ("gat", ["--nodes", "150", "--reps", "1", "--heads", "2"]),
     ("dlrm", ["--batch", "32", "--rows", "300", "--reps", "1"]),
     ("rare_events", ["--samples", "20000", "--rate", "0.002", "--reps", "1"]),
 ])
