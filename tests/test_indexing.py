@@ -375,3 +375,97 @@ def test_scatter_reduce_max_and_min_names():
             warnings.simplefilter("error", sf.DensifyWarning)
             out = torch.scatter_reduce(A, 0, idx, src, name)
         torch.testing.assert_close(out.to_dense(), torch.scatter_reduce(x, 0, idx, src, name))
+
+
+# ---------------------------------------------------------------- row and column selection (graph subsets)
+def _selection_input(kind, fill, shape):
+    """``(A, dense)``: a float64 SparseTensor of ``kind`` with ``fill`` (None: indefinite, the dense side NaN
+    there) and the dense tensor it stands for; ``uncoalesced``: COO with repeated positions."""
+    gen = torch.Generator().manual_seed(len(shape) + sum(shape))
+    dd = 1 if kind.endswith("hybrid") else 0
+    sparse_shape = shape[:len(shape) - dd]
+    keep = torch.rand(sparse_shape, generator=gen) < 0.3
+    if kind == "csr-batched":  # one pattern in every batch (an indefinite fill cannot pad unequal batches)
+        keep[:] = keep[0]
+    idx = keep.nonzero().T
+    vals = torch.randn((idx.shape[1],) + tuple(shape[len(sparse_shape):]), generator=gen, dtype=F64)
+    if kind == "uncoalesced":  # every element twice, reversed: halves that sum to the values
+        idx, vals = torch.cat([idx, idx.flip(1)], 1), torch.cat([vals / 2, vals.flip(0) / 2])
+    A = sparsefill.sparse_coo_tensor(idx, vals, shape, fill_value=sparsefill.indefinite if fill is None else fill)
+    if kind.startswith("csr"):
+        A = A.to_sparse_csr()
+    dense = A.to_dense(fill_value=float("nan")) if fill is None else A.to_dense()
+    return A, dense
+
+
+SELECTION_KINDS = {"coo": (6, 7), "csr": (6, 7), "coo-hybrid": (6, 7, 2), "csr-hybrid": (6, 7, 2),
+                   "uncoalesced": (6, 7), "coo-3d": (4, 5, 6), "csr-batched": (3, 4, 5),
+                   "coo-tall": (5000, 3), "coo-wide": (3, 5000), "csr-wide": (3, 5000)}
+SELECTION_INDICES = {"sorted": [0, 2, 3], "unsorted": [2, 0, 1], "duplicates": [1, 1, 2, 2],
+                     "unsorted_duplicates": [2, 0, 2, 1, 0], "empty": [], "one": [1], "last": [-1]}
+
+
+def _is_sorted_unique(keys):
+    return keys.numel() < 2 or bool((keys[1:] > keys[:-1]).all())
+
+
+@pytest.mark.parametrize("fill", [0.0, 1.5, None], ids=["fill0", "fill1.5", "indefinite"])
+@pytest.mark.parametrize("kind", list(SELECTION_KINDS))
+def test_row_and_column_selection_equals_dense(kind, fill):
+    """``index_select`` / ``A[idx]`` / ``A[:, idx]`` along every sparse dim (leading: row ranges; others: a
+    lookup table, or binary searches along the 5000-wide dims) equal the dense op for sorted, unsorted,
+    repeated, empty and int32 indices, and come out coalesced (sorted unique indices) in the input's layout."""
+    A, dense = _selection_input(kind, fill, SELECTION_KINDS[kind])
+    sd = A.dim() - A.dense_dim()
+    for dim in range(sd):
+        for name, raw in SELECTION_INDICES.items():
+            index = torch.tensor(raw, dtype=torch.long) % A.shape[dim]
+            for i in (index, index.to(torch.int32)):
+                outs = [A.index_select(dim, i), A[(slice(None),) * dim + (i.long(),)]]
+                for out in outs:
+                    ref = dense.index_select(dim, i)
+                    got = out.to_dense(fill_value=float("nan")) if fill is None else out.to_dense()
+                    torch.testing.assert_close(got, ref, equal_nan=True, msg=lambda m: f"{dim} {name}: {m}")
+                    assert out.sparse_layout is A.sparse_layout and out._indefinite == A._indefinite
+                    keys = out._keys()
+                    assert out._coalesced and _is_sorted_unique(keys), (dim, name)
+    with pytest.raises(IndexError):
+        A.index_select(sd - 1, torch.tensor([A.shape[sd - 1]]))
+
+
+def test_selection_of_a_large_graph_matches_an_edge_mask():
+    """``A[idx][:, idx]`` on a 2000-node graph with hubs equals the induced subgraph an edge mask gives
+    (``torch_geometric.utils.subgraph``'s formula), relabelled to the positions in ``idx``, COO and CSR."""
+    gen = torch.Generator().manual_seed(5)
+    n = 2000
+    src = (torch.rand(30_000, generator=gen) ** 3 * n).long()  # (skewed degrees: hubs)
+    dst = torch.randint(n, (30_000,), generator=gen)
+    keys = torch.unique(src * n + dst)
+    row, col, vals = keys // n, keys % n, torch.randn(keys.numel(), generator=gen, dtype=F64)
+    A = sparsefill.sparse_coo_tensor(torch.stack([row, col]), vals, (n, n), fill_value=-1.0)
+    idx = torch.randperm(n, generator=gen)[:300]
+    lut = torch.full((n,), -1)
+    lut[idx] = torch.arange(idx.numel())
+    mask = (lut[row] >= 0) & (lut[col] >= 0)
+    ref = torch.full((idx.numel(), idx.numel()), -1.0, dtype=F64)
+    ref[lut[row[mask]], lut[col[mask]]] = vals[mask]
+    for M in (A, A.to_sparse_csr()):
+        out = M[idx][:, idx]
+        assert out._nse() == int(mask.sum())
+        torch.testing.assert_close(out.to_dense(), ref)
+        torch.testing.assert_close(M.index_select(0, idx).index_select(1, idx).to_dense(), ref)
+
+
+@pytest.mark.parametrize("layout", [torch.sparse_coo, torch.sparse_csr])
+@pytest.mark.parametrize("name,op", [("rows_unsorted_duplicates", lambda t: t[torch.tensor([3, 0, 3, 1])]),
+                                     ("columns_unsorted", lambda t: t[:, torch.tensor([4, 0, 2])]),
+                                     ("subgraph", lambda t: t[torch.tensor([3, 1, 0])][:, torch.tensor([3, 1, 0])])])
+def test_selection_gradcheck_over_values_and_fill(layout, name, op):
+    def fn(v, f):
+        A = sparsefill.sparse_coo_tensor(IDX, v, (4, 5), fill_value=f)
+        return op(A if layout is torch.sparse_coo else A.to_sparse_csr()).to_dense()
+    v = torch.tensor([0.3, -1.2, 2.0, 0.7], dtype=F64, requires_grad=True)
+    f = torch.tensor(0.1, dtype=F64, requires_grad=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", sparsefill.DensifyWarning)  # backward formulas may scatter densely
+        assert gradcheck(fn, (v, f), check_batched_grad=False)
