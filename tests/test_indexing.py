@@ -456,16 +456,53 @@ def test_selection_of_a_large_graph_matches_an_edge_mask():
         torch.testing.assert_close(M.index_select(0, idx).index_select(1, idx).to_dense(), ref)
 
 
-@pytest.mark.parametrize("layout", [torch.sparse_coo, torch.sparse_csr])
-@pytest.mark.parametrize("name,op", [("rows_unsorted_duplicates", lambda t: t[torch.tensor([3, 0, 3, 1])]),
-                                     ("columns_unsorted", lambda t: t[:, torch.tensor([4, 0, 2])]),
-                                     ("subgraph", lambda t: t[torch.tensor([3, 1, 0])][:, torch.tensor([3, 1, 0])])])
-def test_selection_gradcheck_over_values_and_fill(layout, name, op):
-    def fn(v, f):
-        A = sparsefill.sparse_coo_tensor(IDX, v, (4, 5), fill_value=f)
-        return op(A if layout is torch.sparse_coo else A.to_sparse_csr()).to_dense()
-    v = torch.tensor([0.3, -1.2, 2.0, 0.7], dtype=F64, requires_grad=True)
-    f = torch.tensor(0.1, dtype=F64, requires_grad=True)
+SELECTIONS = {"rows_unsorted_duplicates": lambda t: t[torch.tensor([3, 0, 3, 1])],
+              "rows_negative": lambda t: t[torch.tensor([-1, 0])],
+              "columns_unsorted": lambda t: t[:, torch.tensor([4, 0, 2])],
+              "index_select0": lambda t: t.index_select(0, torch.tensor([2, 2, 0], dtype=torch.int32)),
+              "index_select1_duplicates": lambda t: torch.index_select(t, 1, torch.tensor([4, 1, 4])),
+              "subgraph": lambda t: t[torch.tensor([3, 1, 0])][:, torch.tensor([3, 1, 0])],
+              "empty": lambda t: t[torch.tensor([], dtype=torch.long)]}
+READS = {"to_dense": lambda o: o.to_dense(fill_value=0.), "sum": lambda o: o.sum(),
+         "weighted_sum": lambda o: (o * torch.arange(1., 1. + o.numel(), dtype=F64).reshape(o.shape)).sum()}
+
+
+@pytest.mark.parametrize("fill,read", [(0.1, r) for r in READS] + [(None, "to_dense")],  # (indefinite: to_dense
+                         ids=[f"fill-{r}" for r in READS] + ["indefinite-to_dense"])  # reads the masked sum)
+@pytest.mark.parametrize("layout,dd", [(torch.sparse_coo, 0), (torch.sparse_csr, 0), (torch.sparse_coo, 1)],
+                         ids=["coo", "csr", "coo-hybrid"])
+@pytest.mark.parametrize("name", list(SELECTIONS))
+def test_selection_gradcheck_over_values_and_fill(name, layout, dd, fill, read):
+    """Row and column selection's backward (a sparse scatter back to the selected coordinates, never
+    torch's dense ``new_zeros(A.shape)``) against finite differences over the values and the fill; the
+    upstream gradient dense (``to_dense``), with a nonzero fill (``sum``) or with stored values."""
+    def fn(v, *f):
+        A = sparsefill.sparse_coo_tensor(IDX, v, (4, 5) + (2,) * dd,
+                                         fill_value=f[0] if f else sparsefill.indefinite)
+        return READS[read](SELECTIONS[name](A if layout is torch.sparse_coo else A.to_sparse_csr()))
+    v = torch.tensor([0.3, -1.2, 2.0, 0.7], dtype=F64)
+    v = (v[:, None] * torch.tensor([1., -0.5], dtype=F64) if dd else v).requires_grad_()
+    inputs = (v,) if fill is None else (v, torch.tensor(fill, dtype=F64).expand((2,) * dd).clone().requires_grad_())
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", sparsefill.DensifyWarning)  # backward formulas may scatter densely
-        assert gradcheck(fn, (v, f), check_batched_grad=False)
+        warnings.simplefilter("error", sparsefill.DensifyWarning)
+        assert gradcheck(fn, inputs, check_batched_grad=False)
+
+
+def test_selection_backward_stays_sparse_at_graph_scale():
+    """``A[idx][:, idx]`` of a 1M x 1M graph: the backward stores what the forward selected, under a
+    densify limit far below ``A``'s dense size (torch's formula allocates ``new_zeros(A.shape)``)."""
+    n = 1_000_000
+    gen = torch.Generator().manual_seed(7)
+    keys = torch.unique(torch.randint(n * n, (20_000,), generator=gen))
+    ei = torch.stack([keys // n, keys % n])
+    v = torch.randn(keys.numel(), generator=gen, dtype=F64, requires_grad=True)
+    idx = torch.cat([ei[0, :50], ei[1, :50]])  # (nodes with edges among them)
+    with sparsefill.densify_policy("raise", limit_bytes=1 << 20):
+        A = sparsefill.sparse_coo_tensor(ei, v, (n, n), fill_value=0., is_coalesced=True)
+        S = A[idx][:, idx]
+        (g,) = torch.autograd.grad((S * 2.).sum(), v)
+    lut = torch.full((n,), -1)
+    lut[idx] = torch.arange(idx.numel())
+    count = torch.bincount(idx, minlength=n)
+    assert S._nse() == int((count[ei[0]] * count[ei[1]]).sum()) > 0
+    torch.testing.assert_close(g, 2. * (count[ei[0]] * count[ei[1]]).to(F64))

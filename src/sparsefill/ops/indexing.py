@@ -260,36 +260,34 @@ def _select_coords(coord: torch.Tensor, index: torch.Tensor, n: int, last: bool)
     """``(src, new_coord, coalesced)``: the stored elements (``src``, repeated once per occurrence of their
     coordinate in ``index``) and their positions in ``index`` along a non-leading sparse dim of size ``n``.
 
-    Each coordinate ``c`` looks up where it occurs in ``index``: a table over ``[0, n)`` (``lut[c]``, O(nse + n))
-    while ``n`` is within ``_LUT_PER_ELEMENT`` per stored element, else binary searches in the sorted
-    ``index`` (O(nse log |index|)).  The stored order is kept, so the result is coalesced when ``index`` is
-    sorted and either unique or over the last sparse dim (no later coordinate to interleave); else the caller
-    sorts it."""
+    While ``n`` is within ``_LUT_PER_ELEMENT`` per stored element, tables over ``[0, n)``: a one-byte mask
+    ``count[c] > 0`` read per stored element (O(nse + n), cache-friendly), then for the kept ones their
+    places in ``index`` (``lut[c]``; repeated values: their run in the stably sorted ``index``); else binary
+    searches in the sorted ``index`` (O(nse log |index|)).  The stored order is kept, so the result is
+    coalesced when ``index`` is sorted and either unique or over the last sparse dim (no later coordinate
+    to interleave); else the caller sorts it."""
     m = index.numel()
     ordered = m < 2 or bool((index[1:] >= index[:-1]).all())
     if not m or not coord.numel():
         return coord.new_zeros(0), coord.new_zeros(0), True
     if n <= _LUT_PER_ELEMENT * (coord.numel() + m) + 4096:
         count = torch.bincount(index, minlength=n)
-        unique = int(count.max()) <= 1
-        if unique:
-            lut = torch.full((n,), -1, dtype=torch.int64, device=index.device)
+        kept = (count > 0).index_select(0, coord).nonzero().squeeze(1)
+        c = coord.index_select(0, kept)
+        if int(count.max()) <= 1:  # unique: one place each
+            lut = torch.empty(n, dtype=torch.int64, device=index.device)  # (read only where count > 0)
             lut[index] = torch.arange(m, device=index.device)
-            at = lut.index_select(0, coord)
-            src = (at >= 0).nonzero().squeeze(1)
-            return src, at.index_select(0, src), ordered
+            return kept, lut.index_select(0, c), ordered
         starts = torch.cumsum(count, 0) - count  # (first place of each value in the sorted index)
-        lo, reps = starts.index_select(0, coord), count.index_select(0, coord)
+        run, at = _ranges(starts.index_select(0, c), count.index_select(0, c))
         order = torch.arange(m, device=index.device) if ordered else torch.argsort(index, stable=True)
-    else:
-        order = None if ordered else torch.argsort(index, stable=True)
-        sidx = index if ordered else index.index_select(0, order)
-        lo = torch.searchsorted(sidx, coord)
-        reps = torch.searchsorted(sidx, coord, right=True) - lo
-        unique = m < 2 or bool((sidx[1:] != sidx[:-1]).all())
-        order = torch.arange(m, device=index.device) if order is None else order
-    src, at = _ranges(lo, reps)  # (run: the stored element; at: its place in the sorted index)
-    return src, order.index_select(0, at), ordered and (unique or last)
+        return kept.index_select(0, run), order.index_select(0, at), ordered and last
+    order = None if ordered else torch.argsort(index, stable=True)
+    sidx = index if ordered else index.index_select(0, order)
+    lo = torch.searchsorted(sidx, coord)
+    src, at = _ranges(lo, torch.searchsorted(sidx, coord, right=True) - lo)  # (src: run = stored element)
+    unique = m < 2 or bool((sidx[1:] != sidx[:-1]).all())
+    return src, at if order is None else order.index_select(0, at), ordered and (unique or last)
 
 
 def _index_select_traced(A, dim, index, shape):
