@@ -506,3 +506,20 @@ def test_selection_backward_stays_sparse_at_graph_scale():
     count = torch.bincount(idx, minlength=n)
     assert S._nse() == int((count[ei[0]] * count[ei[1]]).sum()) > 0
     torch.testing.assert_close(g, 2. * (count[ei[0]] * count[ei[1]]).to(F64))
+
+
+@pytest.mark.parametrize("read", ["sum", "weighted_sum"])
+@pytest.mark.parametrize("layout,dd", [(torch.sparse_coo, 0), (torch.sparse_csr, 0), (torch.sparse_coo, 1)],
+                         ids=["coo", "csr", "coo-hybrid"])
+def test_selection_gradient_of_a_leaf_equals_dense(layout, dd, read):
+    """A SparseTensor leaf's ``.grad`` through every selection form is the dense gradient, exactly (its
+    elements stored where the upstream gradient's fill is not 0)."""
+    A = sparsefill.to_sparse(X[..., 0] if not dd else X[..., :2], fill_value=0.5, layout=layout,
+                             dense_dim=dd)
+    for name, op in SELECTIONS.items():
+        L = A.detach().requires_grad_()
+        x = A.to_dense().requires_grad_()
+        READS[read](op(L)).backward()
+        READS[read](op(x)).backward()
+        assert isinstance(L.grad, SparseTensor), name
+        torch.testing.assert_close(L.grad.to_dense(), x.grad, msg=lambda m: f"{name}: {m}")

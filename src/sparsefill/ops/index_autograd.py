@@ -5,9 +5,11 @@ gradient's elements go back to the coordinates they were selected from::
 
     grad_A = zeros(A.shape).index_add_(dim, idx, G)         (duplicates in idx: their gradients add)
 
-a SparseTensor with fill 0 storing ``G``'s elements (every element of ``G`` where its fill is not 0: dense
-by nature there, through the densify policy), O(elements of ``G``); the constructor's backward reads it at
-``A``'s pattern and sums the rest into the fill's gradient.
+Where ``A``'s gradient is read only at its pattern and in sum (``pattern_grad_is_exact``: ``A`` from a
+constructor, element-wise ops between), that gradient on ``A``'s pattern, the fill the mean of the rest
+(:func:`pattern_grad`, O(nse + stored elements of ``G`` * log nse)); else (a leaf) exactly, a SparseTensor
+with fill 0 storing ``G``'s elements (every element of ``G`` where its fill is not 0: dense by nature there,
+through the densify policy) (:func:`index_select_grad`).
 
 >>> import torch, sparsefill
 >>> v = torch.tensor([1., 2., 3.], requires_grad=True)
@@ -29,48 +31,79 @@ from .._policy import check_specify
 from .._tensor import SparseTensor
 from .autograd_routes import register_route
 from .indexing import out_of_bounds
-from .reduction_autograd import _FLOATS, _bind, _upstream
+from .linalg_autograd import pattern_grad_is_exact
+from .reduction_autograd import _FLOATS, _bind, _on_pattern, _upstream
 
 T = torch.Tensor
 
 
-def index_select_grad(shape, dim: int, index: torch.Tensor, G) -> SparseTensor:
+def index_select_grad(shape, sd: int, dim: int, index: torch.Tensor, G) -> SparseTensor:
     """``zeros(shape).index_add_(dim, index, G)`` for a sparse ``dim`` of a tensor with ``sd`` sparse dims:
     ``G``'s stored elements with coordinate ``index[c]`` in place of ``c`` along ``dim``, repeats summed,
     fill 0 (a dense ``G``: its nonzero elements; a nonzero fill: every element of ``G``)."""
-    sd = len(shape) - (G.dense_dim() if isinstance(G, SparseTensor) else 0)
-    if not isinstance(G, SparseTensor):
-        zero = G.new_zeros(())
-        G = dense_to_sparse(G, zero, False, True, torch.sparse_coo, 0)
-    G = _upstream(G, sd)  # (an indefinite fill read as 0)
-    if isinstance(G, SparseTensor) and G._fill_is_zero():
+    G = _as_upstream(G, sd)
+    if G._fill_is_zero():
         idx, vals = coalesced_parts(G)
     else:
-        if isinstance(G, SparseTensor):
-            check_specify("the gradient of an index_select whose upstream gradient has a nonzero fill",
-                          G.numel() // max(_index.numel(G._dense_shape), 1), G.element_size())
-            idx, vals = every_element(G)
-        else:  # (_upstream made it dense: it split its dims otherwise)
-            G = dense_to_sparse(G, G.new_zeros(()), False, True, torch.sparse_coo, 0)
-            idx, vals = coalesced_parts(G)
-    sd = idx.shape[0]
+        check_specify("the gradient of an index_select whose upstream gradient has a nonzero fill",
+                      _index.numel(G._sparse_shape), G.element_size() * _index.numel(G._dense_shape))
+        idx, vals = every_element(G)
     new = idx.clone()
     new[dim] = index.index_select(0, idx[dim])
     new, vals = _index.coalesce(new, vals, shape[:sd])
     return parts_to_sparse(new, vals, torch.Size(shape), vals.new_zeros(()), known_zero=True, coalesced=True)
 
 
+def _as_upstream(G, sd: int) -> SparseTensor:
+    """The upstream gradient as a SparseTensor split as the input (``sd`` sparse dims), an indefinite fill
+    read as 0; a dense one: its nonzero elements stored."""
+    if isinstance(G, SparseTensor):
+        G = _upstream(G, sd)
+    if not isinstance(G, SparseTensor):
+        G = dense_to_sparse(G, G.new_zeros(()), False, True, torch.sparse_coo, G.dim() - sd)
+    return G
+
+
+def pattern_grad(P: SparseTensor, dim: int, index: torch.Tensor, G) -> SparseTensor:
+    """The gradient of ``P`` through ``P.index_select(dim, index)`` at ``P``'s pattern, its fill the mean over
+    the unspecified elements (exact for the constructor, which reads the pattern and the sum).  With
+    ``G = G0 + f`` (``G0``: ``G``'s stored values less its fill ``f``), the element of ``P`` at coordinate ``c``
+    gets ``f * count[c]`` (``c``'s occurrences in ``index``) plus the ``G0`` mapped onto it; the unspecified
+    elements share ``f * sum_c count[c] * (unspecified at c)`` plus the ``G0`` mapped onto none."""
+    sd, S = P._sparse_ndim(), P._sparse_shape
+    pidx, _ = coalesced_parts(P)
+    G = _as_upstream(G, sd)
+    (gidx, gvals), f = coalesced_parts(G), G._fill.expand(tuple(G._dense_shape))
+    n = P.shape[dim]
+    count = torch.bincount(index, minlength=n)
+    mapped = gidx.clone()
+    mapped[dim] = index.index_select(0, gidx[dim])
+    pos, found = _index.lookup(_index.linearize(pidx, S), _index.linearize(mapped, S))
+    g0 = (gvals - f).to(P.dtype)
+    bc = (-1,) + (1,) * len(f.shape)
+    gv = (count.index_select(0, pidx[dim]).view(bc) * f).to(P.dtype)
+    gv.index_add_(0, pos[found], g0[found])
+    n_unspec = _index.numel(S) - pidx.shape[1]
+    if P._indefinite or not n_unspec:
+        return _on_pattern(P, pidx, gv, gv.new_zeros(f.shape), True)
+    per = _index.numel(S) // max(n, 1) - torch.bincount(pidx[dim], minlength=n)  # (unspecified at each c)
+    rest = g0[~found].sum(0) + f * (count * per).sum().to(f.dtype)
+    return _on_pattern(P, pidx, gv, (rest / n_unspec).to(P.dtype), False)
+
+
 class SparseIndexSelect(torch.autograd.Function):
-    """``A.index_select(dim, index)`` along a sparse dim; the backward is :func:`index_select_grad`."""
+    """``A.index_select(dim, index)`` along a sparse dim; the backward is :func:`pattern_grad` where ``exact``
+    (``pattern_grad_is_exact(A)``), else :func:`index_select_grad`."""
 
     @staticmethod
-    def forward(A, dim, index):
+    def forward(A, dim, index, exact):
         return _pattern(A).index_select(dim, index)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        A, ctx.dim, index = inputs
-        ctx.shape = tuple(A.shape)
+        A, ctx.dim, index, exact = inputs
+        ctx.shape, ctx.sd = tuple(A.shape), A._sparse_ndim()
+        ctx.pattern = _pattern(A) if exact else None  # (graph-free)
         ctx.save_for_backward(index)
 
     vmap = staticmethod(lambda info, in_dims, *args: refuse_vmap("a SparseTensor index_select"))
@@ -79,7 +112,10 @@ class SparseIndexSelect(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, G):
         (index,) = ctx.saved_tensors
-        return index_select_grad(ctx.shape, ctx.dim, index, sparse_inside(G)), None, None
+        G = sparse_inside(G)
+        if ctx.pattern is not None:
+            return pattern_grad(ctx.pattern, ctx.dim, index.long(), G), None, None, None
+        return index_select_grad(ctx.shape, ctx.sd, ctx.dim, index, G), None, None, None
 
 
 def _selectable(A, dim, index) -> bool:
@@ -102,7 +138,7 @@ def _route_index_select(func, args, kwargs):
     A, dim, index = b
     if out_of_bounds(index, A.shape[dim], negative=False) is not None:
         return NotImplemented  # (torch's error from the forward)
-    return SparseIndexSelect.apply(A, dim % A.dim(), index)
+    return SparseIndexSelect.apply(A, dim % A.dim(), index, pattern_grad_is_exact(A))
 
 
 @register_route(T.__getitem__)
@@ -119,4 +155,4 @@ def _route_getitem(func, args, kwargs):
     index, n = key[dim], A.shape[dim]
     if out_of_bounds(index, n) is not None:
         return NotImplemented  # (torch's IndexError from the forward)
-    return SparseIndexSelect.apply(A, dim, index.long() % max(n, 1))
+    return SparseIndexSelect.apply(A, dim, index.long() % max(n, 1), pattern_grad_is_exact(A))
