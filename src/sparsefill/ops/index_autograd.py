@@ -104,6 +104,7 @@ class SparseIndexSelect(torch.autograd.Function):
         A, ctx.dim, index, exact = inputs
         ctx.shape, ctx.sd = tuple(A.shape), A._sparse_ndim()
         ctx.pattern = _pattern(A) if exact else None  # (graph-free)
+        ctx.input_grad_exact = exact  # (read by pattern_grad_is_exact for a selection of this output)
         ctx.save_for_backward(index)
 
     vmap = staticmethod(lambda info, in_dims, *args: refuse_vmap("a SparseTensor index_select"))

@@ -69,7 +69,8 @@ def pattern_grad_is_exact(A: SparseTensor) -> bool:
     elements, so that a gradient exact at the pattern with the *mean* over the unspecified elements as
     its fill is exact for every reader: ``A`` comes from a differentiable constructor through
 
-    * coalesce / layout changes and transposes (``x @ W.t()``), and
+    * coalesce / layout changes and transposes (``x @ W.t()``), row and column selections
+      (``index_autograd``: their backward reads the gradient at the pattern and in sum), and
     * element-wise ops whose derivative is the same at every unspecified element of ``A`` (at each position
       of its dense dims) (``2 * W``, ``W.exp()``, ``W + B``, ``(2 * W).t()``, ``W * w`` with ``w`` over the
       dense dims of a hybrid ``W``): every tensor their backward reads is a number, a dense tensor constant
@@ -92,6 +93,8 @@ def pattern_grad_is_exact(A: SparseTensor) -> bool:
         seen.add(node)
         if type(node) in _PERMUTING or type(node) is _SAME_DENSE and node.x_layout is None:
             todo.append((node.next_functions[0][0], _input_pattern(node, R)))
+        elif getattr(node, "input_grad_exact", False):  # (a selection whose input was found exact: the rest)
+            continue
         elif type(node) is _CONSTRUCT and tuple(node.pattern.shape) == tuple(R.shape):
             if not _within_pattern(node.pattern, R, keys):
                 return False
