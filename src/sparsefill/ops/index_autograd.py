@@ -26,7 +26,7 @@ from torch.autograd.function import once_differentiable
 
 from .. import _index
 from .._autograd import _pattern, refuse_vmap, sparse_inside
-from .._convert import coalesced_parts, dense_to_sparse, every_element, parts_to_sparse
+from .._convert import coalesced_parts, dense_to_sparse, every_element, linear_parts, parts_to_sparse
 from .._policy import check_specify
 from .._tensor import SparseTensor
 from .autograd_routes import register_route
@@ -78,7 +78,7 @@ def pattern_grad(P: SparseTensor, dim: int, index: torch.Tensor, G) -> SparseTen
     count = torch.bincount(index, minlength=n)
     mapped = gidx.clone()
     mapped[dim] = index.index_select(0, gidx[dim])
-    pos, found = _index.lookup(_index.linearize(pidx, S), _index.linearize(mapped, S))
+    pos, found = _index.lookup(linear_parts(P)[0], _index.linearize(mapped, S))  # (P's keys: cached)
     g0 = (gvals - f).to(P.dtype)
     bc = (-1,) + (1,) * len(f.shape)
     gv = (count.index_select(0, pidx[dim]).view(bc) * f).to(P.dtype)
