@@ -482,7 +482,8 @@ def test_selection_gradcheck_over_values_and_fill(name, layout, dd, fill, read):
         return READS[read](SELECTIONS[name](A if layout is torch.sparse_coo else A.to_sparse_csr()))
     v = torch.tensor([0.3, -1.2, 2.0, 0.7], dtype=F64)
     v = (v[:, None] * torch.tensor([1., -0.5], dtype=F64) if dd else v).requires_grad_()
-    inputs = (v,) if fill is None else (v, torch.tensor(fill, dtype=F64).expand((2,) * dd).clone().requires_grad_())
+    f = None if fill is None else torch.tensor(fill, dtype=F64).expand((2,) * dd).clone().requires_grad_()
+    inputs = (v,) if f is None else (v, f)
     with warnings.catch_warnings():
         warnings.simplefilter("error", sparsefill.DensifyWarning)
         assert gradcheck(fn, inputs, check_batched_grad=False)

@@ -28,7 +28,8 @@ SIZES = {f"{lay}, {what}": (lay, what, 100_000, 1_000_000, 1024) for lay in ("CO
          for what in ("1024 seeds", "1-hop set")}
 QUICK = {f"{lay}, {what}": (lay, what, 20_000, 200_000, 256) for lay in ("COO", "CSR")
          for what in ("256 seeds", "1-hop set")}
-TINY = {f"{lay}, {what}": (lay, what, 300, 3_000, 16) for lay in ("COO", "CSR") for what in ("16 seeds", "1-hop set")}
+TINY = {f"{lay}, {what}": (lay, what, 300, 3_000, 16) for lay in ("COO", "CSR")
+        for what in ("16 seeds", "1-hop set")}
 
 
 def graph(n: int, e: int, k: int):
@@ -143,6 +144,9 @@ def _check_k_hop(param, out):
     _same_edges(S, ei, graph(*param[2:])[1][mask])
 
 
-case("subgraph selection: k-hop subgraph (1 hop)",
-     sizes={k: v for k, v in SIZES.items() if "seeds" in k}, quick_sizes={k: v for k, v in QUICK.items() if "seeds" in k},
-     tiny_sizes={k: v for k, v in TINY.items() if "seeds" in k}, check=_check_k_hop)(_k_hop)
+def _seeds_only(sizes):
+    return {k: v for k, v in sizes.items() if "seeds" in k}
+
+
+case("subgraph selection: k-hop subgraph (1 hop)", sizes=_seeds_only(SIZES), quick_sizes=_seeds_only(QUICK),
+     tiny_sizes=_seeds_only(TINY), check=_check_k_hop)(_k_hop)

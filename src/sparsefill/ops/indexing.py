@@ -253,7 +253,7 @@ def _select_csr_rows(A, index, shape):
                               new_crow, A._col.index_select(0, pos), A._indefinite, True, A._fill_is_zero())
 
 
-_LUT_PER_ELEMENT = 8  # size of a dim up to which, per stored element and index entry, a lookup table beats searches
+_LUT_PER_ELEMENT = 8  # dim size per stored element and index entry up to which tables beat binary searches
 
 
 def _select_coords(coord: torch.Tensor, index: torch.Tensor, n: int, last: bool):
