@@ -184,16 +184,16 @@ def _index_select(func, args, kwargs):
     if dim == 0:
         owner = idx if A._sf_layout is torch.sparse_coo and A._coalesced else None
         pos, rows = _select_rows(idx[0], index, A.shape[0], owner)
-        new = idx.index_select(1, pos)
+        new = _index.take_columns(idx, pos)
         new[0] = rows
     else:
         pos, coord, coalesced = _select_coords(idx[dim], index, A.shape[dim], last=dim == sd - 1)
-        new = idx.index_select(1, pos)
+        new = _index.take_columns(idx, pos)
         new[dim] = coord
         if not coalesced:  # sorted once here: later ops read a coalesced result without sorting it again
             _, perm = _index.sort_keys(_index.linearize(new, shape[:sd]))
             if perm is not None:
-                new, pos = new.index_select(1, perm), pos.index_select(0, perm)
+                new, pos = _index.take_columns(new, perm), pos.index_select(0, perm)
     return _sorted_result(A, new, vals.index_select(0, pos), shape)
 
 
