@@ -184,12 +184,10 @@ def _index_select(func, args, kwargs):
     if dim == 0:
         owner = idx if A._sf_layout is torch.sparse_coo and A._coalesced else None
         pos, rows = _select_rows(idx[0], index, A.shape[0], owner)
-        new = _index.take_columns(idx, pos)
-        new[0] = rows
+        new = _index.take_columns(idx, pos, 0, rows)
     else:
         pos, coord, coalesced = _select_coords(idx[dim], index, A.shape[dim], last=dim == sd - 1)
-        new = _index.take_columns(idx, pos)
-        new[dim] = coord
+        new = _index.take_columns(idx, pos, dim, coord)
         if not coalesced:  # sorted once here: later ops read a coalesced result without sorting it again
             _, perm = _index.sort_keys(_index.linearize(new, shape[:sd]))
             if perm is not None:
