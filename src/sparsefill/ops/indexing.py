@@ -189,9 +189,8 @@ def _index_select(func, args, kwargs):
         pos, coord, coalesced = _select_coords(idx[dim], index, A.shape[dim], last=dim == sd - 1)
         new = _index.take_columns(idx, pos, dim, coord)
         if not coalesced:  # sorted once here: later ops read a coalesced result without sorting it again
-            _, perm = _index.sort_keys(_index.linearize(new, shape[:sd]))
-            if perm is not None:
-                new, pos = _index.take_columns(new, perm), pos.index_select(0, perm)
+            perm = torch.sort(_index.linearize(new, shape[:sd])).indices  # (distinct positions: no tie)
+            new, pos = _index.take_columns(new, perm), pos.index_select(0, perm)
     return _sorted_result(A, new, vals.index_select(0, pos), shape)
 
 
