@@ -13,6 +13,19 @@ about 10k nodes at full size).  Full size 100k nodes, 1M edges, 1024 seeds; ``--
 200k edges, 256 seeds.  The graph is built once per size and kept; a COO tensor's row pointers are
 computed on its first row selection and kept with its pattern (the timed calls are warm, as a graph
 reused across mini-batches).
+
+Measured 2026-12-06 05:35 UTC (``--filter 'subgraph selection' --threads 1``, full size; a shared 2-core
+machine, other processes kept ~1.5 cores busy, so spreads are 5-60%), sparsefill / PyG, COO and CSR::
+
+    A[idx][:, idx]   1024 seeds 0.14 / 0.26    1-hop set 0.38 / 0.32    (1.5-7 ms against 10-22 ms)
+    A[idx]           1024 seeds 0.02 / 0.02    1-hop set 0.07 / 0.07    index_select(0): 0.02-0.06
+    A[:, idx]        1024 seeds 0.51 / 0.53    1-hop set 0.86 / 1.00    index_select(1): 0.49-1.07
+    k-hop subgraph   0.37 / 0.39 against k_hop_subgraph
+
+(before: ``A[idx][:, idx]`` 5.3x PyG at 1024 seeds, 7.1x on the 1-hop set).  A column selection reads a
+mask per stored edge, as PyG does: its ratio is about 1 where the set holds a tenth of the nodes; an
+interleaved timing loop at a quieter moment gave 0.6-0.9 there (0.93-0.98 for an unsorted set, which
+the result's sort adds to).
 """
 
 from __future__ import annotations
