@@ -524,3 +524,14 @@ def test_selection_gradient_of_a_leaf_equals_dense(layout, dd, read):
         READS[read](op(x)).backward()
         assert isinstance(L.grad, SparseTensor), name
         torch.testing.assert_close(L.grad.to_dense(), x.grad, msg=lambda m: f"{name}: {m}")
+
+
+def test_selection_backward_route_with_torch_geometric_wrapper_spelling():
+    """torch_geometric replaces ``torch.index_select`` by a wrapper that calls torch's function with
+    ``out=None``: that spelling takes the sparse backward too."""
+    v = torch.tensor([1., 2., 3.], dtype=F64, requires_grad=True)
+    A = sparsefill.sparse_coo_tensor([[0, 1, 2], [1, 0, 2]], v, (3, 3), fill_value=0.)
+    out = torch._C._VariableFunctions.index_select(A, 0, torch.tensor([2, 2]), out=None)
+    assert type(out.grad_fn).__name__ == "SparseIndexSelectBackward"
+    (g,) = torch.autograd.grad(out.sum(), v)
+    assert g.tolist() == [0., 0., 2.]

@@ -127,16 +127,17 @@ def _selectable(A, dim, index) -> bool:
         and index.dtype in (torch.int64, torch.int32) and not index.requires_grad
 
 
-def _sig_index_select(input, dim, index):
-    return input, dim, index
+def _sig_index_select(input, dim, index, *, out=None):
+    return input, dim, index, out
 
 
-@register_route(torch.index_select, T.index_select)
+# (torch's own function too: torch_geometric replaces torch.index_select by a wrapper calling it with out=None)
+@register_route(torch._C._VariableFunctions.index_select, torch.index_select, T.index_select)
 def _route_index_select(func, args, kwargs):
     b = _bind(_sig_index_select, args, kwargs)
-    if not b or not _selectable(*b):
+    if not b or b[3] is not None or not _selectable(*b[:3]):
         return NotImplemented
-    A, dim, index = b
+    A, dim, index, _ = b
     if out_of_bounds(index, A.shape[dim], negative=False) is not None:
         return NotImplemented  # (torch's error from the forward)
     return SparseIndexSelect.apply(A, dim % A.dim(), index, pattern_grad_is_exact(A))
