@@ -738,6 +738,18 @@ def test_arguments_checked_on_every_path():
     assert segment.reduce(xi, "max", lengths=torch.tensor([4, 0]), empty=-7).tolist() == [[4], [-7]]
 
 
+@pytest.mark.parametrize("empty", ["x", {}, 1j, torch.ones(2)])
+def test_empty_is_checked_before_any_segment_is_read(empty):
+    """``empty`` that is no real number raises a TypeError naming it, also when no segment is empty (it was read
+    only by the fill of an empty segment, whose error came from torch's ``index_fill_``)."""
+    x = torch.ones(3, 2)
+    for lengths in ([1, 2], [1, 0, 2]):
+        with pytest.raises(TypeError, match="empty must be a real number"):
+            segment.reduce(x, "sum", lengths=torch.tensor(lengths), empty=empty)
+    assert segment.reduce(x, "sum", lengths=torch.tensor([3, 0]), empty=torch.tensor(-1.)).tolist() == [[3, 3],
+                                                                                                      [-1, -1]]
+
+
 def test_lengths_whose_sum_overflows_raise():
     """(They wrapped to a small total: the compiled kernels then looped ~2**62 times.)"""
     L = torch.tensor([2 ** 62, 2 ** 62, 2 ** 62, 2 ** 62 + 5])

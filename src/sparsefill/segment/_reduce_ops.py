@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 import weakref
 
 import torch
@@ -428,11 +429,22 @@ def _args(data, reducer, weights, ties, sparse_grad, return_arg, indices, empty)
             raise TypeError(f"weights must have the dtype of data ({data.dtype}), got {weights.dtype}")
         if weights.dim() != 1:
             raise ValueError(f"weights must be 1-D, got shape {tuple(weights.shape)}")
-    empty = red.empty if empty is None else empty
+    empty = red.empty if empty is None else _real_number(empty, "empty")
     if not data.is_floating_point() and not (math.isfinite(empty) and float(empty).is_integer()
                                              and torch.iinfo(data.dtype).min <= empty <= torch.iinfo(data.dtype).max):
         raise ValueError(f"empty={empty!r} cannot be stored in {data.dtype} data")
     return red, weights, empty
+
+
+def _real_number(x, name):
+    """``x`` as a Python float or int (a real number or a 0-d real tensor), else a TypeError naming ``name``:
+    checked before any segment is read, not only when one is empty."""
+    if isinstance(x, torch.Tensor) and x.dim() == 0 and not x.is_complex():
+        return x.item()
+    if isinstance(x, numbers.Real):
+        return x
+    raise TypeError(f"{name} must be a real number (the value of an empty segment), got "
+                    f"{type(x).__name__} {x!r}")
 
 
 def _reduce_eager(data, red: SegmentReducer, *, lengths, offsets, segment_ids, indices, weights, num_segments, sorted,
