@@ -189,6 +189,28 @@ def test_fill_out_of_range_for_uint8():
     check(ValueError, mentions("fill_value", "-1", "uint8"), coo, I3.clone(), vals, (3, 3), fill_value=-1)
 
 
+def test_fill_overflowing_a_float_dtype():
+    """A finite fill that becomes inf in the dtype is refused as an integer out of range is (it was stored as inf)."""
+    half = V3.clone().half()
+    check(ValueError, mentions("fill_value", "1000000.0", "float16"), coo, I3.clone(), half, (3, 3),
+          fill_value=1e6)
+    check(ValueError, mentions("fill_value", "float16"), coo, torch.tensor([[0]]), torch.ones(1, 2).half(), (3, 2),
+          fill_value=[1.0, 1e6])
+    check(ValueError, mentions("fill_value", "1e+39", "bfloat16"), sparsefill.full, (2,), 1e39, dtype=torch.bfloat16)
+    check(ValueError, mentions("fill_value", "float16"), sparsefill.to_sparse, torch.ones(2, dtype=torch.float16),
+          fill_value=10 ** 6)
+    for ok in (65504.0, float("inf"), -float("inf"), float("nan")):  # (the largest float16, and no finite number)
+        A = coo(I3.clone(), half, (3, 3), fill_value=ok)
+        torch.testing.assert_close(A._fill_value(), torch.tensor(ok, dtype=torch.float16), equal_nan=True)
+
+
+@pytest.mark.parametrize("fill", [{}, {"a": 1}, Ellipsis, "1.0", {1.0}])
+def test_fill_of_no_number_names_fill_value(fill):
+    check(TypeError, mentions("fill_value", type(fill).__name__), coo, I3.clone(), V3.clone(), (3, 3), fill_value=fill)
+    check(TypeError, mentions("fill_value"), sparsefill.full, (2,), fill)
+    check(TypeError, mentions("fill_value"), sparsefill.to_sparse, torch.ones(2), fill_value=fill)
+
+
 def test_fill_not_a_bool():
     check(TypeError, mentions("fill_value", "2", "bool"), coo, I3.clone(), torch.tensor([True, False, True]), (3, 3),
           fill_value=2)

@@ -10,6 +10,7 @@ and ``fill_value``.  Invariant::
 
 from __future__ import annotations
 
+import cmath
 import numbers
 import sys
 
@@ -93,11 +94,14 @@ def normalize_fill(fill_value, dtype, device, dense_shape, *, own=False):
         except RuntimeError as e:
             raise ValueError(f"fill_value {fill_value!r} does not fit dtype {dtype}: {e}") from None
         zero = fill_value == 0
+        _check_no_overflow(fill_value, cmath.isfinite(fill_value), fill, dtype)
     else:
-        t = torch.as_tensor(fill_value)
+        t = _array_fill(fill_value)
         if not torch.can_cast(t.dtype, dtype):
             raise TypeError(f"fill_value of dtype {t.dtype} cannot be cast to the tensor's dtype {dtype}")
         fill, zero = t.to(dtype=dtype, device=device), not traced() and not bool(t.any())
+        _check_no_overflow(fill_value, t.isfinite() if t.is_floating_point() or t.is_complex() else True,
+                           fill, dtype)
     _check_fill_shape(fill, dense_shape)
     return fill, False, zero
 
@@ -111,6 +115,33 @@ def _check_fill_shape(fill: torch.Tensor, dense_shape) -> None:
     if not fits:
         raise ValueError(f"fill_value of shape {tuple(fill.shape)} does not broadcast to the dense dims "
                          f"{dense_shape} of the tensor (a scalar, the dense shape, or smaller)")
+
+
+def _array_fill(fill_value) -> torch.Tensor:
+    """A list/array fill as a tensor; a TypeError naming fill_value for anything that is not a number, an
+    array of numbers, a tensor or ``sparsefill.indefinite`` (a dict, an object, a string)."""
+    if isinstance(fill_value, (str, bytes, dict, set)):
+        raise TypeError(f"fill_value must be a number, a tensor, a list of numbers or sparsefill.indefinite, "
+                        f"got {type(fill_value).__name__}")
+    try:
+        return torch.as_tensor(fill_value)
+    except ValueError as e:  # (a ragged list)
+        raise ValueError(f"fill_value is no array of numbers: {e}") from None
+    except (RuntimeError, TypeError) as e:
+        raise TypeError(f"fill_value must be a number, a tensor, a list of numbers or sparsefill.indefinite, "
+                        f"got {type(fill_value).__name__} ({e})") from None
+
+
+def _check_no_overflow(fill_value, finite, fill: torch.Tensor, dtype) -> None:
+    """A finite number (``finite``: a bool or a mask over ``fill``) that becomes +-inf in ``dtype`` (``1e6`` in
+    float16) is refused as the integers out of range are: the fill would silently differ from what was asked."""
+    if not (dtype.is_floating_point or dtype.is_complex) or traced() or fill.device.type != "cpu":
+        return
+    f = torch.view_as_real(fill) if fill.is_complex() else fill
+    inf = f.isinf().any(-1) if fill.is_complex() else f.isinf()
+    if bool((inf & finite).any()):
+        info = torch.finfo(dtype)
+        raise ValueError(f"fill_value {fill_value!r} is out of range [{info.min}, {info.max}] of dtype {dtype}")
 
 
 def _index_tensor(x, name: str, device) -> torch.Tensor:
@@ -584,7 +615,7 @@ def full(size, fill_value, *, layout=torch.sparse_coo, dtype=None, device=None, 
     if layout is torch.strided:
         return torch.full(size, fill_value, dtype=dtype, device=device, requires_grad=requires_grad)
     if dtype is None:
-        dtype = torch.as_tensor(fill_value).dtype
+        dtype = _array_fill(fill_value).dtype
     dd = _convert.check_dense_dim(len(size), dense_dim, layout)
     device = torch.device(device) if device is not None else torch.get_default_device()
     fill, indefinite, zero = normalize_fill(fill_value, dtype, device, size[len(size) - dd:], own=True)
