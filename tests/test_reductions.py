@@ -200,6 +200,24 @@ def test_var_std_warn_only_as_dense():
             torch.testing.assert_close(f(A), f(A.to_dense()))
 
 
+@pytest.mark.parametrize("fill", [float("inf"), -float("inf"), float("nan"), "array"], ids=str)
+@pytest.mark.parametrize("fn", [torch.var_mean, torch.std_mean], ids=lambda f: f.__name__)
+def test_var_mean_of_a_nonfinite_fill_is_nan_as_dense(fn, fill):
+    """Dense ``var_mean`` computes its mean by Welford's pass (``inf - inf``: NaN in a slice with two or more
+    non-finite elements), where ``mean`` gives +-inf: the mean half of ``var_mean`` is dense's, routed (a
+    gradient wanted) or not, along dims and over all."""
+    inf = float("inf")
+    f = torch.tensor([inf, 1.0]) if fill == "array" else fill
+    A = sparsefill.sparse_coo_tensor([[0, 2], [1, 3]], torch.tensor([[1.0, 2.0], [inf, 3.0]]), (3, 5, 2),
+                                     fill_value=f)
+    for grad in (False, True):
+        B = A.detach().requires_grad_(grad)
+        for kw in ({}, {"dim": 1}, {"dim": (0, 1)}, {"dim": 2, "keepdim": True}):
+            for got, want in zip(fn(B, **kw), fn(A.to_dense(), **kw)):
+                got = got.to_dense() if isinstance(got, sparsefill.SparseTensor) else got
+                torch.testing.assert_close(got.detach(), want, equal_nan=True)
+
+
 # ---------------------------------------------------------------- edge cases found in review (moved from tests/test_review_regressions.py)
 import math  # noqa: E402
 

@@ -525,7 +525,11 @@ def _route_var_mean(func, args, kwargs):
     s = _apply(first, (A,), {"dim": dim, "correction": correction, "keepdim": keepdim}, first.__name__, dim,
                (correction, dim is None))
     m = _apply(torch.mean, (A,), {"dim": dim, "keepdim": keepdim}, "mean", dim)
-    return NotImplemented if s is NotImplemented or m is NotImplemented else (s, m)
+    if s is NotImplemented or m is NotImplemented:
+        return NotImplemented
+    dims = list(range(A.dim())) if dim is None else [dim] if isinstance(dim, int) else list(dim)
+    from .reductions import welford_mean
+    return s, welford_mean(A, m, dims, keepdim)
 
 
 def _sig_vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None):

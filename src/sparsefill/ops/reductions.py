@@ -316,8 +316,30 @@ def _var_std(func, args, kwargs):
     var = ss / ((n - c).clamp_min(0) if isinstance(n, torch.Tensor) else max(n - c, 0))
     out = var if func in (aten.var.correction, aten.var_mean.correction) else torch.sqrt(var)
     if func in (aten.var_mean.correction, aten.std_mean.correction):
-        return out, A.mean(dims, keepdim=keep)
+        return out, welford_mean(A, A.mean(dims, keepdim=keep), dims, keep)
     return out
+
+
+def welford_mean(A, mean, dims, keepdim):
+    """The mean of ``var_mean``/``std_mean`` as dense torch gives it.  Its Welford pass runs over each slice in
+    index order and its update ``m += (x - m) / n`` gives NaN (``inf - inf``) once a non-finite element has
+    been met, but at the last element: the mean is ``mean``'s +-inf where the slice's one non-finite element
+    is its last, NaN where the slice holds any other non-finite element (``mean`` gives +-inf there).
+
+    >>> import sparsefill
+    >>> A = sparsefill.sparse_coo_tensor([[0]], [1.], (3,), fill_value=float("inf"))
+    >>> torch.var_mean(A)[1], torch.var_mean(A.to_dense())[1]
+    (tensor(nan), tensor(nan))
+    """
+    if not A.is_floating_point() or A.numel() == 0:
+        return mean
+    bad = ~torch.isfinite(A)
+    count, last = bad.sum(dims, keepdim=keepdim), bad
+    for d in dims:
+        last = last.narrow(d, A.shape[d] - 1, 1)
+    last = last.sum(dims, keepdim=keepdim) > 0
+    nan_at = (count >= 2) | ((count == 1) & ~last)
+    return torch.where(nan_at, torch.full((), float("nan"), dtype=mean.dtype, device=mean.device), mean)
 
 
 def _shift(A: SparseTensor, dims):
