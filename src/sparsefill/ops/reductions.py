@@ -334,6 +334,8 @@ def welford_mean(A, mean, dims, keepdim):
     if not A.is_floating_point() or A.numel() == 0:
         return mean
     bad = ~torch.isfinite(A)
+    if not traced(A._vals) and not bool(bad.any()):  # (the common case: mean's own result and gradient)
+        return mean
     count, last = bad.sum(dims, keepdim=keepdim), bad
     for d in dims:
         last = last.narrow(d, A.shape[d] - 1, 1)
