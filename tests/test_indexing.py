@@ -128,6 +128,18 @@ def test_triangles_of_a_nonzero_fill(layout, fill):
 
 
 
+@pytest.mark.parametrize("layout", [torch.sparse_coo, torch.sparse_csr], ids=["coo", "csr"])
+def test_split_along_a_size_zero_dim_gives_one_empty_piece(layout):
+    """Dense ``split`` along a size-0 dim returns a 1-tuple holding the empty tensor (it returned ``()``)."""
+    for shape, dim in (((0, 3), 0), ((3, 0), 1), ((2, 0), 1)):
+        A = sparsefill.to_sparse(torch.zeros(shape), fill_value=1.5, layout=layout)
+        for how in (1, 2, 0, [0]):
+            got, want = A.split(how, dim), A.to_dense().split(how, dim)
+            assert len(got) == len(want) == 1
+            torch.testing.assert_close(got[0].to_dense(), want[0])
+        assert len(A.chunk(3, dim)) == len(A.to_dense().chunk(3, dim))
+
+
 def test_bad_indices_raise():
     A = sparsefill.to_sparse(X, fill_value=0.5)
     with pytest.raises(IndexError, match="index 5 is out of bounds for dimension 1 with size 5"):

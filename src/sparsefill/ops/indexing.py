@@ -318,7 +318,7 @@ def _split(func, args, kwargs):
     if isinstance(sizes, int):
         if sizes <= 0 and n:
             raise RuntimeError(f"split_size can only be 0 if dimension size is 0, but got dimension size of {n}")
-        sizes = [min(sizes, n - s) for s in range(0, n, sizes)] if sizes else [0]
+        sizes = [min(sizes, n - s) for s in range(0, n, sizes)] if sizes and n else [0]
     if sum(sizes) != n:
         raise RuntimeError(f"split_with_sizes expects split_sizes to sum exactly to {n} (input tensor's size at "
                            f"dimension {dim}), but got split_sizes={list(sizes)}")
