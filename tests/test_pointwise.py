@@ -464,3 +464,38 @@ def test_dense_operand_varying_along_sparse_dims_constant_fill(form):
     out = A * inf  # 0 * inf is NaN where A is unspecified in row 0: dense by nature
     assert not isinstance(out, SparseTensor)
     torch.testing.assert_close(out, x * inf, equal_nan=True)
+
+
+INT_DIVISIONS = {"floor_divide": (torch.floor_divide, lambda a, b: a.floor_divide_(b)),
+                 "remainder": (torch.remainder, lambda a, b: a.remainder_(b)),
+                 "fmod": (torch.fmod, lambda a, b: a.fmod_(b)),
+                 "div_trunc": (lambda a, b: torch.div(a, b, rounding_mode="trunc"),
+                               lambda a, b: a.div_(b, rounding_mode="trunc")),
+                 "div_floor": (lambda a, b: torch.div(a, b, rounding_mode="floor"),
+                               lambda a, b: a.div_(b, rounding_mode="floor"))}
+
+
+@pytest.mark.parametrize("name", sorted(INT_DIVISIONS))
+@pytest.mark.parametrize("kind", ["coo", "csr", "hybrid"])
+def test_integer_division_by_a_zero_fill_that_no_element_reads(name, kind):
+    """Integer ``A // B`` with a zero fill in ``B`` but every element stored: the fills' op raises (``1 // 0``),
+    no element reads that fill, and dense gives the result (it raised ZeroDivisionError); in place too.  With an
+    unspecified element the division by zero is real: torch's error, as dense."""
+    f, f_ = INT_DIVISIONS[name]
+    a, b = torch.tensor([[4, 6], [-7, 9]]), torch.tensor([[2, 3], [2, -4]])
+    fa, fb, dd = 1, 0, 0
+    if kind == "hybrid":
+        a, b = a[..., None] * torch.tensor([1, 3]), b[..., None] * torch.tensor([1, -1])
+        fa, fb, dd = torch.ones(2, dtype=torch.int64), torch.tensor([0, 2]), 1
+    A = sparsefill.to_sparse(a, fill_value=fa, dense_dim=dd)
+    B = sparsefill.to_sparse(b, fill_value=fb, dense_dim=dd)
+    if kind == "csr":
+        A, B = A.to_sparse_csr(), B.to_sparse_csr()
+    assert B._nnz() == 4 and torch.equal(f(A, B).to_dense(), f(a, b))
+    assert torch.equal(f_(A.clone(), B).to_dense(), f_(a.clone(), b))
+    C = sparsefill.sparse_coo_tensor([[0]], torch.tensor([2]), (2,), fill_value=0)  # (element 1 unspecified: 6 // 0)
+    x = sparsefill.sparse_coo_tensor([[0, 1]], torch.tensor([4, 6]), (2,), fill_value=1)
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        f(x.to_dense(), C.to_dense())
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        f(x, C)

@@ -148,10 +148,8 @@ def unary_fast(func, args, kwargs):
         if B is None:
             return A._with_values(op(*vals, **kwargs), op(*fills, **kwargs))
         return _on_union(op, args, kwargs, A, B, many)
-    except Exception:
-        if 0 in A._size:  # no element: the fill's op may raise where no element reads it (the general rule)
-            return None
-        raise
+    except Exception:  # the fill's op may raise where no element reads it (A // B with every element
+        return None  # stored, a fill 0 in B): the general rule decides (_unread_fill), or raises dense's error
 
 
 def inplace_fast_ok(func) -> bool:
@@ -568,17 +566,24 @@ def _one_value(v: torch.Tensor, fill, specified: bool) -> SparseTensor:
 
 def _unread_fill(A: SparseTensor, vals):
     """The fill (a batch of one: zeros of the values' dtype, one per result) of a result of ``A``'s shape that has
-    no element, whose fills' op raised; called in an ``except`` block, which it re-raises when ``A`` has an element.
-    No element reads that fill, so any is exact; dense returns the empty result::
+    no unspecified element (no element at all, or ``vals``, coalesced, store every one), whose fills' op raised;
+    called in an ``except`` block, which it re-raises when an element is unspecified (dense raises there too).
+    No element reads that fill, so any is exact; dense returns the result::
 
         A.numel() == 0  =>  (A // 0).to_dense() == A.to_dense() // 0          (though 0 // 0 raises)
+        nse == numel    =>  (A // B).to_dense() == A.to_dense() // B.to_dense()   (though fill_A // 0 raises)
 
     >>> import sparsefill
     >>> A = sparsefill.sparse_coo_tensor(torch.zeros(1, 0, dtype=torch.int64), torch.zeros(0, dtype=torch.int64), (0,))
     >>> torch.equal((A // 0).to_dense(), A.to_dense() // 0)
     True
+    >>> A = sparsefill.sparse_coo_tensor([[0, 1]], [4, 6], (2,), fill_value=1)
+    >>> B = sparsefill.sparse_coo_tensor([[0, 1]], [2, 3], (2,))
+    >>> (A // B).to_dense()
+    tensor([2, 2])
     """
-    if A.numel():
+    first = vals if isinstance(vals, torch.Tensor) else vals[0]
+    if A.numel() and first.numel() != A.numel():
         raise
     if isinstance(vals, torch.Tensor):
         return vals.new_zeros(1)
