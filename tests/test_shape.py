@@ -192,6 +192,23 @@ def test_many_specified_fill_elements_warn():
     assert small[:100].t()._nse() == 2 * 3 + 98  # few enough: no warning
 
 
+@pytest.mark.parametrize("fill", [0.0, 2.5, "array"], ids=str)
+def test_one_element_fill_of_more_dims_than_a_view_keeps_dense(fill):
+    """A view whose new dense dims are fewer than its one-element fill's dims (``A.t()`` of a ``(1, n)`` hybrid
+    makes every dim dense, fill ``(1, 1)``; ``reshape(-1)`` then keeps one dense dim): the fill becomes a scalar
+    (it kept its dims, and to_dense, sum and indexing raised); and ``repeat`` of a size-1 dense dim with an array
+    fill, which takes that path."""
+    f = torch.tensor([5.0, 6.0, 7.0]) if fill == "array" else fill
+    H = sparsefill.sparse_coo_tensor([[0]], torch.tensor([[1.0, 2.0, 3.0]]), (1, 3), fill_value=f)
+    for op in (lambda t: t.t().reshape(-1), lambda t: t.t().reshape(3), lambda t: t.t().flatten(),
+               lambda t: t.t().reshape(-1).sum(), lambda t: t.t().reshape(-1)[1], lambda t: t.t().reshape(1, 3)):
+        out = op(H)
+        torch.testing.assert_close(out.to_dense() if isinstance(out, SparseTensor) else out, op(H.to_dense()))
+    G = sparsefill.sparse_coo_tensor([[0]], torch.tensor([[1.0]]), (2, 1), fill_value=torch.tensor([5.0]))
+    for reps in ((2, 1), (1, 3), (2, 2, 1)):
+        torch.testing.assert_close(G.repeat(*reps).to_dense(), G.to_dense().repeat(*reps))
+
+
 def test_t_of_3d_raises_as_torch():
     A, x = make((2, 3, 4), 1.0)
     with pytest.raises(RuntimeError, match="expects a tensor with <= 2 dimensions"):

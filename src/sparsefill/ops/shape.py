@@ -253,6 +253,8 @@ def view(A: SparseTensor, shape) -> SparseTensor | None:
     fill = A._fill
     if not A._indefinite and fill.dim():  # (a one-element array fill too: dense dims (1, 1) may become ())
         fill = _fill_dense(A).expand(A._dense_shape).reshape(tail)
+    elif not A._indefinite and fill.dim() > len(tail):  # (a one-element fill of more dims than the new dense ones)
+        fill = fill.reshape(())
     new = _index.unravel(_index.linearize(idx, A._sparse_shape), shape[: len(shape) - t])
     return _make(A, shape, new, vals, fill, A._coalesced)
 
