@@ -114,3 +114,16 @@ def test_softmax_of_a_slice_holding_inf_is_nan_as_in_torch():
     B = sf.to_sparse(y, fill_value=math.inf)
     torch.testing.assert_close(D(B.softmax(0)), y.softmax(0), equal_nan=True)
     torch.testing.assert_close(D(B.log_softmax(1)), y.log_softmax(1), equal_nan=True)
+
+
+@pytest.mark.parametrize("shape,dense_dim", [((0,), 0), ((0, 3), 0), ((3, 0), 0), ((0, 3), 1), ((2, 0, 2), 1)],
+                         ids=str)
+def test_normalize_of_a_tensor_with_no_element(shape, dense_dim):
+    """``F.normalize`` of a 0-element SparseTensor is dense's empty result (the expanded denominator, size 0 along
+    a sparse dim, was indexed at 0: IndexError)."""
+    import torch.nn.functional as F
+    E = sparsefill.to_sparse(torch.zeros(shape), fill_value=1.0, dense_dim=dense_dim)
+    for dim in range(len(shape)):
+        out = F.normalize(E, dim=dim)
+        assert isinstance(out, SparseTensor)
+        torch.testing.assert_close(out.to_dense(), F.normalize(E.to_dense(), dim=dim))

@@ -92,7 +92,10 @@ def _over_dense_dims(t: torch.Tensor, A: SparseTensor):
     along = range(max(sdim - lead, 0))  # t's dims that lie along A's sparse dims
     if any(t.shape[j] != 1 and (t.stride(j) != 0 or t.shape[j] != A.shape[lead + j]) for j in along):
         return None
-    d = t[tuple(0 for _ in along)] if len(along) else t  # one slice: the dense-dims part
+    if len(along) and 0 in t.shape[:len(along)]:  # (A has no element: no slice to read, any values of its shape)
+        d = t.new_zeros(t.shape[len(along):])
+    else:
+        d = t[tuple(0 for _ in along)] if len(along) else t  # one slice: the dense-dims part
     d = d.reshape((1,) * (len(D) - d.dim()) + tuple(d.shape)) if d.dim() < len(D) else d
     if torch.broadcast_shapes(tuple(d.shape), D) != D:
         return None
