@@ -586,3 +586,27 @@ def test_added_tensor_of_another_dtype_raises_as_dense(layout):
         out, ref = torch.nn.functional.linear(x, W, b), torch.nn.functional.linear(x, W.to_dense(), b)
     assert out.dtype == ref.dtype == torch.bfloat16
     torch.testing.assert_close(out, ref)
+
+
+BOOL_PRODUCTS = {"mm": lambda a, d: torch.mm(a, a), "mm dense": lambda a, d: torch.mm(a, d),
+                 "dense mm": lambda a, d: torch.mm(d, a), "matmul": lambda a, d: a @ a,
+                 "mv": lambda a, d: torch.mv(a, d[0]), "bmm": lambda a, d: torch.bmm(a[None], a[None]),
+                 "bmm dense": lambda a, d: torch.bmm(a[None], d[None]),
+                 "einsum": lambda a, d: torch.einsum("ij,jk->ik", a, a),
+                 "einsum dense": lambda a, d: torch.einsum("ij,jk->ik", a, d),
+                 "addmm": lambda a, d: torch.addmm(d, a, d), "trace": lambda a, d: torch.trace(a)}
+
+
+@pytest.mark.parametrize("fill", [False, True], ids=["fill False", "fill True"])
+@pytest.mark.parametrize("layout", [torch.sparse_coo, torch.sparse_csr], ids=["coo", "csr"])
+@pytest.mark.parametrize("name", sorted(BOOL_PRODUCTS))
+def test_bool_products_raise_as_dense(name, layout, fill):
+    """Dense CPU products and ``trace`` of bool tensors raise NotImplementedError: so do they of bool SparseTensors
+    (``trace`` returned an int64 sum, the products of a True fill a RuntimeError from the fill's subtraction)."""
+    d = torch.tensor([[True, False], [False, True]])
+    A = sparsefill.to_sparse(d, fill_value=fill, layout=layout)
+    f = BOOL_PRODUCTS[name]
+    with pytest.raises(NotImplementedError):
+        f(d, d)
+    with pytest.raises(NotImplementedError):
+        f(A, d)

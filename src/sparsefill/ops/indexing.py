@@ -25,7 +25,7 @@ from .._convert import coalesced_parts, dense_of, every_element, parts_to_sparse
 from .._grouping import pattern_cached
 from .._policy import check_specify
 from .._tensor import SparseTensor
-from ._schema import meta_of, probe_of
+from ._schema import check_dtype, meta_of, probe_of
 from .registry import register
 from .shape import squeeze, with_zero_row
 
@@ -580,7 +580,7 @@ def _masked_scatter(func, args, kwargs):
 def _trace(func, args, kwargs):
     """``trace(A) = diagonal(A).sum()``."""
     A = args[0]
-    func(meta_of(A))  # torch's errors (2-D only)
+    check_dtype(func, A)  # torch's errors (2-D only; no bool)
     return aten.sum.default(aten.diagonal.default(A))
 
 

@@ -39,7 +39,10 @@ def _check(func, args, kwargs):
     (the sizes: ``(m, k) @ (k,) -> (m, 1)[:, 0]``; ``self`` expands to the product's shape)."""
     meta = [torch.empty(a.shape, dtype=a.dtype, device="meta") if isinstance(a, torch.Tensor) else a for a in args]
     if func in _CPP_META:
-        return func(*meta, **kwargs).shape
+        shape = func(*meta, **kwargs).shape
+        if any(isinstance(a, torch.Tensor) and a.dtype == torch.bool for a in args):  # (meta kernels take bool;
+            func(*[probe_of(a) if isinstance(a, torch.Tensor) else a for a in args], **kwargs)  # CPU's do not)
+        return shape
     func(*[probe_of(a) if isinstance(a, torch.Tensor) else a for a in args], **kwargs)
     if func is aten.addr.default:
         shape = aten.mm.default(meta[1][:, None], meta[2][None]).shape
