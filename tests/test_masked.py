@@ -577,3 +577,36 @@ def test_normalizations_masked_out_elements_of_a_slice_with_nan_normalizer():
                         _check_vs_torch(op, x, ins, dim, mask=mask)
                     for ord, eps in [(2., 1e-12), (1., 0.), (-INF, 1e-12), (-1., 1e-12), (0., -1.)]:
                         _check_vs_torch("normalize", x, ins, ord, dim, mask=mask, eps=eps)
+
+
+MASKED_DTYPE_OPS = {"softmax": (0,), "log_softmax": (0,), "softmin": (0,), "normalize": (2.0, 0), "amax": (0,),
+                    "amin": (0,), "argmax": (0,), "logsumexp": (0,), "var": (0,), "sum": (0,), "mean": (0,),
+                    "median": (0,)}
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.bool], ids=str)
+@pytest.mark.parametrize("name", sorted(MASKED_DTYPE_OPS))
+def test_integer_and_bool_inputs_raise_where_torch_masked_does(name, dtype):
+    """Integer/bool inputs: the result where ``torch.masked`` gives one, its error type where it raises (softmax,
+    log_softmax, softmin of a masked int64, normalize of any int64, amax of a masked bool ...): the sparse path
+    read no dtype and returned float results."""
+    vals = torch.tensor([1, 2]).to(dtype)
+    for fill in (0, sparsefill.indefinite):
+        A = sparsefill.sparse_coo_tensor([[0, 1]], vals, (3,), fill_value=fill)
+        x = A.to_dense(fill_value=torch.zeros((), dtype=dtype))
+        for mask in (None, torch.tensor([True, False, True])):
+            m = mask if fill == 0 else (torch.tensor([True, True, False]) if mask is None
+                                        else mask & torch.tensor([True, True, False]))
+            args = MASKED_DTYPE_OPS[name]
+            try:
+                want = getattr(torch.masked, name)(x, *args, mask=m)
+            except Exception as e:  # noqa: BLE001 (torch's error type is the expectation)
+                with pytest.raises(type(e)):
+                    getattr(sparsefill.masked, name)(A, *args, mask=mask)
+                continue
+            got = getattr(sparsefill.masked, name)(A, *args, mask=mask)
+            if isinstance(got, SparseTensor):
+                got = got.to_dense(fill_value=torch.zeros((), dtype=got.dtype) if got.is_fill_indefinite() else None)
+            assert got.dtype == want.dtype
+            torch.testing.assert_close(got[m] if m is not None and got.shape == m.shape else got,
+                                       want[m] if m is not None and want.shape == m.shape else want, equal_nan=True)

@@ -19,6 +19,7 @@ G)``; the mean is exact where only the pattern and the total are read (the const
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 import torch
 
@@ -213,3 +214,17 @@ def dense_fallback(input, mask, dense_op):
         return every_element(out, A._sf_layout, A.dense_dim())
     from .._creation import to_sparse
     return to_sparse(out, layout=A._sf_layout, dense_dim=A.dense_dim())
+
+
+def check_dtype_as_torch_masked(probe, input, mask) -> None:
+    """``torch.masked``'s dtype errors for integer and bool inputs, which some of its ops refuse (softmax and
+    normalize of int64, amax of bool with a mask; they run on the masked-in values): ``probe(x, m)`` (the op
+    on a dense ``x`` and mask ``m``) on one element of ``input``'s dtype, masked in where ``input`` is masked
+    (a mask given, or an indefinite fill).  The sparse path reads no dtype there and would return a result."""
+    if input.dtype.is_floating_point or input.dtype.is_complex:
+        return
+    x = torch.zeros([min(n, 1) for n in input.shape], dtype=input.dtype, device=input.device)
+    masked = mask is not None or (isinstance(input, SparseTensor) and input._indefinite)
+    with warnings.catch_warnings():  # (one element: a variance's degrees of freedom warn)
+        warnings.simplefilter("ignore")
+        probe(x, torch.ones(x.shape, dtype=torch.bool, device=x.device) if masked else None)

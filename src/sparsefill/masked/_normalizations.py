@@ -49,7 +49,7 @@ from .._reduce import REDUCERS, gather_seg
 from .._tensor import SparseTensor
 from . import _engine as E
 from .. import _segsoftmax
-from ._apply import Result, dense_fallback, dense_mask, run
+from ._apply import Result, check_dtype_as_torch_masked, dense_fallback, dense_mask, run
 from ._canon import Masked, _same_indices, as_sparse, is_sparse
 from ._reductions import norm_kernel
 
@@ -158,6 +158,7 @@ def _normalization(name, input, mask, dim, per_element, c_out, e_out, cast, dens
     in a fully masked-out slice.  A slice whose masked-out value is neither ``c_out`` nor the result's
     fill gets its unspecified elements stored (rare: a NaN normalizer) and the slice is computed again.
     ``scan`` ("sum"/"prod"): every element reads the inclusive scan of ``where(mask, input, c_out)``."""
+    check_dtype_as_torch_masked(dense_op, input, mask)
     A = as_sparse(input)
     dims = E.canonical_dims(dim, A.dim())[:1] if A.dim() else ()
 
@@ -284,7 +285,9 @@ i.e. for a slice ``x`` with masked-in set ``I``::
 Masked-out elements read {c} in a slice with a masked-in element and NaN in a fully masked-out
 slice (as torch.masked on the dense input); a sparse result takes the more frequent of the two
 among its unspecified elements as fill and stores the others.  An input with indefinite fill gives
-its pattern with an indefinite fill.
+its pattern with an indefinite fill.  An integer or bool input raises as torch.masked does (its
+NotImplementedError where the input is masked: a mask given or an indefinite fill); ``dtype=torch.float32``
+computes in floating point.
 
 >>> import torch, sparsefill
 >>> x = torch.tensor([[-3., -2., -1.], [0., 1., 2.]]).to_sparse()
@@ -330,7 +333,8 @@ def normalize(input, ord, dim, *, eps=1e-12, dtype=None, mask=None):
 
     (``torch.masked.normalize``).  Masked-out elements read 0, fully masked-out slices included;
     a negative finite ``ord`` counts masked-out elements as zeros (the norm is then 0 and the slice
-    is divided by ``eps``, as torch.masked).
+    is divided by ``eps``, as torch.masked).  An integer or bool input raises torch.masked's RuntimeError
+    (its norm takes floating-point and complex inputs only, whatever ``dtype``).
 
     >>> import torch, sparsefill
     >>> x = torch.tensor([[-3., -2., -1.], [0., 1., 2.]]).to_sparse()

@@ -30,7 +30,7 @@ import torch
 from .. import _index
 from .._reduce import REDUCERS, Norm, Var, first_gap, identity_of, segment_arg, segment_counts, segment_median
 from . import _engine as E
-from ._apply import Result, dense_mask, run
+from ._apply import Result, check_dtype_as_torch_masked, dense_mask, run
 from ._canon import as_sparse, is_sparse
 
 __all__ = ["sum", "prod", "amax", "amin", "argmax", "argmin", "mean", "median", "norm", "var", "std",
@@ -71,6 +71,8 @@ def _reduction(input, mask, dim, keepdim, kernel, dense_ref, cast=None, post=Non
     dims = E.canonical_dims(dim, A.dim())
     if name is not None:
         _check_nonempty(name, A, dims)
+    if getattr(dense_ref, "probe", None) is not None:
+        check_dtype_as_torch_masked(dense_ref.probe, input, mask)
 
     def compute(X):
         sl = E.Slices(X, dims)
@@ -272,6 +274,8 @@ def _argext(name, mode):
         A = as_sparse(input)
         dims = E.canonical_dims(dim, A.dim())
         _check_nonempty(name, A, dims if dim is not None else ())
+        ref = _ref(name, dim, keepdim=keepdim, dtype=dtype, mask=mask)
+        check_dtype_as_torch_masked(ref.probe, input, mask)
         dt = dtype or A.dtype
 
         def compute(X):
@@ -291,7 +295,7 @@ def _argext(name, mode):
             return _finish(sl, out.to(dt), out0.to(dt), bool(keepdim), A._sf_layout)
 
         with torch.no_grad():  # an index: not differentiable (as torch.masked.argmax, whose result has no grad_fn)
-            return run(A, mask, compute, _ref(name, dim, keepdim=keepdim, dtype=dtype, mask=mask))
+            return run(A, mask, compute, ref)
     op.__name__ = op.__qualname__ = name
     op.__doc__ = (f"Masked {name}: ``torch.{name}(input.masked_fill(~mask, {'-inf' if mode == 'amax' else '+inf'}), "
                   "dim)`` (first index on ties, NaN is the extreme; the result has the input's dtype, as "
@@ -320,4 +324,5 @@ def _ref(name, *args, mask=None, **kwargs):
     def f(x):
         m = None if mask is None else dense_mask(mask, x)
         return getattr(torch.masked, name)(x, *args, mask=m, **kwargs)
+    f.probe = lambda x, m: getattr(torch.masked, name)(x, *args, mask=m, **kwargs)  # (check_dtype_as_torch_masked)
     return f
