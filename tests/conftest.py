@@ -1,7 +1,21 @@
 """Shared test set-up: the OpInfo report at the end of the run."""
 
 import collections
+import importlib.util
+import pathlib
 import sys
+
+
+def _register_property_profiles():
+    """tests/property's hypothesis profiles ("ci", "long"), registered before hypothesis's plugin reads
+    ``--hypothesis-profile`` (in its pytest_configure): pytest loads tests/property/conftest.py only later when
+    it starts from tests/ or the root."""
+    path = pathlib.Path(__file__).parent / "property" / "conftest.py"
+    spec = importlib.util.spec_from_file_location("sparsefill_property_profiles", path)
+    spec.loader.exec_module(importlib.util.module_from_spec(spec))
+
+
+_register_property_profiles()
 
 
 def pytest_terminal_summary(terminalreporter):
