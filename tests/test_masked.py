@@ -610,3 +610,16 @@ def test_integer_and_bool_inputs_raise_where_torch_masked_does(name, dtype):
             assert got.dtype == want.dtype
             torch.testing.assert_close(got[m] if m is not None and got.shape == m.shape else got,
                                        want[m] if m is not None and want.shape == m.shape else want, equal_nan=True)
+
+
+@pytest.mark.parametrize("shape", [(0, 0), (0, 3), (3, 0)], ids=str)
+@pytest.mark.parametrize("name", ["softmax", "log_softmax", "softmin"])
+def test_softmax_of_an_empty_integer_input_keeps_its_dtype(name, shape):
+    """torch.masked's softmax of an empty int64 tensor is an empty int64 tensor (no kernel runs to refuse the
+    dtype); sparsefill.masked's was float32."""
+    x = torch.ones(shape, dtype=torch.int64)
+    for mask in (None, torch.ones(shape, dtype=torch.bool)):
+        for d in (0, 1):
+            got = getattr(M, name)(sparsefill.to_sparse(x), d, mask=mask)
+            want = getattr(torch.masked, name)(x, d, mask=mask)
+            assert got.dtype == want.dtype == torch.int64 and got.shape == want.shape

@@ -311,7 +311,10 @@ def _softmax_like(name, sign, log, c_out, formula, example):
 
         def dense_op(x, m):
             return getattr(torch.masked, name)(x, dim, dtype=dtype, mask=m)
-        return _normalization(name, input, mask, dim, _softmax_parts(sign, log), c_out, math.nan, cast, dense_op)
+        out = _normalization(name, input, mask, dim, _softmax_parts(sign, log), c_out, math.nan, cast, dense_op)
+        if cast != input.dtype and dtype is None:  # an integer input that has passed torch.masked's dtype check
+            out = out.to(input.dtype)  # is empty: torch's softmax keeps its dtype
+        return out
     op.__name__ = op.__qualname__ = name
     op.__doc__ = _SOFTMAX_DOC.format(name=name, fillv="+inf" if sign < 0 else "-inf", formula=formula,
                                      c="-inf" if log else "0", example=example)
