@@ -610,3 +610,19 @@ def test_bool_products_raise_as_dense(name, layout, fill):
         f(d, d)
     with pytest.raises(NotImplementedError):
         f(A, d)
+
+
+def test_products_of_empty_operands_check_dtypes_as_dense():
+    """Empty operands run no kernel, but torch's checks still hold: ``A @ B`` of float and int64 raises as dense
+    (the meta kernel takes mixed dtypes; it returned an empty result), and bool ``addmm`` with ``beta=2`` keeps
+    bool (``True * 2`` promoted the result to int64)."""
+    A = sparsefill.to_sparse(torch.zeros(0, 2), layout=torch.sparse_csr)
+    B = sparsefill.to_sparse(torch.zeros(2, 0, dtype=torch.int64), layout=torch.sparse_csr)
+    with pytest.raises(RuntimeError, match="same dtype"):
+        A.to_dense() @ B.to_dense()
+    with pytest.raises(RuntimeError, match="same dtype"):
+        A @ B
+    M = sparsefill.to_sparse(torch.ones(1, 1, dtype=torch.bool))
+    X, S = torch.ones(1, 0, dtype=torch.bool), torch.ones(1, 0, dtype=torch.bool)
+    out, want = torch.addmm(S, M, X, beta=2), torch.addmm(S, M.to_dense(), X, beta=2)
+    assert out.dtype == want.dtype == torch.bool and out.shape == want.shape

@@ -623,3 +623,20 @@ def test_softmax_of_an_empty_integer_input_keeps_its_dtype(name, shape):
             got = getattr(M, name)(sparsefill.to_sparse(x), d, mask=mask)
             want = getattr(torch.masked, name)(x, d, mask=mask)
             assert got.dtype == want.dtype == torch.int64 and got.shape == want.shape
+
+
+@pytest.mark.parametrize("name", ["cumsum", "cumprod"])
+def test_scan_of_an_empty_bool_input_as_torch_masked(name):
+    """torch.masked's cumsum/cumprod of an empty bool tensor is an empty bool tensor (torch's scan kernels refuse
+    bool only when they run); sparsefill.masked raised NotImplementedError; a non-empty one raises on both."""
+    for shape in ((0, 0), (0, 3), (3, 0)):
+        x = torch.zeros(shape, dtype=torch.bool)
+        for d in (0, 1):
+            for mask in (None, torch.ones(shape, dtype=torch.bool)):
+                got = getattr(M, name)(sparsefill.to_sparse(x), d, mask=mask)
+                want = getattr(torch.masked, name)(x, d, mask=mask)
+                assert got.dtype == want.dtype == torch.bool and got.shape == want.shape
+    with pytest.raises(NotImplementedError):
+        getattr(torch.masked, name)(torch.ones(2, dtype=torch.bool), 0)
+    with pytest.raises(NotImplementedError):
+        getattr(M, name)(sparsefill.to_sparse(torch.ones(2, dtype=torch.bool)), 0)

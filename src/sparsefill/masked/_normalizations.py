@@ -380,14 +380,14 @@ def _cum(name, mode):
         if not is_sparse(input):
             return getattr(torch.masked, name)(input, dim, dtype=dtype, mask=dense_mask(mask, input))
         cast = dtype or input.dtype
-        if cast is torch.bool:  # as torch.masked.{name}: torch.{name} has no bool kernel
+        if cast is torch.bool and input.numel():  # as torch.masked.{name}: torch.{name} has no bool kernel
             raise NotImplementedError(f"masked {name}: not implemented for 'Bool' (pass dtype=, as torch.{name})")
 
         def dense_op(x, m):
             return getattr(torch.masked, name)(x, dim, dtype=dtype, mask=m)
         A = as_sparse(input)
-        if A.dim() and E.canonical_dims(dim, A.dim())[0] < len(A._sparse_shape) and mask is None and \
-                not A._indefinite:
+        if cast is torch.bool or (A.dim() and E.canonical_dims(dim, A.dim())[0] < len(A._sparse_shape)
+                                  and mask is None and not A._indefinite):  # (bool: an empty input)
             return dense_fallback(A, mask, dense_op)
         return _normalization(name, input, mask, dim, None, ident, ident, cast, dense_op, scan=mode)
     op.__name__ = op.__qualname__ = name
