@@ -626,3 +626,15 @@ def test_products_of_empty_operands_check_dtypes_as_dense():
     X, S = torch.ones(1, 0, dtype=torch.bool), torch.ones(1, 0, dtype=torch.bool)
     out, want = torch.addmm(S, M, X, beta=2), torch.addmm(S, M.to_dense(), X, beta=2)
     assert out.dtype == want.dtype == torch.bool and out.shape == want.shape
+
+
+@pytest.mark.parametrize("x_shape,w_shape", [((0, 0), (0, 0)), ((2, 0), (3, 0)), ((0, 4), (3, 4)),
+                                             ((2, 0, 4), (3, 4))], ids=str)
+def test_linear_of_an_input_with_no_element(x_shape, w_shape):
+    """``F.linear(x, W)`` with a sparse ``W`` and an ``x`` of 0 elements is dense's empty result (the route reshaped
+    ``x`` to ``(-1, in_features)``, ambiguous for 0 elements: RuntimeError)."""
+    for dtype in (torch.float32, torch.int64):
+        W = sparsefill.to_sparse(torch.zeros(w_shape, dtype=dtype), layout=torch.sparse_csr)
+        x = torch.zeros(x_shape, dtype=dtype)
+        out, want = torch.nn.functional.linear(x, W), torch.nn.functional.linear(x, W.to_dense())
+        assert out.dtype == want.dtype and out.shape == want.shape

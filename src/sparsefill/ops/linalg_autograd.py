@@ -36,6 +36,8 @@ non-finite terms, branch-free (:func:`_rest_counted`).  ``grad_X`` is exact by `
 
 from __future__ import annotations
 
+import math
+
 import contextlib
 import re
 import warnings
@@ -533,7 +535,7 @@ def _route_linear(func, args, kwargs):
     if isinstance(W, SparseTensor) and not isinstance(x, SparseTensor):
         if x.shape[-1] != W.shape[1]:
             return NotImplemented
-        x2 = x.reshape(-1, W.shape[1])
+        x2 = x.reshape(math.prod(x.shape[:-1]), W.shape[1])  # (not -1: ambiguous for 0 elements)
         y = _matmul(W, x2.mT)
         if y is NotImplemented:
             return y
