@@ -26,7 +26,7 @@ from .. import _engine, _index
 from .._compile import traced
 from .._convert import coalesced_parts, dense_of, parts_to_sparse
 from .._grouping import csr_row_slices, group_slices, pattern_cached
-from .._reduce import Norm, REDUCERS, first_gap, segment_arg, segment_combine, segment_median
+from .._reduce import Norm, REDUCERS, accumulator_dtype, first_gap, segment_arg, segment_combine, segment_median
 from .._policy import check_densify
 from .._tensor import SparseTensor
 from ._schema import check_dtype, meta_call, meta_of, reduction_meta
@@ -88,6 +88,9 @@ def reduce_dims(A: SparseTensor, name: str, dims, keepdim: bool, out_meta: torch
         vals = vals.bool()
     fill = None if A._indefinite else _fill_of(A, vals.dtype)
     if dn:  # dense dims: the op on values (dims shifted past nse) and on the fill
+        wide = accumulator_dtype(vals.dtype)
+        if sp and name in ("sum", "mean") and wide != vals.dtype:  # (the partial sums kept wide)
+            vals, fill = vals.to(wide), None if fill is None else fill.to(wide)
         vals = _DENSE[name](vals, [d + 1 for d in dn], keepdim, opt)
         fill = None if fill is None else _DENSE[name](fill, dn, keepdim, opt)
     if not sp:
