@@ -424,6 +424,10 @@ class Var(Reducer):
         super().__init__("var", "sum", dense=lambda x: torch.var(x, 0, correction=correction))
 
     def __call__(self, values, seg, num_segments, *, fill=None, n_fill=None, lengths=None, csr=None):
+        wide = accumulator_dtype(values.dtype)  # (as torch's var of float32: its moments in float64)
+        if wide != values.dtype:
+            return _narrow(self(values.to(wide), seg, num_segments, fill=None if fill is None else _like(fill, values)
+                                .to(wide), n_fill=n_fill, lengths=lengths, csr=csr), values)
         mean = REDUCERS["mean"](values, seg, num_segments, fill=fill, n_fill=n_fill, lengths=lengths, csr=csr)
         seg = seg_ids(seg, lengths, values.shape[0])
         d = values - mean.index_select(0, seg)

@@ -26,7 +26,7 @@ from .. import _engine, _index
 from .._compile import traced
 from .._convert import coalesced_parts, dense_of, parts_to_sparse
 from .._grouping import csr_row_slices, group_slices, pattern_cached
-from .._reduce import Norm, REDUCERS, accumulator_dtype, first_gap, segment_arg, segment_combine, segment_median
+from .._reduce import Norm, REDUCERS, Var, accumulator_dtype, first_gap, segment_arg, segment_combine, segment_median
 from .._policy import check_densify
 from .._tensor import SparseTensor
 from ._schema import check_dtype, meta_call, meta_of, reduction_meta
@@ -47,6 +47,7 @@ _DENSE = {
     "any": lambda x, d, k, o: torch.any(x, d, k),
     "norm": lambda x, d, k, o: torch.linalg.vector_norm(x, o, d, k),
     "hash_tensor": lambda x, d, k, o: torch.hash_tensor(x, d, keepdim=k),
+    "var": lambda x, d, k, o: torch.var(x, d, correction=o, keepdim=k),
 }
 
 
@@ -59,6 +60,8 @@ def _prod_dims(x, dims, keepdim):
 def _reducer(name, opt):
     if name == "norm":
         return Norm(opt)
+    if name == "var":
+        return Var(opt)
     if name in ("all", "any"):
         return REDUCERS["amin" if name == "all" else "amax"]
     return REDUCERS[name]
@@ -87,10 +90,10 @@ def reduce_dims(A: SparseTensor, name: str, dims, keepdim: bool, out_meta: torch
     if name in ("all", "any"):
         vals = vals.bool()
     fill = None if A._indefinite else _fill_of(A, vals.dtype)
+    wide = _wide_dtype(name, vals.dtype, bool(sp and dn))
+    if wide is not None:
+        vals, fill = vals.to(wide), None if fill is None else fill.to(wide)
     if dn:  # dense dims: the op on values (dims shifted past nse) and on the fill
-        wide = accumulator_dtype(vals.dtype)
-        if sp and name in ("sum", "mean") and wide != vals.dtype:  # (the partial sums kept wide)
-            vals, fill = vals.to(wide), None if fill is None else fill.to(wide)
         vals = _DENSE[name](vals, [d + 1 for d in dn], keepdim, opt)
         fill = None if fill is None else _DENSE[name](fill, dn, keepdim, opt)
     if not sp:
@@ -127,6 +130,20 @@ def reduce_dims(A: SparseTensor, name: str, dims, keepdim: bool, out_meta: torch
         full[kept] = out_idx
         out_idx, kept = full, list(range(sd))
     return _finish(A, out_idx, out_vals, out_fill, out_meta, A._sf_layout if len(kept) >= 2 else torch.sparse_coo)
+
+
+_HALVES = (torch.float16, torch.bfloat16)
+
+
+def _wide_dtype(name: str, dtype: torch.dtype, both: bool):
+    """The dtype a reduction computes in where it is wider than the values' (None: the values' own): the half
+    types in float32 (torch's accumulation for them: their squares and sums overflow float16), and a sum or
+    mean over both sparse and dense dims in :func:`accumulator_dtype` (its partial sums kept wide)."""
+    if dtype in _HALVES and name in ("sum", "mean", "norm", "logsumexp", "prod", "var"):
+        return torch.float32
+    if both and name in ("sum", "mean") and accumulator_dtype(dtype) != dtype:
+        return accumulator_dtype(dtype)
+    return None
 
 
 def _csr_rows(A: SparseTensor, acc_dtype=None):
@@ -293,30 +310,32 @@ def _correction(args, kwargs):
 
 @register(aten.var.correction, aten.std.correction, aten.var_mean.correction, aten.std_mean.correction)
 def _var_std(func, args, kwargs):
-    """Shifted sums, shifted by the fill so that unspecified elements add nothing::
+    """var/std (and their means) as torch's: over sparse dims only, or dense dims only, centred on each
+    slice's mean (the reducer protocol's :class:`_reduce.Var`, moments of float32 in float64, as torch)::
 
-        var = (sum (x - f)^2 - |sum (x - f)|^2 / N) / max(N - correction, 0)
+        var[s] = (sum_i (x_i - mean[s])^2 + n_fill[s] * (f - mean[s])^2) / max(N - correction, 0)
 
-    with ``N`` the elements per output slice (the stored ones, for an indefinite fill), the shift ``f``
-    constant along the reduced dims."""
+    with ``N`` the elements per output slice (the stored ones, for an indefinite fill); over both kinds of
+    dims at once, shifted sums (:func:`_shifted_var`)."""
     A = args[0]
     if A.dim() == 0:
         return _scalar(func, args, kwargs)
     probe = {**kwargs, "correction": 0}  # (torch's errors; on one element a correction would warn, see below)
     check_dtype(func, A, *args[1:], **probe)  # (var of integers raises)
     dims, keep = _dims_arg(args, kwargs, 1), bool(kwargs.get("keepdim", False))
-    reduction_meta(func, A, dims, keep, *args[1:], **{k: v for k, v in probe.items() if k != "keepdim"})  # errors
+    meta = reduction_meta(func, A, dims, keep, *args[1:], **{k: v for k, v in probe.items() if k != "keepdim"})
+    meta = meta[0] if isinstance(meta, tuple) else meta  # (var's shape and dtype; torch's errors on the way)
     dims = sorted({d % A.dim() for d in dims}) if dims else list(range(A.dim()))
-    B = A if A._indefinite else A - _shift(A, dims)
-    sq = (B * B.conj()).real if B.is_complex() else B * B
-    s1, s2 = B.sum(dims, keepdim=keep), sq.sum(dims, keepdim=keep)
-    n = torch.ones_like(sq).sum(dims, keepdim=keep) if A._indefinite else _index.numel([A.shape[d] for d in dims])
     c = _correction(args, kwargs)
+    n = _index.numel([A.shape[d] for d in dims])
     if not A._indefinite and n - c <= 0 and A.numel():
         warnings.warn(f"{func._schema.name.split('::')[1]}(): degrees of freedom is <= 0. Correction "
                       "should be strictly less than the reduction factor (input numel divided by output numel).")
-    ss = s2 - ((s1 * s1.conj()).real if s1.is_complex() else s1 * s1) / n
-    var = ss / ((n - c).clamp_min(0) if isinstance(n, torch.Tensor) else max(n - c, 0))
+    sd = A.dim() - A.dense_dim()
+    if all(d < sd for d in dims) or all(d >= sd for d in dims):  # centred on each slice's mean (two passes)
+        var = reduce_dims(A, "var", dims, keep, meta, c)
+    else:
+        var = _shifted_var(A, dims, keep, c)
     out = var if func in (aten.var.correction, aten.var_mean.correction) else torch.sqrt(var)
     if func in (aten.var_mean.correction, aten.std_mean.correction):
         return out, welford_mean(A, A.mean(dims, keepdim=keep), dims, keep)
@@ -345,6 +364,23 @@ def welford_mean(A, mean, dims, keepdim):
     last = last.sum(dims, keepdim=keepdim) > 0
     nan_at = (count >= 2) | ((count == 1) & ~last)
     return torch.where(nan_at, torch.full((), float("nan"), dtype=mean.dtype, device=mean.device), mean)
+
+
+def _shifted_var(A: SparseTensor, dims, keep: bool, c):
+    """var over sparse and dense dims at once: shifted sums in the accumulator dtype, shifted by the fill so
+    that unspecified elements add nothing::
+
+        var = (sum (x - f)^2 - |sum (x - f)|^2 / N) / max(N - correction, 0)"""
+    dtype = A.dtype
+    wide = accumulator_dtype(accumulator_dtype(dtype))  # (the half types too: no cancellation in float32)
+    A = A if wide == dtype else A.to(wide)
+    B = A if A._indefinite else A - _shift(A, dims)
+    sq = (B * B.conj()).real if B.is_complex() else B * B
+    s1, s2 = B.sum(dims, keepdim=keep), sq.sum(dims, keepdim=keep)
+    n = torch.ones_like(sq).sum(dims, keepdim=keep) if A._indefinite else _index.numel([A.shape[d] for d in dims])
+    ss = s2 - ((s1 * s1.conj()).real if s1.is_complex() else s1 * s1) / n
+    var = ss / ((n - c).clamp_min(0) if isinstance(n, torch.Tensor) else max(n - c, 0))
+    return var if wide == dtype else var.to(dtype)
 
 
 def _shift(A: SparseTensor, dims):

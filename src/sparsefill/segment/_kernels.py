@@ -46,6 +46,7 @@ import numpy as np
 import torch
 
 from .. import _engine, _index, _reduce
+from .._compile import traced
 
 __all__ = ["set_backend", "backend", "use_backend", "compiled_available", "compiled_for", "segment_sum",
            "segment_extreme", "sort_by_segment", "count_ids", "offsets_of", "segment_ids_of"]
@@ -357,6 +358,13 @@ def segment_sum(x: torch.Tensor, plan, w: torch.Tensor | None = None, *, mode: s
     S = plan.num_segments
     if S == 0:
         return x.new_zeros(0, x.shape[1])
+    wide = _reduce.accumulator_dtype(x.dtype)
+    if wide != x.dtype and not traced(x):  # (float32 and the half types accumulate wider: torch's accuracy)
+        out = segment_sum(x.to(wide), plan, None if w is None else w.to(wide), mode=mode,
+                          w_in_segment_order=w_in_segment_order, engine=engine)
+        return out.to(x.dtype)
+    if x.dtype == torch.float64 and x.device.type == "cpu" and not traced(x):
+        engine = "blocked"  # (a tree of short runs, _reduce.accurate_sum: no wider dtype to accumulate in)
     if engine is None:
         unsorted, one = plan.unsorted and not plan._sorted and not w_in_segment_order, x.shape[1] == 1
         # (gather read only where it decides: plan.rows of unsorted ids is a sort)
