@@ -67,12 +67,24 @@ def numpy_dtype(dtype: torch.dtype, what: str) -> np.dtype:
     return d
 
 
-def _ints(a) -> torch.Tensor:
-    return torch.from_numpy(np.array(a, dtype=np.int64, copy=True, order="C"))
+def _ints(a, share: bool = False) -> torch.Tensor:
+    """``a`` as an int64 tensor; ``share``: its memory where it already is a writeable int64 C array."""
+    return _shared(a, np.int64) if share else torch.from_numpy(np.array(a, dtype=np.int64, copy=True, order="C"))
 
 
-def _vals(a, dtype: torch.dtype) -> torch.Tensor:
-    return torch.from_numpy(np.array(a, dtype=_NUMPY_OF_TORCH[dtype], copy=True, order="C"))
+def _vals(a, dtype: torch.dtype, share: bool = False) -> torch.Tensor:
+    """``a`` as a tensor of ``dtype``; ``share``: its memory where it already is a writeable C array of it."""
+    np_dtype = _NUMPY_OF_TORCH[dtype]
+    return _shared(a, np_dtype) if share else torch.from_numpy(np.array(a, dtype=np_dtype, copy=True, order="C"))
+
+
+def _shared(a, np_dtype) -> torch.Tensor:
+    """``torch.from_numpy(a)`` (no copy) where ``a`` is a writeable, aligned, C-contiguous native-order array of
+    ``np_dtype``; a copy otherwise."""
+    a = np.asarray(a)
+    if a.dtype == np_dtype and a.dtype.isnative and a.flags.c_contiguous and a.flags.writeable and a.flags.aligned:
+        return torch.from_numpy(a)
+    return torch.from_numpy(np.array(a, dtype=np_dtype, copy=True, order="C"))
 
 
 def _np(t: torch.Tensor) -> np.ndarray:
@@ -146,6 +158,13 @@ def from_scipy(m, *, fill_value=0) -> SparseTensor:
     dia, lil and dok become COO through scipy's ``tocoo()``, whose stored elements are the pattern
     (dia's drop explicit zeros).  O(nse), never densifying.
 
+    Memory is shared, as ``torch.from_numpy`` shares it, where the arrays allow: a canonical csr's (or
+    coo's) values always (writeable, C-contiguous: a write to ``m.data`` shows in the result), its
+    index arrays where they are int64.  It copies: int32 index arrays (scipy's default below 2**31
+    stored elements; SparseTensor indices are int64), read-only or strided arrays, and every format
+    that scipy itself converts (csc, bsr, dia, lil, dok, a non-canonical csr).  The indices are
+    validated either way (row pointers, column bounds and order).
+
     >>> import scipy.sparse as sp, sparsefill
     >>> sparsefill.from_scipy(sp.csr_array([[0., 2.], [3., 0.]]), fill_value=-1.).to_dense()
     tensor([[-1.,  2.],
@@ -160,11 +179,11 @@ def from_scipy(m, *, fill_value=0) -> SparseTensor:
         if not m.has_canonical_format:
             m = m.copy()
             m.sum_duplicates()
-        return sparse_csr_tensor(_ints(m.indptr), _ints(m.indices), _vals(m.data, dtype), m.shape,
+        return sparse_csr_tensor(_ints(m.indptr, True), _ints(m.indices, True), _vals(m.data, dtype, True), m.shape,
                                  fill_value=fill_value)
     m = m if m.format == "coo" else m.tocoo()
     coords = getattr(m, "coords", None) or (m.row, m.col)
-    return sparse_coo_tensor(_ints(np.stack(coords)).reshape(len(coords), len(m.data)), _vals(m.data, dtype),
+    return sparse_coo_tensor(_ints(np.stack(coords)).reshape(len(coords), len(m.data)), _vals(m.data, dtype, True),
                              m.shape, fill_value=fill_value)
 
 
@@ -257,8 +276,9 @@ def from_pandas(obj) -> SparseTensor:
     whose columns are all sparse with one dtype and one fill (2-D, rows x columns), fill, pattern and
     values kept: ``from_pandas(obj).to_dense() == torch.from_numpy(obj.to_numpy())``.
 
-    Labels are dropped.  A non-numeric dtype or a dense column raises TypeError, columns with different
-    fills ValueError.  O(nse), never densifying.
+    A DataFrame's row and column labels are kept with the result for :func:`to_pandas` (the round trip
+    gives them back); a Series' and SparseArray's are dropped.  A non-numeric dtype or a dense column
+    raises TypeError, columns with different fills ValueError.  O(nse), never densifying.
 
     >>> import pandas as pd, sparsefill
     >>> A = sparsefill.from_pandas(pd.arrays.SparseArray([5, 0, 5, 5, 1], fill_value=5))
@@ -267,7 +287,9 @@ def from_pandas(obj) -> SparseTensor:
     """
     pd = _module("pandas", "from_pandas()")
     if isinstance(obj, pd.DataFrame):
-        return _from_frame(pd, obj)
+        A = _from_frame(pd, obj)
+        A._pandas_labels = (obj.index, obj.columns)  # (read back by to_pandas: the round trip keeps them)
+        return A
     arr = obj.array if isinstance(obj, pd.Series) else obj
     if not isinstance(arr, pd.arrays.SparseArray):
         raise TypeError(f"from_pandas() takes a pandas SparseArray, a Series of sparse dtype or a DataFrame of sparse "
@@ -310,9 +332,12 @@ def _from_frame(pd, df) -> SparseTensor:
                              (df.shape[0], len(cols)), fill_value=f0, is_coalesced=True)
 
 
-def to_pandas(A: SparseTensor):
-    """pandas object of a 1-D (``pandas.arrays.SparseArray``) or 2-D (``DataFrame`` whose columns 0..n-1
-    are SparseArrays) SparseTensor, with its fill, pattern and stored values; O(nse).
+def to_pandas(A: SparseTensor, *, index=None, columns=None):
+    """pandas object of a 1-D (``pandas.arrays.SparseArray``) or 2-D (``DataFrame`` of SparseArray columns)
+    SparseTensor, with its fill, pattern and stored values; O(nse).
+
+    A DataFrame's labels: ``index`` and ``columns`` where given, else those :func:`from_pandas` kept
+    with ``A`` (``to_pandas(from_pandas(df))`` has ``df``'s labels), else ``0..n-1``.
 
     A hybrid tensor's dense slices become scalar elements (its fill must be one value); an
     indefinite fill, or a position past pandas' int32 sparse indices, raises ValueError.
@@ -338,8 +363,24 @@ def to_pandas(A: SparseTensor):
     perm = torch.argsort(idx[1] * n + idx[0])  # column by column
     counts = torch.bincount(idx[1], minlength=m).tolist()
     rows, vs = idx[0][perm].split(counts), vals[perm].split(counts)
-    return pd.DataFrame({j: _sparse_array(pd, v, r, n, fill, np_dtype) for j, (r, v) in enumerate(zip(rows, vs))},
-                        index=pd.RangeIndex(n))
+    index, columns = _labels(pd, A, index, columns)
+    frame = pd.DataFrame({j: _sparse_array(pd, v, r, n, fill, np_dtype) for j, (r, v) in enumerate(zip(rows, vs))},
+                         index=index)
+    frame.columns = columns
+    return frame
+
+
+def _labels(pd, A: SparseTensor, index, columns):
+    """``(index, columns)`` of ``A``'s DataFrame: those given, else those kept by from_pandas, else ranges."""
+    kept = getattr(A, "_pandas_labels", None)
+    n, m = A.shape
+    index = index if index is not None else kept[0] if kept is not None else pd.RangeIndex(n)
+    columns = columns if columns is not None else kept[1] if kept is not None else pd.RangeIndex(m)
+    index, columns = pd.Index(index), pd.Index(columns)
+    if (len(index), len(columns)) != (n, m):
+        raise ValueError(f"to_pandas(): {len(index)} row and {len(columns)} column labels for a SparseTensor of "
+                         f"shape {(n, m)}")
+    return index, columns
 
 
 def _sparse_array(pd, vals, rows, length, fill, np_dtype):
