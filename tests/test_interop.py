@@ -441,9 +441,10 @@ def test_pandas_dataframe_round_trip():
         stored = {(int(df.columns.get_loc(c)), int(i)) for c in df for i in df[c].array.sp_index.to_int_index().indices}
         assert {(c, r) for r, c in A._indices().T.tolist()} == stored
         back = sparsefill.to_pandas(A)
-        assert isinstance(back, pd.DataFrame) and back.shape == df.shape and list(back.columns) == [0, 1, 2, 3]
-        for j, c in enumerate(df):
-            a, b = df[c].array, back[j].array
+        assert isinstance(back, pd.DataFrame) and back.shape == df.shape and list(back.columns) == list(df.columns)
+        assert list(back.index) == list(df.index)
+        for c in df:
+            a, b = df[c].array, back[c].array
             assert b.dtype == a.dtype
             _fill_eq(b.fill_value, a.fill_value)
             _eq(b.sp_index.to_int_index().indices, a.sp_index.to_int_index().indices)
@@ -536,3 +537,42 @@ def test_peer_modules_are_imported_lazily():
             "print([m for m in ('scipy', 'sparse', 'pandas') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_from_scipy_shares_memory_where_dtypes_allow():
+    """A canonical csr's values (and int64 index arrays) are shared, as torch.from_numpy shares them; int32
+    index arrays are copied to int64."""
+    sp = pytest.importorskip("scipy.sparse")
+    m = sp.csr_array(np.array([[0., 2., 0.], [3., 0., 4.]]))
+    m.indices, m.indptr = m.indices.astype(np.int64), m.indptr.astype(np.int64)
+    A = sparsefill.from_scipy(m)
+    assert A.values().data_ptr() == m.data.ctypes.data
+    assert A.col_indices().data_ptr() == m.indices.ctypes.data
+    m.data[0] = 7.0  # (shared: the write shows, as in torch.from_numpy)
+    assert A.to_dense()[0, 1] == 7.0
+    m32 = sp.csr_array(np.array([[0., 2.], [3., 0.]], dtype=np.float32))
+    m32.indices = m32.indices.astype(np.int32)
+    B = sparsefill.from_scipy(m32)
+    assert B.col_indices().dtype == torch.int64 and B.values().data_ptr() == m32.data.ctypes.data
+    torch.testing.assert_close(B.to_dense(), torch.from_numpy(m32.toarray()))
+
+
+def test_from_scipy_rejects_unordered_columns():
+    sp = pytest.importorskip("scipy.sparse")
+    m = sp.csr_array((np.array([1., 2.]), np.array([2, 0]), np.array([0, 2, 2])), shape=(2, 3))
+    m.has_canonical_format = True  # (scipy told a lie: the columns of row 0 descend)
+    with pytest.raises(ValueError, match=r"strictly increasing within each row: stored element 1 \(position \(0, 0\)\)"):
+        sparsefill.from_scipy(m)
+
+
+def test_to_pandas_round_trips_frame_labels():
+    pd = pytest.importorskip("pandas")
+    df = pd.DataFrame({"a": pd.arrays.SparseArray([0., 1., 0.], fill_value=0.),
+                       ("b", 2): pd.arrays.SparseArray([2., 0., 0.], fill_value=0.)}, index=["x", "y", "z"])
+    A = sparsefill.from_pandas(df)
+    pd.testing.assert_frame_equal(sparsefill.to_pandas(A), df)
+    out = sparsefill.to_pandas(A, index=[7, 8, 9], columns=["p", "q"])
+    assert out.index.tolist() == [7, 8, 9] and out.columns.tolist() == ["p", "q"]
+    assert sparsefill.to_pandas(A * 2).columns.tolist() == [0, 1]  # (a new tensor: no labels kept)
+    with pytest.raises(ValueError, match="3 row and 1 column labels"):
+        sparsefill.to_pandas(A, columns=["p"])
