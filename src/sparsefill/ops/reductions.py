@@ -323,9 +323,10 @@ def _var_std(func, args, kwargs):
     probe = {**kwargs, "correction": 0}  # (torch's errors; on one element a correction would warn, see below)
     check_dtype(func, A, *args[1:], **probe)  # (var of integers raises)
     dims, keep = _dims_arg(args, kwargs, 1), bool(kwargs.get("keepdim", False))
-    meta = reduction_meta(func, A, dims, keep, *args[1:], **{k: v for k, v in probe.items() if k != "keepdim"})
-    meta = meta[0] if isinstance(meta, tuple) else meta  # (var's shape and dtype; torch's errors on the way)
+    reduction_meta(func, A, dims, keep, *args[1:], **{k: v for k, v in probe.items() if k != "keepdim"})  # errors
     dims = sorted({d % A.dim() for d in dims}) if dims else list(range(A.dim()))
+    shape = [1 if d in dims else A.shape[d] for d in range(A.dim()) if keep or d not in dims]
+    meta = torch.empty((), dtype=A.dtype.to_real(), device="meta").expand(shape)
     c = _correction(args, kwargs)
     n = _index.numel([A.shape[d] for d in dims])
     if not A._indefinite and n - c <= 0 and A.numel():
