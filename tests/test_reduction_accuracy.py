@@ -35,7 +35,7 @@ def _draw(kind: str, n: int, gen: torch.Generator) -> torch.Tensor:
     return 100 + torch.randn(n, generator=gen, dtype=torch.float64) * 1e-2
 
 
-def _matrix(kind: str, layout: str, dtype, shape=(40, 3000), density=0.3, seed=0):
+def _matrix(kind: str, layout: str, dtype, shape=(16, 1500), density=0.3, seed=0):
     """A 2-D SparseTensor (hybrid: 2 sparse dims and a dense one of 3) of ``kind`` values; its fill is
     0 (uniform, mixed) or a value of the same spread (lognormal, offset: ``count * fill`` terms)."""
     gen = torch.Generator().manual_seed(seed)
@@ -75,7 +75,7 @@ OPS = {
     "norm(1)": (lambda t: torch.norm(t, dim=1), lambda x: np.sqrt(np.sum(x * x, 1))),
     "logsumexp(1)": (lambda t: torch.logsumexp(t, 1), lambda x: _lse(x, 1)),
 }
-_HALF_SKIP = {"logsumexp(1)"}  # (torch's dense logsumexp of the half types: see test_half_types_logsumexp)
+_HALF_OWN = {"logsumexp(1)"}  # (the half types' logsumexp has its own bound: test_half_types_logsumexp)
 
 
 def _err(out, ref) -> float:
@@ -98,12 +98,12 @@ def accuracy_ratio(op: str, kind: str, layout: str, dtype, **kw):
     return e_sparse, e_dense, 2 * e_dense + _eps(dtype) * scale
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("op", list(OPS))
+_CASES = [(op, layout, dtype) for op in OPS for layout in LAYOUTS for dtype in DTYPES
+          if not (dtype in (torch.float16, torch.bfloat16) and op in _HALF_OWN)]
+
+
+@pytest.mark.parametrize("op, layout, dtype", _CASES, ids=lambda v: str(v).replace("torch.", ""))
 def test_reduction_as_accurate_as_dense(op, layout, dtype):
-    if dtype in (torch.float16, torch.bfloat16) and op in _HALF_SKIP:
-        pytest.skip("half-type logsumexp: compared in test_half_types_logsumexp")
     for kind in KINDS:
         if dtype in (torch.float16, torch.bfloat16) and kind == "offset":
             continue  # (100 + 1e-2 noise is below a half type's resolution: every answer is the rounding)
@@ -171,3 +171,41 @@ def test_sum_of_ten_million_float32_values():
     e_sparse, e_dense = abs(float(A.sum()) - ref), abs(float(v.sum()) - ref)
     assert e_sparse <= 2 * e_dense + _eps(torch.float32) * ref
     assert abs(float(A.mean()) * n - ref) <= 2 * e_dense + 2 * _eps(torch.float32) * ref
+
+
+@pytest.mark.parametrize("layout", ["coo", "csr"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+def test_prod_and_scans(layout, dtype):
+    """prod (each of its ``n`` roundings counts once, in any order) and the scans (along a sparse dim: the
+    dense scan itself) on factors near 1, fill 1."""
+    gen = torch.Generator().manual_seed(3)
+    A = _matrix("uniform", layout, dtype)
+    A = sparsefill.sparse_coo_tensor(A.to_sparse_coo().indices(), (1 + 1e-2 * torch.randn(
+        A._nse(), generator=gen, dtype=torch.float64)).to(dtype), A.shape, fill_value=1.0)
+    A = A.to_sparse_csr() if layout == "csr" else A
+    D = A.to_dense()
+    x = _ld(D)
+    refs = {"prod(1)": np.prod(x, 1), "cumsum(1)": np.cumsum(x, 1),
+            "logcumsumexp(1)": np.log(np.cumsum(np.exp(x), 1))}
+    fns = {"prod(1)": lambda t: t.prod(1), "cumsum(1)": lambda t: t.cumsum(1),
+           "logcumsumexp(1)": lambda t: torch.logcumsumexp(t, 1)}
+    for name, ref in refs.items():
+        e_sparse, e_dense = _err(fns[name](A), ref), _err(fns[name](D), ref)
+        assert e_sparse <= 2 * e_dense + _eps(dtype) * float(np.sqrt(np.sum(ref ** 2))), name
+
+
+@pytest.mark.parametrize("op", ["dot", "vdot", "mv", "mm"])
+def test_products_with_long_rows(op):
+    """A row of 100k stored float32 values times a dense vector: accumulated in float64 (torch's CSR kernels
+    sum a row in one float32 slot, in order: ~100x dense's error)."""
+    gen = torch.Generator().manual_seed(4)
+    n, k = 200_000, 100_000
+    idx = torch.randperm(n, generator=gen)[:k].sort().values
+    A = sparsefill.sparse_coo_tensor(idx[None], torch.rand(k, generator=gen), (n,), fill_value=0.0)
+    x = torch.rand(n, generator=gen)
+    fn = {"dot": lambda a: torch.dot(a, x), "vdot": lambda a: torch.vdot(a, x),
+          "mv": lambda a: torch.mv(a.reshape(1, n), x), "mm": lambda a: torch.mm(a.reshape(1, n), x[:, None])}[op]
+    D = A.to_dense()
+    ref = np.sum(_ld(D) * _ld(x))
+    e_sparse, e_dense = _err(fn(A).reshape(()), ref), _err(fn(D).reshape(()), ref)
+    assert e_sparse <= 2 * e_dense + _eps(torch.float32) * abs(float(ref))
