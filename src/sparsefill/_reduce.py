@@ -115,14 +115,15 @@ def accurate_sum(values: torch.Tensor, seg, num_segments: int, *, lengths=None, 
     """Per-segment sums of floating ``values`` (along dim 0), in :func:`accumulator_dtype`, at least as
     accurate as torch's own dense sum of each segment's elements::
 
-        one segment      torch's pairwise (cascade) sum of the values (accumulating as torch does)
-        float32, halves  accumulated in the wider dtype (every engine of _engine.choose), so the one
-                         rounding that counts is the caller's final cast
-        float64          sorted runs summed in blocks of at most 8, then the block sums likewise
-                         (a tree, as torch's cascade sum); unsorted ids are sorted first
+        one segment   torch's pairwise (cascade) sum of the values (accumulating as torch does)
+        many (CPU)    each segment's run cut into blocks of at most 8 values, summed in the values' dtype;
+                      the block sums then summed in float64 (float32 values) or as a tree of such blocks
+                      (float64; the half types in float32); unsorted ids are sorted first (cached)
+        other devices accumulated in the wider dtype, on the engine of ``_engine.choose``
 
-    A single accumulator slot fed ``k`` values in order (``scatter_add_``, ``segment_reduce``) errs
-    ~``k * eps`` in the worst case: 1.7e-2 for 10M float32 values, where torch's sum errs ~1e-8.
+    so a segment's error grows as ``log(k)`` (or not at all), never as ``k``: a single slot fed ``k``
+    values in order (``scatter_add_``, ``segment_reduce``, a CSR SpMV) errs ~``k * eps`` in the worst
+    case: 1.7e-2 for 10M float32 values, where torch's sum errs ~1e-8.
 
     >>> v = torch.full((10_000_000,), 0.1)
     >>> float(accurate_sum(v, None, 1, lengths=torch.tensor([10_000_000]))[0])  # doctest: +ELLIPSIS
@@ -133,18 +134,20 @@ def accurate_sum(values: torch.Tensor, seg, num_segments: int, *, lengths=None, 
         if values.dtype != acc and values.dtype != torch.float32:  # (halves: torch accumulates in float32)
             return values.sum(0, keepdim=True, dtype=acc)
         return values.sum(0, keepdim=True).to(acc)  # (float32: the pairwise sum, ~6x faster than in float64)
-    if values.dtype != acc:
+    if values.device.type != "cpu" or values.is_complex():
         values = values.to(acc)
-    elif not values.is_complex() and acc == torch.float64 and values.device.type == "cpu":
-        if lengths is None:
-            order = pattern_cached("sum_order", (seg,), lambda: _sort_segments(seg, num_segments))
-            values, lengths = values.index_select(0, order[0]), order[1]
-        return _blocked_runs_sum(values, lengths)
-    runs = lengths is not None
-    rows = csr is not None and values.dim() == 1
-    engine = _engine.choose("sum", values.dtype, runs=runs, csr_rows=rows, compiled=rows and csr.compiled,
-                            one_dim=values.dim() == 1)
-    return _engine.run(engine, "sum", values, seg, num_segments, 0, lengths=lengths, csr=csr)
+        runs, rows = lengths is not None, csr is not None and values.dim() == 1
+        engine = _engine.choose("sum", values.dtype, runs=runs, csr_rows=rows, compiled=rows and csr.compiled,
+                                one_dim=values.dim() == 1)
+        return _engine.run(engine, "sum", values, seg, num_segments, 0, lengths=lengths, csr=csr)
+    if lengths is None:
+        order, lengths = pattern_cached("sum_order", (seg,), lambda: _sort_segments(seg, num_segments))
+        values = values.index_select(0, order)
+    if values.dtype != torch.float32:  # (the half types: in float32, their accumulator; float64 as it is)
+        return _blocked_runs_sum(values.to(acc), lengths)
+    blocks, nb = _blocks(lengths)
+    part = torch.segment_reduce(values, "sum", lengths=blocks, unsafe=True)  # (<= 8 values each, in float32)
+    return torch.segment_reduce(part.to(acc), "sum", lengths=nb, unsafe=True)
 
 
 def _sort_segments(seg, num_segments):
@@ -152,14 +155,23 @@ def _sort_segments(seg, num_segments):
     return torch.sort(seg, stable=True).indices, bincount(seg, num_segments)
 
 
+def _blocks(lengths: torch.Tensor):
+    """``(blocks, nb)``: runs of ``lengths`` cut into ``nb[s]`` blocks of at most ``_BLOCK`` (the last
+    partial; an empty run one empty block), in order; cached with ``lengths``."""
+    def cut():
+        nb = torch.div(lengths + (_BLOCK - 1), _BLOCK, rounding_mode="floor").clamp_min(1)
+        blocks = torch.full((int(nb.sum()),), _BLOCK, dtype=lengths.dtype, device=lengths.device)
+        blocks[torch.cumsum(nb, 0) - 1] = lengths - _BLOCK * (nb - 1)  # (each run's last, partial block)
+        return blocks, nb
+    return pattern_cached("sum_blocks", (lengths,), cut)
+
+
 def _blocked_runs_sum(values: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     """Sums of the contiguous runs of ``lengths`` as a tree of blocks of at most ``_BLOCK`` values
     (``segment_reduce`` over the blocks, then over the block sums, ...): the error of a run of ``k``
     grows as ``log(k)`` instead of ``k``."""
     while lengths.numel() and int(lengths.max()) > _BLOCK:
-        nb = torch.div(lengths + (_BLOCK - 1), _BLOCK, rounding_mode="floor").clamp_min(1)
-        blocks = torch.full((int(nb.sum()),), _BLOCK, dtype=lengths.dtype, device=lengths.device)
-        blocks[torch.cumsum(nb, 0) - 1] = lengths - _BLOCK * (nb - 1)  # (each run's last, partial block)
+        blocks, nb = _blocks(lengths)
         values = torch.segment_reduce(values, "sum", lengths=blocks, unsafe=True)
         lengths = nb
     return torch.segment_reduce(values, "sum", lengths=lengths, unsafe=True)
