@@ -440,6 +440,11 @@ class Var(Reducer):
         if wide != values.dtype:
             return _narrow(self(values.to(wide), seg, num_segments, fill=None if fill is None else _like(fill, values)
                                 .to(wide), n_fill=n_fill, lengths=lengths, csr=csr), values)
+        table = isinstance(n_fill, torch.Tensor) and n_fill.dim() == 2 and values.dim() == 1
+        if fill is not None and n_fill is not None and not table:  # shifted by the (finite) fill: a slice of
+            fill = _like(fill, values)  # fills only is then exactly 0, as torch's var of equal elements
+            shift = torch.where(torch.isfinite(fill), fill, torch.zeros((), dtype=fill.dtype, device=fill.device))
+            values, fill = values - shift.detach(), fill - shift.detach()
         mean = REDUCERS["mean"](values, seg, num_segments, fill=fill, n_fill=n_fill, lengths=lengths, csr=csr)
         seg = seg_ids(seg, lengths, values.shape[0])
         d = values - mean.index_select(0, seg)
