@@ -145,9 +145,31 @@ def accurate_sum(values: torch.Tensor, seg, num_segments: int, *, lengths=None, 
         values = values.index_select(0, order)
     if values.dtype != torch.float32:  # (the half types: in float32, their accumulator; float64 as it is)
         return _blocked_runs_sum(values.to(acc), lengths)
+    if values.dim() != 1 or values.requires_grad:
+        blocks, nb = _blocks(lengths)
+        part = torch.segment_reduce(values, "sum", lengths=blocks, unsafe=True)  # (<= 8 values each, in float32)
+        return torch.segment_reduce(part.to(acc), "sum", lengths=nb, unsafe=True)
+    return _block_sums_mv(values, lengths)
+
+
+def _block_sums_mv(values: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """Run sums of 1-D float32 ``values`` in float64 (blocks of at most 8 summed in float32): both levels by
+    torch's CSR SpMV (``_engine``'s ``csr_mv``; ~5x faster than ``segment_reduce`` over many short runs,
+    and no float64 copy of the values: a fresh 8 MB allocation costs more than the sums here)."""
     blocks, nb = _blocks(lengths)
-    part = torch.segment_reduce(values, "sum", lengths=blocks, unsafe=True)  # (<= 8 values each, in float32)
-    return torch.segment_reduce(part.to(acc), "sum", lengths=nb, unsafe=True)
+    outer = pattern_cached("sum_block_rows", (lengths,), lambda: _unit_rows(nb, blocks.numel()))
+    inner = pattern_cached("sum_block_rows", (blocks,), lambda: _unit_rows(blocks, values.shape[0]))
+    part = _engine.run("csr_mv", "sum", values, None, blocks.numel(), 0, csr=inner)
+    return _engine.run("csr_mv", "sum", part.to(torch.float64), None, nb.numel(), 0, csr=outer)
+
+
+def _unit_rows(lengths: torch.Tensor, k: int):
+    """:class:`_engine.CsrRows` of a CSR matrix of one column whose rows hold runs of ``lengths`` (``k`` in all):
+    its SpMV with a one is the run sums."""
+    crow = torch.zeros(lengths.numel() + 1, dtype=torch.int64, device=lengths.device)
+    torch.cumsum(lengths, 0, out=crow[1:])
+    col = torch.zeros(k, dtype=torch.int64, device=lengths.device)
+    return _engine.CsrRows(crow, col, 1, None, False, _engine.spmv_index(crow, col, 1))
 
 
 def _sort_segments(seg, num_segments):
