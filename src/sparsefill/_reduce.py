@@ -168,8 +168,21 @@ def _unit_rows(lengths: torch.Tensor, k: int):
     its SpMV with a one is the run sums."""
     crow = torch.zeros(lengths.numel() + 1, dtype=torch.int64, device=lengths.device)
     torch.cumsum(lengths, 0, out=crow[1:])
-    col = torch.zeros(k, dtype=torch.int64, device=lengths.device)
-    return _engine.CsrRows(crow, col, 1, None, False, _engine.spmv_index(crow, col, 1))
+    col = _zero_columns(k, lengths.device)
+    return _engine.CsrRows(crow, col, 1, None, False, (crow.to(torch.int32), col) if k < 2 ** 31 else None)
+
+
+_ZEROS: dict = {}
+
+
+def _zero_columns(k: int, device) -> torch.Tensor:
+    """``k`` int32 zeros (column indices of a one-column matrix): a view of one shared, read-only buffer per
+    device, grown as needed (no k-sized allocation per call)."""
+    buf = _ZEROS.get(device)
+    if buf is None or buf.numel() < k:
+        buf = _ZEROS[device] = torch.zeros(max(k, 2 * (0 if buf is None else buf.numel())), dtype=torch.int32,
+                                           device=device)
+    return buf[:k]
 
 
 def _sort_segments(seg, num_segments):

@@ -116,7 +116,8 @@ def reduce_dims(A: SparseTensor, name: str, dims, keepdim: bool, out_meta: torch
     else:
         seg, out_idx, n_fill = group_slices(idx, A._sparse_shape, sp)
         # the slices are contiguous runs of the (coalesced) stored elements when the reduced dims trail
-        kw = dict(lengths=N - n_fill) if max(kept) < min(sp) else {}
+        kw = dict(lengths=pattern_cached(("run_lengths", N), (n_fill,), lambda: N - n_fill)) \
+            if max(kept) < min(sp) else {}  # (cached: the sums' block plans are keyed by these lengths)
     S = out_idx.shape[1]
     if fill is not None:
         kw.update(fill=fill, n_fill=n_fill)
