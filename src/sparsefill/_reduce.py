@@ -140,11 +140,20 @@ def accurate_sum(values: torch.Tensor, seg, num_segments: int, *, lengths=None, 
         engine = _engine.choose("sum", values.dtype, runs=runs, csr_rows=rows, compiled=rows and csr.compiled,
                                 one_dim=values.dim() == 1)
         return _engine.run(engine, "sum", values, seg, num_segments, 0, lengths=lengths, csr=csr)
-    if lengths is None:
+    if values.dtype == torch.float32 and lengths is None:  # unsorted ids: each into its own block of 8
+        slot, nb, total = pattern_cached("sum_slots", (seg,), lambda: _block_slots(seg, num_segments))
+        part = values.new_zeros((total, *values.shape[1:]))
+        part = part.index_add_(0, slot, values) if values.dim() > 1 else part.scatter_add_(0, slot, values)
+        values, lengths = part, nb  # (a gather into segment order instead: 20x slower, random reads)
+    elif lengths is None:
         order, lengths = pattern_cached("sum_order", (seg,), lambda: _sort_segments(seg, num_segments))
         values = values.index_select(0, order)
+    else:
+        nb = None
     if values.dtype != torch.float32:  # (the half types: in float32, their accumulator; float64 as it is)
         return _blocked_runs_sum(values.to(acc), lengths)
+    if nb is not None:  # (the block sums of unsorted ids: summed per segment in float64)
+        return torch.segment_reduce(values.to(acc), "sum", lengths=lengths, unsafe=True)
     if values.dim() != 1 or values.requires_grad:
         blocks, nb = _blocks(lengths)
         part = torch.segment_reduce(values, "sum", lengths=blocks, unsafe=True)  # (<= 8 values each, in float32)
@@ -183,6 +192,20 @@ def _zero_columns(k: int, device) -> torch.Tensor:
         buf = _ZEROS[device] = torch.zeros(max(k, 2 * (0 if buf is None else buf.numel())), dtype=torch.int32,
                                            device=device)
     return buf[:k]
+
+
+def _block_slots(seg, num_segments):
+    """``(slot, nb, total)``: element ``i`` goes to block ``slot[i]``, the ``r // 8``-th block of its segment
+    (``r``: its rank there, in order); segment ``s`` owns ``nb[s]`` consecutive blocks (at least one), in
+    segment order, ``total`` in all."""
+    order, lengths = _sort_segments(seg, num_segments)
+    starts = torch.cumsum(lengths, 0) - lengths
+    rank = torch.empty_like(seg)
+    rank[order] = torch.arange(seg.numel(), device=seg.device) - starts.index_select(0, seg.index_select(0, order))
+    nb = torch.div(lengths + (_BLOCK - 1), _BLOCK, rounding_mode="floor").clamp_min(1)
+    first = torch.cumsum(nb, 0) - nb
+    slot = first.index_select(0, seg) + torch.div(rank, _BLOCK, rounding_mode="floor")
+    return slot, nb, int(nb.sum())
 
 
 def _sort_segments(seg, num_segments):
