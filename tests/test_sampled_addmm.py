@@ -41,7 +41,8 @@ def test_sampled_addmm_values_and_gradients(shape, layout, fill):
     torch.testing.assert_close(got, expected)
     assert out.is_fill_indefinite() == (fill is sparsefill.indefinite)
     w = torch.randn(shape, generator=g, dtype=torch.float64)
-    for a, b in zip(torch.autograd.grad((got * w).sum(), (m1, m2)), torch.autograd.grad((expected * w).sum(), (m1, m2))):
+    want = torch.autograd.grad((expected * w).sum(), (m1, m2))
+    for a, b in zip(torch.autograd.grad((got * w).sum(), (m1, m2)), want):
         torch.testing.assert_close(a, b)
     if fill == 0.0 and (layout == "csr" or len(shape) == 2):  # torch's kernel on a native CSR (batched: padded)
         with warnings.catch_warnings():

@@ -125,9 +125,11 @@ def accurate_sum(values: torch.Tensor, seg, num_segments: int, *, lengths=None, 
     values in order (``scatter_add_``, ``segment_reduce``, a CSR SpMV) errs ~``k * eps`` in the worst
     case: 1.7e-2 for 10M float32 values, where torch's sum errs ~1e-8.
 
-    >>> v = torch.full((10_000_000,), 0.1)
-    >>> float(accurate_sum(v, None, 1, lengths=torch.tensor([10_000_000]))[0])  # doctest: +ELLIPSIS
-    100000...
+    >>> v = torch.full((1_000_000,), 0.1)
+    >>> round(float(accurate_sum(v, None, 1, lengths=torch.tensor([1_000_000]))[0]), 1)  # (one slot: 100958.3)
+    100000.0
+    >>> accurate_sum(torch.tensor([1., 2., 4.]), torch.tensor([1, 0, 1]), 2).tolist()
+    [2.0, 5.0]
     """
     acc = accumulator_dtype(values.dtype)
     if num_segments == 1:
