@@ -154,3 +154,44 @@ def test_cat_of_masked_and_defined_backward(layout, dim):
     (torch.cat([Md, Bd], dim) * W)[mask].sum().backward()
     for got, ref in ((lm, dm), (lb, db), (lf, df)):
         torch.testing.assert_close(got.grad, ref.grad)
+
+
+@pytest.mark.parametrize("layout", [torch.sparse_coo, torch.sparse_csr], ids=["coo", "csr"])
+def test_cat_of_different_fills_asks_the_byte_limit_for_all_operands_at_once(layout):
+    """``cat`` of operands with different fills stores them whole (quiet below 65536 elements); the densify
+    policy's byte limit holds for all the elements it stores together, before any is formed -- and below it the
+    result is exact against dense, forward and the gradient of the values and fills."""
+    va, vb = (torch.tensor([1., 2.], dtype=torch.float64, requires_grad=True) for _ in range(2))
+    fa, fb = (torch.tensor(f, dtype=torch.float64, requires_grad=True) for f in (3., -1.))
+    A = sparsefill.sparse_coo_tensor([[0, 2], [1, 0]], va, (3, 2), fill_value=fa).to_sparse(layout=layout)
+    B = sparsefill.sparse_coo_tensor([[1, 0], [1, 0]], vb, (2, 2), fill_value=fb).to_sparse(layout=layout)
+    # B twice, each stored whole (its fill is not A's): 8 elements, 64 bytes, 32 per operand
+    with sparsefill.densify_policy("raise", limit_bytes=8 * 8 - 1):
+        with pytest.raises(sparsefill.DensifyError, match="different fills.*64 bytes"):
+            torch.cat([A, B, B])
+    with sparsefill.densify_policy("raise", limit_bytes=8 * 8):
+        R = torch.cat([A, B, B])
+    w = torch.arange(14, dtype=torch.float64).reshape(7, 2)
+    (R.to_dense() * w).sum().backward()
+    grads = [t.grad.clone() for t in (va, vb, fa, fb)]
+    for t in (va, vb, fa, fb):
+        t.grad = None
+    Ad, Bd = (sparsefill.sparse_coo_tensor(i, v, s, fill_value=f).to_dense() for i, v, s, f in
+              (([[0, 2], [1, 0]], va, (3, 2), fa), ([[1, 0], [1, 0]], vb, (2, 2), fb)))
+    expected = torch.cat([Ad, Bd, Bd])
+    torch.testing.assert_close(R.to_dense(), expected)
+    (expected * w).sum().backward()
+    for got, t in zip(grads, (va, vb, fa, fb)):
+        torch.testing.assert_close(got, t.grad)
+
+
+def test_stack_of_many_0d_operands_checks_errors_without_an_element_each():
+    """``stack``'s probe for torch's errors forms one element per dtype, not per operand (a densify byte limit
+    below the operands' count holds); the result against dense."""
+    pieces = list(sparsefill.sparse_coo_tensor([[0, 3]], torch.tensor([1., 2.], dtype=torch.float64), (6,),
+                                               fill_value=4.).unbind(0))
+    with sparsefill.densify_policy("raise", limit_bytes=8):
+        R = torch.stack(pieces)
+    torch.testing.assert_close(R.to_dense(), torch.tensor([1., 4., 4., 2., 4., 4.], dtype=torch.float64))
+    with pytest.raises(IndexError, match=r"range of \[-1, 0\], but got 2"):  # torch's error, as on dense
+        torch.stack(pieces, 2)

@@ -547,3 +547,42 @@ def test_selection_backward_route_with_torch_geometric_wrapper_spelling():
     assert type(out.grad_fn).__name__ == "SparseIndexSelectBackward"
     (g,) = torch.autograd.grad(out.sum(), v)
     assert g.tolist() == [0., 0., 2.]
+
+
+@pytest.mark.parametrize("layout", [torch.sparse_coo, torch.sparse_csr], ids=["coo", "csr"])
+def test_new_dense_tensors_of_a_sparse_tensor_ask_the_byte_limit_first(layout):
+    """``A.new_zeros(shape)`` (and new_ones/new_empty/new_full: torch's formulas call them on a gradient, e.g. an
+    advanced index's backward) is a dense tensor: under the densify policy's byte limit before it is allocated;
+    below it, torch's result (dtype, device, values)."""
+    A = sparsefill.sparse_coo_tensor([[0, 1], [1, 0]], torch.tensor([1., 2.], dtype=torch.float64), (2, 2),
+                                     fill_value=3.).to_sparse(layout=layout)
+    with sparsefill.densify_policy("raise", limit_bytes=4 * 8 * 3 - 1):
+        with pytest.raises(sparsefill.DensifyError, match="new_zeros.*96 bytes"):
+            A.new_zeros((3, 4))
+        with pytest.raises(sparsefill.DensifyError, match="new_full.*96 bytes"):
+            A.new_full((3, 4, 1), 7.)
+    with sparsefill.densify_policy("raise", limit_bytes=4 * 8 * 3):
+        Z = A.new_zeros((3, 4))
+        F = A.new_full((2, 3), 7., dtype=torch.float32)
+    assert type(Z) is torch.Tensor and Z.dtype == torch.float64 and not Z.any()
+    torch.testing.assert_close(F, torch.full((2, 3), 7., dtype=torch.float32))
+
+
+@pytest.mark.parametrize("layout", [torch.sparse_coo, torch.sparse_csr], ids=["coo", "csr"])
+def test_advanced_index_backward_under_a_byte_limit(layout):
+    """``A[[1, 2]]``'s backward (torch's ``IndexBackward0``: ``grad.new_zeros(A.shape)``) raises DensifyError
+    before forming a dense tensor past the limit; with room, the gradients of the values and fill match dense."""
+    v = torch.tensor([1., 2., 3.], dtype=torch.float64, requires_grad=True)
+    f = torch.tensor(0.5, dtype=torch.float64, requires_grad=True)
+    idx = [[0, 1, 2], [1, 0, 2]]
+    A = sparsefill.sparse_coo_tensor(idx, v, (3, 3), fill_value=f).to_sparse(layout=layout)
+    with sparsefill.densify_policy("raise", limit_bytes=9 * 8 - 1):
+        with pytest.raises(sparsefill.DensifyError, match="new_zeros.*72 bytes"):
+            A[[1, 2]].sum().backward()
+    v.grad = f.grad = None
+    w = torch.arange(6, dtype=torch.float64).reshape(2, 3)
+    (A[[1, 2]] * w).sum().backward()
+    got = (v.grad.clone(), f.grad.clone())
+    v.grad = f.grad = None
+    (sparsefill.sparse_coo_tensor(idx, v, (3, 3), fill_value=f).to_dense()[[1, 2]] * w).sum().backward()
+    torch.testing.assert_close(got, (v.grad, f.grad))

@@ -60,7 +60,6 @@ DECLARED = {
     "dsplit": "as hsplit",
     "unbind": "the backward: torch's unbind formula stacks dense zeros for the pieces without a gradient",
     "unbind_copy": "as unbind",
-    "__getitem__": "an advanced index allocates the dense (aten.new_zeros) form before the policy refuses it",
 }
 OUTCOMES: dict = {}  # op id -> outcome
 OPS = [op for op in op_db if op.supports_dtype(torch.float64, "cpu")]

@@ -130,12 +130,16 @@ def check_densify(what: str, nbytes: int, *, by_nature: bool = False) -> None:
         why = "dense by nature, and the densify policy's dense_by_nature is" if by_nature else \
             "no sparse implementation, and the densify policy is"
         raise DensifyError(f"{what}: {why} 'raise' (dense temporaries would take {nbytes} bytes)")
-    if pol.limit_bytes is not None and nbytes > pol.limit_bytes:
-        raise DensifyError(f"{what}: densifying needs {nbytes} bytes, over the densify policy's limit of "
-                           f"{pol.limit_bytes} bytes (see sparsefill.densify_policy)")
+    _check_limit(what, nbytes, pol)
     if mode == "warn":
         warnings.warn(f"{what}: computed by densifying ({nbytes} bytes)", DensifyWarning,
                       stacklevel=_caller_stacklevel())
+
+
+def _check_limit(what: str, nbytes: int, pol: DensifyPolicy) -> None:
+    if pol.limit_bytes is not None and nbytes > pol.limit_bytes:
+        raise DensifyError(f"{what}: densifying needs {nbytes} bytes, over the densify policy's limit of "
+                           f"{pol.limit_bytes} bytes (see sparsefill.densify_policy)")
 
 
 SPECIFY_QUIET_ELEMENTS = 1 << 16
@@ -145,6 +149,19 @@ def check_specify(what: str, n_elements: int, element_size: int) -> None:
     """A result that is dense by nature in part: ``n_elements`` unspecified elements must be stored
     explicitly (e.g. ``cat`` of operands with different fills, a fill that cannot stay uniform).
     Quiet up to ``SPECIFY_QUIET_ELEMENTS``; past it, the densify policy applies (a DensifyWarning
-    by default) to the bytes they take."""
+    by default) to the bytes they take.  The byte limit holds at any size (the policy's promise: in
+    every mode a dense form larger than ``limit_bytes`` raises).
+
+    >>> from sparsefill import densify_policy
+    >>> check_specify("cat of operands with different fills", 100, 8)   # quiet: few elements
+    >>> with densify_policy(limit_bytes=799):
+    ...     check_specify("cat of operands with different fills", 100, 8)
+    Traceback (most recent call last):
+    ...
+    sparsefill._policy.DensifyError: cat of operands with different fills: densifying needs 800 bytes, over the densify policy's limit of 799 bytes (see sparsefill.densify_policy)
+    """
+    nbytes = n_elements * element_size
     if n_elements > SPECIFY_QUIET_ELEMENTS:
-        check_densify(what, n_elements * element_size)
+        check_densify(what, nbytes)
+        return
+    _check_limit(what, nbytes, get_densify_policy())

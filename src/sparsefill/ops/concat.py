@@ -78,13 +78,19 @@ def _cat(func, args, kwargs):
         fill = torch.cat([_dense_fill(t) for t in tensors], dim - sd)
         return _build(A, idx, vals, A.shape[:sd] + vals.shape[1:], fill)
     fill = _dense_fill(A)
+    # the operands stored whole (defined beside masked, or another fill): asked once for all of them, before any
+    # is formed (the byte limit holds for the result's values, not per operand)
+    whole = [A._indefinite and not t._indefinite or not A._indefinite and not torch.equal(_dense_fill(t), fill)
+             for t in tensors]
+    if any(whole):
+        n = sum(t.numel() for t, w in zip(tensors, whole) if w)
+        check_specify("cat of a masked (indefinite) operand and a defined one" if A._indefinite else
+                      "cat of operands with different fills", n, A.element_size())
     idxs, valss, offset = [], [], 0
-    for t in tensors:
-        if A._indefinite and not t._indefinite:  # defined beside masked: every element of t stored
-            check_specify("cat of a masked (indefinite) operand and a defined one", t.numel(), t.element_size())
+    for t, w in zip(tensors, whole):
+        if w and A._indefinite:  # defined beside masked: every element of t stored
             i, v = every_element(t)
-        elif not A._indefinite and not torch.equal(_dense_fill(t), fill):  # t's elements that differ from the fill
-            check_specify("cat of operands with different fills", t.numel(), t.element_size())
+        elif w:  # t's elements that differ from the fill
             i, v = dense_to_parts(dense_of(t), A._fill, False, t.dense_dim())
         else:
             i, v = coalesced_parts(t)
@@ -136,7 +142,9 @@ def _stack(func, args, kwargs):
         if t.shape != tensors[0].shape:
             raise RuntimeError(f"stack expects each tensor to be equal size, but got {list(tensors[0].shape)} at "
                                f"entry 0 and {list(t.shape)} at entry {i}")
-    torch.stack([probe_of(t) for t in tensors], dim)  # torch's dim, dtype and device errors
+    # torch's dim, dtype and device errors: one probe per (dtype, device), so that this check allocates no
+    # element per operand (stacking n 0-d tensors would form n)
+    torch.stack(list({(t.dtype, t.device): probe_of(t) for t in tensors}.values()), dim)
     dim %= tensors[0].dim() + 1
     lifted = []
     for t in tensors:

@@ -8,6 +8,7 @@ from .. import _creation, _index
 from .._compile import traced
 from .._convert import (coalesce_of, coalesced_parts, dense_of, dense_to_sparse, map_inner, rewrap, to_layout,
                         union_parts)
+from .._policy import check_densify
 from .._splits import one_split, to_dense_dim
 from .._tensor import SparseTensor
 from ._schema import probe_of
@@ -165,6 +166,11 @@ def _new_dense(func, args, kwargs):  # torch semantics: a new strided tensor wit
         # autograd accumulates a leaf's gradient as A.new_empty_strided(A.shape, A.stride()).copy_(grad):
         # an empty SparseTensor here lets a sparse gradient stay sparse (copy_ takes its pattern and fill)
         return _creation.empty_like(A)
+    # a dense tensor asked of a SparseTensor (torch's formulas do: IndexBackward0's grad.new_zeros(self.sizes())):
+    # dense by nature, so under the densify gate (its byte limit) before it is allocated
+    dtype = kwargs.get("dtype") or A.dtype
+    check_densify(f"{func.__name__} of a SparseTensor of shape {list(A.shape)} (a dense tensor of shape "
+                  f"{list(args[1])})", _index.numel(args[1]) * dtype.itemsize, by_nature=True)
     return func(A._vals, *args[1:], **kwargs)
 
 
