@@ -195,3 +195,48 @@ def test_stack_of_many_0d_operands_checks_errors_without_an_element_each():
     torch.testing.assert_close(R.to_dense(), torch.tensor([1., 4., 4., 2., 4., 4.], dtype=torch.float64))
     with pytest.raises(IndexError, match=r"range of \[-1, 0\], but got 2"):  # torch's error, as on dense
         torch.stack(pieces, 2)
+
+
+def _unbind_case(layout, dd):
+    """A ``(5, 3)`` (hybrid: ``(5, 3)`` with one dense dim) SparseTensor of fill 0.5 storing rows 0 and 3, its
+    values and fill leaves, and its dense form built from the same leaves."""
+    v = torch.arange(1., 7., dtype=torch.float64).reshape(2, 3)
+    v = (v if dd else v[:, 0]).clone().requires_grad_()
+    f = torch.tensor(0.5, dtype=torch.float64, requires_grad=True)
+    idx = [[0, 3]] if dd else [[0, 3], [1, 2]]
+    make = lambda: sparsefill.sparse_coo_tensor(idx, v, (5, 3), fill_value=f)  # noqa: E731
+    return make, v, f
+
+
+@pytest.mark.parametrize("kind", ["coo", "hybrid", "csr"])
+def test_unbind_backward_stays_on_the_pattern(kind):
+    """The backward of ``unbind`` (torch's formula stacks the pieces' gradients): a stored piece's gradient stores
+    every element (fill 0), an unstored one is its fill; joined, the gradient keeps the pattern -- no element
+    stored per piece, so a byte limit below the dense form holds -- and matches dense for the values and fill."""
+    dd = kind == "hybrid"
+    make, v, f = _unbind_case(torch.sparse_coo, dd)
+    A = make() if kind != "csr" else make().to_sparse(layout=torch.sparse_csr)
+    w = torch.arange(15, dtype=torch.float64).reshape(5, 3)
+    with sparsefill.densify_policy("raise", limit_bytes=5 * 3 * 8 - 1):
+        pieces = A.unbind(0)
+        sum(p.sum() for p in pieces).backward()
+    got = v.grad.clone(), f.grad.clone()
+    v.grad = f.grad = None
+    sum(p.to_dense().sum() for p in make().to_dense().unbind(0)).backward()
+    torch.testing.assert_close(got, (v.grad, f.grad))
+    v.grad = f.grad = None
+    sum((p * w[i]).sum() for i, p in enumerate(A.unbind(0))).backward()  # dense weights per piece
+    got = v.grad.clone(), f.grad.clone()
+    v.grad = f.grad = None
+    (make().to_dense() * w).sum().backward()
+    torch.testing.assert_close(got, (v.grad, f.grad))
+
+
+def test_cat_of_fully_stored_operands_keeps_the_other_fill():
+    """An operand storing every element joins any fill as it is (its fill is read nowhere): the result's fill is that
+    of an operand with unspecified elements, and the dense form is unchanged."""
+    full = sparsefill.sparse_coo_tensor([[0, 1]], torch.tensor([2., 3.], dtype=torch.float64), (2,), fill_value=0.)
+    part = sparsefill.sparse_coo_tensor([[1]], torch.tensor([5.], dtype=torch.float64), (4,), fill_value=7.)
+    R = torch.cat([full, part])
+    assert float(R.fill_value()) == 7. and R._nse() == 3
+    torch.testing.assert_close(R.to_dense(), torch.cat([full.to_dense(), part.to_dense()]))

@@ -58,8 +58,6 @@ DECLARED = {
               "(aten.new_empty) of the input's size",
     "vsplit": "as hsplit",
     "dsplit": "as hsplit",
-    "unbind": "the backward: torch's unbind formula stacks dense zeros for the pieces without a gradient",
-    "unbind_copy": "as unbind",
 }
 OUTCOMES: dict = {}  # op id -> outcome
 OPS = [op for op in op_db if op.supports_dtype(torch.float64, "cpu")]

@@ -53,7 +53,8 @@ def _cat(func, args, kwargs):
         conv = iter(one_split(sparse, sparse[0]._sf_layout)[0])  # split differently: at one split first, exactly
         tensors = [next(conv) if isinstance(t, SparseTensor) else t for t in tensors]
         sparse = [t for t in tensors if isinstance(t, SparseTensor)]
-    A = max(sparse, key=lambda t: (t._indefinite, t.numel()))  # (a masked operand's fill: no other can stand in)
+    # (a masked operand's fill: no other can stand in; an operand storing every element has no fill to give)
+    A = max(sparse, key=lambda t: (t._indefinite, not _fully_stored(t), t.numel()))
     sd = A.dim() - A.dense_dim()
     if len(sparse) != len(tensors):  # a dense operand is already materialised: stored where it differs from the fill
         if any(not isinstance(t, SparseTensor) and (t.dim() != A.dim() or t.dtype != A.dtype) for t in tensors) \
@@ -80,8 +81,8 @@ def _cat(func, args, kwargs):
     fill = _dense_fill(A)
     # the operands stored whole (defined beside masked, or another fill): asked once for all of them, before any
     # is formed (the byte limit holds for the result's values, not per operand)
-    whole = [A._indefinite and not t._indefinite or not A._indefinite and not torch.equal(_dense_fill(t), fill)
-             for t in tensors]
+    whole = [A._indefinite and not t._indefinite or not A._indefinite and not _fully_stored(t) and
+             not torch.equal(_dense_fill(t), fill) for t in tensors]
     if any(whole):
         n = sum(t.numel() for t, w in zip(tensors, whole) if w)
         check_specify("cat of a masked (indefinite) operand and a defined one" if A._indefinite else
@@ -106,6 +107,12 @@ def _cat(func, args, kwargs):
     return _in_layout(out, A._sf_layout)
 
 
+def _fully_stored(t: SparseTensor) -> bool:
+    """Every element of ``t`` is stored (coalesced COO): its fill is read nowhere, so it joins any fill as it is
+    (the 0-d gradients of ``unbind``'s pieces: a stored one has fill 0, an unstored one its gradient as the fill)."""
+    return t._sf_layout is torch.sparse_coo and t._coalesced and t._nse() == _index.numel(t._sparse_shape)
+
+
 def _in_layout(out: SparseTensor, layout) -> SparseTensor:
     """The joined ``out`` (COO) in the operands' ``layout`` where it holds it: COO below 2 sparse dims, and for a
     masked result whose batches store different numbers of elements (a batched CSR pads them with the fill)."""
@@ -124,7 +131,10 @@ def _check_cat(tensors, dim, d):
     """torch's errors for ``cat(tensors, dim)`` (``d``: ``dim`` wrapped), without a meta tensor (cat's meta kernel
     is Python; its first call in a process imports torch._dynamo): the dim, dtype and device from ``cat`` of
     one-element tensors, the sizes here, with torch's words."""
-    torch.cat([torch.zeros((1,) * t.dim(), dtype=t.dtype, device=t.device) for t in tensors], dim)
+    probes = [torch.zeros((1,) * t.dim(), dtype=t.dtype, device=t.device) for t in tensors]
+    if all(t.dim() for t in tensors):  # (else torch's error names the 0-d one's position) one per dtype and device:
+        probes = list({(p.dtype, p.device): p for p in probes}.values())  # no element per operand
+    torch.cat(probes, dim)
     for i, t in enumerate(tensors):
         for j, (m, n) in enumerate(zip(tensors[0].shape, t.shape)):
             if j != d and m != n:
