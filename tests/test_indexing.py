@@ -3,6 +3,7 @@ equal the dense ops, natively, for COO, CSR and hybrid inputs; gradcheck over (v
 
 from __future__ import annotations
 
+import re
 import warnings
 
 import pytest
@@ -586,3 +587,51 @@ def test_advanced_index_backward_under_a_byte_limit(layout):
     v.grad = f.grad = None
     (sparsefill.sparse_coo_tensor(idx, v, (3, 3), fill_value=f).to_dense()[[1, 2]] * w).sum().backward()
     torch.testing.assert_close(got, (v.grad, f.grad))
+
+
+SPLITS = {"hsplit": lambda t: torch.hsplit(t, 2), "vsplit": lambda t: t.vsplit([1, 3]),
+          "dsplit": lambda t: torch.dsplit(t, [1]), "tensor_split": lambda t: torch.tensor_split(t, 3, dim=1),
+          "tensor_split_idx": lambda t: t.tensor_split([1, 5], 0)}
+
+
+@pytest.mark.parametrize("kind", ["coo", "csr", "hybrid"])
+@pytest.mark.parametrize("name", list(SPLITS))
+def test_hsplit_vsplit_dsplit_forward_and_backward_against_dense(name, kind):
+    """``hsplit``/``vsplit``/``dsplit``/``tensor_split`` of a SparseTensor requiring grad (routed as ``split``): the
+    pieces equal dense, and the gradients of the values and the fill equal dense's with some pieces unused; the
+    pieces' gradients joined keep the pattern (a byte limit below the dense form holds)."""
+    shape = (4, 4, 2)
+    idx = [[0, 1, 3, 3], [1, 0, 2, 3]] if kind != "coo" else [[0, 1, 3, 3], [1, 0, 2, 3], [0, 1, 1, 0]]
+    v = torch.arange(1., 9. if kind != "coo" else 5., dtype=torch.float64)
+    v = (v.reshape(4, 2) if kind != "coo" else v).requires_grad_()
+    f = torch.tensor(0.5, dtype=torch.float64, requires_grad=True)
+    make = lambda: sparsefill.sparse_coo_tensor(idx, v, shape, fill_value=f)  # noqa: E731
+    A = make().to_sparse(layout=torch.sparse_csr) if kind == "csr" else make()
+    with sparsefill.densify_policy("raise", limit_bytes=32 * 8 - 1):
+        pieces = SPLITS[name](A)
+        sum(p.sum() for p in pieces[::2]).backward()  # every other piece has no gradient
+    got = v.grad.clone(), f.grad.clone()
+    v.grad = f.grad = None
+    dense = SPLITS[name](make().to_dense())
+    assert len(pieces) == len(dense)
+    for p, d in zip(pieces, dense):
+        torch.testing.assert_close(p.to_dense(), d)
+    sum(d.sum() for d in dense[::2]).backward()
+    torch.testing.assert_close(got, (v.grad, f.grad))
+    v.grad = f.grad = None
+    w = torch.arange(32, dtype=torch.float64).reshape(shape)
+    sum((p * q).sum() for p, q in zip(SPLITS[name](A), SPLITS[name](w))).backward()  # dense weights per piece
+    got = v.grad.clone(), f.grad.clone()
+    v.grad = f.grad = None
+    (make().to_dense() * w).sum().backward()
+    torch.testing.assert_close(got, (v.grad, f.grad))
+
+
+def test_hsplit_errors_are_torchs():
+    """The routed splits raise torch's errors for bad sections (as on the dense tensor)."""
+    A = sparsefill.sparse_coo_tensor([[0, 1], [1, 0]], torch.tensor([1., 2.], requires_grad=True), (2, 3))
+    for call in (lambda t: torch.hsplit(t, 2), lambda t: torch.dsplit(t, 1), lambda t: t.vsplit(0)):
+        with pytest.raises(RuntimeError) as dense_err:
+            call(torch.zeros(2, 3))
+        with pytest.raises(RuntimeError, match=re.escape(str(dense_err.value))):
+            call(A)

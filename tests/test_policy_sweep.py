@@ -54,10 +54,6 @@ DECLARED = {
     "nn.functional.normalize": "a dense temporary of the input's size (aten.repeat) formed without asking the policy",
     "nn.functional.avg_pool1d": "the backward converts a dense gradient of the input's size (aten.to) without "
                                 "asking the policy",
-    "hsplit": "the backward: torch's split formula fills the pieces without a gradient with dense zeros "
-              "(aten.new_empty) of the input's size",
-    "vsplit": "as hsplit",
-    "dsplit": "as hsplit",
 }
 OUTCOMES: dict = {}  # op id -> outcome
 OPS = [op for op in op_db if op.supports_dtype(torch.float64, "cpu")]
