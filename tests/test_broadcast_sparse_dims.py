@@ -206,6 +206,29 @@ def test_expand_that_must_repeat_passes_the_policy_gate():
     assert B.expand(50, 50)._nse() == 1  # wholly specified: one dense slice
 
 
+@pytest.mark.parametrize("layout", [torch.sparse_coo, torch.sparse_csr], ids=["coo", "csr"])
+def test_repeats_below_the_quiet_threshold_hold_the_byte_limit(layout):
+    """Few repeats are quiet, but a byte limit below what they store raises DensifyError before they are formed
+    (``F.normalize`` along a dim of size > 1 of a tensor with a nonzero fill: the norms repeat along it, every
+    element of the result differing); with room, normalize equals dense, forward and the gradients of the values
+    and the fill."""
+    v = torch.tensor([1., -2., 3., 4.], dtype=torch.float64, requires_grad=True)
+    f = torch.tensor(0.5, dtype=torch.float64, requires_grad=True)
+    idx = [[0, 1, 2, 3], [1, 0, 2, 2]]
+    make = lambda: sparsefill.sparse_coo_tensor(idx, v, (4, 3), fill_value=f)  # noqa: E731
+    X = make().to_sparse(layout=layout)
+    with sparsefill.densify_policy("raise", limit_bytes=4 * 3 * 8 - 1):
+        with pytest.raises(sparsefill.DensifyError, match=r"repeat 4 times.*bytes"):
+            F.normalize(X, p=1, dim=0)
+    w = torch.arange(12, dtype=torch.float64).reshape(4, 3)
+    (F.normalize(X, p=1, dim=0) * w).sum().backward()
+    got = v.grad.clone(), f.grad.clone()
+    v.grad = f.grad = None
+    (F.normalize(make().to_dense(), p=1, dim=0) * w).sum().backward()
+    torch.testing.assert_close(got, (v.grad, f.grad))
+    assert_close(F.normalize(X, p=1, dim=0).to_dense(), F.normalize(make().to_dense(), p=1, dim=0))
+
+
 def test_expand_follows_its_base():
     A = sparsefill.sparse_coo_tensor([[0, 2], [0, 0]], torch.tensor([1., 2.]), (3, 1))
     E = A.expand(3, 4)

@@ -51,7 +51,6 @@ DECLARED = {
     "broadcast_to": "as expand",
     "broadcast_tensors": "as expand",
     "gradient": "a dense (n,) temporary of a 1-d input (aten.cat) formed without asking the policy",
-    "nn.functional.normalize": "a dense temporary of the input's size (aten.repeat) formed without asking the policy",
     "nn.functional.avg_pool1d": "the backward converts a dense gradient of the input's size (aten.to) without "
                                 "asking the policy",
 }

@@ -136,6 +136,12 @@ def check_densify(what: str, nbytes: int, *, by_nature: bool = False) -> None:
                       stacklevel=_caller_stacklevel())
 
 
+def check_limit(what: str, nbytes: int) -> None:
+    """The byte limit alone (quiet otherwise): for stored elements a result needs below the quiet threshold of
+    :func:`check_specify` (a user who set ``limit_bytes`` can trust it at any size)."""
+    _check_limit(what, nbytes, get_densify_policy())
+
+
 def _check_limit(what: str, nbytes: int, pol: DensifyPolicy) -> None:
     if pol.limit_bytes is not None and nbytes > pol.limit_bytes:
         raise DensifyError(f"{what}: densifying needs {nbytes} bytes, over the densify policy's limit of "

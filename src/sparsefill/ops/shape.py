@@ -35,7 +35,7 @@ from .. import _index, _merge
 from .._compile import traced
 from .._convert import differs, scalar_parts
 from .._grouping import gathered_cached, kept_values_owner, pattern_cached
-from .._policy import SPECIFY_QUIET_ELEMENTS, check_densify, check_specify
+from .._policy import SPECIFY_QUIET_ELEMENTS, check_densify, check_limit, check_specify
 from .._tensor import SparseTensor
 from ._writes import reshape_, unmark_viewed, viewed
 from .registry import register
@@ -297,10 +297,14 @@ def expand(A: SparseTensor, size, keep_split: bool = False) -> SparseTensor | No
         if out is not None:
             return out
     idx, vals = A._coo_parts()
-    if grown and not traced(idx) and idx.shape[1] * r > SPECIFY_QUIET_ELEMENTS:  # (traced: nse may be unbacked)
-        check_densify(f"expand of a SparseTensor of shape {list(A.shape)} to {size} along sparse dims: its "
-                      f"{idx.shape[1]} stored elements repeat {r} times", idx.shape[1] * r * (
-                          8 * sd + vals.element_size() * _index.numel(vals.shape[1:])), by_nature=True)
+    if grown and not traced(idx):  # (traced: nse may be unbacked)
+        what = f"expand of a SparseTensor of shape {list(A.shape)} to {size} along sparse dims: its " \
+               f"{idx.shape[1]} stored elements repeat {r} times"
+        nbytes = idx.shape[1] * r * (8 * sd + vals.element_size() * _index.numel(vals.shape[1:]))
+        if idx.shape[1] * r > SPECIFY_QUIET_ELEMENTS:
+            check_densify(what, nbytes, by_nature=True)
+        else:  # quiet, but under the byte limit
+            check_limit(what, nbytes)
     idx = torch.cat([idx.new_zeros((lead, idx.shape[1])), idx])
     ordered = A._coalesced
     for d in reversed(range(sd)):  # innermost first: each repeat keeps the order when the dims before are 1
