@@ -51,8 +51,6 @@ DECLARED = {
     "broadcast_to": "as expand",
     "broadcast_tensors": "as expand",
     "gradient": "a dense (n,) temporary of a 1-d input (aten.cat) formed without asking the policy",
-    "nn.functional.avg_pool1d": "the backward converts a dense gradient of the input's size (aten.to) without "
-                                "asking the policy",
 }
 OUTCOMES: dict = {}  # op id -> outcome
 OPS = [op for op in op_db if op.supports_dtype(torch.float64, "cpu")]

@@ -273,6 +273,28 @@ def test_avg_pool_backward_gradient_fill(w, s, p, native):
     torch.testing.assert_close(gi.to_dense() if isinstance(gi, sparsefill.SparseTensor) else gi, ref)
 
 
+@pytest.mark.parametrize("layout", [torch.sparse_coo, torch.sparse_csr], ids=["coo", "csr"])
+@pytest.mark.parametrize("w, s, p, ceil", [(3, 3, 0, False), (4, 2, 1, True), (5, 1, 2, False)])
+def test_avg_pool1d_short_rows_backward_within_the_input_size(layout, w, s, p, ceil):
+    """Many short rows (the edge inputs, weighed one window tap at a time, outnumber the interior ones): the
+    gradients of the values and the fill equal dense's, with a byte limit of the input's dense size raising nothing
+    (the allocations themselves are logged by tests/test_policy_sweep.py)."""
+    shape = (4, 3, 9)
+    keep = torch.rand(shape, generator=torch.Generator().manual_seed(1)) < 0.25
+    idx = keep.nonzero().T
+    v = torch.linspace(-2., 3., idx.shape[1], dtype=torch.float64).requires_grad_()
+    f = torch.tensor(0.75, dtype=torch.float64, requires_grad=True)
+    make = lambda: sparsefill.sparse_coo_tensor(idx, v, shape, fill_value=f)  # noqa: E731
+    A = make().to_sparse(layout=layout)
+    kw = dict(kernel_size=w, stride=s, padding=p, ceil_mode=ceil)
+    with sparsefill.densify_policy("raise", limit_bytes=4 * 3 * 9 * 8):
+        F.avg_pool1d(A, **kw).sum().backward()
+    got = v.grad.clone(), f.grad.clone()
+    v.grad = f.grad = None
+    F.avg_pool1d(make().to_dense(), **kw).sum().backward()
+    torch.testing.assert_close(got, (v.grad, f.grad))
+
+
 def test_indefinite_fill_raises():
     A = sparsefill.sparse_coo_tensor([[1, 5]], [1., 2.], (10,), fill_value=sparsefill.indefinite)
     with pytest.raises(ValueError, match="indefinite"):

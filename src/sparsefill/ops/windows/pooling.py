@@ -175,12 +175,20 @@ def _pool_grad_values(G: SparseTensor, shape, w: int, s: int, p: int, cip: bool,
 
 
 def _edge_weights(i, Lo: int, L: int, w: int, s: int, p: int, cip: bool, divisor):
-    """``(total weight 1 / div, count)`` of the outputs covering the inputs ``i`` (one by one: the edge inputs)."""
-    num = i[:, None] + p - torch.arange(w, device=i.device)
-    oo = torch.div(num, s, rounding_mode="floor")
-    hit = (oo * s == num) & (oo >= 0) & (oo < Lo)
-    d = _pool_div(oo.clamp(0, max(Lo - 1, 0)), L, w, s, p, cip, divisor)[0].to(torch.float64)
-    return torch.where(hit, 1 / d, 0).sum(1), hit.sum(1)
+    """``(total weight 1 / div, count)`` of the outputs covering the inputs ``i`` (one by one: the edge inputs).
+    One tap of the window at a time: temporaries of ``len(i)`` elements, not ``len(i) x w`` (which outgrows the
+    input where its rows are short against the window)."""
+    total = torch.zeros(i.shape, dtype=torch.float64, device=i.device)
+    count = torch.zeros(i.shape, dtype=torch.int64, device=i.device)
+    zero = total.new_zeros(())
+    for j in range(w if i.numel() else 0):
+        num = i + (p - j)
+        oo = torch.div(num, s, rounding_mode="floor")
+        hit = (oo * s == num) & (oo >= 0) & (oo < Lo)
+        d = _pool_div(oo.clamp(0, max(Lo - 1, 0)), L, w, s, p, cip, divisor)[0]
+        total += torch.where(hit, 1 / d.to(torch.float64), zero)
+        count += hit
+    return total, count
 
 
 # ---------------------------------------------------------------------- conv1d (convolution, 1-d)
