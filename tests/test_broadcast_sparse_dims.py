@@ -321,3 +321,40 @@ def test_normalize_under_torch_compile_forward_and_backward(fill):
     ref.backward()
     assert_close(out, ref)
     assert_close(v1.grad, v2.grad)
+
+
+EXPANDS = {"expand": lambda t: t.expand(3, 5, 4), "broadcast_to": lambda t: torch.broadcast_to(t, (2, 3, 5, 4)),
+           "broadcast_tensors": lambda t: torch.broadcast_tensors(t, torch.zeros(2, 1, 1, 1, dtype=t.dtype))[0]}
+
+
+@pytest.mark.parametrize("kind", ["coo", "csr", "hybrid"])
+@pytest.mark.parametrize("name", list(EXPANDS))
+def test_expand_over_new_and_grown_dims_backward_forms_no_broadcast_element(name, kind):
+    """``expand``/``broadcast_to``/``broadcast_tensors`` of a ``(3, 1, 4)`` SparseTensor over grown and new leading
+    dims store one slice per stored prefix (stride 0 along the grown dims); the gradient of their sum keeps that
+    broadcast (its values' storage no larger than the input's dense form: no element per result position), and
+    the forward and the gradients of the values and the fill (also through dense weights) equal dense's."""
+    shape = (3, 1, 4)
+    idx = [[0, 2], [0, 0], [1, 3]] if kind != "hybrid" else [[0, 2], [0, 0]]
+    v = torch.tensor([1., -2.], dtype=torch.float64) if kind != "hybrid" else \
+        torch.arange(8., dtype=torch.float64).reshape(2, 4)
+    v.requires_grad_()
+    f = torch.tensor(0.25, dtype=torch.float64, requires_grad=True)
+    make = lambda: sparsefill.sparse_coo_tensor(idx, v, shape, fill_value=f)  # noqa: E731
+    A = make().to_sparse(layout=torch.sparse_csr) if kind == "csr" else make()
+    B = EXPANDS[name](A)
+    assert_close(B.to_dense(), EXPANDS[name](make().to_dense()))
+    G = torch.autograd.grad(B.sum(), B, retain_graph=True)[0]
+    assert G._vals.untyped_storage().nbytes() <= A.numel() * 8
+    B.sum().backward()
+    got = v.grad.clone(), f.grad.clone()
+    v.grad = f.grad = None
+    EXPANDS[name](make().to_dense()).sum().backward()
+    assert_close(got, (v.grad, f.grad))
+    v.grad = f.grad = None
+    w = torch.arange(B.numel(), dtype=torch.float64).reshape(B.shape)
+    (EXPANDS[name](A) * w).sum().backward()
+    got = v.grad.clone(), f.grad.clone()
+    v.grad = f.grad = None
+    (EXPANDS[name](make().to_dense()) * w).sum().backward()
+    assert_close(got, (v.grad, f.grad))

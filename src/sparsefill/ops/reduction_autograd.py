@@ -216,10 +216,22 @@ def reduction_grad(P: SparseTensor, name: str, dims, opt, Y: torch.Tensor, G: to
     else:
         st = _Slices(V, F, m, rd, K, Y)
         gv, gf = FORMULAS[name](V, G, Y, st, opt), FORMULAS[name](F, G, Y, st, opt)
-    gv = gv.expand(V.shape).to(P.dtype).contiguous()
+    # a gradient constant along dims (sum's: G broadcast) stays a broadcast view, as P's values may be (an expanded
+    # SparseTensor's: one stored slice per prefix, stride 0 along the grown dims): no element of it is formed
+    gv = _broadcast(gv, V.shape, P.dtype)
     zero = P._indefinite or (not traced() and m == 0)  # no unspecified element reads the fill's gradient
-    gf = gf.new_zeros(D) if zero else gf.expand(D).to(P.dtype).clone()
+    gf = gf.new_zeros(D) if zero else _broadcast(gf, D, P.dtype)
     return _on_pattern(P, idx, gv, gf, zero)
+
+
+def _broadcast(g: torch.Tensor, shape, dtype) -> torch.Tensor:
+    """``g`` broadcast to ``shape`` in ``dtype``: a view where it repeats elements (stride 0 along the broadcast
+    dims; autograd accumulates no subclass in place and clones a leaf's gradient that is not dense), else
+    contiguous."""
+    g = g.to(dtype).expand(shape)
+    if traced(g):  # (symbolic sizes and strides: no branch on them)
+        return g.contiguous()
+    return g if any(st == 0 and n > 1 for st, n in zip(g.stride(), g.shape)) else g.contiguous()
 
 
 def _on_pattern(P: SparseTensor, idx, gv, gf, zero: bool) -> SparseTensor:
@@ -354,10 +366,10 @@ def dense_dims_grad(P: SparseTensor, name: str, dims, opt, Y, G) -> SparseTensor
     Gv = values_at(G, keys, sd).to(ct)
     Gs, Ys = Gv.reshape((-1,) + K), values_at(Y, keys, sd).to(ct).reshape((-1,) + K)
     fn = FORMULAS[name]
-    gv = fn(V, Gs, Ys, _RowStats(V, Ys, rd, 1), opt).expand(V.shape).to(P.dtype).contiguous()
+    gv = _broadcast(fn(V, Gs, Ys, _RowStats(V, Ys, rd, 1), opt), V.shape, P.dtype)  # (sum's: G broadcast, a view)
     n = _index.numel(P._sparse_shape) - idx.shape[1]
     if P._indefinite or not n:
-        gf, zero = gv.new_zeros(D), True
+        gf, zero = gv.new_zeros(()).expand(D), True  # (a broadcast zero: no element per dense position)
     else:
         F = P._fill.expand(D).to(ct)
         G_rest = sum_outside(G, idx, G.shape, G.shape[sd:]).to(ct).reshape(K)  # (an inf stays inf)
