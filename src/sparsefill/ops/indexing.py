@@ -112,6 +112,27 @@ def _slice(func, args, kwargs):
     return _build(A, idx, vals[keep], shape)
 
 
+def _outside_stored(G: SparseTensor, sizes, dim: int, rest, fill) -> SparseTensor:
+    """``slice_backward`` of ``G`` with a nonzero fill, the cheaper exact form where the slice takes most of
+    ``sizes``: ``G``'s fill kept, ``G``'s stored elements moved into place and the positions outside the slice
+    stored as zeros (O(nse + outside), not O(numel of G): the gradient of ``a[1:]`` of a long ``a``)."""
+    start, stop, step = slice(rest[0], rest[1], rest[2]).indices(sizes[dim])
+    hit = torch.zeros(sizes[dim], dtype=torch.bool, device=G.device)
+    hit[start:stop:step] = True
+    comp = (~hit).nonzero().squeeze(1)
+    sd = G._sparse_ndim()
+    outer = list(sizes[:sd])
+    outer[dim] = comp.numel()
+    out_idx = _index.unravel(torch.arange(_index.numel(outer), device=G.device), outer)
+    out_idx[dim] = comp[out_idx[dim]]
+    idx, vals = coalesced_parts(G)
+    idx = idx.clone()
+    idx[dim] = idx[dim] * step + start
+    zeros = vals.new_zeros((out_idx.shape[1],) + tuple(vals.shape[1:]))
+    return parts_to_sparse(torch.cat([idx, out_idx], 1), torch.cat([vals, zeros]), torch.Size(sizes), fill,
+                           layout=torch.sparse_coo)
+
+
 def _covers(func, sizes, dim, rest) -> bool:
     """Whether the select/slice took every index of ``dim`` (a select on a size-1 dim, a full slice)."""
     if func is aten.select_backward.default:
@@ -146,7 +167,11 @@ def _slice_backward(func, args, kwargs):
         return parts_to_sparse(idx, vals, torch.Size(sizes), fill, layout=torch.sparse_coo, coalesced=True)
     if G._indefinite or G._fill_is_zero() or not bool(fill.ne(0).any()):
         idx, vals = coalesced_parts(G)
+    elif func is aten.slice_backward.default and _index.numel(sizes[:sd]) - _index.numel(G.shape[:sd]) < \
+            _index.numel(G.shape[:sd]) - G._nse():
+        return _outside_stored(G, sizes, dim, rest, fill)
     else:  # every element of G, stored
+        check_specify(f"{func.__name__} of a gradient with a nonzero fill", G.numel(), G.element_size())
         idx, vals = every_element(G)
     if func is aten.select_backward.default:
         idx = torch.cat([idx[:dim], idx.new_full((1, idx.shape[1]), rest[0] % sizes[dim]), idx[dim:]])
