@@ -357,7 +357,7 @@ def welford_mean(A, mean, dims, keepdim):
     """
     if not A.is_floating_point() or A.numel() == 0:
         return mean
-    bad = ~torch.isfinite(A)
+    bad = torch.isinf(A)  # (a NaN makes both means NaN: only infinities tell them apart)
     if not traced(A._vals) and not bool(bad.any()):  # (the common case: mean's own result and gradient)
         return mean
     count, last = bad.sum(dims, keepdim=keepdim), bad
