@@ -27,6 +27,7 @@ __all__ = ["SparseTensor"]
 
 _STATE = ("_sf_layout", "_size", "_idx", "_crow", "_col", "_vals", "_fill", "_indefinite", "_coalesced", "_zero",
           "_view")
+TRANSIENT = frozenset({"_has_views"})  # attributes of this object alone: pickles and copies leave them out
 _PUBLIC_NAMES = {"_idx": "indices", "_crow": "crow_indices", "_col": "col_indices", "_vals": "values"}
 
 

@@ -90,8 +90,9 @@ class HostMixin:
     def __reduce_ex__(self, proto):
         """Pickled as its inner tensors: ``torch.save`` stores them, ``torch.multiprocessing`` (queues, spawn,
         DataLoader workers) sends them by torch's shared-memory reductions, never as a dense tensor."""
-        from ._tensor import _STATE, _rebuild  # pickles name sparsefill._tensor._rebuild (saved files do)
-        extra = {k: v for k, v in self.__dict__.items() if k not in _STATE}  # e.g. _is_param of nn.Parameter(A)
+        from ._tensor import _STATE, TRANSIENT, _rebuild  # pickles name sparsefill._tensor._rebuild
+        extra = {k: v for k, v in self.__dict__.items()  # e.g. _is_param of nn.Parameter(A)
+                 if k not in _STATE and k not in TRANSIENT}
         return (_rebuild, self._rebuild_args(torch.Tensor.detach) + ((extra,) if extra else ()))
 
     def _inner(self) -> list:
@@ -149,12 +150,12 @@ class HostMixin:
         if id(self) in memo:
             return memo[id(self)]
         import copy
-        from ._tensor import _STATE, _rebuild
+        from ._tensor import _STATE, TRANSIENT, _rebuild
         size, inner, ctx, rg = self._rebuild_args(lambda t: copy.deepcopy(t.detach(), memo))
         new = _rebuild(size, inner, ctx, rg)
         memo[id(self)] = new
         for k, v in self.__dict__.items():  # e.g. _is_param of nn.Parameter(A); a copy is no view
-            if k not in _STATE:
+            if k not in _STATE and k not in TRANSIENT:
                 setattr(new, k, copy.deepcopy(v, memo))
         return new
 

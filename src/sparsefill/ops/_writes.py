@@ -7,7 +7,6 @@ Lower than every op handler and the densify fallback (which write their in-place
 
 from __future__ import annotations
 
-import weakref
 
 import torch
 from torch.utils._mode_utils import no_dispatch
@@ -33,27 +32,21 @@ def assign_(A: SparseTensor, new: SparseTensor) -> SparseTensor:
     return A
 
 
-# SparseTensors a view was taken of (``views.track`` marks them): their shape is fixed (see ``reshape_``).  Weak
-# references by id, not an attribute: a copy, a pickle or a loaded file of one has no views.  (Not a WeakSet:
-# its lookups compare tensors with ==.)
-_VIEWED: dict = {}
-
-
+# SparseTensors a view was taken of (``views.track`` marks them) have a fixed shape (see ``reshape_``).  The
+# mark is an attribute that pickles and copies leave out (``_tensor.TRANSIENT``): a copy, a pickle or a loaded
+# file of one has no views.  (Not a weak reference: ``torch.utils.swap_tensors`` refuses a tensor that has one,
+# and nn.Module conversions swap parameters.)
 def mark_viewed(A: SparseTensor) -> None:
-    """Remember that a view of ``A`` was taken (until ``A`` is freed)."""
-    key = id(A)
-    if not viewed(A):
-        _VIEWED[key] = weakref.ref(A, lambda r: _VIEWED.pop(key) if _VIEWED.get(key) is r else None)
+    """Remember that a view of ``A`` was taken."""
+    A._has_views = True
 
 
 def viewed(A: SparseTensor) -> bool:
-    r = _VIEWED.get(id(A))
-    return r is not None and r() is A
+    return A.__dict__.get("_has_views", False)
 
 
 def unmark_viewed(A: SparseTensor) -> None:
-    if viewed(A):
-        del _VIEWED[id(A)]
+    A.__dict__.pop("_has_views", None)
 
 
 def reshape_(A: SparseTensor, new: SparseTensor, func, args, kwargs) -> SparseTensor:
