@@ -129,6 +129,6 @@ def test_coverage_generator_on_a_subset(tmp_path):
 def test_dunders_without_arguments():
     assert sparsefill.explain(torch.Tensor.__radd__).steps[0].op == "aten.add.Tensor"
     assert sparsefill.explain(torch.Tensor.__iadd__).steps[0].op == "aten.add_.Tensor"
-    e = sparsefill.explain(torch.Tensor.__getitem__)
-    assert e.stage == "unknown" and not e.steps and e.notes
+    e = sparsefill.explain(torch.Tensor.__getitem__)  # a route takes row/column selections
+    assert e.stage == "route" and [s.op for s in e.steps] == ["torch.Tensor.__getitem__"] and e.notes
     assert sparsefill.explain(torch.Tensor.__getitem__, _A(), 0).stage in STAGES
