@@ -139,7 +139,13 @@ def _check_no_overflow(fill_value, finite, fill: torch.Tensor, dtype) -> None:
         return
     f = torch.view_as_real(fill) if fill.is_complex() else fill
     inf = f.isinf().any(-1) if fill.is_complex() else f.isinf()
-    if bool((inf & finite).any()):
+    if isinstance(finite, bool):  # (a bool, not tensor & bool: torch.jit.trace has no such op)
+        if not finite:
+            return
+        hit = inf
+    else:
+        hit = inf & finite
+    if bool(hit.any()):
         info = torch.finfo(dtype)
         raise ValueError(f"fill_value {fill_value!r} is out of range [{info.min}, {info.max}] of dtype {dtype}")
 
