@@ -303,15 +303,9 @@ def pattern_grad(A: SparseTensor, U: torch.Tensor, V: torch.Tensor) -> SparseTen
     return parts_to_sparse(idx, gv, A.shape, fill, known_zero=zero, layout=A._sf_layout, coalesced=True)
 
 
-class SparseMM(torch.autograd.Function):
-    """``A @ X`` (``left``) or ``X @ A``: ``A`` a 2-d or 3-d SparseTensor, ``X`` dense of ``A``'s batch."""
-
-    @staticmethod
-    def forward(A, X, left):
-        P = _pattern(A)
-        mm = torch.mm if A.dim() == 2 else torch.bmm
-        with values_not_kept():  # (A needs a gradient: its values change)
-            return mm(P, X) if left else mm(X, P)
+class _PatternProduct(torch.autograd.Function):
+    """What the products of a SparseTensor ``A`` that needs a gradient share: ``ctx`` keeps ``A``'s pattern
+    (graph-free), the side ``left`` and the dense operand ``X``."""
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -320,6 +314,17 @@ class SparseMM(torch.autograd.Function):
         ctx.save_for_backward(X)
 
     vmap = staticmethod(lambda info, in_dims, *args: refuse_vmap("a sparse matrix product"))
+
+
+class SparseMM(_PatternProduct):
+    """``A @ X`` (``left``) or ``X @ A``: ``A`` a 2-d or 3-d SparseTensor, ``X`` dense of ``A``'s batch."""
+
+    @staticmethod
+    def forward(A, X, left):
+        P = _pattern(A)
+        mm = torch.mm if A.dim() == 2 else torch.bmm
+        with values_not_kept():  # (A needs a gradient: its values change)
+            return mm(P, X) if left else mm(X, P)
 
     @staticmethod
     @once_differentiable
@@ -352,7 +357,7 @@ def _heads(P: SparseTensor):
                       fill=fill if P._indefinite else fill[h]) for h in range(H)]
 
 
-class HybridMM(torch.autograd.Function):
+class HybridMM(_PatternProduct):
     """``Y[h] = A[..., h] @ X[h]`` (``left``) or ``(X[h]^T @ A[..., h])^T`` for each position ``h`` of the one
     dense dim of a hybrid ``A`` ``(m, k, H)`` (``(k, m, H)`` for ``left=False``) and a dense ``X`` ``(H, k, n)``:
     the heads of a multi-head attention, ``einsum("ijh,jhd->hid", A, X)``, head by head on the pattern.  The
@@ -363,15 +368,9 @@ class HybridMM(torch.autograd.Function):
     @staticmethod
     def forward(A, X, left):
         _, heads = _heads(_pattern(A))
-        return torch.stack([torch.mm(P, X[h]) if left else torch.mm(X[h].mT, P).mT for h, P in enumerate(heads)])
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        A, X, left = inputs
-        ctx.pattern, ctx.left = _pattern(A), left
-        ctx.save_for_backward(X)
-
-    vmap = staticmethod(lambda info, in_dims, *args: refuse_vmap("a sparse matrix product"))
+        with values_not_kept():  # (A needs a gradient: its values change)
+            return torch.stack([torch.mm(P, X[h]) if left else torch.mm(X[h].mT, P).mT
+                                for h, P in enumerate(heads)])
 
     @staticmethod
     @once_differentiable
@@ -391,8 +390,9 @@ class HybridMM(torch.autograd.Function):
             gA = rewrap(Pc, values=torch.stack(vals, -1), fill=torch.stack(fills), indefinite=False,
                         known_zero=Pc._indefinite)
         if ctx.needs_input_grad[1]:
-            gX = torch.stack([(torch.mm(P.mT, G[h]) if ctx.left else torch.mm(P, G[h])).to(X.dtype)
-                              for h, P in enumerate(heads)])
+            with values_not_kept():
+                gX = torch.stack([(torch.mm(P.mT, G[h]) if ctx.left else torch.mm(P, G[h])).to(X.dtype)
+                                  for h, P in enumerate(heads)])
         return gA, gX, None
 
 
