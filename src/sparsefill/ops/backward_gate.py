@@ -47,6 +47,11 @@ from .._tensor import SparseTensor
 _NO_DENSE = frozenset(
     f"{name}Backward{k}" for name in ("Permute", "Transpose", "T", "View", "ReshapeAlias", "UnsafeView", "Unsqueeze",
                                       "Squeeze", "Alias", "Expand", "Sum", "Add", "Clone", "Detach") for k in range(4))
+# nodes whose formula is element-wise arithmetic on the saved operands themselves (``dist``: ``(self - other)
+# * f(grad, result)``): on SparseTensor operands it runs through the handlers, which ask the gate where they
+# densify, and gives a SparseTensor gradient; a dense one is judged after the formula (never silent).
+_ON_SAVED_OPERANDS = frozenset(f"{name}Backward{k}" for name in ("Dist", "Norm", "LinalgVectorNorm")
+                               for k in range(4))
 _ACCUMULATE = type(torch.zeros((), requires_grad=True).view(()).grad_fn.next_functions[0][0])
 
 
@@ -74,8 +79,8 @@ def _walk(node, sparse, stop, leads, name) -> bool:
     if node in leads:
         return leads[node]
     leads[node] = False  # (a node is visited once)
-    nbytes, shapes, reach = 0, [], False
-    for m, nr in node.next_functions:
+    nbytes, shapes, reach, at = 0, [], False, []
+    for i, (m, nr) in enumerate(node.next_functions):
         if m is None:
             continue
         if (m, nr) in sparse:
@@ -91,12 +96,24 @@ def _walk(node, sparse, stop, leads, name) -> bool:
             nbytes += _numel(meta.shape) * meta.dtype.itemsize
             shapes.append(tuple(meta.shape))
             reach = True
+            at.append(i)
     leads[node] = reach
     if reach and node.name() not in _NO_DENSE and not _own_function(node):
         what = f"{node.name()} (torch's derivative formula of {name}) forms the dense gradient of a SparseTensor " \
                f"operand of shape {', '.join(map(str, shapes))}"
-        node.register_prehook(functools.partial(_ask, what, nbytes))
+        if node.name() in _ON_SAVED_OPERANDS:  # (runs through the handlers: judged by its result)
+            node.register_hook(functools.partial(_judge, what, nbytes, at))
+        else:
+            node.register_prehook(functools.partial(_ask, what, nbytes))
     return reach
+
+
+def _judge(what: str, nbytes: int, at, grad_inputs, grad_outputs):
+    """After a formula that may have run on the pattern: a dense gradient for a SparseTensor operand was formed
+    by torch's arithmetic on dense tensors, outside the handlers: the gate is asked (late, never silent)."""
+    if any(isinstance(grad_inputs[i], torch.Tensor) and not isinstance(grad_inputs[i], SparseTensor)
+           for i in at if i < len(grad_inputs)):
+        check_densify(what, nbytes, by_nature=True)
 
 
 def _numel(shape) -> int:
