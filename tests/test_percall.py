@@ -273,7 +273,7 @@ def test_torch_function_skips_route_only_for_what_route_declines():
     assert torch.Tensor.requires_grad_ in ar.ROUTED and torch._C.TensorBase.requires_grad.__set__ in ar.ROUTED
     calls = [(torch.exp, (A,)), (torch.Tensor.mul, (A, 2)), (torch.Tensor.__add__, (A, A)), (torch.add, (A, A, 2)),
              (torch.Tensor.mul_, (A, 1.0)), (torch.Tensor.detach, (A,)), (torch.Tensor.clone, (A,)),
-             (torch.neg, (A,)), (torch.clamp, (A, None, 0.5)), (torch.Tensor.__getitem__, (A, 1)),
+             (torch.neg, (A,)), (torch.clamp, (A, None, 0.5)), (torch.Tensor.flip, (A, 0)),
              (torch.Tensor.to, (A, torch.float32)), (torch.Tensor.t, (A,))]
     for grad in (True, False):
         with torch.set_grad_enabled(grad):

@@ -21,10 +21,12 @@ import argparse
 import collections
 import contextlib
 import datetime
+import importlib.util
 import os
 import sys
 import time
 import warnings
+from pathlib import Path
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TESTS = os.path.join(os.path.dirname(HERE), "tests")
@@ -39,7 +41,10 @@ PASSING = {"native", "densify", "declared", "densify-backward"}
 def _modules():
     if TESTS not in sys.path:
         sys.path.insert(0, TESTS)
-    import conftest
+    # tests/conftest.py by its path: under pytest another folder's conftest may hold the name "conftest"
+    spec = importlib.util.spec_from_file_location("sparsefill_tests_conftest", Path(TESTS) / "conftest.py")
+    conftest = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(conftest)
     import test_opinfo
     import test_opinfo_backward
     return conftest, test_opinfo, test_opinfo_backward
