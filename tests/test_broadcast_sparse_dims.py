@@ -358,3 +358,20 @@ def test_expand_over_new_and_grown_dims_backward_forms_no_broadcast_element(name
     v.grad = f.grad = None
     (EXPANDS[name](make().to_dense()) * w).sum().backward()
     assert_close(got, (v.grad, f.grad))
+
+
+def test_copy_of_broadcast_values_asks_the_byte_limit():
+    """``expand_copy`` (``A.expand(...).clone()``) stores each element of the broadcast values: their bytes
+    ask the densify policy first (DensifyError past the limit, nothing allocated); within it the copy equals
+    dense and owns its values."""
+    A = sparsefill.sparse_coo_tensor([[0, 2]], [1.0, 2.0], (3,), fill_value=0.5)
+    E = A.expand(4, 3)
+    with sparsefill.densify_policy(limit_bytes=8):
+        with pytest.raises(sparsefill.DensifyError, match="broadcast"):
+            torch.expand_copy(A, (4, 3))
+        with pytest.raises(sparsefill.DensifyError, match="broadcast"):
+            E.clone()
+    C = torch.expand_copy(A, (4, 3))
+    torch.testing.assert_close(C.to_dense(), A.to_dense().expand(4, 3))
+    C[0, 0] = 7.0  # (its own storage: a write to one element, as on dense)
+    assert C.to_dense()[0, 0] == 7.0 and C.to_dense()[1, 0] == 1.0

@@ -45,8 +45,6 @@ COUNTS: collections.Counter = collections.Counter()  # outcome -> number of ops
 # test): op id -> what allocates.  Reported ``declared``; an undeclared violation fails its test, and so does a
 # declared op that no longer violates (remove it from here).
 DECLARED = {
-    "expand_copy": "the copy of an expanded SparseTensor clones its broadcast values (one stored slice per prefix, "
-                   "stride 0 along the grown dims) into every element of the slices (core._clone)",
     "gradient": "no densification: the pieces (a[2:] - a[:-2]) / 2 and the edges store the union of shifted "
                 "patterns natively, which at the sample's 5 elements is every element; cat joins those stored "
                 "values (aten.cat of (5,)), the size this sweep counts as a dense form",

@@ -8,7 +8,7 @@ from .. import _creation, _index
 from .._compile import traced
 from .._convert import (coalesce_of, coalesced_parts, dense_of, dense_to_sparse, map_inner, rewrap, to_layout,
                         union_parts)
-from .._policy import check_densify
+from .._policy import check_densify, check_specify
 from .._splits import one_split, to_dense_dim
 from .._tensor import SparseTensor
 from ._schema import probe_of
@@ -31,7 +31,14 @@ def _alias(func, args, kwargs):
 
 @register(aten.clone.default)
 def _clone(func, args, kwargs):
-    return map_inner(args[0], torch.clone, torch.clone)
+    """A copy of the inner tensors.  Values broadcast along a dim (``expand`` keeps them a stride-0 view) are
+    stored element by element in the copy, so their count asks the densify policy first (``expand_copy``)."""
+    A = args[0]
+    vals = A._vals
+    if any(st == 0 and n > 1 for st, n in zip(vals.stride(), vals.shape)) and not traced(vals):
+        check_specify(f"{func}: a copy of values broadcast along a dim (expand) stores each element",
+                      vals.numel(), vals.element_size())
+    return map_inner(A, torch.clone, torch.clone)
 
 
 @register(aten._to_copy.default)
