@@ -97,6 +97,19 @@ def runs_to_ids(lengths: torch.Tensor, total: int) -> torch.Tensor:
     return starts[:-1].cumsum(0)
 
 
+def flat_nonzero(mask: torch.Tensor) -> torch.Tensor:
+    """``mask.nonzero().squeeze(1)`` of a 1-D bool ``mask``: the positions that hold True, ascending.  On the
+    CPU by numpy's ``flatnonzero`` (serial, a third faster than torch's CPU ``nonzero`` at 1M elements).
+
+    >>> flat_nonzero(torch.tensor([False, True, True, False])).tolist()
+    [1, 2]
+    """
+    if mask.device.type == "cpu" and not traced(mask):
+        import numpy as np
+        return torch.from_numpy(np.flatnonzero(mask.numpy()).astype(np.int64, copy=False))
+    return mask.nonzero().squeeze(1)
+
+
 def take_columns(indices: torch.Tensor, pos: torch.Tensor, row: int | None = None, given=None) -> torch.Tensor:
     """``indices.index_select(1, pos)`` for a ``(k, nse)`` index tensor, as one gather per row (on CPU a
     gather along the inner dim of a 2-D tensor takes another kernel, ~20x slower: 26 ms against 1.2 ms for

@@ -294,7 +294,7 @@ def _select_coords(coord: torch.Tensor, index: torch.Tensor, n: int, last: bool)
         return coord.new_zeros(0), coord.new_zeros(0), True
     if n <= _LUT_PER_ELEMENT * (coord.numel() + m) + 4096:
         count = torch.bincount(index, minlength=n)
-        kept = (count > 0).index_select(0, coord).nonzero().squeeze(1)
+        kept = _index.flat_nonzero((count > 0).index_select(0, coord))
         c = coord.index_select(0, kept)
         if int(count.max()) <= 1:  # unique: one place each
             lut = torch.empty(n, dtype=torch.int64, device=index.device)  # (read only where count > 0)

@@ -21,6 +21,7 @@ import operator
 import numpy as np
 import torch
 
+from .._index import flat_nonzero
 from . import _kernels
 from ._check import as_index, check_indices, check_offsets, check_segment_ids, check_rows
 
@@ -113,8 +114,7 @@ class Plan:
     def fill_empty_(self, out: torch.Tensor, value) -> torch.Tensor:
         """``out`` (rows = segments) with the rows of the empty segments set to ``value``, in place."""
         counts = self.counts
-        empty = torch.from_numpy(np.flatnonzero(counts.numpy() == 0)) if counts.device.type == "cpu" else \
-            (counts == 0).nonzero().squeeze(1)  # (numpy on the CPU: serial, see _check.cpu_min)
+        empty = flat_nonzero(counts == 0)
         return out.index_fill_(0, empty, value) if empty.numel() else out
 
     def to_segment_order(self, t: torch.Tensor | None) -> torch.Tensor | None:
