@@ -51,6 +51,7 @@ from .._grouping import group_slices
 from .._tensor import SparseTensor
 from .autograd_routes import register_route
 from .linalg_autograd import pattern_grad_is_exact
+from .reductions import welford_mean
 
 T = torch.Tensor
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -540,7 +541,6 @@ def _route_var_mean(func, args, kwargs):
     if s is NotImplemented or m is NotImplemented:
         return NotImplemented
     dims = list(range(A.dim())) if dim is None else [dim] if isinstance(dim, int) else list(dim)
-    from .reductions import welford_mean
     return s, welford_mean(A, m, dims, keepdim)
 
 

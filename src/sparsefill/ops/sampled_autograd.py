@@ -22,6 +22,7 @@ import torch
 from .._autograd import dense_grad, sparse_inside
 from .._tensor import SparseTensor
 from .autograd_routes import register_route
+from .sampled import pattern_product
 
 
 class SparseMask(torch.autograd.Function):
@@ -72,7 +73,6 @@ class SampledAddmm(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, G):
-        from .sampled import pattern_product
         m1, m2 = ctx.saved_tensors
         G = sparse_inside(G)
         gA = G * ctx.beta if ctx.needs_input_grad[0] else None
