@@ -26,12 +26,20 @@ import torch.nn.functional as F
 from torch import nn
 
 from sparsefill import segment
-from sparsefill.benchmarks.measure import interleaved  # (one round: each warmed up, then the median of reps)
+from sparsefill.benchmarks.measure import (
+    interleaved,
+)  # (one round: each warmed up, then the median of reps)
 
 
 # ----------------------------------------------------------------------------- data
-def make_batch(batch: int = 2048, keys: int = 8, rows: int = 50_000, mean_length: int = 20, dense: int = 13,
-               seed: int = 0):
+def make_batch(
+    batch: int = 2048,
+    keys: int = 8,
+    rows: int = 50_000,
+    mean_length: int = 20,
+    dense: int = 13,
+    seed: int = 0,
+):
     """``(dense_x, kj, labels)``: ``kj`` a KeyedJaggedBatch, example by example, key by key; a key with no id
     in an example is absent from it.  List lengths are uniform in ``[0, 2 * mean_length]``, ids skewed
     toward small ones (popular items), labels 0/1."""
@@ -42,7 +50,11 @@ def make_batch(batch: int = 2048, keys: int = 8, rows: int = 50_000, mean_length
     values_lengths = lengths.flatten()[present]
     ids = (torch.rand(int(values_lengths.sum()), generator=g) ** 3 * rows).long()
     kj = segment.KeyedJaggedBatch(ids, values_lengths, entry_keys, (lengths > 0).sum(1))
-    return torch.randn(batch, dense, generator=g), kj, torch.randint(0, 2, (batch,), generator=g).float()
+    return (
+        torch.randn(batch, dense, generator=g),
+        kj,
+        torch.randint(0, 2, (batch,), generator=g).float(),
+    )
 
 
 def embedding_bag_inputs(kj: segment.KeyedJaggedBatch, keys: int):
@@ -71,18 +83,24 @@ class DLRM(nn.Module):
 
     def __init__(self, keys: int = 8, rows: int = 50_000, dim: int = 64, dense: int = 13):
         super().__init__()
-        self.tables = nn.ParameterList([nn.Parameter(torch.randn(rows, dim) * 0.01) for _ in range(keys)])
+        self.tables = nn.ParameterList(
+            [nn.Parameter(torch.randn(rows, dim) * 0.01) for _ in range(keys)]
+        )
         self.bottom = mlp(dense, 128, dim)
         self.top = mlp(dim * (keys + 1), 256, 1)
 
     def forward(self, dense_x: torch.Tensor, kj: segment.KeyedJaggedBatch) -> torch.Tensor:
-        pooled = kj.pooled(dict(enumerate(self.tables)), "sum", sparse_grad=True)   # {key: (B, dim)}
+        pooled = kj.pooled(dict(enumerate(self.tables)), "sum", sparse_grad=True)  # {key: (B, dim)}
         z = torch.cat([self.bottom(dense_x)] + [pooled[k] for k in range(len(self.tables))], 1)
         return self.top(z).squeeze(1)
 
     def optimizers(self, lr: float = 0.01):
-        return [segment.SparseAdagrad(list(self.tables), lr=lr),
-                torch.optim.Adagrad(list(self.bottom.parameters()) + list(self.top.parameters()), lr=lr)]
+        return [
+            segment.SparseAdagrad(list(self.tables), lr=lr),
+            torch.optim.Adagrad(
+                list(self.bottom.parameters()) + list(self.top.parameters()), lr=lr
+            ),
+        ]
 
 
 class EmbeddingBagDLRM(nn.Module):
@@ -91,13 +109,19 @@ class EmbeddingBagDLRM(nn.Module):
     def __init__(self, model: DLRM):
         super().__init__()
         rows, dim = model.tables[0].shape
-        self.tables = nn.ModuleList([nn.EmbeddingBag(rows, dim, mode="sum", sparse=True) for _ in model.tables])
+        self.tables = nn.ModuleList(
+            [nn.EmbeddingBag(rows, dim, mode="sum", sparse=True) for _ in model.tables]
+        )
         self.bottom = mlp(model.bottom[0].in_features, 128, dim)
         self.top = mlp(dim * (len(model.tables) + 1), 256, 1)
         self.load_state_dict(_peer_state(model))
 
     def forward(self, dense_x, bags):
-        z = torch.cat([self.bottom(dense_x)] + [t(ids, offsets) for t, (ids, offsets) in zip(self.tables, bags)], 1)
+        z = torch.cat(
+            [self.bottom(dense_x)]
+            + [t(ids, offsets) for t, (ids, offsets) in zip(self.tables, bags)],
+            1,
+        )
         return self.top(z).squeeze(1)
 
     def optimizers(self, lr: float = 0.01):
@@ -106,8 +130,10 @@ class EmbeddingBagDLRM(nn.Module):
 
 def _peer_state(model: DLRM) -> dict:
     """``model``'s weights under the peer's names (``tables.3`` -> ``tables.3.weight``)."""
-    return {(f"tables.{k.split('.')[1]}.weight" if k.startswith("tables.") else k): v.detach().clone()
-            for k, v in model.state_dict().items()}
+    return {
+        (f"tables.{k.split('.')[1]}.weight" if k.startswith("tables.") else k): v.detach().clone()
+        for k, v in model.state_dict().items()
+    }
 
 
 # ----------------------------------------------------------------------------- training
@@ -123,6 +149,7 @@ def trainer(model, inputs, labels, lr: float = 0.01):
         for o in opts:
             o.step()
         return loss.item()
+
     return step
 
 
@@ -135,8 +162,15 @@ def setup(batch: int = 2048, keys: int = 8, rows: int = 50_000, dim: int = 64, s
     return (model, (dense_x, kj), labels), (peer, (dense_x, embedding_bag_inputs(kj, keys)), labels)
 
 
-def check(batch: int = 64, keys: int = 4, rows: int = 500, dim: int = 8, steps: int = 4,
-          atol: float = 1e-5, rtol: float = 1e-4) -> list[tuple[float, float]]:
+def check(
+    batch: int = 64,
+    keys: int = 4,
+    rows: int = 500,
+    dim: int = 8,
+    steps: int = 4,
+    atol: float = 1e-5,
+    rtol: float = 1e-4,
+) -> list[tuple[float, float]]:
     """Same losses over ``steps`` steps and same tables afterwards as the EmbeddingBag peer."""
     (m, x, y), (p, xp, yp) = setup(batch, keys, rows, dim)
     ours, theirs = trainer(m, x, y), trainer(p, xp, yp)
@@ -158,10 +192,16 @@ def main(argv=None):
     torch.set_num_threads(args.threads)
     print("losses (sparsefill, EmbeddingBag):", [f"{a:.6f} {b:.6f}" for a, b in check()])
     (m, x, y), (pm, xp, yp) = setup(args.batch, rows=args.rows)
-    t_ours, t_theirs = (1e3 * t for t in interleaved({"ours": trainer(m, x, y), "theirs": trainer(pm, xp, yp)}, 1,
-                                                       args.reps).values())
-    print(f"batch {args.batch}, 8 tables of {args.rows} x 64, {x[1].values.numel()} ids: training step "
-          f"sparsefill {t_ours:.1f} ms, EmbeddingBag + Adagrad {t_theirs:.1f} ms ({t_ours / t_theirs:.2f}x)")
+    t_ours, t_theirs = (
+        1e3 * t
+        for t in interleaved(
+            {"ours": trainer(m, x, y), "theirs": trainer(pm, xp, yp)}, 1, args.reps
+        ).values()
+    )
+    print(
+        f"batch {args.batch}, 8 tables of {args.rows} x 64, {x[1].values.numel()} ids: training step "
+        f"sparsefill {t_ours:.1f} ms, EmbeddingBag + Adagrad {t_theirs:.1f} ms ({t_ours / t_theirs:.2f}x)"
+    )
 
 
 if __name__ == "__main__":

@@ -38,11 +38,15 @@ from torch import nn
 
 import sparsefill
 from sparsefill import masked
-from sparsefill.benchmarks.measure import interleaved  # (one round: each warmed up, then the median of reps)
+from sparsefill.benchmarks.measure import (
+    interleaved,
+)  # (one round: each warmed up, then the median of reps)
 
 
 # ----------------------------------------------------------------------------- data
-def make_graph(nodes: int, edges_per_node: int = 10, features: int = 32, classes: int = 8, seed: int = 0):
+def make_graph(
+    nodes: int, edges_per_node: int = 10, features: int = 32, classes: int = 8, seed: int = 0
+):
     """A random graph: ``x`` (nodes, features), ``edge_index`` (2, E) as torch_geometric spells it
     (row 0: source, row 1: target; self loops included, no duplicates, sorted by target), labels ``y``.
     E is about ``nodes * (edges_per_node + 1)``."""
@@ -50,20 +54,27 @@ def make_graph(nodes: int, edges_per_node: int = 10, features: int = 32, classes
     src = torch.randint(0, nodes, (nodes * edges_per_node,), generator=g)
     dst = torch.randint(0, nodes, (nodes * edges_per_node,), generator=g)
     loops = torch.arange(nodes)
-    keys = torch.unique(torch.cat([dst, loops]) * nodes + torch.cat([src, loops]))   # sorted by (target, source)
+    keys = torch.unique(
+        torch.cat([dst, loops]) * nodes + torch.cat([src, loops])
+    )  # sorted by (target, source)
     edge_index = torch.stack([keys % nodes, keys // nodes])
     x = torch.randn(nodes, features, generator=g)
     y = torch.randint(0, classes, (nodes,), generator=g)
     return x, edge_index, y
 
 
-def adjacency(edge_index: torch.Tensor, nodes: int, layout=torch.sparse_coo,
-              heads: int = 1) -> sparsefill.SparseTensor:
+def adjacency(
+    edge_index: torch.Tensor, nodes: int, layout=torch.sparse_coo, heads: int = 1
+) -> sparsefill.SparseTensor:
     """``A[target, source] = 1`` on the edges, masked out elsewhere (indefinite fill); COO or CSR.
     With ``heads > 1``: a hybrid ``(nodes, nodes, heads)`` tensor, the heads a dense dim."""
     dense = (heads,) if heads > 1 else ()
-    A = sparsefill.sparse_coo_tensor(edge_index.flip(0), torch.ones((edge_index.shape[1],) + dense),
-                                     (nodes, nodes) + dense, fill_value=sparsefill.indefinite)
+    A = sparsefill.sparse_coo_tensor(
+        edge_index.flip(0),
+        torch.ones((edge_index.shape[1],) + dense),
+        (nodes, nodes) + dense,
+        fill_value=sparsefill.indefinite,
+    )
     return A.to_sparse_csr() if layout is torch.sparse_csr else A
 
 
@@ -86,11 +97,13 @@ class GATLayer(nn.Module):
     def forward(self, x: torch.Tensor, A: sparsefill.SparseTensor) -> torch.Tensor:
         if self.heads == 1:  # A (N, N)
             Wh = self.lin(x)
-            S = A * (Wh @ self.att_dst)[:, None] + A * (Wh @ self.att_src)[None, :]   # scores on A's pattern
-            P = masked.softmax(F.leaky_relu(S, 0.2), 1)                               # each row over its edges
+            S = (
+                A * (Wh @ self.att_dst)[:, None] + A * (Wh @ self.att_src)[None, :]
+            )  # scores on A's pattern
+            P = masked.softmax(F.leaky_relu(S, 0.2), 1)  # each row over its edges
             return P @ Wh + self.bias
-        Wh = self.lin(x).view(-1, self.heads, self.d_out)                 # A (N, N, heads)
-        e_dst, e_src = (Wh * self.att_dst).sum(-1), (Wh * self.att_src).sum(-1)      # (N, heads)
+        Wh = self.lin(x).view(-1, self.heads, self.d_out)  # A (N, N, heads)
+        e_dst, e_src = (Wh * self.att_dst).sum(-1), (Wh * self.att_src).sum(-1)  # (N, heads)
         S = A * e_dst[:, None, :] + A * e_src[None, :, :]
         P = masked.softmax(F.leaky_relu(S, 0.2), 1)
         return torch.einsum("ijh,jhd->ihd", P, Wh).flatten(1) + self.bias
@@ -116,8 +129,9 @@ def pyg_model(model: GAT):
     class PygGAT(nn.Module):
         def __init__(self):
             super().__init__()
-            conv = lambda layer: GATConv(layer.lin.in_features, layer.d_out, heads=layer.heads,
-                                         add_self_loops=False)   # the graph already has them
+            conv = lambda layer: GATConv(
+                layer.lin.in_features, layer.d_out, heads=layer.heads, add_self_loops=False
+            )  # the graph already has them
             self.layer1, self.layer2 = conv(model.layer1), conv(model.layer2)
 
         def forward(self, x, edge_index):
@@ -145,11 +159,19 @@ def trainer(model: nn.Module, graph, y: torch.Tensor, lr: float = 0.005):
         loss.backward()
         opt.step()
         return loss.item()
+
     return step
 
 
-def setup(nodes: int, features: int = 32, classes: int = 8, seed: int = 0, layout=torch.sparse_coo,
-          with_peer: bool = True, heads: int = 1):
+def setup(
+    nodes: int,
+    features: int = 32,
+    classes: int = 8,
+    seed: int = 0,
+    layout=torch.sparse_coo,
+    with_peer: bool = True,
+    heads: int = 1,
+):
     """The graph, our model and the peer with the same weights: ``(x, A, edge_index, y, model, peer)``
     (``peer`` None unless ``with_peer``)."""
     x, edge_index, y = make_graph(nodes, 10, features, classes, seed)
@@ -159,8 +181,14 @@ def setup(nodes: int, features: int = 32, classes: int = 8, seed: int = 0, layou
     return x, A, edge_index, y, model, pyg_model(model) if with_peer else None
 
 
-def check(nodes: int = 300, steps: int = 3, layout=torch.sparse_coo, atol: float = 1e-5,
-          rtol: float = 1e-4, heads: int = 1) -> list[tuple[float, float]]:
+def check(
+    nodes: int = 300,
+    steps: int = 3,
+    layout=torch.sparse_coo,
+    atol: float = 1e-5,
+    rtol: float = 1e-4,
+    heads: int = 1,
+) -> list[tuple[float, float]]:
     """Same forward outputs and same losses over ``steps`` Adam steps as ``GATConv``; returns the losses."""
     x, A, edge_index, y, model, peer = setup(nodes, layout=layout, heads=heads)
     torch.testing.assert_close(model(x, A), peer(x, edge_index), atol=atol, rtol=rtol)
@@ -172,8 +200,11 @@ def check(nodes: int = 300, steps: int = 3, layout=torch.sparse_coo, atol: float
 
 
 def _peak_mb(fn) -> float:
-    from sparsefill.benchmarks.measure import measure_memory   # torch's allocations + Python's, one call
-    return measure_memory(fn)["peak_bytes"] / 2 ** 20
+    from sparsefill.benchmarks.measure import (
+        measure_memory,
+    )  # torch's allocations + Python's, one call
+
+    return measure_memory(fn)["peak_bytes"] / 2**20
 
 
 def main(argv=None):
@@ -191,11 +222,15 @@ def main(argv=None):
     for n in args.nodes:
         x, A, edge_index, y, model, peer = setup(n, layout=layout, heads=args.heads)
         ours, theirs = trainer(model, (x, A), y), trainer(peer, (x, edge_index), y)
-        t_ours, t_theirs = (1e3 * t for t in interleaved({"ours": ours, "theirs": theirs}, 1, args.reps).values())
+        t_ours, t_theirs = (
+            1e3 * t for t in interleaved({"ours": ours, "theirs": theirs}, 1, args.reps).values()
+        )
         m_ours, m_theirs = _peak_mb(ours), _peak_mb(theirs)
-        print(f"{n} nodes, {edge_index.shape[1]} edges, training step: sparsefill {t_ours:.1f} ms, "
-              f"{m_ours:.0f} MB; GATConv {t_theirs:.1f} ms, {m_theirs:.0f} MB "
-              f"({t_ours / t_theirs:.2f}x the time, {m_ours / m_theirs:.2f}x the memory)")
+        print(
+            f"{n} nodes, {edge_index.shape[1]} edges, training step: sparsefill {t_ours:.1f} ms, "
+            f"{m_ours:.0f} MB; GATConv {t_theirs:.1f} ms, {m_theirs:.0f} MB "
+            f"({t_ours / t_theirs:.2f}x the time, {m_ours / m_theirs:.2f}x the memory)"
+        )
 
 
 if __name__ == "__main__":

@@ -50,7 +50,9 @@ import torch
 import torch.nn.functional as F
 
 import sparsefill
-from sparsefill.benchmarks.measure import interleaved  # (one round: each warmed up, then the median of reps)
+from sparsefill.benchmarks.measure import (
+    interleaved,
+)  # (one round: each warmed up, then the median of reps)
 
 FILL = 5.0
 
@@ -81,7 +83,9 @@ def pipeline(signal: torch.Tensor, window: int = 100, threshold: float = 56.0) -
     return F.relu(window_mean - threshold).mean()
 
 
-def pipeline_cumsum(signal: torch.Tensor, window: int = 100, threshold: float = 56.0) -> torch.Tensor:
+def pipeline_cumsum(
+    signal: torch.Tensor, window: int = 100, threshold: float = 56.0
+) -> torch.Tensor:
     """The same windowed mean written with running sums: ``cumsum`` of a signal with a nonzero fill is
     dense, so this form costs at least a dense cumsum forward + backward (:func:`cumsum_floor`)."""
     potential = signal * -8.0
@@ -123,7 +127,9 @@ def check(samples: int = 20_000, rate: float = 0.002, rtol: float = 1e-7, atol: 
         ours = step(sparse_signal, positions, values, samples, fn)
         dense = step(dense_signal, positions, values, samples, fn)
         for a, b, what in zip(ours, dense, ("loss", "values' gradient", "fill's gradient")):
-            torch.testing.assert_close(a, b, rtol=rtol, atol=atol, msg=lambda m: f"{fn.__name__}, {what}: {m}")
+            torch.testing.assert_close(
+                a, b, rtol=rtol, atol=atol, msg=lambda m: f"{fn.__name__}, {what}: {m}"
+            )
         assert ours[0] > 0 and ours[1].abs().sum() > 0, "a check that cannot fail"
         assert fn is events_only or ours[2] != 0, "the fill's gradient is not exercised"
         losses.append((float(ours[0]), float(dense[0])))
@@ -141,14 +147,32 @@ def main(argv=None):
     print("losses (sparsefill, dense):", check())
     positions, values = make_events(args.samples, args.rate)
     for fn in PIPELINES:
-        t = [1e3 * t for t in interleaved({make: (lambda make=make: step(make, positions, values, args.samples, fn))
-                                            for make in (sparse_signal, dense_signal)}, 1, args.reps).values()]
-        print(f"{fn.__name__}, {args.samples} samples, {values.numel()} events, forward + backward: "
-              f"sparsefill {t[0]:.1f} ms, dense torch {t[1]:.1f} ms ({t[1] / t[0]:.1f}x faster)")
+        t = [
+            1e3 * t
+            for t in interleaved(
+                {
+                    make: (lambda make=make: step(make, positions, values, args.samples, fn))
+                    for make in (sparse_signal, dense_signal)
+                },
+                1,
+                args.reps,
+            ).values()
+        ]
+        print(
+            f"{fn.__name__}, {args.samples} samples, {values.numel()} events, forward + backward: "
+            f"sparsefill {t[0]:.1f} ms, dense torch {t[1]:.1f} ms ({t[1] / t[0]:.1f}x faster)"
+        )
         if fn is pipeline_cumsum:
-            floor = 1e3 * interleaved({"floor": cumsum_floor(args.samples, values.dtype)}, 1, args.reps)["floor"]
-            print(f"  floor of the cumsum form: a dense cumsum forward + backward, {floor:.1f} ms "
-                  f"(at best {t[1] / floor:.1f}x faster than dense)")
+            floor = (
+                1e3
+                * interleaved({"floor": cumsum_floor(args.samples, values.dtype)}, 1, args.reps)[
+                    "floor"
+                ]
+            )
+            print(
+                f"  floor of the cumsum form: a dense cumsum forward + backward, {floor:.1f} ms "
+                f"(at best {t[1] / floor:.1f}x faster than dense)"
+            )
 
 
 if __name__ == "__main__":

@@ -25,7 +25,9 @@ from torch.utils.checkpoint import checkpoint
 
 import sparsefill
 from sparsefill import masked
-from sparsefill.benchmarks.measure import interleaved  # (one round: each warmed up, then the median of reps)
+from sparsefill.benchmarks.measure import (
+    interleaved,
+)  # (one round: each warmed up, then the median of reps)
 
 
 def make_mask(tokens: int, density: float, seed: int = 0):
@@ -34,7 +36,9 @@ def make_mask(tokens: int, density: float, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
     keep = (torch.rand(tokens, tokens, generator=g) < density) | torch.eye(tokens, dtype=torch.bool)
     idx = keep.nonzero().t()
-    mask = sparsefill.sparse_coo_tensor(idx, torch.zeros(idx.shape[1]), keep.shape, fill_value=sparsefill.indefinite)
+    mask = sparsefill.sparse_coo_tensor(
+        idx, torch.zeros(idx.shape[1]), keep.shape, fill_value=sparsefill.indefinite
+    )
     return mask.to_sparse_csr(), keep
 
 
@@ -72,6 +76,7 @@ def trainer(model: nn.Module, x: torch.Tensor, target: torch.Tensor, lr: float =
         loss.backward()
         opt.step()
         return loss.item()
+
     return step
 
 
@@ -106,9 +111,13 @@ def main(argv=None):
     torch.set_num_threads(args.threads)
     print("losses (sparse mask, dense mask):", [f"{a:.6f} {b:.6f}" for a, b in check()])
     ours, peer = setup(args.tokens, args.density)
-    t_ours, t_peer = (1e3 * t for t in interleaved({"ours": ours, "peer": peer}, 1, args.reps).values())
-    print(f"{args.tokens} tokens, {args.density:.1%} of the pairs: training step sparse {t_ours:.1f} ms, "
-          f"dense masked {t_peer:.1f} ms ({t_ours / t_peer:.2f}x the time)")
+    t_ours, t_peer = (
+        1e3 * t for t in interleaved({"ours": ours, "peer": peer}, 1, args.reps).values()
+    )
+    print(
+        f"{args.tokens} tokens, {args.density:.1%} of the pairs: training step sparse {t_ours:.1f} ms, "
+        f"dense masked {t_peer:.1f} ms ({t_ours / t_peer:.2f}x the time)"
+    )
 
 
 if __name__ == "__main__":

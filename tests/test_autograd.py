@@ -96,7 +96,9 @@ def test_gradcheck_csr_batched():
     col = torch.tensor([[1, 0, 2], [0, 1, 1]])
     fn = lambda v, f: sparsefill.sparse_csr_tensor(crow, col, v, (2, 2, 3), fill_value=f).to_dense()
     assert gradcheck(fn, (param(2, 3), param()))
-    fn_h = lambda v, f: sparsefill.sparse_csr_tensor(crow, col, v, (2, 2, 3, 2), fill_value=f).to_dense()
+    fn_h = lambda v, f: sparsefill.sparse_csr_tensor(
+        crow, col, v, (2, 2, 3, 2), fill_value=f
+    ).to_dense()
     assert gradcheck(fn_h, (param(2, 3, 2), param(2)))
 
 
@@ -106,6 +108,7 @@ def test_gradcheck_indefinite_to_dense_with_fill():
     def fn(v, t):
         A = sparsefill.sparse_coo_tensor(idx, v, (3, 3), fill_value=[])
         return A.to_dense(fill_value=t)
+
     v, t = param(3), param()
     assert gradcheck(fn, (v, t))
     fn(v, t).sum().backward()
@@ -118,11 +121,13 @@ def test_gradcheck_through_conversions():
     size = (3, 3)
     g = torch.tensor(0.25, dtype=F64)
     make = lambda v, f: sparsefill.sparse_coo_tensor(idx, v, size, fill_value=f)
-    for conv in (lambda A: A.to_sparse(layout=CSR),
-                 lambda A: A.coalesce(),
-                 lambda A: A.to_sparse(fill_value=g),
-                 lambda A: A.to_sparse(layout=CSR).to_sparse(layout=COO),
-                 lambda A: A.to_sparse(fill_value=g, layout=CSR)):
+    for conv in (
+        lambda A: A.to_sparse(layout=CSR),
+        lambda A: A.coalesce(),
+        lambda A: A.to_sparse(fill_value=g),
+        lambda A: A.to_sparse(layout=CSR).to_sparse(layout=COO),
+        lambda A: A.to_sparse(fill_value=g, layout=CSR),
+    ):
         assert gradcheck(lambda v, f: conv(make(v, f)).to_dense().sin(), (param(4), param()))
 
 
@@ -143,7 +148,10 @@ def coo_grad_cases(draw):
 def test_gradcheck_coo_random(case):
     idx, size, vshape, fshape, gen = case
     v, f = param(*vshape, gen=gen), param(*fshape, gen=gen)
-    assert gradcheck(lambda v, f: sparsefill.sparse_coo_tensor(idx, v, size, fill_value=f).to_dense() ** 2, (v, f))
+    assert gradcheck(
+        lambda v, f: sparsefill.sparse_coo_tensor(idx, v, size, fill_value=f).to_dense() ** 2,
+        (v, f),
+    )
 
 
 # ---------------------------------------------------------------------- leaf gradients vs dense
@@ -168,10 +176,13 @@ def leaf_cases(draw):
     shape = tuple(draw(st.lists(st.integers(1, 3), min_size=ndim, max_size=ndim)))
     gen = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
     fill = draw(st.sampled_from([0.0, 1.5, "array"]))
-    F = torch.randn(shape[ndim - dense_dim:], dtype=F64, generator=gen) if fill == "array" else \
-        torch.tensor(fill, dtype=F64)
+    F = (
+        torch.randn(shape[ndim - dense_dim :], dtype=F64, generator=gen)
+        if fill == "array"
+        else torch.tensor(fill, dtype=F64)
+    )
     x = torch.randn(shape, dtype=F64, generator=gen)
-    mask = torch.rand(shape[:ndim - dense_dim] + (1,) * dense_dim, generator=gen) < 0.5
+    mask = torch.rand(shape[: ndim - dense_dim] + (1,) * dense_dim, generator=gen) < 0.5
     x = torch.where(mask, F.expand(shape), x)
     loss = draw(st.sampled_from(sorted(LOSSES)))
     return x, F, layout, dense_dim, loss
@@ -232,8 +243,13 @@ def test_gradient_through_layout_change(src, dst):
 
 
 def test_gradient_through_coalesce():
-    A = sparsefill.sparse_coo_tensor([[1, 0, 1]], torch.tensor([1.0, 2.0, 3.0], dtype=F64), (3,), fill_value=-1.0,
-                                     is_coalesced=False).requires_grad_()
+    A = sparsefill.sparse_coo_tensor(
+        [[1, 0, 1]],
+        torch.tensor([1.0, 2.0, 3.0], dtype=F64),
+        (3,),
+        fill_value=-1.0,
+        is_coalesced=False,
+    ).requires_grad_()
     w = torch.tensor([2.0, 3.0, 4.0], dtype=F64)
     C = A.coalesce()
     assert C.is_coalesced()
@@ -273,8 +289,10 @@ def test_gradcheck_of_to_sparse_from_dense():
     w = torch.randn(2, 3, dtype=F64)
     x = torch.tensor([[1.0, 0.0, 2.0], [0.0, -1.5, 3.0]], dtype=F64, requires_grad=True)
     for layout in (COO, CSR):
-        assert gradcheck(lambda t: (sparsefill.to_sparse(t, fill_value=0.5, layout=layout).to_dense() * w).sin(),
-                         (x,))
+        assert gradcheck(
+            lambda t: (sparsefill.to_sparse(t, fill_value=0.5, layout=layout).to_dense() * w).sin(),
+            (x,),
+        )
 
 
 def test_sgd_step_on_sparse_parameter():
@@ -297,5 +315,5 @@ def test_fill_gradient_of_a_fully_stored_tensor_is_zero():
         v = torch.ones(idx.shape[1], dtype=torch.float64, requires_grad=True)
         f = torch.tensor(float("nan"), dtype=torch.float64, requires_grad=True)
         A = sparsefill.sparse_coo_tensor(idx, v, shape, fill_value=f)
-        torch.atan2(A, torch.tensor(2., dtype=torch.float64)).sum().backward()
+        torch.atan2(A, torch.tensor(2.0, dtype=torch.float64)).sum().backward()
         assert f.grad == 0 and not v.grad.isnan().any()

@@ -46,15 +46,24 @@ F64, F32 = torch.float64, torch.float32
 REPORT: dict = collections.defaultdict(collections.Counter)  # op name -> Counter of outcomes
 # op name -> (reason, what is checked instead)
 DECLARED = {
-    "nn.functional.prelu": ("the weight is per channel (dim 1), not broadcast element-wise: the reference is the "
-                            "dense op on the input with its masked-out elements kept, read at the pattern "
-                            "(the weight's gradient: the upstream gradient is 0 off the pattern)", "dense-ref"),
-    "nn.functional.rrelu": ("in training mode each element draws its own slope: the forward densifies, and on an "
-                            "indefinite fill it raises ValueError (the masked-out elements have no value to draw "
-                            "for); evaluation mode is leaky_relu, checked as every op", "forward-raises"),
+    "nn.functional.prelu": (
+        "the weight is per channel (dim 1), not broadcast element-wise: the reference is the "
+        "dense op on the input with its masked-out elements kept, read at the pattern "
+        "(the weight's gradient: the upstream gradient is 0 off the pattern)",
+        "dense-ref",
+    ),
+    "nn.functional.rrelu": (
+        "in training mode each element draws its own slope: the forward densifies, and on an "
+        "indefinite fill it raises ValueError (the masked-out elements have no value to draw "
+        "for); evaluation mode is leaky_relu, checked as every op",
+        "forward-raises",
+    ),
 }
-ELEMENTWISE = [op for op in unary_ufuncs + binary_ufuncs
-               if op.supports_autograd and op.supports_dtype(F64, "cpu")]
+ELEMENTWISE = [
+    op
+    for op in unary_ufuncs + binary_ufuncs
+    if op.supports_autograd and op.supports_dtype(F64, "cpu")
+]
 
 
 def _name(op) -> str:
@@ -72,8 +81,15 @@ class _Summary:
             for k, v in c.items():
                 total[k.split(":")[0]] += v
             kinds = {k.split(":")[0] for k in c}
-            per_op["densify" if "densify" in kinds else "native" if "native" in kinds
-                   else "declared" if "declared" in kinds else "n/a"] += 1
+            per_op[
+                "densify"
+                if "densify" in kinds
+                else "native"
+                if "native" in kinds
+                else "declared"
+                if "declared" in kinds
+                else "n/a"
+            ] += 1
         tr.section("sparsefill backward on indefinite fills (element-wise OpInfo sweep)")
         tr.write_line(f"ops: {dict(per_op)}; (op, variant, sample) outcomes: {dict(total)}")
         na = collections.Counter()
@@ -113,14 +129,20 @@ def _pattern_mask(out: SparseTensor) -> torch.Tensor:
 def _at(t, shape, omask, always=False):
     """A tensor operand of the reference: gathered at the result's pattern (0-d tensors stay scalars unless
     ``always``)."""
-    return t.broadcast_to(shape)[omask] if isinstance(t, torch.Tensor) and (t.dim() or always) else t
+    return (
+        t.broadcast_to(shape)[omask] if isinstance(t, torch.Tensor) and (t.dim() or always) else t
+    )
 
 
 def _close(a, b, what):
     assert (a is None) == (b is None), f"{what}: one gradient is None"
     if a is not None:
-        assert type(a) is torch.Tensor, f"{what}: a dense leaf's gradient must be dense, got {type(a)}"
-        torch.testing.assert_close(a, b, equal_nan=True, rtol=1e-6, atol=1e-8, msg=lambda m: f"{what}: {m}")
+        assert type(a) is torch.Tensor, (
+            f"{what}: a dense leaf's gradient must be dense, got {type(a)}"
+        )
+        torch.testing.assert_close(
+            a, b, equal_nan=True, rtol=1e-6, atol=1e-8, msg=lambda m: f"{what}: {m}"
+        )
 
 
 def _reference(op, xd, ref, spec, out, omask, seed, k, whole):
@@ -128,11 +150,15 @@ def _reference(op, xd, ref, spec, out, omask, seed, k, whole):
     ``whole`` and where gathering changes the call, e.g. a ``memory_format``, the op on the whole dense
     operands with the upstream gradient 0 off the pattern: the same for an element-wise op's input).
     ``seed(y, gathered)`` runs the backward from ``y``."""
+
     def pick(o):
         return o[k] if isinstance(o, tuple) else o
+
     if not whole:
         try:
-            r_args, r_kwargs = tree_map(lambda t: _at(t, out.shape, omask), tree_unflatten(ref, spec))
+            r_args, r_kwargs = tree_map(
+                lambda t: _at(t, out.shape, omask), tree_unflatten(ref, spec)
+            )
             y = pick(op.op(_at(xd, out.shape, omask, True), *r_args, **r_kwargs))
         except RuntimeError:
             whole = True
@@ -159,10 +185,16 @@ def _run_sample(op, s, si, layout, two, loss):
     g = torch.Generator().manual_seed(si)
     A, v, mask = _indefinite(s.input, g, layout)
     flat, spec = tree_flatten((s.args, s.kwargs))
-    dense = [t.detach().clone().requires_grad_() if isinstance(t, torch.Tensor) and t.dtype == F64 else t
-             for t in flat]
-    ref = [t.detach().clone().requires_grad_() if isinstance(t, torch.Tensor) and t.requires_grad else t
-           for t in dense]
+    dense = [
+        t.detach().clone().requires_grad_() if isinstance(t, torch.Tensor) and t.dtype == F64 else t
+        for t in flat
+    ]
+    ref = [
+        t.detach().clone().requires_grad_()
+        if isinstance(t, torch.Tensor) and t.requires_grad
+        else t
+        for t in dense
+    ]
     second = {}
     if two:
         for i, t in enumerate(dense):
@@ -180,9 +212,14 @@ def _run_sample(op, s, si, layout, two, loss):
             if DECLARED.get(op.name, ("", ""))[1] == "forward-raises" and "indefinite" in str(e):
                 return "declared"
             raise
-        k, out = next(((k, o) for k, o in enumerate(outs if isinstance(outs, tuple) else (outs,))
-                       if isinstance(o, SparseTensor) and (o.dtype.is_floating_point or o.dtype.is_complex)),
-                      (None, outs))
+        k, out = next(
+            (
+                (k, o)
+                for k, o in enumerate(outs if isinstance(outs, tuple) else (outs,))
+                if isinstance(o, SparseTensor) and (o.dtype.is_floating_point or o.dtype.is_complex)
+            ),
+            (None, outs),
+        )
         if k is None:
             return f"no differentiable SparseTensor result ({type(outs).__name__})"
         assert out.is_fill_indefinite()
@@ -197,7 +234,9 @@ def _run_sample(op, s, si, layout, two, loss):
     xd = s.input.detach().clone().requires_grad_()
     whole = DECLARED.get(op.name, ("", ""))[1] == "dense-ref"
     try:
-        _reference(op, xd, ref, spec, out, omask, functools.partial(_seed, loss, W, omask), k, whole)
+        _reference(
+            op, xd, ref, spec, out, omask, functools.partial(_seed, loss, W, omask), k, whole
+        )
     except RuntimeError as e:
         if "not implemented for" in str(e):
             return f"the dense reference has no backward: {str(e)[:60]}"
@@ -205,7 +244,11 @@ def _run_sample(op, s, si, layout, two, loss):
     _close(v.grad, xd.grad[mask], "grad of values")
     for i, (a, b) in enumerate(zip(dense, ref)):
         if i in second:
-            _close(second[i][0].grad, b.grad[second[i][1]], f"grad of the second operand's values (arg {i})")
+            _close(
+                second[i][0].grad,
+                b.grad[second[i][1]],
+                f"grad of the second operand's values (arg {i})",
+            )
         elif isinstance(a, torch.Tensor) and a.requires_grad:
             _close(a.grad, b.grad, f"grad of dense arg {i}")
     return "declared" if op.name in DECLARED else "densify" if densified else "native"
@@ -214,7 +257,11 @@ def _run_sample(op, s, si, layout, two, loss):
 @pytest.mark.parametrize("variant", ["coo", "csr", "coo-two", "coo-sum"])
 @pytest.mark.parametrize("op", ELEMENTWISE, ids=[_name(op) for op in ELEMENTWISE])
 def test_elementwise_backward_on_an_indefinite_fill(op, variant):
-    layout, two, loss = (CSR if variant == "csr" else COO), variant.endswith("two"), variant.split("-")[-1]
+    layout, two, loss = (
+        (CSR if variant == "csr" else COO),
+        variant.endswith("two"),
+        variant.split("-")[-1],
+    )
     checked = 0
     for si, s in enumerate(op.sample_inputs("cpu", F64, requires_grad=False)):
         try:
@@ -224,7 +271,11 @@ def test_elementwise_backward_on_an_indefinite_fill(op, variant):
             REPORT[_name(op)][f"n/a: dense op rejects the sample ({variant})"] += 1
             continue
         outcome = _run_sample(op, s, si, layout, two, loss)
-        key = outcome if outcome in ("native", "densify", "declared") else f"n/a: {outcome} ({variant})"
+        key = (
+            outcome
+            if outcome in ("native", "densify", "declared")
+            else f"n/a: {outcome} ({variant})"
+        )
         REPORT[_name(op)][key] += 1
         checked += key in ("native", "densify", "declared")
     assert checked or variant != "coo", f"{_name(op)}: no sample checked on COO"
@@ -249,10 +300,16 @@ def test_attention_chain(layout, act, norm, dtype):
     n, d, nse = 30, 4, 150
     g = torch.Generator().manual_seed(3)
     idx = _edges(n, nse, g)
-    s0, Wh0 = torch.randn(nse, dtype=dtype, generator=g), torch.randn(n, d, dtype=dtype, generator=g)
+    s0, Wh0 = (
+        torch.randn(nse, dtype=dtype, generator=g),
+        torch.randn(n, d, dtype=dtype, generator=g),
+    )
     s, Wh = s0.clone().requires_grad_(), Wh0.clone().requires_grad_()
-    fn = {"masked.softmax": sparsefill.masked.softmax, "torch.softmax": torch.softmax,
-          "torch.log_softmax": torch.log_softmax}[norm]
+    fn = {
+        "masked.softmax": sparsefill.masked.softmax,
+        "torch.softmax": torch.softmax,
+        "torch.log_softmax": torch.log_softmax,
+    }[norm]
     with sparsefill.densify_policy("raise"):
         S = sparsefill.sparse_coo_tensor(idx, s, (n, n), fill_value=I)
         S = S.to_sparse_csr() if layout is CSR else S
@@ -263,7 +320,9 @@ def test_attention_chain(layout, act, norm, dtype):
     P = torch.zeros(n, n, dtype=torch.bool).index_put((idx[0], idx[1]), torch.tensor(True))
     y = torch.where(P, (torch.log_softmax if "log" in norm else torch.softmax)(dense, 1), 0)
     (y @ Whd).square().sum().backward()
-    tol = {} if dtype == F64 else dict(rtol=1e-3, atol=1e-4)  # (exp of float32 scores: summation order)
+    tol = (
+        {} if dtype == F64 else dict(rtol=1e-3, atol=1e-4)
+    )  # (exp of float32 scores: summation order)
     torch.testing.assert_close(s.grad, sd.grad, **tol)
     torch.testing.assert_close(Wh.grad, Whd.grad, **tol)
 
@@ -274,24 +333,36 @@ class Leaf:
 
     def __init__(self, shape, fill, *, dense_dim=0, layout=COO, dtype=F64, seed=0, density=0.5):
         g = torch.Generator().manual_seed(seed)
-        S, D = shape[: len(shape) - dense_dim], shape[len(shape) - dense_dim:]
+        S, D = shape[: len(shape) - dense_dim], shape[len(shape) - dense_dim :]
         self.mask = torch.rand(S, generator=g) < density
         self.idx = self.mask.nonzero().T
         self.v0 = torch.randn((self.idx.shape[1],) + tuple(D), dtype=dtype, generator=g)
-        self.f0 = None if fill is I else (torch.randn(D, dtype=dtype, generator=g) if fill == "array"
-                                          else torch.tensor(fill, dtype=dtype))
+        self.f0 = (
+            None
+            if fill is I
+            else (
+                torch.randn(D, dtype=dtype, generator=g)
+                if fill == "array"
+                else torch.tensor(fill, dtype=dtype)
+            )
+        )
         self.shape, self.layout, self.dtype, self.D = shape, layout, dtype, tuple(D)
 
     def sparse(self):
         self.v = self.v0.clone().requires_grad_()
         self.f = None if self.f0 is None else self.f0.clone().requires_grad_()
-        A = sparsefill.sparse_coo_tensor(self.idx, self.v, self.shape, fill_value=I if self.f is None else self.f)
+        A = sparsefill.sparse_coo_tensor(
+            self.idx, self.v, self.shape, fill_value=I if self.f is None else self.f
+        )
         return A.to_sparse_csr() if self.layout is CSR else A
 
     def dense(self, masked_as=-torch.inf):
         """The dense leaf: the fill (``masked_as`` for an indefinite one: masked) off the pattern."""
-        base = torch.full(self.shape, masked_as, dtype=self.dtype) if self.f0 is None else \
-            self.f0.expand(self.shape).clone()
+        base = (
+            torch.full(self.shape, masked_as, dtype=self.dtype)
+            if self.f0 is None
+            else self.f0.expand(self.shape).clone()
+        )
         base[tuple(self.idx)] = self.v0
         return base.requires_grad_()
 
@@ -300,8 +371,12 @@ def _upstream(kind, out_shape, pattern, dtype, g):
     """The upstream gradient: dense, or a SparseTensor on ``pattern`` (fill 0.25, or indefinite)."""
     if kind == "dense":
         return torch.randn(out_shape, dtype=dtype, generator=g)
-    vals = torch.randn((pattern.shape[1],) + tuple(out_shape[pattern.shape[0]:]), dtype=dtype, generator=g)
-    return sparsefill.sparse_coo_tensor(pattern, vals, out_shape, fill_value=I if kind == "indefinite" else 0.25)
+    vals = torch.randn(
+        (pattern.shape[1],) + tuple(out_shape[pattern.shape[0] :]), dtype=dtype, generator=g
+    )
+    return sparsefill.sparse_coo_tensor(
+        pattern, vals, out_shape, fill_value=I if kind == "indefinite" else 0.25
+    )
 
 
 def _dense_upstream(G, masked):
@@ -327,22 +402,38 @@ SOFTMAX_CASES = {  # name: (shape, dense_dim, dim, fill)
 
 
 # CSR where the case has exactly 2 sparse dims (a batched CSR with an indefinite fill needs equal nse per batch)
-SOFTMAX_LAYOUTS = [(c, lay) for c, (shape, dd, _, _) in SOFTMAX_CASES.items()
-                   for lay in ([COO, CSR] if len(shape) - dd == 2 else [COO])]
+SOFTMAX_LAYOUTS = [
+    (c, lay)
+    for c, (shape, dd, _, _) in SOFTMAX_CASES.items()
+    for lay in ([COO, CSR] if len(shape) - dd == 2 else [COO])
+]
 
 
 @pytest.mark.parametrize("dtype", [F64, F32], ids=str)
 @pytest.mark.parametrize("upstream", ["dense", "sparse", "indefinite"])
 @pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
-@pytest.mark.parametrize("case,layout", SOFTMAX_LAYOUTS, ids=[f"{c}-{'csr' if lay is CSR else 'coo'}"
-                                                              for c, lay in SOFTMAX_LAYOUTS])
+@pytest.mark.parametrize(
+    "case,layout",
+    SOFTMAX_LAYOUTS,
+    ids=[f"{c}-{'csr' if lay is CSR else 'coo'}" for c, lay in SOFTMAX_LAYOUTS],
+)
 def test_softmax_backward(case, layout, log, upstream, dtype):
     shape, dense_dim, dim, fill = SOFTMAX_CASES[case]
     density = 0.0 if case.startswith("empty") else 0.5
-    L = Leaf(shape, fill, dense_dim=dense_dim, dtype=dtype, seed=len(case), density=density, layout=layout)
+    L = Leaf(
+        shape,
+        fill,
+        dense_dim=dense_dim,
+        dtype=dtype,
+        seed=len(case),
+        density=density,
+        layout=layout,
+    )
     fn = torch.log_softmax if log else torch.softmax
     A = L.sparse()
-    sparse_by_nature = fill is I or len(shape) - dense_dim == 1 or dim % len(shape) >= len(shape) - dense_dim
+    sparse_by_nature = (
+        fill is I or len(shape) - dense_dim == 1 or dim % len(shape) >= len(shape) - dense_dim
+    )
     policy = "raise" if sparse_by_nature and upstream != "dense" or fill is I else "allow"
     with sparsefill.densify_policy(policy):
         out = fn(A, dim)
@@ -373,7 +464,11 @@ def test_softmax_backward_gradient_is_sparse(layout, log):
     A = L.sparse().detach().requires_grad_()
     with sparsefill.densify_policy("raise"):
         out = (torch.log_softmax if log else torch.softmax)(A, 1)
-        out.backward(_upstream("indefinite", out.shape, out._coo_parts()[0], F64, torch.Generator().manual_seed(1)))
+        out.backward(
+            _upstream(
+                "indefinite", out.shape, out._coo_parts()[0], F64, torch.Generator().manual_seed(1)
+            )
+        )
     assert isinstance(A.grad, SparseTensor) and A.grad.is_fill_indefinite()
     assert A.grad._nse() == A._nse()
 
@@ -384,14 +479,22 @@ def test_softmax_backward_direct_call():
     L = Leaf((4, 6), I)
     A = L.sparse().detach()
     y = torch.softmax(A, 1)
-    g = sparsefill.sparse_coo_tensor(y._coo_parts()[0], torch.ones(y._nse(), dtype=F64), y.shape, fill_value=I)
+    g = sparsefill.sparse_coo_tensor(
+        y._coo_parts()[0], torch.ones(y._nse(), dtype=F64), y.shape, fill_value=I
+    )
     r = torch.ops.aten._softmax_backward_data(g, y, 1, F32)
     assert isinstance(r, SparseTensor) and r.dtype == F32 and r.is_fill_indefinite()
-    torch.testing.assert_close(r.values(), torch.zeros(y._nse(), dtype=F32), atol=1e-6, rtol=0)  # g = 1: sum 1
+    torch.testing.assert_close(
+        r.values(), torch.zeros(y._nse(), dtype=F32), atol=1e-6, rtol=0
+    )  # g = 1: sum 1
     yd = torch.softmax(torch.randn(4, 6, dtype=F64), 1)
-    gs = sparsefill.sparse_coo_tensor([[0, 2], [1, 3]], [1.0, -2.0], (4, 6), fill_value=0.5, dtype=F64)
-    torch.testing.assert_close(torch.ops.aten._softmax_backward_data(gs, yd, 1, F64),
-                               torch.ops.aten._softmax_backward_data(gs.to_dense(), yd, 1, F64))
+    gs = sparsefill.sparse_coo_tensor(
+        [[0, 2], [1, 3]], [1.0, -2.0], (4, 6), fill_value=0.5, dtype=F64
+    )
+    torch.testing.assert_close(
+        torch.ops.aten._softmax_backward_data(gs, yd, 1, F64),
+        torch.ops.aten._softmax_backward_data(gs.to_dense(), yd, 1, F64),
+    )
 
 
 # ---------------------------------------------------------------------- amax/amin, maximum/minimum
@@ -401,14 +504,19 @@ def test_amax_amin_on_an_indefinite_fill(fn, layout):
     """Masked: the maxima among the stored elements share the gradient (ties: evenly, as torch)."""
     L = Leaf((6, 5), I, layout=layout)
     L.v0 = L.v0.round()  # ties
-    f = {"amax1": lambda a: a.amax(1), "amin0": lambda a: a.amin(0), "amax": lambda a: a.amax(),
-         "amax(0,1)": lambda a: a.amax((0, 1))}[fn]
+    f = {
+        "amax1": lambda a: a.amax(1),
+        "amin0": lambda a: a.amin(0),
+        "amax": lambda a: a.amax(),
+        "amax(0,1)": lambda a: a.amax((0, 1)),
+    }[fn]
     with sparsefill.densify_policy("raise"):
         out = f(L.sparse())
         G = torch.randn(out.shape, dtype=F64, generator=torch.Generator().manual_seed(2))
         if isinstance(out, SparseTensor):  # (a slice with no stored element is masked out)
-            G = sparsefill.sparse_coo_tensor(out._coo_parts()[0], G[tuple(out._coo_parts()[0])], out.shape,
-                                             fill_value=I)
+            G = sparsefill.sparse_coo_tensor(
+                out._coo_parts()[0], G[tuple(out._coo_parts()[0])], out.shape, fill_value=I
+            )
         out.backward(G)
     xd = L.dense(torch.inf if fn.startswith("amin") else -torch.inf)
     yd = f(xd)
@@ -428,7 +536,9 @@ MINMAX_CASES = {  # name: (fill of A, other)
 
 
 @pytest.mark.parametrize("layout", [COO, CSR], ids=["coo", "csr"])
-@pytest.mark.parametrize("fn", [torch.maximum, torch.minimum, torch.fmax, torch.fmin], ids=lambda f: f.__name__)
+@pytest.mark.parametrize(
+    "fn", [torch.maximum, torch.minimum, torch.fmax, torch.fmin], ids=lambda f: f.__name__
+)
 @pytest.mark.parametrize("case", list(MINMAX_CASES))
 def test_maximum_minimum_backward(case, fn, layout):
     """``maximum``/``minimum`` backward runs on the pattern (``where``-like: no DensifyWarning) and equals the
@@ -478,7 +588,9 @@ def test_masked_softmax_backward(fn, fill, dim, layout):
     masked-in elements (the values; the fill is never read)."""
     L = Leaf((6, 7), fill, layout=layout, seed=9)
     A = L.sparse()
-    M = sparsefill.sparse_coo_tensor(L.idx, torch.ones(L.idx.shape[1], dtype=torch.bool), (6, 7), fill_value=False)
+    M = sparsefill.sparse_coo_tensor(
+        L.idx, torch.ones(L.idx.shape[1], dtype=torch.bool), (6, 7), fill_value=False
+    )
     W = torch.randn(6, 7, dtype=F64, generator=torch.Generator().manual_seed(3))
     with sparsefill.densify_policy("raise"):
         out = getattr(sparsefill.masked, fn)(A, dim, mask=None if fill is I else M)
@@ -493,13 +605,22 @@ def test_masked_softmax_backward(fn, fill, dim, layout):
 
 REPROS = {  # the issue's reproductions: name -> (loss of the SparseTensor, the same on the dense masked tensor)
     "exp().sum()": (lambda A: A.exp().sum(), lambda x, m: torch.where(m, x.exp(), 0).sum()),
-    "amax(1).sum()": (lambda A: A.amax(1).sum(), lambda x, m: torch.where(m.any(1), x.amax(1), 0).sum()),
-    "softmax(A, 1) * W": (lambda A: (torch.softmax(A, 1) * _W(A)).sum(),
-                          lambda x, m: torch.where(m, torch.softmax(x, 1) * _W(x), 0).sum()),
-    "log_softmax(A, 1) * W": (lambda A: (torch.log_softmax(A, 1) * _W(A)).sum(),
-                              lambda x, m: torch.where(m, torch.log_softmax(x, 1) * _W(x), 0).sum()),
-    "relu(A).exp().mean()": (lambda A: F.relu(A).exp().mean(), lambda x, m: torch.where(m, F.relu(x).exp(), 0).sum()
-                             / m.sum()),
+    "amax(1).sum()": (
+        lambda A: A.amax(1).sum(),
+        lambda x, m: torch.where(m.any(1), x.amax(1), 0).sum(),
+    ),
+    "softmax(A, 1) * W": (
+        lambda A: (torch.softmax(A, 1) * _W(A)).sum(),
+        lambda x, m: torch.where(m, torch.softmax(x, 1) * _W(x), 0).sum(),
+    ),
+    "log_softmax(A, 1) * W": (
+        lambda A: (torch.log_softmax(A, 1) * _W(A)).sum(),
+        lambda x, m: torch.where(m, torch.log_softmax(x, 1) * _W(x), 0).sum(),
+    ),
+    "relu(A).exp().mean()": (
+        lambda A: F.relu(A).exp().mean(),
+        lambda x, m: torch.where(m, F.relu(x).exp(), 0).sum() / m.sum(),
+    ),
 }
 
 
@@ -533,7 +654,9 @@ def test_masked_sum_of_0d():
     torch.testing.assert_close(v.grad, torch.ones(1, dtype=F64))
     x, m = torch.tensor(0.7, dtype=F64), torch.tensor(True)
     for nse in (1, 0):
-        A = sparsefill.sparse_coo_tensor(torch.zeros((0, nse), dtype=torch.long), v.detach()[:nse], (), fill_value=I)
+        A = sparsefill.sparse_coo_tensor(
+            torch.zeros((0, nse), dtype=torch.long), v.detach()[:nse], (), fill_value=I
+        )
         for name in ("sum", "mean", "amax", "amin", "prod"):
             got = getattr(torch, name)(A)
             assert got.shape == () and type(got) is torch.Tensor
@@ -542,4 +665,6 @@ def test_masked_sum_of_0d():
         for dim in (0, -1):
             for keep in (False, True):
                 got = A.sum(dim, keepdim=keep)
-                torch.testing.assert_close(got, torch.masked.sum(x, dim, keepdim=keep, mask=m & bool(nse)))
+                torch.testing.assert_close(
+                    got, torch.masked.sum(x, dim, keepdim=keep, mask=m & bool(nse))
+                )

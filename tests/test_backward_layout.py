@@ -38,10 +38,20 @@ def _pattern(n=6, seed=0):
 def _build(layout, fill, dtype=torch.float64, seed=0):
     """``(A, values leaf, fill leaf or None)``: A built by the differentiable constructor."""
     idx, n = _pattern(seed=seed)
-    v = torch.randn(idx.shape[1], dtype=dtype, generator=torch.Generator().manual_seed(seed + 1),
-                    requires_grad=True)
-    f = None if fill is sparsefill.indefinite else torch.tensor(fill, dtype=dtype, requires_grad=True)
-    A = sparsefill.sparse_coo_tensor(idx, v, (n, n), fill_value=sparsefill.indefinite if f is None else f)
+    v = torch.randn(
+        idx.shape[1],
+        dtype=dtype,
+        generator=torch.Generator().manual_seed(seed + 1),
+        requires_grad=True,
+    )
+    f = (
+        None
+        if fill is sparsefill.indefinite
+        else torch.tensor(fill, dtype=dtype, requires_grad=True)
+    )
+    A = sparsefill.sparse_coo_tensor(
+        idx, v, (n, n), fill_value=sparsefill.indefinite if f is None else f
+    )
     return (A.to_sparse_csr() if layout is torch.sparse_csr else A), v, f
 
 
@@ -67,6 +77,7 @@ def _count_merges(monkeypatch):
     def spy(tensors):
         calls.append([T._sf_layout for T in tensors])
         return orig(tensors)
+
     monkeypatch.setattr(_convert, "union_parts", spy)
     monkeypatch.setattr(pointwise, "union_parts", spy)
     return calls
@@ -85,7 +96,9 @@ def test_matmul_gradient_keeps_layout_and_indices(layout, fill, dtype):
     v2 = v.detach().clone().requires_grad_()
     f2 = None if f is None else f.detach().clone().requires_grad_()
     idx, n = _pattern()
-    d = (torch.zeros((n, n), dtype=dtype) if f2 is None else f2.expand(n, n)).index_put((idx[0], idx[1]), v2)
+    d = (torch.zeros((n, n), dtype=dtype) if f2 is None else f2.expand(n, n)).index_put(
+        (idx[0], idx[1]), v2
+    )
     X2 = X.detach().clone().requires_grad_()
     (d @ X2).square().sum().backward()
     tol = dict(rtol=1e-4, atol=1e-4) if dtype is torch.float32 else {}
@@ -113,7 +126,9 @@ def test_masked_softmax_and_pointwise_gradients_keep_layout(layout, monkeypatch)
     # exact: the dense masked computation (-inf off the pattern) at the pattern
     idx, n = _pattern()
     v2, e2 = v.detach().clone().requires_grad_(), e.detach().clone().requires_grad_()
-    s = torch.full((n, n), -torch.inf, dtype=torch.float64).index_put((idx[0], idx[1]), v2 * e2[idx[0]])
+    s = torch.full((n, n), -torch.inf, dtype=torch.float64).index_put(
+        (idx[0], idx[1]), v2 * e2[idx[0]]
+    )
     s = torch.where(torch.isinf(s), s, F.leaky_relu(s, 0.2))
     (torch.softmax(s, 1) @ X).sum().backward()
     torch.testing.assert_close(v.grad, v2.grad)
@@ -138,8 +153,14 @@ def test_pointwise_coo_beside_csr_same_pattern_no_merge(fill, monkeypatch):
     assert calls == []
     # a different pattern (one stored element moved) still merges, and is right
     idx2 = idx.clone()
-    idx2[1, -1] = (idx2[1, -1] + 1) % n if (idx2[1, -1] + 1) % n not in idx[1][idx[0] == idx[0, -1]] else idx2[1, -1]
-    assert not torch.equal(idx2, idx), "the fixed pattern's last row has a free column (the seed gives one)"
+    idx2[1, -1] = (
+        (idx2[1, -1] + 1) % n
+        if (idx2[1, -1] + 1) % n not in idx[1][idx[0] == idx[0, -1]]
+        else idx2[1, -1]
+    )
+    assert not torch.equal(idx2, idx), (
+        "the fixed pattern's last row has a free column (the seed gives one)"
+    )
     O2 = sparsefill.sparse_coo_tensor(idx2, 2 * vals + 1, (n, n), fill_value=fill).coalesce()
     r = C * O2 if fill is not sparsefill.indefinite else C + O2
     assert calls
@@ -158,11 +179,21 @@ def _gat_layer(A, x, W, a_src, a_dst):
 def test_gat_layer_backward_on_csr_does_not_merge(monkeypatch):
     g = torch.Generator().manual_seed(3)
     n, d = 40, 5
-    keys = torch.unique(torch.cat([torch.randint(0, n * n, (4 * n,), generator=g), torch.arange(n) * (n + 1)]))
-    A = sparsefill.sparse_coo_tensor(torch.stack([keys // n, keys % n]), torch.ones(keys.numel()), (n, n),
-                                     fill_value=sparsefill.indefinite)
+    keys = torch.unique(
+        torch.cat([torch.randint(0, n * n, (4 * n,), generator=g), torch.arange(n) * (n + 1)])
+    )
+    A = sparsefill.sparse_coo_tensor(
+        torch.stack([keys // n, keys % n]),
+        torch.ones(keys.numel()),
+        (n, n),
+        fill_value=sparsefill.indefinite,
+    )
     x = torch.randn(n, d, generator=g)
-    params = [torch.randn(d, d, generator=g), torch.randn(d, generator=g), torch.randn(d, generator=g)]
+    params = [
+        torch.randn(d, d, generator=g),
+        torch.randn(d, generator=g),
+        torch.randn(d, generator=g),
+    ]
     grads = {}
     for layout in LAYOUTS:
         ps = [p.clone().requires_grad_() for p in params]
@@ -188,6 +219,7 @@ def test_pattern_cached_hits_misses_and_drops():
     def f():
         calls.append(1)
         return i.sort()[1]
+
     a = _grouping.pattern_cached("t", (i,), f)
     assert _grouping.pattern_cached("t", (i,), f) is a and len(calls) == 1
     assert _grouping.pattern_cached("other", (i,), f) is not a  # the tag is part of the key
@@ -224,23 +256,31 @@ def test_transpose_cache_not_stale_after_in_place_change(layout):
     idx, n = _pattern()
     own = idx.clone()
     v = torch.randn(idx.shape[1], dtype=torch.float64, requires_grad=True)
-    A = sparsefill.sparse_coo_tensor(own, v, (n, n))  # A's indices are ``own``: the same tensor every build
+    A = sparsefill.sparse_coo_tensor(
+        own, v, (n, n)
+    )  # A's indices are ``own``: the same tensor every build
     if layout is torch.sparse_csr:
         A = A.to_sparse_csr()
     crow_col = (A._crow, A._col) if layout is torch.sparse_csr else None
 
     def check():
-        B = sparsefill.sparse_coo_tensor(own, v, (n, n)) if crow_col is None else \
-            sparsefill.sparse_csr_tensor(*crow_col, v, (n, n))
+        B = (
+            sparsefill.sparse_coo_tensor(own, v, (n, n))
+            if crow_col is None
+            else sparsefill.sparse_csr_tensor(*crow_col, v, (n, n))
+        )
         for _ in range(2):  # the second served from the cache
             X = torch.randn(n, 3, dtype=torch.float64, requires_grad=True)
             G = torch.randn(n, 3, dtype=torch.float64)
             (B @ X).backward(G)
             torch.testing.assert_close(X.grad, B.detach().to_dense().mT @ G)
+
     check()
     assert "mat_t" in _tags()
     before = A.detach().to_dense()
-    assert _move_last_element(A, idx, n), "the fixed pattern's last row has a free column (the seed gives one)"
+    assert _move_last_element(A, idx, n), (
+        "the fixed pattern's last row has a free column (the seed gives one)"
+    )
     assert not torch.equal(A.detach().to_dense(), before)
     check()
 
@@ -253,7 +293,9 @@ def test_group_slices_cache_not_stale_after_in_place_change():
         torch.testing.assert_close(A.sum(0), A.to_dense().sum(0))
     assert "group_slices" in _tags()
     before = A.to_dense()
-    assert _move_last_element(A, idx, n), "the fixed pattern's last row has a free column (the seed gives one)"
+    assert _move_last_element(A, idx, n), (
+        "the fixed pattern's last row has a free column (the seed gives one)"
+    )
     assert not torch.equal(A.to_dense(), before)
     torch.testing.assert_close(A.sum(0), A.to_dense().sum(0))
 
@@ -269,7 +311,9 @@ def test_gradient_of_e_sum_over_rows_repeated_steps():
             e = torch.randn(n, dtype=torch.float64, requires_grad=True)
             masked.sum(A * e[None, :], 1).square().sum().backward()
             e2 = e.detach().clone().requires_grad_()
-            s = torch.zeros(n, n, dtype=torch.float64).index_put((idx[0], idx[1]), vals * e2[idx[1]])
+            s = torch.zeros(n, n, dtype=torch.float64).index_put(
+                (idx[0], idx[1]), vals * e2[idx[1]]
+            )
             s.sum(1).square().sum().backward()
             torch.testing.assert_close(e.grad, e2.grad)
 
@@ -312,7 +356,12 @@ def _leaf_cases():
             for kind in ("plain", "hybrid", "uncoalesced", "indefinite", "nan_fill", "float32"):
                 if kind == "uncoalesced" and layout is torch.sparse_csr:  # a CSR is coalesced
                     continue
-                if kind == "hybrid" and loss in ("matmul", "mixed") or kind == "nan_fill" and loss in ("matmul", "mixed"):
+                if (
+                    kind == "hybrid"
+                    and loss in ("matmul", "mixed")
+                    or kind == "nan_fill"
+                    and loss in ("matmul", "mixed")
+                ):
                     continue  # a 3-d matmul operand; NaN in every element of the gradient
                 yield pytest.param(layout, loss, kind, id=f"{str(layout)[6:]}-{loss}-{kind}")
 
@@ -322,11 +371,20 @@ def test_sparse_leaf_gradient_is_a_sparse_tensor_of_its_layout(layout, loss, kin
     """A SparseTensor leaf's ``.grad`` is a SparseTensor of its layout, shape and dense dims, equal to the
     dense computation's gradient (an indefinite leaf: at its pattern; the gradient's fill is 0)."""
     dense = (2,) if kind == "hybrid" else ()
-    fill = sparsefill.indefinite if kind == "indefinite" else float("nan") if kind == "nan_fill" else 1.5
+    fill = (
+        sparsefill.indefinite
+        if kind == "indefinite"
+        else float("nan")
+        if kind == "nan_fill"
+        else 1.5
+    )
     dtype = torch.float32 if kind == "float32" else torch.float64
     A, d = _leaf(layout, fill, dense, kind == "uncoalesced", dtype)
     g = torch.Generator().manual_seed(4)
-    w, X = torch.randn((6, 5) + dense, generator=g, dtype=dtype), torch.randn(5, 3, generator=g, dtype=dtype)
+    w, X = (
+        torch.randn((6, 5) + dense, generator=g, dtype=dtype),
+        torch.randn(5, 3, generator=g, dtype=dtype),
+    )
     LOSSES[loss](A, w, X).backward()
     _is_leaf_grad_of(A.grad, A)
     LOSSES[loss](d, w, X).backward()
@@ -334,7 +392,9 @@ def test_sparse_leaf_gradient_is_a_sparse_tensor_of_its_layout(layout, loss, kin
     if kind == "indefinite":  # no output reads a masked-out element: the gradient there is 0
         stored = A.detach().to_dense(fill_value=float("nan")).isnan().logical_not()
         want = torch.where(stored, d.grad, 0)
-        torch.testing.assert_close(A.grad.to_dense(fill_value=0.0), want, **tol)  # (its fill: 0 or indefinite)
+        torch.testing.assert_close(
+            A.grad.to_dense(fill_value=0.0), want, **tol
+        )  # (its fill: 0 or indefinite)
     else:
         torch.testing.assert_close(A.grad.to_dense(), d.grad, equal_nan=True, **tol)
 
@@ -377,8 +437,16 @@ def test_sparse_leaf_gradient_accumulates(layout):
     of the leaf's pattern, one of a larger pattern."""
     A, d = _leaf(layout)
     g = torch.Generator().manual_seed(5)
-    w, X = torch.randn(6, 5, generator=g, dtype=torch.float64), torch.randn(5, 3, generator=g, dtype=torch.float64)
-    for fn in (lambda T: (T * w).sum(), lambda T: T.exp().sum(), lambda T: (T @ X).sum(), lambda T: (T * 2).sum()):
+    w, X = (
+        torch.randn(6, 5, generator=g, dtype=torch.float64),
+        torch.randn(5, 3, generator=g, dtype=torch.float64),
+    )
+    for fn in (
+        lambda T: (T * w).sum(),
+        lambda T: T.exp().sum(),
+        lambda T: (T @ X).sum(),
+        lambda T: (T * 2).sum(),
+    ):
         with warnings.catch_warnings():
             warnings.simplefilter("error", sparsefill.DensifyWarning)  # no SparseTensor += dense
             fn(A).backward()
@@ -391,7 +459,9 @@ def test_sparse_leaf_gradient_with_a_native_sparse_operand():
     """``A * nat`` (a torch native sparse operand): the SparseTensor leaf's gradient is a SparseTensor."""
     for layout in LAYOUTS:
         A, d = _leaf(layout)
-        nat = torch.sparse_coo_tensor([[0, 2, 5], [1, 1, 4]], [5., 6., -1.], (6, 5), dtype=torch.float64)
+        nat = torch.sparse_coo_tensor(
+            [[0, 2, 5], [1, 1, 4]], [5.0, 6.0, -1.0], (6, 5), dtype=torch.float64
+        )
         (A * nat).sum().backward()
         (d * nat.to_dense()).sum().backward()
         _is_leaf_grad_of(A.grad, A)
@@ -424,7 +494,10 @@ def test_optimizers_step_a_sparse_parameter_with_varying_gradients(opt_cls, layo
     oP, oD = opt_cls([P], foreach=foreach, **kw), opt_cls([D], foreach=foreach, **kw)
     g = torch.Generator().manual_seed(6)
     for _ in range(3):
-        w, X = torch.randn(6, 5, generator=g, dtype=torch.float64), torch.randn(5, 3, generator=g, dtype=torch.float64)
+        w, X = (
+            torch.randn(6, 5, generator=g, dtype=torch.float64),
+            torch.randn(5, 3, generator=g, dtype=torch.float64),
+        )
         for o, T in ((oP, P), (oD, D)):
             o.zero_grad()
             ((T * w).sum() + (T @ X).square().sum()).backward()
@@ -439,19 +512,36 @@ def test_sparse_leaf_gradient_edge_cases():
     leaf's layout, equal to the dense gradient."""
     g = torch.Generator().manual_seed(7)
     idx = [[0, 0, 1, 1], [0, 1, 0, 2], [1, 0, 2, 2]]
-    B = sparsefill.sparse_coo_tensor(idx, torch.randn(4, generator=g, dtype=torch.float64), (2, 3, 3),
-                                     fill_value=1.5).to_sparse_csr()
+    B = sparsefill.sparse_coo_tensor(
+        idx, torch.randn(4, generator=g, dtype=torch.float64), (2, 3, 3), fill_value=1.5
+    ).to_sparse_csr()
     cases = [
         (B, lambda T: (T * torch.linspace(0, 1, 18, dtype=torch.float64).view(2, 3, 3)).sum()),
         (B, lambda T: (T @ torch.ones(2, 3, 2, dtype=torch.float64)).square().sum()),
-        (sparsefill.sparse_coo_tensor(torch.zeros(0, 1, dtype=torch.long), [2.], (), fill_value=1.),
-         lambda T: T * 3),
-        (sparsefill.sparse_coo_tensor(torch.zeros(0, 0, dtype=torch.long), torch.zeros(0), (), fill_value=1.),
-         lambda T: T * torch.tensor(3.)),
-        (sparsefill.sparse_coo_tensor(torch.zeros(2, 0, dtype=torch.long), torch.zeros(0), (0, 3), fill_value=1.),
-         lambda T: (T * torch.ones(0, 3)).sum()),
-        (sparsefill.sparse_coo_tensor(torch.zeros(2, 0, dtype=torch.long), torch.zeros(0), (2, 3), fill_value=1.),
-         lambda T: (T * torch.arange(6.).view(2, 3)).sum()),
+        (
+            sparsefill.sparse_coo_tensor(
+                torch.zeros(0, 1, dtype=torch.long), [2.0], (), fill_value=1.0
+            ),
+            lambda T: T * 3,
+        ),
+        (
+            sparsefill.sparse_coo_tensor(
+                torch.zeros(0, 0, dtype=torch.long), torch.zeros(0), (), fill_value=1.0
+            ),
+            lambda T: T * torch.tensor(3.0),
+        ),
+        (
+            sparsefill.sparse_coo_tensor(
+                torch.zeros(2, 0, dtype=torch.long), torch.zeros(0), (0, 3), fill_value=1.0
+            ),
+            lambda T: (T * torch.ones(0, 3)).sum(),
+        ),
+        (
+            sparsefill.sparse_coo_tensor(
+                torch.zeros(2, 0, dtype=torch.long), torch.zeros(0), (2, 3), fill_value=1.0
+            ),
+            lambda T: (T * torch.arange(6.0).view(2, 3)).sum(),
+        ),
     ]
     for A0, fn in cases:
         A = A0.detach().requires_grad_()

@@ -34,12 +34,16 @@ F64 = torch.float64
 
 
 def _leaves(vals, fill):
-    return (torch.tensor(vals, dtype=F64, requires_grad=True),
-            None if fill is None else torch.as_tensor(fill, dtype=F64).clone().requires_grad_())
+    return (
+        torch.tensor(vals, dtype=F64, requires_grad=True),
+        None if fill is None else torch.as_tensor(fill, dtype=F64).clone().requires_grad_(),
+    )
 
 
 def _build(idx, v, f, shape, dense: bool, layout=COO):
-    A = sparsefill.sparse_coo_tensor(idx, v, shape, fill_value=sparsefill.indefinite if f is None else f)
+    A = sparsefill.sparse_coo_tensor(
+        idx, v, shape, fill_value=sparsefill.indefinite if f is None else f
+    )
     if layout is CSR:
         A = A.to_sparse_csr()
     return A.to_dense() if dense else A
@@ -49,8 +53,13 @@ def _dense(t):
     return t.to_dense() if isinstance(t, SparseTensor) else t
 
 
-LOSSES = {"sum": lambda y: y.sum(), "times2": lambda y: (y * 2).sum(),
-          "dense W": lambda y: (_dense(y) * torch.linspace(-1, 2, y.numel(), dtype=F64).reshape(y.shape)).sum()}
+LOSSES = {
+    "sum": lambda y: y.sum(),
+    "times2": lambda y: (y * 2).sum(),
+    "dense W": lambda y: (
+        _dense(y) * torch.linspace(-1, 2, y.numel(), dtype=F64).reshape(y.shape)
+    ).sum(),
+}
 
 
 class _Largest(TorchDispatchMode):
@@ -62,7 +71,7 @@ class _Largest(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        for t in (out if isinstance(out, (tuple, list)) else (out,)):
+        for t in out if isinstance(out, (tuple, list)) else (out,):
             if isinstance(t, SparseTensor):
                 self.stored = max(self.stored, t._vals.numel())
             elif isinstance(t, torch.Tensor):
@@ -76,15 +85,23 @@ IA, IB = [[0, 1, 2, 4]], [[1, 2, 3]]  # union (0..4), position 5 unspecified in 
 
 @pytest.mark.parametrize("loss", list(LOSSES))
 @pytest.mark.parametrize("fills", [(0.5, 0.5), (0.5, -1.0), (0.5, 2.0), (NAN, 0.0)], ids=str)
-@pytest.mark.parametrize("op", [torch.maximum, torch.minimum, torch.max, torch.min, torch.fmax, torch.fmin],
-                         ids=lambda f: f.__name__)
+@pytest.mark.parametrize(
+    "op",
+    [torch.maximum, torch.minimum, torch.max, torch.min, torch.fmax, torch.fmin],
+    ids=lambda f: f.__name__,
+)
 def test_binary_extrema_of_two_sparse_tensors(op, fills, loss):
     """Stored values tie at position 1 (3 and 3), the fills tie in the first case."""
     grads = []
     for dense in (False, True):
-        (va, fa), (vb, fb) = _leaves([1., 3., 0.5, -2.], fills[0]), _leaves([3., 0.1, 0.5], fills[1])
+        (va, fa), (vb, fb) = (
+            _leaves([1.0, 3.0, 0.5, -2.0], fills[0]),
+            _leaves([3.0, 0.1, 0.5], fills[1]),
+        )
         with sparsefill.densify_policy("raise"):
-            LOSSES[loss](op(_build(IA, va, fa, (6,), dense), _build(IB, vb, fb, (6,), dense))).backward()
+            LOSSES[loss](
+                op(_build(IA, va, fa, (6,), dense), _build(IB, vb, fb, (6,), dense))
+            ).backward()
         grads.append([va.grad, fa.grad, vb.grad, fb.grad])
     torch.testing.assert_close(grads[0], grads[1], equal_nan=True)
 
@@ -97,7 +114,7 @@ def test_binary_extrema_with_a_dense_scalar(op, layout, loss):
     idx = [[0, 1, 2], [1, 0, 2]]
     grads = []
     for dense in (False, True):
-        v, f = _leaves([0.25, -1., 3.], 0.25)
+        v, f = _leaves([0.25, -1.0, 3.0], 0.25)
         s = torch.tensor(0.25, dtype=F64, requires_grad=True)
         with sparsefill.densify_policy("raise"):
             LOSSES[loss](op(_build(idx, v, f, (3, 4), dense, layout), s)).backward()
@@ -109,13 +126,17 @@ def test_binary_extrema_with_a_dense_scalar(op, layout, loss):
 def test_dense_tensor_updated_in_place_from_sparse_tensors():
     """``x.add_(A)``, ``x.masked_fill_(A > c, v)``: dense by nature, quiet, as on the dense tensors; an
     indefinite operand has no dense form (ValueError, as ``to_dense``)."""
-    A = sparsefill.sparse_coo_tensor([[0, 2], [1, 0]], [1., 2.], (3, 2), fill_value=0.5)
-    x = torch.arange(6.).reshape(3, 2)
+    A = sparsefill.sparse_coo_tensor([[0, 2], [1, 0]], [1.0, 2.0], (3, 2), fill_value=0.5)
+    x = torch.arange(6.0).reshape(3, 2)
     with sparsefill.densify_policy("raise"):
-        got = x.clone().add_(A).masked_fill_(A > 1.5, -1.)
+        got = x.clone().add_(A).masked_fill_(A > 1.5, -1.0)
     assert type(got) is torch.Tensor
-    torch.testing.assert_close(got, x.clone().add_(A.to_dense()).masked_fill_(A.to_dense() > 1.5, -1.))
-    indefinite = sparsefill.sparse_coo_tensor([[0, 2], [1, 0]], [1., 2.], (3, 2), fill_value=sparsefill.indefinite)
+    torch.testing.assert_close(
+        got, x.clone().add_(A.to_dense()).masked_fill_(A.to_dense() > 1.5, -1.0)
+    )
+    indefinite = sparsefill.sparse_coo_tensor(
+        [[0, 2], [1, 0]], [1.0, 2.0], (3, 2), fill_value=sparsefill.indefinite
+    )
     with pytest.raises(ValueError, match="indefinite"):
         x.clone().add_(indefinite)
 
@@ -135,14 +156,23 @@ class _Case:
         self.mask = torch.rand(self.shape, generator=g) < 0.5
 
     def leaves(self):
-        return self.vals.clone().requires_grad_(), None if self.fill is None else self.fill.clone().requires_grad_()
+        return (
+            self.vals.clone().requires_grad_(),
+            None if self.fill is None else self.fill.clone().requires_grad_(),
+        )
 
     def build(self, v, f, dense):
         return _build(self.idx, v, f, self.shape, dense, self.layout)
 
 
-CASES = {"coo": _Case(), "csr": _Case(CSR), "hybrid": _Case(dense_dim=1), "uncoalesced": _Case(uncoalesced=True),
-         "nan fill": _Case(fill=NAN), "zero fill": _Case(fill=0.)}
+CASES = {
+    "coo": _Case(),
+    "csr": _Case(CSR),
+    "hybrid": _Case(dense_dim=1),
+    "uncoalesced": _Case(uncoalesced=True),
+    "nan fill": _Case(fill=NAN),
+    "zero fill": _Case(fill=0.0),
+}
 
 
 @pytest.mark.parametrize("loss", ["sum", "dense W"])
@@ -160,7 +190,9 @@ def test_masked_select_backward_is_a_scatter(name, loss):
     torch.testing.assert_close(grads[0], grads[1], equal_nan=True)
     G = seen[0]
     assert isinstance(G, SparseTensor) and G._fill_is_zero()
-    assert G._nse() == int(case.mask.reshape(30, -1).any(1).sum())  # the positions with a selected element
+    assert G._nse() == int(
+        case.mask.reshape(30, -1).any(1).sum()
+    )  # the positions with a selected element
 
 
 def _scatter_cases():
@@ -168,37 +200,52 @@ def _scatter_cases():
     for name, case in CASES.items():
         yield name, case, case.mask, src
     case = CASES["coo"]
-    yield "broadcast mask", case, torch.rand(2, 5, 6) < 0.5, src  # (out of place only: self expands)
+    yield (
+        "broadcast mask",
+        case,
+        torch.rand(2, 5, 6) < 0.5,
+        src,
+    )  # (out of place only: self expands)
     yield "sparse mask", case, sparsefill.to_sparse(torch.rand(5, 6) < 0.4), src
     yield "sparse source", case, case.mask, sparsefill.to_sparse(src, fill_value=0.5)
     yield "indefinite", _Case(fill=None), case.mask, src
 
 
-@pytest.mark.parametrize("name,case,mask,src", list(_scatter_cases()), ids=lambda x: x if isinstance(x, str) else "")
+@pytest.mark.parametrize(
+    "name,case,mask,src", list(_scatter_cases()), ids=lambda x: x if isinstance(x, str) else ""
+)
 def test_masked_scatter_matches_dense(name, case, mask, src):
     A = case.build(case.vals, case.fill, False)
-    fill = 0.0 if case.fill is None else None  # an indefinite A: its unspecified elements read 0 on both sides
+    fill = (
+        0.0 if case.fill is None else None
+    )  # an indefinite A: its unspecified elements read 0 on both sides
     ref = A.to_dense() if fill is None else A.to_dense(fill_value=fill)
     dm, ds = _dense(mask), _dense(src)
     with sparsefill.densify_policy("raise"):
         out = A.masked_scatter(mask, src)
     expect = ref.masked_scatter(dm, ds)
     assert isinstance(out, SparseTensor) and out.is_fill_indefinite() == (case.fill is None)
-    torch.testing.assert_close(out.to_dense() if fill is None else out.to_dense(fill_value=fill), expect,
-                               equal_nan=True)
+    torch.testing.assert_close(
+        out.to_dense() if fill is None else out.to_dense(fill_value=fill), expect, equal_nan=True
+    )
     if name != "broadcast mask":
         B = A.clone()
         with sparsefill.densify_policy("raise"):
             assert B.masked_scatter_(mask, src) is B
-        torch.testing.assert_close(B.to_dense() if fill is None else B.to_dense(fill_value=fill), expect,
-                                   equal_nan=True)
+        torch.testing.assert_close(
+            B.to_dense() if fill is None else B.to_dense(fill_value=fill), expect, equal_nan=True
+        )
 
 
 @pytest.mark.parametrize("shape", [(), (0, 3), (4,)], ids=str)
 def test_masked_scatter_small_shapes(shape):
-    A = sparsefill.to_sparse(torch.arange(float(torch.Size(shape).numel())).reshape(shape), fill_value=0.)
-    mask, src = torch.ones(shape, dtype=torch.bool), torch.full((5,), 7.)
-    torch.testing.assert_close(A.masked_scatter(mask, src).to_dense(), A.to_dense().masked_scatter(mask, src))
+    A = sparsefill.to_sparse(
+        torch.arange(float(torch.Size(shape).numel())).reshape(shape), fill_value=0.0
+    )
+    mask, src = torch.ones(shape, dtype=torch.bool), torch.full((5,), 7.0)
+    torch.testing.assert_close(
+        A.masked_scatter(mask, src).to_dense(), A.to_dense().masked_scatter(mask, src)
+    )
 
 
 @pytest.mark.parametrize("method", ["masked_scatter", "masked_scatter_"])
@@ -206,8 +253,12 @@ def test_masked_scatter_small_shapes(shape):
 def test_masked_scatter_errors_as_torch_and_nothing_changes(bad, method):
     A = CASES["coo"].build(CASES["coo"].vals, CASES["coo"].fill, False)
     mask, src = torch.ones(5, 6, dtype=torch.bool), torch.randn(30, dtype=F64)
-    mask, src = {"short source": (mask, src[:29]), "source dtype": (mask, src.float()),
-                 "mask dtype": (mask.double(), src), "mask shape": (torch.ones(7, 6, dtype=torch.bool), src)}[bad]
+    mask, src = {
+        "short source": (mask, src[:29]),
+        "source dtype": (mask, src.float()),
+        "mask dtype": (mask.double(), src),
+        "mask shape": (torch.ones(7, 6, dtype=torch.bool), src),
+    }[bad]
     before = A.to_dense()
     with pytest.raises(RuntimeError) as dense_err:
         getattr(before.clone(), method)(mask, src)
@@ -221,14 +272,23 @@ def test_masked_scatter_errors_as_torch_and_nothing_changes(bad, method):
 # ---------------------------------------------------------------------- var_mean / std_mean
 def _cube(n, nse, fill, seed=0):
     g = torch.Generator().manual_seed(seed)
-    keys = torch.randperm(n ** 3, generator=g)[:nse].sort().values
+    keys = torch.randperm(n**3, generator=g)[:nse].sort().values
     idx = torch.stack(torch.unravel_index(keys, (n, n, n)))
     return idx, torch.randn(nse, dtype=F64, generator=g), fill
 
 
 @pytest.mark.parametrize("loss", ["sum", "dense W"])
-@pytest.mark.parametrize("kw", [{}, {"dim": 1}, {"dim": (0, 2), "keepdim": True}, {"dim": 1, "correction": 0},
-                                {"dim": None, "correction": 2}], ids=str)
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {},
+        {"dim": 1},
+        {"dim": (0, 2), "keepdim": True},
+        {"dim": 1, "correction": 0},
+        {"dim": None, "correction": 2},
+    ],
+    ids=str,
+)
 @pytest.mark.parametrize("fn", [torch.var_mean, torch.std_mean], ids=lambda f: f.__name__)
 @pytest.mark.parametrize("fill", [0.3, 0.0, NAN], ids=str)
 def test_var_mean_std_mean(fn, kw, loss, fill):
@@ -270,7 +330,9 @@ def test_logsumexp_of_a_hybrid_over_its_dense_dim(keepdim, loss, fill):
     for dense in (False, True):
         v, f = vals.clone().requires_grad_(), fv.clone().requires_grad_()
         with sparsefill.densify_policy("raise"):
-            LOSSES[loss](torch.logsumexp(_build(idx, v, f, (5, 5, 3), dense), -1, keepdim=keepdim)).backward()
+            LOSSES[loss](
+                torch.logsumexp(_build(idx, v, f, (5, 5, 3), dense), -1, keepdim=keepdim)
+            ).backward()
         grads.append([v.grad, f.grad])
     torch.testing.assert_close(grads[0], grads[1], equal_nan=True)
 
@@ -278,8 +340,12 @@ def test_logsumexp_of_a_hybrid_over_its_dense_dim(keepdim, loss, fill):
 def test_sparse_tensors_broadcast_over_size_one_dense_dims():
     """``H - R`` with ``R`` of dense shape (1,) beside ``H`` of dense shape (3,): the values and the array fill
     expand, no densifying."""
-    H = sparsefill.sparse_coo_tensor([[0, 2]], torch.arange(6.).reshape(2, 3), (4, 3), fill_value=torch.ones(3))
-    R = sparsefill.sparse_coo_tensor([[1, 2]], torch.tensor([[10.], [20.]]), (4, 1), fill_value=torch.full((1,), 5.))
+    H = sparsefill.sparse_coo_tensor(
+        [[0, 2]], torch.arange(6.0).reshape(2, 3), (4, 3), fill_value=torch.ones(3)
+    )
+    R = sparsefill.sparse_coo_tensor(
+        [[1, 2]], torch.tensor([[10.0], [20.0]]), (4, 1), fill_value=torch.full((1,), 5.0)
+    )
     with sparsefill.densify_policy("raise"):
         out = H - R
     assert isinstance(out, SparseTensor) and out.dense_dim() == 1

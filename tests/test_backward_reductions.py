@@ -32,30 +32,56 @@ COO, CSR = torch.sparse_coo, torch.sparse_csr
 class Case:
     """Leaves ``values`` and ``fill`` and the SparseTensor built from them."""
 
-    def __init__(self, shape, fill, *, layout=COO, dense_dim=0, uncoalesced=False, dtype=torch.float64, nse=6,
-                 seed=0, values=None):
+    def __init__(
+        self,
+        shape,
+        fill,
+        *,
+        layout=COO,
+        dense_dim=0,
+        uncoalesced=False,
+        dtype=torch.float64,
+        nse=6,
+        seed=0,
+        values=None,
+    ):
         g = torch.Generator().manual_seed(seed)
         self.shape, self.layout, self.dtype, self.dense_dim = shape, layout, dtype, dense_dim
         S = shape[: len(shape) - dense_dim]
-        D = tuple(shape[len(shape) - dense_dim:])
+        D = tuple(shape[len(shape) - dense_dim :])
         keys = torch.randperm(math.prod(S), generator=g)[:nse].sort().values
         if uncoalesced and keys.numel():
             keys = torch.cat([keys, keys[:2]])
             keys = keys[torch.randperm(keys.numel(), generator=g)]
-        self.idx = torch.stack(torch.unravel_index(keys, S)) if S else torch.zeros(0, keys.numel(), dtype=torch.long)
-        self.values = torch.randn((keys.numel(),) + D, dtype=dtype, generator=g) if values is None \
+        self.idx = (
+            torch.stack(torch.unravel_index(keys, S))
+            if S
+            else torch.zeros(0, keys.numel(), dtype=torch.long)
+        )
+        self.values = (
+            torch.randn((keys.numel(),) + D, dtype=dtype, generator=g)
+            if values is None
             else torch.tensor(values, dtype=dtype)
+        )
         self.indefinite = fill == "indefinite"
-        self.fill = None if self.indefinite else (torch.randn(D, dtype=dtype, generator=g) if fill == "array"
-                                                  else torch.tensor(fill, dtype=dtype))
+        self.fill = (
+            None
+            if self.indefinite
+            else (
+                torch.randn(D, dtype=dtype, generator=g)
+                if fill == "array"
+                else torch.tensor(fill, dtype=dtype)
+            )
+        )
 
     def leaves(self):
         v = self.values.clone().requires_grad_()
         return v, None if self.indefinite else self.fill.clone().requires_grad_()
 
     def build(self, v, f):
-        A = sparsefill.sparse_coo_tensor(self.idx, v, self.shape,
-                                         fill_value=sparsefill.indefinite if f is None else f)
+        A = sparsefill.sparse_coo_tensor(
+            self.idx, v, self.shape, fill_value=sparsefill.indefinite if f is None else f
+        )
         return A.to_sparse_csr() if self.layout is CSR else A
 
 
@@ -66,11 +92,25 @@ def _routed(out) -> bool:
 def _stored(case, A):
     """The stored elements of ``A`` (indefinite fill), coalesced, stacked along dim 0: ``(nse, *dense)``."""
     D = A.to_dense(fill_value=0.0)
-    keys = torch.unique(torch.tensor([0]).new_tensor(
-        [int(k) for k in torch.tensor(list(zip(*case.idx.tolist()))).matmul(
-            torch.tensor([math.prod(case.shape[i + 1: case.idx.shape[0]]) for i in range(case.idx.shape[0])]))]
-        if case.idx.shape[1] else [], dtype=torch.long))
-    return D.reshape((-1,) + tuple(A.shape[case.idx.shape[0]:]))[keys]
+    keys = torch.unique(
+        torch.tensor([0]).new_tensor(
+            [
+                int(k)
+                for k in torch.tensor(list(zip(*case.idx.tolist()))).matmul(
+                    torch.tensor(
+                        [
+                            math.prod(case.shape[i + 1 : case.idx.shape[0]])
+                            for i in range(case.idx.shape[0])
+                        ]
+                    )
+                )
+            ]
+            if case.idx.shape[1]
+            else [],
+            dtype=torch.long,
+        )
+    )
+    return D.reshape((-1,) + tuple(A.shape[case.idx.shape[0] :]))[keys]
 
 
 def _grads(case, fn, mode):
@@ -89,14 +129,18 @@ def _grads(case, fn, mode):
 def check(case, fn, fn_masked=None):
     """``fn_masked``: the same reduction of the stored values ``(nse, *dense)`` (indefinite fill)."""
     out, got = _grads(case, fn, "sparse")
-    ref_out, want = _grads(case, fn_masked, "masked") if case.indefinite else _grads(case, fn, "dense")
+    ref_out, want = (
+        _grads(case, fn_masked, "masked") if case.indefinite else _grads(case, fn, "dense")
+    )
     assert _routed(out)
     tol = {} if case.dtype == torch.float64 else dict(rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(out, ref_out, equal_nan=True, **tol)
     for name, a, b in zip(("values", "fill"), got, want):
         assert (a is None) == (b is None), name
         if a is not None:
-            torch.testing.assert_close(a, b, equal_nan=True, **tol, msg=lambda m: f"grad of {name}: {m}")
+            torch.testing.assert_close(
+                a, b, equal_nan=True, **tol, msg=lambda m: f"grad of {name}: {m}"
+            )
 
 
 # name: (fn on A with all sparse dims reduced, fn on the stored values (nse, *dense) for the masked reference);
@@ -106,30 +150,59 @@ def _ops(d, n):
     return {
         "sum()": (lambda A: A.sum(), lambda S: S.sum()),
         "sum(d)": (lambda A: torch.sum(A, sd), lambda S: S.sum(0)),
-        "sum(d, keepdim)": (lambda A: A.sum(sd, keepdim=True), lambda S: S.sum(0).reshape((1,) * n + S.shape[1:])),
-        "sum(dtype)": (lambda A: torch.sum(A, dtype=torch.float32), lambda S: S.sum(dtype=torch.float32)),
+        "sum(d, keepdim)": (
+            lambda A: A.sum(sd, keepdim=True),
+            lambda S: S.sum(0).reshape((1,) * n + S.shape[1:]),
+        ),
+        "sum(dtype)": (
+            lambda A: torch.sum(A, dtype=torch.float32),
+            lambda S: S.sum(dtype=torch.float32),
+        ),
         "mean()": (lambda A: A.mean(), lambda S: S.mean()),
-        "mean(d, dtype)": (lambda A: torch.mean(A, sd, dtype=torch.float64), lambda S: S.mean(0, dtype=torch.float64)),
+        "mean(d, dtype)": (
+            lambda A: torch.mean(A, sd, dtype=torch.float64),
+            lambda S: S.mean(0, dtype=torch.float64),
+        ),
         "nansum()": (torch.nansum, torch.nansum),
         "nanmean(d)": (lambda A: A.nanmean(sd), lambda S: S.nanmean(0)),
         "prod()": (torch.prod, torch.prod),
         "amax()": (torch.amax, torch.amax),
-        "amin(d, keepdim)": (lambda A: A.amin(sd, True), lambda S: S.amin(0).reshape((1,) * n + S.shape[1:])),
+        "amin(d, keepdim)": (
+            lambda A: A.amin(sd, True),
+            lambda S: S.amin(0).reshape((1,) * n + S.shape[1:]),
+        ),
         "max()": (torch.max, torch.max),
         "min()": (lambda A: A.min(), lambda S: S.min()),
         "logsumexp(d)": (lambda A: torch.logsumexp(A, sd), lambda S: torch.logsumexp(S, 0)),
         "var()": (torch.var, torch.var),
-        "var(d, correction=0)": (lambda A: A.var(sd, correction=0), lambda S: S.var(0, correction=0)),
+        "var(d, correction=0)": (
+            lambda A: A.var(sd, correction=0),
+            lambda S: S.var(0, correction=0),
+        ),
         "std(unbiased=False)": (lambda A: torch.std(A, False), lambda S: torch.std(S, False)),
-        "std(d, keepdim)": (lambda A: A.std(sd, keepdim=True), lambda S: S.std(0).reshape((1,) * n + S.shape[1:])),
+        "std(d, keepdim)": (
+            lambda A: A.std(sd, keepdim=True),
+            lambda S: S.std(0).reshape((1,) * n + S.shape[1:]),
+        ),
         "norm()": (lambda A: A.norm(), lambda S: S.norm()),
         "norm(p=1)": (lambda A: torch.norm(A, 1), lambda S: torch.norm(S, 1)),
         "norm(p=3, d)": (lambda A: torch.norm(A, 3, sd), lambda S: torch.norm(S, 3, 0)),
-        "vector_norm(0.5)": (lambda A: torch.linalg.vector_norm(A, 0.5), lambda S: torch.linalg.vector_norm(S, 0.5)),
-        "vector_norm(inf)": (lambda A: torch.linalg.vector_norm(A, INF), lambda S: torch.linalg.vector_norm(S, INF)),
-        "vector_norm(-inf, d)": (lambda A: torch.linalg.vector_norm(A, -INF, sd),
-                                 lambda S: torch.linalg.vector_norm(S, -INF, 0)),
-        "vector_norm(0)": (lambda A: torch.linalg.vector_norm(A, 0), lambda S: torch.linalg.vector_norm(S, 0)),
+        "vector_norm(0.5)": (
+            lambda A: torch.linalg.vector_norm(A, 0.5),
+            lambda S: torch.linalg.vector_norm(S, 0.5),
+        ),
+        "vector_norm(inf)": (
+            lambda A: torch.linalg.vector_norm(A, INF),
+            lambda S: torch.linalg.vector_norm(S, INF),
+        ),
+        "vector_norm(-inf, d)": (
+            lambda A: torch.linalg.vector_norm(A, -INF, sd),
+            lambda S: torch.linalg.vector_norm(S, -INF, 0),
+        ),
+        "vector_norm(0)": (
+            lambda A: torch.linalg.vector_norm(A, 0),
+            lambda S: torch.linalg.vector_norm(S, 0),
+        ),
     }
 
 
@@ -138,7 +211,13 @@ FILLS = [0.0, 2.5, NAN, INF, -INF, "indefinite"]
 
 
 def _case_kw(layout):
-    return dict(layout=CSR) if layout == "csr" else dict(uncoalesced=True) if layout == "uncoalesced" else {}
+    return (
+        dict(layout=CSR)
+        if layout == "csr"
+        else dict(uncoalesced=True)
+        if layout == "uncoalesced"
+        else {}
+    )
 
 
 @pytest.mark.parametrize("fill", FILLS, ids=str)
@@ -158,16 +237,25 @@ def test_float32(op, fill):
 
 
 HYB = _ops((0, 1), 2)
-HYB.update({  # dense dims reduced too
-    "sum(all dims)": (lambda A: A.sum((0, 1, 2)), lambda S: S.sum((0, 1))),
-    "amax(2, 0, 1)": (lambda A: A.amax((2, 0, 1)), lambda S: S.amax((1, 0))),
-    "logsumexp(-1, 0, 1, keepdim)": (lambda A: torch.logsumexp(A, (-1, 0, 1), True),
-                                     lambda S: torch.logsumexp(S, (0, 1)).reshape(1, 1, 1)),
-    "var(all dims)": (lambda A: A.var((0, 1, 2)), lambda S: S.var((0, 1))),
-    "norm(inf, all dims)": (lambda A: torch.linalg.vector_norm(A, INF, (0, 1, 2)),
-                            lambda S: torch.linalg.vector_norm(S, INF, (0, 1))),
-    "mean(all dims, keepdim)": (lambda A: A.mean((0, 1, 2), True), lambda S: S.mean((0, 1)).reshape(1, 1, 1)),
-})
+HYB.update(
+    {  # dense dims reduced too
+        "sum(all dims)": (lambda A: A.sum((0, 1, 2)), lambda S: S.sum((0, 1))),
+        "amax(2, 0, 1)": (lambda A: A.amax((2, 0, 1)), lambda S: S.amax((1, 0))),
+        "logsumexp(-1, 0, 1, keepdim)": (
+            lambda A: torch.logsumexp(A, (-1, 0, 1), True),
+            lambda S: torch.logsumexp(S, (0, 1)).reshape(1, 1, 1),
+        ),
+        "var(all dims)": (lambda A: A.var((0, 1, 2)), lambda S: S.var((0, 1))),
+        "norm(inf, all dims)": (
+            lambda A: torch.linalg.vector_norm(A, INF, (0, 1, 2)),
+            lambda S: torch.linalg.vector_norm(S, INF, (0, 1)),
+        ),
+        "mean(all dims, keepdim)": (
+            lambda A: A.mean((0, 1, 2), True),
+            lambda S: S.mean((0, 1)).reshape(1, 1, 1),
+        ),
+    }
+)
 HYB.pop("prod()")  # prod over a dense dim too: not routed (test_not_routed)
 
 
@@ -182,7 +270,11 @@ def test_hybrid(op, fill):
 
 @pytest.mark.parametrize("fill", [0.0, 2.0, "array", "indefinite"], ids=str)
 def test_hybrid_prod_over_the_sparse_dim(fill):
-    check(Case((5, 3), fill, dense_dim=1, nse=3), lambda A: torch.prod(A, 0), lambda S: torch.prod(S, 0))
+    check(
+        Case((5, 3), fill, dense_dim=1, nse=3),
+        lambda A: torch.prod(A, 0),
+        lambda S: torch.prod(S, 0),
+    )
 
 
 OPS1 = _ops((0,), 1)
@@ -196,16 +288,40 @@ def test_empty(op):
     check(Case((4, 3), -0.5, nse=0, layout=CSR), OPS2[op][0])
 
 
-@pytest.mark.parametrize("op", ["sum()", "mean()", "nansum()", "nanmean(d)", "prod()", "logsumexp(d)", "var()",
-                                "norm()", "sum(d, keepdim)"])
+@pytest.mark.parametrize(
+    "op",
+    [
+        "sum()",
+        "mean()",
+        "nansum()",
+        "nanmean(d)",
+        "prod()",
+        "logsumexp(d)",
+        "var()",
+        "norm()",
+        "sum(d, keepdim)",
+    ],
+)
 def test_zero_size(op):
     fn, _ = OPS2[op]
     check(Case((0, 5), 2.0, nse=0), fn)
     check(Case((3, 0), 2.0, nse=0, layout=CSR), fn)
 
 
-@pytest.mark.parametrize("op", ["sum()", "mean()", "amax()", "max()", "prod()", "var()", "std(unbiased=False)",
-                                "norm()", "logsumexp(d)"])
+@pytest.mark.parametrize(
+    "op",
+    [
+        "sum()",
+        "mean()",
+        "amax()",
+        "max()",
+        "prod()",
+        "var()",
+        "std(unbiased=False)",
+        "norm()",
+        "logsumexp(d)",
+    ],
+)
 def test_zero_d_and_fully_stored(op):
     """A 0-d SparseTensor (one stored element or none) and a 1-d one storing every element (no fill)."""
     fn = OPS1[op][0] if op != "logsumexp(d)" else (lambda A: torch.logsumexp(A, ()))
@@ -215,8 +331,10 @@ def test_zero_d_and_fully_stored(op):
     check(Case((4,), 1.5, nse=4), OPS1[op][0])
 
 
-@pytest.mark.parametrize("op", ["amax()", "amin(d, keepdim)", "max()", "min()", "vector_norm(inf)",
-                                "vector_norm(-inf, d)"])
+@pytest.mark.parametrize(
+    "op",
+    ["amax()", "amin(d, keepdim)", "max()", "min()", "vector_norm(inf)", "vector_norm(-inf, d)"],
+)
 @pytest.mark.parametrize("values", [[2.0, 2.0, -1.0], [-2.0, 5.0, 5.0], [NAN, 2.0, 5.0]], ids=str)
 def test_ties_split_as_torch(op, values):
     """Maxima among stored elements and the fill (fill 2: 6 unspecified elements of value 2): torch's rule,
@@ -239,23 +357,41 @@ def test_prod_with_zeros(values, fill):
 @pytest.mark.parametrize("correction", [1, 2, 5])
 def test_var_with_no_degrees_of_freedom(correction, fill):
     """``n <= correction``: torch's ``inf``/``NaN`` gradients (no dim: NaN where x == mean, else inf)."""
-    for fn in (lambda A: A.var(correction=correction), lambda A: A.var(0, correction=correction),
-               lambda A: A.std(correction=correction)):
+    for fn in (
+        lambda A: A.var(correction=correction),
+        lambda A: A.var(0, correction=correction),
+        lambda A: A.std(correction=correction),
+    ):
         check(Case((2,), fill, nse=1), fn, fn)
         check(Case((2,), fill, nse=2, values=[1.0, 1.0]), fn, fn)
 
 
 @pytest.mark.parametrize("fill", [0.0, 5.0, NAN, "indefinite"], ids=str)
 @pytest.mark.parametrize("layout", ["coo", "csr"])
-@pytest.mark.parametrize("chain", ["(A * 1.).sum()", "exp(-0.1 * A).mean()", "exp(A).sum()", "exp(A).mean()",
-                                   "square().sum()", "relu(A - 1).amax()", "(A * A).logsumexp()"])
+@pytest.mark.parametrize(
+    "chain",
+    [
+        "(A * 1.).sum()",
+        "exp(-0.1 * A).mean()",
+        "exp(A).sum()",
+        "exp(A).mean()",
+        "square().sum()",
+        "relu(A - 1).amax()",
+        "(A * A).logsumexp()",
+    ],
+)
 def test_through_elementwise_ops(chain, layout, fill):
     """The reduced SparseTensor computed by element-wise ops: their backward (torch's formulas through
     ``__torch_dispatch__``) consumes the SparseTensor gradient natively."""
-    fn = {"(A * 1.).sum()": lambda A: (A * 1.0).sum(), "exp(-0.1 * A).mean()": lambda A: torch.exp(-0.1 * A).mean(),
-          "exp(A).sum()": lambda A: torch.exp(A).sum(), "exp(A).mean()": lambda A: torch.exp(A).mean(),
-          "square().sum()": lambda A: A.square().sum(), "relu(A - 1).amax()": lambda A: torch.relu(A - 1).amax(),
-          "(A * A).logsumexp()": lambda A: torch.logsumexp(A * A, tuple(range(A.dim())))}[chain]
+    fn = {
+        "(A * 1.).sum()": lambda A: (A * 1.0).sum(),
+        "exp(-0.1 * A).mean()": lambda A: torch.exp(-0.1 * A).mean(),
+        "exp(A).sum()": lambda A: torch.exp(A).sum(),
+        "exp(A).mean()": lambda A: torch.exp(A).mean(),
+        "square().sum()": lambda A: A.square().sum(),
+        "relu(A - 1).amax()": lambda A: torch.relu(A - 1).amax(),
+        "(A * A).logsumexp()": lambda A: torch.logsumexp(A * A, tuple(range(A.dim()))),
+    }[chain]
     check(Case((6, 5), fill, **_case_kw(layout)), fn, fn)
 
 
@@ -278,8 +414,14 @@ def test_gradient_is_a_sparse_tensor_on_the_pattern():
 def test_gradcheck():
     for case in (Case((6, 5), 1.5, uncoalesced=True), Case((6, 4, 3), "array", dense_dim=1, nse=4)):
         v, f = case.leaves()
-        for fn in (lambda A: A.sum(), lambda A: A.mean(), lambda A: torch.logsumexp(A, (0, 1)),
-                   lambda A: A.var(), lambda A: A.norm(), lambda A: torch.linalg.vector_norm(A, 3)):
+        for fn in (
+            lambda A: A.sum(),
+            lambda A: A.mean(),
+            lambda A: torch.logsumexp(A, (0, 1)),
+            lambda A: A.var(),
+            lambda A: A.norm(),
+            lambda A: torch.linalg.vector_norm(A, 3),
+        ):
             assert torch.autograd.gradcheck(lambda v, f: fn(case.build(v, f)), (v, f))
     ind = Case((6, 5), "indefinite", layout=CSR)
     v, _ = ind.leaves()
@@ -294,14 +436,18 @@ def test_not_routed():
     v, f = case.leaves()
     A = case.build(v, f)
     assert not _routed(A.flip(0).sum(1))
-    sel = torch.tensor([1, 0, 2, 3, 4, 4])  # a row selection passes the pattern gradient on (index_autograd)
+    sel = torch.tensor(
+        [1, 0, 2, 3, 4, 4]
+    )  # a row selection passes the pattern gradient on (index_autograd)
     out = A[sel].sum(1)
     assert _routed(out)
     got = torch.autograd.grad(out.to_dense().sum(), (v, f))
     want = torch.autograd.grad(A.to_dense()[sel].sum(1).sum(), (v, f))
     torch.testing.assert_close(got, want)
     assert routed(A.max(0).values, "SparseSelectBackward") and _routed(A.prod(1))
-    assert _routed((A * 2).sum(1)) and _routed(torch.exp(A).amax(0))  # element-wise ops: a uniform derivative
+    assert _routed((A * 2).sum(1)) and _routed(
+        torch.exp(A).amax(0)
+    )  # element-wise ops: a uniform derivative
     assert _routed(A.sum(1)) and _routed(A.coalesce().to_sparse_csr().logsumexp(0))
     H = Case((5, 3), 2.0, dense_dim=1, nse=3)
     assert not _routed(torch.prod(H.build(*H.leaves()), 1))
@@ -319,21 +465,35 @@ def test_not_routed():
 # reductions keeping a sparse dim: name -> (fn on A, fn on the dense masked reference: (x, mask))
 PARTIAL = {
     "sum(1)": (lambda A: A.sum(1), lambda x, m: torch.masked.sum(x, 1, mask=m)),
-    "sum(0, keepdim)": (lambda A: A.sum(0, keepdim=True), lambda x, m: torch.masked.sum(x, 0, keepdim=True, mask=m)),
+    "sum(0, keepdim)": (
+        lambda A: A.sum(0, keepdim=True),
+        lambda x, m: torch.masked.sum(x, 0, keepdim=True, mask=m),
+    ),
     "mean(0)": (lambda A: A.mean(0), lambda x, m: torch.masked.mean(x, 0, mask=m)),
     "nansum(1)": (lambda A: A.nansum(1), None),
     "nanmean(0)": (lambda A: torch.nanmean(A, 0), None),
     "amax(1)": (lambda A: A.amax(1), lambda x, m: torch.masked.amax(x, 1, mask=m)),
-    "amin(0, keepdim)": (lambda A: A.amin(0, True), lambda x, m: torch.masked.amin(x, 0, keepdim=True, mask=m)),
-    "logsumexp(1)": (lambda A: torch.logsumexp(A, 1), lambda x, m: torch.masked.logsumexp(x, 1, mask=m)),
+    "amin(0, keepdim)": (
+        lambda A: A.amin(0, True),
+        lambda x, m: torch.masked.amin(x, 0, keepdim=True, mask=m),
+    ),
+    "logsumexp(1)": (
+        lambda A: torch.logsumexp(A, 1),
+        lambda x, m: torch.masked.logsumexp(x, 1, mask=m),
+    ),
     "var(1)": (lambda A: A.var(1), lambda x, m: torch.masked.var(x, 1, mask=m)),
-    "std(0, correction=0)": (lambda A: A.std(0, correction=0),
-                             lambda x, m: torch.masked.std(x, 0, unbiased=False, mask=m)),
+    "std(0, correction=0)": (
+        lambda A: A.std(0, correction=0),
+        lambda x, m: torch.masked.std(x, 0, unbiased=False, mask=m),
+    ),
     "norm(dim=1)": (lambda A: A.norm(dim=1), lambda x, m: torch.masked.norm(x, 2.0, 1, mask=m)),
     "vector_norm(inf, 0)": (lambda A: torch.linalg.vector_norm(A, INF, 0), None),
     "vector_norm(3, 1)": (lambda A: torch.linalg.vector_norm(A, 3, 1), None),
     "prod(1)": (lambda A: A.prod(1), lambda x, m: torch.masked.prod(x, 1, mask=m)),
-    "prod(0, keepdim)": (lambda A: torch.prod(A, 0, True), lambda x, m: torch.masked.prod(x, 0, keepdim=True, mask=m)),
+    "prod(0, keepdim)": (
+        lambda A: torch.prod(A, 0, True),
+        lambda x, m: torch.masked.prod(x, 0, keepdim=True, mask=m),
+    ),
 }
 
 
@@ -380,8 +540,11 @@ def test_partial_reductions_indefinite(op, layout):
     torch.testing.assert_close(d0, torch.where(spec, r, 0.0).detach(), equal_nan=True)
     (torch.where(spec, r, 0.0) * W).sum().backward()
     keep = slice(None)
-    if op in ("var(1)", "std(0, correction=0)"):  # a slice of one element: torch.var's rule gives NaN (inf * 0),
-        d = 1 if op == "var(1)" else 0            # torch.std's 0 (std == 0), torch.masked's composites differ
+    if op in (
+        "var(1)",
+        "std(0, correction=0)",
+    ):  # a slice of one element: torch.var's rule gives NaN (inf * 0),
+        d = 1 if op == "var(1)" else 0  # torch.std's 0 (std == 0), torch.masked's composites differ
         keep = mask.sum(d)[case.idx[1 - d]] > 1
     torch.testing.assert_close(v.grad[keep], vd.grad[keep], equal_nan=True)
 
@@ -400,15 +563,34 @@ def test_errors_come_from_the_forward():
 
 @pytest.mark.parametrize("fill", [0.0, 5.0, NAN, "indefinite"], ids=str)
 @pytest.mark.parametrize("layout", [COO, CSR], ids=["coo", "csr"])
-@pytest.mark.parametrize("chain", ["(A * 1.).sum()", "exp(-0.1 * A).mean()", "exp(A).mean()", "A.amax()",
-                                   "A.var()", "A.norm()", "logsumexp", "A.prod()", "nanmean"])
+@pytest.mark.parametrize(
+    "chain",
+    [
+        "(A * 1.).sum()",
+        "exp(-0.1 * A).mean()",
+        "exp(A).mean()",
+        "A.amax()",
+        "A.var()",
+        "A.norm()",
+        "logsumexp",
+        "A.prod()",
+        "nanmean",
+    ],
+)
 def test_no_temporary_of_the_input_size(chain, layout, fill):
     """(300, 400) with 60 stored elements: nothing of 120k elements is made, forward or backward, and the
     backward runs under a densify policy that raises past 64 kB."""
-    fn = {"(A * 1.).sum()": lambda A: (A * 1.0).sum(), "exp(-0.1 * A).mean()": lambda A: torch.exp(-0.1 * A).mean(),
-          "exp(A).mean()": lambda A: torch.exp(A).mean(), "A.amax()": lambda A: A.amax(), "A.var()": torch.var,
-          "A.norm()": lambda A: A.norm(), "logsumexp": lambda A: torch.logsumexp(A, (0, 1)),
-          "A.prod()": lambda A: (A * 0.999).prod(), "nanmean": torch.nanmean}[chain]
+    fn = {
+        "(A * 1.).sum()": lambda A: (A * 1.0).sum(),
+        "exp(-0.1 * A).mean()": lambda A: torch.exp(-0.1 * A).mean(),
+        "exp(A).mean()": lambda A: torch.exp(A).mean(),
+        "A.amax()": lambda A: A.amax(),
+        "A.var()": torch.var,
+        "A.norm()": lambda A: A.norm(),
+        "logsumexp": lambda A: torch.logsumexp(A, (0, 1)),
+        "A.prod()": lambda A: (A * 0.999).prod(),
+        "nanmean": torch.nanmean,
+    }[chain]
     case = Case((300, 400), fill, layout=layout, nse=60)
     v, f = case.leaves()
     with _Sizes() as rec:
@@ -441,20 +623,40 @@ SLICES = {  # name: (shape, dense_dim, fn)
 }
 
 
-LINEAR = {"x[:4].sum()", "A[1:5:2].sum()", "(A[1:3] * 2)", "A.narrow(1, 1, 3).sum()", "split(2)", "H[..., 1:].sum()",
-          "H[2].sum()", "H4[:, :, :, 1].sum()", "A[:, 3].sum()", "H[:, :, 1].sum()", "H4[:, :, 1].sum()"}  # where an indefinite fill's masked reference is the 0-filled one
+LINEAR = {
+    "x[:4].sum()",
+    "A[1:5:2].sum()",
+    "(A[1:3] * 2)",
+    "A.narrow(1, 1, 3).sum()",
+    "split(2)",
+    "H[..., 1:].sum()",
+    "H[2].sum()",
+    "H4[:, :, :, 1].sum()",
+    "A[:, 3].sum()",
+    "H[:, :, 1].sum()",
+    "H4[:, :, 1].sum()",
+}  # where an indefinite fill's masked reference is the 0-filled one
 
 
 def _slice_params():
     for op, (shape, dd, _) in sorted(SLICES.items()):
-        for layout in (["coo", "csr"] if len(shape) - dd >= 2 else ["coo"]):
-            for fill in [0.0, 2.5, NAN] + (["array"] if dd else []) + (["indefinite"] if op in LINEAR else []):
+        for layout in ["coo", "csr"] if len(shape) - dd >= 2 else ["coo"]:
+            for fill in (
+                [0.0, 2.5, NAN]
+                + (["array"] if dd else [])
+                + (["indefinite"] if op in LINEAR else [])
+            ):
                 yield op, layout, fill
 
 
 def _dense_out(out):
-    return out if not isinstance(out, SparseTensor) else \
-        out.to_dense(fill_value=0.0) if out.is_fill_indefinite() else out.to_dense()
+    return (
+        out
+        if not isinstance(out, SparseTensor)
+        else out.to_dense(fill_value=0.0)
+        if out.is_fill_indefinite()
+        else out.to_dense()
+    )
 
 
 @pytest.mark.parametrize("op, layout, fill", list(_slice_params()), ids=str)
@@ -494,7 +696,9 @@ def test_select_at_the_first_dense_dim_position_has_no_temporary_of_the_input_si
     vd, fd = case.leaves()
     A = case.build(vd, fd)
     fn(A.to_dense(fill_value=0.0) if case.indefinite else A.to_dense()).backward()
-    torch.testing.assert_close((v.grad, None if f is None else f.grad), (vd.grad, None if fd is None else fd.grad))
+    torch.testing.assert_close(
+        (v.grad, None if f is None else f.grad), (vd.grad, None if fd is None else fd.grad)
+    )
 
 
 @pytest.mark.parametrize("fill", [0.0, 5.0, "indefinite"], ids=str)
@@ -510,12 +714,16 @@ def test_slice_backward_has_no_temporary_of_the_input_size(fill):
     in_slice = case.idx[0] < 100
     torch.testing.assert_close(v.grad, in_slice.to(v.dtype))
     if f is not None:
-        torch.testing.assert_close(f.grad, torch.tensor(100.0 - int(in_slice.sum()), dtype=torch.float64))
+        torch.testing.assert_close(
+            f.grad, torch.tensor(100.0 - int(in_slice.sum()), dtype=torch.float64)
+        )
 
 
 @pytest.mark.parametrize("fill", [0.0, 5.0, "indefinite"], ids=str)
 @pytest.mark.parametrize("layout", [COO, CSR], ids=["coo", "csr"])
-@pytest.mark.parametrize("op", ["sum(1)", "mean(0)", "amax(1)", "logsumexp(1)", "var(1)", "norm(dim=1)", "prod(1)"])
+@pytest.mark.parametrize(
+    "op", ["sum(1)", "mean(0)", "amax(1)", "logsumexp(1)", "var(1)", "norm(dim=1)", "prod(1)"]
+)
 def test_partial_reductions_have_no_temporary_of_the_input_size(op, layout, fill):
     """(300, 400) with 60 stored elements, a row or column reduction: nothing of 120k elements is made."""
     case = Case((300, 400), fill, layout=layout, nse=60)
@@ -530,16 +738,29 @@ def test_partial_reductions_have_no_temporary_of_the_input_size(op, layout, fill
 
 @pytest.mark.parametrize("fill", [0.0, 2.5, NAN], ids=str)
 @pytest.mark.parametrize("layout", ["coo", "csr", "uncoalesced"])
-@pytest.mark.parametrize("chain", ["(2*A).sum(1)", "exp(A).amax(0)", "(A+A*A).mean(0)", "(A*s).var(1)",
-                                   "sigmoid(A).logsumexp(1)", "(2*A).t().sum(1)"])
+@pytest.mark.parametrize(
+    "chain",
+    [
+        "(2*A).sum(1)",
+        "exp(A).amax(0)",
+        "(A+A*A).mean(0)",
+        "(A*s).var(1)",
+        "sigmoid(A).logsumexp(1)",
+        "(2*A).t().sum(1)",
+    ],
+)
 def test_partial_reductions_of_computed_tensors(chain, layout, fill):
     """A reduction keeping a sparse dim of a definite-fill tensor computed by element-wise ops (a derivative
     the same at every unspecified element) is routed; the gradients equal the dense ones."""
     s = torch.tensor(1.5, dtype=torch.float64)
-    fn = {"(2*A).sum(1)": lambda A: (2 * A).sum(1), "exp(A).amax(0)": lambda A: torch.exp(A).amax(0),
-          "(A+A*A).mean(0)": lambda A: (A + A * A).mean(0), "(A*s).var(1)": lambda A: (A * s).var(1),
-          "sigmoid(A).logsumexp(1)": lambda A: torch.sigmoid(A).logsumexp(1),
-          "(2*A).t().sum(1)": lambda A: (2 * A).t().sum(1)}[chain]
+    fn = {
+        "(2*A).sum(1)": lambda A: (2 * A).sum(1),
+        "exp(A).amax(0)": lambda A: torch.exp(A).amax(0),
+        "(A+A*A).mean(0)": lambda A: (A + A * A).mean(0),
+        "(A*s).var(1)": lambda A: (A * s).var(1),
+        "sigmoid(A).logsumexp(1)": lambda A: torch.sigmoid(A).logsumexp(1),
+        "(2*A).t().sum(1)": lambda A: (2 * A).t().sum(1),
+    }[chain]
     check(Case((6, 5), fill, **_case_kw(layout), nse=8), fn)
 
 
@@ -562,8 +783,17 @@ def _max_min_out(r):
 
 
 def _max_min_params():
-    for op in ["max(0)", "max(1, keepdim)", "min(-1)", "min(0, keepdim)", "max(1) hybrid", "Tensor.min(dim=0) 3d"]:
-        for layout in ["coo", "uncoalesced"] + ([] if op.endswith(("hybrid", "3d")) else ["csr"]):  # (CSR: 2-d)
+    for op in [
+        "max(0)",
+        "max(1, keepdim)",
+        "min(-1)",
+        "min(0, keepdim)",
+        "max(1) hybrid",
+        "Tensor.min(dim=0) 3d",
+    ]:
+        for layout in ["coo", "uncoalesced"] + (
+            [] if op.endswith(("hybrid", "3d")) else ["csr"]
+        ):  # (CSR: 2-d)
             for fill in [0.0, 5.0, -5.0, NAN]:  # (indefinite: the forward is not native)
                 yield op, layout, fill
 
@@ -574,9 +804,14 @@ def test_max_min_with_a_dim(op, layout, fill):
     selected element, exact at the pattern, the rest summed into the fill's gradient; against dense."""
     hybrid, three = op.endswith("hybrid"), op.endswith("3d")
     shape, dd = ((6, 5, 3), 1) if hybrid else ((4, 3, 5), 0) if three else ((6, 5), 0)
-    fn = {"max(0)": lambda A: torch.max(A, 0), "max(1, keepdim)": lambda A: A.max(1, keepdim=True),
-          "min(-1)": lambda A: A.min(-1), "min(0, keepdim)": lambda A: torch.min(A, 0, True),
-          "max(1) hybrid": lambda A: A.max(1), "Tensor.min(dim=0) 3d": lambda A: A.min(dim=0)}[op]
+    fn = {
+        "max(0)": lambda A: torch.max(A, 0),
+        "max(1, keepdim)": lambda A: A.max(1, keepdim=True),
+        "min(-1)": lambda A: A.min(-1),
+        "min(0, keepdim)": lambda A: torch.min(A, 0, True),
+        "max(1) hybrid": lambda A: A.max(1),
+        "Tensor.min(dim=0) 3d": lambda A: A.min(dim=0),
+    }[op]
     case = Case(shape, fill, dense_dim=dd, nse=9, **_case_kw(layout))
     v, f = case.leaves()
     r = fn(case.build(v, f))
@@ -607,8 +842,15 @@ def test_max_min_with_a_dim_have_no_temporary_of_the_input_size(layout, fill):
 
 
 @pytest.mark.parametrize("fill", [0.0, 3.0, INF], ids=str)
-@pytest.mark.parametrize("values", [[0.0, 2.0, 4.0, 1.5, -1.0, 3.0], [0.0, 0.0, 4.0, 1.5, 0.0, 3.0],
-                                    [1.0, 2.0, 4.0, 1.5, -1.0, INF]], ids=str)
+@pytest.mark.parametrize(
+    "values",
+    [
+        [0.0, 2.0, 4.0, 1.5, -1.0, 3.0],
+        [0.0, 0.0, 4.0, 1.5, 0.0, 3.0],
+        [1.0, 2.0, 4.0, 1.5, -1.0, INF],
+    ],
+    ids=str,
+)
 @pytest.mark.parametrize("op", ["prod(0)", "prod(1)"])
 def test_partial_prod_with_zeros_and_inf(op, values, fill):
     """``prod`` keeping a sparse dim: ``G * Y / x`` without a 0 in the input (torch's rule), the products of
@@ -639,7 +881,9 @@ def test_reductions_over_a_dense_dim(op, layout, fill):
     masked out hold no leaf value)."""
     fn = DENSE_DIM[op]
     case = Case((6, 5, 3), fill, dense_dim=1, nse=7, uncoalesced=layout == "uncoalesced")
-    build = case.build if layout != "csr" else lambda v, f: case.build(v, f).to_sparse_csr(dense_dim=1)
+    build = (
+        case.build if layout != "csr" else lambda v, f: case.build(v, f).to_sparse_csr(dense_dim=1)
+    )
     v, f = case.leaves()
     A = build(v, f)
     assert A.sparse_layout is (CSR if layout == "csr" else COO) and A.dense_dim() == 1

@@ -30,9 +30,15 @@ COO, CSR = torch.sparse_coo, torch.sparse_csr
 def _pattern(shape, nse, dense_dim, uncoalesced, g):
     """Indices over the sparse dims: ``nse`` distinct positions (per batch for 3-d), plus duplicates."""
     S = shape[: len(shape) - dense_dim]
-    if len(S) == 3:  # the same count per batch: a batched CSR tensor needs it with an indefinite fill
+    if (
+        len(S) == 3
+    ):  # the same count per batch: a batched CSR tensor needs it with an indefinite fill
         per = torch.Size(S[1:]).numel()
-        keys = torch.cat([b * per + torch.randperm(per, generator=g)[:nse] for b in range(S[0])]).sort().values
+        keys = (
+            torch.cat([b * per + torch.randperm(per, generator=g)[:nse] for b in range(S[0])])
+            .sort()
+            .values
+        )
     else:
         keys = torch.randperm(torch.Size(S).numel(), generator=g)[:nse].sort().values
     if uncoalesced:
@@ -44,16 +50,34 @@ def _pattern(shape, nse, dense_dim, uncoalesced, g):
 class Case:
     """Leaves ``values``, ``fill``, ``X`` and the two ways to build ``A`` from them."""
 
-    def __init__(self, shape, xshape, fill, *, layout=COO, dense_dim=0, uncoalesced=False, dtype=torch.float64,
-                 nse=6, seed=0):
+    def __init__(
+        self,
+        shape,
+        xshape,
+        fill,
+        *,
+        layout=COO,
+        dense_dim=0,
+        uncoalesced=False,
+        dtype=torch.float64,
+        nse=6,
+        seed=0,
+    ):
         g = torch.Generator().manual_seed(seed)
         self.shape, self.layout, self.dtype = shape, layout, dtype
         self.idx = _pattern(shape, nse, dense_dim, uncoalesced, g)
-        D = shape[len(shape) - dense_dim:]
+        D = shape[len(shape) - dense_dim :]
         self.values = torch.randn((self.idx.shape[1],) + tuple(D), dtype=dtype, generator=g)
         self.indefinite = fill == "indefinite"
-        self.fill = None if self.indefinite else (torch.randn(D, dtype=dtype, generator=g) if fill == "array"
-                                                  else torch.tensor(fill, dtype=dtype))
+        self.fill = (
+            None
+            if self.indefinite
+            else (
+                torch.randn(D, dtype=dtype, generator=g)
+                if fill == "array"
+                else torch.tensor(fill, dtype=dtype)
+            )
+        )
         self.X = torch.randn(xshape, dtype=dtype, generator=g)
 
     def leaves(self):
@@ -62,7 +86,9 @@ class Case:
         return v, f, self.X.clone().requires_grad_()
 
     def build(self, v, f):
-        A = sparsefill.sparse_coo_tensor(self.idx, v, self.shape, fill_value=sparsefill.indefinite if f is None else f)
+        A = sparsefill.sparse_coo_tensor(
+            self.idx, v, self.shape, fill_value=sparsefill.indefinite if f is None else f
+        )
         return A.to_sparse_csr() if self.layout is CSR else A
 
 
@@ -101,7 +127,9 @@ def check(case, fn):
         assert (a is None) == (b is None), name
         if a is not None:
             assert type(a) is torch.Tensor, name
-            torch.testing.assert_close(a, b, equal_nan=True, **tol, msg=lambda m: f"grad of {name}: {m}")
+            torch.testing.assert_close(
+                a, b, equal_nan=True, **tol, msg=lambda m: f"grad of {name}: {m}"
+            )
 
 
 OPS = {  # name: (A shape, X shape, fn)
@@ -118,11 +146,27 @@ OPS = {  # name: (A shape, X shape, fn)
     "A3@x": ((2, 6, 5), (5,), torch.matmul),
     "bmm": ((2, 6, 5), (2, 5, 3), torch.bmm),
     "X3@A3": ((2, 6, 5), (2, 4, 6), lambda A, X: X @ A),
-    "addmm": ((6, 5), (5, 3), lambda A, X: torch.addmm(torch.ones(6, 3, dtype=X.dtype), A, X, beta=0.5, alpha=2)),
-    "addmm dense@sparse": ((6, 5), (3, 6), lambda A, X: torch.addmm(torch.ones(5, dtype=X.dtype), X, A)),
+    "addmm": (
+        (6, 5),
+        (5, 3),
+        lambda A, X: torch.addmm(torch.ones(6, 3, dtype=X.dtype), A, X, beta=0.5, alpha=2),
+    ),
+    "addmm dense@sparse": (
+        (6, 5),
+        (3, 6),
+        lambda A, X: torch.addmm(torch.ones(5, dtype=X.dtype), X, A),
+    ),
     "addmv": ((6, 5), (5,), lambda A, x: torch.addmv(torch.ones(6, dtype=x.dtype), A, x)),
-    "baddbmm": ((2, 6, 5), (2, 5, 3), lambda A, X: torch.baddbmm(torch.zeros(1, dtype=X.dtype), A, X, beta=0)),
-    "linear weight": ((6, 5), (2, 4, 5), lambda A, x: F.linear(x, A, torch.arange(A.shape[0], dtype=x.dtype))),
+    "baddbmm": (
+        (2, 6, 5),
+        (2, 5, 3),
+        lambda A, X: torch.baddbmm(torch.zeros(1, dtype=X.dtype), A, X, beta=0),
+    ),
+    "linear weight": (
+        (6, 5),
+        (2, 4, 5),
+        lambda A, x: F.linear(x, A, torch.arange(A.shape[0], dtype=x.dtype)),
+    ),
     "linear input": ((6, 5), (3, 5), lambda A, W: F.linear(A, W)),
     "einsum ij,jk": ((6, 5), (5, 3), lambda A, X: torch.einsum("ij,jk->ik", A, X)),
     "einsum ij,kj->ki": ((6, 5), (4, 5), lambda A, X: torch.einsum("ij,kj->ki", A, X)),
@@ -142,7 +186,13 @@ MAIN = ["A@X", "X@A", "A3@X2", "bmm", "X3@A3", "A2@X3"]
 @pytest.mark.parametrize("op", MAIN)
 def test_gradients_match_dense(op, layout, fill):
     shape, xshape, fn = OPS[op]
-    kw = dict(layout=CSR) if layout == "csr" else dict(uncoalesced=True) if layout == "uncoalesced" else {}
+    kw = (
+        dict(layout=CSR)
+        if layout == "csr"
+        else dict(uncoalesced=True)
+        if layout == "uncoalesced"
+        else {}
+    )
     check(Case(shape, xshape, fill, **kw), fn)
 
 
@@ -197,8 +247,12 @@ class _Shapes(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        for t in (out if isinstance(out, (tuple, list)) else (out,)):
-            if isinstance(t, torch.Tensor) and not isinstance(t, SparseTensor) and t.layout is torch.strided:
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if (
+                isinstance(t, torch.Tensor)
+                and not isinstance(t, SparseTensor)
+                and t.layout is torch.strided
+            ):
                 self.largest = max(self.largest, t.numel())
         return out
 
@@ -229,10 +283,16 @@ def test_route_taken_only_where_the_pattern_gradient_is_exact():
     v, f, X = case.leaves()
     A = case.build(v, f)
     assert _routed(A.coalesce() @ X) and _routed(A.to_sparse_csr() @ X)
-    assert _routed(X.T @ A.t()) and _routed(X.mT @ A.T) and _routed(X.T @ A.to_sparse_csr().transpose(0, 1))
+    assert (
+        _routed(X.T @ A.t())
+        and _routed(X.mT @ A.T)
+        and _routed(X.T @ A.to_sparse_csr().transpose(0, 1))
+    )
     assert _routed((A * 2) @ X) and _routed(A.exp() @ X)
     assert not _routed(A.flip(0) @ X)
-    sel = torch.tensor([1, 0, 2, 3, 4, 4])  # a row selection passes the pattern gradient on (index_autograd)
+    sel = torch.tensor(
+        [1, 0, 2, 3, 4, 4]
+    )  # a row selection passes the pattern gradient on (index_autograd)
     out = A[sel] @ X
     assert _routed(out)
     gv, gf, gX = torch.autograd.grad(out.sum(), (v, f, X))
@@ -274,10 +334,20 @@ def test_gradient_reaches_values_through_the_sparse_gradient():
 
 @pytest.mark.parametrize("fill", [0.0, 3.0, NAN], ids=str)
 @pytest.mark.parametrize("layout", [COO, CSR], ids=["coo", "csr"])
-@pytest.mark.parametrize("op", [
-    lambda A, w: A * w, lambda A, w: w * A, lambda A, w: A + w, lambda A, w: torch.sub(w, A),
-    lambda A, w: A / (w + 10), lambda A, w: torch.where(w > 0, A, w), lambda A, w: torch.cat([A, w]),
-    lambda A, w: torch.maximum(A, w)], ids=["mul", "rmul", "add", "sub", "div", "where", "cat", "maximum"])
+@pytest.mark.parametrize(
+    "op",
+    [
+        lambda A, w: A * w,
+        lambda A, w: w * A,
+        lambda A, w: A + w,
+        lambda A, w: torch.sub(w, A),
+        lambda A, w: A / (w + 10),
+        lambda A, w: torch.where(w > 0, A, w),
+        lambda A, w: torch.cat([A, w]),
+        lambda A, w: torch.maximum(A, w),
+    ],
+    ids=["mul", "rmul", "add", "sub", "div", "where", "cat", "maximum"],
+)
 def test_dense_leaf_gradient_is_dense(op, layout, fill):
     """torch's contract: a dense leaf's ``.grad`` is a dense tensor (was a SparseTensor after ``A * w``)."""
     case = Case((4, 5), (4, 5), fill, layout=layout, nse=7)
@@ -297,7 +367,10 @@ def test_dense_leaf_gradient_with_an_indefinite_operand(layout):
     case = Case((4, 5), (4, 5), "indefinite", layout=layout, nse=7)
     A = case.build(case.values, None)
     specified = A.to_dense(fill_value=NAN).isnan().logical_not()
-    for op, local in ((torch.mul, A.to_dense(fill_value=0.0)), (torch.add, torch.ones(4, 5, dtype=A.dtype))):
+    for op, local in (
+        (torch.mul, A.to_dense(fill_value=0.0)),
+        (torch.add, torch.ones(4, 5, dtype=A.dtype)),
+    ):
         w = case.X.clone().requires_grad_()
         op(A, w).to_dense(fill_value=0.0).sum().backward()
         assert type(w.grad) is torch.Tensor
@@ -312,7 +385,10 @@ def test_attention_chain_with_an_indefinite_fill(layout):
     g = torch.Generator().manual_seed(2)
     keys = torch.randperm(n * n, generator=g)[:150].sort().values
     idx = torch.stack([keys // n, keys % n])
-    s0, Wh0 = torch.randn(150, dtype=torch.float64, generator=g), torch.randn(n, d, dtype=torch.float64, generator=g)
+    s0, Wh0 = (
+        torch.randn(150, dtype=torch.float64, generator=g),
+        torch.randn(n, d, dtype=torch.float64, generator=g),
+    )
     s, Wh = s0.clone().requires_grad_(), Wh0.clone().requires_grad_()
     S = sparsefill.sparse_coo_tensor(idx, s, (n, n), fill_value=sparsefill.indefinite)
     S = S.to_sparse_csr() if layout is CSR else S
@@ -320,7 +396,9 @@ def test_attention_chain_with_an_indefinite_fill(layout):
     assert _routed(out)
     out.square().sum().backward()
     sd, Whd = s0.clone().requires_grad_(), Wh0.clone().requires_grad_()
-    dense = torch.full((n, n), -INF, dtype=torch.float64).index_put((idx[0], idx[1]), F.leaky_relu(sd, 0.2))
+    dense = torch.full((n, n), -INF, dtype=torch.float64).index_put(
+        (idx[0], idx[1]), F.leaky_relu(sd, 0.2)
+    )
     (torch.softmax(dense, 1).nan_to_num(0.0) @ Whd).square().sum().backward()
     torch.testing.assert_close(s.grad, sd.grad)
     torch.testing.assert_close(Wh.grad, Whd.grad)
@@ -331,8 +409,9 @@ def test_indefinite_gradient_reaches_the_constructor_as_zero_outside():
     v = torch.tensor([1.0, 2.0], dtype=torch.float64, requires_grad=True)
     f = torch.tensor(3.0, dtype=torch.float64, requires_grad=True)
     A = sparsefill.sparse_coo_tensor([[0, 2]], v, (4,), fill_value=f)
-    M = sparsefill.sparse_coo_tensor([[0, 1]], torch.ones(2, dtype=torch.float64), (4,),
-                                     fill_value=sparsefill.indefinite)
+    M = sparsefill.sparse_coo_tensor(
+        [[0, 1]], torch.ones(2, dtype=torch.float64), (4,), fill_value=sparsefill.indefinite
+    )
     (A * M).to_dense(fill_value=0.0).sum().backward()  # specified at 0 and 1 only
     torch.testing.assert_close(v.grad, torch.tensor([1.0, 0.0], dtype=torch.float64))
     torch.testing.assert_close(f.grad, torch.tensor(1.0, dtype=torch.float64))
@@ -355,13 +434,16 @@ def test_routes_first_imported_under_no_grad():
     the route for ``A.t() @ X`` is still taken afterwards."""
     import subprocess
     import sys
-    code = ("import torch, sparsefill\n"
-            "with torch.no_grad():\n"
-            "    torch.sparse.sum(sparsefill.sparse_coo_tensor([[0]], [1.], (2,)))\n"
-            "v = torch.ones(2, requires_grad=True)\n"
-            "A = sparsefill.sparse_coo_tensor([[0, 1], [1, 0]], v, (2, 2), fill_value=3.)\n"
-            "out = torch.ones(3, 2) @ A.t()\n"
-            "print(type(out.grad_fn).__name__)\n")
+
+    code = (
+        "import torch, sparsefill\n"
+        "with torch.no_grad():\n"
+        "    torch.sparse.sum(sparsefill.sparse_coo_tensor([[0]], [1.], (2,)))\n"
+        "v = torch.ones(2, requires_grad=True)\n"
+        "A = sparsefill.sparse_coo_tensor([[0, 1], [1, 0]], v, (2, 2), fill_value=3.)\n"
+        "out = torch.ones(3, 2) @ A.t()\n"
+        "print(type(out.grad_fn).__name__)\n"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["SparseMMBackward"], r.stdout
@@ -390,7 +472,13 @@ def test_matmul_of_a_computed_operand(op, layout, fill):
     if fill == "indefinite" and op == "X@exp(A)":
         fill = NAN  # (exp(0) != 0: the 0-filled dense reference is not the masked product)
     shape, xshape, fn = COMPUTED[op]
-    kw = dict(layout=CSR) if layout == "csr" else dict(uncoalesced=True) if layout == "uncoalesced" else {}
+    kw = (
+        dict(layout=CSR)
+        if layout == "csr"
+        else dict(uncoalesced=True)
+        if layout == "uncoalesced"
+        else {}
+    )
     check(Case(shape, xshape, fill, **kw), fn)
 
 
@@ -417,6 +505,7 @@ def test_matmul_of_an_operand_with_a_varying_derivative_takes_torchs_path():
     w = torch.tensor([2.0, -1.0], dtype=torch.float64)
     A = case.build(v, f) * w  # (6, 5, 2): its dense dim scaled element by element
     from sparsefill.ops.linalg_autograd import pattern_grad_is_exact
+
     assert isinstance(A, SparseTensor) and pattern_grad_is_exact(A)
     out = A.sum((0, 1))
     out.sum().backward()
@@ -426,11 +515,23 @@ def test_matmul_of_an_operand_with_a_varying_derivative_takes_torchs_path():
 
 
 @pytest.mark.parametrize("fill", [0.0, 2.5, NAN], ids=str)
-@pytest.mark.parametrize("shape,take", [((1, 1, 3000), lambda y: y[0, 0]), ((1, 3000), lambda y: y[0]),
-                                        ((3, 1, 1000), lambda y: y[:, 0]), ((3, 1000), lambda y: y[0:3]),
-                                        ((3, 1000), lambda y: y[:, 0:1000])],
-                         ids=["[0,0] of (1,1,L)", "[0] of (1,L)", "[:,0] of (3,1,L)", "full slice dim 0",
-                              "full slice dim 1"])
+@pytest.mark.parametrize(
+    "shape,take",
+    [
+        ((1, 1, 3000), lambda y: y[0, 0]),
+        ((1, 3000), lambda y: y[0]),
+        ((3, 1, 1000), lambda y: y[:, 0]),
+        ((3, 1000), lambda y: y[0:3]),
+        ((3, 1000), lambda y: y[:, 0:1000]),
+    ],
+    ids=[
+        "[0,0] of (1,1,L)",
+        "[0] of (1,L)",
+        "[:,0] of (3,1,L)",
+        "full slice dim 0",
+        "full slice dim 1",
+    ],
+)
 def test_select_or_slice_of_everything_keeps_the_fill(shape, take, fill):
     """A select on a size-1 dim or a full slice has no zeros around it: its backward is the upstream gradient
     with its fill (a nonzero fill stored every element before), forward and backward against dense."""
@@ -439,12 +540,18 @@ def test_select_or_slice_of_everything_keeps_the_fill(shape, take, fill):
     pos = torch.randperm(n, generator=g)[:20].sort().values
     idx = torch.stack(torch.unravel_index(pos, shape))
     vals = torch.rand(20, generator=g, dtype=torch.float64)
-    v, f = vals.clone().requires_grad_(), torch.tensor(fill, dtype=torch.float64, requires_grad=True)
+    v, f = (
+        vals.clone().requires_grad_(),
+        torch.tensor(fill, dtype=torch.float64, requires_grad=True),
+    )
     with _Shapes() as rec:
         A = sparsefill.sparse_coo_tensor(idx, v, shape, fill_value=f)
         (take(torch.exp(A)) * 3).sum().backward()
     assert rec.largest < n // 10
-    vd, fd = vals.clone().requires_grad_(), torch.tensor(fill, dtype=torch.float64, requires_grad=True)
+    vd, fd = (
+        vals.clone().requires_grad_(),
+        torch.tensor(fill, dtype=torch.float64, requires_grad=True),
+    )
     D = fd.expand(shape).index_put(tuple(idx), vd)
     (take(torch.exp(D)) * 3).sum().backward()
     torch.testing.assert_close(v.grad, vd.grad, equal_nan=True)

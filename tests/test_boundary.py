@@ -29,7 +29,9 @@ NAN = float("nan")
 @pytest.fixture(autouse=True)
 def _quiet():
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # DensifyWarning, "Sparse CSR tensor support is in beta state"
+        warnings.simplefilter(
+            "ignore"
+        )  # DensifyWarning, "Sparse CSR tensor support is in beta state"
         yield
 
 
@@ -63,9 +65,16 @@ def native(d, layout):
     """``d`` as a torch native sparse tensor of ``layout`` (uncoalesced COO: every element stored twice, halved)."""
     if layout == "coo_uncoalesced":
         c = d.to_sparse()
-        return torch.sparse_coo_tensor(torch.cat([c._indices()] * 2, 1), torch.cat([c._values() / 2] * 2), d.shape)
-    return {"coo": lambda: d.to_sparse(), "csr": lambda: d.to_sparse_csr(), "csc": lambda: d.to_sparse_csc(),
-            "bsr": lambda: d.to_sparse_bsr((2, 2)), "bsc": lambda: d.to_sparse_bsc((2, 2))}[layout]()
+        return torch.sparse_coo_tensor(
+            torch.cat([c._indices()] * 2, 1), torch.cat([c._values() / 2] * 2), d.shape
+        )
+    return {
+        "coo": lambda: d.to_sparse(),
+        "csr": lambda: d.to_sparse_csr(),
+        "csc": lambda: d.to_sparse_csc(),
+        "bsr": lambda: d.to_sparse_bsr((2, 2)),
+        "bsc": lambda: d.to_sparse_bsc((2, 2)),
+    }[layout]()
 
 
 NATIVE = ["coo", "coo_uncoalesced", "csr", "csc", "bsr", "bsc"]
@@ -75,33 +84,41 @@ LAYOUTS = [torch.sparse_coo, torch.sparse_csr]
 
 # ---------------------------------------------------------------------- item 1: the reproduction
 def test_item1_native_operand_is_not_ignored():
-    A = sparsefill.sparse_coo_tensor([[0, 1], [2, 0]], [1., 2.], (2, 3), fill_value=0.5)
-    nat = torch.sparse_coo_tensor([[0, 1], [1, 2]], [10., 20.], (2, 3))
-    close(A + nat, torch.tensor([[.5, 10.5, 1], [2, .5, 20.5]]))
-    close(A * nat, torch.tensor([[0., 5, 0], [0, 0, 10]]))
-    close(nat + A, torch.tensor([[.5, 10.5, 1], [2, .5, 20.5]]))
+    A = sparsefill.sparse_coo_tensor([[0, 1], [2, 0]], [1.0, 2.0], (2, 3), fill_value=0.5)
+    nat = torch.sparse_coo_tensor([[0, 1], [1, 2]], [10.0, 20.0], (2, 3))
+    close(A + nat, torch.tensor([[0.5, 10.5, 1], [2, 0.5, 20.5]]))
+    close(A * nat, torch.tensor([[0.0, 5, 0], [0, 0, 10]]))
+    close(nat + A, torch.tensor([[0.5, 10.5, 1], [2, 0.5, 20.5]]))
     assert isinstance(A + nat, SparseTensor) and isinstance(A * nat, SparseTensor)
 
 
 # ---------------------------------------------------------------------- item 8: the reproductions
 def test_item8_reproductions():
-    A = sparsefill.sparse_coo_tensor([[0, 1], [2, 0]], [1., 2.], (2, 3), fill_value=0.5)
-    nat = torch.sparse_coo_tensor([[0, 1], [1, 2]], [10., 20.], (2, 3))
+    A = sparsefill.sparse_coo_tensor([[0, 1], [2, 0]], [1.0, 2.0], (2, 3), fill_value=0.5)
+    nat = torch.sparse_coo_tensor([[0, 1], [1, 2]], [10.0, 20.0], (2, 3))
     Ad, nd = A.to_dense(), nat.to_dense()
     close(A + nat.to_sparse_csr(), Ad + nd)  # raised "Sparse CSR tensors do not have strides"
     close(nat @ A.t(), nd @ Ad.t())  # raised
-    Ai = sparsefill.sparse_coo_tensor([[0, 1], [2, 0]], [1., 2.], (2, 3), fill_value=[])
-    nat_i = torch.sparse_coo_tensor([[0, 1], [2, 0]], [1., 2.], (2, 3))  # the native tensor of Ai's pattern
-    close(torch.sparse.sum(Ai, 1), torch.sparse.sum(nat_i, 1).to_dense(), fill=0.)  # raised
-    close(torch.sparse.softmax(Ai, 1), torch.sparse.softmax(nat_i, 1).to_dense(), fill=0.)  # raised
+    Ai = sparsefill.sparse_coo_tensor([[0, 1], [2, 0]], [1.0, 2.0], (2, 3), fill_value=[])
+    nat_i = torch.sparse_coo_tensor(
+        [[0, 1], [2, 0]], [1.0, 2.0], (2, 3)
+    )  # the native tensor of Ai's pattern
+    close(torch.sparse.sum(Ai, 1), torch.sparse.sum(nat_i, 1).to_dense(), fill=0.0)  # raised
+    close(
+        torch.sparse.softmax(Ai, 1), torch.sparse.softmax(nat_i, 1).to_dense(), fill=0.0
+    )  # raised
     x = torch.randn(3, 2)
     close(torch.sparse.mm(Ai, x), torch.sparse.mm(nat_i, x))  # raised
 
 
 # ---------------------------------------------------------------------- native operands: the layout grid
 ELEMENTWISE = {
-    "A+n": lambda a, n: a + n, "n+A": lambda a, n: n + a, "A*n": lambda a, n: a * n, "n*A": lambda a, n: n * a,
-    "A-n": lambda a, n: a - n, "maximum": lambda a, n: torch.maximum(a, n),
+    "A+n": lambda a, n: a + n,
+    "n+A": lambda a, n: n + a,
+    "A*n": lambda a, n: a * n,
+    "n*A": lambda a, n: n * a,
+    "A-n": lambda a, n: a - n,
+    "maximum": lambda a, n: torch.maximum(a, n),
     "add_alpha": lambda a, n: torch.add(a, n, alpha=2),
 }
 
@@ -117,9 +134,11 @@ def test_elementwise_native_operand(op, fill, layout, nlayout):
     nat = native(nd, nlayout)
     out = f(A, nat)
     assert isinstance(out, SparseTensor)
-    if fill == []:  # masked: specified exactly where A is, the op on A's values and n's elements there
+    if (
+        fill == []
+    ):  # masked: specified exactly where A is, the op on A's values and n's elements there
         assert out.is_fill_indefinite()
-        ref = torch.where(keep, f(A.to_dense(fill_value=0.), nd), NAN)
+        ref = torch.where(keep, f(A.to_dense(fill_value=0.0), nd), NAN)
         close(out, ref, fill=NAN)
     else:
         close(out, f(A.to_dense(), nd))
@@ -130,8 +149,11 @@ def test_elementwise_native_operand(op, fill, layout, nlayout):
 def test_hybrid_native_operand(nlayout):
     d = torch.randn(4, 6, 3, dtype=torch.float64) * (torch.rand(4, 6, 1) < 0.5)
     nat = d.to_sparse(layout=getattr(torch, f"sparse_{nlayout}"), dense_dim=1)
-    A = sparsefill.to_sparse(torch.randn(4, 6, 3, dtype=torch.float64) * (torch.rand(4, 6, 1) < 0.5),
-                             fill_value=torch.tensor([1., 2., 3.], dtype=torch.float64), dense_dim=1)
+    A = sparsefill.to_sparse(
+        torch.randn(4, 6, 3, dtype=torch.float64) * (torch.rand(4, 6, 1) < 0.5),
+        fill_value=torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64),
+        dense_dim=1,
+    )
     for f in (lambda a, n: a + n, lambda a, n: n * a):
         out = f(A, nat)
         assert isinstance(out, SparseTensor)
@@ -141,12 +163,17 @@ def test_hybrid_native_operand(nlayout):
 @pytest.mark.parametrize("nlayout", ["csr", "bsr"])
 def test_batched_native_operand(nlayout):
     d = torch.zeros(3, 4, 6, dtype=torch.float64)
-    d[:, ::2, 1::2] = torch.randn(3, 2, 3, dtype=torch.float64)  # the same nse per batch (torch's batched rule)
+    d[:, ::2, 1::2] = torch.randn(
+        3, 2, 3, dtype=torch.float64
+    )  # the same nse per batch (torch's batched rule)
     nat = d.to_sparse_csr() if nlayout == "csr" else d.to_sparse_bsr((2, 2))
     A, _ = make((3, 4, 6), 0.25)
     close(A + nat, A.to_dense() + d)
     close(nat * A, d * A.to_dense())
-    close(torch.bmm(A, nat.transpose(-1, -2).to_dense().to_sparse()), torch.bmm(A.to_dense(), d.transpose(-1, -2)))
+    close(
+        torch.bmm(A, nat.transpose(-1, -2).to_dense().to_sparse()),
+        torch.bmm(A.to_dense(), d.transpose(-1, -2)),
+    )
 
 
 def test_native_operand_dtypes_and_0d():
@@ -158,28 +185,42 @@ def test_native_operand_dtypes_and_0d():
     F, _ = make((4, 6), 0.5)  # float64 beside a float32 native: torch's promotion
     n32 = d.float().to_sparse_csr()
     close(F * n32, F.to_dense() * d.float())
-    i32 = torch.sparse_csr_tensor(n32.crow_indices().int(), n32.col_indices().int(), n32.values(), n32.shape)
+    i32 = torch.sparse_csr_tensor(
+        n32.crow_indices().int(), n32.col_indices().int(), n32.values(), n32.shape
+    )
     close(F + i32, F.to_dense() + d.float())  # int32 CSR indices
-    B = sparsefill.sparse_coo_tensor(torch.zeros(0, 1, dtype=torch.int64), torch.tensor([2.]), (), fill_value=0.)
-    n0 = torch.sparse_coo_tensor(torch.zeros(0, 1, dtype=torch.int64), torch.tensor([5.]), ())
-    close(B * n0, torch.tensor(10.))
+    B = sparsefill.sparse_coo_tensor(
+        torch.zeros(0, 1, dtype=torch.int64), torch.tensor([2.0]), (), fill_value=0.0
+    )
+    n0 = torch.sparse_coo_tensor(torch.zeros(0, 1, dtype=torch.int64), torch.tensor([5.0]), ())
+    close(B * n0, torch.tensor(10.0))
     E = sparsefill.full((0, 3), 1.0)
     close(E + torch.zeros(0, 3).to_sparse(), torch.ones(0, 3))
 
 
 def test_native_operand_gradient_is_dense_semantics():
-    A = sparsefill.sparse_coo_tensor([[0, 1], [2, 0]], [1., 2.], (2, 3), fill_value=0.5, dtype=torch.float64)
-    nat = torch.sparse_coo_tensor([[0, 1], [1, 2]], [10., 20.], (2, 3), dtype=torch.float64).requires_grad_()
+    A = sparsefill.sparse_coo_tensor(
+        [[0, 1], [2, 0]], [1.0, 2.0], (2, 3), fill_value=0.5, dtype=torch.float64
+    )
+    nat = torch.sparse_coo_tensor(
+        [[0, 1], [1, 2]], [10.0, 20.0], (2, 3), dtype=torch.float64
+    ).requires_grad_()
     w = torch.randn(2, 3, dtype=torch.float64)
     (dense(A * nat) * w).sum().backward()
     close(nat.grad, w * A.to_dense())
 
 
 MATMUL = {
-    "A@n": lambda a, n: a @ n, "n@A": lambda a, n: n @ a, "mm(A,n)": lambda a, n: torch.mm(a, n),
-    "mm(n,A)": lambda a, n: torch.mm(n, a), "sparse.mm(A,n)": lambda a, n: torch.sparse.mm(a, n),
-    "sparse.mm(n,A)": lambda a, n: torch.sparse.mm(n, a), "matmul(A,n)": lambda a, n: torch.matmul(a, n),
-    "addmm(A,n)": lambda a, n: torch.addmm(torch.ones(6, 6, dtype=torch.float64), a, n, beta=2., alpha=.5),
+    "A@n": lambda a, n: a @ n,
+    "n@A": lambda a, n: n @ a,
+    "mm(A,n)": lambda a, n: torch.mm(a, n),
+    "mm(n,A)": lambda a, n: torch.mm(n, a),
+    "sparse.mm(A,n)": lambda a, n: torch.sparse.mm(a, n),
+    "sparse.mm(n,A)": lambda a, n: torch.sparse.mm(n, a),
+    "matmul(A,n)": lambda a, n: torch.matmul(a, n),
+    "addmm(A,n)": lambda a, n: torch.addmm(
+        torch.ones(6, 6, dtype=torch.float64), a, n, beta=2.0, alpha=0.5
+    ),
 }
 
 
@@ -192,8 +233,10 @@ def test_matmul_native_operand(op, fill, layout, nlayout):
     A, _ = make((6, 6), fill, layout=layout)
     nd, _ = pattern_tensor((6, 6), seed=2)
     out = f(A, native(nd, nlayout))
-    Ad = A.to_dense(fill_value=0.) if fill == [] else A.to_dense()  # masked: unspecified elements form no products
-    close(out, f(Ad, nd), fill=0.)
+    Ad = (
+        A.to_dense(fill_value=0.0) if fill == [] else A.to_dense()
+    )  # masked: unspecified elements form no products
+    close(out, f(Ad, nd), fill=0.0)
 
 
 @pytest.mark.parametrize("fill", [0.5, 0.0])
@@ -207,8 +250,8 @@ def test_native_operand_keeps_its_meaning_in_torch_sparse_kernels(fill):
         close(torch.sparse.mm(nat, X, reduce), torch.sparse.mm(nat, X.to_dense(), reduce))
     M1, _ = make((5, 4), fill, seed=5)
     M2, _ = make((4, 6), fill, seed=6)
-    ref = torch.sparse.sampled_addmm(nat, M1.to_dense(), M2.to_dense(), beta=.5)
-    close(torch.sparse.sampled_addmm(nat, M1, M2, beta=.5), ref)
+    ref = torch.sparse.sampled_addmm(nat, M1.to_dense(), M2.to_dense(), beta=0.5)
+    close(torch.sparse.sampled_addmm(nat, M1, M2, beta=0.5), ref)
     m1, _ = pattern_tensor((5, 4), seed=7)
     ref = torch.sspaddmm(nd.to_sparse(), m1.to_sparse(), M2.to_dense())
     close(torch.sspaddmm(nd.to_sparse(), m1.to_sparse(), M2), ref)
@@ -220,7 +263,9 @@ class _Other(torch.Tensor):
 
     @staticmethod
     def __new__(cls, inner):
-        return torch.Tensor._make_wrapper_subclass(cls, inner.shape, dtype=inner.dtype, device=inner.device)
+        return torch.Tensor._make_wrapper_subclass(
+            cls, inner.shape, dtype=inner.dtype, device=inner.device
+        )
 
     def __init__(self, inner):
         self.inner = inner
@@ -234,28 +279,34 @@ class _Other(torch.Tensor):
 
 
 def test_unknown_subclass_refused():
-    A = sparsefill.sparse_coo_tensor([[0, 1], [2, 0]], [1., 2.], (2, 3), fill_value=0.5)
+    A = sparsefill.sparse_coo_tensor([[0, 1], [2, 0]], [1.0, 2.0], (2, 3), fill_value=0.5)
     before = A.to_dense()
     o = _Other(torch.ones(2, 3))
-    for call in (lambda: torch.mul(A, o), lambda: torch.ops.aten.add.Tensor(A, o), lambda: A.add_(o),
-                 lambda: torch.cat([A, o])):
+    for call in (
+        lambda: torch.mul(A, o),
+        lambda: torch.ops.aten.add.Tensor(A, o),
+        lambda: A.add_(o),
+        lambda: torch.cat([A, o]),
+    ):
         with pytest.raises(TypeError, match="_Other"):
             call()
     assert torch.equal(A.to_dense(), before)
 
 
 def test_parameters_plain_subclasses_and_tracing_tensors_work():
-    A = sparsefill.sparse_coo_tensor([[0, 1], [2, 0]], [1., 2.], (2, 3), fill_value=0.5)
+    A = sparsefill.sparse_coo_tensor([[0, 1], [2, 0]], [1.0, 2.0], (2, 3), fill_value=0.5)
     x = torch.randn(2, 3)
 
     class Plain(torch.Tensor):
         pass
+
     close(A * torch.nn.Parameter(x), A.to_dense() * x, check_dtype=False)
     close(A * x.as_subclass(Plain), A.to_dense() * x)
     P = torch.nn.Parameter(A)
     close(P * x, A.to_dense() * x)
     from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
     from torch._subclasses.functional_tensor import FunctionalTensor
+
     assert registry._known_type(FakeTensor) and registry._known_type(FunctionalTensor)
     mode = FakeTensorMode()
     F = mode.from_tensor(A)
@@ -265,8 +316,8 @@ def test_parameters_plain_subclasses_and_tracing_tensors_work():
 
 
 def test_written_native_and_other_layouts_refused():
-    A = sparsefill.sparse_coo_tensor([[0, 1], [2, 0]], [1., 2.], (2, 3), fill_value=0.5)
-    nat = torch.sparse_coo_tensor([[0, 1], [1, 2]], [10., 20.], (2, 3))
+    A = sparsefill.sparse_coo_tensor([[0, 1], [2, 0]], [1.0, 2.0], (2, 3), fill_value=0.5)
+    nat = torch.sparse_coo_tensor([[0, 1], [1, 2]], [10.0, 20.0], (2, 3))
     before = nat.to_dense()
     with pytest.raises(TypeError, match="writes to its argument 'self'"):
         nat.add_(A)
@@ -289,8 +340,13 @@ def test_unannotated_mutation_criterion():
     c10d = torch.ops.c10d
     assert registry.unannotated_mutation(c10d.allreduce_.default) is not None
     assert registry.unannotated_mutation(c10d.broadcast_.default) is not None
-    for op in (torch.ops.aten.add_.Tensor, torch.ops.aten.add.Tensor, torch.ops.aten._foreach_add_.Scalar,
-               torch.ops._c10d_functional.all_reduce_.default, torch.ops._c10d_functional.all_reduce.default):
+    for op in (
+        torch.ops.aten.add_.Tensor,
+        torch.ops.aten.add.Tensor,
+        torch.ops.aten._foreach_add_.Scalar,
+        torch.ops._c10d_functional.all_reduce_.default,
+        torch.ops._c10d_functional.all_reduce.default,
+    ):
         assert registry.unannotated_mutation(op) is None, op
 
 
@@ -311,7 +367,7 @@ _LIB.impl("twice", lambda x: x * 2, "CPU")
 
 def test_custom_ops_under_the_rule():
     ops = torch.ops.sparsefill_boundary_test
-    A = sparsefill.sparse_coo_tensor([[0, 1], [2, 0]], [1., 2.], (2, 3), fill_value=0.5)
+    A = sparsefill.sparse_coo_tensor([[0, 1], [2, 0]], [1.0, 2.0], (2, 3), fill_value=0.5)
     before = A.to_dense()
     with pytest.raises(NotImplementedError, match="bump_"):
         ops.bump_(A)
@@ -344,7 +400,7 @@ def test_collectives_handled_or_refused(gloo_group):
     """torch's collectives on a SparseTensor run sparsefill.distributed's handlers in place (world size 1:
     the tensor is unchanged, and a dense copy agrees); a c10d op without a handler is refused, never a no-op."""
     dist = gloo_group
-    A = sparsefill.sparse_coo_tensor([[0, 1], [2, 0]], [1., 2.], (2, 3), fill_value=0.5)
+    A = sparsefill.sparse_coo_tensor([[0, 1], [2, 0]], [1.0, 2.0], (2, 3), fill_value=0.5)
     before = A.to_dense()
     dist.all_reduce(A)
     dist.broadcast(A, 0)
@@ -362,7 +418,7 @@ def test_collectives_handled_or_refused(gloo_group):
 # ---------------------------------------------------------------------- torch.sparse functions
 def _pattern_native(A, keep, layout=torch.sparse_coo):
     """The torch native tensor of an indefinite A's pattern and values (torch's masked semantics)."""
-    d = A.to_dense(fill_value=0.)
+    d = A.to_dense(fill_value=0.0)
     idx = keep.nonzero().T
     n = torch.sparse_coo_tensor(idx, d[tuple(idx)], d.shape).coalesce()
     return n.to_sparse_csr() if layout is torch.sparse_csr else n
@@ -375,11 +431,13 @@ def test_sparse_sum(dims, fill, layout):
     A, keep = make((4, 6), fill, layout=layout)
     out = torch.sparse.sum(A, dims)
     out64 = torch.sparse.sum(A, dims, dtype=torch.float32)
-    if fill == []:  # masked: the sum over the specified elements (torch.sparse's rule), no element: unspecified
+    if (
+        fill == []
+    ):  # masked: the sum over the specified elements (torch.sparse's rule), no element: unspecified
         nat = torch.sparse.sum(_pattern_native(A, keep), dims)
-        close(out, dense(nat), fill=0.)
-        close(out, dense(sparsefill.masked.sum(A, dims), 0.), fill=0.)
-        close(out64, dense(nat).float(), fill=0.)
+        close(out, dense(nat), fill=0.0)
+        close(out, dense(sparsefill.masked.sum(A, dims), 0.0), fill=0.0)
+        close(out64, dense(nat).float(), fill=0.0)
     else:
         close(out, A.to_dense().sum(dims))
         close(out64, A.to_dense().sum(dims).float())
@@ -392,7 +450,7 @@ def test_sparse_sum_all_dims(fill, layout, grad):
     """torch.sparse.sum(A) (no dims: torch._sparse_sum, composite above __torch_dispatch__) == A.sum();
     an indefinite fill sums the stored elements, as torch.sparse on a native tensor of the same pattern."""
     A, keep = make((4, 6), fill, layout=layout)
-    d = A.to_dense(fill_value=0.) if fill == [] else A.to_dense()
+    d = A.to_dense(fill_value=0.0) if fill == [] else A.to_dense()
     ref = (d * keep).sum() if fill == [] else d.sum()
     with torch.set_grad_enabled(grad):
         out, out32 = torch.sparse.sum(A), torch.sparse.sum(A, dtype=torch.float32)
@@ -404,14 +462,22 @@ def test_sparse_sum_all_dims(fill, layout, grad):
 
 
 @pytest.mark.parametrize("layout", LAYOUTS, ids=["coo", "csr"])
-@pytest.mark.parametrize("fill", FILLS + [-float("inf")], ids=["f0.5", "f0", "fnan", "indefinite", "f-inf"])
+@pytest.mark.parametrize(
+    "fill", FILLS + [-float("inf")], ids=["f0.5", "f0", "fnan", "indefinite", "f-inf"]
+)
 @pytest.mark.parametrize("dim", [0, 1, -1])
 @pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
 def test_sparse_softmax(log, dim, fill, layout):
-    sp, dn = (torch.sparse.log_softmax, torch.log_softmax) if log else (torch.sparse.softmax, torch.softmax)
+    sp, dn = (
+        (torch.sparse.log_softmax, torch.log_softmax)
+        if log
+        else (torch.sparse.softmax, torch.softmax)
+    )
     A, keep = make((4, 6), fill, layout=layout)
     out = sp(A, dim)
-    if fill == []:  # masked: unspecified elements skipped and kept unspecified (torch.sparse's rule)
+    if (
+        fill == []
+    ):  # masked: unspecified elements skipped and kept unspecified (torch.sparse's rule)
         nat = sp(_pattern_native(A, keep), dim).to_dense()
         close(out, torch.where(keep, nat, NAN), fill=NAN)
         msk = (sparsefill.masked.log_softmax if log else sparsefill.masked.softmax)(A, dim)
@@ -420,7 +486,7 @@ def test_sparse_softmax(log, dim, fill, layout):
         close(out, dn(A.to_dense(), dim))
     if fill == -float("inf"):  # torch's rule for a native tensor: unspecified elements are -inf
         nat = sp(_pattern_native(A.to_sparse(fill_value=[]), keep), dim).to_dense()
-        torch.testing.assert_close(torch.where(keep, dense(out), 0.), torch.where(keep, nat, 0.))
+        torch.testing.assert_close(torch.where(keep, dense(out), 0.0), torch.where(keep, nat, 0.0))
     ref = dense(out, NAN).float()  # dtype=: the op on A converted first, as torch
     close(sp(A, dim, dtype=torch.float32), ref, fill=NAN, atol=1e-6, rtol=1e-5)
 
@@ -431,12 +497,12 @@ def test_sparse_mm_addmm(fill, layout):
     A, keep = make((4, 6), fill, layout=layout)
     X = torch.randn(6, 3, dtype=torch.float64)
     M = torch.randn(4, 3, dtype=torch.float64)
-    Ad = A.to_dense(fill_value=0.) if fill == [] else A.to_dense()
+    Ad = A.to_dense(fill_value=0.0) if fill == [] else A.to_dense()
     close(torch.sparse.mm(A, X), Ad @ X)
-    close(torch.sparse.addmm(M, A, X, beta=0.5, alpha=2.), 0.5 * M + 2 * (Ad @ X))
+    close(torch.sparse.addmm(M, A, X, beta=0.5, alpha=2.0), 0.5 * M + 2 * (Ad @ X))
     B, _ = make((6, 3), fill, layout=layout, seed=5)
-    Bd = B.to_dense(fill_value=0.) if fill == [] else B.to_dense()
-    close(torch.sparse.mm(A, B), Ad @ Bd, fill=0.)
+    Bd = B.to_dense(fill_value=0.0) if fill == [] else B.to_dense()
+    close(torch.sparse.mm(A, B), Ad @ Bd, fill=0.0)
     if fill == []:
         close(torch.sparse.mm(A, X), torch.sparse.mm(_pattern_native(A, keep), X))
 
@@ -448,7 +514,9 @@ def test_sparse_mm_reduce(reduce, fill, layout):
     A, keep = make((5, 6), fill, layout=layout)
     X = torch.randn(6, 3, dtype=torch.float64)
     out = torch.sparse.mm(A, X, reduce)
-    if fill == []:  # torch's kernel on the pattern: the reduction over the specified elements, an empty row 0
+    if (
+        fill == []
+    ):  # torch's kernel on the pattern: the reduction over the specified elements, an empty row 0
         ref = torch.sparse.mm(_pattern_native(A, keep, torch.sparse_csr), X, reduce)
     else:  # out[i, j] = reduce_k A[i, k] * X[k, j] over every k
         ref = getattr(torch, reduce)(A.to_dense()[:, :, None] * X[None], 1)
@@ -461,13 +529,30 @@ def test_sparse_functions_gradients(fill):
     X0 = torch.randn(6, 3, dtype=torch.float64)
     cases = [
         (lambda A, X: torch.sparse.mm(A, X), lambda D, X: D @ X),
-        (lambda A, X: torch.sparse.addmm(torch.ones(4, 3, dtype=torch.float64), A, X), lambda D, X: 1 + D @ X),
-        (lambda A, X: torch.sparse.mm(A, X, "mean"), lambda D, X: (D[:, :, None] * X[None]).mean(1)),
-        (lambda A, X: torch.sparse.mm(A, X, "amax"), lambda D, X: (D[:, :, None] * X[None]).amax(1)),
-        (lambda A, X: torch.sparse.sum(A, 1)[:, None] * X[:4], lambda D, X: D.sum(1)[:, None] * X[:4]),
-        (lambda A, X: torch.sparse.softmax(A, 1)[:, :3] * X[:4], lambda D, X: torch.softmax(D, 1)[:, :3] * X[:4]),
-        (lambda A, X: torch.sparse.log_softmax(A, 0)[:, :3] * X[:4],
-         lambda D, X: torch.log_softmax(D, 0)[:, :3] * X[:4]),
+        (
+            lambda A, X: torch.sparse.addmm(torch.ones(4, 3, dtype=torch.float64), A, X),
+            lambda D, X: 1 + D @ X,
+        ),
+        (
+            lambda A, X: torch.sparse.mm(A, X, "mean"),
+            lambda D, X: (D[:, :, None] * X[None]).mean(1),
+        ),
+        (
+            lambda A, X: torch.sparse.mm(A, X, "amax"),
+            lambda D, X: (D[:, :, None] * X[None]).amax(1),
+        ),
+        (
+            lambda A, X: torch.sparse.sum(A, 1)[:, None] * X[:4],
+            lambda D, X: D.sum(1)[:, None] * X[:4],
+        ),
+        (
+            lambda A, X: torch.sparse.softmax(A, 1)[:, :3] * X[:4],
+            lambda D, X: torch.softmax(D, 1)[:, :3] * X[:4],
+        ),
+        (
+            lambda A, X: torch.sparse.log_softmax(A, 0)[:, :3] * X[:4],
+            lambda D, X: torch.log_softmax(D, 0)[:, :3] * X[:4],
+        ),
     ]
     for f, g in cases:
         A = make((4, 6), fill)[0].requires_grad_()
@@ -503,7 +588,7 @@ def _operand(shape, fill, sparse, seed):
         x = torch.randn(shape, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
         return x, x
     S, _ = make(shape, fill, seed=seed)
-    return S, (S.to_dense(fill_value=0.) if fill == [] else S.to_dense())
+    return S, (S.to_dense(fill_value=0.0) if fill == [] else S.to_dense())
 
 
 @pytest.mark.parametrize("fill", [0.0, 1.5, []], ids=["f0", "f1.5", "indefinite"])
@@ -521,7 +606,7 @@ def test_matmul_every_shape(left, right, side, fill):
         return
     out = torch.matmul(a, b)
     assert out.shape == ref.shape
-    close(out, ref, fill=0.)
+    close(out, ref, fill=0.0)
 
 
 def test_expand_keeps_sorted_indices():
@@ -538,8 +623,12 @@ def test_expand_keeps_sorted_indices():
     keys = sparsefill._index.linearize(F._idx, F._sparse_shape)
     assert not F.is_coalesced() or bool((keys[1:] > keys[:-1]).all())
     close(F, B.to_dense().expand(2, 3, 4, 5, 3))
-    for T, size in ((A, (5, 5, 4, 10)), (B, (2, 3, 4, 5, 3))):  # the repeat path (the split kept) sorts too
+    for T, size in (
+        (A, (5, 5, 4, 10)),
+        (B, (2, 3, 4, 5, 3)),
+    ):  # the repeat path (the split kept) sorts too
         from sparsefill.ops.shape import expand
+
         R = expand(T, list(size), keep_split=True)
         keys = sparsefill._index.linearize(R._idx, R._sparse_shape)
         assert not R.is_coalesced() or bool((keys[1:] > keys[:-1]).all())
@@ -549,8 +638,9 @@ def test_expand_keeps_sorted_indices():
 # ---------------------------------------------------------------------- item 7: indexing ops on 0-d tensors
 def _zero_d(kind, dtype):
     if kind == "stored":
-        return sparsefill.sparse_coo_tensor(torch.zeros(0, 1, dtype=torch.int64), torch.tensor([3]), (),
-                                            fill_value=0, dtype=dtype)
+        return sparsefill.sparse_coo_tensor(
+            torch.zeros(0, 1, dtype=torch.int64), torch.tensor([3]), (), fill_value=0, dtype=dtype
+        )
     return sparsefill.full((), 2, dtype=dtype)
 
 
@@ -567,9 +657,15 @@ INDEXING_0D = {
     "scatter_": lambda T, i: T.clone().scatter_(0, i, _src(i, T.dtype)),
     "scatter_add": lambda T, i: torch.scatter_add(T, 0, i, _src(i, T.dtype)),
     "scatter_add_": lambda T, i: T.clone().scatter_add_(0, i, _src(i, T.dtype)),
-    **{f"scatter_reduce_{r}_{s}": (lambda r, s: lambda T, i: torch.scatter_reduce(
-        T, 0, i, _src(i, T.dtype), r, include_self=s))(r, s)
-       for r in ("sum", "prod", "mean", "amax", "amin") for s in (True, False)},
+    **{
+        f"scatter_reduce_{r}_{s}": (
+            lambda r, s: (
+                lambda T, i: torch.scatter_reduce(T, 0, i, _src(i, T.dtype), r, include_self=s)
+            )
+        )(r, s)
+        for r in ("sum", "prod", "mean", "amax", "amin")
+        for s in (True, False)
+    },
     "index_select": lambda T, i: torch.index_select(T, 0, i),
     "index_add": lambda T, i: torch.index_add(T, 0, i, _src(i, T.dtype)),
     "index_add_alpha": lambda T, i: torch.index_add(T, 0, i, _src(i, T.dtype), alpha=2),
@@ -578,7 +674,9 @@ INDEXING_0D = {
     "index_fill": lambda T, i: torch.index_fill(T, 0, i, 4),
     "index_fill_": lambda T, i: T.clone().index_fill_(0, i, 4),
     "index_reduce_prod": lambda T, i: torch.index_reduce(T, 0, i, _src(i, T.dtype), "prod"),
-    "index_reduce_amax": lambda T, i: torch.index_reduce(T, 0, i, _src(i, T.dtype, 1), "amax", include_self=False),
+    "index_reduce_amax": lambda T, i: torch.index_reduce(
+        T, 0, i, _src(i, T.dtype, 1), "amax", include_self=False
+    ),
     "take": lambda T, i: torch.take(T, i),
     "take_along_dim": lambda T, i: torch.take_along_dim(T, i),
     "put": lambda T, i: torch.put(T, i, _src(i, T.dtype)),

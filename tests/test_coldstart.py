@@ -24,7 +24,9 @@ def _run(code: str, **env) -> str:
     """Run ``code`` in a fresh interpreter (no SPARSEFILL_SEGMENT_BACKEND); its stdout, after a clean exit."""
     e = {k: v for k, v in os.environ.items() if k != "SPARSEFILL_SEGMENT_BACKEND"}
     e.update(env)
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=e)
+    res = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=e
+    )
     assert res.returncode == 0, res.stderr
     return res.stdout.strip()
 
@@ -47,11 +49,14 @@ def test_import_and_first_call_of_every_family_within_budget_of_import_torch(tmp
         "A = sparsefill.sparse_coo_tensor([[0, 1, 1, 3], [2, 0, 3, 1]], [1., 2., 3., 4.], (4, 5), fill_value=0.5)\n"
         "A * 2 + A; A.sum(1); A.cumsum(0); A @ torch.randn(5, 3); masked.sum(A, 1, mask=torch.rand(4, 5) > 0.5)\n"
         "segment.reduce(torch.randn(10, 3), 'sum', lengths=torch.tensor([4, 6]))\n"
-        "print(t1 - t0, time.perf_counter() - t2)\n")
+        "print(t1 - t0, time.perf_counter() - t2)\n"
+    )
     env = dict(PYTHONPYCACHEPREFIX=str(tmp_path), PYTHONDONTWRITEBYTECODE="")
     _run(code, **env)  # (writes the bytecode cache)
     t_torch, t_ours = map(float, _run(code, **env).split())
-    assert t_ours < 0.5 * t_torch, f"import sparsefill + first calls: {t_ours:.3f} s; import torch: {t_torch:.3f} s"
+    assert t_ours < 0.5 * t_torch, (
+        f"import sparsefill + first calls: {t_ours:.3f} s; import torch: {t_torch:.3f} s"
+    )
 
 
 def test_import_and_undispatched_first_calls_load_nothing_heavy():
@@ -61,8 +66,8 @@ def test_import_and_undispatched_first_calls_load_nothing_heavy():
         "import sys, torch\n"
         "import sparsefill\n"
         "from sparsefill import segment\n"
-        + _loaded((*HEAVY, "torch.distributed.tensor")) +
-        "A = sparsefill.sparse_coo_tensor([[0, 1], [2, 0]], [1., 2.], (2, 3), fill_value=0.5)\n"
+        + _loaded((*HEAVY, "torch.distributed.tensor"))
+        + "A = sparsefill.sparse_coo_tensor([[0, 1], [2, 0]], [1., 2.], (2, 3), fill_value=0.5)\n"
         "H = sparsefill.sparse_coo_tensor([[0, 1]], torch.ones(2, 3), (2, 3), fill_value=torch.zeros(3))\n"
         "C = sparsefill.sparse_csr_tensor([0, 1, 2], [1, 0], [3., 4.], (2, 2), fill_value=-1.)\n"
         "D = sparsefill.to_sparse(torch.tensor([[0., 1.], [2., 0.]]))\n"
@@ -74,7 +79,8 @@ def test_import_and_undispatched_first_calls_load_nothing_heavy():
         "segment.sparse_lengths_sum(x, torch.randint(0, 100, (60,)), torch.tensor([20, 40]))\n"
         "kj = segment.KeyedJaggedBatch.from_lists([{1: [10, 11], 3: [101]}, {1: [11], 2: [50]}])\n"
         "kj.to_dict(); kj.pooled(torch.randn(200, 4), 'max'); kj.select_keys([3, 1])\n"
-        + _loaded((*HEAVY, "torch.distributed.tensor")))
+        + _loaded((*HEAVY, "torch.distributed.tensor"))
+    )
     assert _run(code).splitlines() == ["[]", "[]"]
 
 
@@ -95,11 +101,11 @@ def test_first_op_of_every_family_loads_nothing_heavy():
         "torch.softmax(A, 1); torch.log_softmax(A, 0); A @ torch.randn(5, 3); C @ torch.randn(2, 3)\n"
         "A[torch.tensor([0, 3])]; A[1:3]; A.t(); A.reshape(5, 4); A.to_dense(); C.sum(1)\n"
         "sparsefill.masked.sum(A, 1, mask=m); sparsefill.masked.softmax(A, 1, mask=m); sparsefill.masked.amax(A, 0)\n"
-        + _loaded(m for m in HEAVY if m != "sympy") +
-        "w = torch.nn.Parameter(torch.randn(100, 8)); opt = segment.SparseAdagrad([w], lr=0.1)\n"
+        + _loaded(m for m in HEAVY if m != "sympy")
+        + "w = torch.nn.Parameter(torch.randn(100, 8)); opt = segment.SparseAdagrad([w], lr=0.1)\n"
         "w.grad = torch.sparse_coo_tensor(torch.tensor([[1, 5, 5]]), torch.randn(3, 8), (100, 8))\n"
-        "opt.step()\n"
-        + _loaded(m for m in HEAVY if m not in ("sympy", "torch._dynamo")))
+        "opt.step()\n" + _loaded(m for m in HEAVY if m not in ("sympy", "torch._dynamo"))
+    )
     assert _run(code).splitlines() == ["[]", "[]"]
 
 
@@ -108,14 +114,25 @@ def test_first_op_of_every_family_loads_nothing_heavy():
 _META_FAMILIES = [
     ("mean", "", "A.mean(1); A.mean()"),
     ("std/var", "", "A.std(1); A.var(0, keepdim=True); torch.std_mean(A, 1)"),
-    ("norm", "", "A.norm(); torch.linalg.vector_norm(A, 0, 1); torch.linalg.vector_norm(A, 3., (0, 1), True)"),
+    (
+        "norm",
+        "",
+        "A.norm(); torch.linalg.vector_norm(A, 0, 1); torch.linalg.vector_norm(A, 3., (0, 1), True)",
+    ),
     ("logsumexp", "", "torch.logsumexp(A, 1)"),
     ("all/any/count_nonzero", "", "A.all(1); A.any(); torch.count_nonzero(A, 0)"),
     ("CSR @ vector", "v = torch.randn(5)", "C @ v; torch.mv(C, v)"),
     ("vector @ matrix", "v = torch.randn(4)", "v @ A; torch.matmul(A, torch.randn(5))"),
-    ("addmm", "b = torch.randn(4, 3); x = torch.randn(5, 3)", "torch.addmm(b, A, x); torch.addmm(b, C, x)"),
-    ("addmv/addr/dot", "v = torch.randn(5)", "torch.addmv(torch.randn(4), A, v); torch.addr(A, torch.randn(4), v); "
-                                             "torch.dot(A[0], v)"),
+    (
+        "addmm",
+        "b = torch.randn(4, 3); x = torch.randn(5, 3)",
+        "torch.addmm(b, A, x); torch.addmm(b, C, x)",
+    ),
+    (
+        "addmv/addr/dot",
+        "v = torch.randn(5)",
+        "torch.addmv(torch.randn(4), A, v); torch.addr(A, torch.randn(4), v); torch.dot(A[0], v)",
+    ),
     ("cat", "", "torch.cat([A, A]); torch.cat([A, A], 1); torch.cat([C, C])"),
     ("stack", "", "torch.stack([A, A]); torch.stack([A, A.to_dense()], 2)"),
     ("roll", "", "torch.roll(A, 1, 0); torch.roll(A, (1, 2), (0, 1)); torch.roll(A, 3)"),
@@ -135,11 +152,14 @@ def test_first_call_of_a_meta_family_does_not_import_dynamo(family, setup, call)
         "C = sparsefill.sparse_csr_tensor([0, 1, 2, 2, 3], [1, 0, 4], [3., 4., 5.], (4, 5), fill_value=-1.)\n"
         "import warnings; warnings.simplefilter('ignore')\n"
         f"{setup}\n{call}\n"
-        "print('torch._dynamo' in sys.modules)\n")
+        "print('torch._dynamo' in sys.modules)\n"
+    )
     assert _run(code) == "False"
 
 
-@pytest.mark.skipif(not segment.compiled_available(), reason="needs numba (the compiled backend)")  # reported by -rs
+@pytest.mark.skipif(
+    not segment.compiled_available(), reason="needs numba (the compiled backend)"
+)  # reported by -rs
 def test_auto_backend_imports_numba_once_the_work_pays():
     """'auto': torch ops until COMPILED_AFTER_WORK elements of work have come (counted over calls), then
     numba, once, for every later call; the same values either way."""
@@ -156,11 +176,14 @@ def test_auto_backend_imports_numba_once_the_work_pays():
         "out.append(segment.reduce(x[:2], 'max', lengths=torch.tensor([2])))\n"
         "with segment.use_backend('torch'):\n"
         "    ref = segment.reduce(x, 'max', segment_ids=ids, sorted=False)\n"
-        "print(all(torch.equal(o, ref) for o in out[:-1]), torch.equal(out[-1][0], x[:2].amax(0)))\n")
+        "print(all(torch.equal(o, ref) for o in out[:-1]), torch.equal(out[-1][0], x[:2].amax(0)))\n"
+    )
     assert _run(code).splitlines() == ["False False", "True True", "True True"]
 
 
-@pytest.mark.skipif(not segment.compiled_available(), reason="needs numba (the compiled backend)")  # reported by -rs
+@pytest.mark.skipif(
+    not segment.compiled_available(), reason="needs numba (the compiled backend)"
+)  # reported by -rs
 def test_kernels_are_cached_in_the_user_cache_dir_when_the_package_is_read_only(tmp_path):
     """numba caches next to the module where it can write, else in $XDG_CACHE_HOME/numba (or
     $NUMBA_CACHE_DIR): a second process loads the kernels from there (cache hits, no compilation).
@@ -175,8 +198,14 @@ def test_kernels_are_cached_in_the_user_cache_dir_when_the_package_is_read_only(
         "segment.reduce(torch.randn(10, 3), 'max', lengths=torch.tensor([4, 6]))\n"
         "for k in (nb.offsets_of, nb.kernel('sorted', 'max', False, 0)):\n"
         "    s = k.stats\n"
-        "    print(s.cache_path.startswith(sys_path), sum(s.cache_hits.values()), sum(s.cache_misses.values()))\n")
+        "    print(s.cache_path.startswith(sys_path), sum(s.cache_hits.values()), sum(s.cache_misses.values()))\n"
+    )
     code = f"sys_path = {str(tmp_path / 'numba')!r}\n" + code
-    env = dict(XDG_CACHE_HOME=str(tmp_path), NUMBA_CACHE_DIR="")  # (empty: numba's own override unset)
-    assert _run(code, **env).splitlines() == ["True 0 1", "True 0 1"]  # compiled once, written there
+    env = dict(
+        XDG_CACHE_HOME=str(tmp_path), NUMBA_CACHE_DIR=""
+    )  # (empty: numba's own override unset)
+    assert _run(code, **env).splitlines() == [
+        "True 0 1",
+        "True 0 1",
+    ]  # compiled once, written there
     assert _run(code, **env).splitlines() == ["True 1 0", "True 1 0"]  # loaded

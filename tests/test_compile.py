@@ -35,7 +35,11 @@ def make(nse, seed, *, layout=torch.sparse_coo, dense=(), fill=0.5):
     keys = torch.randperm(SHAPE[0] * SHAPE[1], generator=g)[:nse].sort().values
     idx = torch.stack([keys // SHAPE[1], keys % SHAPE[1]])
     vals = torch.randn((nse,) + dense, generator=g, dtype=torch.float64).requires_grad_()
-    f = sparsefill.indefinite if fill is None else torch.tensor(fill, dtype=torch.float64).requires_grad_()
+    f = (
+        sparsefill.indefinite
+        if fill is None
+        else torch.tensor(fill, dtype=torch.float64).requires_grad_()
+    )
     A = sparsefill.sparse_coo_tensor(idx, vals, SHAPE + dense, fill_value=f)
     return (A.to_sparse_csr() if layout is torch.sparse_csr else A), vals, f
 
@@ -58,7 +62,9 @@ CASES = {
     "unary": lambda A, B: torch.exp(A * -8) + 1,
     "same_pattern": lambda A, B: A * A.exp() - A / 3,
     "scalar_0d": lambda A, B: A * torch.tensor(2.0, dtype=torch.float64) + 1.5,
-    "dense_dims": lambda A, B: A * torch.linspace(1, 2, A.shape[-1], dtype=A.dtype),  # (hybrid: over the dense dim)
+    "dense_dims": lambda A, B: (
+        A * torch.linspace(1, 2, A.shape[-1], dtype=A.dtype)
+    ),  # (hybrid: over the dense dim)
     "union": lambda A, B: A + B,
     "sum": lambda A, B: A.sum(),
     "sum_dim": lambda A, B: A.sum(1),
@@ -78,7 +84,12 @@ CASES = {
 FORMS = {"coo": {}, "csr": {"layout": torch.sparse_csr}, "hybrid": {"dense_shape": (3,)}}
 ALL = tuple(FORMS)
 # every case family in every form it applies to (eager backend: dynamo's graph, autograd eager)
-FAMILIES = {**{n: ALL for n in CASES}, "dense_dims": ("hybrid",), "A@X": ("coo", "csr"), "Y@A": ("coo", "csr")}
+FAMILIES = {
+    **{n: ALL for n in CASES},
+    "dense_dims": ("hybrid",),
+    "A@X": ("coo", "csr"),
+    "Y@A": ("coo", "csr"),
+}
 
 
 def run_case(name, backend, layout=torch.sparse_coo, dense_shape=(), fill=0.5):
@@ -89,8 +100,11 @@ def run_case(name, backend, layout=torch.sparse_coo, dense_shape=(), fill=0.5):
     fill = None if name == "masked_softmax" else fill
     torch._dynamo.reset()
     out_c = torch.compile(fn, backend=backend, fullgraph=True)
-    loss_c = (lambda A, B: weighted(out_c(A, B))) if backend == "eager" else \
-        torch.compile(lambda A, B: weighted(fn(A, B)), backend=backend, fullgraph=True)
+    loss_c = (
+        (lambda A, B: weighted(out_c(A, B)))
+        if backend == "eager"
+        else torch.compile(lambda A, B: weighted(fn(A, B)), backend=backend, fullgraph=True)
+    )
     kw = dict(layout=layout, dense=dense_shape, fill=fill)
     leaves = (lambda v, f: [v]) if fill is None else (lambda v, f: [v, f])
     for step, (na, nb) in enumerate([(8, 6), (11, 9), (13, 4)]):
@@ -108,31 +122,60 @@ def test_eager_backend(name, form):
     run_case(name, "eager", **FORMS[form])
 
 
-@pytest.mark.parametrize("name,form", [("masked_sum", "coo"), ("masked_amax", "coo"), ("masked_softmax_def", "csr"),
-                                       ("masked_normalize_mask", "hybrid")])
+@pytest.mark.parametrize(
+    "name,form",
+    [
+        ("masked_sum", "coo"),
+        ("masked_amax", "coo"),
+        ("masked_softmax_def", "csr"),
+        ("masked_normalize_mask", "hybrid"),
+    ],
+)
 def test_aot_eager_masked_definite(name, form):
     """``sparsefill.masked`` of a definite fill: reductions without a mask (the pattern is the mask: known
     without reading the mask's values); normalizations (dense by nature: compiled in the all-stored form)."""
     run_case(name, "aot_eager", **FORMS[form])
 
 
-@pytest.mark.parametrize("name", ["unary", "union", "sum", "sum_dim", "amax_dim", "amin_dim", "softmax", "A@X", "Y@A"])
+@pytest.mark.parametrize(
+    "name", ["unary", "union", "sum", "sum_dim", "amax_dim", "amin_dim", "softmax", "A@X", "Y@A"]
+)
 def test_aot_eager_coo(name):
     run_case(name, "aot_eager")
 
 
-@pytest.mark.parametrize("name,layout,dense_shape", [
-    ("union", torch.sparse_csr, ()), ("sum_dim", torch.sparse_csr, ()), ("amin_dim", torch.sparse_csr, ()),
-    ("A@X", torch.sparse_csr, ()),
-    ("dense_dims", torch.sparse_coo, (3,)), ("sum_dim", torch.sparse_coo, (3,))])
+@pytest.mark.parametrize(
+    "name,layout,dense_shape",
+    [
+        ("union", torch.sparse_csr, ()),
+        ("sum_dim", torch.sparse_csr, ()),
+        ("amin_dim", torch.sparse_csr, ()),
+        ("A@X", torch.sparse_csr, ()),
+        ("dense_dims", torch.sparse_coo, (3,)),
+        ("sum_dim", torch.sparse_coo, (3,)),
+    ],
+)
 def test_aot_eager_csr_hybrid(name, layout, dense_shape):
     run_case(name, "aot_eager", layout, dense_shape)
 
 
-@pytest.mark.parametrize("name,form", [
-    ("unary", "coo"), ("unary", "csr"), ("scalar_0d", "coo"), ("dense_dims", "hybrid"), ("union", "coo"),
-    ("union", "hybrid"), ("sum", "coo"), ("sum_dim", "csr"), ("amin_dim", "coo"), ("softmax", "coo"), ("A@X", "coo"),
-    ("Y@A", "coo")])
+@pytest.mark.parametrize(
+    "name,form",
+    [
+        ("unary", "coo"),
+        ("unary", "csr"),
+        ("scalar_0d", "coo"),
+        ("dense_dims", "hybrid"),
+        ("union", "coo"),
+        ("union", "hybrid"),
+        ("sum", "coo"),
+        ("sum_dim", "csr"),
+        ("amin_dim", "coo"),
+        ("softmax", "coo"),
+        ("A@X", "coo"),
+        ("Y@A", "coo"),
+    ],
+)
 def test_inductor(name, form):
     run_case(name, "inductor", **FORMS[form])
 
@@ -145,15 +188,23 @@ def test_sparse_output_gradient_through_sparse_ops():
     for nse, seed in [(8, 0), (12, 1)]:
         A, va, fa = make(nse, seed)
         B, _, _ = make(5, seed + 7)
-        got = torch.autograd.grad((f(A) * B).sum(), [va, fa])  # (mul's backward: a SparseTensor of B's pattern)
+        got = torch.autograd.grad(
+            (f(A) * B).sum(), [va, fa]
+        )  # (mul's backward: a SparseTensor of B's pattern)
         want = torch.autograd.grad(((torch.exp(A * -8) + 1) * B).sum(), [va, fa])
         torch.testing.assert_close(got, want)
 
 
-@pytest.mark.parametrize("backend,layout,dense_shape,fill", [
-    ("aot_eager", torch.sparse_coo, (), 0.5), ("aot_eager", torch.sparse_csr, (), 0.5),
-    ("aot_eager", torch.sparse_coo, (3,), 0.5), ("aot_eager", torch.sparse_coo, (), None),
-    ("inductor", torch.sparse_coo, (), 0.5)])
+@pytest.mark.parametrize(
+    "backend,layout,dense_shape,fill",
+    [
+        ("aot_eager", torch.sparse_coo, (), 0.5),
+        ("aot_eager", torch.sparse_csr, (), 0.5),
+        ("aot_eager", torch.sparse_coo, (3,), 0.5),
+        ("aot_eager", torch.sparse_coo, (), None),
+        ("inductor", torch.sparse_coo, (), 0.5),
+    ],
+)
 def test_dense_gradient_of_sparse_output(backend, layout, dense_shape, fill):
     """A compiled function returns a SparseTensor and its gradient arrives dense: ``out.backward(G)`` with a
     dense ``G``, a dense loss of ``out`` computed eagerly, ``out.sum()``, and a second (dense) output alone
@@ -165,9 +216,15 @@ def test_dense_gradient_of_sparse_output(backend, layout, dense_shape, fill):
         fn = lambda A: (torch.exp(A * -8) + 1, (A * A).sum())  # noqa: E731
     torch._dynamo.reset()
     cf = torch.compile(fn, backend=backend, fullgraph=True)
-    G = torch.linspace(-1, 1, 30 * (dense_shape[0] if dense_shape else 1), dtype=torch.float64).view(SHAPE + dense_shape)
-    losses = [lambda o: (o[0], G), lambda o: (weighted(o[0]), None), lambda o: (o[0].sum(), None),
-              lambda o: (o[1], None)]
+    G = torch.linspace(
+        -1, 1, 30 * (dense_shape[0] if dense_shape else 1), dtype=torch.float64
+    ).view(SHAPE + dense_shape)
+    losses = [
+        lambda o: (o[0], G),
+        lambda o: (weighted(o[0]), None),
+        lambda o: (o[0].sum(), None),
+        lambda o: (o[1], None),
+    ]
     for step, nse in enumerate([8, 11, 13]):
         A, v, f = make(nse, step, layout=layout, dense=dense_shape, fill=fill)
         leaves = [v] if fill is None else [v, f]
@@ -191,7 +248,9 @@ def test_graph_break_never_an_error():
     M, _, _ = make(8, 0, fill=None)
     mc = lambda A: sparsefill.masked.cumsum(A * 2, 1)  # noqa: E731
     torch._dynamo.reset()
-    torch.testing.assert_close(dense(torch.compile(mc, backend="eager")(M)), dense(mc(M)), equal_nan=True)
+    torch.testing.assert_close(
+        dense(torch.compile(mc, backend="eager")(M)), dense(mc(M)), equal_nan=True
+    )
     torch._dynamo.reset()
     with pytest.raises(torch._dynamo.exc.Unsupported, match="sparsefill"):
         torch.compile(fn, backend="eager", fullgraph=True)(A, B)
@@ -203,7 +262,9 @@ def test_metadata_reads_no_data_and_marks_nse_dynamic():
     A, _, _ = make(8, 0)
     names, meta = A.__tensor_flatten__()
     assert names == ["_idx", "_vals", "_fill"] and meta == (torch.sparse_coo, False, True)
-    assert A._idx._dynamo_propagated_dynamic_indices == {1} and A._vals._dynamo_propagated_dynamic_indices == {0}
+    assert A._idx._dynamo_propagated_dynamic_indices == {
+        1
+    } and A._vals._dynamo_propagated_dynamic_indices == {0}
     inner = {n: getattr(A, n) for n in names}
     old = sparsefill.SparseTensor.__tensor_unflatten__(inner, meta + (False,), A.shape, None)
     torch.testing.assert_close(old.to_dense(), A.to_dense())
@@ -213,10 +274,16 @@ def test_metadata_reads_no_data_and_marks_nse_dynamic():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         from torch._subclasses.fake_tensor import FakeTensorMode
+
         with FakeTensorMode(allow_non_fake_inputs=True) as mode:
-            F = sparsefill.SparseTensor(torch.sparse_coo, A.shape, mode.from_tensor(A._vals.detach()),
-                                        mode.from_tensor(A._fill.detach()), indices=mode.from_tensor(A._idx),
-                                        coalesced=True)
+            F = sparsefill.SparseTensor(
+                torch.sparse_coo,
+                A.shape,
+                mode.from_tensor(A._vals.detach()),
+                mode.from_tensor(A._fill.detach()),
+                indices=mode.from_tensor(A._idx),
+                coalesced=True,
+            )
             assert F.__tensor_flatten__()[1] == (torch.sparse_coo, False, True)
             assert not F._fill_is_zero()  # (structural only: never read)
 
@@ -225,26 +292,42 @@ def test_coerce_tangent():
     """A SparseTensor tangent is traced and converted in the all-stored form (sizes from the shape only), its
     dense tensor kept: uncoalesced, either layout, indefinite; a dense output's tangent has no such form."""
     from sparsefill._compile import ALL_STORED, coerce_tangent
-    G = sparsefill.sparse_coo_tensor([[2, 0, 2], [1, 1, 1]], [1., 2., 3.], (3, 2), fill_value=0.5)
+
+    G = sparsefill.sparse_coo_tensor(
+        [[2, 0, 2], [1, 1, 1]], [1.0, 2.0, 3.0], (3, 2), fill_value=0.5
+    )
     for layout in (torch.sparse_coo, torch.sparse_csr):
         for T in (G, G.to_sparse_csr()):
             H = coerce_tangent(T, (layout, False, True, ALL_STORED, 0))
-            assert H.__tensor_flatten__()[1] == (layout, False, True, ALL_STORED, 0) and H._nse() == 6
+            assert (
+                H.__tensor_flatten__()[1] == (layout, False, True, ALL_STORED, 0) and H._nse() == 6
+            )
             torch.testing.assert_close(H.to_dense(), G.to_dense())
             K = sparsefill.SparseTensor.__tensor_unflatten__(
-                {n: getattr(H, n) for n in H.__tensor_flatten__()[0]}, H.__tensor_flatten__()[1], H.shape, None)
+                {n: getattr(H, n) for n in H.__tensor_flatten__()[0]},
+                H.__tensor_flatten__()[1],
+                H.shape,
+                None,
+            )
             assert K.__tensor_flatten__()[1][3:] == (ALL_STORED, 0)
-    M = sparsefill.sparse_coo_tensor([[0]], [1.], (2,), fill_value=sparsefill.indefinite)
-    torch.testing.assert_close(coerce_tangent(M, (torch.sparse_coo, True, True, ALL_STORED)).to_dense(fill_value=9.),
-                               torch.tensor([1., 0.]))
+    M = sparsefill.sparse_coo_tensor([[0]], [1.0], (2,), fill_value=sparsefill.indefinite)
+    torch.testing.assert_close(
+        coerce_tangent(M, (torch.sparse_coo, True, True, ALL_STORED)).to_dense(fill_value=9.0),
+        torch.tensor([1.0, 0.0]),
+    )
     assert coerce_tangent(G, (torch.sparse_coo, False, True, ALL_STORED), torch.Tensor) is None
     # a dense gradient (of a hybrid output: the metadata's 5th entry counts the dense dims)
-    D = torch.arange(12.).reshape(3, 2, 2)
+    D = torch.arange(12.0).reshape(3, 2, 2)
     for layout in (torch.sparse_coo, torch.sparse_csr):
         H = coerce_tangent(D, (layout, False, True, ALL_STORED, 1), sparsefill.SparseTensor)
         assert H.__tensor_flatten__()[1] == (layout, False, True, ALL_STORED, 1) and H._nse() == 6
         torch.testing.assert_close(H.to_dense(), D)
-    assert D.__coerce_same_metadata_as_tangent__((torch.sparse_coo, False, True, ALL_STORED, 1), torch.Tensor) is None
+    assert (
+        D.__coerce_same_metadata_as_tangent__(
+            (torch.sparse_coo, False, True, ALL_STORED, 1), torch.Tensor
+        )
+        is None
+    )
 
 
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])
@@ -252,12 +335,14 @@ def test_coerce_tangent():
 def test_constructor_inside(backend, layout):
     """The public constructors compile (recorded whole by dynamo): gradients reach values and fill, a new
     pattern does not recompile, and invariants are still checked (a runtime assert while traced)."""
+
     def f(a, b, v, fv):
         if layout is torch.sparse_csr:
             A = sparsefill.sparse_csr_tensor(a, b, v, (3, 4), fill_value=fv)
         else:
             A = sparsefill.sparse_coo_tensor(torch.stack([a, b]), v, (3, 4), fill_value=fv)
         return weighted(torch.exp(A * -8) + 1)
+
     coo = [([0, 1, 2, 2], [2, 0, 1, 3]), ([0, 0, 1, 2, 2], [1, 2, 0, 0, 3]), ([1, 1, 2], [0, 3, 2])]
     torch._dynamo.reset()
     cf = torch.compile(f, backend=backend, fullgraph=True)
@@ -277,6 +362,7 @@ def _example(name):
     """examples/<name>.py loaded from the checkout (the bench cases' loader: one module per script)."""
     from pathlib import Path
     from sparsefill.benchmarks.cases_models import _example as load
+
     folder = Path(__file__).resolve().parents[1] / "examples"
     if not (folder / f"{name}.py").is_file():
         pytest.skip(f"no {folder / name}.py (not a source checkout)")
@@ -287,8 +373,14 @@ def _gat():
     return _example("gat")
 
 
-@pytest.mark.parametrize("backend,layout", [("aot_eager", torch.sparse_coo), ("aot_eager", torch.sparse_csr),
-                                            ("inductor", torch.sparse_coo)])
+@pytest.mark.parametrize(
+    "backend,layout",
+    [
+        ("aot_eager", torch.sparse_coo),
+        ("aot_eager", torch.sparse_csr),
+        ("inductor", torch.sparse_coo),
+    ],
+)
 def test_gat_layer(backend, layout):
     """examples/gat.py's attention layer (scores on an indefinite-fill adjacency, ``F.leaky_relu``,
     ``sparsefill.masked.softmax``, ``@``): forward and the gradients of the parameters and the features as
@@ -308,17 +400,36 @@ def test_gat_layer(backend, layout):
             want = layer(x, A)
             torch.testing.assert_close(out, want)
             w = torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view(out.shape)
-            torch.testing.assert_close(torch.autograd.grad((out * w).sum(), params + [x]),
-                                       torch.autograd.grad((want * w).sum(), params + [x]))
+            torch.testing.assert_close(
+                torch.autograd.grad((out * w).sum(), params + [x]),
+                torch.autograd.grad((want * w).sum(), params + [x]),
+            )
 
 
 def test_benchmark_script_smoke():
     """``python -m sparsefill.benchmarks.cases_compile`` at a tiny size on the eager backend: every part runs
     (each checks its compiled result against eager before timing) and reports."""
     from sparsefill.benchmarks import cases_compile
+
     _example("gat"), _example("dlrm")  # (from the checkout: an installed package has no examples/)
-    out = cases_compile.main(["--sizes", "10", "--nodes", "40", "--dlrm-batch", "8", "--dlrm-rows", "50",
-                              "--rounds", "1", "--reps", "1", "--backend", "eager"])
+    out = cases_compile.main(
+        [
+            "--sizes",
+            "10",
+            "--nodes",
+            "40",
+            "--dlrm-batch",
+            "8",
+            "--dlrm-rows",
+            "50",
+            "--rounds",
+            "1",
+            "--reps",
+            "1",
+            "--backend",
+            "eager",
+        ]
+    )
     assert set(out) == {("exp", 10), "gat", "dlrm"} and out["gat"]["compiled"] > 0
 
 
@@ -330,7 +441,10 @@ def test_traced_agrees_with_is_compiling():
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from sparsefill._compile import traced
-    assert hasattr(torch.compiler, "_is_compiling_flag") and callable(torch.compiler.is_dynamo_compiling)
+
+    assert hasattr(torch.compiler, "_is_compiling_flag") and callable(
+        torch.compiler.is_dynamo_compiling
+    )
     assert traced() is False and torch.compiler.is_compiling() is False
     with FakeTensorMode():
         assert traced()
@@ -343,7 +457,9 @@ def test_traced_agrees_with_is_compiling():
         return gm.forward
 
     f = torch.compile(lambda x: x + 1 if traced() else x - 1, backend=backend, fullgraph=True)
-    x = torch.arange(3.)
+    x = torch.arange(3.0)
     with torch._dynamo.config.patch(error_on_recompile=True):
-        assert torch.equal(f(x), x + 1) and torch.equal(f(x), x + 1) and torch.equal(f(x + 2), x + 3)
+        assert (
+            torch.equal(f(x), x + 1) and torch.equal(f(x), x + 1) and torch.equal(f(x + 2), x + 3)
+        )
     assert seen == [True] and traced() is False

@@ -21,8 +21,12 @@ pytestmark = pytest.mark.filterwarnings("ignore")
 
 M = sparsefill.masked
 SHAPE = (6, 5)
-STRIDED = torch.tensor([[True, False, True, True, False]]).expand(6, 5)  # (a strided mask, broadcast rows)
-DEF = sparsefill.sparse_coo_tensor([[0, 1, 2, 4], [1, 2, 3, 0]], [1., -1., 2., 3.], SHAPE, fill_value=0.5)
+STRIDED = torch.tensor([[True, False, True, True, False]]).expand(
+    6, 5
+)  # (a strided mask, broadcast rows)
+DEF = sparsefill.sparse_coo_tensor(
+    [[0, 1, 2, 4], [1, 2, 3, 0]], [1.0, -1.0, 2.0, 3.0], SHAPE, fill_value=0.5
+)
 
 
 def make(nse, seed, *, layout=torch.sparse_coo, dense=()):
@@ -53,7 +57,9 @@ CASES = {
     "log_softmax_mask0": lambda A, B: M.log_softmax(A * 2, 0, mask=A > -0.5),
     "softmin_other_mask": lambda A, B: M.softmin(A, 1, mask=B > 0),
     "softmax_strided_mask": lambda A, B: M.softmax(A, 1, mask=STRIDED),
-    "softmax_definite_mask": lambda A, B: M.softmax(A, 1, mask=DEF > 0),  # (a True fill: read densely)
+    "softmax_definite_mask": lambda A, B: M.softmax(
+        A, 1, mask=DEF > 0
+    ),  # (a True fill: read densely)
     "cumsum_definite_mask": lambda A, B: M.cumsum(A, 0, mask=DEF < 0),
     "cumsum1": lambda A, B: M.cumsum(A, 1),
     "cumsum0_mask": lambda A, B: M.cumsum(A, 0, mask=A > 0),
@@ -62,7 +68,9 @@ CASES = {
     "normalize1_mask0": lambda A, B: M.normalize(A, 1.0, 0, mask=A < 0.5),
     "softmax_float32": lambda A, B: M.softmax(A.to(torch.float32), 1, mask=A > 0),
     "cumprod_float32": lambda A, B: M.cumprod(A.to(torch.float32) + 1, 0),
-    "log_softmax_dense_dim": lambda A, B: M.log_softmax(A, -1, mask=A > 0),  # (hybrid: along the dense dim)
+    "log_softmax_dense_dim": lambda A, B: M.log_softmax(
+        A, -1, mask=A > 0
+    ),  # (hybrid: along the dense dim)
     "cumsum_dense_dim": lambda A, B: M.cumsum(A, -1),
     # (reductions along dim 0: slices grouped by column, compiled by a count over the columns, no sort)
     "sum0_by_column": lambda A, B: M.sum(A * 2, 0),
@@ -81,8 +89,11 @@ def run_case(name, backend, form):
     kw = FORMS[form]
     torch._dynamo.reset()
     out_c = torch.compile(fn, backend=backend, fullgraph=True)
-    loss_c = (lambda A, B: weighted(out_c(A, B))) if backend == "eager" else \
-        torch.compile(lambda A, B: weighted(fn(A, B)), backend=backend, fullgraph=True)
+    loss_c = (
+        (lambda A, B: weighted(out_c(A, B)))
+        if backend == "eager"
+        else torch.compile(lambda A, B: weighted(fn(A, B)), backend=backend, fullgraph=True)
+    )
     for step, (na, nb) in enumerate([(8, 6), (11, 9), (13, 4)]):
         with torch._dynamo.config.patch(error_on_recompile=step == 2):
             A, va = make(na, 2 * step, **kw)
@@ -90,20 +101,43 @@ def run_case(name, backend, form):
             got, want = out_c(A, B), fn(A, B)
             assert isinstance(got, sparsefill.SparseTensor) and got._indefinite == want._indefinite
             torch.testing.assert_close(dense(got), dense(want), equal_nan=True)
-            torch.testing.assert_close(torch.autograd.grad(loss_c(A, B), [va]),
-                                       torch.autograd.grad(weighted(fn(A, B)), [va]))
+            torch.testing.assert_close(
+                torch.autograd.grad(loss_c(A, B), [va]),
+                torch.autograd.grad(weighted(fn(A, B)), [va]),
+            )
 
 
-@pytest.mark.parametrize("name,form", [(n, f) for n in SPARSE_DIM for f in ("coo", "csr")]
-                         + [(n, "hybrid") for n in ("softmax_mask", "cumsum1", "normalize2", "log_softmax_dense_dim",
-                                                    "cumsum_dense_dim")])
+@pytest.mark.parametrize(
+    "name,form",
+    [(n, f) for n in SPARSE_DIM for f in ("coo", "csr")]
+    + [
+        (n, "hybrid")
+        for n in (
+            "softmax_mask",
+            "cumsum1",
+            "normalize2",
+            "log_softmax_dense_dim",
+            "cumsum_dense_dim",
+        )
+    ],
+)
 def test_eager_backend(name, form):
     run_case(name, "eager", form)
 
 
-@pytest.mark.parametrize("name,form", [("sum0_by_column", "coo"),
-    ("softmax_mask", "csr"), ("softmin_other_mask", "coo"), ("softmax_strided_mask", "coo"), ("cumsum0_mask", "coo"),
-    ("cumprod1", "csr"), ("normalize1_mask0", "coo"), ("log_softmax_dense_dim", "hybrid")])
+@pytest.mark.parametrize(
+    "name,form",
+    [
+        ("sum0_by_column", "coo"),
+        ("softmax_mask", "csr"),
+        ("softmin_other_mask", "coo"),
+        ("softmax_strided_mask", "coo"),
+        ("cumsum0_mask", "coo"),
+        ("cumprod1", "csr"),
+        ("normalize1_mask0", "coo"),
+        ("log_softmax_dense_dim", "hybrid"),
+    ],
+)
 def test_aot_eager(name, form):
     """AOTAutograd traces the joint graph (a few cases: each compile takes seconds; every case on ``eager``)."""
     run_case(name, "aot_eager", form)
@@ -134,7 +168,9 @@ def test_graph_break_where_not_traceable():
     native = (DEF > 0).to_dense().to_sparse()
     fn = lambda A: M.cumsum(A, 1, mask=native)  # noqa: E731
     torch._dynamo.reset()
-    torch.testing.assert_close(dense(torch.compile(fn, backend="eager")(A)), dense(fn(A)), equal_nan=True)
+    torch.testing.assert_close(
+        dense(torch.compile(fn, backend="eager")(A)), dense(fn(A)), equal_nan=True
+    )
     torch._dynamo.reset()
     with pytest.raises(torch._dynamo.exc.Unsupported):
         torch.compile(fn, backend="eager", fullgraph=True)(A)
@@ -151,9 +187,12 @@ def test_edge_softmax_of_an_empty_sum(layout):
     for step, (ra, rb) in enumerate([("a", "a"), ("a", "a"), ("a", "b")]):
         with torch._dynamo.config.patch(error_on_recompile=step == 2):
             va, vb = (torch.randn(5, dtype=torch.float64, requires_grad=True) for _ in range(2))
-            A, B = (sparsefill.sparse_coo_tensor([rows[r], [0, step + 1, 1, 2, 3]], v, SHAPE,
-                                                 fill_value=sparsefill.indefinite).to_sparse(layout=layout)
-                    for r, v in ((ra, va), (rb, vb)))
+            A, B = (
+                sparsefill.sparse_coo_tensor(
+                    [rows[r], [0, step + 1, 1, 2, 3]], v, SHAPE, fill_value=sparsefill.indefinite
+                ).to_sparse(layout=layout)
+                for r, v in ((ra, va), (rb, vb))
+            )
             got, want = cf(A, B), fn(A, B)
             assert isinstance(got, sparsefill.SparseTensor) and got._indefinite
             assert got._nse() == want._nse() == (0 if step == 2 else 5)
@@ -168,12 +207,16 @@ def test_indefinite_constructor_in_graph(layout):
     """A constructor with ``fill_value=sparsefill.indefinite`` inside a compiled function
     traces with ``fullgraph=True`` (the sentinel enters the graph as a constant: the user review's F5), the result
     masked, values and gradients as eager, no recompile on a third pattern."""
+
     def fn(idx, v):
         if layout is torch.sparse_coo:
-            A = sparsefill.sparse_coo_tensor(idx, v, SHAPE, fill_value=sparsefill.indefinite, is_coalesced=True)
+            A = sparsefill.sparse_coo_tensor(
+                idx, v, SHAPE, fill_value=sparsefill.indefinite, is_coalesced=True
+            )
         else:
             A = sparsefill.sparse_csr_tensor(*idx, v, SHAPE, fill_value=sparsefill.indefinite)
         return M.softmax(A * 2, 1)
+
     torch._dynamo.reset()
     cf = torch.compile(fn, backend="aot_eager", fullgraph=True)
     for step, nse in enumerate([8, 11, 13]):
@@ -183,8 +226,9 @@ def test_indefinite_constructor_in_graph(layout):
             got, want = cf(idx, v), fn(idx, v)
             assert isinstance(got, sparsefill.SparseTensor) and got._indefinite and want._indefinite
             torch.testing.assert_close(dense(got), dense(want), equal_nan=True)
-            torch.testing.assert_close(torch.autograd.grad(weighted(got), [v]),
-                                       torch.autograd.grad(weighted(want), [v]))
+            torch.testing.assert_close(
+                torch.autograd.grad(weighted(got), [v]), torch.autograd.grad(weighted(want), [v])
+            )
 
 
 # Conversions of a constructor's result inside the graph (the user review's F8: an uncoalesced COO's to_sparse_csr
@@ -200,8 +244,13 @@ CONVERSIONS = {
     "refill": lambda i, v: _coo(i, v, fill_value=0.5).to_sparse(fill_value=1.0),
     "csr_refill": lambda i, v: _coo(i, v).to_sparse(layout=torch.sparse_csr, fill_value=2.0),
     "prune": lambda i, v: _coo(i, v).prune(),
-    "coalesce_indices": lambda i, v: (_coo(i, v).coalesce().indices() * 1, _coo(i, v).coalesce().values() * 2),
-    "csr_matmul": lambda i, v: _coo(i, v).to_sparse_csr() @ torch.linspace(-1, 1, 10, dtype=v.dtype).view(5, 2),
+    "coalesce_indices": lambda i, v: (
+        _coo(i, v).coalesce().indices() * 1,
+        _coo(i, v).coalesce().values() * 2,
+    ),
+    "csr_matmul": lambda i, v: (
+        _coo(i, v).to_sparse_csr() @ torch.linspace(-1, 1, 10, dtype=v.dtype).view(5, 2)
+    ),
 }
 
 
@@ -215,14 +264,21 @@ def test_conversion_of_an_in_graph_constructor(name):
     g = torch.Generator().manual_seed(3)
     for step, nse in enumerate([6, 9, 11]):
         with torch._dynamo.config.patch(error_on_recompile=step == 2):
-            i = torch.stack([torch.randint(0, 4, (nse,), generator=g), torch.randint(0, 5, (nse,), generator=g)])
+            i = torch.stack(
+                [torch.randint(0, 4, (nse,), generator=g), torch.randint(0, 5, (nse,), generator=g)]
+            )
             i[:, 1] = i[:, 0]  # (a duplicate at least)
             v = torch.randn(nse, dtype=torch.float64, generator=g, requires_grad=True)
-            got, want = (tuple(dense(t) for t in (r if isinstance(r, tuple) else (r,))) for r in (cf(i, v), fn(i, v)))
+            got, want = (
+                tuple(dense(t) for t in (r if isinstance(r, tuple) else (r,)))
+                for r in (cf(i, v), fn(i, v))
+            )
             torch.testing.assert_close(got, want, equal_nan=True)
             loss = [sum(weighted(t) for t in r if t.requires_grad) for r in (got, want)]
             if isinstance(loss[1], torch.Tensor):
-                torch.testing.assert_close(torch.autograd.grad(loss[0], v), torch.autograd.grad(loss[1], v))
+                torch.testing.assert_close(
+                    torch.autograd.grad(loss[0], v), torch.autograd.grad(loss[1], v)
+                )
 
 
 def test_to_torch_in_graph_is_a_named_graph_break():
@@ -231,7 +287,9 @@ def test_to_torch_in_graph_is_a_named_graph_break():
     i, v = torch.tensor([[0, 2, 1, 2], [1, 0, 2, 0]]), torch.randn(4)
     fn = lambda i, v: _coo(i, v).to_torch() * 2  # noqa: E731
     torch._dynamo.reset()
-    torch.testing.assert_close(torch.compile(fn, backend="eager")(i, v).to_dense(), fn(i, v).to_dense())
+    torch.testing.assert_close(
+        torch.compile(fn, backend="eager")(i, v).to_dense(), fn(i, v).to_dense()
+    )
     torch._dynamo.reset()
     with pytest.raises(torch._dynamo.exc.Unsupported, match="sparsefill: to_torch not traceable"):
         torch.compile(fn, backend="eager", fullgraph=True)(i, v)

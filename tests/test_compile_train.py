@@ -24,7 +24,9 @@ _Y = torch.randn(5, 4, generator=torch.Generator().manual_seed(1))
 
 OPTIMIZERS = {
     "sgd_momentum": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9),
-    "sgd_nesterov": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9, nesterov=True, weight_decay=0.01),
+    "sgd_nesterov": lambda p: torch.optim.SGD(
+        p, lr=0.05, momentum=0.9, nesterov=True, weight_decay=0.01
+    ),
     "adam": lambda p: torch.optim.Adam(p, lr=0.05),
     "adamw": lambda p: torch.optim.AdamW(p, lr=0.05, weight_decay=0.1),
     "rmsprop": lambda p: torch.optim.RMSprop(p, lr=0.01, momentum=0.5),
@@ -32,7 +34,9 @@ OPTIMIZERS = {
 
 
 def _W(layout):
-    A = sparsefill.sparse_coo_tensor([[0, 1, 3, 2], [1, 2, 0, 2]], [1., 2., 3., -1.], (4, 3), fill_value=0.1)
+    A = sparsefill.sparse_coo_tensor(
+        [[0, 1, 3, 2], [1, 2, 0, 2]], [1.0, 2.0, 3.0, -1.0], (4, 3), fill_value=0.1
+    )
     return A.coalesce() if layout is torch.sparse_coo else A.to_sparse(layout=layout)
 
 
@@ -62,21 +66,28 @@ def _train(opt, layout, backend, whole, sparse, steps=3):
             out.backward()
             compiled()
             return out.detach()
+
     losses = torch.stack([step() for _ in range(steps)])
     if sparse:
         assert type(W) is sparsefill.SparseTensor and W.sparse_layout is layout
     return W.detach().to_dense() if sparse else W.detach(), losses
 
 
-@pytest.mark.parametrize("opt,layout,backend,whole", [
-    ("sgd_momentum", torch.sparse_coo, "aot_eager", True),
-    ("sgd_momentum", torch.sparse_csr, "eager", True),
-    ("sgd_nesterov", torch.sparse_coo, "aot_eager", False),
-    ("adam", torch.sparse_coo, "aot_eager", False),
-    ("adam", torch.sparse_csr, "eager", True),
-    ("adamw", torch.sparse_csr, "aot_eager", False),
-    ("rmsprop", torch.sparse_coo, "eager", False),
-], ids=lambda v: v if isinstance(v, str) else {True: "step", False: "opt.step"}.get(v, str(v).split("_")[-1]))
+@pytest.mark.parametrize(
+    "opt,layout,backend,whole",
+    [
+        ("sgd_momentum", torch.sparse_coo, "aot_eager", True),
+        ("sgd_momentum", torch.sparse_csr, "eager", True),
+        ("sgd_nesterov", torch.sparse_coo, "aot_eager", False),
+        ("adam", torch.sparse_coo, "aot_eager", False),
+        ("adam", torch.sparse_csr, "eager", True),
+        ("adamw", torch.sparse_csr, "aot_eager", False),
+        ("rmsprop", torch.sparse_coo, "eager", False),
+    ],
+    ids=lambda v: (
+        v if isinstance(v, str) else {True: "step", False: "opt.step"}.get(v, str(v).split("_")[-1])
+    ),
+)
 def test_compiled_training_with_optimizer_state_matches_dense(opt, layout, backend, whole):
     torch._dynamo.reset()
     W, losses = _train(opt, layout, backend, whole, sparse=True)
@@ -109,22 +120,39 @@ def test_compiled_optimizer_step_gradient_sharing_the_index(backend):
 def _weights(layout):
     """Three weights of (4, 3), another pattern and fill each (one uncoalesced COO): a warm-up, a recompile
     with dynamic sizes, a reuse."""
+
     def make(idx, vals, fill, coalesce=True):
         A = sparsefill.sparse_coo_tensor(idx, vals, (4, 3), fill_value=fill)
         A = A.coalesce() if coalesce else A
         return A if layout is torch.sparse_coo else A.to_sparse(layout=layout)
-    return [make([[0, 1, 3, 2], [1, 2, 0, 2]], [1., 2., 3., -1.], 0.1), make([[0, 3, 2], [1, 0, 2]], [1., 3., -1.], 0.),
-            make([[0, 1, 3, 2, 2, 0], [1, 2, 0, 2, 1, 2]], [1., 2., 3., -1., 4., 5.], -0.5, coalesce=False)]
+
+    return [
+        make([[0, 1, 3, 2], [1, 2, 0, 2]], [1.0, 2.0, 3.0, -1.0], 0.1),
+        make([[0, 3, 2], [1, 0, 2]], [1.0, 3.0, -1.0], 0.0),
+        make(
+            [[0, 1, 3, 2, 2, 0], [1, 2, 0, 2, 1, 2]],
+            [1.0, 2.0, 3.0, -1.0, 4.0, 5.0],
+            -0.5,
+            coalesce=False,
+        ),
+    ]
 
 
-_LINEAR = {"x@W.t()": lambda x, W: x @ W.t(),
-           "F.linear": lambda x, W: torch.nn.functional.linear(x, W, torch.arange(4.)),
-           "x@W.mT": lambda x, W: x @ W.mT}
+_LINEAR = {
+    "x@W.t()": lambda x, W: x @ W.t(),
+    "F.linear": lambda x, W: torch.nn.functional.linear(x, W, torch.arange(4.0)),
+    "x@W.mT": lambda x, W: x @ W.mT,
+}
 
 
-@pytest.mark.parametrize("fn,layout,fullgraph", [("F.linear", torch.sparse_coo, False),
-                                                 ("x@W.t()", torch.sparse_csr, False),
-                                                 ("x@W.mT", torch.sparse_coo, True)])
+@pytest.mark.parametrize(
+    "fn,layout,fullgraph",
+    [
+        ("F.linear", torch.sparse_coo, False),
+        ("x@W.t()", torch.sparse_csr, False),
+        ("x@W.mT", torch.sparse_coo, True),
+    ],
+)
 def test_inductor_transposed_weight(fn, layout, fullgraph):
     """``x @ W.t()`` / ``F.linear(x, W, b)`` with a SparseTensor ``W`` under inductor, forward and gradients of
     ``x`` and ``W`` against eager: the transpose's re-coalesce gave ``unique_consecutive``, and without
@@ -134,7 +162,9 @@ def test_inductor_transposed_weight(fn, layout, fullgraph):
     compiled = torch.compile(f, backend="inductor", fullgraph=fullgraph)
     for i, A in enumerate(_weights(layout)):
         x = torch.randn(5, 3, generator=torch.Generator().manual_seed(i))
-        (W, x1), (We, x2) = [(A.clone().requires_grad_(), x.clone().requires_grad_()) for _ in range(2)]
+        (W, x1), (We, x2) = [
+            (A.clone().requires_grad_(), x.clone().requires_grad_()) for _ in range(2)
+        ]
         out, ref = compiled(x1, W), f(x2, We)
         assert_close(out, ref)
         G = torch.randn(ref.shape, generator=torch.Generator().manual_seed(10 + i))
@@ -147,6 +177,7 @@ def test_inductor_transposed_weight(fn, layout, fullgraph):
 def _adagrad_run(compile_step, sparse):
     """Three ``SparseAdagrad`` steps on an embedding table (sparse or dense gradients): the table and losses."""
     from sparsefill import segment
+
     emb = torch.nn.Embedding(10, 3, sparse=sparse)
     emb.weight.data = torch.randn(10, 3, generator=torch.Generator().manual_seed(0))
     o = segment.SparseAdagrad(emb.parameters(), lr=0.1)
@@ -176,10 +207,14 @@ def test_sparse_adagrad_native_sparse_gradients_graph_break(backend):
 def test_sparse_adagrad_native_sparse_gradients_fullgraph_error():
     """With ``fullgraph=True`` an error naming sparsefill and the cause; dense gradients still compile whole."""
     torch._dynamo.reset()
-    with pytest.raises(torch._dynamo.exc.Unsupported, match="sparsefill: .*native sparse gradients"):
+    with pytest.raises(
+        torch._dynamo.exc.Unsupported, match="sparsefill: .*native sparse gradients"
+    ):
         _adagrad_run(lambda f: torch.compile(f, backend="eager", fullgraph=True), sparse=True)
     torch._dynamo.reset()
-    W, losses = _adagrad_run(lambda f: torch.compile(f, backend="eager", fullgraph=True), sparse=False)
+    W, losses = _adagrad_run(
+        lambda f: torch.compile(f, backend="eager", fullgraph=True), sparse=False
+    )
     We, losses_e = _adagrad_run(None, sparse=False)
     assert_close(W, We)
     assert_close(losses, losses_e)
@@ -191,8 +226,15 @@ def test_sum_of_a_union_fullgraph():
     idx = ([[0, 1, 3, 2], [1, 2, 0, 2]], [[0, 2], [1, 1]])
 
     def parts():
-        return [t.requires_grad_() for t in (torch.tensor([1., 2., 3., -1.]), torch.tensor(0.1),
-                                             torch.tensor([1., 2.]), torch.tensor(0.2))]
+        return [
+            t.requires_grad_()
+            for t in (
+                torch.tensor([1.0, 2.0, 3.0, -1.0]),
+                torch.tensor(0.1),
+                torch.tensor([1.0, 2.0]),
+                torch.tensor(0.2),
+            )
+        ]
 
     def f(va, fa, vb, fb):
         A = sparsefill.sparse_coo_tensor(idx[0], va, (4, 3), fill_value=fa)
@@ -215,6 +257,7 @@ def test_sum_of_a_union_fullgraph():
 def _example(name):
     import importlib.util
     import pathlib
+
     path = pathlib.Path(__file__).resolve().parents[1] / "examples" / f"{name}.py"
     spec = importlib.util.spec_from_file_location(f"{name}_example", path)
     module = importlib.util.module_from_spec(spec)
@@ -230,7 +273,9 @@ def test_compiled_rare_events_step():
     positions, values = example.make_events(20_000, 0.002)
     for fn in example.PIPELINES:
         torch._dynamo.reset()
-        got = torch.compile(example.step, backend="aot_eager")(example.sparse_signal, positions, values, 20_000, fn)
+        got = torch.compile(example.step, backend="aot_eager")(
+            example.sparse_signal, positions, values, 20_000, fn
+        )
         ref = example.step(example.sparse_signal, positions, values, 20_000, fn)
         for a, b in zip(got, ref):
             assert_close(a, b, rtol=1e-7, atol=1e-12)
@@ -245,5 +290,9 @@ def test_compiled_sparse_attention_training_step():
     step, _ = example.setup(48, 0.1)
     ref, _ = example.setup(48, 0.1)
     compiled = torch.compile(step, backend="aot_eager")
-    assert_close(torch.tensor([compiled() for _ in range(2)]), torch.tensor([ref() for _ in range(2)]),
-                 rtol=1e-4, atol=1e-5)
+    assert_close(
+        torch.tensor([compiled() for _ in range(2)]),
+        torch.tensor([ref() for _ in range(2)]),
+        rtol=1e-4,
+        atol=1e-5,
+    )

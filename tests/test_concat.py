@@ -15,8 +15,12 @@ import sparsefill
 from sparsefill import DensifyWarning, SparseTensor
 
 g = torch.Generator().manual_seed(5)
-KINDS = [(lay, dd) for dd in (0, 1, 2) for lay in (torch.sparse_coo, torch.sparse_csr)
-         if not (lay is torch.sparse_csr and dd == 2)]
+KINDS = [
+    (lay, dd)
+    for dd in (0, 1, 2)
+    for lay in (torch.sparse_coo, torch.sparse_csr)
+    if not (lay is torch.sparse_csr and dd == 2)
+]
 IDS = [f"{str(lay)[13:]}-dense{dd}" for lay, dd in KINDS]
 
 
@@ -26,21 +30,29 @@ def _operands(layout, dd, dtype=torch.float64, m_rows=4, b_rows=2):
     x = torch.randint(-3, 9, (m_rows, 3, 2), generator=g).to(dtype)
     keep = torch.rand((m_rows, 3, 2)[: 3 - dd], generator=g) < 0.5
     idx = keep.nonzero().T
-    M = sparsefill.sparse_coo_tensor(idx, x[tuple(idx)], (m_rows, 3, 2), fill_value=sparsefill.indefinite)
+    M = sparsefill.sparse_coo_tensor(
+        idx, x[tuple(idx)], (m_rows, 3, 2), fill_value=sparsefill.indefinite
+    )
     y = torch.randint(-3, 9, (b_rows, 3, 2), generator=g).to(dtype)
     y[y == 4] = 5
     if dtype.is_floating_point and y.numel() > 2:
         y.view(-1)[:2] = torch.tensor([float("nan"), float("inf")])
     B = sparsefill.to_sparse(y, fill_value=5, layout=layout, dense_dim=dd)
-    return (M.to_sparse(layout=layout) if layout is torch.sparse_csr and dd == 1 else M), B, y  # (a batched CSR
+    return (
+        (M.to_sparse(layout=layout) if layout is torch.sparse_csr and dd == 1 else M),
+        B,
+        y,
+    )  # (a batched CSR
     # with an indefinite fill needs the same nse in every batch: COO there)
 
 
 def _check(out, ref_fn, M, dtype):
     """``out`` is a masked SparseTensor equal to ``ref_fn(M.to_dense(fill_value=s))`` for two sentinels."""
     assert isinstance(out, SparseTensor) and out._indefinite
-    for s in ((float("nan"), -7.) if dtype.is_floating_point else (-7, 99)):
-        torch.testing.assert_close(out.to_dense(fill_value=s), ref_fn(M.to_dense(fill_value=s)), equal_nan=True)
+    for s in (float("nan"), -7.0) if dtype.is_floating_point else (-7, 99):
+        torch.testing.assert_close(
+            out.to_dense(fill_value=s), ref_fn(M.to_dense(fill_value=s)), equal_nan=True
+        )
 
 
 @pytest.mark.parametrize("layout,dd", KINDS, ids=IDS)
@@ -49,11 +61,13 @@ def test_cat_and_stack_of_masked_and_defined(layout, dd, dtype):
     M, B, y = _operands(layout, dd, dtype)
     M2, _, _ = _operands(layout, dd, dtype, m_rows=2)
     sd = 3 - dd
-    cases = {"cat0": (lambda m, b: torch.cat([m, b]), lambda m: torch.cat([m, y])),
-             "cat0_defined_first": (lambda m, b: torch.cat([b, m, b]), lambda m: torch.cat([y, m, y])),
-             "cat_dense_operand": (lambda m, b: torch.cat([m, y]), lambda m: torch.cat([m, y])),
-             "stack0": (lambda m, b: torch.stack([M2, b]), None),
-             "stack_dense_operand": (lambda m, b: torch.stack([y, M2], 1), None)}
+    cases = {
+        "cat0": (lambda m, b: torch.cat([m, b]), lambda m: torch.cat([m, y])),
+        "cat0_defined_first": (lambda m, b: torch.cat([b, m, b]), lambda m: torch.cat([y, m, y])),
+        "cat_dense_operand": (lambda m, b: torch.cat([m, y]), lambda m: torch.cat([m, y])),
+        "stack0": (lambda m, b: torch.stack([M2, b]), None),
+        "stack_dense_operand": (lambda m, b: torch.stack([y, M2], 1), None),
+    }
     if sd >= 2:
         cases["cat1"] = (lambda m, b: torch.cat([m[:2], b], 1), lambda m: torch.cat([m[:2], y], 1))
     with warnings.catch_warnings():
@@ -76,7 +90,12 @@ def test_cat_of_masked_and_defined_at_different_splits(layout):
     M, _, _ = _operands(layout, 1)
     _, B, y = _operands(layout, 0)
     _check(torch.cat([M, B]), lambda m: torch.cat([m, y]), M, torch.float64)
-    _check(torch.cat([B, M.to_sparse(layout=torch.sparse_coo)]), lambda m: torch.cat([y, m]), M, torch.float64)
+    _check(
+        torch.cat([B, M.to_sparse(layout=torch.sparse_coo)]),
+        lambda m: torch.cat([y, m]),
+        M,
+        torch.float64,
+    )
 
 
 def test_cat_of_masked_and_defined_empty_and_zero_size():
@@ -84,8 +103,12 @@ def test_cat_of_masked_and_defined_empty_and_zero_size():
     _check(torch.cat([M, B]), lambda m: torch.cat([m, y]), M, torch.float64)
     M, B, y = _operands(torch.sparse_coo, 0, b_rows=0)
     _check(torch.cat([B, M]), lambda m: torch.cat([y, m]), M, torch.float64)
-    E = sparsefill.sparse_coo_tensor(torch.zeros(3, 0, dtype=torch.long), torch.zeros(0, dtype=torch.float64),
-                                     (2, 3, 2), fill_value=sparsefill.indefinite)  # nothing specified
+    E = sparsefill.sparse_coo_tensor(
+        torch.zeros(3, 0, dtype=torch.long),
+        torch.zeros(0, dtype=torch.float64),
+        (2, 3, 2),
+        fill_value=sparsefill.indefinite,
+    )  # nothing specified
     _check(torch.cat([E, B]), lambda m: torch.cat([m, y]), E, torch.float64)
 
 
@@ -93,6 +116,7 @@ def test_cat_of_masked_and_defined_past_the_quiet_limit_warns(monkeypatch):
     """Every element of the defined operand is stored: the specify gate applies (a DensifyWarning past
     ``_policy.SPECIFY_QUIET_ELEMENTS``; a DensifyError under the raise policy, nothing returned)."""
     from sparsefill import _policy
+
     M, B, y = _operands(torch.sparse_coo, 0)
     monkeypatch.setattr(_policy, "SPECIFY_QUIET_ELEMENTS", 4)
     with pytest.warns(DensifyWarning, match="masked"):
@@ -102,24 +126,32 @@ def test_cat_of_masked_and_defined_past_the_quiet_limit_warns(monkeypatch):
         torch.cat([M, B])
 
 
-@pytest.mark.filterwarnings("ignore::sparsefill.DensifyWarning")  # (the refused stack tries the dense form)
+@pytest.mark.filterwarnings(
+    "ignore::sparsefill.DensifyWarning"
+)  # (the refused stack tries the dense form)
 def test_cat_of_masked_and_defined_along_a_dense_dim_is_refused():
     """Along a dense dim a slice would be partly masked, which a hybrid cannot hold (a slice is all specified or
     all masked out), and no dense form exists: a clear ValueError, as before."""
     M, B, y = _operands(torch.sparse_coo, 1, b_rows=4)
-    for op in (lambda: torch.cat([M, B], -1), lambda: torch.cat([M, y], -1), lambda: torch.stack([B, M], -1)):
+    for op in (
+        lambda: torch.cat([M, B], -1),
+        lambda: torch.cat([M, y], -1),
+        lambda: torch.stack([B, M], -1),
+    ):
         with pytest.raises(ValueError, match="indefinite"):
             op()
 
 
-@pytest.mark.parametrize("fill", [1., sparsefill.indefinite])
+@pytest.mark.parametrize("fill", [1.0, sparsefill.indefinite])
 def test_cat_of_0d_tensors_raises_torchs_error(fill):
     """A 0-d operand: torch's RuntimeError (it was a ZeroDivisionError wrapping the dim)."""
-    A = sparsefill.sparse_coo_tensor(torch.zeros(0, 1, dtype=torch.long), [2.], (), fill_value=fill)
+    A = sparsefill.sparse_coo_tensor(
+        torch.zeros(0, 1, dtype=torch.long), [2.0], (), fill_value=fill
+    )
     with pytest.raises(RuntimeError, match="zero-dimensional"):
         torch.cat([A, A])
     with pytest.raises(RuntimeError, match="zero-dimensional"):
-        torch.cat([A, torch.tensor(1.)])
+        torch.cat([A, torch.tensor(1.0)])
     with pytest.raises(RuntimeError, match="zero-dimensional"):
         torch.cat([torch.ones(2), A])
 
@@ -130,14 +162,15 @@ def test_cat_of_masked_and_defined_backward(layout, dim):
     """The gradients of the values of both operands and of the defined one's fill equal the dense computation's
     over the specified elements (``(R * W).sum()`` skips the masked ones)."""
     F = torch.float64
-    vm, vb = torch.tensor([1., 2., 3.], dtype=F), torch.tensor([4., 5.], dtype=F)
-    fb = torch.tensor(7., dtype=F)
+    vm, vb = torch.tensor([1.0, 2.0, 3.0], dtype=F), torch.tensor([4.0, 5.0], dtype=F)
+    fb = torch.tensor(7.0, dtype=F)
     im, ib = torch.tensor([[0, 1, 2], [1, 0, 2]]), torch.tensor([[0, 1], [0, 1]])
     bshape = (2, 3) if dim == 0 else (3, 2)
-    W = torch.arange(15., dtype=F).view((5, 3) if dim == 0 else (3, 5)) + 1
+    W = torch.arange(15.0, dtype=F).view((5, 3) if dim == 0 else (3, 5)) + 1
 
     def leaves():
         return [t.clone().requires_grad_() for t in (vm, vb, fb)]
+
     lm, lb, lf = leaves()
     M = sparsefill.sparse_coo_tensor(im, lm, (3, 3), fill_value=sparsefill.indefinite)
     B = sparsefill.sparse_coo_tensor(ib, lb, bshape, fill_value=lf)
@@ -149,8 +182,13 @@ def test_cat_of_masked_and_defined_backward(layout, dim):
     dm, db, df = leaves()
     Md = torch.zeros(3, 3, dtype=F).index_put(tuple(im), dm)
     Bd = df.expand(bshape).index_put(tuple(ib), db)
-    mask = torch.cat([torch.zeros(3, 3, dtype=torch.bool).index_put(tuple(im), torch.tensor(True)),
-                      torch.ones(bshape, dtype=torch.bool)], dim)
+    mask = torch.cat(
+        [
+            torch.zeros(3, 3, dtype=torch.bool).index_put(tuple(im), torch.tensor(True)),
+            torch.ones(bshape, dtype=torch.bool),
+        ],
+        dim,
+    )
     (torch.cat([Md, Bd], dim) * W)[mask].sum().backward()
     for got, ref in ((lm, dm), (lb, db), (lf, df)):
         torch.testing.assert_close(got.grad, ref.grad)
@@ -161,10 +199,14 @@ def test_cat_of_different_fills_asks_the_byte_limit_for_all_operands_at_once(lay
     """``cat`` of operands with different fills stores them whole (quiet below 65536 elements); the densify
     policy's byte limit holds for all the elements it stores together, before any is formed -- and below it the
     result is exact against dense, forward and the gradient of the values and fills."""
-    va, vb = (torch.tensor([1., 2.], dtype=torch.float64, requires_grad=True) for _ in range(2))
-    fa, fb = (torch.tensor(f, dtype=torch.float64, requires_grad=True) for f in (3., -1.))
-    A = sparsefill.sparse_coo_tensor([[0, 2], [1, 0]], va, (3, 2), fill_value=fa).to_sparse(layout=layout)
-    B = sparsefill.sparse_coo_tensor([[1, 0], [1, 0]], vb, (2, 2), fill_value=fb).to_sparse(layout=layout)
+    va, vb = (torch.tensor([1.0, 2.0], dtype=torch.float64, requires_grad=True) for _ in range(2))
+    fa, fb = (torch.tensor(f, dtype=torch.float64, requires_grad=True) for f in (3.0, -1.0))
+    A = sparsefill.sparse_coo_tensor([[0, 2], [1, 0]], va, (3, 2), fill_value=fa).to_sparse(
+        layout=layout
+    )
+    B = sparsefill.sparse_coo_tensor([[1, 0], [1, 0]], vb, (2, 2), fill_value=fb).to_sparse(
+        layout=layout
+    )
     # B twice, each stored whole (its fill is not A's): 8 elements, 64 bytes, 32 per operand
     with sparsefill.densify_policy("raise", limit_bytes=8 * 8 - 1):
         with pytest.raises(sparsefill.DensifyError, match="different fills.*64 bytes"):
@@ -176,8 +218,10 @@ def test_cat_of_different_fills_asks_the_byte_limit_for_all_operands_at_once(lay
     grads = [t.grad.clone() for t in (va, vb, fa, fb)]
     for t in (va, vb, fa, fb):
         t.grad = None
-    Ad, Bd = (sparsefill.sparse_coo_tensor(i, v, s, fill_value=f).to_dense() for i, v, s, f in
-              (([[0, 2], [1, 0]], va, (3, 2), fa), ([[1, 0], [1, 0]], vb, (2, 2), fb)))
+    Ad, Bd = (
+        sparsefill.sparse_coo_tensor(i, v, s, fill_value=f).to_dense()
+        for i, v, s, f in (([[0, 2], [1, 0]], va, (3, 2), fa), ([[1, 0], [1, 0]], vb, (2, 2), fb))
+    )
     expected = torch.cat([Ad, Bd, Bd])
     torch.testing.assert_close(R.to_dense(), expected)
     (expected * w).sum().backward()
@@ -188,19 +232,26 @@ def test_cat_of_different_fills_asks_the_byte_limit_for_all_operands_at_once(lay
 def test_stack_of_many_0d_operands_checks_errors_without_an_element_each():
     """``stack``'s probe for torch's errors forms one element per dtype, not per operand (a densify byte limit
     below the operands' count holds); the result against dense."""
-    pieces = list(sparsefill.sparse_coo_tensor([[0, 3]], torch.tensor([1., 2.], dtype=torch.float64), (6,),
-                                               fill_value=4.).unbind(0))
+    pieces = list(
+        sparsefill.sparse_coo_tensor(
+            [[0, 3]], torch.tensor([1.0, 2.0], dtype=torch.float64), (6,), fill_value=4.0
+        ).unbind(0)
+    )
     with sparsefill.densify_policy("raise", limit_bytes=8):
         R = torch.stack(pieces)
-    torch.testing.assert_close(R.to_dense(), torch.tensor([1., 4., 4., 2., 4., 4.], dtype=torch.float64))
-    with pytest.raises(IndexError, match=r"range of \[-1, 0\], but got 2"):  # torch's error, as on dense
+    torch.testing.assert_close(
+        R.to_dense(), torch.tensor([1.0, 4.0, 4.0, 2.0, 4.0, 4.0], dtype=torch.float64)
+    )
+    with pytest.raises(
+        IndexError, match=r"range of \[-1, 0\], but got 2"
+    ):  # torch's error, as on dense
         torch.stack(pieces, 2)
 
 
 def _unbind_case(layout, dd):
     """A ``(5, 3)`` (hybrid: ``(5, 3)`` with one dense dim) SparseTensor of fill 0.5 storing rows 0 and 3, its
     values and fill leaves, and its dense form built from the same leaves."""
-    v = torch.arange(1., 7., dtype=torch.float64).reshape(2, 3)
+    v = torch.arange(1.0, 7.0, dtype=torch.float64).reshape(2, 3)
     v = (v if dd else v[:, 0]).clone().requires_grad_()
     f = torch.tensor(0.5, dtype=torch.float64, requires_grad=True)
     idx = [[0, 3]] if dd else [[0, 3], [1, 2]]
@@ -235,8 +286,12 @@ def test_unbind_backward_stays_on_the_pattern(kind):
 def test_cat_of_fully_stored_operands_keeps_the_other_fill():
     """An operand storing every element joins any fill as it is (its fill is read nowhere): the result's fill is that
     of an operand with unspecified elements, and the dense form is unchanged."""
-    full = sparsefill.sparse_coo_tensor([[0, 1]], torch.tensor([2., 3.], dtype=torch.float64), (2,), fill_value=0.)
-    part = sparsefill.sparse_coo_tensor([[1]], torch.tensor([5.], dtype=torch.float64), (4,), fill_value=7.)
+    full = sparsefill.sparse_coo_tensor(
+        [[0, 1]], torch.tensor([2.0, 3.0], dtype=torch.float64), (2,), fill_value=0.0
+    )
+    part = sparsefill.sparse_coo_tensor(
+        [[1]], torch.tensor([5.0], dtype=torch.float64), (4,), fill_value=7.0
+    )
     R = torch.cat([full, part])
-    assert float(R.fill_value()) == 7. and R._nse() == 3
+    assert float(R.fill_value()) == 7.0 and R._nse() == 3
     torch.testing.assert_close(R.to_dense(), torch.cat([full.to_dense(), part.to_dense()]))

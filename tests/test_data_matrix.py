@@ -84,7 +84,9 @@ def test_kept_transpose_follows_in_place_changes(layout):
     g = torch.randn(x.shape[0], 3, dtype=torch.float64)
     writes = [
         lambda T: T.mul_(3.0),
-        lambda T: T.values().mul_(2.0) if isinstance(T, SparseTensor) else T.mul_(2.0),  # same memory
+        lambda T: (
+            T.values().mul_(2.0) if isinstance(T, SparseTensor) else T.mul_(2.0)
+        ),  # same memory
         lambda T: T.clamp_(max=2.0),
         lambda T: T.copy_(T * 2),
         lambda T: T.sqrt_(),
@@ -122,19 +124,23 @@ def test_gradcheck_with_values_perturbed_in_place(layout, form):
             return A @ W
         if form == "W @ X":
             return W.t() @ A
-        return (A.t() @ W)
+        return A.t() @ W
+
     assert torch.autograd.gradcheck(fn, (v, W))
 
 
-@pytest.mark.parametrize("shape, dense_dim, layout", [
-    ((5, 6), 0, "coo"), ((5, 6), 0, "csr"), ((5, 6, 2), 1, "coo"), ((3, 5, 6), 0, "csr")])
+@pytest.mark.parametrize(
+    "shape, dense_dim, layout",
+    [((5, 6), 0, "coo"), ((5, 6), 0, "csr"), ((5, 6, 2), 1, "coo"), ((3, 5, 6), 0, "csr")],
+)
 def test_transpose_of_a_coalesced_tensor_is_coalesced(shape, dense_dim, layout):
     """``A.t()`` / ``A.transpose`` of a coalesced tensor is coalesced (sorted, the values reordered
     with the indices) and equals the dense transpose, also on the second call (kept)."""
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(shape, generator=gen, dtype=torch.float64)
     x = x * (torch.rand(shape[: len(shape) - dense_dim], generator=gen) < 0.4).reshape(
-        shape[: len(shape) - dense_dim] + (1,) * dense_dim)
+        shape[: len(shape) - dense_dim] + (1,) * dense_dim
+    )
     A = sparsefill.to_sparse(x, dense_dim=dense_dim) if dense_dim else sparsefill.to_sparse(x)
     if layout == "csr":
         A = A.to_sparse_csr()

@@ -26,7 +26,9 @@ def make(form, fill=0.0, n=400, seed=0):
     if form == "uncoalesced":
         keys = torch.cat([keys, keys[:50]])
     idx = torch.stack([keys // 30, keys % 30])
-    vals = (torch.rand((keys.numel(),) + dense, generator=g, dtype=torch.float64) + 0.5).requires_grad_()
+    vals = (
+        torch.rand((keys.numel(),) + dense, generator=g, dtype=torch.float64) + 0.5
+    ).requires_grad_()
     A = sparsefill.sparse_coo_tensor(idx, vals, shape + dense, fill_value=fill)
     return (A.to_sparse_csr() if form == "csr" else A), vals, idx
 
@@ -39,15 +41,21 @@ def test_drops_stored_values_only(form, fill):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no densify
         out = F.dropout(A, p)
-    assert isinstance(out, SparseTensor) and out.sparse_layout == A.sparse_layout and out._indefinite == A._indefinite
+    assert (
+        isinstance(out, SparseTensor)
+        and out.sparse_layout == A.sparse_layout
+        and out._indefinite == A._indefinite
+    )
     ref = A.detach().to_dense(fill_value=0.0) if A._indefinite else A.detach().to_dense()
     got = out.detach().to_dense(fill_value=0.0) if out._indefinite else out.detach().to_dense()
     kept = got != 0
     assert_close(got[kept], ref[kept] / (1 - p))  # each element dropped whole or scaled
     assert 0.6 < kept.sum() / (ref != 0).sum() < 0.9  # ~1 - p of the nonzero elements kept
     if A._indefinite:  # masked stays masked
-        assert torch.equal(out.detach().to_dense(fill_value=float("nan")).isnan(),
-                           A.detach().to_dense(fill_value=float("nan")).isnan())
+        assert torch.equal(
+            out.detach().to_dense(fill_value=float("nan")).isnan(),
+            A.detach().to_dense(fill_value=float("nan")).isnan(),
+        )
     w = torch.linspace(0.1, 1, ref.numel(), dtype=ref.dtype).view(ref.shape)
     (out.to_dense(fill_value=0.0) if out._indefinite else out.to_dense()).mul(w).sum().backward()
     # d out / d vals: 1 / (1 - p) where the element was kept, else 0, at each stored element's position
@@ -87,6 +95,8 @@ def test_nonzero_fill_is_dense_by_nature():
 
 def test_gat_attention_dropout():
     """The GAT's attention dropout: dropout of a masked softmax (it raised)."""
-    M = sparsefill.sparse_coo_tensor([[0, 1, 1], [1, 0, 2]], [1.0, 2.0, 3.0], (2, 3), fill_value=sparsefill.indefinite)
+    M = sparsefill.sparse_coo_tensor(
+        [[0, 1, 1], [1, 0, 2]], [1.0, 2.0, 3.0], (2, 3), fill_value=sparsefill.indefinite
+    )
     att = F.dropout(sparsefill.masked.softmax(M, 1), 0.5)
     assert att._indefinite and att._nse() == 3

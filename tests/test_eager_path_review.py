@@ -42,9 +42,21 @@ import sparsefill
 from sparsefill import SparseTensor, _merge
 
 NAN, INF = float("nan"), float("inf")
-PASS_DTYPES = [torch.bool, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.float32,
-               torch.float64, torch.complex64, torch.complex128]
-N = 3 * 8192 + 5  # elements of a 1-D result: over the fill pass's block (numba loads), several blocks
+PASS_DTYPES = [
+    torch.bool,
+    torch.int8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.uint8,
+    torch.float32,
+    torch.float64,
+    torch.complex64,
+    torch.complex128,
+]
+N = (
+    3 * 8192 + 5
+)  # elements of a 1-D result: over the fill pass's block (numba loads), several blocks
 
 
 @pytest.fixture(autouse=True)
@@ -62,6 +74,7 @@ def fill_pass_calls(monkeypatch):
     def spy(*args):
         calls.append(real(*args))
         return calls[-1]
+
     monkeypatch.setattr(_merge, "fill_put_sorted", spy)
     return calls
 
@@ -75,8 +88,12 @@ def bits(t: torch.Tensor) -> torch.Tensor:
 
 def assert_identical(actual, expected):
     assert type(actual) is torch.Tensor, type(actual)
-    assert actual.dtype == expected.dtype and actual.shape == expected.shape, \
-        (actual.dtype, expected.dtype, actual.shape, expected.shape)
+    assert actual.dtype == expected.dtype and actual.shape == expected.shape, (
+        actual.dtype,
+        expected.dtype,
+        actual.shape,
+        expected.shape,
+    )
     assert torch.equal(bits(actual), bits(expected)), (actual, expected)
 
 
@@ -93,8 +110,11 @@ def reference(indices, values, size, fill) -> torch.Tensor:
             lin = lin * size[d] + indices[d]
         keys = lin.unique()
         acc = torch.zeros((keys.numel(),) + size[k:], dtype=values.dtype)
-        acc.index_add_(0, torch.searchsorted(keys, lin), values) if values.dtype is not torch.bool else \
-            acc.index_put_((torch.searchsorted(keys, lin),), values, accumulate=True)
+        acc.index_add_(
+            0, torch.searchsorted(keys, lin), values
+        ) if values.dtype is not torch.bool else acc.index_put_(
+            (torch.searchsorted(keys, lin),), values, accumulate=True
+        )
         flat[keys] = acc
     return out
 
@@ -115,12 +135,24 @@ def special_values(dtype):
         parts = special_values(real)
         return [torch.complex(a, b) for a, b in zip(parts, parts[::-1])]
     if dtype.is_floating_point:
-        quiet_payload = torch.tensor(0x7FC00123 if dtype is torch.float32 else 0x7FF8000000000123,
-                                     dtype=torch.int32 if dtype is torch.float32 else torch.int64).view(dtype)
-        return [torch.tensor(-0.0, dtype=dtype), torch.tensor(INF, dtype=dtype), torch.tensor(-INF, dtype=dtype),
-                quiet_payload, torch.tensor(torch.finfo(dtype).tiny / 4, dtype=dtype), torch.tensor(1.5, dtype=dtype)]
+        quiet_payload = torch.tensor(
+            0x7FC00123 if dtype is torch.float32 else 0x7FF8000000000123,
+            dtype=torch.int32 if dtype is torch.float32 else torch.int64,
+        ).view(dtype)
+        return [
+            torch.tensor(-0.0, dtype=dtype),
+            torch.tensor(INF, dtype=dtype),
+            torch.tensor(-INF, dtype=dtype),
+            quiet_payload,
+            torch.tensor(torch.finfo(dtype).tiny / 4, dtype=dtype),
+            torch.tensor(1.5, dtype=dtype),
+        ]
     info = torch.iinfo(dtype)
-    return [torch.tensor(info.min, dtype=dtype), torch.tensor(info.max, dtype=dtype), torch.tensor(7, dtype=dtype)]
+    return [
+        torch.tensor(info.min, dtype=dtype),
+        torch.tensor(info.max, dtype=dtype),
+        torch.tensor(7, dtype=dtype),
+    ]
 
 
 def values_of(dtype, n, seed=0):
@@ -147,10 +179,19 @@ def test_fill_pass_every_dtype_bit_for_bit(dtype, fill_pass_calls):
 
 def _fills_as_views(dtype):
     """0-d fills of value 5 (conjugate/negative views: of a value giving 5) not at their storage's start."""
-    base = torch.arange(10).to(dtype) if dtype is not torch.bool else torch.tensor([False] * 5 + [True] * 5)
+    base = (
+        torch.arange(10).to(dtype)
+        if dtype is not torch.bool
+        else torch.tensor([False] * 5 + [True] * 5)
+    )
     five = base[5]
-    views = {"offset": five, "strided": base[1::2][2], "as_strided": base.as_strided((), (), 5),
-             "expanded": base[5:6].expand(4)[2], "clone": five.clone()}
+    views = {
+        "offset": five,
+        "strided": base[1::2][2],
+        "as_strided": base.as_strided((), (), 5),
+        "expanded": base[5:6].expand(4)[2],
+        "clone": five.clone(),
+    }
     if dtype.is_signed or dtype.is_floating_point or dtype.is_complex:
         views["neg"] = torch._neg_view(-base)[5]
     if dtype.is_complex:
@@ -178,26 +219,34 @@ def test_fill_pass_refuses_what_it_cannot_read():
     bits, non-contiguous operands, int32 keys, keys and values of different lengths."""
     if _merge._compiled() is False:
         pytest.skip("numba not installed")
-    keys, vals, fill = torch.tensor([1, 4]), torch.tensor([2., 3.]), torch.tensor(9.)
-    cases = {"meta fill": (fill.to("meta"), keys, vals), "f64 fill": (fill.double(), keys, vals),
-             "1-d fill": (fill[None], keys, vals), "neg vals": (fill, keys, torch._neg_view(vals)),
-             "strided vals": (fill, keys, torch.tensor([2., 0., 3.])[::2]), "int32 keys": (fill, keys.int(), vals),
-             "strided keys": (fill, torch.tensor([1, 0, 4])[::2], vals), "short keys": (fill, keys[:1], vals)}
+    keys, vals, fill = torch.tensor([1, 4]), torch.tensor([2.0, 3.0]), torch.tensor(9.0)
+    cases = {
+        "meta fill": (fill.to("meta"), keys, vals),
+        "f64 fill": (fill.double(), keys, vals),
+        "1-d fill": (fill[None], keys, vals),
+        "neg vals": (fill, keys, torch._neg_view(vals)),
+        "strided vals": (fill, keys, torch.tensor([2.0, 0.0, 3.0])[::2]),
+        "int32 keys": (fill, keys.int(), vals),
+        "strided keys": (fill, torch.tensor([1, 0, 4])[::2], vals),
+        "short keys": (fill, keys[:1], vals),
+    }
     for name, (f, k, v) in cases.items():
-        out = torch.full((10,), -1.)
+        out = torch.full((10,), -1.0)
         assert not _merge.fill_put_sorted(out, f, k, v), name
-        assert torch.equal(out, torch.full((10,), -1.)), name
-    out = torch.full((10, 2), -1.).t()  # (a non-contiguous out)
-    assert not _merge.fill_put_sorted(out, fill, keys, vals) and torch.equal(out, torch.full((2, 10), -1.))
+        assert torch.equal(out, torch.full((10,), -1.0)), name
+    out = torch.full((10, 2), -1.0).t()  # (a non-contiguous out)
+    assert not _merge.fill_put_sorted(out, fill, keys, vals) and torch.equal(
+        out, torch.full((2, 10), -1.0)
+    )
 
 
 def test_fill_on_another_device_through_to_dense():
     """``to_dense(fill_value=<meta tensor>)`` of a CPU tensor: a TypeError naming the devices; of a meta tensor: a
     meta result of the right shape (no data read)."""
-    I = sparsefill.sparse_coo_tensor([[1, 5]], [3., 4.], (N,), fill_value=sparsefill.indefinite)
+    I = sparsefill.sparse_coo_tensor([[1, 5]], [3.0, 4.0], (N,), fill_value=sparsefill.indefinite)
     with pytest.raises(TypeError, match="meta"):
-        I.to_dense(fill_value=torch.tensor(2., device="meta"))
-    A = sparsefill.sparse_coo_tensor([[1, 5]], [3., 4.], (N,), fill_value=2.).to("meta")
+        I.to_dense(fill_value=torch.tensor(2.0, device="meta"))
+    A = sparsefill.sparse_coo_tensor([[1, 5]], [3.0, 4.0], (N,), fill_value=2.0).to("meta")
     D = A.to_dense()
     assert D.device.type == "meta" and D.shape == (N,) and D.dtype == torch.float32
 
@@ -211,9 +260,14 @@ def test_fill_pass_first_calls_racing_threads(monkeypatch):
 
     def one(i):
         dtype = PASS_DTYPES[i % len(PASS_DTYPES)]
-        keys, vals, fill = torch.tensor([[1, 5, 9000 + i]]), values_of(dtype, 3, i), special_values(dtype)[0]
+        keys, vals, fill = (
+            torch.tensor([[1, 5, 9000 + i]]),
+            values_of(dtype, 3, i),
+            special_values(dtype)[0],
+        )
         A = sparsefill.sparse_coo_tensor(keys, vals, (N + i,), fill_value=fill)
         return torch.equal(bits(A.to_dense()), bits(reference(keys, vals, (N + i,), fill)))
+
     with ThreadPoolExecutor(8) as ex:
         assert all(ex.map(one, range(40)))
     assert set(_merge._FILL_ENTRY) == set(PASS_DTYPES)
@@ -234,14 +288,21 @@ _SCRIPT_DTYPES = textwrap.dedent("""
 
 
 def _run(script, **env):
-    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, **env})
+    return subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **env},
+    )
 
 
 def test_fill_pass_first_call_compiles_then_loads_from_numba_cache(tmp_path):
     """A fresh process with an empty numba cache compiles the pass's entry point per dtype (misses); the next one
     loads them from the cache (hits); both give the dense result."""
-    pytest.importorskip("numba", reason="the compiled kernels under test need numba (without it torch ops run)")
+    pytest.importorskip(
+        "numba", reason="the compiled kernels under test need numba (without it torch ops run)"
+    )
     first = _run(_SCRIPT_DTYPES, NUMBA_CACHE_DIR=str(tmp_path))
     assert first.returncode == 0, first.stderr[-2000:]
     assert first.stdout.split() == ["0", "3"], first.stdout
@@ -267,26 +328,46 @@ def test_freed_fill_storage_is_an_error_not_a_crash():
     """A fill whose storage was freed (``untyped_storage().resize_(0)``, as FSDP frees parameters): bf518f0 read it
     at ``data_ptr()`` == 0 and the process died of SIGSEGV (before it, ``fill.item()`` raised torch's RuntimeError;
     torch's own ``fill_``/``put_`` crash there too): the fill pass raises a RuntimeError naming the part."""
-    pytest.importorskip("numba", reason="the compiled kernels under test need numba (without it torch ops run)")
-    r = subprocess.run([sys.executable, "-c", _SCRIPT_FREED, "fill"], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0 and r.stdout.startswith("RuntimeError"), (r.returncode, r.stdout, r.stderr[-1000:])
+    pytest.importorskip(
+        "numba", reason="the compiled kernels under test need numba (without it torch ops run)"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", _SCRIPT_FREED, "fill"], capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 0 and r.stdout.startswith("RuntimeError"), (
+        r.returncode,
+        r.stdout,
+        r.stderr[-1000:],
+    )
 
 
 @pytest.mark.parametrize("part", ["values", "indices"])
 def test_freed_values_or_indices_storage_is_an_error_not_a_crash(part):
-    pytest.importorskip("numba", reason="the compiled kernels under test need numba (without it torch ops run)")
-    r = subprocess.run([sys.executable, "-c", _SCRIPT_FREED, part], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0 and r.stdout.startswith("RuntimeError"), (r.returncode, r.stdout, r.stderr[-1000:])
+    pytest.importorskip(
+        "numba", reason="the compiled kernels under test need numba (without it torch ops run)"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", _SCRIPT_FREED, part], capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 0 and r.stdout.startswith("RuntimeError"), (
+        r.returncode,
+        r.stdout,
+        r.stderr[-1000:],
+    )
 
 
 def test_numba_disable_jit_falls_back_to_torch_ops():
     """NUMBA_DISABLE_JIT=1 (numba's debugging switch): the pure-Python kernels cannot run (before bf518f0 a
     NotImplementedError, after it an AttributeError, for every to_dense of >= 8192 elements); 4a91f3b: torch ops."""
-    pytest.importorskip("numba", reason="the compiled kernels under test need numba (without it torch ops run)")
-    script = ("import torch, sparsefill\n"
-              "A = sparsefill.sparse_coo_tensor([[1, 5]], [3., 4.], (20000,), fill_value=2.)\n"
-              "R = torch.full((20000,), 2.); R[[1, 5]] = torch.tensor([3., 4.])\n"
-              "assert torch.equal(A.to_dense(), R)\n")
+    pytest.importorskip(
+        "numba", reason="the compiled kernels under test need numba (without it torch ops run)"
+    )
+    script = (
+        "import torch, sparsefill\n"
+        "A = sparsefill.sparse_coo_tensor([[1, 5]], [3., 4.], (20000,), fill_value=2.)\n"
+        "R = torch.full((20000,), 2.); R[[1, 5]] = torch.tensor([3., 4.])\n"
+        "assert torch.equal(A.to_dense(), R)\n"
+    )
     r = _run(script, NUMBA_DISABLE_JIT="1")
     assert r.returncode == 0, r.stderr[-1500:]
 
@@ -299,22 +380,39 @@ def _coo_cases():
     big = (1 << 20) + 3  # float32: over _HUGE_MIN (4 MiB)
     rows = torch.randint(0, 300, (40,), generator=g)
     return [
-        ("1d", [[1, 4, 6]], torch.tensor([1., -2., 3.]), (9,), 2.5),
-        ("1d_uncoalesced", [[4, 1, 4]], torch.tensor([1., -2., 3.]), (9,), NAN),
-        ("1d_over_4MiB", [[0, 7, big - 1]], torch.tensor([1., -2., 3.]), (big,), -0.0),
-        ("1d_over_4MiB_dup", [[7, 0, 7]], torch.tensor([1., -2., 3.]), (big,), INF),
-        ("1d_half_stored", [list(range(0, 20000, 2))], torch.arange(10000.), (20000,), -1.),
-        ("2d", torch.stack([rows, (rows * 7) % 200]), torch.randn(40, generator=g), (300, 200), 0.5),
-        ("2d_uncoalesced", [[0, 2, 0], [1, 0, 1]], torch.tensor([1., 2., 3.]), (3, 4), -0.0),
-        ("3d", [[0, 1, 1], [2, 0, 2], [3, 3, 0]], torch.tensor([1., 2., 3.]), (2, 3, 4), -INF),
-        ("hybrid", [[0, 2], [1, 3]], torch.tensor([[1., 2.], [3., 4.]]), (3, 4, 2), 7.),
-        ("hybrid_array_fill", [[0, 2], [1, 3]], torch.tensor([[1., 2.], [3., 4.]]), (3, 4, 2),
-         torch.tensor([-0.0, NAN])),
-        ("hybrid_uncoalesced", [[2, 2]], torch.tensor([[1., 2.], [3., 4.]]), (3, 2), torch.tensor([5., 6.])),
-        ("0d", torch.zeros(0, 1, dtype=torch.int64), torch.tensor([3.]), (), 1.),
+        ("1d", [[1, 4, 6]], torch.tensor([1.0, -2.0, 3.0]), (9,), 2.5),
+        ("1d_uncoalesced", [[4, 1, 4]], torch.tensor([1.0, -2.0, 3.0]), (9,), NAN),
+        ("1d_over_4MiB", [[0, 7, big - 1]], torch.tensor([1.0, -2.0, 3.0]), (big,), -0.0),
+        ("1d_over_4MiB_dup", [[7, 0, 7]], torch.tensor([1.0, -2.0, 3.0]), (big,), INF),
+        ("1d_half_stored", [list(range(0, 20000, 2))], torch.arange(10000.0), (20000,), -1.0),
+        (
+            "2d",
+            torch.stack([rows, (rows * 7) % 200]),
+            torch.randn(40, generator=g),
+            (300, 200),
+            0.5,
+        ),
+        ("2d_uncoalesced", [[0, 2, 0], [1, 0, 1]], torch.tensor([1.0, 2.0, 3.0]), (3, 4), -0.0),
+        ("3d", [[0, 1, 1], [2, 0, 2], [3, 3, 0]], torch.tensor([1.0, 2.0, 3.0]), (2, 3, 4), -INF),
+        ("hybrid", [[0, 2], [1, 3]], torch.tensor([[1.0, 2.0], [3.0, 4.0]]), (3, 4, 2), 7.0),
+        (
+            "hybrid_array_fill",
+            [[0, 2], [1, 3]],
+            torch.tensor([[1.0, 2.0], [3.0, 4.0]]),
+            (3, 4, 2),
+            torch.tensor([-0.0, NAN]),
+        ),
+        (
+            "hybrid_uncoalesced",
+            [[2, 2]],
+            torch.tensor([[1.0, 2.0], [3.0, 4.0]]),
+            (3, 2),
+            torch.tensor([5.0, 6.0]),
+        ),
+        ("0d", torch.zeros(0, 1, dtype=torch.int64), torch.tensor([3.0]), (), 1.0),
         ("0d_unspecified", torch.zeros(0, 0, dtype=torch.int64), torch.zeros(0), (), -0.0),
-        ("0size", torch.zeros(2, 0, dtype=torch.int64), torch.zeros(0), (0, 3), 1.),
-        ("0size_hybrid", torch.zeros(1, 0, dtype=torch.int64), torch.zeros(0, 0), (3, 0), 1.),
+        ("0size", torch.zeros(2, 0, dtype=torch.int64), torch.zeros(0), (0, 3), 1.0),
+        ("0size_hybrid", torch.zeros(1, 0, dtype=torch.int64), torch.zeros(0, 0), (3, 0), 1.0),
     ]
 
 
@@ -342,7 +440,7 @@ def test_coo_layouts_and_sizes(threads, deterministic):
 def test_csr_plain_batched_hybrid():
     """CSR, batched CSR (flat values after linear_parts: the values' dims counted again) and hybrid CSR."""
     crow, col = torch.tensor([[0, 1, 3, 3], [0, 0, 2, 3]]), torch.tensor([[2, 0, 3], [1, 3, 0]])
-    v = torch.tensor([[1., 2., 3.], [4., 5., 6.]])
+    v = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
     for fill in (2.5, -0.0, NAN):
         B = sparsefill.sparse_csr_tensor(crow, col, v, (2, 3, 4), fill_value=fill)
         R = torch.full((2, 3, 4), fill)
@@ -351,38 +449,53 @@ def test_csr_plain_batched_hybrid():
                 for p in range(int(crow[b, r]), int(crow[b, r + 1])):
                     R[b, r, col[b, p]] = v[b, p]
         assert_identical(B.to_dense(), R)
-        assert_identical(sparsefill.sparse_csr_tensor(crow[1], col[1], v[1], (3, 4), fill_value=fill).to_dense(), R[1])
+        assert_identical(
+            sparsefill.sparse_csr_tensor(crow[1], col[1], v[1], (3, 4), fill_value=fill).to_dense(),
+            R[1],
+        )
         I = sparsefill.sparse_csr_tensor(crow, col, v, (2, 3, 4), fill_value=sparsefill.indefinite)
         assert_identical(I.to_dense(fill_value=fill), R)
-    H = sparsefill.sparse_csr_tensor(crow[0], col[0], torch.tensor([[1., 2.], [3., 4.], [5., 6.]]), (3, 4, 2),
-                                     fill_value=torch.tensor([-1., NAN]))
-    R = torch.tensor([-1., NAN]).expand(3, 4, 2).clone()
-    R[0, 2], R[1, 0], R[1, 3] = torch.tensor([1., 2.]), torch.tensor([3., 4.]), torch.tensor([5., 6.])
+    H = sparsefill.sparse_csr_tensor(
+        crow[0],
+        col[0],
+        torch.tensor([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]]),
+        (3, 4, 2),
+        fill_value=torch.tensor([-1.0, NAN]),
+    )
+    R = torch.tensor([-1.0, NAN]).expand(3, 4, 2).clone()
+    R[0, 2], R[1, 0], R[1, 3] = (
+        torch.tensor([1.0, 2.0]),
+        torch.tensor([3.0, 4.0]),
+        torch.tensor([5.0, 6.0]),
+    )
     assert_identical(H.to_dense(), R)
 
 
 def test_parts_at_an_offset_or_strided():
     """Values and indices that are views (at a storage offset: the pass reads data_ptr(); strided: refused there),
     the fill a view of the values' storage."""
-    store = torch.arange(20.)
+    store = torch.arange(20.0)
     ibase = torch.tensor([[0, 9, 1, 9, 4, 9, 8000, 9]])
-    cases = {"offset": (ibase[:, ::2].contiguous()[:, 1:], store[5:8]),
-             "strided_vals": (ibase[:, 2::2], store[::3][:3]), "strided_idx": (ibase[:, 2::2], store[5:8].clone())}
+    cases = {
+        "offset": (ibase[:, ::2].contiguous()[:, 1:], store[5:8]),
+        "strided_vals": (ibase[:, 2::2], store[::3][:3]),
+        "strided_idx": (ibase[:, 2::2], store[5:8].clone()),
+    }
     for name, (idx, vals) in cases.items():
-        A = sparsefill.sparse_coo_tensor(idx, vals, (N,), fill_value=0.)
+        A = sparsefill.sparse_coo_tensor(idx, vals, (N,), fill_value=0.0)
         A._fill = store[11]  # (a 0-d view at an offset of the values' storage)
-        assert_identical(A.to_dense(), reference(idx, vals, (N,), 11.))
+        assert_identical(A.to_dense(), reference(idx, vals, (N,), 11.0))
 
 
 def test_size_read_without_the_op_layer():
     """``A._size`` (read instead of ``A.shape``) stays A's shape: after ``A.data = B``, for a view after its base
     changed (the sync), and after refused in-place metadata ops (A unchanged)."""
-    A = sparsefill.sparse_coo_tensor([[0, 1], [2, 0]], [1., 2.], (2, 3), fill_value=-1.)
-    B = sparsefill.sparse_coo_tensor([[0], [1]], [5.], (3, 2), fill_value=4.)
+    A = sparsefill.sparse_coo_tensor([[0, 1], [2, 0]], [1.0, 2.0], (2, 3), fill_value=-1.0)
+    B = sparsefill.sparse_coo_tensor([[0], [1]], [5.0], (3, 2), fill_value=4.0)
     A.data = B
     assert tuple(A._size) == tuple(A.shape) == (3, 2)
     assert_identical(A.to_dense(), B.to_dense())
-    A = sparsefill.sparse_coo_tensor([[0, 1], [2, 0]], [1., 2.], (2, 3), fill_value=-1.)
+    A = sparsefill.sparse_coo_tensor([[0, 1], [2, 0]], [1.0, 2.0], (2, 3), fill_value=-1.0)
     V, T = A[1], A.t()
     A.mul_(2)
     assert_identical(V.to_dense(), A.to_dense()[1])
@@ -391,17 +504,19 @@ def test_size_read_without_the_op_layer():
         with pytest.raises(ValueError):
             op(A)
         assert tuple(A._size) == tuple(A.shape) == (2, 3)
-        assert_identical(A.to_dense(), reference([[0, 1], [2, 0]], torch.tensor([2., 4.]), (2, 3), -2.))
+        assert_identical(
+            A.to_dense(), reference([[0, 1], [2, 0]], torch.tensor([2.0, 4.0]), (2, 3), -2.0)
+        )
 
 
 # ---------------------------------------------------------------------- 2. the no-graph test (autograd)
 ROWS, COLS, SIZE = torch.tensor([0, 1, 2, 2]), torch.tensor([1, 0, 2, 3]), (3, 4)
-W = torch.arange(12., dtype=torch.float64).reshape(SIZE) - 5
+W = torch.arange(12.0, dtype=torch.float64).reshape(SIZE) - 5
 
 
 def leaf(fill=2.0, layout="coo"):
     """``(A, v)``: A built from the leaf values ``v`` (requires grad)."""
-    v = torch.tensor([1., -2., 3., 0.5], dtype=torch.float64, requires_grad=True)
+    v = torch.tensor([1.0, -2.0, 3.0, 0.5], dtype=torch.float64, requires_grad=True)
     if layout == "coo":
         return sparsefill.sparse_coo_tensor(torch.stack([ROWS, COLS]), v, SIZE, fill_value=fill), v
     return sparsefill.sparse_csr_tensor([0, 1, 2, 4], COLS, v, SIZE, fill_value=fill), v
@@ -421,9 +536,14 @@ def grads(loss, *inputs):
 def test_graph_recorded_for_values_views_nonleaf(layout):
     """Values that require grad, reached through A, A[1], A.t(), A * 3 (non-leaf), A.detach() (no graph): the
     gradient of the values is the dense construction's."""
-    v0 = torch.tensor([1., -2., 3., 0.5], dtype=torch.float64, requires_grad=True)
-    for name, f in {"A": lambda A: A, "A[1]": lambda A: A[1], "A.t()": lambda A: A.t(),
-                    "A*3": lambda A: A * 3, "A[:, 1:]": lambda A: A[:, 1:]}.items():
+    v0 = torch.tensor([1.0, -2.0, 3.0, 0.5], dtype=torch.float64, requires_grad=True)
+    for name, f in {
+        "A": lambda A: A,
+        "A[1]": lambda A: A[1],
+        "A.t()": lambda A: A.t(),
+        "A*3": lambda A: A * 3,
+        "A[:, 1:]": lambda A: A[:, 1:],
+    }.items():
         A, v = leaf(layout=layout)
         D = f(A).to_dense()
         assert D.requires_grad and D.grad_fn is not None, name
@@ -472,15 +592,16 @@ def test_fill_value_tensor_requiring_grad():
 def test_list_fill_value_of_tensors_requiring_grad_as_torch_tensor():
     """A list/tuple fill_value holding tensors that require grad (``_any_requires_grad`` looks into lists, not
     tuples): no graph and no gradient, as ``torch.tensor([f1, f2])`` (a tensor fill_value is the way to one)."""
-    H = sparsefill.sparse_coo_tensor([[0, 2]], torch.tensor([[1., 2.], [3., 4.]]), (3, 2),
-                                     fill_value=sparsefill.indefinite)
-    f1, f2 = torch.tensor(5., requires_grad=True), torch.tensor(6., requires_grad=True)
+    H = sparsefill.sparse_coo_tensor(
+        [[0, 2]], torch.tensor([[1.0, 2.0], [3.0, 4.0]]), (3, 2), fill_value=sparsefill.indefinite
+    )
+    f1, f2 = torch.tensor(5.0, requires_grad=True), torch.tensor(6.0, requires_grad=True)
     for fv in ([f1, f2], (f1, f2)):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
             D = H.to_dense(fill_value=fv)
         assert not D.requires_grad
-        torch.testing.assert_close(D, torch.tensor([[1., 2.], [5., 6.], [3., 4.]]))
+        torch.testing.assert_close(D, torch.tensor([[1.0, 2.0], [5.0, 6.0], [3.0, 4.0]]))
     D = H.to_dense(fill_value=torch.stack([f1, f2]))
     D.sum().backward()
     assert f1.grad == 1 and f2.grad == 1
@@ -508,10 +629,16 @@ def test_grad_modes():
 
 def test_torch_func_grad_vjp_jacrev():
     """torch.func.grad/vjp/jacrev of the values through the constructor and to_dense, and of a tensor fill."""
+
     def dense_of_values(vals):
-        return sparsefill.sparse_coo_tensor(torch.stack([ROWS, COLS]), vals, SIZE, fill_value=2.).to_dense()
-    v = torch.tensor([1., -2., 3., 0.5], dtype=torch.float64)
-    torch.testing.assert_close(torch.func.grad(lambda x: (dense_of_values(x) * W).sum())(v), W[ROWS, COLS])
+        return sparsefill.sparse_coo_tensor(
+            torch.stack([ROWS, COLS]), vals, SIZE, fill_value=2.0
+        ).to_dense()
+
+    v = torch.tensor([1.0, -2.0, 3.0, 0.5], dtype=torch.float64)
+    torch.testing.assert_close(
+        torch.func.grad(lambda x: (dense_of_values(x) * W).sum())(v), W[ROWS, COLS]
+    )
     out, vjp = torch.func.vjp(dense_of_values, v)
     torch.testing.assert_close(out, dense_ref(v, 2.0))
     torch.testing.assert_close(vjp(W)[0], W[ROWS, COLS])
@@ -519,15 +646,20 @@ def test_torch_func_grad_vjp_jacrev():
     torch.testing.assert_close(J, torch.func.jacrev(lambda x: dense_ref(x, 2.0)[1])(v))
 
     def dense_of_fill(f):
-        return sparsefill.sparse_coo_tensor(torch.stack([ROWS, COLS]), v, SIZE, fill_value=f).to_dense()
+        return sparsefill.sparse_coo_tensor(
+            torch.stack([ROWS, COLS]), v, SIZE, fill_value=f
+        ).to_dense()
+
     f = torch.tensor(0.5, dtype=torch.float64)
-    torch.testing.assert_close(torch.func.grad(lambda f: (dense_of_fill(f) * W).sum())(f),
-                               W.sum() - W[ROWS, COLS].sum())
+    torch.testing.assert_close(
+        torch.func.grad(lambda f: (dense_of_fill(f) * W).sum())(f), W.sum() - W[ROWS, COLS].sum()
+    )
 
 
 @pytest.mark.parametrize("reentrant", [False, True])
 def test_checkpoint(reentrant):
     from torch.utils.checkpoint import checkpoint
+
     A, v = leaf()
     out = checkpoint(lambda a: (a.to_dense() ** 2 * W).sum(), A, use_reentrant=reentrant)
     out.backward()  # (use_reentrant=True: .backward() only)
@@ -538,7 +670,9 @@ def test_saved_tensor_hooks_and_double_backward():
     """Saved-tensor hooks see plain tensors (pack/unpack round trip); create_graph's second derivative."""
     A, v = leaf()
     packed = []
-    with torch.autograd.graph.saved_tensors_hooks(lambda t: (packed.append(type(t)), t.clone())[1], lambda t: t):
+    with torch.autograd.graph.saved_tensors_hooks(
+        lambda t: (packed.append(type(t)), t.clone())[1], lambda t: t
+    ):
         out = (A.to_dense() ** 3 * W).sum()
     (g,) = torch.autograd.grad(out, v, create_graph=True)
     torch.testing.assert_close(g, 3 * v.detach() ** 2 * W[ROWS, COLS])
@@ -551,11 +685,14 @@ def test_forward_ad_tangent_kept_or_refused():
     """Dual values entering the constructor: the tangent kept or a NotImplementedError (it was dropped silently
     before 732b1af)."""
     import torch.autograd.forward_ad as fwAD
-    v = torch.tensor([1., -2., 3., 0.5], dtype=torch.float64)
+
+    v = torch.tensor([1.0, -2.0, 3.0, 0.5], dtype=torch.float64)
     with fwAD.dual_level():
         dv = fwAD.make_dual(v, torch.ones(4, dtype=torch.float64))
         try:
-            D = sparsefill.sparse_coo_tensor(torch.stack([ROWS, COLS]), dv, SIZE, fill_value=2.).to_dense()
+            D = sparsefill.sparse_coo_tensor(
+                torch.stack([ROWS, COLS]), dv, SIZE, fill_value=2.0
+            ).to_dense()
         except NotImplementedError:
             return  # (refused: acceptable)
         tangent = fwAD.unpack_dual(D).tangent
@@ -567,10 +704,13 @@ def test_forward_ad_of_a_dual_fill_value():
     """``to_dense(fill_value=<dual>)``, a third of the positions stored (torch's fill_ and put_, no by-address pass):
     the fill's tangent at the unspecified positions, as dense."""
     import torch.autograd.forward_ad as fwAD
+
     I, _ = leaf(fill=sparsefill.indefinite)
     I = I.detach()
     with fwAD.dual_level():
-        f = fwAD.make_dual(torch.tensor(4., dtype=torch.float64), torch.tensor(1., dtype=torch.float64))
+        f = fwAD.make_dual(
+            torch.tensor(4.0, dtype=torch.float64), torch.tensor(1.0, dtype=torch.float64)
+        )
         try:
             D = I.to_dense(fill_value=f)
         except NotImplementedError:
@@ -581,23 +721,29 @@ def test_forward_ad_of_a_dual_fill_value():
 
 def test_forward_ad_of_a_dual_fill_value_through_the_fill_pass():
     import torch.autograd.forward_ad as fwAD
-    I = sparsefill.sparse_coo_tensor([[1, 5, N - 1]], [3., 4., 5.], (N,), fill_value=sparsefill.indefinite)
+
+    I = sparsefill.sparse_coo_tensor(
+        [[1, 5, N - 1]], [3.0, 4.0, 5.0], (N,), fill_value=sparsefill.indefinite
+    )
     with fwAD.dual_level():
-        f = fwAD.make_dual(torch.tensor(2.), torch.tensor(1.))
+        f = fwAD.make_dual(torch.tensor(2.0), torch.tensor(1.0))
         try:
             D = I.to_dense(fill_value=f)
         except NotImplementedError:
             return
         tangent = fwAD.unpack_dual(D).tangent
         assert tangent is not None
-        torch.testing.assert_close(tangent, reference([[1, 5, N - 1]], torch.zeros(3), (N,), 1.))
+        torch.testing.assert_close(tangent, reference([[1, 5, N - 1]], torch.zeros(3), (N,), 1.0))
 
 
 def test_forward_ad_of_a_dual_sparse_tensor():
     import torch.autograd.forward_ad as fwAD
+
     A, _ = leaf()
     A = A.detach()
-    T = sparsefill.sparse_coo_tensor(torch.stack([ROWS, COLS]), torch.ones(4, dtype=torch.float64), SIZE)
+    T = sparsefill.sparse_coo_tensor(
+        torch.stack([ROWS, COLS]), torch.ones(4, dtype=torch.float64), SIZE
+    )
     with fwAD.dual_level():
         dA = fwAD.make_dual(A, T)
         try:
@@ -620,19 +766,25 @@ def old_traced() -> bool:
 
 def _probe(x):
     from sparsefill._compile import traced
+
     return x + (1 if traced() else 0) + (10 if old_traced() else 0)
 
 
 def test_traced_agrees_under_export_and_make_fx():
     """torch.export strict (dynamo) and non-strict (the flag): both True (11); make_fx real: both False; fake and
     symbolic: both True. (Eager, fake mode, compile session, dynamo, backend: tests/test_compile.py.)"""
+
     class M(torch.nn.Module):
         def forward(self, x):
             return _probe(x)
+
     x = torch.zeros(1)
     for strict in (True, False):
-        assert torch.equal(torch.export.export(M(), (x,), strict=strict).module()(x), x + 11), strict
+        assert torch.equal(torch.export.export(M(), (x,), strict=strict).module()(x), x + 11), (
+            strict
+        )
     from torch.fx.experimental.proxy_tensor import make_fx
+
     for mode, expected in (("real", 0), ("fake", 11), ("symbolic", 11)):
         assert torch.equal(make_fx(_probe, tracing_mode=mode)(x)(x), x + expected), mode
 
@@ -640,39 +792,56 @@ def test_traced_agrees_under_export_and_make_fx():
 def test_export_to_dense_of_a_parameter_and_of_constructed_values():
     """torch.export (strict and non-strict) of a module holding a SparseTensor parameter, and of a function building
     one from its input: the exported program gives eager's result (the general path, not the by-address pass)."""
+
     class M(torch.nn.Module):
         def __init__(self):
             super().__init__()
-            self.A = torch.nn.Parameter(sparsefill.sparse_coo_tensor([[1, 5, N - 1]], [1., 2., 3.], (N,),
-                                                                     fill_value=-0.0))
+            self.A = torch.nn.Parameter(
+                sparsefill.sparse_coo_tensor(
+                    [[1, 5, N - 1]], [1.0, 2.0, 3.0], (N,), fill_value=-0.0
+                )
+            )
 
         def forward(self, x):
             return x + self.A.to_dense()
 
     class C(torch.nn.Module):
         def forward(self, v):
-            return sparsefill.sparse_coo_tensor(torch.tensor([[1, 5, N - 1]]), v, (N,), fill_value=2.).to_dense()
-    m, x, v = M(), torch.randn(N), torch.tensor([7., 8., 9.])
+            return sparsefill.sparse_coo_tensor(
+                torch.tensor([[1, 5, N - 1]]), v, (N,), fill_value=2.0
+            ).to_dense()
+
+    m, x, v = M(), torch.randn(N), torch.tensor([7.0, 8.0, 9.0])
     for strict in (True, False):
         assert_identical(torch.export.export(m, (x,), strict=strict).module()(x), m(x))
-        assert_identical(torch.export.export(C(), (torch.ones(3),), strict=strict).module()(v), C()(v))
+        assert_identical(
+            torch.export.export(C(), (torch.ones(3),), strict=strict).module()(v), C()(v)
+        )
 
 
 def test_compiled_to_dense_matches_eager_forward_backward_no_recompile():
     """aot_eager, fullgraph, dynamic: to_dense of A, A.t(), A[1] and of an indefinite A with a tensor fill_value
     that requires grad, values' and fill's gradients as eager; new values/nse of the same flags reuse the graph;
     flipping the compile flag between calls (another thread compiling) recompiles nothing."""
+
     def f(A, I, fv):
-        return (A.to_dense() * W).sum() + (A.t().to_dense() ** 2).sum() + (A[1].to_dense() * fv).sum() + \
-            (I.to_dense(fill_value=fv) * W).sum()
+        return (
+            (A.to_dense() * W).sum()
+            + (A.t().to_dense() ** 2).sum()
+            + (A[1].to_dense() * fv).sum()
+            + (I.to_dense(fill_value=fv) * W).sum()
+        )
 
     def inputs(n, seed):
         g = torch.Generator().manual_seed(seed)
         v = torch.randn(n, dtype=torch.float64, generator=g, requires_grad=True)
-        idx = torch.stack([torch.arange(n) % 3, torch.arange(n) % 4])  # (distinct for n <= 12: coalesced)
+        idx = torch.stack(
+            [torch.arange(n) % 3, torch.arange(n) % 4]
+        )  # (distinct for n <= 12: coalesced)
         A = sparsefill.sparse_coo_tensor(idx, v, SIZE, fill_value=1.5)
         I = sparsefill.sparse_coo_tensor(idx, v, SIZE, fill_value=sparsefill.indefinite)
         return A, I, torch.tensor(0.5, dtype=torch.float64, requires_grad=True), v
+
     torch._dynamo.reset()
     cf = torch.compile(f, backend="aot_eager", fullgraph=True, dynamic=True)
     A, I, fv, v = inputs(5, 0)
@@ -700,7 +869,7 @@ def test_eager_to_dense_while_another_thread_compiles():
     """The compile flag is process-wide: set (another thread compiling), an eager to_dense takes the general path
     (traced() True): the same result, the same gradients."""
     A, v = leaf()
-    B = sparsefill.sparse_coo_tensor([[1, 5, N - 1]], [1., 2., 3.], (N,), fill_value=NAN)
+    B = sparsefill.sparse_coo_tensor([[1, 5, N - 1]], [1.0, 2.0, 3.0], (N,), fill_value=NAN)
     old = torch.compiler._is_compiling_flag
     torch.compiler._is_compiling_flag = True
     try:
@@ -708,7 +877,7 @@ def test_eager_to_dense_while_another_thread_compiles():
         (g,) = grads((D * W).sum(), v)
     finally:
         torch.compiler._is_compiling_flag = old
-    assert_identical(DB, reference([[1, 5, N - 1]], torch.tensor([1., 2., 3.]), (N,), NAN))
+    assert_identical(DB, reference([[1, 5, N - 1]], torch.tensor([1.0, 2.0, 3.0]), (N,), NAN))
     torch.testing.assert_close(D, dense_ref(v.detach(), 2.0), rtol=0, atol=0)
     torch.testing.assert_close(g, W[ROWS, COLS])
 
@@ -722,13 +891,16 @@ def test_jit_trace_replays_to_dense():
     idx = torch.tensor([[1, 5, N - 1]])
 
     def f(v):
-        return sparsefill.sparse_coo_tensor(idx, v, (N,), fill_value=2.).to_dense() * 1
+        return sparsefill.sparse_coo_tensor(idx, v, (N,), fill_value=2.0).to_dense() * 1
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         traced_f = torch.jit.trace(f, (torch.ones(3),), check_trace=False)
     graph = str(traced_f.graph)
-    assert any(op in graph for op in ("aten::fill_", "aten::copy_", "aten::full", "aten::expand")), graph
-    v = torch.tensor([7., 8., 9.])
+    assert any(
+        op in graph for op in ("aten::fill_", "aten::copy_", "aten::full", "aten::expand")
+    ), graph
+    v = torch.tensor([7.0, 8.0, 9.0])
     assert_identical(traced_f(v), f(v))
 
 
@@ -738,7 +910,8 @@ def test_jit_trace_small_tensor_without_the_pass():
     idx = torch.tensor([[1, 5, 60]])
 
     def f(v):
-        return sparsefill.sparse_coo_tensor(idx, v, (64,), fill_value=2.).to_dense() * 1
+        return sparsefill.sparse_coo_tensor(idx, v, (64,), fill_value=2.0).to_dense() * 1
+
     calls = []
     real = _merge.fill_put_sorted
     try:
@@ -749,7 +922,7 @@ def test_jit_trace_small_tensor_without_the_pass():
     finally:
         _merge.fill_put_sorted = real
     assert "aten::fill_" in str(traced_f.graph)
-    v = torch.tensor([7., 8., 9.])
+    v = torch.tensor([7.0, 8.0, 9.0])
     assert_identical(traced_f(v), f(v))
 
 
@@ -757,31 +930,52 @@ def test_make_fx_real_replays_to_dense():
     if _merge._compiled() is False:
         pytest.skip("numba not installed")
     from torch.fx.experimental.proxy_tensor import make_fx
-    A = sparsefill.sparse_coo_tensor([[1, 5, N - 1]], [1., 2., 3.], (N,), fill_value=2.)
+
+    A = sparsefill.sparse_coo_tensor([[1, 5, N - 1]], [1.0, 2.0, 3.0], (N,), fill_value=2.0)
     gm = make_fx(lambda A: A.to_dense() * 1, tracing_mode="real")(A)
     ops = {str(n.target) for n in gm.graph.nodes if n.op == "call_function"}
-    assert ops & _WRITES, ops  # (deterministic: new_empty's memory may happen to hold the right values)
+    assert ops & _WRITES, (
+        ops
+    )  # (deterministic: new_empty's memory may happen to hold the right values)
     assert_identical(gm(A), A.to_dense())
 
 
-_WRITES = {"aten.fill_.Tensor", "aten.fill_.Scalar", "aten.copy_.default", "aten.put_.default",
-           "aten.index_copy_.default", "aten.index_put_.default", "aten.full.default", "aten.expand.default"}
+_WRITES = {
+    "aten.fill_.Tensor",
+    "aten.fill_.Scalar",
+    "aten.copy_.default",
+    "aten.put_.default",
+    "aten.index_copy_.default",
+    "aten.index_put_.default",
+    "aten.full.default",
+    "aten.expand.default",
+}
 
 
 def test_subclass_fill_value_same_type_on_every_path():
     """A fill_value of a torch.Tensor subclass (its __torch_function__ wraps results): the result's type is the same
     on the no-graph path and the graph path (before bf518f0 the no-graph path ran under DisableTorchFunctionSubclass
     and gave a plain Tensor where the graph path gave the subclass), as torch.where(mask, x, fill) gives it."""
+
     class Tagged(torch.Tensor):
         pass
+
     for n in (64, N):
-        I = sparsefill.sparse_coo_tensor([[1, 5, n - 1]], [3., 4., 5.], (n,), fill_value=sparsefill.indefinite)
-        Ig = sparsefill.sparse_coo_tensor([[1, 5, n - 1]], torch.tensor([3., 4., 5.], requires_grad=True), (n,),
-                                          fill_value=sparsefill.indefinite)
-        f = torch.tensor(2.).as_subclass(Tagged)
+        I = sparsefill.sparse_coo_tensor(
+            [[1, 5, n - 1]], [3.0, 4.0, 5.0], (n,), fill_value=sparsefill.indefinite
+        )
+        Ig = sparsefill.sparse_coo_tensor(
+            [[1, 5, n - 1]],
+            torch.tensor([3.0, 4.0, 5.0], requires_grad=True),
+            (n,),
+            fill_value=sparsefill.indefinite,
+        )
+        f = torch.tensor(2.0).as_subclass(Tagged)
         kinds = {type(I.to_dense(fill_value=f)), type(Ig.to_dense(fill_value=f))}
         with torch.no_grad():
             kinds.add(type(Ig.to_dense(fill_value=f)))
-        assert kinds == {type(torch.where(torch.zeros(n, dtype=torch.bool), torch.zeros(n), f))}, kinds
-        R = reference([[1, 5, n - 1]], torch.tensor([3., 4., 5.]), (n,), 2.)
+        assert kinds == {type(torch.where(torch.zeros(n, dtype=torch.bool), torch.zeros(n), f))}, (
+            kinds
+        )
+        R = reference([[1, 5, n - 1]], torch.tensor([3.0, 4.0, 5.0]), (n,), 2.0)
         assert torch.equal(I.to_dense(fill_value=f).as_subclass(torch.Tensor), R)

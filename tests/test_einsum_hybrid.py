@@ -43,7 +43,9 @@ def _leaves(shape, sd, fill, seed):
 
 
 def _sparse(idx, v, f, shape, layout, coalesce):
-    A = sparsefill.sparse_coo_tensor(idx, v, shape, fill_value=sparsefill.indefinite if f is None else f)
+    A = sparsefill.sparse_coo_tensor(
+        idx, v, shape, fill_value=sparsefill.indefinite if f is None else f
+    )
     if layout == "csr":
         return A.to_sparse_csr()
     return A.coalesce() if coalesce else A
@@ -59,25 +61,41 @@ def _dense(idx, v, f, shape):
 
 
 # (CSR: two sparse dims, here the leading two, with the dense dims after them)
-CASES = [(e, layout) for e in EQUATIONS for layout in ("coo", "coo-uncoalesced", "csr") if layout != "csr" or e[2] == 2]
+CASES = [
+    (e, layout)
+    for e in EQUATIONS
+    for layout in ("coo", "coo-uncoalesced", "csr")
+    if layout != "csr" or e[2] == 2
+]
 
 
 @pytest.mark.parametrize("fill", FILLS, ids=list(FILLS))
-@pytest.mark.parametrize("case", CASES, ids=[f"{e[0]}-{e[2]}sparse-{layout}" for e, layout in CASES])
+@pytest.mark.parametrize(
+    "case", CASES, ids=[f"{e[0]}-{e[2]}sparse-{layout}" for e, layout in CASES]
+)
 def test_einsum_matches_dense_forward_and_backward(case, fill):
     (eq, sshape, sd, dshape), layout = case
     f0 = FILLS[fill]
     idx, v, f = _leaves(sshape, sd, f0, seed=len(eq) + sd)
-    X = torch.randn(dshape, dtype=torch.float64, generator=torch.Generator().manual_seed(3)).requires_grad_()
+    X = torch.randn(
+        dshape, dtype=torch.float64, generator=torch.Generator().manual_seed(3)
+    ).requires_grad_()
     ops = eq.split("->")[0].split(",")
-    order = (lambda S, D: (D, S)) if len(ops[0]) == len(dshape) and ops[0][0] != ops[1][0] and eq.startswith("jhd") \
+    order = (
+        (lambda S, D: (D, S))
+        if len(ops[0]) == len(dshape) and ops[0][0] != ops[1][0] and eq.startswith("jhd")
         else (lambda S, D: (S, D))
+    )
     A = _sparse(idx, v, f, sshape, layout.split("-")[0], coalesce=layout == "coo")
     with warnings.catch_warnings():
         warnings.simplefilter("error", sparsefill.DensifyWarning)
-        with sparsefill.densify_policy("raise", limit_bytes=64):  # below every sparse shape's dense form
+        with sparsefill.densify_policy(
+            "raise", limit_bytes=64
+        ):  # below every sparse shape's dense form
             out = torch.einsum(eq, *order(A, X))
-            W = torch.randn(out.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+            W = torch.randn(
+                out.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(4)
+            )
             leaves = (v, X) + (() if f is None else (f,))
             got = torch.autograd.grad((out * W).sum(), leaves)
     Xd = X.detach().requires_grad_()
@@ -103,8 +121,12 @@ class DenseFormLog(TorchDispatchMode):
             return NotImplemented
         out = func(*args, **(kwargs or {}))
         for t in tree_flatten(out)[0]:
-            if isinstance(t, torch.Tensor) and t.layout is torch.strided and t.device.type == "cpu" \
-                    and t.is_floating_point():  # (its storage: an expand allocates nothing, meta neither)
+            if (
+                isinstance(t, torch.Tensor)
+                and t.layout is torch.strided
+                and t.device.type == "cpu"
+                and t.is_floating_point()
+            ):  # (its storage: an expand allocates nothing, meta neither)
                 self.largest = max(self.largest, t.untyped_storage().nbytes() // t.element_size())
         return out
 

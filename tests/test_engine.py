@@ -31,10 +31,18 @@ def test_choose_names_one_engine_per_plan():
     assert _engine.choose("sum", torch.float32, traced=True, runs=True) == "index_add"
     assert _engine.choose("amax", torch.float32, traced=True) == "scatter_reduce"
     assert _engine.choose("sum", torch.float64, csr_rows=True, runs=True) == "csr_mv"
-    assert _engine.choose("sum", torch.float32, unsorted=True, compiled=True, bag=True) == "numba_scatter"
-    assert _engine.choose("sum", torch.float32, compiled=True, bag=True, one_column=True) == "numba_sorted"
-    assert _engine.choose("sum", torch.float32, compiled=True, bag=True, one_column=True, gather=True) == \
-        "embedding_bag"
+    assert (
+        _engine.choose("sum", torch.float32, unsorted=True, compiled=True, bag=True)
+        == "numba_scatter"
+    )
+    assert (
+        _engine.choose("sum", torch.float32, compiled=True, bag=True, one_column=True)
+        == "numba_sorted"
+    )
+    assert (
+        _engine.choose("sum", torch.float32, compiled=True, bag=True, one_column=True, gather=True)
+        == "embedding_bag"
+    )
     assert _engine.choose("prod", torch.float32, compiled=True, runs=True) == "segment_reduce"
     assert _engine.choose("sum", torch.int64, one_dim=True) == "scatter_add"
     assert _engine.choose("sum", torch.complex64) == "index_add"
@@ -42,29 +50,35 @@ def test_choose_names_one_engine_per_plan():
 
 
 def test_shifted_exp_sums_with_fills_is_logsumexp_and_softmax():
-    v = torch.tensor([0., 1., 5., -math.inf])
+    v = torch.tensor([0.0, 1.0, 5.0, -math.inf])
     seg = torch.tensor([0, 0, 1, 2])
-    f, n = torch.tensor(2.), torch.tensor([1, 0, 2])
-    m = torch.tensor([2., 5., 2.])
+    f, n = torch.tensor(2.0), torch.tensor([1, 0, 2])
+    m = torch.tensor([2.0, 5.0, 2.0])
     shifted, e, Z = shifted_exp_sums(v, seg, 3, m, fill=f, n_fill=n)
-    dense = [torch.tensor([0., 1., 2.]), torch.tensor([5.]), torch.tensor([-math.inf, 2., 2.])]
+    dense = [
+        torch.tensor([0.0, 1.0, 2.0]),
+        torch.tensor([5.0]),
+        torch.tensor([-math.inf, 2.0, 2.0]),
+    ]
     for s in range(3):
         torch.testing.assert_close(torch.log(Z[s]) + m[s], torch.logsumexp(dense[s], 0))
-    torch.testing.assert_close(e / Z[seg], torch.cat([torch.softmax(dense[0], 0)[:2], torch.ones(1),
-                                                      torch.zeros(1)]))
+    torch.testing.assert_close(
+        e / Z[seg], torch.cat([torch.softmax(dense[0], 0)[:2], torch.ones(1), torch.zeros(1)])
+    )
 
 
 def test_tie_counts_match_torch_amax_backward_including_fills_and_nan():
-    x = torch.tensor([3., 3., 1., math.nan, math.nan, 2.], requires_grad=True)
+    x = torch.tensor([3.0, 3.0, 1.0, math.nan, math.nan, 2.0], requires_grad=True)
     seg = torch.tensor([0, 0, 0, 1, 1, 2])
-    best = torch.tensor([3., math.nan, 2.])
-    hit, count, nf = tie_counts(x.detach(), best, seg, 3, fill=torch.tensor(3.), n_fill=torch.tensor([2, 0, 1]),
-                                nan=True)
+    best = torch.tensor([3.0, math.nan, 2.0])
+    hit, count, nf = tie_counts(
+        x.detach(), best, seg, 3, fill=torch.tensor(3.0), n_fill=torch.tensor([2, 0, 1]), nan=True
+    )
     assert hit.tolist() == [True, True, False, True, True, True]
-    assert count.tolist() == [4., 2., 1.] and nf.tolist() == [2., 0., 0.]
+    assert count.tolist() == [4.0, 2.0, 1.0] and nf.tolist() == [2.0, 0.0, 0.0]
 
 
-@pytest.mark.parametrize("fill", [0., 2., math.nan])
+@pytest.mark.parametrize("fill", [0.0, 2.0, math.nan])
 def test_segment_median_index_points_at_the_lower_median(fill):
     g = torch.Generator().manual_seed(1)
     v = torch.randint(0, 4, (12,), generator=g).float()
@@ -85,7 +99,9 @@ def test_segment_median_index_points_at_the_lower_median(fill):
 # ---------------------------------------------------------------------- the engines run at the boundary
 def _csr(lengths, ncols, seed=0, dtype=torch.float64, dense=()):
     g = torch.Generator().manual_seed(seed)
-    cols = torch.cat([torch.randperm(ncols, generator=g)[:n].sort().values for n in lengths.tolist()])
+    cols = torch.cat(
+        [torch.randperm(ncols, generator=g)[:n].sort().values for n in lengths.tolist()]
+    )
     crow = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
     vals = torch.randn((int(lengths.sum()), *dense), generator=g, dtype=torch.float64).to(dtype)
     return crow, cols, vals
@@ -100,25 +116,32 @@ def test_csr_rows_give_the_dense_row_reduction_on_every_engine(mode, dtype, dens
     where numba loads, the runs or scatter forms otherwise), every row or a subset of them, against the
     dense op of each row's stored values (an empty row: the identity)."""
     from sparsefill import segment
+
     if compiled and not segment.compiled_available():
         pytest.skip("numba is not installed: the compiled engines do not exist here")
     lengths = torch.tensor([2, 0, 3, 1, 4])
     crow, col, v = _csr(lengths, 6, dtype=dtype, dense=dense)
     dense_op = {"sum": torch.sum, "prod": torch.prod, "amax": torch.amax, "amin": torch.amin}[mode]
     seg = torch.repeat_interleave(torch.arange(5), lengths)
-    for rows in (None, torch.tensor([0, 2, 3, 4])):   # every row; the non-empty rows
+    for rows in (None, torch.tensor([0, 2, 3, 4])):  # every row; the non-empty rows
         sel = torch.arange(5) if rows is None else rows
         lens = lengths[sel]
         ids = torch.repeat_interleave(torch.arange(sel.numel()), lens)
-        out = segment_combine(v, ids, sel.numel(), mode, lengths=lens, csr=_engine.CsrRows(crow, col, 6, rows,
-                                                                                            compiled=compiled))
+        out = segment_combine(
+            v,
+            ids,
+            sel.numel(),
+            mode,
+            lengths=lens,
+            csr=_engine.CsrRows(crow, col, 6, rows, compiled=compiled),
+        )
         assert out.shape == (sel.numel(), *dense)
         for i, s in enumerate(sel.tolist()):
             part = v[seg == s]
             if part.shape[0]:
                 torch.testing.assert_close(out[i], dense_op(part, 0).to(out.dtype))
             else:
-                assert (out[i] == segment_combine(v[:0], seg[:0], 1, mode)[0]).all()   # the identity
+                assert (out[i] == segment_combine(v[:0], seg[:0], 1, mode)[0]).all()  # the identity
 
 
 def test_run_names_the_engine_it_runs():
@@ -142,13 +165,15 @@ def test_csr_mv_reads_int32_indices_alike(dtype):
     index32 = _engine.spmv_index(crow, col, 5)
     assert [t.dtype for t in index32] == [torch.int32, torch.int32]
     assert torch.equal(index32[0].long(), crow) and torch.equal(index32[1].long(), col)
-    assert _engine.spmv_index(*index32, 5) is None and _engine.spmv_index(crow, col, 2 ** 31) is None
+    assert _engine.spmv_index(*index32, 5) is None and _engine.spmv_index(crow, col, 2**31) is None
     for rows in (None, torch.tensor([0, 2, 3])):
         outs = []
         for idx in (None, index32):
             x = v.clone().requires_grad_()
-            out = _engine.run("csr_mv", "sum", x, None, 4, 0, csr=_engine.CsrRows(crow, col, 5, rows, False, idx))
-            (out * torch.arange(1., out.numel() + 1, dtype=dtype)).sum().backward()
+            out = _engine.run(
+                "csr_mv", "sum", x, None, 4, 0, csr=_engine.CsrRows(crow, col, 5, rows, False, idx)
+            )
+            (out * torch.arange(1.0, out.numel() + 1, dtype=dtype)).sum().backward()
             outs.append((out.detach(), x.grad))
         torch.testing.assert_close(outs[0], outs[1], rtol=0, atol=0)
         seg = torch.repeat_interleave(torch.arange(4), lengths)
@@ -157,23 +182,29 @@ def test_csr_mv_reads_int32_indices_alike(dtype):
 
 
 @pytest.mark.filterwarnings("ignore:var.*degrees of freedom")  # (var of one fill: torch warns too)
-@pytest.mark.parametrize("name", ["sum", "prod", "amax", "amin", "mean", "logsumexp", "var", "norm"])
+@pytest.mark.parametrize(
+    "name", ["sum", "prod", "amax", "amin", "mean", "logsumexp", "var", "norm"]
+)
 @pytest.mark.parametrize("fill", [2.5, -0.5, 0.0, math.inf, -math.inf, math.nan])
 @pytest.mark.parametrize("n", [0, 1, 3])
 def test_of_fills_is_the_reducer_on_fills_only(name, fill, n):
     from sparsefill._reduce import REDUCERS
+
     r = REDUCERS[name]
     f = torch.tensor(fill, dtype=torch.float64)
     empty = torch.zeros(0, dtype=torch.float64)
     ref = r(empty, torch.zeros(0, dtype=torch.int64), 1, fill=f, n_fill=torch.tensor([n]))[0]
     torch.testing.assert_close(r.of_fills(f, n, torch.float64), ref, equal_nan=True)
-    dense = r.dense(f.expand(n)) if n else ref   # (the reference reduction of n fills)
-    torch.testing.assert_close(r.of_fills(f, n, torch.float64), dense.to(torch.float64), equal_nan=True)
+    dense = r.dense(f.expand(n)) if n else ref  # (the reference reduction of n fills)
+    torch.testing.assert_close(
+        r.of_fills(f, n, torch.float64), dense.to(torch.float64), equal_nan=True
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.int32, torch.bool])
 def test_of_fills_of_integers_and_bool_follow_torch_dtypes(dtype):
     from sparsefill._reduce import REDUCERS
+
     f = torch.tensor(1, dtype=dtype)
     for name in ("sum", "prod", "amax", "amin"):
         got = REDUCERS[name].of_fills(f, 3, dtype)
@@ -188,6 +219,7 @@ def test_csr_row_reduce_values_and_gradients_with_ties_between_stored_and_fill(b
     the dense matrix, a stored value tied with the fill included (max/min split the gradient among them)."""
     import sparsefill
     from sparsefill import segment
+
     if backend == "numba" and not segment.compiled_available():
         pytest.skip("numba is not installed: the compiled backend does not exist here")
     v = torch.tensor([5.0, -1.0, 3.0, 2.0], dtype=torch.float64, requires_grad=True)
@@ -195,10 +227,17 @@ def test_csr_row_reduce_values_and_gradients_with_ties_between_stored_and_fill(b
     with segment.use_backend(backend):
         out = segment.csr_row_reduce(A, reducer)
     v2 = v.detach().clone().requires_grad_()
-    dense = torch.full((4, 4), 2.0, dtype=torch.float64).index_put((torch.tensor([0, 0, 1, 3]),
-                                                                     torch.tensor([0, 3, 1, 2])), v2)
-    ref = {"sum": dense.sum(1), "mean": dense.mean(1), "max": dense.amax(1), "min": dense.amin(1),
-           "logsumexp": dense.logsumexp(1), "prod": dense.prod(1)}[reducer]
+    dense = torch.full((4, 4), 2.0, dtype=torch.float64).index_put(
+        (torch.tensor([0, 0, 1, 3]), torch.tensor([0, 3, 1, 2])), v2
+    )
+    ref = {
+        "sum": dense.sum(1),
+        "mean": dense.mean(1),
+        "max": dense.amax(1),
+        "min": dense.amin(1),
+        "logsumexp": dense.logsumexp(1),
+        "prod": dense.prod(1),
+    }[reducer]
     torch.testing.assert_close(out, ref)
     w = torch.tensor([1.0, -2.0, 0.5, 3.0], dtype=torch.float64)
     (out * w).sum().backward()
@@ -208,9 +247,16 @@ def test_csr_row_reduce_values_and_gradients_with_ties_between_stored_and_fill(b
 
 def test_sorted_runs_small_and_large_key_ranges():
     from sparsefill._grouping import sorted_runs
+
     keys = torch.tensor([0, 0, 3, 3, 3, 7])
-    for nkeys in (8, 10 ** 9):   # a CSR compression, and unique_consecutive
+    for nkeys in (8, 10**9):  # a CSR compression, and unique_consecutive
         out, seg, counts = sorted_runs(keys, nkeys)
-        assert out.tolist() == [0, 3, 7] and seg.tolist() == [0, 0, 1, 1, 1, 2] and counts.tolist() == [2, 3, 1]
-    out, seg, counts = sorted_runs(torch.tensor([0, 1, 1, 2]), 3)   # every key present: the keys are the ids
+        assert (
+            out.tolist() == [0, 3, 7]
+            and seg.tolist() == [0, 0, 1, 1, 1, 2]
+            and counts.tolist() == [2, 3, 1]
+        )
+    out, seg, counts = sorted_runs(
+        torch.tensor([0, 1, 1, 2]), 3
+    )  # every key present: the keys are the ids
     assert seg.tolist() == [0, 1, 1, 2] and counts.tolist() == [1, 2, 1]

@@ -29,7 +29,11 @@ def snapshot(x):
 
 def unchanged(before, after):
     if isinstance(after, torch.Tensor):
-        return after.dtype == before.dtype and after.shape == before.shape and torch.equal(after, before)
+        return (
+            after.dtype == before.dtype
+            and after.shape == before.shape
+            and torch.equal(after, before)
+        )
     return after == before
 
 
@@ -50,12 +54,32 @@ I3 = torch.tensor([[0, 1, 2], [0, 1, 2]])
 
 # ---------------------------------------------------------------------- sparse_coo_tensor
 def test_indices_out_of_range():
-    check(IndexError, mentions("indices", "5", "3"), coo, torch.tensor([[0, 1, 2], [0, 5, 1]]), V3.clone(), (3, 3))
+    check(
+        IndexError,
+        mentions("indices", "5", "3"),
+        coo,
+        torch.tensor([[0, 1, 2], [0, 5, 1]]),
+        V3.clone(),
+        (3, 3),
+    )
 
 
 def test_indices_negative():
-    check(IndexError, mentions("indices", "-1"), coo, torch.tensor([[0, -1, 2], [0, 1, 2]]), V3.clone(), (3, 3))
-    check(IndexError, mentions("indices", "-2"), coo, torch.tensor([[0, 1, 2], [0, 1, -2]]), V3.clone())
+    check(
+        IndexError,
+        mentions("indices", "-1"),
+        coo,
+        torch.tensor([[0, -1, 2], [0, 1, 2]]),
+        V3.clone(),
+        (3, 3),
+    )
+    check(
+        IndexError,
+        mentions("indices", "-2"),
+        coo,
+        torch.tensor([[0, 1, 2], [0, 1, -2]]),
+        V3.clone(),
+    )
 
 
 def test_indices_float():
@@ -68,7 +92,9 @@ def test_indices_one_dimensional():
 
 
 def test_values_indices_length_mismatch():
-    check(ValueError, mentions("values", "2", "3"), coo, I3.clone(), torch.tensor([1.0, 2.0]), (3, 3))
+    check(
+        ValueError, mentions("values", "2", "3"), coo, I3.clone(), torch.tensor([1.0, 2.0]), (3, 3)
+    )
     check(ValueError, mentions("values", "4", "3"), coo, I3.clone(), torch.ones(4, 2), (3, 3, 2))
 
 
@@ -91,39 +117,88 @@ def test_size_negative():
 
 
 def test_is_coalesced_true_with_unsorted_or_duplicate_indices():
-    check(ValueError, mentions("is_coalesced"), coo, torch.tensor([[2, 1, 0], [0, 1, 2]]), V3.clone(), (3, 3),
-          is_coalesced=True)
-    check(ValueError, mentions("is_coalesced"), coo, torch.tensor([[0, 0], [1, 1]]), torch.tensor([1.0, 2.0]), (3, 3),
-          is_coalesced=True)
+    check(
+        ValueError,
+        mentions("is_coalesced"),
+        coo,
+        torch.tensor([[2, 1, 0], [0, 1, 2]]),
+        V3.clone(),
+        (3, 3),
+        is_coalesced=True,
+    )
+    check(
+        ValueError,
+        mentions("is_coalesced"),
+        coo,
+        torch.tensor([[0, 0], [1, 1]]),
+        torch.tensor([1.0, 2.0]),
+        (3, 3),
+        is_coalesced=True,
+    )
 
 
 # ---------------------------------------------------------------------- sparse_csr_tensor
 def test_crow_indices_not_starting_at_zero():
-    check(ValueError, mentions("crow_indices", "1"), csr, torch.tensor([1, 2, 3]), torch.tensor([0, 1, 2]),
-          V3.clone(), (2, 3))
+    check(
+        ValueError,
+        mentions("crow_indices", "1"),
+        csr,
+        torch.tensor([1, 2, 3]),
+        torch.tensor([0, 1, 2]),
+        V3.clone(),
+        (2, 3),
+    )
 
 
 def test_crow_indices_not_ending_at_nse():
-    check(ValueError, mentions("crow_indices", "2", "3"), csr, torch.tensor([0, 2, 2]), torch.tensor([0, 1, 2]),
-          V3.clone(), (2, 3))
+    check(
+        ValueError,
+        mentions("crow_indices", "2", "3"),
+        csr,
+        torch.tensor([0, 2, 2]),
+        torch.tensor([0, 1, 2]),
+        V3.clone(),
+        (2, 3),
+    )
 
 
 def test_crow_indices_decreasing():
     # row 1 has length 1 - 2 = -1: the message names crow_indices and where (row 1 / the entries 2 > 1)
-    check(ValueError, mentions("crow_indices", "1"), csr, torch.tensor([0, 2, 1, 3]), torch.tensor([0, 1, 2]),
-          V3.clone(), (3, 3))
+    check(
+        ValueError,
+        mentions("crow_indices", "1"),
+        csr,
+        torch.tensor([0, 2, 1, 3]),
+        torch.tensor([0, 1, 2]),
+        V3.clone(),
+        (3, 3),
+    )
 
 
 def test_col_indices_unsorted_within_a_row():
     # row 2 holds columns 3, 1
-    check(ValueError, mentions("col_indices", "2"), csr, torch.tensor([0, 1, 1, 3, 4]), torch.tensor([0, 3, 1, 2]),
-          torch.ones(4), (4, 4))
+    check(
+        ValueError,
+        mentions("col_indices", "2"),
+        csr,
+        torch.tensor([0, 1, 1, 3, 4]),
+        torch.tensor([0, 3, 1, 2]),
+        torch.ones(4),
+        (4, 4),
+    )
 
 
 def test_col_indices_duplicate_within_a_row():
     # row 1 holds column 2 twice
-    check(ValueError, mentions("col_indices", "1"), csr, torch.tensor([0, 1, 3]), torch.tensor([0, 2, 2]),
-          V3.clone(), (2, 3))
+    check(
+        ValueError,
+        mentions("col_indices", "1"),
+        csr,
+        torch.tensor([0, 1, 3]),
+        torch.tensor([0, 2, 2]),
+        V3.clone(),
+        (2, 3),
+    )
 
 
 def test_col_indices_sorted_across_rows_is_fine():
@@ -132,103 +207,287 @@ def test_col_indices_sorted_across_rows_is_fine():
 
 
 def test_col_indices_out_of_range():
-    check(IndexError, mentions("col_indices", "7", "3"), csr, torch.tensor([0, 2, 3]), torch.tensor([0, 1, 7]),
-          V3.clone(), (2, 3))
-    check(IndexError, mentions("col_indices", "-1"), csr, torch.tensor([0, 2, 3]), torch.tensor([0, 1, -1]),
-          V3.clone(), (2, 3))
+    check(
+        IndexError,
+        mentions("col_indices", "7", "3"),
+        csr,
+        torch.tensor([0, 2, 3]),
+        torch.tensor([0, 1, 7]),
+        V3.clone(),
+        (2, 3),
+    )
+    check(
+        IndexError,
+        mentions("col_indices", "-1"),
+        csr,
+        torch.tensor([0, 2, 3]),
+        torch.tensor([0, 1, -1]),
+        V3.clone(),
+        (2, 3),
+    )
 
 
 def test_col_indices_float():
-    check(TypeError, mentions("col_indices", "float"), csr, torch.tensor([0, 2, 3]), torch.tensor([0.0, 1.0, 2.0]),
-          V3.clone(), (2, 3))
+    check(
+        TypeError,
+        mentions("col_indices", "float"),
+        csr,
+        torch.tensor([0, 2, 3]),
+        torch.tensor([0.0, 1.0, 2.0]),
+        V3.clone(),
+        (2, 3),
+    )
 
 
 def test_csr_values_mismatch():
-    check(ValueError, mentions("values", "3"), csr, torch.tensor([0, 2, 3]), torch.tensor([0, 1, 2]),
-          torch.tensor([1.0, 2.0]), (2, 3))
+    check(
+        ValueError,
+        mentions("values", "3"),
+        csr,
+        torch.tensor([0, 2, 3]),
+        torch.tensor([0, 1, 2]),
+        torch.tensor([1.0, 2.0]),
+        (2, 3),
+    )
 
 
 def test_csr_size_mismatch():
-    check(ValueError, mentions("size", "4"), csr, torch.tensor([0, 2, 3]), torch.tensor([0, 1, 2]), V3.clone(), (4, 3))
+    check(
+        ValueError,
+        mentions("size", "4"),
+        csr,
+        torch.tensor([0, 2, 3]),
+        torch.tensor([0, 1, 2]),
+        V3.clone(),
+        (4, 3),
+    )
 
 
 # ---------------------------------------------------------------------- fill values
 def test_fill_wrong_shape():
     vals = torch.ones(2, 2)
     idx = torch.tensor([[0, 1]])
-    check(ValueError, mentions("fill_value", "3", "2"), coo, idx, vals, (3, 2), fill_value=torch.zeros(3))
-    check(ValueError, mentions("fill_value", "3", "2"), coo, idx, vals, (3, 2), fill_value=[1.0, 2.0, 3.0])
-    check(ValueError, mentions("fill_value", "2"), coo, idx, vals, (3, 2), fill_value=torch.zeros(2, 2))
-    check(ValueError, mentions("fill_value", "2"), sparsefill.to_sparse, torch.ones(3, 2),
-          fill_value=torch.zeros(2))  # dense_dim=0: only a scalar fits
-    check(ValueError, mentions("fill_value", "3"), sparsefill.to_sparse, torch.ones(3, 2), dense_dim=1,
-          fill_value=torch.zeros(3))
+    check(
+        ValueError,
+        mentions("fill_value", "3", "2"),
+        coo,
+        idx,
+        vals,
+        (3, 2),
+        fill_value=torch.zeros(3),
+    )
+    check(
+        ValueError,
+        mentions("fill_value", "3", "2"),
+        coo,
+        idx,
+        vals,
+        (3, 2),
+        fill_value=[1.0, 2.0, 3.0],
+    )
+    check(
+        ValueError,
+        mentions("fill_value", "2"),
+        coo,
+        idx,
+        vals,
+        (3, 2),
+        fill_value=torch.zeros(2, 2),
+    )
+    check(
+        ValueError,
+        mentions("fill_value", "2"),
+        sparsefill.to_sparse,
+        torch.ones(3, 2),
+        fill_value=torch.zeros(2),
+    )  # dense_dim=0: only a scalar fits
+    check(
+        ValueError,
+        mentions("fill_value", "3"),
+        sparsefill.to_sparse,
+        torch.ones(3, 2),
+        dense_dim=1,
+        fill_value=torch.zeros(3),
+    )
 
 
 def test_fill_tensor_wrong_dtype():
-    check(TypeError, mentions("fill_value", "float64", "float32"), coo, I3.clone(), V3.clone(), (3, 3),
-          fill_value=torch.tensor(1.0, dtype=torch.float64))
-    check(TypeError, mentions("fill_value", "int64", "float32"), sparsefill.to_sparse, torch.ones(2, 2),
-          fill_value=torch.tensor(1))
+    check(
+        TypeError,
+        mentions("fill_value", "float64", "float32"),
+        coo,
+        I3.clone(),
+        V3.clone(),
+        (3, 3),
+        fill_value=torch.tensor(1.0, dtype=torch.float64),
+    )
+    check(
+        TypeError,
+        mentions("fill_value", "int64", "float32"),
+        sparsefill.to_sparse,
+        torch.ones(2, 2),
+        fill_value=torch.tensor(1),
+    )
 
 
 def test_fill_float_for_int_tensor():
-    check(TypeError, mentions("fill_value", "5.5", "int64"), coo, I3.clone(), torch.tensor([1, 2, 3]), (3, 3),
-          fill_value=5.5)
-    check(TypeError, mentions("fill_value", "5.5", "int64"), sparsefill.to_sparse, torch.ones(2, 2, dtype=torch.int64),
-          fill_value=5.5)
+    check(
+        TypeError,
+        mentions("fill_value", "5.5", "int64"),
+        coo,
+        I3.clone(),
+        torch.tensor([1, 2, 3]),
+        (3, 3),
+        fill_value=5.5,
+    )
+    check(
+        TypeError,
+        mentions("fill_value", "5.5", "int64"),
+        sparsefill.to_sparse,
+        torch.ones(2, 2, dtype=torch.int64),
+        fill_value=5.5,
+    )
 
 
 def test_fill_complex_for_float_tensor():
-    check(TypeError, mentions("fill_value", "float32"), coo, I3.clone(), V3.clone(), (3, 3), fill_value=1 + 2j)
+    check(
+        TypeError,
+        mentions("fill_value", "float32"),
+        coo,
+        I3.clone(),
+        V3.clone(),
+        (3, 3),
+        fill_value=1 + 2j,
+    )
 
 
 def test_fill_out_of_range_for_uint8():
     vals = torch.tensor([1, 2, 3], dtype=torch.uint8)
-    check(ValueError, mentions("fill_value", "300", "uint8"), coo, I3.clone(), vals, (3, 3), fill_value=300)
-    check(ValueError, mentions("fill_value", "-1", "uint8"), coo, I3.clone(), vals, (3, 3), fill_value=-1)
+    check(
+        ValueError,
+        mentions("fill_value", "300", "uint8"),
+        coo,
+        I3.clone(),
+        vals,
+        (3, 3),
+        fill_value=300,
+    )
+    check(
+        ValueError,
+        mentions("fill_value", "-1", "uint8"),
+        coo,
+        I3.clone(),
+        vals,
+        (3, 3),
+        fill_value=-1,
+    )
 
 
 def test_fill_overflowing_a_float_dtype():
     """A finite fill that becomes inf in the dtype is refused as an integer out of range is (it was stored as inf)."""
     half = V3.clone().half()
-    check(ValueError, mentions("fill_value", "1000000.0", "float16"), coo, I3.clone(), half, (3, 3),
-          fill_value=1e6)
-    check(ValueError, mentions("fill_value", "float16"), coo, torch.tensor([[0]]), torch.ones(1, 2).half(), (3, 2),
-          fill_value=[1.0, 1e6])
-    check(ValueError, mentions("fill_value", "1e+39", "bfloat16"), sparsefill.full, (2,), 1e39, dtype=torch.bfloat16)
-    check(ValueError, mentions("fill_value", "float16"), sparsefill.to_sparse, torch.ones(2, dtype=torch.float16),
-          fill_value=10 ** 6)
-    for ok in (65504.0, float("inf"), -float("inf"), float("nan")):  # (the largest float16, and no finite number)
+    check(
+        ValueError,
+        mentions("fill_value", "1000000.0", "float16"),
+        coo,
+        I3.clone(),
+        half,
+        (3, 3),
+        fill_value=1e6,
+    )
+    check(
+        ValueError,
+        mentions("fill_value", "float16"),
+        coo,
+        torch.tensor([[0]]),
+        torch.ones(1, 2).half(),
+        (3, 2),
+        fill_value=[1.0, 1e6],
+    )
+    check(
+        ValueError,
+        mentions("fill_value", "1e+39", "bfloat16"),
+        sparsefill.full,
+        (2,),
+        1e39,
+        dtype=torch.bfloat16,
+    )
+    check(
+        ValueError,
+        mentions("fill_value", "float16"),
+        sparsefill.to_sparse,
+        torch.ones(2, dtype=torch.float16),
+        fill_value=10**6,
+    )
+    for ok in (
+        65504.0,
+        float("inf"),
+        -float("inf"),
+        float("nan"),
+    ):  # (the largest float16, and no finite number)
         A = coo(I3.clone(), half, (3, 3), fill_value=ok)
-        torch.testing.assert_close(A._fill_value(), torch.tensor(ok, dtype=torch.float16), equal_nan=True)
+        torch.testing.assert_close(
+            A._fill_value(), torch.tensor(ok, dtype=torch.float16), equal_nan=True
+        )
 
 
 @pytest.mark.parametrize("fill", [{}, {"a": 1}, Ellipsis, "1.0", {1.0}])
 def test_fill_of_no_number_names_fill_value(fill):
-    check(TypeError, mentions("fill_value", type(fill).__name__), coo, I3.clone(), V3.clone(), (3, 3), fill_value=fill)
+    check(
+        TypeError,
+        mentions("fill_value", type(fill).__name__),
+        coo,
+        I3.clone(),
+        V3.clone(),
+        (3, 3),
+        fill_value=fill,
+    )
     check(TypeError, mentions("fill_value"), sparsefill.full, (2,), fill)
     check(TypeError, mentions("fill_value"), sparsefill.to_sparse, torch.ones(2), fill_value=fill)
 
 
 def test_fill_not_a_bool():
-    check(TypeError, mentions("fill_value", "2", "bool"), coo, I3.clone(), torch.tensor([True, False, True]), (3, 3),
-          fill_value=2)
+    check(
+        TypeError,
+        mentions("fill_value", "2", "bool"),
+        coo,
+        I3.clone(),
+        torch.tensor([True, False, True]),
+        (3, 3),
+        fill_value=2,
+    )
 
 
 def test_set_fill_value_wrong_shape_leaves_tensor_unchanged():
     A = coo(torch.tensor([[0, 1]]), torch.ones(2, 2), (3, 2), fill_value=5.0)
     dense = A.to_dense()
     check(ValueError, mentions("fill_value", "3", "2"), A.set_fill_value_, torch.zeros(3))
-    check(TypeError, mentions("fill_value", "float64"), A.set_fill_value_, torch.zeros(2, dtype=torch.float64))
+    check(
+        TypeError,
+        mentions("fill_value", "float64"),
+        A.set_fill_value_,
+        torch.zeros(2, dtype=torch.float64),
+    )
     torch.testing.assert_close(A.to_dense(), dense, rtol=0, atol=0)
 
 
 # ---------------------------------------------------------------------- layouts and dense_dim
 def test_csr_needs_two_sparse_dims():
-    check(ValueError, mentions("sparse_csr", "2", "1"), sparsefill.to_sparse, torch.ones(3), layout=torch.sparse_csr)
-    check(ValueError, mentions("sparse_csr", "2", "1"), sparsefill.to_sparse, torch.ones(3, 4),
-          layout=torch.sparse_csr, dense_dim=1)
+    check(
+        ValueError,
+        mentions("sparse_csr", "2", "1"),
+        sparsefill.to_sparse,
+        torch.ones(3),
+        layout=torch.sparse_csr,
+    )
+    check(
+        ValueError,
+        mentions("sparse_csr", "2", "1"),
+        sparsefill.to_sparse,
+        torch.ones(3, 4),
+        layout=torch.sparse_csr,
+        dense_dim=1,
+    )
     A = sparsefill.to_sparse(torch.tensor([1.0, 0.0, 2.0]))
     check(ValueError, mentions("sparse_csr", "2", "1"), A.to_sparse, layout=torch.sparse_csr)
     check(ValueError, mentions("sparse_csr", "2"), sparsefill.zeros, 3, layout=torch.sparse_csr)
@@ -243,8 +502,13 @@ def test_bad_dense_dim():
 
 
 def test_bad_layout():
-    check(ValueError, mentions("layout", "sparse_csc"), sparsefill.to_sparse, torch.ones(2, 3),
-          layout=torch.sparse_csc)
+    check(
+        ValueError,
+        mentions("layout", "sparse_csc"),
+        sparsefill.to_sparse,
+        torch.ones(2, 3),
+        layout=torch.sparse_csc,
+    )
 
 
 # ---------------------------------------------------------------- edge cases found in review (moved from tests/test_review_regressions.py)
@@ -252,12 +516,19 @@ import sparsefill as sf  # noqa: E402
 
 
 @pytest.mark.filterwarnings("ignore::sparsefill.DensifyWarning")
-@pytest.mark.parametrize("bad", [lambda: sf.to_sparse(torch.tensor([True, False])).argmax(),
-                                 lambda: sf.to_sparse(torch.tensor([1, 0])).var(),
-                                 lambda: sf.to_sparse(torch.tensor([True, False])).median(),
-                                 lambda: sf.to_sparse(torch.tensor([1j, 0])).nansum(),
-                                 lambda: torch._foreach_add([sf.to_sparse(torch.tensor([1., 0.]))], [1., 2.]),
-                                 lambda: sf.to_sparse(torch.ones(1, 3)).add_(sf.to_sparse(torch.ones(2, 3)))])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        lambda: sf.to_sparse(torch.tensor([True, False])).argmax(),
+        lambda: sf.to_sparse(torch.tensor([1, 0])).var(),
+        lambda: sf.to_sparse(torch.tensor([True, False])).median(),
+        lambda: sf.to_sparse(torch.tensor([1j, 0])).nansum(),
+        lambda: torch._foreach_add([sf.to_sparse(torch.tensor([1.0, 0.0]))], [1.0, 2.0]),
+        lambda: sf.to_sparse(torch.ones(1, 3)).add_(sf.to_sparse(torch.ones(2, 3))),
+    ],
+)
 def test_invalid_input_raises_as_dense_torch(bad):
-    with pytest.raises(RuntimeError):  # (NotImplementedError, torch's "not implemented for 'Bool'", is one)
+    with pytest.raises(
+        RuntimeError
+    ):  # (NotImplementedError, torch's "not implemented for 'Bool'", is one)
         bad()

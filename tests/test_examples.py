@@ -24,12 +24,15 @@ import sparsefill
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 if not EXAMPLES.is_dir():
-    pytest.skip(f"no examples/ folder at {EXAMPLES} (not a source checkout)", allow_module_level=True)
+    pytest.skip(
+        f"no examples/ folder at {EXAMPLES} (not a source checkout)", allow_module_level=True
+    )
 
 
 def _load(name):
     """The checkout's script, through the bench cases' loader (one module per script for both)."""
     from sparsefill.benchmarks.cases_models import _example
+
     return _example(name, EXAMPLES)
 
 
@@ -46,7 +49,7 @@ def test_gat_matches_gatconv(gat, layout, heads):
     adjacency is a hybrid ``(N, N, 4)`` tensor and the product an einsum over its dense dim."""
     losses = gat.check(nodes=200, steps=3, layout=layout, heads=heads)
     assert len(losses) == 3 and all(math.isfinite(a) for a, _ in losses)
-    assert losses[-1][0] < losses[0][0]   # it trains
+    assert losses[-1][0] < losses[0][0]  # it trains
 
 
 def test_multi_head_gat_layer_is_the_dense_masked_model(gat):
@@ -55,7 +58,9 @@ def test_multi_head_gat_layer_is_the_dense_masked_model(gat):
     n, heads = 50, 3
     x, A, edge_index, y, model, _ = gat.setup(n, with_peer=False, heads=heads)
     layer = model.layer1
-    adj = torch.zeros(n, n, dtype=torch.bool).index_put_((edge_index[1], edge_index[0]), torch.tensor(True))
+    adj = torch.zeros(n, n, dtype=torch.bool).index_put_(
+        (edge_index[1], edge_index[0]), torch.tensor(True)
+    )
 
     def dense(x):
         Wh = layer.lin(x).view(n, heads, -1)
@@ -63,6 +68,7 @@ def test_multi_head_gat_layer_is_the_dense_masked_model(gat):
         S = torch.nn.functional.leaky_relu(e_dst[:, None, :] + e_src[None, :, :], 0.2)
         P = torch.softmax(S.masked_fill(~adj[:, :, None], -math.inf), 1)
         return torch.einsum("ijh,jhd->ihd", P, Wh).flatten(1) + layer.bias
+
     out, ref = layer(x, A), dense(x)
     torch.testing.assert_close(out, ref)
     g = torch.randn(ref.shape, generator=torch.Generator().manual_seed(0))
@@ -78,8 +84,13 @@ def test_gat_is_the_dense_masked_model(gat):
     layer = model.layer1
     Wh = layer.lin(x)
     S = (Wh @ layer.att_dst)[:, None] + (Wh @ layer.att_src)[None, :]
-    adj = torch.zeros(60, 60, dtype=torch.bool).index_put_((edge_index[1], edge_index[0]), torch.tensor(True))
-    dense = torch.softmax(torch.nn.functional.leaky_relu(S, 0.2).masked_fill(~adj, -math.inf), 1) @ Wh + layer.bias
+    adj = torch.zeros(60, 60, dtype=torch.bool).index_put_(
+        (edge_index[1], edge_index[0]), torch.tensor(True)
+    )
+    dense = (
+        torch.softmax(torch.nn.functional.leaky_relu(S, 0.2).masked_fill(~adj, -math.inf), 1) @ Wh
+        + layer.bias
+    )
     torch.testing.assert_close(layer(x, A), dense)
 
 
@@ -88,18 +99,23 @@ def _layer_grads(gat, softmax):
     and, for ``softmax=None``, the dense masked model (scores of non-edges -inf before torch.softmax)."""
     x, A, edge_index, y, model, _ = gat.setup(60, with_peer=False)
     layer = model.layer1
-    adj = torch.zeros(60, 60, dtype=torch.bool).index_put_((edge_index[1], edge_index[0]), torch.tensor(True))
+    adj = torch.zeros(60, 60, dtype=torch.bool).index_put_(
+        (edge_index[1], edge_index[0]), torch.tensor(True)
+    )
     Wh = layer.lin(x)
     A = A if softmax is not None else adj.to(x.dtype)
-    S = torch.nn.functional.leaky_relu(A * (Wh @ layer.att_dst)[:, None] + A * (Wh @ layer.att_src)[None, :], 0.2)
+    S = torch.nn.functional.leaky_relu(
+        A * (Wh @ layer.att_dst)[:, None] + A * (Wh @ layer.att_src)[None, :], 0.2
+    )
     P = softmax(S, 1) if softmax is not None else torch.softmax(S.masked_fill(~adj, -math.inf), 1)
     (P @ Wh).square().sum().backward()
     return [p.grad for p in layer.parameters() if p.grad is not None]
 
 
 def test_gat_layer_gradients_are_the_dense_masked_models(gat):
-    torch.testing.assert_close(_layer_grads(gat, sparsefill.masked.softmax), _layer_grads(gat, None), rtol=1e-5,
-                               atol=1e-4)   # float32, sums in another order
+    torch.testing.assert_close(
+        _layer_grads(gat, sparsefill.masked.softmax), _layer_grads(gat, None), rtol=1e-5, atol=1e-4
+    )  # float32, sums in another order
 
 
 def test_gat_layer_with_torch_softmax(gat):
@@ -152,12 +168,15 @@ def test_rare_events_cumsum_floor():
     torch.testing.assert_close(g, torch.arange(1000, 0, -1, dtype=torch.float64))
 
 
-@pytest.mark.parametrize("name, argv", [
-    ("gat", ["--nodes", "150", "--reps", "1"]),
-    ("gat", ["--nodes", "150", "--reps", "1", "--heads", "2"]),
-    ("dlrm", ["--batch", "32", "--rows", "300", "--reps", "1"]),
-    ("rare_events", ["--samples", "20000", "--rate", "0.002", "--reps", "1"]),
-])
+@pytest.mark.parametrize(
+    "name, argv",
+    [
+        ("gat", ["--nodes", "150", "--reps", "1"]),
+        ("gat", ["--nodes", "150", "--reps", "1", "--heads", "2"]),
+        ("dlrm", ["--batch", "32", "--rows", "300", "--reps", "1"]),
+        ("rare_events", ["--samples", "20000", "--rate", "0.002", "--reps", "1"]),
+    ],
+)
 def test_script_main_runs(name, argv, capsys):
     if name == "gat":
         pytest.importorskip("torch_geometric", reason="the GAT peer: pip install '.[test]'")

@@ -7,15 +7,21 @@ import warnings
 
 import pytest
 import torch
-from torch.testing._internal.common_methods_invocations import (foreach_binary_op_db, foreach_pointwise_op_db,
-                                                                 foreach_unary_op_db)
+from torch.testing._internal.common_methods_invocations import (
+    foreach_binary_op_db,
+    foreach_pointwise_op_db,
+    foreach_unary_op_db,
+)
 from torch.utils._pytree import tree_map
 
 import sparsefill
 from sparsefill import SparseTensor
 
-OPS = [op for op in foreach_unary_op_db + foreach_binary_op_db + foreach_pointwise_op_db
-       if op.supports_dtype(torch.float64, "cpu")]
+OPS = [
+    op
+    for op in foreach_unary_op_db + foreach_binary_op_db + foreach_pointwise_op_db
+    if op.supports_dtype(torch.float64, "cpu")
+]
 
 
 def _sparse(t, gen):
@@ -33,11 +39,17 @@ def _pairs(o, gen):
     return (sp, dn) if isinstance(o, (list, tuple)) else (sp[0], dn[0])
 
 
-CASES = [(op, inplace) for op in OPS for inplace in (False, True)
-         if (op.inplace_variant if inplace else op.op) is not None]  # (an op without an in-place form: none)
+CASES = [
+    (op, inplace)
+    for op in OPS
+    for inplace in (False, True)
+    if (op.inplace_variant if inplace else op.op) is not None
+]  # (an op without an in-place form: none)
 
 
-@pytest.mark.parametrize("op,inplace", CASES, ids=lambda v: v.name if hasattr(v, "name") else ("_" if v else ""))
+@pytest.mark.parametrize(
+    "op,inplace", CASES, ids=lambda v: v.name if hasattr(v, "name") else ("_" if v else "")
+)
 def test_foreach_is_native(op, inplace):
     fn = op.inplace_variant if inplace else op.op
     gen = torch.Generator().manual_seed(0)

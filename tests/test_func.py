@@ -43,8 +43,11 @@ def n_stored(layout):
 def inputs(layout, fill, dtype, hybrid=False):
     g = torch.Generator().manual_seed(7)
     v = torch.randn((n_stored(layout),) + ((2,) if hybrid else ()), generator=g, dtype=dtype)
-    f = {"scalar": torch.tensor(0.3, dtype=dtype), "array": torch.tensor([0.3, -0.2], dtype=dtype),
-         "indefinite": sparsefill.indefinite}[fill]
+    f = {
+        "scalar": torch.tensor(0.3, dtype=dtype),
+        "array": torch.tensor([0.3, -0.2], dtype=dtype),
+        "indefinite": sparsefill.indefinite,
+    }[fill]
     return v, f
 
 
@@ -58,6 +61,7 @@ def loss_of(layout, hybrid):
         if not hybrid:
             out = out + (A @ X.to(v.dtype)).pow(2).sum()
         return out
+
     return loss
 
 
@@ -66,9 +70,13 @@ def autograd_ref(loss, v, f):
     return torch.autograd.grad(loss(vv, ff), (vv, ff))
 
 
-CASES = [(lay, fill, dt, hyb) for lay in (COO, CSR) for dt in (torch.float32, torch.float64)
-         for fill, hyb in (("scalar", False), ("array", True), ("scalar", True))
-         if not (hyb and lay is CSR)]
+CASES = [
+    (lay, fill, dt, hyb)
+    for lay in (COO, CSR)
+    for dt in (torch.float32, torch.float64)
+    for fill, hyb in (("scalar", False), ("array", True), ("scalar", True))
+    if not (hyb and lay is CSR)
+]
 
 
 @pytest.mark.parametrize("layout,fill,dtype,hybrid", CASES)
@@ -95,23 +103,32 @@ def test_indefinite_fill_refused_in_differentiation(layout):
     met by a transformed tensor; under ``vmap`` alone (no formula) the shared SparseTensor stays exact."""
     v, _ = inputs(layout, "indefinite", torch.float64)
     for transform in (grad, jacrev):
-        with pytest.raises(NotImplementedError, match="sparsefill: a SparseTensor with an indefinite fill"):
+        with pytest.raises(
+            NotImplementedError, match="sparsefill: a SparseTensor with an indefinite fill"
+        ):
             transform(lambda v: build(layout, v, sparsefill.indefinite).mean(0).sum())(v)
     B = build(layout, v, sparsefill.indefinite)
     for A in (B, B.detach().requires_grad_()):
-        with pytest.raises(NotImplementedError, match="sparsefill: mul of a SparseTensor with an indefinite fill"):
+        with pytest.raises(
+            NotImplementedError, match="sparsefill: mul of a SparseTensor with an indefinite fill"
+        ):
             grad(lambda x: (A * x).mean(0).sum())(torch.ones(3, dtype=torch.float64))
     xs = torch.randn(2, 3, dtype=torch.float64)
     got = vmap(lambda x: (B * x).mean(0))(xs)
-    torch.testing.assert_close(got.to_dense(fill_value=0.),
-                               torch.stack([(B * x).mean(0).to_dense(fill_value=0.) for x in xs]))
+    torch.testing.assert_close(
+        got.to_dense(fill_value=0.0),
+        torch.stack([(B * x).mean(0).to_dense(fill_value=0.0) for x in xs]),
+    )
 
 
 def test_grad_through_constructor_nonzero_fill():
     """The integration review's case: the fill's part of ``A @ 1`` does not reach ``values``."""
     idx = [[0, 1, 3, 2], [1, 2, 0, 2]]
-    g = grad(lambda v: (sparsefill.sparse_coo_tensor(idx, v, (4, 3), fill_value=0.1) @ torch.ones(3)).sum())(
-        torch.ones(4))
+    g = grad(
+        lambda v: (
+            sparsefill.sparse_coo_tensor(idx, v, (4, 3), fill_value=0.1) @ torch.ones(3)
+        ).sum()
+    )(torch.ones(4))
     torch.testing.assert_close(g, torch.ones(4))
 
 
@@ -120,7 +137,9 @@ def test_jacrev_of_sparse_output_is_dense_jacobian(layout):
     """A SparseTensor-valued function: ``jacrev`` gives the dense Jacobian (duplicates add, the fill's column)."""
     v, f = inputs(layout, "scalar", torch.float64)
     J = jacrev(lambda v, f: build(layout, v, f) * 2, argnums=(0, 1))(v, f)
-    R = torch.autograd.functional.jacobian(lambda v, f: (build(layout, v, f) * 2).to_dense(), (v, f))
+    R = torch.autograd.functional.jacobian(
+        lambda v, f: (build(layout, v, f) * 2).to_dense(), (v, f)
+    )
     for a, b in zip(J, R):
         assert type(a) is torch.Tensor
         torch.testing.assert_close(a, b)
@@ -147,9 +166,11 @@ def test_grad_of_dense_input_with_sparse_leaf(op, layout, dtype):
     """A SparseTensor leaf that requires grad, captured: its routed ops (matrix product, reductions, max over a
     dim, to_dense, softmax, conversions of the transformed input) run their autograd.Functions under the
     transform; ``x``'s gradient equals autograd's."""
-    A = build(layout, torch.arange(1., n_stored(layout) + 1, dtype=dtype), torch.tensor(0.3, dtype=dtype))
+    A = build(
+        layout, torch.arange(1.0, n_stored(layout) + 1, dtype=dtype), torch.tensor(0.3, dtype=dtype)
+    )
     A = A.detach().requires_grad_()
-    x0 = torch.tensor([0.5, -1., 2.], dtype=dtype)
+    x0 = torch.tensor([0.5, -1.0, 2.0], dtype=dtype)
     loss = lambda x: LEAF_LOSSES[op](A, x)  # noqa: E731
     xx = x0.clone().requires_grad_()
     ref = torch.autograd.grad(loss(xx), xx)[0]
@@ -161,22 +182,27 @@ def test_grad_of_dense_input_with_sparse_leaf(op, layout, dtype):
 
 def test_grad_wrt_sparse_argument_values():
     """``grad(f)(A)`` for a SparseTensor ``A``: the exact gradient (dense semantics), as autograd's ``A.grad``."""
-    A = sparsefill.sparse_coo_tensor(IDX, torch.arange(1., 6.), (4, 3), fill_value=0.3, dtype=torch.float64)
+    A = sparsefill.sparse_coo_tensor(
+        IDX, torch.arange(1.0, 6.0), (4, 3), fill_value=0.3, dtype=torch.float64
+    )
     X = torch.linspace(-1, 1, 6, dtype=torch.float64).reshape(3, 2)
 
     def loss(A):
         return torch.tanh(A @ X).sum() + (A * A).sum()
+
     L = A.detach().requires_grad_()
     loss(L).backward()
     g = grad(loss)(A)
-    torch.testing.assert_close(g.to_dense() if isinstance(g, SparseTensor) else g, L.grad.to_dense())
+    torch.testing.assert_close(
+        g.to_dense() if isinstance(g, SparseTensor) else g, L.grad.to_dense()
+    )
 
 
 # ---------------------------------------------------------------------- refused transforms
 def test_vmap_through_constructor_refused():
     V = torch.randn(2, n_stored(COO))
     with pytest.raises(NotImplementedError, match="sparsefill: torch.func.vmap"):
-        vmap(lambda v: build(COO, v, 0.).sum())(V)
+        vmap(lambda v: build(COO, v, 0.0).sum())(V)
 
 
 @pytest.mark.parametrize("layout", [COO, CSR])
@@ -184,14 +210,20 @@ def test_vmap_over_sparse_tensor_refused(layout):
     """``vmap(to_dense)(A)`` returned A itself (a SparseTensor): refused before any op runs."""
     A = build(layout, torch.randn(n_stored(layout)), 0.5)
     for f in (lambda a: a.to_dense(), torch.exp):
-        with pytest.raises(NotImplementedError, match="sparsefill: torch.func.vmap over a SparseTensor"):
+        with pytest.raises(
+            NotImplementedError, match="sparsefill: torch.func.vmap over a SparseTensor"
+        ):
             vmap(f)(A)
 
 
 @pytest.mark.parametrize("layout", [COO, CSR])
 def test_vmap_shared_sparse_tensor_equals_loop(layout):
     """``A`` shared by every example (``in_dims=None``, or captured): the batch of dense inputs is exact."""
-    A = build(layout, torch.randn(n_stored(layout), dtype=torch.float64), torch.tensor(0.5, dtype=torch.float64))
+    A = build(
+        layout,
+        torch.randn(n_stored(layout), dtype=torch.float64),
+        torch.tensor(0.5, dtype=torch.float64),
+    )
     xs = torch.randn(3, 3, dtype=torch.float64)
     got = vmap(lambda x, a: torch.tanh(a @ x) + (a * x).sum(1), in_dims=(0, None))(xs, A)
     D = A.to_dense()
@@ -205,11 +237,17 @@ def test_forward_mode_and_nested_refused():
     wrong Hessian)."""
     v, f = inputs(COO, "scalar", torch.float64)
     loss = lambda v: torch.exp(build(COO, v, f)).pow(2).sum()  # noqa: E731
-    for fn in (jacfwd(loss), torch.func.hessian(loss), lambda v: jvp(loss, (v,), (torch.ones_like(v),))):
+    for fn in (
+        jacfwd(loss),
+        torch.func.hessian(loss),
+        lambda v: jvp(loss, (v,), (torch.ones_like(v),)),
+    ):
         with pytest.raises(NotImplementedError, match="sparsefill: torch.func.jvp/jacfwd/hessian"):
             fn(v)
     for fn in (jacrev(grad(loss)), grad(lambda v: grad(loss)(v).sum())):
-        with pytest.raises(NotImplementedError, match="sparsefill: nested torch.func differentiation"):
+        with pytest.raises(
+            NotImplementedError, match="sparsefill: nested torch.func differentiation"
+        ):
             fn(v)
 
 
@@ -229,6 +267,7 @@ def test_functional_call_training_step(layout, dtype):
 
     def loss(p, x, y):
         return torch.nn.functional.mse_loss(functional_call(lin, (p, buffers), (x,)), y)
+
     for step in range(2):
         x, y = torch.randn(5, 6, dtype=dtype), torch.randn(5, 4, dtype=dtype)
         g = grad(loss)(params, x, y)
@@ -247,20 +286,26 @@ def test_per_example_grads(layout):
     """``vmap(grad(loss), in_dims=(None, 0, 0))``: per-example gradients of SparseLinear's parameters (the
     batch over the data; the constructor's values shared) equal a loop of ``grad``."""
     torch.manual_seed(1)
-    lin = sparsefill.nn.SparseLinear(6, 4, density=0.4, layout=layout, train_fill=True, dtype=torch.float64)
+    lin = sparsefill.nn.SparseLinear(
+        6, 4, density=0.4, layout=layout, train_fill=True, dtype=torch.float64
+    )
     params, buffers = {k: p.detach() for k, p in lin.named_parameters()}, dict(lin.named_buffers())
 
     def loss(p, x, y):
         return torch.nn.functional.mse_loss(functional_call(lin, (p, buffers), (x[None],)), y[None])
+
     X, Y = torch.randn(3, 6, dtype=torch.float64), torch.randn(3, 4, dtype=torch.float64)
     G = vmap(grad(loss), in_dims=(None, 0, 0))(params, X, Y)
     for k in params:
-        torch.testing.assert_close(G[k], torch.stack([grad(loss)(params, x, y)[k] for x, y in zip(X, Y)]))
+        torch.testing.assert_close(
+            G[k], torch.stack([grad(loss)(params, x, y)[k] for x, y in zip(X, Y)])
+        )
 
 
 def test_functional_call_sparse_parameter():
     """A module whose parameter is a SparseTensor (``nn.Parameter(A)``): ``grad`` over it through
     ``functional_call`` equals autograd's ``W.grad`` (dense semantics)."""
+
     class M(torch.nn.Module):
         def __init__(self, A):
             super().__init__()
@@ -268,12 +313,16 @@ def test_functional_call_sparse_parameter():
 
         def forward(self, x):
             return torch.tanh(x @ self.W).sum() + (self.W * self.W).sum()
-    A = sparsefill.sparse_coo_tensor([[0, 1, 2], [1, 0, 2]], [1., 2., 3.], (3, 3), fill_value=0.5,
-                                     dtype=torch.float64)
+
+    A = sparsefill.sparse_coo_tensor(
+        [[0, 1, 2], [1, 0, 2]], [1.0, 2.0, 3.0], (3, 3), fill_value=0.5, dtype=torch.float64
+    )
     m, x = M(A), torch.randn(2, 3, dtype=torch.float64)
     m(x).backward()
     g = grad(lambda p: functional_call(m, p, (x,)))({"W": m.W.detach()})["W"]
-    torch.testing.assert_close(g.to_dense() if isinstance(g, SparseTensor) else g, m.W.grad.to_dense())
+    torch.testing.assert_close(
+        g.to_dense() if isinstance(g, SparseTensor) else g, m.W.grad.to_dense()
+    )
 
 
 # ---------------------------------------------------------------------- segment reductions (plain tensors)
@@ -286,6 +335,7 @@ def test_segment_reduce_grad_jacrev(red, dtype, backend):
     under a transform even a captured tensor is wrapped; it failed in a suite where numba had been loaded)."""
     from sparsefill import segment
     from sparsefill.segment import _kernels
+
     if backend == "numba" and not _kernels.compiled_available():
         pytest.skip("numba is not installed")
     with segment.use_backend(backend):
@@ -299,7 +349,8 @@ def _segment_reduce_grad_jacrev(red, dtype, segment):
 
     def f(x, w):
         weights = w if red.startswith("weighted") else None
-        return segment.reduce(x, red, lengths=lengths, weights=weights, empty=0.).sin() + w.sum()
+        return segment.reduce(x, red, lengths=lengths, weights=weights, empty=0.0).sin() + w.sum()
+
     xx, ww = x.clone().requires_grad_(), w.clone().requires_grad_()
     ref = torch.autograd.grad(f(xx, ww).sum(), (xx, ww))
     for a, b in zip(grad(lambda x, w: f(x, w).sum(), argnums=(0, 1))(x, w), ref):
@@ -308,13 +359,18 @@ def _segment_reduce_grad_jacrev(red, dtype, segment):
         torch.testing.assert_close(a, b)
 
 
-@pytest.mark.xfail(strict=True, reason="open: a SparseTensor made inside the transform (here by detach) meets x "
-                                       "through functorch's wrapper: torch's formula gives x the gradient grad * Z, "
-                                       "a SparseTensor (values exact); that call is the one that gives a SparseTensor "
-                                       "argument its gradient (A * A), and x's wrapper has no Python hook, so where "
-                                       "it is computed the gradient's destination is unknown")
+@pytest.mark.xfail(
+    strict=True,
+    reason="open: a SparseTensor made inside the transform (here by detach) meets x "
+    "through functorch's wrapper: torch's formula gives x the gradient grad * Z, "
+    "a SparseTensor (values exact); that call is the one that gives a SparseTensor "
+    "argument its gradient (A * A), and x's wrapper has no Python hook, so where "
+    "it is computed the gradient's destination is unknown",
+)
 def test_dense_input_grad_type_with_sparse_wrapped_inside():
-    Z = sparsefill.sparse_coo_tensor([[0, 1, 2]], [1., 2., 3.], (3,), fill_value=0.3, dtype=torch.float64)
+    Z = sparsefill.sparse_coo_tensor(
+        [[0, 1, 2]], [1.0, 2.0, 3.0], (3,), fill_value=0.3, dtype=torch.float64
+    )
     g = grad(lambda x: (Z.detach() * x).sum())(torch.ones(3, dtype=torch.float64))
     torch.testing.assert_close(g.to_dense() if isinstance(g, SparseTensor) else g, Z.to_dense())
     assert type(g) is torch.Tensor
@@ -322,7 +378,7 @@ def test_dense_input_grad_type_with_sparse_wrapped_inside():
 
 # ---------------------------------------------------------------------- an indefinite-fill argument
 REFUSED = r"sparsefill: aten\.\S+ of a SparseTensor with an indefinite fill inside torch\.func.*torch\.autograd\.grad"
-W3 = torch.tensor([0.5, -1., 2.], dtype=torch.float64)
+W3 = torch.tensor([0.5, -1.0, 2.0], dtype=torch.float64)
 INDEFINITE_LOSSES = {  # one per op family; each either equals torch.autograd.grad (at the pattern) or raises
     "mean(0)": lambda A: (A.mean(0) * W3).sum(),
     "sum": lambda A: A.sum(),
@@ -343,15 +399,22 @@ INDEFINITE_LOSSES = {  # one per op family; each either equals torch.autograd.gr
 
 
 def _indefinite_arg(layout, hybrid=False):
-    return build(layout, torch.arange(1., 6. if layout is COO else 5., dtype=torch.float64).reshape(
-        (-1, 1) if hybrid else (-1,)).expand((-1, 2) if hybrid else (-1,)).contiguous(), sparsefill.indefinite, hybrid)
+    return build(
+        layout,
+        torch.arange(1.0, 6.0 if layout is COO else 5.0, dtype=torch.float64)
+        .reshape((-1, 1) if hybrid else (-1,))
+        .expand((-1, 2) if hybrid else (-1,))
+        .contiguous(),
+        sparsefill.indefinite,
+        hybrid,
+    )
 
 
 def _dense0(g):
     """A gradient as a dense tensor, an indefinite fill read as 0 (torch.autograd's convention for an indefinite
     input: no output read its masked-out elements, ``_autograd.leaf_grad``)."""
     if isinstance(g, SparseTensor):
-        return g.to_dense(fill_value=0.) if g.is_fill_indefinite() else g.to_dense()
+        return g.to_dense(fill_value=0.0) if g.is_fill_indefinite() else g.to_dense()
     return g
 
 
@@ -366,15 +429,22 @@ def test_grad_wrt_indefinite_argument_exact_or_refused(op, layout, hybrid):
     gradient is refused."""
     loss = INDEFINITE_LOSSES[op]
     if hybrid and op in ("A @ x", "x @ A.T", "A.t()", "A * w", "softmax(1)", "mean(0)"):
-        loss = {"A @ x": lambda A: (A.sum(2) @ W3).pow(2).sum(), "x @ A.T": lambda A: (W3 @ A.sum(2).T).sum(),
-                "A.t()": lambda A: A.transpose(0, 1).sum(), "A * w": lambda A: (A * W3[:2]).sum(),
-                "softmax(1)": lambda A: (torch.softmax(A, 1) * W3[:, None]).sum(),
-                "mean(0)": lambda A: (A.mean(0) * W3[:, None]).sum()}[op]
+        loss = {
+            "A @ x": lambda A: (A.sum(2) @ W3).pow(2).sum(),
+            "x @ A.T": lambda A: (W3 @ A.sum(2).T).sum(),
+            "A.t()": lambda A: A.transpose(0, 1).sum(),
+            "A * w": lambda A: (A * W3[:2]).sum(),
+            "softmax(1)": lambda A: (torch.softmax(A, 1) * W3[:, None]).sum(),
+            "mean(0)": lambda A: (A.mean(0) * W3[:, None]).sum(),
+        }[op]
     A = _indefinite_arg(layout, hybrid)
     L = A.detach().requires_grad_()
     ref = torch.autograd.grad(loss(L), L)[0]
-    for name, run in (("grad", lambda: grad(loss)(A)), ("vjp", lambda: vjp(loss, A)[1](torch.ones((),
-                      dtype=torch.float64))[0]), ("jacrev", lambda: jacrev(loss)(A))):
+    for name, run in (
+        ("grad", lambda: grad(loss)(A)),
+        ("vjp", lambda: vjp(loss, A)[1](torch.ones((), dtype=torch.float64))[0]),
+        ("jacrev", lambda: jacrev(loss)(A)),
+    ):
         try:
             g = run()
         except NotImplementedError as e:
@@ -386,19 +456,25 @@ def test_grad_wrt_indefinite_argument_exact_or_refused(op, layout, hybrid):
 def test_grad_wrt_indefinite_argument_masked_mean():
     """The README's case: ``A.mean(0)``'s gradient under ``grad`` divided by every element (0.25 where the masked
     mean of a column of one stored element has 1): now refused, with ``torch.autograd.grad`` exact."""
-    A = build(COO, torch.arange(1., 6., dtype=torch.float64), sparsefill.indefinite)
+    A = build(COO, torch.arange(1.0, 6.0, dtype=torch.float64), sparsefill.indefinite)
     with pytest.raises(NotImplementedError, match=REFUSED):
         grad(lambda A: (A.mean(0) * W3).sum())(A)
     L = A.detach().requires_grad_()
     (L.mean(0) * W3).sum().backward()
-    torch.testing.assert_close(L.grad.to_dense(fill_value=0.), torch.tensor(  # W3 / (stored count of the column)
-        [[0., -1., 0.], [0., 0., 1.], [0., 0., 1.], [0.5, 0., 0.]], dtype=torch.float64))
+    torch.testing.assert_close(
+        L.grad.to_dense(fill_value=0.0),
+        torch.tensor(  # W3 / (stored count of the column)
+            [[0.0, -1.0, 0.0], [0.0, 0.0, 1.0], [0.0, 0.0, 1.0], [0.5, 0.0, 0.0]],
+            dtype=torch.float64,
+        ),
+    )
 
 
 @pytest.mark.parametrize("layout", [COO, CSR])
 def test_indefinite_parameter_functional_call_refused(layout):
     """``nn.Parameter(A)`` with an indefinite fill under ``functional_call`` + ``grad``: the product is refused
     (``loss.backward()`` on the module is exact), and so is forward mode and ``vmap`` of ``grad``."""
+
     class M(torch.nn.Module):
         def __init__(self, A):
             super().__init__()
@@ -406,14 +482,19 @@ def test_indefinite_parameter_functional_call_refused(layout):
 
         def forward(self, x):
             return torch.tanh(x @ self.W).sum()
+
     m, x = M(_indefinite_arg(layout)), torch.randn(2, 4, dtype=torch.float64)
     m(x).backward()
     assert isinstance(m.W.grad, SparseTensor)
     with pytest.raises(NotImplementedError, match=REFUSED):
         grad(lambda p: functional_call(m, p, (x,)))({"W": m.W.detach()})
     A = m.W.detach()
-    with pytest.raises((NotImplementedError, ValueError), match="indefinite fill"):  # (forward mode: make_dual's
-        jvp(lambda a: (x @ a).sum(), (A,), (A,))  # storage check on A raises first, a ValueError naming the op)
+    with pytest.raises(
+        (NotImplementedError, ValueError), match="indefinite fill"
+    ):  # (forward mode: make_dual's
+        jvp(
+            lambda a: (x @ a).sum(), (A,), (A,)
+        )  # storage check on A raises first, a ValueError naming the op)
     with pytest.raises(NotImplementedError, match=REFUSED):
         vmap(grad(lambda a, x: (x @ a).sum()), in_dims=(None, 0))(A, x)
 
@@ -429,16 +510,21 @@ def test_indefinite_not_refused_where_exact(layout):
     torch.autograd.grad((L.mean(0) * W3).sum(), L)  # (no transform)
     xs = torch.randn(2, 3, dtype=torch.float64)
     got = vmap(lambda x: (A * x).mean(0))(xs)
-    torch.testing.assert_close(got.to_dense(fill_value=0.),
-                               torch.stack([(A * x).mean(0).to_dense(fill_value=0.) for x in xs]))
+    torch.testing.assert_close(
+        got.to_dense(fill_value=0.0),
+        torch.stack([(A * x).mean(0).to_dense(fill_value=0.0) for x in xs]),
+    )
     g = grad(lambda x: (x * x).sum() * A.mean())(W3)
     torch.testing.assert_close(g, 2 * W3 * A.mean())
     _, gx = grad(lambda a, x: (a > 2).sum() * x.sum() + (x * x).sum(), argnums=(0, 1))(A, W3)
     torch.testing.assert_close(gx, (A > 2).sum() + 2 * W3)
     gA = grad(lambda a, x: (x * x).sum(), argnums=(0, 1))(A, W3)[0]  # (unused: zeros_like)
     assert not bool(gA.values().any()) if isinstance(gA, SparseTensor) else not bool(gA.any())
-    D = build(layout, torch.arange(1., 6. if layout is COO else 5., dtype=torch.float64), torch.tensor(0.3,
-              dtype=torch.float64))
+    D = build(
+        layout,
+        torch.arange(1.0, 6.0 if layout is COO else 5.0, dtype=torch.float64),
+        torch.tensor(0.3, dtype=torch.float64),
+    )
     Ld = D.detach().requires_grad_()
     (Ld.mean(0) * W3).sum().backward()
     torch.testing.assert_close(grad(lambda a: (a.mean(0) * W3).sum())(D), Ld.grad.to_dense())
@@ -450,12 +536,20 @@ def test_transforms_found():
     ``grad``/``vjp``/``jacrev`` run)."""
     from torch._functorch import eager_transforms
     from sparsefill import _func_guard
+
     seen = []
 
     def f(x):
         seen.append(_func_guard.no_reverse_transform())
         return x.sum()
-    for transform in (grad(f), jacrev(f), lambda x: vjp(f, x), vmap(f), lambda x: jvp(f, (x,), (x,))):
+
+    for transform in (
+        grad(f),
+        jacrev(f),
+        lambda x: vjp(f, x),
+        vmap(f),
+        lambda x: jvp(f, (x,), (x,)),
+    ):
         transform(torch.ones(2, 3))
     assert seen == [False, False, False, True, True] and _func_guard.no_reverse_transform()
     codes = _func_guard.transform_codes(eager_transforms)

@@ -19,36 +19,62 @@ X = torch.randn(4, 5, 3, generator=g, dtype=F64)
 X[torch.rand(4, 5, 3, generator=g) < 0.6] = 0.5
 Y = torch.randn(2, 5, 3, generator=g, dtype=F64)
 Y[torch.rand(2, 5, 3, generator=g) < 0.6] = -1.0
-KINDS = [(lay, dd) for dd in (0, 1, 2) for lay in (torch.sparse_coo, torch.sparse_csr)
-         if not (lay is torch.sparse_csr and dd == 2)]
+KINDS = [
+    (lay, dd)
+    for dd in (0, 1, 2)
+    for lay in (torch.sparse_coo, torch.sparse_csr)
+    if not (lay is torch.sparse_csr and dd == 2)
+]
 IDS = [f"{str(lay)[13:]}-dense{dd}" for lay, dd in KINDS]
 OPS = {
-    "select0": lambda t: t[1], "select1": lambda t: t[:, 2], "select_last": lambda t: t[:, :, -1],
-    "element": lambda t: t[1, 2], "slice_step": lambda t: t[1:4:2], "slice1": lambda t: t[:, ::2],
-    "slice_dense": lambda t: t[..., 1:], "slice_empty": lambda t: t[3:1], "narrow": lambda t: t.narrow(1, 1, 3),
+    "select0": lambda t: t[1],
+    "select1": lambda t: t[:, 2],
+    "select_last": lambda t: t[:, :, -1],
+    "element": lambda t: t[1, 2],
+    "slice_step": lambda t: t[1:4:2],
+    "slice1": lambda t: t[:, ::2],
+    "slice_dense": lambda t: t[..., 1:],
+    "slice_empty": lambda t: t[3:1],
+    "narrow": lambda t: t.narrow(1, 1, 3),
     "index_select0": lambda t: t.index_select(0, torch.tensor([3, 0, 3])),
     "index_select1": lambda t: t.index_select(1, torch.tensor([4, 4, 1, 0])),
     "index_select2": lambda t: t.index_select(2, torch.tensor([2, 0])),
     "index_select_empty": lambda t: t.index_select(1, torch.tensor([], dtype=torch.long)),
-    "unbind": lambda t: t.unbind(1), "split": lambda t: t.split(2, 1), "split_sizes": lambda t: t.split([1, 3], 0),
-    "chunk": lambda t: t.chunk(2, 0), "flip0": lambda t: t.flip(0), "flip12": lambda t: t.flip((1, 2)),
-    "roll": lambda t: t.roll(2, 1), "roll2": lambda t: t.roll((1, -1), (0, 2)),
-    "repeat": lambda t: t.repeat(2, 1, 3), "repeat_new_dims": lambda t: t.repeat(2, 1, 1, 2),
-    "tile": lambda t: t.tile((2,)), "rot90": lambda t: t.rot90(1, (0, 2)), "rot90_2": lambda t: t.rot90(2, (1, 2)), "rot90_3": lambda t: t.rot90(-1),
-    "masked_fill": lambda t: t.masked_fill(t > 0.6, -2.),
-    "masked_fill_tensor": lambda t: t.masked_fill(t > 0.6, torch.tensor(-2., dtype=F64)),
+    "unbind": lambda t: t.unbind(1),
+    "split": lambda t: t.split(2, 1),
+    "split_sizes": lambda t: t.split([1, 3], 0),
+    "chunk": lambda t: t.chunk(2, 0),
+    "flip0": lambda t: t.flip(0),
+    "flip12": lambda t: t.flip((1, 2)),
+    "roll": lambda t: t.roll(2, 1),
+    "roll2": lambda t: t.roll((1, -1), (0, 2)),
+    "repeat": lambda t: t.repeat(2, 1, 3),
+    "repeat_new_dims": lambda t: t.repeat(2, 1, 1, 2),
+    "tile": lambda t: t.tile((2,)),
+    "rot90": lambda t: t.rot90(1, (0, 2)),
+    "rot90_2": lambda t: t.rot90(2, (1, 2)),
+    "rot90_3": lambda t: t.rot90(-1),
+    "masked_fill": lambda t: t.masked_fill(t > 0.6, -2.0),
+    "masked_fill_tensor": lambda t: t.masked_fill(t > 0.6, torch.tensor(-2.0, dtype=F64)),
 }
 
 
-ADVANCED = {"int": lambda t: t[torch.tensor([3, 0, 3])], "int_dim1": lambda t: t[:, torch.tensor([4, -1])],
-            "int_2d": lambda t: t[torch.tensor([[1, 2], [0, 0]])], "mask": lambda t: t[X[:, 0, 0] > 0],
-            "mask_2d": lambda t: t[X[:, :, 0] > 0], "mask_dim1": lambda t: t[:, X[0, :, 0] > 0],
-            "two": lambda t: t[torch.tensor([0, 3, -1]), torch.tensor([1, 4, 0])],
-            "three": lambda t: t[torch.tensor([0, 3, -1]), torch.tensor([1, 4, 0]), torch.tensor([0, 0, 2])],
-            "broadcast_after_slice": lambda t: t[:, torch.tensor([1, 4]), torch.tensor([[2], [0]])],
-            "apart": lambda t: t[torch.tensor([0, 3, -1]), :, torch.tensor([1, 1, 2])],
-            "mask_and_int": lambda t: t[X[:, :, 0] > 0, torch.tensor(1)],
-            "ellipsis_apart": lambda t: t[torch.tensor([1]), ..., torch.tensor([2])]}
+ADVANCED = {
+    "int": lambda t: t[torch.tensor([3, 0, 3])],
+    "int_dim1": lambda t: t[:, torch.tensor([4, -1])],
+    "int_2d": lambda t: t[torch.tensor([[1, 2], [0, 0]])],
+    "mask": lambda t: t[X[:, 0, 0] > 0],
+    "mask_2d": lambda t: t[X[:, :, 0] > 0],
+    "mask_dim1": lambda t: t[:, X[0, :, 0] > 0],
+    "two": lambda t: t[torch.tensor([0, 3, -1]), torch.tensor([1, 4, 0])],
+    "three": lambda t: t[
+        torch.tensor([0, 3, -1]), torch.tensor([1, 4, 0]), torch.tensor([0, 0, 2])
+    ],
+    "broadcast_after_slice": lambda t: t[:, torch.tensor([1, 4]), torch.tensor([[2], [0]])],
+    "apart": lambda t: t[torch.tensor([0, 3, -1]), :, torch.tensor([1, 1, 2])],
+    "mask_and_int": lambda t: t[X[:, :, 0] > 0, torch.tensor(1)],
+    "ellipsis_apart": lambda t: t[torch.tensor([1]), ..., torch.tensor([2])],
+}
 assert not set(ADVANCED) & set(OPS)
 OPS.update(ADVANCED)  # (run by test_indexing_is_native)
 
@@ -77,9 +103,13 @@ def test_cat_and_stack(layout, dd):
     C = sparsefill.to_sparse(X[:3], fill_value=0.5, layout=layout, dense_dim=dd)
     with warnings.catch_warnings():
         warnings.simplefilter("error", sparsefill.DensifyWarning)
-        cases = [(torch.cat([A, B]), torch.cat([X, Y])), (torch.cat([A, C], 0), torch.cat([X, X[:3]])),
-                 (torch.cat([A, A], 1), torch.cat([X, X], 1)), (torch.stack([A, A], 1), torch.stack([X, X], 1)),
-                 (torch.stack([A, A]), torch.stack([X, X]))]
+        cases = [
+            (torch.cat([A, B]), torch.cat([X, Y])),
+            (torch.cat([A, C], 0), torch.cat([X, X[:3]])),
+            (torch.cat([A, A], 1), torch.cat([X, X], 1)),
+            (torch.stack([A, A], 1), torch.stack([X, X], 1)),
+            (torch.stack([A, A]), torch.stack([X, X])),
+        ]
     for out, ref in cases:
         assert isinstance(out, SparseTensor)
         torch.testing.assert_close(out.to_dense(), ref)
@@ -90,11 +120,19 @@ def test_cat_and_stack(layout, dd):
 def test_roll_flat_and_triangles_of_a_zero_fill(layout):
     z = X[:, :, 0].clone()
     z[z == 0.5] = 0
-    Z = sparsefill.to_sparse(z, fill_value=0., layout=layout)
+    Z = sparsefill.to_sparse(z, fill_value=0.0, layout=layout)
     with warnings.catch_warnings():
         warnings.simplefilter("error", sparsefill.DensifyWarning)
-        for op in [lambda t: t.roll(7), lambda t: t.tril(), lambda t: t.triu(1), lambda t: t.tril(-1),
-               lambda t: t.diagonal(), lambda t: t.diagonal(-2), lambda t: torch.diag(t, 1), torch.trace]:
+        for op in [
+            lambda t: t.roll(7),
+            lambda t: t.tril(),
+            lambda t: t.triu(1),
+            lambda t: t.tril(-1),
+            lambda t: t.diagonal(),
+            lambda t: t.diagonal(-2),
+            lambda t: torch.diag(t, 1),
+            torch.trace,
+        ]:
             torch.testing.assert_close(op(Z).to_dense(), op(z))
 
 
@@ -125,8 +163,6 @@ def test_triangles_of_a_nonzero_fill(layout, fill):
                         out = op(A, k)
                         assert isinstance(out, SparseTensor) and out.sparse_layout == layout
                         torch.testing.assert_close(out.to_dense(), op(x, k), equal_nan=True)
-
-
 
 
 @pytest.mark.parametrize("layout", [torch.sparse_coo, torch.sparse_csr], ids=["coo", "csr"])
@@ -162,17 +198,26 @@ def test_bad_indices_raise():
 IDX = torch.tensor([[0, 1, 3, 3], [2, 0, 1, 4]])
 
 
-@pytest.mark.parametrize("name,op", [("index_select", lambda t: t.index_select(1, torch.tensor([4, 0, 0, 2]))),
-                                     ("select", lambda t: t[3]), ("slice", lambda t: t[1:, ::2]),
-                                     ("cat", lambda t: torch.cat([t, t * 2], 0))])
+@pytest.mark.parametrize(
+    "name,op",
+    [
+        ("index_select", lambda t: t.index_select(1, torch.tensor([4, 0, 0, 2]))),
+        ("select", lambda t: t[3]),
+        ("slice", lambda t: t[1:, ::2]),
+        ("cat", lambda t: torch.cat([t, t * 2], 0)),
+    ],
+)
 def test_gradcheck_over_values_and_fill(name, op):
     def fn(v, f):
         out = op(sparsefill.sparse_coo_tensor(IDX, v, (4, 5), fill_value=f))
         return out.to_dense() if isinstance(out, SparseTensor) else out
+
     v = torch.tensor([0.3, -1.2, 2.0, 0.7], dtype=F64, requires_grad=True)
     f = torch.tensor(0.1, dtype=F64, requires_grad=True)
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", sparsefill.DensifyWarning)  # backward formulas may scatter densely
+        warnings.simplefilter(
+            "ignore", sparsefill.DensifyWarning
+        )  # backward formulas may scatter densely
         assert gradcheck(fn, (v, f), check_batched_grad=False)
 
 
@@ -181,32 +226,44 @@ def test_gradcheck_over_values_and_fill(name, op):
 def test_index_put(layout, accumulate):
     x = X[:, :, 0].clone()
     A, y = sparsefill.to_sparse(x, fill_value=0.5, layout=layout), x.clone()
-    i, j, v = torch.tensor([0, 3, -1]), torch.tensor([1, 4, 0]), torch.tensor([9., 8., 7.], dtype=F64)
+    i, j, v = (
+        torch.tensor([0, 3, -1]),
+        torch.tensor([1, 4, 0]),
+        torch.tensor([9.0, 8.0, 7.0], dtype=F64),
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("error", sparsefill.DensifyWarning)
         A.index_put_((i, j), v, accumulate=accumulate)
         y.index_put_((i, j), v, accumulate=accumulate)
         torch.testing.assert_close(A.to_dense(), y)
         m = y > 1
-        A[m] = -1.
-        y[m] = -1.
+        A[m] = -1.0
+        y[m] = -1.0
         torch.testing.assert_close(A.to_dense(), y)
-        B = torch.index_put(A, (torch.tensor([2]), torch.tensor([2])), torch.tensor(3., dtype=F64))
-        torch.testing.assert_close(B.to_dense(), torch.index_put(y, (torch.tensor([2]), torch.tensor([2])),
-                                                                 torch.tensor(3., dtype=F64)))
+        B = torch.index_put(A, (torch.tensor([2]), torch.tensor([2])), torch.tensor(3.0, dtype=F64))
+        torch.testing.assert_close(
+            B.to_dense(),
+            torch.index_put(
+                y, (torch.tensor([2]), torch.tensor([2])), torch.tensor(3.0, dtype=F64)
+            ),
+        )
     torch.testing.assert_close(A.to_dense(), y)  # the functional form left A alone
     before = A.to_dense()
     with pytest.raises(IndexError):
-        A.index_put_((torch.tensor([9]), torch.tensor([0])), torch.tensor(1., dtype=F64))
+        A.index_put_((torch.tensor([9]), torch.tensor([0])), torch.tensor(1.0, dtype=F64))
     with pytest.raises(RuntimeError, match="dtypes match"):
         A.index_put_((torch.tensor([0]), torch.tensor([0])), torch.tensor(1))
     torch.testing.assert_close(A.to_dense(), before)  # failed calls change nothing
 
 
-SCATTERS = {"scatter1": lambda t, i, s: t.scatter(1, i, s), "scatter0": lambda t, i, s: t.scatter(0, i, s),
-            "scatter_value": lambda t, i, s: t.scatter(1, i, 2.5), "scatter_add": lambda t, i, s: t.scatter_add(1, i, s),
-            "scatter_": lambda t, i, s: t.clone().scatter_(0, i, 1.0),
-            "scatter_add_": lambda t, i, s: t.clone().scatter_add_(1, i, s)}
+SCATTERS = {
+    "scatter1": lambda t, i, s: t.scatter(1, i, s),
+    "scatter0": lambda t, i, s: t.scatter(0, i, s),
+    "scatter_value": lambda t, i, s: t.scatter(1, i, 2.5),
+    "scatter_add": lambda t, i, s: t.scatter_add(1, i, s),
+    "scatter_": lambda t, i, s: t.clone().scatter_(0, i, 1.0),
+    "scatter_add_": lambda t, i, s: t.clone().scatter_add_(1, i, s),
+}
 
 
 @pytest.mark.parametrize("name", list(SCATTERS))
@@ -222,22 +279,38 @@ def test_scatter(layout, name):
 
 
 WRITES = {
-    "rows": lambda t: t.index_put_((torch.tensor([0, 2]),), torch.tensor(7., dtype=F64)),
-    "slice_then_index": lambda t: t.__setitem__((slice(None), torch.tensor([1, -1])), -3.),
-    "two_then_dense": lambda t: t.index_put_((torch.tensor([1, 3]), torch.tensor([0, 0])),
-                                             torch.arange(3, dtype=F64), accumulate=True),
-    "mask_rows": lambda t: t.__setitem__(X[:, 0, 0] > 0, 4.),
-    "scatter_add_": lambda t: t.scatter_add_(1, torch.tensor([[[0, 1, 0]], [[4, 4, 4]]]), torch.ones(2, 1, 3, dtype=F64)),
-    "scatter_multiply": lambda t: t.scatter_(0, torch.tensor([[[1, 1, 2]]]), 2.5, reduce="multiply"),
-    "scatter_reduce_amax": lambda t: t.scatter_reduce_(1, torch.tensor([[[0, 2, 2], [2, 2, 0]]]),
-                                                       torch.full((1, 2, 3), 0.7, dtype=F64), "amax", include_self=False),
-    "scatter_reduce_mean": lambda t: t.scatter_reduce_(2, torch.tensor([[[0, 0], [1, 1]]]),
-                                                       torch.ones(1, 2, 2, dtype=F64), "mean"),
-    "index_add_": lambda t: t.index_add_(1, torch.tensor([0, 4, 0]), torch.ones(4, 3, 3, dtype=F64), alpha=2),
-    "index_copy_": lambda t: t.index_copy_(0, torch.tensor([3, 1]), torch.full((2, 5, 3), -1., dtype=F64)),
+    "rows": lambda t: t.index_put_((torch.tensor([0, 2]),), torch.tensor(7.0, dtype=F64)),
+    "slice_then_index": lambda t: t.__setitem__((slice(None), torch.tensor([1, -1])), -3.0),
+    "two_then_dense": lambda t: t.index_put_(
+        (torch.tensor([1, 3]), torch.tensor([0, 0])), torch.arange(3, dtype=F64), accumulate=True
+    ),
+    "mask_rows": lambda t: t.__setitem__(X[:, 0, 0] > 0, 4.0),
+    "scatter_add_": lambda t: t.scatter_add_(
+        1, torch.tensor([[[0, 1, 0]], [[4, 4, 4]]]), torch.ones(2, 1, 3, dtype=F64)
+    ),
+    "scatter_multiply": lambda t: t.scatter_(
+        0, torch.tensor([[[1, 1, 2]]]), 2.5, reduce="multiply"
+    ),
+    "scatter_reduce_amax": lambda t: t.scatter_reduce_(
+        1,
+        torch.tensor([[[0, 2, 2], [2, 2, 0]]]),
+        torch.full((1, 2, 3), 0.7, dtype=F64),
+        "amax",
+        include_self=False,
+    ),
+    "scatter_reduce_mean": lambda t: t.scatter_reduce_(
+        2, torch.tensor([[[0, 0], [1, 1]]]), torch.ones(1, 2, 2, dtype=F64), "mean"
+    ),
+    "index_add_": lambda t: t.index_add_(
+        1, torch.tensor([0, 4, 0]), torch.ones(4, 3, 3, dtype=F64), alpha=2
+    ),
+    "index_copy_": lambda t: t.index_copy_(
+        0, torch.tensor([3, 1]), torch.full((2, 5, 3), -1.0, dtype=F64)
+    ),
     "index_fill_": lambda t: t.index_fill_(2, torch.tensor([1]), 0.25),
-    "index_reduce_prod": lambda t: t.index_reduce_(0, torch.tensor([0, 0, 2]), torch.full((3, 5, 3), 2., dtype=F64),
-                                                   "prod", include_self=True),
+    "index_reduce_prod": lambda t: t.index_reduce_(
+        0, torch.tensor([0, 0, 2]), torch.full((3, 5, 3), 2.0, dtype=F64), "prod", include_self=True
+    ),
 }
 
 
@@ -259,7 +332,7 @@ def test_writes_every_index_form(layout, dd, name):
 def test_functional_writes_leave_the_input_alone_and_errors_change_nothing(src_sparse):
     A = sparsefill.to_sparse(X, fill_value=0.5)
     src = torch.randn(4, 5, 3, dtype=F64, generator=torch.Generator().manual_seed(4))
-    src_arg = sparsefill.to_sparse(src, fill_value=0.) if src_sparse else src
+    src_arg = sparsefill.to_sparse(src, fill_value=0.0) if src_sparse else src
     index = torch.tensor([[[0, 1, 2]], [[4, 3, 2]]])
     with warnings.catch_warnings():
         warnings.simplefilter("error", sparsefill.DensifyWarning)
@@ -268,9 +341,12 @@ def test_functional_writes_leave_the_input_alone_and_errors_change_nothing(src_s
         out = torch.scatter_reduce(A, 1, index, src_arg, "prod")
         torch.testing.assert_close(out.to_dense(), torch.scatter_reduce(X, 1, index, src, "prod"))
     torch.testing.assert_close(A.to_dense(), X)
-    for bad in (lambda: A.scatter_(1, torch.tensor([[[5]]]), 1.), lambda: A.index_add_(0, torch.tensor([4]), src[:1]),
-                lambda: A.index_put_((torch.tensor([0]),), torch.ones(2, dtype=F64)),
-                lambda: A.index_copy_(0, torch.tensor([0]), src[:1].float())):
+    for bad in (
+        lambda: A.scatter_(1, torch.tensor([[[5]]]), 1.0),
+        lambda: A.index_add_(0, torch.tensor([4]), src[:1]),
+        lambda: A.index_put_((torch.tensor([0]),), torch.ones(2, dtype=F64)),
+        lambda: A.index_copy_(0, torch.tensor([0]), src[:1].float()),
+    ):
         with pytest.raises((IndexError, RuntimeError)):
             bad()
         torch.testing.assert_close(A.to_dense(), X)
@@ -282,9 +358,14 @@ def test_cat_and_stack_along_dense_dims_and_with_dense_operands(layout, dd):
     is stored where it differs from the fill."""
     A = sparsefill.to_sparse(X, fill_value=0.5, layout=layout, dense_dim=dd)
     B = sparsefill.to_sparse(X.flip(0), fill_value=0.5, layout=layout, dense_dim=dd)
-    cases = [lambda a, b: torch.cat([a, b], -1), lambda a, b: torch.stack([a, b], -1),
-             lambda a, b: torch.stack([a, b], 2), lambda a, b: torch.cat([a, X], 1),
-             lambda a, b: torch.stack([X, a], 0), lambda a, b: torch.cat([a, b, X], -1)]
+    cases = [
+        lambda a, b: torch.cat([a, b], -1),
+        lambda a, b: torch.stack([a, b], -1),
+        lambda a, b: torch.stack([a, b], 2),
+        lambda a, b: torch.cat([a, X], 1),
+        lambda a, b: torch.stack([X, a], 0),
+        lambda a, b: torch.cat([a, b, X], -1),
+    ]
     with warnings.catch_warnings():
         warnings.simplefilter("error", sparsefill.DensifyWarning)
         outs = [op(A, B) for op in cases]
@@ -314,7 +395,7 @@ def test_gather_masked_select_and_nonzero(layout, dd):
     index = torch.tensor([[[0, 2, 1], [4, 4, 0]], [[1, 1, 1], [0, 3, 2]]])
     z = X.clone()
     z[z == 0.5] = 0
-    Z = sparsefill.to_sparse(z, fill_value=0., layout=layout, dense_dim=dd)
+    Z = sparsefill.to_sparse(z, fill_value=0.0, layout=layout, dense_dim=dd)
     with warnings.catch_warnings():
         warnings.simplefilter("error", sparsefill.DensifyWarning)
         for dim in (0, 1, 2, -1):
@@ -322,10 +403,16 @@ def test_gather_masked_select_and_nonzero(layout, dd):
             torch.testing.assert_close(_d(torch.gather(A, dim, i)), torch.gather(X, dim, i))
             shape = list(X.shape)
             shape[dim] = 2
-            j = torch.randint(0, X.shape[dim], shape, generator=torch.Generator().manual_seed(dim % 3))
-            torch.testing.assert_close(_d(torch.take_along_dim(A, j, dim)), torch.take_along_dim(X, j, dim))
+            j = torch.randint(
+                0, X.shape[dim], shape, generator=torch.Generator().manual_seed(dim % 3)
+            )
+            torch.testing.assert_close(
+                _d(torch.take_along_dim(A, j, dim)), torch.take_along_dim(X, j, dim)
+            )
         for mask in (X > 0.6, X[0, :, :1] > 0):
-            torch.testing.assert_close(_d(torch.masked_select(A, mask)), torch.masked_select(X, mask))
+            torch.testing.assert_close(
+                _d(torch.masked_select(A, mask)), torch.masked_select(X, mask)
+            )
         assert torch.equal(torch.nonzero(Z), torch.nonzero(z))
         assert torch.equal(torch.argwhere(Z), torch.argwhere(z))
     with pytest.raises(RuntimeError):
@@ -339,50 +426,66 @@ import sparsefill as sf  # noqa: E402
 @pytest.mark.filterwarnings("ignore::sparsefill.DensifyWarning")
 def test_strided_targets_with_sparse_sources_and_sparse_masks():
     xd = torch.zeros(4, 3)
-    S = sf.to_sparse(torch.eye(4, 3), fill_value=0.)
+    S = sf.to_sparse(torch.eye(4, 3), fill_value=0.0)
     i = torch.tensor([3, 0, 3, 1])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", sf.DensifyWarning)
-        torch.testing.assert_close(_d(torch.index_add(xd, 0, i, S)), torch.index_add(xd, 0, i, torch.eye(4, 3)))
-        torch.testing.assert_close(_d(torch.index_copy(xd, 0, torch.tensor([2, 0, 1, 3]), S)),
-                                   torch.index_copy(xd, 0, torch.tensor([2, 0, 1, 3]), torch.eye(4, 3)))
+        torch.testing.assert_close(
+            _d(torch.index_add(xd, 0, i, S)), torch.index_add(xd, 0, i, torch.eye(4, 3))
+        )
+        torch.testing.assert_close(
+            _d(torch.index_copy(xd, 0, torch.tensor([2, 0, 1, 3]), S)),
+            torch.index_copy(xd, 0, torch.tensor([2, 0, 1, 3]), torch.eye(4, 3)),
+        )
         y, z = xd.clone(), xd.clone()
         y[torch.tensor([1, 2])] = S[:2]
         z[torch.tensor([1, 2])] = torch.eye(4, 3)[:2]
         torch.testing.assert_close(_d(y), z)
-        x = torch.tensor([[1., 0, 2], [0, 0, 3]])
-        A = sf.to_sparse(x, fill_value=0.)
-        A[sf.to_sparse(x > 0, fill_value=False)] = 5.
-        torch.testing.assert_close(A.to_dense(), torch.where(x > 0, 5., x))
+        x = torch.tensor([[1.0, 0, 2], [0, 0, 3]])
+        A = sf.to_sparse(x, fill_value=0.0)
+        A[sf.to_sparse(x > 0, fill_value=False)] = 5.0
+        torch.testing.assert_close(A.to_dense(), torch.where(x > 0, 5.0, x))
 
 
 @pytest.mark.filterwarnings("ignore::sparsefill.DensifyWarning")
 def test_index_errors_as_torch():
-    A4 = sf.to_sparse(torch.arange(20.).reshape(4, 5), fill_value=0.)
+    A4 = sf.to_sparse(torch.arange(20.0).reshape(4, 5), fill_value=0.0)
     with pytest.raises(IndexError):
-        A4[torch.tensor([True, False, True]), torch.tensor([0, 1])]  # the mask's length is not dim 0's
-    for bad in (lambda t: torch.index_add(t, 0, torch.tensor([-1]), torch.ones(1, 5)),
-                lambda t: torch.index_copy(t, 0, torch.tensor([-1]), torch.ones(1, 5)),
-                lambda t: torch.index_select(t, 0, torch.tensor([-1]))):
+        A4[
+            torch.tensor([True, False, True]), torch.tensor([0, 1])
+        ]  # the mask's length is not dim 0's
+    for bad in (
+        lambda t: torch.index_add(t, 0, torch.tensor([-1]), torch.ones(1, 5)),
+        lambda t: torch.index_copy(t, 0, torch.tensor([-1]), torch.ones(1, 5)),
+        lambda t: torch.index_select(t, 0, torch.tensor([-1])),
+    ):
         with pytest.raises(Exception) as dense_err:
-            bad(torch.arange(20.).reshape(4, 5))
+            bad(torch.arange(20.0).reshape(4, 5))
         with pytest.raises(type(dense_err.value)):
             bad(A4)
-    torch.testing.assert_close(A4[torch.tensor([-1])].to_dense(), torch.arange(20.).reshape(4, 5)[[-1]])
-    torch.testing.assert_close(torch.index_fill(A4, 0, torch.tensor([-1]), 2.).to_dense(),
-                               torch.index_fill(torch.arange(20.).reshape(4, 5), 0, torch.tensor([-1]), 2.))
-    E = sf.to_sparse(torch.zeros(3, 0), fill_value=0.)
-    for fn in (lambda t: torch.max(t, 1), lambda t: torch.min(t, 1), lambda t: torch.median(t, 1),
-               lambda t: torch.argmax(t, 1)):
+    torch.testing.assert_close(
+        A4[torch.tensor([-1])].to_dense(), torch.arange(20.0).reshape(4, 5)[[-1]]
+    )
+    torch.testing.assert_close(
+        torch.index_fill(A4, 0, torch.tensor([-1]), 2.0).to_dense(),
+        torch.index_fill(torch.arange(20.0).reshape(4, 5), 0, torch.tensor([-1]), 2.0),
+    )
+    E = sf.to_sparse(torch.zeros(3, 0), fill_value=0.0)
+    for fn in (
+        lambda t: torch.max(t, 1),
+        lambda t: torch.min(t, 1),
+        lambda t: torch.median(t, 1),
+        lambda t: torch.argmax(t, 1),
+    ):
         with pytest.raises(IndexError):
             fn(E)
 
 
 @pytest.mark.filterwarnings("ignore::sparsefill.DensifyWarning")
 def test_scatter_reduce_max_and_min_names():
-    x = torch.tensor([[1., 0, 2], [0, 0, 3]])
-    A = sf.to_sparse(x, fill_value=0.)
-    idx, src = torch.tensor([[1, 1, 0]]), torch.tensor([[5., -1., 7.]])
+    x = torch.tensor([[1.0, 0, 2], [0, 0, 3]])
+    A = sf.to_sparse(x, fill_value=0.0)
+    idx, src = torch.tensor([[1, 1, 0]]), torch.tensor([[5.0, -1.0, 7.0]])
     for name in ("max", "min"):
         with warnings.catch_warnings():
             warnings.simplefilter("error", sf.DensifyWarning)
@@ -396,26 +499,48 @@ def _selection_input(kind, fill, shape):
     there) and the dense tensor it stands for; ``uncoalesced``: COO with repeated positions."""
     gen = torch.Generator().manual_seed(len(shape) + sum(shape))
     dd = 1 if kind.endswith("hybrid") else 0
-    sparse_shape = shape[:len(shape) - dd]
+    sparse_shape = shape[: len(shape) - dd]
     keep = torch.rand(sparse_shape, generator=gen) < 0.3
-    if kind == "csr-batched":  # one pattern in every batch (an indefinite fill cannot pad unequal batches)
+    if (
+        kind == "csr-batched"
+    ):  # one pattern in every batch (an indefinite fill cannot pad unequal batches)
         keep[:] = keep[0]
     idx = keep.nonzero().T
-    vals = torch.randn((idx.shape[1],) + tuple(shape[len(sparse_shape):]), generator=gen, dtype=F64)
+    vals = torch.randn(
+        (idx.shape[1],) + tuple(shape[len(sparse_shape) :]), generator=gen, dtype=F64
+    )
     if kind == "uncoalesced":  # every element twice, reversed: halves that sum to the values
         idx, vals = torch.cat([idx, idx.flip(1)], 1), torch.cat([vals / 2, vals.flip(0) / 2])
-    A = sparsefill.sparse_coo_tensor(idx, vals, shape, fill_value=sparsefill.indefinite if fill is None else fill)
+    A = sparsefill.sparse_coo_tensor(
+        idx, vals, shape, fill_value=sparsefill.indefinite if fill is None else fill
+    )
     if kind.startswith("csr"):
         A = A.to_sparse_csr()
     dense = A.to_dense(fill_value=float("nan")) if fill is None else A.to_dense()
     return A, dense
 
 
-SELECTION_KINDS = {"coo": (6, 7), "csr": (6, 7), "coo-hybrid": (6, 7, 2), "csr-hybrid": (6, 7, 2),
-                   "uncoalesced": (6, 7), "coo-3d": (4, 5, 6), "csr-batched": (3, 4, 5),
-                   "coo-tall": (5000, 3), "coo-wide": (3, 5000), "csr-wide": (3, 5000)}
-SELECTION_INDICES = {"sorted": [0, 2, 3], "unsorted": [2, 0, 1], "duplicates": [1, 1, 2, 2],
-                     "unsorted_duplicates": [2, 0, 2, 1, 0], "empty": [], "one": [1], "last": [-1]}
+SELECTION_KINDS = {
+    "coo": (6, 7),
+    "csr": (6, 7),
+    "coo-hybrid": (6, 7, 2),
+    "csr-hybrid": (6, 7, 2),
+    "uncoalesced": (6, 7),
+    "coo-3d": (4, 5, 6),
+    "csr-batched": (3, 4, 5),
+    "coo-tall": (5000, 3),
+    "coo-wide": (3, 5000),
+    "csr-wide": (3, 5000),
+}
+SELECTION_INDICES = {
+    "sorted": [0, 2, 3],
+    "unsorted": [2, 0, 1],
+    "duplicates": [1, 1, 2, 2],
+    "unsorted_duplicates": [2, 0, 2, 1, 0],
+    "empty": [],
+    "one": [1],
+    "last": [-1],
+}
 
 
 def _is_sorted_unique(keys):
@@ -438,7 +563,9 @@ def test_row_and_column_selection_equals_dense(kind, fill):
                 for out in outs:
                     ref = dense.index_select(dim, i)
                     got = out.to_dense(fill_value=float("nan")) if fill is None else out.to_dense()
-                    torch.testing.assert_close(got, ref, equal_nan=True, msg=lambda m: f"{dim} {name}: {m}")
+                    torch.testing.assert_close(
+                        got, ref, equal_nan=True, msg=lambda m: f"{dim} {name}: {m}"
+                    )
                     assert out.sparse_layout is A.sparse_layout and out._indefinite == A._indefinite
                     keys = out._keys()
                     assert out._coalesced and _is_sorted_unique(keys), (dim, name)
@@ -469,33 +596,53 @@ def test_selection_of_a_large_graph_matches_an_edge_mask():
         torch.testing.assert_close(M.index_select(0, idx).index_select(1, idx).to_dense(), ref)
 
 
-SELECTIONS = {"rows_unsorted_duplicates": lambda t: t[torch.tensor([3, 0, 3, 1])],
-              "rows_negative": lambda t: t[torch.tensor([-1, 0])],
-              "columns_unsorted": lambda t: t[:, torch.tensor([4, 0, 2])],
-              "index_select0": lambda t: t.index_select(0, torch.tensor([2, 2, 0], dtype=torch.int32)),
-              "index_select1_duplicates": lambda t: torch.index_select(t, 1, torch.tensor([4, 1, 4])),
-              "subgraph": lambda t: t[torch.tensor([3, 1, 0])][:, torch.tensor([3, 1, 0])],
-              "empty": lambda t: t[torch.tensor([], dtype=torch.long)]}
-READS = {"to_dense": lambda o: o.to_dense(fill_value=0.), "sum": lambda o: o.sum(),
-         "weighted_sum": lambda o: (o * torch.arange(1., 1. + o.numel(), dtype=F64).reshape(o.shape)).sum()}
+SELECTIONS = {
+    "rows_unsorted_duplicates": lambda t: t[torch.tensor([3, 0, 3, 1])],
+    "rows_negative": lambda t: t[torch.tensor([-1, 0])],
+    "columns_unsorted": lambda t: t[:, torch.tensor([4, 0, 2])],
+    "index_select0": lambda t: t.index_select(0, torch.tensor([2, 2, 0], dtype=torch.int32)),
+    "index_select1_duplicates": lambda t: torch.index_select(t, 1, torch.tensor([4, 1, 4])),
+    "subgraph": lambda t: t[torch.tensor([3, 1, 0])][:, torch.tensor([3, 1, 0])],
+    "empty": lambda t: t[torch.tensor([], dtype=torch.long)],
+}
+READS = {
+    "to_dense": lambda o: o.to_dense(fill_value=0.0),
+    "sum": lambda o: o.sum(),
+    "weighted_sum": lambda o: (
+        o * torch.arange(1.0, 1.0 + o.numel(), dtype=F64).reshape(o.shape)
+    ).sum(),
+}
 
 
-@pytest.mark.parametrize("fill,read", [(0.1, "to_dense"), (0.1, "sum"), (None, "to_dense")],  # (indefinite:
-                         ids=["fill-to_dense", "fill-sum", "indefinite-to_dense"])  # to_dense reads the masked sum)
-@pytest.mark.parametrize("layout,dd", [(torch.sparse_coo, 0), (torch.sparse_csr, 0), (torch.sparse_coo, 1)],
-                         ids=["coo", "csr", "coo-hybrid"])
+@pytest.mark.parametrize(
+    "fill,read",
+    [(0.1, "to_dense"), (0.1, "sum"), (None, "to_dense")],  # (indefinite:
+    ids=["fill-to_dense", "fill-sum", "indefinite-to_dense"],
+)  # to_dense reads the masked sum)
+@pytest.mark.parametrize(
+    "layout,dd",
+    [(torch.sparse_coo, 0), (torch.sparse_csr, 0), (torch.sparse_coo, 1)],
+    ids=["coo", "csr", "coo-hybrid"],
+)
 @pytest.mark.parametrize("name", list(SELECTIONS))
 def test_selection_gradcheck_over_values_and_fill(name, layout, dd, fill, read):
     """Row and column selection's backward (a sparse scatter back to the selected coordinates, never
     torch's dense ``new_zeros(A.shape)``) against finite differences over the values and the fill; the
     upstream gradient dense (``to_dense``) or with a nonzero fill (``sum``; stored values: the leaf test)."""
+
     def fn(v, *f):
-        A = sparsefill.sparse_coo_tensor(IDX, v, (4, 5) + (2,) * dd,
-                                         fill_value=f[0] if f else sparsefill.indefinite)
+        A = sparsefill.sparse_coo_tensor(
+            IDX, v, (4, 5) + (2,) * dd, fill_value=f[0] if f else sparsefill.indefinite
+        )
         return READS[read](SELECTIONS[name](A if layout is torch.sparse_coo else A.to_sparse_csr()))
+
     v = torch.tensor([0.3, -1.2, 2.0, 0.7], dtype=F64)
-    v = (v[:, None] * torch.tensor([1., -0.5], dtype=F64) if dd else v).requires_grad_()
-    f = None if fill is None else torch.tensor(fill, dtype=F64).expand((2,) * dd).clone().requires_grad_()
+    v = (v[:, None] * torch.tensor([1.0, -0.5], dtype=F64) if dd else v).requires_grad_()
+    f = (
+        None
+        if fill is None
+        else torch.tensor(fill, dtype=F64).expand((2,) * dd).clone().requires_grad_()
+    )
     inputs = (v,) if f is None else (v, f)
     with warnings.catch_warnings():
         warnings.simplefilter("error", sparsefill.DensifyWarning)
@@ -512,24 +659,28 @@ def test_selection_backward_stays_sparse_at_graph_scale():
     v = torch.randn(keys.numel(), generator=gen, dtype=F64, requires_grad=True)
     idx = torch.cat([ei[0, :50], ei[1, :50]])  # (nodes with edges among them)
     with sparsefill.densify_policy("raise", limit_bytes=1 << 20):
-        A = sparsefill.sparse_coo_tensor(ei, v, (n, n), fill_value=0., is_coalesced=True)
+        A = sparsefill.sparse_coo_tensor(ei, v, (n, n), fill_value=0.0, is_coalesced=True)
         S = A[idx][:, idx]
-        (g,) = torch.autograd.grad((S * 2.).sum(), v)
+        (g,) = torch.autograd.grad((S * 2.0).sum(), v)
     lut = torch.full((n,), -1)
     lut[idx] = torch.arange(idx.numel())
     count = torch.bincount(idx, minlength=n)
     assert S._nse() == int((count[ei[0]] * count[ei[1]]).sum()) > 0
-    torch.testing.assert_close(g, 2. * (count[ei[0]] * count[ei[1]]).to(F64))
+    torch.testing.assert_close(g, 2.0 * (count[ei[0]] * count[ei[1]]).to(F64))
 
 
 @pytest.mark.parametrize("read", ["sum", "weighted_sum"])
-@pytest.mark.parametrize("layout,dd", [(torch.sparse_coo, 0), (torch.sparse_csr, 0), (torch.sparse_coo, 1)],
-                         ids=["coo", "csr", "coo-hybrid"])
+@pytest.mark.parametrize(
+    "layout,dd",
+    [(torch.sparse_coo, 0), (torch.sparse_csr, 0), (torch.sparse_coo, 1)],
+    ids=["coo", "csr", "coo-hybrid"],
+)
 def test_selection_gradient_of_a_leaf_equals_dense(layout, dd, read):
     """A SparseTensor leaf's ``.grad`` through every selection form is the dense gradient, exactly (its
     elements stored where the upstream gradient's fill is not 0)."""
-    A = sparsefill.to_sparse(X[..., 0] if not dd else X[..., :2], fill_value=0.5, layout=layout,
-                             dense_dim=dd)
+    A = sparsefill.to_sparse(
+        X[..., 0] if not dd else X[..., :2], fill_value=0.5, layout=layout, dense_dim=dd
+    )
     for name, op in SELECTIONS.items():
         L = A.detach().requires_grad_()
         x = A.to_dense().requires_grad_()
@@ -542,12 +693,12 @@ def test_selection_gradient_of_a_leaf_equals_dense(layout, dd, read):
 def test_selection_backward_route_with_torch_geometric_wrapper_spelling():
     """torch_geometric replaces ``torch.index_select`` by a wrapper that calls torch's function with
     ``out=None``: that spelling takes the sparse backward too."""
-    v = torch.tensor([1., 2., 3.], dtype=F64, requires_grad=True)
-    A = sparsefill.sparse_coo_tensor([[0, 1, 2], [1, 0, 2]], v, (3, 3), fill_value=0.)
+    v = torch.tensor([1.0, 2.0, 3.0], dtype=F64, requires_grad=True)
+    A = sparsefill.sparse_coo_tensor([[0, 1, 2], [1, 0, 2]], v, (3, 3), fill_value=0.0)
     out = torch._C._VariableFunctions.index_select(A, 0, torch.tensor([2, 2]), out=None)
     assert type(out.grad_fn).__name__ == "SparseIndexSelectBackward"
     (g,) = torch.autograd.grad(out.sum(), v)
-    assert g.tolist() == [0., 0., 2.]
+    assert g.tolist() == [0.0, 0.0, 2.0]
 
 
 @pytest.mark.parametrize("layout", [torch.sparse_coo, torch.sparse_csr], ids=["coo", "csr"])
@@ -555,25 +706,26 @@ def test_new_dense_tensors_of_a_sparse_tensor_ask_the_byte_limit_first(layout):
     """``A.new_zeros(shape)`` (and new_ones/new_empty/new_full: torch's formulas call them on a gradient, e.g. an
     advanced index's backward) is a dense tensor: under the densify policy's byte limit before it is allocated;
     below it, torch's result (dtype, device, values)."""
-    A = sparsefill.sparse_coo_tensor([[0, 1], [1, 0]], torch.tensor([1., 2.], dtype=torch.float64), (2, 2),
-                                     fill_value=3.).to_sparse(layout=layout)
+    A = sparsefill.sparse_coo_tensor(
+        [[0, 1], [1, 0]], torch.tensor([1.0, 2.0], dtype=torch.float64), (2, 2), fill_value=3.0
+    ).to_sparse(layout=layout)
     with sparsefill.densify_policy("raise", limit_bytes=4 * 8 * 3 - 1):
         with pytest.raises(sparsefill.DensifyError, match="new_zeros.*96 bytes"):
             A.new_zeros((3, 4))
         with pytest.raises(sparsefill.DensifyError, match="new_full.*96 bytes"):
-            A.new_full((3, 4, 1), 7.)
+            A.new_full((3, 4, 1), 7.0)
     with sparsefill.densify_policy("raise", limit_bytes=4 * 8 * 3):
         Z = A.new_zeros((3, 4))
-        F = A.new_full((2, 3), 7., dtype=torch.float32)
+        F = A.new_full((2, 3), 7.0, dtype=torch.float32)
     assert type(Z) is torch.Tensor and Z.dtype == torch.float64 and not Z.any()
-    torch.testing.assert_close(F, torch.full((2, 3), 7., dtype=torch.float32))
+    torch.testing.assert_close(F, torch.full((2, 3), 7.0, dtype=torch.float32))
 
 
 @pytest.mark.parametrize("layout", [torch.sparse_coo, torch.sparse_csr], ids=["coo", "csr"])
 def test_advanced_index_backward_under_a_byte_limit(layout):
     """``A[[1, 2]]``'s backward (torch's ``IndexBackward0``: ``grad.new_zeros(A.shape)``) raises DensifyError
     before forming a dense tensor past the limit; with room, the gradients of the values and fill match dense."""
-    v = torch.tensor([1., 2., 3.], dtype=torch.float64, requires_grad=True)
+    v = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64, requires_grad=True)
     f = torch.tensor(0.5, dtype=torch.float64, requires_grad=True)
     idx = [[0, 1, 2], [1, 0, 2]]
     A = sparsefill.sparse_coo_tensor(idx, v, (3, 3), fill_value=f).to_sparse(layout=layout)
@@ -585,13 +737,19 @@ def test_advanced_index_backward_under_a_byte_limit(layout):
     (A[[1, 2]] * w).sum().backward()
     got = (v.grad.clone(), f.grad.clone())
     v.grad = f.grad = None
-    (sparsefill.sparse_coo_tensor(idx, v, (3, 3), fill_value=f).to_dense()[[1, 2]] * w).sum().backward()
+    (
+        sparsefill.sparse_coo_tensor(idx, v, (3, 3), fill_value=f).to_dense()[[1, 2]] * w
+    ).sum().backward()
     torch.testing.assert_close(got, (v.grad, f.grad))
 
 
-SPLITS = {"hsplit": lambda t: torch.hsplit(t, 2), "vsplit": lambda t: t.vsplit([1, 3]),
-          "dsplit": lambda t: torch.dsplit(t, [1]), "tensor_split": lambda t: torch.tensor_split(t, 3, dim=1),
-          "tensor_split_idx": lambda t: t.tensor_split([1, 5], 0)}
+SPLITS = {
+    "hsplit": lambda t: torch.hsplit(t, 2),
+    "vsplit": lambda t: t.vsplit([1, 3]),
+    "dsplit": lambda t: torch.dsplit(t, [1]),
+    "tensor_split": lambda t: torch.tensor_split(t, 3, dim=1),
+    "tensor_split_idx": lambda t: t.tensor_split([1, 5], 0),
+}
 
 
 @pytest.mark.parametrize("kind", ["coo", "csr", "hybrid"])
@@ -601,8 +759,12 @@ def test_hsplit_vsplit_dsplit_forward_and_backward_against_dense(name, kind):
     pieces equal dense, and the gradients of the values and the fill equal dense's with some pieces unused; the
     pieces' gradients joined keep the pattern (a byte limit below the dense form holds)."""
     shape = (4, 4, 2)
-    idx = [[0, 1, 3, 3], [1, 0, 2, 3]] if kind != "coo" else [[0, 1, 3, 3], [1, 0, 2, 3], [0, 1, 1, 0]]
-    v = torch.arange(1., 9. if kind != "coo" else 5., dtype=torch.float64)
+    idx = (
+        [[0, 1, 3, 3], [1, 0, 2, 3]]
+        if kind != "coo"
+        else [[0, 1, 3, 3], [1, 0, 2, 3], [0, 1, 1, 0]]
+    )
+    v = torch.arange(1.0, 9.0 if kind != "coo" else 5.0, dtype=torch.float64)
     v = (v.reshape(4, 2) if kind != "coo" else v).requires_grad_()
     f = torch.tensor(0.5, dtype=torch.float64, requires_grad=True)
     make = lambda: sparsefill.sparse_coo_tensor(idx, v, shape, fill_value=f)  # noqa: E731
@@ -620,7 +782,9 @@ def test_hsplit_vsplit_dsplit_forward_and_backward_against_dense(name, kind):
     torch.testing.assert_close(got, (v.grad, f.grad))
     v.grad = f.grad = None
     w = torch.arange(32, dtype=torch.float64).reshape(shape)
-    sum((p * q).sum() for p, q in zip(SPLITS[name](A), SPLITS[name](w))).backward()  # dense weights per piece
+    sum(
+        (p * q).sum() for p, q in zip(SPLITS[name](A), SPLITS[name](w))
+    ).backward()  # dense weights per piece
     got = v.grad.clone(), f.grad.clone()
     v.grad = f.grad = None
     (make().to_dense() * w).sum().backward()
@@ -629,7 +793,9 @@ def test_hsplit_vsplit_dsplit_forward_and_backward_against_dense(name, kind):
 
 def test_hsplit_errors_are_torchs():
     """The routed splits raise torch's errors for bad sections (as on the dense tensor)."""
-    A = sparsefill.sparse_coo_tensor([[0, 1], [1, 0]], torch.tensor([1., 2.], requires_grad=True), (2, 3))
+    A = sparsefill.sparse_coo_tensor(
+        [[0, 1], [1, 0]], torch.tensor([1.0, 2.0], requires_grad=True), (2, 3)
+    )
     for call in (lambda t: torch.hsplit(t, 2), lambda t: torch.dsplit(t, 1), lambda t: t.vsplit(0)):
         with pytest.raises(RuntimeError) as dense_err:
             call(torch.zeros(2, 3))
@@ -645,19 +811,31 @@ def test_slice_backward_of_a_nonzero_fill_gradient_stores_the_outside(name, kind
     ``torch.gradient``'s pieces add up on a small pattern (O(nse), a byte limit of a third of the dense form
     holds); the gradients of the values and the fill equal dense's."""
     shape = (40, 6) if kind != "hybrid" else (40, 6)
-    keep = torch.rand(shape[:1] if kind == "hybrid" else shape, generator=torch.Generator().manual_seed(2)) < 0.1
+    keep = (
+        torch.rand(
+            shape[:1] if kind == "hybrid" else shape, generator=torch.Generator().manual_seed(2)
+        )
+        < 0.1
+    )
     idx = keep.nonzero().T
-    v = torch.linspace(-1., 2., idx.shape[1] * (6 if kind == "hybrid" else 1), dtype=torch.float64)
+    v = torch.linspace(
+        -1.0, 2.0, idx.shape[1] * (6 if kind == "hybrid" else 1), dtype=torch.float64
+    )
     v = (v.reshape(-1, 6) if kind == "hybrid" else v).requires_grad_()
     f = torch.tensor(0.5, dtype=torch.float64, requires_grad=True)
     make = lambda: sparsefill.sparse_coo_tensor(idx, v, shape, fill_value=f)  # noqa: E731
     A = make().to_sparse(layout=torch.sparse_csr) if kind == "csr" else make()
-    op = {"a[1:]": lambda t: (t[1:] * 3).sum(), "a[:-2, 1:]": lambda t: t[:-2, 1:].sum(),
-          "gradient": lambda t: sum(g.sum() for g in torch.gradient(t, dim=0))}[name]
+    op = {
+        "a[1:]": lambda t: (t[1:] * 3).sum(),
+        "a[:-2, 1:]": lambda t: t[:-2, 1:].sum(),
+        "gradient": lambda t: sum(g.sum() for g in torch.gradient(t, dim=0)),
+    }[name]
     with sparsefill.densify_policy("raise", limit_bytes=40 * 6 * 8 // 3):
         (GA,) = torch.autograd.grad(op(A), A, retain_graph=True)
         op(A).backward()
-    assert isinstance(GA, SparseTensor) and GA._nse() <= 3 * A._nse() + 2 * 6, GA._nse()  # not every element
+    assert isinstance(GA, SparseTensor) and GA._nse() <= 3 * A._nse() + 2 * 6, (
+        GA._nse()
+    )  # not every element
     got = v.grad.clone(), f.grad.clone()
     v.grad = f.grad = None
     op(make().to_dense()).backward()

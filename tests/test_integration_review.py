@@ -20,13 +20,17 @@ pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 
 def _W(layout=torch.sparse_coo, fill=0.1):
-    A = sparsefill.sparse_coo_tensor([[0, 1, 3, 2], [1, 2, 0, 2]], [1., 2., 3., -1.], (4, 3), fill_value=fill)
+    A = sparsefill.sparse_coo_tensor(
+        [[0, 1, 3, 2], [1, 2, 0, 2]], [1.0, 2.0, 3.0, -1.0], (4, 3), fill_value=fill
+    )
     return A if layout is torch.sparse_coo else A.to_sparse(layout=layout)
 
 
 _X = torch.randn(5, 3, generator=torch.Generator().manual_seed(0))
 _Y = torch.randn(5, 4, generator=torch.Generator().manual_seed(1))
-_LAYOUTS = pytest.mark.parametrize("layout", [torch.sparse_coo, torch.sparse_csr], ids=["coo", "csr"])
+_LAYOUTS = pytest.mark.parametrize(
+    "layout", [torch.sparse_coo, torch.sparse_csr], ids=["coo", "csr"]
+)
 
 
 def _loss(P):
@@ -61,6 +65,7 @@ def test_checkpoint_and_state_dict_roundtrip():
     """``torch.utils.checkpoint`` through a SparseTensor weight; the module's state_dict through
     ``torch.save``/``torch.load(weights_only=True)`` into a deep copy, then loaded into a dense module."""
     from torch.utils.checkpoint import checkpoint
+
     m = torch.nn.Linear(3, 4)
     m.weight = torch.nn.Parameter(_W(torch.sparse_csr))
     md = copy.deepcopy(m)
@@ -122,8 +127,15 @@ def test_compiled_inplace_new_pattern_graph_break_or_error():
     eagerly, exactly: an uncoalesced input's result is coalesced, a union adds elements); with fullgraph an
     error naming sparsefill."""
     torch._dynamo.reset()
-    B = sparsefill.sparse_coo_tensor([[0, 0, 1], [0, 1, 1]], [5., 6., 7.], (4, 3), fill_value=0.2)
-    W, U = _W(), sparsefill.sparse_coo_tensor([[0, 1, 0], [1, 2, 1]], [1., 2., 3.], (4, 3), fill_value=0.1)
+    B = sparsefill.sparse_coo_tensor(
+        [[0, 0, 1], [0, 1, 1]], [5.0, 6.0, 7.0], (4, 3), fill_value=0.2
+    )
+    W, U = (
+        _W(),
+        sparsefill.sparse_coo_tensor(
+            [[0, 1, 0], [1, 2, 1]], [1.0, 2.0, 3.0], (4, 3), fill_value=0.1
+        ),
+    )
     refW, refU = W.to_dense() + B.to_dense(), U.to_dense() * 2
 
     def f(W, B, U):
@@ -159,9 +171,13 @@ def test_compiled_intermediate_inplace_and_aliases():
     C = torch.compile(f, backend="aot_eager", fullgraph=True)(W)
     assert_close(C.to_dense(), D * 2 + 1)
     assert_close(W.to_dense(), D * 3)
-    B = sparsefill.sparse_coo_tensor([[0, 0, 1, 1], [0, 1, 0, 1]], [4., 5., 6., 7.], (4, 3), fill_value=0.3)
+    B = sparsefill.sparse_coo_tensor(
+        [[0, 0, 1, 1], [0, 1, 0, 1]], [4.0, 5.0, 6.0, 7.0], (4, 3), fill_value=0.3
+    )
 
-    def g(W, B, G):  # another pattern of the same nse written into an intermediate and into an input
+    def g(
+        W, B, G
+    ):  # another pattern of the same nse written into an intermediate and into an input
         C = W * 2
         C.copy_(B)
         G.copy_(B)
@@ -214,7 +230,9 @@ def test_autocast_sparse_linear_matches_nn_linear(layout):
     a bfloat16 output (autocast casts the SparseTensor weight, its fill too, and the bias) and float32 gradients
     of the stored values, the trained fill and the bias as the dense weight's (positive data: bfloat16's relative
     tolerance holds for the sums)."""
-    lin = sparsefill.nn.SparseLinear.from_sparse(_W(layout, fill=0.3).abs(), torch.full((4,), 0.5), train_fill=True)
+    lin = sparsefill.nn.SparseLinear.from_sparse(
+        _W(layout, fill=0.3).abs(), torch.full((4,), 0.5), train_fill=True
+    )
     dense = torch.nn.Linear(3, 4)
     with torch.no_grad():
         dense.weight.copy_(lin.weight.to_dense())
@@ -224,12 +242,14 @@ def test_autocast_sparse_linear_matches_nn_linear(layout):
     for m in (lin, dense):
         with torch.autocast("cpu", dtype=torch.bfloat16):
             y = m(x)
-        (y.float() * torch.arange(1., 21.).reshape(5, 4)).sum().backward()
+        (y.float() * torch.arange(1.0, 21.0).reshape(5, 4)).sum().backward()
         out.append(y)
     assert out[0].dtype == out[1].dtype == torch.bfloat16
     assert_close(out[0], out[1])
     gW, P = dense.weight.grad, lin.sparse_weight
-    mask = lin.weight.to_dense(fill_value=0) != 0  # the pattern (stored values are nonzero), row-major as values
+    mask = (
+        lin.weight.to_dense(fill_value=0) != 0
+    )  # the pattern (stored values are nonzero), row-major as values
     tol = dict(rtol=1.6e-2, atol=1e-5)
     assert_close(P.values.grad, gW[mask], **tol)
     assert_close(P.fill.grad, gW[~mask].sum(), **tol)
@@ -259,17 +279,26 @@ def test_item_of_one_element():
     """``item()``, ``float()``, ``bool()`` of a one-element SparseTensor: its stored value (duplicates summed) or its
     fill, no DensifyWarning; a specified element of an indefinite tensor its value, an unspecified one a ValueError;
     more elements: torch's error."""
-    A = sparsefill.sparse_coo_tensor([[0, 1, 0], [1, 0, 1]], [1., 2., 3.], (2, 3), fill_value=5.)
+    A = sparsefill.sparse_coo_tensor(
+        [[0, 1, 0], [1, 0, 1]], [1.0, 2.0, 3.0], (2, 3), fill_value=5.0
+    )
     D = A.to_dense()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         for i, j in [(0, 1), (1, 0), (1, 2)]:
             assert A[i, j].item() == D[i, j].item() and float(A[i, j]) == float(D[i, j])
             assert bool(A[i, j]) and int(A.to(torch.int64)[i, j]) == int(D.to(torch.int64)[i, j])
-        H = sparsefill.sparse_coo_tensor([[0]], torch.tensor([[7]]), (1, 1), fill_value=torch.tensor([2]))
+        H = sparsefill.sparse_coo_tensor(
+            [[0]], torch.tensor([[7]]), (1, 1), fill_value=torch.tensor([2])
+        )
         assert H.item() == 7 and (H * 0).sum().item() == 0
-        assert sparsefill.sparse_coo_tensor([[0, 0]], [True, False], (1,), fill_value=False).item() is True
-        M = sparsefill.sparse_coo_tensor([[0], [1]], [1.5], (2, 3), fill_value=sparsefill.indefinite)
+        assert (
+            sparsefill.sparse_coo_tensor([[0, 0]], [True, False], (1,), fill_value=False).item()
+            is True
+        )
+        M = sparsefill.sparse_coo_tensor(
+            [[0], [1]], [1.5], (2, 3), fill_value=sparsefill.indefinite
+        )
         assert M[0, 1].item() == 1.5
         with pytest.raises(ValueError, match="indefinite"):
             M[0, 0].item()
@@ -279,7 +308,11 @@ def test_item_of_one_element():
 
 def test_func_grad_through_constructor():
     from torch.func import grad
+
     idx = [[0, 1, 3, 2], [1, 2, 0, 2]]
-    g = grad(lambda v: (sparsefill.sparse_coo_tensor(idx, v, (4, 3), fill_value=0.1) @ torch.ones(3)).sum())(
-        torch.ones(4))
+    g = grad(
+        lambda v: (
+            sparsefill.sparse_coo_tensor(idx, v, (4, 3), fill_value=0.1) @ torch.ones(3)
+        ).sum()
+    )(torch.ones(4))
     assert_close(g, torch.ones(4))

@@ -29,8 +29,17 @@ def _no_densify():
         yield
 
 
-def make(shape, fill, *, layout=torch.sparse_coo, dense_dim=0, uncoalesced=False, dtype=torch.float64, seed=0,
-         p=0.4):
+def make(
+    shape,
+    fill,
+    *,
+    layout=torch.sparse_coo,
+    dense_dim=0,
+    uncoalesced=False,
+    dtype=torch.float64,
+    seed=0,
+    p=0.4,
+):
     """``(A, reference dense)``: ~``p`` of the (sparse) positions specified with random values."""
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(shape, dtype=dtype, generator=g)
@@ -40,11 +49,13 @@ def make(shape, fill, *, layout=torch.sparse_coo, dense_dim=0, uncoalesced=False
     if indefinite:
         f = torch.zeros((), dtype=dtype)
     elif dense_dim and fill != 0:  # an array fill over the dense dims
-        f = torch.full(shape[len(S):], fill, dtype=dtype) + torch.arange(shape[-1], dtype=dtype)
+        f = torch.full(shape[len(S) :], fill, dtype=dtype) + torch.arange(shape[-1], dtype=dtype)
     else:
         f = torch.tensor(fill, dtype=dtype)
     x[~mask] = f
-    return respecified(x, f, layout, dense_dim, g, indefinite=indefinite, uncoalesced=uncoalesced), x
+    return respecified(
+        x, f, layout, dense_dim, g, indefinite=indefinite, uncoalesced=uncoalesced
+    ), x
 
 
 def respecified(x, f, layout, dense_dim, g, *, indefinite=False, uncoalesced=False):
@@ -57,7 +68,9 @@ def respecified(x, f, layout, dense_dim, g, *, indefinite=False, uncoalesced=Fal
         if uncoalesced:
             perm = torch.randperm(2 * v.shape[0], generator=g)
             idx, v = torch.cat([idx, idx], 1)[:, perm], torch.cat([v - 1, torch.ones_like(v)])[perm]
-        A = sparsefill.sparse_coo_tensor(idx, v, x.shape, fill_value=sparsefill.indefinite if indefinite else f)
+        A = sparsefill.sparse_coo_tensor(
+            idx, v, x.shape, fill_value=sparsefill.indefinite if indefinite else f
+        )
         if layout is torch.sparse_csr:
             A = A.to_sparse_csr()
     return A
@@ -100,7 +113,11 @@ def _cases():
     yield "addmm bias", (5, 3), lambda A: torch.addmm(A, rand(5, 4), X43, beta=0.5, alpha=2)
     yield "addmm mat1", (5, 4), lambda A: torch.addmm(rand(5, 3), A, X43, beta=0.5, alpha=2)
     yield "addmm mat2", (5, 4), lambda A: torch.addmm(rand(2, 4), X25, A)
-    yield "addmm beta=0", (5, 4), lambda A: torch.addmm(torch.full((5, 3), NAN, dtype=A.dtype), A, X43, beta=0)
+    yield (
+        "addmm beta=0",
+        (5, 4),
+        lambda A: torch.addmm(torch.full((5, 3), NAN, dtype=A.dtype), A, X43, beta=0),
+    )
     yield "addmv", (5, 4), lambda A: torch.addmv(rand(5), A, v4, alpha=-1)
     yield "addmv vec", (4,), lambda A: torch.addmv(rand(5), rand(5, 4), A)
     yield "baddbmm", (2, 5, 4), lambda A: torch.baddbmm(rand(2, 5, 3), A, B243, beta=2)
@@ -115,7 +132,11 @@ def _cases():
     yield "inner", (5, 4), lambda A: torch.inner(A, rand(3, 4))
     yield "inner 1d", (5,), lambda A: torch.inner(A, v5)
     yield "tensordot", (3, 4, 5), lambda A: torch.tensordot(A, rand(4, 5, 2), dims=2)
-    yield "tensordot dense first", (4, 5), lambda A: torch.tensordot(rand(3, 4, 5), A, dims=([1, 2], [0, 1]))
+    yield (
+        "tensordot dense first",
+        (4, 5),
+        lambda A: torch.tensordot(rand(3, 4, 5), A, dims=([1, 2], [0, 1])),
+    )
     yield "einsum ij,jk", (5, 4), lambda A: torch.einsum("ij,jk->ik", A, X43)
     yield "einsum ki,kj", (4, 5), lambda A: torch.einsum("ki,kj->ij", A, X43)
     yield "einsum bij,bjk", (2, 5, 4), lambda A: torch.einsum("bij,bjk->bik", A, B243)
@@ -127,8 +148,13 @@ CASES = list(_cases())
 
 
 # CSR needs 2 sparse dims: 1-d operands are COO only
-ONE = [pytest.param(c, f, lay, id=f"{c[0]}-{f}-{lay}") for c in CASES for f in FILLS
-       for lay in ("coo", "csr", "uncoalesced") if lay != "csr" or len(c[1]) >= 2]
+ONE = [
+    pytest.param(c, f, lay, id=f"{c[0]}-{f}-{lay}")
+    for c in CASES
+    for f in FILLS
+    for lay in ("coo", "csr", "uncoalesced")
+    if lay != "csr" or len(c[1]) >= 2
+]
 
 
 @pytest.mark.parametrize("case, fill, layout", ONE)
@@ -163,7 +189,10 @@ def test_sparse_sparse(la, lb, fill, dtype):
     assert isinstance(out, SparseTensor) == (fill in (0.0, "indefinite"))
     if isinstance(out, SparseTensor):
         assert out._fill_is_zero() and out.sparse_layout is la
-    close(torch.mv(A, make((5,), fill, dtype=dtype, seed=4)[0]), a @ make((5,), fill, dtype=dtype, seed=4)[1])
+    close(
+        torch.mv(A, make((5,), fill, dtype=dtype, seed=4)[0]),
+        a @ make((5,), fill, dtype=dtype, seed=4)[1],
+    )
     C, c = make((2, 6, 5), fill, dtype=dtype, seed=5)
     D, d = make((2, 5, 3), fill, dtype=dtype, seed=6)
     close(torch.bmm(C, D), torch.bmm(c, d))
@@ -225,12 +254,18 @@ def test_float32_and_batched_csr(fill):
     close(A @ X, a @ X)
     close(X.T @ A.T, X.T @ a.T)
     B, b = make((3, 5, 4), fill, layout=torch.sparse_csr, dtype=torch.float32)
-    close(torch.bmm(B, rand(3, 4, 2, dtype=torch.float32)), torch.bmm(b, rand(3, 4, 2, dtype=torch.float32)))
+    close(
+        torch.bmm(B, rand(3, 4, 2, dtype=torch.float32)),
+        torch.bmm(b, rand(3, 4, 2, dtype=torch.float32)),
+    )
 
 
 @pytest.mark.parametrize("fill", [0.0, 2.5, NAN], ids=str)
-@pytest.mark.parametrize("shapes", [((0, 4), (4, 3)), ((5, 0), (0, 3)), ((5, 4), (4, 0)), ((0, 5, 4), (0, 4, 3))],
-                         ids=str)
+@pytest.mark.parametrize(
+    "shapes",
+    [((0, 4), (4, 3)), ((5, 0), (0, 3)), ((5, 4), (4, 0)), ((0, 5, 4), (0, 4, 3))],
+    ids=str,
+)
 def test_empty(shapes, fill):
     sa, sb = shapes
     A, a = make(sa, fill)
@@ -284,22 +319,29 @@ def _coo_fn(idx, shape, op, layout=torch.sparse_coo):
         if layout is torch.sparse_csr:
             A = A.to_sparse_csr()
         return op(A, x)
+
     return f
 
 
 @pytest.mark.parametrize("layout", [torch.sparse_coo, torch.sparse_csr], ids=["coo", "csr"])
-@pytest.mark.parametrize("op", [
-    ("mm", (5, 4), (4, 3), lambda A, x: torch.mm(A, x)),
-    ("mm dense@sparse", (5, 4), (2, 5), lambda A, x: torch.mm(x, A)),
-    ("matmul", (5, 4), (4, 3), lambda A, x: torch.matmul(A, x)),
-    ("matmul 3x2", (2, 5, 4), (4, 3), lambda A, x: torch.matmul(A, x)),
-    ("matmul 2x1", (5, 4), (4,), lambda A, x: torch.matmul(A, x)),
-    ("matmul dense 3x2", (5, 4), (2, 3, 5), lambda A, x: torch.matmul(x, A)),
-], ids=lambda o: o[0])
+@pytest.mark.parametrize(
+    "op",
+    [
+        ("mm", (5, 4), (4, 3), lambda A, x: torch.mm(A, x)),
+        ("mm dense@sparse", (5, 4), (2, 5), lambda A, x: torch.mm(x, A)),
+        ("matmul", (5, 4), (4, 3), lambda A, x: torch.matmul(A, x)),
+        ("matmul 3x2", (2, 5, 4), (4, 3), lambda A, x: torch.matmul(A, x)),
+        ("matmul 2x1", (5, 4), (4,), lambda A, x: torch.matmul(A, x)),
+        ("matmul dense 3x2", (5, 4), (2, 3, 5), lambda A, x: torch.matmul(x, A)),
+    ],
+    ids=lambda o: o[0],
+)
 def test_gradcheck_values_fill(op, layout):
     name, shape, xshape, fn = op
     if layout is torch.sparse_csr and len(shape) != 2:
-        layout = torch.sparse_coo  # (batched CSR is compared with dense in test_float32_and_batched_csr)
+        layout = (
+            torch.sparse_coo
+        )  # (batched CSR is compared with dense in test_float32_and_batched_csr)
     g = torch.Generator().manual_seed(0)
     keys = torch.randperm(torch.Size(shape).numel(), generator=g)[:7].sort().values
     idx = torch.stack(torch.unravel_index(keys, shape))
@@ -346,21 +388,26 @@ def test_gradcheck_sparse_sparse_and_bmm():
 
     def parts(shape, nse):
         keys = torch.randperm(torch.Size(shape).numel(), generator=g)[:nse].sort().values
-        return (torch.stack(torch.unravel_index(keys, shape)),
-                torch.randn(nse, dtype=torch.float64, generator=g, requires_grad=True),
-                torch.tensor(0.7, dtype=torch.float64, requires_grad=True))
+        return (
+            torch.stack(torch.unravel_index(keys, shape)),
+            torch.randn(nse, dtype=torch.float64, generator=g, requires_grad=True),
+            torch.tensor(0.7, dtype=torch.float64, requires_grad=True),
+        )
+
     (ia, va, fa), (ib, vb, fb) = parts((4, 3), 5), parts((3, 5), 6)
 
     def f(va, fa, vb, fb):
         A = sparsefill.sparse_coo_tensor(ia, va, (4, 3), fill_value=fa)
         B = sparsefill.sparse_coo_tensor(ib, vb, (3, 5), fill_value=fb).to_sparse_csr()
         return torch.mm(A, B)
+
     assert torch.autograd.gradcheck(f, (va, fa, vb, fb))
     ic, vc, fc = parts((2, 4, 3), 7)
     x = torch.randn(2, 3, 2, dtype=torch.float64, generator=g, requires_grad=True)
 
     def h(vc, fc, x):
         return torch.bmm(sparsefill.sparse_coo_tensor(ic, vc, (2, 4, 3), fill_value=fc), x)
+
     assert torch.autograd.gradcheck(h, (vc, fc, x))
 
 
@@ -376,17 +423,24 @@ def test_linear_and_4d_matmul(fill):
         close(torch.nn.functional.linear(x, W, rand(6)), torch.nn.functional.linear(x, w, rand(6)))
     close(torch.einsum("ij,kj->ik", W, rand(3, 4)), torch.einsum("ij,kj->ik", w, rand(3, 4)))
     B, b = make((2, 5, 4), fill)
-    close(torch.einsum("bij,bkj->bik", B, rand(2, 3, 4)), torch.einsum("bij,bkj->bik", b, rand(2, 3, 4)))
+    close(
+        torch.einsum("bij,bkj->bik", B, rand(2, 3, 4)),
+        torch.einsum("bij,bkj->bik", b, rand(2, 3, 4)),
+    )
 
 
 def test_linear_layer_gradients_reach_values_and_fill():
     """A sparse weight with a fill: gradients of (values, fill) equal those through the dense weight."""
     g = torch.Generator().manual_seed(5)
-    idx = torch.stack(torch.unravel_index(torch.randperm(24, generator=g)[:6].sort().values, (6, 4)))
+    idx = torch.stack(
+        torch.unravel_index(torch.randperm(24, generator=g)[:6].sort().values, (6, 4))
+    )
     x, bias = torch.randn(3, 4, dtype=torch.float64, generator=g), rand(6)
     grads = []
     for through_dense in (False, True):
-        values = torch.randn(6, dtype=torch.float64, generator=torch.Generator().manual_seed(0), requires_grad=True)
+        values = torch.randn(
+            6, dtype=torch.float64, generator=torch.Generator().manual_seed(0), requires_grad=True
+        )
         fill = torch.tensor(0.3, dtype=torch.float64, requires_grad=True)
         W = sparsefill.sparse_coo_tensor(idx, values, (6, 4), fill_value=fill)
         W = W.to_dense() if through_dense else W
@@ -416,8 +470,13 @@ def test_shape_views(case, fill, kind):
     """The views of shape.py on the stored elements: same dense tensor as the dense view, no densifying
     (a hybrid tensor's array fill follows a dense dim that becomes sparse: test_shape.py)."""
     name, shape, fn = case
-    A, x = make(shape, fill, layout=torch.sparse_csr if kind == "csr" else torch.sparse_coo,
-                dense_dim=int(kind == "hybrid"), uncoalesced=kind == "uncoalesced")
+    A, x = make(
+        shape,
+        fill,
+        layout=torch.sparse_csr if kind == "csr" else torch.sparse_coo,
+        dense_dim=int(kind == "hybrid"),
+        uncoalesced=kind == "uncoalesced",
+    )
     out = fn(A)
     assert isinstance(out, SparseTensor)
     close(out, fn(x))
@@ -434,18 +493,28 @@ def test_routed_backward_of_a_dense_dims_scaled_operand(op, w_grad):
     g = torch.Generator().manual_seed(2)
     idx = torch.tensor([[0, 1, 2, 3, 3], [1, 0, 2, 1, 3]])
     V, F, X = (torch.randn(s, dtype=torch.float64, generator=g) for s in ((5, 3), (3,), (3, 2)))
-    fns = {"var_mean dim 1": lambda B: torch.var_mean(B, 1), "var_mean": lambda B: torch.var_mean(B),
-           "std_mean (0, 2)": lambda B: torch.std_mean(B, (0, 2)),
-           "A@X": lambda B: (B @ X,)}
+    fns = {
+        "var_mean dim 1": lambda B: torch.var_mean(B, 1),
+        "var_mean": lambda B: torch.var_mean(B),
+        "std_mean (0, 2)": lambda B: torch.std_mean(B, (0, 2)),
+        "A@X": lambda B: (B @ X,),
+    }
     for wshape, routed in (((3,), True), ((4, 1, 1), False)):
         W = torch.randn(wshape, dtype=torch.float64, generator=g)
         grads = []
         for dense in (False, True):
-            v, f, w = V.clone().requires_grad_(), F.clone().requires_grad_(), W.clone().requires_grad_(w_grad)
+            v, f, w = (
+                V.clone().requires_grad_(),
+                F.clone().requires_grad_(),
+                W.clone().requires_grad_(w_grad),
+            )
             A = sparsefill.sparse_coo_tensor(idx, v, (4, 4, 3), fill_value=f)
             outs = fns[op]((A.to_dense() if dense else A) * w)
             if not dense and routed:
-                assert all(type(o.grad_fn).__name__ in ("SparseReduceBackward", "SparseMMBackward") for o in outs)
+                assert all(
+                    type(o.grad_fn).__name__ in ("SparseReduceBackward", "SparseMMBackward")
+                    for o in outs
+                )
             outs = [o.to_dense() if isinstance(o, SparseTensor) else o for o in outs]
             sum((o * (n + 1)).sum() for n, o in enumerate(outs)).backward()
             grads.append([outs, v.grad, f.grad] + ([w.grad] if w_grad else []))
@@ -491,13 +560,27 @@ def test_half_dtypes(case, dtype):
         if kind == "csr" and len(shape) == 1:
             continue  # (CSR needs 2 sparse dims)
         for fill in (0.0, 2.5, NAN, "indefinite"):
-            A, _ = make(shape, fill, layout=torch.sparse_csr if kind == "csr" else torch.sparse_coo, dtype=dtype,
-                        dense_dim=int(kind == "hybrid" and len(shape) > 1), uncoalesced=kind == "uncoalesced")
-            got, ref = fn(A, r), fn(A.to_dense(fill_value=0) if fill == "indefinite" else A.to_dense(), r)
+            A, _ = make(
+                shape,
+                fill,
+                layout=torch.sparse_csr if kind == "csr" else torch.sparse_coo,
+                dtype=dtype,
+                dense_dim=int(kind == "hybrid" and len(shape) > 1),
+                uncoalesced=kind == "uncoalesced",
+            )
+            got, ref = (
+                fn(A, r),
+                fn(A.to_dense(fill_value=0) if fill == "indefinite" else A.to_dense(), r),
+            )
             assert got.dtype == ref.dtype == dtype, (kind, fill)
             if name == "addbmm":  # torch's dense addbmm rounds once per batch: 2 roundings apart
-                torch.testing.assert_close(got, ref, equal_nan=True, rtol=2 ** -7 if dtype == torch.float16 else 0.032,
-                                           atol=1e-5)
+                torch.testing.assert_close(
+                    got,
+                    ref,
+                    equal_nan=True,
+                    rtol=2**-7 if dtype == torch.float16 else 0.032,
+                    atol=1e-5,
+                )
             else:
                 close(got, ref)
 
@@ -556,10 +639,12 @@ def test_half_gradients(op, kind, mode):
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=mode == "autocast"):
             y = fn(A.to_dense() if dense else A, x, b)
         y = y.to_dense() if isinstance(y, SparseTensor) else y
-        (y.float() * torch.arange(1., y.numel() + 1).reshape(y.shape)).sum().backward()
+        (y.float() * torch.arange(1.0, y.numel() + 1).reshape(y.shape)).sum().backward()
         out.append(y)
         grads.append([t.grad for t in (v, f, x, b) if t.grad is not None])
-    assert out[0].dtype == out[1].dtype and [t.dtype for t in grads[0]] == [t.dtype for t in grads[1]]
+    assert out[0].dtype == out[1].dtype and [t.dtype for t in grads[0]] == [
+        t.dtype for t in grads[1]
+    ]
     tol = dict(rtol=1.6e-2, atol=1e-5) if torch.bfloat16 in (dt, out[1].dtype) else {}
     torch.testing.assert_close(out[0], out[1], **tol)
     torch.testing.assert_close(grads[0], grads[1], **tol)
@@ -570,12 +655,19 @@ def test_added_tensor_of_another_dtype_raises_as_dense(layout):
     """``F.linear``'s bias and ``addmm``'s input are not promoted (torch raises "self and mat2 must have the same
     dtype"); the routed products raise the same (a bfloat16 weight with a float32 bias returned float32).  Under
     autocast the bias is cast as dense casts it."""
-    W = sparsefill.sparse_coo_tensor([[0, 1, 3], [1, 2, 0]], [1., 2., 3.], (4, 3), fill_value=0.5)
+    W = sparsefill.sparse_coo_tensor(
+        [[0, 1, 3], [1, 2, 0]], [1.0, 2.0, 3.0], (4, 3), fill_value=0.5
+    )
     W = W.to_sparse_csr() if layout is torch.sparse_csr else W
     x = torch.randn(2, 3)
-    for Wt, xt, b in [(W, x, torch.randn(4, dtype=torch.float64)), (W.to(torch.bfloat16), x.to(torch.bfloat16),
-                                                                   torch.randn(4))]:
-        for f in (lambda w: torch.nn.functional.linear(xt, w, b), lambda w: torch.addmm(b, xt, w.t())):
+    for Wt, xt, b in [
+        (W, x, torch.randn(4, dtype=torch.float64)),
+        (W.to(torch.bfloat16), x.to(torch.bfloat16), torch.randn(4)),
+    ]:
+        for f in (
+            lambda w: torch.nn.functional.linear(xt, w, b),
+            lambda w: torch.addmm(b, xt, w.t()),
+        ):
             with pytest.raises(RuntimeError) as dense_err:
                 f(Wt.to_dense())
             with pytest.raises(RuntimeError, match="must have the same dtype") as ours:
@@ -583,18 +675,27 @@ def test_added_tensor_of_another_dtype_raises_as_dense(layout):
             assert str(ours.value) == str(dense_err.value)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         b = torch.randn(4)
-        out, ref = torch.nn.functional.linear(x, W, b), torch.nn.functional.linear(x, W.to_dense(), b)
+        out, ref = (
+            torch.nn.functional.linear(x, W, b),
+            torch.nn.functional.linear(x, W.to_dense(), b),
+        )
     assert out.dtype == ref.dtype == torch.bfloat16
     torch.testing.assert_close(out, ref)
 
 
-BOOL_PRODUCTS = {"mm": lambda a, d: torch.mm(a, a), "mm dense": lambda a, d: torch.mm(a, d),
-                 "dense mm": lambda a, d: torch.mm(d, a), "matmul": lambda a, d: a @ a,
-                 "mv": lambda a, d: torch.mv(a, d[0]), "bmm": lambda a, d: torch.bmm(a[None], a[None]),
-                 "bmm dense": lambda a, d: torch.bmm(a[None], d[None]),
-                 "einsum": lambda a, d: torch.einsum("ij,jk->ik", a, a),
-                 "einsum dense": lambda a, d: torch.einsum("ij,jk->ik", a, d),
-                 "addmm": lambda a, d: torch.addmm(d, a, d), "trace": lambda a, d: torch.trace(a)}
+BOOL_PRODUCTS = {
+    "mm": lambda a, d: torch.mm(a, a),
+    "mm dense": lambda a, d: torch.mm(a, d),
+    "dense mm": lambda a, d: torch.mm(d, a),
+    "matmul": lambda a, d: a @ a,
+    "mv": lambda a, d: torch.mv(a, d[0]),
+    "bmm": lambda a, d: torch.bmm(a[None], a[None]),
+    "bmm dense": lambda a, d: torch.bmm(a[None], d[None]),
+    "einsum": lambda a, d: torch.einsum("ij,jk->ik", a, a),
+    "einsum dense": lambda a, d: torch.einsum("ij,jk->ik", a, d),
+    "addmm": lambda a, d: torch.addmm(d, a, d),
+    "trace": lambda a, d: torch.trace(a),
+}
 
 
 @pytest.mark.parametrize("fill", [False, True], ids=["fill False", "fill True"])
@@ -628,8 +729,11 @@ def test_products_of_empty_operands_check_dtypes_as_dense():
     assert out.dtype == want.dtype == torch.bool and out.shape == want.shape
 
 
-@pytest.mark.parametrize("x_shape,w_shape", [((0, 0), (0, 0)), ((2, 0), (3, 0)), ((0, 4), (3, 4)),
-                                             ((2, 0, 4), (3, 4))], ids=str)
+@pytest.mark.parametrize(
+    "x_shape,w_shape",
+    [((0, 0), (0, 0)), ((2, 0), (3, 0)), ((0, 4), (3, 4)), ((2, 0, 4), (3, 4))],
+    ids=str,
+)
 def test_linear_of_an_input_with_no_element(x_shape, w_shape):
     """``F.linear(x, W)`` with a sparse ``W`` and an ``x`` of 0 elements is dense's empty result (the route reshaped
     ``x`` to ``(-1, in_features)``, ambiguous for 0 elements: RuntimeError)."""

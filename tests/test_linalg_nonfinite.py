@@ -34,14 +34,37 @@ OPS = {
     "A2@X3": ((6, 5), (2, 5, 3), torch.matmul, -2, -1),
     "bmm": ((2, 6, 5), (2, 5, 3), torch.bmm, -2, -1),
     "X3@A3": ((2, 6, 5), (2, 4, 6), lambda A, X: X @ A, -1, -2),
-    "addmm": ((6, 5), (5, 3), lambda A, X: torch.addmm(torch.ones(6, 3, dtype=X.dtype), A, X, beta=0.5, alpha=2),
-              -2, -1),
-    "addmm dense@sparse": ((6, 5), (3, 6), lambda A, X: torch.addmm(torch.ones(5, dtype=X.dtype), X, A), -1, -2),
-    "linear weight": ((6, 5), (2, 4, 5), lambda A, x: F.linear(x, A, torch.arange(6, dtype=x.dtype)), -1, -1),
+    "addmm": (
+        (6, 5),
+        (5, 3),
+        lambda A, X: torch.addmm(torch.ones(6, 3, dtype=X.dtype), A, X, beta=0.5, alpha=2),
+        -2,
+        -1,
+    ),
+    "addmm dense@sparse": (
+        (6, 5),
+        (3, 6),
+        lambda A, X: torch.addmm(torch.ones(5, dtype=X.dtype), X, A),
+        -1,
+        -2,
+    ),
+    "linear weight": (
+        (6, 5),
+        (2, 4, 5),
+        lambda A, x: F.linear(x, A, torch.arange(6, dtype=x.dtype)),
+        -1,
+        -1,
+    ),
     "linear input": ((6, 5), (3, 5), lambda A, W: F.linear(A, W), -1, -1),
     "einsum ij,jk": ((6, 5), (5, 3), lambda A, X: torch.einsum("ij,jk->ik", A, X), -2, -1),
     "einsum ij,kj->ki": ((6, 5), (4, 5), lambda A, X: torch.einsum("ij,kj->ki", A, X), -1, -1),
-    "einsum bij,bjk": ((2, 6, 5), (2, 5, 3), lambda A, X: torch.einsum("bij,bjk->bik", A, X), -2, -1),
+    "einsum bij,bjk": (
+        (2, 6, 5),
+        (2, 5, 3),
+        lambda A, X: torch.einsum("bij,bjk->bik", A, X),
+        -2,
+        -1,
+    ),
 }
 
 
@@ -75,15 +98,19 @@ class Case:
                 break
             except AssertionError:
                 continue
-        if self.hybrid:  # the last dim dense: the stored "rows" are whole slices; keep the distinct sparse keys
+        if (
+            self.hybrid
+        ):  # the last dim dense: the stored "rows" are whole slices; keep the distinct sparse keys
             sd = len(self.ashape) - 1
             self.idx = torch.unique(self.idx[:sd], dim=1)
-        D = self.ashape[len(self.ashape) - 1:] if self.hybrid else ()
+        D = self.ashape[len(self.ashape) - 1 :] if self.hybrid else ()
         self.values = torch.randn((self.idx.shape[1],) + tuple(D), dtype=dtype, generator=g)
         self.indefinite = fill == "indefinite"
         if self.indefinite:
             self.fill = None
-        elif isinstance(fill, str):  # "array" / "array_inf": an array fill over the dense dim (hybrid)
+        elif isinstance(
+            fill, str
+        ):  # "array" / "array_inf": an array fill over the dense dim (hybrid)
             self.fill = torch.randn(D, dtype=dtype, generator=g)
             if fill == "array_inf":
                 self.fill[1] = INF
@@ -106,13 +133,17 @@ class Case:
         return v, f, self.X.clone().requires_grad_()
 
     def build(self, v, f):
-        A = sparsefill.sparse_coo_tensor(self.idx, v, self.ashape, fill_value=sparsefill.indefinite if f is None else f)
+        A = sparsefill.sparse_coo_tensor(
+            self.idx, v, self.ashape, fill_value=sparsefill.indefinite if f is None else f
+        )
         return A.to_sparse_csr() if self.layout is CSR else A
 
     def masked_dense(self, v):
         """The dense operand of an indefinite ``A`` (zeros outside the pattern) and its mask."""
         Ad = torch.zeros(self.ashape, dtype=self.dtype).index_put(tuple(self.idx), v)
-        mask = torch.zeros(self.ashape, dtype=torch.bool).index_put(tuple(self.idx), torch.tensor(True))
+        mask = torch.zeros(self.ashape, dtype=torch.bool).index_put(
+            tuple(self.idx), torch.tensor(True)
+        )
         return Ad, mask
 
     def upstream(self, shape):
@@ -144,11 +175,15 @@ def _grads(case, how, x_only=False):
 def _assert(case, got, want, what=""):
     tol = {} if case.dtype == torch.float64 else dict(rtol=1e-4, atol=1e-4)
     (out, g), (ref, w) = got, want
-    torch.testing.assert_close(out, ref, equal_nan=True, **tol, msg=lambda m: f"forward {what}: {m}")
+    torch.testing.assert_close(
+        out, ref, equal_nan=True, **tol, msg=lambda m: f"forward {what}: {m}"
+    )
     for name, a, b in zip(("values", "fill", "X"), g, w):
         assert (a is None) == (b is None), name
         if a is not None:
-            torch.testing.assert_close(a, b, equal_nan=True, **tol, msg=lambda m: f"grad of {name} {what}: {m}")
+            torch.testing.assert_close(
+                a, b, equal_nan=True, **tol, msg=lambda m: f"grad of {name} {what}: {m}"
+            )
 
 
 def check(case, x_only=False):
@@ -161,18 +196,25 @@ def check(case, x_only=False):
 FILLS = [0.0, 2.5, -1.5, NAN, INF, -INF]
 
 
-@pytest.mark.parametrize("layout,fill", [(COO, f) for f in FILLS] + [(CSR, f) for f in (0.0, 2.5, INF)], ids=str)
+@pytest.mark.parametrize(
+    "layout,fill", [(COO, f) for f in FILLS] + [(CSR, f) for f in (0.0, 2.5, INF)], ids=str
+)
 @pytest.mark.parametrize("op", list(OPS))
 def test_nonfinite_x(op, layout, fill):
     case = Case(op, layout, fill)
     check(case)
     out = case.fn(case.build(case.values, case.fill), case.X)
-    assert out.isnan().any()  # the case exercises the non-finite path (0 * inf or inf - inf somewhere)
+    assert (
+        out.isnan().any()
+    )  # the case exercises the non-finite path (0 * inf or inf - inf somewhere)
 
 
-@pytest.mark.parametrize("fill,g", [(f, "inf, -inf, NaN") for f in FILLS] + [(0.0, "one inf"), (2.5, "one inf")],
-                         ids=str)
-@pytest.mark.parametrize("op", ["A@X", "X@A", "bmm", "X3@A3", "linear weight", "einsum ij,kj->ki", "mv"])
+@pytest.mark.parametrize(
+    "fill,g", [(f, "inf, -inf, NaN") for f in FILLS] + [(0.0, "one inf"), (2.5, "one inf")], ids=str
+)
+@pytest.mark.parametrize(
+    "op", ["A@X", "X@A", "bmm", "X3@A3", "linear weight", "einsum ij,kj->ki", "mv"]
+)
 def test_nonfinite_upstream_gradient(op, fill, g):
     case = Case(op, COO, fill, x_bad=False, g_bad=True if g != "one inf" else "inf")
     if g == "one inf":  # a positive X: the dense sums are +inf (inf - inf would give NaN)
@@ -230,7 +272,9 @@ def test_indefinite_is_masked(op, layout):
         ref = torch.where(mask[..., None], Ad[..., None] * Xe[..., None, :, :], 0).sum(-2)
         ref = ref if X2.dim() > 1 else ref[..., 0]
     else:
-        ref = torch.where(mask[..., None, :, :], X2[..., :, :, None] * Ad[..., None, :, :], 0).sum(-2)
+        ref = torch.where(mask[..., None, :, :], X2[..., :, :, None] * Ad[..., None, :, :], 0).sum(
+            -2
+        )
     ref.backward(case.upstream(ref.shape))
     _assert(case, got, (ref, (v2.grad, None, X2.grad)))
     assert out.isnan().sum() < out.numel()
@@ -255,9 +299,15 @@ def test_compiled_matches_eager(fill, layout):
         torch.testing.assert_close(got[1], X.T @ A.to_dense().T, equal_nan=True)
 
 
-@pytest.mark.parametrize("op,fill,inside,bad", [
-    ("A@X", 2.5, True, "one inf in G"), ("X@A", 0.0, True, "one inf in G"), ("A@X", 0.0, False, "X and G")],
-    ids=str)
+@pytest.mark.parametrize(
+    "op,fill,inside,bad",
+    [
+        ("A@X", 2.5, True, "one inf in G"),
+        ("X@A", 0.0, True, "one inf in G"),
+        ("A@X", 0.0, False, "X and G"),
+    ],
+    ids=str,
+)
 def test_compiled_gradients(op, fill, inside, bad):
     """The gradients of values, fill and X of a compiled loss (aot_eager: the joint graph) equal the dense
     ones, for a non-finite ``X`` and ``G``: ``A`` built inside the compiled function (the routed backward,
@@ -268,16 +318,23 @@ def test_compiled_gradients(op, fill, inside, bad):
         case.X = case.X.abs() + 0.1
     W = case.upstream(case.fn(case.build(case.values, case.fill), case.X).shape)
     if inside:
-        loss = torch.compile(lambda v, f, X: (case.fn(case.build(v, f), X) * W).sum(), backend="aot_eager",
-                             fullgraph=True)
+        loss = torch.compile(
+            lambda v, f, X: (case.fn(case.build(v, f), X) * W).sum(),
+            backend="aot_eager",
+            fullgraph=True,
+        )
     else:
-        inner = torch.compile(lambda A, X: (case.fn(A, X) * W).sum(), backend="aot_eager", fullgraph=True)
+        inner = torch.compile(
+            lambda A, X: (case.fn(A, X) * W).sum(), backend="aot_eager", fullgraph=True
+        )
         loss = lambda v, f, X: inner(case.build(v, f), X)  # noqa: E731
     got, want = case.leaves(), case.leaves()
     loss(*got).backward()
     (case.fn(case.build(*want[:2]).to_dense(), want[2]) * W).sum().backward()
     for name, a, b in zip(("values", "fill", "X"), got, want):
-        torch.testing.assert_close(a.grad, b.grad, equal_nan=True, msg=lambda m: f"grad of {name}: {m}")
+        torch.testing.assert_close(
+            a.grad, b.grad, equal_nan=True, msg=lambda m: f"grad of {name}: {m}"
+        )
     assert not torch.isfinite(want[1].grad)  # (the case reaches the non-finite sums)
     assert bad == "X and G" or want[1].grad == INF  # (inf: where inf - inf would give NaN)
 
@@ -290,7 +347,11 @@ SPSP = {
     "A@B": ((6, 5), (5, 4), lambda A, B: A @ B),
     "mm": ((6, 5), (5, 4), torch.mm),
     "bmm": ((2, 6, 5), (2, 5, 4), torch.bmm),
-    "addmm": ((6, 5), (5, 4), lambda A, B: torch.addmm(torch.ones(6, 4, dtype=A.dtype), A, B, beta=0.5, alpha=2)),
+    "addmm": (
+        (6, 5),
+        (5, 4),
+        lambda A, B: torch.addmm(torch.ones(6, 4, dtype=A.dtype), A, B, beta=0.5, alpha=2),
+    ),
     "matmul 3x2": ((2, 6, 5), (5, 4), torch.matmul),
     "mv": ((6, 5), (5,), torch.mv),
     "dot": ((5,), (5,), torch.dot),
@@ -304,7 +365,10 @@ class SpSp:
         g = torch.Generator().manual_seed(seed)
         sa, sb, self.fn = SPSP[op]
         self.layout, self.dtype, self.fills = layout, dtype, (fa, fb)
-        self.parts = [self._operand(s, f, g, bad in (name, "both")) for s, f, name in ((sa, fa, "A"), (sb, fb, "B"))]
+        self.parts = [
+            self._operand(s, f, g, bad in (name, "both"))
+            for s, f, name in ((sa, fa, "A"), (sb, fb, "B"))
+        ]
         self.shapes = (sa, sb)
 
     def _operand(self, shape, fill, g, bad):
@@ -314,7 +378,7 @@ class SpSp:
         mask.view(-1)[:3] = True
         mask.view(-1)[-1] = False
         idx = mask.nonzero().T
-        vals = torch.randn((idx.shape[1],) + tuple(shape[len(S):]), dtype=self.dtype, generator=g)
+        vals = torch.randn((idx.shape[1],) + tuple(shape[len(S) :]), dtype=self.dtype, generator=g)
         if bad:
             v = vals.view(-1)
             pos = torch.randperm(v.numel(), generator=g)[:3]
@@ -322,26 +386,40 @@ class SpSp:
         if fill == "indefinite":
             f = None
         elif fill == "array":
-            f = torch.randn(shape[len(S):], dtype=self.dtype, generator=g)
+            f = torch.randn(shape[len(S) :], dtype=self.dtype, generator=g)
         else:
             f = torch.tensor(fill, dtype=self.dtype)
         return idx, vals, f
 
     def leaves(self):
-        return [(i, v.clone().requires_grad_(), None if f is None else f.clone().requires_grad_())
-                for i, v, f in self.parts]
+        return [
+            (i, v.clone().requires_grad_(), None if f is None else f.clone().requires_grad_())
+            for i, v, f in self.parts
+        ]
 
     def build(self, i, v, f, shape):
-        A = sparsefill.sparse_coo_tensor(i, v, shape, fill_value=sparsefill.indefinite if f is None else f)
+        A = sparsefill.sparse_coo_tensor(
+            i, v, shape, fill_value=sparsefill.indefinite if f is None else f
+        )
         # (CSR: 2-d, or batched with a definite fill: an indefinite batched CSR needs equal nse per batch)
-        return A.to_sparse_csr() if self.layout is CSR and (len(shape) == 2 or len(shape) == 3 and f is not None) else A
+        return (
+            A.to_sparse_csr()
+            if self.layout is CSR and (len(shape) == 2 or len(shape) == 3 and f is not None)
+            else A
+        )
 
     def run(self, dense):
         leaves = self.leaves()
         ops = [self.build(i, v, f, s) for (i, v, f), s in zip(leaves, self.shapes)]
-        if dense:  # masked: sum over k where both are defined, as an explicit where (no 0 * inf outside)
+        if (
+            dense
+        ):  # masked: sum over k where both are defined, as an explicit where (no 0 * inf outside)
             ops = [self.masked(T, v, f) for T, (_, v, f) in zip(ops, leaves)]
-            out = self.masked_fn(*ops) if any(m is not None for _, m in ops) else self.fn(*(d for d, _ in ops))
+            out = (
+                self.masked_fn(*ops)
+                if any(m is not None for _, m in ops)
+                else self.fn(*(d for d, _ in ops))
+            )
         else:
             out = self.fn(*ops)
         G = torch.randn(out.shape, dtype=self.dtype, generator=torch.Generator().manual_seed(1))
@@ -376,14 +454,27 @@ def check_spsp(case, op):
     got, want = case.run(False), case.run(True)
     assert want[0].isnan().any() or not torch.isfinite(want[0]).all()
     tol = {} if case.dtype == torch.float64 else dict(rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(got[0], want[0], equal_nan=True, **tol, msg=lambda m: f"forward: {m}")
+    torch.testing.assert_close(
+        got[0], want[0], equal_nan=True, **tol, msg=lambda m: f"forward: {m}"
+    )
     assert len(got[1]) == len(want[1])
     for n, (a, b) in enumerate(zip(got[1], want[1])):
         torch.testing.assert_close(a, b, equal_nan=True, **tol, msg=lambda m: f"gradient {n}: {m}")
 
 
-SPSP_FILLS = [(0.0, 0.0), (2.5, -1.5), (0.0, 2.5), (-1.5, 0.0), (NAN, 0.0), (0.0, INF), (INF, 2.5),
-              ("indefinite", 0.0), (0.0, "indefinite"), ("indefinite", "indefinite"), ("indefinite", 2.5)]
+SPSP_FILLS = [
+    (0.0, 0.0),
+    (2.5, -1.5),
+    (0.0, 2.5),
+    (-1.5, 0.0),
+    (NAN, 0.0),
+    (0.0, INF),
+    (INF, 2.5),
+    ("indefinite", 0.0),
+    (0.0, "indefinite"),
+    ("indefinite", "indefinite"),
+    ("indefinite", 2.5),
+]
 
 
 @pytest.mark.parametrize("bad", ["A", "B", "both"])
@@ -393,13 +484,18 @@ def test_sparse_sparse_stored_nonfinite(fa, fb, bad):
 
 
 @pytest.mark.parametrize("fa,fb", [(0.0, 0.0), (2.5, -1.5), ("indefinite", 0.0)], ids=str)
-@pytest.mark.parametrize("op,layout", [(op, lay) for op in SPSP for lay in (COO, CSR, "hybrid")
-                                       if not (op == "dot" and lay != COO)], ids=str)  # (1-d: COO only)
+@pytest.mark.parametrize(
+    "op,layout",
+    [(op, lay) for op in SPSP for lay in (COO, CSR, "hybrid") if not (op == "dot" and lay != COO)],
+    ids=str,
+)  # (1-d: COO only)
 def test_sparse_sparse_stored_nonfinite_ops(op, layout, fa, fb):
     check_spsp(SpSp(op, fa, fb, layout=layout, seed=3), op)
 
 
-@pytest.mark.parametrize("fa,fb", [(0.0, 0.0), (2.5, -1.5), ("array", 0.0), (0.0, "array")], ids=str)
+@pytest.mark.parametrize(
+    "fa,fb", [(0.0, 0.0), (2.5, -1.5), ("array", 0.0), (0.0, "array")], ids=str
+)
 def test_sparse_sparse_stored_nonfinite_hybrid_array_fill(fa, fb):
     check_spsp(SpSp("A@B", fa, fb, layout="hybrid", seed=5), "A@B")
 
@@ -413,13 +509,19 @@ def test_linalg_autograd_imports_alone():
     """``ops.linalg_autograd`` imports first in a fresh interpreter (no circular import through autograd_routes)."""
     import subprocess
     import sys
-    r = subprocess.run([sys.executable, "-c", "import sparsefill.ops.linalg_autograd"], capture_output=True, text=True)
+
+    r = subprocess.run(
+        [sys.executable, "-c", "import sparsefill.ops.linalg_autograd"],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
 
 
 # ---------------------------------------------------------------------- complex; a fill varying along both dims
 def _no_densify_check(fn):
     import warnings
+
     with warnings.catch_warnings():
         warnings.simplefilter("error", sparsefill.DensifyWarning)
         return fn()
@@ -428,6 +530,7 @@ def _no_densify_check(fn):
 def _against_dense(build, leaves, X, fn, ref_fn=None):
     """Forward and the gradients of every leaf (values, fill, X) of ``fn(build(...), X)`` against the dense;
     with ``ref_fn`` (complex: the sum of the terms), each element equals one of the two dense computations."""
+
     def run(how):
         ls = [t.detach().clone().requires_grad_() for t in leaves + [X]]
         A = build(*ls[:-1])
@@ -435,13 +538,16 @@ def _against_dense(build, leaves, X, fn, ref_fn=None):
         G = torch.randn(out.shape, dtype=out.dtype, generator=torch.Generator().manual_seed(1))
         out.backward(G)
         return [out] + [t.grad for t in ls]
+
     got = _no_densify_check(lambda: run(None))
     refs = [run(fn)] + ([run(ref_fn)] if ref_fn else [])
     assert not torch.isfinite(refs[0][0]).all()
     for n, a in enumerate(got):
         ok = [torch.isclose(_nan(a), _nan(r[n]), equal_nan=True) for r in refs]
         bad = ~torch.stack(ok).any(0)
-        assert not bad.any(), f"{'forward' if n == 0 else f'gradient {n - 1}'}: {a[bad]} vs {[r[n][bad] for r in refs]}"
+        assert not bad.any(), (
+            f"{'forward' if n == 0 else f'gradient {n - 1}'}: {a[bad]} vs {[r[n][bad] for r in refs]}"
+        )
 
 
 def _nan(z):
@@ -453,8 +559,11 @@ def _nan(z):
 # the complex products as the sums of their terms: torch's dense gradients multiply by conjugate views, whose
 # BLAS path differs from the terms' products where inf meets inf (``G @ A.mH`` gives ``nan + nan j`` where
 # ``G @ A.mH.contiguous()`` and the sum of the terms give ``-inf - inf j``)
-TERMS = {"A@X": lambda A, X: (A[:, :, None] * X[None]).sum(1), "X@A": lambda A, X: (X[:, :, None] * A[None]).sum(1),
-         "bmm": lambda A, X: (A[..., None] * X[:, None]).sum(2)}
+TERMS = {
+    "A@X": lambda A, X: (A[:, :, None] * X[None]).sum(1),
+    "X@A": lambda A, X: (X[:, :, None] * A[None]).sum(1),
+    "bmm": lambda A, X: (A[..., None] * X[:, None]).sum(2),
+}
 
 
 CPLX = torch.complex128
@@ -468,7 +577,11 @@ def test_complex_nonfinite_x(op, fill, layout):
     real products of the real and imaginary parts: the same sums of the same terms), no densifying."""
     g = torch.Generator().manual_seed(4)
     ashape, xshape, fn, xc, _ = OPS[op]
-    keys = torch.randperm(torch.Size(ashape).numel(), generator=g)[: torch.Size(ashape).numel() // 3].sort().values
+    keys = (
+        torch.randperm(torch.Size(ashape).numel(), generator=g)[: torch.Size(ashape).numel() // 3]
+        .sort()
+        .values
+    )
     idx = torch.stack(torch.unravel_index(keys, ashape))
     v = torch.randn(idx.shape[1], dtype=CPLX, generator=g)
     X = torch.randn(xshape, dtype=CPLX, generator=g).movedim(xc, 0).contiguous()
@@ -481,9 +594,12 @@ def test_complex_nonfinite_x(op, fill, layout):
     def build(v, f):
         A = sparsefill.sparse_coo_tensor(idx, v, ashape, fill_value=f)
         return A.to_sparse_csr() if layout is CSR else A
+
     _against_dense(build, [v, torch.tensor(fill, dtype=CPLX)], X, fn, TERMS[op])
     A = build(v, torch.tensor(fill, dtype=CPLX))
-    torch.testing.assert_close(_nan(fn(A, X)), _nan(fn(A.to_dense(), X)), equal_nan=True)  # torch's dense forward
+    torch.testing.assert_close(
+        _nan(fn(A, X)), _nan(fn(A.to_dense(), X)), equal_nan=True
+    )  # torch's dense forward
 
 
 @pytest.mark.parametrize("fill", ["finite", "inf"])
@@ -493,8 +609,12 @@ def test_fill_varying_along_both_dims(op, fill):
     both matrix dims) times an ``X`` with inf/NaN: each matrix is stored or the fill, so the product is the dense
     one, no densifying.  (COO only: CSR needs 2 sparse dims.)"""
     g = torch.Generator().manual_seed(6)
-    fns = {"bmm": (lambda A, X: torch.bmm(A, X), (3, 5, 2)), "X3@A3": (lambda A, X: X @ A, (3, 2, 4)),
-           "matmul 3x2": (lambda A, X: torch.matmul(A, X), (5, 2)), "A3@x": (lambda A, x: A @ x, (5,))}
+    fns = {
+        "bmm": (lambda A, X: torch.bmm(A, X), (3, 5, 2)),
+        "X3@A3": (lambda A, X: X @ A, (3, 2, 4)),
+        "matmul 3x2": (lambda A, X: torch.matmul(A, X), (5, 2)),
+        "A3@x": (lambda A, x: A @ x, (5,)),
+    }
     fn, xshape = fns[op]
     v = torch.randn(2, 4, 5, dtype=torch.float64, generator=g)
     f = torch.randn(4, 5, dtype=torch.float64, generator=g)
@@ -506,4 +626,5 @@ def test_fill_varying_along_both_dims(op, fill):
 
     def build(v, f):
         return sparsefill.sparse_coo_tensor([[0, 2]], v, (3, 4, 5), fill_value=f)
+
     _against_dense(build, [v, f], X, fn)

@@ -70,15 +70,23 @@ def _check(op, A, idx, vals, shape, dim, dtype, calls):
     A.requires_grad_()
     n = len(calls)
     P = _fn(op)(A, dim)
-    own = (P._idx is A._idx) if A.sparse_layout is torch.sparse_coo else (P._crow is A._crow and P._col is A._col)
-    assert own and P.is_fill_indefinite() and P.dtype == dtype and len(calls) == n + 1, "the edge softmax did not run"
+    own = (
+        (P._idx is A._idx)
+        if A.sparse_layout is torch.sparse_coo
+        else (P._crow is A._crow and P._col is A._col)
+    )
+    assert own and P.is_fill_indefinite() and P.dtype == dtype and len(calls) == n + 1, (
+        "the edge softmax did not run"
+    )
     g = torch.randn(vals.shape, generator=torch.Generator().manual_seed(1), dtype=dtype)
     (gA,) = torch.autograd.grad(P._values(), A, g)
     assert len(calls) == n + 2, "its backward did not run"
     ref_out, ref_grad = _reference(op.removeprefix("torch."), idx, vals.to(dtype), shape, dim, g)
     tol = dict(atol=1e-5, rtol=1e-4) if dtype is torch.float32 else {}
     assert_close(P._values().detach(), ref_out, equal_nan=True, **tol)
-    assert isinstance(gA, SparseTensor)   # (masked.*: fill 0; torch.*: indefinite, 0 at the masked-out elements)
+    assert isinstance(
+        gA, SparseTensor
+    )  # (masked.*: fill 0; torch.*: indefinite, 0 at the masked-out elements)
     assert_close(gA._values(), ref_grad, equal_nan=True, **tol)
     with torch.no_grad():  # the same values without a graph
         assert_close(_fn(op)(A, dim)._values(), P._values().detach(), equal_nan=True)
@@ -90,7 +98,9 @@ def calls(monkeypatch):
     seen = []
     for name in ("softmax_values", "softmax_grad_values"):
         real = getattr(_segsoftmax, name)
-        monkeypatch.setattr(_segsoftmax, name, lambda *a, real=real, **k: seen.append(real) or real(*a, **k))
+        monkeypatch.setattr(
+            _segsoftmax, name, lambda *a, real=real, **k: seen.append(real) or real(*a, **k)
+        )
     return seen
 
 
@@ -118,7 +128,9 @@ def test_three_sparse_dims_and_hybrid(op, dim, calls):
     _check(op, A, idx, vals, shape, dim, torch.float64, calls)
     if dim < 2:  # a trailing dense dim: each dense position is its own slice
         idx2, vals2 = _pattern(shape[:2], 12, seed=3, dense=(3,))
-        H = sparsefill.sparse_coo_tensor(idx2, vals2, shape[:2] + (3,), fill_value=sparsefill.indefinite)
+        H = sparsefill.sparse_coo_tensor(
+            idx2, vals2, shape[:2] + (3,), fill_value=sparsefill.indefinite
+        )
         _check(op, H, idx2, vals2, shape[:2], dim, torch.float64, calls)
 
 
@@ -140,7 +152,7 @@ def test_gradient_through_a_product_and_a_dense_read():
         A = sparsefill.sparse_coo_tensor(idx, v, shape, fill_value=sparsefill.indefinite)
         A = A.to_sparse_csr() if layout is torch.sparse_csr else A
         P = M.softmax(A, 1)
-        loss = (P @ X).square().sum() + (P.to_dense(fill_value=0.) * X[:, :1]).sum()
+        loss = (P @ X).square().sum() + (P.to_dense(fill_value=0.0) * X[:, :1]).sum()
         loss.backward()
         x = torch.zeros(shape, dtype=torch.float64).index_put_(tuple(idx), vals).requires_grad_()
         mask = torch.zeros(shape, dtype=torch.bool).index_put_(tuple(idx), torch.tensor(True))
@@ -152,8 +164,10 @@ def test_gradient_through_a_product_and_a_dense_read():
 def test_the_plan_is_cached_per_pattern():
     idx, vals = _pattern((6, 6), 15, seed=5)
     A = sparsefill.sparse_coo_tensor(idx, vals, (6, 6), fill_value=sparsefill.indefinite)
-    B = sparsefill.sparse_coo_tensor(A._idx, vals * 2, (6, 6), fill_value=sparsefill.indefinite, is_coalesced=True)
-    assert _segsoftmax.plan_of(A, 1) is _segsoftmax.plan_of(B, 1)     # one pattern, one plan
+    B = sparsefill.sparse_coo_tensor(
+        A._idx, vals * 2, (6, 6), fill_value=sparsefill.indefinite, is_coalesced=True
+    )
+    assert _segsoftmax.plan_of(A, 1) is _segsoftmax.plan_of(B, 1)  # one pattern, one plan
     assert _segsoftmax.plan_of(A, 0) is not _segsoftmax.plan_of(A, 1)
     p0 = _segsoftmax.plan_of(A, 0)
     assert p0.perm is not None and torch.equal(p0.perm[p0.inv], torch.arange(15))
@@ -184,13 +198,21 @@ def test_other_cases_take_the_general_path(calls):
     assert_close(out._values(), ref.float())
     assert_close(M.softmax(A, 1, mask=torch.ones(5, 5, dtype=torch.bool))._values(), ref)
     m = M.pattern_mask(A).clone()
-    m._vals[0] = False   # a sparse mask on A's pattern masking an element out: the general path
-    assert_close(M.softmax(A, 1, mask=m)._values(),
-                 torch.masked.softmax(A.to_dense(fill_value=0.), 1, mask=m.to_dense())[tuple(idx)])
-    E = sparsefill.sparse_coo_tensor(torch.zeros(2, 0, dtype=torch.int64), torch.zeros(0), (3, 3),
-                                     fill_value=sparsefill.indefinite)
+    m._vals[0] = False  # a sparse mask on A's pattern masking an element out: the general path
+    assert_close(
+        M.softmax(A, 1, mask=m)._values(),
+        torch.masked.softmax(A.to_dense(fill_value=0.0), 1, mask=m.to_dense())[tuple(idx)],
+    )
+    E = sparsefill.sparse_coo_tensor(
+        torch.zeros(2, 0, dtype=torch.int64),
+        torch.zeros(0),
+        (3, 3),
+        fill_value=sparsefill.indefinite,
+    )
     assert M.softmax(E, 1)._nse() == 0 and torch.softmax(E, 1)._nse() == 0
-    H = sparsefill.sparse_coo_tensor([[0, 2, 3]], vals[:6].reshape(3, 2), (5, 2), fill_value=sparsefill.indefinite)
-    M.softmax(H, 1), torch.softmax(H, 1)   # along the dense dim
+    H = sparsefill.sparse_coo_tensor(
+        [[0, 2, 3]], vals[:6].reshape(3, 2), (5, 2), fill_value=sparsefill.indefinite
+    )
+    M.softmax(H, 1), torch.softmax(H, 1)  # along the dense dim
     assert len(calls) == 1
-    assert not _segsoftmax.applies(sparsefill.to_sparse(torch.eye(3)), 1)      # a defined fill
+    assert not _segsoftmax.applies(sparsefill.to_sparse(torch.eye(3)), 1)  # a defined fill

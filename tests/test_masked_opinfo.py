@@ -27,8 +27,8 @@ from sparsefill import SparseTensor
 from sparsefill import masked as M
 
 OPS = [op for op in op_db if op.name.startswith("masked.")]
-REPORT: dict = collections.defaultdict(collections.Counter)   # op -> Counter of outcome
-PAIRS: dict = collections.defaultdict(set)                    # op -> (input variant, mask variant) pairs checked
+REPORT: dict = collections.defaultdict(collections.Counter)  # op -> Counter of outcome
+PAIRS: dict = collections.defaultdict(set)  # op -> (input variant, mask variant) pairs checked
 
 
 # Samples not supported on sparse inputs: op -> (reason, predicate on the sample).  The sparse call must
@@ -67,9 +67,13 @@ def _sparsify(x, variant, gen):
             return None
         xm = x.clone()
         # (batched CSR: torch wants the same nse per batch, so the dropped positions repeat per batch)
-        drop = torch.rand(x.shape if layout is torch.sparse_coo else x.shape[-2:], generator=gen) < 0.5
+        drop = (
+            torch.rand(x.shape if layout is torch.sparse_coo else x.shape[-2:], generator=gen) < 0.5
+        )
         xm[drop.expand(x.shape)] = 0.0
-        xm[(xm == 0) & ~drop.expand(x.shape)] = 1.0   # (no stray zeros: they would change a batch's nse)
+        xm[(xm == 0) & ~drop.expand(x.shape)] = (
+            1.0  # (no stray zeros: they would change a batch's nse)
+        )
         return (xm.to_sparse() if layout is torch.sparse_coo else xm.to_sparse_csr()), xm, None
     layout, dd, fill = spec
     if x.dim() < (2 if layout is torch.sparse_csr else 0) + dd or (dd and x.dim() < 2):
@@ -104,7 +108,7 @@ def _densify(t):
     return t.to_dense() if t.layout is not torch.strided else t
 
 
-_CACHE: dict = {}   # (id(sample), input variant or mask variant) -> conversions shared by the mask variants
+_CACHE: dict = {}  # (id(sample), input variant or mask variant) -> conversions shared by the mask variants
 
 
 def _cached(key, make):
@@ -125,8 +129,10 @@ def _check_sample(op, sample, in_variant, mask_variant, seed):
     args = list(sample.args)
     ref_args = list(args)
     if name == "logaddexp" and in_variant in LOGADDEXP_BOTH_SPARSE:  # the other operand sparse too
-        conv_o = _cached((id(sample), in_variant, "other"),
-                         lambda: _sparsify(args[0], in_variant, torch.Generator().manual_seed(seed + 1000)))
+        conv_o = _cached(
+            (id(sample), in_variant, "other"),
+            lambda: _sparsify(args[0], in_variant, torch.Generator().manual_seed(seed + 1000)),
+        )
         if conv_o is None or conv_o[2] is not None:
             return "n/a"
         args[0], ref_args[0] = conv_o[0], conv_o[1]
@@ -158,13 +164,25 @@ def _check_sample(op, sample, in_variant, mask_variant, seed):
         warnings.simplefilter("error", sparsefill.DensifyWarning)
         out = getattr(M, name)(A, *args, **sp_kwargs)
     if isinstance(out, SparseTensor):
-        assert out.sparse_layout in (torch.sparse_coo, A.sparse_layout if isinstance(A, SparseTensor) else A.layout)
+        assert out.sparse_layout in (
+            torch.sparse_coo,
+            A.sparse_layout if isinstance(A, SparseTensor) else A.layout,
+        )
     got = _densify(out)
-    assert got.shape == ref.shape and got.dtype == ref.dtype, (got.shape, ref.shape, got.dtype, ref.dtype)
+    assert got.shape == ref.shape and got.dtype == ref.dtype, (
+        got.shape,
+        ref.shape,
+        got.dtype,
+        ref.dtype,
+    )
     where = _compared_positions(name, out, ref.shape, pattern)
     g, r = got[where], ref[where]
-    if not (g.dtype.is_floating_point and torch.allclose(g, r, rtol=1e-7, atol=1e-7, equal_nan=True)):
-        torch.testing.assert_close(g, r, equal_nan=True, atol=1e-7, rtol=1e-7)  # (the slow path explains)
+    if not (
+        g.dtype.is_floating_point and torch.allclose(g, r, rtol=1e-7, atol=1e-7, equal_nan=True)
+    ):
+        torch.testing.assert_close(
+            g, r, equal_nan=True, atol=1e-7, rtol=1e-7
+        )  # (the slow path explains)
     return "ok"
 
 
@@ -199,10 +217,15 @@ def _summary(request):
             tr = terminalreporter
             tr.section("sparsefill.masked vs torch.masked (OpInfo samples)")
             for key, c in sorted(REPORT.items()):
-                tr.write_line(f"{key}: {dict(c)}; (input x mask) layout pairs checked: {len(PAIRS[key])}")
+                tr.write_line(
+                    f"{key}: {dict(c)}; (input x mask) layout pairs checked: {len(PAIRS[key])}"
+                )
             for name, (reason, _) in sorted(DECLARED.items()):
-                tr.write_line(f"declared unsupported on sparse inputs: masked.{name} ({reason}): "
-                              f"{DECLARED_HITS[name]} samples")
+                tr.write_line(
+                    f"declared unsupported on sparse inputs: masked.{name} ({reason}): "
+                    f"{DECLARED_HITS[name]} samples"
+                )
+
     plugin = Summary()
     request.config.pluginmanager.register(plugin, "sparsefill-masked-summary")
     yield
@@ -211,18 +234,30 @@ def _summary(request):
 def _with_masks(samples):
     """The samples again with a random mask of the input's shape."""
     from torch.testing._internal.opinfo.core import SampleInput
+
     g = torch.Generator().manual_seed(7)
-    return [SampleInput(s.input, args=s.args, kwargs={**s.kwargs, "mask": torch.rand(s.input.shape, generator=g) < 0.6})
-            for s in samples]
+    return [
+        SampleInput(
+            s.input,
+            args=s.args,
+            kwargs={**s.kwargs, "mask": torch.rand(s.input.shape, generator=g) < 0.6},
+        )
+        for s in samples
+    ]
 
 
 def _signature(sample):
     """Shapes and non-tensor arguments of a sample (and whether it has a mask): OpInfo repeats some with
     fresh random values only."""
+
     def sig(v):
         return ("T", tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) else repr(v)
-    return (sig(sample.input), tuple(sig(a) for a in sample.args),
-            tuple(sorted((k, sig(v)) for k, v in sample.kwargs.items())))
+
+    return (
+        sig(sample.input),
+        tuple(sig(a) for a in sample.args),
+        tuple(sorted((k, sig(v)) for k, v in sample.kwargs.items())),
+    )
 
 
 @pytest.mark.parametrize("op", OPS, ids=[op.name for op in OPS])
@@ -230,8 +265,11 @@ def test_masked_layout_invariance(op):
     """Every distinct sample x every input variant x every mask layout (strided, COO, CSR)."""
     samples = list(op.sample_inputs("cpu", torch.float64, requires_grad=False))
     assert samples
-    if not any(sample.kwargs.get("mask") is not None for sample in samples) and op.name != "masked.logaddexp":
-        samples += _with_masks(samples)   # (masked.normalize's samples have none)
+    if (
+        not any(sample.kwargs.get("mask") is not None for sample in samples)
+        and op.name != "masked.logaddexp"
+    ):
+        samples += _with_masks(samples)  # (masked.normalize's samples have none)
     seen, failures = set(), []
     for seed, sample in enumerate(samples):
         key = _signature(sample)
@@ -240,21 +278,29 @@ def test_masked_layout_invariance(op):
             continue
         seen.add(key)
         _CACHE.clear()
-        has_mask = any(sample.kwargs.get(k) is not None for k in ("mask", "input_mask", "other_mask"))
+        has_mask = any(
+            sample.kwargs.get(k) is not None for k in ("mask", "input_mask", "other_mask")
+        )
         for iv in INPUTS:
             for mv in MASKS if has_mask else ["strided"]:  # (mask=None: no mask layout to vary)
                 try:
                     outcome = _check_sample(op, sample, iv, mv, seed)
                 except Exception as e:  # noqa: BLE001 - collected and reported below
                     outcome = "FAIL"
-                    kw = {k: (tuple(v.shape) if isinstance(v, torch.Tensor) else v) for k, v in sample.kwargs.items()}
-                    failures.append(f"[{iv}, mask {mv}, sample {seed}: input {tuple(sample.input.shape)} kwargs {kw}] "
-                                    f"{type(e).__name__}: {str(e)[:400]}")
+                    kw = {
+                        k: (tuple(v.shape) if isinstance(v, torch.Tensor) else v)
+                        for k, v in sample.kwargs.items()
+                    }
+                    failures.append(
+                        f"[{iv}, mask {mv}, sample {seed}: input {tuple(sample.input.shape)} kwargs {kw}] "
+                        f"{type(e).__name__}: {str(e)[:400]}"
+                    )
                 REPORT[op.name][outcome] += 1
                 if outcome == "ok":
                     PAIRS[op.name].add((iv, mv))
     _CACHE.clear()
     assert not failures, f"{len(failures)} failures:\n" + "\n".join(failures[:15])
+
 
 NORMALIZATIONS = {"softmax", "log_softmax", "softmin", "normalize", "cumsum", "cumprod"}
 
@@ -262,6 +308,11 @@ NORMALIZATIONS = {"softmax", "log_softmax", "softmin", "normalize", "cumsum", "c
 def _compared_positions(name, out, shape, pattern):
     """Every output position (the drop-in promise), except the unspecified elements of a normalization's
     result for an indefinite-fill input (they have no value: the result keeps the input's pattern)."""
-    if pattern is not None and name in NORMALIZATIONS and isinstance(out, SparseTensor) and out.is_fill_indefinite():
+    if (
+        pattern is not None
+        and name in NORMALIZATIONS
+        and isinstance(out, SparseTensor)
+        and out.is_fill_indefinite()
+    ):
         return pattern.expand(shape)
     return torch.ones(shape, dtype=torch.bool)

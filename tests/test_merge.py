@@ -13,8 +13,10 @@ BIG = 1 << 62
 
 def _runs(kind, n, g, base=0):
     """Two strictly increasing int64 runs of the given relation, keys offset by ``base``."""
+
     def rnd(m, hi):
         return torch.randperm(hi, generator=g)[:m].sort().values
+
     if kind == "empty":
         a, b = torch.zeros(0, dtype=torch.int64), rnd(n, 3 * n + 1)
     elif kind == "both empty":
@@ -35,7 +37,12 @@ def _runs(kind, n, g, base=0):
 
 
 KINDS = ["random", "empty", "both empty", "disjoint", "identical", "inside", "after"]
-PATHS = [False, pytest.param(True, marks=pytest.mark.skipif(not _merge._compiled(), reason="numba not installed"))]
+PATHS = [
+    False,
+    pytest.param(
+        True, marks=pytest.mark.skipif(not _merge._compiled(), reason="numba not installed")
+    ),
+]
 
 
 def _check_union(a, b, out):
@@ -60,11 +67,15 @@ def test_merge_matches_unique_and_paths_agree(kind, n, base, compiled):
     for x, y in ((a, b), (b, a)):
         got = _merge.merge_union(x, y, compiled=compiled)
         _check_union(x, y, got)
-        for r, s in zip(got, _merge.merge_union(x, y, compiled=not compiled) if _merge._compiled() else got):
+        for r, s in zip(
+            got, _merge.merge_union(x, y, compiled=not compiled) if _merge._compiled() else got
+        ):
             assert torch.equal(r, s)
         got = _merge.merge_intersect(x, y, compiled=compiled)
         _check_intersect(x, y, got)
-        for r, s in zip(got, _merge.merge_intersect(x, y, compiled=not compiled) if _merge._compiled() else got):
+        for r, s in zip(
+            got, _merge.merge_intersect(x, y, compiled=not compiled) if _merge._compiled() else got
+        ):
             assert torch.equal(r, s)
 
 
@@ -87,8 +98,15 @@ def test_merge_rejects_bad_keys():
         _merge.merge_intersect(a[None], a)
 
 
-@pytest.fixture(params=["search", "unique", pytest.param("numba", marks=pytest.mark.skipif(
-    not _merge._compiled(), reason="numba not installed"))])
+@pytest.fixture(
+    params=[
+        "search",
+        "unique",
+        pytest.param(
+            "numba", marks=pytest.mark.skipif(not _merge._compiled(), reason="numba not installed")
+        ),
+    ]
+)
 def merge_path(request, monkeypatch):
     """Every merge through one path: torch's binary searches (other devices), the CPU merge of presorted runs
     without numba, or the compiled kernel (any size)."""
@@ -114,10 +132,19 @@ def _pair(kind, shape, dense, g, layout, fills):
 @pytest.mark.parametrize("kind", KINDS)
 def test_add_of_different_patterns_matches_dense(merge_path, kind, dense, layout):
     g = torch.Generator().manual_seed(len(kind))
-    A, B = _pair(kind, (6, 9), dense, g, layout, (1.0, torch.arange(2.0, 2.0 + (dense or (1,))[0], dtype=torch.float64).reshape(dense)))
+    A, B = _pair(
+        kind,
+        (6, 9),
+        dense,
+        g,
+        layout,
+        (1.0, torch.arange(2.0, 2.0 + (dense or (1,))[0], dtype=torch.float64).reshape(dense)),
+    )
     torch.testing.assert_close((A + B).to_dense(), A.to_dense() + B.to_dense())
     torch.testing.assert_close((B * A).to_dense(), B.to_dense() * A.to_dense())
-    torch.testing.assert_close(torch.maximum(A, B).to_dense(), torch.maximum(A.to_dense(), B.to_dense()))
+    torch.testing.assert_close(
+        torch.maximum(A, B).to_dense(), torch.maximum(A.to_dense(), B.to_dense())
+    )
     # the pattern is the union of the operands' (positions of the sparse dims, ascending), in A's layout
     S = (6, 9)
     ka, kb = (_keys(T, S) for T in (A, B))
@@ -127,6 +154,7 @@ def test_add_of_different_patterns_matches_dense(merge_path, kind, dense, layout
 def _keys(T, S):
     from sparsefill._convert import coalesced_parts
     from sparsefill._index import linearize
+
     return linearize(coalesced_parts(T)[0], S)
 
 
@@ -134,14 +162,18 @@ def _keys(T, S):
 @pytest.mark.parametrize("kind", KINDS)
 def test_indefinite_operands_keep_the_intersection(merge_path, kind, dense):
     g = torch.Generator().manual_seed(len(kind) + 1)
-    A, B = _pair(kind, (5, 8), dense, g, torch.sparse_coo, (sparsefill.indefinite, sparsefill.indefinite))
+    A, B = _pair(
+        kind, (5, 8), dense, g, torch.sparse_coo, (sparsefill.indefinite, sparsefill.indefinite)
+    )
     C = A - B
     ka, kb = _keys(A, (5, 8)), _keys(B, (5, 8))
     assert torch.equal(_keys(C, (5, 8)), ka[torch.isin(ka, kb)])
     zero = torch.zeros(dense, dtype=torch.float64)
     sel = tuple(torch.unravel_index(_keys(C, (5, 8)), (5, 8)))
     got = C.to_dense(fill_value=zero)[sel]
-    torch.testing.assert_close(got, A.to_dense(fill_value=zero)[sel] - B.to_dense(fill_value=zero)[sel])
+    torch.testing.assert_close(
+        got, A.to_dense(fill_value=zero)[sel] - B.to_dense(fill_value=zero)[sel]
+    )
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -150,8 +182,14 @@ def test_one_indefinite_operand_keeps_its_pattern(merge_path, kind):
     A, B = _pair(kind, (5, 8), (), g, torch.sparse_coo, (sparsefill.indefinite, 1.5))
     C = B + A
     assert torch.equal(_keys(C, (5, 8)), _keys(A, (5, 8)))
-    torch.testing.assert_close(C.to_dense(fill_value=0.0), torch.where(
-        A.to_dense(fill_value=float("nan")).isnan(), 0.0, B.to_dense() + A.to_dense(fill_value=0.0)))
+    torch.testing.assert_close(
+        C.to_dense(fill_value=0.0),
+        torch.where(
+            A.to_dense(fill_value=float("nan")).isnan(),
+            0.0,
+            B.to_dense() + A.to_dense(fill_value=0.0),
+        ),
+    )
 
 
 def test_add_near_the_largest_keys(merge_path):
@@ -159,11 +197,11 @@ def test_add_near_the_largest_keys(merge_path):
     n = 1 << 31
     ia = torch.tensor([[n - 3, n - 1, n - 1], [5, 0, n - 1]])
     ib = torch.tensor([[0, n - 1, n - 1], [0, 0, n - 2]])
-    A = sparsefill.sparse_coo_tensor(ia, torch.tensor([1., 2., 3.]), (n, n), fill_value=1.0)
-    B = sparsefill.sparse_coo_tensor(ib, torch.tensor([10., 20., 30.]), (n, n), fill_value=2.0)
+    A = sparsefill.sparse_coo_tensor(ia, torch.tensor([1.0, 2.0, 3.0]), (n, n), fill_value=1.0)
+    B = sparsefill.sparse_coo_tensor(ib, torch.tensor([10.0, 20.0, 30.0]), (n, n), fill_value=2.0)
     C = (A + B).coalesce()
     assert C._indices().tolist() == [[0, n - 3, n - 1, n - 1, n - 1], [0, 5, 0, n - 2, n - 1]]
-    assert C._values().tolist() == [11., 3., 22., 31., 5.]
+    assert C._values().tolist() == [11.0, 3.0, 22.0, 31.0, 5.0]
     assert C.fill_value().item() == 3.0
 
 
@@ -172,14 +210,23 @@ def test_distributed_combine_of_three_patterns(merge_path):
     from torch.distributed import ReduceOp
 
     from sparsefill.distributed._combine import combine
+
     g = torch.Generator().manual_seed(3)
-    Ts = [sparsefill.sparse_coo_tensor(torch.stack(torch.unravel_index(k, (4, 7))), torch.randn(k.numel(), 2,
-          generator=g, dtype=torch.float64), (4, 7, 2), fill_value=f)
-          for k, f in zip(_runs("random", 9, g) + _runs("inside", 9, g), (0.5, 1.0, -2.0, 0.0))]
+    Ts = [
+        sparsefill.sparse_coo_tensor(
+            torch.stack(torch.unravel_index(k, (4, 7))),
+            torch.randn(k.numel(), 2, generator=g, dtype=torch.float64),
+            (4, 7, 2),
+            fill_value=f,
+        )
+        for k, f in zip(_runs("random", 9, g) + _runs("inside", 9, g), (0.5, 1.0, -2.0, 0.0))
+    ]
     ref = sum(T.to_dense() for T in Ts)
     torch.testing.assert_close(combine(ReduceOp.SUM, Ts).to_dense(), ref)
-    torch.testing.assert_close(combine(ReduceOp.MAX, Ts[:3]).to_dense(),
-                               torch.stack([T.to_dense() for T in Ts[:3]]).amax(0))
+    torch.testing.assert_close(
+        combine(ReduceOp.MAX, Ts[:3]).to_dense(),
+        torch.stack([T.to_dense() for T in Ts[:3]]).amax(0),
+    )
 
 
 @pytest.mark.parametrize("dense", [(), (2,)])
@@ -224,7 +271,9 @@ def test_writes_join_the_pattern_by_merge(merge_path, written, dense, layout):
     if not dense:
         idx = torch.randint(6, (3, 9), generator=g)
         src = torch.randn(3, 9, generator=g, dtype=torch.float64)
-        torch.testing.assert_close(A.scatter_add(0, idx, src).to_dense(), A.to_dense().scatter_add(0, idx, src))
+        torch.testing.assert_close(
+            A.scatter_add(0, idx, src).to_dense(), A.to_dense().scatter_add(0, idx, src)
+        )
 
 
 def _sorted_runs(sizes, hi, g, dup=False):
@@ -232,19 +281,35 @@ def _sorted_runs(sizes, hi, g, dup=False):
     return torch.cat(runs if not dup else runs + [runs[0][: max(sizes[0] // 3, 1)]])
 
 
-@pytest.mark.parametrize("case", ["sorted", "sorted with repeats", "2 runs", "5 runs with repeats", "many runs",
-                                  "random", "one", "empty"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "sorted",
+        "sorted with repeats",
+        "2 runs",
+        "5 runs with repeats",
+        "many runs",
+        "random",
+        "one",
+        "empty",
+    ],
+)
 @pytest.mark.parametrize("n", [9, 5000])
 def test_sort_keys_is_a_stable_sort(case, n):
     """``_index.sort_keys`` (numpy's run-merging sort for a few runs on CPU, torch.sort else) == torch.sort(stable)."""
     from sparsefill import _index
+
     g = torch.Generator().manual_seed(n)
-    keys = {"sorted": torch.arange(n) * 3, "sorted with repeats": torch.arange(n) // 2,
-            "2 runs": _sorted_runs([n // 2, n - n // 2], 4 * n, g),
-            "5 runs with repeats": _sorted_runs([n // 5] * 5, n, g, dup=True),
-            "many runs": _sorted_runs([max(n // 100, 1)] * 100, 4 * n, g),
-            "random": torch.randint(n, (n,), generator=g), "one": torch.tensor([7]),
-            "empty": torch.zeros(0, dtype=torch.int64)}[case]
+    keys = {
+        "sorted": torch.arange(n) * 3,
+        "sorted with repeats": torch.arange(n) // 2,
+        "2 runs": _sorted_runs([n // 2, n - n // 2], 4 * n, g),
+        "5 runs with repeats": _sorted_runs([n // 5] * 5, n, g, dup=True),
+        "many runs": _sorted_runs([max(n // 100, 1)] * 100, 4 * n, g),
+        "random": torch.randint(n, (n,), generator=g),
+        "one": torch.tensor([7]),
+        "empty": torch.zeros(0, dtype=torch.int64),
+    }[case]
     k, perm = _index.sort_keys(keys)
     ref_k, ref_p = torch.sort(keys, stable=True)
     assert torch.equal(k, ref_k)
@@ -258,7 +323,9 @@ def test_coalesce_of_concatenated_runs(runs, dense):
     or a concatenation of coalesced patterns gives: coalesce() and to_dense() against the dense sum, COO and CSR."""
     g = torch.Generator().manual_seed(runs)
     shape, n = (70, 90), 70 * 90
-    keys = _sorted_runs([max(8000 // runs, 1)] * runs, n, g)  # (8000 keys: numpy's merge of the runs)
+    keys = _sorted_runs(
+        [max(8000 // runs, 1)] * runs, n, g
+    )  # (8000 keys: numpy's merge of the runs)
     idx = torch.stack(torch.unravel_index(keys, shape))
     vals = torch.randn((keys.numel(),) + dense, generator=g, dtype=torch.float64)
     A = sparsefill.sparse_coo_tensor(idx, vals, shape + dense, fill_value=0.5)
@@ -284,6 +351,7 @@ def test_all_sparse_merges_the_fill_elements(merge_path, coalesce):
     for dims in ((2, 0, 1), (0, 2, 1)):
         torch.testing.assert_close(A.permute(dims).to_dense(), A.to_dense().permute(dims))
     from sparsefill.ops.shape import all_sparse
+
     S = all_sparse(A)
     torch.testing.assert_close(S.to_dense(), A.to_dense())
     assert S.dense_dim() == 0 and S._nse() == 4 * 3 + (20 - 4) * 1 and S.is_coalesced() == coalesce
@@ -295,24 +363,42 @@ def test_batched_csr_padding_merges(merge_path):
     """A batched CSR needs the same nse per batch: fill-valued elements pad the short batches, merged into
     the sorted pattern; against the dense tensor."""
     idx = torch.tensor([[0, 0, 0, 1], [0, 1, 2, 1], [1, 0, 2, 2]])
-    vals = torch.tensor([1., 2., 3., 4.], dtype=torch.float64)
+    vals = torch.tensor([1.0, 2.0, 3.0, 4.0], dtype=torch.float64)
     A = sparsefill.sparse_coo_tensor(idx, vals, (2, 3, 3), fill_value=-1.0)
     C = A.to_sparse(torch.sparse_csr)
     assert C.col_indices().shape == (2, 3)
     torch.testing.assert_close(C.to_dense(), A.to_dense())
 
 
-@pytest.mark.parametrize("shape", [(3, 4), (20000, 20000), (7, 1, 5), (2, 3, 0 + 1, 9), (1 << 26, 1 << 26),
-                                   ((1 << 40) + 7, 4095), (1 << 31, 1 << 31)])
+@pytest.mark.parametrize(
+    "shape",
+    [
+        (3, 4),
+        (20000, 20000),
+        (7, 1, 5),
+        (2, 3, 0 + 1, 9),
+        (1 << 26, 1 << 26),
+        ((1 << 40) + 7, 4095),
+        (1 << 31, 1 << 31),
+    ],
+)
 def test_linearize_and_unravel_are_inverse(shape):
     """The keys of :mod:`._index` (fused adds; float64 quotients below 2**52 positions, torch.unravel_index above)
     against torch.unravel_index, at random keys, the first and last, and next to multiples of the last dim."""
     from sparsefill import _index
+
     g = torch.Generator().manual_seed(len(shape))
     n, s = _index.numel(shape), shape[-1]
     m = torch.randint(max(n // s, 1), (300,), generator=g) * s
-    keys = torch.cat([torch.randint(n, (300,), generator=g), torch.tensor([0, n - 1]), m, (m - 1).clamp(min=0),
-                      (m + 1).clamp(max=n - 1)]).unique()
+    keys = torch.cat(
+        [
+            torch.randint(n, (300,), generator=g),
+            torch.tensor([0, n - 1]),
+            m,
+            (m - 1).clamp(min=0),
+            (m + 1).clamp(max=n - 1),
+        ]
+    ).unique()
     idx = _index.unravel(keys, shape)
     assert torch.equal(idx, torch.stack(torch.unravel_index(keys, shape)))
     assert torch.equal(_index.linearize(idx, shape), keys)
@@ -320,20 +406,38 @@ def test_linearize_and_unravel_are_inverse(shape):
     assert _index.unravel(keys[:0], shape).shape == (len(shape), 0)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64, torch.int32, torch.int16, torch.int8,
-                                   torch.uint8, torch.bool])
+@pytest.mark.parametrize(
+    "dtype",
+    [
+        torch.float32,
+        torch.float64,
+        torch.int64,
+        torch.int32,
+        torch.int16,
+        torch.int8,
+        torch.uint8,
+        torch.bool,
+    ],
+)
 def test_find_differ_matches_nonzero(dtype):
     """``_merge.find_differ`` (a vectorized count, then blocks of ``_FIND_BLOCK`` tested and written) ==
     ``(x != fill).nonzero()`` with NaN equal to NaN: sizes around the block edges, densities 0 to 100%, fills
     0, 3, NaN and -0.0, and ``to_sparse`` through it (COO and CSR, 2-D and 3-D) == the input."""
     pytest.importorskip("numba", reason="find_differ is a numba kernel (without numba it declines)")
     B, g = _merge._FIND_BLOCK, torch.Generator().manual_seed(3)
-    fills = [False, True] if dtype is torch.bool else [0, 3] + ([float("nan"), -0.0] if dtype.is_floating_point else [])
+    fills = (
+        [False, True]
+        if dtype is torch.bool
+        else [0, 3] + ([float("nan"), -0.0] if dtype.is_floating_point else [])
+    )
     for n in (0, 1, B - 1, B, B + 1, 2 * B, 5 * B + 3, 3000):
         for p in (0.0, 0.01, 0.3, 1.0):
             for fv in fills:
-                x = (torch.rand(n, generator=g) * 9).to(dtype) if dtype is not torch.bool else \
-                    torch.rand(n, generator=g) > 0.5
+                x = (
+                    (torch.rand(n, generator=g) * 9).to(dtype)
+                    if dtype is not torch.bool
+                    else torch.rand(n, generator=g) > 0.5
+                )
                 if dtype.is_floating_point:
                     x[torch.rand(n, generator=g) < 0.1] = float("nan")
                 x[torch.rand(n, generator=g) >= p] = fv
@@ -343,12 +447,17 @@ def test_find_differ_matches_nonzero(dtype):
                 keys = sparsefill._convert.differs(x, fill).nonzero()[:, 0]
                 assert torch.equal(got[0], keys)
                 torch.testing.assert_close(got[1], x[keys], equal_nan=True, rtol=0, atol=0)
-    x = (torch.rand(6, 7, 9, generator=g) * 4).round().to(dtype) if dtype is not torch.bool else \
-        torch.rand(6, 7, 9, generator=g) > 0.6
+    x = (
+        (torch.rand(6, 7, 9, generator=g) * 4).round().to(dtype)
+        if dtype is not torch.bool
+        else torch.rand(6, 7, 9, generator=g) > 0.6
+    )
     for layout in (torch.sparse_coo, torch.sparse_csr):
         A = sparsefill.to_sparse(x, fill_value=fills[0], layout=layout)
         assert torch.equal(A.to_dense(), x)
-        assert layout is torch.sparse_csr or A._nse() == int((x != fills[0]).sum())  # (batched CSR: nse per batch)
+        assert layout is torch.sparse_csr or A._nse() == int(
+            (x != fills[0]).sum()
+        )  # (batched CSR: nse per batch)
 
 
 def test_find_differ_declines_what_it_cannot_read_by_address():
@@ -358,14 +467,20 @@ def test_find_differ_declines_what_it_cannot_read_by_address():
     pytest.importorskip("numba", reason="find_differ is a numba kernel (without numba it declines)")
     g = torch.Generator().manual_seed(4)
     x = torch.randn(40, 30, generator=g).double()
-    x[x.abs() < 1] = 2.
-    f = torch.tensor(2., dtype=torch.float64)
-    for bad, fill in [(x.t(), f), (x._neg_view(), f), (x.to(torch.complex128), f.to(torch.complex128)),
-                      (x, f.float()), (x, f.expand(30)), (x.clone().requires_grad_(), f)]:
+    x[x.abs() < 1] = 2.0
+    f = torch.tensor(2.0, dtype=torch.float64)
+    for bad, fill in [
+        (x.t(), f),
+        (x._neg_view(), f),
+        (x.to(torch.complex128), f.to(torch.complex128)),
+        (x, f.float()),
+        (x, f.expand(30)),
+        (x.clone().requires_grad_(), f),
+    ]:
         assert _merge.find_differ(bad, fill) is None
     for t in (x.t(), x._neg_view()):
-        assert torch.equal(sparsefill.to_sparse(t, fill_value=2.).to_dense(), t)
+        assert torch.equal(sparsefill.to_sparse(t, fill_value=2.0).to_dense(), t)
     w = x.clone().requires_grad_()
-    A = sparsefill.to_sparse(w, fill_value=2.)
+    A = sparsefill.to_sparse(w, fill_value=2.0)
     (A * 3).sum().backward()
-    torch.testing.assert_close(w.grad, torch.full_like(x, 3.))
+    torch.testing.assert_close(w.grad, torch.full_like(x, 3.0))

@@ -20,9 +20,13 @@ import sparsefill
 from sparsefill import masked, segment
 
 # (torch.jit's deprecation, imported by inductor; torch's beta/invariant notes on native sparse tensors)
-pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"),
-              pytest.mark.filterwarnings("ignore:Sparse:UserWarning")]
-_LAYOUTS = pytest.mark.parametrize("layout", [torch.sparse_coo, torch.sparse_csr], ids=["coo", "csr"])
+pytestmark = [
+    pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+    pytest.mark.filterwarnings("ignore:Sparse:UserWarning"),
+]
+_LAYOUTS = pytest.mark.parametrize(
+    "layout", [torch.sparse_coo, torch.sparse_csr], ids=["coo", "csr"]
+)
 
 
 def _no_densify():
@@ -30,10 +34,13 @@ def _no_densify():
 
 
 # ---------------------------------------------------------------------------------------------- (a) a GNN
-def _graph(n=30, edges=90, seed=0, fill=0.):
+def _graph(n=30, edges=90, seed=0, fill=0.0):
     """A random graph's symmetric-normalised adjacency ``D^-1/2 (A + I) D^-1/2`` (COO, coalesced), features."""
     g = torch.Generator().manual_seed(seed)
-    src, dst = torch.randint(0, n, (edges,), generator=g), torch.randint(0, n, (edges,), generator=g)
+    src, dst = (
+        torch.randint(0, n, (edges,), generator=g),
+        torch.randint(0, n, (edges,), generator=g),
+    )
     keys = torch.unique(torch.cat([dst, torch.arange(n)]) * n + torch.cat([src, torch.arange(n)]))
     ei = torch.stack([keys // n, keys % n])
     deg = torch.bincount(ei[0], minlength=n).float()
@@ -45,7 +52,11 @@ class GCN(nn.Module):
     def __init__(self, d_in=5, hidden=8, classes=3):
         super().__init__()
         torch.manual_seed(1)
-        self.l1, self.l2, self.drop = nn.Linear(d_in, hidden), nn.Linear(hidden, classes), nn.Dropout(0.5)
+        self.l1, self.l2, self.drop = (
+            nn.Linear(d_in, hidden),
+            nn.Linear(hidden, classes),
+            nn.Dropout(0.5),
+        )
 
     def forward(self, x, A):
         return A @ self.l2(self.drop(F.relu(A @ self.l1(x))))
@@ -113,13 +124,17 @@ def test_block_diag_batches_graphs_in_dataloader_workers():
     """``DataLoader(num_workers=2)`` with a collate batching adjacencies by ``torch.block_diag``: a SparseTensor
     of the operands' stored elements (it densified), equal to the dense block_diag; the model's output per batch
     equals the dense model's."""
-    loader = torch.utils.data.DataLoader(_Graphs(), batch_size=3, num_workers=2, collate_fn=_block_diag_collate)
+    loader = torch.utils.data.DataLoader(
+        _Graphs(), batch_size=3, num_workers=2, collate_fn=_block_diag_collate
+    )
     m = GCN().eval()
     batches = list(loader)
     assert len(batches) == 2
     for k, (A, x, y) in enumerate(batches):
         graphs = [_graph(4 + i, 3 * (4 + i), seed=i) for i in range(3 * k, 3 * k + 3)]
-        assert isinstance(A, sparsefill.SparseTensor) and A._nse() == sum(g[0]._nse() for g in graphs)
+        assert isinstance(A, sparsefill.SparseTensor) and A._nse() == sum(
+            g[0]._nse() for g in graphs
+        )
         assert_close(A.to_dense(), torch.block_diag(*[g[0].to_dense() for g in graphs]))
         with warnings.catch_warnings():
             _no_densify()
@@ -130,7 +145,10 @@ def test_block_diag_batches_graphs_in_dataloader_workers():
 def test_block_diag_forward_backward(layout):
     """block_diag of SparseTensors with fill 0 (uncoalesced too) and of masked ones, forward and the gradient of
     the constructors' values, as on the dense equivalents; other fills densify exactly."""
-    v1, v2 = torch.tensor([1., 2., 4.], requires_grad=True), torch.tensor([3., 4., 5.], requires_grad=True)
+    v1, v2 = (
+        torch.tensor([1.0, 2.0, 4.0], requires_grad=True),
+        torch.tensor([3.0, 4.0, 5.0], requires_grad=True),
+    )
     i1, i2 = [[0, 1, 0], [1, 0, 1]], [[0, 2, 1], [0, 1, 0]]  # (the first uncoalesced: a duplicate)
     A = sparsefill.sparse_coo_tensor(i1, v1, (2, 3))
     B = sparsefill.sparse_coo_tensor(i2, v2, (3, 2)).to_sparse(layout=layout)
@@ -139,7 +157,9 @@ def test_block_diag_forward_backward(layout):
         _no_densify()
         R = torch.block_diag(A, B, A)
         got = torch.autograd.grad((R @ X).pow(2).sum(), [v1, v2])
-    Ad = torch.zeros(2, 3).index_put((torch.tensor(i1[0]), torch.tensor(i1[1])), v1, accumulate=True)
+    Ad = torch.zeros(2, 3).index_put(
+        (torch.tensor(i1[0]), torch.tensor(i1[1])), v1, accumulate=True
+    )
     Bd = torch.zeros(3, 2).index_put((torch.tensor(i2[0]), torch.tensor(i2[1])), v2)
     Rd = torch.block_diag(Ad, Bd, Ad)
     assert_close(R.to_dense(), Rd)
@@ -148,11 +168,17 @@ def test_block_diag_forward_backward(layout):
     M = sparsefill.sparse_coo_tensor(i2, v2.detach(), (3, 2), fill_value=sparsefill.indefinite)
     MM = torch.block_diag(M, M)
     assert MM._indefinite and MM._nse() == 6
-    assert_close(MM.to_dense(fill_value=-1.), torch.block_diag(M.to_dense(fill_value=-1.), M.to_dense(fill_value=-1.))
-                 .masked_fill(torch.block_diag(torch.ones(3, 2), torch.ones(3, 2)) == 0, -1.))
+    assert_close(
+        MM.to_dense(fill_value=-1.0),
+        torch.block_diag(M.to_dense(fill_value=-1.0), M.to_dense(fill_value=-1.0)).masked_fill(
+            torch.block_diag(torch.ones(3, 2), torch.ones(3, 2)) == 0, -1.0
+        ),
+    )
     C = sparsefill.sparse_coo_tensor(i2, v2.detach(), (3, 2), fill_value=0.5)
     with pytest.warns(sparsefill.DensifyWarning):
-        assert_close(torch.block_diag(C, A.detach()), torch.block_diag(C.to_dense(), A.detach().to_dense()))
+        assert_close(
+            torch.block_diag(C, A.detach()), torch.block_diag(C.to_dense(), A.detach().to_dense())
+        )
 
 
 def test_state_dict_of_sparse_adjacency_buffer():
@@ -220,29 +246,38 @@ class DLRM(nn.Module):
         for k in range(_K):
             n = _LENGTHS[k][lo:hi]
             start = int(_LENGTHS[k][:lo].sum())
-            ids = _IDS[k][start:start + int(n.sum())]
+            ids = _IDS[k][start : start + int(n.sum())]
             if self.mode == "segment":
                 pooled.append(segment.sparse_lengths_sum(self.tables[k], ids, n, sparse_grad=True))
-            elif self.mode == "multihot":  # a SparseTensor (batch, rows) of ones: the bag sum is a product
+            elif (
+                self.mode == "multihot"
+            ):  # a SparseTensor (batch, rows) of ones: the bag sum is a product
                 rows = torch.repeat_interleave(torch.arange(len(n)), n)
-                M = sparsefill.sparse_coo_tensor(torch.stack([rows, ids]), torch.ones(len(ids)), (len(n), _R))
+                M = sparsefill.sparse_coo_tensor(
+                    torch.stack([rows, ids]), torch.ones(len(ids)), (len(n), _R)
+                )
                 pooled.append(M @ self.tables[k])
             else:
-                pooled.append(F.embedding_bag(ids, self.tables[k], torch.cumsum(n, 0) - n, mode="sum"))
+                pooled.append(
+                    F.embedding_bag(ids, self.tables[k], torch.cumsum(n, 0) - n, mode="sum")
+                )
         return self.top(torch.cat([self.bot(_DX[lo:hi])] + pooled, 1)).squeeze(1)
 
 
 def _train_dlrm(mode, steps=3, micro=3):
     m = DLRM(mode)
     dense = list(m.bot.parameters()) + list(m.top.parameters())
-    opts = ([segment.SparseAdagrad(list(m.tables), lr=0.1), torch.optim.Adagrad(dense, lr=0.1)] if mode == "segment"
-            else [torch.optim.Adagrad(m.parameters(), lr=0.1)])
+    opts = (
+        [segment.SparseAdagrad(list(m.tables), lr=0.1), torch.optim.Adagrad(dense, lr=0.1)]
+        if mode == "segment"
+        else [torch.optim.Adagrad(m.parameters(), lr=0.1)]
+    )
     scheds = [torch.optim.lr_scheduler.StepLR(o, 1, gamma=0.5) for o in opts]
     losses, norms = [], []
     for _ in range(steps):
         for o in opts:
             o.zero_grad()
-        total = 0.
+        total = 0.0
         for j in range(micro):  # gradient accumulation over micro-batches
             lo, hi = j * _B // micro, (j + 1) * _B // micro
             loss = F.binary_cross_entropy_with_logits(m(lo, hi), _Y[lo:hi]) / micro
@@ -273,9 +308,12 @@ def test_dlrm_accumulation_clipping_scheduler_match_dense(mode):
 
 # ---------------------------------------------------------------------------------------------- (c) attention
 _L, _E = 6, 8
-_KEEP = (torch.rand(_L, _L, generator=torch.Generator().manual_seed(0)) < 0.4) | torch.eye(_L, dtype=torch.bool)
-_MASK = sparsefill.sparse_coo_tensor(_KEEP.nonzero().t(), torch.zeros(int(_KEEP.sum())), (_L, _L),
-                                     fill_value=sparsefill.indefinite)
+_KEEP = (torch.rand(_L, _L, generator=torch.Generator().manual_seed(0)) < 0.4) | torch.eye(
+    _L, dtype=torch.bool
+)
+_MASK = sparsefill.sparse_coo_tensor(
+    _KEEP.nonzero().t(), torch.zeros(int(_KEEP.sum())), (_L, _L), fill_value=sparsefill.indefinite
+)
 
 
 class Block(nn.Module):
@@ -288,7 +326,7 @@ class Block(nn.Module):
 
     def attn(self, h):
         q, k, v = self.qkv(h).chunk(3, -1)
-        S = q @ k.t() / _E ** 0.5
+        S = q @ k.t() / _E**0.5
         if self.sparse:  # the scores on the mask's pattern, masked out elsewhere
             return masked.softmax(_MASK + S, 1) @ v
         return torch.softmax(S.masked_fill(~_KEEP, float("-inf")), 1) @ v
@@ -325,10 +363,14 @@ def test_sdpa_with_sparse_attn_mask():
     (fill -inf) masks give the dense masks' result; an indefinite one is refused naming the op."""
     q, k, v = torch.randn(3, 1, _L, _E, generator=torch.Generator().manual_seed(3)).unbind(0)
     idx = _KEEP.nonzero().t()
-    additive = sparsefill.sparse_coo_tensor(idx, torch.zeros(idx.shape[1]), (_L, _L), fill_value=float("-inf"))
+    additive = sparsefill.sparse_coo_tensor(
+        idx, torch.zeros(idx.shape[1]), (_L, _L), fill_value=float("-inf")
+    )
     for mask, dense in [(sparsefill.to_sparse(_KEEP), _KEEP), (additive, additive.to_dense())]:
-        assert_close(F.scaled_dot_product_attention(q, k, v, attn_mask=mask),
-                     F.scaled_dot_product_attention(q, k, v, attn_mask=dense))
+        assert_close(
+            F.scaled_dot_product_attention(q, k, v, attn_mask=mask),
+            F.scaled_dot_product_attention(q, k, v, attn_mask=dense),
+        )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", sparsefill.DensifyWarning)
         with pytest.raises(ValueError, match="indefinite fill"):
@@ -336,35 +378,35 @@ def test_sdpa_with_sparse_attn_mask():
 
 
 @_LAYOUTS
-@pytest.mark.parametrize("fill", [0., "indefinite"])
+@pytest.mark.parametrize("fill", [0.0, "indefinite"])
 def test_sampled_addmm_and_sparse_mask(layout, fill):
     """``torch.sparse.sampled_addmm`` (SDDMM) of a SparseTensor (it densified, then torch raised
     NotImplementedError) and ``x.sparse_mask(A)``: as torch's on the native CSR tensor, forward and the
     gradients of the constructor's values, mat1 and mat2 (a dense and a sparse upstream gradient); an
     indefinite fill stays indefinite."""
     idx = torch.tensor([[0, 1, 2, 2, 0], [1, 2, 0, 2, 1]])  # (uncoalesced: (0, 1) twice)
-    v = torch.tensor([1., 2., 3., 4., .5], requires_grad=True)
+    v = torch.tensor([1.0, 2.0, 3.0, 4.0, 0.5], requires_grad=True)
     f = sparsefill.indefinite if fill == "indefinite" else fill
     A = sparsefill.sparse_coo_tensor(idx, v, (3, 3), fill_value=f).to_sparse(layout=layout)
     m1, m2 = torch.randn(3, 2, requires_grad=True), torch.randn(2, 3, requires_grad=True)
     nat = torch.sparse_coo_tensor(idx, v.detach(), (3, 3)).coalesce().to_sparse_csr()
     with warnings.catch_warnings():
         _no_densify()
-        r = torch.sparse.sampled_addmm(A, m1, m2, beta=0.5, alpha=2.)
+        r = torch.sparse.sampled_addmm(A, m1, m2, beta=0.5, alpha=2.0)
         D = torch.randn(3, 3)
         Dm = D.sparse_mask(A)
-    want = torch.sparse.sampled_addmm(nat, m1.detach(), m2.detach(), beta=0.5, alpha=2.).to_dense()
+    want = torch.sparse.sampled_addmm(nat, m1.detach(), m2.detach(), beta=0.5, alpha=2.0).to_dense()
     assert r.sparse_layout is layout and r._indefinite == (fill == "indefinite")
-    assert_close(r.to_dense(fill_value=0.), want)
+    assert_close(r.to_dense(fill_value=0.0), want)
     assert not Dm._indefinite and Dm.sparse_layout is layout
     assert_close(Dm.to_dense(), D.sparse_mask(nat).to_dense())
     keep = torch.zeros(3, 3, dtype=torch.bool).index_put((idx[0], idx[1]), torch.tensor(True))
     vd, m1d, m2d = (t.detach().requires_grad_() for t in (v, m1, m2))
     Ad = torch.zeros(3, 3).index_put((idx[0], idx[1]), vd, accumulate=True)
-    dense = torch.where(keep, 0.5 * Ad + 2. * (m1d @ m2d), 0.)
+    dense = torch.where(keep, 0.5 * Ad + 2.0 * (m1d @ m2d), 0.0)
     G = torch.randn(3, 3)
     ref = torch.autograd.grad((dense * G).sum(), [vd, m1d, m2d])
-    for loss in (lambda r: (r.to_dense(fill_value=0.) * G).sum(), lambda r: masked.sum(r * G)):
+    for loss in (lambda r: (r.to_dense(fill_value=0.0) * G).sum(), lambda r: masked.sum(r * G)):
         with warnings.catch_warnings():
             _no_densify()
             got = torch.autograd.grad(loss(r), [v, m1, m2], retain_graph=True)
@@ -374,7 +416,10 @@ def test_sampled_addmm_and_sparse_mask(layout, fill):
 def test_sddmm_attention_matches_dense():
     """Sparse attention with no dense score matrix: ``masked.softmax(sampled_addmm(mask, q, k^T), 1) @ v``
     on an indefinite-fill mask, forward and gradients of q, k, v as the dense masked attention."""
-    q, k, v = (torch.randn(_L, _E, generator=torch.Generator().manual_seed(s), requires_grad=True) for s in (4, 5, 6))
+    q, k, v = (
+        torch.randn(_L, _E, generator=torch.Generator().manual_seed(s), requires_grad=True)
+        for s in (4, 5, 6)
+    )
     with warnings.catch_warnings():
         _no_densify()
         out = masked.softmax(torch.sparse.sampled_addmm(_MASK.to_sparse_csr(), q, k.t()), 1) @ v
@@ -389,6 +434,7 @@ def test_sparse_attention_example():
     losses as the dense masked block; its main runs."""
     from pathlib import Path
     from sparsefill.benchmarks.cases_models import _example as load
+
     folder = Path(__file__).resolve().parents[1] / "examples"
     if not (folder / "sparse_attention.py").is_file():
         pytest.skip(f"no {folder / 'sparse_attention.py'} (not a source checkout)")
@@ -404,12 +450,14 @@ def test_hybrid_times_dense_along_sparse_dims_stays_sparse():
     """Multi-head GAT scores ``A * e[:, None, :]`` (heads as a dense dim; fill 0): a SparseTensor of A's pattern (it was
     computed dense with no DensifyWarning: ops/pointwise_dense._constant_fill)."""
     idx = torch.tensor([[0, 1, 2], [1, 2, 0]])
-    A = sparsefill.sparse_coo_tensor(idx, torch.arange(6.).view(3, 2), (3, 3, 2))
+    A = sparsefill.sparse_coo_tensor(idx, torch.arange(6.0).view(3, 2), (3, 3, 2))
     e = torch.randn(3, 2)
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
         r = A * e[:, None, :]
-    assert_close(r.to_dense() if isinstance(r, sparsefill.SparseTensor) else r, A.to_dense() * e[:, None, :])
+    assert_close(
+        r.to_dense() if isinstance(r, sparsefill.SparseTensor) else r, A.to_dense() * e[:, None, :]
+    )
     assert isinstance(r, sparsefill.SparseTensor) and r._nse() == 3, type(r)
     assert not w
 
@@ -419,7 +467,9 @@ def test_multihead_gat_scores_on_masked_hybrid():
     N, H, D = 7, 2, 3
     idx = (torch.eye(N, dtype=torch.bool) | torch.eye(N, dtype=torch.bool).roll(1, 1)).nonzero().t()
     keep = torch.zeros(N, N, dtype=torch.bool).index_put((idx[0], idx[1]), torch.tensor(True))
-    A = sparsefill.sparse_coo_tensor(idx, torch.ones(idx.shape[1], H), (N, N, H), fill_value=sparsefill.indefinite)
+    A = sparsefill.sparse_coo_tensor(
+        idx, torch.ones(idx.shape[1], H), (N, N, H), fill_value=sparsefill.indefinite
+    )
     Wh = torch.randn(N, H, D, generator=torch.Generator().manual_seed(7), requires_grad=True)
     a_src, a_dst = torch.randn(2, H, D, generator=torch.Generator().manual_seed(8)).unbind(0)
 
@@ -429,5 +479,9 @@ def test_multihead_gat_scores_on_masked_hybrid():
 
     P = attend(lambda d, s: masked.softmax(F.leaky_relu(A * d + A * s, 0.2), 1))
     out = torch.einsum("ijh,jhd->ihd", P, Wh)
-    Pd = attend(lambda d, s: torch.softmax(F.leaky_relu(d + s, 0.2).masked_fill(~keep[..., None], float("-inf")), 1))
+    Pd = attend(
+        lambda d, s: torch.softmax(
+            F.leaky_relu(d + s, 0.2).masked_fill(~keep[..., None], float("-inf")), 1
+        )
+    )
     assert_close(out, torch.einsum("ijh,jhd->ihd", Pd, Wh))

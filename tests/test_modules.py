@@ -22,7 +22,9 @@ from sparsefill import SparseTensor
 
 
 def _coo():
-    return sparsefill.sparse_coo_tensor([[0, 1, 1], [2, 0, 1]], [1., 2., -3.], (2, 3), fill_value=0.5)
+    return sparsefill.sparse_coo_tensor(
+        [[0, 1, 1], [2, 0, 1]], [1.0, 2.0, -3.0], (2, 3), fill_value=0.5
+    )
 
 
 def _csr():
@@ -30,18 +32,22 @@ def _csr():
 
 
 def _hybrid():
-    return sparsefill.sparse_coo_tensor([[0, 2]], [[1., 2.], [3., 4.]], (3, 2), fill_value=torch.tensor([5., 6.]))
+    return sparsefill.sparse_coo_tensor(
+        [[0, 2]], [[1.0, 2.0], [3.0, 4.0]], (3, 2), fill_value=torch.tensor([5.0, 6.0])
+    )
 
 
 def _indefinite():
-    return sparsefill.sparse_coo_tensor([[0, 2], [1, 1]], [1., 2.], (3, 2), fill_value=sparsefill.indefinite)
+    return sparsefill.sparse_coo_tensor(
+        [[0, 2], [1, 1]], [1.0, 2.0], (3, 2), fill_value=sparsefill.indefinite
+    )
 
 
 MAKERS = {"coo": _coo, "csr": _csr, "hybrid": _hybrid, "indefinite": _indefinite}
 
 
 def _dense(A):
-    return A.to_dense(fill_value=0.) if A.is_fill_indefinite() else A.to_dense()
+    return A.to_dense(fill_value=0.0) if A.is_fill_indefinite() else A.to_dense()
 
 
 PATHS = {
@@ -59,7 +65,9 @@ PATHS = {
     "requires_grad_": lambda m: m.requires_grad_(False),
     "zero_grad": lambda m: m.zero_grad(),
     "zero_grad_keep": lambda m: m.zero_grad(set_to_none=False),
-    "zero_grad_keep_foreach": lambda m: torch.optim.SGD(m.parameters(), lr=0.1, foreach=True).zero_grad(False),
+    "zero_grad_keep_foreach": lambda m: torch.optim.SGD(
+        m.parameters(), lr=0.1, foreach=True
+    ).zero_grad(False),
 }
 
 
@@ -73,19 +81,21 @@ def swap(request):
 
 def _modules(kind):
     """``(m, twin, A, Ad)``: m has Parameter(A) and a buffer, twin the dense equivalents; both have grads."""
-    A, B = MAKERS[kind](), MAKERS[kind]() * 2.
+    A, B = MAKERS[kind](), MAKERS[kind]() * 2.0
     Ad, Bd = _dense(A), _dense(B)
     m, twin = torch.nn.Module(), torch.nn.Module()
     m.p, twin.p = torch.nn.Parameter(A), torch.nn.Parameter(Ad)
     m.register_buffer("b", B)
     twin.register_buffer("b", Bd)
-    N = sparsefill.to_sparse(torch.tensor([[0, 3, 0], [7, 0, 0]]), layout=A.sparse_layout)  # .float() skips it
+    N = sparsefill.to_sparse(
+        torch.tensor([[0, 3, 0], [7, 0, 0]]), layout=A.sparse_layout
+    )  # .float() skips it
     m.register_buffer("n", N)
     twin.register_buffer("n", N.to_dense())
     if kind != "indefinite":
-        G = A.detach() * 0. + 0.25  # a SparseTensor gradient (A's pattern, fill 0.25)
-        (m.p * 3.).backward(G)
-        (twin.p * 3.).backward(G.to_dense())
+        G = A.detach() * 0.0 + 0.25  # a SparseTensor gradient (A's pattern, fill 0.25)
+        (m.p * 3.0).backward(G)
+        (twin.p * 3.0).backward(G.to_dense())
         assert isinstance(m.p.grad, SparseTensor)
     return m, twin, A, Ad
 
@@ -120,12 +130,14 @@ def test_module_paths_match_the_dense_module(path, kind, swap):
     else:
         _check_tensor(m.p.grad, twin.p.grad, init)
     with torch.no_grad():  # the link between m.p and A is the one between twin.p and Ad
-        m.p.mul_(2.)
-        twin.p.mul_(2.)
+        m.p.mul_(2.0)
+        twin.p.mul_(2.0)
     torch.testing.assert_close(_dense(A.detach()), Ad.detach())
     if init:
         _check_tensor(m.p, twin.p)
-    if path == "share_memory":  # an in-place op on the pattern writes into the shared memory, as dense
+    if (
+        path == "share_memory"
+    ):  # an in-place op on the pattern writes into the shared memory, as dense
         assert m.p.is_shared() and A.is_shared() and twin.p.is_shared()
 
 
@@ -137,8 +149,8 @@ def test_state_dict_round_trips_after_a_conversion(path, kind, swap):
     PATHS[path](twin)
     src, src_twin = _modules(kind)[:2]
     with torch.no_grad():
-        src.p.add_(1.)
-        src_twin.p.add_(1.)
+        src.p.add_(1.0)
+        src_twin.p.add_(1.0)
     for assign in (False, True):
         m.load_state_dict(src.state_dict(), assign=assign)
         twin.load_state_dict(src_twin.state_dict(), assign=assign)
@@ -156,14 +168,14 @@ def test_the_buffer_swapped_with_its_own_detach_keeps_its_contents(swap):
     itself after the swap (RecursionError before)."""
     m = torch.nn.Module()
     m.register_buffer("b", _csr())
-    new = _csr() * 3.
+    new = _csr() * 3.0
     m.load_state_dict({"b": new})
     torch.testing.assert_close(m.b.to_dense(), new.to_dense())
     B = m.b
     torch.utils.swap_tensors(B, B.detach())
     torch.testing.assert_close(B.to_dense(), new.to_dense())
-    B.add_(1.)
-    torch.testing.assert_close(B.to_dense(), new.to_dense() + 1.)
+    B.add_(1.0)
+    torch.testing.assert_close(B.to_dense(), new.to_dense() + 1.0)
 
 
 def test_torch_save_of_a_parameter_keeps_parameter_ness(tmp_path):
@@ -181,14 +193,14 @@ def test_torch_save_of_a_parameter_keeps_parameter_ness(tmp_path):
 def test_setting_data_is_as_for_a_dense_parameter(kind):
     """``p.data = b``: p becomes b (shape, dtype, storage), keeps requires_grad; was silently ignored."""
     m, twin, _, _ = _modules(kind)
-    B = MAKERS[kind]().double() * 3.
+    B = MAKERS[kind]().double() * 3.0
     Bd = _dense(B)
     m.p.data = B
     twin.p.data = Bd
     _check_tensor(m.p, twin.p)
     with torch.no_grad():
-        m.p.add_(1.)
-        twin.p.add_(1.)
+        m.p.add_(1.0)
+        twin.p.add_(1.0)
     torch.testing.assert_close(B.to_dense(), Bd)  # the storage is shared, as for the dense twin
     dense = torch.arange(float(m.p.numel()), dtype=torch.float64).view(m.p.shape)
     m.p.data = dense  # a dense tensor of p's shape: converted exactly, keeping p's fill and layout
@@ -203,9 +215,11 @@ def test_vector_to_parameters_round_trip():
     m = torch.nn.Module()
     m.p = torch.nn.Parameter(_csr())
     v = torch.nn.utils.parameters_to_vector(m.parameters())
-    torch.nn.utils.vector_to_parameters(v * 2., m.parameters())
-    assert isinstance(m.p, SparseTensor) and isinstance(m.p, torch.nn.Parameter)  # (the vector's layout: COO)
-    torch.testing.assert_close(m.p.detach().to_dense(), _csr().to_dense() * 2.)
+    torch.nn.utils.vector_to_parameters(v * 2.0, m.parameters())
+    assert isinstance(m.p, SparseTensor) and isinstance(
+        m.p, torch.nn.Parameter
+    )  # (the vector's layout: COO)
+    torch.testing.assert_close(m.p.detach().to_dense(), _csr().to_dense() * 2.0)
 
 
 def test_optimizer_steps_after_cpu_and_float():
@@ -215,10 +229,12 @@ def test_optimizer_steps_after_cpu_and_float():
     m.cpu().float().to("cpu")
     opt = torch.optim.SGD(m.parameters(), lr=0.5)
     before = A.to_dense()
-    (m.p * 2.).backward(A.detach() * 0. + 1.)
+    (m.p * 2.0).backward(A.detach() * 0.0 + 1.0)
     opt.step()
-    torch.testing.assert_close(m.p.detach().to_dense(), before - 1.)
-    torch.testing.assert_close(A.to_dense(), before - 1.)  # as for a dense tensor: the parameter is A's storage
+    torch.testing.assert_close(m.p.detach().to_dense(), before - 1.0)
+    torch.testing.assert_close(
+        A.to_dense(), before - 1.0
+    )  # as for a dense tensor: the parameter is A's storage
 
 
 # ---------------------------------------------------------------------------------- shared and pinned memory
@@ -237,9 +253,11 @@ def test_share_memory_moves_the_inner_tensors(kind):
     assert A._vals is vals and A.is_shared()
     torch.testing.assert_close(_dense(A), dense * 3, equal_nan=True)
     if not A.is_fill_indefinite():
-        A.copy_(torch.full_like(dense, 2.))  # a new pattern (all stored): new storage, not shared, as is_shared says
+        A.copy_(
+            torch.full_like(dense, 2.0)
+        )  # a new pattern (all stored): new storage, not shared, as is_shared says
         assert not A.is_shared()
-        torch.testing.assert_close(A.to_dense(), torch.full_like(dense, 2.))
+        torch.testing.assert_close(A.to_dense(), torch.full_like(dense, 2.0))
     m = torch.nn.Linear(2, 2)
     m.p = torch.nn.Parameter(MAKERS[kind]())
     m.register_buffer("b", MAKERS[kind]())
@@ -264,7 +282,11 @@ def test_pickle_keeps_parameter_ness_and_the_inner_tensors():
     m = torch.nn.Module()
     m.p = torch.nn.Parameter(_csr())
     m2 = pickle.loads(pickle.dumps(m))
-    assert isinstance(m2.p, torch.nn.Parameter) and isinstance(m2.p, SparseTensor) and m2.p.requires_grad
+    assert (
+        isinstance(m2.p, torch.nn.Parameter)
+        and isinstance(m2.p, SparseTensor)
+        and m2.p.requires_grad
+    )
     assert m2.p.sparse_layout is torch.sparse_csr
     torch.testing.assert_close(m2.p.detach().to_dense(), _csr().to_dense())
     assert isinstance(copy.deepcopy(m).p, torch.nn.Parameter)
@@ -275,7 +297,9 @@ def _train(m, steps):
     opt = torch.optim.SGD(m.parameters(), lr=0.125)
     for _ in range(steps):
         opt.zero_grad()
-        (m.p * 1.).backward(m.p.detach() * 0. + 1.)  # gradient 1 everywhere (a SparseTensor, fill 1)
+        (m.p * 1.0).backward(
+            m.p.detach() * 0.0 + 1.0
+        )  # gradient 1 everywhere (a SparseTensor, fill 1)
         opt.step()
 
 
@@ -299,8 +323,8 @@ def test_hogwild_training_of_a_shared_module_with_fork():
 def _child(q, r, done):
     A, M = q.get()
     r.put((type(A).__name__, A.is_shared(), A.sparse_layout, type(M.p).__name__, M.p.is_shared()))
-    A._vals.mul_(10.)  # in the shared memory: the parent sees it (nothing was copied)
-    r.put(sparsefill.sparse_coo_tensor([[1]], [7.], (3,), fill_value=2.))
+    A._vals.mul_(10.0)  # in the shared memory: the parent sees it (nothing was copied)
+    r.put(sparsefill.sparse_coo_tensor([[1]], [7.0], (3,), fill_value=2.0))
     done.wait(60)  # (the receiver needs the sender alive to open its shared memory)
 
 
@@ -319,12 +343,12 @@ def test_sparse_tensors_cross_processes_in_shared_memory(method):
         assert r.get(timeout=60) == ("SparseTensor", True, torch.sparse_csr, "SparseTensor", True)
         B = r.get(timeout=60)
         assert isinstance(B, SparseTensor) and B.is_shared()
-        torch.testing.assert_close(B.to_dense(), torch.tensor([2., 7., 2.]))
+        torch.testing.assert_close(B.to_dense(), torch.tensor([2.0, 7.0, 2.0]))
     finally:
         done.set()
         proc.join(60)
     assert proc.exitcode == 0
     assert A.is_shared()  # (put moved A's storage to shared memory, as for a dense tensor)
     expect = _csr().to_dense()
-    expect[_csr().to_dense() != 0.5] *= 10.
+    expect[_csr().to_dense() != 0.5] *= 10.0
     torch.testing.assert_close(A.to_dense(), expect)

@@ -21,7 +21,13 @@ import sparsefill
 from sparsefill.nn import SparseLinear, SparseParameter
 
 LAYOUTS = [torch.sparse_coo, torch.sparse_csr]
-FILLS = [(0., False), (0.5, True), (float("nan"), False), (sparsefill.indefinite, False), (-1.5, False)]
+FILLS = [
+    (0.0, False),
+    (0.5, True),
+    (float("nan"), False),
+    (sparsefill.indefinite, False),
+    (-1.5, False),
+]
 
 
 def _pattern_mask(W):
@@ -33,7 +39,7 @@ def _pattern_mask(W):
 
 def _dense_weight(W):
     W = W.detach()
-    return W.to_dense(fill_value=0.) if W.is_fill_indefinite() else W.to_dense()
+    return W.to_dense(fill_value=0.0) if W.is_fill_indefinite() else W.to_dense()
 
 
 class ResultShapes(TorchDispatchMode):
@@ -46,19 +52,27 @@ class ResultShapes(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         for o in out if isinstance(out, (tuple, list)) else (out,):
-            if isinstance(o, torch.Tensor) and type(o) is torch.Tensor and o.layout is torch.strided:
+            if (
+                isinstance(o, torch.Tensor)
+                and type(o) is torch.Tensor
+                and o.layout is torch.strided
+            ):
                 self.numels.append((o.numel(), str(func)))
         return out
 
 
 # ---------------------------------------------------------------------- gradients against dense
 @pytest.mark.parametrize("layout", LAYOUTS, ids=["coo", "csr"])
-@pytest.mark.parametrize("fill,train_fill", FILLS, ids=["fill0", "fill0.5-trained", "nan", "indefinite", "fill-1.5"])
+@pytest.mark.parametrize(
+    "fill,train_fill", FILLS, ids=["fill0", "fill0.5-trained", "nan", "indefinite", "fill-1.5"]
+)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("xshape", [(7, 30), (30,), (2, 3, 30)], ids=["2d", "1d", "3d"])
 def test_linear_forward_backward_against_dense(layout, fill, train_fill, dtype, xshape):
     torch.manual_seed(0)
-    lin = SparseLinear(30, 20, density=0.1, layout=layout, fill_value=fill, train_fill=train_fill, dtype=dtype)
+    lin = SparseLinear(
+        30, 20, density=0.1, layout=layout, fill_value=fill, train_fill=train_fill, dtype=dtype
+    )
     x = torch.randn(xshape, dtype=dtype, requires_grad=True)
     y = lin(x)
     g = torch.randn(y.shape, dtype=dtype)
@@ -70,11 +84,17 @@ def test_linear_forward_backward_against_dense(layout, fill, train_fill, dtype, 
     xd = x.detach().requires_grad_()
     yd = F.linear(xd, Wd, lin.bias.detach())
     yd.backward(g)
-    tol = dict(rtol=1e-4, atol=1e-4, equal_nan=True) if dtype == torch.float32 else dict(equal_nan=True)
+    tol = (
+        dict(rtol=1e-4, atol=1e-4, equal_nan=True)
+        if dtype == torch.float32
+        else dict(equal_nan=True)
+    )
     torch.testing.assert_close(y, yd, **tol)
     torch.testing.assert_close(x.grad, xd.grad, **tol)
     torch.testing.assert_close(lin.sparse_weight.values.grad, Wd.grad[idx[0], idx[1]], **tol)
-    assert not lin.sparse_weight.values.grad.isnan().any()  # dL/dW = g^T x reads no weight (NaN fill included)
+    assert (
+        not lin.sparse_weight.values.grad.isnan().any()
+    )  # dL/dW = g^T x reads no weight (NaN fill included)
     torch.testing.assert_close(lin.bias.grad, g.reshape(-1, 20).sum(0), **tol)
     if train_fill:
         torch.testing.assert_close(lin.sparse_weight.fill.grad, Wd.grad[~m].sum(), **tol)
@@ -89,7 +109,9 @@ def test_step_is_sparse_no_dense_temporary(layout, train_fill):
     and nothing densifies (the densify policy raises)."""
     torch.manual_seed(0)
     n_out, n_in, batch = 300, 400, 8
-    lin = SparseLinear(n_in, n_out, density=0.01, layout=layout, fill_value=0.25, train_fill=train_fill)
+    lin = SparseLinear(
+        n_in, n_out, density=0.01, layout=layout, fill_value=0.25, train_fill=train_fill
+    )
     opt = torch.optim.Adam(lin.parameters(), lr=1e-2)
     x = torch.randn(batch, n_in, requires_grad=True)
     rec = ResultShapes()
@@ -99,15 +121,21 @@ def test_step_is_sparse_no_dense_temporary(layout, train_fill):
             lin(x).square().sum().backward()
             opt.step()
     biggest = max(rec.numels)
-    assert biggest[0] <= batch * max(n_in, n_out), biggest  # O(nse + batch x features): no (out, in) tensor
+    assert biggest[0] <= batch * max(n_in, n_out), (
+        biggest
+    )  # O(nse + batch x features): no (out, in) tensor
     assert lin.sparse_weight.values.grad.shape == (1200,) and lin.weight._nse() == 1200
 
 
-PRODUCTS = {"F.linear(x, W)": lambda W, x, X: F.linear(x, W), "W @ X": lambda W, x, X: W @ X,
-            "x @ W.T": lambda W, x, X: x @ W.T, "x @ W.t()": lambda W, x, X: x @ W.t(),
-            "torch.sparse.mm(W, X)": lambda W, x, X: torch.sparse.mm(W, X),
-            "torch.addmm(b, W, X)": lambda W, x, X: torch.addmm(torch.ones(W.shape[0], 1), W, X),
-            "einsum": lambda W, x, X: torch.einsum("oi,bi->bo", W, x)}
+PRODUCTS = {
+    "F.linear(x, W)": lambda W, x, X: F.linear(x, W),
+    "W @ X": lambda W, x, X: W @ X,
+    "x @ W.T": lambda W, x, X: x @ W.T,
+    "x @ W.t()": lambda W, x, X: x @ W.t(),
+    "torch.sparse.mm(W, X)": lambda W, x, X: torch.sparse.mm(W, X),
+    "torch.addmm(b, W, X)": lambda W, x, X: torch.addmm(torch.ones(W.shape[0], 1), W, X),
+    "einsum": lambda W, x, X: torch.einsum("oi,bi->bo", W, x),
+}
 
 
 @pytest.mark.parametrize("form", PRODUCTS)
@@ -117,7 +145,7 @@ def test_products_of_the_weight_are_sparse_and_exact(form, layout):
     dense tensor of the weight's size is formed."""
     torch.manual_seed(0)
     dense = torch.randn(60, 80) * (torch.rand(60, 80) < 0.05)
-    P = SparseParameter.from_dense(dense, fill_value=0., layout=layout, train_fill=True)
+    P = SparseParameter.from_dense(dense, fill_value=0.0, layout=layout, train_fill=True)
     with torch.no_grad():
         P.fill.fill_(0.3)
     x, X = torch.randn(4, 80), torch.randn(80, 4)
@@ -148,8 +176,12 @@ def test_hybrid_and_array_fill_gradients():
     """A hybrid COO SparseParameter (dense dim 3) with a trained array fill, through an element-wise op and a
     reduction: the gradients equal the dense ones at the pattern / summed over the unspecified slices."""
     torch.manual_seed(0)
-    A = sparsefill.sparse_coo_tensor([[0, 2, 2, 4], [1, 0, 3, 3]], torch.randn(4, 3), (5, 4, 3),
-                                     fill_value=torch.tensor([0.5, -1., 2.]))
+    A = sparsefill.sparse_coo_tensor(
+        [[0, 2, 2, 4], [1, 0, 3, 3]],
+        torch.randn(4, 3),
+        (5, 4, 3),
+        fill_value=torch.tensor([0.5, -1.0, 2.0]),
+    )
     P = SparseParameter(A, train_fill=True)
     w = torch.randn(5, 4, 3, dtype=torch.float32)
     (P() * w).sin().sum().backward()
@@ -167,7 +199,7 @@ def test_batched_csr_bmm_fill_gradient():
     """A batched CSR SparseParameter through ``torch.bmm`` (routed: sampled gradient): the fill's gradient."""
     torch.manual_seed(0)
     dense = torch.zeros(2, 6, 5)
-    dense[0, :2], dense[1, 2:4] = 1., 2.  # 10 stored elements per batch
+    dense[0, :2], dense[1, 2:4] = 1.0, 2.0  # 10 stored elements per batch
     P = SparseParameter(sparsefill.to_sparse(dense, layout=torch.sparse_csr), train_fill=True)
     X, G = torch.randn(2, 5, 3), torch.randn(2, 6, 3)
     torch.bmm(P(), X).backward(G)
@@ -181,7 +213,7 @@ def test_batched_csr_bmm_fill_gradient():
 def test_batched_csr_bmm_values_gradient():
     torch.manual_seed(0)
     dense = torch.zeros(2, 6, 5)
-    dense[0, :2], dense[1, 2:4] = 1., 2.
+    dense[0, :2], dense[1, 2:4] = 1.0, 2.0
     P = SparseParameter(sparsefill.to_sparse(dense, layout=torch.sparse_csr))
     X, G = torch.randn(2, 5, 3), torch.randn(2, 6, 3)
     y = torch.bmm(P(), X)
@@ -201,6 +233,7 @@ def test_gradcheck_values_and_fill():
     def f(v, fill, xx):
         W = sparsefill.sparse_coo_tensor(idx, v, (4, 4), fill_value=fill, is_coalesced=True)
         return F.linear(xx, W)
+
     v = torch.randn(3, dtype=torch.float64, requires_grad=True)
     fill = torch.tensor(0.3, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(f, (v, fill, x.requires_grad_()))
@@ -216,19 +249,31 @@ def _dense_twin(lin):
     return m, Wv, f, b
 
 
-@pytest.mark.parametrize("opt_cls,kw", [(torch.optim.SGD, dict(lr=0.1, momentum=0.9)),
-                                        (torch.optim.Adam, dict(lr=0.05)),
-                                        (torch.optim.AdamW, dict(lr=0.05, weight_decay=0.1)),
-                                        (torch.optim.Adagrad, dict(lr=0.1))],
-                         ids=["SGD", "Adam", "AdamW", "Adagrad"])
+@pytest.mark.parametrize(
+    "opt_cls,kw",
+    [
+        (torch.optim.SGD, dict(lr=0.1, momentum=0.9)),
+        (torch.optim.Adam, dict(lr=0.05)),
+        (torch.optim.AdamW, dict(lr=0.05, weight_decay=0.1)),
+        (torch.optim.Adagrad, dict(lr=0.1)),
+    ],
+    ids=["SGD", "Adam", "AdamW", "Adagrad"],
+)
 @pytest.mark.parametrize("layout", LAYOUTS, ids=["coo", "csr"])
 @pytest.mark.parametrize("train_fill", [False, True])
 def test_optimizers_keep_the_pattern_and_match_dense(opt_cls, kw, layout, train_fill):
     """Three steps: the pattern never changes, and the weights equal a dense weight trained with its
     unspecified elements held at the (trained) fill."""
     torch.manual_seed(0)
-    lin = SparseLinear(12, 9, density=0.2, layout=layout, fill_value=0.1, train_fill=train_fill,
-                       dtype=torch.float64)
+    lin = SparseLinear(
+        12,
+        9,
+        density=0.2,
+        layout=layout,
+        fill_value=0.1,
+        train_fill=train_fill,
+        dtype=torch.float64,
+    )
     idx0 = lin.weight.detach().to_sparse(torch.sparse_coo).indices().clone()
     m, Wv, f, b = _dense_twin(lin)
     opt = opt_cls(lin.parameters(), **kw)
@@ -259,14 +304,19 @@ def test_state_dict_save_load(layout, train_fill):
     lin = SparseLinear(20, 10, density=0.2, layout=layout, fill_value=0.5, train_fill=train_fill)
     sd = lin.state_dict()
     keys = ["bias", "sparse_weight.values", "sparse_weight.fill"]
-    keys += ["sparse_weight.indices"] if layout is torch.sparse_coo else ["sparse_weight.crow_indices",
-                                                                          "sparse_weight.col_indices"]
+    keys += (
+        ["sparse_weight.indices"]
+        if layout is torch.sparse_coo
+        else ["sparse_weight.crow_indices", "sparse_weight.col_indices"]
+    )
     assert sorted(sd) == sorted(keys)
     buf = io.BytesIO()
     torch.save(sd, buf)
     buf.seek(0)
     sd2 = torch.load(buf, weights_only=True)
-    other = SparseLinear(20, 10, density=0.2, layout=layout, fill_value=0., train_fill=train_fill)  # other pattern
+    other = SparseLinear(
+        20, 10, density=0.2, layout=layout, fill_value=0.0, train_fill=train_fill
+    )  # other pattern
     other.load_state_dict(sd2)
     x = torch.randn(3, 20)
     torch.testing.assert_close(other(x), lin(x))
@@ -299,13 +349,18 @@ def test_to_dtype_deepcopy(layout):
     x = torch.randn(3, 20)
     y = lin(x)
     lin64 = copy.deepcopy(lin).to(torch.float64)
-    assert lin64.sparse_weight.values.dtype == lin64.sparse_weight.fill.dtype == lin64.bias.dtype == torch.float64
+    assert (
+        lin64.sparse_weight.values.dtype
+        == lin64.sparse_weight.fill.dtype
+        == lin64.bias.dtype
+        == torch.float64
+    )
     assert all(b.dtype == torch.int64 for n, b in lin64.named_buffers() if "indices" in n)
     assert lin64.weight.dtype == torch.float64 and lin64(x.double()).dtype == torch.float64
     torch.testing.assert_close(lin64(x.double()), y.double(), rtol=1e-5, atol=1e-6)
     c = copy.deepcopy(lin)
     with torch.no_grad():
-        c.sparse_weight.values.add_(1.)
+        c.sparse_weight.values.add_(1.0)
     torch.testing.assert_close(lin(x), y)  # the copy owns its parameters
     assert c.sparse_weight.values.data_ptr() != lin.sparse_weight.values.data_ptr()
     buf = io.BytesIO()
@@ -331,13 +386,13 @@ def test_init_scaled_to_stored_elements():
     torch.manual_seed(0)
     lin = SparseLinear(1000, 200, density=0.04)  # k = 40
     v = lin.sparse_weight.values
-    assert v.abs().max() <= 1 / 40 ** 0.5 and v.abs().max() > 0.9 / 40 ** 0.5
-    assert lin.bias.abs().max() <= 1 / 40 ** 0.5
+    assert v.abs().max() <= 1 / 40**0.5 and v.abs().max() > 0.9 / 40**0.5
+    assert lin.bias.abs().max() <= 1 / 40**0.5
     x = torch.randn(256, 1000)
     ref = torch.nn.Linear(1000, 200)
     ratio = (lin(x) - lin.bias).std() / (ref(x) - ref.bias).std()
     assert 0.8 < ratio < 1.25
-    assert SparseLinear(4, 3, density=1.).weight._nse() == 12
+    assert SparseLinear(4, 3, density=1.0).weight._nse() == 12
     assert SparseLinear(0, 3, density=0.5).weight._nse() == 0
 
 
@@ -348,7 +403,9 @@ def test_patterns_and_constructors():
     assert lin.bias is None and "bias" not in lin.state_dict()
     idx = mask.nonzero().T
     assert torch.equal(lin.weight.indices(), idx)
-    assert torch.equal(SparseLinear(8, 6, pattern=idx[:, torch.randperm(idx.shape[1])]).weight.indices(), idx)
+    assert torch.equal(
+        SparseLinear(8, 6, pattern=idx[:, torch.randperm(idx.shape[1])]).weight.indices(), idx
+    )
     assert torch.equal(SparseLinear(8, 6, pattern=mask.float().to_sparse()).weight.indices(), idx)
     # from_dense / from_sparse: the pattern, fill and values are kept
     ref = torch.nn.Linear(8, 6)
@@ -359,32 +416,38 @@ def test_patterns_and_constructors():
         x = torch.randn(4, 8)
         torch.testing.assert_close(s(x), ref(x))
         assert s.weight.sparse_layout is layout and s.weight._nse() == int(mask.sum())
-    W = ref.weight.detach() + 2. * ~mask
-    s = SparseLinear.from_dense(W, ref.bias, fill_value=2., train_fill=True)
+    W = ref.weight.detach() + 2.0 * ~mask
+    s = SparseLinear.from_dense(W, ref.bias, fill_value=2.0, train_fill=True)
     torch.testing.assert_close(s(x), F.linear(x, W, ref.bias))
     assert s.sparse_weight.fill.requires_grad
     s2 = SparseLinear.from_sparse(s.weight, s.bias)
     torch.testing.assert_close(s2(x), s(x))
     s3 = SparseLinear.from_sparse(ref.weight.detach().to_sparse_csr())
     torch.testing.assert_close(s3(x), ref(x) - ref.bias)
-    P = SparseParameter.from_dense(torch.tensor([[0., 3.], [4., 0.]]), layout=torch.sparse_csr)
+    P = SparseParameter.from_dense(torch.tensor([[0.0, 3.0], [4.0, 0.0]]), layout=torch.sparse_csr)
     assert P.shape == (2, 2) and P.dtype == torch.float32 and P().sparse_layout is torch.sparse_csr
-    torch.testing.assert_close(SparseParameter.from_sparse(torch.eye(3).to_sparse())().to_dense(), torch.eye(3))
+    torch.testing.assert_close(
+        SparseParameter.from_sparse(torch.eye(3).to_sparse())().to_dense(), torch.eye(3)
+    )
 
 
 def test_uncoalesced_input_is_coalesced():
-    A = sparsefill.sparse_coo_tensor([[1, 0, 1], [1, 0, 1]], [1., 2., 3.], (2, 2), fill_value=-1.)
+    A = sparsefill.sparse_coo_tensor(
+        [[1, 0, 1], [1, 0, 1]], [1.0, 2.0, 3.0], (2, 2), fill_value=-1.0
+    )
     P = SparseParameter(A)
     assert P.values.shape == (2,) and P()._coalesced
     torch.testing.assert_close(P().to_dense(), A.to_dense())
 
 
 def test_indefinite_fill_forward():
-    A = sparsefill.sparse_coo_tensor([[0, 1], [1, 0]], [2., 3.], (2, 2), fill_value=sparsefill.indefinite)
+    A = sparsefill.sparse_coo_tensor(
+        [[0, 1], [1, 0]], [2.0, 3.0], (2, 2), fill_value=sparsefill.indefinite
+    )
     P = SparseParameter(A)
     assert P().is_fill_indefinite()
     X = torch.randn(2, 3)
-    torch.testing.assert_close(P() @ X, A.to_dense(fill_value=0.) @ X)
+    torch.testing.assert_close(P() @ X, A.to_dense(fill_value=0.0) @ X)
 
 
 def test_errors():
@@ -410,8 +473,10 @@ def test_errors():
     with pytest.raises(TypeError, match="floating point or complex dtype"):
         SparseParameter(sparsefill.sparse_coo_tensor([[0]], [1], (2,)))
     with pytest.raises(ValueError, match="indefinite fill has no value to train"):
-        SparseParameter(sparsefill.sparse_coo_tensor([[0]], [1.], (2,), fill_value=sparsefill.indefinite),
-                        train_fill=True)
+        SparseParameter(
+            sparsefill.sparse_coo_tensor([[0]], [1.0], (2,), fill_value=sparsefill.indefinite),
+            train_fill=True,
+        )
     with pytest.raises(TypeError, match="from_dense: x must be a dense"):
         SparseParameter.from_dense(torch.eye(2).to_sparse())
     with pytest.raises(ValueError, match="bias comes from the nn.Linear"):

@@ -25,21 +25,39 @@ def _examples():
     coo = sparsefill.sparse_coo_tensor
     i2 = [[0, 1, 1], [2, 0, 3]]
     out = [
-        ("coo_f32_fill", coo(i2, [1., 2., 3.], (2, 4), fill_value=0.5)),
-        ("coo_f64_nan", coo(i2, [1., NAN, 3.], (2, 4), fill_value=NAN, dtype=torch.float64)),
-        ("coo_inf", coo(i2, [1., -INF, 3.], (2, 4), fill_value=INF)),
+        ("coo_f32_fill", coo(i2, [1.0, 2.0, 3.0], (2, 4), fill_value=0.5)),
+        ("coo_f64_nan", coo(i2, [1.0, NAN, 3.0], (2, 4), fill_value=NAN, dtype=torch.float64)),
+        ("coo_inf", coo(i2, [1.0, -INF, 3.0], (2, 4), fill_value=INF)),
         ("coo_int", coo(i2, [1, 2, 3], (2, 4), fill_value=-7)),
         ("coo_int32", coo(i2, [1, 2, 3], (2, 4), fill_value=9, dtype=torch.int32)),
         ("coo_bool", coo(i2, [False, False, True], (2, 4), fill_value=True)),
-        ("coo_complex", coo(i2, [1j, 2., 3 + 1j], (2, 4), fill_value=1 - 1j)),
-        ("coo_uncoalesced", coo([[0, 0, 2], [1, 1, 0]], [1., 2., 3.], (3, 2), fill_value=4.)),
-        ("coo_empty", coo(torch.zeros(2, 0, dtype=torch.long), torch.zeros(0), (3, 2), fill_value=6.)),
-        ("coo_0d", coo(torch.zeros(0, 1, dtype=torch.long), [5.], (), fill_value=1.)),
-        ("coo_0size", coo(torch.zeros(2, 0, dtype=torch.long), torch.zeros(0), (0, 3), fill_value=2.)),
-        ("hybrid_array_fill", coo([[0, 2]], [[1., 2.], [3., 4.]], (3, 2), fill_value=[7., 8.])),
-        ("csr", sparsefill.sparse_csr_tensor([0, 1, 3], [2, 0, 1], [1., 2., 3.], (2, 3), fill_value=-1.)),
-        ("csr_batched", sparsefill.sparse_csr_tensor([[0, 1, 1], [0, 0, 1]], [[1], [0]], [[1.], [2.]], (2, 2, 2),
-                                                     fill_value=3.)),
+        ("coo_complex", coo(i2, [1j, 2.0, 3 + 1j], (2, 4), fill_value=1 - 1j)),
+        ("coo_uncoalesced", coo([[0, 0, 2], [1, 1, 0]], [1.0, 2.0, 3.0], (3, 2), fill_value=4.0)),
+        (
+            "coo_empty",
+            coo(torch.zeros(2, 0, dtype=torch.long), torch.zeros(0), (3, 2), fill_value=6.0),
+        ),
+        ("coo_0d", coo(torch.zeros(0, 1, dtype=torch.long), [5.0], (), fill_value=1.0)),
+        (
+            "coo_0size",
+            coo(torch.zeros(2, 0, dtype=torch.long), torch.zeros(0), (0, 3), fill_value=2.0),
+        ),
+        (
+            "hybrid_array_fill",
+            coo([[0, 2]], [[1.0, 2.0], [3.0, 4.0]], (3, 2), fill_value=[7.0, 8.0]),
+        ),
+        (
+            "csr",
+            sparsefill.sparse_csr_tensor(
+                [0, 1, 3], [2, 0, 1], [1.0, 2.0, 3.0], (2, 3), fill_value=-1.0
+            ),
+        ),
+        (
+            "csr_batched",
+            sparsefill.sparse_csr_tensor(
+                [[0, 1, 1], [0, 0, 1]], [[1], [0]], [[1.0], [2.0]], (2, 2, 2), fill_value=3.0
+            ),
+        ),
     ]
     return out
 
@@ -53,7 +71,11 @@ def _expected(A):
 
 
 def _same(a, b):
-    assert isinstance(a, np.ndarray) and a.dtype == b.dtype and a.shape == b.shape, (type(a), a.dtype, b.dtype)
+    assert isinstance(a, np.ndarray) and a.dtype == b.dtype and a.shape == b.shape, (
+        type(a),
+        a.dtype,
+        b.dtype,
+    )
     np.testing.assert_array_equal(a, b)  # NaN == NaN here
 
 
@@ -81,25 +103,31 @@ def test_numpy_asarray_tolist_are_the_dense_array(A):
 def test_asarray_with_dtype(A):
     want = _expected(A)
     with sparsefill.densify_policy("allow"):
-        for dt in (np.complex128, np.float64) if want.dtype.kind == "c" else (np.float64, np.int64, np.bool_):
+        for dt in (
+            (np.complex128, np.float64)
+            if want.dtype.kind == "c"
+            else (np.float64, np.int64, np.bool_)
+        ):
             with warnings.catch_warnings():
-                warnings.simplefilter("ignore", RuntimeWarning)  # (inf/NaN -> int, as numpy's own astype)
+                warnings.simplefilter(
+                    "ignore", RuntimeWarning
+                )  # (inf/NaN -> int, as numpy's own astype)
                 _same(np.asarray(A, dtype=dt), want.astype(dt))
                 _same(A.__array__(dt), want.astype(dt))
 
 
 def test_result_is_a_new_array():
-    A = sparsefill.sparse_coo_tensor([[1]], [2.], (3,), fill_value=5.)
+    A = sparsefill.sparse_coo_tensor([[1]], [2.0], (3,), fill_value=5.0)
     with sparsefill.densify_policy("allow"):
         a = A.numpy()
         a[:] = 0
-        assert A.to_dense().tolist() == [5., 2., 5.]
+        assert A.to_dense().tolist() == [5.0, 2.0, 5.0]
         with pytest.raises(ValueError, match="copy=False"):
             np.asarray(A, copy=False)
 
 
 def test_densify_policy_applies():
-    A = sparsefill.sparse_coo_tensor([[1]], [2.], (1000,), fill_value=5.)  # 4000 bytes dense
+    A = sparsefill.sparse_coo_tensor([[1]], [2.0], (1000,), fill_value=5.0)  # 4000 bytes dense
     calls = [A.numpy, lambda: np.asarray(A), A.tolist, lambda: A.numpy(force=True)]
     with sparsefill.densify_policy("raise"):
         for f in calls:
@@ -116,7 +144,9 @@ def test_densify_policy_applies():
 
 
 def test_huge_tensor_is_refused_before_allocating():
-    A = sparsefill.sparse_coo_tensor([[0, 10 ** 9 - 1]], [1., 2.], (10 ** 9,), dtype=torch.float64, fill_value=7.)
+    A = sparsefill.sparse_coo_tensor(
+        [[0, 10**9 - 1]], [1.0, 2.0], (10**9,), dtype=torch.float64, fill_value=7.0
+    )
     for f in (A.numpy, lambda: np.asarray(A), A.tolist):
         with pytest.raises(DensifyError, match="8000000000 bytes"):
             f()
@@ -124,7 +154,9 @@ def test_huge_tensor_is_refused_before_allocating():
 
 @pytest.mark.parametrize("layout", [torch.sparse_coo, torch.sparse_csr])
 def test_indefinite_fill_raises_as_to_dense(layout):
-    A = sparsefill.sparse_coo_tensor([[0, 1], [1, 0]], [1., 2.], (2, 2), fill_value=sparsefill.indefinite)
+    A = sparsefill.sparse_coo_tensor(
+        [[0, 1], [1, 0]], [1.0, 2.0], (2, 2), fill_value=sparsefill.indefinite
+    )
     A = A.to_sparse(layout)
     with pytest.raises(ValueError, match="indefinite"):
         A.to_dense()
@@ -132,12 +164,12 @@ def test_indefinite_fill_raises_as_to_dense(layout):
         with pytest.raises(ValueError, match="indefinite"):
             f()
     with sparsefill.densify_policy("allow"):
-        np.testing.assert_array_equal(A.to_dense(fill_value=0.).numpy(), [[0., 1.], [2., 0.]])
+        np.testing.assert_array_equal(A.to_dense(fill_value=0.0).numpy(), [[0.0, 1.0], [2.0, 0.0]])
 
 
 def test_requires_grad_as_torch():
-    d = torch.tensor([[5., 1.], [5., 5.]], requires_grad=True)
-    A = sparsefill.sparse_coo_tensor([[0], [1]], [1.], (2, 2), fill_value=5.).requires_grad_()
+    d = torch.tensor([[5.0, 1.0], [5.0, 5.0]], requires_grad=True)
+    A = sparsefill.sparse_coo_tensor([[0], [1]], [1.0], (2, 2), fill_value=5.0).requires_grad_()
     for T in (d, A):  # the same errors and results for the dense tensor and the SparseTensor
         with pytest.raises(RuntimeError, match="requires grad"):
             T.numpy()
@@ -157,7 +189,7 @@ def test_requires_grad_as_torch():
 
 
 def test_to_dense_of_a_view_catches_up_before_numpy():
-    A = sparsefill.sparse_coo_tensor([[0, 1], [1, 0]], [1., 2.], (2, 2), fill_value=5.)
+    A = sparsefill.sparse_coo_tensor([[0, 1], [1, 0]], [1.0, 2.0], (2, 2), fill_value=5.0)
     row = A[0]
     A.mul_(2)
     with sparsefill.densify_policy("allow"):

@@ -32,9 +32,13 @@ from sparsefill import SparseTensor
 
 MAX_SAMPLES = 4
 # ops whose later samples reach cases the first ones do not: op name -> samples run
-MORE_SAMPLES = {"masked_fill": 8,  # sample 4: every operand 0-d (masked_fill's value must stay 0-d)
-                "hash_tensor": 20}  # its dims and keepdim forms (the xor closed form over stored values)
-REPORT: dict = collections.defaultdict(collections.Counter)  # op id -> Counter of (variant, outcome)
+MORE_SAMPLES = {
+    "masked_fill": 8,  # sample 4: every operand 0-d (masked_fill's value must stay 0-d)
+    "hash_tensor": 20,
+}  # its dims and keepdim forms (the xor closed form over stored values)
+REPORT: dict = collections.defaultdict(
+    collections.Counter
+)  # op id -> Counter of (variant, outcome)
 NO_FLOAT64 = sorted(op.name for op in op_db if not op.supports_dtype(torch.float64, "cpu"))
 
 # Ops whose sparse behaviour differs from the dense one by design: (reason, the check that holds instead).
@@ -46,17 +50,32 @@ NO_FLOAT64 = sorted(op.name for op in op_db if not op.supports_dtype(torch.float
 #   low-rank:    (U, S, V) of a low-rank SVD: compared by S and U diag(S) V^H (singular vectors of
 #                near-equal or near-zero singular values are not unique: rounding picks others)
 DECLARED = {
-    "pca_lowrank": ("singular vectors of a (near-)degenerate spectrum are not unique: S and U diag(S) V^H are "
-                    "compared", "low-rank"),
-    "svd_lowrank": ("singular vectors of a (near-)degenerate spectrum are not unique: S and U diag(S) V^H are "
-                    "compared", "low-rank"),
+    "pca_lowrank": (
+        "singular vectors of a (near-)degenerate spectrum are not unique: S and U diag(S) V^H are "
+        "compared",
+        "low-rank",
+    ),
+    "svd_lowrank": (
+        "singular vectors of a (near-)degenerate spectrum are not unique: S and U diag(S) V^H are "
+        "compared",
+        "low-rank",
+    ),
     "empty_like": ("uninitialized output", "meta"),
     "new_empty": ("uninitialized output", "meta"),
     "new_empty_strided": ("uninitialized output", "meta"),
-    "resize_": ("a SparseTensor's shape is fixed: resize_ to another shape raises ValueError", "fixed-shape"),
-    "resize_as_": ("a SparseTensor's shape is fixed: resize_as_ to another shape raises ValueError", "fixed-shape"),
-    "linalg.eigvals": ("torch itself sends tensor subclasses through linalg_eig, which rejects NaN/inf inputs; the "
-                       "dense kernel segfaults on them here (MKL DGEBAL), so its nan variant is not run", "nan-crashes"),
+    "resize_": (
+        "a SparseTensor's shape is fixed: resize_ to another shape raises ValueError",
+        "fixed-shape",
+    ),
+    "resize_as_": (
+        "a SparseTensor's shape is fixed: resize_as_ to another shape raises ValueError",
+        "fixed-shape",
+    ),
+    "linalg.eigvals": (
+        "torch itself sends tensor subclasses through linalg_eig, which rejects NaN/inf inputs; the "
+        "dense kernel segfaults on them here (MKL DGEBAL), so its nan variant is not run",
+        "nan-crashes",
+    ),
 }
 
 
@@ -74,7 +93,7 @@ def _sparsify(x: torch.Tensor, variant: str, gen: torch.Generator):
     elif flat.shape[0]:
         fill = flat[0].clone()
     else:
-        fill = torch.zeros(x.shape[x.dim() - dense_dim:], dtype=x.dtype)
+        fill = torch.zeros(x.shape[x.dim() - dense_dim :], dtype=x.dtype)
     xm = x.detach().clone()
     mask = torch.rand(x.shape[: x.dim() - dense_dim], generator=gen) < 0.5
     xm[mask] = fill
@@ -82,8 +101,12 @@ def _sparsify(x: torch.Tensor, variant: str, gen: torch.Generator):
     if variant == "uncoalesced":
         idx, v = A.indices(), A.values()
         perm = torch.randperm(2 * v.shape[0], generator=gen)
-        A = sparsefill.sparse_coo_tensor(torch.cat([idx, idx], 1)[:, perm], torch.cat([v, torch.zeros_like(v)])[perm],
-                                         x.shape, fill_value=fill)
+        A = sparsefill.sparse_coo_tensor(
+            torch.cat([idx, idx], 1)[:, perm],
+            torch.cat([v, torch.zeros_like(v)])[perm],
+            x.shape,
+            fill_value=fill,
+        )
     return A, xm
 
 
@@ -120,6 +143,7 @@ def _densify(o):
         if isinstance(t, torch.Tensor) and t.layout is not torch.strided:
             return t.to_dense()
         return t
+
     return tree_map(f, o)
 
 
@@ -132,7 +156,9 @@ def _call(op, inp, args, kwargs):
     return op(inp, *args, **kwargs)
 
 
-REJECTS = object()  # what _reference returns when the dense op rejects the sample (and so did the sparse call)
+REJECTS = (
+    object()
+)  # what _reference returns when the dense op rejects the sample (and so did the sparse call)
 
 
 def _reference(op, dense, sparse):
@@ -154,8 +180,11 @@ def _run(op, sample, variant, seed):
         return "n/a"
     (s_in, s_args, s_kw), dense = conv
     check = DECLARED.get(op.name, ("", None))[1]
-    if check == "nan-crashes" and variant == "nan" and any(
-            t.isnan().any() for t in tree_flatten(dense)[0] if isinstance(t, torch.Tensor)):
+    if (
+        check == "nan-crashes"
+        and variant == "nan"
+        and any(t.isnan().any() for t in tree_flatten(dense)[0] if isinstance(t, torch.Tensor))
+    ):
         with pytest.raises(RuntimeError):
             _call(op, s_in, s_args, s_kw)
         return "declared"
@@ -173,23 +202,34 @@ def _run(op, sample, variant, seed):
     if check == "low-rank":
         (u, sv, v), (ru, rs, rv) = out, ref
         torch.testing.assert_close(sv, rs, equal_nan=True)
+
         def rebuild(u, s, v):
             return u @ torch.diag_embed(s).to(u.dtype) @ v.mH
+
         torch.testing.assert_close(rebuild(u, sv, v), rebuild(ru, rs, rv), equal_nan=True)
         return "declared"
     if check == "meta":  # uninitialized output: compare metadata only
         o, r = tree_flatten(out)[0], tree_flatten(ref)[0]
         assert [(t.shape, t.dtype) for t in o] == [(t.shape, t.dtype) for t in r]
         return "declared"
-    torch.testing.assert_close(out, ref, equal_nan=True, msg=lambda m: f"{op.name} [{variant}]: {m}")
-    return "densify" if any(issubclass(w.category, sparsefill.DensifyWarning) for w in caught) else "native"
+    torch.testing.assert_close(
+        out, ref, equal_nan=True, msg=lambda m: f"{op.name} [{variant}]: {m}"
+    )
+    return (
+        "densify"
+        if any(issubclass(w.category, sparsefill.DensifyWarning) for w in caught)
+        else "native"
+    )
 
 
 OPS = [op for op in op_db if op.supports_dtype(torch.float64, "cpu")]
 
 
-@pytest.mark.parametrize("op", OPS, ids=[op.name + (f".{op.variant_test_name}" if op.variant_test_name else "")
-                                         for op in OPS])
+@pytest.mark.parametrize(
+    "op",
+    OPS,
+    ids=[op.name + (f".{op.variant_test_name}" if op.variant_test_name else "") for op in OPS],
+)
 def test_layout_invariance(op):
     key = op.name + (f".{op.variant_test_name}" if op.variant_test_name else "")
     n = MORE_SAMPLES.get(op.name, MAX_SAMPLES)

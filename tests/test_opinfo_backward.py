@@ -57,10 +57,14 @@ from sparsefill import SparseTensor
 
 MAX_SAMPLES = 2
 # ops whose later samples reach cases the first ones do not: op name -> samples run
-MORE_SAMPLES = {"masked_fill": 5,  # sample 4: every operand 0-d (masked_fill's value must stay 0-d)
-                "combinations": 17,  # sample 16: r = 4, a keepdim sum whose size-1 dense dims a view drops
-                "native_group_norm": 12}  # samples 8-11: a (1, C) hybrid, whose backward unsqueeze_s in place
-REPORT: dict = collections.defaultdict(collections.Counter)  # op id -> Counter of (variant, outcome)
+MORE_SAMPLES = {
+    "masked_fill": 5,  # sample 4: every operand 0-d (masked_fill's value must stay 0-d)
+    "combinations": 17,  # sample 16: r = 4, a keepdim sum whose size-1 dense dims a view drops
+    "native_group_norm": 12,
+}  # samples 8-11: a (1, C) hybrid, whose backward unsqueeze_s in place
+REPORT: dict = collections.defaultdict(
+    collections.Counter
+)  # op id -> Counter of (variant, outcome)
 VARIANTS = ("coo", "csr", "hybrid", "nan", "indefinite")
 ELEMENTWISE = {id(op) for op in unary_ufuncs + binary_ufuncs}
 # reductions whose masked meaning torch.masked gives with the same arguments (dim, keepdim): the reference
@@ -71,19 +75,31 @@ MASKED_REDUCTIONS = ("sum", "prod", "amax", "amin", "mean", "logsumexp")
 # whose failures and ``densify-backward`` outcomes are recorded ``declared``).  Either in another variant
 # still fails the test; a declared op that passes is reported ``native``/``densify``.
 DECLARED_BACKWARD = {
-    "prod": ("prod(A, dim) on an indefinite fill (3-d, some slices partly stored): its backward reaches an aten "
-             "call that falls back to densify_call, which raises ValueError (to_dense() of an indefinite fill); "
-             "the full prod and the dense reference (torch.masked.prod) run", ("indefinite",)),
-    "nn.functional.avg_pool1d": ("the sweep's upstream gradient is dense (W over the result's dense form), so the input's "
-                                 "gradient is dense by nature: ops/windows/pooling.py's avg_pool2d_backward takes a SparseTensor "
-                                 "gradient natively and leaves a dense one to the densify fallback, announced (by "
-                                 "design: tests/test_windows.py)", ("coo", "csr", "nan")),
-    "nn.functional.conv1d": ("the result of a random kernel is dense by nature (each output channel its own interior "
-                             "value), so the upstream gradient is dense: ops/windows/convolution.py's convolution_backward takes a "
-                             "SparseTensor gradient natively and leaves a dense one to the densify fallback, announced "
-                             "(by design: tests/test_windows.py)", ("coo", "csr", "nan")),
-    "nn.functional.rrelu": ("in training mode each element draws its own slope: on an indefinite fill the forward "
-                            "raises ValueError (the masked-out elements have no value to draw for)", ("indefinite",)),
+    "prod": (
+        "prod(A, dim) on an indefinite fill (3-d, some slices partly stored): its backward reaches an aten "
+        "call that falls back to densify_call, which raises ValueError (to_dense() of an indefinite fill); "
+        "the full prod and the dense reference (torch.masked.prod) run",
+        ("indefinite",),
+    ),
+    "nn.functional.avg_pool1d": (
+        "the sweep's upstream gradient is dense (W over the result's dense form), so the input's "
+        "gradient is dense by nature: ops/windows/pooling.py's avg_pool2d_backward takes a SparseTensor "
+        "gradient natively and leaves a dense one to the densify fallback, announced (by "
+        "design: tests/test_windows.py)",
+        ("coo", "csr", "nan"),
+    ),
+    "nn.functional.conv1d": (
+        "the result of a random kernel is dense by nature (each output channel its own interior "
+        "value), so the upstream gradient is dense: ops/windows/convolution.py's convolution_backward takes a "
+        "SparseTensor gradient natively and leaves a dense one to the densify fallback, announced "
+        "(by design: tests/test_windows.py)",
+        ("coo", "csr", "nan"),
+    ),
+    "nn.functional.rrelu": (
+        "in training mode each element draws its own slope: on an indefinite fill the forward "
+        "raises ValueError (the masked-out elements have no value to draw for)",
+        ("indefinite",),
+    ),
 }
 
 
@@ -100,26 +116,44 @@ class Leaves:
         self.dense_dim = 1 if variant == "hybrid" else 0
         S = x.shape[: x.dim() - self.dense_dim]
         self.mask = torch.rand(S, generator=g) < 0.5
-        self.idx = self.mask.nonzero().T if x.dim() - self.dense_dim else torch.zeros((0, int(self.mask)), dtype=torch.long)
-        self.values = (x.detach()[self.mask] if self.mask.dim() else x.detach().reshape(1)[: int(self.mask)]).clone()
-        D = x.shape[x.dim() - self.dense_dim:]
+        self.idx = (
+            self.mask.nonzero().T
+            if x.dim() - self.dense_dim
+            else torch.zeros((0, int(self.mask)), dtype=torch.long)
+        )
+        self.values = (
+            x.detach()[self.mask] if self.mask.dim() else x.detach().reshape(1)[: int(self.mask)]
+        ).clone()
+        D = x.shape[x.dim() - self.dense_dim :]
         flat = x.detach().reshape(-1)
-        self.fill = (None if variant == "indefinite" else torch.full((), float("nan"), dtype=x.dtype)
-                     if variant == "nan" else torch.randn(D, dtype=x.dtype, generator=g) if variant == "hybrid"
-                     else (flat[0] if flat.numel() else torch.zeros((), dtype=x.dtype)).clone())
+        self.fill = (
+            None
+            if variant == "indefinite"
+            else torch.full((), float("nan"), dtype=x.dtype)
+            if variant == "nan"
+            else torch.randn(D, dtype=x.dtype, generator=g)
+            if variant == "hybrid"
+            else (flat[0] if flat.numel() else torch.zeros((), dtype=x.dtype)).clone()
+        )
 
     def leaves(self):
         v = self.values.clone().requires_grad_()
         return v, None if self.fill is None else self.fill.clone().requires_grad_()
 
     def sparse(self, v, f):
-        A = sparsefill.sparse_coo_tensor(self.idx, v, self.shape,
-                                         fill_value=sparsefill.indefinite if f is None else f)
+        A = sparsefill.sparse_coo_tensor(
+            self.idx, v, self.shape, fill_value=sparsefill.indefinite if f is None else f
+        )
         return A.to_sparse_csr() if self.variant == "csr" else A
 
     def dense(self, v, f):
-        z = torch.zeros(self.shape, dtype=v.dtype).index_put(tuple(self.idx), v) if self.mask.dim() else v.reshape(())[()] \
-            if self.mask else torch.zeros((), dtype=v.dtype)
+        z = (
+            torch.zeros(self.shape, dtype=v.dtype).index_put(tuple(self.idx), v)
+            if self.mask.dim()
+            else v.reshape(())[()]
+            if self.mask
+            else torch.zeros((), dtype=v.dtype)
+        )
         m = self.mask.reshape(self.mask.shape + (1,) * self.dense_dim)
         return torch.where(m, z, torch.ones((), dtype=v.dtype) if f is None else f)
 
@@ -140,14 +174,20 @@ def _detach(o):
     return tree_map(lambda t: t.detach() if isinstance(t, torch.Tensor) else t, o)
 
 
-NOT_ELEMENTWISE = "n/a"  # the result of an indefinite input is broadcast past the input's shape: no pattern
+NOT_ELEMENTWISE = (
+    "n/a"  # the result of an indefinite input is broadcast past the input's shape: no pattern
+)
 
 
 def _loss(out, masked_shape=None, mask=None):
     """``sum((out_i * W_i).sum())`` over the floating outputs with a gradient; None if there is none."""
     total, g = None, torch.Generator().manual_seed(1)
     for t in tree_flatten(out)[0]:
-        if not (isinstance(t, torch.Tensor) and t.requires_grad and (t.is_floating_point() or t.is_complex())):
+        if not (
+            isinstance(t, torch.Tensor)
+            and t.requires_grad
+            and (t.is_floating_point() or t.is_complex())
+        ):
             continue
         if isinstance(t, SparseTensor):
             t = t.to_dense(fill_value=0.0) if t.is_fill_indefinite() else t.to_dense()
@@ -203,7 +243,9 @@ def _run(op, sample, variant, seed):
     if ref is None:
         return "n/a"
     got = _grads(op, lv, args, kwargs, sparse=True, rest=rest)
-    assert got is not None, "the sparse result has no output with a gradient where the dense one has"
+    assert got is not None, (
+        "the sparse result has no output with a gradient where the dense one has"
+    )
     (gv, gf), (fwd_dens, bwd_dens) = got
     (rv, rf), _ = ref
     torch.testing.assert_close(gv, rv, equal_nan=True, msg=lambda m: f"grad of values: {m}")
@@ -229,13 +271,17 @@ def test_backward_conformance(op):
             except Exception as e:  # noqa: BLE001 - collected and reported below
                 outcome = "declared" if declared else "FAIL"
                 if not declared:
-                    failures.append(f"[{variant}, sample {seed}] {type(e).__name__}: {str(e)[:300]}")
+                    failures.append(
+                        f"[{variant}, sample {seed}] {type(e).__name__}: {str(e)[:300]}"
+                    )
             if outcome == "densify-backward":
                 if declared:
                     outcome = "declared"
                 else:  # recorded as such (the summary names the variant) and failed
-                    failures.append(f"[{variant}, sample {seed}] the forward ran natively but the backward densified "
-                                    "(a DensifyWarning in backward): make it native or declare it with a reason")
+                    failures.append(
+                        f"[{variant}, sample {seed}] the forward ran natively but the backward densified "
+                        "(a DensifyWarning in backward): make it native or declare it with a reason"
+                    )
             REPORT[key][(variant, outcome)] += 1
     if not samples:
         REPORT[key][("-", "no samples")] += 1

@@ -26,7 +26,9 @@ OPTIMIZERS = [
 
 @pytest.mark.parametrize("foreach", [False, True])
 @pytest.mark.parametrize("layout", [torch.sparse_coo, torch.sparse_csr])
-@pytest.mark.parametrize("opt_cls,kw", OPTIMIZERS, ids=lambda v: v.__name__ if isinstance(v, type) else str(v))
+@pytest.mark.parametrize(
+    "opt_cls,kw", OPTIMIZERS, ids=lambda v: v.__name__ if isinstance(v, type) else str(v)
+)
 def test_optimizer_steps_a_sparse_parameter_like_the_dense_one(opt_cls, kw, layout, foreach):
     g = torch.Generator().manual_seed(0)
     x = torch.randn(6, 5, generator=g, dtype=torch.float64)
@@ -36,8 +38,12 @@ def test_optimizer_steps_a_sparse_parameter_like_the_dense_one(opt_cls, kw, layo
     oP, oD = opt_cls([P], foreach=foreach, **kw), opt_cls([D], foreach=foreach, **kw)
     for step in range(3):
         idx = P.detach().to_sparse(torch.sparse_coo).indices()
-        G = sparsefill.sparse_coo_tensor(idx, torch.rand(idx.shape[1], generator=g, dtype=torch.float64),
-                                         P.shape, fill_value=0.5 + step)
+        G = sparsefill.sparse_coo_tensor(
+            idx,
+            torch.rand(idx.shape[1], generator=g, dtype=torch.float64),
+            P.shape,
+            fill_value=0.5 + step,
+        )
         with warnings.catch_warnings():
             warnings.simplefilter("error", sparsefill.DensifyWarning)
             oP.zero_grad()
@@ -50,4 +56,8 @@ def test_optimizer_steps_a_sparse_parameter_like_the_dense_one(opt_cls, kw, layo
         assert isinstance(P, SparseTensor) and isinstance(P.detach(), SparseTensor)
         torch.testing.assert_close(P.detach().to_dense(), D.detach())
     for state in oP.state[P].values():
-        assert not isinstance(state, torch.Tensor) or state.dim() == 0 or isinstance(state, SparseTensor)
+        assert (
+            not isinstance(state, torch.Tensor)
+            or state.dim() == 0
+            or isinstance(state, SparseTensor)
+        )

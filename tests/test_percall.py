@@ -29,14 +29,23 @@ def _check(out, ref):
     torch.testing.assert_close(out.to_dense(), ref, equal_nan=True)
 
 
-CASES = [((10,), 5, 1.0, 2.0, torch.float64, 0), ((4, 5), 6, 0.5, float("nan"), torch.float32, 0),
-         ((3, 4, 2), 5, 1.0, -1.0, torch.float64, 0), ((6, 3), 2, [1.0, 2.0, 3.0], 0.0, torch.float64, 1),
-         ((8,), 0, 2.0, 3.0, torch.float64, 0), ((), 1, 1.0, 2.0, torch.float64, 0), ((9,), 4, 3, -2, torch.int64, 0),
-         ((7,), 3, True, False, torch.bool, 0), ((0, 3), 0, 1.0, 2.0, torch.float32, 0)]
+CASES = [
+    ((10,), 5, 1.0, 2.0, torch.float64, 0),
+    ((4, 5), 6, 0.5, float("nan"), torch.float32, 0),
+    ((3, 4, 2), 5, 1.0, -1.0, torch.float64, 0),
+    ((6, 3), 2, [1.0, 2.0, 3.0], 0.0, torch.float64, 1),
+    ((8,), 0, 2.0, 3.0, torch.float64, 0),
+    ((), 1, 1.0, 2.0, torch.float64, 0),
+    ((9,), 4, 3, -2, torch.int64, 0),
+    ((7,), 3, True, False, torch.bool, 0),
+    ((0, 3), 0, 1.0, 2.0, torch.float32, 0),
+]
 
 
 @pytest.mark.parametrize("shape,nse,fa,fb,dtype,dd", CASES)
-@pytest.mark.parametrize("op", [torch.add, torch.mul, torch.maximum, lambda a, b: torch.add(a, b, alpha=2)])
+@pytest.mark.parametrize(
+    "op", [torch.add, torch.mul, torch.maximum, lambda a, b: torch.add(a, b, alpha=2)]
+)
 def test_two_patterns_equal_dense(shape, nse, fa, fb, dtype, dd, op):
     if dtype is torch.bool and op is not torch.maximum:
         op = torch.logical_xor
@@ -52,8 +61,13 @@ def test_two_patterns_equal_dense(shape, nse, fa, fb, dtype, dd, op):
 
 def test_scalar_and_unary_keep_the_pattern():
     A = _coo((10,), 5, 1.0)
-    for out, ref in ((torch.exp(A), A.to_dense().exp()), (A * 2, A.to_dense() * 2), (A + A, A.to_dense() * 2),
-                     (torch.pow(A, 2), A.to_dense() ** 2), (torch.clamp(A, min=0.5), A.to_dense().clamp(min=0.5))):
+    for out, ref in (
+        (torch.exp(A), A.to_dense().exp()),
+        (A * 2, A.to_dense() * 2),
+        (A + A, A.to_dense() * 2),
+        (torch.pow(A, 2), A.to_dense() ** 2),
+        (torch.clamp(A, min=0.5), A.to_dense().clamp(min=0.5)),
+    ):
         _check(out, ref)
         assert out._indices() is A._indices()
 
@@ -67,8 +81,10 @@ def test_three_patterns():
 
 
 def test_union_cached_per_pattern_pair_and_never_stale():
-    A = sparsefill.sparse_coo_tensor([[1, 3, 4, 5, 7]], torch.arange(5.), (10,), fill_value=1.0)
-    B = sparsefill.sparse_coo_tensor([[1, 5, 6, 7, 8]], torch.arange(5.) + 10, (10,), fill_value=2.0)
+    A = sparsefill.sparse_coo_tensor([[1, 3, 4, 5, 7]], torch.arange(5.0), (10,), fill_value=1.0)
+    B = sparsefill.sparse_coo_tensor(
+        [[1, 5, 6, 7, 8]], torch.arange(5.0) + 10, (10,), fill_value=2.0
+    )
     C1, C2 = A + B, A * B
     assert C1._indices() is C2._indices()  # the pair's union, merged once
     assert C1._indices().tolist() == [[1, 3, 4, 5, 6, 7, 8]]
@@ -76,8 +92,13 @@ def test_union_cached_per_pattern_pair_and_never_stale():
     _check(A - B, A.to_dense() - B.to_dense())
     assert (A - B)._indices().tolist() == [[1, 3, 4, 5, 6, 7, 8]]
     A._indices()[0, 4] = 9  # an operand's pattern changed in place (still coalesced): merged again
-    _check(A + B, sparsefill.sparse_coo_tensor([[1, 3, 4, 5, 9]], torch.arange(5.), (10,), fill_value=1.0).to_dense()
-           + B.to_dense())
+    _check(
+        A + B,
+        sparsefill.sparse_coo_tensor(
+            [[1, 3, 4, 5, 9]], torch.arange(5.0), (10,), fill_value=1.0
+        ).to_dense()
+        + B.to_dense(),
+    )
 
 
 def test_result_fill_is_its_own():
@@ -103,25 +124,33 @@ def test_call_of_runs_exactly_the_dispatched_overload():
     call = pointwise._call_of(aten.mul.Tensor, (f, 2), {}, ("test", aten.mul.Tensor))
     assert call is torch.mul  # the binding dispatches to mul.Tensor
     # torch.add(t, 2) dispatches to add.Tensor, not add.Scalar: the schema's own call
-    assert pointwise._call_of(aten.add.Scalar, (f, 2), {}, ("test", aten.add.Scalar)) == aten.add.Scalar._op
+    assert (
+        pointwise._call_of(aten.add.Scalar, (f, 2), {}, ("test", aten.add.Scalar))
+        == aten.add.Scalar._op
+    )
     # no binding of that name
-    assert pointwise._call_of(aten.sigmoid_backward.default, (f, f), {}, ("test", 3)) == \
-        aten.sigmoid_backward.default._op
+    assert (
+        pointwise._call_of(aten.sigmoid_backward.default, (f, f), {}, ("test", 3))
+        == aten.sigmoid_backward.default._op
+    )
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class Passthrough(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             return func(*args, **(kwargs or {}))
+
     with Passthrough():  # a dispatch mode is active: the schema's call, not cached
-        assert pointwise._call_of(aten.exp.default, (f,), {}, ("test", "mode")) == aten.exp.default._op
+        assert (
+            pointwise._call_of(aten.exp.default, (f,), {}, ("test", "mode")) == aten.exp.default._op
+        )
     assert ("test", "mode") not in pointwise._CALLS
     for k in [k for k in pointwise._CALLS if isinstance(k, tuple) and k[0] == "test"]:
         del pointwise._CALLS[k]
 
 
 def test_fast_results_under_autograd():
-    va = torch.tensor([0.5, -1., 2.], dtype=torch.float64, requires_grad=True)
-    vb = torch.tensor([2., 3.], dtype=torch.float64, requires_grad=True)
+    va = torch.tensor([0.5, -1.0, 2.0], dtype=torch.float64, requires_grad=True)
+    vb = torch.tensor([2.0, 3.0], dtype=torch.float64, requires_grad=True)
     fa = torch.tensor(1.5, dtype=torch.float64, requires_grad=True)
     fb = torch.tensor(-0.5, dtype=torch.float64, requires_grad=True)
 
@@ -129,18 +158,55 @@ def test_fast_results_under_autograd():
         A = sparsefill.sparse_coo_tensor([[0, 3, 6]], va, (8,), fill_value=fa)
         B = sparsefill.sparse_coo_tensor([[3, 4]], vb, (8,), fill_value=fb)
         return (A * B + torch.exp(A) * 2).to_dense()
+
     assert torch.autograd.gradcheck(fn, (va, vb, fa, fb))
 
 
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16, torch.int64,
-                                   torch.int32, torch.complex64])
-@pytest.mark.parametrize("op", [torch.mul, torch.add, torch.sub, torch.div, torch.true_divide, torch.eq,
-                                lambda a, c: a / c, lambda a, c: c - a, lambda a, c: a ** c])
+@pytest.mark.parametrize(
+    "dtype",
+    [
+        torch.float64,
+        torch.float32,
+        torch.bfloat16,
+        torch.float16,
+        torch.int64,
+        torch.int32,
+        torch.complex64,
+    ],
+)
+@pytest.mark.parametrize(
+    "op",
+    [
+        torch.mul,
+        torch.add,
+        torch.sub,
+        torch.div,
+        torch.true_divide,
+        torch.eq,
+        lambda a, c: a / c,
+        lambda a, c: c - a,
+        lambda a, c: a**c,
+    ],
+)
 def test_python_number_operand_is_bitwise_the_dense_op(dtype, op):
     """``A * c`` with a Python number: a float32/float64 ``A`` takes ``c`` as a cached 0-d tensor of its dtype
     (``pointwise._by_value``); the values and the fill are bit for bit what the op gives on them with ``c``."""
     A = _coo((7,), 4, 1.5 if dtype.is_floating_point or dtype.is_complex else 3, dtype, seed=4)
-    for c in (2, 3, -7, 0.1, 1 / 3, -0.0, 0.0, float("nan"), float("inf"), 2 ** 60 + 1, 1e300, 3 + 0j, True):
+    for c in (
+        2,
+        3,
+        -7,
+        0.1,
+        1 / 3,
+        -0.0,
+        0.0,
+        float("nan"),
+        float("inf"),
+        2**60 + 1,
+        1e300,
+        3 + 0j,
+        True,
+    ):
         try:
             ref_v, ref_f = op(A._values(), c), op(A._fill_value(), c)
         except RuntimeError:  # (e.g. an int tensor to the power of a negative int)
@@ -152,7 +218,9 @@ def test_python_number_operand_is_bitwise_the_dense_op(dtype, op):
                 torch.testing.assert_close(got, ref, equal_nan=True, rtol=0, atol=0)
                 if ref.is_floating_point():  # (-0.0 and 0.0 compare equal)
                     assert torch.equal(torch.signbit(got), torch.signbit(ref))
-            torch.testing.assert_close(out.to_dense(), op(A.to_dense(), c), equal_nan=True, rtol=0, atol=0)
+            torch.testing.assert_close(
+                out.to_dense(), op(A.to_dense(), c), equal_nan=True, rtol=0, atol=0
+            )
 
 
 def test_python_number_cache_is_keyed_exactly():
@@ -171,8 +239,18 @@ def test_python_number_cache_is_keyed_exactly():
     torch.testing.assert_close((A * 0.1)._fill_value(), A._fill_value() * 0.1, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("shape,na,nb", [((10,), 5, 5), ((4, 5), 6, 3), ((3, 4, 2), 0, 5), ((3, 4, 2), 7, 0),
-                                         ((6,), 6, 6), ((2, 3), 1, 1), ((40, 40), 40, 40)])
+@pytest.mark.parametrize(
+    "shape,na,nb",
+    [
+        ((10,), 5, 5),
+        ((4, 5), 6, 3),
+        ((3, 4, 2), 0, 5),
+        ((3, 4, 2), 7, 0),
+        ((6,), 6, 6),
+        ((2, 3), 1, 1),
+        ((40, 40), 40, 40),
+    ],
+)
 def test_small_union_is_the_torch_merge(shape, na, nb):
     """``union2``'s Python-tuple merge of small CPU patterns (``_union_small``) against the torch merge of the
     linear keys: the same sorted indices and positions, whatever the overlap."""
@@ -182,9 +260,13 @@ def test_small_union_is_the_torch_merge(shape, na, nb):
             continue
         idx, pa, pb = pointwise._union_small(A._indices(), B._indices())
         keys = torch.cat([A._keys(), B._keys()]).unique()
-        assert idx.tolist() == torch.stack(torch.unravel_index(keys, shape[: A.sparse_dim()])).tolist()
+        assert (
+            idx.tolist() == torch.stack(torch.unravel_index(keys, shape[: A.sparse_dim()])).tolist()
+        )
         assert torch.equal(idx[:, pa], A._indices()) and torch.equal(idx[:, pb], B._indices())
-        assert idx.is_contiguous() and idx.dtype == torch.int64 and idx.untyped_storage().resizable()
+        assert (
+            idx.is_contiguous() and idx.dtype == torch.int64 and idx.untyped_storage().resizable()
+        )
         _check(A + B, A.to_dense() + B.to_dense())
 
 
@@ -192,8 +274,16 @@ def test_union_cache_new_operands_and_inference_mode():
     """A new pair of index tensors (same pattern) is merged anew; in inference mode (no version counters)
     nothing is cached and results stay exact."""
     A = _coo((10,), 5, 1.0, seed=0)
-    Bs = [sparsefill.sparse_coo_tensor(_coo((10,), 5, 2.0, seed=2)._indices().clone(), torch.arange(5.) + k, (10,),
-                                       fill_value=2.0, is_coalesced=True).to(torch.float64) for k in range(3)]
+    Bs = [
+        sparsefill.sparse_coo_tensor(
+            _coo((10,), 5, 2.0, seed=2)._indices().clone(),
+            torch.arange(5.0) + k,
+            (10,),
+            fill_value=2.0,
+            is_coalesced=True,
+        ).to(torch.float64)
+        for k in range(3)
+    ]
     for B in Bs * 2:
         _check(A + B, A.to_dense() + B.to_dense())
     with torch.inference_mode():
@@ -207,11 +297,20 @@ def test_in_place_fast_path_equals_dense():
     """``A.mul_(c)``, ``A.add_(B)`` (``pointwise.inplace_fast``): ``A`` keeps its identity and holds what the dense
     in-place op gives; its views see the change; a result of another dtype takes the general rule (torch's
     cast or error)."""
-    for op, other in ((torch.Tensor.mul_, 2.5), (torch.Tensor.add_, -1), (torch.Tensor.div_, 3.0),
-                      (torch.Tensor.add_, "same"), (torch.Tensor.mul_, "other"), (torch.Tensor.sub_, "self")):
+    for op, other in (
+        (torch.Tensor.mul_, 2.5),
+        (torch.Tensor.add_, -1),
+        (torch.Tensor.div_, 3.0),
+        (torch.Tensor.add_, "same"),
+        (torch.Tensor.mul_, "other"),
+        (torch.Tensor.sub_, "self"),
+    ):
         A = _coo((4, 5), 6, 1.5, seed=1)
-        B = {"same": lambda: A.detach().clone().mul(2).exp(), "other": lambda: _coo((4, 5), 5, 2.0, seed=7),
-             "self": lambda: A}.get(other, lambda: other)()
+        B = {
+            "same": lambda: A.detach().clone().mul(2).exp(),
+            "other": lambda: _coo((4, 5), 5, 2.0, seed=7),
+            "self": lambda: A,
+        }.get(other, lambda: other)()
         x, y = A.to_dense(), B.to_dense() if isinstance(B, SparseTensor) else B
         V, W = A.detach(), A[1:]
         out = op(A, B)
@@ -221,6 +320,7 @@ def test_in_place_fast_path_equals_dense():
         torch.testing.assert_close(V.to_dense(), x)
         torch.testing.assert_close(W.to_dense(), x[1:])
     from sparsefill.ops import registry
+
     assert registry.fast_path(aten.mul_.Tensor) is pointwise.inplace_fast
     assert registry.fast_path(aten.add_.Tensor) is pointwise.inplace_fast
     assert registry.fast_path(aten.normal_.default) is False  # (random: not pointwise)
@@ -256,7 +356,11 @@ def test_python_number_operand_cached_per_value():
     A * 0.1
     (entry,) = [v for k, v in pointwise._BY_VALUE.items() if k[1] == 0.1]
     op, t = entry
-    assert t.dim() == 0 and t.dtype == torch.float32 and float(t) == float(torch.tensor(0.1, dtype=torch.float32))
+    assert (
+        t.dim() == 0
+        and t.dtype == torch.float32
+        and float(t) == float(torch.tensor(0.1, dtype=torch.float32))
+    )
     A * 0.1
     assert len(pointwise._BY_VALUE) == 1
     torch.testing.assert_close((A * 0.1).to_dense(), A.to_dense() * 0.1, rtol=0, atol=0)
@@ -268,13 +372,27 @@ def test_torch_function_skips_route_only_for_what_route_declines():
     ``ROUTED``: route itself declines exactly those (grad mode on and off); ``ROUTED`` holds every routed
     function and ``requires_grad_`` (method and property setter)."""
     from sparsefill.ops import autograd_routes as ar
+
     A = _coo((3, 4), 5, 1.0)
     assert set(ar.ROUTES) <= ar.ROUTED and ar.ALWAYS <= ar.ROUTED
-    assert torch.Tensor.requires_grad_ in ar.ROUTED and torch._C.TensorBase.requires_grad.__set__ in ar.ROUTED
-    calls = [(torch.exp, (A,)), (torch.Tensor.mul, (A, 2)), (torch.Tensor.__add__, (A, A)), (torch.add, (A, A, 2)),
-             (torch.Tensor.mul_, (A, 1.0)), (torch.Tensor.detach, (A,)), (torch.Tensor.clone, (A,)),
-             (torch.neg, (A,)), (torch.clamp, (A, None, 0.5)), (torch.Tensor.flip, (A, 0)),
-             (torch.Tensor.to, (A, torch.float32)), (torch.Tensor.t, (A,))]
+    assert (
+        torch.Tensor.requires_grad_ in ar.ROUTED
+        and torch._C.TensorBase.requires_grad.__set__ in ar.ROUTED
+    )
+    calls = [
+        (torch.exp, (A,)),
+        (torch.Tensor.mul, (A, 2)),
+        (torch.Tensor.__add__, (A, A)),
+        (torch.add, (A, A, 2)),
+        (torch.Tensor.mul_, (A, 1.0)),
+        (torch.Tensor.detach, (A,)),
+        (torch.Tensor.clone, (A,)),
+        (torch.neg, (A,)),
+        (torch.clamp, (A, None, 0.5)),
+        (torch.Tensor.flip, (A, 0)),
+        (torch.Tensor.to, (A, torch.float32)),
+        (torch.Tensor.t, (A,)),
+    ]
     for grad in (True, False):
         with torch.set_grad_enabled(grad):
             for func, args in calls:
@@ -292,8 +410,12 @@ def test_torch_function_skips_route_only_for_what_route_declines():
     with torch.no_grad():
         torch.testing.assert_close(torch.sparse.sum(A), A.to_dense().sum())
     L = A.detach().requires_grad_()
-    (L @ L.t()).sum().backward()  # the matrix-product route: the gradient on the pattern of L (dense semantics)
-    torch.testing.assert_close(L.grad.to_dense(), (torch.ones(3, 3, dtype=torch.float64) @ A.to_dense()) * 2)
+    (
+        L @ L.t()
+    ).sum().backward()  # the matrix-product route: the gradient on the pattern of L (dense semantics)
+    torch.testing.assert_close(
+        L.grad.to_dense(), (torch.ones(3, 3, dtype=torch.float64) @ A.to_dense()) * 2
+    )
 
 
 def test_per_op_caches_are_keyed_by_the_cpp_op():
@@ -302,6 +424,7 @@ def test_per_op_caches_are_keyed_by_the_cpp_op():
     registry's ``register`` clears the decisions)."""
     from sparsefill._tensor import _FAST
     from sparsefill.ops import registry
+
     A = _coo((5,), 3, 1.0)
     torch.exp(A), A * 2, A + A
     assert _FAST.get(aten.exp.default._op) is pointwise.unary_fast
@@ -313,6 +436,7 @@ def test_per_op_caches_are_keyed_by_the_cpp_op():
     def _probe(func, args, kwargs):
         seen.append(func)
         return NotImplemented  # (the next stage: the pointwise rule)
+
     try:
         _check(torch.exp(A), A.to_dense().exp())
         assert seen == [aten.exp.default]
@@ -334,12 +458,17 @@ def test_union_with_a_superset_pattern_keeps_it(shape, op):
     g = torch.Generator().manual_seed(3)
     big = torch.randperm(n, generator=g)[:300].sort().values
     small = big[torch.randperm(300, generator=g)[:12]].sort().values
-    outside = torch.tensor([int(torch.ones(n, dtype=torch.bool).index_fill_(0, big, False).nonzero()[0])])
+    outside = torch.tensor(
+        [int(torch.ones(n, dtype=torch.bool).index_fill_(0, big, False).nonzero()[0])]
+    )
 
     def make(keys, fill, seed):
         idx = torch.stack(torch.unravel_index(keys, shape)) if len(shape) > 1 else keys[None]
-        vals = torch.randn(keys.numel(), generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+        vals = torch.randn(
+            keys.numel(), generator=torch.Generator().manual_seed(seed), dtype=torch.float64
+        )
         return sparsefill.sparse_coo_tensor(idx, vals, shape, fill_value=fill, is_coalesced=True)
+
     G = make(big, float("nan"), 1)
     E = make(small, 1.5, 2)
     for X, Y in ((G, E), (E, G)):
@@ -358,13 +487,21 @@ def test_in_place_shape_change_refused_and_nothing_modified():
     that changes the shape raises ValueError naming both shapes, and ``A`` keeps its storage; so do the
     in-place view ops (``_writes.reshape_``) of a SparseTensor that has a view (which would not follow)."""
     import warnings
+
     A = _coo((2, 3), 3, 0.5)
     dense, vals = A.to_dense(), A._vals
     V = A[0]
-    for f in (lambda: A.unsqueeze_(0), lambda: A.t_(), lambda: A.resize_(3, 2), lambda: V.unsqueeze_(0)):
+    for f in (
+        lambda: A.unsqueeze_(0),
+        lambda: A.t_(),
+        lambda: A.resize_(3, 2),
+        lambda: V.unsqueeze_(0),
+    ):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", sparsefill.DensifyWarning)
-            with pytest.raises(ValueError, match=r"shape \((1, 2, 3|3, 2)\) .* shape \(2, 3\)|keeps its shape"):
+            with pytest.raises(
+                ValueError, match=r"shape \((1, 2, 3|3, 2)\) .* shape \(2, 3\)|keeps its shape"
+            ):
                 f()
         assert A.shape == (2, 3) and A._vals is vals and V.shape == (3,)
         torch.testing.assert_close(A.to_dense(), dense)

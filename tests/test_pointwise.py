@@ -11,20 +11,38 @@ from sparsefill import SparseTensor
 
 
 def _inputs():
-    x = torch.tensor([[0.5, 2., 2.], [2., -1., 2.]], dtype=torch.float64)
-    yield "coo", sparsefill.to_sparse(x, fill_value=2.)
-    yield "csr", sparsefill.to_sparse(x, fill_value=2., layout=torch.sparse_csr)
-    yield "hybrid", sparsefill.to_sparse(x, fill_value=torch.tensor([2., -1., 2.], dtype=torch.float64), dense_dim=1)
-    yield "uncoalesced", sparsefill.sparse_coo_tensor([[0, 0, 2], [1, 1, 0]], torch.tensor([1., 2., -3.]).double(),
-                                                      (3, 2), fill_value=0.25)
+    x = torch.tensor([[0.5, 2.0, 2.0], [2.0, -1.0, 2.0]], dtype=torch.float64)
+    yield "coo", sparsefill.to_sparse(x, fill_value=2.0)
+    yield "csr", sparsefill.to_sparse(x, fill_value=2.0, layout=torch.sparse_csr)
+    yield (
+        "hybrid",
+        sparsefill.to_sparse(
+            x, fill_value=torch.tensor([2.0, -1.0, 2.0], dtype=torch.float64), dense_dim=1
+        ),
+    )
+    yield (
+        "uncoalesced",
+        sparsefill.sparse_coo_tensor(
+            [[0, 0, 2], [1, 1, 0]], torch.tensor([1.0, 2.0, -3.0]).double(), (3, 2), fill_value=0.25
+        ),
+    )
 
 
 OPS = {
-    "exp": torch.exp, "cos": torch.cos, "sigmoid": torch.sigmoid, "log1p": torch.log1p,
-    "mul_scalar": lambda a: a * -8.0, "pow_scalar": lambda a: a ** 3, "clamp": lambda a: a.clamp(-0.5, 1.),
-    "nan_to_num": lambda a: torch.nan_to_num(torch.log(a)), "gt": lambda a: a > 1., "to_int": lambda a: a.long(),
-    "mul_0d_tensor": lambda a: a * torch.tensor(3., dtype=torch.float32),
-    "gelu": torch.nn.functional.gelu, "relu": torch.relu, "frexp_mantissa": lambda a: torch.frexp(a)[0],
+    "exp": torch.exp,
+    "cos": torch.cos,
+    "sigmoid": torch.sigmoid,
+    "log1p": torch.log1p,
+    "mul_scalar": lambda a: a * -8.0,
+    "pow_scalar": lambda a: a**3,
+    "clamp": lambda a: a.clamp(-0.5, 1.0),
+    "nan_to_num": lambda a: torch.nan_to_num(torch.log(a)),
+    "gt": lambda a: a > 1.0,
+    "to_int": lambda a: a.long(),
+    "mul_0d_tensor": lambda a: a * torch.tensor(3.0, dtype=torch.float32),
+    "gelu": torch.nn.functional.gelu,
+    "relu": torch.relu,
+    "frexp_mantissa": lambda a: torch.frexp(a)[0],
 }
 
 
@@ -47,25 +65,29 @@ def test_integer_input_promotes_as_torch():
     out = A + 1.5
     assert out.dtype == torch.get_default_dtype() and isinstance(out, SparseTensor)
     torch.testing.assert_close(out.to_dense(), A.to_dense() + 1.5)
-    assert (A * torch.tensor(2.5, dtype=torch.float64)).dtype == (A.to_dense() * torch.tensor(2.5, dtype=torch.float64)).dtype
+    assert (A * torch.tensor(2.5, dtype=torch.float64)).dtype == (
+        A.to_dense() * torch.tensor(2.5, dtype=torch.float64)
+    ).dtype
 
 
 def test_in_place_keeps_identity_and_reaches_aliases():
-    A = sparsefill.to_sparse(torch.tensor([1., 0., 2.]), fill_value=0.)
+    A = sparsefill.to_sparse(torch.tensor([1.0, 0.0, 2.0]), fill_value=0.0)
     B = A.detach()
     with warnings.catch_warnings():
         warnings.simplefilter("error", sparsefill.DensifyWarning)
         r = A.exp_()
     assert r is A and A._nse() == 2
-    torch.testing.assert_close(A.to_dense(), torch.tensor([1., 0., 2.]).exp())
+    torch.testing.assert_close(A.to_dense(), torch.tensor([1.0, 0.0, 2.0]).exp())
     torch.testing.assert_close(B.to_dense(), A.to_dense())
 
 
 def test_indefinite_fill_stays_indefinite():
-    A = sparsefill.sparse_coo_tensor([[0, 2]], [1., 2.], (4,), fill_value=sparsefill.indefinite)
-    out = torch.exp(A) > 3.
+    A = sparsefill.sparse_coo_tensor([[0, 2]], [1.0, 2.0], (4,), fill_value=sparsefill.indefinite)
+    out = torch.exp(A) > 3.0
     assert out.is_fill_indefinite() and out.dtype == torch.bool
-    torch.testing.assert_close(out.to_dense(fill_value=False), torch.tensor([False, False, True, False]))
+    torch.testing.assert_close(
+        out.to_dense(fill_value=False), torch.tensor([False, False, True, False])
+    )
 
 
 def test_random_ops_are_not_applied_to_the_fill_once():
@@ -79,23 +101,26 @@ def test_random_ops_are_not_applied_to_the_fill_once():
 
 
 def test_gradient_through_the_rule():
-    v = torch.tensor([0.5, -1.], dtype=torch.float64, requires_grad=True)
-    f = torch.tensor(2., dtype=torch.float64, requires_grad=True)
+    v = torch.tensor([0.5, -1.0], dtype=torch.float64, requires_grad=True)
+    f = torch.tensor(2.0, dtype=torch.float64, requires_grad=True)
 
     def fn(v, f):
-        return torch.exp(sparsefill.sparse_coo_tensor([[0, 3]], v, (5,), fill_value=f) * -2.).to_dense()
+        return torch.exp(
+            sparsefill.sparse_coo_tensor([[0, 3]], v, (5,), fill_value=f) * -2.0
+        ).to_dense()
+
     assert torch.autograd.gradcheck(fn, (v, f))
 
 
 def _hybrid():
-    x = torch.tensor([[0.5, 2., 2.], [2., 2., 2.], [2., -1., 2.]], dtype=torch.float64)
-    return x, sparsefill.to_sparse(x, fill_value=2., dense_dim=1)
+    x = torch.tensor([[0.5, 2.0, 2.0], [2.0, 2.0, 2.0], [2.0, -1.0, 2.0]], dtype=torch.float64)
+    return x, sparsefill.to_sparse(x, fill_value=2.0, dense_dim=1)
 
 
 @pytest.mark.parametrize("op", [torch.mul, torch.add, torch.maximum, torch.atan2])
 def test_dense_operand_over_the_dense_dims_keeps_the_pattern(op):
     x, A = _hybrid()
-    w = torch.tensor([1., 10., 100.], dtype=torch.float64)
+    w = torch.tensor([1.0, 10.0, 100.0], dtype=torch.float64)
     with warnings.catch_warnings():
         warnings.simplefilter("error", sparsefill.DensifyWarning)
         out = op(A, w)
@@ -103,20 +128,20 @@ def test_dense_operand_over_the_dense_dims_keeps_the_pattern(op):
     for o, ref in ((out, op(x, w)), (out_r, op(w[None], x))):
         assert isinstance(o, SparseTensor) and o._nse() == A._nse()
         torch.testing.assert_close(o.to_dense(), ref)
-    torch.testing.assert_close(out.fill_value(), op(torch.full((3,), 2., dtype=torch.float64), w))
+    torch.testing.assert_close(out.fill_value(), op(torch.full((3,), 2.0, dtype=torch.float64), w))
 
 
 def test_dense_operand_in_place_turns_a_scalar_fill_into_an_array():
     x, A = _hybrid()
-    w = torch.tensor([1., 10., 100.], dtype=torch.float64)
+    w = torch.tensor([1.0, 10.0, 100.0], dtype=torch.float64)
     A.mul_(w)
     torch.testing.assert_close(A.to_dense(), x * w)
     assert A._fill_value().shape == (3,)
 
 
 def test_dense_operand_along_sparse_dims_gives_a_dense_result_quietly():
-    x = torch.tensor([[0.5, 2., 2.], [2., -1., 2.]], dtype=torch.float64)
-    A = sparsefill.to_sparse(x, fill_value=2.)
+    x = torch.tensor([[0.5, 2.0, 2.0], [2.0, -1.0, 2.0]], dtype=torch.float64)
+    A = sparsefill.to_sparse(x, fill_value=2.0)
     y = torch.randn(2, 3, dtype=torch.float64)
     with warnings.catch_warnings():
         warnings.simplefilter("error", sparsefill.DensifyWarning)
@@ -125,8 +150,14 @@ def test_dense_operand_along_sparse_dims_gives_a_dense_result_quietly():
     torch.testing.assert_close(out, x + y)
 
 
-@pytest.mark.parametrize("other", [torch.ones(1, 1, dtype=torch.float32), torch.ones(1, dtype=torch.float64),
-                                   torch.ones(3, dtype=torch.float16)])
+@pytest.mark.parametrize(
+    "other",
+    [
+        torch.ones(1, 1, dtype=torch.float32),
+        torch.ones(1, dtype=torch.float64),
+        torch.ones(3, dtype=torch.float16),
+    ],
+)
 def test_dense_operand_promotion_matches_dense(other):
     x = torch.tensor([[1, 2, 2], [2, 5, 2]])
     A = sparsefill.to_sparse(x, fill_value=2, dense_dim=1)
@@ -136,7 +167,9 @@ def test_dense_operand_promotion_matches_dense(other):
     torch.testing.assert_close(out.to_dense(), ref)
 
 
-def _random_sparse(shape, fill, density, seed, layout=torch.sparse_coo, dense_dim=0, uncoalesced=False):
+def _random_sparse(
+    shape, fill, density, seed, layout=torch.sparse_coo, dense_dim=0, uncoalesced=False
+):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(shape, generator=g, dtype=torch.float64)
     sdim = len(shape) - dense_dim
@@ -145,27 +178,45 @@ def _random_sparse(shape, fill, density, seed, layout=torch.sparse_coo, dense_di
     x[~keep] = f
     A = sparsefill.to_sparse(x, fill_value=f, layout=layout, dense_dim=dense_dim)
     if uncoalesced:  # split every stored value in two halves at the same position
-        A = sparsefill.sparse_coo_tensor(torch.cat([A._indices(), A._indices()], 1),
-                                         torch.cat([A._values() / 2, A._values() / 2]), A.shape, fill_value=f)
+        A = sparsefill.sparse_coo_tensor(
+            torch.cat([A._indices(), A._indices()], 1),
+            torch.cat([A._values() / 2, A._values() / 2]),
+            A.shape,
+            fill_value=f,
+        )
     return A
 
 
 NARY = {
-    "add": torch.add, "mul": torch.mul, "div": torch.div, "maximum": torch.maximum, "atan2": torch.atan2,
-    "sub_alpha": lambda a, b: torch.sub(a, b, alpha=2.5), "where": lambda a, b: torch.where(a > b, a, b),
-    "addcmul": lambda a, b: torch.addcmul(a, a, b, value=0.5), "lerp": lambda a, b: torch.lerp(a, b, 0.25),
-    "clamp_min": lambda a, b: torch.clamp(a, min=b), "eq": torch.eq, "pow": lambda a, b: torch.pow(a.abs(), b),
+    "add": torch.add,
+    "mul": torch.mul,
+    "div": torch.div,
+    "maximum": torch.maximum,
+    "atan2": torch.atan2,
+    "sub_alpha": lambda a, b: torch.sub(a, b, alpha=2.5),
+    "where": lambda a, b: torch.where(a > b, a, b),
+    "addcmul": lambda a, b: torch.addcmul(a, a, b, value=0.5),
+    "lerp": lambda a, b: torch.lerp(a, b, 0.25),
+    "clamp_min": lambda a, b: torch.clamp(a, min=b),
+    "eq": torch.eq,
+    "pow": lambda a, b: torch.pow(a.abs(), b),
 }
 
 
 @pytest.mark.parametrize("name", list(NARY))
 @pytest.mark.parametrize("case", ["coo", "csr", "hybrid", "uncoalesced", "mixed-layout"])
 def test_nary_union_merge(name, case):
-    kw = {"csr": dict(layout=torch.sparse_csr), "hybrid": dict(dense_dim=1), "uncoalesced": dict(uncoalesced=True)}
+    kw = {
+        "csr": dict(layout=torch.sparse_csr),
+        "hybrid": dict(dense_dim=1),
+        "uncoalesced": dict(uncoalesced=True),
+    }
     kw = kw.get(case, {})
-    fa, fb = ([1.5, -2., 0.5], [0.25, 3., -1.]) if case == "hybrid" else (1.5, -0.75)
+    fa, fb = ([1.5, -2.0, 0.5], [0.25, 3.0, -1.0]) if case == "hybrid" else (1.5, -0.75)
     A = _random_sparse((5, 3), fa, 0.3, 1, **kw)
-    B = _random_sparse((5, 3), fb, 0.3, 2, **(dict(layout=torch.sparse_csr) if case == "mixed-layout" else kw))
+    B = _random_sparse(
+        (5, 3), fb, 0.3, 2, **(dict(layout=torch.sparse_csr) if case == "mixed-layout" else kw)
+    )
     op = NARY[name]
     with warnings.catch_warnings():
         warnings.simplefilter("error", sparsefill.DensifyWarning)
@@ -177,16 +228,16 @@ def test_nary_union_merge(name, case):
 
 
 def test_rfc_point_9_example():
-    A = sparsefill.sparse_coo_tensor([[0, 1], [0, 0]], [1., 3.], (2, 2), fill_value=2.)
-    B = sparsefill.sparse_coo_tensor([[0, 1], [0, 1]], [5., 8.], (2, 2), fill_value=6.)
+    A = sparsefill.sparse_coo_tensor([[0, 1], [0, 0]], [1.0, 3.0], (2, 2), fill_value=2.0)
+    B = sparsefill.sparse_coo_tensor([[0, 1], [0, 1]], [5.0, 8.0], (2, 2), fill_value=6.0)
     C = A + B
-    assert float(C._fill_value()) == 8. and C._nse() == 3
-    torch.testing.assert_close(C.to_dense(), torch.tensor([[6., 8.], [9., 10.]]))
+    assert float(C._fill_value()) == 8.0 and C._nse() == 3
+    torch.testing.assert_close(C.to_dense(), torch.tensor([[6.0, 8.0], [9.0, 10.0]]))
 
 
 def test_nary_in_place_and_same_pattern_fast_path():
     A = _random_sparse((6, 4), 1.5, 0.3, 3)
-    B = _random_sparse((6, 4), -1., 0.3, 4)
+    B = _random_sparse((6, 4), -1.0, 0.3, 4)
     ref = A.to_dense() * B.to_dense()
     A.mul_(B)
     torch.testing.assert_close(A.to_dense(), ref)
@@ -196,16 +247,16 @@ def test_nary_in_place_and_same_pattern_fast_path():
 
 
 def test_nary_with_indefinite_operand_is_unspecified_where_it_is():
-    A = sparsefill.sparse_coo_tensor([[0, 1, 2]], [1., 2., 3.], (4,), fill_value=0.5)
-    I = sparsefill.sparse_coo_tensor([[1, 3]], [10., 20.], (4,), fill_value=sparsefill.indefinite)
+    A = sparsefill.sparse_coo_tensor([[0, 1, 2]], [1.0, 2.0, 3.0], (4,), fill_value=0.5)
+    I = sparsefill.sparse_coo_tensor([[1, 3]], [10.0, 20.0], (4,), fill_value=sparsefill.indefinite)
     out = A * I
     assert out.is_fill_indefinite() and out._indices().tolist() == [[1, 3]]
-    torch.testing.assert_close(out._values(), torch.tensor([20., 10.]))
+    torch.testing.assert_close(out._values(), torch.tensor([20.0, 10.0]))
 
 
 def test_nary_gradients_reach_values_and_fills():
-    va = torch.tensor([0.5, -1.], dtype=torch.float64, requires_grad=True)
-    vb = torch.tensor([2., 3.], dtype=torch.float64, requires_grad=True)
+    va = torch.tensor([0.5, -1.0], dtype=torch.float64, requires_grad=True)
+    vb = torch.tensor([2.0, 3.0], dtype=torch.float64, requires_grad=True)
     fa = torch.tensor(1.5, dtype=torch.float64, requires_grad=True)
     fb = torch.tensor(-0.5, dtype=torch.float64, requires_grad=True)
 
@@ -213,16 +264,19 @@ def test_nary_gradients_reach_values_and_fills():
         A = sparsefill.sparse_coo_tensor([[0, 3]], va, (5,), fill_value=fa)
         B = sparsefill.sparse_coo_tensor([[3, 4]], vb, (5,), fill_value=fb)
         return (A * B + torch.sin(A)).to_dense()
+
     assert torch.autograd.gradcheck(fn, (va, vb, fa, fb))
 
 
 @pytest.mark.parametrize("layout", [torch.sparse_coo, torch.sparse_csr])
 def test_prune_drops_stored_fill_values_only_when_asked(layout):
-    x = torch.tensor([[1., 2., 2.], [2., float("nan"), 2.]])
-    A = sparsefill.to_sparse(x, fill_value=float("nan"), layout=layout)  # specifies everything but the NaN
-    B = A * 1.  # the rule never prunes: same pattern
+    x = torch.tensor([[1.0, 2.0, 2.0], [2.0, float("nan"), 2.0]])
+    A = sparsefill.to_sparse(
+        x, fill_value=float("nan"), layout=layout
+    )  # specifies everything but the NaN
+    B = A * 1.0  # the rule never prunes: same pattern
     assert B._nse() == A._nse() == 5
-    A.set_fill_value_(2.)  # now 4 stored values equal the fill (and the NaN slot is 2 too)
+    A.set_fill_value_(2.0)  # now 4 stored values equal the fill (and the NaN slot is 2 too)
     P = A.prune()
     assert P._nse() == 1 and P.sparse_layout == layout
     torch.testing.assert_close(P.to_dense(), A.to_dense())
@@ -231,19 +285,24 @@ def test_prune_drops_stored_fill_values_only_when_asked(layout):
 
 
 def test_in_place_on_indefinite():
-    I = sparsefill.sparse_coo_tensor([[1, 3]], [1., 2.], (4,), fill_value=sparsefill.indefinite)
+    I = sparsefill.sparse_coo_tensor([[1, 3]], [1.0, 2.0], (4,), fill_value=sparsefill.indefinite)
     I.exp_()
     assert I.is_fill_indefinite()
-    torch.testing.assert_close(I.to_dense(fill_value=0.), torch.tensor([0., 1., 0., 2.]).exp() * torch.tensor([0, 1, 0, 1]))
-    A = sparsefill.sparse_coo_tensor([[0, 1]], [1., 2.], (4,), fill_value=0.5)
+    torch.testing.assert_close(
+        I.to_dense(fill_value=0.0),
+        torch.tensor([0.0, 1.0, 0.0, 2.0]).exp() * torch.tensor([0, 1, 0, 1]),
+    )
+    A = sparsefill.sparse_coo_tensor([[0, 1]], [1.0, 2.0], (4,), fill_value=0.5)
     A.mul_(I)
     assert A.is_fill_indefinite() and A._indices().tolist() == [[1, 3]]  # where I is specified
-    torch.testing.assert_close(A._values(), torch.tensor([2. * torch.e, 0.5 * torch.e ** 2]))
+    torch.testing.assert_close(A._values(), torch.tensor([2.0 * torch.e, 0.5 * torch.e**2]))
 
 
 def test_zero_dim_sparse_operand_acts_as_a_scalar():
-    A = sparsefill.to_sparse(torch.tensor([1., 2., 2., 5.], dtype=torch.float64), fill_value=2.)
-    s = sparsefill.to_sparse(torch.tensor(3., dtype=torch.float32), fill_value=0.)
+    A = sparsefill.to_sparse(
+        torch.tensor([1.0, 2.0, 2.0, 5.0], dtype=torch.float64), fill_value=2.0
+    )
+    s = sparsefill.to_sparse(torch.tensor(3.0, dtype=torch.float32), fill_value=0.0)
     with warnings.catch_warnings():
         warnings.simplefilter("error", sparsefill.DensifyWarning)
         out = A - s
@@ -253,19 +312,24 @@ def test_zero_dim_sparse_operand_acts_as_a_scalar():
     torch.testing.assert_close(out.to_dense(), ref)
 
 
-
 def _scalar_sparse(value, stored: bool, fill, dtype=torch.float64):
     """A 0-d SparseTensor: ``value`` stored, or nothing stored and ``fill`` (``"indefinite"``: masked out)."""
     v = torch.tensor([value] if stored else [], dtype=dtype)
     f = sparsefill.indefinite if fill == "indefinite" else fill
-    return sparsefill.sparse_coo_tensor(torch.zeros(0, int(stored), dtype=torch.int64), v, (), fill_value=f)
+    return sparsefill.sparse_coo_tensor(
+        torch.zeros(0, int(stored), dtype=torch.int64), v, (), fill_value=f
+    )
 
 
 ZERO_DIM_OPS = {
     "masked_fill": lambda a, b: a.masked_fill(torch.tensor(True), b),
     "masked_fill_false": lambda a, b: a.masked_fill(torch.tensor(False), b),
-    "add": torch.add, "mul": torch.mul, "atan2": torch.atan2, "maximum": torch.maximum,
-    "where": lambda a, b: torch.where(a > b, a, b), "frexp": lambda a, b: torch.frexp(a * b),
+    "add": torch.add,
+    "mul": torch.mul,
+    "atan2": torch.atan2,
+    "maximum": torch.maximum,
+    "where": lambda a, b: torch.where(a > b, a, b),
+    "frexp": lambda a, b: torch.frexp(a * b),
     "lerp": lambda a, b: torch.lerp(a, b, torch.tensor(0.25, dtype=torch.float64)),
 }
 
@@ -279,41 +343,62 @@ def test_every_operand_zero_dim(name, b_kind, a_stored):
     op = ZERO_DIM_OPS[name]
     va = torch.tensor(-1.5 if a_stored else 2.5, dtype=torch.float64, requires_grad=True)
     vb = torch.tensor(0.75, dtype=torch.float64, requires_grad=True)
-    A = sparsefill.sparse_coo_tensor(torch.zeros(0, int(a_stored), dtype=torch.int64), va.reshape(-1)[: int(a_stored)],
-                                     (), fill_value=va if not a_stored else torch.tensor(9., dtype=torch.float64))
-    B = vb if b_kind == "dense" else sparsefill.sparse_coo_tensor(
-        torch.zeros(0, int(b_kind == "stored"), dtype=torch.int64), vb.reshape(-1)[: int(b_kind == "stored")], (),
-        fill_value=vb if b_kind == "fill" else torch.tensor(-4., dtype=torch.float64))
+    A = sparsefill.sparse_coo_tensor(
+        torch.zeros(0, int(a_stored), dtype=torch.int64),
+        va.reshape(-1)[: int(a_stored)],
+        (),
+        fill_value=va if not a_stored else torch.tensor(9.0, dtype=torch.float64),
+    )
+    B = (
+        vb
+        if b_kind == "dense"
+        else sparsefill.sparse_coo_tensor(
+            torch.zeros(0, int(b_kind == "stored"), dtype=torch.int64),
+            vb.reshape(-1)[: int(b_kind == "stored")],
+            (),
+            fill_value=vb if b_kind == "fill" else torch.tensor(-4.0, dtype=torch.float64),
+        )
+    )
     out = _native(lambda: op(A, B))
     ref = op(va, vb)
     outs, refs = (out, ref) if isinstance(ref, tuple) else ((out,), (ref,))
     for o, r in zip(outs, refs):
-        assert isinstance(o, SparseTensor) and o.shape == () and o._nse() == int(a_stored or b_kind == "stored")
+        assert (
+            isinstance(o, SparseTensor)
+            and o.shape == ()
+            and o._nse() == int(a_stored or b_kind == "stored")
+        )
         torch.testing.assert_close(o.to_dense(), r, equal_nan=True)
     if outs[0].requires_grad:
         g = torch.autograd.grad(outs[0].to_dense(), (va, vb), allow_unused=True)
         gr = torch.autograd.grad(refs[0], (va, vb), allow_unused=True)
         for x, y in zip(g, gr):
-            torch.testing.assert_close(0. if x is None else x, 0. if y is None else y, check_dtype=False)
+            torch.testing.assert_close(
+                0.0 if x is None else x, 0.0 if y is None else y, check_dtype=False
+            )
 
 
 def test_every_operand_zero_dim_promotion_in_place_out_and_indefinite():
-    A32 = _scalar_sparse(3., True, 0., torch.float32)
+    A32 = _scalar_sparse(3.0, True, 0.0, torch.float32)
     b64 = torch.tensor(0.1, dtype=torch.float64)
     out = _native(lambda: A32 + b64)
-    assert out.dtype == (A32.to_dense() + b64).dtype == torch.float64  # zero-dim tensors promote alike
+    assert (
+        out.dtype == (A32.to_dense() + b64).dtype == torch.float64
+    )  # zero-dim tensors promote alike
     torch.testing.assert_close(out.to_dense(), A32.to_dense() + b64)
-    A = _scalar_sparse(3., False, 1.25)
-    _native(lambda: A.masked_fill_(torch.tensor(True), torch.tensor(7., dtype=torch.float32)))
-    assert A.dtype == torch.float64 and A.to_dense().item() == 7.
-    target = _scalar_sparse(0., True, 0.)
-    _native(lambda: torch.mul(_scalar_sparse(3., True, 1.), 2., out=target))
-    assert target.to_dense().item() == 6.
-    masked = _scalar_sparse(0., False, "indefinite")
-    r = _native(lambda: masked + _scalar_sparse(2., True, 1.))
+    A = _scalar_sparse(3.0, False, 1.25)
+    _native(lambda: A.masked_fill_(torch.tensor(True), torch.tensor(7.0, dtype=torch.float32)))
+    assert A.dtype == torch.float64 and A.to_dense().item() == 7.0
+    target = _scalar_sparse(0.0, True, 0.0)
+    _native(lambda: torch.mul(_scalar_sparse(3.0, True, 1.0), 2.0, out=target))
+    assert target.to_dense().item() == 6.0
+    masked = _scalar_sparse(0.0, False, "indefinite")
+    r = _native(lambda: masked + _scalar_sparse(2.0, True, 1.0))
     assert r.is_fill_indefinite() and r._nse() == 0 and r.dtype == torch.float64
-    r = _native(lambda: _scalar_sparse(5., True, "indefinite").masked_fill(torch.tensor(True), 1.))
-    assert r.is_fill_indefinite() and r.to_dense(fill_value=0.).item() == 1.
+    r = _native(
+        lambda: _scalar_sparse(5.0, True, "indefinite").masked_fill(torch.tensor(True), 1.0)
+    )
+    assert r.is_fill_indefinite() and r.to_dense(fill_value=0.0).item() == 1.0
     i = _scalar_sparse(7, True, 0, torch.int64)  # the fill's 7 // 0 raises; no element reads it
     assert _native(lambda: i // torch.tensor(2)).to_dense().item() == 3
     with pytest.raises(RuntimeError, match="ZeroDivision"):
@@ -338,8 +423,17 @@ def _pair(shape_a, shape_b, fa=1.5, fb=-2.0, layout=torch.sparse_coo, seed=0):
     return out
 
 
-@pytest.mark.parametrize("sa,sb", [((5, 1), (1, 4)), ((5, 1), (4,)), ((3,), (2, 3)), ((2, 1, 3), (4, 1)),
-                                   ((4, 1), (4, 0)), ((1, 1), (3, 2))])
+@pytest.mark.parametrize(
+    "sa,sb",
+    [
+        ((5, 1), (1, 4)),
+        ((5, 1), (4,)),
+        ((3,), (2, 3)),
+        ((2, 1, 3), (4, 1)),
+        ((4, 1), (4, 0)),
+        ((1, 1), (3, 2)),
+    ],
+)
 @pytest.mark.parametrize("layout", [torch.sparse_coo, torch.sparse_csr])
 def test_broadcasting_between_sparse_tensors(sa, sb, layout):
     A, B = _pair(sa, sb, layout=layout)
@@ -353,7 +447,9 @@ def test_broadcasting_between_sparse_tensors(sa, sb, layout):
 
 def test_broadcasting_with_an_indefinite_operand():
     A, B = _pair((4, 1), (1, 3))
-    M = sparsefill.sparse_coo_tensor(A.indices(), A.values(), A.shape, fill_value=sparsefill.indefinite)
+    M = sparsefill.sparse_coo_tensor(
+        A.indices(), A.values(), A.shape, fill_value=sparsefill.indefinite
+    )
     out = _native(lambda: M + B)
     assert out._indefinite  # unspecified wherever M is: compare where specified
     ref = A.to_dense() + B.to_dense()
@@ -387,11 +483,15 @@ def test_untagged_element_wise_ops_are_native():
     A, B = _pair((3, 4), (3, 4))
     F = torch.nn.functional
     cases = {
-        "rsub": lambda a, b: torch.rsub(a, b, alpha=2), "polar": lambda a, b: torch.polar(a.abs(), b),
-        "complex": torch.complex, "floor_divide": torch.floor_divide,
+        "rsub": lambda a, b: torch.rsub(a, b, alpha=2),
+        "polar": lambda a, b: torch.polar(a.abs(), b),
+        "complex": torch.complex,
+        "floor_divide": torch.floor_divide,
         "prelu": lambda a, b: F.prelu(a, torch.tensor([0.25], dtype=torch.float64)),
-        "rrelu_eval": lambda a, b: F.rrelu(a, training=False), "logsigmoid": lambda a, b: F.logsigmoid(a),
-        "fill": lambda a, b: torch.fill(a, 0.1), "fill_": lambda a, b: a.clone().fill_(0.1),
+        "rrelu_eval": lambda a, b: F.rrelu(a, training=False),
+        "logsigmoid": lambda a, b: F.logsigmoid(a),
+        "fill": lambda a, b: torch.fill(a, 0.1),
+        "fill_": lambda a, b: a.clone().fill_(0.1),
     }
     for name, op in cases.items():
         out = _native(lambda: op(A, B))
@@ -411,12 +511,18 @@ def test_logsigmoid_backward_is_sparse_too():
 def test_masked_operand_with_a_dense_operand_that_varies_along_sparse_dims():
     """Masked attention: scores M (indefinite fill) times / where with a dense matrix W is specified only
     where M is; W is read at those positions (no densifying, no error)."""
-    x = torch.tensor([[1., 0, 2], [0, 0, 3]], dtype=torch.float64)
+    x = torch.tensor([[1.0, 0, 2], [0, 0, 3]], dtype=torch.float64)
     keep = x != 0
-    M = sparsefill.sparse_coo_tensor(keep.nonzero().T, x[keep], x.shape, fill_value=sparsefill.indefinite)
-    W = torch.arange(6., dtype=torch.float64).reshape(2, 3)
-    cases = {"mul": (lambda m, w: m * w), "where": (lambda m, w: torch.where(w > 2, m, w)),
-             "outer": (lambda m, w: torch.outer(m[0], w[1])), "broadcast": (lambda m, w: m[:, :1] + w)}
+    M = sparsefill.sparse_coo_tensor(
+        keep.nonzero().T, x[keep], x.shape, fill_value=sparsefill.indefinite
+    )
+    W = torch.arange(6.0, dtype=torch.float64).reshape(2, 3)
+    cases = {
+        "mul": (lambda m, w: m * w),
+        "where": (lambda m, w: torch.where(w > 2, m, w)),
+        "outer": (lambda m, w: torch.outer(m[0], w[1])),
+        "broadcast": (lambda m, w: m[:, :1] + w),
+    }
     for name, op in cases.items():
         out = _native(lambda: op(M, W))
         assert isinstance(out, SparseTensor) and out._indefinite, name
@@ -438,14 +544,16 @@ def test_dense_operand_varying_along_sparse_dims_constant_fill(form):
     x[x < 0.4] = 0
     if form == "csr":
         x = x[..., 0]
-    A = sparsefill.to_sparse(x, fill_value=0., dense_dim=1 if form == "hybrid" else 0)
+    A = sparsefill.to_sparse(x, fill_value=0.0, dense_dim=1 if form == "hybrid" else 0)
     A = A.to_sparse_csr() if form == "csr" else A
     shapes = [(4, 1), (5,), (4, 5)] if form == "csr" else [(4, 1, 3), (5, 1), (4, 5, 3)]
     for e in (torch.randn(s, generator=g, dtype=torch.float64) for s in shapes):
         for op, sparse in ((torch.mul, True), (torch.div, True), (torch.add, False)):
             vals = A._vals.clone().requires_grad_()
             fill = A._fill.clone().requires_grad_()
-            B = sparsefill.SparseTensor(A._sf_layout, A.shape, vals, fill, indices=A._idx, crow=A._crow, col=A._col)
+            B = sparsefill.SparseTensor(
+                A._sf_layout, A.shape, vals, fill, indices=A._idx, crow=A._crow, col=A._col
+            )
             ee = e.clone().requires_grad_()
             out = op(B, ee)
             assert isinstance(out, SparseTensor) == sparse, (op, e.shape)
@@ -466,13 +574,19 @@ def test_dense_operand_varying_along_sparse_dims_constant_fill(form):
     torch.testing.assert_close(out, x * inf, equal_nan=True)
 
 
-INT_DIVISIONS = {"floor_divide": (torch.floor_divide, lambda a, b: a.floor_divide_(b)),
-                 "remainder": (torch.remainder, lambda a, b: a.remainder_(b)),
-                 "fmod": (torch.fmod, lambda a, b: a.fmod_(b)),
-                 "div_trunc": (lambda a, b: torch.div(a, b, rounding_mode="trunc"),
-                               lambda a, b: a.div_(b, rounding_mode="trunc")),
-                 "div_floor": (lambda a, b: torch.div(a, b, rounding_mode="floor"),
-                               lambda a, b: a.div_(b, rounding_mode="floor"))}
+INT_DIVISIONS = {
+    "floor_divide": (torch.floor_divide, lambda a, b: a.floor_divide_(b)),
+    "remainder": (torch.remainder, lambda a, b: a.remainder_(b)),
+    "fmod": (torch.fmod, lambda a, b: a.fmod_(b)),
+    "div_trunc": (
+        lambda a, b: torch.div(a, b, rounding_mode="trunc"),
+        lambda a, b: a.div_(b, rounding_mode="trunc"),
+    ),
+    "div_floor": (
+        lambda a, b: torch.div(a, b, rounding_mode="floor"),
+        lambda a, b: a.div_(b, rounding_mode="floor"),
+    ),
+}
 
 
 @pytest.mark.parametrize("name", sorted(INT_DIVISIONS))
@@ -493,7 +607,9 @@ def test_integer_division_by_a_zero_fill_that_no_element_reads(name, kind):
         A, B = A.to_sparse_csr(), B.to_sparse_csr()
     assert B._nnz() == 4 and torch.equal(f(A, B).to_dense(), f(a, b))
     assert torch.equal(f_(A.clone(), B).to_dense(), f_(a.clone(), b))
-    C = sparsefill.sparse_coo_tensor([[0]], torch.tensor([2]), (2,), fill_value=0)  # (element 1 unspecified: 6 // 0)
+    C = sparsefill.sparse_coo_tensor(
+        [[0]], torch.tensor([2]), (2,), fill_value=0
+    )  # (element 1 unspecified: 6 // 0)
     x = sparsefill.sparse_coo_tensor([[0, 1]], torch.tensor([4, 6]), (2,), fill_value=1)
     with pytest.raises(RuntimeError, match="ZeroDivisionError"):
         f(x.to_dense(), C.to_dense())

@@ -46,8 +46,8 @@ COUNTS: collections.Counter = collections.Counter()  # outcome -> number of ops
 # declared op that no longer violates (remove it from here).
 DECLARED = {
     "gradient": "no densification: the pieces (a[2:] - a[:-2]) / 2 and the edges store the union of shifted "
-                "patterns natively, which at the sample's 5 elements is every element; cat joins those stored "
-                "values (aten.cat of (5,)), the size this sweep counts as a dense form",
+    "patterns natively, which at the sample's 5 elements is every element; cat joins those stored "
+    "values (aten.cat of (5,)), the size this sweep counts as a dense form",
 }
 OUTCOMES: dict = {}  # op id -> outcome
 OPS = [op for op in op_db if op.supports_dtype(torch.float64, "cpu")]
@@ -71,7 +71,11 @@ class AllocationLog(TorchDispatchMode):
         out = func(*args, **kwargs)
         seen = {a.untyped_storage().data_ptr() for a in flat if _has_storage(a)}
         for t in tree_flatten(out)[0]:
-            if _has_storage(t) and t.untyped_storage().data_ptr() not in seen and _dense_form(t, self.numel):
+            if (
+                _has_storage(t)
+                and t.untyped_storage().data_ptr() not in seen
+                and _dense_form(t, self.numel)
+            ):
                 n = t.untyped_storage().nbytes()
                 if n > self.largest[0]:
                     self.largest = (n, f"{func} ({tuple(t.shape)}, {t.dtype})")
@@ -79,14 +83,20 @@ class AllocationLog(TorchDispatchMode):
 
 
 def _has_storage(t) -> bool:
-    return isinstance(t, torch.Tensor) and not isinstance(t, SparseTensor) and t.layout is torch.strided \
+    return (
+        isinstance(t, torch.Tensor)
+        and not isinstance(t, SparseTensor)
+        and t.layout is torch.strided
         and t.device.type == "cpu"
+    )
 
 
 def _dense_form(t: torch.Tensor, numel: int) -> bool:
     """``t`` may be a dense form: floating values of at least the SparseTensor's number of elements (index
     tensors and masks are not: they grow with the stored elements or are a byte an element)."""
-    return (t.is_floating_point() or t.is_complex()) and t.untyped_storage().nbytes() >= numel * t.element_size()
+    return (
+        t.is_floating_point() or t.is_complex()
+    ) and t.untyped_storage().nbytes() >= numel * t.element_size()
 
 
 def _sparse_input(x: torch.Tensor, grad: bool):
@@ -96,7 +106,9 @@ def _sparse_input(x: torch.Tensor, grad: bool):
     keep.view(-1)[0] = True
     idx = keep.nonzero().T
     v = x.detach()[keep].clone().requires_grad_(grad)
-    return sparsefill.sparse_coo_tensor(idx, v, x.shape, fill_value=float(x.detach().reshape(-1)[-1]))
+    return sparsefill.sparse_coo_tensor(
+        idx, v, x.shape, fill_value=float(x.detach().reshape(-1)[-1])
+    )
 
 
 def _dense_bytes(flat) -> int:
@@ -104,8 +116,11 @@ def _dense_bytes(flat) -> int:
 
 
 def _loss(out):
-    terms = [t.sum() for t in tree_flatten(out)[0]
-             if isinstance(t, torch.Tensor) and t.requires_grad and t.is_floating_point()]
+    terms = [
+        t.sum()
+        for t in tree_flatten(out)[0]
+        if isinstance(t, torch.Tensor) and t.requires_grad and t.is_floating_point()
+    ]
     return sum(terms[1:], terms[0]) if terms else None
 
 
@@ -116,7 +131,12 @@ def _run(op) -> tuple[str, str]:
     rest = None
     if isinstance(x, (list, tuple)) and x:
         x, rest = x[0], list(x[1:])
-    if not (isinstance(x, torch.Tensor) and x.dtype == torch.float64 and x.layout is torch.strided and x.numel() > 1):
+    if not (
+        isinstance(x, torch.Tensor)
+        and x.dtype == torch.float64
+        and x.layout is torch.strided
+        and x.numel() > 1
+    ):
         return "n/a", ""
     A = _sparse_input(x, op.supports_autograd)
     inp = A if rest is None else [A, *rest]
@@ -139,7 +159,10 @@ def _run(op) -> tuple[str, str]:
     else:
         outcome, why = "native", ""
     if log.largest[0] > allowed:
-        return "violates", f"{log.largest[1]} allocated {log.largest[0]} bytes, the limit is {limit} ({outcome})"
+        return (
+            "violates",
+            f"{log.largest[1]} allocated {log.largest[0]} bytes, the limit is {limit} ({outcome})",
+        )
     return outcome, why
 
 
@@ -152,7 +175,9 @@ def test_densify_policy_holds(op):
     key = _key(op)
     outcome, why = _run(op)
     if key in DECLARED:
-        assert outcome == "violates", f"{key} no longer allocates past the limit ({outcome}): remove it from DECLARED"
+        assert outcome == "violates", (
+            f"{key} no longer allocates past the limit ({outcome}): remove it from DECLARED"
+        )
         outcome = "declared"
     OUTCOMES[key] = outcome
     COUNTS[outcome] += 1

@@ -30,7 +30,9 @@ def _draw(kind: str, n: int, gen: torch.Generator) -> torch.Tensor:
         return torch.rand(n, generator=gen, dtype=torch.float64)
     if kind == "lognormal":
         return torch.empty(n, dtype=torch.float64).log_normal_(0, 1.5, generator=gen)
-    if kind == "mixed":  # (a mean of 1: a sum that cancels to ~0 has no relative accuracy to compare)
+    if (
+        kind == "mixed"
+    ):  # (a mean of 1: a sum that cancels to ~0 has no relative accuracy to compare)
         return torch.randn(n, generator=gen, dtype=torch.float64) * 10 + 1
     return 100 + torch.randn(n, generator=gen, dtype=torch.float64) * 1e-2
 
@@ -45,7 +47,9 @@ def _matrix(kind: str, layout: str, dtype, shape=(16, 1500), density=0.3, seed=0
     dense = (3,) if layout == "hybrid" else ()
     vals = _draw(kind, k * (3 if dense else 1), gen).reshape(k, *dense).to(dtype)
     fill = {"uniform": 0.0, "mixed": 0.0, "lognormal": 1.0, "offset": 100.0}[kind]
-    A = sparsefill.sparse_coo_tensor(torch.stack([flat // m, flat % m]), vals, (n, m, *dense), fill_value=fill)
+    A = sparsefill.sparse_coo_tensor(
+        torch.stack([flat // m, flat % m]), vals, (n, m, *dense), fill_value=fill
+    )
     return A.to_sparse_csr() if layout == "csr" else A
 
 
@@ -75,7 +79,9 @@ OPS = {
     "norm(1)": (lambda t: torch.norm(t, dim=1), lambda x: np.sqrt(np.sum(x * x, 1))),
     "logsumexp(1)": (lambda t: torch.logsumexp(t, 1), lambda x: _lse(x, 1)),
 }
-_HALF_OWN = {"logsumexp(1)"}  # (the half types' logsumexp has its own bound: test_half_types_logsumexp)
+_HALF_OWN = {
+    "logsumexp(1)"
+}  # (the half types' logsumexp has its own bound: test_half_types_logsumexp)
 
 
 def _err(out, ref) -> float:
@@ -98,8 +104,13 @@ def accuracy_ratio(op: str, kind: str, layout: str, dtype, **kw):
     return e_sparse, e_dense, 2 * e_dense + _eps(dtype) * scale
 
 
-_CASES = [(op, layout, dtype) for op in OPS for layout in LAYOUTS for dtype in DTYPES
-          if not (dtype in (torch.float16, torch.bfloat16) and op in _HALF_OWN)]
+_CASES = [
+    (op, layout, dtype)
+    for op in OPS
+    for layout in LAYOUTS
+    for dtype in DTYPES
+    if not (dtype in (torch.float16, torch.bfloat16) and op in _HALF_OWN)
+]
 
 
 @pytest.mark.parametrize("op, layout, dtype", _CASES, ids=lambda v: str(v).replace("torch.", ""))
@@ -108,7 +119,9 @@ def test_reduction_as_accurate_as_dense(op, layout, dtype):
         if dtype in (torch.float16, torch.bfloat16) and kind == "offset":
             continue  # (100 + 1e-2 noise is below a half type's resolution: every answer is the rounding)
         e_sparse, e_dense, bound = accuracy_ratio(op, kind, layout, dtype)
-        assert e_sparse <= bound, f"{op} {layout} {dtype} {kind}: error {e_sparse:.3g}, dense {e_dense:.3g}"
+        assert e_sparse <= bound, (
+            f"{op} {layout} {dtype} {kind}: error {e_sparse:.3g}, dense {e_dense:.3g}"
+        )
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
@@ -143,20 +156,22 @@ def test_masked_and_segment_sums(kind, dtype):
     mask = torch.rand(8, 3000, generator=gen) < 0.7
     xm = torch.where(mask, x, torch.zeros((), dtype=dtype))
     ref_sum, ref_mean = np.sum(_ld(xm), 1), np.sum(_ld(xm), 1) / _ld(mask.sum(1))
-    floor = _eps(dtype) * float(np.sqrt(np.sum(ref_sum ** 2)))
+    floor = _eps(dtype) * float(np.sqrt(np.sum(ref_sum**2)))
     e_dense = _err(xm.sum(1), ref_sum)
     assert _err(sparsefill.masked.sum(x, 1, mask=mask), ref_sum) <= 2 * e_dense + floor
     e_dense_mean = _err(xm.sum(1) / mask.sum(1), ref_mean)
-    floor_mean = _eps(dtype) * float(np.sqrt(np.sum(ref_mean ** 2)))
+    floor_mean = _eps(dtype) * float(np.sqrt(np.sum(ref_mean**2)))
     assert _err(sparsefill.masked.mean(x, 1, mask=mask), ref_mean) <= 2 * e_dense_mean + floor_mean
     data = x.reshape(-1, 1)
     lengths = torch.full((8,), 3000)
     ref_seg = np.sum(_ld(x), 1)
     e_seg = _err(x.sum(1), ref_seg)
-    floor_seg = _eps(dtype) * float(np.sqrt(np.sum(ref_seg ** 2)))
+    floor_seg = _eps(dtype) * float(np.sqrt(np.sum(ref_seg**2)))
     for reducer, ref in (("sum", ref_seg), ("mean", ref_seg / 3000)):
         out = segment.reduce(data, reducer, lengths=lengths)[:, 0]
-        assert _err(out, ref) <= 2 * (e_seg if reducer == "sum" else e_seg / 3000) + floor_seg, reducer
+        assert _err(out, ref) <= 2 * (e_seg if reducer == "sum" else e_seg / 3000) + floor_seg, (
+            reducer
+        )
 
 
 def test_sum_of_ten_million_float32_values():
@@ -164,7 +179,9 @@ def test_sum_of_ten_million_float32_values():
     ``values.sum()``'s error (a sum accumulated in one float32 slot in order errs ~1700x more)."""
     gen = torch.Generator().manual_seed(0)
     k, n = 10_000_000, 200_000_000
-    idx = torch.arange(k, dtype=torch.int64) * (n // k) + torch.randint(0, n // k, (k,), generator=gen)
+    idx = torch.arange(k, dtype=torch.int64) * (n // k) + torch.randint(
+        0, n // k, (k,), generator=gen
+    )
     v = torch.rand(k, generator=gen)
     ref = float(np.sum(v.numpy().astype(_LD)))
     A = sparsefill.sparse_coo_tensor(idx[None], v, (n,), fill_value=0.0, is_coalesced=True)
@@ -180,18 +197,28 @@ def test_prod_and_scans(layout, dtype):
     dense scan itself) on factors near 1, fill 1."""
     gen = torch.Generator().manual_seed(3)
     A = _matrix("uniform", layout, dtype)
-    A = sparsefill.sparse_coo_tensor(A.to_sparse_coo().indices(), (1 + 1e-2 * torch.randn(
-        A._nse(), generator=gen, dtype=torch.float64)).to(dtype), A.shape, fill_value=1.0)
+    A = sparsefill.sparse_coo_tensor(
+        A.to_sparse_coo().indices(),
+        (1 + 1e-2 * torch.randn(A._nse(), generator=gen, dtype=torch.float64)).to(dtype),
+        A.shape,
+        fill_value=1.0,
+    )
     A = A.to_sparse_csr() if layout == "csr" else A
     D = A.to_dense()
     x = _ld(D)
-    refs = {"prod(1)": np.prod(x, 1), "cumsum(1)": np.cumsum(x, 1),
-            "logcumsumexp(1)": np.log(np.cumsum(np.exp(x), 1))}
-    fns = {"prod(1)": lambda t: t.prod(1), "cumsum(1)": lambda t: t.cumsum(1),
-           "logcumsumexp(1)": lambda t: torch.logcumsumexp(t, 1)}
+    refs = {
+        "prod(1)": np.prod(x, 1),
+        "cumsum(1)": np.cumsum(x, 1),
+        "logcumsumexp(1)": np.log(np.cumsum(np.exp(x), 1)),
+    }
+    fns = {
+        "prod(1)": lambda t: t.prod(1),
+        "cumsum(1)": lambda t: t.cumsum(1),
+        "logcumsumexp(1)": lambda t: torch.logcumsumexp(t, 1),
+    }
     for name, ref in refs.items():
         e_sparse, e_dense = _err(fns[name](A), ref), _err(fns[name](D), ref)
-        assert e_sparse <= 2 * e_dense + _eps(dtype) * float(np.sqrt(np.sum(ref ** 2))), name
+        assert e_sparse <= 2 * e_dense + _eps(dtype) * float(np.sqrt(np.sum(ref**2))), name
 
 
 @pytest.mark.parametrize("op", ["dot", "vdot", "mv", "mm"])
@@ -203,8 +230,12 @@ def test_products_with_long_rows(op):
     idx = torch.randperm(n, generator=gen)[:k].sort().values
     A = sparsefill.sparse_coo_tensor(idx[None], torch.rand(k, generator=gen), (n,), fill_value=0.0)
     x = torch.rand(n, generator=gen)
-    fn = {"dot": lambda a: torch.dot(a, x), "vdot": lambda a: torch.vdot(a, x),
-          "mv": lambda a: torch.mv(a.reshape(1, n), x), "mm": lambda a: torch.mm(a.reshape(1, n), x[:, None])}[op]
+    fn = {
+        "dot": lambda a: torch.dot(a, x),
+        "vdot": lambda a: torch.vdot(a, x),
+        "mv": lambda a: torch.mv(a.reshape(1, n), x),
+        "mm": lambda a: torch.mm(a.reshape(1, n), x[:, None]),
+    }[op]
     D = A.to_dense()
     ref = np.sum(_ld(D) * _ld(x))
     e_sparse, e_dense = _err(fn(A).reshape(()), ref), _err(fn(D).reshape(()), ref)

@@ -32,11 +32,15 @@ def test_declared_reductions_are_reported(capsys):
             print(f"\ndeclared (reductions) {name} [{', '.join(sorted(variants))}]: {reason}")
 
 
-@pytest.mark.parametrize("op", OPS, ids=lambda op: op.name + (f".{op.variant_test_name}" if op.variant_test_name else ""))
+@pytest.mark.parametrize(
+    "op", OPS, ids=lambda op: op.name + (f".{op.variant_test_name}" if op.variant_test_name else "")
+)
 def test_reduction_is_native(op):
     declared = DECLARED.get(op.name, ((), ""))[0]
     failures, ran = [], 0
-    for seed, sample in enumerate(list(op.sample_inputs("cpu", torch.float64, requires_grad=False))[:MAX_SAMPLES]):
+    for seed, sample in enumerate(
+        list(op.sample_inputs("cpu", torch.float64, requires_grad=False))[:MAX_SAMPLES]
+    ):
         for variant in VARIANTS:
             conv = _convert_sample(sample, variant, seed)
             if conv is None:
@@ -47,7 +51,9 @@ def test_reduction_is_native(op):
                 continue
             try:
                 with warnings.catch_warnings():
-                    warnings.simplefilter("ignore" if variant in declared else "error", sparsefill.DensifyWarning)
+                    warnings.simplefilter(
+                        "ignore" if variant in declared else "error", sparsefill.DensifyWarning
+                    )
                     out = _call(op, s_in, s_args, s_kw)
                 torch.testing.assert_close(_densify(out), _densify(ref), equal_nan=True)
                 ran += 1
@@ -57,8 +63,13 @@ def test_reduction_is_native(op):
     assert ran, f"{op.name}: no sample ran"
 
 
-SCANS = {"cumsum": lambda t, d: t.cumsum(d), "cumprod": lambda t, d: t.cumprod(d), "cummax": lambda t, d: t.cummax(d),
-         "cummin": lambda t, d: t.cummin(d), "logcumsumexp": lambda t, d: t.logcumsumexp(d)}
+SCANS = {
+    "cumsum": lambda t, d: t.cumsum(d),
+    "cumprod": lambda t, d: t.cumprod(d),
+    "cummax": lambda t, d: t.cummax(d),
+    "cummin": lambda t, d: t.cummin(d),
+    "logcumsumexp": lambda t, d: t.logcumsumexp(d),
+}
 
 
 def _dense(o):
@@ -116,8 +127,12 @@ def test_median_along_a_dim(variant, fn):
             x[torch.rand(shape[:-1], generator=g) < 0.5] = fill
         else:
             x[torch.rand(shape, generator=g) < 0.5] = fill
-        A = sparsefill.to_sparse(x, fill_value=fill, dense_dim=dense_dim,
-                                 layout=torch.sparse_csr if variant == "csr" else torch.sparse_coo)
+        A = sparsefill.to_sparse(
+            x,
+            fill_value=fill,
+            dense_dim=dense_dim,
+            layout=torch.sparse_csr if variant == "csr" else torch.sparse_coo,
+        )
         for dim, keep in itertools.product(range(-x.dim(), x.dim()), (False, True)):
             rv, ri = fn(x, dim, keep)
             with warnings.catch_warnings():
@@ -145,9 +160,12 @@ def test_csr_row_sum_fast_path(fill, dtype):
     torch.testing.assert_close(A.sum(1).to_dense(), x.sum(1), equal_nan=True)
     if dtype == torch.float64 and fill == 5.0:
         crow, col, vals = A.crow_indices(), A.col_indices(), A.values()
-        torch.autograd.gradcheck(lambda v, f: sparsefill.sparse_csr_tensor(crow, col, v, (6, 5), fill_value=f)
-                                 .sum(1).to_dense(), (vals.clone().requires_grad_(),
-                                                      torch.tensor(fill, dtype=dtype, requires_grad=True)))
+        torch.autograd.gradcheck(
+            lambda v, f: (
+                sparsefill.sparse_csr_tensor(crow, col, v, (6, 5), fill_value=f).sum(1).to_dense()
+            ),
+            (vals.clone().requires_grad_(), torch.tensor(fill, dtype=dtype, requires_grad=True)),
+        )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -156,21 +174,25 @@ def test_csr_row_sum_cached_pattern_follows_its_index_tensors(dtype):
     int32 indices: an in-place change of ``col`` or ``crow``, and another matrix sharing ``crow`` but not
     ``col``, are recomputed (never a stale hit); each result against the dense sum, its fill fill * ncols."""
     crow, col = torch.tensor([0, 2, 3, 5]), torch.tensor([0, 2, 3, 0, 1])
-    A = sparsefill.sparse_csr_tensor(crow, col, torch.tensor([1., 2., 3., 4., 5.], dtype=dtype), (3, 4),
-                                     fill_value=0.5)
+    A = sparsefill.sparse_csr_tensor(
+        crow, col, torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0], dtype=dtype), (3, 4), fill_value=0.5
+    )
     for _ in range(2):  # (the second call: a cache hit)
         torch.testing.assert_close(A.sum(1).to_dense(), A.to_dense().sum(1))
     assert A.sum(1).fill_value().item() == 0.5 * 4 and A.sum(1).dtype == dtype
     A.col_indices()[0] = 1  # row 0 now stores columns 1, 2
     torch.testing.assert_close(A.sum(1).to_dense(), A.to_dense().sum(1))
     assert A.to_dense()[0, 0] == 0.5
-    B = sparsefill.sparse_csr_tensor(A.crow_indices(), torch.tensor([0, 3, 3, 1, 2]), A.values(), (3, 4),
-                                     fill_value=-1.0)
+    B = sparsefill.sparse_csr_tensor(
+        A.crow_indices(), torch.tensor([0, 3, 3, 1, 2]), A.values(), (3, 4), fill_value=-1.0
+    )
     torch.testing.assert_close(B.sum(1).to_dense(), B.to_dense().sum(1))
     A.crow_indices()[1:3] = torch.tensor([1, 3])  # rows of 1, 2 and 2 stored elements
     A.col_indices().copy_(torch.tensor([0, 1, 3, 0, 1]))
     torch.testing.assert_close(A.sum(1).to_dense(), A.to_dense().sum(1))
-    torch.testing.assert_close(A.to_dense().sum(1), torch.tensor([1. + 1.5, 5. + 1., 9. + 1.], dtype=dtype))
+    torch.testing.assert_close(
+        A.to_dense().sum(1), torch.tensor([1.0 + 1.5, 5.0 + 1.0, 9.0 + 1.0], dtype=dtype)
+    )
 
 
 @pytest.mark.parametrize("fill", [5.0, float("nan"), None])
@@ -178,21 +200,28 @@ def test_csr_row_reductions_keep_empty_rows_right(fill):
     """The CSR row path (native mv for sums): empty rows fold the fill, or stay unspecified for an indefinite
     fill (masked semantics), with most rows non-empty and with most rows empty."""
     for rows, cols in (([0, 0, 1, 2], [0, 1, 1, 3]), ([0, 4], [2, 2])):
-        A = sparsefill.sparse_coo_tensor([rows, cols], [1., 2., 3., 4.][: len(rows)], (5, 6),
-                                         fill_value=[] if fill is None else fill).to_sparse_csr()
+        A = sparsefill.sparse_coo_tensor(
+            [rows, cols],
+            [1.0, 2.0, 3.0, 4.0][: len(rows)],
+            (5, 6),
+            fill_value=[] if fill is None else fill,
+        ).to_sparse_csr()
         for op in ("sum", "mean", "amax", "logsumexp", "var"):
             out = getattr(torch, op)(A, 1)
             if fill is None:
                 assert out._indefinite and out.indices()[0].tolist() == sorted(set(rows))
                 continue
-            torch.testing.assert_close(out.to_dense(), getattr(torch, op)(A.to_dense(), 1), equal_nan=True)
+            torch.testing.assert_close(
+                out.to_dense(), getattr(torch, op)(A.to_dense(), 1), equal_nan=True
+            )
 
 
 def test_var_std_warn_only_as_dense():
     """The one-element probe that checks torch's errors must not warn where the dense call does not
     (a one-element std has zero degrees of freedom)."""
     import warnings
-    A = sparsefill.sparse_coo_tensor([[0, 1], [1, 2]], [1., 2.], (4, 5), fill_value=1.)
+
+    A = sparsefill.sparse_coo_tensor([[0, 1], [1, 2]], [1.0, 2.0], (4, 5), fill_value=1.0)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         for f in (torch.std, torch.var, torch.var_mean, torch.std_mean):
@@ -208,8 +237,9 @@ def test_var_mean_of_a_nonfinite_fill_is_nan_as_dense(fn, fill):
     gradient wanted) or not, along dims and over all."""
     inf = float("inf")
     f = torch.tensor([inf, 1.0]) if fill == "array" else fill
-    A = sparsefill.sparse_coo_tensor([[0, 2], [1, 3]], torch.tensor([[1.0, 2.0], [inf, 3.0]]), (3, 5, 2),
-                                     fill_value=f)
+    A = sparsefill.sparse_coo_tensor(
+        [[0, 2], [1, 3]], torch.tensor([[1.0, 2.0], [inf, 3.0]]), (3, 5, 2), fill_value=f
+    )
     for grad in (False, True):
         B = A.detach().requires_grad_(grad)
         for kw in ({}, {"dim": 1}, {"dim": (0, 1)}, {"dim": 2, "keepdim": True}):
@@ -231,12 +261,21 @@ def D(t):
 
 
 @pytest.mark.filterwarnings("ignore::sparsefill.DensifyWarning")
-@pytest.mark.parametrize("op", [lambda t: t.cumsum(-1), lambda t: t.softmax(-1), lambda t: t.cummax(-1),
-                                lambda t: t.log_softmax(-1), lambda t: t.argmax(-1), lambda t: t.max(-1)])
+@pytest.mark.parametrize(
+    "op",
+    [
+        lambda t: t.cumsum(-1),
+        lambda t: t.softmax(-1),
+        lambda t: t.cummax(-1),
+        lambda t: t.log_softmax(-1),
+        lambda t: t.argmax(-1),
+        lambda t: t.max(-1),
+    ],
+)
 def test_batched_csr_hybrid_dense_dim_ops(op):
     x = torch.zeros(2, 2, 2, 2)
-    x[0, 1, 0, 1], x[1, 0, 1, 0] = 1., 3.
-    A = sf.to_sparse(x, fill_value=0., layout=torch.sparse_csr, dense_dim=1)
+    x[0, 1, 0, 1], x[1, 0, 1, 0] = 1.0, 3.0
+    A = sf.to_sparse(x, fill_value=0.0, layout=torch.sparse_csr, dense_dim=1)
     ref = op(x)
     torch.testing.assert_close(D(op(A)), tuple(ref) if isinstance(ref, tuple) else ref)
 
@@ -244,22 +283,26 @@ def test_batched_csr_hybrid_dense_dim_ops(op):
 @pytest.mark.filterwarnings("ignore::sparsefill.DensifyWarning")
 @pytest.mark.parametrize("dense_dim", [1, 2])
 def test_arg_reductions_along_dense_dims_have_torch_shapes(dense_dim):
-    x = torch.tensor([[[1., 5., 0.], [0., 0., 0.]], [[7., 2., 1.], [0., 3., 0.]]])
-    A = sf.to_sparse(x, fill_value=0., dense_dim=dense_dim)
+    x = torch.tensor([[[1.0, 5.0, 0.0], [0.0, 0.0, 0.0]], [[7.0, 2.0, 1.0], [0.0, 3.0, 0.0]]])
+    A = sf.to_sparse(x, fill_value=0.0, dense_dim=dense_dim)
     for d in range(3):
         torch.testing.assert_close(D(torch.argmax(A, d)), torch.argmax(x, d))
-        torch.testing.assert_close(D(torch.min(A, d, keepdim=True)), tuple(torch.min(x, d, keepdim=True)))
+        torch.testing.assert_close(
+            D(torch.min(A, d, keepdim=True)), tuple(torch.min(x, d, keepdim=True))
+        )
 
 
 @pytest.mark.filterwarnings("ignore::sparsefill.DensifyWarning")
 def test_complex_prod_with_a_nan_fill_only_where_the_fill_is():
-    x = torch.tensor([[math.nan], [-3.]], dtype=torch.complex64)
-    torch.testing.assert_close(D(sf.to_sparse(x, fill_value=math.nan).prod(1)), x.prod(1), equal_nan=True)
+    x = torch.tensor([[math.nan], [-3.0]], dtype=torch.complex64)
+    torch.testing.assert_close(
+        D(sf.to_sparse(x, fill_value=math.nan).prod(1)), x.prod(1), equal_nan=True
+    )
 
 
 @pytest.mark.filterwarnings("ignore::sparsefill.DensifyWarning")
 def test_reductions_of_a_shape_over_2_63_bytes():
-    A = sf.sparse_coo_tensor([[1], [3]], [1.], (2**31 + 5, 2**31 + 3), fill_value=0.)
+    A = sf.sparse_coo_tensor([[1], [3]], [1.0], (2**31 + 5, 2**31 + 3), fill_value=0.0)
     assert float(A.sum()) == 1.0 and int(A.argmax()) == 1 * (2**31 + 3) + 3
     assert float(A.mean()) == pytest.approx(1.0 / ((2**31 + 5) * (2**31 + 3)))
 
@@ -298,27 +341,41 @@ def test_legacy_norm_overloads_native(variant):
     """``aten.norm``'s overloads (``torch.norm``, ``_foreach_norm``) reduce as ``linalg_vector_norm``: no densify,
     the dense value and the dense gradient of the values (read at the pattern)."""
     aten = torch.ops.aten
-    v = torch.tensor([[1., -2.], [3., .5], [-4., 2.]] if variant == "hybrid" else [1., -2., 3.], dtype=torch.float64)
-    fill = sparsefill.indefinite if variant == "indefinite" else (torch.tensor([.5, -1.], dtype=torch.float64)
-                                                                 if variant == "hybrid" else .5)
+    v = torch.tensor(
+        [[1.0, -2.0], [3.0, 0.5], [-4.0, 2.0]] if variant == "hybrid" else [1.0, -2.0, 3.0],
+        dtype=torch.float64,
+    )
+    fill = (
+        sparsefill.indefinite
+        if variant == "indefinite"
+        else (torch.tensor([0.5, -1.0], dtype=torch.float64) if variant == "hybrid" else 0.5)
+    )
     size = (4, 3, 2) if variant == "hybrid" else (4, 3)
-    calls = [(aten.norm.Scalar, (1,), {}), (aten.norm.Scalar, (), {}), (aten.norm.ScalarOpt_dim, (None, [1]), {}),
-             (aten.norm.ScalarOpt_dim, (3., [0], True), {}),
-             (aten.norm.ScalarOpt_dim_dtype, (2, [1], False), {"dtype": torch.float64}),
-             (aten.norm.ScalarOpt_dtype, (float("inf"),), {"dtype": torch.float64})]
+    calls = [
+        (aten.norm.Scalar, (1,), {}),
+        (aten.norm.Scalar, (), {}),
+        (aten.norm.ScalarOpt_dim, (None, [1]), {}),
+        (aten.norm.ScalarOpt_dim, (3.0, [0], True), {}),
+        (aten.norm.ScalarOpt_dim_dtype, (2, [1], False), {"dtype": torch.float64}),
+        (aten.norm.ScalarOpt_dtype, (float("inf"),), {"dtype": torch.float64}),
+    ]
     for f, a, k in calls:
         vals = v.clone().requires_grad_()
         A = sparsefill.sparse_coo_tensor([[0, 1, 3], [1, 2, 0]], vals, size, fill_value=fill)
         A = A.to_sparse_csr() if variant == "csr" else A
         ref = vals.detach().clone().requires_grad_()
-        D = sparsefill.sparse_coo_tensor([[0, 1, 3], [1, 2, 0]], ref, size, fill_value=fill).to_dense(
-            fill_value=0. if variant == "indefinite" else None)
+        D = sparsefill.sparse_coo_tensor(
+            [[0, 1, 3], [1, 2, 0]], ref, size, fill_value=fill
+        ).to_dense(fill_value=0.0 if variant == "indefinite" else None)
         with warnings.catch_warnings():
             warnings.simplefilter("error", sparsefill.DensifyWarning)
             r = f(A, *a, **k)
         # (indefinite: the norm of the stored elements, that of the dense tensor with 0 elsewhere for these p)
-        got = (r.to_dense(fill_value=0.) if variant == "indefinite" else r.to_dense()) \
-            if isinstance(r, sparsefill.SparseTensor) else r
+        got = (
+            (r.to_dense(fill_value=0.0) if variant == "indefinite" else r.to_dense())
+            if isinstance(r, sparsefill.SparseTensor)
+            else r
+        )
         want = f(D, *a, **k)
         torch.testing.assert_close(got, want)
         got.sum().backward()
@@ -326,7 +383,9 @@ def test_legacy_norm_overloads_native(variant):
         torch.testing.assert_close(vals.grad, ref.grad)
 
 
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16, torch.int64, torch.uint8, torch.bool])
+@pytest.mark.parametrize(
+    "dtype", [torch.float64, torch.float32, torch.float16, torch.int64, torch.uint8, torch.bool]
+)
 @pytest.mark.parametrize("variant", ["coo", "csr", "hybrid", "uncoalesced", "indefinite"])
 def test_hash_tensor_native_closed_form(variant, dtype):
     """``hash_tensor`` xors the stored elements' 64-bit patterns with the fill's where it occurs an odd number
@@ -338,24 +397,47 @@ def test_hash_tensor_native_closed_form(variant, dtype):
     fill = x[0, 0].clone() if dd else x[0, 0, 0].clone()
     mask = torch.rand((5, 4) if dd else (5, 4, 3), generator=g) < 0.5
     x[mask] = fill
-    A = sparsefill.to_sparse(x, fill_value=fill, layout=torch.sparse_csr if variant == "csr" else torch.sparse_coo,
-                             dense_dim=dd)
+    A = sparsefill.to_sparse(
+        x,
+        fill_value=fill,
+        layout=torch.sparse_csr if variant == "csr" else torch.sparse_coo,
+        dense_dim=dd,
+    )
     if variant == "indefinite":  # the fill's elements masked out
-        A = sparsefill.sparse_coo_tensor(A.indices(), A.values(), x.shape, fill_value=sparsefill.indefinite)
+        A = sparsefill.sparse_coo_tensor(
+            A.indices(), A.values(), x.shape, fill_value=sparsefill.indefinite
+        )
         x = x.masked_fill(x == fill, 0)
-    if variant == "uncoalesced":  # each stored element split in two that sum to it (integers: v and 0)
+    if (
+        variant == "uncoalesced"
+    ):  # each stored element split in two that sum to it (integers: v and 0)
         i, v = A.indices(), A.values()
         half = v if dtype in (torch.bool, torch.uint8, torch.int64) else v / 2
-        A = sparsefill.sparse_coo_tensor(torch.cat([i, i], 1), torch.cat([half, v - half if dtype is not torch.bool
-                                                                                  else torch.zeros_like(v)]),
-                                         x.shape, fill_value=fill)
-    for args, kw in [((), {}), (([],), {}), ((0,), {}), ((1,), {"keepdim": True}), (([0, 2],), {}), ((-1,), {}),
-                     (([1, 2],), {"keepdim": True})]:
+        A = sparsefill.sparse_coo_tensor(
+            torch.cat([i, i], 1),
+            torch.cat([half, v - half if dtype is not torch.bool else torch.zeros_like(v)]),
+            x.shape,
+            fill_value=fill,
+        )
+    for args, kw in [
+        ((), {}),
+        (([],), {}),
+        ((0,), {}),
+        ((1,), {"keepdim": True}),
+        (([0, 2],), {}),
+        ((-1,), {}),
+        (([1, 2],), {"keepdim": True}),
+    ]:
         with warnings.catch_warnings():
             warnings.simplefilter("error", sparsefill.DensifyWarning)
             out = torch.hash_tensor(A, *args, **kw)
-        got = out.to_dense(fill_value=0) if isinstance(out, sparsefill.SparseTensor) and out.is_fill_indefinite() \
-            else out.to_dense() if isinstance(out, sparsefill.SparseTensor) else out
+        got = (
+            out.to_dense(fill_value=0)
+            if isinstance(out, sparsefill.SparseTensor) and out.is_fill_indefinite()
+            else out.to_dense()
+            if isinstance(out, sparsefill.SparseTensor)
+            else out
+        )
         want = torch.hash_tensor(x, *args, **kw)
         assert got.dtype == torch.uint64 and got.shape == want.shape
         assert torch.equal(got.view(torch.int64), want.view(torch.int64)), (args, kw)

@@ -60,6 +60,7 @@ def random_values(gen, shape, dtype, special_p=0.0):
             pick = specials[torch.randint(0, 3, shape, generator=gen)]
             p = torch.where(torch.rand(shape, generator=gen) < special_p, pick, p)
         return p
+
     if dtype.is_complex:
         return torch.complex(part(), part()).to(dtype)
     return part().to(dtype)
@@ -100,7 +101,7 @@ def csr_pattern(A):
     out = torch.zeros(nb, m, n, dtype=torch.bool)
     for b in range(nb):
         for r in range(m):
-            cols = col[b, crow[b, r]:crow[b, r + 1]]
+            cols = col[b, crow[b, r] : crow[b, r + 1]]
             assert not out[b, r, cols].any(), "duplicate column in a CSR row"
             out[b, r, cols] = True
     return out.reshape(batch + (m, n))
@@ -119,9 +120,12 @@ def dense_cases(draw, layouts=(torch.sparse_coo, torch.sparse_csr)):
     sdim = ndim - dense_dim
     layout = draw(st.sampled_from([L for L in layouts if L is torch.sparse_coo or sdim >= 2]))
     dense_shape = shape[sdim:]
-    kinds = [k for k in FILL_KINDS
-             # `[]` is also a valid array fill when the dense dims end with a 0-size dim: keep it unambiguous
-             if not (k == "indefinite" and dense_shape and dense_shape[-1] == 0)]
+    kinds = [
+        k
+        for k in FILL_KINDS
+        # `[]` is also a valid array fill when the dense dims end with a 0-size dim: keep it unambiguous
+        if not (k == "indefinite" and dense_shape and dense_shape[-1] == 0)
+    ]
     kind = draw(st.sampled_from(kinds))
     gen = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
     special_p = draw(st.sampled_from([0.0, 0.1, 0.4]))
@@ -180,7 +184,7 @@ def test_dense_sparse_dense_round_trip(case):
     else:
         # per batch: the differing slices are stored; batches are padded to the same nse
         batch = x.shape[: sdim - 2]
-        counts = differ.reshape(math.prod(batch), math.prod(x.shape[sdim - 2:sdim])).sum(1)
+        counts = differ.reshape(math.prod(batch), math.prod(x.shape[sdim - 2 : sdim])).sum(1)
         expected_nse = int(counts.max()) if counts.numel() else 0
         assert A._nse() == expected_nse
         stored = csr_pattern(A)
@@ -216,7 +220,7 @@ def test_layout_and_fill_changes_keep_the_dense_tensor(case, data):
         differ = differing_slices(x, torch.tensor(new_fill, dtype=x.dtype), x.dim() - dense_dim)
         assert E._nse() == int(differ.sum())
 
-    dense_shape = x.shape[x.dim() - dense_dim:]
+    dense_shape = x.shape[x.dim() - dense_dim :]
     if not (dense_shape and dense_shape[-1] == 0):  # there `[]` would also be a valid array fill
         I = A.to_sparse(fill_value=[])
         assert I.is_fill_indefinite()
@@ -242,8 +246,11 @@ def coo_cases(draw):
     dense_shape = tuple(draw(st.lists(st.integers(1, 3), min_size=ddim, max_size=ddim)))
     nse = draw(st.integers(0, 10)) if math.prod(ssizes) > 0 else 0
     gen = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
-    idx = torch.stack([torch.randint(0, max(s, 1), (nse,), generator=gen) for s in ssizes]) if sdim else \
-        torch.zeros((0, nse), dtype=torch.int64)
+    idx = (
+        torch.stack([torch.randint(0, max(s, 1), (nse,), generator=gen) for s in ssizes])
+        if sdim
+        else torch.zeros((0, nse), dtype=torch.int64)
+    )
     special_p = draw(st.sampled_from([0.0, 0.2]))
     vals = random_values(gen, (nse,) + dense_shape, dtype, special_p)
     kind = draw(st.sampled_from(FILL_KINDS))
@@ -279,10 +286,25 @@ def coo_reference(idx, vals, size, F):
 @SETTINGS
 @given(coo_cases())
 # sparse_dim 0: every stored value lands on the one position (torch allows it)
-@example(case=(torch.zeros((0, 2), dtype=torch.int64), torch.tensor([2.0, 3.0]), (), -2.0, torch.tensor(-2.0)))
+@example(
+    case=(
+        torch.zeros((0, 2), dtype=torch.int64),
+        torch.tensor([2.0, 3.0]),
+        (),
+        -2.0,
+        torch.tensor(-2.0),
+    )
+)
 # duplicates of complex values with an infinite part: inf+2j + 3+1j == inf+3j, not inf+nanj
-@example(case=(torch.tensor([[0, 0]]), torch.tensor([complex(INF, 2), 3 + 1j], dtype=torch.complex64), (1,), 0j,
-               torch.tensor(0j, dtype=torch.complex64)))
+@example(
+    case=(
+        torch.tensor([[0, 0]]),
+        torch.tensor([complex(INF, 2), 3 + 1j], dtype=torch.complex64),
+        (1,),
+        0j,
+        torch.tensor(0j, dtype=torch.complex64),
+    )
+)
 def test_sparse_coo_tensor_duplicates_add_up(case):
     idx, vals, size, fill_value, F = case
     idx_before, vals_before = idx.clone(), vals.clone()
@@ -321,9 +343,13 @@ def test_indefinite_fill_conversions(layout):
     x = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
     A = sparsefill.to_sparse(x, fill_value=[], layout=layout)
     assert A.is_fill_indefinite() and A._nse() == 6
-    for B in (A.to_sparse(fill_value=[]),                      # indefinite -> indefinite
-              A.to_sparse(layout=torch.sparse_coo, dense_dim=1),  # dense_dim change keeps the indefinite fill
-              A.to_sparse(layout=torch.sparse_csr)):
+    for B in (
+        A.to_sparse(fill_value=[]),  # indefinite -> indefinite
+        A.to_sparse(
+            layout=torch.sparse_coo, dense_dim=1
+        ),  # dense_dim change keeps the indefinite fill
+        A.to_sparse(layout=torch.sparse_csr),
+    ):
         assert B.is_fill_indefinite()
         assert_same(B.to_dense(fill_value=0.0), x)
     assert_same(A.to_sparse(fill_value=2.0).to_dense(), x)
@@ -338,14 +364,21 @@ def test_indefinite_sentinel_and_empty_list():
     # dense dims ending with a 0-size dim: `[]` is an array fill there, the sentinel stays indefinite
     z = torch.ones(2, 0)
     assert not sparsefill.to_sparse(z, fill_value=[], dense_dim=1).is_fill_indefinite()
-    assert sparsefill.to_sparse(z, fill_value=sparsefill.indefinite, dense_dim=1).is_fill_indefinite()
+    assert sparsefill.to_sparse(
+        z, fill_value=sparsefill.indefinite, dense_dim=1
+    ).is_fill_indefinite()
     assert_same(sparsefill.to_sparse(z, fill_value=[], dense_dim=1).to_dense(), z)
 
 
 # ---------------------------------------------------------------------- torch native sparse
 @SETTINGS
-@given(st.sampled_from([torch.float32, torch.float64, torch.int64, torch.complex64]),
-       st.integers(1, 3), st.integers(0, 1), st.integers(0, 8), st.integers(0, 2**31 - 1))
+@given(
+    st.sampled_from([torch.float32, torch.float64, torch.int64, torch.complex64]),
+    st.integers(1, 3),
+    st.integers(0, 1),
+    st.integers(0, 8),
+    st.integers(0, 2**31 - 1),
+)
 def test_from_torch_to_torch_coo(dtype, sdim, ddim, nse, seed):
     gen = torch.Generator().manual_seed(seed)
     size = tuple(torch.randint(1, 4, (sdim + ddim,), generator=gen).tolist())
@@ -367,19 +400,29 @@ def test_from_torch_to_torch_coo(dtype, sdim, ddim, nse, seed):
 
 
 @SETTINGS
-@given(st.sampled_from([torch.float32, torch.float64, torch.int64, torch.complex64]),
-       st.integers(0, 2), st.integers(0, 1), st.integers(0, 2**31 - 1))
+@given(
+    st.sampled_from([torch.float32, torch.float64, torch.int64, torch.complex64]),
+    st.integers(0, 2),
+    st.integers(0, 1),
+    st.integers(0, 2**31 - 1),
+)
 def test_from_torch_to_torch_csr(dtype, nbatch, ddim, seed):
     gen = torch.Generator().manual_seed(seed)
     size = tuple(torch.randint(1, 4, (nbatch + 2 + ddim,), generator=gen).tolist())
     x = random_values(gen, size, dtype)
     x = torch.where(x == 0, torch.ones((), dtype=dtype), x)
     # the same pattern in every batch: torch native batched CSR needs equal nse per batch
-    pattern = torch.rand((1,) * nbatch + size[nbatch:nbatch + 2] + (1,) * ddim, generator=gen) < 0.5
+    pattern = (
+        torch.rand((1,) * nbatch + size[nbatch : nbatch + 2] + (1,) * ddim, generator=gen) < 0.5
+    )
     x = torch.where(pattern, x, torch.zeros((), dtype=dtype))
     t = x.to_sparse_csr(dense_dim=ddim)
     A = sparsefill.from_torch(t)
-    assert isinstance(A, SparseTensor) and A.sparse_layout is torch.sparse_csr and A.dense_dim() == ddim
+    assert (
+        isinstance(A, SparseTensor)
+        and A.sparse_layout is torch.sparse_csr
+        and A.dense_dim() == ddim
+    )
     assert_same(A.to_dense(), x)
     T = A.to_torch()
     assert T.layout is torch.sparse_csr and T.shape == x.shape

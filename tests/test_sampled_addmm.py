@@ -19,8 +19,12 @@ def _pattern(shape, layout, fill, seed=0, dtype=torch.float64):
     k = (m * n * 2) // 5
     flat = torch.stack([torch.randperm(m * n, generator=g)[:k] for _ in range(nb)])
     mask = torch.zeros(nb, m * n, dtype=torch.bool).scatter_(1, flat, True).reshape(shape)
-    A = sparsefill.sparse_coo_tensor(mask.nonzero().T, torch.randn(int(mask.sum()), generator=g, dtype=dtype), shape,
-                                     fill_value=fill)
+    A = sparsefill.sparse_coo_tensor(
+        mask.nonzero().T,
+        torch.randn(int(mask.sum()), generator=g, dtype=dtype),
+        shape,
+        fill_value=fill,
+    )
     A = A.to_sparse_csr() if layout == "csr" else A
     dense = A.to_dense(fill_value=0.0) if fill is sparsefill.indefinite else A.to_dense()
     return A, mask, dense
@@ -28,12 +32,16 @@ def _pattern(shape, layout, fill, seed=0, dtype=torch.float64):
 
 @pytest.mark.parametrize("shape", [(5, 6), (3, 5, 6)], ids=["2d", "batched"])
 @pytest.mark.parametrize("layout", ["coo", "csr"])
-@pytest.mark.parametrize("fill", [0.0, 2.0, sparsefill.indefinite], ids=["zero", "two", "indefinite"])
+@pytest.mark.parametrize(
+    "fill", [0.0, 2.0, sparsefill.indefinite], ids=["zero", "two", "indefinite"]
+)
 def test_sampled_addmm_values_and_gradients(shape, layout, fill):
     A, mask, a0 = _pattern(shape, layout, fill)
     g = torch.Generator().manual_seed(1)
     m1 = torch.randn(*shape[:-1], 4, generator=g, dtype=torch.float64, requires_grad=True)
-    m2 = torch.randn(*shape[:-2], 4, shape[-1], generator=g, dtype=torch.float64, requires_grad=True)
+    m2 = torch.randn(
+        *shape[:-2], 4, shape[-1], generator=g, dtype=torch.float64, requires_grad=True
+    )
     out = torch.sparse.sampled_addmm(A, m1, m2, beta=0.5, alpha=-2.0)
     unspecified = 0.0 if fill is sparsefill.indefinite else 0.5 * fill
     expected = torch.where(mask, 0.5 * a0 + -2.0 * (m1 @ m2), unspecified)
@@ -44,11 +52,18 @@ def test_sampled_addmm_values_and_gradients(shape, layout, fill):
     want = torch.autograd.grad((expected * w).sum(), (m1, m2))
     for a, b in zip(torch.autograd.grad((got * w).sum(), (m1, m2)), want):
         torch.testing.assert_close(a, b)
-    if fill == 0.0 and (layout == "csr" or len(shape) == 2):  # torch's kernel on a native CSR (batched: padded)
+    if fill == 0.0 and (
+        layout == "csr" or len(shape) == 2
+    ):  # torch's kernel on a native CSR (batched: padded)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
-            nat = torch.sparse.sampled_addmm(A.to_torch().to_sparse_csr() if layout == "coo" else A.to_torch(),
-                                             m1.detach(), m2.detach(), beta=0.5, alpha=-2.0)
+            nat = torch.sparse.sampled_addmm(
+                A.to_torch().to_sparse_csr() if layout == "coo" else A.to_torch(),
+                m1.detach(),
+                m2.detach(),
+                beta=0.5,
+                alpha=-2.0,
+            )
         torch.testing.assert_close(got.detach(), nat.to_dense())
 
 

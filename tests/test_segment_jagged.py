@@ -74,7 +74,9 @@ def test_to_padded_and_pooled():
                     expect = (tables[k][ids] * w[:, None]).sum(0)
                 else:
                     rows = tables[k][ids]
-                    expect = {"sum": rows.sum(0), "mean": rows.mean(0), "max": rows.amax(0)}[reducer]
+                    expect = {"sum": rows.sum(0), "mean": rows.mean(0), "max": rows.amax(0)}[
+                        reducer
+                    ]
                 assert_close(pooled[k][e], expect)
     # one shared table, gradients flow into it
     t = torch.randn(20, 2, dtype=torch.float64, requires_grad=True)
@@ -103,9 +105,22 @@ def _pooled_by_loop(batch, tables, keys, reducer, weights=None):
     return out
 
 
-@pytest.mark.parametrize("backend", ["numba", "torch"] if segment.compiled_available() else ["torch"])
-@pytest.mark.parametrize("case", ["random", "key order", "repeated key", "absent key", "no examples",
-                                  "no entries", "large and negative keys", "shared table"])
+@pytest.mark.parametrize(
+    "backend", ["numba", "torch"] if segment.compiled_available() else ["torch"]
+)
+@pytest.mark.parametrize(
+    "case",
+    [
+        "random",
+        "key order",
+        "repeated key",
+        "absent key",
+        "no examples",
+        "no entries",
+        "large and negative keys",
+        "shared table",
+    ],
+)
 def test_pooled_per_key_layout(case, backend):
     """pooled groups the ids by (key, example) once for all keys: against a loop over the lists for keys
     in any order, a key asked twice (pooled once), a key no example has (the empty value), an empty batch,
@@ -130,8 +145,11 @@ def test_pooled_per_key_layout(case, backend):
         keys = [1 << 40, -5, 64, 0]
     g = torch.Generator().manual_seed(1)
     shared = case == "shared table"
-    tables = torch.randn(20, 3, generator=g, dtype=torch.float64) if shared else \
-        {k: torch.randn(20, 3, generator=g, dtype=torch.float64) for k in keys}
+    tables = (
+        torch.randn(20, 3, generator=g, dtype=torch.float64)
+        if shared
+        else {k: torch.randn(20, 3, generator=g, dtype=torch.float64) for k in keys}
+    )
     kj = KeyedJaggedBatch.from_lists(batch, weights=weights)
     want_keys = list(dict.fromkeys(keys))
     for reducer in ("sum", "mean", "max", "weighted_sum"):
@@ -156,15 +174,21 @@ def test_pooled_per_key_layout(case, backend):
     table = torch.randn(20, 3, generator=g, dtype=torch.float64)
     with segment.use_backend(backend):
         sum(o.sum() for o in kjw.pooled(table, "weighted_sum", keys=want_keys).values()).backward()
-    wanted = torch.isin(torch.repeat_interleave(kj.keys, kj.values_lengths), torch.tensor(want_keys))
+    wanted = torch.isin(
+        torch.repeat_interleave(kj.keys, kj.values_lengths), torch.tensor(want_keys)
+    )
     assert_close(w.grad, torch.where(wanted, table.sum(1)[kj.values], 0.0).to(w.dtype))
 
 
 def test_jagged_errors():
     with pytest.raises(ValueError, match="example_lengths sum to 3, but the data has 2 rows"):
-        KeyedJaggedBatch(torch.tensor([1, 2]), torch.tensor([1, 1]), torch.tensor([0, 1]), torch.tensor([3]))
+        KeyedJaggedBatch(
+            torch.tensor([1, 2]), torch.tensor([1, 1]), torch.tensor([0, 1]), torch.tensor([3])
+        )
     with pytest.raises(ValueError, match="values_lengths has 1 entries but keys has 2"):
-        KeyedJaggedBatch(torch.tensor([1, 2]), torch.tensor([2]), torch.tensor([0, 1]), torch.tensor([2]))
+        KeyedJaggedBatch(
+            torch.tensor([1, 2]), torch.tensor([2]), torch.tensor([0, 1]), torch.tensor([2])
+        )
     kj = KeyedJaggedBatch.from_lists(SPEC)
     with pytest.raises(ValueError, match="sizes"):
         kj.split([1, 2])
@@ -186,8 +210,12 @@ def test_to_sparse_csr_is_the_padded_form(D):
     assert c.tolist() == segment.lengths_range_fill(lengths).tolist()
     assert segment.to_sparse_csr(data, lengths, num_columns=5).shape == (4, 5, *D)
     x = data.clone().requires_grad_()
-    assert torch.autograd.gradcheck(lambda x: segment.to_sparse_csr(x, lengths, fill_value=1.0).to_dense(), (x,))
-    with pytest.raises(ValueError, match="num_columns = 2 is shorter than the longest segment \\(3\\)"):
+    assert torch.autograd.gradcheck(
+        lambda x: segment.to_sparse_csr(x, lengths, fill_value=1.0).to_dense(), (x,)
+    )
+    with pytest.raises(
+        ValueError, match="num_columns = 2 is shorter than the longest segment \\(3\\)"
+    ):
         segment.to_sparse_csr(data, lengths, num_columns=2)
 
 
@@ -207,21 +235,27 @@ def test_ids_to_sparse_duplicates_add_and_row_sums():
         segment.ids_to_sparse(ids, lengths, 5)
 
 
-@pytest.mark.parametrize("backend", ["numba", "torch"] if segment.compiled_available() else ["torch"])
+@pytest.mark.parametrize(
+    "backend", ["numba", "torch"] if segment.compiled_available() else ["torch"]
+)
 @pytest.mark.parametrize("fill", [0.0, 1.5, -3.0, float("-inf"), "indefinite"])
 @pytest.mark.parametrize("reducer", ["sum", "mean", "max", "min", "prod", "logsumexp"])
 def test_csr_row_reduce_equals_dense(backend, fill, reducer):
     g = torch.Generator().manual_seed(0)
     lengths = torch.tensor([0, 3, 5, 1, 2])
     ncols = 5
-    cols = torch.cat([torch.randperm(ncols, generator=g)[:n].sort().values for n in lengths.tolist()])
+    cols = torch.cat(
+        [torch.randperm(ncols, generator=g)[:n].sort().values for n in lengths.tolist()]
+    )
     vals = torch.randn(int(lengths.sum()), generator=g, dtype=torch.float64)
     crow = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
     fv = sparsefill.indefinite if fill == "indefinite" else fill
     A = sparsefill.sparse_csr_tensor(crow, cols, vals, (5, ncols), fill_value=fv)
     with segment.use_backend(backend):
         got = segment.csr_row_reduce(A, reducer)
-    if fill == "indefinite":  # masked: the stored values only (empty rows: the reducer's identity / nan)
+    if (
+        fill == "indefinite"
+    ):  # masked: the stored values only (empty rows: the reducer's identity / nan)
         dense = torch.full((5, ncols), float("nan"), dtype=torch.float64)
         mask = torch.zeros(5, ncols, dtype=torch.bool)
         rows = torch.repeat_interleave(torch.arange(5), lengths)
@@ -233,9 +267,14 @@ def test_csr_row_reduce_equals_dense(backend, fill, reducer):
 
 
 def _dense_reduce(row, reducer):
-    f = {"sum": torch.sum, "mean": torch.mean, "prod": torch.prod, "logsumexp": lambda r: torch.logsumexp(r, 0),
-         "max": lambda r: r.amax() if r.numel() else torch.tensor(float("-inf"), dtype=r.dtype),
-         "min": lambda r: r.amin() if r.numel() else torch.tensor(float("inf"), dtype=r.dtype)}[reducer]
+    f = {
+        "sum": torch.sum,
+        "mean": torch.mean,
+        "prod": torch.prod,
+        "logsumexp": lambda r: torch.logsumexp(r, 0),
+        "max": lambda r: r.amax() if r.numel() else torch.tensor(float("-inf"), dtype=r.dtype),
+        "min": lambda r: r.amin() if r.numel() else torch.tensor(float("inf"), dtype=r.dtype),
+    }[reducer]
     return f(row)
 
 
@@ -253,11 +292,20 @@ def _old_check_lengths(lengths, total, name):
 def _old_validate(values, values_lengths, keys, example_lengths, weights=None):
     """KeyedJaggedBatch.__post_init__ before the vectorised checks (a unique over (example, key) pairs)."""
     from sparsefill.segment._check import as_index
-    vl, k, el = (as_index(t, n, values.device).long() for t, n in
-                 ((values_lengths, "values_lengths"), (keys, "keys"), (example_lengths, "example_lengths")))
+
+    vl, k, el = (
+        as_index(t, n, values.device).long()
+        for t, n in (
+            (values_lengths, "values_lengths"),
+            (keys, "keys"),
+            (example_lengths, "example_lengths"),
+        )
+    )
     _old_check_lengths(el, k.numel(), "example_lengths")
     if vl.numel() != k.numel():
-        raise ValueError(f"values_lengths has {vl.numel()} entries but keys has {k.numel()} (one per (example, key))")
+        raise ValueError(
+            f"values_lengths has {vl.numel()} entries but keys has {k.numel()} (one per (example, key))"
+        )
     _old_check_lengths(vl, values.shape[0] if values.dim() else 0, "values_lengths")
     if k.numel() > 1:
         ex = torch.repeat_interleave(torch.arange(el.numel()), el, output_size=k.numel())
@@ -267,8 +315,10 @@ def _old_validate(values, values_lengths, keys, example_lengths, weights=None):
             e, key = pairs[int((cnt[inv] > 1).nonzero()[0, 0])].tolist()
             raise ValueError(f"key {key} appears more than once in example {e}")
     if weights is not None and weights.shape[:1] != values.shape[:1]:
-        raise ValueError(f"weights must have one entry per value ({values.shape[0]}), got shape "
-                         f"{tuple(weights.shape)}")
+        raise ValueError(
+            f"weights must have one entry per value ({values.shape[0]}), got shape "
+            f"{tuple(weights.shape)}"
+        )
 
 
 def _old_to_dict(kj):
@@ -280,14 +330,16 @@ def _old_to_dict(kj):
         ex = {}
         for _ in range(n_keys):
             n = int(kj.values_lengths[k])
-            ex[int(kj.keys[k])] = vals[v:v + n] if ws is None else (vals[v:v + n], ws[v:v + n])
+            ex[int(kj.keys[k])] = (
+                vals[v : v + n] if ws is None else (vals[v : v + n], ws[v : v + n])
+            )
             k, v = k + 1, v + n
         out.append(ex)
     return out
 
 
 # the paths of the repeated-key test: residues (ids < 64), a table of counts, one int64 code sorted, two sorts
-_KEY_SPACES = {"small": (0, 8), "wide": (-3, 200), "large": (0, 10 ** 6), "huge": (-2 ** 62, 2 ** 62)}
+_KEY_SPACES = {"small": (0, 8), "wide": (-3, 200), "large": (0, 10**6), "huge": (-(2**62), 2**62)}
 
 
 def _random_parts(seed, keyspace="small", B=7, dup=False, ids_dtype=torch.int64):
@@ -304,7 +356,7 @@ def _random_parts(seed, keyspace="small", B=7, dup=False, ids_dtype=torch.int64)
     if dup:
         e = rng.choice([i for i, n in enumerate(elen) if n] or [0])
         if not elen[e]:
-            elen[e], keys = 1, keys[:sum(elen[:e])] + [pool[0]] + keys[sum(elen[:e]):]
+            elen[e], keys = 1, keys[: sum(elen[:e])] + [pool[0]] + keys[sum(elen[:e]) :]
         start = sum(elen[:e])
         keys.insert(start + rng.randint(0, elen[e]), keys[start + rng.randrange(elen[e])])
         elen[e] += 1
@@ -313,7 +365,13 @@ def _random_parts(seed, keyspace="small", B=7, dup=False, ids_dtype=torch.int64)
     vals = torch.tensor([rng.randrange(50) for _ in range(n)], dtype=torch.int64)
     w = torch.rand(n, generator=torch.Generator().manual_seed(seed))
     t = dict(dtype=ids_dtype)
-    return vals, torch.tensor(vlen, **t), torch.tensor(keys, dtype=torch.int64), torch.tensor(elen, **t), w
+    return (
+        vals,
+        torch.tensor(vlen, **t),
+        torch.tensor(keys, dtype=torch.int64),
+        torch.tensor(elen, **t),
+        w,
+    )
 
 
 def _same_batch(a, b):
@@ -348,18 +406,30 @@ def _raised(fn):
 
 def _invalid_cases():
     v = torch.tensor([1, 2, 3, 4])
-    yield v, torch.tensor([1, 1, 2]), torch.tensor([5, 5, 5]), torch.tensor([1, 2]), None      # key twice
+    yield (
+        v,
+        torch.tensor([1, 1, 2]),
+        torch.tensor([5, 5, 5]),
+        torch.tensor([1, 2]),
+        None,
+    )  # key twice
     yield v, torch.tensor([1, 1, 2]), torch.tensor([5, 6, 6]), torch.tensor([1, 2]), None
-    yield v, torch.tensor([2, 2]), torch.tensor([3, 4]), torch.tensor([3]), None                # elen sum
-    yield v, torch.tensor([2, 2]), torch.tensor([3, 4]), torch.tensor([3, -1]), None            # elen < 0
-    yield v, torch.tensor([2]), torch.tensor([3, 4]), torch.tensor([2]), None                   # entries
-    yield v, torch.tensor([2, 1]), torch.tensor([3, 4]), torch.tensor([2]), None                # vlen sum
-    yield v, torch.tensor([5, -1]), torch.tensor([3, 4]), torch.tensor([2]), None               # vlen < 0
-    yield v, torch.tensor([2, 2]), torch.tensor([3, 4]), torch.tensor([2]), torch.ones(3)      # weights
-    yield v, torch.tensor([2.0, 2.0]), torch.tensor([3, 4]), torch.tensor([2]), None            # dtype
-    yield v, torch.tensor([[2, 2]]), torch.tensor([3, 4]), torch.tensor([2]), None              # dims
+    yield v, torch.tensor([2, 2]), torch.tensor([3, 4]), torch.tensor([3]), None  # elen sum
+    yield v, torch.tensor([2, 2]), torch.tensor([3, 4]), torch.tensor([3, -1]), None  # elen < 0
+    yield v, torch.tensor([2]), torch.tensor([3, 4]), torch.tensor([2]), None  # entries
+    yield v, torch.tensor([2, 1]), torch.tensor([3, 4]), torch.tensor([2]), None  # vlen sum
+    yield v, torch.tensor([5, -1]), torch.tensor([3, 4]), torch.tensor([2]), None  # vlen < 0
+    yield v, torch.tensor([2, 2]), torch.tensor([3, 4]), torch.tensor([2]), torch.ones(3)  # weights
+    yield v, torch.tensor([2.0, 2.0]), torch.tensor([3, 4]), torch.tensor([2]), None  # dtype
+    yield v, torch.tensor([[2, 2]]), torch.tensor([3, 4]), torch.tensor([2]), None  # dims
     yield v, torch.tensor([2, 2]), torch.tensor([3, 4], dtype=torch.int8), torch.tensor([2]), None
-    yield v, torch.tensor([1, 0, 1, 2]), torch.tensor([2 ** 62, -5, 2 ** 62, 7]), torch.tensor([4]), None
+    yield (
+        v,
+        torch.tensor([1, 0, 1, 2]),
+        torch.tensor([2**62, -5, 2**62, 7]),
+        torch.tensor([4]),
+        None,
+    )
     yield v, torch.tensor([1, 1, 1, 1]), torch.tensor([70, 6, 64, 64]), torch.tensor([2, 2]), None
     yield v, torch.tensor([1, 1, 1, 1]), torch.tensor([-64, 6, 0, 0]), torch.tensor([2, 2]), None
     for seed in range(40):
@@ -375,6 +445,7 @@ def check_path(request, monkeypatch):
     """The checks' valid path: numpy passes, the numba kernel (numba loaded), or none (every input then goes
     through the exact torch checks, as on a non-CPU device)."""
     from sparsefill.segment import _jagged
+
     monkeypatch.setattr(_jagged, "_use_compiled", lambda: request.param == "numba")
     if request.param == "torch":
         monkeypatch.setattr(_jagged, "_quick_check", lambda *a: 1)
@@ -393,8 +464,12 @@ def test_validation_raises_as_before(check_path):
         n += 1
     assert n == 14 + 40 * len(_KEY_SPACES)
     # distinct keys of equal residue (0 and 64 mod 64): valid (the residue test only screens)
-    kj = KeyedJaggedBatch(torch.tensor([1, 2, 3, 4]), torch.tensor([1, 1, 1, 1]), torch.tensor([70, 6, 0, 64]),
-                          torch.tensor([2, 2]))
+    kj = KeyedJaggedBatch(
+        torch.tensor([1, 2, 3, 4]),
+        torch.tensor([1, 1, 1, 1]),
+        torch.tensor([70, 6, 0, 64]),
+        torch.tensor([2, 2]),
+    )
     assert kj.to_dict() == [{70: [1], 6: [2]}, {0: [3], 64: [4]}]
 
 
@@ -403,26 +478,52 @@ def _exact_ok(vals, vlen, keys, elen):
     el, vl, k = elen.tolist(), vlen.tolist(), keys.tolist()
     if min(el + vl + [0]) < 0 or sum(el) != len(k) or len(vl) != len(k) or sum(vl) != vals.shape[0]:
         return False
-    ends = [sum(el[:i + 1]) for i in range(len(el))]
-    return all(len(set(k[e - n:e])) == n for e, n in zip(ends, el))
+    ends = [sum(el[: i + 1]) for i in range(len(el))]
+    return all(len(set(k[e - n : e])) == n for e, n in zip(ends, el))
 
 
 def _quick_cases():
-    big = 2 ** 62
-    yield torch.arange(2), torch.tensor([big, big, big, big + 2]), torch.tensor([1, 2, 3, 4]), torch.tensor([4])
-    yield torch.arange(2), torch.tensor([1, 1]), torch.tensor([1, 2]), torch.tensor([big, big, big, big + 2])[:1]
-    yield torch.arange(3), torch.tensor([1, 1, 1]), torch.tensor([0, 63, 64]), torch.tensor([3])   # residues 0 0
-    yield torch.arange(3), torch.tensor([1, 1, 1]), torch.tensor([-1, 63, 5]), torch.tensor([3])   # -1 = 63 mod 64
-    yield torch.arange(3), torch.tensor([1, 1, 1]), torch.tensor([5, 63, 5]), torch.tensor([0, 3, 0])
+    big = 2**62
+    yield (
+        torch.arange(2),
+        torch.tensor([big, big, big, big + 2]),
+        torch.tensor([1, 2, 3, 4]),
+        torch.tensor([4]),
+    )
+    yield (
+        torch.arange(2),
+        torch.tensor([1, 1]),
+        torch.tensor([1, 2]),
+        torch.tensor([big, big, big, big + 2])[:1],
+    )
+    yield (
+        torch.arange(3),
+        torch.tensor([1, 1, 1]),
+        torch.tensor([0, 63, 64]),
+        torch.tensor([3]),
+    )  # residues 0 0
+    yield (
+        torch.arange(3),
+        torch.tensor([1, 1, 1]),
+        torch.tensor([-1, 63, 5]),
+        torch.tensor([3]),
+    )  # -1 = 63 mod 64
+    yield (
+        torch.arange(3),
+        torch.tensor([1, 1, 1]),
+        torch.tensor([5, 63, 5]),
+        torch.tensor([0, 3, 0]),
+    )
     yield torch.arange(0), torch.tensor([0, 0]), torch.tensor([7, 7]), torch.tensor([1, 0, 1])
     none = torch.zeros(0, dtype=torch.long)
     yield none, none, none, torch.zeros(3, dtype=torch.long)
     yield none, none, none, none
     rng = random.Random(0)
     for seed in range(300):
-        vals, vlen, keys, elen, _ = _random_parts(seed, list(_KEY_SPACES)[seed % 4], B=seed % 9,
-                                               dup=seed % 3 == 0 and seed % 9 > 0)
-        if seed % 5 == 1 and vlen.numel():   # a wrong sum or a negative length
+        vals, vlen, keys, elen, _ = _random_parts(
+            seed, list(_KEY_SPACES)[seed % 4], B=seed % 9, dup=seed % 3 == 0 and seed % 9 > 0
+        )
+        if seed % 5 == 1 and vlen.numel():  # a wrong sum or a negative length
             vlen[rng.randrange(vlen.numel())] += rng.choice([-5, -1, 1])
         if seed % 7 == 2 and elen.numel():
             elen[rng.randrange(elen.numel())] += rng.choice([-2, -1, 1])
@@ -435,6 +536,7 @@ def test_quick_checks_agree_with_the_exact_ones(path):
     valid batch of key ids in [0, 64); 2 (keys left to the exact test) only with valid lengths; wrapped
     sums, residue collisions (0 and 64, -1 and 63), empty examples at either end included."""
     from sparsefill.segment import _jagged
+
     quick = _jagged._compiled_quick() if path == "numba" else _jagged._quick_numpy
     for vals, vlen, keys, elen in _quick_cases():
         ok = _exact_ok(vals, vlen, keys, elen)
@@ -446,21 +548,36 @@ def test_quick_checks_agree_with_the_exact_ones(path):
             small = keys.numel() == 0 or 0 <= int(keys.min()) and int(keys.max()) < 64
             assert state == 0 if small else state in (0, 2), (vlen, keys, elen, state)
         if state == 2:
-            assert min(elen.tolist() + vlen.tolist() + [0]) >= 0 and sum(elen.tolist()) == keys.numel()
+            assert (
+                min(elen.tolist() + vlen.tolist() + [0]) >= 0 and sum(elen.tolist()) == keys.numel()
+            )
             assert sum(vlen.tolist()) == vals.shape[0]
 
 
 def test_wrapped_sums_raise(check_path):
     """Lengths whose int64 sum passes 2**63 - 1 raise (the wrapped sum equals the data's count: it passed
     before), naming the first length past the limit."""
-    big = 2 ** 62
-    with pytest.raises(ValueError, match=r"values_lengths overflow int64: their running sum passes "
-                                         r"2\*\*63 - 1 at values_lengths\[1\]"):
-        KeyedJaggedBatch(torch.arange(2), torch.tensor([big, big, big, big + 2]), torch.tensor([1, 2, 3, 4]),
-                         torch.tensor([4]))
-    with pytest.raises(ValueError, match=r"example_lengths overflow int64: .* at example_lengths\[2\]"):
-        KeyedJaggedBatch(torch.arange(2), torch.tensor([1, 1]), torch.tensor([1, 2]),
-                         torch.tensor([1, big, big, big, big + 1]))
+    big = 2**62
+    with pytest.raises(
+        ValueError,
+        match=r"values_lengths overflow int64: their running sum passes "
+        r"2\*\*63 - 1 at values_lengths\[1\]",
+    ):
+        KeyedJaggedBatch(
+            torch.arange(2),
+            torch.tensor([big, big, big, big + 2]),
+            torch.tensor([1, 2, 3, 4]),
+            torch.tensor([4]),
+        )
+    with pytest.raises(
+        ValueError, match=r"example_lengths overflow int64: .* at example_lengths\[2\]"
+    ):
+        KeyedJaggedBatch(
+            torch.arange(2),
+            torch.tensor([1, 1]),
+            torch.tensor([1, 2]),
+            torch.tensor([1, big, big, big, big + 1]),
+        )
 
 
 def test_validated_equals_unvalidated_on_every_path(check_path):
@@ -468,15 +585,18 @@ def test_validated_equals_unvalidated_on_every_path(check_path):
     strided batch is still found."""
     for seed in range(40):
         vals, vlen, keys, elen, w = _random_parts(seed, list(_KEY_SPACES)[seed % 4], B=seed % 9)
-        _same_batch(KeyedJaggedBatch(vals, vlen, keys, elen, w), KeyedJaggedBatch(vals, vlen, keys, elen, w,
-                                                                                   validate=False))
+        _same_batch(
+            KeyedJaggedBatch(vals, vlen, keys, elen, w),
+            KeyedJaggedBatch(vals, vlen, keys, elen, w, validate=False),
+        )
         strided = [torch.stack([t, t], 1)[:, 0] for t in (vlen, keys, elen)]
         assert not strided[1].is_contiguous() or keys.numel() < 2
-        _same_batch(KeyedJaggedBatch(vals, *strided, w), KeyedJaggedBatch(vals, vlen, keys, elen, w))
+        _same_batch(
+            KeyedJaggedBatch(vals, *strided, w), KeyedJaggedBatch(vals, vlen, keys, elen, w)
+        )
     k = torch.stack([torch.tensor([3, 9, 3]), torch.zeros(3, dtype=torch.long)], 1)[:, 0]
     with pytest.raises(ValueError, match="key 3 appears more than once in example 0"):
         KeyedJaggedBatch(torch.arange(3), torch.ones(3, dtype=torch.long), k, torch.tensor([3]))
-
 
 
 def test_select_no_keys():
@@ -489,16 +609,33 @@ def test_select_no_keys():
 def test_validate_false_keeps_the_o1_checks():
     """validate=False reads no data (no device sync), but dtypes, dims and entry counts are still checked."""
     v = torch.tensor([1, 2, 3, 4])
-    kj = KeyedJaggedBatch(v, torch.tensor([1, 1, 2]), torch.tensor([5, 5, 5]), torch.tensor([1, 2]), validate=False)
+    kj = KeyedJaggedBatch(
+        v, torch.tensor([1, 1, 2]), torch.tensor([5, 5, 5]), torch.tensor([1, 2]), validate=False
+    )
     assert kj.keys.tolist() == [5, 5, 5]  # (invalid, unchecked: the caller's promise)
     with pytest.raises(ValueError, match="values_lengths has 2 entries but keys has 3"):
-        KeyedJaggedBatch(v, torch.tensor([2, 2]), torch.tensor([3, 4, 5]), torch.tensor([3]), validate=False)
-    with pytest.raises(ValueError, match=r"weights must have one entry per value \(4\), got shape \(3,\)"):
-        KeyedJaggedBatch(v, torch.tensor([4]), torch.tensor([3]), torch.tensor([1]), torch.ones(3), validate=False)
+        KeyedJaggedBatch(
+            v, torch.tensor([2, 2]), torch.tensor([3, 4, 5]), torch.tensor([3]), validate=False
+        )
+    with pytest.raises(
+        ValueError, match=r"weights must have one entry per value \(4\), got shape \(3,\)"
+    ):
+        KeyedJaggedBatch(
+            v,
+            torch.tensor([4]),
+            torch.tensor([3]),
+            torch.tensor([1]),
+            torch.ones(3),
+            validate=False,
+        )
     with pytest.raises(TypeError, match="keys must be an int32 or int64 tensor"):
-        KeyedJaggedBatch(v, torch.tensor([4]), torch.tensor([3.0]), torch.tensor([1]), validate=False)
+        KeyedJaggedBatch(
+            v, torch.tensor([4]), torch.tensor([3.0]), torch.tensor([1]), validate=False
+        )
     with pytest.raises(TypeError):
-        KeyedJaggedBatch(v, torch.tensor([4]), torch.tensor([3]), torch.tensor([1]), None, False)  # keyword-only
+        KeyedJaggedBatch(
+            v, torch.tensor([4]), torch.tensor([3]), torch.tensor([1]), None, False
+        )  # keyword-only
 
 
 @pytest.mark.parametrize("keyspace", list(_KEY_SPACES))
@@ -507,8 +644,11 @@ def test_to_dict_equals_the_previous_implementation(keyspace):
     examples and lists, an empty batch, and the batches select_keys / split / concat return."""
     for seed in range(25):
         vals, vlen, keys, elen, w = _random_parts(seed, keyspace, B=seed % 6)
-        for kj in (KeyedJaggedBatch(vals, vlen, keys, elen), KeyedJaggedBatch(vals, vlen, keys, elen, w),
-                   KeyedJaggedBatch(torch.stack([vals, -vals], 1), vlen, keys, elen, w)):
+        for kj in (
+            KeyedJaggedBatch(vals, vlen, keys, elen),
+            KeyedJaggedBatch(vals, vlen, keys, elen, w),
+            KeyedJaggedBatch(torch.stack([vals, -vals], 1), vlen, keys, elen, w),
+        ):
             assert kj.to_dict() == _old_to_dict(kj)
             if kj.batch_size:
                 sel = kj.select_keys(keys.unique()[:3])
@@ -518,7 +658,9 @@ def test_to_dict_equals_the_previous_implementation(keyspace):
                 assert KeyedJaggedBatch.concat(parts).to_dict() == _old_to_dict(kj)
 
 
-@pytest.mark.skipif(not segment.compiled_available(), reason="needs numba (the compiled backend)")  # reported by -rs
+@pytest.mark.skipif(
+    not segment.compiled_available(), reason="needs numba (the compiled backend)"
+)  # reported by -rs
 def test_the_checks_compile_only_where_numba_is_set_up():
     """The checks never import numba nor set up its compiler (0.7-1 s in a fresh process: see
     test_coldstart.py): numba imported alone leaves them on numpy; the kernel runs once an njit function
@@ -526,6 +668,7 @@ def test_the_checks_compile_only_where_numba_is_set_up():
     import os
     import subprocess
     import sys
+
     code = (
         "import sys\n"
         "from sparsefill.segment import KeyedJaggedBatch, _jagged, use_backend\n"
@@ -538,9 +681,12 @@ def test_the_checks_compile_only_where_numba_is_set_up():
         "with use_backend('torch'):\n"
         "    numba.njit(lambda x: x)(0)\n"
         "    print(kj())\n"
-        "print(kj())\n")
+        "print(kj())\n"
+    )
     env = {k: v for k, v in os.environ.items() if k != "SPARSEFILL_SEGMENT_BACKEND"}
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    res = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env
+    )
     assert res.returncode == 0, res.stderr
     assert res.stdout.split() == ["0", "False", "0", "0", "1"]
 
@@ -549,10 +695,15 @@ def test_the_checks_compile_only_where_numba_is_set_up():
 def test_keyed_jagged_batch_rejects_a_key_twice_in_an_example():
     """to_dict / to_padded hold one list per key: a repeated key lost ids silently."""
     with pytest.raises(ValueError, match="key 5 appears more than once in example 1"):
-        segment.KeyedJaggedBatch(torch.tensor([1, 2, 3, 4]), torch.tensor([1, 1, 2]), torch.tensor([5, 5, 5]),
-                                 torch.tensor([1, 2]))
-    kj = segment.KeyedJaggedBatch(torch.tensor([1, 2, 3]), torch.tensor([1, 2]), torch.tensor([5, 5]),
-                                  torch.tensor([1, 1]))  # the same key in two examples is fine
+        segment.KeyedJaggedBatch(
+            torch.tensor([1, 2, 3, 4]),
+            torch.tensor([1, 1, 2]),
+            torch.tensor([5, 5, 5]),
+            torch.tensor([1, 2]),
+        )
+    kj = segment.KeyedJaggedBatch(
+        torch.tensor([1, 2, 3]), torch.tensor([1, 2]), torch.tensor([5, 5]), torch.tensor([1, 1])
+    )  # the same key in two examples is fine
     assert kj.to_dict() == [{5: [1]}, {5: [2, 3]}]
 
 
@@ -576,9 +727,12 @@ def test_csr_row_reduce_keeps_autograd(reducer):
     A = sparsefill.sparse_csr_tensor([0, 2, 3, 3, 4], [0, 3, 1, 2], v, (4, 4), fill_value=2.0)
     out = segment.csr_row_reduce(A, reducer)
     v2 = v.detach().clone().requires_grad_()
-    dense = torch.full((4, 4), 2.0, dtype=torch.float64).index_put((torch.tensor([0, 0, 1, 3]),
-                                                                     torch.tensor([0, 3, 1, 2])), v2)
-    ref = {"sum": dense.sum(1), "mean": dense.mean(1), "max": dense.amax(1), "min": dense.amin(1)}[reducer]
+    dense = torch.full((4, 4), 2.0, dtype=torch.float64).index_put(
+        (torch.tensor([0, 0, 1, 3]), torch.tensor([0, 3, 1, 2])), v2
+    )
+    ref = {"sum": dense.sum(1), "mean": dense.mean(1), "max": dense.amax(1), "min": dense.amin(1)}[
+        reducer
+    ]
     assert_close(out, ref)
     w = torch.tensor([1.0, -2.0, 0.5, 3.0], dtype=torch.float64)
     (out * w).sum().backward()

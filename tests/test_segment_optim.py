@@ -40,7 +40,11 @@ def loop_ftrl(param, n, z, idx, grad, alpha, beta, l1, l2):
             sigma = (math.sqrt(nn) - math.sqrt(n[r, j].item())) / alpha
             zz = z[r, j].item() + g - sigma * p[r, j].item()
             n[r, j], z[r, j] = nn, zz
-            p[r, j] = ((math.copysign(l1, zz) - zz) / ((beta + math.sqrt(nn)) / alpha + l2)) if abs(zz) > l1 else 0.0
+            p[r, j] = (
+                ((math.copysign(l1, zz) - zz) / ((beta + math.sqrt(nn)) / alpha + l2))
+                if abs(zz) > l1
+                else 0.0
+            )
     return p, n, z
 
 
@@ -73,7 +77,9 @@ def test_ftrl(mode):
         ep, en, ez = loop_ftrl(param, n, z, rows, g2, 0.1, 1.0, 0.05, 0.01)
     else:
         ep, en, ez = loop_ftrl(param, n, z, idx, grad, 0.1, 1.0, 0.05, 0.01)
-    segment.sparse_ftrl(param, n, z, idx, grad, alpha=0.1, beta=1.0, lambda1=0.05, lambda2=0.01, mode=mode)
+    segment.sparse_ftrl(
+        param, n, z, idx, grad, alpha=0.1, beta=1.0, lambda1=0.05, lambda2=0.01, mode=mode
+    )
     assert_close(param, ep)
     assert_close(n, en)
     assert_close(z, ez)
@@ -110,11 +116,15 @@ def test_training_loop_sparse_vs_dense_adagrad(reducer):
         idx = torch.randint(0, 30, (n,), generator=g)  # rows 30..49 are never looked up
         w = torch.rand(n, generator=g, dtype=torch.float64) if reducer == "weighted_sum" else None
         target = torch.randn(7, 1, generator=g, dtype=torch.float64)
-        for table, head, opts, sparse in ((sp_table, sp_head, (sp_opt, sp_head_opt), True),
-                                          (de_table, de_head, (de_opt,), False)):
+        for table, head, opts, sparse in (
+            (sp_table, sp_head, (sp_opt, sp_head_opt), True),
+            (de_table, de_head, (de_opt,), False),
+        ):
             for o in opts:
                 o.zero_grad()
-            pooled = segment.reduce(table, reducer, lengths=lengths, indices=idx, weights=w, sparse_grad=sparse)
+            pooled = segment.reduce(
+                table, reducer, lengths=lengths, indices=idx, weights=w, sparse_grad=sparse
+            )
             loss = ((pooled @ head - target) ** 2).mean()
             loss.backward()
             if sparse:
@@ -131,7 +141,9 @@ def test_sparse_grad_equals_dense_grad():
     table = torch.randn(6, 2, generator=g, dtype=torch.float64)
     idx = torch.tensor([1, 1, 4, 0, 1])
     a, b = table.clone().requires_grad_(), table.clone().requires_grad_()
-    segment.reduce(a, "max", lengths=torch.tensor([3, 2]), indices=idx, sparse_grad=True).sum().backward()
+    segment.reduce(
+        a, "max", lengths=torch.tensor([3, 2]), indices=idx, sparse_grad=True
+    ).sum().backward()
     segment.reduce(b, "max", lengths=torch.tensor([3, 2]), indices=idx).sum().backward()
     assert a.grad.is_sparse
     assert_close(a.grad.to_dense(), b.grad)
@@ -174,7 +186,9 @@ def test_sparse_adagrad_optimizer_with_a_sparse_gradient(rowwise, mode):
     param, idx, grad = _data(5)
     p = torch.nn.Parameter(param.clone())
     p.grad = torch.sparse_coo_tensor(idx[None], grad, param.shape, check_invariants=True)
-    opt = segment.SparseAdagrad([p], lr=0.1, eps=1e-5, weight_decay=0.01, rowwise=rowwise, mode=mode)
+    opt = segment.SparseAdagrad(
+        [p], lr=0.1, eps=1e-5, weight_decay=0.01, rowwise=rowwise, mode=mode
+    )
     opt.step()
     moment = torch.zeros(param.shape[0] if rowwise else param.shape, dtype=param.dtype)
     if mode == "sequential":
@@ -206,7 +220,9 @@ def test_sparse_ftrl_optimizer_with_a_sparse_gradient(mode):
     assert_close(opt.state[p]["z"], ez)
 
 
-_BACKENDS = ["torch"] + (["numba"] if segment.compiled_available() else [])  # numba: the fused kernels
+_BACKENDS = ["torch"] + (
+    ["numba"] if segment.compiled_available() else []
+)  # numba: the fused kernels
 
 
 def _coalesced_reference(param, moment, idx, grad, lr, eps, wd, decay, rowwise):
@@ -214,7 +230,9 @@ def _coalesced_reference(param, moment, idx, grad, lr, eps, wd, decay, rowwise):
     summed = grad.new_zeros(rows.numel(), *grad.shape[1:]).index_add_(0, inv, grad)
     p, h = param.clone().reshape(param.shape[0], -1), moment.clone()
     h = h if rowwise else h.reshape(param.shape[0], -1)
-    ep, eh = loop_adagrad(p, h, rows, summed.reshape(rows.numel(), -1), lr, eps, wd, decay, rowwise=rowwise)
+    ep, eh = loop_adagrad(
+        p, h, rows, summed.reshape(rows.numel(), -1), lr, eps, wd, decay, rowwise=rowwise
+    )
     return ep.view(param.shape), eh.view(moment.shape)
 
 
@@ -237,23 +255,36 @@ def test_coalesced_adagrad_paths_match_the_loop(backend, dtype, rowwise, wd, dec
     ep, eh = _coalesced_reference(param, moment, idx, grad, 0.1, 1e-5, wd, decay, rowwise)
     with segment.use_backend(backend):
         if rowwise:
-            segment.rowwise_sparse_adagrad(param, moment, idx, grad, lr=0.1, eps=1e-5, weight_decay=wd,
-                                           mode="coalesced")
+            segment.rowwise_sparse_adagrad(
+                param, moment, idx, grad, lr=0.1, eps=1e-5, weight_decay=wd, mode="coalesced"
+            )
         else:
-            segment.sparse_adagrad(param, moment, idx, grad, lr=0.1, eps=1e-5, weight_decay=wd, decay=decay,
-                                   mode="coalesced")
+            segment.sparse_adagrad(
+                param,
+                moment,
+                idx,
+                grad,
+                lr=0.1,
+                eps=1e-5,
+                weight_decay=wd,
+                decay=decay,
+                mode="coalesced",
+            )
     assert_close(param[:30], ep[:30])  # (the touched rows; the others unchanged, bit for bit)
     assert_close(moment[:30], eh[:30])
     assert torch.equal(param[30:], ep[30:]) and torch.equal(moment[30:], eh[30:])
 
 
-@pytest.mark.filterwarnings("ignore:Sparse invariant checks")  # (torch.optim.Adagrad's own sparse tensors)
+@pytest.mark.filterwarnings(
+    "ignore:Sparse invariant checks"
+)  # (torch.optim.Adagrad's own sparse tensors)
 @pytest.mark.parametrize("backend", _BACKENDS)
 def test_sparse_adagrad_equals_torch_adagrad_over_steps(backend, monkeypatch):
     """SparseAdagrad (coalesced) on uncoalesced sparse gradients equals torch.optim.Adagrad on the same
     sparse gradients over several steps, float32, on one and on two threads (the compiled kernel splits
     the rows ``r % T`` between threads); empty gradients change nothing."""
     from sparsefill.segment import _kernels
+
     monkeypatch.setattr(_kernels, "GRAIN", 64)  # (two threads already at this small size)
     g = torch.Generator().manual_seed(8)
     table = torch.randn(200, 6, generator=g)
@@ -283,13 +314,25 @@ def test_coalesced_ftrl_and_the_kept_marks(backend):
     over the summed rows; the compiled kernels leave their kept table of row marks all -1 (they restore
     every mark they set), and while another step holds it a call takes a fresh one, with the same result."""
     from sparsefill.segment import _optim
+
     param, idx, grad = _data(9)
     n, z = torch.rand_like(param), torch.randn_like(param)
     rows, inv = torch.unique(idx, return_inverse=True)
     summed = grad.new_zeros(rows.numel(), 3).index_add_(0, inv, grad)
     ep, en, ez = loop_ftrl(param, n, z, rows, summed, 0.1, 1.0, 0.05, 0.01)
     with segment.use_backend(backend):
-        segment.sparse_ftrl(param, n, z, idx, grad, alpha=0.1, beta=1.0, lambda1=0.05, lambda2=0.01, mode="coalesced")
+        segment.sparse_ftrl(
+            param,
+            n,
+            z,
+            idx,
+            grad,
+            alpha=0.1,
+            beta=1.0,
+            lambda1=0.05,
+            lambda2=0.01,
+            mode="coalesced",
+        )
     assert_close(param, ep)
     assert_close(n, en)
     assert_close(z, ez)
@@ -325,7 +368,10 @@ def test_adagrad_with_no_gradient_rows_changes_nothing(backend, rowwise, mode, r
     param = torch.randn(rows_shape, dtype=torch.float64)
     moment = torch.rand(rows_shape[0] if rowwise else rows_shape, dtype=torch.float64)
     p0, m0 = param.clone(), moment.clone()
-    idx, grad = torch.zeros(0, dtype=torch.long), torch.zeros(0, *rows_shape[1:], dtype=torch.float64)
+    idx, grad = (
+        torch.zeros(0, dtype=torch.long),
+        torch.zeros(0, *rows_shape[1:], dtype=torch.float64),
+    )
     with segment.use_backend(backend):
         if rowwise:
             segment.rowwise_sparse_adagrad(param, moment, idx, grad, lr=0.1, mode=mode)

@@ -47,25 +47,38 @@ def test_conversions_against_reference(S, dtype):
     assert ids.dtype == dtype and ids.tolist() == ref_segment_ids(lengths)
     offs = segment.lengths_to_offsets(lengths)
     assert offs.dtype == dtype and offs.tolist() == ref_offsets(lengths)
-    assert segment.lengths_to_offsets(lengths, include_last=False).tolist() == ref_offsets(lengths)[:-1]
+    assert (
+        segment.lengths_to_offsets(lengths, include_last=False).tolist()
+        == ref_offsets(lengths)[:-1]
+    )
     assert segment.offsets_to_lengths(offs).tolist() == lengths.tolist()
-    assert segment.offsets_to_lengths(offs[:-1], total=int(lengths.sum())).tolist() == lengths.tolist()
+    assert (
+        segment.offsets_to_lengths(offs[:-1], total=int(lengths.sum())).tolist() == lengths.tolist()
+    )
     assert segment.segment_ids_to_lengths(ids, num_segments=S).tolist() == lengths.tolist()
     assert segment.segment_ids_to_offsets(ids, num_segments=S).tolist() == offs.tolist()
     r = segment.lengths_to_ranges(lengths)
-    assert r.shape == (S, 2) and r.tolist() == [[o, n] for o, n in zip(ref_offsets(lengths), lengths.tolist())]
+    assert r.shape == (S, 2) and r.tolist() == [
+        [o, n] for o, n in zip(ref_offsets(lengths), lengths.tolist())
+    ]
     assert segment.segment_ids_to_ranges(ids, num_segments=S).tolist() == r.tolist()
     fill = segment.lengths_range_fill(lengths)
     assert fill.tolist() == [j for n in lengths.tolist() for j in range(n)]
     w = segment.lengths_to_weights(lengths, power=0.7, dtype=torch.float64)
-    assert_close(w, torch.tensor([n ** -0.7 for n in lengths.tolist() for _ in range(n)], dtype=torch.float64))
+    assert_close(
+        w, torch.tensor([n**-0.7 for n in lengths.tolist() for _ in range(n)], dtype=torch.float64)
+    )
 
 
 def test_spec_examples():
     values = torch.tensor([1, 2, 3, 2, 4, 6, 7, 3, 6])
     lengths = torch.tensor([3, 4, 2])
     assert segment.lengths_to_segment_ids(lengths).tolist() == [0, 0, 0, 1, 1, 1, 1, 2, 2]
-    assert segment.segment_ids_to_lengths(torch.tensor([0, 0, 0, 1, 1, 1, 1, 2, 2])).tolist() == [3, 4, 2]
+    assert segment.segment_ids_to_lengths(torch.tensor([0, 0, 0, 1, 1, 1, 1, 2, 2])).tolist() == [
+        3,
+        4,
+        2,
+    ]
     packed = segment.pack_segments(values, lengths, pad_value=-1)
     assert packed.tolist() == [[1, 2, 3, -1], [2, 4, 6, 7], [3, 6, -1, -1]]
     assert segment.unpack_segments(packed, lengths).tolist() == values.tolist()
@@ -73,18 +86,35 @@ def test_spec_examples():
     unsorted = torch.tensor([1, 0, 2, 1, 0, 1, 1, 0, 2])
     assert segment.segment_ids_to_lengths(unsorted, sorted=False).tolist() == [3, 4, 2]
     # the "sparse tensor" interpretation: sparse_to_dense per example row
-    dense = torch.stack([segment.sparse_to_dense(values[o:o + n], torch.ones(n, dtype=torch.long), 8)
-                         for o, n in zip([0, 3, 7], [3, 4, 2])])
-    assert dense.tolist() == [[0, 1, 1, 1, 0, 0, 0, 0], [0, 0, 1, 0, 1, 0, 1, 1], [0, 0, 0, 1, 0, 0, 1, 0]]
+    dense = torch.stack(
+        [
+            segment.sparse_to_dense(values[o : o + n], torch.ones(n, dtype=torch.long), 8)
+            for o, n in zip([0, 3, 7], [3, 4, 2])
+        ]
+    )
+    assert dense.tolist() == [
+        [0, 1, 1, 1, 0, 0, 0, 0],
+        [0, 0, 1, 0, 1, 0, 1, 1],
+        [0, 0, 0, 1, 0, 0, 1, 0],
+    ]
 
 
 def test_segment_ids_gaps_and_num_segments():
     ids = torch.tensor([0, 0, 2, 2, 2, 5])
     assert segment.segment_ids_to_lengths(ids).tolist() == [2, 0, 3, 0, 0, 1]
     assert segment.segment_ids_to_lengths(ids, num_segments=8).tolist() == [2, 0, 3, 0, 0, 1, 0, 0]
-    assert segment.segment_ids_to_ranges(ids).tolist() == [[0, 2], [2, 0], [2, 3], [5, 0], [5, 0], [5, 1]]
+    assert segment.segment_ids_to_ranges(ids).tolist() == [
+        [0, 2],
+        [2, 0],
+        [2, 3],
+        [5, 0],
+        [5, 0],
+        [5, 1],
+    ]
     assert segment.segment_ids_to_lengths(torch.tensor([], dtype=torch.long)).tolist() == []
-    assert segment.segment_ids_to_lengths(torch.tensor([], dtype=torch.long), num_segments=2).tolist() == [0, 0]
+    assert segment.segment_ids_to_lengths(
+        torch.tensor([], dtype=torch.long), num_segments=2
+    ).tolist() == [0, 0]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64])
@@ -92,23 +122,32 @@ def test_segment_ids_gaps_and_num_segments():
 def test_tile_gather_ranges(S, dtype):
     lengths = rand_lengths(S, seed=S + 1)
     data = (torch.randn(S, 3) * 10).to(dtype)
-    assert_close(segment.lengths_tile(data, lengths),
-                 torch.stack([data[s] for s in ref_segment_ids(lengths)]) if int(lengths.sum())
-                 else data.new_zeros(0, 3))
+    assert_close(
+        segment.lengths_tile(data, lengths),
+        torch.stack([data[s] for s in ref_segment_ids(lengths)])
+        if int(lengths.sum())
+        else data.new_zeros(0, 3),
+    )
     N = int(lengths.sum())
     items = (torch.randn(N, 2) * 10).to(dtype)
     sel = torch.randint(0, max(S, 1), (5,)) if S else torch.zeros(0, dtype=torch.long)
     offs = ref_offsets(lengths)
     expect = [items[offs[s] + j] for s in sel.tolist() for j in range(lengths[s])]
-    assert_close(segment.lengths_gather(items, lengths, sel),
-                 torch.stack(expect) if expect else items.new_zeros(0, 2))
+    assert_close(
+        segment.lengths_gather(items, lengths, sel),
+        torch.stack(expect) if expect else items.new_zeros(0, 2),
+    )
     # gather_ranges: random in-bound ranges
     g = torch.Generator().manual_seed(S)
     B, R = 3, 2
     starts = torch.randint(0, N + 1, (B, R), generator=g)
     lens = (torch.rand(B, R, generator=g) * (N - starts + 1)).long().clamp_max(N - starts)
     out, out_len = segment.gather_ranges(items, torch.stack([starts, lens], -1))
-    expect = [items[a + j] for a, n in zip(starts.flatten().tolist(), lens.flatten().tolist()) for j in range(n)]
+    expect = [
+        items[a + j]
+        for a, n in zip(starts.flatten().tolist(), lens.flatten().tolist())
+        for j in range(n)
+    ]
     assert_close(out, torch.stack(expect) if expect else items.new_zeros(0, 2))
     assert out_len.tolist() == lens.sum(1).tolist()
 
@@ -139,7 +178,9 @@ def test_pack_unpack(S, D, dtype):
 def test_pack_gradcheck():
     lengths = torch.tensor([2, 0, 3, 1])
     x = torch.randn(6, 2, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda x: segment.pack_segments(x, lengths, pad_value=1.5), (x,))
+    assert torch.autograd.gradcheck(
+        lambda x: segment.pack_segments(x, lengths, pad_value=1.5), (x,)
+    )
     p = torch.randn(4, 3, 2, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda p: segment.unpack_segments(p, lengths), (p,))
     assert torch.autograd.gradgradcheck(lambda x: segment.pack_segments(x, lengths), (x,))
@@ -147,7 +188,7 @@ def test_pack_gradcheck():
 
 def test_sparse_to_dense_duplicates():
     idx = torch.tensor([4, 1, 4, 4], dtype=torch.int32)
-    v = torch.tensor([[1., 2.], [3., 4.], [5., 6.], [7., 8.]])
+    v = torch.tensor([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0], [7.0, 8.0]])
     out = segment.sparse_to_dense(idx, v)
     assert out.tolist() == [[0, 0], [3, 4], [0, 0], [0, 0], [13, 16]]
     assert segment.sparse_to_dense(idx, v, 7).shape == (7, 2)
@@ -171,12 +212,16 @@ def test_lengths_top_k(S):
 
 
 def test_lengths_top_k_inf_nan_and_grad():
-    data = torch.tensor([float("-inf"), 1.0, float("-inf")], dtype=torch.float64, requires_grad=True)
+    data = torch.tensor(
+        [float("-inf"), 1.0, float("-inf")], dtype=torch.float64, requires_grad=True
+    )
     vals, pos = segment.lengths_top_k(data, torch.tensor([2, 1]), 2)
     assert pos.tolist() == [[1, 0], [0, -1]]
     assert vals.tolist() == [[1.0, float("-inf")], [float("-inf"), 0.0]]
     x = torch.randn(5, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda x: segment.lengths_top_k(x, torch.tensor([3, 2]), 2)[0], (x,))
+    assert torch.autograd.gradcheck(
+        lambda x: segment.lengths_top_k(x, torch.tensor([3, 2]), 2)[0], (x,)
+    )
 
 
 # ---- errors: clear, naming the numbers ---------------------------------------------------------
@@ -187,15 +232,23 @@ def test_errors():
         segment.lengths_to_offsets(torch.tensor([1.0]))
     with pytest.raises(ValueError, match="1-D"):
         segment.lengths_to_offsets(torch.tensor([[1]]))
-    with pytest.raises(ValueError, match=r"sorted=True.*segment_ids\[1\] = 2 > segment_ids\[2\] = 1"):
+    with pytest.raises(
+        ValueError, match=r"sorted=True.*segment_ids\[1\] = 2 > segment_ids\[2\] = 1"
+    ):
         segment.segment_ids_to_lengths(torch.tensor([0, 2, 1]))
-    with pytest.raises(IndexError, match=r"segment_ids\[2\] = 3 is out of range for num_segments = 3"):
+    with pytest.raises(
+        IndexError, match=r"segment_ids\[2\] = 3 is out of range for num_segments = 3"
+    ):
         segment.segment_ids_to_lengths(torch.tensor([0, 1, 3]), num_segments=3)
-    with pytest.raises(IndexError, match=r"segment_ids must be non-negative, got segment_ids\[0\] = -1"):
+    with pytest.raises(
+        IndexError, match=r"segment_ids must be non-negative, got segment_ids\[0\] = -1"
+    ):
         segment.segment_ids_to_lengths(torch.tensor([-1, 0]))
     with pytest.raises(ValueError, match=r"offsets must start at 0, got offsets\[0\] = 1"):
         segment.offsets_to_lengths(torch.tensor([1, 2]))
-    with pytest.raises(ValueError, match=r"must not decrease, got offsets\[1\] = 3 > offsets\[2\] = 2"):
+    with pytest.raises(
+        ValueError, match=r"must not decrease, got offsets\[1\] = 3 > offsets\[2\] = 2"
+    ):
         segment.offsets_to_lengths(torch.tensor([0, 3, 2, 4]))
     with pytest.raises(ValueError, match=r"lengths sum to 5, but the data has 4 rows"):
         segment.pack_segments(torch.zeros(4), torch.tensor([2, 3]))
@@ -203,7 +256,9 @@ def test_errors():
         segment.lengths_gather(torch.zeros(4), torch.tensor([2, 1]), torch.tensor([0]))
     with pytest.raises(IndexError, match=r"indices\[1\] = 2 is out of range for 2 segments"):
         segment.lengths_gather(torch.zeros(3), torch.tensor([2, 1]), torch.tensor([0, 2]))
-    with pytest.raises(IndexError, match=r"ranges\[0, 1\] = \(start 2, length 3\) is out of bounds for data with 4"):
+    with pytest.raises(
+        IndexError, match=r"ranges\[0, 1\] = \(start 2, length 3\) is out of bounds for data with 4"
+    ):
         segment.gather_ranges(torch.zeros(4), torch.tensor([[[0, 1], [2, 3]]]))
     with pytest.raises(ValueError, match=r"lengths must have one entry per row of data"):
         segment.lengths_tile(torch.zeros(3, 2), torch.tensor([1, 1]))
@@ -231,23 +286,27 @@ def test_doctests(mod):
 def test_small_integer_index_dtypes_are_rejected():
     """int8/int16/uint8 lengths and ids wrapped (uint8 lengths [200, 100] gave offsets [0, 200, 44])."""
     for dt in (torch.uint8, torch.int8, torch.int16):
-        with pytest.raises(TypeError, match=rf"lengths must be an int32 or int64 tensor, got dtype {dt}"):
+        with pytest.raises(
+            TypeError, match=rf"lengths must be an int32 or int64 tensor, got dtype {dt}"
+        ):
             segment.lengths_to_offsets(torch.tensor([100, 20], dtype=dt))
         with pytest.raises(TypeError, match="segment_ids must be an int32 or int64 tensor"):
             segment.reduce(torch.ones(3), "sum", segment_ids=torch.tensor([0, 1, 1], dtype=dt))
 
 
 def test_int32_offsets_past_the_int32_range_raise():
-    big = torch.tensor([2 ** 30, 2 ** 30], dtype=torch.int32)
-    with pytest.raises(ValueError, match="int32 lengths give an offset of 2147483648, past the int32 range"):
+    big = torch.tensor([2**30, 2**30], dtype=torch.int32)
+    with pytest.raises(
+        ValueError, match="int32 lengths give an offset of 2147483648, past the int32 range"
+    ):
         segment.lengths_to_offsets(big)
-    assert segment.lengths_to_offsets(big.long()).tolist() == [0, 2 ** 30, 2 ** 31]
+    assert segment.lengths_to_offsets(big.long()).tolist() == [0, 2**30, 2**31]
     assert segment.lengths_to_offsets(torch.tensor([3, 4], dtype=torch.int32)).dtype == torch.int32
 
 
 def test_int32_offsets_check_only_what_is_returned():
-    L = torch.tensor([2 ** 31 - 1, 1], dtype=torch.int32)
-    assert segment.lengths_to_offsets(L, include_last=False).tolist() == [0, 2 ** 31 - 1]
-    assert segment.lengths_to_ranges(L).tolist() == [[0, 2 ** 31 - 1], [2 ** 31 - 1, 1]]
+    L = torch.tensor([2**31 - 1, 1], dtype=torch.int32)
+    assert segment.lengths_to_offsets(L, include_last=False).tolist() == [0, 2**31 - 1]
+    assert segment.lengths_to_ranges(L).tolist() == [[0, 2**31 - 1], [2**31 - 1, 1]]
     with pytest.raises(ValueError, match="past the int32 range"):
         segment.lengths_to_offsets(L)

@@ -21,7 +21,6 @@ The counts of (op, pair, sample) outcomes are printed by :func:`test_report`: ``
 from __future__ import annotations
 
 import collections
-import warnings
 
 import pytest
 import torch
@@ -33,20 +32,46 @@ from sparsefill._splits import coarser, finer, merge_dense_dim, uniform_along
 
 
 IN_OP_DB = {id(op) for op in op_db}
-BINARY = [op for op in binary_ufuncs if id(op) in IN_OP_DB and op.supports_dtype(torch.float64, "cpu")
-          and not op.name.startswith("jiterator_")]  # (jiterator: CUDA only, the dense op rejects every CPU sample)
-KINDS = {"hybrid": (torch.sparse_coo, 1), "coo": (torch.sparse_coo, 0), "csr": (torch.sparse_csr, 0),
-         "hybrid-csr": (torch.sparse_csr, 1)}
-PAIRS = [("hybrid", "coo"), ("coo", "hybrid"), ("hybrid", "csr"), ("csr", "hybrid"), ("hybrid-csr", "coo"),
-         ("coo", "hybrid-csr")]
+BINARY = [
+    op
+    for op in binary_ufuncs
+    if id(op) in IN_OP_DB
+    and op.supports_dtype(torch.float64, "cpu")
+    and not op.name.startswith("jiterator_")
+]  # (jiterator: CUDA only, the dense op rejects every CPU sample)
+KINDS = {
+    "hybrid": (torch.sparse_coo, 1),
+    "coo": (torch.sparse_coo, 0),
+    "csr": (torch.sparse_csr, 0),
+    "hybrid-csr": (torch.sparse_csr, 1),
+}
+PAIRS = [
+    ("hybrid", "coo"),
+    ("coo", "hybrid"),
+    ("hybrid", "csr"),
+    ("csr", "hybrid"),
+    ("hybrid-csr", "coo"),
+    ("coo", "hybrid-csr"),
+]
 FILLS = ["array", "uniform", "nan", "indefinite-hybrid", "indefinite-sparse", "array"]
 REPORT: dict = collections.defaultdict(collections.Counter)
 # op -> (fills not run, reason): printed by test_report
-DECLARED = {"special." + name: (("nan",), "torch 2.13's CPU kernel returns uninitialized memory for a NaN x at some "
-                                          "n (6.95e-310 for x = NaN, n = 6.39, seen): no value to compare")
-            for name in ("chebyshev_polynomial_u", "chebyshev_polynomial_w", "shifted_chebyshev_polynomial_t",
-                         "shifted_chebyshev_polynomial_u", "shifted_chebyshev_polynomial_w", "laguerre_polynomial_l",
-                         "legendre_polynomial_p")}
+DECLARED = {
+    "special." + name: (
+        ("nan",),
+        "torch 2.13's CPU kernel returns uninitialized memory for a NaN x at some "
+        "n (6.95e-310 for x = NaN, n = 6.39, seen): no value to compare",
+    )
+    for name in (
+        "chebyshev_polynomial_u",
+        "chebyshev_polynomial_w",
+        "shifted_chebyshev_polynomial_t",
+        "shifted_chebyshev_polynomial_u",
+        "shifted_chebyshev_polynomial_w",
+        "laguerre_polynomial_l",
+        "legendre_polynomial_p",
+    )
+}
 
 
 def _key(op) -> str:
@@ -63,27 +88,48 @@ class Operand:
         self.ok = x.dim() >= need and (self.layout is not torch.sparse_csr or x.dim() == need)
         if not self.ok:
             return
-        self.shape, D = x.shape, x.shape[x.dim() - self.dd:]
+        self.shape, D = x.shape, x.shape[x.dim() - self.dd :]
         self.mask = torch.rand(x.shape[: x.dim() - self.dd], generator=g) < 0.5
         self.idx = self.mask.nonzero().T
-        self.values = x.detach()[self.mask].clone() if self.mask.dim() else x.detach()[None][: int(self.mask)].clone()
+        self.values = (
+            x.detach()[self.mask].clone()
+            if self.mask.dim()
+            else x.detach()[None][: int(self.mask)].clone()
+        )
         first = x.reshape(-1)[0] if x.numel() else torch.ones((), dtype=x.dtype)
-        indefinite = fill == "indefinite-hybrid" and self.dd or fill == "indefinite-sparse" and not self.dd
-        self.fill = (None if indefinite else torch.full((), float(fill), dtype=x.dtype) if fill in ("nan", "inf") else
-                     torch.randn(D, dtype=x.dtype, generator=g) if fill == "array" and self.dd else
-                     first.expand(D).clone() if self.dd else first.clone())
+        indefinite = (
+            fill == "indefinite-hybrid" and self.dd or fill == "indefinite-sparse" and not self.dd
+        )
+        self.fill = (
+            None
+            if indefinite
+            else torch.full((), float(fill), dtype=x.dtype)
+            if fill in ("nan", "inf")
+            else torch.randn(D, dtype=x.dtype, generator=g)
+            if fill == "array" and self.dd
+            else first.expand(D).clone()
+            if self.dd
+            else first.clone()
+        )
 
     def leaves(self):
         v = self.values.clone().requires_grad_()
         return v, None if self.fill is None else self.fill.clone().requires_grad_()
 
     def sparse(self, v, f):
-        A = sparsefill.sparse_coo_tensor(self.idx, v, self.shape, fill_value=sparsefill.indefinite if f is None else f)
+        A = sparsefill.sparse_coo_tensor(
+            self.idx, v, self.shape, fill_value=sparsefill.indefinite if f is None else f
+        )
         return A.to_sparse_csr() if self.layout is torch.sparse_csr else A
 
     def dense(self, v, f):
-        z = torch.zeros(self.shape, dtype=v.dtype).index_put(tuple(self.idx), v) if self.mask.dim() else \
-            (v.reshape(self.shape) if int(self.mask) else torch.zeros(self.shape, dtype=v.dtype))
+        z = (
+            torch.zeros(self.shape, dtype=v.dtype).index_put(tuple(self.idx), v)
+            if self.mask.dim()
+            else (
+                v.reshape(self.shape) if int(self.mask) else torch.zeros(self.shape, dtype=v.dtype)
+            )
+        )
         return torch.where(self.stored(), z, torch.ones((), dtype=v.dtype) if f is None else f)
 
     def stored(self):
@@ -96,7 +142,10 @@ class Operand:
 
 def _operands(sample, pair, fill, seed):
     x, y = sample.input, sample.args[0] if sample.args else None
-    if not all(isinstance(t, torch.Tensor) and t.dtype == torch.float64 and t.layout is torch.strided for t in (x, y)):
+    if not all(
+        isinstance(t, torch.Tensor) and t.dtype == torch.float64 and t.layout is torch.strided
+        for t in (x, y)
+    ):
         return None
     g = torch.Generator().manual_seed(seed)
     ops = [Operand(t, kind, fill, g) for t, kind in zip((x, y), pair)]
@@ -111,47 +160,72 @@ def _run(op, sample, pair, fill, seed):
     rest, kw = sample.args[1:], sample.kwargs
     leaves = [o.leaves() for o in ops]
     flat = [t for vf in leaves for t in vf if t is not None]
-    spec = ops[0].specified() & ops[1].specified() if ops[0].fill is None or ops[1].fill is None else None
+    spec = (
+        ops[0].specified() & ops[1].specified()
+        if ops[0].fill is None or ops[1].fill is None
+        else None
+    )
     try:
         ref = op(*[o.dense(*vf) for o, vf in zip(ops, leaves)], *rest, **kw)
     except Exception:  # noqa: BLE001 - the dense op rejects the sample: so must the sparse call
         with pytest.raises(Exception):
-            op(*[o.sparse(*[t.detach() for t in vf if t is not None], *([None] if vf[1] is None else []))
-                 for o, vf in zip(ops, leaves)], *rest, **kw)
+            op(
+                *[
+                    o.sparse(
+                        *[t.detach() for t in vf if t is not None],
+                        *([None] if vf[1] is None else []),
+                    )
+                    for o, vf in zip(ops, leaves)
+                ],
+                *rest,
+                **kw,
+            )
         return "ref-rejects"
     with sparsefill.densify_policy("raise", dense_by_nature="raise"):
         out = op(*[o.sparse(*vf) for o, vf in zip(ops, leaves)], *rest, **kw)
-    assert isinstance(out, SparseTensor), f"the result is a {type(out).__name__}, not a SparseTensor"
+    assert isinstance(out, SparseTensor), (
+        f"the result is a {type(out).__name__}, not a SparseTensor"
+    )
     with sparsefill.densify_policy("raise"):
         if spec is None:
             torch.testing.assert_close(out.to_dense(), ref, equal_nan=True)
         else:
             spec = spec.expand(ref.shape)
             d0, d1 = out.to_dense(fill_value=0), out.to_dense(fill_value=1)
-            assert torch.equal((d0 != 0) | (d1 != 1), spec), "the result is not specified where the operands are"
+            assert torch.equal((d0 != 0) | (d1 != 1), spec), (
+                "the result is not specified where the operands are"
+            )
             torch.testing.assert_close(d0[spec], ref[spec], equal_nan=True)
         if not (ref.dtype.is_floating_point and op.supports_autograd and flat):
             return "native"
         g = torch.Generator().manual_seed(seed)
         W = torch.randn(ref.shape, dtype=ref.dtype, generator=g)
         sparse_upstream = spec is None and seed % 2 == 0 and ref.dim()
-        if sparse_upstream:  # the backward merges the gradient's split with the operands': sparse throughout
+        if (
+            sparse_upstream
+        ):  # the backward merges the gradient's split with the operands': sparse throughout
             W[torch.rand(ref.shape, generator=g) < 0.5] = 0.25
         dense_loss = (ref * W).sum() if spec is None else torch.where(spec, ref * W, 0).sum()
         try:
             want = torch.autograd.grad(dense_loss, flat, allow_unused=True)
-        except RuntimeError:  # no derivative formula (e.g. igamma's in its first argument): nor sparse
+        except (
+            RuntimeError
+        ):  # no derivative formula (e.g. igamma's in its first argument): nor sparse
             return "native"
         if sparse_upstream:
             with sparsefill.densify_policy(dense_by_nature="raise"):
-                got = torch.autograd.grad((out * sparsefill.to_sparse(W, fill_value=0.25)).sum(), flat,
-                                          allow_unused=True)
+                got = torch.autograd.grad(
+                    (out * sparsefill.to_sparse(W, fill_value=0.25)).sum(), flat, allow_unused=True
+                )
         else:  # a dense upstream gradient: dense by nature in backward (allowed), never the fallback
             loss = ((out.to_dense() if spec is None else out.to_dense(fill_value=0)) * W).sum()
             got = torch.autograd.grad(loss, flat, allow_unused=True)
     for w, g_, t in zip(want, got, flat):
-        torch.testing.assert_close(torch.zeros_like(t) if g_ is None else g_,
-                                   torch.zeros_like(t) if w is None else w, equal_nan=True)
+        torch.testing.assert_close(
+            torch.zeros_like(t) if g_ is None else g_,
+            torch.zeros_like(t) if w is None else w,
+            equal_nan=True,
+        )
     return "native"
 
 
@@ -171,10 +245,14 @@ def test_mixed_splits_are_native(op):
                 failures.append(f"[{pair}, {fill}, sample {seed}] densified: {str(e)[:200]}")
             except Exception as e:  # noqa: BLE001 - collected and reported below
                 outcome = "FAIL"
-                failures.append(f"[{pair}, {fill}, sample {seed}] {type(e).__name__}: {str(e)[:300]}")
+                failures.append(
+                    f"[{pair}, {fill}, sample {seed}] {type(e).__name__}: {str(e)[:300]}"
+                )
             REPORT[_key(op)][outcome] += 1
     assert not failures, "\n".join(failures)
-    assert REPORT[_key(op)]["native"], f"{_key(op)}: no sample ran natively: {dict(REPORT[_key(op)])}"
+    assert REPORT[_key(op)]["native"], (
+        f"{_key(op)}: no sample ran natively: {dict(REPORT[_key(op)])}"
+    )
 
 
 def test_report(capsys):
@@ -186,8 +264,10 @@ def test_report(capsys):
     with capsys.disabled():
         for name, (fills, reason) in DECLARED.items():
             print(f"\ndeclared (mixed splits) {name} [{', '.join(fills)}]: {reason}")
-        print(f"\nmixed splits: {len(REPORT)} ops, outcomes {dict(total)}; ops with a densified or failed sample: "
-              f"{len(bad)}{': ' + ', '.join(bad) if bad else ''}")
+        print(
+            f"\nmixed splits: {len(REPORT)} ops, outcomes {dict(total)}; ops with a densified or failed sample: "
+            f"{len(bad)}{': ' + ', '.join(bad) if bad else ''}"
+        )
 
 
 # ---------------------------------------------------------------------- the conversions and the rule
@@ -196,10 +276,14 @@ def _hybrid(x, fill, dense_dim=1, layout=torch.sparse_coo, p=0.5, seed=0):
     g = torch.Generator().manual_seed(seed)
     xm = x.clone()
     if fill is not sparsefill.indefinite:
-        xm[torch.rand(x.shape[: x.dim() - dense_dim], generator=g) < p] = torch.as_tensor(fill, dtype=x.dtype)
+        xm[torch.rand(x.shape[: x.dim() - dense_dim], generator=g) < p] = torch.as_tensor(
+            fill, dtype=x.dtype
+        )
         return sparsefill.to_sparse(xm, fill_value=fill, dense_dim=dense_dim, layout=layout), xm
     keep = torch.rand(x.shape[: x.dim() - dense_dim], generator=g) >= p
-    A = sparsefill.sparse_coo_tensor(keep.nonzero().T, x[keep], x.shape, fill_value=sparsefill.indefinite)
+    A = sparsefill.sparse_coo_tensor(
+        keep.nonzero().T, x[keep], x.shape, fill_value=sparsefill.indefinite
+    )
     return (A.to_sparse_csr() if layout is torch.sparse_csr else A), xm
 
 
@@ -214,9 +298,14 @@ def _same(T, ref, spec=None):
 
 
 FILL_CASES = {  # name -> (fill of a (3, 2, 4, 3) hybrid with 2 dense dims, uniform along the first / both dense dims)
-    "scalar": (2.5, (True, True)), "uniform": (torch.tensor([1., 2., 3.]), (True, False)),
-    "nan": (float("nan"), (True, True)), "array": (torch.arange(12.).reshape(4, 3), (False, False)),
-    "array-nan-inf": (torch.tensor([[float("nan"), 1, float("inf")], [float("nan"), 2, float("inf")]] * 2), (False, False)),
+    "scalar": (2.5, (True, True)),
+    "uniform": (torch.tensor([1.0, 2.0, 3.0]), (True, False)),
+    "nan": (float("nan"), (True, True)),
+    "array": (torch.arange(12.0).reshape(4, 3), (False, False)),
+    "array-nan-inf": (
+        torch.tensor([[float("nan"), 1, float("inf")], [float("nan"), 2, float("inf")]] * 2),
+        (False, False),
+    ),
     "indefinite": (sparsefill.indefinite, (True, True)),
 }
 
@@ -231,7 +320,11 @@ def test_finer_and_coarser_are_exact(case, layout, dtype):
     fill = fill.to(dtype) if isinstance(fill, torch.Tensor) else fill
     x = torch.randn(3, 2, 4, 3, dtype=dtype)
     A, xm = _hybrid(x, fill, dense_dim=2, layout=layout)
-    spec = ((A.to_dense(fill_value=0) != 0) | (A.to_dense(fill_value=1) != 1)) if A._indefinite else None
+    spec = (
+        ((A.to_dense(fill_value=0) != 0) | (A.to_dense(fill_value=1) != 1))
+        if A._indefinite
+        else None
+    )
     assert (uniform_along(A, 1), uniform_along(A, 2)) == uniform
     for nd, k, nK in ((1, 1, 4), (0, 2, 12)):
         F = finer(A, nd)
@@ -249,44 +342,72 @@ def test_finer_and_coarser_are_exact(case, layout, dtype):
 def test_finer_stores_the_varying_fill_exactly():
     """``finer``'s equation: the fill's first slice along K is the new fill, and the fill's other values are
     stored at every unspecified slice (NaN equal to NaN: not stored where it is the first slice's)."""
-    H = sparsefill.sparse_coo_tensor([[1]], [[5., 6., 7.]], (3, 3), fill_value=torch.tensor([0., 1., 0.]))
+    H = sparsefill.sparse_coo_tensor(
+        [[1]], [[5.0, 6.0, 7.0]], (3, 3), fill_value=torch.tensor([0.0, 1.0, 0.0])
+    )
     F = finer(H, 0)
-    assert F.fill_value().item() == 0.
-    assert F.indices().tolist() == [[0, 1, 1, 1, 2], [1, 0, 1, 2, 1]] and F.values().tolist() == [1., 5., 6., 7., 1.]
-    N = sparsefill.sparse_coo_tensor([[0]], [[5., 6.]], (2, 2), fill_value=torch.tensor([float("nan"), float("nan")]))
+    assert F.fill_value().item() == 0.0
+    assert F.indices().tolist() == [[0, 1, 1, 1, 2], [1, 0, 1, 2, 1]] and F.values().tolist() == [
+        1.0,
+        5.0,
+        6.0,
+        7.0,
+        1.0,
+    ]
+    N = sparsefill.sparse_coo_tensor(
+        [[0]], [[5.0, 6.0]], (2, 2), fill_value=torch.tensor([float("nan"), float("nan")])
+    )
     assert finer(N, 0)._nse() == 2  # uniform: only the stored slice's elements
 
 
 def test_coarser_of_a_partly_stored_indefinite_slice_is_refused():
-    I = sparsefill.sparse_coo_tensor([[0, 0, 1], [0, 1, 0]], [1., 2., 3.], (2, 2), fill_value=sparsefill.indefinite)
-    assert coarser(I, 1) is None  # row 1 is half specified: a hybrid slice is all specified or all masked out
-    W = sparsefill.sparse_coo_tensor([[0, 0], [0, 1]], [1., 2.], (2, 2), fill_value=sparsefill.indefinite)
+    I = sparsefill.sparse_coo_tensor(
+        [[0, 0, 1], [0, 1, 0]], [1.0, 2.0, 3.0], (2, 2), fill_value=sparsefill.indefinite
+    )
+    assert (
+        coarser(I, 1) is None
+    )  # row 1 is half specified: a hybrid slice is all specified or all masked out
+    W = sparsefill.sparse_coo_tensor(
+        [[0, 0], [0, 1]], [1.0, 2.0], (2, 2), fill_value=sparsefill.indefinite
+    )
     C = coarser(W, 1)
-    assert C._indefinite and C.indices().tolist() == [[0]] and C.values().tolist() == [[1., 2.]]
+    assert C._indefinite and C.indices().tolist() == [[0]] and C.values().tolist() == [[1.0, 2.0]]
 
 
 def test_coarser_pads_leading_dims_and_takes_uncoalesced_input():
-    U = sparsefill.sparse_coo_tensor([[2, 0, 2]], [1., 2., 3.], (3,), fill_value=9.)  # uncoalesced: 2 twice
+    U = sparsefill.sparse_coo_tensor(
+        [[2, 0, 2]], [1.0, 2.0, 3.0], (3,), fill_value=9.0
+    )  # uncoalesced: 2 twice
     C = coarser(U, 2)
-    assert C.shape == (1, 3) and C.dense_dim() == 2 and C.values().tolist() == [[[2., 9., 4.]]]
+    assert C.shape == (1, 3) and C.dense_dim() == 2 and C.values().tolist() == [[[2.0, 9.0, 4.0]]]
     torch.testing.assert_close(C.to_dense()[0], U.to_dense())
-    E = sparsefill.sparse_coo_tensor(torch.zeros(2, 0, dtype=torch.long), torch.zeros(0), (0, 3), fill_value=1.)
+    E = sparsefill.sparse_coo_tensor(
+        torch.zeros(2, 0, dtype=torch.long), torch.zeros(0), (0, 3), fill_value=1.0
+    )
     assert coarser(E, 1)._nse() == 0 and finer(coarser(E, 1), 0).shape == (0, 3)
 
 
 def test_merge_dense_dim_rule():
     h = torch.randn(4, 3)
-    scalar = sparsefill.to_sparse(h, fill_value=0., dense_dim=1)
-    varying = sparsefill.to_sparse(h, fill_value=torch.tensor([0., 1., 2.]), dense_dim=1)
-    coo = sparsefill.to_sparse(h, fill_value=0.)
-    masked = sparsefill.sparse_coo_tensor([[0], [1]], [1.], (4, 3), fill_value=sparsefill.indefinite)
-    column = sparsefill.sparse_coo_tensor([[0], [0]], [1.], (4, 1), fill_value=0.)
-    assert merge_dense_dim([scalar, coo]) == 0      # the finest split: the uniform fill stores nothing
-    assert merge_dense_dim([varying, coo]) == 1     # the coarser: the all-sparse operand's slices are stored
-    assert merge_dense_dim([varying, masked]) == 0  # a masked operand cannot be coarsened: the fill is stored
+    scalar = sparsefill.to_sparse(h, fill_value=0.0, dense_dim=1)
+    varying = sparsefill.to_sparse(h, fill_value=torch.tensor([0.0, 1.0, 2.0]), dense_dim=1)
+    coo = sparsefill.to_sparse(h, fill_value=0.0)
+    masked = sparsefill.sparse_coo_tensor(
+        [[0], [1]], [1.0], (4, 3), fill_value=sparsefill.indefinite
+    )
+    column = sparsefill.sparse_coo_tensor([[0], [0]], [1.0], (4, 1), fill_value=0.0)
+    assert merge_dense_dim([scalar, coo]) == 0  # the finest split: the uniform fill stores nothing
+    assert (
+        merge_dense_dim([varying, coo]) == 1
+    )  # the coarser: the all-sparse operand's slices are stored
+    assert (
+        merge_dense_dim([varying, masked]) == 0
+    )  # a masked operand cannot be coarsened: the fill is stored
     assert merge_dense_dim([varying, column]) == 1  # free: the size-1 dim becomes dense
-    three = sparsefill.to_sparse(torch.randn(2, 4, 3), fill_value=0., dense_dim=2)
-    assert merge_dense_dim([three, varying, coo]) == 1 and merge_dense_dim([three, scalar, coo]) == 0
+    three = sparsefill.to_sparse(torch.randn(2, 4, 3), fill_value=0.0, dense_dim=2)
+    assert (
+        merge_dense_dim([three, varying, coo]) == 1 and merge_dense_dim([three, scalar, coo]) == 0
+    )
 
 
 # ---------------------------------------------------------------------- through the ops
@@ -302,25 +423,36 @@ def test_the_issue_examples_are_native():
     """A hybrid with an array fill beside an all-sparse COO of the same shape (``A + B``, ``A * B``), and a (5, 1)
     hybrid broadcast against a (5,) COO: the pointwise rule takes them (``explain``), no densify fallback."""
     x = torch.randn(5, 3)
-    A, xa = _hybrid(x, torch.tensor([1., 2., 3.]))
+    A, xa = _hybrid(x, torch.tensor([1.0, 2.0, 3.0]))
     B, xb = _hybrid(torch.randn(5, 3), 0.5, dense_dim=0, seed=1)
     for op in (torch.add, torch.mul):
-        assert sparsefill.explain(op, A, B).stage == "pointwise" and sparsefill.explain(op, B, A).stage == "pointwise"
+        assert (
+            sparsefill.explain(op, A, B).stage == "pointwise"
+            and sparsefill.explain(op, B, A).stage == "pointwise"
+        )
         out = _pair(op, A, B, xa, xb)
-        assert out.dense_dim() == 1 and out._nse() <= A._nse() + B._nse()  # the varying fill: B's rows stored
+        assert (
+            out.dense_dim() == 1 and out._nse() <= A._nse() + B._nse()
+        )  # the varying fill: B's rows stored
         _pair(op, B, A, xb, xa)
-    A1, xa1 = _hybrid(torch.randn(5, 1), torch.tensor([0.]))
-    B1, xb1 = _hybrid(torch.randn(5), 0., dense_dim=0)
-    assert _pair(torch.add, A1, B1, xa1, xb1).shape == (5, 5) and _pair(torch.sub, B1, A1, xb1, xa1).dense_dim() == 0
+    A1, xa1 = _hybrid(torch.randn(5, 1), torch.tensor([0.0]))
+    B1, xb1 = _hybrid(torch.randn(5), 0.0, dense_dim=0)
+    assert (
+        _pair(torch.add, A1, B1, xa1, xb1).shape == (5, 5)
+        and _pair(torch.sub, B1, A1, xb1, xa1).dense_dim() == 0
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.int64, torch.bool])
 def test_integer_and_bool(dtype):
     x = torch.randint(-3, 4, (4, 3)).to(dtype)
     A, xa = _hybrid(x, torch.tensor([1, 0, 1]).to(dtype))
-    B, xb = _hybrid(torch.randint(-3, 4, (4, 3)).to(dtype), 1 if dtype is torch.bool else 2, dense_dim=0, seed=1)
-    ops = [torch.eq, torch.logical_xor, torch.maximum, torch.bitwise_and] + ([] if dtype is torch.bool else
-                                                                            [torch.add, torch.mul, torch.sub])
+    B, xb = _hybrid(
+        torch.randint(-3, 4, (4, 3)).to(dtype), 1 if dtype is torch.bool else 2, dense_dim=0, seed=1
+    )
+    ops = [torch.eq, torch.logical_xor, torch.maximum, torch.bitwise_and] + (
+        [] if dtype is torch.bool else [torch.add, torch.mul, torch.sub]
+    )
     for op in ops:
         _pair(op, A, B, xa, xb)
         _pair(op, B, A, xb, xa)
@@ -329,8 +461,13 @@ def test_integer_and_bool(dtype):
 
 def test_three_operands_of_three_splits():
     D2, x2 = _hybrid(torch.randn(4, 3, 2), torch.tensor(1.5), dense_dim=2)
-    D1, x1 = _hybrid(torch.randn(4, 3, 2), torch.tensor([[0.5, 1.], [2., 3.], [4., 5.]])[0], dense_dim=1, seed=1)
-    D0, x0 = _hybrid(torch.randn(4, 3, 2), 0., dense_dim=0, seed=2)
+    D1, x1 = _hybrid(
+        torch.randn(4, 3, 2),
+        torch.tensor([[0.5, 1.0], [2.0, 3.0], [4.0, 5.0]])[0],
+        dense_dim=1,
+        seed=1,
+    )
+    D0, x0 = _hybrid(torch.randn(4, 3, 2), 0.0, dense_dim=0, seed=2)
     with sparsefill.densify_policy("raise"):
         out = torch.addcmul(D2, D1, D0, value=0.5)
         torch.testing.assert_close(out.to_dense(), torch.addcmul(x2, x1, x0, value=0.5))
@@ -342,9 +479,14 @@ def test_three_operands_of_three_splits():
 def test_in_place_keeps_the_targets_split(target):
     """``A.add_(B)``: ``A`` keeps its dense dims and layout (the other operand is converted to them, storing a
     varying fill's values where ``A`` is finer)."""
-    hybrid = _hybrid(torch.randn(4, 3), torch.tensor([1., 2., 3.]))
-    sparse = _hybrid(torch.randn(4, 3), 0.5, dense_dim=0, seed=1,
-                     layout=torch.sparse_csr if target == "csr" else torch.sparse_coo)
+    hybrid = _hybrid(torch.randn(4, 3), torch.tensor([1.0, 2.0, 3.0]))
+    sparse = _hybrid(
+        torch.randn(4, 3),
+        0.5,
+        dense_dim=0,
+        seed=1,
+        layout=torch.sparse_csr if target == "csr" else torch.sparse_coo,
+    )
     (A, xa), (B, xb) = (hybrid, sparse) if target == "hybrid" else (sparse, hybrid)
     dd, layout = A.dense_dim(), A.sparse_layout
     with sparsefill.densify_policy("raise"):
@@ -361,21 +503,27 @@ def test_a_varying_fill_stored_past_the_quiet_limit_passes_the_gate(monkeypatch)
     """Where ``finer`` must store a varying fill (an in-place target finer than a hybrid operand with a varying
     fill), past ``SPECIFY_QUIET_ELEMENTS`` elements the densify policy applies."""
     import sparsefill._policy as policy
+
     monkeypatch.setattr(policy, "SPECIFY_QUIET_ELEMENTS", 2)
     A, xa = _hybrid(torch.randn(8, 3), 0.5, dense_dim=0)
-    B, xb = _hybrid(torch.randn(8, 3), torch.tensor([1., 2., 3.]), seed=1)
+    B, xb = _hybrid(torch.randn(8, 3), torch.tensor([1.0, 2.0, 3.0]), seed=1)
     with pytest.warns(sparsefill.DensifyWarning, match="fill varying"):
         A.add_(B)
     torch.testing.assert_close(A.to_dense(), xa + xb)
-    with sparsefill.densify_policy("raise"), pytest.raises(sparsefill.DensifyError, match="fill varying"):
+    with (
+        sparsefill.densify_policy("raise"),
+        pytest.raises(sparsefill.DensifyError, match="fill varying"),
+    ):
         A.add_(B)
 
 
 def test_in_place_with_a_partly_masked_slice_is_refused():
     """``A.add_(I)``: ``I`` masked out in part of a slice of ``A``'s dense dims cannot be stored in ``A``'s form:
     ValueError naming the dims, ``A`` unchanged; ``A + I`` (out of place) merges at the finer split."""
-    A, xa = _hybrid(torch.randn(2, 2), torch.tensor([0., 1.]))
-    I = sparsefill.sparse_coo_tensor([[0, 0, 1], [0, 1, 0]], [1., 2., 3.], (2, 2), fill_value=sparsefill.indefinite)
+    A, xa = _hybrid(torch.randn(2, 2), torch.tensor([0.0, 1.0]))
+    I = sparsefill.sparse_coo_tensor(
+        [[0, 0, 1], [0, 1, 0]], [1.0, 2.0, 3.0], (2, 2), fill_value=sparsefill.indefinite
+    )
     with pytest.raises(ValueError, match="1 dense dims.*partly specified"):
         A.add_(I)
     torch.testing.assert_close(A.to_dense(), xa)
@@ -391,8 +539,12 @@ def test_equal_and_copy_across_splits(fill):
     """``torch.equal`` and ``copy_`` between SparseTensors split differently: at one split, exactly, no fallback
     (``copy_``: the target keeps its dense dims; ``equal`` of a masked tensor: same pattern and values)."""
     x = torch.randn(5, 3)
-    x[1] = torch.tensor([1., 2., 3.])
-    f = {"scalar": torch.tensor(2.), "array": torch.tensor([1., 2., 3.]), "indefinite": sparsefill.indefinite}[fill]
+    x[1] = torch.tensor([1.0, 2.0, 3.0])
+    f = {
+        "scalar": torch.tensor(2.0),
+        "array": torch.tensor([1.0, 2.0, 3.0]),
+        "indefinite": sparsefill.indefinite,
+    }[fill]
     H, xh = _hybrid(x, f)
     C = finer(H, 0)
     with sparsefill.densify_policy("raise"):
@@ -402,7 +554,9 @@ def test_equal_and_copy_across_splits(fill):
             dd = dst.dense_dim()
             dst.copy_(src * 2)
             assert dst.dense_dim() == dd
-            _same(dst, 2 * xh, (dst.to_dense(fill_value=0) != 0) | (dst.to_dense(fill_value=1) != 1))
+            _same(
+                dst, 2 * xh, (dst.to_dense(fill_value=0) != 0) | (dst.to_dense(fill_value=1) != 1)
+            )
 
 
 # ---------------------------------------------------------------------- gradients, comparisons, joins, to_sparse
@@ -413,7 +567,11 @@ def _x_for(pair, g, dtype=torch.float64):
 
 def _fill_name(fill, kind):
     """``Operand``'s fill name: ``indefinite`` makes both operands masked."""
-    return ("indefinite-hybrid" if KINDS[kind][1] else "indefinite-sparse") if fill == "indefinite" else fill
+    return (
+        ("indefinite-hybrid" if KINDS[kind][1] else "indefinite-sparse")
+        if fill == "indefinite"
+        else fill
+    )
 
 
 def _sparse_w(shape, dtype, g):
@@ -444,7 +602,9 @@ def test_leaf_gradient_of_another_split_stays_sparse(pair, fill, dtype):
     assert type(A.grad) is SparseTensor and A.grad.sparse_layout is A.sparse_layout
     assert A.grad.shape == A.shape and A.grad.dense_dim() == A.dense_dim()
     tol = dict(rtol=1e-4, atol=1e-4) if dtype is torch.float32 else {}
-    torch.testing.assert_close(A.grad.to_dense(), W * Q.dense(vq, fq).detach(), equal_nan=True, **tol)
+    torch.testing.assert_close(
+        A.grad.to_dense(), W * Q.dense(vq, fq).detach(), equal_nan=True, **tol
+    )
     v2, f2 = vp.detach().clone().requires_grad_(), fp.detach().clone().requires_grad_()
     (P.dense(v2, f2) * Q.dense(vq, fq).detach() * W).sum().backward()
     torch.testing.assert_close(vp.grad, v2.grad, equal_nan=True, **tol)
@@ -460,8 +620,15 @@ def test_leaf_grad_converts_the_split_exactly(direction, layout, fill):
     an indefinite ``G``: 0 for a defined ``P``), no densifying; an indefinite ``P`` beside an indefinite ``G``
     stays masked where ``finer`` keeps it so."""
     from sparsefill._autograd import leaf_grad
-    f = {"scalar": 1.5, "uniform": torch.tensor([2., 2., 2.]), "varying": torch.tensor([1., 2., 3.]),
-         "nan": float("nan"), "inf": float("inf"), "indefinite": sparsefill.indefinite}[fill]
+
+    f = {
+        "scalar": 1.5,
+        "uniform": torch.tensor([2.0, 2.0, 2.0]),
+        "varying": torch.tensor([1.0, 2.0, 3.0]),
+        "nan": float("nan"),
+        "inf": float("inf"),
+        "indefinite": sparsefill.indefinite,
+    }[fill]
     gd, pd = (1, 0) if direction == "finer" else (0, 1)
     if direction == "coarser" and isinstance(f, torch.Tensor):
         f = f[0].item()  # (an all-sparse G: a scalar fill)
@@ -469,7 +636,9 @@ def test_leaf_grad_converts_the_split_exactly(direction, layout, fill):
     shape = (4, 3) if direction == "finer" else (4, 5, 3)  # (a CSR leaf: unbatched, or hybrid)
     G, xg = _hybrid(torch.randn(shape, dtype=torch.float64), f, dense_dim=gd, seed=1)
     for pfill in (0.5, sparsefill.indefinite):
-        P = _hybrid(torch.randn(shape, dtype=torch.float64), pfill, dense_dim=pd, layout=layout, seed=2)[0]
+        P = _hybrid(
+            torch.randn(shape, dtype=torch.float64), pfill, dense_dim=pd, layout=layout, seed=2
+        )[0]
         with sparsefill.densify_policy("raise", dense_by_nature="raise"):
             out = leaf_grad(G, P)
         assert type(out) is SparseTensor and out.sparse_layout is layout and out.dense_dim() == pd
@@ -479,8 +648,8 @@ def test_leaf_grad_converts_the_split_exactly(direction, layout, fill):
             torch.testing.assert_close(out.to_dense(fill_value=0), G.to_dense(fill_value=0))
         else:
             torch.testing.assert_close(out.to_dense(), xg, equal_nan=True)
-    E = _hybrid(torch.zeros((0,) + shape[1:]), 1., dense_dim=gd)[0]  # 0-size
-    P0 = _hybrid(torch.zeros((0,) + shape[1:]), 0., dense_dim=pd, layout=layout)[0]
+    E = _hybrid(torch.zeros((0,) + shape[1:]), 1.0, dense_dim=gd)[0]  # 0-size
+    P0 = _hybrid(torch.zeros((0,) + shape[1:]), 0.0, dense_dim=pd, layout=layout)[0]
     with sparsefill.densify_policy("raise", dense_by_nature="raise"):
         out = leaf_grad(E, P0)
     assert out.shape == P0.shape and out.dense_dim() == pd and out.sparse_layout is layout
@@ -499,13 +668,22 @@ def test_allclose_and_dist_across_splits(pair, fill):
     same = A.to_sparse(B.sparse_layout, dense_dim=B.dense_dim())  # the same tensor at B's split
     xa, xb = A.to_dense(), B.to_dense()
     with sparsefill.densify_policy("raise", dense_by_nature="raise"):
-        for a, b, da, db in ((A, B, xa, xb), (B, A, xb, xa), (A, same, xa, xa), (same, A, xa, xa),
-                             (A, same * (1 + 1e-3), xa, xa * (1 + 1e-3))):
+        for a, b, da, db in (
+            (A, B, xa, xb),
+            (B, A, xb, xa),
+            (A, same, xa, xa),
+            (same, A, xa, xa),
+            (A, same * (1 + 1e-3), xa, xa * (1 + 1e-3)),
+        ):
             for kw in ({}, dict(rtol=1e-2), dict(atol=1e-2, equal_nan=True), dict(equal_nan=True)):
                 assert torch.allclose(a, b, **kw) == torch.allclose(da, db, **kw), (kw, fill)
             for p in (2, 1, 0, float("inf"), 3.5):
-                torch.testing.assert_close(torch.dist(a, b, p), torch.dist(da, db, p), equal_nan=True)
-        assert torch.allclose(A, same) == (fill != "nan") and torch.allclose(A, same, equal_nan=True)
+                torch.testing.assert_close(
+                    torch.dist(a, b, p), torch.dist(da, db, p), equal_nan=True
+                )
+        assert torch.allclose(A, same) == (fill != "nan") and torch.allclose(
+            A, same, equal_nan=True
+        )
         for p in (2, 1, float("inf")):
             for t in (vp, fp, vq, fq):
                 t.grad = None
@@ -521,35 +699,47 @@ def test_allclose_and_dist_of_masked_and_other_dtypes():
     """Masked operands (an indefinite fill): close when both are masked at the same elements with close values
     (at one split, as ``equal``); ``dist`` is the norm over the elements both specify.  int64 and bool
     ``allclose``; torch's errors for mixed dtypes and an integer ``dist``; 0-size and 0-d operands."""
-    I = sparsefill.sparse_coo_tensor([[0, 2]], [[1., 2.], [3., 4.]], (3, 2), fill_value=sparsefill.indefinite)
+    I = sparsefill.sparse_coo_tensor(
+        [[0, 2]], [[1.0, 2.0], [3.0, 4.0]], (3, 2), fill_value=sparsefill.indefinite
+    )
     F = finer(I, 0)
-    J = sparsefill.sparse_coo_tensor([[0, 1]], [[1., 4.], [3., 4.]], (3, 2), fill_value=sparsefill.indefinite)
-    D = sparsefill.to_sparse(I.to_dense(fill_value=0.), fill_value=0.)
+    J = sparsefill.sparse_coo_tensor(
+        [[0, 1]], [[1.0, 4.0], [3.0, 4.0]], (3, 2), fill_value=sparsefill.indefinite
+    )
+    D = sparsefill.to_sparse(I.to_dense(fill_value=0.0), fill_value=0.0)
     with sparsefill.densify_policy("raise", dense_by_nature="raise"):
         assert torch.allclose(I, F) and torch.allclose(F, I) and torch.allclose(I, F * (1 + 1e-7))
         assert not torch.allclose(I, F * 1.1) and torch.allclose(I, F * 1.1, rtol=0.2)
         assert not torch.allclose(I, J) and not torch.allclose(F, J) and not torch.allclose(I, D)
         assert torch.allclose(I, I[None].expand(2, 3, 2))  # (broadcast)
-        assert torch.dist(I, F).item() == 0.
-        torch.testing.assert_close(torch.dist(I, D * 2, 1), torch.tensor(10.))  # (rows 0 and 2)
-        torch.testing.assert_close(torch.dist(F, J, float("inf")), torch.tensor(2.))  # (row 0 only)
+        assert torch.dist(I, F).item() == 0.0
+        torch.testing.assert_close(torch.dist(I, D * 2, 1), torch.tensor(10.0))  # (rows 0 and 2)
+        torch.testing.assert_close(
+            torch.dist(F, J, float("inf")), torch.tensor(2.0)
+        )  # (row 0 only)
         xi = torch.tensor([[1, 0, 2], [0, 0, 3]])
         for dtype in (torch.int64, torch.bool):
-            Hi = sparsefill.to_sparse(xi.to(dtype), fill_value=torch.tensor([0, 0, 1]).to(dtype), dense_dim=1)
+            Hi = sparsefill.to_sparse(
+                xi.to(dtype), fill_value=torch.tensor([0, 0, 1]).to(dtype), dense_dim=1
+            )
             Ci = sparsefill.to_sparse(xi.to(dtype), fill_value=0)
             assert torch.allclose(Hi, Ci) and torch.allclose(Ci, Hi)
-            assert not torch.allclose(Hi, sparsefill.to_sparse(torch.zeros(2, 3, dtype=dtype), fill_value=0))
-        E = sparsefill.to_sparse(torch.zeros(0, 3), fill_value=1., dense_dim=1)
-        assert torch.allclose(E, finer(E, 0)) and torch.dist(E, finer(E, 0)).item() == 0.
-        Z = sparsefill.to_sparse(torch.tensor(2.), fill_value=1.)
-        assert torch.allclose(Z, Z) and torch.dist(Z, Z * 2).item() == 2.
-    A64 = sparsefill.to_sparse(torch.ones(2, 3, dtype=torch.float64), fill_value=0., dense_dim=1)
+            assert not torch.allclose(
+                Hi, sparsefill.to_sparse(torch.zeros(2, 3, dtype=dtype), fill_value=0)
+            )
+        E = sparsefill.to_sparse(torch.zeros(0, 3), fill_value=1.0, dense_dim=1)
+        assert torch.allclose(E, finer(E, 0)) and torch.dist(E, finer(E, 0)).item() == 0.0
+        Z = sparsefill.to_sparse(torch.tensor(2.0), fill_value=1.0)
+        assert torch.allclose(Z, Z) and torch.dist(Z, Z * 2).item() == 2.0
+    A64 = sparsefill.to_sparse(torch.ones(2, 3, dtype=torch.float64), fill_value=0.0, dense_dim=1)
     with pytest.raises(RuntimeError, match="did not match"):
         torch.allclose(A64, finer(A64, 0).float())
     with pytest.raises(RuntimeError, match="floating point or complex"):
         torch.dist(sparsefill.to_sparse(xi), sparsefill.to_sparse(xi, dense_dim=1))
-    torch.testing.assert_close(torch.dist(A64, finer(A64, 0).float() * 2),  # (dist promotes)
-                               torch.dist(torch.ones(2, 3, dtype=torch.float64), torch.full((2, 3), 2.)))
+    torch.testing.assert_close(
+        torch.dist(A64, finer(A64, 0).float() * 2),  # (dist promotes)
+        torch.dist(torch.ones(2, 3, dtype=torch.float64), torch.full((2, 3), 2.0)),
+    )
 
 
 @pytest.mark.parametrize("fill", ["uniform", "array", "nan", "indefinite"])
@@ -560,7 +750,10 @@ def test_cat_and_stack_across_splits(pair, fill):
     are), and the gradients of values and fill equal the dense ones (a sparse upstream gradient)."""
     g = torch.Generator().manual_seed(13)
     x, y = _x_for(pair, g), _x_for(pair, g)
-    P, Q = Operand(x, pair[0], _fill_name(fill, pair[0]), g), Operand(y, pair[1], _fill_name(fill, pair[1]), g)
+    P, Q = (
+        Operand(x, pair[0], _fill_name(fill, pair[0]), g),
+        Operand(y, pair[1], _fill_name(fill, pair[1]), g),
+    )
     for join, dims in ((torch.cat, range(-1, x.dim())), (torch.stack, range(-1, x.dim() + 1))):
         for dim in dims:
             (vp, fp), (vq, fq) = P.leaves(), Q.leaves()
@@ -593,7 +786,11 @@ def test_to_sparse_resplits_exactly(layout, case, dtype):
     fill = fill.to(dtype) if isinstance(fill, torch.Tensor) else fill
     x = torch.randn(3, 2, 4, 3, dtype=dtype)
     A, xm = _hybrid(x, fill, dense_dim=2, layout=layout)
-    spec = ((A.to_dense(fill_value=0) != 0) | (A.to_dense(fill_value=1) != 1)) if A._indefinite else None
+    spec = (
+        ((A.to_dense(fill_value=0) != 0) | (A.to_dense(fill_value=1) != 1))
+        if A._indefinite
+        else None
+    )
     with sparsefill.densify_policy("raise", dense_by_nature="raise"):
         for nd in range(5):
             for to in (torch.sparse_coo, torch.sparse_csr):
@@ -606,14 +803,24 @@ def test_to_sparse_resplits_exactly(layout, case, dtype):
                         A.to_sparse(to, dense_dim=nd)
                     continue
                 try:
-                    R = A.to_sparse_csr(dense_dim=nd) if to is torch.sparse_csr else A.to_sparse(to, dense_dim=nd)
-                except ValueError as e:  # a masked tensor whose batches store different numbers: no batched CSR
+                    R = (
+                        A.to_sparse_csr(dense_dim=nd)
+                        if to is torch.sparse_csr
+                        else A.to_sparse(to, dense_dim=nd)
+                    )
+                except (
+                    ValueError
+                ) as e:  # a masked tensor whose batches store different numbers: no batched CSR
                     assert A._indefinite and to is torch.sparse_csr and nd < 2, e
                     assert "same nse in every batch" in str(e)
                     continue
-                assert R.dense_dim() == nd and R.sparse_layout is to and R._indefinite == A._indefinite
+                assert (
+                    R.dense_dim() == nd and R.sparse_layout is to and R._indefinite == A._indefinite
+                )
                 _same(R, xm, spec)
-                if to is torch.sparse_coo and nd < 2 and uniform[1 - nd]:  # (uniform along the new sparse dims)
+                if (
+                    to is torch.sparse_coo and nd < 2 and uniform[1 - nd]
+                ):  # (uniform along the new sparse dims)
                     assert R._nse() == A._nse() * (12, 4)[nd]
         if coarser(A, 3) is not None:
             R = A.to_sparse(1)  # (torch's int form: sparse_dim)
@@ -628,9 +835,16 @@ def test_to_sparse_resplit_gradients_and_other_dtypes():
     upstream gradient, no densifying); int64 and bool; an uncoalesced COO; a masked tensor with a partly specified
     slice: ValueError, the tensor unchanged."""
     g = torch.Generator().manual_seed(14)
-    for kind, nd, fill in (("hybrid", 0, "array"), ("coo", 1, "uniform"), ("hybrid-csr", 0, "nan"),
-                           ("coo", 2, "inf"), ("hybrid", 2, "array")):
-        x = torch.randn((4, 5, 3) if kind == "hybrid-csr" else (4, 3), dtype=torch.float64, generator=g)
+    for kind, nd, fill in (
+        ("hybrid", 0, "array"),
+        ("coo", 1, "uniform"),
+        ("hybrid-csr", 0, "nan"),
+        ("coo", 2, "inf"),
+        ("hybrid", 2, "array"),
+    ):
+        x = torch.randn(
+            (4, 5, 3) if kind == "hybrid-csr" else (4, 3), dtype=torch.float64, generator=g
+        )
         P = Operand(x, kind, fill, g)
         v, f = P.leaves()
         W, Ws = _sparse_w(x.shape, x.dtype, g)
@@ -644,16 +858,22 @@ def test_to_sparse_resplit_gradients_and_other_dtypes():
         torch.testing.assert_close(f.grad, f2.grad, equal_nan=True)
     xi = torch.tensor([[1, 0, 2], [0, 1, 1], [3, 3, 3]])
     for dtype in (torch.int64, torch.bool):
-        H = sparsefill.to_sparse(xi.to(dtype), fill_value=torch.tensor([0, 1, 1]).to(dtype), dense_dim=1)
+        H = sparsefill.to_sparse(
+            xi.to(dtype), fill_value=torch.tensor([0, 1, 1]).to(dtype), dense_dim=1
+        )
         with sparsefill.densify_policy("raise", dense_by_nature="raise"):
             assert torch.equal(H.to_sparse(dense_dim=0).to_dense(), xi.to(dtype))
             back = H.to_sparse(dense_dim=0).to_sparse_csr().to_sparse(torch.sparse_coo, dense_dim=1)
             assert back.dense_dim() == 1 and torch.equal(back.to_dense(), xi.to(dtype))
-    U = sparsefill.sparse_coo_tensor([[2, 0, 2], [1, 1, 1]], [1., 2., 3.], (3, 2), fill_value=9.)  # uncoalesced
+    U = sparsefill.sparse_coo_tensor(
+        [[2, 0, 2], [1, 1, 1]], [1.0, 2.0, 3.0], (3, 2), fill_value=9.0
+    )  # uncoalesced
     with sparsefill.densify_policy("raise", dense_by_nature="raise"):
         torch.testing.assert_close(U.to_sparse(dense_dim=1).to_dense(), U.to_dense())
         torch.testing.assert_close(U.to_sparse(dense_dim=2).to_dense(), U.to_dense())
-    I = sparsefill.sparse_coo_tensor([[0, 0, 1], [0, 1, 0]], [1., 2., 3.], (2, 2), fill_value=sparsefill.indefinite)
+    I = sparsefill.sparse_coo_tensor(
+        [[0, 0, 1], [0, 1, 0]], [1.0, 2.0, 3.0], (2, 2), fill_value=sparsefill.indefinite
+    )
     with pytest.raises(ValueError, match="dense_dim=1: .*partly specified"):
         I.to_sparse(dense_dim=1)
-    assert I.dense_dim() == 0 and I._nse() == 3 and I.values().tolist() == [1., 2., 3.]
+    assert I.dense_dim() == 0 and I._nse() == 3 and I.values().tolist() == [1.0, 2.0, 3.0]

@@ -41,7 +41,9 @@ def quiet():
 def test_coo_accessors():
     idx = torch.tensor([[0, 2], [1, 0]])
     vals = torch.tensor([[1.0, 2.0], [3.0, 4.0]])
-    A = sparsefill.sparse_coo_tensor(idx, vals, (3, 3, 2), fill_value=torch.tensor([7.0, 8.0]), is_coalesced=True)
+    A = sparsefill.sparse_coo_tensor(
+        idx, vals, (3, 3, 2), fill_value=torch.tensor([7.0, 8.0]), is_coalesced=True
+    )
     assert isinstance(A, SparseTensor) and isinstance(A, torch.Tensor)
     assert A.sparse_layout is COO and A.layout is torch.strided  # DESIGN.md section 2
     assert A.shape == (3, 3, 2) and A.dtype == torch.float32 and A.device.type == "cpu"
@@ -77,8 +79,9 @@ def test_csr_accessors():
     assert_same(A.values(), vals)
     assert_same(A._fill_value(), torch.tensor(-1.0))
     assert_same(A.fill_value(), torch.tensor(-1.0))
-    expected = torch.tensor([[[-1.0, 1.0, -1.0], [2.0, -1.0, 3.0]],
-                             [[4.0, 5.0, -1.0], [-1.0, 6.0, -1.0]]])
+    expected = torch.tensor(
+        [[[-1.0, 1.0, -1.0], [2.0, -1.0, 3.0]], [[4.0, 5.0, -1.0], [-1.0, 6.0, -1.0]]]
+    )
     assert_same(A.to_dense(), expected)
     with pytest.raises(RuntimeError):
         A.indices()
@@ -87,14 +90,14 @@ def test_csr_accessors():
 
 
 def test_rfc_points_5_and_6_fill_value_of_hybrid_tensor():
-    A = sparsefill.sparse_coo_tensor([[0, 3]], [[.11, .12], [.31, .32]], (4, 2), fill_value=1.2)
+    A = sparsefill.sparse_coo_tensor([[0, 3]], [[0.11, 0.12], [0.31, 0.32]], (4, 2), fill_value=1.2)
     assert_same(A.fill_value(), torch.tensor([1.2, 1.2]))
     assert_same(A._fill_value(), torch.tensor(1.2))
     assert A.fill_value().shape == A.values().shape[1:]
     assert A.fill_value().dtype == A.dtype and A.fill_value().device == A.device  # point 4
-    assert_same(A.to_dense(), torch.tensor([[.11, .12], [1.2, 1.2], [1.2, 1.2], [.31, .32]]))
+    assert_same(A.to_dense(), torch.tensor([[0.11, 0.12], [1.2, 1.2], [1.2, 1.2], [0.31, 0.32]]))
     # default fill of a hybrid tensor: zero (point 2)
-    B = sparsefill.sparse_coo_tensor([[0, 3]], [[.11, .12], [.31, .32]], (4, 2))
+    B = sparsefill.sparse_coo_tensor([[0, 3]], [[0.11, 0.12], [0.31, 0.32]], (4, 2))
     assert_same(B.fill_value(), torch.zeros(2))
 
 
@@ -106,7 +109,9 @@ def test_rfc_point_11_to_sparse_of_ones():
 
 
 def test_uncoalesced_indices_and_values_raise():
-    A = sparsefill.sparse_coo_tensor([[1, 0, 1]], [1.0, 2.0, 3.0], (3,), fill_value=-1.0, is_coalesced=False)
+    A = sparsefill.sparse_coo_tensor(
+        [[1, 0, 1]], [1.0, 2.0, 3.0], (3,), fill_value=-1.0, is_coalesced=False
+    )
     assert not A.is_coalesced()
     with pytest.raises(RuntimeError, match="coalesce"):
         A.indices()
@@ -144,13 +149,13 @@ def test_fill_value_changed_in_place(layout):
 
 
 def test_fill_value_changed_in_place_hybrid():
-    A = sparsefill.sparse_coo_tensor([[0, 3]], [[.11, .12], [.31, .32]], (4, 2), fill_value=1.2)
+    A = sparsefill.sparse_coo_tensor([[0, 3]], [[0.11, 0.12], [0.31, 0.32]], (4, 2), fill_value=1.2)
     A.fill_value().fill_(2.5)
-    assert_same(A.to_dense(), torch.tensor([[.11, .12], [2.5, 2.5], [2.5, 2.5], [.31, .32]]))
+    assert_same(A.to_dense(), torch.tensor([[0.11, 0.12], [2.5, 2.5], [2.5, 2.5], [0.31, 0.32]]))
     A.set_fill_value_(torch.tensor([5.0, 6.0]))
-    assert_same(A.to_dense(), torch.tensor([[.11, .12], [5.0, 6.0], [5.0, 6.0], [.31, .32]]))
+    assert_same(A.to_dense(), torch.tensor([[0.11, 0.12], [5.0, 6.0], [5.0, 6.0], [0.31, 0.32]]))
     A._fill_value()[1] = -1.0
-    assert_same(A.to_dense(), torch.tensor([[.11, .12], [5.0, -1.0], [5.0, -1.0], [.31, .32]]))
+    assert_same(A.to_dense(), torch.tensor([[0.11, 0.12], [5.0, -1.0], [5.0, -1.0], [0.31, 0.32]]))
 
 
 def test_in_place_fill_change_invalidates_the_zero_fill_flag():
@@ -173,9 +178,15 @@ def test_factories(layout):
         (sparsefill.full(size, 2.5, layout=layout), torch.full(size, 2.5)),
         (sparsefill.full(size, 7, layout=layout), torch.full(size, 7)),
         (sparsefill.zeros(2, 3, layout=layout), torch.zeros(size)),
-        (sparsefill.zeros(size, layout=layout, dtype=torch.float64), torch.zeros(size, dtype=torch.float64)),
+        (
+            sparsefill.zeros(size, layout=layout, dtype=torch.float64),
+            torch.zeros(size, dtype=torch.float64),
+        ),
         (sparsefill.ones(2, 3, layout=layout), torch.ones(size)),
-        (sparsefill.ones(size, layout=layout, dtype=torch.int32), torch.ones(size, dtype=torch.int32)),
+        (
+            sparsefill.ones(size, layout=layout, dtype=torch.int32),
+            torch.ones(size, dtype=torch.int32),
+        ),
         (sparsefill.eye(3, layout=layout), torch.eye(3)),
         (sparsefill.eye(3, 4, layout=layout), torch.eye(3, 4)),
     ]
@@ -212,24 +223,28 @@ def test_full_with_dense_dim_and_array_fill():
 def test_like_factories(layout):
     x = torch.tensor([[1.0, 0.0, 2.0], [0.0, 0.0, 3.0]])
     A = sparsefill.to_sparse(x, layout=layout, fill_value=0.0)
-    for T, expected in [(sparsefill.full_like(A, 4.0), torch.full_like(x, 4.0)),
-                        (sparsefill.zeros_like(A), torch.zeros_like(x)),
-                        (sparsefill.ones_like(A), torch.ones_like(x)),
-                        (sparsefill.ones_like(A, dtype=torch.int64), torch.ones_like(x, dtype=torch.int64)),
-                        (torch.full_like(A, 4.0), torch.full_like(x, 4.0)),
-                        (torch.zeros_like(A), torch.zeros_like(x)),
-                        (torch.ones_like(A), torch.ones_like(x)),
-                        (sparsefill.zeros_like(x, layout=layout), torch.zeros_like(x)),
-                        (sparsefill.full_like(x, 2.0, layout=layout), torch.full_like(x, 2.0))]:
+    for T, expected in [
+        (sparsefill.full_like(A, 4.0), torch.full_like(x, 4.0)),
+        (sparsefill.zeros_like(A), torch.zeros_like(x)),
+        (sparsefill.ones_like(A), torch.ones_like(x)),
+        (sparsefill.ones_like(A, dtype=torch.int64), torch.ones_like(x, dtype=torch.int64)),
+        (torch.full_like(A, 4.0), torch.full_like(x, 4.0)),
+        (torch.zeros_like(A), torch.zeros_like(x)),
+        (torch.ones_like(A), torch.ones_like(x)),
+        (sparsefill.zeros_like(x, layout=layout), torch.zeros_like(x)),
+        (sparsefill.full_like(x, 2.0, layout=layout), torch.full_like(x, 2.0)),
+    ]:
         assert isinstance(T, SparseTensor) and T.sparse_layout is layout and T._nse() == 0
         assert_same(T.to_dense(), expected)
         assert_same(T._fill_value(), expected[0, 0])
     for T in (sparsefill.empty_like(A), torch.empty_like(A)):
         assert isinstance(T, SparseTensor) and T.sparse_layout is layout and T.shape == x.shape
         assert T.dtype == x.dtype and T._nse() == 0
-    for T, expected in [(sparsefill.ones_like(A, layout=torch.strided), torch.ones_like(x)),
-                        (sparsefill.full_like(A, 3.0, layout=torch.strided), torch.full_like(x, 3.0)),
-                        (sparsefill.zeros_like(x), torch.zeros_like(x))]:
+    for T, expected in [
+        (sparsefill.ones_like(A, layout=torch.strided), torch.ones_like(x)),
+        (sparsefill.full_like(A, 3.0, layout=torch.strided), torch.full_like(x, 3.0)),
+        (sparsefill.zeros_like(x), torch.zeros_like(x)),
+    ]:
         assert not isinstance(T, SparseTensor)
         assert_same(T, expected)
     E = sparsefill.empty_like(A, layout=torch.strided)
@@ -237,7 +252,7 @@ def test_like_factories(layout):
 
 
 def test_like_factories_keep_dense_dims():
-    A = sparsefill.sparse_coo_tensor([[0, 3]], [[.11, .12], [.31, .32]], (4, 2), fill_value=1.2)
+    A = sparsefill.sparse_coo_tensor([[0, 3]], [[0.11, 0.12], [0.31, 0.32]], (4, 2), fill_value=1.2)
     T = sparsefill.full_like(A, 3.0)
     assert T.dense_dim() == 1 and T.sparse_dim() == 1
     assert_same(T.to_dense(), torch.full((4, 2), 3.0))
@@ -257,10 +272,16 @@ def test_detach_clone_to(quiet):
         C._values().mul_(10)
         assert_same(A.to_dense(), x)  # the clone is independent
         assert_same(C.to_dense(), torch.tensor([[15.0, 0.0, 0.0], [0.0, -35.0, 0.0]]))
-        for T, dtype in [(A.to(torch.float64), torch.float64), (A.double(), torch.float64),
-                         (A.to(dtype=torch.int64), torch.int64), (A.to(torch.complex64), torch.complex64)]:
+        for T, dtype in [
+            (A.to(torch.float64), torch.float64),
+            (A.double(), torch.float64),
+            (A.to(dtype=torch.int64), torch.int64),
+            (A.to(torch.complex64), torch.complex64),
+        ]:
             assert isinstance(T, SparseTensor) and T.sparse_layout is layout
-            assert T.dtype == dtype and T._fill_value().dtype == dtype and T._values().dtype == dtype
+            assert (
+                T.dtype == dtype and T._fill_value().dtype == dtype and T._values().dtype == dtype
+            )
             assert_same(T.to_dense(), x.to(dtype))
         assert_same(A.to(torch.float32).to_dense(), x)
 
@@ -299,8 +320,12 @@ def test_copy_between_layouts_and_dense(quiet):
 def test_torch_equal():
     x = torch.tensor([[1.0, 5.0, 2.0], [5.0, 5.0, 3.0]])
     A = sparsefill.to_sparse(x, fill_value=5.0)
-    B = sparsefill.to_sparse(x, fill_value=0.0, layout=CSR)  # other pattern, other fill, other layout
-    C = sparsefill.sparse_coo_tensor([[0, 0, 1, 1], [0, 1, 1, 2]], [1.0, 5.0, 5.0, 3.0], (2, 3), fill_value=2.0)
+    B = sparsefill.to_sparse(
+        x, fill_value=0.0, layout=CSR
+    )  # other pattern, other fill, other layout
+    C = sparsefill.sparse_coo_tensor(
+        [[0, 0, 1, 1], [0, 1, 1, 2]], [1.0, 5.0, 5.0, 3.0], (2, 3), fill_value=2.0
+    )
     # C stores fill-like values and has fill 2: its dense tensor is [[1, 5, 2], [2, 5, 3]]
     assert torch.equal(A, x) and torch.equal(x, A)
     assert torch.equal(A, B) and torch.equal(B, A)
@@ -324,8 +349,12 @@ def _examples():
     return [
         sparsefill.to_sparse(x, fill_value=5.0),
         sparsefill.to_sparse(x, fill_value=5.0, layout=CSR),
-        sparsefill.sparse_coo_tensor([[0, 3]], [[.11, .12], [.31, .32]], (4, 2), fill_value=torch.tensor([1.0, 2.0])),
-        sparsefill.sparse_coo_tensor([[1, 0, 1]], [1.0, 2.0, 3.0], (3,), fill_value=-1.0, is_coalesced=False),
+        sparsefill.sparse_coo_tensor(
+            [[0, 3]], [[0.11, 0.12], [0.31, 0.32]], (4, 2), fill_value=torch.tensor([1.0, 2.0])
+        ),
+        sparsefill.sparse_coo_tensor(
+            [[1, 0, 1]], [1.0, 2.0, 3.0], (3,), fill_value=-1.0, is_coalesced=False
+        ),
         sparsefill.to_sparse(x, fill_value=[]),
         sparsefill.to_sparse(torch.tensor([[1, 0], [0, 2]]), fill_value=0),
     ]
@@ -355,7 +384,9 @@ def test_torch_save_load_weights_only(i):
 
 
 def test_save_load_keeps_requires_grad():
-    A = sparsefill.to_sparse(torch.tensor([[1.0, 0.0], [0.0, 2.0]]), fill_value=0.5).requires_grad_()
+    A = sparsefill.to_sparse(
+        torch.tensor([[1.0, 0.0], [0.0, 2.0]]), fill_value=0.5
+    ).requires_grad_()
     buf = io.BytesIO()
     torch.save(A, buf)
     buf.seek(0)
@@ -393,6 +424,7 @@ def test_repr_never_densifies(monkeypatch):
 
     def boom(*args, **kwargs):
         raise AssertionError("repr densified")
+
     monkeypatch.setattr(sparsefill._convert, "dense_of", boom)
     monkeypatch.setattr(SparseTensor, "to_dense", boom)
     A, C, H, U, I, N = examples
@@ -492,7 +524,9 @@ IN_PLACE_OPS = {
     "add_": lambda t: t.add_(1),
     "clamp_": lambda t: t.clamp_(max=2.0),
     "cumsum_": lambda t: t.cumsum_(1),
-    "cummax_out": lambda t: torch.cummax(t, dim=0, out=(t, torch.empty(t.shape, dtype=torch.int64)))[0],
+    "cummax_out": lambda t: torch.cummax(
+        t, dim=0, out=(t, torch.empty(t.shape, dtype=torch.int64))
+    )[0],
 }
 
 
@@ -544,7 +578,9 @@ def _select_fill(t):
 
 
 @pytest.mark.parametrize("layout", [COO, CSR])
-@pytest.mark.parametrize("op", [_setitem_row, _setitem_element, _setitem_index, _fill_diagonal, _select_fill])
+@pytest.mark.parametrize(
+    "op", [_setitem_row, _setitem_element, _setitem_index, _fill_diagonal, _select_fill]
+)
 def test_in_place_writes_through_views_are_not_lost(layout, op, quiet):
     """An in-place write either takes effect (as on the dense tensor) or raises; it is never silently lost."""
     x = torch.tensor([[1.0, 5.0, 2.0], [5.0, 5.0, 3.0]])

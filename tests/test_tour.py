@@ -9,7 +9,7 @@ import pytest
 from sparsefill import tour
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _records():
     return {r["title"]: r for r in tour.run(verbose=False)}
 
@@ -21,6 +21,8 @@ def test_example_matches_dense(title):
 
 
 def test_main_module_runs():
-    proc = subprocess.run([sys.executable, "-m", "sparsefill"], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "sparsefill"], capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"{len(tour.EXAMPLES)}/{len(tour.EXAMPLES)} examples agree" in proc.stdout

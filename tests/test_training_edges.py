@@ -125,8 +125,15 @@ def test_inf_in_the_gradient_of_a_product(op, layout, fill):
     """``G`` or ``X`` with an inf: the gradient of the fill is the dense sum over the unspecified elements (inf
     where it is inf; NaN only where the dense one is NaN).  Hybrid: the last dim dense (3-d: one or two)."""
     shape, xshape, fn, wpos, xpos = INF_PRODUCTS[op]
-    kw = dict(layout=CSR) if layout == "csr" else dict(uncoalesced=True) if layout == "uncoalesced" else \
-        dict(dense_dim=1 if len(shape) == 2 or "bmm" in op else 2) if layout == "hybrid" else {}
+    kw = (
+        dict(layout=CSR)
+        if layout == "csr"
+        else dict(uncoalesced=True)
+        if layout == "uncoalesced"
+        else dict(dense_dim=1 if len(shape) == 2 or "bmm" in op else 2)
+        if layout == "hybrid"
+        else {}
+    )
     case = MCase(shape, xshape, fill, nse=2 if layout == "hybrid" else 6, **kw)
     case.X.view(-1)[list(xpos)] = INF
     out_shape = fn(torch.zeros(shape, dtype=torch.float64), case.X).shape
@@ -186,15 +193,23 @@ def test_native_sparse_leaf_gradient_is_native_of_its_layout(op, native, fill):
     for _ in range(2):
         out = fn(A, nat)
         dense_out = _dense(out)
-        W = torch.randn(dense_out.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+        W = torch.randn(
+            dense_out.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(1)
+        )
         (dense_out * W).sum().backward()
     g = nat.grad
     assert type(g) is torch.Tensor and g.layout is layout and g.dense_dim() == nat.dense_dim()
     ref = d.clone().requires_grad_()
     Ad = A.to_dense(fill_value=0.0) if case.indefinite else A.to_dense()
     out_ref = fn(Ad, ref)
-    if case.indefinite and op in ("A*nat", "nat*A", "A+nat"):  # element-wise, masked: no gradient through
-        out_ref = torch.where(torch.isnan(A.to_dense(fill_value=NAN)), 0.0, out_ref)  # a masked-out element
+    if case.indefinite and op in (
+        "A*nat",
+        "nat*A",
+        "A+nat",
+    ):  # element-wise, masked: no gradient through
+        out_ref = torch.where(
+            torch.isnan(A.to_dense(fill_value=NAN)), 0.0, out_ref
+        )  # a masked-out element
     (2 * out_ref * W).sum().backward()
     torch.testing.assert_close(g.to_dense(), ref.grad, equal_nan=True)
 
@@ -213,24 +228,38 @@ def _masked_max_ref(case, v, fn_name, dim, keepdim):
 
 def _max_indefinite_params():
     for fn_name in ["max", "min"]:
-        for shape, dd, dim in [((6, 5), 0, 0), ((6, 5), 0, 1), ((6, 5), 0, -1), ((4, 3, 5), 0, 1), ((6, 5, 3), 1, 0),
-                               ((6, 5, 3), 1, 2)]:
+        for shape, dd, dim in [
+            ((6, 5), 0, 0),
+            ((6, 5), 0, 1),
+            ((6, 5), 0, -1),
+            ((4, 3, 5), 0, 1),
+            ((6, 5, 3), 1, 0),
+            ((6, 5, 3), 1, 2),
+        ]:
             for layout in ["coo", "uncoalesced"] + (["csr"] if len(shape) - dd == 2 else []):
                 for keepdim in (False, True):
                     yield fn_name, shape, dd, dim, layout, keepdim
 
 
-@pytest.mark.parametrize("fn_name, shape, dd, dim, layout, keepdim", list(_max_indefinite_params()), ids=str)
+@pytest.mark.parametrize(
+    "fn_name, shape, dd, dim, layout, keepdim", list(_max_indefinite_params()), ids=str
+)
 def test_max_min_with_a_dim_of_an_indefinite_fill(fn_name, shape, dd, dim, layout, keepdim):
     """As torch.masked: the extreme over the stored elements of each slice and the index of its first
     occurrence; a slice with none stored is masked out (the results' fill is indefinite).  Values, indices
     and the gradient of the values against the dense tensor with the masked-out elements at -inf / +inf."""
     case = RCase(shape, "indefinite", dense_dim=dd, nse=7, **_case_kw(layout))
-    case.values.view(-1)[3] = NAN if fn_name == "max" and dim == 1 else case.values.view(-1)[3]  # (a NaN wins)
+    case.values.view(-1)[3] = (
+        NAN if fn_name == "max" and dim == 1 else case.values.view(-1)[3]
+    )  # (a NaN wins)
     v, _ = case.leaves()
     A = case.build(v, None)
     r = getattr(A, fn_name)(dim, keepdim)
-    assert r.values.is_fill_indefinite() and r.indices.is_fill_indefinite() and r.indices.dtype == torch.int64
+    assert (
+        r.values.is_fill_indefinite()
+        and r.indices.is_fill_indefinite()
+        and r.indices.dtype == torch.int64
+    )
     vd, _ = case.leaves()
     ref_v, ref_i, some = _masked_max_ref(case, vd, fn_name, dim, keepdim)
     got_v, got_i = r.values.to_dense(fill_value=0.0), r.indices.to_dense(fill_value=0)
@@ -252,10 +281,19 @@ def test_argmax_of_an_indefinite_fill(layout):
         M = ~torch.isnan(A.to_dense(fill_value=NAN))
         torch.testing.assert_close(got, torch.where(M.any(dim), D.argmax(dim), -1))
         got = A.argmin(dim).to_dense(fill_value=-1)
-        torch.testing.assert_close(got, torch.where(M.any(dim), A.to_dense(fill_value=INF).argmin(dim), -1))
-    assert A.argmax().item() == D.argmax().item() and A.argmin().item() == A.to_dense(fill_value=INF).argmin().item()
-    E = sparsefill.sparse_coo_tensor(torch.zeros(2, 0, dtype=torch.long), torch.zeros(0), (3, 4),
-                                     fill_value=sparsefill.indefinite)
+        torch.testing.assert_close(
+            got, torch.where(M.any(dim), A.to_dense(fill_value=INF).argmin(dim), -1)
+        )
+    assert (
+        A.argmax().item() == D.argmax().item()
+        and A.argmin().item() == A.to_dense(fill_value=INF).argmin().item()
+    )
+    E = sparsefill.sparse_coo_tensor(
+        torch.zeros(2, 0, dtype=torch.long),
+        torch.zeros(0),
+        (3, 4),
+        fill_value=sparsefill.indefinite,
+    )
     with pytest.raises(IndexError, match="no specified element"):
         E.argmax()
     assert E.max(1).values._nse() == 0 and E.max(1).values.is_fill_indefinite()
@@ -275,10 +313,17 @@ def test_max_min_over_a_dense_dim_run_on_the_pattern(op, layout, fill):
     and of the fill), equal to the dense gradient, with no densifying under a raising densify policy."""
     four = op.endswith("4-d")
     shape, dd = ((6, 5, 3, 2), 2) if four else ((6, 5, 3), 1)
-    fn = {"max(-1)": lambda A: A.max(-1), "min(2, keepdim)": lambda A: A.min(2, keepdim=True),
-          "max(2) 4-d": lambda A: A.max(2)}[op]
+    fn = {
+        "max(-1)": lambda A: A.max(-1),
+        "min(2, keepdim)": lambda A: A.min(2, keepdim=True),
+        "max(2) 4-d": lambda A: A.max(2),
+    }[op]
     case = RCase(shape, fill, dense_dim=dd, nse=7, uncoalesced=layout == "uncoalesced")
-    build = (lambda v, f: case.build(v, f).to_sparse_csr(dense_dim=dd)) if layout == "csr" else case.build
+    build = (
+        (lambda v, f: case.build(v, f).to_sparse_csr(dense_dim=dd))
+        if layout == "csr"
+        else case.build
+    )
     v, f = case.leaves()
     with sparsefill.densify_policy("raise", dense_by_nature="raise"):
         r = fn(build(v, f))
@@ -300,8 +345,15 @@ def test_max_min_over_a_dense_dim_run_on_the_pattern(op, layout, fill):
 
 # ---------------------------------------------------------------------- 1. masked normalizations, fill masked in
 def _norm_params():
-    ops = [("normalize", 2.0, 0.0), ("normalize", 1.0, 0.0), ("normalize", 3.0, 0.0), ("normalize", INF, 0.0),
-           ("softmax", None, -INF), ("log_softmax", None, -INF), ("softmin", None, INF)]
+    ops = [
+        ("normalize", 2.0, 0.0),
+        ("normalize", 1.0, 0.0),
+        ("normalize", 3.0, 0.0),
+        ("normalize", INF, 0.0),
+        ("softmax", None, -INF),
+        ("log_softmax", None, -INF),
+        ("softmin", None, INF),
+    ]
     for name, p, fill in ops:
         for layout in ["coo", "csr", "uncoalesced"]:
             for dim in (0, 1):
@@ -310,17 +362,27 @@ def _norm_params():
 
 def _masked_op(name, p, dim, **kw):
     if name == "normalize":
-        return lambda x: getattr(sparsefill.masked, name)(x, p, dim, **kw) if isinstance(x, sparsefill.SparseTensor) \
+        return lambda x: (
+            getattr(sparsefill.masked, name)(x, p, dim, **kw)
+            if isinstance(x, sparsefill.SparseTensor)
             else torch.masked.normalize(x, p, dim, **kw)
-    return lambda x: getattr(sparsefill.masked, name)(x, dim) if isinstance(x, sparsefill.SparseTensor) \
+        )
+    return lambda x: (
+        getattr(sparsefill.masked, name)(x, dim)
+        if isinstance(x, sparsefill.SparseTensor)
         else getattr(torch.masked, name)(x, dim)
+    )
 
 
 def _check_masked_norm(case, fn, sparse_weights=False, computed=False):
     W = torch.randn(case.shape, dtype=case.dtype, generator=torch.Generator().manual_seed(1))
     if sparse_weights:  # an upstream gradient that is a SparseTensor (fill 0) on another pattern
-        W = sparsefill.to_sparse(torch.where(torch.rand(case.shape, generator=torch.Generator().manual_seed(2))
-                                             < 0.3, W, 0.0), dense_dim=case.dense_dim)
+        W = sparsefill.to_sparse(
+            torch.where(
+                torch.rand(case.shape, generator=torch.Generator().manual_seed(2)) < 0.3, W, 0.0
+            ),
+            dense_dim=case.dense_dim,
+        )
     res = []
     for dense in (False, True):
         v, f = case.leaves()
@@ -333,7 +395,9 @@ def _check_masked_norm(case, fn, sparse_weights=False, computed=False):
             with sparsefill.densify_policy("raise", dense_by_nature="raise"):
                 out = fn(A)
                 assert isinstance(out, sparsefill.SparseTensor)
-                (out * W).sum().backward() if sparse_weights else (out.to_dense() * W).sum().backward()
+                (out * W).sum().backward() if sparse_weights else (
+                    out.to_dense() * W
+                ).sum().backward()
             out = out.to_dense()
         res.append((out, v.grad, f.grad))
     tol = {} if case.dtype == torch.float64 else dict(rtol=1e-4, atol=1e-4)
@@ -342,21 +406,37 @@ def _check_masked_norm(case, fn, sparse_weights=False, computed=False):
 
 
 @pytest.mark.parametrize("name, p, fill, layout, dim", list(_norm_params()), ids=str)
-def test_masked_normalization_with_the_fill_masked_in_runs_on_the_pattern(name, p, fill, layout, dim):
+def test_masked_normalization_with_the_fill_masked_in_runs_on_the_pattern(
+    name, p, fill, layout, dim
+):
     """``masked.normalize`` of a fill-0 tensor (softmax of a -inf fill...), ``mask=None``: the forward keeps the
     pattern, and so does the backward (no densifying under a raising policy): the values' gradient exact, the
     fill's the sum over the unspecified elements from the fill classes; against ``torch.masked`` on dense.
     Rows with no stored element included (normalize: ``G / eps`` there, as dense)."""
     case = RCase((6, 5), fill, nse=8, **_case_kw(layout))
-    if name != "normalize":  # every row and column stored (a slice of -inf fills only is NaN: dense by nature)
+    if (
+        name != "normalize"
+    ):  # every row and column stored (a slice of -inf fills only is NaN: dense by nature)
         keys = torch.tensor([0, 6, 12, 18, 24, 29, 2, 21])
         case.idx = torch.stack(torch.unravel_index(keys, (6, 5)))
-        case.values = torch.randn(8, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+        case.values = torch.randn(
+            8, dtype=torch.float64, generator=torch.Generator().manual_seed(4)
+        )
     _check_masked_norm(case, _masked_op(name, p, dim))
 
 
-@pytest.mark.parametrize("how", ["sparse upstream gradient", "computed input", "float32", "hybrid sparse dim",
-                                 "hybrid dense dim, array fill", "3-d", "eps=1e-3"])
+@pytest.mark.parametrize(
+    "how",
+    [
+        "sparse upstream gradient",
+        "computed input",
+        "float32",
+        "hybrid sparse dim",
+        "hybrid dense dim, array fill",
+        "3-d",
+        "eps=1e-3",
+    ],
+)
 def test_masked_normalization_with_the_fill_masked_in_variants(how):
     kw = dict(dense_dim=1) if how.startswith("hybrid") else {}
     shape = (6, 5, 3) if how.startswith("hybrid") or how == "3-d" else (6, 5)
@@ -367,7 +447,9 @@ def test_masked_normalization_with_the_fill_masked_in_variants(how):
         case.fill = case.fill.abs() + 0.5
     dim = 2 if how.endswith("array fill") else 1
     fn = _masked_op("normalize", 2.0, dim, **(dict(eps=1e-3) if how == "eps=1e-3" else {}))
-    _check_masked_norm(case, fn, sparse_weights=how == "sparse upstream gradient", computed=how == "computed input")
+    _check_masked_norm(
+        case, fn, sparse_weights=how == "sparse upstream gradient", computed=how == "computed input"
+    )
 
 
 MASKED_REDUCTIONS = {
@@ -375,9 +457,14 @@ MASKED_REDUCTIONS = {
     "mean(0)": (lambda A: sparsefill.masked.mean(A, 0), lambda D: torch.masked.mean(D, 0)),
     "amax()": (lambda A: sparsefill.masked.amax(A), lambda D: torch.masked.amax(D)),
     "var(1)": (lambda A: sparsefill.masked.var(A, 1), lambda D: torch.masked.var(D, 1)),
-    "logsumexp((0, 1))": (lambda A: sparsefill.masked.logsumexp(A, (0, 1)),
-                          lambda D: torch.masked.logsumexp(D, (0, 1))),
-    "norm(2, 1)": (lambda A: sparsefill.masked.norm(A, 2.0, 1), lambda D: torch.masked.norm(D, 2.0, 1)),
+    "logsumexp((0, 1))": (
+        lambda A: sparsefill.masked.logsumexp(A, (0, 1)),
+        lambda D: torch.masked.logsumexp(D, (0, 1)),
+    ),
+    "norm(2, 1)": (
+        lambda A: sparsefill.masked.norm(A, 2.0, 1),
+        lambda D: torch.masked.norm(D, 2.0, 1),
+    ),
 }
 
 
@@ -405,10 +492,15 @@ def test_masked_reduction_with_the_fill_masked_in_runs_on_the_pattern(op, layout
 def test_masked_normalization_of_a_leaf_declares_its_densifying_backward():
     """A SparseTensor leaf's gradient varies over its unspecified elements (``G / norm`` per slice): dense by
     nature, through the densify gate (refused under ``dense_by_nature='raise'``), and equal to the dense one."""
-    x = torch.tensor([[0., 3., 0., 4.], [0., 0., 0., 0.], [1., 0., 0., 0.]], dtype=torch.float64)
+    x = torch.tensor(
+        [[0.0, 3.0, 0.0, 4.0], [0.0, 0.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0]], dtype=torch.float64
+    )
     A = sparsefill.to_sparse(x).requires_grad_()
     out = sparsefill.masked.normalize(A, 2.0, 1)
-    with sparsefill.densify_policy(dense_by_nature="raise"), pytest.raises(sparsefill.DensifyError, match="masked"):
+    with (
+        sparsefill.densify_policy(dense_by_nature="raise"),
+        pytest.raises(sparsefill.DensifyError, match="masked"),
+    ):
         out.to_dense().sum().backward(retain_graph=True)
     out.to_dense().sum().backward()
     xd = x.clone().requires_grad_()
@@ -421,9 +513,13 @@ def test_masked_normalization_of_a_leaf_declares_its_densifying_backward():
 def test_masked_normalize_backward_has_no_temporary_of_the_input_size(layout, dim):
     """(300, 400) with 60 stored elements, fill 0, a sparse upstream gradient: nothing of 120k elements is made."""
     from test_backward_sparse import _Shapes
+
     case = RCase((300, 400), 0.0, nse=60, **_case_kw(layout))
-    W = sparsefill.sparse_coo_tensor(torch.tensor([[1, 7, 250], [3, 399, 0]]), torch.tensor([1., 2., 3.],
-                                     dtype=torch.float64), (300, 400))
+    W = sparsefill.sparse_coo_tensor(
+        torch.tensor([[1, 7, 250], [3, 399, 0]]),
+        torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64),
+        (300, 400),
+    )
     v, f = case.leaves()
     with _Shapes() as rec, sparsefill.densify_policy("raise", limit_bytes=1 << 16):
         out = sparsefill.masked.normalize(case.build(v, f), 2.0, dim)
@@ -437,15 +533,25 @@ VAR_MEAN = {
     "var_mean(2*A, 1)": lambda A: torch.var_mean(A * 2, 1),
     "std_mean(exp(A), 0)": lambda A: torch.std_mean(torch.exp(A), 0),
     "var_mean(2*A, (0, 1))": lambda A: torch.var_mean(2 * A, (0, 1)),
-    "std_mean(2*A, 1, keepdim, correction=0)": lambda A: torch.std_mean(2 * A, 1, keepdim=True, correction=0),
+    "std_mean(2*A, 1, keepdim, correction=0)": lambda A: torch.std_mean(
+        2 * A, 1, keepdim=True, correction=0
+    ),
     "var_mean(sigmoid(A).t(), 1)": lambda A: torch.var_mean(torch.sigmoid(A).t(), 1),
     "std_mean(A*s)": lambda A: torch.std_mean(A * torch.tensor(1.5, dtype=A.dtype)),
 }
 VAR_MEAN_MASKED = {  # the same on the stored values (nse,) of an indefinite fill: torch.masked with the pattern
-    "var_mean(2*A, 1)": lambda D, M: (torch.masked.var(2 * D, 1, mask=M), torch.masked.mean(2 * D, 1, mask=M)),
-    "std_mean(exp(A), 0)": lambda D, M: (torch.masked.std(D.exp(), 0, mask=M), torch.masked.mean(D.exp(), 0, mask=M)),
-    "var_mean(2*A, (0, 1))": lambda D, M: (torch.masked.var(2 * D, (0, 1), mask=M),
-                                          torch.masked.mean(2 * D, (0, 1), mask=M)),
+    "var_mean(2*A, 1)": lambda D, M: (
+        torch.masked.var(2 * D, 1, mask=M),
+        torch.masked.mean(2 * D, 1, mask=M),
+    ),
+    "std_mean(exp(A), 0)": lambda D, M: (
+        torch.masked.std(D.exp(), 0, mask=M),
+        torch.masked.mean(D.exp(), 0, mask=M),
+    ),
+    "var_mean(2*A, (0, 1))": lambda D, M: (
+        torch.masked.var(2 * D, (0, 1), mask=M),
+        torch.masked.mean(2 * D, (0, 1), mask=M),
+    ),
 }
 
 
@@ -469,7 +575,10 @@ def test_var_mean_std_mean_of_computed_tensors(op, layout, fill):
         out = fn(case.build(v, f))
         assert all(_routed(o, "SparseReduceBackward") for o in out)
         dn = [_dense(o) for o in out]
-        W = [torch.randn(o.shape, dtype=o.dtype, generator=torch.Generator().manual_seed(i)) for i, o in enumerate(dn)]
+        W = [
+            torch.randn(o.shape, dtype=o.dtype, generator=torch.Generator().manual_seed(i))
+            for i, o in enumerate(dn)
+        ]
         sum((o * w).sum() for o, w in zip(dn, W)).backward()
     vd, fd = case.leaves()
     A = case.build(vd, fd)
@@ -489,17 +598,25 @@ def test_var_mean_std_mean_of_computed_tensors(op, layout, fill):
 
 
 @pytest.mark.parametrize("fill", [0.0, "array"], ids=str)
-@pytest.mark.parametrize("op", ["var_mean(2*A, -1)", "std_mean(2*A, 1)", "var_mean(exp(A), (0, 1))"])
+@pytest.mark.parametrize(
+    "op", ["var_mean(2*A, -1)", "std_mean(2*A, 1)", "var_mean(exp(A), (0, 1))"]
+)
 def test_var_mean_of_computed_hybrid_tensors(op, fill):
-    fn = {"var_mean(2*A, -1)": lambda A: torch.var_mean(2 * A, -1), "std_mean(2*A, 1)": lambda A: torch.std_mean(
-        2 * A, 1), "var_mean(exp(A), (0, 1))": lambda A: torch.var_mean(A.exp(), (0, 1))}[op]
+    fn = {
+        "var_mean(2*A, -1)": lambda A: torch.var_mean(2 * A, -1),
+        "std_mean(2*A, 1)": lambda A: torch.std_mean(2 * A, 1),
+        "var_mean(exp(A), (0, 1))": lambda A: torch.var_mean(A.exp(), (0, 1)),
+    }[op]
     case = RCase((6, 5, 3), fill, dense_dim=1, nse=7)
     v, f = case.leaves()
     with sparsefill.densify_policy("raise", dense_by_nature="raise"):
         out = fn(case.build(v, f))
         assert all(_routed(o, "SparseReduceBackward") for o in out)
         dn = [_dense(o) for o in out]
-        W = [torch.randn(o.shape, dtype=o.dtype, generator=torch.Generator().manual_seed(i)) for i, o in enumerate(dn)]
+        W = [
+            torch.randn(o.shape, dtype=o.dtype, generator=torch.Generator().manual_seed(i))
+            for i, o in enumerate(dn)
+        ]
         sum((o * w).sum() for o, w in zip(dn, W)).backward()
     vd, fd = case.leaves()
     ref = fn(case.build(vd, fd).to_dense())
@@ -539,16 +656,28 @@ def test_reductions_over_sparse_and_dense_dims_keeping_a_sparse_dim(op, layout, 
     """Routed (torch's formula per slice, the reduced dense dims summed in the slice statistics), no densifying
     under a raising policy; forward and gradients of values and fill as dense."""
     fn, four = MIXED[op], op.startswith("4-d")
-    case = RCase((5, 4, 3, 2) if four else (6, 5, 3), fill, dense_dim=2 if four else 1, nse=7,
-                 uncoalesced=layout == "uncoalesced")
-    build = (lambda v, f: case.build(v, f).to_sparse_csr(dense_dim=1)) if layout == "csr" else case.build
+    case = RCase(
+        (5, 4, 3, 2) if four else (6, 5, 3),
+        fill,
+        dense_dim=2 if four else 1,
+        nse=7,
+        uncoalesced=layout == "uncoalesced",
+    )
+    build = (
+        (lambda v, f: case.build(v, f).to_sparse_csr(dense_dim=1))
+        if layout == "csr"
+        else case.build
+    )
     v, f = case.leaves()
     with sparsefill.densify_policy("raise", dense_by_nature="raise"):
         out = fn(build(v, f))
         out = out if isinstance(out, tuple) else (out,)
         assert all(_routed(o, "SparseReduceBackward") for o in out)
         dn = [_dense(o) for o in out]
-        W = [torch.randn(o.shape, dtype=o.dtype, generator=torch.Generator().manual_seed(i)) for i, o in enumerate(dn)]
+        W = [
+            torch.randn(o.shape, dtype=o.dtype, generator=torch.Generator().manual_seed(i))
+            for i, o in enumerate(dn)
+        ]
         sum((o * w).sum() for o, w in zip(dn, W)).backward()
     vd, fd = case.leaves()
     ref = fn(build(vd, fd).to_dense())
@@ -560,16 +689,27 @@ def test_reductions_over_sparse_and_dense_dims_keeping_a_sparse_dim(op, layout, 
     torch.testing.assert_close(f.grad, fd.grad, equal_nan=True)
 
 
-@pytest.mark.parametrize("op", ["sum((1, 2))", "var((1, 2))", "amax((0, 2))", "logsumexp((1, 2))", "norm((1, 2))"])
+@pytest.mark.parametrize(
+    "op", ["sum((1, 2))", "var((1, 2))", "amax((0, 2))", "logsumexp((1, 2))", "norm((1, 2))"]
+)
 def test_reductions_over_sparse_and_dense_dims_of_an_indefinite_fill(op):
     """Masked semantics: as ``torch.masked`` with the pattern as mask (a slice with nothing stored: masked out)."""
-    fn, fm = {"sum((1, 2))": (lambda A: A.sum((1, 2)), lambda D, M: torch.masked.sum(D, (1, 2), mask=M)),
-              "var((1, 2))": (lambda A: A.var((1, 2)), lambda D, M: torch.masked.var(D, (1, 2), mask=M)),
-              "amax((0, 2))": (lambda A: A.amax((0, 2)), lambda D, M: torch.masked.amax(D, (0, 2), mask=M)),
-              "logsumexp((1, 2))": (lambda A: A.logsumexp((1, 2)),
-                                    lambda D, M: torch.masked.logsumexp(D, (1, 2), mask=M)),
-              "norm((1, 2))": (lambda A: A.norm(dim=(1, 2)),
-                               lambda D, M: torch.masked.norm(D, 2.0, (1, 2), mask=M))}[op]
+    fn, fm = {
+        "sum((1, 2))": (lambda A: A.sum((1, 2)), lambda D, M: torch.masked.sum(D, (1, 2), mask=M)),
+        "var((1, 2))": (lambda A: A.var((1, 2)), lambda D, M: torch.masked.var(D, (1, 2), mask=M)),
+        "amax((0, 2))": (
+            lambda A: A.amax((0, 2)),
+            lambda D, M: torch.masked.amax(D, (0, 2), mask=M),
+        ),
+        "logsumexp((1, 2))": (
+            lambda A: A.logsumexp((1, 2)),
+            lambda D, M: torch.masked.logsumexp(D, (1, 2), mask=M),
+        ),
+        "norm((1, 2))": (
+            lambda A: A.norm(dim=(1, 2)),
+            lambda D, M: torch.masked.norm(D, 2.0, (1, 2), mask=M),
+        ),
+    }[op]
     case = RCase((6, 5, 3), "indefinite", dense_dim=1, nse=7)
     v, _ = case.leaves()
     out = fn(case.build(v, None))
@@ -595,22 +735,35 @@ def test_logsumexp_of_a_hybrid_csr_over_a_dense_dim_is_sparse(shape, fill, grad)
     """As for COO: a SparseTensor of the input's layout and pattern (an indefinite fill stays indefinite), equal
     to dense (indefinite: at the pattern), gradients included (a leaf's ``.grad``, or the constructor's)."""
     case = RCase(shape, fill, dense_dim=1, nse=6 if len(shape) == 3 else 20)
-    if len(shape) == 4 and fill == "indefinite":  # (a batched CSR with an indefinite fill: equal nse per batch)
-        case.idx = torch.stack(torch.unravel_index(torch.tensor([0, 3, 7, 12, 20, 23, 27, 32]), shape[:3]))
-        case.values = torch.randn(8, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    if (
+        len(shape) == 4 and fill == "indefinite"
+    ):  # (a batched CSR with an indefinite fill: equal nse per batch)
+        case.idx = torch.stack(
+            torch.unravel_index(torch.tensor([0, 3, 7, 12, 20, 23, 27, 32]), shape[:3])
+        )
+        case.values = torch.randn(
+            8, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(5)
+        )
     v, f = case.leaves()
     with torch.set_grad_enabled(grad != "no grad"):
         A = case.build(v, f).to_sparse_csr(dense_dim=1)
         if grad == "leaf":
             A = A.detach().requires_grad_()
         out = torch.logsumexp(A, -1)
-    assert isinstance(out, sparsefill.SparseTensor) and out.sparse_layout is CSR and out.dense_dim() == 0
+    assert (
+        isinstance(out, sparsefill.SparseTensor)
+        and out.sparse_layout is CSR
+        and out.dense_dim() == 0
+    )
     assert out.is_fill_indefinite() == case.indefinite
     vd, fd = case.leaves()
     Ad = case.build(vd, fd)
     spec = _specified(Ad)[..., 0] if case.indefinite else torch.ones((), dtype=torch.bool)
-    ref = torch.where(spec, torch.logsumexp(Ad.to_dense(fill_value=0.0) if case.indefinite else Ad.to_dense(), -1),
-                      0.0)
+    ref = torch.where(
+        spec,
+        torch.logsumexp(Ad.to_dense(fill_value=0.0) if case.indefinite else Ad.to_dense(), -1),
+        0.0,
+    )
     torch.testing.assert_close(_dense(out), ref)
     if grad == "no grad":
         return
@@ -619,9 +772,16 @@ def test_logsumexp_of_a_hybrid_csr_over_a_dense_dim_is_sparse(shape, fill, grad)
     (ref * W).sum().backward()
     if grad == "leaf":
         g = A.grad.to_dense(fill_value=0.0) if A.grad.is_fill_indefinite() else A.grad.to_dense()
-        want = torch.zeros(shape, dtype=torch.float64).index_put_(tuple(case.idx), vd.grad, accumulate=True) \
-            if case.indefinite else None
-        if not case.indefinite:  # the dense gradient: the leaf's elements (the constructor's read of it)
+        want = (
+            torch.zeros(shape, dtype=torch.float64).index_put_(
+                tuple(case.idx), vd.grad, accumulate=True
+            )
+            if case.indefinite
+            else None
+        )
+        if (
+            not case.indefinite
+        ):  # the dense gradient: the leaf's elements (the constructor's read of it)
             Al = case.build(vd.detach(), fd.detach()).to_dense().requires_grad_()
             (torch.logsumexp(Al, -1) * W).sum().backward()
             want = Al.grad
@@ -639,11 +799,20 @@ _SPEC = torch.zeros(3, 3, dtype=torch.bool).index_put_(tuple(_SPEC_IDX), torch.t
 SECOND_ORDER = {  # name: (fn on A, the same on the dense tensor (indefinite: masked-out elements at 0, mask M))
     "A*A": (lambda A: A * A, lambda D, M: D * D),
     "exp": (torch.exp, lambda D, M: torch.exp(D)),
-    "masked.softmax": (lambda A: sparsefill.masked.softmax(A, 1), lambda D, M: torch.masked.softmax(D, 1, mask=M)),
-    "torch.softmax": (lambda A: torch.softmax(A, 1), lambda D, M: torch.masked.softmax(D, 1, mask=M)),
+    "masked.softmax": (
+        lambda A: sparsefill.masked.softmax(A, 1),
+        lambda D, M: torch.masked.softmax(D, 1, mask=M),
+    ),
+    "torch.softmax": (
+        lambda A: torch.softmax(A, 1),
+        lambda D, M: torch.masked.softmax(D, 1, mask=M),
+    ),
 }
-ONCE_DIFFERENTIABLE = {"sum(1)": lambda A: A.sum(1), "A@X": lambda A: A @ torch.ones(3, 2, dtype=A.dtype),
-                       "masked.softmax": lambda A: sparsefill.masked.softmax(A, 1)}
+ONCE_DIFFERENTIABLE = {
+    "sum(1)": lambda A: A.sum(1),
+    "A@X": lambda A: A @ torch.ones(3, 2, dtype=A.dtype),
+    "masked.softmax": lambda A: sparsefill.masked.softmax(A, 1),
+}
 
 
 def _second(fn, A_of, v0, indefinite):
@@ -667,10 +836,18 @@ def test_double_backward_is_exact(op, fill):
         return  # (the edge softmax, once differentiable: test_double_backward_of_a_once_differentiable_op_raises)
     v0 = torch.randn(4, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     f = sparsefill.indefinite if ind else fill
-    got = _second(SECOND_ORDER[op][0], lambda v: sparsefill.sparse_coo_tensor(_SPEC_IDX, v, (3, 3), fill_value=f),
-                  v0, ind)
+    got = _second(
+        SECOND_ORDER[op][0],
+        lambda v: sparsefill.sparse_coo_tensor(_SPEC_IDX, v, (3, 3), fill_value=f),
+        v0,
+        ind,
+    )
+
     def dense(v):
-        return sparsefill.sparse_coo_tensor(_SPEC_IDX, v, (3, 3), fill_value=0.0 if ind else f).to_dense()
+        return sparsefill.sparse_coo_tensor(
+            _SPEC_IDX, v, (3, 3), fill_value=0.0 if ind else f
+        ).to_dense()
+
     want = _second(lambda D: SECOND_ORDER[op][1](D, _SPEC if ind else None), dense, v0, ind)
     torch.testing.assert_close(got, want)
 
@@ -684,6 +861,13 @@ def test_double_backward_of_a_once_differentiable_op_raises(op, fill):
         return  # (a defined fill: masked.softmax runs the generic masked path, twice differentiable: above)
     f = sparsefill.indefinite if fill == "indefinite" else fill
     v0 = torch.randn(4, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
-    with pytest.raises(RuntimeError, match="differentiate twice a function that was marked with @once_differentiable"):
-        _second(ONCE_DIFFERENTIABLE[op], lambda v: sparsefill.sparse_coo_tensor(_SPEC_IDX, v, (3, 3), fill_value=f),
-                v0, fill == "indefinite")
+    with pytest.raises(
+        RuntimeError,
+        match="differentiate twice a function that was marked with @once_differentiable",
+    ):
+        _second(
+            ONCE_DIFFERENTIABLE[op],
+            lambda v: sparsefill.sparse_coo_tensor(_SPEC_IDX, v, (3, 3), fill_value=f),
+            v0,
+            fill == "indefinite",
+        )

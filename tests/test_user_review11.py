@@ -33,9 +33,13 @@ from sparsefill import masked
 from sparsefill.nn import SparseParameter
 from sparsefill.segment import KeyedJaggedBatch
 
-pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"),
-              pytest.mark.filterwarnings("ignore:Sparse:UserWarning")]
-_LAYOUTS = pytest.mark.parametrize("layout", [torch.sparse_coo, torch.sparse_csr], ids=["coo", "csr"])
+pytestmark = [
+    pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+    pytest.mark.filterwarnings("ignore:Sparse:UserWarning"),
+]
+_LAYOUTS = pytest.mark.parametrize(
+    "layout", [torch.sparse_coo, torch.sparse_csr], ids=["coo", "csr"]
+)
 
 
 def _no_densify():
@@ -45,7 +49,9 @@ def _no_densify():
 # ============================================================================== 1. a GNN attention layer
 _N, _D = 12, 6
 _g = torch.Generator().manual_seed(0)
-_KEEP = (torch.rand(_N, _N, generator=_g) < 0.3) | torch.eye(_N, dtype=torch.bool)   # self loops: no empty row
+_KEEP = (torch.rand(_N, _N, generator=_g) < 0.3) | torch.eye(
+    _N, dtype=torch.bool
+)  # self loops: no empty row
 _EI = _KEEP.nonzero().t()
 _E = _EI.shape[1]
 _X = torch.randn(_N, _D, generator=_g)
@@ -56,8 +62,12 @@ _DROPS = [(torch.rand(_E, generator=_g) > 0.25).float() / 0.75 for _ in range(5)
 
 
 def _adj(layout=torch.sparse_coo, values=None):
-    A = sparsefill.sparse_coo_tensor(_EI, torch.ones(_E) if values is None else values, (_N, _N),
-                                     fill_value=sparsefill.indefinite)
+    A = sparsefill.sparse_coo_tensor(
+        _EI,
+        torch.ones(_E) if values is None else values,
+        (_N, _N),
+        fill_value=sparsefill.indefinite,
+    )
     return A.to_sparse(layout=layout) if layout is torch.sparse_csr else A
 
 
@@ -75,8 +85,8 @@ class _Attn(nn.Module):
         super().__init__()
         torch.manual_seed(3)
         self.lin = nn.Linear(_D, _D)
-        self.a_src = nn.Parameter(torch.randn(_D) * .3)
-        self.a_dst = nn.Parameter(torch.randn(_D) * .3)
+        self.a_src = nn.Parameter(torch.randn(_D) * 0.3)
+        self.a_dst = nn.Parameter(torch.randn(_D) * 0.3)
         self.out = nn.Linear(_D, 3)
 
     def forward(self, x, A, drop):
@@ -125,7 +135,9 @@ def test_attention_layer_with_checkpoint():
     ref = _train_attn(_KEEP)
     with warnings.catch_warnings():
         _no_densify()
-        got = _train_attn(_adj(), wrap=lambda m: (lambda x, A, d: checkpoint(m, x, A, d, use_reentrant=False)))
+        got = _train_attn(
+            _adj(), wrap=lambda m: lambda x, A, d: checkpoint(m, x, A, d, use_reentrant=False)
+        )
     assert_close(got, ref)
     # reentrant too (an input requiring grad), and the gradient of the adjacency's values through the checkpoint
     vals = torch.ones(_E, requires_grad=True)
@@ -149,7 +161,7 @@ def test_attention_layer_with_checkpoint():
 def test_attention_layer_under_autocast_bfloat16():
     """``torch.autocast("cpu", bfloat16)``: the products run in bfloat16 on both sides; losses and gradients within
     bfloat16's precision of the dense model under the same autocast (and of float32)."""
-    ctx = lambda: torch.autocast("cpu", dtype=torch.bfloat16)   # noqa: E731
+    ctx = lambda: torch.autocast("cpu", dtype=torch.bfloat16)  # noqa: E731
     ref = _train_attn(_KEEP, ctx=ctx)
     with warnings.catch_warnings():
         _no_densify()
@@ -173,9 +185,9 @@ def test_attention_edge_dropout_by_f_dropout():
     kept = Dp._vals != 0
     assert 0 < int(kept.sum()) < P._nse()
     assert_close(Dp._vals[kept], P._vals[kept] / 0.7)
-    Pd = P.to_dense(fill_value=0.)
-    keep_mask = Dp.to_dense(fill_value=0.) != 0
-    assert_close(Dp.to_dense(fill_value=0.), Pd * keep_mask / 0.7)
+    Pd = P.to_dense(fill_value=0.0)
+    keep_mask = Dp.to_dense(fill_value=0.0) != 0
+    assert_close(Dp.to_dense(fill_value=0.0), Pd * keep_mask / 0.7)
     assert F.dropout(P, 0.3, training=False) is P
     assert nn.Dropout(0.3).eval()(P) is P
 
@@ -185,7 +197,9 @@ def test_attention_layer_compiled_aot_eager_dynamic_fullgraph():
     graph, the same 5 losses and gradients as the dense model."""
     torch._dynamo.reset()
     ref = _train_attn(_KEEP)
-    got = _train_attn(_adj(), wrap=lambda m: torch.compile(m, backend="aot_eager", dynamic=True, fullgraph=True))
+    got = _train_attn(
+        _adj(), wrap=lambda m: torch.compile(m, backend="aot_eager", dynamic=True, fullgraph=True)
+    )
     assert_close(got, ref, atol=1e-4, rtol=1e-4)
 
 
@@ -206,10 +220,12 @@ def test_indefinite_constructor_and_sparse_parameter_compile_fullgraph():
 def test_masked_softmax_of_a_union_compiles_fullgraph():
     """(Finding F6, fixed: ``_segsoftmax.applies`` tested the union's unbacked nse, a guard on data.)"""
     keep = torch.rand(_N, _N, generator=torch.Generator().manual_seed(1)) < 0.3
-    A = sparsefill.sparse_coo_tensor(keep.nonzero().t(), torch.ones(int(keep.sum())), (_N, _N),
-                                     fill_value=sparsefill.indefinite)
-    I = sparsefill.sparse_coo_tensor(torch.arange(_N).repeat(2, 1), torch.zeros(_N), (_N, _N),
-                                     fill_value=sparsefill.indefinite)
+    A = sparsefill.sparse_coo_tensor(
+        keep.nonzero().t(), torch.ones(int(keep.sum())), (_N, _N), fill_value=sparsefill.indefinite
+    )
+    I = sparsefill.sparse_coo_tensor(
+        torch.arange(_N).repeat(2, 1), torch.zeros(_N), (_N, _N), fill_value=sparsefill.indefinite
+    )
 
     def f(A, I, v):
         return masked.softmax(A * v[:, None] + I, 1) @ v
@@ -239,8 +255,12 @@ class _Events(torch.utils.data.Dataset):
                 ex[k] = torch.randint(0, _R, (n,), generator=g).tolist()
         hist = torch.randint(0, _R, (3,), generator=g).unique()
         H = sparsefill.sparse_coo_tensor(hist[None], torch.ones(len(hist)), (_R,))
-        return torch.randn(3, generator=g), KeyedJaggedBatch.from_lists([ex]), H, \
-            torch.randint(0, 2, (), generator=g).float()
+        return (
+            torch.randn(3, generator=g),
+            KeyedJaggedBatch.from_lists([ex]),
+            H,
+            torch.randint(0, 2, (), generator=g).float(),
+        )
 
 
 class _Rec(nn.Module):
@@ -248,14 +268,25 @@ class _Rec(nn.Module):
         super().__init__()
         torch.manual_seed(0)
         self.dense_ref = dense_ref
-        self.tables = nn.ParameterList([nn.Parameter(torch.randn(_R, _DM) * .1) for _ in range(_K)])
-        self.hist_w = nn.Parameter(sparsefill.sparse_coo_tensor([[0, 5, 7]], torch.randn(3, _DM) * .1, (_R, _DM)))
+        self.tables = nn.ParameterList(
+            [nn.Parameter(torch.randn(_R, _DM) * 0.1) for _ in range(_K)]
+        )
+        self.hist_w = nn.Parameter(
+            sparsefill.sparse_coo_tensor([[0, 5, 7]], torch.randn(3, _DM) * 0.1, (_R, _DM))
+        )
         self.bot, self.top = nn.Linear(3, _DM), nn.Linear(_DM * (_K + 2), 1)
 
     def forward(self, x, kj, H):
         if self.dense_ref:  # the same model by hand on dense tensors
-            pooled = [torch.stack([self.tables[k][torch.tensor(e[k])].mean(0) if k in e else torch.zeros(_DM)
-                                   for e in kj.to_dict()]) for k in range(_K)]
+            pooled = [
+                torch.stack(
+                    [
+                        self.tables[k][torch.tensor(e[k])].mean(0) if k in e else torch.zeros(_DM)
+                        for e in kj.to_dict()
+                    ]
+                )
+                for k in range(_K)
+            ]
             h = H.to_dense() @ self.hist_w.to_dense()
         else:
             out = kj.pooled(dict(enumerate(self.tables)), "mean")
@@ -289,7 +320,11 @@ def test_recommender_dataloader_workers_and_checkpoint_resume():
     b0, b2 = _batches(0), _batches(2)
     assert len(b0) == len(b2) == 4
     for a, b in zip(b0, b2):
-        assert type(b[2]) is sparsefill.SparseTensor and b[2].shape == (4, _R) and b[2]._nse() == a[2]._nse()
+        assert (
+            type(b[2]) is sparsefill.SparseTensor
+            and b[2].shape == (4, _R)
+            and b[2]._nse() == a[2]._nse()
+        )
         assert_close(b[2].to_dense(), a[2].to_dense())
         assert isinstance(b[1], KeyedJaggedBatch) and b[1].to_dict() == a[1].to_dict()
         assert_close(b[0], a[0])
@@ -321,12 +356,21 @@ class _M(nn.Module):
     def __init__(self):
         super().__init__()
         torch.manual_seed(0)
-        self.W = nn.Parameter(sparsefill.sparse_coo_tensor([[0, 1, 3], [1, 2, 0]], torch.randn(3), (4, 3),
-                                                           fill_value=0.5))
-        self.register_buffer("A", sparsefill.sparse_coo_tensor([[0, 2], [1, 3]], torch.randn(2), (4, 4),
-                                                               fill_value=sparsefill.indefinite))
-        self.register_buffer("C", sparsefill.sparse_coo_tensor([[0, 2], [1, 3]], torch.randn(2), (4, 4))
-                             .to_sparse_csr())
+        self.W = nn.Parameter(
+            sparsefill.sparse_coo_tensor(
+                [[0, 1, 3], [1, 2, 0]], torch.randn(3), (4, 3), fill_value=0.5
+            )
+        )
+        self.register_buffer(
+            "A",
+            sparsefill.sparse_coo_tensor(
+                [[0, 2], [1, 3]], torch.randn(2), (4, 4), fill_value=sparsefill.indefinite
+            ),
+        )
+        self.register_buffer(
+            "C",
+            sparsefill.sparse_coo_tensor([[0, 2], [1, 3]], torch.randn(2), (4, 4)).to_sparse_csr(),
+        )
         self.lin = nn.Linear(3, 2)
 
     def forward(self, x):
@@ -342,13 +386,23 @@ _XM = torch.randn(5, 4, generator=torch.Generator().manual_seed(2))
 def test_module_dtype_conversions_and_deepcopy():
     m = _M()
     ref = m(_XM)
-    for conv, dt in ((lambda q: q.to(torch.float64), torch.float64), (lambda q: q.double(), torch.float64),
-                     (lambda q: q.half(), torch.float16), (lambda q: q.bfloat16(), torch.bfloat16)):
+    for conv, dt in (
+        (lambda q: q.to(torch.float64), torch.float64),
+        (lambda q: q.double(), torch.float64),
+        (lambda q: q.half(), torch.float16),
+        (lambda q: q.bfloat16(), torch.bfloat16),
+    ):
         q = conv(copy.deepcopy(m))
-        assert isinstance(q.W, nn.Parameter) and isinstance(q.W, sparsefill.SparseTensor) and q.W.requires_grad
+        assert (
+            isinstance(q.W, nn.Parameter)
+            and isinstance(q.W, sparsefill.SparseTensor)
+            and q.W.requires_grad
+        )
         assert q.W.dtype == q.A.dtype == q.C.dtype == dt and q.W._fill.dtype == dt
         assert q.A._indefinite and q.C.sparse_layout is torch.sparse_csr
-        assert_close(q(_XM.to(dt)).float(), ref, atol=2e-2 if dt != torch.float64 else 1e-6, rtol=2e-2)
+        assert_close(
+            q(_XM.to(dt)).float(), ref, atol=2e-2 if dt != torch.float64 else 1e-6, rtol=2e-2
+        )
     q = copy.deepcopy(m)
     assert q.W is not m.W and q.W._vals.data_ptr() != m.W._vals.data_ptr()
     with torch.no_grad():
@@ -376,7 +430,9 @@ def test_module_state_dict_round_trips():
     r = copy.deepcopy(m).load_state_dict(part, strict=False)
     assert r.missing_keys == ["A"] and r.unexpected_keys == ["extra"]
     with pytest.raises(RuntimeError, match="size mismatch for W"):
-        copy.deepcopy(m).load_state_dict({**sd, "W": sparsefill.sparse_coo_tensor([[0], [1]], [1.], (5, 3))})
+        copy.deepcopy(m).load_state_dict(
+            {**sd, "W": sparsefill.sparse_coo_tensor([[0], [1]], [1.0], (5, 3))}
+        )
     q = copy.deepcopy(m)
     q.load_state_dict(sd, assign=True)
     assert isinstance(q.W, nn.Parameter) and q.W.requires_grad
@@ -461,10 +517,18 @@ def _step_both(Opt, kw, foreach, steps=3):
     return m.W.detach().to_dense(), Wd.detach()
 
 
-@pytest.mark.parametrize("Opt, kw", [(torch.optim.SGD, dict(lr=0.1, momentum=0.9, nesterov=True)),
-                                     (torch.optim.NAdam, {}), (torch.optim.RMSprop, {}), (torch.optim.Adadelta, {}),
-                                     (torch.optim.ASGD, {}), (torch.optim.Rprop, {})],
-                         ids=lambda v: getattr(v, "__name__", ""))
+@pytest.mark.parametrize(
+    "Opt, kw",
+    [
+        (torch.optim.SGD, dict(lr=0.1, momentum=0.9, nesterov=True)),
+        (torch.optim.NAdam, {}),
+        (torch.optim.RMSprop, {}),
+        (torch.optim.Adadelta, {}),
+        (torch.optim.ASGD, {}),
+        (torch.optim.Rprop, {}),
+    ],
+    ids=lambda v: getattr(v, "__name__", ""),
+)
 @pytest.mark.parametrize("foreach", [False, True], ids=["single", "foreach"])
 def test_optimizers_step_a_sparse_parameter_like_dense(Opt, kw, foreach):
     """The parameter's pattern (3 stored) differs from its gradient's (8 stored, some stored zeros)."""
@@ -478,48 +542,70 @@ def test_optimizers_step_a_sparse_parameter_like_dense(Opt, kw, foreach):
 # 2nd's values for both: NaN or wrong steps for a deep-copied or torch.load-ed model's SparseTensor parameter.
 
 
-@pytest.mark.parametrize("Opt, kw, foreach", [
-    pytest.param(torch.optim.Adam, {}, False, id="Adam-single"),
-    pytest.param(torch.optim.Adam, {}, True, id="Adam-foreach"),
-    pytest.param(torch.optim.Adam, {"amsgrad": True}, False, id="Adam-amsgrad-single"),
-    pytest.param(torch.optim.Adamax, {}, False, id="Adamax-single"),
-    pytest.param(torch.optim.Adamax, {}, True, id="Adamax-foreach"),
-    pytest.param(torch.optim.AdamW, {}, False, id="AdamW-single"),
-    pytest.param(torch.optim.AdamW, {}, True, id="AdamW-foreach"),
-    pytest.param(torch.optim.Adam, {"amsgrad": True}, True, id="Adam-amsgrad-foreach"),
-    pytest.param(torch.optim.RAdam, {}, True, id="RAdam-foreach"),
-    pytest.param(torch.optim.Adagrad, {}, True, id="Adagrad-foreach")])
+@pytest.mark.parametrize(
+    "Opt, kw, foreach",
+    [
+        pytest.param(torch.optim.Adam, {}, False, id="Adam-single"),
+        pytest.param(torch.optim.Adam, {}, True, id="Adam-foreach"),
+        pytest.param(torch.optim.Adam, {"amsgrad": True}, False, id="Adam-amsgrad-single"),
+        pytest.param(torch.optim.Adamax, {}, False, id="Adamax-single"),
+        pytest.param(torch.optim.Adamax, {}, True, id="Adamax-foreach"),
+        pytest.param(torch.optim.AdamW, {}, False, id="AdamW-single"),
+        pytest.param(torch.optim.AdamW, {}, True, id="AdamW-foreach"),
+        pytest.param(torch.optim.Adam, {"amsgrad": True}, True, id="Adam-amsgrad-foreach"),
+        pytest.param(torch.optim.RAdam, {}, True, id="RAdam-foreach"),
+        pytest.param(torch.optim.Adagrad, {}, True, id="Adagrad-foreach"),
+    ],
+)
 def test_optimizers_with_a_ternary_update_step_a_sparse_parameter_like_dense(Opt, kw, foreach):
     got, want = _step_both(Opt, kw, foreach)
     assert_close(got, want)
 
 
-@pytest.mark.parametrize("op", ["addcdiv", "addcmul", "lerp", "clamp", "addcmul_", "_foreach_addcdiv"])
+@pytest.mark.parametrize(
+    "op", ["addcdiv", "addcmul", "lerp", "clamp", "addcmul_", "_foreach_addcdiv"]
+)
 def test_ternary_op_with_two_operands_sharing_an_index(op):
-    P = sparsefill.sparse_coo_tensor([[0, 1, 3], [1, 2, 0]], torch.tensor([1., -2., 3.]), (4, 3), fill_value=0.5)
-    a = sparsefill.sparse_coo_tensor([[0, 0, 1, 3], [0, 1, 2, 0]], torch.tensor([-0.1, 0.2, 0., 0.]), (4, 3))
-    b = sparsefill.sparse_coo_tensor(a._idx, torch.tensor([1., 2., 3., 4.]), (4, 3), fill_value=1.)  # a's index
+    P = sparsefill.sparse_coo_tensor(
+        [[0, 1, 3], [1, 2, 0]], torch.tensor([1.0, -2.0, 3.0]), (4, 3), fill_value=0.5
+    )
+    a = sparsefill.sparse_coo_tensor(
+        [[0, 0, 1, 3], [0, 1, 2, 0]], torch.tensor([-0.1, 0.2, 0.0, 0.0]), (4, 3)
+    )
+    b = sparsefill.sparse_coo_tensor(
+        a._idx, torch.tensor([1.0, 2.0, 3.0, 4.0]), (4, 3), fill_value=1.0
+    )  # a's index
     assert b._idx is a._idx
-    f = {"addcmul_": lambda P, a, b: P.clone().addcmul_(a, b),
-         "_foreach_addcdiv": lambda P, a, b: torch._foreach_addcdiv([P], [a], [b])[0]}.get(op) or getattr(torch, op)
+    f = {
+        "addcmul_": lambda P, a, b: P.clone().addcmul_(a, b),
+        "_foreach_addcdiv": lambda P, a, b: torch._foreach_addcdiv([P], [a], [b])[0],
+    }.get(op) or getattr(torch, op)
     assert_close(f(P, a, b).to_dense(), f(P.to_dense(), a.to_dense(), b.to_dense()))
 
 
 # ============================================================================== found while scaling the GNN up
 def _rows_graph(fill, n=2000, e=8000):
     g = torch.Generator().manual_seed(0)
-    ei = torch.stack([torch.randint(0, n, (e,), generator=g), torch.randint(0, n, (e,), generator=g)])
-    return sparsefill.sparse_coo_tensor(ei, torch.rand(e, generator=g), (n, n), fill_value=fill).coalesce()
+    ei = torch.stack(
+        [torch.randint(0, n, (e,), generator=g), torch.randint(0, n, (e,), generator=g)]
+    )
+    return sparsefill.sparse_coo_tensor(
+        ei, torch.rand(e, generator=g), (n, n), fill_value=fill
+    ).coalesce()
 
 
 def test_row_normalisation_by_a_dense_norm_keeps_the_pattern():
     """The workaround of the finding below: dividing by the row norms as a dense (N, 1) tensor keeps the pattern."""
-    for fill in (0., sparsefill.indefinite):
+    for fill in (0.0, sparsefill.indefinite):
         X = _rows_graph(fill)
         with sparsefill.densify_policy("raise", limit_bytes=1_000_000):
-            R = X / torch.linalg.vector_norm(X, 1, 1, keepdim=True).to_dense(fill_value=0.).clamp_min(1e-12)
+            R = X / torch.linalg.vector_norm(X, 1, 1, keepdim=True).to_dense(
+                fill_value=0.0
+            ).clamp_min(1e-12)
         assert R._nse() == X._nse()
-        assert_close(R.to_dense(fill_value=0.), F.normalize(X.to_dense(fill_value=0.), p=1, dim=1))
+        assert_close(
+            R.to_dense(fill_value=0.0), F.normalize(X.to_dense(fill_value=0.0), p=1, dim=1)
+        )
 
 
 # (a finding of the review, fixed: F.normalize(A, p=1, dim=1) of a 2000 x 2000 adjacency with 8000 stored stored all
@@ -530,14 +616,14 @@ def test_row_normalisation_by_a_dense_norm_keeps_the_pattern():
 
 
 def test_row_normalisation_f_normalize_keeps_the_pattern():
-    X = _rows_graph(0.)
+    X = _rows_graph(0.0)
     with sparsefill.densify_policy("raise", limit_bytes=1_000_000):
         R = F.normalize(X, p=1, dim=1)
     assert R._nse() == X._nse()
     assert_close(R.to_dense(), F.normalize(X.to_dense(), p=1, dim=1))
 
 
-@pytest.mark.parametrize("fill", [0., sparsefill.indefinite], ids=["fill0", "indefinite"])
+@pytest.mark.parametrize("fill", [0.0, sparsefill.indefinite], ids=["fill0", "indefinite"])
 def test_expand_of_a_size_one_sparse_dim_is_bounded_by_the_policy(fill):
     """F.normalize's denominator ``norm(keepdim=True).clamp_min(eps).expand_as(X)``: at most O(N) stored, or a
     DensifyError under the policy's byte limit; never O(N^2) stored elements without either."""
@@ -552,7 +638,9 @@ def test_expand_of_a_size_one_sparse_dim_is_bounded_by_the_policy(fill):
 
 
 # ============================================================================== errors a user meets
-@pytest.mark.parametrize("case", ["mul_column", "add_matrix", "dense_plus_A", "where", "fill0_large"])
+@pytest.mark.parametrize(
+    "case", ["mul_column", "add_matrix", "dense_plus_A", "where", "fill0_large"]
+)
 def test_shape_mismatch_with_a_masked_operand_raises_torchs_error(case):
     """(A finding of the review, fixed: these raised 'no sparse handler ... give it a fill' or a DensifyError.)"""
     A = _adj()
@@ -560,7 +648,9 @@ def test_shape_mismatch_with_a_masked_operand_raises_torchs_error(case):
         warnings.simplefilter("ignore", sparsefill.DensifyWarning)
         with pytest.raises(RuntimeError, match="size of tensor"):
             if case == "fill0_large":
-                sparsefill.sparse_coo_tensor([[0, 1], [1, 2]], torch.ones(2), (50000, 50000)) * torch.randn(50001)[:, None]
+                sparsefill.sparse_coo_tensor(
+                    [[0, 1], [1, 2]], torch.ones(2), (50000, 50000)
+                ) * torch.randn(50001)[:, None]
             elif case == "mul_column":
                 A * torch.randn(_N + 1)[:, None]
             elif case == "add_matrix":
@@ -568,7 +658,7 @@ def test_shape_mismatch_with_a_masked_operand_raises_torchs_error(case):
             elif case == "dense_plus_A":
                 torch.randn(_N, _N + 1) + A
             else:
-                torch.where(torch.ones(_N + 1, _N + 1, dtype=torch.bool), A, 0.)
+                torch.where(torch.ones(_N + 1, _N + 1, dtype=torch.bool), A, 0.0)
 
 
 def test_shape_mismatch_errors_that_are_clear():
@@ -579,7 +669,9 @@ def test_shape_mismatch_errors_that_are_clear():
     with pytest.raises(IndexError, match="Dimension out of range"):
         masked.softmax(_adj(), 2)
     with pytest.raises(ValueError, match="values_lengths sum to 3"):
-        KeyedJaggedBatch(torch.tensor([1, 2]), torch.tensor([3]), torch.tensor([0]), torch.tensor([1]))
+        KeyedJaggedBatch(
+            torch.tensor([1, 2]), torch.tensor([3]), torch.tensor([0]), torch.tensor([1])
+        )
     with pytest.raises(IndexError, match="10 is out of range for 4 rows"):
         KeyedJaggedBatch.from_lists([{0: [10]}]).pooled({0: torch.randn(4, 2)})
     i, j = int((~_KEEP).nonzero()[0, 0]), int((~_KEEP).nonzero()[0, 1])

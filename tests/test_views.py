@@ -20,29 +20,33 @@ def _quiet():
 
 
 def _pair(layout):
-    x = torch.tensor([[1., 5, 2, 5], [5, 5, 3, 5], [4, 5, 5, 5]], dtype=torch.float64)
-    return sparsefill.to_sparse(x, fill_value=5., layout=layout), x.clone()
+    x = torch.tensor([[1.0, 5, 2, 5], [5, 5, 3, 5], [4, 5, 5, 5]], dtype=torch.float64)
+    return sparsefill.to_sparse(x, fill_value=5.0, layout=layout), x.clone()
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_view_is_refreshed_after_its_base_changes(layout):
     A, d = _pair(layout)
     row, col = A[1], A[:, 2]
-    A.mul_(2); d.mul_(2)
+    A.mul_(2)
+    d.mul_(2)
     torch.testing.assert_close(row.to_dense(), d[1])
     torch.testing.assert_close(col.to_dense(), d[:, 2])
-    A[1, 2] = -7.; d[1, 2] = -7.
-    assert float(col.to_dense()[1]) == -7.
+    A[1, 2] = -7.0
+    d[1, 2] = -7.0
+    assert float(col.to_dense()[1]) == -7.0
     torch.testing.assert_close(torch.exp(row), torch.exp(d[1]))  # refreshed on dispatch too
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_writes_through_a_chain_of_views(layout):
     A, d = _pair(layout)
-    A.t()[2][1:].add_(100.); d.t()[2][1:].add_(100.)
+    A.t()[2][1:].add_(100.0)
+    d.t()[2][1:].add_(100.0)
     torch.testing.assert_close(A.to_dense(), d)
     sib = A[0]
-    A.t()[0].zero_(); d.t()[0].zero_()
+    A.t()[0].zero_()
+    d.t()[0].zero_()
     torch.testing.assert_close(sib.to_dense(), d[0])  # a sibling view sees the write
 
 
@@ -50,9 +54,11 @@ def test_writes_through_a_chain_of_views(layout):
 def test_multi_output_views(layout):
     A, d = _pair(layout)
     a, b, c = A.unbind(0)
-    b.sub_(1.); d[1].sub_(1.)
+    b.sub_(1.0)
+    d[1].sub_(1.0)
     p, q = A.split(2, dim=1)
-    q.fill_(0.5); d[:, 2:].fill_(0.5)
+    q.fill_(0.5)
+    d[:, 2:].fill_(0.5)
     torch.testing.assert_close(A.to_dense(), d)
     torch.testing.assert_close(a.to_dense(), d[0])
 
@@ -61,10 +67,11 @@ def test_detach_and_parameter_share_with_their_base():
     A, d = _pair(torch.sparse_coo)
     p = torch.nn.Parameter(A)
     with torch.no_grad():
-        p.mul_(3.)
-    d.mul_(3.)
+        p.mul_(3.0)
+    d.mul_(3.0)
     torch.testing.assert_close(A.to_dense(), d)
-    A.add_(1.); d.add_(1.)
+    A.add_(1.0)
+    d.add_(1.0)
     torch.testing.assert_close(p.detach().to_dense(), d)
     assert isinstance(A, SparseTensor) and isinstance(p, SparseTensor)
 
@@ -75,7 +82,7 @@ def test_write_through_bumps_the_base_version_for_autograd():
     y = A * A  # saves A for backward
     v0 = A._version
     with torch.no_grad():
-        A.detach()[0].fill_(0.)  # a write through a view: A's version counter must move...
+        A.detach()[0].fill_(0.0)  # a write through a view: A's version counter must move...
     assert A._version > v0
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         y.sum().backward()  # ...so autograd refuses the stale graph instead of a wrong gradient
@@ -84,8 +91,8 @@ def test_write_through_bumps_the_base_version_for_autograd():
 def test_write_through_an_expanded_view():
     A = sparsefill.to_sparse(torch.eye(2))
     d = torch.eye(2)
-    A.expand(2, 2, 2).fill_(5.)
-    d.expand(2, 2, 2).fill_(5.)
+    A.expand(2, 2, 2).fill_(5.0)
+    d.expand(2, 2, 2).fill_(5.0)
     torch.testing.assert_close(A.to_dense(), d)
 
 
@@ -98,12 +105,13 @@ def test_a_failed_write_through_leaves_the_view_unchanged(monkeypatch):
     """The in-place op runs on the view, then its write-through fails: the view gets its old contents back."""
     from sparsefill.ops import views
 
-    A = sf.sparse_coo_tensor([[0, 1], [1, 2]], [1., 2.], (3, 4), fill_value=5.)
+    A = sf.sparse_coo_tensor([[0, 1], [1, 2]], [1.0, 2.0], (3, 4), fill_value=5.0)
     V = A[0]
     before = V.to_dense().clone()
 
     def boom(_):
         raise ValueError("write-through refused")
+
     monkeypatch.setattr(views, "write_through", boom)
     with pytest.raises(ValueError, match="refused"):
         V.add_(1)

@@ -45,18 +45,30 @@ def _grads(loss, v, f):
     return torch.autograd.grad(loss, (v, f), allow_unused=True)
 
 
-def _check(op, shape, positions, fill, loss=lambda y: (y * y).sum(), layout=torch.sparse_coo, dtype=DT,
-           native_backward=True):
+def _check(
+    op,
+    shape,
+    positions,
+    fill,
+    loss=lambda y: (y * y).sum(),
+    layout=torch.sparse_coo,
+    dtype=DT,
+    native_backward=True,
+):
     v, f, A = _signal(shape, positions, fill, layout, dtype)
     with sparsefill.densify_policy("raise"):
         y = op(A)
         assert isinstance(y, sparsefill.SparseTensor), type(y)
-        assert y._nse() < y.numel() or y.numel() <= 3 * len(positions) * 8, "the result is not sparse"
+        assert y._nse() < y.numel() or y.numel() <= 3 * len(positions) * 8, (
+            "the result is not sparse"
+        )
         gv, gf = _grads(loss(y), v, f) if native_backward else (None, None)
     ref = op(A.to_dense())
     torch.testing.assert_close(y.to_dense(), ref, equal_nan=True)
     rv, rf = _grads(loss(op(A.to_dense())), v, f)
-    if not native_backward:  # (dense by nature where the gradient fill is nonzero: the fallback may run)
+    if (
+        not native_backward
+    ):  # (dense by nature where the gradient fill is nonzero: the fallback may run)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", sparsefill.DensifyWarning)
             gv, gf = _grads(loss(op(A)), v, f)
@@ -81,10 +93,19 @@ def conv(kernel, **kw):
 
 
 @pytest.mark.parametrize("fill", [0.0, 5.0, math.nan, math.inf])
-@pytest.mark.parametrize("kw", [dict(stride=1), dict(stride=1, padding=2), dict(stride=2), dict(stride=3),
-                                dict(stride=2, padding=2, ceil_mode=True), dict(stride=1, padding=2,
-                                count_include_pad=False), dict(stride=2, padding=1, divisor_override=3)],
-                         ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()))
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(stride=1),
+        dict(stride=1, padding=2),
+        dict(stride=2),
+        dict(stride=3),
+        dict(stride=2, padding=2, ceil_mode=True),
+        dict(stride=1, padding=2, count_include_pad=False),
+        dict(stride=2, padding=1, divisor_override=3),
+    ],
+    ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()),
+)
 def test_avg_pool1d_1d_signal(fill, kw):
     w = 4 if kw.get("padding", 0) <= 2 else 6
     # a gradient fill that is nonzero needs a stride dividing the window (else the gradient is dense)
@@ -101,7 +122,13 @@ def test_avg_pool1d_loss_with_zero_gradient_fill():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_avg_pool1d_batched_and_dtypes(dtype):
-    pos = [[0, 0, 0], [0, 0, 39], [0, 2, 7], [1, 1, 20], [1, 1, 21]]  # (N, C, L) = (2, 3, 40): rows without elements
+    pos = [
+        [0, 0, 0],
+        [0, 0, 39],
+        [0, 2, 7],
+        [1, 1, 20],
+        [1, 1, 21],
+    ]  # (N, C, L) = (2, 3, 40): rows without elements
     y = _check(lambda x: F.avg_pool1d(x, 5, stride=1, padding=1), (2, 3, L), pos, 2.0, dtype=dtype)
     assert y.dtype == dtype and y.shape == (2, 3, L - 2)
 
@@ -115,36 +142,56 @@ def test_avg_pool1d_csr(fill):
 
 
 def test_avg_pool1d_uncoalesced_and_empty():
-    v = torch.tensor([1., 2., 3.], dtype=DT, requires_grad=True)
-    A = sparsefill.sparse_coo_tensor([[5, 5, 30]], v, (L,), fill_value=1.)
+    v = torch.tensor([1.0, 2.0, 3.0], dtype=DT, requires_grad=True)
+    A = sparsefill.sparse_coo_tensor([[5, 5, 30]], v, (L,), fill_value=1.0)
     assert not A.is_coalesced()
     torch.testing.assert_close(pool(3)(A).to_dense(), pool(3)(A.to_dense()))
-    E = sparsefill.sparse_coo_tensor(torch.zeros(1, 0, dtype=torch.int64), torch.zeros(0, dtype=DT), (L,),
-                                     fill_value=2.)
+    E = sparsefill.sparse_coo_tensor(
+        torch.zeros(1, 0, dtype=torch.int64), torch.zeros(0, dtype=DT), (L,), fill_value=2.0
+    )
     for op in (pool(3), pool(4, stride=2, padding=2), conv(torch.ones(1, 1, 3, dtype=DT))):
         torch.testing.assert_close(op(E).to_dense(), op(E.to_dense()))
-    Z = sparsefill.sparse_coo_tensor(torch.zeros(1, 0, dtype=torch.int64), torch.zeros(0, dtype=DT), (0,))
+    Z = sparsefill.sparse_coo_tensor(
+        torch.zeros(1, 0, dtype=torch.int64), torch.zeros(0, dtype=DT), (0,)
+    )
     for x in (Z, Z.to_dense()):  # a 0-size signal: torch's own error
         with pytest.raises(RuntimeError, match="Expected 3D or 4D"):
             pool(1)(x)
 
 
 @pytest.mark.parametrize("fill", [0.0, 5.0, math.nan])
-@pytest.mark.parametrize("kw", [dict(), dict(padding=2), dict(stride=2), dict(stride=2, padding=3, dilation=2),
-                                dict(dilation=3)],
-                         ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()) or "plain")
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(),
+        dict(padding=2),
+        dict(stride=2),
+        dict(stride=2, padding=3, dilation=2),
+        dict(dilation=3),
+    ],
+    ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()) or "plain",
+)
 def test_conv1d_1d_signal(fill, kw):
     """A kernel of distinct taps: the (element, tap) pairs; a NaN fill goes to the densify fallback."""
     kernel = torch.tensor([[[0.5, -1.0, 2.0, 0.25]]], dtype=DT)
     if math.isnan(fill):
         _check_fallback(conv(kernel, **kw), (L,), EDGES, fill)
     else:  # a nonzero gradient fill with a stride: the gradient is periodic (dense by nature)
-        _check(conv(kernel, **kw), (L,), EDGES, fill, native_backward=kw.get("stride", 1) == 1 or fill == 0.0)
+        _check(
+            conv(kernel, **kw),
+            (L,),
+            EDGES,
+            fill,
+            native_backward=kw.get("stride", 1) == 1 or fill == 0.0,
+        )
 
 
 @pytest.mark.parametrize("fill", [0.0, 5.0])
-@pytest.mark.parametrize("kw", [dict(), dict(padding=3), dict(stride=2, padding=1), dict(stride=3)],
-                         ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()) or "plain")
+@pytest.mark.parametrize(
+    "kw",
+    [dict(), dict(padding=3), dict(stride=2, padding=1), dict(stride=3)],
+    ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()) or "plain",
+)
 def test_conv1d_moving_average(fill, kw):
     """``conv1d`` with a constant kernel (a moving average, one channel per group): the prefix-sum path,
     bias included; batched depthwise too."""
@@ -153,7 +200,13 @@ def test_conv1d_moving_average(fill, kw):
     _check(conv(k, **kw), (L,), EDGES, fill, native_backward=6 % s == 0 or fill == 0.0)
     kd, b = torch.tensor([[[0.5] * 4], [[0.5] * 4]], dtype=DT), torch.tensor([1.0, 1.0], dtype=DT)
     pos = [[0, 0, 3], [0, 1, 39], [1, 0, 20]]
-    _check(lambda x: F.conv1d(x, kd, b, groups=2, **kw), (2, 2, L), pos, fill, native_backward=4 % s == 0)
+    _check(
+        lambda x: F.conv1d(x, kd, b, groups=2, **kw),
+        (2, 2, L),
+        pos,
+        fill,
+        native_backward=4 % s == 0,
+    )
 
 
 def _check_fallback(op, shape, positions, fill):
@@ -161,15 +214,20 @@ def _check_fallback(op, shape, positions, fill):
     v, f, A = _signal(shape, positions, fill)
     with pytest.warns(sparsefill.DensifyWarning, match="convolution"):
         y = op(A)
-    torch.testing.assert_close(y.to_dense() if isinstance(y, sparsefill.SparseTensor) else y, op(A.to_dense()),
-                               equal_nan=True)
+    torch.testing.assert_close(
+        y.to_dense() if isinstance(y, sparsefill.SparseTensor) else y,
+        op(A.to_dense()),
+        equal_nan=True,
+    )
 
 
 @pytest.mark.parametrize("fill", [0.0, 2.0, math.nan, -math.inf])
 @pytest.mark.parametrize("odd", [math.inf, -math.inf, math.nan])
 def test_avg_pool1d_non_finite_values(fill, odd):
     """Stored inf/NaN values: counted apart from the prefix sums (a window holding +inf and -inf is NaN)."""
-    v = torch.tensor([1.0, odd, 3.0, -odd if not math.isnan(odd) else 2.0, 4.0], dtype=DT, requires_grad=True)
+    v = torch.tensor(
+        [1.0, odd, 3.0, -odd if not math.isnan(odd) else 2.0, 4.0], dtype=DT, requires_grad=True
+    )
     f = torch.tensor(fill, dtype=DT, requires_grad=True)
     A = sparsefill.sparse_coo_tensor([[0, 5, 6, 8, 39]], v, (L,), fill_value=f)
     for kw in (dict(stride=1), dict(stride=2, padding=1)):
@@ -188,12 +246,16 @@ def test_conv1d_csr_unbatched(dtype):
     """A (C, L) CSR signal, unbatched conv1d (torch unsqueezes it to (1, C, L))."""
     pos = [[0, 0], [0, 20], [1, 39]]
     W = torch.full((1, 2, 5), 0.2, dtype=dtype)
-    y = _check(lambda x: F.conv1d(x, W, padding=2), (2, L), pos, 1.5, layout=torch.sparse_csr, dtype=dtype)
+    y = _check(
+        lambda x: F.conv1d(x, W, padding=2), (2, L), pos, 1.5, layout=torch.sparse_csr, dtype=dtype
+    )
     assert y.shape == (1, L)
 
 
-@pytest.mark.parametrize("groups, cout, uniform", [(1, 1, True), (2, 2, True), (1, 1, False), (1, 2, False),
-                                                   (2, 4, False)])
+@pytest.mark.parametrize(
+    "groups, cout, uniform",
+    [(1, 1, True), (2, 2, True), (1, 1, False), (1, 2, False), (2, 4, False)],
+)
 def test_conv1d_channels_weight_and_bias_gradients(groups, cout, uniform):
     """(N, C, L) = (2, 2, 40): the weight's and the bias's gradients too (dense leaves: dense gradients).
 
@@ -202,9 +264,14 @@ def test_conv1d_channels_weight_and_bias_gradients(groups, cout, uniform):
     is dense by nature) or each input channel its own gradient fill: the densify fallback, announced."""
     pos = [[0, 0, 0], [0, 1, 5], [0, 1, 6], [1, 0, 39], [1, 1, 20]]
     g = torch.Generator().manual_seed(1)
-    W = (torch.full((cout, 2 // groups, 3), 0.25, dtype=DT) if uniform else
-         torch.randn(cout, 2 // groups, 3, generator=g, dtype=DT)).requires_grad_()
-    b = (torch.full((cout,), 0.5, dtype=DT) if uniform else torch.randn(cout, generator=g, dtype=DT)).requires_grad_()
+    W = (
+        torch.full((cout, 2 // groups, 3), 0.25, dtype=DT)
+        if uniform
+        else torch.randn(cout, 2 // groups, 3, generator=g, dtype=DT)
+    ).requires_grad_()
+    b = (
+        torch.full((cout,), 0.5, dtype=DT) if uniform else torch.randn(cout, generator=g, dtype=DT)
+    ).requires_grad_()
     op = lambda x: F.conv1d(x, W, b, padding=1, groups=groups)  # noqa: E731
     v, f, A = _signal((2, 2, L), pos, 0.5)
     with sparsefill.densify_policy("raise" if uniform else "warn"):
@@ -244,8 +311,9 @@ def test_gradient_is_sparse():
     y = F.avg_pool1d(x[None, None], 10, stride=1)
     assert y._nse() <= 3 * 10
     G = y * y
-    gi = torch.ops.aten.avg_pool2d_backward.default(G[None], x[None, None, None], [1, 10], [1, 1], [0, 0],
-                                                    False, True, None)
+    gi = torch.ops.aten.avg_pool2d_backward.default(
+        G[None], x[None, None, None], [1, 10], [1, 1], [0, 0], False, True, None
+    )
     assert isinstance(gi, sparsefill.SparseTensor) and gi._nse() <= 3 * 19 + 2 * 9
 
 
@@ -255,7 +323,9 @@ def test_avg_pool_backward_gradient_fill(w, s, p, native):
     ``[0, 0]`` selection): native where the stride divides the window (uniform coverage w / s), else dense
     by nature (the gradient's unspecified elements differ by position mod s): every output of ``G`` stored,
     O(outputs), no densify fallback; under ``dense_by_nature='raise'`` it refuses."""
-    x = sparsefill.sparse_coo_tensor([[0, 9, 10, 30, 39]], [1., 2., 3., 4., 5.], (L,), fill_value=2.)[None, None, None]
+    x = sparsefill.sparse_coo_tensor(
+        [[0, 9, 10, 30, 39]], [1.0, 2.0, 3.0, 4.0, 5.0], (L,), fill_value=2.0
+    )[None, None, None]
     y = torch.ops.aten.avg_pool2d.default(x, [1, w], [1, s], [0, p], False, True, None)
     G = y * y + 1.0
     args = (G, x, [1, w], [1, s], [0, p], False, False, None)
@@ -264,13 +334,19 @@ def test_avg_pool_backward_gradient_fill(w, s, p, native):
             gi = torch.ops.aten.avg_pool2d_backward.default(*args)
         assert isinstance(gi, sparsefill.SparseTensor) and gi._nse() < L
     else:
-        with sparsefill.densify_policy("raise"):  # no fallback; the gate's dense_by_nature refuses if asked
+        with sparsefill.densify_policy(
+            "raise"
+        ):  # no fallback; the gate's dense_by_nature refuses if asked
             gi = torch.ops.aten.avg_pool2d_backward.default(*args)
-            with pytest.raises(sparsefill.DensifyError, match="dense by nature"), \
-                    sparsefill.densify_policy(dense_by_nature="raise"):
+            with (
+                pytest.raises(sparsefill.DensifyError, match="dense by nature"),
+                sparsefill.densify_policy(dense_by_nature="raise"),
+            ):
                 torch.ops.aten.avg_pool2d_backward.default(*args)
     ref = torch.ops.aten.avg_pool2d_backward.default(G.to_dense(), x.to_dense(), *args[2:])
-    torch.testing.assert_close(gi.to_dense() if isinstance(gi, sparsefill.SparseTensor) else gi, ref)
+    torch.testing.assert_close(
+        gi.to_dense() if isinstance(gi, sparsefill.SparseTensor) else gi, ref
+    )
 
 
 @pytest.mark.parametrize("layout", [torch.sparse_coo, torch.sparse_csr], ids=["coo", "csr"])
@@ -282,7 +358,7 @@ def test_avg_pool1d_short_rows_backward_within_the_input_size(layout, w, s, p, c
     shape = (4, 3, 9)
     keep = torch.rand(shape, generator=torch.Generator().manual_seed(1)) < 0.25
     idx = keep.nonzero().T
-    v = torch.linspace(-2., 3., idx.shape[1], dtype=torch.float64).requires_grad_()
+    v = torch.linspace(-2.0, 3.0, idx.shape[1], dtype=torch.float64).requires_grad_()
     f = torch.tensor(0.75, dtype=torch.float64, requires_grad=True)
     make = lambda: sparsefill.sparse_coo_tensor(idx, v, shape, fill_value=f)  # noqa: E731
     A = make().to_sparse(layout=layout)
@@ -296,7 +372,7 @@ def test_avg_pool1d_short_rows_backward_within_the_input_size(layout, w, s, p, c
 
 
 def test_indefinite_fill_raises():
-    A = sparsefill.sparse_coo_tensor([[1, 5]], [1., 2.], (10,), fill_value=sparsefill.indefinite)
+    A = sparsefill.sparse_coo_tensor([[1, 5]], [1.0, 2.0], (10,), fill_value=sparsefill.indefinite)
     with pytest.raises(ValueError, match="indefinite"):
         F.avg_pool1d(A[None, None], 3)
     with pytest.raises(ValueError, match="indefinite"):
@@ -316,16 +392,20 @@ def test_bad_arguments_raise_as_torch():
 def test_unsupported_goes_dense_exactly():
     """A true 2-d pooling window and a transposed convolution are not windows along one dim: the densify
     fallback computes them (exact, with its DensifyWarning)."""
-    A = sparsefill.sparse_coo_tensor([[0, 1], [2, 3]], [1., 2.], (3, 5), fill_value=1.)
+    A = sparsefill.sparse_coo_tensor([[0, 1], [2, 3]], [1.0, 2.0], (3, 5), fill_value=1.0)
     with pytest.warns(sparsefill.DensifyWarning):
         y = F.avg_pool2d(A[None], 2)
-    torch.testing.assert_close(y.to_dense() if isinstance(y, sparsefill.SparseTensor) else y,
-                               F.avg_pool2d(A.to_dense()[None], 2))
+    torch.testing.assert_close(
+        y.to_dense() if isinstance(y, sparsefill.SparseTensor) else y,
+        F.avg_pool2d(A.to_dense()[None], 2),
+    )
     K = torch.ones(1, 1, 2)
     with pytest.warns(sparsefill.DensifyWarning):
         y = F.conv_transpose1d(A[None, :1], K)
-    torch.testing.assert_close(y.to_dense() if isinstance(y, sparsefill.SparseTensor) else y,
-                               F.conv_transpose1d(A.to_dense()[None, :1], K))
+    torch.testing.assert_close(
+        y.to_dense() if isinstance(y, sparsefill.SparseTensor) else y,
+        F.conv_transpose1d(A.to_dense()[None, :1], K),
+    )
 
 
 @pytest.mark.parametrize("fill", [[0.0] * 12, [float(i) for i in range(12)], [math.nan] * 12])
@@ -366,6 +446,7 @@ def test_compiled_kernel_equals_torch_path(w, s, p, odd):
     pytest.importorskip("numba", reason="the compiled window kernel needs numba")
     from sparsefill.ops.windows import _core
     from sparsefill.ops.windows.pooling import _pool_windows
+
     g = torch.Generator().manual_seed(w * 10 + s)
     n_rows, L = 4, 60
     keys = torch.randperm(n_rows * L, generator=g)[:40].sort().values
@@ -378,8 +459,10 @@ def test_compiled_kernel_equals_torch_path(w, s, p, odd):
     fwd, bwd = _pool_windows(w, s, p)
     oL, oR = -(-p // s), (L - 1 + p - (w - 1)) // s
     edges = 0
-    for shape, tL, tR, win, reach, S in (((2, 2, Lo), oL, oR, fwd, bwd, L),
-                                         ((2, 2, L), oL * s - p + w - 1, oR * s - p, bwd, fwd, Lo)):
+    for shape, tL, tR, win, reach, S in (
+        ((2, 2, Lo), oL, oR, fwd, bwd, L),
+        ((2, 2, L), oL * s - p + w - 1, oR * s - p, bwd, fwd, Lo),
+    ):
         src = x if S == L else x.clamp(max=Lo - 1)
         keep = torch.ones_like(src, dtype=torch.bool)
         keep[1:] = (rows[1:] != rows[:-1]) | (src[1:] != src[:-1])  # (unique positions in a row)
@@ -388,7 +471,9 @@ def test_compiled_kernel_equals_torch_path(w, s, p, odd):
             ref = _core._windowed(*args)
         with sparsefill.segment.use_backend("numba"):
             got = _core._windowed_compiled(*args)
-        assert torch.equal(got.idx, ref.idx) and torch.equal(got.edge, ref.edge.sort().values)  # (any order)
+        assert torch.equal(got.idx, ref.idx) and torch.equal(
+            got.edge, ref.edge.sort().values
+        )  # (any order)
         torch.testing.assert_close(got.sums, ref.sums, equal_nan=True)
         edges += got.edge.numel()
     assert edges, "no edge target: the edges' bare sums are not exercised"
@@ -398,11 +483,11 @@ def test_avg_pool_backward_gradient_past_the_right_edge():
     """A gradient stored only at the last output (ceil_mode, padding, count_include_pad=False: the last two
     outputs' divisors differ), fill 1: the inputs between the interior and that output's window take the edge
     weights too (their union once ended at the first stored window past the edge's start)."""
-    x = sparsefill.sparse_coo_tensor([[3]], [2.], (L,), fill_value=1.)[None, None, None]
+    x = sparsefill.sparse_coo_tensor([[3]], [2.0], (L,), fill_value=1.0)[None, None, None]
     args = ([1, 6], [1, 2], [0, 3], True, False, None)
     y = torch.ops.aten.avg_pool2d.default(x, *args)
     Lo = y.shape[-1]
-    G = sparsefill.sparse_coo_tensor([[0], [0], [0], [Lo - 1]], [5.], y.shape, fill_value=1.)
+    G = sparsefill.sparse_coo_tensor([[0], [0], [0], [Lo - 1]], [5.0], y.shape, fill_value=1.0)
     with sparsefill.densify_policy("raise"):
         gi = torch.ops.aten.avg_pool2d_backward.default(G, x, *args)
     ref = torch.ops.aten.avg_pool2d_backward.default(G.to_dense(), x.to_dense(), *args)
@@ -418,6 +503,7 @@ def test_selections_of_the_pipeline_share_the_index(fill, coalesced, backend):
     stored elements too (the zeroed index whose size-1 rows are not written)."""
     # (no window op: the numba run repeats the torch run; kept rather than a skip)
     from sparsefill.ops import shape
+
     n = shape._CALLOC_MIN + 10
     g = torch.Generator().manual_seed(3)
     L = n + 1000
@@ -428,7 +514,11 @@ def test_selections_of_the_pipeline_share_the_index(fill, coalesced, backend):
     f = torch.tensor(fill, dtype=DT, requires_grad=True)
     A = sparsefill.sparse_coo_tensor(pos[None], v, (L,), fill_value=f)
     assert A.is_coalesced() == coalesced
-    ops = [lambda x: x[None][0], lambda x: x[None, None].squeeze(1)[0], lambda x: x.unsqueeze(0).unsqueeze(0)[0, 0]]
+    ops = [
+        lambda x: x[None][0],
+        lambda x: x[None, None].squeeze(1)[0],
+        lambda x: x.unsqueeze(0).unsqueeze(0)[0, 0],
+    ]
     for op in ops:
         y = op(A)
         yd = op(A.to_dense())
@@ -443,6 +533,6 @@ def test_selections_of_the_pipeline_share_the_index(fill, coalesced, backend):
     for S in (B.squeeze(1), B[0], B.squeeze(0)[0]):
         assert S._idx.untyped_storage().data_ptr() == B._idx.untyped_storage().data_ptr()  # a view
         torch.testing.assert_close(S.to_dense(), B.to_dense().reshape(S.shape), equal_nan=True)
-    G = torch.ops.aten.select_backward.default(A.detach() * 2., [1, L], 0, 0)
+    G = torch.ops.aten.select_backward.default(A.detach() * 2.0, [1, L], 0, 0)
     assert G._idx.shape[0] == 2 and not bool(G._idx[0].any())
-    torch.testing.assert_close(G.to_dense(), (A.detach() * 2.).to_dense()[None], equal_nan=True)
+    torch.testing.assert_close(G.to_dense(), (A.detach() * 2.0).to_dense()[None], equal_nan=True)

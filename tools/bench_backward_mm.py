@@ -18,11 +18,15 @@ import subprocess
 import sys
 import time
 
-SIZES = {"N=5k, 50k stored, D=32": (5000, 50000, 32), "N=50k, 500k stored, D=32": (50000, 500000, 32)}
+SIZES = {
+    "N=5k, 50k stored, D=32": (5000, 50000, 32),
+    "N=50k, 500k stored, D=32": (50000, 500000, 32),
+}
 
 
 def _inputs(n, nse, d):
     import torch
+
     g = torch.Generator().manual_seed(0)
     keys = torch.randint(n * n, (nse + nse // 8,), generator=g).unique()[:nse]
     keys = keys[torch.randperm(keys.numel(), generator=g)].sort().values
@@ -33,6 +37,7 @@ def _inputs(n, nse, d):
 def _step_fn(impl, n, nse, d):
     import torch
     import sparsefill
+
     rows, cols, v0, X0 = _inputs(n, nse, d)
     v, X = v0.clone().requires_grad_(), X0.clone().requires_grad_()
     f = torch.tensor(0.0, requires_grad=True)
@@ -44,7 +49,9 @@ def _step_fn(impl, n, nse, d):
         ((A @ X) * W).sum().backward()
 
     def ours_csr():
-        A = sparsefill.sparse_coo_tensor(idx, v, (n, n), fill_value=f, is_coalesced=True).to_sparse_csr()
+        A = sparsefill.sparse_coo_tensor(
+            idx, v, (n, n), fill_value=f, is_coalesced=True
+        ).to_sparse_csr()
         ((A @ X) * W).sum().backward()
 
     def hand():
@@ -53,6 +60,7 @@ def _step_fn(impl, n, nse, d):
 
     def unrouted():  # the path before the route (torch's formula: the dense G @ X^T)
         from sparsefill import SparseTensor
+
         SparseTensor._route = lambda *a: NotImplemented
         ours()
 
@@ -60,17 +68,24 @@ def _step_fn(impl, n, nse, d):
         A = torch.zeros(n, n).index_put_((rows, cols), v)
         ((A @ X) * W).sum().backward()
 
-    fn = {"sparsefill COO": ours, "sparsefill CSR": ours_csr, "gather + index_add_": hand, "dense": dense,
-          "sparsefill COO unrouted": unrouted}[impl]
+    fn = {
+        "sparsefill COO": ours,
+        "sparsefill CSR": ours_csr,
+        "gather + index_add_": hand,
+        "dense": dense,
+        "sparsefill COO unrouted": unrouted,
+    }[impl]
 
     def step():
         v.grad = X.grad = f.grad = None
         fn()
+
     return step
 
 
 def _child(impl, size, reps):
     import torch
+
     torch.set_num_threads(1)
     _step_fn(impl, 100, 500, 32)()  # lazy imports and first-call set-up, outside the measured peak
     step = _step_fn(impl, *SIZES[size])
@@ -89,7 +104,10 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--child", nargs=2)
-    p.add_argument("--impls", default="sparsefill COO,sparsefill CSR,gather + index_add_,sparsefill COO unrouted")
+    p.add_argument(
+        "--impls",
+        default="sparsefill COO,sparsefill CSR,gather + index_add_,sparsefill COO unrouted",
+    )
     a = p.parse_args()
     if a.child:
         return _child(*a.child, a.reps)
@@ -97,9 +115,16 @@ def main():
         for impl in a.impls.split(","):
             if impl == "sparsefill COO unrouted" and SIZES[size][0] > 5000:
                 continue  # the dense N x N gradient: 10 GB at N=50k
-            r = subprocess.run([sys.executable, __file__, "--child", impl, size, "--reps", str(a.reps)],
-                               capture_output=True, text=True)
-            res = json.loads(r.stdout) if r.returncode == 0 else {"error": r.stderr.strip().splitlines()[-1:]}
+            r = subprocess.run(
+                [sys.executable, __file__, "--child", impl, size, "--reps", str(a.reps)],
+                capture_output=True,
+                text=True,
+            )
+            res = (
+                json.loads(r.stdout)
+                if r.returncode == 0
+                else {"error": r.stderr.strip().splitlines()[-1:]}
+            )
             print(f"{size:28s} {impl:22s} {res}", flush=True)
 
 

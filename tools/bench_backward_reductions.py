@@ -37,24 +37,33 @@ CASES = {
 
 def _child(impl, reps):
     import torch
+
     torch.set_num_threads(1)
     import sparsefill
+
     g = torch.Generator().manual_seed(0)
     idx = torch.randperm(N, generator=g)[:NSE].sort().values[None]
     v = torch.randn(NSE, generator=g, dtype=torch.float64).requires_grad_()
     f = torch.tensor(FILL, dtype=torch.float64, requires_grad=True)
-    x = torch.full((N,), FILL, dtype=torch.float64).index_put_((idx[0],), v.detach()).requires_grad_()
+    x = (
+        torch.full((N,), FILL, dtype=torch.float64)
+        .index_put_((idx[0],), v.detach())
+        .requires_grad_()
+    )
     out = {}
     for name, fn in CASES.items():
         if impl == "dense":
+
             def step():
                 x.grad = None
                 fn(x, torch).backward()
         else:
+
             def step():
                 v.grad = f.grad = None
                 s = sparsefill.sparse_coo_tensor(idx, v, (N,), fill_value=f, is_coalesced=True)
                 fn(s, torch).backward()
+
         step()
         times = []
         for _ in range(reps):
@@ -68,7 +77,9 @@ def _child(impl, reps):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--reps", type=int, default=7)
-    p.add_argument("--before", help="source tree of the sparsefill to compare with (e.g. a git worktree's src)")
+    p.add_argument(
+        "--before", help="source tree of the sparsefill to compare with (e.g. a git worktree's src)"
+    )
     p.add_argument("--child", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.child:
@@ -81,12 +92,18 @@ def main(argv=None):
         env = dict(os.environ, OMP_NUM_THREADS="1")
         if path:
             env["PYTHONPATH"] = path
-        r = subprocess.run([sys.executable, __file__, "--child", impl, "--reps", str(a.reps)], env=env,
-                           capture_output=True, text=True)
+        r = subprocess.run(
+            [sys.executable, __file__, "--child", impl, "--reps", str(a.reps)],
+            env=env,
+            capture_output=True,
+            text=True,
+        )
         if r.returncode:
             sys.exit(f"{label} failed:\n{r.stderr}")
         res[label] = json.loads(r.stdout.strip().splitlines()[-1])
-    print(f"forward + backward, N={N:,}, {NSE:,} stored, fill {FILL}, float64, 1 thread, median of {a.reps} (ms)")
+    print(
+        f"forward + backward, N={N:,}, {NSE:,} stored, fill {FILL}, float64, 1 thread, median of {a.reps} (ms)"
+    )
     labels = list(res)
     print(f"{'case':24s}" + "".join(f"{lab:>20s}" for lab in labels))
     for name in CASES:

@@ -30,8 +30,10 @@ from pathlib import Path
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TESTS = os.path.join(os.path.dirname(HERE), "tests")
-if sys.path and os.path.abspath(sys.path[0] or ".") == HERE:  # run as a script: this file is not the
-    sys.path.pop(0)                                               # 'coverage' package numba imports
+if (
+    sys.path and os.path.abspath(sys.path[0] or ".") == HERE
+):  # run as a script: this file is not the
+    sys.path.pop(0)  # 'coverage' package numba imports
 
 FORWARD_ORDER = ("FAIL", "densify", "native", "declared")  # tests/conftest.py's summary orders
 BACKWARD_ORDER = ("FAIL", "declared", "densify-backward", "densify", "native")
@@ -42,11 +44,14 @@ def _modules():
     if TESTS not in sys.path:
         sys.path.insert(0, TESTS)
     # tests/conftest.py by its path: under pytest another folder's conftest may hold the name "conftest"
-    spec = importlib.util.spec_from_file_location("sparsefill_tests_conftest", Path(TESTS) / "conftest.py")
+    spec = importlib.util.spec_from_file_location(
+        "sparsefill_tests_conftest", Path(TESTS) / "conftest.py"
+    )
     conftest = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(conftest)
     import test_opinfo
     import test_opinfo_backward
+
     return conftest, test_opinfo, test_opinfo_backward
 
 
@@ -81,6 +86,7 @@ def _forward_stage(op, fwd_mod):
     """``(stage, aten ops)`` that ``sparsefill.explain`` names for the op's first sample made sparse."""
     import torch
     import sparsefill
+
     try:
         for seed, sample in enumerate(op.sample_inputs("cpu", torch.float64, requires_grad=False)):
             conv = fwd_mod._convert_sample(sample, "coo", seed)
@@ -97,12 +103,23 @@ def _forward_stage(op, fwd_mod):
 def _revision() -> str:
     """`` at commit abc1234`` (``, src/ modified`` when the working tree differs there), or ``""``."""
     import subprocess
+
     root = os.path.dirname(HERE)
     try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
-                              check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "src"], cwd=root, capture_output=True,
-                               text=True, check=True).stdout.strip()
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "src"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return ""
     return f" at commit {head}" + (" with src/ modified in the working tree" if dirty else "")
@@ -118,7 +135,10 @@ def generate(names=None, out=None, backward=True) -> str:
     conftest, fwd_mod, bwd_mod = _modules()
     from sparsefill.ops import registry
     from sparsefill._explain import _where
-    pick = (lambda op: True) if names is None else (lambda op: _key(op) in names or op.name in names)  # noqa: E731
+
+    pick = (
+        (lambda op: True) if names is None else (lambda op: _key(op) in names or op.name in names)
+    )  # noqa: E731
     fops = [op for op in fwd_mod.OPS if pick(op)]
     bops = [op for op in bwd_mod.OPS if pick(op)] if backward else []
     t0 = time.time()
@@ -128,8 +148,11 @@ def generate(names=None, out=None, backward=True) -> str:
     _, bhow = conftest._classify(bwd, BACKWARD_ORDER) if bwd else ({}, {})
     took = time.time() - t0
 
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC") + _revision()
+    stamp = (
+        datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC") + _revision()
+    )
     import torch
+
     lines = [
         "# Coverage: which stage computes each op",
         "",
@@ -160,13 +183,24 @@ def generate(names=None, out=None, backward=True) -> str:
         stage, aten = _forward_stage(op, fwd_mod)
         counts[stage] += 1
         b = bhow.get(k, "-") if backward else "not run"
-        lines.append(f"| `{k}` | {stage} | {', '.join(f'`{a}`' for a in aten) or '-'} | {fhow.get(k, '-')} | "
-                     f"{_layouts(fwd.get(k, {}))} | {b} | {_layouts(bwd.get(k, {})) if k in bwd else '-'} |")
+        lines.append(
+            f"| `{k}` | {stage} | {', '.join(f'`{a}`' for a in aten) or '-'} | {fhow.get(k, '-')} | "
+            f"{_layouts(fwd.get(k, {}))} | {b} | {_layouts(bwd.get(k, {})) if k in bwd else '-'} |"
+        )
     fsum = collections.Counter(fhow.values())
     bsum = collections.Counter(bhow.values())
-    lines[4:4] = [f"Totals: forward stage {dict(sorted(counts.items()))}; forward outcome "
-                  f"{dict(sorted(fsum.items()))}; backward outcome {dict(sorted(bsum.items()))}.", ""]
-    lines += ["", "## Registered aten handlers", "", "| aten op | handler | where |", "|---|---|---|"]
+    lines[4:4] = [
+        f"Totals: forward stage {dict(sorted(counts.items()))}; forward outcome "
+        f"{dict(sorted(fsum.items()))}; backward outcome {dict(sorted(bsum.items()))}.",
+        "",
+    ]
+    lines += [
+        "",
+        "## Registered aten handlers",
+        "",
+        "| aten op | handler | where |",
+        "|---|---|---|",
+    ]
     for func, h in sorted(registry.HANDLERS.items(), key=lambda kv: str(kv[0])):
         lines.append(f"| `{func}` | `{h.__qualname__}` | `{_where(h)}` |")
     text = "\n".join(lines) + "\n"

@@ -5,6 +5,7 @@ import sys
 
 if len(sys.argv) > 1 and sys.argv[1] == "bench":
     from .bench import main
+
     sys.exit(main(sys.argv[2:]))
 
 from .tour import main  # noqa: E402

@@ -1,4 +1,5 @@
-"""Constructors: ``sparse_coo_tensor``, ``sparse_csr_tensor``, ``to_sparse``, ``from_torch`` and factories.
+"""Constructors: ``sparse_coo_tensor``, ``sparse_csr_tensor``, ``to_sparse``, ``from_torch`` and
+factories.
 
 Every constructor validates its input (errors name the argument and the numbers,
 nothing passed in is modified) and is differentiable with respect to ``values``
@@ -21,8 +22,23 @@ from ._autograd import Construct, SameDense, refuse_dual
 from ._compile import inner_sizes, traced, tracing_mode
 from ._tensor import SparseTensor
 
-__all__ = ["indefinite", "sparse_coo_tensor", "sparse_csr_tensor", "to_sparse", "from_torch", "to_torch", "full", "zeros", "ones",
-           "empty", "eye", "full_like", "zeros_like", "ones_like", "empty_like"]
+__all__ = [
+    "indefinite",
+    "sparse_coo_tensor",
+    "sparse_csr_tensor",
+    "to_sparse",
+    "from_torch",
+    "to_torch",
+    "full",
+    "zeros",
+    "ones",
+    "empty",
+    "eye",
+    "full_like",
+    "zeros_like",
+    "ones_like",
+    "empty_like",
+]
 
 
 # ---------------------------------------------------------------------- validation helpers
@@ -37,7 +53,9 @@ def _scalar_fits(x, dtype) -> bool:
         return False
     info = torch.iinfo(dtype)
     if not info.min <= x <= info.max:
-        raise ValueError(f"fill_value {x!r} is out of range [{info.min}, {info.max}] of dtype {dtype}")
+        raise ValueError(
+            f"fill_value {x!r} is out of range [{info.min}, {info.max}] of dtype {dtype}"
+        )
     return True
 
 
@@ -59,8 +77,11 @@ def _is_indefinite(fill_value, dense_shape) -> bool:
     shape is not a valid array fill (it is one when the dense dims end with a 0-size dim)."""
     if fill_value is indefinite:
         return True
-    shape = fill_value.shape if isinstance(fill_value, torch.Tensor) else (
-        (0,) if isinstance(fill_value, (list, tuple)) and len(fill_value) == 0 else None)
+    shape = (
+        fill_value.shape
+        if isinstance(fill_value, torch.Tensor)
+        else ((0,) if isinstance(fill_value, (list, tuple)) and len(fill_value) == 0 else None)
+    )
     return shape == (0,) and not (dense_shape and dense_shape[-1] == 0)
 
 
@@ -78,11 +99,18 @@ def normalize_fill(fill_value, dtype, device, dense_shape, *, own=False):
         return torch.empty(0, dtype=dtype, device=device), True, False
     if isinstance(fill_value, torch.Tensor):
         if fill_value.dtype != dtype:
-            raise TypeError(f"fill_value has dtype {fill_value.dtype} but the tensor has dtype {dtype}; "
-                            f"pass fill_value.to({dtype})")
+            raise TypeError(
+                f"fill_value has dtype {fill_value.dtype} but the tensor has dtype {dtype}; "
+                f"pass fill_value.to({dtype})"
+            )
         if fill_value.device != torch.device(device):
-            raise TypeError(f"fill_value is on device {fill_value.device} but the tensor is on {device}")
-        fill, zero = fill_value, fill_value.device.type == "cpu" and not traced() and not bool(fill_value.any())
+            raise TypeError(
+                f"fill_value is on device {fill_value.device} but the tensor is on {device}"
+            )
+        fill, zero = (
+            fill_value,
+            fill_value.device.type == "cpu" and not traced() and not bool(fill_value.any()),
+        )
         fill = fill.resolve_conj().resolve_neg()  # (as the values': see _values_tensor)
         if own:
             fill = fill.detach().clone()
@@ -98,43 +126,59 @@ def normalize_fill(fill_value, dtype, device, dense_shape, *, own=False):
     else:
         t = _array_fill(fill_value)
         if not torch.can_cast(t.dtype, dtype):
-            raise TypeError(f"fill_value of dtype {t.dtype} cannot be cast to the tensor's dtype {dtype}")
+            raise TypeError(
+                f"fill_value of dtype {t.dtype} cannot be cast to the tensor's dtype {dtype}"
+            )
         fill, zero = t.to(dtype=dtype, device=device), not traced() and not bool(t.any())
-        _check_no_overflow(fill_value, t.isfinite() if t.is_floating_point() or t.is_complex() else True,
-                           fill, dtype)
+        _check_no_overflow(
+            fill_value,
+            t.isfinite() if t.is_floating_point() or t.is_complex() else True,
+            fill,
+            dtype,
+        )
     _check_fill_shape(fill, dense_shape)
     return fill, False, zero
 
 
 def _check_fill_shape(fill: torch.Tensor, dense_shape) -> None:
     """The fill broadcasts to ``dense_shape``: every trailing dim of the fill is 1 or that dim (not
-    torch.broadcast_shapes, whose first call imports sympy: 0.3 s of every process's first constructor)."""
+    torch.broadcast_shapes, whose first call imports sympy: 0.3 s of every process's first
+    constructor)."""
     dense_shape = tuple(dense_shape)
-    fits = fill.dim() <= len(dense_shape) and all(f in (1, d) for f, d in zip(reversed(fill.shape),
-                                                                               reversed(dense_shape)))
+    fits = fill.dim() <= len(dense_shape) and all(
+        f in (1, d) for f, d in zip(reversed(fill.shape), reversed(dense_shape))
+    )
     if not fits:
-        raise ValueError(f"fill_value of shape {tuple(fill.shape)} does not broadcast to the dense dims "
-                         f"{dense_shape} of the tensor (a scalar, the dense shape, or smaller)")
+        raise ValueError(
+            f"fill_value of shape {tuple(fill.shape)} does not broadcast to the dense dims "
+            f"{dense_shape} of the tensor (a scalar, the dense shape, or smaller)"
+        )
 
 
 def _array_fill(fill_value) -> torch.Tensor:
-    """A list/array fill as a tensor; a TypeError naming fill_value for anything that is not a number, an
-    array of numbers, a tensor or ``sparsefill.indefinite`` (a dict, an object, a string)."""
+    """A list/array fill as a tensor; a TypeError naming fill_value for anything that is not a
+    number, an array of numbers, a tensor or ``sparsefill.indefinite`` (a dict, an object, a
+    string)."""
     if isinstance(fill_value, (str, bytes, dict, set)):
-        raise TypeError(f"fill_value must be a number, a tensor, a list of numbers or sparsefill.indefinite, "
-                        f"got {type(fill_value).__name__}")
+        raise TypeError(
+            f"fill_value must be a number, a tensor, a list of numbers or sparsefill.indefinite, "
+            f"got {type(fill_value).__name__}"
+        )
     try:
         return torch.as_tensor(fill_value)
     except ValueError as e:  # (a ragged list)
         raise ValueError(f"fill_value is no array of numbers: {e}") from None
     except (RuntimeError, TypeError) as e:
-        raise TypeError(f"fill_value must be a number, a tensor, a list of numbers or sparsefill.indefinite, "
-                        f"got {type(fill_value).__name__} ({e})") from None
+        raise TypeError(
+            f"fill_value must be a number, a tensor, a list of numbers or sparsefill.indefinite, "
+            f"got {type(fill_value).__name__} ({e})"
+        ) from None
 
 
 def _check_no_overflow(fill_value, finite, fill: torch.Tensor, dtype) -> None:
-    """A finite number (``finite``: a bool or a mask over ``fill``) that becomes +-inf in ``dtype`` (``1e6`` in
-    float16) is refused as the integers out of range are: the fill would silently differ from what was asked."""
+    """A finite number (``finite``: a bool or a mask over ``fill``) that becomes +-inf in ``dtype``
+    (``1e6`` in float16) is refused as the integers out of range are: the fill would silently differ
+    from what was asked."""
     if not (dtype.is_floating_point or dtype.is_complex) or traced() or fill.device.type != "cpu":
         return
     f = torch.view_as_real(fill) if fill.is_complex() else fill
@@ -147,11 +191,17 @@ def _check_no_overflow(fill_value, finite, fill: torch.Tensor, dtype) -> None:
         hit = inf & finite
     if bool(hit.any()):
         info = torch.finfo(dtype)
-        raise ValueError(f"fill_value {fill_value!r} is out of range [{info.min}, {info.max}] of dtype {dtype}")
+        raise ValueError(
+            f"fill_value {fill_value!r} is out of range [{info.min}, {info.max}] of dtype {dtype}"
+        )
 
 
 def _index_tensor(x, name: str, device) -> torch.Tensor:
-    t = x if isinstance(x, torch.Tensor) else torch.as_tensor(x, dtype=torch.int64 if _is_empty_like(x) else None)
+    t = (
+        x
+        if isinstance(x, torch.Tensor)
+        else torch.as_tensor(x, dtype=torch.int64 if _is_empty_like(x) else None)
+    )
     if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
         raise TypeError(f"{name} must be an integer tensor, got dtype {t.dtype}")
     return t.to(device=device, dtype=torch.int64)
@@ -165,14 +215,29 @@ def _is_empty_like(x) -> bool:
 
 
 def _values_tensor(values, dtype, device, fill_value) -> torch.Tensor:
-    if isinstance(values, torch.Tensor):  # (conjugate/negative bits resolved: ops inside __torch_dispatch__ run
-        # with those dispatch keys excluded and would read the raw data, A * 2 of values.conj() conjugated)
-        return values.to(dtype=dtype or values.dtype, device=device or values.device).resolve_conj().resolve_neg()
+    if isinstance(
+        values, torch.Tensor
+    ):  # (conjugate/negative bits resolved: ops inside __torch_dispatch__ run
+        # with those dispatch keys excluded and would read the raw data, A * 2 of values.conj()
+        # conjugated)
+        return (
+            values.to(dtype=dtype or values.dtype, device=device or values.device)
+            .resolve_conj()
+            .resolve_neg()
+        )
     v = torch.as_tensor(values)
-    if dtype is None and fill_value is not None and fill_value is not indefinite and not (
-            isinstance(fill_value, (list, tuple)) and len(fill_value) == 0):
+    if (
+        dtype is None
+        and fill_value is not None
+        and fill_value is not indefinite
+        and not (isinstance(fill_value, (list, tuple)) and len(fill_value) == 0)
+    ):
         f = fill_value if isinstance(fill_value, torch.Tensor) else torch.as_tensor(fill_value)
-        dtype = f.dtype if v.numel() == 0 or isinstance(fill_value, torch.Tensor) else torch.promote_types(v.dtype, f.dtype)
+        dtype = (
+            f.dtype
+            if v.numel() == 0 or isinstance(fill_value, torch.Tensor)
+            else torch.promote_types(v.dtype, f.dtype)
+        )
     return v.to(dtype=dtype or v.dtype, device=device)
 
 
@@ -187,9 +252,16 @@ def _size_tuple(size, name="size"):
 
 def _check_bounds(idx: torch.Tensor, sizes, name: str, dim_name: str | None = None) -> None:
     flat = idx if idx.dim() == 2 else idx[None]
-    if traced(idx):  # torch.compile: the data is not known while tracing; checked when the graph runs
-        ok = ((flat >= 0) & (flat < torch.tensor(list(sizes)[:flat.shape[0]], device=idx.device)[:, None])).all()
-        torch._assert_async(ok, f"{name} has an entry out of range [0, size) for sizes {tuple(sizes)}")
+    if traced(
+        idx
+    ):  # torch.compile: the data is not known while tracing; checked when the graph runs
+        ok = (
+            (flat >= 0)
+            & (flat < torch.tensor(list(sizes)[: flat.shape[0]], device=idx.device)[:, None])
+        ).all()
+        torch._assert_async(
+            ok, f"{name} has an entry out of range [0, size) for sizes {tuple(sizes)}"
+        )
         return
     if idx.shape[-1] == 0:
         return
@@ -199,56 +271,74 @@ def _check_bounds(idx: torch.Tensor, sizes, name: str, dim_name: str | None = No
         if a < 0:
             raise IndexError(f"{where} has a negative entry {a}")
         if b >= s:
-            raise IndexError(f"{where} has an entry {b} out of range for size {s} of "
-                             f"{dim_name or f'sparse dim {d}'}")
+            raise IndexError(
+                f"{where} has an entry {b} out of range for size {s} of "
+                f"{dim_name or f'sparse dim {d}'}"
+            )
 
 
 def _check_crow(crow: torch.Tensor, nse: int) -> None:
-    """``crow_indices`` ``(*batch, nrows + 1)`` starts at 0, ends at ``nse`` and never decreases, in every
-    batch (so every entry is in ``[0, nse]``): one pass."""
+    """``crow_indices`` ``(*batch, nrows + 1)`` starts at 0, ends at ``nse`` and never decreases, in
+    every batch (so every entry is in ``[0, nse]``): one pass."""
     if not crow.numel():
         return
     first, last, steps = crow[..., 0], crow[..., -1], crow[..., 1:] - crow[..., :-1]
     if bool((first != 0).any()) or bool((last != nse).any()):
-        raise ValueError(f"crow_indices must start at 0 and end at nse={nse} in every batch; got first "
-                         f"{first.unique().tolist()[:4]}, last {last.unique().tolist()[:4]}")
+        raise ValueError(
+            f"crow_indices must start at 0 and end at nse={nse} in every batch; got first "
+            f"{first.unique().tolist()[:4]}, last {last.unique().tolist()[:4]}"
+        )
     if bool((steps < 0).any()):
         at = (steps < 0).nonzero()[0].tolist()
-        raise ValueError(f"crow_indices must be non-decreasing: at {tuple(at[:-1])} row {at[-1]} it goes from "
-                         f"{int(crow[tuple(at)])} to {int(crow[tuple(at[:-1]) + (at[-1] + 1,)])}")
+        raise ValueError(
+            f"crow_indices must be non-decreasing: at {tuple(at[:-1])} row {at[-1]} it goes from "
+            f"{int(crow[tuple(at)])} to {int(crow[tuple(at[:-1]) + (at[-1] + 1,)])}"
+        )
 
 
 def _check_rows_sorted(crow: torch.Tensor, col: torch.Tensor) -> None:
-    """``col_indices`` strictly increase within each row (sorted, no duplicates), for a ``crow_indices`` that
-    :func:`_check_crow` accepted: adjacent stored elements compared, except where a row starts.  O(nse + nrows),
-    no linear keys (so no bound on the number of positions)."""
+    """``col_indices`` strictly increase within each row (sorted, no duplicates), for a
+    ``crow_indices`` that :func:`_check_crow` accepted: adjacent stored elements compared, except
+    where a row starts.  O(nse + nrows), no linear keys (so no bound on the number of positions)."""
     nse = col.shape[-1]
     if nse < 2 or not col.numel():
         return
     c, r = col.reshape(-1, nse), crow.reshape(col.numel() // nse, -1)
-    starts = torch.zeros(c.shape[0], nse + 1, dtype=torch.bool, device=col.device).scatter_(1, r, True)
+    starts = torch.zeros(c.shape[0], nse + 1, dtype=torch.bool, device=col.device).scatter_(
+        1, r, True
+    )
     bad = ((c[:, 1:] <= c[:, :-1]) & ~starts[:, 1:nse]).nonzero()
     if bad.numel():
         b, n = bad[0].tolist()
         row = int(torch.searchsorted(r[b], n + 1, right=True)) - 1
-        where = f"batch {tuple(_index.unravel(torch.tensor([b]), col.shape[:-1])[:, 0].tolist())}, " \
-            if col.dim() > 1 else ""
-        raise ValueError(f"col_indices must be strictly increasing within each row: in {where}row {row}, stored "
-                         f"element {n + 1} (column {int(c[b, n + 1])}) follows column {int(c[b, n])}")
+        where = (
+            f"batch {tuple(_index.unravel(torch.tensor([b]), col.shape[:-1])[:, 0].tolist())}, "
+            if col.dim() > 1
+            else ""
+        )
+        raise ValueError(
+            f"col_indices must be strictly increasing within each row: in {where}row {row}, stored "
+            f"element {n + 1} (column {int(c[b, n + 1])}) follows column {int(c[b, n])}"
+        )
 
 
 def _size_from_data(what: str) -> None:
-    """While torch.compile traces, a size inferred from the indices would be a value read from data: a graph
-    break (the constructor runs eagerly)."""
+    """While torch.compile traces, a size inferred from the indices would be a value read from data:
+    a graph break (the constructor runs eagerly)."""
     if traced():
-        sys.modules["torch._dynamo"].graph_break(msg=f"sparsefill.{what} with size=None reads the indices "
-                                                 "(pass size= to compile it)")
+        sys.modules["torch._dynamo"].graph_break(
+            msg=f"sparsefill.{what} with size=None reads the indices (pass size= to compile it)"
+        )
 
 
 def _build(make, values, fill, requires_grad: bool) -> SparseTensor:
     """Run ``make(values, fill)`` under autograd when either input requires grad."""
     refuse_dual("a sparsefill constructor", values, fill)
-    if torch.is_grad_enabled() and (values.requires_grad or fill.requires_grad) or _func_wrapped(values, fill):
+    if (
+        torch.is_grad_enabled()
+        and (values.requires_grad or fill.requires_grad)
+        or _func_wrapped(values, fill)
+    ):
         out = Construct.apply(values, fill, make)
     else:
         out = make(values.detach(), fill.detach())
@@ -258,16 +348,17 @@ def _build(make, values, fill, requires_grad: bool) -> SparseTensor:
 
 
 def _func_wrapped(*ts) -> bool:
-    """A tensor of a torch.func transform (vmap's batched, jvp's dual): built through the autograd.Function,
-    whose rules answer for the transform (never a SparseTensor holding the transform's wrapper inside)."""
+    """A tensor of a torch.func transform (vmap's batched, jvp's dual): built through the
+    autograd.Function, whose rules answer for the transform (never a SparseTensor holding the
+    transform's wrapper inside)."""
     wrapped = torch._C._functorch.is_functorch_wrapped_tensor
     return torch._C._are_functorch_transforms_active() and any(map(wrapped, ts))
 
 
 def _same_dense(x, fn):
-    """``fn(x)`` (a conversion: the same dense tensor), differentiable.  While traced its inner data-dependent
-    sizes may stay unbound (``_compile.inner_sizes``): dynamo runs a conversion method (``to_sparse_csr``) as
-    one node of its graph, on fake tensors."""
+    """``fn(x)`` (a conversion: the same dense tensor), differentiable.  While traced its inner
+    data-dependent sizes may stay unbound (``_compile.inner_sizes``): dynamo runs a conversion
+    method (``to_sparse_csr``) as one node of its graph, on fake tensors."""
     refuse_dual("a sparsefill conversion", x)
     if tracing_mode() is not None:
         with inner_sizes():
@@ -282,19 +373,29 @@ def _same_dense_of(x, fn):
 
 
 # ---------------------------------------------------------------------- constructors
-def sparse_coo_tensor(indices, values, size=None, *, fill_value=None, dtype=None, device=None,
-                      requires_grad=False, is_coalesced=None, check_invariants=True) -> SparseTensor:
+def sparse_coo_tensor(
+    indices,
+    values,
+    size=None,
+    *,
+    fill_value=None,
+    dtype=None,
+    device=None,
+    requires_grad=False,
+    is_coalesced=None,
+    check_invariants=True,
+) -> SparseTensor:
     """COO SparseTensor, as :func:`torch.sparse_coo_tensor` plus ``fill_value``.
 
-    ``indices``: ``(sparse_dim, nse)`` integers; ``values``: ``(nse, *dense_shape)``; duplicates add up.
-    ``fill_value``: None (zero), a number, an array broadcasting to ``dense_shape``, or
+    ``indices``: ``(sparse_dim, nse)`` integers; ``values``: ``(nse, *dense_shape)``; duplicates add
+    up. ``fill_value``: None (zero), a number, an array broadcasting to ``dense_shape``, or
     ``sparsefill.indefinite`` (also spelled ``[]``).
 
     ``check_invariants=True`` (the default) checks the indices against ``size`` and, unless
-    ``is_coalesced=False``, whether they are sorted without duplicates: one vectorised O(nse) pass (a few
-    reductions over ``indices``).  ``False`` skips it, as torch's switch: indices out of range then give
-    undefined results (compiled kernels index memory with them).  Files, pickles, queues and collectives
-    are always checked (:func:`check_parts`).
+    ``is_coalesced=False``, whether they are sorted without duplicates: one vectorised O(nse) pass
+    (a few reductions over ``indices``).  ``False`` skips it, as torch's switch: indices out of
+    range then give undefined results (compiled kernels index memory with them).  Files, pickles,
+    queues and collectives are always checked (:func:`check_parts`).
 
     >>> import sparsefill
     >>> A = sparsefill.sparse_coo_tensor([[0, 3]], [[.11, .12], [.31, .32]], (4, 2), fill_value=1.2)
@@ -309,8 +410,10 @@ def sparse_coo_tensor(indices, values, size=None, *, fill_value=None, dtype=None
         raise ValueError("values must have at least one dim (nse, *dense_shape), got a 0-d tensor")
     sdim, nse = idx.shape
     if values.shape[0] != nse:
-        raise ValueError(f"values has {values.shape[0]} rows (shape {tuple(values.shape)}) but indices has "
-                         f"nse={nse} columns")
+        raise ValueError(
+            f"values has {values.shape[0]} rows (shape {tuple(values.shape)}) but indices has "
+            f"nse={nse} columns"
+        )
     dense_shape = tuple(values.shape[1:])
     if size is None:
         _size_from_data("sparse_coo_tensor")
@@ -319,19 +422,25 @@ def sparse_coo_tensor(indices, values, size=None, *, fill_value=None, dtype=None
     else:
         size = _size_tuple(size)
         if len(size) != sdim + len(dense_shape) or size[sdim:] != dense_shape:
-            raise ValueError(f"size {size} does not match indices with sparse_dim={sdim} and values with dense "
-                             f"shape {dense_shape} (expected {sdim} sparse sizes followed by {dense_shape})")
+            raise ValueError(
+                f"size {size} does not match indices with sparse_dim={sdim} and values with dense "
+                f"shape {dense_shape} (expected {sdim} sparse sizes followed by {dense_shape})"
+            )
         if check_invariants:
             _check_bounds(idx, size, "indices")
     fill, indefinite, zero = normalize_fill(fill_value, values.dtype, values.device, dense_shape)
     coalesced = False
     if check_invariants and is_coalesced and traced(idx):  # (checked when the graph runs)
         keys = _index.linearize(idx, size[:sdim])
-        torch._assert_async((keys[1:] > keys[:-1]).all(), "is_coalesced=True but indices are not sorted "
-                            "without duplicates")
+        torch._assert_async(
+            (keys[1:] > keys[:-1]).all(),
+            "is_coalesced=True but indices are not sorted without duplicates",
+        )
         coalesced = True
     elif check_invariants and is_coalesced is not False and traced(idx):
-        coalesced = False  # (not known without reading the indices: the handlers coalesce where they need)
+        coalesced = (
+            False  # (not known without reading the indices: the handlers coalesce where they need)
+        )
     elif check_invariants and is_coalesced is not False:
         coalesced = _first_unsorted(idx, size[:sdim]) is None
         if is_coalesced and not coalesced:
@@ -340,34 +449,57 @@ def sparse_coo_tensor(indices, values, size=None, *, fill_value=None, dtype=None
         coalesced = True
 
     def make(v, f):
-        return SparseTensor(torch.sparse_coo, size, v, f.clone(), indices=idx, indefinite=indefinite,
-                            coalesced=coalesced, known_zero=zero)
+        return SparseTensor(
+            torch.sparse_coo,
+            size,
+            v,
+            f.clone(),
+            indices=idx,
+            indefinite=indefinite,
+            coalesced=coalesced,
+            known_zero=zero,
+        )
+
     return _build(make, values, fill, requires_grad)
 
 
 def _first_unordered_column(crow: torch.Tensor, col: torch.Tensor):
-    """The first stored element ``n`` of a 2-D CSR pattern whose column is not above its predecessor's in the
-    same row (``col[n] <= col[n - 1]``), or None: ``crow`` already checked (0 .. nse, non-decreasing)."""
+    """The first stored element ``n`` of a 2-D CSR pattern whose column is not above its
+    predecessor's in the same row (``col[n] <= col[n - 1]``), or None: ``crow`` already checked (0
+    .. nse, non-decreasing)."""
     if col.numel() < 2:
         return None
     bad = col[1:] <= col[:-1]
     starts = crow[1:-1]
-    bad[starts[(starts > 0) & (starts < col.numel())] - 1] = False  # (a pair across two rows is not ordered)
+    bad[starts[(starts > 0) & (starts < col.numel())] - 1] = (
+        False  # (a pair across two rows is not ordered)
+    )
     at = bad.nonzero()
     return int(at[0]) + 1 if at.numel() else None
 
 
-def sparse_csr_tensor(crow_indices, col_indices, values, size=None, *, fill_value=None, dtype=None, device=None,
-                      requires_grad=False, check_invariants=True) -> SparseTensor:
+def sparse_csr_tensor(
+    crow_indices,
+    col_indices,
+    values,
+    size=None,
+    *,
+    fill_value=None,
+    dtype=None,
+    device=None,
+    requires_grad=False,
+    check_invariants=True,
+) -> SparseTensor:
     """CSR SparseTensor, as :func:`torch.sparse_csr_tensor` plus ``fill_value``.
 
-    ``crow_indices``: ``(*batch, nrows + 1)``; ``col_indices``: ``(*batch, nse)`` sorted within rows;
-    ``values``: ``(*batch, nse, *dense_shape)``.
+    ``crow_indices``: ``(*batch, nrows + 1)``; ``col_indices``: ``(*batch, nse)`` sorted within
+    rows; ``values``: ``(*batch, nse, *dense_shape)``.
 
-    ``check_invariants=True`` (the default) checks ``crow_indices`` (0, non-decreasing, nse), the columns'
-    range and their order within each row: one vectorised O(nse + nrows) pass.  ``False`` skips it, as
-    torch's switch: parts that break these give undefined results (compiled kernels index memory with
-    them).  Files, pickles, queues and collectives are always checked (:func:`check_parts`).
+    ``check_invariants=True`` (the default) checks ``crow_indices`` (0, non-decreasing, nse), the
+    columns' range and their order within each row: one vectorised O(nse + nrows) pass.  ``False``
+    skips it, as torch's switch: parts that break these give undefined results (compiled kernels
+    index memory with them).  Files, pickles, queues and collectives are always checked
+    (:func:`check_parts`).
 
     >>> import sparsefill
     >>> sparsefill.sparse_csr_tensor([0, 1, 1], [2], [3.], (2, 3), fill_value=-1.).to_dense()
@@ -378,19 +510,25 @@ def sparse_csr_tensor(crow_indices, col_indices, values, size=None, *, fill_valu
     crow = _index_tensor(crow_indices, "crow_indices", values.device)
     col = _index_tensor(col_indices, "col_indices", values.device)
     if crow.dim() < 1 or col.dim() != crow.dim():
-        raise ValueError(f"crow_indices (shape {tuple(crow.shape)}) and col_indices (shape {tuple(col.shape)}) "
-                         "must have the same number (>= 1) of dims")
+        raise ValueError(
+            f"crow_indices (shape {tuple(crow.shape)}) and col_indices (shape {tuple(col.shape)}) "
+            "must have the same number (>= 1) of dims"
+        )
     batch, nse = tuple(crow.shape[:-1]), col.shape[-1]
     if tuple(col.shape[:-1]) != batch or tuple(values.shape[: len(batch) + 1]) != batch + (nse,):
-        raise ValueError(f"values (shape {tuple(values.shape)}) and col_indices (shape {tuple(col.shape)}) must "
-                         f"start with the batch shape {batch} of crow_indices followed by nse={nse}")
-    nrows, dense_shape = crow.shape[-1] - 1, tuple(values.shape[len(batch) + 1:])
+        raise ValueError(
+            f"values (shape {tuple(values.shape)}) and col_indices (shape {tuple(col.shape)}) must "
+            f"start with the batch shape {batch} of crow_indices followed by nse={nse}"
+        )
+    nrows, dense_shape = crow.shape[-1] - 1, tuple(values.shape[len(batch) + 1 :])
     if nrows < 0:
         raise ValueError("crow_indices must have at least one entry per batch (nrows + 1)")
     if check_invariants and traced(crow):  # (checked when the graph runs)
         steps = crow[..., 1:] - crow[..., :-1]
-        torch._assert_async(((crow[..., 0] == 0) & (crow[..., -1] == nse)).all() & (steps >= 0).all(),
-                            "crow_indices must start at 0, end at nse and be non-decreasing in every batch")
+        torch._assert_async(
+            ((crow[..., 0] == 0) & (crow[..., -1] == nse)).all() & (steps >= 0).all(),
+            "crow_indices must start at 0, end at nse and be non-decreasing in every batch",
+        )
     elif check_invariants:
         _check_crow(crow, nse)
     if size is None:
@@ -401,39 +539,71 @@ def sparse_csr_tensor(crow_indices, col_indices, values, size=None, *, fill_valu
     else:
         size = _size_tuple(size)
         want = batch + (nrows,)
-        if len(size) != len(batch) + 2 + len(dense_shape) or size[: len(want)] != want or \
-                size[len(want) + 1:] != dense_shape:
-            raise ValueError(f"size {size} does not match crow_indices (batch {batch}, nrows {nrows}) and values "
-                             f"with dense shape {dense_shape}")
+        if (
+            len(size) != len(batch) + 2 + len(dense_shape)
+            or size[: len(want)] != want
+            or size[len(want) + 1 :] != dense_shape
+        ):
+            raise ValueError(
+                f"size {size} does not match crow_indices (batch {batch}, nrows {nrows}) and values "
+                f"with dense shape {dense_shape}"
+            )
     ncols = size[len(batch) + 1]
     if check_invariants:
         _check_bounds(col.reshape(-1), [ncols], "col_indices", dim_name="columns")
     fill, indefinite, zero = normalize_fill(fill_value, values.dtype, values.device, dense_shape)
 
     def make(v, f):
-        return SparseTensor(torch.sparse_csr, size, v, f.clone(), crow=crow, col=col, indefinite=indefinite,
-                            known_zero=zero)
+        return SparseTensor(
+            torch.sparse_csr,
+            size,
+            v,
+            f.clone(),
+            crow=crow,
+            col=col,
+            indefinite=indefinite,
+            known_zero=zero,
+        )
+
     out = _build(make, values, fill, requires_grad)
     if check_invariants and traced(col):
         keys = out._keys()
-        torch._assert_async((keys[1:] > keys[:-1]).all(), "col_indices must be strictly increasing within each row")
+        torch._assert_async(
+            (keys[1:] > keys[:-1]).all(), "col_indices must be strictly increasing within each row"
+        )
     elif check_invariants and not batch:  # (no key tensor: 3x faster at 1M stored)
         n = _first_unordered_column(crow, col)
         if n is not None:
-            rows = (torch.searchsorted(crow, torch.tensor([n - 1, n], device=crow.device), right=True) - 1).tolist()
-            raise ValueError(f"col_indices must be strictly increasing within each row: stored element {n} "
-                             f"(position {(rows[1], int(col[n]))}) follows position {(rows[0], int(col[n - 1]))}")
+            rows = (
+                torch.searchsorted(crow, torch.tensor([n - 1, n], device=crow.device), right=True)
+                - 1
+            ).tolist()
+            raise ValueError(
+                f"col_indices must be strictly increasing within each row: stored element {n} "
+                f"(position {(rows[1], int(col[n]))}) follows position {(rows[0], int(col[n - 1]))}"
+            )
     elif check_invariants:
         _check_rows_sorted(crow, col)
     return out
 
 
 # ---------------------------------------------------------------------- parts from outside
-def check_parts(layout, size, values, fill, indices=None, crow=None, col=None, *, indefinite: bool = False,
-                coalesced: bool = False) -> None:
-    """Raise (ValueError, TypeError or IndexError, naming the part and the numbers) unless the parts form a
-    valid SparseTensor as it is stored: the invariants every kernel relies on before it indexes memory with
-    a stored index.  The constructors' checks (``check_invariants=True``), for parts that arrive whole
+def check_parts(
+    layout,
+    size,
+    values,
+    fill,
+    indices=None,
+    crow=None,
+    col=None,
+    *,
+    indefinite: bool = False,
+    coalesced: bool = False,
+) -> None:
+    """Raise (ValueError, TypeError or IndexError, naming the part and the numbers) unless the parts
+    form a valid SparseTensor as it is stored: the invariants every kernel relies on before it
+    indexes memory with a stored index.  The constructors' checks (``check_invariants=True``), for
+    parts that arrive whole
     (``torch.load``, pickle, queues, deep copies, collectives: see ``_loading.rebuild``)::
 
         COO  indices int64 (sparse_dim, nse), each row in [0, size[d]); values (nse, *dense_shape);
@@ -442,8 +612,8 @@ def check_parts(layout, size, values, fill, indices=None, crow=None, col=None, *
              in [0, ncols), strictly increasing within each row; values (*batch, nse, *dense_shape)
         fill of the values' dtype and device: (0,) when indefinite, else broadcasting to dense_shape
 
-    One vectorised pass over the indices, O(nse + nrows); nothing dense is allocated.  The data checks are
-    skipped where there is no data to read (meta tensors, torch.compile's fake tensors).
+    One vectorised pass over the indices, O(nse + nrows); nothing dense is allocated.  The data
+    checks are skipped where there is no data to read (meta tensors, torch.compile's fake tensors).
 
     >>> check_parts(torch.sparse_csr, (2, 3), torch.ones(1), torch.tensor(0.), crow=torch.tensor([0, 1, 1]),
     ...             col=torch.tensor([7]))
@@ -462,8 +632,10 @@ def check_parts(layout, size, values, fill, indices=None, crow=None, col=None, *
     if _index.numel(size) > _index._INT64_MAX:
         raise ValueError(f"size {size} has more than 2**63 - 1 elements")
     if indefinite and tuple(fill.shape) != (0,):
-        raise ValueError(f"an indefinite fill is stored as a tensor of shape (0,), got fill_value of shape "
-                         f"{tuple(fill.shape)}")
+        raise ValueError(
+            f"an indefinite fill is stored as a tensor of shape (0,), got fill_value of shape "
+            f"{tuple(fill.shape)}"
+        )
     if not indefinite:
         _check_fill_shape(fill, size[sparse_ndim:])
     if not _has_data(values, *named.values()):
@@ -481,14 +653,20 @@ def check_parts(layout, size, values, fill, indices=None, crow=None, col=None, *
 def _check_part_types(parts: dict) -> None:
     values = parts["values"]
     for name, t in parts.items():
-        if not isinstance(t, torch.Tensor) or isinstance(t, SparseTensor) or t.layout is not torch.strided:
+        if (
+            not isinstance(t, torch.Tensor)
+            or isinstance(t, SparseTensor)
+            or t.layout is not torch.strided
+        ):
             raise TypeError(f"{name} must be a strided torch.Tensor, got {_what(t)}")
         if t.device != values.device:
             raise ValueError(f"{name} is on device {t.device} but values is on {values.device}")
         if name.endswith("indices") and t.dtype != torch.int64:
             raise TypeError(f"{name} must have dtype torch.int64, got {t.dtype}")
     if parts["fill_value"].dtype != values.dtype:
-        raise TypeError(f"fill_value has dtype {parts['fill_value'].dtype} but values has dtype {values.dtype}")
+        raise TypeError(
+            f"fill_value has dtype {parts['fill_value'].dtype} but values has dtype {values.dtype}"
+        )
 
 
 def _what(t) -> str:
@@ -500,40 +678,58 @@ def _what(t) -> str:
 def _coo_shapes(size, values, indices) -> int:
     """nse of COO parts whose shapes agree with ``size``."""
     if indices.dim() != 2 or values.dim() < 1:
-        raise ValueError(f"indices must be 2-D (sparse_dim, nse) and values at least 1-D (nse, *dense_shape), "
-                         f"got shapes {tuple(indices.shape)} and {tuple(values.shape)}")
+        raise ValueError(
+            f"indices must be 2-D (sparse_dim, nse) and values at least 1-D (nse, *dense_shape), "
+            f"got shapes {tuple(indices.shape)} and {tuple(values.shape)}"
+        )
     sdim, nse = indices.shape
     if values.shape[0] != nse:
-        raise ValueError(f"values has {values.shape[0]} rows (shape {tuple(values.shape)}) but indices has "
-                         f"nse={nse} columns")
+        raise ValueError(
+            f"values has {values.shape[0]} rows (shape {tuple(values.shape)}) but indices has "
+            f"nse={nse} columns"
+        )
     if len(size) != sdim + values.dim() - 1 or size[sdim:] != tuple(values.shape[1:]):
-        raise ValueError(f"size {size} does not match indices with sparse_dim={sdim} and values with dense shape "
-                         f"{tuple(values.shape[1:])}")
+        raise ValueError(
+            f"size {size} does not match indices with sparse_dim={sdim} and values with dense shape "
+            f"{tuple(values.shape[1:])}"
+        )
     return nse
 
 
 def _csr_shapes(size, values, crow, col) -> int:
     """nse (per batch) of CSR parts whose shapes agree with ``size``."""
     if crow.dim() < 1 or col.dim() != crow.dim() or crow.shape[-1] < 1:
-        raise ValueError(f"crow_indices (shape {tuple(crow.shape)}) and col_indices (shape {tuple(col.shape)}) "
-                         "must have the same number (>= 1) of dims, crow_indices at least one entry (nrows + 1)")
+        raise ValueError(
+            f"crow_indices (shape {tuple(crow.shape)}) and col_indices (shape {tuple(col.shape)}) "
+            "must have the same number (>= 1) of dims, crow_indices at least one entry (nrows + 1)"
+        )
     batch, nse = tuple(crow.shape[:-1]), col.shape[-1]
     if tuple(col.shape[:-1]) != batch or tuple(values.shape[: len(batch) + 1]) != batch + (nse,):
-        raise ValueError(f"values (shape {tuple(values.shape)}) and col_indices (shape {tuple(col.shape)}) must "
-                         f"start with the batch shape {batch} of crow_indices followed by nse={nse}")
+        raise ValueError(
+            f"values (shape {tuple(values.shape)}) and col_indices (shape {tuple(col.shape)}) must "
+            f"start with the batch shape {batch} of crow_indices followed by nse={nse}"
+        )
     k = len(batch)
-    if len(size) != values.dim() + 1 or size[:k + 1] != batch + (crow.shape[-1] - 1,) or \
-            size[k + 2:] != tuple(values.shape[k + 1:]):
-        raise ValueError(f"size {size} does not match crow_indices (batch {batch}, nrows {crow.shape[-1] - 1}) "
-                         f"and values with dense shape {tuple(values.shape[k + 1:])}")
+    if (
+        len(size) != values.dim() + 1
+        or size[: k + 1] != batch + (crow.shape[-1] - 1,)
+        or size[k + 2 :] != tuple(values.shape[k + 1 :])
+    ):
+        raise ValueError(
+            f"size {size} does not match crow_indices (batch {batch}, nrows {crow.shape[-1] - 1}) "
+            f"and values with dense shape {tuple(values.shape[k + 1 :])}"
+        )
     if nse > size[k] * size[k + 1]:
-        raise ValueError(f"nse={nse} exceeds the {size[k] * size[k + 1]} positions of a {size[k]} x {size[k + 1]} "
-                         "matrix")
+        raise ValueError(
+            f"nse={nse} exceeds the {size[k] * size[k + 1]} positions of a {size[k]} x {size[k + 1]} "
+            "matrix"
+        )
     return nse
 
 
 def _has_data(*ts) -> bool:
-    """The tensors' values can be read on the host (no meta or fake tensor, nothing being traced)."""
+    """The tensors' values can be read on the host (no meta or fake tensor, nothing being
+    traced)."""
     fake = torch._subclasses.fake_tensor.FakeTensor
     return not traced() and not any(t.is_meta or isinstance(t, fake) for t in ts)
 
@@ -542,14 +738,16 @@ def _check_sorted_unique(indices: torch.Tensor, sparse_shape) -> None:
     """COO ``indices`` claimed coalesced: their columns strictly increase in row-major order."""
     j = _first_unsorted(indices, sparse_shape)
     if j is not None:
-        raise ValueError(f"is_coalesced=True but indices are not sorted without duplicates: column {j} "
-                         f"{tuple(indices[:, j].tolist())} follows {tuple(indices[:, j - 1].tolist())}")
+        raise ValueError(
+            f"is_coalesced=True but indices are not sorted without duplicates: column {j} "
+            f"{tuple(indices[:, j].tolist())} follows {tuple(indices[:, j - 1].tolist())}"
+        )
 
 
 def _first_unsorted(indices: torch.Tensor, sparse_shape) -> int | None:
-    """The first column of in-range COO ``indices`` not past its predecessor in row-major order (None: sorted
-    without duplicates): one pass over their linear keys (which fit int64: torch has no tensor of more than
-    2**63 - 1 elements)."""
+    """The first column of in-range COO ``indices`` not past its predecessor in row-major order
+    (None: sorted without duplicates): one pass over their linear keys (which fit int64: torch has
+    no tensor of more than 2**63 - 1 elements)."""
     if indices.shape[1] < 2:
         return None
     keys = _index.linearize(indices, sparse_shape)
@@ -558,16 +756,19 @@ def _first_unsorted(indices: torch.Tensor, sparse_shape) -> int | None:
 
 
 def to_sparse(x, *, fill_value=None, layout=torch.sparse_coo, dense_dim=None) -> SparseTensor:
-    """SparseTensor specifying exactly the elements (dense slices) of ``x`` that differ from ``fill_value``.
+    """SparseTensor specifying exactly the elements (dense slices) of ``x`` that differ from
+    ``fill_value``.
 
-    NaN fills leave NaN elements unspecified.  ``x`` may be dense, torch native sparse or a SparseTensor
-    (then layout/fill/dense_dim change, as ``x.to_sparse(...)``).  Invariant: ``to_sparse(x, ...).to_dense() == x``.
+    NaN fills leave NaN elements unspecified.  ``x`` may be dense, torch native sparse or a
+    SparseTensor (then layout/fill/dense_dim change, as ``x.to_sparse(...)``).  Invariant:
+    ``to_sparse(x, ...).to_dense() == x``.
 
-    A scipy.sparse, pydata ``sparse`` or pandas sparse object is read by :func:`sparsefill.from_scipy`,
-    :func:`~sparsefill.from_pydata` or :func:`~sparsefill.from_pandas` (its fill and pattern kept; a
-    ``fill_value`` equal to its fill prunes its fill-valued elements, another one re-specifies it, O(numel)),
-    then treated as a SparseTensor.  Another object that densifies (``toarray()``/``todense()``) goes
-    through the densify policy before its dense array is allocated.
+    A scipy.sparse, pydata ``sparse`` or pandas sparse object is read by
+    :func:`sparsefill.from_scipy`, :func:`~sparsefill.from_pydata` or
+    :func:`~sparsefill.from_pandas` (its fill and pattern kept; a ``fill_value`` equal to its fill
+    prunes its fill-valued elements, another one re-specifies it, O(numel)), then treated as a
+    SparseTensor.  Another object that densifies (``toarray()``/``todense()``) goes through the
+    densify policy before its dense array is allocated.
 
     >>> import torch, sparsefill
     >>> sparsefill.to_sparse(torch.ones(10), fill_value=1.)._nse()
@@ -577,6 +778,7 @@ def to_sparse(x, *, fill_value=None, layout=torch.sparse_coo, dense_dim=None) ->
         return x.to_sparse(layout, fill_value=fill_value, dense_dim=dense_dim)
     if not isinstance(x, torch.Tensor):
         from ._interop import as_dense, from_peer
+
         A, fill_value = from_peer(x, fill_value)
         if A is not None:
             return A.to_sparse(layout, fill_value=fill_value, dense_dim=dense_dim)
@@ -584,34 +786,47 @@ def to_sparse(x, *, fill_value=None, layout=torch.sparse_coo, dense_dim=None) ->
     if x.layout is not torch.strided:
         return from_torch(x).to_sparse(layout, fill_value=fill_value, dense_dim=dense_dim)
     dd = _convert.check_dense_dim(x.dim(), dense_dim, layout)
-    fill, indefinite, zero = normalize_fill(fill_value, x.dtype, x.device, x.shape[x.dim() - dd:], own=True)
+    fill, indefinite, zero = normalize_fill(
+        fill_value, x.dtype, x.device, x.shape[x.dim() - dd :], own=True
+    )
     return _same_dense(x, lambda t: _convert.dense_to_sparse(t, fill, indefinite, zero, layout, dd))
 
 
 def convert(A: SparseTensor, layout=None, fill_value=None, dense_dim=None) -> SparseTensor:
-    """``A.to_sparse(layout, fill_value=, dense_dim=)``: same dense tensor, other layout/fill/dense dims."""
+    """``A.to_sparse(layout, fill_value=, dense_dim=)``: same dense tensor, other layout/fill/dense
+    dims."""
     layout = A._sf_layout if layout is None else layout
-    dd = _convert.check_dense_dim(A.dim(), A.dense_dim() if dense_dim is None else dense_dim, layout)
+    dd = _convert.check_dense_dim(
+        A.dim(), A.dense_dim() if dense_dim is None else dense_dim, layout
+    )
     keep = (indefinite if A._indefinite else A._fill) if fill_value is None else fill_value
     try:
-        fill, indef, zero = normalize_fill(keep, A.dtype, A.device, A.shape[A.dim() - dd:], own=True)
+        fill, indef, zero = normalize_fill(
+            keep, A.dtype, A.device, A.shape[A.dim() - dd :], own=True
+        )
     except ValueError as e:
         if fill_value is not None:
             raise
-        raise ValueError(f"dense_dim {A.dense_dim()} -> {dd}: the fill of shape {tuple(A._fill.shape)} does not fit "
-                         f"the new dense dims {tuple(A.shape[A.dim() - dd:])}; pass fill_value= as well") from e
+        raise ValueError(
+            f"dense_dim {A.dense_dim()} -> {dd}: the fill of shape {tuple(A._fill.shape)} does not fit "
+            f"the new dense dims {tuple(A.shape[A.dim() - dd :])}; pass fill_value= as well"
+        ) from e
     if dd == A.dense_dim() and (fill_value is None or indef and A._indefinite):  # the pattern stays
-        return A if layout is A._sf_layout else _same_dense(A, lambda a: _convert.to_layout(a, layout))
+        return (
+            A if layout is A._sf_layout else _same_dense(A, lambda a: _convert.to_layout(a, layout))
+        )
     return _same_dense(A, lambda a: _convert.convert_fill(a, fill, indef, zero, layout, dd))
 
 
 def from_torch(t: torch.Tensor) -> SparseTensor:
-    """SparseTensor (zero fill) from a torch native sparse tensor (COO, CSR; CSC/BSR/BSC become COO).
+    """SparseTensor (zero fill) from a torch native sparse tensor (COO, CSR; CSC/BSR/BSC become
+    COO).
 
     Built on ``t``'s index and value tensors without copying them (an op that re-specifies the
     SparseTensor later gives it new storage, as any SparseTensor op).  A dense ``t`` goes through
-    :func:`to_sparse`.  Its parts are checked first (:func:`check_parts`, one O(nse) pass; ValueError): torch
-    does not check the sparse tensors it loads unless ``torch.sparse.check_sparse_tensor_invariants`` is on.
+    :func:`to_sparse`.  Its parts are checked first (:func:`check_parts`, one O(nse) pass;
+    ValueError): torch does not check the sparse tensors it loads unless
+    ``torch.sparse.check_sparse_tensor_invariants`` is on.
     """
     if t.layout is torch.strided:
         return to_sparse(t)
@@ -619,21 +834,36 @@ def from_torch(t: torch.Tensor) -> SparseTensor:
 
 
 def to_torch(A: SparseTensor, *, materialize: bool = False) -> torch.Tensor:
-    """Torch native sparse tensor of ``A`` (differentiable); see :meth:`SparseTensor.to_torch`.  Under torch.compile
-    a graph break (with ``fullgraph=True`` dynamo's error, this message): torch traces no native sparse tensor of a
-    data-dependent nse (it guards on it)."""
-    if traced(A._vals):  # (dynamo runs A.to_torch() on fake tensors, as one node of its graph: a graph break there)
+    """Torch native sparse tensor of ``A`` (differentiable); see :meth:`SparseTensor.to_torch`.
+    Under torch.compile a graph break (with ``fullgraph=True`` dynamo's error, this message): torch
+    traces no native sparse tensor of a data-dependent nse (it guards on it)."""
+    if traced(
+        A._vals
+    ):  # (dynamo runs A.to_torch() on fake tensors, as one node of its graph: a graph break there)
         from torch._dynamo.exc import unimplemented
-        unimplemented(gb_type="sparsefill: to_torch not traceable", context="SparseTensor.to_torch",
-                      explanation="A torch native sparse tensor of a data-dependent nse does not trace (torch "
-                                  "guards on its nse); to_torch runs eagerly",
-                      hints=["Convert outside the compiled function."])
+
+        unimplemented(
+            gb_type="sparsefill: to_torch not traceable",
+            context="SparseTensor.to_torch",
+            explanation="A torch native sparse tensor of a data-dependent nse does not trace (torch "
+            "guards on its nse); to_torch runs eagerly",
+            hints=["Convert outside the compiled function."],
+        )
     return _same_dense(A, lambda a: _convert.to_torch(a, materialize=materialize))
 
 
-# ---------------------------------------------------------------------- factories (fill-value-rfc.md point 3)
-def full(size, fill_value, *, layout=torch.sparse_coo, dtype=None, device=None, requires_grad=False,
-         dense_dim=0) -> SparseTensor:
+# ---------------------------------------------------------------------- factories
+# (fill-value-rfc.md point 3)
+def full(
+    size,
+    fill_value,
+    *,
+    layout=torch.sparse_coo,
+    dtype=None,
+    device=None,
+    requires_grad=False,
+    dense_dim=0,
+) -> SparseTensor:
     """A tensor with no specified element: every element is ``fill_value``."""
     size = _size_tuple(size if isinstance(size, (tuple, list, torch.Size)) else (size,))
     if layout is torch.strided:
@@ -642,22 +872,38 @@ def full(size, fill_value, *, layout=torch.sparse_coo, dtype=None, device=None, 
         dtype = _array_fill(fill_value).dtype
     dd = _convert.check_dense_dim(len(size), dense_dim, layout)
     device = torch.device(device) if device is not None else torch.get_default_device()
-    fill, indefinite, zero = normalize_fill(fill_value, dtype, device, size[len(size) - dd:], own=True)
+    fill, indefinite, zero = normalize_fill(
+        fill_value, dtype, device, size[len(size) - dd :], own=True
+    )
     sdim = len(size) - dd
     idx = torch.zeros((sdim, 0), dtype=torch.int64, device=device)
     vals = torch.zeros((0,) + size[sdim:], dtype=dtype, device=device)
-    out = _convert.parts_to_sparse(idx, vals, size, fill, indefinite=indefinite, known_zero=zero, layout=layout,
-                                   coalesced=True)
+    out = _convert.parts_to_sparse(
+        idx, vals, size, fill, indefinite=indefinite, known_zero=zero, layout=layout, coalesced=True
+    )
     return out.requires_grad_(True) if requires_grad else out
 
 
 def _factory(value):
-    def make(*size, layout=torch.sparse_coo, dtype=None, device=None, requires_grad=False, dense_dim=0):
+    def make(
+        *size, layout=torch.sparse_coo, dtype=None, device=None, requires_grad=False, dense_dim=0
+    ):
         dtype = dtype or torch.get_default_dtype()
-        v = value if value is not None else torch.empty((), dtype=dtype,
-                                                        device=device or torch.get_default_device())
-        return full(_size_tuple(size), v, layout=layout, dtype=dtype, device=device,
-                    requires_grad=requires_grad, dense_dim=dense_dim)
+        v = (
+            value
+            if value is not None
+            else torch.empty((), dtype=dtype, device=device or torch.get_default_device())
+        )
+        return full(
+            _size_tuple(size),
+            v,
+            layout=layout,
+            dtype=dtype,
+            device=device,
+            requires_grad=requires_grad,
+            dense_dim=dense_dim,
+        )
+
     return make
 
 
@@ -667,7 +913,9 @@ ones.__doc__ = "Sparse ones: nse 0, fill 1."
 empty.__doc__ = "Sparse empty: nse 0, fill uninitialized."
 
 
-def eye(n, m=None, *, layout=torch.sparse_coo, dtype=None, device=None, requires_grad=False) -> SparseTensor:
+def eye(
+    n, m=None, *, layout=torch.sparse_coo, dtype=None, device=None, requires_grad=False
+) -> SparseTensor:
     """Identity: the diagonal specified with ones, fill 0."""
     m = n if m is None else m
     if layout is torch.strided:
@@ -676,33 +924,80 @@ def eye(n, m=None, *, layout=torch.sparse_coo, dtype=None, device=None, requires
     device = torch.device(device) if device is not None else torch.get_default_device()
     _convert.check_dense_dim(2, 0, layout)
     k = torch.arange(min(n, m), device=device)
-    out = _convert.parts_to_sparse(torch.stack([k, k]), torch.ones(k.numel(), dtype=dtype, device=device), (n, m),
-                                   torch.zeros((), dtype=dtype, device=device), known_zero=True, layout=layout,
-                                   coalesced=True)
+    out = _convert.parts_to_sparse(
+        torch.stack([k, k]),
+        torch.ones(k.numel(), dtype=dtype, device=device),
+        (n, m),
+        torch.zeros((), dtype=dtype, device=device),
+        known_zero=True,
+        layout=layout,
+        coalesced=True,
+    )
     return out.requires_grad_(True) if requires_grad else out
 
 
-def full_like(input, fill_value, *, layout=None, dtype=None, device=None, requires_grad=False, dense_dim=None,
-              memory_format=None):
-    """``full(input.shape, fill_value)`` with ``input``'s layout (and dense dims), dtype and device by default."""
+def full_like(
+    input,
+    fill_value,
+    *,
+    layout=None,
+    dtype=None,
+    device=None,
+    requires_grad=False,
+    dense_dim=None,
+    memory_format=None,
+):
+    """``full(input.shape, fill_value)`` with ``input``'s layout (and dense dims), dtype and device
+    by default."""
     if layout is None:
         layout = input.sparse_layout if isinstance(input, SparseTensor) else input.layout
     if dense_dim is None:
         dense_dim = input.dense_dim() if isinstance(input, SparseTensor) else 0
     if layout is torch.strided:
-        return torch.full(input.shape, fill_value, dtype=dtype or input.dtype, device=device or input.device,
-                          requires_grad=requires_grad)
-    return full(input.shape, fill_value, layout=layout, dtype=dtype or input.dtype, device=device or input.device,
-                requires_grad=requires_grad, dense_dim=dense_dim)
+        return torch.full(
+            input.shape,
+            fill_value,
+            dtype=dtype or input.dtype,
+            device=device or input.device,
+            requires_grad=requires_grad,
+        )
+    return full(
+        input.shape,
+        fill_value,
+        layout=layout,
+        dtype=dtype or input.dtype,
+        device=device or input.device,
+        requires_grad=requires_grad,
+        dense_dim=dense_dim,
+    )
 
 
 def _like(value):
-    def make(input, *, layout=None, dtype=None, device=None, requires_grad=False, dense_dim=None,
-             memory_format=None):
-        v = value if value is not None else torch.empty((), dtype=dtype or input.dtype,
-                                                        device=device or input.device)
-        return full_like(input, v, layout=layout, dtype=dtype, device=device, requires_grad=requires_grad,
-                         dense_dim=dense_dim)
+    def make(
+        input,
+        *,
+        layout=None,
+        dtype=None,
+        device=None,
+        requires_grad=False,
+        dense_dim=None,
+        memory_format=None,
+    ):
+        v = (
+            value
+            if value is not None
+            else torch.empty((), dtype=dtype or input.dtype, device=device or input.device)
+        )
+        return full_like(
+            input,
+            v,
+            layout=layout,
+            dtype=dtype,
+            device=device,
+            requires_grad=requires_grad,
+            dense_dim=dense_dim,
+        )
+
     return make
 
 

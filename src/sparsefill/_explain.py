@@ -1,4 +1,5 @@
-"""``sparsefill.explain``: which stage computes an op on SparseTensor operands, and where its code is.
+"""``sparsefill.explain``: which stage computes an op on SparseTensor operands, and where its code
+is.
 
 A torch function reaches sparsefill in two places (DESIGN.md, ``ops/registry.py``)::
 
@@ -7,10 +8,11 @@ A torch function reaches sparsefill in two places (DESIGN.md, ``ops/registry.py`
                          handler (registry.HANDLERS) -> pointwise rule (Tag.pointwise)
                          -> CompositeImplicitAutograd decomposition -> densify fallback
 
-``explain(op, *args, **kwargs)`` answers for ``op(*args, **kwargs)`` without running ``op`` on the caller's
-tensors: the aten ops a torch function reaches are found by running it on ``meta`` stand-ins (same shapes
-and dtypes, no data), and an input-dependent route's predicate (its own code: it returns ``NotImplemented``
-to decline) is evaluated on detached copies.  Without arguments it lists every stage that could apply.
+``explain(op, *args, **kwargs)`` answers for ``op(*args, **kwargs)`` without running ``op`` on the
+caller's tensors: the aten ops a torch function reaches are found by running it on ``meta``
+stand-ins (same shapes and dtypes, no data), and an input-dependent route's predicate (its own code:
+it returns ``NotImplemented`` to decline) is evaluated on detached copies.  Without arguments it
+lists every stage that could apply.
 
 >>> import torch, sparsefill
 >>> A = sparsefill.sparse_coo_tensor([[0, 1], [1, 0]], [1., 2.], (2, 2), fill_value=3.)
@@ -43,8 +45,9 @@ STAGES = ("route", "handler", "refused", "pointwise", "decomposition", "densify"
 
 @dataclasses.dataclass(frozen=True)
 class Step:
-    """One stage for one op: ``op`` (its name), ``stage`` (one of :data:`STAGES`), ``where`` (``file:line``
-    of the code, relative to the site-packages root) and ``note``."""
+    """One stage for one op: ``op`` (its name), ``stage`` (one of :data:`STAGES`), ``where``
+    (``file:line`` of the code, relative to the site-packages root) and ``note``."""
+
     op: str
     stage: str
     where: str
@@ -56,17 +59,22 @@ class Step:
 
 @dataclasses.dataclass(frozen=True)
 class Explanation:
-    """What handles ``op``: ``stage`` the first stage the call takes (with arguments) or, without, the first
-    that could apply (``"unknown"``: no argument given and no aten op of ``op``'s name); ``steps`` every stage found, in the order the registry tries them (with arguments: the
-    route if it takes the call, else one step per aten op reached); ``notes`` caveats."""
+    """What handles ``op``: ``stage`` the first stage the call takes (with arguments) or, without,
+    the first that could apply (``"unknown"``: no argument given and no aten op of ``op``'s name);
+    ``steps`` every stage found, in the order the registry tries them (with arguments: the route if
+    it takes the call, else one step per aten op reached); ``notes`` caveats."""
+
     op: str
     stage: str
     steps: tuple
     notes: tuple = ()
 
     def __str__(self):
-        return "\n".join([f"{self.op}: {self.stage}"] + [str(s) for s in self.steps] + [f"  note: {n}"
-                                                                                           for n in self.notes])
+        return "\n".join(
+            [f"{self.op}: {self.stage}"]
+            + [str(s) for s in self.steps]
+            + [f"  note: {n}" for n in self.notes]
+        )
 
 
 def _where(fn) -> str:
@@ -84,22 +92,28 @@ def _where(fn) -> str:
 def _name(op) -> str:
     if isinstance(op, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
         return str(op)
-    mod = getattr(op, "__module__", None) or getattr(getattr(op, "__objclass__", None), "__module__", "")
+    mod = getattr(op, "__module__", None) or getattr(
+        getattr(op, "__objclass__", None), "__module__", ""
+    )
     qual = getattr(op, "__qualname__", None) or getattr(op, "__name__", repr(op))
     if getattr(op, "__objclass__", None) is torch._C.TensorBase or qual.startswith("Tensor."):
         return f"torch.Tensor.{op.__name__}"
     if qual.startswith("_VariableFunctionsClass."):
         return f"torch.{op.__name__}"
-    if mod.startswith("torch._C._") and mod.count(".") == 2:  # torch._C._linalg.linalg_det: torch.linalg.det
+    if (
+        mod.startswith("torch._C._") and mod.count(".") == 2
+    ):  # torch._C._linalg.linalg_det: torch.linalg.det
         sub = mod.split(".")[-1][1:]
         return f"torch.{sub}.{qual.removeprefix(sub + '_')}"
     return f"{mod}.{qual}" if mod and mod != "builtins" else f"torch.{qual}"
 
 
 def aten_steps(func) -> list:
-    """The stages the registry would try for the aten ``OpOverload`` ``func``, in order, up to the first
-    that always takes the call (a handler or the pointwise rule may decline: ``NotImplemented``)."""
+    """The stages the registry would try for the aten ``OpOverload`` ``func``, in order, up to the
+    first that always takes the call (a handler or the pointwise rule may decline:
+    ``NotImplemented``)."""
     from .ops import fallback, pointwise, registry
+
     name, steps = str(func), []
     h = registry.HANDLERS.get(func)
     if h is not None:
@@ -109,16 +123,29 @@ def aten_steps(func) -> list:
         return steps + [Step(name, "refused", _where(registry._refuse), reason)]
     if pointwise.is_pointwise(func):
         fast = registry.fast_path(func)
-        steps.append(Step(name, "pointwise", _where(pointwise.pointwise_rule),
-                          "Tag.pointwise" + ("; fast path pointwise.unary_fast" if fast else "")))
+        steps.append(
+            Step(
+                name,
+                "pointwise",
+                _where(pointwise.pointwise_rule),
+                "Tag.pointwise" + ("; fast path pointwise.unary_fast" if fast else ""),
+            )
+        )
     if registry._is_composite(func):
-        steps.append(Step(name, "decomposition", "CompositeImplicitAutograd", "its pieces meet their handlers"))
-    steps.append(Step(name, "densify", _where(fallback.densify_call), "under sparsefill.densify_policy"))
+        steps.append(
+            Step(
+                name, "decomposition", "CompositeImplicitAutograd", "its pieces meet their handlers"
+            )
+        )
+    steps.append(
+        Step(name, "densify", _where(fallback.densify_call), "under sparsefill.densify_policy")
+    )
     return steps
 
 
 class _Record(TorchDispatchMode):
-    """The aten ops a call reaches at the Python dispatch key (what ``__torch_dispatch__`` would see)."""
+    """The aten ops a call reaches at the Python dispatch key (what ``__torch_dispatch__`` would
+    see)."""
 
     def __init__(self):
         super().__init__()
@@ -140,6 +167,7 @@ class _Routed(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         from .ops.autograd_routes import ROUTES
+
         if self.first is None and func in ROUTES:
             self.first = (func, args, kwargs or {})
         return func(*args, **(kwargs or {}))
@@ -148,7 +176,11 @@ class _Routed(TorchFunctionMode):
 def _meta(a):
     if isinstance(a, torch.Tensor):
         m = torch.empty(a.shape, dtype=a.dtype, device="meta")
-        return m.requires_grad_() if a.requires_grad and (a.is_floating_point() or a.is_complex()) else m
+        return (
+            m.requires_grad_()
+            if a.requires_grad and (a.is_floating_point() or a.is_complex())
+            else m
+        )
     return a
 
 
@@ -160,13 +192,15 @@ def _copy(a):
 
 
 def _reached(op, args, kwargs):
-    """The aten ops ``op(*args, **kwargs)`` reaches, found on meta stand-ins; or an error message."""
+    """The aten ops ``op(*args, **kwargs)`` reaches, found on meta stand-ins; or an error
+    message."""
     originals = {}
 
     def meta(a):
         m = _meta(a)
         originals[id(m)] = a
         return m
+
     rec, fn, margs, mkwargs = _Record(), _Routed(), tree_map(meta, args), tree_map(meta, kwargs)
     err = None
     try:
@@ -183,8 +217,10 @@ def _reached(op, args, kwargs):
 
 
 def _route_takes(op, args, kwargs):
-    """The route for torch function ``op`` and whether it takes this call (its predicate, run on copies)."""
+    """The route for torch function ``op`` and whether it takes this call (its predicate, run on
+    copies)."""
     from .ops import autograd_routes as ar
+
     r = ar.ROUTES.get(op)
     if r is None:
         return None, False
@@ -211,7 +247,8 @@ def _overload_steps(packet) -> list:
 
 
 def _packet_of(op):
-    """The aten packet named as torch function ``op`` (``__radd__``: ``add``, ``__iadd__``: ``add_``)."""
+    """The aten packet named as torch function ``op`` (``__radd__``: ``add``, ``__iadd__``:
+    ``add_``)."""
     name = getattr(op, "__name__", "")
     if name.startswith("__") and name.endswith("__"):
         name = name[2:-2]
@@ -219,11 +256,16 @@ def _packet_of(op):
             if name.startswith(p) and hasattr(torch.ops.aten, name[1:]):
                 name = name[1:] + suffix
                 break
-    return getattr(torch.ops.aten, name, None) if name.isidentifier() and hasattr(torch.ops.aten, name) else None
+    return (
+        getattr(torch.ops.aten, name, None)
+        if name.isidentifier() and hasattr(torch.ops.aten, name)
+        else None
+    )
 
 
 def explain(op, *args, **kwargs) -> Explanation:
-    """Which stage computes ``op(*args, **kwargs)`` on SparseTensor operands, with the file:line of its code.
+    """Which stage computes ``op(*args, **kwargs)`` on SparseTensor operands, with the file:line of
+    its code.
 
     ``op``: an aten ``OpOverload`` or ``OpOverloadPacket``, or a torch function (``torch.exp``,
     ``torch.Tensor.sum``, ``torch.nn.functional.softmax``, ...).  The registry's order, as
@@ -236,9 +278,9 @@ def explain(op, *args, **kwargs) -> Explanation:
                           decomposition if it is CompositeImplicitAutograd
                           densify      otherwise: op(A.to_dense(), ...) under the densify policy
 
-    Nothing runs on the caller's tensors: aten ops are found on meta stand-ins, a route's predicate on copies.
-    Without ``args``, every stage that could apply is listed (a packet: each overload; a torch function:
-    its route and the aten packet of its name).
+    Nothing runs on the caller's tensors: aten ops are found on meta stand-ins, a route's predicate
+    on copies. Without ``args``, every stage that could apply is listed (a packet: each overload; a
+    torch function: its route and the aten packet of its name).
 
     >>> import torch, sparsefill
     >>> A = sparsefill.sparse_coo_tensor([[0, 1], [1, 0]], [1., 2.], (2, 2), fill_value=0.)
@@ -255,9 +297,15 @@ def explain(op, *args, **kwargs) -> Explanation:
         steps = _overload_steps(op)
         return Explanation(name, steps[0].stage if steps else "densify", tuple(steps))
     if not callable(op):
-        raise TypeError(f"sparsefill.explain: op must be an aten OpOverload/OpOverloadPacket or a torch function, "
-                        f"got {type(op).__name__}")
-    route, takes = (None, False) if isinstance(op, torch._ops.OpOverloadPacket) else _route_takes(op, args, kwargs)
+        raise TypeError(
+            f"sparsefill.explain: op must be an aten OpOverload/OpOverloadPacket or a torch function, "
+            f"got {type(op).__name__}"
+        )
+    route, takes = (
+        (None, False)
+        if isinstance(op, torch._ops.OpOverloadPacket)
+        else _route_takes(op, args, kwargs)
+    )
     rstep = Step(name, "route", _where(route), route.__qualname__) if route is not None else None
     notes = []
     if not args and not kwargs:
@@ -265,11 +313,19 @@ def explain(op, *args, **kwargs) -> Explanation:
         steps = _overload_steps(packet) if packet else []
         if rstep is not None:
             from .ops.autograd_routes import ALWAYS
-            rstep = dataclasses.replace(rstep, note=rstep.note + ("; every grad mode" if op in ALWAYS
-                                                                  else "; grad mode on") + "; may decline")
+
+            rstep = dataclasses.replace(
+                rstep,
+                note=rstep.note
+                + ("; every grad mode" if op in ALWAYS else "; grad mode on")
+                + "; may decline",
+            )
         steps = ([rstep] if rstep else []) + steps
-        notes.append(f"aten ops found by name ({packet}); pass arguments for the ops the call reaches" if packet
-                     else "no aten op of this name: pass arguments for the ops the call reaches")
+        notes.append(
+            f"aten ops found by name ({packet}); pass arguments for the ops the call reaches"
+            if packet
+            else "no aten op of this name: pass arguments for the ops the call reaches"
+        )
         return Explanation(name, steps[0].stage if steps else "unknown", tuple(steps), tuple(notes))
     if takes:
         return Explanation(name, "route", (rstep,))
@@ -279,11 +335,17 @@ def explain(op, *args, **kwargs) -> Explanation:
     if inner is not None and inner[0] is not op:
         r, takes = _route_takes(*inner)
         if takes:
-            return Explanation(name, "route", (Step(_name(inner[0]), "route", _where(r), r.__qualname__),),
-                               (f"{name} calls {_name(inner[0])}",))
+            return Explanation(
+                name,
+                "route",
+                (Step(_name(inner[0]), "route", _where(r), r.__qualname__),),
+                (f"{name} calls {_name(inner[0])}",),
+            )
     if err:
         notes.append(err)
     steps = [aten_steps(o)[0] for o in ops]
-    if not any(isinstance(a, SparseTensor) for a in torch.utils._pytree.tree_leaves((args, kwargs))):
+    if not any(
+        isinstance(a, SparseTensor) for a in torch.utils._pytree.tree_leaves((args, kwargs))
+    ):
         notes.append("no SparseTensor operand: torch computes it without sparsefill")
     return Explanation(name, steps[0].stage if steps else "densify", tuple(steps), tuple(notes))

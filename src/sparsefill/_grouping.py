@@ -1,15 +1,16 @@
-"""Grouping: the stored elements of a pattern sorted into the slices a reduction maps them to, and the
-pattern cache that keeps such a grouping while its index tensors recur (every training step).
+"""Grouping: the stored elements of a pattern sorted into the slices a reduction maps them to, and
+the pattern cache that keeps such a grouping while its index tensors recur (every training step).
 
-A reduction over sparse dims ``R`` of a coalesced pattern sees each output slice ``s`` as ``count[s]``
-stored elements and ``n_fill[s]`` unspecified ones (the reducer protocol, :mod:`sparsefill._reduce`,
+A reduction over sparse dims ``R`` of a coalesced pattern sees each output slice ``s`` as
+``count[s]`` stored elements and ``n_fill[s]`` unspecified ones (the reducer protocol,
+:mod:`sparsefill._reduce`,
 folds those in closed form)::
 
     n_fill[s] == prod(size[d] for d in R) - count[s]          seg[i] == the slice of stored element i
 
 * :func:`group_slices` a COO pattern (``seg``, the slices' indices, ``n_fill``);
-* :func:`csr_row_slices` a 2-D CSR pattern over its columns, read off the row pointers (the slices are
-  contiguous runs);
+* :func:`csr_row_slices` a 2-D CSR pattern over its columns, read off the row pointers (the slices
+  are contiguous runs);
 * :func:`sorted_runs` the grouping step of sorted keys (also the edge softmax's plan);
 * :func:`pattern_cached` any such result of index tensors, keyed by their identity and version.
 
@@ -41,15 +42,25 @@ def _tensor_key(t: torch.Tensor):
     """``(the tensor owning t's memory, a key of t's view and contents version)``."""
     b = t._base
     b = t if b is None else b
-    return b, (id(b), t.data_ptr(), t.storage_offset(), t.shape, t.stride(), t.dtype, t.device, t._version)
+    return b, (
+        id(b),
+        t.data_ptr(),
+        t.storage_offset(),
+        t.shape,
+        t.stride(),
+        t.dtype,
+        t.device,
+        t._version,
+    )
 
 
 def pattern_cached(tag, tensors, compute):
-    """``compute()``, cached for index tensors ``tensors`` (a pattern that recurs, e.g. every training
-    step): keyed by ``tag`` and each tensor's identity (its memory owner, view and contents version:
-    an in-place change, ``set_`` or a new tensor is a miss, never a stale hit); an entry is dropped
-    when a key tensor dies, and the cache holds at most 64.  The results are shared: never modify them
-    in place.  Not cached under ``torch.compile``, for tensors without storage or version counter.
+    """``compute()``, cached for index tensors ``tensors`` (a pattern that recurs, e.g. every
+    training step): keyed by ``tag`` and each tensor's identity (its memory owner, view and contents
+    version: an in-place change, ``set_`` or a new tensor is a miss, never a stale hit); an entry is
+    dropped when a key tensor dies, and the cache holds at most 64.  The results are shared: never
+    modify them in place.  Not cached under ``torch.compile``, for tensors without storage or
+    version counter.
 
     >>> i = torch.tensor([3, 1]); f = lambda: i.sort()[1]
     >>> pattern_cached("sort", (i,), f) is pattern_cached("sort", (i,), f)
@@ -65,7 +76,11 @@ def pattern_cached(tag, tensors, compute):
             b, k = _tensor_key(t)
             bases.append(b)
             key.append(k)
-    except (RuntimeError, NotImplementedError, AttributeError):  # inference tensors, tensors without storage
+    except (
+        RuntimeError,
+        NotImplementedError,
+        AttributeError,
+    ):  # inference tensors, tensors without storage
         return compute()
     key = tuple(key)
     hit = _PATTERN_CACHE.get(key)
@@ -98,9 +113,10 @@ def values_not_kept():
 
 
 def kept_values_owner(A: torch.Tensor):
-    """The tensor whose reordered copies :func:`gathered_cached` may keep for the SparseTensor ``A``:
-    its stored values, or None where ``A`` needs a gradient (its values change every optimizer step,
-    and gradcheck perturbs them through ``.data``, which no version counter sees)."""
+    """The tensor whose reordered copies :func:`gathered_cached` may keep for the SparseTensor
+    ``A``: its stored values, or None where ``A`` needs a gradient (its values change every
+    optimizer step, and gradcheck perturbs them through ``.data``, which no version counter
+    sees)."""
     return A._vals if _KEEP_VALUES[0] and not A.requires_grad else None
 
 
@@ -121,8 +137,18 @@ def gathered_cached(values: torch.Tensor, perm: torch.Tensor, tag, tensors, owne
     # The memory and version of the stored values, not the objects: autograd unpacks a saved tensor
     # as a new alias each step, and a view made inside dispatch has a version counter of its own.
     try:
-        key = (owner.data_ptr(), owner.storage_offset(), owner.shape, owner.stride(), owner.dtype,
-               owner.device, owner._version, values.data_ptr(), values.shape, values.stride())
+        key = (
+            owner.data_ptr(),
+            owner.storage_offset(),
+            owner.shape,
+            owner.stride(),
+            owner.dtype,
+            owner.device,
+            owner._version,
+            values.data_ptr(),
+            values.shape,
+            values.stride(),
+        )
     except (RuntimeError, NotImplementedError, AttributeError):  # no storage or version counter
         return values.index_select(0, perm)
     if slot.get("key") == key and slot["perm"] is perm:
@@ -134,14 +160,15 @@ def gathered_cached(values: torch.Tensor, perm: torch.Tensor, tag, tensors, owne
 
 
 def group_slices(indices: torch.Tensor, sparse_shape, dims):
-    """Group the stored elements of a COO pattern by the slice that reducing sparse ``dims`` maps them to.
+    """Group the stored elements of a COO pattern by the slice that reducing sparse ``dims`` maps
+    them to.
 
     ``indices`` (shape ``(len(sparse_shape), k)``) must be coalesced (no duplicates).  Returns
     ``(seg, out_indices, n_fill)``: stored element ``i`` lands in output slice ``seg[i]``; the ``S``
     slices that hold a stored element have indices ``out_indices`` (shape ``(ndim - len(dims), S)``,
-    sorted row-major) over the kept dims; ``n_fill[s] = prod(sparse_shape[d] for d in dims) - count[s]``
-    is the number of unspecified elements of slice ``s``.  Slices absent from ``out_indices`` hold
-    only unspecified elements (``prod(...)`` of them).
+    sorted row-major) over the kept dims; ``n_fill[s] = prod(sparse_shape[d] for d in dims) -
+    count[s]`` is the number of unspecified elements of slice ``s``.  Slices absent from
+    ``out_indices`` hold only unspecified elements (``prod(...)`` of them).
 
     >>> seg, out, n = group_slices(torch.tensor([[0, 0, 2], [1, 3, 1]]), (3, 4), [1])
     >>> seg.tolist(), out.tolist(), n.tolist()
@@ -149,11 +176,16 @@ def group_slices(indices: torch.Tensor, sparse_shape, dims):
     """
     dims = sorted(d % len(sparse_shape) for d in dims) if len(sparse_shape) else []
     shape = tuple(int(n) for n in sparse_shape)
-    return pattern_cached(("group_slices", shape, tuple(dims)), (indices,),
-                          lambda: _group_slices(indices, shape, dims))
+    return pattern_cached(
+        ("group_slices", shape, tuple(dims)),
+        (indices,),
+        lambda: _group_slices(indices, shape, dims),
+    )
 
 
-_COUNTED_KEYS = 1 << 24  # compiled: unsorted slice keys grouped by a count over every key up to this many
+_COUNTED_KEYS = (
+    1 << 24
+)  # compiled: unsorted slice keys grouped by a count over every key up to this many
 
 
 def _group_slices(indices, sparse_shape, dims):
@@ -161,14 +193,20 @@ def _group_slices(indices, sparse_shape, dims):
     keep_shape = [sparse_shape[d] for d in keep]
     keys = linearize(indices[keep], keep_shape)
     nk = numel(keep_shape)
-    if keep != list(range(len(keep))) and traced(keys) and nk <= _COUNTED_KEYS:  # compiled: counted, no sort
+    if (
+        keep != list(range(len(keep))) and traced(keys) and nk <= _COUNTED_KEYS
+    ):  # compiled: counted, no sort
         counts = bincount(keys, nk)
         nonempty = counts > 0
         out_keys = nonempty.nonzero().squeeze(1)
-        seg = (torch.cumsum(nonempty, 0) - 1)[keys]  # (the rank of its key among the non-empty ones)
+        seg = (torch.cumsum(nonempty, 0) - 1)[
+            keys
+        ]  # (the rank of its key among the non-empty ones)
         counts = counts[out_keys]
     elif keep != list(range(len(keep))):
-        out_keys, seg, counts = torch.unique(keys, sorted=True, return_inverse=True, return_counts=True)
+        out_keys, seg, counts = torch.unique(
+            keys, sorted=True, return_inverse=True, return_counts=True
+        )
     else:  # reduced dims trail: keys already sorted (coalesced order)
         out_keys, seg, counts = sorted_runs(keys, nk)
     n_fill = numel([sparse_shape[d] for d in dims]) - counts
@@ -176,9 +214,10 @@ def _group_slices(indices, sparse_shape, dims):
 
 
 def sorted_runs(keys: torch.Tensor, num_keys: int):
-    """``(out_keys, seg, counts)`` of sorted slice keys in ``[0, num_keys)``: the distinct keys, the run of
-    every element and the run lengths (a CSR compression of the keys in a small range, else
-    ``unique_consecutive``).  The grouping step of :func:`group_slices` and of the edge softmax's plan.
+    """``(out_keys, seg, counts)`` of sorted slice keys in ``[0, num_keys)``: the distinct keys, the
+    run of every element and the run lengths (a CSR compression of the keys in a small range, else
+    ``unique_consecutive``).  The grouping step of :func:`group_slices` and of the edge softmax's
+    plan.
 
     >>> [t.tolist() for t in sorted_runs(torch.tensor([1, 1, 4]), 6)]
     [[1, 4], [0, 0, 1], [2, 1]]
@@ -196,10 +235,10 @@ def sorted_runs(keys: torch.Tensor, num_keys: int):
 
 
 def csr_row_slices(counts: torch.Tensor, ncols, all_rows: bool = False):
-    """:func:`group_slices` of a 2-D CSR pattern over its columns, read off its row lengths ``counts``
-    (``crow.diff()``): ``(out_indices, n_fill, lengths)`` of the non-empty rows (``all_rows``: every row).
-    The slices are the contiguous runs of ``lengths`` (``seg = runs_to_ids(lengths, k)``; with every row,
-    each stored element's row).
+    """:func:`group_slices` of a 2-D CSR pattern over its columns, read off its row lengths
+    ``counts`` (``crow.diff()``): ``(out_indices, n_fill, lengths)`` of the non-empty rows
+    (``all_rows``: every row). The slices are the contiguous runs of ``lengths`` (``seg =
+    runs_to_ids(lengths, k)``; with every row, each stored element's row).
 
     >>> [t.tolist() for t in csr_row_slices(torch.tensor([2, 0, 1]), 4)]
     [[[0, 2]], [2, 3], [2, 1]]

@@ -32,7 +32,13 @@ import dataclasses
 import threading
 import warnings
 
-__all__ = ["DensifyWarning", "DensifyError", "densify_policy", "set_densify_policy", "get_densify_policy"]
+__all__ = [
+    "DensifyWarning",
+    "DensifyError",
+    "densify_policy",
+    "set_densify_policy",
+    "get_densify_policy",
+]
 
 _MODES = ("warn", "allow", "raise")
 
@@ -55,9 +61,15 @@ class DensifyPolicy:
         if self.mode not in _MODES:
             raise ValueError(f"densify policy mode must be one of {_MODES}, got {self.mode!r}")
         if self.dense_by_nature not in _MODES:
-            raise ValueError(f"densify policy dense_by_nature must be one of {_MODES}, got {self.dense_by_nature!r}")
-        if self.limit_bytes is not None and (not isinstance(self.limit_bytes, int) or self.limit_bytes < 0):
-            raise ValueError(f"densify policy limit_bytes must be a non-negative int or None, got {self.limit_bytes!r}")
+            raise ValueError(
+                f"densify policy dense_by_nature must be one of {_MODES}, got {self.dense_by_nature!r}"
+            )
+        if self.limit_bytes is not None and (
+            not isinstance(self.limit_bytes, int) or self.limit_bytes < 0
+        ):
+            raise ValueError(
+                f"densify policy limit_bytes must be a non-negative int or None, got {self.limit_bytes!r}"
+            )
 
 
 _state = threading.local()
@@ -71,23 +83,35 @@ def get_densify_policy() -> DensifyPolicy:
 
 
 def _with(cur: DensifyPolicy, mode, limit_bytes, dense_by_nature) -> DensifyPolicy:
-    return DensifyPolicy(cur.mode if mode is None else mode, cur.limit_bytes if limit_bytes is ... else limit_bytes,
-                         cur.dense_by_nature if dense_by_nature is None else dense_by_nature)
+    return DensifyPolicy(
+        cur.mode if mode is None else mode,
+        cur.limit_bytes if limit_bytes is ... else limit_bytes,
+        cur.dense_by_nature if dense_by_nature is None else dense_by_nature,
+    )
 
 
-def set_densify_policy(mode: str | None = None, limit_bytes: int | None | type(...) = ..., *,
-                       dense_by_nature: str | None = None) -> DensifyPolicy:
-    """Set the global policy; arguments left out keep their current value. Returns the previous policy."""
+def set_densify_policy(
+    mode: str | None = None,
+    limit_bytes: int | None | type(...) = ...,
+    *,
+    dense_by_nature: str | None = None,
+) -> DensifyPolicy:
+    """Set the global policy; arguments left out keep their current value. Returns the previous
+    policy."""
     old = _global[0]
     _global[0] = _with(old, mode, limit_bytes, dense_by_nature)
     return old
 
 
 @contextlib.contextmanager
-def densify_policy(mode: str | None = None, limit_bytes: int | None | type(...) = ..., *,
-                   dense_by_nature: str | None = None):
-    """Context manager: use this policy inside the ``with`` block (thread-local); arguments left out keep
-    the value in force."""
+def densify_policy(
+    mode: str | None = None,
+    limit_bytes: int | None | type(...) = ...,
+    *,
+    dense_by_nature: str | None = None,
+):
+    """Context manager: use this policy inside the ``with`` block (thread-local); arguments left out
+    keep the value in force."""
     pol = _with(get_densify_policy(), mode, limit_bytes, dense_by_nature)
     stack = _state.__dict__.setdefault("stack", [])
     stack.append(pol)
@@ -98,11 +122,13 @@ def densify_policy(mode: str | None = None, limit_bytes: int | None | type(...) 
 
 
 def _caller_stacklevel() -> int:
-    """``warnings.warn`` stacklevel of the first frame outside sparsefill and torch (the user's line)."""
+    """``warnings.warn`` stacklevel of the first frame outside sparsefill and torch (the user's
+    line)."""
     import os
     import sys
 
     import torch
+
     inside = (os.path.dirname(__file__), os.path.dirname(torch.__file__))
     frame, level = sys._getframe(1), 1
     while frame is not None and frame.f_code.co_filename.startswith(inside):
@@ -111,10 +137,11 @@ def _caller_stacklevel() -> int:
 
 
 def check_densify(what: str, nbytes: int, *, by_nature: bool = False) -> None:
-    """The densify gate: every computation that makes the dense form of a SparseTensor (``nbytes`` of dense
-    temporaries) asks it first.  ``by_nature=False``: for want of a sparse implementation (the densify
-    fallback, a view written the dense way), under the policy's ``mode``; ``by_nature=True``: a result or
-    gradient that is dense by nature, or an explicitly requested dense form, under ``dense_by_nature``.
+    """The densify gate: every computation that makes the dense form of a SparseTensor (``nbytes``
+    of dense temporaries) asks it first.  ``by_nature=False``: for want of a sparse implementation
+    (the densify fallback, a view written the dense way), under the policy's ``mode``;
+    ``by_nature=True``: a result or gradient that is dense by nature, or an explicitly requested
+    dense form, under ``dense_by_nature``.
 
     >>> from sparsefill import DensifyError, densify_policy
     >>> check_densify("A.cumsum(0)", 800, by_nature=True)         # quiet under the default policy
@@ -127,25 +154,33 @@ def check_densify(what: str, nbytes: int, *, by_nature: bool = False) -> None:
     pol = get_densify_policy()
     mode = pol.dense_by_nature if by_nature else pol.mode
     if mode == "raise":
-        why = "dense by nature, and the densify policy's dense_by_nature is" if by_nature else \
-            "no sparse implementation, and the densify policy is"
+        why = (
+            "dense by nature, and the densify policy's dense_by_nature is"
+            if by_nature
+            else "no sparse implementation, and the densify policy is"
+        )
         raise DensifyError(f"{what}: {why} 'raise' (dense temporaries would take {nbytes} bytes)")
     _check_limit(what, nbytes, pol)
     if mode == "warn":
-        warnings.warn(f"{what}: computed by densifying ({nbytes} bytes)", DensifyWarning,
-                      stacklevel=_caller_stacklevel())
+        warnings.warn(
+            f"{what}: computed by densifying ({nbytes} bytes)",
+            DensifyWarning,
+            stacklevel=_caller_stacklevel(),
+        )
 
 
 def check_limit(what: str, nbytes: int) -> None:
-    """The byte limit alone (quiet otherwise): for stored elements a result needs below the quiet threshold of
-    :func:`check_specify` (a user who set ``limit_bytes`` can trust it at any size)."""
+    """The byte limit alone (quiet otherwise): for stored elements a result needs below the quiet
+    threshold of :func:`check_specify` (a user who set ``limit_bytes`` can trust it at any size)."""
     _check_limit(what, nbytes, get_densify_policy())
 
 
 def _check_limit(what: str, nbytes: int, pol: DensifyPolicy) -> None:
     if pol.limit_bytes is not None and nbytes > pol.limit_bytes:
-        raise DensifyError(f"{what}: densifying needs {nbytes} bytes, over the densify policy's limit of "
-                           f"{pol.limit_bytes} bytes (see sparsefill.densify_policy)")
+        raise DensifyError(
+            f"{what}: densifying needs {nbytes} bytes, over the densify policy's limit of "
+            f"{pol.limit_bytes} bytes (see sparsefill.densify_policy)"
+        )
 
 
 SPECIFY_QUIET_ELEMENTS = 1 << 16

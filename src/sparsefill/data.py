@@ -1,4 +1,5 @@
-"""Batching for ``torch.utils.data``: SparseTensors and KeyedJaggedBatches collate one way, with or without workers.
+"""Batching for ``torch.utils.data``: SparseTensors and KeyedJaggedBatches collate one way, with or
+without workers.
 
 A batch of SparseTensors of one shape and one fill is stacked along a new leading (sparse) dim,
 keeping the fill and the layout; a batch of KeyedJaggedBatches is their examples one after the other::
@@ -8,11 +9,11 @@ keeping the fill and the layout; a batch of KeyedJaggedBatches is their examples
     collate([kj_0, ..., kj_n-1]) == KeyedJaggedBatch.concat([kj_0, ..., kj_n-1])
 
 Importing sparsefill registers both rules in torch's ``default_collate_fn_map``, so the plain
-``DataLoader(dataset, batch_size=...)`` (``default_collate``) gives the same batch with ``num_workers=0`` and
-with worker processes (which send it to the main process by torch's shared-memory reductions, the
-inner tensors only).  Without the rule, torch's tensor collate writes a worker's batch into a dense
-shared-memory tensor.  :func:`collate` is ``default_collate`` with both rules, for any nesting of
-tuples, lists and dicts:
+``DataLoader(dataset, batch_size=...)`` (``default_collate``) gives the same batch with
+``num_workers=0`` and with worker processes (which send it to the main process by torch's
+shared-memory reductions, the inner tensors only).  Without the rule, torch's tensor collate writes
+a worker's batch into a dense shared-memory tensor.  :func:`collate` is ``default_collate`` with
+both rules, for any nesting of tuples, lists and dicts:
 
 >>> import torch, sparsefill
 >>> from sparsefill.data import collate
@@ -40,18 +41,29 @@ def _same_fill(A: SparseTensor, B: SparseTensor) -> bool:
     if A._indefinite or B._indefinite:
         return A._indefinite and B._indefinite
     a, b = A._fill.expand(A._dense_shape), B._fill.expand(B._dense_shape)
-    return bool(((a == b) | (a.isnan() & b.isnan()) if a.is_floating_point() or a.is_complex() else a == b).all())
+    return bool(
+        (
+            (a == b) | (a.isnan() & b.isnan())
+            if a.is_floating_point() or a.is_complex()
+            else a == b
+        ).all()
+    )
 
 
 def _describe(A: SparseTensor) -> str:
-    fill = "indefinite" if A._indefinite else (A._fill.item() if A._fill.numel() == 1 else A._fill.tolist())
+    fill = (
+        "indefinite"
+        if A._indefinite
+        else (A._fill.item() if A._fill.numel() == 1 else A._fill.tolist())
+    )
     return f"shape {tuple(A.shape)}, {A.sparse_layout}, dense dims {A.dense_dim()}, fill {fill}"
 
 
 def collate_sparse(batch, *, collate_fn_map=None) -> SparseTensor:
-    """Stack SparseTensors along a new leading dim: ``torch.stack(batch)``, after checking that they share
-    shape, layout, dense dims and fill (ValueError naming the first element that differs; TypeError for
-    an element that is no SparseTensor).  The result has their fill and layout (CSR: one batch dim more).
+    """Stack SparseTensors along a new leading dim: ``torch.stack(batch)``, after checking that they
+    share shape, layout, dense dims and fill (ValueError naming the first element that differs;
+    TypeError for an element that is no SparseTensor).  The result has their fill and layout (CSR:
+    one batch dim more).
 
     >>> import sparsefill
     >>> A = sparsefill.sparse_coo_tensor([[0, 2]], [1., 2.], (4,), fill_value=5.)
@@ -64,29 +76,40 @@ def collate_sparse(batch, *, collate_fn_map=None) -> SparseTensor:
     first = batch[0]
     for i, A in enumerate(batch[1:], 1):
         if not isinstance(A, SparseTensor):
-            raise TypeError(f"collate: element {i} of the batch is a {type(A).__name__}, element 0 a SparseTensor; "
-                            "convert it (sparsefill.to_sparse(x, fill_value=...)) or use one type")
-        if (A.shape != first.shape or A.sparse_layout is not first.sparse_layout or A.dense_dim() != first.dense_dim()
-                or not _same_fill(A, first)):
-            raise ValueError(f"collate: element {i} of the batch ({_describe(A)}) differs from element 0 "
-                             f"({_describe(first)}): a batch of SparseTensors needs one shape, layout, dense dims "
-                             "and fill")
+            raise TypeError(
+                f"collate: element {i} of the batch is a {type(A).__name__}, element 0 a SparseTensor; "
+                "convert it (sparsefill.to_sparse(x, fill_value=...)) or use one type"
+            )
+        if (
+            A.shape != first.shape
+            or A.sparse_layout is not first.sparse_layout
+            or A.dense_dim() != first.dense_dim()
+            or not _same_fill(A, first)
+        ):
+            raise ValueError(
+                f"collate: element {i} of the batch ({_describe(A)}) differs from element 0 "
+                f"({_describe(first)}): a batch of SparseTensors needs one shape, layout, dense dims "
+                "and fill"
+            )
     return torch.stack(batch)
 
 
 def collate_jagged(batch, *, collate_fn_map=None) -> KeyedJaggedBatch:
-    """The examples of a batch of KeyedJaggedBatches one after the other (:meth:`KeyedJaggedBatch.concat`)."""
+    """The examples of a batch of KeyedJaggedBatches one after the other
+    (:meth:`KeyedJaggedBatch.concat`)."""
     batch = list(batch)
     for i, b in enumerate(batch):
         if not isinstance(b, KeyedJaggedBatch):
-            raise TypeError(f"collate: element {i} of the batch is a {type(b).__name__}, element 0 a "
-                            "KeyedJaggedBatch")
+            raise TypeError(
+                f"collate: element {i} of the batch is a {type(b).__name__}, element 0 a "
+                "KeyedJaggedBatch"
+            )
     return KeyedJaggedBatch.concat(batch)
 
 
 def collate(batch):
-    """``torch.utils.data.default_collate`` with the SparseTensor and KeyedJaggedBatch rules (usable as a
-    DataLoader's ``collate_fn`` even where torch's default map was changed)."""
+    """``torch.utils.data.default_collate`` with the SparseTensor and KeyedJaggedBatch rules (usable
+    as a DataLoader's ``collate_fn`` even where torch's default map was changed)."""
     return _torch_collate(batch, collate_fn_map={**default_collate_fn_map, **_RULES})
 
 

@@ -54,13 +54,16 @@ def _as_sparse(data, name: str) -> SparseTensor:
         return data
     if isinstance(data, torch.Tensor) and data.layout is not torch.strided:
         return _creation.from_torch(data)
-    raise TypeError(f"{name} must be a sparsefill.SparseTensor or a torch sparse tensor, got "
-                    f"{type(data).__name__}{'' if not isinstance(data, torch.Tensor) else ' (strided)'}; "
-                    "use from_dense() for a dense tensor")
+    raise TypeError(
+        f"{name} must be a sparsefill.SparseTensor or a torch sparse tensor, got "
+        f"{type(data).__name__}{'' if not isinstance(data, torch.Tensor) else ' (strided)'}; "
+        "use from_dense() for a dense tensor"
+    )
 
 
 class SparseParameter(nn.Module):
-    """A trainable SparseTensor of fixed pattern: ``P()`` is ``A`` rebuilt from ``P.values`` and ``P.fill``.
+    """A trainable SparseTensor of fixed pattern: ``P()`` is ``A`` rebuilt from ``P.values`` and
+    ``P.fill``.
 
     ``values`` (``(nse, *dense_shape)``, or ``(*batch, nse, *dense_shape)`` for batched CSR) is an
     ``nn.Parameter``; ``fill`` is a parameter when ``train_fill=True``, else a buffer; the pattern
@@ -82,7 +85,9 @@ class SparseParameter(nn.Module):
         super().__init__()
         A = _as_sparse(data, "data").detach()
         if not (A.dtype.is_floating_point or A.dtype.is_complex):
-            raise TypeError(f"SparseParameter needs a floating point or complex dtype to train, got {A.dtype}")
+            raise TypeError(
+                f"SparseParameter needs a floating point or complex dtype to train, got {A.dtype}"
+            )
         A = A.coalesce() if A.sparse_layout is torch.sparse_coo else A
         self.size, self.sparse_layout = tuple(A.shape), A.sparse_layout
         self.indefinite = A.is_fill_indefinite()
@@ -99,21 +104,40 @@ class SparseParameter(nn.Module):
             self.fill = nn.Parameter(fill)
         else:
             self.register_buffer("fill", fill)
-        self._checked = None  # ((weakref to a buffer, its version), ...) of the index buffers last validated
+        self._checked = (
+            None  # ((weakref to a buffer, its version), ...) of the index buffers last validated
+        )
 
     @classmethod
-    def from_sparse(cls, data, *, train_fill: bool = False) -> "SparseParameter":
-        """``SparseParameter(data)``: ``data`` a SparseTensor or a torch sparse tensor (COO, CSR...)."""
+    def from_sparse(cls, data, *, train_fill: bool = False) -> SparseParameter:
+        """``SparseParameter(data)``: ``data`` a SparseTensor or a torch sparse tensor (COO,
+        CSR...)."""
         return cls(data, train_fill=train_fill)
 
     @classmethod
-    def from_dense(cls, x: torch.Tensor, *, fill_value=0., layout=torch.sparse_coo, dense_dim=None,
-                   train_fill: bool = False) -> "SparseParameter":
-        """The elements of ``x`` that differ from ``fill_value`` as the pattern (:func:`sparsefill.to_sparse`)."""
-        if not isinstance(x, torch.Tensor) or isinstance(x, SparseTensor) or x.layout is not torch.strided:
-            raise TypeError(f"from_dense: x must be a dense (strided) torch.Tensor, got {type(x).__name__}"
-                            + (f" of layout {x.layout}" if isinstance(x, torch.Tensor) else ""))
-        A = _creation.to_sparse(x.detach(), fill_value=fill_value, layout=layout, dense_dim=dense_dim)
+    def from_dense(
+        cls,
+        x: torch.Tensor,
+        *,
+        fill_value=0.0,
+        layout=torch.sparse_coo,
+        dense_dim=None,
+        train_fill: bool = False,
+    ) -> SparseParameter:
+        """The elements of ``x`` that differ from ``fill_value`` as the pattern
+        (:func:`sparsefill.to_sparse`)."""
+        if (
+            not isinstance(x, torch.Tensor)
+            or isinstance(x, SparseTensor)
+            or x.layout is not torch.strided
+        ):
+            raise TypeError(
+                f"from_dense: x must be a dense (strided) torch.Tensor, got {type(x).__name__}"
+                + (f" of layout {x.layout}" if isinstance(x, torch.Tensor) else "")
+            )
+        A = _creation.to_sparse(
+            x.detach(), fill_value=fill_value, layout=layout, dense_dim=dense_dim
+        )
         return cls(A, train_fill=train_fill)
 
     @property
@@ -137,14 +161,25 @@ class SparseParameter(nn.Module):
         """The SparseTensor, differentiable with respect to ``values`` (and ``fill``)."""
         fill = _creation.indefinite if self.indefinite else self.fill
         bufs = self._index_buffers()
-        check = self._checked is None or any(b is not c() or b._version != v for b, (c, v) in zip(bufs, self._checked))
-        key = tuple((weakref.ref(b), b._version) for b in bufs)  # a new pattern (load_state_dict...): validated once
+        check = self._checked is None or any(
+            b is not c() or b._version != v for b, (c, v) in zip(bufs, self._checked)
+        )
+        key = tuple(
+            (weakref.ref(b), b._version) for b in bufs
+        )  # a new pattern (load_state_dict...): validated once
         if self.sparse_layout is torch.sparse_coo:
-            A = _creation.sparse_coo_tensor(bufs[0], self.values, self.size, fill_value=fill,
-                                            is_coalesced=True, check_invariants=check)
+            A = _creation.sparse_coo_tensor(
+                bufs[0],
+                self.values,
+                self.size,
+                fill_value=fill,
+                is_coalesced=True,
+                check_invariants=check,
+            )
         else:
-            A = _creation.sparse_csr_tensor(*bufs, self.values, self.size, fill_value=fill,
-                                            check_invariants=check)
+            A = _creation.sparse_csr_tensor(
+                *bufs, self.values, self.size, fill_value=fill, check_invariants=check
+            )
         self._checked = key
         return A
 
@@ -154,13 +189,22 @@ class SparseParameter(nn.Module):
         return state
 
     def extra_repr(self) -> str:
-        fill = "indefinite" if self.indefinite else ("trained" if isinstance(self.fill, nn.Parameter) else "frozen")
-        nse = self.indices.shape[1] if self.sparse_layout is torch.sparse_coo else self.col_indices.shape[-1]
+        fill = (
+            "indefinite"
+            if self.indefinite
+            else ("trained" if isinstance(self.fill, nn.Parameter) else "frozen")
+        )
+        nse = (
+            self.indices.shape[1]
+            if self.sparse_layout is torch.sparse_coo
+            else self.col_indices.shape[-1]
+        )
         return f"size={self.size}, nse={nse}, layout={self.sparse_layout}, fill={fill}"
 
 
 def _random_pattern(out_features: int, in_features: int, density: float, device) -> torch.Tensor:
-    """``round(density * out * in)`` distinct positions, uniform (global RNG), as sorted ``(2, nse)`` indices."""
+    """``round(density * out * in)`` distinct positions, uniform (global RNG), as sorted ``(2,
+    nse)`` indices."""
     n = out_features * in_features
     k = min(n, max(1 if n else 0, round(density * n)))
     if 4 * k >= n:
@@ -175,20 +219,31 @@ def _random_pattern(out_features: int, in_features: int, density: float, device)
 
 
 def _pattern_indices(pattern, shape, device) -> torch.Tensor:
-    """``(2, nse)`` indices from a bool mask of ``shape``, integer indices ``(2, nse)`` or a sparse tensor."""
-    if isinstance(pattern, SparseTensor) or isinstance(pattern, torch.Tensor) and pattern.layout is not torch.strided:
+    """``(2, nse)`` indices from a bool mask of ``shape``, integer indices ``(2, nse)`` or a sparse
+    tensor."""
+    if (
+        isinstance(pattern, SparseTensor)
+        or isinstance(pattern, torch.Tensor)
+        and pattern.layout is not torch.strided
+    ):
         A = _as_sparse(pattern, "pattern")
         if tuple(A.shape) != shape:
-            raise ValueError(f"pattern has shape {tuple(A.shape)}, expected (out_features, in_features) = {shape}")
+            raise ValueError(
+                f"pattern has shape {tuple(A.shape)}, expected (out_features, in_features) = {shape}"
+            )
         return A.to_sparse(torch.sparse_coo).coalesce().indices().to(device)
     p = torch.as_tensor(pattern, device=device)
     if p.dtype == torch.bool:
         if tuple(p.shape) != shape:
-            raise ValueError(f"pattern mask has shape {tuple(p.shape)}, expected (out_features, in_features) = {shape}")
+            raise ValueError(
+                f"pattern mask has shape {tuple(p.shape)}, expected (out_features, in_features) = {shape}"
+            )
         return p.nonzero().T.contiguous()
     if p.dtype.is_floating_point or p.dtype.is_complex or p.dim() != 2 or p.shape[0] != 2:
-        raise ValueError(f"pattern must be a bool mask of shape {shape}, integer indices of shape (2, nse) or a "
-                         f"sparse tensor; got dtype {p.dtype}, shape {tuple(p.shape)}")
+        raise ValueError(
+            f"pattern must be a bool mask of shape {shape}, integer indices of shape (2, nse) or a "
+            f"sparse tensor; got dtype {p.dtype}, shape {tuple(p.shape)}"
+        )
     p = p.long()
     ones = torch.ones(p.shape[1], dtype=torch.float32, device=device)
     A = _creation.sparse_coo_tensor(p, ones, shape)  # validates the bounds
@@ -196,7 +251,8 @@ def _pattern_indices(pattern, shape, device) -> torch.Tensor:
 
 
 class SparseLinear(nn.Module):
-    """``y = x @ W^T + b`` with a sparse weight ``W`` ``(out_features, in_features)`` of fixed pattern.
+    """``y = x @ W^T + b`` with a sparse weight ``W`` ``(out_features, in_features)`` of fixed
+    pattern.
 
     As ``nn.Linear`` (input ``(*, in_features)``, output ``(*, out_features)``), with ``W`` a
     :class:`SparseParameter` (``self.sparse_weight``; ``self.weight`` is the SparseTensor ``W``,
@@ -204,11 +260,11 @@ class SparseLinear(nn.Module):
     positions (global RNG), or ``pattern``: a bool mask ``(out, in)``, integer indices ``(2, nse)``
     or a sparse tensor.  Unspecified elements of ``W`` equal ``fill_value`` (frozen unless
     ``train_fill=True``).  Initialisation: ``nn.Linear``'s ``U(-1/sqrt(k), 1/sqrt(k))`` for the
-    stored values and the bias, with ``k = nse / out_features`` the mean number of stored
-    elements per output (``in_features`` for a dense ``W``), so that outputs keep ``nn.Linear``'s
-    scale at any density.  Forward and backward cost O(nse + batch x features): no dense ``W``
-    nor dense gradient of ``W`` is formed.  Under ``torch.autocast`` it computes as ``nn.Linear`` does
-    (``W``, its fill and the bias cast: a bfloat16 output; float32 gradients).
+    stored values and the bias, with ``k = nse / out_features`` the mean number of stored elements
+    per output (``in_features`` for a dense ``W``), so that outputs keep ``nn.Linear``'s scale at
+    any density.  Forward and backward cost O(nse + batch x features): no dense ``W`` nor dense
+    gradient of ``W`` is formed.  Under ``torch.autocast`` it computes as ``nn.Linear`` does (``W``,
+    its fill and the bias cast: a bfloat16 output; float32 gradients).
 
     >>> import torch, sparsefill
     >>> torch.manual_seed(0) and None
@@ -220,9 +276,20 @@ class SparseLinear(nn.Module):
     >>> torch.testing.assert_close(lin(x), x @ W.T + lin.bias)
     """
 
-    def __init__(self, in_features: int, out_features: int, density: float | None = None, bias: bool = True, *,
-                 pattern=None, fill_value=0., layout=torch.sparse_coo, train_fill: bool = False, device=None,
-                 dtype=None):
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        density: float | None = None,
+        bias: bool = True,
+        *,
+        pattern=None,
+        fill_value=0.0,
+        layout=torch.sparse_coo,
+        train_fill: bool = False,
+        device=None,
+        dtype=None,
+    ):
         super().__init__()
         for name, v in (("in_features", in_features), ("out_features", out_features)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
@@ -236,21 +303,30 @@ class SparseLinear(nn.Module):
         self.in_features, self.out_features = in_features, out_features
         dtype = dtype or torch.get_default_dtype()
         shape = (out_features, in_features)
-        idx = _random_pattern(out_features, in_features, density, device) if pattern is None \
+        idx = (
+            _random_pattern(out_features, in_features, density, device)
+            if pattern is None
             else _pattern_indices(pattern, shape, device)
+        )
         vals = torch.empty(idx.shape[1], dtype=dtype, device=device)
-        fill = fill_value if fill_value is _creation.indefinite else torch.as_tensor(fill_value, dtype=dtype,
-                                                                                       device=device)
+        fill = (
+            fill_value
+            if fill_value is _creation.indefinite
+            else torch.as_tensor(fill_value, dtype=dtype, device=device)
+        )
         W = _creation.sparse_coo_tensor(idx, vals, shape, fill_value=fill, is_coalesced=True)
         self.sparse_weight = SparseParameter(W.to_sparse(layout), train_fill=train_fill)
-        self.register_parameter("bias", nn.Parameter(torch.empty(out_features, dtype=dtype, device=device))
-                                if bias else None)
+        self.register_parameter(
+            "bias",
+            nn.Parameter(torch.empty(out_features, dtype=dtype, device=device)) if bias else None,
+        )
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """``U(-1/sqrt(k), 1/sqrt(k))`` for the stored values and the bias, ``k = nse / out_features``."""
+        """``U(-1/sqrt(k), 1/sqrt(k))`` for the stored values and the bias, ``k = nse /
+        out_features``."""
         k = self.sparse_weight.values.numel() / max(1, self.out_features)
-        bound = 1 / math.sqrt(k) if k > 0 else 0.
+        bound = 1 / math.sqrt(k) if k > 0 else 0.0
         with torch.no_grad():
             self.sparse_weight.values.uniform_(-bound, bound)
             if self.bias is not None:
@@ -265,41 +341,68 @@ class SparseLinear(nn.Module):
         return nn.functional.linear(input, self.sparse_weight(), self.bias)
 
     @classmethod
-    def from_sparse(cls, weight, bias: torch.Tensor | None = None, *, train_fill: bool = False) -> "SparseLinear":
-        """A SparseLinear of weight ``weight`` (SparseTensor or torch sparse, 2-d, its pattern and fill)
-        and ``bias`` (copied; None: no bias)."""
+    def from_sparse(
+        cls, weight, bias: torch.Tensor | None = None, *, train_fill: bool = False
+    ) -> SparseLinear:
+        """A SparseLinear of weight ``weight`` (SparseTensor or torch sparse, 2-d, its pattern and
+        fill) and ``bias`` (copied; None: no bias)."""
         W = _as_sparse(weight, "weight").detach()
         if W.dim() != 2 or W.dense_dim():
-            raise ValueError(f"weight must be a 2-d sparse matrix without dense dims, got shape {tuple(W.shape)} "
-                             f"with {W.dense_dim()} dense dims")
+            raise ValueError(
+                f"weight must be a 2-d sparse matrix without dense dims, got shape {tuple(W.shape)} "
+                f"with {W.dense_dim()} dense dims"
+            )
         if bias is not None and tuple(bias.shape) != (W.shape[0],):
             raise ValueError(f"bias has shape {tuple(bias.shape)}, expected ({W.shape[0]},)")
         self = cls.__new__(cls)
         nn.Module.__init__(self)
         self.out_features, self.in_features = W.shape
         self.sparse_weight = SparseParameter(W, train_fill=train_fill)
-        self.register_parameter("bias", nn.Parameter(bias.detach().clone()) if bias is not None else None)
+        self.register_parameter(
+            "bias", nn.Parameter(bias.detach().clone()) if bias is not None else None
+        )
         return self
 
     @classmethod
-    def from_dense(cls, weight, bias: torch.Tensor | None = None, *, fill_value=0., layout=torch.sparse_coo,
-                   train_fill: bool = False) -> "SparseLinear":
+    def from_dense(
+        cls,
+        weight,
+        bias: torch.Tensor | None = None,
+        *,
+        fill_value=0.0,
+        layout=torch.sparse_coo,
+        train_fill: bool = False,
+    ) -> SparseLinear:
         """The elements of ``weight`` that differ from ``fill_value`` as the pattern; ``weight`` a
-        dense ``(out, in)`` tensor or an ``nn.Linear`` (its weight and bias; ``bias`` must then be None)."""
+        dense ``(out, in)`` tensor or an ``nn.Linear`` (its weight and bias; ``bias`` must then be
+        None)."""
         if isinstance(weight, nn.Linear):
             if bias is not None:
-                raise ValueError("from_dense(nn.Linear, bias=...): the bias comes from the nn.Linear; pass bias=None")
+                raise ValueError(
+                    "from_dense(nn.Linear, bias=...): the bias comes from the nn.Linear; pass bias=None"
+                )
             weight, bias = weight.weight, weight.bias
-        if not isinstance(weight, torch.Tensor) or isinstance(weight, SparseTensor) \
-                or weight.layout is not torch.strided or weight.dim() != 2:
-            raise TypeError("from_dense: weight must be a 2-d dense torch.Tensor or an nn.Linear, got "
-                            + (f"shape {tuple(weight.shape)}, layout {weight.layout}, {type(weight).__name__}"
-                               if isinstance(weight, torch.Tensor) else type(weight).__name__))
+        if (
+            not isinstance(weight, torch.Tensor)
+            or isinstance(weight, SparseTensor)
+            or weight.layout is not torch.strided
+            or weight.dim() != 2
+        ):
+            raise TypeError(
+                "from_dense: weight must be a 2-d dense torch.Tensor or an nn.Linear, got "
+                + (
+                    f"shape {tuple(weight.shape)}, layout {weight.layout}, {type(weight).__name__}"
+                    if isinstance(weight, torch.Tensor)
+                    else type(weight).__name__
+                )
+            )
         W = _creation.to_sparse(weight.detach(), fill_value=fill_value, layout=layout)
         return cls.from_sparse(W, bias, train_fill=train_fill)
 
     def extra_repr(self) -> str:
         nse = self.sparse_weight.values.shape[0]
         dens = nse / max(1, self.in_features * self.out_features)
-        return f"in_features={self.in_features}, out_features={self.out_features}, nse={nse} ({dens:.3g}), " \
-               f"bias={self.bias is not None}"
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, nse={nse} ({dens:.3g}), "
+            f"bias={self.bias is not None}"
+        )

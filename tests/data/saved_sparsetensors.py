@@ -15,22 +15,41 @@ def tensors() -> dict:
     NaN and indefinite fills, int/bool dtypes, requires_grad, an ``nn.Parameter``."""
     ind = sparsefill.indefinite
     return {
-        "coo": sparsefill.sparse_coo_tensor([[0, 1, 2], [3, 0, 1]], [1., 2., 3.], (3, 4), fill_value=2.),
-        "coo_uncoalesced": sparsefill.sparse_coo_tensor([[1, 0, 1], [2, 0, 2]], [1., 2., 3.], (2, 3)),
+        "coo": sparsefill.sparse_coo_tensor(
+            [[0, 1, 2], [3, 0, 1]], [1.0, 2.0, 3.0], (3, 4), fill_value=2.0
+        ),
+        "coo_uncoalesced": sparsefill.sparse_coo_tensor(
+            [[1, 0, 1], [2, 0, 2]], [1.0, 2.0, 3.0], (2, 3)
+        ),
         "coo_empty": sparsefill.sparse_coo_tensor(torch.zeros(2, 0, dtype=torch.int64), [], (0, 5)),
-        "csr": sparsefill.sparse_csr_tensor([0, 1, 1, 3], [2, 0, 3], [1., 2., 3.], (3, 4), fill_value=-1.),
-        "csr_batched": sparsefill.sparse_csr_tensor([[0, 1, 2], [0, 2, 2]], [[1, 0], [0, 2]],
-                                                    [[1., 2.], [3., 4.]], (2, 2, 3), fill_value=torch.nan),
-        "hybrid_array_fill": sparsefill.sparse_coo_tensor([[0, 2]], [[1., 2., 3.], [4., 5., 6.]], (4, 3),
-                                                          fill_value=torch.tensor([7., 8., 9.])),
-        "hybrid_csr_indefinite": sparsefill.sparse_csr_tensor([0, 1, 2], [1, 0], [[1., 2.], [3., 4.]], (2, 2, 2),
-                                                              fill_value=ind),
-        "coo_indefinite": sparsefill.sparse_coo_tensor([[0, 3]], [5., 6.], (4,), fill_value=ind),
+        "csr": sparsefill.sparse_csr_tensor(
+            [0, 1, 1, 3], [2, 0, 3], [1.0, 2.0, 3.0], (3, 4), fill_value=-1.0
+        ),
+        "csr_batched": sparsefill.sparse_csr_tensor(
+            [[0, 1, 2], [0, 2, 2]],
+            [[1, 0], [0, 2]],
+            [[1.0, 2.0], [3.0, 4.0]],
+            (2, 2, 3),
+            fill_value=torch.nan,
+        ),
+        "hybrid_array_fill": sparsefill.sparse_coo_tensor(
+            [[0, 2]],
+            [[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]],
+            (4, 3),
+            fill_value=torch.tensor([7.0, 8.0, 9.0]),
+        ),
+        "hybrid_csr_indefinite": sparsefill.sparse_csr_tensor(
+            [0, 1, 2], [1, 0], [[1.0, 2.0], [3.0, 4.0]], (2, 2, 2), fill_value=ind
+        ),
+        "coo_indefinite": sparsefill.sparse_coo_tensor([[0, 3]], [5.0, 6.0], (4,), fill_value=ind),
         "int64": sparsefill.sparse_coo_tensor([[1]], [7], (3,), fill_value=4),
         "bool": sparsefill.sparse_csr_tensor([0, 1, 1], [0], [True], (2, 2), fill_value=False),
-        "requires_grad": sparsefill.sparse_coo_tensor([[0, 1]], [1., 2.], (3,), fill_value=.5,
-                                                      dtype=torch.float64, requires_grad=True),
-        "parameter": torch.nn.Parameter(sparsefill.sparse_csr_tensor([0, 2], [0, 1], [1., 2.], (1, 3))),
+        "requires_grad": sparsefill.sparse_coo_tensor(
+            [[0, 1]], [1.0, 2.0], (3,), fill_value=0.5, dtype=torch.float64, requires_grad=True
+        ),
+        "parameter": torch.nn.Parameter(
+            sparsefill.sparse_csr_tensor([0, 2], [0, 1], [1.0, 2.0], (1, 3))
+        ),
     }
 
 

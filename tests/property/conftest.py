@@ -21,9 +21,18 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 _QUIET = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
-settings.register_profile("ci", max_examples=200, deadline=None, derandomize=True, database=None,
-                          suppress_health_check=_QUIET, print_blob=True)
-settings.register_profile("long", max_examples=2000, deadline=None, suppress_health_check=_QUIET, print_blob=True)
+settings.register_profile(
+    "ci",
+    max_examples=200,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=_QUIET,
+    print_blob=True,
+)
+settings.register_profile(
+    "long", max_examples=2000, deadline=None, suppress_health_check=_QUIET, print_blob=True
+)
 
 _EXAMPLES = {"tests": 0, "examples": 0}
 
@@ -46,7 +55,9 @@ def pytest_runtest_teardown(item):
 
 def pytest_terminal_summary(terminalreporter):
     if _EXAMPLES["tests"]:
-        terminalreporter.write_line(f"property suite: {_EXAMPLES['examples']} passing examples in "
-                                    f"{_EXAMPLES['tests']} tests (hypothesis profile "
-                                    f"{settings.get_current_profile_name()!r}; this folder runs 'ci' unless "
-                                    f"'long' is chosen)")
+        terminalreporter.write_line(
+            f"property suite: {_EXAMPLES['examples']} passing examples in "
+            f"{_EXAMPLES['tests']} tests (hypothesis profile "
+            f"{settings.get_current_profile_name()!r}; this folder runs 'ci' unless "
+            f"'long' is chosen)"
+        )

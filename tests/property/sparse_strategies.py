@@ -20,7 +20,13 @@ from hypothesis import assume, settings, strategies as st
 
 import sparsefill
 from sparsefill import SparseTensor
-from test_fastpath_review import check_masked, dense_and_unspecified, random_values, scalars, stored_as
+from test_fastpath_review import (
+    check_masked,
+    dense_and_unspecified,
+    random_values,
+    scalars,
+    stored_as,
+)
 
 
 def _profile() -> settings:
@@ -40,8 +46,16 @@ RAISES = (RuntimeError, TypeError, ValueError, IndexError, NotImplementedError, 
 
 
 @st.composite
-def sparse_tensors(draw, dtypes=DTYPES, fills=DEFINITE, layouts=("coo", "csr", "bcsr"), min_dim=0, max_dim=4,
-                   max_ddim=2, sizes=(0, 1, 2, 3, 4)):
+def sparse_tensors(
+    draw,
+    dtypes=DTYPES,
+    fills=DEFINITE,
+    layouts=("coo", "csr", "bcsr"),
+    min_dim=0,
+    max_dim=4,
+    max_ddim=2,
+    sizes=(0, 1, 2, 3, 4),
+):
     """A SparseTensor: COO (0 to 3 sparse dims; maybe uncoalesced, duplicates holding values), CSR or batched
     CSR, 0 to ``max_ddim`` trailing dense dims, sizes among ``sizes`` (0 and 1 included), values stored
     plainly or not, a fill among ``fills`` (zero, a scalar among 0, -0.0, NaN, +-inf..., an array over the
@@ -53,7 +67,7 @@ def sparse_tensors(draw, dtypes=DTYPES, fills=DEFINITE, layouts=("coo", "csr", "
     assume(min_dim <= sdim + ddim <= max_dim)
     ssh = tuple(draw(st.lists(st.sampled_from(sizes), min_size=sdim, max_size=sdim)))
     dsh = tuple(draw(st.lists(st.sampled_from(sizes[1:] or sizes), min_size=ddim, max_size=ddim)))
-    g = torch.Generator().manual_seed(draw(st.integers(0, 2 ** 16)))
+    g = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
     special = dtype.is_floating_point and draw(st.booleans())
     density = draw(st.sampled_from([0.0, 0.3, 0.7, 1.0]))
     if layout == "bcsr" and ssh[0]:  # (torch's batched CSR: as many elements in every batch)
@@ -64,10 +78,14 @@ def sparse_tensors(draw, dtypes=DTYPES, fills=DEFINITE, layouts=("coo", "csr", "
     idx = mask.nonzero().T.contiguous()
     vals = random_values(g, (idx.shape[1],) + dsh, dtype, special)
     coalesced = True
-    if layout == "coo" and idx.shape[1] and draw(st.booleans()):  # uncoalesced: duplicates, in any order
+    if (
+        layout == "coo" and idx.shape[1] and draw(st.booleans())
+    ):  # uncoalesced: duplicates, in any order
         dup = torch.randint(0, idx.shape[1], (max(1, idx.shape[1] // 2),), generator=g)
         extra = random_values(g, (dup.numel(),) + dsh, dtype, False)
-        if dtype == torch.bool:  # (duplicates of bool add as "or": kept False so the dense tensor is plain)
+        if (
+            dtype == torch.bool
+        ):  # (duplicates of bool add as "or": kept False so the dense tensor is plain)
             extra = torch.zeros_like(extra)
         idx, vals = torch.cat([idx, idx[:, dup]], 1), torch.cat([vals, extra])
         perm = torch.randperm(idx.shape[1], generator=g)
@@ -75,10 +93,12 @@ def sparse_tensors(draw, dtypes=DTYPES, fills=DEFINITE, layouts=("coo", "csr", "
         coalesced = False
     vals = stored_as(vals, draw(st.sampled_from(["plain", "noncontig", "offset", "neg"])))
     kind = draw(st.sampled_from([k for k in fills if k != "array" or dsh]))
-    fill = {"zero": torch.zeros((), dtype=dtype),
-            "value": torch.tensor(draw(st.sampled_from(_scalars(dtype))), dtype=dtype),
-            "array": random_values(g, dsh, dtype, special),
-            "indefinite": sparsefill.indefinite}[kind]
+    fill = {
+        "zero": torch.zeros((), dtype=dtype),
+        "value": torch.tensor(draw(st.sampled_from(_scalars(dtype))), dtype=dtype),
+        "array": random_values(g, dsh, dtype, special),
+        "indefinite": sparsefill.indefinite,
+    }[kind]
     A = sparsefill.sparse_coo_tensor(idx, vals, ssh + dsh, fill_value=fill)
     if layout != "coo":
         A = A.to_sparse_csr(dense_dim=ddim)
@@ -121,7 +141,10 @@ def assert_same(actual, expected, exact=False):
     NaN == NaN, the sign of a zero not compared."""
     actual = densified(actual)
     if isinstance(expected, (tuple, list)):
-        assert isinstance(actual, (tuple, list)) and len(actual) == len(expected), (actual, expected)
+        assert isinstance(actual, (tuple, list)) and len(actual) == len(expected), (
+            actual,
+            expected,
+        )
         for a, e in zip(actual, expected):
             assert_same(a, e, exact)
         return
@@ -169,5 +192,21 @@ def agree_masked(A, sparse_f, dense_f):
     return R
 
 
-__all__ = ["SETTINGS", "FLOATS", "DTYPES", "ALL_DTYPES", "FILLS", "DEFINITE", "RAISES", "sparse_tensors", "dims_of",
-           "densified", "assert_same", "outcome", "agree", "agree_masked", "stored_as", "random_values"]
+__all__ = [
+    "SETTINGS",
+    "FLOATS",
+    "DTYPES",
+    "ALL_DTYPES",
+    "FILLS",
+    "DEFINITE",
+    "RAISES",
+    "sparse_tensors",
+    "dims_of",
+    "densified",
+    "assert_same",
+    "outcome",
+    "agree",
+    "agree_masked",
+    "stored_as",
+    "random_values",
+]

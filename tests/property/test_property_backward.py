@@ -13,15 +13,33 @@ from hypothesis import given, strategies as st
 import sparsefill
 from sparse_strategies import SETTINGS, outcome, sparse_tensors
 
-OPS = {"exp": torch.exp, "mul_self": lambda a: a * a, "add_scalar": lambda a: a + 2.5, "sum": torch.sum,
-       "sum0": lambda a: a.sum(0), "sum_last": lambda a: a.sum(-1), "mean0": lambda a: a.mean(0),
-       "amax0": lambda a: a.amax(0), "prod0": lambda a: a.prod(0), "var0": lambda a: a.var(0),
-       "logsumexp0": lambda a: torch.logsumexp(a, 0), "softmax_last": lambda a: torch.softmax(a, -1),
-       "t": lambda a: a.t() if a.dim() <= 2 else a.transpose(0, 1), "reshape": lambda a: a.reshape(-1),
-       "select": lambda a: a.select(0, 0), "slice": lambda a: a[1:], "flip": lambda a: a.flip(0),
-       "matmul": lambda a: a @ torch.linspace(-1, 1, a.shape[-1], dtype=a.dtype),
-       "rmatmul": lambda a: torch.linspace(-1, 1, a.shape[-2], dtype=a.dtype) @ a if a.dim() >= 2 else a,
-       "relu": torch.relu, "abs": torch.abs, "cumsum0": lambda a: a.cumsum(0), "norm": torch.linalg.vector_norm}
+OPS = {
+    "exp": torch.exp,
+    "mul_self": lambda a: a * a,
+    "add_scalar": lambda a: a + 2.5,
+    "sum": torch.sum,
+    "sum0": lambda a: a.sum(0),
+    "sum_last": lambda a: a.sum(-1),
+    "mean0": lambda a: a.mean(0),
+    "amax0": lambda a: a.amax(0),
+    "prod0": lambda a: a.prod(0),
+    "var0": lambda a: a.var(0),
+    "logsumexp0": lambda a: torch.logsumexp(a, 0),
+    "softmax_last": lambda a: torch.softmax(a, -1),
+    "t": lambda a: a.t() if a.dim() <= 2 else a.transpose(0, 1),
+    "reshape": lambda a: a.reshape(-1),
+    "select": lambda a: a.select(0, 0),
+    "slice": lambda a: a[1:],
+    "flip": lambda a: a.flip(0),
+    "matmul": lambda a: a @ torch.linspace(-1, 1, a.shape[-1], dtype=a.dtype),
+    "rmatmul": lambda a: (
+        torch.linspace(-1, 1, a.shape[-2], dtype=a.dtype) @ a if a.dim() >= 2 else a
+    ),
+    "relu": torch.relu,
+    "abs": torch.abs,
+    "cumsum0": lambda a: a.cumsum(0),
+    "norm": torch.linalg.vector_norm,
+}
 
 
 def _leaves(A):
@@ -43,7 +61,10 @@ def _grads(out, v, f):
 
 
 @SETTINGS
-@given(sparse_tensors(dtypes=[torch.float64], min_dim=1, layouts=("coo", "csr")), st.sampled_from(sorted(OPS)))
+@given(
+    sparse_tensors(dtypes=[torch.float64], min_dim=1, layouts=("coo", "csr")),
+    st.sampled_from(sorted(OPS)),
+)
 def test_gradients_of_values_and_fill_are_dense(A, name):
     f = OPS[name]
     Bs, vs, fs = _leaves(A)

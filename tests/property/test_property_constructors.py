@@ -19,8 +19,11 @@ def _coo_parts(draw):
     size = tuple(draw(st.lists(st.integers(1, 4), min_size=sdim + ddim, max_size=sdim + ddim)))
     nse = draw(st.integers(0, 6))
     g = torch.Generator().manual_seed(draw(st.integers(0, 999)))
-    idx = torch.stack([torch.randint(0, n, (nse,), generator=g) for n in size[:sdim]]) if sdim else \
-        torch.zeros(0, nse, dtype=torch.int64)
+    idx = (
+        torch.stack([torch.randint(0, n, (nse,), generator=g) for n in size[:sdim]])
+        if sdim
+        else torch.zeros(0, nse, dtype=torch.int64)
+    )
     vals = random_values(g, (nse,) + size[sdim:], dtype, False)
     fill = draw(st.sampled_from([0, 1])) if dtype != torch.bool else draw(st.booleans())
     return idx, vals, size, fill, dtype
@@ -51,8 +54,20 @@ def test_valid_parts_give_the_dense_tensor_by_hand(parts, csr):
         assert_same(A.to_sparse_csr(dense_dim=len(size) - 2), want)
 
 
-BAD = ["index_out_of_range", "index_negative", "index_float", "index_rank", "values_count", "size_small",
-       "size_negative", "fill_shape", "fill_lossy", "fill_object", "fill_overflow", "values_rank"]
+BAD = [
+    "index_out_of_range",
+    "index_negative",
+    "index_float",
+    "index_rank",
+    "values_count",
+    "size_small",
+    "size_negative",
+    "fill_shape",
+    "fill_lossy",
+    "fill_object",
+    "fill_overflow",
+    "values_rank",
+]
 
 
 @SETTINGS
@@ -74,8 +89,10 @@ def test_invalid_coo_parts_raise_naming_the_argument(parts, how):
     elif how == "index_rank":
         idx, name = idx.reshape(-1), "ind"
     elif how == "values_count":
-        vals, name = torch.cat([vals, vals[:1] if nse else torch.zeros((1,) + vals.shape[1:], dtype=dtype)]), \
-            "values|nse|ind"
+        vals, name = (
+            torch.cat([vals, vals[:1] if nse else torch.zeros((1,) + vals.shape[1:], dtype=dtype)]),
+            "values|nse|ind",
+        )
     elif how == "size_small":
         size, name = (0,) + size[1:], "size|ind|out of"
         if not nse:
@@ -101,14 +118,29 @@ def test_invalid_coo_parts_raise_naming_the_argument(parts, how):
 
 
 @SETTINGS
-@given(st.lists(st.integers(0, 3), min_size=1, max_size=4), st.integers(1, 4),
-       st.sampled_from(["crow_decreasing", "crow_length", "crow_first", "col_out_of_range", "col_negative",
-                        "values_count", "crow_last"]), st.integers(0, 99))
+@given(
+    st.lists(st.integers(0, 3), min_size=1, max_size=4),
+    st.integers(1, 4),
+    st.sampled_from(
+        [
+            "crow_decreasing",
+            "crow_length",
+            "crow_first",
+            "col_out_of_range",
+            "col_negative",
+            "values_count",
+            "crow_last",
+        ]
+    ),
+    st.integers(0, 99),
+)
 def test_invalid_csr_parts_raise_naming_the_argument(counts, ncols, how, seed):
     g = torch.Generator().manual_seed(seed)
     counts = [min(c, ncols) for c in counts]
     crow = torch.cat([torch.zeros(1, dtype=torch.int64), torch.tensor(counts).cumsum(0)])
-    col = torch.cat([torch.randperm(ncols, generator=g)[:c].sort().values for c in counts]).to(torch.int64)
+    col = torch.cat([torch.randperm(ncols, generator=g)[:c].sort().values for c in counts]).to(
+        torch.int64
+    )
     vals = torch.ones(col.numel())
     size = (len(counts), ncols)
     sparsefill.sparse_csr_tensor(crow, col, vals, size)  # (valid)

@@ -12,18 +12,30 @@ from sparse_strategies import ALL_DTYPES, SETTINGS, agree, assert_same, outcome,
 
 
 @SETTINGS
-@given(sparse_tensors(dtypes=ALL_DTYPES), st.sampled_from(["coo", "csr", "coalesce", "clone", "refill", "detach",
-                                                          "to_float64", "contiguous"]))
+@given(
+    sparse_tensors(dtypes=ALL_DTYPES),
+    st.sampled_from(
+        ["coo", "csr", "coalesce", "clone", "refill", "detach", "to_float64", "contiguous"]
+    ),
+)
 def test_conversion_keeps_the_dense_tensor(A, how):
     x = A.to_dense()
     before = (A._vals.clone(), A._fill.clone())
     dd = A.dense_dim()
-    f = {"coo": lambda t: t.to_sparse_coo(), "csr": lambda t: t.to_sparse_csr(dense_dim=dd),
-         "coalesce": lambda t: t.coalesce() if isinstance(t, sparsefill.SparseTensor) else t,
-         "clone": lambda t: t.clone(), "detach": lambda t: t.detach(), "contiguous": lambda t: t.contiguous(),
-         "refill": lambda t: t.to_sparse(fill_value=torch.ones((), dtype=t.dtype)) if isinstance(
-             t, sparsefill.SparseTensor) else t,
-         "to_float64": lambda t: t.to(torch.float64)}[how]
+    f = {
+        "coo": lambda t: t.to_sparse_coo(),
+        "csr": lambda t: t.to_sparse_csr(dense_dim=dd),
+        "coalesce": lambda t: t.coalesce() if isinstance(t, sparsefill.SparseTensor) else t,
+        "clone": lambda t: t.clone(),
+        "detach": lambda t: t.detach(),
+        "contiguous": lambda t: t.contiguous(),
+        "refill": lambda t: (
+            t.to_sparse(fill_value=torch.ones((), dtype=t.dtype))
+            if isinstance(t, sparsefill.SparseTensor)
+            else t
+        ),
+        "to_float64": lambda t: t.to(torch.float64),
+    }[how]
     # a layout conversion keeps the dense tensor; it may raise only where torch's own conversion of the dense
     # tensor raises (torch refuses more: a batched CSR with no batch)
     native = how in ("coo", "csr")
@@ -48,14 +60,23 @@ def test_to_sparse_of_the_dense_tensor_stores_what_differs_from_the_fill(A, layo
     x = A.to_dense()
     dd = data.draw(st.integers(0, A.dense_dim()))
     fill = data.draw(st.sampled_from(["A's", "zero", "first"]))
-    f = A._fill if fill == "A's" and A._fill.dim() == 0 else torch.zeros((), dtype=x.dtype) if fill != "first" \
-        or not x.numel() else x.reshape(-1)[0].clone()
+    f = (
+        A._fill
+        if fill == "A's" and A._fill.dim() == 0
+        else torch.zeros((), dtype=x.dtype)
+        if fill != "first" or not x.numel()
+        else x.reshape(-1)[0].clone()
+    )
     lay = torch.sparse_coo if layout == "coo" else torch.sparse_csr
     kind, R = outcome(lambda: sparsefill.to_sparse(x, fill_value=f, layout=lay, dense_dim=dd))
-    if kind == "raise":  # (only where torch's own conversion raises: CSR of fewer than 2 sparse dims)
+    if (
+        kind == "raise"
+    ):  # (only where torch's own conversion raises: CSR of fewer than 2 sparse dims)
         assert outcome(lambda: x.to_sparse(layout=lay, dense_dim=dd))[0] == "raise", R
         return
     assert_same(R, x, exact=True)
     if R is not None and dd == 0:
-        differ = (x != f) & ~(x.isnan() & f.isnan() if x.is_floating_point() else torch.zeros_like(x, dtype=bool))
+        differ = (x != f) & ~(
+            x.isnan() & f.isnan() if x.is_floating_point() else torch.zeros_like(x, dtype=bool)
+        )
         assert R._nnz() == int(differ.sum()) or R.sparse_layout == torch.sparse_csr and R.dim() > 2

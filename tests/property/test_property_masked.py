@@ -11,11 +11,28 @@ import torch
 from hypothesis import given, strategies as st
 
 import sparsefill
-from sparse_strategies import DTYPES, FILLS, RAISES, SETTINGS, assert_same, outcome, sparse_tensors
+from sparse_strategies import DTYPES, FILLS, SETTINGS, assert_same, outcome, sparse_tensors
 
-OPS = {"sum": (0,), "prod": (0,), "amax": (0,), "amin": (0,), "argmax": (0,), "argmin": (0,), "mean": (0,),
-       "norm": (2.0, 0), "var": (0,), "std": (0,), "logsumexp": (0,), "softmax": (0,), "log_softmax": (0,),
-       "softmin": (0,), "normalize": (2.0, 0), "cumsum": (0,), "cumprod": (0,), "median": (0,)}
+OPS = {
+    "sum": (0,),
+    "prod": (0,),
+    "amax": (0,),
+    "amin": (0,),
+    "argmax": (0,),
+    "argmin": (0,),
+    "mean": (0,),
+    "norm": (2.0, 0),
+    "var": (0,),
+    "std": (0,),
+    "logsumexp": (0,),
+    "softmax": (0,),
+    "log_softmax": (0,),
+    "softmin": (0,),
+    "normalize": (2.0, 0),
+    "cumsum": (0,),
+    "cumprod": (0,),
+    "median": (0,),
+}
 NORMALIZATIONS = ("softmax", "log_softmax", "softmin", "normalize", "cumsum", "cumprod")
 
 
@@ -28,8 +45,12 @@ def _pattern(A):
 
 
 @SETTINGS
-@given(sparse_tensors(dtypes=DTYPES, fills=FILLS, min_dim=1, max_dim=3, max_ddim=1), st.sampled_from(sorted(OPS)),
-       st.sampled_from(["none", "dense", "sparse"]), st.data())
+@given(
+    sparse_tensors(dtypes=DTYPES, fills=FILLS, min_dim=1, max_dim=3, max_ddim=1),
+    st.sampled_from(sorted(OPS)),
+    st.sampled_from(["none", "dense", "sparse"]),
+    st.data(),
+)
 def test_masked_op_matches_torch_masked(A, name, mask_kind, data):
     n = A.dim()
     d = data.draw(st.integers(-n, n - 1))
@@ -49,7 +70,11 @@ def test_masked_op_matches_torch_masked(A, name, mask_kind, data):
     if ks != "ok":
         return
     if isinstance(got, sparsefill.SparseTensor):
-        got = got.to_dense(fill_value=torch.zeros((), dtype=got.dtype)) if got.is_fill_indefinite() else got.to_dense()
+        got = (
+            got.to_dense(fill_value=torch.zeros((), dtype=got.dtype))
+            if got.is_fill_indefinite()
+            else got.to_dense()
+        )
     elif got.layout != torch.strided:
         got = got.to_dense()
     read = _read_positions(name, m, d, tuple(want.shape), x)

@@ -19,18 +19,28 @@ def _dense(shape, dtype, seed):
 
 
 @SETTINGS
-@given(MATRICES, st.integers(0, 3), st.sampled_from(["A@X", "X@A", "mv", "x@A", "mm", "A@A.T", "einsum",
-                                                   "addmm", "linear"]), st.integers(0, 99))
+@given(
+    MATRICES,
+    st.integers(0, 3),
+    st.sampled_from(["A@X", "X@A", "mv", "x@A", "mm", "A@A.T", "einsum", "addmm", "linear"]),
+    st.integers(0, 99),
+)
 def test_matrix_products(A, k, name, seed):
     m, n = A.shape
     x = A.to_dense()
     X, Y = _dense((n, k), A.dtype, seed), _dense((k, m), A.dtype, seed + 1)
     v, w = _dense((n,), A.dtype, seed + 2), _dense((m,), A.dtype, seed + 3)
-    f = {"A@X": lambda a: a @ X, "X@A": lambda a: Y @ a, "mv": lambda a: torch.mv(a, v), "x@A": lambda a: w @ a,
-         "mm": lambda a: torch.mm(a, X), "A@A.T": lambda a: a @ (A.t() if a is A else x.t()),
-         "einsum": lambda a: torch.einsum("ij,jk->ik", a, X),
-         "addmm": lambda a: torch.addmm(_dense((m, k), A.dtype, seed), a, X, beta=2, alpha=1),
-         "linear": lambda a: torch.nn.functional.linear(Y.T.to(a.dtype) if k else Y.T, a)}[name]
+    f = {
+        "A@X": lambda a: a @ X,
+        "X@A": lambda a: Y @ a,
+        "mv": lambda a: torch.mv(a, v),
+        "x@A": lambda a: w @ a,
+        "mm": lambda a: torch.mm(a, X),
+        "A@A.T": lambda a: a @ (A.t() if a is A else x.t()),
+        "einsum": lambda a: torch.einsum("ij,jk->ik", a, X),
+        "addmm": lambda a: torch.addmm(_dense((m, k), A.dtype, seed), a, X, beta=2, alpha=1),
+        "linear": lambda a: torch.nn.functional.linear(Y.T.to(a.dtype) if k else Y.T, a),
+    }[name]
     agree(lambda: f(A), lambda: f(x))
 
 

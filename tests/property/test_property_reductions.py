@@ -29,8 +29,13 @@ REDUCTIONS = {  # name: (fn(x, dim, keepdim), takes a tuple of dims)
     "max_dim": (lambda x, d, k: tuple(x.max(d, keepdim=k)) if d is not None else x.max(), False),
     "median": (lambda x, d, k: x.median() if d is None else tuple(x.median(d, keepdim=k)), False),
 }
-SCANS = {"cumsum": torch.cumsum, "cumprod": torch.cumprod, "logcumsumexp": torch.logcumsumexp,
-         "cummax": lambda x, d: tuple(torch.cummax(x, d)), "cummin": lambda x, d: tuple(torch.cummin(x, d))}
+SCANS = {
+    "cumsum": torch.cumsum,
+    "cumprod": torch.cumprod,
+    "logcumsumexp": torch.logcumsumexp,
+    "cummax": lambda x, d: tuple(torch.cummax(x, d)),
+    "cummin": lambda x, d: tuple(torch.cummin(x, d)),
+}
 
 
 def _mean_of_var_mean_is_order_dependent(x, dims):
@@ -45,23 +50,40 @@ def _mean_of_var_mean_is_order_dependent(x, dims):
 
 
 @SETTINGS
-@given(sparse_tensors(dtypes=DTYPES + [torch.float16]), st.sampled_from(sorted(REDUCTIONS)), st.booleans(),
-       st.data())
+@given(
+    sparse_tensors(dtypes=DTYPES + [torch.float16]),
+    st.sampled_from(sorted(REDUCTIONS)),
+    st.booleans(),
+    st.data(),
+)
 def test_reduction(A, name, keepdim, data):
     f, tuples = REDUCTIONS[name]
-    d = dims_of(data.draw, A) if tuples else (
-        data.draw(st.one_of(st.none(), st.integers(-A.dim(), A.dim() - 1))) if A.dim() else None)
+    d = (
+        dims_of(data.draw, A)
+        if tuples
+        else (
+            data.draw(st.one_of(st.none(), st.integers(-A.dim(), A.dim() - 1))) if A.dim() else None
+        )
+    )
     x = A.to_dense()
     if name in ("var_mean", "std_mean") and _mean_of_var_mean_is_order_dependent(x, d):
         agree(lambda: f(A, d, keepdim)[0], lambda: f(x, d, keepdim)[0])
         return
-    if name in ("argmax", "argmin", "max_dim", "median") and x.is_floating_point() and x.isnan().any():
+    if (
+        name in ("argmax", "argmin", "max_dim", "median")
+        and x.is_floating_point()
+        and x.isnan().any()
+    ):
         return  # (ties of NaN positions: torch's first NaN; covered by tests/test_reductions.py)
     agree(lambda: f(A, d, keepdim), lambda: f(x, d, keepdim))
 
 
 @SETTINGS
-@given(sparse_tensors(dtypes=FLOATS + [torch.int64], min_dim=1), st.sampled_from(sorted(SCANS)), st.data())
+@given(
+    sparse_tensors(dtypes=FLOATS + [torch.int64], min_dim=1),
+    st.sampled_from(sorted(SCANS)),
+    st.data(),
+)
 def test_scan(A, name, data):
     d = data.draw(st.integers(-A.dim(), A.dim() - 1))
     x = A.to_dense()

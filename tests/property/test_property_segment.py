@@ -15,9 +15,12 @@ from sparse_strategies import SETTINGS, assert_same
 from sparsefill import segment
 
 REDUCERS = {  # name: (reference over a (n, ...) slice with n >= 1, takes integers)
-    "sum": (lambda x: x.sum(0), True), "mean": (lambda x: x.mean(0), False),
-    "sqrt_n": (lambda x: x.sum(0) / math.sqrt(x.shape[0]), False), "max": (lambda x: x.amax(0), True),
-    "min": (lambda x: x.amin(0), True), "prod": (lambda x: x.prod(0), True),
+    "sum": (lambda x: x.sum(0), True),
+    "mean": (lambda x: x.mean(0), False),
+    "sqrt_n": (lambda x: x.sum(0) / math.sqrt(x.shape[0]), False),
+    "max": (lambda x: x.amax(0), True),
+    "min": (lambda x: x.amin(0), True),
+    "prod": (lambda x: x.prod(0), True),
     "logsumexp": (lambda x: torch.logsumexp(x, 0), False),
     "logmeanexp": (lambda x: torch.logsumexp(x, 0) - math.log(x.shape[0]), False),
 }
@@ -57,7 +60,7 @@ def _segments(draw):
     members = [src[seg == s] if kind.endswith("ids") else None for s in range(len(lengths))]
     if not kind.endswith("ids"):
         starts = [sum(lengths[:s]) for s in range(len(lengths))]
-        members = [src[a:a + k] for a, k in zip(starts, lengths)]
+        members = [src[a : a + k] for a, k in zip(starts, lengths)]
     return data, kw, members
 
 
@@ -73,13 +76,23 @@ def test_reduce_matches_a_reference_by_hand(case, name, empty):
     default = segment.SEGMENT_REDUCERS[name].empty
     e = default if empty is None else empty
     out = segment.reduce(data, name, empty=empty, **kw)
-    want = torch.stack([ref(data[rows]) if rows.numel() else torch.full(data.shape[1:], e, dtype=data.dtype)
-                        for rows in members]) if members else data.new_zeros((0,) + data.shape[1:])
+    want = (
+        torch.stack(
+            [
+                ref(data[rows]) if rows.numel() else torch.full(data.shape[1:], e, dtype=data.dtype)
+                for rows in members
+            ]
+        )
+        if members
+        else data.new_zeros((0,) + data.shape[1:])
+    )
     assert_same(out, want.to(data.dtype))
 
 
 @SETTINGS
-@given(_segments(), st.sampled_from(["negative", "short", "long", "out_of_range_id", "index", "empty"]))
+@given(
+    _segments(), st.sampled_from(["negative", "short", "long", "out_of_range_id", "index", "empty"])
+)
 def test_invalid_segments_raise_naming_the_argument(case, how):
     data, kw, members = case
     bad = dict(kw)

@@ -32,9 +32,29 @@ def _factorization(data, numel, n):
     return shape
 
 
-OPS = ["reshape", "permute", "t", "transpose", "select", "slice", "index_select", "split", "chunk", "unbind",
-       "repeat", "expand", "flip", "squeeze", "unsqueeze", "flatten", "narrow", "movedim", "getitem_mask",
-       "getitem_tensor", "roll"]
+OPS = [
+    "reshape",
+    "permute",
+    "t",
+    "transpose",
+    "select",
+    "slice",
+    "index_select",
+    "split",
+    "chunk",
+    "unbind",
+    "repeat",
+    "expand",
+    "flip",
+    "squeeze",
+    "unsqueeze",
+    "flatten",
+    "narrow",
+    "movedim",
+    "getitem_mask",
+    "getitem_tensor",
+    "roll",
+]
 
 
 @SETTINGS
@@ -43,8 +63,11 @@ def test_shape_op(A, name, data):
     x = A.to_dense()
     n = A.dim()
     if name == "reshape":
-        shape = _factorization(data, x.numel(), data.draw(st.integers(0, 4)) if x.numel() <= 1 else
-                               data.draw(st.integers(1, 4)))
+        shape = _factorization(
+            data,
+            x.numel(),
+            data.draw(st.integers(0, 4)) if x.numel() <= 1 else data.draw(st.integers(1, 4)),
+        )
         f = lambda t: t.reshape(shape)  # noqa: E731
     elif name == "permute":
         perm = data.draw(st.permutations(range(n)))
@@ -92,8 +115,10 @@ def _indexing(name, data, A):
         k = data.draw(st.integers(0, size - s))
         return lambda t: t.narrow(d, s, k)
     if name == "index_select":
-        idx = torch.tensor(data.draw(st.lists(st.integers(0, max(size - 1, 0)), max_size=4)) if size else [],
-                           dtype=torch.int64)
+        idx = torch.tensor(
+            data.draw(st.lists(st.integers(0, max(size - 1, 0)), max_size=4)) if size else [],
+            dtype=torch.int64,
+        )
         return lambda t: t.index_select(d, idx)
     if name == "slice":
         a, b = data.draw(st.integers(-5, 5)), data.draw(st.integers(-5, 5))
@@ -119,7 +144,9 @@ def _getitem(name, data, A):
         m = torch.rand(tuple(A.shape[:k]), generator=g) < 0.5
         return lambda t: t[m]
     n0 = A.shape[0] if A.dim() else 0
-    idx = torch.tensor(data.draw(st.lists(st.integers(-n0, n0 - 1), max_size=4)) if n0 else [], dtype=torch.int64)
+    idx = torch.tensor(
+        data.draw(st.lists(st.integers(-n0, n0 - 1), max_size=4)) if n0 else [], dtype=torch.int64
+    )
     return lambda t: t[idx]
 
 
@@ -132,7 +159,9 @@ def _joinable(draw):
     for _ in range(draw(st.integers(1, 2))):
         x = A.to_dense()
         k = draw(st.integers(0, 3))
-        y = torch.cat([x] * (k // max(x.shape[d], 1) + 1), d).narrow(d, 0, min(k, x.shape[d] * (k + 1)))
+        y = torch.cat([x] * (k // max(x.shape[d], 1) + 1), d).narrow(
+            d, 0, min(k, x.shape[d] * (k + 1))
+        )
         fill = draw(st.sampled_from([0, 1])) if y.dtype != torch.bool else True
         out.append(sparsefill.to_sparse(y, fill_value=fill, dense_dim=A.dense_dim()))
     return out, d
@@ -148,4 +177,3 @@ def test_cat_and_stack(parts, stack):
     else:
         agree(lambda: torch.cat(tensors, d), lambda: torch.cat(xs, d))
         agree(lambda: torch.cat([tensors[0], xs[-1]], d), lambda: torch.cat([xs[0], xs[-1]], d))
-

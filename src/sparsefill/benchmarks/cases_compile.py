@@ -1,30 +1,34 @@
-"""torch.compile measurements (issue 14): not a harness case (compiling takes seconds per case, and the test
-suite runs the harness cases); run ``python -m sparsefill.benchmarks.cases_compile [--quick]``.
+"""torch.compile measurements (issue 14): not a harness case (compiling takes seconds per case, and
+the test suite runs the harness cases); run ``python -m sparsefill.benchmarks.cases_compile
+[--quick]``.
 
-1. **Elementwise chain** ``torch.exp(A * -8) + 1`` on a 1-D SparseTensor of ``n`` elements, 1% stored
-   (at least one), fill 0.5, float32, at ``n`` = 10, 1k, 100k, 10M: compiled sparsefill (inductor,
-   ``fullgraph=True``) against eager sparsefill, compiled dense torch on ``A.to_dense()`` and compiled torch
-   on the stored values alone (``A.values()``: the floor of any sparse format) and on the values (a dynamic
-   size, as the nse) and the fill as two plain tensors (``compiled parts``: sparsefill's compiled graph
-   without the subclass, so ``compiled sparsefill - compiled parts`` is the wrapper's per-call cost:
-   dynamo's guards on the inner tensors, AOTAutograd's unwrapping and rewrapping) and compiled on a
-   ``minimal subclass`` (:class:`Minimal`: the fewest lines a traceable wrapper subclass of the same three
-   inner tensors needs, nse dynamic as sparsefill's: the floor of torch's subclass machinery for this case).
-2. **GAT training step** (``examples/gat.py``, 5k nodes, COO): forward + loss compiled (``fullgraph=True``),
-   backward through the compiled graph, eager Adam step; against the eager step.
-3. **DLRM training step** (``examples/dlrm.py``, small tables): the model compiled with ``fullgraph=True``
-   (the pooling of every key by ``KeyedJaggedBatch.pooled``: one ``sparsefill::jagged_pooled`` custom op
-   forward and one ``jagged_pooled_backward``, each key's count of ids a dynamic size; dynamo's count of graph
-   breaks reported), backward through the compiled graph (sparse table gradients), eager ``SparseAdagrad``
-   and ``Adagrad`` steps; against the eager step and the ``nn.EmbeddingBag(sparse=True)`` +
-   ``torch.optim.Adagrad`` model of the example.  What separates compiled from eager here is per-call
-   overhead, not kernels (the same ``embedding_bag`` and gathers run in both): torch's compiled-function
-   wrapper (guards, AOTAutograd's runtime; about 0.3 ms forward on this model, as for the compiled
-   ``EmbeddingBag`` peer) and ~40 us per custom op call (the reason the keys are pooled by one op).
+1. **Elementwise chain** ``torch.exp(A * -8) + 1`` on a 1-D SparseTensor of ``n`` elements, 1%
+   stored (at least one), fill 0.5, float32, at ``n`` = 10, 1k, 100k, 10M: compiled sparsefill
+   (inductor, ``fullgraph=True``) against eager sparsefill, compiled dense torch on ``A.to_dense()``
+   and compiled torch on the stored values alone (``A.values()``: the floor of any sparse format)
+   and on the values (a dynamic size, as the nse) and the fill as two plain tensors (``compiled
+   parts``: sparsefill's compiled graph without the subclass, so ``compiled sparsefill - compiled
+   parts`` is the wrapper's per-call cost: dynamo's guards on the inner tensors, AOTAutograd's
+   unwrapping and rewrapping) and compiled on a ``minimal subclass`` (:class:`Minimal`: the fewest
+   lines a traceable wrapper subclass of the same three inner tensors needs, nse dynamic as
+   sparsefill's: the floor of torch's subclass machinery for this case).
+2. **GAT training step** (``examples/gat.py``, 5k nodes, COO): forward + loss compiled
+   (``fullgraph=True``), backward through the compiled graph, eager Adam step; against the eager
+   step.
+3. **DLRM training step** (``examples/dlrm.py``, small tables): the model compiled with
+   ``fullgraph=True`` (the pooling of every key by ``KeyedJaggedBatch.pooled``: one
+   ``sparsefill::jagged_pooled`` custom op forward and one ``jagged_pooled_backward``, each key's
+   count of ids a dynamic size; dynamo's count of graph breaks reported), backward through the
+   compiled graph (sparse table gradients), eager ``SparseAdagrad`` and ``Adagrad`` steps; against
+   the eager step and the ``nn.EmbeddingBag(sparse=True)`` + ``torch.optim.Adagrad`` model of the
+   example.  What separates compiled from eager here is per-call overhead, not kernels (the same
+   ``embedding_bag`` and gathers run in both): torch's compiled-function wrapper (guards,
+   AOTAutograd's runtime; about 0.3 ms forward on this model, as for the compiled ``EmbeddingBag``
+   peer) and ~40 us per custom op call (the reason the keys are pooled by one op).
 
-Interleaved: every round times each implementation in turn (median of ``reps`` calls), the figure is the
-median of the rounds; one thread.  The CPU kept busy by other processes during the run is printed (the
-noise).
+Interleaved: every round times each implementation in turn (median of ``reps`` calls), the figure is
+the median of the rounds; one thread.  The CPU kept busy by other processes during the run is
+printed (the noise).
 """
 
 from __future__ import annotations
@@ -52,11 +56,12 @@ def chain(A):
 
 
 class Minimal(torch.Tensor):
-    """The floor of torch's wrapper-subclass machinery for :func:`chain`: a traceable wrapper of the inner
-    tensors a 1-D COO SparseTensor has (``_idx`` (1, nse) passed through, ``_vals`` (nse,), 0-d ``_fill``; the
-    nse a dynamic size, marked as sparsefill marks it) whose ops apply to the values and the fill, with
-    nothing else: no metadata, no checks, no fast paths.  Compiled, it costs what any such subclass costs per
-    call (dynamo's guards on three inner tensors, AOTAutograd's unwrapping and rewrapping)."""
+    """The floor of torch's wrapper-subclass machinery for :func:`chain`: a traceable wrapper of the
+    inner tensors a 1-D COO SparseTensor has (``_idx`` (1, nse) passed through, ``_vals`` (nse,),
+    0-d ``_fill``; the nse a dynamic size, marked as sparsefill marks it) whose ops apply to the
+    values and the fill, with nothing else: no metadata, no checks, no fast paths.  Compiled, it
+    costs what any such subclass costs per call (dynamo's guards on three inner tensors,
+    AOTAutograd's unwrapping and rewrapping)."""
 
     @staticmethod
     def __new__(cls, size, idx, vals, fill):
@@ -82,12 +87,14 @@ class Minimal(torch.Tensor):
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         A = next(a for a in args if isinstance(a, Minimal))
-        part = lambda name: func(*[getattr(a, name) if isinstance(a, Minimal) else a for a in args],  # noqa: E731
-                                 **(kwargs or {}))
+        part = lambda name: func(
+            *[getattr(a, name) if isinstance(a, Minimal) else a for a in args],  # noqa: E731
+            **(kwargs or {}),
+        )
         return Minimal(A.shape, A._idx, part("_vals"), part("_fill"))
 
     @staticmethod
-    def of(A) -> "Minimal":
+    def of(A) -> Minimal:
         """The Minimal of a 1-D COO SparseTensor's inner tensors (copies), its nse dynamic."""
         idx, vals = A._idx.clone(), A._vals.detach().clone()
         idx._dynamo_propagated_dynamic_indices, vals._dynamo_propagated_dynamic_indices = {1}, {0}
@@ -98,7 +105,9 @@ def elementwise(n: int, backend: str, rounds: int, reps: int) -> dict:
     g = torch.Generator().manual_seed(n)
     nse = max(1, n // 100)
     idx = torch.randperm(n, generator=g)[:nse].sort().values[None]
-    A = sparsefill.sparse_coo_tensor(idx, torch.randn(nse, generator=g), (n,), fill_value=0.5, is_coalesced=True)
+    A = sparsefill.sparse_coo_tensor(
+        idx, torch.randn(nse, generator=g), (n,), fill_value=0.5, is_coalesced=True
+    )
     D, V = A.to_dense(), A.values()
     V2, fill = V.clone(), A._fill_value()
     torch._dynamo.mark_dynamic(V2, 0)  # (as a SparseTensor's nse)
@@ -106,19 +115,33 @@ def elementwise(n: int, backend: str, rounds: int, reps: int) -> dict:
     comp = torch.compile(chain, backend=backend, fullgraph=True, dynamic=False)
     comp_dense = torch.compile(chain, backend=backend, fullgraph=True, dynamic=False)
     comp_vals = torch.compile(chain, backend=backend, fullgraph=True, dynamic=False)
-    comp_parts = torch.compile(lambda v, f: (chain(v), chain(f)), backend=backend, fullgraph=True, dynamic=False)
-    M, comp_min = Minimal.of(A), torch.compile(chain, backend=backend, fullgraph=True, dynamic=False)
+    comp_parts = torch.compile(
+        lambda v, f: (chain(v), chain(f)), backend=backend, fullgraph=True, dynamic=False
+    )
+    M, comp_min = (
+        Minimal.of(A),
+        torch.compile(chain, backend=backend, fullgraph=True, dynamic=False),
+    )
     torch.testing.assert_close(comp(A).to_dense(), chain(D))
     out, floor = comp(A), comp_min(M)
     torch.testing.assert_close((floor._vals, floor._fill), (out._vals, out._fill))
-    return interleaved({"compiled sparsefill": lambda: comp(A), "eager sparsefill": lambda: chain(A),
-                        "compiled dense": lambda: comp_dense(D), "compiled values": lambda: comp_vals(V),
-                        "compiled parts": lambda: comp_parts(V2, fill),
-                        "compiled minimal subclass": lambda: comp_min(M)}, rounds, reps)
+    return interleaved(
+        {
+            "compiled sparsefill": lambda: comp(A),
+            "eager sparsefill": lambda: chain(A),
+            "compiled dense": lambda: comp_dense(D),
+            "compiled values": lambda: comp_vals(V),
+            "compiled parts": lambda: comp_parts(V2, fill),
+            "compiled minimal subclass": lambda: comp_min(M),
+        },
+        rounds,
+        reps,
+    )
 
 
 def gat_step(nodes: int, backend: str, rounds: int, reps: int) -> dict:
     from .cases_models import _example
+
     gat = _example("gat")
     x, A, _, y, model, _ = gat.setup(nodes, with_peer=False)
     opt = torch.optim.Adam(model.parameters(), lr=0.005)
@@ -132,18 +155,25 @@ def gat_step(nodes: int, backend: str, rounds: int, reps: int) -> dict:
         loss.backward()
         opt.step()
         return loss
+
     torch.testing.assert_close(compiled(), loss_fn())
-    return interleaved({"compiled": lambda: step(compiled), "eager": lambda: step(loss_fn)}, rounds, reps)
+    return interleaved(
+        {"compiled": lambda: step(compiled), "eager": lambda: step(loss_fn)}, rounds, reps
+    )
 
 
 def dlrm_step(batch: int, rows: int, backend: str, rounds: int, reps: int) -> tuple[dict, str]:
-    """The timings (compiled, eager, the EmbeddingBag + Adagrad peer) and how dynamo compiled the forward
-    (graphs, breaks and the first break's reason)."""
+    """The timings (compiled, eager, the EmbeddingBag + Adagrad peer) and how dynamo compiled the
+    forward (graphs, breaks and the first break's reason)."""
     from .cases_models import _example
+
     dlrm = _example("dlrm")
-    (model, inputs, labels), (peer, peer_inputs, _) = dlrm.setup(batch=batch, keys=4, rows=rows, dim=32)
+    (model, inputs, labels), (peer, peer_inputs, _) = dlrm.setup(
+        batch=batch, keys=4, rows=rows, dim=32
+    )
     opts, peer_opts = model.optimizers(), peer.optimizers()
     from torch._dynamo.utils import counters
+
     torch._dynamo.reset()
     counters.clear()
     compiled = torch.compile(model, backend=backend, fullgraph=True)
@@ -161,8 +191,16 @@ def dlrm_step(batch: int, rows: int, backend: str, rounds: int, reps: int) -> tu
         for o in optimizers:
             o.step()
         return loss
-    return interleaved({"compiled": lambda: step(compiled, inputs, opts), "eager": lambda: step(model, inputs, opts),
-                        "EmbeddingBag + Adagrad": lambda: step(peer, peer_inputs, peer_opts)}, rounds, reps), how
+
+    return interleaved(
+        {
+            "compiled": lambda: step(compiled, inputs, opts),
+            "eager": lambda: step(model, inputs, opts),
+            "EmbeddingBag + Adagrad": lambda: step(peer, peer_inputs, peer_opts),
+        },
+        rounds,
+        reps,
+    ), how
 
 
 def main(argv=None) -> dict:
@@ -174,35 +212,51 @@ def main(argv=None) -> dict:
     p.add_argument("--backend", default="inductor")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--reps", type=int, default=5)
-    p.add_argument("--quick", action="store_true", help="10 and 1k elements, 500 nodes, 3 rounds of 3")
+    p.add_argument(
+        "--quick", action="store_true", help="10 and 1k elements, 500 nodes, 3 rounds of 3"
+    )
     args = p.parse_args(argv)
     if args.quick:
         args.sizes, args.nodes, args.dlrm_batch, args.rounds, args.reps = [10, 1000], 500, 64, 3, 3
     torch.set_num_threads(1)
     import logging
-    logging.getLogger("torch._dynamo").setLevel(logging.ERROR)   # (the DLRM's graph-break warnings: counted)
+
+    logging.getLogger("torch._dynamo").setLevel(
+        logging.ERROR
+    )  # (the DLRM's graph-break warnings: counted)
     out = {}
     a = cpu_snapshot()
-    print(f"backend {args.backend}, 1 thread, median of {args.rounds} interleaved rounds of {args.reps} calls; "
-          f"load average {loadavg()}")
+    print(
+        f"backend {args.backend}, 1 thread, median of {args.rounds} interleaved rounds of {args.reps} calls; "
+        f"load average {loadavg()}"
+    )
     for n in args.sizes:
         t = out[("exp", n)] = elementwise(n, args.backend, args.rounds, args.reps)
         c = t["compiled sparsefill"]
-        print(f"torch.exp(A * -8) + 1, {n} elements (1% stored): " + ", ".join(f"{k} {v:.4f} ms" for k, v in t.items())
-              + f"; compiled sparsefill / eager {c / t['eager sparsefill']:.2f}x, / compiled dense "
-              f"{c / t['compiled dense']:.2f}x, / compiled values {c / t['compiled values']:.2f}x; the wrapper's "
-              f"per-call cost {1e3 * (c - t['compiled parts']):.1f} us; the floor of a subclass: compiled minimal "
-              f"subclass / compiled values {t['compiled minimal subclass'] / t['compiled values']:.2f}x, compiled "
-              f"sparsefill - compiled minimal subclass {1e3 * (c - t['compiled minimal subclass']):.1f} us")
+        print(
+            f"torch.exp(A * -8) + 1, {n} elements (1% stored): "
+            + ", ".join(f"{k} {v:.4f} ms" for k, v in t.items())
+            + f"; compiled sparsefill / eager {c / t['eager sparsefill']:.2f}x, / compiled dense "
+            f"{c / t['compiled dense']:.2f}x, / compiled values {c / t['compiled values']:.2f}x; the wrapper's "
+            f"per-call cost {1e3 * (c - t['compiled parts']):.1f} us; the floor of a subclass: compiled minimal "
+            f"subclass / compiled values {t['compiled minimal subclass'] / t['compiled values']:.2f}x, compiled "
+            f"sparsefill - compiled minimal subclass {1e3 * (c - t['compiled minimal subclass']):.1f} us"
+        )
     t = out["gat"] = gat_step(args.nodes, args.backend, args.rounds, args.reps)
-    print(f"GAT training step, {args.nodes} nodes: compiled {t['compiled']:.1f} ms, eager {t['eager']:.1f} ms "
-          f"({t['compiled'] / t['eager']:.2f}x)")
-    t, how = out["dlrm"] = dlrm_step(args.dlrm_batch, args.dlrm_rows, args.backend, args.rounds, args.reps)
+    print(
+        f"GAT training step, {args.nodes} nodes: compiled {t['compiled']:.1f} ms, eager {t['eager']:.1f} ms "
+        f"({t['compiled'] / t['eager']:.2f}x)"
+    )
+    t, how = out["dlrm"] = dlrm_step(
+        args.dlrm_batch, args.dlrm_rows, args.backend, args.rounds, args.reps
+    )
     peer = t["EmbeddingBag + Adagrad"]
-    print(f"DLRM training step, batch {args.dlrm_batch}, 4 tables of {args.dlrm_rows} x 32: compiled (fullgraph: "
-          f"{how}) {t['compiled']:.2f} ms, eager {t['eager']:.2f} ms, EmbeddingBag + Adagrad {peer:.2f} ms; "
-          f"compiled / eager {t['compiled'] / t['eager']:.2f}x, compiled / EmbeddingBag + Adagrad "
-          f"{t['compiled'] / peer:.2f}x, eager / EmbeddingBag + Adagrad {t['eager'] / peer:.2f}x")
+    print(
+        f"DLRM training step, batch {args.dlrm_batch}, 4 tables of {args.dlrm_rows} x 32: compiled (fullgraph: "
+        f"{how}) {t['compiled']:.2f} ms, eager {t['eager']:.2f} ms, EmbeddingBag + Adagrad {peer:.2f} ms; "
+        f"compiled / eager {t['compiled'] / t['eager']:.2f}x, compiled / EmbeddingBag + Adagrad "
+        f"{t['compiled'] / peer:.2f}x, eager / EmbeddingBag + Adagrad {t['eager'] / peer:.2f}x"
+    )
     o = other_cpu(a, cpu_snapshot())
     print(f"other processes kept {o:.2f} cores busy during the run" if o is not None else "")
     return out

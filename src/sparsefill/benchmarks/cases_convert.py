@@ -29,11 +29,14 @@ QUICK_2D = {"2-D 4000x4000, 0.1%": ((4000, 4000), 0.001)}
 SIZES, QUICK = {**SIZES_1D, **SIZES_2D}, {**QUICK_1D, **QUICK_2D}
 
 _CACHE: dict[tuple, torch.Tensor] = {}
-_CACHE_MAX = 4  # dense inputs kept between cases: (1-D, 2-D) x (fill 0, fill 1.5); 3.3 GB at full size
+_CACHE_MAX = (
+    4  # dense inputs kept between cases: (1-D, 2-D) x (fill 0, fill 1.5); 3.3 GB at full size
+)
 
 
 def dense_input(shape, density: float, fill: float = 0.0) -> torch.Tensor:
-    """Float32 tensor of ``shape``: ``fill`` except at ``round(numel * density)`` distinct random positions."""
+    """Float32 tensor of ``shape``: ``fill`` except at ``round(numel * density)`` distinct random
+    positions."""
     key = (tuple(shape), density, fill)
     if key in _CACHE:
         return _CACHE[key]
@@ -57,11 +60,14 @@ def clear_cache() -> None:
     _CACHE.clear()
 
 
-# ---------------------------------------------------------------------- checks (on the warm-up outputs)
+# ---------------------------------------------------------------------- checks (on the warm-up
+# outputs)
 def _allclose_chunked(a: torch.Tensor, b: torch.Tensor, chunk: int = 1 << 24) -> bool:
     """``torch.allclose`` without its numel-sized temporaries (several GB at 20000x20000)."""
     a, b = a.reshape(-1), b.reshape(-1)
-    return all(torch.allclose(a[i:i + chunk], b[i:i + chunk]) for i in range(0, a.numel(), chunk))
+    return all(
+        torch.allclose(a[i : i + chunk], b[i : i + chunk]) for i in range(0, a.numel(), chunk)
+    )
 
 
 def _check_to_sparse(fill):
@@ -76,26 +82,31 @@ def _check_to_sparse(fill):
         if A.sparse_layout is torch.sparse_coo:
             same_idx = torch.equal(A.indices(), t.indices())
         else:
-            same_idx = (torch.equal(A.crow_indices(), t.crow_indices())
-                        and torch.equal(A.col_indices(), t.col_indices()))
+            same_idx = torch.equal(A.crow_indices(), t.crow_indices()) and torch.equal(
+                A.col_indices(), t.col_indices()
+            )
         if not same_idx:
             raise AssertionError("sparsefill and torch specify different positions")
         if not torch.allclose(A.values().detach() - fill, t.values()):
             raise AssertionError("sparsefill values - fill != torch values of (x - fill)")
         if float(A.fill_value()) != fill:
             raise AssertionError(f"fill {A.fill_value()} != {fill}")
+
     return check
 
 
 # ---------------------------------------------------------------------- registration
 def _bytes(param) -> int:
-    """Least bytes moved: the float32 dense tensor once, plus int64 indices and float32 values per specified element."""
+    """Least bytes moved: the float32 dense tensor once, plus int64 indices and float32 values per
+    specified element."""
     shape, density = param
     return math.prod(shape) * 4 + round(math.prod(shape) * density) * (8 * len(shape) + 4)
 
 
 def _native(layout):
-    return (lambda x: x.to_sparse()) if layout is torch.sparse_coo else (lambda x: x.to_sparse_csr())
+    return (
+        (lambda x: x.to_sparse()) if layout is torch.sparse_coo else (lambda x: x.to_sparse_csr())
+    )
 
 
 def _layout_name(layout) -> str:
@@ -105,21 +116,34 @@ def _layout_name(layout) -> str:
 def _register_to_sparse(layout, fill):
     native = _native(layout)
     lname = _layout_name(layout)
-    peer = (f"x.to_sparse{'' if lname == 'coo' else '_csr'}()" if fill == 0
-            else f"(x - {fill}).to_sparse{'' if lname == 'coo' else '_csr'}()")
+    peer = (
+        f"x.to_sparse{'' if lname == 'coo' else '_csr'}()"
+        if fill == 0
+        else f"(x - {fill}).to_sparse{'' if lname == 'coo' else '_csr'}()"
+    )
     sizes, quick = (SIZES, QUICK) if layout is torch.sparse_coo else (SIZES_2D, QUICK_2D)
 
-    @case(f"to_sparse {lname} fill={fill:g}", sizes=sizes, quick_sizes=quick, check=_check_to_sparse(fill),
-          bytes=_bytes)
+    @case(
+        f"to_sparse {lname} fill={fill:g}",
+        sizes=sizes,
+        quick_sizes=quick,
+        check=_check_to_sparse(fill),
+        bytes=_bytes,
+    )
     def bench(param):
         shape, density = param
         x = dense_input(shape, density, fill)
         fv = None if fill == 0 else fill
         if fill == 0:
-            return [("sparsefill.to_sparse", lambda: sparsefill.to_sparse(x, layout=layout)),
-                    (peer, lambda: native(x))]
-        return [("sparsefill.to_sparse", lambda: sparsefill.to_sparse(x, fill_value=fv, layout=layout)),
-                (peer, lambda: native(x - fill))]
+            return [
+                ("sparsefill.to_sparse", lambda: sparsefill.to_sparse(x, layout=layout)),
+                (peer, lambda: native(x)),
+            ]
+        return [
+            ("sparsefill.to_sparse", lambda: sparsefill.to_sparse(x, fill_value=fv, layout=layout)),
+            (peer, lambda: native(x - fill)),
+        ]
+
     return bench
 
 
@@ -136,7 +160,9 @@ def _register_to_dense(layout, fill):
         if not _allclose_chunked(a, b):
             raise AssertionError("sparsefill to_dense != torch to_dense (+ fill)")
 
-    @case(f"to_dense {lname} fill={fill:g}", sizes=sizes, quick_sizes=quick, check=check, bytes=_bytes)
+    @case(
+        f"to_dense {lname} fill={fill:g}", sizes=sizes, quick_sizes=quick, check=check, bytes=_bytes
+    )
     def bench(param):
         shape, density = param
         x = dense_input(shape, density, fill)
@@ -145,6 +171,7 @@ def _register_to_dense(layout, fill):
         if fill == 0:
             return [("A.to_dense()", lambda: A.to_dense()), (peer, lambda: t.to_dense())]
         return [("A.to_dense()", lambda: A.to_dense()), (peer, lambda: t.to_dense() + fill)]
+
     return bench
 
 

@@ -1,15 +1,16 @@
-"""Element-wise cases: ``torch.exp(A * -8.0)`` with a nonzero fill (fill-value-rfc.md's membrane potential),
-``A + B`` over two patterns, and the per-call cost of small element-wise ops.
+"""Element-wise cases: ``torch.exp(A * -8.0)`` with a nonzero fill (fill-value-rfc.md's membrane
+potential), ``A + B`` over two patterns, and the per-call cost of small element-wise ops.
 
 Peers: the same ops on the values tensor alone (the floor: what a user keeping
 ``(indices, values, fill)`` by hand would run), and pydata ``sparse`` (fill_value=5) when installed.
 
-Per call (issue 18): a coalesced 10-element COO tensor, 5 stored, fill 1, float64; the ``sparsefill − peer``
-column is the cost above the values-only op (``torch.exp(A)`` vs ``torch.exp(A.values())``, ``A * 2`` vs
-``values * 2``, ``A + A`` vs ``values + values``, in place ``A.mul_(1.0)`` vs ``values.mul_(1.0)``, ``A.detach()``
-vs ``values.detach()``) and, for ``A + B`` with another pattern (5 stored, fill 2,
-3 positions in common), above dense ``x + y`` on the 10 elements: with the same ``B`` every call (the pattern pair
-recurs: its union is merged once) and with a new ``B`` of that pattern every call (a merge per call).
+Per call (issue 18): a coalesced 10-element COO tensor, 5 stored, fill 1, float64; the ``sparsefill
+− peer`` column is the cost above the values-only op (``torch.exp(A)`` vs ``torch.exp(A.values())``,
+``A * 2`` vs ``values * 2``, ``A + A`` vs ``values + values``, in place ``A.mul_(1.0)`` vs
+``values.mul_(1.0)``, ``A.detach()`` vs ``values.detach()``) and, for ``A + B`` with another pattern
+(5 stored, fill 2, 3 positions in common), above dense ``x + y`` on the 10 elements: with the same
+``B`` every call (the pattern pair recurs: its union is merged once) and with a new ``B`` of that
+pattern every call (a merge per call).
 """
 
 from __future__ import annotations
@@ -41,14 +42,21 @@ def _check(param, out):
         torch.testing.assert_close(torch.from_numpy(s.data), ref._values())
 
 
-@case("exp(A * -8) fill=5", sizes={"1-D 10M, 1%": ((10_000_000,), 0.01)},
-      quick_sizes={"1-D 1M, 1%": ((1_000_000,), 0.01)}, check=_check,
-      bytes=lambda p: 2 * round(p[0][0] * p[1]) * 8)  # float64 values read and written
+@case(
+    "exp(A * -8) fill=5",
+    sizes={"1-D 10M, 1%": ((10_000_000,), 0.01)},
+    quick_sizes={"1-D 1M, 1%": ((1_000_000,), 0.01)},
+    check=_check,
+    bytes=lambda p: 2 * round(p[0][0] * p[1]) * 8,
+)  # float64 values read and written
 def exp_scaled(param):
     (n,), density = param
     idx, vals = _signal(n, density)
     A = sparsefill.sparse_coo_tensor(idx[None], vals, (n,), fill_value=5.0)
-    impls = [("sparsefill", lambda: torch.exp(A * -8.0)), ("values only", lambda: torch.exp(vals * -8.0))]
+    impls = [
+        ("sparsefill", lambda: torch.exp(A * -8.0)),
+        ("values only", lambda: torch.exp(vals * -8.0)),
+    ]
     try:
         import sparse
     except ImportError:  # peer not installed: skipped, noted in the table
@@ -65,10 +73,16 @@ def _check_add(param, out):
         torch.testing.assert_close(torch.from_numpy(out["pydata sparse"].data), ref._values())
 
 
-@case("A + B, different patterns, fills 1 and 2",
-      sizes={"20000x20000, 0.1% each": ((20_000, 20_000), 0.001), "1-D 10M, 1% each": ((10_000_000,), 0.01)},
-      quick_sizes={"2000x2000, 1% each": ((2_000, 2_000), 0.01)}, check=_check_add,
-      bytes=lambda p: 4 * round(np.prod(p[0]) * p[1]) * (8 * len(p[0]) + 8))  # ~: 2 operands + union
+@case(
+    "A + B, different patterns, fills 1 and 2",
+    sizes={
+        "20000x20000, 0.1% each": ((20_000, 20_000), 0.001),
+        "1-D 10M, 1% each": ((10_000_000,), 0.01),
+    },
+    quick_sizes={"2000x2000, 1% each": ((2_000, 2_000), 0.01)},
+    check=_check_add,
+    bytes=lambda p: 4 * round(np.prod(p[0]) * p[1]) * (8 * len(p[0]) + 8),
+)  # ~: 2 operands + union
 def add_union(param):
     shape, density = param
     n = int(np.prod(shape))
@@ -92,7 +106,8 @@ def add_union(param):
 
 
 def _small(seed: int, fill: float):
-    """A coalesced 10-element COO tensor with 5 stored (float64), its values and its dense tensor."""
+    """A coalesced 10-element COO tensor with 5 stored (float64), its values and its dense
+    tensor."""
     g = torch.Generator().manual_seed(seed)
     idx = torch.randperm(10, generator=g)[:5].sort().values
     vals = torch.randn(5, generator=g, dtype=torch.float64)
@@ -105,17 +120,27 @@ def _check_per_call(param, out):
     torch.testing.assert_close(got.to_dense() if param.startswith("A + B") else got._values(), peer)
 
 
-PER_CALL = {"torch.exp(A)": "torch.exp(A)", "A * 2": "A * 2", "A + A": "A + A", "A.mul_(1.0)": "A.mul_(1.0)",
-            "A.detach()": "A.detach()", "A + B, other pattern": "A + B, other pattern",
-            "A + B, other pattern, new each call": "A + B, other pattern, new each call"}
+PER_CALL = {
+    "torch.exp(A)": "torch.exp(A)",
+    "A * 2": "A * 2",
+    "A + A": "A + A",
+    "A.mul_(1.0)": "A.mul_(1.0)",
+    "A.detach()": "A.detach()",
+    "A + B, other pattern": "A + B, other pattern",
+    "A + B, other pattern, new each call": "A + B, other pattern, new each call",
+}
 
 
 @case("per call: 10 elements, 5 stored, fill 1, float64", sizes=PER_CALL, check=_check_per_call)
 def per_call(op):
-    """One small element-wise call against the same op on the values alone (dense ``x + y`` for ``A + B``)."""
+    """One small element-wise call against the same op on the values alone (dense ``x + y`` for ``A
+    + B``)."""
     A, vals, x = _small(0, 1.0)
     if op == "torch.exp(A)":
-        return [("sparsefill", lambda: torch.exp(A)), ("torch.exp(values)", lambda: torch.exp(vals))]
+        return [
+            ("sparsefill", lambda: torch.exp(A)),
+            ("torch.exp(values)", lambda: torch.exp(vals)),
+        ]
     if op == "A * 2":
         return [("sparsefill", lambda: A * 2), ("values * 2", lambda: vals * 2)]
     if op == "A + A":
@@ -126,10 +151,19 @@ def per_call(op):
     if op == "A.detach()":
         return [("sparsefill", lambda: A.detach()), ("values.detach()", lambda: vals.detach())]
     B, _, y = _small(2, 2.0)
-    if op == "A + B, other pattern":  # the union of a pattern pair that recurs is merged once (pointwise.union2)
+    if (
+        op == "A + B, other pattern"
+    ):  # the union of a pattern pair that recurs is merged once (pointwise.union2)
         return [("sparsefill", lambda: A + B), ("dense x + y", lambda: x + y)]
-    # every call a B of that pattern with index tensors of its own (more than the pattern cache holds): a merge
-    Bs = itertools.cycle([sparsefill.sparse_coo_tensor(B._indices().clone(), B._values().detach(), (10,),
-                                                       fill_value=2.0, is_coalesced=True) for _ in range(256)])
+    # every call a B of that pattern with index tensors of its own (more than the pattern cache
+    # holds): a merge
+    Bs = itertools.cycle(
+        [
+            sparsefill.sparse_coo_tensor(
+                B._indices().clone(), B._values().detach(), (10,), fill_value=2.0, is_coalesced=True
+            )
+            for _ in range(256)
+        ]
+    )
     ys = itertools.cycle([y] * 256)
     return [("sparsefill", lambda: A + next(Bs)), ("dense x + y", lambda: x + next(ys))]

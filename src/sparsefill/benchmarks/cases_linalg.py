@@ -22,13 +22,14 @@ size               sparsefill  hand-written     bare A0 @ x     dense torch.mm
 4000^2, 1% quick   1.6 ms      2.1 ms (0.74x)   1.9 ms (0.83x)  43 ms (27x)
 =================  ==========  ===============  ==============  ===============
 
-(ratio in parentheses: sparsefill time / peer time for the middle columns, peer / sparsefill
-for dense).  A quieter ad-hoc run (median of 7 calls, 1 thread, 20000^2 at 1%): sparsefill CSR
-47-50 ms, sparsefill COO 54 ms, zero-fill CSR 45 ms, native ``(A - a) @ x + a * x.sum(0)``
-46 ms; dense-on-the-left ``x.T @ A``: sparsefill 262 ms (a transposed CSR built by a counting
-sort, then CSR @ dense) against torch's native ``x.T @ csr`` at 443 ms.  The hand-written peer uses ``torch.addmm`` with a CSR ``mat1``, which is no faster
-than ``mm`` plus an add; sparsefill's overhead over the bare kernel is the ``values - a``
-temporary (O(nse)) and the ``x.sum(0)`` correction.
+(ratio in parentheses: sparsefill time / peer time for the middle columns, peer / sparsefill for
+dense).  A quieter ad-hoc run (median of 7 calls, 1 thread, 20000^2 at 1%): sparsefill CSR 47-50 ms,
+sparsefill COO 54 ms, zero-fill CSR 45 ms, native ``(A - a) @ x + a * x.sum(0)`` 46 ms;
+dense-on-the-left ``x.T @ A``: sparsefill 262 ms (a transposed CSR built by a counting sort, then
+CSR @ dense) against torch's native ``x.T @ csr`` at 443 ms.  The hand-written peer uses
+``torch.addmm`` with a CSR ``mat1``, which is no faster than ``mm`` plus an add; sparsefill's
+overhead over the bare kernel is the ``values - a`` temporary (O(nse)) and the ``x.sum(0)``
+correction.
 """
 
 from __future__ import annotations
@@ -63,35 +64,45 @@ def _check(param, out):
         if label.startswith("torch CSR A0"):
             continue
         if not torch.allclose(y / scale, ref / scale, rtol=1e-4, atol=1e-4):
-            raise AssertionError(f"{label} differs from the hand-written decomposition by "
-                                 f"{float((y - ref).abs().max())} (scale {float(scale)})")
+            raise AssertionError(
+                f"{label} differs from the hand-written decomposition by "
+                f"{float((y - ref).abs().max())} (scale {float(scale)})"
+            )
 
 
-@case("A @ x, A CSR fill 5, x dense (n, 64)",
-      sizes={"20000x20000, 1%": ((20000, 20000), 0.01), "20000x20000, 0.1%": ((20000, 20000), 0.001)},
-      quick_sizes={"4000x4000, 1%": ((4000, 4000), 0.01)}, check=_check,
-      bytes=lambda p: round(math.prod(p[0]) * p[1]) * 12 + (p[0][0] + p[0][1]) * COLS * 4)
+@case(
+    "A @ x, A CSR fill 5, x dense (n, 64)",
+    sizes={"20000x20000, 1%": ((20000, 20000), 0.01), "20000x20000, 0.1%": ((20000, 20000), 0.001)},
+    quick_sizes={"4000x4000, 1%": ((4000, 4000), 0.01)},
+    check=_check,
+    bytes=lambda p: round(math.prod(p[0]) * p[1]) * 12 + (p[0][0] + p[0][1]) * COLS * 4,
+)
 def spmm_fill(param):
     shape, density = param
     idx, vals = _pattern(shape, density)
     A = sparsefill.sparse_coo_tensor(idx, vals, shape, fill_value=FILL).to_sparse_csr()
     x = torch.randn(shape[1], COLS, generator=torch.Generator().manual_seed(1))
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # torch: "Sparse CSR tensor support is in beta state"
+        warnings.simplefilter(
+            "ignore", UserWarning
+        )  # torch: "Sparse CSR tensor support is in beta state"
         A0 = torch.sparse_csr_tensor(A.crow_indices(), A.col_indices(), A.values() - FILL, shape)
         Az = torch.sparse_csr_tensor(A.crow_indices(), A.col_indices(), A.values(), shape)
     dense = torch.full(shape, FILL)
     dense[idx[0], idx[1]] = vals
-    return [("sparsefill", lambda: A @ x),
-            ("torch CSR (A - a) @ x + a * x.sum(0)", lambda: torch.addmm(x.sum(0).mul_(FILL), A0, x)),
-            ("torch CSR A0 @ x (zero fill, no correction)", lambda: Az @ x),
-            ("dense torch.mm", lambda: torch.mm(dense, x))]
+    return [
+        ("sparsefill", lambda: A @ x),
+        ("torch CSR (A - a) @ x + a * x.sum(0)", lambda: torch.addmm(x.sum(0).mul_(FILL), A0, x)),
+        ("torch CSR A0 @ x (zero fill, no correction)", lambda: Az @ x),
+        ("dense torch.mm", lambda: torch.mm(dense, x)),
+    ]
 
 
 # ---------------------------------------------------------------------- a constant data matrix
 def _data_matrix(shape, density, seed=SEED):
-    """``(X as a SparseTensor CSR, its rows, cols, values)``: ``density * rows * cols`` uniform values
-    at random positions (duplicates summed), float32, fill 0: a TF-IDF-like feature matrix."""
+    """``(X as a SparseTensor CSR, its rows, cols, values)``: ``density * rows * cols`` uniform
+    values at random positions (duplicates summed), float32, fill 0: a TF-IDF-like feature
+    matrix."""
     n, k = shape
     nse = round(n * k * density)
     g = torch.Generator().manual_seed(seed)
@@ -113,6 +124,7 @@ def _logistic_step(n, predict, w):
         loss.backward()
         opt.step()
         return loss.detach()
+
     return step
 
 
@@ -127,8 +139,12 @@ DATA_SIZES = {"200000x50000, 0.1%": ((200_000, 50_000), 0.001)}
 DATA_QUICK = {"20000x5000, 0.1%": ((20_000, 5_000), 0.001)}
 
 
-@case("data matrix: logistic regression step, X @ w (TF-IDF-like CSR)", sizes=DATA_SIZES,
-      quick_sizes=DATA_QUICK, check=_first_losses_agree)
+@case(
+    "data matrix: logistic regression step, X @ w (TF-IDF-like CSR)",
+    sizes=DATA_SIZES,
+    quick_sizes=DATA_QUICK,
+    check=_first_losses_agree,
+)
 def logistic_regression(param):
     """A training step (forward, backward, Adam) of ``bce(X @ w, y)`` with a constant sparse data
     matrix ``X`` (``sparsefill.from_scipy``-like CSR, fill 0) against the same model written by hand
@@ -137,17 +153,25 @@ def logistic_regression(param):
     (n, k), density = param
     X, rows, cols, vals = _data_matrix((n, k), density)
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # torch: "Sparse CSR tensor support is in beta state"
+        warnings.simplefilter(
+            "ignore", UserWarning
+        )  # torch: "Sparse CSR tensor support is in beta state"
         Xcsr = torch.sparse_csr_tensor(X.crow_indices(), X.col_indices(), X.values(), (n, k))
     Xcoo = torch.sparse_coo_tensor(torch.stack([rows, cols]), vals, (n, k)).coalesce()
 
     def hand(w):
         return torch.zeros(n).index_add_(0, rows, vals * w[cols])
+
     w = [torch.zeros(k, requires_grad=True) for _ in range(4)]
-    return [("sparsefill", _logistic_step(n, lambda w: X @ w, w[0])),
-            ("hand-written index_add_ step", _logistic_step(n, hand, w[1])),
-            ("torch native CSR", _logistic_step(n, lambda w: Xcsr @ w, w[2])),
-            ("torch native COO", _logistic_step(n, lambda w: torch.sparse.mm(Xcoo, w[:, None])[:, 0], w[3]))]
+    return [
+        ("sparsefill", _logistic_step(n, lambda w: X @ w, w[0])),
+        ("hand-written index_add_ step", _logistic_step(n, hand, w[1])),
+        ("torch native CSR", _logistic_step(n, lambda w: Xcsr @ w, w[2])),
+        (
+            "torch native COO",
+            _logistic_step(n, lambda w: torch.sparse.mm(Xcoo, w[:, None])[:, 0], w[3]),
+        ),
+    ]
 
 
 def _grads_agree(param, out):
@@ -158,11 +182,16 @@ def _grads_agree(param, out):
             raise AssertionError(f"{label}: gradient differs by {float((g - ref).abs().max())}")
 
 
-@case("data matrix: X @ W forward + backward, W (cols, 64)", sizes=DATA_SIZES,
-      quick_sizes=DATA_QUICK, check=_grads_agree)
+@case(
+    "data matrix: X @ W forward + backward, W (cols, 64)",
+    sizes=DATA_SIZES,
+    quick_sizes=DATA_QUICK,
+    check=_grads_agree,
+)
 def data_matrix_mm(param):
-    """``Y = X @ W`` and ``dL/dW = X^T @ G`` for a constant sparse ``X`` and a dense ``W`` that needs
-    a gradient (a linear layer over sparse features), against a gather + ``index_add_`` by hand."""
+    """``Y = X @ W`` and ``dL/dW = X^T @ G`` for a constant sparse ``X`` and a dense ``W`` that
+    needs a gradient (a linear layer over sparse features), against a gather + ``index_add_`` by
+    hand."""
     (n, k), density = param
     X, rows, cols, vals = _data_matrix((n, k), density)
     W = torch.randn(k, COLS, generator=torch.Generator().manual_seed(1), requires_grad=True)
@@ -173,6 +202,8 @@ def data_matrix_mm(param):
             W.grad = None
             product().backward(G)
             return W.grad
+
         return run
+
     hand = grad_of(lambda: torch.zeros(n, COLS).index_add_(0, rows, vals[:, None] * W[cols]))
     return [("sparsefill", grad_of(lambda: X @ W)), ("hand-written gather + index_add_", hand)]

@@ -75,6 +75,7 @@ def _stepper(opt, loss_fn, weight_fn):
         calls.append(None)
         n = len(calls)
         return loss.detach(), weight_fn(), lambda: n == 1 and len(calls) == 1
+
     return step
 
 
@@ -108,22 +109,42 @@ def _peers(param):
         n_call = len(calls)
         return loss, w, lambda: n_call == 1 and len(calls) == 1
 
-    return [("dense nn.Linear", _stepper(opt_d, lambda: dense(x).square().mean(), lambda: dense.weight)),
-            ("torch.sparse.mm, native sparse", _stepper(opt_n, native_loss, lambda: v)),
-            ("nn.Parameter(A), dense semantics", dense_semantics)]
+    return [
+        (
+            "dense nn.Linear",
+            _stepper(opt_d, lambda: dense(x).square().mean(), lambda: dense.weight),
+        ),
+        ("torch.sparse.mm, native sparse", _stepper(opt_n, native_loss, lambda: v)),
+        ("nn.Parameter(A), dense semantics", dense_semantics),
+    ]
 
 
 def _subject(param, layout):
     lin, x, _, _, _ = _setup(param, layout)
     opt = torch.optim.Adam(lin.parameters(), lr=_LR)
-    return ("sparsefill", _stepper(opt, lambda: lin(x).square().mean(), lambda: lin.sparse_weight.values))
+    return (
+        "sparsefill",
+        _stepper(opt, lambda: lin(x).square().mean(), lambda: lin.sparse_weight.values),
+    )
 
 
-@case("training step: SparseLinear, Adam", sizes=_SIZES, quick_sizes=_QUICK, tiny_sizes=_TINY, check=_check)
+@case(
+    "training step: SparseLinear, Adam",
+    sizes=_SIZES,
+    quick_sizes=_QUICK,
+    tiny_sizes=_TINY,
+    check=_check,
+)
 def sparse_linear_step(param):
     return [_subject(param, torch.sparse_coo)] + _peers(param)
 
 
-@case("training step: SparseLinear CSR, Adam", sizes=_SIZES, quick_sizes=_QUICK, tiny_sizes=_TINY, check=_check)
+@case(
+    "training step: SparseLinear CSR, Adam",
+    sizes=_SIZES,
+    quick_sizes=_QUICK,
+    tiny_sizes=_TINY,
+    check=_check,
+)
 def sparse_linear_csr_step(param):
     return [_subject(param, torch.sparse_csr)] + _peers(param)[:2]

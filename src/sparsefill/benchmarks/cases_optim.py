@@ -7,7 +7,8 @@ embedding lookup produces): ``sparsefill.segment.sparse_adagrad(..., mode="coale
 forms update only the touched rows; the check compares one step from the same state.  The second
 size is one table of ``examples/dlrm.py`` (41k looked-up ids a step, a quarter of them repeated).
 sparsefill runs one fused compiled kernel where numba is installed (coalescing, then the update of
-each touched row), else torch ops (rows marked in a table of flags, ``index_add_``, in-place update).
+each touched row), else torch ops (rows marked in a table of flags, ``index_add_``, in-place
+update).
 """
 
 from __future__ import annotations
@@ -34,10 +35,16 @@ def _check(param, out):
         torch.testing.assert_close(o, ref, rtol=1e-5, atol=1e-6, msg=label)
 
 
-@case("sparse Adagrad step, embedding table", sizes={"1M x 64, 50k rows": ((1_000_000, 64), 50_000),
-                                                     "50k x 64, 41k rows (a DLRM table)": ((50_000, 64), 41_000)},
-      quick_sizes={"100k x 64, 5k rows": ((100_000, 64), 5_000)}, check=_check,
-      tiny_sizes={"1k x 8, 50 rows": ((1_000, 8), 50)})
+@case(
+    "sparse Adagrad step, embedding table",
+    sizes={
+        "1M x 64, 50k rows": ((1_000_000, 64), 50_000),
+        "50k x 64, 41k rows (a DLRM table)": ((50_000, 64), 41_000),
+    },
+    quick_sizes={"100k x 64, 5k rows": ((100_000, 64), 5_000)},
+    check=_check,
+    tiny_sizes={"1k x 8, 50 rows": ((1_000, 8), 50)},
+)
 def sparse_adagrad(param):
     table, rows, grad = _setup(param)
     n, d = table.shape
@@ -64,5 +71,9 @@ def sparse_adagrad(param):
         p_d.grad = dense_grad
         opt_d.step()
         return p_d.detach()
-    return [("sparsefill", sf_step), ("torch.optim.Adagrad, sparse grad", torch_step),
-            ("torch.optim.Adagrad, dense grad", dense_step)]
+
+    return [
+        ("sparsefill", sf_step),
+        ("torch.optim.Adagrad, sparse grad", torch_step),
+        ("torch.optim.Adagrad, dense grad", dense_step),
+    ]

@@ -35,16 +35,32 @@ def _check(param, out):
     torch.testing.assert_close(got.to_dense(), out["dense torch.exp(x)"])
 
 
-@case("overhead: torch.exp(A), 30% specified, fill 5",
-      sizes={"10": 10, "100": 100, "1k": 1_000, "10k": 10_000, "100k": 100_000, "1M": 1_000_000,
-             "10M": 10_000_000},
-      quick_sizes={"10": 10, "100": 100, "1k": 1_000, "10k": 10_000, "100k": 100_000}, tiny_sizes={"10": 10},
-      sweep="elements (numel of A)", check=_check)
+@case(
+    "overhead: torch.exp(A), 30% specified, fill 5",
+    sizes={
+        "10": 10,
+        "100": 100,
+        "1k": 1_000,
+        "10k": 10_000,
+        "100k": 100_000,
+        "1M": 1_000_000,
+        "10M": 10_000_000,
+    },
+    quick_sizes={"10": 10, "100": 100, "1k": 1_000, "10k": 10_000, "100k": 100_000},
+    tiny_sizes={"10": 10},
+    sweep="elements (numel of A)",
+    check=_check,
+)
 def exp_overhead(n):
     A, vals, x = _inputs(n)
-    return Bench([("sparsefill torch.exp(A)", lambda: torch.exp(A)),
-                  ("torch.exp(values)", lambda: torch.exp(vals)),
-                  ("dense torch.exp(x)", lambda: torch.exp(x))], bytes=2 * vals.numel() * 4)
+    return Bench(
+        [
+            ("sparsefill torch.exp(A)", lambda: torch.exp(A)),
+            ("torch.exp(values)", lambda: torch.exp(vals)),
+            ("dense torch.exp(x)", lambda: torch.exp(x)),
+        ],
+        bytes=2 * vals.numel() * 4,
+    )
 
 
 def _check_add(param, out):

@@ -1,10 +1,11 @@
-"""Segment reductions (issue 6): ``sparsefill.segment.reduce`` against the torch code a user would write.
+"""Segment reductions (issue 6): ``sparsefill.segment.reduce`` against the torch code a user would
+write.
 
 Inputs (seed 0): ``N`` rows (about 1,000,000) of float32 data with ``D`` in {1, 16, 64} columns
 (``SPARSEFILL_BENCH_SEGMENT_D=64`` restricts the full-size runs), in ``S = N / 20`` segments of
-lengths ``1 + Poisson(19)`` (no empty segment, so every peer's empty convention agrees).  Fused forms
-gather from a table of ``N / 4`` rows with uniform random indices.  Unsorted forms shuffle the rows
-and their segment ids.
+lengths ``1 + Poisson(19)`` (no empty segment, so every peer's empty convention agrees).  Fused
+forms gather from a table of ``N / 4`` rows with uniform random indices.  Unsorted forms shuffle the
+rows and their segment ids.
 
 Peers: ``embedding_bag`` (offsets; indices ``arange(N)`` precomputed for the unfused forms),
 ``torch.segment_reduce`` (lengths), ``index_add_`` / ``scatter_reduce_`` (segment ids),
@@ -12,8 +13,9 @@ Peers: ``embedding_bag`` (offsets; indices ``arange(N)`` precomputed for the unf
 sort-first compositions ``argsort + embedding_bag`` / ``argsort + segment_reduce`` (a stable sort of
 the ids, offsets from their counts, then the sorted op): ``embedding_bag`` and ``segment_reduce``
 need sorted segments, so this is how a user applies them to unsorted ids.  ``torch_scatter`` has no
-wheel for this torch on PyPI; it was built from its sdist (``pip wheel torch-scatter==2.1.2``, 20 min
-on one core) into a separate folder put on ``PYTHONPATH`` for the run, not installed in the venv.
+wheel for this torch on PyPI; it was built from its sdist (``pip wheel torch-scatter==2.1.2``, 20
+min on one core) into a separate folder put on ``PYTHONPATH`` for the run, not installed in the
+venv.
 
 Measured 13:15-13:24 UTC at commit eae233c with ``python -m sparsefill bench --filter segment
 --threads 1,2 --rounds 5 --min-run-time 0.3 --retry-noisy 0.3``: 2 shared vCPUs, AMD EPYC (Zen 4),
@@ -21,10 +23,10 @@ torch 2.13.0+cpu, numba 0.68.1; copy bandwidth 30 GB/s at 1 thread, 37 GB/s at 2
 kept at most 0.03 cores busy.  ``torch_scatter`` has no wheel for this torch (it was built from its
 sdist once, session 3: 5-40x slower than sparsefill on max/min, ``index_add_``'s speed on unsorted
 sums).  Cells: sparsefill's time, effective GB/s, then time ratio sparsefill / peer (< 1: sparsefill
-is faster).  ``embedding_bag`` gets its offsets precomputed; ``cumsum + embedding_bag`` computes them
-from the lengths in the call, as sparsefill does.  Not shown: sparsefill is faster than
-``segment_reduce`` in every row (0.74 at worst) and than ``embedding_bag(mode="max")`` (``results.md``
-of a run has every peer).
+is faster).  ``embedding_bag`` gets its offsets precomputed; ``cumsum + embedding_bag`` computes
+them from the lengths in the call, as sparsefill does.  Not shown: sparsefill is faster than
+``segment_reduce`` in every row (0.74 at worst) and than ``embedding_bag(mode="max")``
+(``results.md`` of a run has every peer).
 
 | case (N = 1M, D = 1) | 1 thread | 2 threads |
 |---|---|---|
@@ -71,12 +73,13 @@ of a run has every peer).
 | max, unsorted ids | 20.96 ms, 13 GB/s: 0.26 scatter_reduce_ · 0.06 argsort + embedding_bag | 12.93 ms, 21 GB/s: 0.32 scatter_reduce_ · 0.04 argsort + embedding_bag |
 | min, unsorted ids | 20.38 ms, 14 GB/s: 0.26 scatter_reduce_ | 12.65 ms, 22 GB/s: 0.31 scatter_reduce_ |
 
-- **Sums, means, weighted sums** (lengths and fused forms): at most 1.12x the time of ``embedding_bag``
-  with precomputed offsets, at most 1.08x with the offsets computed in the call; means 1.1-4x faster
-  (``embedding_bag``'s own mean mode is slower than its sum, so a mean is the sum divided in place).
-  One column read in order (D = 1) runs on the compiled kernel with two running sums: 1.3-1.6x
-  faster than ``embedding_bag``.  The remaining gap at D = 16, 2 threads is ~0.1 ms a call: the
-  offsets of the lengths and the argument checks, on memory the previous call evicted.
+- **Sums, means, weighted sums** (lengths and fused forms): at most 1.12x the time of
+  ``embedding_bag`` with precomputed offsets, at most 1.08x with the offsets computed in the call;
+  means 1.1-4x faster (``embedding_bag``'s own mean mode is slower than its sum, so a mean is the
+  sum divided in place). One column read in order (D = 1) runs on the compiled kernel with two
+  running sums: 1.3-1.6x faster than ``embedding_bag``.  The remaining gap at D = 16, 2 threads is
+  ~0.1 ms a call: the offsets of the lengths and the argument checks, on memory the previous call
+  evicted.
 - **Max/min over sorted segments**: one read of the data by a compiled kernel (a segment's rows in
   pairs, the column loop compiled for the width at D = 64) at 25-26 GB/s, the single-core read
   bandwidth (``x.sum()`` reads 26 GB/s): 2.0-2.1x faster than ``scatter_reduce_`` at 1 thread.  At 2
@@ -84,8 +87,8 @@ of a run has every peer).
   better with threads (24 -> 14.6 ms).  2x there would take 38 GB/s, above this machine's copy
   bandwidth: not reached.
 - **Unsorted ids** are reduced in place by scatter kernels, with no sort: 2.5-4x faster than
-  ``index_add_`` / ``scatter_reduce_`` at D = 16 and 64; at D = 1, at parity with ``index_add_``
-  (1 thread) and 1.6x faster (2 threads); against the sort-first ``argsort + embedding_bag``, 1.9-8x.
+  ``index_add_`` / ``scatter_reduce_`` at D = 16 and 64; at D = 1, at parity with ``index_add_`` (1
+  thread) and 1.6x faster (2 threads); against the sort-first ``argsort + embedding_bag``, 1.9-8x.
   The unsorted mean at D = 1, 1 thread is 1.38x the time of ``index_add_`` divided by counts the
   peer gets precomputed (sparsefill counts the ids: a second pass).
 - At 2 threads the compiled kernels split the work over Python threads (sorted: ranges of segments;
@@ -113,9 +116,10 @@ TINY = {"N=2000 D=3": (2_000, 3)}
 
 
 def _batch(n: int, d: int):
-    """The common inputs: ``x`` (N, d), ``lengths`` / ``offsets`` / sorted ``ids`` of ``S`` segments, the
-    generator ``g`` for what a case adds, and ``N``, ``S``, ``d``.  The compiled kernels are selected here,
-    when a case is built (the default backend "auto" would import numba inside a timed round)."""
+    """The common inputs: ``x`` (N, d), ``lengths`` / ``offsets`` / sorted ``ids`` of ``S``
+    segments, the generator ``g`` for what a case adds, and ``N``, ``S``, ``d``.  The compiled
+    kernels are selected here, when a case is built (the default backend "auto" would import numba
+    inside a timed round)."""
     if segment.compiled_available() and segment._kernels.backend() == "auto":
         segment.set_backend("numba")
     g = torch.Generator().manual_seed(0)
@@ -131,7 +135,7 @@ def _batch(n: int, d: int):
 
 def _builder(make):
     """A case body ``make(reducer, batch)`` as the runner's ``build(param)`` for one reducer."""
-    return lambda reducer: (lambda param: make(reducer, _batch(*param)))
+    return lambda reducer: lambda param: make(reducer, _batch(*param))
 
 
 def _bytes(n, d, extra_per_row=8):
@@ -144,7 +148,9 @@ def _check_all_close(param, out):
     ref = ref[0] if isinstance(ref, tuple) else ref
     for label, o in out.items():
         o = o[0] if isinstance(o, tuple) else o
-        torch.testing.assert_close(o.reshape(ref.shape), ref, rtol=1e-4, atol=1e-4, msg=lambda m: f"{label}: {m}")
+        torch.testing.assert_close(
+            o.reshape(ref.shape), ref, rtol=1e-4, atol=1e-4, msg=lambda m: f"{label}: {m}"
+        )
 
 
 def _offsets_of(lengths):
@@ -167,13 +173,30 @@ def _sum_family(reducer, b):
     ar = torch.arange(N)
     w = torch.rand(N, generator=g) if reducer == "weighted_sum" else None
     mode = "mean" if reducer == "mean" else "sum"
-    impls = [("sparsefill", lambda: segment.reduce(x, reducer, lengths=lengths, weights=w)),
-             ("embedding_bag", lambda: F.embedding_bag(ar, x, offsets, mode=mode, per_sample_weights=w,
-                                                       include_last_offset=True)),
-             ("cumsum + embedding_bag", lambda: F.embedding_bag(ar, x, _offsets_of(lengths), mode=mode,
-                                                                per_sample_weights=w, include_last_offset=True))]
+    impls = [
+        ("sparsefill", lambda: segment.reduce(x, reducer, lengths=lengths, weights=w)),
+        (
+            "embedding_bag",
+            lambda: F.embedding_bag(
+                ar, x, offsets, mode=mode, per_sample_weights=w, include_last_offset=True
+            ),
+        ),
+        (
+            "cumsum + embedding_bag",
+            lambda: F.embedding_bag(
+                ar,
+                x,
+                _offsets_of(lengths),
+                mode=mode,
+                per_sample_weights=w,
+                include_last_offset=True,
+            ),
+        ),
+    ]
     if w is None:
-        impls.append(("segment_reduce", lambda: torch.segment_reduce(x, mode, lengths=lengths, axis=0)))
+        impls.append(
+            ("segment_reduce", lambda: torch.segment_reduce(x, mode, lengths=lengths, axis=0))
+        )
     if reducer == "mean":
         cnt = lengths[:, None].to(x.dtype)
         impls.append(("index_add_", lambda: x.new_zeros(S, d).index_add_(0, ids, x) / cnt))
@@ -194,14 +217,36 @@ def _fused(reducer, b):
     idx = torch.randint(0, table.shape[0], (N,), generator=g)
     w = torch.rand(N, generator=g) if reducer == "weighted_sum" else None
     mode = "mean" if reducer == "mean" else "sum"
-    impls = [("sparsefill", lambda: segment.reduce(table, reducer, lengths=lengths, indices=idx, weights=w)),
-             ("embedding_bag", lambda: F.embedding_bag(idx, table, offsets, mode=mode, per_sample_weights=w,
-                                                       include_last_offset=True)),
-             ("cumsum + embedding_bag", lambda: F.embedding_bag(idx, table, _offsets_of(lengths), mode=mode,
-                                                                per_sample_weights=w, include_last_offset=True))]
+    impls = [
+        (
+            "sparsefill",
+            lambda: segment.reduce(table, reducer, lengths=lengths, indices=idx, weights=w),
+        ),
+        (
+            "embedding_bag",
+            lambda: F.embedding_bag(
+                idx, table, offsets, mode=mode, per_sample_weights=w, include_last_offset=True
+            ),
+        ),
+        (
+            "cumsum + embedding_bag",
+            lambda: F.embedding_bag(
+                idx,
+                table,
+                _offsets_of(lengths),
+                mode=mode,
+                per_sample_weights=w,
+                include_last_offset=True,
+            ),
+        ),
+    ]
     if w is None and mode == "sum":
-        impls.append(("index_select + index_add_",
-                      lambda: table.new_zeros(S, d).index_add_(0, ids, table.index_select(0, idx))))
+        impls.append(
+            (
+                "index_select + index_add_",
+                lambda: table.new_zeros(S, d).index_add_(0, ids, table.index_select(0, idx)),
+            )
+        )
     return Bench(impls, bytes=_bytes(N, d, 16 if w is None else 20))
 
 
@@ -210,14 +255,22 @@ def _extreme(reducer, b):
     x, lengths, offsets, ids, g, N, S, d = b.x, b.lengths, b.offsets, b.ids, b.g, b.N, b.S, b.d
     amode = "amax" if reducer == "max" else "amin"
     idx2 = ids[:, None].expand(N, d)
-    impls = [("sparsefill", lambda: segment.reduce(x, reducer, lengths=lengths)),
-             ("segment_reduce", lambda: torch.segment_reduce(x, reducer, lengths=lengths, axis=0)),
-             ("scatter_reduce_", lambda: x.new_empty(S, d).scatter_reduce_(0, idx2, x, amode,
-                                                                            include_self=False))]
+    impls = [
+        ("sparsefill", lambda: segment.reduce(x, reducer, lengths=lengths)),
+        ("segment_reduce", lambda: torch.segment_reduce(x, reducer, lengths=lengths, axis=0)),
+        (
+            "scatter_reduce_",
+            lambda: x.new_empty(S, d).scatter_reduce_(0, idx2, x, amode, include_self=False),
+        ),
+    ]
     if reducer == "max":
         ar = torch.arange(N)
-        impls.append(("embedding_bag", lambda: F.embedding_bag(ar, x, offsets, mode="max",
-                                                               include_last_offset=True)))
+        impls.append(
+            (
+                "embedding_bag",
+                lambda: F.embedding_bag(ar, x, offsets, mode="max", include_last_offset=True),
+            )
+        )
     seg, skip = _torch_scatter_peer("segment_csr", "torch_scatter.segment_csr")
     impls.append(skip or ("torch_scatter.segment_csr", lambda: seg(x, offsets, reduce=reducer)))
     return Bench(impls, bytes=_bytes(N, d, 8))
@@ -228,55 +281,102 @@ def _unsorted(reducer, b):
     x, lengths, offsets, ids, g, N, S, d = b.x, b.lengths, b.offsets, b.ids, b.g, b.N, b.S, b.d
     perm = torch.randperm(N, generator=g)
     xs, us = x[perm].contiguous(), ids[perm].contiguous()
-    impls = [("sparsefill", lambda: segment.reduce(xs, reducer, segment_ids=us, num_segments=S, sorted=False))]
+    impls = [
+        (
+            "sparsefill",
+            lambda: segment.reduce(xs, reducer, segment_ids=us, num_segments=S, sorted=False),
+        )
+    ]
 
-    def sort_then(fn):  # the peer that sorts the ids first (offsets from the counts, as a user would)
+    def sort_then(
+        fn,
+    ):  # the peer that sorts the ids first (offsets from the counts, as a user would)
         def run():
             order = torch.sort(us, stable=True).indices
             offs = torch.zeros(S + 1, dtype=torch.long)
             torch.cumsum(torch.bincount(us, minlength=S), 0, out=offs[1:])
             return fn(order, offs)
+
         return run
+
     if reducer in ("sum", "mean"):
         cnt = lengths[:, None].to(x.dtype)
-        impls.append(("index_add_", (lambda: xs.new_zeros(S, d).index_add_(0, us, xs)) if reducer == "sum" else
-                      (lambda: xs.new_zeros(S, d).index_add_(0, us, xs) / cnt)))
-        impls.append(("argsort + embedding_bag", sort_then(lambda o, offs: F.embedding_bag(
-            o, xs, offs, mode=reducer, include_last_offset=True))))
+        impls.append(
+            (
+                "index_add_",
+                (lambda: xs.new_zeros(S, d).index_add_(0, us, xs))
+                if reducer == "sum"
+                else (lambda: xs.new_zeros(S, d).index_add_(0, us, xs) / cnt),
+            )
+        )
+        impls.append(
+            (
+                "argsort + embedding_bag",
+                sort_then(
+                    lambda o, offs: F.embedding_bag(
+                        o, xs, offs, mode=reducer, include_last_offset=True
+                    )
+                ),
+            )
+        )
     else:
         amode = "amax" if reducer == "max" else "amin"
         idx2 = us[:, None].expand(N, d)
-        impls.append(("scatter_reduce_", lambda: xs.new_empty(S, d).scatter_reduce_(0, idx2, xs, amode,
-                                                                                      include_self=False)))
+        impls.append(
+            (
+                "scatter_reduce_",
+                lambda: xs.new_empty(S, d).scatter_reduce_(0, idx2, xs, amode, include_self=False),
+            )
+        )
         if reducer == "max":
-            impls.append(("argsort + embedding_bag", sort_then(lambda o, offs: F.embedding_bag(
-                o, xs, offs, mode="max", include_last_offset=True))))
-        impls.append(("argsort + segment_reduce", sort_then(lambda o, offs: torch.segment_reduce(
-            xs.index_select(0, o), reducer, offsets=offs, axis=0))))
+            impls.append(
+                (
+                    "argsort + embedding_bag",
+                    sort_then(
+                        lambda o, offs: F.embedding_bag(
+                            o, xs, offs, mode="max", include_last_offset=True
+                        )
+                    ),
+                )
+            )
+        impls.append(
+            (
+                "argsort + segment_reduce",
+                sort_then(
+                    lambda o, offs: torch.segment_reduce(
+                        xs.index_select(0, o), reducer, offsets=offs, axis=0
+                    )
+                ),
+            )
+        )
     sc, skip = _torch_scatter_peer("scatter", "torch_scatter.scatter")
-    impls.append(skip or ("torch_scatter.scatter", lambda: sc(xs, us, 0, dim_size=S, reduce=reducer)))
+    impls.append(
+        skip or ("torch_scatter.scatter", lambda: sc(xs, us, 0, dim_size=S, reduce=reducer))
+    )
     return Bench(impls, bytes=_bytes(N, d, 8))
 
 
-for _name, _build in [("segment sum (lengths)", _sum_family("sum")),
-                      ("segment mean (lengths)", _sum_family("mean")),
-                      ("segment weighted_sum (lengths)", _sum_family("weighted_sum")),
-                      ("segment sum, fused gather (sparse_lengths_sum)", _fused("sum")),
-                      ("segment mean, fused gather (sparse_lengths_mean)", _fused("mean")),
-                      ("segment weighted_sum, fused gather (sparse_lengths_weighted_sum)", _fused("weighted_sum")),
-                      ("segment max (lengths)", _extreme("max")),
-                      ("segment min (lengths)", _extreme("min")),
-                      ("segment sum, unsorted ids (unsorted_segment_sum)", _unsorted("sum")),
-                      ("segment mean, unsorted ids (unsorted_segment_mean)", _unsorted("mean")),
-                      ("segment max, unsorted ids (unsorted_segment_max)", _unsorted("max")),
-                      ("segment min, unsorted ids (unsorted_segment_min)", _unsorted("min"))]:
+for _name, _build in [
+    ("segment sum (lengths)", _sum_family("sum")),
+    ("segment mean (lengths)", _sum_family("mean")),
+    ("segment weighted_sum (lengths)", _sum_family("weighted_sum")),
+    ("segment sum, fused gather (sparse_lengths_sum)", _fused("sum")),
+    ("segment mean, fused gather (sparse_lengths_mean)", _fused("mean")),
+    ("segment weighted_sum, fused gather (sparse_lengths_weighted_sum)", _fused("weighted_sum")),
+    ("segment max (lengths)", _extreme("max")),
+    ("segment min (lengths)", _extreme("min")),
+    ("segment sum, unsorted ids (unsorted_segment_sum)", _unsorted("sum")),
+    ("segment mean, unsorted ids (unsorted_segment_mean)", _unsorted("mean")),
+    ("segment max, unsorted ids (unsorted_segment_max)", _unsorted("max")),
+    ("segment min, unsorted ids (unsorted_segment_min)", _unsorted("min")),
+]:
     case(_name, sizes=SIZES, quick_sizes=QUICK, tiny_sizes=TINY, check=_check_all_close)(_build)
 
 
 # ---------------------------------------------------------------------------- keyed jagged batches
 def _jagged(param):
-    """A DLRM-style batch (``examples/dlrm.py``'s shape): ``B`` examples, ``K`` keys, lists of 0-40 ids
-    (0: the key is absent), ids skewed to small rows, one ``rows x D`` float32 table per key."""
+    """A DLRM-style batch (``examples/dlrm.py``'s shape): ``B`` examples, ``K`` keys, lists of 0-40
+    ids (0: the key is absent), ids skewed to small rows, one ``rows x D`` float32 table per key."""
     B, K, rows, D = param
     g = torch.Generator().manual_seed(0)
     lengths = torch.randint(0, 41, (B, K), generator=g)
@@ -288,14 +388,17 @@ def _jagged(param):
 
 
 def _split_by_masks(kj, keys):
-    """What a user writes from the flat batch: per key, a mask over the entries and one over the ids, the
-    key's per-example lengths and offsets: ``{key: (ids, offsets)}``, ``embedding_bag``'s input."""
+    """What a user writes from the flat batch: per key, a mask over the entries and one over the
+    ids, the key's per-example lengths and offsets: ``{key: (ids, offsets)}``, ``embedding_bag``'s
+    input."""
     key_of_id = torch.repeat_interleave(kj.keys, kj.values_lengths)
     ex = torch.repeat_interleave(torch.arange(kj.batch_size), kj.example_lengths)
     out = {}
     for k in keys:
         sel = kj.keys == k
-        per_ex = torch.zeros(kj.batch_size, dtype=torch.long).index_put_((ex[sel],), kj.values_lengths[sel])
+        per_ex = torch.zeros(kj.batch_size, dtype=torch.long).index_put_(
+            (ex[sel],), kj.values_lengths[sel]
+        )
         offs = torch.zeros(kj.batch_size + 1, dtype=torch.long)
         torch.cumsum(per_ex, 0, out=offs[1:])
         out[k] = (kj.values[key_of_id == k], offs)
@@ -303,26 +406,36 @@ def _split_by_masks(kj, keys):
 
 
 def _bags(split, tables):
-    return {k: F.embedding_bag(i, tables[k], o, mode="sum", include_last_offset=True) for k, (i, o) in split.items()}
+    return {
+        k: F.embedding_bag(i, tables[k], o, mode="sum", include_last_offset=True)
+        for k, (i, o) in split.items()
+    }
 
 
 def _check_pooled(param, out):
     ref = out["sparsefill"]
     for label, o in out.items():
         for k in ref:
-            torch.testing.assert_close(o[k], ref[k], rtol=1e-5, atol=1e-5, msg=lambda m: f"{label}, key {k}: {m}")
+            torch.testing.assert_close(
+                o[k], ref[k], rtol=1e-5, atol=1e-5, msg=lambda m: f"{label}, key {k}: {m}"
+            )
 
 
-@case("segment: KeyedJaggedBatch.pooled sum, per-key tables",
-      sizes={"batch 2048, 8 keys, 50k x 64": (2048, 8, 50_000, 64)},
-      quick_sizes={"batch 512, 8 keys, 10k x 64": (512, 8, 10_000, 64)},
-      tiny_sizes={"batch 32, 4 keys, 200 x 8": (32, 4, 200, 8)}, check=_check_pooled)
+@case(
+    "segment: KeyedJaggedBatch.pooled sum, per-key tables",
+    sizes={"batch 2048, 8 keys, 50k x 64": (2048, 8, 50_000, 64)},
+    quick_sizes={"batch 512, 8 keys, 10k x 64": (512, 8, 10_000, 64)},
+    tiny_sizes={"batch 32, 4 keys, 200 x 8": (32, 4, 200, 8)},
+    check=_check_pooled,
+)
 def jagged_pooled(param):
     """``kj.pooled(tables, "sum")`` (the forward of examples/dlrm.py's lookups) against one
     ``embedding_bag`` per key on inputs split per key beforehand (``nn.EmbeddingBag``'s layout: the
     split not timed) and with the split done per key by masks in the call."""
     kj, tables = _jagged(param)
     split = _split_by_masks(kj, tables)
-    return [("sparsefill", lambda: kj.pooled(tables, "sum")),
-            ("embedding_bag per key, inputs split beforehand", lambda: _bags(split, tables)),
-            ("per-key masks + embedding_bag", lambda: _bags(_split_by_masks(kj, tables), tables))]
+    return [
+        ("sparsefill", lambda: kj.pooled(tables, "sum")),
+        ("embedding_bag per key, inputs split beforehand", lambda: _bags(split, tables)),
+        ("per-key masks + embedding_bag", lambda: _bags(_split_by_masks(kj, tables), tables)),
+    ]

@@ -26,14 +26,19 @@ def _sizes(n, densities):
     return {f"{n / 1e6:g}M, {100 * d:g}%": (n, d) for d in densities}
 
 
-SWEEP = dict(sizes=_sizes(N, DENSITIES), quick_sizes=_sizes(QUICK_N, QUICK_DENSITIES),
-             tiny_sizes=_sizes(200, [0.01, 0.5]), sweep="density (% of elements specified)",
-             x=lambda p: 100 * p[1])
+SWEEP = dict(
+    sizes=_sizes(N, DENSITIES),
+    quick_sizes=_sizes(QUICK_N, QUICK_DENSITIES),
+    tiny_sizes=_sizes(200, [0.01, 0.5]),
+    sweep="density (% of elements specified)",
+    x=lambda p: 100 * p[1],
+)
 NO_PYDATA = "pydata sparse not installed (pip install sparse)"
 
 
 def _pattern(n: int, density: float, fill: float, seed: int):
-    """Sorted distinct positions, values ``randn + fill + 3``, the SparseTensor and the dense tensor."""
+    """Sorted distinct positions, values ``randn + fill + 3``, the SparseTensor and the dense
+    tensor."""
     g = torch.Generator().manual_seed(seed)
     nse = round(n * density)
     idx = torch.randperm(n, generator=g)[:nse].sort().values
@@ -48,8 +53,14 @@ def _pydata(idx, vals, n, fill):
     sparse = optional_import("sparse")
     if sparse is None:
         return None
-    return sparse.COO(idx[None].numpy(), vals.numpy(), shape=(n,), fill_value=fill, sorted=True,
-                      has_duplicates=False)
+    return sparse.COO(
+        idx[None].numpy(),
+        vals.numpy(),
+        shape=(n,),
+        fill_value=fill,
+        sorted=True,
+        has_duplicates=False,
+    )
 
 
 def _check_against_dense(dense_label):
@@ -60,11 +71,12 @@ def _check_against_dense(dense_label):
                 got = got.to_dense()
             elif isinstance(got, np.ndarray):
                 got = torch.from_numpy(got)
-            elif not isinstance(got, torch.Tensor):       # pydata sparse
+            elif not isinstance(got, torch.Tensor):  # pydata sparse
                 got = torch.from_numpy(np.asarray(got.todense()))
             elif got.layout is not torch.strided:
                 continue
             torch.testing.assert_close(got, ref, msg=lambda m: f"{label} != {dense_label}: {m}")
+
     return check
 
 
@@ -74,13 +86,23 @@ def sweep_exp(param):
     n, d = param
     idx, vals, A, x = _pattern(n, d, 5.0, 0)
     s = _pydata(idx, vals, n, 5.0)
-    return Bench([("sparsefill", lambda: torch.exp(A * -8.0)),
-                  ("dense torch", lambda: torch.exp(x * -8.0)),
-                  ("pydata sparse", lambda: np.exp(s * -8.0)) if s is not None else skipped("pydata sparse", NO_PYDATA)],
-                 bytes=2 * vals.numel() * 4)
+    return Bench(
+        [
+            ("sparsefill", lambda: torch.exp(A * -8.0)),
+            ("dense torch", lambda: torch.exp(x * -8.0)),
+            ("pydata sparse", lambda: np.exp(s * -8.0))
+            if s is not None
+            else skipped("pydata sparse", NO_PYDATA),
+        ],
+        bytes=2 * vals.numel() * 4,
+    )
 
 
-@case("sweep: A + B, fills 1 and 2, independent patterns", check=_check_against_dense("dense torch"), **SWEEP)
+@case(
+    "sweep: A + B, fills 1 and 2, independent patterns",
+    check=_check_against_dense("dense torch"),
+    **SWEEP,
+)
 def sweep_add(param):
     """``A + B``: union of the two patterns; dense: ``x + y``."""
     n, d = param
@@ -88,18 +110,24 @@ def sweep_add(param):
     ib, vb, B, y = _pattern(n, d, 2.0, 1)
     union = torch.cat([ia, ib]).unique().numel()
     sa, sb = _pydata(ia, va, n, 1.0), _pydata(ib, vb, n, 2.0)
-    return Bench([("sparsefill", lambda: A + B),
-                  ("dense torch", lambda: x + y),
-                  ("pydata sparse", lambda: sa + sb) if sa is not None else skipped("pydata sparse", NO_PYDATA)],
-                 bytes=(ia.numel() + ib.numel() + union) * (8 + 4))
+    return Bench(
+        [
+            ("sparsefill", lambda: A + B),
+            ("dense torch", lambda: x + y),
+            ("pydata sparse", lambda: sa + sb)
+            if sa is not None
+            else skipped("pydata sparse", NO_PYDATA),
+        ],
+        bytes=(ia.numel() + ib.numel() + union) * (8 + 4),
+    )
 
 
 @case("sweep: A.to_dense(), fill 5", check=_check_against_dense("dense torch x.clone()"), **SWEEP)
 def sweep_to_dense(param):
-    """``A.to_dense()`` against torch native sparse (fill 0: ``t.to_dense() + 5``), pydata's ``todense()``, a
-    copy of the dense tensor (``x.clone()``) and the same result written by hand, the floors at low density:
-    ``torch.full`` then ``index_put_`` (torch's fill of a fresh buffer), ``np.full`` then a fancy-index
-    assignment (pydata's ``todense()`` without its Python)."""
+    """``A.to_dense()`` against torch native sparse (fill 0: ``t.to_dense() + 5``), pydata's
+    ``todense()``, a copy of the dense tensor (``x.clone()``) and the same result written by hand,
+    the floors at low density: ``torch.full`` then ``index_put_`` (torch's fill of a fresh buffer),
+    ``np.full`` then a fancy-index assignment (pydata's ``todense()`` without its Python)."""
     n, d = param
     idx, vals, A, x = _pattern(n, d, 5.0, 0)
     t = torch.sparse_coo_tensor(idx[None], vals - 5.0, (n,)).coalesce()
@@ -110,10 +138,20 @@ def sweep_to_dense(param):
         out = np.full(n, 5.0, dtype=np.float32)
         out[inp] = vnp
         return out
-    return Bench([("sparsefill", lambda: A.to_dense()),
-                  ("dense torch x.clone()", lambda: x.clone()),
-                  ("torch native t.to_dense() + 5", lambda: t.to_dense() + 5.0),
-                  ("pydata sparse", lambda: s.todense()) if s is not None else skipped("pydata sparse", NO_PYDATA),
-                  ("torch by hand: full + index_put_", lambda: torch.full((n,), 5.0).index_put_((idx,), vals)),
-                  ("numpy by hand: full + fancy index", by_numpy)],
-                 bytes=n * 4 + vals.numel() * (8 + 4))
+
+    return Bench(
+        [
+            ("sparsefill", lambda: A.to_dense()),
+            ("dense torch x.clone()", lambda: x.clone()),
+            ("torch native t.to_dense() + 5", lambda: t.to_dense() + 5.0),
+            ("pydata sparse", lambda: s.todense())
+            if s is not None
+            else skipped("pydata sparse", NO_PYDATA),
+            (
+                "torch by hand: full + index_put_",
+                lambda: torch.full((n,), 5.0).index_put_((idx,), vals),
+            ),
+            ("numpy by hand: full + fancy index", by_numpy),
+        ],
+        bytes=n * 4 + vals.numel() * (8 + 4),
+    )

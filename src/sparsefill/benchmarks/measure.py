@@ -1,4 +1,5 @@
-"""What the runner measures besides time: memory, the machine's copy bandwidth, other processes' load.
+"""What the runner measures besides time: memory, the machine's copy bandwidth, other processes'
+load.
 
 Memory of one call of an implementation (an extra, untimed call after the warm-up):
 
@@ -36,34 +37,49 @@ import sys
 import tempfile
 import time
 import tracemalloc
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import torch
 
-__all__ = ["torch_timer", "stub_timer", "result_bytes", "measure_memory", "copy_bandwidth", "cpu_snapshot",
-           "other_cpu", "loadavg"]
+__all__ = [
+    "torch_timer",
+    "stub_timer",
+    "result_bytes",
+    "measure_memory",
+    "copy_bandwidth",
+    "cpu_snapshot",
+    "other_cpu",
+    "loadavg",
+]
 
 
 # ---------------------------------------------------------------------- timers
 def torch_timer(fn: Callable[[], Any], *, num_threads: int, min_run_time: float) -> float:
-    """Median seconds per call of ``fn()`` from ``torch.utils.benchmark.Timer.blocked_autorange``."""
+    """Median seconds per call of ``fn()`` from
+    ``torch.utils.benchmark.Timer.blocked_autorange``."""
     from torch.utils.benchmark import Timer as _Timer
+
     t = _Timer(stmt="fn()", globals={"fn": fn}, num_threads=num_threads)
     return float(t.blocked_autorange(min_run_time=min_run_time).median)
 
 
 def stub_timer(fn: Callable[[], Any], *, num_threads: int, min_run_time: float) -> float:
-    """A timer that calls ``fn`` once and reports 1 ms: exercises the machinery, measures nothing."""
+    """A timer that calls ``fn`` once and reports 1 ms: exercises the machinery, measures
+    nothing."""
     fn()
     return 1e-3
 
 
 # ---------------------------------------------------------------------- memory
-def interleaved(impls: dict, rounds: int, reps: int, *, before: Callable[[], Any] | None = None) -> dict:
-    """``{name: seconds}``: for the standalone scripts (compile, distributed) that the harness cannot time --
-    each implementation called once (warm-up, compilation), then ``rounds`` rounds of ``reps`` calls of
-    each in turn; the median over rounds of each round's median.  ``before`` runs ahead of every timed call
-    (``dist.barrier`` for collectives: every rank starts together) and is not timed."""
+def interleaved(
+    impls: dict, rounds: int, reps: int, *, before: Callable[[], Any] | None = None
+) -> dict:
+    """``{name: seconds}``: for the standalone scripts (compile, distributed) that the harness
+    cannot time -- each implementation called once (warm-up, compilation), then ``rounds`` rounds of
+    ``reps`` calls of each in turn; the median over rounds of each round's median.  ``before`` runs
+    ahead of every timed call (``dist.barrier`` for collectives: every rank starts together) and is
+    not timed."""
     for fn in impls.values():
         fn()
     per = {name: [] for name in impls}
@@ -81,8 +97,8 @@ def interleaved(impls: dict, rounds: int, reps: int, *, before: Callable[[], Any
 
 
 def result_bytes(obj: Any) -> int:
-    """Bytes held by the storages ``obj`` refers to (tensors, SparseTensors, numpy, pydata/scipy sparse,
-    and tuples/lists/dicts of them); a storage referred to twice counts once."""
+    """Bytes held by the storages ``obj`` refers to (tensors, SparseTensors, numpy, pydata/scipy
+    sparse, and tuples/lists/dicts of them); a storage referred to twice counts once."""
     seen: set = set()
 
     def visit(x) -> int:
@@ -111,7 +127,7 @@ def result_bytes(obj: Any) -> int:
             return sum(visit(v) for v in x.values())
         if all(hasattr(x, a) for a in ("data", "indices", "indptr")):  # scipy.sparse compressed
             return sum(visit(getattr(x, a)) for a in ("data", "indices", "indptr"))
-        nbytes = getattr(x, "nbytes", None)   # numpy arrays, pydata sparse
+        nbytes = getattr(x, "nbytes", None)  # numpy arrays, pydata sparse
         if isinstance(nbytes, int):
             key = ("np", id(x))
             return 0 if key in seen else (seen.add(key) or nbytes)
@@ -140,7 +156,8 @@ def _reset_peak_rss() -> bool:
 
 @contextlib.contextmanager
 def _quiet_profiler_stderr():
-    """The profiler's native code prints 'USDT ... profiler_start' lines on fd 2: hide those, keep the rest."""
+    """The profiler's native code prints 'USDT ... profiler_start' lines on fd 2: hide those, keep
+    the rest."""
     try:
         sys.stderr.flush()
         saved = os.dup(2)
@@ -156,13 +173,18 @@ def _quiet_profiler_stderr():
             os.dup2(saved, 2)
             os.close(saved)
             tmp.seek(0)
-            kept = [ln for ln in tmp.read().decode(errors="replace").splitlines(True) if "USDT:" not in ln]
+            kept = [
+                ln
+                for ln in tmp.read().decode(errors="replace").splitlines(True)
+                if "USDT:" not in ln
+            ]
             if kept:
                 sys.stderr.write("".join(kept))
 
 
 def _torch_peak(events) -> int:
-    """Peak of the running sum of the profiler's allocation records (bytes above the start), per device; max."""
+    """Peak of the running sum of the profiler's allocation records (bytes above the start), per
+    device; max."""
     by_device: dict[str, list[tuple[int, int]]] = {}
     for e in events:
         if e.name() == "[memory]":
@@ -187,11 +209,15 @@ def measure_memory(fn: Callable[[], Any]) -> dict[str, int | None]:
     base = tracemalloc.get_traced_memory()[0]
     try:
         try:
-            # the autograd profiler directly: torch.profiler.profile would import torch._inductor (seconds)
+            # the autograd profiler directly: torch.profiler.profile would import torch._inductor
+            # (seconds)
             from torch.autograd.profiler import profile
+
             cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
             with _quiet_profiler_stderr():
-                with profile(use_cpu=True, use_device="cuda" if cuda else None, profile_memory=True) as prof:
+                with profile(
+                    use_cpu=True, use_device="cuda" if cuda else None, profile_memory=True
+                ) as prof:
                     out = fn()
             peak_torch = _torch_peak(prof.kineto_results.events())
         except (ImportError, AttributeError):  # profiler unavailable
@@ -204,15 +230,27 @@ def measure_memory(fn: Callable[[], Any]) -> dict[str, int | None]:
     peak_rss = None if hwm is None else max(0, hwm - rss0) * 1024
     res = result_bytes(out)
     del out
-    return {"result_bytes": res, "peak_torch_bytes": peak_torch, "peak_python_bytes": peak_py,
-            "peak_rss_bytes": peak_rss, "peak_bytes": (peak_torch or 0) + peak_py}
+    return {
+        "result_bytes": res,
+        "peak_torch_bytes": peak_torch,
+        "peak_python_bytes": peak_py,
+        "peak_rss_bytes": peak_rss,
+        "peak_bytes": (peak_torch or 0) + peak_py,
+    }
 
 
 # ---------------------------------------------------------------------- copy bandwidth
-def copy_bandwidth(threads, timer=torch_timer, *, quick: bool = False, min_run_time: float = 0.3,
-                   device: str | torch.device | None = None, numel: int | None = None) -> dict[int, float]:
-    """Bytes per second of ``dst.copy_(src)`` (read + write) at each thread count; float32 tensors of
-    ``numel`` elements (default 64M, 256 MB; ``quick``: 16M, 64 MB)."""
+def copy_bandwidth(
+    threads,
+    timer=torch_timer,
+    *,
+    quick: bool = False,
+    min_run_time: float = 0.3,
+    device: str | torch.device | None = None,
+    numel: int | None = None,
+) -> dict[int, float]:
+    """Bytes per second of ``dst.copy_(src)`` (read + write) at each thread count; float32 tensors
+    of ``numel`` elements (default 64M, 256 MB; ``quick``: 16M, 64 MB)."""
     n = numel or (16 if quick else 64) * 2**20
     device = torch.device(device) if device is not None else torch.empty(0).device
     src = torch.rand(n, device=device)
@@ -238,13 +276,16 @@ def cpu_snapshot():
             ticks = [int(v) for v in f.readline().split()[1:]]
     except (OSError, ValueError):
         return None
-    busy = (sum(ticks[:8]) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")  # all but idle and iowait
+    busy = (sum(ticks[:8]) - ticks[3] - ticks[4]) / os.sysconf(
+        "SC_CLK_TCK"
+    )  # all but idle and iowait
     t = os.times()
     return time.monotonic(), busy, t.user + t.system
 
 
 def other_cpu(a, b) -> float | None:
-    """Cores kept busy by other processes while timing (CPU time not ours / wall time): the noise."""
+    """Cores kept busy by other processes while timing (CPU time not ours / wall time): the
+    noise."""
     if a is None or b is None or b[0] <= a[0]:
         return None
     return max(0.0, (b[1] - a[1]) - (b[2] - a[2])) / (b[0] - a[0])

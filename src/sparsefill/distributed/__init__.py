@@ -1,16 +1,17 @@
-"""sparsefill on ``torch.distributed``: collectives on SparseTensors, data-parallel training with sparse
-gradients, row-sharded embedding tables.
+"""sparsefill on ``torch.distributed``: collectives on SparseTensors, data-parallel training with
+sparse gradients, row-sharded embedding tables.
 
-Importing ``sparsefill`` is enough for torch's own collectives to work on SparseTensors, in place, with
+Importing ``sparsefill`` is enough for torch's own collectives to work on SparseTensors, in place,
+with
 the dense result (the ``c10d`` handlers of this package are loaded on the first collective)::
 
     dist.all_reduce(A)  ->  A.to_dense() == dist.all_reduce(A.to_dense()) would give     (on every rank)
 
 A SUM all-reduce moves the stored elements, not the dense tensor: every rank gathers the others'
 ``(keys, values, fill)`` and merges them into the union pattern; the fill becomes the reduced fills.
-Indefinite fills reduce the ranks that define an element (masked semantics, ``_combine.py``).  Before
-any data moves the ranks exchange a small header and compare shapes, dtypes, layouts and calls: a
-mismatch raises the same error on every rank.  This module adds options to the same calls
+Indefinite fills reduce the ranks that define an element (masked semantics, ``_combine.py``).
+Before any data moves the ranks exchange a small header and compare shapes, dtypes, layouts and
+calls: a mismatch raises the same error on every rank.  This module adds options to the same calls
 (``algorithm=`` of :func:`all_reduce`) and :data:`traffic`, the bytes sent and received.
 
 >>> import torch, torch.distributed as dist, sparsefill
@@ -23,13 +24,15 @@ mismatch raises the same error on every rank.  This module adds options to the s
 2
 >>> dist.destroy_process_group()
 
-The functional collectives (``torch.distributed._functional_collectives``: ``all_reduce``, ``broadcast``,
-``all_gather_tensor``, ``reduce_scatter_tensor``) return SparseTensors once this module is imported
-(``_functional.py``; before, they compute on dense copies: dense results and a DensifyWarning).
+The functional collectives (``torch.distributed._functional_collectives``: ``all_reduce``,
+``broadcast``, ``all_gather_tensor``, ``reduce_scatter_tensor``) return SparseTensors once this
+module is imported (``_functional.py``; before, they compute on dense copies: dense results and a
+DensifyWarning).
 
-Training: :func:`data_parallel` (DDP for what it can bucket, gradient hooks with these collectives for
-SparseTensor parameters and sparse-gradient tables; ``_ddp.py``); :class:`RowShardedEmbeddingBag`
-(a table split by rows over the ranks, ids and rows moved by ``all_to_all_single``; ``_sharded.py``).
+Training: :func:`data_parallel` (DDP for what it can bucket, gradient hooks with these collectives
+for SparseTensor parameters and sparse-gradient tables; ``_ddp.py``);
+:class:`RowShardedEmbeddingBag` (a table split by rows over the ranks, ids and rows moved by
+``all_to_all_single``; ``_sharded.py``).
 """
 
 from __future__ import annotations
@@ -45,19 +48,38 @@ from ._exchange import Traffic, traffic
 
 ReduceOp = dist.ReduceOp
 
-__all__ = ["all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter",
-           "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "send", "recv", "reduce", "gather", "scatter",
-           "combine", "traffic", "Traffic", "ReduceOp", "data_parallel", "GradSync", "average",
-           "RowShardedEmbeddingBag"]
+__all__ = [
+    "all_reduce",
+    "broadcast",
+    "all_gather",
+    "all_gather_into_tensor",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "all_to_all",
+    "all_to_all_single",
+    "send",
+    "recv",
+    "reduce",
+    "gather",
+    "scatter",
+    "combine",
+    "traffic",
+    "Traffic",
+    "ReduceOp",
+    "data_parallel",
+    "GradSync",
+    "average",
+    "RowShardedEmbeddingBag",
+]
 
 
 def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, *, algorithm: str = "auto"):
-    """``dist.all_reduce(tensor, op, group, async_op)`` (SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR, BXOR), with
-    ``algorithm`` for a SparseTensor: ``"sparse"`` moves the stored elements (the result has the union
-    pattern), ``"dense"`` all-reduces the dense tensor (the result stores what differs from the reduced
-    fill), ``"auto"`` takes the dense way once the ranks' sparse payloads exceed half a dense ring
-    all-reduce's bytes (``_collectives.DENSE_BYTES_RATIO``; never for an indefinite fill).  AVG of floating
-    dtypes is computed as SUM / W on every backend."""
+    """``dist.all_reduce(tensor, op, group, async_op)`` (SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR,
+    BXOR), with ``algorithm`` for a SparseTensor: ``"sparse"`` moves the stored elements (the result
+    has the union pattern), ``"dense"`` all-reduces the dense tensor (the result stores what differs
+    from the reduced fill), ``"auto"`` takes the dense way once the ranks' sparse payloads exceed
+    half a dense ring all-reduce's bytes (``_collectives.DENSE_BYTES_RATIO``; never for an
+    indefinite fill).  AVG of floating dtypes is computed as SUM / W on every backend."""
     token = ALGORITHM.set(algorithm)
     try:
         return dist.all_reduce(tensor, op, group, async_op)

@@ -2,12 +2,13 @@
 
     dist.all_reduce(A); dist.broadcast(A, 0); dist.all_gather(outs, A); dist.send(A, 1) ...
 
-``torch.distributed``'s Python functions call ``ProcessGroup`` methods, which reach ``__torch_dispatch__``
-as ``c10d.allreduce_(tensors, process_group, reduce_op, ...)`` with the group and the op boxed; each
-handler unboxes them, runs the collective of ``_collectives.py`` and returns what the schema returns,
-with a completed ``Work`` (the sparse exchange runs at the call: its message sizes depend on the counts
-it exchanges first, so ``async_op=True`` gives a handle that is already done).  Multi-tensor lists (one
-tensor per local device, a deprecated form) are refused, as is ``recv`` from any source.
+``torch.distributed``'s Python functions call ``ProcessGroup`` methods, which reach
+``__torch_dispatch__`` as ``c10d.allreduce_(tensors, process_group, reduce_op, ...)`` with the group
+and the op boxed; each handler unboxes them, runs the collective of ``_collectives.py`` and returns
+what the schema returns, with a completed ``Work`` (the sparse exchange runs at the call: its
+message sizes depend on the counts it exchanges first, so ``async_op=True`` gives a handle that is
+already done).  Multi-tensor lists (one tensor per local device, a deprecated form) are refused, as
+is ``recv`` from any source.
 """
 
 from __future__ import annotations
@@ -37,8 +38,10 @@ def _work(result):
 
 def _one(func, tensors, name="tensors"):
     if len(tensors) != 1:
-        raise ValueError(f"sparsefill.distributed: {func} got {len(tensors)} tensors in '{name}'; SparseTensors go "
-                         "one per call (one device per process)")
+        raise ValueError(
+            f"sparsefill.distributed: {func} got {len(tensors)} tensors in '{name}'; SparseTensors go "
+            "one per call (one device per process)"
+        )
     t = tensors[0]
     if hasattr(t, "_sync"):
         t._sync()
@@ -53,8 +56,10 @@ def _pg(a):
 def _allreduce(func, args, kwargs):
     a = _bind(func, args, kwargs)
     if a["sparse_indices"] is not None:
-        raise ValueError(f"sparsefill.distributed: {func} with sparse_indices is torch's native sparse path; a "
-                         "SparseTensor carries its own indices")
+        raise ValueError(
+            f"sparsefill.distributed: {func} with sparse_indices is torch's native sparse path; a "
+            "SparseTensor carries its own indices"
+        )
     C.all_reduce(_one(func, a["tensors"]), a["reduce_op"], _pg(a), C.ALGORITHM.get())
     return a["tensors"], _work(a["tensors"])
 
@@ -84,8 +89,11 @@ def _reduce(func, args, kwargs):
 @register(c10d.allgather_.default)
 def _allgather(func, args, kwargs):
     a = _bind(func, args, kwargs)
-    C.all_gather(_one(func, a["output_tensors"], "output_tensors"), _one(func, a["input_tensors"], "input_tensors"),
-                 _pg(a))
+    C.all_gather(
+        _one(func, a["output_tensors"], "output_tensors"),
+        _one(func, a["input_tensors"], "input_tensors"),
+        _pg(a),
+    )
     return a["output_tensors"], _work(a["output_tensors"])
 
 
@@ -116,7 +124,12 @@ def _allgather_into_tensor_coalesced(func, args, kwargs):
 def _gather(func, args, kwargs):
     a = _bind(func, args, kwargs)
     outs = a["output_tensors"]
-    C.gather(outs[0] if outs else [], _one(func, a["input_tensors"], "input_tensors"), a["root_rank"], _pg(a))
+    C.gather(
+        outs[0] if outs else [],
+        _one(func, a["input_tensors"], "input_tensors"),
+        a["root_rank"],
+        _pg(a),
+    )
     return _work(outs)
 
 
@@ -124,15 +137,24 @@ def _gather(func, args, kwargs):
 def _scatter(func, args, kwargs):
     a = _bind(func, args, kwargs)
     ins = a["input_tensors"]
-    C.scatter(_one(func, a["output_tensors"], "output_tensors"), ins[0] if ins else [], a["root_rank"], _pg(a))
+    C.scatter(
+        _one(func, a["output_tensors"], "output_tensors"),
+        ins[0] if ins else [],
+        a["root_rank"],
+        _pg(a),
+    )
     return a["output_tensors"], _work(a["output_tensors"])
 
 
 @register(c10d.reduce_scatter_.default)
 def _reduce_scatter(func, args, kwargs):
     a = _bind(func, args, kwargs)
-    C.reduce_scatter(_one(func, a["output_tensors"], "output_tensors"),
-                     _one(func, a["input_tensors"], "input_tensors"), a["reduce_op"], _pg(a))
+    C.reduce_scatter(
+        _one(func, a["output_tensors"], "output_tensors"),
+        _one(func, a["input_tensors"], "input_tensors"),
+        a["reduce_op"],
+        _pg(a),
+    )
     return a["output_tensors"], _work(a["output_tensors"])
 
 
@@ -161,7 +183,9 @@ def _alltoall(func, args, kwargs):
 @register(c10d.alltoall_base_.default)
 def _alltoall_base(func, args, kwargs):
     a = _bind(func, args, kwargs)
-    C.all_to_all_single(a["output"], a["input"], a["output_split_sizes"], a["input_split_sizes"], _pg(a))
+    C.all_to_all_single(
+        a["output"], a["input"], a["output_split_sizes"], a["input_split_sizes"], _pg(a)
+    )
     return _work([a["output"]])
 
 
@@ -181,5 +205,7 @@ def _recv(func, args, kwargs):
 
 @register(c10d.recv_any_source_.default)
 def _recv_any(func, args, kwargs):
-    raise NotImplementedError("sparsefill.distributed: recv into a SparseTensor needs its source rank (src=...): the "
-                              "sender and the receiver compare their tensors before the stored elements move")
+    raise NotImplementedError(
+        "sparsefill.distributed: recv into a SparseTensor needs its source rank (src=...): the "
+        "sender and the receiver compare their tensors before the stored elements move"
+    )

@@ -26,11 +26,14 @@ from ._combine import FUNCS, check_op, combine, combine_parts, red_op
 from ._exchange import exchange, traffic
 
 _R = dist.ReduceOp.RedOpType
-ALGORITHM = contextvars.ContextVar("sparsefill_all_reduce_algorithm", default="auto")  # set by the public all_reduce
-# all_reduce "auto": dense when the ranks' sparse payloads exceed this times a dense ring all-reduce's bytes.  Not 1:
-# the dense way costs a densify and a re-sparsify, the sparse way a merge that costs more per byte than the ring's
-# sums; measured on loopback (README "Scaling out"), 10% stored: sparse faster at W=2 (payloads 0.3 of the ring's
-# bytes: 30 vs 46 ms), dense faster at W=4 (0.6: 221 vs 93 ms)
+ALGORITHM = contextvars.ContextVar(
+    "sparsefill_all_reduce_algorithm", default="auto"
+)  # set by the public all_reduce
+# all_reduce "auto": dense when the ranks' sparse payloads exceed this times a dense ring
+# all-reduce's bytes.  Not 1: the dense way costs a densify and a re-sparsify, the sparse way a
+# merge that costs more per byte than the ring's sums; measured on loopback (README "Scaling out"),
+# 10% stored: sparse faster at W=2 (payloads 0.3 of the ring's bytes: 30 vs 46 ms), dense faster at
+# W=4 (0.6: 221 vs 93 ms)
 DENSE_BYTES_RATIO = 0.5
 
 
@@ -47,11 +50,13 @@ def store(out: torch.Tensor, value: torch.Tensor) -> None:
         torch.autograd.graph.increment_version(out)
     if out._view is not None:
         from ..ops.views import write_through
+
         write_through(out)
 
 
 def as_sparse(x: torch.Tensor, like: SparseTensor) -> SparseTensor:
-    """``x`` as a SparseTensor of ``like``'s layout and dense dims (``like``'s fill, 0 for an indefinite one)."""
+    """``x`` as a SparseTensor of ``like``'s layout and dense dims (``like``'s fill, 0 for an
+    indefinite one)."""
     if isinstance(x, SparseTensor):
         return x
     fill = torch.zeros((), dtype=x.dtype, device=x.device) if like._indefinite else like._fill
@@ -59,7 +64,8 @@ def as_sparse(x: torch.Tensor, like: SparseTensor) -> SparseTensor:
 
 
 def _combine_received(op, got, like: SparseTensor) -> SparseTensor:
-    """``combine`` of what the ranks sent (``_wire.Parts``, SparseTensors or dense tensors) in ``like``'s layout."""
+    """``combine`` of what the ranks sent (``_wire.Parts``, SparseTensors or dense tensors) in
+    ``like``'s layout."""
     if all(isinstance(g, _wire.Parts) for g in got):
         return combine_parts(op, got, like.shape, like._sparse_ndim(), like._sf_layout)
     got = [_wire.parts_to_tensor(g, like.shape) if isinstance(g, _wire.Parts) else g for g in got]
@@ -81,12 +87,13 @@ def _reduce_into(out, op, received) -> None:
 def all_reduce(A, op, pg, algorithm: str = "auto") -> None:
     """In place on every rank: ``A`` becomes the element-wise reduction of the ranks' ``A``.
 
-    ``algorithm``: ``"sparse"`` moves the stored elements (each rank all-gathers the others' and merges
-    them, :func:`_combine.combine`: the union pattern); ``"dense"`` all-reduces ``A.to_dense()`` and
-    re-specifies the result against the reduced fill; ``"auto"`` takes the dense way when the ranks'
-    sparse payloads add up to more than ``DENSE_BYTES_RATIO`` times a ring all-reduce's bytes
-    (``2 (W-1) numel * itemsize``), never for an indefinite fill, nor for MIN/MAX where a rank holds a
-    NaN (the sparse way propagates NaN as ``torch.minimum``; a backend's dense min/max may skip it)."""
+    ``algorithm``: ``"sparse"`` moves the stored elements (each rank all-gathers the others' and
+    merges them, :func:`_combine.combine`: the union pattern); ``"dense"`` all-reduces
+    ``A.to_dense()`` and re-specifies the result against the reduced fill; ``"auto"`` takes the
+    dense way when the ranks' sparse payloads add up to more than ``DENSE_BYTES_RATIO`` times a ring
+    all-reduce's bytes (``2 (W-1) numel * itemsize``), never for an indefinite fill, nor for MIN/MAX
+    where a rank holds a NaN (the sparse way propagates NaN as ``torch.minimum``; a backend's dense
+    min/max may skip it)."""
     W = pg.size()
     op = red_op(op)
     if algorithm not in ("auto", "sparse", "dense"):
@@ -96,25 +103,40 @@ def all_reduce(A, op, pg, algorithm: str = "auto") -> None:
         check_op(op, A.dtype)
         if any(allh[:, W, _wire.INDEFINITE]):
             if algorithm == "dense":
-                raise ValueError("sparsefill.distributed.all_reduce(algorithm='dense'): an indefinite fill has no "
-                                 "dense form; use algorithm='sparse' or 'auto'")
+                raise ValueError(
+                    "sparsefill.distributed.all_reduce(algorithm='dense'): an indefinite fill has no "
+                    "dense form; use algorithm='sparse' or 'auto'"
+                )
             return False
         if algorithm == "dense":
             return True
-        if op in (_R.MIN, _R.MAX) and allh[:, 0, _wire.HAS_NAN].any():  # (backends' min/max may skip NaN)
+        if (
+            op in (_R.MIN, _R.MAX) and allh[:, 0, _wire.HAS_NAN].any()
+        ):  # (backends' min/max may skip NaN)
             return False
-        sparse_bytes = int(allh[:, :, _wire.NBYTES].sum() - allh.diagonal(0, 0, 1)[_wire.NBYTES].sum())
+        sparse_bytes = int(
+            allh[:, :, _wire.NBYTES].sum() - allh.diagonal(0, 0, 1)[_wire.NBYTES].sum()
+        )
         return algorithm == "auto" and sparse_bytes > DENSE_BYTES_RATIO * dense_bytes(A, W)
 
-    allh, got = exchange(pg, "all_reduce", [A] * W, [A] * W, int(op), go_dense, keys=True,
-                         nan=algorithm == "auto" and op in (_R.MIN, _R.MAX))
+    allh, got = exchange(
+        pg,
+        "all_reduce",
+        [A] * W,
+        [A] * W,
+        int(op),
+        go_dense,
+        keys=True,
+        nan=algorithm == "auto" and op in (_R.MIN, _R.MAX),
+    )
     if got is None:
         return _dense_all_reduce(A, op, pg, allh)
     store(A, _combine_received(op, got, A))
 
 
 def dense_bytes(A, W: int) -> int:
-    """Bytes all ranks send in a ring all-reduce of ``A.to_dense()``: ``2 (W-1) numel * itemsize``."""
+    """Bytes all ranks send in a ring all-reduce of ``A.to_dense()``: ``2 (W-1) numel *
+    itemsize``."""
     return 2 * (W - 1) * A.numel() * A.element_size()
 
 
@@ -150,8 +172,14 @@ def reduce(A, op, root: int, pg) -> None:
     W, me = pg.size(), pg.rank()
     op = red_op(op)
     expects = [A if me == root else None] * W
-    _, got = exchange(pg, "reduce", [A if j == root else None for j in range(W)], expects, int(op) * 1024 + root,
-                      lambda h: check_op(op, A.dtype))
+    _, got = exchange(
+        pg,
+        "reduce",
+        [A if j == root else None for j in range(W)],
+        expects,
+        int(op) * 1024 + root,
+        lambda h: check_op(op, A.dtype),
+    )
     if me == root:
         _reduce_into(A, op, got)
 
@@ -170,8 +198,13 @@ def gather(outputs, A, root: int, pg) -> None:
     W, me = pg.size(), pg.rank()
     if me == root:
         _check_len("gather", "gather_list", outputs, W)
-    _, got = exchange(pg, "gather", [A if j == root else None for j in range(W)],
-                      list(outputs) if me == root else [None] * W, root)
+    _, got = exchange(
+        pg,
+        "gather",
+        [A if j == root else None for j in range(W)],
+        list(outputs) if me == root else [None] * W,
+        root,
+    )
     if me == root:
         for out, g in zip(outputs, got):
             store(out, g)
@@ -182,8 +215,13 @@ def scatter(out, inputs, root: int, pg) -> None:
     W, me = pg.size(), pg.rank()
     if me == root:
         _check_len("scatter", "scatter_list", inputs, W)
-    _, got = exchange(pg, "scatter", list(inputs) if me == root else [None] * W,
-                      [out if j == root else None for j in range(W)], root)
+    _, got = exchange(
+        pg,
+        "scatter",
+        list(inputs) if me == root else [None] * W,
+        [out if j == root else None for j in range(W)],
+        root,
+    )
     store(out, got[root])
 
 
@@ -194,7 +232,8 @@ def gathered(A, pg) -> list:
 
 
 def all_gather_into_tensor(out, A, pg) -> None:
-    """``out`` (``(W * n, ...)`` or ``(W, n, ...)``) becomes the ranks' ``A`` concatenated (or stacked)."""
+    """``out`` (``(W * n, ...)`` or ``(W, n, ...)``) becomes the ranks' ``A`` concatenated (or
+    stacked)."""
     got = gathered(A, pg)
     stacked = out.dim() == A.dim() + 1
     store(out, torch.stack(got) if stacked else torch.cat(got))
@@ -206,18 +245,23 @@ def reduce_scatter(out, inputs, op, pg) -> None:
     W = pg.size()
     op = red_op(op)
     _check_len("reduce_scatter", "input_list", inputs, W)
-    _, got = exchange(pg, "reduce_scatter", list(inputs), [out] * W, int(op), lambda h: check_op(op, out.dtype))
+    _, got = exchange(
+        pg, "reduce_scatter", list(inputs), [out] * W, int(op), lambda h: check_op(op, out.dtype)
+    )
     _reduce_into(out, op, got)
 
 
 def reduce_scatter_tensor(out, A, op, pg) -> None:
-    """``reduce_scatter`` of ``A``'s ``W`` blocks along its first dim (TorchRec's row-wise shards)."""
+    """``reduce_scatter`` of ``A``'s ``W`` blocks along its first dim (TorchRec's row-wise
+    shards)."""
     W = pg.size()
     n = out.shape[0] if out.dim() else 0
     if A.dim() == 0 or A.shape[0] != W * n:
-        raise ValueError(f"reduce_scatter_tensor: input of shape {tuple(A.shape)} must have W * output.shape[0] = "
-                         f"{W} * {n} rows")
-    reduce_scatter(out, [A[j * n:(j + 1) * n] for j in range(W)], op, pg)
+        raise ValueError(
+            f"reduce_scatter_tensor: input of shape {tuple(A.shape)} must have W * output.shape[0] = "
+            f"{W} * {n} rows"
+        )
+    reduce_scatter(out, [A[j * n : (j + 1) * n] for j in range(W)], op, pg)
 
 
 def all_to_all(outputs, inputs, pg) -> None:
@@ -231,7 +275,8 @@ def all_to_all(outputs, inputs, pg) -> None:
 
 
 def all_to_all_single(out, A, out_splits, in_splits, pg) -> None:
-    """``all_to_all`` of ``A``'s blocks along dim 0 (``in_splits`` rows each; equal when empty) into ``out``."""
+    """``all_to_all`` of ``A``'s blocks along dim 0 (``in_splits`` rows each; equal when empty) into
+    ``out``."""
     W = pg.size()
     ins = _blocks(A, in_splits, W, "input")
     outs = _blocks(out, out_splits, W, "output")
@@ -243,27 +288,33 @@ def _blocks(T, splits, W, name):
     splits = list(splits or [])
     if not splits:
         if T.dim() == 0 or T.shape[0] % W:
-            raise ValueError(f"all_to_all_single: {name} of shape {tuple(T.shape)} has no first dim divisible by "
-                             f"the world size {W}; pass {name}_split_sizes")
+            raise ValueError(
+                f"all_to_all_single: {name} of shape {tuple(T.shape)} has no first dim divisible by "
+                f"the world size {W}; pass {name}_split_sizes"
+            )
         splits = [T.shape[0] // W] * W
     if len(splits) != W or sum(splits) != T.shape[0]:
-        raise ValueError(f"all_to_all_single: {name}_split_sizes {splits} must have {W} entries summing to "
-                         f"{name}.shape[0] = {T.shape[0]}")
+        raise ValueError(
+            f"all_to_all_single: {name}_split_sizes {splits} must have {W} entries summing to "
+            f"{name}.shape[0] = {T.shape[0]}"
+        )
     at = [0]
     for s in splits:
         at.append(at[-1] + s)
-    return [T[at[j]:at[j + 1]] for j in range(W)]
+    return [T[at[j] : at[j + 1]] for j in range(W)]
 
 
 def _check_len(fn: str, name: str, xs, W: int) -> None:
     if len(xs) != W:
-        raise ValueError(f"sparsefill.distributed.{fn}: {name} has {len(xs)} tensors, the group has {W} ranks")
+        raise ValueError(
+            f"sparsefill.distributed.{fn}: {name} has {len(xs)} tensors, the group has {W} ranks"
+        )
 
 
 # ---------------------------------------------------------------------- point to point
 def send(A, dst: int, pg, tag: int = 0) -> None:
-    """Send ``A`` to group rank ``dst`` (which calls :func:`recv`): header, the receiver's header back (both
-    check them: a mismatch raises on both sides), then the stored elements."""
+    """Send ``A`` to group rank ``dst`` (which calls :func:`recv`): header, the receiver's header
+    back (both check them: a mismatch raises on both sides), then the stored elements."""
     h, payload = _wire.pack(A, _exchange_call(), 0)
     peer = torch.empty_like(h, device=A.device)
     pg.send([h.to(A.device)], dst, tag).wait()
@@ -293,6 +344,7 @@ def recv(A, src: int, pg, tag: int = 0) -> None:
 
 def _exchange_call() -> int:
     from ._exchange import call_code
+
     return call_code("send/recv")
 
 
@@ -300,5 +352,7 @@ def _p2p_check(s, e, src, dst) -> None:
     bad = _wire.mismatch(s, e)
     if bad is not None:
         err, why = bad
-        raise err(f"sparsefill.distributed.send/recv: rank {src} sends {_wire.what(s)} where rank {dst} expects "
-                  f"{_wire.what(e)}: {why}")
+        raise err(
+            f"sparsefill.distributed.send/recv: rank {src} sends {_wire.what(s)} where rank {dst} expects "
+            f"{_wire.what(e)}: {why}"
+        )

@@ -3,14 +3,14 @@
     combine(op, [T_0, ..., T_{W-1}]).to_dense() == op(T_0.to_dense(), ..., T_{W-1}.to_dense())
 
 taken in rank order, on the union of the stored patterns: at a position ``p`` some rank stores, rank
-``r`` contributes its stored value or, where it stores none, its fill; the result's fill is the reduced
-fills.  Exact for any fill, NaN and inf included (the values are not shifted by the fills), and the same
-bits on every rank (the same order).
+``r`` contributes its stored value or, where it stores none, its fill; the result's fill is the
+reduced fills.  Exact for any fill, NaN and inf included (the values are not shifted by the fills),
+and the same bits on every rank (the same order).
 
-An **indefinite** fill (masked-out elements) contributes nothing where it stores nothing: the result at
-``p`` reduces the ranks that define ``p`` (masked semantics, as ``torch.masked``), and is unspecified
-only where no rank defines it -- its fill is indefinite when every rank's is.  AVG is SUM divided by
-that count (the world size where every fill is definite).
+An **indefinite** fill (masked-out elements) contributes nothing where it stores nothing: the result
+at ``p`` reduces the ranks that define ``p`` (masked semantics, as ``torch.masked``), and is
+unspecified only where no rank defines it -- its fill is indefinite when every rank's is.  AVG is
+SUM divided by that count (the world size where every fill is definite).
 
 >>> import torch, sparsefill
 >>> from torch.distributed import ReduceOp
@@ -34,11 +34,19 @@ from .._tensor import SparseTensor
 from ._wire import Parts, coords_of, keys_of
 
 _R = ReduceOp.RedOpType
-FUNCS = {_R.SUM: torch.add, _R.AVG: torch.add, _R.PRODUCT: torch.mul, _R.MIN: torch.minimum, _R.MAX: torch.maximum,
-         _R.BAND: torch.bitwise_and, _R.BOR: torch.bitwise_or, _R.BXOR: torch.bitwise_xor}
+FUNCS = {
+    _R.SUM: torch.add,
+    _R.AVG: torch.add,
+    _R.PRODUCT: torch.mul,
+    _R.MIN: torch.minimum,
+    _R.MAX: torch.maximum,
+    _R.BAND: torch.bitwise_and,
+    _R.BOR: torch.bitwise_or,
+    _R.BXOR: torch.bitwise_xor,
+}
 
 
-def red_op(op) -> "ReduceOp.RedOpType":
+def red_op(op) -> ReduceOp.RedOpType:
     """The ``RedOpType`` of ``op`` (a ``ReduceOp``, a ``RedOpType`` or c10d's boxed ReduceOp)."""
     if isinstance(op, torch.ScriptObject):
         op = op.op()
@@ -51,20 +59,28 @@ def check_op(op, dtype: torch.dtype) -> None:
     """Raise unless ``op`` has a closed form over stored elements for ``dtype``."""
     op = red_op(op)
     if op not in FUNCS:
-        raise NotImplementedError(f"sparsefill.distributed: ReduceOp {op} is not supported on SparseTensors "
-                                  f"(supported: {', '.join(str(o).split('.')[-1] for o in FUNCS)})")
+        raise NotImplementedError(
+            f"sparsefill.distributed: ReduceOp {op} is not supported on SparseTensors "
+            f"(supported: {', '.join(str(o).split('.')[-1] for o in FUNCS)})"
+        )
     if op in (_R.BAND, _R.BOR, _R.BXOR) and (dtype.is_floating_point or dtype.is_complex):
-        raise TypeError(f"sparsefill.distributed: ReduceOp {op} needs an integer or bool dtype, got {dtype}")
+        raise TypeError(
+            f"sparsefill.distributed: ReduceOp {op} needs an integer or bool dtype, got {dtype}"
+        )
     if op in (_R.MIN, _R.MAX) and dtype.is_complex:
-        raise TypeError(f"sparsefill.distributed: ReduceOp {op} is not defined for complex dtype {dtype}")
+        raise TypeError(
+            f"sparsefill.distributed: ReduceOp {op} is not defined for complex dtype {dtype}"
+        )
     if op == _R.AVG and not (dtype.is_floating_point or dtype.is_complex):
-        raise TypeError(f"sparsefill.distributed: ReduceOp.AVG needs a floating-point or complex dtype, got {dtype} "
-                        "(reduce with SUM and divide)")
+        raise TypeError(
+            f"sparsefill.distributed: ReduceOp.AVG needs a floating-point or complex dtype, got {dtype} "
+            "(reduce with SUM and divide)"
+        )
 
 
 def combine(op, tensors: list, layout=None) -> SparseTensor:
-    """The reduction of ``tensors`` (SparseTensors of one shape, dtype and dense dims) by ``op``, in ``layout``
-    (default the first one's), coalesced; see the module docstring."""
+    """The reduction of ``tensors`` (SparseTensors of one shape, dtype and dense dims) by ``op``, in
+    ``layout`` (default the first one's), coalesced; see the module docstring."""
     T0 = tensors[0]
     S = T0._sparse_shape
     parts = []
@@ -75,12 +91,14 @@ def combine(op, tensors: list, layout=None) -> SparseTensor:
 
 
 def combine_parts(op, parts: list, shape, sdim: int, layout) -> SparseTensor:
-    """:func:`combine` of tensors given as ``_wire.Parts`` (sorted unique linear keys over the first ``sdim``
-    dims of ``shape``, values, fill): one merge of the keys, one unravel of the union."""
+    """:func:`combine` of tensors given as ``_wire.Parts`` (sorted unique linear keys over the first
+    ``sdim`` dims of ``shape``, values, fill): one merge of the keys, one unravel of the union."""
     op = red_op(op)
     fn = FUNCS[op]
     S, D = tuple(shape[:sdim]), tuple(shape[sdim:])
-    union, inverse = _merge.union_inverse([p.keys for p in parts])  # (linear-time merges of the sorted runs)
+    union, inverse = _merge.union_inverse(
+        [p.keys for p in parts]
+    )  # (linear-time merges of the sorted runs)
     U = union.numel()
     acc = have = fill = count = None
     ndef = 0
@@ -113,8 +131,15 @@ def combine_parts(op, parts: list, shape, sdim: int, layout) -> SparseTensor:
     indefinite = fill is None
     if indefinite:
         fill = torch.empty(0, dtype=parts[0].vals.dtype, device=parts[0].vals.device)
-    return parts_to_sparse(coords_of(union, S), acc, tuple(shape), fill, indefinite=indefinite, layout=layout,
-                           coalesced=True)
+    return parts_to_sparse(
+        coords_of(union, S),
+        acc,
+        tuple(shape),
+        fill,
+        indefinite=indefinite,
+        layout=layout,
+        coalesced=True,
+    )
 
 
 def _mask(m, U, device):

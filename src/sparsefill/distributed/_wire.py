@@ -2,9 +2,10 @@
 
     unpack(header(T), pack(T)) == T          (the same dense tensor, fill, layout and dense dims)
 
-A SparseTensor travels as its coalesced stored elements -- linear keys over the sparse shape (int64),
-values, then the fill -- never as the dense tensor: ``nse * (8 + itemsize * prod(dense_shape))`` bytes
-plus the fill.  A dense tensor travels as its bytes.  The header says what the payload holds and is
+A SparseTensor travels as its coalesced stored elements -- linear keys over the sparse shape
+(int64), values, then the fill -- never as the dense tensor: ``nse * (8 + itemsize *
+prod(dense_shape))`` bytes plus the fill.  A dense tensor travels as its bytes.  The header says
+what the payload holds and is
 what the ranks compare before anything else moves (:func:`mismatch`)::
 
     present, kind, layout, dtype, ndim, dense_dim, indefinite, fill ndim, fill ones-mask, nse, nbytes,
@@ -25,12 +26,39 @@ from .._tensor import SparseTensor
 
 K = 8  # shape entries shown in the header (the hash covers every dim)
 H = 15 + K
-DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.complex64, torch.complex128,
-          torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.bool]
+DTYPES = [
+    torch.float32,
+    torch.float64,
+    torch.float16,
+    torch.bfloat16,
+    torch.complex64,
+    torch.complex128,
+    torch.uint8,
+    torch.int8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.bool,
+]
 LAYOUTS = [torch.sparse_coo, torch.sparse_csr]
 SPARSE, DENSE = 1, 2
-(PRESENT, KIND, LAYOUT, DTYPE, NDIM, DENSE_DIM, INDEFINITE, FILL_NDIM, FILL_ONES, NSE, NBYTES, SHASH, CALL,
- CALL_ARG, HAS_NAN) = range(15)
+(
+    PRESENT,
+    KIND,
+    LAYOUT,
+    DTYPE,
+    NDIM,
+    DENSE_DIM,
+    INDEFINITE,
+    FILL_NDIM,
+    FILL_ONES,
+    NSE,
+    NBYTES,
+    SHASH,
+    CALL,
+    CALL_ARG,
+    HAS_NAN,
+) = range(15)
 
 
 def _shape_hash(shape) -> int:
@@ -39,12 +67,16 @@ def _shape_hash(shape) -> int:
 
 def _dtype_code(dtype) -> int:
     if dtype not in DTYPES:
-        raise TypeError(f"sparsefill.distributed: dtype {dtype} cannot be sent (supported: "
-                        f"{', '.join(str(d) for d in DTYPES)})")
+        raise TypeError(
+            f"sparsefill.distributed: dtype {dtype} cannot be sent (supported: "
+            f"{', '.join(str(d) for d in DTYPES)})"
+        )
     return DTYPES.index(dtype)
 
 
-def describe(T: torch.Tensor | None, call: int = 0, arg: int = 0, nse: int = 0, nbytes: int = 0) -> torch.Tensor:
+def describe(
+    T: torch.Tensor | None, call: int = 0, arg: int = 0, nse: int = 0, nbytes: int = 0
+) -> torch.Tensor:
     """The header of ``T`` (all zeros but the call for ``None``: nothing is sent or expected)."""
     h = torch.zeros(H, dtype=torch.int64)
     h[CALL], h[CALL_ARG] = call, arg
@@ -52,10 +84,14 @@ def describe(T: torch.Tensor | None, call: int = 0, arg: int = 0, nse: int = 0, 
         return h
     h[PRESENT], h[DTYPE], h[NDIM], h[NSE], h[NBYTES] = 1, _dtype_code(T.dtype), T.dim(), nse, nbytes
     h[SHASH] = _shape_hash(T.shape)
-    h[H - K:H - K + min(T.dim(), K)] = torch.tensor(T.shape[:K], dtype=torch.int64)
+    h[H - K : H - K + min(T.dim(), K)] = torch.tensor(T.shape[:K], dtype=torch.int64)
     if isinstance(T, SparseTensor):
-        h[KIND], h[LAYOUT], h[DENSE_DIM], h[INDEFINITE] = SPARSE, LAYOUTS.index(T._sf_layout), T.dense_dim(), \
-            T._indefinite
+        h[KIND], h[LAYOUT], h[DENSE_DIM], h[INDEFINITE] = (
+            SPARSE,
+            LAYOUTS.index(T._sf_layout),
+            T.dense_dim(),
+            T._indefinite,
+        )
         f = T._fill
         h[FILL_NDIM] = f.dim()
         h[FILL_ONES] = sum(1 << i for i, n in enumerate(f.shape) if n == 1)
@@ -69,7 +105,7 @@ def what(h) -> str:
     if not h[PRESENT]:
         return "nothing"
     n = int(h[NDIM])
-    dims = [int(x) for x in h[H - K:H - K + min(n, K)]] + (["..."] if n > K else [])
+    dims = [int(x) for x in h[H - K : H - K + min(n, K)]] + (["..."] if n > K else [])
     shape = "(" + ", ".join(map(str, dims)) + ("," if n == 1 else "") + ")"
     dtype = DTYPES[int(h[DTYPE])]
     if h[KIND] == DENSE:
@@ -79,19 +115,27 @@ def what(h) -> str:
 
 
 def mismatch(s, e) -> tuple[type, str] | None:
-    """Why what one rank sends (header ``s``) cannot be stored in what the other expects (``e``), or None."""
+    """Why what one rank sends (header ``s``) cannot be stored in what the other expects (``e``), or
+    None."""
     if bool(s[PRESENT]) != bool(e[PRESENT]):
         return ValueError, "one side has no tensor"
     if not s[PRESENT]:
         return None
     if s[DTYPE] != e[DTYPE]:
         return TypeError, "the dtypes differ"
-    if s[NDIM] != e[NDIM] or s[SHASH] != e[SHASH] or not torch.equal(s[H - K:], e[H - K:]):
+    if s[NDIM] != e[NDIM] or s[SHASH] != e[SHASH] or not torch.equal(s[H - K :], e[H - K :]):
         return ValueError, "the shapes differ"
-    if s[KIND] == SPARSE and e[KIND] == SPARSE and (s[LAYOUT] != e[LAYOUT] or s[DENSE_DIM] != e[DENSE_DIM]):
+    if (
+        s[KIND] == SPARSE
+        and e[KIND] == SPARSE
+        and (s[LAYOUT] != e[LAYOUT] or s[DENSE_DIM] != e[DENSE_DIM])
+    ):
         return ValueError, "the layouts differ (layout and dense_dim must agree)"
     if s[KIND] == SPARSE and e[KIND] == DENSE and s[INDEFINITE]:
-        return ValueError, "a dense tensor cannot hold the masked-out elements of an indefinite fill"
+        return (
+            ValueError,
+            "a dense tensor cannot hold the masked-out elements of an indefinite fill",
+        )
     return None
 
 
@@ -102,13 +146,14 @@ def _bytes(t: torch.Tensor) -> torch.Tensor:
 
 
 def _pad8(b: torch.Tensor) -> torch.Tensor:
-    """``b`` padded to a multiple of 8 bytes: every payload in a received buffer starts 8-aligned (``view``)."""
+    """``b`` padded to a multiple of 8 bytes: every payload in a received buffer starts 8-aligned
+    (``view``)."""
     r = -b.numel() % 8
     return torch.cat([b, b.new_zeros(r)]) if r else b
 
 
 def _keys_fit(shape) -> bool:
-    return _index.numel(shape) < 2 ** 63
+    return _index.numel(shape) < 2**63
 
 
 def keys_of(idx: torch.Tensor, S) -> torch.Tensor:
@@ -123,8 +168,9 @@ def keys_of(idx: torch.Tensor, S) -> torch.Tensor:
 
 
 def coords_of(keys: torch.Tensor, S) -> torch.Tensor:
-    """Inverse of :func:`keys_of`: ``(len(S), n)`` coordinates; one division and one multiply-subtract per
-    dim (keys are non-negative: truncating division), written into one output."""
+    """Inverse of :func:`keys_of`: ``(len(S), n)`` coordinates; one division and one
+    multiply-subtract per dim (keys are non-negative: truncating division), written into one
+    output."""
     out = keys.new_empty((len(S), keys.numel()))
     k = keys
     for d in range(len(S) - 1, 0, -1):
@@ -137,16 +183,19 @@ def coords_of(keys: torch.Tensor, S) -> torch.Tensor:
 
 
 def parts(T: torch.Tensor):
-    """``(index tensor, values, fill)`` as sent: keys (or coordinates past 2**63 positions), coalesced."""
+    """``(index tensor, values, fill)`` as sent: keys (or coordinates past 2**63 positions),
+    coalesced."""
     T._sync()
     idx, vals = coalesced_parts(T)
     S = T._sparse_shape
     return (keys_of(idx, S) if _keys_fit(S) else idx.to(torch.int64)), vals, T._fill
 
 
-def pack(T: torch.Tensor | None, call: int = 0, arg: int = 0, nan: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(header, payload)`` of ``T`` (``None``: an absent header, no bytes); ``nan``: record in the header
-    whether a stored value or the fill is NaN (one pass over the values)."""
+def pack(
+    T: torch.Tensor | None, call: int = 0, arg: int = 0, nan: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(header, payload)`` of ``T`` (``None``: an absent header, no bytes); ``nan``: record in the
+    header whether a stored value or the fill is NaN (one pass over the values)."""
     if T is None:
         return describe(None, call, arg), torch.empty(0, dtype=torch.uint8)
     if not isinstance(T, SparseTensor):
@@ -155,13 +204,17 @@ def pack(T: torch.Tensor | None, call: int = 0, arg: int = 0, nan: bool = False)
     keys, vals, fill = parts(T)
     payload = _pad8(torch.cat([_bytes(keys), _bytes(vals), _bytes(fill)]))
     h = describe(T, call, arg, vals.shape[0], payload.numel())
-    h[HAS_NAN] = nan and (vals.is_floating_point() or vals.is_complex()) and bool(vals.isnan().any() or
-                                                                                 fill.isnan().any())
+    h[HAS_NAN] = (
+        nan
+        and (vals.is_floating_point() or vals.is_complex())
+        and bool(vals.isnan().any() or fill.isnan().any())
+    )
     return h, payload
 
 
 class Parts(NamedTuple):
     """A received SparseTensor before it is built: linear keys (sorted, unique), values, fill."""
+
     keys: torch.Tensor
     vals: torch.Tensor
     fill: torch.Tensor
@@ -170,9 +223,10 @@ class Parts(NamedTuple):
 
 
 def unpack(h, payload: torch.Tensor, shape, device, *, keys: bool = False):
-    """The tensor a ``(header, payload)`` pair stands for (a coalesced SparseTensor, or dense); ``shape`` is
-    the receiver's (equal to the sender's: :func:`mismatch` compared them).  ``keys``: a SparseTensor whose
-    sparse shape has < 2**63 positions comes as its :class:`Parts` (no unravelling of the keys)."""
+    """The tensor a ``(header, payload)`` pair stands for (a coalesced SparseTensor, or dense);
+    ``shape`` is the receiver's (equal to the sender's: :func:`mismatch` compared them).  ``keys``:
+    a SparseTensor whose sparse shape has < 2**63 positions comes as its :class:`Parts` (no
+    unravelling of the keys)."""
     shape = tuple(shape)
     dtype, nkey, nval = _checked_header(h, payload.numel(), shape)
     payload = payload.to(device)
@@ -182,8 +236,8 @@ def unpack(h, payload: torch.Tensor, shape, device, *, keys: bool = False):
     S, D = shape[:sdim], shape[sdim:]
     nse = int(h[NSE])
     ix = _from_bytes(payload[:nkey], torch.int64, (-1,))
-    vals = _from_bytes(payload[nkey:nkey + nval], dtype, (nse,) + tuple(D))
-    fill = _from_bytes(payload[nkey + nval:], dtype, fill_shape(h, D)).clone()
+    vals = _from_bytes(payload[nkey : nkey + nval], dtype, (nse,) + tuple(D))
+    fill = _from_bytes(payload[nkey + nval :], dtype, fill_shape(h, D)).clone()
     layout = LAYOUTS[int(h[LAYOUT])]
     if _keys_fit(S):
         _check_keys(ix, S)
@@ -192,14 +246,25 @@ def unpack(h, payload: torch.Tensor, shape, device, *, keys: bool = False):
         idx = coords_of(ix, S)
     else:
         idx = ix.view(sdim, nse)
-        _received(check_parts, torch.sparse_coo, S + tuple(D), vals, fill, idx, indefinite=bool(h[INDEFINITE]),
-                  coalesced=True)
-    return parts_to_sparse(idx, vals, shape, fill, indefinite=bool(h[INDEFINITE]), layout=layout, coalesced=True)
+        _received(
+            check_parts,
+            torch.sparse_coo,
+            S + tuple(D),
+            vals,
+            fill,
+            idx,
+            indefinite=bool(h[INDEFINITE]),
+            coalesced=True,
+        )
+    return parts_to_sparse(
+        idx, vals, shape, fill, indefinite=bool(h[INDEFINITE]), layout=layout, coalesced=True
+    )
 
 
 # ---------------------------------------------------------------------- what a receiver checks
 def _received(check, *args, **kwargs) -> None:
-    """``check(*args, **kwargs)``, its error a ValueError that says the parts came from another rank."""
+    """``check(*args, **kwargs)``, its error a ValueError that says the parts came from another
+    rank."""
     try:
         check(*args, **kwargs)
     except (ValueError, TypeError, IndexError) as e:
@@ -207,49 +272,78 @@ def _received(check, *args, **kwargs) -> None:
 
 
 def _checked_header(h, nbytes: int, shape) -> tuple:
-    """``(dtype, key bytes, value bytes)`` of a received header that fits the receiver's ``shape`` and a
-    payload of ``nbytes`` (ValueError otherwise): the codes in range, the sizes within the payload."""
+    """``(dtype, key bytes, value bytes)`` of a received header that fits the receiver's ``shape``
+    and a payload of ``nbytes`` (ValueError otherwise): the codes in range, the sizes within the
+    payload."""
+
     def need(ok, what):
         if not ok:
-            raise ValueError(f"sparsefill.distributed: received an invalid header ({what}): {h.tolist()}")
+            raise ValueError(
+                f"sparsefill.distributed: received an invalid header ({what}): {h.tolist()}"
+            )
+
     need(0 <= int(h[DTYPE]) < len(DTYPES) and int(h[KIND]) in (SPARSE, DENSE), "dtype or kind code")
     need(int(h[NDIM]) == len(shape), f"ndim for a tensor of shape {shape}")
     dtype = DTYPES[int(h[DTYPE])]
     if h[KIND] == DENSE:
-        need(nbytes >= _index.numel(shape) * dtype.itemsize, f"{nbytes} bytes for a dense {dtype} {shape}")
+        need(
+            nbytes >= _index.numel(shape) * dtype.itemsize,
+            f"{nbytes} bytes for a dense {dtype} {shape}",
+        )
         return dtype, 0, 0
     sdim = len(shape) - int(h[DENSE_DIM])
-    need(0 <= int(h[LAYOUT]) < len(LAYOUTS) and 0 <= sdim <= len(shape) and (sdim >= 2 or h[LAYOUT] == 0),
-         "layout or dense_dim")
+    need(
+        0 <= int(h[LAYOUT]) < len(LAYOUTS)
+        and 0 <= sdim <= len(shape)
+        and (sdim >= 2 or h[LAYOUT] == 0),
+        "layout or dense_dim",
+    )
     D, nse, nfill = shape[sdim:], int(h[NSE]), int(h[FILL_NDIM])
-    need(0 <= nse and int(h[INDEFINITE]) in (0, 1) and 0 <= nfill <= (1 if h[INDEFINITE] else len(D)),
-         "nse, fill ndim or indefinite")
+    need(
+        0 <= nse
+        and int(h[INDEFINITE]) in (0, 1)
+        and 0 <= nfill <= (1 if h[INDEFINITE] else len(D)),
+        "nse, fill ndim or indefinite",
+    )
     nkey = nse * 8 * (1 if _keys_fit(shape[:sdim]) else sdim)
     nval = nse * _index.numel(D) * dtype.itemsize
-    need(nkey + nval + _index.numel(fill_shape(h, D)) * dtype.itemsize <= nbytes,
-         f"nse={nse} needs more than the {nbytes} bytes received")
+    need(
+        nkey + nval + _index.numel(fill_shape(h, D)) * dtype.itemsize <= nbytes,
+        f"nse={nse} needs more than the {nbytes} bytes received",
+    )
     return dtype, nkey, nval
 
 
 def _check_keys(keys: torch.Tensor, S) -> None:
-    """Received linear keys are sorted without duplicates (what the sender promises) and in ``[0, numel(S))``:
-    one pass."""
+    """Received linear keys are sorted without duplicates (what the sender promises) and in ``[0,
+    numel(S))``: one pass."""
     n = _index.numel(S)
     if keys.numel() and (int(keys[0]) < 0 or int(keys[-1]) >= n):
-        raise ValueError(f"sparsefill.distributed: received an invalid tensor: keys: an entry "
-                         f"{int(keys[0]) if int(keys[0]) < 0 else int(keys[-1])} out of range [0, {n}) of the "
-                         f"sparse shape {tuple(S)}")
+        raise ValueError(
+            f"sparsefill.distributed: received an invalid tensor: keys: an entry "
+            f"{int(keys[0]) if int(keys[0]) < 0 else int(keys[-1])} out of range [0, {n}) of the "
+            f"sparse shape {tuple(S)}"
+        )
     if keys.numel() > 1 and bool((keys[1:] <= keys[:-1]).any()):
         at = int((keys[1:] <= keys[:-1]).nonzero()[0]) + 1
-        raise ValueError(f"sparsefill.distributed: received an invalid tensor: keys must be sorted without "
-                         f"duplicates; key {at} ({int(keys[at])}) follows {int(keys[at - 1])}")
+        raise ValueError(
+            f"sparsefill.distributed: received an invalid tensor: keys must be sorted without "
+            f"duplicates; key {at} ({int(keys[at])}) follows {int(keys[at - 1])}"
+        )
 
 
 def parts_to_tensor(p: Parts, shape) -> torch.Tensor:
     """The SparseTensor of :class:`Parts` of a tensor of ``shape``."""
     sdim = len(shape) - (p.vals.dim() - 1)
-    return parts_to_sparse(coords_of(p.keys, tuple(shape)[:sdim]), p.vals, tuple(shape), p.fill,
-                           indefinite=p.indefinite, layout=p.layout, coalesced=True)
+    return parts_to_sparse(
+        coords_of(p.keys, tuple(shape)[:sdim]),
+        p.vals,
+        tuple(shape),
+        p.fill,
+        indefinite=p.indefinite,
+        layout=p.layout,
+        coalesced=True,
+    )
 
 
 def fill_shape(h, D) -> tuple:
@@ -258,14 +352,17 @@ def fill_shape(h, D) -> tuple:
     if h[INDEFINITE]:
         return (0,)
     ones = int(h[FILL_ONES])
-    dims = tuple(D)[len(D) - n:] if n else ()
+    dims = tuple(D)[len(D) - n :] if n else ()
     return tuple(1 if ones >> i & 1 else d for i, d in enumerate(dims))
 
 
 def _from_bytes(b: torch.Tensor, dtype, shape) -> torch.Tensor:
     n = _index.numel(shape) if -1 not in shape else b.numel() // dtype.itemsize
-    return b[:n * dtype.itemsize].view(dtype).reshape(shape) if n else torch.empty(shape if -1 not in shape else 0,
-                                                                                    dtype=dtype, device=b.device)
+    return (
+        b[: n * dtype.itemsize].view(dtype).reshape(shape)
+        if n
+        else torch.empty(shape if -1 not in shape else 0, dtype=dtype, device=b.device)
+    )
 
 
 def dense_value(T: torch.Tensor) -> torch.Tensor:

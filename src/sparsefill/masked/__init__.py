@@ -46,8 +46,44 @@ tensor([0.1192, 0.8808, 1.0000])
 from ._elementwise import logaddexp
 from ._masks import coo_mask, csr_mask, input_mask, output_mask, pattern_mask
 from ._normalizations import cumprod, cumsum, log_softmax, normalize, softmax, softmin
-from ._reductions import amax, amin, argmax, argmin, logsumexp, mean, median, norm, prod, std, sum, var
+from ._reductions import (
+    amax,
+    amin,
+    argmax,
+    argmin,
+    logsumexp,
+    mean,
+    median,
+    norm,
+    prod,
+    std,
+    sum,
+    var,
+)
 
-__all__ = ["sum", "prod", "cumsum", "cumprod", "amax", "amin", "argmax", "argmin", "mean", "median", "norm", "var",
-           "std", "logsumexp", "logaddexp", "softmax", "log_softmax", "softmin", "normalize",
-           "input_mask", "output_mask", "pattern_mask", "coo_mask", "csr_mask"]
+__all__ = [
+    "sum",
+    "prod",
+    "cumsum",
+    "cumprod",
+    "amax",
+    "amin",
+    "argmax",
+    "argmin",
+    "mean",
+    "median",
+    "norm",
+    "var",
+    "std",
+    "logsumexp",
+    "logaddexp",
+    "softmax",
+    "log_softmax",
+    "softmin",
+    "normalize",
+    "input_mask",
+    "output_mask",
+    "pattern_mask",
+    "coo_mask",
+    "csr_mask",
+]

@@ -1,4 +1,5 @@
-"""Output segments of a masked reduction: scalar elements and the fill table of ``sparsefill._reduce``.
+"""Output segments of a masked reduction: scalar elements and the fill table of
+``sparsefill._reduce``.
 
 A reduction over dims ``R`` of a :class:`~._canon.Masked` input maps every stored scalar element
 ``(row r, dense position d)`` to an output segment ``s = slice(r) * Pk + d_kept`` and gives each
@@ -37,7 +38,9 @@ def canonical_dims(dim, ndim: int) -> tuple[int, ...]:
     out = []
     for d in dims:
         if not -n <= d < n:
-            raise IndexError(f"Dimension out of range (expected to be in range of [{-n}, {n - 1}], but got {d})")
+            raise IndexError(
+                f"Dimension out of range (expected to be in range of [{-n}, {n - 1}], but got {d})"
+            )
         if d % n in out:
             raise RuntimeError(f"dim={d} appears multiple times in the list of dims")
         out.append(d % n)
@@ -61,10 +64,18 @@ class Slices:
         self.Pk, self.Pr = _index.numel(self.Dk), _index.numel([D[d] for d in self.red_d])
         k = X.u.shape[0]
         dev = X.u.device
-        if X.rows is not None and self.red_s == [1]:  # plain CSR along its columns: the rows are the slices
+        if X.rows is not None and self.red_s == [
+            1
+        ]:  # plain CSR along its columns: the rows are the slices
             counts = X.A._crow.diff()
-            self.out_idx, self.n_u, lengths = csr_row_slices(counts, S[1], all_rows=traced(counts))  # (static)
-            self.seg_row = X.rows if self.out_idx.shape[1] == counts.numel() else _index.runs_to_ids(lengths, k)
+            self.out_idx, self.n_u, lengths = csr_row_slices(
+                counts, S[1], all_rows=traced(counts)
+            )  # (static)
+            self.seg_row = (
+                X.rows
+                if self.out_idx.shape[1] == counts.numel()
+                else _index.runs_to_ids(lengths, k)
+            )
         elif self.red_s:
             self.seg_row, self.out_idx, self.n_u = group_slices(X.indices(), S, self.red_s)
             trailing = max(self.red_s) == len(S) - 1 and len(self.red_s) == len(S) - min(self.red_s)
@@ -85,16 +96,17 @@ class Slices:
         # sorted, gap-free segments of one scalar each (rows of a plain matrix): segment_reduce and
         # repeat_interleave instead of index_add and gathers
         self.lengths = lengths if lengths is not None and self.Pk == 1 and self.Pr == 1 else None
-        self.unsorted = False   # out_idx gained slices at its end (see _count_extra)
+        self.unsorted = False  # out_idx gained slices at its end (see _count_extra)
         self.n_in = self.n0_in = None
         if X.extra is not None:
             self._count_extra(X.extra)
 
     def _count_extra(self, mk):
-        """Per (segment, class): the unspecified elements the strided mask ``mk`` masks in, as the total it
-        masks in over the reduced sparse dims minus the stored ones.  Summed on ``mk`` as given (size-1
-        dims broadcast by a factor), so memory is O(mask + output).  Untouched slices with the same counts
-        share the output's fill; otherwise those with a masked-in element join ``out_idx``."""
+        """Per (segment, class): the unspecified elements the strided mask ``mk`` masks in, as the
+        total it masks in over the reduced sparse dims minus the stored ones.  Summed on ``mk`` as
+        given (size-1 dims broadcast by a factor), so memory is O(mask + output).  Untouched slices
+        with the same counts share the output's fill; otherwise those with a masked-in element join
+        ``out_idx``."""
         X, S, D = self.X, self.X.S, self.X.D
         sd = len(S)
         keep_s = [d for d in range(sd) if d not in self.red_s]
@@ -103,20 +115,33 @@ class Slices:
         if summed:
             c = c.sum(summed, keepdim=True)
         c = c * _index.numel([S[d] for d in self.red_s if mk.shape[d] == 1])
-        kp = [c.shape[d] for d in keep_s]                        # kept sparse dims: full or 1
-        c = c.reshape(kp + list(c.shape[sd:])).expand(kp + list(D)).reshape([_index.numel(kp)] + list(D))
-        cs = self.scalars(c)                                     # (G', Pk, Pr)
+        kp = [c.shape[d] for d in keep_s]  # kept sparse dims: full or 1
+        c = (
+            c.reshape(kp + list(c.shape[sd:]))
+            .expand(kp + list(D))
+            .reshape([_index.numel(kp)] + list(D))
+        )
+        cs = self.scalars(c)  # (G', Pk, Pr)
 
         def at(idx):  # counts of output slices at kept sparse indices idx (len(keep_s), t)
-            sub = torch.stack([idx[i] if kp[i] > 1 else torch.zeros_like(idx[i]) for i in range(len(kp))]) \
-                if kp else idx
+            sub = (
+                torch.stack(
+                    [idx[i] if kp[i] > 1 else torch.zeros_like(idx[i]) for i in range(len(kp))]
+                )
+                if kp
+                else idx
+            )
             return cs[_index.linearize(sub, kp)]
+
         dev = cs.device
-        tot = at(self.out_idx)                                   # (S_out, Pk, Pr)
+        tot = at(self.out_idx)  # (S_out, Pk, Pr)
         ms = self.scalars(X.m)
         cls = torch.arange(self.Pr, device=dev).expand(ms.shape)
         stored = torch.zeros((self.nseg, self.Pr), dtype=torch.int64, device=dev).index_put_(
-            (self.seg3.reshape(-1), cls.reshape(-1)), ms.reshape(-1).to(torch.int64), accumulate=True)
+            (self.seg3.reshape(-1), cls.reshape(-1)),
+            ms.reshape(-1).to(torch.int64),
+            accumulate=True,
+        )
         n = tot.reshape(self.nseg, self.Pr) - stored
         kshape = [S[d] for d in keep_s]
         untouched = _index.numel(kshape) > self.S_out
@@ -124,9 +149,12 @@ class Slices:
             self.n_in, self.n0_in = n, cs[0]
             return
         from ._canon import _broadcast_positions
+
         pos = (cs.reshape(cs.shape[0], -1) > 0).any(1).nonzero().squeeze(1)
         pos = _broadcast_positions(_index.unravel(pos, kp), tuple(kp), tuple(kshape))
-        new = pos[:, ~torch.isin(_index.linearize(pos, kshape), _index.linearize(self.out_idx, kshape))]
+        new = pos[
+            :, ~torch.isin(_index.linearize(pos, kshape), _index.linearize(self.out_idx, kshape))
+        ]
         self.out_idx = torch.cat([self.out_idx, new], 1)
         self.n_in = torch.cat([n, at(new).reshape(-1, self.Pr)])
         self.n0_in = torch.zeros((self.Pk, self.Pr), dtype=torch.int64, device=dev)
@@ -151,9 +179,9 @@ class Slices:
         return self.scalars(f.expand(self.X.D)[None])[0]
 
     def masked_in(self, u=None, m=None):
-        """``(values, seg, lengths)`` of the masked-in stored scalar elements (``lengths``: the segments
-        are sorted gap-free runs, see ``_reduce.segment_combine``; None unless every element is masked
-        in and the segments are sorted rows)."""
+        """``(values, seg, lengths)`` of the masked-in stored scalar elements (``lengths``: the
+        segments are sorted gap-free runs, see ``_reduce.segment_combine``; None unless every
+        element is masked in and the segments are sorted rows)."""
         u = self.X.u if u is None else u
         every = self.every_in if m is None else bool(m.all())
         ms = self.scalars(self.X.m if m is None else m)
@@ -163,7 +191,8 @@ class Slices:
 
     @functools.cached_property
     def every_in(self) -> bool:
-        """Every stored element is masked in (the pattern-as-mask use; one read for an expanded mask)."""
+        """Every stored element is masked in (the pattern-as-mask use; one read for an expanded
+        mask)."""
         if self.X.all_in:  # (mask=None: no read, which torch.compile could not trace)
             return True
         m = self.X.m
@@ -174,13 +203,20 @@ class Slices:
         return bool(m.all())
 
     def fill_classes(self, f: torch.Tensor, counts: bool | None = None):
-        """``(F, n)`` for touched segments, ``(F0, n0)`` for the untouched slice (``counts``: mfill by default)."""
+        """``(F, n)`` for touched segments, ``(F0, n0)`` for the untouched slice (``counts``: mfill
+        by default)."""
         on = self.X.mfill if counts is None else counts
         F2 = self.fill2(f)
         F = F2.expand(self.S_out, self.Pk, self.Pr).reshape(self.nseg, self.Pr)
-        if self.n_in is not None and counts is None:  # a strided mask's masked-in unspecified elements
+        if (
+            self.n_in is not None and counts is None
+        ):  # a strided mask's masked-in unspecified elements
             return (F, self.n_in), (F2, self.n0_in)
-        n = (self.n_u * int(on))[:, None, None].expand(self.S_out, self.Pk, self.Pr).reshape(self.nseg, self.Pr)
+        n = (
+            (self.n_u * int(on))[:, None, None]
+            .expand(self.S_out, self.Pk, self.Pr)
+            .reshape(self.nseg, self.Pr)
+        )
         n0 = torch.full((self.Pk, self.Pr), self.N_r * int(on), dtype=torch.int64, device=F2.device)
         return (F, n), (F2, n0)
 
@@ -188,8 +224,10 @@ class Slices:
         """``(sparse shape, dense shape)`` of the result."""
         S, D = self.X.S, self.X.D
         if keepdim:
-            return (tuple(1 if d in self.red_s else s for d, s in enumerate(S)),
-                    tuple(1 if d in self.red_d else s for d, s in enumerate(D)))
+            return (
+                tuple(1 if d in self.red_s else s for d, s in enumerate(S)),
+                tuple(1 if d in self.red_d else s for d, s in enumerate(D)),
+            )
         return tuple(s for d, s in enumerate(S) if d not in self.red_s), self.Dk
 
     def out_indices(self, keepdim: bool) -> torch.Tensor:
@@ -204,5 +242,7 @@ class Slices:
 def reduce(reducer, sl: Slices, v, seg, F, n, F0, n0, lengths=None):
     """``(per touched segment, per kept dense position of the untouched slice)``: ``reducer`` (a
     ``sparsefill._reduce`` reducer, or any callable with its signature) over the fill tables."""
-    return (reducer(v, seg, sl.nseg, fill=F, n_fill=n, lengths=lengths),
-            reducer(v[:0], seg[:0], sl.Pk, fill=F0, n_fill=n0))
+    return (
+        reducer(v, seg, sl.nseg, fill=F, n_fill=n, lengths=lengths),
+        reducer(v[:0], seg[:0], sl.Pk, fill=F0, n_fill=n0),
+    )

@@ -29,16 +29,20 @@ __all__ = ["input_mask", "output_mask", "pattern_mask", "coo_mask", "csr_mask"]
 
 
 def input_mask(input, *, mask=None):
-    """The canonical mask: bool, the input's shape and layout (``mask=None``: all True; an indefinite
-    fill: its pattern)."""
+    """The canonical mask: bool, the input's shape and layout (``mask=None``: all True; an
+    indefinite fill: its pattern)."""
     if not is_sparse(input):
-        return torch.ones(input.shape, dtype=torch.bool, device=input.device) if mask is None else \
-            dense_mask(mask, input).to(torch.bool).clone()
+        return (
+            torch.ones(input.shape, dtype=torch.bool, device=input.device)
+            if mask is None
+            else dense_mask(mask, input).to(torch.bool).clone()
+        )
     X = combine(input, mask)
     A = X.A
     fill = torch.tensor(X.mfill, device=A.device)
-    return _convert.parts_to_sparse(X.indices(), X.m, A.shape, fill, known_zero=not X.mfill, layout=A._sf_layout,
-                                    coalesced=True)
+    return _convert.parts_to_sparse(
+        X.indices(), X.m, A.shape, fill, known_zero=not X.mfill, layout=A._sf_layout, coalesced=True
+    )
 
 
 def output_mask(input, dim=None, keepdim=False, *, mask=None):
@@ -48,8 +52,10 @@ def output_mask(input, dim=None, keepdim=False, *, mask=None):
         dims = E.canonical_dims(dim, m.dim())
         return torch.any(m, dims, keepdim=bool(keepdim)) if dims else m.clone()
     with torch.no_grad():
+
         def any_in(v, seg, nseg, *, fill, n_fill, lengths=None):
             return segment_counts(seg, nseg, lengths) + n_fill.sum(1) > 0
+
         return _reduction(input, mask, dim, keepdim, any_in, None)
 
 
@@ -59,26 +65,44 @@ def pattern_mask(input):
     if isinstance(input, SparseTensor):
         return _convert.pattern_mask(input)
     if input.layout is torch.sparse_coo:
-        return torch.sparse_coo_tensor(input._indices(), torch.ones(input._values().shape, dtype=torch.bool,
-                                                                    device=input.device),
-                                       input.shape, is_coalesced=input.is_coalesced(), check_invariants=False)
+        return torch.sparse_coo_tensor(
+            input._indices(),
+            torch.ones(input._values().shape, dtype=torch.bool, device=input.device),
+            input.shape,
+            is_coalesced=input.is_coalesced(),
+            check_invariants=False,
+        )
     if input.layout is torch.sparse_csr:
-        return torch.sparse_csr_tensor(input.crow_indices(), input.col_indices(),
-                                       torch.ones(input.values().shape, dtype=torch.bool, device=input.device),
-                                       input.shape, check_invariants=False)
+        return torch.sparse_csr_tensor(
+            input.crow_indices(),
+            input.col_indices(),
+            torch.ones(input.values().shape, dtype=torch.bool, device=input.device),
+            input.shape,
+            check_invariants=False,
+        )
     raise TypeError(f"pattern_mask expects a sparse COO or CSR tensor, got layout {input.layout}")
 
 
 def coo_mask(indices, size, *, device=None):
     """A torch native COO bool mask, True at ``indices`` (shape ``(sparse_dim, nse)``)."""
     indices = torch.as_tensor(indices, device=device)
-    return torch.sparse_coo_tensor(indices, torch.ones(indices.shape[1], dtype=torch.bool, device=indices.device),
-                                   size, check_invariants=True).coalesce()
+    return torch.sparse_coo_tensor(
+        indices,
+        torch.ones(indices.shape[1], dtype=torch.bool, device=indices.device),
+        size,
+        check_invariants=True,
+    ).coalesce()
 
 
 def csr_mask(crow_indices, col_indices, size, *, device=None):
-    """A torch native CSR bool mask, True at the elements given by ``crow_indices``/``col_indices``."""
+    """A torch native CSR bool mask, True at the elements given by
+    ``crow_indices``/``col_indices``."""
     crow = torch.as_tensor(crow_indices, device=device)
     col = torch.as_tensor(col_indices, device=crow.device)
-    return torch.sparse_csr_tensor(crow, col, torch.ones(col.shape, dtype=torch.bool, device=crow.device), size,
-                                   check_invariants=True)
+    return torch.sparse_csr_tensor(
+        crow,
+        col,
+        torch.ones(col.shape, dtype=torch.bool, device=crow.device),
+        size,
+        check_invariants=True,
+    )

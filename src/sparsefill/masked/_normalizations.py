@@ -11,17 +11,17 @@ softmax every masked-in element ``p`` of ``P`` gets::
 
     out[p] = exp(x[p] - lse_slice),    lse_slice = log(sum_{q in slice, mask[q]} exp(x[q]))
 
-A masked-out element reads torch.masked's value: for softmax/softmin/log_softmax ``c`` (0, 0,
--inf) when its slice holds a masked-in element and ``e`` = NaN when the slice is fully masked
-out, and NaN where the slice's normalizer is NaN or -inf (``exp(-inf - lse)``); normalize
-``0 / max(norm, eps)`` (0 unless that norm is NaN or the divisor 0); cumsum/cumprod the running value (the scan of
+A masked-out element reads torch.masked's value: for softmax/softmin/log_softmax ``c`` (0, 0, -inf)
+when its slice holds a masked-in element and ``e`` = NaN when the slice is fully masked out, and NaN
+where the slice's normalizer is NaN or -inf (``exp(-inf - lse)``); normalize ``0 / max(norm, eps)``
+(0 unless that norm is NaN or the divisor 0); cumsum/cumprod the running value (the scan of
 ``where(mask, input, 0 / 1)``).  The result's fill is chosen adaptively (:func:`_extend`): with the
-unspecified elements counted in fully masked-out slices (value ``e``) and in partly masked-in
-slices (value ``c``), the fill is the value of the larger group and the smaller group is stored
-explicitly (``sparsefill._policy.check_specify``: a DensifyWarning past 65536 of them;
-cumsum/cumprod take the identity as fill and store the unspecified elements after the first
-masked-in one of their slice).  In the pattern-as-mask use with no empty slice nothing is added.  An input with
-indefinite fill keeps its pattern and indefinite fill (its unspecified elements have no value).
+unspecified elements counted in fully masked-out slices (value ``e``) and in partly masked-in slices
+(value ``c``), the fill is the value of the larger group and the smaller group is stored explicitly
+(``sparsefill._policy.check_specify``: a DensifyWarning past 65536 of them; cumsum/cumprod take the
+identity as fill and store the unspecified elements after the first masked-in one of their slice).
+In the pattern-as-mask use with no empty slice nothing is added.  An input with indefinite fill
+keeps its pattern and indefinite fill (its unspecified elements have no value).
 
 When unspecified elements are masked in along a sparse ``dim`` (``mask=None`` on a defined fill)
 and the op does not map them to one value (softmax of a finite fill, any cumsum), the result is
@@ -71,9 +71,9 @@ def _has_in(sl, seg, n):
 
 
 def _unspecified(X: Masked, sl, groups, start, untouched: bool) -> torch.Tensor:
-    """Sparse indices of the unspecified elements ``q >= start[j]`` along the reduced sparse dim of the
-    touched slices ``sl.out_idx[:, groups[j]]``, plus every element of the untouched slices if ``untouched``.
-    O(output + nse): only positions that are returned or stored are enumerated."""
+    """Sparse indices of the unspecified elements ``q >= start[j]`` along the reduced sparse dim of
+    the touched slices ``sl.out_idx[:, groups[j]]``, plus every element of the untouched slices if
+    ``untouched``. O(output + nse): only positions that are returned or stored are enumerated."""
     S, d = X.S, sl.red_s[0]
     N, keep = S[d], [i for i in range(len(S)) if i != d]
     kshape = [S[i] for i in keep]
@@ -87,7 +87,9 @@ def _unspecified(X: Masked, sl, groups, start, untouched: bool) -> torch.Tensor:
     total = int(lens.sum())
     if total == 0:
         return gk.new_zeros((len(S), 0))
-    rep = torch.repeat_interleave(torch.arange(lens.numel(), device=gk.device), lens, output_size=total)
+    rep = torch.repeat_interleave(
+        torch.arange(lens.numel(), device=gk.device), lens, output_size=total
+    )
     q = torch.arange(total, device=gk.device) - (torch.cumsum(lens, 0) - lens)[rep] + start[rep]
     idx = gk.new_empty((len(S), total))
     idx[keep] = gk[:, rep]
@@ -96,24 +98,29 @@ def _unspecified(X: Masked, sl, groups, start, untouched: bool) -> torch.Tensor:
 
 
 def _extend(name, X: Masked, sl, c_out, e_out, scan):
-    """``(X', fill)``: ``X`` with the masked-out unspecified elements that do not read ``fill`` joined to its
-    pattern (``m`` False, ``u`` the input's fill), for a reduction along a sparse dim with ``X.mfill`` False.
+    """``(X', fill)``: ``X`` with the masked-out unspecified elements that do not read ``fill``
+    joined to its pattern (``m`` False, ``u`` the input's fill), for a reduction along a sparse dim
+    with ``X.mfill`` False.
 
-    Softmax-like (``scan`` None): an unspecified element reads ``e_out`` when its slice is fully masked
-    out, ``c_out`` otherwise; ``fill`` is the value of the larger group.  Scans: ``fill`` = the identity
-    ``c_out``; an unspecified element after the first masked-in one of its slice reads the running value.
+    Softmax-like (``scan`` None): an unspecified element reads ``e_out`` when its slice is fully
+    masked out, ``c_out`` otherwise; ``fill`` is the value of the larger group.  Scans: ``fill`` =
+    the identity ``c_out``; an unspecified element after the first masked-in one of its slice reads
+    the running value.
     """
     S, d = X.S, sl.red_s[0]
     N, G = S[d], _index.numel([s for i, s in enumerate(S) if i != d])
     ms = sl.scalars(X.m)
-    if scan is None and sl.every_in and G == sl.S_out:  # the pattern as mask, no empty slice: nothing to add
+    if (
+        scan is None and sl.every_in and G == sl.S_out
+    ):  # the pattern as mask, no empty slice: nothing to add
         return X, c_out
     has = _has_in(sl, sl.seg3[ms], ms.new_zeros((0,))).reshape(sl.S_out, sl.Pk)
     any_in = has.any(1)
     if scan is not None:
         rows_in = X.m.reshape(X.m.shape[0], _index.numel(X.D)).any(1)
         first = torch.full((sl.S_out,), N, dtype=torch.int64, device=has.device).scatter_reduce(
-            0, sl.seg_row[rows_in], X.indices()[d][rows_in], "amin")
+            0, sl.seg_row[rows_in], X.indices()[d][rows_in], "amin"
+        )
         groups, untouched, fill = any_in.nonzero().squeeze(1), False, c_out
         start = first[groups]
     else:
@@ -131,12 +138,17 @@ def _extend(name, X: Masked, sl, c_out, e_out, scan):
 
 
 def _store(name, X: Masked, new, fill) -> Masked:
-    """``X`` with the masked-out unspecified elements at sparse indices ``new`` joined to its pattern."""
+    """``X`` with the masked-out unspecified elements at sparse indices ``new`` joined to its
+    pattern."""
     S, t = X.S, new.shape[1]
     if t == 0:
         return X
-    check_specify(f"masked {name}: {t} masked-out unspecified elements that do not read the result's fill "
-                  f"({fill}) are stored", t, _index.numel(X.D) * X.u.element_size() + 8 * len(S))
+    check_specify(
+        f"masked {name}: {t} masked-out unspecified elements that do not read the result's fill "
+        f"({fill}) are stored",
+        t,
+        _index.numel(X.D) * X.u.element_size() + 8 * len(S),
+    )
     idx = torch.cat([X.indices(), new], 1)
     order = torch.argsort(_index.linearize(idx, S))
     D = X.D
@@ -149,15 +161,17 @@ def _same_each(a, b):
     return (a == b) | (torch.isnan(a) & torch.isnan(b))
 
 
-def _normalization(name, input, mask, dim, per_element, c_out, e_out, cast, dense_op, zero_absorbs=False,
-                   scan=None):
-    """``per_element(sl, v, seg, F, n, F0, n0) -> (out values (nv,), fill outputs (nseg, Pr), (Pk, Pr),
-    masked-out value (nseg,))`` for the masked-in elements (``F0 = n0 = None``: the ``(Pk, Pr)`` outputs of
-    the unspecified rows are not needed, return None there); masked-out ones read that value (usually
-    ``c_out``; e.g. NaN where the slice's normalizer is NaN) in a slice with a masked-in element, ``e_out``
-    in a fully masked-out slice.  A slice whose masked-out value is neither ``c_out`` nor the result's
-    fill gets its unspecified elements stored (rare: a NaN normalizer) and the slice is computed again.
-    ``scan`` ("sum"/"prod"): every element reads the inclusive scan of ``where(mask, input, c_out)``."""
+def _normalization(
+    name, input, mask, dim, per_element, c_out, e_out, cast, dense_op, zero_absorbs=False, scan=None
+):
+    """``per_element(sl, v, seg, F, n, F0, n0) -> (out values (nv,), fill outputs (nseg, Pr), (Pk,
+    Pr), masked-out value (nseg,))`` for the masked-in elements (``F0 = n0 = None``: the ``(Pk,
+    Pr)`` outputs of the unspecified rows are not needed, return None there); masked-out ones read
+    that value (usually ``c_out``; e.g. NaN where the slice's normalizer is NaN) in a slice with a
+    masked-in element, ``e_out`` in a fully masked-out slice.  A slice whose masked-out value is
+    neither ``c_out`` nor the result's fill gets its unspecified elements stored (rare: a NaN
+    normalizer) and the slice is computed again. ``scan`` ("sum"/"prod"): every element reads the
+    inclusive scan of ``where(mask, input, c_out)``."""
     check_dtype_as_torch_masked(dense_op, input, mask)
     A = as_sparse(input)
     dims = E.canonical_dims(dim, A.dim())[:1] if A.dim() else ()
@@ -169,7 +183,9 @@ def _normalization(name, input, mask, dim, per_element, c_out, e_out, cast, dens
             if sl.red_s:
                 X, fill_out = _extend(name, X, sl, c_out, e_out, scan)
                 sl = E.Slices(X, dims) if X is not sl.X else sl
-            elif scan is None and _index.numel(X.S) > X.u.shape[0]:  # unspecified rows: fully masked-out slices
+            elif (
+                scan is None and _index.numel(X.S) > X.u.shape[0]
+            ):  # unspecified rows: fully masked-out slices
                 fill_out = e_out
         u, f = (X.u, X.fill) if cast is None else (X.u.to(cast), X.fill.to(cast))
         ms = sl.scalars(X.m)
@@ -177,35 +193,54 @@ def _normalization(name, input, mask, dim, per_element, c_out, e_out, cast, dens
         if scan is not None:
             ident = torch.full((), c_out, dtype=u.dtype, device=u.device)
             eff = torch.where(ms, sl.scalars(u), ident)
-            vals = sl.unscalars(_segmented_scan(eff.reshape(-1), sl.seg3.reshape(-1), sl.nseg, scan,
-                                                sl.N_r * sl.Pr).reshape(ms.shape))
+            vals = sl.unscalars(
+                _segmented_scan(
+                    eff.reshape(-1), sl.seg3.reshape(-1), sl.nseg, scan, sl.N_r * sl.Pr
+                ).reshape(ms.shape)
+            )
             g0 = torch.where(n0 > 0, F0, ident)
-            g0 = torch.cumsum(g0, 1, dtype=g0.dtype) if scan == "sum" else torch.cumprod(g0, 1, dtype=g0.dtype)
+            g0 = (
+                torch.cumsum(g0, 1, dtype=g0.dtype)
+                if scan == "sum"
+                else torch.cumprod(g0, 1, dtype=g0.dtype)
+            )
             g = torch.where(n > 0, F, ident)
         else:
             nz = None
-            if traced(u) and not X.all_in:  # (one nonzero for the gather and the scatter: one unbacked size)
+            if (
+                traced(u) and not X.all_in
+            ):  # (one nonzero for the gather and the scatter: one unbacked size)
                 nz = ms.nonzero(as_tuple=True)
                 v, seg, lengths = sl.scalars(u)[nz], sl.seg3[nz], None
             else:
                 v, seg, lengths = sl.masked_in(u)
             # (the fill classes of the unspecified rows matter only for a masked-in fill)
-            out_v, g, g0, mo = per_element(sl, v, seg, F, n, *((F0, n0) if X.mfill else (None, None)), lengths)
+            out_v, g, g0, mo = per_element(
+                sl, v, seg, F, n, *((F0, n0) if X.mfill else (None, None)), lengths
+            )
             has = _has_in(sl, seg, n)
             if check and sl.red_s and not X.mfill and not X.A._indefinite:
-                c, fo = (torch.full((), x, dtype=mo.dtype, device=mo.device) for x in (c_out, fill_out))
-                odd = has & ~_same_each(mo, c) & ~_same_each(mo, fo)  # unspecified elements would read fo
+                c, fo = (
+                    torch.full((), x, dtype=mo.dtype, device=mo.device) for x in (c_out, fill_out)
+                )
+                odd = (
+                    has & ~_same_each(mo, c) & ~_same_each(mo, fo)
+                )  # unspecified elements would read fo
                 if bool(odd.any()):
                     rows = odd.reshape(sl.S_out, sl.Pk).any(1).nonzero().squeeze(1)
                     new = _unspecified(X, sl, rows, rows.new_zeros(rows.numel()), False)
                     if new.shape[1]:
                         return compute(_store(name, X, new, fill_out), check=False)
-            if X.all_in if traced(v) else v.numel() == ms.numel():  # the usual case (mask = the pattern)
+            if (
+                X.all_in if traced(v) else v.numel() == ms.numel()
+            ):  # the usual case (mask = the pattern)
                 vals = sl.unscalars(out_v.reshape(ms.shape))
             else:
                 e = torch.full((), e_out, dtype=out_v.dtype, device=out_v.device)
                 base = torch.where(has, mo.to(out_v.dtype), e)[sl.seg3]
-                vals = sl.unscalars(base.index_put(ms.nonzero(as_tuple=True) if nz is None else nz, out_v))
+                vals = sl.unscalars(
+                    base.index_put(ms.nonzero(as_tuple=True) if nz is None else nz, out_v)
+                )
         c = torch.full((), fill_out, dtype=vals.dtype, device=vals.device)
         classes = None
         if X.A._indefinite:
@@ -217,18 +252,35 @@ def _normalization(name, input, mask, dim, per_element, c_out, e_out, cast, dens
                 n0 = torch.zeros_like(n0)  # no slice without a stored element: g0 is read by none
             if not (_same(g[n > 0], c) and _same(g0[n0 > 0], c)):
                 raise _DenseByNature
-            fill, classes = c, (sl, g, n, g0, n0)  # (the backward reads g, g0: the unspecified outputs' values)
+            fill, classes = (
+                c,
+                (sl, g, n, g0, n0),
+            )  # (the backward reads g, g0: the unspecified outputs' values)
         elif X.mfill:  # a dense dim: every unspecified row is the same slice
             fill = sl.unscalars(g0[None])[0]
         else:
             fill = c
         like = X.A if X.same_pattern and X.A._coalesced else None
-        return Result(idx=X.indices() if like is None else None, vals=vals, fill=fill, shape=tuple(X.A.shape),
-                      layout=X.A._sf_layout, indefinite=X.A._indefinite, like=like, classes=classes)
+        return Result(
+            idx=X.indices() if like is None else None,
+            vals=vals,
+            fill=fill,
+            shape=tuple(X.A.shape),
+            layout=X.A._sf_layout,
+            indefinite=X.A._indefinite,
+            like=like,
+            classes=classes,
+        )
 
     ref = _dense_ref(dense_op, mask)
-    if not A._indefinite and (mask is not None or dims and dims[0] < len(A._sparse_shape)) and traced(A):
-        return dense_fallback(A, mask, dense_op)  # (compiled: the pattern a definite fill needs is read from data)
+    if (
+        not A._indefinite
+        and (mask is not None or dims and dims[0] < len(A._sparse_shape))
+        and traced(A)
+    ):
+        return dense_fallback(
+            A, mask, dense_op
+        )  # (compiled: the pattern a definite fill needs is read from data)
     try:
         return run(A, mask, compute, ref, zero_absorbs)
     except _DenseByNature:
@@ -236,35 +288,42 @@ def _normalization(name, input, mask, dim, per_element, c_out, e_out, cast, dens
 
 
 def _no_mask(A, mask) -> bool:
-    """``mask`` masks out nothing of an indefinite ``A``'s pattern: None, or a sparse mask on ``A``'s own pattern
-    that is True everywhere there (e.g. ``masked.pattern_mask(A)``)."""
+    """``mask`` masks out nothing of an indefinite ``A``'s pattern: None, or a sparse mask on
+    ``A``'s own pattern that is True everywhere there (e.g. ``masked.pattern_mask(A)``)."""
     if mask is None:
         return True
     same = _same_indices(A, mask)
-    return same is not None and known_true(same.all())  # (traced: the general path, reading no data)
+    return same is not None and known_true(
+        same.all()
+    )  # (traced: the general path, reading no data)
 
 
 def _dense_ref(dense_op, mask):
     def f(x):
         return dense_op(x, None if mask is None else dense_mask(mask, x))
+
     return f
 
 
 def _softmax_parts(sign, log):
     """Per segment ``lse = logsumexp`` of the masked-in elements (the shared reducer, fill tables
-    included); then ``softmax = exp(x - lse)``, ``log_softmax = x - lse`` at every masked-in element and
-    fill class.  A slice holding +inf is NaN (as torch's softmax)."""
+    included); then ``softmax = exp(x - lse)``, ``log_softmax = x - lse`` at every masked-in element
+    and fill class.  A slice holding +inf is NaN (as torch's softmax)."""
     lse_reducer = REDUCERS["logsumexp"]
 
     def stats(v, seg, nseg, F, n, lengths=None):
         lse, e, acc = lse_reducer.parts(v, seg, nseg, fill=F, n_fill=n, lengths=lengths)
-        lse = torch.where(torch.isposinf(lse), torch.full((), math.nan, dtype=lse.dtype, device=lse.device), lse)
+        lse = torch.where(
+            torch.isposinf(lse), torch.full((), math.nan, dtype=lse.dtype, device=lse.device), lse
+        )
         xf = F - lse[:, None]
-        mo = -math.inf - lse.detach()  # a masked-out element: -inf - lse (NaN when lse is NaN or -inf)
+        mo = (
+            -math.inf - lse.detach()
+        )  # a masked-out element: -inf - lse (NaN when lse is NaN or -inf)
         if log:
             return v - gather_seg(lse, seg, lengths, v.shape[0]), xf, mo
-        # exp(x - lse) = e / acc with e = exp(x - m): no second exp; a NaN lse (a +inf or NaN in the slice)
-        # makes the whole slice NaN, as torch's softmax
+        # exp(x - lse) = e / acc with e = exp(x - m): no second exp; a NaN lse (a +inf or NaN in the
+        # slice) makes the whole slice NaN, as torch's softmax
         acc = torch.where(torch.isnan(lse), lse, acc)
         return e / gather_seg(acc, seg, lengths, v.shape[0]), torch.exp(xf), mo.exp()
 
@@ -274,6 +333,7 @@ def _softmax_parts(sign, log):
         ov, g, mo = stats(v, seg, sl.nseg, F, n, lengths)
         g0 = None if F0 is None else stats(v[:0], seg[:0], sl.Pk, F0, n0)[1]
         return ov, g, g0, mo
+
     return per_element
 
 
@@ -300,33 +360,68 @@ computes in floating point.
 def _softmax_like(name, sign, log, c_out, formula, example):
     def op(input, dim, *, dtype=None, mask=None):
         if not is_sparse(input):
-            return getattr(torch.masked, name)(input, dim, dtype=dtype, mask=dense_mask(mask, input))
-        cast = dtype or (input.dtype if input.dtype.is_floating_point else torch.get_default_dtype())
+            return getattr(torch.masked, name)(
+                input, dim, dtype=dtype, mask=dense_mask(mask, input)
+            )
+        cast = dtype or (
+            input.dtype if input.dtype.is_floating_point else torch.get_default_dtype()
+        )
         nd = input.dim()
         if isinstance(input, SparseTensor) and nd:
             input._sync()
             d = E.canonical_dims(dim, nd)[0]
-            if cast == input.dtype and _segsoftmax.applies(input, d) and _no_mask(input, mask):  # the edge softmax
+            if (
+                cast == input.dtype and _segsoftmax.applies(input, d) and _no_mask(input, mask)
+            ):  # the edge softmax
                 return _segsoftmax.segment_softmax(input, d, sign, log)
 
         def dense_op(x, m):
             return getattr(torch.masked, name)(x, dim, dtype=dtype, mask=m)
-        out = _normalization(name, input, mask, dim, _softmax_parts(sign, log), c_out, math.nan, cast, dense_op)
-        if cast != input.dtype and dtype is None:  # an integer input that has passed torch.masked's dtype check
+
+        out = _normalization(
+            name, input, mask, dim, _softmax_parts(sign, log), c_out, math.nan, cast, dense_op
+        )
+        if (
+            cast != input.dtype and dtype is None
+        ):  # an integer input that has passed torch.masked's dtype check
             out = out.to(input.dtype)  # is empty: torch's softmax keeps its dtype
         return out
+
     op.__name__ = op.__qualname__ = name
-    op.__doc__ = _SOFTMAX_DOC.format(name=name, fillv="+inf" if sign < 0 else "-inf", formula=formula,
-                                     c="-inf" if log else "0", example=example)
+    op.__doc__ = _SOFTMAX_DOC.format(
+        name=name,
+        fillv="+inf" if sign < 0 else "-inf",
+        formula=formula,
+        c="-inf" if log else "0",
+        example=example,
+    )
     return op
 
 
-softmax = _softmax_like("softmax", 1.0, False, 0.0, "exp(x[p]) / sum_{q in I} exp(x[q])   (p in I)",
-                        "tensor([[0.1192, 0.0000, 0.8808],\n        [   nan,    nan,    nan]])")
-log_softmax = _softmax_like("log_softmax", 1.0, True, -math.inf, "x[p] - log(sum_{q in I} exp(x[q]))   (p in I)",
-                            "tensor([[-2.1269,    -inf, -0.1269],\n        [    nan,     nan,     nan]])")
-softmin = _softmax_like("softmin", -1.0, False, 0.0, "exp(-x[p]) / sum_{q in I} exp(-x[q])   (p in I)",
-                        "tensor([[0.8808, 0.0000, 0.1192],\n        [   nan,    nan,    nan]])")
+softmax = _softmax_like(
+    "softmax",
+    1.0,
+    False,
+    0.0,
+    "exp(x[p]) / sum_{q in I} exp(x[q])   (p in I)",
+    "tensor([[0.1192, 0.0000, 0.8808],\n        [   nan,    nan,    nan]])",
+)
+log_softmax = _softmax_like(
+    "log_softmax",
+    1.0,
+    True,
+    -math.inf,
+    "x[p] - log(sum_{q in I} exp(x[q]))   (p in I)",
+    "tensor([[-2.1269,    -inf, -0.1269],\n        [    nan,     nan,     nan]])",
+)
+softmin = _softmax_like(
+    "softmin",
+    -1.0,
+    False,
+    0.0,
+    "exp(-x[p]) / sum_{q in I} exp(-x[q])   (p in I)",
+    "tensor([[0.8808, 0.0000, 0.1192],\n        [   nan,    nan,    nan]])",
+)
 
 
 def normalize(input, ord, dim, *, eps=1e-12, dtype=None, mask=None):
@@ -334,10 +429,10 @@ def normalize(input, ord, dim, *, eps=1e-12, dtype=None, mask=None):
 
         out[p] = where(p in I, x[p], 0) / max(masked.norm(x, ord, mask=I), eps)
 
-    (``torch.masked.normalize``).  Masked-out elements read 0, fully masked-out slices included;
-    a negative finite ``ord`` counts masked-out elements as zeros (the norm is then 0 and the slice
-    is divided by ``eps``, as torch.masked).  An integer or bool input raises torch.masked's RuntimeError
-    (its norm takes floating-point and complex inputs only, whatever ``dtype``).
+    (``torch.masked.normalize``).  Masked-out elements read 0, fully masked-out slices included; a
+    negative finite ``ord`` counts masked-out elements as zeros (the norm is then 0 and the slice is
+    divided by ``eps``, as torch.masked).  An integer or bool input raises torch.masked's
+    RuntimeError (its norm takes floating-point and complex inputs only, whatever ``dtype``).
 
     >>> import torch, sparsefill
     >>> x = torch.tensor([[-3., -2., -1.], [0., 1., 2.]]).to_sparse()
@@ -347,7 +442,9 @@ def normalize(input, ord, dim, *, eps=1e-12, dtype=None, mask=None):
             [ 0.0000,  0.0000,  0.0000]])
     """
     if not is_sparse(input):
-        return torch.masked.normalize(input, ord, dim, eps=eps, dtype=dtype, mask=dense_mask(mask, input))
+        return torch.masked.normalize(
+            input, ord, dim, eps=eps, dtype=dtype, mask=dense_mask(mask, input)
+        )
     p = float(ord)
     cast = dtype or input.dtype
 
@@ -356,21 +453,30 @@ def normalize(input, ord, dim, *, eps=1e-12, dtype=None, mask=None):
     def per_element(sl, v, seg, F, n, F0, n0, lengths=None):
         size = {"size": sl.N_r * sl.Pr} if getattr(kernel, "wants_size", False) else {}
         d = kernel(v, seg, sl.nseg, fill=F, n_fill=n, lengths=lengths, **size).clamp_min(eps)
-        g0 = None if F0 is None else \
-            F0 / kernel(v[:0], seg[:0], sl.Pk, fill=F0, n_fill=n0, **size).clamp_min(eps)[:, None]
+        g0 = (
+            None
+            if F0 is None
+            else F0
+            / kernel(v[:0], seg[:0], sl.Pk, fill=F0, n_fill=n0, **size).clamp_min(eps)[:, None]
+        )
         return v / gather_seg(d, seg, lengths, v.shape[0]), F / d[:, None], g0, 0.0 / d.detach()
 
     def dense_op(x, m):
         return torch.masked.normalize(x, ord, dim, eps=eps, dtype=dtype, mask=m)
-    # a fully masked-out slice: 0 / max(norm of nothing, eps), the norm of nothing being +inf for ord=-inf
+
+    # a fully masked-out slice: 0 / max(norm of nothing, eps), the norm of nothing being +inf for
+    # ord=-inf
     den = max(math.inf if p == -math.inf else 0.0, eps) if not math.isnan(eps) else math.nan
     e_out = 0.0 / den if den != 0 and not math.isnan(den) else math.nan
-    return _normalization("normalize", input, mask, dim, per_element, 0.0, e_out, cast, dense_op,
-                          zero_absorbs=p >= 0)
+    return _normalization(
+        "normalize", input, mask, dim, per_element, 0.0, e_out, cast, dense_op, zero_absorbs=p >= 0
+    )
 
 
-_CUM_EXAMPLE = {"sum": "tensor([[-3., -3., -4.],\n            [ 0.,  0.,  0.]])",
-                "prod": "tensor([[-3., -3.,  3.],\n            [ 1.,  1.,  1.]])"}
+_CUM_EXAMPLE = {
+    "sum": "tensor([[-3., -3., -4.],\n            [ 0.,  0.,  0.]])",
+    "prod": "tensor([[-3., -3.,  3.],\n            [ 1.,  1.,  1.]])",
+}
 
 
 def _cum(name, mode):
@@ -378,18 +484,30 @@ def _cum(name, mode):
 
     def op(input, dim, *, dtype=None, mask=None):
         if not is_sparse(input):
-            return getattr(torch.masked, name)(input, dim, dtype=dtype, mask=dense_mask(mask, input))
+            return getattr(torch.masked, name)(
+                input, dim, dtype=dtype, mask=dense_mask(mask, input)
+            )
         cast = dtype or input.dtype
-        if cast is torch.bool and input.numel():  # as torch.masked.{name}: torch.{name} has no bool kernel
-            raise NotImplementedError(f"masked {name}: not implemented for 'Bool' (pass dtype=, as torch.{name})")
+        if (
+            cast is torch.bool and input.numel()
+        ):  # as torch.masked.{name}: torch.{name} has no bool kernel
+            raise NotImplementedError(
+                f"masked {name}: not implemented for 'Bool' (pass dtype=, as torch.{name})"
+            )
 
         def dense_op(x, m):
             return getattr(torch.masked, name)(x, dim, dtype=dtype, mask=m)
+
         A = as_sparse(input)
-        if cast is torch.bool or (A.dim() and E.canonical_dims(dim, A.dim())[0] < len(A._sparse_shape)
-                                  and mask is None and not A._indefinite):  # (bool: an empty input)
+        if cast is torch.bool or (
+            A.dim()
+            and E.canonical_dims(dim, A.dim())[0] < len(A._sparse_shape)
+            and mask is None
+            and not A._indefinite
+        ):  # (bool: an empty input)
             return dense_fallback(A, mask, dense_op)
         return _normalization(name, input, mask, dim, None, ident, ident, cast, dense_op, scan=mode)
+
     op.__name__ = op.__qualname__ = name
     sym = "+" if mode == "sum" else "*"
     op.__doc__ = f"""Masked {name} along ``dim``: ``torch.{name}(torch.where(mask, input, {int(ident)}), dim)``, i.e.::
@@ -432,16 +550,23 @@ def _segmented_scan(v, seg, nseg, mode, longest=None):
     for c in torch.unique(width_class).tolist():
         sel = (width_class == c).nonzero().squeeze(1)
         rows, inv = torch.unique(s[sel], return_inverse=True)
-        pad = v.new_full((rows.numel(), 1 << c), 0 if mode == "sum" else 1).index_put((inv, rank[sel]), vo[sel])
-        pad = torch.cumsum(pad, 1, dtype=v.dtype) if mode == "sum" else torch.cumprod(pad, 1, dtype=v.dtype)
+        pad = v.new_full((rows.numel(), 1 << c), 0 if mode == "sum" else 1).index_put(
+            (inv, rank[sel]), vo[sel]
+        )
+        pad = (
+            torch.cumsum(pad, 1, dtype=v.dtype)
+            if mode == "sum"
+            else torch.cumprod(pad, 1, dtype=v.dtype)
+        )
         parts.append(pad[inv, rank[sel]])
         where.append(order[sel])
     return torch.empty_like(v).index_put((torch.cat(where),), torch.cat(parts))
 
 
 def _doubling_scan(v, seg, mode, longest: int):
-    """:func:`_segmented_scan` by doubling (Hillis-Steele): ``ceil(log2(longest))`` steps over the elements
-    sorted by segment, step ``s`` combining each element with the one ``2**s`` places before it in its
+    """:func:`_segmented_scan` by doubling (Hillis-Steele): ``ceil(log2(longest))`` steps over the
+    elements sorted by segment, step ``s`` combining each element with the one ``2**s`` places
+    before it in its
     segment; ``O(len(v) log longest)``, sizes from ``len(v)`` only (no value read on the host)::
 
         _doubling_scan(v, seg, mode, L)[i] == op(v[j] for j <= i with seg[j] == seg[i])

@@ -28,13 +28,34 @@ import math
 import torch
 
 from .. import _index
-from .._reduce import REDUCERS, Norm, Var, first_gap, identity_of, segment_arg, segment_counts, segment_median
+from .._reduce import (
+    REDUCERS,
+    Norm,
+    Var,
+    first_gap,
+    identity_of,
+    segment_arg,
+    segment_counts,
+    segment_median,
+)
 from . import _engine as E
 from ._apply import Result, check_dtype_as_torch_masked, dense_mask, run
 from ._canon import as_sparse, is_sparse
 
-__all__ = ["sum", "prod", "amax", "amin", "argmax", "argmin", "mean", "median", "norm", "var", "std",
-           "logsumexp"]
+__all__ = [
+    "sum",
+    "prod",
+    "amax",
+    "amin",
+    "argmax",
+    "argmin",
+    "mean",
+    "median",
+    "norm",
+    "var",
+    "std",
+    "logsumexp",
+]
 
 _builtin_sum = sum
 _INT_PROMOTE = {torch.uint8, torch.bool, torch.int8, torch.int16, torch.int32}
@@ -55,18 +76,30 @@ def _finish(sl, vals, fill, keepdim, layout):
 
 
 def _check_nonempty(name, A, dims):
-    """As torch: a reduction with no identity (amax, argmax, median...) refuses a 0-size reduced dim."""
+    """As torch: a reduction with no identity (amax, argmax, median...) refuses a 0-size reduced
+    dim."""
     for d in dims or range(A.dim()):
         if A.shape[d] == 0:
             raise IndexError(f"{name}(): Expected reduction dim {d} to have non-zero size.")
 
 
-def _reduction(input, mask, dim, keepdim, kernel, dense_ref, cast=None, post=None, name=None, zero_absorbs=False,
-               counts=True):
-    """Run ``kernel(values, seg, nseg, fill=F, n_fill=n, lengths=)`` (a reducer of ``sparsefill._reduce``
-    over fill tables) over the slices of ``dim``; ``cast`` first, ``post`` after.
-    ``name``: a reduction with no identity, refusing 0-size reduced dims; ``zero_absorbs``: masked-in
-    zeros do not change the result (see :func:`._canon.combine`)."""
+def _reduction(
+    input,
+    mask,
+    dim,
+    keepdim,
+    kernel,
+    dense_ref,
+    cast=None,
+    post=None,
+    name=None,
+    zero_absorbs=False,
+    counts=True,
+):
+    """Run ``kernel(values, seg, nseg, fill=F, n_fill=n, lengths=)`` (a reducer of
+    ``sparsefill._reduce`` over fill tables) over the slices of ``dim``; ``cast`` first, ``post``
+    after. ``name``: a reduction with no identity, refusing 0-size reduced dims; ``zero_absorbs``:
+    masked-in zeros do not change the result (see :func:`._canon.combine`)."""
     A = as_sparse(input)
     dims = E.canonical_dims(dim, A.dim())
     if name is not None:
@@ -100,36 +133,68 @@ def _sum_dtype(x, dtype):
 
 
 def sum(input, dim=None, *, keepdim=False, dtype=None, mask=None):
-    """Masked sum: ``torch.sum(torch.where(mask, input, 0), dim)``; fully masked-out slices give 0."""
+    """Masked sum: ``torch.sum(torch.where(mask, input, 0), dim)``; fully masked-out slices give
+    0."""
     if not is_sparse(input):
-        return torch.masked.sum(input, dim, keepdim=keepdim, dtype=dtype, mask=dense_mask(mask, input))
+        return torch.masked.sum(
+            input, dim, keepdim=keepdim, dtype=dtype, mask=dense_mask(mask, input)
+        )
     dt = _sum_dtype(input, dtype)
-    return _reduction(input, mask, dim, keepdim, REDUCERS["sum"],
-                      _ref("sum", dim, keepdim=keepdim, dtype=dtype, mask=mask),
-                      cast=dt, zero_absorbs=True)
+    return _reduction(
+        input,
+        mask,
+        dim,
+        keepdim,
+        REDUCERS["sum"],
+        _ref("sum", dim, keepdim=keepdim, dtype=dtype, mask=mask),
+        cast=dt,
+        zero_absorbs=True,
+    )
 
 
 def prod(input, dim=None, *, keepdim=False, dtype=None, mask=None):
-    """Masked product: ``torch.prod(torch.where(mask, input, 1), dim)``; fully masked-out slices give 1."""
+    """Masked product: ``torch.prod(torch.where(mask, input, 1), dim)``; fully masked-out slices
+    give 1."""
     if not is_sparse(input):
-        return torch.masked.prod(input, dim, keepdim=keepdim, dtype=dtype, mask=dense_mask(mask, input))
+        return torch.masked.prod(
+            input, dim, keepdim=keepdim, dtype=dtype, mask=dense_mask(mask, input)
+        )
     dt = _sum_dtype(input, dtype)
-    return _reduction(input, mask, dim, keepdim, REDUCERS["prod"],
-                      _ref("prod", dim, keepdim=keepdim, dtype=dtype, mask=mask), cast=dt)
+    return _reduction(
+        input,
+        mask,
+        dim,
+        keepdim,
+        REDUCERS["prod"],
+        _ref("prod", dim, keepdim=keepdim, dtype=dtype, mask=mask),
+        cast=dt,
+    )
 
 
 def _extreme(name, mode):
     def op(input, dim=None, *, keepdim=False, dtype=None, mask=None):
         if not is_sparse(input):
-            return getattr(torch.masked, name)(input, dim, keepdim=keepdim, dtype=dtype,
-                                               mask=dense_mask(mask, input))
+            return getattr(torch.masked, name)(
+                input, dim, keepdim=keepdim, dtype=dtype, mask=dense_mask(mask, input)
+            )
         dt = dtype or input.dtype
-        return _reduction(input, mask, dim, keepdim, REDUCERS[mode],
-                          _ref(name, dim, keepdim=keepdim, dtype=dtype, mask=mask), post=lambda t: t.to(dt), name=name)
+        return _reduction(
+            input,
+            mask,
+            dim,
+            keepdim,
+            REDUCERS[mode],
+            _ref(name, dim, keepdim=keepdim, dtype=dtype, mask=mask),
+            post=lambda t: t.to(dt),
+            name=name,
+        )
+
     op.__name__ = op.__qualname__ = name
     sign = "-inf" if mode == "amax" else "+inf"
-    op.__doc__ = (f"Masked {name}: ``torch.{name}(input.masked_fill(~mask, {sign}), dim)``; fully masked-out "
-                  f"slices give {sign} (the integer {'min' if mode == 'amax' else 'max'} for integer dtypes).")
+    op.__doc__ = (
+        f"Masked {name}: ``torch.{name}(input.masked_fill(~mask, {sign}), dim)``; fully masked-out "
+        f"slices give {sign} (the integer {'min' if mode == 'amax' else 'max'} for integer dtypes)."
+    )
     return op
 
 
@@ -138,34 +203,59 @@ amin = _extreme("amin", "amin")
 
 
 def mean(input, dim=None, *, keepdim=False, dtype=None, mask=None):
-    """Masked mean: ``sum(input * mask, dim) / sum(mask, dim)``; fully masked-out slices give NaN."""
+    """Masked mean: ``sum(input * mask, dim) / sum(mask, dim)``; fully masked-out slices give
+    NaN."""
     if not is_sparse(input):
-        return torch.masked.mean(input, dim, keepdim=keepdim, dtype=dtype, mask=dense_mask(mask, input))
+        return torch.masked.mean(
+            input, dim, keepdim=keepdim, dtype=dtype, mask=dense_mask(mask, input)
+        )
     dt = dtype or input.dtype
     if not (dt.is_floating_point or dt.is_complex):
-        raise ValueError(f"mean(): Could not infer output dtype. {'Optional' if dtype else 'Input'} dtype must be "
-                         f"either a floating point or complex dtype. Got: {dt}")
-    return _reduction(input, mask, dim, keepdim, REDUCERS["mean"],
-                      _ref("mean", dim, keepdim=keepdim, dtype=dtype, mask=mask), cast=dt)
+        raise ValueError(
+            f"mean(): Could not infer output dtype. {'Optional' if dtype else 'Input'} dtype must be "
+            f"either a floating point or complex dtype. Got: {dt}"
+        )
+    return _reduction(
+        input,
+        mask,
+        dim,
+        keepdim,
+        REDUCERS["mean"],
+        _ref("mean", dim, keepdim=keepdim, dtype=dtype, mask=mask),
+        cast=dt,
+    )
 
 
 def logsumexp(input, dim=None, *, keepdim=False, dtype=None, mask=None):
-    """Masked logsumexp: ``torch.logsumexp(input.masked_fill(~mask, -inf), dim)``; fully masked-out slices
-    give -inf."""
+    """Masked logsumexp: ``torch.logsumexp(input.masked_fill(~mask, -inf), dim)``; fully masked-out
+    slices give -inf."""
     if not is_sparse(input):
-        return torch.masked.logsumexp(input, dim, keepdim=keepdim, dtype=dtype, mask=dense_mask(mask, input))
+        return torch.masked.logsumexp(
+            input, dim, keepdim=keepdim, dtype=dtype, mask=dense_mask(mask, input)
+        )
     dt = dtype or input.dtype
-    cdt = input.dtype if input.dtype.is_floating_point or input.dtype.is_complex else torch.get_default_dtype()
-    return _reduction(input, mask, dim, keepdim, REDUCERS["logsumexp"],
-                      _ref("logsumexp", dim, keepdim=keepdim, dtype=dtype, mask=mask), cast=cdt,
-                      post=lambda t: t.to(dt))
+    cdt = (
+        input.dtype
+        if input.dtype.is_floating_point or input.dtype.is_complex
+        else torch.get_default_dtype()
+    )
+    return _reduction(
+        input,
+        mask,
+        dim,
+        keepdim,
+        REDUCERS["logsumexp"],
+        _ref("logsumexp", dim, keepdim=keepdim, dtype=dtype, mask=mask),
+        cast=cdt,
+        post=lambda t: t.to(dt),
+    )
 
 
 def norm(input, ord=2.0, dim=None, *, keepdim=False, dtype=None, mask=None):
     """Masked vector norm: ``torch.linalg.vector_norm(torch.where(mask, input, 0), ord, dim)``, i.e.
-    ``(sum_{masked-in} |x|^ord)^(1/ord)``; fully masked-out slices give 0 (+inf for ``ord=-inf``, whose
-    masked-out elements read +inf).  For a negative finite ``ord`` the masked-out elements are zeros
-    (as torch.masked): a slice with a masked-out element has norm 0.
+    ``(sum_{masked-in} |x|^ord)^(1/ord)``; fully masked-out slices give 0 (+inf for ``ord=-inf``,
+    whose masked-out elements read +inf).  For a negative finite ``ord`` the masked-out elements are
+    zeros (as torch.masked): a slice with a masked-out element has norm 0.
 
     >>> import torch, sparsefill
     >>> x = torch.tensor([[-3., -2., -1.], [0., 1., 2.]]).to_sparse()
@@ -174,25 +264,42 @@ def norm(input, ord=2.0, dim=None, *, keepdim=False, dtype=None, mask=None):
     tensor([0., 0.])
     """
     if not is_sparse(input):
-        return torch.masked.norm(input, ord, dim, keepdim=keepdim, dtype=dtype, mask=dense_mask(mask, input))
+        return torch.masked.norm(
+            input, ord, dim, keepdim=keepdim, dtype=dtype, mask=dense_mask(mask, input)
+        )
     p = 2.0 if ord is None else float(ord)
     dt = dtype or input.dtype
     if not (dt.is_floating_point or dt.is_complex):
-        raise RuntimeError(f"linalg.vector_norm: Expected a floating point or complex tensor as input. Got {dt}")
+        raise RuntimeError(
+            f"linalg.vector_norm: Expected a floating point or complex tensor as input. Got {dt}"
+        )
     out_dt = dt.to_real() if dt.is_complex else dt
-    if (p < 0 or p == math.inf) and input.numel() == 0:  # no identity: torch.linalg.vector_norm raises
+    if (
+        p < 0 or p == math.inf
+    ) and input.numel() == 0:  # no identity: torch.linalg.vector_norm raises
         for d in E.canonical_dims(dim, input.dim()):
             if input.shape[d] == 0:
-                raise RuntimeError(f"masked norm: cannot compute the {ord} norm over dim {d} of size 0 (input shape "
-                                   f"{tuple(input.shape)}): the operation has no identity (as torch.masked.norm)")
-    return _reduction(input, mask, dim, keepdim, norm_kernel(p),
-                      _ref("norm", ord, dim, keepdim=keepdim, dtype=dtype, mask=mask), cast=dt,
-                      post=lambda t: t.to(out_dt), zero_absorbs=p >= 0)
+                raise RuntimeError(
+                    f"masked norm: cannot compute the {ord} norm over dim {d} of size 0 (input shape "
+                    f"{tuple(input.shape)}): the operation has no identity (as torch.masked.norm)"
+                )
+    return _reduction(
+        input,
+        mask,
+        dim,
+        keepdim,
+        norm_kernel(p),
+        _ref("norm", ord, dim, keepdim=keepdim, dtype=dtype, mask=mask),
+        cast=dt,
+        post=lambda t: t.to(out_dt),
+        zero_absorbs=p >= 0,
+    )
 
 
 def norm_kernel(p):
-    """The ``p``-norm over fill tables; for a negative finite ``p`` the masked-out elements of a slice of
-    ``size`` elements join the table as one more class of zeros (``|0|^p = inf``: the norm is 0)."""
+    """The ``p``-norm over fill tables; for a negative finite ``p`` the masked-out elements of a
+    slice of ``size`` elements join the table as one more class of zeros (``|0|^p = inf``: the norm
+    is 0)."""
     r = Norm(p)
     if not (p < 0 and not math.isinf(p)):
         return r
@@ -200,20 +307,35 @@ def norm_kernel(p):
     def kernel(v, seg, nseg, *, fill, n_fill, lengths=None, size):
         out_n = size - segment_counts(seg, nseg, lengths) - n_fill.sum(1)
         F = torch.cat([fill, fill.new_zeros((fill.shape[0], 1))], 1)
-        return r(v, seg, nseg, fill=F, n_fill=torch.cat([n_fill, out_n[:, None]], 1), lengths=lengths)
+        return r(
+            v, seg, nseg, fill=F, n_fill=torch.cat([n_fill, out_n[:, None]], 1), lengths=lengths
+        )
+
     kernel.wants_size = True
     return kernel
 
 
 def _std_var(name, input, dim, unbiased, correction, keepdim, dtype, mask, take_sqrt):
     if not is_sparse(input):
-        return getattr(torch.masked, name)(input, dim, unbiased, correction=correction, keepdim=keepdim,
-                                           dtype=dtype, mask=dense_mask(mask, input))
+        return getattr(torch.masked, name)(
+            input,
+            dim,
+            unbiased,
+            correction=correction,
+            keepdim=keepdim,
+            dtype=dtype,
+            mask=dense_mask(mask, input),
+        )
     if unbiased is not None and correction is not None:
         raise ValueError("Only one of unbiased and correction may be given")
-    corr = 1.0 if unbiased is None and correction is None else (
-        (1.0 if unbiased else 0.0) if unbiased is not None else float(correction))
-    dt = dtype or (input.dtype if input.dtype.is_floating_point or input.dtype.is_complex else torch.float32)
+    corr = (
+        1.0
+        if unbiased is None and correction is None
+        else ((1.0 if unbiased else 0.0) if unbiased is not None else float(correction))
+    )
+    dt = dtype or (
+        input.dtype if input.dtype.is_floating_point or input.dtype.is_complex else torch.float32
+    )
     cdt = dt if dt.is_floating_point or dt.is_complex else torch.float32
 
     r = Var(corr)
@@ -222,14 +344,21 @@ def _std_var(name, input, dim, unbiased, correction, keepdim, dtype, mask, take_
         out = r(*a, **k)
         return torch.sqrt(out) if take_sqrt else out
 
-    return _reduction(input, mask, dim, keepdim, kernel,
-                      _ref(name, dim, unbiased, correction=correction, keepdim=keepdim, dtype=dtype, mask=mask),
-                      cast=cdt, post=lambda t: t.to(dt))
+    return _reduction(
+        input,
+        mask,
+        dim,
+        keepdim,
+        kernel,
+        _ref(name, dim, unbiased, correction=correction, keepdim=keepdim, dtype=dtype, mask=mask),
+        cast=cdt,
+        post=lambda t: t.to(dt),
+    )
 
 
 def var(input, dim=None, unbiased=None, *, correction=None, keepdim=False, dtype=None, mask=None):
-    """Masked variance ``sum((x - mean)^2) / max(count - correction, 0)`` over the masked-in elements;
-    fully masked-out slices give NaN."""
+    """Masked variance ``sum((x - mean)^2) / max(count - correction, 0)`` over the masked-in
+    elements; fully masked-out slices give NaN."""
     return _std_var("var", input, dim, unbiased, correction, keepdim, dtype, mask, False)
 
 
@@ -239,24 +368,37 @@ def std(input, dim=None, unbiased=None, *, correction=None, keepdim=False, dtype
 
 
 def median(input, dim=-1, *, keepdim=False, dtype=None, mask=None):
-    """Masked median (``torch.nanmedian`` of the masked-in elements: the lower median, NaN values ignored);
-    fully masked-out slices give NaN (integer inputs raise ValueError then, as torch.masked)."""
+    """Masked median (``torch.nanmedian`` of the masked-in elements: the lower median, NaN values
+    ignored); fully masked-out slices give NaN (integer inputs raise ValueError then, as
+    torch.masked)."""
     if not is_sparse(input):
-        return torch.masked.median(input, dim, keepdim=keepdim, dtype=dtype, mask=dense_mask(mask, input))
+        return torch.masked.median(
+            input, dim, keepdim=keepdim, dtype=dtype, mask=dense_mask(mask, input)
+        )
     A = as_sparse(input)
     is_float = A.dtype.is_floating_point
     dims = E.canonical_dims(dim, A.dim())[:1] if A.dim() else ()
-    out = _reduction(A, mask, dims, keepdim, lambda v, seg, nseg, lengths=None, **k: segment_median(v, seg, nseg, **k),
-                     _ref("median", dim, keepdim=keepdim, dtype=dtype, mask=mask),
-                     cast=None if is_float else torch.float32, name="median")
+    out = _reduction(
+        A,
+        mask,
+        dims,
+        keepdim,
+        lambda v, seg, nseg, lengths=None, **k: segment_median(v, seg, nseg, **k),
+        _ref("median", dim, keepdim=keepdim, dtype=dtype, mask=mask),
+        cast=None if is_float else torch.float32,
+        name="median",
+    )
     if is_float:
         return out
     from .._tensor import SparseTensor
+
     vals = [out._vals] if isinstance(out, SparseTensor) else [out]
     if isinstance(out, SparseTensor) and not _every_position_stored(out):
         vals.append(out._fill)  # some position reads the fill
     if _builtin_sum(int(torch.isnan(t).sum()) for t in vals):
-        raise ValueError("masked median expects no fully masked out rows if dtype is not floating point")
+        raise ValueError(
+            "masked median expects no fully masked out rows if dtype is not floating point"
+        )
     return out.to(dtype or A.dtype)
 
 
@@ -269,8 +411,9 @@ def _every_position_stored(out) -> bool:
 def _argext(name, mode):
     def op(input, dim=None, *, keepdim=False, dtype=None, mask=None):
         if not is_sparse(input):
-            return getattr(torch.masked, name)(input, dim, keepdim=keepdim, dtype=dtype,
-                                               mask=dense_mask(mask, input))
+            return getattr(torch.masked, name)(
+                input, dim, keepdim=keepdim, dtype=dtype, mask=dense_mask(mask, input)
+            )
         A = as_sparse(input)
         dims = E.canonical_dims(dim, A.dim())
         _check_nonempty(name, A, dims if dim is not None else ())
@@ -289,17 +432,26 @@ def _argext(name, mode):
             pos = (key_r[:, None, None] * sl.Pr + pr).expand(-1, sl.Pk, sl.Pr).reshape(-1)
             (F, n), (F0, n0) = sl.fill_classes(feff, counts=True)
             mex = first_gap(sl.seg_row, key_r, sl.S_out, presorted=True)
-            fpos = (mex[:, None, None] * sl.Pr + pr).expand(sl.S_out, sl.Pk, sl.Pr).reshape(sl.nseg, sl.Pr)
+            fpos = (
+                (mex[:, None, None] * sl.Pr + pr)
+                .expand(sl.S_out, sl.Pk, sl.Pr)
+                .reshape(sl.nseg, sl.Pr)
+            )
             out = _arg(v, seg, sl.nseg, pos, F, n, fpos, mode)
             out0 = _arg(v[:0], seg[:0], sl.Pk, pos[:0], F0, n0, pr.expand(sl.Pk, sl.Pr), mode)
             return _finish(sl, out.to(dt), out0.to(dt), bool(keepdim), A._sf_layout)
 
-        with torch.no_grad():  # an index: not differentiable (as torch.masked.argmax, whose result has no grad_fn)
+        with (
+            torch.no_grad()
+        ):  # an index: not differentiable (as torch.masked.argmax, whose result has no grad_fn)
             return run(A, mask, compute, ref)
+
     op.__name__ = op.__qualname__ = name
-    op.__doc__ = (f"Masked {name}: ``torch.{name}(input.masked_fill(~mask, {'-inf' if mode == 'amax' else '+inf'}), "
-                  "dim)`` (first index on ties, NaN is the extreme; the result has the input's dtype, as "
-                  "torch.masked); fully masked-out slices give 0.")
+    op.__doc__ = (
+        f"Masked {name}: ``torch.{name}(input.masked_fill(~mask, {'-inf' if mode == 'amax' else '+inf'}), "
+        "dim)`` (first index on ties, NaN is the extreme; the result has the input's dtype, as "
+        "torch.masked); fully masked-out slices give 0."
+    )
     return op
 
 
@@ -310,8 +462,11 @@ def _arg(v, seg, nseg, pos, F, n, fpos, mode):
         best = REDUCERS[mode](v, seg, nseg, fill=F, n_fill=n)
     if v.is_floating_point():
         has_nan = torch.zeros(nseg, dtype=torch.bool, device=v.device).index_put(
-            (seg,), torch.isnan(v), accumulate=True) | (torch.isnan(F) & (n > 0)).any(1)
-        best = torch.where(has_nan, torch.full((), math.nan, dtype=best.dtype, device=best.device), best)
+            (seg,), torch.isnan(v), accumulate=True
+        ) | (torch.isnan(F) & (n > 0)).any(1)
+        best = torch.where(
+            has_nan, torch.full((), math.nan, dtype=best.dtype, device=best.device), best
+        )
     return segment_arg(v, seg, nseg, pos, best, fill=F, fill_position=torch.where(n > 0, fpos, -1))
 
 
@@ -321,8 +476,12 @@ argmin = _argext("argmin", "amin")
 
 def _ref(name, *args, mask=None, **kwargs):
     """The dense reference (used for gradients when unspecified elements are masked in)."""
+
     def f(x):
         m = None if mask is None else dense_mask(mask, x)
         return getattr(torch.masked, name)(x, *args, mask=m, **kwargs)
-    f.probe = lambda x, m: getattr(torch.masked, name)(x, *args, mask=m, **kwargs)  # (check_dtype_as_torch_masked)
+
+    f.probe = lambda x, m: getattr(torch.masked, name)(
+        x, *args, mask=m, **kwargs
+    )  # (check_dtype_as_torch_masked)
     return f

@@ -1,7 +1,8 @@
-"""Schema and meta helpers of aten calls: their flat arguments, what they write, and torch's result shape,
-dtype and errors without the data.
+"""Schema and meta helpers of aten calls: their flat arguments, what they write, and torch's result
+shape, dtype and errors without the data.
 
-    meta_call(func, A, *rest).shape == func(A.to_dense(), *rest).shape      (and the dtype, and the errors)
+    meta_call(func, A, *rest).shape == func(A.to_dense(), *rest).shape      (and the dtype, and the
+    errors)
 
 Lower than every op handler: this module knows ``SparseTensor`` only as a type (``written_args``).
 """
@@ -17,7 +18,8 @@ from .._tensor import SparseTensor
 
 
 def flat_args(args, kwargs):
-    """The arguments of an aten call, lists of tensors opened one level (aten schemas nest no deeper)."""
+    """The arguments of an aten call, lists of tensors opened one level (aten schemas nest no
+    deeper)."""
     for a in (*args, *kwargs.values()):
         if isinstance(a, (list, tuple)):
             yield from a
@@ -25,10 +27,11 @@ def flat_args(args, kwargs):
             yield a
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def meta_of(A: torch.Tensor) -> torch.Tensor:
-    """A meta tensor of ``A``'s shape and dtype, to run an op for torch's result shape, dtype and errors.
-    Expanded from one element: no storage-size limit (a (2**31, 2**31) float64 shape is fine)."""
+    """A meta tensor of ``A``'s shape and dtype, to run an op for torch's result shape, dtype and
+    errors. Expanded from one element: no storage-size limit (a (2**31, 2**31) float64 shape is
+    fine)."""
     return torch.empty((), dtype=A.dtype, device="meta").expand(A.shape)
 
 
@@ -40,14 +43,17 @@ def _key(a):
     if isinstance(a, (list, tuple)):
         items = [_key(x) for x in a]
         return None if any(i is None for i in items) else (type(a).__name__, *items)
-    if a is None or isinstance(a, (bool, int, float, str, torch.dtype, torch.layout, torch.memory_format)):
+    if a is None or isinstance(
+        a, (bool, int, float, str, torch.dtype, torch.layout, torch.memory_format)
+    ):
         return (type(a).__name__, a)
     return None
 
 
 def meta_call(func, A: torch.Tensor, *rest, **kwargs):
-    """``func(meta_of(A), *rest, **kwargs)``, memoised on (func, shape, dtype, arguments): torch's meta
-    kernels for reductions run Python references (~0.3 ms); a repeated call costs a dict lookup."""
+    """``func(meta_of(A), *rest, **kwargs)``, memoised on (func, shape, dtype, arguments): torch's
+    meta kernels for reductions run Python references (~0.3 ms); a repeated call costs a dict
+    lookup."""
     key = _key((rest, sorted(kwargs.items())))
     if key is None:
         return func(meta_of(A), *rest, **kwargs)
@@ -62,10 +68,11 @@ def meta_call(func, A: torch.Tensor, *rest, **kwargs):
 
 
 def probe_of(A: torch.Tensor) -> torch.Tensor:
-    """A real tensor of ``A``'s dtype and device with at most one element per dim (its 0-size dims kept):
-    torch's rank, dim, dtype and device errors, and its result dtype, from the real kernels.  (A meta
-    tensor runs torch's Python meta kernel for many ops -- mean, std, norm, logsumexp, mv, addmm, cat,
-    stack, roll... -- whose first call in a process imports ``torch._dynamo``: 0.4-1 s.)"""
+    """A real tensor of ``A``'s dtype and device with at most one element per dim (its 0-size dims
+    kept): torch's rank, dim, dtype and device errors, and its result dtype, from the real kernels.
+    (A meta tensor runs torch's Python meta kernel for many ops -- mean, std, norm, logsumexp, mv,
+    addmm, cat, stack, roll... -- whose first call in a process imports ``torch._dynamo``: 0.4-1
+    s.)"""
     return torch.zeros([min(n, 1) for n in A.shape], dtype=A.dtype, device=A.device)
 
 
@@ -83,9 +90,10 @@ def reduced_shape(shape, dims, keepdim: bool) -> list:
 
 
 def reduction_meta(func, A: torch.Tensor, dims, keepdim: bool, /, *rest, **kwargs) -> torch.Tensor:
-    """``meta_call(func, A, *rest, **kwargs)`` for a reduction over ``dims`` (None or empty: every dim)
-    without torch's Python meta kernels: errors and dtype from ``func`` on :func:`probe_of` ``(A)``, the
-    shape from :func:`reduced_shape` -- checked on the probe's result, else (a ``dims`` torch reads
+    """``meta_call(func, A, *rest, **kwargs)`` for a reduction over ``dims`` (None or empty: every
+    dim) without torch's Python meta kernels: errors and dtype from ``func`` on :func:`probe_of`
+    ``(A)``, the shape from :func:`reduced_shape` -- checked on the probe's result, else (a ``dims``
+    torch reads
     otherwise) the meta call.  Memoised as ``meta_call``::
 
         reduction_meta(f, A, dims, k, *rest).shape == meta_call(f, A, *rest).shape  (and the dtype)
@@ -101,10 +109,16 @@ def reduction_meta(func, A: torch.Tensor, dims, keepdim: bool, /, *rest, **kwarg
         warnings.simplefilter("ignore", UserWarning)
         r = func(P, *rest, **kwargs)
     r = r[0] if isinstance(r, tuple) else r
-    if isinstance(dims, (list, tuple)) and not dims or list(r.shape) != reduced_shape(P.shape, dims, keepdim):
+    if (
+        isinstance(dims, (list, tuple))
+        and not dims
+        or list(r.shape) != reduced_shape(P.shape, dims, keepdim)
+    ):
         out = meta_call(func, A, *rest, **kwargs)
     else:
-        out = torch.empty((), dtype=r.dtype, device="meta").expand(reduced_shape(A.shape, dims, keepdim))
+        out = torch.empty((), dtype=r.dtype, device="meta").expand(
+            reduced_shape(A.shape, dims, keepdim)
+        )
     if key is not None:
         if len(_META_CACHE) > 4096:
             _META_CACHE.clear()
@@ -113,18 +127,22 @@ def reduction_meta(func, A: torch.Tensor, dims, keepdim: bool, /, *rest, **kwarg
 
 
 def check_dtype(func, A: torch.Tensor, *rest, **kwargs) -> None:
-    """Run ``func`` on at most one element of ``A``'s dtype and device (its 0-size dims kept): torch's dtype
-    errors and empty-reduction errors, which meta kernels skip."""
+    """Run ``func`` on at most one element of ``A``'s dtype and device (its 0-size dims kept):
+    torch's dtype errors and empty-reduction errors, which meta kernels skip."""
     func(torch.zeros([min(n, 1) for n in A.shape], dtype=A.dtype, device=A.device), *rest, **kwargs)
 
 
 def written_positions(func) -> tuple:
-    """``(position, name, keyword-only)`` of each argument ``func``'s schema marks as written (cached per op,
-    under ``func._op``: an OpOverload's own ``__hash__`` is Python code, 0.3 µs a lookup)."""
+    """``(position, name, keyword-only)`` of each argument ``func``'s schema marks as written
+    (cached per op, under ``func._op``: an OpOverload's own ``__hash__`` is Python code, 0.3 µs a
+    lookup)."""
     w = _WRITTEN.get(func._op)
     if w is None:
-        w = _WRITTEN[func._op] = tuple((i, a.name, a.kwarg_only) for i, a in enumerate(func._schema.arguments)
-                                       if a.alias_info is not None and a.alias_info.is_write)
+        w = _WRITTEN[func._op] = tuple(
+            (i, a.name, a.kwarg_only)
+            for i, a in enumerate(func._schema.arguments)
+            if a.alias_info is not None and a.alias_info.is_write
+        )
     return w
 
 
@@ -132,7 +150,8 @@ _WRITTEN: dict = {}  # OpOverload._op -> written_positions
 
 
 def written_args(func, args, kwargs) -> list:
-    """The SparseTensor arguments ``func``'s schema marks as written to (``self`` of ``add_``, ``out=``)."""
+    """The SparseTensor arguments ``func``'s schema marks as written to (``self`` of ``add_``,
+    ``out=``)."""
     out = []
     for i, name, kwarg_only in written_positions(func):
         v = args[i] if i < len(args) and not kwarg_only else kwargs.get(name)
@@ -141,9 +160,10 @@ def written_args(func, args, kwargs) -> list:
 
 
 def broadcast_error(args, kwargs) -> None:
-    """Raise torch's own error where the tensor operands (``out=`` aside) do not broadcast, as TensorIterator words
-    it (``The size of tensor a (12) must match the size of tensor b (13) at non-singleton dimension 0``): their
-    shapes folded pairwise, in order, by torch's ``infer_size``, nothing allocated."""
+    """Raise torch's own error where the tensor operands (``out=`` aside) do not broadcast, as
+    TensorIterator words it (``The size of tensor a (12) must match the size of tensor b (13) at
+    non-singleton dimension 0``): their shapes folded pairwise, in order, by torch's ``infer_size``,
+    nothing allocated."""
     shape = None
     for a in (*args, *(v for k, v in kwargs.items() if k != "out")):
         if isinstance(a, torch.Tensor):

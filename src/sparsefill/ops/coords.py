@@ -1,11 +1,12 @@
-"""Writes and reads at coordinates: one writer (:func:`write`) for ``index_put`` in every index form,
-``scatter``/``scatter_add``/``scatter_reduce`` and ``index_add/copy/fill/reduce``; one reader
+"""Writes and reads at coordinates: one writer (:func:`write`) for ``index_put`` in every index
+form, ``scatter``/``scatter_add``/``scatter_reduce`` and ``index_add/copy/fill/reduce``; one reader
 (:func:`read`) for ``gather``/``take_along_dim``::
 
     op(A).to_dense() == op(A.to_dense())
 
-The written positions join the pattern (a union of linear keys); a read finds stored values by a binary
-search of the keys, the fill elsewhere.  torch's own errors are raised, and a failed call changes nothing.
+The written positions join the pattern (a union of linear keys); a read finds stored values by a
+binary search of the keys, the fill elsewhere.  torch's own errors are raised, and a failed call
+changes nothing.
 
 >>> import torch, sparsefill
 >>> A = sparsefill.sparse_coo_tensor([[0, 2], [1, 0]], [1., 2.], (3, 2), fill_value=5.)
@@ -33,32 +34,54 @@ aten = torch.ops.aten
 
 
 def _coords(A, indices):
-    """The coordinates (one row per dim, one column per element of ``A[indices]``) of the elements an
-    index expression reaches, by torch's own indexing of ``arange``s (its broadcasting, bool masks, ``None``
-    slices, negative indices and range errors): ``(coords (ndim, M), shape of A[indices])``."""
+    """The coordinates (one row per dim, one column per element of ``A[indices]``) of the elements
+    an index expression reaches, by torch's own indexing of ``arange``s (its broadcasting, bool
+    masks, ``None`` slices, negative indices and range errors): ``(coords (ndim, M), shape of
+    A[indices])``."""
     nd = A.dim()
     rows = []
     for d, n in enumerate(A.shape):
-        ar = torch.arange(n, device=A.device).view([-1 if e == d else 1 for e in range(nd)]).expand(A.shape)
+        ar = (
+            torch.arange(n, device=A.device)
+            .view([-1 if e == d else 1 for e in range(nd)])
+            .expand(A.shape)
+        )
         rows.append(aten.index.Tensor(ar, indices))
     shape = rows[0].shape if rows else torch.Size([])
-    return (torch.stack([r.reshape(-1) for r in rows]) if rows else
-            torch.zeros(0, 1, dtype=torch.int64, device=A.device)), shape
+    return (
+        torch.stack([r.reshape(-1) for r in rows])
+        if rows
+        else torch.zeros(0, 1, dtype=torch.int64, device=A.device)
+    ), shape
 
 
-_REDUCE = {"sum": "sum", "add": "sum", "prod": "prod", "multiply": "prod", "mean": "mean", "amax": "amax",
-           "amin": "amin", "max": "amax", "min": "amin"}
+_REDUCE = {
+    "sum": "sum",
+    "add": "sum",
+    "prod": "prod",
+    "multiply": "prod",
+    "mean": "mean",
+    "amax": "amax",
+    "amin": "amin",
+    "max": "amax",
+    "min": "amin",
+}
 
 
-def write(A: SparseTensor, coords: torch.Tensor, values: torch.Tensor, reduce=None, include_self=True):
-    """``A`` with the elements at ``coords`` (``(ndim, M)``) set to ``values`` (``M`` of them), or combined with
-    them by ``reduce`` (``sum prod mean amax amin``, torch's ``index_reduce_`` rule, ``include_self``).  The
-    written positions join the pattern (a union of linear keys over the sparse dims); a newly specified
-    dense slice starts as the fill.  O(nse + M)."""
+def write(
+    A: SparseTensor, coords: torch.Tensor, values: torch.Tensor, reduce=None, include_self=True
+):
+    """``A`` with the elements at ``coords`` (``(ndim, M)``) set to ``values`` (``M`` of them), or
+    combined with them by ``reduce`` (``sum prod mean amax amin``, torch's ``index_reduce_`` rule,
+    ``include_self``).  The written positions join the pattern (a union of linear keys over the
+    sparse dims); a newly specified dense slice starts as the fill.  O(nse + M)."""
     sd = A.dim() - A.dense_dim()
     D = tuple(A._dense_shape)
     idx, vals = coalesced_parts(A)
-    k_old, k_new = _index.linearize(idx, A._sparse_shape), _index.linearize(coords[:sd], A._sparse_shape)
+    k_old, k_new = (
+        _index.linearize(idx, A._sparse_shape),
+        _index.linearize(coords[:sd], A._sparse_shape),
+    )
     union, p_old, p_new = _join(k_old, k_new)
     base = vals.new_zeros(()) if A._indefinite else A._fill
     out = base.expand((union.numel(),) + D).clone()
@@ -73,18 +96,26 @@ def write(A: SparseTensor, coords: torch.Tensor, values: torch.Tensor, reduce=No
         out_flat.index_add_(0, flat, v)
     else:
         out_flat.index_reduce_(0, flat, v, _REDUCE[reduce], include_self=include_self)
-    return parts_to_sparse(_index.unravel(union, A._sparse_shape), out, A.shape, A._fill, indefinite=A._indefinite,
-                           layout=A._sf_layout if sd >= 2 else torch.sparse_coo, coalesced=True)
+    return parts_to_sparse(
+        _index.unravel(union, A._sparse_shape),
+        out,
+        A.shape,
+        A._fill,
+        indefinite=A._indefinite,
+        layout=A._sf_layout if sd >= 2 else torch.sparse_coo,
+        coalesced=True,
+    )
 
 
 def _join(k_old: torch.Tensor, k_new: torch.Tensor):
-    """``(union, p_old, p_new)``: the sorted union of a pattern's keys ``k_old`` (sorted unique) and written keys
-    ``k_new`` (any order, repeats allowed), ``union[p_old] == k_old``, ``union[p_new] == k_new``.  The written
-    keys are sorted alone (already sorted unique: not at all), then merged with the pattern in one linear pass
-    (:func:`_merge.union_inverse`): O(nse + M log M), not a sort of the nse + M keys."""
+    """``(union, p_old, p_new)``: the sorted union of a pattern's keys ``k_old`` (sorted unique) and
+    written keys ``k_new`` (any order, repeats allowed), ``union[p_old] == k_old``, ``union[p_new]
+    == k_new``.  The written keys are sorted alone (already sorted unique: not at all), then merged
+    with the pattern in one linear pass (:func:`_merge.union_inverse`): O(nse + M log M), not a sort
+    of the nse + M keys."""
     if traced(k_new):
         union, inv = _index.unique_inverse(torch.cat([k_old, k_new]))
-        return union, inv[: k_old.numel()], inv[k_old.numel():]
+        return union, inv[: k_old.numel()], inv[k_old.numel() :]
     if _index.is_sorted_unique(k_new):
         u, inv = k_new, None
     else:
@@ -94,32 +125,45 @@ def _join(k_old: torch.Tensor, k_new: torch.Tensor):
 
 
 def read(A: SparseTensor, coords: torch.Tensor) -> torch.Tensor:
-    """The elements of ``A`` at ``coords`` (``(ndim, M)``): stored values where specified, the fill elsewhere
-    (a binary search of the linear keys over the sparse dims).  O(M log nse + nse)."""
+    """The elements of ``A`` at ``coords`` (``(ndim, M)``): stored values where specified, the fill
+    elsewhere (a binary search of the linear keys over the sparse dims).  O(M log nse + nse)."""
     sd = A.dim() - A.dense_dim()
     idx, vals = coalesced_parts(A)
-    pos, found = _index.lookup(_index.linearize(idx, A._sparse_shape), _index.linearize(coords[:sd], A._sparse_shape))
+    pos, found = _index.lookup(
+        _index.linearize(idx, A._sparse_shape), _index.linearize(coords[:sd], A._sparse_shape)
+    )
     q = _index.linearize(coords[sd:], A._dense_shape)
     stored = vals.reshape(vals.shape[0], -1)[pos, q] if vals.shape[0] else vals.new_zeros(q.shape)
     return torch.where(found, stored, _dense_fill(A).reshape(-1)[q])
 
 
 def _dense_values(v, shape, dtype, device):
-    """Written values as a strided tensor broadcast to ``shape`` (a SparseTensor source is read densely: it
-    is as large as the written set)."""
-    v = dense_of(v) if isinstance(v, SparseTensor) else torch.as_tensor(v, dtype=dtype, device=device)
+    """Written values as a strided tensor broadcast to ``shape`` (a SparseTensor source is read
+    densely: it is as large as the written set)."""
+    v = (
+        dense_of(v)
+        if isinstance(v, SparseTensor)
+        else torch.as_tensor(v, dtype=dtype, device=device)
+    )
     return v.expand(shape)
 
 
 def _check_dim_index_src(func, A, dim, index, src, args, kwargs) -> int:
-    """torch's errors for ``func(A, dim, index, src, ...)`` (the meta kernel's, plus the dtype rule for a
-    tensor source, which meta kernels skip); the normalised ``dim``."""
-    meta_src = meta_of(src) if isinstance(src, SparseTensor) else src.to("meta") if isinstance(src, torch.Tensor) \
+    """torch's errors for ``func(A, dim, index, src, ...)`` (the meta kernel's, plus the dtype rule
+    for a tensor source, which meta kernels skip); the normalised ``dim``."""
+    meta_src = (
+        meta_of(src)
+        if isinstance(src, SparseTensor)
+        else src.to("meta")
+        if isinstance(src, torch.Tensor)
         else src
+    )
     func(meta_of(A), dim, index.to("meta"), meta_src, *args[4:], **kwargs)
     if isinstance(src, torch.Tensor) and src.dim() and src.dtype != A.dtype:
-        raise RuntimeError(f"{func._schema.name.split('::')[1]}(): self and source expected to have the same "
-                           f"dtype, but got (self) {A.dtype} and (source) {src.dtype}")
+        raise RuntimeError(
+            f"{func._schema.name.split('::')[1]}(): self and source expected to have the same "
+            f"dtype, but got (self) {A.dtype} and (source) {src.dtype}"
+        )
     return dim % max(A.dim(), 1)
 
 
@@ -138,20 +182,28 @@ def _result(func, A, res):
 
 @register(aten.index_put_.default, aten.index_put.default, aten._index_put_impl_.default)
 def _index_put(func, args, kwargs):
-    """``A[indices] = v`` (``accumulate``: ``+=``) for every index form torch accepts (index tensors,
-    bool masks, ``None`` for ``:``)."""
+    """``A[indices] = v`` (``accumulate``: ``+=``) for every index form torch accepts (index
+    tensors, bool masks, ``None`` for ``:``)."""
     A, indices, values = args[0], list(args[1]), args[2]
     accumulate = bool(args[3] if len(args) > 3 else kwargs.get("accumulate", False))
-    if not isinstance(A, SparseTensor) or any(isinstance(t, SparseTensor) for t in indices) or \
-            (A._indefinite and (accumulate or A.dense_dim())):
+    if (
+        not isinstance(A, SparseTensor)
+        or any(isinstance(t, SparseTensor) for t in indices)
+        or (A._indefinite and (accumulate or A.dense_dim()))
+    ):
         return NotImplemented  # (a strided target, or a sparse index: the next stage)
     if values.dtype != A.dtype:  # (the meta kernel does not check it)
-        raise RuntimeError(f"Index put requires the source and destination dtypes match, got {A.dtype} for the "
-                           f"destination and {values.dtype} for the source.")
+        raise RuntimeError(
+            f"Index put requires the source and destination dtypes match, got {A.dtype} for the "
+            f"destination and {values.dtype} for the source."
+        )
     meta_vals = values.to("meta") if not isinstance(values, SparseTensor) else meta_of(values)
-    aten.index_put.default(meta_of(A), [None if t is None else t.to("meta") for t in indices], meta_vals,
-                           accumulate)  # torch's dtype and shape errors
-    if A.dim() == 0:  # (the meta kernel takes a 0-d mask on a 0-d tensor, torch's kernel raises: one element)
+    aten.index_put.default(
+        meta_of(A), [None if t is None else t.to("meta") for t in indices], meta_vals, accumulate
+    )  # torch's dtype and shape errors
+    if (
+        A.dim() == 0
+    ):  # (the meta kernel takes a 0-d mask on a 0-d tensor, torch's kernel raises: one element)
         v = dense_of(values) if isinstance(values, SparseTensor) else values
         check_dtype(aten.index_put.default, A, indices, v, accumulate)
     coords, shape = _coords(A, indices)
@@ -160,31 +212,59 @@ def _index_put(func, args, kwargs):
 
 
 def _grid(index: torch.Tensor, dim: int, n_dims: int):
-    """``scatter``'s coordinates: ``index[i]`` along ``dim``, ``i`` along the others (a 0-d tensor: no
-    coordinate rows, one column per element of ``index``)."""
+    """``scatter``'s coordinates: ``index[i]`` along ``dim``, ``i`` along the others (a 0-d tensor:
+    no coordinate rows, one column per element of ``index``)."""
     if not n_dims:
         return index.new_zeros((0, index.numel()))
-    grid = list(torch.meshgrid(*[torch.arange(n, device=index.device) for n in index.shape], indexing="ij")) \
-        if index.dim() else [index.new_zeros(())] * n_dims
+    grid = (
+        list(
+            torch.meshgrid(
+                *[torch.arange(n, device=index.device) for n in index.shape], indexing="ij"
+            )
+        )
+        if index.dim()
+        else [index.new_zeros(())] * n_dims
+    )
     grid[dim] = index
     return torch.stack([g.reshape(-1) for g in grid]) if grid else index.reshape(1, -1)
 
 
-@register(aten.scatter.src, aten.scatter.value, aten.scatter_.src, aten.scatter_.value,
-          aten.scatter.reduce, aten.scatter.value_reduce, aten.scatter_.reduce, aten.scatter_.value_reduce,
-          aten.scatter_add.default, aten.scatter_add_.default, aten.scatter_reduce.two, aten.scatter_reduce_.two)
+@register(
+    aten.scatter.src,
+    aten.scatter.value,
+    aten.scatter_.src,
+    aten.scatter_.value,
+    aten.scatter.reduce,
+    aten.scatter.value_reduce,
+    aten.scatter_.reduce,
+    aten.scatter_.value_reduce,
+    aten.scatter_add.default,
+    aten.scatter_add_.default,
+    aten.scatter_reduce.two,
+    aten.scatter_reduce_.two,
+)
 def _scatter(func, args, kwargs):
-    """``A[..., index[i], ...] (op)= src[i]`` along ``dim`` at ``index``'s positions: :func:`write` at the
-    coordinates ``_grid(index)`` (scatter_add: sum; ``reduce=``; scatter_reduce with ``include_self``)."""
+    """``A[..., index[i], ...] (op)= src[i]`` along ``dim`` at ``index``'s positions: :func:`write`
+    at the coordinates ``_grid(index)`` (scatter_add: sum; ``reduce=``; scatter_reduce with
+    ``include_self``)."""
     A, dim, index, src = args[0], args[1], args[2], args[3]
-    if not isinstance(A, SparseTensor) or isinstance(index, SparseTensor) or (A._indefinite and A.dense_dim()):
+    if (
+        not isinstance(A, SparseTensor)
+        or isinstance(index, SparseTensor)
+        or (A._indefinite and A.dense_dim())
+    ):
         return NotImplemented
     name = func._schema.name.split("::")[1].rstrip("_")
-    reduce = "sum" if name == "scatter_add" else (args[4] if len(args) > 4 else kwargs.get("reduce"))
+    reduce = (
+        "sum" if name == "scatter_add" else (args[4] if len(args) > 4 else kwargs.get("reduce"))
+    )
     include_self = args[5] if len(args) > 5 else kwargs.get("include_self", True)
     if A._indefinite and reduce is not None:
         return NotImplemented
-    if name == "scatter_reduce" and reduce in ("max", "min"):  # (torch's kernel takes them; its meta kernel not)
+    if name == "scatter_reduce" and reduce in (
+        "max",
+        "min",
+    ):  # (torch's kernel takes them; its meta kernel not)
         args = (*args[:4], "a" + reduce, *args[5:])
     dim = _check_dim_index_src(func, A, dim, index, src, args, kwargs)
     _check_range(index, dim, A)
@@ -195,27 +275,48 @@ def _scatter(func, args, kwargs):
     return _result(func, A, write(A, coords, v, reduce, include_self))
 
 
-@register(aten.index_add.default, aten.index_add_.default, aten.index_copy.default, aten.index_copy_.default,
-          aten.index_fill.int_Scalar, aten.index_fill_.int_Scalar, aten.index_fill.int_Tensor,
-          aten.index_fill_.int_Tensor, aten.index_reduce.default, aten.index_reduce_.default)
+@register(
+    aten.index_add.default,
+    aten.index_add_.default,
+    aten.index_copy.default,
+    aten.index_copy_.default,
+    aten.index_fill.int_Scalar,
+    aten.index_fill_.int_Scalar,
+    aten.index_fill.int_Tensor,
+    aten.index_fill_.int_Tensor,
+    aten.index_reduce.default,
+    aten.index_reduce_.default,
+)
 def _index_along(func, args, kwargs):
-    """``index_add/copy/fill/reduce(A, dim, index, src)``: whole slices along ``dim`` at ``index``, i.e.
-    :func:`write` at the coordinates of ``A[(:,) * dim + (index,)]``."""
+    """``index_add/copy/fill/reduce(A, dim, index, src)``: whole slices along ``dim`` at ``index``,
+    i.e. :func:`write` at the coordinates of ``A[(:,) * dim + (index,)]``."""
     A, dim, index, src = args[0], args[1], args[2], args[3]
     name = func._schema.name.split("::")[1].rstrip("_")
-    if not isinstance(A, SparseTensor) or isinstance(index, SparseTensor) or \
-            (A._indefinite and (name in ("index_add", "index_reduce") or A.dim() == 0)):
+    if (
+        not isinstance(A, SparseTensor)
+        or isinstance(index, SparseTensor)
+        or (A._indefinite and (name in ("index_add", "index_reduce") or A.dim() == 0))
+    ):
         return NotImplemented
-    if A.dim() == 0:  # one element: torch's kernel on it (its rules and errors for the indices of a 0-d tensor)
+    if (
+        A.dim() == 0
+    ):  # one element: torch's kernel on it (its rules and errors for the indices of a 0-d tensor)
         rest = [dense_of(a) if isinstance(a, SparseTensor) else a for a in args[1:]]
         out = func(dense_of(A), *rest, **kwargs)
-        return _result(func, A, dense_to_sparse(out, A._fill, False, A._fill_is_zero(), torch.sparse_coo, 0))
+        return _result(
+            func, A, dense_to_sparse(out, A._fill, False, A._fill_is_zero(), torch.sparse_coo, 0)
+        )
     dim = _check_dim_index_src(func, A, dim, index, src, args, kwargs)
     neg = index[index < 0] if name != "index_fill" else index.reshape(-1)[:0]
     if neg.numel():  # torch's errors for a negative index (too large ones come from _coords)
         msg = f"index {int(neg.reshape(-1)[0])} is out of bounds for dimension {dim} with size {A.shape[dim]}"
-        raise RuntimeError(msg) if name == "index_add" else IndexError(
-            f"index_copy_(): {msg}" if name == "index_copy" else "index out of range in self")
+        raise (
+            RuntimeError(msg)
+            if name == "index_add"
+            else IndexError(
+                f"index_copy_(): {msg}" if name == "index_copy" else "index out of range in self"
+            )
+        )
     coords, shape = _coords(A, [None] * dim + [index.reshape(-1)])
     if name == "index_add":
         alpha = args[4] if len(args) > 4 else kwargs.get("alpha", 1)
@@ -224,17 +325,25 @@ def _index_along(func, args, kwargs):
     if name == "index_reduce":
         reduce = args[4]
         include_self = args[5] if len(args) > 5 else kwargs.get("include_self", True)
-        return _result(func, A, write(A, coords, _dense_values(src, shape, A.dtype, A.device), reduce, include_self))
+        return _result(
+            func,
+            A,
+            write(A, coords, _dense_values(src, shape, A.dtype, A.device), reduce, include_self),
+        )
     return _result(func, A, write(A, coords, _dense_values(src, shape, A.dtype, A.device)))
 
 
 @register(aten.gather.default)
 def _gather(func, args, kwargs):
-    """``out[i] = A[..., index[i], ...]`` along ``dim`` (a strided result shaped like ``index``): :func:`read`
-    at the coordinates of ``scatter``."""
+    """``out[i] = A[..., index[i], ...]`` along ``dim`` (a strided result shaped like ``index``):
+    :func:`read` at the coordinates of ``scatter``."""
     A, dim, index = args[0], args[1], args[2]
-    if isinstance(index, SparseTensor) or A._indefinite or kwargs.get("sparse_grad", False) or \
-            (len(args) > 3 and args[3]):
+    if (
+        isinstance(index, SparseTensor)
+        or A._indefinite
+        or kwargs.get("sparse_grad", False)
+        or (len(args) > 3 and args[3])
+    ):
         return NotImplemented
     func(meta_of(A), dim, index.to("meta"))  # torch's errors
     dim %= max(A.dim(), 1)

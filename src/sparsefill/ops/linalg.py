@@ -1,4 +1,5 @@
-"""Matrix products of SparseTensors with fill values, by decomposition (fill-value-rfc.md point 10.2).
+"""Matrix products of SparseTensors with fill values, by decomposition (fill-value-rfc.md point
+10.2).
 
 A sparse operand ``A`` (a batch of ``(m, k)`` matrices) is its zero-fill part ``A0`` plus its fill
 ``F`` (constant along the sparse dims: ``F = a * ones`` for a scalar fill, ``ones_m (x) f`` for a
@@ -19,35 +20,37 @@ matrix ``(nb * m, nb * k)``.  ``X @ B`` (dense on the left) is ``(B0^T @ X^T)^T 
 * Indefinite fill (masked semantics, as the reductions): unspecified elements are skipped,
   i.e. contribute nothing to the sums, so the operand acts as its zero-fill part
   (``A @ x == A.to_dense(fill_value=0) @ x``; an empty sum is 0).
-* Non-finite fill (NaN, +-inf): ``A0 = A - F`` would be NaN everywhere, so the fill term is
-  summed exactly over the unspecified elements of each row: with ``T = F * X`` (``F`` constant
-  along the rows), ``C = T.sum(-2) - P @ T`` for the finite part of ``T`` and the counts of
-  ``+inf``, ``-inf`` and NaN terms (``P`` the pattern matrix), all in one native product of
-  4n columns; a fill constant along each row (a transposed hybrid) counts the signs of ``X``
-  instead.  Sparse @ sparse with a scalar non-finite fill: the same sums, each a sparse @ sparse
-  product with finite fills (``linalg_nonfinite.nonfinite_sp_sp``).  Other non-finite array fills: the operand
-  is densified quietly when no larger than the result, else the densify fallback (warned).
+* Non-finite fill (NaN, +-inf): ``A0 = A - F`` would be NaN everywhere, so the fill term is summed
+  exactly over the unspecified elements of each row: with ``T = F * X`` (``F`` constant along the
+  rows), ``C = T.sum(-2) - P @ T`` for the finite part of ``T`` and the counts of ``+inf``, ``-inf``
+  and NaN terms (``P`` the pattern matrix), all in one native product of 4n columns; a fill constant
+  along each row (a transposed hybrid) counts the signs of ``X`` instead.  Sparse @ sparse with a
+  scalar non-finite fill: the same sums, each a sparse @ sparse product with finite fills
+  (``linalg_nonfinite.nonfinite_sp_sp``).  Other non-finite array fills: the operand is densified
+  quietly when no larger than the result, else the densify fallback (warned).
 * Hybrid operands: the dense dims are unrolled into matrix coordinates (each stored dense
   slice is ``prod(dense_shape)`` stored elements); the array fill stays a broadcastable
   tensor in the correction.
-* Non-finite dense operand (an ``inf``/NaN in ``X``; checked once, by its finite column sums, O(X); traced:
-  always this path, branch-free): the products are the dense ones, unlike torch's own sparse
+* Non-finite dense operand (an ``inf``/NaN in ``X``; checked once, by its finite column sums, O(X);
+  traced: always this path, branch-free): the products are the dense ones, unlike torch's own sparse
   products.  Zero fill: NaN wherever a row's unspecified element meets an ``inf``/NaN ``X[k, j]``
   (``0 * inf``), counted by one native product; a nonzero fill: its terms summed over the
   unspecified elements as the non-finite fill's are (counts of ``+inf``, ``-inf``, NaN terms: no
-  ``inf - inf`` from the decomposition).  An indefinite fill forms no products there (masked).  Complex: the
-  exact real products of the real and imaginary parts; a fill varying along both matrix dims (sparse along
-  the batch only): each matrix is stored whole or is the fill.
-* Stored inf/NaN in a sparse @ sparse product (checked by the sums of the stored values, O(nse)): the
-  terms they form with the other operand's unspecified elements are formed as dense forms them (zero
-  fills: NaN in the rows/columns holding them, the result stays sparse; otherwise the counts of
-  ``+inf``, ``-inf``, NaN terms, each a product of indicator operands): :func:`.linalg_nonfinite.sp_sp_stored_nonfinite`.
+  ``inf - inf`` from the decomposition).  An indefinite fill forms no products there (masked).
+  Complex: the exact real products of the real and imaginary parts; a fill varying along both matrix
+  dims (sparse along the batch only): each matrix is stored whole or is the fill.
+* Stored inf/NaN in a sparse @ sparse product (checked by the sums of the stored values, O(nse)):
+  the terms they form with the other operand's unspecified elements are formed as dense forms them
+  (zero fills: NaN in the rows/columns holding them, the result stays sparse; otherwise the counts
+  of ``+inf``, ``-inf``, NaN terms, each a product of indicator operands):
+  :func:`.linalg_nonfinite.sp_sp_stored_nonfinite`.
 
-* Half types (bfloat16, float16; torch's sparse kernels have none): computed in float32 and rounded once
-  (:func:`product`; ``addmm``-like ops too, ``products._half_in_float32``), as torch's dense CPU ``mm``
-  accumulates them: equal to the dense bfloat16 product but for float32 summation order (one ulp in ~0.01%
-  of elements), and 6-14x faster than a gather/index_add product in the half type.  Under ``torch.autocast``
-  the SparseTensor operand is cast by autocast itself (``_to_copy``: values and fill), as a dense one.
+* Half types (bfloat16, float16; torch's sparse kernels have none): computed in float32 and rounded
+  once (:func:`product`; ``addmm``-like ops too, ``products._half_in_float32``), as torch's dense
+  CPU ``mm`` accumulates them: equal to the dense bfloat16 product but for float32 summation order
+  (one ulp in ~0.01% of elements), and 6-14x faster than a gather/index_add product in the half
+  type.  Under ``torch.autocast`` the SparseTensor operand is cast by autocast itself (``_to_copy``:
+  values and fill), as a dense one.
 
 Ops: ``mm bmm mv dot vdot addmm addmv baddbmm addbmm addr`` here; ``matmul einsum tensordot
 inner outer`` (CompositeImplicit) arrive as these plus the views of ``shape.py``.  Integer
@@ -98,11 +101,15 @@ class _Mat:
     ``vals`` are the stored values, ``fill`` the fill as a 3-d tensor broadcastable to
     ``(nb, m, k)`` (None when zero or indefinite), ``finite`` whether it is finite."""
 
-    def __init__(self, nb, m, k, crow, col, vals, fill, finite, layout, rows=None, key=None, indefinite=False):
+    def __init__(
+        self, nb, m, k, crow, col, vals, fill, finite, layout, rows=None, key=None, indefinite=False
+    ):
         self.nb, self.m, self.k, self.indefinite = nb, m, k, indefinite
         self.crow, self.col, self.vals, self.fill, self.finite = crow, col, vals, fill, finite
         self.layout, self._rows = layout, rows
-        self.key = key  # (the operand's index tensors, a tag of what else the pattern depends on) or None
+        self.key = (
+            key  # (the operand's index tensors, a tag of what else the pattern depends on) or None
+        )
         self.values_owner = None  # (set by _mat: the operand's values may be kept reordered)
 
     @property
@@ -123,28 +130,61 @@ class _Mat:
     def csr(self, values=None):
         """The native CSR block-diagonal matrix; ``values`` default to ``A0 = A - F``."""
         if values is None:
-            values = self.vals if self.fill is None or not self.finite else self.vals - self.fill_at()
+            values = (
+                self.vals if self.fill is None or not self.finite else self.vals - self.fill_at()
+            )
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)  # "Sparse CSR tensor support is in beta state"
-            return torch.sparse_csr_tensor(self.crow, self.col, values, (self.nb * self.m, self.nb * self.k))
+            warnings.simplefilter(
+                "ignore", UserWarning
+            )  # "Sparse CSR tensor support is in beta state"
+            return torch.sparse_csr_tensor(
+                self.crow, self.col, values, (self.nb * self.m, self.nb * self.k)
+            )
 
-    def t(self) -> "_Mat":
+    def t(self) -> _Mat:
         """The transposed matrices: global rows and columns swap roles (a stable counting sort)."""
-        if traced(self.col):  # compiled: the gather/scatter-add products read rows and columns in any order
+        if traced(
+            self.col
+        ):  # compiled: the gather/scatter-add products read rows and columns in any order
             fill = None if self.fill is None else self.fill.transpose(-1, -2)
-            return _Mat(self.nb, self.k, self.m, None, self.rows, self.vals, fill, self.finite, self.layout, self.col,
-                        indefinite=self.indefinite)
+            return _Mat(
+                self.nb,
+                self.k,
+                self.m,
+                None,
+                self.rows,
+                self.vals,
+                fill,
+                self.finite,
+                self.layout,
+                self.col,
+                indefinite=self.indefinite,
+            )
         if self.key is None:
             perm, crow, tcol, trows = self._transposed_pattern()
         else:  # the operand's own index tensors: the same pattern recurs (a training loop), sorted once
             tensors, tag = self.key
             tag = ("mat_t", self.nb, self.m, self.k) + tag
             perm, crow, tcol, trows = pattern_cached(tag, tensors, self._transposed_pattern)
-        vals = self.vals[perm] if self.key is None else \
-            gathered_cached(self.vals, perm, tag, tensors, self.values_owner)
+        vals = (
+            self.vals[perm]
+            if self.key is None
+            else gathered_cached(self.vals, perm, tag, tensors, self.values_owner)
+        )
         fill = None if self.fill is None else self.fill.transpose(-1, -2)
-        return _Mat(self.nb, self.k, self.m, crow, tcol, vals, fill, self.finite, self.layout, trows,
-                    indefinite=self.indefinite)
+        return _Mat(
+            self.nb,
+            self.k,
+            self.m,
+            crow,
+            tcol,
+            vals,
+            fill,
+            self.finite,
+            self.layout,
+            trows,
+            indefinite=self.indefinite,
+        )
 
     def _transposed_pattern(self):
         """``(perm, crow, col, rows)`` of the transpose: the stored elements reordered by column."""
@@ -170,14 +210,30 @@ def _mat(A: SparseTensor) -> _Mat | None:
         if nd == 3:
             nse = col.shape[-1]
             off = torch.arange(nb, device=col.device)[:, None]
-            crow = torch.cat([(crow[:, :-1] + off * nse).reshape(-1), crow.new_full((1,), nb * nse)])
+            crow = torch.cat(
+                [(crow[:, :-1] + off * nse).reshape(-1), crow.new_full((1,), nb * nse)]
+            )
             col, vals = (col + off * k).reshape(-1), vals.reshape(-1)
-        M = _Mat(nb, m, k, crow, col, vals, fill, finite, A._sf_layout, key=((A._crow, A._col), ()),
-                 indefinite=A._indefinite)
+        M = _Mat(
+            nb,
+            m,
+            k,
+            crow,
+            col,
+            vals,
+            fill,
+            finite,
+            A._sf_layout,
+            key=((A._crow, A._col), ()),
+            indefinite=A._indefinite,
+        )
         M.values_owner = kept_values_owner(A)
         return M
     idx, vals = coalesced_parts(A)
-    key = ((idx,), tuple(A._dense_shape))  # (indices, not their row views: untracked in __torch_dispatch__)
+    key = (
+        (idx,),
+        tuple(A._dense_shape),
+    )  # (indices, not their row views: untracked in __torch_dispatch__)
     if A.dense_dim():
         idx, vals = scalar_parts(idx, vals, A._dense_shape)
     if nd == 2:
@@ -203,16 +259,32 @@ def _native_spmm(M: _Mat, X: torch.Tensor, values=None, bias=None) -> torch.Tens
     ``(1, m, n)`` is added by the same kernel (``addmm``: no second pass over the result)."""
     n = X.shape[-1]
     Xs = X.expand(M.nb, M.k, n).reshape(M.nb * M.k, n)
-    if traced(M.col) or traced(Xs):  # torch's sparse kernels do not trace: a gather and a scatter-add
+    if traced(M.col) or traced(
+        Xs
+    ):  # torch's sparse kernels do not trace: a gather and a scatter-add
         out = _gather_spmm(M, Xs, values).view(M.nb, M.m, n)
         return out if bias is None else out + bias
     mat = M.csr(values)
-    if not (mat.dtype.is_floating_point or mat.dtype.is_complex):  # torch's CSR kernels: floating only
-        mat = torch.sparse_coo_tensor(torch.stack([M.rows, M.col]), mat.values(), mat.shape, is_coalesced=True)
-    if mat.dtype == torch.float32 and _longest_row(M) > _LONG_ROW:  # (float64 sums, rounded once: as accurate as
-        out = (mat.to(torch.float64) @ Xs.to(torch.float64)).to(mat.dtype).view(M.nb, M.m, n)  # torch's dense)
+    if not (
+        mat.dtype.is_floating_point or mat.dtype.is_complex
+    ):  # torch's CSR kernels: floating only
+        mat = torch.sparse_coo_tensor(
+            torch.stack([M.rows, M.col]), mat.values(), mat.shape, is_coalesced=True
+        )
+    if (
+        mat.dtype == torch.float32 and _longest_row(M) > _LONG_ROW
+    ):  # (float64 sums, rounded once: as accurate as
+        out = (
+            (mat.to(torch.float64) @ Xs.to(torch.float64)).to(mat.dtype).view(M.nb, M.m, n)
+        )  # torch's dense)
         return out if bias is None else out + bias
-    if bias is not None and M.nb == 1 and bias.dim() == 3 and bias.shape[0] == 1 and bias.dtype == mat.dtype:
+    if (
+        bias is not None
+        and M.nb == 1
+        and bias.dim() == 3
+        and bias.shape[0] == 1
+        and bias.dtype == mat.dtype
+    ):
         return torch.addmm(bias[0], mat, Xs).view(1, M.m, n)
     out = (mat @ Xs).view(M.nb, M.m, n)
     return out if bias is None else out + bias
@@ -222,20 +294,25 @@ _LONG_ROW = 256  # (a float32 row longer than this accumulates in float64)
 
 
 def _longest_row(M: _Mat) -> int:
-    """The most stored elements of a row of ``M``: torch's CSR kernels sum a row's products in order, in one
-    float32 slot (a 1M-element row: ~1e-4 relative error, where torch's dense ``dot`` and ``mv`` err ~1e-7)."""
+    """The most stored elements of a row of ``M``: torch's CSR kernels sum a row's products in
+    order, in one float32 slot (a 1M-element row: ~1e-4 relative error, where torch's dense ``dot``
+    and ``mv`` err ~1e-7)."""
     if M.crow.numel() < 2:
         return 0
     if M.key is None:
         return int((M.crow[1:] - M.crow[:-1]).max())
     tensors, tag = M.key
-    return pattern_cached(("longest_row", M.nb, M.m, M.k, M.crow.numel()) + tag, tensors,
-                          lambda: int((M.crow[1:] - M.crow[:-1]).max()))
+    return pattern_cached(
+        ("longest_row", M.nb, M.m, M.k, M.crow.numel()) + tag,
+        tensors,
+        lambda: int((M.crow[1:] - M.crow[:-1]).max()),
+    )
 
 
 def _gather_spmm(M: _Mat, Xs: torch.Tensor, values=None) -> torch.Tensor:
-    """``out[r] = sum(values[e] * Xs[col[e]] for the stored e of row r)``, ``(nb * m, n)``: ``M.csr(values) @ Xs``
-    in ops that torch.compile traces (values default to ``A0 = A - F``, as :meth:`_Mat.csr`)."""
+    """``out[r] = sum(values[e] * Xs[col[e]] for the stored e of row r)``, ``(nb * m, n)``:
+    ``M.csr(values) @ Xs`` in ops that torch.compile traces (values default to ``A0 = A - F``, as
+    :meth:`_Mat.csr`)."""
     if values is None:
         values = M.vals if M.fill is None or not M.finite else M.vals - M.fill_at()
     terms = values[:, None] * Xs.index_select(0, M.col)
@@ -243,10 +320,10 @@ def _gather_spmm(M: _Mat, Xs: torch.Tensor, values=None) -> torch.Tensor:
 
 
 def _colsum_if_finite(X: torch.Tensor):
-    """``X.sum(-2, keepdim=True)`` when it is finite, else None (traced: None, no data read).  A finite
-    column sum means no inf or NaN in ``X`` (they propagate); an overflow only sends a finite ``X`` to the
-    exact path.  One pass of adds (``isfinite(X).all()`` costs ~20x more on CPU); the nonzero fill's
-    correction reuses the sums."""
+    """``X.sum(-2, keepdim=True)`` when it is finite, else None (traced: None, no data read).  A
+    finite column sum means no inf or NaN in ``X`` (they propagate); an overflow only sends a finite
+    ``X`` to the exact path.  One pass of adds (``isfinite(X).all()`` costs ~20x more on CPU); the
+    nonzero fill's correction reuses the sums."""
     s = X.sum(-2, keepdim=True)
     if not (X.dtype.is_floating_point or X.dtype.is_complex):
         return s
@@ -265,8 +342,11 @@ def _sp_dense(M: _Mat, X: torch.Tensor) -> torch.Tensor | None:
     if s is not None:
         if M.fill is None:
             return _native_spmm(M, X)
-        return _native_spmm(M, X, bias=M.fill * s if M.fill.shape[-1] == 1 else torch.matmul(M.fill, X))
+        return _native_spmm(
+            M, X, bias=M.fill * s if M.fill.shape[-1] == 1 else torch.matmul(M.fill, X)
+        )
     from .linalg_nonfinite import sp_dense_exact
+
     return sp_dense_exact(M, X)
 
 
@@ -277,12 +357,14 @@ def _dense_sp(X: torch.Tensor, M: _Mat) -> torch.Tensor | None:
 
 
 def _sp_sp(A: _Mat, B: _Mat):
-    """``A @ B``: a SparseTensor for zero fills, else dense ``(nb, m, n)`` (None: not handled here).  A stored
-    inf/NaN (checked by the sum of the stored values, O(nse)) takes :func:`.linalg_nonfinite.sp_sp_stored_nonfinite`."""
+    """``A @ B``: a SparseTensor for zero fills, else dense ``(nb, m, n)`` (None: not handled here).
+    A stored inf/NaN (checked by the sum of the stored values, O(nse)) takes
+    :func:`.linalg_nonfinite.sp_sp_stored_nonfinite`."""
     if not (A.finite and B.finite and (A.vals.dtype.is_floating_point or A.vals.dtype.is_complex)):
         return None
     if not (known_true(torch.isfinite(A.vals.sum())) and known_true(torch.isfinite(B.vals.sum()))):
         from .linalg_nonfinite import sp_sp_stored_nonfinite
+
         return sp_sp_stored_nonfinite(A, B)
     nb, m, n = A.nb, A.m, B.k
     b, i, j, vals = _native_pairs(A, B)
@@ -292,11 +374,17 @@ def _sp_sp(A: _Mat, B: _Mat):
     if A.fill is not None:  # F @ B0
         f = A.fill
         if f.shape[-1] == 1:
-            colsum = B.vals.new_zeros(nb * n).index_put_((B.col,), B.csr().values(), accumulate=True)
+            colsum = B.vals.new_zeros(nb * n).index_put_(
+                (B.col,), B.csr().values(), accumulate=True
+            )
             out = out + f * colsum.view(nb, 1, n)
         else:
-            out = out + _dense_sp(f.expand(f.shape[0], f.shape[1], A.k), _Mat(
-                B.nb, B.m, B.k, B.crow, B.col, B.csr().values(), None, True, B.layout, B._rows))
+            out = out + _dense_sp(
+                f.expand(f.shape[0], f.shape[1], A.k),
+                _Mat(
+                    B.nb, B.m, B.k, B.crow, B.col, B.csr().values(), None, True, B.layout, B._rows
+                ),
+            )
     if B.fill is not None:  # A0 @ G
         g = B.fill
         a0 = A.csr().values()
@@ -307,17 +395,21 @@ def _sp_sp(A: _Mat, B: _Mat):
             out = out + _native_spmm(A, g.expand(g.shape[0], B.m, g.shape[-1]))
     if A.fill is not None and B.fill is not None:  # F @ G
         f, g = A.fill, B.fill
-        out = out + torch.matmul(f.expand(f.shape[0], f.shape[1], A.k), g.expand(g.shape[0], B.m, g.shape[-1]))
+        out = out + torch.matmul(
+            f.expand(f.shape[0], f.shape[1], A.k), g.expand(g.shape[0], B.m, g.shape[-1])
+        )
     return out
 
 
 def _native_pairs(A: _Mat, B: _Mat):
-    """``A0 @ B0`` by torch's native CSR product (block diagonal ``(nb*m, nb*n)``) as ``(b, i, j, values)``."""
+    """``A0 @ B0`` by torch's native CSR product (block diagonal ``(nb*m, nb*n)``) as ``(b, i, j,
+    values)``."""
     P = A.csr() @ B.csr()
     crow, col, vals = P.crow_indices(), P.col_indices(), P.values()
     m, n = A.m, B.k
-    rows = torch.repeat_interleave(torch.arange(A.nb * m, device=col.device), crow[1:] - crow[:-1],
-                                   output_size=col.numel())
+    rows = torch.repeat_interleave(
+        torch.arange(A.nb * m, device=col.device), crow[1:] - crow[:-1], output_size=col.numel()
+    )
     b = rows // m if m else rows
     return b, rows - b * m, col - b * n, vals
 
@@ -326,10 +418,10 @@ def _native_pairs(A: _Mat, B: _Mat):
 def product(a, b, out_shape, *, sparse_ok=True):
     """``a @ b`` for 1-d, 2-d or 3-d (batched, equal batch) operands, at least one a SparseTensor.
 
-    Returns a tensor of ``out_shape``: a SparseTensor when both are SparseTensors with zero
-    (or indefinite) fills and ``sparse_ok``, else dense; None when not handled here.  Half types
-    (bfloat16, float16; torch's sparse kernels have none) are computed in float32 and rounded once, as
-    torch's dense CPU product accumulates them."""
+    Returns a tensor of ``out_shape``: a SparseTensor when both are SparseTensors with zero (or
+    indefinite) fills and ``sparse_ok``, else dense; None when not handled here.  Half types
+    (bfloat16, float16; torch's sparse kernels have none) are computed in float32 and rounded once,
+    as torch's dense CPU product accumulates them."""
     if min(a.dim(), b.dim()) == 0:
         return None
     if a.dtype in _HALF:
@@ -338,9 +430,19 @@ def product(a, b, out_shape, *, sparse_ok=True):
     if any(s == 0 for s in tuple(a.shape) + tuple(b.shape)) or not _index.numel(out_shape):
         dtype, device = a.dtype, a.device
         both = isinstance(a, SparseTensor) and isinstance(b, SparseTensor)
-        if both and sparse_ok and a._fill_is_zero() | a._indefinite and b._fill_is_zero() | b._indefinite:
-            return _sparse_out(a, b, out_shape, *(torch.zeros(0, dtype=torch.int64, device=device),) * 3,
-                               torch.zeros(0, dtype=dtype, device=device))
+        if (
+            both
+            and sparse_ok
+            and a._fill_is_zero() | a._indefinite
+            and b._fill_is_zero() | b._indefinite
+        ):
+            return _sparse_out(
+                a,
+                b,
+                out_shape,
+                *(torch.zeros(0, dtype=torch.int64, device=device),) * 3,
+                torch.zeros(0, dtype=dtype, device=device),
+            )
         return torch.zeros(out_shape, dtype=dtype, device=device)
     va, vb = (0 if a.dim() == 1 else None), (1 if b.dim() == 1 else None)
     A = _as_matrix(a, va) if isinstance(a, SparseTensor) else None
@@ -356,6 +458,7 @@ def product(a, b, out_shape, *, sparse_ok=True):
             r = out
         elif r is None:  # a non-finite fill
             from .linalg_nonfinite import nonfinite_sp_sp, one_dense
+
             r = nonfinite_sp_sp(a, b)
             if r is None:  # one operand dense, if that costs no more than the result
                 r = one_dense(a, b, A, B, out_shape)
@@ -372,8 +475,8 @@ _HALF = (torch.bfloat16, torch.float16)
 
 
 def _upcast(T: torch.Tensor) -> torch.Tensor:
-    """``T`` in float32 (exact); a SparseTensor is coalesced first: its duplicates add up in its own dtype,
-    as in its dense tensor."""
+    """``T`` in float32 (exact); a SparseTensor is coalesced first: its duplicates add up in its own
+    dtype, as in its dense tensor."""
     if not isinstance(T, SparseTensor):
         return T.float()
     return map_inner(T if T._coalesced else coalesce_of(T), torch.Tensor.float)

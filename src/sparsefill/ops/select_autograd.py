@@ -1,14 +1,16 @@
-"""The backward of ``max``/``min`` with a dim (values and indices), as sparse as their forward: the gradient
+"""The backward of ``max``/``min`` with a dim (values and indices), as sparse as their forward: the
+gradient
 goes to the element each output position selected (torch's ``value_selecting_reduction_backward``)::
 
     (Y, I) = max(A, dim)        grad_A[..., i, ...] = G[..., ...] where I[..., ...] == i, else 0
 
-With ``dim`` a sparse dim (:func:`select_grad`) a stored element gets ``G`` where it was selected; over a dense
-dim (:func:`select_dense_grad`) ``G`` is scattered to the selected position of each stored slice.  The
-unspecified elements get what the selections among them got, summed (an inf stays inf) and divided among
-them: the mean as the fill, exact for what reads the gradient at the pattern and in sum (the constructor),
-so it is routed only where ``linalg_autograd.pattern_grad_is_exact(A)``; an indefinite fill: 0.  ``max()``
-and ``min()`` over every dim are the reductions of ``reduction_autograd.py`` (evenly among the maxima).
+With ``dim`` a sparse dim (:func:`select_grad`) a stored element gets ``G`` where it was selected;
+over a dense dim (:func:`select_dense_grad`) ``G`` is scattered to the selected position of each
+stored slice.  The unspecified elements get what the selections among them got, summed (an inf stays
+inf) and divided among them: the mean as the fill, exact for what reads the gradient at the pattern
+and in sum (the constructor), so it is routed only where
+``linalg_autograd.pattern_grad_is_exact(A)``; an indefinite fill: 0.  ``max()`` and ``min()`` over
+every dim are the reductions of ``reduction_autograd.py`` (evenly among the maxima).
 
 >>> import torch, sparsefill
 >>> v = torch.tensor([1., 4.], requires_grad=True)
@@ -33,15 +35,16 @@ from .reduction_autograd import _FLOATS, _apply, _bind, _on_pattern, _sig_all, _
 
 T = torch.Tensor
 
+
 def select_grad(P: SparseTensor, dim: int, keepdim: bool, I, G) -> SparseTensor:
-    """The gradient of ``P`` through ``(Y, I) = max(P, dim)`` (or ``min``): ``G`` at the element each output
-    position selected (``I``, torch's ``value_selecting_reduction_backward``).  Exact at the pattern; the
-    fill is the mean over the unspecified elements of what the selections there got (``G`` at the output
-    positions that selected no stored element, summed directly: an inf stays inf), so it is routed only
-    where ``pattern_grad_is_exact``; an indefinite fill: 0."""
+    """The gradient of ``P`` through ``(Y, I) = max(P, dim)`` (or ``min``): ``G`` at the element
+    each output position selected (``I``, torch's ``value_selecting_reduction_backward``).  Exact at
+    the pattern; the fill is the mean over the unspecified elements of what the selections there got
+    (``G`` at the output positions that selected no stored element, summed directly: an inf stays
+    inf), so it is routed only where ``pattern_grad_is_exact``; an indefinite fill: 0."""
     sd, D = P._sparse_ndim(), tuple(P._dense_shape)
     idx, V = coalesced_parts(P)
-    oidx = idx.clone() if keepdim else torch.cat([idx[:dim], idx[dim + 1:]])
+    oidx = idx.clone() if keepdim else torch.cat([idx[:dim], idx[dim + 1 :]])
     if keepdim:
         oidx[dim] = 0
     osd = sd if keepdim else sd - 1
@@ -56,8 +59,9 @@ def select_grad(P: SparseTensor, dim: int, keepdim: bool, I, G) -> SparseTensor:
         gf, zero = gv.new_zeros(D), True
     else:  # G where an unspecified element was selected: touched slices whose stored elements all missed, the rest
         ukeys, inv = torch.unique(keys, return_inverse=True)
-        taken = torch.zeros((ukeys.numel(),) + D, dtype=torch.bool, device=hit.device).index_put_((inv,), hit,
-                                                                                                  accumulate=True)
+        taken = torch.zeros((ukeys.numel(),) + D, dtype=torch.bool, device=hit.device).index_put_(
+            (inv,), hit, accumulate=True
+        )
         missed = torch.where(taken, zero_t, values_at(G, ukeys, osd)).sum(0)
         if osd:
             rest = sum_outside(G, _index.unravel(ukeys, I.shape[:osd]), I.shape, D)
@@ -68,10 +72,11 @@ def select_grad(P: SparseTensor, dim: int, keepdim: bool, I, G) -> SparseTensor:
 
 
 def select_dense_grad(P: SparseTensor, dim: int, keepdim: bool, I, G) -> SparseTensor:
-    """The gradient of ``P`` through ``(Y, I) = max(P, dim)`` (or ``min``) over the dense dim ``dim``: ``G``
-    scattered to the selected position of each stored slice (torch's ``value_selecting_reduction_backward``),
-    and for the unspecified slices, all alike (the fill's selection), ``G`` summed over them there: the mean as
-    the fill (routed where ``pattern_grad_is_exact``); an indefinite fill: 0."""
+    """The gradient of ``P`` through ``(Y, I) = max(P, dim)`` (or ``min``) over the dense dim
+    ``dim``: ``G`` scattered to the selected position of each stored slice (torch's
+    ``value_selecting_reduction_backward``), and for the unspecified slices, all alike (the fill's
+    selection), ``G`` summed over them there: the mean as the fill (routed where
+    ``pattern_grad_is_exact``); an indefinite fill: 0."""
     sd, D = P._sparse_ndim(), tuple(P._dense_shape)
     d = dim - sd
     idx, V = coalesced_parts(P)
@@ -89,13 +94,16 @@ def select_dense_grad(P: SparseTensor, dim: int, keepdim: bool, I, G) -> SparseT
         If = I._fill.expand(tuple(I.shape[sd:]))
         if not keepdim:
             rest, If = rest.unsqueeze(d), If.unsqueeze(d)
-        gf, zero = torch.zeros(D, dtype=V.dtype, device=V.device).scatter(d, If, rest.to(V.dtype)) / n, False
+        gf, zero = (
+            torch.zeros(D, dtype=V.dtype, device=V.device).scatter(d, If, rest.to(V.dtype)) / n,
+            False,
+        )
     return _on_pattern(P, idx, gv, gf, zero)
 
 
 class SparseSelect(torch.autograd.Function):
-    """``(Y, I) = call(A)``: ``max``/``min`` over ``dim``; the backward is :func:`select_grad` (a sparse dim) or
-    :func:`select_dense_grad` (a dense dim)."""
+    """``(Y, I) = call(A)``: ``max``/``min`` over ``dim``; the backward is :func:`select_grad` (a
+    sparse dim) or :func:`select_dense_grad` (a dense dim)."""
 
     @staticmethod
     def forward(A, call, dim, keepdim):
@@ -108,7 +116,9 @@ class SparseSelect(torch.autograd.Function):
         ctx.save_for_backward(output[1])
         ctx.mark_non_differentiable(output[1])
 
-    vmap = staticmethod(lambda info, in_dims, *args: refuse_vmap("a SparseTensor max/min over a dim"))
+    vmap = staticmethod(
+        lambda info, in_dims, *args: refuse_vmap("a SparseTensor max/min over a dim")
+    )
 
     @staticmethod
     @once_differentiable
@@ -125,14 +135,19 @@ def _sig_max_dim(input, dim, keepdim=False):
 
 @register_route(torch.max, T.max, torch.min, T.min)
 def _route_max_min(func, args, kwargs):
-    """``max()``/``min()`` as the other reductions; ``max(A, dim, keepdim)`` through :class:`SparseSelect`
-    (``max(A, B)``: torch's path)."""
+    """``max()``/``min()`` as the other reductions; ``max(A, dim, keepdim)`` through
+    :class:`SparseSelect` (``max(A, B)``: torch's path)."""
     if _bind(_sig_all, args, kwargs) is not False:
         return _apply(func, args, kwargs, func.__name__, None)
     b = _bind(_sig_max_dim, args, kwargs)
     A = args[0] if args else kwargs.get("input")
-    if not b or not isinstance(b[0], int) or isinstance(b[0], bool) or not isinstance(b[1], bool) or not (
-            isinstance(A, SparseTensor) and A.requires_grad and A.dtype in _FLOATS and A.dim()):
+    if (
+        not b
+        or not isinstance(b[0], int)
+        or isinstance(b[0], bool)
+        or not isinstance(b[1], bool)
+        or not (isinstance(A, SparseTensor) and A.requires_grad and A.dtype in _FLOATS and A.dim())
+    ):
         return NotImplemented
     dim, keepdim = b
     if not -A.dim() <= dim < A.dim() or not pattern_grad_is_exact(A):

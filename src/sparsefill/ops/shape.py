@@ -13,8 +13,9 @@ indices and values; the dense tensor follows exactly::
   differs are specified (a DensifyWarning when they are many: such a result is dense by nature);
 * ``view`` re-linearises the indices over the new shape (dense dims untouched when the
   new shape keeps them; else they become sparse dims as above);
-* ``expand`` of a size-1 sparse dim makes the sparse dims from it on dense and expands the values (a view,
-  O(nse)); where it cannot, it repeats the stored elements (O(nse * repeats), under the densify policy).
+* ``expand`` of a size-1 sparse dim makes the sparse dims from it on dense and expands the values (a
+  view, O(nse)); where it cannot, it repeats the stored elements (O(nse * repeats), under the
+  densify policy).
 
 Results are COO (a CSR input is read through its COO parts): the products in
 ``linalg.py`` rebuild CSR arrays themselves.  The outputs are SparseTensor views of
@@ -50,8 +51,16 @@ def _fill_dense(A: SparseTensor) -> torch.Tensor:
 
 
 def _make(A: SparseTensor, shape, idx, vals, fill, coalesced, known_zero=None) -> SparseTensor:
-    return SparseTensor(torch.sparse_coo, shape, vals, fill, indices=idx, indefinite=A._indefinite, coalesced=coalesced,
-                        known_zero=A._fill_is_zero() if known_zero is None else known_zero)
+    return SparseTensor(
+        torch.sparse_coo,
+        shape,
+        vals,
+        fill,
+        indices=idx,
+        indefinite=A._indefinite,
+        coalesced=coalesced,
+        known_zero=A._fill_is_zero() if known_zero is None else known_zero,
+    )
 
 
 def _uniform_fill(A: SparseTensor) -> bool:
@@ -64,7 +73,9 @@ def _mode(f: torch.Tensor) -> torch.Tensor:
         return f.new_zeros(())
     nan = f.isnan() if f.is_floating_point() else None
     g = f[~nan] if nan is not None else f
-    if g.is_complex():  # (the choice only affects how many elements get specified, never the values)
+    if (
+        g.is_complex()
+    ):  # (the choice only affects how many elements get specified, never the values)
         u, counts = torch.unique(torch.view_as_real(g), dim=0, return_counts=True)
         u = torch.view_as_complex(u.contiguous()) if u.numel() else u
     else:
@@ -78,14 +89,20 @@ def all_sparse(A: SparseTensor) -> SparseTensor:
     """``A`` with every dense dim turned into a sparse dim (roadmap Note 2).
 
     Each stored dense slice becomes ``prod(dense_shape)`` stored elements.  An array fill ``f``
-    becomes the scalar fill ``c = mode(f)``; every unspecified position whose fill differs from ``c``
+    becomes the scalar fill ``c = mode(f)``; every unspecified position whose fill differs from
+    ``c``
     is specified explicitly::
 
         extra elements = (#unspecified sparse positions) * (#{q : f[q] != c})
 
-    through ``_policy.check_specify`` (a DensifyWarning past 65536: such a result is dense by nature)."""
+    through ``_policy.check_specify`` (a DensifyWarning past 65536: such a result is dense by
+    nature)."""
     if not A.dense_dim():
-        return A if A._sf_layout is torch.sparse_coo else _make(A, A.shape, *A._coo_parts(), A._fill, A._coalesced)
+        return (
+            A
+            if A._sf_layout is torch.sparse_coo
+            else _make(A, A.shape, *A._coo_parts(), A._fill, A._coalesced)
+        )
     idx, vals = A._coo_parts()
     D, S = tuple(A._dense_shape), tuple(A._sparse_shape)
     nse = idx.shape[1]
@@ -100,17 +117,29 @@ def all_sparse(A: SparseTensor) -> SparseTensor:
         keys = _index.linearize(idx, S)
         stored = nse if A._coalesced else torch.unique(keys).numel()
         n = (_index.numel(S) - stored) * diff.numel()
-        check_specify(f"a dense dim of a tensor with an array fill becoming sparse ({n} elements specified)", n,
-                      vals.element_size() + 8 * A.dim())
+        check_specify(
+            f"a dense dim of a tensor with an array fill becoming sparse ({n} elements specified)",
+            n,
+            vals.element_size() + 8 * A.dim(),
+        )
         free = torch.ones(_index.numel(S), dtype=torch.bool, device=idx.device)
         free[keys] = False
         free = free.nonzero().reshape(-1)
-        extra = torch.cat([_index.unravel(free, S).repeat_interleave(diff.numel(), dim=1),
-                           _index.unravel(diff, D).repeat(1, free.numel())])
+        extra = torch.cat(
+            [
+                _index.unravel(free, S).repeat_interleave(diff.numel(), dim=1),
+                _index.unravel(diff, D).repeat(1, free.numel()),
+            ]
+        )
         extra_vals = f[diff].repeat(free.numel())
         if A._coalesced:  # (two disjoint sorted runs: a linear merge, not a sort)
-            keys, ps, pe = _merge.merge_union(_index.linearize(full, A.shape), _index.linearize(extra, A.shape))
-            merged, mvals = full.new_empty((full.shape[0], keys.numel())), vals.new_empty(keys.numel())
+            keys, ps, pe = _merge.merge_union(
+                _index.linearize(full, A.shape), _index.linearize(extra, A.shape)
+            )
+            merged, mvals = (
+                full.new_empty((full.shape[0], keys.numel())),
+                vals.new_empty(keys.numel()),
+            )
             merged[:, ps], merged[:, pe] = full, extra
             mvals[ps], mvals[pe] = vals, extra_vals
             full, vals = merged, mvals
@@ -128,6 +157,7 @@ def permute(A: SparseTensor, dims) -> SparseTensor | None:
 
     def real(lo, hi):
         return [p for p, d in enumerate(dims) if lo <= d < hi and A.shape[d] != 1]
+
     rs, rd = real(0, sd), real(sd, n)
     if rs and rd and max(rs) > min(rd):
         A = all_sparse(A)
@@ -144,9 +174,12 @@ def permute(A: SparseTensor, dims) -> SparseTensor | None:
         new_idx = _permuted_indices(A, dims[:nsd])
     order = dims[nsd:] + dims[:nsd]  # the new sparse dims last, where every axis has size 1
 
-    def move(t, lead):  # t: `lead` leading axes, then one axis per dim of A (size 1 for sparse dims)
+    def move(
+        t, lead
+    ):  # t: `lead` leading axes, then one axis per dim of A (size 1 for sparse dims)
         t = t.permute(list(range(lead)) + [lead + d for d in order])
         return t.reshape(t.shape[: lead + n - nsd])
+
     vals = move(vals[(slice(None),) + (None,) * sd], 1)
     fill = A._fill if A._indefinite else move(_fill_dense(A)[(None,) * sd], 0)
     return _make(A, shape, new_idx, vals, fill, coalesced)
@@ -161,15 +194,17 @@ def _permuted_indices(A: SparseTensor, sparse_dims) -> torch.Tensor:
 
 
 def _sorted_permuted_pattern(A: SparseTensor, sparse_dims, sparse_shape):
-    """``(perm, indices, tag, tensors)``: the permuted pattern of a coalesced ``A`` in sorted order, so the result is
-    coalesced too (``X.t() @ G`` of a data matrix then never sorts).  Computed once per pattern: a
-    training loop transposes the same constant matrix every step."""
+    """``(perm, indices, tag, tensors)``: the permuted pattern of a coalesced ``A`` in sorted order,
+    so the result is coalesced too (``X.t() @ G`` of a data matrix then never sorts).  Computed once
+    per pattern: a training loop transposes the same constant matrix every step."""
+
     def compute():
         idx = _permuted_indices(A, sparse_dims)
         _, perm = _index.sort_keys(_index.linearize(idx, sparse_shape))
         if perm is None:
             perm = torch.arange(idx.shape[1], device=idx.device)
         return perm, idx.index_select(1, perm)
+
     tensors = (A._idx,) if A._sf_layout is torch.sparse_coo else (A._crow, A._col)
     tag = ("permute", tuple(A.shape), tuple(sparse_dims), A._sparse_ndim())
     return pattern_cached(tag, tensors, compute) + (tag, tensors)
@@ -188,9 +223,10 @@ def unsqueeze(A: SparseTensor, dim: int) -> SparseTensor:
 
 
 def with_zero_row(idx: torch.Tensor, dim: int, shape) -> torch.Tensor:
-    """``idx`` (over ``shape``'s sparse dims) with a row of zeros inserted at ``dim`` (a new size-1 dim).  A large
-    CPU index is allocated zeroed by calloc (numpy's zeros): the rows of the size-1 dims, zeros, are not
-    written (their pages stay untouched until read) -- one row copied per dim of size > 1."""
+    """``idx`` (over ``shape``'s sparse dims) with a row of zeros inserted at ``dim`` (a new size-1
+    dim).  A large CPU index is allocated zeroed by calloc (numpy's zeros): the rows of the size-1
+    dims, zeros, are not written (their pages stay untouched until read) -- one row copied per dim
+    of size > 1."""
     n = idx.shape[1]
     if idx.device.type != "cpu" or idx.dtype != torch.int64 or n < _CALLOC_MIN or traced(idx):
         return torch.cat([idx[:dim], idx.new_zeros((1, n)), idx[dim:]])
@@ -220,11 +256,11 @@ def squeeze(A: SparseTensor, dims=None) -> SparseTensor:
 
 
 def _kept_rows(idx, keep, shape):
-    """``idx[keep]``, as a view of consecutive rows where some match: the row of a size-1 dim (all 0) stands
-    for any other's (O(1) instead of a copy of the index rows)."""
+    """``idx[keep]``, as a view of consecutive rows where some match: the row of a size-1 dim (all
+    0) stands for any other's (O(1) instead of a copy of the index rows)."""
     for a in range(idx.shape[0] - len(keep) + 1):
         if all(a + j == d or shape[a + j] == 1 and shape[d] == 1 for j, d in enumerate(keep)):
-            return idx[a:a + len(keep)]
+            return idx[a : a + len(keep)]
     return idx[keep]
 
 
@@ -232,7 +268,7 @@ def _infer(shape, numel):
     shape = list(shape)
     if -1 in shape:
         i = shape.index(-1)
-        rest = _index.numel(shape[:i] + shape[i + 1:])
+        rest = _index.numel(shape[:i] + shape[i + 1 :])
         shape[i] = numel // rest if rest else 0
     return shape
 
@@ -247,13 +283,17 @@ def view(A: SparseTensor, shape) -> SparseTensor | None:
     if t is None:
         A = all_sparse(A)
         t = 0
-    tail = shape[len(shape) - t:]
+    tail = shape[len(shape) - t :]
     idx, vals = A._coo_parts()
     vals = vals.reshape((vals.shape[0],) + tuple(tail))
     fill = A._fill
-    if not A._indefinite and fill.dim():  # (a one-element array fill too: dense dims (1, 1) may become ())
+    if (
+        not A._indefinite and fill.dim()
+    ):  # (a one-element array fill too: dense dims (1, 1) may become ())
         fill = _fill_dense(A).expand(A._dense_shape).reshape(tail)
-    elif not A._indefinite and fill.dim() > len(tail):  # (a one-element fill of more dims than the new dense ones)
+    elif not A._indefinite and fill.dim() > len(
+        tail
+    ):  # (a one-element fill of more dims than the new dense ones)
         fill = fill.reshape(())
     new = _index.unravel(_index.linearize(idx, A._sparse_shape), shape[: len(shape) - t])
     return _make(A, shape, new, vals, fill, A._coalesced)
@@ -264,7 +304,7 @@ def _dense_tail(A: SparseTensor, shape):
     D = [d for d in A._dense_shape if d != 1]
     S = _index.numel(A._sparse_shape)
     for t in range(len(shape) + 1):
-        tail = shape[len(shape) - t:]
+        tail = shape[len(shape) - t :]
         if [d for d in tail if d != 1] == D and _index.numel(shape[: len(shape) - t]) == S:
             return t
     return None
@@ -275,14 +315,16 @@ def expand(A: SparseTensor, size, keep_split: bool = False) -> SparseTensor | No
 
         expand(A, size).to_dense() == A.to_dense().expand(size)
 
-    Grown dense dims expand the values and the fill (stride 0).  Where sparse dims grow (size 1 to ``n``, or new
-    leading dims), the sparse dims from the first grown one on become dense dims (:func:`_splits.coarser`:
-    one slice per stored prefix, exact) and the values expand along them: the column of a row reduction
-    ``d = A.norm(1, 1, keepdim=True)`` expanded to ``A``'s shape (``F.normalize``) stores ``d``'s elements, not
-    ``n`` times as many.  Else (``keep_split``, the pointwise rule's broadcast that merges patterns at one
-    split; an indefinite prefix partly stored; or more slice elements than the repeats would store) the stored
-    elements repeat along the grown sparse dims (O(nse * repeats)), a dense-by-nature result past
-    ``SPECIFY_QUIET_ELEMENTS`` under the densify policy's gate (its byte limit raises DensifyError)."""
+    Grown dense dims expand the values and the fill (stride 0).  Where sparse dims grow (size 1 to
+    ``n``, or new leading dims), the sparse dims from the first grown one on become dense dims
+    (:func:`_splits.coarser`: one slice per stored prefix, exact) and the values expand along them:
+    the column of a row reduction ``d = A.norm(1, 1, keepdim=True)`` expanded to ``A``'s shape
+    (``F.normalize``) stores ``d``'s elements, not ``n`` times as many.  Else (``keep_split``, the
+    pointwise rule's broadcast that merges patterns at one split; an indefinite prefix partly
+    stored; or more slice elements than the repeats would store) the stored elements repeat along
+    the grown sparse dims (O(nse * repeats)), a dense-by-nature result past
+    ``SPECIFY_QUIET_ELEMENTS`` under the densify policy's gate (its byte limit raises
+    DensifyError)."""
     n = A.dim()
     lead = len(size) - n
     old = [1] * lead + list(A.shape)
@@ -298,8 +340,10 @@ def expand(A: SparseTensor, size, keep_split: bool = False) -> SparseTensor | No
             return out
     idx, vals = A._coo_parts()
     if grown and not traced(idx):  # (traced: nse may be unbacked)
-        what = f"expand of a SparseTensor of shape {list(A.shape)} to {size} along sparse dims: its " \
-               f"{idx.shape[1]} stored elements repeat {r} times"
+        what = (
+            f"expand of a SparseTensor of shape {list(A.shape)} to {size} along sparse dims: its "
+            f"{idx.shape[1]} stored elements repeat {r} times"
+        )
         nbytes = idx.shape[1] * r * (8 * sd + vals.element_size() * _index.numel(vals.shape[1:]))
         if idx.shape[1] * r > SPECIFY_QUIET_ELEMENTS:
             check_densify(what, nbytes, by_nature=True)
@@ -307,7 +351,9 @@ def expand(A: SparseTensor, size, keep_split: bool = False) -> SparseTensor | No
             check_limit(what, nbytes)
     idx = torch.cat([idx.new_zeros((lead, idx.shape[1])), idx])
     ordered = A._coalesced
-    for d in reversed(range(sd)):  # innermost first: each repeat keeps the order when the dims before are 1
+    for d in reversed(
+        range(sd)
+    ):  # innermost first: each repeat keeps the order when the dims before are 1
         if old[d] == 1 and size[d] != 1:
             r = size[d]
             nse = idx.shape[1]
@@ -316,32 +362,52 @@ def expand(A: SparseTensor, size, keep_split: bool = False) -> SparseTensor | No
             vals = vals.repeat((r,) + (1,) * (vals.dim() - 1))
             ordered = ordered and all(old[e] == 1 for e in range(d))
     vals = vals.expand([vals.shape[0]] + size[sd:])
-    fill = A._fill if A._indefinite or not A._fill.dim() else A._fill.expand(size[sd:])  # an array fill: as the values
+    fill = (
+        A._fill if A._indefinite or not A._fill.dim() else A._fill.expand(size[sd:])
+    )  # an array fill: as the values
     return _make(A, size, idx, vals, fill, ordered)
 
 
 def _expand_as_dense_dims(A: SparseTensor, size, f: int, r: int) -> SparseTensor | None:
-    """:func:`expand` with the dims from ``f`` on (of ``size``) dense, when :func:`_splits.coarser` can make them
-    dense (None for an indefinite ``A`` whose slices there are partly stored) and stores no more than the
-    repeats would (one slice of the old dims ``f..`` per stored prefix, against ``nse * r`` slices)."""
-    from .._splits import coarser  # (_splits imports _convert, which the registry's modules import first)
+    """:func:`expand` with the dims from ``f`` on (of ``size``) dense, when :func:`_splits.coarser`
+    can make them dense (None for an indefinite ``A`` whose slices there are partly stored) and
+    stores no more than the repeats would (one slice of the old dims ``f..`` per stored prefix,
+    against ``nse * r`` slices)."""
+    from .._splits import (
+        coarser,
+    )  # (_splits imports _convert, which the registry's modules import first)
+
     if traced(A._vals):  # (torch.compile: coarser's slice count is data; the repeats are not)
         return None
     nd, lead = len(size) - f, len(size) - A.dim()
     old = [1] * lead + list(A.shape)
     nse = A._nse()
     prefixes = min(nse, _index.numel(old[:f]))
-    if prefixes * _index.numel(old[f:len(old) - A.dense_dim()]) > nse * r:
+    if prefixes * _index.numel(old[f : len(old) - A.dense_dim()]) > nse * r:
         return None
     B = coarser(A, nd)
     if B is None:
         return None
     idx = B._idx
-    idx = torch.cat([idx.new_zeros((f - idx.shape[0], idx.shape[1])), idx]) if idx.shape[0] < f else idx
-    vals = B._vals.reshape((B._vals.shape[0],) + tuple(old[f:])).expand([B._vals.shape[0]] + size[f:])
+    idx = (
+        torch.cat([idx.new_zeros((f - idx.shape[0], idx.shape[1])), idx])
+        if idx.shape[0] < f
+        else idx
+    )
+    vals = B._vals.reshape((B._vals.shape[0],) + tuple(old[f:])).expand(
+        [B._vals.shape[0]] + size[f:]
+    )
     fill = B._fill if B._indefinite or not B._fill.dim() else B._fill.expand(size[f:])
-    return SparseTensor(torch.sparse_coo, size, vals, fill, indices=idx, indefinite=B._indefinite,
-                        coalesced=B._coalesced, known_zero=B._fill_is_zero())
+    return SparseTensor(
+        torch.sparse_coo,
+        size,
+        vals,
+        fill,
+        indices=idx,
+        indefinite=B._indefinite,
+        coalesced=B._coalesced,
+        known_zero=B._fill_is_zero(),
+    )
 
 
 # ---------------------------------------------------------------------- handlers
@@ -355,7 +421,9 @@ def _t(func, args, kwargs):
     if A.dim() < 2:  # a new object: torch forbids a view op returning its input
         return _make(A, A.shape, *A._coo_parts(), A._fill, A._coalesced)
     if A.dim() > 2:
-        func(torch.empty((), dtype=A.dtype, device="meta").expand(A.shape))  # torch's error (t() takes <= 2-D)
+        func(
+            torch.empty((), dtype=A.dtype, device="meta").expand(A.shape)
+        )  # torch's error (t() takes <= 2-D)
     return _or_next(permute(A, [1, 0]))
 
 
@@ -396,9 +464,14 @@ def _expand(func, args, kwargs):
 
 
 # in-place view ops -> their out-of-place form (swapdims_ and swapaxes_ reach transpose_)
-_IN_PLACE_VIEWS = {aten.unsqueeze_.default: aten.unsqueeze.default, aten.squeeze_.default: aten.squeeze.default,
-                   aten.squeeze_.dim: aten.squeeze.dim, aten.squeeze_.dims: aten.squeeze.dims,
-                   aten.t_.default: aten.t.default, aten.transpose_.default: aten.transpose.int}
+_IN_PLACE_VIEWS = {
+    aten.unsqueeze_.default: aten.unsqueeze.default,
+    aten.squeeze_.default: aten.squeeze.default,
+    aten.squeeze_.dim: aten.squeeze.dim,
+    aten.squeeze_.dims: aten.squeeze.dims,
+    aten.t_.default: aten.t.default,
+    aten.transpose_.default: aten.transpose.int,
+}
 
 
 @register(*_IN_PLACE_VIEWS)
@@ -406,7 +479,9 @@ def _in_place_view(func, args, kwargs):
     """``A.unsqueeze_(0) == A.unsqueeze(0)``, ``A`` itself (:func:`._writes.reshape_`)."""
     A = args[0]
     was_viewed = viewed(A)
-    new = _IN_PLACE_VIEWS[func](*args, **kwargs)  # (torch's errors; tracked as a view of A, then dropped)
+    new = _IN_PLACE_VIEWS[func](
+        *args, **kwargs
+    )  # (torch's errors; tracked as a view of A, then dropped)
     if not was_viewed:
         unmark_viewed(A)
     return reshape_(A, new, func, args, kwargs)

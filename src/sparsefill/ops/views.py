@@ -1,4 +1,5 @@
-"""Views of a SparseTensor: results of view ops (``A[0]``, ``A.t()``, ``A.detach()``) remember their base.
+"""Views of a SparseTensor: results of view ops (``A[0]``, ``A.t()``, ``A.detach()``) remember their
+base.
 
 A torch view shares memory with its base; a SparseTensor view is its own
 SparseTensor, kept consistent both ways:
@@ -39,7 +40,15 @@ from typing import Any, NamedTuple
 import torch
 
 from .. import _index
-from .._convert import coalesced_parts, dense_of, differs, map_inner, parts_to_sparse, rewrap, scalar_parts
+from .._convert import (
+    coalesced_parts,
+    dense_of,
+    differs,
+    map_inner,
+    parts_to_sparse,
+    rewrap,
+    scalar_parts,
+)
 from .._policy import check_densify, check_specify
 from .._tensor import _STATE, SparseTensor
 from ._schema import flat_args, written_args
@@ -48,7 +57,10 @@ from .registry import compute, middleware
 
 aten = torch.ops.aten
 ALIASES = (aten.detach.default, aten.alias.default)
-INVOLUTIONS = {aten._conj.default: torch.conj_physical, aten._neg_view.default: torch.neg}  # their own inverse
+INVOLUTIONS = {
+    aten._conj.default: torch.conj_physical,
+    aten._neg_view.default: torch.neg,
+}  # their own inverse
 
 
 class View(NamedTuple):
@@ -57,6 +69,7 @@ class View(NamedTuple):
         V == func(base, *args, **kwargs)         ([index] of that for a multi-output view op: unbind, split)
 
     as of ``state``, the base's :func:`_state` when ``V`` last agreed with it."""
+
     base: SparseTensor
     func: Any  # the view op, an OpOverload
     args: tuple  # its arguments after the base
@@ -67,14 +80,21 @@ class View(NamedTuple):
 
 @middleware
 def around(func, args, kwargs, call):
-    """Around every dispatched call: views among the operands catch up with their bases, the SparseTensor
-    outputs of a view op remember their base (:func:`track`), and a write to a view goes through to its
-    base (:func:`write_through`; when that fails the view gets its old contents back)."""
-    for a in args if len(args) == 1 and args[0].__class__ is SparseTensor and not kwargs else flat_args(args, kwargs):
+    """Around every dispatched call: views among the operands catch up with their bases, the
+    SparseTensor outputs of a view op remember their base (:func:`track`), and a write to a view
+    goes through to its base (:func:`write_through`; when that fails the view gets its old contents
+    back)."""
+    for a in (
+        args
+        if len(args) == 1 and args[0].__class__ is SparseTensor and not kwargs
+        else flat_args(args, kwargs)
+    ):
         if isinstance(a, SparseTensor) and a._view is not None:
             sync(a)
     written = [A for A in written_args(func, args, kwargs) if A._view is not None]
-    before = [{k: getattr(A, k) for k in _STATE[:-1]} for A in written]  # (in-place ops replace, never mutate)
+    before = [
+        {k: getattr(A, k) for k in _STATE[:-1]} for A in written
+    ]  # (in-place ops replace, never mutate)
     out = call(func, args, kwargs)
     if func.is_view and isinstance(args[0], SparseTensor):
         track(out, func, args, kwargs)
@@ -92,7 +112,14 @@ def _state(A: SparseTensor):
     """What a view compares to see whether its base changed; inference tensors have no version
     counters, so their state never compares equal (the view is always refreshed)."""
     try:
-        return (A._version, id(A._vals), A._vals._version, id(A._fill), A._fill._version, A._sf_layout)
+        return (
+            A._version,
+            id(A._vals),
+            A._vals._version,
+            id(A._fill),
+            A._fill._version,
+            A._sf_layout,
+        )
     except RuntimeError:  # (an inference tensor)
         return object()
 
@@ -144,11 +171,11 @@ def _in_cycle(V: SparseTensor) -> bool:
     """Whether ``V``'s chain of bases leads back to ``V``; ``V`` is then made a tensor of its own.
 
     Only ``torch.utils.swap_tensors(X, Y)`` with ``Y`` a view of ``X`` builds such a chain (the swap
-    moves ``Y``'s state, "a view of X", into ``X``): ``nn.Module._apply`` swaps a parameter ``p`` with
-    ``Parameter(p.cpu())``, which is ``p.detach()`` when ``p`` is there already, and ``load_state_dict``
-    under ``torch.__future__.set_swap_module_params_on_conversion(True)`` swaps a parameter or buffer
-    with ``p.copy_(other).detach()``.  ``V`` holds the view's storage, which is ``X``'s own, so it keeps
-    its contents.
+    moves ``Y``'s state, "a view of X", into ``X``): ``nn.Module._apply`` swaps a parameter ``p``
+    with ``Parameter(p.cpu())``, which is ``p.detach()`` when ``p`` is there already, and
+    ``load_state_dict`` under ``torch.__future__.set_swap_module_params_on_conversion(True)`` swaps
+    a parameter or buffer with ``p.copy_(other).detach()``.  ``V`` holds the view's storage, which
+    is ``X``'s own, so it keeps its contents.
     """
     seen, B = set(), V._view.base
     while B is not V and B._view is not None and id(B) not in seen:
@@ -160,24 +187,30 @@ def _in_cycle(V: SparseTensor) -> bool:
 
 
 def _refresh(V: SparseTensor) -> None:
-    """``V = view_op(base)`` again, through the op registry (natively where the view op has a handler)."""
+    """``V = view_op(base)`` again, through the op registry (natively where the view op has a
+    handler)."""
     v = V._view
     new = compute(v.func, (v.base, *v.args), v.kwargs)
     new = new if v.index is None else new[v.index]
     if isinstance(new, SparseTensor) and new.shape == V.shape and new.dtype == V.dtype:
         assign_(V, new)
     else:
-        check_densify(f"refreshing a view ({v.func}) of a changed base", v.base.numel() * v.base.element_size())
+        check_densify(
+            f"refreshing a view ({v.func}) of a changed base",
+            v.base.numel() * v.base.element_size(),
+        )
         respecify_(V, _replay(V, dense_of(v.base)))
 
 
 def _copy_into(target: torch.Tensor, src: torch.Tensor, bd: torch.Tensor) -> None:
-    """``target.copy_(src)``; for a self-overlapping view of ``bd`` (``expand``) write each location once."""
+    """``target.copy_(src)``; for a self-overlapping view of ``bd`` (``expand``) write each location
+    once."""
     if torch._debug_has_internal_overlap(target) != 1:
         target.copy_(src)
         return
     offsets = torch.arange(bd.numel(), device=bd.device).as_strided(
-        target.shape, target.stride(), target.storage_offset() - bd.storage_offset())
+        target.shape, target.stride(), target.storage_offset() - bd.storage_offset()
+    )
     bd.view(-1)[offsets.reshape(-1)] = src.reshape(-1)
 
 
@@ -203,15 +236,19 @@ def write_through(V: SparseTensor) -> None:
 
 # ---------------------------------------------------------------------- native write-back
 def strided_map(V: SparseTensor):
-    """``(sizes, strides, offset)`` of ``V``'s view op replayed on a contiguous meta tensor of its base's
-    shape (keys: row-major over ``base.shape``); None when the view is not an injective strided view of
-    the same dtype (``expand``, ``view(dtype)``, an op the meta replay rejects)."""
+    """``(sizes, strides, offset)`` of ``V``'s view op replayed on a contiguous meta tensor of its
+    base's shape (keys: row-major over ``base.shape``); None when the view is not an injective
+    strided view of the same dtype (``expand``, ``view(dtype)``, an op the meta replay rejects)."""
     base = V._view.base
     try:
         out = _replay(V, torch.empty(base.shape, dtype=base.dtype, device="meta"))
     except Exception:  # (a replay the meta kernels cannot run: the dense way)
         return None
-    if not isinstance(out, torch.Tensor) or out.dtype != base.dtype or tuple(out.shape) != tuple(V.shape):
+    if (
+        not isinstance(out, torch.Tensor)
+        or out.dtype != base.dtype
+        or tuple(out.shape) != tuple(V.shape)
+    ):
         return None
     sizes, strides = tuple(out.shape), tuple(out.stride())
     reach = 0  # non-overlapping: each stride exceeds the span of the smaller ones (greedy decoding is exact)
@@ -230,7 +267,8 @@ def _encode(v: torch.Tensor, smap) -> torch.Tensor:
 
 
 def _decode(keys: torch.Tensor, smap):
-    """``(in_view, v)``: which base keys the view reaches, and their view positions (valid where in_view)."""
+    """``(in_view, v)``: which base keys the view reaches, and their view positions (valid where
+    in_view)."""
     sizes, strides, offset = smap
     r = keys - offset
     ok = r >= 0
@@ -253,12 +291,17 @@ def _aligned(V: SparseTensor, base: SparseTensor, smap) -> bool:
     D, nd = tuple(base._dense_shape), base.dense_dim()
     sizes, strides, offset = smap
     Q = max(_index.numel(D), 1)
-    return (tuple(V._dense_shape) == D and tuple(strides[len(sizes) - nd:]) == tuple(_index.strides(D))[:nd]
-            and offset % Q == 0 and all(s % Q == 0 for s in strides[: len(sizes) - nd]))
+    return (
+        tuple(V._dense_shape) == D
+        and tuple(strides[len(sizes) - nd :]) == tuple(_index.strides(D))[:nd]
+        and offset % Q == 0
+        and all(s % Q == 0 for s in strides[: len(sizes) - nd])
+    )
 
 
 def _fills_agree(V: SparseTensor, base: SparseTensor, smap) -> bool:
-    """Cheap sufficient test that every position of V's region has V's fill equal to the base's there."""
+    """Cheap sufficient test that every position of V's region has V's fill equal to the base's
+    there."""
     fV, fB = V._fill.reshape(-1), base._fill.reshape(-1)
     if not differs(fV, fV[:1]).any() and not differs(fB, fV[:1]).any():
         return True  # one value on both sides
@@ -267,29 +310,44 @@ def _fills_agree(V: SparseTensor, base: SparseTensor, smap) -> bool:
 
 
 def _write_masked(V, base, smap, bs, bv, wkeys, wvals) -> None:
-    """Indefinite fill: the region's elements are V's stored ones, nothing else.  Every dense slice must
-    stay wholly specified or wholly unspecified (ValueError otherwise)."""
+    """Indefinite fill: the region's elements are V's stored ones, nothing else.  Every dense slice
+    must stay wholly specified or wholly unspecified (ValueError otherwise)."""
     D = tuple(base._dense_shape)
     Q = _index.numel(D)
     E = (bs[:, None] * Q + torch.arange(Q, device=bs.device)).reshape(-1)
-    spec = (~_decode(E, smap)[0] | _index.lookup(wkeys, E)[1]).view(-1, Q)  # specified after the write
+    spec = (~_decode(E, smap)[0] | _index.lookup(wkeys, E)[1]).view(
+        -1, Q
+    )  # specified after the write
     keep = spec.all(1)  # (the others: wholly in the region and not written, so dropped)
     ws, counts = torch.unique_consecutive(wkeys // Q, return_counts=True)
     fresh = ~_index.lookup(bs, ws)[1]
     if bool((spec.any(1) & ~keep).any()) or bool((counts[fresh] != Q).any()):
-        raise ValueError(f"writing through a view ({V._view.func}) of a SparseTensor with indefinite fill and dense "
-                         f"dims {D}: a dense slice of the base would be left partly specified")
+        raise ValueError(
+            f"writing through a view ({V._view.func}) of a SparseTensor with indefinite fill and dense "
+            f"dims {D}: a dense slice of the base would be left partly specified"
+        )
     bs, bv = bs[keep], bv[keep]
     U, inv = _index.unique_inverse(torch.cat([bs, ws]))
     out = bv.new_zeros((U.numel(),) + D)
     out.index_copy_(0, inv[: bs.numel()], bv)
-    out.view(-1)[inv[bs.numel():].repeat_interleave(counts) * Q + wkeys % Q] = wvals
-    assign_(base, parts_to_sparse(_index.unravel(U, base._sparse_shape), out, base.shape, base._fill, indefinite=True,
-                                  layout=base._sf_layout, coalesced=True))
+    out.view(-1)[inv[bs.numel() :].repeat_interleave(counts) * Q + wkeys % Q] = wvals
+    assign_(
+        base,
+        parts_to_sparse(
+            _index.unravel(U, base._sparse_shape),
+            out,
+            base.shape,
+            base._fill,
+            indefinite=True,
+            layout=base._sf_layout,
+            coalesced=True,
+        ),
+    )
 
 
 def write_native(V: SparseTensor) -> bool:
-    """Write view ``V`` back into its base on the stored elements; False when it cannot (the dense way then).
+    """Write view ``V`` back into its base on the stored elements; False when it cannot (the dense
+    way then).
 
     With ``m`` the strided map and ``R`` the view's region, the new base is::
 
@@ -318,19 +376,28 @@ def write_native(V: SparseTensor) -> bool:
     fV = V._fill.expand(V._dense_shape).reshape(-1)
     ndv = V.dense_dim()
     extra = bs.new_zeros(0)
-    if not _fills_agree(V, base, smap):  # the region takes V's fill: specify where it differs from the base's
+    if not _fills_agree(
+        V, base, smap
+    ):  # the region takes V's fill: specify where it differs from the base's
         n = V.numel()
-        check_specify(f"a write through a view whose fill differs from its base's ({n} positions)", n,
-                      8 + V.element_size())
+        check_specify(
+            f"a write through a view whose fill differs from its base's ({n} positions)",
+            n,
+            8 + V.element_size(),
+        )
         allv = _index.unravel(torch.arange(n, device=bs.device), V.shape)
         keys = _encode(allv, smap)
-        fv = fV[_index.linearize(allv[V.dim() - ndv:], V._dense_shape)]
+        fv = fV[_index.linearize(allv[V.dim() - ndv :], V._dense_shape)]
         fb = base._fill.expand(D).reshape(-1)[keys % Q]
         extra = torch.unique(keys[differs(fv, fb)] // Q)
 
-    def region_takes_fill(flat, slots):  # the region's elements of the stored slices `slots` take V's fill
-        inR, ev = _decode((slots[:, None] * Q + torch.arange(Q, device=slots.device)).reshape(-1), smap)
-        flat[inR] = fV[_index.linearize(ev[V.dim() - ndv:, inR], V._dense_shape)]
+    def region_takes_fill(
+        flat, slots
+    ):  # the region's elements of the stored slices `slots` take V's fill
+        inR, ev = _decode(
+            (slots[:, None] * Q + torch.arange(Q, device=slots.device)).reshape(-1), smap
+        )
+        flat[inR] = fV[_index.linearize(ev[V.dim() - ndv :, inR], V._dense_shape)]
 
     if not extra.numel() and base._coalesced:
         pos, found = _index.lookup(bs, wkeys // Q)
@@ -344,12 +411,21 @@ def write_native(V: SparseTensor) -> bool:
     out = base._fill.expand((U.numel(),) + D).clone()
     out.index_copy_(0, inv[: bs.numel()], bv)
     region_takes_fill(out.view(-1), U)
-    out.view(-1)[inv[bs.numel(): bs.numel() + wkeys.numel()] * Q + wkeys % Q] = wvals
-    idx = bi.new_empty((bi.shape[0], U.numel()))  # the base's indices moved, the new ones unravelled
+    out.view(-1)[inv[bs.numel() : bs.numel() + wkeys.numel()] * Q + wkeys % Q] = wvals
+    idx = bi.new_empty(
+        (bi.shape[0], U.numel())
+    )  # the base's indices moved, the new ones unravelled
     idx[:, inv[: bs.numel()]] = bi
-    added = inv[bs.numel():]
+    added = inv[bs.numel() :]
     idx[:, added] = _index.unravel(U[added], base._sparse_shape)
-    new = parts_to_sparse(idx, out, base.shape, base._fill, known_zero=base._fill_is_zero(), layout=base._sf_layout,
-                          coalesced=True)
+    new = parts_to_sparse(
+        idx,
+        out,
+        base.shape,
+        base._fill,
+        known_zero=base._fill_is_zero(),
+        layout=base._sf_layout,
+        coalesced=True,
+    )
     assign_(base, new)
     return True

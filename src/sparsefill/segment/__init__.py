@@ -6,26 +6,27 @@ converts between them and reduces the rows of every segment.
 
 Modules (each small enough to read at once):
 
-* ``_repr``, ``_pack``  -- conversions: lengths / offsets / segment ids / ranges, weights, range fill,
-  tile, ``lengths_gather``, ``gather_ranges``, ``pack_segments`` / ``unpack_segments``,
+* ``_repr``, ``_pack``  -- conversions: lengths / offsets / segment ids / ranges, weights, range
+  fill, tile, ``lengths_gather``, ``gather_ranges``, ``pack_segments`` / ``unpack_segments``,
   ``sparse_to_dense``, ``lengths_top_k``;
-* ``_reduce_ops``       -- ``reduce(data, reducer, lengths= | offsets= | segment_ids=, indices=, weights=)``
-  for ``sum mean sqrt_n weighted_sum weighted_mean positional_weighted_sum max min prod logsumexp
-  logmeanexp``, built on the reducer protocol of ``sparsefill._reduce``, with autograd;
+* ``_reduce_ops``       -- ``reduce(data, reducer, lengths= | offsets= | segment_ids=, indices=,
+  weights=)`` for ``sum mean sqrt_n weighted_sum weighted_mean positional_weighted_sum max min prod
+  logsumexp logmeanexp``, built on the reducer protocol of ``sparsefill._reduce``, with autograd;
 * ``_aliases``          -- the Caffe2 names (``lengths_sum``, ``sparse_lengths_weighted_sum``,
   ``unsorted_segment_max``, ``reduce_front_mean``, ...), generated from one table;
 * ``_plan``, ``_kernels``, ``_numba_kernels`` -- the canonical segment order and the kernels
-  (``embedding_bag``; compiled CPU kernels when numba is installed and the process's work has paid for
-  its import -- ``set_backend("auto" | "numba" | "torch")`` -- torch ops otherwise);
+  (``embedding_bag``; compiled CPU kernels when numba is installed and the process's work has paid
+  for its import -- ``set_backend("auto" | "numba" | "torch")`` -- torch ops otherwise);
 * ``_basic``            -- ``gather``, ``scatter_assign``, ``scatter_weighted_sum``;
-* ``_jagged``           -- ``KeyedJaggedBatch``, the spec's ``LIST<MAP<INT, LIST<INT>>>`` (``validate=False``
-  skips its data checks);
+* ``_jagged``           -- ``KeyedJaggedBatch``, the spec's ``LIST<MAP<INT, LIST<INT>>>``
+  (``validate=False`` skips its data checks);
 * ``_bridge``           -- the batch as a CSR ``SparseTensor`` and ``ids_to_sparse``;
 * ``_optim``            -- ``sparse_adagrad``, ``rowwise_sparse_adagrad``, ``sparse_ftrl`` and the
   ``SparseAdagrad`` / ``SparseFtrl`` optimizers;
-* ``_custom_ops``, ``_repr_ops`` -- what torch.compile records: the parts that read data (kernels, checks,
-  data-dependent sizes) as ``sparsefill::`` custom ops, so every function here traces with ``fullgraph=True``
-  except ``KeyedJaggedBatch.pooled`` of one shared table without ``keys=`` (its keys are data: a graph break).
+* ``_custom_ops``, ``_repr_ops`` -- what torch.compile records: the parts that read data (kernels,
+  checks, data-dependent sizes) as ``sparsefill::`` custom ops, so every function here traces with
+  ``fullgraph=True`` except ``KeyedJaggedBatch.pooled`` of one shared table without ``keys=`` (its
+  keys are data: a graph break).
 
 >>> import torch
 >>> from sparsefill import segment
@@ -40,9 +41,20 @@ tensor([[12.,  7.],
         [14., 12.]])
 """
 
-from ._repr import (gather_ranges, lengths_gather, lengths_range_fill, lengths_tile, lengths_to_offsets,
-                    lengths_to_ranges, lengths_to_segment_ids, lengths_to_weights, offsets_to_lengths,
-                    segment_ids_to_lengths, segment_ids_to_offsets, segment_ids_to_ranges)
+from ._repr import (
+    gather_ranges,
+    lengths_gather,
+    lengths_range_fill,
+    lengths_tile,
+    lengths_to_offsets,
+    lengths_to_ranges,
+    lengths_to_segment_ids,
+    lengths_to_weights,
+    offsets_to_lengths,
+    segment_ids_to_lengths,
+    segment_ids_to_offsets,
+    segment_ids_to_ranges,
+)
 from ._pack import lengths_top_k, pack_segments, sparse_to_dense, unpack_segments
 from ._reduce_ops import SEGMENT_REDUCERS, SegmentReducer, reduce
 from ._basic import gather, scatter_assign, scatter_weighted_sum
@@ -55,11 +67,42 @@ from ._aliases import ALIASES
 
 globals().update({_n: getattr(_aliases, _n) for _n in ALIASES})
 
-__all__ = ["lengths_to_segment_ids", "segment_ids_to_lengths", "segment_ids_to_offsets", "lengths_to_offsets",
-           "offsets_to_lengths", "lengths_to_ranges", "segment_ids_to_ranges", "lengths_to_weights",
-           "lengths_range_fill", "lengths_tile", "lengths_gather", "gather_ranges", "pack_segments",
-           "unpack_segments", "sparse_to_dense", "lengths_top_k", "reduce", "SEGMENT_REDUCERS", "SegmentReducer",
-           "gather", "scatter_assign", "scatter_weighted_sum", "set_backend", "use_backend", "compiled_available",
-           "sparse_adagrad", "rowwise_sparse_adagrad", "sparse_ftrl", "SparseAdagrad", "SparseFtrl",
-           "to_sparse_csr", "from_sparse_csr", "ids_to_sparse", "csr_row_reduce", "KeyedJaggedBatch",
-           "ALIASES", *ALIASES]
+__all__ = [
+    "lengths_to_segment_ids",
+    "segment_ids_to_lengths",
+    "segment_ids_to_offsets",
+    "lengths_to_offsets",
+    "offsets_to_lengths",
+    "lengths_to_ranges",
+    "segment_ids_to_ranges",
+    "lengths_to_weights",
+    "lengths_range_fill",
+    "lengths_tile",
+    "lengths_gather",
+    "gather_ranges",
+    "pack_segments",
+    "unpack_segments",
+    "sparse_to_dense",
+    "lengths_top_k",
+    "reduce",
+    "SEGMENT_REDUCERS",
+    "SegmentReducer",
+    "gather",
+    "scatter_assign",
+    "scatter_weighted_sum",
+    "set_backend",
+    "use_backend",
+    "compiled_available",
+    "sparse_adagrad",
+    "rowwise_sparse_adagrad",
+    "sparse_ftrl",
+    "SparseAdagrad",
+    "SparseFtrl",
+    "to_sparse_csr",
+    "from_sparse_csr",
+    "ids_to_sparse",
+    "csr_row_reduce",
+    "KeyedJaggedBatch",
+    "ALIASES",
+    *ALIASES,
+]

@@ -1,7 +1,8 @@
 """The Caffe2 operator names, generated as thin aliases of :func:`segment.reduce`.
 
-Positional arguments follow Caffe2's input order (``DATA, [SCALARS,] [INDICES,] LENGTHS|SEGMENT_IDS``);
-keyword arguments go to ``reduce`` unchanged.  The table ``ALIASES`` maps every name to
+Positional arguments follow Caffe2's input order (``DATA, [SCALARS,] [INDICES,]
+LENGTHS|SEGMENT_IDS``); keyword arguments go to ``reduce`` unchanged.  The table ``ALIASES`` maps
+every name to
 ``(family, reducer)``::
 
     lengths_<r>(data, [weights,] lengths)                     reduce(data, r, lengths=lengths)
@@ -29,17 +30,44 @@ from ._reduce_ops import SEGMENT_REDUCERS, reduce
 _FAMILIES = {
     # family: (reducers, takes indices, representation, sorted)
     "lengths": (("sum", "mean", "weighted_sum", "max"), False, "lengths", True),
-    "sparse_lengths": (("sum", "mean", "weighted_sum", "positional_weighted_sum"), True, "lengths", True),
+    "sparse_lengths": (
+        ("sum", "mean", "weighted_sum", "positional_weighted_sum"),
+        True,
+        "lengths",
+        True,
+    ),
     "sorted_segment": (("sum", "mean", "weighted_sum", "max", "min"), False, "segment_ids", True),
-    "sparse_sorted_segment": (("sum", "mean", "weighted_sum", "max", "min"), True, "segment_ids", True),
-    "unsorted_segment": (("sum", "mean", "weighted_sum", "max", "min"), False, "segment_ids", False),
-    "sparse_unsorted_segment": (("sum", "mean", "weighted_sum", "max", "min"), True, "segment_ids", False),
-    "sorted_segment_range": (("sum", "mean", "max", "logsumexp", "logmeanexp"), False, "segment_ids", True),
+    "sparse_sorted_segment": (
+        ("sum", "mean", "weighted_sum", "max", "min"),
+        True,
+        "segment_ids",
+        True,
+    ),
+    "unsorted_segment": (
+        ("sum", "mean", "weighted_sum", "max", "min"),
+        False,
+        "segment_ids",
+        False,
+    ),
+    "sparse_unsorted_segment": (
+        ("sum", "mean", "weighted_sum", "max", "min"),
+        True,
+        "segment_ids",
+        False,
+    ),
+    "sorted_segment_range": (
+        ("sum", "mean", "max", "logsumexp", "logmeanexp"),
+        False,
+        "segment_ids",
+        True,
+    ),
     "reduce_front": (("sum", "mean", "weighted_sum", "max", "min"), False, "front", True),
     "reduce_back": (("sum", "mean", "weighted_sum", "max", "min"), False, "back", True),
 }
 
-ALIASES: dict[str, tuple[str, str]] = {f"{fam}_{r}": (fam, r) for fam, (rs, *_) in _FAMILIES.items() for r in rs}
+ALIASES: dict[str, tuple[str, str]] = {
+    f"{fam}_{r}": (fam, r) for fam, (rs, *_) in _FAMILIES.items() for r in rs
+}
 
 
 def _make(family: str, rname: str):
@@ -47,13 +75,16 @@ def _make(family: str, rname: str):
     weighted = SEGMENT_REDUCERS[rname].weights is not None
 
     if rep in ("front", "back"):
+
         def alias(data, *args, num_reduce_dims: int = 1, **kw):
             if not 0 <= num_reduce_dims <= data.dim():
-                raise ValueError(f"num_reduce_dims must be in [0, {data.dim()}], got {num_reduce_dims}")
+                raise ValueError(
+                    f"num_reduce_dims must be in [0, {data.dim()}], got {num_reduce_dims}"
+                )
             if rep == "front":
                 x = data.reshape(-1, *data.shape[num_reduce_dims:])
             else:
-                keep = data.shape[:data.dim() - num_reduce_dims]
+                keep = data.shape[: data.dim() - num_reduce_dims]
                 x = data.reshape(*keep, -1).movedim(-1, 0)
             lengths = torch.tensor([x.shape[0]], device=data.device)
             out = reduce(x, rname, lengths=lengths, weights=args[0] if weighted else None, **kw)[0]
@@ -63,17 +94,31 @@ def _make(family: str, rname: str):
 
         def alias(data, *args, **kw):
             if len(args) != n_pos:
-                raise TypeError(f"{family}_{rname}() takes data and {n_pos} more positional tensors "
-                                f"({', '.join(_arg_names(weighted, fused, rep))}), got {len(args)}")
+                raise TypeError(
+                    f"{family}_{rname}() takes data and {n_pos} more positional tensors "
+                    f"({', '.join(_arg_names(weighted, fused, rep))}), got {len(args)}"
+                )
             args = list(args)
             w = args.pop(0) if weighted else None
             idx = args.pop(0) if fused else None
-            return reduce(data, rname, **{rep: args[0]}, indices=idx, weights=w,
-                          **({} if is_sorted else {"sorted": False}), **kw)
+            return reduce(
+                data,
+                rname,
+                **{rep: args[0]},
+                indices=idx,
+                weights=w,
+                **({} if is_sorted else {"sorted": False}),
+                **kw,
+            )
+
     alias.__name__ = alias.__qualname__ = f"{family}_{rname}"
-    caffe2 = "".join(p.capitalize() for p in family.split("_")) + "".join(p.capitalize() for p in rname.split("_"))
-    alias.__doc__ = (f"Caffe2 ``{caffe2}``: ``segment.reduce(data, {rname!r}, ...)`` with "
-                     f"({', '.join(['data', *_arg_names(weighted, fused, rep)])}) positional.")
+    caffe2 = "".join(p.capitalize() for p in family.split("_")) + "".join(
+        p.capitalize() for p in rname.split("_")
+    )
+    alias.__doc__ = (
+        f"Caffe2 ``{caffe2}``: ``segment.reduce(data, {rname!r}, ...)`` with "
+        f"({', '.join(['data', *_arg_names(weighted, fused, rep)])}) positional."
+    )
     return alias
 
 

@@ -1,4 +1,5 @@
-"""Row lookups and in-place row updates (Caffe2 ``Gather``, ``ScatterAssign``, ``ScatterWeightedSum``).
+"""Row lookups and in-place row updates (Caffe2 ``Gather``, ``ScatterAssign``,
+``ScatterWeightedSum``).
 
 Every update checks all its arguments before touching ``data``: a failed call modifies nothing.
 
@@ -21,13 +22,18 @@ __all__ = ["gather", "scatter_assign", "scatter_weighted_sum"]
 
 
 def gather(data: torch.Tensor, indices, *, validate: bool = True) -> torch.Tensor:
-    """``out[i...] = data[indices[i...]]`` along dim 0 (an embedding lookup; ``indices`` of any shape).
+    """``out[i...] = data[indices[i...]]`` along dim 0 (an embedding lookup; ``indices`` of any
+    shape).
 
     >>> gather(torch.tensor([[1, 2], [3, 4], [5, 6]]), torch.tensor([[2, 0]]))
     tensor([[[5, 6],
              [1, 2]]])
     """
-    idx = indices if isinstance(indices, torch.Tensor) else torch.as_tensor(indices, dtype=torch.int64)
+    idx = (
+        indices
+        if isinstance(indices, torch.Tensor)
+        else torch.as_tensor(indices, dtype=torch.int64)
+    )
     if idx.dtype.is_floating_point or idx.dtype == torch.bool:
         raise TypeError(f"indices must be an integer tensor, got dtype {idx.dtype}")
     flat = idx.reshape(-1).to(data.device)
@@ -38,13 +44,16 @@ def gather(data: torch.Tensor, indices, *, validate: bool = True) -> torch.Tenso
 def _check_slices(data, idx, slices, name):
     want = (idx.numel(), *data.shape[1:])
     if tuple(slices.shape) != want:
-        raise ValueError(f"{name} must have shape {want} (one row per index), got {tuple(slices.shape)}")
+        raise ValueError(
+            f"{name} must have shape {want} (one row per index), got {tuple(slices.shape)}"
+        )
     if slices.dtype != data.dtype:
         raise TypeError(f"{name} must have the dtype of data ({data.dtype}), got {slices.dtype}")
 
 
 def scatter_assign(data: torch.Tensor, indices, slices: torch.Tensor) -> torch.Tensor:
-    """In place: ``data[indices[i]] = slices[i]``; for a repeated index the last occurrence wins. Returns ``data``.
+    """In place: ``data[indices[i]] = slices[i]``; for a repeated index the last occurrence wins.
+    Returns ``data``.
 
     >>> scatter_assign(torch.zeros(3), torch.tensor([2, 0, 2]), torch.tensor([1., 2., 3.]))
     tensor([2., 0., 3.])
@@ -56,25 +65,34 @@ def scatter_assign(data: torch.Tensor, indices, slices: torch.Tensor) -> torch.T
         return data
     pos = torch.arange(idx.numel(), device=idx.device)
     last = torch.full((data.shape[0],), -1, dtype=torch.int64, device=idx.device).scatter_reduce_(
-        0, idx, pos, "amax")
+        0, idx, pos, "amax"
+    )
     rows = (last >= 0).nonzero().squeeze(1)
     return data.index_copy_(0, rows, slices.index_select(0, last[rows]))
 
 
 def scatter_weighted_sum(data: torch.Tensor, weight0, indices, *updates) -> torch.Tensor:
-    """In place, Caffe2's sequential rule: every occurrence of a row in ``indices`` scales it by ``weight0``,
+    """In place, Caffe2's sequential rule: every occurrence of a row in ``indices`` scales it by
+    ``weight0``,
     then every update adds ``w_k * x_k[i]``::
 
         data[r] = weight0 ** d_r * data[r] + sum_k w_k * sum_{i: indices[i] = r} x_k[i]
 
-    (``d_r`` = occurrences of ``r``).  ``updates`` = ``x_1, w_1, x_2, w_2, ...``; ``weight0`` and every
-    ``w_k`` are scalars (one element).  Returns ``data``.
+    (``d_r`` = occurrences of ``r``).  ``updates`` = ``x_1, w_1, x_2, w_2, ...``; ``weight0`` and
+    every ``w_k`` are scalars (one element).  Returns ``data``.
     """
     if len(updates) % 2:
-        raise ValueError(f"updates must be pairs (x_1, w_1, x_2, w_2, ...), got {len(updates)} arguments")
-    for name, w in [("weight0", weight0), *((f"w_{j + 1}", w) for j, w in enumerate(updates[1::2]))]:
+        raise ValueError(
+            f"updates must be pairs (x_1, w_1, x_2, w_2, ...), got {len(updates)} arguments"
+        )
+    for name, w in [
+        ("weight0", weight0),
+        *((f"w_{j + 1}", w) for j, w in enumerate(updates[1::2])),
+    ]:
         if torch.as_tensor(w).numel() != 1:  # Caffe2 enforces one weight per update
-            raise ValueError(f"{name} must be a scalar (one element), got shape {tuple(torch.as_tensor(w).shape)}")
+            raise ValueError(
+                f"{name} must be a scalar (one element), got shape {tuple(torch.as_tensor(w).shape)}"
+            )
     idx = as_index(indices, "indices", data.device).long()
     xs = updates[0::2]
     ws = updates[1::2]

@@ -10,13 +10,24 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-__all__ = ["as_index", "check_lengths", "check_offsets", "check_segment_ids", "check_indices", "check_rows"]
+__all__ = [
+    "as_index",
+    "check_lengths",
+    "check_offsets",
+    "check_segment_ids",
+    "check_indices",
+    "check_rows",
+]
 
 
 def as_index(x, name: str, device=None) -> torch.Tensor:
-    """``x`` as a 1-D int32/int64 tensor (Python lists become int64); floats and bools are rejected."""
+    """``x`` as a 1-D int32/int64 tensor (Python lists become int64); floats and bools are
+    rejected."""
     t = x if isinstance(x, torch.Tensor) else torch.as_tensor(x, dtype=torch.int64, device=device)
-    if t.dtype not in (torch.int32, torch.int64):  # (int8/int16/uint8 would wrap in sums and offsets)
+    if t.dtype not in (
+        torch.int32,
+        torch.int64,
+    ):  # (int8/int16/uint8 would wrap in sums and offsets)
         raise TypeError(f"{name} must be an int32 or int64 tensor, got dtype {t.dtype}")
     if t.dim() != 1:
         raise ValueError(f"{name} must be 1-D, got shape {tuple(t.shape)}")
@@ -26,13 +37,14 @@ def as_index(x, name: str, device=None) -> torch.Tensor:
 
 
 def cpu_min(t: torch.Tensor) -> int:
-    """``int(t.min())``; on the CPU by numpy (serial: torch would start a parallel region for this small
-    reduction, whose OpenMP workers then spin next to the compiled kernels' threads)."""
+    """``int(t.min())``; on the CPU by numpy (serial: torch would start a parallel region for this
+    small reduction, whose OpenMP workers then spin next to the compiled kernels' threads)."""
     return int(t.numpy().min()) if t.device.type == "cpu" else int(t.min())
 
 
 def cpu_sum(t: torch.Tensor) -> int:
-    """``int(t.sum())`` of an integer tensor (int64 accumulation); on the CPU by numpy (less overhead)."""
+    """``int(t.sum())`` of an integer tensor (int64 accumulation); on the CPU by numpy (less
+    overhead)."""
     return int(t.numpy().sum(dtype=np.int64)) if t.device.type == "cpu" else int(t.sum())
 
 
@@ -40,8 +52,14 @@ def _first(mask: torch.Tensor) -> int:
     return int(mask.nonzero()[0, 0])
 
 
-def check_lengths(lengths: torch.Tensor, total: int | None, name: str = "lengths", *, validate: bool = True,
-                  sum_: int | None = None) -> None:
+def check_lengths(
+    lengths: torch.Tensor,
+    total: int | None,
+    name: str = "lengths",
+    *,
+    validate: bool = True,
+    sum_: int | None = None,
+) -> None:
     """Lengths are non-negative and (when ``total`` is given) sum to ``total``."""
     if validate and lengths.numel() and cpu_min(lengths) < 0:  # min: no temporary on the good path
         i = _first(lengths < 0)
@@ -58,10 +76,14 @@ def _check_nondecreasing(t: torch.Tensor, name: str, rule: str, hint: str = "") 
         dec = t[1:] < t[:-1]
         if bool(dec.any()):
             i = _first(dec)
-            raise ValueError(f"{name} {rule}, got {name}[{i}] = {int(t[i])} > {name}[{i + 1}] = {int(t[i + 1])}{hint}")
+            raise ValueError(
+                f"{name} {rule}, got {name}[{i}] = {int(t[i])} > {name}[{i + 1}] = {int(t[i + 1])}{hint}"
+            )
 
 
-def check_offsets(offsets: torch.Tensor, total: int | None, name: str = "offsets", *, validate: bool = True) -> None:
+def check_offsets(
+    offsets: torch.Tensor, total: int | None, name: str = "offsets", *, validate: bool = True
+) -> None:
     """Offsets start at 0, do not decrease, and end at ``total`` (when given)."""
     if offsets.numel() == 0:
         raise ValueError(f"{name} must hold at least one entry (0), got an empty tensor")
@@ -74,24 +96,42 @@ def check_offsets(offsets: torch.Tensor, total: int | None, name: str = "offsets
         _check_nondecreasing(offsets, name, "must not decrease")
 
 
-def check_segment_ids(ids: torch.Tensor, num_segments: int | None, *, sorted: bool, name: str = "segment_ids",
-                      validate: bool = True) -> None:
+def check_segment_ids(
+    ids: torch.Tensor,
+    num_segments: int | None,
+    *,
+    sorted: bool,
+    name: str = "segment_ids",
+    validate: bool = True,
+) -> None:
     """Ids lie in ``[0, num_segments)`` and, when ``sorted``, do not decrease."""
     if not validate or ids.numel() == 0:
         return
     lo, hi = (int(v) for v in torch.aminmax(ids))
     if lo < 0:
         i = _first(ids < 0)
-        raise IndexError(f"{name} must be non-negative, got {name}[{i}] = {lo if int(ids[i]) == lo else int(ids[i])}")
+        raise IndexError(
+            f"{name} must be non-negative, got {name}[{i}] = {lo if int(ids[i]) == lo else int(ids[i])}"
+        )
     if num_segments is not None and hi >= num_segments:
         i = _first(ids >= num_segments)
-        raise IndexError(f"{name}[{i}] = {int(ids[i])} is out of range for num_segments = {num_segments}")
+        raise IndexError(
+            f"{name}[{i}] = {int(ids[i])} is out of range for num_segments = {num_segments}"
+        )
     if sorted:
-        _check_nondecreasing(ids, name, "must be sorted (sorted=True)", "; pass sorted=False for unsorted ids")
+        _check_nondecreasing(
+            ids, name, "must be sorted (sorted=True)", "; pass sorted=False for unsorted ids"
+        )
 
 
-def check_indices(indices: torch.Tensor, size: int, name: str = "indices", *, validate: bool = True,
-                  what: str = "rows of data") -> None:
+def check_indices(
+    indices: torch.Tensor,
+    size: int,
+    name: str = "indices",
+    *,
+    validate: bool = True,
+    what: str = "rows of data",
+) -> None:
     """Indices lie in ``[0, size)``."""
     if not validate or indices.numel() == 0:
         return

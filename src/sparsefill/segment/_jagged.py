@@ -10,13 +10,13 @@
     example_lengths = [                2,          3]    entries per example
     weights         = optional, one per value (scores)
 
-Invariants: ``sum(example_lengths) == len(keys) == len(values_lengths)``,
-``sum(values_lengths) == len(values)`` (no int64 overflow), lengths non-negative and a key at most once
-per example: checked on construction in one pass over each tensor on the CPU (numpy; one compiled kernel
-once numba is set up in the process), the exact checks naming the first error only where it fails
-(``validate=False`` skips every check that reads the data).  Every operation is a few segment ops (no
-Python loop over values; loops over keys only where the result is per key; ``to_dict`` loops over the
-lists it creates).
+Invariants: ``sum(example_lengths) == len(keys) == len(values_lengths)``, ``sum(values_lengths) ==
+len(values)`` (no int64 overflow), lengths non-negative and a key at most once per example: checked
+on construction in one pass over each tensor on the CPU (numpy; one compiled kernel once numba is
+set up in the process), the exact checks naming the first error only where it fails
+(``validate=False`` skips every check that reads the data).  Every operation is a few segment ops
+(no Python loop over values; loops over keys only where the result is per key; ``to_dict`` loops
+over the lists it creates).
 
 >>> import torch
 >>> kj = KeyedJaggedBatch.from_lists([{1: [10, 11], 3: [101]}, {1: [11], 2: [50], 3: [102, 103]}])
@@ -50,15 +50,19 @@ __all__ = ["KeyedJaggedBatch"]
 
 
 def _seg_of(lengths: torch.Tensor, n: int) -> torch.Tensor:
-    return torch.repeat_interleave(torch.arange(lengths.numel(), device=lengths.device), lengths, output_size=n)
+    return torch.repeat_interleave(
+        torch.arange(lengths.numel(), device=lengths.device), lengths, output_size=n
+    )
 
 
 def _traced_keys(keys, method: str) -> list[int]:
-    """The wanted keys of a traced ``method`` as distinct ints: a list or tuple (a tensor's values are data: a graph
-    break, with ``fullgraph`` dynamo's error with this message)."""
+    """The wanted keys of a traced ``method`` as distinct ints: a list or tuple (a tensor's values
+    are data: a graph break, with ``fullgraph`` dynamo's error with this message)."""
     if not isinstance(keys, (list, tuple)):
-        torch._dynamo.graph_break(msg=f"KeyedJaggedBatch.{method} with keys given as a tensor reads them (data); "
-                                      f"pass a list of ints to trace it")
+        torch._dynamo.graph_break(
+            msg=f"KeyedJaggedBatch.{method} with keys given as a tensor reads them (data); "
+            f"pass a list of ints to trace it"
+        )
     keys = [int(k) for k in keys]
     if len(set(keys)) != len(keys):
         raise ValueError(f"keys must be distinct, got {keys}")
@@ -66,21 +70,26 @@ def _traced_keys(keys, method: str) -> list[int]:
 
 
 def _rank(match: torch.Tensor) -> torch.Tensor:
-    """Per row of ``match`` (entries x wanted keys) the column of its first True (0 if none; no columns too)."""
-    return match.to(torch.int64).argmax(1) if match.shape[1] else match.new_zeros(match.shape[0], dtype=torch.int64)
+    """Per row of ``match`` (entries x wanted keys) the column of its first True (0 if none; no
+    columns too)."""
+    return (
+        match.to(torch.int64).argmax(1)
+        if match.shape[1]
+        else match.new_zeros(match.shape[0], dtype=torch.int64)
+    )
 
 
 _INT64_MAX = (1 << 63) - 1
 
 
 def _quick_numpy(el: np.ndarray, vl: np.ndarray, keys: np.ndarray, total: int) -> int:
-    """The valid path of the checks in a few numpy passes (see ``_quick_check``): the OR of the lengths
-    (its sign: none negative; it bounds each one, so ``n * OR < 2**64`` rules out a wrapped sum), their
-    sum, and the residue bitmask per example: ``1 << (key mod 64)`` OR-ed per example (``reduceat``) has
-    as many bits set as the example has entries iff the residues are distinct (then so are the keys; for
-    ids below 64, the usual feature ids, it is also necessary; those are tried first, without the mod).
-    An empty example reads the next one's first bit (or the padding 0): ``popcount >= length`` holds for
-    it, and means ``==`` for the others."""
+    """The valid path of the checks in a few numpy passes (see ``_quick_check``): the OR of the
+    lengths (its sign: none negative; it bounds each one, so ``n * OR < 2**64`` rules out a wrapped
+    sum), their sum, and the residue bitmask per example: ``1 << (key mod 64)`` OR-ed per example
+    (``reduceat``) has as many bits set as the example has entries iff the residues are distinct
+    (then so are the keys; for ids below 64, the usual feature ids, it is also necessary; those are
+    tried first, without the mod). An empty example reads the next one's first bit (or the padding
+    0): ``popcount >= length`` holds for it, and means ``==`` for the others."""
     E, B = keys.shape[0], el.shape[0]
     if B:
         o = int(np.bitwise_or.reduce(el))
@@ -102,10 +111,15 @@ def _quick_numpy(el: np.ndarray, vl: np.ndarray, keys: np.ndarray, total: int) -
         bits[E] = 0
         starts = ends - el
         count = getattr(np, "bitwise_count", None)  # (numpy >= 2)
-        for wrap in (False, True):  # key ids in [0, 64) first: one pass (numpy's 1 << k is 0 for other k)
+        for wrap in (
+            False,
+            True,
+        ):  # key ids in [0, 64) first: one pass (numpy's 1 << k is 0 for other k)
             np.left_shift(1, np.bitwise_and(keys, 63, out=bits[:E]) if wrap else keys, out=bits[:E])
             ors = np.bitwise_or.reduceat(bits, starts).view(np.uint64)
-            n_bits = count(ors) if count else np.unpackbits(ors.view(np.uint8)).reshape(-1, 64).sum(1)
+            n_bits = (
+                count(ors) if count else np.unpackbits(ors.view(np.uint8)).reshape(-1, 64).sum(1)
+            )
             if (n_bits >= el).all():
                 return 0
         return 2
@@ -114,9 +128,9 @@ def _quick_numpy(el: np.ndarray, vl: np.ndarray, keys: np.ndarray, total: int) -
 
 @functools.cache
 def _compiled_quick():
-    """The valid path of the checks as one numba kernel (compiled once, cached on disk: it closes over
-    nothing): a vectorised pass over each lengths tensor (sum and OR, as ``_quick_numpy``), then the
-    residue bitmask of every example, its popcount against the example's length."""
+    """The valid path of the checks as one numba kernel (compiled once, cached on disk: it closes
+    over nothing): a vectorised pass over each lengths tensor (sum and OR, as ``_quick_numpy``),
+    then the residue bitmask of every example, its popcount against the example's length."""
     from numba import njit
 
     @njit(nogil=True, cache=True)
@@ -126,16 +140,22 @@ def _compiled_quick():
         for b in range(B):
             s += el[b]
             o |= el[b]
-        if o < 0 or (B and o > (2 ** 63 - 1) // B) or s != E:  # (each length at most o: no wrapped sum)
+        if (
+            o < 0 or (B and o > (2**63 - 1) // B) or s != E
+        ):  # (each length at most o: no wrapped sum)
             return 1
         s, o = 0, 0
         for i in range(E):
             s += vl[i]
             o |= vl[i]
-        if o < 0 or (E and o > (2 ** 63 - 1) // E) or s != total:
+        if o < 0 or (E and o > (2**63 - 1) // E) or s != total:
             return 1
         start, bad = 0, np.uint64(0)
-        m1, m2, m4 = np.uint64(0x5555555555555555), np.uint64(0x3333333333333333), np.uint64(0x0F0F0F0F0F0F0F0F)
+        m1, m2, m4 = (
+            np.uint64(0x5555555555555555),
+            np.uint64(0x3333333333333333),
+            np.uint64(0x0F0F0F0F0F0F0F0F),
+        )
         for b in range(B):
             x = np.uint64(0)
             for i in range(start, start + el[b]):
@@ -154,9 +174,10 @@ _NUMBA_SET_UP = [False]  # (once set up, numba's compiler stays so)
 
 
 def _use_compiled() -> bool:
-    """Whether the checks run as the numba kernel: with the segment backend ``"numba"``, or ``"auto"`` once
-    numba's compiler is set up in this process (by any njit function's first call: 0.7-1 s, more than a
-    batch's checks cost, so never here; the kernel then loads from numba's disk cache in ~20 ms)."""
+    """Whether the checks run as the numba kernel: with the segment backend ``"numba"``, or
+    ``"auto"`` once numba's compiler is set up in this process (by any njit function's first call:
+    0.7-1 s, more than a batch's checks cost, so never here; the kernel then loads from numba's disk
+    cache in ~20 ms)."""
     name = _kernels.backend()
     if name == "numba":
         return _kernels.compiled_available()
@@ -164,45 +185,57 @@ def _use_compiled() -> bool:
         return False
     if not _NUMBA_SET_UP[0] and "numba" in sys.modules:
         registry = getattr(getattr(sys.modules["numba"], "core", None), "registry", None)
-        target = getattr(registry, "cpu_target", None)  # (its context is a cached property: read, not computed)
+        target = getattr(
+            registry, "cpu_target", None
+        )  # (its context is a cached property: read, not computed)
         _NUMBA_SET_UP[0] = "_toplevel_target_context" in getattr(target, "__dict__", ())
     return _NUMBA_SET_UP[0]
 
 
 def _quick_check(el: torch.Tensor, vl: torch.Tensor, keys: torch.Tensor, total: int) -> int:
-    """The checks' valid path on the CPU, one pass over each tensor: 0 if the batch is valid, 2 if its
-    lengths are and the residue test cannot settle the keys, 1 otherwise (the exact checks then run and
-    name the first error).  The numba kernel where ``_use_compiled()``, else numpy (2-3x slower: a dozen
-    calls); the kernel reads C-contiguous arrays only (one compiled signature)."""
+    """The checks' valid path on the CPU, one pass over each tensor: 0 if the batch is valid, 2 if
+    its lengths are and the residue test cannot settle the keys, 1 otherwise (the exact checks then
+    run and name the first error).  The numba kernel where ``_use_compiled()``, else numpy (2-3x
+    slower: a dozen calls); the kernel reads C-contiguous arrays only (one compiled signature)."""
     el_np, vl_np, k_np = el.numpy(), vl.numpy(), keys.numpy()
-    if el_np.flags.c_contiguous and vl_np.flags.c_contiguous and k_np.flags.c_contiguous and _use_compiled():
+    if (
+        el_np.flags.c_contiguous
+        and vl_np.flags.c_contiguous
+        and k_np.flags.c_contiguous
+        and _use_compiled()
+    ):
         return int(_compiled_quick()(el_np, vl_np, k_np, total))
     return _quick_numpy(el_np, vl_np, k_np, total)
 
 
 def _check_lengths(lengths: torch.Tensor, total: int, name: str) -> None:
-    """``check_lengths`` (the same messages), and the int64 overflow of the sum, which would wrap."""
+    """``check_lengths`` (the same messages), and the int64 overflow of the sum, which would
+    wrap."""
     check_lengths(lengths, None, name)
     n = lengths.numel()
     if n and int(lengths.max()) > _INT64_MAX // n:  # (else the sum cannot pass 2**63 - 1)
         run = torch.cumsum(lengths, 0)
-        dec = (run[1:] < run[:-1]).nonzero()  # (non-negative: a decrease is a wrap; no diff, it wraps too)
+        dec = (
+            run[1:] < run[:-1]
+        ).nonzero()  # (non-negative: a decrease is a wrap; no diff, it wraps too)
         if dec.numel():
-            raise ValueError(f"{name} overflow int64: their running sum passes 2**63 - 1 at "
-                             f"{name}[{int(dec[0, 0]) + 1}]")
+            raise ValueError(
+                f"{name} overflow int64: their running sum passes 2**63 - 1 at "
+                f"{name}[{int(dec[0, 0]) + 1}]"
+            )
     check_lengths(lengths, total, name, validate=False)
 
 
 def _has_repeated_key(example_lengths: torch.Tensor, keys: torch.Tensor) -> bool:
-    """Whether some example holds a key twice: the (example, key) pairs counted in a table (when it is
-    small) or sorted."""
+    """Whether some example holds a key twice: the (example, key) pairs counted in a table (when it
+    is small) or sorted."""
     E, B = keys.numel(), example_lengths.numel()
     ex = _seg_of(example_lengths, E)
     lo, hi = (int(v) for v in torch.aminmax(keys))
     span = hi - lo + 1
     if span * B <= max(8 * E, 1 << 16):
         return bool(torch.bincount(ex * span + (keys - lo), minlength=span * B).max() > 1)
-    if span * B < 2 ** 62:  # one int64 code per pair
+    if span * B < 2**62:  # one int64 code per pair
         code = torch.sort(ex * span + (keys - lo)).values
         return bool((code[1:] == code[:-1]).any())
     order = torch.sort(keys, stable=True).indices
@@ -213,10 +246,12 @@ def _has_repeated_key(example_lengths: torch.Tensor, keys: torch.Tensor) -> bool
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class KeyedJaggedBatch:
-    """The batch (see the module docstring); ``validate=False`` skips the checks that read the data (the
-    signs and sums of the lengths, a key at most once per example), as ``torch.sparse_coo_tensor(...,
-    check_invariants=False)``: no pass over the data and no device sync; the result is then unspecified
-    for invalid input.  The checks of dtypes and entry counts always run."""
+    """The batch (see the module docstring); ``validate=False`` skips the checks that read the data
+    (the signs and sums of the lengths, a key at most once per example), as
+    ``torch.sparse_coo_tensor(..., check_invariants=False)``: no pass over the data and no device
+    sync; the result is then unspecified for invalid input.  The checks of dtypes and entry counts
+    always run."""
+
     values: torch.Tensor
     values_lengths: torch.Tensor
     keys: torch.Tensor
@@ -226,27 +261,42 @@ class KeyedJaggedBatch:
     validate: dataclasses.InitVar[bool] = True
 
     def __post_init__(self, validate: bool):
-        cpu = self.values.is_cpu  # (the tests below are the cheapest torch has: this is the valid path)
+        cpu = (
+            self.values.is_cpu
+        )  # (the tests below are the cheapest torch has: this is the valid path)
         dev = None if cpu else self.values.device
         for name in ("values_lengths", "keys", "example_lengths"):
             t = getattr(self, name)
-            if not (type(t) is torch.Tensor and t.dtype is torch.int64 and t.dim() == 1
-                    and (t.is_cpu if cpu else t.device == dev)):
+            if not (
+                type(t) is torch.Tensor
+                and t.dtype is torch.int64
+                and t.dim() == 1
+                and (t.is_cpu if cpu else t.device == dev)
+            ):
                 object.__setattr__(self, name, as_index(t, name, self.values.device).long())
         el, vl, keys = self.example_lengths, self.values_lengths, self.keys
         E = keys.shape[0]
         state = 0  # (validate=False: no check reads the data)
-        if validate and traced(self.values):  # torch.compile: the checks as a custom op, at run time
+        if validate and traced(
+            self.values
+        ):  # torch.compile: the checks as a custom op, at run time
             from ._repr_ops import jagged_check
+
             jagged_check(el, vl, keys, self.values.shape[0] if self.values.dim() else 0)
             validate = False
-        if validate:  # one pass over each tensor on the CPU; the exact checks, in order, only where it fails
+        if (
+            validate
+        ):  # one pass over each tensor on the CPU; the exact checks, in order, only where it fails
             total = self.values.shape[0] if self.values.dim() else 0
             state = _quick_check(el, vl, keys, total) if cpu and vl.shape[0] == E else 1
-        if state == 1:  # invalid, not settled, or not on the CPU: the checks that name the first error
+        if (
+            state == 1
+        ):  # invalid, not settled, or not on the CPU: the checks that name the first error
             _check_lengths(el, E, "example_lengths")
         if vl.shape[0] != E:
-            raise ValueError(f"values_lengths has {vl.shape[0]} entries but keys has {E} (one per (example, key))")
+            raise ValueError(
+                f"values_lengths has {vl.shape[0]} entries but keys has {E} (one per (example, key))"
+            )
         if state == 1:
             _check_lengths(vl, total, "values_lengths")
         # a key at most once per example (to_dict and to_padded hold one list per key)
@@ -256,19 +306,30 @@ class KeyedJaggedBatch:
             e, k = pairs[int((cnt[inv] > 1).nonzero()[0, 0])].tolist()
             raise ValueError(f"key {k} appears more than once in example {e}")
         if self.weights is not None and self.weights.shape[:1] != self.values.shape[:1]:
-            raise ValueError(f"weights must have one entry per value ({self.values.shape[0]}), got shape "
-                             f"{tuple(self.weights.shape)}")
+            raise ValueError(
+                f"weights must have one entry per value ({self.values.shape[0]}), got shape "
+                f"{tuple(self.weights.shape)}"
+            )
 
     def __reduce__(self):
         """Pickled (files, ``torch.multiprocessing`` queues, DataLoader workers, deep copies) as the
-        constructor's call, so that a batch from outside is checked (one pass) before a kernel reads its
-        lengths: the dataclass default would restore the fields unchecked."""
-        return type(self), (self.values, self.values_lengths, self.keys, self.example_lengths, self.weights)
+        constructor's call, so that a batch from outside is checked (one pass) before a kernel reads
+        its lengths: the dataclass default would restore the fields unchecked."""
+        return type(self), (
+            self.values,
+            self.values_lengths,
+            self.keys,
+            self.example_lengths,
+            self.weights,
+        )
 
     # ---------------------------------------------------------------------------- construction
     @classmethod
-    def from_lists(cls, batch, *, weights=None, dtype=torch.int64, device=None) -> "KeyedJaggedBatch":
-        """From a list of ``{key: [ids]}`` dicts (key order kept); ``weights`` alike (``{key: [w]}``)."""
+    def from_lists(
+        cls, batch, *, weights=None, dtype=torch.int64, device=None
+    ) -> KeyedJaggedBatch:
+        """From a list of ``{key: [ids]}`` dicts (key order kept); ``weights`` alike (``{key:
+        [w]}``)."""
         keys, vlen, elen, vals, ws = [], [], [], [], []
         for e, ex in enumerate(batch):
             elen.append(len(ex))
@@ -279,12 +340,20 @@ class KeyedJaggedBatch:
                 if weights is not None:
                     w = weights[e][k]
                     if len(w) != len(ids):
-                        raise ValueError(f"weights of example {e}, key {k} have {len(w)} entries for {len(ids)} ids")
+                        raise ValueError(
+                            f"weights of example {e}, key {k} have {len(w)} entries for {len(ids)} ids"
+                        )
                     ws.extend(w)
         t = dict(dtype=torch.int64, device=device)
-        return cls(torch.tensor(vals, dtype=dtype, device=device), torch.tensor(vlen, **t), torch.tensor(keys, **t),
-                   torch.tensor(elen, **t),
-                   None if weights is None else torch.tensor(ws, dtype=torch.get_default_dtype(), device=device))
+        return cls(
+            torch.tensor(vals, dtype=dtype, device=device),
+            torch.tensor(vlen, **t),
+            torch.tensor(keys, **t),
+            torch.tensor(elen, **t),
+            None
+            if weights is None
+            else torch.tensor(ws, dtype=torch.get_default_dtype(), device=device),
+        )
 
     def to_dict(self) -> list[dict]:
         """The batch as a list of ``{key: [ids]}`` (``{key: ([ids], [weights])}`` with weights)."""
@@ -299,7 +368,9 @@ class KeyedJaggedBatch:
                 lists = [vals[a:b] for a, b in zip(starts, ends)]
             else:
                 lists = [(vals[a:b], ws[a:b]) for a, b in zip(starts, ends)]
-            entries = zip(self.keys.tolist(), lists)  # (one iterator: no slice of keys or lists per example)
+            entries = zip(
+                self.keys.tolist(), lists
+            )  # (one iterator: no slice of keys or lists per example)
             return [dict(islice(entries, n)) for n in self.example_lengths.tolist()]
         finally:
             if enabled:
@@ -309,20 +380,36 @@ class KeyedJaggedBatch:
     def batch_size(self) -> int:
         return self.example_lengths.numel()
 
-    def _entries(self, order: torch.Tensor, example_lengths: torch.Tensor) -> "KeyedJaggedBatch":
-        """The batch made of the entries ``order`` (in that order), grouped as ``example_lengths``."""
-        if self.weights is not None and traced(self.values):  # (one gather of rows: one size for values and weights)
+    def _entries(self, order: torch.Tensor, example_lengths: torch.Tensor) -> KeyedJaggedBatch:
+        """The batch made of the entries ``order`` (in that order), grouped as
+        ``example_lengths``."""
+        if self.weights is not None and traced(
+            self.values
+        ):  # (one gather of rows: one size for values and weights)
             from ._repr_ops import lengths_gather_rows
+
             rows = lengths_gather_rows(self.values_lengths, order, self.values.shape[0], False)
             vals, w = self.values.index_select(0, rows), self.weights.index_select(0, rows)
-            return KeyedJaggedBatch(vals, self.values_lengths[order], self.keys[order], example_lengths, w,
-                                    validate=False)
+            return KeyedJaggedBatch(
+                vals,
+                self.values_lengths[order],
+                self.keys[order],
+                example_lengths,
+                w,
+                validate=False,
+            )
         vals = lengths_gather(self.values, self.values_lengths, order, validate=False)
-        w = None if self.weights is None else lengths_gather(self.weights, self.values_lengths, order, validate=False)
-        return KeyedJaggedBatch(vals, self.values_lengths[order], self.keys[order], example_lengths, w, validate=False)
+        w = (
+            None
+            if self.weights is None
+            else lengths_gather(self.weights, self.values_lengths, order, validate=False)
+        )
+        return KeyedJaggedBatch(
+            vals, self.values_lengths[order], self.keys[order], example_lengths, w, validate=False
+        )
 
     # ---------------------------------------------------------------------------- keys
-    def select_keys(self, keys) -> "KeyedJaggedBatch":
+    def select_keys(self, keys) -> KeyedJaggedBatch:
         """Keep the entries whose key is in ``keys``, ordered as ``keys`` within every example
         (``permute_keys`` is the same call with every key)."""
         if traced(self.values):  # torch.compile: sizes read from data
@@ -341,40 +428,55 @@ class KeyedJaggedBatch:
 
     permute_keys = select_keys
 
-    def _select_traced(self, keys: list[int]) -> "KeyedJaggedBatch":
-        """``select_keys`` under torch.compile: each wanted key's entries, example by example, by the custom op
-        ``sparsefill::jagged_key_lists`` over the entry numbers (a dynamic count per key, also without
-        ``fullgraph``), then in (example, rank of the key) order by a sort."""
+    def _select_traced(self, keys: list[int]) -> KeyedJaggedBatch:
+        """``select_keys`` under torch.compile: each wanted key's entries, example by example, by
+        the custom op ``sparsefill::jagged_key_lists`` over the entry numbers (a dynamic count per
+        key, also without ``fullgraph``), then in (example, rank of the key) order by a sort."""
         from ._custom_ops import jagged_key_lists
+
         E, K, B = self.keys.shape[0], len(keys), self.batch_size
         ent = torch.arange(E, device=self.keys.device)
-        offsets, lists = jagged_key_lists(ent, torch.ones_like(ent), self.keys, self.example_lengths, keys)
+        offsets, lists = jagged_key_lists(
+            ent, torch.ones_like(ent), self.keys, self.example_lengths, keys
+        )
         per = torch.diff(offsets).view(K, B)  # (0 or 1: a key at most once per example)
         ids = torch.cat(lists) if K else ent[:0]
         n = ids.shape[0]
-        rank = torch.repeat_interleave(torch.arange(K, device=ent.device), per.sum(1), output_size=n)
+        rank = torch.repeat_interleave(
+            torch.arange(K, device=ent.device), per.sum(1), output_size=n
+        )
         ex = _seg_of(self.example_lengths, E).index_select(0, ids)
         order = ids.index_select(0, torch.sort(ex * max(K, 1) + rank, stable=True).indices)
         return self._entries(order, per.sum(0))
 
     # ---------------------------------------------------------------------------- batches
-    def split(self, sizes) -> list["KeyedJaggedBatch"]:
-        """Split along the examples into batches of ``sizes`` examples (as ``torch.split`` with a list)."""
+    def split(self, sizes) -> list[KeyedJaggedBatch]:
+        """Split along the examples into batches of ``sizes`` examples (as ``torch.split`` with a
+        list)."""
         sizes = list(sizes)
         if sum(sizes) != self.batch_size or any(s < 0 for s in sizes):
-            raise ValueError(f"sizes {sizes} must be non-negative and sum to the batch size {self.batch_size}")
+            raise ValueError(
+                f"sizes {sizes} must be non-negative and sum to the batch size {self.batch_size}"
+            )
         ent = [int(t.sum()) for t in torch.split(self.example_lengths, sizes)]
         vals_per = [int(t.sum()) for t in torch.split(self.values_lengths, ent)]
         out = []
-        for el, vl, k, v, w in zip(torch.split(self.example_lengths, sizes), torch.split(self.values_lengths, ent),
-                                   torch.split(self.keys, ent), torch.split(self.values, vals_per),
-                                   torch.split(self.weights, vals_per) if self.weights is not None
-                                   else [None] * len(sizes)):
-            out.append(KeyedJaggedBatch(v, vl, k, el, w, validate=False))  # (parts of a valid batch)
+        for el, vl, k, v, w in zip(
+            torch.split(self.example_lengths, sizes),
+            torch.split(self.values_lengths, ent),
+            torch.split(self.keys, ent),
+            torch.split(self.values, vals_per),
+            torch.split(self.weights, vals_per)
+            if self.weights is not None
+            else [None] * len(sizes),
+        ):
+            out.append(
+                KeyedJaggedBatch(v, vl, k, el, w, validate=False)
+            )  # (parts of a valid batch)
         return out
 
     @staticmethod
-    def concat(batches) -> "KeyedJaggedBatch":
+    def concat(batches) -> KeyedJaggedBatch:
         """The examples of ``batches`` one after the other."""
         batches = list(batches)
         if not batches:
@@ -382,24 +484,32 @@ class KeyedJaggedBatch:
         has_w = {b.weights is not None for b in batches}
         if len(has_w) != 1:
             raise ValueError("concat: either every batch has weights or none has")
-        return KeyedJaggedBatch(torch.cat([b.values for b in batches]),
-                                torch.cat([b.values_lengths for b in batches]),
-                                torch.cat([b.keys for b in batches]),
-                                torch.cat([b.example_lengths for b in batches]),
-                                torch.cat([b.weights for b in batches]) if has_w == {True} else None,
-                                validate=False)  # (examples of valid batches make a valid batch)
+        return KeyedJaggedBatch(
+            torch.cat([b.values for b in batches]),
+            torch.cat([b.values_lengths for b in batches]),
+            torch.cat([b.keys for b in batches]),
+            torch.cat([b.example_lengths for b in batches]),
+            torch.cat([b.weights for b in batches]) if has_w == {True} else None,
+            validate=False,
+        )  # (examples of valid batches make a valid batch)
 
     # ---------------------------------------------------------------------------- dense and pooled
     def to_padded(self, keys, *, pad_value=0, max_length: int | None = None):
-        """``(padded, mask)``: ``padded[e, j, :]`` holds the ids of key ``keys[j]`` in example ``e``,
-        padded with ``pad_value`` to the longest list (or ``max_length``, truncating); shape ``(B, K, L)``."""
+        """``(padded, mask)``: ``padded[e, j, :]`` holds the ids of key ``keys[j]`` in example
+        ``e``, padded with ``pad_value`` to the longest list (or ``max_length``, truncating); shape
+        ``(B, K, L)``."""
         if traced(self.values):  # torch.compile: no select_keys (data sizes)
             return self._padded_traced(_traced_keys(keys, "to_padded"), pad_value, max_length)
         want = as_index(keys, "keys", self.keys.device).long()
         sel = self.select_keys(want)
         K, B = want.numel(), self.batch_size
-        packed, mask = pack_segments(sel.values, sel.values_lengths, max_length=max_length, pad_value=pad_value,
-                                     return_presence_mask=True)
+        packed, mask = pack_segments(
+            sel.values,
+            sel.values_lengths,
+            max_length=max_length,
+            pad_value=pad_value,
+            return_presence_mask=True,
+        )
         L = packed.shape[1]
         ex = _seg_of(sel.example_lengths, sel.keys.numel())
         slot = ex * K + _rank(sel.keys[:, None] == want[None, :])
@@ -408,41 +518,54 @@ class KeyedJaggedBatch:
         return out.view(B, K, L, *packed.shape[2:]), m.view(B, K, L)
 
     def _padded_traced(self, keys: list[int], pad_value, max_length):
-        """``to_padded`` under torch.compile: the ids' positions per (key, example) list by the custom op
-        ``sparsefill::jagged_key_lists`` (slot ``j * B + e``), the width by ``sparsefill::lengths_max_range`` (both
-        dynamic sizes, also without ``fullgraph``); each list copied to row ``e * K + j`` of the padded layout,
-        its places past ``max_length`` to a dropped slot."""
+        """``to_padded`` under torch.compile: the ids' positions per (key, example) list by the
+        custom op ``sparsefill::jagged_key_lists`` (slot ``j * B + e``), the width by
+        ``sparsefill::lengths_max_range`` (both dynamic sizes, also without ``fullgraph``); each
+        list copied to row ``e * K + j`` of the padded layout, its places past ``max_length`` to a
+        dropped slot."""
         from ._custom_ops import jagged_key_lists
         from ._repr_ops import lengths_max_range
+
         if max_length is not None and max_length < 0:
             raise ValueError(f"max_length must be non-negative, got {max_length}")
         vals, K, B = self.values, len(keys), self.batch_size
         dev = vals.device
-        offsets, lists = jagged_key_lists(torch.arange(vals.shape[0], device=dev), self.values_lengths, self.keys,
-                                          self.example_lengths, keys)
+        offsets, lists = jagged_key_lists(
+            torch.arange(vals.shape[0], device=dev),
+            self.values_lengths,
+            self.keys,
+            self.example_lengths,
+            keys,
+        )
         lens = torch.diff(offsets)  # (K * B,) slot j * B + e
         L = lengths_max_range(lens).shape[0] if max_length is None else max_length
         at = torch.cat(lists) if K else offsets.new_empty(0)  # (the ids' positions in slot order)
         n = at.shape[0]
         slot = torch.arange(K * B, device=dev)
         row = (slot % B) * K + slot // B if B else slot
-        pos = torch.arange(n, device=dev) - torch.repeat_interleave(offsets[:-1], lens, output_size=n)
+        pos = torch.arange(n, device=dev) - torch.repeat_interleave(
+            offsets[:-1], lens, output_size=n
+        )
         dest = torch.repeat_interleave(row * L, lens, output_size=n) + pos
         if max_length is not None:
             dest = torch.where(pos < L, dest, B * K * L)
-        flat = vals.new_full((B * K * L + 1, *vals.shape[1:]), pad_value).index_copy(0, dest, vals.index_select(0, at))
+        flat = vals.new_full((B * K * L + 1, *vals.shape[1:]), pad_value).index_copy(
+            0, dest, vals.index_select(0, at)
+        )
         by_row = lens.view(K, B).t().reshape(B * K, 1)
         mask = torch.arange(L, device=dev) < by_row
-        return flat[:B * K * L].view(B, K, L, *vals.shape[1:]), mask.view(B, K, L)
+        return flat[: B * K * L].view(B, K, L, *vals.shape[1:]), mask.view(B, K, L)
 
     def pooled(self, tables, reducer: str = "sum", *, keys=None, **kw) -> dict[int, torch.Tensor]:
-        """Per key, the ids of every example looked up in ``tables[key]`` (or one shared table) and reduced:
-        ``out[key][e] = reduce(table[ids of key in example e])``, shape ``(B, D)``; a missing key gives the
-        empty value; a key asked twice is pooled once.  Weighted reducers use the batch's weights;
-        ``positional_weighted_sum`` takes ``weights=`` (one per place).  ``kw`` goes to ``segment.reduce``.
+        """Per key, the ids of every example looked up in ``tables[key]`` (or one shared table) and
+        reduced: ``out[key][e] = reduce(table[ids of key in example e])``, shape ``(B, D)``; a
+        missing key gives the empty value; a key asked twice is pooled once.  Weighted reducers use
+        the batch's weights; ``positional_weighted_sum`` takes ``weights=`` (one per place).  ``kw``
+        goes to ``segment.reduce``.
 
-        The ids are grouped by (key, example) once for all keys (:meth:`_by_key`), then each key is one
-        ``segment.reduce`` over its slice of the ids with offsets (for the sums, one ``embedding_bag``).
+        The ids are grouped by (key, example) once for all keys (:meth:`_by_key`), then each key is
+        one ``segment.reduce`` over its slice of the ids with offsets (for the sums, one
+        ``embedding_bag``).
 
         >>> kj = KeyedJaggedBatch.from_lists([{1: [0, 2], 3: [1]}, {3: [2, 2]}])
         >>> table = torch.tensor([[1.], [10.], [100.]])
@@ -451,16 +574,26 @@ class KeyedJaggedBatch:
         ([[101.0], [0.0]], [[10.0], [200.0]])
         """
         if keys is None:
-            if not isinstance(tables, dict) and torch.compiler.is_compiling():  # (the keys are data: eager)
-                torch._dynamo.graph_break(msg="KeyedJaggedBatch.pooled with one shared table and no keys= pools "
-                                              "the keys the batch holds (data); pass keys= to trace it")
+            if (
+                not isinstance(tables, dict) and torch.compiler.is_compiling()
+            ):  # (the keys are data: eager)
+                torch._dynamo.graph_break(
+                    msg="KeyedJaggedBatch.pooled with one shared table and no keys= pools "
+                    "the keys the batch holds (data); pass keys= to trace it"
+                )
             keys = list(tables) if isinstance(tables, dict) else sorted(set(self.keys.tolist()))
-        pos_w = kw.pop("weights", None)  # positional_weighted_sum: one weight per place in a segment
+        pos_w = kw.pop(
+            "weights", None
+        )  # positional_weighted_sum: one weight per place in a segment
         if reducer == "positional_weighted_sum" and pos_w is None:
-            raise ValueError("reducer 'positional_weighted_sum' needs weights= (one per place in a segment)")
+            raise ValueError(
+                "reducer 'positional_weighted_sum' needs weights= (one per place in a segment)"
+            )
         if reducer != "positional_weighted_sum" and pos_w is not None:
-            raise ValueError(f"weights= is for positional_weighted_sum only (the weighted reducers use the batch's "
-                             f"weights), got reducer {reducer!r}")
+            raise ValueError(
+                f"weights= is for positional_weighted_sum only (the weighted reducers use the batch's "
+                f"weights), got reducer {reducer!r}"
+            )
         given = {}  # key -> as given (a key asked twice is pooled once)
         for k in keys:
             given.setdefault(int(k), k)
@@ -468,7 +601,9 @@ class KeyedJaggedBatch:
         weighted = reducer in ("weighted_sum", "weighted_mean")
         if weighted and self.weights is None:
             raise ValueError(f"reducer {reducer!r} needs a batch with weights")
-        if traced(self.values):  # torch.compile: per key the positions of its ids (sizes known at run time)
+        if traced(
+            self.values
+        ):  # torch.compile: per key the positions of its ids (sizes known at run time)
             return self._pooled_traced(tables, given, keys, reducer, weighted, pos_w, kw)
         offsets, ids, w = self._by_key(keys, with_weights=weighted)
         B = self.batch_size
@@ -478,18 +613,26 @@ class KeyedJaggedBatch:
             table = tables[given[k]] if isinstance(tables, dict) else tables
             lo, hi = bounds[j], bounds[j + 1]
             wk = w[lo:hi].to(table.dtype) if weighted else pos_w
-            out[k] = reduce(table, reducer, offsets=offsets[j * B:(j + 1) * B + 1] - lo, indices=ids[lo:hi],
-                            weights=wk, **kw)
+            out[k] = reduce(
+                table,
+                reducer,
+                offsets=offsets[j * B : (j + 1) * B + 1] - lo,
+                indices=ids[lo:hi],
+                weights=wk,
+                **kw,
+            )
         return out
 
     def _pooled_traced(self, tables, given, keys, reducer, weighted, pos_w, kw):
-        """``pooled`` under torch.compile: every key's ids (or, weighted, their positions) by the custom op
-        ``sparsefill::jagged_key_lists`` (one dynamic size per key), then as ``pooled``; an unweighted sum, mean
-        or sqrt_n is one op for every key (``_custom_ops.pooled_fused``).  The keys of a table given for several
-        keys are one ``segment.reduce`` (their lists one after the other): one gradient for the table (two
-        sparse gradients of one tensor would be added by autograd, which torch 2.13 cannot trace for
-        data-dependent counts of rows), unless ``return_arg`` (its positions are per key)."""
+        """``pooled`` under torch.compile: every key's ids (or, weighted, their positions) by the
+        custom op ``sparsefill::jagged_key_lists`` (one dynamic size per key), then as ``pooled``;
+        an unweighted sum, mean or sqrt_n is one op for every key (``_custom_ops.pooled_fused``).
+        The keys of a table given for several keys are one ``segment.reduce`` (their lists one after
+        the other): one gradient for the table (two sparse gradients of one tensor would be added by
+        autograd, which torch 2.13 cannot trace for data-dependent counts of rows), unless
+        ``return_arg`` (its positions are per key)."""
         from ._custom_ops import distinct_tables, jagged_key_lists, pooled_fused
+
         per_key = [tables[given[k]] if isinstance(tables, dict) else tables for k in keys]
         if not weighted and pos_w is None:
             fused = pooled_fused(per_key, self, keys, reducer, kw)
@@ -498,46 +641,67 @@ class KeyedJaggedBatch:
         distinct, table_of = distinct_tables(per_key)
         if kw.get("return_arg"):
             table_of = list(range(len(keys)))
-        order = sorted(range(len(keys)), key=lambda j: table_of[j])  # (the keys of a table together; stable)
+        order = sorted(
+            range(len(keys)), key=lambda j: table_of[j]
+        )  # (the keys of a table together; stable)
         vals = self.values
-        src = torch.arange(vals.shape[0], device=vals.device) if weighted else vals  # (weighted: positions)
-        offsets, lists = jagged_key_lists(src, self.values_lengths, self.keys, self.example_lengths,
-                                          [keys[j] for j in order])
+        src = (
+            torch.arange(vals.shape[0], device=vals.device) if weighted else vals
+        )  # (weighted: positions)
+        offsets, lists = jagged_key_lists(
+            src, self.values_lengths, self.keys, self.example_lengths, [keys[j] for j in order]
+        )
         B = self.batch_size
         out, at = {}, 0
         while at < len(order):
             group = [j for j in order[at:] if table_of[j] == table_of[order[at]]]
-            table, parts = per_key[group[0]], lists[at:at + len(group)]
+            table, parts = per_key[group[0]], lists[at : at + len(group)]
             ids = parts[0] if len(parts) == 1 else torch.cat(parts)
             wk = pos_w
             if weighted:
-                ids, wk = vals.index_select(0, ids), self.weights.index_select(0, ids).to(table.dtype)
-            offs = offsets[at * B:(at + len(group)) * B + 1]
+                ids, wk = (
+                    vals.index_select(0, ids),
+                    self.weights.index_select(0, ids).to(table.dtype),
+                )
+            offs = offsets[at * B : (at + len(group)) * B + 1]
             res = reduce(table, reducer, offsets=offs - offs[0], indices=ids, weights=wk, **kw)
             for n, j in enumerate(group):
-                out[keys[j]] = res if len(group) == 1 else res[n * B:(n + 1) * B]
+                out[keys[j]] = res if len(group) == 1 else res[n * B : (n + 1) * B]
             at += len(group)
         return {k: out[k] for k in keys}
 
     def _by_key(self, keys: list[int], *, with_weights: bool = False):
-        """``(offsets, ids, weights)``: the ids of the batch ordered by (key in ``keys``, example), and the
-        ``K * B + 1`` offsets of those (key, example) lists: the ids of key ``keys[j]`` in example ``e``
-        are ``ids[offsets[j * B + e]:offsets[j * B + e + 1]]`` (an absent key: an empty list).  Computed
-        once for all keys, with no sort and no per-key mask (:func:`_slots`), then one gather of the ids
-        (and weights) reads the lists in slot order (one compiled copy per list on the compiled segment
-        backend; weights that require grad go through ``index_select``)."""
+        """``(offsets, ids, weights)``: the ids of the batch ordered by (key in ``keys``, example),
+        and the ``K * B + 1`` offsets of those (key, example) lists: the ids of key ``keys[j]`` in
+        example ``e`` are ``ids[offsets[j * B + e]:offsets[j * B + e + 1]]`` (an absent key: an
+        empty list).  Computed once for all keys, with no sort and no per-key mask (:func:`_slots`),
+        then one gather of the ids (and weights) reads the lists in slot order (one compiled copy
+        per list on the compiled segment backend; weights that require grad go through
+        ``index_select``)."""
         dev = self.keys.device
-        offsets, starts, lengths = _slots(self.values_lengths, self.keys, self.example_lengths, keys)
+        offsets, starts, lengths = _slots(
+            self.values_lengths, self.keys, self.example_lengths, keys
+        )
         KB = offsets.shape[0] - 1
         n = int(offsets[-1])
         srcs = [self.values] + ([self.weights] if with_weights else [])
-        if (all(t.dim() == 1 and t.is_contiguous() and not (t.requires_grad and torch.is_grad_enabled())
-                for t in srcs) and _kernels.compiled_for(dev, n)):
-            nb, parts = _kernels._nb(), []  # (one copy of each list: 4-6x fewer passes than the torch ops)
+        if all(
+            t.dim() == 1 and t.is_contiguous() and not (t.requires_grad and torch.is_grad_enabled())
+            for t in srcs
+        ) and _kernels.compiled_for(dev, n):
+            nb, parts = (
+                _kernels._nb(),
+                [],
+            )  # (one copy of each list: 4-6x fewer passes than the torch ops)
             for t in srcs:
                 out = t.new_empty(n)
-                nb.gather_runs(t.detach().numpy(), starts[:KB].numpy(), lengths[:KB].numpy(), offsets.numpy(),
-                               out.numpy())
+                nb.gather_runs(
+                    t.detach().numpy(),
+                    starts[:KB].numpy(),
+                    lengths[:KB].numpy(),
+                    offsets.numpy(),
+                    out.numpy(),
+                )
                 parts.append(out)
             return offsets, parts[0], parts[1] if with_weights else None
         at = _positions(offsets, starts, lengths, n)
@@ -545,10 +709,10 @@ class KeyedJaggedBatch:
 
 
 def _slots(values_lengths, keys, example_lengths, wanted: list[int]):
-    """``(offsets, starts, lengths)`` of the lists of ``wanted`` keys placed by (key, example): every entry's
-    list at its slot ``j * B + e`` (its length and start in ``values`` there; an entry of another key goes to
-    the discarded slot ``K * B``, an absent (key, example) is an empty list); ``offsets`` (``K * B + 1``) the
-    running sum of the lengths of the ``K * B`` slots."""
+    """``(offsets, starts, lengths)`` of the lists of ``wanted`` keys placed by (key, example):
+    every entry's list at its slot ``j * B + e`` (its length and start in ``values`` there; an entry
+    of another key goes to the discarded slot ``K * B``, an absent (key, example) is an empty list);
+    ``offsets`` (``K * B + 1``) the running sum of the lengths of the ``K * B`` slots."""
     K, B, E = len(wanted), example_lengths.shape[0], keys.shape[0]
     dev = keys.device
     KB = K * B
@@ -559,7 +723,9 @@ def _slots(values_lengths, keys, example_lengths, wanted: list[int]):
         at = torch.searchsorted(srt, keys).clamp_max_(K - 1)
         slot = perm.index_select(0, at).mul_(B).add_(_seg_of(example_lengths, E))
         slot.masked_fill_(srt.index_select(0, at) != keys, KB)  # (another key: the discarded slot)
-        lengths.index_copy_(0, slot, values_lengths)  # (the discarded slot gets any one of its entries)
+        lengths.index_copy_(
+            0, slot, values_lengths
+        )  # (the discarded slot gets any one of its entries)
         starts.index_copy_(0, slot, torch.cumsum(values_lengths, 0).sub_(values_lengths))
     offsets = torch.zeros(KB + 1, dtype=torch.int64, device=dev)
     torch.cumsum(lengths[:KB], 0, out=offsets[1:])
@@ -567,30 +733,48 @@ def _slots(values_lengths, keys, example_lengths, wanted: list[int]):
 
 
 def _positions(offsets, starts, lengths, n: int):
-    """The position in ``values`` of every id of the slots, in slot order (``n = offsets[-1]`` of them)."""
+    """The position in ``values`` of every id of the slots, in slot order (``n = offsets[-1]`` of
+    them)."""
     KB = offsets.shape[0] - 1
     return torch.arange(n, device=offsets.device).add_(
-        torch.repeat_interleave(starts[:KB] - offsets[:-1], lengths[:KB], output_size=n))
+        torch.repeat_interleave(starts[:KB] - offsets[:-1], lengths[:KB], output_size=n)
+    )
 
 
 def key_lists(values, values_lengths, keys, example_lengths, wanted: list[int]):
-    """``(offsets, lists)``: the offsets of ``KeyedJaggedBatch._by_key`` and, per wanted key ``j``, its entries
-    of ``values`` (1-D) example by example (``_by_key``'s ids ``[offsets[j * B]:offsets[(j + 1) * B]]``), each
-    its own tensor (one compiled copy per list on the compiled segment backend, else a gather)."""
+    """``(offsets, lists)``: the offsets of ``KeyedJaggedBatch._by_key`` and, per wanted key ``j``,
+    its entries of ``values`` (1-D) example by example (``_by_key``'s ids ``[offsets[j *
+    B]:offsets[(j + 1) * B]]``), each its own tensor (one compiled copy per list on the compiled
+    segment backend, else a gather)."""
     offsets, starts, lengths = _slots(values_lengths, keys, example_lengths, wanted)
     B = example_lengths.shape[0]
     bounds = offsets[::B].tolist() if B else [0] * (len(wanted) + 1)
-    nb = values.dim() == 1 and values.is_contiguous() and _kernels.compiled_for(values.device, bounds[-1])
+    nb = (
+        values.dim() == 1
+        and values.is_contiguous()
+        and _kernels.compiled_for(values.device, bounds[-1])
+    )
     out = []
     for j, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:])):
         slots = slice(j * B, (j + 1) * B)
         offs = offsets[slots] - lo
         if nb:
             part = values.new_empty(hi - lo)
-            _kernels._nb().gather_runs(values.numpy(), starts[slots].numpy(), lengths[slots].numpy(), offs.numpy(),
-                                       part.numpy())
+            _kernels._nb().gather_runs(
+                values.numpy(),
+                starts[slots].numpy(),
+                lengths[slots].numpy(),
+                offs.numpy(),
+                part.numpy(),
+            )
         else:
-            part = values.index_select(0, torch.arange(hi - lo, device=values.device).add_(
-                torch.repeat_interleave(starts[slots] - offs, lengths[slots], output_size=hi - lo)))
+            part = values.index_select(
+                0,
+                torch.arange(hi - lo, device=values.device).add_(
+                    torch.repeat_interleave(
+                        starts[slots] - offs, lengths[slots], output_size=hi - lo
+                    )
+                ),
+            )
         out.append(part)
     return offsets, out

@@ -4,28 +4,29 @@ Every reduction kernel is generated from one template by :func:`kernel` (``form`
 with ``op`` one of ``"sum"``, ``"wsum"`` (weighted), ``"mean"``, ``"max"``, ``"min"``, and ``arg``
 (max/min) also recording the first position of the extreme:
 
-* ``"sorted"``: ``f(x, offs, rows, w, scale, out, arg, s0, s1, bad)`` reduces the segments
-  ``s0 <= s < s1``, segment ``s`` holding the positions ``offs[s] <= k < offs[s+1]`` (with one column,
-  the running value stays in a local: the fast path of 1-D data, used for the sums too);
-* ``"scatter"``: ``f(x, ids, rows, w, scale, out, arg, lo, hi, p0, p1, bad)`` reduces, in input order,
-  the positions ``p0 <= i < p1`` whose segment ``ids[i]`` lies in ``[lo, hi)`` (unsorted ids, no sort);
+* ``"sorted"``: ``f(x, offs, rows, w, scale, out, arg, s0, s1, bad)`` reduces the segments ``s0 <= s
+  < s1``, segment ``s`` holding the positions ``offs[s] <= k < offs[s+1]`` (with one column, the
+  running value stays in a local: the fast path of 1-D data, used for the sums too);
+* ``"scatter"``: ``f(x, ids, rows, w, scale, out, arg, lo, hi, p0, p1, bad)`` reduces, in input
+  order, the positions ``p0 <= i < p1`` whose segment ``ids[i]`` lies in ``[lo, hi)`` (unsorted ids,
+  no sort);
 * ``"merge"``: ``f(out, arg, parts, part_args, scale, s0, s1)`` folds the partial results
   ``parts[t]`` (of later position ranges, in order) into ``out[s0:s1]``.
 
 Position ``k`` reads row ``rows[k]`` of ``x`` (``k`` itself when ``rows`` is empty) with weight
-``w[k]`` (``"wsum"``); for max/min the sorted kernel writes ``w[0]`` (when ``w`` is not empty)
-into every row of an empty segment.  A kernel writes exactly the rows ``out[s0:s1]`` (``out[lo:hi]``), starting
-from the identity (0, -inf, +inf; ``arg = -1``): disjoint ranges run on separate threads with no
-synchronisation.  ``"mean"`` divides a row by ``max(scale[s], 1)`` (the count) at the end (the
-scatter kernel only when ``scale`` is not empty).  A row index outside ``[0, M)`` is never read:
-the kernel keeps the smallest such position in ``bad[0]`` (-1 if none) and the caller raises; the
-scatter kernel also keeps in ``bad[1]`` the first position whose id is outside ``[0, len(out))``.
-Max/min propagate NaN (as torch).
+``w[k]`` (``"wsum"``); for max/min the sorted kernel writes ``w[0]`` (when ``w`` is not empty) into
+every row of an empty segment.  A kernel writes exactly the rows ``out[s0:s1]`` (``out[lo:hi]``),
+starting from the identity (0, -inf, +inf; ``arg = -1``): disjoint ranges run on separate threads
+with no synchronisation.  ``"mean"`` divides a row by ``max(scale[s], 1)`` (the count) at the end
+(the scatter kernel only when ``scale`` is not empty).  A row index outside ``[0, M)`` is never
+read: the kernel keeps the smallest such position in ``bad[0]`` (-1 if none) and the caller raises;
+the scatter kernel also keeps in ``bad[1]`` the first position whose id is outside ``[0,
+len(out))``. Max/min propagate NaN (as torch).
 
 Beside them: ``adagrad_coalesced`` / ``rowwise_adagrad_coalesced`` / ``coalesce_rows`` (the sparse
-optimizers of ``_optim``: the gradient rows of each distinct row summed with no sort, then one update
-of the row) and ``gather_runs`` (runs of a 1-D tensor copied to new places: ``KeyedJaggedBatch``'s
-lists grouped by key).
+optimizers of ``_optim``: the gradient rows of each distinct row summed with no sort, then one
+update of the row) and ``gather_runs`` (runs of a 1-D tensor copied to new places:
+``KeyedJaggedBatch``'s lists grouped by key).
 
 The loops and the combine step are written once; ``op`` and ``arg`` are closure constants (plain
 flags, so the compiled code is cached on disk), and numba compiles one specialised loop per variant
@@ -45,11 +46,23 @@ try:
     from numba import njit, types
     from numba.core import cgutils
     from numba.extending import intrinsic
-except ImportError:  # numba is optional: this module then defines nothing and ``_kernels`` uses torch ops
+except (
+    ImportError
+):  # numba is optional: this module then defines nothing and ``_kernels`` uses torch ops
     numba = None
 
-__all__ = ["kernel", "fixed_width", "offsets_of", "count_ids", "counting_sort", "adagrad_coalesced",
-           "rowwise_adagrad_coalesced", "coalesce_rows", "gather_runs", "OPS"]
+__all__ = [
+    "kernel",
+    "fixed_width",
+    "offsets_of",
+    "count_ids",
+    "counting_sort",
+    "adagrad_coalesced",
+    "rowwise_adagrad_coalesced",
+    "coalesce_rows",
+    "gather_runs",
+    "OPS",
+]
 
 OPS = ("sum", "wsum", "mean", "max", "min")
 _AHEAD = 16  # positions
@@ -59,18 +72,34 @@ _INT64_MAX = (1 << 63) - 1
 
 
 if numba is not None:
+
     @intrinsic
     def _prefetch(typingctx, arr, i, j):
         """Hint the cache to fetch ``arr[i, j]`` (never faults, whatever the index)."""
+
         def codegen(context, builder, sig, args):
             aryty = sig.args[0]
             ary = context.make_array(aryty)(context, builder, args[0])
-            ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [args[1], args[2]], wraparound=False)
+            ptr = cgutils.get_item_pointer(
+                context, builder, aryty, ary, [args[1], args[2]], wraparound=False
+            )
             i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
-            fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]),
-                                                "llvm.prefetch.p0")
-            builder.call(fn, [builder.bitcast(ptr, i8p), ir.Constant(i32, 1), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+            fn = cgutils.get_or_insert_function(
+                builder.module,
+                ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]),
+                "llvm.prefetch.p0",
+            )
+            builder.call(
+                fn,
+                [
+                    builder.bitcast(ptr, i8p),
+                    ir.Constant(i32, 1),
+                    ir.Constant(i32, 3),
+                    ir.Constant(i32, 1),
+                ],
+            )
             return context.get_dummy_value()
+
         return types.void(arr, i, j), codegen
 
     @njit(inline="always")
@@ -80,9 +109,9 @@ if numba is not None:
             _prefetch(a, r, j)
             j += 64 // a.itemsize if a.itemsize < 64 else 1
 
-    # The steps, inlined into the loops below, where the flags are compile-time constants
-    # (SUM: sum/wsum/mean; W: weighted; MEAN: divide by the count; LARGEST: max; ARG: track the arg).
-    # (The row range check stays written out in the loops: as a helper it measured 1.6x slower.)
+    # The steps, inlined into the loops below, where the flags are compile-time constants (SUM:
+    # sum/wsum/mean; W: weighted; MEAN: divide by the count; LARGEST: max; ARG: track the arg). (The
+    # row range check stays written out in the loops: as a helper it measured 1.6x slower.)
     @njit(inline="always")
     def _start(out, s, arg, D, SUM, LARGEST, ARG):  # out[s] <- the identity
         for d in range(D):
@@ -92,7 +121,9 @@ if numba is not None:
                 arg[s, d] = -1
 
     @njit(inline="always")
-    def _combine(out, s, arg, x, r, w, k, D, SUM, W, LARGEST, ARG):  # out[s] <- out[s] (+) x[r] (position k)
+    def _combine(
+        out, s, arg, x, r, w, k, D, SUM, W, LARGEST, ARG
+    ):  # out[s] <- out[s] (+) x[r] (position k)
         if SUM:
             if W:
                 wk = w[k]
@@ -124,7 +155,9 @@ if numba is not None:
         return _pick(acc, x1[r], LARGEST)
 
     @njit(inline="always")
-    def _pick(c, v, LARGEST):  # max / min of two values, NaN first (the non-short-circuit | vectorises)
+    def _pick(
+        c, v, LARGEST
+    ):  # max / min of two values, NaN first (the non-short-circuit | vectorises)
         return c if (((c >= v) if LARGEST else (c <= v)) | (c != c)) else v
 
     @njit(inline="always")
@@ -133,7 +166,9 @@ if numba is not None:
             out[s, d] = _pick(out[s, d], _pick(x[r, d], x[q, d], LARGEST), LARGEST)
 
     @njit(inline="always")
-    def _combine_arg(o, a, p, pa, D, LARGEST):  # (o, a) <- (o, a) (+) (p, pa), p from later positions
+    def _combine_arg(
+        o, a, p, pa, D, LARGEST
+    ):  # (o, a) <- (o, a) (+) (p, pa), p from later positions
         for d in range(D):
             v = p[d]
             c = o[d]
@@ -155,18 +190,23 @@ if numba is not None:
 
     @njit(inline="always")
     def _sorted_one_column(x, x1, offs, rows, w, scale, out, s0, s1, bad, SUM, W, MEAN, LARGEST):
-        """The sorted kernel (no arg) for one column, ``x1`` = ``x`` as 1-D: two running values in locals
-        (registers), every other position each, so that two additions are in flight (1.6-2x faster)."""
+        """The sorted kernel (no arg) for one column, ``x1`` = ``x`` as 1-D: two running values in
+        locals (registers), every other position each, so that two additions are in flight (1.6-2x
+        faster)."""
         M = x1.shape[0]
         has_rows = rows.shape[0] > 0
         n = rows.shape[0]
-        pf = has_rows and M * x1.itemsize > _L2_BYTES  # (rows read at random: prefetched past the L2 cache)
+        pf = (
+            has_rows and M * x1.itemsize > _L2_BYTES
+        )  # (rows read at random: prefetched past the L2 cache)
         for s in range(s0, s1):
             _start(out, s, out, 1, SUM, LARGEST, False)
             a0 = out[s, 0]
             a1 = a0
             k, end = offs[s], offs[s + 1]
-            if not has_rows and k >= 0 and end <= M:  # the rows are the positions: in range, checked once
+            if (
+                not has_rows and k >= 0 and end <= M
+            ):  # the rows are the positions: in range, checked once
                 while k + 1 < end:
                     a0 = _step1(a0, x1, k, w, k, SUM, W, LARGEST)
                     a1 = _step1(a1, x1, k + 1, w, k + 1, SUM, W, LARGEST)
@@ -195,28 +235,35 @@ if numba is not None:
                 out[s, 0] = w[0]
 
     def _template(op: str, with_arg: bool, width: int = 0):
-        """The (sorted, scatter, merge) kernels of one combine op (the closures hold only flags: cacheable);
-        ``width`` > 0: a sorted kernel for rows of exactly that many columns (see :func:`kernel`)."""
+        """The (sorted, scatter, merge) kernels of one combine op (the closures hold only flags:
+        cacheable); ``width`` > 0: a sorted kernel for rows of exactly that many columns (see
+        :func:`kernel`)."""
         SUM = op in ("sum", "wsum", "mean")
         W = op == "wsum"
         MEAN = op == "mean"
         LARGEST = op == "max"
         ARG = with_arg and not SUM
         # max/min without arg take the rows of a segment in pairs when a row is short (at most
-        # _PAIR_BYTES): the running extreme is then stored once per two rows (1.5-2x faster for
-        # D = 8..64 float32).  Longer rows go one at a time: two interleaved streams of rows that far
+        # _PAIR_BYTES): the running extreme is then stored once per two rows (1.5-2x faster for D =
+        # 8..64 float32).  Longer rows go one at a time: two interleaved streams of rows that far
         # apart ran at a third of the speed (D >= 120 float32).
         PAIRS = not SUM and not ARG
 
         @njit(nogil=True, cache=True)
-        def sorted_kernel(x, offs, rows, w, scale, out, arg, s0, s1, bad):  # pragma: no cover - compiled
+        def sorted_kernel(
+            x, offs, rows, w, scale, out, arg, s0, s1, bad
+        ):  # pragma: no cover - compiled
             M = x.shape[0]
             D = width if width else x.shape[1]
             has_rows = rows.shape[0] > 0
             n = rows.shape[0]
             pairs = PAIRS and D * x.itemsize <= _PAIR_BYTES
-            if D == 1 and not ARG:  # one column, 1-D: the running value in a local (a register), 1.7x faster
-                _sorted_one_column(x, x.reshape(M), offs, rows, w, scale, out, s0, s1, bad, SUM, W, MEAN, LARGEST)
+            if (
+                D == 1 and not ARG
+            ):  # one column, 1-D: the running value in a local (a register), 1.7x faster
+                _sorted_one_column(
+                    x, x.reshape(M), offs, rows, w, scale, out, s0, s1, bad, SUM, W, MEAN, LARGEST
+                )
                 return
             for s in range(s0, s1):
                 _start(out, s, arg, D, SUM, LARGEST, ARG)
@@ -239,12 +286,16 @@ if numba is not None:
                     _combine(out, s, arg, x, r, w, k, D, SUM, W, LARGEST, ARG)
                     k += 1
                 _finish(out, s, scale, D, MEAN)
-                if not SUM and w.shape[0] > 0 and offs[s] == end:  # max/min: the caller's empty value
+                if (
+                    not SUM and w.shape[0] > 0 and offs[s] == end
+                ):  # max/min: the caller's empty value
                     for d in range(D):
                         out[s, d] = w[0]
 
         @njit(nogil=True, cache=True)
-        def scatter_kernel(x, ids, rows, w, scale, out, arg, lo, hi, p0, p1, bad):  # pragma: no cover - compiled
+        def scatter_kernel(
+            x, ids, rows, w, scale, out, arg, lo, hi, p0, p1, bad
+        ):  # pragma: no cover - compiled
             M, D = x.shape
             for s in range(lo, hi):
                 _start(out, s, arg, D, SUM, LARGEST, ARG)
@@ -289,9 +340,10 @@ if numba is not None:
 
         return {"sorted": sorted_kernel, "scatter": scatter_kernel, "merge": merge_kernel}
 
-    @functools.lru_cache(maxsize=None)
+    @functools.cache
     def kernel(form: str, op: str, arg: bool = False, width: int = 0):
-        """The compiled kernel of ``form`` (``"sorted"``, ``"scatter"``, ``"merge"``) for ``op`` (see above).
+        """The compiled kernel of ``form`` (``"sorted"``, ``"scatter"``, ``"merge"``) for ``op``
+        (see above).
 
         ``width`` (sorted form only): the kernel is compiled for ``x`` of exactly that many columns
         (:func:`fixed_width` says when that pays)."""
@@ -300,12 +352,17 @@ if numba is not None:
         return _template(op, arg, width if form == "sorted" else 0)[form]
 
     def fixed_width(op: str, arg: bool, D: int, itemsize: int) -> int:
-        """``D`` where sorted max/min (no arg) over rows of whole cache lines, 128 to ``_PAIR_BYTES`` bytes
-        (float32 D = 32, 48, 64, 80, 96), get a kernel compiled for that width (its column loop fully
-        unrolled: 5-10% faster at D = 48, 64 float32, measured; shorter rows ran slower so), else 0 (one
-        kernel for every width).  At most 5 widths per dtype, each compiled once (~1.5 s) and cached on disk."""
+        """``D`` where sorted max/min (no arg) over rows of whole cache lines, 128 to
+        ``_PAIR_BYTES`` bytes (float32 D = 32, 48, 64, 80, 96), get a kernel compiled for that width
+        (its column loop fully unrolled: 5-10% faster at D = 48, 64 float32, measured; shorter rows
+        ran slower so), else 0 (one kernel for every width).  At most 5 widths per dtype, each
+        compiled once (~1.5 s) and cached on disk."""
         row = D * itemsize
-        return D if op in ("max", "min") and not arg and 128 <= row <= _PAIR_BYTES and row % 64 == 0 else 0
+        return (
+            D
+            if op in ("max", "min") and not arg and 128 <= row <= _PAIR_BYTES and row % 64 == 0
+            else 0
+        )
 
     # ------------------------------------------------------------------------------- ids
     @njit(nogil=True, cache=True)
@@ -320,7 +377,9 @@ if numba is not None:
             v = lengths[s]
             if v < 0 and neg < 0:
                 neg = s
-            if v > 0 and acc >= 0 and v > _INT64_MAX - acc and over < 0:  # (tested before adding: no wrap relied on)
+            if (
+                v > 0 and acc >= 0 and v > _INT64_MAX - acc and over < 0
+            ):  # (tested before adding: no wrap relied on)
                 over = s
             acc += v
             offs[s + 1] = acc
@@ -328,8 +387,8 @@ if numba is not None:
 
     @njit(nogil=True, cache=True)
     def count_ids(ids, counts, lo, hi):  # pragma: no cover - compiled
-        """``counts[s] += #{lo <= i < hi: ids[i] == s}``; returns the first position in ``[lo, hi)`` with an
-        id outside ``[0, S)``, or -1."""
+        """``counts[s] += #{lo <= i < hi: ids[i] == s}``; returns the first position in ``[lo, hi)``
+        with an id outside ``[0, S)``, or -1."""
         S = counts.shape[0]
         for i in range(lo, hi):
             v = ids[i]
@@ -340,7 +399,8 @@ if numba is not None:
 
     @njit(cache=True, nogil=True)
     def counting_sort(ids, order, offs):  # pragma: no cover - compiled
-        """Stable counting sort of ``ids`` (in range) into ``order``; ``offs`` (S+1) holds the group offsets."""
+        """Stable counting sort of ``ids`` (in range) into ``order``; ``offs`` (S+1) holds the group
+        offsets."""
         cur = offs[:-1].copy()
         for i in range(ids.shape[0]):
             v = ids[i]
@@ -348,13 +408,14 @@ if numba is not None:
             cur[v] += 1
 
     # ------------------------------------------------------------------------------- optimizers
-    # Coalesced row updates (``_optim``): the gradient rows of every distinct row of ``idx`` are summed
-    # in position order into ``acc[s]`` (``rows[s]`` = that row, ``s`` in order of first occurrence), then
-    # the row is updated once -- no sort: ``mark[r]`` (-1 on entry, restored on exit) holds the slot of
-    # row ``r``.  A call handles the rows ``r % T == t`` only: T calls on disjoint rows run on separate
-    # threads (each with its own ``rows`` and ``acc``, ``mark`` shared).  The indices are in range (the
-    # caller checked them).  ``error_model="numpy"``: a division by zero gives inf/NaN (as torch) rather
-    # than a test per element, which kept the update loop from vectorising (4.5x slower).
+    # Coalesced row updates (``_optim``): the gradient rows of every distinct row of ``idx`` are
+    # summed in position order into ``acc[s]`` (``rows[s]`` = that row, ``s`` in order of first
+    # occurrence), then the row is updated once -- no sort: ``mark[r]`` (-1 on entry, restored on
+    # exit) holds the slot of row ``r``.  A call handles the rows ``r % T == t`` only: T calls on
+    # disjoint rows run on separate threads (each with its own ``rows`` and ``acc``, ``mark``
+    # shared).  The indices are in range (the caller checked them).  ``error_model="numpy"``: a
+    # division by zero gives inf/NaN (as torch) rather than a test per element, which kept the
+    # update loop from vectorising (4.5x slower).
     @njit(inline="always")
     def _coalesce_rows(idx, grad, mark, rows, acc, t, T):
         D = grad.shape[1]
@@ -377,7 +438,9 @@ if numba is not None:
         return u
 
     @njit(nogil=True, cache=True, error_model="numpy")
-    def adagrad_coalesced(param, moment, idx, grad, mark, rows, acc, lr, eps, wd, decay, t, T):  # pragma: no cover
+    def adagrad_coalesced(
+        param, moment, idx, grad, mark, rows, acc, lr, eps, wd, decay, t, T
+    ):  # pragma: no cover
         """Per distinct row ``r`` with summed gradient ``g`` (``+ wd * w``), per element:
         ``h = decay * h + g * g;  w += -lr * (g / (sqrt(h) + eps))`` (torch.optim.Adagrad's sparse
         step, operation for operation).  Returns the number of rows updated."""
@@ -397,8 +460,11 @@ if numba is not None:
         return u
 
     @njit(nogil=True, cache=True, error_model="numpy")
-    def rowwise_adagrad_coalesced(param, moment, idx, grad, mark, rows, acc, lr, eps, wd, t, T):  # pragma: no cover
-        """Row-wise Adagrad (one ``h`` per row): ``h += mean_j g_j^2;  w -= (lr / (sqrt(h) + eps)) * g``."""
+    def rowwise_adagrad_coalesced(
+        param, moment, idx, grad, mark, rows, acc, lr, eps, wd, t, T
+    ):  # pragma: no cover
+        """Row-wise Adagrad (one ``h`` per row): ``h += mean_j g_j^2;  w -= (lr / (sqrt(h) + eps)) *
+        g``."""
         u = _coalesce_rows(idx, grad, mark, rows, acc, t, T)
         D = grad.shape[1]
         for s in range(u):
@@ -421,7 +487,8 @@ if numba is not None:
 
     @njit(nogil=True, cache=True)
     def coalesce_rows(idx, grad, mark, rows, acc):  # pragma: no cover - compiled
-        """The coalescing alone (for the updates written in torch ops); returns the count of rows."""
+        """The coalescing alone (for the updates written in torch ops); returns the count of
+        rows."""
         u = _coalesce_rows(idx, grad, mark, rows, acc, 0, 1)
         for s in range(u):
             mark[rows[s]] = -1
@@ -430,8 +497,8 @@ if numba is not None:
     # ------------------------------------------------------------------------------- lists
     @njit(nogil=True, cache=True)
     def gather_runs(src, starts, lengths, offsets, out):  # pragma: no cover - compiled
-        """``out[offsets[j]:offsets[j] + lengths[j]] = src[starts[j]:starts[j] + lengths[j]]`` for every
-        ``j`` (runs in range: the caller built them)."""
+        """``out[offsets[j]:offsets[j] + lengths[j]] = src[starts[j]:starts[j] + lengths[j]]`` for
+        every ``j`` (runs in range: the caller built them)."""
         for j in range(lengths.shape[0]):
             a, o = starts[j], offsets[j]
             for i in range(lengths[j]):

@@ -26,21 +26,33 @@ __all__ = ["pack_segments", "unpack_segments", "sparse_to_dense", "lengths_top_k
 
 
 def _slots(lengths: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """For every row: its flat slot ``s * width + j`` in the padded layout, and whether ``j < width``."""
+    """For every row: its flat slot ``s * width + j`` in the padded layout, and whether ``j <
+    width``."""
     li = lengths.long()
     n = int(li.sum()) if li.numel() else 0
     seg = torch.repeat_interleave(torch.arange(li.numel(), device=li.device), li, output_size=n)
-    pos = torch.arange(n, device=li.device) - torch.repeat_interleave(torch.cumsum(li, 0) - li, li, output_size=n)
+    pos = torch.arange(n, device=li.device) - torch.repeat_interleave(
+        torch.cumsum(li, 0) - li, li, output_size=n
+    )
     return seg * width + pos, pos < width
 
 
-def pack_segments(data: torch.Tensor, lengths, *, max_length: int | None = None, pad_value=0,
-                  pad_minf: bool = False, return_presence_mask: bool = False, validate: bool = True):
+def pack_segments(
+    data: torch.Tensor,
+    lengths,
+    *,
+    max_length: int | None = None,
+    pad_value=0,
+    pad_minf: bool = False,
+    return_presence_mask: bool = False,
+    validate: bool = True,
+):
     """Padded ``(S, L, *D)`` tensor of a values+lengths batch; differentiable in ``data``.
 
-    ``L = max_length`` if given (longer segments are truncated, Caffe2's rule), else ``max(lengths)``.
-    Padding is ``pad_value``, or ``-inf`` with ``pad_minf=True`` (so a following max ignores it).
-    With ``return_presence_mask=True`` also returns ``mask`` (bool, ``(S, L)``): ``mask[s, j] = j < lengths[s]``.
+    ``L = max_length`` if given (longer segments are truncated, Caffe2's rule), else
+    ``max(lengths)``. Padding is ``pad_value``, or ``-inf`` with ``pad_minf=True`` (so a following
+    max ignores it). With ``return_presence_mask=True`` also returns ``mask`` (bool, ``(S, L)``):
+    ``mask[s, j] = j < lengths[s]``.
     """
     lengths = as_index(lengths, "lengths", data.device)
     if data.dim() == 0:
@@ -68,15 +80,18 @@ def pack_segments(data: torch.Tensor, lengths, *, max_length: int | None = None,
     return packed, mask
 
 
-def unpack_segments(packed: torch.Tensor, lengths, *, max_length: int | None = None,
-                    validate: bool = True) -> torch.Tensor:
+def unpack_segments(
+    packed: torch.Tensor, lengths, *, max_length: int | None = None, validate: bool = True
+) -> torch.Tensor:
     """The rows of ``packed`` (shape ``(S, L, *D)``) that ``lengths`` marks valid, concatenated.
 
     ``out[offsets[s] + j] = packed[s, j]`` for ``j < lengths[s]``; ``max_length`` truncates (as in
     ``pack_segments``).  Differentiable in ``packed``.
     """
     if packed.dim() < 2:
-        raise ValueError(f"packed must have shape (segments, length, ...), got {tuple(packed.shape)}")
+        raise ValueError(
+            f"packed must have shape (segments, length, ...), got {tuple(packed.shape)}"
+        )
     lengths = as_index(lengths, "lengths", packed.device)
     S, width = packed.shape[0], packed.shape[1]
     if lengths.numel() != S:
@@ -92,9 +107,11 @@ def unpack_segments(packed: torch.Tensor, lengths, *, max_length: int | None = N
     return packed.reshape(S * width, *packed.shape[2:]).index_select(0, slot)
 
 
-def sparse_to_dense(indices, values: torch.Tensor, output_size: int | None = None, *,
-                    validate: bool = True) -> torch.Tensor:
-    """``out[j] = sum(values[i] for i with indices[i] == j)``: duplicates add (Caffe2 ``SparseToDense``).
+def sparse_to_dense(
+    indices, values: torch.Tensor, output_size: int | None = None, *, validate: bool = True
+) -> torch.Tensor:
+    """``out[j] = sum(values[i] for i with indices[i] == j)``: duplicates add (Caffe2
+    ``SparseToDense``).
 
     ``output_size`` defaults to ``max(indices) + 1``. Differentiable in ``values``.
 
@@ -103,8 +120,10 @@ def sparse_to_dense(indices, values: torch.Tensor, output_size: int | None = Non
     """
     indices = as_index(indices, "indices", values.device)
     if values.dim() == 0 or values.shape[0] != indices.numel():
-        raise ValueError(f"values must have one row per index: {indices.numel()} indices, "
-                         f"values of shape {tuple(values.shape)}")
+        raise ValueError(
+            f"values must have one row per index: {indices.numel()} indices, "
+            f"values of shape {tuple(values.shape)}"
+        )
     if output_size is None:
         output_size = int(indices.max()) + 1 if indices.numel() else 0
     check_indices(indices, output_size, validate=validate, what="rows of the output (output_size)")
@@ -113,10 +132,12 @@ def sparse_to_dense(indices, values: torch.Tensor, output_size: int | None = Non
 
 
 def lengths_top_k(data: torch.Tensor, lengths, k: int, *, validate: bool = True):
-    """The ``k`` largest values of every segment and their positions within it (Caffe2 ``LengthsTopK``).
+    """The ``k`` largest values of every segment and their positions within it (Caffe2
+    ``LengthsTopK``).
 
-    Returns ``(values, positions)``, both ``(S, k)``, in decreasing order (ties: the earlier position
-    first); a segment shorter than ``k`` is padded with value 0 and position -1.  Differentiable in ``data``.
+    Returns ``(values, positions)``, both ``(S, k)``, in decreasing order (ties: the earlier
+    position first); a segment shorter than ``k`` is padded with value 0 and position -1.
+    Differentiable in ``data``.
 
     >>> lengths_top_k(torch.tensor([3., 1., 2., 5.]), torch.tensor([3, 0, 1]), 2)
     (tensor([[3., 2.],
@@ -131,11 +152,18 @@ def lengths_top_k(data: torch.Tensor, lengths, k: int, *, validate: bool = True)
         raise ValueError(f"data must be 1-D, got shape {tuple(data.shape)}")
     if not data.is_floating_point():
         raise TypeError(f"lengths_top_k needs floating-point data, got {data.dtype}")
-    packed, mask = pack_segments(data, lengths, pad_minf=True, return_presence_mask=True, validate=validate)
+    packed, mask = pack_segments(
+        data, lengths, pad_minf=True, return_presence_mask=True, validate=validate
+    )
     S, width = packed.shape
-    # sort the padding last whatever the values (even -inf and NaN): by (present, value) descending, stable
+    # sort the padding last whatever the values (even -inf and NaN): by (present, value) descending,
+    # stable
     order = torch.sort(packed.detach(), dim=1, descending=True, stable=True).indices
-    order = torch.gather(order, 1, torch.sort(torch.gather(~mask, 1, order).to(torch.uint8), dim=1, stable=True).indices)
+    order = torch.gather(
+        order,
+        1,
+        torch.sort(torch.gather(~mask, 1, order).to(torch.uint8), dim=1, stable=True).indices,
+    )
     kk = min(k, width)
     pos = order[:, :kk]
     present = torch.gather(mask, 1, pos)

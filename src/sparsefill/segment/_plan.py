@@ -29,14 +29,25 @@ __all__ = ["Plan", "make_plan"]
 
 
 class Plan:
-    def __init__(self, num_segments: int, n: int, *, offsets=None, order=None, indices=None, ids=None, keep=None,
-                 counts=None, compiled: bool = False):
+    def __init__(
+        self,
+        num_segments: int,
+        n: int,
+        *,
+        offsets=None,
+        order=None,
+        indices=None,
+        ids=None,
+        keep=None,
+        counts=None,
+        compiled: bool = False,
+    ):
         self.num_segments = num_segments
-        self.compiled = compiled        # this call runs the compiled kernels (``_kernels.compiled_for``)
-        self.n = n                      # input positions (before any dropped ids)
-        self.indices = indices          # (n,) int64 or None: the fused gather
-        self.ids = ids                  # unsorted ids of the kept positions (None for sorted forms)
-        self.keep = keep                # input positions kept by out_of_range="drop" (None: all)
+        self.compiled = compiled  # this call runs the compiled kernels (``_kernels.compiled_for``)
+        self.n = n  # input positions (before any dropped ids)
+        self.indices = indices  # (n,) int64 or None: the fused gather
+        self.ids = ids  # unsorted ids of the kept positions (None for sorted forms)
+        self.keep = keep  # input positions kept by out_of_range="drop" (None: all)
         self._offsets, self._order = offsets, order
         self._rows = None
         self._seg = None
@@ -106,13 +117,16 @@ class Plan:
         if self._counts is None:
             if self._sorted:  # (numpy on the CPU: serial, see _check.cpu_min)
                 o = self._offsets
-                self._counts = torch.from_numpy(np.diff(o.numpy())) if o.device.type == "cpu" else o.diff()
+                self._counts = (
+                    torch.from_numpy(np.diff(o.numpy())) if o.device.type == "cpu" else o.diff()
+                )
             else:  # (also the range check of the ids, when make_plan left it to the kernels)
                 self._counts = _kernels.count_ids(self.ids, self.num_segments, self.compiled)
         return self._counts
 
     def fill_empty_(self, out: torch.Tensor, value) -> torch.Tensor:
-        """``out`` (rows = segments) with the rows of the empty segments set to ``value``, in place."""
+        """``out`` (rows = segments) with the rows of the empty segments set to ``value``, in
+        place."""
         counts = self.counts
         empty = flat_nonzero(counts == 0)
         return out.index_fill_(0, empty, value) if empty.numel() else out
@@ -131,7 +145,8 @@ class Plan:
 
 
 def _ids_policy(ids, num_segments, out_of_range):
-    """Apply the out-of-range policy; returns (ids, keep) where keep lists the input positions kept (or None)."""
+    """Apply the out-of-range policy; returns (ids, keep) where keep lists the input positions kept
+    (or None)."""
     if out_of_range == "error":
         return ids, None
     hi = num_segments if num_segments is not None else None
@@ -158,42 +173,71 @@ def _count_arg(v, name: str) -> int:
     return n
 
 
-def make_plan(n_rows: int, device, *, lengths=None, offsets=None, segment_ids=None, num_segments=None,
-              sorted=True, indices=None, validate=True, out_of_range="error", width: int = 1) -> Plan:
-    """Build the Plan of one call of ``segment.reduce`` (see its docstring for the arguments; ``width``: the
-    elements of a row of data, for the choice of kernels)."""
-    given = [name for name, v in (("lengths", lengths), ("offsets", offsets), ("segment_ids", segment_ids))
-             if v is not None]
+def make_plan(
+    n_rows: int,
+    device,
+    *,
+    lengths=None,
+    offsets=None,
+    segment_ids=None,
+    num_segments=None,
+    sorted=True,
+    indices=None,
+    validate=True,
+    out_of_range="error",
+    width: int = 1,
+) -> Plan:
+    """Build the Plan of one call of ``segment.reduce`` (see its docstring for the arguments;
+    ``width``: the elements of a row of data, for the choice of kernels)."""
+    given = [
+        name
+        for name, v in (("lengths", lengths), ("offsets", offsets), ("segment_ids", segment_ids))
+        if v is not None
+    ]
     if out_of_range not in ("error", "drop", "clip"):
         raise ValueError(f"out_of_range must be 'error', 'drop' or 'clip', got {out_of_range!r}")
     if num_segments is not None:
         num_segments = _count_arg(num_segments, "num_segments")
     if len(given) != 1:
-        raise ValueError("pass exactly one of lengths=, offsets=, segment_ids= "
-                         f"(got {', '.join(given) if given else 'none'})")
+        raise ValueError(
+            "pass exactly one of lengths=, offsets=, segment_ids= "
+            f"(got {', '.join(given) if given else 'none'})"
+        )
     if indices is not None:
         indices = as_index(indices, "indices", device).long()
         n = indices.numel()
     else:
         n = n_rows
-    compiled = _kernels.compiled_for(device, n * width)  # (decided once: the checks below depend on it)
-    if indices is not None:  # the compiled kernels check every row they read; the torch path checks here
+    compiled = _kernels.compiled_for(
+        device, n * width
+    )  # (decided once: the checks below depend on it)
+    if (
+        indices is not None
+    ):  # the compiled kernels check every row they read; the torch path checks here
         check_indices(indices, n_rows, validate=validate and not compiled)
     against = "entry of indices" if indices is not None else "row of data"
     if lengths is not None:
         lengths = as_index(lengths, "lengths", device)
         if num_segments is not None and num_segments != lengths.numel():
-            raise ValueError(f"num_segments = {num_segments} but lengths has {lengths.numel()} entries")
-        offs = _kernels.offsets_of(lengths, compiled)  # (checked always: a negative length makes the kernels misread)
+            raise ValueError(
+                f"num_segments = {num_segments} but lengths has {lengths.numel()} entries"
+            )
+        offs = _kernels.offsets_of(
+            lengths, compiled
+        )  # (checked always: a negative length makes the kernels misread)
         if int(offs[-1]) != n:
-            raise ValueError(f"lengths sum to {int(offs[-1])}, but there are {n} "
-                             f"{'indices' if indices is not None else 'rows of data along dim 0'}")
+            raise ValueError(
+                f"lengths sum to {int(offs[-1])}, but there are {n} "
+                f"{'indices' if indices is not None else 'rows of data along dim 0'}"
+            )
         return Plan(lengths.numel(), n, offsets=offs, indices=indices, compiled=compiled)
     if offsets is not None:
         offs = as_index(offsets, "offsets", device).long()
         if num_segments is not None and num_segments != offs.numel() - 1:
-            raise ValueError(f"num_segments = {num_segments} but offsets has {offs.numel()} entries "
-                             f"(num_segments + 1 expected)")
+            raise ValueError(
+                f"num_segments = {num_segments} but offsets has {offs.numel()} entries "
+                f"(num_segments + 1 expected)"
+            )
         check_offsets(offs, n)  # O(S), always (as lengths)
         return Plan(offs.numel() - 1, n, offsets=offs, indices=indices, compiled=compiled)
     ids = as_index(segment_ids, "segment_ids", device)
@@ -209,7 +253,9 @@ def make_plan(n_rows: int, device, *, lengths=None, offsets=None, segment_ids=No
         if ids.numel() and int(offs[0]) != 0:
             raise IndexError(f"segment_ids has {int(offs[0])} negative entries")
         if int(offs[-1]) != ids.numel():
-            raise IndexError(f"segment_ids has {ids.numel() - int(offs[-1])} entries >= num_segments = {S}")
+            raise IndexError(
+                f"segment_ids has {ids.numel() - int(offs[-1])} entries >= num_segments = {S}"
+            )
         return Plan(S, n, offsets=offs, order=keep, indices=indices, compiled=compiled)
     ids = ids.long()
     # unsorted ids: their range is always checked, by the compiled scatter kernels as they read them

@@ -1,10 +1,11 @@
-"""The segment conversions (``_repr``) and ``KeyedJaggedBatch``'s checks as ``torch.library`` custom ops: what
-torch.compile records for them (issue 14).
+"""The segment conversions (``_repr``) and ``KeyedJaggedBatch``'s checks as ``torch.library`` custom
+ops: what torch.compile records for them (issue 14).
 
-Their results' sizes (``sum(lengths)`` ids, ``max(segment_ids) + 1`` lengths) and their checks (a negative
-length, an id out of range) read the data: under torch.compile (``_compile.traced``) the public functions call
-these ops, whose real implementation is the eager function (its checks run at run time and raise the eager
-errors) and whose fake implementation gives the sizes from the input sizes, or a dynamic size
+Their results' sizes (``sum(lengths)`` ids, ``max(segment_ids) + 1`` lengths) and their checks (a
+negative length, an id out of range) read the data: under torch.compile (``_compile.traced``) the
+public functions call these ops, whose real implementation is the eager function (its checks run at
+run time and raise the eager errors) and whose fake implementation gives the sizes from the input
+sizes, or a dynamic size
 (``_compile.new_dynamic_size()``: also without ``fullgraph``) where the data decide it::
 
     sparsefill::lengths_to_segment_ids(lengths, validate)             == segment.lengths_to_segment_ids   (N: dynamic)
@@ -18,10 +19,11 @@ errors) and whose fake implementation gives the sizes from the input sizes, or a
     sparsefill::lengths_max_range(lengths)                           arange(max(lengths)): the padded width
     sparsefill::jagged_check(example_lengths, values_lengths, keys, total)   KeyedJaggedBatch's data checks
 
-The differentiable conversions (``lengths_tile``, ``lengths_gather``, ``gather_ranges``) gather their data
-with ``index_select`` at the rows these ops give (autograd as usual).  Every op is registered *effectful*
-(``torch.library._register_effectful_op``, ordered): never removed as dead code, so a compiled call with bad
-input raises even where its result is unused.  Registered on the first import (by the first traced call).
+The differentiable conversions (``lengths_tile``, ``lengths_gather``, ``gather_ranges``) gather
+their data with ``index_select`` at the rows these ops give (autograd as usual).  Every op is
+registered *effectful* (``torch.library._register_effectful_op``, ordered): never removed as dead
+code, so a compiled call with bad input raises even where its result is unused.  Registered on the
+first import (by the first traced call).
 
 >>> import torch
 >>> torch.ops.sparsefill.lengths_to_segment_ids(torch.tensor([2, 0, 1]), True)
@@ -37,16 +39,28 @@ from torch.library import custom_op
 from .._compile import new_dynamic_size
 from . import _repr
 
-__all__ = ["lengths_to_segment_ids", "segment_ids_to_lengths", "lengths_to_offsets", "offsets_to_lengths",
-           "lengths_to_weights", "lengths_range_fill", "lengths_gather_rows", "gather_ranges_rows", "jagged_check"]
+__all__ = [
+    "lengths_to_segment_ids",
+    "segment_ids_to_lengths",
+    "lengths_to_offsets",
+    "offsets_to_lengths",
+    "lengths_to_weights",
+    "lengths_range_fill",
+    "lengths_gather_rows",
+    "gather_ranges_rows",
+    "jagged_check",
+]
 
 
 def _dynamic():
-    return new_dynamic_size()  # (also where dynamo compiles without fullgraph: _compile.new_dynamic_size)
+    return (
+        new_dynamic_size()
+    )  # (also where dynamo compiles without fullgraph: _compile.new_dynamic_size)
 
 
 def _effectful(op):
-    """``op`` kept in the graph and in program order (its checks must run: no dead-code elimination)."""
+    """``op`` kept in the graph and in program order (its checks must run: no dead-code
+    elimination)."""
     torch.library._register_effectful_op(op._qualname, EffectType.ORDERED)
     return op
 
@@ -62,8 +76,9 @@ def _(lengths, validate):
 
 
 @custom_op("sparsefill::segment_ids_to_lengths", mutates_args=())
-def segment_ids_to_lengths(segment_ids: torch.Tensor, num_segments: int | None, sorted: bool,
-                           validate: bool) -> torch.Tensor:
+def segment_ids_to_lengths(
+    segment_ids: torch.Tensor, num_segments: int | None, sorted: bool, validate: bool
+) -> torch.Tensor:
     return _repr.segment_ids_to_lengths(segment_ids, num_segments, sorted=sorted, validate=validate)
 
 
@@ -93,7 +108,9 @@ def _(offsets, total, validate):
 
 
 @custom_op("sparsefill::lengths_to_weights", mutates_args=())
-def lengths_to_weights(lengths: torch.Tensor, power: float, dtype: torch.dtype, validate: bool) -> torch.Tensor:
+def lengths_to_weights(
+    lengths: torch.Tensor, power: float, dtype: torch.dtype, validate: bool
+) -> torch.Tensor:
     return _repr.lengths_to_weights(lengths, power, dtype=dtype, validate=validate)
 
 
@@ -113,7 +130,9 @@ def _(lengths, validate):
 
 
 @custom_op("sparsefill::lengths_gather_rows", mutates_args=())
-def lengths_gather_rows(lengths: torch.Tensor, indices: torch.Tensor, n: int, validate: bool) -> torch.Tensor:
+def lengths_gather_rows(
+    lengths: torch.Tensor, indices: torch.Tensor, n: int, validate: bool
+) -> torch.Tensor:
     """The rows (int64) of ``n`` items that ``lengths_gather`` reads, after its checks."""
     return _repr.lengths_gather_rows(lengths, indices, n, validate)
 
@@ -136,9 +155,9 @@ def _(ranges, n, validate):
 
 @custom_op("sparsefill::lengths_max_range", mutates_args=())
 def lengths_max_range(lengths: torch.Tensor) -> torch.Tensor:
-    """``arange(max(lengths))`` (int64; empty for no lengths): its size, the longest segment, is the width of a
-    padded layout, a dynamic size read from no host value (``int(lengths.max())`` is a graph break without
-    ``fullgraph``)."""
+    """``arange(max(lengths))`` (int64; empty for no lengths): its size, the longest segment, is the
+    width of a padded layout, a dynamic size read from no host value (``int(lengths.max())`` is a
+    graph break without ``fullgraph``)."""
     return torch.arange(int(lengths.max()) if lengths.numel() else 0, device=lengths.device)
 
 
@@ -148,11 +167,15 @@ def _(lengths):
 
 
 @custom_op("sparsefill::jagged_check", mutates_args=())
-def jagged_check(example_lengths: torch.Tensor, values_lengths: torch.Tensor, keys: torch.Tensor,
-                 total: int) -> None:
+def jagged_check(
+    example_lengths: torch.Tensor, values_lengths: torch.Tensor, keys: torch.Tensor, total: int
+) -> None:
     """``KeyedJaggedBatch``'s data checks (its errors) for a batch of ``total`` values."""
     from ._jagged import KeyedJaggedBatch
-    stub = torch.zeros(1, dtype=torch.int64, device=keys.device).expand(total)  # (the count of values only)
+
+    stub = torch.zeros(1, dtype=torch.int64, device=keys.device).expand(
+        total
+    )  # (the count of values only)
     KeyedJaggedBatch(stub, values_lengths, keys, example_lengths)
 
 
@@ -161,6 +184,15 @@ def _(example_lengths, values_lengths, keys, total):
     return None
 
 
-for _op in (lengths_to_segment_ids, segment_ids_to_lengths, lengths_to_offsets, offsets_to_lengths,
-            lengths_to_weights, lengths_range_fill, lengths_gather_rows, gather_ranges_rows, jagged_check):
+for _op in (
+    lengths_to_segment_ids,
+    segment_ids_to_lengths,
+    lengths_to_offsets,
+    offsets_to_lengths,
+    lengths_to_weights,
+    lengths_range_fill,
+    lengths_gather_rows,
+    gather_ranges_rows,
+    jagged_check,
+):
     _effectful(_op)

@@ -1,18 +1,21 @@
-"""Compiled window sums over sorted sources: the union of target intervals, then every target's window sum,
-each one linear pass (numba; imported lazily by ``_core``, absent without numba).  Kernels know arrays only.
+"""Compiled window sums over sorted sources: the union of target intervals, then every target's
+window sum, each one linear pass (numba; imported lazily by ``_core``, absent without numba).
+Kernels know arrays only.
 
 For sources sorted by ``(row, x)`` (positions ``x`` unique within a row), each reaching the targets
-``[ceil((m2*x + d0) / q2), floor((m2*x + d1) / q2)]`` clipped to ``[0, T)`` (the ``reach``), and the edge
-targets ``t < tL`` and ``t > tR`` of every row, the targets are the union of those intervals, row-major
+``[ceil((m2*x + d0) / q2), floor((m2*x + d1) / q2)]`` clipped to ``[0, T)`` (the ``reach``), and the
+edge targets ``t < tL`` and ``t > tR`` of every row, the targets are the union of those intervals,
+row-major
 sorted (:func:`runs`: runs of consecutive targets), and (:func:`sums`)::
 
     sums[c, k] = (sum of cols[c, e] over the sources e of row(k) with A(t_k) <= x_e <= B(t_k) + base) * (1 / div)
     A(t) = max(ceil((m*t + c0) / q), 0),  B(t) = min(floor((m*t + c1) / q), S - 1)     (the ``window``)
 
-at the targets in ``[tL, tR]``, the bare sum at the edge targets (``A``, ``B`` non-decreasing in ``t``):
-each target's window is a contiguous range of the row's sources, kept by two pointers.  A running float64
-sum per column, restarted at 0 when the window empties (no rounding carried from one cluster of sources to
-the next); NaN, +inf and -inf are counted apart (a window holding +inf and -inf is NaN, as the dense sum).
+at the targets in ``[tL, tR]``, the bare sum at the edge targets (``A``, ``B`` non-decreasing in
+``t``): each target's window is a contiguous range of the row's sources, kept by two pointers.  A
+running float64 sum per column, restarted at 0 when the window empties (no rounding carried from one
+cluster of sources to the next); NaN, +inf and -inf are counted apart (a window holding +inf and
+-inf is NaN, as the dense sum).
 """
 
 from __future__ import annotations
@@ -21,12 +24,15 @@ try:
     import numba
     import numpy as np
     from numba import njit
-except ImportError:  # numba is optional: this module then defines nothing and ``_core`` uses torch ops
+except (
+    ImportError
+):  # numba is optional: this module then defines nothing and ``_core`` uses torch ops
     numba = None
 
 __all__ = ["runs", "sums"]
 
 if numba is not None:
+
     @njit(cache=True, inline="always")
     def _floor(a, q):
         return a if q == 1 else a // q
@@ -37,12 +43,15 @@ if numba is not None:
 
     @njit(cache=True)
     def _runs(srow, x, reach, n_rows, T, tL, tR, rr, r0, r1, rb, re):
-        """``(runs, targets)`` of the union; writes the runs (row, first and last target, the row's sources
-        ``[rb, re)``)."""
+        """``(runs, targets)`` of the union; writes the runs (row, first and last target, the row's
+        sources ``[rb, re)``)."""
         m2, d0, d1, q2 = reach
         n = x.shape[0]
         nr = tot = 0
-        lend, rbeg = min(tL, T) - 1, max(tR + 1, 0)  # the left edge targets [0, lend], the right ones [rbeg, T)
+        lend, rbeg = (
+            min(tL, T) - 1,
+            max(tR + 1, 0),
+        )  # the left edge targets [0, lend], the right ones [rbeg, T)
         e = 0
         for r in range(n_rows):
             b0 = e
@@ -58,7 +67,9 @@ if numba is not None:
                 b = min(_floor(m2 * x[i] + d1, q2), T - 1)
                 if a > b:
                     continue
-                if right and rbeg < a:  # [a, b] lies in the right edge: the edge now (and later sources in it)
+                if (
+                    right and rbeg < a
+                ):  # [a, b] lies in the right edge: the edge now (and later sources in it)
                     a, b, right = rbeg, T - 1, False
                 if has and a <= cur_hi + 1:
                     cur_hi = max(cur_hi, b)
@@ -84,7 +95,9 @@ if numba is not None:
         return nr, tot
 
     @njit(cache=True, inline="always")
-    def _span_one(r, ta, tb, edge, k, ne, lp, hp, e, x, col, window, S, base, inv, t_out, r_out, out, edges, s):
+    def _span_one(
+        r, ta, tb, edge, k, ne, lp, hp, e, x, col, window, S, base, inv, t_out, r_out, out, edges, s
+    ):
         """The targets ``ta..tb`` of row ``r`` from position ``k``: one column of finite values."""
         m, c0, c1, q = window
         rows = r_out.shape[0] > 0
@@ -115,9 +128,11 @@ if numba is not None:
         return k, ne, lp, hp, s
 
     @njit(cache=True)
-    def _sums_one(rr, r0, r1, rb, re, x, col, window, S, tL, tR, base, inv, t_out, r_out, out, edges):
-        """:func:`sums` for one column of finite values: the running sum in a register; each run as three
-        spans (left edge, interior, right edge) so that the interior's loop tests nothing."""
+    def _sums_one(
+        rr, r0, r1, rb, re, x, col, window, S, tL, tR, base, inv, t_out, r_out, out, edges
+    ):
+        """:func:`sums` for one column of finite values: the running sum in a register; each run as
+        three spans (left edge, interior, right edge) so that the interior's loop tests nothing."""
         k = ne = 0
         lp = hp = 0
         s = 0.0
@@ -126,15 +141,77 @@ if numba is not None:
             if j == 0 or r != rr[j - 1]:
                 lp = hp = rb[j]
                 s = 0.0
-            k, ne, lp, hp, s = _span_one(r, t0, min(t1, tL - 1), True, k, ne, lp, hp, e, x, col, window, S, base,
-                                         inv, t_out, r_out, out, edges, s)
-            k, ne, lp, hp, s = _span_one(r, max(t0, tL), min(t1, tR), False, k, ne, lp, hp, e, x, col, window, S,
-                                         base, inv, t_out, r_out, out, edges, s)
-            k, ne, lp, hp, s = _span_one(r, max(t0, tL, tR + 1), t1, True, k, ne, lp, hp, e, x, col, window, S,
-                                         base, inv, t_out, r_out, out, edges, s)
+            k, ne, lp, hp, s = _span_one(
+                r,
+                t0,
+                min(t1, tL - 1),
+                True,
+                k,
+                ne,
+                lp,
+                hp,
+                e,
+                x,
+                col,
+                window,
+                S,
+                base,
+                inv,
+                t_out,
+                r_out,
+                out,
+                edges,
+                s,
+            )
+            k, ne, lp, hp, s = _span_one(
+                r,
+                max(t0, tL),
+                min(t1, tR),
+                False,
+                k,
+                ne,
+                lp,
+                hp,
+                e,
+                x,
+                col,
+                window,
+                S,
+                base,
+                inv,
+                t_out,
+                r_out,
+                out,
+                edges,
+                s,
+            )
+            k, ne, lp, hp, s = _span_one(
+                r,
+                max(t0, tL, tR + 1),
+                t1,
+                True,
+                k,
+                ne,
+                lp,
+                hp,
+                e,
+                x,
+                col,
+                window,
+                S,
+                base,
+                inv,
+                t_out,
+                r_out,
+                out,
+                edges,
+                s,
+            )
 
     @njit(cache=True)
-    def _sums_many(rr, r0, r1, rb, re, x, cols, window, S, tL, tR, base, inv, t_out, r_out, out, edges):
+    def _sums_many(
+        rr, r0, r1, rb, re, x, cols, window, S, tL, tR, base, inv, t_out, r_out, out, edges
+    ):
         """:func:`sums` for any columns, non-finite values counted apart."""
         m, c0, c1, q = window
         kc = cols.shape[0]
@@ -203,19 +280,24 @@ if numba is not None:
 
 
 def runs(srow, x, reach, n_rows, T, tL, tR):
-    """``(runs, targets, edge targets)``: the union's runs as five int64 arrays (row, first and last target,
-    the row's sources ``[rb, re)``), the number of targets and of edge targets; ``srow`` empty for one row."""
-    R = np.empty((5, x.shape[0] + 2 * n_rows + 1), np.int64)  # (at most: untouched pages cost nothing)
+    """``(runs, targets, edge targets)``: the union's runs as five int64 arrays (row, first and last
+    target, the row's sources ``[rb, re)``), the number of targets and of edge targets; ``srow``
+    empty for one row."""
+    R = np.empty(
+        (5, x.shape[0] + 2 * n_rows + 1), np.int64
+    )  # (at most: untouched pages cost nothing)
     nr, tot = _runs(srow, x, reach, n_rows, T, tL, tR, *R)
     R = R[:, :nr]
-    inner = (np.minimum(R[2], tR) - np.maximum(R[1], tL) + 1).clip(min=0)  # each run's targets in [tL, tR]
+    inner = (np.minimum(R[2], tR) - np.maximum(R[1], tL) + 1).clip(
+        min=0
+    )  # each run's targets in [tL, tR]
     return R, tot, int((R[2] - R[1] + 1 - inner).sum())
 
 
 def sums(R, x, cols, window, S, tL, tR, base, div, t_out, r_out, out, edges):
-    """Writes the targets ``t_out`` (rows ``r_out`` when it is not empty), the window sums ``out`` (columns x
-    targets) and the positions of the edge targets ``edges`` (sized by :func:`runs`); ``window``: ``(m, c0,
-    c1, q)``."""
+    """Writes the targets ``t_out`` (rows ``r_out`` when it is not empty), the window sums ``out``
+    (columns x targets) and the positions of the edge targets ``edges`` (sized by :func:`runs`);
+    ``window``: ``(m, c0, c1, q)``."""
     base, inv = float(base), 1.0 / float(div)
     if cols.shape[0] == 1 and _finite(cols):
         _sums_one(*R, x, cols[0], window, S, tL, tR, base, inv, t_out, r_out, out[0], edges)
