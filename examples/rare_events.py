@@ -33,7 +33,7 @@ at most 0.01 cores busy):
 
 The windowed pipeline stores ~1M elements (10% of the samples: 10k events times a window of 100) forward
 and ~1.8M (18%) in the gradient.  What bounds it is memory traffic on those elements, not arithmetic: the
-window ops run as compiled linear passes over sorted runs (``ops/windows/_kernels.py``: numba, under the
+window ops run as compiled linear passes over sorted runs (``_kernels/windows.py``: numba, under the
 segment backend's policy; torch ops without it), the selections ``[None]``/``[0]`` and their backward
 move index rows (views, or one row copied into a zeroed index), and the rest is one pass per element-wise
 op over the stored values.  About a quarter of the time is the window's backward (1.8M outputs written),

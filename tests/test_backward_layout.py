@@ -22,8 +22,10 @@ import torch
 import torch.nn.functional as F
 
 import sparsefill
-from sparsefill import _convert, _grouping, masked
-from sparsefill.ops import pointwise
+from sparsefill._tensor import parts as _convert
+from sparsefill._kernels import grouping as _grouping
+from sparsefill import masked
+from sparsefill.ops.pointwise import rule as pointwise
 
 LAYOUTS = [torch.sparse_coo, torch.sparse_csr]
 

@@ -1,4 +1,4 @@
-"""The backward of the reductions over every sparse dim is as sparse as their forward (ops/reduction_autograd.py).
+"""The backward of the reductions over every sparse dim is as sparse as their forward (ops/reductions/backward.py).
 
 For ``A`` built from ``(values, fill)``, the gradients of ``values`` and ``fill`` through ``r(A)`` equal those
 through ``r(A.to_dense())`` (an indefinite fill: masked semantics, the reduction of the stored elements
@@ -661,7 +661,7 @@ def _dense_out(out):
 
 @pytest.mark.parametrize("op, layout, fill", list(_slice_params()), ids=str)
 def test_slice_and_select_backward(op, layout, fill):
-    """``slice_backward``/``select_backward`` of a SparseTensor gradient (``ops/indexing.py``): ``G`` in zeros
+    """``slice_backward``/``select_backward`` of a SparseTensor gradient (``ops/shape/indexing.py``): ``G`` in zeros
     of the input's shape, as a SparseTensor, never densified (a DensifyWarning is an error here); an
     indefinite fill against the 0-filled dense computation (sums: the masked sum)."""
     shape, dd, fn = SLICES[op]

@@ -1,4 +1,4 @@
-"""The backward of the matrix products is as sparse as their forward (ops/linalg_autograd.py), and
+"""The backward of the matrix products is as sparse as their forward (ops/linalg/backward.py), and
 gradient types follow torch's contract (ops/autograd_routes.py).
 
 For ``A`` built from ``(values, fill)`` and a dense ``X``, the gradients of ``values``, ``fill`` and ``X``
@@ -504,7 +504,7 @@ def test_matmul_of_an_operand_with_a_varying_derivative_takes_torchs_path():
     v, f, _ = case.leaves()
     w = torch.tensor([2.0, -1.0], dtype=torch.float64)
     A = case.build(v, f) * w  # (6, 5, 2): its dense dim scaled element by element
-    from sparsefill.ops.linalg_autograd import pattern_grad_is_exact
+    from sparsefill.ops.linalg.backward import pattern_grad_is_exact
 
     assert isinstance(A, SparseTensor) and pattern_grad_is_exact(A)
     out = A.sum((0, 1))

@@ -615,22 +615,22 @@ def test_expand_keeps_sorted_indices():
     the values: the keys are then those of the remaining sparse dims, still sorted where flagged coalesced.)"""
     A, _ = make((4, 10), 0.0)
     E = A.expand(5, 5, 4, 10)
-    keys = sparsefill._index.linearize(E._idx, E._sparse_shape)
+    keys = sparsefill._kernels.index.linearize(E._idx, E._sparse_shape)
     assert E.is_coalesced() and bool((keys[1:] > keys[:-1]).all())
     close(E, A.to_dense().expand(5, 5, 4, 10))
     B, _ = make((1, 4, 1, 3), 0.5)
     F = B.expand(2, 3, 4, 5, 3)
-    keys = sparsefill._index.linearize(F._idx, F._sparse_shape)
+    keys = sparsefill._kernels.index.linearize(F._idx, F._sparse_shape)
     assert not F.is_coalesced() or bool((keys[1:] > keys[:-1]).all())
     close(F, B.to_dense().expand(2, 3, 4, 5, 3))
     for T, size in (
         (A, (5, 5, 4, 10)),
         (B, (2, 3, 4, 5, 3)),
     ):  # the repeat path (the split kept) sorts too
-        from sparsefill.ops.shape import expand
+        from sparsefill.ops.shape.reshape import expand
 
         R = expand(T, list(size), keep_split=True)
-        keys = sparsefill._index.linearize(R._idx, R._sparse_shape)
+        keys = sparsefill._kernels.index.linearize(R._idx, R._sparse_shape)
         assert not R.is_coalesced() or bool((keys[1:] > keys[:-1]).all())
         close(R, T.to_dense().expand(*size))
 

@@ -291,7 +291,7 @@ def test_metadata_reads_no_data_and_marks_nse_dynamic():
 def test_coerce_tangent():
     """A SparseTensor tangent is traced and converted in the all-stored form (sizes from the shape only), its
     dense tensor kept: uncoalesced, either layout, indefinite; a dense output's tangent has no such form."""
-    from sparsefill._compile import ALL_STORED, coerce_tangent
+    from sparsefill._compile.dynamo import ALL_STORED, coerce_tangent
 
     G = sparsefill.sparse_coo_tensor(
         [[2, 0, 2], [1, 1, 1]], [1.0, 2.0, 3.0], (3, 2), fill_value=0.5
@@ -440,7 +440,7 @@ def test_traced_agrees_with_is_compiling():
     reads exist (a torch that renames them fails here, not silently)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from sparsefill._compile import traced
+    from sparsefill._kernels.trace import traced
 
     assert hasattr(torch.compiler, "_is_compiling_flag") and callable(
         torch.compiler.is_dynamo_compiling

@@ -27,7 +27,9 @@ import torch._dynamo.testing
 import torch.nn.functional as F
 
 from sparsefill import segment
-from sparsefill.segment import _custom_ops, _kernels, _repr_ops  # noqa: F401 (the ops registered)
+from sparsefill.segment import _custom_ops
+from sparsefill._kernels import segment as _kernels
+from sparsefill.segment import _repr_ops  # noqa: F401 (the ops registered)
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
@@ -831,7 +833,7 @@ def test_custom_reducer():
     one op ``sparsefill::segment_reduce`` naming it, forward and gradients of data and weights as eager; a
     reducer made inside the compiled function (unnamed to the op) breaks the graph and gives the eager result."""
     import dataclasses
-    from sparsefill import _reduce
+    from sparsefill._kernels import reducer as _reduce
 
     mean_m1 = dataclasses.replace(
         segment.SEGMENT_REDUCERS["weighted_mean"], name="wmean_m1", empty=-1.0

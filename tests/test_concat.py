@@ -1,4 +1,4 @@
-"""``cat``/``stack`` of a masked (indefinite) operand and defined ones (``ops/concat.py``): the result is masked
+"""``cat``/``stack`` of a masked (indefinite) operand and defined ones (``ops/shape/concat.py``): the result is masked
 where the masked operand is unspecified and defined everywhere else, as ``torch.masked``'s ``cat`` (a defined
 operand's mask is all True): fill indefinite, every element of each defined operand stored.  Checked against the
 dense result: ``R.to_dense(fill_value=s) == cat([M.to_dense(fill_value=s), B.to_dense()])`` for two sentinels
@@ -115,7 +115,7 @@ def test_cat_of_masked_and_defined_empty_and_zero_size():
 def test_cat_of_masked_and_defined_past_the_quiet_limit_warns(monkeypatch):
     """Every element of the defined operand is stored: the specify gate applies (a DensifyWarning past
     ``_policy.SPECIFY_QUIET_ELEMENTS``; a DensifyError under the raise policy, nothing returned)."""
-    from sparsefill import _policy
+    from sparsefill._tensor import policy as _policy
 
     M, B, y = _operands(torch.sparse_coo, 0)
     monkeypatch.setattr(_policy, "SPECIFY_QUIET_ELEMENTS", 4)

@@ -1,4 +1,4 @@
-"""Dropout of a SparseTensor with a zero or indefinite fill drops stored values only (``ops/dropout.py``)::
+"""Dropout of a SparseTensor with a zero or indefinite fill drops stored values only (``ops/pointwise/dropout.py``)::
 
     dropout(A) == A * M      M: A's pattern, values in {0, 1 / (1 - p)}, fill 0 (indefinite: masked)
 

@@ -39,7 +39,8 @@ import pytest
 import torch
 
 import sparsefill
-from sparsefill import SparseTensor, _merge
+from sparsefill import SparseTensor
+from sparsefill._kernels import merge as _merge
 
 NAN, INF = float("nan"), float("inf")
 PASS_DTYPES = [
@@ -765,7 +766,7 @@ def old_traced() -> bool:
 
 
 def _probe(x):
-    from sparsefill._compile import traced
+    from sparsefill._kernels.trace import traced
 
     return x + (1 if traced() else 0) + (10 if old_traced() else 0)
 

@@ -1,12 +1,12 @@
-"""The engine boundary (sparsefill._engine) and the one-implementation helpers of sparsefill._reduce."""
+"""The engine boundary (sparsefill._kernels.engine) and the one-implementation helpers of sparsefill._kernels.reducer."""
 
 import math
 
 import pytest
 import torch
 
-from sparsefill import _engine
-from sparsefill._reduce import segment_combine, segment_median, shifted_exp_sums, tie_counts
+from sparsefill._kernels import engine as _engine
+from sparsefill._kernels.reducer import segment_combine, segment_median, shifted_exp_sums, tie_counts
 
 
 @pytest.mark.parametrize("mode", ["sum", "prod", "amax", "amin"])
@@ -188,7 +188,7 @@ def test_csr_mv_reads_int32_indices_alike(dtype):
 @pytest.mark.parametrize("fill", [2.5, -0.5, 0.0, math.inf, -math.inf, math.nan])
 @pytest.mark.parametrize("n", [0, 1, 3])
 def test_of_fills_is_the_reducer_on_fills_only(name, fill, n):
-    from sparsefill._reduce import REDUCERS
+    from sparsefill._kernels.reducer import REDUCERS
 
     r = REDUCERS[name]
     f = torch.tensor(fill, dtype=torch.float64)
@@ -203,7 +203,7 @@ def test_of_fills_is_the_reducer_on_fills_only(name, fill, n):
 
 @pytest.mark.parametrize("dtype", [torch.int32, torch.bool])
 def test_of_fills_of_integers_and_bool_follow_torch_dtypes(dtype):
-    from sparsefill._reduce import REDUCERS
+    from sparsefill._kernels.reducer import REDUCERS
 
     f = torch.tensor(1, dtype=dtype)
     for name in ("sum", "prod", "amax", "amin"):
@@ -246,7 +246,7 @@ def test_csr_row_reduce_values_and_gradients_with_ties_between_stored_and_fill(b
 
 
 def test_sorted_runs_small_and_large_key_ranges():
-    from sparsefill._grouping import sorted_runs
+    from sparsefill._kernels.grouping import sorted_runs
 
     keys = torch.tensor([0, 0, 3, 3, 3, 7])
     for nkeys in (8, 10**9):  # a CSR compression, and unique_consecutive

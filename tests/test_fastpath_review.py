@@ -9,7 +9,7 @@ values stored non-contiguous, at an offset, with negative or conjugate bits.  Th
 ``SparseTensor.__torch_function__``'s pass-through, ``pointwise.unary_fast``/``inplace_fast`` and their caches
 (``_BY_VALUE``, ``_CALLS``), ``_writes.assign_``, ``_merge.union_or_superset`` (through ``pointwise.union2`` and
 ``_convert._union_of``), ``_merge.fill_put_sorted``/``put_flat`` (to_dense's by-address kernels),
-``pointwise_dense._constant_fill``, ``ops/dropout.py``, ``ops/core._item``, ``ops/sampled.py``.
+``pointwise_dense._constant_fill``, ``ops/pointwise/dropout.py``, ``ops/core._item``, ``ops/linalg/sampled.py``.
 Hypothesis is derandomized (reproducible in CI) with modest example counts (the suite stays fast).
 """
 
@@ -382,7 +382,7 @@ def test_unary_under_every_grad_mode(A, name):
 def test_pass_through_equals_route(monkeypatch):
     """A call ``route`` would decline passes straight through: the same results, types and gradients as when
     every call asks ``route`` (``routed`` replaced by a set holding everything)."""
-    from sparsefill import _tensor
+    from sparsefill._tensor import tensor as _tensor
 
     def run():
         torch.manual_seed(0)
@@ -638,7 +638,7 @@ def test_to_dense_kernels(dtype, shape, density, how, idx_how, seed, special):
 
 def test_kernels_decline_what_they_cannot_read():
     """The by-address helpers either compute ``fill_(f).put_(keys, vals)`` exactly or decline (``out`` untouched)."""
-    from sparsefill import _merge
+    from sparsefill._kernels import merge as _merge
 
     n = 9000
     keys = torch.arange(0, n, 3)
@@ -802,7 +802,7 @@ def test_dense_operand_varying_under_checkpoint():
         torch.testing.assert_close(a, b)
 
 
-# ---------------------------------------------------------------------- ops/dropout.py
+# ---------------------------------------------------------------------- ops/pointwise/dropout.py
 @SETTINGS
 @given(
     sparse_cases(dtypes=[torch.float32, torch.float64], fills=("zero", "indefinite", "array")),
@@ -918,7 +918,7 @@ def test_item_of_many_elements_raises_as_dense():
         assert ks == kd == "raise" and es is ed
 
 
-# ---------------------------------------------------------------------- ops/sampled.py
+# ---------------------------------------------------------------------- ops/linalg/sampled.py
 def test_sampled_addmm_dtype_mismatch_raises_as_torch():
     """Finding: mat1/mat2 of another dtype than self: torch raises (native CSR); sparsefill cast silently."""
     A = sparsefill.to_sparse(torch.tensor([[1.0, 0.0], [0.0, 2.0]]), layout=torch.sparse_csr)

@@ -1,7 +1,7 @@
 """torch.func with SparseTensors: ``grad``/``vjp``/``jacrev`` through sparsefill's constructors and ops equal
 ``torch.autograd.grad`` of the same function (values and fill gradients); ``functional_call`` training steps
 equal autograd's; ``vmap`` over a SparseTensor (or through a constructor), forward mode (``jvp``/``jacfwd``) and
-an indefinite-fill SparseTensor argument's ops that carry a gradient (``sparsefill._func_guard``: torch's dense
+an indefinite-fill SparseTensor argument's ops that carry a gradient (``sparsefill._autograd.transforms``: torch's dense
 formulas would ignore its masked-out elements) raise a NotImplementedError naming sparsefill, never a wrong value.
 """
 
@@ -334,7 +334,7 @@ def test_segment_reduce_grad_jacrev(red, dtype, backend):
     equal autograd's, on both segment backends (the compiled kernels read the tensors' memory through numpy:
     under a transform even a captured tensor is wrapped; it failed in a suite where numba had been loaded)."""
     from sparsefill import segment
-    from sparsefill.segment import _kernels
+    from sparsefill._kernels import segment as _kernels
 
     if backend == "numba" and not _kernels.compiled_available():
         pytest.skip("numba is not installed")
@@ -535,7 +535,7 @@ def test_transforms_found():
     (``_func_guard.TRANSFORMS``), and the saved-tensor-hooks flag the registry tests first (False exactly while
     ``grad``/``vjp``/``jacrev`` run)."""
     from torch._functorch import eager_transforms
-    from sparsefill import _func_guard
+    from sparsefill._autograd import transforms as _func_guard
 
     seen = []
 

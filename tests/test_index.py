@@ -1,9 +1,9 @@
-"""Index kernels (sparsefill._index) against torch's own: unique_inverse == torch.unique(return_inverse=True)."""
+"""Index kernels (sparsefill._kernels.index) against torch's own: unique_inverse == torch.unique(return_inverse=True)."""
 
 import pytest
 import torch
 
-from sparsefill import _index
+from sparsefill._kernels import index as _index
 
 
 @pytest.mark.parametrize("n", [0, 1, 5, 4095, 4096, 50_000])

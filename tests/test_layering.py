@@ -1,4 +1,4 @@
-"""The layers of sparsefill (issue 17): ``SparseTensor`` (``_tensor.py``) imports no op module and reaches
+"""The layers of sparsefill (issue 17): ``SparseTensor`` (``_tensor/tensor.py``) imports no op module and reaches
 the op layer only through the entries ``sparsefill.ops`` installs; the lower ``ops/_schema.py`` and
 ``ops/_writes.py`` import no handler; a view's relation to its base is a ``View`` record kept by the
 registry's view middleware; and every result that is dense by nature passes the one densify gate
@@ -35,7 +35,7 @@ def _imports(path: pathlib.Path) -> set:
 
 
 def test_the_data_class_imports_no_op_module():
-    ops = {m for m in _imports(SRC / "_tensor.py") if m.startswith("sparsefill.ops")}
+    ops = {m for m in _imports(SRC / "_tensor/tensor.py") if m.startswith("sparsefill.ops")}
     assert ops == {"sparsefill.ops"}, (
         ops
     )  # the entry point only (OpLayer's loader, for a partial import)
@@ -53,21 +53,21 @@ def test_lower_ops_modules_import_no_handler(name):
     }, ops
 
 
-@pytest.mark.parametrize("name", ["_grouping.py", "_reduce.py", "_engine.py"])
+@pytest.mark.parametrize("name", ["_kernels/grouping.py", "_kernels/reducer.py", "_kernels/engine.py"])
 def test_reduction_kernels_know_no_sparse_tensor(name):
     """The grouping (``_grouping``: slices and the pattern cache), the reducer protocol (``_reduce``) and the
     engine boundary (``_engine``) work on tensors only: no SparseTensor, no op module; the grouping sits
     below the protocol and the engines (it imports neither)."""
     mods = _imports(SRC / name)
     assert not {m for m in mods if m.startswith(("sparsefill._tensor", "sparsefill.ops"))}, mods
-    if name == "_grouping.py":
+    if name == "_kernels/grouping.py":
         assert not {
-            m for m in mods if m.startswith(("sparsefill._reduce", "sparsefill._engine"))
+            m for m in mods if m.startswith(("sparsefill._kernels.reducer", "sparsefill._kernels.engine"))
         }, mods
 
 
 def test_op_layer_entries_are_installed():
-    from sparsefill._tensor import _OPS
+    from sparsefill._tensor.tensor import _OPS
     from sparsefill.ops import registry
 
     assert _OPS.dispatch is registry.dispatch
@@ -229,7 +229,7 @@ def test_backward_densification_passes_the_gate():
     """A gradient read as a dense tensor in a backward (here: a dense leaf's gradient through a SparseTensor
     product, and a reduction whose upstream gradient has another split) asks the gate: quiet by default,
     refused under dense_by_nature='raise', and the gradient equals the dense computation's."""
-    from sparsefill._autograd import dense_grad
+    from sparsefill._autograd.functions import dense_grad
 
     G = sparsefill.sparse_coo_tensor([[0, 2]], [1.0, 2.0], (4,), fill_value=0.5)
     torch.testing.assert_close(dense_grad(G), G.to_dense())

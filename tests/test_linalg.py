@@ -1,4 +1,4 @@
-"""Matrix products of SparseTensors (ops/linalg.py, ops/shape.py) against the dense computation::
+"""Matrix products of SparseTensors (ops/linalg/product.py, ops/shape/reshape.py) against the dense computation::
 
     densify(op(A, ...)) == op(A.to_dense(), ...)           (assert_close, equal_nan=True)
 

@@ -1,5 +1,5 @@
 """Sparse products with inf/NaN in the dense operand or the upstream gradient are the dense products
-(ops/linalg.py, ops/linalg_autograd.py): nothing is skipped, no ``inf - inf`` is introduced::
+(ops/linalg/product.py, ops/linalg/backward.py): nothing is skipped, no ``inf - inf`` is introduced::
 
     op(A, X) == op(A.to_dense(), X)      and so are the gradients of values, fill and X
 
@@ -511,7 +511,7 @@ def test_linalg_autograd_imports_alone():
     import sys
 
     r = subprocess.run(
-        [sys.executable, "-c", "import sparsefill.ops.linalg_autograd"],
+        [sys.executable, "-c", "import sparsefill.ops.linalg.backward"],
         capture_output=True,
         text=True,
     )

@@ -304,7 +304,7 @@ def test_a_huge_sparse_shape_loads_in_time_proportional_to_nse():
     ],
 )
 def test_a_file_cannot_set_the_storage_through_extra_attributes(extra, words):
-    from sparsefill._tensor import _rebuild
+    from sparsefill._tensor.tensor import _rebuild
 
     A = sparsefill.sparse_coo_tensor([[0]], [1.0], (3,))
     fn, args = A.__reduce_ex__(2)
@@ -344,7 +344,7 @@ def test_a_file_cannot_set_the_storage_through_extra_attributes(extra, words):
     ],
 )
 def test_malformed_metadata_is_refused(ctx, inner, words):
-    from sparsefill._tensor import _rebuild
+    from sparsefill._tensor.tensor import _rebuild
 
     A = sparsefill.sparse_coo_tensor([[0]], [1.0], (3,))
     size, inner0, ctx0, rg = A.__reduce_ex__(2)[1]

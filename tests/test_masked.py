@@ -183,7 +183,7 @@ def test_normalization_fill_is_chosen_by_counts():
 
 
 def test_normalization_storing_many_masked_out_elements_warns(monkeypatch):
-    from sparsefill import _policy
+    from sparsefill._tensor import policy as _policy
 
     monkeypatch.setattr(_policy, "SPECIFY_QUIET_ELEMENTS", 4)
     A = sparsefill.sparse_coo_tensor(torch.tensor([[0], [0]]), torch.ones(1), (10, 10))

@@ -1,5 +1,5 @@
 """The edge softmax: ``masked.softmax/log_softmax/softmin`` and ``torch.softmax/log_softmax`` of a SparseTensor with
-indefinite fill along a sparse dim (``_segsoftmax.py``, one cached segment plan per pattern, closed-form backward).
+indefinite fill along a sparse dim (``ops/reductions/edge_softmax.py``, one cached segment plan per pattern, closed-form backward).
 
 Values and gradients against ``torch.masked.<op>`` on the dense equivalent with the pattern as mask, read at the
 pattern, for COO (2 and 3 sparse dims, hybrid) and CSR, every sparse dim, float32/float64, slices holding +inf,
@@ -18,7 +18,7 @@ from torch.testing import assert_close
 import sparsefill
 from sparsefill import SparseTensor
 from sparsefill import masked as M
-from sparsefill import _segsoftmax
+from sparsefill.ops.reductions import edge_softmax as _segsoftmax
 
 OPS = ("softmax", "log_softmax", "softmin", "torch.softmax", "torch.log_softmax")
 

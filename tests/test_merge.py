@@ -1,4 +1,4 @@
-"""Linear-time merges of sorted key runs (sparsefill._merge) against torch.unique / set intersection, the compiled
+"""Linear-time merges of sorted key runs (sparsefill._kernels.merge) against torch.unique / set intersection, the compiled
 (numba) path against the torch fallback, and the element-wise ops that use them (``A + B`` of different
 patterns, COO/CSR/hybrid, indefinite fills) against the dense result."""
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import sparsefill
-from sparsefill import _merge
+from sparsefill._kernels import merge as _merge
 
 BIG = 1 << 62
 
@@ -152,8 +152,8 @@ def test_add_of_different_patterns_matches_dense(merge_path, kind, dense, layout
 
 
 def _keys(T, S):
-    from sparsefill._convert import coalesced_parts
-    from sparsefill._index import linearize
+    from sparsefill._tensor.parts import coalesced_parts
+    from sparsefill._kernels.index import linearize
 
     return linearize(coalesced_parts(T)[0], S)
 
@@ -297,7 +297,7 @@ def _sorted_runs(sizes, hi, g, dup=False):
 @pytest.mark.parametrize("n", [9, 5000])
 def test_sort_keys_is_a_stable_sort(case, n):
     """``_index.sort_keys`` (numpy's run-merging sort for a few runs on CPU, torch.sort else) == torch.sort(stable)."""
-    from sparsefill import _index
+    from sparsefill._kernels import index as _index
 
     g = torch.Generator().manual_seed(n)
     keys = {
@@ -350,7 +350,7 @@ def test_all_sparse_merges_the_fill_elements(merge_path, coalesce):
     A = A.coalesce() if coalesce else A
     for dims in ((2, 0, 1), (0, 2, 1)):
         torch.testing.assert_close(A.permute(dims).to_dense(), A.to_dense().permute(dims))
-    from sparsefill.ops.shape import all_sparse
+    from sparsefill.ops.shape.reshape import all_sparse
 
     S = all_sparse(A)
     torch.testing.assert_close(S.to_dense(), A.to_dense())
@@ -385,7 +385,7 @@ def test_batched_csr_padding_merges(merge_path):
 def test_linearize_and_unravel_are_inverse(shape):
     """The keys of :mod:`._index` (fused adds; float64 quotients below 2**52 positions, torch.unravel_index above)
     against torch.unravel_index, at random keys, the first and last, and next to multiples of the last dim."""
-    from sparsefill import _index
+    from sparsefill._kernels import index as _index
 
     g = torch.Generator().manual_seed(len(shape))
     n, s = _index.numel(shape), shape[-1]
@@ -444,7 +444,7 @@ def test_find_differ_matches_nonzero(dtype):
                 fill = torch.tensor(fv, dtype=dtype)
                 got = _merge.find_differ(x, fill)
                 assert got is not None
-                keys = sparsefill._convert.differs(x, fill).nonzero()[:, 0]
+                keys = sparsefill._tensor.parts.differs(x, fill).nonzero()[:, 0]
                 assert torch.equal(got[0], keys)
                 torch.testing.assert_close(got[1], x[keys], equal_nan=True, rtol=0, atol=0)
     x = (

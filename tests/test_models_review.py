@@ -197,7 +197,7 @@ def test_state_dict_of_sparse_adjacency_buffer():
 
 
 def test_dropout_keeps_pattern():
-    """F.dropout of a fill-0 adjacency drops stored values only (it densified: ops/dropout.py)."""
+    """F.dropout of a fill-0 adjacency drops stored values only (it densified: ops/pointwise/dropout.py)."""
     A, _, _ = _graph()
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")

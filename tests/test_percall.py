@@ -7,7 +7,7 @@ import torch
 
 import sparsefill
 from sparsefill import SparseTensor
-from sparsefill.ops import pointwise
+from sparsefill.ops.pointwise import rule as pointwise
 
 aten = torch.ops.aten
 
@@ -422,7 +422,7 @@ def test_per_op_caches_are_keyed_by_the_cpp_op():
     """The fast path's per-op caches are keyed by ``func._op`` (an OpOverload's own ``__hash__`` is Python code):
     one entry per op and overload, never shared between overloads, and a handler registered later is seen (the
     registry's ``register`` clears the decisions)."""
-    from sparsefill._tensor import _FAST
+    from sparsefill._tensor.tensor import _FAST
     from sparsefill.ops import registry
 
     A = _coo((5,), 3, 1.0)

@@ -1,4 +1,4 @@
-"""The reducer protocol (sparsefill._reduce) against the dense reduction of every slice, fills included."""
+"""The reducer protocol (sparsefill._kernels.reducer) against the dense reduction of every slice, fills included."""
 
 import math
 import warnings
@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from sparsefill._reduce import REDUCERS, Norm, Var, segment_arg
+from sparsefill._kernels.reducer import REDUCERS, Norm, Var, segment_arg
 
 FILLS = [0.0, 1.5, -2.0, math.inf, -math.inf, math.nan]
 

@@ -291,7 +291,7 @@ def _old_check_lengths(lengths, total, name):
 
 def _old_validate(values, values_lengths, keys, example_lengths, weights=None):
     """KeyedJaggedBatch.__post_init__ before the vectorised checks (a unique over (example, key) pairs)."""
-    from sparsefill.segment._check import as_index
+    from sparsefill._kernels.segment_check import as_index
 
     vl, k, el = (
         as_index(t, n, values.device).long()

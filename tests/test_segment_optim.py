@@ -283,7 +283,7 @@ def test_sparse_adagrad_equals_torch_adagrad_over_steps(backend, monkeypatch):
     """SparseAdagrad (coalesced) on uncoalesced sparse gradients equals torch.optim.Adagrad on the same
     sparse gradients over several steps, float32, on one and on two threads (the compiled kernel splits
     the rows ``r % T`` between threads); empty gradients change nothing."""
-    from sparsefill.segment import _kernels
+    from sparsefill._kernels import segment as _kernels
 
     monkeypatch.setattr(_kernels, "GRAIN", 64)  # (two threads already at this small size)
     g = torch.Generator().manual_seed(8)

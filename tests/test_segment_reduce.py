@@ -780,7 +780,7 @@ def test_threaded_kernels(backend, threads, shape, monkeypatch):
     """The compiled kernels split a call over threads (forced here on small inputs): sorted segments by
     ranges; unsorted ids by position ranges into partial tables then merged (few segments), or by ranges
     of segments (many).  Same values and first-extreme positions as the reference, NaN included."""
-    from sparsefill.segment import _kernels
+    from sparsefill._kernels import segment as _kernels
 
     monkeypatch.setattr(_kernels, "GRAIN", 1)
     saved = torch.get_num_threads()

@@ -1,4 +1,4 @@
-"""Shape and view ops of SparseTensors (ops/shape.py, ops/views.py) against the dense computation::
+"""Shape and view ops of SparseTensors (ops/shape/reshape.py, ops/views.py) against the dense computation::
 
     op(A).to_dense() == op(A.to_dense())                    (assert_close, equal_nan=True)
 
@@ -239,7 +239,7 @@ def test_dtypes(dtype):
 
 def test_many_specified_fill_elements_warn():
     """Past QUIET_ELEMENTS specified fill elements the (dense by nature) result warns; the policy applies."""
-    from sparsefill._policy import SPECIFY_QUIET_ELEMENTS as QUIET_ELEMENTS
+    from sparsefill._tensor.policy import SPECIFY_QUIET_ELEMENTS as QUIET_ELEMENTS
 
     n = QUIET_ELEMENTS // 2 + 10
     A = sparsefill.sparse_coo_tensor(

@@ -28,7 +28,7 @@ from torch.testing._internal.common_methods_invocations import binary_ufuncs, op
 
 import sparsefill
 from sparsefill import SparseTensor
-from sparsefill._splits import coarser, finer, merge_dense_dim, uniform_along
+from sparsefill._tensor.dense_dims import coarser, finer, merge_dense_dim, uniform_along
 
 
 IN_OP_DB = {id(op) for op in op_db}
@@ -502,7 +502,7 @@ def test_in_place_keeps_the_targets_split(target):
 def test_a_varying_fill_stored_past_the_quiet_limit_passes_the_gate(monkeypatch):
     """Where ``finer`` must store a varying fill (an in-place target finer than a hybrid operand with a varying
     fill), past ``SPECIFY_QUIET_ELEMENTS`` elements the densify policy applies."""
-    import sparsefill._policy as policy
+    import sparsefill._tensor.policy as policy
 
     monkeypatch.setattr(policy, "SPECIFY_QUIET_ELEMENTS", 2)
     A, xa = _hybrid(torch.randn(8, 3), 0.5, dense_dim=0)
@@ -619,7 +619,7 @@ def test_leaf_grad_converts_the_split_exactly(direction, layout, fill):
     (``coarser``): a SparseTensor of ``P``'s layout and dense dims, ``G``'s dense tensor (masked-out elements of
     an indefinite ``G``: 0 for a defined ``P``), no densifying; an indefinite ``P`` beside an indefinite ``G``
     stays masked where ``finer`` keeps it so."""
-    from sparsefill._autograd import leaf_grad
+    from sparsefill._autograd.functions import leaf_grad
 
     f = {
         "scalar": 1.5,

@@ -425,7 +425,7 @@ def test_repr_never_densifies(monkeypatch):
     def boom(*args, **kwargs):
         raise AssertionError("repr densified")
 
-    monkeypatch.setattr(sparsefill._convert, "dense_of", boom)
+    monkeypatch.setattr(sparsefill._tensor.parts, "dense_of", boom)
     monkeypatch.setattr(SparseTensor, "to_dense", boom)
     A, C, H, U, I, N = examples
     r = repr(A)

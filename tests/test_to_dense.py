@@ -10,7 +10,8 @@ import pytest
 import torch
 
 import sparsefill
-from sparsefill import _convert, _index
+from sparsefill._tensor import parts as _convert
+from sparsefill._kernels import index as _index
 
 
 def reference(indices, values, shape, fill):
@@ -208,7 +209,7 @@ def test_large_result_advised_into_huge_pages():
 def test_compiled_scatter_matches_put(dtype):
     """``_merge.put_flat`` (a compiled loop from ``_SCATTER_MIN`` values on CPU; ``put_`` below it, for other
     dtypes or without numba) == ``put_``, and ``to_dense`` through it == the reference."""
-    from sparsefill import _merge
+    from sparsefill._kernels import merge as _merge
 
     n = 4 * _merge._SCATTER_MIN + 7
     g = torch.Generator().manual_seed(1)
@@ -235,7 +236,7 @@ def test_dense_patterns_above_a_quarter(dtype, frac):
     """More than a quarter of the positions stored (half, all): the compiled scatter where it applies (numba,
     its dtypes), ``index_copy_`` for the others (float16 here) and under deterministic algorithms; 1-D, 2-D
     and CSR, with values requiring grad (the ``ToDense`` path and its gradient), against the reference."""
-    from sparsefill import _merge
+    from sparsefill._kernels import merge as _merge
 
     n = 2 * _merge._SCATTER_MIN + 8  # (above the compiled loop's bound at half stored; 8 rows)
     g = torch.Generator().manual_seed(3)
@@ -288,7 +289,7 @@ def test_blocked_fill_and_scatter_matches_fill_put(dtype):
     both sides of block edges, at the first and last position, none at all; a size that is no multiple of the
     block; a 2-D buffer; fills NaN and -0.0; and ``to_dense`` through it (at most a quarter stored).  Every
     element size: 1, 2, 4 and 8 bytes fill by ``rep stos`` on x86-64, complex128's 16 by the loop."""
-    from sparsefill import _merge
+    from sparsefill._kernels import merge as _merge
 
     pytest.importorskip(
         "numba", reason="fill_put_sorted is a numba kernel (without numba it declines)"
@@ -336,7 +337,7 @@ def test_blocked_pass_declines_what_it_cannot_read_by_address():
     non-contiguous operand, values with a negative or conjugate bit, keys and values of different lengths,
     tensors off the CPU and a fill that is not 0-d; a fill with a negative or conjugate bit is read exactly;
     ``to_dense`` of such values is right either way."""
-    from sparsefill import _merge
+    from sparsefill._kernels import merge as _merge
 
     pytest.importorskip(
         "numba", reason="fill_put_sorted is a numba kernel (without numba it declines)"

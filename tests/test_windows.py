@@ -502,7 +502,7 @@ def test_selections_of_the_pipeline_share_the_index(fill, coalesced, backend):
     size-1 dim a view of the input's (no copy), an inserted size-1 dim's row zero -- past ``_CALLOC_MIN``
     stored elements too (the zeroed index whose size-1 rows are not written)."""
     # (no window op: the numba run repeats the torch run; kept rather than a skip)
-    from sparsefill.ops import shape
+    from sparsefill.ops.shape import reshape as shape
 
     n = shape._CALLOC_MIN + 10
     g = torch.Generator().manual_seed(3)

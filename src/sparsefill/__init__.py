@@ -6,41 +6,20 @@
 tensor([5., 5., 5., 7., 5.])
 """
 
-from ._creation import (
-    indefinite,
-    empty,
-    empty_like,
-    eye,
-    from_torch,
-    full,
-    full_like,
-    ones,
-    ones_like,
-    sparse_coo_tensor,
-    sparse_csr_tensor,
-    to_sparse,
-    to_torch,
-    zeros,
-    zeros_like,
-)
-from ._interop import from_pandas, from_pydata, from_scipy, to_pandas, to_pydata, to_scipy
-from ._policy import (
-    DensifyError,
-    DensifyWarning,
-    densify_policy,
-    get_densify_policy,
-    set_densify_policy,
-)
-from ._tensor import SparseTensor
-from ._explain import explain  # noqa: E402  (which stage computes an op: sparsefill.explain)
-from . import ops  # noqa: F401  (fills the op registry)
-from . import masked  # noqa: F401,E402  (sparsefill.masked)
-from . import _compile  # noqa: E402
+from sparsefill._tensor.fill import indefinite
+from sparsefill._creation.constructors import empty, empty_like, eye, from_torch, full, full_like, ones, ones_like, sparse_coo_tensor, sparse_csr_tensor, to_sparse, to_torch, zeros, zeros_like
+from sparsefill._creation.interop import from_pandas, from_pydata, from_scipy, to_pandas, to_pydata, to_scipy
+from sparsefill._tensor.policy import DensifyError, DensifyWarning, densify_policy, get_densify_policy, set_densify_policy
+from sparsefill._tensor.tensor import SparseTensor
+from sparsefill._explain import explain  # noqa: E402  (which stage computes an op: sparsefill.explain)
+from sparsefill import ops  # noqa: F401  (fills the op registry)
+from sparsefill import masked  # noqa: F401,E402  (sparsefill.masked)
+from sparsefill._compile import dynamo as _compile  # noqa: E402
 
 _compile._install()  # (torch.compile: sparsefill.masked entry points recorded whole, once torch._dynamo loads)
-from . import segment  # noqa: F401  (sparsefill.segment: the Caffe2 segment operations)
-from . import data  # noqa: F401  (sparsefill.data: DataLoader collate of SparseTensors, registered on import)
-from . import nn  # noqa: F401,E402  (sparsefill.nn: SparseParameter, SparseLinear: sparse weights of fixed pattern)
+from sparsefill import segment  # noqa: F401  (sparsefill.segment: the Caffe2 segment operations)
+from sparsefill import data  # noqa: F401  (sparsefill.data: DataLoader collate of SparseTensors, registered on import)
+from sparsefill import nn  # noqa: F401,E402  (sparsefill.nn: SparseParameter, SparseLinear: sparse weights of fixed pattern)
 
 __version__ = "0.1.0"
 

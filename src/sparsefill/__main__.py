@@ -4,10 +4,10 @@
 import sys
 
 if len(sys.argv) > 1 and sys.argv[1] == "bench":
-    from .bench import main
+    from sparsefill.bench import main
 
     sys.exit(main(sys.argv[2:]))
 
-from .tour import main  # noqa: E402
+from sparsefill.tour import main  # noqa: E402
 
 sys.exit(main(sys.argv[1:]))

@@ -23,7 +23,7 @@ lists every stage that could apply.
 'handler'
 >>> print(sparsefill.explain(torch.ops.aten.sum.dim_IntList))  # doctest: +ELLIPSIS
 aten.sum.dim_IntList: handler
-  aten.sum.dim_IntList  handler  sparsefill/ops/reductions.py:... (...)
+  aten.sum.dim_IntList  handler  sparsefill/ops/reductions/reduce.py:... (...)
   aten.sum.dim_IntList  densify  sparsefill/ops/fallback.py:... (under sparsefill.densify_policy)
 """
 
@@ -38,7 +38,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
 
-from ._tensor import SparseTensor
+from sparsefill._tensor.tensor import SparseTensor
 
 STAGES = ("route", "handler", "refused", "pointwise", "decomposition", "densify")
 
@@ -112,7 +112,9 @@ def aten_steps(func) -> list:
     """The stages the registry would try for the aten ``OpOverload`` ``func``, in order, up to the
     first that always takes the call (a handler or the pointwise rule may decline:
     ``NotImplemented``)."""
-    from .ops import fallback, pointwise, registry
+    from sparsefill.ops import fallback
+    from sparsefill.ops.pointwise import rule as pointwise
+    from sparsefill.ops import registry
 
     name, steps = str(func), []
     h = registry.HANDLERS.get(func)
@@ -166,7 +168,7 @@ class _Routed(TorchFunctionMode):
         self.first = None
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        from .ops.autograd_routes import ROUTES
+        from sparsefill.ops.autograd_routes import ROUTES
 
         if self.first is None and func in ROUTES:
             self.first = (func, args, kwargs or {})
@@ -219,7 +221,7 @@ def _reached(op, args, kwargs):
 def _route_takes(op, args, kwargs):
     """The route for torch function ``op`` and whether it takes this call (its predicate, run on
     copies)."""
-    from .ops import autograd_routes as ar
+    from sparsefill.ops import autograd_routes as ar
 
     r = ar.ROUTES.get(op)
     if r is None:
@@ -312,7 +314,7 @@ def explain(op, *args, **kwargs) -> Explanation:
         packet = _packet_of(op)
         steps = _overload_steps(packet) if packet else []
         if rstep is not None:
-            from .ops.autograd_routes import ALWAYS
+            from sparsefill.ops.autograd_routes import ALWAYS
 
             rstep = dataclasses.replace(
                 rstep,

@@ -18,7 +18,7 @@ __all__ = ["main"]
 
 def main(argv=None) -> int:
     """Run the benchmark command line on ``argv`` (default ``sys.argv[1:]``); the exit status."""
-    from .benchmarks.runner import main as run_main
+    from sparsefill.benchmarks.runner import main as run_main
 
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")

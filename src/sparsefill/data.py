@@ -31,8 +31,8 @@ import torch
 from torch.utils.data._utils.collate import collate as _torch_collate
 from torch.utils.data._utils.collate import default_collate_fn_map
 
-from ._tensor import SparseTensor
-from .segment._jagged import KeyedJaggedBatch
+from sparsefill._tensor.tensor import SparseTensor
+from sparsefill.segment._jagged import KeyedJaggedBatch
 
 __all__ = ["collate", "collate_sparse", "collate_jagged"]
 

@@ -12,7 +12,7 @@ differentiable constructors.  For a loss ``L`` of ``W = P()``, pattern ``S``::
 
 the gradient that ``torch.sparse.mm`` gives a native sparse weight, plus the fill's.  The
 matrix products (``F.linear``, ``@``, ``mm``, ``addmm``...) compute both without the dense
-``dL/dW`` (``ops/linalg_autograd.py``: the values' gradient is the sampled product at ``S``,
+``dL/dW`` (``ops/linalg/backward.py``: the values' gradient is the sampled product at ``S``,
 the fill's a closed form): a training step costs O(nse + batch x features).  This holds for the
 weight used as it is in a product (``W @ X``, ``x @ W.T``, ``F.linear``, ``torch.sparse.mm``,
 ``addmm``, ``einsum``); an element-wise op on ``W`` before the product (``(2 * W) @ X``) or a
@@ -43,8 +43,8 @@ import weakref
 import torch
 from torch import nn
 
-from . import _creation
-from ._tensor import SparseTensor
+from sparsefill._creation import constructors as _creation
+from sparsefill._tensor.tensor import SparseTensor
 
 __all__ = ["SparseParameter", "SparseLinear"]
 

@@ -40,8 +40,8 @@ import torch.nn.functional as F
 
 import sparsefill
 
-from .measure import cpu_snapshot, loadavg, other_cpu
-from .measure import interleaved as measure_interleaved
+from sparsefill.benchmarks.measure import cpu_snapshot, loadavg, other_cpu
+from sparsefill.benchmarks.measure import interleaved as measure_interleaved
 
 SIZES = (10, 1_000, 100_000, 10_000_000)
 
@@ -140,7 +140,7 @@ def elementwise(n: int, backend: str, rounds: int, reps: int) -> dict:
 
 
 def gat_step(nodes: int, backend: str, rounds: int, reps: int) -> dict:
-    from .cases_models import _example
+    from sparsefill.benchmarks.cases_models import _example
 
     gat = _example("gat")
     x, A, _, y, model, _ = gat.setup(nodes, with_peer=False)
@@ -165,7 +165,7 @@ def gat_step(nodes: int, backend: str, rounds: int, reps: int) -> dict:
 def dlrm_step(batch: int, rows: int, backend: str, rounds: int, reps: int) -> tuple[dict, str]:
     """The timings (compiled, eager, the EmbeddingBag + Adagrad peer) and how dynamo compiled the
     forward (graphs, breaks and the first break's reason)."""
-    from .cases_models import _example
+    from sparsefill.benchmarks.cases_models import _example
 
     dlrm = _example("dlrm")
     (model, inputs, labels), (peer, peer_inputs, _) = dlrm.setup(

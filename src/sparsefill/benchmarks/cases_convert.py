@@ -17,7 +17,7 @@ import torch
 
 import sparsefill
 
-from .runner import case
+from sparsefill.benchmarks.runner import case
 
 FILL = 1.5
 SEED = 0

@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from .measure import interleaved
+from sparsefill.benchmarks.measure import interleaved
 
 DENSITIES = (0.001, 0.01, 0.1, 0.3)
 

@@ -22,7 +22,7 @@ import torch
 
 import sparsefill
 
-from .runner import case, skipped
+from sparsefill.benchmarks.runner import case, skipped
 
 
 def _signal(n: int, density: float, fill: float = 5.0):

@@ -1,6 +1,6 @@
 """Linear algebra: ``A @ x`` with ``A`` sparse of nonzero fill ``a`` and ``x`` dense ``(n, 64)``.
 
-sparsefill computes ``A @ x = (A - a) @ x + a * x.sum(0)`` (ops/linalg.py) with ``A - a`` a
+sparsefill computes ``A @ x = (A - a) @ x + a * x.sum(0)`` (ops/linalg/product.py) with ``A - a`` a
 torch native CSR matrix.  Peers, in the same run:
 
 * ``torch CSR (A - a) @ x + a * x.sum(0)``: the same decomposition written by hand on a
@@ -41,7 +41,7 @@ import torch
 
 import sparsefill
 
-from .runner import case
+from sparsefill.benchmarks.runner import case
 
 FILL = 5.0
 COLS = 64

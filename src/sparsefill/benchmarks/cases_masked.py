@@ -48,7 +48,7 @@ import torch
 import sparsefill
 from sparsefill import masked
 
-from .runner import case
+from sparsefill.benchmarks.runner import case
 
 SIZES = {"10000x10000, 1%": (10000, 0.01)}
 QUICK = {"2000x2000, 1%": (2000, 0.01)}
@@ -183,7 +183,7 @@ def _edge_softmax_case(layout):
     name = "COO" if layout is torch.sparse_coo else "CSR"
 
     def fn(nodes):
-        from .runner import optional_import, skipped
+        from sparsefill.benchmarks.runner import optional_import, skipped
 
         dst, src, scores, up = _edge_scores(nodes)
         S = sparsefill.sparse_coo_tensor(

@@ -49,7 +49,7 @@ from pathlib import Path
 
 import torch
 
-from .runner import case, optional_import, skipped
+from sparsefill.benchmarks.runner import case, optional_import, skipped
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 import sparsefill
 
-from .runner import case
+from sparsefill.benchmarks.runner import case
 
 _SIZES = {"4000x4000, 0.5%, batch 64": (4000, 0.005, 64)}
 _QUICK = {"1000x1000, 0.5%, batch 64": (1000, 0.005, 64)}

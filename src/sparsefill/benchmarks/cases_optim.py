@@ -17,7 +17,7 @@ import torch
 
 from sparsefill import segment
 
-from .runner import case
+from sparsefill.benchmarks.runner import case
 
 
 def _setup(param):

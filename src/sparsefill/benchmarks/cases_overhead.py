@@ -13,7 +13,7 @@ import torch
 
 import sparsefill
 
-from .runner import Bench, case
+from sparsefill.benchmarks.runner import Bench, case
 
 DENSITY = 0.3
 

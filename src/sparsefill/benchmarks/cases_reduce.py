@@ -21,7 +21,7 @@ import torch
 
 import sparsefill
 
-from .runner import case, optional_import, skipped
+from sparsefill.benchmarks.runner import case, optional_import, skipped
 
 
 _TINY = {"50x50, 5%": (50, 0.05)}  # (what the test suite builds)

@@ -106,7 +106,7 @@ import torch.nn.functional as F
 
 from sparsefill import segment
 
-from .runner import Bench, case, optional_import, skipped
+from sparsefill.benchmarks.runner import Bench, case, optional_import, skipped
 
 # SPARSEFILL_BENCH_SEGMENT_D=64 (comma-separated) restricts the full-size runs to those D
 _DIMS = [int(d) for d in os.environ.get("SPARSEFILL_BENCH_SEGMENT_D", "1,16,64").split(",")]

@@ -35,7 +35,7 @@ import torch
 
 import sparsefill
 
-from .runner import case, optional_import, skipped
+from sparsefill.benchmarks.runner import case, optional_import, skipped
 
 _GRAPHS: dict = {}
 SIZES = {

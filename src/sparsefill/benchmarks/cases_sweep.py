@@ -15,7 +15,7 @@ import torch
 
 import sparsefill
 
-from .runner import Bench, case, optional_import, skipped
+from sparsefill.benchmarks.runner import Bench, case, optional_import, skipped
 
 DENSITIES = [0.0001, 0.001, 0.01, 0.05, 0.1, 0.25, 0.5]
 QUICK_DENSITIES = [0.0001, 0.001, 0.01, 0.1, 0.5]

@@ -63,16 +63,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import torch
 
-from .measure import (
-    copy_bandwidth,
-    cpu_snapshot,
-    loadavg,
-    measure_memory,
-    other_cpu,
-    stub_timer,
-    torch_timer,
-)
-from .report import markdown_report, markdown_table
+from sparsefill.benchmarks.measure import copy_bandwidth, cpu_snapshot, loadavg, measure_memory, other_cpu, stub_timer, torch_timer
+from sparsefill.benchmarks.report import markdown_report, markdown_table
 
 __all__ = [
     "Case",
@@ -804,7 +796,7 @@ def main(
     plots: list[str] = []
     if not args.no_plots:
         try:
-            from . import plots as _plots
+            from sparsefill.benchmarks import plots as _plots
 
             plots = _plots.write_plots(report, args.out)
         except ImportError as e:

@@ -39,12 +39,12 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
-from . import _c10d, _functional  # noqa: F401  (register the c10d and functional-collective handlers)
-from ._collectives import ALGORITHM, dense_bytes  # noqa: F401
-from ._combine import combine
-from ._ddp import GradSync, average, data_parallel
-from ._sharded import RowShardedEmbeddingBag
-from ._exchange import Traffic, traffic
+from sparsefill.distributed import _c10d, _functional  # noqa: F401  (register the c10d and functional-collective handlers)
+from sparsefill.distributed._collectives import ALGORITHM, dense_bytes  # noqa: F401
+from sparsefill.distributed._combine import combine
+from sparsefill.distributed._ddp import GradSync, average, data_parallel
+from sparsefill.distributed._sharded import RowShardedEmbeddingBag
+from sparsefill.distributed._exchange import Traffic, traffic
 
 ReduceOp = dist.ReduceOp
 

@@ -17,8 +17,8 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import _create_work_from_future
 
-from ..ops.registry import register
-from . import _collectives as C
+from sparsefill.ops.registry import register
+from sparsefill.distributed import _collectives as C
 
 c10d = torch.ops.c10d
 

@@ -18,12 +18,12 @@ import contextvars
 import torch
 import torch.distributed as dist
 
-from .._convert import dense_of, dense_to_sparse, to_layout
-from .._tensor import SparseTensor
-from ..ops._writes import assign_, respecify_
-from . import _wire
-from ._combine import FUNCS, check_op, combine, combine_parts, red_op
-from ._exchange import exchange, traffic
+from sparsefill._tensor.parts import dense_of, dense_to_sparse, to_layout
+from sparsefill._tensor.tensor import SparseTensor
+from sparsefill.ops._writes import assign_, respecify_
+from sparsefill.distributed import _wire
+from sparsefill.distributed._combine import FUNCS, check_op, combine, combine_parts, red_op
+from sparsefill.distributed._exchange import exchange, traffic
 
 _R = dist.ReduceOp.RedOpType
 ALGORITHM = contextvars.ContextVar(
@@ -49,7 +49,7 @@ def store(out: torch.Tensor, value: torch.Tensor) -> None:
     if not out.is_inference():
         torch.autograd.graph.increment_version(out)
     if out._view is not None:
-        from ..ops.views import write_through
+        from sparsefill.ops.views import write_through
 
         write_through(out)
 
@@ -343,7 +343,7 @@ def recv(A, src: int, pg, tag: int = 0) -> None:
 
 
 def _exchange_call() -> int:
-    from ._exchange import call_code
+    from sparsefill.distributed._exchange import call_code
 
     return call_code("send/recv")
 

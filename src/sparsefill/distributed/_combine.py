@@ -28,10 +28,10 @@ from __future__ import annotations
 import torch
 from torch.distributed import ReduceOp
 
-from .. import _merge
-from .._convert import coalesced_parts, parts_to_sparse
-from .._tensor import SparseTensor
-from ._wire import Parts, coords_of, keys_of
+from sparsefill._kernels import merge as _merge
+from sparsefill._tensor.parts import coalesced_parts, parts_to_sparse
+from sparsefill._tensor.tensor import SparseTensor
+from sparsefill.distributed._wire import Parts, coords_of, keys_of
 
 _R = ReduceOp.RedOpType
 FUNCS = {

@@ -26,8 +26,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .._convert import from_native
-from .._tensor import SparseTensor
+from sparsefill._tensor.parts import from_native
+from sparsefill._tensor.tensor import SparseTensor
 
 
 class GradSync:
@@ -63,7 +63,7 @@ def average(g: torch.Tensor, group=None) -> torch.Tensor:
         g.layout is not torch.strided
     ):  # torch native sparse (COO from sparse_grad=True, embedding(sparse=True))
         S = from_native(g.to_sparse_coo() if g.layout is not torch.sparse_coo else g)
-        from . import all_reduce
+        from sparsefill.distributed import all_reduce
 
         all_reduce(S, dist.ReduceOp.AVG, group=group, algorithm="sparse")
         return torch.sparse_coo_tensor(

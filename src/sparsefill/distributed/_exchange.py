@@ -20,8 +20,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from . import _wire
-from ._wire import H, NBYTES, PRESENT, CALL, CALL_ARG
+from sparsefill.distributed import _wire
+from sparsefill.distributed._wire import H, NBYTES, PRESENT, CALL, CALL_ARG
 
 CALLS = [
     "",

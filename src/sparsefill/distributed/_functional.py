@@ -17,8 +17,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives  # noqa: F401  (defines _c10d_functional._wrap_tensor_autograd)
 
-from ..ops.registry import register
-from . import _collectives as C
+from sparsefill.ops.registry import register
+from sparsefill.distributed import _collectives as C
 
 F = torch.ops._c10d_functional
 _OPS = {

@@ -33,8 +33,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .. import segment
-from ._exchange import _ALL_GATHER, traffic
+from sparsefill import segment
+from sparsefill.distributed._exchange import _ALL_GATHER, traffic
 
 
 class RowShardedEmbeddingBag(nn.Module):

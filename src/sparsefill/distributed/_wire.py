@@ -19,10 +19,10 @@ from typing import NamedTuple
 
 import torch
 
-from .. import _index
-from .._convert import coalesced_parts, dense_of, parts_to_sparse
-from .._creation import check_parts
-from .._tensor import SparseTensor
+from sparsefill._kernels import index as _index
+from sparsefill._tensor.parts import coalesced_parts, dense_of, parts_to_sparse
+from sparsefill._tensor.validate import check_parts
+from sparsefill._tensor.tensor import SparseTensor
 
 K = 8  # shape entries shown in the header (the hash covers every dim)
 H = 15 + K

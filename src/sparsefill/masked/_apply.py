@@ -24,11 +24,12 @@ import warnings
 
 import torch
 
-from .. import _convert, _index
-from .._autograd import dense_grad, grad_parts, sum_outside
-from .._compile import traced
-from .._tensor import SparseTensor
-from ._canon import as_sparse, combine, is_sparse, mask_to_dense
+from sparsefill._tensor import parts as _convert
+from sparsefill._kernels import index as _index
+from sparsefill._autograd.functions import dense_grad, grad_parts, sum_outside
+from sparsefill._kernels.trace import traced
+from sparsefill._tensor.tensor import SparseTensor
+from sparsefill.masked._canon import as_sparse, combine, is_sparse, mask_to_dense
 
 __all__ = ["Result", "run", "dense_mask", "dense_fallback"]
 
@@ -219,7 +220,7 @@ def _native_fill_grad(ctx) -> bool:
     res = ctx.res
     if res.dense is None and res.classes is None and not res.fill.requires_grad:
         return False  # (the unspecified outputs' dependence on the fill is not recorded: a softmax-like fallback)
-    from ..ops.linalg_autograd import pattern_grad_is_exact
+    from sparsefill.ops.linalg.backward import pattern_grad_is_exact
 
     return pattern_grad_is_exact(ctx.X.A)
 
@@ -290,13 +291,14 @@ def dense_fallback(input, mask, dense_op):
     x = A.to_dense()
     m = None if mask is None else mask_to_dense(mask, A.shape)
     out = dense_op(x, m)
-    from .._compile import every_element, traced
+    from sparsefill._compile.dynamo import every_element
+    from sparsefill._kernels.trace import traced
 
     if traced(
         out
     ):  # torch.compile: every element stored (to_sparse's nse would be read from the data)
         return every_element(out, A._sf_layout, A.dense_dim())
-    from .._creation import to_sparse
+    from sparsefill._creation.constructors import to_sparse
 
     return to_sparse(out, layout=A._sf_layout, dense_dim=A.dense_dim())
 

@@ -23,10 +23,11 @@ import dataclasses
 
 import torch
 
-from .. import _convert, _index, _merge
-from .._compile import traced
-from .._policy import check_specify
-from .._tensor import SparseTensor
+from sparsefill._tensor import parts as _convert
+from sparsefill._kernels import index as _index, merge as _merge
+from sparsefill._kernels.trace import traced
+from sparsefill._tensor.policy import check_specify
+from sparsefill._tensor.tensor import SparseTensor
 
 __all__ = [
     "Masked",
@@ -49,7 +50,7 @@ def as_sparse(t) -> SparseTensor:
     """A SparseTensor for a SparseTensor or a torch native sparse tensor (storage shared)."""
     if isinstance(t, SparseTensor):
         return t
-    from .._creation import from_torch
+    from sparsefill._creation.constructors import from_torch
 
     return from_torch(t)
 

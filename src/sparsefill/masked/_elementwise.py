@@ -20,10 +20,10 @@ import math
 
 import torch
 
-from .. import _convert
-from .._creation import sparse_coo_tensor, to_sparse
-from ._apply import dense_mask
-from ._canon import as_sparse, is_sparse, mask_rows
+from sparsefill._tensor import parts as _convert
+from sparsefill._creation.constructors import sparse_coo_tensor, to_sparse
+from sparsefill.masked._apply import dense_mask
+from sparsefill.masked._canon import as_sparse, is_sparse, mask_rows
 
 __all__ = ["logaddexp"]
 

@@ -1,10 +1,10 @@
 """Output segments of a masked reduction: scalar elements and the fill table of
-``sparsefill._reduce``.
+``sparsefill._kernels.reducer``.
 
 A reduction over dims ``R`` of a :class:`~._canon.Masked` input maps every stored scalar element
 ``(row r, dense position d)`` to an output segment ``s = slice(r) * Pk + d_kept`` and gives each
 segment ``C = Pr`` fill classes (one per reduced dense position): class ``c`` of segment ``s`` is
-``n[s, c]`` copies of the value ``F[s, c]``.  The reducers of ``sparsefill._reduce`` (the protocol
+``n[s, c]`` copies of the value ``F[s, c]``.  The reducers of ``sparsefill._kernels.reducer`` (the protocol
 shared with sparse and segment reductions) take ``(values, seg, nseg, fill=F, n_fill=n)`` as a fill
 table and compute, for each segment, in closed form::
 
@@ -21,10 +21,10 @@ import functools
 
 import torch
 
-from .. import _index
-from .._compile import traced
-from .._grouping import csr_row_slices, group_slices
-from ._canon import Masked
+from sparsefill._kernels import index as _index
+from sparsefill._kernels.trace import traced
+from sparsefill._kernels.grouping import csr_row_slices, group_slices
+from sparsefill.masked._canon import Masked
 
 __all__ = ["Slices", "canonical_dims", "reduce"]
 
@@ -148,7 +148,7 @@ class Slices:
         if not untouched or cs.shape[0] == 1 or bool((cs == cs[:1]).all()):
             self.n_in, self.n0_in = n, cs[0]
             return
-        from ._canon import _broadcast_positions
+        from sparsefill.masked._canon import _broadcast_positions
 
         pos = (cs.reshape(cs.shape[0], -1) > 0).any(1).nonzero().squeeze(1)
         pos = _broadcast_positions(_index.unravel(pos, kp), tuple(kp), tuple(kshape))
@@ -241,7 +241,7 @@ class Slices:
 
 def reduce(reducer, sl: Slices, v, seg, F, n, F0, n0, lengths=None):
     """``(per touched segment, per kept dense position of the untouched slice)``: ``reducer`` (a
-    ``sparsefill._reduce`` reducer, or any callable with its signature) over the fill tables."""
+    ``sparsefill._kernels.reducer`` reducer, or any callable with its signature) over the fill tables."""
     return (
         reducer(v, seg, sl.nseg, fill=F, n_fill=n, lengths=lengths),
         reducer(v[:0], seg[:0], sl.Pk, fill=F0, n_fill=n0),

@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import torch
 
-from .. import _convert
-from .._reduce import segment_counts
-from .._tensor import SparseTensor
-from . import _engine as E
-from ._apply import dense_mask
-from ._canon import combine, is_sparse
-from ._reductions import _reduction
+from sparsefill._tensor import parts as _convert
+from sparsefill._kernels.reducer import segment_counts
+from sparsefill._tensor.tensor import SparseTensor
+from sparsefill.masked import _engine as E
+from sparsefill.masked._apply import dense_mask
+from sparsefill.masked._canon import combine, is_sparse
+from sparsefill.masked._reductions import _reduction
 
 __all__ = ["input_mask", "output_mask", "pattern_mask", "coo_mask", "csr_mask"]
 

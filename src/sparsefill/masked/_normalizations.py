@@ -5,7 +5,7 @@ Same signatures and results as ``torch.masked.<op>`` (the drop-in promise), at E
     densify(masked.op(input, dim, mask=mask)) == torch.masked.op(dense(input), dim, mask=dense(mask))
 
 On a sparse input the statistics of each slice along ``dim`` (logsumexp, norm) come from the
-reducers of ``sparsefill._reduce`` (fill tables over the segments of ``_engine``) on the union
+reducers of ``sparsefill._kernels.reducer`` (fill tables over the segments of ``_engine``) on the union
 pattern ``P`` of input and mask (``_canon``), prefix sums from :func:`_segmented_scan`; e.g. for
 softmax every masked-in element ``p`` of ``P`` gets::
 
@@ -18,7 +18,7 @@ where the slice's normalizer is NaN or -inf (``exp(-inf - lse)``); normalize ``0
 ``where(mask, input, 0 / 1)``).  The result's fill is chosen adaptively (:func:`_extend`): with the
 unspecified elements counted in fully masked-out slices (value ``e``) and in partly masked-in slices
 (value ``c``), the fill is the value of the larger group and the smaller group is stored explicitly
-(``sparsefill._policy.check_specify``: a DensifyWarning past 65536 of them; cumsum/cumprod take the
+(``sparsefill._tensor.policy.check_specify``: a DensifyWarning past 65536 of them; cumsum/cumprod take the
 identity as fill and store the unspecified elements after the first masked-in one of their slice).
 In the pattern-as-mask use with no empty slice nothing is added.  An input with indefinite fill
 keeps its pattern and indefinite fill (its unspecified elements have no value).
@@ -42,16 +42,16 @@ import math
 
 import torch
 
-from .. import _index
-from .._compile import known_true, traced
-from .._policy import check_specify
-from .._reduce import REDUCERS, gather_seg
-from .._tensor import SparseTensor
-from . import _engine as E
-from .. import _segsoftmax
-from ._apply import Result, check_dtype_as_torch_masked, dense_fallback, dense_mask, run
-from ._canon import Masked, _same_indices, as_sparse, is_sparse
-from ._reductions import norm_kernel
+from sparsefill._kernels import index as _index
+from sparsefill._kernels.trace import known_true, traced
+from sparsefill._tensor.policy import check_specify
+from sparsefill._kernels.reducer import REDUCERS, gather_seg
+from sparsefill._tensor.tensor import SparseTensor
+from sparsefill.masked import _engine as E
+from sparsefill.ops.reductions import edge_softmax as _segsoftmax
+from sparsefill.masked._apply import Result, check_dtype_as_torch_masked, dense_fallback, dense_mask, run
+from sparsefill.masked._canon import Masked, _same_indices, as_sparse, is_sparse
+from sparsefill.masked._reductions import norm_kernel
 
 __all__ = ["softmax", "log_softmax", "softmin", "normalize", "cumsum", "cumprod"]
 

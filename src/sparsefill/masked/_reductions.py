@@ -27,20 +27,11 @@ import math
 
 import torch
 
-from .. import _index
-from .._reduce import (
-    REDUCERS,
-    Norm,
-    Var,
-    first_gap,
-    identity_of,
-    segment_arg,
-    segment_counts,
-    segment_median,
-)
-from . import _engine as E
-from ._apply import Result, check_dtype_as_torch_masked, dense_mask, run
-from ._canon import as_sparse, is_sparse
+from sparsefill._kernels import index as _index
+from sparsefill._kernels.reducer import REDUCERS, Norm, Var, first_gap, identity_of, segment_arg, segment_counts, segment_median
+from sparsefill.masked import _engine as E
+from sparsefill.masked._apply import Result, check_dtype_as_torch_masked, dense_mask, run
+from sparsefill.masked._canon import as_sparse, is_sparse
 
 __all__ = [
     "sum",
@@ -97,7 +88,7 @@ def _reduction(
     counts=True,
 ):
     """Run ``kernel(values, seg, nseg, fill=F, n_fill=n, lengths=)`` (a reducer of
-    ``sparsefill._reduce`` over fill tables) over the slices of ``dim``; ``cast`` first, ``post``
+    ``sparsefill._kernels.reducer`` over fill tables) over the slices of ``dim``; ``cast`` first, ``post``
     after. ``name``: a reduction with no identity, refusing 0-size reduced dims; ``zero_absorbs``:
     masked-in zeros do not change the result (see :func:`._canon.combine`)."""
     A = as_sparse(input)
@@ -390,7 +381,7 @@ def median(input, dim=-1, *, keepdim=False, dtype=None, mask=None):
     )
     if is_float:
         return out
-    from .._tensor import SparseTensor
+    from sparsefill._tensor.tensor import SparseTensor
 
     vals = [out._vals] if isinstance(out, SparseTensor) else [out]
     if isinstance(out, SparseTensor) and not _every_position_stored(out):

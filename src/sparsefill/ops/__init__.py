@@ -2,32 +2,27 @@
 layer's entry points into ``SparseTensor`` (``_tensor.install_op_layer``: the data class imports no
 op handler)."""
 
-from .. import _tensor
-from . import (
-    activations,
-    backward_gate,
-    concat,
-    coords,
-    core,
-    fallback,
-    foreach,
-    indexing,
-    linalg,  # noqa: F401
-    normalizations,
-    products,
-    pointwise,
-    reductions,
-    registry,
-    sampled,
-    views,
-    windows,
-)
+from sparsefill._tensor import tensor as _tensor
+from sparsefill.ops.pointwise import activations
+from sparsefill.ops import backward_gate
+from sparsefill.ops.shape import concat, coords
+from sparsefill.ops import core, fallback
+from sparsefill.ops.pointwise import foreach
+from sparsefill.ops.shape import indexing
+from sparsefill.ops.linalg import product as linalg
+from sparsefill.ops.reductions import softmax as normalizations
+from sparsefill.ops.linalg import matrix_products as products
+from sparsefill.ops.pointwise import rule as pointwise
+from sparsefill.ops.reductions import reduce as reductions
+from sparsefill.ops import registry
+from sparsefill.ops.linalg import sampled
+from sparsefill.ops import views, windows
 
 
 def _route(func, types, args, kwargs):
     """``autograd_routes.route``, imported on the first torch function call (it loads the autograd
     Functions)."""
-    from .autograd_routes import ROUTED, route
+    from sparsefill.ops.autograd_routes import ROUTED, route
 
     _tensor.install_op_layer(route=route, routed=ROUTED)
     return route(func, types, args, kwargs)

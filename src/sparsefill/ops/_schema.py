@@ -14,7 +14,7 @@ import warnings
 
 import torch
 
-from .._tensor import SparseTensor
+from sparsefill._tensor.tensor import SparseTensor
 
 
 def flat_args(args, kwargs):

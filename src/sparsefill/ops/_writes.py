@@ -13,9 +13,9 @@ from __future__ import annotations
 import torch
 from torch.utils._mode_utils import no_dispatch
 
-from .._compile import same_tensor, traced
-from .._convert import dense_to_sparse
-from .._tensor import _STATE, SparseTensor
+from sparsefill._kernels.trace import same_tensor, traced
+from sparsefill._tensor.parts import dense_to_sparse
+from sparsefill._tensor.tensor import _STATE, SparseTensor
 
 
 def assign_(A: SparseTensor, new: SparseTensor) -> SparseTensor:

@@ -40,9 +40,9 @@ import sys
 
 import torch
 
-from .._autograd import NativeGrad, dense_grad, sparse_inside, track_leaf
-from .._tensor import SparseTensor
-from .backward_gate import gate
+from sparsefill._autograd.functions import NativeGrad, dense_grad, sparse_inside, track_leaf
+from sparsefill._tensor.tensor import SparseTensor
+from sparsefill.ops.backward_gate import gate
 
 _REQUIRES_GRAD_, _REQUIRES_GRAD = (
     torch._C.TensorBase.requires_grad_,
@@ -294,9 +294,9 @@ def _sparse_sum_all(func, args, kwargs):
     return torch.sum(args[0], dtype=kwargs.get("dtype", args[1] if len(args) == 2 else None))
 
 
-from . import linalg_autograd  # noqa: E402,F401  (fills ROUTES: the matrix products)
-from . import reduction_autograd  # noqa: E402,F401  (the reductions over every sparse dim)
-from . import dropout  # noqa: E402,F401  (dropout of a zero or masked fill: the stored values)
-from . import sampled_autograd  # noqa: E402,F401  (x.sparse_mask(A): x's gradient at A's pattern)
-from . import index_autograd  # noqa: E402,F401  (row and column selection: a sparse backward)
-from . import split_routes  # noqa: E402,F401  (hsplit/vsplit/dsplit/tensor_split: the pieces' gradients joined)
+from sparsefill.ops.linalg import backward as linalg_autograd  # noqa: E402,F401  (fills ROUTES: the matrix products)
+from sparsefill.ops.reductions import backward as reduction_autograd  # noqa: E402,F401  (the reductions over every sparse dim)
+from sparsefill.ops.pointwise import dropout  # noqa: E402,F401  (dropout of a zero or masked fill: the stored values)
+from sparsefill.ops.linalg import sampled_backward as sampled_autograd  # noqa: E402,F401  (x.sparse_mask(A): x's gradient at A's pattern)
+from sparsefill.ops.shape import index_backward as index_autograd  # noqa: E402,F401  (row and column selection: a sparse backward)
+from sparsefill.ops.shape import split as split_routes  # noqa: E402,F401  (hsplit/vsplit/dsplit/tensor_split: the pieces' gradients joined)

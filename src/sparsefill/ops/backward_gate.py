@@ -31,7 +31,7 @@ gated.
 ...     y.sum().backward()
 Traceback (most recent call last):
 ...
-sparsefill._policy.DensifyError: MmBackward0 (torch's derivative formula of matmul) forms the dense gradient of a SparseTensor operand of shape (2, 2): densifying needs 16 bytes, over the densify policy's limit of 8 bytes (see sparsefill.densify_policy)
+sparsefill.DensifyError: MmBackward0 (torch's derivative formula of matmul) forms the dense gradient of a SparseTensor operand of shape (2, 2): densifying needs 16 bytes, over the densify policy's limit of 8 bytes (see sparsefill.densify_policy)
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ import functools
 
 import torch
 
-from .._policy import check_densify
-from .._tensor import SparseTensor
+from sparsefill._tensor.policy import check_densify
+from sparsefill._tensor.tensor import SparseTensor
 
 # nodes whose formula forms no dense tensor of their own: a view of the gradient, an expand of it
 # (sum), the gradient itself (add, clone); a smaller one (expand's sum).  (select's, slice's and

@@ -5,24 +5,16 @@ from __future__ import annotations
 
 import torch
 
-from .. import _creation, _index
-from .._compile import traced
-from .._convert import (
-    coalesce_of,
-    coalesced_parts,
-    dense_of,
-    dense_to_sparse,
-    map_inner,
-    rewrap,
-    to_layout,
-    union_parts,
-)
-from .._policy import check_densify, check_specify
-from .._splits import one_split, to_dense_dim
-from .._tensor import SparseTensor
-from ._schema import probe_of
-from ._writes import assign_
-from .registry import register
+from sparsefill._creation import constructors as _creation
+from sparsefill._kernels import index as _index
+from sparsefill._kernels.trace import traced
+from sparsefill._tensor.parts import coalesce_of, coalesced_parts, dense_of, dense_to_sparse, map_inner, rewrap, to_layout, union_parts
+from sparsefill._tensor.policy import check_densify, check_specify
+from sparsefill._tensor.dense_dims import one_split, to_dense_dim
+from sparsefill._tensor.tensor import SparseTensor
+from sparsefill.ops._schema import probe_of
+from sparsefill.ops._writes import assign_
+from sparsefill.ops.registry import register
 
 aten = torch.ops.aten
 

@@ -14,11 +14,11 @@ from __future__ import annotations
 import torch
 from torch.utils._pytree import tree_flatten, tree_map, tree_map_only, tree_unflatten
 
-from .._convert import dense_of, dense_to_sparse
-from .._policy import check_densify
-from .._tensor import SparseTensor
-from ._schema import broadcast_error, written_args
-from ._writes import respecify_
+from sparsefill._tensor.parts import dense_of, dense_to_sparse
+from sparsefill._tensor.policy import check_densify
+from sparsefill._tensor.tensor import SparseTensor
+from sparsefill.ops._schema import broadcast_error, written_args
+from sparsefill.ops._writes import respecify_
 
 _EQUAL = (
     torch.ops.aten.equal.default

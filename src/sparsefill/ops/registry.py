@@ -39,10 +39,10 @@ import functools
 
 import torch
 
-from .._func_guard import check as _func_guard, no_reverse_transform as _no_reverse_transform
-from .._tensor import _FAST, SparseTensor
-from . import pointwise
-from ._schema import flat_args, written_positions
+from sparsefill._autograd.transforms import check as _func_guard, no_reverse_transform as _no_reverse_transform
+from sparsefill._tensor.tensor import _FAST, SparseTensor
+from sparsefill.ops.pointwise import rule as pointwise
+from sparsefill.ops._schema import flat_args, written_positions
 
 HANDLERS: dict = {}
 
@@ -167,7 +167,7 @@ def _convert_foreign(func, args, kwargs):
     """``(args, kwargs)`` with every torch native sparse tensor replaced by its SparseTensor (fill
     0, the same index and value tensors); other layouts, nested tensors and native tensors the op
     writes to raise."""
-    from .._convert import from_native
+    from sparsefill._tensor.parts import from_native
 
     written = {name for _, name, _ in written_positions(func)}
     names = [a.name for a in func._schema.arguments]
@@ -280,7 +280,7 @@ def compute(func, args, kwargs):
         out = func.decompose(*args, **kwargs)
         if out is not NotImplemented:
             return out
-    from .fallback import densify_call
+    from sparsefill.ops.fallback import densify_call
 
     return densify_call(func, args, kwargs)
 

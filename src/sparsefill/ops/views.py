@@ -39,21 +39,13 @@ from typing import Any, NamedTuple
 
 import torch
 
-from .. import _index
-from .._convert import (
-    coalesced_parts,
-    dense_of,
-    differs,
-    map_inner,
-    parts_to_sparse,
-    rewrap,
-    scalar_parts,
-)
-from .._policy import check_densify, check_specify
-from .._tensor import _STATE, SparseTensor
-from ._schema import flat_args, written_args
-from ._writes import assign_, mark_viewed, respecify_
-from .registry import compute, middleware
+from sparsefill._kernels import index as _index
+from sparsefill._tensor.parts import coalesced_parts, dense_of, differs, map_inner, parts_to_sparse, rewrap, scalar_parts
+from sparsefill._tensor.policy import check_densify, check_specify
+from sparsefill._tensor.tensor import _STATE, SparseTensor
+from sparsefill.ops._schema import flat_args, written_args
+from sparsefill.ops._writes import assign_, mark_viewed, respecify_
+from sparsefill.ops.registry import compute, middleware
 
 aten = torch.ops.aten
 ALIASES = (aten.detach.default, aten.alias.default)

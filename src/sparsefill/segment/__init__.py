@@ -11,7 +11,7 @@ Modules (each small enough to read at once):
   ``sparse_to_dense``, ``lengths_top_k``;
 * ``_reduce_ops``       -- ``reduce(data, reducer, lengths= | offsets= | segment_ids=, indices=,
   weights=)`` for ``sum mean sqrt_n weighted_sum weighted_mean positional_weighted_sum max min prod
-  logsumexp logmeanexp``, built on the reducer protocol of ``sparsefill._reduce``, with autograd;
+  logsumexp logmeanexp``, built on the reducer protocol of ``sparsefill._kernels.reducer``, with autograd;
 * ``_aliases``          -- the Caffe2 names (``lengths_sum``, ``sparse_lengths_weighted_sum``,
   ``unsorted_segment_max``, ``reduce_front_mean``, ...), generated from one table;
 * ``_plan``, ``_kernels``, ``_numba_kernels`` -- the canonical segment order and the kernels
@@ -41,29 +41,16 @@ tensor([[12.,  7.],
         [14., 12.]])
 """
 
-from ._repr import (
-    gather_ranges,
-    lengths_gather,
-    lengths_range_fill,
-    lengths_tile,
-    lengths_to_offsets,
-    lengths_to_ranges,
-    lengths_to_segment_ids,
-    lengths_to_weights,
-    offsets_to_lengths,
-    segment_ids_to_lengths,
-    segment_ids_to_offsets,
-    segment_ids_to_ranges,
-)
-from ._pack import lengths_top_k, pack_segments, sparse_to_dense, unpack_segments
-from ._reduce_ops import SEGMENT_REDUCERS, SegmentReducer, reduce
-from ._basic import gather, scatter_assign, scatter_weighted_sum
-from ._bridge import csr_row_reduce, from_sparse_csr, ids_to_sparse, to_sparse_csr
-from ._jagged import KeyedJaggedBatch
-from ._optim import SparseAdagrad, SparseFtrl, rowwise_sparse_adagrad, sparse_adagrad, sparse_ftrl
-from ._kernels import compiled_available, set_backend, use_backend
-from . import _aliases
-from ._aliases import ALIASES
+from sparsefill.segment._repr import gather_ranges, lengths_gather, lengths_range_fill, lengths_tile, lengths_to_offsets, lengths_to_ranges, lengths_to_segment_ids, lengths_to_weights, offsets_to_lengths, segment_ids_to_lengths, segment_ids_to_offsets, segment_ids_to_ranges
+from sparsefill.segment._pack import lengths_top_k, pack_segments, sparse_to_dense, unpack_segments
+from sparsefill.segment._reduce_ops import SEGMENT_REDUCERS, SegmentReducer, reduce
+from sparsefill.segment._basic import gather, scatter_assign, scatter_weighted_sum
+from sparsefill.segment._bridge import csr_row_reduce, from_sparse_csr, ids_to_sparse, to_sparse_csr
+from sparsefill.segment._jagged import KeyedJaggedBatch
+from sparsefill.segment._optim import SparseAdagrad, SparseFtrl, rowwise_sparse_adagrad, sparse_adagrad, sparse_ftrl
+from sparsefill._kernels.segment import compiled_available, set_backend, use_backend
+from sparsefill.segment import _aliases
+from sparsefill.segment._aliases import ALIASES
 
 globals().update({_n: getattr(_aliases, _n) for _n in ALIASES})
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from ._reduce_ops import SEGMENT_REDUCERS, reduce
+from sparsefill.segment._reduce_ops import SEGMENT_REDUCERS, reduce
 
 _FAMILIES = {
     # family: (reducers, takes indices, representation, sorted)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from ._check import as_index, check_indices
+from sparsefill._kernels.segment_check import as_index, check_indices
 
 __all__ = ["gather", "scatter_assign", "scatter_weighted_sum"]
 

@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import torch
 
-from .. import _engine, _reduce
-from .._creation import sparse_csr_tensor
-from ._check import as_index, check_indices, check_lengths
-from ._repr import lengths_range_fill, lengths_to_offsets
+from sparsefill._kernels import engine as _engine, reducer as _reduce
+from sparsefill._creation.constructors import sparse_csr_tensor
+from sparsefill._kernels.segment_check import as_index, check_indices, check_lengths
+from sparsefill.segment._repr import lengths_range_fill, lengths_to_offsets
 
 __all__ = ["to_sparse_csr", "from_sparse_csr", "ids_to_sparse", "csr_row_reduce"]
 
@@ -128,7 +128,7 @@ def csr_row_reduce(A, reducer: str = "sum") -> torch.Tensor:
 
     The rows are segments of the stored values; the ``n_s = ncols - nse_s`` fills of row ``s`` join
     in
-    closed form through the reducer protocol (``sparsefill._reduce``)::
+    closed form through the reducer protocol (``sparsefill._kernels.reducer``)::
 
         csr_row_reduce(A, r)[s] == r(A.to_dense()[s])           (an indefinite fill: the fills are skipped)
 
@@ -142,7 +142,7 @@ def csr_row_reduce(A, reducer: str = "sum") -> torch.Tensor:
     >>> csr_row_reduce(A, "sum"), csr_row_reduce(A, "min")
     (tensor([8., 8.]), tensor([-1.,  2.]))
     """
-    from ._kernels import compiled_for
+    from sparsefill._kernels.segment import compiled_for
 
     if getattr(A, "sparse_layout", None) != torch.sparse_csr or A.crow_indices().dim() != 1:
         raise TypeError(

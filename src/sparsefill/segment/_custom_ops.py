@@ -51,20 +51,11 @@ import weakref
 import torch
 from torch.library import custom_op
 
-from .._compile import new_dynamic_size
-from . import _kernels
-from ._check import as_index
-from ._repr_ops import _effectful
-from ._reduce_ops import (
-    _args,
-    _backward,
-    _flat,
-    _out_dtype,
-    _reduce_eager,
-    _scatter_rows,
-    reducer_key,
-    reducer_of,
-)
+from sparsefill._kernels.trace import new_dynamic_size
+from sparsefill._kernels import segment as _kernels
+from sparsefill._kernels.segment_check import as_index
+from sparsefill.segment._repr_ops import _effectful
+from sparsefill.segment._reduce_ops import _args, _backward, _flat, _out_dtype, _reduce_eager, _scatter_rows, reducer_key, reducer_of
 
 __all__ = [
     "segment_reduce",
@@ -105,7 +96,7 @@ def _plan(data, lengths, offsets, segment_ids, indices, num_segments, sorted, ou
     with no second check of their data (``make_plan``'s O(S) checks and syncs: a quarter of a
     compiled DLRM backward); segment ids are grouped again by ``make_plan`` (its O(N) checks
     skipped)."""
-    from ._plan import Plan, make_plan
+    from sparsefill._kernels.segment_plan import Plan, make_plan
 
     width = math.prod(data.shape[1:])
     if segment_ids is not None:
@@ -454,7 +445,7 @@ def sparse_adagrad_(
     decay: float,
     update_mode: str,
 ) -> None:
-    from ._optim import sparse_adagrad
+    from sparsefill.segment._optim import sparse_adagrad
 
     sparse_adagrad(
         param,
@@ -485,7 +476,7 @@ def rowwise_sparse_adagrad_(
     weight_decay: float,
     update_mode: str,
 ) -> None:
-    from ._optim import rowwise_sparse_adagrad
+    from sparsefill.segment._optim import rowwise_sparse_adagrad
 
     rowwise_sparse_adagrad(
         param, moment, indices, grad, lr=lr, eps=eps, weight_decay=weight_decay, mode=update_mode
@@ -510,7 +501,7 @@ def sparse_ftrl_(
     lambda2: float,
     update_mode: str,
 ) -> None:
-    from ._optim import sparse_ftrl
+    from sparsefill.segment._optim import sparse_ftrl
 
     sparse_ftrl(
         param,
@@ -543,7 +534,7 @@ def jagged_key_lists(
 ) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """``(offsets, lists)``: ``KeyedJaggedBatch._by_key``'s offsets (``K * B + 1``) and, per wanted
     key ``j``, its entries of ``values`` example by example (their count: a dynamic size)."""
-    from ._jagged import key_lists
+    from sparsefill.segment._jagged import key_lists
 
     return key_lists(values, values_lengths, keys, example_lengths, wanted)
 
@@ -580,7 +571,7 @@ def jagged_pooled(
     are distinct (a table shared by keys is given once: its gradient is one tensor, the rows of all
     its keys; two sparse gradients of one tensor would be added by autograd, which torch 2.13 cannot
     trace for data-dependent counts of rows)."""
-    from ._jagged import key_lists
+    from sparsefill.segment._jagged import key_lists
 
     offsets, lists = key_lists(values, values_lengths, keys, example_lengths, wanted)
     B, red = example_lengths.shape[0], reducer_of(reducer)
@@ -675,7 +666,7 @@ def jagged_pooled_backward(
     one per table: per key as ``segment_reduce_backward``, the keys of one table together
     (``sparse_grad``: one gradient row per id of its keys, ``rows`` those ids; else the table's
     gradient, ``rows`` empty).  No check of the data: the forward checked it."""
-    from ._plan import Plan
+    from sparsefill._kernels.segment_plan import Plan
 
     red = reducer_of(reducer)
     no_rows = offsets.new_empty(0)

@@ -39,12 +39,12 @@ from itertools import islice
 import numpy as np
 import torch
 
-from .._compile import traced
-from . import _kernels
-from ._check import as_index, check_lengths
-from ._pack import pack_segments
-from ._reduce_ops import reduce
-from ._repr import lengths_gather
+from sparsefill._kernels.trace import traced
+from sparsefill._kernels import segment as _kernels
+from sparsefill._kernels.segment_check import as_index, check_lengths
+from sparsefill.segment._pack import pack_segments
+from sparsefill.segment._reduce_ops import reduce
+from sparsefill.segment._repr import lengths_gather
 
 __all__ = ["KeyedJaggedBatch"]
 
@@ -280,7 +280,7 @@ class KeyedJaggedBatch:
         if validate and traced(
             self.values
         ):  # torch.compile: the checks as a custom op, at run time
-            from ._repr_ops import jagged_check
+            from sparsefill.segment._repr_ops import jagged_check
 
             jagged_check(el, vl, keys, self.values.shape[0] if self.values.dim() else 0)
             validate = False
@@ -386,7 +386,7 @@ class KeyedJaggedBatch:
         if self.weights is not None and traced(
             self.values
         ):  # (one gather of rows: one size for values and weights)
-            from ._repr_ops import lengths_gather_rows
+            from sparsefill.segment._repr_ops import lengths_gather_rows
 
             rows = lengths_gather_rows(self.values_lengths, order, self.values.shape[0], False)
             vals, w = self.values.index_select(0, rows), self.weights.index_select(0, rows)
@@ -432,7 +432,7 @@ class KeyedJaggedBatch:
         """``select_keys`` under torch.compile: each wanted key's entries, example by example, by
         the custom op ``sparsefill::jagged_key_lists`` over the entry numbers (a dynamic count per
         key, also without ``fullgraph``), then in (example, rank of the key) order by a sort."""
-        from ._custom_ops import jagged_key_lists
+        from sparsefill.segment._custom_ops import jagged_key_lists
 
         E, K, B = self.keys.shape[0], len(keys), self.batch_size
         ent = torch.arange(E, device=self.keys.device)
@@ -523,8 +523,8 @@ class KeyedJaggedBatch:
         ``sparsefill::lengths_max_range`` (both dynamic sizes, also without ``fullgraph``); each
         list copied to row ``e * K + j`` of the padded layout, its places past ``max_length`` to a
         dropped slot."""
-        from ._custom_ops import jagged_key_lists
-        from ._repr_ops import lengths_max_range
+        from sparsefill.segment._custom_ops import jagged_key_lists
+        from sparsefill.segment._repr_ops import lengths_max_range
 
         if max_length is not None and max_length < 0:
             raise ValueError(f"max_length must be non-negative, got {max_length}")
@@ -631,7 +631,7 @@ class KeyedJaggedBatch:
         the other): one gradient for the table (two sparse gradients of one tensor would be added by
         autograd, which torch 2.13 cannot trace for data-dependent counts of rows), unless
         ``return_arg`` (its positions are per key)."""
-        from ._custom_ops import distinct_tables, jagged_key_lists, pooled_fused
+        from sparsefill.segment._custom_ops import distinct_tables, jagged_key_lists, pooled_fused
 
         per_key = [tables[given[k]] if isinstance(tables, dict) else tables for k in keys]
         if not weighted and pos_w is None:

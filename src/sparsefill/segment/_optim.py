@@ -49,9 +49,10 @@ import weakref
 import numpy as np
 import torch
 
-from . import _kernels
-from .._compile import traced, when_dynamo_loads
-from ._check import as_index, check_indices
+from sparsefill._kernels import segment as _kernels
+from sparsefill._kernels.trace import traced
+from sparsefill._compile.dynamo import when_dynamo_loads
+from sparsefill._kernels.segment_check import as_index, check_indices
 
 __all__ = ["sparse_adagrad", "rowwise_sparse_adagrad", "sparse_ftrl", "SparseAdagrad", "SparseFtrl"]
 
@@ -80,7 +81,7 @@ def _check(param, indices, grad, states, state_names, rowwise=False):
 
 
 def _ops():
-    from . import _custom_ops  # (registers the ops: imported by the first traced call)
+    from sparsefill.segment import _custom_ops  # (registers the ops: imported by the first traced call)
 
     return _custom_ops
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from ._check import as_index, check_indices, check_lengths
+from sparsefill._kernels.segment_check import as_index, check_indices, check_lengths
 
 __all__ = ["pack_segments", "unpack_segments", "sparse_to_dense", "lengths_top_k"]
 

@@ -17,7 +17,7 @@ for the fused gather ``x_p = data[indices[p]]``; otherwise ``x_p = data[p]``), w
 element-wise over the trailing dims (multi-dimensional data reduces dim 0, the Caffe2 rule).  An
 empty segment (``n_s = 0``) gets ``empty`` (default: 0 for the sums, means, max and min, as Caffe2's
 Lengths ops; 1 for prod; -inf for logsumexp and logmeanexp).  The reductions are built on the
-reducer protocol of :mod:`sparsefill._reduce` (identity, combine, finalize with the count); sums,
+reducer protocol of :mod:`sparsefill._kernels.reducer` (identity, combine, finalize with the count); sums,
 max and min run on the kernels of :mod:`._kernels`.
 
 Gradients (data and weights) come from one ``autograd.Function`` whose backward is written in
@@ -38,11 +38,11 @@ import weakref
 
 import torch
 
-from .. import _reduce
-from .._compile import traced
-from . import _kernels
-from ._check import as_index, check_indices, check_rows
-from ._plan import Plan, make_plan
+from sparsefill._kernels import reducer as _reduce
+from sparsefill._kernels.trace import traced
+from sparsefill._kernels import segment as _kernels
+from sparsefill._kernels.segment_check import as_index, check_indices, check_rows
+from sparsefill._kernels.segment_plan import Plan, make_plan
 
 __all__ = ["reduce", "SegmentReducer", "SEGMENT_REDUCERS"]
 
@@ -63,7 +63,7 @@ def _key(red) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class SegmentReducer:
-    """A reducer of the protocol (:mod:`sparsefill._reduce`: identity, combine, finalize with the
+    """A reducer of the protocol (:mod:`sparsefill._kernels.reducer`: identity, combine, finalize with the
     count)
     plus the weights of the positions and the count its finalize divides by::
 
@@ -491,7 +491,7 @@ def reduce(
     )
     key = reducer_key(red) if traced(data) else None
     if key is not None:  # torch.compile: one custom op (its checks at run time)
-        from . import _custom_ops
+        from sparsefill.segment import _custom_ops
 
         out, arg = _custom_ops.segment_reduce(data, key, **kw)
     else:

@@ -30,8 +30,8 @@ from __future__ import annotations
 
 import torch
 
-from .._compile import traced
-from ._check import as_index, check_indices, check_lengths, check_offsets, check_segment_ids
+from sparsefill._kernels.trace import traced
+from sparsefill._kernels.segment_check import as_index, check_indices, check_lengths, check_offsets, check_segment_ids
 
 __all__ = [
     "lengths_to_segment_ids",
@@ -55,7 +55,7 @@ def _i64(t):
 
 def _ops():
     """The custom ops of the conversions (registered on the first traced call)."""
-    from . import _repr_ops
+    from sparsefill.segment import _repr_ops
 
     return _repr_ops
 

@@ -36,8 +36,8 @@ import torch
 from torch._library.effects import EffectType
 from torch.library import custom_op
 
-from .._compile import new_dynamic_size
-from . import _repr
+from sparsefill._kernels.trace import new_dynamic_size
+from sparsefill.segment import _repr
 
 __all__ = [
     "lengths_to_segment_ids",
@@ -171,7 +171,7 @@ def jagged_check(
     example_lengths: torch.Tensor, values_lengths: torch.Tensor, keys: torch.Tensor, total: int
 ) -> None:
     """``KeyedJaggedBatch``'s data checks (its errors) for a batch of ``total`` values."""
-    from ._jagged import KeyedJaggedBatch
+    from sparsefill.segment._jagged import KeyedJaggedBatch
 
     stub = torch.zeros(1, dtype=torch.int64, device=keys.device).expand(
         total

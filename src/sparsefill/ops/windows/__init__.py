@@ -43,4 +43,4 @@ window over the last two dense dims).  Anything else goes to the densify fallbac
 indefinite fill raises (a window over masked-out elements has no dense meaning).
 """
 
-from . import convolution, pooling  # noqa: F401  (register the handlers)
+from sparsefill.ops.windows import convolution, pooling  # noqa: F401  (register the handlers)

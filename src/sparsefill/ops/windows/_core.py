@@ -9,10 +9,10 @@ from typing import NamedTuple
 
 import torch
 
-from ... import _index
-from ..._compile import traced
-from ..._convert import coalesced_parts, parts_to_sparse
-from ..._tensor import SparseTensor
+from sparsefill._kernels import index as _index
+from sparsefill._kernels.trace import traced
+from sparsefill._tensor.parts import coalesced_parts, parts_to_sparse
+from sparsefill._tensor.tensor import SparseTensor
 
 aten = torch.ops.aten
 _PAIRS_PER_ELEMENT = (
@@ -195,13 +195,13 @@ def _windowed(
 
 
 def _compiled(device, work: int) -> bool:
-    from ...segment._kernels import compiled_for
+    from sparsefill._kernels.segment import compiled_for
 
     return compiled_for(device, work) and _kernels() is not None
 
 
 def _kernels():
-    from . import _kernels as mod
+    from sparsefill._kernels import windows as mod
 
     return mod if mod.numba is not None else None
 

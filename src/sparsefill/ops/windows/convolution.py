@@ -6,22 +6,11 @@ import math
 
 import torch
 
-from ... import _index
-from ..._tensor import SparseTensor
-from ..registry import register
-from ._core import (
-    _PAIRS_PER_ELEMENT,
-    _Runs,
-    _build,
-    _meta,
-    _parts,
-    _refuse_indefinite,
-    _scatter,
-    _taps,
-    _union,
-    aten,
-)
-from .pooling import _pool_grad_values, _pool_values
+from sparsefill._kernels import index as _index
+from sparsefill._tensor.tensor import SparseTensor
+from sparsefill.ops.registry import register
+from sparsefill.ops.windows._core import _PAIRS_PER_ELEMENT, _Runs, _build, _meta, _parts, _refuse_indefinite, _scatter, _taps, _union, aten
+from sparsefill.ops.windows.pooling import _pool_grad_values, _pool_values
 
 
 def _conv_args(args, kwargs):

@@ -1,0 +1,2 @@
+"""Matrix products: the fill decomposition, the aten handlers, products with non-finite fills,
+sampled products, and their backward."""

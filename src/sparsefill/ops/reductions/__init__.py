@@ -1,0 +1,1 @@
+"""Reductions, softmax (along a dim and per edge) and their backward."""

@@ -1,0 +1,2 @@
+"""Shape, view, indexing, coordinate writes, concatenation and splits, with the backward of the
+selections."""
