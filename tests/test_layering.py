@@ -1,249 +1,152 @@
-"""The layers of sparsefill (issue 17): ``SparseTensor`` (``_tensor/tensor.py``) imports no op module and reaches
-the op layer only through the entries ``sparsefill.ops`` installs; the lower ``ops/_schema.py`` and
-``ops/_writes.py`` import no handler; a view's relation to its base is a ``View`` record kept by the
-registry's view middleware; and every result that is dense by nature passes the one densify gate
-(``_policy.check_densify(..., by_nature=True)``): quiet under the default policy, a DensifyWarning or a
-DensifyError under ``densify_policy(dense_by_nature="warn" / "raise")``, and the byte limit applies."""
+"""The layers of sparsefill, lowest first (``docs/architecture.md``)::
+
+    kernels < data class < autograd < constructors < compile < op rules < features < entry points
+
+A module imports only from its own layer and the layers below, counting every ``import`` in the
+file: at module level, inside functions, under ``TYPE_CHECKING``.  The data class reaches the layers
+above through one seam, its hook table (``sparsefill._tensor.tensor.HOOKS``), which they fill when
+they load: an import downward, like every other.
+"""
 
 import ast
 import pathlib
-import warnings
+import shutil
 
 import pytest
-import torch
 
 import sparsefill
-from sparsefill import DensifyError, DensifyWarning, masked
-from sparsefill.ops import views
 
 SRC = pathlib.Path(sparsefill.__file__).parent
-LAYOUTS = [torch.sparse_coo, torch.sparse_csr]
+
+LAYERS = (
+    ("kernels", ("sparsefill._kernels",)),
+    ("data class", ("sparsefill._tensor",)),
+    ("autograd", ("sparsefill._autograd",)),
+    ("constructors", ("sparsefill._creation",)),
+    ("compile", ("sparsefill._compile",)),
+    ("op rules", ("sparsefill.ops",)),
+    (
+        "features",
+        (
+            "sparsefill.masked",
+            "sparsefill.segment",
+            "sparsefill.distributed",
+            "sparsefill.nn",
+            "sparsefill.data",
+            "sparsefill._explain",
+        ),
+    ),
+    (
+        "entry points",
+        ("sparsefill.__main__", "sparsefill.tour", "sparsefill.bench", "sparsefill.benchmarks"),
+    ),
+)
 
 
-def _imports(path: pathlib.Path) -> set:
-    """Every module a file imports, anywhere in it, as an absolute ``sparsefill.``... name."""
-    pkg = ".".join(("sparsefill",) + path.relative_to(SRC).parent.parts)
-    out = set()
+def layer_of(module: str) -> int:
+    """The index in :data:`LAYERS` of ``module`` (the package ``sparsefill`` itself: the top)."""
+    if module == "sparsefill":
+        return len(LAYERS) - 1
+    for i, (_, prefixes) in enumerate(LAYERS):
+        if any(module == p or module.startswith(p + ".") for p in prefixes):
+            return i
+    raise AssertionError(f"{module} is in no layer: add it to LAYERS")
+
+
+def module_name(path: pathlib.Path, root: pathlib.Path) -> str:
+    parts = path.relative_to(root.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(path: pathlib.Path, root: pathlib.Path):
+    """``(line, imported module)`` for every import of a sparsefill module anywhere in the file,
+    relative imports resolved; ``from P import name`` counts as ``P.name`` where that is a module."""
+    me = module_name(path, root)
+    package = me if path.name == "__init__.py" else me.rpartition(".")[0]
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
-            out |= {a.name for a in node.names}
+            names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
-            base = pkg.rsplit(".", node.level - 1)[0] if node.level else ""
-            mod = ".".join(p for p in (base, node.module) if p)
-            out |= {mod} | {f"{mod}.{a.name}" for a in node.names} if node.level else {mod}
+            base = package
+            for _ in range(max(node.level - 1, 0)):
+                base = base.rpartition(".")[0]
+            module = ".".join(p for p in ((base if node.level else ""), node.module or "") if p)
+            names = [_submodule_or(module, a.name, root) for a in node.names]
+        else:
+            continue
+        for name in names:
+            if name == "sparsefill" or name.startswith("sparsefill."):
+                yield node.lineno, name
+
+
+def _submodule_or(module: str, name: str, root: pathlib.Path) -> str:
+    candidate = pathlib.Path(root.parent, *f"{module}.{name}".split("."))
+    is_module = candidate.with_suffix(".py").exists() or (candidate / "__init__.py").exists()
+    return f"{module}.{name}" if is_module else module
+
+
+def upward_imports(root: pathlib.Path) -> list:
+    """Every import from a lower layer to a higher one in the package at ``root``."""
+    out = []
+    for path in sorted(root.rglob("*.py")):
+        me = module_name(path, root)
+        for line, target in imports(path, root):
+            if layer_of(target) > layer_of(me):
+                rel = path.relative_to(root.parent)
+                out.append(
+                    f"{rel}:{line}: {me} ({LAYERS[layer_of(me)][0]}) imports {target} "
+                    f"({LAYERS[layer_of(target)][0]})"
+                )
     return out
 
 
-def test_the_data_class_imports_no_op_module():
-    ops = {m for m in _imports(SRC / "_tensor/tensor.py") if m.startswith("sparsefill.ops")}
-    assert ops == {"sparsefill.ops"}, (
-        ops
-    )  # the entry point only (OpLayer's loader, for a partial import)
+def test_every_module_is_in_a_layer():
+    for path in SRC.rglob("*.py"):
+        layer_of(module_name(path, SRC))
+
+
+def test_no_import_goes_up_a_layer():
+    assert upward_imports(SRC) == []
+
+
+def test_a_planted_upward_import_is_found(tmp_path):
+    """The check sees an import inside a function body of the lowest layer."""
+    root = tmp_path / "sparsefill"
+    shutil.copytree(SRC, root, ignore=shutil.ignore_patterns("__pycache__"))
+    kernel = root / "_kernels" / "index.py"
+    kernel.write_text(
+        kernel.read_text() + "\n\ndef _planted():\n    from sparsefill.ops import registry\n"
+    )
+    found = upward_imports(root)
+    assert len(found) == 1 and "_kernels/index.py" in found[0], found
+    assert "imports sparsefill.ops.registry (op rules)" in found[0], found
+
+
+@pytest.mark.parametrize(
+    "module", ["sparsefill._kernels.grouping", "sparsefill._kernels.reducer", "sparsefill._kernels.engine"]
+)
+def test_reduction_kernels_know_no_sparse_tensor(module):
+    """The grouping, the reducer protocol and the engine boundary work on tensors only; the grouping
+    sits below the protocol and the engines (it imports neither)."""
+    path = SRC.joinpath(*module.split(".")[1:]).with_suffix(".py")
+    mods = {target for _, target in imports(path, SRC)}
+    assert all(m.startswith("sparsefill._kernels") for m in mods), mods
+    if module.endswith("grouping"):
+        assert not mods & {"sparsefill._kernels.reducer", "sparsefill._kernels.engine"}, mods
 
 
 @pytest.mark.parametrize("name", ["_schema.py", "_writes.py", "fallback.py"])
 def test_lower_ops_modules_import_no_handler(name):
-    ops = {m for m in _imports(SRC / "ops" / name) if m.startswith("sparsefill.ops")}
-    assert ops <= {
-        "sparsefill.ops._schema",
-        "sparsefill.ops._writes",
-        "sparsefill.ops._schema.written_args",
-        "sparsefill.ops._schema.broadcast_error",
-        "sparsefill.ops._writes.respecify_",
-    }, ops
+    ops = {m for _, m in imports(SRC / "ops" / name, SRC) if m.startswith("sparsefill.ops")}
+    assert ops <= {"sparsefill.ops._schema", "sparsefill.ops._writes"}, ops
 
 
-@pytest.mark.parametrize("name", ["_kernels/grouping.py", "_kernels/reducer.py", "_kernels/engine.py"])
-def test_reduction_kernels_know_no_sparse_tensor(name):
-    """The grouping (``_grouping``: slices and the pattern cache), the reducer protocol (``_reduce``) and the
-    engine boundary (``_engine``) work on tensors only: no SparseTensor, no op module; the grouping sits
-    below the protocol and the engines (it imports neither)."""
-    mods = _imports(SRC / name)
-    assert not {m for m in mods if m.startswith(("sparsefill._tensor", "sparsefill.ops"))}, mods
-    if name == "_kernels/grouping.py":
-        assert not {
-            m for m in mods if m.startswith(("sparsefill._kernels.reducer", "sparsefill._kernels.engine"))
-        }, mods
+def test_the_hook_table_is_filled():
+    from sparsefill._tensor.tensor import HOOKS
+    from sparsefill.ops import registry, views
 
-
-def test_op_layer_entries_are_installed():
-    from sparsefill._tensor.tensor import _OPS
-    from sparsefill.ops import registry
-
-    assert _OPS.dispatch is registry.dispatch
-    assert (
-        _OPS.sync is views.sync
-        and _OPS.track is views.track
-        and _OPS.write_through is views.write_through
-    )
-
-
-@pytest.mark.parametrize("layout", LAYOUTS)
-def test_a_view_holds_a_view_record(layout):
-    x = torch.tensor([[1.0, 5, 2], [5, 3, 5]])
-    A = sparsefill.to_sparse(x, fill_value=5.0, layout=layout)
-    V = A.t()
-    assert (
-        isinstance(V._view, views.View)
-        and V._view.base is A
-        and V._view.func is torch.ops.aten.t.default
-    )
-    assert V._view.index is None and V._view.args == () and V._view.kwargs == {}
-    rows = A.unbind(0)
-    assert [R._view.index for R in rows] == [0, 1] and all(R._view.base is A for R in rows)
-    assert A.detach().detach()._view.base is A  # an alias of an alias: of the first one's base
-    state = V._view.state
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DensifyWarning)
-        A.mul_(2.0)
-        x.mul_(2.0)
-        torch.testing.assert_close(V.to_dense(), x.t())  # refreshed from the changed base
-        assert V._view.state != state
-        V[0].add_(1.0)  # a write through a view of a view reaches the base
-        x.t()[0].add_(1.0)
-    torch.testing.assert_close(A.to_dense(), x)
-    torch.testing.assert_close(rows[0].to_dense(), x[0])
-
-
-# ---------------------------------------------------------------------- the densify gate, dense by nature
-def _leaf(layout, fill=2.0):
-    v = torch.tensor([1.0, 3.0, 4.0], dtype=torch.float64, requires_grad=True)
-    A = sparsefill.sparse_coo_tensor([[0, 1, 1], [0, 0, 2]], v, (2, 3), fill_value=fill)
-    return v, (A if layout is torch.sparse_coo else A.to_sparse_csr())
-
-
-def _dense(t):
-    return t.to_dense() if isinstance(t, sparsefill.SparseTensor) else t
-
-
-CASES = {  # forward computations that are dense by nature: (sparsefill, dense reference)
-    "cumsum along a sparse dim": lambda A: torch.cumsum(A, 0),
-    "A + dense varying over the sparse dims": lambda A: (
-        A + torch.arange(6.0, dtype=torch.float64).view(2, 3)
-    ),
-    "dense.add_(A)": lambda A: torch.ones(2, 3, dtype=torch.float64).add_(A),
-}
-
-
-@pytest.mark.parametrize("layout", LAYOUTS, ids=["coo", "csr"])
-@pytest.mark.parametrize("case", list(CASES))
-def test_dense_by_nature_results_pass_the_gate(case, layout):
-    f = CASES[case]
-    _, A = _leaf(layout)
-    A = A.detach()
-    ref = f(A.to_dense())
-    for mode in (
-        "warn",
-        "allow",
-        "raise",
-    ):  # the fallback's mode does not apply: permissive by default
-        with sparsefill.densify_policy(mode), warnings.catch_warnings():
-            warnings.simplefilter("error", DensifyWarning)
-            torch.testing.assert_close(_dense(f(A)), ref)
-    with (
-        sparsefill.densify_policy(dense_by_nature="warn"),
-        pytest.warns(DensifyWarning, match="bytes"),
-    ):
-        torch.testing.assert_close(_dense(f(A)), ref)
-    with (
-        sparsefill.densify_policy(dense_by_nature="raise"),
-        pytest.raises(DensifyError, match="dense by nature"),
-    ):
-        f(A)
-    with sparsefill.densify_policy(limit_bytes=8), pytest.raises(DensifyError, match="48 bytes"):
-        f(A)
-
-
-BACKWARD = {  # backward computations that are dense by nature: (input shape, stored positions, op)
-    "softmax, a dense upstream gradient": ((5,), lambda A: torch.softmax(A, 0)),
-}
-PATTERN_BACKWARD = {  # masked-in fills of a constructor's tensor: the backward stays on the pattern (no gate)
-    "masked.sum, fill masked in": ((2, 3), lambda A: masked.sum(A, 1)),
-    "masked.amax, fill masked in": ((2, 3), lambda A: masked.amax(A, 1)),
-}
-
-
-@pytest.mark.parametrize(
-    "case,layout",
-    [
-        (c, lay)
-        for c in BACKWARD
-        for lay in LAYOUTS
-        if len(BACKWARD[c][0]) == 2 or lay is torch.sparse_coo
-    ],
-)  # (CSR: 2-d)
-def test_dense_by_nature_backward_passes_the_gate(case, layout):
-    shape, f = BACKWARD[case]
-    v = torch.tensor([1.0, 3.0, 4.0], dtype=torch.float64, requires_grad=True)
-    idx = [[0, 1, 1], [0, 0, 2]] if len(shape) == 2 else [[0, 2, 3]]
-    A = sparsefill.sparse_coo_tensor(idx, v, shape, fill_value=2.0).to_sparse(layout)
-    x = A.to_dense().detach().requires_grad_()
-    (gx,) = torch.autograd.grad(_dense(f(x)).pow(2).sum(), x)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", DensifyWarning)
-        (g,) = torch.autograd.grad(_dense(f(A)).pow(2).sum(), v)
-    torch.testing.assert_close(g, gx[tuple(torch.tensor(idx))])
-    out = _dense(f(A)).pow(2).sum()
-    with (
-        sparsefill.densify_policy(dense_by_nature="raise"),
-        pytest.raises(DensifyError, match="dense by nature"),
-    ):
-        torch.autograd.grad(out, v)
-
-
-@pytest.mark.parametrize("case,layout", [(c, lay) for c in PATTERN_BACKWARD for lay in LAYOUTS])
-def test_masked_in_fill_backward_stays_on_the_pattern(case, layout):
-    shape, f = PATTERN_BACKWARD[case]
-    v = torch.tensor([1.0, 3.0, 4.0], dtype=torch.float64, requires_grad=True)
-    fill = torch.tensor(2.0, dtype=torch.float64, requires_grad=True)
-    A = sparsefill.sparse_coo_tensor([[0, 1, 1], [0, 0, 2]], v, shape, fill_value=fill).to_sparse(
-        layout
-    )
-    x = A.to_dense().detach().requires_grad_()
-    (gx,) = torch.autograd.grad(_dense(f(x)).pow(2).sum(), x)
-    out = _dense(f(A)).pow(2).sum()
-    with sparsefill.densify_policy("raise", dense_by_nature="raise"):
-        g, gf = torch.autograd.grad(out, (v, fill))
-    torch.testing.assert_close(g, torch.stack([gx[0, 0], gx[1, 0], gx[1, 2]]))
-    torch.testing.assert_close(gf, gx[0, 1] + gx[0, 2] + gx[1, 1])
-
-
-def test_policy_dense_by_nature_is_validated_and_kept():
-    with pytest.raises(ValueError, match="dense_by_nature"):
-        with sparsefill.densify_policy(dense_by_nature="never"):
-            pass
-    with sparsefill.densify_policy(dense_by_nature="raise"):
-        with sparsefill.densify_policy("allow", 10):  # left out: kept
-            assert sparsefill.get_densify_policy().dense_by_nature == "raise"
-    old = sparsefill.set_densify_policy(dense_by_nature="warn")
-    try:
-        assert old.dense_by_nature == "allow" and sparsefill.get_densify_policy().mode == old.mode
-    finally:
-        sparsefill.set_densify_policy(
-            old.mode, old.limit_bytes, dense_by_nature=old.dense_by_nature
-        )
-    assert sparsefill.get_densify_policy() == old
-
-
-def test_backward_densification_passes_the_gate():
-    """A gradient read as a dense tensor in a backward (here: a dense leaf's gradient through a SparseTensor
-    product, and a reduction whose upstream gradient has another split) asks the gate: quiet by default,
-    refused under dense_by_nature='raise', and the gradient equals the dense computation's."""
-    from sparsefill._autograd.functions import dense_grad
-
-    G = sparsefill.sparse_coo_tensor([[0, 2]], [1.0, 2.0], (4,), fill_value=0.5)
-    torch.testing.assert_close(dense_grad(G), G.to_dense())
-    with (
-        pytest.raises(sparsefill.DensifyError, match="dense by nature"),
-        sparsefill.densify_policy(dense_by_nature="raise"),
-    ):
-        dense_grad(G)
-    I = sparsefill.sparse_coo_tensor([[0, 2]], [1.0, 2.0], (4,), fill_value=sparsefill.indefinite)
-    torch.testing.assert_close(
-        dense_grad(I), torch.tensor([1.0, 0.0, 2.0, 0.0])
-    )  # a gradient's masked-out: 0
-    one = sparsefill.sparse_coo_tensor(
-        torch.zeros(0, 0, dtype=torch.long), torch.zeros(0), (), fill_value=3.0
-    )
-    with sparsefill.densify_policy(dense_by_nature="raise"):
-        assert float(dense_grad(one)) == 3.0  # one element: a number, not a densification
+    assert HOOKS.dispatch is registry.dispatch
+    assert HOOKS.sync is views.sync and HOOKS.track is views.track
+    assert HOOKS.write_through is views.write_through
+    missing = [name for name in HOOKS.ENTRIES if getattr(HOOKS, name) is None]
+    assert missing == [], missing

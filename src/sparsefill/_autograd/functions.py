@@ -28,7 +28,7 @@ from sparsefill._tensor import parts as _convert
 from sparsefill._kernels import index as _index
 from sparsefill._kernels.trace import dynamic_sizes, traced
 from sparsefill._tensor.dense_dims import coarser, to_dense_dim
-from sparsefill._tensor.tensor import SparseTensor
+from sparsefill._tensor.tensor import SparseTensor, install_hooks
 
 
 def _pattern(A: SparseTensor) -> SparseTensor:
@@ -680,3 +680,6 @@ def track_leaf(A: SparseTensor) -> None:
         and not any(type(h) is LeafGradHook for h in (A._backward_hooks or {}).values())
     ):
         A.register_hook(LeafGradHook(A))
+
+
+install_hooks(to_dense=to_dense, values=Values.apply)

@@ -22,10 +22,21 @@ eagerly) is converted as well: torch.Tensor gets ``__coerce_same_metadata_as_tan
 
 from __future__ import annotations
 
+import functools
+import importlib
 import importlib.machinery
+import os
 import sys
 
 import torch
+
+from sparsefill._creation.constructors import sparse_coo_tensor, sparse_csr_tensor
+from sparsefill._kernels import index as _index
+from sparsefill._tensor.fill import _Indefinite, indefinite as _indefinite
+from sparsefill._tensor.parts import dense_of
+from sparsefill._tensor.tensor import SparseTensor, install_hooks
+
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # sparsefill/
 
 from sparsefill._kernels.trace import (
     inner_sizes,
@@ -46,8 +57,6 @@ def every_element(x: torch.Tensor, layout, dense_dim: int):
     >>> every_element(torch.tensor([[0., 2.], [3., 0.]]), torch.sparse_csr, 0)._nse()
     4
     """
-    from sparsefill._kernels import index as _index
-    from sparsefill._creation.constructors import sparse_coo_tensor, sparse_csr_tensor
 
     sd = x.dim() - dense_dim
     S, D = tuple(x.shape[:sd]), tuple(x.shape[sd:])
@@ -73,7 +82,6 @@ def all_stored(G, layout=None):
     ``G``'s masked-out elements (no gradient) become 0.  Its sizes depend on the shape only (nse =
     the sparse dims' numel; the fill, which no element reads, a 0-d zero: a gradient's fill may be
     an array over the dense dims)."""
-    from sparsefill._tensor.parts import dense_of
 
     layout = G._sf_layout if layout is None else layout
     X = dense_of(G, G._vals.new_zeros(tuple(G._dense_shape)) if G._indefinite else None)
@@ -86,8 +94,6 @@ def all_stored(G, layout=None):
 def _all_stored_of(X: torch.Tensor, dense_dims: int, layout, fill: torch.Tensor, indefinite: bool):
     """The dense ``X`` as a tangent in the all-stored form of ``layout`` (see
     :func:`all_stored`)."""
-    from sparsefill._kernels import index as _index
-    from sparsefill._tensor.tensor import SparseTensor
 
     S, D = tuple(X.shape[: X.dim() - dense_dims]), tuple(X.shape[X.dim() - dense_dims :])
     N = _index.numel(S)
@@ -121,7 +127,6 @@ def coerce_tangent(G, meta, expected_type=None):
     ``G`` may be a SparseTensor of any pattern or a dense tensor (a dense loss computed outside the
     compiled function: its values are the all-stored form's, fill 0).  None where no exact form
     exists (a SparseTensor gradient of a dense output: AOTAutograd's own error)."""
-    from sparsefill._tensor.tensor import SparseTensor
 
     if (
         expected_type is not None
@@ -157,7 +162,6 @@ def _coerce_plain_tangent(self, expected_metadata, expected_type=None):
     (``out.backward(G)``, a dense loss of ``out`` computed eagerly) in the all-stored form its
     compiled backward was traced for; None (AOTAutograd's own error, as without this method) for any
     other expected type."""
-    from sparsefill._tensor.tensor import SparseTensor
 
     if expected_type is not SparseTensor or isinstance(self, SparseTensor):
         return None
@@ -215,18 +219,11 @@ def _from_constant(x):
     return _indefinite if isinstance(x, str) and x == _INDEFINITE else x
 
 
-_Indefinite = _indefinite = (
-    None  # (sparsefill._creation's sentinel and its class, set on registration)
-)
-
-
 def _recorded_whole(fn):
     """``fn`` as dynamo's graph records it (one node; dynamo calls it in place of ``fn``): while
     traced, the sizes that depend on data inside it and do not reach its result (the slices of a
     softmax, a coalesce's count) may stay unbound, as inside a handler (:func:`traced_dispatch`).
     Its arguments arrive with the indefinite fill as a constant (:func:`_as_constant`)."""
-    import functools
-
     @functools.wraps(fn)
     def run(*args, **kwargs):
         args = tuple(_from_constant(a) for a in args)
@@ -242,12 +239,6 @@ def _register_with_dynamo() -> None:
     code calls it (as torch's own modules) but never compiled as a frame of its own: after a graph
     break sparsefill runs eagerly, where dynamo would otherwise try (and fail, slowly) to compile
     each of its functions."""
-    import importlib
-    import os
-
-    global _Indefinite, _indefinite
-    from sparsefill._tensor.fill import _Indefinite, indefinite as _indefinite
-
     dynamo = sys.modules["torch._dynamo"]
     for module, names in _IN_GRAPH.items():
         mod = importlib.import_module(module)
@@ -264,7 +255,7 @@ def _register_with_dynamo() -> None:
     ):  # (AOTAutograd asks a plain tangent)
         torch.Tensor.__coerce_same_metadata_as_tangent__ = _coerce_plain_tangent
     rules = dynamo.trace_rules
-    rules.BUILTIN_INLINE_WHEN_CALLED.add(os.path.dirname(os.path.abspath(__file__)) + os.sep)
+    rules.BUILTIN_INLINE_WHEN_CALLED.add(_PACKAGE_DIR + os.sep)
     rules.add("sparsefill")
     rules.add(
         "numba"
@@ -340,3 +331,6 @@ def _install() -> None:
         _register_with_dynamo()
     else:
         sys.meta_path.insert(0, _DynamoImportHook())
+
+
+install_hooks(all_stored=all_stored, coerce_tangent=coerce_tangent)

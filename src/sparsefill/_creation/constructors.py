@@ -19,7 +19,7 @@ from sparsefill._tensor import parts as _convert
 from sparsefill._kernels import index as _index
 from sparsefill._autograd.functions import Construct, SameDense, refuse_dual
 from sparsefill._kernels.trace import inner_sizes, traced, tracing_mode
-from sparsefill._tensor.tensor import SparseTensor
+from sparsefill._tensor.tensor import SparseTensor, install_hooks
 
 
 from sparsefill._tensor.fill import _array_fill, indefinite, normalize_fill
@@ -601,3 +601,6 @@ def _like(value):
 
 
 zeros_like, ones_like, empty_like = _like(0), _like(1), _like(None)
+
+
+install_hooks(same_dense=_same_dense, convert=convert, to_sparse=to_sparse, to_torch=to_torch)

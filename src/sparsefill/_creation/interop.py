@@ -34,7 +34,7 @@ import torch
 
 from sparsefill._tensor import parts as _convert
 from sparsefill._creation.constructors import sparse_coo_tensor, sparse_csr_tensor
-from sparsefill._tensor.tensor import SparseTensor
+from sparsefill._tensor.tensor import SparseTensor, install_hooks
 
 __all__ = ["from_scipy", "to_scipy", "from_pydata", "to_pydata", "from_pandas", "to_pandas"]
 
@@ -591,3 +591,6 @@ def as_dense(x) -> torch.Tensor:
             x, dtype=x.dtype.newbyteorder("=")
         )  # (np.matrix -> ndarray; native byte order)
     return torch.as_tensor(x)
+
+
+install_hooks(to_scipy=to_scipy, to_pydata=to_pydata, to_pandas=to_pandas)

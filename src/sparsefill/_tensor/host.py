@@ -85,23 +85,23 @@ class HostMixin:
     def to_scipy(self, format=None):
         """A scipy.sparse array (``A``'s fill must be 0), never densifying; see
         :func:`sparsefill.to_scipy`."""
-        from sparsefill._creation.interop import to_scipy
+        from sparsefill._tensor.tensor import HOOKS
 
-        return to_scipy(self, format)
+        return HOOKS.to_scipy(self, format)
 
     def to_pydata(self, format=None):
         """A pydata ``sparse.COO``/``GCXS`` with ``A``'s fill, never densifying; see
         :func:`sparsefill.to_pydata`."""
-        from sparsefill._creation.interop import to_pydata
+        from sparsefill._tensor.tensor import HOOKS
 
-        return to_pydata(self, format)
+        return HOOKS.to_pydata(self, format)
 
     def to_pandas(self):
         """A pandas ``SparseArray`` (1-D) or sparse ``DataFrame`` (2-D) with ``A``'s fill; see
         :func:`sparsefill.to_pandas`."""
-        from sparsefill._creation.interop import to_pandas
+        from sparsefill._tensor.tensor import HOOKS
 
-        return to_pandas(self)
+        return HOOKS.to_pandas(self)
 
     def _rebuild_args(self, fn=lambda t: t):
         names, ctx = self.__tensor_flatten__()

@@ -53,64 +53,77 @@ def _version(t: torch.Tensor) -> int | None:
     return None if t.is_inference() else t._version
 
 
-class OpLayer:
-    """The op layer as this data class calls it: entry points that ``sparsefill.ops`` installs when
-    it is imported (:func:`install_op_layer`, from ``ops/__init__.py``), so that this module imports
-    no op handler. Until then each entry imports ``sparsefill.ops`` on its first call.
+class Hooks:
+    """The data class's one seam to the layers above it: entries that those layers install when
+    they load (:func:`install_hooks`), so that this layer imports none of them.  ``import
+    sparsefill`` loads every layer, so each entry is installed before any SparseTensor is used.
 
-    ========================================  ==========================================================
-    ``dispatch(func, types, args, kwargs)``   ``__torch_dispatch__``: the registry
-    (``ops/registry.py``) ``fast(func)``                            a shortcut for ``func``
-    (``fast(func, args, kwargs)``, None
-                                              when it does not apply) or False
-    ``route(func, types, args, kwargs)``      ``__torch_function__``: an autograd route or
-    NotImplemented ``routed``                                the functions ``route`` may take when
-    every argument is a
-                                              SparseTensor or a Python value (no keywords); it
-                                              declines every other such call, so none of them calls
-                                              it
-    ``sync(V)``                               view ``V`` catches up with its base (``ops/views.py``)
-    ``write_through(V)``                      a write to view ``V`` goes through to its base
-    ``track(V, func, args, kwargs)``          ``V`` is now the view ``func(*args, **kwargs)`` of
-    ``args[0]`` ``gate(out, func, args, kwargs)``         a passed-through call's dense result
-    requires grad: torch's
-                                              derivative formulas for its SparseTensor operands ask
-                                              the densify policy first (``ops/backward_gate.py``)
-    ========================================  ==========================================================
+    ==================  ============================  =============================================
+    entry               installed by                  what it does
+    ==================  ============================  =============================================
+    ``to_dense``        ``_autograd.functions``       ``A.to_dense(fill_value=)``, differentiable
+    ``values``          ``_autograd.functions``       ``A.values()``: the stored values, differentiable
+    ``same_dense``      ``_creation.constructors``    ``fn(A)`` for a conversion ``fn`` (the same
+                                                      dense tensor), differentiable
+    ``convert``         ``_creation.constructors``    ``A.to_sparse(layout, fill_value, dense_dim)``
+    ``to_sparse``       ``_creation.constructors``    ``sparsefill.to_sparse`` of a dense tensor
+    ``to_torch``        ``_creation.constructors``    ``A.to_torch()``: torch's own sparse tensor
+    ``to_scipy`` ...    ``_creation.interop``         ``A.to_scipy()``, ``to_pydata``, ``to_pandas``
+    ``all_stored``      ``_compile.dynamo``           tangents of torch.compile (every element
+    ``coerce_tangent``                                stored)
+    ``dispatch``        ``ops``                       ``__torch_dispatch__``: ``ops.registry``
+    ``fast``            ``ops``                       a shortcut for one op (``fast(func)``), or False
+    ``route``           ``ops``                       ``__torch_function__``: an autograd route, or
+                                                      NotImplemented
+    ``routed``          ``ops``                       the functions ``route`` may take when every
+                                                      argument is a SparseTensor or a Python value
+    ``sync``            ``ops``                       view ``V`` catches up with its base
+    ``write_through``   ``ops``                       a write to view ``V`` goes through to its base
+    ``track``           ``ops``                       ``V`` is now the view ``func(*args)`` of
+                                                      ``args[0]``
+    ``gate``            ``ops``                       a passed-through call's dense result that
+                                                      requires grad: the derivative formulas of its
+                                                      SparseTensor operands ask the densify policy
+    ==================  ============================  =============================================
     """
 
+    ENTRIES = (
+        "to_dense",
+        "values",
+        "same_dense",
+        "convert",
+        "to_sparse",
+        "to_torch",
+        "to_scipy",
+        "to_pydata",
+        "to_pandas",
+        "all_stored",
+        "coerce_tangent",
+        "dispatch",
+        "fast",
+        "route",
+        "routed",
+        "sync",
+        "write_through",
+        "track",
+        "gate",
+    )
+
     def __init__(self):
-        for name in ("dispatch", "fast", "route", "sync", "write_through", "track", "gate"):
-            setattr(self, name, self._loading(name))
-        self.routed = _Everything()  # (until installed: every call asks route, which installs it)
-
-    def _loading(self, name):
-        def first_call(*args):
-            import sparsefill.ops  # noqa: F401  (the op layer's entry point: installs every entry)
-
-            entry = getattr(self, name)
-            if entry is first_call:
-                raise RuntimeError(f"sparsefill.ops did not install the op layer's entry {name!r}")
-            return entry(*args)
-
-        return first_call
+        for name in self.ENTRIES:
+            setattr(self, name, None)
+        self.routed = frozenset()
 
 
-class _Everything:
-    def __contains__(self, item) -> bool:
-        return True
+HOOKS = Hooks()
 
 
-_OPS = OpLayer()
-
-
-def install_op_layer(**entries) -> None:
-    """Install the op layer's entries (names as in :class:`OpLayer`); called by ``sparsefill.ops``
-    on import."""
+def install_hooks(**entries) -> None:
+    """Install entries of :class:`Hooks` (called by the layers above when they load)."""
     for name, fn in entries.items():
-        if not hasattr(_OPS, name):
-            raise TypeError(f"install_op_layer: unknown entry {name!r}")
-        setattr(_OPS, name, fn)
+        if name not in Hooks.ENTRIES:
+            raise TypeError(f"install_hooks: unknown entry {name!r}")
+        setattr(HOOKS, name, fn)
 
 
 class SparseTensor(HostMixin, torch.Tensor):
@@ -135,7 +148,7 @@ class SparseTensor(HostMixin, torch.Tensor):
         arguments, every argument a SparseTensor or a Python value, of a function not in the op
         layer's ``routed``, is one ``route`` declines: it passes through at once (0.3 µs less per
         call)."""
-        if not kwargs and func not in _OPS.routed:
+        if not kwargs and func not in HOOKS.routed:
             for a in args:
                 if a.__class__ is not SparseTensor and a.__class__ not in _PLAIN:
                     break
@@ -143,7 +156,7 @@ class SparseTensor(HostMixin, torch.Tensor):
                 return _gated(_PASS_THROUGH(func, types, args, {}), func, args, {})
         if kwargs is None:
             kwargs = {}
-        out = _OPS.route(func, types, args, kwargs)
+        out = HOOKS.route(func, types, args, kwargs)
         if out is not NotImplemented:
             return out
         return _gated(_PASS_THROUGH(func, types, args, kwargs), func, args, kwargs)
@@ -288,7 +301,7 @@ class SparseTensor(HostMixin, torch.Tensor):
         """A view (``A[0]``, ``A.t()``...) catches up with its base if the base changed
         (ops/views.py)."""
         if self._view is not None:
-            _OPS.sync(self)
+            HOOKS.sync(self)
         return self
 
     def _fill_is_zero(self) -> bool:
@@ -347,15 +360,11 @@ class SparseTensor(HostMixin, torch.Tensor):
             raise RuntimeError(
                 "Cannot get values on an uncoalesced tensor, please call .coalesce() first"
             )
-        from sparsefill._autograd.functions import Values
-
-        return Values.apply(self)
+        return HOOKS.values(self)
 
     def _values(self) -> torch.Tensor:
         self._sync()
-        from sparsefill._autograd.functions import Values
-
-        return Values.apply(self)
+        return HOOKS.values(self)
 
     def fill_value(self) -> torch.Tensor:
         """The fill expanded to the dense dims (a view: ``A.fill_value().fill_(x)`` changes ``A``).
@@ -383,7 +392,7 @@ class SparseTensor(HostMixin, torch.Tensor):
         if not self.is_inference():
             torch.autograd.graph.increment_version(self)
         if self._view is not None:
-            _OPS.write_through(self)
+            HOOKS.write_through(self)
         return self
 
     def _coo_parts(self):
@@ -415,19 +424,14 @@ class SparseTensor(HostMixin, torch.Tensor):
         if self._coalesced:
             return self
         from sparsefill._tensor.parts import coalesce_of
-        from sparsefill._creation.constructors import _same_dense
 
-        return _same_dense(self, coalesce_of)
+        return HOOKS.same_dense(self, coalesce_of)
 
     def to_dense(self, dtype=None, *, fill_value=None, masked_grad=None) -> torch.Tensor:
         """The dense tensor ``A`` stands for; ``fill_value=`` stands in for an indefinite fill."""
-        if (
-            self._view is not None
-        ):  # (self._sync(), inline: a call costs 0.5 µs after a cache-evicting write)
-            _OPS.sync(self)
-        out = (_to_dense or _load_to_dense())(
-            self, fill_value
-        )  # (an import here costs 1.1 µs per call)
+        if self._view is not None:  # (self._sync() inlined: the hot path of every conversion)
+            HOOKS.sync(self)
+        out = HOOKS.to_dense(self, fill_value)
         return out if dtype is None else out.to(dtype)
 
     def to_sparse(
@@ -438,8 +442,6 @@ class SparseTensor(HostMixin, torch.Tensor):
         As torch, an int first argument is ``sparse_dim`` (COO with that many sparse dims).
         """
         self._sync()
-        from sparsefill._creation.constructors import convert
-
         if isinstance(layout, int):
             layout, dense_dim = torch.sparse_coo, self.dim() - layout
         if blocksize is not None:
@@ -447,11 +449,10 @@ class SparseTensor(HostMixin, torch.Tensor):
         if (
             fill_value is None and dense_dim is not None and dense_dim != self.dense_dim()
         ):  # the fill kept: exact
-            from sparsefill._creation.constructors import _same_dense
             from sparsefill._tensor.dense_dims import resplit
 
-            return _same_dense(self, lambda a: resplit(a, dense_dim, layout))
-        return convert(self, layout, fill_value, dense_dim)
+            return HOOKS.same_dense(self, lambda a: resplit(a, dense_dim, layout))
+        return HOOKS.convert(self, layout, fill_value, dense_dim)
 
     def to_sparse_coo(self, fill_value=None) -> SparseTensor:
         return self.to_sparse(torch.sparse_coo, fill_value=fill_value)
@@ -463,9 +464,7 @@ class SparseTensor(HostMixin, torch.Tensor):
         """A torch native sparse tensor (zero fill) of the same layout; see
         :func:`sparsefill.to_torch`."""
         self._sync()
-        from sparsefill._creation.constructors import to_torch
-
-        return to_torch(self, materialize=materialize)
+        return HOOKS.to_torch(self, materialize=materialize)
 
     def prune(self, *, atol: float = 0.0) -> SparseTensor:
         """Drop stored elements (dense slices) equal to the fill, within ``atol`` (NaN equals NaN).
@@ -474,10 +473,9 @@ class SparseTensor(HostMixin, torch.Tensor):
         ``A.prune().to_dense() == A.to_dense()`` for ``atol=0``.
         """
         from sparsefill._tensor.parts import prune_of
-        from sparsefill._creation.constructors import _same_dense
 
         self._sync()
-        return _same_dense(self, lambda a: prune_of(a, atol))
+        return HOOKS.same_dense(self, lambda a: prune_of(a, atol))
 
     # ------------------------------------------------------------------ numpy and the peers (see
     # _creation/interop.py) ------------------------------------------------------------------ subclass
@@ -546,17 +544,13 @@ class SparseTensor(HostMixin, torch.Tensor):
         """AOTAutograd traces the gradient of a SparseTensor output in the all-stored form (sizes
         from the shape only: a runtime gradient may have any pattern; see
         ``_compile.coerce_tangent``)."""
-        from sparsefill._compile.dynamo import all_stored
-
-        return all_stored(self._sync())
+        return HOOKS.all_stored(self._sync())
 
     def __coerce_same_metadata_as_tangent__(self, expected_metadata, expected_type=None):
         """The incoming gradient ``self`` in the form the traced backward expects (``expected_type``
         and the flatten metadata): the all-stored form of the expected layout, its dense tensor
         unchanged; None where no exact form exists (see ``_compile.coerce_tangent``)."""
-        from sparsefill._compile.dynamo import coerce_tangent
-
-        return coerce_tangent(self, expected_metadata, expected_type)
+        return HOOKS.coerce_tangent(self, expected_metadata, expected_type)
 
     @property
     def data(self) -> SparseTensor:
@@ -580,17 +574,16 @@ class SparseTensor(HostMixin, torch.Tensor):
             )
         else:
             from sparsefill._tensor.fill import indefinite
-            from sparsefill._creation.constructors import to_sparse
 
             fill = indefinite if self._indefinite else self._fill.to(new.dtype)
-            new = to_sparse(
+            new = HOOKS.to_sparse(
                 new.detach(), fill_value=fill, layout=self._sf_layout, dense_dim=self.dense_dim()
             )
         torch._C.TensorBase.data.__set__(self, new)  # shape and dtype
         for name in _STATE[:-1]:
             setattr(self, name, getattr(new, name))
         self._view = None
-        _OPS.track(self, torch.ops.aten.alias.default, (new,), {})
+        HOOKS.track(self, torch.ops.aten.alias.default, (new,), {})
 
     def __repr__(self, *, tensor_contents=None):
         self._sync()
@@ -633,7 +626,7 @@ class SparseTensor(HostMixin, torch.Tensor):
             func._op
         )  # (keyed by the C++ op: an OpOverload's __hash__ is Python code, 0.3 µs)
         if fast is None:
-            fast = _FAST[func._op] = _OPS.fast(func)
+            fast = _FAST[func._op] = HOOKS.fast(func)
         if fast:  # element-wise on one pattern with Python scalars: the aten calls and little else
             out = fast(func, args, kwargs or {})
             if out is not None:
@@ -642,27 +635,17 @@ class SparseTensor(HostMixin, torch.Tensor):
         if mode is not None:  # torch.compile (see _compile.traced_dispatch)
             from sparsefill._kernels.trace import traced_dispatch
 
-            return traced_dispatch(_OPS.dispatch, mode, func, types, args, kwargs or {})
+            return traced_dispatch(HOOKS.dispatch, mode, func, types, args, kwargs or {})
         if func.is_view and torch.is_inference_mode_enabled() and not args[0].is_inference():
             with torch.inference_mode(
                 False
             ):  # a view of a normal tensor must not be an inference tensor
-                return _OPS.dispatch(func, types, args, kwargs or {})
-        return _OPS.dispatch(func, types, args, kwargs or {})
+                return HOOKS.dispatch(func, types, args, kwargs or {})
+        return HOOKS.dispatch(func, types, args, kwargs or {})
 
 
 # (cls, size, strides, storage_offset, memory_format, dtype, layout, device, pin_memory,
 # requires_grad): positional, 0.2 µs less than keywords
-_to_dense = None  # _autograd.to_dense, bound on first use (_autograd imports this module)
-
-
-def _load_to_dense():
-    global _to_dense
-    from sparsefill._autograd.functions import to_dense as _to_dense
-
-    return _to_dense
-
-
 _make_wrapper = torch.Tensor._make_wrapper_subclass
 _STRIDED = torch.strided  # the wrapper's layout (see the module docstring)
 _COO = torch.sparse_coo
@@ -682,7 +665,7 @@ def _gated(out, func, args, kwargs):
         and out
         and any(t.__class__ is _TENSOR and t.requires_grad for t in out)
     ):
-        _OPS.gate(out, func, args, kwargs)
+        HOOKS.gate(out, func, args, kwargs)
     return out
 
 

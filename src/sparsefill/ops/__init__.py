@@ -1,37 +1,74 @@
-"""Op handlers, one module per family; importing this package fills the registry and installs the op
-layer's entry points into ``SparseTensor`` (``_tensor.install_op_layer``: the data class imports no
-op handler)."""
+"""The op rules: one registry keyed by aten ``OpOverload`` (``registry``), one folder per family of
+handlers (``pointwise``, ``linalg``, ``reductions``, ``shape``, ``windows``), the view bookkeeping
+(``views``) and the densify fallback (``fallback``).
 
-from sparsefill._tensor import tensor as _tensor
+Importing this package registers every handler and fills the data class's hook table with the op
+layer's entries (``sparsefill._tensor.tensor.HOOKS``): the path of a call is
+
+    SparseTensor.__torch_dispatch__ -> HOOKS.dispatch = registry.dispatch -> views.around
+        -> registry.compute -> the registered handler, or pointwise.rule.pointwise_rule, or the
+           op's decomposition, or fallback.densify_call
+"""
+
+# (the order of registration: where two modules register one op, the later one's handler is kept)
+from sparsefill._tensor.tensor import install_hooks
 from sparsefill.ops.pointwise import activations
 from sparsefill.ops import backward_gate
 from sparsefill.ops.shape import concat, coords
 from sparsefill.ops import core, fallback
 from sparsefill.ops.pointwise import foreach
 from sparsefill.ops.shape import indexing
-from sparsefill.ops.linalg import product as linalg
-from sparsefill.ops.reductions import softmax as normalizations
-from sparsefill.ops.linalg import matrix_products as products
-from sparsefill.ops.pointwise import rule as pointwise
-from sparsefill.ops.reductions import reduce as reductions
+from sparsefill.ops.linalg import product
+from sparsefill.ops.reductions import softmax
+from sparsefill.ops.linalg import matrix_products
+from sparsefill.ops.pointwise import rule
+from sparsefill.ops.reductions import reduce
 from sparsefill.ops import registry
 from sparsefill.ops.linalg import sampled
 from sparsefill.ops import views, windows
 
+__all__ = [
+    "activations",
+    "backward_gate",
+    "concat",
+    "coords",
+    "core",
+    "fallback",
+    "foreach",
+    "indexing",
+    "matrix_products",
+    "product",
+    "reduce",
+    "registry",
+    "rule",
+    "sampled",
+    "softmax",
+    "views",
+    "windows",
+]
+
+
+class _Everything:
+    """``routed`` until the autograd routes load: every call asks :func:`_route`."""
+
+    def __contains__(self, item) -> bool:
+        return True
+
 
 def _route(func, types, args, kwargs):
-    """``autograd_routes.route``, imported on the first torch function call (it loads the autograd
-    Functions)."""
+    """``autograd_routes.route``, loaded on the first torch function call of a SparseTensor (it
+    imports the autograd Functions of the op families: not needed to import sparsefill)."""
     from sparsefill.ops.autograd_routes import ROUTED, route
 
-    _tensor.install_op_layer(route=route, routed=ROUTED)
+    install_hooks(route=route, routed=ROUTED)
     return route(func, types, args, kwargs)
 
 
-_tensor.install_op_layer(
+install_hooks(
     dispatch=registry.dispatch,
     fast=registry.fast_path,
     route=_route,
+    routed=_Everything(),
     sync=views.sync,
     write_through=views.write_through,
     track=views.track,

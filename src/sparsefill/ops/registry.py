@@ -3,8 +3,8 @@
 A handler may return ``NotImplemented`` to hand the call to the next stage.  Order:
 registered handler; the generic rule of ops tagged ``torch.Tag.pointwise`` (``pointwise.py``);
 the op's CompositeImplicitAutograd decomposition (so the pieces
-can meet their handlers); the densify fallback (``fallback.py``).  Around every call run the
-:func:`middleware` (``views.py``'s keeps SparseTensor views and their bases consistent).
+can meet their handlers); the densify fallback (``fallback.py``).  Around every call runs
+``views.around``, which keeps SparseTensor views and their bases consistent.
 
 The boundary rule, enforced here for every call: an operand or op sparsefill does not understand
 is converted exactly or refused, never ignored::
@@ -42,6 +42,7 @@ import torch
 from sparsefill._autograd.transforms import check as _func_guard, no_reverse_transform as _no_reverse_transform
 from sparsefill._tensor.tensor import _FAST, SparseTensor
 from sparsefill.ops.pointwise import rule as pointwise
+from sparsefill.ops import views
 from sparsefill.ops._schema import flat_args, written_positions
 
 HANDLERS: dict = {}
@@ -93,7 +94,7 @@ def dispatch(func, types, args, kwargs):
         not _no_reverse_transform()
     ):  # (torch.func.grad/vjp/jacrev run: an indefinite fill through their wrapper)
         _func_guard(func, args, kwargs)
-    return _call(func, args, kwargs)
+    return views.around(func, args, kwargs, compute)
 
 
 def fast_path(func):
@@ -109,16 +110,6 @@ def fast_path(func):
         if pointwise.inplace_fast_ok(func)
         else False
     )
-
-
-def middleware(fn):
-    """Decorator: run ``fn(func, args, kwargs, call)`` around every dispatched call, where
-    ``call(func, args, kwargs)`` runs the middleware registered before ``fn`` and then
-    :func:`compute`; returns ``fn``."""
-    global _call
-    inner = _call
-    _call = lambda func, args, kwargs: fn(func, args, kwargs, inner)  # noqa: E731
-    return fn
 
 
 # ---------------------------------------------------------------------- the boundary rule
@@ -301,4 +292,3 @@ def _plan(func) -> tuple:
     return plan
 
 
-_call = compute  # compute inside every middleware (see middleware)

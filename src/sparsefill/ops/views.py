@@ -21,7 +21,7 @@ SparseTensor, kept consistent both ways:
 so that ``A[0] = 3.``, ``A[:, 1].fill_(0)``, ``A.t().mul_(2)`` and ``nn.Parameter(A)`` updates
 behave as on ``A.to_dense()``.  Aliases (``detach``, ``alias``) just share storage.
 
-This module is a middleware of the op registry (:func:`around`, around every dispatched call) and
+The op registry runs :func:`around` around every dispatched call and
 gives ``SparseTensor`` its view hooks (``sync``, ``write_through``, ``track``: installed by
 ``ops/__init__.py``); a view's relation to its base is a :class:`View` record in ``V._view``.
 
@@ -45,7 +45,7 @@ from sparsefill._tensor.policy import check_densify, check_specify
 from sparsefill._tensor.tensor import _STATE, SparseTensor
 from sparsefill.ops._schema import flat_args, written_args
 from sparsefill.ops._writes import assign_, mark_viewed, respecify_
-from sparsefill.ops.registry import compute, middleware
+from sparsefill.ops import registry
 
 aten = torch.ops.aten
 ALIASES = (aten.detach.default, aten.alias.default)
@@ -70,7 +70,6 @@ class View(NamedTuple):
     state: Any
 
 
-@middleware
 def around(func, args, kwargs, call):
     """Around every dispatched call: views among the operands catch up with their bases, the
     SparseTensor outputs of a view op remember their base (:func:`track`), and a write to a view
@@ -182,7 +181,7 @@ def _refresh(V: SparseTensor) -> None:
     """``V = view_op(base)`` again, through the op registry (natively where the view op has a
     handler)."""
     v = V._view
-    new = compute(v.func, (v.base, *v.args), v.kwargs)
+    new = registry.compute(v.func, (v.base, *v.args), v.kwargs)
     new = new if v.index is None else new[v.index]
     if isinstance(new, SparseTensor) and new.shape == V.shape and new.dtype == V.dtype:
         assign_(V, new)
