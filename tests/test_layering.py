@@ -1,6 +1,7 @@
 """The layers of sparsefill, lowest first (``docs/architecture.md``)::
 
-    kernels < data class < autograd < constructors < compile < op rules < features < entry points
+    torch patches < kernels < data class < autograd < constructors < compile < op rules < features
+        < entry points
 
 A module imports only from its own layer and the layers below, counting every ``import`` in the
 file: at module level, inside functions, under ``TYPE_CHECKING``.  The data class reaches the layers
@@ -19,6 +20,7 @@ import sparsefill
 SRC = pathlib.Path(sparsefill.__file__).parent
 
 LAYERS = (
+    ("torch patches", ("sparsefill._torch_compat",)),
     ("kernels", ("sparsefill._kernels",)),
     ("data class", ("sparsefill._tensor",)),
     ("autograd", ("sparsefill._autograd",)),

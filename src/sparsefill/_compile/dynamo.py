@@ -24,12 +24,12 @@ from __future__ import annotations
 
 import functools
 import importlib
-import importlib.machinery
 import os
 import sys
 
 import torch
 
+from sparsefill import _torch_compat
 from sparsefill._creation.constructors import sparse_coo_tensor, sparse_csr_tensor
 from sparsefill._kernels import index as _index
 from sparsefill._tensor.fill import _Indefinite, indefinite as _indefinite
@@ -250,64 +250,16 @@ def _register_with_dynamo() -> None:
                     *(_as_constant(x) for x in a), **{n: _as_constant(x) for n, x in k.items()}
                 )
             )
-    if not hasattr(
-        torch.Tensor, "__coerce_same_metadata_as_tangent__"
-    ):  # (AOTAutograd asks a plain tangent)
-        torch.Tensor.__coerce_same_metadata_as_tangent__ = _coerce_plain_tangent
-    rules = dynamo.trace_rules
-    rules.BUILTIN_INLINE_WHEN_CALLED.add(_PACKAGE_DIR + os.sep)
-    rules.add("sparsefill")
-    rules.add(
-        "numba"
-    )  # (sparsefill's kernels, compiled lazily, also while a compiled frame's backward runs eagerly:
-    #                     dynamo failed on numba's dispatcher frames, "exception table entry start instruction")
-    _bind_shared_symbols_in_order(sys.modules["torch._dynamo.output_graph"].SubgraphTracer)
+    _torch_compat.set_plain_tangent_coercion(_coerce_plain_tangent)
+    # sparsefill's kernels are compiled lazily by numba, also while a compiled frame's backward
+    # runs eagerly: dynamo must not trace numba's dispatcher frames
+    _torch_compat.inline_in_dynamo(_PACKAGE_DIR, "sparsefill", "numba")
+    _torch_compat.bind_unbound_symbols_at_graph_end(
+        sys.modules["torch._dynamo.output_graph"].SubgraphTracer
+    )
     _REGISTERED.append(True)
     while _ON_DYNAMO:
         _ON_DYNAMO.pop(0)()
-
-
-def _bind_shared_symbols_in_order(tracer_cls) -> None:
-    """Dynamo binds a dynamic size of a SparseTensor it puts in its graph as an attribute (an
-    optimizer's parameter: a static address) lazily, by a ``getattr(p, "_idx")`` node made when
-    first needed.  When another input shares that inner tensor (``p.grad`` or ``p``'s momentum
-    buffer holds ``p``'s index tensor: sparsefill shares the pattern of same-pattern results) it is
-    needed while dynamo creates the other input's placeholder, and made there: before ``p``'s own
-    node, an invalid graph (InternalTorchDynamoError "Argument 'p' of Node 'getattr_1' was used
-    before it has been defined" after a graph break in ``optimizer.step``).  The binding nodes are
-    made at the graph's end instead, after ``p`` (they read only ``p``'s sizes; the placeholder
-    itself uses none of them)."""
-    lookup = getattr(tracer_cls, "lookup_unbound_symbols", None)
-    if lookup is None or getattr(lookup, "_sparsefill", False):
-        return
-
-    def lookup_unbound_symbols(self, s):
-        with self.graph.inserting_after(None):  # (None: the end of the graph)
-            return lookup(self, s)
-
-    lookup_unbound_symbols._sparsefill = True
-    tracer_cls.lookup_unbound_symbols = lookup_unbound_symbols
-
-
-class _DynamoImportHook:
-    """A ``sys.meta_path`` finder that runs :func:`_register_with_dynamo` right after
-    ``torch._dynamo`` is imported (it finds nothing itself, and removes itself)."""
-
-    def find_spec(self, name, path, target=None):
-        if name != "torch._dynamo":
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.machinery.PathFinder.find_spec(name, path)
-        if spec is None or spec.loader is None:
-            return spec
-        run = spec.loader.exec_module
-
-        def exec_module(module):
-            run(module)
-            _register_with_dynamo()
-
-        spec.loader.exec_module = exec_module
-        return spec
 
 
 _ON_DYNAMO: list = []  # callbacks run once torch._dynamo is loaded (see when_dynamo_loads)
@@ -327,10 +279,8 @@ _REGISTERED: list = []
 
 
 def _install() -> None:
-    if "torch._dynamo" in sys.modules:
-        _register_with_dynamo()
-    else:
-        sys.meta_path.insert(0, _DynamoImportHook())
+    """Register with dynamo once a program imports it (see ``_torch_compat.run_after_import``)."""
+    _torch_compat.run_after_import("torch._dynamo", _register_with_dynamo)
 
 
 install_hooks(all_stored=all_stored, coerce_tangent=coerce_tangent)

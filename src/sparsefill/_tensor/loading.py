@@ -24,6 +24,8 @@ import threading
 
 import torch
 
+from sparsefill import _torch_compat
+
 from sparsefill._tensor.validate import check_parts
 
 __all__ = ["rebuild"]
@@ -179,7 +181,6 @@ def _size(size):
 # comes later
 _LEGACY = getattr(getattr(torch.serialization, "_legacy_load", None), "__code__", None)
 _pending = threading.local()
-_torch_validate = None
 
 
 def _legacy_load_frame():
@@ -198,23 +199,17 @@ def _legacy_load_frame():
 def _defer(frame, parts, indefinite, coalesced) -> None:
     """Check ``parts`` when ``frame``'s load validates its sparse tensors (after reading every
     byte)."""
-    global _torch_validate
-    if _torch_validate is None:
-        _torch_validate = torch._utils._validate_loaded_sparse_tensors
-        torch._utils._validate_loaded_sparse_tensors = _validate_loaded
+    _torch_compat.check_before_legacy_validation(_check_deferred)
     if not hasattr(_pending, "items"):
         _pending.items = []
     _pending.items.append((id(frame), parts, indefinite, coalesced))
 
 
-def _validate_loaded():
-    """torch's ``_validate_loaded_sparse_tensors``, first checking the SparseTensors that this load
-    (the caller's frame) deferred; those of a load that failed earlier are dropped."""
-    me = id(sys._getframe(1))
+def _check_deferred():
+    """Check the SparseTensors that this load deferred (the load's frame calls torch's validation,
+    which calls this); those of a load that failed earlier are dropped."""
+    me = id(sys._getframe(2))
     items, _pending.items = getattr(_pending, "items", []), []
-    try:
-        for frame, parts, indefinite, coalesced in items:
-            if frame == me:
-                _check(parts, indefinite, coalesced)
-    finally:
-        _torch_validate()
+    for frame, parts, indefinite, coalesced in items:
+        if frame == me:
+            _check(parts, indefinite, coalesced)

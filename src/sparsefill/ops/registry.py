@@ -72,8 +72,8 @@ def _is_composite(func) -> bool:
 
 
 def dispatch(func, types, args, kwargs):
-    """``SparseTensor.__torch_dispatch__``: the boundary rule, then :func:`compute` inside every
-    middleware."""
+    """``SparseTensor.__torch_dispatch__``: the boundary rule, then :func:`compute` inside the view
+    bookkeeping (``views.around``)."""
     if len(types) != 1 or types[0] is not SparseTensor:
         _check_types(func, types)
     for a in (
