@@ -249,6 +249,15 @@ def test_files_of_the_earlier_format_still_load(file):
     assert got["parameter"]._is_param and got["parameter"].requires_grad
 
 
+def test_the_indefinite_fill_pickled_before_the_layers_moved_loads_as_itself():
+    """``indefinite_fill.pkl`` names ``sparsefill._creation.indefinite`` (the sentinel's module
+    before the code moved into layers); it loads as the one sentinel, and pickles of it still do."""
+    got = pickle.loads((DATA / "indefinite_fill.pkl").read_bytes())
+    assert got["indefinite"] is sparsefill.indefinite
+    assert got["fill_kinds"][0] is sparsefill.indefinite and got["fill_kinds"][1] == 0.5
+    assert pickle.loads(pickle.dumps(sparsefill.indefinite)) is sparsefill.indefinite
+
+
 def _same(B, A, what):
     assert type(B) is SparseTensor, what
     assert (

@@ -21,6 +21,7 @@ import functools
 import torch
 
 from sparsefill._kernels import index as _index
+from sparsefill._kernels.trace import traced_dispatch
 from sparsefill._tensor.host import HostMixin
 
 __all__ = ["SparseTensor"]
@@ -632,9 +633,7 @@ class SparseTensor(HostMixin, torch.Tensor):
             if out is not None:
                 return out
         mode = _tracing_mode()
-        if mode is not None:  # torch.compile (see _compile.traced_dispatch)
-            from sparsefill._kernels.trace import traced_dispatch
-
+        if mode is not None:  # torch.compile (see _kernels.trace.traced_dispatch)
             return traced_dispatch(HOOKS.dispatch, mode, func, types, args, kwargs or {})
         if func.is_view and torch.is_inference_mode_enabled() and not args[0].is_inference():
             with torch.inference_mode(
