@@ -4,10 +4,10 @@
   ``sparsefill.masked.softmax`` and of element-wise ops is a SparseTensor in the operand's layout on
   the operand's own index tensors (CSR: ``crow``/``col``; COO: ``indices``), and exact (against dense);
 - element-wise ops on a COO and a CSR operand of the same pattern align them without a merge
-  (``_convert.union_parts`` is not called), patterns that differ still merge, results against dense;
+  (``_tensor.parts.union_parts`` is not called), patterns that differ still merge, results against dense;
 - the GAT layer (``examples/gat.py``'s formula) on a CSR adjacency runs its backward with no merge, and
   its gradients equal the COO adjacency's;
-- the pattern cache (``_grouping.pattern_cached``: the transpose of ``_Mat.t`` and ``group_slices``)
+- the pattern cache (``_kernels.grouping.pattern_cached``: the transpose of ``_Mat.t`` and ``group_slices``)
   serves a recurring pattern, and never a changed one: indices changed in place, then the results
   against dense again; an entry goes when its index tensor dies.
 """

@@ -114,7 +114,7 @@ def test_cat_of_masked_and_defined_empty_and_zero_size():
 
 def test_cat_of_masked_and_defined_past_the_quiet_limit_warns(monkeypatch):
     """Every element of the defined operand is stored: the specify gate applies (a DensifyWarning past
-    ``_policy.SPECIFY_QUIET_ELEMENTS``; a DensifyError under the raise policy, nothing returned)."""
+    ``_tensor.policy.SPECIFY_QUIET_ELEMENTS``; a DensifyError under the raise policy, nothing returned)."""
     from sparsefill._tensor import policy as _policy
 
     M, B, y = _operands(torch.sparse_coo, 0)

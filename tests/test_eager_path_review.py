@@ -18,7 +18,7 @@ What changed, and what is checked here:
    grad/vjp, checkpointing, saved-tensor hooks, double backward, a list fill_value.
 3. ``dense_of(eager=True)`` reads ``A._size``: COO 1-3 dims, uncoalesced, batched CSR, hybrid with array fills,
    0-d, 0-size, over 4 MiB (the huge-page advice), two torch threads, deterministic algorithms.
-4. ``_merge.fill_put_sorted`` reads the fill at its address through numba's compiled entry point: every dtype it
+4. ``_kernels.merge.fill_put_sorted`` reads the fill at its address through numba's compiled entry point: every dtype it
    takes (bit for bit against the dense fill), fills at a storage offset, expanded, as_strided, with negative or
    conjugate bits, NaN payloads and -0.0, a fill on another device, the first call of a dtype (compiled, then
    loaded from numba's cache, in subprocesses), threads racing on first calls.
@@ -69,7 +69,7 @@ def _quiet():
 
 @pytest.fixture
 def fill_pass_calls(monkeypatch):
-    """The results of ``_merge.fill_put_sorted`` as ``dense_of`` calls it (True: the compiled pass wrote ``out``)."""
+    """The results of ``_kernels.merge.fill_put_sorted`` as ``dense_of`` calls it (True: the compiled pass wrote ``out``)."""
     calls, real = [], _merge.fill_put_sorted
 
     def spy(*args):

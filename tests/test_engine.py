@@ -6,7 +6,12 @@ import pytest
 import torch
 
 from sparsefill._kernels import engine as _engine
-from sparsefill._kernels.reducer import segment_combine, segment_median, shifted_exp_sums, tie_counts
+from sparsefill._kernels.reducer import (
+    segment_combine,
+    segment_median,
+    shifted_exp_sums,
+    tie_counts,
+)
 
 
 @pytest.mark.parametrize("mode", ["sum", "prod", "amax", "amin"])
@@ -145,7 +150,7 @@ def test_csr_rows_give_the_dense_row_reduction_on_every_engine(mode, dtype, dens
 
 
 def test_run_names_the_engine_it_runs():
-    """``_engine.run`` of each engine ``choose`` can name for a plan gives the same sums."""
+    """``_kernels.engine.run`` of each engine ``choose`` can name for a plan gives the same sums."""
     lengths = torch.tensor([2, 0, 3])
     crow, col, v = _csr(lengths, 4)
     seg = torch.repeat_interleave(torch.arange(3), lengths)

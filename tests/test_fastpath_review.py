@@ -7,8 +7,8 @@ The invariant, forward and backward (DESIGN.md section 1)::
 on COO/CSR/hybrid/uncoalesced/0-d/0-size SparseTensors with zero, nonzero, NaN/inf, array and indefinite fills,
 values stored non-contiguous, at an offset, with negative or conjugate bits.  The fast paths covered:
 ``SparseTensor.__torch_function__``'s pass-through, ``pointwise.unary_fast``/``inplace_fast`` and their caches
-(``_BY_VALUE``, ``_CALLS``), ``_writes.assign_``, ``_merge.union_or_superset`` (through ``pointwise.union2`` and
-``_convert._union_of``), ``_merge.fill_put_sorted``/``put_flat`` (to_dense's by-address kernels),
+(``_BY_VALUE``, ``_CALLS``), ``_writes.assign_``, ``_kernels.merge.union_or_superset`` (through ``pointwise.union2`` and
+``_tensor.parts._union_of``), ``_kernels.merge.fill_put_sorted``/``put_flat`` (to_dense's by-address kernels),
 ``pointwise_dense._constant_fill``, ``ops/pointwise/dropout.py``, ``ops/core._item``, ``ops/linalg/sampled.py``.
 Hypothesis is derandomized (reproducible in CI) with modest example counts (the suite stays fast).
 """
@@ -411,7 +411,7 @@ def test_pass_through_equals_route(monkeypatch):
         ]
 
     fast = run()
-    monkeypatch.setattr(_tensor._OPS, "routed", _tensor._Everything())
+    monkeypatch.setattr(_tensor.HOOKS, "routed", sparsefill.ops._Everything())
     slow = run()
     for (ta, a), (tb, b) in zip(fast, slow):
         assert ta is tb

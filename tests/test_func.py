@@ -532,7 +532,7 @@ def test_indefinite_not_refused_where_exact(layout):
 
 def test_transforms_found():
     """What the guard reads of torch exists in this torch, so a change fails here, not silently: the frames
-    (``_func_guard.TRANSFORMS``), and the saved-tensor-hooks flag the registry tests first (False exactly while
+    (``_autograd.transforms.TRANSFORMS``), and the saved-tensor-hooks flag the registry tests first (False exactly while
     ``grad``/``vjp``/``jacrev`` run)."""
     from torch._functorch import eager_transforms
     from sparsefill._autograd import transforms as _func_guard

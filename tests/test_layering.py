@@ -125,7 +125,8 @@ def test_a_planted_upward_import_is_found(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "module", ["sparsefill._kernels.grouping", "sparsefill._kernels.reducer", "sparsefill._kernels.engine"]
+    "module",
+    ["sparsefill._kernels.grouping", "sparsefill._kernels.reducer", "sparsefill._kernels.engine"],
 )
 def test_reduction_kernels_know_no_sparse_tensor(module):
     """The grouping, the reducer protocol and the engine boundary work on tensors only; the grouping

@@ -296,7 +296,7 @@ def _sorted_runs(sizes, hi, g, dup=False):
 )
 @pytest.mark.parametrize("n", [9, 5000])
 def test_sort_keys_is_a_stable_sort(case, n):
-    """``_index.sort_keys`` (numpy's run-merging sort for a few runs on CPU, torch.sort else) == torch.sort(stable)."""
+    """``_kernels.index.sort_keys`` (numpy's run-merging sort for a few runs on CPU, torch.sort else) == torch.sort(stable)."""
     from sparsefill._kernels import index as _index
 
     g = torch.Generator().manual_seed(n)
@@ -420,7 +420,7 @@ def test_linearize_and_unravel_are_inverse(shape):
     ],
 )
 def test_find_differ_matches_nonzero(dtype):
-    """``_merge.find_differ`` (a vectorized count, then blocks of ``_FIND_BLOCK`` tested and written) ==
+    """``_kernels.merge.find_differ`` (a vectorized count, then blocks of ``_FIND_BLOCK`` tested and written) ==
     ``(x != fill).nonzero()`` with NaN equal to NaN: sizes around the block edges, densities 0 to 100%, fills
     0, 3, NaN and -0.0, and ``to_sparse`` through it (COO and CSR, 2-D and 3-D) == the input."""
     pytest.importorskip("numba", reason="find_differ is a numba kernel (without numba it declines)")

@@ -588,7 +588,7 @@ def test_leaf_gradient_of_another_split_stays_sparse(pair, fill, dtype):
     """``A * B`` with ``A`` a SparseTensor leaf and ``B`` split differently, a sparse upstream gradient: the
     gradient reaching ``A`` has the merged split (finer or coarser than ``A``'s); ``A.grad`` is a SparseTensor
     of ``A``'s layout and dense dims equal to the dense gradient, with no densifying (``leaf_grad``:
-    ``_splits.finer``/``coarser``); the same through the constructor's ``values``/``fill`` (``grad_parts``)."""
+    ``_tensor.dense_dims.finer``/``coarser``); the same through the constructor's ``values``/``fill`` (``grad_parts``)."""
     g = torch.Generator().manual_seed(11)
     x, y = _x_for(pair, g, dtype), _x_for(pair, g, dtype)
     P, Q = Operand(x, pair[0], fill, g), Operand(y, pair[1], fill, g)
@@ -746,7 +746,7 @@ def test_allclose_and_dist_of_masked_and_other_dtypes():
 @pytest.mark.parametrize("pair", PAIRS, ids="-".join)
 def test_cat_and_stack_across_splits(pair, fill):
     """``torch.cat``/``torch.stack`` of SparseTensors split differently, along every dim: brought to one split
-    (``_splits.one_split``), no densifying; equal to the dense result (masked operands: specified where they
+    (``_tensor.dense_dims.one_split``), no densifying; equal to the dense result (masked operands: specified where they
     are), and the gradients of values and fill equal the dense ones (a sparse upstream gradient)."""
     g = torch.Generator().manual_seed(13)
     x, y = _x_for(pair, g), _x_for(pair, g)
@@ -780,7 +780,7 @@ def test_cat_and_stack_across_splits(pair, fill):
 @pytest.mark.parametrize("layout", [torch.sparse_coo, torch.sparse_csr])
 def test_to_sparse_resplits_exactly(layout, case, dtype):
     """``A.to_sparse(layout, dense_dim=n)`` / ``to_sparse_csr(dense_dim=n)`` / ``A.to_sparse(sparse_dim)`` with the
-    fill kept: the same tensor at the new split (``_splits.resplit``), no dense temporary (the densify gate
+    fill kept: the same tensor at the new split (``_tensor.dense_dims.resplit``), no dense temporary (the densify gate
     raises), no ``fill_value=`` asked of an array fill; the stored pattern kept (nothing pruned)."""
     fill, uniform = FILL_CASES[case]
     fill = fill.to(dtype) if isinstance(fill, torch.Tensor) else fill

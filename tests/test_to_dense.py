@@ -207,7 +207,7 @@ def test_large_result_advised_into_huge_pages():
     [torch.float32, torch.float64, torch.int64, torch.bool, torch.complex64, torch.bfloat16],
 )
 def test_compiled_scatter_matches_put(dtype):
-    """``_merge.put_flat`` (a compiled loop from ``_SCATTER_MIN`` values on CPU; ``put_`` below it, for other
+    """``_kernels.merge.put_flat`` (a compiled loop from ``_SCATTER_MIN`` values on CPU; ``put_`` below it, for other
     dtypes or without numba) == ``put_``, and ``to_dense`` through it == the reference."""
     from sparsefill._kernels import merge as _merge
 
@@ -285,7 +285,7 @@ def test_dense_patterns_above_a_quarter(dtype, frac):
     ],
 )
 def test_blocked_fill_and_scatter_matches_fill_put(dtype):
-    """``_merge.fill_put_sorted`` (fill a block, then the values falling in it) == ``fill_`` then ``put_``: keys on
+    """``_kernels.merge.fill_put_sorted`` (fill a block, then the values falling in it) == ``fill_`` then ``put_``: keys on
     both sides of block edges, at the first and last position, none at all; a size that is no multiple of the
     block; a 2-D buffer; fills NaN and -0.0; and ``to_dense`` through it (at most a quarter stored).  Every
     element size: 1, 2, 4 and 8 bytes fill by ``rep stos`` on x86-64, complex128's 16 by the loop."""

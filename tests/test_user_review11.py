@@ -218,7 +218,7 @@ def test_indefinite_constructor_and_sparse_parameter_compile_fullgraph():
 
 
 def test_masked_softmax_of_a_union_compiles_fullgraph():
-    """(Finding F6, fixed: ``_segsoftmax.applies`` tested the union's unbacked nse, a guard on data.)"""
+    """(Finding F6, fixed: ``ops.reductions.edge_softmax.applies`` tested the union's unbacked nse, a guard on data.)"""
     keep = torch.rand(_N, _N, generator=torch.Generator().manual_seed(1)) < 0.3
     A = sparsefill.sparse_coo_tensor(
         keep.nonzero().t(), torch.ones(int(keep.sum())), (_N, _N), fill_value=sparsefill.indefinite

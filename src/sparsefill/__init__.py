@@ -7,9 +7,37 @@ tensor([5., 5., 5., 7., 5.])
 """
 
 from sparsefill._tensor.fill import indefinite
-from sparsefill._creation.constructors import empty, empty_like, eye, from_torch, full, full_like, ones, ones_like, sparse_coo_tensor, sparse_csr_tensor, to_sparse, to_torch, zeros, zeros_like
-from sparsefill._creation.interop import from_pandas, from_pydata, from_scipy, to_pandas, to_pydata, to_scipy
-from sparsefill._tensor.policy import DensifyError, DensifyWarning, densify_policy, get_densify_policy, set_densify_policy
+from sparsefill._creation.constructors import (
+    empty,
+    empty_like,
+    eye,
+    from_torch,
+    full,
+    full_like,
+    ones,
+    ones_like,
+    sparse_coo_tensor,
+    sparse_csr_tensor,
+    to_sparse,
+    to_torch,
+    zeros,
+    zeros_like,
+)
+from sparsefill._creation.interop import (
+    from_pandas,
+    from_pydata,
+    from_scipy,
+    to_pandas,
+    to_pydata,
+    to_scipy,
+)
+from sparsefill._tensor.policy import (
+    DensifyError,
+    DensifyWarning,
+    densify_policy,
+    get_densify_policy,
+    set_densify_policy,
+)
 from sparsefill._tensor.tensor import SparseTensor
 from sparsefill._explain import explain  # noqa: E402  (which stage computes an op: sparsefill.explain)
 from sparsefill import ops  # noqa: F401  (fills the op registry)

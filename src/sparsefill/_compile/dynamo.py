@@ -43,8 +43,6 @@ from sparsefill._kernels.trace import (
 )
 
 
-
-
 def every_element(x: torch.Tensor, layout, dense_dim: int):
     """The dense ``x`` as a SparseTensor of ``layout`` with every element stored (fill 0,
     coalesced), differentiable: while traced, a result that is dense by nature is kept in this form,
@@ -224,6 +222,7 @@ def _recorded_whole(fn):
     traced, the sizes that depend on data inside it and do not reach its result (the slices of a
     softmax, a coalesce's count) may stay unbound, as inside a handler (:func:`traced_dispatch`).
     Its arguments arrive with the indefinite fill as a constant (:func:`_as_constant`)."""
+
     @functools.wraps(fn)
     def run(*args, **kwargs):
         args = tuple(_from_constant(a) for a in args)

@@ -96,8 +96,6 @@ def _values_tensor(values, dtype, device, fill_value) -> torch.Tensor:
     return v.to(dtype=dtype or v.dtype, device=device)
 
 
-
-
 def _size_from_data(what: str) -> None:
     """While torch.compile traces, a size inferred from the indices would be a value read from data:
     a graph break (the constructor runs eagerly)."""

@@ -449,7 +449,7 @@ _LIKE = {}  # dtype -> an empty NumPy array of that dtype (the kernels' element 
 
 def _path(a: torch.Tensor, b: torch.Tensor, compiled) -> str:
     """``"numba"`` (the compiled pass), ``"unique"`` (CPU without numba:
-    :func:`_index.unique_inverse`'s merge of the presorted runs, 4x faster there than the binary
+    :func:`_kernels.index.unique_inverse`'s merge of the presorted runs, 4x faster there than the binary
     searches) or ``"search"`` (torch ops, any device)."""
     if compiled is not None:
         return "numba" if compiled and _compiled() else "search"

@@ -161,7 +161,7 @@ def accurate_sum(
         many (CPU)    each segment's run cut into blocks of at most 8 values, summed in the values' dtype;
                       the block sums then summed in float64 (float32 values) or as a tree of such blocks
                       (float64; the half types in float32); unsorted ids are sorted first (cached)
-        other devices accumulated in the wider dtype, on the engine of ``_engine.choose``
+        other devices accumulated in the wider dtype, on the engine of ``_kernels.engine.choose``
 
     so a segment's error grows as ``log(k)`` (or not at all), never as ``k``: a single slot fed
     ``k`` values in order (``scatter_add_``, ``segment_reduce``, a CSR SpMV) errs ~``k * eps`` in
@@ -234,7 +234,7 @@ def accurate_sum(
 
 def _block_sums_mv(values: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     """Run sums of 1-D float32 ``values`` in float64 (blocks of at most 8 summed in float32): both
-    levels by torch's CSR SpMV (``_engine``'s ``csr_mv``; ~5x faster than ``segment_reduce`` over
+    levels by torch's CSR SpMV (``_kernels.engine``'s ``csr_mv``; ~5x faster than ``segment_reduce`` over
     many short runs, and no float64 copy of the values: a fresh 8 MB allocation costs more than the
     sums here)."""
     blocks, nb = _blocks(lengths)
@@ -245,7 +245,7 @@ def _block_sums_mv(values: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
 
 
 def _unit_rows(lengths: torch.Tensor, k: int):
-    """:class:`_engine.CsrRows` of a CSR matrix of one column whose rows hold runs of ``lengths``
+    """:class:`_kernels.engine.CsrRows` of a CSR matrix of one column whose rows hold runs of ``lengths``
     (``k`` in all): its SpMV with a one is the run sums."""
     crow = torch.zeros(lengths.numel() + 1, dtype=torch.int64, device=lengths.device)
     torch.cumsum(lengths, 0, out=crow[1:])
@@ -474,7 +474,7 @@ class Reducer:
         also holds ``n_fill[s]`` copies of ``fill`` (a scalar or a tensor of shape ``D``), or a fill
         table. ``lengths``: the segments are contiguous runs of these lengths (see
         :func:`segment_combine`); ``seg`` may then be None.  ``csr``: they are the rows of a CSR
-        matrix (:class:`_engine.CsrRows`). amax/amin under autograd: the gradient splits evenly
+        matrix (:class:`_kernels.engine.CsrRows`). amax/amin under autograd: the gradient splits evenly
         among tied elements, fill copies included (:func:`even_ties`, torch's amax backward)."""
         if self.mode in ("sum", "prod") and not (values.is_floating_point() or values.is_complex()):
             values = values.to(

@@ -431,8 +431,8 @@ def segment_sum(
     """``out[s] = sum_{p in s} w_p x_p`` (``mode="mean"``: divided by the count; empty segments 0).
 
     ``x`` is 2-D.  ``w`` is per input position, or per segment-order position with
-    ``w_in_segment_order`` (positional weights).  ``engine``: the one ``_engine.run`` chose and runs
-    here (None: chosen here by ``_engine.choose`` for the plan).
+    ``w_in_segment_order`` (positional weights).  ``engine``: the one ``_kernels.engine.run`` chose and runs
+    here (None: chosen here by ``_kernels.engine.choose`` for the plan).
     """
     S = plan.num_segments
     if S == 0:

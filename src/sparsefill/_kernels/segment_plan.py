@@ -23,7 +23,13 @@ import torch
 
 from sparsefill._kernels.index import flat_nonzero
 from sparsefill._kernels import segment as _kernels
-from sparsefill._kernels.segment_check import as_index, check_indices, check_offsets, check_segment_ids, check_rows
+from sparsefill._kernels.segment_check import (
+    as_index,
+    check_indices,
+    check_offsets,
+    check_segment_ids,
+    check_rows,
+)
 
 __all__ = ["Plan", "make_plan"]
 

@@ -116,7 +116,11 @@ class HostMixin:
         """Pickled as its inner tensors: ``torch.save`` stores them, ``torch.multiprocessing``
         (queues, spawn, DataLoader workers) sends them by torch's shared-memory reductions, never as
         a dense tensor."""
-        from sparsefill._tensor.tensor import _STATE, TRANSIENT, _rebuild  # pickles name sparsefill._tensor._rebuild
+        from sparsefill._tensor.tensor import (
+            _STATE,
+            TRANSIENT,
+            _rebuild,
+        )  # pickles name sparsefill._tensor._rebuild
 
         extra = {
             k: v

@@ -62,8 +62,8 @@ def dense_of(
     :func:`linear_parts` (a coalesced 1-D COO pattern's indices are its keys; sorted).  On CPU with
     numba, one torch thread (or a result under ``_PARALLEL_FILL_MIN`` elements), a scalar fill and
     at most a quarter of the positions stored: one compiled pass, block by block
-    (:func:`_merge.fill_put_sorted`).  Otherwise ``fill_``/``copy_``, then ``put_`` into the flat
-    buffer (:func:`_merge.put_flat`: a compiled loop on CPU, at any density: 0.7x ``index_copy_``'s
+    (:func:`_kernels.merge.fill_put_sorted`).  Otherwise ``fill_``/``copy_``, then ``put_`` into the flat
+    buffer (:func:`_kernels.merge.put_flat`: a compiled loop on CPU, at any density: 0.7x ``index_copy_``'s
     time at half the positions stored) while the stored elements are at most a quarter of the
     positions or the compiled loop applies; ``index_copy_`` otherwise, for hybrid tensors and under
     deterministic algorithms.
@@ -280,8 +280,8 @@ def union_parts(tensors):
 
     Where a tensor does not specify a position its fill stands in; positions an indefinite tensor
     leaves unspecified are dropped (they are unspecified in any result).  One linear-time merge of
-    the sorted key runs (:func:`_merge.union_inverse`; two indefinite tensors:
-    :func:`_merge.merge_intersect`) and a scatter per tensor (values and indices: no division to
+    the sorted key runs (:func:`_kernels.merge.union_inverse`; two indefinite tensors:
+    :func:`_kernels.merge.merge_intersect`) and a scatter per tensor (values and indices: no division to
     unravel the keys).
     """
     S = tensors[0]._sparse_shape
@@ -337,7 +337,7 @@ def union_parts(tensors):
 
 
 def _union_of(keys):
-    """``_merge.union_inverse(keys)``; two runs through ``_merge.union_or_superset`` (where one
+    """``_merge.union_inverse(keys)``; two runs through ``_kernels.merge.union_or_superset`` (where one
     holds every key of a much smaller one, a gradient beside the forward's pattern say, no merge:
     the large run's positions, the identity, are None)."""
     if len(keys) == 2 and not any(traced(k) for k in keys) and keys[0].device.type != "meta":

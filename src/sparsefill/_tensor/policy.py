@@ -134,7 +134,10 @@ def _caller_stacklevel() -> int:
 
     import torch
 
-    inside = (os.path.dirname(os.path.dirname(__file__)), os.path.dirname(torch.__file__))  # sparsefill/, torch/
+    inside = (
+        os.path.dirname(os.path.dirname(__file__)),
+        os.path.dirname(torch.__file__),
+    )  # sparsefill/, torch/
     frame, level = sys._getframe(1), 1
     while frame is not None and frame.f_code.co_filename.startswith(inside):
         frame, level = frame.f_back, level + 1

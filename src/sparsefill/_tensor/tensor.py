@@ -730,7 +730,7 @@ _FAST: dict = {}  # OpOverload._op -> the op layer's fast(func): a shortcut wher
 def _rebuild(size, inner, ctx, requires_grad, extra=None):
     """The SparseTensor of ``__reduce_ex__``'s parts (files, pickles, queues, deep copies name this
     function; its arguments stay as they are), checked before any kernel indexes memory with them:
-    ``_loading.rebuild``."""
+    ``_tensor.loading.rebuild``."""
     from sparsefill._tensor.loading import rebuild
 
     return rebuild(size, inner, ctx, requires_grad, extra)

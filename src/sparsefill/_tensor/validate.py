@@ -132,7 +132,7 @@ def check_parts(
     form a valid SparseTensor as it is stored: the invariants every kernel relies on before it
     indexes memory with a stored index.  The constructors' checks (``check_invariants=True``), for
     parts that arrive whole
-    (``torch.load``, pickle, queues, deep copies, collectives: see ``_loading.rebuild``)::
+    (``torch.load``, pickle, queues, deep copies, collectives: see ``_tensor.loading.rebuild``)::
 
         COO  indices int64 (sparse_dim, nse), each row in [0, size[d]); values (nse, *dense_shape);
              coalesced: the columns sorted without duplicates

@@ -5,7 +5,7 @@
   ``sparse`` (``s.sum(axis=1)``) and dense ``x.sum(1)``.
 * ``A.amax(1)`` likewise (no torch native sparse peer: torch.sparse has no amax over a dim).
 * ``A.median(1)`` of a COO matrix, 1% specified, fill 0.5 (the one median rank rule,
-  ``_reduce.segment_median``): against dense ``x.median(1)`` (pydata ``sparse`` has no median).
+  ``_kernels.reducer.segment_median``): against dense ``x.median(1)`` (pydata ``sparse`` has no median).
 
 Issue 18's small row reductions are the first sizes: ``A.sum(1)`` at 4000^2 with 16k stored at most
 2x the hand-written CSR ``mv``, ``A.amax(1)`` at 2000^2, 1% at most 1.0x pydata.

@@ -63,7 +63,15 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import torch
 
-from sparsefill.benchmarks.measure import copy_bandwidth, cpu_snapshot, loadavg, measure_memory, other_cpu, stub_timer, torch_timer
+from sparsefill.benchmarks.measure import (
+    copy_bandwidth,
+    cpu_snapshot,
+    loadavg,
+    measure_memory,
+    other_cpu,
+    stub_timer,
+    torch_timer,
+)
 from sparsefill.benchmarks.report import markdown_report, markdown_table
 
 __all__ = [

@@ -157,7 +157,7 @@ def _keys_fit(shape) -> bool:
 
 
 def keys_of(idx: torch.Tensor, S) -> torch.Tensor:
-    """Row-major linear keys of coordinates ``idx`` ``(len(S), n)``: ``_index.linearize``, one fused
+    """Row-major linear keys of coordinates ``idx`` ``(len(S), n)``: ``_kernels.index.linearize``, one fused
     multiply-add per dim (Horner) and no ``(len(S), n)`` temporary."""
     if len(S) <= 1:
         return idx[0].to(torch.int64) if len(S) else idx.new_zeros(idx.shape[1], dtype=torch.int64)

@@ -15,7 +15,7 @@ included (each op's docstring says which value they read).
   The mask is combined with the input's pattern into the union pattern ``P`` (``_canon``,
   masked-reductions-on-sparse.md's ``input_mask3``; elements outside ``P`` are all masked in or
   all masked out), and each slice is reduced over its stored elements plus, in closed form, its
-  ``n`` unspecified ones (``_engine``, the reducer protocol of ``sparsefill._kernels.reducer`` with fill
+  ``n`` unspecified ones (``_kernels.engine``, the reducer protocol of ``sparsefill._kernels.reducer`` with fill
   tables).  A strided mask is read at the input's positions (O(nse)); the unspecified elements it
   masks in are counted per output slice for reductions (O(mask + output) memory, never joined)
   and joined to ``P`` for normalizations and argmax/argmin (whose results need their positions);
@@ -45,8 +45,28 @@ tensor([0.1192, 0.8808, 1.0000])
 
 from sparsefill.masked._elementwise import logaddexp
 from sparsefill.masked._masks import coo_mask, csr_mask, input_mask, output_mask, pattern_mask
-from sparsefill.masked._normalizations import cumprod, cumsum, log_softmax, normalize, softmax, softmin
-from sparsefill.masked._reductions import amax, amin, argmax, argmin, logsumexp, mean, median, norm, prod, std, sum, var
+from sparsefill.masked._normalizations import (
+    cumprod,
+    cumsum,
+    log_softmax,
+    normalize,
+    softmax,
+    softmin,
+)
+from sparsefill.masked._reductions import (
+    amax,
+    amin,
+    argmax,
+    argmin,
+    logsumexp,
+    mean,
+    median,
+    norm,
+    prod,
+    std,
+    sum,
+    var,
+)
 
 __all__ = [
     "sum",

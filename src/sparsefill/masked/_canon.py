@@ -200,7 +200,7 @@ def _same_indices(A: SparseTensor, M) -> torch.Tensor | None:
 def _check_union(n_positions: int, words: int) -> None:
     """The union pattern stores every masked-in element of a strided mask that the input does not
     specify (``words`` index words each): elements stored explicitly, under the one size policy
-    (``_policy.check_specify``: quiet up to 65536, then the densify policy's mode and byte
+    (``_tensor.policy.check_specify``: quiet up to 65536, then the densify policy's mode and byte
     limit)."""
     check_specify(
         f"a mask that masks in {n_positions} elements the sparse input does not specify (joined to "
@@ -223,7 +223,7 @@ def combine(input, mask, zero_absorbs: bool = False, counts: bool = False) -> Ma
     note), so for a zero fill the masked-in unspecified elements are dropped instead of joined to
     the pattern. ``counts``: the op only needs, per output slice, how many unspecified elements a
     strided mask masks in (reductions but argmax/argmin): the pattern stays the input's and the mask
-    rides along as ``extra`` (counted by ``_engine.Slices``; memory O(mask + output), however many
+    rides along as ``extra`` (counted by ``_kernels.engine.Slices``; memory O(mask + output), however many
     it masks in).
     """
     A = as_sparse(input)

@@ -180,7 +180,7 @@ class Slices:
 
     def masked_in(self, u=None, m=None):
         """``(values, seg, lengths)`` of the masked-in stored scalar elements (``lengths``: the
-        segments are sorted gap-free runs, see ``_reduce.segment_combine``; None unless every
+        segments are sorted gap-free runs, see ``_kernels.reducer.segment_combine``; None unless every
         element is masked in and the segments are sorted rows)."""
         u = self.X.u if u is None else u
         every = self.every_in if m is None else bool(m.all())

@@ -5,7 +5,7 @@ Same signatures and results as ``torch.masked.<op>`` (the drop-in promise), at E
     densify(masked.op(input, dim, mask=mask)) == torch.masked.op(dense(input), dim, mask=dense(mask))
 
 On a sparse input the statistics of each slice along ``dim`` (logsumexp, norm) come from the
-reducers of ``sparsefill._kernels.reducer`` (fill tables over the segments of ``_engine``) on the union
+reducers of ``sparsefill._kernels.reducer`` (fill tables over the segments of ``_kernels.engine``) on the union
 pattern ``P`` of input and mask (``_canon``), prefix sums from :func:`_segmented_scan`; e.g. for
 softmax every masked-in element ``p`` of ``P`` gets::
 
@@ -49,7 +49,13 @@ from sparsefill._kernels.reducer import REDUCERS, gather_seg
 from sparsefill._tensor.tensor import SparseTensor
 from sparsefill.masked import _engine as E
 from sparsefill.ops.reductions import edge_softmax as _segsoftmax
-from sparsefill.masked._apply import Result, check_dtype_as_torch_masked, dense_fallback, dense_mask, run
+from sparsefill.masked._apply import (
+    Result,
+    check_dtype_as_torch_masked,
+    dense_fallback,
+    dense_mask,
+    run,
+)
 from sparsefill.masked._canon import Masked, _same_indices, as_sparse, is_sparse
 from sparsefill.masked._reductions import norm_kernel
 

@@ -28,7 +28,16 @@ import math
 import torch
 
 from sparsefill._kernels import index as _index
-from sparsefill._kernels.reducer import REDUCERS, Norm, Var, first_gap, identity_of, segment_arg, segment_counts, segment_median
+from sparsefill._kernels.reducer import (
+    REDUCERS,
+    Norm,
+    Var,
+    first_gap,
+    identity_of,
+    segment_arg,
+    segment_counts,
+    segment_median,
+)
 from sparsefill.masked import _engine as E
 from sparsefill.masked._apply import Result, check_dtype_as_torch_masked, dense_mask, run
 from sparsefill.masked._canon import as_sparse, is_sparse

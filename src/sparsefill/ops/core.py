@@ -8,7 +8,16 @@ import torch
 from sparsefill._creation import constructors as _creation
 from sparsefill._kernels import index as _index
 from sparsefill._kernels.trace import traced
-from sparsefill._tensor.parts import coalesce_of, coalesced_parts, dense_of, dense_to_sparse, map_inner, rewrap, to_layout, union_parts
+from sparsefill._tensor.parts import (
+    coalesce_of,
+    coalesced_parts,
+    dense_of,
+    dense_to_sparse,
+    map_inner,
+    rewrap,
+    to_layout,
+    union_parts,
+)
 from sparsefill._tensor.policy import check_densify, check_specify
 from sparsefill._tensor.dense_dims import one_split, to_dense_dim
 from sparsefill._tensor.tensor import SparseTensor

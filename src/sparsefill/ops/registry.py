@@ -39,7 +39,10 @@ import functools
 
 import torch
 
-from sparsefill._autograd.transforms import check as _func_guard, no_reverse_transform as _no_reverse_transform
+from sparsefill._autograd.transforms import (
+    check as _func_guard,
+    no_reverse_transform as _no_reverse_transform,
+)
 from sparsefill._tensor.tensor import _FAST, SparseTensor
 from sparsefill.ops.pointwise import rule as pointwise
 from sparsefill.ops import views
@@ -290,5 +293,3 @@ def _plan(func) -> tuple:
         _is_composite(func),
     )
     return plan
-
-

@@ -40,7 +40,15 @@ from typing import Any, NamedTuple
 import torch
 
 from sparsefill._kernels import index as _index
-from sparsefill._tensor.parts import coalesced_parts, dense_of, differs, map_inner, parts_to_sparse, rewrap, scalar_parts
+from sparsefill._tensor.parts import (
+    coalesced_parts,
+    dense_of,
+    differs,
+    map_inner,
+    parts_to_sparse,
+    rewrap,
+    scalar_parts,
+)
 from sparsefill._tensor.policy import check_densify, check_specify
 from sparsefill._tensor.tensor import _STATE, SparseTensor
 from sparsefill.ops._schema import flat_args, written_args

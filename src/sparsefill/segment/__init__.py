@@ -41,13 +41,32 @@ tensor([[12.,  7.],
         [14., 12.]])
 """
 
-from sparsefill.segment._repr import gather_ranges, lengths_gather, lengths_range_fill, lengths_tile, lengths_to_offsets, lengths_to_ranges, lengths_to_segment_ids, lengths_to_weights, offsets_to_lengths, segment_ids_to_lengths, segment_ids_to_offsets, segment_ids_to_ranges
+from sparsefill.segment._repr import (
+    gather_ranges,
+    lengths_gather,
+    lengths_range_fill,
+    lengths_tile,
+    lengths_to_offsets,
+    lengths_to_ranges,
+    lengths_to_segment_ids,
+    lengths_to_weights,
+    offsets_to_lengths,
+    segment_ids_to_lengths,
+    segment_ids_to_offsets,
+    segment_ids_to_ranges,
+)
 from sparsefill.segment._pack import lengths_top_k, pack_segments, sparse_to_dense, unpack_segments
 from sparsefill.segment._reduce_ops import SEGMENT_REDUCERS, SegmentReducer, reduce
 from sparsefill.segment._basic import gather, scatter_assign, scatter_weighted_sum
 from sparsefill.segment._bridge import csr_row_reduce, from_sparse_csr, ids_to_sparse, to_sparse_csr
 from sparsefill.segment._jagged import KeyedJaggedBatch
-from sparsefill.segment._optim import SparseAdagrad, SparseFtrl, rowwise_sparse_adagrad, sparse_adagrad, sparse_ftrl
+from sparsefill.segment._optim import (
+    SparseAdagrad,
+    SparseFtrl,
+    rowwise_sparse_adagrad,
+    sparse_adagrad,
+    sparse_ftrl,
+)
 from sparsefill._kernels.segment import compiled_available, set_backend, use_backend
 from sparsefill.segment import _aliases
 from sparsefill.segment._aliases import ALIASES

@@ -132,7 +132,7 @@ def csr_row_reduce(A, reducer: str = "sum") -> torch.Tensor:
 
         csr_row_reduce(A, r)[s] == r(A.to_dense()[s])           (an indefinite fill: the fills are skipped)
 
-    ``reducer``: ``sum mean max min prod logsumexp``.  The engine is ``_engine.choose``'s for CSR
+    ``reducer``: ``sum mean max min prod logsumexp``.  The engine is ``_kernels.engine.choose``'s for CSR
     rows (the SpMV for sums, the compiled sorted kernels for max and min on the compiled segment
     backend); the protocol folds the fills and finalizes with the count; differentiable in the
     values and the fill.

@@ -55,7 +55,16 @@ from sparsefill._kernels.trace import new_dynamic_size
 from sparsefill._kernels import segment as _kernels
 from sparsefill._kernels.segment_check import as_index
 from sparsefill.segment._repr_ops import _effectful
-from sparsefill.segment._reduce_ops import _args, _backward, _flat, _out_dtype, _reduce_eager, _scatter_rows, reducer_key, reducer_of
+from sparsefill.segment._reduce_ops import (
+    _args,
+    _backward,
+    _flat,
+    _out_dtype,
+    _reduce_eager,
+    _scatter_rows,
+    reducer_key,
+    reducer_of,
+)
 
 __all__ = [
     "segment_reduce",

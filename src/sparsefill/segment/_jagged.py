@@ -325,9 +325,7 @@ class KeyedJaggedBatch:
 
     # ---------------------------------------------------------------------------- construction
     @classmethod
-    def from_lists(
-        cls, batch, *, weights=None, dtype=torch.int64, device=None
-    ) -> KeyedJaggedBatch:
+    def from_lists(cls, batch, *, weights=None, dtype=torch.int64, device=None) -> KeyedJaggedBatch:
         """From a list of ``{key: [ids]}`` dicts (key order kept); ``weights`` alike (``{key:
         [w]}``)."""
         keys, vlen, elen, vals, ws = [], [], [], [], []

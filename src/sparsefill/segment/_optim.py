@@ -81,7 +81,9 @@ def _check(param, indices, grad, states, state_names, rowwise=False):
 
 
 def _ops():
-    from sparsefill.segment import _custom_ops  # (registers the ops: imported by the first traced call)
+    from sparsefill.segment import (
+        _custom_ops,
+    )  # (registers the ops: imported by the first traced call)
 
     return _custom_ops
 

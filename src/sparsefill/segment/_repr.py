@@ -31,7 +31,13 @@ from __future__ import annotations
 import torch
 
 from sparsefill._kernels.trace import traced
-from sparsefill._kernels.segment_check import as_index, check_indices, check_lengths, check_offsets, check_segment_ids
+from sparsefill._kernels.segment_check import (
+    as_index,
+    check_indices,
+    check_lengths,
+    check_offsets,
+    check_segment_ids,
+)
 
 __all__ = [
     "lengths_to_segment_ids",

@@ -48,7 +48,13 @@ from torch.autograd.function import once_differentiable
 
 from sparsefill._kernels import index as _index
 from sparsefill._kernels.trace import bincount, known_true, traced
-from sparsefill._autograd.functions import Construct, SameDense, _pattern, refuse_vmap, sparse_inside
+from sparsefill._autograd.functions import (
+    Construct,
+    SameDense,
+    _pattern,
+    refuse_vmap,
+    sparse_inside,
+)
 from sparsefill._kernels.grouping import values_not_kept
 from sparsefill._tensor.parts import coalesced_parts, parts_to_sparse, rewrap, scalar_parts
 from sparsefill._tensor.tensor import SparseTensor

@@ -35,7 +35,15 @@ from sparsefill._kernels import index as _index
 from sparsefill._kernels.trace import known_true
 from sparsefill._tensor.tensor import SparseTensor
 from sparsefill.ops.shape import reshape as _shape
-from sparsefill.ops.linalg.product import _dense_sp, _Mat, _native_pairs, _native_spmm, _sp_dense, _sp_sp, product
+from sparsefill.ops.linalg.product import (
+    _dense_sp,
+    _Mat,
+    _native_pairs,
+    _native_spmm,
+    _sp_dense,
+    _sp_sp,
+    product,
+)
 
 
 def sp_dense_exact(M: _Mat, X: torch.Tensor) -> torch.Tensor:

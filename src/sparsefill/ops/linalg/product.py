@@ -86,7 +86,13 @@ import torch
 
 from sparsefill._kernels import index as _index
 from sparsefill._kernels.trace import bincount, known_true, traced
-from sparsefill._tensor.parts import coalesce_of, coalesced_parts, map_inner, parts_to_sparse, scalar_parts
+from sparsefill._tensor.parts import (
+    coalesce_of,
+    coalesced_parts,
+    map_inner,
+    parts_to_sparse,
+    scalar_parts,
+)
 from sparsefill._kernels.grouping import gathered_cached, kept_values_owner, pattern_cached
 from sparsefill._tensor.tensor import SparseTensor
 from sparsefill.ops.shape import reshape as _shape

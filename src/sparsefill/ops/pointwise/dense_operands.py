@@ -25,7 +25,13 @@ import torch
 
 from sparsefill._kernels import index as _index
 from sparsefill._kernels.trace import traced
-from sparsefill._tensor.parts import coalesced_parts, dense_of, parts_to_sparse, pattern_mask, rewrap
+from sparsefill._tensor.parts import (
+    coalesced_parts,
+    dense_of,
+    parts_to_sparse,
+    pattern_mask,
+    rewrap,
+)
 from sparsefill._tensor.policy import check_densify
 from sparsefill._tensor.tensor import SparseTensor
 

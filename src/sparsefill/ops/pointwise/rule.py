@@ -28,12 +28,26 @@ import torch
 
 from sparsefill._kernels import index as _index, merge as _merge
 from sparsefill._kernels.trace import same_tensor
-from sparsefill._tensor.parts import coalesce_of, coalesced_parts, dense_of, parts_to_sparse, rewrap, union_parts
+from sparsefill._tensor.parts import (
+    coalesce_of,
+    coalesced_parts,
+    dense_of,
+    parts_to_sparse,
+    rewrap,
+    union_parts,
+)
 from sparsefill._tensor.dense_dims import one_split
 from sparsefill._tensor.tensor import SparseTensor
 from sparsefill.ops._schema import broadcast_error, flat_args, written_args, written_positions
 from sparsefill.ops._writes import assign_
-from sparsefill.ops.pointwise.dense_operands import _constant_fill, _dense_call, _into_dense, _over_dense_dims, join_small, unexpanded
+from sparsefill.ops.pointwise.dense_operands import (
+    _constant_fill,
+    _dense_call,
+    _into_dense,
+    _over_dense_dims,
+    join_small,
+    unexpanded,
+)
 
 
 aten = torch.ops.aten
@@ -109,7 +123,7 @@ def unary_fast(func, args, kwargs):
 
     ``P`` is ``A``'s pattern when every SparseTensor operand holds ``A``'s index tensors (``A * A``,
     ``A + A.exp()``: the values as stored), else (COO operands with as many sparse dims) the union
-    of the patterns (:func:`union2` for two, cached while small; :func:`_convert.union_parts`).
+    of the patterns (:func:`union2` for two, cached while small; :func:`_tensor.parts.union_parts`).
     Operands of one dtype beside Python scalars promote alike whatever their rank, so the fills need
     no reshape. ``f`` runs as :func:`_call_of` says.  Returns None when the call does not qualify
     (the general rule then takes it), and when ``f`` raises on a SparseTensor with no element (``A
@@ -417,11 +431,11 @@ def union2(A: SparseTensor, B: SparseTensor):
         indices[:, pa] == A._idx      indices[:, pb] == B._idx      (sorted, unique: a coalesced pattern)
 
     (``pa`` None: ``A``'s pattern holds ``B``'s, ``indices`` is ``A._idx`` itself; likewise ``pb``),
-    by :func:`_merge.union_or_superset` of the linear keys (:func:`_union_small` for small CPU
+    by :func:`_kernels.merge.union_or_superset` of the linear keys (:func:`_union_small` for small CPU
     patterns); while the two hold at most ``_UNION_CACHE_MAX`` elements, cached per pair of index
     tensors (patterns that recur, a training step or a loop over small tensors, merge once; the key
     is the two tensors' identity and versions: 1 µs, against 3.5 µs for
-    ``_grouping.pattern_cached``'s storage keys; the pattern of index tensors changed through
+    ``_kernels.grouping.pattern_cached``'s storage keys; the pattern of index tensors changed through
     ``set_`` is a version change too).  The indices are shared by the results: an in-place change of
     them is seen (version) and the union merged again."""
     ia, ib = A._idx, B._idx
@@ -780,7 +794,9 @@ def _broadcast(sparse):
 
 def _expand(T: SparseTensor, shape) -> SparseTensor:
     """``T`` expanded to ``shape`` physically (``shape.expand``: the stored elements repeat)."""
-    from sparsefill.ops.shape.reshape import expand  # (shape.py imports the registry, which imports this module)
+    from sparsefill.ops.shape.reshape import (
+        expand,
+    )  # (shape.py imports the registry, which imports this module)
 
     return expand(T, list(shape), keep_split=True)
 

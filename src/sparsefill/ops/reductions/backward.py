@@ -47,7 +47,13 @@ from torch.autograd.function import once_differentiable
 
 from sparsefill._kernels import index as _index
 from sparsefill._kernels.trace import traced
-from sparsefill._autograd.functions import _pattern, dense_grad, refuse_vmap, sparse_inside, sum_outside
+from sparsefill._autograd.functions import (
+    _pattern,
+    dense_grad,
+    refuse_vmap,
+    sparse_inside,
+    sum_outside,
+)
 from sparsefill._tensor.parts import coalesced_parts, parts_to_sparse, rewrap, values_at
 from sparsefill._kernels.grouping import group_slices
 from sparsefill._tensor.tensor import SparseTensor

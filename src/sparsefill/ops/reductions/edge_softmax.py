@@ -36,7 +36,13 @@ import torch
 
 from sparsefill._tensor import parts as _convert
 from sparsefill._kernels import index as _index, reducer as _reduce
-from sparsefill._autograd.functions import _pattern, grad_parts, refuse_vmap, sparse_inside, unwrapped
+from sparsefill._autograd.functions import (
+    _pattern,
+    grad_parts,
+    refuse_vmap,
+    sparse_inside,
+    unwrapped,
+)
 from sparsefill._kernels.grouping import csr_row_slices, pattern_cached, sorted_runs
 from sparsefill._tensor.tensor import SparseTensor
 
@@ -72,7 +78,7 @@ def _sparse_ndim(A: SparseTensor) -> int:
 @dataclasses.dataclass(frozen=True)
 class Plan:
     """The slices along one sparse dim of a pattern (the backend's grouping:
-    ``_grouping.sorted_runs``, ``_grouping.csr_row_slices``): stored element ``perm[i]`` (``i`` when
+    ``_kernels.grouping.sorted_runs``, ``_kernels.grouping.csr_row_slices``): stored element ``perm[i]`` (``i`` when
     ``perm`` is None) is the ``i``-th in slice order, in slice ``seg[i]``; slice ``s`` holds
     ``lengths[s]`` elements (contiguous runs in that order); ``inv`` undoes ``perm``."""
 
@@ -126,7 +132,7 @@ def plan_of(A: SparseTensor, dim: int) -> Plan:
 
 def _segsum(t: torch.Tensor, plan: Plan) -> torch.Tensor:
     """Per-slice sums (the protocol's combine: ``scatter_add_`` for 1-D values, as
-    ``_engine.choose`` picks)."""
+    ``_kernels.engine.choose`` picks)."""
     return _reduce.segment_combine(t, plan.seg, plan.nseg, "sum")
 
 

@@ -3,7 +3,7 @@
     r(A, dims).to_dense() == r(A.to_dense(), dims)
 
 * dense dims only: the op on the values and on the fill; the pattern is kept;
-* sparse dims ``R``: stored elements grouped by output slice (:func:`_grouping.group_slices`),
+* sparse dims ``R``: stored elements grouped by output slice (:func:`_kernels.grouping.group_slices`),
   each slice folds ``n = prod(size[R]) - count`` copies of the fill; the result is sparse over the
   kept sparse dims, its fill the reduction of ``prod(size[R])`` fills; reducing every sparse dim
   gives a dense result (dense by nature);
@@ -27,7 +27,16 @@ from sparsefill._kernels import engine as _engine, index as _index
 from sparsefill._kernels.trace import traced
 from sparsefill._tensor.parts import coalesced_parts, dense_of, parts_to_sparse
 from sparsefill._kernels.grouping import csr_row_slices, group_slices, pattern_cached
-from sparsefill._kernels.reducer import Norm, REDUCERS, Var, accumulator_dtype, first_gap, segment_arg, segment_combine, segment_median
+from sparsefill._kernels.reducer import (
+    Norm,
+    REDUCERS,
+    Var,
+    accumulator_dtype,
+    first_gap,
+    segment_arg,
+    segment_combine,
+    segment_median,
+)
 from sparsefill._tensor.policy import check_densify
 from sparsefill._tensor.tensor import SparseTensor
 from sparsefill.ops._schema import check_dtype, meta_call, meta_of, reduction_meta
@@ -179,10 +188,10 @@ def _csr_rows(A: SparseTensor, acc_dtype=None):
     """``group_slices`` of a 2-D CSR pattern over its columns, read off the row pointers (cached per
     pattern, as ``group_slices``): ``(out_idx, n_fill, lengths, csr, width)`` of the slices, the
     non-empty rows or every row, whose stored elements are contiguous runs of ``lengths``; ``csr``
-    the rows for the engines (:class:`_engine.CsrRows`); ``width`` the number of columns.
+    the rows for the engines (:class:`_kernels.engine.CsrRows`); ``width`` the number of columns.
     ``acc_dtype`` (float32/float64, a floating sum, whose engine is the SpMV): ``n_fill`` and
     ``width`` (0-d) are tensors of that dtype and the index tensors the SpMV reads best come along
-    (``_engine.spmv_index``), all cached (per ``crow`` and ``col`` then): the sum folds ``fill *
+    (``_kernels.engine.spmv_index``), all cached (per ``crow`` and ``col`` then): the sum folds ``fill *
     n_fill`` and makes its fill ``fill * width`` with no conversion or scalar wrapping per call."""
     if A._sf_layout is not torch.sparse_csr or A._crow.dim() != 1:
         return None
@@ -386,7 +395,7 @@ def _correction(args, kwargs):
 def _var_std(func, args, kwargs):
     """var/std (and their means) as torch's: over sparse dims only, or dense dims only, centred on
     each
-    slice's mean (the reducer protocol's :class:`_reduce.Var`, moments of float32 in float64, as torch)::
+    slice's mean (the reducer protocol's :class:`_kernels.reducer.Var`, moments of float32 in float64, as torch)::
 
         var[s] = (sum_i (x_i - mean[s])^2 + n_fill[s] * (f - mean[s])^2) / max(N - correction, 0)
 
@@ -731,7 +740,7 @@ def _median(func, args, kwargs):
 
 @register(aten.median.dim, aten.nanmedian.dim)
 def _median_dim(func, args, kwargs):
-    """Lower median along ``dim`` per slice, by the one rank rule (:func:`_reduce.segment_median`,
+    """Lower median along ``dim`` per slice, by the one rank rule (:func:`_kernels.reducer.segment_median`,
     the fills ahead of equal stored values), for all slices at once.  ``indices`` point at an
     element equal to the median: the stored one, or the first unspecified position when the fill is
     the median (torch leaves which of several equal elements unspecified); a slice with a NaN

@@ -23,7 +23,16 @@ import math
 
 import torch
 
-from sparsefill._tensor.parts import check_densify_quiet, coalesce_of, coalesced_parts, dense_of, parts_to_sparse, rewrap, union_parts, values_at
+from sparsefill._tensor.parts import (
+    check_densify_quiet,
+    coalesce_of,
+    coalesced_parts,
+    dense_of,
+    parts_to_sparse,
+    rewrap,
+    union_parts,
+    values_at,
+)
 from sparsefill._autograd import functions as _autograd
 from sparsefill.ops.reductions import edge_softmax as _segsoftmax
 from sparsefill._autograd.functions import _values_on_pattern

@@ -6,7 +6,7 @@
 Along a sparse dim the stored elements of each operand are shifted by the sizes before it; along a
 dense dim the values are joined at the union of the patterns, and the fills are joined.  The result
 takes the fill of the largest operand; the elements of an operand with another fill are specified
-(stored), a DensifyWarning past ``_policy.SPECIFY_QUIET_ELEMENTS`` of them.  A dense operand is
+(stored), a DensifyWarning past ``_tensor.policy.SPECIFY_QUIET_ELEMENTS`` of them.  A dense operand is
 stored where it differs from that fill.  A masked (indefinite) operand makes the result masked where
 it is unspecified and defined elsewhere, as ``torch.masked``'s ``cat`` (a defined operand's mask is
 all True): the fill is indefinite and every element of the defined operands is stored (through the
@@ -30,7 +30,15 @@ from __future__ import annotations
 import torch
 
 from sparsefill._kernels import index as _index
-from sparsefill._tensor.parts import coalesced_parts, dense_of, dense_to_parts, dense_to_sparse, every_element, parts_to_sparse, union_parts
+from sparsefill._tensor.parts import (
+    coalesced_parts,
+    dense_of,
+    dense_to_parts,
+    dense_to_sparse,
+    every_element,
+    parts_to_sparse,
+    union_parts,
+)
 from sparsefill._tensor.policy import check_specify
 from sparsefill._tensor.dense_dims import one_split
 from sparsefill._tensor.tensor import SparseTensor

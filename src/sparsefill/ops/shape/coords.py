@@ -111,7 +111,7 @@ def _join(k_old: torch.Tensor, k_new: torch.Tensor):
     """``(union, p_old, p_new)``: the sorted union of a pattern's keys ``k_old`` (sorted unique) and
     written keys ``k_new`` (any order, repeats allowed), ``union[p_old] == k_old``, ``union[p_new]
     == k_new``.  The written keys are sorted alone (already sorted unique: not at all), then merged
-    with the pattern in one linear pass (:func:`_merge.union_inverse`): O(nse + M log M), not a sort
+    with the pattern in one linear pass (:func:`_kernels.merge.union_inverse`): O(nse + M log M), not a sort
     of the nse + M keys."""
     if traced(k_new):
         union, inv = _index.unique_inverse(torch.cat([k_old, k_new]))

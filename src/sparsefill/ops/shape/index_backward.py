@@ -27,7 +27,13 @@ from torch.autograd.function import once_differentiable
 
 from sparsefill._kernels import index as _index
 from sparsefill._autograd.functions import _pattern, refuse_vmap, sparse_inside
-from sparsefill._tensor.parts import coalesced_parts, dense_to_sparse, every_element, linear_parts, parts_to_sparse
+from sparsefill._tensor.parts import (
+    coalesced_parts,
+    dense_to_sparse,
+    every_element,
+    linear_parts,
+    parts_to_sparse,
+)
 from sparsefill._tensor.policy import check_specify
 from sparsefill._tensor.tensor import SparseTensor
 from sparsefill.ops.autograd_routes import register_route

@@ -524,7 +524,7 @@ def _tril_triu(func, args, kwargs):
     """Elements off the kept triangle ``K`` become 0.  Zero (or indefinite) fill: only stored
     elements move.  A nonzero fill ``f``: the result is dense by nature in part, and the cheaper of
     two exact forms is built — fill ``f`` with the zeroed triangle stored as zeros, or fill 0 with
-    ``K``'s unspecified elements stored as ``f`` (``_policy.check_specify`` past 65536 of them)."""
+    ``K``'s unspecified elements stored as ``f`` (``_tensor.policy.check_specify`` past 65536 of them)."""
     A = args[0]
     k = args[1] if len(args) > 1 else kwargs.get("diagonal", 0)
     func(probe_of(A), k)  # torch's errors (fewer than 2 dims)

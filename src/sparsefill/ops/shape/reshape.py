@@ -36,7 +36,12 @@ from sparsefill._kernels import index as _index, merge as _merge
 from sparsefill._kernels.trace import traced
 from sparsefill._tensor.parts import differs, scalar_parts
 from sparsefill._kernels.grouping import gathered_cached, kept_values_owner, pattern_cached
-from sparsefill._tensor.policy import SPECIFY_QUIET_ELEMENTS, check_densify, check_limit, check_specify
+from sparsefill._tensor.policy import (
+    SPECIFY_QUIET_ELEMENTS,
+    check_densify,
+    check_limit,
+    check_specify,
+)
 from sparsefill._tensor.tensor import SparseTensor
 from sparsefill.ops._writes import reshape_, unmark_viewed, viewed
 from sparsefill.ops.registry import register
@@ -95,7 +100,7 @@ def all_sparse(A: SparseTensor) -> SparseTensor:
 
         extra elements = (#unspecified sparse positions) * (#{q : f[q] != c})
 
-    through ``_policy.check_specify`` (a DensifyWarning past 65536: such a result is dense by
+    through ``_tensor.policy.check_specify`` (a DensifyWarning past 65536: such a result is dense by
     nature)."""
     if not A.dense_dim():
         return (
@@ -317,7 +322,7 @@ def expand(A: SparseTensor, size, keep_split: bool = False) -> SparseTensor | No
 
     Grown dense dims expand the values and the fill (stride 0).  Where sparse dims grow (size 1 to
     ``n``, or new leading dims), the sparse dims from the first grown one on become dense dims
-    (:func:`_splits.coarser`: one slice per stored prefix, exact) and the values expand along them:
+    (:func:`_tensor.dense_dims.coarser`: one slice per stored prefix, exact) and the values expand along them:
     the column of a row reduction ``d = A.norm(1, 1, keepdim=True)`` expanded to ``A``'s shape
     (``F.normalize``) stores ``d``'s elements, not ``n`` times as many.  Else (``keep_split``, the
     pointwise rule's broadcast that merges patterns at one split; an indefinite prefix partly
@@ -369,11 +374,13 @@ def expand(A: SparseTensor, size, keep_split: bool = False) -> SparseTensor | No
 
 
 def _expand_as_dense_dims(A: SparseTensor, size, f: int, r: int) -> SparseTensor | None:
-    """:func:`expand` with the dims from ``f`` on (of ``size``) dense, when :func:`_splits.coarser`
+    """:func:`expand` with the dims from ``f`` on (of ``size``) dense, when :func:`_tensor.dense_dims.coarser`
     can make them dense (None for an indefinite ``A`` whose slices there are partly stored) and
     stores no more than the repeats would (one slice of the old dims ``f..`` per stored prefix,
     against ``nse * r`` slices)."""
-    from sparsefill._tensor.dense_dims import coarser  # (_splits imports _convert, which the registry's modules import first)
+    from sparsefill._tensor.dense_dims import (
+        coarser,
+    )  # (_splits imports _convert, which the registry's modules import first)
 
     if traced(A._vals):  # (torch.compile: coarser's slice count is data; the repeats are not)
         return None

@@ -9,7 +9,18 @@ import torch
 from sparsefill._kernels import index as _index
 from sparsefill._tensor.tensor import SparseTensor
 from sparsefill.ops.registry import register
-from sparsefill.ops.windows._core import _PAIRS_PER_ELEMENT, _Runs, _build, _meta, _parts, _refuse_indefinite, _scatter, _taps, _union, aten
+from sparsefill.ops.windows._core import (
+    _PAIRS_PER_ELEMENT,
+    _Runs,
+    _build,
+    _meta,
+    _parts,
+    _refuse_indefinite,
+    _scatter,
+    _taps,
+    _union,
+    aten,
+)
 from sparsefill.ops.windows.pooling import _pool_grad_values, _pool_values
 
 

@@ -9,7 +9,15 @@ from sparsefill._tensor.parts import every_element, parts_to_sparse, rewrap
 from sparsefill._tensor.policy import check_densify
 from sparsefill._tensor.tensor import SparseTensor
 from sparsefill.ops.registry import register
-from sparsefill.ops.windows._core import _build, _fill_term, _meta, _parts, _refuse_indefinite, _windowed, aten
+from sparsefill.ops.windows._core import (
+    _build,
+    _fill_term,
+    _meta,
+    _parts,
+    _refuse_indefinite,
+    _windowed,
+    aten,
+)
 
 
 def _pool_args(args, kwargs):
