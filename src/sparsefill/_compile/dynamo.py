@@ -36,11 +36,9 @@ from sparsefill._tensor.fill import _Indefinite, indefinite as _indefinite
 from sparsefill._tensor.parts import dense_of
 from sparsefill._tensor.tensor import SparseTensor, install_hooks
 
-_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # sparsefill/
+from sparsefill._kernels.trace import inner_sizes
 
-from sparsefill._kernels.trace import (
-    inner_sizes,
-)
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # sparsefill/
 
 
 def every_element(x: torch.Tensor, layout, dense_dim: int):

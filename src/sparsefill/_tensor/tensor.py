@@ -63,7 +63,8 @@ class Hooks:
     entry               installed by                  what it does
     ==================  ============================  =============================================
     ``to_dense``        ``_autograd.functions``       ``A.to_dense(fill_value=)``, differentiable
-    ``values``          ``_autograd.functions``       ``A.values()``: the stored values, differentiable
+    ``values``          ``_autograd.functions``       ``A.values()``: the stored values,
+                                                      differentiable
     ``same_dense``      ``_creation.constructors``    ``fn(A)`` for a conversion ``fn`` (the same
                                                       dense tensor), differentiable
     ``convert``         ``_creation.constructors``    ``A.to_sparse(layout, fill_value, dense_dim)``
@@ -73,7 +74,8 @@ class Hooks:
     ``all_stored``      ``_compile.dynamo``           tangents of torch.compile (every element
     ``coerce_tangent``                                stored)
     ``dispatch``        ``ops``                       ``__torch_dispatch__``: ``ops.registry``
-    ``fast``            ``ops``                       a shortcut for one op (``fast(func)``), or False
+    ``fast``            ``ops``                       a shortcut for one op (``fast(func)``), or
+                                                      False
     ``route``           ``ops``                       ``__torch_function__``: an autograd route, or
                                                       NotImplemented
     ``routed``          ``ops``                       the functions ``route`` may take when every
