@@ -32,15 +32,19 @@ from ._policy import (
     set_densify_policy,
 )
 from ._tensor import SparseTensor
-from ._explain import explain  # noqa: E402  (which stage computes an op: sparsefill.explain)
-from . import ops  # noqa: F401  (fills the op registry)
-from . import masked  # noqa: F401,E402  (sparsefill.masked)
-from . import _compile  # noqa: E402
+from ._explain import explain  # noqa: F401  (public: which stage computes an op)
 
-_compile._install()  # (torch.compile: sparsefill.masked entry points recorded whole, once torch._dynamo loads)
-from . import segment  # noqa: F401  (sparsefill.segment: the Caffe2 segment operations)
-from . import data  # noqa: F401  (sparsefill.data: DataLoader collate of SparseTensors, registered on import)
-from . import nn  # noqa: F401,E402  (sparsefill.nn: SparseParameter, SparseLinear: sparse weights of fixed pattern)
+# The imports below run for their side effects, in this order: ``ops`` fills the op registry and
+# installs the op layer into SparseTensor, ``_compile._install`` records the sparsefill.masked entry
+# points for torch.compile (once torch._dynamo loads), ``data`` registers the DataLoader collate.
+from . import ops  # noqa: F401
+from . import masked  # noqa: F401
+from . import _compile
+
+_compile._install()
+from . import segment  # noqa: F401, E402  (sparsefill.segment: the Caffe2 segment operations)
+from . import data  # noqa: F401, E402  (sparsefill.data: DataLoader collate, registered on import)
+from . import nn  # noqa: F401, E402  (sparsefill.nn: SparseParameter, SparseLinear)
 
 __version__ = "0.1.0"
 

@@ -212,7 +212,7 @@ def _sum_family(reducer, b):
 
 @_builder
 def _fused(reducer, b):
-    x, lengths, offsets, ids, g, N, S, d = b.x, b.lengths, b.offsets, b.ids, b.g, b.N, b.S, b.d
+    lengths, offsets, ids, g, N, S, d = b.lengths, b.offsets, b.ids, b.g, b.N, b.S, b.d
     table = torch.randn(max(1, N // 4), d, generator=g)
     idx = torch.randint(0, table.shape[0], (N,), generator=g)
     w = torch.rand(N, generator=g) if reducer == "weighted_sum" else None
@@ -252,7 +252,7 @@ def _fused(reducer, b):
 
 @_builder
 def _extreme(reducer, b):
-    x, lengths, offsets, ids, g, N, S, d = b.x, b.lengths, b.offsets, b.ids, b.g, b.N, b.S, b.d
+    x, lengths, offsets, ids, N, S, d = b.x, b.lengths, b.offsets, b.ids, b.N, b.S, b.d
     amode = "amax" if reducer == "max" else "amin"
     idx2 = ids[:, None].expand(N, d)
     impls = [
@@ -278,7 +278,7 @@ def _extreme(reducer, b):
 
 @_builder
 def _unsorted(reducer, b):
-    x, lengths, offsets, ids, g, N, S, d = b.x, b.lengths, b.offsets, b.ids, b.g, b.N, b.S, b.d
+    x, lengths, ids, g, N, S, d = b.x, b.lengths, b.ids, b.g, b.N, b.S, b.d
     perm = torch.randperm(N, generator=g)
     xs, us = x[perm].contiguous(), ids[perm].contiguous()
     impls = [

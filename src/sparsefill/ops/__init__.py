@@ -2,6 +2,10 @@
 layer's entry points into ``SparseTensor`` (``_tensor.install_op_layer``: the data class imports no
 op handler)."""
 
+# Every handler module is imported for its side effect (it registers its handlers): hence no use of
+# the names below in this file.
+# ruff: noqa: F401
+
 from .. import _tensor
 from . import (
     activations,
@@ -12,7 +16,7 @@ from . import (
     fallback,
     foreach,
     indexing,
-    linalg,  # noqa: F401
+    linalg,
     normalizations,
     products,
     pointwise,

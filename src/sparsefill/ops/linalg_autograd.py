@@ -269,7 +269,7 @@ def _rest_nonfinite(A: SparseTensor, idx, U: torch.Tensor, V: torch.Tensor) -> t
     rest = _total(A, Uf, Vf).reshape(D) - _sampled(A, Uf, Vf)[1].sum(0)
     b, i = bu.nonzero(as_tuple=True)
     b2, j2 = bv.nonzero(as_tuple=True)
-    nb, m, k = U.shape[0], U.shape[1], V.shape[1]
+    m, k = U.shape[1], V.shape[1]
     from .._policy import check_densify
 
     check_densify(
