@@ -37,195 +37,222 @@ from ._compile import traced
 _COMPILED_MIN = (
     2048  # total keys from which a merge imports numba (below: torch ops unless numba is loaded)
 )
-_kernels = None  # (union, intersect) compiled functions, or False without numba
+_kernels = None  # the compiled kernels (see _compiled), or False without numba
 
 
 def _compiled():
-    global _kernels, address, fill_at, any_differ  # (globals of the kernels, not closure variables: they stay cached on disk)
+    """The compiled kernels ``(union, intersect, scatter, fill_scatter, count_differ,
+    find_differ)``, built on the first call, or False without numba."""
+    global _kernels
     if _kernels is None:
-        try:
-            from llvmlite import ir
-            from numba import carray, config, njit, types
-            from numba.core import cgutils
-            from numba.extending import intrinsic
-        except ImportError:
-            _kernels = False
-            return _kernels
-        if (
-            config.DISABLE_JIT
-        ):  # (NUMBA_DISABLE_JIT=1, numba's debugging switch: its intrinsics cannot run) torch ops
-            _kernels = False
-            return _kernels
-        import numpy as np
-
-        stos = _stos_ready()
-
-        @intrinsic
-        def fill_at(typingctx, at, count, value):  # pragma: no cover (compiled)
-            # ``count`` copies of ``value`` from address ``at``: x86-64's ``rep stos`` (fast-string
-            # stores, no read of the lines first: 7% less than a store loop or numpy's fill on a 4
-            # MB buffer), a loop elsewhere
-            def codegen(context, builder, sig, args):
-                ptr, n, v = args
-                ty = context.get_value_type(sig.args[2])
-                bits = 8 * context.get_abi_sizeof(ty)
-                if stos and bits in (8, 16, 32, 64):
-                    slot = builder.alloca(ty)
-                    builder.store(v, slot)
-                    word, i64 = ir.IntType(bits), ir.IntType(64)
-                    pattern = builder.load(builder.bitcast(slot, word.as_pointer()))
-                    asm = ir.InlineAsm(
-                        ir.FunctionType(ir.LiteralStructType([i64, i64]), [i64, i64, word]),
-                        "rep stos" + {8: "b", 16: "w", 32: "l", 64: "q"}[bits],
-                        "={di},={cx},0,1,{ax},~{memory},~{dirflag},~{fpsr},~{flags}",
-                        side_effect=True,
-                    )
-                    builder.call(asm, [ptr, n, pattern])
-                else:
-                    base = builder.inttoptr(ptr, ty.as_pointer())
-                    with cgutils.for_range(builder, n) as loop:
-                        builder.store(v, builder.gep(base, [loop.index]))
-                return context.get_dummy_value()
-
-            return types.void(types.intp, types.intp, value), codegen
-
-        @intrinsic
-        def address(typingctx, at, like):  # pragma: no cover (compiled)
-            # the pointer to address ``at`` of the element type of ``like`` (an array, or a NumPy
-            # type)
-            ptr = types.CPointer(like.dtype)
-            return ptr(types.intp, like), lambda context, builder, sig, args: builder.inttoptr(
-                args[0], context.get_value_type(ptr)
-            )
-
-        @njit(cache=True, nogil=True)
-        def union(a, b, out, pa, pb):  # pragma: no cover (compiled)
-            # branch-free steps (random patterns defeat a branch predictor: 2x faster): ``pa[i]`` is
-            # rewritten until ``i`` moves on, so it ends as the place of ``a[i]``
-            na, nb = a.shape[0], b.shape[0]
-            i = j = k = 0
-            while i < na and j < nb:
-                x, y = a[i], b[j]
-                le, ge = x <= y, y <= x
-                out[k] = x if le else y
-                pa[i] = k
-                pb[j] = k
-                i += le
-                j += ge
-                k += 1
-            while i < na:
-                out[k] = a[i]
-                pa[i] = k
-                i += 1
-                k += 1
-            while j < nb:
-                out[k] = b[j]
-                pb[j] = k
-                j += 1
-                k += 1
-            return k
-
-        @njit(cache=True, nogil=True)
-        def intersect(a, b, ia, ib):  # pragma: no cover (compiled)
-            na, nb = a.shape[0], b.shape[0]
-            i = j = k = 0
-            while i < na and j < nb:
-                x, y = a[i], b[j]
-                ia[k] = i
-                ib[k] = j
-                k += x == y
-                i += x <= y
-                j += y <= x
-            return k
-
-        @njit(cache=True, nogil=True)
-        def scatter(out, keys, vals):  # pragma: no cover (compiled)
-            for i in range(keys.shape[0]):
-                out[keys[i]] = vals[i]
-
-        @njit(cache=True, nogil=True)
-        def fill_scatter(
-            at_out, n, at_fill, at_keys, at_vals, nse, like
-        ):  # pragma: no cover (compiled)
-            # arrays from addresses (3 .numpy() views cost 2 µs a call, the fill's item() 1 µs);
-            # ``like``: the element type (a NumPy scalar type: no array to unbox); block by block:
-            # the fill, then the values that fall in the block, while its lines are in cache
-            out, vals = carray(address(at_out, like), n), carray(address(at_vals, like), nse)
-            keys = carray(address(at_keys, np.int64), nse)
-            size = out.itemsize
-            block, value = _FILL_BYTES // size, carray(address(at_fill, like), 1)[0]
-            j = 0
-            for a in range(0, n, block):
-                b = min(a + block, n)
-                fill_at(at_out + a * size, b - a, value)
-                lo, hi = j, nse  # e: the first key >= b (a binary search)
-                while lo < hi:
-                    mid = (lo + hi) >> 1
-                    if keys[mid] < b:
-                        lo = mid + 1
-                    else:
-                        hi = mid
-                e = lo
-                for i in range(j, e):
-                    out[keys[i]] = vals[i]
-                j = e
-
-        @njit(cache=True, nogil=True)
-        def count_differ(at_x, n, fill, like):  # pragma: no cover (compiled)
-            # the elements != fill (NaN == NaN): a vectorized count
-            x, f, c = carray(address(at_x, like), n), like.dtype.type(fill), 0
-            if f != f:
-                for i in range(n):
-                    c += x[i] == x[i]
-            else:
-                for i in range(n):
-                    c += x[i] != f
-            return c
-
-        @njit(cache=True, nogil=True, inline="always")
-        def any_differ(x, a, f, nan):  # pragma: no cover (compiled)
-            hit = False  # (a fixed trip count: vectorized)
-            if nan:
-                for i in range(a, a + _FIND_BLOCK):
-                    hit |= x[i] == x[i]
-            else:
-                for i in range(a, a + _FIND_BLOCK):
-                    hit |= x[i] != f
-            return hit
-
-        @njit(cache=True, nogil=True)
-        def find_differ(at_x, n, fill, like, at_keys, at_vals, nse):  # pragma: no cover (compiled)
-            # a block with no differing element costs a vectorized test; in the others every element
-            # is written at k and k advances by the test (branch-free: random patterns defeat a
-            # predictor), unguarded while more than a block of places is left
-            x, f = carray(address(at_x, like), n), like.dtype.type(fill)
-            keys, vals = (
-                carray(address(at_keys, np.int64), nse),
-                carray(address(at_vals, like), nse),
-            )
-            nan, k, B = f != f, 0, _FIND_BLOCK
-            for a in range(0, n, B):
-                b = min(a + B, n)
-                if b - a == B and not any_differ(x, a, f, nan):
-                    continue
-                if nse - k > B:
-                    for i in range(a, b):
-                        v = x[i]
-                        keys[k], vals[k] = i, v
-                        k += (v == v) if nan else (v != f)
-                else:
-                    for i in range(a, b):
-                        v = x[i]
-                        if k < nse:
-                            keys[k], vals[k] = i, v
-                        k += (v == v) if nan else (v != f)
-            return k
-
-        _LIKE.update(
-            {d: np.empty(0, torch.empty(0, dtype=d).numpy().dtype) for d in _SCATTER_DTYPES}
-        )
-        _kernels = (union, intersect, scatter, fill_scatter, count_differ, find_differ)
+        _kernels = _build_kernels()
     return _kernels
+
+
+def _build_kernels():
+    try:
+        import llvmlite.ir  # noqa: F401  (the intrinsics' code generation)
+        from numba import config
+    except ImportError:
+        return False
+    if config.DISABLE_JIT:
+        # NUMBA_DISABLE_JIT=1, numba's debugging switch: its intrinsics cannot run (torch ops)
+        return False
+    import numpy as np
+
+    _build_intrinsics(_stos_ready())
+    union, intersect, scatter = _build_merges()
+    fill_scatter, count_differ, find_differ = _build_dense_kernels()
+    _LIKE.update({d: np.empty(0, torch.empty(0, dtype=d).numpy().dtype) for d in _SCATTER_DTYPES})
+    return (union, intersect, scatter, fill_scatter, count_differ, find_differ)
+
+
+def _build_intrinsics(stos):
+    """Binds the module globals ``fill_at`` and ``address`` (globals of the kernels, not closure
+    variables: the kernels that call them stay cached on disk)."""
+    global address, fill_at
+    from llvmlite import ir
+    from numba import types
+    from numba.core import cgutils
+    from numba.extending import intrinsic
+
+    @intrinsic
+    def fill_at(typingctx, at, count, value):  # pragma: no cover (compiled)
+        # ``count`` copies of ``value`` from address ``at``: x86-64's ``rep stos`` (fast-string
+        # stores, no read of the lines first: 7% less than a store loop or numpy's fill on a 4
+        # MB buffer), a loop elsewhere
+        def codegen(context, builder, sig, args):
+            ptr, n, v = args
+            ty = context.get_value_type(sig.args[2])
+            bits = 8 * context.get_abi_sizeof(ty)
+            if stos and bits in (8, 16, 32, 64):
+                slot = builder.alloca(ty)
+                builder.store(v, slot)
+                word, i64 = ir.IntType(bits), ir.IntType(64)
+                pattern = builder.load(builder.bitcast(slot, word.as_pointer()))
+                asm = ir.InlineAsm(
+                    ir.FunctionType(ir.LiteralStructType([i64, i64]), [i64, i64, word]),
+                    "rep stos" + {8: "b", 16: "w", 32: "l", 64: "q"}[bits],
+                    "={di},={cx},0,1,{ax},~{memory},~{dirflag},~{fpsr},~{flags}",
+                    side_effect=True,
+                )
+                builder.call(asm, [ptr, n, pattern])
+            else:
+                base = builder.inttoptr(ptr, ty.as_pointer())
+                with cgutils.for_range(builder, n) as loop:
+                    builder.store(v, builder.gep(base, [loop.index]))
+            return context.get_dummy_value()
+
+        return types.void(types.intp, types.intp, value), codegen
+
+    @intrinsic
+    def address(typingctx, at, like):  # pragma: no cover (compiled)
+        # the pointer to address ``at`` of the element type of ``like`` (an array, or a NumPy
+        # type)
+        ptr = types.CPointer(like.dtype)
+        return ptr(types.intp, like), lambda context, builder, sig, args: builder.inttoptr(
+            args[0], context.get_value_type(ptr)
+        )
+
+
+def _build_merges():
+    """The two-pointer merges and the scatter."""
+    from numba import njit
+
+    @njit(cache=True, nogil=True)
+    def union(a, b, out, pa, pb):  # pragma: no cover (compiled)
+        # branch-free steps (random patterns defeat a branch predictor: 2x faster): ``pa[i]`` is
+        # rewritten until ``i`` moves on, so it ends as the place of ``a[i]``
+        na, nb = a.shape[0], b.shape[0]
+        i = j = k = 0
+        while i < na and j < nb:
+            x, y = a[i], b[j]
+            le, ge = x <= y, y <= x
+            out[k] = x if le else y
+            pa[i] = k
+            pb[j] = k
+            i += le
+            j += ge
+            k += 1
+        while i < na:
+            out[k] = a[i]
+            pa[i] = k
+            i += 1
+            k += 1
+        while j < nb:
+            out[k] = b[j]
+            pb[j] = k
+            j += 1
+            k += 1
+        return k
+
+    @njit(cache=True, nogil=True)
+    def intersect(a, b, ia, ib):  # pragma: no cover (compiled)
+        na, nb = a.shape[0], b.shape[0]
+        i = j = k = 0
+        while i < na and j < nb:
+            x, y = a[i], b[j]
+            ia[k] = i
+            ib[k] = j
+            k += x == y
+            i += x <= y
+            j += y <= x
+        return k
+
+    @njit(cache=True, nogil=True)
+    def scatter(out, keys, vals):  # pragma: no cover (compiled)
+        for i in range(keys.shape[0]):
+            out[keys[i]] = vals[i]
+
+    return union, intersect, scatter
+
+
+def _build_dense_kernels():
+    """The kernels between keys and a dense buffer; binds the module global ``any_differ`` (see
+    :func:`_build_intrinsics`)."""
+    global any_differ
+    import numpy as np
+    from numba import carray, njit
+
+    @njit(cache=True, nogil=True)
+    def fill_scatter(
+        at_out, n, at_fill, at_keys, at_vals, nse, like
+    ):  # pragma: no cover (compiled)
+        # arrays from addresses (3 .numpy() views cost 2 µs a call, the fill's item() 1 µs);
+        # ``like``: the element type (a NumPy scalar type: no array to unbox); block by block:
+        # the fill, then the values that fall in the block, while its lines are in cache
+        out, vals = carray(address(at_out, like), n), carray(address(at_vals, like), nse)
+        keys = carray(address(at_keys, np.int64), nse)
+        size = out.itemsize
+        block, value = _FILL_BYTES // size, carray(address(at_fill, like), 1)[0]
+        j = 0
+        for a in range(0, n, block):
+            b = min(a + block, n)
+            fill_at(at_out + a * size, b - a, value)
+            lo, hi = j, nse  # e: the first key >= b (a binary search)
+            while lo < hi:
+                mid = (lo + hi) >> 1
+                if keys[mid] < b:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            e = lo
+            for i in range(j, e):
+                out[keys[i]] = vals[i]
+            j = e
+
+    @njit(cache=True, nogil=True)
+    def count_differ(at_x, n, fill, like):  # pragma: no cover (compiled)
+        # the elements != fill (NaN == NaN): a vectorized count
+        x, f, c = carray(address(at_x, like), n), like.dtype.type(fill), 0
+        if f != f:
+            for i in range(n):
+                c += x[i] == x[i]
+        else:
+            for i in range(n):
+                c += x[i] != f
+        return c
+
+    @njit(cache=True, nogil=True, inline="always")
+    def any_differ(x, a, f, nan):  # pragma: no cover (compiled)
+        hit = False  # (a fixed trip count: vectorized)
+        if nan:
+            for i in range(a, a + _FIND_BLOCK):
+                hit |= x[i] == x[i]
+        else:
+            for i in range(a, a + _FIND_BLOCK):
+                hit |= x[i] != f
+        return hit
+
+    @njit(cache=True, nogil=True)
+    def find_differ(at_x, n, fill, like, at_keys, at_vals, nse):  # pragma: no cover (compiled)
+        # a block with no differing element costs a vectorized test; in the others every element
+        # is written at k and k advances by the test (branch-free: random patterns defeat a
+        # predictor), unguarded while more than a block of places is left
+        x, f = carray(address(at_x, like), n), like.dtype.type(fill)
+        keys, vals = (
+            carray(address(at_keys, np.int64), nse),
+            carray(address(at_vals, like), nse),
+        )
+        nan, k, B = f != f, 0, _FIND_BLOCK
+        for a in range(0, n, B):
+            b = min(a + B, n)
+            if b - a == B and not any_differ(x, a, f, nan):
+                continue
+            if nse - k > B:
+                for i in range(a, b):
+                    v = x[i]
+                    keys[k], vals[k] = i, v
+                    k += (v == v) if nan else (v != f)
+            else:
+                for i in range(a, b):
+                    v = x[i]
+                    if k < nse:
+                        keys[k], vals[k] = i, v
+                    k += (v == v) if nan else (v != f)
+        return k
+
+    return fill_scatter, count_differ, find_differ
 
 
 def _stos_ready() -> bool:
