@@ -246,9 +246,9 @@ def refuse_vmap(what: str):
     NotImplementedError: sparsefill: torch.func.vmap through a sparsefill constructor is not supported ...
     """
     raise NotImplementedError(
-        f"sparsefill: torch.func.vmap through {what} is not supported (a batched SparseTensor has no batching "
-        "rule); loop over the batch instead (torch.stack([f(x) for x in xs])), or build one SparseTensor with "
-        "the batch as its leading sparse dim and call f on it"
+        f"sparsefill: torch.func.vmap through {what} is not supported (a batched SparseTensor "
+        "has no batching rule); loop over the batch instead (torch.stack([f(x) for x in xs])), "
+        "or build one SparseTensor with the batch as its leading sparse dim and call f on it"
     )
 
 
@@ -264,8 +264,9 @@ def refuse_dual(what: str, *tensors) -> None:
         and any(_fwad.unpack_dual(t).tangent is not None for t in tensors)
     ):
         raise NotImplementedError(
-            f"sparsefill: forward-mode AD (torch.autograd.forward_ad) through {what} is not supported (a SparseTensor "
-            "has no tangent form, so the tangent would be lost); use reverse mode (backward, torch.autograd.grad)"
+            f"sparsefill: forward-mode AD (torch.autograd.forward_ad) through {what} is not "
+            "supported (a SparseTensor has no tangent form, so the tangent would be lost); use "
+            "reverse mode (backward, torch.autograd.grad)"
         )
 
 
@@ -285,13 +286,15 @@ def refuse_forward_ad(what: str) -> None:
     T = torch._C._functorch.TransformType
     if T.Jvp in kinds:
         raise NotImplementedError(
-            f"sparsefill: torch.func.jvp/jacfwd/hessian (forward-mode AD) through {what} is not supported (a "
-            "SparseTensor has no tangent form); use reverse mode: torch.func.vjp, torch.func.jacrev or torch.func.grad"
+            f"sparsefill: torch.func.jvp/jacfwd/hessian (forward-mode AD) through {what} is not "
+            "supported (a SparseTensor has no tangent form); use reverse mode: torch.func.vjp, "
+            "torch.func.jacrev or torch.func.grad"
         )
     if kinds.count(T.Grad) > 1:
         raise NotImplementedError(
-            f"sparsefill: nested torch.func differentiation (grad of grad, jacrev of grad) through {what} is not "
-            "supported; use torch.autograd.grad(..., create_graph=True) for higher derivatives"
+            "sparsefill: nested torch.func differentiation (grad of grad, jacrev of grad) "
+            f"through {what} is not supported; use torch.autograd.grad(..., create_graph=True) "
+            "for higher derivatives"
         )
 
 
@@ -304,8 +307,9 @@ def refuse_masked_in_transform(out) -> None:
         U = unwrapped(out)
         if isinstance(U, SparseTensor) and U._indefinite:
             raise NotImplementedError(
-                "sparsefill: a SparseTensor with an indefinite fill inside torch.func.grad/vjp/jacrev is not supported "
-                "(its masked semantics would be read as dense there); use torch.autograd.grad, or a defined fill"
+                "sparsefill: a SparseTensor with an indefinite fill inside "
+                "torch.func.grad/vjp/jacrev is not supported (its masked semantics would be "
+                "read as dense there); use torch.autograd.grad, or a defined fill"
             )
 
 

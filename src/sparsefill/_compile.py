@@ -233,7 +233,8 @@ def every_element(x: torch.Tensor, layout, dense_dim: int):
     return sparse_csr_tensor(crow, col, x.reshape(batch + (m * n,) + D), x.shape, fill_value=zero)
 
 
-ALL_STORED = "all-stored"  # the 4th entry of the flatten metadata of a tangent in the all-stored form (5th: dense dims)
+# the 4th entry of the flatten metadata of a tangent in the all-stored form (5th: dense dims)
+ALL_STORED = "all-stored"
 
 
 def all_stored(G, layout=None):
@@ -454,8 +455,9 @@ def _register_with_dynamo() -> None:
     rules.add("sparsefill")
     rules.add(
         "numba"
-    )  # (sparsefill's kernels, compiled lazily, also while a compiled frame's backward runs eagerly:
-    #                     dynamo failed on numba's dispatcher frames, "exception table entry start instruction")
+        # (sparsefill's kernels, compiled lazily, also while a compiled frame's backward runs eagerly:
+    )
+    # dynamo failed on numba's dispatcher frames, "exception table entry start instruction")
     _bind_shared_symbols_in_order(sys.modules["torch._dynamo.output_graph"].SubgraphTracer)
     _REGISTERED.append(True)
     while _ON_DYNAMO:

@@ -75,8 +75,8 @@ def dense_of(
     if fill is None:
         if A._indefinite:
             raise ValueError(
-                "to_dense() of a SparseTensor with indefinite fill: its unspecified elements have no "
-                "value; pass to_dense(fill_value=...) to give them one"
+                "to_dense() of a SparseTensor with indefinite fill: its unspecified elements "
+                "have no value; pass to_dense(fill_value=...) to give them one"
             )
         fill = A._fill
     shape, vals, idx = A._size, A._vals, A._idx  # (A._size: A.shape without the op layer's route)
@@ -613,7 +613,8 @@ def to_torch(A: SparseTensor, *, materialize: bool = False) -> torch.Tensor:
     if A._indefinite:
         raise ValueError(
             "to_torch(): the fill is indefinite and torch native sparse tensors have zero fill; "
-            "define the unspecified elements first, e.g. A.to_sparse(fill_value=0).to_torch(materialize=True)"
+            "define the unspecified elements first, e.g. "
+            "A.to_sparse(fill_value=0).to_torch(materialize=True)"
         )
     if not bool(A._fill.any()):  # exact here: a cache can't see writes through .data
         if A._sf_layout is torch.sparse_coo:

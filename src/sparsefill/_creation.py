@@ -545,8 +545,8 @@ def sparse_csr_tensor(
             or size[len(want) + 1 :] != dense_shape
         ):
             raise ValueError(
-                f"size {size} does not match crow_indices (batch {batch}, nrows {nrows}) and values "
-                f"with dense shape {dense_shape}"
+                f"size {size} does not match crow_indices (batch {batch}, nrows {nrows}) and "
+                f"values with dense shape {dense_shape}"
             )
     ncols = size[len(batch) + 1]
     if check_invariants:
@@ -690,8 +690,8 @@ def _coo_shapes(size, values, indices) -> int:
         )
     if len(size) != sdim + values.dim() - 1 or size[sdim:] != tuple(values.shape[1:]):
         raise ValueError(
-            f"size {size} does not match indices with sparse_dim={sdim} and values with dense shape "
-            f"{tuple(values.shape[1:])}"
+            f"size {size} does not match indices with sparse_dim={sdim} and values with dense "
+            f"shape {tuple(values.shape[1:])}"
         )
     return nse
 
@@ -721,8 +721,8 @@ def _csr_shapes(size, values, crow, col) -> int:
         )
     if nse > size[k] * size[k + 1]:
         raise ValueError(
-            f"nse={nse} exceeds the {size[k] * size[k + 1]} positions of a {size[k]} x {size[k + 1]} "
-            "matrix"
+            f"nse={nse} exceeds the {size[k] * size[k + 1]} positions of a {size[k]} x "
+            f"{size[k + 1]} matrix"
         )
     return nse
 
@@ -808,8 +808,9 @@ def convert(A: SparseTensor, layout=None, fill_value=None, dense_dim=None) -> Sp
         if fill_value is not None:
             raise
         raise ValueError(
-            f"dense_dim {A.dense_dim()} -> {dd}: the fill of shape {tuple(A._fill.shape)} does not fit "
-            f"the new dense dims {tuple(A.shape[A.dim() - dd :])}; pass fill_value= as well"
+            f"dense_dim {A.dense_dim()} -> {dd}: the fill of shape {tuple(A._fill.shape)} does "
+            f"not fit the new dense dims {tuple(A.shape[A.dim() - dd :])}; pass fill_value= as "
+            "well"
         ) from e
     if dd == A.dense_dim() and (fill_value is None or indef and A._indefinite):  # the pattern stays
         return (
@@ -845,8 +846,8 @@ def to_torch(A: SparseTensor, *, materialize: bool = False) -> torch.Tensor:
         unimplemented(
             gb_type="sparsefill: to_torch not traceable",
             context="SparseTensor.to_torch",
-            explanation="A torch native sparse tensor of a data-dependent nse does not trace (torch "
-            "guards on its nse); to_torch runs eagerly",
+            explanation="A torch native sparse tensor of a data-dependent nse does not trace "
+            "(torch guards on its nse); to_torch runs eagerly",
             hints=["Convert outside the compiled function."],
         )
     return _same_dense(A, lambda a: _convert.to_torch(a, materialize=materialize))

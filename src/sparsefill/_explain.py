@@ -298,8 +298,8 @@ def explain(op, *args, **kwargs) -> Explanation:
         return Explanation(name, steps[0].stage if steps else "densify", tuple(steps))
     if not callable(op):
         raise TypeError(
-            f"sparsefill.explain: op must be an aten OpOverload/OpOverloadPacket or a torch function, "
-            f"got {type(op).__name__}"
+            "sparsefill.explain: op must be an aten OpOverload/OpOverloadPacket or a torch "
+            f"function, got {type(op).__name__}"
         )
     route, takes = (
         (None, False)

@@ -95,9 +95,10 @@ def check(func, args, kwargs) -> None:
         and _through_transform_wrapper()
     ):
         raise NotImplementedError(
-            f"sparsefill: {func} of a SparseTensor with an indefinite fill inside torch.func.grad/vjp/jacrev/jvp is "
-            "not supported: torch's derivative formulas run there with dense semantics and ignore the masked-out "
-            "elements (e.g. mean's gradient would divide by every element); use torch.autograd.grad "
+            f"sparsefill: {func} of a SparseTensor with an indefinite fill inside "
+            "torch.func.grad/vjp/jacrev/jvp is not supported: torch's derivative formulas run "
+            "there with dense semantics and ignore the masked-out elements (e.g. mean's "
+            "gradient would divide by every element); use torch.autograd.grad "
             "(A.detach().requires_grad_(), then torch.autograd.grad(f(A), A)), or a defined fill"
         )
 

@@ -35,7 +35,8 @@ def linearize(indices: torch.Tensor, shape) -> torch.Tensor:
     column)."""
     if numel(shape) > _INT64_MAX:
         raise ValueError(
-            f"sparse shape {tuple(shape)} has more than 2**63 positions; cannot linearise its indices"
+            f"sparse shape {tuple(shape)} has more than 2**63 positions; cannot linearise its "
+            "indices"
         )
     nse = indices.shape[1]
     if len(shape) == 0:

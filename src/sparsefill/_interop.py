@@ -73,8 +73,8 @@ def torch_dtype(dtype, what: str) -> torch.dtype:
             else ""
         )
         raise TypeError(
-            f"{what}: dtype {dtype} has no torch equivalent{why}; supported: bool, uint8, int8, int16, "
-            "int32, int64, float16, float32, float64, complex64, complex128"
+            f"{what}: dtype {dtype} has no torch equivalent{why}; supported: bool, uint8, int8, "
+            "int16, int32, int64, float16, float32, float64, complex64, complex128"
         )
     return t
 
@@ -83,7 +83,8 @@ def numpy_dtype(dtype: torch.dtype, what: str) -> np.dtype:
     d = _NUMPY_OF_TORCH.get(dtype)
     if d is None:
         raise TypeError(
-            f"{what}: dtype {dtype} has no numpy equivalent; convert first, e.g. A.to(torch.float32)"
+            f"{what}: dtype {dtype} has no numpy equivalent; convert first, e.g. "
+            "A.to(torch.float32)"
         )
     return d
 
@@ -149,16 +150,17 @@ def _scalar_fill(A: SparseTensor, what: str, peer: str):
     dims."""
     if A._indefinite:
         raise ValueError(
-            f"{what}: A's fill is indefinite (its unspecified elements are masked out) and {peer} has no "
-            "such fill; give them a value first, e.g. A.detach().clone().set_fill_value_(0)"
+            f"{what}: A's fill is indefinite (its unspecified elements are masked out) and "
+            f"{peer} has no such fill; give them a value first, e.g. "
+            "A.detach().clone().set_fill_value_(0)"
         )
     f = A._fill.detach().reshape(-1)
     if f.numel() == 0:
         return numpy_dtype(A.dtype, what).type(0)
     if not _same_fill(f, f[:1].expand_as(f)):
         raise ValueError(
-            f"{what}: {peer} has one scalar fill, and A's fill (shape {tuple(A._fill.shape)}) varies over "
-            f"its dense dims {tuple(A._dense_shape)}"
+            f"{what}: {peer} has one scalar fill, and A's fill (shape {tuple(A._fill.shape)}) "
+            f"varies over its dense dims {tuple(A._dense_shape)}"
         )
     return f[:1].numpy()[0]
 
@@ -268,7 +270,8 @@ def to_scipy(A: SparseTensor, format: str | None = None, *, materialize: bool = 
     sp = _module("scipy.sparse", "to_scipy()")
     if A.dim() != 2:
         raise ValueError(
-            f"to_scipy(): scipy.sparse holds 2-D matrices; A has shape {tuple(A.shape)} ({A.dim()} dims)"
+            f"to_scipy(): scipy.sparse holds 2-D matrices; A has shape {tuple(A.shape)} "
+            f"({A.dim()} dims)"
         )
     fmt = format or ("csr" if A._sf_layout is torch.sparse_csr else "coo")
     if fmt not in _SCIPY_FORMATS:
@@ -286,9 +289,10 @@ def to_scipy(A: SparseTensor, format: str | None = None, *, materialize: bool = 
                 else f"an array of shape {tuple(A._fill.shape)}"
             )
             raise ValueError(
-                f"to_scipy(): scipy.sparse has no fill value (its unspecified elements are 0) and A's "
-                f"fill is {fill}; pass materialize=True to specify every element that is not 0 "
-                "(O(numel)), or read a scipy matrix with another fill by from_scipy(m, fill_value=...)"
+                "to_scipy(): scipy.sparse has no fill value (its unspecified elements are 0) "
+                f"and A's fill is {fill}; pass materialize=True to specify every element that is "
+                "not 0 (O(numel)), or read a scipy matrix with another fill by from_scipy(m, "
+                "fill_value=...)"
             )
         A = A.to_sparse(fill_value=0)
     if fmt == "csr" and A._sf_layout is torch.sparse_csr and not A.dense_dim():
@@ -310,7 +314,8 @@ def from_pydata(x) -> SparseTensor:
     sparse = _module("sparse", "from_pydata()")
     if not isinstance(x, sparse.SparseArray):
         raise TypeError(
-            f"from_pydata() takes a pydata sparse array (sparse.COO, sparse.GCXS), got {type(x).__name__}"
+            "from_pydata() takes a pydata sparse array (sparse.COO, sparse.GCXS), got "
+            f"{type(x).__name__}"
         )
     dtype = torch_dtype(x.dtype, "from_pydata()")
     fill = _exact_fill(x.fill_value, x.dtype, "from_pydata()")
@@ -385,8 +390,8 @@ def from_pandas(obj) -> SparseTensor:
     arr = obj.array if isinstance(obj, pd.Series) else obj
     if not isinstance(arr, pd.arrays.SparseArray):
         raise TypeError(
-            f"from_pandas() takes a pandas SparseArray, a Series of sparse dtype or a DataFrame of sparse "
-            f"columns, got a {type(obj).__name__} of dtype {getattr(obj, 'dtype', '?')}"
+            "from_pandas() takes a pandas SparseArray, a Series of sparse dtype or a DataFrame "
+            f"of sparse columns, got a {type(obj).__name__} of dtype {getattr(obj, 'dtype', '?')}"
         )
     idx, vals, fill = _column(arr, "from_pandas()")
     return sparse_coo_tensor(idx[None], vals, (len(arr),), fill_value=fill, is_coalesced=True)
@@ -406,8 +411,8 @@ def _from_frame(pd, df) -> SparseTensor:
     for j, a in enumerate(cols):
         if not isinstance(a, pd.arrays.SparseArray):
             raise TypeError(
-                f"{what}: column {df.columns[j]!r} has dtype {a.dtype}, not sparse; a DataFrame converts "
-                "when all its columns are sparse (DataFrame.sparse)"
+                f"{what}: column {df.columns[j]!r} has dtype {a.dtype}, not sparse; a DataFrame "
+                "converts when all its columns are sparse (DataFrame.sparse)"
             )
     if not cols:
         raise ValueError(
@@ -424,8 +429,9 @@ def _from_frame(pd, df) -> SparseTensor:
     for j, (_, _, f) in enumerate(parts):
         if not _same_fill(f, f0):
             raise ValueError(
-                f"{what}: column {df.columns[j]!r} has fill {f.item()} and column {df.columns[0]!r} has "
-                f"{f0.item()}; one SparseTensor has one fill (convert the columns separately)"
+                f"{what}: column {df.columns[j]!r} has fill {f.item()} and column "
+                f"{df.columns[0]!r} has {f0.item()}; one SparseTensor has one fill (convert the "
+                "columns separately)"
             )
     rows = torch.cat([p[0] for p in parts])
     colno = torch.cat([torch.full_like(p[0], j) for j, p in enumerate(parts)])
@@ -578,8 +584,8 @@ def as_dense(x) -> torch.Tensor:
             nbytes = math.prod(x.shape) * np.dtype(x.dtype).itemsize
         except (AttributeError, TypeError):
             raise TypeError(
-                f"to_sparse(): cannot tell the dense size of a {type(x).__name__} (no numpy shape and "
-                "dtype); convert it to a tensor or numpy array first"
+                f"to_sparse(): cannot tell the dense size of a {type(x).__name__} (no numpy "
+                "shape and dtype); convert it to a tensor or numpy array first"
             ) from None
         from ._policy import check_densify
 

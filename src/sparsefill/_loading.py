@@ -61,7 +61,8 @@ def rebuild(size, inner, ctx, requires_grad, extra=None):
         and type(inner[n]) is not torch.Tensor
         and not isinstance(inner[n], fake)
     ]
-    if odd:  # (a subclass answers the checks' ops itself: only the tensor a file or copy holds is checked)
+    # (a subclass answers the checks' ops itself: only the tensor a file or copy holds is checked)
+    if odd:
         raise ValueError(
             f"invalid SparseTensor parts: {_PUBLIC[odd[0]]} must be a plain torch.Tensor, got "
             f"{type(inner[odd[0]]).__name__}"
@@ -113,8 +114,8 @@ def _context(ctx):
         or not all(isinstance(f, bool) for f in ctx[1:3])
     ):
         raise ValueError(
-            f"invalid SparseTensor parts: the metadata must be (layout, indefinite, coalesced) with "
-            f"layout torch.sparse_coo or torch.sparse_csr, got {ctx!r}"[:300]
+            "invalid SparseTensor parts: the metadata must be (layout, indefinite, coalesced) "
+            f"with layout torch.sparse_coo or torch.sparse_csr, got {ctx!r}"[:300]
         )
     return ctx[0], ctx[1], ctx[2]
 

@@ -471,7 +471,8 @@ def _fill_entry(dtype):
     return run
 
 
-_LIKE = {}  # dtype -> an empty NumPy array of that dtype (the kernels' element type), with the kernels
+# dtype -> an empty NumPy array of that dtype (the kernels' element type), with the kernels
+_LIKE = {}
 
 
 def _path(a: torch.Tensor, b: torch.Tensor, compiled) -> str:

@@ -62,13 +62,15 @@ class DensifyPolicy:
             raise ValueError(f"densify policy mode must be one of {_MODES}, got {self.mode!r}")
         if self.dense_by_nature not in _MODES:
             raise ValueError(
-                f"densify policy dense_by_nature must be one of {_MODES}, got {self.dense_by_nature!r}"
+                f"densify policy dense_by_nature must be one of {_MODES}, got "
+                f"{self.dense_by_nature!r}"
             )
         if self.limit_bytes is not None and (
             not isinstance(self.limit_bytes, int) or self.limit_bytes < 0
         ):
             raise ValueError(
-                f"densify policy limit_bytes must be a non-negative int or None, got {self.limit_bytes!r}"
+                "densify policy limit_bytes must be a non-negative int or None, got "
+                f"{self.limit_bytes!r}"
             )
 
 

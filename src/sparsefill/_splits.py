@@ -173,8 +173,9 @@ def resplit(T: SparseTensor, dense_dim: int, layout=None) -> SparseTensor:
     C = to_dense_dim(T, nd)
     if C is None:
         raise ValueError(
-            f"dense_dim={nd}: with an indefinite fill every dense slice must be wholly specified or "
-            f"wholly unspecified, and here some of the last {nd} dims' slices are partly specified"
+            f"dense_dim={nd}: with an indefinite fill every dense slice must be wholly specified "
+            f"or wholly unspecified, and here some of the last {nd} dims' slices are partly "
+            "specified"
         )
     return to_layout(C, layout)
 
@@ -207,10 +208,10 @@ def one_split(operands, layout, keep: SparseTensor | None = None):
     for T, C in zip(operands, conv):
         if C is None:
             raise ValueError(
-                f"an in-place op on a SparseTensor with {nd} dense dims: an operand with an indefinite "
-                f"fill and {T.dense_dim()} dense dims has slices of the last {nd} dims partly specified, "
-                "which the target's dense dims cannot hold (a slice is all specified or all masked "
-                "out); compute it out of place"
+                f"an in-place op on a SparseTensor with {nd} dense dims: an operand with an "
+                f"indefinite fill and {T.dense_dim()} dense dims has slices of the last {nd} "
+                "dims partly specified, which the target's dense dims cannot hold (a slice is "
+                "all specified or all masked out); compute it out of place"
             )
     return conv, layout if conv[0] is operands[0] else torch.sparse_coo
 

@@ -575,8 +575,9 @@ class SparseTensor(HostMixin, torch.Tensor):
             new._sync()
         elif new.shape != self.shape:
             raise ValueError(
-                f"A.data = B with a dense B of shape {tuple(new.shape)} for a SparseTensor of shape "
-                f"{tuple(self.shape)}: convert it first (sparsefill.to_sparse(B, fill_value=...))"
+                f"A.data = B with a dense B of shape {tuple(new.shape)} for a SparseTensor of "
+                f"shape {tuple(self.shape)}: convert it first (sparsefill.to_sparse(B, "
+                "fill_value=...))"
             )
         else:
             from ._creation import indefinite, to_sparse
@@ -741,7 +742,8 @@ _FAKE_MODE = torch._C._TorchDispatchModeKey.FAKE
 _tracing_mode = functools.partial(
     torch._C._get_dispatch_mode, _FAKE_MODE
 )  # the active FakeTensorMode or None
-_FAST: dict = {}  # OpOverload._op -> the op layer's fast(func): a shortcut where the op may take it, else False
+# OpOverload._op -> the op layer's fast(func): a shortcut where the op may take it, else False
+_FAST: dict = {}
 
 
 def _rebuild(size, inner, ctx, requires_grad, extra=None):

@@ -35,8 +35,8 @@ class HostMixin:
 
         if self._indefinite:
             raise ValueError(
-                f"{what} of a SparseTensor with indefinite fill: its unspecified elements have no value; "
-                "give them one first, e.g. A.to_dense(fill_value=0)"
+                f"{what} of a SparseTensor with indefinite fill: its unspecified elements have "
+                "no value; give them one first, e.g. A.to_dense(fill_value=0)"
             )
         check_densify(what, self.numel() * self.element_size())
         return dense_of(self).detach()
@@ -57,12 +57,13 @@ class HostMixin:
         """
         if not force and self.requires_grad:
             raise RuntimeError(
-                "Can't call numpy() on Tensor that requires grad. Use tensor.detach().numpy() instead."
+                "Can't call numpy() on Tensor that requires grad. Use tensor.detach().numpy() "
+                "instead."
             )
         if not force and self.device.type != "cpu":
             raise TypeError(
-                f"can't convert {self.device} device type tensor to numpy. Use Tensor.cpu() to copy the "
-                "tensor to host memory first."
+                f"can't convert {self.device} device type tensor to numpy. Use Tensor.cpu() to "
+                "copy the tensor to host memory first."
             )
         return self._densify_for("numpy()").cpu().resolve_conj().resolve_neg().numpy()
 
@@ -71,8 +72,8 @@ class HostMixin:
         (numpy 2's rule)."""
         if copy is False:
             raise ValueError(
-                "np.asarray(A, copy=False): a SparseTensor has no dense buffer to share; its dense array "
-                "is always a new one (pass copy=None or copy=True)"
+                "np.asarray(A, copy=False): a SparseTensor has no dense buffer to share; its "
+                "dense array is always a new one (pass copy=None or copy=True)"
             )
         out = self.numpy()
         return out if dtype is None else out.astype(dtype, copy=False)

@@ -77,8 +77,9 @@ def collate_sparse(batch, *, collate_fn_map=None) -> SparseTensor:
     for i, A in enumerate(batch[1:], 1):
         if not isinstance(A, SparseTensor):
             raise TypeError(
-                f"collate: element {i} of the batch is a {type(A).__name__}, element 0 a SparseTensor; "
-                "convert it (sparsefill.to_sparse(x, fill_value=...)) or use one type"
+                f"collate: element {i} of the batch is a {type(A).__name__}, element 0 a "
+                "SparseTensor; convert it (sparsefill.to_sparse(x, fill_value=...)) or use one "
+                "type"
             )
         if (
             A.shape != first.shape
@@ -88,8 +89,8 @@ def collate_sparse(batch, *, collate_fn_map=None) -> SparseTensor:
         ):
             raise ValueError(
                 f"collate: element {i} of the batch ({_describe(A)}) differs from element 0 "
-                f"({_describe(first)}): a batch of SparseTensors needs one shape, layout, dense dims "
-                "and fill"
+                f"({_describe(first)}): a batch of SparseTensors needs one shape, layout, dense "
+                "dims and fill"
             )
     return torch.stack(batch)
 

@@ -229,14 +229,16 @@ def _pattern_indices(pattern, shape, device) -> torch.Tensor:
         A = _as_sparse(pattern, "pattern")
         if tuple(A.shape) != shape:
             raise ValueError(
-                f"pattern has shape {tuple(A.shape)}, expected (out_features, in_features) = {shape}"
+                f"pattern has shape {tuple(A.shape)}, expected (out_features, in_features) = "
+                f"{shape}"
             )
         return A.to_sparse(torch.sparse_coo).coalesce().indices().to(device)
     p = torch.as_tensor(pattern, device=device)
     if p.dtype == torch.bool:
         if tuple(p.shape) != shape:
             raise ValueError(
-                f"pattern mask has shape {tuple(p.shape)}, expected (out_features, in_features) = {shape}"
+                f"pattern mask has shape {tuple(p.shape)}, expected (out_features, in_features) "
+                f"= {shape}"
             )
         return p.nonzero().T.contiguous()
     if p.dtype.is_floating_point or p.dtype.is_complex or p.dim() != 2 or p.shape[0] != 2:
@@ -349,8 +351,8 @@ class SparseLinear(nn.Module):
         W = _as_sparse(weight, "weight").detach()
         if W.dim() != 2 or W.dense_dim():
             raise ValueError(
-                f"weight must be a 2-d sparse matrix without dense dims, got shape {tuple(W.shape)} "
-                f"with {W.dense_dim()} dense dims"
+                "weight must be a 2-d sparse matrix without dense dims, got shape "
+                f"{tuple(W.shape)} with {W.dense_dim()} dense dims"
             )
         if bias is not None and tuple(bias.shape) != (W.shape[0],):
             raise ValueError(f"bias has shape {tuple(bias.shape)}, expected ({W.shape[0]},)")
@@ -379,7 +381,8 @@ class SparseLinear(nn.Module):
         if isinstance(weight, nn.Linear):
             if bias is not None:
                 raise ValueError(
-                    "from_dense(nn.Linear, bias=...): the bias comes from the nn.Linear; pass bias=None"
+                    "from_dense(nn.Linear, bias=...): the bias comes from the nn.Linear; pass "
+                    "bias=None"
                 )
             weight, bias = weight.weight, weight.bias
         if (
@@ -403,6 +406,6 @@ class SparseLinear(nn.Module):
         nse = self.sparse_weight.values.shape[0]
         dens = nse / max(1, self.in_features * self.out_features)
         return (
-            f"in_features={self.in_features}, out_features={self.out_features}, nse={nse} ({dens:.3g}), "
-            f"bias={self.bias is not None}"
+            f"in_features={self.in_features}, out_features={self.out_features}, nse={nse} "
+            f"({dens:.3g}), bias={self.bias is not None}"
         )

@@ -188,7 +188,8 @@ if (EXAMPLES / "rare_events.py").is_file():
         ]
 
     @case(
-        "model: rare events, exp, windowed mean (avg_pool1d), threshold, mean loss, forward + backward",
+        "model: rare events, exp, windowed mean (avg_pool1d), threshold, mean loss, forward + "
+        "backward",
         sizes={
             "10M, 0.1%, window 100": (10_000_000, 0.001, 100),
             "10M, 0.1%, window 10": (10_000_000, 0.001, 10),

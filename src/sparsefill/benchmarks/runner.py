@@ -387,7 +387,8 @@ def run_cases(
     saved = torch.get_num_threads()
     t_start = time.monotonic()
     gc.collect()
-    gc.freeze()  # the modules' objects (torch, numba...) out of the collections between rows: 0.2 s -> ms each
+    # the modules' objects (torch, numba...) out of the collections between rows: 0.2 s -> ms each
+    gc.freeze()
     if memory:
         measure_memory(lambda: None)  # the profiler's first use allocates; not a case's memory
     try:
@@ -438,7 +439,8 @@ def run_cases(
                             and best["other_cpu"] > retry_noisy
                         ):
                             say(
-                                f"  other processes used {best['other_cpu']:.2f} cores: measuring again"
+                                f"  other processes used {best['other_cpu']:.2f} cores: "
+                                "measuring again"
                             )
                             again = _run_one(c, param, impls, n, timer, settings, False)
                             tries += 1
@@ -661,7 +663,8 @@ def parser(prog: str | None = None) -> argparse.ArgumentParser:
         type=float,
         default=None,
         metavar="S",
-        help=f"seconds per blocked_autorange (default {FULL.min_run_time}, --quick {QUICK.min_run_time})",
+        help=f"seconds per blocked_autorange (default {FULL.min_run_time}, --quick "
+        f"{QUICK.min_run_time})",
     )
     p.add_argument(
         "--budget",
@@ -697,7 +700,8 @@ def parser(prog: str | None = None) -> argparse.ArgumentParser:
     p.add_argument(
         "--tiny",
         action="store_true",
-        help="the tiny sizes the test suite uses (implies --quick; with --dry-run: check every case fast)",
+        help="the tiny sizes the test suite uses (implies --quick; with --dry-run: check every "
+        "case fast)",
     )
     return p
 
@@ -818,8 +822,8 @@ def main(
     with open(os.path.join(args.out, "results.md"), "w") as f:
         f.write(markdown_report(report) + "\n")
     print(
-        f"# total {report['total_s']:.1f} s; wrote {os.path.join(args.out, 'results.json')}, results.md and "
-        f"{len(plots)} plots",
+        f"# total {report['total_s']:.1f} s; wrote {os.path.join(args.out, 'results.json')}, "
+        f"results.md and {len(plots)} plots",
         file=sys.stderr,
     )
     return 1 if any("error" in r for r in results) else 0

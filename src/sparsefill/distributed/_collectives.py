@@ -104,8 +104,8 @@ def all_reduce(A, op, pg, algorithm: str = "auto") -> None:
         if any(allh[:, W, _wire.INDEFINITE]):
             if algorithm == "dense":
                 raise ValueError(
-                    "sparsefill.distributed.all_reduce(algorithm='dense'): an indefinite fill has no "
-                    "dense form; use algorithm='sparse' or 'auto'"
+                    "sparsefill.distributed.all_reduce(algorithm='dense'): an indefinite fill "
+                    "has no dense form; use algorithm='sparse' or 'auto'"
                 )
             return False
         if algorithm == "dense":
@@ -258,8 +258,8 @@ def reduce_scatter_tensor(out, A, op, pg) -> None:
     n = out.shape[0] if out.dim() else 0
     if A.dim() == 0 or A.shape[0] != W * n:
         raise ValueError(
-            f"reduce_scatter_tensor: input of shape {tuple(A.shape)} must have W * output.shape[0] = "
-            f"{W} * {n} rows"
+            f"reduce_scatter_tensor: input of shape {tuple(A.shape)} must have W * "
+            f"output.shape[0] = {W} * {n} rows"
         )
     reduce_scatter(out, [A[j * n : (j + 1) * n] for j in range(W)], op, pg)
 
@@ -289,8 +289,8 @@ def _blocks(T, splits, W, name):
     if not splits:
         if T.dim() == 0 or T.shape[0] % W:
             raise ValueError(
-                f"all_to_all_single: {name} of shape {tuple(T.shape)} has no first dim divisible by "
-                f"the world size {W}; pass {name}_split_sizes"
+                f"all_to_all_single: {name} of shape {tuple(T.shape)} has no first dim divisible "
+                f"by the world size {W}; pass {name}_split_sizes"
             )
         splits = [T.shape[0] // W] * W
     if len(splits) != W or sum(splits) != T.shape[0]:
@@ -353,6 +353,6 @@ def _p2p_check(s, e, src, dst) -> None:
     if bad is not None:
         err, why = bad
         raise err(
-            f"sparsefill.distributed.send/recv: rank {src} sends {_wire.what(s)} where rank {dst} expects "
-            f"{_wire.what(e)}: {why}"
+            f"sparsefill.distributed.send/recv: rank {src} sends {_wire.what(s)} where rank "
+            f"{dst} expects {_wire.what(e)}: {why}"
         )

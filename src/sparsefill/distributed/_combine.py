@@ -73,8 +73,8 @@ def check_op(op, dtype: torch.dtype) -> None:
         )
     if op == _R.AVG and not (dtype.is_floating_point or dtype.is_complex):
         raise TypeError(
-            f"sparsefill.distributed: ReduceOp.AVG needs a floating-point or complex dtype, got {dtype} "
-            "(reduce with SUM and divide)"
+            "sparsefill.distributed: ReduceOp.AVG needs a floating-point or complex dtype, got "
+            f"{dtype} (reduce with SUM and divide)"
         )
 
 

@@ -70,7 +70,8 @@ class RowShardedEmbeddingBag(nn.Module):
         self.pool = pool
         if num_embeddings < 0 or embedding_dim < 0:
             raise ValueError(
-                f"num_embeddings and embedding_dim must be >= 0, got {num_embeddings}, {embedding_dim}"
+                f"num_embeddings and embedding_dim must be >= 0, got {num_embeddings}, "
+                f"{embedding_dim}"
             )
         self.num_embeddings, self.embedding_dim, self.mode = num_embeddings, embedding_dim, mode
         self.group, self.average_grad = group, average_grad
@@ -194,8 +195,8 @@ class RowShardedEmbeddingBag(nn.Module):
 
     def extra_repr(self) -> str:
         return (
-            f"{self.num_embeddings}, {self.embedding_dim}, mode={self.mode!r}, rows [{self.lo}, {self.hi}) of "
-            f"{dist.get_world_size(self.group)} shards"
+            f"{self.num_embeddings}, {self.embedding_dim}, mode={self.mode!r}, rows [{self.lo}, "
+            f"{self.hi}) of {dist.get_world_size(self.group)} shards"
         )
 
 

@@ -51,7 +51,7 @@ class Result:
     classes: tuple | None = (
         None  # (Slices, g, n, g0, n0): the values of the unspecified outputs per fill
     )
-    #                                    class (masked-in fills along a sparse dim, read by the backward)
+    # class (masked-in fills along a sparse dim, read by the backward)
 
     def tensors(self):
         return [self.dense] if self.dense is not None else [self.vals, self.fill]
@@ -182,7 +182,9 @@ class MaskedFn(torch.autograd.Function):
             )
         gu = torch.zeros_like(ctx.u) if got[0] is None else got[0]
         fill = gu.new_zeros(())
-        if X.mfill:  # the unspecified elements' total, as their mean (exact for the constructor: _native_fill_grad)
+        # the unspecified elements' total, as their mean (exact for the constructor:
+        # _native_fill_grad)
+        if X.mfill:
             n_free = _index.numel(X.S) - X.u.shape[0]
             if n_free and got[1] is not None:
                 fill = got[1] / n_free
@@ -218,7 +220,8 @@ def _native_fill_grad(ctx) -> bool:
     otherwise the dense way (dense by nature: the gradient varies from slice to slice)."""
     res = ctx.res
     if res.dense is None and res.classes is None and not res.fill.requires_grad:
-        return False  # (the unspecified outputs' dependence on the fill is not recorded: a softmax-like fallback)
+        # (the unspecified outputs' dependence on the fill is not recorded: a softmax-like fallback)
+        return False
     from ..ops.linalg_autograd import pattern_grad_is_exact
 
     return pattern_grad_is_exact(ctx.X.A)

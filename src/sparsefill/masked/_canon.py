@@ -69,7 +69,7 @@ class Masked:
     extra: torch.Tensor | None = (
         None  # a strided bool mask (the input's ndim, broadcastable): its True
     )
-    #                                    unspecified elements are masked in too, counted per slice (``counts``)
+    # unspecified elements are masked in too, counted per slice (``counts``)
     all_in: bool = False  # every stored element is masked in (mask=None; known without reading m)
 
     def indices(self) -> torch.Tensor:

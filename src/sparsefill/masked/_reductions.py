@@ -212,8 +212,8 @@ def mean(input, dim=None, *, keepdim=False, dtype=None, mask=None):
     dt = dtype or input.dtype
     if not (dt.is_floating_point or dt.is_complex):
         raise ValueError(
-            f"mean(): Could not infer output dtype. {'Optional' if dtype else 'Input'} dtype must be "
-            f"either a floating point or complex dtype. Got: {dt}"
+            f"mean(): Could not infer output dtype. {'Optional' if dtype else 'Input'} dtype "
+            f"must be either a floating point or complex dtype. Got: {dt}"
         )
     return _reduction(
         input,
@@ -280,8 +280,9 @@ def norm(input, ord=2.0, dim=None, *, keepdim=False, dtype=None, mask=None):
         for d in E.canonical_dims(dim, input.dim()):
             if input.shape[d] == 0:
                 raise RuntimeError(
-                    f"masked norm: cannot compute the {ord} norm over dim {d} of size 0 (input shape "
-                    f"{tuple(input.shape)}): the operation has no identity (as torch.masked.norm)"
+                    f"masked norm: cannot compute the {ord} norm over dim {d} of size 0 (input "
+                    f"shape {tuple(input.shape)}): the operation has no identity (as "
+                    "torch.masked.norm)"
                 )
     return _reduction(
         input,
@@ -448,9 +449,10 @@ def _argext(name, mode):
 
     op.__name__ = op.__qualname__ = name
     op.__doc__ = (
-        f"Masked {name}: ``torch.{name}(input.masked_fill(~mask, {'-inf' if mode == 'amax' else '+inf'}), "
-        "dim)`` (first index on ties, NaN is the extreme; the result has the input's dtype, as "
-        "torch.masked); fully masked-out slices give 0."
+        f"Masked {name}: ``torch.{name}(input.masked_fill(~mask, "
+        f"{'-inf' if mode == 'amax' else '+inf'}), dim)`` (first index on ties, NaN is the "
+        "extreme; the result has the input's dtype, as torch.masked); fully masked-out slices "
+        "give 0."
     )
     return op
 

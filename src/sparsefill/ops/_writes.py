@@ -27,9 +27,10 @@ def assign_(A: SparseTensor, new: SparseTensor) -> SparseTensor:
     ):
         # (the sizes made with, not .shape/.dtype: 1.4 µs each through __torch_function__)
         raise ValueError(
-            f"cannot store a result of shape {tuple(new.shape)} and dtype {new.dtype} in a SparseTensor "
-            f"of shape {tuple(A.shape)} and dtype {A.dtype}: a SparseTensor's shape and dtype are fixed, "
-            "so in-place ops that change them (resize_, t_, unsqueeze_...) are not supported"
+            f"cannot store a result of shape {tuple(new.shape)} and dtype {new.dtype} in a "
+            f"SparseTensor of shape {tuple(A.shape)} and dtype {A.dtype}: a SparseTensor's shape "
+            "and dtype are fixed, so in-place ops that change them (resize_, t_, unsqueeze_...) "
+            "are not supported"
         )
     if traced(A._vals) and _traced_write_(A, new):  # torch.compile (see _traced_write_)
         return A

@@ -30,7 +30,8 @@ def _fill(func, args, kwargs):
         return NotImplemented
     if isinstance(v, torch.Tensor) and v.dim():  # a Python number stays one (no float32 rounding)
         raise RuntimeError(
-            f"fill_ only supports 0-dimension value tensor but got tensor with {v.dim()} dimensions."
+            f"fill_ only supports 0-dimension value tensor but got tensor with {v.dim()} "
+            "dimensions."
         )
     fill = (
         A._fill if A._indefinite else A._fill.new_empty(A._fill.shape).fill_(v)

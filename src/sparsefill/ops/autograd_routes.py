@@ -83,9 +83,10 @@ def route(func, types, args, kwargs):
         if not _vmap_input():
             return NotImplemented
         raise NotImplementedError(
-            "sparsefill: torch.func.vmap over a SparseTensor's dim is not supported (torch's batching rules would "
-            "see its storage, and to_dense/values/fill_value would not run per example): pass it with in_dims=None "
-            "(shared by every example), or loop: torch.stack([f(a) for a in A.unbind(0)])"
+            "sparsefill: torch.func.vmap over a SparseTensor's dim is not supported (torch's "
+            "batching rules would see its storage, and to_dense/values/fill_value would not run "
+            "per example): pass it with in_dims=None (shared by every example), or loop: "
+            "torch.stack([f(a) for a in A.unbind(0)])"
         )
     if (
         torch._C._are_functorch_transforms_active()
@@ -93,9 +94,10 @@ def route(func, types, args, kwargs):
         and _differentiating()
     ):
         raise NotImplementedError(
-            f"sparsefill: {getattr(func, '__name__', func)} of a SparseTensor with an indefinite fill and a tensor of "
-            "a torch.func transform is not supported (the result, inside the transform, would be differentiated "
-            "with dense semantics); use torch.autograd.grad, or a defined fill"
+            f"sparsefill: {getattr(func, '__name__', func)} of a SparseTensor with an indefinite "
+            "fill and a tensor of a torch.func transform is not supported (the result, inside "
+            "the transform, would be differentiated with dense semantics); use "
+            "torch.autograd.grad, or a defined fill"
         )
     if func is _REQUIRES_GRAD_ or func.__class__ is _SETTER and func.__self__ is _REQUIRES_GRAD:
         out = torch._C._disabled_torch_function_impl(func, types, args, kwargs)

@@ -129,8 +129,8 @@ def _walk(node, sparse, stop, leads, name) -> bool:
     leads[node] = reach
     if reach and node.name() not in _NO_DENSE and not _own_function(node):
         what = (
-            f"{node.name()} (torch's derivative formula of {name}) forms the dense gradient of a SparseTensor "
-            f"operand of shape {', '.join(map(str, shapes))}"
+            f"{node.name()} (torch's derivative formula of {name}) forms the dense gradient of a "
+            f"SparseTensor operand of shape {', '.join(map(str, shapes))}"
         )
         if node.name() in _ON_SAVED_OPERANDS:  # (runs through the handlers: judged by its result)
             node.register_hook(functools.partial(_judge, what, nbytes, at))

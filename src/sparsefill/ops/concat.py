@@ -206,8 +206,8 @@ def _check_cat(tensors, dim, d):
         for j, (m, n) in enumerate(zip(tensors[0].shape, t.shape)):
             if j != d and m != n:
                 raise RuntimeError(
-                    f"Sizes of tensors must match except in dimension {d}. Expected size {m} but got "
-                    f"size {n} for tensor number {i} in the list."
+                    f"Sizes of tensors must match except in dimension {d}. Expected size {m} but "
+                    f"got size {n} for tensor number {i} in the list."
                 )
 
 

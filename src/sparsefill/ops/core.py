@@ -169,8 +169,8 @@ def _item(func, args, kwargs):
     vals = coalesced_parts(A)[1]
     if A._indefinite and not traced(vals) and not vals.shape[0]:
         raise ValueError(
-            "item(): the element of this SparseTensor is unspecified and its fill is indefinite (masked "
-            "out: no value); give it a fill: A.to_dense(fill_value=...).item()"
+            "item(): the element of this SparseTensor is unspecified and its fill is indefinite "
+            "(masked out: no value); give it a fill: A.to_dense(fill_value=...).item()"
         )
     return func(
         torch.cat([vals.reshape(-1), A._fill.reshape(-1).to(vals.dtype)])[0]

@@ -81,7 +81,8 @@ def _select(func, args, kwargs):
     n = A.shape[dim]
     if not -n <= index < n:
         raise IndexError(
-            f"select(): index {index} out of range for tensor of size {tuple(A.shape)} at dimension {dim}"
+            f"select(): index {index} out of range for tensor of size {tuple(A.shape)} at "
+            f"dimension {dim}"
         )
     index %= n
     if (
@@ -604,8 +605,8 @@ def _index_tensor(func, args, kwargs):
         k = t.dim()
         if t.shape != shape[p : p + k]:
             raise IndexError(
-                f"The shape of the mask {list(t.shape)} at index {p} does not match the shape of the "
-                f"indexed tensor {list(shape)}"
+                f"The shape of the mask {list(t.shape)} at index {p} does not match the shape of "
+                f"the indexed tensor {list(shape)}"
             )
         keys = _index.linearize(t.nonzero().T, t.shape)
         B = A.reshape(shape[:p] + (_index.numel(t.shape),) + shape[p + k :]) if k != 1 else A
@@ -630,8 +631,8 @@ def _index_many(A, indices):
             d = len(expanded)
             if tuple(t.shape) != tuple(A.shape[d : d + t.dim()]):
                 raise IndexError(
-                    f"The shape of the mask {list(t.shape)} at index {d} does not match the shape of "
-                    f"the indexed tensor {list(A.shape)}"
+                    f"The shape of the mask {list(t.shape)} at index {d} does not match the "
+                    f"shape of the indexed tensor {list(A.shape)}"
                 )
             expanded += list(t.nonzero().T)
         else:

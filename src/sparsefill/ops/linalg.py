@@ -162,7 +162,8 @@ class _Mat:
             )
         if self.key is None:
             perm, crow, tcol, trows = self._transposed_pattern()
-        else:  # the operand's own index tensors: the same pattern recurs (a training loop), sorted once
+        # the operand's own index tensors: the same pattern recurs (a training loop), sorted once
+        else:
             tensors, tag = self.key
             tag = ("mat_t", self.nb, self.m, self.k) + tag
             perm, crow, tcol, trows = pattern_cached(tag, tensors, self._transposed_pattern)

@@ -111,7 +111,9 @@ def pattern_grad_is_exact(A: SparseTensor) -> bool:
                 return False
         elif not _uniform_elementwise(node, R, keys):
             return False
-        else:  # an input constant along R's sparse dims (0-d, a dense-dims vector): its gradient sums over them
+        # an input constant along R's sparse dims (0-d, a dense-dims vector): its gradient sums over
+        # them
+        else:
             todo.extend(
                 (m, R)
                 for m, _ in node.next_functions
@@ -146,7 +148,8 @@ def _input_pattern(node, R: SparseTensor) -> SparseTensor:
     return R.t()
 
 
-_POINTWISE_NODES: dict = {}  # autograd node type -> whether it is the backward of an element-wise aten op
+# autograd node type -> whether it is the backward of an element-wise aten op
+_POINTWISE_NODES: dict = {}
 
 
 def _is_pointwise_node(node) -> bool:
@@ -591,8 +594,8 @@ def _autocast_added(t, p):
         isinstance(t, torch.Tensor) and t.dtype != p.dtype
     ):  # torch's addmm/linear: no promotion of the added tensor
         raise RuntimeError(
-            f"self and mat2 must have the same dtype, but got {_DTYPE_NAMES.get(t.dtype, t.dtype)} and "
-            f"{_DTYPE_NAMES.get(p.dtype, p.dtype)}"
+            "self and mat2 must have the same dtype, but got "
+            f"{_DTYPE_NAMES.get(t.dtype, t.dtype)} and {_DTYPE_NAMES.get(p.dtype, p.dtype)}"
         )
     return t
 

@@ -50,7 +50,8 @@ def _constant_fill(func, args, kwargs, sparse, A: SparseTensor):
             *[sub.get(id(a), a) for a in args], **{k: sub.get(id(v), v) for k, v in kwargs.items()}
         )
 
-    try:  # (an op that raises, 0 // e: the dense call gives dense's outcome, an empty A's empty result)
+    # (an op that raises, 0 // e: the dense call gives dense's outcome, an empty A's empty result)
+    try:
         if (
             len(dense) == 1
             and all(f.shape == (1,) for f in fills.values())
@@ -223,7 +224,8 @@ def join_small(rule, func, args, kwargs, sparse, conv, written):
             return None
         repeats = _index.numel([shape[j] for j in grown])
         if C.numel() > (max(C._nse(), 1) * repeats + full[0]._nse()) * _index.numel(C._dense_shape):
-            return None  # (no larger than T expanded, nse * repeats, and the result's part in its union)
+            # (no larger than T expanded, nse * repeats, and the result's part in its union)
+            return None
         small[id(T)] = C
     dense, masks = {}, []
     for k, C in small.items():

@@ -225,7 +225,8 @@ def _sparse_mm_reduce(func, args, kwargs):
     A = args[0]
     reduce = args[2] if func is aten._sparse_mm_reduce_impl.default else args[3]
     if not isinstance(A, SparseTensor) or A.dim() != 2 or A.dense_dim():
-        return NotImplemented  # (a native A goes to the densify fallback as it is: registry.KEEPS_NATIVE)
+        # (a native A goes to the densify fallback as it is: registry.KEEPS_NATIVE)
+        return NotImplemented
     from .._convert import dense_of
     from .._policy import check_densify
 

@@ -421,7 +421,8 @@ def _var_std(func, args, kwargs):
     if not A._indefinite and n - c <= 0 and A.numel():
         warnings.warn(
             f"{func._schema.name.split('::')[1]}(): degrees of freedom is <= 0. Correction "
-            "should be strictly less than the reduction factor (input numel divided by output numel)."
+            "should be strictly less than the reduction factor (input numel divided by output "
+            "numel)."
         )
     sd = A.dim() - A.dense_dim()
     if all(d < sd for d in dims) or all(
@@ -583,8 +584,8 @@ def _arg_indefinite(A, dim, keep, which, meta, values):
     if dim is None:
         if vals.numel() == 0:
             raise IndexError(
-                f"{which.replace('am', 'argm')}(): no specified element to select (indefinite fill, "
-                f"nse 0, shape {tuple(A.shape)})"
+                f"{which.replace('am', 'argm')}(): no specified element to select (indefinite "
+                f"fill, nse 0, shape {tuple(A.shape)})"
             )
         flat = (
             _index.linearize(

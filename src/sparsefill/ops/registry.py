@@ -157,9 +157,9 @@ def _check_types(func, types) -> None:
             ok = _KNOWN_TYPES[t] = _known_type(t)
         if not ok:
             raise TypeError(
-                f"sparsefill: {func} got an operand of type {t.__module__}.{t.__qualname__}, a tensor "
-                "subclass sparsefill does not know how to compute with; convert it to a dense tensor "
-                "or a sparsefill.SparseTensor first"
+                f"sparsefill: {func} got an operand of type {t.__module__}.{t.__qualname__}, a "
+                "tensor subclass sparsefill does not know how to compute with; convert it to a "
+                "dense tensor or a sparsefill.SparseTensor first"
             )
 
 
@@ -221,8 +221,8 @@ def unannotated_mutation(func) -> str | None:
         return None
     if ns == "c10d":
         return (
-            "a c10d collective writes its tensor arguments through a process group, and its schema does "
-            "not mark them (no '(a!)')"
+            "a c10d collective writes its tensor arguments through a process group, and its "
+            "schema does not mark them (no '(a!)')"
         )
     if name.endswith("_") and not name.endswith("__"):
         return "the op is named as in-place but its schema marks no argument as written"
@@ -285,7 +285,8 @@ def compute(func, args, kwargs):
     return densify_call(func, args, kwargs)
 
 
-_PLANS: dict = {}  # OpOverload._op -> _plan(func) (an OpOverload's own __hash__ is Python code, 0.3 µs); cleared by
+# OpOverload._op -> _plan(func) (an OpOverload's own __hash__ is Python code, 0.3 µs); cleared by
+_PLANS: dict = {}
 # every registration
 
 

@@ -83,8 +83,8 @@ def _check(A, m1, m2):
     ):  # (as torch's: the product is not cast to self's dtype)
         if m.dtype != A.dtype:
             raise RuntimeError(
-                f"sampled_addmm: Expected {name} and self to have the same dtype, but got {m.dtype} "
-                f"and {A.dtype}"
+                f"sampled_addmm: Expected {name} and self to have the same dtype, but got "
+                f"{m.dtype} and {A.dtype}"
             )
 
 

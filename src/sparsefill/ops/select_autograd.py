@@ -57,7 +57,9 @@ def select_grad(P: SparseTensor, dim: int, keepdim: bool, I, G) -> SparseTensor:
     n = _index.numel(P._sparse_shape) - idx.shape[1]
     if P._indefinite or not n:
         gf, zero = gv.new_zeros(D), True
-    else:  # G where an unspecified element was selected: touched slices whose stored elements all missed, the rest
+    # G where an unspecified element was selected: touched slices whose stored elements all missed,
+    # the rest
+    else:
         ukeys, inv = torch.unique(keys, return_inverse=True)
         taken = torch.zeros((ukeys.numel(),) + D, dtype=torch.bool, device=hit.device).index_put_(
             (inv,), hit, accumulate=True

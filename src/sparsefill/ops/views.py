@@ -251,7 +251,8 @@ def strided_map(V: SparseTensor):
     ):
         return None
     sizes, strides = tuple(out.shape), tuple(out.stride())
-    reach = 0  # non-overlapping: each stride exceeds the span of the smaller ones (greedy decoding is exact)
+    # non-overlapping: each stride exceeds the span of the smaller ones (greedy decoding is exact)
+    reach = 0
     for d in sorted((d for d in range(len(sizes)) if sizes[d] > 1), key=lambda d: strides[d]):
         if strides[d] <= reach:
             return None
@@ -323,8 +324,8 @@ def _write_masked(V, base, smap, bs, bv, wkeys, wvals) -> None:
     fresh = ~_index.lookup(bs, ws)[1]
     if bool((spec.any(1) & ~keep).any()) or bool((counts[fresh] != Q).any()):
         raise ValueError(
-            f"writing through a view ({V._view.func}) of a SparseTensor with indefinite fill and dense "
-            f"dims {D}: a dense slice of the base would be left partly specified"
+            f"writing through a view ({V._view.func}) of a SparseTensor with indefinite fill and "
+            f"dense dims {D}: a dense slice of the base would be left partly specified"
         )
     bs, bv = bs[keep], bv[keep]
     U, inv = _index.unique_inverse(torch.cat([bs, ws]))

@@ -91,7 +91,8 @@ def scatter_weighted_sum(data: torch.Tensor, weight0, indices, *updates) -> torc
     ]:
         if torch.as_tensor(w).numel() != 1:  # Caffe2 enforces one weight per update
             raise ValueError(
-                f"{name} must be a scalar (one element), got shape {tuple(torch.as_tensor(w).shape)}"
+                f"{name} must be a scalar (one element), got shape "
+                f"{tuple(torch.as_tensor(w).shape)}"
             )
     idx = as_index(indices, "indices", data.device).long()
     xs = updates[0::2]

@@ -81,7 +81,8 @@ def from_sparse_csr(A) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     crow = A.crow_indices()
     if crow.dim() != 1:
         raise ValueError(
-            f"from_sparse_csr needs a CSR tensor without batch dims, got crow of shape {tuple(crow.shape)}"
+            "from_sparse_csr needs a CSR tensor without batch dims, got crow of shape "
+            f"{tuple(crow.shape)}"
         )
     return A.values(), crow.diff(), A.col_indices()
 

@@ -162,10 +162,11 @@ def _one_sparse_grad_per_table(tables, sparse_grad: bool) -> None:
 
         unimplemented(
             gb_type="sparsefill: a second sparse gradient of one table",
-            context="sparse_grad=True on a table that has a sparse gradient from another op of the graph",
-            explanation="A table given sparse_grad=True by two ops of one graph gets two sparse gradients, "
-            "which autograd adds: torch 2.13 cannot trace that sum of sparse tensors of "
-            "data-dependent sizes.",
+            context="sparse_grad=True on a table that has a sparse gradient from another op of "
+            "the graph",
+            explanation="A table given sparse_grad=True by two ops of one graph gets two sparse "
+            "gradients, which autograd adds: torch 2.13 cannot trace that sum of "
+            "sparse tensors of data-dependent sizes.",
             hints=[
                 "Pool every key of the table in one KeyedJaggedBatch.pooled call (its keys share "
                 "one gradient), or use sparse_grad=False."

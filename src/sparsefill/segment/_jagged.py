@@ -295,7 +295,8 @@ class KeyedJaggedBatch:
             _check_lengths(el, E, "example_lengths")
         if vl.shape[0] != E:
             raise ValueError(
-                f"values_lengths has {vl.shape[0]} entries but keys has {E} (one per (example, key))"
+                f"values_lengths has {vl.shape[0]} entries but keys has {E} (one per (example, "
+                "key))"
             )
         if state == 1:
             _check_lengths(vl, total, "values_lengths")
@@ -325,9 +326,7 @@ class KeyedJaggedBatch:
 
     # ---------------------------------------------------------------------------- construction
     @classmethod
-    def from_lists(
-        cls, batch, *, weights=None, dtype=torch.int64, device=None
-    ) -> KeyedJaggedBatch:
+    def from_lists(cls, batch, *, weights=None, dtype=torch.int64, device=None) -> KeyedJaggedBatch:
         """From a list of ``{key: [ids]}`` dicts (key order kept); ``weights`` alike (``{key:
         [w]}``)."""
         keys, vlen, elen, vals, ws = [], [], [], [], []
@@ -341,7 +340,8 @@ class KeyedJaggedBatch:
                     w = weights[e][k]
                     if len(w) != len(ids):
                         raise ValueError(
-                            f"weights of example {e}, key {k} have {len(w)} entries for {len(ids)} ids"
+                            f"weights of example {e}, key {k} have {len(w)} entries for "
+                            f"{len(ids)} ids"
                         )
                     ws.extend(w)
         t = dict(dtype=torch.int64, device=device)
@@ -358,7 +358,8 @@ class KeyedJaggedBatch:
     def to_dict(self) -> list[dict]:
         """The batch as a list of ``{key: [ids]}`` (``{key: ([ids], [weights])}`` with weights)."""
         enabled = gc.isenabled()
-        gc.disable()  # (the lists built here hold no cycles: the collector's passes over them took half the time)
+        # (the lists built here hold no cycles: the collector's passes over them took half the time)
+        gc.disable()
         try:
             vals = self.values.tolist()
             ws = None if self.weights is None else self.weights.tolist()
@@ -591,8 +592,8 @@ class KeyedJaggedBatch:
             )
         if reducer != "positional_weighted_sum" and pos_w is not None:
             raise ValueError(
-                f"weights= is for positional_weighted_sum only (the weighted reducers use the batch's "
-                f"weights), got reducer {reducer!r}"
+                "weights= is for positional_weighted_sum only (the weighted reducers use the "
+                f"batch's weights), got reducer {reducer!r}"
             )
         given = {}  # key -> as given (a key asked twice is pooled once)
         for k in keys:

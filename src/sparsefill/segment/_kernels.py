@@ -451,7 +451,8 @@ def segment_sum(
         )
         return out.to(x.dtype)
     if x.dtype == torch.float64 and x.device.type == "cpu" and not traced(x):
-        engine = "blocked"  # (a tree of short runs, _reduce.accurate_sum: no wider dtype to accumulate in)
+        # (a tree of short runs, _reduce.accurate_sum: no wider dtype to accumulate in)
+        engine = "blocked"
     if engine is None:
         unsorted, one = (
             plan.unsorted and not plan._sorted and not w_in_segment_order,

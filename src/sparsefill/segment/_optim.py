@@ -372,10 +372,10 @@ def _rows_and_grad(p):
 
 
 _NATIVE_SPARSE = (
-    "sparsefill: a row optimizer's step (SparseAdagrad, SparseFtrl) on torch native sparse gradients "
-    "(embedding(sparse=True), sparse_grad=True) does not compile: torch.compile cannot trace torch's "
-    "sparse tensors (pytorch/pytorch#130687), so the step runs eagerly (a graph break; with "
-    "fullgraph=True this error). Dense gradients compile."
+    "sparsefill: a row optimizer's step (SparseAdagrad, SparseFtrl) on torch native sparse "
+    "gradients (embedding(sparse=True), sparse_grad=True) does not compile: torch.compile "
+    "cannot trace torch's sparse tensors (pytorch/pytorch#130687), so the step runs eagerly (a "
+    "graph break; with fullgraph=True this error). Dense gradients compile."
 )
 
 
@@ -416,7 +416,8 @@ class _RowOptimizer(torch.optim.Optimizer):
     def add_param_group(self, param_group):
         super().add_param_group(param_group)
         if "_native_grads" not in self.__dict__:
-            self._native_grads = {}  # id(param) -> its last accumulated gradient is a torch native sparse tensor
+            # id(param) -> its last accumulated gradient is a torch native sparse tensor
+            self._native_grads = {}
         hook = _note_grad_layouts(weakref.ref(self))
         for p in self.param_groups[-1]["params"]:
             if p.requires_grad:

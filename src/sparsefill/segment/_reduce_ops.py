@@ -47,7 +47,8 @@ from ._plan import Plan, make_plan
 __all__ = ["reduce", "SegmentReducer", "SEGMENT_REDUCERS"]
 
 
-_CREATED: dict = {}  # every live SegmentReducer by _key, as a weak reference (dynamo calls a plain weakref.ref)
+# every live SegmentReducer by _key, as a weak reference (dynamo calls a plain weakref.ref)
+_CREATED: dict = {}
 
 
 def _forget(ref, key):
@@ -164,8 +165,8 @@ def reducer_of(key: str) -> SegmentReducer:
     red = None if ref is None else ref()
     if red is None:
         raise ValueError(
-            f"no SegmentReducer {key!r}: sparsefill::segment_reduce takes a built-in reducer's name or "
-            "the key of a live SegmentReducer (reducer_key)"
+            f"no SegmentReducer {key!r}: sparsefill::segment_reduce takes a built-in reducer's "
+            "name or the key of a live SegmentReducer (reducer_key)"
         )
     return red
 
@@ -521,8 +522,9 @@ def _args(data, reducer, weights, ties, sparse_grad, return_arg, indices, empty)
         data, "_sf_layout"
     ):  # (autograd refuses torch's sparse gradient for a SparseTensor)
         raise TypeError(
-            "sparse_grad=True gives a dense table torch's sparse COO gradient; data is a sparsefill "
-            "SparseTensor, whose gradient is a SparseTensor already: pass sparse_grad=False"
+            "sparse_grad=True gives a dense table torch's sparse COO gradient; data is a "
+            "sparsefill SparseTensor, whose gradient is a SparseTensor already: pass "
+            "sparse_grad=False"
         )
     if return_arg and red.kind != "extreme":
         raise ValueError(f"return_arg=True needs the max or min reducer, got {red.name!r}")

@@ -102,7 +102,9 @@ def _union(rows, lo, hi, n_rows: int, T: int, tL: int, tR: int, presorted: bool 
         perm = torch.sort(rows * (T + 1) + lo.clamp(0, T), stable=True)[1]
         rows, lo, hi = rows[perm], lo[perm], hi[perm]
     nl, nr = int(min(tL, T) > 0), int(max(tR + 1, 0) < T)
-    if nr:  # an interval starting past the right edge's start lies within the edge (hi < T): started there, the
+    # an interval starting past the right edge's start lies within the edge (hi < T): started there,
+    # the
+    if nr:
         # edge (put after the row's sources) comes in order of start
         lo = torch.where(lo <= hi, lo.clamp(max=max(tR + 1, 0)), lo)
     counts = torch.bincount(rows, minlength=n_rows)
@@ -354,8 +356,9 @@ def _meta(func, args, kwargs):
 def _refuse_indefinite(X, what):
     if isinstance(X, SparseTensor) and X._indefinite:
         raise ValueError(
-            f"sparsefill: {what} of a SparseTensor with indefinite fill: a window over masked-out "
-            "elements has no dense meaning; give the tensor a fill first (A.to_sparse(fill_value=...))"
+            f"sparsefill: {what} of a SparseTensor with indefinite fill: a window over "
+            "masked-out elements has no dense meaning; give the tensor a fill first "
+            "(A.to_sparse(fill_value=...))"
         )
 
 

@@ -220,7 +220,8 @@ def _conv_grad_input(G, X, W, s, p, d, groups):
     per_res = _residue_weights(W, groups, s, p, d)
     interior = g * per_res
     if not bool((interior == interior.reshape(-1)[0]).all()):
-        return NotImplemented  # the gradient's unspecified elements differ by channel or residue: dense
+        # the gradient's unspecified elements differ by channel or residue: dense
+        return NotImplemented
     if _moving_sum(W, d, groups):
         T, vals = _pool_grad_values(G, X.shape, w, s, p, True, 1)
         vals = (vals * W[:, 0, 0][T.row % Cin]).to(X.dtype)
