@@ -1,6 +1,6 @@
 """Autograd for constructors and conversions.
 
-Gradients have dense semantics (DESIGN.md section 5).  For ``A`` built from
+Gradients have dense semantics (the gradient of ``A`` is the gradient of ``A.to_dense()``).  For ``A`` built from
 ``values`` and ``fill`` with pattern ``P`` and upstream gradient ``G``::
 
     grad_values[n] = G[indices[:, n]]                      (each stored element, duplicates included)
@@ -148,7 +148,9 @@ def sum_outside(G, idx: torch.Tensor, shape, dense_shape) -> torch.Tensor:
     summed as it is (an inf there gives inf, as the dense sum), never as the total less the part at
     ``idx`` (``inf - inf``: NaN).
 
-    >>> sum_outside(torch.tensor([1., float('inf'), 2., 4.]), torch.tensor([[1, 2]]), (4,), ()).item()
+    >>> sum_outside(
+    ...     torch.tensor([1.0, float("inf"), 2.0, 4.0]), torch.tensor([[1, 2]]), (4,), ()
+    ... ).item()
     5.0
     """
     D = tuple(dense_shape)
@@ -347,9 +349,9 @@ class Construct(torch.autograd.Function):
 def to_dense(A: SparseTensor, fill_value=None) -> torch.Tensor:
     """``A.to_dense(fill_value=...)``: through :class:`ToDense` where autograd records a graph, else
     the kernel alone (no graph to record: ``Function.apply``'s cost saved)."""
-    # (_any_requires_grad reads A's flag without the op layer's route: 1.8 µs less than
-    # DisableTorchFunctionSubclass after a 4 MB result has evicted the caches, 0.4 µs less again of
-    # one argument; there each Python call costs about 1 µs: none for no fill_value)
+    # (_any_requires_grad reads A's flag without the op layer's route, cheaper than
+    # DisableTorchFunctionSubclass; this is a per-call path, so no extra Python call is made where
+    # no fill_value is given)
     if not (
         traced()
         or _functorch_active()
@@ -363,8 +365,7 @@ def to_dense(A: SparseTensor, fill_value=None) -> torch.Tensor:
     return ToDense.apply(A, fill_value)
 
 
-# (torch's functions bound here: ``torch._C.f`` looks f up in two module dicts, 0.3-0.5 µs after a 4
-# MB result evicted the caches)
+# (torch's functions bound here: ``torch._C.f`` looks f up in two module dicts on every call)
 _functorch_active, _grad_enabled = torch._C._are_functorch_transforms_active, torch.is_grad_enabled
 _any_requires_grad = torch._C._any_requires_grad
 

@@ -39,8 +39,8 @@ def traced(t=None) -> bool:
     (torch.export, make_fx). Code that branches on data takes its general path then (correct either
     way).
 
-    ``torch.compiler.is_compiling()``, read in two steps (1.5 µs less per call after a
-    cache-evicting write, measured on a 1M ``to_dense``): dynamo traces ``is_dynamo_compiling()`` as
+    ``torch.compiler.is_compiling()``, read in two steps (cheaper per call than one call of
+    it on a per-call path such as ``to_dense``): dynamo traces ``is_dynamo_compiling()`` as
     True, and eagerly it returns False at once; the compile session (AOTAutograd's trace, a backend)
     and torch.export set the flag ``is_compiling()`` returns, read here only when dynamo is not
     tracing (so no guard on it)."""
@@ -191,7 +191,10 @@ def unique_consecutive(keys: torch.Tensor, return_counts: bool = False):
 
         new[i] = i == 0 or keys[i] != keys[i - 1]      inverse = cumsum(new) - 1      out = keys[new]
 
-    >>> [t.tolist() for t in unique_consecutive(torch.tensor([3, 3, 5, 7, 7, 7]), return_counts=True)]
+    >>> [
+    ...     t.tolist()
+    ...     for t in unique_consecutive(torch.tensor([3, 3, 5, 7, 7, 7]), return_counts=True)
+    ... ]
     [[3, 5, 7], [0, 0, 1, 2, 2, 2], [2, 1, 3]]
     """
     new = torch.ones_like(keys, dtype=torch.bool)
@@ -453,11 +456,9 @@ def _register_with_dynamo() -> None:
     rules = dynamo.trace_rules
     rules.BUILTIN_INLINE_WHEN_CALLED.add(os.path.dirname(os.path.abspath(__file__)) + os.sep)
     rules.add("sparsefill")
-    rules.add(
-        "numba"
-        # (sparsefill's kernels, compiled lazily, also while a compiled frame's backward runs eagerly:
-    )
-    # dynamo failed on numba's dispatcher frames, "exception table entry start instruction")
+    # sparsefill's kernels are compiled lazily, also while a compiled frame's backward runs eagerly:
+    # dynamo failed on numba's dispatcher frames ("exception table entry start instruction")
+    rules.add("numba")
     _bind_shared_symbols_in_order(sys.modules["torch._dynamo.output_graph"].SubgraphTracer)
     _REGISTERED.append(True)
     while _ON_DYNAMO:

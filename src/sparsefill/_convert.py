@@ -81,14 +81,13 @@ def dense_of(
         fill = A._fill
     shape, vals, idx = A._size, A._vals, A._idx  # (A._size: A.shape without the op layer's route)
     nd = len(shape)
-    # (new_empty: 1-2 µs less than torch.empty(dtype=, device=); of an int or a tuple, 0.6-1.1 µs
-    # less than of a Size)
+    # (new_empty: cheaper than torch.empty(dtype=, device=); of an int or a tuple, cheaper than of
+    # a Size)
     out = fill.new_empty(shape[0] if nd == 1 else tuple(shape))
     numel, vd = out.numel(), vals.dim()
     if type(out) is _TENSOR and numel * out.itemsize >= _HUGE_MIN:  # (no fake or functional tensor)
-        _advised(
-            out
-        )  # (called only then: each Python call costs ~1 µs after a 4 MB result evicted the caches)
+        # (called only then: a Python call on this per-call path is not free)
+        _advised(out)
     k = nd - vd + (1 if idx is not None else A._col.dim())  # sparse dims
     if k == 1 == nd and A._coalesced and idx.dtype is _INT64:
         keys = idx  # (one sparse dim: the indices are the keys; put_ reads them flat)
@@ -108,9 +107,8 @@ def dense_of(
     plain = vd == 1 and (
         eager or not traced(vals)
     )  # (while traced, nse may be unbacked: no comparison)
-    quarter = (
-        plain and vals.numel() * 4 <= numel
-    )  # (numel(), not shape[0]: 0.7 µs less after a cache-evicting write)
+    # (numel(), not shape[0]: cheaper)
+    quarter = plain and vals.numel() * 4 <= numel
     if (
         quarter
         and (numel < _PARALLEL_FILL_MIN or _num_threads() == 1)
@@ -134,7 +132,7 @@ def dense_of(
     keys = keys.view(-1)
     flat = (
         out if k == 1 else out.view((_index.numel(shape[:k]),) + tuple(shape[k:]))
-    )  # (a view costs µs)
+    )  # (a view only where needed: it has a per-call cost)
     signed = _SIGNED_VIEW.get(vals.dtype)
     if (
         signed is not None
@@ -150,8 +148,7 @@ _SIGNED_VIEW = {torch.uint16: torch.int16, torch.uint32: torch.int32, torch.uint
 _PARALLEL_FILL_MIN = (
     1 << 18
 )  # elements from which fill_ on several torch threads goes before the one-thread pass
-# (bound here: ``torch.x`` looks x up in torch's module dict, 0.2-0.4 µs after a 4 MB result evicted
-# the caches)
+# (bound here: ``torch.x`` looks x up in torch's module dict on every call)
 _TENSOR, _INT64, _num_threads = torch.Tensor, torch.int64, torch.get_num_threads
 
 

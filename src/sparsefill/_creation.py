@@ -60,7 +60,7 @@ def _scalar_fits(x, dtype) -> bool:
 
 
 class _Indefinite:
-    """The indefinite fill: unspecified elements are masked out (fill-value-rfc.md point 13)."""
+    """The indefinite fill: unspecified elements are masked out (the masked semantics of torch.masked)."""
 
     def __repr__(self):
         return "sparsefill.indefinite"
@@ -615,8 +615,14 @@ def check_parts(
     One vectorised pass over the indices, O(nse + nrows); nothing dense is allocated.  The data
     checks are skipped where there is no data to read (meta tensors, torch.compile's fake tensors).
 
-    >>> check_parts(torch.sparse_csr, (2, 3), torch.ones(1), torch.tensor(0.), crow=torch.tensor([0, 1, 1]),
-    ...             col=torch.tensor([7]))
+    >>> check_parts(
+    ...     torch.sparse_csr,
+    ...     (2, 3),
+    ...     torch.ones(1),
+    ...     torch.tensor(0.0),
+    ...     crow=torch.tensor([0, 1, 1]),
+    ...     col=torch.tensor([7]),
+    ... )
     Traceback (most recent call last):
     ...
     IndexError: col_indices has an entry 7 out of range for size 3 of columns
@@ -854,7 +860,7 @@ def to_torch(A: SparseTensor, *, materialize: bool = False) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------- factories
-# (fill-value-rfc.md point 3)
+# (the fill is the value the factory names: full, zeros, ones; empty: indefinite)
 def full(
     size,
     fill_value,

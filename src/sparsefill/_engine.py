@@ -33,9 +33,12 @@ The engines know tensors only (no SparseTensor).
 'segment_reduce'
 >>> choose("amax", torch.int64, runs=True)
 'scatter_reduce'
->>> v = torch.tensor([1., 2., 4.]); rows = CsrRows(torch.tensor([0, 2, 2, 3]), torch.tensor([0, 3, 1]), 4)
->>> run(choose("sum", v.dtype, runs=True, csr_rows=True), "sum", v, None, 3, 0, lengths=torch.tensor([2, 0, 1]),
-...     csr=rows)
+>>> v = torch.tensor([1., 2., 4.])
+>>> rows = CsrRows(torch.tensor([0, 2, 2, 3]), torch.tensor([0, 3, 1]), 4)
+>>> engine = choose("sum", v.dtype, runs=True, csr_rows=True)
+>>> run(
+...     engine, "sum", v, None, 3, 0, lengths=torch.tensor([2, 0, 1]), csr=rows,
+... )
 tensor([3., 0., 4.])
 """
 
@@ -128,8 +131,8 @@ class CsrRows(NamedTuple):
 
 def spmv_index(crow: torch.Tensor, col: torch.Tensor, ncols: int):
     """``(crow, col)`` as int32 copies where the ``csr_mv`` engine reads those best, else None: on
-    the CPU torch's SpMV (MKL) converts int64 indices to int32 on every call (4000^2 with 16k
-    stored: ~20 -> ~15 us a call); None on other devices, for other index dtypes, or where int32
+    the CPU torch's SpMV (MKL) converts int64 indices to int32 on every call (a conversion that
+    is a large part of a sparse matrix-vector product's cost); None on other devices, for other index dtypes, or where int32
     cannot hold the sizes.
 
     >>> [t.dtype for t in spmv_index(torch.tensor([0, 1]), torch.tensor([3]), 4)]

@@ -1,7 +1,7 @@
 """``sparsefill.explain``: which stage computes an op on SparseTensor operands, and where its code
 is.
 
-A torch function reaches sparsefill in two places (DESIGN.md, ``ops/registry.py``)::
+A torch function reaches sparsefill in two places (docs/architecture.md, ``ops/registry.py``)::
 
     __torch_function__   an autograd route (ops/autograd_routes.py ROUTES), when one applies
     __torch_dispatch__   per aten OpOverload, the first stage that takes it:

@@ -19,7 +19,7 @@ there, where ``torch.autograd.grad`` gives 0: no output read them).
 
 The registry calls :func:`check` only where :data:`no_reverse_transform` is False:
 ``grad``/``vjp``/``jacrev`` (and ``hessian``'s ``jacrev``) disable autograd's saved-tensor hooks
-while they run, a C flag read in ~40 ns; elsewhere no call is made.  (Forward mode alone,
+while they run, a C flag that is cheap to read; elsewhere no call is made.  (Forward mode alone,
 ``jvp``/``jacfwd``, leaves it set: there a SparseTensor primal fails torch's own storage check
 first, and the constructors and routes refuse.)
 

@@ -178,7 +178,7 @@ def _build_dense_kernels():
     def fill_scatter(
         at_out, n, at_fill, at_keys, at_vals, nse, like
     ):  # pragma: no cover (compiled)
-        # arrays from addresses (3 .numpy() views cost 2 µs a call, the fill's item() 1 µs);
+        # arrays from addresses (cheaper than 3 .numpy() views and the fill's item() per call);
         # ``like``: the element type (a NumPy scalar type: no array to unbox); block by block:
         # the fill, then the values that fall in the block, while its lines are in cache
         out, vals = carray(address(at_out, like), n), carray(address(at_vals, like), nse)
@@ -332,7 +332,10 @@ def find_differ(x: torch.Tensor, fill: torch.Tensor):
     negative bits, a ``fill`` of another dtype or not 0-d, autograd recording, tracing, no numba).
 
     >>> r = find_differ(torch.tensor([1., 5., 1., 7.]), torch.tensor(1.))
-    >>> r is None or [t.tolist() for t in r] == [[1, 3], [5.0, 7.0]]  # (None: numba not loaded, 4 elements)
+    >>> r is None or [t.tolist() for t in r] == [
+    ...     [1, 3],
+    ...     [5.0, 7.0],
+    ... ]  # (None: numba not loaded, 4 elements)
     True
     """
     if not (
@@ -373,9 +376,9 @@ def fill_put_sorted(
     """``out.fill_(fill).put_(keys, vals)`` for strictly increasing int64 ``keys`` (a coalesced
     pattern's), 0-d ``fill``, 1-d ``vals`` and a contiguous ``out`` of their dtype, on CPU with
     numba: one compiled pass that fills a 32 KiB block and writes the values falling in it while its
-    lines are still in cache (1M float32, 1% stored: 0.85x the time of a whole ``fill_`` then the
-    scatter; 10%: 0.7x).  On x86-64 a block is filled by ``rep stos`` (1M float32: 151 µs against
-    158-165 for ``np.full`` and 155-170 for ``torch.full``, the same run).  True when done; False,
+    lines are still in cache (faster than a whole ``fill_`` then the scatter: the buffer is
+    read from memory once).  On x86-64 a block is filled by ``rep stos`` (fast-string stores: no
+    read of the lines first, slightly faster than ``np.full`` or ``torch.full``).  True when done; False,
     ``out`` untouched, where it does not apply (other devices or dtypes, a non-contiguous operand,
     negative or conjugate bits of ``vals``, ``keys`` and ``vals`` of different lengths, no numba,
     torch's ops being recorded: :func:`_recording`); a RuntimeError for a freed storage (address 0).
@@ -386,9 +389,8 @@ def fill_put_sorted(
     >>> out.tolist()
     [8.0, -1.0, -1.0, 7.0, -1.0]
     """
-    # the kernel reads and writes at the tensors' addresses: every condition below is needed (a call
-    # costs 2 µs above the pass) (vals.numel(), not vals.shape[0]: 0.7 µs less after a 4 MB result
-    # evicted the caches; one dict look-up)
+    # the kernel reads and writes at the tensors' addresses: every condition below is needed
+    # (vals.numel(), not vals.shape[0]: cheaper; one dict look-up)
     if (
         not (
             (_kernels or _compiled())
@@ -444,7 +446,7 @@ def _recording() -> bool:
 
 
 _FILL_ENTRY = {}  # dtype -> (the compiled fill_put_sorted pass for it, its element type)
-# (bound: 0.2 µs less a look-up after a cache-evicting write)
+# (bound here: no module attribute look-up per call)
 _INT64, _jit_state, _dispatch_mode = (
     torch.int64,
     torch._C._get_tracing_state,
@@ -455,15 +457,14 @@ _PROXY = torch._C._TorchDispatchModeKey.PROXY
 
 def _fill_entry(dtype):
     """``(entry, like)``: the fill pass's compiled entry point for ``dtype`` (called directly it
-    skips numba's dispatcher, its type resolution of each argument: 0.2 µs less per call warm, 1 µs
-    after a write that evicted the caches) and its element type; None for a dtype the pass does not
+    skips numba's dispatcher, its type resolution of each argument on every call) and its element type; None for a dtype the pass does not
     read."""
     if (like := _LIKE.get(dtype)) is None:
         return None
     kernel, like = (
         _kernels[3],
         like.dtype.type,
-    )  # (a type, not an array: 0.2 µs less a call after a cache-evicting write)
+    )  # (a type, not an array: no array to unbox per call)
     run = _FILL_ENTRY[dtype] = (
         kernel.compile(tuple(kernel.typeof_pyval(a) for a in (0,) * 6 + (like,))),
         like,

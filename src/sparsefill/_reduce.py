@@ -168,7 +168,9 @@ def accurate_sum(
     the worst case: 1.7e-2 for 10M float32 values, where torch's sum errs ~1e-8.
 
     >>> v = torch.full((1_000_000,), 0.1)
-    >>> round(float(accurate_sum(v, None, 1, lengths=torch.tensor([1_000_000]))[0]), 1)  # (one slot: 100958.3)
+    >>> round(
+    ...     float(accurate_sum(v, None, 1, lengths=torch.tensor([1_000_000]))[0]), 1
+    ... )  # (one slot: 100958.3)
     100000.0
     >>> accurate_sum(torch.tensor([1., 2., 4.]), torch.tensor([1, 0, 1]), 2).tolist()
     [2.0, 5.0]
@@ -516,7 +518,10 @@ class Reducer:
             r.of_fills(f, n, v.dtype) == r(v[:0], seg[:0], 1, fill=f, n_fill=torch.tensor([n]))[0]
 
         >>> f = torch.tensor(2.)
-        >>> REDUCERS["mean"].of_fills(f, 3, torch.float32), REDUCERS["prod"].of_fills(f, 3, torch.float32)
+        >>> (
+        ...     REDUCERS["mean"].of_fills(f, 3, torch.float32),
+        ...     REDUCERS["prod"].of_fills(f, 3, torch.float32),
+        ... )
         (tensor(2.), tensor(8.))
         """
         fill = torch.as_tensor(fill)
@@ -628,8 +633,13 @@ def shifted_exp_sums(
     slice max, :func:`finite_shift` for a logsumexp; ``seg`` may be None with ``lengths``).
 
     >>> v = torch.tensor([0., 1., 5.]); seg = torch.tensor([0, 0, 1])
-    >>> _, _, Z = shifted_exp_sums(v, seg, 2, torch.tensor([1., 5.]), fill=torch.tensor(1.), n_fill=torch.tensor([1, 0]))
-    >>> torch.allclose(torch.log(Z) + torch.tensor([1., 5.]), torch.tensor([torch.logsumexp(torch.tensor([0., 1., 1.]), 0), 5.]))
+    >>> _, _, Z = shifted_exp_sums(
+    ...     v, seg, 2, torch.tensor([1.0, 5.0]), fill=torch.tensor(1.0), n_fill=torch.tensor([1, 0])
+    ... )
+    >>> torch.allclose(
+    ...     torch.log(Z) + torch.tensor([1.0, 5.0]),
+    ...     torch.tensor([torch.logsumexp(torch.tensor([0.0, 1.0, 1.0]), 0), 5.0]),
+    ... )
     True
     """
     seg = seg_ids(seg, lengths, values.shape[0])
@@ -742,7 +752,9 @@ def bits64(x: torch.Tensor) -> torch.Tensor:
     """The 64-bit pattern of each element, as ``torch.hash_tensor`` reads it: floating values upcast
     to float64, integers and bool to int64 (uint64 as is), bitcast to int64.
 
-    >>> bits64(torch.tensor([1.5], dtype=torch.float32)).view(torch.uint64) == torch.hash_tensor(torch.tensor([1.5]))
+    >>> bits64(torch.tensor([1.5], dtype=torch.float32)).view(torch.uint64) == torch.hash_tensor(
+    ...     torch.tensor([1.5])
+    ... )
     tensor([True])
     """
     if x.dtype in (torch.int64, torch.uint64):
@@ -765,7 +777,11 @@ class Xor(Reducer):
 
     >>> v = torch.tensor([1., 2., 3.]); seg = torch.tensor([0, 0, 2])
     >>> h = Xor()(v, seg, 3, fill=torch.tensor(10.), n_fill=torch.tensor([1, 2, 2]))
-    >>> bool(h[0] == torch.hash_tensor(torch.tensor([1., 2., 10.]))), int(h[1]), bool(h[2] == torch.hash_tensor(v[2:]))
+    >>> (
+    ...     bool(h[0] == torch.hash_tensor(torch.tensor([1.0, 2.0, 10.0]))),
+    ...     int(h[1]),
+    ...     bool(h[2] == torch.hash_tensor(v[2:])),
+    ... )
     (True, 0, True)
     """
 
@@ -892,7 +908,9 @@ def tie_counts(values, best, seg, num_segments, *, fill=None, n_fill=None, nan=F
     ``n_hit``: the fill copies equal to ``best`` (per segment, or per class of a fill table), None
     without fills.  ``count`` has ``values``' dtype and ``best``'s shape.
 
-    >>> hit, count, _ = tie_counts(torch.tensor([2., 2., 1.]), torch.tensor([2., 1.]), torch.tensor([0, 0, 1]), 2)
+    >>> hit, count, _ = tie_counts(
+    ...     torch.tensor([2.0, 2.0, 1.0]), torch.tensor([2.0, 1.0]), torch.tensor([0, 0, 1]), 2
+    ... )
     >>> hit.tolist(), count.tolist()
     ([True, True, True], [2.0, 1.0])
     """
@@ -946,8 +964,13 @@ def segment_median(
     the fill class ``c`` of segment ``s`` (``C`` classes, 1 without a table), -1 for a segment with
     none.
 
-    >>> segment_median(torch.tensor([3., 1., 2.]), torch.tensor([0, 0, 1]), 2, fill=torch.tensor(0.),
-    ...                n_fill=torch.tensor([2, 0])).tolist()
+    >>> segment_median(
+    ...     torch.tensor([3.0, 1.0, 2.0]),
+    ...     torch.tensor([0, 0, 1]),
+    ...     2,
+    ...     fill=torch.tensor(0.0),
+    ...     n_fill=torch.tensor([2, 0]),
+    ... ).tolist()
     [0.0, 2.0]
     """
     k = values.shape[0]

@@ -20,7 +20,9 @@ grouping of a pattern into slices (:class:`Plan`) is computed once per pattern a
 
 >>> import torch, sparsefill
 >>> v = torch.tensor([-3., -1., 1.], requires_grad=True)
->>> A = sparsefill.sparse_coo_tensor([[0, 0, 1], [0, 2, 1]], v, (2, 3), fill_value=sparsefill.indefinite)
+>>> A = sparsefill.sparse_coo_tensor(
+...     [[0, 0, 1], [0, 2, 1]], v, (2, 3), fill_value=sparsefill.indefinite
+... )
 >>> P = sparsefill.masked.softmax(A, 1)
 >>> P._values()
 tensor([0.1192, 0.8808, 1.0000], grad_fn=<ValuesBackward>)

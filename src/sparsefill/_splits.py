@@ -1,4 +1,4 @@
-"""One split for operands that split their dims differently into sparse and dense dims (issue 18).
+"""One split for operands that split their dims differently into sparse and dense dims.
 
 An element-wise op between a hybrid SparseTensor (sparse dims ``S``, dense dims ``K + D``) and one
 with more sparse dims merges their patterns at one split, after converting each operand to it
@@ -41,16 +41,20 @@ Used by the pointwise rule, ``equal``/``copy_``/``allclose``/``dist`` (``ops/cor
 (:func:`resplit`).
 
 >>> import torch, sparsefill
->>> H = sparsefill.sparse_coo_tensor([[1]], [[5., 6.]], (3, 2), fill_value=0.)          # hybrid, 1 dense dim
+>>> H = sparsefill.sparse_coo_tensor(
+...     [[1]], [[5.0, 6.0]], (3, 2), fill_value=0.0
+... )  # hybrid, 1 dense dim
 >>> F = finer(H, 0)
 >>> F.indices().tolist(), F.values().tolist(), F.fill_value().item()
 ([[1, 1], [0, 1]], [5.0, 6.0], 0.0)
->>> C = sparsefill.sparse_coo_tensor([[0, 2], [1, 0]], [7., 8.], (3, 2), fill_value=1.)  # every dim sparse
+>>> C = sparsefill.sparse_coo_tensor(
+...     [[0, 2], [1, 0]], [7.0, 8.0], (3, 2), fill_value=1.0
+... )  # every dim sparse
 >>> G = coarser(C, 1)
 >>> G.indices().tolist(), G.values().tolist(), G.fill_value().tolist()
 ([[0, 2]], [[1.0, 7.0], [8.0, 1.0]], [1.0, 1.0])
->>> merge_dense_dim([H, C]), merge_dense_dim([sparsefill.to_sparse(H.to_dense(), fill_value=torch.tensor([0., 1.]),
-...                                                                dense_dim=1), C])
+>>> H1 = sparsefill.to_sparse(H.to_dense(), fill_value=torch.tensor([0.0, 1.0]), dense_dim=1)
+>>> merge_dense_dim([H, C]), merge_dense_dim([H1, C])
 (0, 1)
 """
 
@@ -163,7 +167,9 @@ def resplit(T: SparseTensor, dense_dim: int, layout=None) -> SparseTensor:
     new dense dims partly specified.
 
     >>> import sparsefill
-    >>> H = sparsefill.sparse_coo_tensor([[1]], [[5., 6.]], (3, 2), fill_value=torch.tensor([0., 1.]))
+    >>> H = sparsefill.sparse_coo_tensor(
+    ...     [[1]], [[5.0, 6.0]], (3, 2), fill_value=torch.tensor([0.0, 1.0])
+    ... )
     >>> R = resplit(H, 0, torch.sparse_csr)
     >>> R.sparse_layout, R.to_dense().tolist() == H.to_dense().tolist(), R._nse()
     (torch.sparse_csr, True, 4)

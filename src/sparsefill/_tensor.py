@@ -130,11 +130,10 @@ class SparseTensor(HostMixin, torch.Tensor):
         """Every function passes through to ``__torch_dispatch__`` as
         ``torch._C._disabled_torch_function_impl`` (results are never re-wrapped); the op layer's
         ``route`` (``ops.autograd_routes.route``) may take the call first (while grad mode is on,
-        the few functions whose backward must know the pattern, DESIGN.md section 10; in every mode,
+        the few functions whose backward must know the pattern, docs/architecture.md; in every mode,
         the few whose composite torch body cannot run on a SparseTensor).  A call with no keyword
         arguments, every argument a SparseTensor or a Python value, of a function not in the op
-        layer's ``routed``, is one ``route`` declines: it passes through at once (0.3 µs less per
-        call)."""
+        layer's ``routed``, is one ``route`` declines: it passes through at once (no route call)."""
         if not kwargs and func not in _OPS.routed:
             for a in args:
                 if a.__class__ is not SparseTensor and a.__class__ not in _PLAIN:
@@ -225,8 +224,8 @@ class SparseTensor(HostMixin, torch.Tensor):
 
             A._with_values(f(A.values()), f(A.fill)) == f(A)          for an element-wise f and a coalesced A
 
-        (``_store``'s assignments inline, through the attribute dicts: 0.2 µs less per element-wise
-        op.)
+        (``_store``'s assignments inline, through the attribute dicts: this runs once per
+        element-wise op.)
         """
         s = self.__dict__
         size = s["_size"]
@@ -367,7 +366,7 @@ class SparseTensor(HostMixin, torch.Tensor):
 
     def _fill_value(self) -> torch.Tensor:
         self._sync()
-        """The fill as specified (may be smaller than the dense dims; fill-value-rfc.md point 6)."""
+        """The fill as specified (may be smaller than the dense dims: it broadcasts over them)."""
         return self._fill
 
     def set_fill_value_(self, fill_value) -> SparseTensor:
@@ -421,13 +420,10 @@ class SparseTensor(HostMixin, torch.Tensor):
 
     def to_dense(self, dtype=None, *, fill_value=None, masked_grad=None) -> torch.Tensor:
         """The dense tensor ``A`` stands for; ``fill_value=`` stands in for an indefinite fill."""
-        if (
-            self._view is not None
-        ):  # (self._sync(), inline: a call costs 0.5 µs after a cache-evicting write)
+        if self._view is not None:  # (self._sync(), inline: one Python call less per to_dense)
             _OPS.sync(self)
-        out = (_to_dense or _load_to_dense())(
-            self, fill_value
-        )  # (an import here costs 1.1 µs per call)
+        # (bound on first use: an import statement here would run on every call)
+        out = (_to_dense or _load_to_dense())(self, fill_value)
         return out if dtype is None else out.to(dtype)
 
     def to_sparse(
@@ -484,7 +480,7 @@ class SparseTensor(HostMixin, torch.Tensor):
     # protocol
     def __tensor_flatten__(self):
         """``(inner tensor names, metadata)`` for torch.compile: the metadata reads no data
-        (DESIGN.md section 10) and the stored-element count is a dynamic size (as torch's nested
+        (so tracing never syncs on a value) and the stored-element count is a dynamic size (as torch's nested
         tensors mark their ragged dim), so a new pattern with another nse reuses the compiled
         graph."""
         if self._view is not None:
@@ -629,9 +625,8 @@ class SparseTensor(HostMixin, torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        fast = _FAST.get(
-            func._op
-        )  # (keyed by the C++ op: an OpOverload's __hash__ is Python code, 0.3 µs)
+        # (keyed by the C++ op: an OpOverload's __hash__ is Python code)
+        fast = _FAST.get(func._op)
         if fast is None:
             fast = _FAST[func._op] = _OPS.fast(func)
         if fast:  # element-wise on one pattern with Python scalars: the aten calls and little else
@@ -652,7 +647,7 @@ class SparseTensor(HostMixin, torch.Tensor):
 
 
 # (cls, size, strides, storage_offset, memory_format, dtype, layout, device, pin_memory,
-# requires_grad): positional, 0.2 µs less than keywords
+# requires_grad): positional, cheaper than keywords
 _to_dense = None  # _autograd.to_dense, bound on first use (_autograd imports this module)
 
 
@@ -674,7 +669,7 @@ def _gated(out, func, args, kwargs):
     """``out`` of a passed-through call; where it is dense and requires grad (its gradient is
     dense), the derivative formulas torch recorded for it ask the densify policy before they form a
     dense gradient of a SparseTensor operand (the op layer's ``gate``).  (A SparseTensor result, ``2
-    * A``, gets SparseTensor gradients: 1 µs instead of 50 µs per call.)"""
+    * A``, gets SparseTensor gradients: it skips the gate, whose cost is far above this test's.)"""
     if (
         out.__class__ is _TENSOR
         and out.requires_grad
@@ -710,8 +705,8 @@ def _store(
     known_zero: bool,
 ) -> None:
     """Set the storage attributes (``_STATE``) of a new wrapper ``r``; ``r._size`` is the size it
-    was made with (``r.shape`` without the ``__torch_function__`` hop, 1.5 µs; fixed, as the shape
-    is: ``A.data = B`` copies it)."""
+    was made with (``r.shape`` without the ``__torch_function__`` hop; fixed, as the shape is:
+    ``A.data = B`` copies it)."""
     r._sf_layout = layout
     r._size = size
     r._idx, r._crow, r._col = indices, crow, col

@@ -138,7 +138,9 @@ class HostMixin:
         unshared.
 
         >>> import sparsefill
-        >>> A = sparsefill.sparse_coo_tensor([[0, 2]], [1., 2.], (4,), fill_value=3.).share_memory_()
+        >>> A = sparsefill.sparse_coo_tensor(
+        ...     [[0, 2]], [1.0, 2.0], (4,), fill_value=3.0
+        ... ).share_memory_()
         >>> A.is_shared(), A.values().is_shared()
         (True, True)
         """

@@ -77,7 +77,7 @@ class SparseParameter(nn.Module):
     >>> A = sparsefill.sparse_coo_tensor([[0, 1], [2, 0]], [1., 2.], (2, 3), fill_value=0.5)
     >>> P = sparsefill.nn.SparseParameter(A, train_fill=True)
     >>> (P() * torch.arange(6.).reshape(2, 3)).sum().backward()
-    >>> P.values.grad, P.fill.grad                                # dense gradient at (0, 2), (1, 0); the rest summed
+    >>> P.values.grad, P.fill.grad  # dense gradient at (0, 2), (1, 0); the rest summed
     (tensor([2., 3.]), tensor(10.))
     """
 

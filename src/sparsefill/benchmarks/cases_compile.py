@@ -1,4 +1,4 @@
-"""torch.compile measurements (issue 14): not a harness case (compiling takes seconds per case, and
+"""torch.compile measurements: not a harness case (compiling takes seconds per case, and
 the test suite runs the harness cases); run ``python -m sparsefill.benchmarks.cases_compile
 [--quick]``.
 
@@ -181,7 +181,10 @@ def dlrm_step(batch: int, rows: int, backend: str, rounds: int, reps: int) -> tu
     torch.testing.assert_close(compiled(*inputs), peer(*peer_inputs))
     breaks = counters["graph_break"]
     why = next(iter(breaks)).splitlines()[0] if breaks else "none"
-    how = f"{counters['stats']['unique_graphs']} graph(s), {sum(breaks.values())} graph breaks, first: {why}"
+    how = (
+        f"{counters['stats']['unique_graphs']} graph(s), {sum(breaks.values())} graph breaks, "
+        f"first: {why}"
+    )
 
     def step(m, x, optimizers):
         for o in optimizers:

@@ -1,4 +1,4 @@
-"""Scale-out measurements (issue 16): several processes on loopback gloo, so not a harness case (the
+"""Scale-out measurements: several processes on loopback gloo, so not a harness case (the
 harness times one process); run ``python -m sparsefill.benchmarks.cases_distributed [--quick]``.
 
 1. **all_reduce bytes and time** of a ``(rows, cols)`` float32 SparseTensor at 0.1%, 1%, 10%, 30%

@@ -1,10 +1,10 @@
-"""Element-wise cases: ``torch.exp(A * -8.0)`` with a nonzero fill (fill-value-rfc.md's membrane
+"""Element-wise cases: ``torch.exp(A * -8.0)`` with a nonzero fill (the membrane
 potential), ``A + B`` over two patterns, and the per-call cost of small element-wise ops.
 
 Peers: the same ops on the values tensor alone (the floor: what a user keeping
 ``(indices, values, fill)`` by hand would run), and pydata ``sparse`` (fill_value=5) when installed.
 
-Per call (issue 18): a coalesced 10-element COO tensor, 5 stored, fill 1, float64; the ``sparsefill
+Per call: a coalesced 10-element COO tensor, 5 stored, fill 1, float64; the ``sparsefill
 − peer`` column is the cost above the values-only op (``torch.exp(A)`` vs ``torch.exp(A.values())``,
 ``A * 2`` vs ``values * 2``, ``A + A`` vs ``values + values``, in place ``A.mul_(1.0)`` vs
 ``values.mul_(1.0)``, ``A.detach()`` vs ``values.detach()``) and, for ``A + B`` with another pattern

@@ -10,7 +10,7 @@ tensor (its unspecified elements are masked out, the same semantics), and ``torc
 Full size 10000x10000 at 1% (1e6 elements); ``--quick`` 2000x2000 at 1%.
 
 ``masked softmax forward + backward, GAT edge scores``: the edge softmax of a graph attention layer
-(issue 13): the scores ``S`` of a random graph (10 edges a node plus self loops, as
+the scores ``S`` of a random graph (10 edges a node plus self loops, as
 ``examples/gat.py``) as an N x N SparseTensor with indefinite fill, a leaf requiring grad;
 ``masked.softmax(S, 1)`` and the gradient of ``S`` for a random upstream gradient of its values,
 against ``torch_geometric.utils.softmax`` (scores indexed by target node) forward and backward with

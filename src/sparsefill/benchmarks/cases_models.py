@@ -1,4 +1,4 @@
-"""Real models, trained (issue 13 item 4): the scripts of the repository's ``examples/`` against
+"""Real models, trained: the scripts of the repository's ``examples/`` against
 their peers.
 
 - ``model: GAT training step``: ``examples/gat.py``, a two-layer graph attention network on a

@@ -1,4 +1,4 @@
-"""Reductions and softmax with nonzero and array fills (issue 4).
+"""Reductions and softmax with nonzero and array fills.
 
 * ``A.sum(1)`` of an ``n x n`` CSR matrix, 0.1% specified, fill 5: against a hand-written torch
   reduction on the CSR arrays (sorted segment sum, and native CSR ``mv`` with ones), pydata
@@ -7,10 +7,10 @@
 * ``A.median(1)`` of a COO matrix, 1% specified, fill 0.5 (the one median rank rule,
   ``_reduce.segment_median``): against dense ``x.median(1)`` (pydata ``sparse`` has no median).
 
-Issue 18's small row reductions are the first sizes: ``A.sum(1)`` at 4000^2 with 16k stored at most
+The small row reductions are the first sizes (targets): ``A.sum(1)`` at 4000^2 with 16k stored at most
 2x the hand-written CSR ``mv``, ``A.amax(1)`` at 2000^2, 1% at most 1.0x pydata.
 * ``A.softmax(0)`` of a hybrid ``(n, 16)`` tensor (one sparse dim, fill 0): the result keeps the
-  pattern with an array fill (fill-value-rfc.md point 5); against dense ``x.softmax(0)``.
+  pattern with an array fill (the fill of the result is an array); against dense ``x.softmax(0)``.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def _check_close(param, out):
     check=_check_close,
 )
 def sum_dim(param):
-    """Issue 4's case: against a hand-written torch reduction on the same CSR arrays (sorted segment
+    """Against a hand-written torch reduction on the same CSR arrays (sorted segment
     sum over ``crow`` plus ``fill * (n - row counts)``; and the same through torch's native CSR
     ``mv`` with ones), pydata ``sparse`` and dense ``x.sum(1)``."""
     n, density = param
@@ -145,7 +145,7 @@ def median_dim(param):
     check=_check_close,
 )
 def hybrid_softmax(param):
-    """Issue 4's case: a (1e6 x 16) hybrid tensor (one sparse dim), 1% of the rows specified; the
+    """A (1e6 x 16) hybrid tensor (one sparse dim), 1% of the rows specified; the
     result keeps the pattern with an array fill.  Peak memory is reported by the runner: O(nse) for
     sparsefill."""
     n, density = param

@@ -1,4 +1,4 @@
-"""Segment reductions (issue 6): ``sparsefill.segment.reduce`` against the torch code a user would
+"""Segment reductions: ``sparsefill.segment.reduce`` against the torch code a user would
 write.
 
 Inputs (seed 0): ``N`` rows (about 1,000,000) of float32 data with ``D`` in {1, 16, 64} columns

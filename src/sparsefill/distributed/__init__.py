@@ -15,12 +15,14 @@ calls: a mismatch raises the same error on every rank.  This module adds options
 (``algorithm=`` of :func:`all_reduce`) and :data:`traffic`, the bytes sent and received.
 
 >>> import torch, torch.distributed as dist, sparsefill
->>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)  # (one process here)
+>>> # (one process here)
+>>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
 >>> A = sparsefill.sparse_coo_tensor([[0, 3]], [1., 2.], (5,), fill_value=0.5)
 >>> dist.all_reduce(A, op=dist.ReduceOp.MAX)
 >>> A.to_dense(), A._nse()
 (tensor([1.0000, 0.5000, 0.5000, 2.0000, 0.5000]), 2)
->>> traffic.reset(); all_reduce(A, algorithm="dense"); A._nse()    # the dense way re-specifies against the fill
+>>> # the dense way re-specifies against the fill
+>>> traffic.reset(); all_reduce(A, algorithm="dense"); A._nse()
 2
 >>> dist.destroy_process_group()
 

@@ -111,7 +111,8 @@ def what(h) -> str:
     if h[KIND] == DENSE:
         return f"a dense {dtype} tensor of shape {shape}"
     fill = ", indefinite fill" if h[INDEFINITE] else ""
-    return f"a {LAYOUTS[int(h[LAYOUT])]} {dtype} SparseTensor of shape {shape} (dense_dim {int(h[DENSE_DIM])}{fill})"
+    layout = LAYOUTS[int(h[LAYOUT])]
+    return f"a {layout} {dtype} SparseTensor of shape {shape} (dense_dim {int(h[DENSE_DIM])}{fill})"
 
 
 def mismatch(s, e) -> tuple[type, str] | None:

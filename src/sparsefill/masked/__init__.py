@@ -1,7 +1,7 @@
 """``sparsefill.masked``: ``torch.masked`` reductions and normalizations for every layout.
 
 Same names, signatures and results as ``torch.masked.<op>`` on strided tensors
-(masked-reductions-rfc.md); inputs and masks may each be strided, torch native sparse (COO, CSR)
+(torch.masked); inputs and masks may each be strided, torch native sparse (COO, CSR)
 or SparseTensors (COO, CSR, hybrid, any fill).  Invariant, for every op and layout (the drop-in
 promise)::
 
@@ -36,7 +36,9 @@ Helpers: ``input_mask``/``output_mask`` (the canonical masks in the input's layo
 ``pattern_mask`` (True at a sparse tensor's specified elements), ``coo_mask``/``csr_mask``.
 
 >>> import torch, sparsefill
->>> A = sparsefill.sparse_coo_tensor([[0, 0, 1], [0, 2, 1]], [-3., -1., 1.], (2, 3), fill_value=sparsefill.indefinite)
+>>> A = sparsefill.sparse_coo_tensor(
+...     [[0, 0, 1], [0, 2, 1]], [-3.0, -1.0, 1.0], (2, 3), fill_value=sparsefill.indefinite
+... )
 >>> sparsefill.masked.sum(A, 1).to_dense()
 tensor([-4.,  1.])
 >>> sparsefill.masked.softmax(A, 1)._values()

@@ -337,8 +337,9 @@ def _softmax_parts(sign, log):
     return per_element
 
 
-_SOFTMAX_DOC = """Masked {name} along ``dim``: ``torch.nn.functional.{name}(input.masked_fill(~mask, {fillv}), dim)``,
-i.e. for a slice ``x`` with masked-in set ``I``::
+_SOFTMAX_DOC = """Masked {name} along ``dim``:
+``torch.nn.functional.{name}(input.masked_fill(~mask, {fillv}), dim)``, i.e. for a slice ``x`` with
+masked-in set ``I``::
 
     out[p] = {formula}
 
@@ -346,8 +347,8 @@ Masked-out elements read {c} in a slice with a masked-in element and NaN in a fu
 slice (as torch.masked on the dense input); a sparse result takes the more frequent of the two
 among its unspecified elements as fill and stores the others.  An input with indefinite fill gives
 its pattern with an indefinite fill.  An integer or bool input raises as torch.masked does (its
-NotImplementedError where the input is masked: a mask given or an indefinite fill); ``dtype=torch.float32``
-computes in floating point.
+NotImplementedError where the input is masked: a mask given or an indefinite fill);
+``dtype=torch.float32`` computes in floating point.
 
 >>> import torch, sparsefill
 >>> x = torch.tensor([[-3., -2., -1.], [0., 1., 2.]]).to_sparse()
@@ -510,15 +511,17 @@ def _cum(name, mode):
 
     op.__name__ = op.__qualname__ = name
     sym = "+" if mode == "sum" else "*"
-    op.__doc__ = f"""Masked {name} along ``dim``: ``torch.{name}(torch.where(mask, input, {int(ident)}), dim)``, i.e.::
+    i0 = int(ident)
+    op.__doc__ = f"""Masked {name} along ``dim``: ``torch.{name}(torch.where(mask, input, {i0}), dim)``,
+    i.e.::
 
-        out[p] = {int(ident)} {sym} x[q_1] {sym} ... {sym} x[q_j]      (the masked-in q_i <= p of p's slice)
+        out[p] = {i0} {sym} x[q_1] {sym} ... {sym} x[q_j]      (the masked-in q_i <= p of p's slice)
 
-    at every position, masked-out ones included (the running value; {int(ident)} before the first
-    masked-in element and in fully masked-out slices).  A sparse result has fill {int(ident)} and stores the
+    at every position, masked-out ones included (the running value; {i0} before the first masked-in
+    element and in fully masked-out slices).  A sparse result has fill {i0} and stores the
     unspecified elements after the first masked-in element of their slice (dense by nature along a
-    sparse dim: ``check_specify``).  With ``mask=None`` along a sparse
-    dim of a defined fill the result is computed densely (dense by nature).
+    sparse dim: ``check_specify``).  With ``mask=None`` along a sparse dim of a defined fill the
+    result is computed densely (dense by nature).
 
     >>> import torch, sparsefill
     >>> x = torch.tensor([[-3., -2., -1.], [0., 1., 2.]]).to_sparse()
@@ -571,7 +574,9 @@ def _doubling_scan(v, seg, mode, longest: int):
 
         _doubling_scan(v, seg, mode, L)[i] == op(v[j] for j <= i with seg[j] == seg[i])
 
-    >>> _doubling_scan(torch.tensor([1., 2., 3., 4.]), torch.tensor([0, 1, 0, 0]), "sum", 3).tolist()
+    >>> _doubling_scan(
+    ...     torch.tensor([1.0, 2.0, 3.0, 4.0]), torch.tensor([0, 1, 0, 0]), "sum", 3
+    ... ).tolist()
     [1.0, 2.0, 4.0, 8.0]
     """
     order = torch.argsort(seg, stable=True)

@@ -25,7 +25,7 @@ def assign_(A: SparseTensor, new: SparseTensor) -> SparseTensor:
         and tuple(new._size) != tuple(A._size)
         or new._vals.dtype != A._vals.dtype
     ):
-        # (the sizes made with, not .shape/.dtype: 1.4 µs each through __torch_function__)
+        # (the sizes made with, not .shape/.dtype: those go through __torch_function__)
         raise ValueError(
             f"cannot store a result of shape {tuple(new.shape)} and dtype {new.dtype} in a "
             f"SparseTensor of shape {tuple(A.shape)} and dtype {A.dtype}: a SparseTensor's shape "

@@ -1,5 +1,5 @@
-"""Autograd routes: torch functions whose backward must know the sparse pattern (DESIGN.md section
-10).
+"""Autograd routes: torch functions whose backward must know the sparse pattern (torch's own
+formula would form a dense gradient first; docs/architecture.md).
 
 Autograd's derivative formulas run above ``__torch_dispatch__``: for ``A @ X`` torch computes the
 gradient of the SparseTensor ``A`` as the dense ``G @ X^T`` (N x N) before any handler sees it.

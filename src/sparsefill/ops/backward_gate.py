@@ -26,7 +26,9 @@ gated.
 
 >>> import torch, sparsefill
 >>> A = sparsefill.sparse_coo_tensor([[0, 1], [1, 0]], [1., 2.], (2, 2)).requires_grad_()
->>> y = A @ torch.ones(2, 3)   # a leaf's gradient has dense semantics: MmBackward0's grad @ X^T, (2, 2)
+>>> y = A @ torch.ones(
+...     2, 3
+... )  # a leaf's gradient has dense semantics: MmBackward0's grad @ X^T, (2, 2)
 >>> with sparsefill.densify_policy(limit_bytes=8):
 ...     y.sum().backward()
 Traceback (most recent call last):

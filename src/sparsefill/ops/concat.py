@@ -21,7 +21,7 @@ tensor([5., 2., 5., 7., 5.])
 >>> torch.stack([A, A]).indices().tolist()
 [[0, 1], [1, 1]]
 >>> M = sparsefill.sparse_coo_tensor([[1]], [3.], (2,), fill_value=sparsefill.indefinite)
->>> torch.cat([M, B]).to_dense(fill_value=float("nan"))       # B's elements all stored, M's mask kept
+>>> torch.cat([M, B]).to_dense(fill_value=float("nan"))  # B's elements all stored, M's mask kept
 tensor([nan, 3., 7., 5.])
 """
 

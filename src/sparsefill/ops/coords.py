@@ -309,7 +309,10 @@ def _index_along(func, args, kwargs):
     dim = _check_dim_index_src(func, A, dim, index, src, args, kwargs)
     neg = index[index < 0] if name != "index_fill" else index.reshape(-1)[:0]
     if neg.numel():  # torch's errors for a negative index (too large ones come from _coords)
-        msg = f"index {int(neg.reshape(-1)[0])} is out of bounds for dimension {dim} with size {A.shape[dim]}"
+        msg = (
+            f"index {int(neg.reshape(-1)[0])} is out of bounds for dimension {dim} with size "
+            f"{A.shape[dim]}"
+        )
         raise (
             RuntimeError(msg)
             if name == "index_add"

@@ -29,9 +29,9 @@ aten = torch.ops.aten
 
 @register(aten.detach.default, aten.alias.default)
 def _alias(func, args, kwargs):
-    """``A.detach()``, ``alias``: ``A``'s inner tensors in a new wrapper (``SparseTensor._make``, 5
-    µs less than ``rewrap``'s checked constructor; the known-zero record of the same fill tensor
-    carried over)."""
+    """``A.detach()``, ``alias``: ``A``'s inner tensors in a new wrapper (``SparseTensor._make``:
+    the parts are ``A``'s, already checked, so ``rewrap``'s checked constructor is skipped; the
+    known-zero record of the same fill tensor carried over)."""
     A = args[0]
     out = SparseTensor._make(
         A._sf_layout,

@@ -1,5 +1,5 @@
-"""Matrix products of SparseTensors with fill values, by decomposition (fill-value-rfc.md point
-10.2).
+"""Matrix products of SparseTensors with fill values, by decomposition (the product of the stored
+part plus the fill's rank-one part).
 
 A sparse operand ``A`` (a batch of ``(m, k)`` matrices) is its zero-fill part ``A0`` plus its fill
 ``F`` (constant along the sparse dims: ``F = a * ones`` for a scalar fill, ``ones_m (x) f`` for a

@@ -1,4 +1,4 @@
-"""softmax and log_softmax (softmin is softmax of -A) along any dim, fill-value-rfc.md point 5::
+"""softmax and log_softmax (softmin is softmax of -A) along any dim::
 
     softmax(A, d).to_dense() == softmax(A.to_dense(), d)
 
@@ -159,8 +159,10 @@ def _softmax_backward(func, args, kwargs):
 
     >>> import torch, sparsefill
     >>> v = torch.tensor([1., 2., 3.], requires_grad=True)
-    >>> A = sparsefill.sparse_coo_tensor([[0, 0, 1], [0, 2, 1]], v, (2, 3), fill_value=sparsefill.indefinite)
-    >>> torch.softmax(A, 1).values()[0].backward()    # row 0 holds two elements: y0 (1 - y0), -y0 y1
+    >>> A = sparsefill.sparse_coo_tensor(
+    ...     [[0, 0, 1], [0, 2, 1]], v, (2, 3), fill_value=sparsefill.indefinite
+    ... )
+    >>> torch.softmax(A, 1).values()[0].backward()  # row 0 holds two elements: y0 (1 - y0), -y0 y1
     >>> v.grad
     tensor([ 0.1966, -0.1966,  0.0000])
     """

@@ -1,4 +1,4 @@
-"""Element-wise ops (aten ops tagged ``torch.Tag.pointwise``), fill-value-rfc.md points 8-9::
+"""Element-wise ops (aten ops tagged ``torch.Tag.pointwise``)::
 
     f(A, B, ...) == SparseTensor(P, f(A[P], B[P], ...), fill_value=f(fill_A, fill_B, ...))
     so  f(A, B).to_dense() == f(A.to_dense(), B.to_dense())
@@ -139,9 +139,8 @@ def unary_fast(func, args, kwargs):
                     return A._with_values(op(A._vals, A._vals), op(A._fill, A._fill))
                 if type(c) is not SparseTensor and not isinstance(c, torch.Tensor):  # A * 2
                     first = _FIRST_TENSOR.get(func._op)
-                    if (
-                        first is None
-                    ):  # (aten.pow.Scalar(Scalar self, Tensor exponent) takes A second: not this rule)
+                    # (aten.pow.Scalar(Scalar self, Tensor exponent) takes A second: not this rule)
+                    if first is None:
                         first = _FIRST_TENSOR[func._op] = isinstance(
                             func._schema.arguments[0].type, torch.TensorType
                         )
@@ -198,7 +197,8 @@ def unary_fast(func, args, kwargs):
     except (
         Exception
     ):  # the fill's op may raise where no element reads it (A // B with every element
-        return None  # stored, a fill 0 in B): the general rule decides (_unread_fill), or raises dense's error
+        # stored, a fill 0 in B): the general rule decides (_unread_fill), or raises dense's error
+        return None
 
 
 def inplace_fast_ok(func) -> bool:
@@ -317,9 +317,11 @@ def _on_union(op, args, kwargs, A: SparseTensor, B: SparseTensor, many: bool):
 
 
 # The caches of the fast path are keyed by ``func._op`` (the C++ op), not by the OpOverload
-# ``func``, whose ``__hash__`` is Python code (0.3 µs a lookup, a third of this path's own cost).
-_CALLS: dict = {}  # (OpOverload._op, argument kinds) -> the callable unary_fast runs it with (see _call_of)
-_BY_VALUE: dict = {}  # (OpOverload._op, Python int/float, its type, dtype) -> (op, operand): see _by_value
+# ``func``, whose ``__hash__`` is Python code (a large share of this path's own cost).
+# (OpOverload._op, argument kinds) -> the callable unary_fast runs it with (see _call_of)
+_CALLS: dict = {}
+# (OpOverload._op, Python int/float, its type, dtype) -> (op, operand): see _by_value
+_BY_VALUE: dict = {}
 _EXACT = (
     2**53
 )  # |c| below which a Python int converts to float64 exactly (so to float32 in one rounding)
@@ -340,7 +342,7 @@ def _by_value(func, A: SparseTensor, c):
 
     (torch wrapped ``c`` as a *wrapped number*, which promotes as a Python number and which
     TensorIterator casts to the common dtype, ``v.dtype`` for a float ``v``: that cast done once,
-    not twice a call, 1.4 µs each).  Not for reduced floats (their kernels read the scalar uncast);
+    not twice a call).  Not for reduced floats (their kernels read the scalar uncast);
     -0.0 and NaN (keys equal to others') never come here.  Else the operand is ``c`` itself."""
     dtype, schema, value = A._vals.dtype, func._schema.arguments, c
     if dtype in _CAST_DTYPES and len(schema) > 1 and isinstance(schema[1].type, torch.TensorType):
@@ -361,8 +363,8 @@ def _by_value(func, A: SparseTensor, c):
 
 def _call_of(func, probe, kwargs, key):
     """What runs exactly ``func`` on plain tensors and Python values of the kinds in ``key``,
-    fastest: torch's Python binding of the op's name (``torch.exp``: 0.5-0.9 µs less than
-    ``func._op``, which parses its arguments against the schema) when, run once on ``probe`` (the
+    fastest: torch's Python binding of the op's name (``torch.exp``: cheaper than ``func._op``,
+    which parses its arguments against the schema) when, run once on ``probe`` (the
     call's fill arguments), it dispatches to ``func`` and to nothing else; else ``func._op``.
     Cached under ``key``, unless a dispatch mode is active (``torch.compile``'s fake tensors, a
     recording mode: ``func._op``, not cached)."""
@@ -411,7 +413,8 @@ def _record_mode():
 
 
 _UNION_CACHE_MAX = 1024  # stored elements of two patterns up to which union2 caches their union
-_UNIONS: dict = {}  # (id(A._idx), id(B._idx)) -> (weakrefs of both, their versions and the union's, the union)
+# (id(A._idx), id(B._idx)) -> (weakrefs of both, their versions and the union's, the union)
+_UNIONS: dict = {}
 _UNIONS_SIZE = 64
 _SMALL = 64  # stored elements of two CPU patterns up to which union2 merges them as Python tuples
 
@@ -427,7 +430,7 @@ def union2(A: SparseTensor, B: SparseTensor):
     by :func:`_merge.union_or_superset` of the linear keys (:func:`_union_small` for small CPU
     patterns); while the two hold at most ``_UNION_CACHE_MAX`` elements, cached per pair of index
     tensors (patterns that recur, a training step or a loop over small tensors, merge once; the key
-    is the two tensors' identity and versions: 1 µs, against 3.5 µs for
+    is the two tensors' identity and versions, cheaper to form than
     ``_grouping.pattern_cached``'s storage keys; the pattern of index tensors changed through
     ``set_`` is a version change too).  The indices are shared by the results: an in-place change of
     them is seen (version) and the union merged again."""
@@ -474,10 +477,13 @@ def _merge2(A: SparseTensor, B: SparseTensor):
 def _union_small(ia: torch.Tensor, ib: torch.Tensor):
     """``(indices, pa, pb)``: the union of two coalesced CPU COO index tensors (``d >= 1`` sparse
     dims, some stored element), merged as Python tuples (row-major order is their lexicographic
-    order), the three results views of one int64 tensor built from a buffer: 10 µs less than torch
-    ops on 10 stored elements.
+    order), the three results views of one int64 tensor built from a buffer: on a few stored elements
+    this beats the fixed cost of torch ops.
 
-    >>> [t.tolist() for t in _union_small(torch.tensor([[0, 1], [2, 0]]), torch.tensor([[0, 0], [1, 2]]))]
+    >>> [
+    ...     t.tolist()
+    ...     for t in _union_small(torch.tensor([[0, 1], [2, 0]]), torch.tensor([[0, 0], [1, 2]]))
+    ... ]
     [[[0, 0, 1], [1, 2, 0]], [1, 2], [0, 1]]
     """
     d = ia.shape[0]
@@ -508,7 +514,7 @@ def _spread(T: SparseTensor, pos: torch.Tensor | None, n: int) -> torch.Tensor:
     v, fill = T._vals, T._fill
     if pos is None or pos.shape[0] == n:  # T's pattern is the union
         return v
-    if v.dim() == 1 and v.is_cpu and not fill.dim():  # (fill_, put_: 1.5 µs less on small tensors)
+    if v.dim() == 1 and v.is_cpu and not fill.dim():  # (fill_, put_: cheaper on small tensors)
         return v.new_empty(n).fill_(fill).put_(pos, v)
     return v.new_empty((n,) + v.shape[1:]).copy_(fill).index_copy_(0, pos, v)
 
@@ -584,7 +590,8 @@ def pointwise_rule(func, args, kwargs, pattern_only=False):
     dense_ops = [t for t in tensors if not isinstance(t, SparseTensor) and t.dim()]
     over = {id(t): _over_dense_dims(t, A) for t in dense_ops}
     varying = [t for t in dense_ops if over[id(t)] is None]
-    const = None  # the result's fill where the dense operands vary along the sparse dims but op(fills, them) not
+    # the result's fill where the dense operands vary along the sparse dims but op(fills, them) not
+    const = None
     if varying:  # dense operands that vary along the sparse dims
         try:
             shape = torch.broadcast_shapes(A.shape, *[t.shape for t in dense_ops])
@@ -617,6 +624,19 @@ def pointwise_rule(func, args, kwargs, pattern_only=False):
             A = sparse[0][1]
             over = {id(t): _over_dense_dims(t, A) for t in dense_ops}
     sub.update({k: v for k, v in over.items() if v is not None})
+    return _on_pattern(
+        func, args, kwargs, sparse, A, layout, sub, varying, out, written, indefinite, const
+    )
+
+
+def _on_pattern(
+    func, args, kwargs, sparse, A, layout, sub, varying, out, written, indefinite, const
+):
+    """The last step of :func:`pointwise_rule`: ``sparse`` holds pairs (operand, the operand
+    broadcast to ``A``), aligned here on one pattern; the op runs once on their values and once on
+    their fills (each a batch of one), the other operands substituted by ``sub`` (id -> tensor;
+    the dense operands in ``varying`` are read at the result's positions).  ``const``: the result's
+    fill where it does not follow from the fills."""
     build, at = _align([E for _, E in sparse], layout)
     if varying:
         idx = coalesced_parts(build(at[id(A)], None))[0]  # the result's positions (a CSR's: cached)
@@ -675,7 +695,9 @@ def _zero_dim(func, args, kwargs, sparse, out, written: bool):
     and ``out=`` store it.
 
     >>> import sparsefill
-    >>> A = sparsefill.sparse_coo_tensor(torch.zeros(0, 1, dtype=torch.int64), torch.tensor([2.]), (), fill_value=0.)
+    >>> A = sparsefill.sparse_coo_tensor(
+    ...     torch.zeros(0, 1, dtype=torch.int64), torch.tensor([2.0]), (), fill_value=0.0
+    ... )
     >>> A.masked_fill(torch.tensor(True), torch.tensor(5.)).to_dense()
     tensor(5.)
     """
@@ -748,7 +770,9 @@ def _unread_fill(A: SparseTensor, vals):
         nse == numel    =>  (A // B).to_dense() == A.to_dense() // B.to_dense()   (though fill_A // 0 raises)
 
     >>> import sparsefill
-    >>> A = sparsefill.sparse_coo_tensor(torch.zeros(1, 0, dtype=torch.int64), torch.zeros(0, dtype=torch.int64), (0,))
+    >>> A = sparsefill.sparse_coo_tensor(
+    ...     torch.zeros(1, 0, dtype=torch.int64), torch.zeros(0, dtype=torch.int64), (0,)
+    ... )
     >>> torch.equal((A // 0).to_dense(), A.to_dense() // 0)
     True
     >>> A = sparsefill.sparse_coo_tensor([[0, 1]], [4, 6], (2,), fill_value=1)
@@ -796,7 +820,7 @@ def _align(sparse, layout):
     """``(build(values, fill) -> SparseTensor, {id(T): T's values at the result's positions})``.
 
     One pattern (or the same index tensors everywhere): the values as stored.  Otherwise the
-    union of the patterns, merged by linear keys (fill-value-rfc.md point 9), less the positions
+    union of the patterns, merged by linear keys, less the positions
     an indefinite operand leaves unspecified (those stay unspecified in the result).  The result
     has ``layout``.
     """

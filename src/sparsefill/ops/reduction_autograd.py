@@ -16,7 +16,7 @@ e.g. ``sum``: ``d(x) = G``; ``mean``: ``G / count``; ``amax``: ``G / (number of 
 maxima (torch's rule: evenly among the maxima; a fill that is the maximum counts ``m`` times);
 ``prod``: ``G`` times the product of the others (exclusive products of the stored values times
 ``fill ** m``).  torch's formula would instead expand the dense ``G`` to ``A``'s full shape before
-any handler sees it (DESIGN.md section 10).  An indefinite fill skips the unspecified elements
+any handler sees it (hence an autograd route: docs/architecture.md).  An indefinite fill skips the unspecified elements
 (masked semantics, as the forward): ``m = 0`` and the gradient's fill is 0.
 
 A reduction over some sparse dims only (the rest kept) gives the unspecified elements gradients that

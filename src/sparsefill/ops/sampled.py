@@ -10,7 +10,9 @@ stays indefinite (the scores of a sparse attention on the mask's pattern, no den
 O(nse x k).
 
 >>> import torch, sparsefill
->>> A = sparsefill.sparse_coo_tensor([[0, 1], [1, 0]], [1., 2.], (2, 2), fill_value=sparsefill.indefinite)
+>>> A = sparsefill.sparse_coo_tensor(
+...     [[0, 1], [1, 0]], [1.0, 2.0], (2, 2), fill_value=sparsefill.indefinite
+... )
 >>> torch.sparse.sampled_addmm(A.to_sparse_csr(), torch.ones(2, 3), torch.ones(3, 2)).values()
 tensor([4., 5.])
 """

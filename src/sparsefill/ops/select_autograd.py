@@ -14,7 +14,9 @@ every dim are the reductions of ``reduction_autograd.py`` (evenly among the maxi
 
 >>> import torch, sparsefill
 >>> v = torch.tensor([1., 4.], requires_grad=True)
->>> A = sparsefill.sparse_coo_tensor([[0, 1], [0, 1]], v, (2, 2), fill_value=2.)   # dense [[1, 2], [2, 4]]
+>>> A = sparsefill.sparse_coo_tensor(
+...     [[0, 1], [0, 1]], v, (2, 2), fill_value=2.0
+... )  # dense [[1, 2], [2, 4]]
 >>> A.max(1).values.sum().backward()       # row 0 selects an unspecified 2, row 1 the stored 4
 >>> v.grad.tolist()
 [0.0, 1.0]

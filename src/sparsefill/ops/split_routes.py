@@ -14,7 +14,9 @@ raises torch's errors for the sections or indices, with torch's words.
 >>> v = torch.tensor([1., 2.], requires_grad=True)
 >>> A = sparsefill.sparse_coo_tensor([[0, 4]], v, (6,), fill_value=3.)
 >>> a, b = torch.hsplit(A, 2)
->>> G = torch.autograd.grad(a.sum() + b.sum(), A)[0]   # the pieces' gradients joined: A's pattern, fill 1
+>>> G = torch.autograd.grad(a.sum() + b.sum(), A)[
+...     0
+... ]  # the pieces' gradients joined: A's pattern, fill 1
 >>> G._nse(), float(G.fill_value())
 (2, 1.0)
 """

@@ -1,4 +1,4 @@
-"""sparsefill.segment: the Caffe2 segment operations on plain tensors (caffe2-sparse-operations.md).
+"""sparsefill.segment: the Caffe2 segment operations on plain tensors.
 
 A batch of variable-length examples is a values tensor (rows along dim 0) plus one of
 ``lengths``, ``offsets``, sorted or unsorted ``segment_ids``, or a padded tensor; this package

@@ -16,7 +16,10 @@ every name to
     reduce_back_<r>(data, [weights,] num_reduce_dims=1)       the last dims reduced as one segment
 
 >>> import torch
->>> sorted_segment_sum(torch.tensor([[1., 4.], [3., 2.], [8., 1.], [9., 4.], [5., 8.]]), torch.tensor([0, 0, 0, 1, 1]))
+>>> sorted_segment_sum(
+...     torch.tensor([[1.0, 4.0], [3.0, 2.0], [8.0, 1.0], [9.0, 4.0], [5.0, 8.0]]),
+...     torch.tensor([0, 0, 0, 1, 1]),
+... )
 tensor([[12.,  7.],
         [14., 12.]])
 """

@@ -22,8 +22,8 @@ the input sizes, or a dynamic size
 
 ``jagged_pooled`` is ``KeyedJaggedBatch.pooled`` of an unweighted sum, mean or sqrt_n in one op (one
 op call forward, one backward, instead of ``jagged_key_lists`` then a ``segment_reduce`` per key:
-each custom op call costs ~40 us of dispatch: with four keys, most of what a compiled DLRM step lost
-to eager).  It is not registered effectful (torch 2.13's inductor cannot lower an effectful op with
+each custom op call has a dispatch cost: with four keys, most of what a compiled DLRM step lost to
+eager; the figures are in the benchmarks).  It is not registered effectful (torch 2.13's inductor cannot lower an effectful op with
 a ``Tensor[]`` argument or result: an IndexError in its lowering) but as a side effect
 (``torch.fx.node.has_side_effect``: no effect token, no cost), so a compiled ``pooled`` whose result
 is unused is never dead code and still checks its ids. A table shared by keys is passed once
@@ -37,8 +37,23 @@ removed as dead code, so its checks of the data still raise.  Registered on the 
 module (by the first traced call).
 
 >>> import torch
->>> out, arg = torch.ops.sparsefill.segment_reduce(torch.tensor([[1.], [2.], [4.]]), torch.tensor([2, 1]), None,
-...     None, None, None, "sum", None, True, 0.0, False, "split", "error", True, False)
+>>> out, arg = torch.ops.sparsefill.segment_reduce(
+...     torch.tensor([[1.0], [2.0], [4.0]]),
+...     torch.tensor([2, 1]),
+...     None,
+...     None,
+...     None,
+...     None,
+...     "sum",
+...     None,
+...     True,
+...     0.0,
+...     False,
+...     "split",
+...     "error",
+...     True,
+...     False,
+... )
 >>> out.tolist(), arg.numel()
 ([[3.0], [4.0]], 0)
 """

@@ -24,7 +24,9 @@ over the lists it creates).
 ([10, 11, 101, 11, 50, 102, 103], [2, 1, 1, 1, 2], [1, 3, 1, 2, 3], [2, 3])
 >>> kj.select_keys([3, 1]).to_dict()
 [{3: [101], 1: [10, 11]}, {3: [102, 103], 1: [11]}]
->>> KeyedJaggedBatch(kj.values, kj.values_lengths, kj.keys, kj.example_lengths, validate=False).to_dict()
+>>> KeyedJaggedBatch(
+...     kj.values, kj.values_lengths, kj.keys, kj.example_lengths, validate=False
+... ).to_dict()
 [{1: [10, 11], 3: [101]}, {1: [11], 2: [50], 3: [102, 103]}]
 """
 
@@ -95,7 +97,7 @@ def _quick_numpy(el: np.ndarray, vl: np.ndarray, keys: np.ndarray, total: int) -
         o = int(np.bitwise_or.reduce(el))
         if o < 0 or B * o >> 64:
             return 1
-        ends = np.add.accumulate(el)  # (the ufunc itself: np.cumsum adds 1 us of wrappers)
+        ends = np.add.accumulate(el)  # (the ufunc itself: np.cumsum adds wrappers)
         if ends[-1] != E:
             return 1
     elif E:

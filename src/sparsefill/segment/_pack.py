@@ -8,8 +8,12 @@
 
 >>> import torch
 >>> from sparsefill import segment
->>> packed, mask = segment.pack_segments(torch.tensor([1, 2, 3, 2, 4, 6, 7, 3, 6]), torch.tensor([3, 4, 2]),
-...                                      pad_value=-1, return_presence_mask=True)
+>>> packed, mask = segment.pack_segments(
+...     torch.tensor([1, 2, 3, 2, 4, 6, 7, 3, 6]),
+...     torch.tensor([3, 4, 2]),
+...     pad_value=-1,
+...     return_presence_mask=True,
+... )
 >>> packed
 tensor([[ 1,  2,  3, -1],
         [ 2,  4,  6,  7],

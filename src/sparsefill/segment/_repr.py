@@ -267,7 +267,9 @@ def lengths_gather(items: torch.Tensor, lengths, indices, *, validate: bool = Tr
     The output has ``lengths[indices].sum()`` rows; its lengths are ``lengths[indices]``.
     Differentiable.
 
-    >>> lengths_gather(torch.tensor([1, 2, 3, 2, 4, 6, 7, 3, 6]), torch.tensor([3, 4, 2]), torch.tensor([2, 0]))
+    >>> lengths_gather(
+    ...     torch.tensor([1, 2, 3, 2, 4, 6, 7, 3, 6]), torch.tensor([3, 4, 2]), torch.tensor([2, 0])
+    ... )
     tensor([3, 6, 1, 2, 3])
     """
     lengths = as_index(lengths, "lengths", items.device)

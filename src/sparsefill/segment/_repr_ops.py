@@ -1,5 +1,5 @@
 """The segment conversions (``_repr``) and ``KeyedJaggedBatch``'s checks as ``torch.library`` custom
-ops: what torch.compile records for them (issue 14).
+ops: what torch.compile records for them.
 
 Their results' sizes (``sum(lengths)`` ids, ``max(segment_ids) + 1`` lengths) and their checks (a
 negative length, an id out of range) read the data: under torch.compile (``_compile.traced``) the
