@@ -1,4 +1,4 @@
-"""The layers of sparsefill (issue 17): ``SparseTensor`` (``_tensor.py``) imports no op module and reaches
+"""The layers of sparsefill: ``SparseTensor`` (``_tensor.py``) imports no op module and reaches
 the op layer only through the entries ``sparsefill.ops`` installs; the lower ``ops/_schema.py`` and
 ``ops/_writes.py`` import no handler; a view's relation to its base is a ``View`` record kept by the
 registry's view middleware; and every result that is dense by nature passes the one densify gate

@@ -73,7 +73,7 @@ indefinite = _Indefinite()
 
 
 def _is_indefinite(fill_value, dense_shape) -> bool:
-    """``sparsefill.indefinite``, or the roadmap's spelling ``[]`` (a shape-(0,) array) where that
+    """``sparsefill.indefinite``, or the spelling ``[]`` (a shape-(0,) array) where that
     shape is not a valid array fill (it is one when the dense dims end with a 0-size dim)."""
     if fill_value is indefinite:
         return True

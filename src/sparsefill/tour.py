@@ -104,7 +104,7 @@ def factories():
 
 
 @example("softmax along the sparse dim: fill 1/d per dense row", "reductions: softmax")
-def roadmap_softmax():
+def softmax_along_sparse_dim():
     A = sparsefill.sparse_coo_tensor(
         [[0, 2, 4]],
         torch.tensor([[11.0, 21.0], [13.0, 23.0], [15.0, 25.0]], dtype=torch.float64),

@@ -36,7 +36,7 @@ spreads are 2-26%; peak memory from the runner, temporaries of the call; input: 
     sum COO       2.95 ms  torch.masked on native COO 2.0 s (680x)      torch.masked dense 114 ms (39x)   0.5 MB peak
     amax COO      3.57 ms  torch.masked on native COO 1.98 s (555x)     torch.masked dense 114 ms (32x)   0.5 MB peak
 
-(The issue's ~1,080 ms ``torch.masked.sum`` peer is the native-COO call; against the dense call
+(The ~1,080 ms ``torch.masked.sum`` peer once quoted is the native-COO call; against the dense call
 sum/amax are 32-39x faster, short of 50x: ~1 ms of segment_reduce and ~0.6 ms of run lengths
 from the COO row indices.)
 """

@@ -532,9 +532,7 @@ def _tril_triu(func, args, kwargs):
     sd = A.dim() - A.dense_dim()
     if A.dense_dim() >= 2:  # the matrix dims are dense: on the values and on the fill
         return _on_dense_dim(A, A.dim() - 1, lambda t, d: func(t, k))
-    if (
-        A.dense_dim()
-    ):  # one sparse, one dense matrix dim: every dense dim becomes sparse (roadmap Note 2)
+    if A.dense_dim():  # one sparse, one dense matrix dim: every dense dim becomes sparse (a SparseTensor keeps its dense dims after its sparse ones)
         from .shape import all_sparse
 
         return _tril_triu(func, (all_sparse(A), k), {})
@@ -685,7 +683,9 @@ def _diagonal(func, args, kwargs):
         return _build(
             A, idx, torch.diagonal(vals, offset, d1 - sd + 1, d2 - sd + 1), meta.shape, fill
         )
-    if d1 >= sd or d2 >= sd:  # one of each: every dense dim becomes sparse (roadmap Note 2)
+    if (
+        d1 >= sd or d2 >= sd
+    ):  # one of each: every dense dim becomes sparse (a SparseTensor keeps its dense dims after its sparse ones)
         from .shape import all_sparse
 
         return _diagonal(func, (all_sparse(A), offset, d1, d2), {})

@@ -7,7 +7,7 @@
   slice max and ``n`` its unspecified count, ``Z = sum exp(x - m) + n exp(f - m)``; stored values
   become ``exp(x - m) / Z`` and unspecified ones ``exp(f - m) / Z``.  With ``d`` the only sparse dim
   there is one slice: the pattern is kept and the fill becomes an array over the dense dims (the
-  RFC's worked example).  With other sparse dims the unspecified value varies by slice: the result
+  array fill of the worked example below).  With other sparse dims the unspecified value varies by slice: the result
   is dense by nature and returned dense.  An indefinite fill is a mask: unspecified elements are
   skipped and stay unspecified (masked softmax).
 

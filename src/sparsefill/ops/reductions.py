@@ -557,7 +557,7 @@ def _arg(func, args, kwargs):
             return _along_dense_dim(func, A, dim % A.dim() - sd, keep, meta)
         A = all_sparse(
             A
-        )  # dense dims become sparse (an array fill: its most common value, roadmap Note 2)
+        )  # dense dims become sparse (an array fill: its most common value: dense dims trail sparse ones)
     if dim is None:  # over the flattened tensor
         idx, vals = coalesced_parts(A)
         B = SparseTensor(
@@ -760,7 +760,7 @@ def _median_dim(func, args, kwargs):
             return _along_dense_dim(func, A, dim - (A.dim() - A.dense_dim()), keep, meta)
         A = all_sparse(
             A
-        )  # dense dims become sparse (an array fill: its most common value, roadmap Note 2)
+        )  # dense dims become sparse (an array fill: its most common value: dense dims trail sparse ones)
     idx, v = coalesced_parts(A)
     f, size = A._fill.reshape(()), A.shape[dim]
     seg, out_idx, n = group_slices(idx, A._sparse_shape, [dim])

@@ -327,6 +327,13 @@ if numba is not None:
             for s in range(lo, hi):
                 _finish(out, s, scale, D, MEAN)
 
+        merge_kernel = _merge_template(SUM, MEAN, LARGEST, ARG)
+        return {"sorted": sorted_kernel, "scatter": scatter_kernel, "merge": merge_kernel}
+
+    def _merge_template(SUM: bool, MEAN: bool, LARGEST: bool, ARG: bool):
+        """The merge kernel of one combine op (:func:`_template`'s flags): ``out[s]`` combined with
+        each partial result ``parts[t, s]`` of the threads, then finished (the mean's scale)."""
+
         @njit(nogil=True, cache=True)
         def merge_kernel(out, arg, parts, part_args, scale, s0, s1):  # pragma: no cover - compiled
             D = out.shape[1]
@@ -338,7 +345,7 @@ if numba is not None:
                         _combine(out, s, arg, parts[t], s, scale, 0, D, SUM, False, LARGEST, False)
                 _finish(out, s, scale, D, MEAN)
 
-        return {"sorted": sorted_kernel, "scatter": scatter_kernel, "merge": merge_kernel}
+        return merge_kernel
 
     @functools.cache
     def kernel(form: str, op: str, arg: bool = False, width: int = 0):
