@@ -84,13 +84,11 @@ def sparse_inside(G):
 def grad_parts(G, P: SparseTensor):
     """``(grad_values, grad_fill)`` of the constructor of ``P`` for upstream gradient ``G``."""
     S, D = P._sparse_shape, tuple(P._dense_shape)
-    if (
-        isinstance(G, SparseTensor) and G._indefinite
-    ):  # masked out: no output read them, their gradient is 0
+    # masked out: no output read them, their gradient is 0
+    if isinstance(G, SparseTensor) and G._indefinite:
         G = _convert.rewrap(G, fill=G._vals.new_zeros(()), indefinite=False, known_zero=True)
-    if isinstance(G, SparseTensor) and G._sparse_ndim() > len(
-        S
-    ):  # e.g. select_backward on a dense dim
+    # e.g. select_backward on a dense dim
+    if isinstance(G, SparseTensor) and G._sparse_ndim() > len(S):
         G = coarser(G, len(D))  # (its trailing sparse dims made dense, exactly: O(nse * slice))
     elif isinstance(G, SparseTensor) and G._sparse_ndim() < len(S):  # or on the last sparse dim
         return _grad_parts_of_hybrid(G, P)
@@ -99,9 +97,8 @@ def grad_parts(G, P: SparseTensor):
         gv = gv.reshape(P._vals.shape)
         if P._indefinite:
             return gv, None
-        stored = _index.numel(
-            P._vals.shape[: P._vals.dim() - len(D)]
-        )  # (every batch of a batched CSR)
+        # (every batch of a batched CSR)
+        stored = _index.numel(P._vals.shape[: P._vals.dim() - len(D)])
         return gv, _times_count(G._fill.expand(D), _index.numel(S) - stored).sum_to_size(
             P._fill.shape
         )
@@ -110,9 +107,8 @@ def grad_parts(G, P: SparseTensor):
     gv = _convert.values_at(G, keys, len(S)).reshape(P._vals.shape)
     if P._indefinite:
         return gv, None
-    with (
-        dynamic_sizes()
-    ):  # (traced: an unbacked size, also in AOTAutograd's trace of this backward)
+    # (traced: an unbacked size, also in AOTAutograd's trace of this backward)
+    with dynamic_sizes():
         ukeys = torch.unique(keys)
     if isinstance(G, SparseTensor):
         gidx, gvals = _convert.coalesced_parts(G)
@@ -125,9 +121,8 @@ def grad_parts(G, P: SparseTensor):
                 n > 0, f * n, 0
             ).to(f.dtype)
             return gv, gf.sum_to_size(P._fill.shape)
-        pos, found = _index.lookup(
-            gkeys, ukeys
-        )  # (P's distinct positions among G's: O(nse(P) log nse(G)))
+        # (P's distinct positions among G's: O(nse(P) log nse(G)))
+        pos, found = _index.lookup(gkeys, ukeys)
         inside = torch.zeros_like(gkeys, dtype=torch.bool).index_fill_(0, pos[found], True)
         n_both_unspecified = _index.numel(S) - ukeys.numel() - (gkeys.numel() - int(found.sum()))
         gf = gvals.masked_fill(inside.view((-1,) + (1,) * len(D)), 0).sum(0) + _times_count(
@@ -188,9 +183,8 @@ def _grad_parts_of_hybrid(G: SparseTensor, P: SparseTensor):
     at = torch.zeros(gvals.shape[:2], dtype=torch.bool, device=gvals.device)
     at[upos[ufound], ui[ufound]] = True
     gf = gvals.masked_fill(at.view(at.shape + (1,) * len(D)), 0).sum((0, 1))
-    n_rows = (
-        _index.numel(S[:g]) - gvals.shape[0]
-    )  # G's unspecified slices, less those where P has j
+    # G's unspecified slices, less those where P has j
+    n_rows = _index.numel(S[:g]) - gvals.shape[0]
     count = n_rows - torch.bincount(ui[~ufound], minlength=M)
     gf = gf + torch.where(
         count.view((-1,) + (1,) * len(D)) > 0,
@@ -206,9 +200,8 @@ def dense_grad(G: SparseTensor, what: str = "a gradient read as a dense tensor")
     under the default policy)."""
     if G.numel() > 1:  # (one element: a number, as the 0-d conversions elsewhere)
         _convert.check_densify_quiet(G, what)
-    return to_dense(
-        G, 0 if G._indefinite else None
-    )  # (differentiable where a graph is recorded: create_graph)
+    # (differentiable where a graph is recorded: create_graph)
+    return to_dense(G, 0 if G._indefinite else None)
 
 
 def _times_count(f: torch.Tensor, n: int) -> torch.Tensor:
@@ -228,9 +221,8 @@ def _values_on_pattern(G: SparseTensor, P: SparseTensor):
         else G._crow is P._crow and G._col is P._col
     ):
         return G._vals
-    if (
-        traced()
-    ):  # (torch.compile: equal patterns are not known without reading them; the general path)
+    # (torch.compile: equal patterns are not known without reading them; the general path)
+    if traced():
         return None
     (gi, gv), (pi, _) = G._coo_parts(), P._coo_parts()
     return gv if gi.shape == pi.shape and torch.equal(gi, pi) else None
@@ -579,9 +571,8 @@ def leaf_grad(G, P: SparseTensor) -> SparseTensor:
             # masked out: no output read them, their gradient is 0 (and coarser needs it where a
             # slice is partly so)
             G = _convert.rewrap(G, fill=G._vals.new_zeros(()), indefinite=False, known_zero=True)
-        return _convert.to_layout(
-            to_dense_dim(G, P.dense_dim()), P._sf_layout
-        )  # (_splits.finer/coarser: exact)
+        # (_splits.finer/coarser: exact)
+        return _convert.to_layout(to_dense_dim(G, P.dense_dim()), P._sf_layout)
     S, D = P._sparse_shape, tuple(P._dense_shape)
     flat = G.reshape((_index.numel(S),) + D)
     idx, _ = P._coo_parts()
@@ -596,9 +587,8 @@ def leaf_grad(G, P: SparseTensor) -> SparseTensor:
         return _pattern_grad(P, keys, flat, zero, True)
     rest = flat[free[:, 0]]
     c = rest[0]
-    if not bool(
-        _convert.differs(rest, c).any()
-    ):  # uniform over the unspecified elements: it is the fill
+    # uniform over the unspecified elements: it is the fill
+    if not bool(_convert.differs(rest, c).any()):
         return _pattern_grad(P, keys, flat, c, not bool(c.any()))
     differ = flat != 0
     keep = at | (differ.flatten(1).any(1) if D else differ)

@@ -250,9 +250,8 @@ def all_stored(G, layout=None):
 
     layout = G._sf_layout if layout is None else layout
     X = dense_of(G, G._vals.new_zeros(tuple(G._dense_shape)) if G._indefinite else None)
-    fill = (
-        G._vals.new_empty(0) if G._indefinite else G._vals.new_zeros(())
-    )  # (read by no element: a 0-d zero)
+    # (read by no element: a 0-d zero)
+    fill = G._vals.new_empty(0) if G._indefinite else G._vals.new_zeros(())
     return _all_stored_of(X, len(G._dense_shape), layout, fill, G._indefinite)
 
 
@@ -314,9 +313,8 @@ def coerce_tangent(G, meta, expected_type=None):
             indefinite,
         )
     G = all_stored(G._sync(), layout)
-    if (
-        indefinite != G._indefinite
-    ):  # (a definite gradient of a masked output: the masked-out values are unused)
+    # (a definite gradient of a masked output: the masked-out values are unused)
+    if indefinite != G._indefinite:
         G._indefinite, G._fill = (
             indefinite,
             G._vals.new_empty(0) if indefinite else G._vals.new_zeros(()),
@@ -449,9 +447,8 @@ def _register_with_dynamo() -> None:
                     *(_as_constant(x) for x in a), **{n: _as_constant(x) for n, x in k.items()}
                 )
             )
-    if not hasattr(
-        torch.Tensor, "__coerce_same_metadata_as_tangent__"
-    ):  # (AOTAutograd asks a plain tangent)
+    # (AOTAutograd asks a plain tangent)
+    if not hasattr(torch.Tensor, "__coerce_same_metadata_as_tangent__"):
         torch.Tensor.__coerce_same_metadata_as_tangent__ = _coerce_plain_tangent
     rules = dynamo.trace_rules
     rules.BUILTIN_INLINE_WHEN_CALLED.add(os.path.dirname(os.path.abspath(__file__)) + os.sep)

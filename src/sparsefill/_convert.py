@@ -91,9 +91,8 @@ def dense_of(
     k = nd - vd + (1 if idx is not None else A._col.dim())  # sparse dims
     if k == 1 == nd and A._coalesced and idx.dtype is _INT64:
         keys = idx  # (one sparse dim: the indices are the keys; put_ reads them flat)
-    elif not A._coalesced and traced(
-        vals
-    ):  # compiled: duplicates add in place (a coalesce's nse is data)
+    # compiled: duplicates add in place (a coalesce's nse is data)
+    elif not A._coalesced and traced(vals):
         out.copy_(fill) if fill.dim() else out.fill_(fill)
         keys = _index.linearize(A._coo_parts()[0], shape[:k])
         flat = out.view((_index.numel(shape[:k]),) + tuple(shape[k:]))
@@ -104,9 +103,8 @@ def dense_of(
     else:
         keys, vals = linear_parts(A, shape[:k])
         vd = vals.dim()  # (a batched CSR's values: flat)
-    plain = vd == 1 and (
-        eager or not traced(vals)
-    )  # (while traced, nse may be unbacked: no comparison)
+    # (while traced, nse may be unbacked: no comparison)
+    plain = vd == 1 and (eager or not traced(vals))
     # (numel(), not shape[0]: cheaper)
     quarter = plain and vals.numel() * 4 <= numel
     if (
@@ -130,13 +128,11 @@ def dense_of(
     ):
         return _merge.put_flat(out, keys, vals)
     keys = keys.view(-1)
-    flat = (
-        out if k == 1 else out.view((_index.numel(shape[:k]),) + tuple(shape[k:]))
-    )  # (a view only where needed: it has a per-call cost)
+    # (a view only where needed: it has a per-call cost)
+    flat = out if k == 1 else out.view((_index.numel(shape[:k]),) + tuple(shape[k:]))
     signed = _SIGNED_VIEW.get(vals.dtype)
-    if (
-        signed is not None
-    ):  # (torch has no index_copy_ kernel for uint16/32/64: their bits, as signed)
+    # (torch has no index_copy_ kernel for uint16/32/64: their bits, as signed)
+    if signed is not None:
         flat, vals = flat.view(signed), vals.view(signed)
     flat.index_copy_(0, keys, vals)
     return out
@@ -145,16 +141,14 @@ def dense_of(
 _SIGNED_VIEW = {torch.uint16: torch.int16, torch.uint32: torch.int32, torch.uint64: torch.int64}
 
 
-_PARALLEL_FILL_MIN = (
-    1 << 18
-)  # elements from which fill_ on several torch threads goes before the one-thread pass
+# elements from which fill_ on several torch threads goes before the one-thread pass
+_PARALLEL_FILL_MIN = 1 << 18
 # (bound here: ``torch.x`` looks x up in torch's module dict on every call)
 _TENSOR, _INT64, _num_threads = torch.Tensor, torch.int64, torch.get_num_threads
 
 
-_HUGE_MIN = (
-    1 << 22
-)  # bytes from which a dense result's memory is advised into 2 MiB pages (numpy's bound)
+# bytes from which a dense result's memory is advised into 2 MiB pages (numpy's bound)
+_HUGE_MIN = 1 << 22
 _madvise = None  # libc's madvise (Linux), or False
 
 
@@ -174,9 +168,8 @@ def empty_dense(shape, dtype, device) -> torch.Tensor:
 def _advised(out: torch.Tensor) -> torch.Tensor:
     """``out``, a fresh buffer, advised into huge pages when it is a CPU buffer of at least
     ``_HUGE_MIN`` bytes."""
-    if (
-        type(out) is torch.Tensor and out.is_cpu and out.nbytes >= _HUGE_MIN and not traced(out)
-    ):  # (not fake)
+    # (not fake)
+    if type(out) is torch.Tensor and out.is_cpu and out.nbytes >= _HUGE_MIN and not traced(out):
         _advise_huge(out.data_ptr(), out.nbytes)
     return out
 
@@ -300,9 +293,8 @@ def union_parts(tensors):
     one_dim = len(S) == 1 and parts[0][0].dtype == union.dtype  # (the keys are the indices)
     # a pattern that is the union (e.g. a gradient beside the smaller pattern of the forward): its
     # parts as stored
-    whole = (
-        [False] * len(parts) if traced(keys[0]) else [i.shape[1] == U for i, _ in parts]
-    )  # (U: unbacked)
+    # (U: unbacked)
+    whole = [False] * len(parts) if traced(keys[0]) else [i.shape[1] == U for i, _ in parts]
     indices = (
         union[None]
         if one_dim
@@ -393,9 +385,8 @@ def values_at(S, keys: torch.Tensor, sdim: int) -> torch.Tensor:
     idx, vals = coalesced_parts(S)
     pos, found = _index.lookup(_index.linearize(idx, S._sparse_shape), keys)
     D = tuple(S._dense_shape)
-    if traced(
-        vals
-    ):  # (sizes may be unknown: one extra row, read where nothing is found; a runtime check)
+    # (sizes may be unknown: one extra row, read where nothing is found; a runtime check)
+    if traced(vals):
         if S._indefinite:
             torch._assert_async(
                 found.all(), "values_at: a position is unspecified in a tensor with indefinite fill"
@@ -503,9 +494,8 @@ def parts_to_sparse(
     keys = _index.linearize(idx, shape[:sdim])
     bkey = keys // (m * n) if m * n else keys
     counts = bincount(bkey, nb) if nb else bkey.new_zeros(0)
-    if nb > 1 and bool(
-        (counts != counts.max()).any()
-    ):  # equal nse per batch: pad with fill-valued elements
+    # equal nse per batch: pad with fill-valued elements
+    if nb > 1 and bool((counts != counts.max()).any()):
         if indefinite:
             raise ValueError(
                 "a batched sparse_csr tensor needs the same nse in every batch; with an indefinite "

@@ -215,9 +215,8 @@ def _is_empty_like(x) -> bool:
 
 
 def _values_tensor(values, dtype, device, fill_value) -> torch.Tensor:
-    if isinstance(
-        values, torch.Tensor
-    ):  # (conjugate/negative bits resolved: ops inside __torch_dispatch__ run
+    # (conjugate/negative bits resolved: ops inside __torch_dispatch__ run
+    if isinstance(values, torch.Tensor):
         # with those dispatch keys excluded and would read the raw data, A * 2 of values.conj()
         # conjugated)
         return (
@@ -252,9 +251,8 @@ def _size_tuple(size, name="size"):
 
 def _check_bounds(idx: torch.Tensor, sizes, name: str, dim_name: str | None = None) -> None:
     flat = idx if idx.dim() == 2 else idx[None]
-    if traced(
-        idx
-    ):  # torch.compile: the data is not known while tracing; checked when the graph runs
+    # torch.compile: the data is not known while tracing; checked when the graph runs
+    if traced(idx):
         ok = (
             (flat >= 0)
             & (flat < torch.tensor(list(sizes)[: flat.shape[0]], device=idx.device)[:, None])
@@ -844,9 +842,8 @@ def to_torch(A: SparseTensor, *, materialize: bool = False) -> torch.Tensor:
     """Torch native sparse tensor of ``A`` (differentiable); see :meth:`SparseTensor.to_torch`.
     Under torch.compile a graph break (with ``fullgraph=True`` dynamo's error, this message): torch
     traces no native sparse tensor of a data-dependent nse (it guards on it)."""
-    if traced(
-        A._vals
-    ):  # (dynamo runs A.to_torch() on fake tensors, as one node of its graph: a graph break there)
+    # (dynamo runs A.to_torch() on fake tensors, as one node of its graph: a graph break there)
+    if traced(A._vals):
         from torch._dynamo.exc import unimplemented
 
         unimplemented(

@@ -100,9 +100,8 @@ def choose(
     if compiled and floating and mode != "prod":
         if unsorted:
             return "numba_scatter"
-        if mode != "sum" or (
-            one_column and not gather
-        ):  # (one column read in order: 1.6x embedding_bag)
+        # (one column read in order: 1.6x embedding_bag)
+        if mode != "sum" or (one_column and not gather):
             return "numba_sorted"
     if bag and mode == "sum" and (dtype.is_floating_point and not dtype.is_complex):
         return "embedding_bag"
@@ -173,9 +172,8 @@ def run(
     if engine == "csr_mv":
         out = _csr_mv(values, csr)
         return out if csr.rows is None else out.index_select(0, csr.rows)
-    if (
-        engine == "segment_reduce"
-    ):  # (its default start is the identity: an explicit one costs ~10%)
+    # (its default start is the identity: an explicit one costs ~10%)
+    if engine == "segment_reduce":
         start = (
             {} if isinstance(init, (int, float)) and init == _IDENTITY[mode] else {"initial": init}
         )
@@ -210,15 +208,13 @@ def _csr_mv(values: torch.Tensor, csr: CsrRows) -> torch.Tensor:
         if len(_ONES) >= 8:
             _ONES.pop(next(iter(_ONES)))
         ones = _ONES[key] = torch.ones(csr.ncols, dtype=values.dtype, device=values.device)
-    if _CSR_WARNED[
-        0
-    ]:  # (torch warns once per process: silenced on the first call, never paid again)
+    # (torch warns once per process: silenced on the first call, never paid again)
+    if _CSR_WARNED[0]:
         M = torch.sparse_csr_tensor(crow, col, values, (nrows, csr.ncols), check_invariants=False)
     else:
         with warnings.catch_warnings():
-            warnings.simplefilter(
-                "ignore", UserWarning
-            )  # torch: "Sparse CSR tensor support is in beta state"
+            # torch: "Sparse CSR tensor support is in beta state"
+            warnings.simplefilter("ignore", UserWarning)
             M = torch.sparse_csr_tensor(
                 crow, col, values, (nrows, csr.ncols), check_invariants=False
             )

@@ -100,9 +100,8 @@ def _name(op) -> str:
         return f"torch.Tensor.{op.__name__}"
     if qual.startswith("_VariableFunctionsClass."):
         return f"torch.{op.__name__}"
-    if (
-        mod.startswith("torch._C._") and mod.count(".") == 2
-    ):  # torch._C._linalg.linalg_det: torch.linalg.det
+    # torch._C._linalg.linalg_det: torch.linalg.det
+    if mod.startswith("torch._C._") and mod.count(".") == 2:
         sub = mod.split(".")[-1][1:]
         return f"torch.{sub}.{qual.removeprefix(sub + '_')}"
     return f"{mod}.{qual}" if mod and mod != "builtins" else f"torch.{qual}"

@@ -50,9 +50,8 @@ import torch
 from ._tensor import SparseTensor
 
 _aten = torch.ops.aten
-no_reverse_transform = (
-    torch._C._autograd._saved_tensors_hooks_is_enabled
-)  # () -> False while grad/vjp/jacrev run
+# () -> False while grad/vjp/jacrev run
+no_reverse_transform = torch._C._autograd._saved_tensors_hooks_is_enabled
 NO_GRADIENT = {
     _aten.detach,
     _aten.alias,

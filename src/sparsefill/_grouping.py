@@ -183,9 +183,8 @@ def group_slices(indices: torch.Tensor, sparse_shape, dims):
     )
 
 
-_COUNTED_KEYS = (
-    1 << 24
-)  # compiled: unsorted slice keys grouped by a count over every key up to this many
+# compiled: unsorted slice keys grouped by a count over every key up to this many
+_COUNTED_KEYS = 1 << 24
 
 
 def _group_slices(indices, sparse_shape, dims):
@@ -193,15 +192,13 @@ def _group_slices(indices, sparse_shape, dims):
     keep_shape = [sparse_shape[d] for d in keep]
     keys = linearize(indices[keep], keep_shape)
     nk = numel(keep_shape)
-    if (
-        keep != list(range(len(keep))) and traced(keys) and nk <= _COUNTED_KEYS
-    ):  # compiled: counted, no sort
+    # compiled: counted, no sort
+    if keep != list(range(len(keep))) and traced(keys) and nk <= _COUNTED_KEYS:
         counts = bincount(keys, nk)
         nonempty = counts > 0
         out_keys = nonempty.nonzero().squeeze(1)
-        seg = (torch.cumsum(nonempty, 0) - 1)[
-            keys
-        ]  # (the rank of its key among the non-empty ones)
+        # (the rank of its key among the non-empty ones)
+        seg = (torch.cumsum(nonempty, 0) - 1)[keys]
         counts = counts[out_keys]
     elif keep != list(range(len(keep))):
         out_keys, seg, counts = torch.unique(

@@ -593,7 +593,6 @@ def as_dense(x) -> torch.Tensor:
         x = np.asarray(to_dense())
     if isinstance(x, np.ndarray):
         torch_dtype(x.dtype, "to_sparse()")
-        x = np.asarray(
-            x, dtype=x.dtype.newbyteorder("=")
-        )  # (np.matrix -> ndarray; native byte order)
+        # (np.matrix -> ndarray; native byte order)
+        x = np.asarray(x, dtype=x.dtype.newbyteorder("="))
     return torch.as_tensor(x)

@@ -318,9 +318,8 @@ _FIND_DTYPES = _SCATTER_DTYPES - {
 _FIND_BLOCK = (
     64  # elements per test of find_differ (1M float32: 64 best of 16-128 at 0.01-50% stored)
 )
-_FIND_MIN = (
-    1 << 16
-)  # elements from which a to_sparse imports numba for find_differ (below: torch ops unless loaded)
+# elements from which a to_sparse imports numba for find_differ (below: torch ops unless loaded)
+_FIND_MIN = 1 << 16
 
 
 def find_differ(x: torch.Tensor, fill: torch.Tensor):
@@ -362,12 +361,10 @@ def find_differ(x: torch.Tensor, fill: torch.Tensor):
     return keys, vals
 
 
-_FILL_BYTES = (
-    1 << 15
-)  # bytes per block of fill_put_sorted (inside L1d; 1M float32, 1-10% stored: 4% less than 128 KiB)
-_FILL_BLOCK = (
-    _FILL_BYTES // 4
-)  # its float32 elements (from this size on, a to_dense loads numba for the pass)
+# bytes per block of fill_put_sorted (inside L1d; 1M float32, 1-10% stored: 4% less than 128 KiB)
+_FILL_BYTES = 1 << 15
+# its float32 elements (from this size on, a to_dense loads numba for the pass)
+_FILL_BLOCK = _FILL_BYTES // 4
 
 
 def fill_put_sorted(
@@ -412,14 +409,12 @@ def fill_put_sorted(
         or _recording()
     ):
         return False
-    if (
-        fill.is_neg() or fill.is_conj()
-    ):  # (the fill is read at its address too: its value, with the bits applied)
+    # (the fill is read at its address too: its value, with the bits applied)
+    if fill.is_neg() or fill.is_conj():
         fill = fill.resolve_conj().resolve_neg()
     at_fill, at_keys, at_vals = fill.data_ptr(), keys.data_ptr(), vals.data_ptr()
-    if (
-        not at_fill or nse and not (at_keys and at_vals)
-    ):  # (torch's fill_, put_ would crash on address 0)
+    # (torch's fill_, put_ would crash on address 0)
+    if not at_fill or nse and not (at_keys and at_vals):
         raise RuntimeError(
             "to_dense: the storage of the SparseTensor's "
             + ("fill" if not at_fill else "values" if not at_vals else "indices")

@@ -177,13 +177,11 @@ def accurate_sum(
     """
     acc = accumulator_dtype(values.dtype)
     if num_segments == 1:
-        if (
-            values.dtype != acc and values.dtype != torch.float32
-        ):  # (halves: torch accumulates in float32)
+        # (halves: torch accumulates in float32)
+        if values.dtype != acc and values.dtype != torch.float32:
             return values.sum(0, keepdim=True, dtype=acc)
-        return values.sum(0, keepdim=True).to(
-            acc
-        )  # (float32: the pairwise sum, ~6x faster than in float64)
+        # (float32: the pairwise sum, ~6x faster than in float64)
+        return values.sum(0, keepdim=True).to(acc)
     if values.device.type != "cpu" or values.is_complex():
         values = values.to(acc)
         runs, rows = lengths is not None, csr is not None and values.dim() == 1
@@ -196,9 +194,8 @@ def accurate_sum(
             one_dim=values.dim() == 1,
         )
         return _engine.run(engine, "sum", values, seg, num_segments, 0, lengths=lengths, csr=csr)
-    if (
-        values.dtype == torch.float32 and lengths is None
-    ):  # unsorted ids: each into its own block of 8
+    # unsorted ids: each into its own block of 8
+    if values.dtype == torch.float32 and lengths is None:
         slot, nb, total = pattern_cached(
             "sum_slots", (seg,), lambda: _block_slots(seg, num_segments)
         )
@@ -219,17 +216,15 @@ def accurate_sum(
         values = values.index_select(0, order)
     else:
         nb = None
-    if (
-        values.dtype != torch.float32
-    ):  # (the half types: in float32, their accumulator; float64 as it is)
+    # (the half types: in float32, their accumulator; float64 as it is)
+    if values.dtype != torch.float32:
         return _blocked_runs_sum(values.to(acc), lengths)
     if nb is not None:  # (the block sums of unsorted ids: summed per segment in float64)
         return torch.segment_reduce(values.to(acc), "sum", lengths=lengths, unsafe=True)
     if values.dim() != 1 or values.requires_grad:
         blocks, nb = _blocks(lengths)
-        part = torch.segment_reduce(
-            values, "sum", lengths=blocks, unsafe=True
-        )  # (<= 8 values each, in float32)
+        # (<= 8 values each, in float32)
+        part = torch.segment_reduce(values, "sum", lengths=blocks, unsafe=True)
         return torch.segment_reduce(part.to(acc), "sum", lengths=nb, unsafe=True)
     return _block_sums_mv(values, lengths)
 
@@ -300,9 +295,8 @@ def _blocks(lengths: torch.Tensor):
     def cut():
         nb = torch.div(lengths + (_BLOCK - 1), _BLOCK, rounding_mode="floor").clamp_min(1)
         blocks = torch.full((int(nb.sum()),), _BLOCK, dtype=lengths.dtype, device=lengths.device)
-        blocks[torch.cumsum(nb, 0) - 1] = lengths - _BLOCK * (
-            nb - 1
-        )  # (each run's last, partial block)
+        # (each run's last, partial block)
+        blocks[torch.cumsum(nb, 0) - 1] = lengths - _BLOCK * (nb - 1)
         return blocks, nb
 
     return pattern_cached("sum_blocks", (lengths,), cut)
@@ -363,9 +357,8 @@ def _fold_sum(acc, f, n):
         f = torch.as_tensor(f, dtype=acc.dtype, device=acc.device).expand(n.shape)
         return acc + times(f, n, f).sum(-1)
     f = _like(f, acc)
-    if f.dim() == 0 and _finite_scalar(
-        f
-    ):  # no 0 * inf to guard where n = 0: one fused op (n promoted in it)
+    # no 0 * inf to guard where n = 0: one fused op (n promoted in it)
+    if f.dim() == 0 and _finite_scalar(f):
         return torch.addcmul(acc, _bcast(n, acc), f)
     return acc + times(f, n, acc)
 
@@ -479,9 +472,8 @@ class Reducer:
         matrix (:class:`_engine.CsrRows`). amax/amin under autograd: the gradient splits evenly
         among tied elements, fill copies included (:func:`even_ties`, torch's amax backward)."""
         if self.mode in ("sum", "prod") and not (values.is_floating_point() or values.is_complex()):
-            values = values.to(
-                torch.int64
-            )  # torch's rule: integer and bool sums and products are int64
+            # torch's rule: integer and bool sums and products are int64
+            values = values.to(torch.int64)
         # (a floating sum stays in its accumulator dtype through the fold and finalize: one rounding
         # at the end)
         acc = self.combine(values, seg, num_segments, lengths, csr, wide=True)
@@ -663,9 +655,8 @@ class Var(Reducer):
     def __call__(
         self, values, seg, num_segments, *, fill=None, n_fill=None, lengths=None, csr=None
     ):
-        wide = accumulator_dtype(
-            values.dtype
-        )  # (as torch's var of float32: its moments in float64)
+        # (as torch's var of float32: its moments in float64)
+        wide = accumulator_dtype(values.dtype)
         if wide != values.dtype:
             return _narrow(
                 self(
@@ -680,12 +671,10 @@ class Var(Reducer):
                 values,
             )
         table = isinstance(n_fill, torch.Tensor) and n_fill.dim() == 2 and values.dim() == 1
-        if (
-            fill is not None and n_fill is not None and not table
-        ):  # shifted by the (finite) fill: a slice of
-            fill = _like(
-                fill, values
-            )  # fills only is then exactly 0, as torch's var of equal elements
+        # shifted by the (finite) fill: a slice of
+        if fill is not None and n_fill is not None and not table:
+            # fills only is then exactly 0, as torch's var of equal elements
+            fill = _like(fill, values)
             shift = torch.where(
                 torch.isfinite(fill), fill, torch.zeros((), dtype=fill.dtype, device=fill.device)
             )
@@ -800,9 +789,8 @@ class Xor(Reducer):
         for i in range(0, k, _XOR_CHUNK):
             planes = (bits64(values[i : i + _XOR_CHUNK]).unsqueeze(-1) >> shifts) & 1
             count.index_add_(0, seg[i : i + _XOR_CHUNK], planes.to(torch.uint8))
-        acc = ((count & 1).to(torch.int64) << shifts).sum(
-            -1
-        )  # (distinct bits: the sum is their or)
+        # (distinct bits: the sum is their or)
+        acc = ((count & 1).to(torch.int64) << shifts).sum(-1)
         if fill is not None and n_fill is not None:
             f = bits64(torch.as_tensor(fill, device=values.device))
             odd = _bcast(n_fill, acc) % 2 == 1
@@ -980,9 +968,8 @@ def segment_median(
         n = torch.as_tensor(n_fill, device=seg.device)
         n = n if n.dim() == 2 else n[:, None]
         F = torch.as_tensor(fill, dtype=values.dtype, device=values.device).expand(n.shape)
-        vals = torch.cat(
-            [F.reshape(-1), values]
-        )  # (fills first: ahead of equal stored values in the stable sort)
+        # (fills first: ahead of equal stored values in the stable sort)
+        vals = torch.cat([F.reshape(-1), values])
         segs = torch.cat(
             [torch.arange(num_segments, device=seg.device).repeat_interleave(n.shape[1]), seg]
         )

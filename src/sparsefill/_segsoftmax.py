@@ -132,12 +132,10 @@ def _segsum(t: torch.Tensor, plan: Plan) -> torch.Tensor:
 
 
 def _forward(x: torch.Tensor, plan: Plan, log: bool) -> torch.Tensor:
-    m = _reduce.segment_combine(
-        x, plan.seg, plan.nseg, "amax", lengths=plan.lengths
-    )  # (runs: segment_reduce)
-    shifted, e, s = _reduce.shifted_exp_sums(
-        x, plan.seg, plan.nseg, m
-    )  # (no lengths: scatter_add_ for 1-D)
+    # (runs: segment_reduce)
+    m = _reduce.segment_combine(x, plan.seg, plan.nseg, "amax", lengths=plan.lengths)
+    # (no lengths: scatter_add_ for 1-D)
+    shifted, e, s = _reduce.shifted_exp_sums(x, plan.seg, plan.nseg, m)
     if log:
         return shifted.sub_(torch.log(s).index_select(0, plan.seg))
     return e.div_(s.index_select(0, plan.seg))

@@ -123,9 +123,8 @@ def coarser(T: SparseTensor, nd: int) -> SparseTensor | None:
     S, K, D = shape[:sn], shape[sn : len(shape) - d], shape[len(shape) - d :]
     nK, nse = _index.numel(K), idx.shape[1]
     prefix = _index.linearize(idx[:sn], S)
-    first = torch.ones(
-        nse, dtype=torch.bool, device=idx.device
-    )  # coalesced: a prefix's elements are adjacent
+    # coalesced: a prefix's elements are adjacent
+    first = torch.ones(nse, dtype=torch.bool, device=idx.device)
     torch.ne(prefix[1:], prefix[:-1], out=first[1:])
     group = torch.cumsum(first, 0).sub_(1)
     G = int(group[-1]) + 1 if nse else 0

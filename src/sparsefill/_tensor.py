@@ -38,9 +38,8 @@ _STATE = (
     "_zero",
     "_view",
 )
-TRANSIENT = frozenset(
-    {"_has_views"}
-)  # attributes of this object alone: pickles and copies leave them out
+# attributes of this object alone: pickles and copies leave them out
+TRANSIENT = frozenset({"_has_views"})
 _PUBLIC_NAMES = {
     "_idx": "indices",
     "_crow": "crow_indices",
@@ -294,13 +293,11 @@ class SparseTensor(HostMixin, torch.Tensor):
         """Host-side: True only when the fill is known to be zero (never syncs a device)."""
         if self._indefinite:
             return False
-        if (
-            type(self._fill) is not torch.Tensor
-        ):  # traced (FakeTensor, FunctionalTensor): read no data
+        # traced (FakeTensor, FunctionalTensor): read no data
+        if type(self._fill) is not torch.Tensor:
             return self._zero[1] and self._zero[0] == _version(self._fill)
-        if (
-            self._fill.device.type == "cpu"
-        ):  # cheap, and sees writes that bypass version counters (.data)
+        # cheap, and sees writes that bypass version counters (.data)
+        if self._fill.device.type == "cpu":
             return not bool(self._fill.any())
         v = _version(self._fill)
         if v is None or v != self._zero[0]:
@@ -440,9 +437,8 @@ class SparseTensor(HostMixin, torch.Tensor):
             layout, dense_dim = torch.sparse_coo, self.dim() - layout
         if blocksize is not None:
             raise ValueError("sparsefill supports COO and CSR layouts only; blocksize must be None")
-        if (
-            fill_value is None and dense_dim is not None and dense_dim != self.dense_dim()
-        ):  # the fill kept: exact
+        # the fill kept: exact
+        if fill_value is None and dense_dim is not None and dense_dim != self.dense_dim():
             from ._creation import _same_dense
             from ._splits import resplit
 
@@ -485,16 +481,14 @@ class SparseTensor(HostMixin, torch.Tensor):
         graph."""
         if self._view is not None:
             self._sync()
-        vals = (
-            self._vals
-        )  # (dynamo's guards call this twice per compiled call: kept to plain attribute reads)
+        # (dynamo's guards call this twice per compiled call: kept to plain attribute reads)
+        vals = self._vals
         if type(vals) is torch.Tensor and not hasattr(vals, "_dynamo_propagated_dynamic_indices"):
             _mark_nse_dynamic(self)
         layout = self._sf_layout
         meta = (layout, self._indefinite, self._coalesced)
-        if (
-            "_tangent" in self.__dict__
-        ):  # the all-stored form and its dense dims (_compile.coerce_tangent)
+        # the all-stored form and its dense dims (_compile.coerce_tangent)
+        if "_tangent" in self.__dict__:
             meta += ("all-stored", len(self._dense_shape))
         return ["_idx", "_vals", "_fill"] if layout is _COO else [
             "_crow",
@@ -505,12 +499,10 @@ class SparseTensor(HostMixin, torch.Tensor):
 
     @staticmethod
     def __tensor_unflatten__(inner, ctx, outer_size, outer_stride):
-        layout, indefinite, coalesced = ctx[
-            :3
-        ]  # (files saved before: a 4th entry, the zero flag, is ignored)
-        csr = (
-            layout is torch.sparse_csr
-        )  # (the wrapper alone: compiled code rebuilds each output per call)
+        # (files saved before: a 4th entry, the zero flag, is ignored)
+        layout, indefinite, coalesced = ctx[:3]
+        # (the wrapper alone: compiled code rebuilds each output per call)
+        csr = layout is torch.sparse_csr
         out = SparseTensor._make(
             layout,
             outer_size,
@@ -639,9 +631,8 @@ class SparseTensor(HostMixin, torch.Tensor):
 
             return traced_dispatch(_OPS.dispatch, mode, func, types, args, kwargs or {})
         if func.is_view and torch.is_inference_mode_enabled() and not args[0].is_inference():
-            with torch.inference_mode(
-                False
-            ):  # a view of a normal tensor must not be an inference tensor
+            # a view of a normal tensor must not be an inference tensor
+            with torch.inference_mode(False):
                 return _OPS.dispatch(func, types, args, kwargs or {})
         return _OPS.dispatch(func, types, args, kwargs or {})
 
@@ -714,9 +705,8 @@ def _store(
     r._fill = fill
     r._indefinite = indefinite
     r._coalesced = coalesced
-    r._zero = (
-        (_version(fill), True) if known_zero else _UNKNOWN
-    )  # (the version matters only when known)
+    # (the version matters only when known)
+    r._zero = (_version(fill), True) if known_zero else _UNKNOWN
     r._view = None  # while a view: what of which base (an ops.views.View record)
 
 
@@ -734,9 +724,8 @@ def _mark_nse_dynamic(A: SparseTensor) -> None:
 
 
 _FAKE_MODE = torch._C._TorchDispatchModeKey.FAKE
-_tracing_mode = functools.partial(
-    torch._C._get_dispatch_mode, _FAKE_MODE
-)  # the active FakeTensorMode or None
+# the active FakeTensorMode or None
+_tracing_mode = functools.partial(torch._C._get_dispatch_mode, _FAKE_MODE)
 # OpOverload._op -> the op layer's fast(func): a shortcut where the op may take it, else False
 _FAST: dict = {}
 

@@ -164,9 +164,8 @@ class SparseParameter(nn.Module):
         check = self._checked is None or any(
             b is not c() or b._version != v for b, (c, v) in zip(bufs, self._checked)
         )
-        key = tuple(
-            (weakref.ref(b), b._version) for b in bufs
-        )  # a new pattern (load_state_dict...): validated once
+        # a new pattern (load_state_dict...): validated once
+        key = tuple((weakref.ref(b), b._version) for b in bufs)
         if self.sparse_layout is torch.sparse_coo:
             A = _creation.sparse_coo_tensor(
                 bufs[0],

@@ -224,9 +224,8 @@ def main(argv=None) -> dict:
     torch.set_num_threads(1)
     import logging
 
-    logging.getLogger("torch._dynamo").setLevel(
-        logging.ERROR
-    )  # (the DLRM's graph-break warnings: counted)
+    # (the DLRM's graph-break warnings: counted)
+    logging.getLogger("torch._dynamo").setLevel(logging.ERROR)
     out = {}
     a = cpu_snapshot()
     print(

@@ -220,9 +220,8 @@ def _print_all_reduce(shape, rounds, reps, worlds=(2, 4)):
     cross = []
     for W in worlds:
         rs = run(_all_reduce, W, shape, rounds, reps)
-        per = (rs[-1]["sparse_bytes"] - rs[0]["sparse_bytes"]) / (
-            rs[-1]["nse"] - rs[0]["nse"]
-        )  # bytes per element
+        # bytes per element
+        per = (rs[-1]["sparse_bytes"] - rs[0]["sparse_bytes"]) / (rs[-1]["nse"] - rs[0]["nse"])
         cross.append(f"W={W}: {rs[0]['dense_bytes'] / per / (shape[0] * shape[1]):.1%} stored")
         for r in rs:
             t = r["times"]

@@ -151,9 +151,8 @@ def per_call(op):
     if op == "A.detach()":
         return [("sparsefill", lambda: A.detach()), ("values.detach()", lambda: vals.detach())]
     B, _, y = _small(2, 2.0)
-    if (
-        op == "A + B, other pattern"
-    ):  # the union of a pattern pair that recurs is merged once (pointwise.union2)
+    # the union of a pattern pair that recurs is merged once (pointwise.union2)
+    if op == "A + B, other pattern":
         return [("sparsefill", lambda: A + B), ("dense x + y", lambda: x + y)]
     # every call a B of that pattern with index tensors of its own (more than the pattern cache
     # holds): a merge

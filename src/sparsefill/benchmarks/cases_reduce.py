@@ -46,9 +46,8 @@ def _check_close(param, out):
             if isinstance(o, sparsefill.SparseTensor) or o.layout is not torch.strided
             else o
         )
-        torch.testing.assert_close(
-            o.to(ref.dtype), ref, rtol=1e-4, atol=1e-7, msg=label
-        )  # float32 sums: order differs
+        # float32 sums: order differs
+        torch.testing.assert_close(o.to(ref.dtype), ref, rtol=1e-4, atol=1e-7, msg=label)
 
 
 @case(
@@ -68,9 +67,8 @@ def sum_dim(param):
     A = sparsefill.sparse_coo_tensor(idx, vals, (n, n), fill_value=5.0).to_sparse_csr()
     crow, col, v = A.crow_indices(), A.col_indices(), A.values()
     with warnings.catch_warnings():
-        warnings.simplefilter(
-            "ignore", UserWarning
-        )  # torch: "Sparse CSR tensor support is in beta state"
+        # torch: "Sparse CSR tensor support is in beta state"
+        warnings.simplefilter("ignore", UserWarning)
         T = torch.sparse_csr_tensor(crow, col, v, (n, n))
     ones = torch.ones(n)
     x = A.to_dense()
@@ -152,9 +150,8 @@ def hybrid_softmax(param):
     g = torch.Generator().manual_seed(0)
     nse = round(n * density)
     rows = torch.randperm(n, generator=g)[:nse].sort().values
-    vals = torch.randn(
-        nse, 16, generator=g, dtype=torch.float64
-    )  # (float32 sums of 1M terms differ by 1e-3)
+    # (float32 sums of 1M terms differ by 1e-3)
+    vals = torch.randn(nse, 16, generator=g, dtype=torch.float64)
     A = sparsefill.sparse_coo_tensor(rows[None], vals, (n, 16), fill_value=0.0)
     x = A.to_dense()
     return [("sparsefill", lambda: A.softmax(0)), ("dense x.softmax(0)", lambda: x.softmax(0))]

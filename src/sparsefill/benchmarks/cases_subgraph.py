@@ -137,9 +137,8 @@ def _register(name, op):
             keep = (src >= 0) & (dst >= 0)
             return _same_edges(S, torch.stack([src[keep], dst[keep]]), vals[keep])
         i = ei[0] if "0" in name or name == "A[idx]" else ei[1]
-        count = torch.bincount(idx, minlength=n)[
-            i
-        ]  # (each edge once per occurrence of its node in idx)
+        # (each edge once per occurrence of its node in idx)
+        count = torch.bincount(idx, minlength=n)[i]
         if S._nse() != int(count.sum()) or not torch.allclose(
             S.values().sum(), (vals * count).sum(), atol=1e-2
         ):

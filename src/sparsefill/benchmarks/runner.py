@@ -490,9 +490,8 @@ def _run_one(
     outputs = {label: fn() for label, fn in active}  # warm-up
     warm = time.monotonic() - t0
     if share is not None and settings.rounds > 1 and warm * (settings.rounds + 1) > share:
-        settings = dataclasses.replace(
-            settings, rounds=1
-        )  # slow calls and a time budget: one round
+        # slow calls and a time budget: one round
+        settings = dataclasses.replace(settings, rounds=1)
     if c.check is not None:
         c.check(param, outputs)
     del outputs
@@ -572,9 +571,8 @@ def environment() -> dict[str, Any]:
         m = optional_import(mod)
         env["peers"][mod] = getattr(m, "__version__", "?") if m is not None else None
     env.update(git_state())
-    env["THP_MEM_ALLOC_ENABLE"] = os.environ.get(
-        "THP_MEM_ALLOC_ENABLE"
-    )  # torch's CPU allocator on huge pages
+    # torch's CPU allocator on huge pages
+    env["THP_MEM_ALLOC_ENABLE"] = os.environ.get("THP_MEM_ALLOC_ENABLE")
     try:
         with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
             env["transparent_hugepage"] = f.read().strip()
@@ -593,9 +591,8 @@ def git_state(package_dir: str | None = None) -> dict[str, Any]:
     """``git_commit`` and ``src_dirty`` (uncommitted changes under the package) when the imported
     package is a tracked folder of a git checkout (an editable install), else ``git_commit: None``
     (an installed wheel: its commit is unknown, even when the venv sits inside a checkout)."""
-    pkg = package_dir or os.path.dirname(
-        os.path.dirname(os.path.abspath(__file__))
-    )  # .../sparsefill
+    # .../sparsefill
+    pkg = package_dir or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
     def git(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run(["git", *args], cwd=pkg, capture_output=True, text=True, timeout=10)

@@ -26,9 +26,8 @@ from ._combine import FUNCS, check_op, combine, combine_parts, red_op
 from ._exchange import exchange, traffic
 
 _R = dist.ReduceOp.RedOpType
-ALGORITHM = contextvars.ContextVar(
-    "sparsefill_all_reduce_algorithm", default="auto"
-)  # set by the public all_reduce
+# set by the public all_reduce
+ALGORITHM = contextvars.ContextVar("sparsefill_all_reduce_algorithm", default="auto")
 # all_reduce "auto": dense when the ranks' sparse payloads exceed this times a dense ring
 # all-reduce's bytes.  Not 1: the dense way costs a densify and a re-sparsify, the sparse way a
 # merge that costs more per byte than the ring's sums; measured on loopback (README "Scaling out"),
@@ -110,9 +109,8 @@ def all_reduce(A, op, pg, algorithm: str = "auto") -> None:
             return False
         if algorithm == "dense":
             return True
-        if (
-            op in (_R.MIN, _R.MAX) and allh[:, 0, _wire.HAS_NAN].any()
-        ):  # (backends' min/max may skip NaN)
+        # (backends' min/max may skip NaN)
+        if op in (_R.MIN, _R.MAX) and allh[:, 0, _wire.HAS_NAN].any():
             return False
         sparse_bytes = int(
             allh[:, :, _wire.NBYTES].sum() - allh.diagonal(0, 0, 1)[_wire.NBYTES].sum()

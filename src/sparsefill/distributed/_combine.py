@@ -96,9 +96,8 @@ def combine_parts(op, parts: list, shape, sdim: int, layout) -> SparseTensor:
     op = red_op(op)
     fn = FUNCS[op]
     S, D = tuple(shape[:sdim]), tuple(shape[sdim:])
-    union, inverse = _merge.union_inverse(
-        [p.keys for p in parts]
-    )  # (linear-time merges of the sorted runs)
+    # (linear-time merges of the sorted runs)
+    union, inverse = _merge.union_inverse([p.keys for p in parts])
     U = union.numel()
     acc = have = fill = count = None
     ndef = 0

@@ -59,9 +59,8 @@ def average(g: torch.Tensor, group=None) -> torch.Tensor:
     if isinstance(g, SparseTensor):
         dist.all_reduce(g, dist.ReduceOp.AVG, group=group)
         return g
-    if (
-        g.layout is not torch.strided
-    ):  # torch native sparse (COO from sparse_grad=True, embedding(sparse=True))
+    # torch native sparse (COO from sparse_grad=True, embedding(sparse=True))
+    if g.layout is not torch.strided:
         S = from_native(g.to_sparse_coo() if g.layout is not torch.sparse_coo else g)
         from . import all_reduce
 
@@ -89,9 +88,8 @@ def data_parallel(module: nn.Module, *, sparse=(), process_group=None, **ddp_kwa
             f"{list(named)[:8]}{'...' if len(named) > 8 else ''})"
         )
     mine = [n for n, p in named.items() if isinstance(p, SparseTensor) or n in set(sparse)]
-    bufs = [
-        n for n, b in module.named_buffers() if isinstance(b, SparseTensor)
-    ]  # (DDP flattens buffers)
+    # (DDP flattens buffers)
+    bufs = [n for n, b in module.named_buffers() if isinstance(b, SparseTensor)]
     src = dist.get_global_rank(process_group, 0) if process_group is not None else 0
     with torch.no_grad():
         for t in [named[n] for n in mine] + [module.get_buffer(n) for n in bufs]:

@@ -55,9 +55,8 @@ class Traffic:
 
 
 traffic = Traffic()
-_ALL_GATHER = (
-    getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-)  # (renamed in torch 2.13)
+# (renamed in torch 2.13)
+_ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 def call_code(name: str) -> int:

@@ -56,9 +56,8 @@ class RowShardedEmbeddingBag(nn.Module):
         _shard=None,
     ):
         super().__init__()
-        if (
-            pool is None
-        ):  # (owners pool sums and means: fewer bytes, no id-sized gradient back; measured faster)
+        # (owners pool sums and means: fewer bytes, no id-sized gradient back; measured faster)
+        if pool is None:
             pool = "owner" if mode in ("sum", "mean") else "requester"
         if pool not in ("requester", "owner"):
             raise ValueError(f"pool must be 'requester' or 'owner', got {pool!r}")
@@ -176,9 +175,8 @@ class RowShardedEmbeddingBag(nn.Module):
         src = torch.repeat_interleave(
             torch.arange(W, device=ids.device), recv, output_size=local.numel()
         )
-        uniq, inv = torch.unique(
-            src * (1 << 32) + asked_bag, return_inverse=True
-        )  # (requester, bag) pairs
+        # (requester, bag) pairs
+        uniq, inv = torch.unique(src * (1 << 32) + asked_bag, return_inverse=True)
         back = torch.bincount(torch.div(uniq, 1 << 32, rounding_mode="floor"), minlength=W)
         got = torch.empty(W, dtype=torch.int64, device=ids.device)
         dist.all_to_all_single(got, back, group=self.group)
@@ -268,9 +266,8 @@ class _Rows(torch.autograd.Function):
         back = _swap(grad, ctx.recv, ctx.send, ctx.group)
         if ctx.average:
             back = back / dist.get_world_size(ctx.group)
-        if (
-            not local.numel()
-        ):  # no rank looked up a row of this shard: no gradient (the optimizer skips it)
+        # no rank looked up a row of this shard: no gradient (the optimizer skips it)
+        if not local.numel():
             return None, None, None, None, None, None
         grad_shard = torch.sparse_coo_tensor(local[None], back, ctx.shape, check_invariants=False)
         return grad_shard, None, None, None, None, None

@@ -64,13 +64,11 @@ class Slices:
         self.Pk, self.Pr = _index.numel(self.Dk), _index.numel([D[d] for d in self.red_d])
         k = X.u.shape[0]
         dev = X.u.device
-        if X.rows is not None and self.red_s == [
-            1
-        ]:  # plain CSR along its columns: the rows are the slices
+        # plain CSR along its columns: the rows are the slices
+        if X.rows is not None and self.red_s == [1]:
             counts = X.A._crow.diff()
-            self.out_idx, self.n_u, lengths = csr_row_slices(
-                counts, S[1], all_rows=traced(counts)
-            )  # (static)
+            # (static)
+            self.out_idx, self.n_u, lengths = csr_row_slices(counts, S[1], all_rows=traced(counts))
             self.seg_row = (
                 X.rows
                 if self.out_idx.shape[1] == counts.numel()
@@ -208,9 +206,8 @@ class Slices:
         on = self.X.mfill if counts is None else counts
         F2 = self.fill2(f)
         F = F2.expand(self.S_out, self.Pk, self.Pr).reshape(self.nseg, self.Pr)
-        if (
-            self.n_in is not None and counts is None
-        ):  # a strided mask's masked-in unspecified elements
+        # a strided mask's masked-in unspecified elements
+        if self.n_in is not None and counts is None:
             return (F, self.n_in), (F2, self.n0_in)
         n = (
             (self.n_u * int(on))[:, None, None]

@@ -110,9 +110,8 @@ def _extend(name, X: Masked, sl, c_out, e_out, scan):
     S, d = X.S, sl.red_s[0]
     N, G = S[d], _index.numel([s for i, s in enumerate(S) if i != d])
     ms = sl.scalars(X.m)
-    if (
-        scan is None and sl.every_in and G == sl.S_out
-    ):  # the pattern as mask, no empty slice: nothing to add
+    # the pattern as mask, no empty slice: nothing to add
+    if scan is None and sl.every_in and G == sl.S_out:
         return X, c_out
     has = _has_in(sl, sl.seg3[ms], ms.new_zeros((0,))).reshape(sl.S_out, sl.Pk)
     any_in = has.any(1)
@@ -183,9 +182,8 @@ def _normalization(
             if sl.red_s:
                 X, fill_out = _extend(name, X, sl, c_out, e_out, scan)
                 sl = E.Slices(X, dims) if X is not sl.X else sl
-            elif (
-                scan is None and _index.numel(X.S) > X.u.shape[0]
-            ):  # unspecified rows: fully masked-out slices
+            # unspecified rows: fully masked-out slices
+            elif scan is None and _index.numel(X.S) > X.u.shape[0]:
                 fill_out = e_out
         u, f = (X.u, X.fill) if cast is None else (X.u.to(cast), X.fill.to(cast))
         ms = sl.scalars(X.m)
@@ -207,9 +205,8 @@ def _normalization(
             g = torch.where(n > 0, F, ident)
         else:
             nz = None
-            if (
-                traced(u) and not X.all_in
-            ):  # (one nonzero for the gather and the scatter: one unbacked size)
+            # (one nonzero for the gather and the scatter: one unbacked size)
+            if traced(u) and not X.all_in:
                 nz = ms.nonzero(as_tuple=True)
                 v, seg, lengths = sl.scalars(u)[nz], sl.seg3[nz], None
             else:
@@ -223,17 +220,15 @@ def _normalization(
                 c, fo = (
                     torch.full((), x, dtype=mo.dtype, device=mo.device) for x in (c_out, fill_out)
                 )
-                odd = (
-                    has & ~_same_each(mo, c) & ~_same_each(mo, fo)
-                )  # unspecified elements would read fo
+                # unspecified elements would read fo
+                odd = has & ~_same_each(mo, c) & ~_same_each(mo, fo)
                 if bool(odd.any()):
                     rows = odd.reshape(sl.S_out, sl.Pk).any(1).nonzero().squeeze(1)
                     new = _unspecified(X, sl, rows, rows.new_zeros(rows.numel()), False)
                     if new.shape[1]:
                         return compute(_store(name, X, new, fill_out), check=False)
-            if (
-                X.all_in if traced(v) else v.numel() == ms.numel()
-            ):  # the usual case (mask = the pattern)
+            # the usual case (mask = the pattern)
+            if X.all_in if traced(v) else v.numel() == ms.numel():
                 vals = sl.unscalars(out_v.reshape(ms.shape))
             else:
                 e = torch.full((), e_out, dtype=out_v.dtype, device=out_v.device)
@@ -278,9 +273,8 @@ def _normalization(
         and (mask is not None or dims and dims[0] < len(A._sparse_shape))
         and traced(A)
     ):
-        return dense_fallback(
-            A, mask, dense_op
-        )  # (compiled: the pattern a definite fill needs is read from data)
+        # (compiled: the pattern a definite fill needs is read from data)
+        return dense_fallback(A, mask, dense_op)
     try:
         return run(A, mask, compute, ref, zero_absorbs)
     except _DenseByNature:
@@ -293,9 +287,8 @@ def _no_mask(A, mask) -> bool:
     if mask is None:
         return True
     same = _same_indices(A, mask)
-    return same is not None and known_true(
-        same.all()
-    )  # (traced: the general path, reading no data)
+    # (traced: the general path, reading no data)
+    return same is not None and known_true(same.all())
 
 
 def _dense_ref(dense_op, mask):
@@ -317,9 +310,8 @@ def _softmax_parts(sign, log):
             torch.isposinf(lse), torch.full((), math.nan, dtype=lse.dtype, device=lse.device), lse
         )
         xf = F - lse[:, None]
-        mo = (
-            -math.inf - lse.detach()
-        )  # a masked-out element: -inf - lse (NaN when lse is NaN or -inf)
+        # a masked-out element: -inf - lse (NaN when lse is NaN or -inf)
+        mo = -math.inf - lse.detach()
         if log:
             return v - gather_seg(lse, seg, lengths, v.shape[0]), xf, mo
         # exp(x - lse) = e / acc with e = exp(x - m): no second exp; a NaN lse (a +inf or NaN in the
@@ -371,9 +363,8 @@ def _softmax_like(name, sign, log, c_out, formula, example):
         if isinstance(input, SparseTensor) and nd:
             input._sync()
             d = E.canonical_dims(dim, nd)[0]
-            if (
-                cast == input.dtype and _segsoftmax.applies(input, d) and _no_mask(input, mask)
-            ):  # the edge softmax
+            # the edge softmax
+            if cast == input.dtype and _segsoftmax.applies(input, d) and _no_mask(input, mask):
                 return _segsoftmax.segment_softmax(input, d, sign, log)
 
         def dense_op(x, m):
@@ -382,9 +373,8 @@ def _softmax_like(name, sign, log, c_out, formula, example):
         out = _normalization(
             name, input, mask, dim, _softmax_parts(sign, log), c_out, math.nan, cast, dense_op
         )
-        if (
-            cast != input.dtype and dtype is None
-        ):  # an integer input that has passed torch.masked's dtype check
+        # an integer input that has passed torch.masked's dtype check
+        if cast != input.dtype and dtype is None:
             out = out.to(input.dtype)  # is empty: torch's softmax keeps its dtype
         return out
 
@@ -489,9 +479,8 @@ def _cum(name, mode):
                 input, dim, dtype=dtype, mask=dense_mask(mask, input)
             )
         cast = dtype or input.dtype
-        if (
-            cast is torch.bool and input.numel()
-        ):  # as torch.masked.{name}: torch.{name} has no bool kernel
+        # as torch.masked.{name}: torch.{name} has no bool kernel
+        if cast is torch.bool and input.numel():
             raise NotImplementedError(
                 f"masked {name}: not implemented for 'Bool' (pass dtype=, as torch.{name})"
             )
@@ -512,8 +501,8 @@ def _cum(name, mode):
     op.__name__ = op.__qualname__ = name
     sym = "+" if mode == "sum" else "*"
     i0 = int(ident)
-    op.__doc__ = f"""Masked {name} along ``dim``: ``torch.{name}(torch.where(mask, input, {i0}), dim)``,
-    i.e.::
+    op.__doc__ = f"""Masked {name} along ``dim``:
+    ``torch.{name}(torch.where(mask, input, {i0}), dim)``, i.e.::
 
         out[p] = {i0} {sym} x[q_1] {sym} ... {sym} x[q_j]      (the masked-in q_i <= p of p's slice)
 

@@ -274,9 +274,8 @@ def norm(input, ord=2.0, dim=None, *, keepdim=False, dtype=None, mask=None):
             f"linalg.vector_norm: Expected a floating point or complex tensor as input. Got {dt}"
         )
     out_dt = dt.to_real() if dt.is_complex else dt
-    if (
-        p < 0 or p == math.inf
-    ) and input.numel() == 0:  # no identity: torch.linalg.vector_norm raises
+    # no identity: torch.linalg.vector_norm raises
+    if (p < 0 or p == math.inf) and input.numel() == 0:
         for d in E.canonical_dims(dim, input.dim()):
             if input.shape[d] == 0:
                 raise RuntimeError(
@@ -442,9 +441,8 @@ def _argext(name, mode):
             out0 = _arg(v[:0], seg[:0], sl.Pk, pos[:0], F0, n0, pr.expand(sl.Pk, sl.Pr), mode)
             return _finish(sl, out.to(dt), out0.to(dt), bool(keepdim), A._sf_layout)
 
-        with (
-            torch.no_grad()
-        ):  # an index: not differentiable (as torch.masked.argmax, whose result has no grad_fn)
+        # an index: not differentiable (as torch.masked.argmax, whose result has no grad_fn)
+        with torch.no_grad():
             return run(A, mask, compute, ref)
 
     op.__name__ = op.__qualname__ = name
@@ -483,7 +481,6 @@ def _ref(name, *args, mask=None, **kwargs):
         m = None if mask is None else dense_mask(mask, x)
         return getattr(torch.masked, name)(x, *args, mask=m, **kwargs)
 
-    f.probe = lambda x, m: getattr(torch.masked, name)(
-        x, *args, mask=m, **kwargs
-    )  # (check_dtype_as_torch_masked)
+    # (check_dtype_as_torch_masked)
+    f.probe = lambda x, m: getattr(torch.masked, name)(x, *args, mask=m, **kwargs)
     return f

@@ -71,12 +71,10 @@ def reshape_(A: SparseTensor, new: SparseTensor, func, args, kwargs) -> SparseTe
             f"{func}: a SparseTensor that is a view, has views or is traced keeps its shape "
             f"{tuple(A.shape)} (its views would not follow): use the out-of-place op"
         )
-    with (
-        no_dispatch()
-    ):  # the wrapper's own sizes and strides: func on it, dispatched to meta (as torch's
-        meta = (
-            torch._C._meta_in_tls_dispatch_include()
-        )  # return_and_correct_aliasing does for subclasses)
+    # the wrapper's own sizes and strides: func on it, dispatched to meta (as torch's
+    with no_dispatch():
+        # return_and_correct_aliasing does for subclasses)
+        meta = torch._C._meta_in_tls_dispatch_include()
         torch._C._set_meta_in_tls_dispatch_include(True)
         try:
             func(A, *args[1:], **kwargs)
@@ -143,9 +141,8 @@ def _traced_write_(A: SparseTensor, new: SparseTensor) -> bool:
     else:
         return False
     for a, b in pairs:
-        if not same_tensor(
-            a, b
-        ):  # (an index tensor the operands share: no write, whose copy AOTAutograd
+        # (an index tensor the operands share: no write, whose copy AOTAutograd
+        if not same_tensor(a, b):
             a.copy_(b)  # would make once per input that holds it)
     A._zero = new._zero
     return True

@@ -201,9 +201,8 @@ def _index_put(func, args, kwargs):
     aten.index_put.default(
         meta_of(A), [None if t is None else t.to("meta") for t in indices], meta_vals, accumulate
     )  # torch's dtype and shape errors
-    if (
-        A.dim() == 0
-    ):  # (the meta kernel takes a 0-d mask on a 0-d tensor, torch's kernel raises: one element)
+    # (the meta kernel takes a 0-d mask on a 0-d tensor, torch's kernel raises: one element)
+    if A.dim() == 0:
         v = dense_of(values) if isinstance(values, SparseTensor) else values
         check_dtype(aten.index_put.default, A, indices, v, accumulate)
     coords, shape = _coords(A, indices)
@@ -298,9 +297,8 @@ def _index_along(func, args, kwargs):
         or (A._indefinite and (name in ("index_add", "index_reduce") or A.dim() == 0))
     ):
         return NotImplemented
-    if (
-        A.dim() == 0
-    ):  # one element: torch's kernel on it (its rules and errors for the indices of a 0-d tensor)
+    # one element: torch's kernel on it (its rules and errors for the indices of a 0-d tensor)
+    if A.dim() == 0:
         rest = [dense_of(a) if isinstance(a, SparseTensor) else a for a in args[1:]]
         out = func(dense_of(A), *rest, **kwargs)
         return _result(

@@ -92,9 +92,8 @@ def pattern_grad(P: SparseTensor, dim: int, index: torch.Tensor, G) -> SparseTen
     count = torch.bincount(index, minlength=n)
     mapped = gidx.clone()
     mapped[dim] = index.index_select(0, gidx[dim])
-    pos, found = _index.lookup(
-        linear_parts(P)[0], _index.linearize(mapped, S)
-    )  # (P's keys: cached)
+    # (P's keys: cached)
+    pos, found = _index.lookup(linear_parts(P)[0], _index.linearize(mapped, S))
     g0 = (gvals - f).to(P.dtype)
     bc = (-1,) + (1,) * len(f.shape)
     gv = (count.index_select(0, pidx[dim]).view(bc) * f).to(P.dtype)
@@ -102,9 +101,8 @@ def pattern_grad(P: SparseTensor, dim: int, index: torch.Tensor, G) -> SparseTen
     n_unspec = _index.numel(S) - pidx.shape[1]
     if P._indefinite or not n_unspec:
         return _on_pattern(P, pidx, gv, gv.new_zeros(f.shape), True)
-    per = _index.numel(S) // max(n, 1) - torch.bincount(
-        pidx[dim], minlength=n
-    )  # (unspecified at each c)
+    # (unspecified at each c)
+    per = _index.numel(S) // max(n, 1) - torch.bincount(pidx[dim], minlength=n)
     rest = g0[~found].sum(0) + f * (count * per).sum().to(f.dtype)
     return _on_pattern(P, pidx, gv, (rest / n_unspec).to(P.dtype), False)
 

@@ -60,9 +60,8 @@ def _softmax(func, args, kwargs):
         # empty)
         return func(torch.empty(A.shape, dtype=A.dtype, device=A.device), dim, half_to_float)
     dim, sd, log = dim % A.dim(), A.dim() - A.dense_dim(), func is aten._log_softmax.default
-    if _segsoftmax.applies(
-        A, dim
-    ):  # a masked tensor along a sparse dim: the edge softmax (pattern kept)
+    # a masked tensor along a sparse dim: the edge softmax (pattern kept)
+    if _segsoftmax.applies(A, dim):
         return rewrap(A, values=_segsoftmax.softmax_values(A, dim, log), known_zero=False)
     B = A if A._coalesced else coalesce_of(A)
     idx, vals = coalesced_parts(B)
@@ -183,9 +182,8 @@ def _softmax_backward(func, args, kwargs):
         seg, _, n = group_slices(idx, y._sparse_shape, [d])
         t, tf = (gv, gf) if log else (gv * yv, None if yf is None else gf * yf)
         s = segment_combine(t, seg, n.numel(), "sum")
-        if (
-            yf is not None
-        ):  # one slice (sd == 1, else dense by nature): its n unspecified elements in closed form
+        # one slice (sd == 1, else dense by nature): its n unspecified elements in closed form
+        if yf is not None:
             s = s[0] + times(tf, n[0], tf) if n.numel() else times(tf, y.shape[d], tf)
         at = s[seg] if yf is None else s  # each stored element's slice sum
         vals = gv - torch.exp(yv) * at if log else yv * (gv - at)

@@ -194,9 +194,8 @@ def unary_fast(func, args, kwargs):
         if B is None:
             return A._with_values(op(*vals, **kwargs), op(*fills, **kwargs))
         return _on_union(op, args, kwargs, A, B, many)
-    except (
-        Exception
-    ):  # the fill's op may raise where no element reads it (A // B with every element
+    # the fill's op may raise where no element reads it (A // B with every element
+    except Exception:
         # stored, a fill 0 in B): the general rule decides (_unread_fill), or raises dense's error
         return None
 
@@ -277,9 +276,8 @@ def _on_union(op, args, kwargs, A: SparseTensor, B: SparseTensor, many: bool):
     """``op`` on the SparseTensor operands' values at the union of their patterns (``A``'s and
     ``B``'s: two; or ``many``) and on the fills; None while traced (the general rule: a union's size
     is data)."""
-    if (
-        type(A._vals) is not torch.Tensor
-    ):  # torch.compile (fake tensors): the general rule (a union's nse is unbacked)
+    # torch.compile (fake tensors): the general rule (a union's nse is unbacked)
+    if type(A._vals) is not torch.Tensor:
         return None
     if many:  # three patterns or more
         idx, at = union_parts([a for a in args if type(a) is SparseTensor])
@@ -322,9 +320,8 @@ def _on_union(op, args, kwargs, A: SparseTensor, B: SparseTensor, many: bool):
 _CALLS: dict = {}
 # (OpOverload._op, Python int/float, its type, dtype) -> (op, operand): see _by_value
 _BY_VALUE: dict = {}
-_EXACT = (
-    2**53
-)  # |c| below which a Python int converts to float64 exactly (so to float32 in one rounding)
+# |c| below which a Python int converts to float64 exactly (so to float32 in one rounding)
+_EXACT = 2**53
 _CAST_DTYPES = (torch.float32, torch.float64)
 
 
@@ -352,9 +349,8 @@ def _by_value(func, A: SparseTensor, c):
     else:
         key = (func._op, type(c))
     out = (_CALLS.get(key) or _call_of(func, (A._fill, c), {}, key), c)
-    if (
-        not torch._C._len_torch_dispatch_stack()
-    ):  # (a dispatch mode: _call_of's choice is not cached either)
+    # (a dispatch mode: _call_of's choice is not cached either)
+    if not torch._C._len_torch_dispatch_stack():
         if len(_BY_VALUE) >= 1024:
             _BY_VALUE.clear()
         _BY_VALUE[(func._op, value, type(value), dtype)] = out
@@ -466,9 +462,8 @@ def _merge2(A: SparseTensor, B: SparseTensor):
         return idx, (pa, pb)
     S = A._size[:d]
     ka, kb = (T._idx[0] if d == 1 else _index.linearize(T._idx, S) for T in (A, B))
-    union, pa, pb = _merge.union_or_superset(
-        ka, kb
-    )  # (None: that pattern is the union, e.g. a gradient's)
+    # (None: that pattern is the union, e.g. a gradient's)
+    union, pa, pb = _merge.union_or_superset(ka, kb)
     if pa is None or pb is None:
         return (ia if pa is None else ib), (pa, pb)
     return (union[None] if d == 1 else _index.unravel(union, S)), (pa, pb)
@@ -498,9 +493,8 @@ def _union_small(ia: torch.Tensor, ib: torch.Tensor):
     at = {t: i for i, t in enumerate(union)}
     k, na = len(union), len(ta)
     flat += [at[t] for t in ta] + [at[t] for t in tb]
-    buf = torch.frombuffer(
-        array.array("q", flat), dtype=torch.int64
-    ).clone()  # (clone: torch-owned storage)
+    # (clone: torch-owned storage)
+    buf = torch.frombuffer(array.array("q", flat), dtype=torch.int64).clone()
     return (
         buf.as_strided((d, k), (k, 1)),
         buf.as_strided((na,), (1,), d * k),
@@ -523,9 +517,8 @@ def pointwise_rule(func, args, kwargs, pattern_only=False):
     """The rule (module docstring); ``pattern_only``: None where the result would be dense by nature
     (:func:`.pointwise_dense.join_small` asks)."""
     out = kwargs.get("out")
-    if (
-        out is not None
-    ):  # out=: computed out of place into fresh buffers of out's dtype, then stored
+    # out=: computed out of place into fresh buffers of out's dtype, then stored
+    if out is not None:
         if not isinstance(out, SparseTensor):
             return NotImplemented
         kwargs = {k: v for k, v in kwargs.items() if k != "out"}
@@ -536,9 +529,8 @@ def pointwise_rule(func, args, kwargs, pattern_only=False):
     A = sparse[0]
     written = [out] if out is not None else written_args(func, args, kwargs)
     if out is None and written_positions(func) and not (len(written) == 1 and written[0] is A):
-        return _into_dense(
-            func, args, kwargs, tensors, sparse, written
-        )  # e.g. a dense tensor updated from A
+        # e.g. a dense tensor updated from A
+        return _into_dense(func, args, kwargs, tensors, sparse, written)
     # a 0-d SparseTensor beside a larger one is one value: it joins as a 0-d dense tensor (same
     # promotion), the first one too unless written (0-d f64 A + f32 B is f32, as dense)
     big = A if A.dim() or written else next((T for T in sparse if T.dim()), A)
@@ -559,20 +551,17 @@ def pointwise_rule(func, args, kwargs, pattern_only=False):
         )
     layout = A._sf_layout
     conv = sparse
-    if (
-        len(sparse) > 1 and out is None
-    ):  # operands that broadcast along a sparse dim: as dense ones, where small
+    # operands that broadcast along a sparse dim: as dense ones, where small
+    if len(sparse) > 1 and out is None:
         conv = unexpanded(sparse, written)
         if any(C.shape != conv[0].shape for C in conv[1:]):
             joined = join_small(pointwise_rule, func, args, kwargs, sparse, conv, written)
             if joined is not None:
                 return joined
-    if any(
-        T.dense_dim() != conv[0].dense_dim() for T in conv[1:]
-    ):  # operands that split their dims differently
-        conv, layout = one_split(
-            conv, layout, A if written and out is None else None
-        )  # (_splits.py)
+    # operands that split their dims differently
+    if any(T.dense_dim() != conv[0].dense_dim() for T in conv[1:]):
+        # (_splits.py)
+        conv, layout = one_split(conv, layout, A if written and out is None else None)
     if any(C.shape != conv[0].shape for C in conv[1:]):
         expanded = _broadcast(conv)
         if expanded is None:
@@ -606,9 +595,8 @@ def pointwise_rule(func, args, kwargs, pattern_only=False):
             and shape == A.shape
             and torch._C._current_graph_task_id() == -1
         ):
-            const = _constant_fill(
-                func, args, kwargs, sparse, A
-            )  # e.g. A * e with A's fill 0: 0 * e == 0
+            # e.g. A * e with A's fill 0: 0 * e == 0
+            const = _constant_fill(func, args, kwargs, sparse, A)
         if not indefinite and const is None:  # the result is dense by nature
             return (
                 None
@@ -655,9 +643,8 @@ def _on_pattern(
     # each fill as a batch of one, padded to the common rank: (1, *fill.shape)
     rank = max([d.dim() for d in sub.values()] + [f.dim() for f in fills.values()])
     fills = {k: f.reshape((1,) * (1 + rank - f.dim()) + tuple(f.shape)) for k, f in fills.items()}
-    if (
-        written and out is None
-    ):  # in place: compute out of place, then store (inner tensors may be shared)
+    # in place: compute out of place, then store (inner tensors may be shared)
+    if written and out is None:
         if not indefinite:
             fills[id(A)] = A._fill.expand(A._dense_shape)[None]  # the result's fill may be an array
         vals = apply({**at, id(A): at[id(A)].clone()})
@@ -701,9 +688,8 @@ def _zero_dim(func, args, kwargs, sparse, out, written: bool):
     >>> A.masked_fill(torch.tensor(True), torch.tensor(5.)).to_dense()
     tensor(5.)
     """
-    parts = {
-        id(T): T if T._coalesced else coalesce_of(T) for T in sparse
-    }  # (duplicates summed: one value)
+    # (duplicates summed: one value)
+    parts = {id(T): T if T._coalesced else coalesce_of(T) for T in sparse}
     has = {k: P._vals.shape[0] > 0 for k, P in parts.items()}
     indefinite = any(P._indefinite for P in parts.values())
     specified = any(has.values()) and not any(

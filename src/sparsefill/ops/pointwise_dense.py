@@ -36,9 +36,8 @@ def _constant_fill(func, args, kwargs, sparse, A: SparseTensor):
     the result is dense by nature; also where ``op`` raises, ``A // e`` with a zero in ``e``: dense
     raises too unless ``A`` has no element).  ``A * e`` with a zero fill and a finite ``e`` has fill
     0; ``A + e`` varies."""
-    fills = {
-        id(T): E._fill if E._fill.dim() else E._fill.reshape(1) for T, E in sparse
-    }  # (dimensioned: promotion)
+    # (dimensioned: promotion)
+    fills = {id(T): E._fill if E._fill.dim() else E._fill.reshape(1) for T, E in sparse}
     dense = [
         a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor) and id(a) not in fills
     ]
@@ -67,9 +66,8 @@ def _constant_fill(func, args, kwargs, sparse, A: SparseTensor):
         return None
     if not isinstance(F, torch.Tensor) or not F.numel():
         return None
-    along = max(
-        A.dim() - A.dense_dim() - (A.dim() - F.dim()), 0
-    )  # F's leading dims along A's sparse dims
+    # F's leading dims along A's sparse dims
+    along = max(A.dim() - A.dense_dim() - (A.dim() - F.dim()), 0)
     ref = F[(0,) * along]
     if not bool(((F == ref) | (F != F) & (ref != ref)).all()):
         return None
@@ -123,9 +121,8 @@ def _over_dense_dims(t: torch.Tensor, A: SparseTensor):
         t.shape[j] != 1 and (t.stride(j) != 0 or t.shape[j] != A.shape[lead + j]) for j in along
     ):
         return None
-    if (
-        len(along) and 0 in t.shape[: len(along)]
-    ):  # (A has no element: no slice to read, any values of its shape)
+    # (A has no element: no slice to read, any values of its shape)
+    if len(along) and 0 in t.shape[: len(along)]:
         d = t.new_zeros(t.shape[len(along) :])
     else:
         d = t[tuple(0 for _ in along)] if len(along) else t  # one slice: the dense-dims part
@@ -237,9 +234,8 @@ def join_small(rule, func, args, kwargs, sparse, conv, written):
             masks.append(dense_of(pattern_mask(C)))
         else:
             dense[k] = dense_of(C)
-    if (
-        masks and written
-    ):  # in place: where the masks drop none of the target's elements (nothing to undo after)
+    # in place: where the masks drop none of the target's elements (nothing to undo after)
+    if masks and written:
         if _masked_where(written[0], masks) is not written[0]:
             return None
         masks = []

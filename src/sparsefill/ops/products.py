@@ -46,9 +46,8 @@ def _check(func, args, kwargs):
     if func in _CPP_META:
         shape = func(*meta, **kwargs).shape
         dtypes = {a.dtype for a in args if isinstance(a, torch.Tensor)}
-        if (
-            torch.bool in dtypes or len(dtypes) > 1
-        ):  # (meta kernels take bool and mixed dtypes; CPU's do not)
+        # (meta kernels take bool and mixed dtypes; CPU's do not)
+        if torch.bool in dtypes or len(dtypes) > 1:
             func(*[probe_of(a) if isinstance(a, torch.Tensor) else a for a in args], **kwargs)
         return shape
     func(*[probe_of(a) if isinstance(a, torch.Tensor) else a for a in args], **kwargs)
@@ -125,9 +124,8 @@ def _add_scaled(self, prod, beta, alpha, out_shape):
         return rewrap(self, values=new.reshape(self._vals.shape))
     if beta != 0:
         out = out + (self if beta == 1 else self * beta)
-    if (
-        out.dtype != prod.dtype
-    ):  # (bool: True * 2 promotes to int64; torch's addmm keeps its operands' dtype)
+    # (bool: True * 2 promotes to int64; torch's addmm keeps its operands' dtype)
+    if out.dtype != prod.dtype:
         out = out.to(prod.dtype)
     return out.expand(out_shape) if tuple(out.shape) != tuple(out_shape) else out
 

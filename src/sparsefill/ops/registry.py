@@ -89,9 +89,8 @@ def dispatch(func, types, args, kwargs):
             if func not in KEEPS_NATIVE:
                 args, kwargs = _convert_foreign(func, args, kwargs)
             break
-    if (
-        not _no_reverse_transform()
-    ):  # (torch.func.grad/vjp/jacrev run: an indefinite fill through their wrapper)
+    # (torch.func.grad/vjp/jacrev run: an indefinite fill through their wrapper)
+    if not _no_reverse_transform():
         _func_guard(func, args, kwargs)
     return _call(func, args, kwargs)
 
@@ -229,9 +228,8 @@ def unannotated_mutation(func) -> str | None:
     return None
 
 
-LAZY = {
-    "c10d": "sparsefill.distributed"
-}  # op namespace -> the module whose import registers its handlers
+# op namespace -> the module whose import registers its handlers
+LAZY = {"c10d": "sparsefill.distributed"}
 
 
 def _load_handlers(func) -> bool:
@@ -265,9 +263,8 @@ def compute(func, args, kwargs):
         out = handler(func, args, kwargs)
         if out is not NotImplemented:
             return out
-    if (
-        reason is not None
-    ):  # (handlers for such ops, e.g. the collectives, are registered above this line)
+    # (handlers for such ops, e.g. the collectives, are registered above this line)
+    if reason is not None:
         _PLANS.pop(func._op, None)
         if _load_handlers(func):
             return compute(func, args, kwargs)

@@ -33,9 +33,8 @@ class SparseMask(torch.autograd.Function):
 
     @staticmethod
     def forward(x, A):
-        return torch.Tensor.sparse_mask(
-            x, A
-        )  # (grad mode off in here: the route declines, the handler runs)
+        # (grad mode off in here: the route declines, the handler runs)
+        return torch.Tensor.sparse_mask(x, A)
 
     @staticmethod
     def setup_context(ctx, inputs, output):

@@ -73,9 +73,8 @@ def _mode(f: torch.Tensor) -> torch.Tensor:
         return f.new_zeros(())
     nan = f.isnan() if f.is_floating_point() else None
     g = f[~nan] if nan is not None else f
-    if (
-        g.is_complex()
-    ):  # (the choice only affects how many elements get specified, never the values)
+    # (the choice only affects how many elements get specified, never the values)
+    if g.is_complex():
         u, counts = torch.unique(torch.view_as_real(g), dim=0, return_counts=True)
         u = torch.view_as_complex(u.contiguous()) if u.numel() else u
     else:
@@ -174,9 +173,8 @@ def permute(A: SparseTensor, dims) -> SparseTensor | None:
         new_idx = _permuted_indices(A, dims[:nsd])
     order = dims[nsd:] + dims[:nsd]  # the new sparse dims last, where every axis has size 1
 
-    def move(
-        t, lead
-    ):  # t: `lead` leading axes, then one axis per dim of A (size 1 for sparse dims)
+    # t: `lead` leading axes, then one axis per dim of A (size 1 for sparse dims)
+    def move(t, lead):
         t = t.permute(list(range(lead)) + [lead + d for d in order])
         return t.reshape(t.shape[: lead + n - nsd])
 
@@ -287,13 +285,11 @@ def view(A: SparseTensor, shape) -> SparseTensor | None:
     idx, vals = A._coo_parts()
     vals = vals.reshape((vals.shape[0],) + tuple(tail))
     fill = A._fill
-    if (
-        not A._indefinite and fill.dim()
-    ):  # (a one-element array fill too: dense dims (1, 1) may become ())
+    # (a one-element array fill too: dense dims (1, 1) may become ())
+    if not A._indefinite and fill.dim():
         fill = _fill_dense(A).expand(A._dense_shape).reshape(tail)
-    elif not A._indefinite and fill.dim() > len(
-        tail
-    ):  # (a one-element fill of more dims than the new dense ones)
+    # (a one-element fill of more dims than the new dense ones)
+    elif not A._indefinite and fill.dim() > len(tail):
         fill = fill.reshape(())
     new = _index.unravel(_index.linearize(idx, A._sparse_shape), shape[: len(shape) - t])
     return _make(A, shape, new, vals, fill, A._coalesced)
@@ -351,9 +347,8 @@ def expand(A: SparseTensor, size, keep_split: bool = False) -> SparseTensor | No
             check_limit(what, nbytes)
     idx = torch.cat([idx.new_zeros((lead, idx.shape[1])), idx])
     ordered = A._coalesced
-    for d in reversed(
-        range(sd)
-    ):  # innermost first: each repeat keeps the order when the dims before are 1
+    # innermost first: each repeat keeps the order when the dims before are 1
+    for d in reversed(range(sd)):
         if old[d] == 1 and size[d] != 1:
             r = size[d]
             nse = idx.shape[1]
@@ -362,9 +357,8 @@ def expand(A: SparseTensor, size, keep_split: bool = False) -> SparseTensor | No
             vals = vals.repeat((r,) + (1,) * (vals.dim() - 1))
             ordered = ordered and all(old[e] == 1 for e in range(d))
     vals = vals.expand([vals.shape[0]] + size[sd:])
-    fill = (
-        A._fill if A._indefinite or not A._fill.dim() else A._fill.expand(size[sd:])
-    )  # an array fill: as the values
+    # an array fill: as the values
+    fill = A._fill if A._indefinite or not A._fill.dim() else A._fill.expand(size[sd:])
     return _make(A, size, idx, vals, fill, ordered)
 
 
@@ -421,9 +415,8 @@ def _t(func, args, kwargs):
     if A.dim() < 2:  # a new object: torch forbids a view op returning its input
         return _make(A, A.shape, *A._coo_parts(), A._fill, A._coalesced)
     if A.dim() > 2:
-        func(
-            torch.empty((), dtype=A.dtype, device="meta").expand(A.shape)
-        )  # torch's error (t() takes <= 2-D)
+        # torch's error (t() takes <= 2-D)
+        func(torch.empty((), dtype=A.dtype, device="meta").expand(A.shape))
     return _or_next(permute(A, [1, 0]))
 
 
@@ -479,9 +472,8 @@ def _in_place_view(func, args, kwargs):
     """``A.unsqueeze_(0) == A.unsqueeze(0)``, ``A`` itself (:func:`._writes.reshape_`)."""
     A = args[0]
     was_viewed = viewed(A)
-    new = _IN_PLACE_VIEWS[func](
-        *args, **kwargs
-    )  # (torch's errors; tracked as a view of A, then dropped)
+    # (torch's errors; tracked as a view of A, then dropped)
+    new = _IN_PLACE_VIEWS[func](*args, **kwargs)
     if not was_viewed:
         unmark_viewed(A)
     return reshape_(A, new, func, args, kwargs)

@@ -55,9 +55,8 @@ def _route_split(func, args, kwargs):
         dim = _DIM[name](A.dim())
     if not isinstance(dim, int) or isinstance(dim, bool):
         return NotImplemented
-    probe = torch.empty((), dtype=A.dtype).expand(
-        A.shape
-    )  # (stride 0: torch's errors and the pieces' shapes)
+    # (stride 0: torch's errors and the pieces' shapes)
+    probe = torch.empty((), dtype=A.dtype).expand(A.shape)
     pieces = (
         func(probe, *args[1:], **kwargs)
         if args

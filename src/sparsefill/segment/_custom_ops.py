@@ -147,9 +147,8 @@ def _plan(data, lengths, offsets, segment_ids, indices, num_segments, sorted, ou
     )
 
 
-_SPARSE_GRADS: weakref.WeakKeyDictionary = (
-    weakref.WeakKeyDictionary()
-)  # dynamo's FX graph -> {id(table): node}
+# dynamo's FX graph -> {id(table): node}
+_SPARSE_GRADS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _one_sparse_grad_per_table(tables, sparse_grad: bool) -> None:
@@ -317,9 +316,8 @@ def _segment_reduce_grad(ctx, grad_out, _grad_arg):
         sparse_grad,
         need_w,
     )
-    if (
-        sparse_grad and need_x
-    ):  # one (row, gradient row) pair per position, as embedding(sparse=True)
+    # one (row, gradient row) pair per position, as embedding(sparse=True)
+    if sparse_grad and need_x:
         gx = torch.sparse_coo_tensor(
             rows[None], gx, ctx.data_shape, is_coalesced=False, check_invariants=False
         )
@@ -369,9 +367,8 @@ def segment_reduce_backward(
             need_w=need_weights,
         )
         gw = data.new_empty(0) if gw is None else gw
-        if (
-            sparse_grad
-        ):  # (gpos: a new tensor, never a view of grad; rows may be indices itself: a copy)
+        # (gpos: a new tensor, never a view of grad; rows may be indices itself: a copy)
+        if sparse_grad:
             return gpos.reshape(-1, *data.shape[1:]), plan.rows.clone(), gw
         gx = _scatter_rows(gpos, plan, x2.shape[0]).reshape(data.shape)
         return gx, torch.zeros(0, dtype=torch.int64, device=data.device), gw
@@ -695,9 +692,8 @@ def jagged_pooled_backward(
 
     red = reducer_of(reducer)
     no_rows = offsets.new_empty(0)
-    pos = [
-        [] for _ in tables
-    ]  # per table, (per-position gradient rows, plan, ids) of each of its keys
+    # per table, (per-position gradient rows, plan, ids) of each of its keys
+    pos = [[] for _ in tables]
     with torch.no_grad():
         for j, (g, i, ids) in enumerate(zip(grads, table_of, lists)):
             x2, B = _flat(tables[i]), g.shape[0]
@@ -797,9 +793,8 @@ def distinct_tables(tables: list) -> tuple[list, list[int]]:
     return distinct, [place[id(t)] for t in tables]
 
 
-_effectful(
-    segment_reduce_op
-)  # (its checks of the data run even where its result is unused: never dead code)
+# (its checks of the data run even where its result is unused: never dead code)
+_effectful(segment_reduce_op)
 # (jagged_pooled's checks too: kept as a side effect, with no effect token, which inductor cannot
 # lower for its lists)
 torch.fx.node.has_side_effect(torch.ops.sparsefill.jagged_pooled.default)

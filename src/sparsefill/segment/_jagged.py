@@ -142,9 +142,8 @@ def _compiled_quick():
         for b in range(B):
             s += el[b]
             o |= el[b]
-        if (
-            o < 0 or (B and o > (2**63 - 1) // B) or s != E
-        ):  # (each length at most o: no wrapped sum)
+        # (each length at most o: no wrapped sum)
+        if o < 0 or (B and o > (2**63 - 1) // B) or s != E:
             return 1
         s, o = 0, 0
         for i in range(E):
@@ -187,9 +186,8 @@ def _use_compiled() -> bool:
         return False
     if not _NUMBA_SET_UP[0] and "numba" in sys.modules:
         registry = getattr(getattr(sys.modules["numba"], "core", None), "registry", None)
-        target = getattr(
-            registry, "cpu_target", None
-        )  # (its context is a cached property: read, not computed)
+        # (its context is a cached property: read, not computed)
+        target = getattr(registry, "cpu_target", None)
         _NUMBA_SET_UP[0] = "_toplevel_target_context" in getattr(target, "__dict__", ())
     return _NUMBA_SET_UP[0]
 
@@ -217,9 +215,8 @@ def _check_lengths(lengths: torch.Tensor, total: int, name: str) -> None:
     n = lengths.numel()
     if n and int(lengths.max()) > _INT64_MAX // n:  # (else the sum cannot pass 2**63 - 1)
         run = torch.cumsum(lengths, 0)
-        dec = (
-            run[1:] < run[:-1]
-        ).nonzero()  # (non-negative: a decrease is a wrap; no diff, it wraps too)
+        # (non-negative: a decrease is a wrap; no diff, it wraps too)
+        dec = (run[1:] < run[:-1]).nonzero()
         if dec.numel():
             raise ValueError(
                 f"{name} overflow int64: their running sum passes 2**63 - 1 at "
@@ -263,9 +260,8 @@ class KeyedJaggedBatch:
     validate: dataclasses.InitVar[bool] = True
 
     def __post_init__(self, validate: bool):
-        cpu = (
-            self.values.is_cpu
-        )  # (the tests below are the cheapest torch has: this is the valid path)
+        # (the tests below are the cheapest torch has: this is the valid path)
+        cpu = self.values.is_cpu
         dev = None if cpu else self.values.device
         for name in ("values_lengths", "keys", "example_lengths"):
             t = getattr(self, name)
@@ -279,21 +275,18 @@ class KeyedJaggedBatch:
         el, vl, keys = self.example_lengths, self.values_lengths, self.keys
         E = keys.shape[0]
         state = 0  # (validate=False: no check reads the data)
-        if validate and traced(
-            self.values
-        ):  # torch.compile: the checks as a custom op, at run time
+        # torch.compile: the checks as a custom op, at run time
+        if validate and traced(self.values):
             from ._repr_ops import jagged_check
 
             jagged_check(el, vl, keys, self.values.shape[0] if self.values.dim() else 0)
             validate = False
-        if (
-            validate
-        ):  # one pass over each tensor on the CPU; the exact checks, in order, only where it fails
+        # one pass over each tensor on the CPU; the exact checks, in order, only where it fails
+        if validate:
             total = self.values.shape[0] if self.values.dim() else 0
             state = _quick_check(el, vl, keys, total) if cpu and vl.shape[0] == E else 1
-        if (
-            state == 1
-        ):  # invalid, not settled, or not on the CPU: the checks that name the first error
+        # invalid, not settled, or not on the CPU: the checks that name the first error
+        if state == 1:
             _check_lengths(el, E, "example_lengths")
         if vl.shape[0] != E:
             raise ValueError(
@@ -371,9 +364,8 @@ class KeyedJaggedBatch:
                 lists = [vals[a:b] for a, b in zip(starts, ends)]
             else:
                 lists = [(vals[a:b], ws[a:b]) for a, b in zip(starts, ends)]
-            entries = zip(
-                self.keys.tolist(), lists
-            )  # (one iterator: no slice of keys or lists per example)
+            # (one iterator: no slice of keys or lists per example)
+            entries = zip(self.keys.tolist(), lists)
             return [dict(islice(entries, n)) for n in self.example_lengths.tolist()]
         finally:
             if enabled:
@@ -386,9 +378,8 @@ class KeyedJaggedBatch:
     def _entries(self, order: torch.Tensor, example_lengths: torch.Tensor) -> KeyedJaggedBatch:
         """The batch made of the entries ``order`` (in that order), grouped as
         ``example_lengths``."""
-        if self.weights is not None and traced(
-            self.values
-        ):  # (one gather of rows: one size for values and weights)
+        # (one gather of rows: one size for values and weights)
+        if self.weights is not None and traced(self.values):
             from ._repr_ops import lengths_gather_rows
 
             rows = lengths_gather_rows(self.values_lengths, order, self.values.shape[0], False)
@@ -473,9 +464,8 @@ class KeyedJaggedBatch:
             if self.weights is not None
             else [None] * len(sizes),
         ):
-            out.append(
-                KeyedJaggedBatch(v, vl, k, el, w, validate=False)
-            )  # (parts of a valid batch)
+            # (parts of a valid batch)
+            out.append(KeyedJaggedBatch(v, vl, k, el, w, validate=False))
         return out
 
     @staticmethod
@@ -577,17 +567,15 @@ class KeyedJaggedBatch:
         ([[101.0], [0.0]], [[10.0], [200.0]])
         """
         if keys is None:
-            if (
-                not isinstance(tables, dict) and torch.compiler.is_compiling()
-            ):  # (the keys are data: eager)
+            # (the keys are data: eager)
+            if not isinstance(tables, dict) and torch.compiler.is_compiling():
                 torch._dynamo.graph_break(
                     msg="KeyedJaggedBatch.pooled with one shared table and no keys= pools "
                     "the keys the batch holds (data); pass keys= to trace it"
                 )
             keys = list(tables) if isinstance(tables, dict) else sorted(set(self.keys.tolist()))
-        pos_w = kw.pop(
-            "weights", None
-        )  # positional_weighted_sum: one weight per place in a segment
+        # positional_weighted_sum: one weight per place in a segment
+        pos_w = kw.pop("weights", None)
         if reducer == "positional_weighted_sum" and pos_w is None:
             raise ValueError(
                 "reducer 'positional_weighted_sum' needs weights= (one per place in a segment)"
@@ -604,9 +592,8 @@ class KeyedJaggedBatch:
         weighted = reducer in ("weighted_sum", "weighted_mean")
         if weighted and self.weights is None:
             raise ValueError(f"reducer {reducer!r} needs a batch with weights")
-        if traced(
-            self.values
-        ):  # torch.compile: per key the positions of its ids (sizes known at run time)
+        # torch.compile: per key the positions of its ids (sizes known at run time)
+        if traced(self.values):
             return self._pooled_traced(tables, given, keys, reducer, weighted, pos_w, kw)
         offsets, ids, w = self._by_key(keys, with_weights=weighted)
         B = self.batch_size
@@ -644,13 +631,11 @@ class KeyedJaggedBatch:
         distinct, table_of = distinct_tables(per_key)
         if kw.get("return_arg"):
             table_of = list(range(len(keys)))
-        order = sorted(
-            range(len(keys)), key=lambda j: table_of[j]
-        )  # (the keys of a table together; stable)
+        # (the keys of a table together; stable)
+        order = sorted(range(len(keys)), key=lambda j: table_of[j])
         vals = self.values
-        src = (
-            torch.arange(vals.shape[0], device=vals.device) if weighted else vals
-        )  # (weighted: positions)
+        # (weighted: positions)
+        src = torch.arange(vals.shape[0], device=vals.device) if weighted else vals
         offsets, lists = jagged_key_lists(
             src, self.values_lengths, self.keys, self.example_lengths, [keys[j] for j in order]
         )
@@ -726,9 +711,8 @@ def _slots(values_lengths, keys, example_lengths, wanted: list[int]):
         at = torch.searchsorted(srt, keys).clamp_max_(K - 1)
         slot = perm.index_select(0, at).mul_(B).add_(_seg_of(example_lengths, E))
         slot.masked_fill_(srt.index_select(0, at) != keys, KB)  # (another key: the discarded slot)
-        lengths.index_copy_(
-            0, slot, values_lengths
-        )  # (the discarded slot gets any one of its entries)
+        # (the discarded slot gets any one of its entries)
+        lengths.index_copy_(0, slot, values_lengths)
         starts.index_copy_(0, slot, torch.cumsum(values_lengths, 0).sub_(values_lengths))
     offsets = torch.zeros(KB + 1, dtype=torch.int64, device=dev)
     torch.cumsum(lengths[:KB], 0, out=offsets[1:])

@@ -65,9 +65,8 @@ __all__ = [
 
 _BACKENDS = ("auto", "numba", "torch")
 _STATE = {"backend": os.environ.get("SPARSEFILL_SEGMENT_BACKEND", "auto"), "nb": None, "work": 0}
-COMPILED_AFTER_WORK = (
-    1 << 22
-)  # elements of work ("auto") after which numba is imported: see the module docstring
+# elements of work ("auto") after which numba is imported: see the module docstring
+COMPILED_AFTER_WORK = 1 << 22
 
 
 def set_backend(name: str) -> None:
@@ -288,9 +287,8 @@ def _reduce_compiled(form, op, x, plan, rows, w, *, want_arg=False, scale=None):
                 for t in range(len(bounds) - 1)
             ]
             bad, bad_id = _run_jobs(fn, jobs)
-    if (
-        bad_id >= 0
-    ):  # unsorted ids are checked here, by the kernel (make_plan does not count them first)
+    # unsorted ids are checked here, by the kernel (make_plan does not count them first)
+    if bad_id >= 0:
         count_ids(plan.ids, S, True)
     if bad >= 0:
         _raise_bad_rows(rows, x.shape[0], bad)
@@ -316,9 +314,8 @@ def _raise_bad_rows(rows, m, pos=None):
     from ._check import check_indices
 
     check_indices(rows, m, "indices")
-    raise IndexError(
-        f"a row index is out of range for {m} rows of data (position {pos})"
-    )  # not reached
+    # not reached
+    raise IndexError(f"a row index is out of range for {m} rows of data (position {pos})")
 
 
 def offsets_of(lengths: torch.Tensor, compiled: bool | None = None) -> torch.Tensor:
@@ -334,9 +331,8 @@ def offsets_of(lengths: torch.Tensor, compiled: bool | None = None) -> torch.Ten
         )
         offs[0] = 0
         torch.cumsum(lengths, 0, out=offs[1:])
-        dec = (
-            offs[1:] < offs[:-1]
-        )  # (non-negative lengths: a decrease is an overflow; no diff, it wraps too)
+        # (non-negative lengths: a decrease is an overflow; no diff, it wraps too)
+        dec = offs[1:] < offs[:-1]
         over = int(dec.nonzero()[0, 0]) if neg < 0 and bool(dec.any()) else -1
     if neg >= 0:
         raise ValueError(f"lengths must be non-negative, got lengths[{neg}] = {int(lengths[neg])}")
@@ -438,9 +434,8 @@ def segment_sum(
     if S == 0:
         return x.new_zeros(0, x.shape[1])
     wide = _reduce.accumulator_dtype(x.dtype)
-    if wide != x.dtype and not traced(
-        x
-    ):  # (float32 and the half types accumulate wider: torch's accuracy)
+    # (float32 and the half types accumulate wider: torch's accuracy)
+    if wide != x.dtype and not traced(x):
         out = segment_sum(
             x.to(wide),
             plan,

@@ -220,9 +220,8 @@ def _forward(
             torch.zeros(0, x2.shape[1], dtype=torch.int64, device=x2.device) if want_arg else None
         )
     kind, base = red.kind, red.base
-    if (
-        kind == "sum"
-    ):  # the mean's finalize runs fused in the kernels (the count division in the same pass)
+    # the mean's finalize runs fused in the kernels (the count division in the same pass)
+    if kind == "sum":
         position = red.weights == "position"
         fused = _fused_mean(red)
         w = _segment_weights(red, weights, plan) if position else weights
@@ -236,9 +235,8 @@ def _forward(
         )
     if kind == "prod":
         return base(_positions(plan, x2), plan.seg, S), None
-    m, _ = _kernels.segment_extreme(
-        x2, plan, largest=True, want_arg=False
-    )  # (empty segments: any m, log 0)
+    # (empty segments: any m, log 0)
+    m, _ = _kernels.segment_extreme(x2, plan, largest=True, want_arg=False)
     return red.finalize(_lse(_positions(plan, x2), plan.seg, S, m), plan, weights), None
 
 
@@ -305,9 +303,8 @@ def _backward(
     red = ctx_red
     need_w = weights is not None and (weights.requires_grad if need_w is None else need_w)
     gw = None
-    X = (
-        _positions(plan, x2) if (red.kind != "sum" or need_w) else None
-    )  # (the sums' data gradient reads no row)
+    # (the sums' data gradient reads no row)
+    X = _positions(plan, x2) if (red.kind != "sum" or need_w) else None
     if red.kind == "sum":
         w_seg = _segment_weights(red, weights, plan)
         slope = red.slope(plan, weights, x2.dtype)  # d out / d acc: 1 / n_s, 1 / sqrt(n_s), 1 / W_s
@@ -355,9 +352,8 @@ def _backward(
         )
         gx = G * others
     else:  # lse / logmeanexp: softmax of the segment
-        if (
-            torch.is_grad_enabled()
-        ):  # a double backward: lse as a function of X (the saved result is not)
+        # a double backward: lse as a function of X (the saved result is not)
+        if torch.is_grad_enabled():
             lse = _lse(X, seg, S, _reduce.segment_combine(X.detach(), seg, S, "amax"))
         else:
             lse = (
@@ -406,9 +402,8 @@ class _SegmentReduceFn(torch.autograd.Function):
         x2, raw = _flat(data), None if out is None else _flat(out)
         g2 = _flat(grad_out)
         gpos, gw = _backward(ctx.red, ctx.plan, ctx.ties, x2, weights, raw, arg, g2)
-        if (
-            ctx.sparse_grad
-        ):  # one (row, gradient) pair per position: what embedding(sparse=True) gives
+        # one (row, gradient) pair per position: what embedding(sparse=True) gives
+        if ctx.sparse_grad:
             gx = torch.sparse_coo_tensor(
                 ctx.plan.rows[None],
                 gpos.reshape(-1, *data.shape[1:]),
@@ -518,9 +513,8 @@ def _args(data, reducer, weights, ties, sparse_grad, return_arg, indices, empty)
         raise ValueError(f"ties must be 'split', 'first' or 'all', got {ties!r}")
     if sparse_grad and indices is None:
         raise ValueError("sparse_grad=True needs indices= (the gradient rows of a fused gather)")
-    if sparse_grad and hasattr(
-        data, "_sf_layout"
-    ):  # (autograd refuses torch's sparse gradient for a SparseTensor)
+    # (autograd refuses torch's sparse gradient for a SparseTensor)
+    if sparse_grad and hasattr(data, "_sf_layout"):
         raise TypeError(
             "sparse_grad=True gives a dense table torch's sparse COO gradient; data is a "
             "sparsefill SparseTensor, whose gradient is a SparseTensor already: pass "
@@ -625,9 +619,8 @@ def _reduce_eager(
             raw, arg = _forward(x2, weights, plan, red, want_arg, empty)
             out = _set_empty(raw, plan, empty, red).reshape(plan.num_segments, *data.shape[1:])
     except (IndexError, RuntimeError):
-        if (
-            indices is not None
-        ):  # torch's own range errors (embedding_bag, index_select) -> name the entry
+        # torch's own range errors (embedding_bag, index_select) -> name the entry
+        if indices is not None:
             check_indices(as_index(indices, "indices", data.device), data.shape[0])
         raise
     return out, (torch.zeros(0, dtype=torch.int64, device=data.device) if arg is None else arg)

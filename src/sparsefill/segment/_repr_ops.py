@@ -53,9 +53,8 @@ __all__ = [
 
 
 def _dynamic():
-    return (
-        new_dynamic_size()
-    )  # (also where dynamo compiles without fullgraph: _compile.new_dynamic_size)
+    # (also where dynamo compiles without fullgraph: _compile.new_dynamic_size)
+    return new_dynamic_size()
 
 
 def _effectful(op):
@@ -173,9 +172,8 @@ def jagged_check(
     """``KeyedJaggedBatch``'s data checks (its errors) for a batch of ``total`` values."""
     from ._jagged import KeyedJaggedBatch
 
-    stub = torch.zeros(1, dtype=torch.int64, device=keys.device).expand(
-        total
-    )  # (the count of values only)
+    # (the count of values only)
+    stub = torch.zeros(1, dtype=torch.int64, device=keys.device).expand(total)
     KeyedJaggedBatch(stub, values_lengths, keys, example_lengths)
 
 

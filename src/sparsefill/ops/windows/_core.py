@@ -88,9 +88,8 @@ def _union(rows, lo, hi, n_rows: int, T: int, tL: int, tR: int, presorted: bool 
         touch = (lo[1:] <= hi[:-1] + 1) & ok[1:] & ok[:-1]
         if n_rows > 1:
             touch &= rows[1:] == rows[:-1]
-        if bool(
-            touch.any()
-        ):  # one interval per group of touching ones: the union of fewer intervals
+        # one interval per group of touching ones: the union of fewer intervals
+        if bool(touch.any()):
             first = torch.ones(n, dtype=torch.bool, device=dev)
             first[1:] = ~touch
             at = first.nonzero().squeeze(1)
@@ -276,9 +275,8 @@ def _window_sums(R: _Runs, t, x, cols, S: int, win, edge, span: int | None = Non
     b0 = win(R.first)[0].clamp(0, S)
     b1 = win(R.first + R.length - 1)[1].clamp(-1, S - 1)
     blen = (b1 - b0 + 1).clamp(min=0)
-    shift = (
-        blen.cumsum(0) - blen - b0 + 1
-    )  # buffer index of source position x in run r: shift[r] + x
+    # buffer index of source position x in run r: shift[r] + x
+    shift = blen.cumsum(0) - blen - b0 + 1
     has = R.run >= 0
     if bool(has.all()):
         at = shift[R.run] + x
