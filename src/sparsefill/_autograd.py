@@ -1,9 +1,9 @@
 """Autograd for constructors and conversions.
 
-Gradients have dense semantics (the gradient of ``A`` is the gradient of ``A.to_dense()``).  For ``A`` built from
-``values`` and ``fill`` with pattern ``P`` and upstream gradient ``G``::
+Gradients have dense semantics (the gradient of ``A`` is the gradient of ``A.to_dense()``).  For
+``A`` built from ``values`` and ``fill`` with pattern ``P`` and upstream gradient ``G``::
 
-    grad_values[n] = G[indices[:, n]]                      (each stored element, duplicates included)
+    grad_values[n] = G[indices[:, n]]                     (each stored element, duplicates included)
     grad_fill      = sum(G[i] for i not in P), summed to fill's shape
 
 Conversions that keep the dense tensor (coalesce, layout or fill change,
@@ -237,7 +237,7 @@ def refuse_vmap(what: str):
     >>> torch.func.vmap(lambda v: sparsefill.sparse_coo_tensor([[0, 2]], v, (3,)))(torch.ones(4, 2))
     ... # doctest: +ELLIPSIS
     Traceback (most recent call last):
-    NotImplementedError: sparsefill: torch.func.vmap through a sparsefill constructor is not supported ...
+    NotImplementedError: sparsefill: torch.func.vmap through a sparsefill constructor is not ...
     """
     raise NotImplementedError(
         f"sparsefill: torch.func.vmap through {what} is not supported (a batched SparseTensor "

@@ -4,8 +4,8 @@ wrapper subclass beyond flatten/unflatten.
 A SparseTensor output of a compiled function that requires grad gets its gradient (the *tangent*)
 from whatever runs after it, of any pattern.  AOTAutograd traces the backward once, for a tangent
 whose inner sizes it takes from the traced one, so the tangent is traced, and every runtime gradient
-converted, in
-the all-stored form (:func:`all_stored`, nse = the numel of the sparse dims: O(numel) per backward)::
+converted, in the all-stored form (:func:`all_stored`, nse = the numel of the sparse dims: O(numel)
+per backward)::
 
     dense_of(coerce_tangent(G, meta)) == dense_of(G)
 
@@ -189,7 +189,7 @@ def unique_consecutive(keys: torch.Tensor, return_counts: bool = False):
     inductor, which lowers
     no ``unique_consecutive`` (DynamicOutputShapeException)::
 
-        new[i] = i == 0 or keys[i] != keys[i - 1]      inverse = cumsum(new) - 1      out = keys[new]
+        new[i] = i == 0 or keys[i] != keys[i - 1]      inverse = cumsum(new) - 1     out = keys[new]
 
     >>> [
     ...     t.tolist()

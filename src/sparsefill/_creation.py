@@ -5,8 +5,9 @@ Every constructor validates its input (errors name the argument and the numbers,
 nothing passed in is modified) and is differentiable with respect to ``values``
 and ``fill_value``.  Invariant::
 
-    sparse_coo_tensor(i, v, size, fill_value=f).to_dense()[p] == sum(v[n] for n if i[:, n] == p)  if p in i
-                                                             == f                                 otherwise
+    sparse_coo_tensor(i, v, size, fill_value=f).to_dense()[p]
+        == sum(v[n] for n if i[:, n] == p)  if p in i
+        == f                                otherwise
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ def _scalar_fits(x, dtype) -> bool:
 
 
 class _Indefinite:
-    """The indefinite fill: unspecified elements are masked out (the masked semantics of torch.masked)."""
+    """The indefinite fill: unspecified elements are masked out (torch.masked's semantics)."""
 
     def __repr__(self):
         return "sparsefill.indefinite"
@@ -601,13 +602,14 @@ def check_parts(
     """Raise (ValueError, TypeError or IndexError, naming the part and the numbers) unless the parts
     form a valid SparseTensor as it is stored: the invariants every kernel relies on before it
     indexes memory with a stored index.  The constructors' checks (``check_invariants=True``), for
-    parts that arrive whole
-    (``torch.load``, pickle, queues, deep copies, collectives: see ``_loading.rebuild``)::
+    parts that arrive whole (``torch.load``, pickle, queues, deep copies, collectives: see
+    ``_loading.rebuild``)::
 
         COO  indices int64 (sparse_dim, nse), each row in [0, size[d]); values (nse, *dense_shape);
              coalesced: the columns sorted without duplicates
-        CSR  crow_indices int64 (*batch, nrows + 1): 0, non-decreasing, nse; col_indices int64 (*batch, nse)
-             in [0, ncols), strictly increasing within each row; values (*batch, nse, *dense_shape)
+        CSR  crow_indices int64 (*batch, nrows + 1): 0, non-decreasing, nse;
+             col_indices int64 (*batch, nse) in [0, ncols), strictly increasing within each row;
+             values (*batch, nse, *dense_shape)
         fill of the values' dtype and device: (0,) when indefinite, else broadcasting to dense_shape
 
     One vectorised pass over the indices, O(nse + nrows); nothing dense is allocated.  The data

@@ -4,23 +4,28 @@ in one.
 Every reduction of sparsefill (sparse, masked, segment) is the reducer protocol of
 :mod:`sparsefill._reduce` over one segment plan; its ``combine`` step::
 
-    out[s] = combine(init, x_i for every element i of segment s)        (init: the identity by default)
+    out[s] = combine(init, x_i for every element i of segment s)     (init: the identity by default)
 
 runs on one of these engines, all computing the same values (they differ in speed and in what
 they need of the plan, the dtype and the device):
 
-==================  ==============================================================================
-``"csr_mv"``        row sums of a 2-D CSR matrix: ``torch.mv`` with ones (the sparse BLAS kernel)
-``"numba_scatter"`` the compiled scatter kernels of ``segment/_numba_kernels`` over unsorted ids, in
-place ``"numba_sorted"``  the compiled kernels over sorted segments (CPU float32/float64, numba
-loaded) ``"embedding_bag"`` ``embedding_bag`` with offsets: sorted floating sums, a gather and
-weights fused ``"segment_reduce"`` ``torch.segment_reduce`` over sorted contiguous runs
-(float32/float64) ``"scatter_add"``   ``scatter_add_`` (sums of 1-D values: 1.7x ``index_add_`` and
-``segment_reduce`` on CPU,
-                    200k values in 20k segments)
-``"index_add"``     ``index_add_`` (sums of any dtype, any device, traced)
-``"scatter_reduce"`` ``scatter_reduce_`` (prod, amax, amin of any dtype, any device, traced)
-==================  ==============================================================================
+``"csr_mv"``
+    row sums of a 2-D CSR matrix: ``torch.mv`` with ones (the sparse BLAS kernel)
+``"numba_scatter"``
+    the compiled scatter kernels of ``segment/_numba_kernels`` over unsorted ids, in place
+``"numba_sorted"``
+    the compiled kernels over sorted segments (CPU float32/float64, numba loaded)
+``"embedding_bag"``
+    ``embedding_bag`` with offsets: sorted floating sums, a gather and weights fused
+``"segment_reduce"``
+    ``torch.segment_reduce`` over sorted contiguous runs (float32/float64)
+``"scatter_add"``
+    ``scatter_add_`` (sums of 1-D values on CPU: faster there than ``index_add_`` and
+    ``segment_reduce``)
+``"index_add"``
+    ``index_add_`` (sums of any dtype, any device, traced)
+``"scatter_reduce"``
+    ``scatter_reduce_`` (prod, amax, amin of any dtype, any device, traced)
 
 :func:`choose` picks one; :func:`run` runs it for the protocol's ``combine``
 (:func:`sparsefill._reduce.segment_combine`).  The compiled engines are reached through the public
@@ -130,9 +135,9 @@ class CsrRows(NamedTuple):
 
 def spmv_index(crow: torch.Tensor, col: torch.Tensor, ncols: int):
     """``(crow, col)`` as int32 copies where the ``csr_mv`` engine reads those best, else None: on
-    the CPU torch's SpMV (MKL) converts int64 indices to int32 on every call (a conversion that
-    is a large part of a sparse matrix-vector product's cost); None on other devices, for other index dtypes, or where int32
-    cannot hold the sizes.
+    the CPU torch's SpMV (MKL) converts int64 indices to int32 on every call (a conversion that is a
+    large part of a sparse matrix-vector product's cost); None on other devices, for other index
+    dtypes, or where int32 cannot hold the sizes.
 
     >>> [t.dtype for t in spmv_index(torch.tensor([0, 1]), torch.tensor([3]), 4)]
     [torch.int32, torch.int32]

@@ -271,7 +271,7 @@ def explain(op, *args, **kwargs) -> Explanation:
     ``ops/registry.py`` runs it::
 
         stage(op, args) = route        if a torch function's autograd route takes the call
-                          handler      if registry.HANDLERS has the aten op (and it does not decline)
+                          handler     if registry.HANDLERS has the aten op (and it does not decline)
                           refused      if its schema may not say what it writes
                           pointwise    if the aten op is tagged pointwise
                           decomposition if it is CompositeImplicitAutograd

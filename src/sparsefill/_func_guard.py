@@ -10,8 +10,9 @@ give the masked-out positions a gradient, a dense operand's gradient becomes mas
 (called by the registry's ``dispatch`` while such a transform may
 run) therefore refuses every such call that carries a gradient::
 
-    func(A, ...) under a transform, A indefinite, reached through the wrapper  ->  NotImplementedError
-        unless  func carries no gradient           (detach, zeros_like, comparisons, item; a bool A)
+    func(A, ...) under a transform, A indefinite, reached through the wrapper
+        ->  NotImplementedError
+        unless func carries no gradient  (detach, zeros_like, comparisons, item; a bool A)
 
 Element-wise ops are refused too: their gradient is exact on the stored elements, but the masked-out
 positions keep what the formula left there (``vjp(lambda a: a * 2, A)``'s pullback gives ``2 * ct``
@@ -35,7 +36,7 @@ through).  ``vmap`` alone records no formula: never refused here.
 >>> A = sparsefill.sparse_coo_tensor([[0, 2]], [1., 2.], (3,), fill_value=sparsefill.indefinite)
 >>> torch.func.grad(lambda a: a.mean())(A)  # doctest: +ELLIPSIS
 Traceback (most recent call last):
-NotImplementedError: sparsefill: aten.mean.default of a SparseTensor with an indefinite fill inside ...
+NotImplementedError: sparsefill: aten.mean.default of a SparseTensor with an indefinite fill ...
 >>> L = A.detach().requires_grad_()  # torch.autograd: the masked mean's exact gradient
 >>> torch.autograd.grad(L.mean(), L)[0].to_dense(fill_value=0.).tolist()
 [0.5, 0.0, 0.5]

@@ -6,7 +6,7 @@ A reduction over sparse dims ``R`` of a coalesced pattern sees each output slice
 :mod:`sparsefill._reduce`,
 folds those in closed form)::
 
-    n_fill[s] == prod(size[d] for d in R) - count[s]          seg[i] == the slice of stored element i
+    n_fill[s] == prod(size[d] for d in R) - count[s]         seg[i] == the slice of stored element i
 
 * :func:`group_slices` a COO pattern (``seg``, the slices' indices, ``n_fill``);
 * :func:`csr_row_slices` a 2-D CSR pattern over its columns, read off the row pointers (the slices

@@ -4,10 +4,9 @@ indices.
 
 Every such path ends in ``sparsefill._tensor._rebuild(size, inner, ctx, requires_grad, extra)``
 (what ``SparseTensor.__reduce_ex__`` names; ``torch.load(weights_only=True)`` allows that function
-alone), which
-calls :func:`rebuild`::
+alone), which calls :func:`rebuild`::
 
-    rebuild(*A.__reduce_ex__(2)[1]) == A                 (a valid A: same layout, pattern, values, fill)
+    rebuild(*A.__reduce_ex__(2)[1]) == A             (a valid A: same layout, pattern, values, fill)
     rebuild(parts that break an invariant) raises ValueError naming the part and the numbers
 
 The check is :func:`sparsefill._creation.check_parts` (the constructors' ``check_invariants=True``),

@@ -4,7 +4,8 @@ patterns).
 Keys are the row-major linear keys of :mod:`._index` (int64, strictly increasing within a run, as a
 coalesced pattern stores them).  For runs ``a`` and ``b``::
 
-    union, pa, pb = merge_union(a, b):    union == torch.unique(torch.cat([a, b])),  union[pa] == a,  union[pb] == b
+    union, pa, pb = merge_union(a, b):
+        union == torch.unique(torch.cat([a, b])),  union[pa] == a,  union[pb] == b
     common, ia, ib = merge_intersect(a, b):  common == a[ia] == b[ib] == the keys in both, ascending
 
 On CPU with numba installed one compiled two-pointer pass (O(len(a) + len(b)), no sort of the
@@ -373,9 +374,9 @@ def fill_put_sorted(
     """``out.fill_(fill).put_(keys, vals)`` for strictly increasing int64 ``keys`` (a coalesced
     pattern's), 0-d ``fill``, 1-d ``vals`` and a contiguous ``out`` of their dtype, on CPU with
     numba: one compiled pass that fills a 32 KiB block and writes the values falling in it while its
-    lines are still in cache (faster than a whole ``fill_`` then the scatter: the buffer is
-    read from memory once).  On x86-64 a block is filled by ``rep stos`` (fast-string stores: no
-    read of the lines first, slightly faster than ``np.full`` or ``torch.full``).  True when done; False,
+    lines are still in cache (faster than a whole ``fill_`` then the scatter: the buffer is read
+    from memory once).  On x86-64 a block is filled by ``rep stos`` (fast-string stores: no read of
+    the lines first, slightly faster than ``np.full`` or ``torch.full``).  True when done; False,
     ``out`` untouched, where it does not apply (other devices or dtypes, a non-contiguous operand,
     negative or conjugate bits of ``vals``, ``keys`` and ``vals`` of different lengths, no numba,
     torch's ops being recorded: :func:`_recording`); a RuntimeError for a freed storage (address 0).
@@ -452,8 +453,8 @@ _PROXY = torch._C._TorchDispatchModeKey.PROXY
 
 def _fill_entry(dtype):
     """``(entry, like)``: the fill pass's compiled entry point for ``dtype`` (called directly it
-    skips numba's dispatcher, its type resolution of each argument on every call) and its element type; None for a dtype the pass does not
-    read."""
+    skips numba's dispatcher, its type resolution of each argument on every call) and its element
+    type; None for a dtype the pass does not read."""
     if (like := _LIKE.get(dtype)) is None:
         return None
     kernel, like = (
@@ -536,7 +537,8 @@ def union_or_superset(a: torch.Tensor, b: torch.Tensor):
     same tensor) and its
     positions, the identity, are None; the other's come from a binary search, no merge::
 
-        union, pa, pb = union_or_superset(a, b):   union[pa] == a (union is a where pa is None), likewise b
+        union, pa, pb = union_or_superset(a, b):
+            union[pa] == a (union is a where pa is None), likewise b
 
     >>> a, b = torch.arange(0, 80, 2), torch.tensor([4, 10])
     >>> union, pa, pb = union_or_superset(a, b)

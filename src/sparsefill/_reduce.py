@@ -12,7 +12,7 @@ Its reduction is computed in closed form, never by materialising the ``n`` fills
 * ``fold``       ``combine`` applied to ``n`` copies of ``f`` (sum adds ``f * n``, prod multiplies
                  by ``f ** n``, amax takes ``max(acc, f)`` where ``n > 0``);
 * ``finalize``   maps the accumulator and the element count to the result (mean divides by the
-  count).
+                 count).
 
 Reductions that need a statistic of the slice first (logsumexp shifts by the max, var centres on
 the mean) are two passes of the same machinery (:class:`LogSumExp`, :class:`Var`).
@@ -154,13 +154,13 @@ def accurate_sum(
     values: torch.Tensor, seg, num_segments: int, *, lengths=None, csr=None
 ) -> torch.Tensor:
     """Per-segment sums of floating ``values`` (along dim 0), in :func:`accumulator_dtype`, at least
-    as
-    accurate as torch's own dense sum of each segment's elements::
+    as accurate as torch's own dense sum of each segment's elements::
 
         one segment   torch's pairwise (cascade) sum of the values (accumulating as torch does)
-        many (CPU)    each segment's run cut into blocks of at most 8 values, summed in the values' dtype;
-                      the block sums then summed in float64 (float32 values) or as a tree of such blocks
-                      (float64; the half types in float32); unsorted ids are sorted first (cached)
+        many (CPU)    each segment's run cut into blocks of at most 8 values, summed in the
+                      values' dtype; the block sums then summed in float64 (float32 values) or as
+                      a tree of such blocks (float64; the half types in float32); unsorted ids are
+                      sorted first (cached)
         other devices accumulated in the wider dtype, on the engine of ``_engine.choose``
 
     so a segment's error grows as ``log(k)`` (or not at all), never as ``k``: a single slot fed
@@ -617,7 +617,8 @@ def shifted_exp_sums(
     values, seg, num_segments, m, *, fill=None, n_fill=None, lengths=None, csr=None
 ):
     """``(shifted, e, Z)``: ``shifted = x - m[seg]``, ``e = exp(shifted)`` and the per-segment sums
-    ``Z[s] = sum_{seg[i] == s} e[i] + n[s] * exp(f - m[s])`` (fills by count or fill table), so that::
+    ``Z[s] = sum_{seg[i] == s} e[i] + n[s] * exp(f - m[s])`` (fills by count or fill table), so
+    that::
 
         logsumexp = log(Z) + m,   softmax = e / Z[seg],   log_softmax = shifted - log(Z)[seg]
 
@@ -890,7 +891,7 @@ def tie_counts(values, best, seg, num_segments, *, fill=None, n_fill=None, nan=F
     amax/amin
     gradients (:func:`even_ties`, ``segment.reduce``'s max/min backward)::
 
-        hit[i] = values[i] == best[seg[i]]     (``nan``: a NaN also matches a NaN best, torch's rule)
+        hit[i] = values[i] == best[seg[i]]    (``nan``: a NaN also matches a NaN best, torch's rule)
         count[s] = #{i : seg[i] == s, hit[i]} + sum of n_hit[s]
 
     ``n_hit``: the fill copies equal to ``best`` (per segment, or per class of a fill table), None

@@ -6,11 +6,12 @@ exactly.  Right-aligned (as torch broadcasts), the result's last ``nd`` dims are
 conversions, for a SparseTensor ``T``
 with stored slices at ``P``, values ``v`` and fill ``f``::
 
-    finer(T, nd):   the dense dims K become sparse                        (fill c = f[0, ..., 0], over D)
+    finer(T, nd):   the dense dims K become sparse                   (fill c = f[0, ..., 0], over D)
         stored = {(s, k): s in P, k in K}, values v[s][k]
                + {(s, k): s not in P, f[k] != c}, values f[k]             (NaN equal to NaN)
-    coarser(T, nd): the last sparse dims K become dense                   (fill f, broadcast over K + D)
-        stored = {s: (s, k) in P for some k}, values v'[s][k] = T[s, k]   (f where (s, k) is unspecified)
+    coarser(T, nd): the last sparse dims K become dense               (fill f, broadcast over K + D)
+        stored = {s: (s, k) in P for some k}, values v'[s][k] = T[s, k]
+            (f where (s, k) is unspecified)
 
 so that ``finer(T, nd).to_dense() == T.to_dense() == coarser(T, nd).to_dense()``.  ``finer`` stores
 ``|P| * |K|`` elements when ``f`` is uniform along ``K`` (a scalar, an array constant along K, or an
@@ -20,8 +21,7 @@ stores one slice per stored prefix (O(nse * |K|)); an indefinite ``T`` only when
 wholly stored (a slice of a hybrid is all specified or all masked out), else None.
 
 :func:`merge_dense_dim` picks the result's ``nd`` among the operands' numbers of dense dims (an
-in-place
-op keeps its target's, :func:`one_split`)::
+in-place op keeps its target's, :func:`one_split`)::
 
     nd = max(dense dims)   when every operand with fewer has size 1 in the dims that become dense
                            (free: A - A.logsumexp(-1, keepdim=True) of a hybrid A stays hybrid)

@@ -57,25 +57,24 @@ class OpLayer:
     it is imported (:func:`install_op_layer`, from ``ops/__init__.py``), so that this module imports
     no op handler. Until then each entry imports ``sparsefill.ops`` on its first call.
 
-    ========================================  ==========================================================
-    ``dispatch(func, types, args, kwargs)``   ``__torch_dispatch__``: the registry
-    (``ops/registry.py``) ``fast(func)``                            a shortcut for ``func``
-    (``fast(func, args, kwargs)``, None
-                                              when it does not apply) or False
-    ``route(func, types, args, kwargs)``      ``__torch_function__``: an autograd route or
-    NotImplemented ``routed``                                the functions ``route`` may take when
-    every argument is a
-                                              SparseTensor or a Python value (no keywords); it
-                                              declines every other such call, so none of them calls
-                                              it
-    ``sync(V)``                               view ``V`` catches up with its base (``ops/views.py``)
-    ``write_through(V)``                      a write to view ``V`` goes through to its base
-    ``track(V, func, args, kwargs)``          ``V`` is now the view ``func(*args, **kwargs)`` of
-    ``args[0]`` ``gate(out, func, args, kwargs)``         a passed-through call's dense result
-    requires grad: torch's
-                                              derivative formulas for its SparseTensor operands ask
-                                              the densify policy first (``ops/backward_gate.py``)
-    ========================================  ==========================================================
+    ``dispatch(func, types, args, kwargs)``
+        ``__torch_dispatch__``: the registry (``ops/registry.py``)
+    ``fast(func)``
+        a shortcut for ``func`` (``fast(func, args, kwargs)``, None when it does not apply) or False
+    ``route(func, types, args, kwargs)``
+        ``__torch_function__``: an autograd route or NotImplemented
+    ``routed``
+        the functions ``route`` may take when every argument is a SparseTensor or a Python value
+        (no keywords); it declines every other such call, so none of them calls it
+    ``sync(V)``
+        view ``V`` catches up with its base (``ops/views.py``)
+    ``write_through(V)``
+        a write to view ``V`` goes through to its base
+    ``track(V, func, args, kwargs)``
+        ``V`` is now the view ``func(*args, **kwargs)`` of ``args[0]``
+    ``gate(out, func, args, kwargs)``
+        a passed-through call's dense result requires grad: torch's derivative formulas for its
+        SparseTensor operands ask the densify policy first (``ops/backward_gate.py``)
     """
 
     def __init__(self):
@@ -221,7 +220,8 @@ class SparseTensor(HostMixin, torch.Tensor):
         tensors: a
         pattern's cached linear keys carry over) holding ``values`` and the definite ``fill``::
 
-            A._with_values(f(A.values()), f(A.fill)) == f(A)          for an element-wise f and a coalesced A
+            A._with_values(f(A.values()), f(A.fill)) == f(A)
+                for an element-wise f and a coalesced A
 
         (``_store``'s assignments inline, through the attribute dicts: this runs once per
         element-wise op.)
@@ -476,9 +476,9 @@ class SparseTensor(HostMixin, torch.Tensor):
     # protocol
     def __tensor_flatten__(self):
         """``(inner tensor names, metadata)`` for torch.compile: the metadata reads no data
-        (so tracing never syncs on a value) and the stored-element count is a dynamic size (as torch's nested
-        tensors mark their ragged dim), so a new pattern with another nse reuses the compiled
-        graph."""
+        (so tracing never syncs on a value) and the stored-element count is a dynamic size (as
+        torch's nested tensors mark their ragged dim), so a new pattern with another nse reuses the
+        compiled graph."""
         if self._view is not None:
             self._sync()
         # (dynamo's guards call this twice per compiled call: kept to plain attribute reads)

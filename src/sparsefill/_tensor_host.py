@@ -3,12 +3,11 @@ pickling and ``torch.multiprocessing`` (its inner tensors, never a dense one), s
 memory, deep copies.
 
 A mixin of :class:`sparsefill.SparseTensor` (``class SparseTensor(HostMixin, torch.Tensor)``), apart
-from the
-storage class so that each reads in one sitting.  The invariants::
+from the storage class so that each reads in one sitting.  The invariants::
 
     A.numpy() == A.to_dense().numpy()            (a new array, under the densify policy)
-    pickle.loads(pickle.dumps(A)) == A            (same layout, pattern, values and fill: its inner tensors)
-    A.share_memory_().values().is_shared()        (every inner tensor moves; in-place ops write through)
+    pickle.loads(pickle.dumps(A)) == A    (same layout, pattern, values and fill: its inner tensors)
+    A.share_memory_().values().is_shared()    (every inner tensor moves; in-place ops write through)
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 without workers.
 
 A batch of SparseTensors of one shape and one fill is stacked along a new leading (sparse) dim,
-keeping the fill and the layout; a batch of KeyedJaggedBatches is their examples one after the other::
+keeping the fill and the layout; a batch of KeyedJaggedBatches is their examples one after the
+other::
 
     collate([A_0, ..., A_n-1]).to_dense() == torch.stack([A_i.to_dense() for i in range(n)])
     collate([A_0, ..., A_n-1]).fill_value() == A_0.fill_value()
@@ -70,7 +71,7 @@ def collate_sparse(batch, *, collate_fn_map=None) -> SparseTensor:
     >>> collate_sparse([A, A * 2])  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    ValueError: collate: element 1 of the batch (shape (4,), ..., fill 10.0) differs from element 0 (...fill 5.0)...
+    ValueError: collate: element 1 of the batch (shape (4,), ..., fill 10.0) differs from ...
     """
     batch = list(batch)
     first = batch[0]

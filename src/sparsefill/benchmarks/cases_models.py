@@ -18,8 +18,8 @@ their peers.
   the torch-only segment backend (``SPARSEFILL_SEGMENT_BACKEND=torch``); peak memory 106 MB against
   113 MB.  Before (one boolean mask per key, a sort in every coalescing, the sums' backward
   gathering the table rows for nothing): 1.2-2.2x.
-- ``model: rare events ...``: ``examples/rare_events.py``, the membrane potential signal (fill 5, 0.1%
-  events, float64): ``* -8``, ``exp``, a windowed mean (``avg_pool1d``), ``relu`` threshold,
+- ``model: rare events ...``: ``examples/rare_events.py``, the membrane potential signal (fill 5,
+  0.1% events, float64): ``* -8``, ``exp``, a windowed mean (``avg_pool1d``), ``relu`` threshold,
   ``.mean()`` loss, backward to the values and the fill, against the same code on a dense tensor;
   the same with the windowed mean written with ``cumsum`` (dense by nature: its floor, a bare dense
   cumsum forward + backward, is the third column); and the same without the windowed mean (every

@@ -7,8 +7,8 @@
 * ``A.median(1)`` of a COO matrix, 1% specified, fill 0.5 (the one median rank rule,
   ``_reduce.segment_median``): against dense ``x.median(1)`` (pydata ``sparse`` has no median).
 
-The small row reductions are the first sizes (targets): ``A.sum(1)`` at 4000^2 with 16k stored at most
-2x the hand-written CSR ``mv``, ``A.amax(1)`` at 2000^2, 1% at most 1.0x pydata.
+The small row reductions are the first sizes (targets): ``A.sum(1)`` at 4000^2 with 16k stored at
+most 2x the hand-written CSR ``mv``, ``A.amax(1)`` at 2000^2, 1% at most 1.0x pydata.
 * ``A.softmax(0)`` of a hybrid ``(n, 16)`` tensor (one sparse dim, fill 0): the result keeps the
   pattern with an array fill (the fill of the result is an array); against dense ``x.softmax(0)``.
 """

@@ -2,10 +2,10 @@
 sparse gradients, row-sharded embedding tables.
 
 Importing ``sparsefill`` is enough for torch's own collectives to work on SparseTensors, in place,
-with
-the dense result (the ``c10d`` handlers of this package are loaded on the first collective)::
+with the dense result (the ``c10d`` handlers of this package are loaded on the first collective)::
 
-    dist.all_reduce(A)  ->  A.to_dense() == dist.all_reduce(A.to_dense()) would give     (on every rank)
+    dist.all_reduce(A)  ->  A.to_dense() == dist.all_reduce(A.to_dense()) would give
+        (on every rank)
 
 A SUM all-reduce moves the stored elements, not the dense tensor: every rank gathers the others'
 ``(keys, values, fill)`` and merges them into the union pattern; the fill becomes the reduced fills.

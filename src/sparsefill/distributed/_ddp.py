@@ -12,8 +12,7 @@ all-reduce.  :func:`data_parallel` therefore splits a module's parameters:
   collectives of this package (the stored rows move, never the dense table).
 
 Then ``k`` steps on ``W`` workers, each on its own ``B`` examples with a mean loss, equal ``k``
-steps
-of one process on the ``W * B`` examples (the gradients are the same averages)::
+steps of one process on the ``W * B`` examples (the gradients are the same averages)::
 
     model = sparsefill.distributed.data_parallel(model, sparse=["table"])
     for batch in loader:                      # this rank's share of the batch

@@ -1,7 +1,6 @@
 """Handlers of the functional collectives (``torch.distributed._functional_collectives``, what
 DTensor and ``torch.compile`` use): ``_c10d_functional.all_reduce(input, "sum", group_name)`` and
-friends return a new
-tensor, so on a SparseTensor they return a SparseTensor::
+friends return a new tensor, so on a SparseTensor they return a SparseTensor::
 
     funcol.all_reduce(A, "sum", group).to_dense() == funcol.all_reduce(A.to_dense(), "sum", group)
 

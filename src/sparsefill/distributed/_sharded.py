@@ -15,10 +15,10 @@ rank's bags:
 
 With ``average_grad=True`` (default) the shard's gradient is the mean over the ranks, as DDP
 averages dense gradients: ``W`` ranks each with a mean loss over their ``B`` bags then equal, step
-for step, one
-process with the unsharded table on the ``W * B`` bags and the same row-sparse optimizer::
+for step, one process with the unsharded table on the ``W * B`` bags and the same row-sparse
+optimizer::
 
-    emb = RowShardedEmbeddingBag.from_pretrained(table)          # every rank the same full table, or
+    emb = RowShardedEmbeddingBag.from_pretrained(table)         # every rank the same full table, or
     emb = RowShardedEmbeddingBag(num_embeddings, D)              # each rank initialises its shard
     pooled = emb(ids, lengths=lengths)                           # (bags of this rank, D)
     pooled = emb.forward_jagged(batch)                           # KeyedJaggedBatch -> {key: (B, D)}

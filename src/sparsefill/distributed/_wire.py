@@ -8,8 +8,8 @@ prod(dense_shape))`` bytes plus the fill.  A dense tensor travels as its bytes. 
 what the payload holds and is
 what the ranks compare before anything else moves (:func:`mismatch`)::
 
-    present, kind, layout, dtype, ndim, dense_dim, indefinite, fill ndim, fill ones-mask, nse, nbytes,
-    shape hash, call, call arg, has NaN (a stored value or the fill), shape[:K]
+    present, kind, layout, dtype, ndim, dense_dim, indefinite, fill ndim, fill ones-mask, nse,
+    nbytes, shape hash, call, call arg, has NaN (a stored value or the fill), shape[:K]
 """
 
 from __future__ import annotations

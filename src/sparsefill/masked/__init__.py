@@ -5,7 +5,8 @@ Same names, signatures and results as ``torch.masked.<op>`` on strided tensors
 or SparseTensors (COO, CSR, hybrid, any fill).  Invariant, for every op and layout (the drop-in
 promise)::
 
-    densify(masked.op(input, ..., mask=mask))[p] == torch.masked.op(dense(input), ..., mask=dense(mask))[p]
+    densify(masked.op(input, ..., mask=mask))[p]
+        == torch.masked.op(dense(input), ..., mask=dense(mask))[p]
 
 at every output position ``p``, fully masked-out slices and masked-out elements of normalizations
 included (each op's docstring says which value they read).

@@ -6,7 +6,7 @@ when no gradient is needed, and otherwise inside :class:`MaskedFn`, whose backwa
 
     grad_input = SparseTensor(pattern of X, d out / d u, fill 0)       when X.mfill is False
     grad_input = SparseTensor(pattern of X, d out / d u, fill (d out / d fill) / m)
-                                                                        X.mfill and pattern_grad_is_exact(input)
+        where X.mfill and pattern_grad_is_exact(input)
     grad_input = d dense_ref(input.to_dense()) / d input                otherwise (dense by nature)
 
 The first line is exact: positions outside the pattern are masked out, so nothing depends on them.

@@ -4,7 +4,8 @@
 input: pattern ``P`` of ``_canon``, fill = whether unspecified elements are masked in);
 ``output_mask(input, dim, keepdim, mask=)`` is ``torch.any(input_mask, dim, keepdim)`` for every
 layout: True where the reduction's output has at least one masked-in element.  ``pattern_mask(A)``
-is True exactly at the specified elements of ``A``; ``coo_mask``/``csr_mask`` build one from indices.
+is True exactly at the specified elements of ``A``; ``coo_mask``/``csr_mask`` build one from
+indices.
 
 >>> import torch, sparsefill
 >>> A = torch.tensor([[0., 2., 0.], [0., 0., 0.]]).to_sparse()

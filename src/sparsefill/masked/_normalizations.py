@@ -2,7 +2,8 @@
 
 Same signatures and results as ``torch.masked.<op>`` (the drop-in promise), at EVERY position::
 
-    densify(masked.op(input, dim, mask=mask)) == torch.masked.op(dense(input), dim, mask=dense(mask))
+    densify(masked.op(input, dim, mask=mask))
+        == torch.masked.op(dense(input), dim, mask=dense(mask))
 
 On a sparse input the statistics of each slice along ``dim`` (logsumexp, norm) come from the
 reducers of ``sparsefill._reduce`` (fill tables over the segments of ``_engine``) on the union

@@ -6,7 +6,7 @@ or a SparseTensor of any fill) nothing is densified: with ``P`` the union of the
 and the mask's masked-in pattern, each output slice reduces its ``k`` masked-in stored elements
 and ``n`` masked-in unspecified elements (all equal to the fill) in closed form::
 
-    out[slice] = op(input[p] for p in slice if mask[p])          (= torch.masked.<op> on the dense tensors)
+    out[slice] = op(input[p] for p in slice if mask[p])   (= torch.masked.<op> on the dense tensors)
 
 The result has the input's layout (COO when fewer than 2 sparse dims remain; a strided tensor
 when none remain): its specified elements are the slices that meet ``P``, its fill is the value

@@ -1,8 +1,7 @@
 """Schema and meta helpers of aten calls: their flat arguments, what they write, and torch's result
-shape, dtype and errors without the data.
+shape, dtype and errors without the data (the same shape, dtype and errors)::
 
-    meta_call(func, A, *rest).shape == func(A.to_dense(), *rest).shape      (and the dtype, and the
-    errors)
+    meta_call(func, A, *rest).shape == func(A.to_dense(), *rest).shape
 
 Lower than every op handler: this module knows ``SparseTensor`` only as a type (``written_args``).
 """

@@ -12,7 +12,9 @@ outputs and its operands) whose gradient reaches a SparseTensor operand, and reg
 pre-hook that asks the densify gate *before* the formula
 runs::
 
-    check_densify(<node> of <op>, <dense bytes of the SparseTensor operands it differentiates>, by_nature=True)
+    check_densify(
+        <node> of <op>, <dense bytes of the SparseTensor operands it differentiates>, by_nature=True
+    )
 
 when no gradient reaching the node is a SparseTensor (a formula on SparseTensor gradients runs
 through the handlers, which ask the gate themselves).  So a byte limit holds in backward as in
@@ -30,10 +32,10 @@ gated.
 ...     2, 3
 ... )  # a leaf's gradient has dense semantics: MmBackward0's grad @ X^T, (2, 2)
 >>> with sparsefill.densify_policy(limit_bytes=8):
-...     y.sum().backward()
+...     y.sum().backward()  # doctest: +ELLIPSIS
 Traceback (most recent call last):
 ...
-sparsefill._policy.DensifyError: MmBackward0 (torch's derivative formula of matmul) forms the dense gradient of a SparseTensor operand of shape (2, 2): densifying needs 16 bytes, over the densify policy's limit of 8 bytes (see sparsefill.densify_policy)
+sparsefill._policy.DensifyError: MmBackward0 (torch's derivative formula of matmul) forms ...
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """The backward of row and column selection (``A[idx]``, ``A[:, idx]``, ``A.index_select(dim, idx)``
 along a sparse dim), as sparse as its forward.  torch's formulas scatter the upstream gradient into
 ``grad.new_zeros(A.shape)``, a dense tensor of ``A``'s full size (40 GB for a 100k-node graph); here
-the
-gradient's elements go back to the coordinates they were selected from::
+the gradient's elements go back to the coordinates they were selected from::
 
     grad_A = zeros(A.shape).index_add_(dim, idx, G)         (duplicates in idx: their gradients add)
 

@@ -1,8 +1,8 @@
 """Indexing on the stored elements: ``select``, ``slice`` (``narrow``, ``A[a:b:s]``),
 ``index_select``, ``A[i, j, ...]``; ``split``, ``chunk`` and ``unbind`` decompose into them; ``flip
 roll rot90 repeat tril triu diagonal trace nonzero masked_select masked_scatter``.  Writes and reads
-at coordinates (``index_put``,
-``scatter``, ``index_*``, ``gather``) are in ``coords.py``, joining (``cat``, ``stack``) in ``concat.py``::
+at coordinates (``index_put``, ``scatter``, ``index_*``, ``gather``) are in ``coords.py``, joining
+(``cat``, ``stack``) in ``concat.py``::
 
     op(A).to_dense() == op(A.to_dense())
 
@@ -734,8 +734,8 @@ def _masked_select(func, args, kwargs):
 @register(aten.masked_scatter.default, aten.masked_scatter_.default)
 def _masked_scatter(func, args, kwargs):
     """``A.masked_scatter(mask, source)``: the elements where ``mask`` (broadcast) is True take
-    ``source``'s
-    first elements in row-major order and join the pattern (``coords.write``), O(nse + mask's elements)::
+    ``source``'s first elements in row-major order and join the pattern (``coords.write``), O(nse +
+    mask's elements)::
 
         A.masked_scatter(mask, s).to_dense() == A.to_dense().masked_scatter(mask, s)
 

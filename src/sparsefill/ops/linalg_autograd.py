@@ -4,8 +4,9 @@
 operand ``A`` (2-d or 3-d, batched) and one dense operand ``X`` run through :class:`SparseMM`
 when ``A`` needs a gradient.  For ``Y = A @ X``, upstream gradient ``G``, pattern ``P`` of ``A``::
 
-    grad_A[b, i, j] = (G[b, i, :] * X[b, j, :]).sum()      at each (b, i, j) in P  (SDDMM: O(nse * n))
-    sum of grad_A over the unspecified elements = sum_b G[b].sum(0) . X[b].sum(0) - sum of grad_A over P
+    grad_A[b, i, j] = (G[b, i, :] * X[b, j, :]).sum()    at each (b, i, j) in P  (SDDMM: O(nse * n))
+    sum of grad_A over the unspecified elements
+        = sum_b G[b].sum(0) . X[b].sum(0) - sum of grad_A over P
     grad_X          = A^T @ G                                (a sparse product of ``linalg.py``)
 
 and for ``Y = X @ A``: ``grad_A[b, i, j] = (X[b, :, i] * G[b, :, j]).sum()``, ``grad_X = G @ A^T``

@@ -2,8 +2,7 @@
 
 The decomposition ``A @ X = A0 @ X + F @ X`` of :mod:`.linalg` needs finite operands: ``A0 = A - F``
 is NaN everywhere for a non-finite fill, and ``0 * inf`` terms of unspecified elements vanish from
-``A0 @ X``.  Here
-those terms are summed as the dense product sums them::
+``A0 @ X``.  Here those terms are summed as the dense product sums them::
 
     (A @ X)[i, j] = sum_{k stored} A[i, k] X[k, j] + sum_{k unspecified} F[i, k] X[k, j]
 

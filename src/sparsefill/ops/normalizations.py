@@ -7,9 +7,9 @@
   slice max and ``n`` its unspecified count, ``Z = sum exp(x - m) + n exp(f - m)``; stored values
   become ``exp(x - m) / Z`` and unspecified ones ``exp(f - m) / Z``.  With ``d`` the only sparse dim
   there is one slice: the pattern is kept and the fill becomes an array over the dense dims (the
-  array fill of the worked example below).  With other sparse dims the unspecified value varies by slice: the result
-  is dense by nature and returned dense.  An indefinite fill is a mask: unspecified elements are
-  skipped and stay unspecified (masked softmax).
+  array fill of the worked example below).  With other sparse dims the unspecified value varies by
+  slice: the result is dense by nature and returned dense.  An indefinite fill is a mask:
+  unspecified elements are skipped and stay unspecified (masked softmax).
 
 >>> import torch, sparsefill
 >>> A = sparsefill.sparse_coo_tensor([[0, 3]], [[.11, .12], [.31, .32]], (4, 2), fill_value=0.)
@@ -144,9 +144,10 @@ def _sparse_softmax_backward(func, args, kwargs):
 # pattern
 @register(aten._softmax_backward_data.default, aten._log_softmax_backward_data.default)
 def _softmax_backward(func, args, kwargs):
-    """The gradient of softmax (``y``: its output, ``g``: the upstream gradient), per slice along ``dim``::
+    """The gradient of softmax (``y``: its output, ``g``: the upstream gradient), per slice along
+    ``dim``::
 
-        softmax:      grad = y * (g - sum_dim(g * y))        log_softmax:  grad = g - exp(y) * sum_dim(g)
+        softmax:      grad = y * (g - sum_dim(g * y))   log_softmax:  grad = g - exp(y) * sum_dim(g)
 
     on ``y``'s pattern (united with ``g``'s); along a sparse dim each slice's sum adds its ``n``
     unspecified elements in closed form (``n * g_fill * y_fill``), and the unspecified elements get

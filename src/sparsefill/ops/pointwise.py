@@ -335,7 +335,8 @@ def _by_value(func, A: SparseTensor, c):
     float where ``A * 1`` is not).
     The operand is a cached 0-d CPU tensor of the values' dtype holding ``c`` where that is exact::
 
-        func(v, c) == func(v, torch.tensor(c, dtype=v.dtype))        v float32/float64, func taking a Tensor there
+        func(v, c) == func(v, torch.tensor(c, dtype=v.dtype))
+            v float32/float64, func taking a Tensor there
 
     (torch wrapped ``c`` as a *wrapped number*, which promotes as a Python number and which
     TensorIterator casts to the common dtype, ``v.dtype`` for a float ``v``: that cast done once,
@@ -420,7 +421,7 @@ def union2(A: SparseTensor, B: SparseTensor):
     stored
     elements at its positions ``pa``, ``B``'s at ``pb``::
 
-        indices[:, pa] == A._idx      indices[:, pb] == B._idx      (sorted, unique: a coalesced pattern)
+        indices[:, pa] == A._idx     indices[:, pb] == B._idx  (sorted, unique: a coalesced pattern)
 
     (``pa`` None: ``A``'s pattern holds ``B``'s, ``indices`` is ``A._idx`` itself; likewise ``pb``),
     by :func:`_merge.union_or_superset` of the linear keys (:func:`_union_small` for small CPU
@@ -472,8 +473,8 @@ def _merge2(A: SparseTensor, B: SparseTensor):
 def _union_small(ia: torch.Tensor, ib: torch.Tensor):
     """``(indices, pa, pb)``: the union of two coalesced CPU COO index tensors (``d >= 1`` sparse
     dims, some stored element), merged as Python tuples (row-major order is their lexicographic
-    order), the three results views of one int64 tensor built from a buffer: on a few stored elements
-    this beats the fixed cost of torch ops.
+    order), the three results views of one int64 tensor built from a buffer: on a few stored
+    elements this beats the fixed cost of torch ops.
 
     >>> [
     ...     t.tolist()
@@ -672,8 +673,8 @@ def _on_pattern(
 
 def _zero_dim(func, args, kwargs, sparse, out, written: bool):
     """Every operand 0-d: each SparseTensor is one value, its stored element or its fill, and the op
-    runs on
-    0-d tensors exactly as on dense ones (zero-dim type promotion; ``masked_fill``'s value must be 0-d)::
+    runs on 0-d tensors exactly as on dense ones (zero-dim type promotion; ``masked_fill``'s value
+    must be 0-d)::
 
         f(A, b).to_dense() == f(A.to_dense(), b)
 
@@ -753,7 +754,8 @@ def _unread_fill(A: SparseTensor, vals):
     No element reads that fill, so any is exact; dense returns the result::
 
         A.numel() == 0  =>  (A // 0).to_dense() == A.to_dense() // 0          (though 0 // 0 raises)
-        nse == numel    =>  (A // B).to_dense() == A.to_dense() // B.to_dense()   (though fill_A // 0 raises)
+        nse == numel    =>  (A // B).to_dense() == A.to_dense() // B.to_dense()
+            (though fill_A // 0 raises)
 
     >>> import sparsefill
     >>> A = sparsefill.sparse_coo_tensor(

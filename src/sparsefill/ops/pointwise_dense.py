@@ -191,7 +191,8 @@ def join_small(rule, func, args, kwargs, sparse, conv, written):
     with ``pattern_only``: an indefinite ``A`` read
     at its pattern, or one fill ``f(fill, t)``, :func:`_constant_fill`)::
 
-        op(A, T) == op(A, dense(T))        (dense(T): T.numel() elements, no more than T expanded and A store)
+        op(A, T) == op(A, dense(T))
+            (dense(T): T.numel() elements, no more than T expanded and A store)
 
     An indefinite ``T`` (beside indefinite full operands only) joins with a stored value as its
     fill, and the result then drops the positions where ``T`` is unspecified (:func:`_masked_where`;

@@ -4,8 +4,7 @@
 nanmean`` of a SparseTensor ``A`` that needs a gradient, over every sparse dim (and any of its dense
 dims), run through :class:`SparseReduce`.  Every unspecified element of ``A`` in one dense slice has
 the same value (the fill), so torch's derivative formula gives them all the same gradient: the
-gradient of
-``A`` is a SparseTensor with ``A``'s pattern, exact everywhere::
+gradient of ``A`` is a SparseTensor with ``A``'s pattern, exact everywhere::
 
     grad_A at a stored element x = d(x)        grad_A's fill = d(fill)
     d(x) = torch's formula at x, with y = result, G = upstream gradient, broadcast back over the
@@ -16,8 +15,8 @@ e.g. ``sum``: ``d(x) = G``; ``mean``: ``G / count``; ``amax``: ``G / (number of 
 maxima (torch's rule: evenly among the maxima; a fill that is the maximum counts ``m`` times);
 ``prod``: ``G`` times the product of the others (exclusive products of the stored values times
 ``fill ** m``).  torch's formula would instead expand the dense ``G`` to ``A``'s full shape before
-any handler sees it (hence an autograd route: docs/architecture.md).  An indefinite fill skips the unspecified elements
-(masked semantics, as the forward): ``m = 0`` and the gradient's fill is 0.
+any handler sees it (hence an autograd route: docs/architecture.md).  An indefinite fill skips the
+unspecified elements (masked semantics, as the forward): ``m = 0`` and the gradient's fill is 0.
 
 A reduction over some sparse dims only (the rest kept) gives the unspecified elements gradients that
 vary slice by slice: the gradient is then exact at the pattern with the *mean* over the unspecified

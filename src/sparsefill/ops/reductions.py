@@ -389,8 +389,8 @@ def _correction(args, kwargs):
 )
 def _var_std(func, args, kwargs):
     """var/std (and their means) as torch's: over sparse dims only, or dense dims only, centred on
-    each
-    slice's mean (the reducer protocol's :class:`_reduce.Var`, moments of float32 in float64, as torch)::
+    each slice's mean (the reducer protocol's :class:`_reduce.Var`, moments of float32 in float64,
+    as torch)::
 
         var[s] = (sum_i (x_i - mean[s])^2 + n_fill[s] * (f - mean[s])^2) / max(N - correction, 0)
 
@@ -703,7 +703,8 @@ def _scan(func, args, kwargs):
 
 @register(aten.median.default, aten.nanmedian.default)
 def _median(func, args, kwargs):
-    """The lower median of all elements: the stored values sorted, the ``n`` fills inserted at their rank::
+    """The lower median of all elements: the stored values sorted, the ``n`` fills inserted at their
+    rank::
 
     median = s[m] if m < c  else  f if m < c + n  else  s[m - n],   m = (N - 1) // 2, c = #(s < f)
     """

@@ -9,7 +9,8 @@ can meet their handlers); the densify fallback (``fallback.py``).  Around every 
 The boundary rule, enforced here for every call: an operand or op sparsefill does not understand
 is converted exactly or refused, never ignored::
 
-    op(A, nat) == op(A, sparsefill.from_torch(nat))      a torch native sparse operand (any layout: fill 0)
+    op(A, nat) == op(A, sparsefill.from_torch(nat))
+        a torch native sparse operand (any layout: fill 0)
 
 * a native sparse tensor (COO, CSR, CSC, BSR, BSC; hybrid, batched) becomes a SparseTensor with fill
   0 before any handler runs; one the op writes to (``nat.add_(A)``, ``out=nat``) is refused

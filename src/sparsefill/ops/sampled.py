@@ -1,7 +1,9 @@
 """Sampling at a SparseTensor's pattern (2-D; the sampled product also a batch ``(b, m, n)``):
-``x.sparse_mask(A)`` and the sampled product (SDDMM) ``torch.sparse.sampled_addmm(A, m1, m2, beta=, alpha=)``::
+``x.sparse_mask(A)`` and the sampled product (SDDMM) ``torch.sparse.sampled_addmm(A, m1, m2, beta=,
+alpha=)``::
 
-    out = A with values beta * A[i, j] + alpha * (m1 @ m2)[i, j] at A's stored (i, j), and fill beta * fill
+    out = A with values beta * A[i, j] + alpha * (m1 @ m2)[i, j] at A's stored (i, j),
+          and fill beta * fill
 
     x.sparse_mask(A) = A's pattern with the values x[i, j] and fill 0
 

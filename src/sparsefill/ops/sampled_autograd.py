@@ -1,6 +1,5 @@
 """``x.sparse_mask(A)`` of a dense ``x`` that requires grad, ``A`` a SparseTensor: x's gradient is
-the upstream
-gradient at A's pattern, 0 elsewhere, dense as ``x`` is::
+the upstream gradient at A's pattern, 0 elsewhere, dense as ``x`` is::
 
     d/dx  x.sparse_mask(A) . G  ==  G.sparse_mask(A).to_dense()
 

@@ -1,6 +1,6 @@
 """The backward of ``max``/``min`` with a dim (values and indices), as sparse as their forward: the
-gradient
-goes to the element each output position selected (torch's ``value_selecting_reduction_backward``)::
+gradient goes to the element each output position selected (torch's
+``value_selecting_reduction_backward``)::
 
     (Y, I) = max(A, dim)        grad_A[..., i, ...] = G[..., ...] where I[..., ...] == i, else 0
 

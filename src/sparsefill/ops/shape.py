@@ -8,9 +8,10 @@ indices and values; the dense tensor follows exactly::
     op(A).to_dense() == op(A.to_dense())
 
 * sparse dims stay in front of dense dims: a permute that would move a dense dim before a
-  sparse one first turns every dense dim into a sparse dim (:func:`all_sparse`: dense dims trail sparse ones);
-  an array fill then becomes its most common value, and the unspecified elements whose fill
-  differs are specified (a DensifyWarning when they are many: such a result is dense by nature);
+  sparse one first turns every dense dim into a sparse dim (:func:`all_sparse`: dense dims trail
+  sparse ones); an array fill then becomes its most common value, and the unspecified elements whose
+  fill differs are specified (a DensifyWarning when they are many: such a result is dense by
+  nature);
 * ``view`` re-linearises the indices over the new shape (dense dims untouched when the
   new shape keeps them; else they become sparse dims as above);
 * ``expand`` of a size-1 sparse dim makes the sparse dims from it on dense and expands the values (a
@@ -85,7 +86,8 @@ def _mode(f: torch.Tensor) -> torch.Tensor:
 
 
 def all_sparse(A: SparseTensor) -> SparseTensor:
-    """``A`` with every dense dim turned into a sparse dim (a SparseTensor keeps its dense dims after its sparse ones).
+    """``A`` with every dense dim turned into a sparse dim (a SparseTensor keeps its dense dims
+    after its sparse ones).
 
     Each stored dense slice becomes ``prod(dense_shape)`` stored elements.  An array fill ``f``
     becomes the scalar fill ``c = mode(f)``; every unspecified position whose fill differs from
@@ -307,7 +309,8 @@ def _dense_tail(A: SparseTensor, shape):
 
 
 def expand(A: SparseTensor, size, keep_split: bool = False) -> SparseTensor | None:
-    """``A.expand(size)``, O(nse) where a grown sparse dim can become dense (the values then grow as a view)::
+    """``A.expand(size)``, O(nse) where a grown sparse dim can become dense (the values then grow as
+    a view)::
 
         expand(A, size).to_dense() == A.to_dense().expand(size)
 

@@ -2,8 +2,8 @@
 same piece sizes, so that their backward joins the pieces' gradients (``SplitWithSizesBackward0``:
 ``cat`` of them, which keeps a sparse gradient's pattern) instead of adding one gradient of the
 input's shape per piece (torch's decomposition into slices: ``SliceBackward0`` embeds each piece's
-gradient in zeros of the input's shape, and the sum of those
-embeddings stores the union of the pieces -- every element where a piece's gradient has a fill of its own)::
+gradient in zeros of the input's shape, and the sum of those embeddings stores the union of the
+pieces -- every element where a piece's gradient has a fill of its own)::
 
     torch.hsplit(A, s) == torch.split(A, [p.shape[d] for p in torch.hsplit(probe, s)], d)
 

@@ -66,7 +66,8 @@ INVOLUTIONS = {
 class View(NamedTuple):
     """What a view ``V`` is of its base, as ``V._view`` holds it::
 
-        V == func(base, *args, **kwargs)         ([index] of that for a multi-output view op: unbind, split)
+        V == func(base, *args, **kwargs)
+            ([index] of that for a multi-output view op: unbind, split)
 
     as of ``state``, the base's :func:`_state` when ``V`` last agreed with it."""
 

@@ -2,11 +2,10 @@
 
 Positional arguments follow Caffe2's input order (``DATA, [SCALARS,] [INDICES,]
 LENGTHS|SEGMENT_IDS``); keyword arguments go to ``reduce`` unchanged.  The table ``ALIASES`` maps
-every name to
-``(family, reducer)``::
+every name to ``(family, reducer)``::
 
     lengths_<r>(data, [weights,] lengths)                     reduce(data, r, lengths=lengths)
-    sparse_lengths_<r>(data, [weights,] indices, lengths)     reduce(data, r, lengths=..., indices=...)
+    sparse_lengths_<r>(data, [weights,] indices, lengths)  reduce(data, r, lengths=..., indices=...)
     sorted_segment_<r>(data, [weights,] segment_ids)          reduce(data, r, segment_ids=...)
     sorted_segment_range_<r>(data, segment_ids)               the same (Caffe2's Range kernels)
     sparse_sorted_segment_<r>(data, [weights,] indices, segment_ids)

@@ -131,7 +131,7 @@ def csr_row_reduce(A, reducer: str = "sum") -> torch.Tensor:
     in
     closed form through the reducer protocol (``sparsefill._reduce``)::
 
-        csr_row_reduce(A, r)[s] == r(A.to_dense()[s])           (an indefinite fill: the fills are skipped)
+        csr_row_reduce(A, r)[s] == r(A.to_dense()[s])    (an indefinite fill: the fills are skipped)
 
     ``reducer``: ``sum mean max min prod logsumexp``.  The engine is ``_engine.choose``'s for CSR
     rows (the SpMV for sums, the compiled sorted kernels for max and min on the compiled segment

@@ -9,27 +9,32 @@ then, at run time, and raise the eager errors), its fake implementation gives th
 the input sizes, or a dynamic size
 (``_compile.new_dynamic_size()``: also without ``fullgraph``) where they depend on the data::
 
-    sparsefill::segment_reduce(data, ...)      == segment.reduce(data, ...)          (out, arg); autograd:
-    sparsefill::segment_reduce_backward(...)   == the gradients of _SegmentReduceFn  (data, or rows+values; weights)
-    sparsefill::sparse_adagrad_(param!, moment!, indices, grad, ...)          == segment.sparse_adagrad
-    sparsefill::rowwise_sparse_adagrad_(param!, moment!, indices, grad, ...)  == segment.rowwise_sparse_adagrad
+    sparsefill::segment_reduce(data, ...)      == segment.reduce(data, ...)    (out, arg); autograd:
+    sparsefill::segment_reduce_backward(...)
+        == the gradients of _SegmentReduceFn  (data, or rows+values; weights)
+    sparsefill::sparse_adagrad_(param!, moment!, indices, grad, ...)       == segment.sparse_adagrad
+    sparsefill::rowwise_sparse_adagrad_(param!, moment!, indices, grad, ...)
+        == segment.rowwise_sparse_adagrad
     sparsefill::sparse_ftrl_(param!, n!, z!, indices, grad, ...)              == segment.sparse_ftrl
     sparsefill::jagged_key_lists(values, values_lengths, keys, example_lengths, wanted)
         == (offsets of the (key, example) lists, per wanted key its entries of values)
-    sparsefill::jagged_pooled(tables, values, values_lengths, keys, example_lengths, wanted, table_of, reducer, ...)
-        == (per wanted key segment_reduce(tables[table_of[j]], ...) over its ids; offsets; per key its ids); autograd:
-    sparsefill::jagged_pooled_backward(grads, tables, table_of, offsets, lists, ...)  == the tables' gradients
+    sparsefill::jagged_pooled(tables, values, values_lengths, keys, example_lengths, wanted,
+                              table_of, reducer, ...)
+        == (per wanted key segment_reduce(tables[table_of[j]], ...) over its ids; offsets; per key
+            its ids); autograd:
+    sparsefill::jagged_pooled_backward(grads, tables, table_of, offsets, lists, ...)
+        == the tables' gradients
 
 ``jagged_pooled`` is ``KeyedJaggedBatch.pooled`` of an unweighted sum, mean or sqrt_n in one op (one
 op call forward, one backward, instead of ``jagged_key_lists`` then a ``segment_reduce`` per key:
 each custom op call has a dispatch cost: with four keys, most of what a compiled DLRM step lost to
-eager; the figures are in the benchmarks).  It is not registered effectful (torch 2.13's inductor cannot lower an effectful op with
-a ``Tensor[]`` argument or result: an IndexError in its lowering) but as a side effect
-(``torch.fx.node.has_side_effect``: no effect token, no cost), so a compiled ``pooled`` whose result
-is unused is never dead code and still checks its ids. A table shared by keys is passed once
-(``table_of``): one gradient per table.  Autograd would add two sparse gradients of one table, which
-torch 2.13 cannot trace for data-dependent sizes; a table given ``sparse_grad`` by two ops of one
-graph breaks the graph (:func:`_one_sparse_grad_per_table`).
+eager; the figures are in the benchmarks).  It is not registered effectful (torch 2.13's inductor
+cannot lower an effectful op with a ``Tensor[]`` argument or result: an IndexError in its lowering)
+but as a side effect (``torch.fx.node.has_side_effect``: no effect token, no cost), so a compiled
+``pooled`` whose result is unused is never dead code and still checks its ids. A table shared by
+keys is passed once (``table_of``): one gradient per table.  Autograd would add two sparse gradients
+of one table, which torch 2.13 cannot trace for data-dependent sizes; a table given ``sparse_grad``
+by two ops of one graph breaks the graph (:func:`_one_sparse_grad_per_table`).
 
 The optimizers' ops declare the tensors they update in place (``mutates_args``); ``segment_reduce``
 is registered effectful (``_repr_ops._effectful``): a compiled call whose result is unused is not

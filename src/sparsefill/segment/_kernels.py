@@ -3,7 +3,8 @@
 For a :class:`~._plan.Plan` (segments of input positions; ``x_p`` = row ``rows[p]`` of ``x``)::
 
     segment_sum(x, plan, w)[s]      = sum_{p in s} w_p x_p         (mode="mean": divided by n_s)
-    segment_extreme(x, plan)[s]     = max_{p in s} x_p  (or min), arg[s] = the first input position of it
+    segment_extreme(x, plan)[s]
+        = max_{p in s} x_p  (or min), arg[s] = the first input position of it
 
 Sums over sorted segments run on ``embedding_bag`` (its CPU kernel is fbgemm's; on GPU CUDA's) with
 ``include_last_offset`` (one column read in order: the compiled kernel instead, 1.6x faster there).

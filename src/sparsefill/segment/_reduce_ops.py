@@ -1,15 +1,16 @@
 """``segment.reduce``: one entry point for every segment reduction of Caffe2.
 
-For a segment ``s`` holding input positions ``P_s`` (rows of ``data``, or entries of ``indices``
-for the fused gather ``x_p = data[indices[p]]``; otherwise ``x_p = data[p]``), with ``n_s = |P_s|``::
+For a segment ``s`` holding input positions ``P_s`` (rows of ``data``, or entries of ``indices`` for
+the fused gather ``x_p = data[indices[p]]``; otherwise ``x_p = data[p]``), with ``n_s = |P_s|``::
 
     sum                      out[s] = sum_p x_p
     mean                     out[s] = sum_p x_p / n_s
     sqrt_n                   out[s] = sum_p x_p / sqrt(n_s)
     weighted_sum             out[s] = sum_p w_p x_p
     weighted_mean            out[s] = sum_p w_p x_p / sum_p w_p
-    positional_weighted_sum  out[s] = sum_j w_j x_(j-th position of s)      (weights indexed by position)
-    max / min                out[s] = max_p x_p / min_p x_p                  (arg: the first position)
+    positional_weighted_sum  out[s] = sum_j w_j x_(j-th position of s)
+        (weights indexed by position)
+    max / min                out[s] = max_p x_p / min_p x_p                (arg: the first position)
     prod                     out[s] = prod_p x_p
     logsumexp                out[s] = log sum_p exp(x_p)
     logmeanexp               out[s] = log (sum_p exp(x_p) / n_s)

@@ -3,7 +3,7 @@
 A batch of ``S`` segments over ``N`` rows is written as any of::
 
     lengths      (S,)    lengths[s] = number of rows of segment s             sum(lengths) == N
-    offsets      (S+1,)  offsets[s] = lengths[:s].sum()                       offsets[0] == 0, offsets[S] == N
+    offsets      (S+1,)  offsets[s] = lengths[:s].sum()             offsets[0] == 0, offsets[S] == N
     segment_ids  (N,)    segment_ids[i] = the segment of row i (sorted: non-decreasing)
     ranges       (S, 2)  ranges[s] = (offsets[s], lengths[s])
     padded       (S, L, *D) with a presence mask (see pack_segments)

@@ -5,19 +5,23 @@ Their results' sizes (``sum(lengths)`` ids, ``max(segment_ids) + 1`` lengths) an
 negative length, an id out of range) read the data: under torch.compile (``_compile.traced``) the
 public functions call these ops, whose real implementation is the eager function (its checks run at
 run time and raise the eager errors) and whose fake implementation gives the sizes from the input
-sizes, or a dynamic size
-(``_compile.new_dynamic_size()``: also without ``fullgraph``) where the data decide it::
+sizes, or a dynamic size (``_compile.new_dynamic_size()``: also without ``fullgraph``) where the
+data decide it::
 
-    sparsefill::lengths_to_segment_ids(lengths, validate)             == segment.lengths_to_segment_ids   (N: dynamic)
-    sparsefill::segment_ids_to_lengths(ids, num_segments, sorted, validate)      (S: num_segments, else dynamic)
+    sparsefill::lengths_to_segment_ids(lengths, validate)
+        == segment.lengths_to_segment_ids   (N: dynamic)
+    sparsefill::segment_ids_to_lengths(ids, num_segments, sorted, validate)
+        (S: num_segments, else dynamic)
     sparsefill::lengths_to_offsets(lengths, include_last, validate)
     sparsefill::offsets_to_lengths(offsets, total, validate)
     sparsefill::lengths_to_weights(lengths, power, dtype, validate)              (N: dynamic)
     sparsefill::lengths_range_fill(lengths, validate)                           (N: dynamic)
-    sparsefill::lengths_gather_rows(lengths, indices, n, validate)   the rows of items lengths_gather reads
-    sparsefill::gather_ranges_rows(ranges, n, validate)              the rows of data gather_ranges reads
-    sparsefill::lengths_max_range(lengths)                           arange(max(lengths)): the padded width
-    sparsefill::jagged_check(example_lengths, values_lengths, keys, total)   KeyedJaggedBatch's data checks
+    sparsefill::lengths_gather_rows(lengths, indices, n, validate)
+        the rows of items lengths_gather reads
+    sparsefill::gather_ranges_rows(ranges, n, validate)         the rows of data gather_ranges reads
+    sparsefill::lengths_max_range(lengths)                    arange(max(lengths)): the padded width
+    sparsefill::jagged_check(example_lengths, values_lengths, keys, total)
+        KeyedJaggedBatch's data checks
 
 The differentiable conversions (``lengths_tile``, ``lengths_gather``, ``gather_ranges``) gather
 their data with ``index_select`` at the rows these ops give (autograd as usual).  Every op is

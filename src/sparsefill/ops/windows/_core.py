@@ -168,10 +168,11 @@ def _windowed(
 ) -> _Targets:
     """The targets of the result of ``shape`` (leading dims x ``T`` positions) that the sources
     reach -- per row the union of the sources' target intervals ``reach(x)`` (clipped to ``[0, T)``)
-    and of the edge
-    targets ``t < tL``, ``t > tR`` -- and their window sums over the ``S`` source positions (float64)::
+    and of the edge targets ``t < tL``, ``t > tR`` -- and their window sums over the ``S`` source
+    positions (float64)::
 
-        sums[:, k] = (sum of cols[:, e] over the sources e of row(k) with x_e in window(t_k) + base) / div
+        sums[:, k] = (sum of cols[:, e] over the sources e of row(k) with x_e in window(t_k)
+                      + base) / div
 
     at the targets in ``[tL, tR]``, the bare sum at the edge targets; ``window`` and ``reach`` are
     ``(m, c0, c1, q)``: ``t -> (ceil((m*t + c0) / q), floor((m*t + c1) / q))`` (:func:`_window_fn`).

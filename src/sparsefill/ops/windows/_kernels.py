@@ -5,11 +5,11 @@ Kernels know arrays only.
 For sources sorted by ``(row, x)`` (positions ``x`` unique within a row), each reaching the targets
 ``[ceil((m2*x + d0) / q2), floor((m2*x + d1) / q2)]`` clipped to ``[0, T)`` (the ``reach``), and the
 edge targets ``t < tL`` and ``t > tR`` of every row, the targets are the union of those intervals,
-row-major
-sorted (:func:`runs`: runs of consecutive targets), and (:func:`sums`)::
+row-major sorted (:func:`runs`: runs of consecutive targets), and (:func:`sums`)::
 
-    sums[c, k] = (sum of cols[c, e] over the sources e of row(k) with A(t_k) <= x_e <= B(t_k) + base) * (1 / div)
-    A(t) = max(ceil((m*t + c0) / q), 0),  B(t) = min(floor((m*t + c1) / q), S - 1)     (the ``window``)
+    sums[c, k] = (sum of cols[c, e] over the sources e of row(k) with A(t_k) <= x_e <= B(t_k)
+                  + base) * (1 / div)
+    A(t) = max(ceil((m*t + c0) / q), 0),  B(t) = min(floor((m*t + c1) / q), S - 1)  (the ``window``)
 
 at the targets in ``[tL, tR]``, the bare sum at the edge targets (``A``, ``B`` non-decreasing in
 ``t``): each target's window is a contiguous range of the row's sources, kept by two pointers.  A
