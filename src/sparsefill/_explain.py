@@ -83,6 +83,8 @@ def _where(fn) -> str:
         path = inspect.getsourcefile(fn)
         line = inspect.getsourcelines(fn)[1]
     except (TypeError, OSError):
+        path = None
+    if path is None:  # (no Python source: a builtin)
         return getattr(fn, "__qualname__", repr(fn))
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     rel = os.path.relpath(path, root) if path.startswith(root) else path
@@ -92,10 +94,11 @@ def _where(fn) -> str:
 def _name(op) -> str:
     if isinstance(op, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
         return str(op)
-    mod = getattr(op, "__module__", None) or getattr(
-        getattr(op, "__objclass__", None), "__module__", ""
+    mod = str(
+        getattr(op, "__module__", None)
+        or getattr(getattr(op, "__objclass__", None), "__module__", "")
     )
-    qual = getattr(op, "__qualname__", None) or getattr(op, "__name__", repr(op))
+    qual = str(getattr(op, "__qualname__", None) or getattr(op, "__name__", repr(op)))
     if getattr(op, "__objclass__", None) is torch._C.TensorBase or qual.startswith("Tensor."):
         return f"torch.Tensor.{op.__name__}"
     if qual.startswith("_VariableFunctionsClass."):

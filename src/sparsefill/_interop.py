@@ -65,7 +65,7 @@ def torch_dtype(dtype, what: str) -> torch.dtype:
         d = np.dtype(dtype)
     except TypeError:
         d = None
-    t = _TORCH_OF_NUMPY.get(d.newbyteorder("=") if d is not None else None)
+    t = _TORCH_OF_NUMPY.get(d.newbyteorder("=")) if d is not None else None
     if t is None:
         why = (
             " (torch has no arithmetic on unsigned integers wider than 8 bits)"
@@ -382,7 +382,7 @@ def from_pandas(obj) -> SparseTensor:
     pd = _module("pandas", "from_pandas()")
     if isinstance(obj, pd.DataFrame):
         A = _from_frame(pd, obj)
-        A._pandas_labels = (
+        A._pandas_labels = (  # type: ignore[attr-defined]  # (read back by to_pandas)
             obj.index,
             obj.columns,
         )  # (read back by to_pandas: the round trip keeps them)

@@ -17,6 +17,7 @@ of a ``sparse_coo`` layout gradient); the storage format is ``A.sparse_layout``.
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import torch
 
@@ -122,6 +123,20 @@ class SparseTensor(HostMixin, torch.Tensor):
     >>> A.to_dense()
     tensor([7., 5., 5., 9., 5.])
     """
+
+    # The storage attributes (``_STATE``, set by ``_store``), declared for type checkers only (no
+    # class attribute is made): the index tensors of the other layout are None.
+    _sf_layout: torch.layout
+    _size: torch.Size
+    _idx: Any
+    _crow: Any
+    _col: Any
+    _vals: torch.Tensor
+    _fill: torch.Tensor
+    _indefinite: bool
+    _coalesced: bool
+    _zero: tuple
+    _view: Any
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):

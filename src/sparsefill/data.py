@@ -28,6 +28,9 @@ both rules, for any nesting of tuples, lists and dicts:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any, cast
+
 import torch
 from torch.utils.data._utils.collate import collate as _torch_collate
 from torch.utils.data._utils.collate import default_collate_fn_map
@@ -93,7 +96,7 @@ def collate_sparse(batch, *, collate_fn_map=None) -> SparseTensor:
                 f"({_describe(first)}): a batch of SparseTensors needs one shape, layout, dense "
                 "dims and fill"
             )
-    return torch.stack(batch)
+    return cast(SparseTensor, torch.stack(batch))
 
 
 def collate_jagged(batch, *, collate_fn_map=None) -> KeyedJaggedBatch:
@@ -115,5 +118,8 @@ def collate(batch):
     return _torch_collate(batch, collate_fn_map={**default_collate_fn_map, **_RULES})
 
 
-_RULES = {SparseTensor: collate_sparse, KeyedJaggedBatch: collate_jagged}
+_RULES: dict[type | tuple[type, ...], Callable[..., Any]] = {
+    SparseTensor: collate_sparse,
+    KeyedJaggedBatch: collate_jagged,
+}
 default_collate_fn_map.update(_RULES)

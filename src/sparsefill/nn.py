@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import math
 import weakref
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -81,9 +82,17 @@ class SparseParameter(nn.Module):
     (tensor([2., 3.]), tensor(10.))
     """
 
+    # (buffers and parameters, declared for type checkers: nn.Module keeps them in its dicts)
+    indices: torch.Tensor
+    crow_indices: torch.Tensor
+    col_indices: torch.Tensor
+    values: nn.Parameter
+    fill: torch.Tensor
+    _checked: Any
+
     def __init__(self, data, *, train_fill: bool = False):
         super().__init__()
-        A = _as_sparse(data, "data").detach()
+        A = cast(SparseTensor, _as_sparse(data, "data").detach())
         if not (A.dtype.is_floating_point or A.dtype.is_complex):
             raise TypeError(
                 f"SparseParameter needs a floating point or complex dtype to train, got {A.dtype}"
@@ -177,7 +186,7 @@ class SparseParameter(nn.Module):
             )
         else:
             A = _creation.sparse_csr_tensor(
-                *bufs, self.values, self.size, fill_value=fill, check_invariants=check
+                bufs[0], bufs[1], self.values, self.size, fill_value=fill, check_invariants=check
             )
         self._checked = key
         return A
@@ -277,6 +286,9 @@ class SparseLinear(nn.Module):
     >>> torch.testing.assert_close(lin(x), x @ W.T + lin.bias)
     """
 
+    sparse_weight: SparseParameter
+    bias: nn.Parameter | None
+
     def __init__(
         self,
         in_features: int,
@@ -305,7 +317,7 @@ class SparseLinear(nn.Module):
         dtype = dtype or torch.get_default_dtype()
         shape = (out_features, in_features)
         idx = (
-            _random_pattern(out_features, in_features, density, device)
+            _random_pattern(out_features, in_features, cast(float, density), device)
             if pattern is None
             else _pattern_indices(pattern, shape, device)
         )

@@ -102,5 +102,5 @@ def data_parallel(module: nn.Module, *, sparse=(), process_group=None, **ddp_kwa
             module, ignore + ["." + n for n in ignore if "." not in n]
         )
         out = DDP(module, process_group=process_group, **ddp_kwargs)
-    out.sparse_grad_sync = sync
+    setattr(out, "sparse_grad_sync", sync)  # (setattr: a GradSync is neither Tensor nor Module)
     return out

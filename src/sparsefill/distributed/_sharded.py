@@ -134,6 +134,7 @@ class RowShardedEmbeddingBag(nn.Module):
             lengths = torch.diff(
                 offsets.long(), append=torch.tensor([input.numel()], device=offsets.device)
             )
+        assert lengths is not None  # (one of offsets and lengths is given: checked above)
         return self._pool(
             input,
             segment.lengths_to_offsets(lengths.long())
