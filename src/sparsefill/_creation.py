@@ -15,8 +15,11 @@ from __future__ import annotations
 import cmath
 import numbers
 import sys
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
+from torch.types import Device
 
 from . import _convert, _index
 from ._autograd import Construct, SameDense, refuse_dual
@@ -53,7 +56,7 @@ def _scalar_fits(x, dtype) -> bool:
     if not (isinstance(x, numbers.Integral) or (isinstance(x, float) and x.is_integer())):
         return False
     info = torch.iinfo(dtype)
-    if not info.min <= x <= info.max:
+    if not info.min <= int(x) <= info.max:
         raise ValueError(
             f"fill_value {x!r} is out of range [{info.min}, {info.max}] of dtype {dtype}"
         )
@@ -71,6 +74,12 @@ class _Indefinite:
 
 
 indefinite = _Indefinite()
+
+#: A fill value: a number, a tensor (0-d, or broadcasting to the dense dims), nested sequences of
+#: numbers, or :data:`indefinite`; None where an argument takes its default (0, or the input's).
+FillValue = bool | int | float | complex | torch.Tensor | Sequence[Any] | _Indefinite | None
+#: A size: a sequence of ints (``torch.Size``, tuple, list).
+Size = Sequence[int]
 
 
 def _is_indefinite(fill_value, dense_shape) -> bool:
@@ -241,11 +250,11 @@ def _values_tensor(values, dtype, device, fill_value) -> torch.Tensor:
     return v.to(dtype=dtype or v.dtype, device=device)
 
 
-def _size_tuple(size, name="size"):
+def _size_tuple(size, name="size") -> tuple[int, ...]:
     if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)):
         size = size[0]
     size = tuple(size)
-    if not all(isinstance(s, numbers.Integral) and s >= 0 for s in size):
+    if not all(isinstance(s, numbers.Integral) and int(s) >= 0 for s in size):
         raise ValueError(f"{name} must be a sequence of non-negative ints, got {size}")
     return tuple(int(s) for s in size)
 
@@ -373,16 +382,16 @@ def _same_dense_of(x, fn):
 
 # ---------------------------------------------------------------------- constructors
 def sparse_coo_tensor(
-    indices,
-    values,
-    size=None,
+    indices: Any,
+    values: Any,
+    size: Size | None = None,
     *,
-    fill_value=None,
-    dtype=None,
-    device=None,
-    requires_grad=False,
-    is_coalesced=None,
-    check_invariants=True,
+    fill_value: FillValue = None,
+    dtype: torch.dtype | None = None,
+    device: Device = None,
+    requires_grad: bool = False,
+    is_coalesced: bool | None = None,
+    check_invariants: bool = True,
 ) -> SparseTensor:
     """COO SparseTensor, as :func:`torch.sparse_coo_tensor` plus ``fill_value``.
 
@@ -478,16 +487,16 @@ def _first_unordered_column(crow: torch.Tensor, col: torch.Tensor):
 
 
 def sparse_csr_tensor(
-    crow_indices,
-    col_indices,
-    values,
-    size=None,
+    crow_indices: Any,
+    col_indices: Any,
+    values: Any,
+    size: Size | None = None,
     *,
-    fill_value=None,
-    dtype=None,
-    device=None,
-    requires_grad=False,
-    check_invariants=True,
+    fill_value: FillValue = None,
+    dtype: torch.dtype | None = None,
+    device: Device = None,
+    requires_grad: bool = False,
+    check_invariants: bool = True,
 ) -> SparseTensor:
     """CSR SparseTensor, as :func:`torch.sparse_csr_tensor` plus ``fill_value``.
 
@@ -761,7 +770,13 @@ def _first_unsorted(indices: torch.Tensor, sparse_shape) -> int | None:
     return None if not bool(bad.any()) else int(bad.nonzero()[0]) + 1
 
 
-def to_sparse(x, *, fill_value=None, layout=torch.sparse_coo, dense_dim=None) -> SparseTensor:
+def to_sparse(
+    x: Any,
+    *,
+    fill_value: FillValue = None,
+    layout: torch.layout = torch.sparse_coo,
+    dense_dim: int | None = None,
+) -> SparseTensor:
     """SparseTensor specifying exactly the elements (dense slices) of ``x`` that differ from
     ``fill_value``.
 
@@ -861,19 +876,27 @@ def to_torch(A: SparseTensor, *, materialize: bool = False) -> torch.Tensor:
 # ---------------------------------------------------------------------- factories
 # (the fill is the value the factory names: full, zeros, ones; empty: indefinite)
 def full(
-    size,
-    fill_value,
+    size: int | Size,
+    fill_value: FillValue,
     *,
-    layout=torch.sparse_coo,
-    dtype=None,
-    device=None,
-    requires_grad=False,
-    dense_dim=0,
-) -> SparseTensor:
-    """A tensor with no specified element: every element is ``fill_value``."""
+    layout: torch.layout = torch.sparse_coo,
+    dtype: torch.dtype | None = None,
+    device: Device = None,
+    requires_grad: bool = False,
+    dense_dim: int = 0,
+) -> torch.Tensor:
+    """A tensor with no specified element: every element is ``fill_value`` (a SparseTensor; a dense
+    tensor for ``layout=torch.strided``)."""
     size = _size_tuple(size if isinstance(size, (tuple, list, torch.Size)) else (size,))
     if layout is torch.strided:
-        return torch.full(size, fill_value, dtype=dtype, device=device, requires_grad=requires_grad)
+        # (a fill torch.full does not take: torch's own error)
+        return torch.full(
+            size,
+            fill_value,  # type: ignore[arg-type]
+            dtype=dtype,
+            device=device,
+            requires_grad=requires_grad,
+        )
     if dtype is None:
         dtype = _array_fill(fill_value).dtype
     dd = _convert.check_dense_dim(len(size), dense_dim, layout)
@@ -890,10 +913,15 @@ def full(
     return out.requires_grad_(True) if requires_grad else out
 
 
-def _factory(value):
+def _factory(value: FillValue) -> Callable[..., torch.Tensor]:
     def make(
-        *size, layout=torch.sparse_coo, dtype=None, device=None, requires_grad=False, dense_dim=0
-    ):
+        *size: Any,
+        layout: torch.layout = torch.sparse_coo,
+        dtype: torch.dtype | None = None,
+        device: Device = None,
+        requires_grad: bool = False,
+        dense_dim: int = 0,
+    ) -> torch.Tensor:
         dtype = dtype or torch.get_default_dtype()
         v = (
             value
@@ -920,8 +948,14 @@ empty.__doc__ = "Sparse empty: nse 0, fill uninitialized."
 
 
 def eye(
-    n, m=None, *, layout=torch.sparse_coo, dtype=None, device=None, requires_grad=False
-) -> SparseTensor:
+    n: int,
+    m: int | None = None,
+    *,
+    layout: torch.layout = torch.sparse_coo,
+    dtype: torch.dtype | None = None,
+    device: Device = None,
+    requires_grad: bool = False,
+) -> torch.Tensor:
     """Identity: the diagonal specified with ones, fill 0."""
     m = n if m is None else m
     if layout is torch.strided:
@@ -943,16 +977,16 @@ def eye(
 
 
 def full_like(
-    input,
-    fill_value,
+    input: torch.Tensor,
+    fill_value: FillValue,
     *,
-    layout=None,
-    dtype=None,
-    device=None,
-    requires_grad=False,
-    dense_dim=None,
-    memory_format=None,
-):
+    layout: torch.layout | None = None,
+    dtype: torch.dtype | None = None,
+    device: Device = None,
+    requires_grad: bool = False,
+    dense_dim: int | None = None,
+    memory_format: torch.memory_format | None = None,
+) -> torch.Tensor:
     """``full(input.shape, fill_value)`` with ``input``'s layout (and dense dims), dtype and device
     by default."""
     if layout is None:
@@ -962,7 +996,7 @@ def full_like(
     if layout is torch.strided:
         return torch.full(
             input.shape,
-            fill_value,
+            fill_value,  # type: ignore[arg-type]  # (one torch.full does not take: its error)
             dtype=dtype or input.dtype,
             device=device or input.device,
             requires_grad=requires_grad,
@@ -978,17 +1012,17 @@ def full_like(
     )
 
 
-def _like(value):
+def _like(value: FillValue) -> Callable[..., torch.Tensor]:
     def make(
-        input,
+        input: torch.Tensor,
         *,
-        layout=None,
-        dtype=None,
-        device=None,
-        requires_grad=False,
-        dense_dim=None,
-        memory_format=None,
-    ):
+        layout: torch.layout | None = None,
+        dtype: torch.dtype | None = None,
+        device: Device = None,
+        requires_grad: bool = False,
+        dense_dim: int | None = None,
+        memory_format: torch.memory_format | None = None,
+    ) -> torch.Tensor:
         v = (
             value
             if value is not None

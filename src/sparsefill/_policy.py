@@ -31,6 +31,8 @@ import contextlib
 import dataclasses
 import threading
 import warnings
+from collections.abc import Iterator
+from types import EllipsisType, FrameType
 
 __all__ = [
     "DensifyWarning",
@@ -94,7 +96,7 @@ def _with(cur: DensifyPolicy, mode, limit_bytes, dense_by_nature) -> DensifyPoli
 
 def set_densify_policy(
     mode: str | None = None,
-    limit_bytes: int | None | type(...) = ...,
+    limit_bytes: int | None | EllipsisType = ...,
     *,
     dense_by_nature: str | None = None,
 ) -> DensifyPolicy:
@@ -108,10 +110,10 @@ def set_densify_policy(
 @contextlib.contextmanager
 def densify_policy(
     mode: str | None = None,
-    limit_bytes: int | None | type(...) = ...,
+    limit_bytes: int | None | EllipsisType = ...,
     *,
     dense_by_nature: str | None = None,
-):
+) -> Iterator[DensifyPolicy]:
     """Context manager: use this policy inside the ``with`` block (thread-local); arguments left out
     keep the value in force."""
     pol = _with(get_densify_policy(), mode, limit_bytes, dense_by_nature)
@@ -132,7 +134,8 @@ def _caller_stacklevel() -> int:
     import torch
 
     inside = (os.path.dirname(__file__), os.path.dirname(torch.__file__))
-    frame, level = sys._getframe(1), 1
+    frame: FrameType | None = sys._getframe(1)
+    level = 1
     while frame is not None and frame.f_code.co_filename.startswith(inside):
         frame, level = frame.f_back, level + 1
     return level

@@ -41,6 +41,8 @@ tensor([[12.,  7.],
         [14., 12.]])
 """
 
+from typing import TYPE_CHECKING
+
 from ._repr import (
     gather_ranges,
     lengths_gather,
@@ -66,6 +68,55 @@ from . import _aliases
 from ._aliases import ALIASES
 
 globals().update({_n: getattr(_aliases, _n) for _n in ALIASES})
+
+if TYPE_CHECKING:  # the aliases made above, for type checkers (tests/test_lint.py: the same names)
+    from collections.abc import Callable
+
+    import torch
+
+    lengths_max: Callable[..., torch.Tensor]
+    lengths_mean: Callable[..., torch.Tensor]
+    lengths_sum: Callable[..., torch.Tensor]
+    lengths_weighted_sum: Callable[..., torch.Tensor]
+    reduce_back_max: Callable[..., torch.Tensor]
+    reduce_back_mean: Callable[..., torch.Tensor]
+    reduce_back_min: Callable[..., torch.Tensor]
+    reduce_back_sum: Callable[..., torch.Tensor]
+    reduce_back_weighted_sum: Callable[..., torch.Tensor]
+    reduce_front_max: Callable[..., torch.Tensor]
+    reduce_front_mean: Callable[..., torch.Tensor]
+    reduce_front_min: Callable[..., torch.Tensor]
+    reduce_front_sum: Callable[..., torch.Tensor]
+    reduce_front_weighted_sum: Callable[..., torch.Tensor]
+    sorted_segment_max: Callable[..., torch.Tensor]
+    sorted_segment_mean: Callable[..., torch.Tensor]
+    sorted_segment_min: Callable[..., torch.Tensor]
+    sorted_segment_range_logmeanexp: Callable[..., torch.Tensor]
+    sorted_segment_range_logsumexp: Callable[..., torch.Tensor]
+    sorted_segment_range_max: Callable[..., torch.Tensor]
+    sorted_segment_range_mean: Callable[..., torch.Tensor]
+    sorted_segment_range_sum: Callable[..., torch.Tensor]
+    sorted_segment_sum: Callable[..., torch.Tensor]
+    sorted_segment_weighted_sum: Callable[..., torch.Tensor]
+    sparse_lengths_mean: Callable[..., torch.Tensor]
+    sparse_lengths_positional_weighted_sum: Callable[..., torch.Tensor]
+    sparse_lengths_sum: Callable[..., torch.Tensor]
+    sparse_lengths_weighted_sum: Callable[..., torch.Tensor]
+    sparse_sorted_segment_max: Callable[..., torch.Tensor]
+    sparse_sorted_segment_mean: Callable[..., torch.Tensor]
+    sparse_sorted_segment_min: Callable[..., torch.Tensor]
+    sparse_sorted_segment_sum: Callable[..., torch.Tensor]
+    sparse_sorted_segment_weighted_sum: Callable[..., torch.Tensor]
+    sparse_unsorted_segment_max: Callable[..., torch.Tensor]
+    sparse_unsorted_segment_mean: Callable[..., torch.Tensor]
+    sparse_unsorted_segment_min: Callable[..., torch.Tensor]
+    sparse_unsorted_segment_sum: Callable[..., torch.Tensor]
+    sparse_unsorted_segment_weighted_sum: Callable[..., torch.Tensor]
+    unsorted_segment_max: Callable[..., torch.Tensor]
+    unsorted_segment_mean: Callable[..., torch.Tensor]
+    unsorted_segment_min: Callable[..., torch.Tensor]
+    unsorted_segment_sum: Callable[..., torch.Tensor]
+    unsorted_segment_weighted_sum: Callable[..., torch.Tensor]
 
 __all__ = [
     "lengths_to_segment_ids",

@@ -25,6 +25,9 @@ tensor([[12.,  7.],
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 
 from ._reduce_ops import SEGMENT_REDUCERS, reduce
@@ -72,13 +75,16 @@ ALIASES: dict[str, tuple[str, str]] = {
 }
 
 
-def _make(family: str, rname: str):
+def _make(family: str, rname: str) -> Callable[..., torch.Tensor]:
     _, fused, rep, is_sorted = _FAMILIES[family]
     weighted = SEGMENT_REDUCERS[rname].weights is not None
+    alias: Callable[..., torch.Tensor]
 
     if rep in ("front", "back"):
 
-        def alias(data, *args, num_reduce_dims: int = 1, **kw):
+        def over_dims(
+            data: torch.Tensor, *args: Any, num_reduce_dims: int = 1, **kw: Any
+        ) -> torch.Tensor:
             if not 0 <= num_reduce_dims <= data.dim():
                 raise ValueError(
                     f"num_reduce_dims must be in [0, {data.dim()}], got {num_reduce_dims}"
@@ -91,27 +97,32 @@ def _make(family: str, rname: str):
             lengths = torch.tensor([x.shape[0]], device=data.device)
             out = reduce(x, rname, lengths=lengths, weights=args[0] if weighted else None, **kw)[0]
             return out
+
+        alias = over_dims
     else:
         n_pos = int(weighted) + int(fused) + 1
 
-        def alias(data, *args, **kw):
+        def positional(data: torch.Tensor, *args: Any, **kw: Any) -> torch.Tensor:
             if len(args) != n_pos:
                 raise TypeError(
                     f"{family}_{rname}() takes data and {n_pos} more positional tensors "
                     f"({', '.join(_arg_names(weighted, fused, rep))}), got {len(args)}"
                 )
-            args = list(args)
-            w = args.pop(0) if weighted else None
-            idx = args.pop(0) if fused else None
+            rest = list(args)
+            w = rest.pop(0) if weighted else None
+            idx = rest.pop(0) if fused else None
+            order: dict[str, Any] = {} if is_sorted else {"sorted": False}
             return reduce(
                 data,
                 rname,
-                **{rep: args[0]},
+                **{rep: rest[0]},
                 indices=idx,
                 weights=w,
-                **({} if is_sorted else {"sorted": False}),
+                **order,
                 **kw,
             )
+
+        alias = positional
 
     alias.__name__ = alias.__qualname__ = f"{family}_{rname}"
     caffe2 = "".join(p.capitalize() for p in family.split("_")) + "".join(

@@ -37,6 +37,7 @@ import functools
 import gc
 import sys
 from itertools import islice
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -360,6 +361,7 @@ class KeyedJaggedBatch:
             ws = None if self.weights is None else self.weights.tolist()
             ends = torch.cumsum(self.values_lengths, 0).tolist()
             starts = [0, *ends[:-1]]
+            lists: list[Any]
             if ws is None:
                 lists = [vals[a:b] for a, b in zip(starts, ends)]
             else:
@@ -378,6 +380,7 @@ class KeyedJaggedBatch:
     def _entries(self, order: torch.Tensor, example_lengths: torch.Tensor) -> KeyedJaggedBatch:
         """The batch made of the entries ``order`` (in that order), grouped as
         ``example_lengths``."""
+        w: torch.Tensor | None
         # (one gather of rows: one size for values and weights)
         if self.weights is not None and traced(self.values):
             from ._repr_ops import lengths_gather_rows
@@ -585,7 +588,7 @@ class KeyedJaggedBatch:
                 "weights= is for positional_weighted_sum only (the weighted reducers use the "
                 f"batch's weights), got reducer {reducer!r}"
             )
-        given = {}  # key -> as given (a key asked twice is pooled once)
+        given: dict = {}  # key -> as given (a key asked twice is pooled once)
         for k in keys:
             given.setdefault(int(k), k)
         keys = list(given)
@@ -672,15 +675,13 @@ class KeyedJaggedBatch:
         )
         KB = offsets.shape[0] - 1
         n = int(offsets[-1])
-        srcs = [self.values] + ([self.weights] if with_weights else [])
+        srcs = [self.values] + ([cast(torch.Tensor, self.weights)] if with_weights else [])
         if all(
             t.dim() == 1 and t.is_contiguous() and not (t.requires_grad and torch.is_grad_enabled())
             for t in srcs
         ) and _kernels.compiled_for(dev, n):
-            nb, parts = (
-                _kernels._nb(),
-                [],
-            )  # (one copy of each list: 4-6x fewer passes than the torch ops)
+            # (one copy of each list: fewer passes than the torch ops)
+            nb, parts = _kernels._nb(), []
             for t in srcs:
                 out = t.new_empty(n)
                 nb.gather_runs(

@@ -36,6 +36,7 @@ import dataclasses
 import math
 import numbers
 import weakref
+from typing import Any, cast
 
 import torch
 
@@ -205,8 +206,8 @@ def _weight_sums(plan: Plan, w: torch.Tensor) -> torch.Tensor:
     """``W[s] = sum_{p in s} w_p``."""
     S = plan.num_segments
     if plan.unsorted and not plan._sorted:
-        return w.new_zeros(S).index_add_(0, plan.ids, plan.direct(w))
-    return w.new_zeros(S).index_add_(0, plan.seg, plan.to_segment_order(w))
+        return w.new_zeros(S).index_add_(0, cast(torch.Tensor, plan.ids), plan.direct(w))
+    return w.new_zeros(S).index_add_(0, plan.seg, cast(torch.Tensor, plan.to_segment_order(w)))
 
 
 def _forward(
@@ -305,9 +306,9 @@ def _backward(
     need_w = weights is not None and (weights.requires_grad if need_w is None else need_w)
     gw = None
     # (the sums' data gradient reads no row)
-    X = _positions(plan, x2) if (red.kind != "sum" or need_w) else None
+    X: Any = _positions(plan, x2) if (red.kind != "sum" or need_w) else None
     if red.kind == "sum":
-        w_seg = _segment_weights(red, weights, plan)
+        w_seg: Any = _segment_weights(red, weights, plan)
         slope = red.slope(plan, weights, x2.dtype)  # d out / d acc: 1 / n_s, 1 / sqrt(n_s), 1 / W_s
         coef = None if slope is None else slope.index_select(0, seg)
         coef = w_seg if coef is None else coef if w_seg is None else coef * w_seg
