@@ -28,12 +28,13 @@ from __future__ import annotations
 import importlib
 import math
 import sys
+from typing import Any
 
 import numpy as np
 import torch
 
 from . import _convert
-from ._creation import sparse_coo_tensor, sparse_csr_tensor
+from ._creation import FillValue, sparse_coo_tensor, sparse_csr_tensor
 from ._tensor import SparseTensor
 
 __all__ = ["from_scipy", "to_scipy", "from_pydata", "to_pydata", "from_pandas", "to_pandas"]
@@ -193,7 +194,7 @@ def _module(name: str, what: str):
 
 
 # ---------------------------------------------------------------------- scipy.sparse
-def from_scipy(m, *, fill_value=0) -> SparseTensor:
+def from_scipy(m: Any, *, fill_value: FillValue = 0) -> SparseTensor:
     """SparseTensor of a scipy.sparse matrix or array (any format), its stored elements kept as they
     are.
 
@@ -248,7 +249,7 @@ def from_scipy(m, *, fill_value=0) -> SparseTensor:
     )
 
 
-def to_scipy(A: SparseTensor, format: str | None = None, *, materialize: bool = False):
+def to_scipy(A: SparseTensor, format: str | None = None, *, materialize: bool = False) -> Any:
     """scipy.sparse array (``coo_array``, ``csr_array``, ...) of a 2-D SparseTensor with zero fill:
     the same matrix, pattern and stored values (a hybrid tensor's dense slices become scalar
     elements); O(nse).
@@ -303,7 +304,7 @@ def to_scipy(A: SparseTensor, format: str | None = None, *, materialize: bool = 
 
 
 # ---------------------------------------------------------------------- pydata sparse
-def from_pydata(x) -> SparseTensor:
+def from_pydata(x: Any) -> SparseTensor:
     """SparseTensor of a pydata ``sparse`` array with its fill, pattern and stored values, any
     number of dims: ``from_pydata(x).to_dense() == torch.from_numpy(x.todense())``.
 
@@ -329,7 +330,7 @@ def from_pydata(x) -> SparseTensor:
     )
 
 
-def to_pydata(A: SparseTensor, format: str | None = None):
+def to_pydata(A: SparseTensor, format: str | None = None) -> Any:
     """pydata ``sparse.COO`` or ``sparse.GCXS`` of ``A`` with its fill, pattern and stored values (a
     hybrid tensor's dense slices become scalar elements; its fill must be one value); O(nse).
 
@@ -364,7 +365,7 @@ def to_pydata(A: SparseTensor, format: str | None = None):
 
 
 # ---------------------------------------------------------------------- pandas
-def from_pandas(obj) -> SparseTensor:
+def from_pandas(obj: Any) -> SparseTensor:
     """SparseTensor of a pandas ``SparseArray`` or ``Series`` of sparse dtype (1-D), or of a
     ``DataFrame`` whose columns are all sparse with one dtype and one fill (2-D, rows x columns),
     fill, pattern and values kept: ``from_pandas(obj).to_dense() ==
@@ -445,7 +446,7 @@ def _from_frame(pd, df) -> SparseTensor:
     )
 
 
-def to_pandas(A: SparseTensor, *, index=None, columns=None):
+def to_pandas(A: SparseTensor, *, index: Any = None, columns: Any = None) -> Any:
     """pandas object of a 1-D (``pandas.arrays.SparseArray``) or 2-D (``DataFrame`` of SparseArray
     columns) SparseTensor, with its fill, pattern and stored values; O(nse).
 

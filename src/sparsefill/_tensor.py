@@ -204,7 +204,7 @@ class SparseTensor(HostMixin, torch.Tensor):
         )
         return r
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__()
 
     @classmethod
@@ -381,7 +381,8 @@ class SparseTensor(HostMixin, torch.Tensor):
         """The fill as specified (may be smaller than the dense dims: it broadcasts over them)."""
         return self._fill
 
-    def set_fill_value_(self, fill_value) -> SparseTensor:
+    # (fill values are typed Any here: their alias, sparsefill._creation.FillValue, lives above)
+    def set_fill_value_(self, fill_value: Any) -> SparseTensor:
         """Replace the fill in place (any kind: scalar, array, ``[]`` for indefinite). Returns
         ``self``."""
         from ._creation import normalize_fill
@@ -430,7 +431,13 @@ class SparseTensor(HostMixin, torch.Tensor):
 
         return _same_dense(self, coalesce_of)
 
-    def to_dense(self, dtype=None, *, fill_value=None, masked_grad=None) -> torch.Tensor:
+    def to_dense(
+        self,
+        dtype: torch.dtype | None = None,
+        *,
+        fill_value: Any = None,
+        masked_grad: bool | None = None,
+    ) -> torch.Tensor:
         """The dense tensor ``A`` stands for; ``fill_value=`` stands in for an indefinite fill."""
         if self._view is not None:  # (self._sync(), inline: one Python call less per to_dense)
             _OPS.sync(self)
@@ -439,7 +446,12 @@ class SparseTensor(HostMixin, torch.Tensor):
         return out if dtype is None else out.to(dtype)
 
     def to_sparse(
-        self, layout=None, *, fill_value=None, dense_dim=None, blocksize=None
+        self,
+        layout: torch.layout | None = None,
+        *,
+        fill_value: Any = None,
+        dense_dim: int | None = None,
+        blocksize: Any = None,
     ) -> SparseTensor:
         """Change layout (COO <-> CSR), fill and/or dense dims; the dense equivalent is unchanged.
 
@@ -460,10 +472,12 @@ class SparseTensor(HostMixin, torch.Tensor):
             return _same_dense(self, lambda a: resplit(a, dense_dim, layout))
         return convert(self, layout, fill_value, dense_dim)
 
-    def to_sparse_coo(self, fill_value=None) -> SparseTensor:
+    def to_sparse_coo(self, fill_value: Any = None) -> SparseTensor:
         return self.to_sparse(torch.sparse_coo, fill_value=fill_value)
 
-    def to_sparse_csr(self, dense_dim=None, *, fill_value=None) -> SparseTensor:
+    def to_sparse_csr(
+        self, dense_dim: int | None = None, *, fill_value: Any = None
+    ) -> SparseTensor:
         return self.to_sparse(torch.sparse_csr, fill_value=fill_value, dense_dim=dense_dim)
 
     def to_torch(self, *, materialize: bool = False) -> torch.Tensor:

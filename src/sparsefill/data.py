@@ -28,7 +28,7 @@ both rules, for any nesting of tuples, lists and dicts:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 import torch
@@ -63,7 +63,9 @@ def _describe(A: SparseTensor) -> str:
     return f"shape {tuple(A.shape)}, {A.sparse_layout}, dense dims {A.dense_dim()}, fill {fill}"
 
 
-def collate_sparse(batch, *, collate_fn_map=None) -> SparseTensor:
+def collate_sparse(
+    batch: Sequence[SparseTensor], *, collate_fn_map: dict | None = None
+) -> SparseTensor:
     """Stack SparseTensors along a new leading dim: ``torch.stack(batch)``, after checking that they
     share shape, layout, dense dims and fill (ValueError naming the first element that differs;
     TypeError for an element that is no SparseTensor).  The result has their fill and layout (CSR:
@@ -96,10 +98,12 @@ def collate_sparse(batch, *, collate_fn_map=None) -> SparseTensor:
                 f"({_describe(first)}): a batch of SparseTensors needs one shape, layout, dense "
                 "dims and fill"
             )
-    return cast(SparseTensor, torch.stack(batch))
+    return cast(SparseTensor, torch.stack(tuple(batch)))
 
 
-def collate_jagged(batch, *, collate_fn_map=None) -> KeyedJaggedBatch:
+def collate_jagged(
+    batch: Sequence[KeyedJaggedBatch], *, collate_fn_map: dict | None = None
+) -> KeyedJaggedBatch:
     """The examples of a batch of KeyedJaggedBatches one after the other
     (:meth:`KeyedJaggedBatch.concat`)."""
     batch = list(batch)
@@ -112,7 +116,7 @@ def collate_jagged(batch, *, collate_fn_map=None) -> KeyedJaggedBatch:
     return KeyedJaggedBatch.concat(batch)
 
 
-def collate(batch):
+def collate(batch: Sequence[Any]) -> Any:
     """``torch.utils.data.default_collate`` with the SparseTensor and KeyedJaggedBatch rules (usable
     as a DataLoader's ``collate_fn`` even where torch's default map was changed)."""
     return _torch_collate(batch, collate_fn_map={**default_collate_fn_map, **_RULES})

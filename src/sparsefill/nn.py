@@ -43,8 +43,10 @@ from typing import Any, cast
 
 import torch
 from torch import nn
+from torch.types import Device
 
 from . import _creation
+from ._creation import FillValue
 from ._tensor import SparseTensor
 
 __all__ = ["SparseParameter", "SparseLinear"]
@@ -90,7 +92,7 @@ class SparseParameter(nn.Module):
     fill: torch.Tensor
     _checked: Any
 
-    def __init__(self, data, *, train_fill: bool = False):
+    def __init__(self, data: torch.Tensor, *, train_fill: bool = False) -> None:
         super().__init__()
         A = cast(SparseTensor, _as_sparse(data, "data").detach())
         if not (A.dtype.is_floating_point or A.dtype.is_complex):
@@ -118,7 +120,7 @@ class SparseParameter(nn.Module):
         )
 
     @classmethod
-    def from_sparse(cls, data, *, train_fill: bool = False) -> SparseParameter:
+    def from_sparse(cls, data: torch.Tensor, *, train_fill: bool = False) -> SparseParameter:
         """``SparseParameter(data)``: ``data`` a SparseTensor or a torch sparse tensor (COO,
         CSR...)."""
         return cls(data, train_fill=train_fill)
@@ -128,9 +130,9 @@ class SparseParameter(nn.Module):
         cls,
         x: torch.Tensor,
         *,
-        fill_value=0.0,
-        layout=torch.sparse_coo,
-        dense_dim=None,
+        fill_value: FillValue = 0.0,
+        layout: torch.layout = torch.sparse_coo,
+        dense_dim: int | None = None,
         train_fill: bool = False,
     ) -> SparseParameter:
         """The elements of ``x`` that differ from ``fill_value`` as the pattern
@@ -296,13 +298,13 @@ class SparseLinear(nn.Module):
         density: float | None = None,
         bias: bool = True,
         *,
-        pattern=None,
-        fill_value=0.0,
-        layout=torch.sparse_coo,
+        pattern: torch.Tensor | None = None,
+        fill_value: FillValue = 0.0,
+        layout: torch.layout = torch.sparse_coo,
         train_fill: bool = False,
-        device=None,
-        dtype=None,
-    ):
+        device: Device = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
         super().__init__()
         for name, v in (("in_features", in_features), ("out_features", out_features)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
@@ -355,7 +357,7 @@ class SparseLinear(nn.Module):
 
     @classmethod
     def from_sparse(
-        cls, weight, bias: torch.Tensor | None = None, *, train_fill: bool = False
+        cls, weight: torch.Tensor, bias: torch.Tensor | None = None, *, train_fill: bool = False
     ) -> SparseLinear:
         """A SparseLinear of weight ``weight`` (SparseTensor or torch sparse, 2-d, its pattern and
         fill) and ``bias`` (copied; None: no bias)."""
@@ -379,11 +381,11 @@ class SparseLinear(nn.Module):
     @classmethod
     def from_dense(
         cls,
-        weight,
+        weight: torch.Tensor | nn.Linear,
         bias: torch.Tensor | None = None,
         *,
-        fill_value=0.0,
-        layout=torch.sparse_coo,
+        fill_value: FillValue = 0.0,
+        layout: torch.layout = torch.sparse_coo,
         train_fill: bool = False,
     ) -> SparseLinear:
         """The elements of ``weight`` that differ from ``fill_value`` as the pattern; ``weight`` a
@@ -395,7 +397,8 @@ class SparseLinear(nn.Module):
                     "from_dense(nn.Linear, bias=...): the bias comes from the nn.Linear; pass "
                     "bias=None"
                 )
-            weight, bias = weight.weight, weight.bias
+            bias = weight.bias
+            weight = weight.weight
         if (
             not isinstance(weight, torch.Tensor)
             or isinstance(weight, SparseTensor)

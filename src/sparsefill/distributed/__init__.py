@@ -39,6 +39,9 @@ for SparseTensor parameters and sparse-gradient tables; ``_ddp.py``);
 
 from __future__ import annotations
 
+from typing import Any
+
+import torch
 import torch.distributed as dist
 
 from . import _c10d, _functional  # noqa: F401  (register the c10d and functional-collective handlers)
@@ -75,7 +78,14 @@ __all__ = [
 ]
 
 
-def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, *, algorithm: str = "auto"):
+def all_reduce(
+    tensor: torch.Tensor,
+    op: Any = ReduceOp.SUM,
+    group: dist.ProcessGroup | None = None,
+    async_op: bool = False,
+    *,
+    algorithm: str = "auto",
+) -> Any:
     """``dist.all_reduce(tensor, op, group, async_op)`` (SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR,
     BXOR), with ``algorithm`` for a SparseTensor: ``"sparse"`` moves the stored elements (the result
     has the union pattern), ``"dense"`` all-reduces the dense tensor (the result stores what differs

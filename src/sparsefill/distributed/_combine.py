@@ -25,6 +25,8 @@ tensor([1.0000, 3.5000, 0.0000, 2.0000, 0.0000])
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch.distributed import ReduceOp
 
@@ -78,7 +80,9 @@ def check_op(op, dtype: torch.dtype) -> None:
         )
 
 
-def combine(op, tensors: list, layout=None) -> SparseTensor:
+def combine(
+    op: Any, tensors: list[SparseTensor], layout: torch.layout | None = None
+) -> SparseTensor:
     """The reduction of ``tensors`` (SparseTensors of one shape, dtype and dense dims) by ``op``, in
     ``layout`` (default the first one's), coalesced; see the module docstring."""
     T0 = tensors[0]

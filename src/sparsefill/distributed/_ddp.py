@@ -21,6 +21,9 @@ steps of one process on the ``W * B`` examples (the gradients are the same avera
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Any
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -37,7 +40,9 @@ class GradSync:
     ``find_unused_parameters=False``): the hooks run one collective per parameter, in the order
     backward reaches them.  ``remove()`` takes the hooks off."""
 
-    def __init__(self, params, group=None):
+    def __init__(
+        self, params: Iterable[torch.Tensor], group: dist.ProcessGroup | None = None
+    ) -> None:
         self.params = list(params)
         self.group = group
         self.handles = [p.register_post_accumulate_grad_hook(self._hook) for p in self.params]
@@ -52,7 +57,7 @@ class GradSync:
         self.handles = []
 
 
-def average(g: torch.Tensor, group=None) -> torch.Tensor:
+def average(g: torch.Tensor, group: dist.ProcessGroup | None = None) -> torch.Tensor:
     """The mean of ``g`` over the ranks: in place for a SparseTensor or a dense tensor; a native
     sparse tensor comes back as a new (coalesced) native sparse tensor."""
     if isinstance(g, SparseTensor):
@@ -71,7 +76,13 @@ def average(g: torch.Tensor, group=None) -> torch.Tensor:
     return g.div_(dist.get_world_size(group))
 
 
-def data_parallel(module: nn.Module, *, sparse=(), process_group=None, **ddp_kwargs):
+def data_parallel(
+    module: nn.Module,
+    *,
+    sparse: Iterable[str] = (),
+    process_group: dist.ProcessGroup | None = None,
+    **ddp_kwargs: Any,
+) -> nn.Module:
     """``module`` for data-parallel training: a ``DistributedDataParallel`` over the parameters it
     can bucket (``module`` itself when there are none), and a :class:`GradSync`
     (``result.sparse_grad_sync``) over the SparseTensor parameters and the parameters named in

@@ -28,13 +28,19 @@ optimizer::
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.types import Device
 
 from .. import segment
 from ._exchange import _ALL_GATHER, traffic
+
+if TYPE_CHECKING:
+    from ..segment import KeyedJaggedBatch
 
 
 class RowShardedEmbeddingBag(nn.Module):
@@ -49,12 +55,12 @@ class RowShardedEmbeddingBag(nn.Module):
         *,
         mode: str = "sum",
         pool: str | None = None,
-        group=None,
+        group: dist.ProcessGroup | None = None,
         average_grad: bool = True,
-        dtype=None,
-        device=None,
-        _shard=None,
-    ):
+        dtype: torch.dtype | None = None,
+        device: Device = None,
+        _shard: Any = None,
+    ) -> None:
         super().__init__()
         # (owners pool sums and means: fewer bytes, no id-sized gradient back; measured faster)
         if pool is None:
@@ -86,7 +92,7 @@ class RowShardedEmbeddingBag(nn.Module):
 
     @classmethod
     def from_pretrained(
-        cls, embeddings: torch.Tensor, *, freeze: bool = False, **kw
+        cls, embeddings: torch.Tensor, *, freeze: bool = False, **kw: Any
     ) -> RowShardedEmbeddingBag:
         """This rank's rows of ``embeddings`` (the full ``num_embeddings x D`` table, the same on
         every rank)."""
@@ -142,7 +148,9 @@ class RowShardedEmbeddingBag(nn.Module):
             else torch.zeros(1, dtype=torch.int64, device=input.device),
         )
 
-    def forward_jagged(self, batch, keys=None) -> dict:
+    def forward_jagged(
+        self, batch: KeyedJaggedBatch, keys: Sequence[int] | None = None
+    ) -> dict[int, torch.Tensor]:
         """``{key: (B, D)}`` for a ``KeyedJaggedBatch``: every key's ids of every example pooled,
         one exchange for all keys (a missing key: the empty bag)."""
         keys = sorted(set(batch.keys.tolist())) if keys is None else [int(k) for k in keys]
