@@ -40,6 +40,7 @@ tensor([[0.1192, 0.0000, 0.8808],
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 
@@ -351,8 +352,14 @@ NotImplementedError where the input is masked: a mask given or an indefinite fil
 """
 
 
-def _softmax_like(name, sign, log, c_out, formula, example):
-    def op(input, dim, *, dtype=None, mask=None):
+def _softmax_like(name, sign, log, c_out, formula, example) -> Callable[..., torch.Tensor]:
+    def op(
+        input: torch.Tensor,
+        dim: int,
+        *,
+        dtype: torch.dtype | None = None,
+        mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         if not is_sparse(input):
             return getattr(torch.masked, name)(
                 input, dim, dtype=dtype, mask=dense_mask(mask, input)
@@ -416,7 +423,15 @@ softmin = _softmax_like(
 )
 
 
-def normalize(input, ord, dim, *, eps=1e-12, dtype=None, mask=None):
+def normalize(
+    input: torch.Tensor,
+    ord: float,
+    dim: int,
+    *,
+    eps: float = 1e-12,
+    dtype: torch.dtype | None = None,
+    mask: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Masked normalize along ``dim``: for a slice ``x`` with masked-in set ``I``::
 
         out[p] = where(p in I, x[p], 0) / max(masked.norm(x, ord, mask=I), eps)
@@ -471,10 +486,16 @@ _CUM_EXAMPLE = {
 }
 
 
-def _cum(name, mode):
+def _cum(name: str, mode: str) -> Callable[..., torch.Tensor]:
     ident = 0.0 if mode == "sum" else 1.0
 
-    def op(input, dim, *, dtype=None, mask=None):
+    def op(
+        input: torch.Tensor,
+        dim: int,
+        *,
+        dtype: torch.dtype | None = None,
+        mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         if not is_sparse(input):
             return getattr(torch.masked, name)(
                 input, dim, dtype=dtype, mask=dense_mask(mask, input)

@@ -24,6 +24,7 @@ tensor([-4.,  0.])
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 
@@ -132,7 +133,14 @@ def _sum_dtype(x, dtype):
     return torch.int64 if x.dtype in _INT_PROMOTE else x.dtype
 
 
-def sum(input, dim=None, *, keepdim=False, dtype=None, mask=None):
+def sum(
+    input: torch.Tensor,
+    dim: int | list[int] | tuple[int, ...] | None = None,
+    *,
+    keepdim: bool = False,
+    dtype: torch.dtype | None = None,
+    mask: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Masked sum: ``torch.sum(torch.where(mask, input, 0), dim)``; fully masked-out slices give
     0."""
     if not is_sparse(input):
@@ -152,7 +160,14 @@ def sum(input, dim=None, *, keepdim=False, dtype=None, mask=None):
     )
 
 
-def prod(input, dim=None, *, keepdim=False, dtype=None, mask=None):
+def prod(
+    input: torch.Tensor,
+    dim: int | list[int] | tuple[int, ...] | None = None,
+    *,
+    keepdim: bool = False,
+    dtype: torch.dtype | None = None,
+    mask: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Masked product: ``torch.prod(torch.where(mask, input, 1), dim)``; fully masked-out slices
     give 1."""
     if not is_sparse(input):
@@ -171,8 +186,15 @@ def prod(input, dim=None, *, keepdim=False, dtype=None, mask=None):
     )
 
 
-def _extreme(name, mode):
-    def op(input, dim=None, *, keepdim=False, dtype=None, mask=None):
+def _extreme(name: str, mode: str) -> Callable[..., torch.Tensor]:
+    def op(
+        input: torch.Tensor,
+        dim: int | list[int] | tuple[int, ...] | None = None,
+        *,
+        keepdim: bool = False,
+        dtype: torch.dtype | None = None,
+        mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         if not is_sparse(input):
             return getattr(torch.masked, name)(
                 input, dim, keepdim=keepdim, dtype=dtype, mask=dense_mask(mask, input)
@@ -202,7 +224,14 @@ amax = _extreme("amax", "amax")
 amin = _extreme("amin", "amin")
 
 
-def mean(input, dim=None, *, keepdim=False, dtype=None, mask=None):
+def mean(
+    input: torch.Tensor,
+    dim: int | list[int] | tuple[int, ...] | None = None,
+    *,
+    keepdim: bool = False,
+    dtype: torch.dtype | None = None,
+    mask: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Masked mean: ``sum(input * mask, dim) / sum(mask, dim)``; fully masked-out slices give
     NaN."""
     if not is_sparse(input):
@@ -226,7 +255,14 @@ def mean(input, dim=None, *, keepdim=False, dtype=None, mask=None):
     )
 
 
-def logsumexp(input, dim=None, *, keepdim=False, dtype=None, mask=None):
+def logsumexp(
+    input: torch.Tensor,
+    dim: int | list[int] | tuple[int, ...] | None = None,
+    *,
+    keepdim: bool = False,
+    dtype: torch.dtype | None = None,
+    mask: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Masked logsumexp: ``torch.logsumexp(input.masked_fill(~mask, -inf), dim)``; fully masked-out
     slices give -inf."""
     if not is_sparse(input):
@@ -251,7 +287,15 @@ def logsumexp(input, dim=None, *, keepdim=False, dtype=None, mask=None):
     )
 
 
-def norm(input, ord=2.0, dim=None, *, keepdim=False, dtype=None, mask=None):
+def norm(
+    input: torch.Tensor,
+    ord: float = 2.0,
+    dim: int | list[int] | tuple[int, ...] | None = None,
+    *,
+    keepdim: bool = False,
+    dtype: torch.dtype | None = None,
+    mask: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Masked vector norm: ``torch.linalg.vector_norm(torch.where(mask, input, 0), ord, dim)``, i.e.
     ``(sum_{masked-in} |x|^ord)^(1/ord)``; fully masked-out slices give 0 (+inf for ``ord=-inf``,
     whose masked-out elements read +inf).  For a negative finite ``ord`` the masked-out elements are
@@ -356,18 +400,43 @@ def _std_var(name, input, dim, unbiased, correction, keepdim, dtype, mask, take_
     )
 
 
-def var(input, dim=None, unbiased=None, *, correction=None, keepdim=False, dtype=None, mask=None):
+def var(
+    input: torch.Tensor,
+    dim: int | list[int] | tuple[int, ...] | None = None,
+    unbiased: bool | None = None,
+    *,
+    correction: float | None = None,
+    keepdim: bool = False,
+    dtype: torch.dtype | None = None,
+    mask: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Masked variance ``sum((x - mean)^2) / max(count - correction, 0)`` over the masked-in
     elements; fully masked-out slices give NaN."""
     return _std_var("var", input, dim, unbiased, correction, keepdim, dtype, mask, False)
 
 
-def std(input, dim=None, unbiased=None, *, correction=None, keepdim=False, dtype=None, mask=None):
+def std(
+    input: torch.Tensor,
+    dim: int | list[int] | tuple[int, ...] | None = None,
+    unbiased: bool | None = None,
+    *,
+    correction: float | None = None,
+    keepdim: bool = False,
+    dtype: torch.dtype | None = None,
+    mask: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Masked standard deviation: ``sqrt(var(...))``; fully masked-out slices give NaN."""
     return _std_var("std", input, dim, unbiased, correction, keepdim, dtype, mask, True)
 
 
-def median(input, dim=-1, *, keepdim=False, dtype=None, mask=None):
+def median(
+    input: torch.Tensor,
+    dim: int = -1,
+    *,
+    keepdim: bool = False,
+    dtype: torch.dtype | None = None,
+    mask: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Masked median (``torch.nanmedian`` of the masked-in elements: the lower median, NaN values
     ignored); fully masked-out slices give NaN (integer inputs raise ValueError then, as
     torch.masked)."""
@@ -408,8 +477,15 @@ def _every_position_stored(out) -> bool:
     return bool(out._coalesced) and stored == _index.numel(out._sparse_shape)
 
 
-def _argext(name, mode):
-    def op(input, dim=None, *, keepdim=False, dtype=None, mask=None):
+def _argext(name: str, mode: str) -> Callable[..., torch.Tensor]:
+    def op(
+        input: torch.Tensor,
+        dim: int | list[int] | tuple[int, ...] | None = None,
+        *,
+        keepdim: bool = False,
+        dtype: torch.dtype | None = None,
+        mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         if not is_sparse(input):
             return getattr(torch.masked, name)(
                 input, dim, keepdim=keepdim, dtype=dtype, mask=dense_mask(mask, input)

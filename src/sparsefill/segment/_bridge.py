@@ -22,8 +22,9 @@ from __future__ import annotations
 import torch
 
 from .. import _engine, _reduce
-from .._creation import sparse_csr_tensor
-from ._check import as_index, check_indices, check_lengths
+from .._creation import FillValue, sparse_csr_tensor
+from .._tensor import SparseTensor
+from ._check import IndexLike, as_index, check_indices, check_lengths
 from ._repr import lengths_range_fill, lengths_to_offsets
 
 __all__ = ["to_sparse_csr", "from_sparse_csr", "ids_to_sparse", "csr_row_reduce"]
@@ -42,12 +43,12 @@ _ROW_REDUCERS = {
 
 def to_sparse_csr(
     data: torch.Tensor,
-    lengths,
+    lengths: IndexLike,
     *,
     num_columns: int | None = None,
-    fill_value=0,
+    fill_value: FillValue = 0,
     validate: bool = True,
-):
+) -> SparseTensor:
     """The batch as a CSR SparseTensor of shape ``(S, L, *data.shape[1:])`` (``L = num_columns`` or
     the longest segment); differentiable in ``data`` (through the constructor)."""
     lengths = as_index(lengths, "lengths", data.device)
@@ -70,7 +71,7 @@ def to_sparse_csr(
     )
 
 
-def from_sparse_csr(A) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def from_sparse_csr(A: SparseTensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(values, lengths, columns)`` of a 2-D CSR SparseTensor (``lengths`` = stored elements per
     row).
 
@@ -88,13 +89,13 @@ def from_sparse_csr(A) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 
 
 def ids_to_sparse(
-    ids,
-    lengths,
+    ids: IndexLike,
+    lengths: IndexLike,
     num_ids: int | None = None,
     *,
     weights: torch.Tensor | None = None,
     validate: bool = True,
-):
+) -> SparseTensor:
     """The id lists as a CSR SparseTensor ``(S, num_ids)``: ``A[s, j] = sum of weights[i]`` over the
     positions ``i`` of segment ``s`` with ``ids[i] == j`` (fill 0).  ``num_ids`` defaults to
     ``max(ids) + 1``."""
@@ -124,7 +125,7 @@ def ids_to_sparse(
     )
 
 
-def csr_row_reduce(A, reducer: str = "sum") -> torch.Tensor:
+def csr_row_reduce(A: SparseTensor, reducer: str = "sum") -> torch.Tensor:
     """Reduce every row of a 2-D CSR SparseTensor, its unspecified elements included (dense result).
 
     The rows are segments of the stored values; the ``n_s = ncols - nse_s`` fills of row ``s`` join

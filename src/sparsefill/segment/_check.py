@@ -7,8 +7,14 @@ passes ``validate=True`` (the default); the O(1) shape checks always run.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import torch
+
+#: 1-D integer indices (lengths, offsets, segment ids, positions): an int32 or int64 tensor, or a
+#: sequence of ints (read as int64).
+IndexLike = torch.Tensor | Sequence[int]
 
 __all__ = [
     "as_index",

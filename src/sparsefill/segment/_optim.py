@@ -51,7 +51,7 @@ import torch
 
 from . import _kernels
 from .._compile import traced, when_dynamo_loads
-from ._check import as_index, check_indices
+from ._check import IndexLike, as_index, check_indices
 
 __all__ = ["sparse_adagrad", "rowwise_sparse_adagrad", "sparse_ftrl", "SparseAdagrad", "SparseFtrl"]
 
@@ -247,10 +247,10 @@ def _compiled(kernel: str, param, states, idx, grad, mode, *scalars) -> bool:
 
 @torch.no_grad()
 def sparse_adagrad(
-    param,
-    moment,
-    indices,
-    grad,
+    param: torch.Tensor,
+    moment: torch.Tensor,
+    indices: IndexLike,
+    grad: torch.Tensor,
     *,
     lr: float,
     eps: float = 1e-5,
@@ -285,10 +285,10 @@ def sparse_adagrad(
 
 @torch.no_grad()
 def rowwise_sparse_adagrad(
-    param,
-    moment,
-    indices,
-    grad,
+    param: torch.Tensor,
+    moment: torch.Tensor,
+    indices: IndexLike,
+    grad: torch.Tensor,
     *,
     lr: float,
     eps: float = 1e-5,
@@ -321,11 +321,11 @@ def rowwise_sparse_adagrad(
 
 @torch.no_grad()
 def sparse_ftrl(
-    param,
-    n,
-    z,
-    indices,
-    grad,
+    param: torch.Tensor,
+    n: torch.Tensor,
+    z: torch.Tensor,
+    indices: IndexLike,
+    grad: torch.Tensor,
     *,
     alpha: float = 0.005,
     beta: float = 1.0,
