@@ -36,15 +36,17 @@ import dataclasses
 import functools
 import gc
 import sys
+from collections.abc import Iterable, Mapping, Sequence
 from itertools import islice
 from typing import Any, cast
 
 import numpy as np
 import torch
+from torch.types import Device
 
 from .._compile import traced
 from . import _kernels
-from ._check import as_index, check_lengths
+from ._check import IndexLike, as_index, check_lengths
 from ._pack import pack_segments
 from ._reduce_ops import reduce
 from ._repr import lengths_gather
@@ -322,10 +324,21 @@ class KeyedJaggedBatch:
 
     # ---------------------------------------------------------------------------- construction
     @classmethod
-    def from_lists(cls, batch, *, weights=None, dtype=torch.int64, device=None) -> KeyedJaggedBatch:
+    def from_lists(
+        cls,
+        batch: Sequence[Mapping[int, Sequence[int]]],
+        *,
+        weights: Sequence[Mapping[int, Sequence[float]]] | None = None,
+        dtype: torch.dtype = torch.int64,
+        device: Device = None,
+    ) -> KeyedJaggedBatch:
         """From a list of ``{key: [ids]}`` dicts (key order kept); ``weights`` alike (``{key:
         [w]}``)."""
-        keys, vlen, elen, vals, ws = [], [], [], [], []
+        keys: list[int] = []
+        vlen: list[int] = []
+        elen: list[int] = []
+        vals: list[int] = []
+        ws: list[float] = []
         for e, ex in enumerate(batch):
             elen.append(len(ex))
             for k, ids in ex.items():
@@ -340,7 +353,7 @@ class KeyedJaggedBatch:
                             f"{len(ids)} ids"
                         )
                     ws.extend(w)
-        t = dict(dtype=torch.int64, device=device)
+        t: dict[str, Any] = dict(dtype=torch.int64, device=device)
         return cls(
             torch.tensor(vals, dtype=dtype, device=device),
             torch.tensor(vlen, **t),
@@ -406,7 +419,7 @@ class KeyedJaggedBatch:
         )
 
     # ---------------------------------------------------------------------------- keys
-    def select_keys(self, keys) -> KeyedJaggedBatch:
+    def select_keys(self, keys: IndexLike) -> KeyedJaggedBatch:
         """Keep the entries whose key is in ``keys``, ordered as ``keys`` within every example
         (``permute_keys`` is the same call with every key)."""
         if traced(self.values):  # torch.compile: sizes read from data
@@ -447,7 +460,7 @@ class KeyedJaggedBatch:
         return self._entries(order, per.sum(0))
 
     # ---------------------------------------------------------------------------- batches
-    def split(self, sizes) -> list[KeyedJaggedBatch]:
+    def split(self, sizes: Sequence[int]) -> list[KeyedJaggedBatch]:
         """Split along the examples into batches of ``sizes`` examples (as ``torch.split`` with a
         list)."""
         sizes = list(sizes)
@@ -472,7 +485,7 @@ class KeyedJaggedBatch:
         return out
 
     @staticmethod
-    def concat(batches) -> KeyedJaggedBatch:
+    def concat(batches: Iterable[KeyedJaggedBatch]) -> KeyedJaggedBatch:
         """The examples of ``batches`` one after the other."""
         batches = list(batches)
         if not batches:
@@ -485,12 +498,16 @@ class KeyedJaggedBatch:
             torch.cat([b.values_lengths for b in batches]),
             torch.cat([b.keys for b in batches]),
             torch.cat([b.example_lengths for b in batches]),
-            torch.cat([b.weights for b in batches]) if has_w == {True} else None,
+            torch.cat([cast(torch.Tensor, b.weights) for b in batches])
+            if has_w == {True}
+            else None,
             validate=False,
         )  # (examples of valid batches make a valid batch)
 
     # ---------------------------------------------------------------------------- dense and pooled
-    def to_padded(self, keys, *, pad_value=0, max_length: int | None = None):
+    def to_padded(
+        self, keys: IndexLike, *, pad_value: int = 0, max_length: int | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(padded, mask)``: ``padded[e, j, :]`` holds the ids of key ``keys[j]`` in example
         ``e``, padded with ``pad_value`` to the longest list (or ``max_length``, truncating); shape
         ``(B, K, L)``."""
@@ -552,7 +569,14 @@ class KeyedJaggedBatch:
         mask = torch.arange(L, device=dev) < by_row
         return flat[: B * K * L].view(B, K, L, *vals.shape[1:]), mask.view(B, K, L)
 
-    def pooled(self, tables, reducer: str = "sum", *, keys=None, **kw) -> dict[int, torch.Tensor]:
+    def pooled(
+        self,
+        tables: torch.Tensor | dict[int, torch.Tensor],
+        reducer: str = "sum",
+        *,
+        keys: IndexLike | None = None,
+        **kw: Any,
+    ) -> dict[int, torch.Tensor]:
         """Per key, the ids of every example looked up in ``tables[key]`` (or one shared table) and
         reduced: ``out[key][e] = reduce(table[ids of key in example e])``, shape ``(B, D)``; a
         missing key gives the empty value; a key asked twice is pooled once.  Weighted reducers use

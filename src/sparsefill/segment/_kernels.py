@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Iterator
 
 import numpy as np
 import torch
@@ -86,7 +87,7 @@ def backend() -> str:
 
 
 @contextlib.contextmanager
-def use_backend(name: str):
+def use_backend(name: str) -> Iterator[None]:
     """Context manager: run the enclosed calls with ``set_backend(name)``."""
     old = _STATE["backend"]
     set_backend(name)

@@ -48,6 +48,7 @@ import weakref
 
 import numpy as np
 import torch
+from torch.optim.optimizer import ParamsT
 
 from . import _kernels
 from .._compile import traced, when_dynamo_loads
@@ -452,7 +453,7 @@ class SparseAdagrad(_RowOptimizer):
 
     def __init__(
         self,
-        params,
+        params: ParamsT,
         lr: float = 1e-2,
         eps: float = 1e-10,
         weight_decay: float = 0.0,
@@ -490,7 +491,7 @@ class SparseFtrl(_RowOptimizer):
 
     def __init__(
         self,
-        params,
+        params: ParamsT,
         alpha: float = 0.005,
         beta: float = 1.0,
         lambda1: float = 0.001,

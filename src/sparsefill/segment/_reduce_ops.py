@@ -36,14 +36,14 @@ import dataclasses
 import math
 import numbers
 import weakref
-from typing import Any, cast
+from typing import Any, Literal, cast, overload
 
 import torch
 
 from .. import _reduce
 from .._compile import traced
 from . import _kernels
-from ._check import as_index, check_indices, check_rows
+from ._check import IndexLike, as_index, check_indices, check_rows
 from ._plan import Plan, make_plan
 
 __all__ = ["reduce", "SegmentReducer", "SEGMENT_REDUCERS"]
@@ -100,11 +100,13 @@ class SegmentReducer:
     def linear(self) -> bool:
         return self.kind == "sum"
 
-    def count(self, plan: Plan, weights) -> torch.Tensor:
+    def count(self, plan: Plan, weights: torch.Tensor | None) -> torch.Tensor:
         """What ``finalize`` divides by, per segment."""
-        return _weight_sums(plan, weights) if self.scale == "weights" else plan.counts
+        if self.scale == "weights":
+            return _weight_sums(plan, cast(torch.Tensor, weights))  # (a weighted mean has weights)
+        return plan.counts
 
-    def finalize(self, acc: torch.Tensor, plan: Plan, weights) -> torch.Tensor:
+    def finalize(self, acc: torch.Tensor, plan: Plan, weights: torch.Tensor | None) -> torch.Tensor:
         """The protocol's finalize of the per-segment ``acc`` (shape ``(S, D)``)."""
         return (
             acc
@@ -112,7 +114,9 @@ class SegmentReducer:
             else self.base.finalize(acc, self.count(plan, weights))
         )
 
-    def slope(self, plan: Plan, weights, dtype):
+    def slope(
+        self, plan: Plan, weights: torch.Tensor | None, dtype: torch.dtype
+    ) -> torch.Tensor | None:
         """``d finalize / d acc`` per segment for a linear reducer (its finalize is linear in acc);
         None: 1."""
         if self.base._finalize is None:
@@ -420,24 +424,67 @@ class _SegmentReduceFn(torch.autograd.Function):
 
 # ------------------------------------------------------------------------------------------ entry
 # point
+# (the result: a tensor, or (result, arg) with return_arg=True)
+@overload
 def reduce(
     data: torch.Tensor,
-    reducer="sum",
+    reducer: str | SegmentReducer = "sum",
     *,
-    lengths=None,
-    offsets=None,
-    segment_ids=None,
-    indices=None,
-    weights=None,
+    lengths: IndexLike | None = None,
+    offsets: IndexLike | None = None,
+    segment_ids: IndexLike | None = None,
+    indices: IndexLike | None = None,
+    weights: torch.Tensor | None = None,
     num_segments: int | None = None,
     sorted: bool = True,
-    empty=None,
+    empty: float | None = None,
+    return_arg: Literal[False] = False,
+    ties: str = "split",
+    out_of_range: str = "error",
+    validate: bool = True,
+    sparse_grad: bool = False,
+) -> torch.Tensor: ...
+
+
+@overload
+def reduce(
+    data: torch.Tensor,
+    reducer: str | SegmentReducer = "sum",
+    *,
+    lengths: IndexLike | None = None,
+    offsets: IndexLike | None = None,
+    segment_ids: IndexLike | None = None,
+    indices: IndexLike | None = None,
+    weights: torch.Tensor | None = None,
+    num_segments: int | None = None,
+    sorted: bool = True,
+    empty: float | None = None,
+    return_arg: Literal[True],
+    ties: str = "split",
+    out_of_range: str = "error",
+    validate: bool = True,
+    sparse_grad: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+def reduce(
+    data: torch.Tensor,
+    reducer: str | SegmentReducer = "sum",
+    *,
+    lengths: IndexLike | None = None,
+    offsets: IndexLike | None = None,
+    segment_ids: IndexLike | None = None,
+    indices: IndexLike | None = None,
+    weights: torch.Tensor | None = None,
+    num_segments: int | None = None,
+    sorted: bool = True,
+    empty: float | None = None,
     return_arg: bool = False,
     ties: str = "split",
     out_of_range: str = "error",
     validate: bool = True,
     sparse_grad: bool = False,
-):
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Reduce the rows of every segment of ``data`` (dim 0) with ``reducer`` (see the module
     docstring).
 
