@@ -63,16 +63,17 @@ def _public_functions():
         M = importlib.import_module(mod)
         for name in M.__all__:
             obj = getattr(M, name)
-            if inspect.isclass(obj):
+            if inspect.isclass(obj):  # its methods, inherited ones included
                 members = [
-                    (f"{mod}.{name}.{k}", getattr(v, "__func__", v))
-                    for k, v in vars(obj).items()
+                    (f"{mod}.{name}.{k}", inspect.getattr_static(obj, k))
+                    for k in dir(obj)
                     if not k.startswith("_") or k == "__init__"
                 ]
             else:
                 members = [(f"{mod}.{name}", obj)]
             for qual, f in members:
-                if inspect.isfunction(f) and not f.__module__.startswith("torch"):
+                f = inspect.unwrap(getattr(f, "__func__", f))  # (methods torch's wrappers patch)
+                if inspect.isfunction(f) and f.__module__.startswith("sparsefill"):
                     yield qual, f
 
 

@@ -12,11 +12,14 @@ from the storage class so that each reads in one sitting.  The invariants::
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
+from torch.types import Device
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from ._tensor import SparseTensor
 
 __all__ = ["HostMixin"]
@@ -40,7 +43,7 @@ class HostMixin:
         check_densify(what, self.numel() * self.element_size())
         return dense_of(self).detach()
 
-    def numpy(self, *, force: bool = False):
+    def numpy(self, *, force: bool = False) -> np.ndarray:
         """The dense array ``A`` stands for: ``A.numpy() == A.to_dense().numpy()``, a new array
         (writing to it leaves ``A`` unchanged), under the densify policy (DensifyWarning;
         DensifyError past its byte limit).
@@ -77,26 +80,26 @@ class HostMixin:
         out = self.numpy()
         return out if dtype is None else out.astype(dtype, copy=False)
 
-    def tolist(self):
+    def tolist(self) -> Any:
         """``A.to_dense().tolist()``, under the densify policy (as torch, also when ``A`` requires
         grad)."""
         return self._densify_for("tolist()").tolist()
 
-    def to_scipy(self, format=None):
+    def to_scipy(self, format: str | None = None) -> Any:
         """A scipy.sparse array (``A``'s fill must be 0), never densifying; see
         :func:`sparsefill.to_scipy`."""
         from ._interop import to_scipy
 
         return to_scipy(self, format)
 
-    def to_pydata(self, format=None):
+    def to_pydata(self, format: str | None = None) -> Any:
         """A pydata ``sparse.COO``/``GCXS`` with ``A``'s fill, never densifying; see
         :func:`sparsefill.to_pydata`."""
         from ._interop import to_pydata
 
         return to_pydata(self, format)
 
-    def to_pandas(self):
+    def to_pandas(self) -> Any:
         """A pandas ``SparseArray`` (1-D) or sparse ``DataFrame`` (2-D) with ``A``'s fill; see
         :func:`sparsefill.to_pandas`."""
         from ._interop import to_pandas
@@ -152,11 +155,11 @@ class HostMixin:
         accelerator."""
         return all(t.is_shared() for t in self._inner())
 
-    def is_pinned(self, device=None) -> bool:
+    def is_pinned(self, device: Device = None) -> bool:
         """True when every inner tensor is in pinned (page-locked) host memory."""
         return all(t.is_pinned() if device is None else t.is_pinned(device) for t in self._inner())
 
-    def pin_memory(self, device=None) -> SparseTensor:
+    def pin_memory(self, device: Device = None) -> SparseTensor:
         """A copy with its inner tensors in pinned memory (as ``Tensor.pin_memory``: differentiable,
         and a RuntimeError where torch has no accelerator)."""
         return _Pin.apply(self, device)

@@ -43,6 +43,8 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Callable
+from typing import Any, overload
 import threading
 import weakref
 
@@ -414,17 +416,23 @@ class _RowOptimizer(torch.optim.Optimizer):
     post-accumulate-grad hooks set (a gradient assigned to ``p.grad`` by hand sets none: dynamo's
     own graph break or error then)."""
 
-    def add_param_group(self, param_group):
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
         super().add_param_group(param_group)
         if "_native_grads" not in self.__dict__:
             # id(param) -> its last accumulated gradient is a torch native sparse tensor
-            self._native_grads = {}
+            self._native_grads: dict[int, bool] = {}
         hook = _note_grad_layouts(weakref.ref(self))
         for p in self.param_groups[-1]["params"]:
             if p.requires_grad:
                 p.register_post_accumulate_grad_hook(hook)
 
-    def step(self, closure=None):
+    @overload
+    def step(self, closure: None = None) -> None: ...
+
+    @overload
+    def step(self, closure: Callable[[], float]) -> float: ...
+
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:
         if torch.compiler.is_compiling() and any(self._native_grads.values()):
             return _eager_step(self, closure)
         return self._step(closure)
