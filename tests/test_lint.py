@@ -50,6 +50,18 @@ def test_ruff_format():
     assert r.returncode == 0, r.stdout + r.stderr
 
 
+def test_no_line_over_100_characters_in_src():
+    """ruff's E501 passes a long line that ends in a ``# noqa`` or ``# type:`` comment; this
+    does not."""
+    long = [
+        f"{path.relative_to(ROOT)}:{i}"
+        for path in sorted((ROOT / "src").rglob("*.py"))
+        for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if len(line) > 100
+    ]
+    assert not long, long
+
+
 def test_mypy_on_the_public_modules():
     _tool("mypy")
     r = _run("mypy")  # the files and options of [tool.mypy]

@@ -208,7 +208,8 @@ def _reached(op, args, kwargs):
     try:
         with fn, rec:
             op(*margs, **mkwargs)
-    except Exception as e:  # noqa: BLE001 (a data-dependent op has no meta result: said, not raised)
+    # (a data-dependent op has no meta result: said, not raised)
+    except Exception as e:  # noqa: BLE001
         err = f"traced on meta up to {type(e).__name__}: {e}"
     inner = None
     if fn.first is not None:  # the routed function nested in op, on the caller's operands

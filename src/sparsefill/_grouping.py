@@ -93,7 +93,8 @@ def pattern_cached(tag, tensors, compute):
     out = compute()
     if len(_PATTERN_CACHE) >= _PATTERN_CACHE_SIZE:
         _PATTERN_CACHE.pop(next(iter(_PATTERN_CACHE)), None)
-    drop = lambda _ref, key=key, cache=_PATTERN_CACHE: cache.pop(key, None)  # noqa: E731 (safe at exit)
+    # (safe at exit)
+    drop = lambda _ref, key=key, cache=_PATTERN_CACHE: cache.pop(key, None)
     _PATTERN_CACHE[key] = ([weakref.ref(b, drop) for b in bases], out)
     return out
 

@@ -44,7 +44,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from . import _c10d, _functional  # noqa: F401  (register the c10d and functional-collective handlers)
+# (register the c10d and functional-collective handlers)
+from . import _c10d, _functional  # noqa: F401
 from ._collectives import ALGORITHM, dense_bytes  # noqa: F401
 from ._combine import combine
 from ._ddp import GradSync, average, data_parallel

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-import torch.distributed._functional_collectives  # noqa: F401  (defines _c10d_functional._wrap_tensor_autograd)
+
+# (defines _c10d_functional._wrap_tensor_autograd)
+import torch.distributed._functional_collectives  # noqa: F401
 
 from ..ops.registry import register
 from . import _collectives as C

@@ -294,4 +294,6 @@ from . import reduction_autograd  # noqa: E402,F401  (the reductions over every 
 from . import dropout  # noqa: E402,F401  (dropout of a zero or masked fill: the stored values)
 from . import sampled_autograd  # noqa: E402,F401  (x.sparse_mask(A): x's gradient at A's pattern)
 from . import index_autograd  # noqa: E402,F401  (row and column selection: a sparse backward)
-from . import split_routes  # noqa: E402,F401  (hsplit/vsplit/dsplit/tensor_split: the pieces' gradients joined)
+
+# (hsplit/vsplit/dsplit/tensor_split: the pieces' gradients joined)
+from . import split_routes  # noqa: E402,F401

@@ -645,4 +645,5 @@ def _route_norm(func, args, kwargs):
     return _apply(func, args, kwargs, "norm", b[1], float(b[0]))
 
 
-from . import select_autograd  # noqa: E402,F401  (max/min with a dim: registers its route with the helpers above)
+# (max/min with a dim: registers its route with the helpers above)
+from . import select_autograd  # noqa: E402,F401

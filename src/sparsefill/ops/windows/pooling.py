@@ -159,7 +159,7 @@ def _avg_pool2d_backward(func, args, kwargs):
     # slice by slice
     if per is not None and isinstance(G, SparseTensor) and G.dense_dim() == X.dense_dim():
         D = tuple(X._dense_shape)
-        grad = lambda g: func(g, g.new_empty(g.shape[: 4 - per] + D[-per:]), *args[2:], **kwargs)  # noqa: E731
+        grad = lambda g: func(g, g.new_empty(g.shape[: 4 - per] + D[-per:]), *args[2:], **kwargs)
         v, f = (_slices(grad, t, per, (), {}) for t in (G._vals, G._fill.expand(G._dense_shape)))
         return rewrap(G, values=v, fill=f, size=X.shape, known_zero=False)
     if not _pool_supported(X, k, st, pd) or not isinstance(G, SparseTensor) or G.dense_dim():
