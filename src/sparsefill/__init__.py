@@ -32,7 +32,7 @@ from ._policy import (
     set_densify_policy,
 )
 from ._tensor import SparseTensor
-from ._explain import explain  # noqa: F401  (public: which stage computes an op)
+from ._explain import explain
 
 # The imports below run for their side effects, in this order: ``ops`` fills the op registry and
 # installs the op layer into SparseTensor, ``_compile._install`` records the sparsefill.masked entry
@@ -76,4 +76,5 @@ __all__ = [
     "densify_policy",
     "set_densify_policy",
     "get_densify_policy",
+    "explain",
 ]

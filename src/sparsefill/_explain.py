@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import os
+from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -53,7 +54,7 @@ class Step:
     where: str
     note: str = ""
 
-    def __str__(self):
+    def __str__(self) -> str:
         return f"  {self.op}  {self.stage}  {self.where}" + (f" ({self.note})" if self.note else "")
 
 
@@ -69,7 +70,7 @@ class Explanation:
     steps: tuple
     notes: tuple = ()
 
-    def __str__(self):
+    def __str__(self) -> str:
         return "\n".join(
             [f"{self.op}: {self.stage}"]
             + [str(s) for s in self.steps]
@@ -266,7 +267,7 @@ def _packet_of(op):
     )
 
 
-def explain(op, *args, **kwargs) -> Explanation:
+def explain(op: Any, *args: Any, **kwargs: Any) -> Explanation:
     """Which stage computes ``op(*args, **kwargs)`` on SparseTensor operands, with the file:line of
     its code.
 
