@@ -1,5 +1,5 @@
 """Autograd: gradcheck of constructors and conversions over (values, fill), and leaf gradients
-compared with the same computation on the dense tensor (DESIGN.md section 5).
+compared with the same computation on the dense tensor (gradients have dense semantics).
 
 gradcheck directly on a SparseTensor leaf is vacuous, so every gradcheck here is of a function
 of plain tensors (values, fill).

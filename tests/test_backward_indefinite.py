@@ -22,7 +22,7 @@ constructor's ``values`` is the dense masked computation's gradient read at the 
   ``densify_policy("raise")`` where the gradient is sparse by nature; float32/float64;
 * ``sparsefill.masked.softmax``/``log_softmax`` backward against ``torch.masked``;
 * ``amax``/``amin`` on an indefinite fill, ``maximum``/``minimum``/``fmax``/``fmin`` with no DensifyWarning;
-* the issue's reproductions (``A.exp().sum()``, ``A.amax(1).sum()``, ``torch.softmax(A, 1)``...).
+* reproductions of reported failures (``A.exp().sum()``, ``A.amax(1).sum()``, ``torch.softmax(A, 1)``...).
 """
 
 from __future__ import annotations
@@ -603,7 +603,7 @@ def test_masked_softmax_backward(fn, fill, dim, layout):
         torch.testing.assert_close(L.f.grad, torch.zeros((), dtype=F64))
 
 
-REPROS = {  # the issue's reproductions: name -> (loss of the SparseTensor, the same on the dense masked tensor)
+REPROS = {  # reproductions of reported failures: name -> (loss of the SparseTensor, the same on the dense masked tensor)
     "exp().sum()": (lambda A: A.exp().sum(), lambda x, m: torch.where(m, x.exp(), 0).sum()),
     "amax(1).sum()": (
         lambda A: A.amax(1).sum(),

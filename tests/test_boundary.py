@@ -1,4 +1,4 @@
-"""The boundary rule (ops/registry.py) and issue 15's items 1, 2, 7 and 8.
+"""The boundary rule (ops/registry.py): torch native sparse operands, and the cases below.
 
 * a torch native sparse operand, in every layout, is converted exactly (fill 0): element-wise ops and
   matrix products on either side equal the dense computation;

@@ -1,4 +1,4 @@
-"""torch.compile (issue 14): compiled functions of SparseTensors give the eager result, forward and gradients of
+"""torch.compile: compiled functions of SparseTensors give the eager result, forward and gradients of
 values and fill, with ``fullgraph=True`` and no recompile when the pattern (and its nse) changes::
 
     compiled(A)            == f(A)                      (densified, equal_nan)

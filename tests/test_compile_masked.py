@@ -1,4 +1,4 @@
-"""torch.compile of ``sparsefill.masked`` normalizations of an INDEFINITE fill (issue 14): softmax, log_softmax and
+"""torch.compile of ``sparsefill.masked`` normalizations of an INDEFINITE fill: softmax, log_softmax and
 softmin with a mask, cumsum and cumprod, normalize, along a sparse and a dense dim, compile with ``fullgraph=True``
 (backends ``eager``, ``aot_eager``, inductor) and give the eager result, forward and the gradient of the values::
 

@@ -1,4 +1,4 @@
-"""torch.compile of ``sparsefill.segment`` (issue 14, item 3): the segment kernels as ``sparsefill::`` custom ops.
+"""torch.compile of ``sparsefill.segment``: the segment kernels as ``sparsefill::`` custom ops.
 
 Compiled with ``fullgraph=True`` (backends ``eager``, ``aot_eager``, inductor), warmed up on two batches of
 different lengths / offsets / ids counts, then run on a third with ``error_on_recompile``; every result

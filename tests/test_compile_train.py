@@ -1,4 +1,4 @@
-"""torch.compile of training steps over SparseTensor parameters, without ``fullgraph`` (issue 14, point 4: where
+"""torch.compile of training steps over SparseTensor parameters, without ``fullgraph`` (where
 tracing is impossible a graph break, never an error): the compiled step runs and trains as the eager loop on the
 dense equivalent::
 

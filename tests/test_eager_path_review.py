@@ -1,7 +1,7 @@
-"""Adversarial review of commit bf518f0 (issue 18: ``SparseTensor.to_dense()``'s eager path shortened) and its
-follow-ups (b3470ea, 6aff509, a8457f3): every way a user reaches the changed code, against the dense result.
+"""``SparseTensor.to_dense()``'s short eager path: every way a user reaches it, against the dense
+result.
 
-The invariant, forward and backward (DESIGN.md section 1)::
+The invariant, forward and backward::
 
     A.to_dense() == the dense tensor A stands for          bit for bit (NaN payloads, -0.0), same dtype
     grad of values/fill through A.to_dense() == the gradient through the dense construction

@@ -1,4 +1,4 @@
-"""The models of ``examples/`` at smoke size, against their peers (issue 13 item 4).
+"""The models of ``examples/`` at smoke size, against their peers.
 
 - ``gat.py``: the two-layer GAT on an indefinite-fill SparseTensor adjacency (COO and CSR) gives
   torch_geometric ``GATConv``'s forward output and its losses over three Adam steps, same weights;

@@ -1,6 +1,6 @@
-"""Adversarial review of the per-call fast paths (issue 18's session): each shortcut against the dense result.
+"""The per-call fast paths: each shortcut against the dense result.
 
-The invariant, forward and backward (DESIGN.md section 1)::
+The invariant, forward and backward::
 
     op(A).to_dense() == op(A.to_dense())          same dtype, NaN == NaN, and -0.0 is not 0.0 (1 / x tells them apart)
 

@@ -170,7 +170,7 @@ def test_one_sparse_operand(case, fill, layout):
 def test_hybrid(case, fill):
     """One dense dim (row-sparse matrices; an array fill along it).  Where a dense dim must become
     sparse (a transpose, a merge of a sparse with a dense dim: tensordot, einsum), the array fill
-    becomes its most common value plus specified elements (roadmap Note 2; test_shape.py)."""
+    becomes its most common value plus specified elements (test_shape.py)."""
     name, shape, fn = case
     A, x = make(shape, fill, dense_dim=1)
     close(fn(A), fn(x))

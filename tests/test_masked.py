@@ -1,7 +1,7 @@
-"""``sparsefill.masked``: the RFC's example tables in every layout, gradients, huge shapes, errors.
+"""``sparsefill.masked``: worked example tables in every layout, gradients, huge shapes, errors.
 
 The generic comparison with ``torch.masked`` over PyTorch's OpInfo samples is in
-``test_masked_opinfo.py``; here: the worked examples of masked-reductions-rfc.md, gradcheck over
+``test_masked_opinfo.py``; here: worked examples of each masked reduction, gradcheck over
 the input's values and fill, semantics of indefinite fills, and shapes too large to densify.
 """
 
@@ -62,7 +62,7 @@ def _dense(t):
     return t.to_dense() if t.layout is not torch.strided else t
 
 
-REDUCTION_TABLE = {  # masked-reductions-rfc.md, "Example invocations" (reductions)
+REDUCTION_TABLE = {  # worked examples: one call per reduction and its expected result
     "sum": [-4.0, 0.0],
     "prod": [3.0, 1.0],
     "mean": [-2.0, NAN],
@@ -73,7 +73,7 @@ REDUCTION_TABLE = {  # masked-reductions-rfc.md, "Example invocations" (reductio
 
 @pytest.mark.parametrize("layout", list(_layouts(X)))
 @pytest.mark.parametrize("mask_layout", list(_masks(MASK)))
-def test_rfc_reduction_table_every_layout(layout, mask_layout):
+def test_reduction_table_every_layout(layout, mask_layout):
     x, m = _layouts(X)[layout], _masks(MASK)[mask_layout]
     for name, want in REDUCTION_TABLE.items():
         out = getattr(M, name)(x, 1, mask=m)
@@ -95,7 +95,7 @@ NORMALIZE = {
 
 @pytest.mark.parametrize("layout", list(_layouts(X)))
 @pytest.mark.parametrize("mask_layout", list(_masks(MASK)))
-def test_rfc_normalization_table_every_layout(layout, mask_layout):
+def test_normalization_table_every_layout(layout, mask_layout):
     """Exact at every element, the fully masked-out row's NaN included (the drop-in promise)."""
     x, m = _layouts(X)[layout], _masks(MASK)[mask_layout]
     sparse = layout != "strided"
@@ -114,7 +114,7 @@ def test_rfc_normalization_table_every_layout(layout, mask_layout):
         out = _dense(M.normalize(x, p, 1, mask=m))
         assert_close(out.float(), want, atol=5e-5, rtol=0)
         assert_close(out, torch.masked.normalize(X, p, 1, mask=MASK))
-    for op in [M.softmin, M.cumsum, M.cumprod]:  # not in the RFC's table: torch.masked's values
+    for op in [M.softmin, M.cumsum, M.cumprod]:  # not in the table: torch.masked's values
         assert_close(
             _dense(op(x, 1, mask=m)),
             getattr(torch.masked, op.__name__)(X, 1, mask=MASK),
@@ -196,7 +196,7 @@ def test_normalization_storing_many_masked_out_elements_warns(monkeypatch):
         assert M.cumsum(A, 1, mask=M.pattern_mask(A))._nse() == 10
 
 
-def test_rfc_normalization_pattern_is_kept():
+def test_normalization_pattern_is_kept():
     A = sparsefill.to_sparse(X, layout=torch.sparse_csr)
     out = M.softmax(A, 1, mask=M.pattern_mask(A))
     assert out.sparse_layout is torch.sparse_csr and out._nse() == A._nse()

@@ -1,4 +1,4 @@
-"""sparsefill.nn: sparse weights of fixed pattern (issue 13 item 3).
+"""sparsefill.nn: sparse weights of fixed pattern.
 
 Every gradient is checked against the dense computation: the values' gradient is the dense
 gradient of ``W`` read at the pattern, the fill's the dense gradient summed over the unspecified

@@ -1,5 +1,5 @@
-"""softmax, log_softmax and softmin on SparseTensors (fill-value-rfc.md point 5), and gradcheck over
-``(values, fill)`` of the reductions and normalizations the reductions issue names."""
+"""softmax, log_softmax and softmin on SparseTensors, and gradcheck over
+``(values, fill)`` of the reductions and normalizations."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ NORMS = {
 }
 
 
-def test_rfc_point_5_worked_example():
+def test_softmax_along_only_sparse_dim_gives_array_fill():
     A = sparsefill.sparse_coo_tensor([[0, 3]], [[0.11, 0.12], [0.31, 0.32]], (4, 2), fill_value=0.0)
     out = A.softmax(0)
     assert isinstance(out, SparseTensor) and torch.equal(out.indices(), A.indices())

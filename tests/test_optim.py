@@ -3,7 +3,7 @@
     P = nn.Parameter(A);  D = nn.Parameter(A.to_dense());  same loss, same steps  =>  P.to_dense() == D
 
 The upstream gradient is uniform over the unspecified elements (a SparseTensor with a fill), so
-``P.grad`` and the optimizer states stay SparseTensors (DESIGN.md section 5) and no step densifies.
+``P.grad`` and the optimizer states stay SparseTensors (gradients of dense semantics, sparse storage) and no step densifies.
 """
 
 import warnings

@@ -60,6 +60,7 @@ def test_the_installed_wheel_is_under_test():
         "cases_convert.py",
         "cases_sweep.py",
     } <= shipped
+    assert "sparsefill/py.typed" in files, "the PEP 561 marker is not in the wheel"
     assert not [f for f in files if f.endswith((".png", ".md"))], (
         "documentation shipped as package data"
     )

@@ -1,4 +1,4 @@
-"""The element-wise fast path (``pointwise.unary_fast``, issue 18's per-call cost): same results as on the dense
+"""The element-wise fast path (``pointwise.unary_fast``, the per-call cost): same results as on the dense
 tensors, whatever shortcut it takes (same pattern, the cached union of two patterns, three patterns), and the
 per-op decisions it caches (``_call_of``) run exactly the op that was dispatched."""
 

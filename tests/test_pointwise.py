@@ -227,7 +227,7 @@ def test_nary_union_merge(name, case):
     assert out._nse() <= n_union
 
 
-def test_rfc_point_9_example():
+def test_binary_op_fill_is_op_of_fills_example():
     A = sparsefill.sparse_coo_tensor([[0, 1], [0, 0]], [1.0, 3.0], (2, 2), fill_value=2.0)
     B = sparsefill.sparse_coo_tensor([[0, 1], [0, 1]], [5.0, 8.0], (2, 2), fill_value=6.0)
     C = A + B

@@ -1,6 +1,6 @@
 """Property tests: dense -> sparse -> dense round trips, layout and fill changes, duplicate indices.
 
-Invariant (DESIGN.md section 1, sparsefill.to_sparse docstring)::
+Invariant (sparsefill.to_sparse docstring)::
 
     to_sparse(x, fill_value=f, layout=L, dense_dim=k).to_dense() == x           (NaN == NaN)
 

@@ -278,7 +278,7 @@ def _dense_reduce(row, reducer):
     return f(row)
 
 
-# ---- validate=, the vectorised checks and to_dict against the previous implementation (issue 15 item 12) -----
+# ---- validate=, the vectorised checks and to_dict against the previous implementation -----
 def _old_check_lengths(lengths, total, name):
     """check_lengths as it was (torch reductions), the reference for the messages."""
     if lengths.numel() and int(lengths.min()) < 0:

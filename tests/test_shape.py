@@ -6,7 +6,7 @@ for COO / CSR / hybrid / uncoalesced inputs with scalar, NaN, inf, indefinite an
 (uniform, mostly uniform, all distinct), empty patterns and 0-size dims, never a DensifyWarning
 where the result is not dense by nature:
 
-1. permutes / views that move a dense dim before a sparse one (roadmap Note 2): the dense dims
+1. permutes / views that move a dense dim before a sparse one (a SparseTensor keeps its dense dims after its sparse ones): the dense dims
    become sparse, an array fill becomes its most common value plus specified elements;
 2. writes through views (``A[0].add_(1)``, ``A.t().mul_(2)``...) are written back natively, base
    and view both compared with torch's own views of the dense tensor;

@@ -1,4 +1,4 @@
-"""Element-wise ops between SparseTensors that split their dims differently into sparse and dense (issue 18)::
+"""Element-wise ops between SparseTensors that split their dims differently into sparse and dense::
 
     op(A, B).to_dense() == op(A.to_dense(), B.to_dense())          (forward)
     grad(values, fill of A and B) == the same gradients through the dense tensors        (backward)

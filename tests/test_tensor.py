@@ -1,7 +1,7 @@
 """SparseTensor basics: accessors, fill changes, factories, conversions, equality, serialization, repr,
 the densify policy and in-place ops through the densify fallback.
 
-Semantics: ../shared/DESIGN.md sections 1-5 and ../shared/spec/fill-value-rfc.md (points cited below).
+Semantics: docs/architecture.md (the invariant ``densify(op(A)) == op(densify(A))``).
 """
 
 import copy
@@ -45,7 +45,9 @@ def test_coo_accessors():
         idx, vals, (3, 3, 2), fill_value=torch.tensor([7.0, 8.0]), is_coalesced=True
     )
     assert isinstance(A, SparseTensor) and isinstance(A, torch.Tensor)
-    assert A.sparse_layout is COO and A.layout is torch.strided  # DESIGN.md section 2
+    assert (
+        A.sparse_layout is COO and A.layout is torch.strided
+    )  # a SparseTensor reports the strided layout, as the dense tensor it stands for
     assert A.shape == (3, 3, 2) and A.dtype == torch.float32 and A.device.type == "cpu"
     assert A.sparse_dim() == 2 and A.dense_dim() == 1 and A._nse() == 2
     assert A.is_coalesced()
@@ -89,19 +91,19 @@ def test_csr_accessors():
         A._indices()
 
 
-def test_rfc_points_5_and_6_fill_value_of_hybrid_tensor():
+def test_fill_value_of_hybrid_tensor():
     A = sparsefill.sparse_coo_tensor([[0, 3]], [[0.11, 0.12], [0.31, 0.32]], (4, 2), fill_value=1.2)
     assert_same(A.fill_value(), torch.tensor([1.2, 1.2]))
     assert_same(A._fill_value(), torch.tensor(1.2))
     assert A.fill_value().shape == A.values().shape[1:]
-    assert A.fill_value().dtype == A.dtype and A.fill_value().device == A.device  # point 4
+    assert A.fill_value().dtype == A.dtype and A.fill_value().device == A.device
     assert_same(A.to_dense(), torch.tensor([[0.11, 0.12], [1.2, 1.2], [1.2, 1.2], [0.31, 0.32]]))
-    # default fill of a hybrid tensor: zero (point 2)
+    # default fill of a hybrid tensor: zero
     B = sparsefill.sparse_coo_tensor([[0, 3]], [[0.11, 0.12], [0.31, 0.32]], (4, 2))
     assert_same(B.fill_value(), torch.zeros(2))
 
 
-def test_rfc_point_11_to_sparse_of_ones():
+def test_to_sparse_of_ones():
     A = sparsefill.to_sparse(torch.ones(10), fill_value=1.0)
     assert A._nse() == 0 and A.indices().shape == (1, 0)
     assert_same(A._fill_value(), torch.tensor(1.0))
@@ -128,7 +130,7 @@ def test_uncoalesced_indices_and_values_raise():
     assert_same(C.to_dense(), torch.tensor([2.0, 4.0, -1.0]))
 
 
-# ---------------------------------------------------------------------- fill changes in place (point 7)
+# ---------------------------------------------------------------------- fill changes in place
 @pytest.mark.parametrize("layout", [COO, CSR])
 def test_fill_value_changed_in_place(layout):
     x = torch.tensor([[1.0, 0.0, 2.0], [0.0, 0.0, 3.0]])
@@ -170,7 +172,7 @@ def test_in_place_fill_change_invalidates_the_zero_fill_flag():
         assert_same(A.to_dense(), torch.tensor([[1.0, 2.0], [2.0, 2.0]]))
 
 
-# ---------------------------------------------------------------------- factories (point 3)
+# ---------------------------------------------------------------------- factories
 @pytest.mark.parametrize("layout", [COO, CSR, torch.strided])
 def test_factories(layout):
     size = (2, 3)
@@ -543,7 +545,7 @@ def test_in_place_ops_keep_sparse_tensor(layout, name):
     assert_same(A.to_dense(), expected)
     if densified:  # through the densify fallback: A is re-specified against its own fill
         assert_same(A._fill_value(), torch.tensor(5.0))
-    elif name == "mul_":  # a pointwise rule maps the fill too (point 8)
+    elif name == "mul_":  # a pointwise rule maps the fill too
         assert_same(A._fill_value(), torch.tensor(10.0))
 
 

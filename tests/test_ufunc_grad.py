@@ -1,10 +1,10 @@
-"""Autograd of every differentiable unary and binary ufunc of PyTorch's OpInfo database (DESIGN.md section 5).
+"""Autograd of every differentiable unary and binary ufunc of PyTorch's OpInfo database (gradients of dense semantics).
 
 1. gradcheck over ``(values, fill)``: ``g(v, f) = op(SparseTensor(P, v, fill=f), ...).to_dense()``
    (for binary ops, the second operand sparse too: ``(v_a, f_a, v_b, f_b)``).
 2. Leaf gradients: for a SparseTensor leaf ``A`` and an upstream gradient that is a SparseTensor with
    a uniform fill ``g``, ``A.grad`` is a SparseTensor, ``A.grad.to_dense()`` equals the gradient of the
-   dense computation, and its fill is ``f'(fill) * g`` (fill-value-rfc.md point 12).
+   dense computation, and its fill is ``f'(fill) * g`` (the chain rule on the fill).
 """
 
 from __future__ import annotations

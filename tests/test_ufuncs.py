@@ -127,7 +127,7 @@ UNARY = [
 )
 def test_unary_ufunc_keeps_an_indefinite_fill(op):
     """``op(M)`` of a masked tensor ``M`` (indefinite fill) is masked with M's pattern, and its values are
-    the dense result at the specified positions (DESIGN.md section 3)."""
+    the dense result at the specified positions (masked semantics, as torch.masked)."""
     gen = torch.Generator().manual_seed(0)
     ran = 0
     for sample in list(op.sample_inputs("cpu", torch.float64, requires_grad=False))[:MAX_SAMPLES]:
@@ -172,7 +172,7 @@ BINARY = [
 )
 def test_binary_ufunc_with_an_indefinite_operand(op):
     """``op(M, B)`` with ``M`` masked (indefinite fill) and ``B`` a SparseTensor with a fill: masked, specified
-    exactly where M is, with the dense values there (DESIGN.md section 3)."""
+    exactly where M is, with the dense values there (masked semantics)."""
     gen = torch.Generator().manual_seed(0)
     ran = 0
     for sample in op.sample_inputs("cpu", torch.float64, requires_grad=False):

@@ -39,15 +39,19 @@ from sparsefill._tensor.policy import (
     set_densify_policy,
 )
 from sparsefill._tensor.tensor import SparseTensor
-from sparsefill._explain import explain  # noqa: E402  (which stage computes an op: sparsefill.explain)
-from sparsefill import ops  # noqa: F401  (fills the op registry)
-from sparsefill import masked  # noqa: F401,E402  (sparsefill.masked)
-from sparsefill._compile import dynamo as _compile  # noqa: E402
+from sparsefill._explain import explain
 
-_compile._install()  # (torch.compile: sparsefill.masked entry points recorded whole, once torch._dynamo loads)
-from sparsefill import segment  # noqa: F401  (sparsefill.segment: the Caffe2 segment operations)
-from sparsefill import data  # noqa: F401  (sparsefill.data: DataLoader collate of SparseTensors, registered on import)
-from sparsefill import nn  # noqa: F401,E402  (sparsefill.nn: SparseParameter, SparseLinear: sparse weights of fixed pattern)
+# The imports below run for their side effects, in this order: ``ops`` fills the op registry and
+# installs the op layer into SparseTensor, ``_compile._install`` records the sparsefill.masked entry
+# points for torch.compile (once torch._dynamo loads), ``data`` registers the DataLoader collate.
+from sparsefill import ops  # noqa: F401
+from sparsefill import masked  # noqa: F401
+from sparsefill._compile import dynamo as _compile
+
+_compile._install()
+from sparsefill import segment  # noqa: F401, E402  (sparsefill.segment: the Caffe2 segment operations)
+from sparsefill import data  # noqa: F401, E402  (sparsefill.data: DataLoader collate, registered on import)
+from sparsefill import nn  # noqa: F401, E402  (sparsefill.nn: SparseParameter, SparseLinear)
 
 __version__ = "0.1.0"
 
@@ -79,4 +83,5 @@ __all__ = [
     "densify_policy",
     "set_densify_policy",
     "get_densify_policy",
+    "explain",
 ]

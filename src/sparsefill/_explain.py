@@ -1,7 +1,7 @@
 """``sparsefill.explain``: which stage computes an op on SparseTensor operands, and where its code
 is.
 
-A torch function reaches sparsefill in two places (DESIGN.md, ``ops/registry.py``)::
+A torch function reaches sparsefill in two places (docs/architecture.md, ``ops/registry.py``)::
 
     __torch_function__   an autograd route (ops/autograd_routes.py ROUTES), when one applies
     __torch_dispatch__   per aten OpOverload, the first stage that takes it:
@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import os
+from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -53,7 +54,7 @@ class Step:
     where: str
     note: str = ""
 
-    def __str__(self):
+    def __str__(self) -> str:
         return f"  {self.op}  {self.stage}  {self.where}" + (f" ({self.note})" if self.note else "")
 
 
@@ -69,7 +70,7 @@ class Explanation:
     steps: tuple
     notes: tuple = ()
 
-    def __str__(self):
+    def __str__(self) -> str:
         return "\n".join(
             [f"{self.op}: {self.stage}"]
             + [str(s) for s in self.steps]
@@ -83,6 +84,8 @@ def _where(fn) -> str:
         path = inspect.getsourcefile(fn)
         line = inspect.getsourcelines(fn)[1]
     except (TypeError, OSError):
+        path = None
+    if path is None:  # (no Python source: a builtin)
         return getattr(fn, "__qualname__", repr(fn))
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     rel = os.path.relpath(path, root) if path.startswith(root) else path
@@ -92,17 +95,17 @@ def _where(fn) -> str:
 def _name(op) -> str:
     if isinstance(op, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
         return str(op)
-    mod = getattr(op, "__module__", None) or getattr(
-        getattr(op, "__objclass__", None), "__module__", ""
+    mod = str(
+        getattr(op, "__module__", None)
+        or getattr(getattr(op, "__objclass__", None), "__module__", "")
     )
-    qual = getattr(op, "__qualname__", None) or getattr(op, "__name__", repr(op))
+    qual = str(getattr(op, "__qualname__", None) or getattr(op, "__name__", repr(op)))
     if getattr(op, "__objclass__", None) is torch._C.TensorBase or qual.startswith("Tensor."):
         return f"torch.Tensor.{op.__name__}"
     if qual.startswith("_VariableFunctionsClass."):
         return f"torch.{op.__name__}"
-    if (
-        mod.startswith("torch._C._") and mod.count(".") == 2
-    ):  # torch._C._linalg.linalg_det: torch.linalg.det
+    # torch._C._linalg.linalg_det: torch.linalg.det
+    if mod.startswith("torch._C._") and mod.count(".") == 2:
         sub = mod.split(".")[-1][1:]
         return f"torch.{sub}.{qual.removeprefix(sub + '_')}"
     return f"{mod}.{qual}" if mod and mod != "builtins" else f"torch.{qual}"
@@ -208,7 +211,8 @@ def _reached(op, args, kwargs):
     try:
         with fn, rec:
             op(*margs, **mkwargs)
-    except Exception as e:  # noqa: BLE001 (a data-dependent op has no meta result: said, not raised)
+    # (a data-dependent op has no meta result: said, not raised)
+    except Exception as e:  # noqa: BLE001
         err = f"traced on meta up to {type(e).__name__}: {e}"
     inner = None
     if fn.first is not None:  # the routed function nested in op, on the caller's operands
@@ -265,7 +269,7 @@ def _packet_of(op):
     )
 
 
-def explain(op, *args, **kwargs) -> Explanation:
+def explain(op: Any, *args: Any, **kwargs: Any) -> Explanation:
     """Which stage computes ``op(*args, **kwargs)`` on SparseTensor operands, with the file:line of
     its code.
 
@@ -274,7 +278,7 @@ def explain(op, *args, **kwargs) -> Explanation:
     ``ops/registry.py`` runs it::
 
         stage(op, args) = route        if a torch function's autograd route takes the call
-                          handler      if registry.HANDLERS has the aten op (and it does not decline)
+                          handler     if registry.HANDLERS has the aten op (and it does not decline)
                           refused      if its schema may not say what it writes
                           pointwise    if the aten op is tagged pointwise
                           decomposition if it is CompositeImplicitAutograd
@@ -300,8 +304,8 @@ def explain(op, *args, **kwargs) -> Explanation:
         return Explanation(name, steps[0].stage if steps else "densify", tuple(steps))
     if not callable(op):
         raise TypeError(
-            f"sparsefill.explain: op must be an aten OpOverload/OpOverloadPacket or a torch function, "
-            f"got {type(op).__name__}"
+            "sparsefill.explain: op must be an aten OpOverload/OpOverloadPacket or a torch "
+            f"function, got {type(op).__name__}"
         )
     route, takes = (
         (None, False)

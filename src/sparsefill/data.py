@@ -2,7 +2,8 @@
 without workers.
 
 A batch of SparseTensors of one shape and one fill is stacked along a new leading (sparse) dim,
-keeping the fill and the layout; a batch of KeyedJaggedBatches is their examples one after the other::
+keeping the fill and the layout; a batch of KeyedJaggedBatches is their examples one after the
+other::
 
     collate([A_0, ..., A_n-1]).to_dense() == torch.stack([A_i.to_dense() for i in range(n)])
     collate([A_0, ..., A_n-1]).fill_value() == A_0.fill_value()
@@ -26,6 +27,9 @@ both rules, for any nesting of tuples, lists and dicts:
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, cast
 
 import torch
 from torch.utils.data._utils.collate import collate as _torch_collate
@@ -59,7 +63,9 @@ def _describe(A: SparseTensor) -> str:
     return f"shape {tuple(A.shape)}, {A.sparse_layout}, dense dims {A.dense_dim()}, fill {fill}"
 
 
-def collate_sparse(batch, *, collate_fn_map=None) -> SparseTensor:
+def collate_sparse(
+    batch: Sequence[SparseTensor], *, collate_fn_map: dict | None = None
+) -> SparseTensor:
     """Stack SparseTensors along a new leading dim: ``torch.stack(batch)``, after checking that they
     share shape, layout, dense dims and fill (ValueError naming the first element that differs;
     TypeError for an element that is no SparseTensor).  The result has their fill and layout (CSR:
@@ -70,15 +76,16 @@ def collate_sparse(batch, *, collate_fn_map=None) -> SparseTensor:
     >>> collate_sparse([A, A * 2])  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    ValueError: collate: element 1 of the batch (shape (4,), ..., fill 10.0) differs from element 0 (...fill 5.0)...
+    ValueError: collate: element 1 of the batch (shape (4,), ..., fill 10.0) differs from ...
     """
     batch = list(batch)
     first = batch[0]
     for i, A in enumerate(batch[1:], 1):
         if not isinstance(A, SparseTensor):
             raise TypeError(
-                f"collate: element {i} of the batch is a {type(A).__name__}, element 0 a SparseTensor; "
-                "convert it (sparsefill.to_sparse(x, fill_value=...)) or use one type"
+                f"collate: element {i} of the batch is a {type(A).__name__}, element 0 a "
+                "SparseTensor; convert it (sparsefill.to_sparse(x, fill_value=...)) or use one "
+                "type"
             )
         if (
             A.shape != first.shape
@@ -88,13 +95,15 @@ def collate_sparse(batch, *, collate_fn_map=None) -> SparseTensor:
         ):
             raise ValueError(
                 f"collate: element {i} of the batch ({_describe(A)}) differs from element 0 "
-                f"({_describe(first)}): a batch of SparseTensors needs one shape, layout, dense dims "
-                "and fill"
+                f"({_describe(first)}): a batch of SparseTensors needs one shape, layout, dense "
+                "dims and fill"
             )
-    return torch.stack(batch)
+    return cast(SparseTensor, torch.stack(tuple(batch)))
 
 
-def collate_jagged(batch, *, collate_fn_map=None) -> KeyedJaggedBatch:
+def collate_jagged(
+    batch: Sequence[KeyedJaggedBatch], *, collate_fn_map: dict | None = None
+) -> KeyedJaggedBatch:
     """The examples of a batch of KeyedJaggedBatches one after the other
     (:meth:`KeyedJaggedBatch.concat`)."""
     batch = list(batch)
@@ -107,11 +116,14 @@ def collate_jagged(batch, *, collate_fn_map=None) -> KeyedJaggedBatch:
     return KeyedJaggedBatch.concat(batch)
 
 
-def collate(batch):
+def collate(batch: Sequence[Any]) -> Any:
     """``torch.utils.data.default_collate`` with the SparseTensor and KeyedJaggedBatch rules (usable
     as a DataLoader's ``collate_fn`` even where torch's default map was changed)."""
     return _torch_collate(batch, collate_fn_map={**default_collate_fn_map, **_RULES})
 
 
-_RULES = {SparseTensor: collate_sparse, KeyedJaggedBatch: collate_jagged}
+_RULES: dict[type | tuple[type, ...], Callable[..., Any]] = {
+    SparseTensor: collate_sparse,
+    KeyedJaggedBatch: collate_jagged,
+}
 default_collate_fn_map.update(_RULES)

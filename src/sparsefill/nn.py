@@ -39,11 +39,14 @@ from __future__ import annotations
 
 import math
 import weakref
+from typing import Any, cast
 
 import torch
 from torch import nn
+from torch.types import Device
 
 from sparsefill._creation import constructors as _creation
+from sparsefill._creation.constructors import FillValue
 from sparsefill._tensor.tensor import SparseTensor
 
 __all__ = ["SparseParameter", "SparseLinear"]
@@ -77,13 +80,21 @@ class SparseParameter(nn.Module):
     >>> A = sparsefill.sparse_coo_tensor([[0, 1], [2, 0]], [1., 2.], (2, 3), fill_value=0.5)
     >>> P = sparsefill.nn.SparseParameter(A, train_fill=True)
     >>> (P() * torch.arange(6.).reshape(2, 3)).sum().backward()
-    >>> P.values.grad, P.fill.grad                                # dense gradient at (0, 2), (1, 0); the rest summed
+    >>> P.values.grad, P.fill.grad  # dense gradient at (0, 2), (1, 0); the rest summed
     (tensor([2., 3.]), tensor(10.))
     """
 
-    def __init__(self, data, *, train_fill: bool = False):
+    # (buffers and parameters, declared for type checkers: nn.Module keeps them in its dicts)
+    indices: torch.Tensor
+    crow_indices: torch.Tensor
+    col_indices: torch.Tensor
+    values: nn.Parameter
+    fill: torch.Tensor
+    _checked: Any
+
+    def __init__(self, data: torch.Tensor, *, train_fill: bool = False) -> None:
         super().__init__()
-        A = _as_sparse(data, "data").detach()
+        A = cast(SparseTensor, _as_sparse(data, "data").detach())
         if not (A.dtype.is_floating_point or A.dtype.is_complex):
             raise TypeError(
                 f"SparseParameter needs a floating point or complex dtype to train, got {A.dtype}"
@@ -109,7 +120,7 @@ class SparseParameter(nn.Module):
         )
 
     @classmethod
-    def from_sparse(cls, data, *, train_fill: bool = False) -> SparseParameter:
+    def from_sparse(cls, data: torch.Tensor, *, train_fill: bool = False) -> SparseParameter:
         """``SparseParameter(data)``: ``data`` a SparseTensor or a torch sparse tensor (COO,
         CSR...)."""
         return cls(data, train_fill=train_fill)
@@ -119,9 +130,9 @@ class SparseParameter(nn.Module):
         cls,
         x: torch.Tensor,
         *,
-        fill_value=0.0,
-        layout=torch.sparse_coo,
-        dense_dim=None,
+        fill_value: FillValue = 0.0,
+        layout: torch.layout = torch.sparse_coo,
+        dense_dim: int | None = None,
         train_fill: bool = False,
     ) -> SparseParameter:
         """The elements of ``x`` that differ from ``fill_value`` as the pattern
@@ -164,9 +175,8 @@ class SparseParameter(nn.Module):
         check = self._checked is None or any(
             b is not c() or b._version != v for b, (c, v) in zip(bufs, self._checked)
         )
-        key = tuple(
-            (weakref.ref(b), b._version) for b in bufs
-        )  # a new pattern (load_state_dict...): validated once
+        # a new pattern (load_state_dict...): validated once
+        key = tuple((weakref.ref(b), b._version) for b in bufs)
         if self.sparse_layout is torch.sparse_coo:
             A = _creation.sparse_coo_tensor(
                 bufs[0],
@@ -178,7 +188,7 @@ class SparseParameter(nn.Module):
             )
         else:
             A = _creation.sparse_csr_tensor(
-                *bufs, self.values, self.size, fill_value=fill, check_invariants=check
+                bufs[0], bufs[1], self.values, self.size, fill_value=fill, check_invariants=check
             )
         self._checked = key
         return A
@@ -229,14 +239,16 @@ def _pattern_indices(pattern, shape, device) -> torch.Tensor:
         A = _as_sparse(pattern, "pattern")
         if tuple(A.shape) != shape:
             raise ValueError(
-                f"pattern has shape {tuple(A.shape)}, expected (out_features, in_features) = {shape}"
+                f"pattern has shape {tuple(A.shape)}, expected (out_features, in_features) = "
+                f"{shape}"
             )
         return A.to_sparse(torch.sparse_coo).coalesce().indices().to(device)
     p = torch.as_tensor(pattern, device=device)
     if p.dtype == torch.bool:
         if tuple(p.shape) != shape:
             raise ValueError(
-                f"pattern mask has shape {tuple(p.shape)}, expected (out_features, in_features) = {shape}"
+                f"pattern mask has shape {tuple(p.shape)}, expected (out_features, in_features) "
+                f"= {shape}"
             )
         return p.nonzero().T.contiguous()
     if p.dtype.is_floating_point or p.dtype.is_complex or p.dim() != 2 or p.shape[0] != 2:
@@ -276,6 +288,9 @@ class SparseLinear(nn.Module):
     >>> torch.testing.assert_close(lin(x), x @ W.T + lin.bias)
     """
 
+    sparse_weight: SparseParameter
+    bias: nn.Parameter | None
+
     def __init__(
         self,
         in_features: int,
@@ -283,13 +298,13 @@ class SparseLinear(nn.Module):
         density: float | None = None,
         bias: bool = True,
         *,
-        pattern=None,
-        fill_value=0.0,
-        layout=torch.sparse_coo,
+        pattern: torch.Tensor | None = None,
+        fill_value: FillValue = 0.0,
+        layout: torch.layout = torch.sparse_coo,
         train_fill: bool = False,
-        device=None,
-        dtype=None,
-    ):
+        device: Device = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
         super().__init__()
         for name, v in (("in_features", in_features), ("out_features", out_features)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
@@ -304,7 +319,7 @@ class SparseLinear(nn.Module):
         dtype = dtype or torch.get_default_dtype()
         shape = (out_features, in_features)
         idx = (
-            _random_pattern(out_features, in_features, density, device)
+            _random_pattern(out_features, in_features, cast(float, density), device)
             if pattern is None
             else _pattern_indices(pattern, shape, device)
         )
@@ -342,15 +357,15 @@ class SparseLinear(nn.Module):
 
     @classmethod
     def from_sparse(
-        cls, weight, bias: torch.Tensor | None = None, *, train_fill: bool = False
+        cls, weight: torch.Tensor, bias: torch.Tensor | None = None, *, train_fill: bool = False
     ) -> SparseLinear:
         """A SparseLinear of weight ``weight`` (SparseTensor or torch sparse, 2-d, its pattern and
         fill) and ``bias`` (copied; None: no bias)."""
         W = _as_sparse(weight, "weight").detach()
         if W.dim() != 2 or W.dense_dim():
             raise ValueError(
-                f"weight must be a 2-d sparse matrix without dense dims, got shape {tuple(W.shape)} "
-                f"with {W.dense_dim()} dense dims"
+                "weight must be a 2-d sparse matrix without dense dims, got shape "
+                f"{tuple(W.shape)} with {W.dense_dim()} dense dims"
             )
         if bias is not None and tuple(bias.shape) != (W.shape[0],):
             raise ValueError(f"bias has shape {tuple(bias.shape)}, expected ({W.shape[0]},)")
@@ -366,11 +381,11 @@ class SparseLinear(nn.Module):
     @classmethod
     def from_dense(
         cls,
-        weight,
+        weight: torch.Tensor | nn.Linear,
         bias: torch.Tensor | None = None,
         *,
-        fill_value=0.0,
-        layout=torch.sparse_coo,
+        fill_value: FillValue = 0.0,
+        layout: torch.layout = torch.sparse_coo,
         train_fill: bool = False,
     ) -> SparseLinear:
         """The elements of ``weight`` that differ from ``fill_value`` as the pattern; ``weight`` a
@@ -379,9 +394,11 @@ class SparseLinear(nn.Module):
         if isinstance(weight, nn.Linear):
             if bias is not None:
                 raise ValueError(
-                    "from_dense(nn.Linear, bias=...): the bias comes from the nn.Linear; pass bias=None"
+                    "from_dense(nn.Linear, bias=...): the bias comes from the nn.Linear; pass "
+                    "bias=None"
                 )
-            weight, bias = weight.weight, weight.bias
+            bias = weight.bias
+            weight = weight.weight
         if (
             not isinstance(weight, torch.Tensor)
             or isinstance(weight, SparseTensor)
@@ -403,6 +420,6 @@ class SparseLinear(nn.Module):
         nse = self.sparse_weight.values.shape[0]
         dens = nse / max(1, self.in_features * self.out_features)
         return (
-            f"in_features={self.in_features}, out_features={self.out_features}, nse={nse} ({dens:.3g}), "
-            f"bias={self.bias is not None}"
+            f"in_features={self.in_features}, out_features={self.out_features}, nse={nse} "
+            f"({dens:.3g}), bias={self.bias is not None}"
         )

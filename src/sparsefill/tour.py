@@ -1,4 +1,4 @@
-"""The tour: the worked examples of the source documents, each checked against its dense equivalent.
+"""The tour: worked examples of the fill-value semantics, each checked against its dense equivalent.
 
 Run it with ``python -m sparsefill``.  Every example computes a result on
 SparseTensors and the same on ``A.to_dense()``; the check is the invariant
@@ -31,7 +31,7 @@ def _dense(x):
     return x.to_dense() if isinstance(x, SparseTensor) else x
 
 
-@example("membrane potential of a rare-event signal", "fill-value-rfc.md, Application")
+@example("membrane potential of a rare-event signal", "fill values: an application")
 def membrane_potential():
     idx = torch.tensor([[3, 8, 9, 17]])
     signal = sparsefill.sparse_coo_tensor(
@@ -50,23 +50,21 @@ def membrane_potential():
     return out, ref
 
 
-@example("fill of a hybrid tensor: scalar given, array seen", "fill-value-rfc.md, point 6")
+@example("fill of a hybrid tensor: scalar given, array seen", "fill values: hybrid tensors")
 def hybrid_fill():
     A = sparsefill.sparse_coo_tensor([[0, 3]], [[0.11, 0.12], [0.31, 0.32]], (4, 2), fill_value=1.2)
     assert A._fill_value().shape == () and A.fill_value().shape == (2,)
     return A, torch.tensor([[0.11, 0.12], [1.2, 1.2], [1.2, 1.2], [0.31, 0.32]])
 
 
-@example("changing the fill in place", "fill-value-rfc.md, point 7")
+@example("changing the fill in place", "fill values: in place")
 def fill_in_place():
     A = sparsefill.sparse_coo_tensor([[0, 3]], [1.0, 2.0], (5,), fill_value=0.0)
     A.fill_value().fill_(1.2)
     return A, torch.tensor([1.0, 1.2, 1.2, 2.0, 1.2])
 
 
-@example(
-    "softmax of a hybrid tensor along its sparse dim: an array fill", "fill-value-rfc.md, point 5"
-)
+@example("softmax of a hybrid tensor along its sparse dim: an array fill", "reductions: softmax")
 def hybrid_softmax():
     A = sparsefill.sparse_coo_tensor([[0, 3]], [[0.11, 0.12], [0.31, 0.32]], (4, 2))
     out = A.softmax(0)
@@ -77,21 +75,21 @@ def hybrid_softmax():
     return out, A.to_dense().softmax(0)
 
 
-@example("n-ary op: the fill is the op applied to the fills", "fill-value-rfc.md, point 9")
+@example("n-ary op: the fill is the op applied to the fills", "element-wise ops")
 def nary_fill():
     A = sparsefill.sparse_coo_tensor([[0, 1], [0, 0]], [1.0, 3.0], (2, 2), fill_value=2.0)
     B = sparsefill.sparse_coo_tensor([[0, 1], [0, 1]], [5.0, 8.0], (2, 2), fill_value=6.0)
     return A + B, torch.tensor([[6.0, 8.0], [9.0, 10.0]])
 
 
-@example("to_sparse with a fill: nothing left to specify", "fill-value-rfc.md, point 11")
+@example("to_sparse with a fill: nothing left to specify", "conversions: to_sparse")
 def to_sparse_fill():
     A = sparsefill.to_sparse(torch.ones(10), fill_value=1.0)
     assert A._nse() == 0
     return A, torch.ones(10)
 
 
-@example("factories with a layout: fills per the table", "fill-value-rfc.md, point 3")
+@example("factories with a layout: fills per the table", "constructors")
 def factories():
     outs = [
         sparsefill.zeros(2, 3),
@@ -105,8 +103,8 @@ def factories():
     )
 
 
-@example("softmax along the sparse dim: fill 1/d per dense row", "sparse-roadmap.md, Example 2")
-def roadmap_softmax():
+@example("softmax along the sparse dim: fill 1/d per dense row", "reductions: softmax")
+def softmax_along_sparse_dim():
     A = sparsefill.sparse_coo_tensor(
         [[0, 2, 4]],
         torch.tensor([[11.0, 21.0], [13.0, 23.0], [15.0, 25.0]], dtype=torch.float64),
@@ -124,7 +122,7 @@ def roadmap_softmax():
     return out, A.to_dense().softmax(0)
 
 
-@example("indefinite fill: unspecified elements have no value", "fill-value-rfc.md, point 13")
+@example("indefinite fill: unspecified elements have no value", "fill values: indefinite")
 def indefinite():
     A = sparsefill.sparse_coo_tensor([[0, 2]], [1.0, 2.0], (4,), fill_value=sparsefill.indefinite)
     try:

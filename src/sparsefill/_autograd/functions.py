@@ -1,9 +1,9 @@
 """Autograd for constructors and conversions.
 
-Gradients have dense semantics (DESIGN.md section 5).  For ``A`` built from
-``values`` and ``fill`` with pattern ``P`` and upstream gradient ``G``::
+Gradients have dense semantics (the gradient of ``A`` is the gradient of ``A.to_dense()``).  For
+``A`` built from ``values`` and ``fill`` with pattern ``P`` and upstream gradient ``G``::
 
-    grad_values[n] = G[indices[:, n]]                      (each stored element, duplicates included)
+    grad_values[n] = G[indices[:, n]]                     (each stored element, duplicates included)
     grad_fill      = sum(G[i] for i not in P), summed to fill's shape
 
 Conversions that keep the dense tensor (coalesce, layout or fill change,
@@ -85,13 +85,11 @@ def sparse_inside(G):
 def grad_parts(G, P: SparseTensor):
     """``(grad_values, grad_fill)`` of the constructor of ``P`` for upstream gradient ``G``."""
     S, D = P._sparse_shape, tuple(P._dense_shape)
-    if (
-        isinstance(G, SparseTensor) and G._indefinite
-    ):  # masked out: no output read them, their gradient is 0
+    # masked out: no output read them, their gradient is 0
+    if isinstance(G, SparseTensor) and G._indefinite:
         G = _convert.rewrap(G, fill=G._vals.new_zeros(()), indefinite=False, known_zero=True)
-    if isinstance(G, SparseTensor) and G._sparse_ndim() > len(
-        S
-    ):  # e.g. select_backward on a dense dim
+    # e.g. select_backward on a dense dim
+    if isinstance(G, SparseTensor) and G._sparse_ndim() > len(S):
         G = coarser(G, len(D))  # (its trailing sparse dims made dense, exactly: O(nse * slice))
     elif isinstance(G, SparseTensor) and G._sparse_ndim() < len(S):  # or on the last sparse dim
         return _grad_parts_of_hybrid(G, P)
@@ -100,9 +98,8 @@ def grad_parts(G, P: SparseTensor):
         gv = gv.reshape(P._vals.shape)
         if P._indefinite:
             return gv, None
-        stored = _index.numel(
-            P._vals.shape[: P._vals.dim() - len(D)]
-        )  # (every batch of a batched CSR)
+        # (every batch of a batched CSR)
+        stored = _index.numel(P._vals.shape[: P._vals.dim() - len(D)])
         return gv, _times_count(G._fill.expand(D), _index.numel(S) - stored).sum_to_size(
             P._fill.shape
         )
@@ -111,9 +108,8 @@ def grad_parts(G, P: SparseTensor):
     gv = _convert.values_at(G, keys, len(S)).reshape(P._vals.shape)
     if P._indefinite:
         return gv, None
-    with (
-        dynamic_sizes()
-    ):  # (traced: an unbacked size, also in AOTAutograd's trace of this backward)
+    # (traced: an unbacked size, also in AOTAutograd's trace of this backward)
+    with dynamic_sizes():
         ukeys = torch.unique(keys)
     if isinstance(G, SparseTensor):
         gidx, gvals = _convert.coalesced_parts(G)
@@ -126,9 +122,8 @@ def grad_parts(G, P: SparseTensor):
                 n > 0, f * n, 0
             ).to(f.dtype)
             return gv, gf.sum_to_size(P._fill.shape)
-        pos, found = _index.lookup(
-            gkeys, ukeys
-        )  # (P's distinct positions among G's: O(nse(P) log nse(G)))
+        # (P's distinct positions among G's: O(nse(P) log nse(G)))
+        pos, found = _index.lookup(gkeys, ukeys)
         inside = torch.zeros_like(gkeys, dtype=torch.bool).index_fill_(0, pos[found], True)
         n_both_unspecified = _index.numel(S) - ukeys.numel() - (gkeys.numel() - int(found.sum()))
         gf = gvals.masked_fill(inside.view((-1,) + (1,) * len(D)), 0).sum(0) + _times_count(
@@ -149,7 +144,9 @@ def sum_outside(G, idx: torch.Tensor, shape, dense_shape) -> torch.Tensor:
     summed as it is (an inf there gives inf, as the dense sum), never as the total less the part at
     ``idx`` (``inf - inf``: NaN).
 
-    >>> sum_outside(torch.tensor([1., float('inf'), 2., 4.]), torch.tensor([[1, 2]]), (4,), ()).item()
+    >>> sum_outside(
+    ...     torch.tensor([1.0, float("inf"), 2.0, 4.0]), torch.tensor([[1, 2]]), (4,), ()
+    ... ).item()
     5.0
     """
     D = tuple(dense_shape)
@@ -187,9 +184,8 @@ def _grad_parts_of_hybrid(G: SparseTensor, P: SparseTensor):
     at = torch.zeros(gvals.shape[:2], dtype=torch.bool, device=gvals.device)
     at[upos[ufound], ui[ufound]] = True
     gf = gvals.masked_fill(at.view(at.shape + (1,) * len(D)), 0).sum((0, 1))
-    n_rows = (
-        _index.numel(S[:g]) - gvals.shape[0]
-    )  # G's unspecified slices, less those where P has j
+    # G's unspecified slices, less those where P has j
+    n_rows = _index.numel(S[:g]) - gvals.shape[0]
     count = n_rows - torch.bincount(ui[~ufound], minlength=M)
     gf = gf + torch.where(
         count.view((-1,) + (1,) * len(D)) > 0,
@@ -205,9 +201,8 @@ def dense_grad(G: SparseTensor, what: str = "a gradient read as a dense tensor")
     under the default policy)."""
     if G.numel() > 1:  # (one element: a number, as the 0-d conversions elsewhere)
         _convert.check_densify_quiet(G, what)
-    return to_dense(
-        G, 0 if G._indefinite else None
-    )  # (differentiable where a graph is recorded: create_graph)
+    # (differentiable where a graph is recorded: create_graph)
+    return to_dense(G, 0 if G._indefinite else None)
 
 
 def _times_count(f: torch.Tensor, n: int) -> torch.Tensor:
@@ -227,9 +222,8 @@ def _values_on_pattern(G: SparseTensor, P: SparseTensor):
         else G._crow is P._crow and G._col is P._col
     ):
         return G._vals
-    if (
-        traced()
-    ):  # (torch.compile: equal patterns are not known without reading them; the general path)
+    # (torch.compile: equal patterns are not known without reading them; the general path)
+    if traced():
         return None
     (gi, gv), (pi, _) = G._coo_parts(), P._coo_parts()
     return gv if gi.shape == pi.shape and torch.equal(gi, pi) else None
@@ -244,12 +238,12 @@ def refuse_vmap(what: str):
     >>> torch.func.vmap(lambda v: sparsefill.sparse_coo_tensor([[0, 2]], v, (3,)))(torch.ones(4, 2))
     ... # doctest: +ELLIPSIS
     Traceback (most recent call last):
-    NotImplementedError: sparsefill: torch.func.vmap through a sparsefill constructor is not supported ...
+    NotImplementedError: sparsefill: torch.func.vmap through a sparsefill constructor is not ...
     """
     raise NotImplementedError(
-        f"sparsefill: torch.func.vmap through {what} is not supported (a batched SparseTensor has no batching "
-        "rule); loop over the batch instead (torch.stack([f(x) for x in xs])), or build one SparseTensor with "
-        "the batch as its leading sparse dim and call f on it"
+        f"sparsefill: torch.func.vmap through {what} is not supported (a batched SparseTensor "
+        "has no batching rule); loop over the batch instead (torch.stack([f(x) for x in xs])), "
+        "or build one SparseTensor with the batch as its leading sparse dim and call f on it"
     )
 
 
@@ -265,8 +259,9 @@ def refuse_dual(what: str, *tensors) -> None:
         and any(_fwad.unpack_dual(t).tangent is not None for t in tensors)
     ):
         raise NotImplementedError(
-            f"sparsefill: forward-mode AD (torch.autograd.forward_ad) through {what} is not supported (a SparseTensor "
-            "has no tangent form, so the tangent would be lost); use reverse mode (backward, torch.autograd.grad)"
+            f"sparsefill: forward-mode AD (torch.autograd.forward_ad) through {what} is not "
+            "supported (a SparseTensor has no tangent form, so the tangent would be lost); use "
+            "reverse mode (backward, torch.autograd.grad)"
         )
 
 
@@ -286,13 +281,15 @@ def refuse_forward_ad(what: str) -> None:
     T = torch._C._functorch.TransformType
     if T.Jvp in kinds:
         raise NotImplementedError(
-            f"sparsefill: torch.func.jvp/jacfwd/hessian (forward-mode AD) through {what} is not supported (a "
-            "SparseTensor has no tangent form); use reverse mode: torch.func.vjp, torch.func.jacrev or torch.func.grad"
+            f"sparsefill: torch.func.jvp/jacfwd/hessian (forward-mode AD) through {what} is not "
+            "supported (a SparseTensor has no tangent form); use reverse mode: torch.func.vjp, "
+            "torch.func.jacrev or torch.func.grad"
         )
     if kinds.count(T.Grad) > 1:
         raise NotImplementedError(
-            f"sparsefill: nested torch.func differentiation (grad of grad, jacrev of grad) through {what} is not "
-            "supported; use torch.autograd.grad(..., create_graph=True) for higher derivatives"
+            "sparsefill: nested torch.func differentiation (grad of grad, jacrev of grad) "
+            f"through {what} is not supported; use torch.autograd.grad(..., create_graph=True) "
+            "for higher derivatives"
         )
 
 
@@ -305,8 +302,9 @@ def refuse_masked_in_transform(out) -> None:
         U = unwrapped(out)
         if isinstance(U, SparseTensor) and U._indefinite:
             raise NotImplementedError(
-                "sparsefill: a SparseTensor with an indefinite fill inside torch.func.grad/vjp/jacrev is not supported "
-                "(its masked semantics would be read as dense there); use torch.autograd.grad, or a defined fill"
+                "sparsefill: a SparseTensor with an indefinite fill inside "
+                "torch.func.grad/vjp/jacrev is not supported (its masked semantics would be "
+                "read as dense there); use torch.autograd.grad, or a defined fill"
             )
 
 
@@ -344,9 +342,9 @@ class Construct(torch.autograd.Function):
 def to_dense(A: SparseTensor, fill_value=None) -> torch.Tensor:
     """``A.to_dense(fill_value=...)``: through :class:`ToDense` where autograd records a graph, else
     the kernel alone (no graph to record: ``Function.apply``'s cost saved)."""
-    # (_any_requires_grad reads A's flag without the op layer's route: 1.8 µs less than
-    # DisableTorchFunctionSubclass after a 4 MB result has evicted the caches, 0.4 µs less again of
-    # one argument; there each Python call costs about 1 µs: none for no fill_value)
+    # (_any_requires_grad reads A's flag without the op layer's route, cheaper than
+    # DisableTorchFunctionSubclass; this is a per-call path, so no extra Python call is made where
+    # no fill_value is given)
     if not (
         traced()
         or _functorch_active()
@@ -360,8 +358,7 @@ def to_dense(A: SparseTensor, fill_value=None) -> torch.Tensor:
     return ToDense.apply(A, fill_value)
 
 
-# (torch's functions bound here: ``torch._C.f`` looks f up in two module dicts, 0.3-0.5 µs after a 4
-# MB result evicted the caches)
+# (torch's functions bound here: ``torch._C.f`` looks f up in two module dicts on every call)
 _functorch_active, _grad_enabled = torch._C._are_functorch_transforms_active, torch.is_grad_enabled
 _any_requires_grad = torch._C._any_requires_grad
 
@@ -575,9 +572,8 @@ def leaf_grad(G, P: SparseTensor) -> SparseTensor:
             # masked out: no output read them, their gradient is 0 (and coarser needs it where a
             # slice is partly so)
             G = _convert.rewrap(G, fill=G._vals.new_zeros(()), indefinite=False, known_zero=True)
-        return _convert.to_layout(
-            to_dense_dim(G, P.dense_dim()), P._sf_layout
-        )  # (_splits.finer/coarser: exact)
+        # (_splits.finer/coarser: exact)
+        return _convert.to_layout(to_dense_dim(G, P.dense_dim()), P._sf_layout)
     S, D = P._sparse_shape, tuple(P._dense_shape)
     flat = G.reshape((_index.numel(S),) + D)
     idx, _ = P._coo_parts()
@@ -592,9 +588,8 @@ def leaf_grad(G, P: SparseTensor) -> SparseTensor:
         return _pattern_grad(P, keys, flat, zero, True)
     rest = flat[free[:, 0]]
     c = rest[0]
-    if not bool(
-        _convert.differs(rest, c).any()
-    ):  # uniform over the unspecified elements: it is the fill
+    # uniform over the unspecified elements: it is the fill
+    if not bool(_convert.differs(rest, c).any()):
         return _pattern_grad(P, keys, flat, c, not bool(c.any()))
     differ = flat != 0
     keep = at | (differ.flatten(1).any(1) if D else differ)

@@ -10,8 +10,9 @@ give the masked-out positions a gradient, a dense operand's gradient becomes mas
 (called by the registry's ``dispatch`` while such a transform may
 run) therefore refuses every such call that carries a gradient::
 
-    func(A, ...) under a transform, A indefinite, reached through the wrapper  ->  NotImplementedError
-        unless  func carries no gradient           (detach, zeros_like, comparisons, item; a bool A)
+    func(A, ...) under a transform, A indefinite, reached through the wrapper
+        ->  NotImplementedError
+        unless func carries no gradient  (detach, zeros_like, comparisons, item; a bool A)
 
 Element-wise ops are refused too: their gradient is exact on the stored elements, but the masked-out
 positions keep what the formula left there (``vjp(lambda a: a * 2, A)``'s pullback gives ``2 * ct``
@@ -19,7 +20,7 @@ there, where ``torch.autograd.grad`` gives 0: no output read them).
 
 The registry calls :func:`check` only where :data:`no_reverse_transform` is False:
 ``grad``/``vjp``/``jacrev`` (and ``hessian``'s ``jacrev``) disable autograd's saved-tensor hooks
-while they run, a C flag read in ~40 ns; elsewhere no call is made.  (Forward mode alone,
+while they run, a C flag that is cheap to read; elsewhere no call is made.  (Forward mode alone,
 ``jvp``/``jacfwd``, leaves it set: there a SparseTensor primal fails torch's own storage check
 first, and the constructors and routes refuse.)
 
@@ -35,7 +36,7 @@ through).  ``vmap`` alone records no formula: never refused here.
 >>> A = sparsefill.sparse_coo_tensor([[0, 2]], [1., 2.], (3,), fill_value=sparsefill.indefinite)
 >>> torch.func.grad(lambda a: a.mean())(A)  # doctest: +ELLIPSIS
 Traceback (most recent call last):
-NotImplementedError: sparsefill: aten.mean.default of a SparseTensor with an indefinite fill inside ...
+NotImplementedError: sparsefill: aten.mean.default of a SparseTensor with an indefinite fill ...
 >>> L = A.detach().requires_grad_()  # torch.autograd: the masked mean's exact gradient
 >>> torch.autograd.grad(L.mean(), L)[0].to_dense(fill_value=0.).tolist()
 [0.5, 0.0, 0.5]
@@ -50,9 +51,8 @@ import torch
 from sparsefill._tensor.tensor import SparseTensor
 
 _aten = torch.ops.aten
-no_reverse_transform = (
-    torch._C._autograd._saved_tensors_hooks_is_enabled
-)  # () -> False while grad/vjp/jacrev run
+# () -> False while grad/vjp/jacrev run
+no_reverse_transform = torch._C._autograd._saved_tensors_hooks_is_enabled
 NO_GRADIENT = {
     _aten.detach,
     _aten.alias,
@@ -95,9 +95,10 @@ def check(func, args, kwargs) -> None:
         and _through_transform_wrapper()
     ):
         raise NotImplementedError(
-            f"sparsefill: {func} of a SparseTensor with an indefinite fill inside torch.func.grad/vjp/jacrev/jvp is "
-            "not supported: torch's derivative formulas run there with dense semantics and ignore the masked-out "
-            "elements (e.g. mean's gradient would divide by every element); use torch.autograd.grad "
+            f"sparsefill: {func} of a SparseTensor with an indefinite fill inside "
+            "torch.func.grad/vjp/jacrev/jvp is not supported: torch's derivative formulas run "
+            "there with dense semantics and ignore the masked-out elements (e.g. mean's "
+            "gradient would divide by every element); use torch.autograd.grad "
             "(A.detach().requires_grad_(), then torch.autograd.grad(f(A), A)), or a defined fill"
         )
 

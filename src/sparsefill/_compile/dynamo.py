@@ -4,8 +4,8 @@ wrapper subclass beyond flatten/unflatten.
 A SparseTensor output of a compiled function that requires grad gets its gradient (the *tangent*)
 from whatever runs after it, of any pattern.  AOTAutograd traces the backward once, for a tangent
 whose inner sizes it takes from the traced one, so the tangent is traced, and every runtime gradient
-converted, in
-the all-stored form (:func:`all_stored`, nse = the numel of the sparse dims: O(numel) per backward)::
+converted, in the all-stored form (:func:`all_stored`, nse = the numel of the sparse dims: O(numel)
+per backward)::
 
     dense_of(coerce_tangent(G, meta)) == dense_of(G)
 
@@ -69,7 +69,8 @@ def every_element(x: torch.Tensor, layout, dense_dim: int):
     return sparse_csr_tensor(crow, col, x.reshape(batch + (m * n,) + D), x.shape, fill_value=zero)
 
 
-ALL_STORED = "all-stored"  # the 4th entry of the flatten metadata of a tangent in the all-stored form (5th: dense dims)
+# the 4th entry of the flatten metadata of a tangent in the all-stored form (5th: dense dims)
+ALL_STORED = "all-stored"
 
 
 def all_stored(G, layout=None):
@@ -81,9 +82,8 @@ def all_stored(G, layout=None):
 
     layout = G._sf_layout if layout is None else layout
     X = dense_of(G, G._vals.new_zeros(tuple(G._dense_shape)) if G._indefinite else None)
-    fill = (
-        G._vals.new_empty(0) if G._indefinite else G._vals.new_zeros(())
-    )  # (read by no element: a 0-d zero)
+    # (read by no element: a 0-d zero)
+    fill = G._vals.new_empty(0) if G._indefinite else G._vals.new_zeros(())
     return _all_stored_of(X, len(G._dense_shape), layout, fill, G._indefinite)
 
 
@@ -142,9 +142,8 @@ def coerce_tangent(G, meta, expected_type=None):
             indefinite,
         )
     G = all_stored(G._sync(), layout)
-    if (
-        indefinite != G._indefinite
-    ):  # (a definite gradient of a masked output: the masked-out values are unused)
+    # (a definite gradient of a masked output: the masked-out values are unused)
+    if indefinite != G._indefinite:
         G._indefinite, G._fill = (
             indefinite,
             G._vals.new_empty(0) if indefinite else G._vals.new_zeros(()),

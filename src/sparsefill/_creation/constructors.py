@@ -5,15 +5,19 @@ Every constructor validates its input (errors name the argument and the numbers,
 nothing passed in is modified) and is differentiable with respect to ``values``
 and ``fill_value``.  Invariant::
 
-    sparse_coo_tensor(i, v, size, fill_value=f).to_dense()[p] == sum(v[n] for n if i[:, n] == p)  if p in i
-                                                             == f                                 otherwise
+    sparse_coo_tensor(i, v, size, fill_value=f).to_dense()[p]
+        == sum(v[n] for n if i[:, n] == p)  if p in i
+        == f                                otherwise
 """
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
+from typing import Any
 
 import torch
+from torch.types import Device
 
 from sparsefill._tensor import parts as _convert
 from sparsefill._kernels import index as _index
@@ -22,7 +26,7 @@ from sparsefill._kernels.trace import inner_sizes, traced, tracing_mode
 from sparsefill._tensor.tensor import SparseTensor, install_hooks
 
 
-from sparsefill._tensor.fill import _array_fill, indefinite, normalize_fill
+from sparsefill._tensor.fill import FillValue, Size, _array_fill, indefinite, normalize_fill
 from sparsefill._tensor.validate import (
     _check_bounds,
     _check_crow,
@@ -70,9 +74,8 @@ def _is_empty_like(x) -> bool:
 
 
 def _values_tensor(values, dtype, device, fill_value) -> torch.Tensor:
-    if isinstance(
-        values, torch.Tensor
-    ):  # (conjugate/negative bits resolved: ops inside __torch_dispatch__ run
+    # (conjugate/negative bits resolved: ops inside __torch_dispatch__ run
+    if isinstance(values, torch.Tensor):
         # with those dispatch keys excluded and would read the raw data, A * 2 of values.conj()
         # conjugated)
         return (
@@ -148,16 +151,16 @@ def _same_dense_of(x, fn):
 
 # ---------------------------------------------------------------------- constructors
 def sparse_coo_tensor(
-    indices,
-    values,
-    size=None,
+    indices: Any,
+    values: Any,
+    size: Size | None = None,
     *,
-    fill_value=None,
-    dtype=None,
-    device=None,
-    requires_grad=False,
-    is_coalesced=None,
-    check_invariants=True,
+    fill_value: FillValue = None,
+    dtype: torch.dtype | None = None,
+    device: Device = None,
+    requires_grad: bool = False,
+    is_coalesced: bool | None = None,
+    check_invariants: bool = True,
 ) -> SparseTensor:
     """COO SparseTensor, as :func:`torch.sparse_coo_tensor` plus ``fill_value``.
 
@@ -238,16 +241,16 @@ def sparse_coo_tensor(
 
 
 def sparse_csr_tensor(
-    crow_indices,
-    col_indices,
-    values,
-    size=None,
+    crow_indices: Any,
+    col_indices: Any,
+    values: Any,
+    size: Size | None = None,
     *,
-    fill_value=None,
-    dtype=None,
-    device=None,
-    requires_grad=False,
-    check_invariants=True,
+    fill_value: FillValue = None,
+    dtype: torch.dtype | None = None,
+    device: Device = None,
+    requires_grad: bool = False,
+    check_invariants: bool = True,
 ) -> SparseTensor:
     """CSR SparseTensor, as :func:`torch.sparse_csr_tensor` plus ``fill_value``.
 
@@ -304,8 +307,8 @@ def sparse_csr_tensor(
             or size[len(want) + 1 :] != dense_shape
         ):
             raise ValueError(
-                f"size {size} does not match crow_indices (batch {batch}, nrows {nrows}) and values "
-                f"with dense shape {dense_shape}"
+                f"size {size} does not match crow_indices (batch {batch}, nrows {nrows}) and "
+                f"values with dense shape {dense_shape}"
             )
     ncols = size[len(batch) + 1]
     if check_invariants:
@@ -346,7 +349,13 @@ def sparse_csr_tensor(
     return out
 
 
-def to_sparse(x, *, fill_value=None, layout=torch.sparse_coo, dense_dim=None) -> SparseTensor:
+def to_sparse(
+    x: Any,
+    *,
+    fill_value: FillValue = None,
+    layout: torch.layout = torch.sparse_coo,
+    dense_dim: int | None = None,
+) -> SparseTensor:
     """SparseTensor specifying exactly the elements (dense slices) of ``x`` that differ from
     ``fill_value``.
 
@@ -399,8 +408,9 @@ def convert(A: SparseTensor, layout=None, fill_value=None, dense_dim=None) -> Sp
         if fill_value is not None:
             raise
         raise ValueError(
-            f"dense_dim {A.dense_dim()} -> {dd}: the fill of shape {tuple(A._fill.shape)} does not fit "
-            f"the new dense dims {tuple(A.shape[A.dim() - dd :])}; pass fill_value= as well"
+            f"dense_dim {A.dense_dim()} -> {dd}: the fill of shape {tuple(A._fill.shape)} does "
+            f"not fit the new dense dims {tuple(A.shape[A.dim() - dd :])}; pass fill_value= as "
+            "well"
         ) from e
     if dd == A.dense_dim() and (fill_value is None or indef and A._indefinite):  # the pattern stays
         return (
@@ -428,37 +438,44 @@ def to_torch(A: SparseTensor, *, materialize: bool = False) -> torch.Tensor:
     """Torch native sparse tensor of ``A`` (differentiable); see :meth:`SparseTensor.to_torch`.
     Under torch.compile a graph break (with ``fullgraph=True`` dynamo's error, this message): torch
     traces no native sparse tensor of a data-dependent nse (it guards on it)."""
-    if traced(
-        A._vals
-    ):  # (dynamo runs A.to_torch() on fake tensors, as one node of its graph: a graph break there)
+    # (dynamo runs A.to_torch() on fake tensors, as one node of its graph: a graph break there)
+    if traced(A._vals):
         from torch._dynamo.exc import unimplemented
 
         unimplemented(
             gb_type="sparsefill: to_torch not traceable",
             context="SparseTensor.to_torch",
-            explanation="A torch native sparse tensor of a data-dependent nse does not trace (torch "
-            "guards on its nse); to_torch runs eagerly",
+            explanation="A torch native sparse tensor of a data-dependent nse does not trace "
+            "(torch guards on its nse); to_torch runs eagerly",
             hints=["Convert outside the compiled function."],
         )
     return _same_dense(A, lambda a: _convert.to_torch(a, materialize=materialize))
 
 
 # ---------------------------------------------------------------------- factories
-# (fill-value-rfc.md point 3)
+# (the fill is the value the factory names: full, zeros, ones; empty: indefinite)
 def full(
-    size,
-    fill_value,
+    size: int | Size,
+    fill_value: FillValue,
     *,
-    layout=torch.sparse_coo,
-    dtype=None,
-    device=None,
-    requires_grad=False,
-    dense_dim=0,
-) -> SparseTensor:
-    """A tensor with no specified element: every element is ``fill_value``."""
+    layout: torch.layout = torch.sparse_coo,
+    dtype: torch.dtype | None = None,
+    device: Device = None,
+    requires_grad: bool = False,
+    dense_dim: int = 0,
+) -> torch.Tensor:
+    """A tensor with no specified element: every element is ``fill_value`` (a SparseTensor; a dense
+    tensor for ``layout=torch.strided``)."""
     size = _size_tuple(size if isinstance(size, (tuple, list, torch.Size)) else (size,))
     if layout is torch.strided:
-        return torch.full(size, fill_value, dtype=dtype, device=device, requires_grad=requires_grad)
+        # (a fill torch.full does not take: torch's own error)
+        return torch.full(
+            size,
+            fill_value,  # type: ignore[arg-type]
+            dtype=dtype,
+            device=device,
+            requires_grad=requires_grad,
+        )
     if dtype is None:
         dtype = _array_fill(fill_value).dtype
     dd = _convert.check_dense_dim(len(size), dense_dim, layout)
@@ -475,10 +492,15 @@ def full(
     return out.requires_grad_(True) if requires_grad else out
 
 
-def _factory(value):
+def _factory(value: FillValue) -> Callable[..., torch.Tensor]:
     def make(
-        *size, layout=torch.sparse_coo, dtype=None, device=None, requires_grad=False, dense_dim=0
-    ):
+        *size: Any,
+        layout: torch.layout = torch.sparse_coo,
+        dtype: torch.dtype | None = None,
+        device: Device = None,
+        requires_grad: bool = False,
+        dense_dim: int = 0,
+    ) -> torch.Tensor:
         dtype = dtype or torch.get_default_dtype()
         v = (
             value
@@ -511,8 +533,14 @@ empty.__doc__ = "Sparse empty: nse 0, fill uninitialized."
 
 
 def eye(
-    n, m=None, *, layout=torch.sparse_coo, dtype=None, device=None, requires_grad=False
-) -> SparseTensor:
+    n: int,
+    m: int | None = None,
+    *,
+    layout: torch.layout = torch.sparse_coo,
+    dtype: torch.dtype | None = None,
+    device: Device = None,
+    requires_grad: bool = False,
+) -> torch.Tensor:
     """Identity: the diagonal specified with ones, fill 0."""
     m = n if m is None else m
     if layout is torch.strided:
@@ -534,16 +562,16 @@ def eye(
 
 
 def full_like(
-    input,
-    fill_value,
+    input: torch.Tensor,
+    fill_value: FillValue,
     *,
-    layout=None,
-    dtype=None,
-    device=None,
-    requires_grad=False,
-    dense_dim=None,
-    memory_format=None,
-):
+    layout: torch.layout | None = None,
+    dtype: torch.dtype | None = None,
+    device: Device = None,
+    requires_grad: bool = False,
+    dense_dim: int | None = None,
+    memory_format: torch.memory_format | None = None,
+) -> torch.Tensor:
     """``full(input.shape, fill_value)`` with ``input``'s layout (and dense dims), dtype and device
     by default."""
     if layout is None:
@@ -553,7 +581,7 @@ def full_like(
     if layout is torch.strided:
         return torch.full(
             input.shape,
-            fill_value,
+            fill_value,  # type: ignore[arg-type]  # (one torch.full does not take: its error)
             dtype=dtype or input.dtype,
             device=device or input.device,
             requires_grad=requires_grad,
@@ -569,17 +597,17 @@ def full_like(
     )
 
 
-def _like(value):
+def _like(value: FillValue) -> Callable[..., torch.Tensor]:
     def make(
-        input,
+        input: torch.Tensor,
         *,
-        layout=None,
-        dtype=None,
-        device=None,
-        requires_grad=False,
-        dense_dim=None,
-        memory_format=None,
-    ):
+        layout: torch.layout | None = None,
+        dtype: torch.dtype | None = None,
+        device: Device = None,
+        requires_grad: bool = False,
+        dense_dim: int | None = None,
+        memory_format: torch.memory_format | None = None,
+    ) -> torch.Tensor:
         v = (
             value
             if value is not None

@@ -28,12 +28,13 @@ from __future__ import annotations
 import importlib
 import math
 import sys
+from typing import Any
 
 import numpy as np
 import torch
 
 from sparsefill._tensor import parts as _convert
-from sparsefill._creation.constructors import sparse_coo_tensor, sparse_csr_tensor
+from sparsefill._creation.constructors import FillValue, sparse_coo_tensor, sparse_csr_tensor
 from sparsefill._tensor.tensor import SparseTensor, install_hooks
 
 __all__ = ["from_scipy", "to_scipy", "from_pydata", "to_pydata", "from_pandas", "to_pandas"]
@@ -65,7 +66,7 @@ def torch_dtype(dtype, what: str) -> torch.dtype:
         d = np.dtype(dtype)
     except TypeError:
         d = None
-    t = _TORCH_OF_NUMPY.get(d.newbyteorder("=") if d is not None else None)
+    t = _TORCH_OF_NUMPY.get(d.newbyteorder("=")) if d is not None else None
     if t is None:
         why = (
             " (torch has no arithmetic on unsigned integers wider than 8 bits)"
@@ -73,8 +74,8 @@ def torch_dtype(dtype, what: str) -> torch.dtype:
             else ""
         )
         raise TypeError(
-            f"{what}: dtype {dtype} has no torch equivalent{why}; supported: bool, uint8, int8, int16, "
-            "int32, int64, float16, float32, float64, complex64, complex128"
+            f"{what}: dtype {dtype} has no torch equivalent{why}; supported: bool, uint8, int8, "
+            "int16, int32, int64, float16, float32, float64, complex64, complex128"
         )
     return t
 
@@ -83,7 +84,8 @@ def numpy_dtype(dtype: torch.dtype, what: str) -> np.dtype:
     d = _NUMPY_OF_TORCH.get(dtype)
     if d is None:
         raise TypeError(
-            f"{what}: dtype {dtype} has no numpy equivalent; convert first, e.g. A.to(torch.float32)"
+            f"{what}: dtype {dtype} has no numpy equivalent; convert first, e.g. "
+            "A.to(torch.float32)"
         )
     return d
 
@@ -149,16 +151,17 @@ def _scalar_fill(A: SparseTensor, what: str, peer: str):
     dims."""
     if A._indefinite:
         raise ValueError(
-            f"{what}: A's fill is indefinite (its unspecified elements are masked out) and {peer} has no "
-            "such fill; give them a value first, e.g. A.detach().clone().set_fill_value_(0)"
+            f"{what}: A's fill is indefinite (its unspecified elements are masked out) and "
+            f"{peer} has no such fill; give them a value first, e.g. "
+            "A.detach().clone().set_fill_value_(0)"
         )
     f = A._fill.detach().reshape(-1)
     if f.numel() == 0:
         return numpy_dtype(A.dtype, what).type(0)
     if not _same_fill(f, f[:1].expand_as(f)):
         raise ValueError(
-            f"{what}: {peer} has one scalar fill, and A's fill (shape {tuple(A._fill.shape)}) varies over "
-            f"its dense dims {tuple(A._dense_shape)}"
+            f"{what}: {peer} has one scalar fill, and A's fill (shape {tuple(A._fill.shape)}) "
+            f"varies over its dense dims {tuple(A._dense_shape)}"
         )
     return f[:1].numpy()[0]
 
@@ -191,7 +194,7 @@ def _module(name: str, what: str):
 
 
 # ---------------------------------------------------------------------- scipy.sparse
-def from_scipy(m, *, fill_value=0) -> SparseTensor:
+def from_scipy(m: Any, *, fill_value: FillValue = 0) -> SparseTensor:
     """SparseTensor of a scipy.sparse matrix or array (any format), its stored elements kept as they
     are.
 
@@ -246,7 +249,7 @@ def from_scipy(m, *, fill_value=0) -> SparseTensor:
     )
 
 
-def to_scipy(A: SparseTensor, format: str | None = None, *, materialize: bool = False):
+def to_scipy(A: SparseTensor, format: str | None = None, *, materialize: bool = False) -> Any:
     """scipy.sparse array (``coo_array``, ``csr_array``, ...) of a 2-D SparseTensor with zero fill:
     the same matrix, pattern and stored values (a hybrid tensor's dense slices become scalar
     elements); O(nse).
@@ -268,7 +271,8 @@ def to_scipy(A: SparseTensor, format: str | None = None, *, materialize: bool = 
     sp = _module("scipy.sparse", "to_scipy()")
     if A.dim() != 2:
         raise ValueError(
-            f"to_scipy(): scipy.sparse holds 2-D matrices; A has shape {tuple(A.shape)} ({A.dim()} dims)"
+            f"to_scipy(): scipy.sparse holds 2-D matrices; A has shape {tuple(A.shape)} "
+            f"({A.dim()} dims)"
         )
     fmt = format or ("csr" if A._sf_layout is torch.sparse_csr else "coo")
     if fmt not in _SCIPY_FORMATS:
@@ -286,9 +290,10 @@ def to_scipy(A: SparseTensor, format: str | None = None, *, materialize: bool = 
                 else f"an array of shape {tuple(A._fill.shape)}"
             )
             raise ValueError(
-                f"to_scipy(): scipy.sparse has no fill value (its unspecified elements are 0) and A's "
-                f"fill is {fill}; pass materialize=True to specify every element that is not 0 "
-                "(O(numel)), or read a scipy matrix with another fill by from_scipy(m, fill_value=...)"
+                "to_scipy(): scipy.sparse has no fill value (its unspecified elements are 0) "
+                f"and A's fill is {fill}; pass materialize=True to specify every element that is "
+                "not 0 (O(numel)), or read a scipy matrix with another fill by from_scipy(m, "
+                "fill_value=...)"
             )
         A = A.to_sparse(fill_value=0)
     if fmt == "csr" and A._sf_layout is torch.sparse_csr and not A.dense_dim():
@@ -299,7 +304,7 @@ def to_scipy(A: SparseTensor, format: str | None = None, *, materialize: bool = 
 
 
 # ---------------------------------------------------------------------- pydata sparse
-def from_pydata(x) -> SparseTensor:
+def from_pydata(x: Any) -> SparseTensor:
     """SparseTensor of a pydata ``sparse`` array with its fill, pattern and stored values, any
     number of dims: ``from_pydata(x).to_dense() == torch.from_numpy(x.todense())``.
 
@@ -310,7 +315,8 @@ def from_pydata(x) -> SparseTensor:
     sparse = _module("sparse", "from_pydata()")
     if not isinstance(x, sparse.SparseArray):
         raise TypeError(
-            f"from_pydata() takes a pydata sparse array (sparse.COO, sparse.GCXS), got {type(x).__name__}"
+            "from_pydata() takes a pydata sparse array (sparse.COO, sparse.GCXS), got "
+            f"{type(x).__name__}"
         )
     dtype = torch_dtype(x.dtype, "from_pydata()")
     fill = _exact_fill(x.fill_value, x.dtype, "from_pydata()")
@@ -324,7 +330,7 @@ def from_pydata(x) -> SparseTensor:
     )
 
 
-def to_pydata(A: SparseTensor, format: str | None = None):
+def to_pydata(A: SparseTensor, format: str | None = None) -> Any:
     """pydata ``sparse.COO`` or ``sparse.GCXS`` of ``A`` with its fill, pattern and stored values (a
     hybrid tensor's dense slices become scalar elements; its fill must be one value); O(nse).
 
@@ -359,7 +365,7 @@ def to_pydata(A: SparseTensor, format: str | None = None):
 
 
 # ---------------------------------------------------------------------- pandas
-def from_pandas(obj) -> SparseTensor:
+def from_pandas(obj: Any) -> SparseTensor:
     """SparseTensor of a pandas ``SparseArray`` or ``Series`` of sparse dtype (1-D), or of a
     ``DataFrame`` whose columns are all sparse with one dtype and one fill (2-D, rows x columns),
     fill, pattern and values kept: ``from_pandas(obj).to_dense() ==
@@ -377,7 +383,7 @@ def from_pandas(obj) -> SparseTensor:
     pd = _module("pandas", "from_pandas()")
     if isinstance(obj, pd.DataFrame):
         A = _from_frame(pd, obj)
-        A._pandas_labels = (
+        A._pandas_labels = (  # type: ignore[attr-defined]  # (read back by to_pandas)
             obj.index,
             obj.columns,
         )  # (read back by to_pandas: the round trip keeps them)
@@ -385,8 +391,8 @@ def from_pandas(obj) -> SparseTensor:
     arr = obj.array if isinstance(obj, pd.Series) else obj
     if not isinstance(arr, pd.arrays.SparseArray):
         raise TypeError(
-            f"from_pandas() takes a pandas SparseArray, a Series of sparse dtype or a DataFrame of sparse "
-            f"columns, got a {type(obj).__name__} of dtype {getattr(obj, 'dtype', '?')}"
+            "from_pandas() takes a pandas SparseArray, a Series of sparse dtype or a DataFrame "
+            f"of sparse columns, got a {type(obj).__name__} of dtype {getattr(obj, 'dtype', '?')}"
         )
     idx, vals, fill = _column(arr, "from_pandas()")
     return sparse_coo_tensor(idx[None], vals, (len(arr),), fill_value=fill, is_coalesced=True)
@@ -406,8 +412,8 @@ def _from_frame(pd, df) -> SparseTensor:
     for j, a in enumerate(cols):
         if not isinstance(a, pd.arrays.SparseArray):
             raise TypeError(
-                f"{what}: column {df.columns[j]!r} has dtype {a.dtype}, not sparse; a DataFrame converts "
-                "when all its columns are sparse (DataFrame.sparse)"
+                f"{what}: column {df.columns[j]!r} has dtype {a.dtype}, not sparse; a DataFrame "
+                "converts when all its columns are sparse (DataFrame.sparse)"
             )
     if not cols:
         raise ValueError(
@@ -424,8 +430,9 @@ def _from_frame(pd, df) -> SparseTensor:
     for j, (_, _, f) in enumerate(parts):
         if not _same_fill(f, f0):
             raise ValueError(
-                f"{what}: column {df.columns[j]!r} has fill {f.item()} and column {df.columns[0]!r} has "
-                f"{f0.item()}; one SparseTensor has one fill (convert the columns separately)"
+                f"{what}: column {df.columns[j]!r} has fill {f.item()} and column "
+                f"{df.columns[0]!r} has {f0.item()}; one SparseTensor has one fill (convert the "
+                "columns separately)"
             )
     rows = torch.cat([p[0] for p in parts])
     colno = torch.cat([torch.full_like(p[0], j) for j, p in enumerate(parts)])
@@ -439,7 +446,7 @@ def _from_frame(pd, df) -> SparseTensor:
     )
 
 
-def to_pandas(A: SparseTensor, *, index=None, columns=None):
+def to_pandas(A: SparseTensor, *, index: Any = None, columns: Any = None) -> Any:
     """pandas object of a 1-D (``pandas.arrays.SparseArray``) or 2-D (``DataFrame`` of SparseArray
     columns) SparseTensor, with its fill, pattern and stored values; O(nse).
 
@@ -578,8 +585,8 @@ def as_dense(x) -> torch.Tensor:
             nbytes = math.prod(x.shape) * np.dtype(x.dtype).itemsize
         except (AttributeError, TypeError):
             raise TypeError(
-                f"to_sparse(): cannot tell the dense size of a {type(x).__name__} (no numpy shape and "
-                "dtype); convert it to a tensor or numpy array first"
+                f"to_sparse(): cannot tell the dense size of a {type(x).__name__} (no numpy "
+                "shape and dtype); convert it to a tensor or numpy array first"
             ) from None
         from sparsefill._tensor.policy import check_densify
 
@@ -587,9 +594,8 @@ def as_dense(x) -> torch.Tensor:
         x = np.asarray(to_dense())
     if isinstance(x, np.ndarray):
         torch_dtype(x.dtype, "to_sparse()")
-        x = np.asarray(
-            x, dtype=x.dtype.newbyteorder("=")
-        )  # (np.matrix -> ndarray; native byte order)
+        # (np.matrix -> ndarray; native byte order)
+        x = np.asarray(x, dtype=x.dtype.newbyteorder("="))
     return torch.as_tensor(x)
 
 

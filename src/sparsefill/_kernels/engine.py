@@ -4,28 +4,33 @@ in one.
 Every reduction of sparsefill (sparse, masked, segment) is the reducer protocol of
 :mod:`sparsefill._kernels.reducer` over one segment plan; its ``combine`` step::
 
-    out[s] = combine(init, x_i for every element i of segment s)        (init: the identity by default)
+    out[s] = combine(init, x_i for every element i of segment s)     (init: the identity by default)
 
 runs on one of these engines, all computing the same values (they differ in speed and in what
 they need of the plan, the dtype and the device):
 
-==================  ==============================================================================
-``"csr_mv"``        row sums of a 2-D CSR matrix: ``torch.mv`` with ones (the sparse BLAS kernel)
-``"numba_scatter"`` the compiled scatter kernels of ``segment/_numba_kernels`` over unsorted ids, in
-place ``"numba_sorted"``  the compiled kernels over sorted segments (CPU float32/float64, numba
-loaded) ``"embedding_bag"`` ``embedding_bag`` with offsets: sorted floating sums, a gather and
-weights fused ``"segment_reduce"`` ``torch.segment_reduce`` over sorted contiguous runs
-(float32/float64) ``"scatter_add"``   ``scatter_add_`` (sums of 1-D values: 1.7x ``index_add_`` and
-``segment_reduce`` on CPU,
-                    200k values in 20k segments)
-``"index_add"``     ``index_add_`` (sums of any dtype, any device, traced)
-``"scatter_reduce"`` ``scatter_reduce_`` (prod, amax, amin of any dtype, any device, traced)
-==================  ==============================================================================
+``"csr_mv"``
+    row sums of a 2-D CSR matrix: ``torch.mv`` with ones (the sparse BLAS kernel)
+``"numba_scatter"``
+    the compiled scatter kernels of ``segment/_numba_kernels`` over unsorted ids, in place
+``"numba_sorted"``
+    the compiled kernels over sorted segments (CPU float32/float64, numba loaded)
+``"embedding_bag"``
+    ``embedding_bag`` with offsets: sorted floating sums, a gather and weights fused
+``"segment_reduce"``
+    ``torch.segment_reduce`` over sorted contiguous runs (float32/float64)
+``"scatter_add"``
+    ``scatter_add_`` (sums of 1-D values on CPU: faster there than ``index_add_`` and
+    ``segment_reduce``)
+``"index_add"``
+    ``index_add_`` (sums of any dtype, any device, traced)
+``"scatter_reduce"``
+    ``scatter_reduce_`` (prod, amax, amin of any dtype, any device, traced)
 
 :func:`choose` picks one; :func:`run` runs it for the protocol's ``combine``
-(:func:`sparsefill._kernels.reducer.segment_combine`).  The compiled engines are reached through the public
-functions of ``segment/_kernels`` (``segment_sum``, ``segment_extreme``: their custom ops under
-torch.compile), told the engine :func:`run` chose (``engine=``: no second choice);
+(:func:`sparsefill._kernels.reducer.segment_combine`).  The compiled engines are reached through the
+public functions of ``segment/_kernels`` (``segment_sum``, ``segment_extreme``: their custom ops
+under torch.compile), told the engine :func:`run` chose (``engine=``: no second choice);
 ``segment.reduce``'s own plans (gathers, weights, unsorted ids) choose here too, in those functions.
 The engines know tensors only (no SparseTensor).
 
@@ -33,9 +38,12 @@ The engines know tensors only (no SparseTensor).
 'segment_reduce'
 >>> choose("amax", torch.int64, runs=True)
 'scatter_reduce'
->>> v = torch.tensor([1., 2., 4.]); rows = CsrRows(torch.tensor([0, 2, 2, 3]), torch.tensor([0, 3, 1]), 4)
->>> run(choose("sum", v.dtype, runs=True, csr_rows=True), "sum", v, None, 3, 0, lengths=torch.tensor([2, 0, 1]),
-...     csr=rows)
+>>> v = torch.tensor([1., 2., 4.])
+>>> rows = CsrRows(torch.tensor([0, 2, 2, 3]), torch.tensor([0, 3, 1]), 4)
+>>> engine = choose("sum", v.dtype, runs=True, csr_rows=True)
+>>> run(
+...     engine, "sum", v, None, 3, 0, lengths=torch.tensor([2, 0, 1]), csr=rows,
+... )
 tensor([3., 0., 4.])
 """
 
@@ -97,9 +105,8 @@ def choose(
     if compiled and floating and mode != "prod":
         if unsorted:
             return "numba_scatter"
-        if mode != "sum" or (
-            one_column and not gather
-        ):  # (one column read in order: 1.6x embedding_bag)
+        # (one column read in order: 1.6x embedding_bag)
+        if mode != "sum" or (one_column and not gather):
             return "numba_sorted"
     if bag and mode == "sum" and (dtype.is_floating_point and not dtype.is_complex):
         return "embedding_bag"
@@ -128,9 +135,9 @@ class CsrRows(NamedTuple):
 
 def spmv_index(crow: torch.Tensor, col: torch.Tensor, ncols: int):
     """``(crow, col)`` as int32 copies where the ``csr_mv`` engine reads those best, else None: on
-    the CPU torch's SpMV (MKL) converts int64 indices to int32 on every call (4000^2 with 16k
-    stored: ~20 -> ~15 us a call); None on other devices, for other index dtypes, or where int32
-    cannot hold the sizes.
+    the CPU torch's SpMV (MKL) converts int64 indices to int32 on every call (a conversion that is a
+    large part of a sparse matrix-vector product's cost); None on other devices, for other index
+    dtypes, or where int32 cannot hold the sizes.
 
     >>> [t.dtype for t in spmv_index(torch.tensor([0, 1]), torch.tensor([3]), 4)]
     [torch.int32, torch.int32]
@@ -170,9 +177,8 @@ def run(
     if engine == "csr_mv":
         out = _csr_mv(values, csr)
         return out if csr.rows is None else out.index_select(0, csr.rows)
-    if (
-        engine == "segment_reduce"
-    ):  # (its default start is the identity: an explicit one costs ~10%)
+    # (its default start is the identity: an explicit one costs ~10%)
+    if engine == "segment_reduce":
         start = (
             {} if isinstance(init, (int, float)) and init == _IDENTITY[mode] else {"initial": init}
         )
@@ -207,15 +213,13 @@ def _csr_mv(values: torch.Tensor, csr: CsrRows) -> torch.Tensor:
         if len(_ONES) >= 8:
             _ONES.pop(next(iter(_ONES)))
         ones = _ONES[key] = torch.ones(csr.ncols, dtype=values.dtype, device=values.device)
-    if _CSR_WARNED[
-        0
-    ]:  # (torch warns once per process: silenced on the first call, never paid again)
+    # (torch warns once per process: silenced on the first call, never paid again)
+    if _CSR_WARNED[0]:
         M = torch.sparse_csr_tensor(crow, col, values, (nrows, csr.ncols), check_invariants=False)
     else:
         with warnings.catch_warnings():
-            warnings.simplefilter(
-                "ignore", UserWarning
-            )  # torch: "Sparse CSR tensor support is in beta state"
+            # torch: "Sparse CSR tensor support is in beta state"
+            warnings.simplefilter("ignore", UserWarning)
             M = torch.sparse_csr_tensor(
                 crow, col, values, (nrows, csr.ncols), check_invariants=False
             )

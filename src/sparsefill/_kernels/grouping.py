@@ -6,7 +6,7 @@ A reduction over sparse dims ``R`` of a coalesced pattern sees each output slice
 :mod:`sparsefill._kernels.reducer`,
 folds those in closed form)::
 
-    n_fill[s] == prod(size[d] for d in R) - count[s]          seg[i] == the slice of stored element i
+    n_fill[s] == prod(size[d] for d in R) - count[s]         seg[i] == the slice of stored element i
 
 * :func:`group_slices` a COO pattern (``seg``, the slices' indices, ``n_fill``);
 * :func:`csr_row_slices` a 2-D CSR pattern over its columns, read off the row pointers (the slices
@@ -93,7 +93,8 @@ def pattern_cached(tag, tensors, compute):
     out = compute()
     if len(_PATTERN_CACHE) >= _PATTERN_CACHE_SIZE:
         _PATTERN_CACHE.pop(next(iter(_PATTERN_CACHE)), None)
-    drop = lambda _ref, key=key, cache=_PATTERN_CACHE: cache.pop(key, None)  # noqa: E731 (safe at exit)
+    # (safe at exit)
+    drop = lambda _ref, key=key, cache=_PATTERN_CACHE: cache.pop(key, None)
     _PATTERN_CACHE[key] = ([weakref.ref(b, drop) for b in bases], out)
     return out
 
@@ -183,9 +184,8 @@ def group_slices(indices: torch.Tensor, sparse_shape, dims):
     )
 
 
-_COUNTED_KEYS = (
-    1 << 24
-)  # compiled: unsorted slice keys grouped by a count over every key up to this many
+# compiled: unsorted slice keys grouped by a count over every key up to this many
+_COUNTED_KEYS = 1 << 24
 
 
 def _group_slices(indices, sparse_shape, dims):
@@ -193,15 +193,13 @@ def _group_slices(indices, sparse_shape, dims):
     keep_shape = [sparse_shape[d] for d in keep]
     keys = linearize(indices[keep], keep_shape)
     nk = numel(keep_shape)
-    if (
-        keep != list(range(len(keep))) and traced(keys) and nk <= _COUNTED_KEYS
-    ):  # compiled: counted, no sort
+    # compiled: counted, no sort
+    if keep != list(range(len(keep))) and traced(keys) and nk <= _COUNTED_KEYS:
         counts = bincount(keys, nk)
         nonempty = counts > 0
         out_keys = nonempty.nonzero().squeeze(1)
-        seg = (torch.cumsum(nonempty, 0) - 1)[
-            keys
-        ]  # (the rank of its key among the non-empty ones)
+        # (the rank of its key among the non-empty ones)
+        seg = (torch.cumsum(nonempty, 0) - 1)[keys]
         counts = counts[out_keys]
     elif keep != list(range(len(keep))):
         out_keys, seg, counts = torch.unique(

@@ -35,7 +35,8 @@ def linearize(indices: torch.Tensor, shape) -> torch.Tensor:
     column)."""
     if numel(shape) > _INT64_MAX:
         raise ValueError(
-            f"sparse shape {tuple(shape)} has more than 2**63 positions; cannot linearise its indices"
+            f"sparse shape {tuple(shape)} has more than 2**63 positions; cannot linearise its "
+            "indices"
         )
     nse = indices.shape[1]
     if len(shape) == 0:
@@ -96,9 +97,8 @@ def runs_to_ids(lengths: torch.Tensor, total: int) -> torch.Tensor:
     [1, 1, 3]
     """
     starts = torch.zeros(total + 1, dtype=torch.int64, device=lengths.device)
-    if (
-        traced(lengths) or lengths.numel() > 1
-    ):  # (traced: the size may be unknown; none or one adds nothing)
+    # (traced: the size may be unknown; none or one adds nothing)
+    if traced(lengths) or lengths.numel() > 1:
         starts.index_add_(
             0, lengths[:-1].cumsum(0), torch.ones_like(lengths[:-1], dtype=torch.int64)
         )
@@ -166,9 +166,8 @@ def coalesce(indices: torch.Tensor, values: torch.Tensor, shape):
         if traced(keys)
         else torch.unique_consecutive(skeys, return_inverse=True)
     )  # (traced: inductor lowers no unique_consecutive)
-    if (
-        not traced(keys) and ukeys.numel() == keys.numel()
-    ):  # (traced: the general path, sizes unknown)
+    # (traced: the general path, sizes unknown)
+    if not traced(keys) and ukeys.numel() == keys.numel():
         return (indices, values) if perm is None else (indices[:, perm], values[perm])
     if perm is None:
         return unravel(ukeys, shape), sum_duplicates(values, inverse, ukeys.numel())
@@ -211,16 +210,14 @@ def unique_inverse(keys: torch.Tensor):
     On CPU, numpy's stable argsort (timsort) merges presorted runs in linear time, about 5x faster
     than ``torch.unique`` on the union of two coalesced patterns; elsewhere ``torch.unique``.
     """
-    if (
-        keys.device.type != "cpu" or traced(keys) or keys.numel() < 4096
-    ):  # (small: torch.unique's lower overhead)
+    # (small: torch.unique's lower overhead)
+    if keys.device.type != "cpu" or traced(keys) or keys.numel() < 4096:
         return torch.unique(keys, return_inverse=True)
     import numpy as np
 
     perm = torch.from_numpy(np.argsort(keys.numpy(), kind="stable"))
-    skeys = keys.index_select(
-        0, perm
-    )  # (index_select and scatter_: several times faster than [] indexing)
+    # (index_select and scatter_: several times faster than [] indexing)
+    skeys = keys.index_select(0, perm)
     new = torch.ones_like(skeys, dtype=torch.bool)
     torch.ne(skeys[1:], skeys[:-1], out=new[1:])
     slot = torch.cumsum(new, 0).sub_(1)
@@ -235,9 +232,8 @@ def is_sorted_unique(keys: torch.Tensor) -> bool:
 def lookup(sorted_keys: torch.Tensor, query: torch.Tensor):
     """Positions of ``query`` in strictly increasing ``sorted_keys``: ``(pos, found)``; pos is valid
     where found."""
-    if traced(
-        sorted_keys
-    ):  # (the size may be unknown: a sentinel past every key instead of the clamp)
+    # (the size may be unknown: a sentinel past every key instead of the clamp)
+    if traced(sorted_keys):
         padded = torch.cat([sorted_keys, sorted_keys.new_full((1,), _INT64_MAX)])
         pos = torch.searchsorted(padded, query)
         return pos.clamp(max=sorted_keys.shape[0] - 1).clamp_(min=0), padded[pos] == query

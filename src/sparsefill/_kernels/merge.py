@@ -4,7 +4,8 @@ patterns).
 Keys are the row-major linear keys of :mod:`._index` (int64, strictly increasing within a run, as a
 coalesced pattern stores them).  For runs ``a`` and ``b``::
 
-    union, pa, pb = merge_union(a, b):    union == torch.unique(torch.cat([a, b])),  union[pa] == a,  union[pb] == b
+    union, pa, pb = merge_union(a, b):
+        union == torch.unique(torch.cat([a, b])),  union[pa] == a,  union[pb] == b
     common, ia, ib = merge_intersect(a, b):  common == a[ia] == b[ib] == the keys in both, ascending
 
 On CPU with numba installed one compiled two-pointer pass (O(len(a) + len(b)), no sort of the
@@ -37,195 +38,222 @@ from sparsefill._kernels.trace import traced
 _COMPILED_MIN = (
     2048  # total keys from which a merge imports numba (below: torch ops unless numba is loaded)
 )
-_kernels = None  # (union, intersect) compiled functions, or False without numba
+_kernels = None  # the compiled kernels (see _compiled), or False without numba
 
 
 def _compiled():
-    global _kernels, address, fill_at, any_differ  # (globals of the kernels, not closure variables: they stay cached on disk)
+    """The compiled kernels ``(union, intersect, scatter, fill_scatter, count_differ,
+    find_differ)``, built on the first call, or False without numba."""
+    global _kernels
     if _kernels is None:
-        try:
-            from llvmlite import ir
-            from numba import carray, config, njit, types
-            from numba.core import cgutils
-            from numba.extending import intrinsic
-        except ImportError:
-            _kernels = False
-            return _kernels
-        if (
-            config.DISABLE_JIT
-        ):  # (NUMBA_DISABLE_JIT=1, numba's debugging switch: its intrinsics cannot run) torch ops
-            _kernels = False
-            return _kernels
-        import numpy as np
-
-        stos = _stos_ready()
-
-        @intrinsic
-        def fill_at(typingctx, at, count, value):  # pragma: no cover (compiled)
-            # ``count`` copies of ``value`` from address ``at``: x86-64's ``rep stos`` (fast-string
-            # stores, no read of the lines first: 7% less than a store loop or numpy's fill on a 4
-            # MB buffer), a loop elsewhere
-            def codegen(context, builder, sig, args):
-                ptr, n, v = args
-                ty = context.get_value_type(sig.args[2])
-                bits = 8 * context.get_abi_sizeof(ty)
-                if stos and bits in (8, 16, 32, 64):
-                    slot = builder.alloca(ty)
-                    builder.store(v, slot)
-                    word, i64 = ir.IntType(bits), ir.IntType(64)
-                    pattern = builder.load(builder.bitcast(slot, word.as_pointer()))
-                    asm = ir.InlineAsm(
-                        ir.FunctionType(ir.LiteralStructType([i64, i64]), [i64, i64, word]),
-                        "rep stos" + {8: "b", 16: "w", 32: "l", 64: "q"}[bits],
-                        "={di},={cx},0,1,{ax},~{memory},~{dirflag},~{fpsr},~{flags}",
-                        side_effect=True,
-                    )
-                    builder.call(asm, [ptr, n, pattern])
-                else:
-                    base = builder.inttoptr(ptr, ty.as_pointer())
-                    with cgutils.for_range(builder, n) as loop:
-                        builder.store(v, builder.gep(base, [loop.index]))
-                return context.get_dummy_value()
-
-            return types.void(types.intp, types.intp, value), codegen
-
-        @intrinsic
-        def address(typingctx, at, like):  # pragma: no cover (compiled)
-            # the pointer to address ``at`` of the element type of ``like`` (an array, or a NumPy
-            # type)
-            ptr = types.CPointer(like.dtype)
-            return ptr(types.intp, like), lambda context, builder, sig, args: builder.inttoptr(
-                args[0], context.get_value_type(ptr)
-            )
-
-        @njit(cache=True, nogil=True)
-        def union(a, b, out, pa, pb):  # pragma: no cover (compiled)
-            # branch-free steps (random patterns defeat a branch predictor: 2x faster): ``pa[i]`` is
-            # rewritten until ``i`` moves on, so it ends as the place of ``a[i]``
-            na, nb = a.shape[0], b.shape[0]
-            i = j = k = 0
-            while i < na and j < nb:
-                x, y = a[i], b[j]
-                le, ge = x <= y, y <= x
-                out[k] = x if le else y
-                pa[i] = k
-                pb[j] = k
-                i += le
-                j += ge
-                k += 1
-            while i < na:
-                out[k] = a[i]
-                pa[i] = k
-                i += 1
-                k += 1
-            while j < nb:
-                out[k] = b[j]
-                pb[j] = k
-                j += 1
-                k += 1
-            return k
-
-        @njit(cache=True, nogil=True)
-        def intersect(a, b, ia, ib):  # pragma: no cover (compiled)
-            na, nb = a.shape[0], b.shape[0]
-            i = j = k = 0
-            while i < na and j < nb:
-                x, y = a[i], b[j]
-                ia[k] = i
-                ib[k] = j
-                k += x == y
-                i += x <= y
-                j += y <= x
-            return k
-
-        @njit(cache=True, nogil=True)
-        def scatter(out, keys, vals):  # pragma: no cover (compiled)
-            for i in range(keys.shape[0]):
-                out[keys[i]] = vals[i]
-
-        @njit(cache=True, nogil=True)
-        def fill_scatter(
-            at_out, n, at_fill, at_keys, at_vals, nse, like
-        ):  # pragma: no cover (compiled)
-            # arrays from addresses (3 .numpy() views cost 2 µs a call, the fill's item() 1 µs);
-            # ``like``: the element type (a NumPy scalar type: no array to unbox); block by block:
-            # the fill, then the values that fall in the block, while its lines are in cache
-            out, vals = carray(address(at_out, like), n), carray(address(at_vals, like), nse)
-            keys = carray(address(at_keys, np.int64), nse)
-            size = out.itemsize
-            block, value = _FILL_BYTES // size, carray(address(at_fill, like), 1)[0]
-            j = 0
-            for a in range(0, n, block):
-                b = min(a + block, n)
-                fill_at(at_out + a * size, b - a, value)
-                lo, hi = j, nse  # e: the first key >= b (a binary search)
-                while lo < hi:
-                    mid = (lo + hi) >> 1
-                    if keys[mid] < b:
-                        lo = mid + 1
-                    else:
-                        hi = mid
-                e = lo
-                for i in range(j, e):
-                    out[keys[i]] = vals[i]
-                j = e
-
-        @njit(cache=True, nogil=True)
-        def count_differ(at_x, n, fill, like):  # pragma: no cover (compiled)
-            # the elements != fill (NaN == NaN): a vectorized count
-            x, f, c = carray(address(at_x, like), n), like.dtype.type(fill), 0
-            if f != f:
-                for i in range(n):
-                    c += x[i] == x[i]
-            else:
-                for i in range(n):
-                    c += x[i] != f
-            return c
-
-        @njit(cache=True, nogil=True, inline="always")
-        def any_differ(x, a, f, nan):  # pragma: no cover (compiled)
-            hit = False  # (a fixed trip count: vectorized)
-            if nan:
-                for i in range(a, a + _FIND_BLOCK):
-                    hit |= x[i] == x[i]
-            else:
-                for i in range(a, a + _FIND_BLOCK):
-                    hit |= x[i] != f
-            return hit
-
-        @njit(cache=True, nogil=True)
-        def find_differ(at_x, n, fill, like, at_keys, at_vals, nse):  # pragma: no cover (compiled)
-            # a block with no differing element costs a vectorized test; in the others every element
-            # is written at k and k advances by the test (branch-free: random patterns defeat a
-            # predictor), unguarded while more than a block of places is left
-            x, f = carray(address(at_x, like), n), like.dtype.type(fill)
-            keys, vals = (
-                carray(address(at_keys, np.int64), nse),
-                carray(address(at_vals, like), nse),
-            )
-            nan, k, B = f != f, 0, _FIND_BLOCK
-            for a in range(0, n, B):
-                b = min(a + B, n)
-                if b - a == B and not any_differ(x, a, f, nan):
-                    continue
-                if nse - k > B:
-                    for i in range(a, b):
-                        v = x[i]
-                        keys[k], vals[k] = i, v
-                        k += (v == v) if nan else (v != f)
-                else:
-                    for i in range(a, b):
-                        v = x[i]
-                        if k < nse:
-                            keys[k], vals[k] = i, v
-                        k += (v == v) if nan else (v != f)
-            return k
-
-        _LIKE.update(
-            {d: np.empty(0, torch.empty(0, dtype=d).numpy().dtype) for d in _SCATTER_DTYPES}
-        )
-        _kernels = (union, intersect, scatter, fill_scatter, count_differ, find_differ)
+        _kernels = _build_kernels()
     return _kernels
+
+
+def _build_kernels():
+    try:
+        import llvmlite.ir  # noqa: F401  (the intrinsics' code generation)
+        from numba import config
+    except ImportError:
+        return False
+    if config.DISABLE_JIT:
+        # NUMBA_DISABLE_JIT=1, numba's debugging switch: its intrinsics cannot run (torch ops)
+        return False
+    import numpy as np
+
+    _build_intrinsics(_stos_ready())
+    union, intersect, scatter = _build_merges()
+    fill_scatter, count_differ, find_differ = _build_dense_kernels()
+    _LIKE.update({d: np.empty(0, torch.empty(0, dtype=d).numpy().dtype) for d in _SCATTER_DTYPES})
+    return (union, intersect, scatter, fill_scatter, count_differ, find_differ)
+
+
+def _build_intrinsics(stos):
+    """Binds the module globals ``fill_at`` and ``address`` (globals of the kernels, not closure
+    variables: the kernels that call them stay cached on disk)."""
+    global address, fill_at
+    from llvmlite import ir
+    from numba import types
+    from numba.core import cgutils
+    from numba.extending import intrinsic
+
+    @intrinsic
+    def fill_at(typingctx, at, count, value):  # pragma: no cover (compiled)
+        # ``count`` copies of ``value`` from address ``at``: x86-64's ``rep stos`` (fast-string
+        # stores, no read of the lines first: 7% less than a store loop or numpy's fill on a 4
+        # MB buffer), a loop elsewhere
+        def codegen(context, builder, sig, args):
+            ptr, n, v = args
+            ty = context.get_value_type(sig.args[2])
+            bits = 8 * context.get_abi_sizeof(ty)
+            if stos and bits in (8, 16, 32, 64):
+                slot = builder.alloca(ty)
+                builder.store(v, slot)
+                word, i64 = ir.IntType(bits), ir.IntType(64)
+                pattern = builder.load(builder.bitcast(slot, word.as_pointer()))
+                asm = ir.InlineAsm(
+                    ir.FunctionType(ir.LiteralStructType([i64, i64]), [i64, i64, word]),
+                    "rep stos" + {8: "b", 16: "w", 32: "l", 64: "q"}[bits],
+                    "={di},={cx},0,1,{ax},~{memory},~{dirflag},~{fpsr},~{flags}",
+                    side_effect=True,
+                )
+                builder.call(asm, [ptr, n, pattern])
+            else:
+                base = builder.inttoptr(ptr, ty.as_pointer())
+                with cgutils.for_range(builder, n) as loop:
+                    builder.store(v, builder.gep(base, [loop.index]))
+            return context.get_dummy_value()
+
+        return types.void(types.intp, types.intp, value), codegen
+
+    @intrinsic
+    def address(typingctx, at, like):  # pragma: no cover (compiled)
+        # the pointer to address ``at`` of the element type of ``like`` (an array, or a NumPy
+        # type)
+        ptr = types.CPointer(like.dtype)
+        return ptr(types.intp, like), lambda context, builder, sig, args: builder.inttoptr(
+            args[0], context.get_value_type(ptr)
+        )
+
+
+def _build_merges():
+    """The two-pointer merges and the scatter."""
+    from numba import njit
+
+    @njit(cache=True, nogil=True)
+    def union(a, b, out, pa, pb):  # pragma: no cover (compiled)
+        # branch-free steps (random patterns defeat a branch predictor: 2x faster): ``pa[i]`` is
+        # rewritten until ``i`` moves on, so it ends as the place of ``a[i]``
+        na, nb = a.shape[0], b.shape[0]
+        i = j = k = 0
+        while i < na and j < nb:
+            x, y = a[i], b[j]
+            le, ge = x <= y, y <= x
+            out[k] = x if le else y
+            pa[i] = k
+            pb[j] = k
+            i += le
+            j += ge
+            k += 1
+        while i < na:
+            out[k] = a[i]
+            pa[i] = k
+            i += 1
+            k += 1
+        while j < nb:
+            out[k] = b[j]
+            pb[j] = k
+            j += 1
+            k += 1
+        return k
+
+    @njit(cache=True, nogil=True)
+    def intersect(a, b, ia, ib):  # pragma: no cover (compiled)
+        na, nb = a.shape[0], b.shape[0]
+        i = j = k = 0
+        while i < na and j < nb:
+            x, y = a[i], b[j]
+            ia[k] = i
+            ib[k] = j
+            k += x == y
+            i += x <= y
+            j += y <= x
+        return k
+
+    @njit(cache=True, nogil=True)
+    def scatter(out, keys, vals):  # pragma: no cover (compiled)
+        for i in range(keys.shape[0]):
+            out[keys[i]] = vals[i]
+
+    return union, intersect, scatter
+
+
+def _build_dense_kernels():
+    """The kernels between keys and a dense buffer; binds the module global ``any_differ`` (see
+    :func:`_build_intrinsics`)."""
+    global any_differ
+    import numpy as np
+    from numba import carray, njit
+
+    @njit(cache=True, nogil=True)
+    def fill_scatter(
+        at_out, n, at_fill, at_keys, at_vals, nse, like
+    ):  # pragma: no cover (compiled)
+        # arrays from addresses (cheaper than 3 .numpy() views and the fill's item() per call);
+        # ``like``: the element type (a NumPy scalar type: no array to unbox); block by block:
+        # the fill, then the values that fall in the block, while its lines are in cache
+        out, vals = carray(address(at_out, like), n), carray(address(at_vals, like), nse)
+        keys = carray(address(at_keys, np.int64), nse)
+        size = out.itemsize
+        block, value = _FILL_BYTES // size, carray(address(at_fill, like), 1)[0]
+        j = 0
+        for a in range(0, n, block):
+            b = min(a + block, n)
+            fill_at(at_out + a * size, b - a, value)
+            lo, hi = j, nse  # e: the first key >= b (a binary search)
+            while lo < hi:
+                mid = (lo + hi) >> 1
+                if keys[mid] < b:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            e = lo
+            for i in range(j, e):
+                out[keys[i]] = vals[i]
+            j = e
+
+    @njit(cache=True, nogil=True)
+    def count_differ(at_x, n, fill, like):  # pragma: no cover (compiled)
+        # the elements != fill (NaN == NaN): a vectorized count
+        x, f, c = carray(address(at_x, like), n), like.dtype.type(fill), 0
+        if f != f:
+            for i in range(n):
+                c += x[i] == x[i]
+        else:
+            for i in range(n):
+                c += x[i] != f
+        return c
+
+    @njit(cache=True, nogil=True, inline="always")
+    def any_differ(x, a, f, nan):  # pragma: no cover (compiled)
+        hit = False  # (a fixed trip count: vectorized)
+        if nan:
+            for i in range(a, a + _FIND_BLOCK):
+                hit |= x[i] == x[i]
+        else:
+            for i in range(a, a + _FIND_BLOCK):
+                hit |= x[i] != f
+        return hit
+
+    @njit(cache=True, nogil=True)
+    def find_differ(at_x, n, fill, like, at_keys, at_vals, nse):  # pragma: no cover (compiled)
+        # a block with no differing element costs a vectorized test; in the others every element
+        # is written at k and k advances by the test (branch-free: random patterns defeat a
+        # predictor), unguarded while more than a block of places is left
+        x, f = carray(address(at_x, like), n), like.dtype.type(fill)
+        keys, vals = (
+            carray(address(at_keys, np.int64), nse),
+            carray(address(at_vals, like), nse),
+        )
+        nan, k, B = f != f, 0, _FIND_BLOCK
+        for a in range(0, n, B):
+            b = min(a + B, n)
+            if b - a == B and not any_differ(x, a, f, nan):
+                continue
+            if nse - k > B:
+                for i in range(a, b):
+                    v = x[i]
+                    keys[k], vals[k] = i, v
+                    k += (v == v) if nan else (v != f)
+            else:
+                for i in range(a, b):
+                    v = x[i]
+                    if k < nse:
+                        keys[k], vals[k] = i, v
+                    k += (v == v) if nan else (v != f)
+        return k
+
+    return fill_scatter, count_differ, find_differ
 
 
 def _stos_ready() -> bool:
@@ -291,9 +319,8 @@ _FIND_DTYPES = _SCATTER_DTYPES - {
 _FIND_BLOCK = (
     64  # elements per test of find_differ (1M float32: 64 best of 16-128 at 0.01-50% stored)
 )
-_FIND_MIN = (
-    1 << 16
-)  # elements from which a to_sparse imports numba for find_differ (below: torch ops unless loaded)
+# elements from which a to_sparse imports numba for find_differ (below: torch ops unless loaded)
+_FIND_MIN = 1 << 16
 
 
 def find_differ(x: torch.Tensor, fill: torch.Tensor):
@@ -305,7 +332,10 @@ def find_differ(x: torch.Tensor, fill: torch.Tensor):
     negative bits, a ``fill`` of another dtype or not 0-d, autograd recording, tracing, no numba).
 
     >>> r = find_differ(torch.tensor([1., 5., 1., 7.]), torch.tensor(1.))
-    >>> r is None or [t.tolist() for t in r] == [[1, 3], [5.0, 7.0]]  # (None: numba not loaded, 4 elements)
+    >>> r is None or [t.tolist() for t in r] == [
+    ...     [1, 3],
+    ...     [5.0, 7.0],
+    ... ]  # (None: numba not loaded, 4 elements)
     True
     """
     if not (
@@ -332,12 +362,10 @@ def find_differ(x: torch.Tensor, fill: torch.Tensor):
     return keys, vals
 
 
-_FILL_BYTES = (
-    1 << 15
-)  # bytes per block of fill_put_sorted (inside L1d; 1M float32, 1-10% stored: 4% less than 128 KiB)
-_FILL_BLOCK = (
-    _FILL_BYTES // 4
-)  # its float32 elements (from this size on, a to_dense loads numba for the pass)
+# bytes per block of fill_put_sorted (inside L1d; 1M float32, 1-10% stored: 4% less than 128 KiB)
+_FILL_BYTES = 1 << 15
+# its float32 elements (from this size on, a to_dense loads numba for the pass)
+_FILL_BLOCK = _FILL_BYTES // 4
 
 
 def fill_put_sorted(
@@ -346,9 +374,9 @@ def fill_put_sorted(
     """``out.fill_(fill).put_(keys, vals)`` for strictly increasing int64 ``keys`` (a coalesced
     pattern's), 0-d ``fill``, 1-d ``vals`` and a contiguous ``out`` of their dtype, on CPU with
     numba: one compiled pass that fills a 32 KiB block and writes the values falling in it while its
-    lines are still in cache (1M float32, 1% stored: 0.85x the time of a whole ``fill_`` then the
-    scatter; 10%: 0.7x).  On x86-64 a block is filled by ``rep stos`` (1M float32: 151 µs against
-    158-165 for ``np.full`` and 155-170 for ``torch.full``, the same run).  True when done; False,
+    lines are still in cache (faster than a whole ``fill_`` then the scatter: the buffer is read
+    from memory once).  On x86-64 a block is filled by ``rep stos`` (fast-string stores: no read of
+    the lines first, slightly faster than ``np.full`` or ``torch.full``).  True when done; False,
     ``out`` untouched, where it does not apply (other devices or dtypes, a non-contiguous operand,
     negative or conjugate bits of ``vals``, ``keys`` and ``vals`` of different lengths, no numba,
     torch's ops being recorded: :func:`_recording`); a RuntimeError for a freed storage (address 0).
@@ -359,9 +387,8 @@ def fill_put_sorted(
     >>> out.tolist()
     [8.0, -1.0, -1.0, 7.0, -1.0]
     """
-    # the kernel reads and writes at the tensors' addresses: every condition below is needed (a call
-    # costs 2 µs above the pass) (vals.numel(), not vals.shape[0]: 0.7 µs less after a 4 MB result
-    # evicted the caches; one dict look-up)
+    # the kernel reads and writes at the tensors' addresses: every condition below is needed
+    # (vals.numel(), not vals.shape[0]: cheaper; one dict look-up)
     if (
         not (
             (_kernels or _compiled())
@@ -383,14 +410,12 @@ def fill_put_sorted(
         or _recording()
     ):
         return False
-    if (
-        fill.is_neg() or fill.is_conj()
-    ):  # (the fill is read at its address too: its value, with the bits applied)
+    # (the fill is read at its address too: its value, with the bits applied)
+    if fill.is_neg() or fill.is_conj():
         fill = fill.resolve_conj().resolve_neg()
     at_fill, at_keys, at_vals = fill.data_ptr(), keys.data_ptr(), vals.data_ptr()
-    if (
-        not at_fill or nse and not (at_keys and at_vals)
-    ):  # (torch's fill_, put_ would crash on address 0)
+    # (torch's fill_, put_ would crash on address 0)
+    if not at_fill or nse and not (at_keys and at_vals):
         raise RuntimeError(
             "to_dense: the storage of the SparseTensor's "
             + ("fill" if not at_fill else "values" if not at_vals else "indices")
@@ -417,7 +442,7 @@ def _recording() -> bool:
 
 
 _FILL_ENTRY = {}  # dtype -> (the compiled fill_put_sorted pass for it, its element type)
-# (bound: 0.2 µs less a look-up after a cache-evicting write)
+# (bound here: no module attribute look-up per call)
 _INT64, _jit_state, _dispatch_mode = (
     torch.int64,
     torch._C._get_tracing_state,
@@ -428,15 +453,14 @@ _PROXY = torch._C._TorchDispatchModeKey.PROXY
 
 def _fill_entry(dtype):
     """``(entry, like)``: the fill pass's compiled entry point for ``dtype`` (called directly it
-    skips numba's dispatcher, its type resolution of each argument: 0.2 µs less per call warm, 1 µs
-    after a write that evicted the caches) and its element type; None for a dtype the pass does not
-    read."""
+    skips numba's dispatcher, its type resolution of each argument on every call) and its element
+    type; None for a dtype the pass does not read."""
     if (like := _LIKE.get(dtype)) is None:
         return None
     kernel, like = (
         _kernels[3],
         like.dtype.type,
-    )  # (a type, not an array: 0.2 µs less a call after a cache-evicting write)
+    )  # (a type, not an array: no array to unbox per call)
     run = _FILL_ENTRY[dtype] = (
         kernel.compile(tuple(kernel.typeof_pyval(a) for a in (0,) * 6 + (like,))),
         like,
@@ -444,13 +468,14 @@ def _fill_entry(dtype):
     return run
 
 
-_LIKE = {}  # dtype -> an empty NumPy array of that dtype (the kernels' element type), with the kernels
+# dtype -> an empty NumPy array of that dtype (the kernels' element type), with the kernels
+_LIKE = {}
 
 
 def _path(a: torch.Tensor, b: torch.Tensor, compiled) -> str:
     """``"numba"`` (the compiled pass), ``"unique"`` (CPU without numba:
-    :func:`_kernels.index.unique_inverse`'s merge of the presorted runs, 4x faster there than the binary
-    searches) or ``"search"`` (torch ops, any device)."""
+    :func:`_kernels.index.unique_inverse`'s merge of the presorted runs, 4x faster there than the
+    binary searches) or ``"search"`` (torch ops, any device)."""
     if compiled is not None:
         return "numba" if compiled and _compiled() else "search"
     if a.device.type != "cpu" or b.device.type != "cpu" or _recording():
@@ -512,7 +537,8 @@ def union_or_superset(a: torch.Tensor, b: torch.Tensor):
     same tensor) and its
     positions, the identity, are None; the other's come from a binary search, no merge::
 
-        union, pa, pb = union_or_superset(a, b):   union[pa] == a (union is a where pa is None), likewise b
+        union, pa, pb = union_or_superset(a, b):
+            union[pa] == a (union is a where pa is None), likewise b
 
     >>> a, b = torch.arange(0, 80, 2), torch.tensor([4, 10])
     >>> union, pa, pb = union_or_superset(a, b)

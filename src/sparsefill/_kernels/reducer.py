@@ -12,7 +12,7 @@ Its reduction is computed in closed form, never by materialising the ``n`` fills
 * ``fold``       ``combine`` applied to ``n`` copies of ``f`` (sum adds ``f * n``, prod multiplies
                  by ``f ** n``, amax takes ``max(acc, f)`` where ``n > 0``);
 * ``finalize``   maps the accumulator and the element count to the result (mean divides by the
-  count).
+                 count).
 
 Reductions that need a statistic of the slice first (logsumexp shifts by the max, var centres on
 the mean) are two passes of the same machinery (:class:`LogSumExp`, :class:`Var`).
@@ -106,8 +106,9 @@ def segment_combine(
     identity. NaN propagates as in torch's reductions.  ``lengths`` (optional): the segments are
     contiguous runs of these lengths, in order (``seg`` sorted); floating values then take torch's
     sorted ``segment_reduce`` kernel, which reads each run once instead of scattering.  ``csr``
-    (:class:`sparsefill._kernels.engine.CsrRows`): the segments are rows of a CSR matrix whose stored values
-    are ``values`` (a row sum may take its SpMV).  The engine: :func:`sparsefill._kernels.engine.choose`.
+    (:class:`sparsefill._kernels.engine.CsrRows`): the segments are rows of a CSR matrix whose
+    stored values are ``values`` (a row sum may take its SpMV).  The engine:
+    :func:`sparsefill._kernels.engine.choose`.
 
     Floating sums are at least as accurate as torch's dense sum of the same elements
     (:func:`accurate_sum`); ``wide``: return such a sum in its accumulator dtype
@@ -154,13 +155,13 @@ def accurate_sum(
     values: torch.Tensor, seg, num_segments: int, *, lengths=None, csr=None
 ) -> torch.Tensor:
     """Per-segment sums of floating ``values`` (along dim 0), in :func:`accumulator_dtype`, at least
-    as
-    accurate as torch's own dense sum of each segment's elements::
+    as accurate as torch's own dense sum of each segment's elements::
 
         one segment   torch's pairwise (cascade) sum of the values (accumulating as torch does)
-        many (CPU)    each segment's run cut into blocks of at most 8 values, summed in the values' dtype;
-                      the block sums then summed in float64 (float32 values) or as a tree of such blocks
-                      (float64; the half types in float32); unsorted ids are sorted first (cached)
+        many (CPU)    each segment's run cut into blocks of at most 8 values, summed in the
+                      values' dtype; the block sums then summed in float64 (float32 values) or as
+                      a tree of such blocks (float64; the half types in float32); unsorted ids are
+                      sorted first (cached)
         other devices accumulated in the wider dtype, on the engine of ``_kernels.engine.choose``
 
     so a segment's error grows as ``log(k)`` (or not at all), never as ``k``: a single slot fed
@@ -168,20 +169,20 @@ def accurate_sum(
     the worst case: 1.7e-2 for 10M float32 values, where torch's sum errs ~1e-8.
 
     >>> v = torch.full((1_000_000,), 0.1)
-    >>> round(float(accurate_sum(v, None, 1, lengths=torch.tensor([1_000_000]))[0]), 1)  # (one slot: 100958.3)
+    >>> round(
+    ...     float(accurate_sum(v, None, 1, lengths=torch.tensor([1_000_000]))[0]), 1
+    ... )  # (one slot: 100958.3)
     100000.0
     >>> accurate_sum(torch.tensor([1., 2., 4.]), torch.tensor([1, 0, 1]), 2).tolist()
     [2.0, 5.0]
     """
     acc = accumulator_dtype(values.dtype)
     if num_segments == 1:
-        if (
-            values.dtype != acc and values.dtype != torch.float32
-        ):  # (halves: torch accumulates in float32)
+        # (halves: torch accumulates in float32)
+        if values.dtype != acc and values.dtype != torch.float32:
             return values.sum(0, keepdim=True, dtype=acc)
-        return values.sum(0, keepdim=True).to(
-            acc
-        )  # (float32: the pairwise sum, ~6x faster than in float64)
+        # (float32: the pairwise sum, ~6x faster than in float64)
+        return values.sum(0, keepdim=True).to(acc)
     if values.device.type != "cpu" or values.is_complex():
         values = values.to(acc)
         runs, rows = lengths is not None, csr is not None and values.dim() == 1
@@ -194,9 +195,8 @@ def accurate_sum(
             one_dim=values.dim() == 1,
         )
         return _engine.run(engine, "sum", values, seg, num_segments, 0, lengths=lengths, csr=csr)
-    if (
-        values.dtype == torch.float32 and lengths is None
-    ):  # unsorted ids: each into its own block of 8
+    # unsorted ids: each into its own block of 8
+    if values.dtype == torch.float32 and lengths is None:
         slot, nb, total = pattern_cached(
             "sum_slots", (seg,), lambda: _block_slots(seg, num_segments)
         )
@@ -217,26 +217,24 @@ def accurate_sum(
         values = values.index_select(0, order)
     else:
         nb = None
-    if (
-        values.dtype != torch.float32
-    ):  # (the half types: in float32, their accumulator; float64 as it is)
+    # (the half types: in float32, their accumulator; float64 as it is)
+    if values.dtype != torch.float32:
         return _blocked_runs_sum(values.to(acc), lengths)
     if nb is not None:  # (the block sums of unsorted ids: summed per segment in float64)
         return torch.segment_reduce(values.to(acc), "sum", lengths=lengths, unsafe=True)
     if values.dim() != 1 or values.requires_grad:
         blocks, nb = _blocks(lengths)
-        part = torch.segment_reduce(
-            values, "sum", lengths=blocks, unsafe=True
-        )  # (<= 8 values each, in float32)
+        # (<= 8 values each, in float32)
+        part = torch.segment_reduce(values, "sum", lengths=blocks, unsafe=True)
         return torch.segment_reduce(part.to(acc), "sum", lengths=nb, unsafe=True)
     return _block_sums_mv(values, lengths)
 
 
 def _block_sums_mv(values: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     """Run sums of 1-D float32 ``values`` in float64 (blocks of at most 8 summed in float32): both
-    levels by torch's CSR SpMV (``_kernels.engine``'s ``csr_mv``; ~5x faster than ``segment_reduce`` over
-    many short runs, and no float64 copy of the values: a fresh 8 MB allocation costs more than the
-    sums here)."""
+    levels by torch's CSR SpMV (``_kernels.engine``'s ``csr_mv``; ~5x faster than ``segment_reduce``
+    over many short runs, and no float64 copy of the values: a fresh 8 MB allocation costs more than
+    the sums here)."""
     blocks, nb = _blocks(lengths)
     outer = pattern_cached("sum_block_rows", (lengths,), lambda: _unit_rows(nb, blocks.numel()))
     inner = pattern_cached("sum_block_rows", (blocks,), lambda: _unit_rows(blocks, values.shape[0]))
@@ -245,8 +243,8 @@ def _block_sums_mv(values: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
 
 
 def _unit_rows(lengths: torch.Tensor, k: int):
-    """:class:`_kernels.engine.CsrRows` of a CSR matrix of one column whose rows hold runs of ``lengths``
-    (``k`` in all): its SpMV with a one is the run sums."""
+    """:class:`_kernels.engine.CsrRows` of a CSR matrix of one column whose rows hold runs of
+    ``lengths`` (``k`` in all): its SpMV with a one is the run sums."""
     crow = torch.zeros(lengths.numel() + 1, dtype=torch.int64, device=lengths.device)
     torch.cumsum(lengths, 0, out=crow[1:])
     col = _zero_columns(k, lengths.device)
@@ -298,9 +296,8 @@ def _blocks(lengths: torch.Tensor):
     def cut():
         nb = torch.div(lengths + (_BLOCK - 1), _BLOCK, rounding_mode="floor").clamp_min(1)
         blocks = torch.full((int(nb.sum()),), _BLOCK, dtype=lengths.dtype, device=lengths.device)
-        blocks[torch.cumsum(nb, 0) - 1] = lengths - _BLOCK * (
-            nb - 1
-        )  # (each run's last, partial block)
+        # (each run's last, partial block)
+        blocks[torch.cumsum(nb, 0) - 1] = lengths - _BLOCK * (nb - 1)
         return blocks, nb
 
     return pattern_cached("sum_blocks", (lengths,), cut)
@@ -361,9 +358,8 @@ def _fold_sum(acc, f, n):
         f = torch.as_tensor(f, dtype=acc.dtype, device=acc.device).expand(n.shape)
         return acc + times(f, n, f).sum(-1)
     f = _like(f, acc)
-    if f.dim() == 0 and _finite_scalar(
-        f
-    ):  # no 0 * inf to guard where n = 0: one fused op (n promoted in it)
+    # no 0 * inf to guard where n = 0: one fused op (n promoted in it)
+    if f.dim() == 0 and _finite_scalar(f):
         return torch.addcmul(acc, _bcast(n, acc), f)
     return acc + times(f, n, acc)
 
@@ -474,12 +470,12 @@ class Reducer:
         also holds ``n_fill[s]`` copies of ``fill`` (a scalar or a tensor of shape ``D``), or a fill
         table. ``lengths``: the segments are contiguous runs of these lengths (see
         :func:`segment_combine`); ``seg`` may then be None.  ``csr``: they are the rows of a CSR
-        matrix (:class:`_kernels.engine.CsrRows`). amax/amin under autograd: the gradient splits evenly
-        among tied elements, fill copies included (:func:`even_ties`, torch's amax backward)."""
+        matrix (:class:`_kernels.engine.CsrRows`). amax/amin under autograd: the gradient splits
+        evenly among tied elements, fill copies included (:func:`even_ties`, torch's amax
+        backward)."""
         if self.mode in ("sum", "prod") and not (values.is_floating_point() or values.is_complex()):
-            values = values.to(
-                torch.int64
-            )  # torch's rule: integer and bool sums and products are int64
+            # torch's rule: integer and bool sums and products are int64
+            values = values.to(torch.int64)
         # (a floating sum stays in its accumulator dtype through the fold and finalize: one rounding
         # at the end)
         acc = self.combine(values, seg, num_segments, lengths, csr, wide=True)
@@ -516,7 +512,10 @@ class Reducer:
             r.of_fills(f, n, v.dtype) == r(v[:0], seg[:0], 1, fill=f, n_fill=torch.tensor([n]))[0]
 
         >>> f = torch.tensor(2.)
-        >>> REDUCERS["mean"].of_fills(f, 3, torch.float32), REDUCERS["prod"].of_fills(f, 3, torch.float32)
+        >>> (
+        ...     REDUCERS["mean"].of_fills(f, 3, torch.float32),
+        ...     REDUCERS["prod"].of_fills(f, 3, torch.float32),
+        ... )
         (tensor(2.), tensor(8.))
         """
         fill = torch.as_tensor(fill)
@@ -620,7 +619,8 @@ def shifted_exp_sums(
     values, seg, num_segments, m, *, fill=None, n_fill=None, lengths=None, csr=None
 ):
     """``(shifted, e, Z)``: ``shifted = x - m[seg]``, ``e = exp(shifted)`` and the per-segment sums
-    ``Z[s] = sum_{seg[i] == s} e[i] + n[s] * exp(f - m[s])`` (fills by count or fill table), so that::
+    ``Z[s] = sum_{seg[i] == s} e[i] + n[s] * exp(f - m[s])`` (fills by count or fill table), so
+    that::
 
         logsumexp = log(Z) + m,   softmax = e / Z[seg],   log_softmax = shifted - log(Z)[seg]
 
@@ -628,8 +628,13 @@ def shifted_exp_sums(
     slice max, :func:`finite_shift` for a logsumexp; ``seg`` may be None with ``lengths``).
 
     >>> v = torch.tensor([0., 1., 5.]); seg = torch.tensor([0, 0, 1])
-    >>> _, _, Z = shifted_exp_sums(v, seg, 2, torch.tensor([1., 5.]), fill=torch.tensor(1.), n_fill=torch.tensor([1, 0]))
-    >>> torch.allclose(torch.log(Z) + torch.tensor([1., 5.]), torch.tensor([torch.logsumexp(torch.tensor([0., 1., 1.]), 0), 5.]))
+    >>> _, _, Z = shifted_exp_sums(
+    ...     v, seg, 2, torch.tensor([1.0, 5.0]), fill=torch.tensor(1.0), n_fill=torch.tensor([1, 0])
+    ... )
+    >>> torch.allclose(
+    ...     torch.log(Z) + torch.tensor([1.0, 5.0]),
+    ...     torch.tensor([torch.logsumexp(torch.tensor([0.0, 1.0, 1.0]), 0), 5.0]),
+    ... )
     True
     """
     seg = seg_ids(seg, lengths, values.shape[0])
@@ -653,9 +658,8 @@ class Var(Reducer):
     def __call__(
         self, values, seg, num_segments, *, fill=None, n_fill=None, lengths=None, csr=None
     ):
-        wide = accumulator_dtype(
-            values.dtype
-        )  # (as torch's var of float32: its moments in float64)
+        # (as torch's var of float32: its moments in float64)
+        wide = accumulator_dtype(values.dtype)
         if wide != values.dtype:
             return _narrow(
                 self(
@@ -670,12 +674,10 @@ class Var(Reducer):
                 values,
             )
         table = isinstance(n_fill, torch.Tensor) and n_fill.dim() == 2 and values.dim() == 1
-        if (
-            fill is not None and n_fill is not None and not table
-        ):  # shifted by the (finite) fill: a slice of
-            fill = _like(
-                fill, values
-            )  # fills only is then exactly 0, as torch's var of equal elements
+        # shifted by the (finite) fill: a slice of
+        if fill is not None and n_fill is not None and not table:
+            # fills only is then exactly 0, as torch's var of equal elements
+            fill = _like(fill, values)
             shift = torch.where(
                 torch.isfinite(fill), fill, torch.zeros((), dtype=fill.dtype, device=fill.device)
             )
@@ -742,7 +744,9 @@ def bits64(x: torch.Tensor) -> torch.Tensor:
     """The 64-bit pattern of each element, as ``torch.hash_tensor`` reads it: floating values upcast
     to float64, integers and bool to int64 (uint64 as is), bitcast to int64.
 
-    >>> bits64(torch.tensor([1.5], dtype=torch.float32)).view(torch.uint64) == torch.hash_tensor(torch.tensor([1.5]))
+    >>> bits64(torch.tensor([1.5], dtype=torch.float32)).view(torch.uint64) == torch.hash_tensor(
+    ...     torch.tensor([1.5])
+    ... )
     tensor([True])
     """
     if x.dtype in (torch.int64, torch.uint64):
@@ -765,7 +769,11 @@ class Xor(Reducer):
 
     >>> v = torch.tensor([1., 2., 3.]); seg = torch.tensor([0, 0, 2])
     >>> h = Xor()(v, seg, 3, fill=torch.tensor(10.), n_fill=torch.tensor([1, 2, 2]))
-    >>> bool(h[0] == torch.hash_tensor(torch.tensor([1., 2., 10.]))), int(h[1]), bool(h[2] == torch.hash_tensor(v[2:]))
+    >>> (
+    ...     bool(h[0] == torch.hash_tensor(torch.tensor([1.0, 2.0, 10.0]))),
+    ...     int(h[1]),
+    ...     bool(h[2] == torch.hash_tensor(v[2:])),
+    ... )
     (True, 0, True)
     """
 
@@ -784,9 +792,8 @@ class Xor(Reducer):
         for i in range(0, k, _XOR_CHUNK):
             planes = (bits64(values[i : i + _XOR_CHUNK]).unsqueeze(-1) >> shifts) & 1
             count.index_add_(0, seg[i : i + _XOR_CHUNK], planes.to(torch.uint8))
-        acc = ((count & 1).to(torch.int64) << shifts).sum(
-            -1
-        )  # (distinct bits: the sum is their or)
+        # (distinct bits: the sum is their or)
+        acc = ((count & 1).to(torch.int64) << shifts).sum(-1)
         if fill is not None and n_fill is not None:
             f = bits64(torch.as_tensor(fill, device=values.device))
             odd = _bcast(n_fill, acc) % 2 == 1
@@ -886,13 +893,15 @@ def tie_counts(values, best, seg, num_segments, *, fill=None, n_fill=None, nan=F
     amax/amin
     gradients (:func:`even_ties`, ``segment.reduce``'s max/min backward)::
 
-        hit[i] = values[i] == best[seg[i]]     (``nan``: a NaN also matches a NaN best, torch's rule)
+        hit[i] = values[i] == best[seg[i]]    (``nan``: a NaN also matches a NaN best, torch's rule)
         count[s] = #{i : seg[i] == s, hit[i]} + sum of n_hit[s]
 
     ``n_hit``: the fill copies equal to ``best`` (per segment, or per class of a fill table), None
     without fills.  ``count`` has ``values``' dtype and ``best``'s shape.
 
-    >>> hit, count, _ = tie_counts(torch.tensor([2., 2., 1.]), torch.tensor([2., 1.]), torch.tensor([0, 0, 1]), 2)
+    >>> hit, count, _ = tie_counts(
+    ...     torch.tensor([2.0, 2.0, 1.0]), torch.tensor([2.0, 1.0]), torch.tensor([0, 0, 1]), 2
+    ... )
     >>> hit.tolist(), count.tolist()
     ([True, True, True], [2.0, 1.0])
     """
@@ -946,8 +955,13 @@ def segment_median(
     the fill class ``c`` of segment ``s`` (``C`` classes, 1 without a table), -1 for a segment with
     none.
 
-    >>> segment_median(torch.tensor([3., 1., 2.]), torch.tensor([0, 0, 1]), 2, fill=torch.tensor(0.),
-    ...                n_fill=torch.tensor([2, 0])).tolist()
+    >>> segment_median(
+    ...     torch.tensor([3.0, 1.0, 2.0]),
+    ...     torch.tensor([0, 0, 1]),
+    ...     2,
+    ...     fill=torch.tensor(0.0),
+    ...     n_fill=torch.tensor([2, 0]),
+    ... ).tolist()
     [0.0, 2.0]
     """
     k = values.shape[0]
@@ -957,9 +971,8 @@ def segment_median(
         n = torch.as_tensor(n_fill, device=seg.device)
         n = n if n.dim() == 2 else n[:, None]
         F = torch.as_tensor(fill, dtype=values.dtype, device=values.device).expand(n.shape)
-        vals = torch.cat(
-            [F.reshape(-1), values]
-        )  # (fills first: ahead of equal stored values in the stable sort)
+        # (fills first: ahead of equal stored values in the stable sort)
+        vals = torch.cat([F.reshape(-1), values])
         segs = torch.cat(
             [torch.arange(num_segments, device=seg.device).repeat_interleave(n.shape[1]), seg]
         )

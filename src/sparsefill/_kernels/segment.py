@@ -3,16 +3,17 @@
 For a :class:`~._plan.Plan` (segments of input positions; ``x_p`` = row ``rows[p]`` of ``x``)::
 
     segment_sum(x, plan, w)[s]      = sum_{p in s} w_p x_p         (mode="mean": divided by n_s)
-    segment_extreme(x, plan)[s]     = max_{p in s} x_p  (or min), arg[s] = the first input position of it
+    segment_extreme(x, plan)[s]
+        = max_{p in s} x_p  (or min), arg[s] = the first input position of it
 
 Sums over sorted segments run on ``embedding_bag`` (its CPU kernel is fbgemm's; on GPU CUDA's) with
 ``include_last_offset`` (one column read in order: the compiled kernel instead, 1.6x faster there).
 Max/min, and every reduction over *unsorted* ids, run on the compiled kernels of ``_numba_kernels``
 for float32/float64 CPU tensors when numba imports (``pip install sparsefill[segment]``): unsorted
 ids are reduced in place by scatter kernels, with no sort. The torch path (``embedding_bag``, and
-the reducer protocol's scatter kernels of ``sparsefill._kernels.reducer`` over the segment order) serves
-every other device and dtype.  Both paths return the same values; the compiled kernels check every
-row index they read.
+the reducer protocol's scatter kernels of ``sparsefill._kernels.reducer`` over the segment order)
+serves every other device and dtype.  Both paths return the same values; the compiled kernels check
+every row index they read.
 
 Backends (``set_backend``, or the environment variable ``SPARSEFILL_SEGMENT_BACKEND``):
 
@@ -42,6 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Iterator
 
 import numpy as np
 import torch
@@ -65,9 +67,8 @@ __all__ = [
 
 _BACKENDS = ("auto", "numba", "torch")
 _STATE = {"backend": os.environ.get("SPARSEFILL_SEGMENT_BACKEND", "auto"), "nb": None, "work": 0}
-COMPILED_AFTER_WORK = (
-    1 << 22
-)  # elements of work ("auto") after which numba is imported: see the module docstring
+# elements of work ("auto") after which numba is imported: see the module docstring
+COMPILED_AFTER_WORK = 1 << 22
 
 
 def set_backend(name: str) -> None:
@@ -86,7 +87,7 @@ def backend() -> str:
 
 
 @contextlib.contextmanager
-def use_backend(name: str):
+def use_backend(name: str) -> Iterator[None]:
     """Context manager: run the enclosed calls with ``set_backend(name)``."""
     old = _STATE["backend"]
     set_backend(name)
@@ -288,9 +289,8 @@ def _reduce_compiled(form, op, x, plan, rows, w, *, want_arg=False, scale=None):
                 for t in range(len(bounds) - 1)
             ]
             bad, bad_id = _run_jobs(fn, jobs)
-    if (
-        bad_id >= 0
-    ):  # unsorted ids are checked here, by the kernel (make_plan does not count them first)
+    # unsorted ids are checked here, by the kernel (make_plan does not count them first)
+    if bad_id >= 0:
         count_ids(plan.ids, S, True)
     if bad >= 0:
         _raise_bad_rows(rows, x.shape[0], bad)
@@ -316,9 +316,8 @@ def _raise_bad_rows(rows, m, pos=None):
     from sparsefill._kernels.segment_check import check_indices
 
     check_indices(rows, m, "indices")
-    raise IndexError(
-        f"a row index is out of range for {m} rows of data (position {pos})"
-    )  # not reached
+    # not reached
+    raise IndexError(f"a row index is out of range for {m} rows of data (position {pos})")
 
 
 def offsets_of(lengths: torch.Tensor, compiled: bool | None = None) -> torch.Tensor:
@@ -334,9 +333,8 @@ def offsets_of(lengths: torch.Tensor, compiled: bool | None = None) -> torch.Ten
         )
         offs[0] = 0
         torch.cumsum(lengths, 0, out=offs[1:])
-        dec = (
-            offs[1:] < offs[:-1]
-        )  # (non-negative lengths: a decrease is an overflow; no diff, it wraps too)
+        # (non-negative lengths: a decrease is an overflow; no diff, it wraps too)
+        dec = offs[1:] < offs[:-1]
         over = int(dec.nonzero()[0, 0]) if neg < 0 and bool(dec.any()) else -1
     if neg >= 0:
         raise ValueError(f"lengths must be non-negative, got lengths[{neg}] = {int(lengths[neg])}")
@@ -431,16 +429,15 @@ def segment_sum(
     """``out[s] = sum_{p in s} w_p x_p`` (``mode="mean"``: divided by the count; empty segments 0).
 
     ``x`` is 2-D.  ``w`` is per input position, or per segment-order position with
-    ``w_in_segment_order`` (positional weights).  ``engine``: the one ``_kernels.engine.run`` chose and runs
-    here (None: chosen here by ``_kernels.engine.choose`` for the plan).
+    ``w_in_segment_order`` (positional weights).  ``engine``: the one ``_kernels.engine.run`` chose
+    and runs here (None: chosen here by ``_kernels.engine.choose`` for the plan).
     """
     S = plan.num_segments
     if S == 0:
         return x.new_zeros(0, x.shape[1])
     wide = _reduce.accumulator_dtype(x.dtype)
-    if wide != x.dtype and not traced(
-        x
-    ):  # (float32 and the half types accumulate wider: torch's accuracy)
+    # (float32 and the half types accumulate wider: torch's accuracy)
+    if wide != x.dtype and not traced(x):
         out = segment_sum(
             x.to(wide),
             plan,
@@ -451,7 +448,8 @@ def segment_sum(
         )
         return out.to(x.dtype)
     if x.dtype == torch.float64 and x.device.type == "cpu" and not traced(x):
-        engine = "blocked"  # (a tree of short runs, _reduce.accurate_sum: no wider dtype to accumulate in)
+        # (a tree of short runs, _reduce.accurate_sum: no wider dtype to accumulate in)
+        engine = "blocked"
     if engine is None:
         unsorted, one = (
             plan.unsorted and not plan._sorted and not w_in_segment_order,

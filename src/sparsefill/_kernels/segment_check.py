@@ -7,8 +7,14 @@ passes ``validate=True`` (the default); the O(1) shape checks always run.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import torch
+
+#: 1-D integer indices (lengths, offsets, segment ids, positions): an int32 or int64 tensor, or a
+#: sequence of ints (read as int64).
+IndexLike = torch.Tensor | Sequence[int]
 
 __all__ = [
     "as_index",
@@ -77,7 +83,8 @@ def _check_nondecreasing(t: torch.Tensor, name: str, rule: str, hint: str = "") 
         if bool(dec.any()):
             i = _first(dec)
             raise ValueError(
-                f"{name} {rule}, got {name}[{i}] = {int(t[i])} > {name}[{i + 1}] = {int(t[i + 1])}{hint}"
+                f"{name} {rule}, got {name}[{i}] = {int(t[i])} > {name}[{i + 1}] = "
+                f"{int(t[i + 1])}{hint}"
             )
 
 
@@ -111,7 +118,8 @@ def check_segment_ids(
     if lo < 0:
         i = _first(ids < 0)
         raise IndexError(
-            f"{name} must be non-negative, got {name}[{i}] = {lo if int(ids[i]) == lo else int(ids[i])}"
+            f"{name} must be non-negative, got {name}[{i}] = "
+            f"{lo if int(ids[i]) == lo else int(ids[i])}"
         )
     if num_segments is not None and hi >= num_segments:
         i = _first(ids >= num_segments)

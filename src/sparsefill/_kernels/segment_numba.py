@@ -46,9 +46,8 @@ try:
     from numba import njit, types
     from numba.core import cgutils
     from numba.extending import intrinsic
-except (
-    ImportError
-):  # numba is optional: this module then defines nothing and ``_kernels`` uses torch ops
+# numba is optional: this module then defines nothing and ``_kernels`` uses torch ops
+except ImportError:
     numba = None
 
 __all__ = [
@@ -121,9 +120,8 @@ if numba is not None:
                 arg[s, d] = -1
 
     @njit(inline="always")
-    def _combine(
-        out, s, arg, x, r, w, k, D, SUM, W, LARGEST, ARG
-    ):  # out[s] <- out[s] (+) x[r] (position k)
+    # out[s] <- out[s] (+) x[r] (position k)
+    def _combine(out, s, arg, x, r, w, k, D, SUM, W, LARGEST, ARG):
         if SUM:
             if W:
                 wk = w[k]
@@ -155,9 +153,8 @@ if numba is not None:
         return _pick(acc, x1[r], LARGEST)
 
     @njit(inline="always")
-    def _pick(
-        c, v, LARGEST
-    ):  # max / min of two values, NaN first (the non-short-circuit | vectorises)
+    # max / min of two values, NaN first (the non-short-circuit | vectorises)
+    def _pick(c, v, LARGEST):
         return c if (((c >= v) if LARGEST else (c <= v)) | (c != c)) else v
 
     @njit(inline="always")
@@ -166,9 +163,8 @@ if numba is not None:
             out[s, d] = _pick(out[s, d], _pick(x[r, d], x[q, d], LARGEST), LARGEST)
 
     @njit(inline="always")
-    def _combine_arg(
-        o, a, p, pa, D, LARGEST
-    ):  # (o, a) <- (o, a) (+) (p, pa), p from later positions
+    # (o, a) <- (o, a) (+) (p, pa), p from later positions
+    def _combine_arg(o, a, p, pa, D, LARGEST):
         for d in range(D):
             v = p[d]
             c = o[d]
@@ -196,17 +192,15 @@ if numba is not None:
         M = x1.shape[0]
         has_rows = rows.shape[0] > 0
         n = rows.shape[0]
-        pf = (
-            has_rows and M * x1.itemsize > _L2_BYTES
-        )  # (rows read at random: prefetched past the L2 cache)
+        # (rows read at random: prefetched past the L2 cache)
+        pf = has_rows and M * x1.itemsize > _L2_BYTES
         for s in range(s0, s1):
             _start(out, s, out, 1, SUM, LARGEST, False)
             a0 = out[s, 0]
             a1 = a0
             k, end = offs[s], offs[s + 1]
-            if (
-                not has_rows and k >= 0 and end <= M
-            ):  # the rows are the positions: in range, checked once
+            # the rows are the positions: in range, checked once
+            if not has_rows and k >= 0 and end <= M:
                 while k + 1 < end:
                     a0 = _step1(a0, x1, k, w, k, SUM, W, LARGEST)
                     a1 = _step1(a1, x1, k + 1, w, k + 1, SUM, W, LARGEST)
@@ -258,9 +252,8 @@ if numba is not None:
             has_rows = rows.shape[0] > 0
             n = rows.shape[0]
             pairs = PAIRS and D * x.itemsize <= _PAIR_BYTES
-            if (
-                D == 1 and not ARG
-            ):  # one column, 1-D: the running value in a local (a register), 1.7x faster
+            # one column, 1-D: the running value in a local (a register), 1.7x faster
+            if D == 1 and not ARG:
                 _sorted_one_column(
                     x, x.reshape(M), offs, rows, w, scale, out, s0, s1, bad, SUM, W, MEAN, LARGEST
                 )
@@ -286,9 +279,8 @@ if numba is not None:
                     _combine(out, s, arg, x, r, w, k, D, SUM, W, LARGEST, ARG)
                     k += 1
                 _finish(out, s, scale, D, MEAN)
-                if (
-                    not SUM and w.shape[0] > 0 and offs[s] == end
-                ):  # max/min: the caller's empty value
+                # max/min: the caller's empty value
+                if not SUM and w.shape[0] > 0 and offs[s] == end:
                     for d in range(D):
                         out[s, d] = w[0]
 
@@ -327,6 +319,13 @@ if numba is not None:
             for s in range(lo, hi):
                 _finish(out, s, scale, D, MEAN)
 
+        merge_kernel = _merge_template(SUM, MEAN, LARGEST, ARG)
+        return {"sorted": sorted_kernel, "scatter": scatter_kernel, "merge": merge_kernel}
+
+    def _merge_template(SUM: bool, MEAN: bool, LARGEST: bool, ARG: bool):
+        """The merge kernel of one combine op (:func:`_template`'s flags): ``out[s]`` combined with
+        each partial result ``parts[t, s]`` of the threads, then finished (the mean's scale)."""
+
         @njit(nogil=True, cache=True)
         def merge_kernel(out, arg, parts, part_args, scale, s0, s1):  # pragma: no cover - compiled
             D = out.shape[1]
@@ -338,7 +337,7 @@ if numba is not None:
                         _combine(out, s, arg, parts[t], s, scale, 0, D, SUM, False, LARGEST, False)
                 _finish(out, s, scale, D, MEAN)
 
-        return {"sorted": sorted_kernel, "scatter": scatter_kernel, "merge": merge_kernel}
+        return merge_kernel
 
     @functools.cache
     def kernel(form: str, op: str, arg: bool = False, width: int = 0):
@@ -377,9 +376,8 @@ if numba is not None:
             v = lengths[s]
             if v < 0 and neg < 0:
                 neg = s
-            if (
-                v > 0 and acc >= 0 and v > _INT64_MAX - acc and over < 0
-            ):  # (tested before adding: no wrap relied on)
+            # (tested before adding: no wrap relied on)
+            if v > 0 and acc >= 0 and v > _INT64_MAX - acc and over < 0:
                 over = s
             acc += v
             offs[s + 1] = acc

@@ -214,12 +214,10 @@ def make_plan(
         n = indices.numel()
     else:
         n = n_rows
-    compiled = _kernels.compiled_for(
-        device, n * width
-    )  # (decided once: the checks below depend on it)
-    if (
-        indices is not None
-    ):  # the compiled kernels check every row they read; the torch path checks here
+    # (decided once: the checks below depend on it)
+    compiled = _kernels.compiled_for(device, n * width)
+    # the compiled kernels check every row they read; the torch path checks here
+    if indices is not None:
         check_indices(indices, n_rows, validate=validate and not compiled)
     against = "entry of indices" if indices is not None else "row of data"
     if lengths is not None:
@@ -228,9 +226,8 @@ def make_plan(
             raise ValueError(
                 f"num_segments = {num_segments} but lengths has {lengths.numel()} entries"
             )
-        offs = _kernels.offsets_of(
-            lengths, compiled
-        )  # (checked always: a negative length makes the kernels misread)
+        # (checked always: a negative length makes the kernels misread)
+        offs = _kernels.offsets_of(lengths, compiled)
         if int(offs[-1]) != n:
             raise ValueError(
                 f"lengths sum to {int(offs[-1])}, but there are {n} "

@@ -35,8 +35,8 @@ def traced(t=None) -> bool:
     (torch.export, make_fx). Code that branches on data takes its general path then (correct either
     way).
 
-    ``torch.compiler.is_compiling()``, read in two steps (1.5 µs less per call after a
-    cache-evicting write, measured on a 1M ``to_dense``): dynamo traces ``is_dynamo_compiling()`` as
+    ``torch.compiler.is_compiling()``, read in two steps (cheaper per call than one call of
+    it on a per-call path such as ``to_dense``): dynamo traces ``is_dynamo_compiling()`` as
     True, and eagerly it returns False at once; the compile session (AOTAutograd's trace, a backend)
     and torch.export set the flag ``is_compiling()`` returns, read here only when dynamo is not
     tracing (so no guard on it)."""
@@ -178,9 +178,12 @@ def unique_consecutive(keys: torch.Tensor, return_counts: bool = False):
     inductor, which lowers
     no ``unique_consecutive`` (DynamicOutputShapeException)::
 
-        new[i] = i == 0 or keys[i] != keys[i - 1]      inverse = cumsum(new) - 1      out = keys[new]
+        new[i] = i == 0 or keys[i] != keys[i - 1]      inverse = cumsum(new) - 1     out = keys[new]
 
-    >>> [t.tolist() for t in unique_consecutive(torch.tensor([3, 3, 5, 7, 7, 7]), return_counts=True)]
+    >>> [
+    ...     t.tolist()
+    ...     for t in unique_consecutive(torch.tensor([3, 3, 5, 7, 7, 7]), return_counts=True)
+    ... ]
     [[3, 5, 7], [0, 0, 1, 2, 2, 2], [2, 1, 3]]
     """
     new = torch.ones_like(keys, dtype=torch.bool)

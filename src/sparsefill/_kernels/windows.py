@@ -5,11 +5,11 @@ Kernels know arrays only.
 For sources sorted by ``(row, x)`` (positions ``x`` unique within a row), each reaching the targets
 ``[ceil((m2*x + d0) / q2), floor((m2*x + d1) / q2)]`` clipped to ``[0, T)`` (the ``reach``), and the
 edge targets ``t < tL`` and ``t > tR`` of every row, the targets are the union of those intervals,
-row-major
-sorted (:func:`runs`: runs of consecutive targets), and (:func:`sums`)::
+row-major sorted (:func:`runs`: runs of consecutive targets), and (:func:`sums`)::
 
-    sums[c, k] = (sum of cols[c, e] over the sources e of row(k) with A(t_k) <= x_e <= B(t_k) + base) * (1 / div)
-    A(t) = max(ceil((m*t + c0) / q), 0),  B(t) = min(floor((m*t + c1) / q), S - 1)     (the ``window``)
+    sums[c, k] = (sum of cols[c, e] over the sources e of row(k) with A(t_k) <= x_e <= B(t_k)
+                  + base) * (1 / div)
+    A(t) = max(ceil((m*t + c0) / q), 0),  B(t) = min(floor((m*t + c1) / q), S - 1)  (the ``window``)
 
 at the targets in ``[tL, tR]``, the bare sum at the edge targets (``A``, ``B`` non-decreasing in
 ``t``): each target's window is a contiguous range of the row's sources, kept by two pointers.  A
@@ -24,9 +24,8 @@ try:
     import numba
     import numpy as np
     from numba import njit
-except (
-    ImportError
-):  # numba is optional: this module then defines nothing and ``_core`` uses torch ops
+# numba is optional: this module then defines nothing and ``_core`` uses torch ops
+except ImportError:
     numba = None
 
 __all__ = ["runs", "sums"]
@@ -67,9 +66,8 @@ if numba is not None:
                 b = min(_floor(m2 * x[i] + d1, q2), T - 1)
                 if a > b:
                     continue
-                if (
-                    right and rbeg < a
-                ):  # [a, b] lies in the right edge: the edge now (and later sources in it)
+                # [a, b] lies in the right edge: the edge now (and later sources in it)
+                if right and rbeg < a:
                     a, b, right = rbeg, T - 1, False
                 if has and a <= cur_hi + 1:
                     cur_hi = max(cur_hi, b)
@@ -283,14 +281,12 @@ def runs(srow, x, reach, n_rows, T, tL, tR):
     """``(runs, targets, edge targets)``: the union's runs as five int64 arrays (row, first and last
     target, the row's sources ``[rb, re)``), the number of targets and of edge targets; ``srow``
     empty for one row."""
-    R = np.empty(
-        (5, x.shape[0] + 2 * n_rows + 1), np.int64
-    )  # (at most: untouched pages cost nothing)
+    # (at most: untouched pages cost nothing)
+    R = np.empty((5, x.shape[0] + 2 * n_rows + 1), np.int64)
     nr, tot = _runs(srow, x, reach, n_rows, T, tL, tR, *R)
     R = R[:, :nr]
-    inner = (np.minimum(R[2], tR) - np.maximum(R[1], tL) + 1).clip(
-        min=0
-    )  # each run's targets in [tL, tR]
+    # each run's targets in [tL, tR]
+    inner = (np.minimum(R[2], tR) - np.maximum(R[1], tL) + 1).clip(min=0)
     return R, tot, int((R[2] - R[1] + 1 - inner).sum())
 
 

@@ -1,4 +1,4 @@
-"""One split for operands that split their dims differently into sparse and dense dims (issue 18).
+"""One split for operands that split their dims differently into sparse and dense dims.
 
 An element-wise op between a hybrid SparseTensor (sparse dims ``S``, dense dims ``K + D``) and one
 with more sparse dims merges their patterns at one split, after converting each operand to it
@@ -6,11 +6,12 @@ exactly.  Right-aligned (as torch broadcasts), the result's last ``nd`` dims are
 conversions, for a SparseTensor ``T``
 with stored slices at ``P``, values ``v`` and fill ``f``::
 
-    finer(T, nd):   the dense dims K become sparse                        (fill c = f[0, ..., 0], over D)
+    finer(T, nd):   the dense dims K become sparse                   (fill c = f[0, ..., 0], over D)
         stored = {(s, k): s in P, k in K}, values v[s][k]
                + {(s, k): s not in P, f[k] != c}, values f[k]             (NaN equal to NaN)
-    coarser(T, nd): the last sparse dims K become dense                   (fill f, broadcast over K + D)
-        stored = {s: (s, k) in P for some k}, values v'[s][k] = T[s, k]   (f where (s, k) is unspecified)
+    coarser(T, nd): the last sparse dims K become dense               (fill f, broadcast over K + D)
+        stored = {s: (s, k) in P for some k}, values v'[s][k] = T[s, k]
+            (f where (s, k) is unspecified)
 
 so that ``finer(T, nd).to_dense() == T.to_dense() == coarser(T, nd).to_dense()``.  ``finer`` stores
 ``|P| * |K|`` elements when ``f`` is uniform along ``K`` (a scalar, an array constant along K, or an
@@ -20,8 +21,7 @@ stores one slice per stored prefix (O(nse * |K|)); an indefinite ``T`` only when
 wholly stored (a slice of a hybrid is all specified or all masked out), else None.
 
 :func:`merge_dense_dim` picks the result's ``nd`` among the operands' numbers of dense dims (an
-in-place
-op keeps its target's, :func:`one_split`)::
+in-place op keeps its target's, :func:`one_split`)::
 
     nd = max(dense dims)   when every operand with fewer has size 1 in the dims that become dense
                            (free: A - A.logsumexp(-1, keepdim=True) of a hybrid A stays hybrid)
@@ -41,16 +41,20 @@ Used by the pointwise rule, ``equal``/``copy_``/``allclose``/``dist`` (``ops/cor
 (:func:`resplit`).
 
 >>> import torch, sparsefill
->>> H = sparsefill.sparse_coo_tensor([[1]], [[5., 6.]], (3, 2), fill_value=0.)          # hybrid, 1 dense dim
+>>> H = sparsefill.sparse_coo_tensor(
+...     [[1]], [[5.0, 6.0]], (3, 2), fill_value=0.0
+... )  # hybrid, 1 dense dim
 >>> F = finer(H, 0)
 >>> F.indices().tolist(), F.values().tolist(), F.fill_value().item()
 ([[1, 1], [0, 1]], [5.0, 6.0], 0.0)
->>> C = sparsefill.sparse_coo_tensor([[0, 2], [1, 0]], [7., 8.], (3, 2), fill_value=1.)  # every dim sparse
+>>> C = sparsefill.sparse_coo_tensor(
+...     [[0, 2], [1, 0]], [7.0, 8.0], (3, 2), fill_value=1.0
+... )  # every dim sparse
 >>> G = coarser(C, 1)
 >>> G.indices().tolist(), G.values().tolist(), G.fill_value().tolist()
 ([[0, 2]], [[1.0, 7.0], [8.0, 1.0]], [1.0, 1.0])
->>> merge_dense_dim([H, C]), merge_dense_dim([sparsefill.to_sparse(H.to_dense(), fill_value=torch.tensor([0., 1.]),
-...                                                                dense_dim=1), C])
+>>> H1 = sparsefill.to_sparse(H.to_dense(), fill_value=torch.tensor([0.0, 1.0]), dense_dim=1)
+>>> merge_dense_dim([H, C]), merge_dense_dim([H1, C])
 (0, 1)
 """
 
@@ -119,9 +123,8 @@ def coarser(T: SparseTensor, nd: int) -> SparseTensor | None:
     S, K, D = shape[:sn], shape[sn : len(shape) - d], shape[len(shape) - d :]
     nK, nse = _index.numel(K), idx.shape[1]
     prefix = _index.linearize(idx[:sn], S)
-    first = torch.ones(
-        nse, dtype=torch.bool, device=idx.device
-    )  # coalesced: a prefix's elements are adjacent
+    # coalesced: a prefix's elements are adjacent
+    first = torch.ones(nse, dtype=torch.bool, device=idx.device)
     torch.ne(prefix[1:], prefix[:-1], out=first[1:])
     group = torch.cumsum(first, 0).sub_(1)
     G = int(group[-1]) + 1 if nse else 0
@@ -163,7 +166,9 @@ def resplit(T: SparseTensor, dense_dim: int, layout=None) -> SparseTensor:
     new dense dims partly specified.
 
     >>> import sparsefill
-    >>> H = sparsefill.sparse_coo_tensor([[1]], [[5., 6.]], (3, 2), fill_value=torch.tensor([0., 1.]))
+    >>> H = sparsefill.sparse_coo_tensor(
+    ...     [[1]], [[5.0, 6.0]], (3, 2), fill_value=torch.tensor([0.0, 1.0])
+    ... )
     >>> R = resplit(H, 0, torch.sparse_csr)
     >>> R.sparse_layout, R.to_dense().tolist() == H.to_dense().tolist(), R._nse()
     (torch.sparse_csr, True, 4)
@@ -173,8 +178,9 @@ def resplit(T: SparseTensor, dense_dim: int, layout=None) -> SparseTensor:
     C = to_dense_dim(T, nd)
     if C is None:
         raise ValueError(
-            f"dense_dim={nd}: with an indefinite fill every dense slice must be wholly specified or "
-            f"wholly unspecified, and here some of the last {nd} dims' slices are partly specified"
+            f"dense_dim={nd}: with an indefinite fill every dense slice must be wholly specified "
+            f"or wholly unspecified, and here some of the last {nd} dims' slices are partly "
+            "specified"
         )
     return to_layout(C, layout)
 
@@ -207,10 +213,10 @@ def one_split(operands, layout, keep: SparseTensor | None = None):
     for T, C in zip(operands, conv):
         if C is None:
             raise ValueError(
-                f"an in-place op on a SparseTensor with {nd} dense dims: an operand with an indefinite "
-                f"fill and {T.dense_dim()} dense dims has slices of the last {nd} dims partly specified, "
-                "which the target's dense dims cannot hold (a slice is all specified or all masked "
-                "out); compute it out of place"
+                f"an in-place op on a SparseTensor with {nd} dense dims: an operand with an "
+                f"indefinite fill and {T.dense_dim()} dense dims has slices of the last {nd} "
+                "dims partly specified, which the target's dense dims cannot hold (a slice is "
+                "all specified or all masked out); compute it out of place"
             )
     return conv, layout if conv[0] is operands[0] else torch.sparse_coo
 

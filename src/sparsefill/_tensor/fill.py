@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import cmath
 import numbers
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -27,7 +29,7 @@ def _scalar_fits(x, dtype) -> bool:
     if not (isinstance(x, numbers.Integral) or (isinstance(x, float) and x.is_integer())):
         return False
     info = torch.iinfo(dtype)
-    if not info.min <= x <= info.max:
+    if not info.min <= int(x) <= info.max:
         raise ValueError(
             f"fill_value {x!r} is out of range [{info.min}, {info.max}] of dtype {dtype}"
         )
@@ -35,7 +37,7 @@ def _scalar_fits(x, dtype) -> bool:
 
 
 class _Indefinite:
-    """The indefinite fill: unspecified elements are masked out (fill-value-rfc.md point 13)."""
+    """The indefinite fill: unspecified elements are masked out (torch.masked's semantics)."""
 
     def __repr__(self):
         return "sparsefill.indefinite"
@@ -46,9 +48,15 @@ class _Indefinite:
 
 indefinite = _Indefinite()
 
+#: A fill value: a number, a tensor (0-d, or broadcasting to the dense dims), nested sequences of
+#: numbers, or :data:`indefinite`; None where an argument takes its default (0, or the input's).
+FillValue = bool | int | float | complex | torch.Tensor | Sequence[Any] | _Indefinite | None
+#: A size: a sequence of ints (``torch.Size``, tuple, list).
+Size = Sequence[int]
+
 
 def _is_indefinite(fill_value, dense_shape) -> bool:
-    """``sparsefill.indefinite``, or the roadmap's spelling ``[]`` (a shape-(0,) array) where that
+    """``sparsefill.indefinite``, or the spelling ``[]`` (a shape-(0,) array) where that
     shape is not a valid array fill (it is one when the dense dims end with a 0-size dim)."""
     if fill_value is indefinite:
         return True

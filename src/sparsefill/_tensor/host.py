@@ -3,21 +3,23 @@ pickling and ``torch.multiprocessing`` (its inner tensors, never a dense one), s
 memory, deep copies.
 
 A mixin of :class:`sparsefill.SparseTensor` (``class SparseTensor(HostMixin, torch.Tensor)``), apart
-from the
-storage class so that each reads in one sitting.  The invariants::
+from the storage class so that each reads in one sitting.  The invariants::
 
     A.numpy() == A.to_dense().numpy()            (a new array, under the densify policy)
-    pickle.loads(pickle.dumps(A)) == A            (same layout, pattern, values and fill: its inner tensors)
-    A.share_memory_().values().is_shared()        (every inner tensor moves; in-place ops write through)
+    pickle.loads(pickle.dumps(A)) == A    (same layout, pattern, values and fill: its inner tensors)
+    A.share_memory_().values().is_shared()    (every inner tensor moves; in-place ops write through)
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
+from torch.types import Device
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from sparsefill._tensor.tensor import SparseTensor
 
 __all__ = ["HostMixin"]
@@ -35,13 +37,13 @@ class HostMixin:
 
         if self._indefinite:
             raise ValueError(
-                f"{what} of a SparseTensor with indefinite fill: its unspecified elements have no value; "
-                "give them one first, e.g. A.to_dense(fill_value=0)"
+                f"{what} of a SparseTensor with indefinite fill: its unspecified elements have "
+                "no value; give them one first, e.g. A.to_dense(fill_value=0)"
             )
         check_densify(what, self.numel() * self.element_size())
         return dense_of(self).detach()
 
-    def numpy(self, *, force: bool = False):
+    def numpy(self, *, force: bool = False) -> np.ndarray:
         """The dense array ``A`` stands for: ``A.numpy() == A.to_dense().numpy()``, a new array
         (writing to it leaves ``A`` unchanged), under the densify policy (DensifyWarning;
         DensifyError past its byte limit).
@@ -57,12 +59,13 @@ class HostMixin:
         """
         if not force and self.requires_grad:
             raise RuntimeError(
-                "Can't call numpy() on Tensor that requires grad. Use tensor.detach().numpy() instead."
+                "Can't call numpy() on Tensor that requires grad. Use tensor.detach().numpy() "
+                "instead."
             )
         if not force and self.device.type != "cpu":
             raise TypeError(
-                f"can't convert {self.device} device type tensor to numpy. Use Tensor.cpu() to copy the "
-                "tensor to host memory first."
+                f"can't convert {self.device} device type tensor to numpy. Use Tensor.cpu() to "
+                "copy the tensor to host memory first."
             )
         return self._densify_for("numpy()").cpu().resolve_conj().resolve_neg().numpy()
 
@@ -71,32 +74,32 @@ class HostMixin:
         (numpy 2's rule)."""
         if copy is False:
             raise ValueError(
-                "np.asarray(A, copy=False): a SparseTensor has no dense buffer to share; its dense array "
-                "is always a new one (pass copy=None or copy=True)"
+                "np.asarray(A, copy=False): a SparseTensor has no dense buffer to share; its "
+                "dense array is always a new one (pass copy=None or copy=True)"
             )
         out = self.numpy()
         return out if dtype is None else out.astype(dtype, copy=False)
 
-    def tolist(self):
+    def tolist(self) -> Any:
         """``A.to_dense().tolist()``, under the densify policy (as torch, also when ``A`` requires
         grad)."""
         return self._densify_for("tolist()").tolist()
 
-    def to_scipy(self, format=None):
+    def to_scipy(self, format: str | None = None) -> Any:
         """A scipy.sparse array (``A``'s fill must be 0), never densifying; see
         :func:`sparsefill.to_scipy`."""
         from sparsefill._tensor.tensor import HOOKS
 
         return HOOKS.to_scipy(self, format)
 
-    def to_pydata(self, format=None):
+    def to_pydata(self, format: str | None = None) -> Any:
         """A pydata ``sparse.COO``/``GCXS`` with ``A``'s fill, never densifying; see
         :func:`sparsefill.to_pydata`."""
         from sparsefill._tensor.tensor import HOOKS
 
         return HOOKS.to_pydata(self, format)
 
-    def to_pandas(self):
+    def to_pandas(self) -> Any:
         """A pandas ``SparseArray`` (1-D) or sparse ``DataFrame`` (2-D) with ``A``'s fill; see
         :func:`sparsefill.to_pandas`."""
         from sparsefill._tensor.tensor import HOOKS
@@ -141,7 +144,9 @@ class HostMixin:
         unshared.
 
         >>> import sparsefill
-        >>> A = sparsefill.sparse_coo_tensor([[0, 2]], [1., 2.], (4,), fill_value=3.).share_memory_()
+        >>> A = sparsefill.sparse_coo_tensor(
+        ...     [[0, 2]], [1.0, 2.0], (4,), fill_value=3.0
+        ... ).share_memory_()
         >>> A.is_shared(), A.values().is_shared()
         (True, True)
         """
@@ -154,11 +159,11 @@ class HostMixin:
         accelerator."""
         return all(t.is_shared() for t in self._inner())
 
-    def is_pinned(self, device=None) -> bool:
+    def is_pinned(self, device: Device = None) -> bool:
         """True when every inner tensor is in pinned (page-locked) host memory."""
         return all(t.is_pinned() if device is None else t.is_pinned(device) for t in self._inner())
 
-    def pin_memory(self, device=None) -> SparseTensor:
+    def pin_memory(self, device: Device = None) -> SparseTensor:
         """A copy with its inner tensors in pinned memory (as ``Tensor.pin_memory``: differentiable,
         and a RuntimeError where torch has no accelerator)."""
         return _Pin.apply(self, device)

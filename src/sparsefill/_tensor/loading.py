@@ -4,10 +4,9 @@ indices.
 
 Every such path ends in ``sparsefill._tensor._rebuild(size, inner, ctx, requires_grad, extra)``
 (what ``SparseTensor.__reduce_ex__`` names; ``torch.load(weights_only=True)`` allows that function
-alone), which
-calls :func:`rebuild`::
+alone), which calls :func:`rebuild`::
 
-    rebuild(*A.__reduce_ex__(2)[1]) == A                 (a valid A: same layout, pattern, values, fill)
+    rebuild(*A.__reduce_ex__(2)[1]) == A             (a valid A: same layout, pattern, values, fill)
     rebuild(parts that break an invariant) raises ValueError naming the part and the numbers
 
 The check is :func:`sparsefill._creation.check_parts` (the constructors' ``check_invariants=True``),
@@ -63,7 +62,8 @@ def rebuild(size, inner, ctx, requires_grad, extra=None):
         and type(inner[n]) is not torch.Tensor
         and not isinstance(inner[n], fake)
     ]
-    if odd:  # (a subclass answers the checks' ops itself: only the tensor a file or copy holds is checked)
+    # (a subclass answers the checks' ops itself: only the tensor a file or copy holds is checked)
+    if odd:
         raise ValueError(
             f"invalid SparseTensor parts: {_PUBLIC[odd[0]]} must be a plain torch.Tensor, got "
             f"{type(inner[odd[0]]).__name__}"
@@ -115,8 +115,8 @@ def _context(ctx):
         or not all(isinstance(f, bool) for f in ctx[1:3])
     ):
         raise ValueError(
-            f"invalid SparseTensor parts: the metadata must be (layout, indefinite, coalesced) with "
-            f"layout torch.sparse_coo or torch.sparse_csr, got {ctx!r}"[:300]
+            "invalid SparseTensor parts: the metadata must be (layout, indefinite, coalesced) "
+            f"with layout torch.sparse_coo or torch.sparse_csr, got {ctx!r}"[:300]
         )
     return ctx[0], ctx[1], ctx[2]
 

@@ -62,11 +62,11 @@ def dense_of(
     :func:`linear_parts` (a coalesced 1-D COO pattern's indices are its keys; sorted).  On CPU with
     numba, one torch thread (or a result under ``_PARALLEL_FILL_MIN`` elements), a scalar fill and
     at most a quarter of the positions stored: one compiled pass, block by block
-    (:func:`_kernels.merge.fill_put_sorted`).  Otherwise ``fill_``/``copy_``, then ``put_`` into the flat
-    buffer (:func:`_kernels.merge.put_flat`: a compiled loop on CPU, at any density: 0.7x ``index_copy_``'s
-    time at half the positions stored) while the stored elements are at most a quarter of the
-    positions or the compiled loop applies; ``index_copy_`` otherwise, for hybrid tensors and under
-    deterministic algorithms.
+    (:func:`_kernels.merge.fill_put_sorted`).  Otherwise ``fill_``/``copy_``, then ``put_`` into the
+    flat buffer (:func:`_kernels.merge.put_flat`: a compiled loop on CPU, at any density: 0.7x
+    ``index_copy_``'s time at half the positions stored) while the stored elements are at most a
+    quarter of the positions or the compiled loop applies; ``index_copy_`` otherwise, for hybrid
+    tensors and under deterministic algorithms.
 
     >>> import sparsefill
     >>> dense_of(sparsefill.sparse_coo_tensor([[1, 3]], [7., 8.], (5,), fill_value=-1.)).tolist()
@@ -75,26 +75,24 @@ def dense_of(
     if fill is None:
         if A._indefinite:
             raise ValueError(
-                "to_dense() of a SparseTensor with indefinite fill: its unspecified elements have no "
-                "value; pass to_dense(fill_value=...) to give them one"
+                "to_dense() of a SparseTensor with indefinite fill: its unspecified elements "
+                "have no value; pass to_dense(fill_value=...) to give them one"
             )
         fill = A._fill
     shape, vals, idx = A._size, A._vals, A._idx  # (A._size: A.shape without the op layer's route)
     nd = len(shape)
-    # (new_empty: 1-2 µs less than torch.empty(dtype=, device=); of an int or a tuple, 0.6-1.1 µs
-    # less than of a Size)
+    # (new_empty: cheaper than torch.empty(dtype=, device=); of an int or a tuple, cheaper than of
+    # a Size)
     out = fill.new_empty(shape[0] if nd == 1 else tuple(shape))
     numel, vd = out.numel(), vals.dim()
     if type(out) is _TENSOR and numel * out.itemsize >= _HUGE_MIN:  # (no fake or functional tensor)
-        _advised(
-            out
-        )  # (called only then: each Python call costs ~1 µs after a 4 MB result evicted the caches)
+        # (called only then: a Python call on this per-call path is not free)
+        _advised(out)
     k = nd - vd + (1 if idx is not None else A._col.dim())  # sparse dims
     if k == 1 == nd and A._coalesced and idx.dtype is _INT64:
         keys = idx  # (one sparse dim: the indices are the keys; put_ reads them flat)
-    elif not A._coalesced and traced(
-        vals
-    ):  # compiled: duplicates add in place (a coalesce's nse is data)
+    # compiled: duplicates add in place (a coalesce's nse is data)
+    elif not A._coalesced and traced(vals):
         out.copy_(fill) if fill.dim() else out.fill_(fill)
         keys = _index.linearize(A._coo_parts()[0], shape[:k])
         flat = out.view((_index.numel(shape[:k]),) + tuple(shape[k:]))
@@ -105,12 +103,10 @@ def dense_of(
     else:
         keys, vals = linear_parts(A, shape[:k])
         vd = vals.dim()  # (a batched CSR's values: flat)
-    plain = vd == 1 and (
-        eager or not traced(vals)
-    )  # (while traced, nse may be unbacked: no comparison)
-    quarter = (
-        plain and vals.numel() * 4 <= numel
-    )  # (numel(), not shape[0]: 0.7 µs less after a cache-evicting write)
+    # (while traced, nse may be unbacked: no comparison)
+    plain = vd == 1 and (eager or not traced(vals))
+    # (numel(), not shape[0]: cheaper)
+    quarter = plain and vals.numel() * 4 <= numel
     if (
         quarter
         and (numel < _PARALLEL_FILL_MIN or _num_threads() == 1)
@@ -132,13 +128,11 @@ def dense_of(
     ):
         return _merge.put_flat(out, keys, vals)
     keys = keys.view(-1)
-    flat = (
-        out if k == 1 else out.view((_index.numel(shape[:k]),) + tuple(shape[k:]))
-    )  # (a view costs µs)
+    # (a view only where needed: it has a per-call cost)
+    flat = out if k == 1 else out.view((_index.numel(shape[:k]),) + tuple(shape[k:]))
     signed = _SIGNED_VIEW.get(vals.dtype)
-    if (
-        signed is not None
-    ):  # (torch has no index_copy_ kernel for uint16/32/64: their bits, as signed)
+    # (torch has no index_copy_ kernel for uint16/32/64: their bits, as signed)
+    if signed is not None:
         flat, vals = flat.view(signed), vals.view(signed)
     flat.index_copy_(0, keys, vals)
     return out
@@ -147,17 +141,14 @@ def dense_of(
 _SIGNED_VIEW = {torch.uint16: torch.int16, torch.uint32: torch.int32, torch.uint64: torch.int64}
 
 
-_PARALLEL_FILL_MIN = (
-    1 << 18
-)  # elements from which fill_ on several torch threads goes before the one-thread pass
-# (bound here: ``torch.x`` looks x up in torch's module dict, 0.2-0.4 µs after a 4 MB result evicted
-# the caches)
+# elements from which fill_ on several torch threads goes before the one-thread pass
+_PARALLEL_FILL_MIN = 1 << 18
+# (bound here: ``torch.x`` looks x up in torch's module dict on every call)
 _TENSOR, _INT64, _num_threads = torch.Tensor, torch.int64, torch.get_num_threads
 
 
-_HUGE_MIN = (
-    1 << 22
-)  # bytes from which a dense result's memory is advised into 2 MiB pages (numpy's bound)
+# bytes from which a dense result's memory is advised into 2 MiB pages (numpy's bound)
+_HUGE_MIN = 1 << 22
 _madvise = None  # libc's madvise (Linux), or False
 
 
@@ -177,9 +168,8 @@ def empty_dense(shape, dtype, device) -> torch.Tensor:
 def _advised(out: torch.Tensor) -> torch.Tensor:
     """``out``, a fresh buffer, advised into huge pages when it is a CPU buffer of at least
     ``_HUGE_MIN`` bytes."""
-    if (
-        type(out) is torch.Tensor and out.is_cpu and out.nbytes >= _HUGE_MIN and not traced(out)
-    ):  # (not fake)
+    # (not fake)
+    if type(out) is torch.Tensor and out.is_cpu and out.nbytes >= _HUGE_MIN and not traced(out):
         _advise_huge(out.data_ptr(), out.nbytes)
     return out
 
@@ -281,8 +271,8 @@ def union_parts(tensors):
     Where a tensor does not specify a position its fill stands in; positions an indefinite tensor
     leaves unspecified are dropped (they are unspecified in any result).  One linear-time merge of
     the sorted key runs (:func:`_kernels.merge.union_inverse`; two indefinite tensors:
-    :func:`_kernels.merge.merge_intersect`) and a scatter per tensor (values and indices: no division to
-    unravel the keys).
+    :func:`_kernels.merge.merge_intersect`) and a scatter per tensor (values and indices: no
+    division to unravel the keys).
     """
     S = tensors[0]._sparse_shape
     parts = [coalesced_parts(T) for T in tensors]
@@ -303,9 +293,8 @@ def union_parts(tensors):
     one_dim = len(S) == 1 and parts[0][0].dtype == union.dtype  # (the keys are the indices)
     # a pattern that is the union (e.g. a gradient beside the smaller pattern of the forward): its
     # parts as stored
-    whole = (
-        [False] * len(parts) if traced(keys[0]) else [i.shape[1] == U for i, _ in parts]
-    )  # (U: unbacked)
+    # (U: unbacked)
+    whole = [False] * len(parts) if traced(keys[0]) else [i.shape[1] == U for i, _ in parts]
     indices = (
         union[None]
         if one_dim
@@ -337,9 +326,9 @@ def union_parts(tensors):
 
 
 def _union_of(keys):
-    """``_merge.union_inverse(keys)``; two runs through ``_kernels.merge.union_or_superset`` (where one
-    holds every key of a much smaller one, a gradient beside the forward's pattern say, no merge:
-    the large run's positions, the identity, are None)."""
+    """``_merge.union_inverse(keys)``; two runs through ``_kernels.merge.union_or_superset`` (where
+    one holds every key of a much smaller one, a gradient beside the forward's pattern say, no
+    merge: the large run's positions, the identity, are None)."""
     if len(keys) == 2 and not any(traced(k) for k in keys) and keys[0].device.type != "meta":
         union, pa, pb = _merge.union_or_superset(*keys)
         return union, [pa, pb]
@@ -396,9 +385,8 @@ def values_at(S, keys: torch.Tensor, sdim: int) -> torch.Tensor:
     idx, vals = coalesced_parts(S)
     pos, found = _index.lookup(_index.linearize(idx, S._sparse_shape), keys)
     D = tuple(S._dense_shape)
-    if traced(
-        vals
-    ):  # (sizes may be unknown: one extra row, read where nothing is found; a runtime check)
+    # (sizes may be unknown: one extra row, read where nothing is found; a runtime check)
+    if traced(vals):
         if S._indefinite:
             torch._assert_async(
                 found.all(), "values_at: a position is unspecified in a tensor with indefinite fill"
@@ -506,9 +494,8 @@ def parts_to_sparse(
     keys = _index.linearize(idx, shape[:sdim])
     bkey = keys // (m * n) if m * n else keys
     counts = bincount(bkey, nb) if nb else bkey.new_zeros(0)
-    if nb > 1 and bool(
-        (counts != counts.max()).any()
-    ):  # equal nse per batch: pad with fill-valued elements
+    # equal nse per batch: pad with fill-valued elements
+    if nb > 1 and bool((counts != counts.max()).any()):
         if indefinite:
             raise ValueError(
                 "a batched sparse_csr tensor needs the same nse in every batch; with an indefinite "
@@ -613,7 +600,8 @@ def to_torch(A: SparseTensor, *, materialize: bool = False) -> torch.Tensor:
     if A._indefinite:
         raise ValueError(
             "to_torch(): the fill is indefinite and torch native sparse tensors have zero fill; "
-            "define the unspecified elements first, e.g. A.to_sparse(fill_value=0).to_torch(materialize=True)"
+            "define the unspecified elements first, e.g. "
+            "A.to_sparse(fill_value=0).to_torch(materialize=True)"
         )
     if not bool(A._fill.any()):  # exact here: a cache can't see writes through .data
         if A._sf_layout is torch.sparse_coo:

@@ -17,6 +17,7 @@ of a ``sparse_coo`` layout gradient); the storage format is ``A.sparse_layout``.
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import torch
 
@@ -39,9 +40,8 @@ _STATE = (
     "_zero",
     "_view",
 )
-TRANSIENT = frozenset(
-    {"_has_views"}
-)  # attributes of this object alone: pickles and copies leave them out
+# attributes of this object alone: pickles and copies leave them out
+TRANSIENT = frozenset({"_has_views"})
 _PUBLIC_NAMES = {
     "_idx": "indices",
     "_crow": "crow_indices",
@@ -141,16 +141,29 @@ class SparseTensor(HostMixin, torch.Tensor):
     tensor([7., 5., 5., 9., 5.])
     """
 
+    # The storage attributes (``_STATE``, set by ``_store``), declared for type checkers only (no
+    # class attribute is made): the index tensors of the other layout are None.
+    _sf_layout: torch.layout
+    _size: torch.Size
+    _idx: Any
+    _crow: Any
+    _col: Any
+    _vals: torch.Tensor
+    _fill: torch.Tensor
+    _indefinite: bool
+    _coalesced: bool
+    _zero: tuple
+    _view: Any
+
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         """Every function passes through to ``__torch_dispatch__`` as
         ``torch._C._disabled_torch_function_impl`` (results are never re-wrapped); the op layer's
         ``route`` (``ops.autograd_routes.route``) may take the call first (while grad mode is on,
-        the few functions whose backward must know the pattern, DESIGN.md section 10; in every mode,
+        the few functions whose backward must know the pattern, docs/architecture.md; in every mode,
         the few whose composite torch body cannot run on a SparseTensor).  A call with no keyword
         arguments, every argument a SparseTensor or a Python value, of a function not in the op
-        layer's ``routed``, is one ``route`` declines: it passes through at once (0.3 µs less per
-        call)."""
+        layer's ``routed``, is one ``route`` declines: it passes through at once (no route call)."""
         if not kwargs and func not in HOOKS.routed:
             for a in args:
                 if a.__class__ is not SparseTensor and a.__class__ not in _PLAIN:
@@ -208,7 +221,7 @@ class SparseTensor(HostMixin, torch.Tensor):
         )
         return r
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__()
 
     @classmethod
@@ -239,10 +252,11 @@ class SparseTensor(HostMixin, torch.Tensor):
         tensors: a
         pattern's cached linear keys carry over) holding ``values`` and the definite ``fill``::
 
-            A._with_values(f(A.values()), f(A.fill)) == f(A)          for an element-wise f and a coalesced A
+            A._with_values(f(A.values()), f(A.fill)) == f(A)
+                for an element-wise f and a coalesced A
 
-        (``_store``'s assignments inline, through the attribute dicts: 0.2 µs less per element-wise
-        op.)
+        (``_store``'s assignments inline, through the attribute dicts: this runs once per
+        element-wise op.)
         """
         s = self.__dict__
         size = s["_size"]
@@ -311,13 +325,11 @@ class SparseTensor(HostMixin, torch.Tensor):
         """Host-side: True only when the fill is known to be zero (never syncs a device)."""
         if self._indefinite:
             return False
-        if (
-            type(self._fill) is not torch.Tensor
-        ):  # traced (FakeTensor, FunctionalTensor): read no data
+        # traced (FakeTensor, FunctionalTensor): read no data
+        if type(self._fill) is not torch.Tensor:
             return self._zero[1] and self._zero[0] == _version(self._fill)
-        if (
-            self._fill.device.type == "cpu"
-        ):  # cheap, and sees writes that bypass version counters (.data)
+        # cheap, and sees writes that bypass version counters (.data)
+        if self._fill.device.type == "cpu":
             return not bool(self._fill.any())
         v = _version(self._fill)
         if v is None or v != self._zero[0]:
@@ -379,10 +391,11 @@ class SparseTensor(HostMixin, torch.Tensor):
 
     def _fill_value(self) -> torch.Tensor:
         self._sync()
-        """The fill as specified (may be smaller than the dense dims; fill-value-rfc.md point 6)."""
+        """The fill as specified (may be smaller than the dense dims: it broadcasts over them)."""
         return self._fill
 
-    def set_fill_value_(self, fill_value) -> SparseTensor:
+    # (fill values are typed Any here: their alias, sparsefill._creation.FillValue, lives above)
+    def set_fill_value_(self, fill_value: Any) -> SparseTensor:
         """Replace the fill in place (any kind: scalar, array, ``[]`` for indefinite). Returns
         ``self``."""
         from sparsefill._tensor.fill import normalize_fill
@@ -430,15 +443,26 @@ class SparseTensor(HostMixin, torch.Tensor):
 
         return HOOKS.same_dense(self, coalesce_of)
 
-    def to_dense(self, dtype=None, *, fill_value=None, masked_grad=None) -> torch.Tensor:
+    def to_dense(
+        self,
+        dtype: torch.dtype | None = None,
+        *,
+        fill_value: Any = None,
+        masked_grad: bool | None = None,
+    ) -> torch.Tensor:
         """The dense tensor ``A`` stands for; ``fill_value=`` stands in for an indefinite fill."""
-        if self._view is not None:  # (self._sync() inlined: the hot path of every conversion)
+        if self._view is not None:  # (self._sync(), inline: one Python call less per to_dense)
             HOOKS.sync(self)
         out = HOOKS.to_dense(self, fill_value)
         return out if dtype is None else out.to(dtype)
 
     def to_sparse(
-        self, layout=None, *, fill_value=None, dense_dim=None, blocksize=None
+        self,
+        layout: torch.layout | None = None,
+        *,
+        fill_value: Any = None,
+        dense_dim: int | None = None,
+        blocksize: Any = None,
     ) -> SparseTensor:
         """Change layout (COO <-> CSR), fill and/or dense dims; the dense equivalent is unchanged.
 
@@ -449,18 +473,19 @@ class SparseTensor(HostMixin, torch.Tensor):
             layout, dense_dim = torch.sparse_coo, self.dim() - layout
         if blocksize is not None:
             raise ValueError("sparsefill supports COO and CSR layouts only; blocksize must be None")
-        if (
-            fill_value is None and dense_dim is not None and dense_dim != self.dense_dim()
-        ):  # the fill kept: exact
+        # the fill kept: exact
+        if fill_value is None and dense_dim is not None and dense_dim != self.dense_dim():
             from sparsefill._tensor.dense_dims import resplit
 
             return HOOKS.same_dense(self, lambda a: resplit(a, dense_dim, layout))
         return HOOKS.convert(self, layout, fill_value, dense_dim)
 
-    def to_sparse_coo(self, fill_value=None) -> SparseTensor:
+    def to_sparse_coo(self, fill_value: Any = None) -> SparseTensor:
         return self.to_sparse(torch.sparse_coo, fill_value=fill_value)
 
-    def to_sparse_csr(self, dense_dim=None, *, fill_value=None) -> SparseTensor:
+    def to_sparse_csr(
+        self, dense_dim: int | None = None, *, fill_value: Any = None
+    ) -> SparseTensor:
         return self.to_sparse(torch.sparse_csr, fill_value=fill_value, dense_dim=dense_dim)
 
     def to_torch(self, *, materialize: bool = False) -> torch.Tensor:
@@ -481,25 +506,23 @@ class SparseTensor(HostMixin, torch.Tensor):
         return HOOKS.same_dense(self, lambda a: prune_of(a, atol))
 
     # ------------------------------------------------------------------ numpy and the peers (see
-    # _creation/interop.py) ------------------------------------------------------------------ subclass
-    # protocol
+    # _creation/interop.py) ------------------------------------------------------------------
+    # subclass protocol
     def __tensor_flatten__(self):
         """``(inner tensor names, metadata)`` for torch.compile: the metadata reads no data
-        (DESIGN.md section 10) and the stored-element count is a dynamic size (as torch's nested
-        tensors mark their ragged dim), so a new pattern with another nse reuses the compiled
-        graph."""
+        (so tracing never syncs on a value) and the stored-element count is a dynamic size (as
+        torch's nested tensors mark their ragged dim), so a new pattern with another nse reuses the
+        compiled graph."""
         if self._view is not None:
             self._sync()
-        vals = (
-            self._vals
-        )  # (dynamo's guards call this twice per compiled call: kept to plain attribute reads)
+        # (dynamo's guards call this twice per compiled call: kept to plain attribute reads)
+        vals = self._vals
         if type(vals) is torch.Tensor and not hasattr(vals, "_dynamo_propagated_dynamic_indices"):
             _mark_nse_dynamic(self)
         layout = self._sf_layout
         meta = (layout, self._indefinite, self._coalesced)
-        if (
-            "_tangent" in self.__dict__
-        ):  # the all-stored form and its dense dims (_compile.coerce_tangent)
+        # the all-stored form and its dense dims (_compile.coerce_tangent)
+        if "_tangent" in self.__dict__:
             meta += ("all-stored", len(self._dense_shape))
         return ["_idx", "_vals", "_fill"] if layout is _COO else [
             "_crow",
@@ -510,12 +533,10 @@ class SparseTensor(HostMixin, torch.Tensor):
 
     @staticmethod
     def __tensor_unflatten__(inner, ctx, outer_size, outer_stride):
-        layout, indefinite, coalesced = ctx[
-            :3
-        ]  # (files saved before: a 4th entry, the zero flag, is ignored)
-        csr = (
-            layout is torch.sparse_csr
-        )  # (the wrapper alone: compiled code rebuilds each output per call)
+        # (files saved before: a 4th entry, the zero flag, is ignored)
+        layout, indefinite, coalesced = ctx[:3]
+        # (the wrapper alone: compiled code rebuilds each output per call)
+        csr = layout is torch.sparse_csr
         out = SparseTensor._make(
             layout,
             outer_size,
@@ -572,8 +593,9 @@ class SparseTensor(HostMixin, torch.Tensor):
             new._sync()
         elif new.shape != self.shape:
             raise ValueError(
-                f"A.data = B with a dense B of shape {tuple(new.shape)} for a SparseTensor of shape "
-                f"{tuple(self.shape)}: convert it first (sparsefill.to_sparse(B, fill_value=...))"
+                f"A.data = B with a dense B of shape {tuple(new.shape)} for a SparseTensor of "
+                f"shape {tuple(self.shape)}: convert it first (sparsefill.to_sparse(B, "
+                "fill_value=...))"
             )
         else:
             from sparsefill._tensor.fill import indefinite
@@ -625,9 +647,8 @@ class SparseTensor(HostMixin, torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        fast = _FAST.get(
-            func._op
-        )  # (keyed by the C++ op: an OpOverload's __hash__ is Python code, 0.3 µs)
+        # (keyed by the C++ op: an OpOverload's __hash__ is Python code)
+        fast = _FAST.get(func._op)
         if fast is None:
             fast = _FAST[func._op] = HOOKS.fast(func)
         if fast:  # element-wise on one pattern with Python scalars: the aten calls and little else
@@ -638,15 +659,14 @@ class SparseTensor(HostMixin, torch.Tensor):
         if mode is not None:  # torch.compile (see _kernels.trace.traced_dispatch)
             return traced_dispatch(HOOKS.dispatch, mode, func, types, args, kwargs or {})
         if func.is_view and torch.is_inference_mode_enabled() and not args[0].is_inference():
-            with torch.inference_mode(
-                False
-            ):  # a view of a normal tensor must not be an inference tensor
+            # a view of a normal tensor must not be an inference tensor
+            with torch.inference_mode(False):
                 return HOOKS.dispatch(func, types, args, kwargs or {})
         return HOOKS.dispatch(func, types, args, kwargs or {})
 
 
 # (cls, size, strides, storage_offset, memory_format, dtype, layout, device, pin_memory,
-# requires_grad): positional, 0.2 µs less than keywords
+# requires_grad): positional, cheaper than keywords
 _make_wrapper = torch.Tensor._make_wrapper_subclass
 _STRIDED = torch.strided  # the wrapper's layout (see the module docstring)
 _COO = torch.sparse_coo
@@ -658,7 +678,7 @@ def _gated(out, func, args, kwargs):
     """``out`` of a passed-through call; where it is dense and requires grad (its gradient is
     dense), the derivative formulas torch recorded for it ask the densify policy before they form a
     dense gradient of a SparseTensor operand (the op layer's ``gate``).  (A SparseTensor result, ``2
-    * A``, gets SparseTensor gradients: 1 µs instead of 50 µs per call.)"""
+    * A``, gets SparseTensor gradients: it skips the gate, whose cost is far above this test's.)"""
     if (
         out.__class__ is _TENSOR
         and out.requires_grad
@@ -694,8 +714,8 @@ def _store(
     known_zero: bool,
 ) -> None:
     """Set the storage attributes (``_STATE``) of a new wrapper ``r``; ``r._size`` is the size it
-    was made with (``r.shape`` without the ``__torch_function__`` hop, 1.5 µs; fixed, as the shape
-    is: ``A.data = B`` copies it)."""
+    was made with (``r.shape`` without the ``__torch_function__`` hop; fixed, as the shape is:
+    ``A.data = B`` copies it)."""
     r._sf_layout = layout
     r._size = size
     r._idx, r._crow, r._col = indices, crow, col
@@ -703,9 +723,8 @@ def _store(
     r._fill = fill
     r._indefinite = indefinite
     r._coalesced = coalesced
-    r._zero = (
-        (_version(fill), True) if known_zero else _UNKNOWN
-    )  # (the version matters only when known)
+    # (the version matters only when known)
+    r._zero = (_version(fill), True) if known_zero else _UNKNOWN
     r._view = None  # while a view: what of which base (an ops.views.View record)
 
 
@@ -723,10 +742,10 @@ def _mark_nse_dynamic(A: SparseTensor) -> None:
 
 
 _FAKE_MODE = torch._C._TorchDispatchModeKey.FAKE
-_tracing_mode = functools.partial(
-    torch._C._get_dispatch_mode, _FAKE_MODE
-)  # the active FakeTensorMode or None
-_FAST: dict = {}  # OpOverload._op -> the op layer's fast(func): a shortcut where the op may take it, else False
+# the active FakeTensorMode or None
+_tracing_mode = functools.partial(torch._C._get_dispatch_mode, _FAKE_MODE)
+# OpOverload._op -> the op layer's fast(func): a shortcut where the op may take it, else False
+_FAST: dict = {}
 
 
 def _rebuild(size, inner, ctx, requires_grad, extra=None):

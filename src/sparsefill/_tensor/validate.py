@@ -19,20 +19,19 @@ from sparsefill._tensor.tensor import SparseTensor
 from sparsefill._tensor.fill import _check_fill_shape
 
 
-def _size_tuple(size, name="size"):
+def _size_tuple(size, name="size") -> tuple[int, ...]:
     if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)):
         size = size[0]
     size = tuple(size)
-    if not all(isinstance(s, numbers.Integral) and s >= 0 for s in size):
+    if not all(isinstance(s, numbers.Integral) and int(s) >= 0 for s in size):
         raise ValueError(f"{name} must be a sequence of non-negative ints, got {size}")
     return tuple(int(s) for s in size)
 
 
 def _check_bounds(idx: torch.Tensor, sizes, name: str, dim_name: str | None = None) -> None:
     flat = idx if idx.dim() == 2 else idx[None]
-    if traced(
-        idx
-    ):  # torch.compile: the data is not known while tracing; checked when the graph runs
+    # torch.compile: the data is not known while tracing; checked when the graph runs
+    if traced(idx):
         ok = (
             (flat >= 0)
             & (flat < torch.tensor(list(sizes)[: flat.shape[0]], device=idx.device)[:, None])
@@ -131,20 +130,27 @@ def check_parts(
     """Raise (ValueError, TypeError or IndexError, naming the part and the numbers) unless the parts
     form a valid SparseTensor as it is stored: the invariants every kernel relies on before it
     indexes memory with a stored index.  The constructors' checks (``check_invariants=True``), for
-    parts that arrive whole
-    (``torch.load``, pickle, queues, deep copies, collectives: see ``_tensor.loading.rebuild``)::
+    parts that arrive whole (``torch.load``, pickle, queues, deep copies, collectives: see
+    ``_tensor.loading.rebuild``)::
 
         COO  indices int64 (sparse_dim, nse), each row in [0, size[d]); values (nse, *dense_shape);
              coalesced: the columns sorted without duplicates
-        CSR  crow_indices int64 (*batch, nrows + 1): 0, non-decreasing, nse; col_indices int64 (*batch, nse)
-             in [0, ncols), strictly increasing within each row; values (*batch, nse, *dense_shape)
+        CSR  crow_indices int64 (*batch, nrows + 1): 0, non-decreasing, nse;
+             col_indices int64 (*batch, nse) in [0, ncols), strictly increasing within each row;
+             values (*batch, nse, *dense_shape)
         fill of the values' dtype and device: (0,) when indefinite, else broadcasting to dense_shape
 
     One vectorised pass over the indices, O(nse + nrows); nothing dense is allocated.  The data
     checks are skipped where there is no data to read (meta tensors, torch.compile's fake tensors).
 
-    >>> check_parts(torch.sparse_csr, (2, 3), torch.ones(1), torch.tensor(0.), crow=torch.tensor([0, 1, 1]),
-    ...             col=torch.tensor([7]))
+    >>> check_parts(
+    ...     torch.sparse_csr,
+    ...     (2, 3),
+    ...     torch.ones(1),
+    ...     torch.tensor(0.0),
+    ...     crow=torch.tensor([0, 1, 1]),
+    ...     col=torch.tensor([7]),
+    ... )
     Traceback (most recent call last):
     ...
     IndexError: col_indices has an entry 7 out of range for size 3 of columns
@@ -218,8 +224,8 @@ def _coo_shapes(size, values, indices) -> int:
         )
     if len(size) != sdim + values.dim() - 1 or size[sdim:] != tuple(values.shape[1:]):
         raise ValueError(
-            f"size {size} does not match indices with sparse_dim={sdim} and values with dense shape "
-            f"{tuple(values.shape[1:])}"
+            f"size {size} does not match indices with sparse_dim={sdim} and values with dense "
+            f"shape {tuple(values.shape[1:])}"
         )
     return nse
 
@@ -249,8 +255,8 @@ def _csr_shapes(size, values, crow, col) -> int:
         )
     if nse > size[k] * size[k + 1]:
         raise ValueError(
-            f"nse={nse} exceeds the {size[k] * size[k + 1]} positions of a {size[k]} x {size[k + 1]} "
-            "matrix"
+            f"nse={nse} exceeds the {size[k] * size[k + 1]} positions of a {size[k]} x "
+            f"{size[k + 1]} matrix"
         )
     return nse
 

@@ -1,4 +1,4 @@
-"""torch.compile measurements (issue 14): not a harness case (compiling takes seconds per case, and
+"""torch.compile measurements: not a harness case (compiling takes seconds per case, and
 the test suite runs the harness cases); run ``python -m sparsefill.benchmarks.cases_compile
 [--quick]``.
 
@@ -181,7 +181,10 @@ def dlrm_step(batch: int, rows: int, backend: str, rounds: int, reps: int) -> tu
     torch.testing.assert_close(compiled(*inputs), peer(*peer_inputs))
     breaks = counters["graph_break"]
     why = next(iter(breaks)).splitlines()[0] if breaks else "none"
-    how = f"{counters['stats']['unique_graphs']} graph(s), {sum(breaks.values())} graph breaks, first: {why}"
+    how = (
+        f"{counters['stats']['unique_graphs']} graph(s), {sum(breaks.values())} graph breaks, "
+        f"first: {why}"
+    )
 
     def step(m, x, optimizers):
         for o in optimizers:
@@ -221,14 +224,13 @@ def main(argv=None) -> dict:
     torch.set_num_threads(1)
     import logging
 
-    logging.getLogger("torch._dynamo").setLevel(
-        logging.ERROR
-    )  # (the DLRM's graph-break warnings: counted)
+    # (the DLRM's graph-break warnings: counted)
+    logging.getLogger("torch._dynamo").setLevel(logging.ERROR)
     out = {}
     a = cpu_snapshot()
     print(
-        f"backend {args.backend}, 1 thread, median of {args.rounds} interleaved rounds of {args.reps} calls; "
-        f"load average {loadavg()}"
+        f"backend {args.backend}, 1 thread, median of {args.rounds} interleaved rounds of "
+        f"{args.reps} calls; load average {loadavg()}"
     )
     for n in args.sizes:
         t = out[("exp", n)] = elementwise(n, args.backend, args.rounds, args.reps)
@@ -237,24 +239,28 @@ def main(argv=None) -> dict:
             f"torch.exp(A * -8) + 1, {n} elements (1% stored): "
             + ", ".join(f"{k} {v:.4f} ms" for k, v in t.items())
             + f"; compiled sparsefill / eager {c / t['eager sparsefill']:.2f}x, / compiled dense "
-            f"{c / t['compiled dense']:.2f}x, / compiled values {c / t['compiled values']:.2f}x; the wrapper's "
-            f"per-call cost {1e3 * (c - t['compiled parts']):.1f} us; the floor of a subclass: compiled minimal "
-            f"subclass / compiled values {t['compiled minimal subclass'] / t['compiled values']:.2f}x, compiled "
-            f"sparsefill - compiled minimal subclass {1e3 * (c - t['compiled minimal subclass']):.1f} us"
+            f"{c / t['compiled dense']:.2f}x, / compiled values "
+            f"{c / t['compiled values']:.2f}x; the wrapper's per-call cost "
+            f"{1e3 * (c - t['compiled parts']):.1f} us; the floor of a subclass: compiled "
+            "minimal subclass / compiled values "
+            f"{t['compiled minimal subclass'] / t['compiled values']:.2f}x, compiled "
+            "sparsefill - compiled minimal subclass "
+            f"{1e3 * (c - t['compiled minimal subclass']):.1f} us"
         )
     t = out["gat"] = gat_step(args.nodes, args.backend, args.rounds, args.reps)
     print(
-        f"GAT training step, {args.nodes} nodes: compiled {t['compiled']:.1f} ms, eager {t['eager']:.1f} ms "
-        f"({t['compiled'] / t['eager']:.2f}x)"
+        f"GAT training step, {args.nodes} nodes: compiled {t['compiled']:.1f} ms, eager "
+        f"{t['eager']:.1f} ms ({t['compiled'] / t['eager']:.2f}x)"
     )
     t, how = out["dlrm"] = dlrm_step(
         args.dlrm_batch, args.dlrm_rows, args.backend, args.rounds, args.reps
     )
     peer = t["EmbeddingBag + Adagrad"]
     print(
-        f"DLRM training step, batch {args.dlrm_batch}, 4 tables of {args.dlrm_rows} x 32: compiled (fullgraph: "
-        f"{how}) {t['compiled']:.2f} ms, eager {t['eager']:.2f} ms, EmbeddingBag + Adagrad {peer:.2f} ms; "
-        f"compiled / eager {t['compiled'] / t['eager']:.2f}x, compiled / EmbeddingBag + Adagrad "
+        f"DLRM training step, batch {args.dlrm_batch}, 4 tables of {args.dlrm_rows} x 32: "
+        f"compiled (fullgraph: {how}) {t['compiled']:.2f} ms, eager {t['eager']:.2f} ms, "
+        f"EmbeddingBag + Adagrad {peer:.2f} ms; compiled / eager "
+        f"{t['compiled'] / t['eager']:.2f}x, compiled / EmbeddingBag + Adagrad "
         f"{t['compiled'] / peer:.2f}x, eager / EmbeddingBag + Adagrad {t['eager'] / peer:.2f}x"
     )
     o = other_cpu(a, cpu_snapshot())

@@ -1,4 +1,4 @@
-"""Scale-out measurements (issue 16): several processes on loopback gloo, so not a harness case (the
+"""Scale-out measurements: several processes on loopback gloo, so not a harness case (the
 harness times one process); run ``python -m sparsefill.benchmarks.cases_distributed [--quick]``.
 
 1. **all_reduce bytes and time** of a ``(rows, cols)`` float32 SparseTensor at 0.1%, 1%, 10%, 30%
@@ -198,7 +198,8 @@ def main(argv=None):
     shape = (500, 500) if a.quick else (1000, 1000)
     rounds, reps = (3, 3) if a.quick else (5, 5)
     print(
-        f"# sparsefill.distributed on loopback gloo, {os.cpu_count()} cores, torch {torch.__version__}\n"
+        f"# sparsefill.distributed on loopback gloo, {os.cpu_count()} cores, torch "
+        f"{torch.__version__}\n"
     )
     if a.only != "sharded":
         _print_all_reduce(shape, rounds, reps, [int(w) for w in a.worlds.split(",")])
@@ -212,38 +213,38 @@ def _print_all_reduce(shape, rounds, reps, worlds=(2, 4)):
         f"(dense: {shape[0] * shape[1] * 4 / 1e6:.1f} MB)\n"
     )
     print(
-        "| W | stored | bytes sent/rank: sparse | auto | dense ring | torch sparse COO | time: sparse | auto | "
-        "dense | torch sparse COO | sparse / dense | load |"
+        "| W | stored | bytes sent/rank: sparse | auto | dense ring | torch sparse COO | time: "
+        "sparse | auto | dense | torch sparse COO | sparse / dense | load |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     cross = []
     for W in worlds:
         rs = run(_all_reduce, W, shape, rounds, reps)
-        per = (rs[-1]["sparse_bytes"] - rs[0]["sparse_bytes"]) / (
-            rs[-1]["nse"] - rs[0]["nse"]
-        )  # bytes per element
+        # bytes per element
+        per = (rs[-1]["sparse_bytes"] - rs[0]["sparse_bytes"]) / (rs[-1]["nse"] - rs[0]["nse"])
         cross.append(f"W={W}: {rs[0]['dense_bytes'] / per / (shape[0] * shape[1]):.1%} stored")
         for r in rs:
             t = r["times"]
             print(
-                f"| {W} | {r['density']:.1%} | {r['sparse_bytes']:,} | {r['auto_bytes']:,} | {r['dense_bytes']:,} | "
-                f"{r['native_bytes']:,} | {t['sparsefill sparse'] * 1e3:.2f} ms | {t['sparsefill auto'] * 1e3:.2f} ms"
-                f" | {t['dense all_reduce'] * 1e3:.2f} ms | {t['torch sparse COO'] * 1e3:.2f} ms | "
+                f"| {W} | {r['density']:.1%} | {r['sparse_bytes']:,} | {r['auto_bytes']:,} | "
+                f"{r['dense_bytes']:,} | {r['native_bytes']:,} | "
+                f"{t['sparsefill sparse'] * 1e3:.2f} ms | {t['sparsefill auto'] * 1e3:.2f} ms | "
+                f"{t['dense all_reduce'] * 1e3:.2f} ms | {t['torch sparse COO'] * 1e3:.2f} ms | "
                 f"{t['sparsefill sparse'] / t['dense all_reduce']:.2f} | {r['load']:.1f} |"
             )
     from sparsefill.distributed._collectives import DENSE_BYTES_RATIO
 
     print(
-        f"\nbyte crossover (the sparse payload per rank equals the dense ring's): {', '.join(cross)}; 'auto' "
-        f"turns dense at {DENSE_BYTES_RATIO} of it"
+        "\nbyte crossover (the sparse payload per rank equals the dense ring's): "
+        f"{', '.join(cross)}; 'auto' turns dense at {DENSE_BYTES_RATIO} of it"
     )
 
 
 def _print_sharded(quick, rounds, reps):
     N, D, bags, mean_len = (20_000, 32, 256, 10) if quick else (100_000, 64, 1024, 20)
     print(
-        f"\n## Row-sharded embedding step: {N:,} x {D} table, {bags} bags of ~{mean_len} ids (global batch), "
-        "forward + backward + SparseAdagrad\n"
+        f"\n## Row-sharded embedding step: {N:,} x {D} table, {bags} bags of ~{mean_len} ids "
+        "(global batch), forward + backward + SparseAdagrad\n"
     )
     base = _unsharded(N, D, bags, mean_len, rounds, reps)
     print(f"unsharded, one process: {base * 1e3:.2f} ms per step\n")
@@ -253,8 +254,8 @@ def _print_sharded(quick, rounds, reps):
         for pool in ("requester", "owner"):
             r = run(_sharded, W, N, D, bags, mean_len, rounds, reps, pool)
             print(
-                f"| {W} | {pool} | {r['time'] * 1e3:.2f} ms | {r['time'] / base:.2f} | {r['bytes']:,} | "
-                f"{r['load']:.1f} |"
+                f"| {W} | {pool} | {r['time'] * 1e3:.2f} ms | {r['time'] / base:.2f} | "
+                f"{r['bytes']:,} | {r['load']:.1f} |"
             )
 
 

@@ -1,10 +1,10 @@
-"""Element-wise cases: ``torch.exp(A * -8.0)`` with a nonzero fill (fill-value-rfc.md's membrane
+"""Element-wise cases: ``torch.exp(A * -8.0)`` with a nonzero fill (the membrane
 potential), ``A + B`` over two patterns, and the per-call cost of small element-wise ops.
 
 Peers: the same ops on the values tensor alone (the floor: what a user keeping
 ``(indices, values, fill)`` by hand would run), and pydata ``sparse`` (fill_value=5) when installed.
 
-Per call (issue 18): a coalesced 10-element COO tensor, 5 stored, fill 1, float64; the ``sparsefill
+Per call: a coalesced 10-element COO tensor, 5 stored, fill 1, float64; the ``sparsefill
 − peer`` column is the cost above the values-only op (``torch.exp(A)`` vs ``torch.exp(A.values())``,
 ``A * 2`` vs ``values * 2``, ``A + A`` vs ``values + values``, in place ``A.mul_(1.0)`` vs
 ``values.mul_(1.0)``, ``A.detach()`` vs ``values.detach()``) and, for ``A + B`` with another pattern
@@ -151,9 +151,8 @@ def per_call(op):
     if op == "A.detach()":
         return [("sparsefill", lambda: A.detach()), ("values.detach()", lambda: vals.detach())]
     B, _, y = _small(2, 2.0)
-    if (
-        op == "A + B, other pattern"
-    ):  # the union of a pattern pair that recurs is merged once (pointwise.union2)
+    # the union of a pattern pair that recurs is merged once (pointwise.union2)
+    if op == "A + B, other pattern":
         return [("sparsefill", lambda: A + B), ("dense x + y", lambda: x + y)]
     # every call a B of that pattern with index tensors of its own (more than the pattern cache
     # holds): a merge

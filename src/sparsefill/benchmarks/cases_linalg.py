@@ -83,9 +83,8 @@ def spmm_fill(param):
     A = sparsefill.sparse_coo_tensor(idx, vals, shape, fill_value=FILL).to_sparse_csr()
     x = torch.randn(shape[1], COLS, generator=torch.Generator().manual_seed(1))
     with warnings.catch_warnings():
-        warnings.simplefilter(
-            "ignore", UserWarning
-        )  # torch: "Sparse CSR tensor support is in beta state"
+        # torch: "Sparse CSR tensor support is in beta state"
+        warnings.simplefilter("ignore", UserWarning)
         A0 = torch.sparse_csr_tensor(A.crow_indices(), A.col_indices(), A.values() - FILL, shape)
         Az = torch.sparse_csr_tensor(A.crow_indices(), A.col_indices(), A.values(), shape)
     dense = torch.full(shape, FILL)
@@ -153,9 +152,8 @@ def logistic_regression(param):
     (n, k), density = param
     X, rows, cols, vals = _data_matrix((n, k), density)
     with warnings.catch_warnings():
-        warnings.simplefilter(
-            "ignore", UserWarning
-        )  # torch: "Sparse CSR tensor support is in beta state"
+        # torch: "Sparse CSR tensor support is in beta state"
+        warnings.simplefilter("ignore", UserWarning)
         Xcsr = torch.sparse_csr_tensor(X.crow_indices(), X.col_indices(), X.values(), (n, k))
     Xcoo = torch.sparse_coo_tensor(torch.stack([rows, cols]), vals, (n, k)).coalesce()
 

@@ -9,8 +9,8 @@ tensor (its unspecified elements are masked out, the same semantics), and ``torc
 ``amax`` on the native COO input with a native COO mask (torch 2.13's sparse support for them).
 Full size 10000x10000 at 1% (1e6 elements); ``--quick`` 2000x2000 at 1%.
 
-``masked softmax forward + backward, GAT edge scores``: the edge softmax of a graph attention layer
-(issue 13): the scores ``S`` of a random graph (10 edges a node plus self loops, as
+``masked softmax forward + backward, GAT edge scores``: the edge softmax of a graph attention layer:
+the scores ``S`` of a random graph (10 edges a node plus self loops, as
 ``examples/gat.py``) as an N x N SparseTensor with indefinite fill, a leaf requiring grad;
 ``masked.softmax(S, 1)`` and the gradient of ``S`` for a random upstream gradient of its values,
 against ``torch_geometric.utils.softmax`` (scores indexed by target node) forward and backward with
@@ -18,8 +18,8 @@ the same values; 5k and 20k nodes.  Measured on 2026-11-24 ~09:00 UTC (``--filte
 --threads 1``, two runs; other processes kept
 1.7 of the 2 cores busy, so absolute times are ~3x a quiet machine's and spreads large)::
 
-    COO  5k nodes   3.29 ms  pyg 4.19 ms (0.78)      20k nodes  10.8 ms  pyg 16.7 ms (0.64)   peak 0.46x
-    CSR  5k nodes   2.94 ms  pyg 3.66 ms (0.80)      20k nodes  10.6 ms  pyg 16.1 ms (0.66)   peak 0.46x
+    COO  5k nodes   3.29 ms  pyg 4.19 ms (0.78)   20k nodes  10.8 ms  pyg 16.7 ms (0.64)  peak 0.46x
+    CSR  5k nodes   2.94 ms  pyg 3.66 ms (0.80)   20k nodes  10.6 ms  pyg 16.1 ms (0.66)  peak 0.46x
 
 (a lighter moment, a plain timing loop: 5k 0.85 ms against 1.10 ms, 20k 2.37 ms against 4.2 ms).
 With ``S`` built each call from a values leaf (``sparse_coo_tensor(..., check_invariants=False)``
@@ -31,12 +31,16 @@ Measured here on 2026-11-21 at 10:42 UTC (``python -m sparsefill bench --filter 
 spreads are 2-26%; peak memory from the runner, temporaries of the call; input: COO 20 MB, CSR
 12 MB)::
 
-    softmax COO   9.0 ms   torch.sparse.softmax 17.0 ms (1.9x faster)   torch.masked dense 684 ms (76x)   8.4 MB peak
-    softmax CSR  13.0 ms   torch.sparse.softmax 24.7 ms (1.9x faster)   torch.masked dense 675 ms (52x)  16.4 MB peak
-    sum COO       2.95 ms  torch.masked on native COO 2.0 s (680x)      torch.masked dense 114 ms (39x)   0.5 MB peak
-    amax COO      3.57 ms  torch.masked on native COO 1.98 s (555x)     torch.masked dense 114 ms (32x)   0.5 MB peak
+    softmax COO   9.0 ms   torch.sparse.softmax 17.0 ms (1.9x faster), 8.4 MB peak
+                           torch.masked dense 684 ms (76x)
+    softmax CSR  13.0 ms   torch.sparse.softmax 24.7 ms (1.9x faster), 16.4 MB peak
+                           torch.masked dense 675 ms (52x)
+    sum COO       2.95 ms  torch.masked on native COO 2.0 s (680x), 0.5 MB peak
+                           torch.masked dense 114 ms (39x)
+    amax COO      3.57 ms  torch.masked on native COO 1.98 s (555x), 0.5 MB peak
+                           torch.masked dense 114 ms (32x)
 
-(The issue's ~1,080 ms ``torch.masked.sum`` peer is the native-COO call; against the dense call
+(The ~1,080 ms ``torch.masked.sum`` peer once quoted is the native-COO call; against the dense call
 sum/amax are 32-39x faster, short of 50x: ~1 ms of segment_reduce and ~0.6 ms of run lengths
 from the COO row indices.)
 """

@@ -1,4 +1,4 @@
-"""Real models, trained (issue 13 item 4): the scripts of the repository's ``examples/`` against
+"""Real models, trained: the scripts of the repository's ``examples/`` against
 their peers.
 
 - ``model: GAT training step``: ``examples/gat.py``, a two-layer graph attention network on a
@@ -18,8 +18,8 @@ their peers.
   the torch-only segment backend (``SPARSEFILL_SEGMENT_BACKEND=torch``); peak memory 106 MB against
   113 MB.  Before (one boolean mask per key, a sort in every coalescing, the sums' backward
   gathering the table rows for nothing): 1.2-2.2x.
-- ``model: rare events ...``: ``examples/rare_events.py``, the fill-value RFC's signal (fill 5, 0.1%
-  events, float64): ``* -8``, ``exp``, a windowed mean (``avg_pool1d``), ``relu`` threshold,
+- ``model: rare events ...``: ``examples/rare_events.py``, the membrane potential signal (fill 5,
+  0.1% events, float64): ``* -8``, ``exp``, a windowed mean (``avg_pool1d``), ``relu`` threshold,
   ``.mean()`` loss, backward to the values and the fill, against the same code on a dense tensor;
   the same with the windowed mean written with ``cumsum`` (dense by nature: its floor, a bare dense
   cumsum forward + backward, is the third column); and the same without the windowed mean (every
@@ -188,7 +188,8 @@ if (EXAMPLES / "rare_events.py").is_file():
         ]
 
     @case(
-        "model: rare events, exp, windowed mean (avg_pool1d), threshold, mean loss, forward + backward",
+        "model: rare events, exp, windowed mean (avg_pool1d), threshold, mean loss, forward + "
+        "backward",
         sizes={
             "10M, 0.1%, window 100": (10_000_000, 0.001, 100),
             "10M, 0.1%, window 10": (10_000_000, 0.001, 10),

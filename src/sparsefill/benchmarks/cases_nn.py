@@ -1,4 +1,4 @@
-"""Training a sparse weight of fixed pattern (issue 13 item 3): one step of ``SparseLinear``.
+"""Training a sparse weight of fixed pattern: one step of ``SparseLinear``.
 
 A step is forward, backward and ``torch.optim.Adam.step()`` of ``y = x @ W^T + b``, loss
 ``y.square().mean()``, ``W`` ``n x n`` at ``density`` (uniform random pattern, seed 0), ``x``

@@ -1,4 +1,4 @@
-"""Sparse Adagrad on an embedding table (issue 6's optimizer, issue 7's case list).
+"""Sparse Adagrad on an embedding table.
 
 A table of ``N x D`` float32 rows and a gradient on ``k`` random rows (duplicates allowed, as an
 embedding lookup produces): ``sparsefill.segment.sparse_adagrad(..., mode="coalesced")`` against

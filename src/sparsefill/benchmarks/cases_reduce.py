@@ -1,16 +1,17 @@
-"""Reductions and softmax with nonzero and array fills (issue 4).
+"""Reductions and softmax with nonzero and array fills.
 
 * ``A.sum(1)`` of an ``n x n`` CSR matrix, 0.1% specified, fill 5: against a hand-written torch
   reduction on the CSR arrays (sorted segment sum, and native CSR ``mv`` with ones), pydata
   ``sparse`` (``s.sum(axis=1)``) and dense ``x.sum(1)``.
 * ``A.amax(1)`` likewise (no torch native sparse peer: torch.sparse has no amax over a dim).
 * ``A.median(1)`` of a COO matrix, 1% specified, fill 0.5 (the one median rank rule,
-  ``_kernels.reducer.segment_median``): against dense ``x.median(1)`` (pydata ``sparse`` has no median).
+  ``_kernels.reducer.segment_median``): against dense ``x.median(1)`` (pydata ``sparse`` has no
+  median).
 
-Issue 18's small row reductions are the first sizes: ``A.sum(1)`` at 4000^2 with 16k stored at most
-2x the hand-written CSR ``mv``, ``A.amax(1)`` at 2000^2, 1% at most 1.0x pydata.
+The small row reductions are the first sizes (targets): ``A.sum(1)`` at 4000^2 with 16k stored at
+most 2x the hand-written CSR ``mv``, ``A.amax(1)`` at 2000^2, 1% at most 1.0x pydata.
 * ``A.softmax(0)`` of a hybrid ``(n, 16)`` tensor (one sparse dim, fill 0): the result keeps the
-  pattern with an array fill (fill-value-rfc.md point 5); against dense ``x.softmax(0)``.
+  pattern with an array fill (the fill of the result is an array); against dense ``x.softmax(0)``.
 """
 
 from __future__ import annotations
@@ -46,9 +47,8 @@ def _check_close(param, out):
             if isinstance(o, sparsefill.SparseTensor) or o.layout is not torch.strided
             else o
         )
-        torch.testing.assert_close(
-            o.to(ref.dtype), ref, rtol=1e-4, atol=1e-7, msg=label
-        )  # float32 sums: order differs
+        # float32 sums: order differs
+        torch.testing.assert_close(o.to(ref.dtype), ref, rtol=1e-4, atol=1e-7, msg=label)
 
 
 @case(
@@ -59,7 +59,7 @@ def _check_close(param, out):
     check=_check_close,
 )
 def sum_dim(param):
-    """Issue 4's case: against a hand-written torch reduction on the same CSR arrays (sorted segment
+    """Against a hand-written torch reduction on the same CSR arrays (sorted segment
     sum over ``crow`` plus ``fill * (n - row counts)``; and the same through torch's native CSR
     ``mv`` with ones), pydata ``sparse`` and dense ``x.sum(1)``."""
     n, density = param
@@ -68,9 +68,8 @@ def sum_dim(param):
     A = sparsefill.sparse_coo_tensor(idx, vals, (n, n), fill_value=5.0).to_sparse_csr()
     crow, col, v = A.crow_indices(), A.col_indices(), A.values()
     with warnings.catch_warnings():
-        warnings.simplefilter(
-            "ignore", UserWarning
-        )  # torch: "Sparse CSR tensor support is in beta state"
+        # torch: "Sparse CSR tensor support is in beta state"
+        warnings.simplefilter("ignore", UserWarning)
         T = torch.sparse_csr_tensor(crow, col, v, (n, n))
     ones = torch.ones(n)
     x = A.to_dense()
@@ -145,16 +144,15 @@ def median_dim(param):
     check=_check_close,
 )
 def hybrid_softmax(param):
-    """Issue 4's case: a (1e6 x 16) hybrid tensor (one sparse dim), 1% of the rows specified; the
+    """A (1e6 x 16) hybrid tensor (one sparse dim), 1% of the rows specified; the
     result keeps the pattern with an array fill.  Peak memory is reported by the runner: O(nse) for
     sparsefill."""
     n, density = param
     g = torch.Generator().manual_seed(0)
     nse = round(n * density)
     rows = torch.randperm(n, generator=g)[:nse].sort().values
-    vals = torch.randn(
-        nse, 16, generator=g, dtype=torch.float64
-    )  # (float32 sums of 1M terms differ by 1e-3)
+    # (float32 sums of 1M terms differ by 1e-3)
+    vals = torch.randn(nse, 16, generator=g, dtype=torch.float64)
     A = sparsefill.sparse_coo_tensor(rows[None], vals, (n, 16), fill_value=0.0)
     x = A.to_dense()
     return [("sparsefill", lambda: A.softmax(0)), ("dense x.softmax(0)", lambda: x.softmax(0))]

@@ -1,4 +1,4 @@
-"""Segment reductions (issue 6): ``sparsefill.segment.reduce`` against the torch code a user would
+"""Segment reductions: ``sparsefill.segment.reduce`` against the torch code a user would
 write.
 
 Inputs (seed 0): ``N`` rows (about 1,000,000) of float32 data with ``D`` in {1, 16, 64} columns
@@ -17,83 +17,8 @@ wheel for this torch on PyPI; it was built from its sdist (``pip wheel torch-sca
 min on one core) into a separate folder put on ``PYTHONPATH`` for the run, not installed in the
 venv.
 
-Measured 13:15-13:24 UTC at commit eae233c with ``python -m sparsefill bench --filter segment
---threads 1,2 --rounds 5 --min-run-time 0.3 --retry-noisy 0.3``: 2 shared vCPUs, AMD EPYC (Zen 4),
-torch 2.13.0+cpu, numba 0.68.1; copy bandwidth 30 GB/s at 1 thread, 37 GB/s at 2; other processes
-kept at most 0.03 cores busy.  ``torch_scatter`` has no wheel for this torch (it was built from its
-sdist once, session 3: 5-40x slower than sparsefill on max/min, ``index_add_``'s speed on unsorted
-sums).  Cells: sparsefill's time, effective GB/s, then time ratio sparsefill / peer (< 1: sparsefill
-is faster).  ``embedding_bag`` gets its offsets precomputed; ``cumsum + embedding_bag`` computes
-them from the lengths in the call, as sparsefill does.  Not shown: sparsefill is faster than
-``segment_reduce`` in every row (0.74 at worst) and than ``embedding_bag(mode="max")``
-(``results.md`` of a run has every peer).
-
-| case (N = 1M, D = 1) | 1 thread | 2 threads |
-|---|---|---|
-| sum, lengths | 847 µs, 14 GB/s: 0.61 embedding_bag · 0.59 cumsum + embedding_bag | 557 µs, 22 GB/s: 0.79 embedding_bag · 0.76 cumsum + embedding_bag |
-| mean, lengths | 1.16 ms, 11 GB/s: 0.49 embedding_bag · 0.48 cumsum + embedding_bag | 803 µs, 15 GB/s: 0.55 embedding_bag · 0.25 cumsum + embedding_bag |
-| weighted_sum, lengths | 867 µs, 19 GB/s: 0.62 embedding_bag · 0.61 cumsum + embedding_bag | 575 µs, 28 GB/s: 0.82 embedding_bag · 0.78 cumsum + embedding_bag |
-| sum, fused gather | 1.52 ms, 13 GB/s: 1.04 embedding_bag · 1.02 cumsum + embedding_bag | 782 µs, 26 GB/s: 1.08 embedding_bag · 1.03 cumsum + embedding_bag |
-| mean, fused gather | 1.60 ms, 13 GB/s: 0.66 embedding_bag · 0.64 cumsum + embedding_bag | 841 µs, 24 GB/s: 0.57 embedding_bag · 0.55 cumsum + embedding_bag |
-| weighted_sum, fused gather | 1.60 ms, 15 GB/s: 1.05 embedding_bag · 1.03 cumsum + embedding_bag | 818 µs, 30 GB/s: 1.09 embedding_bag · 1.04 cumsum + embedding_bag |
-| max, lengths | 1.06 ms, 12 GB/s: 0.12 scatter_reduce_ | 681 µs, 18 GB/s: 0.08 scatter_reduce_ |
-| min, lengths | 1.08 ms, 11 GB/s: 0.12 scatter_reduce_ | 676 µs, 18 GB/s: 0.08 scatter_reduce_ |
-| sum, unsorted ids | 2.74 ms, 4 GB/s: 1.04 index_add_ · 0.13 argsort + embedding_bag | 1.62 ms, 8 GB/s: 0.61 index_add_ · 0.14 argsort + embedding_bag |
-| mean, unsorted ids | 3.59 ms, 3 GB/s: 1.38 index_add_ · 0.18 argsort + embedding_bag | 2.39 ms, 5 GB/s: 0.91 index_add_ · 0.20 argsort + embedding_bag |
-| max, unsorted ids | 3.48 ms, 4 GB/s: 0.39 scatter_reduce_ · 0.13 argsort + embedding_bag | 2.17 ms, 6 GB/s: 0.24 scatter_reduce_ · 0.12 argsort + embedding_bag |
-| min, unsorted ids | 3.48 ms, 4 GB/s: 0.38 scatter_reduce_ | 2.17 ms, 6 GB/s: 0.24 scatter_reduce_ |
-
-| case (N = 1M, D = 16) | 1 thread | 2 threads |
-|---|---|---|
-| sum, lengths | 2.76 ms, 27 GB/s: 1.03 embedding_bag · 1.00 cumsum + embedding_bag | 1.45 ms, 52 GB/s: 1.12 embedding_bag · 1.04 cumsum + embedding_bag |
-| mean, lengths | 3.81 ms, 20 GB/s: 0.78 embedding_bag · 0.76 cumsum + embedding_bag | 1.77 ms, 43 GB/s: 0.46 embedding_bag · 0.45 cumsum + embedding_bag |
-| weighted_sum, lengths | 3.43 ms, 23 GB/s: 1.06 embedding_bag · 1.01 cumsum + embedding_bag | 2.13 ms, 37 GB/s: 1.08 embedding_bag · 1.02 cumsum + embedding_bag |
-| sum, fused gather | 4.12 ms, 20 GB/s: 1.12 embedding_bag · 0.94 cumsum + embedding_bag | 1.90 ms, 44 GB/s: 1.11 embedding_bag · 1.08 cumsum + embedding_bag |
-| mean, fused gather | 4.46 ms, 19 GB/s: 0.67 embedding_bag · 0.64 cumsum + embedding_bag | 2.45 ms, 34 GB/s: 0.61 embedding_bag · 0.60 cumsum + embedding_bag |
-| weighted_sum, fused gather | 4.51 ms, 19 GB/s: 1.02 embedding_bag · 1.00 cumsum + embedding_bag | 2.15 ms, 41 GB/s: 1.11 embedding_bag · 1.04 cumsum + embedding_bag |
-| max, lengths | 4.47 ms, 17 GB/s: 0.28 scatter_reduce_ | 2.53 ms, 30 GB/s: 0.17 scatter_reduce_ |
-| min, lengths | 4.50 ms, 17 GB/s: 0.29 scatter_reduce_ | 2.48 ms, 30 GB/s: 0.29 scatter_reduce_ |
-| sum, unsorted ids | 6.71 ms, 11 GB/s: 0.21 index_add_ · 0.25 argsort + embedding_bag | 3.83 ms, 20 GB/s: 0.22 index_add_ · 0.26 argsort + embedding_bag |
-| mean, unsorted ids | 8.40 ms, 9 GB/s: 0.27 index_add_ · 0.32 argsort + embedding_bag | 4.56 ms, 16 GB/s: 0.27 index_add_ · 0.31 argsort + embedding_bag |
-| max, unsorted ids | 7.53 ms, 10 GB/s: 0.24 scatter_reduce_ · 0.06 argsort + embedding_bag | 4.47 ms, 17 GB/s: 0.26 scatter_reduce_ · 0.04 argsort + embedding_bag |
-| min, unsorted ids | 7.74 ms, 10 GB/s: 0.24 scatter_reduce_ | 4.47 ms, 17 GB/s: 0.26 scatter_reduce_ |
-
-| case (N = 1M, D = 64) | 1 thread | 2 threads |
-|---|---|---|
-| sum, lengths | 15.87 ms, 17 GB/s: 1.03 embedding_bag · 1.01 cumsum + embedding_bag | 9.42 ms, 29 GB/s: 1.06 embedding_bag · 1.04 cumsum + embedding_bag |
-| mean, lengths | 16.50 ms, 17 GB/s: 0.55 embedding_bag · 0.79 cumsum + embedding_bag | 8.66 ms, 32 GB/s: 0.44 embedding_bag · 0.50 cumsum + embedding_bag |
-| weighted_sum, lengths | 16.01 ms, 18 GB/s: 1.02 embedding_bag · 1.02 cumsum + embedding_bag | 9.59 ms, 29 GB/s: 1.03 embedding_bag · 1.02 cumsum + embedding_bag |
-| sum, fused gather | 22.25 ms, 13 GB/s: 1.01 embedding_bag · 0.99 cumsum + embedding_bag | 10.26 ms, 28 GB/s: 1.04 embedding_bag · 1.00 cumsum + embedding_bag |
-| mean, fused gather | 23.03 ms, 12 GB/s: 0.94 embedding_bag · 0.95 cumsum + embedding_bag | 11.50 ms, 25 GB/s: 0.91 embedding_bag · 0.90 cumsum + embedding_bag |
-| weighted_sum, fused gather | 22.49 ms, 13 GB/s: 1.00 embedding_bag · 1.01 cumsum + embedding_bag | 10.76 ms, 27 GB/s: 1.02 embedding_bag · 1.02 cumsum + embedding_bag |
-| max, lengths | 10.66 ms, 26 GB/s: 0.48 scatter_reduce_ | 8.49 ms, 33 GB/s: 0.58 scatter_reduce_ |
-| min, lengths | 10.90 ms, 25 GB/s: 0.50 scatter_reduce_ | 8.43 ms, 33 GB/s: 0.59 scatter_reduce_ |
-| sum, unsorted ids | 19.78 ms, 14 GB/s: 0.31 index_add_ · 0.40 argsort + embedding_bag | 13.19 ms, 21 GB/s: 0.40 index_add_ · 0.52 argsort + embedding_bag |
-| mean, unsorted ids | 21.04 ms, 13 GB/s: 0.34 index_add_ · 0.42 argsort + embedding_bag | 13.26 ms, 21 GB/s: 0.40 index_add_ · 0.49 argsort + embedding_bag |
-| max, unsorted ids | 20.96 ms, 13 GB/s: 0.26 scatter_reduce_ · 0.06 argsort + embedding_bag | 12.93 ms, 21 GB/s: 0.32 scatter_reduce_ · 0.04 argsort + embedding_bag |
-| min, unsorted ids | 20.38 ms, 14 GB/s: 0.26 scatter_reduce_ | 12.65 ms, 22 GB/s: 0.31 scatter_reduce_ |
-
-- **Sums, means, weighted sums** (lengths and fused forms): at most 1.12x the time of
-  ``embedding_bag`` with precomputed offsets, at most 1.08x with the offsets computed in the call;
-  means 1.1-4x faster (``embedding_bag``'s own mean mode is slower than its sum, so a mean is the
-  sum divided in place). One column read in order (D = 1) runs on the compiled kernel with two
-  running sums: 1.3-1.6x faster than ``embedding_bag``.  The remaining gap at D = 16, 2 threads is
-  ~0.1 ms a call: the offsets of the lengths and the argument checks, on memory the previous call
-  evicted.
-- **Max/min over sorted segments**: one read of the data by a compiled kernel (a segment's rows in
-  pairs, the column loop compiled for the width at D = 64) at 25-26 GB/s, the single-core read
-  bandwidth (``x.sum()`` reads 26 GB/s): 2.0-2.1x faster than ``scatter_reduce_`` at 1 thread.  At 2
-  threads 33 GB/s, 90% of the copy bandwidth: 1.7x faster than ``scatter_reduce_``, which scales
-  better with threads (24 -> 14.6 ms).  2x there would take 38 GB/s, above this machine's copy
-  bandwidth: not reached.
-- **Unsorted ids** are reduced in place by scatter kernels, with no sort: 2.5-4x faster than
-  ``index_add_`` / ``scatter_reduce_`` at D = 16 and 64; at D = 1, at parity with ``index_add_`` (1
-  thread) and 1.6x faster (2 threads); against the sort-first ``argsort + embedding_bag``, 1.9-8x.
-  The unsorted mean at D = 1, 1 thread is 1.38x the time of ``index_add_`` divided by counts the
-  peer gets precomputed (sparsefill counts the ids: a second pass).
-- At 2 threads the compiled kernels split the work over Python threads (sorted: ranges of segments;
-  unsorted: position ranges into partial tables, then merged); on this shared machine a 2-thread row
-  is only meaningful when ``other`` is near 0.
+Recorded results and their reading: the "Segment reductions" section of this folder's
+``README.md``.
 """
 
 from __future__ import annotations
@@ -212,7 +137,7 @@ def _sum_family(reducer, b):
 
 @_builder
 def _fused(reducer, b):
-    x, lengths, offsets, ids, g, N, S, d = b.x, b.lengths, b.offsets, b.ids, b.g, b.N, b.S, b.d
+    lengths, offsets, ids, g, N, S, d = b.lengths, b.offsets, b.ids, b.g, b.N, b.S, b.d
     table = torch.randn(max(1, N // 4), d, generator=g)
     idx = torch.randint(0, table.shape[0], (N,), generator=g)
     w = torch.rand(N, generator=g) if reducer == "weighted_sum" else None
@@ -252,7 +177,7 @@ def _fused(reducer, b):
 
 @_builder
 def _extreme(reducer, b):
-    x, lengths, offsets, ids, g, N, S, d = b.x, b.lengths, b.offsets, b.ids, b.g, b.N, b.S, b.d
+    x, lengths, offsets, ids, N, S, d = b.x, b.lengths, b.offsets, b.ids, b.N, b.S, b.d
     amode = "amax" if reducer == "max" else "amin"
     idx2 = ids[:, None].expand(N, d)
     impls = [
@@ -278,7 +203,7 @@ def _extreme(reducer, b):
 
 @_builder
 def _unsorted(reducer, b):
-    x, lengths, offsets, ids, g, N, S, d = b.x, b.lengths, b.offsets, b.ids, b.g, b.N, b.S, b.d
+    x, lengths, ids, g, N, S, d = b.x, b.lengths, b.ids, b.g, b.N, b.S, b.d
     perm = torch.randperm(N, generator=g)
     xs, us = x[perm].contiguous(), ids[perm].contiguous()
     impls = [

@@ -15,8 +15,8 @@ computed on its first row selection and kept with its pattern (the timed calls a
 reused across mini-batches).
 
 Measured 2026-12-06 05:35 UTC (``--filter 'subgraph selection' --threads 1``, full size; a shared
-2-core
-machine, other processes kept ~1.5 cores busy, so spreads are 5-60%), sparsefill / PyG, COO and CSR::
+2-core machine, other processes kept ~1.5 cores busy, so spreads are 5-60%), sparsefill / PyG, COO
+and CSR::
 
     A[idx][:, idx]   1024 seeds 0.14 / 0.26    1-hop set 0.38 / 0.32    (1.5-7 ms against 10-22 ms)
     A[idx]           1024 seeds 0.02 / 0.02    1-hop set 0.07 / 0.07    index_select(0): 0.02-0.06
@@ -137,9 +137,8 @@ def _register(name, op):
             keep = (src >= 0) & (dst >= 0)
             return _same_edges(S, torch.stack([src[keep], dst[keep]]), vals[keep])
         i = ei[0] if "0" in name or name == "A[idx]" else ei[1]
-        count = torch.bincount(idx, minlength=n)[
-            i
-        ]  # (each edge once per occurrence of its node in idx)
+        # (each edge once per occurrence of its node in idx)
+        count = torch.bincount(idx, minlength=n)[i]
         if S._nse() != int(count.sum()) or not torch.allclose(
             S.values().sum(), (vals * count).sum(), atol=1e-2
         ):

@@ -276,9 +276,8 @@ def cpu_snapshot():
             ticks = [int(v) for v in f.readline().split()[1:]]
     except (OSError, ValueError):
         return None
-    busy = (sum(ticks[:8]) - ticks[3] - ticks[4]) / os.sysconf(
-        "SC_CLK_TCK"
-    )  # all but idle and iowait
+    # all but idle and iowait
+    busy = (sum(ticks[:8]) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
     t = os.times()
     return time.monotonic(), busy, t.user + t.system
 

@@ -108,9 +108,8 @@ def markdown_table(results: Sequence[Mapping[str, Any]], *, dry_run: bool = Fals
             diff = fmt_time(subject["median_s"] - peer["median_s"])
             mem = f"{fmt_bytes(subject.get('peak_bytes'))} / {fmt_bytes(peer.get('peak_bytes'))}"
             rows.append(
-                head
-                + f"| {_fmt_impl(subject)} | `{_cell(peer['label'])}` | {_fmt_impl(peer)} | {ratio} | "
-                f"{diff}" + tail.format(mem=mem)
+                head + f"| {_fmt_impl(subject)} | `{_cell(peer['label'])}` | {_fmt_impl(peer)} | "
+                f"{ratio} | {diff}" + tail.format(mem=mem)
             )
     return "\n".join(rows)
 
@@ -122,7 +121,8 @@ def markdown_summary(results: Sequence[Mapping[str, Any]]) -> str:
     Skipped peers read ``label: skipped``; ratios < 1 mean sparsefill is faster, bold when >= 2.
     """
     rows = [
-        "| case | size | threads | sparsefill | peers: time (sparsefill / peer) | GB/s (% of copy) |",
+        "| case | size | threads | sparsefill | peers: time (sparsefill / peer) | GB/s (% of "
+        "copy) |",
         "|---|---|---:|---:|---|---:|",
     ]
     for r in results:
@@ -163,9 +163,9 @@ def markdown_report(report: Mapping[str, Any]) -> str:
         + (f", time budget {report['budget_s']:.0f} s" if report.get("budget_s") else "")
         + ".",
         "",
-        f"Machine: {env.get('cpu_model') or env.get('processor') or '?'}, {env.get('cpu_count')} cores; "
-        f"torch {env.get('torch')}, Python {env.get('python')}, sparsefill {env.get('sparsefill')} at "
-        f"`{(env.get('git_commit') or '?')[:7]}`"
+        f"Machine: {env.get('cpu_model') or env.get('processor') or '?'}, {env.get('cpu_count')} "
+        f"cores; torch {env.get('torch')}, Python {env.get('python')}, sparsefill "
+        f"{env.get('sparsefill')} at `{(env.get('git_commit') or '?')[:7]}`"
         + (" (src/ modified)" if env.get("src_dirty") else "")
         + f"; THP_MEM_ALLOC_ENABLE={env.get('THP_MEM_ALLOC_ENABLE') or 'unset'}"
         + f"; rounds {report.get('settings', {}).get('rounds')}, "

@@ -387,7 +387,8 @@ def run_cases(
     saved = torch.get_num_threads()
     t_start = time.monotonic()
     gc.collect()
-    gc.freeze()  # the modules' objects (torch, numba...) out of the collections between rows: 0.2 s -> ms each
+    # the modules' objects (torch, numba...) out of the collections between rows: 0.2 s -> ms each
+    gc.freeze()
     if memory:
         measure_memory(lambda: None)  # the profiler's first use allocates; not a case's memory
     try:
@@ -438,7 +439,8 @@ def run_cases(
                             and best["other_cpu"] > retry_noisy
                         ):
                             say(
-                                f"  other processes used {best['other_cpu']:.2f} cores: measuring again"
+                                f"  other processes used {best['other_cpu']:.2f} cores: "
+                                "measuring again"
                             )
                             again = _run_one(c, param, impls, n, timer, settings, False)
                             tries += 1
@@ -488,9 +490,8 @@ def _run_one(
     outputs = {label: fn() for label, fn in active}  # warm-up
     warm = time.monotonic() - t0
     if share is not None and settings.rounds > 1 and warm * (settings.rounds + 1) > share:
-        settings = dataclasses.replace(
-            settings, rounds=1
-        )  # slow calls and a time budget: one round
+        # slow calls and a time budget: one round
+        settings = dataclasses.replace(settings, rounds=1)
     if c.check is not None:
         c.check(param, outputs)
     del outputs
@@ -570,9 +571,8 @@ def environment() -> dict[str, Any]:
         m = optional_import(mod)
         env["peers"][mod] = getattr(m, "__version__", "?") if m is not None else None
     env.update(git_state())
-    env["THP_MEM_ALLOC_ENABLE"] = os.environ.get(
-        "THP_MEM_ALLOC_ENABLE"
-    )  # torch's CPU allocator on huge pages
+    # torch's CPU allocator on huge pages
+    env["THP_MEM_ALLOC_ENABLE"] = os.environ.get("THP_MEM_ALLOC_ENABLE")
     try:
         with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
             env["transparent_hugepage"] = f.read().strip()
@@ -591,9 +591,8 @@ def git_state(package_dir: str | None = None) -> dict[str, Any]:
     """``git_commit`` and ``src_dirty`` (uncommitted changes under the package) when the imported
     package is a tracked folder of a git checkout (an editable install), else ``git_commit: None``
     (an installed wheel: its commit is unknown, even when the venv sits inside a checkout)."""
-    pkg = package_dir or os.path.dirname(
-        os.path.dirname(os.path.abspath(__file__))
-    )  # .../sparsefill
+    # .../sparsefill
+    pkg = package_dir or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
     def git(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run(["git", *args], cwd=pkg, capture_output=True, text=True, timeout=10)
@@ -661,7 +660,8 @@ def parser(prog: str | None = None) -> argparse.ArgumentParser:
         type=float,
         default=None,
         metavar="S",
-        help=f"seconds per blocked_autorange (default {FULL.min_run_time}, --quick {QUICK.min_run_time})",
+        help=f"seconds per blocked_autorange (default {FULL.min_run_time}, --quick "
+        f"{QUICK.min_run_time})",
     )
     p.add_argument(
         "--budget",
@@ -697,7 +697,8 @@ def parser(prog: str | None = None) -> argparse.ArgumentParser:
     p.add_argument(
         "--tiny",
         action="store_true",
-        help="the tiny sizes the test suite uses (implies --quick; with --dry-run: check every case fast)",
+        help="the tiny sizes the test suite uses (implies --quick; with --dry-run: check every "
+        "case fast)",
     )
     return p
 
@@ -818,8 +819,8 @@ def main(
     with open(os.path.join(args.out, "results.md"), "w") as f:
         f.write(markdown_report(report) + "\n")
     print(
-        f"# total {report['total_s']:.1f} s; wrote {os.path.join(args.out, 'results.json')}, results.md and "
-        f"{len(plots)} plots",
+        f"# total {report['total_s']:.1f} s; wrote {os.path.join(args.out, 'results.json')}, "
+        f"results.md and {len(plots)} plots",
         file=sys.stderr,
     )
     return 1 if any("error" in r for r in results) else 0

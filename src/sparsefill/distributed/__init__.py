@@ -2,10 +2,10 @@
 sparse gradients, row-sharded embedding tables.
 
 Importing ``sparsefill`` is enough for torch's own collectives to work on SparseTensors, in place,
-with
-the dense result (the ``c10d`` handlers of this package are loaded on the first collective)::
+with the dense result (the ``c10d`` handlers of this package are loaded on the first collective)::
 
-    dist.all_reduce(A)  ->  A.to_dense() == dist.all_reduce(A.to_dense()) would give     (on every rank)
+    dist.all_reduce(A)  ->  A.to_dense() == dist.all_reduce(A.to_dense()) would give
+        (on every rank)
 
 A SUM all-reduce moves the stored elements, not the dense tensor: every rank gathers the others'
 ``(keys, values, fill)`` and merges them into the union pattern; the fill becomes the reduced fills.
@@ -15,12 +15,14 @@ calls: a mismatch raises the same error on every rank.  This module adds options
 (``algorithm=`` of :func:`all_reduce`) and :data:`traffic`, the bytes sent and received.
 
 >>> import torch, torch.distributed as dist, sparsefill
->>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)  # (one process here)
+>>> # (one process here)
+>>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
 >>> A = sparsefill.sparse_coo_tensor([[0, 3]], [1., 2.], (5,), fill_value=0.5)
 >>> dist.all_reduce(A, op=dist.ReduceOp.MAX)
 >>> A.to_dense(), A._nse()
 (tensor([1.0000, 0.5000, 0.5000, 2.0000, 0.5000]), 2)
->>> traffic.reset(); all_reduce(A, algorithm="dense"); A._nse()    # the dense way re-specifies against the fill
+>>> # the dense way re-specifies against the fill
+>>> traffic.reset(); all_reduce(A, algorithm="dense"); A._nse()
 2
 >>> dist.destroy_process_group()
 
@@ -37,9 +39,13 @@ for SparseTensor parameters and sparse-gradient tables; ``_ddp.py``);
 
 from __future__ import annotations
 
+from typing import Any
+
+import torch
 import torch.distributed as dist
 
-from sparsefill.distributed import _c10d, _functional  # noqa: F401  (register the c10d and functional-collective handlers)
+# (register the c10d and functional-collective handlers)
+from sparsefill.distributed import _c10d, _functional  # noqa: F401
 from sparsefill.distributed._collectives import ALGORITHM, dense_bytes  # noqa: F401
 from sparsefill.distributed._combine import combine
 from sparsefill.distributed._ddp import GradSync, average, data_parallel
@@ -73,7 +79,14 @@ __all__ = [
 ]
 
 
-def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, *, algorithm: str = "auto"):
+def all_reduce(
+    tensor: torch.Tensor,
+    op: Any = ReduceOp.SUM,
+    group: dist.ProcessGroup | None = None,
+    async_op: bool = False,
+    *,
+    algorithm: str = "auto",
+) -> Any:
     """``dist.all_reduce(tensor, op, group, async_op)`` (SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR,
     BXOR), with ``algorithm`` for a SparseTensor: ``"sparse"`` moves the stored elements (the result
     has the union pattern), ``"dense"`` all-reduces the dense tensor (the result stores what differs

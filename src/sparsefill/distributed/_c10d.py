@@ -39,8 +39,8 @@ def _work(result):
 def _one(func, tensors, name="tensors"):
     if len(tensors) != 1:
         raise ValueError(
-            f"sparsefill.distributed: {func} got {len(tensors)} tensors in '{name}'; SparseTensors go "
-            "one per call (one device per process)"
+            f"sparsefill.distributed: {func} got {len(tensors)} tensors in '{name}'; "
+            "SparseTensors go one per call (one device per process)"
         )
     t = tensors[0]
     if hasattr(t, "_sync"):

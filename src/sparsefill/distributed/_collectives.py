@@ -26,9 +26,8 @@ from sparsefill.distributed._combine import FUNCS, check_op, combine, combine_pa
 from sparsefill.distributed._exchange import exchange, traffic
 
 _R = dist.ReduceOp.RedOpType
-ALGORITHM = contextvars.ContextVar(
-    "sparsefill_all_reduce_algorithm", default="auto"
-)  # set by the public all_reduce
+# set by the public all_reduce
+ALGORITHM = contextvars.ContextVar("sparsefill_all_reduce_algorithm", default="auto")
 # all_reduce "auto": dense when the ranks' sparse payloads exceed this times a dense ring
 # all-reduce's bytes.  Not 1: the dense way costs a densify and a re-sparsify, the sparse way a
 # merge that costs more per byte than the ring's sums; measured on loopback (README "Scaling out"),
@@ -104,15 +103,14 @@ def all_reduce(A, op, pg, algorithm: str = "auto") -> None:
         if any(allh[:, W, _wire.INDEFINITE]):
             if algorithm == "dense":
                 raise ValueError(
-                    "sparsefill.distributed.all_reduce(algorithm='dense'): an indefinite fill has no "
-                    "dense form; use algorithm='sparse' or 'auto'"
+                    "sparsefill.distributed.all_reduce(algorithm='dense'): an indefinite fill "
+                    "has no dense form; use algorithm='sparse' or 'auto'"
                 )
             return False
         if algorithm == "dense":
             return True
-        if (
-            op in (_R.MIN, _R.MAX) and allh[:, 0, _wire.HAS_NAN].any()
-        ):  # (backends' min/max may skip NaN)
+        # (backends' min/max may skip NaN)
+        if op in (_R.MIN, _R.MAX) and allh[:, 0, _wire.HAS_NAN].any():
             return False
         sparse_bytes = int(
             allh[:, :, _wire.NBYTES].sum() - allh.diagonal(0, 0, 1)[_wire.NBYTES].sum()
@@ -258,8 +256,8 @@ def reduce_scatter_tensor(out, A, op, pg) -> None:
     n = out.shape[0] if out.dim() else 0
     if A.dim() == 0 or A.shape[0] != W * n:
         raise ValueError(
-            f"reduce_scatter_tensor: input of shape {tuple(A.shape)} must have W * output.shape[0] = "
-            f"{W} * {n} rows"
+            f"reduce_scatter_tensor: input of shape {tuple(A.shape)} must have W * "
+            f"output.shape[0] = {W} * {n} rows"
         )
     reduce_scatter(out, [A[j * n : (j + 1) * n] for j in range(W)], op, pg)
 
@@ -289,8 +287,8 @@ def _blocks(T, splits, W, name):
     if not splits:
         if T.dim() == 0 or T.shape[0] % W:
             raise ValueError(
-                f"all_to_all_single: {name} of shape {tuple(T.shape)} has no first dim divisible by "
-                f"the world size {W}; pass {name}_split_sizes"
+                f"all_to_all_single: {name} of shape {tuple(T.shape)} has no first dim divisible "
+                f"by the world size {W}; pass {name}_split_sizes"
             )
         splits = [T.shape[0] // W] * W
     if len(splits) != W or sum(splits) != T.shape[0]:
@@ -353,6 +351,6 @@ def _p2p_check(s, e, src, dst) -> None:
     if bad is not None:
         err, why = bad
         raise err(
-            f"sparsefill.distributed.send/recv: rank {src} sends {_wire.what(s)} where rank {dst} expects "
-            f"{_wire.what(e)}: {why}"
+            f"sparsefill.distributed.send/recv: rank {src} sends {_wire.what(s)} where rank "
+            f"{dst} expects {_wire.what(e)}: {why}"
         )

@@ -25,6 +25,8 @@ tensor([1.0000, 3.5000, 0.0000, 2.0000, 0.0000])
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch.distributed import ReduceOp
 
@@ -73,12 +75,14 @@ def check_op(op, dtype: torch.dtype) -> None:
         )
     if op == _R.AVG and not (dtype.is_floating_point or dtype.is_complex):
         raise TypeError(
-            f"sparsefill.distributed: ReduceOp.AVG needs a floating-point or complex dtype, got {dtype} "
-            "(reduce with SUM and divide)"
+            "sparsefill.distributed: ReduceOp.AVG needs a floating-point or complex dtype, got "
+            f"{dtype} (reduce with SUM and divide)"
         )
 
 
-def combine(op, tensors: list, layout=None) -> SparseTensor:
+def combine(
+    op: Any, tensors: list[SparseTensor], layout: torch.layout | None = None
+) -> SparseTensor:
     """The reduction of ``tensors`` (SparseTensors of one shape, dtype and dense dims) by ``op``, in
     ``layout`` (default the first one's), coalesced; see the module docstring."""
     T0 = tensors[0]
@@ -96,9 +100,8 @@ def combine_parts(op, parts: list, shape, sdim: int, layout) -> SparseTensor:
     op = red_op(op)
     fn = FUNCS[op]
     S, D = tuple(shape[:sdim]), tuple(shape[sdim:])
-    union, inverse = _merge.union_inverse(
-        [p.keys for p in parts]
-    )  # (linear-time merges of the sorted runs)
+    # (linear-time merges of the sorted runs)
+    union, inverse = _merge.union_inverse([p.keys for p in parts])
     U = union.numel()
     acc = have = fill = count = None
     ndef = 0

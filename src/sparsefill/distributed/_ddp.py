@@ -12,8 +12,7 @@ all-reduce.  :func:`data_parallel` therefore splits a module's parameters:
   collectives of this package (the stored rows move, never the dense table).
 
 Then ``k`` steps on ``W`` workers, each on its own ``B`` examples with a mean loss, equal ``k``
-steps
-of one process on the ``W * B`` examples (the gradients are the same averages)::
+steps of one process on the ``W * B`` examples (the gradients are the same averages)::
 
     model = sparsefill.distributed.data_parallel(model, sparse=["table"])
     for batch in loader:                      # this rank's share of the batch
@@ -21,6 +20,9 @@ of one process on the ``W * B`` examples (the gradients are the same averages)::
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -38,7 +40,9 @@ class GradSync:
     ``find_unused_parameters=False``): the hooks run one collective per parameter, in the order
     backward reaches them.  ``remove()`` takes the hooks off."""
 
-    def __init__(self, params, group=None):
+    def __init__(
+        self, params: Iterable[torch.Tensor], group: dist.ProcessGroup | None = None
+    ) -> None:
         self.params = list(params)
         self.group = group
         self.handles = [p.register_post_accumulate_grad_hook(self._hook) for p in self.params]
@@ -53,15 +57,14 @@ class GradSync:
         self.handles = []
 
 
-def average(g: torch.Tensor, group=None) -> torch.Tensor:
+def average(g: torch.Tensor, group: dist.ProcessGroup | None = None) -> torch.Tensor:
     """The mean of ``g`` over the ranks: in place for a SparseTensor or a dense tensor; a native
     sparse tensor comes back as a new (coalesced) native sparse tensor."""
     if isinstance(g, SparseTensor):
         dist.all_reduce(g, dist.ReduceOp.AVG, group=group)
         return g
-    if (
-        g.layout is not torch.strided
-    ):  # torch native sparse (COO from sparse_grad=True, embedding(sparse=True))
+    # torch native sparse (COO from sparse_grad=True, embedding(sparse=True))
+    if g.layout is not torch.strided:
         S = from_native(g.to_sparse_coo() if g.layout is not torch.sparse_coo else g)
         from sparsefill.distributed import all_reduce
 
@@ -73,7 +76,13 @@ def average(g: torch.Tensor, group=None) -> torch.Tensor:
     return g.div_(dist.get_world_size(group))
 
 
-def data_parallel(module: nn.Module, *, sparse=(), process_group=None, **ddp_kwargs):
+def data_parallel(
+    module: nn.Module,
+    *,
+    sparse: Iterable[str] = (),
+    process_group: dist.ProcessGroup | None = None,
+    **ddp_kwargs: Any,
+) -> nn.Module:
     """``module`` for data-parallel training: a ``DistributedDataParallel`` over the parameters it
     can bucket (``module`` itself when there are none), and a :class:`GradSync`
     (``result.sparse_grad_sync``) over the SparseTensor parameters and the parameters named in
@@ -89,9 +98,8 @@ def data_parallel(module: nn.Module, *, sparse=(), process_group=None, **ddp_kwa
             f"{list(named)[:8]}{'...' if len(named) > 8 else ''})"
         )
     mine = [n for n, p in named.items() if isinstance(p, SparseTensor) or n in set(sparse)]
-    bufs = [
-        n for n, b in module.named_buffers() if isinstance(b, SparseTensor)
-    ]  # (DDP flattens buffers)
+    # (DDP flattens buffers)
+    bufs = [n for n, b in module.named_buffers() if isinstance(b, SparseTensor)]
     src = dist.get_global_rank(process_group, 0) if process_group is not None else 0
     with torch.no_grad():
         for t in [named[n] for n in mine] + [module.get_buffer(n) for n in bufs]:
@@ -105,5 +113,5 @@ def data_parallel(module: nn.Module, *, sparse=(), process_group=None, **ddp_kwa
             module, ignore + ["." + n for n in ignore if "." not in n]
         )
         out = DDP(module, process_group=process_group, **ddp_kwargs)
-    out.sparse_grad_sync = sync
+    setattr(out, "sparse_grad_sync", sync)  # (setattr: a GradSync is neither Tensor nor Module)
     return out

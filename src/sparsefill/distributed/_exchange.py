@@ -55,9 +55,8 @@ class Traffic:
 
 
 traffic = Traffic()
-_ALL_GATHER = (
-    getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-)  # (renamed in torch 2.13)
+# (renamed in torch 2.13)
+_ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 def call_code(name: str) -> int:
@@ -123,9 +122,9 @@ def check(name: str, allh: torch.Tensor) -> None:
     for i in range(1, W):
         if not torch.equal(calls[i], calls[0]):
             raise ValueError(
-                f"sparsefill.distributed: the ranks make different calls: rank 0 calls "
-                f"{_call(calls[0])} and rank {i} calls {_call(calls[i])}; every rank of the group must "
-                "make the same collective call"
+                "sparsefill.distributed: the ranks make different calls: rank 0 calls "
+                f"{_call(calls[0])} and rank {i} calls {_call(calls[i])}; every rank of the "
+                "group must make the same collective call"
             )
     for i in range(W):
         for j in range(W):
@@ -134,8 +133,8 @@ def check(name: str, allh: torch.Tensor) -> None:
             if bad is not None:
                 err, why = bad
                 raise err(
-                    f"sparsefill.distributed.{name}: rank {i} sends {_wire.what(s)} where rank {j} expects "
-                    f"{_wire.what(e)}: {why}"
+                    f"sparsefill.distributed.{name}: rank {i} sends {_wire.what(s)} where rank "
+                    f"{j} expects {_wire.what(e)}: {why}"
                 )
 
 

@@ -1,7 +1,6 @@
 """Handlers of the functional collectives (``torch.distributed._functional_collectives``, what
 DTensor and ``torch.compile`` use): ``_c10d_functional.all_reduce(input, "sum", group_name)`` and
-friends return a new
-tensor, so on a SparseTensor they return a SparseTensor::
+friends return a new tensor, so on a SparseTensor they return a SparseTensor::
 
     funcol.all_reduce(A, "sum", group).to_dense() == funcol.all_reduce(A.to_dense(), "sum", group)
 
@@ -15,7 +14,9 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-import torch.distributed._functional_collectives  # noqa: F401  (defines _c10d_functional._wrap_tensor_autograd)
+
+# (defines _c10d_functional._wrap_tensor_autograd)
+import torch.distributed._functional_collectives  # noqa: F401
 
 from sparsefill.ops.registry import register
 from sparsefill.distributed import _collectives as C

@@ -15,10 +15,10 @@ rank's bags:
 
 With ``average_grad=True`` (default) the shard's gradient is the mean over the ranks, as DDP
 averages dense gradients: ``W`` ranks each with a mean loss over their ``B`` bags then equal, step
-for step, one
-process with the unsharded table on the ``W * B`` bags and the same row-sparse optimizer::
+for step, one process with the unsharded table on the ``W * B`` bags and the same row-sparse
+optimizer::
 
-    emb = RowShardedEmbeddingBag.from_pretrained(table)          # every rank the same full table, or
+    emb = RowShardedEmbeddingBag.from_pretrained(table)         # every rank the same full table, or
     emb = RowShardedEmbeddingBag(num_embeddings, D)              # each rank initialises its shard
     pooled = emb(ids, lengths=lengths)                           # (bags of this rank, D)
     pooled = emb.forward_jagged(batch)                           # KeyedJaggedBatch -> {key: (B, D)}
@@ -28,13 +28,19 @@ process with the unsharded table on the ``W * B`` bags and the same row-sparse o
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.types import Device
 
 from sparsefill import segment
 from sparsefill.distributed._exchange import _ALL_GATHER, traffic
+
+if TYPE_CHECKING:
+    from sparsefill.segment import KeyedJaggedBatch
 
 
 class RowShardedEmbeddingBag(nn.Module):
@@ -49,16 +55,15 @@ class RowShardedEmbeddingBag(nn.Module):
         *,
         mode: str = "sum",
         pool: str | None = None,
-        group=None,
+        group: dist.ProcessGroup | None = None,
         average_grad: bool = True,
-        dtype=None,
-        device=None,
-        _shard=None,
-    ):
+        dtype: torch.dtype | None = None,
+        device: Device = None,
+        _shard: Any = None,
+    ) -> None:
         super().__init__()
-        if (
-            pool is None
-        ):  # (owners pool sums and means: fewer bytes, no id-sized gradient back; measured faster)
+        # (owners pool sums and means: fewer bytes, no id-sized gradient back; measured faster)
+        if pool is None:
             pool = "owner" if mode in ("sum", "mean") else "requester"
         if pool not in ("requester", "owner"):
             raise ValueError(f"pool must be 'requester' or 'owner', got {pool!r}")
@@ -70,7 +75,8 @@ class RowShardedEmbeddingBag(nn.Module):
         self.pool = pool
         if num_embeddings < 0 or embedding_dim < 0:
             raise ValueError(
-                f"num_embeddings and embedding_dim must be >= 0, got {num_embeddings}, {embedding_dim}"
+                f"num_embeddings and embedding_dim must be >= 0, got {num_embeddings}, "
+                f"{embedding_dim}"
             )
         self.num_embeddings, self.embedding_dim, self.mode = num_embeddings, embedding_dim, mode
         self.group, self.average_grad = group, average_grad
@@ -86,7 +92,7 @@ class RowShardedEmbeddingBag(nn.Module):
 
     @classmethod
     def from_pretrained(
-        cls, embeddings: torch.Tensor, *, freeze: bool = False, **kw
+        cls, embeddings: torch.Tensor, *, freeze: bool = False, **kw: Any
     ) -> RowShardedEmbeddingBag:
         """This rank's rows of ``embeddings`` (the full ``num_embeddings x D`` table, the same on
         every rank)."""
@@ -134,6 +140,7 @@ class RowShardedEmbeddingBag(nn.Module):
             lengths = torch.diff(
                 offsets.long(), append=torch.tensor([input.numel()], device=offsets.device)
             )
+        assert lengths is not None  # (one of offsets and lengths is given: checked above)
         return self._pool(
             input,
             segment.lengths_to_offsets(lengths.long())
@@ -141,7 +148,9 @@ class RowShardedEmbeddingBag(nn.Module):
             else torch.zeros(1, dtype=torch.int64, device=input.device),
         )
 
-    def forward_jagged(self, batch, keys=None) -> dict:
+    def forward_jagged(
+        self, batch: KeyedJaggedBatch, keys: Sequence[int] | None = None
+    ) -> dict[int, torch.Tensor]:
         """``{key: (B, D)}`` for a ``KeyedJaggedBatch``: every key's ids of every example pooled,
         one exchange for all keys (a missing key: the empty bag)."""
         keys = sorted(set(batch.keys.tolist())) if keys is None else [int(k) for k in keys]
@@ -175,9 +184,8 @@ class RowShardedEmbeddingBag(nn.Module):
         src = torch.repeat_interleave(
             torch.arange(W, device=ids.device), recv, output_size=local.numel()
         )
-        uniq, inv = torch.unique(
-            src * (1 << 32) + asked_bag, return_inverse=True
-        )  # (requester, bag) pairs
+        # (requester, bag) pairs
+        uniq, inv = torch.unique(src * (1 << 32) + asked_bag, return_inverse=True)
         back = torch.bincount(torch.div(uniq, 1 << 32, rounding_mode="floor"), minlength=W)
         got = torch.empty(W, dtype=torch.int64, device=ids.device)
         dist.all_to_all_single(got, back, group=self.group)
@@ -194,8 +202,8 @@ class RowShardedEmbeddingBag(nn.Module):
 
     def extra_repr(self) -> str:
         return (
-            f"{self.num_embeddings}, {self.embedding_dim}, mode={self.mode!r}, rows [{self.lo}, {self.hi}) of "
-            f"{dist.get_world_size(self.group)} shards"
+            f"{self.num_embeddings}, {self.embedding_dim}, mode={self.mode!r}, rows [{self.lo}, "
+            f"{self.hi}) of {dist.get_world_size(self.group)} shards"
         )
 
 
@@ -267,9 +275,8 @@ class _Rows(torch.autograd.Function):
         back = _swap(grad, ctx.recv, ctx.send, ctx.group)
         if ctx.average:
             back = back / dist.get_world_size(ctx.group)
-        if (
-            not local.numel()
-        ):  # no rank looked up a row of this shard: no gradient (the optimizer skips it)
+        # no rank looked up a row of this shard: no gradient (the optimizer skips it)
+        if not local.numel():
             return None, None, None, None, None, None
         grad_shard = torch.sparse_coo_tensor(local[None], back, ctx.shape, check_invariants=False)
         return grad_shard, None, None, None, None, None

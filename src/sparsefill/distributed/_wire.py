@@ -8,8 +8,8 @@ prod(dense_shape))`` bytes plus the fill.  A dense tensor travels as its bytes. 
 what the payload holds and is
 what the ranks compare before anything else moves (:func:`mismatch`)::
 
-    present, kind, layout, dtype, ndim, dense_dim, indefinite, fill ndim, fill ones-mask, nse, nbytes,
-    shape hash, call, call arg, has NaN (a stored value or the fill), shape[:K]
+    present, kind, layout, dtype, ndim, dense_dim, indefinite, fill ndim, fill ones-mask, nse,
+    nbytes, shape hash, call, call arg, has NaN (a stored value or the fill), shape[:K]
 """
 
 from __future__ import annotations
@@ -111,7 +111,8 @@ def what(h) -> str:
     if h[KIND] == DENSE:
         return f"a dense {dtype} tensor of shape {shape}"
     fill = ", indefinite fill" if h[INDEFINITE] else ""
-    return f"a {LAYOUTS[int(h[LAYOUT])]} {dtype} SparseTensor of shape {shape} (dense_dim {int(h[DENSE_DIM])}{fill})"
+    layout = LAYOUTS[int(h[LAYOUT])]
+    return f"a {layout} {dtype} SparseTensor of shape {shape} (dense_dim {int(h[DENSE_DIM])}{fill})"
 
 
 def mismatch(s, e) -> tuple[type, str] | None:
@@ -157,8 +158,8 @@ def _keys_fit(shape) -> bool:
 
 
 def keys_of(idx: torch.Tensor, S) -> torch.Tensor:
-    """Row-major linear keys of coordinates ``idx`` ``(len(S), n)``: ``_kernels.index.linearize``, one fused
-    multiply-add per dim (Horner) and no ``(len(S), n)`` temporary."""
+    """Row-major linear keys of coordinates ``idx`` ``(len(S), n)``: ``_kernels.index.linearize``,
+    one fused multiply-add per dim (Horner) and no ``(len(S), n)`` temporary."""
     if len(S) <= 1:
         return idx[0].to(torch.int64) if len(S) else idx.new_zeros(idx.shape[1], dtype=torch.int64)
     k = idx[0].to(torch.int64)

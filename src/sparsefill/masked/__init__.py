@@ -1,30 +1,31 @@
 """``sparsefill.masked``: ``torch.masked`` reductions and normalizations for every layout.
 
 Same names, signatures and results as ``torch.masked.<op>`` on strided tensors
-(masked-reductions-rfc.md); inputs and masks may each be strided, torch native sparse (COO, CSR)
+(torch.masked); inputs and masks may each be strided, torch native sparse (COO, CSR)
 or SparseTensors (COO, CSR, hybrid, any fill).  Invariant, for every op and layout (the drop-in
 promise)::
 
-    densify(masked.op(input, ..., mask=mask))[p] == torch.masked.op(dense(input), ..., mask=dense(mask))[p]
+    densify(masked.op(input, ..., mask=mask))[p]
+        == torch.masked.op(dense(input), ..., mask=dense(mask))[p]
 
 at every output position ``p``, fully masked-out slices and masked-out elements of normalizations
 included (each op's docstring says which value they read).
 
 * Strided input: exactly ``torch.masked.<op>`` (a sparse mask is read densely).
-* Sparse input: never densified; work and memory O(nse of input and mask + size of output).
-  The mask is combined with the input's pattern into the union pattern ``P`` (``_canon``,
-  masked-reductions-on-sparse.md's ``input_mask3``; elements outside ``P`` are all masked in or
-  all masked out), and each slice is reduced over its stored elements plus, in closed form, its
-  ``n`` unspecified ones (``_kernels.engine``, the reducer protocol of ``sparsefill._kernels.reducer`` with fill
-  tables).  A strided mask is read at the input's positions (O(nse)); the unspecified elements it
-  masks in are counted per output slice for reductions (O(mask + output) memory, never joined)
-  and joined to ``P`` for normalizations and argmax/argmin (whose results need their positions);
-  a sparse mask costs O(its nse).  The result is a SparseTensor with the input's layout (also for
-  torch native inputs, whose zero-fill type cannot hold e.g. the -inf of an empty amax slice):
-  reductions specify the slices that meet ``P`` and take the value of the other slices as fill;
-  normalizations keep ``P`` and choose their fill by counts (``_normalizations``: the value most
-  unspecified elements read; the others are stored).  Results with no sparse dim left are strided
-  tensors.
+* Sparse input: never densified; work and memory O(nse of input and mask + size of output). The mask
+  is combined with the input's pattern into the union pattern ``P`` (``_canon``,
+  masked-reductions-on-sparse.md's ``input_mask3``; elements outside ``P`` are all masked in or all
+  masked out), and each slice is reduced over its stored elements plus, in closed form, its ``n``
+  unspecified ones (``_kernels.engine``, the reducer protocol of ``sparsefill._kernels.reducer``
+  with fill tables).  A strided mask is read at the input's positions (O(nse)); the unspecified
+  elements it masks in are counted per output slice for reductions (O(mask + output) memory, never
+  joined) and joined to ``P`` for normalizations and argmax/argmin (whose results need their
+  positions); a sparse mask costs O(its nse).  The result is a SparseTensor with the input's layout
+  (also for torch native inputs, whose zero-fill type cannot hold e.g. the -inf of an empty amax
+  slice): reductions specify the slices that meet ``P`` and take the value of the other slices as
+  fill; normalizations keep ``P`` and choose their fill by counts (``_normalizations``: the value
+  most unspecified elements read; the others are stored).  Results with no sparse dim left are
+  strided tensors.
 * ``mask=None``: every element is masked in, unspecified ones with the fill's value.  A
   SparseTensor with indefinite fill is a masked tensor: its pattern is the mask (``mask=None``
   works; a mask given too is intersected with it), and normalizations return its pattern with an
@@ -36,7 +37,9 @@ Helpers: ``input_mask``/``output_mask`` (the canonical masks in the input's layo
 ``pattern_mask`` (True at a sparse tensor's specified elements), ``coo_mask``/``csr_mask``.
 
 >>> import torch, sparsefill
->>> A = sparsefill.sparse_coo_tensor([[0, 0, 1], [0, 2, 1]], [-3., -1., 1.], (2, 3), fill_value=sparsefill.indefinite)
+>>> A = sparsefill.sparse_coo_tensor(
+...     [[0, 0, 1], [0, 2, 1]], [-3.0, -1.0, 1.0], (2, 3), fill_value=sparsefill.indefinite
+... )
 >>> sparsefill.masked.sum(A, 1).to_dense()
 tensor([-4.,  1.])
 >>> sparsefill.masked.softmax(A, 1)._values()

@@ -6,7 +6,7 @@ when no gradient is needed, and otherwise inside :class:`MaskedFn`, whose backwa
 
     grad_input = SparseTensor(pattern of X, d out / d u, fill 0)       when X.mfill is False
     grad_input = SparseTensor(pattern of X, d out / d u, fill (d out / d fill) / m)
-                                                                        X.mfill and pattern_grad_is_exact(input)
+        where X.mfill and pattern_grad_is_exact(input)
     grad_input = d dense_ref(input.to_dense()) / d input                otherwise (dense by nature)
 
 The first line is exact: positions outside the pattern are masked out, so nothing depends on them.
@@ -52,7 +52,7 @@ class Result:
     classes: tuple | None = (
         None  # (Slices, g, n, g0, n0): the values of the unspecified outputs per fill
     )
-    #                                    class (masked-in fills along a sparse dim, read by the backward)
+    # class (masked-in fills along a sparse dim, read by the backward)
 
     def tensors(self):
         return [self.dense] if self.dense is not None else [self.vals, self.fill]
@@ -125,9 +125,8 @@ class MaskedFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx, G):
         X, res = ctx.X, ctx.res
-        if X.mfill and not _native_fill_grad(
-            ctx
-        ):  # masked-in unspecified elements: gradients differ per slice
+        # masked-in unspecified elements: gradients differ per slice
+        if X.mfill and not _native_fill_grad(ctx):
             _convert.check_densify_quiet(
                 X.A, "the backward of a masked op with masked-in unspecified elements"
             )
@@ -146,9 +145,8 @@ class MaskedFn(torch.autograd.Function):
             stored = _index.numel(P._vals.shape[: P._vals.dim() - P.dense_dim()])
             traced_nse = traced(gv)  # (compiled: nse may be unbacked, the comparison a 0-d tensor)
             free = True if traced_nse else _index.numel(P._sparse_shape) > stored
-            if (
-                gf is not None and res.fill.requires_grad and free
-            ):  # (read by no output: not differentiated)
+            # (read by no output: not differentiated)
+            if gf is not None and res.fill.requires_grad and free:
                 gf = gf.expand(res.fill.shape) if gf.shape != res.fill.shape else gf
                 if traced_nse:
                     some = (
@@ -158,9 +156,8 @@ class MaskedFn(torch.autograd.Function):
                     gf = torch.where(some, gf, torch.zeros((), dtype=gf.dtype, device=gf.device))
                 outs.append(res.fill)
                 grads.append(gf)
-            if (
-                X.mfill and res.classes is not None
-            ):  # the unspecified outputs, per fill class: G summed there
+            # the unspecified outputs, per fill class: G summed there
+            if X.mfill and res.classes is not None:
                 sl, g, n, g0, n0 = res.classes
                 for o, gs, cnt in zip((g, g0), class_sums(G, X, sl), (n, n0)):
                     if o is not None and o.requires_grad and bool((cnt > 0).any()):
@@ -183,14 +180,15 @@ class MaskedFn(torch.autograd.Function):
             )
         gu = torch.zeros_like(ctx.u) if got[0] is None else got[0]
         fill = gu.new_zeros(())
-        if X.mfill:  # the unspecified elements' total, as their mean (exact for the constructor: _native_fill_grad)
+        # the unspecified elements' total, as their mean (exact for the constructor:
+        # _native_fill_grad)
+        if X.mfill:
             n_free = _index.numel(X.S) - X.u.shape[0]
             if n_free and got[1] is not None:
                 fill = got[1] / n_free
         zero = not X.mfill
-        if (
-            X.same_pattern and X.A._coalesced
-        ):  # the input's layout and index tensors (no merge downstream)
+        # the input's layout and index tensors (no merge downstream)
+        if X.same_pattern and X.A._coalesced:
             gA = _convert.rewrap(
                 X.A,
                 values=gu.reshape(X.A._vals.shape),
@@ -219,7 +217,8 @@ def _native_fill_grad(ctx) -> bool:
     otherwise the dense way (dense by nature: the gradient varies from slice to slice)."""
     res = ctx.res
     if res.dense is None and res.classes is None and not res.fill.requires_grad:
-        return False  # (the unspecified outputs' dependence on the fill is not recorded: a softmax-like fallback)
+        # (the unspecified outputs' dependence on the fill is not recorded: a softmax-like fallback)
+        return False
     from sparsefill.ops.linalg.backward import pattern_grad_is_exact
 
     return pattern_grad_is_exact(ctx.X.A)
@@ -238,9 +237,8 @@ def class_sums(G, X, sl):
             G = _convert.rewrap(G, fill=G._vals.new_zeros(()), indefinite=False, known_zero=True)
         if G._sparse_ndim() != len(S) or G.dense_dim() != len(D):
             G = dense_grad(G)
-    if isinstance(
-        G, SparseTensor
-    ):  # G off X's pattern: its stored elements there, X's positions at 0
+    # G off X's pattern: its stored elements there, X's positions at 0
+    if isinstance(G, SparseTensor):
         gidx, gvals = _convert.coalesced_parts(G)
         off = ~_index.lookup(keys, _index.linearize(gidx, S))[1]
         z = gvals.new_zeros((idx.shape[1],) + D)
@@ -273,9 +271,8 @@ def run(input, mask, compute, dense_ref, zero_absorbs=False, counts=False):
     too)."""
     A = as_sparse(input)
     grad = torch.is_grad_enabled() and A.requires_grad
-    X = combine(
-        A, mask, zero_absorbs and not grad, counts and not grad
-    )  # dropped zeros still have gradients
+    # dropped zeros still have gradients
+    X = combine(A, mask, zero_absorbs and not grad, counts and not grad)
     if grad:
         return MaskedFn.apply(A, X, compute, dense_ref)
     with torch.no_grad():
@@ -294,9 +291,8 @@ def dense_fallback(input, mask, dense_op):
     from sparsefill._compile.dynamo import every_element
     from sparsefill._kernels.trace import traced
 
-    if traced(
-        out
-    ):  # torch.compile: every element stored (to_sparse's nse would be read from the data)
+    # torch.compile: every element stored (to_sparse's nse would be read from the data)
+    if traced(out):
         return every_element(out, A._sf_layout, A.dense_dim())
     from sparsefill._creation.constructors import to_sparse
 

@@ -70,7 +70,7 @@ class Masked:
     extra: torch.Tensor | None = (
         None  # a strided bool mask (the input's ndim, broadcastable): its True
     )
-    #                                    unspecified elements are masked in too, counted per slice (``counts``)
+    # unspecified elements are masked in too, counted per slice (``counts``)
     all_in: bool = False  # every stored element is masked in (mask=None; known without reading m)
 
     def indices(self) -> torch.Tensor:
@@ -223,8 +223,8 @@ def combine(input, mask, zero_absorbs: bool = False, counts: bool = False) -> Ma
     note), so for a zero fill the masked-in unspecified elements are dropped instead of joined to
     the pattern. ``counts``: the op only needs, per output slice, how many unspecified elements a
     strided mask masks in (reductions but argmax/argmin): the pattern stays the input's and the mask
-    rides along as ``extra`` (counted by ``_kernels.engine.Slices``; memory O(mask + output), however many
-    it masks in).
+    rides along as ``extra`` (counted by ``_kernels.engine.Slices``; memory O(mask + output),
+    however many it masks in).
     """
     A = as_sparse(input)
     D = tuple(A._dense_shape)
@@ -268,25 +268,22 @@ def combine(input, mask, zero_absorbs: bool = False, counts: bool = False) -> Ma
     sd = len(S)
     mkeys = _index.linearize(pos[:sd], S)
     akeys = _index.linearize(idx, S)
-    if (
-        drop_rest
-    ):  # no new positions: the pattern is the mask too, or the op ignores masked-in zeros
+    # no new positions: the pattern is the mask too, or the op ignores masked-in zeros
+    if drop_rest:
         found_pos, found = _index.lookup(akeys, mkeys)
         m = torch.zeros(vals.shape, dtype=torch.bool, device=vals.device)
         sel = found.nonzero().squeeze(1)
         m[(found_pos[sel],) + tuple(pos[sd:, sel])] = True
         return Masked(A, idx, vals, m, fill, False, True, rows)
-    if not traced(mkeys) and _index.is_sorted_unique(
-        mkeys
-    ):  # (no dense dims: linear-time merge of sorted runs)
+    # (no dense dims: linear-time merge of sorted runs)
+    if not traced(mkeys) and _index.is_sorted_unique(mkeys):
         union, (ia, im) = _merge.union_inverse([akeys, mkeys])
     else:
         union, inv = torch.unique(torch.cat([akeys, mkeys]), return_inverse=True)
         ia, im = inv[: akeys.numel()], inv[akeys.numel() :]
     k = union.numel()
-    if (
-        not traced(union) and k == akeys.numel()
-    ):  # the masked-in positions are all specified in the input
+    # the masked-in positions are all specified in the input
+    if not traced(union) and k == akeys.numel():
         m = torch.zeros(vals.shape, dtype=torch.bool, device=vals.device)
         m[(im,) + tuple(pos[sd:])] = True
         return Masked(A, idx, vals, m, fill, False, True, rows)

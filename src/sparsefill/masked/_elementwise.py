@@ -17,11 +17,13 @@ tensor([-1., -2., -3.])
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import torch
 
 from sparsefill._tensor import parts as _convert
 from sparsefill._creation.constructors import sparse_coo_tensor, to_sparse
+from sparsefill._tensor.tensor import SparseTensor
 from sparsefill.masked._apply import dense_mask
 from sparsefill.masked._canon import as_sparse, is_sparse, mask_rows
 
@@ -64,7 +66,14 @@ def _effective(t, mask):
     return torch.where(M, A, ninf)
 
 
-def logaddexp(input, other, *, dtype=None, input_mask=None, other_mask=None):
+def logaddexp(
+    input: torch.Tensor,
+    other: torch.Tensor,
+    *,
+    dtype: torch.dtype | None = None,
+    input_mask: torch.Tensor | None = None,
+    other_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Masked logaddexp (see the module docstring); a position masked out in both operands gives
     -inf."""
     if not is_sparse(input) and not is_sparse(other):
@@ -81,5 +90,6 @@ def logaddexp(input, other, *, dtype=None, input_mask=None, other_mask=None):
         A = as_sparse(input)
         if not is_sparse(out):
             return to_sparse(out, layout=A._sf_layout, dense_dim=A.dense_dim())
-        return out.to_sparse(A._sf_layout) if out.sparse_layout is not A._sf_layout else out
+        S = cast(SparseTensor, out)  # (an op on a SparseTensor)
+        return S.to_sparse(A._sf_layout) if S.sparse_layout is not A._sf_layout else S
     return out.to_dense() if is_sparse(out) else out

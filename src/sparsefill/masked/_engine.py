@@ -4,8 +4,9 @@
 A reduction over dims ``R`` of a :class:`~._canon.Masked` input maps every stored scalar element
 ``(row r, dense position d)`` to an output segment ``s = slice(r) * Pk + d_kept`` and gives each
 segment ``C = Pr`` fill classes (one per reduced dense position): class ``c`` of segment ``s`` is
-``n[s, c]`` copies of the value ``F[s, c]``.  The reducers of ``sparsefill._kernels.reducer`` (the protocol
-shared with sparse and segment reductions) take ``(values, seg, nseg, fill=F, n_fill=n)`` as a fill
+``n[s, c]`` copies of the value ``F[s, c]``.  The reducers of ``sparsefill._kernels.reducer`` (the
+protocol shared with sparse and segment reductions) take ``(values, seg, nseg, fill=F, n_fill=n)``
+as a fill
 table and compute, for each segment, in closed form::
 
     out[s] = op(values[seg == s]  ++  [F[s, c]] * n[s, c] for c in range(C))
@@ -64,13 +65,11 @@ class Slices:
         self.Pk, self.Pr = _index.numel(self.Dk), _index.numel([D[d] for d in self.red_d])
         k = X.u.shape[0]
         dev = X.u.device
-        if X.rows is not None and self.red_s == [
-            1
-        ]:  # plain CSR along its columns: the rows are the slices
+        # plain CSR along its columns: the rows are the slices
+        if X.rows is not None and self.red_s == [1]:
             counts = X.A._crow.diff()
-            self.out_idx, self.n_u, lengths = csr_row_slices(
-                counts, S[1], all_rows=traced(counts)
-            )  # (static)
+            # (static)
+            self.out_idx, self.n_u, lengths = csr_row_slices(counts, S[1], all_rows=traced(counts))
             self.seg_row = (
                 X.rows
                 if self.out_idx.shape[1] == counts.numel()
@@ -180,8 +179,8 @@ class Slices:
 
     def masked_in(self, u=None, m=None):
         """``(values, seg, lengths)`` of the masked-in stored scalar elements (``lengths``: the
-        segments are sorted gap-free runs, see ``_kernels.reducer.segment_combine``; None unless every
-        element is masked in and the segments are sorted rows)."""
+        segments are sorted gap-free runs, see ``_kernels.reducer.segment_combine``; None unless
+        every element is masked in and the segments are sorted rows)."""
         u = self.X.u if u is None else u
         every = self.every_in if m is None else bool(m.all())
         ms = self.scalars(self.X.m if m is None else m)
@@ -208,9 +207,8 @@ class Slices:
         on = self.X.mfill if counts is None else counts
         F2 = self.fill2(f)
         F = F2.expand(self.S_out, self.Pk, self.Pr).reshape(self.nseg, self.Pr)
-        if (
-            self.n_in is not None and counts is None
-        ):  # a strided mask's masked-in unspecified elements
+        # a strided mask's masked-in unspecified elements
+        if self.n_in is not None and counts is None:
             return (F, self.n_in), (F2, self.n0_in)
         n = (
             (self.n_u * int(on))[:, None, None]
@@ -241,7 +239,8 @@ class Slices:
 
 def reduce(reducer, sl: Slices, v, seg, F, n, F0, n0, lengths=None):
     """``(per touched segment, per kept dense position of the untouched slice)``: ``reducer`` (a
-    ``sparsefill._kernels.reducer`` reducer, or any callable with its signature) over the fill tables."""
+    ``sparsefill._kernels.reducer`` reducer, or any callable with its signature) over the fill
+    tables."""
     return (
         reducer(v, seg, sl.nseg, fill=F, n_fill=n, lengths=lengths),
         reducer(v[:0], seg[:0], sl.Pk, fill=F0, n_fill=n0),

@@ -4,8 +4,8 @@
 input: pattern ``P`` of ``_canon``, fill = whether unspecified elements are masked in);
 ``output_mask(input, dim, keepdim, mask=)`` is ``torch.any(input_mask, dim, keepdim)`` for every
 layout: True where the reduction's output has at least one masked-in element.  ``pattern_mask(A)``
-is True exactly at the specified elements of ``A`` (masked-reductions-rfc.md, "Additional
-constructors"); ``coo_mask``/``csr_mask`` build one from indices.
+is True exactly at the specified elements of ``A``; ``coo_mask``/``csr_mask`` build one from
+indices.
 
 >>> import torch, sparsefill
 >>> A = torch.tensor([[0., 2., 0.], [0., 0., 0.]]).to_sparse()
@@ -16,6 +16,7 @@ tensor([ True, False])
 from __future__ import annotations
 
 import torch
+from torch.types import Device
 
 from sparsefill._tensor import parts as _convert
 from sparsefill._kernels.reducer import segment_counts
@@ -28,7 +29,11 @@ from sparsefill.masked._reductions import _reduction
 __all__ = ["input_mask", "output_mask", "pattern_mask", "coo_mask", "csr_mask"]
 
 
-def input_mask(input, *, mask=None):
+def input_mask(
+    input: torch.Tensor,
+    *,
+    mask: torch.Tensor | None = None,
+) -> torch.Tensor:
     """The canonical mask: bool, the input's shape and layout (``mask=None``: all True; an
     indefinite fill: its pattern)."""
     if not is_sparse(input):
@@ -45,7 +50,13 @@ def input_mask(input, *, mask=None):
     )
 
 
-def output_mask(input, dim=None, keepdim=False, *, mask=None):
+def output_mask(
+    input: torch.Tensor,
+    dim: int | list[int] | tuple[int, ...] | None = None,
+    keepdim: bool = False,
+    *,
+    mask: torch.Tensor | None = None,
+) -> torch.Tensor:
     """``torch.any(input_mask(input, mask=mask), dim, keepdim)`` in the input's layout."""
     if not is_sparse(input):
         m = input_mask(input, mask=mask)
@@ -59,7 +70,7 @@ def output_mask(input, dim=None, keepdim=False, *, mask=None):
         return _reduction(input, mask, dim, keepdim, any_in, None)
 
 
-def pattern_mask(input):
+def pattern_mask(input: torch.Tensor) -> torch.Tensor:
     """True at the specified elements of a sparse ``input``, False elsewhere, in its layout (a torch
     native input gives a torch native mask sharing its indices; a SparseTensor a SparseTensor)."""
     if isinstance(input, SparseTensor):
@@ -83,7 +94,12 @@ def pattern_mask(input):
     raise TypeError(f"pattern_mask expects a sparse COO or CSR tensor, got layout {input.layout}")
 
 
-def coo_mask(indices, size, *, device=None):
+def coo_mask(
+    indices: torch.Tensor,
+    size: torch.Size | list[int] | tuple[int, ...],
+    *,
+    device: Device = None,
+) -> torch.Tensor:
     """A torch native COO bool mask, True at ``indices`` (shape ``(sparse_dim, nse)``)."""
     indices = torch.as_tensor(indices, device=device)
     return torch.sparse_coo_tensor(
@@ -94,7 +110,13 @@ def coo_mask(indices, size, *, device=None):
     ).coalesce()
 
 
-def csr_mask(crow_indices, col_indices, size, *, device=None):
+def csr_mask(
+    crow_indices: torch.Tensor,
+    col_indices: torch.Tensor,
+    size: torch.Size | list[int] | tuple[int, ...],
+    *,
+    device: Device = None,
+) -> torch.Tensor:
     """A torch native CSR bool mask, True at the elements given by
     ``crow_indices``/``col_indices``."""
     crow = torch.as_tensor(crow_indices, device=device)

@@ -2,11 +2,13 @@
 
 Same signatures and results as ``torch.masked.<op>`` (the drop-in promise), at EVERY position::
 
-    densify(masked.op(input, dim, mask=mask)) == torch.masked.op(dense(input), dim, mask=dense(mask))
+    densify(masked.op(input, dim, mask=mask))
+        == torch.masked.op(dense(input), dim, mask=dense(mask))
 
 On a sparse input the statistics of each slice along ``dim`` (logsumexp, norm) come from the
-reducers of ``sparsefill._kernels.reducer`` (fill tables over the segments of ``_kernels.engine``) on the union
-pattern ``P`` of input and mask (``_canon``), prefix sums from :func:`_segmented_scan`; e.g. for
+reducers of ``sparsefill._kernels.reducer`` (fill tables over the segments of ``_kernels.engine``)
+on the union pattern ``P`` of input and mask (``_canon``), prefix sums from :func:`_segmented_scan`;
+e.g. for
 softmax every masked-in element ``p`` of ``P`` gets::
 
     out[p] = exp(x[p] - lse_slice),    lse_slice = log(sum_{q in slice, mask[q]} exp(x[q]))
@@ -18,10 +20,10 @@ where the slice's normalizer is NaN or -inf (``exp(-inf - lse)``); normalize ``0
 ``where(mask, input, 0 / 1)``).  The result's fill is chosen adaptively (:func:`_extend`): with the
 unspecified elements counted in fully masked-out slices (value ``e``) and in partly masked-in slices
 (value ``c``), the fill is the value of the larger group and the smaller group is stored explicitly
-(``sparsefill._tensor.policy.check_specify``: a DensifyWarning past 65536 of them; cumsum/cumprod take the
-identity as fill and store the unspecified elements after the first masked-in one of their slice).
-In the pattern-as-mask use with no empty slice nothing is added.  An input with indefinite fill
-keeps its pattern and indefinite fill (its unspecified elements have no value).
+(``sparsefill._tensor.policy.check_specify``: a DensifyWarning past 65536 of them; cumsum/cumprod
+take the identity as fill and store the unspecified elements after the first masked-in one of their
+slice). In the pattern-as-mask use with no empty slice nothing is added.  An input with indefinite
+fill keeps its pattern and indefinite fill (its unspecified elements have no value).
 
 When unspecified elements are masked in along a sparse ``dim`` (``mask=None`` on a defined fill)
 and the op does not map them to one value (softmax of a finite fill, any cumsum), the result is
@@ -39,6 +41,7 @@ tensor([[0.1192, 0.0000, 0.8808],
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 
@@ -116,9 +119,8 @@ def _extend(name, X: Masked, sl, c_out, e_out, scan):
     S, d = X.S, sl.red_s[0]
     N, G = S[d], _index.numel([s for i, s in enumerate(S) if i != d])
     ms = sl.scalars(X.m)
-    if (
-        scan is None and sl.every_in and G == sl.S_out
-    ):  # the pattern as mask, no empty slice: nothing to add
+    # the pattern as mask, no empty slice: nothing to add
+    if scan is None and sl.every_in and G == sl.S_out:
         return X, c_out
     has = _has_in(sl, sl.seg3[ms], ms.new_zeros((0,))).reshape(sl.S_out, sl.Pk)
     any_in = has.any(1)
@@ -189,9 +191,8 @@ def _normalization(
             if sl.red_s:
                 X, fill_out = _extend(name, X, sl, c_out, e_out, scan)
                 sl = E.Slices(X, dims) if X is not sl.X else sl
-            elif (
-                scan is None and _index.numel(X.S) > X.u.shape[0]
-            ):  # unspecified rows: fully masked-out slices
+            # unspecified rows: fully masked-out slices
+            elif scan is None and _index.numel(X.S) > X.u.shape[0]:
                 fill_out = e_out
         u, f = (X.u, X.fill) if cast is None else (X.u.to(cast), X.fill.to(cast))
         ms = sl.scalars(X.m)
@@ -213,9 +214,8 @@ def _normalization(
             g = torch.where(n > 0, F, ident)
         else:
             nz = None
-            if (
-                traced(u) and not X.all_in
-            ):  # (one nonzero for the gather and the scatter: one unbacked size)
+            # (one nonzero for the gather and the scatter: one unbacked size)
+            if traced(u) and not X.all_in:
                 nz = ms.nonzero(as_tuple=True)
                 v, seg, lengths = sl.scalars(u)[nz], sl.seg3[nz], None
             else:
@@ -229,17 +229,15 @@ def _normalization(
                 c, fo = (
                     torch.full((), x, dtype=mo.dtype, device=mo.device) for x in (c_out, fill_out)
                 )
-                odd = (
-                    has & ~_same_each(mo, c) & ~_same_each(mo, fo)
-                )  # unspecified elements would read fo
+                # unspecified elements would read fo
+                odd = has & ~_same_each(mo, c) & ~_same_each(mo, fo)
                 if bool(odd.any()):
                     rows = odd.reshape(sl.S_out, sl.Pk).any(1).nonzero().squeeze(1)
                     new = _unspecified(X, sl, rows, rows.new_zeros(rows.numel()), False)
                     if new.shape[1]:
                         return compute(_store(name, X, new, fill_out), check=False)
-            if (
-                X.all_in if traced(v) else v.numel() == ms.numel()
-            ):  # the usual case (mask = the pattern)
+            # the usual case (mask = the pattern)
+            if X.all_in if traced(v) else v.numel() == ms.numel():
                 vals = sl.unscalars(out_v.reshape(ms.shape))
             else:
                 e = torch.full((), e_out, dtype=out_v.dtype, device=out_v.device)
@@ -284,9 +282,8 @@ def _normalization(
         and (mask is not None or dims and dims[0] < len(A._sparse_shape))
         and traced(A)
     ):
-        return dense_fallback(
-            A, mask, dense_op
-        )  # (compiled: the pattern a definite fill needs is read from data)
+        # (compiled: the pattern a definite fill needs is read from data)
+        return dense_fallback(A, mask, dense_op)
     try:
         return run(A, mask, compute, ref, zero_absorbs)
     except _DenseByNature:
@@ -299,9 +296,8 @@ def _no_mask(A, mask) -> bool:
     if mask is None:
         return True
     same = _same_indices(A, mask)
-    return same is not None and known_true(
-        same.all()
-    )  # (traced: the general path, reading no data)
+    # (traced: the general path, reading no data)
+    return same is not None and known_true(same.all())
 
 
 def _dense_ref(dense_op, mask):
@@ -323,9 +319,8 @@ def _softmax_parts(sign, log):
             torch.isposinf(lse), torch.full((), math.nan, dtype=lse.dtype, device=lse.device), lse
         )
         xf = F - lse[:, None]
-        mo = (
-            -math.inf - lse.detach()
-        )  # a masked-out element: -inf - lse (NaN when lse is NaN or -inf)
+        # a masked-out element: -inf - lse (NaN when lse is NaN or -inf)
+        mo = -math.inf - lse.detach()
         if log:
             return v - gather_seg(lse, seg, lengths, v.shape[0]), xf, mo
         # exp(x - lse) = e / acc with e = exp(x - m): no second exp; a NaN lse (a +inf or NaN in the
@@ -343,8 +338,9 @@ def _softmax_parts(sign, log):
     return per_element
 
 
-_SOFTMAX_DOC = """Masked {name} along ``dim``: ``torch.nn.functional.{name}(input.masked_fill(~mask, {fillv}), dim)``,
-i.e. for a slice ``x`` with masked-in set ``I``::
+_SOFTMAX_DOC = """Masked {name} along ``dim``:
+``torch.nn.functional.{name}(input.masked_fill(~mask, {fillv}), dim)``, i.e. for a slice ``x`` with
+masked-in set ``I``::
 
     out[p] = {formula}
 
@@ -352,8 +348,8 @@ Masked-out elements read {c} in a slice with a masked-in element and NaN in a fu
 slice (as torch.masked on the dense input); a sparse result takes the more frequent of the two
 among its unspecified elements as fill and stores the others.  An input with indefinite fill gives
 its pattern with an indefinite fill.  An integer or bool input raises as torch.masked does (its
-NotImplementedError where the input is masked: a mask given or an indefinite fill); ``dtype=torch.float32``
-computes in floating point.
+NotImplementedError where the input is masked: a mask given or an indefinite fill);
+``dtype=torch.float32`` computes in floating point.
 
 >>> import torch, sparsefill
 >>> x = torch.tensor([[-3., -2., -1.], [0., 1., 2.]]).to_sparse()
@@ -363,8 +359,14 @@ computes in floating point.
 """
 
 
-def _softmax_like(name, sign, log, c_out, formula, example):
-    def op(input, dim, *, dtype=None, mask=None):
+def _softmax_like(name, sign, log, c_out, formula, example) -> Callable[..., torch.Tensor]:
+    def op(
+        input: torch.Tensor,
+        dim: int,
+        *,
+        dtype: torch.dtype | None = None,
+        mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         if not is_sparse(input):
             return getattr(torch.masked, name)(
                 input, dim, dtype=dtype, mask=dense_mask(mask, input)
@@ -376,9 +378,8 @@ def _softmax_like(name, sign, log, c_out, formula, example):
         if isinstance(input, SparseTensor) and nd:
             input._sync()
             d = E.canonical_dims(dim, nd)[0]
-            if (
-                cast == input.dtype and _segsoftmax.applies(input, d) and _no_mask(input, mask)
-            ):  # the edge softmax
+            # the edge softmax
+            if cast == input.dtype and _segsoftmax.applies(input, d) and _no_mask(input, mask):
                 return _segsoftmax.segment_softmax(input, d, sign, log)
 
         def dense_op(x, m):
@@ -387,9 +388,8 @@ def _softmax_like(name, sign, log, c_out, formula, example):
         out = _normalization(
             name, input, mask, dim, _softmax_parts(sign, log), c_out, math.nan, cast, dense_op
         )
-        if (
-            cast != input.dtype and dtype is None
-        ):  # an integer input that has passed torch.masked's dtype check
+        # an integer input that has passed torch.masked's dtype check
+        if cast != input.dtype and dtype is None:
             out = out.to(input.dtype)  # is empty: torch's softmax keeps its dtype
         return out
 
@@ -430,7 +430,15 @@ softmin = _softmax_like(
 )
 
 
-def normalize(input, ord, dim, *, eps=1e-12, dtype=None, mask=None):
+def normalize(
+    input: torch.Tensor,
+    ord: float,
+    dim: int,
+    *,
+    eps: float = 1e-12,
+    dtype: torch.dtype | None = None,
+    mask: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Masked normalize along ``dim``: for a slice ``x`` with masked-in set ``I``::
 
         out[p] = where(p in I, x[p], 0) / max(masked.norm(x, ord, mask=I), eps)
@@ -485,18 +493,23 @@ _CUM_EXAMPLE = {
 }
 
 
-def _cum(name, mode):
+def _cum(name: str, mode: str) -> Callable[..., torch.Tensor]:
     ident = 0.0 if mode == "sum" else 1.0
 
-    def op(input, dim, *, dtype=None, mask=None):
+    def op(
+        input: torch.Tensor,
+        dim: int,
+        *,
+        dtype: torch.dtype | None = None,
+        mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         if not is_sparse(input):
             return getattr(torch.masked, name)(
                 input, dim, dtype=dtype, mask=dense_mask(mask, input)
             )
         cast = dtype or input.dtype
-        if (
-            cast is torch.bool and input.numel()
-        ):  # as torch.masked.{name}: torch.{name} has no bool kernel
+        # as torch.masked.{name}: torch.{name} has no bool kernel
+        if cast is torch.bool and input.numel():
             raise NotImplementedError(
                 f"masked {name}: not implemented for 'Bool' (pass dtype=, as torch.{name})"
             )
@@ -516,15 +529,17 @@ def _cum(name, mode):
 
     op.__name__ = op.__qualname__ = name
     sym = "+" if mode == "sum" else "*"
-    op.__doc__ = f"""Masked {name} along ``dim``: ``torch.{name}(torch.where(mask, input, {int(ident)}), dim)``, i.e.::
+    i0 = int(ident)
+    op.__doc__ = f"""Masked {name} along ``dim``:
+    ``torch.{name}(torch.where(mask, input, {i0}), dim)``, i.e.::
 
-        out[p] = {int(ident)} {sym} x[q_1] {sym} ... {sym} x[q_j]      (the masked-in q_i <= p of p's slice)
+        out[p] = {i0} {sym} x[q_1] {sym} ... {sym} x[q_j]      (the masked-in q_i <= p of p's slice)
 
-    at every position, masked-out ones included (the running value; {int(ident)} before the first
-    masked-in element and in fully masked-out slices).  A sparse result has fill {int(ident)} and stores the
+    at every position, masked-out ones included (the running value; {i0} before the first masked-in
+    element and in fully masked-out slices).  A sparse result has fill {i0} and stores the
     unspecified elements after the first masked-in element of their slice (dense by nature along a
-    sparse dim: ``check_specify``).  With ``mask=None`` along a sparse
-    dim of a defined fill the result is computed densely (dense by nature).
+    sparse dim: ``check_specify``).  With ``mask=None`` along a sparse dim of a defined fill the
+    result is computed densely (dense by nature).
 
     >>> import torch, sparsefill
     >>> x = torch.tensor([[-3., -2., -1.], [0., 1., 2.]]).to_sparse()
@@ -577,7 +592,9 @@ def _doubling_scan(v, seg, mode, longest: int):
 
         _doubling_scan(v, seg, mode, L)[i] == op(v[j] for j <= i with seg[j] == seg[i])
 
-    >>> _doubling_scan(torch.tensor([1., 2., 3., 4.]), torch.tensor([0, 1, 0, 0]), "sum", 3).tolist()
+    >>> _doubling_scan(
+    ...     torch.tensor([1.0, 2.0, 3.0, 4.0]), torch.tensor([0, 1, 0, 0]), "sum", 3
+    ... ).tolist()
     [1.0, 2.0, 4.0, 8.0]
     """
     order = torch.argsort(seg, stable=True)

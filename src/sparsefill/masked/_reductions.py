@@ -6,7 +6,7 @@ or a SparseTensor of any fill) nothing is densified: with ``P`` the union of the
 and the mask's masked-in pattern, each output slice reduces its ``k`` masked-in stored elements
 and ``n`` masked-in unspecified elements (all equal to the fill) in closed form::
 
-    out[slice] = op(input[p] for p in slice if mask[p])          (= torch.masked.<op> on the dense tensors)
+    out[slice] = op(input[p] for p in slice if mask[p])   (= torch.masked.<op> on the dense tensors)
 
 The result has the input's layout (COO when fewer than 2 sparse dims remain; a strided tensor
 when none remain): its specified elements are the slices that meet ``P``, its fill is the value
@@ -24,6 +24,7 @@ tensor([-4.,  0.])
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 
@@ -97,9 +98,9 @@ def _reduction(
     counts=True,
 ):
     """Run ``kernel(values, seg, nseg, fill=F, n_fill=n, lengths=)`` (a reducer of
-    ``sparsefill._kernels.reducer`` over fill tables) over the slices of ``dim``; ``cast`` first, ``post``
-    after. ``name``: a reduction with no identity, refusing 0-size reduced dims; ``zero_absorbs``:
-    masked-in zeros do not change the result (see :func:`._canon.combine`)."""
+    ``sparsefill._kernels.reducer`` over fill tables) over the slices of ``dim``; ``cast`` first,
+    ``post`` after. ``name``: a reduction with no identity, refusing 0-size reduced dims;
+    ``zero_absorbs``: masked-in zeros do not change the result (see :func:`._canon.combine`)."""
     A = as_sparse(input)
     dims = E.canonical_dims(dim, A.dim())
     if name is not None:
@@ -132,7 +133,14 @@ def _sum_dtype(x, dtype):
     return torch.int64 if x.dtype in _INT_PROMOTE else x.dtype
 
 
-def sum(input, dim=None, *, keepdim=False, dtype=None, mask=None):
+def sum(
+    input: torch.Tensor,
+    dim: int | list[int] | tuple[int, ...] | None = None,
+    *,
+    keepdim: bool = False,
+    dtype: torch.dtype | None = None,
+    mask: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Masked sum: ``torch.sum(torch.where(mask, input, 0), dim)``; fully masked-out slices give
     0."""
     if not is_sparse(input):
@@ -152,7 +160,14 @@ def sum(input, dim=None, *, keepdim=False, dtype=None, mask=None):
     )
 
 
-def prod(input, dim=None, *, keepdim=False, dtype=None, mask=None):
+def prod(
+    input: torch.Tensor,
+    dim: int | list[int] | tuple[int, ...] | None = None,
+    *,
+    keepdim: bool = False,
+    dtype: torch.dtype | None = None,
+    mask: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Masked product: ``torch.prod(torch.where(mask, input, 1), dim)``; fully masked-out slices
     give 1."""
     if not is_sparse(input):
@@ -171,8 +186,15 @@ def prod(input, dim=None, *, keepdim=False, dtype=None, mask=None):
     )
 
 
-def _extreme(name, mode):
-    def op(input, dim=None, *, keepdim=False, dtype=None, mask=None):
+def _extreme(name: str, mode: str) -> Callable[..., torch.Tensor]:
+    def op(
+        input: torch.Tensor,
+        dim: int | list[int] | tuple[int, ...] | None = None,
+        *,
+        keepdim: bool = False,
+        dtype: torch.dtype | None = None,
+        mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         if not is_sparse(input):
             return getattr(torch.masked, name)(
                 input, dim, keepdim=keepdim, dtype=dtype, mask=dense_mask(mask, input)
@@ -202,7 +224,14 @@ amax = _extreme("amax", "amax")
 amin = _extreme("amin", "amin")
 
 
-def mean(input, dim=None, *, keepdim=False, dtype=None, mask=None):
+def mean(
+    input: torch.Tensor,
+    dim: int | list[int] | tuple[int, ...] | None = None,
+    *,
+    keepdim: bool = False,
+    dtype: torch.dtype | None = None,
+    mask: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Masked mean: ``sum(input * mask, dim) / sum(mask, dim)``; fully masked-out slices give
     NaN."""
     if not is_sparse(input):
@@ -212,8 +241,8 @@ def mean(input, dim=None, *, keepdim=False, dtype=None, mask=None):
     dt = dtype or input.dtype
     if not (dt.is_floating_point or dt.is_complex):
         raise ValueError(
-            f"mean(): Could not infer output dtype. {'Optional' if dtype else 'Input'} dtype must be "
-            f"either a floating point or complex dtype. Got: {dt}"
+            f"mean(): Could not infer output dtype. {'Optional' if dtype else 'Input'} dtype "
+            f"must be either a floating point or complex dtype. Got: {dt}"
         )
     return _reduction(
         input,
@@ -226,7 +255,14 @@ def mean(input, dim=None, *, keepdim=False, dtype=None, mask=None):
     )
 
 
-def logsumexp(input, dim=None, *, keepdim=False, dtype=None, mask=None):
+def logsumexp(
+    input: torch.Tensor,
+    dim: int | list[int] | tuple[int, ...] | None = None,
+    *,
+    keepdim: bool = False,
+    dtype: torch.dtype | None = None,
+    mask: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Masked logsumexp: ``torch.logsumexp(input.masked_fill(~mask, -inf), dim)``; fully masked-out
     slices give -inf."""
     if not is_sparse(input):
@@ -251,7 +287,15 @@ def logsumexp(input, dim=None, *, keepdim=False, dtype=None, mask=None):
     )
 
 
-def norm(input, ord=2.0, dim=None, *, keepdim=False, dtype=None, mask=None):
+def norm(
+    input: torch.Tensor,
+    ord: float = 2.0,
+    dim: int | list[int] | tuple[int, ...] | None = None,
+    *,
+    keepdim: bool = False,
+    dtype: torch.dtype | None = None,
+    mask: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Masked vector norm: ``torch.linalg.vector_norm(torch.where(mask, input, 0), ord, dim)``, i.e.
     ``(sum_{masked-in} |x|^ord)^(1/ord)``; fully masked-out slices give 0 (+inf for ``ord=-inf``,
     whose masked-out elements read +inf).  For a negative finite ``ord`` the masked-out elements are
@@ -274,14 +318,14 @@ def norm(input, ord=2.0, dim=None, *, keepdim=False, dtype=None, mask=None):
             f"linalg.vector_norm: Expected a floating point or complex tensor as input. Got {dt}"
         )
     out_dt = dt.to_real() if dt.is_complex else dt
-    if (
-        p < 0 or p == math.inf
-    ) and input.numel() == 0:  # no identity: torch.linalg.vector_norm raises
+    # no identity: torch.linalg.vector_norm raises
+    if (p < 0 or p == math.inf) and input.numel() == 0:
         for d in E.canonical_dims(dim, input.dim()):
             if input.shape[d] == 0:
                 raise RuntimeError(
-                    f"masked norm: cannot compute the {ord} norm over dim {d} of size 0 (input shape "
-                    f"{tuple(input.shape)}): the operation has no identity (as torch.masked.norm)"
+                    f"masked norm: cannot compute the {ord} norm over dim {d} of size 0 (input "
+                    f"shape {tuple(input.shape)}): the operation has no identity (as "
+                    "torch.masked.norm)"
                 )
     return _reduction(
         input,
@@ -356,18 +400,43 @@ def _std_var(name, input, dim, unbiased, correction, keepdim, dtype, mask, take_
     )
 
 
-def var(input, dim=None, unbiased=None, *, correction=None, keepdim=False, dtype=None, mask=None):
+def var(
+    input: torch.Tensor,
+    dim: int | list[int] | tuple[int, ...] | None = None,
+    unbiased: bool | None = None,
+    *,
+    correction: float | None = None,
+    keepdim: bool = False,
+    dtype: torch.dtype | None = None,
+    mask: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Masked variance ``sum((x - mean)^2) / max(count - correction, 0)`` over the masked-in
     elements; fully masked-out slices give NaN."""
     return _std_var("var", input, dim, unbiased, correction, keepdim, dtype, mask, False)
 
 
-def std(input, dim=None, unbiased=None, *, correction=None, keepdim=False, dtype=None, mask=None):
+def std(
+    input: torch.Tensor,
+    dim: int | list[int] | tuple[int, ...] | None = None,
+    unbiased: bool | None = None,
+    *,
+    correction: float | None = None,
+    keepdim: bool = False,
+    dtype: torch.dtype | None = None,
+    mask: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Masked standard deviation: ``sqrt(var(...))``; fully masked-out slices give NaN."""
     return _std_var("std", input, dim, unbiased, correction, keepdim, dtype, mask, True)
 
 
-def median(input, dim=-1, *, keepdim=False, dtype=None, mask=None):
+def median(
+    input: torch.Tensor,
+    dim: int = -1,
+    *,
+    keepdim: bool = False,
+    dtype: torch.dtype | None = None,
+    mask: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Masked median (``torch.nanmedian`` of the masked-in elements: the lower median, NaN values
     ignored); fully masked-out slices give NaN (integer inputs raise ValueError then, as
     torch.masked)."""
@@ -408,8 +477,15 @@ def _every_position_stored(out) -> bool:
     return bool(out._coalesced) and stored == _index.numel(out._sparse_shape)
 
 
-def _argext(name, mode):
-    def op(input, dim=None, *, keepdim=False, dtype=None, mask=None):
+def _argext(name: str, mode: str) -> Callable[..., torch.Tensor]:
+    def op(
+        input: torch.Tensor,
+        dim: int | list[int] | tuple[int, ...] | None = None,
+        *,
+        keepdim: bool = False,
+        dtype: torch.dtype | None = None,
+        mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         if not is_sparse(input):
             return getattr(torch.masked, name)(
                 input, dim, keepdim=keepdim, dtype=dtype, mask=dense_mask(mask, input)
@@ -441,16 +517,16 @@ def _argext(name, mode):
             out0 = _arg(v[:0], seg[:0], sl.Pk, pos[:0], F0, n0, pr.expand(sl.Pk, sl.Pr), mode)
             return _finish(sl, out.to(dt), out0.to(dt), bool(keepdim), A._sf_layout)
 
-        with (
-            torch.no_grad()
-        ):  # an index: not differentiable (as torch.masked.argmax, whose result has no grad_fn)
+        # an index: not differentiable (as torch.masked.argmax, whose result has no grad_fn)
+        with torch.no_grad():
             return run(A, mask, compute, ref)
 
     op.__name__ = op.__qualname__ = name
     op.__doc__ = (
-        f"Masked {name}: ``torch.{name}(input.masked_fill(~mask, {'-inf' if mode == 'amax' else '+inf'}), "
-        "dim)`` (first index on ties, NaN is the extreme; the result has the input's dtype, as "
-        "torch.masked); fully masked-out slices give 0."
+        f"Masked {name}: ``torch.{name}(input.masked_fill(~mask, "
+        f"{'-inf' if mode == 'amax' else '+inf'}), dim)`` (first index on ties, NaN is the "
+        "extreme; the result has the input's dtype, as torch.masked); fully masked-out slices "
+        "give 0."
     )
     return op
 
@@ -481,7 +557,6 @@ def _ref(name, *args, mask=None, **kwargs):
         m = None if mask is None else dense_mask(mask, x)
         return getattr(torch.masked, name)(x, *args, mask=m, **kwargs)
 
-    f.probe = lambda x, m: getattr(torch.masked, name)(
-        x, *args, mask=m, **kwargs
-    )  # (check_dtype_as_torch_masked)
+    # (check_dtype_as_torch_masked)
+    f.probe = lambda x, m: getattr(torch.masked, name)(x, *args, mask=m, **kwargs)
     return f

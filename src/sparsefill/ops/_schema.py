@@ -1,8 +1,7 @@
 """Schema and meta helpers of aten calls: their flat arguments, what they write, and torch's result
-shape, dtype and errors without the data.
+shape, dtype and errors without the data (the same shape, dtype and errors)::
 
-    meta_call(func, A, *rest).shape == func(A.to_dense(), *rest).shape      (and the dtype, and the
-    errors)
+    meta_call(func, A, *rest).shape == func(A.to_dense(), *rest).shape
 
 Lower than every op handler: this module knows ``SparseTensor`` only as a type (``written_args``).
 """
@@ -81,7 +80,11 @@ def reduced_shape(shape, dims, keepdim: bool) -> list:
 
         reduced_shape(s, dims, keepdim) == list(torch.sum(torch.zeros(s), dims, keepdim).shape)
 
-    >>> reduced_shape((4, 5, 6), [1], False), reduced_shape((4, 5, 6), [-1], True), reduced_shape((4, 5), None, False)
+    >>> (
+    ...     reduced_shape((4, 5, 6), [1], False),
+    ...     reduced_shape((4, 5, 6), [-1], True),
+    ...     reduced_shape((4, 5), None, False),
+    ... )
     ([4, 6], [4, 5, 1], [])
     """
     nd = len(shape)
@@ -134,8 +137,7 @@ def check_dtype(func, A: torch.Tensor, *rest, **kwargs) -> None:
 
 def written_positions(func) -> tuple:
     """``(position, name, keyword-only)`` of each argument ``func``'s schema marks as written
-    (cached per op, under ``func._op``: an OpOverload's own ``__hash__`` is Python code, 0.3 µs a
-    lookup)."""
+    (cached per op, under ``func._op``: an OpOverload's own ``__hash__`` is Python code)."""
     w = _WRITTEN.get(func._op)
     if w is None:
         w = _WRITTEN[func._op] = tuple(

@@ -25,11 +25,12 @@ def assign_(A: SparseTensor, new: SparseTensor) -> SparseTensor:
         and tuple(new._size) != tuple(A._size)
         or new._vals.dtype != A._vals.dtype
     ):
-        # (the sizes made with, not .shape/.dtype: 1.4 µs each through __torch_function__)
+        # (the sizes made with, not .shape/.dtype: those go through __torch_function__)
         raise ValueError(
-            f"cannot store a result of shape {tuple(new.shape)} and dtype {new.dtype} in a SparseTensor "
-            f"of shape {tuple(A.shape)} and dtype {A.dtype}: a SparseTensor's shape and dtype are fixed, "
-            "so in-place ops that change them (resize_, t_, unsqueeze_...) are not supported"
+            f"cannot store a result of shape {tuple(new.shape)} and dtype {new.dtype} in a "
+            f"SparseTensor of shape {tuple(A.shape)} and dtype {A.dtype}: a SparseTensor's shape "
+            "and dtype are fixed, so in-place ops that change them (resize_, t_, unsqueeze_...) "
+            "are not supported"
         )
     if traced(A._vals) and _traced_write_(A, new):  # torch.compile (see _traced_write_)
         return A
@@ -70,12 +71,10 @@ def reshape_(A: SparseTensor, new: SparseTensor, func, args, kwargs) -> SparseTe
             f"{func}: a SparseTensor that is a view, has views or is traced keeps its shape "
             f"{tuple(A.shape)} (its views would not follow): use the out-of-place op"
         )
-    with (
-        no_dispatch()
-    ):  # the wrapper's own sizes and strides: func on it, dispatched to meta (as torch's
-        meta = (
-            torch._C._meta_in_tls_dispatch_include()
-        )  # return_and_correct_aliasing does for subclasses)
+    # the wrapper's own sizes and strides: func on it, dispatched to meta (as torch's
+    with no_dispatch():
+        # return_and_correct_aliasing does for subclasses)
+        meta = torch._C._meta_in_tls_dispatch_include()
         torch._C._set_meta_in_tls_dispatch_include(True)
         try:
             func(A, *args[1:], **kwargs)
@@ -142,9 +141,8 @@ def _traced_write_(A: SparseTensor, new: SparseTensor) -> bool:
     else:
         return False
     for a, b in pairs:
-        if not same_tensor(
-            a, b
-        ):  # (an index tensor the operands share: no write, whose copy AOTAutograd
+        # (an index tensor the operands share: no write, whose copy AOTAutograd
+        if not same_tensor(a, b):
             a.copy_(b)  # would make once per input that holds it)
     A._zero = new._zero
     return True

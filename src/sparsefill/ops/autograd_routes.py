@@ -1,5 +1,5 @@
-"""Autograd routes: torch functions whose backward must know the sparse pattern (DESIGN.md section
-10).
+"""Autograd routes: torch functions whose backward must know the sparse pattern (torch's own
+formula would form a dense gradient first; docs/architecture.md).
 
 Autograd's derivative formulas run above ``__torch_dispatch__``: for ``A @ X`` torch computes the
 gradient of the SparseTensor ``A`` as the dense ``G @ X^T`` (N x N) before any handler sees it.
@@ -48,13 +48,11 @@ _REQUIRES_GRAD_, _REQUIRES_GRAD = (
     torch._C.TensorBase.requires_grad_,
     torch._C.TensorBase.requires_grad,
 )
-_SETTER = type(
-    _REQUIRES_GRAD.__set__
-)  # ``A.requires_grad = True`` arrives as the descriptor's bound __set__
+# ``A.requires_grad = True`` arrives as the descriptor's bound __set__
+_SETTER = type(_REQUIRES_GRAD.__set__)
 ROUTES: dict = {}  # torch function (as __torch_function__ receives it) -> route(func, args, kwargs)
-ALWAYS: set = (
-    set()
-)  # functions routed with grad mode off too (torch decomposes them above __torch_dispatch__)
+# functions routed with grad mode off too (torch decomposes them above __torch_dispatch__)
+ALWAYS: set = set()
 # the functions route may take when every argument is a SparseTensor or a Python value, no keywords
 # (ROUTES' and requires_grad_): SparseTensor.__torch_function__ does not call route for any other
 # such call (route declines it)
@@ -83,9 +81,10 @@ def route(func, types, args, kwargs):
         if not _vmap_input():
             return NotImplemented
         raise NotImplementedError(
-            "sparsefill: torch.func.vmap over a SparseTensor's dim is not supported (torch's batching rules would "
-            "see its storage, and to_dense/values/fill_value would not run per example): pass it with in_dims=None "
-            "(shared by every example), or loop: torch.stack([f(a) for a in A.unbind(0)])"
+            "sparsefill: torch.func.vmap over a SparseTensor's dim is not supported (torch's "
+            "batching rules would see its storage, and to_dense/values/fill_value would not run "
+            "per example): pass it with in_dims=None (shared by every example), or loop: "
+            "torch.stack([f(a) for a in A.unbind(0)])"
         )
     if (
         torch._C._are_functorch_transforms_active()
@@ -93,15 +92,15 @@ def route(func, types, args, kwargs):
         and _differentiating()
     ):
         raise NotImplementedError(
-            f"sparsefill: {getattr(func, '__name__', func)} of a SparseTensor with an indefinite fill and a tensor of "
-            "a torch.func transform is not supported (the result, inside the transform, would be differentiated "
-            "with dense semantics); use torch.autograd.grad, or a defined fill"
+            f"sparsefill: {getattr(func, '__name__', func)} of a SparseTensor with an indefinite "
+            "fill and a tensor of a torch.func transform is not supported (the result, inside "
+            "the transform, would be differentiated with dense semantics); use "
+            "torch.autograd.grad, or a defined fill"
         )
     if func is _REQUIRES_GRAD_ or func.__class__ is _SETTER and func.__self__ is _REQUIRES_GRAD:
         out = torch._C._disabled_torch_function_impl(func, types, args, kwargs)
-        if isinstance(
-            args[0], SparseTensor
-        ):  # a leaf's .grad is a SparseTensor (_autograd.LeafGradHook)
+        # a leaf's .grad is a SparseTensor (_autograd.LeafGradHook)
+        if isinstance(args[0], SparseTensor):
             with torch._C.DisableTorchFunctionSubclass():
                 track_leaf(args[0])
         return out
@@ -109,9 +108,8 @@ def route(func, types, args, kwargs):
         return NotImplemented
     r = ROUTES.get(func)
     if r is not None:
-        with (
-            torch._C.DisableTorchFunctionSubclass()
-        ):  # attribute reads of SparseTensors: no re-entry
+        # attribute reads of SparseTensors: no re-entry
+        with torch._C.DisableTorchFunctionSubclass():
             out = r(func, args, kwargs)
         if out is not NotImplemented:
             return out
@@ -120,9 +118,8 @@ def route(func, types, args, kwargs):
     args = tuple(_dense_grad_arg(a) for a in args)
     kwargs = {k: _dense_grad_arg(v) for k, v in kwargs.items()}
     out = torch._C._disabled_torch_function_impl(func, types, args, kwargs)
-    gate(
-        out, func, args, kwargs
-    )  # torch's formulas for the SparseTensor operands: under the densify policy
+    # torch's formulas for the SparseTensor operands: under the densify policy
+    gate(out, func, args, kwargs)
     return out
 
 
@@ -134,9 +131,8 @@ def _vmap_input() -> bool:
     """``A.dim()`` called by ``torch.func.vmap`` checking the ``in_dims`` of its batched inputs (it
     reads the dim of an input only where its in_dim is not None): the SparseTensor is about to be
     batched."""
-    f = sys._getframe(
-        2
-    )  # (route's caller: the op layer's loader, then SparseTensor.__torch_function__)
+    # (route's caller: the op layer's loader, then SparseTensor.__torch_function__)
+    f = sys._getframe(2)
     for _ in range(4):
         if f is None:
             return False
@@ -209,9 +205,8 @@ def _is_dense_needing_grad(a) -> bool:
 
 
 def _grad_wrap(a):
-    return (
-        DenseGrad.apply(a) if a.layout is torch.strided else NativeGrad.apply(a)
-    )  # (native: _autograd.native_grad)
+    # (native: _autograd.native_grad)
+    return DenseGrad.apply(a) if a.layout is torch.strided else NativeGrad.apply(a)
 
 
 def _needs_dense_grads(args, kwargs) -> bool:
@@ -299,4 +294,6 @@ from sparsefill.ops.reductions import backward as reduction_autograd  # noqa: E4
 from sparsefill.ops.pointwise import dropout  # noqa: E402,F401  (dropout of a zero or masked fill: the stored values)
 from sparsefill.ops.linalg import sampled_backward as sampled_autograd  # noqa: E402,F401  (x.sparse_mask(A): x's gradient at A's pattern)
 from sparsefill.ops.shape import index_backward as index_autograd  # noqa: E402,F401  (row and column selection: a sparse backward)
-from sparsefill.ops.shape import split as split_routes  # noqa: E402,F401  (hsplit/vsplit/dsplit/tensor_split: the pieces' gradients joined)
+
+# (hsplit/vsplit/dsplit/tensor_split: the pieces' gradients joined)
+from sparsefill.ops.shape import split as split_routes  # noqa: E402,F401

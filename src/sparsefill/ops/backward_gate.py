@@ -12,7 +12,9 @@ outputs and its operands) whose gradient reaches a SparseTensor operand, and reg
 pre-hook that asks the densify gate *before* the formula
 runs::
 
-    check_densify(<node> of <op>, <dense bytes of the SparseTensor operands it differentiates>, by_nature=True)
+    check_densify(
+        <node> of <op>, <dense bytes of the SparseTensor operands it differentiates>, by_nature=True
+    )
 
 when no gradient reaching the node is a SparseTensor (a formula on SparseTensor gradients runs
 through the handlers, which ask the gate themselves).  So a byte limit holds in backward as in
@@ -26,12 +28,14 @@ gated.
 
 >>> import torch, sparsefill
 >>> A = sparsefill.sparse_coo_tensor([[0, 1], [1, 0]], [1., 2.], (2, 2)).requires_grad_()
->>> y = A @ torch.ones(2, 3)   # a leaf's gradient has dense semantics: MmBackward0's grad @ X^T, (2, 2)
+>>> y = A @ torch.ones(
+...     2, 3
+... )  # a leaf's gradient has dense semantics: MmBackward0's grad @ X^T, (2, 2)
 >>> with sparsefill.densify_policy(limit_bytes=8):
-...     y.sum().backward()
+...     y.sum().backward()  # doctest: +ELLIPSIS
 Traceback (most recent call last):
 ...
-sparsefill.DensifyError: MmBackward0 (torch's derivative formula of matmul) forms the dense gradient of a SparseTensor operand of shape (2, 2): densifying needs 16 bytes, over the densify policy's limit of 8 bytes (see sparsefill.densify_policy)
+sparsefill.DensifyError: MmBackward0 (torch's derivative formula of matmul) forms ...
 """
 
 from __future__ import annotations
@@ -129,8 +133,8 @@ def _walk(node, sparse, stop, leads, name) -> bool:
     leads[node] = reach
     if reach and node.name() not in _NO_DENSE and not _own_function(node):
         what = (
-            f"{node.name()} (torch's derivative formula of {name}) forms the dense gradient of a SparseTensor "
-            f"operand of shape {', '.join(map(str, shapes))}"
+            f"{node.name()} (torch's derivative formula of {name}) forms the dense gradient of a "
+            f"SparseTensor operand of shape {', '.join(map(str, shapes))}"
         )
         if node.name() in _ON_SAVED_OPERANDS:  # (runs through the handlers: judged by its result)
             node.register_hook(functools.partial(_judge, what, nbytes, at))

@@ -30,9 +30,9 @@ aten = torch.ops.aten
 
 @register(aten.detach.default, aten.alias.default)
 def _alias(func, args, kwargs):
-    """``A.detach()``, ``alias``: ``A``'s inner tensors in a new wrapper (``SparseTensor._make``, 5
-    µs less than ``rewrap``'s checked constructor; the known-zero record of the same fill tensor
-    carried over)."""
+    """``A.detach()``, ``alias``: ``A``'s inner tensors in a new wrapper (``SparseTensor._make``:
+    the parts are ``A``'s, already checked, so ``rewrap``'s checked constructor is skipped; the
+    known-zero record of the same fill tensor carried over)."""
     A = args[0]
     out = SparseTensor._make(
         A._sf_layout,
@@ -109,18 +109,15 @@ def _copy_(func, args, kwargs):
     if not isinstance(dst, SparseTensor):  # a dense target is dense by nature
         return dst.copy_(dense_of(src))
     if isinstance(src, SparseTensor):
-        if (
-            src.dense_dim() != dst.dense_dim() and src.shape == dst.shape
-        ):  # src at dst's split, exactly
-            conv = to_dense_dim(
-                src, dst.dense_dim()
-            )  # (None: an indefinite src with a partly masked slice)
+        # src at dst's split, exactly
+        if src.dense_dim() != dst.dense_dim() and src.shape == dst.shape:
+            # (None: an indefinite src with a partly masked slice)
+            conv = to_dense_dim(src, dst.dense_dim())
             src = src if conv is None else conv
         if src.shape != dst.shape or src.dense_dim() != dst.dense_dim():
             return NotImplemented
-        held = {
-            id(t) for t in (dst._idx, dst._crow, dst._col) if t is not None
-        }  # (dst's own: no copy, no write)
+        # (dst's own: no copy, no write)
+        held = {id(t) for t in (dst._idx, dst._crow, dst._col) if t is not None}
         new = map_inner(
             _coalesced_for_cast(src, dst.dtype),
             lambda t: t.to(dtype=dst.dtype, device=dst.device, copy=True),
@@ -141,9 +138,8 @@ def _equal(func, args, kwargs):
     a, b = args
     if a.shape != b.shape:
         return False
-    if not (
-        isinstance(a, SparseTensor) and isinstance(b, SparseTensor)
-    ):  # the dense side is dense by nature
+    # the dense side is dense by nature
+    if not (isinstance(a, SparseTensor) and isinstance(b, SparseTensor)):
         return torch.equal(*(dense_of(t) if isinstance(t, SparseTensor) else t for t in (a, b)))
     if b._sparse_shape != a._sparse_shape:  # split differently: compared at one split, exactly
         a, b = one_split([a, b], a._sf_layout)[0]
@@ -170,12 +166,11 @@ def _item(func, args, kwargs):
     vals = coalesced_parts(A)[1]
     if A._indefinite and not traced(vals) and not vals.shape[0]:
         raise ValueError(
-            "item(): the element of this SparseTensor is unspecified and its fill is indefinite (masked "
-            "out: no value); give it a fill: A.to_dense(fill_value=...).item()"
+            "item(): the element of this SparseTensor is unspecified and its fill is indefinite "
+            "(masked out: no value); give it a fill: A.to_dense(fill_value=...).item()"
         )
-    return func(
-        torch.cat([vals.reshape(-1), A._fill.reshape(-1).to(vals.dtype)])[0]
-    )  # the stored value first
+    # the stored value first
+    return func(torch.cat([vals.reshape(-1), A._fill.reshape(-1).to(vals.dtype)])[0])
 
 
 @register(aten.allclose.default)
@@ -231,9 +226,8 @@ def _is_same_size(func, args, kwargs):
     aten.new_full.default,
     aten.new_empty_strided.default,
 )
-def _new_dense(
-    func, args, kwargs
-):  # torch semantics: a new strided tensor with self's dtype and device
+# torch semantics: a new strided tensor with self's dtype and device
+def _new_dense(func, args, kwargs):
     A = args[0]
     same = {"dtype": A.dtype, "device": A.device, "layout": torch.strided}
     if (

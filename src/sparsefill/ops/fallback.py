@@ -20,23 +20,20 @@ from sparsefill._tensor.tensor import SparseTensor
 from sparsefill.ops._schema import broadcast_error, written_args
 from sparsefill.ops._writes import respecify_
 
-_EQUAL = (
-    torch.ops.aten.equal.default
-)  # tagged pointwise, but compares the shapes (False where they differ)
+# tagged pointwise, but compares the shapes (False where they differ)
+_EQUAL = torch.ops.aten.equal.default
 _POINTWISE = torch.Tag.pointwise
 
 
 def densify_call(func, args, kwargs):
     flat, spec = tree_flatten((args, kwargs))
     sparse = [a for a in flat if isinstance(a, SparseTensor)]
-    if (
-        _POINTWISE in func.tags and func is not _EQUAL
-    ):  # torch's error where the operands do not broadcast, first
+    # torch's error where the operands do not broadcast, first
+    if _POINTWISE in func.tags and func is not _EQUAL:
         broadcast_error(args, kwargs)
     check_densify(str(func), sum(a.numel() * a.element_size() for a in sparse))
-    if any(
-        a._indefinite for a in sparse
-    ):  # (dense_of would say "to_dense()": a call the user never made)
+    # (dense_of would say "to_dense()": a call the user never made)
+    if any(a._indefinite for a in sparse):
         raise ValueError(
             f"{func} has no sparse handler and is computed on the dense equivalent, but an operand "
             "has an indefinite fill (masked-out elements have no dense value): give it a fill "
@@ -52,9 +49,8 @@ def densify_call(func, args, kwargs):
         respecify_(A, dense_for[id(A)])
     if written:
         return tree_map(lambda o: written.get(id(o), o), out)
-    if func.is_view and isinstance(
-        args[0], SparseTensor
-    ):  # a view stays a SparseTensor (see views.py)
+    # a view stays a SparseTensor (see views.py)
+    if func.is_view and isinstance(args[0], SparseTensor):
         return tree_map_only(torch.Tensor, lambda t: _resparsify(t, args[0]), out)
     return out
 

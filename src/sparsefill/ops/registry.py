@@ -9,7 +9,8 @@ can meet their handlers); the densify fallback (``fallback.py``).  Around every 
 The boundary rule, enforced here for every call: an operand or op sparsefill does not understand
 is converted exactly or refused, never ignored::
 
-    op(A, nat) == op(A, sparsefill.from_torch(nat))      a torch native sparse operand (any layout: fill 0)
+    op(A, nat) == op(A, sparsefill.from_torch(nat))
+        a torch native sparse operand (any layout: fill 0)
 
 * a native sparse tensor (COO, CSR, CSC, BSR, BSC; hybrid, batched) becomes a SparseTensor with fill
   0 before any handler runs; one the op writes to (``nat.add_(A)``, ``out=nat``) is refused
@@ -93,9 +94,8 @@ def dispatch(func, types, args, kwargs):
             if func not in KEEPS_NATIVE:
                 args, kwargs = _convert_foreign(func, args, kwargs)
             break
-    if (
-        not _no_reverse_transform()
-    ):  # (torch.func.grad/vjp/jacrev run: an indefinite fill through their wrapper)
+    # (torch.func.grad/vjp/jacrev run: an indefinite fill through their wrapper)
+    if not _no_reverse_transform():
         _func_guard(func, args, kwargs)
     return views.around(func, args, kwargs, compute)
 
@@ -151,9 +151,9 @@ def _check_types(func, types) -> None:
             ok = _KNOWN_TYPES[t] = _known_type(t)
         if not ok:
             raise TypeError(
-                f"sparsefill: {func} got an operand of type {t.__module__}.{t.__qualname__}, a tensor "
-                "subclass sparsefill does not know how to compute with; convert it to a dense tensor "
-                "or a sparsefill.SparseTensor first"
+                f"sparsefill: {func} got an operand of type {t.__module__}.{t.__qualname__}, a "
+                "tensor subclass sparsefill does not know how to compute with; convert it to a "
+                "dense tensor or a sparsefill.SparseTensor first"
             )
 
 
@@ -215,17 +215,16 @@ def unannotated_mutation(func) -> str | None:
         return None
     if ns == "c10d":
         return (
-            "a c10d collective writes its tensor arguments through a process group, and its schema does "
-            "not mark them (no '(a!)')"
+            "a c10d collective writes its tensor arguments through a process group, and its "
+            "schema does not mark them (no '(a!)')"
         )
     if name.endswith("_") and not name.endswith("__"):
         return "the op is named as in-place but its schema marks no argument as written"
     return None
 
 
-LAZY = {
-    "c10d": "sparsefill.distributed"
-}  # op namespace -> the module whose import registers its handlers
+# op namespace -> the module whose import registers its handlers
+LAZY = {"c10d": "sparsefill.distributed"}
 
 
 def _load_handlers(func) -> bool:
@@ -259,9 +258,8 @@ def compute(func, args, kwargs):
         out = handler(func, args, kwargs)
         if out is not NotImplemented:
             return out
-    if (
-        reason is not None
-    ):  # (handlers for such ops, e.g. the collectives, are registered above this line)
+    # (handlers for such ops, e.g. the collectives, are registered above this line)
+    if reason is not None:
         _PLANS.pop(func._op, None)
         if _load_handlers(func):
             return compute(func, args, kwargs)
@@ -279,8 +277,9 @@ def compute(func, args, kwargs):
     return densify_call(func, args, kwargs)
 
 
-_PLANS: dict = {}  # OpOverload._op -> _plan(func) (an OpOverload's own __hash__ is Python code, 0.3 µs); cleared by
-# every registration
+# OpOverload._op -> _plan(func) (an OpOverload's own __hash__ is Python code); cleared by every
+# registration
+_PLANS: dict = {}
 
 
 def _plan(func) -> tuple:

@@ -66,7 +66,8 @@ INVOLUTIONS = {
 class View(NamedTuple):
     """What a view ``V`` is of its base, as ``V._view`` holds it::
 
-        V == func(base, *args, **kwargs)         ([index] of that for a multi-output view op: unbind, split)
+        V == func(base, *args, **kwargs)
+            ([index] of that for a multi-output view op: unbind, split)
 
     as of ``state``, the base's :func:`_state` when ``V`` last agreed with it."""
 
@@ -91,9 +92,8 @@ def around(func, args, kwargs, call):
         if isinstance(a, SparseTensor) and a._view is not None:
             sync(a)
     written = [A for A in written_args(func, args, kwargs) if A._view is not None]
-    before = [
-        {k: getattr(A, k) for k in _STATE[:-1]} for A in written
-    ]  # (in-place ops replace, never mutate)
+    # (in-place ops replace, never mutate)
+    before = [{k: getattr(A, k) for k in _STATE[:-1]} for A in written]
     out = call(func, args, kwargs)
     if func.is_view and isinstance(args[0], SparseTensor):
         track(out, func, args, kwargs)
@@ -250,7 +250,8 @@ def strided_map(V: SparseTensor):
     ):
         return None
     sizes, strides = tuple(out.shape), tuple(out.stride())
-    reach = 0  # non-overlapping: each stride exceeds the span of the smaller ones (greedy decoding is exact)
+    # non-overlapping: each stride exceeds the span of the smaller ones (greedy decoding is exact)
+    reach = 0
     for d in sorted((d for d in range(len(sizes)) if sizes[d] > 1), key=lambda d: strides[d]):
         if strides[d] <= reach:
             return None
@@ -314,16 +315,15 @@ def _write_masked(V, base, smap, bs, bv, wkeys, wvals) -> None:
     D = tuple(base._dense_shape)
     Q = _index.numel(D)
     E = (bs[:, None] * Q + torch.arange(Q, device=bs.device)).reshape(-1)
-    spec = (~_decode(E, smap)[0] | _index.lookup(wkeys, E)[1]).view(
-        -1, Q
-    )  # specified after the write
+    # specified after the write
+    spec = (~_decode(E, smap)[0] | _index.lookup(wkeys, E)[1]).view(-1, Q)
     keep = spec.all(1)  # (the others: wholly in the region and not written, so dropped)
     ws, counts = torch.unique_consecutive(wkeys // Q, return_counts=True)
     fresh = ~_index.lookup(bs, ws)[1]
     if bool((spec.any(1) & ~keep).any()) or bool((counts[fresh] != Q).any()):
         raise ValueError(
-            f"writing through a view ({V._view.func}) of a SparseTensor with indefinite fill and dense "
-            f"dims {D}: a dense slice of the base would be left partly specified"
+            f"writing through a view ({V._view.func}) of a SparseTensor with indefinite fill and "
+            f"dense dims {D}: a dense slice of the base would be left partly specified"
         )
     bs, bv = bs[keep], bv[keep]
     U, inv = _index.unique_inverse(torch.cat([bs, ws]))
@@ -375,9 +375,8 @@ def write_native(V: SparseTensor) -> bool:
     fV = V._fill.expand(V._dense_shape).reshape(-1)
     ndv = V.dense_dim()
     extra = bs.new_zeros(0)
-    if not _fills_agree(
-        V, base, smap
-    ):  # the region takes V's fill: specify where it differs from the base's
+    # the region takes V's fill: specify where it differs from the base's
+    if not _fills_agree(V, base, smap):
         n = V.numel()
         check_specify(
             f"a write through a view whose fill differs from its base's ({n} positions)",
@@ -390,9 +389,8 @@ def write_native(V: SparseTensor) -> bool:
         fb = base._fill.expand(D).reshape(-1)[keys % Q]
         extra = torch.unique(keys[differs(fv, fb)] // Q)
 
-    def region_takes_fill(
-        flat, slots
-    ):  # the region's elements of the stored slices `slots` take V's fill
+    # the region's elements of the stored slices `slots` take V's fill
+    def region_takes_fill(flat, slots):
         inR, ev = _decode(
             (slots[:, None] * Q + torch.arange(Q, device=slots.device)).reshape(-1), smap
         )
@@ -411,9 +409,8 @@ def write_native(V: SparseTensor) -> bool:
     out.index_copy_(0, inv[: bs.numel()], bv)
     region_takes_fill(out.view(-1), U)
     out.view(-1)[inv[bs.numel() : bs.numel() + wkeys.numel()] * Q + wkeys % Q] = wvals
-    idx = bi.new_empty(
-        (bi.shape[0], U.numel())
-    )  # the base's indices moved, the new ones unravelled
+    # the base's indices moved, the new ones unravelled
+    idx = bi.new_empty((bi.shape[0], U.numel()))
     idx[:, inv[: bs.numel()]] = bi
     added = inv[bs.numel() :]
     idx[:, added] = _index.unravel(U[added], base._sparse_shape)

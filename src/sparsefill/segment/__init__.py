@@ -1,4 +1,4 @@
-"""sparsefill.segment: the Caffe2 segment operations on plain tensors (caffe2-sparse-operations.md).
+"""sparsefill.segment: the Caffe2 segment operations on plain tensors.
 
 A batch of variable-length examples is a values tensor (rows along dim 0) plus one of
 ``lengths``, ``offsets``, sorted or unsorted ``segment_ids``, or a padded tensor; this package
@@ -11,7 +11,8 @@ Modules (each small enough to read at once):
   ``sparse_to_dense``, ``lengths_top_k``;
 * ``_reduce_ops``       -- ``reduce(data, reducer, lengths= | offsets= | segment_ids=, indices=,
   weights=)`` for ``sum mean sqrt_n weighted_sum weighted_mean positional_weighted_sum max min prod
-  logsumexp logmeanexp``, built on the reducer protocol of ``sparsefill._kernels.reducer``, with autograd;
+  logsumexp logmeanexp``, built on the reducer protocol of ``sparsefill._kernels.reducer``, with
+  autograd;
 * ``_aliases``          -- the Caffe2 names (``lengths_sum``, ``sparse_lengths_weighted_sum``,
   ``unsorted_segment_max``, ``reduce_front_mean``, ...), generated from one table;
 * ``_plan``, ``_kernels``, ``_numba_kernels`` -- the canonical segment order and the kernels
@@ -40,6 +41,8 @@ tensor([[12.,  7.],
 tensor([[12.,  7.],
         [14., 12.]])
 """
+
+from typing import TYPE_CHECKING
 
 from sparsefill.segment._repr import (
     gather_ranges,
@@ -72,6 +75,55 @@ from sparsefill.segment import _aliases
 from sparsefill.segment._aliases import ALIASES
 
 globals().update({_n: getattr(_aliases, _n) for _n in ALIASES})
+
+if TYPE_CHECKING:  # the aliases made above, for type checkers (tests/test_lint.py: the same names)
+    from collections.abc import Callable
+
+    import torch
+
+    lengths_max: Callable[..., torch.Tensor]
+    lengths_mean: Callable[..., torch.Tensor]
+    lengths_sum: Callable[..., torch.Tensor]
+    lengths_weighted_sum: Callable[..., torch.Tensor]
+    reduce_back_max: Callable[..., torch.Tensor]
+    reduce_back_mean: Callable[..., torch.Tensor]
+    reduce_back_min: Callable[..., torch.Tensor]
+    reduce_back_sum: Callable[..., torch.Tensor]
+    reduce_back_weighted_sum: Callable[..., torch.Tensor]
+    reduce_front_max: Callable[..., torch.Tensor]
+    reduce_front_mean: Callable[..., torch.Tensor]
+    reduce_front_min: Callable[..., torch.Tensor]
+    reduce_front_sum: Callable[..., torch.Tensor]
+    reduce_front_weighted_sum: Callable[..., torch.Tensor]
+    sorted_segment_max: Callable[..., torch.Tensor]
+    sorted_segment_mean: Callable[..., torch.Tensor]
+    sorted_segment_min: Callable[..., torch.Tensor]
+    sorted_segment_range_logmeanexp: Callable[..., torch.Tensor]
+    sorted_segment_range_logsumexp: Callable[..., torch.Tensor]
+    sorted_segment_range_max: Callable[..., torch.Tensor]
+    sorted_segment_range_mean: Callable[..., torch.Tensor]
+    sorted_segment_range_sum: Callable[..., torch.Tensor]
+    sorted_segment_sum: Callable[..., torch.Tensor]
+    sorted_segment_weighted_sum: Callable[..., torch.Tensor]
+    sparse_lengths_mean: Callable[..., torch.Tensor]
+    sparse_lengths_positional_weighted_sum: Callable[..., torch.Tensor]
+    sparse_lengths_sum: Callable[..., torch.Tensor]
+    sparse_lengths_weighted_sum: Callable[..., torch.Tensor]
+    sparse_sorted_segment_max: Callable[..., torch.Tensor]
+    sparse_sorted_segment_mean: Callable[..., torch.Tensor]
+    sparse_sorted_segment_min: Callable[..., torch.Tensor]
+    sparse_sorted_segment_sum: Callable[..., torch.Tensor]
+    sparse_sorted_segment_weighted_sum: Callable[..., torch.Tensor]
+    sparse_unsorted_segment_max: Callable[..., torch.Tensor]
+    sparse_unsorted_segment_mean: Callable[..., torch.Tensor]
+    sparse_unsorted_segment_min: Callable[..., torch.Tensor]
+    sparse_unsorted_segment_sum: Callable[..., torch.Tensor]
+    sparse_unsorted_segment_weighted_sum: Callable[..., torch.Tensor]
+    unsorted_segment_max: Callable[..., torch.Tensor]
+    unsorted_segment_mean: Callable[..., torch.Tensor]
+    unsorted_segment_min: Callable[..., torch.Tensor]
+    unsorted_segment_sum: Callable[..., torch.Tensor]
+    unsorted_segment_weighted_sum: Callable[..., torch.Tensor]
 
 __all__ = [
     "lengths_to_segment_ids",

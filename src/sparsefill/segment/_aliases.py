@@ -2,11 +2,10 @@
 
 Positional arguments follow Caffe2's input order (``DATA, [SCALARS,] [INDICES,]
 LENGTHS|SEGMENT_IDS``); keyword arguments go to ``reduce`` unchanged.  The table ``ALIASES`` maps
-every name to
-``(family, reducer)``::
+every name to ``(family, reducer)``::
 
     lengths_<r>(data, [weights,] lengths)                     reduce(data, r, lengths=lengths)
-    sparse_lengths_<r>(data, [weights,] indices, lengths)     reduce(data, r, lengths=..., indices=...)
+    sparse_lengths_<r>(data, [weights,] indices, lengths)  reduce(data, r, lengths=..., indices=...)
     sorted_segment_<r>(data, [weights,] segment_ids)          reduce(data, r, segment_ids=...)
     sorted_segment_range_<r>(data, segment_ids)               the same (Caffe2's Range kernels)
     sparse_sorted_segment_<r>(data, [weights,] indices, segment_ids)
@@ -16,12 +15,18 @@ every name to
     reduce_back_<r>(data, [weights,] num_reduce_dims=1)       the last dims reduced as one segment
 
 >>> import torch
->>> sorted_segment_sum(torch.tensor([[1., 4.], [3., 2.], [8., 1.], [9., 4.], [5., 8.]]), torch.tensor([0, 0, 0, 1, 1]))
+>>> sorted_segment_sum(
+...     torch.tensor([[1.0, 4.0], [3.0, 2.0], [8.0, 1.0], [9.0, 4.0], [5.0, 8.0]]),
+...     torch.tensor([0, 0, 0, 1, 1]),
+... )
 tensor([[12.,  7.],
         [14., 12.]])
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -70,13 +75,16 @@ ALIASES: dict[str, tuple[str, str]] = {
 }
 
 
-def _make(family: str, rname: str):
+def _make(family: str, rname: str) -> Callable[..., torch.Tensor]:
     _, fused, rep, is_sorted = _FAMILIES[family]
     weighted = SEGMENT_REDUCERS[rname].weights is not None
+    alias: Callable[..., torch.Tensor]
 
     if rep in ("front", "back"):
 
-        def alias(data, *args, num_reduce_dims: int = 1, **kw):
+        def over_dims(
+            data: torch.Tensor, *args: Any, num_reduce_dims: int = 1, **kw: Any
+        ) -> torch.Tensor:
             if not 0 <= num_reduce_dims <= data.dim():
                 raise ValueError(
                     f"num_reduce_dims must be in [0, {data.dim()}], got {num_reduce_dims}"
@@ -89,27 +97,32 @@ def _make(family: str, rname: str):
             lengths = torch.tensor([x.shape[0]], device=data.device)
             out = reduce(x, rname, lengths=lengths, weights=args[0] if weighted else None, **kw)[0]
             return out
+
+        alias = over_dims
     else:
         n_pos = int(weighted) + int(fused) + 1
 
-        def alias(data, *args, **kw):
+        def positional(data: torch.Tensor, *args: Any, **kw: Any) -> torch.Tensor:
             if len(args) != n_pos:
                 raise TypeError(
                     f"{family}_{rname}() takes data and {n_pos} more positional tensors "
                     f"({', '.join(_arg_names(weighted, fused, rep))}), got {len(args)}"
                 )
-            args = list(args)
-            w = args.pop(0) if weighted else None
-            idx = args.pop(0) if fused else None
+            rest = list(args)
+            w = rest.pop(0) if weighted else None
+            idx = rest.pop(0) if fused else None
+            order: dict[str, Any] = {} if is_sorted else {"sorted": False}
             return reduce(
                 data,
                 rname,
-                **{rep: args[0]},
+                **{rep: rest[0]},
                 indices=idx,
                 weights=w,
-                **({} if is_sorted else {"sorted": False}),
+                **order,
                 **kw,
             )
+
+        alias = positional
 
     alias.__name__ = alias.__qualname__ = f"{family}_{rname}"
     caffe2 = "".join(p.capitalize() for p in family.split("_")) + "".join(

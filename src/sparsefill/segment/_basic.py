@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import torch
 
-from sparsefill._kernels.segment_check import as_index, check_indices
+from sparsefill._kernels.segment_check import IndexLike, as_index, check_indices
 
 __all__ = ["gather", "scatter_assign", "scatter_weighted_sum"]
 
 
-def gather(data: torch.Tensor, indices, *, validate: bool = True) -> torch.Tensor:
+def gather(data: torch.Tensor, indices: IndexLike, *, validate: bool = True) -> torch.Tensor:
     """``out[i...] = data[indices[i...]]`` along dim 0 (an embedding lookup; ``indices`` of any
     shape).
 
@@ -51,7 +51,7 @@ def _check_slices(data, idx, slices, name):
         raise TypeError(f"{name} must have the dtype of data ({data.dtype}), got {slices.dtype}")
 
 
-def scatter_assign(data: torch.Tensor, indices, slices: torch.Tensor) -> torch.Tensor:
+def scatter_assign(data: torch.Tensor, indices: IndexLike, slices: torch.Tensor) -> torch.Tensor:
     """In place: ``data[indices[i]] = slices[i]``; for a repeated index the last occurrence wins.
     Returns ``data``.
 
@@ -71,7 +71,9 @@ def scatter_assign(data: torch.Tensor, indices, slices: torch.Tensor) -> torch.T
     return data.index_copy_(0, rows, slices.index_select(0, last[rows]))
 
 
-def scatter_weighted_sum(data: torch.Tensor, weight0, indices, *updates) -> torch.Tensor:
+def scatter_weighted_sum(
+    data: torch.Tensor, weight0: torch.Tensor, indices: IndexLike, *updates: torch.Tensor
+) -> torch.Tensor:
     """In place, Caffe2's sequential rule: every occurrence of a row in ``indices`` scales it by
     ``weight0``,
     then every update adds ``w_k * x_k[i]``::
@@ -91,7 +93,8 @@ def scatter_weighted_sum(data: torch.Tensor, weight0, indices, *updates) -> torc
     ]:
         if torch.as_tensor(w).numel() != 1:  # Caffe2 enforces one weight per update
             raise ValueError(
-                f"{name} must be a scalar (one element), got shape {tuple(torch.as_tensor(w).shape)}"
+                f"{name} must be a scalar (one element), got shape "
+                f"{tuple(torch.as_tensor(w).shape)}"
             )
     idx = as_index(indices, "indices", data.device).long()
     xs = updates[0::2]

@@ -22,8 +22,9 @@ from __future__ import annotations
 import torch
 
 from sparsefill._kernels import engine as _engine, reducer as _reduce
-from sparsefill._creation.constructors import sparse_csr_tensor
-from sparsefill._kernels.segment_check import as_index, check_indices, check_lengths
+from sparsefill._creation.constructors import FillValue, sparse_csr_tensor
+from sparsefill._tensor.tensor import SparseTensor
+from sparsefill._kernels.segment_check import IndexLike, as_index, check_indices, check_lengths
 from sparsefill.segment._repr import lengths_range_fill, lengths_to_offsets
 
 __all__ = ["to_sparse_csr", "from_sparse_csr", "ids_to_sparse", "csr_row_reduce"]
@@ -42,12 +43,12 @@ _ROW_REDUCERS = {
 
 def to_sparse_csr(
     data: torch.Tensor,
-    lengths,
+    lengths: IndexLike,
     *,
     num_columns: int | None = None,
-    fill_value=0,
+    fill_value: FillValue = 0,
     validate: bool = True,
-):
+) -> SparseTensor:
     """The batch as a CSR SparseTensor of shape ``(S, L, *data.shape[1:])`` (``L = num_columns`` or
     the longest segment); differentiable in ``data`` (through the constructor)."""
     lengths = as_index(lengths, "lengths", data.device)
@@ -70,7 +71,7 @@ def to_sparse_csr(
     )
 
 
-def from_sparse_csr(A) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def from_sparse_csr(A: SparseTensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(values, lengths, columns)`` of a 2-D CSR SparseTensor (``lengths`` = stored elements per
     row).
 
@@ -81,19 +82,20 @@ def from_sparse_csr(A) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     crow = A.crow_indices()
     if crow.dim() != 1:
         raise ValueError(
-            f"from_sparse_csr needs a CSR tensor without batch dims, got crow of shape {tuple(crow.shape)}"
+            "from_sparse_csr needs a CSR tensor without batch dims, got crow of shape "
+            f"{tuple(crow.shape)}"
         )
     return A.values(), crow.diff(), A.col_indices()
 
 
 def ids_to_sparse(
-    ids,
-    lengths,
+    ids: IndexLike,
+    lengths: IndexLike,
     num_ids: int | None = None,
     *,
     weights: torch.Tensor | None = None,
     validate: bool = True,
-):
+) -> SparseTensor:
     """The id lists as a CSR SparseTensor ``(S, num_ids)``: ``A[s, j] = sum of weights[i]`` over the
     positions ``i`` of segment ``s`` with ``ids[i] == j`` (fill 0).  ``num_ids`` defaults to
     ``max(ids) + 1``."""
@@ -123,19 +125,19 @@ def ids_to_sparse(
     )
 
 
-def csr_row_reduce(A, reducer: str = "sum") -> torch.Tensor:
+def csr_row_reduce(A: SparseTensor, reducer: str = "sum") -> torch.Tensor:
     """Reduce every row of a 2-D CSR SparseTensor, its unspecified elements included (dense result).
 
     The rows are segments of the stored values; the ``n_s = ncols - nse_s`` fills of row ``s`` join
     in
     closed form through the reducer protocol (``sparsefill._kernels.reducer``)::
 
-        csr_row_reduce(A, r)[s] == r(A.to_dense()[s])           (an indefinite fill: the fills are skipped)
+        csr_row_reduce(A, r)[s] == r(A.to_dense()[s])    (an indefinite fill: the fills are skipped)
 
-    ``reducer``: ``sum mean max min prod logsumexp``.  The engine is ``_kernels.engine.choose``'s for CSR
-    rows (the SpMV for sums, the compiled sorted kernels for max and min on the compiled segment
-    backend); the protocol folds the fills and finalizes with the count; differentiable in the
-    values and the fill.
+    ``reducer``: ``sum mean max min prod logsumexp``.  The engine is ``_kernels.engine.choose``'s
+    for CSR rows (the SpMV for sums, the compiled sorted kernels for max and min on the compiled
+    segment backend); the protocol folds the fills and finalizes with the count; differentiable in
+    the values and the fill.
 
     >>> import sparsefill
     >>> A = sparsefill.sparse_csr_tensor([0, 2, 2], [0, 3], [5., -1.], (2, 4), fill_value=2.)

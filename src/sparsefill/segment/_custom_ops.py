@@ -9,27 +9,32 @@ then, at run time, and raise the eager errors), its fake implementation gives th
 the input sizes, or a dynamic size
 (``_compile.new_dynamic_size()``: also without ``fullgraph``) where they depend on the data::
 
-    sparsefill::segment_reduce(data, ...)      == segment.reduce(data, ...)          (out, arg); autograd:
-    sparsefill::segment_reduce_backward(...)   == the gradients of _SegmentReduceFn  (data, or rows+values; weights)
-    sparsefill::sparse_adagrad_(param!, moment!, indices, grad, ...)          == segment.sparse_adagrad
-    sparsefill::rowwise_sparse_adagrad_(param!, moment!, indices, grad, ...)  == segment.rowwise_sparse_adagrad
+    sparsefill::segment_reduce(data, ...)      == segment.reduce(data, ...)    (out, arg); autograd:
+    sparsefill::segment_reduce_backward(...)
+        == the gradients of _SegmentReduceFn  (data, or rows+values; weights)
+    sparsefill::sparse_adagrad_(param!, moment!, indices, grad, ...)       == segment.sparse_adagrad
+    sparsefill::rowwise_sparse_adagrad_(param!, moment!, indices, grad, ...)
+        == segment.rowwise_sparse_adagrad
     sparsefill::sparse_ftrl_(param!, n!, z!, indices, grad, ...)              == segment.sparse_ftrl
     sparsefill::jagged_key_lists(values, values_lengths, keys, example_lengths, wanted)
         == (offsets of the (key, example) lists, per wanted key its entries of values)
-    sparsefill::jagged_pooled(tables, values, values_lengths, keys, example_lengths, wanted, table_of, reducer, ...)
-        == (per wanted key segment_reduce(tables[table_of[j]], ...) over its ids; offsets; per key its ids); autograd:
-    sparsefill::jagged_pooled_backward(grads, tables, table_of, offsets, lists, ...)  == the tables' gradients
+    sparsefill::jagged_pooled(tables, values, values_lengths, keys, example_lengths, wanted,
+                              table_of, reducer, ...)
+        == (per wanted key segment_reduce(tables[table_of[j]], ...) over its ids; offsets; per key
+            its ids); autograd:
+    sparsefill::jagged_pooled_backward(grads, tables, table_of, offsets, lists, ...)
+        == the tables' gradients
 
 ``jagged_pooled`` is ``KeyedJaggedBatch.pooled`` of an unweighted sum, mean or sqrt_n in one op (one
 op call forward, one backward, instead of ``jagged_key_lists`` then a ``segment_reduce`` per key:
-each custom op call costs ~40 us of dispatch: with four keys, most of what a compiled DLRM step lost
-to eager).  It is not registered effectful (torch 2.13's inductor cannot lower an effectful op with
-a ``Tensor[]`` argument or result: an IndexError in its lowering) but as a side effect
-(``torch.fx.node.has_side_effect``: no effect token, no cost), so a compiled ``pooled`` whose result
-is unused is never dead code and still checks its ids. A table shared by keys is passed once
-(``table_of``): one gradient per table.  Autograd would add two sparse gradients of one table, which
-torch 2.13 cannot trace for data-dependent sizes; a table given ``sparse_grad`` by two ops of one
-graph breaks the graph (:func:`_one_sparse_grad_per_table`).
+each custom op call has a dispatch cost: with four keys, most of what a compiled DLRM step lost to
+eager; the figures are in the benchmarks).  It is not registered effectful (torch 2.13's inductor
+cannot lower an effectful op with a ``Tensor[]`` argument or result: an IndexError in its lowering)
+but as a side effect (``torch.fx.node.has_side_effect``: no effect token, no cost), so a compiled
+``pooled`` whose result is unused is never dead code and still checks its ids. A table shared by
+keys is passed once (``table_of``): one gradient per table.  Autograd would add two sparse gradients
+of one table, which torch 2.13 cannot trace for data-dependent sizes; a table given ``sparse_grad``
+by two ops of one graph breaks the graph (:func:`_one_sparse_grad_per_table`).
 
 The optimizers' ops declare the tensors they update in place (``mutates_args``); ``segment_reduce``
 is registered effectful (``_repr_ops._effectful``): a compiled call whose result is unused is not
@@ -37,8 +42,23 @@ removed as dead code, so its checks of the data still raise.  Registered on the 
 module (by the first traced call).
 
 >>> import torch
->>> out, arg = torch.ops.sparsefill.segment_reduce(torch.tensor([[1.], [2.], [4.]]), torch.tensor([2, 1]), None,
-...     None, None, None, "sum", None, True, 0.0, False, "split", "error", True, False)
+>>> out, arg = torch.ops.sparsefill.segment_reduce(
+...     torch.tensor([[1.0], [2.0], [4.0]]),
+...     torch.tensor([2, 1]),
+...     None,
+...     None,
+...     None,
+...     None,
+...     "sum",
+...     None,
+...     True,
+...     0.0,
+...     False,
+...     "split",
+...     "error",
+...     True,
+...     False,
+... )
 >>> out.tolist(), arg.numel()
 ([[3.0], [4.0]], 0)
 """
@@ -132,9 +152,8 @@ def _plan(data, lengths, offsets, segment_ids, indices, num_segments, sorted, ou
     )
 
 
-_SPARSE_GRADS: weakref.WeakKeyDictionary = (
-    weakref.WeakKeyDictionary()
-)  # dynamo's FX graph -> {id(table): node}
+# dynamo's FX graph -> {id(table): node}
+_SPARSE_GRADS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _one_sparse_grad_per_table(tables, sparse_grad: bool) -> None:
@@ -162,10 +181,11 @@ def _one_sparse_grad_per_table(tables, sparse_grad: bool) -> None:
 
         unimplemented(
             gb_type="sparsefill: a second sparse gradient of one table",
-            context="sparse_grad=True on a table that has a sparse gradient from another op of the graph",
-            explanation="A table given sparse_grad=True by two ops of one graph gets two sparse gradients, "
-            "which autograd adds: torch 2.13 cannot trace that sum of sparse tensors of "
-            "data-dependent sizes.",
+            context="sparse_grad=True on a table that has a sparse gradient from another op of "
+            "the graph",
+            explanation="A table given sparse_grad=True by two ops of one graph gets two sparse "
+            "gradients, which autograd adds: torch 2.13 cannot trace that sum of "
+            "sparse tensors of data-dependent sizes.",
             hints=[
                 "Pool every key of the table in one KeyedJaggedBatch.pooled call (its keys share "
                 "one gradient), or use sparse_grad=False."
@@ -301,9 +321,8 @@ def _segment_reduce_grad(ctx, grad_out, _grad_arg):
         sparse_grad,
         need_w,
     )
-    if (
-        sparse_grad and need_x
-    ):  # one (row, gradient row) pair per position, as embedding(sparse=True)
+    # one (row, gradient row) pair per position, as embedding(sparse=True)
+    if sparse_grad and need_x:
         gx = torch.sparse_coo_tensor(
             rows[None], gx, ctx.data_shape, is_coalesced=False, check_invariants=False
         )
@@ -353,9 +372,8 @@ def segment_reduce_backward(
             need_w=need_weights,
         )
         gw = data.new_empty(0) if gw is None else gw
-        if (
-            sparse_grad
-        ):  # (gpos: a new tensor, never a view of grad; rows may be indices itself: a copy)
+        # (gpos: a new tensor, never a view of grad; rows may be indices itself: a copy)
+        if sparse_grad:
             return gpos.reshape(-1, *data.shape[1:]), plan.rows.clone(), gw
         gx = _scatter_rows(gpos, plan, x2.shape[0]).reshape(data.shape)
         return gx, torch.zeros(0, dtype=torch.int64, device=data.device), gw
@@ -679,9 +697,8 @@ def jagged_pooled_backward(
 
     red = reducer_of(reducer)
     no_rows = offsets.new_empty(0)
-    pos = [
-        [] for _ in tables
-    ]  # per table, (per-position gradient rows, plan, ids) of each of its keys
+    # per table, (per-position gradient rows, plan, ids) of each of its keys
+    pos = [[] for _ in tables]
     with torch.no_grad():
         for j, (g, i, ids) in enumerate(zip(grads, table_of, lists)):
             x2, B = _flat(tables[i]), g.shape[0]
@@ -781,9 +798,8 @@ def distinct_tables(tables: list) -> tuple[list, list[int]]:
     return distinct, [place[id(t)] for t in tables]
 
 
-_effectful(
-    segment_reduce_op
-)  # (its checks of the data run even where its result is unused: never dead code)
+# (its checks of the data run even where its result is unused: never dead code)
+_effectful(segment_reduce_op)
 # (jagged_pooled's checks too: kept as a side effect, with no effect token, which inductor cannot
 # lower for its lists)
 torch.fx.node.has_side_effect(torch.ops.sparsefill.jagged_pooled.default)

@@ -24,7 +24,9 @@ over the lists it creates).
 ([10, 11, 101, 11, 50, 102, 103], [2, 1, 1, 1, 2], [1, 3, 1, 2, 3], [2, 3])
 >>> kj.select_keys([3, 1]).to_dict()
 [{3: [101], 1: [10, 11]}, {3: [102, 103], 1: [11]}]
->>> KeyedJaggedBatch(kj.values, kj.values_lengths, kj.keys, kj.example_lengths, validate=False).to_dict()
+>>> KeyedJaggedBatch(
+...     kj.values, kj.values_lengths, kj.keys, kj.example_lengths, validate=False
+... ).to_dict()
 [{1: [10, 11], 3: [101]}, {1: [11], 2: [50], 3: [102, 103]}]
 """
 
@@ -34,14 +36,17 @@ import dataclasses
 import functools
 import gc
 import sys
+from collections.abc import Iterable, Mapping, Sequence
 from itertools import islice
+from typing import Any, cast
 
 import numpy as np
 import torch
+from torch.types import Device
 
 from sparsefill._kernels.trace import traced
 from sparsefill._kernels import segment as _kernels
-from sparsefill._kernels.segment_check import as_index, check_lengths
+from sparsefill._kernels.segment_check import IndexLike, as_index, check_lengths
 from sparsefill.segment._pack import pack_segments
 from sparsefill.segment._reduce_ops import reduce
 from sparsefill.segment._repr import lengths_gather
@@ -95,7 +100,7 @@ def _quick_numpy(el: np.ndarray, vl: np.ndarray, keys: np.ndarray, total: int) -
         o = int(np.bitwise_or.reduce(el))
         if o < 0 or B * o >> 64:
             return 1
-        ends = np.add.accumulate(el)  # (the ufunc itself: np.cumsum adds 1 us of wrappers)
+        ends = np.add.accumulate(el)  # (the ufunc itself: np.cumsum adds wrappers)
         if ends[-1] != E:
             return 1
     elif E:
@@ -140,9 +145,8 @@ def _compiled_quick():
         for b in range(B):
             s += el[b]
             o |= el[b]
-        if (
-            o < 0 or (B and o > (2**63 - 1) // B) or s != E
-        ):  # (each length at most o: no wrapped sum)
+        # (each length at most o: no wrapped sum)
+        if o < 0 or (B and o > (2**63 - 1) // B) or s != E:
             return 1
         s, o = 0, 0
         for i in range(E):
@@ -185,9 +189,8 @@ def _use_compiled() -> bool:
         return False
     if not _NUMBA_SET_UP[0] and "numba" in sys.modules:
         registry = getattr(getattr(sys.modules["numba"], "core", None), "registry", None)
-        target = getattr(
-            registry, "cpu_target", None
-        )  # (its context is a cached property: read, not computed)
+        # (its context is a cached property: read, not computed)
+        target = getattr(registry, "cpu_target", None)
         _NUMBA_SET_UP[0] = "_toplevel_target_context" in getattr(target, "__dict__", ())
     return _NUMBA_SET_UP[0]
 
@@ -215,9 +218,8 @@ def _check_lengths(lengths: torch.Tensor, total: int, name: str) -> None:
     n = lengths.numel()
     if n and int(lengths.max()) > _INT64_MAX // n:  # (else the sum cannot pass 2**63 - 1)
         run = torch.cumsum(lengths, 0)
-        dec = (
-            run[1:] < run[:-1]
-        ).nonzero()  # (non-negative: a decrease is a wrap; no diff, it wraps too)
+        # (non-negative: a decrease is a wrap; no diff, it wraps too)
+        dec = (run[1:] < run[:-1]).nonzero()
         if dec.numel():
             raise ValueError(
                 f"{name} overflow int64: their running sum passes 2**63 - 1 at "
@@ -261,9 +263,8 @@ class KeyedJaggedBatch:
     validate: dataclasses.InitVar[bool] = True
 
     def __post_init__(self, validate: bool):
-        cpu = (
-            self.values.is_cpu
-        )  # (the tests below are the cheapest torch has: this is the valid path)
+        # (the tests below are the cheapest torch has: this is the valid path)
+        cpu = self.values.is_cpu
         dev = None if cpu else self.values.device
         for name in ("values_lengths", "keys", "example_lengths"):
             t = getattr(self, name)
@@ -277,25 +278,23 @@ class KeyedJaggedBatch:
         el, vl, keys = self.example_lengths, self.values_lengths, self.keys
         E = keys.shape[0]
         state = 0  # (validate=False: no check reads the data)
-        if validate and traced(
-            self.values
-        ):  # torch.compile: the checks as a custom op, at run time
+        # torch.compile: the checks as a custom op, at run time
+        if validate and traced(self.values):
             from sparsefill.segment._repr_ops import jagged_check
 
             jagged_check(el, vl, keys, self.values.shape[0] if self.values.dim() else 0)
             validate = False
-        if (
-            validate
-        ):  # one pass over each tensor on the CPU; the exact checks, in order, only where it fails
+        # one pass over each tensor on the CPU; the exact checks, in order, only where it fails
+        if validate:
             total = self.values.shape[0] if self.values.dim() else 0
             state = _quick_check(el, vl, keys, total) if cpu and vl.shape[0] == E else 1
-        if (
-            state == 1
-        ):  # invalid, not settled, or not on the CPU: the checks that name the first error
+        # invalid, not settled, or not on the CPU: the checks that name the first error
+        if state == 1:
             _check_lengths(el, E, "example_lengths")
         if vl.shape[0] != E:
             raise ValueError(
-                f"values_lengths has {vl.shape[0]} entries but keys has {E} (one per (example, key))"
+                f"values_lengths has {vl.shape[0]} entries but keys has {E} (one per (example, "
+                "key))"
             )
         if state == 1:
             _check_lengths(vl, total, "values_lengths")
@@ -325,10 +324,21 @@ class KeyedJaggedBatch:
 
     # ---------------------------------------------------------------------------- construction
     @classmethod
-    def from_lists(cls, batch, *, weights=None, dtype=torch.int64, device=None) -> KeyedJaggedBatch:
+    def from_lists(
+        cls,
+        batch: Sequence[Mapping[int, Sequence[int]]],
+        *,
+        weights: Sequence[Mapping[int, Sequence[float]]] | None = None,
+        dtype: torch.dtype = torch.int64,
+        device: Device = None,
+    ) -> KeyedJaggedBatch:
         """From a list of ``{key: [ids]}`` dicts (key order kept); ``weights`` alike (``{key:
         [w]}``)."""
-        keys, vlen, elen, vals, ws = [], [], [], [], []
+        keys: list[int] = []
+        vlen: list[int] = []
+        elen: list[int] = []
+        vals: list[int] = []
+        ws: list[float] = []
         for e, ex in enumerate(batch):
             elen.append(len(ex))
             for k, ids in ex.items():
@@ -339,10 +349,11 @@ class KeyedJaggedBatch:
                     w = weights[e][k]
                     if len(w) != len(ids):
                         raise ValueError(
-                            f"weights of example {e}, key {k} have {len(w)} entries for {len(ids)} ids"
+                            f"weights of example {e}, key {k} have {len(w)} entries for "
+                            f"{len(ids)} ids"
                         )
                     ws.extend(w)
-        t = dict(dtype=torch.int64, device=device)
+        t: dict[str, Any] = dict(dtype=torch.int64, device=device)
         return cls(
             torch.tensor(vals, dtype=dtype, device=device),
             torch.tensor(vlen, **t),
@@ -356,19 +367,20 @@ class KeyedJaggedBatch:
     def to_dict(self) -> list[dict]:
         """The batch as a list of ``{key: [ids]}`` (``{key: ([ids], [weights])}`` with weights)."""
         enabled = gc.isenabled()
-        gc.disable()  # (the lists built here hold no cycles: the collector's passes over them took half the time)
+        # (the lists built here hold no cycles: the collector's passes over them took half the time)
+        gc.disable()
         try:
             vals = self.values.tolist()
             ws = None if self.weights is None else self.weights.tolist()
             ends = torch.cumsum(self.values_lengths, 0).tolist()
             starts = [0, *ends[:-1]]
+            lists: list[Any]
             if ws is None:
                 lists = [vals[a:b] for a, b in zip(starts, ends)]
             else:
                 lists = [(vals[a:b], ws[a:b]) for a, b in zip(starts, ends)]
-            entries = zip(
-                self.keys.tolist(), lists
-            )  # (one iterator: no slice of keys or lists per example)
+            # (one iterator: no slice of keys or lists per example)
+            entries = zip(self.keys.tolist(), lists)
             return [dict(islice(entries, n)) for n in self.example_lengths.tolist()]
         finally:
             if enabled:
@@ -381,9 +393,9 @@ class KeyedJaggedBatch:
     def _entries(self, order: torch.Tensor, example_lengths: torch.Tensor) -> KeyedJaggedBatch:
         """The batch made of the entries ``order`` (in that order), grouped as
         ``example_lengths``."""
-        if self.weights is not None and traced(
-            self.values
-        ):  # (one gather of rows: one size for values and weights)
+        w: torch.Tensor | None
+        # (one gather of rows: one size for values and weights)
+        if self.weights is not None and traced(self.values):
             from sparsefill.segment._repr_ops import lengths_gather_rows
 
             rows = lengths_gather_rows(self.values_lengths, order, self.values.shape[0], False)
@@ -407,7 +419,7 @@ class KeyedJaggedBatch:
         )
 
     # ---------------------------------------------------------------------------- keys
-    def select_keys(self, keys) -> KeyedJaggedBatch:
+    def select_keys(self, keys: IndexLike) -> KeyedJaggedBatch:
         """Keep the entries whose key is in ``keys``, ordered as ``keys`` within every example
         (``permute_keys`` is the same call with every key)."""
         if traced(self.values):  # torch.compile: sizes read from data
@@ -448,7 +460,7 @@ class KeyedJaggedBatch:
         return self._entries(order, per.sum(0))
 
     # ---------------------------------------------------------------------------- batches
-    def split(self, sizes) -> list[KeyedJaggedBatch]:
+    def split(self, sizes: Sequence[int]) -> list[KeyedJaggedBatch]:
         """Split along the examples into batches of ``sizes`` examples (as ``torch.split`` with a
         list)."""
         sizes = list(sizes)
@@ -468,13 +480,12 @@ class KeyedJaggedBatch:
             if self.weights is not None
             else [None] * len(sizes),
         ):
-            out.append(
-                KeyedJaggedBatch(v, vl, k, el, w, validate=False)
-            )  # (parts of a valid batch)
+            # (parts of a valid batch)
+            out.append(KeyedJaggedBatch(v, vl, k, el, w, validate=False))
         return out
 
     @staticmethod
-    def concat(batches) -> KeyedJaggedBatch:
+    def concat(batches: Iterable[KeyedJaggedBatch]) -> KeyedJaggedBatch:
         """The examples of ``batches`` one after the other."""
         batches = list(batches)
         if not batches:
@@ -487,12 +498,16 @@ class KeyedJaggedBatch:
             torch.cat([b.values_lengths for b in batches]),
             torch.cat([b.keys for b in batches]),
             torch.cat([b.example_lengths for b in batches]),
-            torch.cat([b.weights for b in batches]) if has_w == {True} else None,
+            torch.cat([cast(torch.Tensor, b.weights) for b in batches])
+            if has_w == {True}
+            else None,
             validate=False,
         )  # (examples of valid batches make a valid batch)
 
     # ---------------------------------------------------------------------------- dense and pooled
-    def to_padded(self, keys, *, pad_value=0, max_length: int | None = None):
+    def to_padded(
+        self, keys: IndexLike, *, pad_value: int = 0, max_length: int | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(padded, mask)``: ``padded[e, j, :]`` holds the ids of key ``keys[j]`` in example
         ``e``, padded with ``pad_value`` to the longest list (or ``max_length``, truncating); shape
         ``(B, K, L)``."""
@@ -554,7 +569,14 @@ class KeyedJaggedBatch:
         mask = torch.arange(L, device=dev) < by_row
         return flat[: B * K * L].view(B, K, L, *vals.shape[1:]), mask.view(B, K, L)
 
-    def pooled(self, tables, reducer: str = "sum", *, keys=None, **kw) -> dict[int, torch.Tensor]:
+    def pooled(
+        self,
+        tables: torch.Tensor | dict[int, torch.Tensor],
+        reducer: str = "sum",
+        *,
+        keys: IndexLike | None = None,
+        **kw: Any,
+    ) -> dict[int, torch.Tensor]:
         """Per key, the ids of every example looked up in ``tables[key]`` (or one shared table) and
         reduced: ``out[key][e] = reduce(table[ids of key in example e])``, shape ``(B, D)``; a
         missing key gives the empty value; a key asked twice is pooled once.  Weighted reducers use
@@ -572,36 +594,33 @@ class KeyedJaggedBatch:
         ([[101.0], [0.0]], [[10.0], [200.0]])
         """
         if keys is None:
-            if (
-                not isinstance(tables, dict) and torch.compiler.is_compiling()
-            ):  # (the keys are data: eager)
+            # (the keys are data: eager)
+            if not isinstance(tables, dict) and torch.compiler.is_compiling():
                 torch._dynamo.graph_break(
                     msg="KeyedJaggedBatch.pooled with one shared table and no keys= pools "
                     "the keys the batch holds (data); pass keys= to trace it"
                 )
             keys = list(tables) if isinstance(tables, dict) else sorted(set(self.keys.tolist()))
-        pos_w = kw.pop(
-            "weights", None
-        )  # positional_weighted_sum: one weight per place in a segment
+        # positional_weighted_sum: one weight per place in a segment
+        pos_w = kw.pop("weights", None)
         if reducer == "positional_weighted_sum" and pos_w is None:
             raise ValueError(
                 "reducer 'positional_weighted_sum' needs weights= (one per place in a segment)"
             )
         if reducer != "positional_weighted_sum" and pos_w is not None:
             raise ValueError(
-                f"weights= is for positional_weighted_sum only (the weighted reducers use the batch's "
-                f"weights), got reducer {reducer!r}"
+                "weights= is for positional_weighted_sum only (the weighted reducers use the "
+                f"batch's weights), got reducer {reducer!r}"
             )
-        given = {}  # key -> as given (a key asked twice is pooled once)
+        given: dict = {}  # key -> as given (a key asked twice is pooled once)
         for k in keys:
             given.setdefault(int(k), k)
         keys = list(given)
         weighted = reducer in ("weighted_sum", "weighted_mean")
         if weighted and self.weights is None:
             raise ValueError(f"reducer {reducer!r} needs a batch with weights")
-        if traced(
-            self.values
-        ):  # torch.compile: per key the positions of its ids (sizes known at run time)
+        # torch.compile: per key the positions of its ids (sizes known at run time)
+        if traced(self.values):
             return self._pooled_traced(tables, given, keys, reducer, weighted, pos_w, kw)
         offsets, ids, w = self._by_key(keys, with_weights=weighted)
         B = self.batch_size
@@ -639,13 +658,11 @@ class KeyedJaggedBatch:
         distinct, table_of = distinct_tables(per_key)
         if kw.get("return_arg"):
             table_of = list(range(len(keys)))
-        order = sorted(
-            range(len(keys)), key=lambda j: table_of[j]
-        )  # (the keys of a table together; stable)
+        # (the keys of a table together; stable)
+        order = sorted(range(len(keys)), key=lambda j: table_of[j])
         vals = self.values
-        src = (
-            torch.arange(vals.shape[0], device=vals.device) if weighted else vals
-        )  # (weighted: positions)
+        # (weighted: positions)
+        src = torch.arange(vals.shape[0], device=vals.device) if weighted else vals
         offsets, lists = jagged_key_lists(
             src, self.values_lengths, self.keys, self.example_lengths, [keys[j] for j in order]
         )
@@ -682,15 +699,13 @@ class KeyedJaggedBatch:
         )
         KB = offsets.shape[0] - 1
         n = int(offsets[-1])
-        srcs = [self.values] + ([self.weights] if with_weights else [])
+        srcs = [self.values] + ([cast(torch.Tensor, self.weights)] if with_weights else [])
         if all(
             t.dim() == 1 and t.is_contiguous() and not (t.requires_grad and torch.is_grad_enabled())
             for t in srcs
         ) and _kernels.compiled_for(dev, n):
-            nb, parts = (
-                _kernels._nb(),
-                [],
-            )  # (one copy of each list: 4-6x fewer passes than the torch ops)
+            # (one copy of each list: fewer passes than the torch ops)
+            nb, parts = _kernels._nb(), []
             for t in srcs:
                 out = t.new_empty(n)
                 nb.gather_runs(
@@ -721,9 +736,8 @@ def _slots(values_lengths, keys, example_lengths, wanted: list[int]):
         at = torch.searchsorted(srt, keys).clamp_max_(K - 1)
         slot = perm.index_select(0, at).mul_(B).add_(_seg_of(example_lengths, E))
         slot.masked_fill_(srt.index_select(0, at) != keys, KB)  # (another key: the discarded slot)
-        lengths.index_copy_(
-            0, slot, values_lengths
-        )  # (the discarded slot gets any one of its entries)
+        # (the discarded slot gets any one of its entries)
+        lengths.index_copy_(0, slot, values_lengths)
         starts.index_copy_(0, slot, torch.cumsum(values_lengths, 0).sub_(values_lengths))
     offsets = torch.zeros(KB + 1, dtype=torch.int64, device=dev)
     torch.cumsum(lengths[:KB], 0, out=offsets[1:])

@@ -43,16 +43,19 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Callable
+from typing import Any, overload
 import threading
 import weakref
 
 import numpy as np
 import torch
+from torch.optim.optimizer import ParamsT
 
 from sparsefill._kernels import segment as _kernels
 from sparsefill._kernels.trace import traced
 from sparsefill._compile.dynamo import when_dynamo_loads
-from sparsefill._kernels.segment_check import as_index, check_indices
+from sparsefill._kernels.segment_check import IndexLike, as_index, check_indices
 
 __all__ = ["sparse_adagrad", "rowwise_sparse_adagrad", "sparse_ftrl", "SparseAdagrad", "SparseFtrl"]
 
@@ -250,10 +253,10 @@ def _compiled(kernel: str, param, states, idx, grad, mode, *scalars) -> bool:
 
 @torch.no_grad()
 def sparse_adagrad(
-    param,
-    moment,
-    indices,
-    grad,
+    param: torch.Tensor,
+    moment: torch.Tensor,
+    indices: IndexLike,
+    grad: torch.Tensor,
     *,
     lr: float,
     eps: float = 1e-5,
@@ -288,10 +291,10 @@ def sparse_adagrad(
 
 @torch.no_grad()
 def rowwise_sparse_adagrad(
-    param,
-    moment,
-    indices,
-    grad,
+    param: torch.Tensor,
+    moment: torch.Tensor,
+    indices: IndexLike,
+    grad: torch.Tensor,
     *,
     lr: float,
     eps: float = 1e-5,
@@ -324,11 +327,11 @@ def rowwise_sparse_adagrad(
 
 @torch.no_grad()
 def sparse_ftrl(
-    param,
-    n,
-    z,
-    indices,
-    grad,
+    param: torch.Tensor,
+    n: torch.Tensor,
+    z: torch.Tensor,
+    indices: IndexLike,
+    grad: torch.Tensor,
     *,
     alpha: float = 0.005,
     beta: float = 1.0,
@@ -375,10 +378,10 @@ def _rows_and_grad(p):
 
 
 _NATIVE_SPARSE = (
-    "sparsefill: a row optimizer's step (SparseAdagrad, SparseFtrl) on torch native sparse gradients "
-    "(embedding(sparse=True), sparse_grad=True) does not compile: torch.compile cannot trace torch's "
-    "sparse tensors (pytorch/pytorch#130687), so the step runs eagerly (a graph break; with "
-    "fullgraph=True this error). Dense gradients compile."
+    "sparsefill: a row optimizer's step (SparseAdagrad, SparseFtrl) on torch native sparse "
+    "gradients (embedding(sparse=True), sparse_grad=True) does not compile: torch.compile "
+    "cannot trace torch's sparse tensors (pytorch/pytorch#130687), so the step runs eagerly (a "
+    "graph break; with fullgraph=True this error). Dense gradients compile."
 )
 
 
@@ -416,16 +419,23 @@ class _RowOptimizer(torch.optim.Optimizer):
     post-accumulate-grad hooks set (a gradient assigned to ``p.grad`` by hand sets none: dynamo's
     own graph break or error then)."""
 
-    def add_param_group(self, param_group):
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
         super().add_param_group(param_group)
         if "_native_grads" not in self.__dict__:
-            self._native_grads = {}  # id(param) -> its last accumulated gradient is a torch native sparse tensor
+            # id(param) -> its last accumulated gradient is a torch native sparse tensor
+            self._native_grads: dict[int, bool] = {}
         hook = _note_grad_layouts(weakref.ref(self))
         for p in self.param_groups[-1]["params"]:
             if p.requires_grad:
                 p.register_post_accumulate_grad_hook(hook)
 
-    def step(self, closure=None):
+    @overload
+    def step(self, closure: None = None) -> None: ...
+
+    @overload
+    def step(self, closure: Callable[[], float]) -> float: ...
+
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:
         if torch.compiler.is_compiling() and any(self._native_grads.values()):
             return _eager_step(self, closure)
         return self._step(closure)
@@ -454,7 +464,7 @@ class SparseAdagrad(_RowOptimizer):
 
     def __init__(
         self,
-        params,
+        params: ParamsT,
         lr: float = 1e-2,
         eps: float = 1e-10,
         weight_decay: float = 0.0,
@@ -492,7 +502,7 @@ class SparseFtrl(_RowOptimizer):
 
     def __init__(
         self,
-        params,
+        params: ParamsT,
         alpha: float = 0.005,
         beta: float = 1.0,
         lambda1: float = 0.001,

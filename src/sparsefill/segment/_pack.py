@@ -8,8 +8,12 @@
 
 >>> import torch
 >>> from sparsefill import segment
->>> packed, mask = segment.pack_segments(torch.tensor([1, 2, 3, 2, 4, 6, 7, 3, 6]), torch.tensor([3, 4, 2]),
-...                                      pad_value=-1, return_presence_mask=True)
+>>> packed, mask = segment.pack_segments(
+...     torch.tensor([1, 2, 3, 2, 4, 6, 7, 3, 6]),
+...     torch.tensor([3, 4, 2]),
+...     pad_value=-1,
+...     return_presence_mask=True,
+... )
 >>> packed
 tensor([[ 1,  2,  3, -1],
         [ 2,  4,  6,  7],
@@ -20,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from sparsefill._kernels.segment_check import as_index, check_indices, check_lengths
+from sparsefill._kernels.segment_check import IndexLike, as_index, check_indices, check_lengths
 
 __all__ = ["pack_segments", "unpack_segments", "sparse_to_dense", "lengths_top_k"]
 
@@ -39,14 +43,14 @@ def _slots(lengths: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tenso
 
 def pack_segments(
     data: torch.Tensor,
-    lengths,
+    lengths: IndexLike,
     *,
     max_length: int | None = None,
-    pad_value=0,
+    pad_value: float = 0,
     pad_minf: bool = False,
     return_presence_mask: bool = False,
     validate: bool = True,
-):
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Padded ``(S, L, *D)`` tensor of a values+lengths batch; differentiable in ``data``.
 
     ``L = max_length`` if given (longer segments are truncated, Caffe2's rule), else
@@ -81,7 +85,11 @@ def pack_segments(
 
 
 def unpack_segments(
-    packed: torch.Tensor, lengths, *, max_length: int | None = None, validate: bool = True
+    packed: torch.Tensor,
+    lengths: IndexLike,
+    *,
+    max_length: int | None = None,
+    validate: bool = True,
 ) -> torch.Tensor:
     """The rows of ``packed`` (shape ``(S, L, *D)``) that ``lengths`` marks valid, concatenated.
 
@@ -108,7 +116,11 @@ def unpack_segments(
 
 
 def sparse_to_dense(
-    indices, values: torch.Tensor, output_size: int | None = None, *, validate: bool = True
+    indices: IndexLike,
+    values: torch.Tensor,
+    output_size: int | None = None,
+    *,
+    validate: bool = True,
 ) -> torch.Tensor:
     """``out[j] = sum(values[i] for i with indices[i] == j)``: duplicates add (Caffe2
     ``SparseToDense``).
@@ -131,7 +143,9 @@ def sparse_to_dense(
     return out.index_add(0, indices, values)
 
 
-def lengths_top_k(data: torch.Tensor, lengths, k: int, *, validate: bool = True):
+def lengths_top_k(
+    data: torch.Tensor, lengths: IndexLike, k: int, *, validate: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The ``k`` largest values of every segment and their positions within it (Caffe2
     ``LengthsTopK``).
 

@@ -1,15 +1,16 @@
 """``segment.reduce``: one entry point for every segment reduction of Caffe2.
 
-For a segment ``s`` holding input positions ``P_s`` (rows of ``data``, or entries of ``indices``
-for the fused gather ``x_p = data[indices[p]]``; otherwise ``x_p = data[p]``), with ``n_s = |P_s|``::
+For a segment ``s`` holding input positions ``P_s`` (rows of ``data``, or entries of ``indices`` for
+the fused gather ``x_p = data[indices[p]]``; otherwise ``x_p = data[p]``), with ``n_s = |P_s|``::
 
     sum                      out[s] = sum_p x_p
     mean                     out[s] = sum_p x_p / n_s
     sqrt_n                   out[s] = sum_p x_p / sqrt(n_s)
     weighted_sum             out[s] = sum_p w_p x_p
     weighted_mean            out[s] = sum_p w_p x_p / sum_p w_p
-    positional_weighted_sum  out[s] = sum_j w_j x_(j-th position of s)      (weights indexed by position)
-    max / min                out[s] = max_p x_p / min_p x_p                  (arg: the first position)
+    positional_weighted_sum  out[s] = sum_j w_j x_(j-th position of s)
+        (weights indexed by position)
+    max / min                out[s] = max_p x_p / min_p x_p                (arg: the first position)
     prod                     out[s] = prod_p x_p
     logsumexp                out[s] = log sum_p exp(x_p)
     logmeanexp               out[s] = log (sum_p exp(x_p) / n_s)
@@ -17,8 +18,8 @@ for the fused gather ``x_p = data[indices[p]]``; otherwise ``x_p = data[p]``), w
 element-wise over the trailing dims (multi-dimensional data reduces dim 0, the Caffe2 rule).  An
 empty segment (``n_s = 0``) gets ``empty`` (default: 0 for the sums, means, max and min, as Caffe2's
 Lengths ops; 1 for prod; -inf for logsumexp and logmeanexp).  The reductions are built on the
-reducer protocol of :mod:`sparsefill._kernels.reducer` (identity, combine, finalize with the count); sums,
-max and min run on the kernels of :mod:`._kernels`.
+reducer protocol of :mod:`sparsefill._kernels.reducer` (identity, combine, finalize with the count);
+sums, max and min run on the kernels of :mod:`._kernels`.
 
 Gradients (data and weights) come from one ``autograd.Function`` whose backward is written in
 differentiable torch ops, so the linear reducers have a double backward.  Under torch.compile the
@@ -35,19 +36,21 @@ import dataclasses
 import math
 import numbers
 import weakref
+from typing import Any, Literal, cast, overload
 
 import torch
 
 from sparsefill._kernels import reducer as _reduce
 from sparsefill._kernels.trace import traced
 from sparsefill._kernels import segment as _kernels
-from sparsefill._kernels.segment_check import as_index, check_indices, check_rows
+from sparsefill._kernels.segment_check import IndexLike, as_index, check_indices, check_rows
 from sparsefill._kernels.segment_plan import Plan, make_plan
 
 __all__ = ["reduce", "SegmentReducer", "SEGMENT_REDUCERS"]
 
 
-_CREATED: dict = {}  # every live SegmentReducer by _key, as a weak reference (dynamo calls a plain weakref.ref)
+# every live SegmentReducer by _key, as a weak reference (dynamo calls a plain weakref.ref)
+_CREATED: dict = {}
 
 
 def _forget(ref, key):
@@ -63,8 +66,8 @@ def _key(red) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class SegmentReducer:
-    """A reducer of the protocol (:mod:`sparsefill._kernels.reducer`: identity, combine, finalize with the
-    count)
+    """A reducer of the protocol (:mod:`sparsefill._kernels.reducer`: identity, combine, finalize
+    with the count)
     plus the weights of the positions and the count its finalize divides by::
 
         out[s] = base.finalize(base.combine(w_p x_p for p in s), count[s])
@@ -97,11 +100,13 @@ class SegmentReducer:
     def linear(self) -> bool:
         return self.kind == "sum"
 
-    def count(self, plan: Plan, weights) -> torch.Tensor:
+    def count(self, plan: Plan, weights: torch.Tensor | None) -> torch.Tensor:
         """What ``finalize`` divides by, per segment."""
-        return _weight_sums(plan, weights) if self.scale == "weights" else plan.counts
+        if self.scale == "weights":
+            return _weight_sums(plan, cast(torch.Tensor, weights))  # (a weighted mean has weights)
+        return plan.counts
 
-    def finalize(self, acc: torch.Tensor, plan: Plan, weights) -> torch.Tensor:
+    def finalize(self, acc: torch.Tensor, plan: Plan, weights: torch.Tensor | None) -> torch.Tensor:
         """The protocol's finalize of the per-segment ``acc`` (shape ``(S, D)``)."""
         return (
             acc
@@ -109,7 +114,9 @@ class SegmentReducer:
             else self.base.finalize(acc, self.count(plan, weights))
         )
 
-    def slope(self, plan: Plan, weights, dtype):
+    def slope(
+        self, plan: Plan, weights: torch.Tensor | None, dtype: torch.dtype
+    ) -> torch.Tensor | None:
         """``d finalize / d acc`` per segment for a linear reducer (its finalize is linear in acc);
         None: 1."""
         if self.base._finalize is None:
@@ -164,8 +171,8 @@ def reducer_of(key: str) -> SegmentReducer:
     red = None if ref is None else ref()
     if red is None:
         raise ValueError(
-            f"no SegmentReducer {key!r}: sparsefill::segment_reduce takes a built-in reducer's name or "
-            "the key of a live SegmentReducer (reducer_key)"
+            f"no SegmentReducer {key!r}: sparsefill::segment_reduce takes a built-in reducer's "
+            "name or the key of a live SegmentReducer (reducer_key)"
         )
     return red
 
@@ -203,8 +210,8 @@ def _weight_sums(plan: Plan, w: torch.Tensor) -> torch.Tensor:
     """``W[s] = sum_{p in s} w_p``."""
     S = plan.num_segments
     if plan.unsorted and not plan._sorted:
-        return w.new_zeros(S).index_add_(0, plan.ids, plan.direct(w))
-    return w.new_zeros(S).index_add_(0, plan.seg, plan.to_segment_order(w))
+        return w.new_zeros(S).index_add_(0, cast(torch.Tensor, plan.ids), plan.direct(w))
+    return w.new_zeros(S).index_add_(0, plan.seg, cast(torch.Tensor, plan.to_segment_order(w)))
 
 
 def _forward(
@@ -219,9 +226,8 @@ def _forward(
             torch.zeros(0, x2.shape[1], dtype=torch.int64, device=x2.device) if want_arg else None
         )
     kind, base = red.kind, red.base
-    if (
-        kind == "sum"
-    ):  # the mean's finalize runs fused in the kernels (the count division in the same pass)
+    # the mean's finalize runs fused in the kernels (the count division in the same pass)
+    if kind == "sum":
         position = red.weights == "position"
         fused = _fused_mean(red)
         w = _segment_weights(red, weights, plan) if position else weights
@@ -235,9 +241,8 @@ def _forward(
         )
     if kind == "prod":
         return base(_positions(plan, x2), plan.seg, S), None
-    m, _ = _kernels.segment_extreme(
-        x2, plan, largest=True, want_arg=False
-    )  # (empty segments: any m, log 0)
+    # (empty segments: any m, log 0)
+    m, _ = _kernels.segment_extreme(x2, plan, largest=True, want_arg=False)
     return red.finalize(_lse(_positions(plan, x2), plan.seg, S, m), plan, weights), None
 
 
@@ -304,11 +309,10 @@ def _backward(
     red = ctx_red
     need_w = weights is not None and (weights.requires_grad if need_w is None else need_w)
     gw = None
-    X = (
-        _positions(plan, x2) if (red.kind != "sum" or need_w) else None
-    )  # (the sums' data gradient reads no row)
+    # (the sums' data gradient reads no row)
+    X: Any = _positions(plan, x2) if (red.kind != "sum" or need_w) else None
     if red.kind == "sum":
-        w_seg = _segment_weights(red, weights, plan)
+        w_seg: Any = _segment_weights(red, weights, plan)
         slope = red.slope(plan, weights, x2.dtype)  # d out / d acc: 1 / n_s, 1 / sqrt(n_s), 1 / W_s
         coef = None if slope is None else slope.index_select(0, seg)
         coef = w_seg if coef is None else coef if w_seg is None else coef * w_seg
@@ -354,9 +358,8 @@ def _backward(
         )
         gx = G * others
     else:  # lse / logmeanexp: softmax of the segment
-        if (
-            torch.is_grad_enabled()
-        ):  # a double backward: lse as a function of X (the saved result is not)
+        # a double backward: lse as a function of X (the saved result is not)
+        if torch.is_grad_enabled():
             lse = _lse(X, seg, S, _reduce.segment_combine(X.detach(), seg, S, "amax"))
         else:
             lse = (
@@ -405,9 +408,8 @@ class _SegmentReduceFn(torch.autograd.Function):
         x2, raw = _flat(data), None if out is None else _flat(out)
         g2 = _flat(grad_out)
         gpos, gw = _backward(ctx.red, ctx.plan, ctx.ties, x2, weights, raw, arg, g2)
-        if (
-            ctx.sparse_grad
-        ):  # one (row, gradient) pair per position: what embedding(sparse=True) gives
+        # one (row, gradient) pair per position: what embedding(sparse=True) gives
+        if ctx.sparse_grad:
             gx = torch.sparse_coo_tensor(
                 ctx.plan.rows[None],
                 gpos.reshape(-1, *data.shape[1:]),
@@ -422,24 +424,67 @@ class _SegmentReduceFn(torch.autograd.Function):
 
 # ------------------------------------------------------------------------------------------ entry
 # point
+# (the result: a tensor, or (result, arg) with return_arg=True)
+@overload
 def reduce(
     data: torch.Tensor,
-    reducer="sum",
+    reducer: str | SegmentReducer = "sum",
     *,
-    lengths=None,
-    offsets=None,
-    segment_ids=None,
-    indices=None,
-    weights=None,
+    lengths: IndexLike | None = None,
+    offsets: IndexLike | None = None,
+    segment_ids: IndexLike | None = None,
+    indices: IndexLike | None = None,
+    weights: torch.Tensor | None = None,
     num_segments: int | None = None,
     sorted: bool = True,
-    empty=None,
+    empty: float | None = None,
+    return_arg: Literal[False] = False,
+    ties: str = "split",
+    out_of_range: str = "error",
+    validate: bool = True,
+    sparse_grad: bool = False,
+) -> torch.Tensor: ...
+
+
+@overload
+def reduce(
+    data: torch.Tensor,
+    reducer: str | SegmentReducer = "sum",
+    *,
+    lengths: IndexLike | None = None,
+    offsets: IndexLike | None = None,
+    segment_ids: IndexLike | None = None,
+    indices: IndexLike | None = None,
+    weights: torch.Tensor | None = None,
+    num_segments: int | None = None,
+    sorted: bool = True,
+    empty: float | None = None,
+    return_arg: Literal[True],
+    ties: str = "split",
+    out_of_range: str = "error",
+    validate: bool = True,
+    sparse_grad: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+def reduce(
+    data: torch.Tensor,
+    reducer: str | SegmentReducer = "sum",
+    *,
+    lengths: IndexLike | None = None,
+    offsets: IndexLike | None = None,
+    segment_ids: IndexLike | None = None,
+    indices: IndexLike | None = None,
+    weights: torch.Tensor | None = None,
+    num_segments: int | None = None,
+    sorted: bool = True,
+    empty: float | None = None,
     return_arg: bool = False,
     ties: str = "split",
     out_of_range: str = "error",
     validate: bool = True,
     sparse_grad: bool = False,
-):
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Reduce the rows of every segment of ``data`` (dim 0) with ``reducer`` (see the module
     docstring).
 
@@ -517,12 +562,12 @@ def _args(data, reducer, weights, ties, sparse_grad, return_arg, indices, empty)
         raise ValueError(f"ties must be 'split', 'first' or 'all', got {ties!r}")
     if sparse_grad and indices is None:
         raise ValueError("sparse_grad=True needs indices= (the gradient rows of a fused gather)")
-    if sparse_grad and hasattr(
-        data, "_sf_layout"
-    ):  # (autograd refuses torch's sparse gradient for a SparseTensor)
+    # (autograd refuses torch's sparse gradient for a SparseTensor)
+    if sparse_grad and hasattr(data, "_sf_layout"):
         raise TypeError(
-            "sparse_grad=True gives a dense table torch's sparse COO gradient; data is a sparsefill "
-            "SparseTensor, whose gradient is a SparseTensor already: pass sparse_grad=False"
+            "sparse_grad=True gives a dense table torch's sparse COO gradient; data is a "
+            "sparsefill SparseTensor, whose gradient is a SparseTensor already: pass "
+            "sparse_grad=False"
         )
     if return_arg and red.kind != "extreme":
         raise ValueError(f"return_arg=True needs the max or min reducer, got {red.name!r}")
@@ -623,9 +668,8 @@ def _reduce_eager(
             raw, arg = _forward(x2, weights, plan, red, want_arg, empty)
             out = _set_empty(raw, plan, empty, red).reshape(plan.num_segments, *data.shape[1:])
     except (IndexError, RuntimeError):
-        if (
-            indices is not None
-        ):  # torch's own range errors (embedding_bag, index_select) -> name the entry
+        # torch's own range errors (embedding_bag, index_select) -> name the entry
+        if indices is not None:
             check_indices(as_index(indices, "indices", data.device), data.shape[0])
         raise
     return out, (torch.zeros(0, dtype=torch.int64, device=data.device) if arg is None else arg)

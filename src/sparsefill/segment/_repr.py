@@ -3,7 +3,7 @@
 A batch of ``S`` segments over ``N`` rows is written as any of::
 
     lengths      (S,)    lengths[s] = number of rows of segment s             sum(lengths) == N
-    offsets      (S+1,)  offsets[s] = lengths[:s].sum()                       offsets[0] == 0, offsets[S] == N
+    offsets      (S+1,)  offsets[s] = lengths[:s].sum()             offsets[0] == 0, offsets[S] == N
     segment_ids  (N,)    segment_ids[i] = the segment of row i (sorted: non-decreasing)
     ranges       (S, 2)  ranges[s] = (offsets[s], lengths[s])
     padded       (S, L, *D) with a presence mask (see pack_segments)
@@ -28,10 +28,13 @@ Example (the spec's batch ``{1,2,3}, {2,4,6,7}, {3,6}``)::
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from sparsefill._kernels.trace import traced
 from sparsefill._kernels.segment_check import (
+    IndexLike,
     as_index,
     check_indices,
     check_lengths,
@@ -66,7 +69,7 @@ def _ops():
     return _repr_ops
 
 
-def lengths_to_segment_ids(lengths, *, validate: bool = True) -> torch.Tensor:
+def lengths_to_segment_ids(lengths: IndexLike, *, validate: bool = True) -> torch.Tensor:
     """``segment_ids[i] = s`` for ``offsets[s] <= i < offsets[s+1]`` (Caffe2
     ``LengthsToSegmentIds``).
 
@@ -84,7 +87,11 @@ def lengths_to_segment_ids(lengths, *, validate: bool = True) -> torch.Tensor:
 
 
 def segment_ids_to_lengths(
-    segment_ids, num_segments: int | None = None, *, sorted: bool = True, validate: bool = True
+    segment_ids: IndexLike,
+    num_segments: int | None = None,
+    *,
+    sorted: bool = True,
+    validate: bool = True,
 ) -> torch.Tensor:
     """``lengths[s] = #{i : segment_ids[i] == s}`` for ``s < num_segments`` (Caffe2
     ``SegmentIdsToLengths``).
@@ -108,7 +115,7 @@ def segment_ids_to_lengths(
 
 
 def lengths_to_offsets(
-    lengths, *, include_last: bool = True, validate: bool = True
+    lengths: IndexLike, *, include_last: bool = True, validate: bool = True
 ) -> torch.Tensor:
     """``offsets[s] = lengths[:s].sum()`` for ``s = 0..S`` (CSR ``crow_indices``; ``S + 1``
     entries).
@@ -133,7 +140,9 @@ def lengths_to_offsets(
     return out.to(lengths.dtype)
 
 
-def offsets_to_lengths(offsets, total: int | None = None, *, validate: bool = True) -> torch.Tensor:
+def offsets_to_lengths(
+    offsets: IndexLike, total: int | None = None, *, validate: bool = True
+) -> torch.Tensor:
     """``lengths[s] = offsets[s+1] - offsets[s]``.
 
     ``offsets`` holds ``S + 1`` entries (``offsets[S] = N``); given ``total = N`` it may hold the
@@ -158,7 +167,7 @@ def offsets_to_lengths(offsets, total: int | None = None, *, validate: bool = Tr
 
 
 def segment_ids_to_offsets(
-    segment_ids, num_segments: int | None = None, *, validate: bool = True
+    segment_ids: IndexLike, num_segments: int | None = None, *, validate: bool = True
 ) -> torch.Tensor:
     """Offsets (``S + 1`` entries) of sorted segment ids; gaps give empty segments."""
     return lengths_to_offsets(
@@ -166,7 +175,7 @@ def segment_ids_to_offsets(
     )
 
 
-def lengths_to_ranges(lengths, *, validate: bool = True) -> torch.Tensor:
+def lengths_to_ranges(lengths: IndexLike, *, validate: bool = True) -> torch.Tensor:
     """``ranges[s] = (offsets[s], lengths[s])``, shape ``(S, 2)`` (Caffe2 ``LengthsToRanges``).
 
     >>> lengths_to_ranges(torch.tensor([3, 0, 2]))
@@ -180,7 +189,7 @@ def lengths_to_ranges(lengths, *, validate: bool = True) -> torch.Tensor:
 
 
 def segment_ids_to_ranges(
-    segment_ids, num_segments: int | None = None, *, validate: bool = True
+    segment_ids: IndexLike, num_segments: int | None = None, *, validate: bool = True
 ) -> torch.Tensor:
     """``ranges[s] = (first row of segment s, its length)`` for sorted ids (Caffe2
     ``SegmentIdsToRanges``).
@@ -199,7 +208,11 @@ def segment_ids_to_ranges(
 
 
 def lengths_to_weights(
-    lengths, power: float = 0.5, *, dtype: torch.dtype | None = None, validate: bool = True
+    lengths: IndexLike,
+    power: float = 0.5,
+    *,
+    dtype: torch.dtype | None = None,
+    validate: bool = True,
 ) -> torch.Tensor:
     """``weights[i] = lengths[s] ** -power`` for every row ``i`` of segment ``s`` (Caffe2
     ``LengthsToWeights``; its default ``power = 0.5`` makes a weighted sum the ``sqrt_n``
@@ -217,7 +230,7 @@ def lengths_to_weights(
     return torch.repeat_interleave(w, _i64(lengths))
 
 
-def lengths_range_fill(lengths, *, validate: bool = True) -> torch.Tensor:
+def lengths_range_fill(lengths: IndexLike, *, validate: bool = True) -> torch.Tensor:
     """``out[i] = i - offsets[s]``: the position of row ``i`` within its segment (Caffe2
     ``LengthsRangeFill``).
 
@@ -235,7 +248,7 @@ def lengths_range_fill(lengths, *, validate: bool = True) -> torch.Tensor:
     return pos.to(lengths.dtype)
 
 
-def lengths_tile(data: torch.Tensor, lengths, *, validate: bool = True) -> torch.Tensor:
+def lengths_tile(data: torch.Tensor, lengths: IndexLike, *, validate: bool = True) -> torch.Tensor:
     """Row ``s`` of ``data`` repeated ``lengths[s]`` times (Caffe2 ``LengthsTile``); differentiable.
 
     ``out[i] = data[segment_ids[i]]``.
@@ -266,14 +279,18 @@ def _gather_rows(starts: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
     )
 
 
-def lengths_gather(items: torch.Tensor, lengths, indices, *, validate: bool = True) -> torch.Tensor:
+def lengths_gather(
+    items: torch.Tensor, lengths: IndexLike, indices: IndexLike, *, validate: bool = True
+) -> torch.Tensor:
     """The segments ``indices[0], indices[1], ...`` of ``items`` concatenated (Caffe2
     ``LengthsGather``).
 
     The output has ``lengths[indices].sum()`` rows; its lengths are ``lengths[indices]``.
     Differentiable.
 
-    >>> lengths_gather(torch.tensor([1, 2, 3, 2, 4, 6, 7, 3, 6]), torch.tensor([3, 4, 2]), torch.tensor([2, 0]))
+    >>> lengths_gather(
+    ...     torch.tensor([1, 2, 3, 2, 4, 6, 7, 3, 6]), torch.tensor([3, 4, 2]), torch.tensor([2, 0])
+    ... )
     tensor([3, 6, 1, 2, 3])
     """
     lengths = as_index(lengths, "lengths", items.device)
@@ -298,7 +315,7 @@ def lengths_gather_rows(
 
 
 def gather_ranges(
-    data: torch.Tensor, ranges, *, validate: bool = True
+    data: torch.Tensor, ranges: torch.Tensor | Sequence[Sequence[int]], *, validate: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Concatenate ``data[start:start + length]`` over ``ranges`` (shape ``(B, R, 2)``; Caffe2
     ``GatherRanges``).

@@ -1,23 +1,27 @@
 """The segment conversions (``_repr``) and ``KeyedJaggedBatch``'s checks as ``torch.library`` custom
-ops: what torch.compile records for them (issue 14).
+ops: what torch.compile records for them.
 
 Their results' sizes (``sum(lengths)`` ids, ``max(segment_ids) + 1`` lengths) and their checks (a
 negative length, an id out of range) read the data: under torch.compile (``_compile.traced``) the
 public functions call these ops, whose real implementation is the eager function (its checks run at
 run time and raise the eager errors) and whose fake implementation gives the sizes from the input
-sizes, or a dynamic size
-(``_compile.new_dynamic_size()``: also without ``fullgraph``) where the data decide it::
+sizes, or a dynamic size (``_compile.new_dynamic_size()``: also without ``fullgraph``) where the
+data decide it::
 
-    sparsefill::lengths_to_segment_ids(lengths, validate)             == segment.lengths_to_segment_ids   (N: dynamic)
-    sparsefill::segment_ids_to_lengths(ids, num_segments, sorted, validate)      (S: num_segments, else dynamic)
+    sparsefill::lengths_to_segment_ids(lengths, validate)
+        == segment.lengths_to_segment_ids   (N: dynamic)
+    sparsefill::segment_ids_to_lengths(ids, num_segments, sorted, validate)
+        (S: num_segments, else dynamic)
     sparsefill::lengths_to_offsets(lengths, include_last, validate)
     sparsefill::offsets_to_lengths(offsets, total, validate)
     sparsefill::lengths_to_weights(lengths, power, dtype, validate)              (N: dynamic)
     sparsefill::lengths_range_fill(lengths, validate)                           (N: dynamic)
-    sparsefill::lengths_gather_rows(lengths, indices, n, validate)   the rows of items lengths_gather reads
-    sparsefill::gather_ranges_rows(ranges, n, validate)              the rows of data gather_ranges reads
-    sparsefill::lengths_max_range(lengths)                           arange(max(lengths)): the padded width
-    sparsefill::jagged_check(example_lengths, values_lengths, keys, total)   KeyedJaggedBatch's data checks
+    sparsefill::lengths_gather_rows(lengths, indices, n, validate)
+        the rows of items lengths_gather reads
+    sparsefill::gather_ranges_rows(ranges, n, validate)         the rows of data gather_ranges reads
+    sparsefill::lengths_max_range(lengths)                    arange(max(lengths)): the padded width
+    sparsefill::jagged_check(example_lengths, values_lengths, keys, total)
+        KeyedJaggedBatch's data checks
 
 The differentiable conversions (``lengths_tile``, ``lengths_gather``, ``gather_ranges``) gather
 their data with ``index_select`` at the rows these ops give (autograd as usual).  Every op is
@@ -53,9 +57,8 @@ __all__ = [
 
 
 def _dynamic():
-    return (
-        new_dynamic_size()
-    )  # (also where dynamo compiles without fullgraph: _compile.new_dynamic_size)
+    # (also where dynamo compiles without fullgraph: _compile.new_dynamic_size)
+    return new_dynamic_size()
 
 
 def _effectful(op):
@@ -173,9 +176,8 @@ def jagged_check(
     """``KeyedJaggedBatch``'s data checks (its errors) for a batch of ``total`` values."""
     from sparsefill.segment._jagged import KeyedJaggedBatch
 
-    stub = torch.zeros(1, dtype=torch.int64, device=keys.device).expand(
-        total
-    )  # (the count of values only)
+    # (the count of values only)
+    stub = torch.zeros(1, dtype=torch.int64, device=keys.device).expand(total)
     KeyedJaggedBatch(stub, values_lengths, keys, example_lengths)
 
 

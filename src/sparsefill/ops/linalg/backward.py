@@ -4,8 +4,9 @@
 operand ``A`` (2-d or 3-d, batched) and one dense operand ``X`` run through :class:`SparseMM`
 when ``A`` needs a gradient.  For ``Y = A @ X``, upstream gradient ``G``, pattern ``P`` of ``A``::
 
-    grad_A[b, i, j] = (G[b, i, :] * X[b, j, :]).sum()      at each (b, i, j) in P  (SDDMM: O(nse * n))
-    sum of grad_A over the unspecified elements = sum_b G[b].sum(0) . X[b].sum(0) - sum of grad_A over P
+    grad_A[b, i, j] = (G[b, i, :] * X[b, j, :]).sum()    at each (b, i, j) in P  (SDDMM: O(nse * n))
+    sum of grad_A over the unspecified elements
+        = sum_b G[b].sum(0) . X[b].sum(0) - sum of grad_A over P
     grad_X          = A^T @ G                                (a sparse product of ``linalg.py``)
 
 and for ``Y = X @ A``: ``grad_A[b, i, j] = (X[b, :, i] * G[b, :, j]).sum()``, ``grad_X = G @ A^T``
@@ -108,16 +109,17 @@ def pattern_grad_is_exact(A: SparseTensor) -> bool:
         seen.add(node)
         if type(node) in _PERMUTING or type(node) is _SAME_DENSE and node.x_layout is None:
             todo.append((node.next_functions[0][0], _input_pattern(node, R)))
-        elif getattr(
-            node, "input_grad_exact", False
-        ):  # (a selection whose input was found exact: the rest)
+        # (a selection whose input was found exact: the rest)
+        elif getattr(node, "input_grad_exact", False):
             continue
         elif type(node) is _CONSTRUCT and tuple(node.pattern.shape) == tuple(R.shape):
             if not _within_pattern(node.pattern, R, keys):
                 return False
         elif not _uniform_elementwise(node, R, keys):
             return False
-        else:  # an input constant along R's sparse dims (0-d, a dense-dims vector): its gradient sums over them
+        # an input constant along R's sparse dims (0-d, a dense-dims vector): its gradient sums over
+        # them
+        else:
             todo.extend(
                 (m, R)
                 for m, _ in node.next_functions
@@ -152,7 +154,8 @@ def _input_pattern(node, R: SparseTensor) -> SparseTensor:
     return R.t()
 
 
-_POINTWISE_NODES: dict = {}  # autograd node type -> whether it is the backward of an element-wise aten op
+# autograd node type -> whether it is the backward of an element-wise aten op
+_POINTWISE_NODES: dict = {}
 
 
 def _is_pointwise_node(node) -> bool:
@@ -198,9 +201,8 @@ def _within_pattern(T: SparseTensor, A: SparseTensor, keys: dict) -> bool:
         else T._crow is A._crow and T._col is A._col
     ):
         return True
-    if (
-        T._sparse_ndim() < A._sparse_ndim() == A.dim() and T.shape == A.shape
-    ):  # a hybrid T in a permuted A's
+    # a hybrid T in a permuted A's
+    if T._sparse_ndim() < A._sparse_ndim() == A.dim() and T.shape == A.shape:
         return _within_scalar_pattern(T, A, keys)  # (dense dims made sparse) pattern
     if T._sparse_ndim() != A._sparse_ndim() or T.shape != A.shape:
         return False
@@ -208,9 +210,8 @@ def _within_pattern(T: SparseTensor, A: SparseTensor, keys: dict) -> bool:
         idx, _ = coalesced_parts(A)
         keys[id(A)] = (A, _index.linearize(idx, A._sparse_shape))  # (A kept: its id stays its own)
     tk = _index.linearize(T._coo_parts()[0], T._sparse_shape)
-    return known_true(
-        _index.lookup(keys[id(A)][1], tk)[1].all()
-    )  # (traced: not known, the general path)
+    # (traced: not known, the general path)
+    return known_true(_index.lookup(keys[id(A)][1], tk)[1].all())
 
 
 def _within_scalar_pattern(T: SparseTensor, A: SparseTensor, keys: dict) -> bool:
@@ -237,14 +238,12 @@ def _sampled(A: SparseTensor, U: torch.Tensor, V: torch.Tensor):
     k = V.shape[1]
     r, c = (sidx[0], sidx[1]) if A.dim() == 2 else (sidx[0] * m + sidx[1], sidx[0] * k + sidx[2])
     U2, V2 = U.reshape(nb * m, n), V.reshape(nb * k, n)
-    if (
-        U.dtype in (torch.float32, torch.float64) and not traced() and r.numel()
-    ):  # (torch's kernel: no trace)
+    # (torch's kernel: no trace)
+    if U.dtype in (torch.float32, torch.float64) and not traced() and r.numel():
         crow = torch.cat([r.new_zeros(1), bincount(r, nb * m).cumsum(0)])
         with warnings.catch_warnings():
-            warnings.simplefilter(
-                "ignore", UserWarning
-            )  # "Sparse CSR tensor support is in beta state"
+            # "Sparse CSR tensor support is in beta state"
+            warnings.simplefilter("ignore", UserWarning)
             P = torch.sparse_csr_tensor(crow, c, U.new_zeros(r.numel()), (nb * m, nb * k))
             out = torch.sparse.sampled_addmm(P, U2, V2.mT, beta=0).values()
     else:
@@ -275,7 +274,7 @@ def _rest_nonfinite(A: SparseTensor, idx, U: torch.Tensor, V: torch.Tensor) -> t
     rest = _total(A, Uf, Vf).reshape(D) - _sampled(A, Uf, Vf)[1].sum(0)
     b, i = bu.nonzero(as_tuple=True)
     b2, j2 = bv.nonzero(as_tuple=True)
-    nb, m, k = U.shape[0], U.shape[1], V.shape[1]
+    m, k = U.shape[1], V.shape[1]
     from sparsefill._tensor.policy import check_densify
 
     check_densify(
@@ -360,9 +359,8 @@ def pattern_grad(A: SparseTensor, U: torch.Tensor, V: torch.Tensor) -> SparseTen
                 rest = _rest_nonfinite(A, idx, U, V)
         n = _index.numel(A._sparse_shape) - idx.shape[1]
         fill, zero = (rest / n if n else torch.zeros_like(rest)), False
-    if (
-        A._coalesced
-    ):  # A's own index tensors: the constructor's backward reads the values as they are
+    # A's own index tensors: the constructor's backward reads the values as they are
+    if A._coalesced:
         return rewrap(
             A, values=gv.reshape(A._vals.shape), fill=fill, indefinite=False, known_zero=zero
         )
@@ -545,9 +543,8 @@ def _matmul(a, b):
     vec = X.dim() == 1
     if vec:
         X = X[:, None] if left else X[None]
-    if (
-        A.dim() == 2 and X.dim() == 3
-    ):  # a batch of dense operands: one product with the batch folded
+    # a batch of dense operands: one product with the batch folded
+    if A.dim() == 2 and X.dim() == 3:
         nb = X.shape[0]
         if left:
             Y = SparseMM.apply(A, X.transpose(0, 1).reshape(k, -1), True)
@@ -593,12 +590,11 @@ def _autocast_added(t, p):
         and torch.is_autocast_enabled(p.device.type)
     ):
         return t.to(p.dtype)
-    if (
-        isinstance(t, torch.Tensor) and t.dtype != p.dtype
-    ):  # torch's addmm/linear: no promotion of the added tensor
+    # torch's addmm/linear: no promotion of the added tensor
+    if isinstance(t, torch.Tensor) and t.dtype != p.dtype:
         raise RuntimeError(
-            f"self and mat2 must have the same dtype, but got {_DTYPE_NAMES.get(t.dtype, t.dtype)} and "
-            f"{_DTYPE_NAMES.get(p.dtype, p.dtype)}"
+            "self and mat2 must have the same dtype, but got "
+            f"{_DTYPE_NAMES.get(t.dtype, t.dtype)} and {_DTYPE_NAMES.get(p.dtype, p.dtype)}"
         )
     return t
 
@@ -655,9 +651,8 @@ def _route_addmm(func, args, kwargs):
         return p
     inp = _autocast_added(inp, p)
     beta, alpha = kwargs.get("beta", 1), kwargs.get("alpha", 1)
-    torch.empty(inp.shape, device="meta").expand(
-        p.shape
-    )  # torch's error for an input that does not broadcast
+    # torch's error for an input that does not broadcast
+    torch.empty(inp.shape, device="meta").expand(p.shape)
     if alpha != 1:
         p = p * alpha
     return p if beta == 0 else p + (inp if beta == 1 else inp * beta)
@@ -732,9 +727,8 @@ def _route_einsum(func, args, kwargs):
         return NotImplemented
     b, r, c, s = roles
     X = D.permute([ld.index(x) for x in (b if b in ld else "") + c + s])
-    if (
-        b and la.index(b) == 2 and S._sparse_ndim() == 2 and _eligible(S, X)
-    ):  # heads: a hybrid's dense dim
+    # heads: a hybrid's dense dim
+    if b and la.index(b) == 2 and S._sparse_ndim() == 2 and _eligible(S, X):
         Y = HybridMM.apply(S, X.expand((S.shape[2],) + tuple(X.shape[-2:])), la[:2] == r + c)
         return Y.permute([(b + r + s).index(x) for x in lo])
     A = S.permute([la.index(x) for x in b + r + c])
@@ -765,9 +759,8 @@ def _einsum_roles(la: str, ld: str, lo: str, S: SparseTensor):
         or len(ld) != len(b) + 2
     ):
         return None
-    if (
-        len(la) == 3 and not b
-    ):  # two free letters of S: the batch one is a dense dim of S where there is one
+    # two free letters of S: the batch one is a dense dim of S where there is one
+    if len(la) == 3 and not b:
         dense = [x for x in free if la.index(x) >= S._sparse_ndim()]
         b = dense[:1] or free[:1]
         free.remove(b[0])

@@ -46,9 +46,8 @@ def _check(func, args, kwargs):
     if func in _CPP_META:
         shape = func(*meta, **kwargs).shape
         dtypes = {a.dtype for a in args if isinstance(a, torch.Tensor)}
-        if (
-            torch.bool in dtypes or len(dtypes) > 1
-        ):  # (meta kernels take bool and mixed dtypes; CPU's do not)
+        # (meta kernels take bool and mixed dtypes; CPU's do not)
+        if torch.bool in dtypes or len(dtypes) > 1:
             func(*[probe_of(a) if isinstance(a, torch.Tensor) else a for a in args], **kwargs)
         return shape
     func(*[probe_of(a) if isinstance(a, torch.Tensor) else a for a in args], **kwargs)
@@ -125,9 +124,8 @@ def _add_scaled(self, prod, beta, alpha, out_shape):
         return rewrap(self, values=new.reshape(self._vals.shape))
     if beta != 0:
         out = out + (self if beta == 1 else self * beta)
-    if (
-        out.dtype != prod.dtype
-    ):  # (bool: True * 2 promotes to int64; torch's addmm keeps its operands' dtype)
+    # (bool: True * 2 promotes to int64; torch's addmm keeps its operands' dtype)
+    if out.dtype != prod.dtype:
         out = out.to(prod.dtype)
     return out.expand(out_shape) if tuple(out.shape) != tuple(out_shape) else out
 
@@ -225,7 +223,8 @@ def _sparse_mm_reduce(func, args, kwargs):
     A = args[0]
     reduce = args[2] if func is aten._sparse_mm_reduce_impl.default else args[3]
     if not isinstance(A, SparseTensor) or A.dim() != 2 or A.dense_dim():
-        return NotImplemented  # (a native A goes to the densify fallback as it is: registry.KEEPS_NATIVE)
+        # (a native A goes to the densify fallback as it is: registry.KEEPS_NATIVE)
+        return NotImplemented
     from sparsefill._tensor.parts import dense_of
     from sparsefill._tensor.policy import check_densify
 

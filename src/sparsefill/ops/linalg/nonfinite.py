@@ -2,8 +2,7 @@
 
 The decomposition ``A @ X = A0 @ X + F @ X`` of :mod:`.linalg` needs finite operands: ``A0 = A - F``
 is NaN everywhere for a non-finite fill, and ``0 * inf`` terms of unspecified elements vanish from
-``A0 @ X``.  Here
-those terms are summed as the dense product sums them::
+``A0 @ X``.  Here those terms are summed as the dense product sums them::
 
     (A @ X)[i, j] = sum_{k stored} A[i, k] X[k, j] + sum_{k unspecified} F[i, k] X[k, j]
 
@@ -54,9 +53,8 @@ def sp_dense_exact(M: _Mat, X: torch.Tensor) -> torch.Tensor:
         return _batchfill_exact(M, X)
     if M.vals.dtype.is_complex:
         return _complex_exact(M, X)
-    if (
-        M.fill is None
-    ):  # zero fill, X not finite: NaN where a row's unspecified k meets an inf/NaN X[k, j]
+    # zero fill, X not finite: NaN where a row's unspecified k meets an inf/NaN X[k, j]
+    if M.fill is None:
         nf = (~torch.isfinite(X)).to(M.vals.dtype)
         C = nf.sum(-2, keepdim=True) - _native_spmm(M, nf, torch.ones_like(M.vals))
         nan = torch.full((), float("nan"), dtype=M.vals.dtype, device=X.device)
@@ -112,9 +110,8 @@ def _batchfill_exact(M: _Mat, X: torch.Tensor) -> torch.Tensor:
     """``A @ X`` for a fill varying along both matrix dims (``A`` sparse along its batch dim only:
     each matrix is stored whole or is the fill), exact for any ``X`` and fill: the stored matrices'
     products plus ``F @ X`` (dense) for the others."""
-    stored = (
-        M.crow[M.m :: M.m] - M.crow[: -1 : M.m]
-    ) > 0  # (nb,): a matrix with stored elements is stored whole
+    # (nb,): a matrix with stored elements is stored whole
+    stored = (M.crow[M.m :: M.m] - M.crow[: -1 : M.m]) > 0
     return _native_spmm(M, X, M.vals) + torch.where(
         stored[:, None, None], 0, torch.matmul(M.fill, X)
     )

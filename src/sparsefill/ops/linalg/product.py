@@ -1,5 +1,5 @@
-"""Matrix products of SparseTensors with fill values, by decomposition (fill-value-rfc.md point
-10.2).
+"""Matrix products of SparseTensors with fill values, by decomposition (the product of the stored
+part plus the fill's rank-one part).
 
 A sparse operand ``A`` (a batch of ``(m, k)`` matrices) is its zero-fill part ``A0`` plus its fill
 ``F`` (constant along the sparse dims: ``F = a * ones`` for a scalar fill, ``ones_m (x) f`` for a
@@ -140,18 +140,16 @@ class _Mat:
                 self.vals if self.fill is None or not self.finite else self.vals - self.fill_at()
             )
         with warnings.catch_warnings():
-            warnings.simplefilter(
-                "ignore", UserWarning
-            )  # "Sparse CSR tensor support is in beta state"
+            # "Sparse CSR tensor support is in beta state"
+            warnings.simplefilter("ignore", UserWarning)
             return torch.sparse_csr_tensor(
                 self.crow, self.col, values, (self.nb * self.m, self.nb * self.k)
             )
 
     def t(self) -> _Mat:
         """The transposed matrices: global rows and columns swap roles (a stable counting sort)."""
-        if traced(
-            self.col
-        ):  # compiled: the gather/scatter-add products read rows and columns in any order
+        # compiled: the gather/scatter-add products read rows and columns in any order
+        if traced(self.col):
             fill = None if self.fill is None else self.fill.transpose(-1, -2)
             return _Mat(
                 self.nb,
@@ -168,7 +166,8 @@ class _Mat:
             )
         if self.key is None:
             perm, crow, tcol, trows = self._transposed_pattern()
-        else:  # the operand's own index tensors: the same pattern recurs (a training loop), sorted once
+        # the operand's own index tensors: the same pattern recurs (a training loop), sorted once
+        else:
             tensors, tag = self.key
             tag = ("mat_t", self.nb, self.m, self.k) + tag
             perm, crow, tcol, trows = pattern_cached(tag, tensors, self._transposed_pattern)
@@ -265,24 +264,20 @@ def _native_spmm(M: _Mat, X: torch.Tensor, values=None, bias=None) -> torch.Tens
     ``(1, m, n)`` is added by the same kernel (``addmm``: no second pass over the result)."""
     n = X.shape[-1]
     Xs = X.expand(M.nb, M.k, n).reshape(M.nb * M.k, n)
-    if traced(M.col) or traced(
-        Xs
-    ):  # torch's sparse kernels do not trace: a gather and a scatter-add
+    # torch's sparse kernels do not trace: a gather and a scatter-add
+    if traced(M.col) or traced(Xs):
         out = _gather_spmm(M, Xs, values).view(M.nb, M.m, n)
         return out if bias is None else out + bias
     mat = M.csr(values)
-    if not (
-        mat.dtype.is_floating_point or mat.dtype.is_complex
-    ):  # torch's CSR kernels: floating only
+    # torch's CSR kernels: floating only
+    if not (mat.dtype.is_floating_point or mat.dtype.is_complex):
         mat = torch.sparse_coo_tensor(
             torch.stack([M.rows, M.col]), mat.values(), mat.shape, is_coalesced=True
         )
-    if (
-        mat.dtype == torch.float32 and _longest_row(M) > _LONG_ROW
-    ):  # (float64 sums, rounded once: as accurate as
-        out = (
-            (mat.to(torch.float64) @ Xs.to(torch.float64)).to(mat.dtype).view(M.nb, M.m, n)
-        )  # torch's dense)
+    # (float64 sums, rounded once: as accurate as
+    if mat.dtype == torch.float32 and _longest_row(M) > _LONG_ROW:
+        # torch's dense)
+        out = (mat.to(torch.float64) @ Xs.to(torch.float64)).to(mat.dtype).view(M.nb, M.m, n)
         return out if bias is None else out + bias
     if (
         bias is not None

@@ -1,7 +1,9 @@
 """Sampling at a SparseTensor's pattern (2-D; the sampled product also a batch ``(b, m, n)``):
-``x.sparse_mask(A)`` and the sampled product (SDDMM) ``torch.sparse.sampled_addmm(A, m1, m2, beta=, alpha=)``::
+``x.sparse_mask(A)`` and the sampled product (SDDMM) ``torch.sparse.sampled_addmm(A, m1, m2, beta=,
+alpha=)``::
 
-    out = A with values beta * A[i, j] + alpha * (m1 @ m2)[i, j] at A's stored (i, j), and fill beta * fill
+    out = A with values beta * A[i, j] + alpha * (m1 @ m2)[i, j] at A's stored (i, j),
+          and fill beta * fill
 
     x.sparse_mask(A) = A's pattern with the values x[i, j] and fill 0
 
@@ -10,7 +12,9 @@ stays indefinite (the scores of a sparse attention on the mask's pattern, no den
 O(nse x k).
 
 >>> import torch, sparsefill
->>> A = sparsefill.sparse_coo_tensor([[0, 1], [1, 0]], [1., 2.], (2, 2), fill_value=sparsefill.indefinite)
+>>> A = sparsefill.sparse_coo_tensor(
+...     [[0, 1], [1, 0]], [1.0, 2.0], (2, 2), fill_value=sparsefill.indefinite
+... )
 >>> torch.sparse.sampled_addmm(A.to_sparse_csr(), torch.ones(2, 3), torch.ones(3, 2)).values()
 tensor([4., 5.])
 """
@@ -48,9 +52,8 @@ def _sampled_addmm(func, args, kwargs):
     if A.sparse_layout is torch.sparse_coo and not A.is_coalesced():
         A = A.coalesce()  # (one value per stored position, as torch's CSR)
     vals = _sddmm(A, m1, m2, beta, alpha)
-    vals = vals.to(A.dtype).reshape(
-        A._vals.shape
-    )  # (a batched CSR's values are (b, nse per batch))
+    # (a batched CSR's values are (b, nse per batch))
+    vals = vals.to(A.dtype).reshape(A._vals.shape)
     return _like(A, vals, A._fill if A._indefinite or beta == 1 else A._fill * beta)
 
 
@@ -83,8 +86,8 @@ def _check(A, m1, m2):
     ):  # (as torch's: the product is not cast to self's dtype)
         if m.dtype != A.dtype:
             raise RuntimeError(
-                f"sampled_addmm: Expected {name} and self to have the same dtype, but got {m.dtype} "
-                f"and {A.dtype}"
+                f"sampled_addmm: Expected {name} and self to have the same dtype, but got "
+                f"{m.dtype} and {A.dtype}"
             )
 
 
@@ -99,9 +102,8 @@ def _sddmm(A: SparseTensor, m1, m2, beta, alpha):
     V = m2.reshape(nb, k, n).permute(1, 0, 2).reshape(k, nb * n) if nb > 1 else m2
     if A.dtype in (torch.float32, torch.float64, torch.complex64, torch.complex128) and col.numel():
         with warnings.catch_warnings():
-            warnings.simplefilter(
-                "ignore", UserWarning
-            )  # "Sparse CSR tensor support is in beta state"
+            # "Sparse CSR tensor support is in beta state"
+            warnings.simplefilter("ignore", UserWarning)
             P = torch.sparse_csr_tensor(crow, col, vals, (nb * m, nb * n), check_invariants=False)
         return torch.sparse.sampled_addmm(P, U, V, beta=beta, alpha=alpha).values()
     rows = torch.repeat_interleave(
@@ -109,9 +111,8 @@ def _sddmm(A: SparseTensor, m1, m2, beta, alpha):
     )
     Vt = V.t()
     parts = [
-        (U.index_select(0, r) * Vt.index_select(0, c)).sum(
-            1
-        )  # (bounded temporaries: 4096 x k at a time)
+        # (bounded temporaries: 4096 x k at a time)
+        (U.index_select(0, r) * Vt.index_select(0, c)).sum(1)
         for r, c in zip(rows.split(4096), col.split(4096))
     ]
     sampled = torch.cat(parts) if parts else vals.new_zeros(0)
@@ -134,9 +135,8 @@ def pattern_product(A: SparseTensor, gvals, m1, m2, needs=(True, True)):
     if needs[0]:  # (b*m, b*n) @ (b*n, k): block-diagonal, one CSR product for every batch
         V = m2.reshape(nb, k, n).transpose(1, 2).reshape(nb * n, k)
         g1 = torch.mm(P, V.conj()).reshape(m1.shape)
-    if needs[
-        1
-    ]:  # P^T as a CSR matrix of its own (cached with the pattern): 10x torch's mm of P.t()
+    # P^T as a CSR matrix of its own (cached with the pattern): 10x torch's mm of P.t()
+    if needs[1]:
         crow_t, col_t, perm = pattern_cached(
             ("sampled_csr_t", nb * m, nb * n), (crow, col), lambda: _transposed(crow, col, nb * n)
         )

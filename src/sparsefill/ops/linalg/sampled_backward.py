@@ -1,6 +1,5 @@
 """``x.sparse_mask(A)`` of a dense ``x`` that requires grad, ``A`` a SparseTensor: x's gradient is
-the upstream
-gradient at A's pattern, 0 elsewhere, dense as ``x`` is::
+the upstream gradient at A's pattern, 0 elsewhere, dense as ``x`` is::
 
     d/dx  x.sparse_mask(A) . G  ==  G.sparse_mask(A).to_dense()
 
@@ -33,9 +32,8 @@ class SparseMask(torch.autograd.Function):
 
     @staticmethod
     def forward(x, A):
-        return torch.Tensor.sparse_mask(
-            x, A
-        )  # (grad mode off in here: the route declines, the handler runs)
+        # (grad mode off in here: the route declines, the handler runs)
+        return torch.Tensor.sparse_mask(x, A)
 
     @staticmethod
     def setup_context(ctx, inputs, output):

@@ -30,11 +30,11 @@ def _fill(func, args, kwargs):
         return NotImplemented
     if isinstance(v, torch.Tensor) and v.dim():  # a Python number stays one (no float32 rounding)
         raise RuntimeError(
-            f"fill_ only supports 0-dimension value tensor but got tensor with {v.dim()} dimensions."
+            f"fill_ only supports 0-dimension value tensor but got tensor with {v.dim()} "
+            "dimensions."
         )
-    fill = (
-        A._fill if A._indefinite else A._fill.new_empty(A._fill.shape).fill_(v)
-    )  # indefinite stays so
+    # indefinite stays so
+    fill = A._fill if A._indefinite else A._fill.new_empty(A._fill.shape).fill_(v)
     B = A if A._coalesced else coalesce_of(A)  # duplicates would sum to a multiple of v
     new = rewrap(B, values=B._vals.new_empty(B._vals.shape).fill_(v), fill=fill, known_zero=False)
     return assign_(A, new) if func._schema.name.endswith("_") else new

@@ -42,9 +42,8 @@ def _constant_fill(func, args, kwargs, sparse, A: SparseTensor):
     the result is dense by nature; also where ``op`` raises, ``A // e`` with a zero in ``e``: dense
     raises too unless ``A`` has no element).  ``A * e`` with a zero fill and a finite ``e`` has fill
     0; ``A + e`` varies."""
-    fills = {
-        id(T): E._fill if E._fill.dim() else E._fill.reshape(1) for T, E in sparse
-    }  # (dimensioned: promotion)
+    # (dimensioned: promotion)
+    fills = {id(T): E._fill if E._fill.dim() else E._fill.reshape(1) for T, E in sparse}
     dense = [
         a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor) and id(a) not in fills
     ]
@@ -56,7 +55,8 @@ def _constant_fill(func, args, kwargs, sparse, A: SparseTensor):
             *[sub.get(id(a), a) for a in args], **{k: sub.get(id(v), v) for k, v in kwargs.items()}
         )
 
-    try:  # (an op that raises, 0 // e: the dense call gives dense's outcome, an empty A's empty result)
+    # (an op that raises, 0 // e: the dense call gives dense's outcome, an empty A's empty result)
+    try:
         if (
             len(dense) == 1
             and all(f.shape == (1,) for f in fills.values())
@@ -72,9 +72,8 @@ def _constant_fill(func, args, kwargs, sparse, A: SparseTensor):
         return None
     if not isinstance(F, torch.Tensor) or not F.numel():
         return None
-    along = max(
-        A.dim() - A.dense_dim() - (A.dim() - F.dim()), 0
-    )  # F's leading dims along A's sparse dims
+    # F's leading dims along A's sparse dims
+    along = max(A.dim() - A.dense_dim() - (A.dim() - F.dim()), 0)
     ref = F[(0,) * along]
     if not bool(((F == ref) | (F != F) & (ref != ref)).all()):
         return None
@@ -128,9 +127,8 @@ def _over_dense_dims(t: torch.Tensor, A: SparseTensor):
         t.shape[j] != 1 and (t.stride(j) != 0 or t.shape[j] != A.shape[lead + j]) for j in along
     ):
         return None
-    if (
-        len(along) and 0 in t.shape[: len(along)]
-    ):  # (A has no element: no slice to read, any values of its shape)
+    # (A has no element: no slice to read, any values of its shape)
+    if len(along) and 0 in t.shape[: len(along)]:
         d = t.new_zeros(t.shape[len(along) :])
     else:
         d = t[tuple(0 for _ in along)] if len(along) else t  # one slice: the dense-dims part
@@ -199,7 +197,8 @@ def join_small(rule, func, args, kwargs, sparse, conv, written):
     with ``pattern_only``: an indefinite ``A`` read
     at its pattern, or one fill ``f(fill, t)``, :func:`_constant_fill`)::
 
-        op(A, T) == op(A, dense(T))        (dense(T): T.numel() elements, no more than T expanded and A store)
+        op(A, T) == op(A, dense(T))
+            (dense(T): T.numel() elements, no more than T expanded and A store)
 
     An indefinite ``T`` (beside indefinite full operands only) joins with a stored value as its
     fill, and the result then drops the positions where ``T`` is unspecified (:func:`_masked_where`;
@@ -229,7 +228,8 @@ def join_small(rule, func, args, kwargs, sparse, conv, written):
             return None
         repeats = _index.numel([shape[j] for j in grown])
         if C.numel() > (max(C._nse(), 1) * repeats + full[0]._nse()) * _index.numel(C._dense_shape):
-            return None  # (no larger than T expanded, nse * repeats, and the result's part in its union)
+            # (no larger than T expanded, nse * repeats, and the result's part in its union)
+            return None
         small[id(T)] = C
     dense, masks = {}, []
     for k, C in small.items():
@@ -241,9 +241,8 @@ def join_small(rule, func, args, kwargs, sparse, conv, written):
             masks.append(dense_of(pattern_mask(C)))
         else:
             dense[k] = dense_of(C)
-    if (
-        masks and written
-    ):  # in place: where the masks drop none of the target's elements (nothing to undo after)
+    # in place: where the masks drop none of the target's elements (nothing to undo after)
+    if masks and written:
         if _masked_where(written[0], masks) is not written[0]:
             return None
         masks = []

@@ -2,10 +2,11 @@
 are dropped.
 
 Dense dropout zeroes each element with probability ``p`` and scales the others by ``1 / (1 - p)``;
-an element
-that is 0 stays 0 and a masked-out element stays masked, so for a zero or indefinite fill::
+an element that is 0 stays 0 and a masked-out element stays masked, so for a zero or indefinite
+fill::
 
-    dropout(A) == A * M        M: A's pattern, values Bernoulli(1 - p) / (1 - p), fill 0 (indefinite: masked)
+    dropout(A) == A * M
+        M: A's pattern, values Bernoulli(1 - p) / (1 - p), fill 0 (indefinite: masked)
 
 in distribution (the random stream differs from dense's), with the gradient ``G * M`` at the pattern
 (the same-pattern product's).  Duplicates are summed first (a dense element is dropped whole).  A

@@ -61,6 +61,5 @@ def _foreach(func, args, kwargs):
 for _name in sorted(
     {s.name for s in torch._C._jit_get_all_schemas() if s.name.startswith("aten::_foreach_")}
 ):
-    register(getattr(aten, _name[len("aten::") :]))(
-        _foreach
-    )  # (dir(aten) lists only the ops loaded so far)
+    # (dir(aten) lists only the ops loaded so far)
+    register(getattr(aten, _name[len("aten::") :]))(_foreach)

@@ -1,4 +1,4 @@
-"""Element-wise ops (aten ops tagged ``torch.Tag.pointwise``), fill-value-rfc.md points 8-9::
+"""Element-wise ops (aten ops tagged ``torch.Tag.pointwise``)::
 
     f(A, B, ...) == SparseTensor(P, f(A[P], B[P], ...), fill_value=f(fill_A, fill_B, ...))
     so  f(A, B).to_dense() == f(A.to_dense(), B.to_dense())
@@ -146,9 +146,8 @@ def unary_fast(func, args, kwargs):
                     return A._with_values(op(A._vals, A._vals), op(A._fill, A._fill))
                 if type(c) is not SparseTensor and not isinstance(c, torch.Tensor):  # A * 2
                     first = _FIRST_TENSOR.get(func._op)
-                    if (
-                        first is None
-                    ):  # (aten.pow.Scalar(Scalar self, Tensor exponent) takes A second: not this rule)
+                    # (aten.pow.Scalar(Scalar self, Tensor exponent) takes A second: not this rule)
+                    if first is None:
                         first = _FIRST_TENSOR[func._op] = isinstance(
                             func._schema.arguments[0].type, torch.TensorType
                         )
@@ -202,10 +201,10 @@ def unary_fast(func, args, kwargs):
         if B is None:
             return A._with_values(op(*vals, **kwargs), op(*fills, **kwargs))
         return _on_union(op, args, kwargs, A, B, many)
-    except (
-        Exception
-    ):  # the fill's op may raise where no element reads it (A // B with every element
-        return None  # stored, a fill 0 in B): the general rule decides (_unread_fill), or raises dense's error
+    # the fill's op may raise where no element reads it (A // B with every element
+    except Exception:
+        # stored, a fill 0 in B): the general rule decides (_unread_fill), or raises dense's error
+        return None
 
 
 def inplace_fast_ok(func) -> bool:
@@ -284,9 +283,8 @@ def _on_union(op, args, kwargs, A: SparseTensor, B: SparseTensor, many: bool):
     """``op`` on the SparseTensor operands' values at the union of their patterns (``A``'s and
     ``B``'s: two; or ``many``) and on the fills; None while traced (the general rule: a union's size
     is data)."""
-    if (
-        type(A._vals) is not torch.Tensor
-    ):  # torch.compile (fake tensors): the general rule (a union's nse is unbacked)
+    # torch.compile (fake tensors): the general rule (a union's nse is unbacked)
+    if type(A._vals) is not torch.Tensor:
         return None
     if many:  # three patterns or more
         idx, at = union_parts([a for a in args if type(a) is SparseTensor])
@@ -324,12 +322,13 @@ def _on_union(op, args, kwargs, A: SparseTensor, B: SparseTensor, many: bool):
 
 
 # The caches of the fast path are keyed by ``func._op`` (the C++ op), not by the OpOverload
-# ``func``, whose ``__hash__`` is Python code (0.3 µs a lookup, a third of this path's own cost).
-_CALLS: dict = {}  # (OpOverload._op, argument kinds) -> the callable unary_fast runs it with (see _call_of)
-_BY_VALUE: dict = {}  # (OpOverload._op, Python int/float, its type, dtype) -> (op, operand): see _by_value
-_EXACT = (
-    2**53
-)  # |c| below which a Python int converts to float64 exactly (so to float32 in one rounding)
+# ``func``, whose ``__hash__`` is Python code (a large share of this path's own cost).
+# (OpOverload._op, argument kinds) -> the callable unary_fast runs it with (see _call_of)
+_CALLS: dict = {}
+# (OpOverload._op, Python int/float, its type, dtype) -> (op, operand): see _by_value
+_BY_VALUE: dict = {}
+# |c| below which a Python int converts to float64 exactly (so to float32 in one rounding)
+_EXACT = 2**53
 _CAST_DTYPES = (torch.float32, torch.float64)
 
 
@@ -343,11 +342,12 @@ def _by_value(func, A: SparseTensor, c):
     float where ``A * 1`` is not).
     The operand is a cached 0-d CPU tensor of the values' dtype holding ``c`` where that is exact::
 
-        func(v, c) == func(v, torch.tensor(c, dtype=v.dtype))        v float32/float64, func taking a Tensor there
+        func(v, c) == func(v, torch.tensor(c, dtype=v.dtype))
+            v float32/float64, func taking a Tensor there
 
     (torch wrapped ``c`` as a *wrapped number*, which promotes as a Python number and which
     TensorIterator casts to the common dtype, ``v.dtype`` for a float ``v``: that cast done once,
-    not twice a call, 1.4 µs each).  Not for reduced floats (their kernels read the scalar uncast);
+    not twice a call).  Not for reduced floats (their kernels read the scalar uncast);
     -0.0 and NaN (keys equal to others') never come here.  Else the operand is ``c`` itself."""
     dtype, schema, value = A._vals.dtype, func._schema.arguments, c
     if dtype in _CAST_DTYPES and len(schema) > 1 and isinstance(schema[1].type, torch.TensorType):
@@ -357,9 +357,8 @@ def _by_value(func, A: SparseTensor, c):
     else:
         key = (func._op, type(c))
     out = (_CALLS.get(key) or _call_of(func, (A._fill, c), {}, key), c)
-    if (
-        not torch._C._len_torch_dispatch_stack()
-    ):  # (a dispatch mode: _call_of's choice is not cached either)
+    # (a dispatch mode: _call_of's choice is not cached either)
+    if not torch._C._len_torch_dispatch_stack():
         if len(_BY_VALUE) >= 1024:
             _BY_VALUE.clear()
         _BY_VALUE[(func._op, value, type(value), dtype)] = out
@@ -368,8 +367,8 @@ def _by_value(func, A: SparseTensor, c):
 
 def _call_of(func, probe, kwargs, key):
     """What runs exactly ``func`` on plain tensors and Python values of the kinds in ``key``,
-    fastest: torch's Python binding of the op's name (``torch.exp``: 0.5-0.9 µs less than
-    ``func._op``, which parses its arguments against the schema) when, run once on ``probe`` (the
+    fastest: torch's Python binding of the op's name (``torch.exp``: cheaper than ``func._op``,
+    which parses its arguments against the schema) when, run once on ``probe`` (the
     call's fill arguments), it dispatches to ``func`` and to nothing else; else ``func._op``.
     Cached under ``key``, unless a dispatch mode is active (``torch.compile``'s fake tensors, a
     recording mode: ``func._op``, not cached)."""
@@ -418,7 +417,8 @@ def _record_mode():
 
 
 _UNION_CACHE_MAX = 1024  # stored elements of two patterns up to which union2 caches their union
-_UNIONS: dict = {}  # (id(A._idx), id(B._idx)) -> (weakrefs of both, their versions and the union's, the union)
+# (id(A._idx), id(B._idx)) -> (weakrefs of both, their versions and the union's, the union)
+_UNIONS: dict = {}
 _UNIONS_SIZE = 64
 _SMALL = 64  # stored elements of two CPU patterns up to which union2 merges them as Python tuples
 
@@ -428,16 +428,16 @@ def union2(A: SparseTensor, B: SparseTensor):
     stored
     elements at its positions ``pa``, ``B``'s at ``pb``::
 
-        indices[:, pa] == A._idx      indices[:, pb] == B._idx      (sorted, unique: a coalesced pattern)
+        indices[:, pa] == A._idx     indices[:, pb] == B._idx  (sorted, unique: a coalesced pattern)
 
     (``pa`` None: ``A``'s pattern holds ``B``'s, ``indices`` is ``A._idx`` itself; likewise ``pb``),
-    by :func:`_kernels.merge.union_or_superset` of the linear keys (:func:`_union_small` for small CPU
-    patterns); while the two hold at most ``_UNION_CACHE_MAX`` elements, cached per pair of index
-    tensors (patterns that recur, a training step or a loop over small tensors, merge once; the key
-    is the two tensors' identity and versions: 1 µs, against 3.5 µs for
-    ``_kernels.grouping.pattern_cached``'s storage keys; the pattern of index tensors changed through
-    ``set_`` is a version change too).  The indices are shared by the results: an in-place change of
-    them is seen (version) and the union merged again."""
+    by :func:`_kernels.merge.union_or_superset` of the linear keys (:func:`_union_small` for small
+    CPU patterns); while the two hold at most ``_UNION_CACHE_MAX`` elements, cached per pair of
+    index tensors (patterns that recur, a training step or a loop over small tensors, merge once;
+    the key is the two tensors' identity and versions, cheaper to form than
+    ``_kernels.grouping.pattern_cached``'s storage keys; the pattern of index tensors changed
+    through ``set_`` is a version change too).  The indices are shared by the results: an in-place
+    change of them is seen (version) and the union merged again."""
     ia, ib = A._idx, B._idx
     if ia.shape[1] + ib.shape[1] > _UNION_CACHE_MAX:
         return _merge2(A, B)
@@ -470,9 +470,8 @@ def _merge2(A: SparseTensor, B: SparseTensor):
         return idx, (pa, pb)
     S = A._size[:d]
     ka, kb = (T._idx[0] if d == 1 else _index.linearize(T._idx, S) for T in (A, B))
-    union, pa, pb = _merge.union_or_superset(
-        ka, kb
-    )  # (None: that pattern is the union, e.g. a gradient's)
+    # (None: that pattern is the union, e.g. a gradient's)
+    union, pa, pb = _merge.union_or_superset(ka, kb)
     if pa is None or pb is None:
         return (ia if pa is None else ib), (pa, pb)
     return (union[None] if d == 1 else _index.unravel(union, S)), (pa, pb)
@@ -481,10 +480,13 @@ def _merge2(A: SparseTensor, B: SparseTensor):
 def _union_small(ia: torch.Tensor, ib: torch.Tensor):
     """``(indices, pa, pb)``: the union of two coalesced CPU COO index tensors (``d >= 1`` sparse
     dims, some stored element), merged as Python tuples (row-major order is their lexicographic
-    order), the three results views of one int64 tensor built from a buffer: 10 µs less than torch
-    ops on 10 stored elements.
+    order), the three results views of one int64 tensor built from a buffer: on a few stored
+    elements this beats the fixed cost of torch ops.
 
-    >>> [t.tolist() for t in _union_small(torch.tensor([[0, 1], [2, 0]]), torch.tensor([[0, 0], [1, 2]]))]
+    >>> [
+    ...     t.tolist()
+    ...     for t in _union_small(torch.tensor([[0, 1], [2, 0]]), torch.tensor([[0, 0], [1, 2]]))
+    ... ]
     [[[0, 0, 1], [1, 2, 0]], [1, 2], [0, 1]]
     """
     d = ia.shape[0]
@@ -499,9 +501,8 @@ def _union_small(ia: torch.Tensor, ib: torch.Tensor):
     at = {t: i for i, t in enumerate(union)}
     k, na = len(union), len(ta)
     flat += [at[t] for t in ta] + [at[t] for t in tb]
-    buf = torch.frombuffer(
-        array.array("q", flat), dtype=torch.int64
-    ).clone()  # (clone: torch-owned storage)
+    # (clone: torch-owned storage)
+    buf = torch.frombuffer(array.array("q", flat), dtype=torch.int64).clone()
     return (
         buf.as_strided((d, k), (k, 1)),
         buf.as_strided((na,), (1,), d * k),
@@ -515,7 +516,7 @@ def _spread(T: SparseTensor, pos: torch.Tensor | None, n: int) -> torch.Tensor:
     v, fill = T._vals, T._fill
     if pos is None or pos.shape[0] == n:  # T's pattern is the union
         return v
-    if v.dim() == 1 and v.is_cpu and not fill.dim():  # (fill_, put_: 1.5 µs less on small tensors)
+    if v.dim() == 1 and v.is_cpu and not fill.dim():  # (fill_, put_: cheaper on small tensors)
         return v.new_empty(n).fill_(fill).put_(pos, v)
     return v.new_empty((n,) + v.shape[1:]).copy_(fill).index_copy_(0, pos, v)
 
@@ -524,9 +525,8 @@ def pointwise_rule(func, args, kwargs, pattern_only=False):
     """The rule (module docstring); ``pattern_only``: None where the result would be dense by nature
     (:func:`.pointwise_dense.join_small` asks)."""
     out = kwargs.get("out")
-    if (
-        out is not None
-    ):  # out=: computed out of place into fresh buffers of out's dtype, then stored
+    # out=: computed out of place into fresh buffers of out's dtype, then stored
+    if out is not None:
         if not isinstance(out, SparseTensor):
             return NotImplemented
         kwargs = {k: v for k, v in kwargs.items() if k != "out"}
@@ -537,9 +537,8 @@ def pointwise_rule(func, args, kwargs, pattern_only=False):
     A = sparse[0]
     written = [out] if out is not None else written_args(func, args, kwargs)
     if out is None and written_positions(func) and not (len(written) == 1 and written[0] is A):
-        return _into_dense(
-            func, args, kwargs, tensors, sparse, written
-        )  # e.g. a dense tensor updated from A
+        # e.g. a dense tensor updated from A
+        return _into_dense(func, args, kwargs, tensors, sparse, written)
     # a 0-d SparseTensor beside a larger one is one value: it joins as a 0-d dense tensor (same
     # promotion), the first one too unless written (0-d f64 A + f32 B is f32, as dense)
     big = A if A.dim() or written else next((T for T in sparse if T.dim()), A)
@@ -560,20 +559,17 @@ def pointwise_rule(func, args, kwargs, pattern_only=False):
         )
     layout = A._sf_layout
     conv = sparse
-    if (
-        len(sparse) > 1 and out is None
-    ):  # operands that broadcast along a sparse dim: as dense ones, where small
+    # operands that broadcast along a sparse dim: as dense ones, where small
+    if len(sparse) > 1 and out is None:
         conv = unexpanded(sparse, written)
         if any(C.shape != conv[0].shape for C in conv[1:]):
             joined = join_small(pointwise_rule, func, args, kwargs, sparse, conv, written)
             if joined is not None:
                 return joined
-    if any(
-        T.dense_dim() != conv[0].dense_dim() for T in conv[1:]
-    ):  # operands that split their dims differently
-        conv, layout = one_split(
-            conv, layout, A if written and out is None else None
-        )  # (_tensor/dense_dims.py)
+    # operands that split their dims differently
+    if any(T.dense_dim() != conv[0].dense_dim() for T in conv[1:]):
+        # (_tensor/dense_dims.py)
+        conv, layout = one_split(conv, layout, A if written and out is None else None)
     if any(C.shape != conv[0].shape for C in conv[1:]):
         expanded = _broadcast(conv)
         if expanded is None:
@@ -591,7 +587,8 @@ def pointwise_rule(func, args, kwargs, pattern_only=False):
     dense_ops = [t for t in tensors if not isinstance(t, SparseTensor) and t.dim()]
     over = {id(t): _over_dense_dims(t, A) for t in dense_ops}
     varying = [t for t in dense_ops if over[id(t)] is None]
-    const = None  # the result's fill where the dense operands vary along the sparse dims but op(fills, them) not
+    # the result's fill where the dense operands vary along the sparse dims but op(fills, them) not
+    const = None
     if varying:  # dense operands that vary along the sparse dims
         try:
             shape = torch.broadcast_shapes(A.shape, *[t.shape for t in dense_ops])
@@ -606,9 +603,8 @@ def pointwise_rule(func, args, kwargs, pattern_only=False):
             and shape == A.shape
             and torch._C._current_graph_task_id() == -1
         ):
-            const = _constant_fill(
-                func, args, kwargs, sparse, A
-            )  # e.g. A * e with A's fill 0: 0 * e == 0
+            # e.g. A * e with A's fill 0: 0 * e == 0
+            const = _constant_fill(func, args, kwargs, sparse, A)
         if not indefinite and const is None:  # the result is dense by nature
             return (
                 None
@@ -624,6 +620,19 @@ def pointwise_rule(func, args, kwargs, pattern_only=False):
             A = sparse[0][1]
             over = {id(t): _over_dense_dims(t, A) for t in dense_ops}
     sub.update({k: v for k, v in over.items() if v is not None})
+    return _on_pattern(
+        func, args, kwargs, sparse, A, layout, sub, varying, out, written, indefinite, const
+    )
+
+
+def _on_pattern(
+    func, args, kwargs, sparse, A, layout, sub, varying, out, written, indefinite, const
+):
+    """The last step of :func:`pointwise_rule`: ``sparse`` holds pairs (operand, the operand
+    broadcast to ``A``), aligned here on one pattern; the op runs once on their values and once on
+    their fills (each a batch of one), the other operands substituted by ``sub`` (id -> tensor;
+    the dense operands in ``varying`` are read at the result's positions).  ``const``: the result's
+    fill where it does not follow from the fills."""
     build, at = _align([E for _, E in sparse], layout)
     if varying:
         idx = coalesced_parts(build(at[id(A)], None))[0]  # the result's positions (a CSR's: cached)
@@ -642,9 +651,8 @@ def pointwise_rule(func, args, kwargs, pattern_only=False):
     # each fill as a batch of one, padded to the common rank: (1, *fill.shape)
     rank = max([d.dim() for d in sub.values()] + [f.dim() for f in fills.values()])
     fills = {k: f.reshape((1,) * (1 + rank - f.dim()) + tuple(f.shape)) for k, f in fills.items()}
-    if (
-        written and out is None
-    ):  # in place: compute out of place, then store (inner tensors may be shared)
+    # in place: compute out of place, then store (inner tensors may be shared)
+    if written and out is None:
         if not indefinite:
             fills[id(A)] = A._fill.expand(A._dense_shape)[None]  # the result's fill may be an array
         vals = apply({**at, id(A): at[id(A)].clone()})
@@ -672,8 +680,8 @@ def pointwise_rule(func, args, kwargs, pattern_only=False):
 
 def _zero_dim(func, args, kwargs, sparse, out, written: bool):
     """Every operand 0-d: each SparseTensor is one value, its stored element or its fill, and the op
-    runs on
-    0-d tensors exactly as on dense ones (zero-dim type promotion; ``masked_fill``'s value must be 0-d)::
+    runs on 0-d tensors exactly as on dense ones (zero-dim type promotion; ``masked_fill``'s value
+    must be 0-d)::
 
         f(A, b).to_dense() == f(A.to_dense(), b)
 
@@ -682,13 +690,14 @@ def _zero_dim(func, args, kwargs, sparse, out, written: bool):
     and ``out=`` store it.
 
     >>> import sparsefill
-    >>> A = sparsefill.sparse_coo_tensor(torch.zeros(0, 1, dtype=torch.int64), torch.tensor([2.]), (), fill_value=0.)
+    >>> A = sparsefill.sparse_coo_tensor(
+    ...     torch.zeros(0, 1, dtype=torch.int64), torch.tensor([2.0]), (), fill_value=0.0
+    ... )
     >>> A.masked_fill(torch.tensor(True), torch.tensor(5.)).to_dense()
     tensor(5.)
     """
-    parts = {
-        id(T): T if T._coalesced else coalesce_of(T) for T in sparse
-    }  # (duplicates summed: one value)
+    # (duplicates summed: one value)
+    parts = {id(T): T if T._coalesced else coalesce_of(T) for T in sparse}
     has = {k: P._vals.shape[0] > 0 for k, P in parts.items()}
     indefinite = any(P._indefinite for P in parts.values())
     specified = any(has.values()) and not any(
@@ -752,10 +761,13 @@ def _unread_fill(A: SparseTensor, vals):
     No element reads that fill, so any is exact; dense returns the result::
 
         A.numel() == 0  =>  (A // 0).to_dense() == A.to_dense() // 0          (though 0 // 0 raises)
-        nse == numel    =>  (A // B).to_dense() == A.to_dense() // B.to_dense()   (though fill_A // 0 raises)
+        nse == numel    =>  (A // B).to_dense() == A.to_dense() // B.to_dense()
+            (though fill_A // 0 raises)
 
     >>> import sparsefill
-    >>> A = sparsefill.sparse_coo_tensor(torch.zeros(1, 0, dtype=torch.int64), torch.zeros(0, dtype=torch.int64), (0,))
+    >>> A = sparsefill.sparse_coo_tensor(
+    ...     torch.zeros(1, 0, dtype=torch.int64), torch.zeros(0, dtype=torch.int64), (0,)
+    ... )
     >>> torch.equal((A // 0).to_dense(), A.to_dense() // 0)
     True
     >>> A = sparsefill.sparse_coo_tensor([[0, 1]], [4, 6], (2,), fill_value=1)
@@ -805,7 +817,7 @@ def _align(sparse, layout):
     """``(build(values, fill) -> SparseTensor, {id(T): T's values at the result's positions})``.
 
     One pattern (or the same index tensors everywhere): the values as stored.  Otherwise the
-    union of the patterns, merged by linear keys (fill-value-rfc.md point 9), less the positions
+    union of the patterns, merged by linear keys, less the positions
     an indefinite operand leaves unspecified (those stay unspecified in the result).  The result
     has ``layout``.
     """

@@ -4,8 +4,7 @@
 nanmean`` of a SparseTensor ``A`` that needs a gradient, over every sparse dim (and any of its dense
 dims), run through :class:`SparseReduce`.  Every unspecified element of ``A`` in one dense slice has
 the same value (the fill), so torch's derivative formula gives them all the same gradient: the
-gradient of
-``A`` is a SparseTensor with ``A``'s pattern, exact everywhere::
+gradient of ``A`` is a SparseTensor with ``A``'s pattern, exact everywhere::
 
     grad_A at a stored element x = d(x)        grad_A's fill = d(fill)
     d(x) = torch's formula at x, with y = result, G = upstream gradient, broadcast back over the
@@ -16,8 +15,8 @@ e.g. ``sum``: ``d(x) = G``; ``mean``: ``G / count``; ``amax``: ``G / (number of 
 maxima (torch's rule: evenly among the maxima; a fill that is the maximum counts ``m`` times);
 ``prod``: ``G`` times the product of the others (exclusive products of the stored values times
 ``fill ** m``).  torch's formula would instead expand the dense ``G`` to ``A``'s full shape before
-any handler sees it (DESIGN.md section 10).  An indefinite fill skips the unspecified elements
-(masked semantics, as the forward): ``m = 0`` and the gradient's fill is 0.
+any handler sees it (hence an autograd route: docs/architecture.md).  An indefinite fill skips the
+unspecified elements (masked semantics, as the forward): ``m = 0`` and the gradient's fill is 0.
 
 A reduction over some sparse dims only (the rest kept) gives the unspecified elements gradients that
 vary slice by slice: the gradient is then exact at the pattern with the *mean* over the unspecified
@@ -79,9 +78,8 @@ class _Slices:
         if not self.m:
             return s
         f = fn(self.F, self.Y)
-        return s + self.m * (
-            f.sum(self.rd, keepdim=True) if self.rd else f
-        )  # (sum over [] is over every dim)
+        # (sum over [] is over every dim)
+        return s + self.m * (f.sum(self.rd, keepdim=True) if self.rd else f)
 
     def count(self):
         return self.sum(lambda x, y: torch.ones_like(x, dtype=torch.bool))
@@ -112,9 +110,8 @@ class _Segments:
                 )
             )
         m = self.m.view((-1,) + (1,) * (s.dim() - 1))
-        s = s + torch.where(
-            m > 0, m * f, torch.zeros((), dtype=s.dtype)
-        )  # (0 * a NaN fill: no term)
+        # (0 * a NaN fill: no term)
+        s = s + torch.where(m > 0, m * f, torch.zeros((), dtype=s.dtype))
         return s[self.seg] if self.at_values else s
 
     def count(self):
@@ -257,9 +254,8 @@ def reduction_grad(
     # be (an expanded SparseTensor's: one stored slice per prefix, stride 0 along the grown dims):
     # no element of it is formed
     gv = _broadcast(gv, V.shape, P.dtype)
-    zero = P._indefinite or (
-        not traced() and m == 0
-    )  # no unspecified element reads the fill's gradient
+    # no unspecified element reads the fill's gradient
+    zero = P._indefinite or (not traced() and m == 0)
     gf = gf.new_zeros(D) if zero else _broadcast(gf, D, P.dtype)
     return _on_pattern(P, idx, gv, gf, zero)
 
@@ -277,9 +273,8 @@ def _broadcast(g: torch.Tensor, shape, dtype) -> torch.Tensor:
 def _on_pattern(P: SparseTensor, idx, gv, gf, zero: bool) -> SparseTensor:
     """A gradient of ``P`` with its pattern and layout: the values ``gv`` at ``P``'s coalesced
     indices ``idx``, the fill ``gf`` (``zero``: known to be 0)."""
-    if (
-        P._coalesced
-    ):  # P's own index tensors: the constructor's backward reads the values as they are
+    # P's own index tensors: the constructor's backward reads the values as they are
+    if P._coalesced:
         return rewrap(
             P, values=gv.reshape(P._vals.shape), fill=gf, indefinite=False, known_zero=zero
         )
@@ -401,9 +396,8 @@ def partial_grad(P: SparseTensor, name: str, dims, opt, Y, G) -> SparseTensor:
         N = _index.numel([P.shape[d] for d in sdims])
         if n_unspecified > int(m.sum()):  # slices of fills only, alike: Y's fill there
             Yd = tuple(Y.shape[osd:])
-            G_rest = (
-                sum_outside(G, out_idx, Y.shape, Yd).to(ct).reshape(K)
-            )  # (summed there: an inf stays inf)
+            # (summed there: an inf stays inf)
+            G_rest = sum_outside(G, out_idx, Y.shape, Yd).to(ct).reshape(K)
             Ye = Y._fill.expand(Yd).to(ct).reshape(K)
             total = total + N * fn(F, G_rest, Ye, _Slices(V[:0], F, N, rd, K, Ye), opt)
         gf, zero = (total / n_unspecified).to(P.dtype), False
@@ -427,9 +421,8 @@ def dense_dims_grad(P: SparseTensor, name: str, dims, opt, Y, G) -> SparseTensor
     Gv = values_at(G, keys, sd).to(ct)
     Gs, Ys = Gv.reshape((-1,) + K), values_at(Y, keys, sd).to(ct).reshape((-1,) + K)
     fn = FORMULAS[name]
-    gv = _broadcast(
-        fn(V, Gs, Ys, _RowStats(V, Ys, rd, 1), opt), V.shape, P.dtype
-    )  # (sum's: G broadcast, a view)
+    # (sum's: G broadcast, a view)
+    gv = _broadcast(fn(V, Gs, Ys, _RowStats(V, Ys, rd, 1), opt), V.shape, P.dtype)
     n = _index.numel(P._sparse_shape) - idx.shape[1]
     if P._indefinite or not n:
         gf, zero = (
@@ -523,14 +516,12 @@ def _apply(func, args, kwargs, name, dim, opt=None):
     dims, sd = _dims(A, dim), A._sparse_ndim()
     if dims is None or name == "prod" and A.dense_dim() and any(d >= sd for d in dims):
         return NotImplemented
-    if (
-        dims and dims[0] >= sd and sd
-    ):  # dense dims only (the gradient's fill: a mean, read as the constructor does)
+    # dense dims only (the gradient's fill: a mean, read as the constructor does)
+    if dims and dims[0] >= sd and sd:
         if name in ("prod", "max", "min") or not pattern_grad_is_exact(A):
             return NotImplemented
-    elif not set(range(sd)) <= set(
-        dims
-    ):  # some sparse dims kept (dense dims too): as the constructor reads
+    # some sparse dims kept (dense dims too): as the constructor reads
+    elif not set(range(sd)) <= set(dims):
         if not dims or name in ("max", "min") or not pattern_grad_is_exact(A):
             return NotImplemented
 
@@ -660,4 +651,5 @@ def _route_norm(func, args, kwargs):
     return _apply(func, args, kwargs, "norm", b[1], float(b[0]))
 
 
-from sparsefill.ops.reductions import select_backward as select_autograd  # noqa: E402,F401  (max/min with a dim: registers its route with the helpers above)
+# (max/min with a dim: registers its route with the helpers above)
+from sparsefill.ops.reductions import select_backward as select_autograd  # noqa: E402,F401

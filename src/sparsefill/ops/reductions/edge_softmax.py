@@ -14,13 +14,15 @@ and every dense position, ``m_s`` the slice max::
 the values and gradients of ``torch.masked.<op>`` on the dense equivalent at the stored elements, as
 torch computes them (a slice holding +inf or NaN is NaN, one of -inf only too: ``-inf - m_s``).  The
 grouping of a pattern into slices (:class:`Plan`) is computed once per pattern and dim
-(``sparsefill._kernels.grouping.pattern_cached``: an adjacency reused every training step pays it once);
-:func:`segment_softmax` runs the forward and the closed-form backward above in one
+(``sparsefill._kernels.grouping.pattern_cached``: an adjacency reused every training step pays it
+once); :func:`segment_softmax` runs the forward and the closed-form backward above in one
 ``autograd.Function``, with no graph inside.
 
 >>> import torch, sparsefill
 >>> v = torch.tensor([-3., -1., 1.], requires_grad=True)
->>> A = sparsefill.sparse_coo_tensor([[0, 0, 1], [0, 2, 1]], v, (2, 3), fill_value=sparsefill.indefinite)
+>>> A = sparsefill.sparse_coo_tensor(
+...     [[0, 0, 1], [0, 2, 1]], v, (2, 3), fill_value=sparsefill.indefinite
+... )
 >>> P = sparsefill.masked.softmax(A, 1)
 >>> P._values()
 tensor([0.1192, 0.8808, 1.0000], grad_fn=<ValuesBackward>)
@@ -78,9 +80,10 @@ def _sparse_ndim(A: SparseTensor) -> int:
 @dataclasses.dataclass(frozen=True)
 class Plan:
     """The slices along one sparse dim of a pattern (the backend's grouping:
-    ``_kernels.grouping.sorted_runs``, ``_kernels.grouping.csr_row_slices``): stored element ``perm[i]`` (``i`` when
-    ``perm`` is None) is the ``i``-th in slice order, in slice ``seg[i]``; slice ``s`` holds
-    ``lengths[s]`` elements (contiguous runs in that order); ``inv`` undoes ``perm``."""
+    ``_kernels.grouping.sorted_runs``, ``_kernels.grouping.csr_row_slices``): stored element
+    ``perm[i]`` (``i`` when ``perm`` is None) is the ``i``-th in slice order, in slice ``seg[i]``;
+    slice ``s`` holds ``lengths[s]`` elements (contiguous runs in that order); ``inv`` undoes
+    ``perm``."""
 
     seg: torch.Tensor
     lengths: torch.Tensor
@@ -137,12 +140,10 @@ def _segsum(t: torch.Tensor, plan: Plan) -> torch.Tensor:
 
 
 def _forward(x: torch.Tensor, plan: Plan, log: bool) -> torch.Tensor:
-    m = _reduce.segment_combine(
-        x, plan.seg, plan.nseg, "amax", lengths=plan.lengths
-    )  # (runs: segment_reduce)
-    shifted, e, s = _reduce.shifted_exp_sums(
-        x, plan.seg, plan.nseg, m
-    )  # (no lengths: scatter_add_ for 1-D)
+    # (runs: segment_reduce)
+    m = _reduce.segment_combine(x, plan.seg, plan.nseg, "amax", lengths=plan.lengths)
+    # (no lengths: scatter_add_ for 1-D)
+    shifted, e, s = _reduce.shifted_exp_sums(x, plan.seg, plan.nseg, m)
     if log:
         return shifted.sub_(torch.log(s).index_select(0, plan.seg))
     return e.div_(s.index_select(0, plan.seg))

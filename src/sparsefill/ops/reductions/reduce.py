@@ -1,12 +1,13 @@
-"""Reductions over any dims, in closed form over the count of unspecified elements (_kernels/reducer.py)::
+"""Reductions over any dims, in closed form over the count of unspecified elements
+(``_kernels/reducer.py``)::
 
     r(A, dims).to_dense() == r(A.to_dense(), dims)
 
 * dense dims only: the op on the values and on the fill; the pattern is kept;
-* sparse dims ``R``: stored elements grouped by output slice (:func:`_kernels.grouping.group_slices`),
-  each slice folds ``n = prod(size[R]) - count`` copies of the fill; the result is sparse over the
-  kept sparse dims, its fill the reduction of ``prod(size[R])`` fills; reducing every sparse dim
-  gives a dense result (dense by nature);
+* sparse dims ``R``: stored elements grouped by output slice
+  (:func:`_kernels.grouping.group_slices`), each slice folds ``n = prod(size[R]) - count`` copies of
+  the fill; the result is sparse over the kept sparse dims, its fill the reduction of
+  ``prod(size[R])`` fills; reducing every sparse dim gives a dense result (dense by nature);
 * both: dense dims first, then sparse dims (every reducer here composes so; var/std use shifted
   sums).
 
@@ -98,9 +99,8 @@ def reduce_dims(A: SparseTensor, name: str, dims, keepdim: bool, out_meta: torch
     sd = nd - A.dense_dim()
     dims = sorted({d % nd for d in dims}) if dims and nd else list(range(nd))
     sp, dn = [d for d in dims if d < sd], [d - sd for d in dims if d >= sd]
-    spmv = (
-        name == "sum" and A.dtype in _FLOATS and sd == nd
-    )  # (a floating row sum of scalars: the SpMV engine)
+    # (a floating row sum of scalars: the SpMV engine)
+    spmv = name == "sum" and A.dtype in _FLOATS and sd == nd
     rows = _csr_rows(A, A.dtype if spmv else None) if sp == [1] and sd == 2 else None
     idx, vals = (None, A._vals) if rows is not None else coalesced_parts(A)
     if name in ("all", "any"):
@@ -119,13 +119,11 @@ def reduce_dims(A: SparseTensor, name: str, dims, keepdim: bool, out_meta: torch
     kept = [d for d in range(sd) if d not in sp]
     if not kept:  # every sparse dim: one slice, no grouping; dense by nature
         k = vals.shape[0]
-        n_all = (
-            torch.tensor([N], device=vals.device) - k
-        )  # (k: a dynamic size when traced, not a constant)
+        # (k: a dynamic size when traced, not a constant)
+        n_all = torch.tensor([N], device=vals.device) - k
         kw = {} if fill is None else dict(fill=fill, n_fill=n_all)
-        if (
-            not traced(vals) and k
-        ):  # the k stored elements as one run: no segment ids to scatter or count
+        # the k stored elements as one run: no segment ids to scatter or count
+        if not traced(vals) and k:
             res = r(vals, None, 1, lengths=torch.tensor([k], device=vals.device), **kw)[0]
         else:
             res = r(vals, torch.zeros(k, dtype=torch.int64, device=vals.device), 1, **kw)[0]
@@ -191,8 +189,9 @@ def _csr_rows(A: SparseTensor, acc_dtype=None):
     the rows for the engines (:class:`_kernels.engine.CsrRows`); ``width`` the number of columns.
     ``acc_dtype`` (float32/float64, a floating sum, whose engine is the SpMV): ``n_fill`` and
     ``width`` (0-d) are tensors of that dtype and the index tensors the SpMV reads best come along
-    (``_kernels.engine.spmv_index``), all cached (per ``crow`` and ``col`` then): the sum folds ``fill *
-    n_fill`` and makes its fill ``fill * width`` with no conversion or scalar wrapping per call."""
+    (``_kernels.engine.spmv_index``), all cached (per ``crow`` and ``col`` then): the sum folds
+    ``fill * n_fill`` and makes its fill ``fill * width`` with no conversion or scalar wrapping per
+    call."""
     if A._sf_layout is not torch.sparse_csr or A._crow.dim() != 1:
         return None
     crow, col, ncols, masked = A._crow, A._col, A.shape[1], A._indefinite
@@ -313,9 +312,8 @@ def _handler(name, dim_pos=None, keep_pos=None, opt=None):
         dtype = kwargs.get("dtype")
         if dtype is not None:
             A = A.to(dtype)
-        if (
-            name == "logsumexp"
-        ):  # integers and bool promote to float, as torch does; complex: next stage
+        # integers and bool promote to float, as torch does; complex: next stage
+        if name == "logsumexp":
             if A.is_complex():
                 return NotImplemented
             A = A if A.is_floating_point() else A.to(meta.dtype)
@@ -339,9 +337,8 @@ register(aten.all.dim, aten.all.dims)(_handler("all", 1, 2))
 register(aten.any.default)(_handler("any"))
 register(aten.any.dim, aten.any.dims)(_handler("any", 1, 2))
 register(aten.logsumexp.default)(_handler("logsumexp", 1, 2))
-register(aten.hash_tensor.default)(
-    _handler("hash_tensor", 1, 2)
-)  # (keepdim: keyword only, not at 2)
+# (keepdim: keyword only, not at 2)
+register(aten.hash_tensor.default)(_handler("hash_tensor", 1, 2))
 _norm = _handler("norm", 2, 3, opt=lambda a, k: float(a[1] if len(a) > 1 else k.get("ord", 2)))
 
 
@@ -394,8 +391,9 @@ def _correction(args, kwargs):
 )
 def _var_std(func, args, kwargs):
     """var/std (and their means) as torch's: over sparse dims only, or dense dims only, centred on
-    each
-    slice's mean (the reducer protocol's :class:`_kernels.reducer.Var`, moments of float32 in float64, as torch)::
+    each slice's mean (the reducer protocol's :class:`_kernels.reducer.Var`, moments of float32 in
+    float64,
+    as torch)::
 
         var[s] = (sum_i (x_i - mean[s])^2 + n_fill[s] * (f - mean[s])^2) / max(N - correction, 0)
 
@@ -421,12 +419,12 @@ def _var_std(func, args, kwargs):
     if not A._indefinite and n - c <= 0 and A.numel():
         warnings.warn(
             f"{func._schema.name.split('::')[1]}(): degrees of freedom is <= 0. Correction "
-            "should be strictly less than the reduction factor (input numel divided by output numel)."
+            "should be strictly less than the reduction factor (input numel divided by output "
+            "numel)."
         )
     sd = A.dim() - A.dense_dim()
-    if all(d < sd for d in dims) or all(
-        d >= sd for d in dims
-    ):  # centred on each slice's mean (two passes)
+    # centred on each slice's mean (two passes)
+    if all(d < sd for d in dims) or all(d >= sd for d in dims):
         var = reduce_dims(A, "var", dims, keep, meta, c)
     else:
         var = _shifted_var(A, dims, keep, c)
@@ -451,9 +449,8 @@ def welford_mean(A, mean, dims, keepdim):
     if not A.is_floating_point() or A.numel() == 0:
         return mean
     bad = torch.isinf(A)  # (a NaN makes both means NaN: only infinities tell them apart)
-    if not traced(A._vals) and not bool(
-        bad.any()
-    ):  # (the common case: mean's own result and gradient)
+    # (the common case: mean's own result and gradient)
+    if not traced(A._vals) and not bool(bad.any()):
         return mean
     count, last = bad.sum(dims, keepdim=keepdim), bad
     for d in dims:
@@ -472,9 +469,8 @@ def _shifted_var(A: SparseTensor, dims, keep: bool, c):
 
         var = (sum (x - f)^2 - |sum (x - f)|^2 / N) / max(N - correction, 0)"""
     dtype = A.dtype
-    wide = accumulator_dtype(
-        accumulator_dtype(dtype)
-    )  # (the half types too: no cancellation in float32)
+    # (the half types too: no cancellation in float32)
+    wide = accumulator_dtype(accumulator_dtype(dtype))
     A = A if wide == dtype else A.to(wide)
     B = A if A._indefinite else A - _shift(A, dims)
     sq = (B * B.conj()).real if B.is_complex() else B * B
@@ -492,9 +488,8 @@ def _shifted_var(A: SparseTensor, dims, keep: bool, c):
 def _shift(A: SparseTensor, dims):
     """The fill, averaged over the reduced dense dims (a shift must be constant along them), 0 where
     not finite."""
-    f = A._fill.expand(
-        A._dense_shape
-    )  # (var is shift-invariant: no gradient flows through the shift)
+    # (var is shift-invariant: no gradient flows through the shift)
+    f = A._fill.expand(A._dense_shape)
     f = torch.where(torch.isfinite(f), f, torch.zeros((), dtype=f.dtype, device=f.device))
     sd = A.dim() - A.dense_dim()
     dn = [d - sd for d in dims if d >= sd]
@@ -550,13 +545,12 @@ def _arg(func, args, kwargs):
         )
     if A.dense_dim():
         sd = A.dim() - A.dense_dim()
-        if (
-            dim is not None and dim % A.dim() >= sd
-        ):  # along a dense dim: on the values and on the fill
+        # along a dense dim: on the values and on the fill
+        if dim is not None and dim % A.dim() >= sd:
             return _along_dense_dim(func, A, dim % A.dim() - sd, keep, meta)
-        A = all_sparse(
-            A
-        )  # dense dims become sparse (an array fill: its most common value, roadmap Note 2)
+        # dense dims become sparse (dense dims trail sparse ones; an array fill: its most common
+        # value)
+        A = all_sparse(A)
     if dim is None:  # over the flattened tensor
         idx, vals = coalesced_parts(A)
         B = SparseTensor(
@@ -583,8 +577,8 @@ def _arg_indefinite(A, dim, keep, which, meta, values):
     if dim is None:
         if vals.numel() == 0:
             raise IndexError(
-                f"{which.replace('am', 'argm')}(): no specified element to select (indefinite fill, "
-                f"nse 0, shape {tuple(A.shape)})"
+                f"{which.replace('am', 'argm')}(): no specified element to select (indefinite "
+                f"fill, nse 0, shape {tuple(A.shape)})"
             )
         flat = (
             _index.linearize(
@@ -622,9 +616,8 @@ def _arg_indefinite(A, dim, keep, which, meta, values):
             full = out_idx.new_zeros((sd, S))
             full[[i for i in range(sd) if i != dim]] = out_idx
             out_idx = full
-    layout = (
-        A._sf_layout if dim >= sd or keep and sd == 2 else torch.sparse_coo
-    )  # (the pattern, or a 2-d one)
+    # (the pattern, or a 2-d one)
+    layout = A._sf_layout if dim >= sd or keep and sd == 2 else torch.sparse_coo
     empty = vals.new_empty(0)
     out = tuple(
         parts_to_sparse(
@@ -713,7 +706,8 @@ def _scan(func, args, kwargs):
 
 @register(aten.median.default, aten.nanmedian.default)
 def _median(func, args, kwargs):
-    """The lower median of all elements: the stored values sorted, the ``n`` fills inserted at their rank::
+    """The lower median of all elements: the stored values sorted, the ``n`` fills inserted at their
+    rank::
 
     median = s[m] if m < c  else  f if m < c + n  else  s[m - n],   m = (N - 1) // 2, c = #(s < f)
     """
@@ -730,9 +724,8 @@ def _median(func, args, kwargs):
     elif bool(torch.isnan(v).any()) or (n and bool(torch.isnan(f))):
         return torch.full((), float("nan"), dtype=A.dtype, device=A.device)
     N = v.numel() + n
-    if (
-        N == 0
-    ):  # torch's value for no element: NaN, or an integer dtype's own (a NaN of that dtype raises)
+    # torch's value for no element: NaN, or an integer dtype's own (a NaN of that dtype raises)
+    if N == 0:
         return func(v.new_empty(0))
     seg = torch.zeros(v.shape[0], dtype=torch.int64, device=v.device)
     return segment_median(v, seg, 1, fill=f, n_fill=torch.tensor([n], device=v.device))[0]
@@ -740,11 +733,11 @@ def _median(func, args, kwargs):
 
 @register(aten.median.dim, aten.nanmedian.dim)
 def _median_dim(func, args, kwargs):
-    """Lower median along ``dim`` per slice, by the one rank rule (:func:`_kernels.reducer.segment_median`,
-    the fills ahead of equal stored values), for all slices at once.  ``indices`` point at an
-    element equal to the median: the stored one, or the first unspecified position when the fill is
-    the median (torch leaves which of several equal elements unspecified); a slice with a NaN
-    (median) gives its first NaN."""
+    """Lower median along ``dim`` per slice, by the one rank rule
+    (:func:`_kernels.reducer.segment_median`, the fills ahead of equal stored values), for all
+    slices at once.  ``indices`` point at an element equal to the median: the stored one, or the
+    first unspecified position when the fill is the median (torch leaves which of several equal
+    elements unspecified); a slice with a NaN (median) gives its first NaN."""
     A, dim = args[0], args[1]
     keep = _keepdim_arg(args, kwargs, 2)
     if A.dim() == 0:
@@ -757,23 +750,21 @@ def _median_dim(func, args, kwargs):
     if A.dense_dim():
         if dim >= A.dim() - A.dense_dim():
             return _along_dense_dim(func, A, dim - (A.dim() - A.dense_dim()), keep, meta)
-        A = all_sparse(
-            A
-        )  # dense dims become sparse (an array fill: its most common value, roadmap Note 2)
+        # dense dims become sparse (dense dims trail sparse ones; an array fill: its most common
+        # value)
+        A = all_sparse(A)
     idx, v = coalesced_parts(A)
     f, size = A._fill.reshape(()), A.shape[dim]
     seg, out_idx, n = group_slices(idx, A._sparse_shape, [dim])
     S, k, spos = out_idx.shape[1], v.shape[0], idx[dim]
     fnan = bool(torch.isnan(f))
-    val, which = segment_median(
-        v, seg, S, fill=f, n_fill=n, return_index=True
-    )  # (NaNs skipped: nanmedian)
+    # (NaNs skipped: nanmedian)
+    val, which = segment_median(v, seg, S, fill=f, n_fill=n, return_index=True)
     gap = first_gap(seg, spos, S)
     pos = torch.where(which >= k, gap, spos[which.clamp(0, max(k - 1, 0))] if k else gap)
     pos = torch.where(which < 0, torch.zeros_like(pos), pos)  # (nanmedian of NaNs only)
-    if (
-        func is aten.median.dim and v.is_floating_point()
-    ):  # a NaN anywhere in the slice: NaN at the first NaN
+    # a NaN anywhere in the slice: NaN at the first NaN
+    if func is aten.median.dim and v.is_floating_point():
         first_nan = (
             segment_combine(torch.where(torch.isnan(v), spos, size), seg, S, "amin", init=size)
             if k

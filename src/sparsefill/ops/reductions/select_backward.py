@@ -1,6 +1,6 @@
 """The backward of ``max``/``min`` with a dim (values and indices), as sparse as their forward: the
-gradient
-goes to the element each output position selected (torch's ``value_selecting_reduction_backward``)::
+gradient goes to the element each output position selected (torch's
+``value_selecting_reduction_backward``)::
 
     (Y, I) = max(A, dim)        grad_A[..., i, ...] = G[..., ...] where I[..., ...] == i, else 0
 
@@ -14,7 +14,9 @@ every dim are the reductions of ``reduction_autograd.py`` (evenly among the maxi
 
 >>> import torch, sparsefill
 >>> v = torch.tensor([1., 4.], requires_grad=True)
->>> A = sparsefill.sparse_coo_tensor([[0, 1], [0, 1]], v, (2, 2), fill_value=2.)   # dense [[1, 2], [2, 4]]
+>>> A = sparsefill.sparse_coo_tensor(
+...     [[0, 1], [0, 1]], v, (2, 2), fill_value=2.0
+... )  # dense [[1, 2], [2, 4]]
 >>> A.max(1).values.sum().backward()       # row 0 selects an unspecified 2, row 1 the stored 4
 >>> v.grad.tolist()
 [0.0, 1.0]
@@ -65,7 +67,9 @@ def select_grad(P: SparseTensor, dim: int, keepdim: bool, I, G) -> SparseTensor:
     n = _index.numel(P._sparse_shape) - idx.shape[1]
     if P._indefinite or not n:
         gf, zero = gv.new_zeros(D), True
-    else:  # G where an unspecified element was selected: touched slices whose stored elements all missed, the rest
+    # G where an unspecified element was selected: touched slices whose stored elements all missed,
+    # the rest
+    else:
         ukeys, inv = torch.unique(keys, return_inverse=True)
         taken = torch.zeros((ukeys.numel(),) + D, dtype=torch.bool, device=hit.device).index_put_(
             (inv,), hit, accumulate=True

@@ -1,4 +1,4 @@
-"""softmax and log_softmax (softmin is softmax of -A) along any dim, fill-value-rfc.md point 5::
+"""softmax and log_softmax (softmin is softmax of -A) along any dim::
 
     softmax(A, d).to_dense() == softmax(A.to_dense(), d)
 
@@ -7,9 +7,9 @@
   slice max and ``n`` its unspecified count, ``Z = sum exp(x - m) + n exp(f - m)``; stored values
   become ``exp(x - m) / Z`` and unspecified ones ``exp(f - m) / Z``.  With ``d`` the only sparse dim
   there is one slice: the pattern is kept and the fill becomes an array over the dense dims (the
-  RFC's worked example).  With other sparse dims the unspecified value varies by slice: the result
-  is dense by nature and returned dense.  An indefinite fill is a mask: unspecified elements are
-  skipped and stay unspecified (masked softmax).
+  array fill of the worked example below).  With other sparse dims the unspecified value varies by
+  slice: the result is dense by nature and returned dense.  An indefinite fill is a mask:
+  unspecified elements are skipped and stay unspecified (masked softmax).
 
 >>> import torch, sparsefill
 >>> A = sparsefill.sparse_coo_tensor([[0, 3]], [[.11, .12], [.31, .32]], (4, 2), fill_value=0.)
@@ -61,9 +61,8 @@ def _softmax(func, args, kwargs):
         # empty)
         return func(torch.empty(A.shape, dtype=A.dtype, device=A.device), dim, half_to_float)
     dim, sd, log = dim % A.dim(), A.dim() - A.dense_dim(), func is aten._log_softmax.default
-    if _segsoftmax.applies(
-        A, dim
-    ):  # a masked tensor along a sparse dim: the edge softmax (pattern kept)
+    # a masked tensor along a sparse dim: the edge softmax (pattern kept)
+    if _segsoftmax.applies(A, dim):
         return rewrap(A, values=_segsoftmax.softmax_values(A, dim, log), known_zero=False)
     B = A if A._coalesced else coalesce_of(A)
     idx, vals = coalesced_parts(B)
@@ -146,9 +145,10 @@ def _sparse_softmax_backward(func, args, kwargs):
 # pattern
 @register(aten._softmax_backward_data.default, aten._log_softmax_backward_data.default)
 def _softmax_backward(func, args, kwargs):
-    """The gradient of softmax (``y``: its output, ``g``: the upstream gradient), per slice along ``dim``::
+    """The gradient of softmax (``y``: its output, ``g``: the upstream gradient), per slice along
+    ``dim``::
 
-        softmax:      grad = y * (g - sum_dim(g * y))        log_softmax:  grad = g - exp(y) * sum_dim(g)
+        softmax:      grad = y * (g - sum_dim(g * y))   log_softmax:  grad = g - exp(y) * sum_dim(g)
 
     on ``y``'s pattern (united with ``g``'s); along a sparse dim each slice's sum adds its ``n``
     unspecified elements in closed form (``n * g_fill * y_fill``), and the unspecified elements get
@@ -160,8 +160,10 @@ def _softmax_backward(func, args, kwargs):
 
     >>> import torch, sparsefill
     >>> v = torch.tensor([1., 2., 3.], requires_grad=True)
-    >>> A = sparsefill.sparse_coo_tensor([[0, 0, 1], [0, 2, 1]], v, (2, 3), fill_value=sparsefill.indefinite)
-    >>> torch.softmax(A, 1).values()[0].backward()    # row 0 holds two elements: y0 (1 - y0), -y0 y1
+    >>> A = sparsefill.sparse_coo_tensor(
+    ...     [[0, 0, 1], [0, 2, 1]], v, (2, 3), fill_value=sparsefill.indefinite
+    ... )
+    >>> torch.softmax(A, 1).values()[0].backward()  # row 0 holds two elements: y0 (1 - y0), -y0 y1
     >>> v.grad
     tensor([ 0.1966, -0.1966,  0.0000])
     """
@@ -182,9 +184,8 @@ def _softmax_backward(func, args, kwargs):
         seg, _, n = group_slices(idx, y._sparse_shape, [d])
         t, tf = (gv, gf) if log else (gv * yv, None if yf is None else gf * yf)
         s = segment_combine(t, seg, n.numel(), "sum")
-        if (
-            yf is not None
-        ):  # one slice (sd == 1, else dense by nature): its n unspecified elements in closed form
+        # one slice (sd == 1, else dense by nature): its n unspecified elements in closed form
+        if yf is not None:
             s = s[0] + times(tf, n[0], tf) if n.numel() else times(tf, y.shape[d], tf)
         at = s[seg] if yf is None else s  # each stored element's slice sum
         vals = gv - torch.exp(yv) * at if log else yv * (gv - at)
@@ -204,8 +205,9 @@ def _softmax_backward(func, args, kwargs):
 
 
 def _edge_softmax_grad(g, y, dim, log):
-    """The gradient for an indefinite ``y`` along a sparse dim (:mod:`sparsefill.ops.reductions.edge_softmax`) on
-    ``y``'s own pattern and index tensors, or None where that does not apply."""
+    """The gradient for an indefinite ``y`` along a sparse dim
+    (:mod:`sparsefill.ops.reductions.edge_softmax`) on ``y``'s own pattern and index tensors, or
+    None where that does not apply."""
     if not isinstance(y, SparseTensor) or y.dim() == 0 or not _segsoftmax.applies(y, dim % y.dim()):
         return None
     if isinstance(g, SparseTensor) and g.dense_dim() != y.dense_dim() or g.shape != y.shape:

@@ -6,12 +6,12 @@
 Along a sparse dim the stored elements of each operand are shifted by the sizes before it; along a
 dense dim the values are joined at the union of the patterns, and the fills are joined.  The result
 takes the fill of the largest operand; the elements of an operand with another fill are specified
-(stored), a DensifyWarning past ``_tensor.policy.SPECIFY_QUIET_ELEMENTS`` of them.  A dense operand is
-stored where it differs from that fill.  A masked (indefinite) operand makes the result masked where
-it is unspecified and defined elsewhere, as ``torch.masked``'s ``cat`` (a defined operand's mask is
-all True): the fill is indefinite and every element of the defined operands is stored (through the
-same gate); along a dense dim a slice would be partly masked, which no hybrid holds: refused (the
-densify fallback's ValueError).
+(stored), a DensifyWarning past ``_tensor.policy.SPECIFY_QUIET_ELEMENTS`` of them.  A dense operand
+is stored where it differs from that fill.  A masked (indefinite) operand makes the result masked
+where it is unspecified and defined elsewhere, as ``torch.masked``'s ``cat`` (a defined operand's
+mask is all True): the fill is indefinite and every element of the defined operands is stored
+(through the same gate); along a dense dim a slice would be partly masked, which no hybrid holds:
+refused (the densify fallback's ValueError).
 
 >>> import torch, sparsefill
 >>> A = sparsefill.sparse_coo_tensor([[1]], [2.], (3,), fill_value=5.)
@@ -21,7 +21,7 @@ tensor([5., 2., 5., 7., 5.])
 >>> torch.stack([A, A]).indices().tolist()
 [[0, 1], [1, 1]]
 >>> M = sparsefill.sparse_coo_tensor([[1]], [3.], (2,), fill_value=sparsefill.indefinite)
->>> torch.cat([M, B]).to_dense(fill_value=float("nan"))       # B's elements all stored, M's mask kept
+>>> torch.cat([M, B]).to_dense(fill_value=float("nan"))  # B's elements all stored, M's mask kept
 tensor([nan, 3., 7., 5.])
 """
 
@@ -63,18 +63,16 @@ def _cat(func, args, kwargs):
     if any(t.dim() == 0 for t in tensors):  # torch's error (a 0-d tensor cannot be concatenated)
         _check_cat(tensors, dim, dim)
     if len({t.dense_dim() for t in sparse}) > 1 and len({t.dim() for t in sparse}) == 1:
-        conv = iter(
-            one_split(sparse, sparse[0]._sf_layout)[0]
-        )  # split differently: at one split first, exactly
+        # split differently: at one split first, exactly
+        conv = iter(one_split(sparse, sparse[0]._sf_layout)[0])
         tensors = [next(conv) if isinstance(t, SparseTensor) else t for t in tensors]
         sparse = [t for t in tensors if isinstance(t, SparseTensor)]
     # (a masked operand's fill: no other can stand in; an operand storing every element has no fill
     # to give)
     A = max(sparse, key=lambda t: (t._indefinite, not _fully_stored(t), t.numel()))
     sd = A.dim() - A.dense_dim()
-    if len(sparse) != len(
-        tensors
-    ):  # a dense operand is already materialised: stored where it differs from the fill
+    # a dense operand is already materialised: stored where it differs from the fill
+    if len(sparse) != len(tensors):
         if (
             any(
                 not isinstance(t, SparseTensor) and (t.dim() != A.dim() or t.dtype != A.dtype)
@@ -197,17 +195,16 @@ def _check_cat(tensors, dim, d):
     (cat's meta kernel is Python; its first call in a process imports torch._dynamo): the dim, dtype
     and device from ``cat`` of one-element tensors, the sizes here, with torch's words."""
     probes = [torch.zeros((1,) * t.dim(), dtype=t.dtype, device=t.device) for t in tensors]
-    if all(
-        t.dim() for t in tensors
-    ):  # (else torch's error names the 0-d one's position) one per dtype and device:
+    # (else torch's error names the 0-d one's position) one per dtype and device:
+    if all(t.dim() for t in tensors):
         probes = list({(p.dtype, p.device): p for p in probes}.values())  # no element per operand
     torch.cat(probes, dim)
     for i, t in enumerate(tensors):
         for j, (m, n) in enumerate(zip(tensors[0].shape, t.shape)):
             if j != d and m != n:
                 raise RuntimeError(
-                    f"Sizes of tensors must match except in dimension {d}. Expected size {m} but got "
-                    f"size {n} for tensor number {i} in the list."
+                    f"Sizes of tensors must match except in dimension {d}. Expected size {m} but "
+                    f"got size {n} for tensor number {i} in the list."
                 )
 
 
@@ -229,9 +226,8 @@ def _stack(func, args, kwargs):
     dim %= tensors[0].dim() + 1
     lifted = []
     for t in tensors:
-        if not isinstance(
-            t, SparseTensor
-        ):  # (cat stores a dense operand where it differs from the fill)
+        # (cat stores a dense operand where it differs from the fill)
+        if not isinstance(t, SparseTensor):
             lifted.append(t.unsqueeze(dim))
             continue
         i, v = coalesced_parts(t)
@@ -286,9 +282,8 @@ def _block_diag(func, args, kwargs):
     if any(t._indefinite != masked or not (masked or t._fill_is_zero()) for t in ts):
         return NotImplemented
     parts = [coalesced_parts(t) for t in ts]
-    offs = torch.tensor([[0, 0]] + [list(t.shape) for t in ts]).cumsum(
-        0
-    )  # (row, col) of each block's corner
+    # (row, col) of each block's corner
+    offs = torch.tensor([[0, 0]] + [list(t.shape) for t in ts]).cumsum(0)
     idx = torch.cat([i + offs[k, :, None].to(i.device) for k, (i, _) in enumerate(parts)], 1)
     vals = torch.cat([v for _, v in parts])
     out = parts_to_sparse(

@@ -111,8 +111,8 @@ def _join(k_old: torch.Tensor, k_new: torch.Tensor):
     """``(union, p_old, p_new)``: the sorted union of a pattern's keys ``k_old`` (sorted unique) and
     written keys ``k_new`` (any order, repeats allowed), ``union[p_old] == k_old``, ``union[p_new]
     == k_new``.  The written keys are sorted alone (already sorted unique: not at all), then merged
-    with the pattern in one linear pass (:func:`_kernels.merge.union_inverse`): O(nse + M log M), not a sort
-    of the nse + M keys."""
+    with the pattern in one linear pass (:func:`_kernels.merge.union_inverse`): O(nse + M log M),
+    not a sort of the nse + M keys."""
     if traced(k_new):
         union, inv = _index.unique_inverse(torch.cat([k_old, k_new]))
         return union, inv[: k_old.numel()], inv[k_old.numel() :]
@@ -201,9 +201,8 @@ def _index_put(func, args, kwargs):
     aten.index_put.default(
         meta_of(A), [None if t is None else t.to("meta") for t in indices], meta_vals, accumulate
     )  # torch's dtype and shape errors
-    if (
-        A.dim() == 0
-    ):  # (the meta kernel takes a 0-d mask on a 0-d tensor, torch's kernel raises: one element)
+    # (the meta kernel takes a 0-d mask on a 0-d tensor, torch's kernel raises: one element)
+    if A.dim() == 0:
         v = dense_of(values) if isinstance(values, SparseTensor) else values
         check_dtype(aten.index_put.default, A, indices, v, accumulate)
     coords, shape = _coords(A, indices)
@@ -298,9 +297,8 @@ def _index_along(func, args, kwargs):
         or (A._indefinite and (name in ("index_add", "index_reduce") or A.dim() == 0))
     ):
         return NotImplemented
-    if (
-        A.dim() == 0
-    ):  # one element: torch's kernel on it (its rules and errors for the indices of a 0-d tensor)
+    # one element: torch's kernel on it (its rules and errors for the indices of a 0-d tensor)
+    if A.dim() == 0:
         rest = [dense_of(a) if isinstance(a, SparseTensor) else a for a in args[1:]]
         out = func(dense_of(A), *rest, **kwargs)
         return _result(
@@ -309,7 +307,10 @@ def _index_along(func, args, kwargs):
     dim = _check_dim_index_src(func, A, dim, index, src, args, kwargs)
     neg = index[index < 0] if name != "index_fill" else index.reshape(-1)[:0]
     if neg.numel():  # torch's errors for a negative index (too large ones come from _coords)
-        msg = f"index {int(neg.reshape(-1)[0])} is out of bounds for dimension {dim} with size {A.shape[dim]}"
+        msg = (
+            f"index {int(neg.reshape(-1)[0])} is out of bounds for dimension {dim} with size "
+            f"{A.shape[dim]}"
+        )
         raise (
             RuntimeError(msg)
             if name == "index_add"

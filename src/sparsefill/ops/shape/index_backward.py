@@ -1,8 +1,7 @@
 """The backward of row and column selection (``A[idx]``, ``A[:, idx]``, ``A.index_select(dim, idx)``
 along a sparse dim), as sparse as its forward.  torch's formulas scatter the upstream gradient into
 ``grad.new_zeros(A.shape)``, a dense tensor of ``A``'s full size (40 GB for a 100k-node graph); here
-the
-gradient's elements go back to the coordinates they were selected from::
+the gradient's elements go back to the coordinates they were selected from::
 
     grad_A = zeros(A.shape).index_add_(dim, idx, G)         (duplicates in idx: their gradients add)
 
@@ -92,9 +91,8 @@ def pattern_grad(P: SparseTensor, dim: int, index: torch.Tensor, G) -> SparseTen
     count = torch.bincount(index, minlength=n)
     mapped = gidx.clone()
     mapped[dim] = index.index_select(0, gidx[dim])
-    pos, found = _index.lookup(
-        linear_parts(P)[0], _index.linearize(mapped, S)
-    )  # (P's keys: cached)
+    # (P's keys: cached)
+    pos, found = _index.lookup(linear_parts(P)[0], _index.linearize(mapped, S))
     g0 = (gvals - f).to(P.dtype)
     bc = (-1,) + (1,) * len(f.shape)
     gv = (count.index_select(0, pidx[dim]).view(bc) * f).to(P.dtype)
@@ -102,9 +100,8 @@ def pattern_grad(P: SparseTensor, dim: int, index: torch.Tensor, G) -> SparseTen
     n_unspec = _index.numel(S) - pidx.shape[1]
     if P._indefinite or not n_unspec:
         return _on_pattern(P, pidx, gv, gv.new_zeros(f.shape), True)
-    per = _index.numel(S) // max(n, 1) - torch.bincount(
-        pidx[dim], minlength=n
-    )  # (unspecified at each c)
+    # (unspecified at each c)
+    per = _index.numel(S) // max(n, 1) - torch.bincount(pidx[dim], minlength=n)
     rest = g0[~found].sum(0) + f * (count * per).sum().to(f.dtype)
     return _on_pattern(P, pidx, gv, (rest / n_unspec).to(P.dtype), False)
 

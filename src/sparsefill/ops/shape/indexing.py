@@ -1,8 +1,8 @@
 """Indexing on the stored elements: ``select``, ``slice`` (``narrow``, ``A[a:b:s]``),
 ``index_select``, ``A[i, j, ...]``; ``split``, ``chunk`` and ``unbind`` decompose into them; ``flip
 roll rot90 repeat tril triu diagonal trace nonzero masked_select masked_scatter``.  Writes and reads
-at coordinates (``index_put``,
-``scatter``, ``index_*``, ``gather``) are in ``coords.py``, joining (``cat``, ``stack``) in ``concat.py``::
+at coordinates (``index_put``, ``scatter``, ``index_*``, ``gather``) are in ``coords.py``, joining
+(``cat``, ``stack``) in ``concat.py``::
 
     op(A).to_dense() == op(A.to_dense())
 
@@ -81,12 +81,12 @@ def _select(func, args, kwargs):
     n = A.shape[dim]
     if not -n <= index < n:
         raise IndexError(
-            f"select(): index {index} out of range for tensor of size {tuple(A.shape)} at dimension {dim}"
+            f"select(): index {index} out of range for tensor of size {tuple(A.shape)} at "
+            f"dimension {dim}"
         )
     index %= n
-    if (
-        n == 1 and dim < A._sparse_ndim() and A._sf_layout is torch.sparse_coo
-    ):  # every element: a squeeze (O(1))
+    # every element: a squeeze (O(1))
+    if n == 1 and dim < A._sparse_ndim() and A._sf_layout is torch.sparse_coo:
         return squeeze(A, [dim])
     idx, vals, sd = _parts(A)
     if dim >= sd:
@@ -94,9 +94,8 @@ def _select(func, args, kwargs):
     keep = idx[dim] == index
     rest = [d for d in range(sd) if d != dim]
     shape = [s for d, s in enumerate(A.shape) if d != dim]
-    return _build(
-        A, idx[rest][:, keep], vals[keep], shape
-    )  # no sparse dim left: a 0-sparse-dim SparseTensor
+    # no sparse dim left: a 0-sparse-dim SparseTensor
+    return _build(A, idx[rest][:, keep], vals[keep], shape)
 
 
 @register(aten.slice.Tensor)
@@ -191,9 +190,8 @@ def _slice_backward(func, args, kwargs):
         return parts_to_sparse(
             idx, vals, torch.Size(sizes), fill, layout=torch.sparse_coo, coalesced=True
         )
-    if (
-        _covers(func, sizes, dim, rest) and not G._indefinite
-    ):  # no zeros around G: G itself, its fill kept
+    # no zeros around G: G itself, its fill kept
+    if _covers(func, sizes, dim, rest) and not G._indefinite:
         idx, vals = coalesced_parts(G)
         if func is aten.select_backward.default:
             idx = with_zero_row(idx, dim, G.shape)
@@ -257,12 +255,10 @@ def _index_select(func, args, kwargs):
     else:
         pos, coord, coalesced = _select_coords(idx[dim], index, A.shape[dim], last=dim == sd - 1)
         new = _index.take_columns(idx, pos, dim, coord)
-        if (
-            not coalesced
-        ):  # sorted once here: later ops read a coalesced result without sorting it again
-            perm = torch.sort(
-                _index.linearize(new, shape[:sd])
-            ).indices  # (distinct positions: no tie)
+        # sorted once here: later ops read a coalesced result without sorting it again
+        if not coalesced:
+            # (distinct positions: no tie)
+            perm = torch.sort(_index.linearize(new, shape[:sd])).indices
             new, pos = _index.take_columns(new, perm), pos.index_select(0, perm)
     return _sorted_result(A, new, vals.index_select(0, pos), shape)
 
@@ -377,9 +373,8 @@ def _select_coords(coord: torch.Tensor, index: torch.Tensor, n: int, last: bool)
         kept = _index.flat_nonzero((count > 0).index_select(0, coord))
         c = coord.index_select(0, kept)
         if int(count.max()) <= 1:  # unique: one place each
-            lut = torch.empty(
-                n, dtype=torch.int64, device=index.device
-            )  # (read only where count > 0)
+            # (read only where count > 0)
+            lut = torch.empty(n, dtype=torch.int64, device=index.device)
             lut[index] = torch.arange(m, device=index.device)
             return kept, lut.index_select(0, c), ordered
         starts = torch.cumsum(count, 0) - count  # (first place of each value in the sorted index)
@@ -391,9 +386,8 @@ def _select_coords(coord: torch.Tensor, index: torch.Tensor, n: int, last: bool)
     order = None if ordered else torch.argsort(index, stable=True)
     sidx = index if ordered else index.index_select(0, order)
     lo = torch.searchsorted(sidx, coord)
-    src, at = _ranges(
-        lo, torch.searchsorted(sidx, coord, right=True) - lo
-    )  # (src: run = stored element)
+    # (src: run = stored element)
+    src, at = _ranges(lo, torch.searchsorted(sidx, coord, right=True) - lo)
     unique = m < 2 or bool((sidx[1:] != sidx[:-1]).all())
     return src, at if order is None else order.index_select(0, at), ordered and (unique or last)
 
@@ -524,16 +518,17 @@ def _tril_triu(func, args, kwargs):
     """Elements off the kept triangle ``K`` become 0.  Zero (or indefinite) fill: only stored
     elements move.  A nonzero fill ``f``: the result is dense by nature in part, and the cheaper of
     two exact forms is built — fill ``f`` with the zeroed triangle stored as zeros, or fill 0 with
-    ``K``'s unspecified elements stored as ``f`` (``_tensor.policy.check_specify`` past 65536 of them)."""
+    ``K``'s unspecified elements stored as ``f`` (``_tensor.policy.check_specify`` past 65536 of
+    them)."""
     A = args[0]
     k = args[1] if len(args) > 1 else kwargs.get("diagonal", 0)
     func(probe_of(A), k)  # torch's errors (fewer than 2 dims)
     sd = A.dim() - A.dense_dim()
     if A.dense_dim() >= 2:  # the matrix dims are dense: on the values and on the fill
         return _on_dense_dim(A, A.dim() - 1, lambda t, d: func(t, k))
-    if (
-        A.dense_dim()
-    ):  # one sparse, one dense matrix dim: every dense dim becomes sparse (roadmap Note 2)
+    # one sparse, one dense matrix dim: every dense dim becomes sparse (a SparseTensor keeps its
+    # dense dims after its sparse ones)
+    if A.dense_dim():
         from sparsefill.ops.shape.reshape import all_sparse
 
         return _tril_triu(func, (all_sparse(A), k), {})
@@ -559,17 +554,15 @@ def _tril_triu(func, args, kwargs):
     )
     nb = _index.numel(A.shape[:-2])
     batch = _index.unravel(torch.arange(nb, device=idx.device), A.shape[:-2])
-    fill_zero = zeroed.shape[1] <= tri.shape[1] - vals.shape[0] // max(
-        nb, 1
-    )  # (per matrix, roughly)
+    # (per matrix, roughly)
+    fill_zero = zeroed.shape[1] <= tri.shape[1] - vals.shape[0] // max(nb, 1)
     extra = zeroed if fill_zero else tri
     check_specify(
         f"{func.__name__} of a tensor with a nonzero fill", nb * extra.shape[1], A.element_size()
     )
     pos = torch.cat([batch.repeat_interleave(extra.shape[1], 1), extra.repeat(1, nb)])
-    if (
-        fill_zero
-    ):  # fill f, the zeroed triangle stored as zeros (disjoint from the kept stored elements)
+    # fill f, the zeroed triangle stored as zeros (disjoint from the kept stored elements)
+    if fill_zero:
         return parts_to_sparse(
             torch.cat([idx, pos], 1),
             torch.cat([vals, vals.new_zeros(pos.shape[1])]),
@@ -604,8 +597,8 @@ def _index_tensor(func, args, kwargs):
         k = t.dim()
         if t.shape != shape[p : p + k]:
             raise IndexError(
-                f"The shape of the mask {list(t.shape)} at index {p} does not match the shape of the "
-                f"indexed tensor {list(shape)}"
+                f"The shape of the mask {list(t.shape)} at index {p} does not match the shape of "
+                f"the indexed tensor {list(shape)}"
             )
         keys = _index.linearize(t.nonzero().T, t.shape)
         B = A.reshape(shape[:p] + (_index.numel(t.shape),) + shape[p + k :]) if k != 1 else A
@@ -630,8 +623,8 @@ def _index_many(A, indices):
             d = len(expanded)
             if tuple(t.shape) != tuple(A.shape[d : d + t.dim()]):
                 raise IndexError(
-                    f"The shape of the mask {list(t.shape)} at index {d} does not match the shape of "
-                    f"the indexed tensor {list(A.shape)}"
+                    f"The shape of the mask {list(t.shape)} at index {d} does not match the "
+                    f"shape of the indexed tensor {list(A.shape)}"
                 )
             expanded += list(t.nonzero().T)
         else:
@@ -643,9 +636,8 @@ def _index_many(A, indices):
             "shape mismatch: indexing tensors could not be broadcast together with shapes "
             + ", ".join(str(list(t.shape)) for t in expanded if t is not None)
         ) from None
-    aten.index.Tensor(
-        meta_of(A), [None if t is None else t.to("meta") for t in expanded]
-    )  # torch's shape errors
+    # torch's shape errors
+    aten.index.Tensor(meta_of(A), [None if t is None else t.to("meta") for t in expanded])
     given = [i for i, t in enumerate(expanded) if t is not None]
     for d in given:
         bad = out_of_bounds(expanded[d], A.shape[d])
@@ -684,7 +676,9 @@ def _diagonal(func, args, kwargs):
         return _build(
             A, idx, torch.diagonal(vals, offset, d1 - sd + 1, d2 - sd + 1), meta.shape, fill
         )
-    if d1 >= sd or d2 >= sd:  # one of each: every dense dim becomes sparse (roadmap Note 2)
+    # one of each: every dense dim becomes sparse (a SparseTensor keeps its dense dims after its
+    # sparse ones)
+    if d1 >= sd or d2 >= sd:
         from sparsefill.ops.shape.reshape import all_sparse
 
         return _diagonal(func, (all_sparse(A), offset, d1, d2), {})
@@ -741,8 +735,8 @@ def _masked_select(func, args, kwargs):
 @register(aten.masked_scatter.default, aten.masked_scatter_.default)
 def _masked_scatter(func, args, kwargs):
     """``A.masked_scatter(mask, source)``: the elements where ``mask`` (broadcast) is True take
-    ``source``'s
-    first elements in row-major order and join the pattern (``coords.write``), O(nse + mask's elements)::
+    ``source``'s first elements in row-major order and join the pattern (``coords.write``), O(nse +
+    mask's elements)::
 
         A.masked_scatter(mask, s).to_dense() == A.to_dense().masked_scatter(mask, s)
 
@@ -764,9 +758,8 @@ def _masked_scatter(func, args, kwargs):
         and (mask._indefinite or not mask._fill_is_zero())
     ):
         return NotImplemented
-    probe = torch.empty(
-        0, dtype=A.dtype, device=A.device
-    )  # torch's dtype errors, from the real kernel
+    # torch's dtype errors, from the real kernel
+    probe = torch.empty(0, dtype=A.dtype, device=A.device)
     probe.masked_scatter_(torch.empty(0, dtype=mask.dtype, device=A.device), source.new_empty(0))
     shape = torch.broadcast_shapes(A.shape, mask.shape)  # torch's shape error
     if shape != A.shape:

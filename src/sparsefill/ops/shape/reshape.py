@@ -8,9 +8,10 @@ indices and values; the dense tensor follows exactly::
     op(A).to_dense() == op(A.to_dense())
 
 * sparse dims stay in front of dense dims: a permute that would move a dense dim before a
-  sparse one first turns every dense dim into a sparse dim (:func:`all_sparse`, roadmap Note 2);
-  an array fill then becomes its most common value, and the unspecified elements whose fill
-  differs are specified (a DensifyWarning when they are many: such a result is dense by nature);
+  sparse one first turns every dense dim into a sparse dim (:func:`all_sparse`: dense dims trail
+  sparse ones); an array fill then becomes its most common value, and the unspecified elements whose
+  fill differs are specified (a DensifyWarning when they are many: such a result is dense by
+  nature);
 * ``view`` re-linearises the indices over the new shape (dense dims untouched when the
   new shape keeps them; else they become sparse dims as above);
 * ``expand`` of a size-1 sparse dim makes the sparse dims from it on dense and expands the values (a
@@ -78,9 +79,8 @@ def _mode(f: torch.Tensor) -> torch.Tensor:
         return f.new_zeros(())
     nan = f.isnan() if f.is_floating_point() else None
     g = f[~nan] if nan is not None else f
-    if (
-        g.is_complex()
-    ):  # (the choice only affects how many elements get specified, never the values)
+    # (the choice only affects how many elements get specified, never the values)
+    if g.is_complex():
         u, counts = torch.unique(torch.view_as_real(g), dim=0, return_counts=True)
         u = torch.view_as_complex(u.contiguous()) if u.numel() else u
     else:
@@ -91,7 +91,8 @@ def _mode(f: torch.Tensor) -> torch.Tensor:
 
 
 def all_sparse(A: SparseTensor) -> SparseTensor:
-    """``A`` with every dense dim turned into a sparse dim (roadmap Note 2).
+    """``A`` with every dense dim turned into a sparse dim (a SparseTensor keeps its dense dims
+    after its sparse ones).
 
     Each stored dense slice becomes ``prod(dense_shape)`` stored elements.  An array fill ``f``
     becomes the scalar fill ``c = mode(f)``; every unspecified position whose fill differs from
@@ -179,9 +180,8 @@ def permute(A: SparseTensor, dims) -> SparseTensor | None:
         new_idx = _permuted_indices(A, dims[:nsd])
     order = dims[nsd:] + dims[:nsd]  # the new sparse dims last, where every axis has size 1
 
-    def move(
-        t, lead
-    ):  # t: `lead` leading axes, then one axis per dim of A (size 1 for sparse dims)
+    # t: `lead` leading axes, then one axis per dim of A (size 1 for sparse dims)
+    def move(t, lead):
         t = t.permute(list(range(lead)) + [lead + d for d in order])
         return t.reshape(t.shape[: lead + n - nsd])
 
@@ -292,13 +292,11 @@ def view(A: SparseTensor, shape) -> SparseTensor | None:
     idx, vals = A._coo_parts()
     vals = vals.reshape((vals.shape[0],) + tuple(tail))
     fill = A._fill
-    if (
-        not A._indefinite and fill.dim()
-    ):  # (a one-element array fill too: dense dims (1, 1) may become ())
+    # (a one-element array fill too: dense dims (1, 1) may become ())
+    if not A._indefinite and fill.dim():
         fill = _fill_dense(A).expand(A._dense_shape).reshape(tail)
-    elif not A._indefinite and fill.dim() > len(
-        tail
-    ):  # (a one-element fill of more dims than the new dense ones)
+    # (a one-element fill of more dims than the new dense ones)
+    elif not A._indefinite and fill.dim() > len(tail):
         fill = fill.reshape(())
     new = _index.unravel(_index.linearize(idx, A._sparse_shape), shape[: len(shape) - t])
     return _make(A, shape, new, vals, fill, A._coalesced)
@@ -316,16 +314,17 @@ def _dense_tail(A: SparseTensor, shape):
 
 
 def expand(A: SparseTensor, size, keep_split: bool = False) -> SparseTensor | None:
-    """``A.expand(size)``, O(nse) where a grown sparse dim can become dense (the values then grow as a view)::
+    """``A.expand(size)``, O(nse) where a grown sparse dim can become dense (the values then grow as
+    a view)::
 
         expand(A, size).to_dense() == A.to_dense().expand(size)
 
     Grown dense dims expand the values and the fill (stride 0).  Where sparse dims grow (size 1 to
     ``n``, or new leading dims), the sparse dims from the first grown one on become dense dims
-    (:func:`_tensor.dense_dims.coarser`: one slice per stored prefix, exact) and the values expand along them:
-    the column of a row reduction ``d = A.norm(1, 1, keepdim=True)`` expanded to ``A``'s shape
-    (``F.normalize``) stores ``d``'s elements, not ``n`` times as many.  Else (``keep_split``, the
-    pointwise rule's broadcast that merges patterns at one split; an indefinite prefix partly
+    (:func:`_tensor.dense_dims.coarser`: one slice per stored prefix, exact) and the values expand
+    along them: the column of a row reduction ``d = A.norm(1, 1, keepdim=True)`` expanded to ``A``'s
+    shape (``F.normalize``) stores ``d``'s elements, not ``n`` times as many.  Else (``keep_split``,
+    the pointwise rule's broadcast that merges patterns at one split; an indefinite prefix partly
     stored; or more slice elements than the repeats would store) the stored elements repeat along
     the grown sparse dims (O(nse * repeats)), a dense-by-nature result past
     ``SPECIFY_QUIET_ELEMENTS`` under the densify policy's gate (its byte limit raises
@@ -356,9 +355,8 @@ def expand(A: SparseTensor, size, keep_split: bool = False) -> SparseTensor | No
             check_limit(what, nbytes)
     idx = torch.cat([idx.new_zeros((lead, idx.shape[1])), idx])
     ordered = A._coalesced
-    for d in reversed(
-        range(sd)
-    ):  # innermost first: each repeat keeps the order when the dims before are 1
+    # innermost first: each repeat keeps the order when the dims before are 1
+    for d in reversed(range(sd)):
         if old[d] == 1 and size[d] != 1:
             r = size[d]
             nse = idx.shape[1]
@@ -367,17 +365,16 @@ def expand(A: SparseTensor, size, keep_split: bool = False) -> SparseTensor | No
             vals = vals.repeat((r,) + (1,) * (vals.dim() - 1))
             ordered = ordered and all(old[e] == 1 for e in range(d))
     vals = vals.expand([vals.shape[0]] + size[sd:])
-    fill = (
-        A._fill if A._indefinite or not A._fill.dim() else A._fill.expand(size[sd:])
-    )  # an array fill: as the values
+    # an array fill: as the values
+    fill = A._fill if A._indefinite or not A._fill.dim() else A._fill.expand(size[sd:])
     return _make(A, size, idx, vals, fill, ordered)
 
 
 def _expand_as_dense_dims(A: SparseTensor, size, f: int, r: int) -> SparseTensor | None:
-    """:func:`expand` with the dims from ``f`` on (of ``size``) dense, when :func:`_tensor.dense_dims.coarser`
-    can make them dense (None for an indefinite ``A`` whose slices there are partly stored) and
-    stores no more than the repeats would (one slice of the old dims ``f..`` per stored prefix,
-    against ``nse * r`` slices)."""
+    """:func:`expand` with the dims from ``f`` on (of ``size``) dense, when
+    :func:`_tensor.dense_dims.coarser` can make them dense (None for an indefinite ``A`` whose
+    slices there are partly stored) and stores no more than the repeats would (one slice of the old
+    dims ``f..`` per stored prefix, against ``nse * r`` slices)."""
     from sparsefill._tensor.dense_dims import (
         coarser,
     )  # (_splits imports _convert, which the registry's modules import first)
@@ -426,9 +423,8 @@ def _t(func, args, kwargs):
     if A.dim() < 2:  # a new object: torch forbids a view op returning its input
         return _make(A, A.shape, *A._coo_parts(), A._fill, A._coalesced)
     if A.dim() > 2:
-        func(
-            torch.empty((), dtype=A.dtype, device="meta").expand(A.shape)
-        )  # torch's error (t() takes <= 2-D)
+        # torch's error (t() takes <= 2-D)
+        func(torch.empty((), dtype=A.dtype, device="meta").expand(A.shape))
     return _or_next(permute(A, [1, 0]))
 
 
@@ -484,9 +480,8 @@ def _in_place_view(func, args, kwargs):
     """``A.unsqueeze_(0) == A.unsqueeze(0)``, ``A`` itself (:func:`._writes.reshape_`)."""
     A = args[0]
     was_viewed = viewed(A)
-    new = _IN_PLACE_VIEWS[func](
-        *args, **kwargs
-    )  # (torch's errors; tracked as a view of A, then dropped)
+    # (torch's errors; tracked as a view of A, then dropped)
+    new = _IN_PLACE_VIEWS[func](*args, **kwargs)
     if not was_viewed:
         unmark_viewed(A)
     return reshape_(A, new, func, args, kwargs)

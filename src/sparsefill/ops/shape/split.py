@@ -2,8 +2,8 @@
 same piece sizes, so that their backward joins the pieces' gradients (``SplitWithSizesBackward0``:
 ``cat`` of them, which keeps a sparse gradient's pattern) instead of adding one gradient of the
 input's shape per piece (torch's decomposition into slices: ``SliceBackward0`` embeds each piece's
-gradient in zeros of the input's shape, and the sum of those
-embeddings stores the union of the pieces -- every element where a piece's gradient has a fill of its own)::
+gradient in zeros of the input's shape, and the sum of those embeddings stores the union of the
+pieces -- every element where a piece's gradient has a fill of its own)::
 
     torch.hsplit(A, s) == torch.split(A, [p.shape[d] for p in torch.hsplit(probe, s)], d)
 
@@ -14,7 +14,9 @@ raises torch's errors for the sections or indices, with torch's words.
 >>> v = torch.tensor([1., 2.], requires_grad=True)
 >>> A = sparsefill.sparse_coo_tensor([[0, 4]], v, (6,), fill_value=3.)
 >>> a, b = torch.hsplit(A, 2)
->>> G = torch.autograd.grad(a.sum() + b.sum(), A)[0]   # the pieces' gradients joined: A's pattern, fill 1
+>>> G = torch.autograd.grad(a.sum() + b.sum(), A)[
+...     0
+... ]  # the pieces' gradients joined: A's pattern, fill 1
 >>> G._nse(), float(G.fill_value())
 (2, 1.0)
 """
@@ -53,9 +55,8 @@ def _route_split(func, args, kwargs):
         dim = _DIM[name](A.dim())
     if not isinstance(dim, int) or isinstance(dim, bool):
         return NotImplemented
-    probe = torch.empty((), dtype=A.dtype).expand(
-        A.shape
-    )  # (stride 0: torch's errors and the pieces' shapes)
+    # (stride 0: torch's errors and the pieces' shapes)
+    probe = torch.empty((), dtype=A.dtype).expand(A.shape)
     pieces = (
         func(probe, *args[1:], **kwargs)
         if args

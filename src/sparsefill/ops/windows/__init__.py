@@ -3,12 +3,13 @@ backward.
 
 A window of a signal with fill ``c`` that holds no stored element has the interior value ``op(c,
 ..., c)``; only the windows within reach of a stored element, and those that touch the padding at
-either end,
-differ.  So, for ``X`` of shape ``(..., L)`` (every dim sparse) with stored positions ``P`` per row::
+either end, differ.  So, for ``X`` of shape ``(..., L)`` (every dim sparse) with stored positions
+``P`` per row::
 
     avg_pool1d(X, w, s, p)[..., o] == mean(Xpad[..., o*s - p : o*s - p + w])
                                    == fill  unless the window meets P or the padding
-    conv1d(X, W, b, s, p, d)[n, co, o] == b[co] + sum_{ci,j} W[co, ci, j] * Xpad[n, ci, o*s - p + d*j]
+    conv1d(X, W, b, s, p, d)[n, co, o]
+        == b[co] + sum_{ci,j} W[co, ci, j] * Xpad[n, ci, o*s - p + d*j]
 
 The result stores the union of the windows over the stored elements and the edge windows: at most
 ``nse * w / s + rows * 2 * (p / s + 1)`` elements, in runs of consecutive outputs (no sort: the

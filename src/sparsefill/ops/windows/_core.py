@@ -88,9 +88,8 @@ def _union(rows, lo, hi, n_rows: int, T: int, tL: int, tR: int, presorted: bool 
         touch = (lo[1:] <= hi[:-1] + 1) & ok[1:] & ok[:-1]
         if n_rows > 1:
             touch &= rows[1:] == rows[:-1]
-        if bool(
-            touch.any()
-        ):  # one interval per group of touching ones: the union of fewer intervals
+        # one interval per group of touching ones: the union of fewer intervals
+        if bool(touch.any()):
             first = torch.ones(n, dtype=torch.bool, device=dev)
             first[1:] = ~touch
             at = first.nonzero().squeeze(1)
@@ -102,7 +101,9 @@ def _union(rows, lo, hi, n_rows: int, T: int, tL: int, tR: int, presorted: bool 
         perm = torch.sort(rows * (T + 1) + lo.clamp(0, T), stable=True)[1]
         rows, lo, hi = rows[perm], lo[perm], hi[perm]
     nl, nr = int(min(tL, T) > 0), int(max(tR + 1, 0) < T)
-    if nr:  # an interval starting past the right edge's start lies within the edge (hi < T): started there, the
+    # an interval starting past the right edge's start lies within the edge (hi < T): started there,
+    # the
+    if nr:
         # edge (put after the row's sources) comes in order of start
         lo = torch.where(lo <= hi, lo.clamp(max=max(tR + 1, 0)), lo)
     counts = torch.bincount(rows, minlength=n_rows)
@@ -167,10 +168,11 @@ def _windowed(
 ) -> _Targets:
     """The targets of the result of ``shape`` (leading dims x ``T`` positions) that the sources
     reach -- per row the union of the sources' target intervals ``reach(x)`` (clipped to ``[0, T)``)
-    and of the edge
-    targets ``t < tL``, ``t > tR`` -- and their window sums over the ``S`` source positions (float64)::
+    and of the edge targets ``t < tL``, ``t > tR`` -- and their window sums over the ``S`` source
+    positions (float64)::
 
-        sums[:, k] = (sum of cols[:, e] over the sources e of row(k) with x_e in window(t_k) + base) / div
+        sums[:, k] = (sum of cols[:, e] over the sources e of row(k) with x_e in window(t_k)
+                      + base) / div
 
     at the targets in ``[tL, tR]``, the bare sum at the edge targets; ``window`` and ``reach`` are
     ``(m, c0, c1, q)``: ``t -> (ceil((m*t + c0) / q), floor((m*t + c1) / q))`` (:func:`_window_fn`).
@@ -274,9 +276,8 @@ def _window_sums(R: _Runs, t, x, cols, S: int, win, edge, span: int | None = Non
     b0 = win(R.first)[0].clamp(0, S)
     b1 = win(R.first + R.length - 1)[1].clamp(-1, S - 1)
     blen = (b1 - b0 + 1).clamp(min=0)
-    shift = (
-        blen.cumsum(0) - blen - b0 + 1
-    )  # buffer index of source position x in run r: shift[r] + x
+    # buffer index of source position x in run r: shift[r] + x
+    shift = blen.cumsum(0) - blen - b0 + 1
     has = R.run >= 0
     if bool(has.all()):
         at = shift[R.run] + x
@@ -354,8 +355,9 @@ def _meta(func, args, kwargs):
 def _refuse_indefinite(X, what):
     if isinstance(X, SparseTensor) and X._indefinite:
         raise ValueError(
-            f"sparsefill: {what} of a SparseTensor with indefinite fill: a window over masked-out "
-            "elements has no dense meaning; give the tensor a fill first (A.to_sparse(fill_value=...))"
+            f"sparsefill: {what} of a SparseTensor with indefinite fill: a window over "
+            "masked-out elements has no dense meaning; give the tensor a fill first "
+            "(A.to_sparse(fill_value=...))"
         )
 
 

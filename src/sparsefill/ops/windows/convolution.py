@@ -102,9 +102,8 @@ def _convolution(func, args, kwargs):
         ch = orow % Cout
         vals = (sums * W[:, 0, 0][ch] + (bias[ch] if bias is not None else 0)).to(X.dtype)
         return _conv_result(orow, o, vals, interior, out_shape, X._sf_layout)
-    if (
-        X._nse() * w * Cout_g > _PAIRS_PER_ELEMENT * X.numel()
-    ):  # the pairs would outweigh the dense way
+    # the pairs would outweigh the dense way
+    if X._nse() * w * Cout_g > _PAIRS_PER_ELEMENT * X.numel():
         return NotImplemented
     rows, x, v = _parts(X)
     order, grow = _grouped(rows, x, Cin, Cin_g, L)
@@ -143,9 +142,8 @@ def _conv_result(orow, o, vals, interior, out_shape, layout):
     differ)."""
     if bool((interior == interior[0]).all()) or bool(interior.isnan().all()):
         return _build(orow, o, vals, out_shape, interior[0].clone(), layout)
-    out = (
-        interior[None, :, None].expand(out_shape).clone()
-    )  # per-channel interiors: dense by nature
+    # per-channel interiors: dense by nature
+    out = interior[None, :, None].expand(out_shape).clone()
     out.view(-1)[orow * out_shape[-1] + o] = vals
     return out
 
@@ -220,16 +218,16 @@ def _conv_grad_input(G, X, W, s, p, d, groups):
     per_res = _residue_weights(W, groups, s, p, d)
     interior = g * per_res
     if not bool((interior == interior.reshape(-1)[0]).all()):
-        return NotImplemented  # the gradient's unspecified elements differ by channel or residue: dense
+        # the gradient's unspecified elements differ by channel or residue: dense
+        return NotImplemented
     if _moving_sum(W, d, groups):
         T, vals = _pool_grad_values(G, X.shape, w, s, p, True, 1)
         vals = (vals * W[:, 0, 0][T.row % Cin]).to(X.dtype)
         return _build(
             T.row, T.t, vals, X.shape, interior.reshape(-1)[0].clone(), X._sf_layout, T.idx
         )
-    if (
-        G._nse() * w * Cin_g > _PAIRS_PER_ELEMENT * G.numel()
-    ):  # the pairs would outweigh the dense way
+    # the pairs would outweigh the dense way
+    if G._nse() * w * Cin_g > _PAIRS_PER_ELEMENT * G.numel():
         return NotImplemented
     rows, o, gv = _parts(G)
     order, grow = _grouped(rows, o, Cout, Cout // groups, Lo)
@@ -276,9 +274,8 @@ def _conv_grad_weight(G, X, W, s, p, d, groups):
     co = (torch.div(ci, Cin_g, rounding_mode="floor") * Cout_g)[:, None] + torch.arange(
         Cout_g, device=x.device
     )
-    A = dx.new_zeros(Cin, w).index_add_(
-        0, ci, dx
-    )  # g * sum of dX over the taps that reach an output
+    # g * sum of dX over the taps that reach an output
+    A = dx.new_zeros(Cin, w).index_add_(0, ci, dx)
     gw += g * A.reshape(groups, 1, Cin_g, w)[torch.arange(Cout, device=W.device) // Cout_g, 0]
     grows, go, gvals = _parts(G)
     inside = (go[:, None] * s - p + d * j >= 0) & (go[:, None] * s - p + d * j < L)
@@ -290,9 +287,8 @@ def _conv_grad_weight(G, X, W, s, p, d, groups):
     q = (n[:, None, None] * Cout + co[:, :, None]) * Lo + o[:, None, :]  # (nse, Cout_g, w)
     pos, found = _index.lookup(gkeys, q.reshape(-1))
     hit = (found & ok[:, None, :].expand(q.shape).reshape(-1)).reshape(q.shape)
-    pair = torch.where(
-        hit, (gvals[pos].reshape(q.shape) - g) * (v - c)[:, None, None], 0
-    )  # -> gw[co, ci, j]
+    # -> gw[co, ci, j]
+    pair = torch.where(hit, (gvals[pos].reshape(q.shape) - g) * (v - c)[:, None, None], 0)
     flat = (co[:, :, None] * Cin_g + (ci % Cin_g)[:, None, None]) * w + j
     gw.view(-1).index_add_(0, flat.reshape(-1), pair.reshape(-1))
     return gw

@@ -82,9 +82,8 @@ def _avg_pool2d(func, args, kwargs):
     k, st, pd, ceil, cip, divisor = _pool_args(args, kwargs)
     _refuse_indefinite(X, "avg_pool")
     per = _dense_window(X, k, st, pd)
-    if (
-        per is not None
-    ):  # the windows lie in the dense dims: the op on every stored slice and on the fill
+    # the windows lie in the dense dims: the op on every stored slice and on the fill
+    if per is not None:
         v, f = (
             _slices(func, t, per, args[1:], kwargs)
             for t in (X._vals, X._fill.expand(X._dense_shape))
@@ -157,29 +156,25 @@ def _avg_pool2d_backward(func, args, kwargs):
     G, X = args[0], args[1]
     k, st, pd, ceil, cip, divisor = _pool_args(args[1:], kwargs)
     _refuse_indefinite(G, "the gradient of avg_pool")
-    if isinstance(X, SparseTensor) and not isinstance(
-        G, SparseTensor
-    ):  # a dense gradient: so is this one
+    # a dense gradient: so is this one
+    if isinstance(X, SparseTensor) and not isinstance(G, SparseTensor):
         check_densify(
             f"{func} (a dense upstream gradient)", X.numel() * X.element_size(), by_nature=True
         )
-        return func(
-            G, G.new_empty(X.shape), *args[2:], **kwargs
-        )  # (the input's values are not read)
+        # (the input's values are not read)
+        return func(G, G.new_empty(X.shape), *args[2:], **kwargs)
     per = _dense_window(X, k, st, pd)
-    if (
-        per is not None and isinstance(G, SparseTensor) and G.dense_dim() == X.dense_dim()
-    ):  # slice by slice
+    # slice by slice
+    if per is not None and isinstance(G, SparseTensor) and G.dense_dim() == X.dense_dim():
         D = tuple(X._dense_shape)
-        grad = lambda g: func(g, g.new_empty(g.shape[: 4 - per] + D[-per:]), *args[2:], **kwargs)  # noqa: E731
+        grad = lambda g: func(g, g.new_empty(g.shape[: 4 - per] + D[-per:]), *args[2:], **kwargs)
         v, f = (_slices(grad, t, per, (), {}) for t in (G._vals, G._fill.expand(G._dense_shape)))
         return rewrap(G, values=v, fill=f, size=X.shape, known_zero=False)
     if not _pool_supported(X, k, st, pd) or not isinstance(G, SparseTensor) or G.dense_dim():
         return NotImplemented
     w, s, g = k[1], st[1], G._fill
-    if w % s and not (
-        bool(torch.isfinite(g)) and not bool(g)
-    ):  # coverage w/s varies with i mod s: dense
+    # coverage w/s varies with i mod s: dense
+    if w % s and not (bool(torch.isfinite(g)) and not bool(g)):
         if not bool(torch.isfinite(g)) or not bool(torch.isfinite(G._vals).all()):
             return NotImplemented
         G = _every_output_stored(G)  # dense by nature: O(outputs), the input's size over the stride
@@ -224,9 +219,8 @@ def _pool_grad_values(G: SparseTensor, shape, w: int, s: int, p: int, cip: bool,
     oedge = ((o < oL) | (o > oR)).nonzero().squeeze(1) if oL > 0 or oR < Lo - 1 else o[:0]
     inv_edge = 1 / _pool_div(o[oedge], L, w, s, p, cip, divisor)[0].to(torch.float64)
     work = o.numel() * -(-w // s)
-    if bool(
-        torch.isfinite(g)
-    ):  # sum((G - g) / div) over the covering outputs, + g times their total weight
+    # sum((G - g) / div) over the covering outputs, + g times their total weight
+    if bool(torch.isfinite(g)):
         cols = (
             gv.to(torch.float64)
             if G._fill_is_zero() and not oedge.numel()
