@@ -49,9 +49,14 @@ from sparsefill import masked  # noqa: F401
 from sparsefill._compile import dynamo as _compile
 
 _compile._install()
-from sparsefill import segment  # noqa: F401, E402  (sparsefill.segment: the Caffe2 segment operations)
-from sparsefill import data  # noqa: F401, E402  (sparsefill.data: DataLoader collate, registered on import)
-from sparsefill import nn  # noqa: F401, E402  (sparsefill.nn: SparseParameter, SparseLinear)
+# sparsefill.segment: the Caffe2 segment operations
+from sparsefill import segment  # noqa: F401, E402
+
+# sparsefill.data: DataLoader collate, registered on import
+from sparsefill import data  # noqa: F401, E402
+
+# sparsefill.nn: SparseParameter, SparseLinear
+from sparsefill import nn  # noqa: F401, E402
 
 __version__ = "0.1.0"
 

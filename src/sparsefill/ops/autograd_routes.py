@@ -289,11 +289,15 @@ def _sparse_sum_all(func, args, kwargs):
     return torch.sum(args[0], dtype=kwargs.get("dtype", args[1] if len(args) == 2 else None))
 
 
-from sparsefill.ops.linalg import backward as linalg_autograd  # noqa: E402,F401  (fills ROUTES: the matrix products)
-from sparsefill.ops.reductions import backward as reduction_autograd  # noqa: E402,F401  (the reductions over every sparse dim)
-from sparsefill.ops.pointwise import dropout  # noqa: E402,F401  (dropout of a zero or masked fill: the stored values)
-from sparsefill.ops.linalg import sampled_backward as sampled_autograd  # noqa: E402,F401  (x.sparse_mask(A): x's gradient at A's pattern)
-from sparsefill.ops.shape import index_backward as index_autograd  # noqa: E402,F401  (row and column selection: a sparse backward)
+# The families' routes register themselves when imported (each module imports register_route from
+# here): the matrix products; the reductions over every sparse dim; dropout of a zero or masked fill
+# (the stored values); x.sparse_mask(A) (x's gradient at A's pattern); row and column selection (a
+# sparse backward).
+from sparsefill.ops.linalg import backward  # noqa: E402,F401
+from sparsefill.ops.reductions import backward as reduction_backward  # noqa: E402,F401
+from sparsefill.ops.pointwise import dropout  # noqa: E402,F401
+from sparsefill.ops.linalg import sampled_backward  # noqa: E402,F401
+from sparsefill.ops.shape import index_backward  # noqa: E402,F401
 
 # (hsplit/vsplit/dsplit/tensor_split: the pieces' gradients joined)
-from sparsefill.ops.shape import split as split_routes  # noqa: E402,F401
+from sparsefill.ops.shape import split  # noqa: E402,F401
