@@ -13,6 +13,10 @@ import sys
 import warnings
 from pathlib import Path
 
+# torch's C++ warnings (the profiler the examples use for peak memory prints one per run) would land
+# in the gallery's captured output; set before torch is imported.
+os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+
 DOCS = Path(__file__).resolve().parent
 ROOT = DOCS.parent
 sys.path.insert(0, str(ROOT / "src"))
@@ -94,7 +98,9 @@ sphinx_gallery_conf = {
 # --- HTML ------------------------------------------------------------------------------------
 html_theme = "pydata_sphinx_theme"
 html_title = f"sparsefill {version}"
-html_static_path = []
+html_static_path = ["_static"]
+html_css_files = ["sparsefill.css"]
+toc_object_entries_show_parents = "hide"
 html_theme_options = {
     "navbar_align": "left",
     "show_toc_level": 2,
@@ -104,6 +110,6 @@ html_theme_options = {
     "footer_start": ["copyright"],
     "footer_end": ["sphinx-version"],
 }
-html_sidebars = {"index": [], "getting_started": []}
+html_sidebars = {"index": [], "getting_started": [], "performance": [], "coverage": []}
 html_show_sourcelink = False
 os.environ.setdefault("MPLBACKEND", "Agg")

@@ -217,7 +217,7 @@ def plot_step_times(ax, times: dict, labels=("sparsefill", "peer")):
         xs = [i + (k - 0.5) * 0.38 for i in range(len(names))]
         ax.bar(xs, [times[n][k] for n in names], width=0.38, label=label)
     ax.set_xticks(range(len(names)), names)
-    ax.set(ylabel="ms per step", title="time (this build's machine, small sizes)")
+    ax.set(ylabel="ms per step", title="one step at this size, on the machine that ran it")
     ax.legend()
 
 
