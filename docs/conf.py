@@ -49,7 +49,6 @@ root_doc = "index"
 exclude_patterns = [
     "_build",
     "_generated",  # included by performance.md
-    "figures",  # the hand-run bench output of earlier releases (not part of the site)
     "auto_examples/*.ipynb",
     "auto_examples/*.py",
     "auto_examples/*.zip",
