@@ -1,4 +1,7 @@
-"""A small DLRM-style recommender on keyed jagged features, pooled with ``sparsefill.segment``.
+"""DLRM recommender on keyed jagged features
+=========================================
+
+A small DLRM-style recommender on keyed jagged features, pooled with ``sparsefill.segment``.
 
 Every example has dense features and, per sparse feature ("key"), a list of ids of any length (or none).
 The batch is one ``sparsefill.segment.KeyedJaggedBatch`` (flat ids, lengths, keys); each key's ids are
@@ -12,7 +15,7 @@ the bottom output and the pooled embeddings, concatenated, through a top MLP to 
 
 Checked against the same model on ``nn.EmbeddingBag(mode="sum", sparse=True)`` tables with
 ``torch.optim.Adagrad`` (same weights, same losses over a few steps) and timed against it (one training
-step: forward, backward, both optimizers' steps).
+step: forward, backward, both optimizers' steps). ::
 
     python examples/dlrm.py                          # 8 tables of 50k x 64, batch 2048, 1 thread
 """
@@ -182,15 +185,36 @@ def check(
     return losses
 
 
+def plot_step_times(ax, times: dict, labels=("sparsefill", "peer")):
+    """Grouped bars: one training step's time (ms) per case, sparsefill beside its peer."""
+    names = list(times)
+    for k, label in enumerate(labels):
+        xs = [i + (k - 0.5) * 0.38 for i in range(len(names))]
+        ax.bar(xs, [times[n][k] for n in names], width=0.38, label=label)
+    ax.set_xticks(range(len(names)), names)
+    ax.set(ylabel="ms per step", title="one step at this size, on the machine that ran it")
+    ax.legend()
+
+
+def plot_losses(ax, losses, labels=("sparsefill", "peer")):
+    """The losses of both models over the training steps of ``check`` (the lines coincide)."""
+    for k, label in enumerate(labels):
+        ax.plot([pair[k] for pair in losses], marker="o", ls="-" if k == 0 else "--", label=label)
+    ax.set(xlabel="step", ylabel="loss", title="same weights, same losses")
+    ax.legend()
+
+
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     p.add_argument("--batch", type=int, default=2048)
     p.add_argument("--rows", type=int, default=50_000)
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--plot", action="store_true", help="draw the losses and step times")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
-    print("losses (sparsefill, EmbeddingBag):", [f"{a:.6f} {b:.6f}" for a, b in check()])
+    losses = check()
+    print("losses (sparsefill, EmbeddingBag):", [f"{a:.6f} {b:.6f}" for a, b in losses])
     (m, x, y), (pm, xp, yp) = setup(args.batch, rows=args.rows)
     t_ours, t_theirs = (
         1e3 * t
@@ -202,6 +226,14 @@ def main(argv=None):
         f"batch {args.batch}, 8 tables of {args.rows} x 64, {x[1].values.numel()} ids: training step "
         f"sparsefill {t_ours:.1f} ms, EmbeddingBag + Adagrad {t_theirs:.1f} ms ({t_ours / t_theirs:.2f}x)"
     )
+    if args.plot:
+        import matplotlib.pyplot as plt
+
+        _, (ax0, ax1) = plt.subplots(1, 2, figsize=(9, 3.5), layout="constrained")
+        plot_losses(ax0, losses, ("sparsefill", "EmbeddingBag"))
+        plot_step_times(
+            ax1, {f"batch {args.batch}": (t_ours, t_theirs)}, ("sparsefill", "EmbeddingBag")
+        )
 
 
 if __name__ == "__main__":

@@ -1,7 +1,10 @@
-"""A two-layer graph attention network (GAT) written as a dense model would be, on a SparseTensor adjacency.
+"""Graph attention network (GAT) on a SparseTensor adjacency
+=========================================================
+
+A two-layer graph attention network (GAT) written as a dense model would be, on a SparseTensor adjacency.
 
 The adjacency ``A`` is a SparseTensor with an *indefinite* fill (no edge = masked out, not 0): ``A[i, j]``
-is stored when node ``j`` sends a message to node ``i``.  One attention layer is the dense formula
+is stored when node ``j`` sends a message to node ``i``.  One attention layer is the dense formula::
 
     Wh = x @ W,   S[i, j] = (Wh @ a_dst)[i] + (Wh @ a_src)[j]   on the edges of A,
     out = masked.softmax(leaky_relu(S, 0.2), 1) @ Wh + b,
@@ -12,7 +15,7 @@ over its stored entries and ``@`` is the sparse-dense product.  Autograd trains 
 
 With ``H`` heads (``--heads``) the adjacency is a hybrid ``(N, N, H)`` SparseTensor, the heads a dense
 dim: each head's scores ``A * e_dst[:, None, :] + A * e_src[None]`` stay on the one pattern, the
-softmax runs over dim 1 for every head at once, and the product with ``Wh`` viewed ``(N, H, D)`` is
+softmax runs over dim 1 for every head at once, and the product with ``Wh`` viewed ``(N, H, D)`` is::
 
     out = torch.einsum("ijh,jhd->ihd", P, Wh)        # head h: P[:, :, h] @ Wh[:, h]
 
@@ -20,7 +23,7 @@ which runs on the pattern head by head, forward and backward (no ``N x N`` tenso
 concatenates the heads (``GATConv(heads=H)``), the second has one head on ``A[:, :, 0]``.
 
 Checked against torch_geometric's ``GATConv`` (same weights): same forward outputs and same losses over
-a few Adam steps; timed against it (one training step: forward + backward + step).
+a few Adam steps; timed against it (one training step: forward + backward + step). ::
 
     python examples/gat.py                 # 5k nodes / 55k edges and 20k / 220k, D=32, 1 thread
     python examples/gat.py --nodes 5000    # one size
@@ -207,18 +210,39 @@ def _peak_mb(fn) -> float:
     return measure_memory(fn)["peak_bytes"] / 2**20
 
 
+def plot_step_times(ax, times: dict, labels=("sparsefill", "peer")):
+    """Grouped bars: one training step's time (ms) per case, sparsefill beside its peer."""
+    names = list(times)
+    for k, label in enumerate(labels):
+        xs = [i + (k - 0.5) * 0.38 for i in range(len(names))]
+        ax.bar(xs, [times[n][k] for n in names], width=0.38, label=label)
+    ax.set_xticks(range(len(names)), names)
+    ax.set(ylabel="ms per step", title="one step at this size, on the machine that ran it")
+    ax.legend()
+
+
+def plot_losses(ax, losses, labels=("sparsefill", "peer")):
+    """The losses of both models over the training steps of ``check`` (the lines coincide)."""
+    for k, label in enumerate(labels):
+        ax.plot([pair[k] for pair in losses], marker="o", ls="-" if k == 0 else "--", label=label)
+    ax.set(xlabel="step", ylabel="loss", title="same weights, same losses")
+    ax.legend()
+
+
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     p.add_argument("--nodes", type=int, nargs="*", default=[5000, 20000])
     p.add_argument("--csr", action="store_true", help="the adjacency in CSR (default COO)")
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--plot", action="store_true", help="draw the losses and step times")
     p.add_argument("--heads", type=int, default=1, help="attention heads of the first layer")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     layout = torch.sparse_csr if args.csr else torch.sparse_coo
     losses = check(layout=layout, heads=args.heads)
     print("losses (sparsefill, GATConv):", [f"{a:.6f} {b:.6f}" for a, b in losses])
+    times = {}
     for n in args.nodes:
         x, A, edge_index, y, model, peer = setup(n, layout=layout, heads=args.heads)
         ours, theirs = trainer(model, (x, A), y), trainer(peer, (x, edge_index), y)
@@ -231,6 +255,13 @@ def main(argv=None):
             f"{m_ours:.0f} MB; GATConv {t_theirs:.1f} ms, {m_theirs:.0f} MB "
             f"({t_ours / t_theirs:.2f}x the time, {m_ours / m_theirs:.2f}x the memory)"
         )
+        times[f"{n} nodes"] = (t_ours, t_theirs)
+    if args.plot:
+        import matplotlib.pyplot as plt
+
+        _, (ax0, ax1) = plt.subplots(1, 2, figsize=(9, 3.5), layout="constrained")
+        plot_losses(ax0, losses, ("sparsefill", "GATConv"))
+        plot_step_times(ax1, times, ("sparsefill", "GATConv"))
 
 
 if __name__ == "__main__":

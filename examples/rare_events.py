@@ -1,8 +1,11 @@
-"""Rare events on a constant baseline: the fill-value RFC's signal, trained end to end.
+"""Rare events on a constant baseline
+==================================
+
+Rare events on a constant baseline: the fill-value RFC's signal, trained end to end.
 
 A device samples a signal that sits at 5 except for rare spikes (fill-value-rfc.md, "random sequence of
 rare events with nonzero mean"): 10M samples, 0.1% of them events.  As a SparseTensor with fill 5 it
-stores 10k values; the code below is the code one writes for a dense tensor, and runs unchanged on both:
+stores 10k values; the code below is the code one writes for a dense tensor, and runs unchanged on both::
 
     potential = signal * -8                                # to mV (the RFC's mV_unit)
     ratio = exp(-0.1 * potential)                          # a Nernst-like concentration ratio
@@ -23,7 +26,7 @@ same gradients) and timed against it.
 
 Measured (``python -m sparsefill bench --filter 'rare events' --threads 1``, 10M samples, 0.1% events,
 float64, interleaved medians of one run at commit ``eeca1a4`` on a quiet 2-core machine, other processes
-at most 0.01 cores busy):
+at most 0.01 cores busy)::
 
     pipeline (avg_pool1d), window 100   sparsefill 62 ms    dense 929 ms   15x faster, 194 MB vs 480 MB peak
     pipeline (avg_pool1d), window 10    sparsefill 12.4 ms  dense 640 ms   52x faster, 20 MB vs 480 MB peak
@@ -37,7 +40,7 @@ window ops run as compiled linear passes over sorted runs (``_kernels/windows.py
 segment backend's policy; torch ops without it), the selections ``[None]``/``[0]`` and their backward
 move index rows (views, or one row copied into a zeroed index), and the rest is one pass per element-wise
 op over the stored values.  About a quarter of the time is the window's backward (1.8M outputs written),
-much of the rest first touches of freshly allocated pages (the results of each step).
+much of the rest first touches of freshly allocated pages (the results of each step). ::
 
     python examples/rare_events.py               # 10M samples, 0.1% events, 1 thread
 """
@@ -136,16 +139,48 @@ def check(samples: int = 20_000, rate: float = 0.002, rtol: float = 1e-7, atol: 
     return losses
 
 
+def plot_step_times(ax, times: dict, labels=("sparsefill", "peer")):
+    """Grouped bars: one training step's time (ms) per case, sparsefill beside its peer."""
+    names = list(times)
+    for k, label in enumerate(labels):
+        xs = [i + (k - 0.5) * 0.38 for i in range(len(names))]
+        ax.bar(xs, [times[n][k] for n in names], width=0.38, label=label)
+    ax.set_xticks(range(len(names)), names)
+    ax.set(ylabel="ms per step", title="one step at this size, on the machine that ran it")
+    ax.legend()
+
+
+def plot_losses(ax, losses, labels=("sparsefill", "peer")):
+    """The losses of both models over the training steps of ``check`` (the lines coincide)."""
+    for k, label in enumerate(labels):
+        ax.plot([pair[k] for pair in losses], marker="o", ls="-" if k == 0 else "--", label=label)
+    ax.set(xlabel="step", ylabel="loss", title="same weights, same losses")
+    ax.legend()
+
+
+def plot_window(ax, positions, values, samples: int, window: int = 100, span: int = 3000):
+    """The windowed mean of ``pipeline`` over the first ``span`` samples, from the SparseTensor: the
+    fill's level except within a window of an event."""
+    fill = torch.tensor(FILL, dtype=values.dtype)
+    signal = sparse_signal(positions, values, fill, samples)
+    ratio = torch.exp(-0.1 * (signal * -8.0))
+    mean = F.avg_pool1d(ratio[None], window, stride=1)[0]
+    ax.plot(mean[:span].to_dense(), lw=1)
+    ax.set(xlabel="sample", ylabel="windowed mean", title=f"window {window}: {mean._nnz()} stored")
+
+
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     p.add_argument("--samples", type=int, default=10_000_000)
     p.add_argument("--rate", type=float, default=0.001)
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--plot", action="store_true", help="draw the windowed mean and step times")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     print("losses (sparsefill, dense):", check())
     positions, values = make_events(args.samples, args.rate)
+    times = {}
     for fn in PIPELINES:
         t = [
             1e3 * t
@@ -162,6 +197,7 @@ def main(argv=None):
             f"{fn.__name__}, {args.samples} samples, {values.numel()} events, forward + backward: "
             f"sparsefill {t[0]:.1f} ms, dense torch {t[1]:.1f} ms ({t[1] / t[0]:.1f}x faster)"
         )
+        times[fn.__name__] = (t[0], t[1])
         if fn is pipeline_cumsum:
             floor = (
                 1e3
@@ -173,6 +209,13 @@ def main(argv=None):
                 f"  floor of the cumsum form: a dense cumsum forward + backward, {floor:.1f} ms "
                 f"(at best {t[1] / floor:.1f}x faster than dense)"
             )
+
+    if args.plot:
+        import matplotlib.pyplot as plt
+
+        _, (ax0, ax1) = plt.subplots(1, 2, figsize=(9, 3.5), layout="constrained")
+        plot_window(ax0, positions, values, args.samples)
+        plot_step_times(ax1, times, ("sparsefill", "dense torch"))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,9 @@
-"""Sparse attention in a transformer block: the attention mask is a SparseTensor with an *indefinite* fill (a
+"""Sparse attention in a transformer block
+=======================================
+
+Sparse attention in a transformer block: the attention mask is a SparseTensor with an *indefinite* fill (a
 pair (i, j) is stored when token i may attend to token j, masked out elsewhere), and the block is written as
-the dense one would be, with no dense ``L x L`` score matrix:
+the dense one would be, with no dense ``L x L`` score matrix::
 
     S = torch.sparse.sampled_addmm(mask, q, k.T) / sqrt(E)     the scores at the mask's pattern only (SDDMM)
     P = sparsefill.masked.softmax(S, 1)                        each row over its stored elements
@@ -8,7 +11,7 @@ the dense one would be, with no dense ``L x L`` score matrix:
 
 ``torch.utils.checkpoint`` around the attention, LayerNorm and an MLP around it, AdamW.  Checked against the
 same block on the dense masked scores (``masked_fill(-inf)`` + softmax; same weights, same losses over a few
-steps) and timed against it (one training step).
+steps) and timed against it (one training step). ::
 
     python examples/sparse_attention.py                   # L = 2000 tokens, 1% of the pairs, 1 thread
     python examples/sparse_attention.py --tokens 4000 --density 0.005
@@ -101,15 +104,36 @@ def check(tokens: int = 64, density: float = 0.1, steps: int = 3) -> list[tuple[
     return losses
 
 
+def plot_step_times(ax, times: dict, labels=("sparsefill", "peer")):
+    """Grouped bars: one training step's time (ms) per case, sparsefill beside its peer."""
+    names = list(times)
+    for k, label in enumerate(labels):
+        xs = [i + (k - 0.5) * 0.38 for i in range(len(names))]
+        ax.bar(xs, [times[n][k] for n in names], width=0.38, label=label)
+    ax.set_xticks(range(len(names)), names)
+    ax.set(ylabel="ms per step", title="one step at this size, on the machine that ran it")
+    ax.legend()
+
+
+def plot_losses(ax, losses, labels=("sparsefill", "peer")):
+    """The losses of both models over the training steps of ``check`` (the lines coincide)."""
+    for k, label in enumerate(labels):
+        ax.plot([pair[k] for pair in losses], marker="o", ls="-" if k == 0 else "--", label=label)
+    ax.set(xlabel="step", ylabel="loss", title="same weights, same losses")
+    ax.legend()
+
+
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     p.add_argument("--tokens", type=int, default=2000)
     p.add_argument("--density", type=float, default=0.01)
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--plot", action="store_true", help="draw the losses and step times")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
-    print("losses (sparse mask, dense mask):", [f"{a:.6f} {b:.6f}" for a, b in check()])
+    losses = check()
+    print("losses (sparse mask, dense mask):", [f"{a:.6f} {b:.6f}" for a, b in losses])
     ours, peer = setup(args.tokens, args.density)
     t_ours, t_peer = (
         1e3 * t for t in interleaved({"ours": ours, "peer": peer}, 1, args.reps).values()
@@ -118,6 +142,14 @@ def main(argv=None):
         f"{args.tokens} tokens, {args.density:.1%} of the pairs: training step sparse {t_ours:.1f} ms, "
         f"dense masked {t_peer:.1f} ms ({t_ours / t_peer:.2f}x the time)"
     )
+    if args.plot:
+        import matplotlib.pyplot as plt
+
+        _, (ax0, ax1) = plt.subplots(1, 2, figsize=(9, 3.5), layout="constrained")
+        plot_losses(ax0, losses, ("sparse mask", "dense mask"))
+        plot_step_times(
+            ax1, {f"{args.tokens} tokens": (t_ours, t_peer)}, ("sparse mask", "dense mask")
+        )
 
 
 if __name__ == "__main__":
