@@ -34,20 +34,27 @@ def _gat():
     return _example("gat", folder)
 
 
-def _graph(gat, nodes, heads, seed):
+def _graph(gat, nodes, heads, seed, layout=torch.sparse_coo):
     """``(x, A, y)`` in float64: a random graph of ``nodes`` nodes (its edges drawn by ``seed``)."""
     x, edge_index, y = gat.make_graph(nodes, 3, 5, 3, seed)
-    return x.double(), gat.adjacency(edge_index, nodes, heads=heads).double(), y
+    return x.double(), gat.adjacency(edge_index, nodes, layout, heads).double(), y
 
 
-@pytest.mark.parametrize("heads,backend", [(1, "aot_eager"), (3, "aot_eager"), (3, "inductor")])
-def test_gat_training_steps_compile_whole(heads, backend):
+@pytest.mark.parametrize(
+    "heads,backend,layout",
+    [
+        (1, "aot_eager", torch.sparse_coo),
+        (3, "aot_eager", torch.sparse_csr),
+        (3, "inductor", torch.sparse_coo),
+    ],
+)
+def test_gat_training_steps_compile_whole(heads, backend, layout):
     gat = _gat()
     torch.manual_seed(0)
     model = gat.GAT(5, 4, 3, heads).double()
     twin = copy.deepcopy(model)
     opt, opt_twin = (torch.optim.Adam(m.parameters(), lr=0.05) for m in (model, twin))
-    graphs = [_graph(gat, 30, heads, 0), _graph(gat, 30, heads, 1)]
+    graphs = [_graph(gat, 30, heads, s, layout) for s in (0, 1)]
     assert graphs[0][1]._nse() != graphs[1][1]._nse()
     torch._dynamo.reset()
     counters.clear()
