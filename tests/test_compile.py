@@ -422,6 +422,12 @@ def test_benchmark_script_smoke():
             "8",
             "--dlrm-rows",
             "50",
+            "--scale-nodes",
+            "40",
+            "--scale-heads",
+            "2",
+            "--scale-rounds",
+            "1",
             "--rounds",
             "1",
             "--reps",
@@ -430,7 +436,8 @@ def test_benchmark_script_smoke():
             "eager",
         ]
     )
-    assert set(out) == {("exp", 10), "gat", "dlrm"} and out["gat"]["compiled"] > 0
+    assert set(out) == {("exp", 10), "gat", ("gat at scale", 40, 2), "dlrm"}
+    assert out["gat"]["compiled"] > 0 and out[("gat at scale", 40, 2)]["compiled"][0] > 0
 
 
 def test_traced_agrees_with_is_compiling():

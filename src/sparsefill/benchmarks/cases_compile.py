@@ -15,7 +15,14 @@ the test suite runs the harness cases); run ``python -m sparsefill.benchmarks.ca
 2. **GAT training step** (``examples/gat.py``, 5k nodes, COO): forward + loss compiled
    (``fullgraph=True``), backward through the compiled graph, eager Adam step; against the eager
    step.
-3. **DLRM training step** (``examples/dlrm.py``, small tables): the model compiled with
+3. **GAT training step at scale** (``examples/gat.py``, 100k nodes, 1.1M edges, COO; one head on
+   a 2-D adjacency and 4 heads on a hybrid ``(N, N, 4)`` one): sparsefill's loss compiled with
+   ``fullgraph=True`` (dynamo's graphs, graph breaks and recompiles over the timed steps
+   reported), eager, and torch_geometric's ``GATConv`` model of the same weights eager and
+   compiled; one Adam step each, the median of 3 rounds of 3 steps per side (a side's first step
+   in a round, after the other sides', runs on memory they left: the median of 3 leaves it out),
+   peak memory beside time (one more step, measured alone).
+4. **DLRM training step** (``examples/dlrm.py``, small tables): the model compiled with
    ``fullgraph=True`` (the pooling of every key by ``KeyedJaggedBatch.pooled``: one
    ``sparsefill::jagged_pooled`` custom op forward and one ``jagged_pooled_backward``, each key's
    count of ids a dynamic size; dynamo's count of graph breaks reported), backward through the
@@ -162,6 +169,78 @@ def gat_step(nodes: int, backend: str, rounds: int, reps: int) -> dict:
     )
 
 
+def _compile_counts() -> dict:
+    """Dynamo's counts since the last ``counters.clear()``: graphs, graph breaks, recompiles."""
+    from torch._dynamo.utils import counters
+
+    return {
+        "graphs": counters["stats"]["unique_graphs"],
+        "breaks": sum(counters["graph_break"].values()),
+        "recompiles": sum(counters["recompiles"].values()),
+    }
+
+
+def gat_at_scale(nodes: int, heads: int, backend: str, rounds: int, reps: int) -> dict:
+    """The two-layer GAT of ``examples/gat.py`` (``heads`` heads: a hybrid ``(N, N, heads)``
+    adjacency when ``heads > 1``) and torch_geometric's ``GATConv`` model with the same weights, one
+    Adam step each: eager, and with the loss compiled (``fullgraph=True`` for sparsefill; the peer
+    as torch.compile takes it), backward through the compiled graph.  ``{side: (ms, peak MB)}``
+    plus ``"counts"``: dynamo's graphs, breaks and recompiles of sparsefill's compiled loss over
+    the warm-up and every timed step (the same graph each step: 1 graph, 0 breaks, 0 recompiles)."""
+    from torch._dynamo.utils import counters
+
+    from .cases_models import _example
+    from .measure import measure_memory
+
+    gat = _example("gat")
+    x, A, edge_index, y, model, peer = gat.setup(nodes, heads=heads)
+    sides, counts = {}, {}
+    torch._dynamo.reset()
+    for name, m, graph, fullgraph in (
+        ("PyG", peer, edge_index, False),
+        ("sparsefill", model, A, True),
+    ):
+        counters.clear()
+        loss = lambda m=m, g=graph: F.cross_entropy(m(x, g), y)  # noqa: E731
+        compiled = torch.compile(loss, backend=backend, fullgraph=fullgraph)
+        torch.testing.assert_close(compiled(), loss(), rtol=1e-4, atol=1e-5)
+        opt = torch.optim.Adam(m.parameters(), lr=0.005)
+
+        def step(fn, opt=opt):
+            opt.zero_grad()
+            out = fn()
+            out.backward()
+            opt.step()
+            return out.detach()
+
+        suffix = " PyG" if name == "PyG" else ""
+        sides[f"compiled{suffix}"] = lambda fn=compiled, s=step: s(fn)
+        sides[f"eager{suffix}"] = lambda fn=loss, s=step: s(fn)
+        sides[f"compiled{suffix}"]()  # (its backward graph compiles: not a recompile)
+        counts[name] = _compile_counts()
+    counters.clear()
+    times = interleaved(sides, rounds, reps)
+    out = {k: (t, measure_memory(sides[k])["peak_bytes"] / 2**20) for k, t in times.items()}
+    out["counts"] = dict(counts["sparsefill"], recompiles=_compile_counts()["recompiles"])
+    out["edges"] = edge_index.shape[1]
+    return out
+
+
+_SCALE_SIDES = ("compiled", "eager", "compiled PyG", "eager PyG")
+
+
+def _print_gat_at_scale(nodes: int, heads: int, t: dict) -> None:
+    c, e, cp, ep = (t[k][0] for k in _SCALE_SIDES)
+    print(
+        f"GAT training step at scale, {nodes} nodes, {t['edges']} edges, {heads} head(s): "
+        + ", ".join(f"{k} {t[k][0]:.0f} ms {t[k][1]:.0f} MB" for k in _SCALE_SIDES)
+        + f"; compiled / eager {c / e:.2f}x, compiled / compiled PyG {c / cp:.2f}x, eager / eager"
+        f" PyG {e / ep:.2f}x, PyG compiled / PyG eager {cp / ep:.2f}x; sparsefill compiled "
+        f"(fullgraph): {t['counts']['graphs']} graph(s), {t['counts']['breaks']} breaks; "
+        f"{t['counts']['recompiles']} recompiles (either side) over the timed steps"
+    )
+
+
 def dlrm_step(batch: int, rows: int, backend: str, rounds: int, reps: int) -> tuple[dict, str]:
     """The timings (compiled, eager, the EmbeddingBag + Adagrad peer) and how dynamo compiled the
     forward (graphs, breaks and the first break's reason)."""
@@ -216,11 +295,30 @@ def main(argv=None) -> dict:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--reps", type=int, default=5)
     p.add_argument(
-        "--quick", action="store_true", help="10 and 1k elements, 500 nodes, 3 rounds of 3"
+        "--scale-nodes",
+        type=int,
+        nargs="*",
+        default=[100_000],
+        help="nodes of the GAT at scale (about 11 edges per node: 100k nodes, 1.1M edges)",
+    )
+    p.add_argument("--scale-heads", type=int, nargs="*", default=[1, 4])
+    p.add_argument("--scale-rounds", type=int, default=3, help="rounds at scale")
+    p.add_argument(
+        "--scale-reps",
+        type=int,
+        default=3,
+        help="steps of each side per round at scale (the median: not the first step after the "
+        "other sides', whose memory they took)",
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="10 and 1k elements, 500 nodes, 3 rounds of 3; the GAT at scale at 2000 nodes",
     )
     args = p.parse_args(argv)
     if args.quick:
         args.sizes, args.nodes, args.dlrm_batch, args.rounds, args.reps = [10, 1000], 500, 64, 3, 3
+        args.scale_nodes, args.scale_rounds, args.scale_reps = [2000], 3, 3
     torch.set_num_threads(1)
     import logging
 
@@ -252,6 +350,12 @@ def main(argv=None) -> dict:
         f"GAT training step, {args.nodes} nodes: compiled {t['compiled']:.1f} ms, eager "
         f"{t['eager']:.1f} ms ({t['compiled'] / t['eager']:.2f}x)"
     )
+    for n in args.scale_nodes:
+        for h in args.scale_heads:
+            t = out[("gat at scale", n, h)] = gat_at_scale(
+                n, h, args.backend, args.scale_rounds, args.scale_reps
+            )
+            _print_gat_at_scale(n, h, t)
     t, how = out["dlrm"] = dlrm_step(
         args.dlrm_batch, args.dlrm_rows, args.backend, args.rounds, args.reps
     )

@@ -483,10 +483,19 @@ class HybridMM(_PatternProduct):
                 known_zero=Pc._indefinite,
             )
         if ctx.needs_input_grad[1]:
+            # Traced, P^T G as (G^T P)^T: a scatter over P's pattern, where P.mT is a sort of it
+            # per head in every compiled step (eager keeps the transposed pattern cached).
+            tr = ctx.left and traced(G)
             with values_not_kept():
                 gX = torch.stack(
                     [
-                        (torch.mm(P.mT, G[h]) if ctx.left else torch.mm(P, G[h])).to(X.dtype)
+                        (
+                            torch.mm(G[h].mT, P).mT
+                            if tr
+                            else torch.mm(P.mT, G[h])
+                            if ctx.left
+                            else torch.mm(P, G[h])
+                        ).to(X.dtype)
                         for h, P in enumerate(heads)
                     ]
                 )
