@@ -189,8 +189,8 @@ def gat_at_scale(nodes: int, heads: int, backend: str, rounds: int, reps: int) -
     the warm-up and every timed step (the same graph each step: 1 graph, 0 breaks, 0 recompiles)."""
     from torch._dynamo.utils import counters
 
-    from .cases_models import _example
-    from .measure import measure_memory
+    from sparsefill.benchmarks.cases_models import _example
+    from sparsefill.benchmarks.measure import measure_memory
 
     gat = _example("gat")
     x, A, edge_index, y, model, peer = gat.setup(nodes, heads=heads)
