@@ -20,7 +20,7 @@ from hypothesis import assume, settings, strategies as st
 
 import sparsefill
 from sparsefill import SparseTensor
-from test_fastpath_review import (
+from tests.test_fastpath_review import (
     check_masked,
     dense_and_unspecified,
     random_values,

@@ -27,7 +27,7 @@ from sparsefill.distributed import _wire
 
 COO, CSR = torch.sparse_coo, torch.sparse_csr
 I64 = torch.int64
-DATA = pathlib.Path(__file__).parent / "data"
+DATA = pathlib.Path(__file__).parents[1] / "data"
 
 
 def _t(x, dtype=I64):

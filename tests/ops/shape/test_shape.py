@@ -24,7 +24,7 @@ from torch.autograd import gradcheck
 
 import sparsefill
 from sparsefill import SparseTensor
-from test_linalg import respecified
+from tests.ops.linalg.test_linalg import respecified
 
 F64 = torch.float64
 NAN, INF = float("nan"), float("inf")

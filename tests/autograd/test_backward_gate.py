@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_einsum_hybrid import DenseFormLog, _gat
+from tests.ops.linalg.test_einsum_hybrid import DenseFormLog, _gat
 from torch.testing import assert_close
 
 import sparsefill

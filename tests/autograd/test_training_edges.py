@@ -25,8 +25,8 @@ import pytest
 import torch
 
 import sparsefill
-from test_backward_reductions import Case as RCase, _case_kw, _dense_out
-from test_backward_sparse import Case as MCase, _routed
+from tests.ops.reductions.test_backward_reductions import Case as RCase, _case_kw, _dense_out
+from tests.ops.linalg.test_backward_sparse import Case as MCase, _routed
 
 NAN, INF = float("nan"), float("inf")
 COO, CSR = torch.sparse_coo, torch.sparse_csr
@@ -512,7 +512,7 @@ def test_masked_normalization_of_a_leaf_declares_its_densifying_backward():
 @pytest.mark.parametrize("layout", ["coo", "csr"])
 def test_masked_normalize_backward_has_no_temporary_of_the_input_size(layout, dim):
     """(300, 400) with 60 stored elements, fill 0, a sparse upstream gradient: nothing of 120k elements is made."""
-    from test_backward_sparse import _Shapes
+    from tests.ops.linalg.test_backward_sparse import _Shapes
 
     case = RCase((300, 400), 0.0, nse=60, **_case_kw(layout))
     W = sparsefill.sparse_coo_tensor(

@@ -16,7 +16,7 @@ import torch
 from torch.testing._internal.common_methods_invocations import op_db, reduction_ops
 
 import sparsefill
-from test_opinfo import REJECTS, _call, _convert_sample, _densify, _reference
+from tests.opinfo.test_opinfo import REJECTS, _call, _convert_sample, _densify, _reference
 
 VARIANTS = ["coo", "csr", "hybrid", "uncoalesced", "nan"]
 MAX_SAMPLES = 6

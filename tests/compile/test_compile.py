@@ -363,7 +363,7 @@ def _example(name):
     from pathlib import Path
     from sparsefill.benchmarks.cases_models import _example as load
 
-    folder = Path(__file__).resolve().parents[1] / "examples"
+    folder = Path(__file__).resolve().parents[2] / "examples"
     if not (folder / f"{name}.py").is_file():
         pytest.skip(f"no {folder / name}.py (not a source checkout)")
     return load(name, folder)

@@ -22,7 +22,7 @@ import torch
 
 import sparsefill
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 if not EXAMPLES.is_dir():
     pytest.skip(
         f"no examples/ folder at {EXAMPLES} (not a source checkout)", allow_module_level=True

@@ -258,7 +258,7 @@ def _example(name):
     import importlib.util
     import pathlib
 
-    path = pathlib.Path(__file__).resolve().parents[1] / "examples" / f"{name}.py"
+    path = pathlib.Path(__file__).resolve().parents[2] / "examples" / f"{name}.py"
     spec = importlib.util.spec_from_file_location(f"{name}_example", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -128,7 +128,9 @@ def test_coverage_generator_on_a_subset(tmp_path):
     import importlib.util
 
     path = os.path.join(
-        os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools", "coverage.py"
+        os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+        "tools",
+        "coverage.py",
     )
     spec = importlib.util.spec_from_file_location("sparsefill_tools_coverage", path)
     cov = importlib.util.module_from_spec(spec)

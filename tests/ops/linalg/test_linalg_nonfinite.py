@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 import sparsefill
-from test_backward_sparse import _routed
+from tests.ops.linalg.test_backward_sparse import _routed
 
 NAN, INF = float("nan"), float("inf")
 COO, CSR = torch.sparse_coo, torch.sparse_csr

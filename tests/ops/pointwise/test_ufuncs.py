@@ -19,7 +19,7 @@ from torch.utils._pytree import tree_flatten
 
 import sparsefill
 from sparsefill import SparseTensor
-from test_opinfo import REJECTS, _call, _convert_sample, _densify, _reference
+from tests.opinfo.test_opinfo import REJECTS, _call, _convert_sample, _densify, _reference
 
 VARIANTS = ["coo", "csr", "hybrid", "uncoalesced", "nan", "coo-all"]
 DTYPES = [torch.float64, torch.int64, torch.bool]

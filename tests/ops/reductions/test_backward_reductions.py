@@ -23,7 +23,7 @@ import torch
 
 import sparsefill
 from sparsefill import SparseTensor
-from test_backward_sparse import _Shapes as _Sizes, _routed as routed
+from tests.ops.linalg.test_backward_sparse import _Shapes as _Sizes, _routed as routed
 
 NAN, INF = float("nan"), float("inf")
 COO, CSR = torch.sparse_coo, torch.sparse_csr
