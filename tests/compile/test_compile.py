@@ -20,6 +20,8 @@ import torch
 import torch._dynamo
 
 import sparsefill
+from sparsefill import SparseTensor
+from tests.sparse_cases import assert_identical
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
@@ -463,3 +465,21 @@ def test_traced_agrees_with_is_compiling():
             torch.equal(f(x), x + 1) and torch.equal(f(x), x + 1) and torch.equal(f(x + 2), x + 3)
         )
     assert seen == [True] and traced() is False
+
+
+# ---------------------------------------------------------------------- torch.compile (aot_eager), a few cases
+def test_compiled_fast_paths_match_eager():
+    import torch._dynamo
+
+    A = sparsefill.sparse_coo_tensor([[0, 1, 1], [1, 0, 2]], [1.0, 2.0, 3.0], (2, 3))
+    e = torch.tensor([[1.0, -2.0, 3.0], [4.0, 5.0, -6.0]])
+    I = sparsefill.sparse_coo_tensor([[0, 2]], torch.tensor([1, 2]), (4,))
+
+    def f(A, e, I):
+        return (A * e).exp() * 2, I * 1, I * 1.0
+
+    torch._dynamo.reset()
+    got = torch.compile(f, backend="aot_eager")(A, e, I)
+    ref = f(A, e, I)
+    for a, b in zip(got, ref):
+        assert_identical(a.to_dense() if isinstance(a, SparseTensor) else a, b.to_dense())

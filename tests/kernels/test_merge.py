@@ -7,6 +7,15 @@ import torch
 
 import sparsefill
 from sparsefill import _merge
+from hypothesis import given, strategies as st
+from tests.sparse_cases import (
+    assert_identical,
+    scalars,
+    random_values,
+    dense_and_unspecified,
+    check_masked,
+    SETTINGS,
+)
 
 BIG = 1 << 62
 
@@ -484,3 +493,121 @@ def test_find_differ_declines_what_it_cannot_read_by_address():
     A = sparsefill.to_sparse(w, fill_value=2.0)
     (A * 3).sum().backward()
     torch.testing.assert_close(w.grad, torch.full_like(x, 3.0))
+
+
+# ---------------------------------------------------------------------- _merge.union_or_superset
+@st.composite
+def superset_pairs(draw):
+    """Two SparseTensors of shape (20, 20), one pattern holding every key of the other, 17x+ larger (or one key
+    outside, or an empty small one)."""
+    g = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
+    dtype = draw(st.sampled_from([torch.float32, torch.float64, torch.int64]))
+    nbig = draw(st.integers(70, 300))
+    keys = torch.randperm(400, generator=g)
+    big = keys[:nbig].sort().values
+    nsmall = draw(st.integers(0, nbig // 17))
+    small = big[torch.randperm(nbig, generator=g)[:nsmall]]
+    if nsmall and draw(st.booleans()):  # not a subset: the merge
+        small = torch.cat([small[1:], keys[nbig : nbig + 1]])
+    hybrid = draw(st.booleans())
+    out = []
+    for k in (big, small):
+        k = k[torch.randperm(k.numel(), generator=g)]
+        vals = random_values(g, (k.numel(),) + ((2,) if hybrid else ()), dtype, draw(st.booleans()))
+        kind = draw(st.sampled_from(["zero", "value", "indefinite"]))
+        fill = (
+            sparsefill.indefinite
+            if kind == "indefinite"
+            else torch.tensor(
+                draw(st.sampled_from(scalars(dtype))) if kind == "value" else 0, dtype=dtype
+            )
+        )
+        T = sparsefill.sparse_coo_tensor(
+            torch.stack([k // 20, k % 20]),
+            vals,
+            (20, 20) + ((2,) if hybrid else ()),
+            fill_value=fill,
+        ).coalesce()
+        out.append(T.to_sparse_csr() if draw(st.booleans()) else T)
+    if draw(st.booleans()):
+        out.reverse()
+    return out
+
+
+@SETTINGS
+@given(superset_pairs(), st.sampled_from(["add", "mul", "maximum", "sub"]))
+def test_superset_union_matches_dense(pair, name):
+    A, B = pair
+    f = {"add": torch.add, "mul": torch.mul, "maximum": torch.maximum, "sub": torch.sub}[name]
+    (a, ua), (b, ub) = dense_and_unspecified(A), dense_and_unspecified(B)
+    signed = (
+        name != "maximum"
+    )  # (torch's own maximum(-0.0, 0.0) differs between its vectorized and scalar loops)
+    if ua is None and ub is None:
+        assert_identical(f(A, B), f(a, b), signed)
+        assert_identical(f(A.to_sparse_coo(), B.to_sparse_coo()), f(a, b), signed)
+    else:
+        unspecified = (torch.zeros_like(a, dtype=torch.bool) if ua is None else ua) | (
+            torch.zeros_like(b, dtype=torch.bool) if ub is None else ub
+        )
+        check_masked(f(A, B), f(a, b), unspecified, signed)
+
+
+def test_superset_union_gradients():
+    """A gradient's pattern beside the forward's (the case union_or_superset is for): values and fill gradients
+    of ``A + B`` and ``A * B`` (B's pattern a 1/20 subset of A's) vs the dense computation at the pattern."""
+    g = torch.Generator().manual_seed(3)
+    keys = torch.randperm(400, generator=g)[:200].sort().values
+    sub = keys[::20]
+    for op in (torch.add, torch.mul):
+        leaves, dense = [], []
+        for k in (keys, sub):
+            v = torch.randn(k.numel(), generator=g, dtype=torch.float64, requires_grad=True)
+            f = torch.tensor(0.7, dtype=torch.float64, requires_grad=True)
+            idx = torch.stack([k // 20, k % 20])
+            leaves.append((sparsefill.sparse_coo_tensor(idx, v, (20, 20), fill_value=f), v, f))
+            m = torch.zeros(20, 20, dtype=torch.bool)
+            m[tuple(idx)] = True
+            dense.append(
+                torch.where(m, torch.zeros(20, 20, dtype=torch.float64).index_put(tuple(idx), v), f)
+            )
+        w = torch.randn(20, 20, generator=g, dtype=torch.float64)
+        inputs = [t for _, v, f in leaves for t in (v, f)]
+        got = torch.autograd.grad((op(leaves[0][0], leaves[1][0]).to_dense() * w).sum(), inputs)
+        ref = torch.autograd.grad((op(dense[0], dense[1]) * w).sum(), inputs)
+        for a, b in zip(got, ref):
+            torch.testing.assert_close(a, b)
+
+
+def test_union_caches_see_index_writes():
+    """``union2``'s cache (small patterns) and the superset shortcut's (large ones) after an index tensor is
+    written in place (still sorted): the new pattern's union, as dense."""
+    keys = torch.arange(0, 400, 2)
+    for big, small in ((keys[:3], keys[3:5]), (keys, keys[:5])):
+        A = sparsefill.sparse_coo_tensor(
+            torch.stack([big // 20, big % 20]), torch.ones(big.numel()), (20, 20), fill_value=0.5
+        )
+        B = sparsefill.sparse_coo_tensor(
+            torch.stack([small // 20, small % 20]),
+            torch.full((small.numel(),), 3.0),
+            (20, 20),
+            fill_value=1.0,
+        )
+        for _ in range(2):
+            assert_identical(A + B, A.to_dense() + B.to_dense())
+            assert_identical(A * B, A.to_dense() * B.to_dense())
+            B.indices()[1, -1] = 19  # (the last key moves to the end of its row: still sorted)
+
+
+def test_in_place_under_no_grad_is_seen_by_the_backward():
+    """An optimizer-style ``A.mul_(2)`` under no_grad (``inplace_fast``) bumps the version: a backward that saved
+    ``A`` raises as dense."""
+    A = sparsefill.sparse_coo_tensor(
+        [[0, 1, 2], [1, 0, 2]], [1.0, 2.0, 3.0], (3, 4), fill_value=0.5
+    )
+    for L in (A.detach().requires_grad_(), A.to_dense().requires_grad_()):
+        y = (L * L.exp()).sum()
+        with torch.no_grad():
+            L.mul_(2.0)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            y.backward()

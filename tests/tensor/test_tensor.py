@@ -14,6 +14,9 @@ import torch
 
 import sparsefill
 from sparsefill import SparseTensor
+import math
+from hypothesis import given, strategies as st
+from tests.sparse_cases import outcome, scalars, random_values, SETTINGS
 
 COO, CSR = torch.sparse_coo, torch.sparse_csr
 
@@ -594,3 +597,60 @@ def test_in_place_writes_through_views_are_not_lost(layout, op, quiet):
         return
     assert isinstance(A, SparseTensor)
     assert_same(A.to_dense(), expected)
+
+
+# ---------------------------------------------------------------------- ops/core._item
+@SETTINGS
+@given(
+    st.sampled_from([(), (1,), (1, 1), (1, 1, 1)]),
+    st.booleans(),
+    st.sampled_from([torch.float32, torch.float64, torch.int64, torch.bool, torch.complex64]),
+    st.integers(0, 3),
+    st.sampled_from(["zero", "value", "indefinite"]),
+    st.booleans(),
+    st.integers(0, 100),
+)
+def test_item_of_one_element(shape, hybrid, dtype, nse, kind, csr, seed):
+    g = torch.Generator().manual_seed(seed)
+    sdim = len(shape) - (1 if hybrid and shape else 0)
+    vals = random_values(g, (nse,) + shape[sdim:], dtype, True)
+    idx = torch.zeros((sdim, nse), dtype=torch.int64)
+    fill = (
+        sparsefill.indefinite
+        if kind == "indefinite"
+        else torch.tensor(
+            scalars(dtype)[min(2, len(scalars(dtype)) - 1)] if kind == "value" else 0, dtype=dtype
+        )
+    )
+    A = sparsefill.sparse_coo_tensor(idx, vals, shape, fill_value=fill)
+    if csr and sdim == 2 and nse <= 1:
+        A = A.to_sparse_csr()
+    if kind == "indefinite" and nse == 0:
+        with pytest.raises(ValueError, match="indefinite"):
+            A.item()
+        return
+    x = (
+        A.to_dense(fill_value=torch.zeros((), dtype=dtype))
+        if kind == "indefinite"
+        else A.to_dense()
+    )
+    a, b = A.item(), x.item()
+    assert type(a) is type(b) and (a == b or a != a and b != b), (a, b)
+    if not dtype.is_complex:
+        assert type(float(A)) is float and (float(A) == float(x) or math.isnan(float(x)))
+        assert bool(A) == bool(x)
+        if not (dtype.is_floating_point and not math.isfinite(b)):
+            assert int(A) == int(x)
+    if A.dim() == 0:
+        assert f"{A}" == f"{x}"
+        if dtype.is_floating_point:
+            assert f"{A:.2f}" == f"{x:.2f}"
+    if A.dim():
+        assert A[(0,) * A.dim()].item() == b or b != b
+
+
+def test_item_of_many_elements_raises_as_dense():
+    A = sparsefill.sparse_coo_tensor([[0]], [1.0], (2,))
+    for f in (lambda t: t.item(), bool, float):
+        (ks, es), (kd, ed) = outcome(lambda: f(A)), outcome(lambda: f(A.to_dense()))
+        assert ks == kd == "raise" and es is ed

@@ -11,6 +11,9 @@ import torch
 
 import sparsefill
 from sparsefill import _convert, _index
+import math
+from hypothesis import given, strategies as st
+from tests.sparse_cases import assert_identical, random_values, stored_as, SETTINGS
 
 
 def reference(indices, values, shape, fill):
@@ -379,3 +382,82 @@ def test_blocked_pass_declines_what_it_cannot_read_by_address():
     for vals in (wide[::2], z.conj().imag, z.conj()):
         A = sparsefill.sparse_coo_tensor(keys[None], vals, (n,), fill_value=-1.0)
         check(A, reference(keys[None], vals.resolve_neg().resolve_conj(), (n,), -1.0))
+
+
+# ---------------------------------------------------------------------- to_dense's by-address kernels
+@SETTINGS
+@given(
+    st.sampled_from(
+        [
+            torch.float32,
+            torch.float64,
+            torch.int8,
+            torch.uint8,
+            torch.int32,
+            torch.int64,
+            torch.bool,
+            torch.complex64,
+            torch.complex128,
+            torch.float16,
+        ]
+    ),
+    st.sampled_from([(9000,), (96, 96), (8, 40, 40)]),
+    st.sampled_from([0.01, 0.2, 0.6]),
+    st.sampled_from(["plain", "noncontig", "offset", "neg", "conj"]),
+    st.sampled_from(["noncontig_idx", "plain"]),
+    st.integers(0, 2**16),
+    st.booleans(),
+)
+def test_to_dense_kernels(dtype, shape, density, how, idx_how, seed, special):
+    """``fill_put_sorted`` (a quarter stored or less) and ``put_flat`` (4096+ stored, more than a quarter) read
+    tensors by address: every dtype, values stored non-contiguous, at an offset, with negative or conjugate
+    bits, non-contiguous indices; NaN/inf/-0.0 fills; against ``full(fill); [idx] = vals`` built here."""
+    g = torch.Generator().manual_seed(seed)
+    n = math.prod(shape)
+    keys = torch.randperm(n, generator=g)[: int(n * density)].sort().values
+    idx = torch.stack(torch.unravel_index(keys, shape)) if len(shape) > 1 else keys[None]
+    if idx_how == "noncontig_idx":
+        idx = torch.stack([idx, idx], -1)[..., 0]
+    vals = stored_as(random_values(g, (keys.numel(),), dtype, special), how)
+    fill = random_values(g, (), dtype, special)
+    A = sparsefill.sparse_coo_tensor(idx, vals, shape, fill_value=fill)
+    expected = torch.full(shape, fill.item(), dtype=dtype)
+    # (torch's own reading of the values: its vectorized complex neg gives 0.0 for -(0.0), its scalar loop -0.0)
+    expected[tuple(idx)] = vals.resolve_conj().resolve_neg()
+    assert_identical(A.to_dense(), expected)
+    I = sparsefill.sparse_coo_tensor(idx, vals, shape, fill_value=sparsefill.indefinite)
+    assert_identical(I.to_dense(fill_value=fill), expected)
+
+
+def test_kernels_decline_what_they_cannot_read():
+    """The by-address helpers either compute ``fill_(f).put_(keys, vals)`` exactly or decline (``out`` untouched)."""
+    from sparsefill import _merge
+
+    n = 9000
+    keys = torch.arange(0, n, 3)
+    vals = torch.randn(keys.numel())
+    ref = torch.full((n,), -1.0).put_(keys, vals)
+    for out, f, k, v in [
+        (torch.empty(n), torch.tensor(-1.0), keys, vals),
+        (torch.empty(2 * n)[::2], torch.tensor(-1.0), keys, vals),  # strided out
+        (torch.empty(n), torch.tensor(-1.0), keys.int(), vals),  # int32 keys
+        (torch.empty(n), torch.tensor(-1.0), keys[:-1], vals),  # another length
+        (torch.empty(n), torch.tensor(-1.0, dtype=torch.float64), keys, vals),  # fill's dtype
+        (torch.empty(n + 1)[1:], torch.tensor(-1.0), keys, vals),  # storage offset
+        (torch.empty(n), torch.tensor(1.0)._neg_view(), keys, vals),
+    ]:  # fill's neg bit
+        out.fill_(7.0)  # (a declined call leaves out untouched)
+        if _merge.fill_put_sorted(out, f, k, v):
+            assert_identical(out, ref)
+        else:
+            assert bool((out == 7.0).all())
+    big = torch.arange(0, n, 2)
+    bv = torch.randn(big.numel())
+    for v in (bv, torch.stack([bv, bv], -1)[:, 0], (-bv)._neg_view(), torch.cat([bv[:1], bv])[1:]):
+        out = torch.zeros(n)
+        assert_identical(_merge.put_flat(out, big, v), torch.zeros(n).put_(big, bv))
+    c = torch.randn(big.numel(), dtype=torch.complex64)
+    assert_identical(
+        _merge.put_flat(torch.zeros(n, dtype=torch.complex64), big, c.conj()),
+        torch.zeros(n, dtype=torch.complex64).put_(big, c.conj()),
+    )

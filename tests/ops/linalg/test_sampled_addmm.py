@@ -9,6 +9,8 @@ import pytest
 import torch
 
 import sparsefill
+from hypothesis import given, strategies as st
+from tests.sparse_cases import random_values, stored_as, SETTINGS
 
 
 def _pattern(shape, layout, fill, seed=0, dtype=torch.float64):
@@ -95,3 +97,94 @@ def test_sampled_addmm_errors_name_what_works():
         torch.sparse.sampled_addmm(B, torch.ones(3, 2, 4), torch.ones(3, 4, 2))
     with pytest.raises(RuntimeError, match="same dtype"):
         torch.sparse.sampled_addmm(B, torch.ones(2, 2, 4, dtype=torch.float64), torch.ones(2, 4, 2))
+
+
+# ---------------------------------------------------------------------- ops/sampled.py
+def test_sampled_addmm_dtype_mismatch_raises_as_torch():
+    """Finding: mat1/mat2 of another dtype than self: torch raises (native CSR); sparsefill cast silently."""
+    A = sparsefill.to_sparse(torch.tensor([[1.0, 0.0], [0.0, 2.0]]), layout=torch.sparse_csr)
+    m1, m2 = torch.ones(2, 3, dtype=torch.float64), torch.ones(3, 2, dtype=torch.float64)
+    with pytest.raises(RuntimeError, match="same dtype"):
+        torch.sparse.sampled_addmm(A.to_torch(), m1, m2)
+    with pytest.raises(RuntimeError, match="same dtype"):
+        torch.sparse.sampled_addmm(A, m1, m2)
+    with pytest.raises(RuntimeError, match="same dtype"):
+        torch.sparse.sampled_addmm(A, m1.float(), m2)
+
+
+@SETTINGS
+@given(
+    st.integers(0, 2**16),
+    st.sampled_from(["coo", "csr", "uncoalesced"]),
+    st.sampled_from([0.0, 2.0, "indefinite"]),
+    st.sampled_from([(1.0, 1.0), (0.0, 2.0), (0.5, -1.0)]),
+    st.sampled_from(["plain", "noncontig", "neg"]),
+    st.booleans(),
+)
+def test_sampled_addmm_and_sparse_mask_vs_dense(seed, form, fill, beta_alpha, how, special):
+    """Values at A's pattern ``beta * A + alpha * (m1 @ m2)`` (fill ``beta * fill``), ``x.sparse_mask(A)``: x at
+    the pattern, fill 0; gradients of m1, m2, x vs the dense masked computation; native CSR where fill is 0."""
+    g = torch.Generator().manual_seed(seed)
+    beta, alpha = beta_alpha
+    keys = torch.randperm(20, generator=g)[:7]
+    if form == "uncoalesced":
+        keys = torch.cat([keys, keys[:2]])
+    idx = torch.stack([keys // 5, keys % 5])
+    vals = random_values(g, (keys.numel(),), torch.float64, special)
+    A = sparsefill.sparse_coo_tensor(
+        idx, vals, (4, 5), fill_value=sparsefill.indefinite if fill == "indefinite" else fill
+    )
+    A = A.to_sparse_csr() if form == "csr" else A
+    m = torch.zeros(4, 5, dtype=torch.bool)
+    m[tuple(idx)] = True
+    a0 = torch.zeros(4, 5, dtype=torch.float64).index_put(tuple(idx), vals, accumulate=True)
+    m1 = stored_as(torch.randn(4, 3, generator=g, dtype=torch.float64), how).requires_grad_()
+    m2 = stored_as(torch.randn(3, 5, generator=g, dtype=torch.float64), how).requires_grad_()
+    out = torch.sparse.sampled_addmm(A, m1, m2, beta=beta, alpha=alpha)
+    expected = torch.where(
+        m, beta * a0 + alpha * (m1 @ m2), 0.0 if fill == "indefinite" else beta * fill
+    )
+    got = out.to_dense(fill_value=0.0) if fill == "indefinite" else out.to_dense()
+    torch.testing.assert_close(got, expected, equal_nan=True)
+    if fill == "indefinite":
+        assert out.is_fill_indefinite()
+    elif fill == 0.0 and form != "uncoalesced":
+        nat = torch.sparse.sampled_addmm(
+            A.to_torch().to_sparse_csr(), m1, m2, beta=beta, alpha=alpha
+        )
+        torch.testing.assert_close(got, nat.to_dense(), equal_nan=True)
+    w = torch.randn(4, 5, generator=g, dtype=torch.float64)
+    gg = torch.autograd.grad((got * w).sum(), (m1, m2))
+    rr = torch.autograd.grad((expected * w).sum(), (m1, m2))
+    for a, b in zip(gg, rr):
+        torch.testing.assert_close(a, b)
+    x = stored_as(torch.randn(4, 5, generator=g, dtype=torch.float64), how)
+    s = x.sparse_mask(A)
+    assert not s.is_fill_indefinite()
+    torch.testing.assert_close(s.to_dense(), torch.where(m, x, 0.0))
+
+
+@pytest.mark.parametrize("form", ["coo", "csr", "uncoalesced"])
+@pytest.mark.parametrize(
+    "fill", [0.0, 2.0, sparsefill.indefinite], ids=["zero", "two", "indefinite"]
+)
+def test_sparse_mask_gradient_of_x(form, fill):
+    """``x.sparse_mask(A)`` with ``x`` requiring grad: the gradient of x is G at A's pattern, 0 elsewhere, a dense
+    tensor as x (it raised in torch's formula: ``sparse_mask_backward`` calls ``mask.is_coalesced()``)."""
+    idx = (
+        torch.tensor([[0, 1, 2, 0], [1, 0, 2, 1]])
+        if form == "uncoalesced"
+        else torch.tensor([[0, 1, 2], [1, 0, 2]])
+    )
+    A = sparsefill.sparse_coo_tensor(idx, torch.ones(idx.shape[1]), (3, 3), fill_value=fill)
+    A = A.to_sparse_csr() if form == "csr" else A
+    m = torch.zeros(3, 3, dtype=torch.bool).index_put(tuple(idx), torch.tensor(True))
+    x = torch.randn(3, 3, requires_grad=True)
+    w = torch.randn(3, 3)
+    s = x.sparse_mask(A)
+    torch.testing.assert_close(s.to_dense(), torch.where(m, x, 0.0))
+    (gx,) = torch.autograd.grad((s.to_dense() * w).sum(), x)
+    assert type(gx) is torch.Tensor
+    torch.testing.assert_close(gx, torch.where(m, w, 0.0))
+    (gx,) = torch.autograd.grad(s.sum(), x)
+    torch.testing.assert_close(gx, m.float())

@@ -15,6 +15,14 @@ from torch.testing import assert_close
 
 import sparsefill
 from sparsefill import SparseTensor
+from hypothesis import given, strategies as st
+from tests.sparse_cases import (
+    assert_identical,
+    sparse_cases,
+    dense_and_unspecified,
+    differ,
+    SETTINGS,
+)
 
 FORMS = ["coo", "csr", "hybrid", "uncoalesced"]
 
@@ -100,3 +108,62 @@ def test_gat_attention_dropout():
     )
     att = F.dropout(sparsefill.masked.softmax(M, 1), 0.5)
     assert att._indefinite and att._nse() == 3
+
+
+# ---------------------------------------------------------------------- ops/dropout.py
+@SETTINGS
+@given(
+    sparse_cases(dtypes=[torch.float32, torch.float64], fills=("zero", "indefinite", "array")),
+    st.sampled_from([0.0, 0.3, 1.0]),
+    st.booleans(),
+    st.sampled_from(["grad", "no_grad", "inference"]),
+    st.integers(0, 2**16),
+)
+def test_dropout_matches_dense(A, p, inplace, mode, seed):
+    """p = 0 and p = 1 are deterministic: equal to dense (NaN * 0 is NaN); otherwise every element is dropped
+    whole (0) or scaled by 1 / (1 - p); masked elements stay masked; in place writes the input."""
+    x, unspecified = dense_and_unspecified(A)
+    zero_fill = (
+        unspecified is None
+        and bool((A.fill_value() == 0).all())
+        and not A.fill_value().signbit().any()
+    )
+    ctx = {"grad": torch.enable_grad, "no_grad": torch.no_grad, "inference": torch.inference_mode}[
+        mode
+    ]
+    torch.manual_seed(seed)
+    with ctx():
+        T = A.clone()
+        out = F.dropout(T, p, training=True, inplace=inplace)
+        ref = F.dropout(x.clone(), p, training=True) if p in (0.0, 1.0) else None
+    if inplace:
+        assert out is T
+    if unspecified is not None:
+        assert out.is_fill_indefinite()
+        r0 = out.to_dense(fill_value=0.0)
+        assert torch.equal(differ(r0, out.to_dense(fill_value=1.0)), unspecified)
+        got, x = r0[~unspecified], x[~unspecified]
+        ref = None if ref is None else ref[~unspecified]
+    else:
+        got = out.to_dense()
+        if not zero_fill:  # a nonzero fill (or -0.0): torch's composite, dense by nature
+            if ref is not None:
+                assert_identical(got, ref)
+            return
+    if ref is not None:
+        assert_identical(got, ref)
+    else:  # each element kept (x / (1 - p)) or dropped (x * 0: NaN for inf and NaN, as dense's x * mask)
+        ok = torch.isclose(got, x / (1 - p), equal_nan=True) | torch.isclose(
+            got, x * 0, equal_nan=True
+        )
+        assert bool(ok.all()), (got, x)
+
+
+def test_dropout_negative_zero_fill():
+    """Finding: a -0.0 fill (a zero fill, as the library compares) times the keep mask's fill -0.0 gave 0.0; dense
+    keeps -0.0 * 0 = -0.0 (p = 1: deterministic)."""
+    for fill in (torch.tensor(-0.0), torch.tensor([-0.0, 0.0])):
+        A = sparsefill.sparse_coo_tensor(
+            [[0]], torch.ones(1, *fill.shape), (3,) + tuple(fill.shape), fill_value=fill
+        )
+        assert_identical(F.dropout(A, 1.0), F.dropout(A.to_dense(), 1.0))

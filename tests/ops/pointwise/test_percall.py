@@ -8,6 +8,18 @@ import torch
 import sparsefill
 from sparsefill import SparseTensor
 from sparsefill.ops import pointwise
+from hypothesis import given, strategies as st
+from tests.sparse_cases import (
+    assert_identical,
+    outcome,
+    check_same_outcome,
+    sparse_cases,
+    dense_and_unspecified,
+    check_masked,
+    SETTINGS,
+    NAN,
+    INF,
+)
 
 aten = torch.ops.aten
 
@@ -505,3 +517,243 @@ def test_in_place_shape_change_refused_and_nothing_modified():
                 f()
         assert A.shape == (2, 3) and A._vals is vals and V.shape == (3,)
         torch.testing.assert_close(A.to_dense(), dense)
+
+
+# ---------------------------------------------------------------------- pointwise.unary_fast and its caches
+OPS_SCALAR = {
+    "add": lambda x, c: x + c,
+    "sub": lambda x, c: x - c,
+    "mul": lambda x, c: x * c,
+    "div": lambda x, c: x / c,
+    "floordiv": lambda x, c: x // c,
+    "rsub": lambda x, c: c - x,
+    "pow": lambda x, c: x**c,
+    "lt": lambda x, c: x < c,
+    "eq": lambda x, c: x == c,
+    "rem": lambda x, c: torch.remainder(x, c),
+    "and": lambda x, c: x & c,
+}
+
+
+C_VALUES = [0, 1, -2, 3, 2**60, 1.0, 3.0, -0.0, 0.0, 2.5, 0.1, NAN, INF, True, False, 1 + 1j]
+
+
+INPLACE = {
+    "add": "add_",
+    "sub": "sub_",
+    "mul": "mul_",
+    "div": "div_",
+    "floordiv": "floor_divide_",
+    "pow": "pow_",
+    "rem": "remainder_",
+    "and": "bitwise_and_",
+}
+
+
+def test_int_then_float_scalar_promotes_as_dense():
+    """Finding: ``_BY_VALUE`` was keyed by ``(op, c, dtype)``, and ``1 == 1.0`` hash alike: after ``A * 1`` on an
+    integer ``A``, ``A * 1.0`` reused the int operand (int64 result; dense: float32), and ``A.mul_(1.0)`` wrote
+    silently where dense raises."""
+    for dtype in (torch.int64, torch.int32, torch.bool):
+        A = sparsefill.sparse_coo_tensor([[0, 2]], torch.tensor([1, 2]).to(dtype), (4,))
+        x = A.to_dense()
+        for c in (1, 1.0, 3, 3.0, 1, 2.0):
+            assert_identical(A * c, x * c)
+            assert_identical(A + c, x + c)
+            check_same_outcome(lambda: A.clone().mul_(c), lambda: x.clone().mul_(c))
+
+
+@SETTINGS
+@given(
+    sparse_cases(fills=("zero", "value", "array", "indefinite")),
+    st.lists(
+        st.tuples(st.sampled_from(sorted(OPS_SCALAR)), st.sampled_from(C_VALUES)),
+        min_size=1,
+        max_size=4,
+    ),
+)
+def test_scalar_ops_match_dense(A, calls):
+    """``A op c`` for a sequence of calls on one ``A`` (the caches warm in between), out of place and in place."""
+    x, unspecified = dense_and_unspecified(A)
+    for name, c in calls:
+        f = OPS_SCALAR[name]
+        if unspecified is None:
+            check_same_outcome(lambda: f(A, c), lambda: f(x, c))
+            if name in INPLACE:
+                check_same_outcome(
+                    lambda: getattr(A.clone(), INPLACE[name])(c),
+                    lambda: getattr(x.clone(), INPLACE[name])(c),
+                )
+        else:
+            kind, R = outcome(lambda: f(A, c))
+            kd, expected = outcome(lambda: f(x, c))
+            # (dense raises for an element that is masked out, e.g. 0 // 0 at a zero put there: nothing stored)
+            assert kind == kd or kind == "ok" and bool(unspecified.all()), (
+                kind,
+                kd,
+                R if kind == "raise" else "",
+            )
+            if kind == kd == "ok":
+                check_masked(R, expected, unspecified)
+
+
+def test_zero_dim_sparse_promotes_as_a_zero_dim_tensor():
+    """Finding: a 0-d SparseTensor promoted as a dimensioned tensor (its values are): ``a0 + e0`` with a 0-d float64
+    dense ``e0`` was float32 (dense: float64), a 0-d float64 ``a0 + B`` with a float32 ``B`` float64 (dense:
+    float32)."""
+    a64 = sparsefill.sparse_coo_tensor(
+        torch.zeros(0, 1, dtype=torch.int64), torch.tensor([2.0], dtype=torch.float64), ()
+    )
+    a32 = sparsefill.sparse_coo_tensor(
+        torch.zeros(0, 0, dtype=torch.int64), torch.zeros(0), (), fill_value=3.0
+    )
+    B = sparsefill.sparse_coo_tensor([[0, 1], [1, 0]], [1.0, 2.0], (2, 2))
+    e64 = torch.tensor(1.0, dtype=torch.float64)
+    for f in (lambda a, b: a + b, lambda a, b: b * a, lambda a, b: torch.where(a > 0, b, a)):
+        for a, b in ((a64, B), (B, a64), (a32, e64), (e64, a32), (a32, a64)):
+            check_same_outcome(
+                lambda: f(a, b),
+                lambda: f(*(t.to_dense() if isinstance(t, SparseTensor) else t for t in (a, b))),
+            )
+
+
+def _no_element_cases(dtype):
+    """SparseTensors with no element (and one with elements: errors stay), as ``(name, A)``."""
+
+    def coo(idx, vals, shape, fill):
+        return sparsefill.sparse_coo_tensor(
+            torch.tensor(idx, dtype=torch.int64).reshape(len(idx), -1),
+            torch.tensor(vals).to(dtype).reshape(len(idx[0]), *shape[len(idx) :]),
+            shape,
+            fill_value=torch.tensor(fill).to(dtype),
+        )
+
+    return [
+        ("1-d", coo([[]], [], (0,), 0)),
+        ("2-d", coo([[], []], [], (0, 3), 5)),
+        ("csr", coo([[], []], [], (0, 3), 1).to_sparse_csr()),
+        ("csr, no column", coo([[], []], [], (3, 0), 0).to_sparse_csr()),
+        ("hybrid", coo([[]], [], (0, 2), 0)),
+        ("hybrid, array fill", coo([[]], [], (0, 2), [0, 1])),
+        ("hybrid, uncoalesced, no dense element", coo([[1, 1, 0]], [], (2, 0), 0)),
+        ("with elements", coo([[0, 2]], [1, 2], (4,), 0)),
+    ]
+
+
+def test_empty_integer_division_by_zero():
+    """Finding: a SparseTensor with no element (numel 0) raised where the fill's op raises (int ``// 0``, ``% 0``;
+    an int32 ``// 2**60`` overflow), though no element reads the fill; dense returns the empty result.  Out of place
+    (``unary_fast``, the general rule, a dense operand varying along the sparse dims: ``_constant_fill``), in place
+    and ``out=``; a SparseTensor with elements still raises as dense."""
+    ops = {
+        "floordiv": lambda a: a // 0,
+        "rem": lambda a: a % 0,
+        "fmod": lambda a: torch.fmod(a, 0),
+        "trunc": lambda a: torch.div(a, 0, rounding_mode="trunc"),
+        "overflow": lambda a: a // 2**60,
+        "rfloordiv": lambda a: 7 // a,
+        "self": lambda a: a // a,
+        "other": lambda a: a % (a + 1) // a.clone(),
+        "0-d tensor": lambda a: a // torch.tensor(0, dtype=a.dtype),
+        "dense over dense dims": lambda a: a // torch.zeros(a.shape[-1:], dtype=a.dtype),
+        "dense varying": lambda a: (
+            a // torch.zeros(a.shape[:1] + (1,) * (a.dim() - 1), dtype=a.dtype)
+        ),
+        "float divisor": lambda a: a // torch.zeros(a.shape, dtype=torch.float64) // 0,
+    }
+    inplace = {
+        "floor_divide_": lambda a: a.floor_divide_(0),
+        "remainder_": lambda a: a.remainder_(0),
+        "div_": lambda a: a.div_(0, rounding_mode="floor"),
+        "self": lambda a: a.floor_divide_(a),
+        "dense": lambda a: a.remainder_(torch.zeros(a.shape[-1:], dtype=a.dtype)),
+    }
+    for dtype in (torch.int64, torch.int32, torch.int8, torch.uint8):
+        for name, A in _no_element_cases(dtype):
+            x = A.to_dense()
+            for f in ops.values():
+                check_same_outcome(lambda: f(A), lambda: f(x))
+            for f in inplace.values():
+                B = A.clone()
+                kind, R = outcome(lambda: f(B))
+                assert kind == outcome(lambda: f(x.clone()))[0], (name, f, R)
+                if kind == "ok":
+                    assert R is B and type(B) is SparseTensor
+                    assert_identical(B, f(x.clone()))
+                else:
+                    assert_identical(B, x)  # (nothing modified)
+            O = A.clone()
+            kind, R = outcome(lambda: torch.floor_divide(A, 0, out=O))
+            assert kind == outcome(lambda: torch.floor_divide(x, 0, out=x.clone()))[0]
+            if kind == "ok":
+                assert R is O
+                assert_identical(O, x // 0)
+            # the same elsewhere: median of no element (a NaN in an integer dtype), softmax (torch checks no dtype)
+            for f in (
+                torch.median,
+                torch.nanmedian,
+                lambda a: torch.softmax(a, 0),
+                lambda a: torch.log_softmax(a, -1),
+            ):
+                check_same_outcome(lambda: f(A), lambda: f(x))
+            check_same_outcome(lambda: torch.sparse.softmax(A, 0), lambda: torch.softmax(x, 0))
+
+
+@SETTINGS
+@given(
+    sparse_cases(dtypes=[torch.float32, torch.float64], fills=("zero", "value")),
+    st.sampled_from(["exp", "neg", "abs", "sigmoid", "isnan", "sign", "reciprocal"]),
+)
+def test_unary_under_every_grad_mode(A, name):
+    x = A.to_dense()
+    f = getattr(torch, name)
+    assert_identical(f(A), f(x))
+    with torch.no_grad():
+        assert_identical(f(A), f(x))
+    with torch.inference_mode():
+        assert_identical(f(A), f(x))
+        B = A.clone()  # an inference tensor
+        assert_identical(f(B) * 2, f(x) * 2)
+
+
+# ---------------------------------------------------------------------- __torch_function__'s pass-through
+def test_pass_through_equals_route(monkeypatch):
+    """A call ``route`` would decline passes straight through: the same results, types and gradients as when
+    every call asks ``route`` (``routed`` replaced by a set holding everything)."""
+    from sparsefill import _tensor
+
+    def run():
+        torch.manual_seed(0)
+        A = sparsefill.sparse_coo_tensor(
+            [[0, 1, 1], [1, 0, 2]], [1.0, 2.0, 3.0], (3, 3), fill_value=0.5
+        )
+        L = A.detach().requires_grad_()
+        outs = [
+            torch.exp(L),
+            L + L,
+            L * 2,
+            L.sum(),
+            L.sum(0),
+            L @ L,
+            torch.sparse.sum(L),
+            L.t(),
+            L[0],
+            L.dim(),
+            L.to_dense(),
+        ]
+        sum(o.sum() if isinstance(o, torch.Tensor) else 0 for o in outs).backward()
+        with torch.no_grad():
+            outs += [torch.exp(A), A @ A]
+        return [(type(o), o.to_dense() if isinstance(o, SparseTensor) else o) for o in outs] + [
+            (type(L.grad), L.grad.to_dense())
+        ]
+
+    fast = run()
+    monkeypatch.setattr(_tensor._OPS, "routed", _tensor._Everything())
+    slow = run()
+    for (ta, a), (tb, b) in zip(fast, slow):
+        assert ta is tb
+        if isinstance(a, torch.Tensor):
+            assert_identical(a, b)
+        else:
+            assert a == b
