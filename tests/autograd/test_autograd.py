@@ -317,3 +317,28 @@ def test_fill_gradient_of_a_fully_stored_tensor_is_zero():
         A = sparsefill.sparse_coo_tensor(idx, v, shape, fill_value=f)
         torch.atan2(A, torch.tensor(2.0, dtype=torch.float64)).sum().backward()
         assert f.grad == 0 and not v.grad.isnan().any()
+
+
+def test_conj_and_complex_gradients():
+    x = torch.tensor([[1 + 2j, 0j], [0j, 3j]], dtype=torch.complex128)
+    A = sparsefill.to_sparse(x)
+    torch.testing.assert_close(A.conj().to_dense(), x.conj())
+    torch.testing.assert_close(A.mH.to_dense(), x.mH)
+    d = x.clone()
+    A.mH[0].fill_(5j)
+    d.mH[0].fill_(5j)
+    torch.testing.assert_close(A.to_dense(), d)
+    c = torch.randn(2, 2, dtype=torch.complex128, requires_grad=True)
+    c2 = c.detach().clone().requires_grad_()
+    (A * c).abs().sum().backward()
+    (A.to_dense() * c2).abs().sum().backward()
+    torch.testing.assert_close(c.grad, c2.grad)
+
+
+def test_to_torch_is_differentiable():
+    A = sparsefill.to_sparse(torch.tensor([1.0, 0.0, 2.0])).requires_grad_()
+    t = A.to_torch()
+    assert t.grad_fn is not None
+    (t.to_dense() ** 2).sum().backward()
+    g = A.grad.to_dense() if isinstance(A.grad, SparseTensor) else A.grad
+    torch.testing.assert_close(g, torch.tensor([2.0, 0.0, 4.0]))

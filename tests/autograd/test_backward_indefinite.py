@@ -22,7 +22,7 @@ constructor's ``values`` is the dense masked computation's gradient read at the 
   ``densify_policy("raise")`` where the gradient is sparse by nature; float32/float64;
 * ``sparsefill.masked.softmax``/``log_softmax`` backward against ``torch.masked``;
 * ``amax``/``amin`` on an indefinite fill, ``maximum``/``minimum``/``fmax``/``fmin`` with no DensifyWarning;
-* the issue's reproductions (``A.exp().sum()``, ``A.amax(1).sum()``, ``torch.softmax(A, 1)``...).
+* the losses of a masked model (``A.exp().sum()``, ``A.amax(1).sum()``, ``torch.softmax(A, 1)``...).
 """
 
 from __future__ import annotations
@@ -603,7 +603,7 @@ def test_masked_softmax_backward(fn, fill, dim, layout):
         torch.testing.assert_close(L.f.grad, torch.zeros((), dtype=F64))
 
 
-REPROS = {  # the issue's reproductions: name -> (loss of the SparseTensor, the same on the dense masked tensor)
+REPROS = {  # losses of a masked model: name -> (loss of the SparseTensor, the same on the dense masked tensor)
     "exp().sum()": (lambda A: A.exp().sum(), lambda x, m: torch.where(m, x.exp(), 0).sum()),
     "amax(1).sum()": (
         lambda A: A.amax(1).sum(),
@@ -630,8 +630,8 @@ def _W(t):
 
 @pytest.mark.parametrize("layout", [COO, CSR], ids=["coo", "csr"])
 @pytest.mark.parametrize("name", list(REPROS))
-def test_issue_reproductions(name, layout):
-    """Each raised in backward on an indefinite fill; now each runs natively (no DensifyWarning) and equals
+def test_masked_model_losses(name, layout):
+    """Each once raised in backward on an indefinite fill; now each runs natively (no DensifyWarning) and equals
     the dense masked computation (``-inf`` off the pattern, results read where defined)."""
     L = Leaf((6, 7), I, layout=layout, seed=11)
     L.mask[2] = False  # an empty row: masked out entirely

@@ -1,5 +1,5 @@
 """Backwards as sparse as their forwards where torch's derivative formula reaches ops that the sparse rules
-take natively (issue 13; the ops ``tests/test_opinfo_backward.py`` found densifying in backward only)::
+take natively (the ops ``tests/opinfo/test_opinfo_backward.py`` found densifying in backward only)::
 
     grad(values, fill) of loss(op(A, ...)) == grad(values, fill) of loss(op(A.to_dense(), ...))
 

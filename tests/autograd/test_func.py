@@ -15,6 +15,7 @@ from torch.func import functional_call, grad, jacfwd, jacrev, jvp, vjp, vmap
 
 import sparsefill
 from sparsefill import SparseTensor
+from torch.testing import assert_close
 
 COO, CSR = torch.sparse_coo, torch.sparse_csr
 IDX = torch.tensor([[0, 1, 3, 2, 1], [1, 2, 0, 2, 2]])  # (1, 2) twice: uncoalesced
@@ -122,7 +123,7 @@ def test_indefinite_fill_refused_in_differentiation(layout):
 
 
 def test_grad_through_constructor_nonzero_fill():
-    """The integration review's case: the fill's part of ``A @ 1`` does not reach ``values``."""
+    """The fill's part of ``A @ 1`` does not reach ``values``."""
     idx = [[0, 1, 3, 2], [1, 2, 0, 2]]
     g = grad(
         lambda v: (
@@ -555,3 +556,15 @@ def test_transforms_found():
     codes = _func_guard.transform_codes(eager_transforms)
     assert {c.co_name for c in codes} == set(_func_guard.TRANSFORMS)
     assert all(c.co_filename == eager_transforms.__file__ for c in codes)
+
+
+def test_func_grad_through_constructor():
+    from torch.func import grad
+
+    idx = [[0, 1, 3, 2], [1, 2, 0, 2]]
+    g = grad(
+        lambda v: (
+            sparsefill.sparse_coo_tensor(idx, v, (4, 3), fill_value=0.1) @ torch.ones(3)
+        ).sum()
+    )(torch.ones(4))
+    assert_close(g, torch.ones(4))

@@ -1,4 +1,4 @@
-"""Training edge cases of the sparse backwards (issue 13): never silently wrong, never a crash.
+"""Training edge cases of the sparse backwards: never silently wrong, never a crash.
 
 Each test builds ``A`` from leaves ``(values, fill)`` and checks, against the same computation on
 ``A.to_dense()`` (an indefinite fill: ``torch.masked`` or the masked-out elements at +-inf / 0), the forward

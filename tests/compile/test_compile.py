@@ -1,4 +1,4 @@
-"""torch.compile (issue 14): compiled functions of SparseTensors give the eager result, forward and gradients of
+"""torch.compile: compiled functions of SparseTensors give the eager result, forward and gradients of
 values and fill, with ``fullgraph=True`` and no recompile when the pattern (and its nse) changes::
 
     compiled(A)            == f(A)                      (densified, equal_nan)
@@ -22,6 +22,11 @@ import torch._dynamo
 import sparsefill
 from sparsefill import SparseTensor
 from tests.sparse_cases import assert_identical
+from torch.testing import assert_close
+from sparsefill import masked
+from sparsefill.nn import SparseParameter
+from tests.models.test_graph_attention import _adj, _E, _N
+from tests.models.test_training_loops import _W, _LAYOUTS
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
@@ -483,3 +488,119 @@ def test_compiled_fast_paths_match_eager():
     ref = f(A, e, I)
     for a, b in zip(got, ref):
         assert_identical(a.to_dense() if isinstance(a, SparseTensor) else a, b.to_dense())
+
+
+def test_indefinite_constructor_and_sparse_parameter_compile_fullgraph():
+    """A learned per-edge attention bias as ``SparseParameter`` of the masked adjacency, inside a compiled function:
+    the fill_value=[] spelling of a constructor compiles, the sentinel should too.  (The sentinel
+    enters dynamo's graph as a constant, ``_compile._as_constant``.)"""
+    torch._dynamo.reset()
+    bias = SparseParameter(_adj(values=torch.randn(_E)))
+    e = torch.randn(_N)
+
+    def f(e):
+        return masked.softmax(bias() * e[:, None], 1) @ e
+
+    assert_close(torch.compile(f, backend="eager", fullgraph=True)(e), f(e))
+
+
+# ---------------------------------------------------------------------------------------------- in-place ops in a compiled function
+_INPLACE = {
+    "mul_": lambda W: W.mul_(2.0),
+    "add_scalar": lambda W: W.add_(1.5),
+    "add_same_pattern": lambda W: W.add_(W * 0.5),
+    "addcmul_": lambda W: W.addcmul_(W, W, value=0.25),
+}
+
+
+@_LAYOUTS
+def test_compiled_inplace_on_input_writes_through(layout):
+    """An in-place op on a SparseTensor input of a compiled function reaches the caller's tensor (it was silently
+    dropped: AOTAutograd saw no write into the input's inner tensors; ``ops/_writes._traced_write_``).  One
+    compiled function applies each op of ``_INPLACE`` to its own input (one graph per layout: each write is
+    checked on its input, in the first call and in the cached graph's)."""
+    torch._dynamo.reset()
+    ops = list(_INPLACE.values())
+    refs = [op(_W().to_dense()) for op in ops]
+
+    def f(*Ws):
+        with torch.no_grad():
+            for op, W in zip(ops, Ws):
+                op(W)
+
+    for _ in range(2):  # the second call runs the cached graph
+        Ws = [_W(layout).coalesce() if layout is torch.sparse_coo else _W(layout) for _ in ops]
+        torch.compile(f, backend="aot_eager", fullgraph=True)(*Ws)
+        for name, W, ref in zip(_INPLACE, Ws, refs):
+            assert isinstance(W, sparsefill.SparseTensor) and W.sparse_layout is layout, name
+            assert_close(W.to_dense(), ref, msg=lambda m: f"{name}: {m}")
+
+
+def test_compiled_inplace_new_pattern_graph_break_or_error():
+    """A result with another pattern cannot be written into an input's inner tensors: a graph break (the op runs
+    eagerly, exactly: an uncoalesced input's result is coalesced, a union adds elements); with fullgraph an
+    error naming sparsefill."""
+    torch._dynamo.reset()
+    B = sparsefill.sparse_coo_tensor(
+        [[0, 0, 1], [0, 1, 1]], [5.0, 6.0, 7.0], (4, 3), fill_value=0.2
+    )
+    W, U = (
+        _W(),
+        sparsefill.sparse_coo_tensor(
+            [[0, 1, 0], [1, 2, 1]], [1.0, 2.0, 3.0], (4, 3), fill_value=0.1
+        ),
+    )
+    refW, refU = W.to_dense() + B.to_dense(), U.to_dense() * 2
+
+    def f(W, B, U):
+        W.add_(B)
+        U.mul_(2.0)
+
+    torch.compile(f, backend="aot_eager")(W, B, U)
+    assert_close(W.to_dense(), refW)
+    assert_close(U.to_dense(), refU)
+    torch._dynamo.reset()
+
+    def g(W, B):
+        W.add_(B)
+
+    with pytest.raises(torch._dynamo.exc.Unsupported, match="sparsefill"):
+        torch.compile(g, backend="aot_eager", fullgraph=True)(_W().coalesce(), B)
+
+
+def test_compiled_intermediate_inplace_and_aliases():
+    """In-place ops on a SparseTensor made inside the compiled function keep tracing; an intermediate sharing
+    the input's index tensor is not disturbed by a write into the input."""
+    torch._dynamo.reset()
+    D = _W().to_dense()
+
+    def f(W):
+        C = W * 2
+        C.add_(1.0)
+        with torch.no_grad():
+            W.mul_(3.0)
+        return C
+
+    W = _W().coalesce()
+    C = torch.compile(f, backend="aot_eager", fullgraph=True)(W)
+    assert_close(C.to_dense(), D * 2 + 1)
+    assert_close(W.to_dense(), D * 3)
+    B = sparsefill.sparse_coo_tensor(
+        [[0, 0, 1, 1], [0, 1, 0, 1]], [4.0, 5.0, 6.0, 7.0], (4, 3), fill_value=0.3
+    )
+
+    def g(
+        W, B, G
+    ):  # another pattern of the same nse written into an intermediate and into an input
+        C = W * 2
+        C.copy_(B)
+        G.copy_(B)
+        return C, W * 1
+
+    W = _W().coalesce()
+    G = W * 5  # shares W's index tensor
+    C, W1 = torch.compile(g, backend="aot_eager")(W, B, G)
+    assert_close(C.to_dense(), B.to_dense())
+    assert_close(G.to_dense(), B.to_dense())
+    assert_close(W1.to_dense(), D)
+    assert_close(W.to_dense(), D)

@@ -1,4 +1,4 @@
-"""torch.compile of ``sparsefill.masked`` normalizations of an INDEFINITE fill (issue 14): softmax, log_softmax and
+"""torch.compile of ``sparsefill.masked`` normalizations of an INDEFINITE fill: softmax, log_softmax and
 softmin with a mask, cumsum and cumprod, normalize, along a sparse and a dense dim, compile with ``fullgraph=True``
 (backends ``eager``, ``aot_eager``, inductor) and give the eager result, forward and the gradient of the values::
 
@@ -16,6 +16,9 @@ import torch
 import torch._dynamo
 
 import sparsefill
+from torch.testing import assert_close
+from sparsefill import masked
+from tests.models.test_graph_attention import _N
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
@@ -75,7 +78,7 @@ CASES = {
     # (reductions along dim 0: slices grouped by column, compiled by a count over the columns, no sort)
     "sum0_by_column": lambda A, B: M.sum(A * 2, 0),
     "amax0_by_column": lambda A, B: M.amax(A, 0, keepdim=True),
-    # (the edge softmax of an n-ary result: its nse is an unbacked size, never tested: the user review's F6)
+    # (the edge softmax of an n-ary result: its nse is an unbacked size, never tested)
     "softmax_of_sum": lambda A, B: M.softmax(A * 2 + B, 1),
     "torch_softmax_of_sum": lambda A, B: torch.softmax(A + B, 0),
     "torch_log_softmax_of_product": lambda A, B: torch.log_softmax(A * B, 1),
@@ -205,7 +208,7 @@ def test_edge_softmax_of_an_empty_sum(layout):
 @pytest.mark.parametrize("layout", [torch.sparse_coo, torch.sparse_csr], ids=["coo", "csr"])
 def test_indefinite_constructor_in_graph(layout):
     """A constructor with ``fill_value=sparsefill.indefinite`` inside a compiled function
-    traces with ``fullgraph=True`` (the sentinel enters the graph as a constant: the user review's F5), the result
+    traces with ``fullgraph=True`` (the sentinel enters the graph as a constant), the result
     masked, values and gradients as eager, no recompile on a third pattern."""
 
     def fn(idx, v):
@@ -231,7 +234,7 @@ def test_indefinite_constructor_in_graph(layout):
             )
 
 
-# Conversions of a constructor's result inside the graph (the user review's F8: an uncoalesced COO's to_sparse_csr
+# Conversions of a constructor's result inside the graph (an uncoalesced COO's to_sparse_csr
 # was dynamo's internal PendingUnbackedSymbolNotFound, its coalesce's count an unbound size).
 def _coo(i, v, **kw):
     return sparsefill.sparse_coo_tensor(i, v, (4, 5), **kw)
@@ -293,3 +296,21 @@ def test_to_torch_in_graph_is_a_named_graph_break():
     torch._dynamo.reset()
     with pytest.raises(torch._dynamo.exc.Unsupported, match="sparsefill: to_torch not traceable"):
         torch.compile(fn, backend="eager", fullgraph=True)(i, v)
+
+
+def test_masked_softmax_of_a_union_compiles_fullgraph():
+    """(``_segsoftmax.applies`` once tested the union's unbacked nse, a guard on data.)"""
+    keep = torch.rand(_N, _N, generator=torch.Generator().manual_seed(1)) < 0.3
+    A = sparsefill.sparse_coo_tensor(
+        keep.nonzero().t(), torch.ones(int(keep.sum())), (_N, _N), fill_value=sparsefill.indefinite
+    )
+    I = sparsefill.sparse_coo_tensor(
+        torch.arange(_N).repeat(2, 1), torch.zeros(_N), (_N, _N), fill_value=sparsefill.indefinite
+    )
+
+    def f(A, I, v):
+        return masked.softmax(A * v[:, None] + I, 1) @ v
+
+    torch._dynamo.reset()
+    v = torch.randn(_N)
+    assert_close(torch.compile(f, backend="eager", fullgraph=True)(A, I, v), f(A, I, v))

@@ -1,4 +1,4 @@
-"""torch.compile of ``sparsefill.segment`` (issue 14, item 3): the segment kernels as ``sparsefill::`` custom ops.
+"""torch.compile of ``sparsefill.segment``: the segment kernels as ``sparsefill::`` custom ops.
 
 Compiled with ``fullgraph=True`` (backends ``eager``, ``aot_eager``, inductor), warmed up on two batches of
 different lengths / offsets / ids counts, then run on a third with ``error_on_recompile``; every result
@@ -743,8 +743,7 @@ def test_keys_as_a_tensor_graph_break(method):
 @pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "plain"])
 def test_to_padded(fullgraph):
     """``KeyedJaggedBatch.to_padded`` (keys as a list or tuple, a key absent from the batch, ``max_length``
-    truncating, no keys; float values with a gradient) traces, with and without ``fullgraph`` (the user review's
-    F7: ``select_keys``' data-dependent sizes were a graph break, and with ``fullgraph`` dynamo's unnamed
+    truncating, no keys; float values with a gradient) traces, with and without ``fullgraph`` (``select_keys``' data-dependent sizes were a graph break, and with ``fullgraph`` dynamo's unnamed
     guard error): no graph break, no recompile, outputs and gradients as eager."""
     _compiled_against_eager(
         _padded_cases, lambda lengths, k: _jagged(k), grads=(4,), fullgraph=fullgraph
@@ -754,7 +753,7 @@ def test_to_padded(fullgraph):
 @pytest.mark.parametrize("name", ["pooled", "built traced", "conversions"])
 def test_traced_without_fullgraph(name):
     """Without ``fullgraph`` the ops of a dynamic output size (``jagged_pooled``, ``jagged_key_lists``, the
-    conversions) are traced as with it (the user review's F7: a graph break "Dynamic shape operator" at each):
+    conversions) are traced as with it (once a graph break "Dynamic shape operator" at each):
     no graph break, no recompile on the third batch, outputs and gradients as eager."""
     tables = [torch.randn(R, 2, dtype=torch.float64, requires_grad=True) for _ in range(3)]
     if name == "pooled":

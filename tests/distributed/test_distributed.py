@@ -1,4 +1,4 @@
-"""torch.distributed on SparseTensors (issue 16): collectives, bad inputs, several processes.
+"""torch.distributed on SparseTensors: collectives, bad inputs, several processes.
 
 Each test spawns a gloo group on 127.0.0.1 (a free port chosen here) and runs many checks per spawn;
 every spawn is bounded (a process-group timeout inside, a join deadline outside: the suite never hangs).
@@ -301,7 +301,7 @@ def _check_all_reduce(rank, world, ops=None, algorithms=("auto", "sparse", "dens
         dist.all_reduce(C)
     dist.all_reduce(D)
     torch.testing.assert_close(C.to_dense(), D)
-    # the plain torch call on the issue's example, in place, and the same for a view and async_op
+    # the plain torch call on a fill of the rank, in place, and the same for a view and async_op
     B = sparsefill.sparse_coo_tensor([[0, 3]], [1.0, 2.0], (5,), fill_value=float(rank))
     same = B
     dist.all_reduce(B)

@@ -1,4 +1,4 @@
-"""The models of ``examples/`` at smoke size, against their peers (issue 13 item 4).
+"""The models of ``examples/`` at smoke size, against their peers.
 
 - ``gat.py``: the two-layer GAT on an indefinite-fill SparseTensor adjacency (COO and CSR) gives
   torch_geometric ``GATConv``'s forward output and its losses over three Adam steps, same weights;
@@ -120,7 +120,7 @@ def test_gat_layer_gradients_are_the_dense_masked_models(gat):
 
 def test_gat_layer_with_torch_softmax(gat):
     """The layer with the dense model's spelling ``torch.softmax``: the dense masked model's gradients, nothing
-    densified (its backward raised 'to_dense() of a SparseTensor with indefinite fill' at 65c5dfa; fixed since)."""
+    densified (its backward once raised 'to_dense() of a SparseTensor with indefinite fill')."""
     with warnings.catch_warnings():
         warnings.simplefilter("error", sparsefill.DensifyWarning)
         got = _layer_grads(gat, torch.softmax)

@@ -1,4 +1,4 @@
-"""Interop that keeps the fill (issue 15 items 3 and 9): scipy.sparse, pydata ``sparse``, pandas.
+"""Interop that keeps the fill: scipy.sparse, pydata ``sparse``, pandas.
 
 Every round trip is compared with the peer's own object, exactly: the fill, the pattern (stored
 indices, in order) and the stored values, and the dense array each stands for::
@@ -194,8 +194,8 @@ def test_from_scipy_fill_value_reinterprets_the_unspecified_elements():
         sparsefill.from_scipy(sp.csr_array(np.array([[0, 1]])), fill_value=0.5)
 
 
-def test_scipy_issue_reproduction():
-    """Issue 15 item 9: to_sparse(scipy matrix) raised "sparse array length is ambiguous"."""
+def test_to_sparse_of_every_scipy_format():
+    """to_sparse(scipy matrix) once raised "sparse array length is ambiguous"."""
     m = sp.random(30, 20, density=0.1, format="csr", random_state=1)
     for obj in (m, sp.csr_matrix(m), sp.coo_matrix(m), m.tocsc()):
         with sparsefill.densify_policy("raise"):
@@ -351,8 +351,8 @@ def test_pydata_gcxs(dtype, compressed_axes):
     _same_sparse(sparsefill.from_pydata(g), C)
 
 
-def test_pydata_issue_reproduction_fill_7():
-    """Issue 15 item 3: to_sparse(pydata COO with fill 7) densified and dropped the fill."""
+def test_to_sparse_of_a_pydata_coo_keeps_its_fill_7():
+    """to_sparse(pydata COO with fill 7) once densified and dropped the fill."""
     x = sparse.COO(np.array([[0, 3, 5]]), np.array([1.0, 2.0, 3.0]), shape=(8,), fill_value=7.0)
     with sparsefill.densify_policy("raise"):
         A = sparsefill.to_sparse(x)
@@ -487,8 +487,8 @@ def test_pandas_sparse_array_round_trip(dtype, kind):
                 _same_sparse(sparsefill.from_pandas(obj), A)
 
 
-def test_pandas_issue_reproduction_fill_5():
-    """Issue 15 item 3: to_sparse(SparseArray with fill 5) densified and dropped the fill."""
+def test_to_sparse_of_a_pandas_sparse_array_keeps_its_fill_5():
+    """to_sparse(SparseArray with fill 5) once densified and dropped the fill."""
     a = pd.arrays.SparseArray([5, 0, 5, 5, 1], fill_value=5)
     with sparsefill.densify_policy("raise"):
         A = sparsefill.to_sparse(a)

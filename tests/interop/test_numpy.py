@@ -1,4 +1,4 @@
-"""numpy (issue 15 item 6): ``A.numpy()``, ``np.asarray(A)``, ``A.__array__``, ``A.tolist()`` are the dense array.
+"""numpy: ``A.numpy()``, ``np.asarray(A)``, ``A.__array__``, ``A.tolist()`` are the dense array.
 
 Invariant::
 

@@ -201,7 +201,7 @@ def test_a_tampered_tensor_is_refused_at_load(case, load):
 
 
 def test_a_tampered_file_cannot_reach_a_kernel():
-    """The issue's reproducer: a column index of 2**40 in a (3, 4) CSR file; ``B @ x``, ``B.sum(1)``,
+    """A column index of 2**40 in a (3, 4) CSR file; ``B @ x``, ``B.sum(1)``,
     ``B.amax(1)`` and ``to_sparse_coo`` never run, as no B is returned."""
     A = sparsefill.sparse_csr_tensor(
         [0, 1, 1, 3], [2, 0, 3], [1.0, 2.0, 3.0], (3, 4), fill_value=-1.0

@@ -19,6 +19,10 @@ import torch.multiprocessing as mp
 
 import sparsefill
 from sparsefill import SparseTensor
+import io
+import torch.nn.functional as F
+from torch import nn
+from torch.testing import assert_close
 
 
 def _coo():
@@ -352,3 +356,148 @@ def test_sparse_tensors_cross_processes_in_shared_memory(method):
     expect = _csr().to_dense()
     expect[_csr().to_dense() != 0.5] *= 10.0
     torch.testing.assert_close(A.to_dense(), expect)
+
+
+def test_deepcopy_of_a_parameter_is_a_parameter():
+    p = torch.nn.Parameter(sparsefill.to_sparse(torch.ones(3)))
+    q = copy.deepcopy(p)
+    assert isinstance(q, torch.nn.Parameter) and isinstance(q, SparseTensor) and q.requires_grad
+    m = torch.nn.Module()
+    m.w = p
+    assert isinstance(copy.deepcopy(m).w, torch.nn.Parameter)
+
+
+# ============================================================================== 3. modules
+class _M(nn.Module):
+    """A SparseTensor parameter (fill 0.5), an indefinite buffer, a CSR buffer, a dense layer."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.W = nn.Parameter(
+            sparsefill.sparse_coo_tensor(
+                [[0, 1, 3], [1, 2, 0]], torch.randn(3), (4, 3), fill_value=0.5
+            )
+        )
+        self.register_buffer(
+            "A",
+            sparsefill.sparse_coo_tensor(
+                [[0, 2], [1, 3]], torch.randn(2), (4, 4), fill_value=sparsefill.indefinite
+            ),
+        )
+        self.register_buffer(
+            "C",
+            sparsefill.sparse_coo_tensor([[0, 2], [1, 3]], torch.randn(2), (4, 4)).to_sparse_csr(),
+        )
+        self.lin = nn.Linear(3, 2)
+
+    def forward(self, x):
+        return self.lin(F.relu(x @ self.C.t()) @ self.W)
+
+    def dense(self, x, W):  # the same function with W a dense tensor
+        return self.lin(F.relu(x @ self.C.to_dense().t()) @ W)
+
+
+_XM = torch.randn(5, 4, generator=torch.Generator().manual_seed(2))
+
+
+def test_module_dtype_conversions_and_deepcopy():
+    m = _M()
+    ref = m(_XM)
+    for conv, dt in (
+        (lambda q: q.to(torch.float64), torch.float64),
+        (lambda q: q.double(), torch.float64),
+        (lambda q: q.half(), torch.float16),
+        (lambda q: q.bfloat16(), torch.bfloat16),
+    ):
+        q = conv(copy.deepcopy(m))
+        assert (
+            isinstance(q.W, nn.Parameter)
+            and isinstance(q.W, sparsefill.SparseTensor)
+            and q.W.requires_grad
+        )
+        assert q.W.dtype == q.A.dtype == q.C.dtype == dt and q.W._fill.dtype == dt
+        assert q.A._indefinite and q.C.sparse_layout is torch.sparse_csr
+        assert_close(
+            q(_XM.to(dt)).float(), ref, atol=2e-2 if dt != torch.float64 else 1e-6, rtol=2e-2
+        )
+    q = copy.deepcopy(m)
+    assert q.W is not m.W and q.W._vals.data_ptr() != m.W._vals.data_ptr()
+    with torch.no_grad():
+        q.W.mul_(2)
+    assert_close(m(_XM), ref)
+
+
+def test_module_state_dict_round_trips():
+    m = _M()
+    ref = m(_XM)
+    sd = m.state_dict()
+    assert all(isinstance(sd[k], sparsefill.SparseTensor) for k in ("W", "A", "C"))
+    buf = io.BytesIO()
+    torch.save(sd, buf)
+    buf.seek(0)
+    q = _M()
+    with torch.no_grad():
+        q.W.mul_(3)
+    q.load_state_dict(torch.load(buf, weights_only=True))
+    assert_close(q(_XM), ref)
+    assert q.A._indefinite and q.C.sparse_layout is torch.sparse_csr
+    part = dict(sd)
+    del part["A"]
+    part["extra"] = torch.ones(1)
+    r = copy.deepcopy(m).load_state_dict(part, strict=False)
+    assert r.missing_keys == ["A"] and r.unexpected_keys == ["extra"]
+    with pytest.raises(RuntimeError, match="size mismatch for W"):
+        copy.deepcopy(m).load_state_dict(
+            {**sd, "W": sparsefill.sparse_coo_tensor([[0], [1]], [1.0], (5, 3))}
+        )
+    q = copy.deepcopy(m)
+    q.load_state_dict(sd, assign=True)
+    assert isinstance(q.W, nn.Parameter) and q.W.requires_grad
+    assert_close(q(_XM), ref)
+
+
+def test_module_grad_clipping_accumulation_zero_grad_and_eval():
+    """clip_grad_norm_ (foreach=False) over a SparseTensor grad equals dense; 2 micro-batches accumulate to the full
+    batch's gradient; zero_grad(set_to_none=False) leaves a zero SparseTensor that accumulates; no_grad and
+    inference_mode evaluation; forward hooks and a parameter's grad hooks."""
+    m = _M()
+    Wd = nn.Parameter(m.W.detach().to_dense())
+    md = copy.deepcopy(m)
+    m(_XM).pow(2).sum().backward()
+    md.dense(_XM, Wd).pow(2).sum().backward()
+    assert isinstance(m.W.grad, sparsefill.SparseTensor)
+    n = torch.nn.utils.clip_grad_norm_(m.parameters(), 0.1, foreach=False)
+    nd = torch.nn.utils.clip_grad_norm_([Wd] + list(md.lin.parameters()), 0.1, foreach=False)
+    assert_close(n, nd)
+    assert_close(m.W.grad.to_dense(), Wd.grad)
+    # accumulation over 2 micro-batches
+    a, b = copy.deepcopy(m), copy.deepcopy(m)
+    for q in (a, b):
+        q.zero_grad()
+    a(_XM[:2]).sum().backward()
+    a(_XM[2:]).sum().backward()
+    b(_XM).sum().backward()
+    assert_close(a.W.grad.to_dense(), b.W.grad.to_dense())
+    # zero_grad(set_to_none=False)
+    opt = torch.optim.SGD(a.parameters(), lr=0.1)
+    opt.zero_grad(set_to_none=False)
+    assert isinstance(a.W.grad, sparsefill.SparseTensor) and not a.W.grad.to_dense().any()
+    a(_XM).sum().backward()
+    assert_close(a.W.grad.to_dense(), b.W.grad.to_dense())
+    # evaluation
+    ref = m(_XM)
+    with torch.no_grad():
+        r1 = m(_XM)
+    with torch.inference_mode():
+        r2 = m(_XM)
+    assert not r1.requires_grad and r2.is_inference()
+    assert_close(r1, ref)
+    assert_close(r2, ref)
+    seen = []
+    h = m.register_forward_hook(lambda mod, inp, out: seen.append(out.shape))
+    m.W.register_post_accumulate_grad_hook(lambda p: seen.append("post"))
+    m.W.register_hook(lambda g: seen.append(type(g).__name__) or g)
+    m(_XM).sum().backward()
+    h.remove()
+    assert seen == [torch.Size([5, 2]), "SparseTensor", "post"]

@@ -1,4 +1,4 @@
-"""sparsefill.nn: sparse weights of fixed pattern (issue 13 item 3).
+"""sparsefill.nn: sparse weights of fixed pattern.
 
 Every gradient is checked against the dense computation: the values' gradient is the dense
 gradient of ``W`` read at the pattern, the fill's the dense gradient summed over the unspecified
@@ -19,6 +19,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import sparsefill
 from sparsefill.nn import SparseLinear, SparseParameter
+from torch.testing import assert_close
+from tests.models.test_training_loops import _W, _X, _LAYOUTS
 
 LAYOUTS = [torch.sparse_coo, torch.sparse_csr]
 FILLS = [
@@ -488,3 +490,35 @@ def test_errors():
     lin = SparseLinear(3, 2, density=0.5)
     with pytest.raises(RuntimeError):
         lin(torch.randn(4, 5))  # as nn.Linear: the input's last dim must be in_features
+
+
+@_LAYOUTS
+def test_autocast_sparse_linear_matches_nn_linear(layout):
+    """``SparseLinear`` under ``torch.autocast("cpu", dtype=torch.bfloat16)`` as ``nn.Linear`` of its dense weight:
+    a bfloat16 output (autocast casts the SparseTensor weight, its fill too, and the bias) and float32 gradients
+    of the stored values, the trained fill and the bias as the dense weight's (positive data: bfloat16's relative
+    tolerance holds for the sums)."""
+    lin = sparsefill.nn.SparseLinear.from_sparse(
+        _W(layout, fill=0.3).abs(), torch.full((4,), 0.5), train_fill=True
+    )
+    dense = torch.nn.Linear(3, 4)
+    with torch.no_grad():
+        dense.weight.copy_(lin.weight.to_dense())
+        dense.bias.copy_(lin.bias)
+    x = _X.abs() + 0.5
+    out = []
+    for m in (lin, dense):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = m(x)
+        (y.float() * torch.arange(1.0, 21.0).reshape(5, 4)).sum().backward()
+        out.append(y)
+    assert out[0].dtype == out[1].dtype == torch.bfloat16
+    assert_close(out[0], out[1])
+    gW, P = dense.weight.grad, lin.sparse_weight
+    mask = (
+        lin.weight.to_dense(fill_value=0) != 0
+    )  # the pattern (stored values are nonzero), row-major as values
+    tol = dict(rtol=1.6e-2, atol=1e-5)
+    assert_close(P.values.grad, gW[mask], **tol)
+    assert_close(P.fill.grad, gW[~mask].sum(), **tol)
+    assert_close(lin.bias.grad, dense.bias.grad, **tol)

@@ -13,6 +13,10 @@ import torch
 
 import sparsefill
 from sparsefill import SparseTensor
+import copy
+from torch import nn
+from torch.testing import assert_close
+from tests.nn.test_modules import _M, _XM
 
 OPTIMIZERS = [
     (torch.optim.SGD, dict(lr=0.1)),
@@ -61,3 +65,61 @@ def test_optimizer_steps_a_sparse_parameter_like_the_dense_one(opt_cls, kw, layo
             or state.dim() == 0
             or isinstance(state, SparseTensor)
         )
+
+
+def _step_both(Opt, kw, foreach, steps=3):
+    """``Opt`` steps ``W`` of a deep copy of the model (an EMA/teacher copy; a model pickled whole by torch.save and
+    loaded gives the same: its ``W`` is no view, unlike ``nn.Parameter(A)``'s, and takes pointwise.unary_fast)."""
+    m = copy.deepcopy(_M())
+    Wd = nn.Parameter(m.W.detach().to_dense())
+    md = copy.deepcopy(m)
+    opt, optd = Opt([m.W], foreach=foreach, **kw), Opt([Wd], foreach=foreach, **kw)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", sparsefill.DensifyWarning)
+        for _ in range(steps):
+            opt.zero_grad()
+            m(_XM).pow(2).sum().backward()
+            opt.step()
+            optd.zero_grad()
+            md.dense(_XM, Wd).pow(2).sum().backward()
+            optd.step()
+    return m.W.detach().to_dense(), Wd.detach()
+
+
+@pytest.mark.parametrize(
+    "Opt, kw",
+    [
+        (torch.optim.SGD, dict(lr=0.1, momentum=0.9, nesterov=True)),
+        (torch.optim.NAdam, {}),
+        (torch.optim.RMSprop, {}),
+        (torch.optim.Adadelta, {}),
+        (torch.optim.ASGD, {}),
+        (torch.optim.Rprop, {}),
+    ],
+    ids=lambda v: getattr(v, "__name__", ""),
+)
+@pytest.mark.parametrize("foreach", [False, True], ids=["single", "foreach"])
+def test_optimizers_step_a_sparse_parameter_like_dense(Opt, kw, foreach):
+    """The parameter's pattern (3 stored) differs from its gradient's (8 stored, some stored zeros)."""
+    got, want = _step_both(Opt, kw, foreach)
+    assert_close(got, want)
+
+
+@pytest.mark.parametrize(
+    "Opt, kw, foreach",
+    [
+        pytest.param(torch.optim.Adam, {}, False, id="Adam-single"),
+        pytest.param(torch.optim.Adam, {}, True, id="Adam-foreach"),
+        pytest.param(torch.optim.Adam, {"amsgrad": True}, False, id="Adam-amsgrad-single"),
+        pytest.param(torch.optim.Adamax, {}, False, id="Adamax-single"),
+        pytest.param(torch.optim.Adamax, {}, True, id="Adamax-foreach"),
+        pytest.param(torch.optim.AdamW, {}, False, id="AdamW-single"),
+        pytest.param(torch.optim.AdamW, {}, True, id="AdamW-foreach"),
+        pytest.param(torch.optim.Adam, {"amsgrad": True}, True, id="Adam-amsgrad-foreach"),
+        pytest.param(torch.optim.RAdam, {}, True, id="RAdam-foreach"),
+        pytest.param(torch.optim.Adagrad, {}, True, id="Adagrad-foreach"),
+    ],
+)
+def test_optimizers_with_a_ternary_update_step_a_sparse_parameter_like_dense(Opt, kw, foreach):
+    got, want = _step_both(Opt, kw, foreach)
+    assert_close(got, want)

@@ -30,7 +30,7 @@ Outcomes per (op, variant, sample), printed at the end of the run (``conftest.py
 
 * ``native``: gradients match, no DensifyWarning forward or backward;
 * ``densify-backward``: gradients match, the forward ran natively but the backward densified: the op's
-  test fails (issue 13: every backward is as sparse as its forward) unless the variant is declared;
+  test fails (every backward is as sparse as its forward) unless the variant is declared;
 * ``densify``: gradients match, the forward densified (and so, usually, the backward);
 * ``declared``: an op of ``DECLARED_BACKWARD`` failed, or densified in backward only, in a declared variant
   (the reason is printed);

@@ -1,4 +1,4 @@
-"""The boundary rule (ops/registry.py) and issue 15's items 1, 2, 7 and 8.
+"""The boundary rule (ops/registry.py).
 
 * a torch native sparse operand, in every layout, is converted exactly (fill 0): element-wise ops and
   matrix products on either side equal the dense computation;
@@ -7,8 +7,8 @@
   NotImplementedError unless handled, nothing modified;
 * the ``torch.sparse`` functions on SparseTensors: dense semantics for a definite fill, masked
   semantics (torch.sparse's own for unspecified elements) for an indefinite one;
-* ``torch.matmul`` of every 1-D..4-D shape pair, sparse on either side (item 2);
-* every indexing op on 0-d SparseTensors (item 7).
+* ``torch.matmul`` of every 1-D..4-D shape pair, sparse on either side;
+* every indexing op on 0-d SparseTensors.
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ LAYOUTS = [torch.sparse_coo, torch.sparse_csr]
 
 
 # ---------------------------------------------------------------------- item 1: the reproduction
-def test_item1_native_operand_is_not_ignored():
+def test_native_operand_is_not_ignored():
     A = sparsefill.sparse_coo_tensor([[0, 1], [2, 0]], [1.0, 2.0], (2, 3), fill_value=0.5)
     nat = torch.sparse_coo_tensor([[0, 1], [1, 2]], [10.0, 20.0], (2, 3))
     close(A + nat, torch.tensor([[0.5, 10.5, 1], [2, 0.5, 20.5]]))
@@ -93,7 +93,7 @@ def test_item1_native_operand_is_not_ignored():
 
 
 # ---------------------------------------------------------------------- item 8: the reproductions
-def test_item8_reproductions():
+def test_native_operand_in_ops_on_both_sides():
     A = sparsefill.sparse_coo_tensor([[0, 1], [2, 0]], [1.0, 2.0], (2, 3), fill_value=0.5)
     nat = torch.sparse_coo_tensor([[0, 1], [1, 2]], [10.0, 20.0], (2, 3))
     Ad, nd = A.to_dense(), nat.to_dense()
@@ -575,7 +575,7 @@ LEFT = [(K,), (4, K), (3, 4, K), (2, 3, 4, K), (1, 3, 4, K)]
 RIGHT = [(K,), (K, 5), (3, K, 5), (2, 3, K, 5), (2, 1, K, 5)]
 
 
-def test_item2_reproduction():
+def test_matmul_of_a_broadcast_batch():
     A, _ = make((4, 10), 1.5)
     v, _ = make((10,), 0.5)
     X = torch.randn(5, 5, 10, 5, dtype=torch.float64)
@@ -610,8 +610,8 @@ def test_matmul_every_shape(left, right, side, fill):
 
 
 def test_expand_keeps_sorted_indices():
-    """The cause of item 2: expanding two size-1 dims repeated the stored elements out of order while the
-    result was flagged coalesced.  (Since session 11 an expand may make the grown dims dense, a stride-0 view of
+    """The cause of a wrong batched matmul: expanding two size-1 dims repeated the stored elements out of order while the
+    result was flagged coalesced.  (An expand may make the grown dims dense, a stride-0 view of
     the values: the keys are then those of the remaining sparse dims, still sorted where flagged coalesced.)"""
     A, _ = make((4, 10), 0.0)
     E = A.expand(5, 5, 4, 10)
@@ -706,7 +706,7 @@ def _set(T, key, v):
 @pytest.mark.parametrize("index", [0, -1, 1, [0], [0, 0], []], ids=str)
 @pytest.mark.parametrize("kind", ["stored", "unspecified"])
 @pytest.mark.parametrize("op", list(INDEXING_0D))
-def test_item7_indexing_0d(op, kind, index, dtype):
+def test_indexing_0d(op, kind, index, dtype):
     f = INDEXING_0D[op]
     T = _zero_d(kind, dtype)
     i = torch.tensor(index, dtype=torch.int64)

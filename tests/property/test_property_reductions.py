@@ -6,7 +6,14 @@ from __future__ import annotations
 import torch
 from hypothesis import given, strategies as st
 
-from tests.property.sparse_strategies import DTYPES, FLOATS, SETTINGS, agree, dims_of, sparse_tensors
+from tests.property.sparse_strategies import (
+    DTYPES,
+    FLOATS,
+    SETTINGS,
+    agree,
+    dims_of,
+    sparse_tensors,
+)
 
 REDUCTIONS = {  # name: (fn(x, dim, keepdim), takes a tuple of dims)
     "sum": (lambda x, d, k: x.sum() if d is None else x.sum(d, keepdim=k), True),

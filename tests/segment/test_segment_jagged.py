@@ -278,7 +278,7 @@ def _dense_reduce(row, reducer):
     return f(row)
 
 
-# ---- validate=, the vectorised checks and to_dict against the previous implementation (issue 15 item 12) -----
+# ---- validate=, the vectorised checks and to_dict against the previous implementation -------------------
 def _old_check_lengths(lengths, total, name):
     """check_lengths as it was (torch reductions), the reference for the messages."""
     if lengths.numel() and int(lengths.min()) < 0:
@@ -691,7 +691,7 @@ def test_the_checks_compile_only_where_numba_is_set_up():
     assert res.stdout.split() == ["0", "False", "0", "0", "1"]
 
 
-# ---------------------------------------------------------------- edge cases found in review (moved from tests/test_segment_review.py)
+# ---------------------------------------------------------------- edge cases
 def test_keyed_jagged_batch_rejects_a_key_twice_in_an_example():
     """to_dict / to_padded hold one list per key: a repeated key lost ids silently."""
     with pytest.raises(ValueError, match="key 5 appears more than once in example 1"):

@@ -347,7 +347,7 @@ def test_coalesced_ftrl_and_the_kept_marks(backend):
     assert (_optim._MARKS["buf"] == -1).all()
 
 
-# ---------------------------------------------------------------- edge cases found in review (moved from tests/test_segment_review.py)
+# ---------------------------------------------------------------- edge cases
 import inspect  # noqa: E402
 
 

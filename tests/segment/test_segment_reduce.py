@@ -896,7 +896,7 @@ def test_threaded_kernels_after_fork():
     assert _run_python(code) == "0"
 
 
-# ---------------------------------------------------------------- edge cases found in review (moved from tests/test_segment_review.py)
+# ---------------------------------------------------------------- edge cases
 import numpy as np  # noqa: E402
 
 

@@ -282,7 +282,7 @@ def test_doctests(mod):
     assert res.attempted > 0 and res.failed == 0
 
 
-# ---------------------------------------------------------------- edge cases found in review (moved from tests/test_segment_review.py)
+# ---------------------------------------------------------------- edge cases
 def test_small_integer_index_dtypes_are_rejected():
     """int8/int16/uint8 lengths and ids wrapped (uint8 lengths [200, 100] gave offsets [0, 200, 44])."""
     for dt in (torch.uint8, torch.int8, torch.int16):

@@ -10,6 +10,11 @@ import pytest
 import torch
 
 import sparsefill
+import warnings
+import torch.nn.functional as F
+from sparsefill import masked
+from sparsefill.segment import KeyedJaggedBatch
+from tests.models.test_graph_attention import _adj, _N, _KEEP, _Y
 
 
 def mentions(*words):
@@ -511,7 +516,7 @@ def test_bad_layout():
     )
 
 
-# ---------------------------------------------------------------- edge cases found in review (moved from tests/test_review_regressions.py)
+# ---------------------------------------------------------------- edge cases
 import sparsefill as sf  # noqa: E402
 
 
@@ -532,3 +537,48 @@ def test_invalid_input_raises_as_dense_torch(bad):
         RuntimeError
     ):  # (NotImplementedError, torch's "not implemented for 'Bool'", is one)
         bad()
+
+
+# ============================================================================== errors a user meets
+@pytest.mark.parametrize(
+    "case", ["mul_column", "add_matrix", "dense_plus_A", "where", "fill0_large"]
+)
+def test_shape_mismatch_with_a_masked_operand_raises_torchs_error(case):
+    """(These once raised 'no sparse handler ... give it a fill' or a DensifyError.)"""
+    A = _adj()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", sparsefill.DensifyWarning)
+        with pytest.raises(RuntimeError, match="size of tensor"):
+            if case == "fill0_large":
+                sparsefill.sparse_coo_tensor(
+                    [[0, 1], [1, 2]], torch.ones(2), (50000, 50000)
+                ) * torch.randn(50001)[:, None]
+            elif case == "mul_column":
+                A * torch.randn(_N + 1)[:, None]
+            elif case == "add_matrix":
+                A + torch.randn(_N + 1, _N + 1)
+            elif case == "dense_plus_A":
+                torch.randn(_N, _N + 1) + A
+            else:
+                torch.where(torch.ones(_N + 1, _N + 1, dtype=torch.bool), A, 0.0)
+
+
+def test_shape_mismatch_errors_that_are_clear():
+    """What already names the shapes: products, dims out of range, bad jagged batches, ids out of range, a masked
+    element read as a number or given to a loss."""
+    with pytest.raises(RuntimeError, match="same reduction dim"):
+        _adj() @ torch.randn(_N + 1, 2)
+    with pytest.raises(IndexError, match="Dimension out of range"):
+        masked.softmax(_adj(), 2)
+    with pytest.raises(ValueError, match="values_lengths sum to 3"):
+        KeyedJaggedBatch(
+            torch.tensor([1, 2]), torch.tensor([3]), torch.tensor([0]), torch.tensor([1])
+        )
+    with pytest.raises(IndexError, match="10 is out of range for 4 rows"):
+        KeyedJaggedBatch.from_lists([{0: [10]}]).pooled({0: torch.randn(4, 2)})
+    i, j = int((~_KEEP).nonzero()[0, 0]), int((~_KEEP).nonzero()[0, 1])
+    with pytest.raises(ValueError, match="indefinite"):
+        float(_adj()[i, j])
+    with warnings.catch_warnings(), pytest.raises(ValueError, match="indefinite"):
+        warnings.simplefilter("ignore", sparsefill.DensifyWarning)
+        F.cross_entropy(_adj(), _Y)

@@ -17,6 +17,7 @@ from sparsefill import SparseTensor
 import math
 from hypothesis import given, strategies as st
 from tests.sparse_cases import outcome, scalars, random_values, SETTINGS
+from tests.models.test_training_loops import _W
 
 COO, CSR = torch.sparse_coo, torch.sparse_csr
 
@@ -654,3 +655,79 @@ def test_item_of_many_elements_raises_as_dense():
     for f in (lambda t: t.item(), bool, float):
         (ks, es), (kd, ed) = outcome(lambda: f(A)), outcome(lambda: f(A.to_dense()))
         assert ks == kd == "raise" and es is ed
+
+
+def test_in_place_fill_change_is_seen_by_every_later_op():
+    A = sparsefill.sparse_coo_tensor([[0]], [1.0], (3,))  # fill known zero at construction
+    A.fill_value().fill_(5.0)
+    A.mul_(0)
+    torch.testing.assert_close(A.to_dense(), torch.zeros(3))
+    B = sparsefill.sparse_coo_tensor([[0]], [1.0], (3,))
+    B._fill_value().add_(5.0)
+    for C in (B.detach(), copy.deepcopy(B)):
+        with pytest.raises(ValueError, match="not zero"):
+            C.to_torch()
+        torch.testing.assert_close(
+            C.to_torch(materialize=True).to_dense(), torch.tensor([1.0, 5.0, 5.0])
+        )
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.bool, torch.float32])
+def test_cast_of_uncoalesced_sums_duplicates_first(dtype):
+    A = sparsefill.sparse_coo_tensor(
+        [[0, 0, 1, 1]], torch.tensor([0.5, 0.5, 0.25, -0.25], dtype=torch.float64), (3,)
+    )
+    torch.testing.assert_close(A.to(dtype).to_dense(), A.to_dense().to(dtype))
+    C = sparsefill.zeros(3, dtype=dtype)
+    C.copy_(A)
+    torch.testing.assert_close(C.to_dense(), A.to_dense().to(dtype))
+
+
+def test_format_zero_dim():
+    """f-strings format a 0-d SparseTensor's item as torch.Tensor's (it raised TypeError); any other one as torch
+    does (``""``: str, a format spec: TypeError)."""
+    A = _W()
+    D = A.to_dense()
+    assert f"{A[0, 1]:.2f}" == "1.00" and f"{A[0, 0]:>8.3f}" == f"{D[0, 0]:>8.3f}" == "   0.100"
+    assert f"{A[0, 0]}" == f"{D[0, 0]}" and f"{A.sum():.4g}" == f"{D.sum():.4g}"
+    assert f"{A.requires_grad_()[0, 1]:.1f}" == "1.0"
+    assert f"{A}" == str(A)
+    for T in (A, D):
+        with pytest.raises(TypeError, match="unsupported format string"):
+            f"{T:.2f}"
+    assert f"{sparsefill.sparse_coo_tensor([[0]], [3], (2,))[1]:03d}" == "000"
+    B = sparsefill.sparse_coo_tensor([[0]], [1.5], (2,), fill_value=sparsefill.indefinite)
+    assert f"{B[0]:.2f}" == "1.50"
+    with pytest.raises(ValueError, match="indefinite"):
+        f"{B[1]:.2f}"
+
+
+def test_item_float_bool_of_one_element_without_densifying():
+    """``item()``, ``float()``, ``bool()`` of a one-element SparseTensor: its stored value (duplicates summed) or its
+    fill, no DensifyWarning; a specified element of an indefinite tensor its value, an unspecified one a ValueError;
+    more elements: torch's error."""
+    A = sparsefill.sparse_coo_tensor(
+        [[0, 1, 0], [1, 0, 1]], [1.0, 2.0, 3.0], (2, 3), fill_value=5.0
+    )
+    D = A.to_dense()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for i, j in [(0, 1), (1, 0), (1, 2)]:
+            assert A[i, j].item() == D[i, j].item() and float(A[i, j]) == float(D[i, j])
+            assert bool(A[i, j]) and int(A.to(torch.int64)[i, j]) == int(D.to(torch.int64)[i, j])
+        H = sparsefill.sparse_coo_tensor(
+            [[0]], torch.tensor([[7]]), (1, 1), fill_value=torch.tensor([2])
+        )
+        assert H.item() == 7 and (H * 0).sum().item() == 0
+        assert (
+            sparsefill.sparse_coo_tensor([[0, 0]], [True, False], (1,), fill_value=False).item()
+            is True
+        )
+        M = sparsefill.sparse_coo_tensor(
+            [[0], [1]], [1.5], (2, 3), fill_value=sparsefill.indefinite
+        )
+        assert M[0, 1].item() == 1.5
+        with pytest.raises(ValueError, match="indefinite"):
+            M[0, 0].item()
+    with pytest.raises(RuntimeError, match="6 elements cannot be converted"):
+        A.item()

@@ -1,4 +1,4 @@
-"""``A.to_dense()`` (issue 18: one scatter of cached linear keys): against a dense tensor built element by element.
+"""``A.to_dense()`` (one scatter of cached linear keys): against a dense tensor built element by element.
 
 The reference is written independently of sparsefill's kernels: start from the fill broadcast to the shape,
 then add each stored element (duplicates sum) at its index.

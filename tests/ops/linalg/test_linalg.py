@@ -17,6 +17,8 @@ import torch
 
 import sparsefill
 from sparsefill import SparseTensor
+from torch.testing import assert_close
+from tests.models.test_training_loops import _W, _X
 
 NAN, INF = float("nan"), float("inf")
 FILLS = [0.0, 2.5, NAN, -INF, "indefinite"]
@@ -742,3 +744,12 @@ def test_linear_of_an_input_with_no_element(x_shape, w_shape):
         x = torch.zeros(x_shape, dtype=dtype)
         out, want = torch.nn.functional.linear(x, W), torch.nn.functional.linear(x, W.to_dense())
         assert out.dtype == want.dtype and out.shape == want.shape
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_half_precision_matmul(dtype):
+    """bfloat16/float16 products as dense (they raised NotImplementedError: torch's sparse kernels have no half
+    types; ``ops/linalg.product`` computes them in float32 and rounds once, as dense CPU ``mm``)."""
+    W, x = _W().to(dtype), _X.T[:, :2].to(dtype)
+    assert_close(W @ x, W.to_dense() @ x)
+    assert_close(torch.nn.functional.linear(x.T, W), torch.nn.functional.linear(x.T, W.to_dense()))

@@ -101,7 +101,7 @@ def test_sampled_addmm_errors_name_what_works():
 
 # ---------------------------------------------------------------------- ops/sampled.py
 def test_sampled_addmm_dtype_mismatch_raises_as_torch():
-    """Finding: mat1/mat2 of another dtype than self: torch raises (native CSR); sparsefill cast silently."""
+    """mat1/mat2 of another dtype than self: torch raises (native CSR), and so does sparsefill (never a silent cast)."""
     A = sparsefill.to_sparse(torch.tensor([[1.0, 0.0], [0.0, 2.0]]), layout=torch.sparse_csr)
     m1, m2 = torch.ones(2, 3, dtype=torch.float64), torch.ones(3, 2, dtype=torch.float64)
     with pytest.raises(RuntimeError, match="same dtype"):

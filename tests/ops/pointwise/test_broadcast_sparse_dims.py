@@ -504,3 +504,50 @@ def test_copy_of_broadcast_values_asks_the_byte_limit():
     torch.testing.assert_close(C.to_dense(), A.to_dense().expand(4, 3))
     C[0, 0] = 7.0  # (its own storage: a write to one element, as on dense)
     assert C.to_dense()[0, 0] == 7.0 and C.to_dense()[1, 0] == 1.0
+
+
+# ============================================================================== found while scaling the GNN up
+def _rows_graph(fill, n=2000, e=8000):
+    g = torch.Generator().manual_seed(0)
+    ei = torch.stack(
+        [torch.randint(0, n, (e,), generator=g), torch.randint(0, n, (e,), generator=g)]
+    )
+    return sparsefill.sparse_coo_tensor(
+        ei, torch.rand(e, generator=g), (n, n), fill_value=fill
+    ).coalesce()
+
+
+def test_row_normalisation_by_a_dense_norm_keeps_the_pattern():
+    """The workaround of the case below: dividing by the row norms as a dense (N, 1) tensor keeps the pattern."""
+    for fill in (0.0, sparsefill.indefinite):
+        X = _rows_graph(fill)
+        with sparsefill.densify_policy("raise", limit_bytes=1_000_000):
+            R = X / torch.linalg.vector_norm(X, 1, 1, keepdim=True).to_dense(
+                fill_value=0.0
+            ).clamp_min(1e-12)
+        assert R._nse() == X._nse()
+        assert_close(
+            R.to_dense(fill_value=0.0), F.normalize(X.to_dense(fill_value=0.0), p=1, dim=1)
+        )
+
+
+def test_row_normalisation_f_normalize_keeps_the_pattern():
+    X = _rows_graph(0.0)
+    with sparsefill.densify_policy("raise", limit_bytes=1_000_000):
+        R = F.normalize(X, p=1, dim=1)
+    assert R._nse() == X._nse()
+    assert_close(R.to_dense(), F.normalize(X.to_dense(), p=1, dim=1))
+
+
+@pytest.mark.parametrize("fill", [0.0, sparsefill.indefinite], ids=["fill0", "indefinite"])
+def test_expand_of_a_size_one_sparse_dim_is_bounded_by_the_policy(fill):
+    """F.normalize's denominator ``norm(keepdim=True).clamp_min(eps).expand_as(X)``: at most O(N) stored, or a
+    DensifyError under the policy's byte limit; never O(N^2) stored elements without either."""
+    X = _rows_graph(fill)
+    d = X.norm(1, 1, keepdim=True).clamp_min(1e-12)
+    with sparsefill.densify_policy("raise", limit_bytes=1_000_000):
+        try:
+            E = d.expand_as(X)
+        except sparsefill.DensifyError:
+            return
+    assert E._nse() <= 2 * X.shape[0]

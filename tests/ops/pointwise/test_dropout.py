@@ -160,7 +160,7 @@ def test_dropout_matches_dense(A, p, inplace, mode, seed):
 
 
 def test_dropout_negative_zero_fill():
-    """Finding: a -0.0 fill (a zero fill, as the library compares) times the keep mask's fill -0.0 gave 0.0; dense
+    """A -0.0 fill (a zero fill, as the library compares) times the keep mask's fill -0.0 gave 0.0; dense
     keeps -0.0 * 0 = -0.0 (p = 1: deterministic)."""
     for fill in (torch.tensor(-0.0), torch.tensor([-0.0, 0.0])):
         A = sparsefill.sparse_coo_tensor(

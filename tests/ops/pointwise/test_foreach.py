@@ -16,6 +16,9 @@ from torch.utils._pytree import tree_map
 
 import sparsefill
 from sparsefill import SparseTensor
+from torch import nn
+from torch.testing import assert_close
+from tests.models.test_graph_attention import _no_densify
 
 OPS = [
     op
@@ -71,3 +74,16 @@ def test_foreach_is_native(op, inplace):
         torch.testing.assert_close(dense, list(want), equal_nan=True)
         ran += 1
     assert ran, f"{op.name}: no sample ran"
+
+
+def test_foreach_norm_of_a_sparse_gradient_does_not_densify():
+    G = sparsefill.sparse_coo_tensor([[0, 1, 3], [1, 2, 0]], torch.randn(3), (4, 3), fill_value=0.5)
+    with warnings.catch_warnings():
+        _no_densify()
+        got = torch._foreach_norm([G], 2.0)[0]
+        assert_close(torch.ops.aten.norm.Scalar(G, 1), torch.linalg.vector_norm(G.to_dense(), 1))
+        p = nn.Parameter(torch.zeros(4, 3))
+        p.grad = G
+        n = torch.nn.utils.clip_grad_norm_([p], 1e9, foreach=True)
+    assert_close(got, torch.linalg.vector_norm(G.to_dense()))
+    assert_close(n, got)

@@ -1,4 +1,4 @@
-"""The element-wise fast path (``pointwise.unary_fast``, issue 18's per-call cost): same results as on the dense
+"""The element-wise fast path (``pointwise.unary_fast``, the per-call cost): same results as on the dense
 tensors, whatever shortcut it takes (same pattern, the cached union of two patterns, three patterns), and the
 per-op decisions it caches (``_call_of``) run exactly the op that was dispatched."""
 
@@ -551,7 +551,7 @@ INPLACE = {
 
 
 def test_int_then_float_scalar_promotes_as_dense():
-    """Finding: ``_BY_VALUE`` was keyed by ``(op, c, dtype)``, and ``1 == 1.0`` hash alike: after ``A * 1`` on an
+    """``_BY_VALUE`` was keyed by ``(op, c, dtype)``, and ``1 == 1.0`` hash alike: after ``A * 1`` on an
     integer ``A``, ``A * 1.0`` reused the int operand (int64 result; dense: float32), and ``A.mul_(1.0)`` wrote
     silently where dense raises."""
     for dtype in (torch.int64, torch.int32, torch.bool):
@@ -598,7 +598,7 @@ def test_scalar_ops_match_dense(A, calls):
 
 
 def test_zero_dim_sparse_promotes_as_a_zero_dim_tensor():
-    """Finding: a 0-d SparseTensor promoted as a dimensioned tensor (its values are): ``a0 + e0`` with a 0-d float64
+    """A 0-d SparseTensor once promoted as a dimensioned tensor (its values are): ``a0 + e0`` with a 0-d float64
     dense ``e0`` was float32 (dense: float64), a 0-d float64 ``a0 + B`` with a float32 ``B`` float64 (dense:
     float32)."""
     a64 = sparsefill.sparse_coo_tensor(
@@ -641,7 +641,7 @@ def _no_element_cases(dtype):
 
 
 def test_empty_integer_division_by_zero():
-    """Finding: a SparseTensor with no element (numel 0) raised where the fill's op raises (int ``// 0``, ``% 0``;
+    """A SparseTensor with no element (numel 0) raised where the fill's op raises (int ``// 0``, ``% 0``;
     an int32 ``// 2**60`` overflow), though no element reads the fill; dense returns the empty result.  Out of place
     (``unary_fast``, the general rule, a dense operand varying along the sparse dims: ``_constant_fill``), in place
     and ``out=``; a SparseTensor with elements still raises as dense."""

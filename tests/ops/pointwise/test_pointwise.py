@@ -16,6 +16,7 @@ from tests.sparse_cases import (
     sparse_cases,
     SETTINGS,
 )
+from torch.testing import assert_close
 
 
 def _inputs():
@@ -667,8 +668,8 @@ def varying_operands(draw):
 @SETTINGS
 @given(varying_operands(), st.sampled_from(sorted(OPS_DENSE)))
 def test_dense_operand_varying_along_sparse_dims(pair, name):
-    """Values, dtypes and errors as dense; the sign of a zero at an unspecified element excepted (the open finding
-    of :func:`test_signed_zero_fill_regression`)."""
+    """Values, dtypes and errors as dense; the sign of a zero at an unspecified element excepted (the open question
+    of :func:`test_signed_zero_of_a_dense_operand_times_a_zero_fill`)."""
     A, e = pair
     x = A.to_dense()
     f = OPS_DENSE[name]
@@ -686,7 +687,7 @@ def test_dense_operand_varying_along_sparse_dims(pair, name):
 @pytest.mark.xfail(
     strict=True,
     reason=(
-        "open finding (ops/pointwise_dense._constant_fill): A * e with a zero fill and an e of mixed sign is 0.0 at some "
+        "open (ops/pointwise_dense._constant_fill): A * e with a zero fill and an e of mixed sign is 0.0 at some "
         "unspecified elements and -0.0 at others; the pattern is kept with fill 0.0 (== ignores the sign), so 1 / (A * e) "
         "gives inf where dense gives -inf. The library's convention (_convert.differs: -0.0 == 0.0; to_sparse, prune, "
         "views' write-through) and torch's sparse mul's; the exact fix (signbit in _constant_fill) makes the GAT scores "
@@ -755,3 +756,24 @@ def test_dense_operand_varying_under_checkpoint():
     ref = torch.autograd.grad(step(v, e), (v, e))
     for a, b in zip(got, ref):
         torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize(
+    "op", ["addcdiv", "addcmul", "lerp", "clamp", "addcmul_", "_foreach_addcdiv"]
+)
+def test_ternary_op_with_two_operands_sharing_an_index(op):
+    P = sparsefill.sparse_coo_tensor(
+        [[0, 1, 3], [1, 2, 0]], torch.tensor([1.0, -2.0, 3.0]), (4, 3), fill_value=0.5
+    )
+    a = sparsefill.sparse_coo_tensor(
+        [[0, 0, 1, 3], [0, 1, 2, 0]], torch.tensor([-0.1, 0.2, 0.0, 0.0]), (4, 3)
+    )
+    b = sparsefill.sparse_coo_tensor(
+        a._idx, torch.tensor([1.0, 2.0, 3.0, 4.0]), (4, 3), fill_value=1.0
+    )  # a's index
+    assert b._idx is a._idx
+    f = {
+        "addcmul_": lambda P, a, b: P.clone().addcmul_(a, b),
+        "_foreach_addcdiv": lambda P, a, b: torch._foreach_addcdiv([P], [a], [b])[0],
+    }.get(op) or getattr(torch, op)
+    assert_close(f(P, a, b).to_dense(), f(P.to_dense(), a.to_dense(), b.to_dense()))

@@ -1,4 +1,4 @@
-"""Element-wise ops between SparseTensors that split their dims differently into sparse and dense (issue 18)::
+"""Element-wise ops between SparseTensors that split their dims differently into sparse and dense::
 
     op(A, B).to_dense() == op(A.to_dense(), B.to_dense())          (forward)
     grad(values, fill of A and B) == the same gradients through the dense tensors        (backward)
@@ -256,9 +256,9 @@ def test_mixed_splits_are_native(op):
 
 
 def test_report(capsys):
-    """The counts of the sweep above (when it ran in this session): ops with a densified or failed sample."""
+    """The counts of the sweep above (when it ran in this run): ops with a densified or failed sample."""
     if not REPORT:
-        pytest.skip("the OpInfo sweep did not run in this session")
+        pytest.skip("the OpInfo sweep did not run in this run")
     total = sum(REPORT.values(), collections.Counter())
     bad = sorted(k for k, c in REPORT.items() if c["densify"] or c["FAIL"])
     with capsys.disabled():
@@ -419,7 +419,7 @@ def _pair(op, A, B, xa, xb):
     return out
 
 
-def test_the_issue_examples_are_native():
+def test_array_fill_beside_all_sparse_is_native():
     """A hybrid with an array fill beside an all-sparse COO of the same shape (``A + B``, ``A * B``), and a (5, 1)
     hybrid broadcast against a (5,) COO: the pointwise rule takes them (``explain``), no densify fallback."""
     x = torch.randn(5, 3)

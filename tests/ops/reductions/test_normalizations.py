@@ -1,5 +1,5 @@
 """softmax, log_softmax and softmin on SparseTensors (fill-value-rfc.md point 5), and gradcheck over
-``(values, fill)`` of the reductions and normalizations the reductions issue names."""
+``(values, fill)`` of the reductions and normalizations."""
 
 from __future__ import annotations
 
@@ -126,7 +126,7 @@ def test_gradcheck_over_values_and_fill(name, layout):
         assert gradcheck(fn, (v, f), check_batched_grad=False)
 
 
-# ---------------------------------------------------------------- edge cases found in review (moved from tests/test_review_regressions.py)
+# ---------------------------------------------------------------- edge cases
 import math  # noqa: E402
 
 import sparsefill as sf  # noqa: E402

@@ -248,7 +248,7 @@ def test_var_mean_of_a_nonfinite_fill_is_nan_as_dense(fn, fill):
                 torch.testing.assert_close(got.detach(), want, equal_nan=True)
 
 
-# ---------------------------------------------------------------- edge cases found in review (moved from tests/test_review_regressions.py)
+# ---------------------------------------------------------------- edge cases
 import math  # noqa: E402
 
 import sparsefill as sf  # noqa: E402

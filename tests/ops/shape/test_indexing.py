@@ -419,7 +419,7 @@ def test_gather_masked_select_and_nonzero(layout, dd):
         torch.gather(A, 0, torch.tensor([[[4]]]))
 
 
-# ---------------------------------------------------------------- edge cases found in review (moved from tests/test_review_regressions.py)
+# ---------------------------------------------------------------- edge cases
 import sparsefill as sf  # noqa: E402
 
 

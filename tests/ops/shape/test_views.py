@@ -11,6 +11,8 @@ from sparsefill import SparseTensor
 from hypothesis import given, strategies as st
 from sparsefill.ops._writes import viewed
 from tests.sparse_cases import assert_identical, outcome, sparse_cases, SETTINGS
+import copy
+import io
 
 LAYOUTS = [torch.sparse_coo, torch.sparse_csr]
 
@@ -99,7 +101,7 @@ def test_write_through_an_expanded_view():
     torch.testing.assert_close(A.to_dense(), d)
 
 
-# ---------------------------------------------------------------- edge cases found in review (moved from tests/test_review_regressions.py)
+# ---------------------------------------------------------------- edge cases
 import sparsefill as sf  # noqa: E402
 
 
@@ -173,3 +175,39 @@ def test_in_place_on_views_and_aliases(A, which, op):
     # (the sign of a zero fill is not kept through a view's write-through: the library's -0.0 == 0.0 convention)
     assert_identical(V.to_dense(), v, signed_zeros=False)
     assert_identical(A.to_dense(), x, signed_zeros=False)
+
+
+def test_saving_a_stale_view_saves_what_its_base_holds_now():
+    A = sparsefill.to_sparse(torch.tensor([[1.0, 0.0], [0.0, 2.0]]))
+    V = A[1]
+    A.mul_(10)
+    buf = io.BytesIO()
+    torch.save(V, buf)
+    buf.seek(0)
+    for W in (copy.deepcopy(V), torch.load(buf, weights_only=True)):
+        torch.testing.assert_close(W.to_dense(), torch.tensor([0.0, 20.0]))
+
+
+def test_views_under_inference_mode():
+    x = torch.tensor([[1.0, 1.5], [1.5, 2.0]])
+    A = sparsefill.to_sparse(x, fill_value=1.5)
+    with torch.inference_mode():
+        assert A[0].shape == (2,) and A.t().shape == (2, 2)
+        A[0] = 3.0
+        B = sparsefill.to_sparse(x, fill_value=1.5)
+        V = B[1]
+        B.fill_value().fill_(7.0)
+        torch.testing.assert_close(V.to_dense(), torch.tensor([7.0, 2.0]))
+    torch.testing.assert_close(A.to_dense()[0], torch.tensor([3.0, 3.0]))
+
+
+def test_set_fill_value_copies_and_writes_through_views():
+    f = torch.tensor(2.0)
+    A = sparsefill.sparse_coo_tensor([[0]], [1.0], (3,))
+    A.set_fill_value_(f)
+    f.add_(1)
+    torch.testing.assert_close(A.to_dense(), torch.tensor([1.0, 2.0, 2.0]))
+    x = torch.tensor([[1.0, 1.5], [1.5, 2.0]])
+    B = sparsefill.to_sparse(x, fill_value=1.5)
+    B.t().set_fill_value_(0.0)
+    torch.testing.assert_close(B.to_dense(), torch.tensor([[1.0, 0.0], [0.0, 2.0]]))
