@@ -246,7 +246,7 @@ def test_dense_gradient_of_sparse_output(backend, layout, dense_shape, fill):
 def test_graph_break_never_an_error():
     """Without fullgraph, an op whose handler does not trace (sparse @ sparse: torch's native sparse kernels) is a
     graph break and the result is the eager one; with fullgraph the break is reported.  (``masked.cumsum`` of an
-    indefinite fill, once a break, now traces: tests/test_compile_masked.py; here compiled without fullgraph.)"""
+    indefinite fill, once a break, now traces: tests/compile/test_compile_masked.py; here compiled without fullgraph.)"""
     fn = lambda A, B: torch.exp((A @ B.t()) * -1) + 1  # noqa: E731
     A, _, _ = make(8, 0)
     B, _, _ = make(9, 1)

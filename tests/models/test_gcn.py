@@ -94,7 +94,7 @@ def test_gcn_trains_like_dense(layout):
 
 def test_gcn_compiled_aot_eager():
     """``torch.compile(model)``, eval and inference_mode included (inductor, checked by hand: the same, but a
-    minute of compiling per layout here; tests/test_compile_train.py has the product's inductor test)."""
+    minute of compiling per layout here; tests/compile/test_compile_train.py has the product's inductor test)."""
     torch._dynamo.reset()
     A, x, y = _graph()
     ref = _train_gcn(A.to_dense(), x, y)

@@ -23,7 +23,7 @@ here), in each variant:
   past the input's shape is ``n/a``): the reference is ``(op(D) * W * mask).sum()`` (the masked-out
   elements never reach the gradient of ``values``); the reductions of ``MASKED_REDUCTIONS``: the
   reference is ``torch.masked.<name>(D, ..., mask=mask)``.  Other ops on an indefinite fill are ``n/a``
-  here (var/std/norm take other arguments in ``torch.masked``; ``tests/test_backward_reductions.py``
+  here (var/std/norm take other arguments in ``torch.masked``; ``tests/ops/reductions/test_backward_reductions.py``
   checks them).
 
 Outcomes per (op, variant, sample), printed at the end of the run (``conftest.py``):
@@ -85,14 +85,14 @@ DECLARED_BACKWARD = {
         "the sweep's upstream gradient is dense (W over the result's dense form), so the input's "
         "gradient is dense by nature: ops/windows/pooling.py's avg_pool2d_backward takes a SparseTensor "
         "gradient natively and leaves a dense one to the densify fallback, announced (by "
-        "design: tests/test_windows.py)",
+        "design: tests/ops/windows/test_windows.py)",
         ("coo", "csr", "nan"),
     ),
     "nn.functional.conv1d": (
         "the result of a random kernel is dense by nature (each output channel its own interior "
         "value), so the upstream gradient is dense: ops/windows/convolution.py's convolution_backward takes a "
         "SparseTensor gradient natively and leaves a dense one to the densify fallback, announced "
-        "(by design: tests/test_windows.py)",
+        "(by design: tests/ops/windows/test_windows.py)",
         ("coo", "csr", "nan"),
     ),
     "nn.functional.rrelu": (

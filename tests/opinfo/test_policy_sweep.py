@@ -20,7 +20,7 @@ Outcomes per op (printed at the end of the run, the counts in ``COUNTS``):
 * ``native``: ran, forward and backward, with no allocation past the limit;
 * ``DensifyError``: the policy refused (the message names the op and its bytes);
 * ``rejects``: the op raises another error on this input (the dense op's own error, an unsupported argument:
-  ``tests/test_opinfo.py`` checks that these match the dense op);
+  ``tests/opinfo/test_opinfo.py`` checks that these match the dense op);
 * ``n/a``: no float64 tensor input with two or more elements;
 * ``violates``: an allocation past the limit -- fails the test;
 * ``declared``: a violation in ``DECLARED`` (a known defect, with what allocates).
@@ -154,7 +154,7 @@ def _run(op) -> tuple[str, str]:
     except DensifyError as e:
         assert re.search(r"\d+ bytes", str(e)), str(e)
         outcome, why = "DensifyError", str(e)[:200]
-    except Exception as e:  # noqa: BLE001 - the op's own error on this input (tests/test_opinfo.py compares them)
+    except Exception as e:  # noqa: BLE001 - the op's own error on this input (tests/opinfo/test_opinfo.py compares them)
         outcome, why = "rejects", f"{type(e).__name__}: {str(e)[:200]}"
     else:
         outcome, why = "native", ""

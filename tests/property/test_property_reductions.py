@@ -81,7 +81,7 @@ def test_reduction(A, name, keepdim, data):
         and x.is_floating_point()
         and x.isnan().any()
     ):
-        return  # (ties of NaN positions: torch's first NaN; covered by tests/test_reductions.py)
+        return  # (ties of NaN positions: torch's first NaN; covered by tests/ops/reductions/test_reductions.py)
     agree(lambda: f(A, d, keepdim), lambda: f(x, d, keepdim))
 
 
@@ -95,5 +95,5 @@ def test_scan(A, name, data):
     d = data.draw(st.integers(-A.dim(), A.dim() - 1))
     x = A.to_dense()
     if name in ("cummax", "cummin") and x.is_floating_point() and x.isnan().any():
-        return  # (the index of a NaN run: torch's own convention, tested in tests/test_reductions.py)
+        return  # (the index of a NaN run: torch's own convention, tested in tests/ops/reductions/test_reductions.py)
     agree(lambda: SCANS[name](A, d), lambda: SCANS[name](x, d))

@@ -354,7 +354,7 @@ def test_avg_pool_backward_gradient_fill(w, s, p, native):
 def test_avg_pool1d_short_rows_backward_within_the_input_size(layout, w, s, p, ceil):
     """Many short rows (the edge inputs, weighed one window tap at a time, outnumber the interior ones): the
     gradients of the values and the fill equal dense's, with a byte limit of the input's dense size raising nothing
-    (the allocations themselves are logged by tests/test_policy_sweep.py)."""
+    (the allocations themselves are logged by tests/opinfo/test_policy_sweep.py)."""
     shape = (4, 3, 9)
     keep = torch.rand(shape, generator=torch.Generator().manual_seed(1)) < 0.25
     idx = keep.nonzero().T
