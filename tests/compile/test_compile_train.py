@@ -305,7 +305,7 @@ def test_compiled_training_step_matches_dense():
     torch._dynamo.reset()
     out = []
     for sparse in (True, False):
-        W = torch.nn.Parameter(_W().coalesce() if sparse else _W().to_dense())
+        W = torch.nn.Parameter(_W(torch.sparse_coo) if sparse else _W(torch.sparse_coo).to_dense())
         o = torch.optim.SGD([W], lr=0.05)
 
         def step():
