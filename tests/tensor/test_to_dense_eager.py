@@ -13,6 +13,7 @@
 - a fill_value of a torch.Tensor subclass gives the same result type on every path.
 """
 
+import ast
 import os
 import subprocess
 import sys
@@ -300,48 +301,58 @@ def test_fill_pass_first_call_compiles_then_loads_from_numba_cache(tmp_path):
 
 
 _SCRIPT_FREED = textwrap.dedent("""
-    import sys, torch, sparsefill
+    import os, sys, torch, sparsefill
     from sparsefill import _merge
     _merge._compiled()
-    A = sparsefill.sparse_coo_tensor([[1, 5]], [3., 4.], (20000,), fill_value=2.)
-    {"fill": A._fill, "values": A._vals, "indices": A._idx}[sys.argv[1]].untyped_storage().resize_(0)
-    try:
-        A.to_dense()
-    except RuntimeError as e:
-        print("RuntimeError", e)
+    for part in ("fill", "values", "indices"):
+        sys.stdout.flush()
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # each part in a child forked after the imports: a crash kills the child alone
+            os.close(r)
+            A = sparsefill.sparse_coo_tensor([[1, 5]], [3., 4.], (20000,), fill_value=2.)
+            {"fill": A._fill, "values": A._vals, "indices": A._idx}[part].untyped_storage().resize_(0)
+            try:
+                A.to_dense()
+                os.write(w, b"no error")
+            except RuntimeError as e:
+                os.write(w, f"RuntimeError {e}".encode())
+            os._exit(0)
+        os.close(w)
+        out = b"".join(iter(lambda: os.read(r, 4096), b"")).decode()
+        os.close(r)
+        _, status = os.waitpid(pid, 0)
+        print(f"{part}\t{os.waitstatus_to_exitcode(status)}\t{out!r}")
 """)
 
 
-def test_freed_fill_storage_is_an_error_not_a_crash():
+@pytest.fixture(scope="module")
+def freed_storage_outcomes():
+    """``{part: (exit code, output)}`` of ``to_dense()`` after the part's storage is freed, each part in a
+    fresh process (forked after one import of torch and sparsefill)."""
+    pytest.importorskip(
+        "numba", reason="the compiled kernels under test need numba (without it torch ops run)"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", _SCRIPT_FREED], capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 0, r.stderr[-1000:]
+    rows = (line.split("\t") for line in r.stdout.splitlines())
+    return {part: (int(code), ast.literal_eval(out)) for part, code, out in rows}
+
+
+def test_freed_fill_storage_is_an_error_not_a_crash(freed_storage_outcomes):
     """A fill whose storage was freed (``untyped_storage().resize_(0)``, as FSDP frees parameters): reading it at
     ``data_ptr()`` == 0 would kill the process (SIGSEGV; torch's own ``fill_``/``put_`` crash there too): the
     fill pass raises a RuntimeError naming the part."""
-    pytest.importorskip(
-        "numba", reason="the compiled kernels under test need numba (without it torch ops run)"
-    )
-    r = subprocess.run(
-        [sys.executable, "-c", _SCRIPT_FREED, "fill"], capture_output=True, text=True, timeout=120
-    )
-    assert r.returncode == 0 and r.stdout.startswith("RuntimeError"), (
-        r.returncode,
-        r.stdout,
-        r.stderr[-1000:],
-    )
+    code, out = freed_storage_outcomes["fill"]
+    assert code == 0 and out.startswith("RuntimeError"), (code, out)
 
 
 @pytest.mark.parametrize("part", ["values", "indices"])
-def test_freed_values_or_indices_storage_is_an_error_not_a_crash(part):
-    pytest.importorskip(
-        "numba", reason="the compiled kernels under test need numba (without it torch ops run)"
-    )
-    r = subprocess.run(
-        [sys.executable, "-c", _SCRIPT_FREED, part], capture_output=True, text=True, timeout=120
-    )
-    assert r.returncode == 0 and r.stdout.startswith("RuntimeError"), (
-        r.returncode,
-        r.stdout,
-        r.stderr[-1000:],
-    )
+def test_freed_values_or_indices_storage_is_an_error_not_a_crash(part, freed_storage_outcomes):
+    code, out = freed_storage_outcomes[part]
+    assert code == 0 and out.startswith("RuntimeError"), (code, out)
 
 
 def test_numba_disable_jit_falls_back_to_torch_ops():
