@@ -26,7 +26,8 @@ from torch.testing import assert_close
 from sparsefill import masked
 from sparsefill.nn import SparseParameter
 from tests.models.test_graph_attention import _adj, _E, _N
-from tests.models.test_training_loops import _W, _LAYOUTS
+from tests.models import _LAYOUTS
+from tests.models.test_training_loops import _W
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 

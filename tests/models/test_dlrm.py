@@ -11,6 +11,7 @@ from torch import nn
 from torch.testing import assert_close
 import sparsefill
 from sparsefill import segment
+from tests.models import _no_densify
 
 
 # (torch.jit's deprecation, imported by inductor; torch's beta/invariant notes on native sparse tensors)
@@ -18,10 +19,6 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore::DeprecationWarning"),
     pytest.mark.filterwarnings("ignore:Sparse:UserWarning"),
 ]
-
-
-def _no_densify():
-    warnings.simplefilter("error", sparsefill.DensifyWarning)
 
 
 # ---------------------------------------------------------------------------------------------- (b) DLRM-like

@@ -14,21 +14,13 @@ from torch.testing import assert_close
 from torch.utils.checkpoint import checkpoint
 import sparsefill
 from sparsefill import masked
+from tests.models import _LAYOUTS, _no_densify
 
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore::DeprecationWarning"),
     pytest.mark.filterwarnings("ignore:Sparse:UserWarning"),
 ]
-
-
-_LAYOUTS = pytest.mark.parametrize(
-    "layout", [torch.sparse_coo, torch.sparse_csr], ids=["coo", "csr"]
-)
-
-
-def _no_densify():
-    warnings.simplefilter("error", sparsefill.DensifyWarning)
 
 
 # ============================================================================== 1. a GNN attention layer

@@ -13,16 +13,13 @@ from torch import nn
 from torch.testing import assert_close
 import sparsefill
 from sparsefill.segment import KeyedJaggedBatch
+from tests.models import _no_densify
 
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore::DeprecationWarning"),
     pytest.mark.filterwarnings("ignore:Sparse:UserWarning"),
 ]
-
-
-def _no_densify():
-    warnings.simplefilter("error", sparsefill.DensifyWarning)
 
 
 # ============================================================================== 2. a recommender

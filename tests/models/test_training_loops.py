@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 import sparsefill
+from tests.models import _LAYOUTS
 
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -25,11 +26,6 @@ _X = torch.randn(5, 3, generator=torch.Generator().manual_seed(0))
 
 
 _Y = torch.randn(5, 4, generator=torch.Generator().manual_seed(1))
-
-
-_LAYOUTS = pytest.mark.parametrize(
-    "layout", [torch.sparse_coo, torch.sparse_csr], ids=["coo", "csr"]
-)
 
 
 def _loss(P):

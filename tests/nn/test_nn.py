@@ -20,7 +20,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import sparsefill
 from sparsefill.nn import SparseLinear, SparseParameter
 from torch.testing import assert_close
-from tests.models.test_training_loops import _W, _X, _LAYOUTS
+from tests.models import _LAYOUTS
+from tests.models.test_training_loops import _W, _X
 
 LAYOUTS = [torch.sparse_coo, torch.sparse_csr]
 FILLS = [

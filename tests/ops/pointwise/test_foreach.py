@@ -18,7 +18,7 @@ import sparsefill
 from sparsefill import SparseTensor
 from torch import nn
 from torch.testing import assert_close
-from tests.models.test_graph_attention import _no_densify
+from tests.models import _no_densify
 
 OPS = [
     op
