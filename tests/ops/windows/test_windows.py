@@ -7,6 +7,7 @@ and fill equal those through ``A.to_dense()``.  The native runs are under ``dens
 nothing densifies (the pattern of the result and of the input's gradient is checked to be sparse too).
 """
 
+import functools
 import math
 import warnings
 
@@ -501,7 +502,13 @@ def test_selections_of_the_pipeline_share_the_index(fill, coalesced, backend):
     pipeline: equal to dense (values and fill gradients), the index rows of a squeeze or of a select on a
     size-1 dim a view of the input's (no copy), an inserted size-1 dim's row zero -- past ``_CALLOC_MIN``
     stored elements too (the zeroed index whose size-1 rows are not written)."""
-    # (no window op: the numba run repeats the torch run; kept rather than a skip)
+    # (no window op: the numba run would repeat the torch run; kept rather than a skip, it reuses the
+    # first run's outcome: the check runs once per (fill, coalesced) and again only after a failure)
+    _check_selections_share_the_index(fill, coalesced)
+
+
+@functools.cache
+def _check_selections_share_the_index(fill, coalesced):
     from sparsefill.ops import shape
 
     n = shape._CALLOC_MIN + 10
