@@ -21,9 +21,8 @@ _register_property_profiles()
 def pytest_terminal_summary(terminalreporter):
     _backward_summary(terminalreporter)
     _policy_sweep_summary(terminalreporter)
-    mod = sys.modules.get(
-        "test_opinfo"
-    )  # not imported when the module did not run (importing op_db: 13 s)
+    # not imported when the module did not run (importing op_db: 13 s)
+    mod = sys.modules.get("tests.opinfo.test_opinfo")
     if mod is None or not mod.REPORT:
         return
     DECLARED, NO_FLOAT64, REPORT = mod.DECLARED, mod.NO_FLOAT64, mod.REPORT
@@ -46,8 +45,9 @@ def pytest_terminal_summary(terminalreporter):
 
 
 def _policy_sweep_summary(tr):
-    """The densify policy sweep (tests/test_policy_sweep.py): ops per outcome under a tight byte limit."""
-    mod = sys.modules.get("test_policy_sweep")
+    """The densify policy sweep (tests/opinfo/test_policy_sweep.py): ops per outcome under a tight byte
+    limit."""
+    mod = sys.modules.get("tests.opinfo.test_policy_sweep")
     if mod is None or not mod.OUTCOMES:
         return
     tr.section(
@@ -59,10 +59,9 @@ def _policy_sweep_summary(tr):
 
 
 def _backward_summary(tr):
-    """The OpInfo backward conformance (tests/test_opinfo_backward.py): per op, how its backward ran."""
-    mod = sys.modules.get(
-        "test_opinfo_backward"
-    )  # not imported when the module did not run (op_db is slow)
+    """The OpInfo backward conformance (tests/opinfo/test_opinfo_backward.py): per op, how its backward
+    ran."""
+    mod = sys.modules.get("tests.opinfo.test_opinfo_backward")  # None: the module did not run
     if mod is None or not mod.REPORT:
         return
     DECLARED_BACKWARD, REPORT = mod.DECLARED_BACKWARD, mod.REPORT

@@ -140,21 +140,47 @@ _META_FAMILIES = [
 ]
 
 
-@pytest.mark.parametrize("family,setup,call", _META_FAMILIES, ids=[f[0] for f in _META_FAMILIES])
-def test_first_call_of_a_meta_family_does_not_import_dynamo(family, setup, call):
-    """Each family's first call in a fresh process runs no Python meta kernel: ``torch._dynamo`` (0.4-0.5 s) is
-    not imported (shape inference from one-element tensors and shape arithmetic, ``ops/fallback.py``)."""
+@pytest.fixture(scope="module")
+def meta_family_imports_dynamo():
+    """``{family: whether its first call imported torch._dynamo}``, each family's call in a fresh process.
+
+    One interpreter imports torch and sparsefill, then forks a child per family (the child starts from the
+    state right after the imports, as a fresh process after the same imports would): the import is paid
+    once, not once per family."""
     code = (
-        "import sys, torch\n"
+        "import os, sys, torch\n"
         "import torch.distributed.tensor  # what torch imports on the first __torch_dispatch__ of any subclass\n"
         "import sparsefill\n"
-        "A = sparsefill.sparse_coo_tensor([[0, 1, 1, 3], [2, 0, 3, 1]], [1., 2., 3., 4.], (4, 5), fill_value=0.5)\n"
-        "C = sparsefill.sparse_csr_tensor([0, 1, 2, 2, 3], [1, 0, 4], [3., 4., 5.], (4, 5), fill_value=-1.)\n"
         "import warnings; warnings.simplefilter('ignore')\n"
-        f"{setup}\n{call}\n"
-        "print('torch._dynamo' in sys.modules)\n"
+        "assert 'torch._dynamo' not in sys.modules\n"
+        f"FAMILIES = {[(f, s, c) for f, s, c in _META_FAMILIES]!r}\n"
+        "for family, setup, call in FAMILIES:\n"
+        "    sys.stdout.flush()  # (a child that fails exits by the interpreter: no line twice)\n"
+        "    r, w = os.pipe()\n"
+        "    pid = os.fork()\n"
+        "    if pid == 0:\n"
+        "        os.close(r)\n"
+        "        A = sparsefill.sparse_coo_tensor([[0, 1, 1, 3], [2, 0, 3, 1]], [1., 2., 3., 4.], (4, 5), fill_value=0.5)\n"
+        "        C = sparsefill.sparse_csr_tensor([0, 1, 2, 2, 3], [1, 0, 4], [3., 4., 5.], (4, 5), fill_value=-1.)\n"
+        "        exec(setup + '\\n' + call)\n"
+        "        os.write(w, str('torch._dynamo' in sys.modules).encode())\n"
+        "        os._exit(0)\n"
+        "    os.close(w)\n"
+        "    out = os.read(r, 16).decode()\n"
+        "    os.close(r)\n"
+        "    _, status = os.waitpid(pid, 0)\n"
+        "    print(family, '|', out if os.waitstatus_to_exitcode(status) == 0 else 'child failed')\n"
     )
-    assert _run(code) == "False"
+    return dict(line.split(" | ") for line in _run(code).splitlines())
+
+
+@pytest.mark.parametrize("family,setup,call", _META_FAMILIES, ids=[f[0] for f in _META_FAMILIES])
+def test_first_call_of_a_meta_family_does_not_import_dynamo(
+    family, setup, call, meta_family_imports_dynamo
+):
+    """Each family's first call in a fresh process runs no Python meta kernel: ``torch._dynamo`` (0.4-0.5 s) is
+    not imported (shape inference from one-element tensors and shape arithmetic, ``ops/fallback.py``)."""
+    assert meta_family_imports_dynamo[family] == "False"
 
 
 @pytest.mark.skipif(

@@ -8,7 +8,7 @@ Two tables, neither written by hand:
 
 * **OpInfo ops**: for each op of torch's ``op_db`` that the sweeps run (float64), the forward stage
   ``sparsefill.explain`` names for its first sample made sparse (COO), the aten ops reached; the forward
-  outcome of ``tests/test_opinfo.py`` and the backward outcome of ``tests/test_opinfo_backward.py``
+  outcome of ``tests/opinfo/test_opinfo.py`` and the backward outcome of ``tests/opinfo/test_opinfo_backward.py``
   (both sweeps run here, their per-op outcome classified by ``tests/conftest.py``'s ``_classify``, the
   code of the end-of-run summary), and the layout variants whose samples matched the dense result;
 * **registry**: every aten ``OpOverload`` with a handler in ``ops/registry.py HANDLERS``, its handler and
@@ -41,16 +41,18 @@ PASSING = {"native", "densify", "declared", "densify-backward"}
 
 
 def _modules():
-    if TESTS not in sys.path:
-        sys.path.insert(0, TESTS)
+    root = os.path.dirname(
+        TESTS
+    )  # the sweeps import as tests.opinfo.<module> (tests/ is a package)
+    if root not in sys.path:
+        sys.path.insert(0, root)
     # tests/conftest.py by its path: under pytest another folder's conftest may hold the name "conftest"
     spec = importlib.util.spec_from_file_location(
         "sparsefill_tests_conftest", Path(TESTS) / "conftest.py"
     )
     conftest = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(conftest)
-    import test_opinfo
-    import test_opinfo_backward
+    from tests.opinfo import test_opinfo, test_opinfo_backward
 
     return conftest, test_opinfo, test_opinfo_backward
 
@@ -165,8 +167,8 @@ def generate(names=None, out=None, backward=True) -> str:
         "`densify` (the fallback, under the densify policy). The forward stage is the first that could take "
         "the call; a handler or route may decline some inputs (then the outcome says `densify`).",
         "",
-        "Forward and backward outcomes are those of the OpInfo sweeps (`tests/test_opinfo.py`, "
-        "`tests/test_opinfo_backward.py`, classified as their end-of-run summary does in `tests/conftest.py`): "
+        "Forward and backward outcomes are those of the OpInfo sweeps (`tests/opinfo/test_opinfo.py`, "
+        "`tests/opinfo/test_opinfo_backward.py`, classified as their end-of-run summary does in `tests/conftest.py`): "
         "`native` matched the dense result with no densify, `densify` matched through the fallback, "
         "`declared` behaves as declared in the sweep module, `FAIL` a mismatch, `not exercised` no applicable "
         "sample. Layouts: the variants whose samples matched (`coo`, `csr`, `hybrid`, `nan` fill, `coo-all` "

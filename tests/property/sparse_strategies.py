@@ -9,7 +9,7 @@ compared: patterns and fills compare with ``==``, README), exactly for integers 
 fill compares where the result is specified (``check_masked``).
 
 The value helpers (``scalars``, ``random_values``, ``stored_as``) and the masked comparison are those of
-tests/test_fastpath_review.py, whose ``sparse_cases`` this module's :func:`sparse_tensors` extends to batched
+tests/sparse_cases.py, whose ``sparse_cases`` this module's :func:`sparse_tensors` extends to batched
 CSR, two dense dims, float16/bfloat16 and duplicate entries holding values.
 """
 
@@ -20,7 +20,7 @@ from hypothesis import assume, settings, strategies as st
 
 import sparsefill
 from sparsefill import SparseTensor
-from test_fastpath_review import (
+from tests.sparse_cases import (
     check_masked,
     dense_and_unspecified,
     random_values,

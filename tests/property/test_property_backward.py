@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, strategies as st
 
 import sparsefill
-from sparse_strategies import SETTINGS, outcome, sparse_tensors
+from tests.property.sparse_strategies import SETTINGS, outcome, sparse_tensors
 
 OPS = {
     "exp": torch.exp,

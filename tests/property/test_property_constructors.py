@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, strategies as st
 
 import sparsefill
-from sparse_strategies import DTYPES, SETTINGS, assert_same, random_values
+from tests.property.sparse_strategies import DTYPES, SETTINGS, assert_same, random_values
 
 
 @st.composite

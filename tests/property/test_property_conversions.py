@@ -8,7 +8,14 @@ import torch
 from hypothesis import given, strategies as st
 
 import sparsefill
-from sparse_strategies import ALL_DTYPES, SETTINGS, agree, assert_same, outcome, sparse_tensors
+from tests.property.sparse_strategies import (
+    ALL_DTYPES,
+    SETTINGS,
+    agree,
+    assert_same,
+    outcome,
+    sparse_tensors,
+)
 
 
 @SETTINGS

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from hypothesis import given, strategies as st
 
-from sparse_strategies import (
+from tests.property.sparse_strategies import (
     ALL_DTYPES,
     DTYPES,
     FILLS,

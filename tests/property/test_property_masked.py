@@ -11,7 +11,14 @@ import torch
 from hypothesis import given, strategies as st
 
 import sparsefill
-from sparse_strategies import DTYPES, FILLS, SETTINGS, assert_same, outcome, sparse_tensors
+from tests.property.sparse_strategies import (
+    DTYPES,
+    FILLS,
+    SETTINGS,
+    assert_same,
+    outcome,
+    sparse_tensors,
+)
 
 OPS = {
     "sum": (0,),

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from hypothesis import given, strategies as st
 
-from sparse_strategies import FLOATS, SETTINGS, agree, sparse_tensors
+from tests.property.sparse_strategies import FLOATS, SETTINGS, agree, sparse_tensors
 
 MATRICES = sparse_tensors(dtypes=FLOATS + [torch.int64, torch.bool], min_dim=2, max_dim=2)
 BATCHES = sparse_tensors(dtypes=FLOATS, min_dim=3, max_dim=3)

@@ -6,7 +6,14 @@ from __future__ import annotations
 import torch
 from hypothesis import given, strategies as st
 
-from sparse_strategies import DTYPES, FLOATS, SETTINGS, agree, dims_of, sparse_tensors
+from tests.property.sparse_strategies import (
+    DTYPES,
+    FLOATS,
+    SETTINGS,
+    agree,
+    dims_of,
+    sparse_tensors,
+)
 
 REDUCTIONS = {  # name: (fn(x, dim, keepdim), takes a tuple of dims)
     "sum": (lambda x, d, k: x.sum() if d is None else x.sum(d, keepdim=k), True),
@@ -74,7 +81,7 @@ def test_reduction(A, name, keepdim, data):
         and x.is_floating_point()
         and x.isnan().any()
     ):
-        return  # (ties of NaN positions: torch's first NaN; covered by tests/test_reductions.py)
+        return  # (ties of NaN positions: torch's first NaN; covered by tests/ops/reductions/test_reductions.py)
     agree(lambda: f(A, d, keepdim), lambda: f(x, d, keepdim))
 
 
@@ -88,5 +95,5 @@ def test_scan(A, name, data):
     d = data.draw(st.integers(-A.dim(), A.dim() - 1))
     x = A.to_dense()
     if name in ("cummax", "cummin") and x.is_floating_point() and x.isnan().any():
-        return  # (the index of a NaN run: torch's own convention, tested in tests/test_reductions.py)
+        return  # (the index of a NaN run: torch's own convention, tested in tests/ops/reductions/test_reductions.py)
     agree(lambda: SCANS[name](A, d), lambda: SCANS[name](x, d))

@@ -11,7 +11,7 @@ import pytest
 import torch
 from hypothesis import given, strategies as st
 
-from sparse_strategies import SETTINGS, assert_same
+from tests.property.sparse_strategies import SETTINGS, assert_same
 from sparsefill import segment
 
 REDUCERS = {  # name: (reference over a (n, ...) slice with n >= 1, takes integers)

@@ -9,7 +9,7 @@ from hypothesis import given, strategies as st
 
 import sparsefill
 
-from sparse_strategies import ALL_DTYPES, SETTINGS, agree, sparse_tensors
+from tests.property.sparse_strategies import ALL_DTYPES, SETTINGS, agree, sparse_tensors
 
 
 def _dim(data, A, extra=0):
