@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from sparsefill import segment
+from sparsefill._kernels import segment as segment_kernels
 
 from sparsefill.benchmarks.runner import Bench, case, optional_import, skipped
 
@@ -45,7 +46,7 @@ def _batch(n: int, d: int):
     segments, the generator ``g`` for what a case adds, and ``N``, ``S``, ``d``.  The compiled
     kernels are selected here, when a case is built (the default backend "auto" would import numba
     inside a timed round)."""
-    if segment.compiled_available() and segment._kernels.backend() == "auto":
+    if segment.compiled_available() and segment_kernels.backend() == "auto":
         segment.set_backend("numba")
     g = torch.Generator().manual_seed(0)
     S = max(1, n // 20)
