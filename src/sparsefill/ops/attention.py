@@ -1,0 +1,251 @@
+"""Sparse attention: ``F.scaled_dot_product_attention(q, k, v, attn_mask=A)`` with ``A`` a 2-D
+SparseTensor ``(L, S)`` whose unspecified elements are masked out (an indefinite fill, a bool fill
+``False`` or a float fill ``-inf``), broadcast over the leading dims of ``q``, ``k``, ``v``
+``(..., L, E)``, ``(..., S, E)``, ``(..., S, Ev)``::
+
+    out = softmax(scale * q @ k^T + bias) @ v     bias[i, j] = 0 (True) or the stored float value
+                                                  at a stored (i, j), -inf elsewhere
+
+what torch's SDPA computes on the dense mask ``A.to_dense(fill_value=-inf / False)`` (rows with no
+allowed element give 0, as torch's CPU kernel and ``masked.softmax(S) @ v`` do), and what
+``masked.softmax(torch.sparse.sampled_addmm(A, q, k^T, alpha=scale), -1) @ v`` computes, in one
+pass per block of rows: the block's scores only at the columns its rows store (a dense tile
+``rows x stored columns`` with the bias, one batched product), its row softmax and the product with
+``v``'s rows at those columns.  The backward recomputes each tile (as flash attention does): time
+O(sum of tile areas x E), memory O(largest tile) above the inputs' and outputs' -- never the dense
+``L x S`` scores, never ``nse``-sized intermediates kept between forward and backward.
+
+The tiles (columns and bias of each row block) are computed once per pattern and cached with it.
+Their area is close to ``nse`` for band, block and global-token patterns (a window of ``w`` around
+the diagonal: ``rows x (w + rows)``); for a scattered pattern each tile spans nearly every column
+and the work approaches the dense attention's (the memory stays one tile).
+
+>>> import torch, sparsefill, torch.nn.functional as F
+>>> i = torch.arange(6)
+>>> keep = (i[:, None] - i[None]).abs() <= 1                       # a band of width 3
+>>> idx = keep.nonzero().t()
+>>> A = sparsefill.sparse_coo_tensor(idx, torch.ones(idx.shape[1], dtype=torch.bool), (6, 6))
+>>> q, k, v = torch.randn(3, 2, 6, 4).unbind(0)
+>>> torch.testing.assert_close(F.scaled_dot_product_attention(q, k, v, attn_mask=A),
+...                            F.scaled_dot_product_attention(q, k, v, attn_mask=keep))
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from .._convert import coalesced_parts
+from .._grouping import pattern_cached
+from .._tensor import SparseTensor
+from .autograd_routes import register_route
+
+ROWS = 64  # rows per block: a tile spans the block's rows plus the window (band patterns)
+
+
+class _Tiles:
+    """The row blocks of a 2-D pattern: for block ``b`` (rows ``starts[b]:starts[b+1]``) the sorted
+    stored columns ``cols[b]``, the bias ``bias[b]`` (rows x columns: the stored value, -inf at the
+    pairs not stored) and ``empty[b]`` (local rows with no allowed pair, or None)."""
+
+    __slots__ = ("starts", "cols", "bias", "empty")
+
+    def __init__(self, starts, cols, bias, empty):
+        self.starts, self.cols, self.bias, self.empty = starts, cols, bias, empty
+
+
+def _tiles(crow: torch.Tensor, col: torch.Tensor, bias: torch.Tensor, rows: int) -> _Tiles:
+    """The tiles of the CSR pattern ``(crow, col)`` with ``bias`` the value of each stored element
+    (``-inf``: masked out), ``rows`` rows per block."""
+    L = crow.numel() - 1
+    counts = crow.diff()
+    starts = list(range(0, L, rows)) + [L]
+    cols, biases, empties = [], [], []
+    for r0, r1 in zip(starts[:-1], starts[1:]):
+        s, e = int(crow[r0]), int(crow[r1])
+        c = col[s:e]
+        local = torch.repeat_interleave(
+            torch.arange(r1 - r0, device=col.device), counts[r0:r1], output_size=e - s
+        )
+        uniq, inv = torch.unique(c, sorted=True, return_inverse=True)
+        tile = bias.new_full((r1 - r0, uniq.numel()), -math.inf)
+        tile[local, inv] = bias[s:e]
+        allowed = (tile > -math.inf).any(1)
+        empty = None
+        if not bool(allowed.all()):
+            # no allowed pair: the row's output is 0 (torch's kernel); a finite bias keeps the
+            # softmax free of NaN, and the row of P is zeroed after it
+            empty = (~allowed).nonzero().flatten()
+            tile[empty] = 0
+        cols.append(uniq)
+        biases.append(tile)
+        empties.append(empty)
+    return _Tiles(starts, cols, biases, empties)
+
+
+def _bias_values(A: SparseTensor, dtype: torch.dtype) -> torch.Tensor | None:
+    """The bias of each stored element of the coalesced ``A`` (0 or -inf for a bool mask, the value
+    for a float one), or None where ``A``'s unspecified elements are not masked out."""
+    vals = A._vals
+    if vals.dtype == torch.bool:
+        if not A._indefinite and bool(A._fill):
+            return None
+        return torch.zeros(vals.shape, dtype=dtype).masked_fill_(~vals, -math.inf)
+    if not vals.dtype.is_floating_point:
+        return None
+    if not A._indefinite and not bool(torch.isneginf(A._fill).all()):
+        return None
+    return vals.to(dtype)
+
+
+def tiles_of(A: SparseTensor, dtype: torch.dtype, rows: int = ROWS) -> _Tiles | None:
+    """The cached tiles of the 2-D mask ``A`` (None: not a pattern of allowed pairs)."""
+    if A.sparse_layout is torch.sparse_coo and not A.is_coalesced():
+        A = A.coalesce()
+    if A._sf_layout is torch.sparse_csr:
+        crow, col, vals = A._crow, A._col, A._vals
+        keys = (crow, col, vals)
+    else:
+        idx, vals = coalesced_parts(A)
+        keys = (idx, vals)
+    bias = _bias_values(A, dtype)
+    if bias is None:
+        return None
+
+    def compute():
+        if A._sf_layout is torch.sparse_csr:
+            c, cc = crow, col
+        else:
+            c = torch._convert_indices_from_coo_to_csr(idx[0], A.shape[0])
+            cc = idx[1]
+        return _tiles(c, cc, bias, rows)
+
+    return pattern_cached(("attention_tiles", tuple(A.shape), dtype, rows), keys, compute)
+
+
+def _tile_forward(T: _Tiles, b: int, q, k, v, scale):
+    """``(P, Kc, Vc)`` of block ``b``: the softmax of its scores over its tile, the tile's rows of
+    ``k`` and ``v`` (``q, k, v``: ``(N, L, E)``, ``(N, S, E)``, ``(N, S, Ev)``)."""
+    r0, r1, cols = T.starts[b], T.starts[b + 1], T.cols[b]
+    Kc, Vc = k.index_select(1, cols), v.index_select(1, cols)
+    S = torch.baddbmm(T.bias[b], q[:, r0:r1], Kc.transpose(1, 2), alpha=scale)
+    P = torch.softmax(S, -1)
+    if T.empty[b] is not None:
+        P.index_fill_(1, T.empty[b], 0)
+    return P, Kc, Vc
+
+
+def _forward(T: _Tiles, q, k, v, scale):
+    out = q.new_empty(q.shape[:-1] + v.shape[-1:])
+    for b in range(len(T.cols)):
+        P, _, Vc = _tile_forward(T, b, q, k, v, scale)
+        torch.bmm(P, Vc, out=out[:, T.starts[b] : T.starts[b + 1]])
+    return out
+
+
+def _backward(T: _Tiles, q, k, v, out, dout, scale, needs):
+    """``(dq, dk, dv)``: per block, with ``P`` recomputed, ``dS = P * (dout @ Vc^T - D)`` (``D``
+    the row sums of ``dout * out``), ``dq = scale dS @ Kc``, ``dk[cols] += scale dS^T @ q``,
+    ``dv[cols] += P^T @ dout``."""
+    D = (dout * out).sum(-1, keepdim=True)
+    dq = torch.empty_like(q) if needs[0] else None
+    dk = torch.zeros_like(k) if needs[1] else None
+    dv = torch.zeros_like(v) if needs[2] else None
+    for b in range(len(T.cols)):
+        r0, r1, cols = T.starts[b], T.starts[b + 1], T.cols[b]
+        P, Kc, Vc = _tile_forward(T, b, q, k, v, scale)
+        dO = dout[:, r0:r1]
+        if dv is not None:
+            dv.index_add_(1, cols, torch.bmm(P.transpose(1, 2), dO))
+        if dq is None and dk is None:
+            continue
+        dS = torch.bmm(dO, Vc.transpose(1, 2)).sub_(D[:, r0:r1]).mul_(P)
+        dS.mul_(scale)
+        if dq is not None:
+            torch.bmm(dS, Kc, out=dq[:, r0:r1])
+        if dk is not None:
+            dk.index_add_(1, cols, torch.bmm(dS.transpose(1, 2), q[:, r0:r1]))
+    return dq, dk, dv
+
+
+class SparseAttention(torch.autograd.Function):
+    """``softmax(scale q k^T + bias) v`` over the tiles ``T`` (``q, k, v`` flattened to 3-D),
+    differentiable in ``q``, ``k``, ``v``; the backward recomputes the tiles' softmax."""
+
+    @staticmethod
+    def forward(q, k, v, T, scale):
+        return _forward(T, q, k, v, scale)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        q, k, v, ctx.T, ctx.scale = inputs
+        ctx.save_for_backward(q, k, v, output)
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out = ctx.saved_tensors
+        dq, dk, dv = _backward(
+            ctx.T, q, k, v, out, dout.contiguous(), ctx.scale, ctx.needs_input_grad[:3]
+        )
+        return dq, dk, dv, None, None
+
+
+_SDPA_KW = ("attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+
+
+def _sdpa_args(args, kwargs):
+    """``(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)`` of a call, or None."""
+    if set(kwargs) - {"query", "key", "value", *_SDPA_KW} or len(args) > 3 + len(_SDPA_KW):
+        return None
+    names = ("query", "key", "value") + _SDPA_KW
+    defaults = (None, None, None, None, 0.0, False, None, False)
+    got = dict(zip(names, args))
+    if set(got) & set(kwargs):
+        return None
+    got.update(kwargs)
+    return tuple(got.get(n, d) for n, d in zip(names, defaults))
+
+
+def _fused_form(q, k, v, A) -> bool:
+    """The call the tiles compute: dense float q, k, v of one shape but the last two dims, a 2-D
+    SparseTensor mask ``(L, S)`` with no dense dims and no gradient."""
+    plain = all(
+        isinstance(t, torch.Tensor) and not isinstance(t, SparseTensor) and t.dim() >= 2
+        for t in (q, k, v)
+    )
+    return (
+        plain
+        and isinstance(A, SparseTensor)
+        and A.dim() == 2
+        and not A.dense_dim()
+        and not A.requires_grad
+        and q.dtype.is_floating_point
+        and q.dtype == k.dtype == v.dtype
+        and q.shape[:-2] == k.shape[:-2] == v.shape[:-2]
+        and q.shape[-1] == k.shape[-1]
+        and k.shape[-2] == v.shape[-2]
+        and tuple(A.shape) == (q.shape[-2], k.shape[-2])
+        and q.device == k.device == v.device == A.device
+    )
+
+
+@register_route(F.scaled_dot_product_attention, always=True)
+def _sdpa(func, args, kwargs):
+    """``F.scaled_dot_product_attention`` with a SparseTensor ``attn_mask``: the tiles; any other
+    form declines (dense semantics through the other handlers)."""
+    parsed = _sdpa_args(args, kwargs)
+    if parsed is None:
+        return NotImplemented
+    q, k, v, A, dropout_p, is_causal, scale, enable_gqa = parsed
+    if dropout_p or is_causal or enable_gqa or not _fused_form(q, k, v, A):
+        return NotImplemented
+    T = tiles_of(A, q.dtype)
+    if T is None:
+        return NotImplemented
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    lead = q.shape[:-2]
+    q3, k3, v3 = (t.reshape(-1, *t.shape[-2:]) for t in (q, k, v))
+    out = SparseAttention.apply(q3.contiguous(), k3.contiguous(), v3.contiguous(), T, scale)
+    return out.reshape(*lead, *out.shape[-2:])
