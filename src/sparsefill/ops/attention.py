@@ -100,8 +100,10 @@ def _bias_values(A: SparseTensor, dtype: torch.dtype) -> torch.Tensor | None:
     return vals.to(dtype)
 
 
-def tiles_of(A: SparseTensor, dtype: torch.dtype, rows: int = ROWS) -> _Tiles | None:
-    """The cached tiles of the 2-D mask ``A`` (None: not a pattern of allowed pairs)."""
+def tiles_of(A: SparseTensor, dtype: torch.dtype, rows: int | None = None) -> _Tiles | None:
+    """The cached tiles of the 2-D mask ``A`` (None: not a pattern of allowed pairs), ``rows``
+    rows per block (default ``ROWS``)."""
+    rows = ROWS if rows is None else rows
     if A.sparse_layout is torch.sparse_coo and not A.is_coalesced():
         A = A.coalesce()
     if A._sf_layout is torch.sparse_csr:
@@ -246,6 +248,7 @@ def _sdpa(func, args, kwargs):
         return NotImplemented
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     lead = q.shape[:-2]
-    q3, k3, v3 = (t.reshape(-1, *t.shape[-2:]) for t in (q, k, v))
+    n = math.prod(lead)
+    q3, k3, v3 = (t.reshape(n, *t.shape[-2:]) for t in (q, k, v))
     out = SparseAttention.apply(q3.contiguous(), k3.contiguous(), v3.contiguous(), T, scale)
     return out.reshape(*lead, *out.shape[-2:])

@@ -1,0 +1,145 @@
+"""``F.scaled_dot_product_attention(q, k, v, attn_mask=A)`` with a SparseTensor mask (the fused
+tiles of ``ops/attention.py``): forward and gradients equal torch's on the dense mask and the
+composite ``masked.softmax(sampled_addmm(A, q, k^T)) @ v``, for bool, float and indefinite masks,
+COO and CSR, float32 and float64, rows with no allowed pair, rectangular and empty patterns."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import sparsefill
+from sparsefill import masked
+from sparsefill.ops import attention
+
+
+def _band(L, S, window=3, globals_=2, empty_row=None):
+    """Band of half-width ``window`` plus ``globals_`` global tokens (rows and columns)."""
+    i, j = torch.arange(L)[:, None], torch.arange(S)[None]
+    keep = ((i - j).abs() <= window) | (i < globals_) | (j < globals_)
+    if empty_row is not None:
+        keep[empty_row] = False
+    return keep
+
+
+def _mask(keep, kind, layout, dtype):
+    """``keep`` as a SparseTensor: ``bool`` (stored True, fill False), ``indefinite`` (stored 0.),
+    ``float`` (stored random biases, fill -inf)."""
+    idx = keep.nonzero().t()
+    n = idx.shape[1]
+    if kind == "bool":
+        A = sparsefill.sparse_coo_tensor(idx, torch.ones(n, dtype=torch.bool), keep.shape)
+    elif kind == "indefinite":
+        A = sparsefill.sparse_coo_tensor(
+            idx, torch.zeros(n, dtype=dtype), keep.shape, fill_value=sparsefill.indefinite
+        )
+    else:
+        g = torch.Generator().manual_seed(3)
+        vals = torch.randn(n, generator=g, dtype=dtype)
+        A = sparsefill.sparse_coo_tensor(idx, vals, keep.shape, fill_value=-math.inf)
+    return A.to_sparse_csr() if layout == "csr" else A
+
+
+def _dense_mask(A, kind):
+    return A.to_dense(fill_value=False) if kind == "bool" else A.to_dense(fill_value=-math.inf)
+
+
+def _qkv(lead, L, S, E, Ev, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    shapes = ((*lead, L, E), (*lead, S, E), (*lead, S, Ev))
+    return [torch.randn(s, generator=g, dtype=dtype).requires_grad_() for s in shapes]
+
+
+def _check(A, dense_mask, q, k, v, **kw):
+    """Forward and the gradients of q, k, v against torch's SDPA on the dense mask."""
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=A, **kw)
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=dense_mask, **kw)
+    torch.testing.assert_close(out, ref)
+    g = torch.randn_like(ref)
+    for a, b in zip(torch.autograd.grad(out, (q, k, v), g), torch.autograd.grad(ref, (q, k, v), g)):
+        torch.testing.assert_close(a, b)
+    return out
+
+
+@pytest.mark.parametrize("layout", ["coo", "csr"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("kind", ["bool", "indefinite", "float"])
+def test_sdpa_sparse_mask_matches_dense(layout, dtype, kind, monkeypatch):
+    monkeypatch.setattr(attention, "ROWS", 16)  # several row blocks at a small size
+    keep = _band(70, 90, empty_row=20)  # (row 20: no allowed pair, output and gradients 0)
+    A = _mask(keep, kind, layout, dtype)
+    q, k, v = _qkv((2, 3), 70, 90, 8, 5, dtype)
+    out = _check(A, _dense_mask(A, kind), q, k, v)
+    assert not out[:, :, 20].any() and torch.isfinite(out).all()
+
+
+def test_sdpa_sparse_mask_matches_composite():
+    """The user's composite (scores at the pattern, masked softmax, product) gives the same."""
+    keep = _band(40, 40, empty_row=5)
+    A = _mask(keep, "indefinite", "csr", torch.float64)
+    q, k, v = _qkv((), 40, 40, 6, 6, torch.float64)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=A, scale=0.3)
+    P = masked.softmax(torch.sparse.sampled_addmm(A, q, k.t(), alpha=0.3), 1)
+    comp = P @ v
+    torch.testing.assert_close(out, comp)
+    g = torch.randn_like(out)
+    for a, b in zip(
+        torch.autograd.grad(out, (q, k, v), g), torch.autograd.grad(comp, (q, k, v), g)
+    ):
+        torch.testing.assert_close(a, b)
+
+
+def test_sdpa_sparse_mask_stored_false_and_duplicates():
+    """Stored False elements are masked out; an uncoalesced bool mask's duplicates are one pair."""
+    keep = _band(30, 30)
+    idx = keep.nonzero().t()
+    vals = torch.rand(idx.shape[1], generator=torch.Generator().manual_seed(1)) < 0.7
+    idx2 = torch.cat([idx, idx[:, :50]], 1)
+    vals2 = torch.cat([vals, vals[:50]])
+    A = sparsefill.sparse_coo_tensor(idx2, vals2, keep.shape)
+    assert not A.is_coalesced()
+    q, k, v = _qkv((2,), 30, 30, 4, 4, torch.float64)
+    _check(A, A.to_dense(), q, k, v)
+
+
+def test_sdpa_sparse_mask_empty_pattern_and_zero_size():
+    q, k, v = _qkv((2,), 9, 7, 4, 3, torch.float64)
+    A = sparsefill.sparse_coo_tensor(torch.zeros(2, 0, dtype=torch.long), [], (9, 7))
+    A = A.bool()
+    out = _check(A, A.to_dense(), q, k, v)
+    assert not out.any()
+    q, k, v = _qkv((2,), 0, 7, 4, 3, torch.float64)
+    A = sparsefill.sparse_coo_tensor(torch.zeros(2, 0, dtype=torch.long), [], (0, 7)).bool()
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=A)
+    assert out.shape == (2, 0, 3)
+
+
+def test_sdpa_sparse_mask_scale_no_grad_and_tile_cache(monkeypatch):
+    monkeypatch.setattr(attention, "ROWS", 8)
+    keep = _band(33, 33, window=2, globals_=1)
+    A = _mask(keep, "bool", "csr", torch.float32)
+    q, k, v = _qkv((3,), 33, 33, 4, 4, torch.float32)
+    _check(A, keep, q, k, v, scale=0.7)
+    with torch.no_grad():
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=A)
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, attn_mask=keep))
+    assert attention.tiles_of(A, torch.float32) is attention.tiles_of(A, torch.float32)
+    T = attention.tiles_of(A, torch.float32)
+    assert sum(b.numel() for b in T.bias) < keep.numel()  # tiles, not the dense scores
+
+
+def test_sdpa_sparse_mask_declined_forms_keep_dense_semantics():
+    """Forms the tiles do not compute (a mask whose unspecified elements take part, dropout of
+    0 given) keep torch's result on the dense mask; torch's errors stay torch's."""
+    keep = _band(12, 12)
+    idx = keep.nonzero().t()
+    q, k, v = _qkv((2,), 12, 12, 4, 4, torch.float64)
+    A = sparsefill.sparse_coo_tensor(idx, torch.randn(idx.shape[1], dtype=torch.float64), (12, 12))
+    _check(A, A.to_dense(), q, k, v)  # fill 0: every pair takes part (a dense bias)
+    B = _mask(keep, "bool", "coo", torch.float64)
+    _check(B, keep, q, k, v, dropout_p=0.0, is_causal=False)
+    with pytest.raises(RuntimeError, match="attn_mask"):
+        F.scaled_dot_product_attention(q, k, v, attn_mask=B, is_causal=True)
