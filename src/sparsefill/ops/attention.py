@@ -42,7 +42,9 @@ from .._grouping import pattern_cached
 from .._tensor import SparseTensor
 from .autograd_routes import register_route
 
-ROWS = 64  # rows per block: a tile spans the block's rows plus the window (band patterns)
+ROWS = None  # rows per block; None: chosen per pattern and batch (block_rows)
+CANDIDATES = (16, 32, 64, 128, 256)
+BLOCK_COST = 1_000_000  # a block's fixed cost (~12 torch calls) in multiply-adds of tile work
 
 
 class _Tiles:
@@ -100,31 +102,59 @@ def _bias_values(A: SparseTensor, dtype: torch.dtype) -> torch.Tensor | None:
     return vals.to(dtype)
 
 
-def tiles_of(A: SparseTensor, dtype: torch.dtype, rows: int | None = None) -> _Tiles | None:
-    """The cached tiles of the 2-D mask ``A`` (None: not a pattern of allowed pairs), ``rows``
-    rows per block (default ``ROWS``)."""
-    rows = ROWS if rows is None else rows
-    if A.sparse_layout is torch.sparse_coo and not A.is_coalesced():
-        A = A.coalesce()
+def _csr(A: SparseTensor):
+    """``(crow, col, vals, keys)`` of the coalesced 2-D ``A`` (``keys``: its index tensors, which
+    the caches key on)."""
     if A._sf_layout is torch.sparse_csr:
-        crow, col, vals = A._crow, A._col, A._vals
-        keys = (crow, col, vals)
-    else:
-        idx, vals = coalesced_parts(A)
-        keys = (idx, vals)
+        return A._crow, A._col, A._vals, (A._crow, A._col)
+    idx, vals = coalesced_parts(A)
+    crow = pattern_cached(
+        ("attention_crow", A.shape[0]),
+        (idx,),
+        lambda: torch._convert_indices_from_coo_to_csr(idx[0], A.shape[0]),
+    )
+    return crow, idx[1], vals, (idx,)
+
+
+def _areas(crow, col, ncols: int) -> dict:
+    """``{rows per block: (sum of the tile areas, number of blocks)}`` for each candidate."""
+    L = crow.numel() - 1
+    r = torch.repeat_interleave(
+        torch.arange(L, device=col.device), crow.diff(), output_size=col.numel()
+    )
+    out = {}
+    for b in CANDIDATES:
+        area = torch.unique(torch.div(r, b, rounding_mode="floor") * ncols + col).numel() * b
+        out[b] = (area, -(-L // b))
+    return out
+
+
+def block_rows(A: SparseTensor, work: int) -> int:
+    """Rows per block for the 2-D pattern ``A`` and ``work`` multiply-adds per tile element and
+    pass (batch x head dim): the candidate of least ``area x work + BLOCK_COST x blocks`` (a band's
+    tile spans its rows plus the window: small blocks waste less, large ones call less)."""
+    if ROWS is not None:
+        return ROWS
+    crow, col, _, keys = _csr(A)
+    areas = pattern_cached(
+        ("attention_areas", tuple(A.shape)), keys, lambda: _areas(crow, col, A.shape[1])
+    )
+    return min(areas, key=lambda b: areas[b][0] * work + BLOCK_COST * areas[b][1])
+
+
+def tiles_of(A: SparseTensor, dtype: torch.dtype, rows: int | None = None) -> _Tiles | None:
+    """The cached tiles of the coalesced 2-D mask ``A`` (None: not a pattern of allowed pairs),
+    ``rows`` rows per block (default ``ROWS``, or 64 where that is None)."""
+    rows = rows or ROWS or 64
     bias = _bias_values(A, dtype)
     if bias is None:
         return None
-
-    def compute():
-        if A._sf_layout is torch.sparse_csr:
-            c, cc = crow, col
-        else:
-            c = torch._convert_indices_from_coo_to_csr(idx[0], A.shape[0])
-            cc = idx[1]
-        return _tiles(c, cc, bias, rows)
-
-    return pattern_cached(("attention_tiles", tuple(A.shape), dtype, rows), keys, compute)
+    crow, col, vals, keys = _csr(A)
+    return pattern_cached(
+        ("attention_tiles", tuple(A.shape), dtype, rows),
+        (*keys, vals),
+        lambda: _tiles(crow, col, bias, rows),
+    )
 
 
 def _tile_forward(T: _Tiles, b: int, q, k, v, scale):
@@ -243,12 +273,14 @@ def _sdpa(func, args, kwargs):
     q, k, v, A, dropout_p, is_causal, scale, enable_gqa = parsed
     if dropout_p or is_causal or enable_gqa or not _fused_form(q, k, v, A):
         return NotImplemented
-    T = tiles_of(A, q.dtype)
+    if A.sparse_layout is torch.sparse_coo and not A.is_coalesced():
+        A = A.coalesce()
+    lead = q.shape[:-2]
+    n = math.prod(lead)
+    T = tiles_of(A, q.dtype, block_rows(A, n * (q.shape[-1] + v.shape[-1])))
     if T is None:
         return NotImplemented
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    lead = q.shape[:-2]
-    n = math.prod(lead)
     q3, k3, v3 = (t.reshape(n, *t.shape[-2:]) for t in (q, k, v))
     out = SparseAttention.apply(q3.contiguous(), k3.contiguous(), v3.contiguous(), T, scale)
     return out.reshape(*lead, *out.shape[-2:])
