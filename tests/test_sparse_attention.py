@@ -6,6 +6,7 @@ COO and CSR, float32 and float64, rows with no allowed pair, rectangular and emp
 from __future__ import annotations
 
 import math
+import warnings
 
 import pytest
 import torch
@@ -143,3 +144,24 @@ def test_sdpa_sparse_mask_declined_forms_keep_dense_semantics():
     _check(B, keep, q, k, v, dropout_p=0.0, is_causal=False)
     with pytest.raises(RuntimeError, match="attn_mask"):
         F.scaled_dot_product_attention(q, k, v, attn_mask=B, is_causal=True)
+
+
+def test_sdpa_sparse_mask_under_torch_compile():
+    """Under ``torch.compile`` the call is a graph break and runs eagerly through the tiles (no
+    densifying): the eager values and gradients."""
+    keep = _band(24, 24, window=2, globals_=1)
+    A = _mask(keep, "indefinite", "csr", torch.float32)
+    q, k, v = _qkv((2,), 24, 24, 4, 4, torch.float32)
+    torch._dynamo.reset()
+    compiled = torch.compile(
+        lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=A), backend="aot_eager"
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", sparsefill.DensifyWarning)
+        out = compiled(q, k, v)
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+    torch.testing.assert_close(out, ref)
+    for a, b in zip(
+        torch.autograd.grad(out.sum(), (q, k, v)), torch.autograd.grad(ref.sum(), (q, k, v))
+    ):
+        torch.testing.assert_close(a, b)

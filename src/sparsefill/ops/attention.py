@@ -37,6 +37,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from .._compile import traced
 from .._convert import coalesced_parts
 from .._grouping import pattern_cached
 from .._tensor import SparseTensor
@@ -272,6 +273,25 @@ def _sdpa(func, args, kwargs):
         return NotImplemented
     q, k, v, A, dropout_p, is_causal, scale, enable_gqa = parsed
     if dropout_p or is_causal or enable_gqa or not _fused_form(q, k, v, A):
+        return NotImplemented
+    return _fused(q, k, v, A, scale)
+
+
+def _fused(q, k, v, A, scale):
+    """The tiles' attention.  The tiles are computed from the pattern's data (once, cached): during
+    dynamo's fake propagation the call is a graph break (it runs eagerly, fused); in a later
+    fake-tensor trace (AOTAutograd, ``torch.export``, ``make_fx``) it declines (dense semantics)."""
+    if traced():
+        if torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FUNCTIONAL) is None:
+            from torch._dynamo.exc import unimplemented
+
+            unimplemented(
+                gb_type="sparsefill: sparse attention runs eagerly",
+                context="F.scaled_dot_product_attention with a SparseTensor attn_mask",
+                explanation="its tiles are computed from the mask's pattern: a graph break, the "
+                "call runs eagerly (fused, cached tiles)",
+                hints=[],
+            )
         return NotImplemented
     if A.sparse_layout is torch.sparse_coo and not A.is_coalesced():
         A = A.coalesce()
