@@ -77,6 +77,21 @@ def test_sdpa_sparse_mask_matches_dense(layout, dtype, kind, monkeypatch):
     assert not out[:, :, 20].any() and torch.isfinite(out).all()
 
 
+@pytest.mark.parametrize("layout", ["coo", "csr"])
+@pytest.mark.parametrize("kind", ["bool", "float"])
+def test_sdpa_scattered_mask_by_elements(layout, kind):
+    """A scattered pattern (every tile would span most columns) goes element by element: the same
+    values and gradients, rows with no allowed pair included."""
+    g = torch.Generator().manual_seed(5)
+    keep = torch.rand(60, 50, generator=g) < 0.05
+    keep[4] = False
+    A = _mask(keep, kind, layout, torch.float64)
+    assert attention.block_rows(A, 64) is None  # (the scattered path)
+    q, k, v = _qkv((2,), 60, 50, 4, 3, torch.float64)
+    out = _check(A, _dense_mask(A, kind), q, k, v)
+    assert not out[:, 4].any()
+
+
 def test_sdpa_sparse_mask_matches_composite():
     """The user's composite (scores at the pattern, masked softmax, product) gives the same."""
     keep = _band(40, 40, empty_row=5)
@@ -144,6 +159,8 @@ def test_sdpa_sparse_mask_declined_forms_keep_dense_semantics():
     _check(B, keep, q, k, v, dropout_p=0.0, is_causal=False)
     with pytest.raises(RuntimeError, match="attn_mask"):
         F.scaled_dot_product_attention(q, k, v, attn_mask=B, is_causal=True)
+    C = _mask(keep, "float", "csr", torch.float32)  # (a float32 mask for float64 q: torch casts)
+    _check(C, _dense_mask(C, "float"), q, k, v)
 
 
 def test_sdpa_sparse_mask_under_torch_compile():

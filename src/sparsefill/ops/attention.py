@@ -46,6 +46,7 @@ from .autograd_routes import register_route
 ROWS = None  # rows per block; None: chosen per pattern and batch (block_rows)
 CANDIDATES = (16, 32, 64, 128, 256)
 BLOCK_COST = 1_000_000  # a block's fixed cost (~12 torch calls) in multiply-adds of tile work
+SCATTERED = 4.0  # tiles over this many times nse: the stored elements one by one (_by_elements)
 
 
 class _Tiles:
@@ -130,16 +131,20 @@ def _areas(crow, col, ncols: int) -> dict:
     return out
 
 
-def block_rows(A: SparseTensor, work: int) -> int:
+def block_rows(A: SparseTensor, work: int) -> int | None:
     """Rows per block for the 2-D pattern ``A`` and ``work`` multiply-adds per tile element and
     pass (batch x head dim): the candidate of least ``area x work + BLOCK_COST x blocks`` (a band's
-    tile spans its rows plus the window: small blocks waste less, large ones call less)."""
-    if ROWS is not None:
-        return ROWS
+    tile spans its rows plus the window: small blocks waste less, large ones call less); None for a
+    scattered pattern, whose least tile area exceeds ``SCATTERED x nse`` (every tile spans most
+    columns: the stored elements one by one cost less)."""
     crow, col, _, keys = _csr(A)
     areas = pattern_cached(
         ("attention_areas", tuple(A.shape)), keys, lambda: _areas(crow, col, A.shape[1])
     )
+    if min(a for a, _ in areas.values()) > SCATTERED * col.numel():
+        return None
+    if ROWS is not None:
+        return ROWS
     return min(areas, key=lambda b: areas[b][0] * work + BLOCK_COST * areas[b][1])
 
 
@@ -297,10 +302,50 @@ def _fused(q, k, v, A, scale):
         A = A.coalesce()
     lead = q.shape[:-2]
     n = math.prod(lead)
-    T = tiles_of(A, q.dtype, block_rows(A, n * (q.shape[-1] + v.shape[-1])))
-    if T is None:
+    bias = _bias_values(A, q.dtype)
+    if bias is None:
         return NotImplemented
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     q3, k3, v3 = (t.reshape(n, *t.shape[-2:]) for t in (q, k, v))
-    out = SparseAttention.apply(q3.contiguous(), k3.contiguous(), v3.contiguous(), T, scale)
+    rows = block_rows(A, n * (q.shape[-1] + v.shape[-1]))
+    if rows is None:
+        out = _by_elements(A, bias, q3, k3, v3, scale)
+    else:
+        T = tiles_of(A, q.dtype, rows)
+        out = SparseAttention.apply(q3.contiguous(), k3.contiguous(), v3.contiguous(), T, scale)
     return out.reshape(*lead, *out.shape[-2:])
+
+
+def _by_elements(A: SparseTensor, bias, q, k, v, scale):
+    """The attention over the stored elements one by one, for each of the ``N`` batch entries:
+    ``masked.softmax(sampled_addmm(M, q, k^T, alpha=scale), 1) @ v`` with ``M`` the allowed pairs
+    holding their bias and an indefinite fill (a row with none gives 0, as the tiles)."""
+    from ..masked import softmax
+
+    crow, col, vals, keys = _csr(A)
+    M = pattern_cached(
+        ("attention_elements", tuple(A.shape), q.dtype), (*keys, vals), lambda: _allowed(A, bias)
+    )
+    outs = [
+        softmax(torch.sparse.sampled_addmm(M, qi, ki.t(), alpha=scale), 1) @ vi
+        for qi, ki, vi in zip(q, k, v)
+    ]
+    return torch.stack(outs) if outs else q.new_empty(q.shape[:-1] + v.shape[-1:])
+
+
+def _allowed(A: SparseTensor, bias) -> SparseTensor:
+    """The allowed pairs of ``A`` (finite ``bias``) as an indefinite-fill CSR SparseTensor holding
+    their bias."""
+    from .._creation import indefinite, sparse_csr_tensor
+
+    crow, col, _, _ = _csr(A)
+    keep = bias > -math.inf
+    if not bool(keep.all()):
+        rows = torch.repeat_interleave(
+            torch.arange(A.shape[0], device=col.device), crow.diff(), output_size=col.numel()
+        )
+        crow = torch._convert_indices_from_coo_to_csr(rows[keep], A.shape[0])
+        col, bias = col[keep], bias[keep]
+    return sparse_csr_tensor(
+        crow, col, bias, tuple(A.shape), fill_value=indefinite, check_invariants=False
+    )
