@@ -44,7 +44,7 @@ from .._tensor import SparseTensor
 from .autograd_routes import register_route
 
 ROWS = None  # rows per block; None: chosen per pattern and batch (block_rows)
-CANDIDATES = (16, 32, 64, 128, 256)
+CANDIDATES = (16, 32, 64, 128, 256)  # (each a multiple of the one before: _areas)
 BLOCK_COST = 1_000_000  # a block's fixed cost (~12 torch calls) in multiply-adds of tile work
 SCATTERED = 4.0  # tiles over this many times nse: the stored elements one by one (_by_elements)
 
@@ -119,15 +119,21 @@ def _csr(A: SparseTensor):
 
 
 def _areas(crow, col, ncols: int) -> dict:
-    """``{rows per block: (sum of the tile areas, number of blocks)}`` for each candidate."""
+    """``{rows per block: (sum of the tile areas, number of blocks)}`` for each candidate: the
+    distinct (block, column) pairs of the smallest blocks by one sort of the stored elements, each
+    larger candidate's from the previous one's (two blocks merged: a sort of far fewer keys)."""
     L = crow.numel() - 1
     r = torch.repeat_interleave(
         torch.arange(L, device=col.device), crow.diff(), output_size=col.numel()
     )
-    out = {}
+    keys = torch.unique(torch.div(r, CANDIDATES[0], rounding_mode="floor") * ncols + col)
+    out, prev = {}, CANDIDATES[0]
     for b in CANDIDATES:
-        area = torch.unique(torch.div(r, b, rounding_mode="floor") * ncols + col).numel() * b
-        out[b] = (area, -(-L // b))
+        if b != prev:
+            blk, c = torch.div(keys, ncols, rounding_mode="floor"), keys % ncols
+            keys = torch.unique(torch.div(blk, b // prev, rounding_mode="floor") * ncols + c)
+            prev = b
+        out[b] = (keys.numel() * b, -(-L // b))
     return out
 
 
