@@ -15,10 +15,15 @@ pass per block of rows: the block's scores only at the columns its rows store (a
 O(sum of tile areas x E), memory O(largest tile) above the inputs' and outputs' -- never the dense
 ``L x S`` scores, never ``nse``-sized intermediates kept between forward and backward.
 
-The tiles (columns and bias of each row block) are computed once per pattern and cached with it.
-Their area is close to ``nse`` for band, block and global-token patterns (a window of ``w`` around
-the diagonal: ``rows x (w + rows)``); for a scattered pattern each tile spans nearly every column
-and the work approaches the dense attention's (the memory stays one tile).
+The tiles (columns and bias of each row block) are computed once per pattern and cached with it;
+the rows per block are chosen per pattern and batch (:func:`block_rows`).  Their area is close to
+``nse`` for band, block and global-token patterns (a window of ``w`` around the diagonal: ``rows x
+(w + rows)``).  A scattered pattern, whose every tile would span most columns, goes element by
+element instead (:func:`_by_elements`: the three steps above, O(nse x E), ``nse`` values kept for
+the backward).  Under ``torch.compile`` the call is a graph break and runs eagerly (the tiles are
+read from the pattern's data).  Other forms (dropout, ``is_causal``, GQA, a mask with batch dims,
+dense dims or a gradient, a mask whose unspecified pairs take part) decline: dense semantics through
+the other handlers, under the densify policy.
 
 >>> import torch, sparsefill, torch.nn.functional as F
 >>> i = torch.arange(6)
