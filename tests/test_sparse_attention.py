@@ -92,6 +92,22 @@ def test_sdpa_scattered_mask_by_elements(layout, kind):
     assert not out[:, 4].any()
 
 
+@pytest.mark.parametrize("layout", ["coo", "csr"])
+@pytest.mark.parametrize("kind", ["bool", "indefinite"])
+def test_sdpa_per_head_masks(layout, kind):
+    """A mask ``(H, L, S)``, one pattern per head (shifted bands; row 5 empty in every head) or one
+    for all (``H`` 1), broadcast over the batch: each head's tiles, cached with the pattern."""
+    band = _band(40, 30, window=2, globals_=0)
+    band[5] = False
+    keep = torch.stack([torch.roll(band, 3 * h, 1) for h in range(3)])
+    for mask in (keep, keep[:1]):
+        A = _mask(mask, kind, layout, torch.float64)
+        q, k, v = _qkv((2, 3), 40, 30, 4, 3, torch.float64)
+        out = _check(A, _dense_mask(A, kind), q, k, v)
+        assert not out[..., 5, :].any()
+        assert attention._slices(A) is attention._slices(A)
+
+
 def test_sdpa_sparse_mask_matches_composite():
     """The user's composite (scores at the pattern, masked softmax, product) gives the same."""
     keep = _band(40, 40, empty_row=5)

@@ -1,7 +1,8 @@
 """Sparse attention: ``F.scaled_dot_product_attention(q, k, v, attn_mask=A)`` with ``A`` a 2-D
 SparseTensor ``(L, S)`` whose unspecified elements are masked out (an indefinite fill, a bool fill
 ``False`` or a float fill ``-inf``), broadcast over the leading dims of ``q``, ``k``, ``v``
-``(..., L, E)``, ``(..., S, E)``, ``(..., S, Ev)``::
+``(..., L, E)``, ``(..., S, E)``, ``(..., S, Ev)`` (or ``(H, L, S)``: one pattern per entry of dim
+-3, the heads)::
 
     out = softmax(scale * q @ k^T + bias) @ v     bias[i, j] = 0 (True) or the stored float value
                                                   at a stored (i, j), -inf elsewhere
@@ -21,9 +22,9 @@ the rows per block are chosen per pattern and batch (:func:`block_rows`).  Their
 (w + rows)``).  A scattered pattern, whose every tile would span most columns, goes element by
 element instead (:func:`_by_elements`: the three steps above, O(nse x E), ``nse`` values kept for
 the backward).  Under ``torch.compile`` the call is a graph break and runs eagerly (the tiles are
-read from the pattern's data).  Other forms (dropout, ``is_causal``, GQA, a mask with batch dims,
-dense dims or a gradient, a mask whose unspecified pairs take part) decline: dense semantics through
-the other handlers, under the densify policy.
+read from the pattern's data).  Other forms (dropout, ``is_causal``, GQA, a mask with other batch
+dims, dense dims or a gradient, a mask whose unspecified pairs take part) decline: dense semantics
+through the other handlers, under the densify policy.
 
 >>> import torch, sparsefill, torch.nn.functional as F
 >>> i = torch.arange(6)
@@ -94,18 +95,22 @@ def _tiles(crow: torch.Tensor, col: torch.Tensor, bias: torch.Tensor, rows: int)
     return _Tiles(starts, cols, biases, empties)
 
 
-def _bias_values(A: SparseTensor, dtype: torch.dtype) -> torch.Tensor | None:
-    """The bias of each stored element of the coalesced ``A`` (0 or -inf for a bool mask, the value
-    for a float one), or None where ``A``'s unspecified elements are not masked out."""
+def _masks_out(A: SparseTensor) -> bool:
+    """``A``'s unspecified elements are masked out: a bool or float mask with an indefinite fill, a
+    bool fill False or a float fill -inf."""
+    if A.dtype != torch.bool and not A.dtype.is_floating_point:
+        return False
+    if A._indefinite:
+        return True
+    return not bool(A._fill) if A.dtype == torch.bool else bool(torch.isneginf(A._fill).all())
+
+
+def _bias_values(A: SparseTensor, dtype: torch.dtype) -> torch.Tensor:
+    """The bias of each stored element of the coalesced mask ``A`` (0 or -inf for a bool mask, the
+    value for a float one)."""
     vals = A._vals
     if vals.dtype == torch.bool:
-        if not A._indefinite and bool(A._fill):
-            return None
         return torch.zeros(vals.shape, dtype=dtype).masked_fill_(~vals, -math.inf)
-    if not vals.dtype.is_floating_point:
-        return None
-    if not A._indefinite and not bool(torch.isneginf(A._fill).all()):
-        return None
     return vals.to(dtype)
 
 
@@ -163,14 +168,13 @@ def tiles_of(A: SparseTensor, dtype: torch.dtype, rows: int | None = None) -> _T
     """The cached tiles of the coalesced 2-D mask ``A`` (None: not a pattern of allowed pairs),
     ``rows`` rows per block (default ``ROWS``, or 64 where that is None)."""
     rows = rows or ROWS or 64
-    bias = _bias_values(A, dtype)
-    if bias is None:
+    if not _masks_out(A):
         return None
     crow, col, vals, keys = _csr(A)
     return pattern_cached(
         ("attention_tiles", tuple(A.shape), dtype, rows),
         (*keys, vals),
-        lambda: _tiles(crow, col, bias, rows),
+        lambda: _tiles(crow, col, _bias_values(A, dtype), rows),
     )
 
 
@@ -258,8 +262,9 @@ def _sdpa_args(args, kwargs):
 
 
 def _fused_form(q, k, v, A) -> bool:
-    """The call the tiles compute: dense float q, k, v of one shape but the last two dims, a 2-D
-    SparseTensor mask ``(L, S)`` with no dense dims and no gradient."""
+    """The call the tiles compute: dense float q, k, v of one shape but the last two dims, a
+    SparseTensor mask ``(L, S)``, or ``(H, L, S)`` (``H`` 1 or q's dim -3), with no dense dims and
+    no gradient."""
     plain = all(
         isinstance(t, torch.Tensor) and not isinstance(t, SparseTensor) and t.dim() >= 2
         for t in (q, k, v)
@@ -267,7 +272,7 @@ def _fused_form(q, k, v, A) -> bool:
     return (
         plain
         and isinstance(A, SparseTensor)
-        and A.dim() == 2
+        and (A.dim() == 2 or A.dim() == 3 and q.dim() >= 3 and A.shape[0] in (1, q.shape[-3]))
         and not A.dense_dim()
         and not A.requires_grad
         and q.dtype.is_floating_point
@@ -275,7 +280,7 @@ def _fused_form(q, k, v, A) -> bool:
         and q.shape[:-2] == k.shape[:-2] == v.shape[:-2]
         and q.shape[-1] == k.shape[-1]
         and k.shape[-2] == v.shape[-2]
-        and tuple(A.shape) == (q.shape[-2], k.shape[-2])
+        and tuple(A.shape[-2:]) == (q.shape[-2], k.shape[-2])
         and q.device == k.device == v.device == A.device
     )
 
@@ -311,23 +316,62 @@ def _fused(q, k, v, A, scale):
         return NotImplemented
     if A.sparse_layout is torch.sparse_coo and not A.is_coalesced():
         A = A.coalesce()
+    if not _masks_out(A):
+        return NotImplemented
+    if A.dim() == 3:
+        return _per_slice(q, k, v, A, scale)
     lead = q.shape[:-2]
     n = math.prod(lead)
-    bias = _bias_values(A, q.dtype)
-    if bias is None:
-        return NotImplemented
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     q3, k3, v3 = (t.reshape(n, *t.shape[-2:]) for t in (q, k, v))
     rows = block_rows(A, n * (q.shape[-1] + v.shape[-1]))
     if rows is None:
-        out = _by_elements(A, bias, q3, k3, v3, scale)
+        out = _by_elements(A, q3, k3, v3, scale)
     else:
         T = tiles_of(A, q.dtype, rows)
         out = SparseAttention.apply(q3.contiguous(), k3.contiguous(), v3.contiguous(), T, scale)
     return out.reshape(*lead, *out.shape[-2:])
 
 
-def _by_elements(A: SparseTensor, bias, q, k, v, scale):
+def _per_slice(q, k, v, A: SparseTensor, scale):
+    """A mask ``(H, L, S)`` broadcast over ``q``'s ``(..., H, L, E)``: each slice's attention for
+    its entries of dim -3 (the slices, and so their tiles, cached with the pattern)."""
+    slices = _slices(A)
+    if len(slices) == 1:
+        return _fused(q, k, v, slices[0], scale)
+    outs = [
+        _fused(q.select(-3, h), k.select(-3, h), v.select(-3, h), M, scale)
+        for h, M in enumerate(slices)
+    ]
+    return torch.stack(outs, -3)
+
+
+def _slices(A: SparseTensor) -> list:
+    """The 2-D slices ``A[h]`` of the coalesced 3-D mask ``A`` as CSR SparseTensors (its fill),
+    cached with its pattern."""
+    from .._creation import indefinite, sparse_csr_tensor
+
+    H, L, S = A.shape
+    keys = (A._crow, A._col, A._vals) if A._sf_layout is torch.sparse_csr else (A._idx, A._vals)
+
+    def compute():
+        idx, vals = coalesced_parts(A)
+        ends = torch.cumsum(torch.bincount(idx[0], minlength=H), 0).tolist()
+        fill = indefinite if A._indefinite else A._fill
+        out = []
+        for s, e in zip([0, *ends[:-1]], ends):
+            crow = torch._convert_indices_from_coo_to_csr(idx[1, s:e], L)
+            out.append(
+                sparse_csr_tensor(
+                    crow, idx[2, s:e], vals[s:e], (L, S), fill_value=fill, check_invariants=False
+                )
+            )
+        return out
+
+    return pattern_cached(("attention_slices", tuple(A.shape)), keys, compute)
+
+
+def _by_elements(A: SparseTensor, q, k, v, scale):
     """The attention over the stored elements one by one, for each of the ``N`` batch entries:
     ``masked.softmax(sampled_addmm(M, q, k^T, alpha=scale), 1) @ v`` with ``M`` the allowed pairs
     holding their bias and an indefinite fill (a row with none gives 0, as the tiles)."""
@@ -335,7 +379,9 @@ def _by_elements(A: SparseTensor, bias, q, k, v, scale):
 
     crow, col, vals, keys = _csr(A)
     M = pattern_cached(
-        ("attention_elements", tuple(A.shape), q.dtype), (*keys, vals), lambda: _allowed(A, bias)
+        ("attention_elements", tuple(A.shape), q.dtype),
+        (*keys, vals),
+        lambda: _allowed(A, _bias_values(A, q.dtype)),
     )
     outs = [
         softmax(torch.sparse.sampled_addmm(M, qi, ki.t(), alpha=scale), 1) @ vi
