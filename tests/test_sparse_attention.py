@@ -137,6 +137,25 @@ def test_sdpa_sparse_mask_stored_false_and_duplicates():
     _check(A, A.to_dense(), q, k, v)
 
 
+@pytest.mark.parametrize("scattered", [False, True])
+def test_sdpa_sparse_mask_nan_and_inf_bias(scattered, monkeypatch):
+    """A NaN stored bias makes its row NaN, a row of -inf biases gives 0, as the dense mask does
+    (tiles, and element by element)."""
+    monkeypatch.setattr(attention, "SCATTERED", 0.0 if scattered else 4.0)
+    keep = _band(20, 20)
+    A = _mask(keep, "float", "coo", torch.float64)
+    vals = A._values().clone()
+    rows = A._indices()[0]
+    vals[rows == 3] = -math.inf
+    vals[(rows == 7).nonzero()[0]] = math.nan
+    A = sparsefill.sparse_coo_tensor(A._indices(), vals, (20, 20), fill_value=-math.inf)
+    q, k, v = _qkv((2,), 20, 20, 4, 4, torch.float64)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=A)
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=A.to_dense())
+    torch.testing.assert_close(out, ref, equal_nan=True)
+    assert out[:, 7].isnan().all() and not out[:, 3].any()
+
+
 def test_sdpa_sparse_mask_empty_pattern_and_zero_size():
     q, k, v = _qkv((2,), 9, 7, 4, 3, torch.float64)
     A = sparsefill.sparse_coo_tensor(torch.zeros(2, 0, dtype=torch.long), [], (9, 7))

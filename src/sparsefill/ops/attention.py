@@ -82,7 +82,7 @@ def _tiles(crow: torch.Tensor, col: torch.Tensor, bias: torch.Tensor, rows: int)
         uniq, inv = torch.unique(c, sorted=True, return_inverse=True)
         tile = bias.new_full((r1 - r0, uniq.numel()), -math.inf)
         tile[local, inv] = bias[s:e]
-        allowed = (tile > -math.inf).any(1)
+        allowed = ~torch.isneginf(tile).all(1)  # (a NaN bias is allowed: its row NaN, as dense)
         empty = None
         if not bool(allowed.all()):
             # no allowed pair: the row's output is 0 (torch's kernel); a finite bias keeps the
@@ -396,7 +396,7 @@ def _allowed(A: SparseTensor, bias) -> SparseTensor:
     from .._creation import indefinite, sparse_csr_tensor
 
     crow, col, _, _ = _csr(A)
-    keep = bias > -math.inf
+    keep = ~torch.isneginf(bias)
     if not bool(keep.all()):
         rows = torch.repeat_interleave(
             torch.arange(A.shape[0], device=col.device), crow.diff(), output_size=col.numel()
