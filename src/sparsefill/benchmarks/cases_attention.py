@@ -19,10 +19,10 @@ stored scores, a backward that recomputes them).  Peers:
 upstream gradient; ``sparse attention forward``: the output, under ``torch.no_grad()``.  Full sizes
 ``L`` = 4096, 8192, 16384 (window 128 each side, 16 global tokens); ``--quick`` ``L`` = 1024.
 
-Measured 2026-12-06 ~08:00 UTC (1 thread, alternated, medians; load average 11-17 on 2 cores, read
-the ratios; the table in README.md): forward + backward 0.15x dense SDPA's time at L 4096, 0.07x at
-8192, 0.03x at 16384; peak memory 34 MB against 85 MB, 68 against 297, 135 against 1,105; forward
-0.64x, 0.46x, 1.04x compiled flex_attention's.
+Measured 2026-12-06 ~08:35 UTC (1 thread, alternated, medians; load average 15-18 on 2 cores, read
+the ratios; the table in README.md): forward + backward 0.13x dense SDPA's time at L 4096, 0.07x at
+8192, 0.04x at 16384; peak memory 34 MB against 85 MB, 68 against 297, 135 against 1,105; forward
+0.52x, 0.59x, 0.64x compiled flex_attention's.
 """
 
 from __future__ import annotations
