@@ -79,14 +79,13 @@ def test_sdpa_sparse_mask_matches_dense(layout, dtype, kind, monkeypatch):
 
 @pytest.mark.parametrize("layout", ["coo", "csr"])
 @pytest.mark.parametrize("kind", ["bool", "float"])
-def test_sdpa_scattered_mask_by_elements(layout, kind):
-    """A scattered pattern (every tile would span most columns) goes element by element: the same
-    values and gradients, rows with no allowed pair included."""
+def test_sdpa_scattered_mask(layout, kind):
+    """A scattered pattern (every tile spans most columns): the same values and gradients, rows with
+    no allowed pair included."""
     g = torch.Generator().manual_seed(5)
     keep = torch.rand(60, 50, generator=g) < 0.05
     keep[4] = False
     A = _mask(keep, kind, layout, torch.float64)
-    assert attention.block_rows(A, 64) is None  # (the scattered path)
     q, k, v = _qkv((2,), 60, 50, 4, 3, torch.float64)
     out = _check(A, _dense_mask(A, kind), q, k, v)
     assert not out[:, 4].any()
@@ -137,11 +136,8 @@ def test_sdpa_sparse_mask_stored_false_and_duplicates():
     _check(A, A.to_dense(), q, k, v)
 
 
-@pytest.mark.parametrize("scattered", [False, True])
-def test_sdpa_sparse_mask_nan_and_inf_bias(scattered, monkeypatch):
-    """A NaN stored bias makes its row NaN, a row of -inf biases gives 0, as the dense mask does
-    (tiles, and element by element)."""
-    monkeypatch.setattr(attention, "SCATTERED", 0.0 if scattered else 4.0)
+def test_sdpa_sparse_mask_nan_and_inf_bias():
+    """A NaN stored bias makes its row NaN, a row of -inf biases gives 0, as the dense mask does."""
     keep = _band(20, 20)
     A = _mask(keep, "float", "coo", torch.float64)
     vals = A._values().clone()

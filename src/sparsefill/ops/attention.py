@@ -19,12 +19,11 @@ O(sum of tile areas x E), memory O(largest tile) above the inputs' and outputs' 
 The tiles (columns and bias of each row block) are computed once per pattern and cached with it;
 the rows per block are chosen per pattern and batch (:func:`block_rows`).  Their area is close to
 ``nse`` for band, block and global-token patterns (a window of ``w`` around the diagonal: ``rows x
-(w + rows)``).  A scattered pattern, whose every tile would span most columns, goes element by
-element instead (:func:`_by_elements`: the three steps above, O(nse x E), ``nse`` values kept for
-the backward).  Under ``torch.compile`` the call is a graph break and runs eagerly (the tiles are
-read from the pattern's data).  Other forms (dropout, ``is_causal``, GQA, a mask with other batch
-dims, dense dims or a gradient, a mask whose unspecified pairs take part) decline: dense semantics
-through the other handlers, under the densify policy.
+(w + rows)``); for a scattered pattern each tile spans most columns and the work approaches the
+dense attention's (the memory stays one tile).  Under ``torch.compile`` the call is a graph break
+and runs eagerly (the tiles are read from the pattern's data).  Other forms (dropout,
+``is_causal``, GQA, a mask with other batch dims, dense dims or a gradient, a mask whose unspecified
+pairs take part) decline: dense semantics through the other handlers, under the densify policy.
 
 >>> import torch, sparsefill, torch.nn.functional as F
 >>> i = torch.arange(6)
@@ -43,16 +42,15 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .._compile import traced
-from .._convert import coalesced_parts
-from .._grouping import pattern_cached
-from .._tensor import SparseTensor
-from .autograd_routes import register_route
+from sparsefill._kernels.grouping import pattern_cached
+from sparsefill._kernels.trace import traced
+from sparsefill._tensor.parts import coalesced_parts
+from sparsefill._tensor.tensor import SparseTensor
+from sparsefill.ops.autograd_routes import register_route
 
 ROWS = None  # rows per block; None: chosen per pattern and batch (block_rows)
 CANDIDATES = (16, 32, 64, 128, 256)  # (each a multiple of the one before: _areas)
 BLOCK_COST = 1_000_000  # a block's fixed cost (~12 torch calls) in multiply-adds of tile work
-SCATTERED = 4.0  # tiles over this many times nse: the stored elements one by one (_by_elements)
 
 
 class _Tiles:
@@ -147,18 +145,14 @@ def _areas(crow, col, ncols: int) -> dict:
     return out
 
 
-def block_rows(A: SparseTensor, work: int) -> int | None:
+def block_rows(A: SparseTensor, work: int) -> int:
     """Rows per block for the 2-D pattern ``A`` and ``work`` multiply-adds per tile element and
     pass (batch x head dim): the candidate of least ``area x work + BLOCK_COST x blocks`` (a band's
-    tile spans its rows plus the window: small blocks waste less, large ones call less); None for a
-    scattered pattern, whose least tile area exceeds ``SCATTERED x nse`` (every tile spans most
-    columns: the stored elements one by one cost less)."""
+    tile spans its rows plus the window: small blocks waste less, large ones call less)."""
     crow, col, _, keys = _csr(A)
     areas = pattern_cached(
         ("attention_areas", tuple(A.shape)), keys, lambda: _areas(crow, col, A.shape[1])
     )
-    if min(a for a, _ in areas.values()) > SCATTERED * col.numel():
-        return None
     if ROWS is not None:
         return ROWS
     return min(areas, key=lambda b: areas[b][0] * work + BLOCK_COST * areas[b][1])
@@ -324,12 +318,8 @@ def _fused(q, k, v, A, scale):
     n = math.prod(lead)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     q3, k3, v3 = (t.reshape(n, *t.shape[-2:]) for t in (q, k, v))
-    rows = block_rows(A, n * (q.shape[-1] + v.shape[-1]))
-    if rows is None:
-        out = _by_elements(A, q3, k3, v3, scale)
-    else:
-        T = tiles_of(A, q.dtype, rows)
-        out = SparseAttention.apply(q3.contiguous(), k3.contiguous(), v3.contiguous(), T, scale)
+    T = tiles_of(A, q.dtype, block_rows(A, n * (q.shape[-1] + v.shape[-1])))
+    out = SparseAttention.apply(q3.contiguous(), k3.contiguous(), v3.contiguous(), T, scale)
     return out.reshape(*lead, *out.shape[-2:])
 
 
@@ -349,7 +339,8 @@ def _per_slice(q, k, v, A: SparseTensor, scale):
 def _slices(A: SparseTensor) -> list:
     """The 2-D slices ``A[h]`` of the coalesced 3-D mask ``A`` as CSR SparseTensors (its fill),
     cached with its pattern."""
-    from .._creation import indefinite, sparse_csr_tensor
+    from sparsefill._creation.constructors import sparse_csr_tensor
+    from sparsefill._tensor.fill import indefinite
 
     H, L, S = A.shape
     keys = (A._crow, A._col, A._vals) if A._sf_layout is torch.sparse_csr else (A._idx, A._vals)
@@ -369,40 +360,3 @@ def _slices(A: SparseTensor) -> list:
         return out
 
     return pattern_cached(("attention_slices", tuple(A.shape)), keys, compute)
-
-
-def _by_elements(A: SparseTensor, q, k, v, scale):
-    """The attention over the stored elements one by one, for each of the ``N`` batch entries:
-    ``masked.softmax(sampled_addmm(M, q, k^T, alpha=scale), 1) @ v`` with ``M`` the allowed pairs
-    holding their bias and an indefinite fill (a row with none gives 0, as the tiles)."""
-    from ..masked import softmax
-
-    crow, col, vals, keys = _csr(A)
-    M = pattern_cached(
-        ("attention_elements", tuple(A.shape), q.dtype),
-        (*keys, vals),
-        lambda: _allowed(A, _bias_values(A, q.dtype)),
-    )
-    outs = [
-        softmax(torch.sparse.sampled_addmm(M, qi, ki.t(), alpha=scale), 1) @ vi
-        for qi, ki, vi in zip(q, k, v)
-    ]
-    return torch.stack(outs) if outs else q.new_empty(q.shape[:-1] + v.shape[-1:])
-
-
-def _allowed(A: SparseTensor, bias) -> SparseTensor:
-    """The allowed pairs of ``A`` (finite ``bias``) as an indefinite-fill CSR SparseTensor holding
-    their bias."""
-    from .._creation import indefinite, sparse_csr_tensor
-
-    crow, col, _, _ = _csr(A)
-    keep = ~torch.isneginf(bias)
-    if not bool(keep.all()):
-        rows = torch.repeat_interleave(
-            torch.arange(A.shape[0], device=col.device), crow.diff(), output_size=col.numel()
-        )
-        crow = torch._convert_indices_from_coo_to_csr(rows[keep], A.shape[0])
-        col, bias = col[keep], bias[keep]
-    return sparse_csr_tensor(
-        crow, col, bias, tuple(A.shape), fill_value=indefinite, check_invariants=False
-    )
