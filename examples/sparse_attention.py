@@ -5,13 +5,22 @@ Sparse attention in a transformer block: the attention mask is a SparseTensor wi
 pair (i, j) is stored when token i may attend to token j, masked out elsewhere), and the block is written as
 the dense one would be, with no dense ``L x L`` score matrix::
 
-    S = torch.sparse.sampled_addmm(mask, q, k.T) / sqrt(E)     the scores at the mask's pattern only (SDDMM)
-    P = sparsefill.masked.softmax(S, 1)                        each row over its stored elements
-    out = P @ v                                                a sparse-dense product
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+torch's call with the SparseTensor as the mask computes, in one pass per block of rows, the scores at the
+mask's stored pairs only, their row softmax and the product with ``v``; its backward recomputes them
+(``sparsefill/ops/linalg/attention.py``).  It equals the three steps written out (``attention_steps``)::
+
+    S = torch.sparse.sampled_addmm(mask, q, k.T, alpha=1 / sqrt(E))   the scores at the mask's pattern (SDDMM)
+    P = sparsefill.masked.softmax(S, 1)                             each row over its stored elements
+    out = P @ v                                                     a sparse-dense product
+
+which keep ``S`` and ``P`` (the values at every stored pair) for the backward.  A bool SparseTensor (stored
+True, fill False) or a float one (the stored values added to the scores, fill -inf) works as well.
 
 ``torch.utils.checkpoint`` around the attention, LayerNorm and an MLP around it, AdamW.  Checked against the
-same block on the dense masked scores (``masked_fill(-inf)`` + softmax; same weights, same losses over a few
-steps) and timed against it (one training step). ::
+same block with the dense bool mask (same weights, same losses over a few steps) and timed against it (one
+training step). ::
 
     python examples/sparse_attention.py                   # L = 2000 tokens, 1% of the pairs, 1 thread
     python examples/sparse_attention.py --tokens 4000 --density 0.005
@@ -57,16 +66,18 @@ class Block(nn.Module):
 
     def attention(self, h):
         q, k, v = self.qkv(h).chunk(3, -1)
-        scale = q.shape[-1] ** -0.5
-        if isinstance(self.mask, sparsefill.SparseTensor):
-            P = masked.softmax(torch.sparse.sampled_addmm(self.mask, q, k.t(), alpha=scale), 1)
-        else:
-            P = torch.softmax((q @ k.t() * scale).masked_fill(~self.mask, float("-inf")), 1)
-        return P @ v
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask)
 
     def forward(self, x):
         x = x + self.out(checkpoint(self.attention, self.ln1(x), use_reentrant=False))
         return x + self.mlp(self.ln2(x))
+
+
+def attention_steps(q, k, v, mask):
+    """The attention of ``mask`` (an indefinite-fill SparseTensor) in three steps: the scores at its
+    pattern, their masked softmax, the product with ``v``."""
+    S = torch.sparse.sampled_addmm(mask, q, k.t(), alpha=q.shape[-1] ** -0.5)
+    return masked.softmax(S, 1) @ v
 
 
 def trainer(model: nn.Module, x: torch.Tensor, target: torch.Tensor, lr: float = 1e-3):
@@ -96,7 +107,13 @@ def setup(tokens: int, density: float, dim: int = 32, seed: int = 0):
 
 
 def check(tokens: int = 64, density: float = 0.1, steps: int = 3) -> list[tuple[float, float]]:
-    """Same losses over ``steps`` AdamW steps as the dense block; returns them."""
+    """Same losses over ``steps`` AdamW steps as the dense block, and the attention equal to its
+    three steps; returns the losses."""
+    mask, _ = make_mask(tokens, density)
+    q, k, v = torch.randn(3, tokens, 8).unbind(0)
+    torch.testing.assert_close(
+        F.scaled_dot_product_attention(q, k, v, attn_mask=mask), attention_steps(q, k, v, mask)
+    )
     ours, peer = setup(tokens, density)
     losses = [(ours(), peer()) for _ in range(steps)]
     for a, b in losses:
@@ -140,7 +157,7 @@ def main(argv=None):
     )
     print(
         f"{args.tokens} tokens, {args.density:.1%} of the pairs: training step sparse {t_ours:.1f} ms, "
-        f"dense masked {t_peer:.1f} ms ({t_ours / t_peer:.2f}x the time)"
+        f"dense bool mask {t_peer:.1f} ms ({t_ours / t_peer:.2f}x the time)"
     )
     if args.plot:
         import matplotlib.pyplot as plt

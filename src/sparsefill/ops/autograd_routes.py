@@ -301,3 +301,6 @@ from sparsefill.ops.shape import index_backward  # noqa: E402,F401
 
 # (hsplit/vsplit/dsplit/tensor_split: the pieces' gradients joined)
 from sparsefill.ops.shape import split  # noqa: E402,F401
+
+# (F.scaled_dot_product_attention with a SparseTensor mask: the fused tiles)
+from sparsefill.ops.linalg import attention  # noqa: E402,F401

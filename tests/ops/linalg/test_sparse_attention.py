@@ -1,0 +1,215 @@
+"""``F.scaled_dot_product_attention(q, k, v, attn_mask=A)`` with a SparseTensor mask (the fused
+tiles of ``ops/linalg/attention.py``): forward and gradients equal torch's on the dense mask and the
+composite ``masked.softmax(sampled_addmm(A, q, k^T)) @ v``, for bool, float and indefinite masks,
+COO and CSR, float32 and float64, rows with no allowed pair, rectangular and empty patterns."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import sparsefill
+from sparsefill import masked
+from sparsefill.ops.linalg import attention
+
+
+def _band(L, S, window=3, globals_=2, empty_row=None):
+    """Band of half-width ``window`` plus ``globals_`` global tokens (rows and columns)."""
+    i, j = torch.arange(L)[:, None], torch.arange(S)[None]
+    keep = ((i - j).abs() <= window) | (i < globals_) | (j < globals_)
+    if empty_row is not None:
+        keep[empty_row] = False
+    return keep
+
+
+def _mask(keep, kind, layout, dtype):
+    """``keep`` as a SparseTensor: ``bool`` (stored True, fill False), ``indefinite`` (stored 0.),
+    ``float`` (stored random biases, fill -inf)."""
+    idx = keep.nonzero().t()
+    n = idx.shape[1]
+    if kind == "bool":
+        A = sparsefill.sparse_coo_tensor(idx, torch.ones(n, dtype=torch.bool), keep.shape)
+    elif kind == "indefinite":
+        A = sparsefill.sparse_coo_tensor(
+            idx, torch.zeros(n, dtype=dtype), keep.shape, fill_value=sparsefill.indefinite
+        )
+    else:
+        g = torch.Generator().manual_seed(3)
+        vals = torch.randn(n, generator=g, dtype=dtype)
+        A = sparsefill.sparse_coo_tensor(idx, vals, keep.shape, fill_value=-math.inf)
+    return A.to_sparse_csr() if layout == "csr" else A
+
+
+def _dense_mask(A, kind):
+    return A.to_dense(fill_value=False) if kind == "bool" else A.to_dense(fill_value=-math.inf)
+
+
+def _qkv(lead, L, S, E, Ev, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    shapes = ((*lead, L, E), (*lead, S, E), (*lead, S, Ev))
+    return [torch.randn(s, generator=g, dtype=dtype).requires_grad_() for s in shapes]
+
+
+def _check(A, dense_mask, q, k, v, **kw):
+    """Forward and the gradients of q, k, v against torch's SDPA on the dense mask."""
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=A, **kw)
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=dense_mask, **kw)
+    torch.testing.assert_close(out, ref)
+    g = torch.randn_like(ref)
+    for a, b in zip(torch.autograd.grad(out, (q, k, v), g), torch.autograd.grad(ref, (q, k, v), g)):
+        torch.testing.assert_close(a, b)
+    return out
+
+
+@pytest.mark.parametrize("layout", ["coo", "csr"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("kind", ["bool", "indefinite", "float"])
+def test_sdpa_sparse_mask_matches_dense(layout, dtype, kind, monkeypatch):
+    monkeypatch.setattr(attention, "ROWS", 16)  # several row blocks at a small size
+    keep = _band(70, 90, empty_row=20)  # (row 20: no allowed pair, output and gradients 0)
+    A = _mask(keep, kind, layout, dtype)
+    q, k, v = _qkv((2, 3), 70, 90, 8, 5, dtype)
+    out = _check(A, _dense_mask(A, kind), q, k, v)
+    assert not out[:, :, 20].any() and torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("layout", ["coo", "csr"])
+@pytest.mark.parametrize("kind", ["bool", "float"])
+def test_sdpa_scattered_mask(layout, kind):
+    """A scattered pattern (every tile spans most columns): the same values and gradients, rows with
+    no allowed pair included."""
+    g = torch.Generator().manual_seed(5)
+    keep = torch.rand(60, 50, generator=g) < 0.05
+    keep[4] = False
+    A = _mask(keep, kind, layout, torch.float64)
+    q, k, v = _qkv((2,), 60, 50, 4, 3, torch.float64)
+    out = _check(A, _dense_mask(A, kind), q, k, v)
+    assert not out[:, 4].any()
+
+
+@pytest.mark.parametrize("layout", ["coo", "csr"])
+@pytest.mark.parametrize("kind", ["bool", "indefinite"])
+def test_sdpa_per_head_masks(layout, kind):
+    """A mask ``(H, L, S)``, one pattern per head (shifted bands; row 5 empty in every head) or one
+    for all (``H`` 1), broadcast over the batch: each head's tiles, cached with the pattern."""
+    band = _band(40, 30, window=2, globals_=0)
+    band[5] = False
+    keep = torch.stack([torch.roll(band, 3 * h, 1) for h in range(3)])
+    for mask in (keep, keep[:1]):
+        A = _mask(mask, kind, layout, torch.float64)
+        q, k, v = _qkv((2, 3), 40, 30, 4, 3, torch.float64)
+        out = _check(A, _dense_mask(A, kind), q, k, v)
+        assert not out[..., 5, :].any()
+        assert attention._slices(A) is attention._slices(A)
+
+
+def test_sdpa_sparse_mask_matches_composite():
+    """The user's composite (scores at the pattern, masked softmax, product) gives the same."""
+    keep = _band(40, 40, empty_row=5)
+    A = _mask(keep, "indefinite", "csr", torch.float64)
+    q, k, v = _qkv((), 40, 40, 6, 6, torch.float64)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=A, scale=0.3)
+    P = masked.softmax(torch.sparse.sampled_addmm(A, q, k.t(), alpha=0.3), 1)
+    comp = P @ v
+    torch.testing.assert_close(out, comp)
+    g = torch.randn_like(out)
+    for a, b in zip(
+        torch.autograd.grad(out, (q, k, v), g), torch.autograd.grad(comp, (q, k, v), g)
+    ):
+        torch.testing.assert_close(a, b)
+
+
+def test_sdpa_sparse_mask_stored_false_and_duplicates():
+    """Stored False elements are masked out; an uncoalesced bool mask's duplicates are one pair."""
+    keep = _band(30, 30)
+    idx = keep.nonzero().t()
+    vals = torch.rand(idx.shape[1], generator=torch.Generator().manual_seed(1)) < 0.7
+    idx2 = torch.cat([idx, idx[:, :50]], 1)
+    vals2 = torch.cat([vals, vals[:50]])
+    A = sparsefill.sparse_coo_tensor(idx2, vals2, keep.shape)
+    assert not A.is_coalesced()
+    q, k, v = _qkv((2,), 30, 30, 4, 4, torch.float64)
+    _check(A, A.to_dense(), q, k, v)
+
+
+def test_sdpa_sparse_mask_nan_and_inf_bias():
+    """A NaN stored bias makes its row NaN, a row of -inf biases gives 0, as the dense mask does."""
+    keep = _band(20, 20)
+    A = _mask(keep, "float", "coo", torch.float64)
+    vals = A._values().clone()
+    rows = A._indices()[0]
+    vals[rows == 3] = -math.inf
+    vals[(rows == 7).nonzero()[0]] = math.nan
+    A = sparsefill.sparse_coo_tensor(A._indices(), vals, (20, 20), fill_value=-math.inf)
+    q, k, v = _qkv((2,), 20, 20, 4, 4, torch.float64)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=A)
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=A.to_dense())
+    torch.testing.assert_close(out, ref, equal_nan=True)
+    assert out[:, 7].isnan().all() and not out[:, 3].any()
+
+
+def test_sdpa_sparse_mask_empty_pattern_and_zero_size():
+    q, k, v = _qkv((2,), 9, 7, 4, 3, torch.float64)
+    A = sparsefill.sparse_coo_tensor(torch.zeros(2, 0, dtype=torch.long), [], (9, 7))
+    A = A.bool()
+    out = _check(A, A.to_dense(), q, k, v)
+    assert not out.any()
+    q, k, v = _qkv((2,), 0, 7, 4, 3, torch.float64)
+    A = sparsefill.sparse_coo_tensor(torch.zeros(2, 0, dtype=torch.long), [], (0, 7)).bool()
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=A)
+    assert out.shape == (2, 0, 3)
+
+
+def test_sdpa_sparse_mask_scale_no_grad_and_tile_cache(monkeypatch):
+    monkeypatch.setattr(attention, "ROWS", 8)
+    keep = _band(33, 33, window=2, globals_=1)
+    A = _mask(keep, "bool", "csr", torch.float32)
+    q, k, v = _qkv((3,), 33, 33, 4, 4, torch.float32)
+    _check(A, keep, q, k, v, scale=0.7)
+    with torch.no_grad():
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=A)
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, attn_mask=keep))
+    assert attention.tiles_of(A, torch.float32) is attention.tiles_of(A, torch.float32)
+    T = attention.tiles_of(A, torch.float32)
+    assert sum(b.numel() for b in T.bias) < keep.numel()  # tiles, not the dense scores
+
+
+def test_sdpa_sparse_mask_declined_forms_keep_dense_semantics():
+    """Forms the tiles do not compute (a mask whose unspecified elements take part, dropout of
+    0 given) keep torch's result on the dense mask; torch's errors stay torch's."""
+    keep = _band(12, 12)
+    idx = keep.nonzero().t()
+    q, k, v = _qkv((2,), 12, 12, 4, 4, torch.float64)
+    A = sparsefill.sparse_coo_tensor(idx, torch.randn(idx.shape[1], dtype=torch.float64), (12, 12))
+    _check(A, A.to_dense(), q, k, v)  # fill 0: every pair takes part (a dense bias)
+    B = _mask(keep, "bool", "coo", torch.float64)
+    _check(B, keep, q, k, v, dropout_p=0.0, is_causal=False)
+    with pytest.raises(RuntimeError, match="attn_mask"):
+        F.scaled_dot_product_attention(q, k, v, attn_mask=B, is_causal=True)
+    C = _mask(keep, "float", "csr", torch.float32)  # (a float32 mask for float64 q: torch casts)
+    _check(C, _dense_mask(C, "float"), q, k, v)
+
+
+def test_sdpa_sparse_mask_under_torch_compile():
+    """Under ``torch.compile`` the call is a graph break and runs eagerly through the tiles (no
+    densifying): the eager values and gradients."""
+    keep = _band(24, 24, window=2, globals_=1)
+    A = _mask(keep, "indefinite", "csr", torch.float32)
+    q, k, v = _qkv((2,), 24, 24, 4, 4, torch.float32)
+    torch._dynamo.reset()
+    compiled = torch.compile(
+        lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=A), backend="aot_eager"
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", sparsefill.DensifyWarning)
+        out = compiled(q, k, v)
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+    torch.testing.assert_close(out, ref)
+    for a, b in zip(
+        torch.autograd.grad(out.sum(), (q, k, v)), torch.autograd.grad(ref.sum(), (q, k, v))
+    ):
+        torch.testing.assert_close(a, b)
