@@ -19,6 +19,8 @@ from . import (
     reductions,
     registry,
     sampled,
+    search,
+    sorting,
     views,
     windows,
 )

@@ -1,0 +1,1 @@
+"""Set and search ops of a SparseTensor (filled in below)."""

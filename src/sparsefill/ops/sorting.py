@@ -1,0 +1,289 @@
+"""Order statistics of a SparseTensor: ``sort``, ``argsort``, ``msort``, ``topk``, ``kthvalue``,
+``mode``, ``aminmax`` (and, through ``sort``, the composite ``quantile``/``nanquantile``), without
+its dense form::
+
+    op(A, ...) == op(A.to_dense(), ...)          values and indices, ties in stable order
+
+Along a sparse dim every 1-D slice (a *row*: the other sparse dims and each dense coordinate fixed)
+is its stored values merged with one run of ``n`` copies of the fill (``n`` = its unspecified
+elements).  In stable order a row is::
+
+    [stored x "before" f, sorted]  [the run: every position whose value equals f, ascending]
+                                   [stored x "after" f, sorted]
+
+("before": ``x < f`` ascending, ``x > f`` descending, NaN the largest as in torch), so the rank of
+every element follows from a sort of the stored values alone: ``O(nse log nse)``, plus the output.
+The run's ``t``-th position is ``u = t + #{j : e_j - j <= t}`` over the row's stored positions
+``e_0 < e_1 < ...`` outside the run (:class:`Rows`).  Along a dense dim: the op on the stored
+values and on the fill, the pattern kept (a SparseTensor result).
+
+A sort's output (and ``topk``'s, ``kthvalue``'s... over a sparse dim) holds every slice: it is
+*dense by nature*; it is built in one pass, under the densify policy's ``dense_by_nature`` gate.
+Ties are ordered as torch's stable sort orders them (``stable=True``: indices equal to dense's);
+where torch's unstable kernels (``stable=False`` past 16 elements, ``topk``, ``kthvalue``, ``mode``)
+leave the order of equal elements unspecified, the stable order is given (``mode``: the last
+occurrence, as dense torch on short slices).
+
+An indefinite fill (masked semantics, as the masked reductions of ``reductions.py``): each slice is
+its stored elements only.  ``sort`` gives them compacted at the front of the slice, the rest of the
+slice unspecified (a SparseTensor with an indefinite fill); ``topk``/``kthvalue`` take the ``k``
+among them (fewer stored: the missing ones unspecified); ``mode`` and ``aminmax`` reduce over them
+(a slice with none stored is unspecified).
+
+>>> import torch, sparsefill
+>>> A = sparsefill.sparse_coo_tensor([[0, 0, 1], [1, 3, 2]], [5., -1., 2.], (2, 4), fill_value=0.)
+>>> torch.sort(A, 1).values
+tensor([[-1.,  0.,  0.,  5.],
+        [ 0.,  0.,  0.,  2.]])
+>>> torch.topk(A, 2, 1).indices
+tensor([[1, 0],
+        [2, 0]])
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import _index
+from .._convert import coalesced_parts, dense_of, parts_to_sparse
+from .._policy import check_densify
+from .._tensor import SparseTensor
+from ._schema import meta_call, meta_of
+from .registry import register
+
+aten = torch.ops.aten
+
+
+def bind(func, args, kwargs) -> dict:
+    """The arguments of ``func`` by name, defaults from its schema."""
+    out = {}
+    for i, a in enumerate(func._schema.arguments):
+        out[a.name] = args[i] if i < len(args) else kwargs.get(a.name, a.default_value)
+    return out
+
+
+def _nan(t: torch.Tensor) -> torch.Tensor:
+    return torch.isnan(t) if t.is_floating_point() else torch.zeros_like(t, dtype=torch.bool)
+
+
+def _ahead(x: torch.Tensor, f: torch.Tensor, descending: bool) -> torch.Tensor:
+    """``x`` sorts strictly ahead of ``f`` (NaN the largest, as torch.sort)."""
+    nx, nf = _nan(x), _nan(f)
+    if descending:
+        return (x > f) | (nx & ~nf)
+    return (x < f) | (nf & ~nx)
+
+
+class Rows:
+    """Rows ``r`` in ``[0, R)`` of ``size`` elements each: the stored ones ``(r, p, v)`` (in
+    ``(r, p)`` order within a row), the rest ``f_rows[r]``; stable-sorted once.
+
+    :meth:`dense` gives the first ``width`` elements of every sorted row (values, positions),
+    :meth:`at` the element of rank ``t[r]`` of each row.
+
+    >>> rows = Rows(torch.tensor([0, 0]), torch.tensor([1, 3]), torch.tensor([5., -1.]),
+    ...             torch.tensor([0.]), 1, 4, descending=False)
+    >>> [t.tolist() for t in rows.dense(4)]
+    [[[-1.0, 0.0, 0.0, 5.0]], [[3, 0, 2, 1]]]
+    """
+
+    def __init__(self, r, p, v, f_rows, R: int, size: int, descending: bool):
+        self.R, self.size, self.f_rows = R, size, f_rows
+        dev = r.device
+        order = torch.sort(v, stable=True, descending=descending).indices
+        order = order[torch.sort(r[order], stable=True).indices]
+        self.r, self.p, self.v = r[order], p[order], v[order]
+        fr = f_rows[self.r]
+        self.before = _ahead(self.v, fr, descending)
+        self.after = _ahead(fr, self.v, descending)
+        self.cnt = torch.bincount(self.r, minlength=R)
+        self.start = torch.cumsum(self.cnt, 0) - self.cnt
+        self.nlow = torch.bincount(self.r[self.before], minlength=R)
+        self.nhigh = torch.bincount(self.r[self.after], minlength=R)
+        # the stored elements outside the run, by (row, position): e_j, and b_j = e_j - j
+        ex = self.before | self.after
+        ekey, _ = torch.sort(self.r[ex] * size + self.p[ex])
+        self.ekey = ekey
+        self.erow = ekey // max(size, 1)
+        ecnt = torch.bincount(self.erow, minlength=R)
+        self.estart = torch.cumsum(ecnt, 0) - ecnt
+        j = torch.arange(ekey.numel(), device=dev) - self.estart[self.erow]
+        self.eb = ekey - self.erow * size - j
+
+    def _slots(self):
+        """The output slot of every stored element (sorted order)."""
+        q = torch.arange(self.r.numel(), device=self.r.device) - self.start[self.r]
+        r, p = self.r, self.p
+        ex_ahead = torch.searchsorted(self.ekey, r * self.size + p) - self.estart[r]
+        run = self.nlow[r] + p - ex_ahead
+        return torch.where(
+            self.before, q, torch.where(self.after, self.size - self.cnt[r] + q, run)
+        )
+
+    def dense(self, width: int):
+        """``(values, positions)``, each ``(R, width)``: the first ``width`` of every sorted row."""
+        R, dev = self.R, self.r.device
+        vals = self.f_rows.reshape(R, 1).expand(R, width).clone()
+        col = self.eb + self.nlow[self.erow]
+        ok = col < width
+        steps = torch.bincount(self.erow[ok] * width + col[ok], minlength=R * width)
+        pos = torch.cumsum(steps.view(R, width), 1)
+        pos += torch.arange(width, device=dev) - self.nlow[:, None]
+        slot = self._slots()
+        ok = slot < width
+        flat = (self.r * width + slot)[ok]
+        vals.view(-1)[flat] = self.v[ok]
+        pos.view(-1)[flat] = self.p[ok]
+        return vals, pos
+
+    def at(self, t: torch.Tensor):
+        """``(values, positions)`` of rank ``t[r]`` (``0 <= t < size``) of each row, shape (R,)."""
+        R, size, dev = self.R, self.size, self.r.device
+        rows = torch.arange(R, device=dev)
+        low = t < self.nlow
+        high = t >= size - self.nhigh
+        tp = t - self.nlow
+        # (b_j ascends within a row: count those <= tp by a search over (row, b) keys)
+        bkey = self.erow * (size + 1) + self.eb
+        n_le = torch.searchsorted(bkey, rows * (size + 1) + tp, right=True) - self.estart
+        u = tp + n_le
+        k = self.v.numel()
+        gi = torch.where(low, self.start + t, self.start + self.cnt - (size - t))
+        gi = torch.where(low | high, gi, k).clamp(0, k)
+        v = torch.cat([self.v, self.v.new_zeros(1)])[gi]
+        p = torch.cat([self.p, self.p.new_zeros(1)])[gi]
+        stored = low | high
+        return torch.where(stored, v, self.f_rows.to(v.dtype)), torch.where(stored, p, u)
+
+
+def rows_of(A: SparseTensor, dim: int, descending: bool) -> tuple[Rows, list]:
+    """The slices of ``A`` along its sparse dim ``dim`` as :class:`Rows` (a definite fill), and the
+    shape of ``A`` with ``dim`` moved last (the rows' order)."""
+    idx, vals = coalesced_parts(A)
+    sd, D = A._sparse_ndim(), tuple(A._dense_shape)
+    Dn = _index.numel(D)
+    kept = [i for i in range(sd) if i != dim]
+    kshape = [A.shape[i] for i in kept]
+    key = _index.linearize(idx[kept], kshape)
+    if D:
+        r = (key[:, None] * Dn + torch.arange(Dn, device=key.device)).reshape(-1)
+        p = idx[dim].repeat_interleave(Dn)
+    else:
+        r, p = key, idx[dim].to(torch.int64)
+    R = _index.numel(kshape) * Dn
+    f_rows = A._fill.to(A.dtype).expand(D).reshape(1, Dn).expand(R // max(Dn, 1), Dn).reshape(-1)
+    rows = Rows(r, p, vals.reshape(-1), f_rows, R, A.shape[dim], descending)
+    return rows, kshape + list(D) + [A.shape[dim]]
+
+
+def _gate(what: str, A: SparseTensor, n: int) -> None:
+    """The densify policy's dense-by-nature gate for an ``n``-element result (values and
+    indices)."""
+    check_densify(what, n * (A.element_size() + 8), by_nature=True)
+
+
+def _unmove(t: torch.Tensor, moved: list, dim: int) -> torch.Tensor:
+    return t.reshape(moved).movedim(-1, dim).contiguous()
+
+
+def _along_dense(func, A: SparseTensor, dim: int, rest: dict):
+    """The op along a dense dim: on the stored values and on the fill, the pattern kept."""
+    idx, vals = coalesced_parts(A)
+    d = dim - A._sparse_ndim()
+    shape = func(meta_of(A), **{**rest, "dim": dim})
+    vr = func(vals, **{**rest, "dim": d + 1})
+    fr = func(A._fill.to(A.dtype).expand(A._dense_shape).contiguous(), **{**rest, "dim": d})
+    return tuple(
+        parts_to_sparse(idx, v, m.shape, f, layout=A._sf_layout, coalesced=True)
+        for v, f, m in zip(vr, fr, shape)
+    )
+
+
+def _stable_topk(x, k, dim, largest):
+    v, i = torch.sort(x, dim=dim, descending=largest, stable=True)
+    return v.narrow(dim, 0, k), i.narrow(dim, 0, k)
+
+
+def _stable_kth(x, k, dim, keepdim):
+    v, i = torch.sort(x, dim=dim, stable=True)
+    v, i = v.narrow(dim, k - 1, 1), i.narrow(dim, k - 1, 1)
+    return (v, i) if keepdim else (v.squeeze(dim), i.squeeze(dim))
+
+
+def _plain(func, A, args, kwargs):
+    """A 0-d or empty ``A`` (a definite fill): the op on its dense form, of one element or none."""
+    return func(dense_of(A), *args[1:], **kwargs)
+
+
+def _sparse_dim(func, A, dim):
+    """``dim`` normalised; None when ``func`` along it is the op on the values and on the fill (a
+    dense dim)."""
+    dim %= A.dim()
+    return None if dim >= A._sparse_ndim() else dim
+
+
+@register(aten.sort.default, aten.sort.stable)
+def _sort(func, args, kwargs):
+    """``sort(A, dim, descending, stable)``: values and indices, ties in stable order (dense by
+    nature over a sparse dim: every slice of the result is built, in one pass)."""
+    b = bind(func, args, kwargs)
+    A, dim, desc = b["self"], b["dim"], b["descending"]
+    meta_call(func, A, *args[1:], **kwargs)  # (torch's errors: dim, dtype)
+    if A._indefinite:
+        return NotImplemented
+    if A.dim() == 0 or A.numel() == 0:
+        return _plain(func, A, args, kwargs)
+    d = _sparse_dim(func, A, dim)
+    if d is None:
+        return _along_dense(aten.sort.stable, A, dim % A.dim(), {"stable": True, "descending": desc})
+    _gate(f"sort of a SparseTensor along sparse dim {d}", A, A.numel())
+    rows, moved = rows_of(A, d, desc)
+    v, p = rows.dense(A.shape[d])
+    return _unmove(v, moved, d), _unmove(p, moved, d)
+
+
+@register(aten.topk.default)
+def _topk(func, args, kwargs):
+    """``topk(A, k, dim, largest, sorted)``: the first ``k`` of each slice's stable sort (dense
+    by nature over a sparse dim: ``k`` per slice, built in one pass); ``sorted=False`` gives them
+    sorted too (torch leaves that order unspecified)."""
+    b = bind(func, args, kwargs)
+    A, k, dim, largest = b["self"], b["k"], b["dim"], b["largest"]
+    meta_call(func, A, *args[1:], **kwargs)  # (torch's errors: k out of range, dim)
+    if A._indefinite:
+        return NotImplemented
+    if A.dim() == 0 or A.numel() == 0:
+        return _plain(func, A, args, kwargs)
+    d = _sparse_dim(func, A, dim)
+    if d is None:
+        return _along_dense(_stable_topk, A, dim % A.dim(), {"k": k, "largest": largest})
+    _gate(f"topk of a SparseTensor along sparse dim {d}", A, A.numel() // A.shape[d] * k)
+    rows, moved = rows_of(A, d, largest)
+    v, p = rows.dense(k)
+    moved[-1] = k
+    return _unmove(v, moved, d), _unmove(p, moved, d)
+
+
+def _reduced(t, moved, dim, keepdim):
+    t = t.reshape(moved[:-1])
+    return t.unsqueeze(dim) if keepdim else t
+
+
+@register(aten.kthvalue.default)
+def _kthvalue(func, args, kwargs):
+    """``kthvalue(A, k, dim, keepdim)``: rank ``k - 1`` of each slice's stable ascending sort,
+    found by rank arithmetic over the sorted stored values (no slice is built)."""
+    b = bind(func, args, kwargs)
+    A, k, dim, keep = b["self"], b["k"], b["dim"], b["keepdim"]
+    meta_call(func, A, *args[1:], **kwargs)
+    if A._indefinite:
+        return NotImplemented
+    if A.dim() == 0 or A.numel() == 0:
+        return _plain(func, A, args, kwargs)
+    d = _sparse_dim(func, A, dim)
+    if d is None:
+        return _along_dense(_stable_kth, A, dim % A.dim(), {"k": k, "keepdim": keep})
+    _gate(f"kthvalue of a SparseTensor along sparse dim {d}", A, A.numel() // A.shape[d])
+    rows, moved = rows_of(A, d, False)
+    v, p = rows.at(torch.full((rows.R,), k - 1, dtype=torch.int64, device=A.device))
+    return _reduced(v, moved, d, keep), _reduced(p, moved, d, keep)
