@@ -186,16 +186,15 @@ def _unmove(t: torch.Tensor, moved: list, dim: int) -> torch.Tensor:
     return t.reshape(moved).movedim(-1, dim).contiguous()
 
 
-def _along_dense(func, A: SparseTensor, dim: int, rest: dict):
+def _along_dense(func, A: SparseTensor, dim: int, rest: dict, meta):
     """The op along a dense dim: on the stored values and on the fill, the pattern kept."""
     idx, vals = coalesced_parts(A)
     d = dim - A._sparse_ndim()
-    shape = func(meta_of(A), **{**rest, "dim": dim})
     vr = func(vals, **{**rest, "dim": d + 1})
     fr = func(A._fill.to(A.dtype).expand(A._dense_shape).contiguous(), **{**rest, "dim": d})
     return tuple(
         parts_to_sparse(idx, v, m.shape, f, layout=A._sf_layout, coalesced=True)
-        for v, f, m in zip(vr, fr, shape)
+        for v, f, m in zip(vr, fr, meta)
     )
 
 
@@ -228,14 +227,15 @@ def _sort(func, args, kwargs):
     nature over a sparse dim: every slice of the result is built, in one pass)."""
     b = bind(func, args, kwargs)
     A, dim, desc = b["self"], b["dim"], b["descending"]
-    meta_call(func, A, *args[1:], **kwargs)  # (torch's errors: dim, dtype)
+    meta = meta_call(func, A, *args[1:], **kwargs)  # (torch's errors: dim, dtype)
     if A._indefinite:
         return NotImplemented
     if A.dim() == 0 or A.numel() == 0:
         return _plain(func, A, args, kwargs)
     d = _sparse_dim(func, A, dim)
     if d is None:
-        return _along_dense(aten.sort.stable, A, dim % A.dim(), {"stable": True, "descending": desc})
+        rest = {"stable": True, "descending": desc}
+        return _along_dense(aten.sort.stable, A, dim % A.dim(), rest, meta)
     _gate(f"sort of a SparseTensor along sparse dim {d}", A, A.numel())
     rows, moved = rows_of(A, d, desc)
     v, p = rows.dense(A.shape[d])
@@ -249,14 +249,14 @@ def _topk(func, args, kwargs):
     sorted too (torch leaves that order unspecified)."""
     b = bind(func, args, kwargs)
     A, k, dim, largest = b["self"], b["k"], b["dim"], b["largest"]
-    meta_call(func, A, *args[1:], **kwargs)  # (torch's errors: k out of range, dim)
+    meta = meta_call(func, A, *args[1:], **kwargs)  # (torch's errors: k out of range, dim)
     if A._indefinite:
         return NotImplemented
     if A.dim() == 0 or A.numel() == 0:
         return _plain(func, A, args, kwargs)
     d = _sparse_dim(func, A, dim)
     if d is None:
-        return _along_dense(_stable_topk, A, dim % A.dim(), {"k": k, "largest": largest})
+        return _along_dense(_stable_topk, A, dim % A.dim(), {"k": k, "largest": largest}, meta)
     _gate(f"topk of a SparseTensor along sparse dim {d}", A, A.numel() // A.shape[d] * k)
     rows, moved = rows_of(A, d, largest)
     v, p = rows.dense(k)
@@ -275,15 +275,136 @@ def _kthvalue(func, args, kwargs):
     found by rank arithmetic over the sorted stored values (no slice is built)."""
     b = bind(func, args, kwargs)
     A, k, dim, keep = b["self"], b["k"], b["dim"], b["keepdim"]
-    meta_call(func, A, *args[1:], **kwargs)
+    meta = meta_call(func, A, *args[1:], **kwargs)
     if A._indefinite:
         return NotImplemented
     if A.dim() == 0 or A.numel() == 0:
         return _plain(func, A, args, kwargs)
     d = _sparse_dim(func, A, dim)
     if d is None:
-        return _along_dense(_stable_kth, A, dim % A.dim(), {"k": k, "keepdim": keep})
+        return _along_dense(_stable_kth, A, dim % A.dim(), {"k": k, "keepdim": keep}, meta)
     _gate(f"kthvalue of a SparseTensor along sparse dim {d}", A, A.numel() // A.shape[d])
     rows, moved = rows_of(A, d, False)
     v, p = rows.at(torch.full((rows.R,), k - 1, dtype=torch.int64, device=A.device))
     return _reduced(v, moved, d, keep), _reduced(p, moved, d, keep)
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a == b``, NaN equal to NaN (one value for ``mode``)."""
+    return (a == b) | (_nan(a) & _nan(b))
+
+
+def _last_gap(rows: Rows) -> torch.Tensor:
+    """Per row, the largest position not stored (-1 where every position is stored)."""
+    R, size = rows.R, rows.size
+    flipped = torch.sort(rows.r * size + (size - 1 - rows.p)).values
+    from .._reduce import first_gap
+
+    g = first_gap(flipped // max(size, 1), flipped % max(size, 1), R, presorted=True)
+    return size - 1 - g
+
+
+def _mode_rows(rows: Rows):
+    """``(value, position)`` of each row's mode: the most frequent value (NaNs one value), ties to
+    the smallest (NaN the largest); its position the last occurrence (NaN: the first), as dense
+    torch gives them on slices of up to 16 elements (its sort is stable there)."""
+    R, size, dev = rows.R, rows.size, rows.r.device
+    r, p, v = rows.r, rows.p, rows.v
+    k = v.numel()
+    new = torch.ones(k, dtype=torch.bool, device=dev)
+    if k > 1:
+        new[1:] = (r[1:] != r[:-1]) | ~_same(v[1:], v[:-1])
+    run = torch.cumsum(new, 0) - 1
+    nrun = int(run[-1]) + 1 if k else 0
+    count = torch.bincount(run, minlength=nrun)
+    eq = ~(rows.before | rows.after)  # (the stored elements equal to the fill: its run)
+    run_row, run_val = r[new], v[new]
+    first = p[new]
+    last = torch.zeros(nrun, dtype=torch.int64, device=dev).scatter_reduce(
+        0, run, p, "amax", include_self=False
+    )
+    n_fill = size - rows.cnt
+    is_fill_run = torch.zeros(nrun, dtype=torch.bool, device=dev).index_put_((run[eq],), eq[eq])
+    gap = _last_gap(rows)
+    fnan = _nan(rows.f_rows)
+    count = count + torch.where(is_fill_run, n_fill[run_row], 0)
+    last = torch.where(is_fill_run, torch.maximum(last, gap[run_row]), last)
+    has_run = torch.zeros(R, dtype=torch.bool, device=dev).index_put_(
+        (run_row[is_fill_run],), is_fill_run[is_fill_run]
+    )
+    extra = torch.nonzero((n_fill > 0) & ~has_run).squeeze(1)  # the fill's own candidates
+    first_gap_row = _first_gap_rows(rows)
+    c_row = torch.cat([run_row, extra])
+    c_val = torch.cat([run_val, rows.f_rows[extra].to(v.dtype)])
+    c_cnt = torch.cat([count, n_fill[extra]])
+    c_first = torch.cat([torch.minimum(first, torch.where(is_fill_run, first_gap_row[run_row], size)),
+                         first_gap_row[extra]])
+    c_last = torch.cat([last, gap[extra]])
+    c_pos = torch.where(_nan(c_val), c_first, c_last)
+    del fnan
+    # per row: the largest count, then the smallest value (NaN last): sorts, stable
+    o = torch.sort(c_val, stable=True).indices
+    o = o[torch.sort(c_cnt[o], stable=True, descending=True).indices]
+    o = o[torch.sort(c_row[o], stable=True).indices]
+    cr = c_row[o]
+    head = torch.ones_like(cr, dtype=torch.bool)
+    if cr.numel() > 1:
+        head[1:] = cr[1:] != cr[:-1]
+    o = o[head]
+    val = torch.empty(R, dtype=v.dtype, device=dev).index_put_((c_row[o],), c_val[o])
+    pos = torch.empty(R, dtype=torch.int64, device=dev).index_put_((c_row[o],), c_pos[o])
+    return val, pos
+
+
+def _first_gap_rows(rows: Rows) -> torch.Tensor:
+    from .._reduce import first_gap
+
+    key = torch.sort(rows.r * rows.size + rows.p).values
+    size = max(rows.size, 1)
+    return first_gap(key // size, key % size, rows.R, presorted=True)
+
+
+@register(aten.mode.default)
+def _mode(func, args, kwargs):
+    """``mode(A, dim, keepdim)``: per slice the most frequent value (the fill counted ``n`` times,
+    with the stored values equal to it), ties to the smallest; its index the last occurrence (a
+    NaN mode: the first), as dense torch on slices of up to 16 elements."""
+    b = bind(func, args, kwargs)
+    A, dim, keep = b["self"], b["dim"], b["keepdim"]
+    meta = meta_call(func, A, *args[1:], **kwargs)
+    if A._indefinite:
+        return NotImplemented
+    if A.dim() == 0 or A.numel() == 0:
+        return _plain(func, A, args, kwargs)
+    d = _sparse_dim(func, A, dim)
+    if d is None:
+        return _along_dense(_dense_mode, A, dim % A.dim(), {"keepdim": keep}, meta)
+    _gate(f"mode of a SparseTensor along sparse dim {d}", A, A.numel() // A.shape[d])
+    rows, moved = rows_of(A, d, False)
+    v, p = _mode_rows(rows)
+    return _reduced(v, moved, d, keep), _reduced(p, moved, d, keep)
+
+
+def _dense_mode(x, dim, keepdim):
+    """torch.mode of a dense tensor, with the tie rule above at any slice length."""
+    xm = x.movedim(dim, -1)
+    shape = xm.shape
+    flat = xm.reshape(-1, shape[-1])
+    R, size = flat.shape
+    r = torch.arange(R, device=x.device).repeat_interleave(size)
+    p = torch.arange(size, device=x.device).repeat(R)
+    rows = Rows(r, p, flat.reshape(-1), flat[:, 0].clone() if size else flat.new_empty(R), R, size, False)
+    v, i = _mode_rows(rows)
+    v, i = v.reshape(shape[:-1]), i.reshape(shape[:-1])
+    return (v.unsqueeze(dim), i.unsqueeze(dim)) if keepdim else (v, i)
+
+
+@register(aten.aminmax.default)
+def _aminmax(func, args, kwargs):
+    """``aminmax(A, dim, keepdim) == (amin(A, dim, keepdim), amax(A, dim, keepdim))``: the two
+    native reductions."""
+    b = bind(func, args, kwargs)
+    A, dim, keep = b["self"], b["dim"], b["keepdim"]
+    meta_call(func, A, *args[1:], **kwargs)
+    dims = [] if dim is None else [dim]
+    return aten.amin.default(A, dims, keep), aten.amax.default(A, dims, keep)
