@@ -300,3 +300,5 @@ from . import dropout  # noqa: E402,F401  (dropout of a zero or masked fill: the
 from . import sampled_autograd  # noqa: E402,F401  (x.sparse_mask(A): x's gradient at A's pattern)
 from . import index_autograd  # noqa: E402,F401  (row and column selection: a sparse backward)
 from . import split_routes  # noqa: E402,F401  (hsplit/vsplit/dsplit/tensor_split: the pieces' gradients joined)
+from . import sorting_autograd  # noqa: E402,F401  (sort/topk/kthvalue/mode: to the selected elements)
+from . import quantiles  # noqa: E402,F401  (quantile/nanquantile: ranks of the sorted stored values)

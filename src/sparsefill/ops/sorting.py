@@ -48,7 +48,7 @@ from .. import _index
 from .._convert import coalesced_parts, dense_of, parts_to_sparse
 from .._policy import check_densify
 from .._tensor import SparseTensor
-from ._schema import meta_call, meta_of
+from ._schema import meta_call
 from .registry import register
 
 aten = torch.ops.aten
@@ -337,8 +337,12 @@ def _mode_rows(rows: Rows):
     c_row = torch.cat([run_row, extra])
     c_val = torch.cat([run_val, rows.f_rows[extra].to(v.dtype)])
     c_cnt = torch.cat([count, n_fill[extra]])
-    c_first = torch.cat([torch.minimum(first, torch.where(is_fill_run, first_gap_row[run_row], size)),
-                         first_gap_row[extra]])
+    c_first = torch.cat(
+        [
+            torch.minimum(first, torch.where(is_fill_run, first_gap_row[run_row], size)),
+            first_gap_row[extra],
+        ]
+    )
     c_last = torch.cat([last, gap[extra]])
     c_pos = torch.where(_nan(c_val), c_first, c_last)
     del fnan
@@ -393,7 +397,9 @@ def _dense_mode(x, dim, keepdim):
     R, size = flat.shape
     r = torch.arange(R, device=x.device).repeat_interleave(size)
     p = torch.arange(size, device=x.device).repeat(R)
-    rows = Rows(r, p, flat.reshape(-1), flat[:, 0].clone() if size else flat.new_empty(R), R, size, False)
+    rows = Rows(
+        r, p, flat.reshape(-1), flat[:, 0].clone() if size else flat.new_empty(R), R, size, False
+    )
     v, i = _mode_rows(rows)
     v, i = v.reshape(shape[:-1]), i.reshape(shape[:-1])
     return (v.unsqueeze(dim), i.unsqueeze(dim)) if keepdim else (v, i)
