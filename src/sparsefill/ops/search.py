@@ -37,7 +37,7 @@ from __future__ import annotations
 import torch
 
 from .. import _index
-from .._convert import coalesced_parts, parts_to_sparse
+from .._convert import coalesced_parts, parts_to_sparse, values_at
 from .._policy import check_densify
 from .._tensor import SparseTensor
 from .registry import register
@@ -205,7 +205,7 @@ def _probe_values(S: SparseTensor):
     return idx[0], vals, flat._fill.to(S.dtype).reshape(())
 
 
-def bisect(S: SparseTensor, v: torch.Tensor, right: bool) -> torch.Tensor:
+def bisect(S: SparseTensor, v: torch.Tensor, right: bool, sorter=None) -> torch.Tensor:
     """torch's ``searchsorted`` bisection over the last dim of the SparseTensor ``S`` for the
     values ``v`` (``S`` 1-D, or its leading dims those of ``v``): the same probes as torch's
     kernel, each a look-up among the stored positions.
@@ -230,7 +230,8 @@ def bisect(S: SparseTensor, v: torch.Tensor, right: bool) -> torch.Tensor:
     for _ in range(max(L, 1).bit_length()):
         active = start < end
         mid = start + ((end - start) >> 1)
-        key = row * L + mid
+        at_mid = mid if sorter is None else _sorted_at(sorter, row, mid.clamp(max=max(L - 1, 0)))
+        key = row * L + at_mid
         at = torch.searchsorted(keys, key).clamp(max=max(k - 1, 0))
         hit = (keys[at] == key) if k else torch.zeros_like(key, dtype=torch.bool)
         mv = torch.where(hit, vals[at] if k else f, f)
@@ -240,12 +241,18 @@ def bisect(S: SparseTensor, v: torch.Tensor, right: bool) -> torch.Tensor:
     return start
 
 
-def _lookup(seq, v, right: bool, out_int32: bool):
+def _sorted_at(sorter, row, mid):
+    """``sorter``'s entry ``mid`` of each value's row."""
+    flat = sorter.reshape(-1, sorter.shape[-1])
+    return flat[row if sorter.dim() > 1 else torch.zeros_like(row), mid]
+
+
+def _lookup(seq, v, right: bool, out_int32: bool, sorter=None):
     """searchsorted of dense values ``v`` in ``seq`` (dense or SparseTensor)."""
     r = (
-        bisect(seq, v, right)
+        bisect(seq, v, right, sorter)
         if isinstance(seq, SparseTensor)
-        else torch.searchsorted(seq, v, right=right)
+        else torch.searchsorted(seq, v, right=right, sorter=sorter)
     )
     return r.to(torch.int32 if out_int32 else torch.int64)
 
@@ -257,22 +264,22 @@ def _searchsorted(func, args, kwargs):
     b = bind(func, args, kwargs)
     seq, v, sorter = b["sorted_sequence"], b["self"], b["sorter"]
     right = b["right"] or b["side"] == "right"
-    if sorter is not None or (isinstance(seq, SparseTensor) and seq._indefinite):
+    if isinstance(sorter, SparseTensor) or (isinstance(seq, SparseTensor) and seq._indefinite):
         return NotImplemented
     _meta_check(func, args, kwargs)
-    return _search(seq, v, right, b["out_int32"])
+    return _search(seq, v, right, b["out_int32"], sorter)
 
 
-def _search(seq, v, right, out_int32):
+def _search(seq, v, right, out_int32, sorter=None):
     if isinstance(v, SparseTensor):
         if seq.dim() != 1:
             return NotImplemented
         idx, vals = coalesced_parts(v)
         fill = v._fill.to(v.dtype) if not v._indefinite else vals.new_zeros(())
-        r, rf = _lookup(seq, vals, right, out_int32), _lookup(seq, fill, right, out_int32)
-        return _with_pattern(v, r, rf)
+        r = _lookup(seq, vals, right, out_int32, sorter)
+        return _with_pattern(v, r, _lookup(seq, fill, right, out_int32, sorter))
     v = torch.as_tensor(v, dtype=seq.dtype, device=seq.device)
-    return _lookup(seq, v, right, out_int32)
+    return _lookup(seq, v, right, out_int32, sorter)
 
 
 def _meta_check(func, args, kwargs):
@@ -318,11 +325,11 @@ def _weights(A: SparseTensor, weight, n: int):
     if weight is None:
         return None, None
     idx, vals = coalesced_parts(A)
-    w_st = weight[tuple(idx)] if A._sparse_ndim() else weight.reshape(vals.shape)
+    sd = A._sparse_ndim()
+    w_st = values_at(weight, _index.linearize(idx, A._sparse_shape), sd).reshape(vals.shape)
     if not n:
         return w_st.reshape(-1), w_st.new_empty(0)
-    sd = list(range(A._sparse_ndim()))
-    w_fl = weight.sum(sd) - w_st.sum(0) if sd else weight.new_zeros(A._dense_shape)
+    w_fl = weight.sum(list(range(sd))) - w_st.sum(0) if sd else w_st.new_zeros(A._dense_shape)
     return w_st.reshape(-1), w_fl.reshape(-1)
 
 
@@ -331,9 +338,14 @@ def _histogram(func, args, kwargs):
     """``histogram(A, bins, range, weight, density)``: the stored values and the fill's entries,
     weighted by 1 and ``n`` (or by ``weight``: the unspecified elements' summed)."""
     b = bind(func, args, kwargs)
-    A, weight = b["self"], b["weight"]
-    if isinstance(weight, SparseTensor) or isinstance(b["bins"], SparseTensor):
+    A, weight, bins = b["self"], b["weight"], b["bins"]
+    if isinstance(weight, SparseTensor) and (
+        weight._indefinite or weight._sparse_ndim() != A._sparse_ndim()
+    ):
         return NotImplemented
+    if isinstance(bins, SparseTensor):  # (the bin edges, every one read: dense by nature)
+        check_densify("histogram's bins given as a SparseTensor", bins.numel() * 8, by_nature=True)
+        bins = bins.to_dense()
     st, fl, n = _elements(A)
     w_st, w_fl = _weights(A, weight, n)
     if w_st is None:
@@ -341,7 +353,7 @@ def _histogram(func, args, kwargs):
     kw = {"weight": torch.cat([w_st, w_fl]), "density": b["density"]}
     if func is aten.histogram.bin_ct:
         kw["range"] = b["range"]
-    return func(torch.cat([st, fl]), b["bins"], **kw)
+    return func(torch.cat([st, fl]), bins, **kw)
 
 
 @register(aten.bincount.default)
