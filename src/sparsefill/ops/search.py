@@ -227,7 +227,7 @@ def bisect(S: SparseTensor, v: torch.Tensor, right: bool, sorter=None) -> torch.
     start = torch.zeros(v.shape, dtype=torch.int64, device=v.device)
     end = torch.full(v.shape, L, dtype=torch.int64, device=v.device)
     k = keys.numel()
-    for _ in range(max(L, 1).bit_length()):
+    for _ in range(L.bit_length()):
         active = start < end
         mid = start + ((end - start) >> 1)
         at_mid = mid if sorter is None else _sorted_at(sorter, row, mid.clamp(max=max(L - 1, 0)))
