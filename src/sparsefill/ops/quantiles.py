@@ -150,9 +150,7 @@ def _sig(input, q, dim=None, keepdim=False, *, interpolation="linear", out=None)
 
 def _along_sparse(B: SparseTensor, q, dim: int, ignore_nan: bool, interpolation: str):
     """The quantiles over the sparse dim ``dim`` of ``B`` (a definite fill): ``(Q, *reduced)``."""
-    with_grad = B.requires_grad and torch.is_grad_enabled() and pattern_grad_is_exact(B)
-    src = B if with_grad else B.detach()
-    vb, va, *_, w = RankSelect.apply(src, dim, q, ignore_nan, interpolation)
+    vb, va, *_, w = RankSelect.apply(B, dim, q, ignore_nan, interpolation)
     return vb if va is None else torch.lerp(vb, va, w)
 
 
@@ -161,7 +159,7 @@ def _along_dense(A: SparseTensor, q, dim: int, fn, interpolation: str, keepdim: 
     SparseTensor per ``q``)."""
     idx = coalesced_parts(A)[0]
     sd = A._sparse_ndim()
-    if A.requires_grad and torch.is_grad_enabled() and pattern_grad_is_exact(A):
+    if A.requires_grad and torch.is_grad_enabled():
         vals, fill = Parts.apply(A)
     else:
         vals, fill = coalesced_parts(A)[1], A._fill.expand(A._dense_shape)
@@ -198,6 +196,8 @@ def _route_quantile(func, args, kwargs):
     fn = torch.nanquantile if func in (torch.nanquantile, T.nanquantile) else torch.quantile
     with torch.no_grad():  # torch's errors (dtype, dim, q's range and shape, interpolation)
         fn(probe_of(A), q, dim, keep, interpolation=interp)
+    if A.requires_grad and torch.is_grad_enabled() and not pattern_grad_is_exact(A):
+        return NotImplemented  # (torch's composite: a dense gradient through the native sort)
     qt = torch.as_tensor(q, dtype=A.dtype, device=A.device)
     if A.numel() == 0 or A.dim() == 0:
         return fn(A.to_dense(), q, dim, keep, interpolation=interp)

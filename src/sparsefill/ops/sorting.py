@@ -214,6 +214,15 @@ def _plain(func, A, args, kwargs):
     return func(dense_of(A), *args[1:], **kwargs)
 
 
+def _check_dim(A, dim) -> None:
+    """torch's error for a dim out of range (meta kernels of sort/topk skip it)."""
+    n = max(A.dim(), 1)
+    if not -n <= dim < n:
+        raise IndexError(
+            f"Dimension out of range (expected to be in range of [{-n}, {n - 1}], but got {dim})"
+        )
+
+
 def _sparse_dim(func, A, dim):
     """``dim`` normalised; None when ``func`` along it is the op on the values and on the fill (a
     dense dim)."""
@@ -227,6 +236,7 @@ def _sort(func, args, kwargs):
     nature over a sparse dim: every slice of the result is built, in one pass)."""
     b = bind(func, args, kwargs)
     A, dim, desc = b["self"], b["dim"], b["descending"]
+    _check_dim(A, b["dim"])
     meta = meta_call(func, A, *args[1:], **kwargs)  # (torch's errors: dim, dtype)
     if A._indefinite:
         return NotImplemented
@@ -249,6 +259,7 @@ def _topk(func, args, kwargs):
     sorted too (torch leaves that order unspecified)."""
     b = bind(func, args, kwargs)
     A, k, dim, largest = b["self"], b["k"], b["dim"], b["largest"]
+    _check_dim(A, b["dim"])
     meta = meta_call(func, A, *args[1:], **kwargs)  # (torch's errors: k out of range, dim)
     if A._indefinite:
         return NotImplemented
@@ -275,6 +286,7 @@ def _kthvalue(func, args, kwargs):
     found by rank arithmetic over the sorted stored values (no slice is built)."""
     b = bind(func, args, kwargs)
     A, k, dim, keep = b["self"], b["k"], b["dim"], b["keepdim"]
+    _check_dim(A, b["dim"])
     meta = meta_call(func, A, *args[1:], **kwargs)
     if A._indefinite:
         return NotImplemented
@@ -375,6 +387,7 @@ def _mode(func, args, kwargs):
     NaN mode: the first), as dense torch on slices of up to 16 elements."""
     b = bind(func, args, kwargs)
     A, dim, keep = b["self"], b["dim"], b["keepdim"]
+    _check_dim(A, b["dim"])
     meta = meta_call(func, A, *args[1:], **kwargs)
     if A._indefinite:
         return NotImplemented
