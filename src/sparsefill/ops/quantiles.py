@@ -46,15 +46,21 @@ def _ranks(rows: Rows, q: torch.Tensor, ignore_nan: bool, interpolation: str):
     """``(below, above, weight)``, each ``(Q, R)``: the ranks of each row's quantiles, as torch's
     ``quantile_compute`` gives them."""
     size, R = rows.size, rows.R
-    nan_stored = torch.bincount(rows.r[_nan(rows.v)], minlength=R)
-    nan_fill = _nan(rows.f_rows) & (rows.cnt < size)
+    nan = torch.bincount(rows.r[_nan(rows.v)], minlength=R)
+    nan = nan + torch.where(_nan(rows.f_rows), size - rows.cnt, 0)
+    return rank_math(q, torch.full_like(nan, size), nan, ignore_nan, interpolation)
+
+
+def rank_math(q, n, nan, ignore_nan: bool, interpolation: str):
+    """torch's ranks for slices of ``n`` elements, ``nan`` of them NaN (``(R,)`` each):
+    ``nanquantile`` ``q * (n - nan - 1)`` (at least 0), ``quantile`` ``q * (n - 1)`` (the last
+    element where a NaN is); rounded per ``interpolation``; ``(below, above, weight)``."""
     q = q.reshape(-1, 1)
     if ignore_nan:
-        n = size - nan_stored - torch.where(_nan(rows.f_rows), size - rows.cnt, 0)
-        ranks = (q * (n - 1).to(q.dtype)).clamp_min(0)
+        ranks = (q * (n - nan - 1).to(q.dtype)).clamp_min(0)
     else:
-        last = size - 1
-        ranks = torch.where((nan_stored > 0) | nan_fill, float(last), q * last)
+        last = (n - 1).to(q.dtype)
+        ranks = torch.where(nan > 0, last, q * last)
     if interpolation == "lower":
         ranks = ranks.floor()
     elif interpolation == "higher":
@@ -66,6 +72,45 @@ def _ranks(rows: Rows, q: torch.Tensor, ignore_nan: bool, interpolation: str):
         weight = torch.full_like(ranks, 0.5) if interpolation == "midpoint" else ranks - below
         return below, ranks.ceil().to(torch.int64), weight
     return below, None, None
+
+
+def _masked_quantile(A, q, dim, keepdim, ignore_nan, interpolation, fn):
+    """Over the stored elements of each slice only (an indefinite fill); a slice with none is
+    unspecified."""
+    from .sorting import Masked, masked_take
+    from .._creation import sparse_coo_tensor
+    from .. import indefinite
+
+    grad = A.requires_grad and torch.is_grad_enabled()
+    sd = A._sparse_ndim()
+    shape = list(A.shape)
+    if keepdim:
+        shape[dim] = 1
+    else:
+        del shape[dim]
+    if dim >= sd:  # a dense dim: each stored slice, the pattern kept
+        idx, V = coalesced_parts(A)
+        vals = masked_take(A, torch.arange(V.numel()), grad).reshape(V.shape)
+        qv = fn(vals, q, dim - sd + 1, keepdim, interpolation=interpolation)
+        outs = [qv] if q.dim() == 0 else list(qv)
+        res = [sparse_coo_tensor(idx, o, shape, fill_value=indefinite) for o in outs]
+        return res[0] if q.dim() == 0 else torch.stack(res)
+    M = Masked(A, dim, False)
+    G, Dn = M.keys.numel(), M.Dn
+    cnt = torch.diff(torch.cat([M.rstart, M.rstart.new_tensor([M.order.numel()])]))
+    r = (M.kinv[:, None] * Dn + torch.arange(Dn, device=cnt.device)).reshape(-1)
+    nan = torch.bincount(r[_nan(M.vals.reshape(-1))], minlength=G * Dn)
+    below, above, weight = rank_math(q, cnt, nan, ignore_nan, interpolation)
+    g = torch.arange(G, device=cnt.device)
+    out_idx = M.out_indices(g, keepdim)
+    res = []
+    for j in range(below.shape[0]):
+        take = lambda t: masked_take(A, M.sel(g, t[j].reshape(G, Dn)).reshape(-1), grad)  # noqa: E731
+        v = take(below)
+        if above is not None:
+            v = torch.lerp(v, take(above), weight[j].to(v.dtype))
+        res.append(sparse_coo_tensor(out_idx, v.reshape((G,) + M.D), shape, fill_value=indefinite))
+    return res[0] if q.dim() == 0 else torch.stack(res)
 
 
 class RankSelect(torch.autograd.Function):
@@ -188,7 +233,7 @@ def _route_quantile(func, args, kwargs):
     form; ``out=``: torch's path."""
     b = _bind(args, kwargs)
     A = args[0] if args else kwargs.get("input")
-    if not b or b["out"] is not None or not isinstance(A, SparseTensor) or A._indefinite:
+    if not b or b["out"] is not None or not isinstance(A, SparseTensor):
         return NotImplemented
     q, dim, keep, interp = b["q"], b["dim"], b["keepdim"], b["interpolation"]
     if isinstance(q, SparseTensor):
@@ -200,7 +245,17 @@ def _route_quantile(func, args, kwargs):
         return NotImplemented  # (torch's composite: a dense gradient through the native sort)
     qt = torch.as_tensor(q, dtype=A.dtype, device=A.device)
     if A.numel() == 0 or A.dim() == 0:
-        return fn(A.to_dense(), q, dim, keep, interpolation=interp)
+        return (
+            NotImplemented
+            if A._indefinite
+            else fn(A.to_dense(), q, dim, keep, interpolation=interp)
+        )
+    if A._indefinite:
+        B, d = (A.reshape(-1), 0) if dim is None else (A, dim % A.dim())
+        out = _masked_quantile(
+            B, qt, d, keep and dim is not None, fn is torch.nanquantile, interp, fn
+        )
+        return out.reshape((-1,) * qt.dim() + (1,) * A.dim()) if keep and dim is None else out
     B, d = (A.reshape(-1), 0) if dim is None else (A, dim % A.dim())
     if d >= B._sparse_ndim():
         return _along_dense(B, qt, d, fn, interp, keep)

@@ -68,6 +68,33 @@ def order_grad(P: SparseTensor, dim: int, I: torch.Tensor, G: torch.Tensor) -> S
     return _on_pattern(P, idx, gv.reshape(V.shape), (rest / n).reshape(D), False)
 
 
+class Take(torch.autograd.Function):
+    """``values.reshape(-1)[sel]`` of ``A``'s coalesced stored values (an indefinite fill: the
+    masked order statistics select stored elements only); the gradient is ``G`` summed at the
+    selected stored scalars, the fill's 0."""
+
+    @staticmethod
+    def forward(A, sel):
+        return coalesced_parts(_pattern(A))[1].reshape(-1)[sel]
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.pattern = _pattern(inputs[0])
+        ctx.save_for_backward(inputs[1])
+
+    vmap = staticmethod(lambda info, in_dims, *args: refuse_vmap("a SparseTensor masked sort"))
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, G):
+        (sel,) = ctx.saved_tensors
+        P = ctx.pattern
+        idx, V = coalesced_parts(P)
+        gv = torch.zeros(V.numel(), dtype=V.dtype, device=V.device)
+        gv.index_add_(0, sel, G.reshape(-1).to(V.dtype))
+        return _on_pattern(P, idx, gv.reshape(V.shape), gv.new_zeros(P._dense_shape), True), None
+
+
 class SparseOrder(torch.autograd.Function):
     """``(Y, I) = call(A)``: sort, topk, kthvalue or mode over ``dim``; the backward is
     :func:`order_grad` (sort/topk over a sparse dim), ``select_grad`` (kthvalue/mode over a sparse
@@ -101,6 +128,22 @@ class SparseOrder(torch.autograd.Function):
         else:
             grad = select_grad(P, dim, ctx.keepdim, I, G)
         return grad, None, None, None, None
+
+
+def _masked(name, A, b):
+    """The masked forms (an indefinite fill, a sparse dim), their values differentiable through
+    :class:`Take`."""
+    from .sorting import kth_pick, masked_reduced, masked_sort, mode_pick
+
+    dim = b["dim"]
+    if name == "sort":
+        out = masked_sort(A, dim, b["descending"], grad=True)
+    elif name == "topk":
+        out = masked_sort(A, dim, b["largest"], b["k"], grad=True)
+    else:
+        pick = kth_pick(b["k"]) if name == "kthvalue" else mode_pick
+        out = masked_reduced(A, dim, b["keepdim"], pick, grad=True)
+    return getattr(torch.return_types, name)(out)
 
 
 def _sig_sort(input, dim=-1, descending=False, *, stable=False):
@@ -140,6 +183,8 @@ def _route_order(func, args, kwargs):
         return NotImplemented
     dim = b["dim"] % A.dim()
     b["dim"] = dim
+    if A._indefinite and dim < A._sparse_ndim() and A.numel():
+        return _masked(name, A, b)
     op = getattr(torch, name)
     many = name in ("sort", "topk")
     keep = b.get("keepdim", True)
