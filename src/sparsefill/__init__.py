@@ -34,6 +34,7 @@ from ._policy import (
 from ._tensor import SparseTensor
 from ._explain import explain  # noqa: E402  (which stage computes an op: sparsefill.explain)
 from . import ops  # noqa: F401  (fills the op registry)
+from .ops.sorting import topk  # noqa: E402  (topk with a sparse output option)
 from . import masked  # noqa: F401,E402  (sparsefill.masked)
 from . import _compile  # noqa: E402
 
@@ -72,4 +73,5 @@ __all__ = [
     "densify_policy",
     "set_densify_policy",
     "get_densify_policy",
+    "topk",
 ]

@@ -102,6 +102,11 @@ def _unique(func, args, kwargs):
     return res[:2] if func is aten._unique.default else res
 
 
+_unique.dense_by_nature = (
+    "return_inverse with a NaN fill: torch gives every NaN element its own entry"
+)
+
+
 def _unique_inverse(A, inv, ks, nst, nfl, base):
     """``unique``'s inverse: ``A``'s pattern, the fill's index as its fill; a NaN fill's elements
     each their own index (dense by nature)."""
@@ -167,6 +172,9 @@ def _unique_consecutive(func, args, kwargs):
         check_densify("unique_consecutive's inverse of a SparseTensor", N * 8, by_nature=True)
         inv = run.repeat_interleave(item_cnt).reshape(A.shape)
     return out, inv, cnt if counts else empty
+
+
+_unique_consecutive.dense_by_nature = "return_inverse: every element's run index"
 
 
 # ---------------------------------------------------------------------------------------- isin
@@ -326,7 +334,13 @@ def _weights(A: SparseTensor, weight, n: int):
         return None, None
     idx, vals = coalesced_parts(A)
     sd = A._sparse_ndim()
-    w_st = values_at(weight, _index.linearize(idx, A._sparse_shape), sd).reshape(vals.shape)
+    keys = _index.linearize(idx, A._sparse_shape)
+    if isinstance(weight, SparseTensor) and weight._sparse_ndim() != sd:  # (read scalar by scalar)
+        Dn = _index.numel(A._dense_shape)
+        scalar = (keys[:, None] * Dn + torch.arange(Dn, device=keys.device)).reshape(-1)
+        w_st = values_at(weight.reshape(-1), scalar, 1).reshape(vals.shape)
+    else:
+        w_st = values_at(weight, keys, sd).reshape(vals.shape)
     if not n:
         return w_st.reshape(-1), w_st.new_empty(0)
     w_fl = weight.sum(list(range(sd))) - w_st.sum(0) if sd else w_st.new_zeros(A._dense_shape)
@@ -339,9 +353,7 @@ def _histogram(func, args, kwargs):
     weighted by 1 and ``n`` (or by ``weight``: the unspecified elements' summed)."""
     b = bind(func, args, kwargs)
     A, weight, bins = b["self"], b["weight"], b["bins"]
-    if isinstance(weight, SparseTensor) and (
-        weight._indefinite or weight._sparse_ndim() != A._sparse_ndim()
-    ):
+    if isinstance(weight, SparseTensor) and weight._indefinite:
         return NotImplemented
     if isinstance(bins, SparseTensor):  # (the bin edges, every one read: dense by nature)
         check_densify("histogram's bins given as a SparseTensor", bins.numel() * 8, by_nature=True)

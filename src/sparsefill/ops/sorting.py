@@ -136,24 +136,31 @@ class Rows:
         pos.view(-1)[flat] = self.p[ok]
         return vals, pos
 
-    def at(self, t: torch.Tensor):
-        """``(values, positions)`` of rank ``t[r]`` (``0 <= t < size``) of each row, shape (R,)."""
-        R, size, dev = self.R, self.size, self.r.device
-        rows = torch.arange(R, device=dev)
-        low = t < self.nlow
-        high = t >= size - self.nhigh
-        tp = t - self.nlow
+    def at(self, t: torch.Tensor, rows=None):
+        """``(values, positions)`` of rank ``t`` (``0 <= t < size``) of each row (``rows``: of
+        those rows, ``t`` one per row given)."""
+        size, dev = self.size, self.r.device
+        rows = torch.arange(self.R, device=dev) if rows is None else rows
+        nlow, nhigh, start, cnt = (
+            self.nlow[rows],
+            self.nhigh[rows],
+            self.start[rows],
+            self.cnt[rows],
+        )
+        low = t < nlow
+        high = t >= size - nhigh
+        tp = t - nlow
         # (b_j ascends within a row: count those <= tp by a search over (row, b) keys)
         bkey = self.erow * (size + 1) + self.eb
-        n_le = torch.searchsorted(bkey, rows * (size + 1) + tp, right=True) - self.estart
+        n_le = torch.searchsorted(bkey, rows * (size + 1) + tp, right=True) - self.estart[rows]
         u = tp + n_le
         k = self.v.numel()
-        gi = torch.where(low, self.start + t, self.start + self.cnt - (size - t))
+        gi = torch.where(low, start + t, start + cnt - (size - t))
         gi = torch.where(low | high, gi, k).clamp(0, k)
         v = torch.cat([self.v, self.v.new_zeros(1)])[gi]
         p = torch.cat([self.p, self.p.new_zeros(1)])[gi]
         stored = low | high
-        return torch.where(stored, v, self.f_rows.to(v.dtype)), torch.where(stored, p, u)
+        return torch.where(stored, v, self.f_rows[rows].to(v.dtype)), torch.where(stored, p, u)
 
 
 def rows_of(A: SparseTensor, dim: int, descending: bool) -> tuple[Rows, list]:
@@ -260,6 +267,12 @@ def _sort(func, args, kwargs):
     return _unmove(v, moved, d), _unmove(p, moved, d)
 
 
+_sort.dense_by_nature = (
+    "along a sparse dim every slice of the sorted result is built (in one pass, under the densify "
+    "policy's dense_by_nature); along a dense dim the pattern is kept"
+)
+
+
 @register(aten.topk.default)
 def _topk(func, args, kwargs):
     """``topk(A, k, dim, largest, sorted)``: the first ``k`` of each slice's stable sort (dense
@@ -281,6 +294,12 @@ def _topk(func, args, kwargs):
     v, p = rows.dense(k)
     moved[-1] = k
     return _unmove(v, moved, d), _unmove(p, moved, d)
+
+
+_topk.dense_by_nature = (
+    "along a sparse dim k elements of every slice (sparsefill.topk(..., sparse=True): only the "
+    "stored ones)"
+)
 
 
 def _reduced(t, moved, dim, keepdim):
@@ -575,3 +594,45 @@ def mode_pick(M):
 
 def coalesced_parts_values(M) -> torch.Tensor:
     return M.vals.reshape(-1)
+
+
+def topk(A, k: int, dim: int = -1, largest: bool = True, sorted: bool = True, *, sparse=False):
+    """``torch.topk(A, k, dim, largest, sorted)``; ``sparse=True``: the result as SparseTensors of
+    its shape (hybrid where ``A`` is), storing only the slots that hold a stored element of ``A``
+    (pytorch#34951): ``values.to_dense()`` is the dense ``topk``'s values (the other slots hold the
+    fill: ``values``' fill is ``A``'s), ``indices`` has an indefinite fill (a slot of the fill's
+    run may point at any of its elements).  With an indefinite fill, the masked top-k: each slice's
+    ``k`` largest stored elements (fewer where fewer are stored).  Along a dense dim of a hybrid
+    tensor the result keeps ``A``'s pattern either way.
+
+    >>> import torch, sparsefill
+    >>> A = sparsefill.sparse_coo_tensor([[0, 0, 2], [1, 5, 3]], [5., 7., 4.], (3, 1000))
+    >>> v, i = sparsefill.topk(A, 2, 1, sparse=True)
+    >>> v.indices().tolist(), v.values().tolist(), i.values().tolist()
+    ([[0, 0, 2], [0, 1, 0]], [7.0, 5.0, 4.0], [5, 1, 3])
+    >>> torch.equal(v.to_dense(), torch.topk(A.to_dense(), 2, 1).values)
+    True
+    """
+    if not sparse or not isinstance(A, SparseTensor):
+        return torch.topk(A, k, dim, largest, sorted)
+    _check_dim(A, dim)
+    meta = meta_call(aten.topk.default, A, k, dim, largest, sorted)
+    d = None if A.dim() == 0 else _sparse_dim(None, A, dim)
+    if d is None or A._indefinite or A.numel() == 0:  # (already sparse, or nothing stored)
+        return torch.topk(A, k, dim, largest, sorted)
+    rows, moved = rows_of(A, d, largest)
+    Dn, kshape = _index.numel(A._dense_shape), moved[: -1 - A.dense_dim()]
+    slot = rows._slots()
+    keep = slot < k
+    pat = torch.unique((rows.r[keep] // Dn) * k + slot[keep])
+    kk, ss = pat // k, pat % k
+    R_all = (kk[:, None] * Dn + torch.arange(Dn, device=pat.device)).reshape(-1)
+    v, p = rows.at(ss.repeat_interleave(Dn), R_all)
+    kept = _index.unravel(kk, kshape)
+    idx = torch.cat([kept[:d], ss[None], kept[d:]])
+    shape, D = meta[0].shape, tuple(A._dense_shape)
+    order = torch.argsort(_index.linearize(idx, shape[: A._sparse_ndim()]))
+    idx, v, p = idx[:, order], v.reshape((-1,) + D)[order], p.reshape((-1,) + D)[order]
+    values = parts_to_sparse(idx, v, shape, A._fill.to(A.dtype), coalesced=True)
+    indices = parts_to_sparse(idx, p, shape, p.new_empty(0), indefinite=True, coalesced=True)
+    return torch.return_types.topk((values, indices))
