@@ -90,8 +90,7 @@ class Rows:
     def __init__(self, r, p, v, f_rows, R: int, size: int, descending: bool):
         self.R, self.size, self.f_rows = R, size, f_rows
         dev = r.device
-        order = torch.sort(v, stable=True, descending=descending).indices
-        order = order[torch.sort(r[order], stable=True).indices]
+        order = _row_order(r, p, v, R, size, descending)
         self.r, self.p, self.v = r[order], p[order], v[order]
         fr = f_rows[self.r]
         self.before = _ahead(self.v, fr, descending)
@@ -102,7 +101,9 @@ class Rows:
         self.nhigh = torch.bincount(self.r[self.after], minlength=R)
         # the stored elements outside the run, by (row, position): e_j, and b_j = e_j - j
         ex = self.before | self.after
-        ekey, _ = torch.sort(self.r[ex] * size + self.p[ex])
+        ekey = self.r[ex] * size + self.p[ex]
+        if ekey.numel() > 1 and not bool((ekey[1:] >= ekey[:-1]).all()):
+            ekey = torch.sort(ekey).values
         self.ekey = ekey
         self.erow = ekey // max(size, 1)
         ecnt = torch.bincount(self.erow, minlength=R)
@@ -124,11 +125,16 @@ class Rows:
         """``(values, positions)``, each ``(R, width)``: the first ``width`` of every sorted row."""
         R, dev = self.R, self.r.device
         vals = self.f_rows.reshape(R, 1).expand(R, width).clone()
+        # positions: the ramp j - nlow[r], plus one step at each b_j + nlow[r] (a cumulative sum,
+        # the -nlow folded into column 0: three passes over the output, all int64: a mixed-dtype
+        # add is 4x slower)
         col = self.eb + self.nlow[self.erow]
         ok = col < width
-        steps = torch.bincount(self.erow[ok] * width + col[ok], minlength=R * width)
-        pos = torch.cumsum(steps.view(R, width), 1)
-        pos += torch.arange(width, device=dev) - self.nlow[:, None]
+        steps = torch.zeros(R * width, dtype=torch.int64, device=dev)
+        steps.index_add_(0, self.erow[ok] * width + col[ok], torch.ones_like(col[ok]))
+        if width:
+            steps[::width] -= self.nlow
+        pos = torch.cumsum(steps.view(R, width), 1).add_(torch.arange(width, device=dev))
         slot = self._slots()
         ok = slot < width
         flat = (self.r * width + slot)[ok]
@@ -161,6 +167,41 @@ class Rows:
         p = torch.cat([self.p, self.p.new_zeros(1)])[gi]
         stored = low | high
         return torch.where(stored, v, self.f_rows[rows].to(v.dtype)), torch.where(stored, p, u)
+
+
+def _row_order(r, p, v, R: int, size: int, descending: bool) -> torch.Tensor:
+    """The permutation sorting the stored elements by (row, value; stable: position).  Rows of at
+    most a few elements each (the common case): every row padded to the longest and sorted at
+    once (``torch.sort`` along a small last dim), else two stable sorts of all of them."""
+    k = r.numel()
+    if not k:
+        return torch.zeros(0, dtype=torch.int64, device=r.device)
+    key = r * max(size, 1) + p
+    grouped = bool((key[1:] > key[:-1]).all()) if k > 1 else True
+    by_row = torch.arange(k, device=r.device) if grouped else torch.sort(key).indices
+    rs = r[by_row]
+    cnt = torch.bincount(rs, minlength=R)
+    width = int(cnt.max())
+    if R * width > 4 * k + 1024 or v.dtype == torch.bool:
+        order = torch.sort(v, stable=True, descending=descending).indices
+        return order[torch.sort(r[order], stable=True).indices]
+    q = torch.arange(k, device=r.device) - (torch.cumsum(cnt, 0) - cnt)[rs]
+    pad = _pad_value(v.dtype, descending)
+    P = torch.full((R, width), pad, dtype=v.dtype, device=v.device)
+    P[rs, q] = v[by_row]
+    idx = torch.full((R, width), -1, dtype=torch.int64, device=v.device)
+    idx[rs, q] = by_row
+    srt = torch.sort(P, dim=1, stable=True, descending=descending).indices
+    got = idx.gather(1, srt)
+    return got[got >= 0]  # (pads sort last in every row: after equal values, being later)
+
+
+def _pad_value(dtype, descending: bool):
+    """A value every element sorts no later than (stable: a pad after real equal values)."""
+    if dtype.is_floating_point:
+        return float("-inf") if descending else float("nan")
+    info = torch.iinfo(dtype)
+    return info.min if descending else info.max
 
 
 def rows_of(A: SparseTensor, dim: int, descending: bool) -> tuple[Rows, list]:
