@@ -306,3 +306,138 @@ def test_topk_backward_touches_the_output_only():
     with sparsefill.densify_policy("raise"):
         torch.topk(A, 2, 1).values.sum().backward()
     assert torch.equal(v.grad, (v > 0).double())
+
+
+# ------------------------------------------------------------------- an indefinite fill
+def _masked(shape, dd, seed=0):
+    """``(A, x, mask)``: an indefinite-fill SparseTensor, its stored values at their places in
+    ``x`` (0 elsewhere), and which elements are specified."""
+    g = torch.Generator().manual_seed(seed)
+    S = shape[: len(shape) - dd]
+    m = torch.rand(S, generator=g) < 0.4
+    idx = m.nonzero().T
+    v = torch.randint(-3, 4, (idx.shape[1],) + shape[len(S) :], generator=g).double()
+    A = sparsefill.sparse_coo_tensor(idx, v, shape, fill_value=sparsefill.indefinite)
+    x = torch.zeros(shape, dtype=torch.float64).index_put(tuple(idx), v)
+    return A, x, m.reshape(m.shape + (1,) * dd).expand(shape)
+
+
+def _slices(x, mask, dim):
+    """Each slice along ``dim``: (index, its stored values, their positions)."""
+    xm, mm = x.movedim(dim, -1), mask.movedim(dim, -1)
+    for ix in torch.cartesian_prod(*[torch.arange(s) for s in xm.shape[:-1]]).reshape(
+        -1, xm.dim() - 1
+    ):
+        ix = tuple(ix.tolist())
+        yield ix, xm[ix][mm[ix]], mm[ix].nonzero().flatten()
+
+
+MASKED = [((4, 7), 0), ((3, 5, 6), 0), ((5, 6, 3), 1)]
+
+
+@pytest.mark.parametrize("shape, dd", MASKED)
+def test_indefinite_sort_and_topk_compact_each_slices_stored_elements(shape, dd):
+    A, x, mask = _masked(shape, dd)
+    for dim in range(len(shape) - dd):
+        for desc in (False, True):
+            for k in (None, 2):
+                out = (
+                    torch.sort(A, dim=dim, descending=desc, stable=True)
+                    if k is None
+                    else torch.topk(A, k, dim, largest=desc)
+                )
+                assert out.values.is_fill_indefinite() and out.indices.is_fill_indefinite()
+                V = out.values.to_dense(fill_value=NAN).movedim(dim, -1)
+                ind = out.indices.to_dense(fill_value=-1).movedim(dim, -1)
+                for ix, vals, pos in _slices(x, mask, dim):
+                    s = torch.sort(vals, stable=True, descending=desc)
+                    n = vals.numel() if k is None else min(k, vals.numel())
+                    assert torch.equal(V[ix][:n], s.values[:n]) and V[ix][n:].isnan().all()
+                    assert torch.equal(ind[ix][:n], pos[s.indices[:n]])
+
+
+@pytest.mark.parametrize("shape, dd", MASKED)
+def test_indefinite_kthvalue_mode_quantile_over_the_stored_elements(shape, dd):
+    A, x, mask = _masked(shape, dd)
+    for dim in range(len(shape) - dd):
+        kth = torch.kthvalue(A, 2, dim)
+        mode = torch.mode(A, dim)
+        q = torch.quantile(A, 0.3, dim, interpolation="midpoint")
+        got = [t.to_dense(fill_value=NAN) for t in (kth.values, mode.values, q)]
+        kpos, mpos = kth.indices.to_dense(fill_value=-1), mode.indices.to_dense(fill_value=-1)
+        for ix, vals, pos in _slices(x, mask, dim):
+            if vals.numel() < 2:
+                assert got[0][ix].isnan()
+            else:
+                s = torch.sort(vals, stable=True)
+                assert got[0][ix] == s.values[1] and kpos[ix] == pos[s.indices[1]]
+            if not vals.numel():
+                assert got[1][ix].isnan() and got[2][ix].isnan()
+                continue
+            u, c = vals.unique(return_counts=True)
+            best = u[c == c.max()].min()
+            assert got[1][ix] == best and mpos[ix] == pos[vals == best].max()
+            ref = torch.quantile(vals, 0.3, interpolation="midpoint")
+            torch.testing.assert_close(got[2][ix], ref)
+
+
+@pytest.mark.parametrize("shape, dd", MASKED)
+def test_indefinite_gradients_go_to_the_selected_stored_values(shape, dd):
+    """Against finite differences: the masked results are piecewise linear in the values."""
+    A, x, mask = _masked(shape, dd)
+    idx, v0 = (
+        A.indices(),
+        A.values() + torch.linspace(0, 0.01, A.values().numel()).reshape(A.values().shape),
+    )
+    for dim in range(len(shape) - dd):
+        for fn in (
+            lambda X: torch.sort(X, dim).values,
+            lambda X: torch.topk(X, 2, dim).values,
+            lambda X: torch.kthvalue(X, 1, dim).values,
+            lambda X: torch.mode(X, dim).values,
+            lambda X: torch.quantile(X, 0.4, dim),
+        ):
+
+            def loss(v, W=None):
+                o = fn(
+                    sparsefill.sparse_coo_tensor(idx, v, shape, fill_value=sparsefill.indefinite)
+                )
+                return o.to_dense(fill_value=0.0)
+
+            v = v0.clone().requires_grad_()
+            out = loss(v)
+            W = torch.randn(
+                out.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(3)
+            )
+            (g,) = torch.autograd.grad((out * W).sum(), v)
+            num = torch.zeros_like(v0).reshape(-1)
+            with torch.no_grad():
+                base = (loss(v0) * W).sum()
+                for i in range(num.numel()):
+                    d = torch.zeros_like(num)
+                    d[i] = 1e-6
+                    num[i] = ((loss(v0 + d.reshape(v0.shape)) * W).sum() - base) / 1e-6
+            torch.testing.assert_close(g.reshape(-1), num, atol=1e-4, rtol=1e-4)
+
+
+# ------------------------------------------------------------------- topk's sparse output
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+@pytest.mark.parametrize("fill", [0.0, NAN])
+def test_topk_sparse_output_stores_the_picked_stored_elements(case, fill):
+    shape, dd, layout = case
+    A, x = make(shape, fill, dd, layout)
+    for dim in range(len(shape)):
+        for k in (1, 3):
+            for largest in (True, False):
+                if k > shape[dim]:
+                    continue
+                v, i = sparsefill.topk(A, k, dim, largest, sparse=True)
+                ref = stable_sort(x, dim, largest)
+                rv, ri = ref.values.narrow(dim, 0, k), ref.indices.narrow(dim, 0, k)
+                torch.testing.assert_close(dense(v), rv, equal_nan=True)
+                di = dense(i) if not isinstance(i, SparseTensor) else i.to_dense(fill_value=-1)
+                assert ((di == ri) | (di == -1)).all()
+                if dim < len(shape) - dd and isinstance(v, SparseTensor):
+                    # (only slots holding a stored scalar: at most one per stored scalar)
+                    assert v._nnz() <= A.coalesce().values().numel()
+    assert sparsefill.topk(x, 2).values.shape == torch.topk(x, 2).values.shape
