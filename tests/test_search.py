@@ -203,6 +203,11 @@ def test_indefinite_fill_is_the_stored_elements_only():
     assert torch.histc(A, 2, 0, 4).tolist() == [1.0, 2.0]
     s = torch.searchsorted(torch.tensor([0.0, 2.0]), A)
     assert s.is_fill_indefinite() and s.values().tolist() == [2, 1, 2, 2]
+    vals, inv, cnt = torch.unique_consecutive(A, return_inverse=True, return_counts=True)
+    assert vals[:3].tolist() == [3.0, 1.0, 3.0] and cnt.tolist() == [1, 1, 1, 1]
+    assert inv.is_fill_indefinite() and inv.values().tolist() == [0, 1, 2, 3]
+    lo, hi = torch.aminmax(A[:6])
+    assert (lo.item(), hi.item()) == (1.0, 3.0)
     i = sparsefill.sparse_coo_tensor([[0, 3]], [2, 2], (5,), fill_value=indefinite)
     assert torch.bincount(i).tolist() == [0, 0, 2]
 

@@ -138,9 +138,11 @@ def _unique_consecutive(func, args, kwargs):
     torch's ``!=`` gives); the inverse is dense by nature."""
     b = bind(func, args, kwargs)
     A, inverse, counts = b["self"], b["return_inverse"], b["return_counts"]
-    if b["dim"] is not None or A._indefinite:
+    if b["dim"] is not None:
         return NotImplemented
     func(torch.zeros(0, dtype=A.dtype, device=A.device), *args[1:], **kwargs)  # (dtype errors)
+    if A._indefinite:
+        return _unique_consecutive_masked(A, inverse, counts)
     B = A.reshape(-1) if A.dim() != 1 or A.dense_dim() else A
     idx, vals = coalesced_parts(B)
     pos, N, f = idx[0], B.shape[0], B._fill.to(B.dtype).reshape(())
@@ -172,6 +174,17 @@ def _unique_consecutive(func, args, kwargs):
         check_densify("unique_consecutive's inverse of a SparseTensor", N * 8, by_nature=True)
         inv = run.repeat_interleave(item_cnt).reshape(A.shape)
     return out, inv, cnt if counts else empty
+
+
+def _unique_consecutive_masked(A, inverse: bool, counts: bool):
+    """An indefinite fill: the stored elements in row-major order, consecutive as they are stored
+    (the unspecified ones between them are not there); the inverse keeps ``A``'s pattern."""
+    idx, vals = coalesced_parts(A)
+    flat = vals.reshape(-1)
+    out, inv, cnt = torch.unique_consecutive(flat, return_inverse=True, return_counts=True)
+    empty = torch.empty(0, dtype=torch.int64, device=A.device)
+    iv = _with_pattern(A, inv.reshape(vals.shape), inv.new_zeros(())) if inverse else empty
+    return out, iv, cnt if counts else empty
 
 
 _unique_consecutive.dense_by_nature = "return_inverse: every element's run index"
