@@ -236,7 +236,9 @@ def _route_quantile(func, args, kwargs):
     if not b or b["out"] is not None or not isinstance(A, SparseTensor):
         return NotImplemented
     q, dim, keep, interp = b["q"], b["dim"], b["keepdim"], b["interpolation"]
-    if isinstance(q, SparseTensor):
+    if isinstance(q, SparseTensor) or (
+        isinstance(q, torch.Tensor) and q.requires_grad and torch.is_grad_enabled()
+    ):  # (a gradient for q: torch's composite, through the native sort)
         return NotImplemented
     fn = torch.nanquantile if func in (torch.nanquantile, T.nanquantile) else torch.quantile
     with torch.no_grad():  # torch's errors (dtype, dim, q's range and shape, interpolation)
