@@ -45,6 +45,7 @@ from sparsefill._explain import explain
 # installs the op layer into SparseTensor, ``_compile._install`` records the sparsefill.masked entry
 # points for torch.compile (once torch._dynamo loads), ``data`` registers the DataLoader collate.
 from sparsefill import ops  # noqa: F401
+from sparsefill.ops.order.sort import topk  # (with a sparse output option)
 from sparsefill import masked  # noqa: F401
 from sparsefill._compile import dynamo as _compile
 
@@ -89,4 +90,5 @@ __all__ = [
     "set_densify_policy",
     "get_densify_policy",
     "explain",
+    "topk",
 ]

@@ -25,6 +25,7 @@ from sparsefill.ops.pointwise import rule
 from sparsefill.ops.reductions import reduce
 from sparsefill.ops import registry
 from sparsefill.ops.linalg import sampled
+from sparsefill.ops.order import search, sort
 from sparsefill.ops import views, windows
 
 __all__ = [
@@ -42,6 +43,8 @@ __all__ = [
     "registry",
     "rule",
     "sampled",
+    "search",
+    "sort",
     "softmax",
     "views",
     "windows",

@@ -304,3 +304,8 @@ from sparsefill.ops.shape import split  # noqa: E402,F401
 
 # (F.scaled_dot_product_attention with a SparseTensor mask: the fused tiles)
 from sparsefill.ops.linalg import attention  # noqa: E402,F401
+
+# sort/topk/kthvalue/mode: the gradient to the selected elements; quantile/nanquantile: ranks of
+# the sorted stored values
+from sparsefill.ops.order import sort_backward  # noqa: E402,F401
+from sparsefill.ops.order import quantiles  # noqa: E402,F401

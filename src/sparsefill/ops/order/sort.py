@@ -1,0 +1,674 @@
+"""Order statistics of a SparseTensor: ``sort``, ``argsort``, ``msort``, ``topk``, ``kthvalue``,
+``mode``, ``aminmax`` (and, through ``sort``, the composite ``quantile``/``nanquantile``), without
+its dense form::
+
+    op(A, ...) == op(A.to_dense(), ...)          values and indices, ties in stable order
+
+Along a sparse dim every 1-D slice (a *row*: the other sparse dims and each dense coordinate fixed)
+is its stored values merged with one run of ``n`` copies of the fill (``n`` = its unspecified
+elements).  In stable order a row is::
+
+    [stored x "before" f, sorted]  [the run: every position whose value equals f, ascending]
+                                   [stored x "after" f, sorted]
+
+("before": ``x < f`` ascending, ``x > f`` descending, NaN the largest as in torch), so the rank of
+every element follows from a sort of the stored values alone: ``O(nse log nse)``, plus the output.
+The run's ``t``-th position is ``u = t + #{j : e_j - j <= t}`` over the row's stored positions
+``e_0 < e_1 < ...`` outside the run (:class:`Rows`).  Along a dense dim: the op on the stored
+values and on the fill, the pattern kept (a SparseTensor result).
+
+A sort's output (and ``topk``'s, ``kthvalue``'s... over a sparse dim) holds every slice: it is
+*dense by nature*; it is built in one pass, under the densify policy's ``dense_by_nature`` gate.
+Ties are ordered as torch's stable sort orders them (``stable=True``: indices equal to dense's);
+where torch's unstable kernels (``stable=False`` past 16 elements, ``topk``, ``kthvalue``, ``mode``)
+leave the order of equal elements unspecified, the stable order is given (``mode``: the last
+occurrence, as dense torch on short slices).
+
+An indefinite fill (masked semantics, as the masked reductions of ``reductions.py``): each slice is
+its stored elements only.  ``sort`` gives them compacted at the front of the slice, the rest of the
+slice unspecified (a SparseTensor with an indefinite fill); ``topk``/``kthvalue`` take the ``k``
+among them (fewer stored: the missing ones unspecified); ``mode`` and ``aminmax`` reduce over them
+(a slice with none stored is unspecified).
+
+>>> import torch, sparsefill
+>>> A = sparsefill.sparse_coo_tensor([[0, 0, 1], [1, 3, 2]], [5., -1., 2.], (2, 4), fill_value=0.)
+>>> torch.sort(A, 1).values
+tensor([[-1.,  0.,  0.,  5.],
+        [ 0.,  0.,  0.,  2.]])
+>>> torch.topk(A, 2, 1).indices
+tensor([[1, 0],
+        [2, 0]])
+"""
+
+from __future__ import annotations
+
+import torch
+
+from sparsefill._kernels import index as _index
+from sparsefill._tensor.parts import coalesced_parts, dense_of, parts_to_sparse
+from sparsefill._tensor.policy import check_densify
+from sparsefill._tensor.fill import indefinite
+from sparsefill._tensor.tensor import SparseTensor
+from sparsefill.ops._schema import meta_call
+from sparsefill.ops.registry import register
+
+aten = torch.ops.aten
+
+
+def bind(func, args, kwargs) -> dict:
+    """The arguments of ``func`` by name, defaults from its schema."""
+    out = {}
+    for i, a in enumerate(func._schema.arguments):
+        out[a.name] = args[i] if i < len(args) else kwargs.get(a.name, a.default_value)
+    return out
+
+
+def _nan(t: torch.Tensor) -> torch.Tensor:
+    return torch.isnan(t) if t.is_floating_point() else torch.zeros_like(t, dtype=torch.bool)
+
+
+def _ahead(x: torch.Tensor, f: torch.Tensor, descending: bool) -> torch.Tensor:
+    """``x`` sorts strictly ahead of ``f`` (NaN the largest, as torch.sort)."""
+    nx, nf = _nan(x), _nan(f)
+    if descending:
+        return (x > f) | (nx & ~nf)
+    return (x < f) | (nf & ~nx)
+
+
+class Rows:
+    """Rows ``r`` in ``[0, R)`` of ``size`` elements each: the stored ones ``(r, p, v)`` (in
+    ``(r, p)`` order within a row), the rest ``f_rows[r]``; stable-sorted once.
+
+    :meth:`dense` gives the first ``width`` elements of every sorted row (values, positions),
+    :meth:`at` the element of rank ``t[r]`` of each row.
+
+    >>> rows = Rows(torch.tensor([0, 0]), torch.tensor([1, 3]), torch.tensor([5., -1.]),
+    ...             torch.tensor([0.]), 1, 4, descending=False)
+    >>> [t.tolist() for t in rows.dense(4)]
+    [[[-1.0, 0.0, 0.0, 5.0]], [[3, 0, 2, 1]]]
+    """
+
+    def __init__(self, r, p, v, f_rows, R: int, size: int, descending: bool):
+        self.R, self.size, self.f_rows = R, size, f_rows
+        dev = r.device
+        order = _row_order(r, p, v, R, size, descending)
+        self.r, self.p, self.v = r[order], p[order], v[order]
+        fr = f_rows[self.r]
+        self.before = _ahead(self.v, fr, descending)
+        self.after = _ahead(fr, self.v, descending)
+        self.cnt = torch.bincount(self.r, minlength=R)
+        self.start = torch.cumsum(self.cnt, 0) - self.cnt
+        self.nlow = torch.bincount(self.r[self.before], minlength=R)
+        self.nhigh = torch.bincount(self.r[self.after], minlength=R)
+        # the stored elements outside the run, by (row, position): e_j, and b_j = e_j - j
+        ex = self.before | self.after
+        ekey = self.r[ex] * size + self.p[ex]
+        if ekey.numel() > 1 and not bool((ekey[1:] >= ekey[:-1]).all()):
+            ekey = torch.sort(ekey).values
+        self.ekey = ekey
+        self.erow = ekey // max(size, 1)
+        ecnt = torch.bincount(self.erow, minlength=R)
+        self.estart = torch.cumsum(ecnt, 0) - ecnt
+        j = torch.arange(ekey.numel(), device=dev) - self.estart[self.erow]
+        self.eb = ekey - self.erow * size - j
+
+    def _slots(self):
+        """The output slot of every stored element (sorted order)."""
+        q = torch.arange(self.r.numel(), device=self.r.device) - self.start[self.r]
+        r, p = self.r, self.p
+        ex_ahead = torch.searchsorted(self.ekey, r * self.size + p) - self.estart[r]
+        run = self.nlow[r] + p - ex_ahead
+        return torch.where(
+            self.before, q, torch.where(self.after, self.size - self.cnt[r] + q, run)
+        )
+
+    def dense(self, width: int):
+        """``(values, positions)``, each ``(R, width)``: the first ``width`` of every sorted row."""
+        R, dev = self.R, self.r.device
+        vals = self.f_rows.reshape(R, 1).expand(R, width).clone()
+        # positions: the ramp j - nlow[r], plus one step at each b_j + nlow[r] (a cumulative sum,
+        # the -nlow folded into column 0: three passes over the output, all int64: a mixed-dtype
+        # add is 4x slower)
+        col = self.eb + self.nlow[self.erow]
+        ok = col < width
+        steps = torch.zeros(R * width, dtype=torch.int64, device=dev)
+        steps.index_add_(0, self.erow[ok] * width + col[ok], torch.ones_like(col[ok]))
+        if width:
+            steps[::width] -= self.nlow
+        pos = torch.cumsum(steps.view(R, width), 1).add_(torch.arange(width, device=dev))
+        slot = self._slots()
+        ok = slot < width
+        flat = (self.r * width + slot)[ok]
+        vals.view(-1)[flat] = self.v[ok]
+        pos.view(-1)[flat] = self.p[ok]
+        return vals, pos
+
+    def at(self, t: torch.Tensor, rows=None):
+        """``(values, positions)`` of rank ``t`` (``0 <= t < size``) of each row (``rows``: of
+        those rows, ``t`` one per row given)."""
+        size, dev = self.size, self.r.device
+        rows = torch.arange(self.R, device=dev) if rows is None else rows
+        nlow, nhigh, start, cnt = (
+            self.nlow[rows],
+            self.nhigh[rows],
+            self.start[rows],
+            self.cnt[rows],
+        )
+        low = t < nlow
+        high = t >= size - nhigh
+        tp = t - nlow
+        # (b_j ascends within a row: count those <= tp by a search over (row, b) keys)
+        bkey = self.erow * (size + 1) + self.eb
+        n_le = torch.searchsorted(bkey, rows * (size + 1) + tp, right=True) - self.estart[rows]
+        u = tp + n_le
+        k = self.v.numel()
+        gi = torch.where(low, start + t, start + cnt - (size - t))
+        gi = torch.where(low | high, gi, k).clamp(0, k)
+        v = torch.cat([self.v, self.v.new_zeros(1)])[gi]
+        p = torch.cat([self.p, self.p.new_zeros(1)])[gi]
+        stored = low | high
+        return torch.where(stored, v, self.f_rows[rows].to(v.dtype)), torch.where(stored, p, u)
+
+
+def _row_order(r, p, v, R: int, size: int, descending: bool) -> torch.Tensor:
+    """The permutation sorting the stored elements by (row, value; stable: position).  Rows of at
+    most a few elements each (the common case): every row padded to the longest and sorted at
+    once (``torch.sort`` along a small last dim), else two stable sorts of all of them."""
+    k = r.numel()
+    if not k:
+        return torch.zeros(0, dtype=torch.int64, device=r.device)
+    key = r * max(size, 1) + p
+    grouped = bool((key[1:] > key[:-1]).all()) if k > 1 else True
+    by_row = torch.arange(k, device=r.device) if grouped else torch.sort(key).indices
+    rs = r[by_row]
+    cnt = torch.bincount(rs, minlength=R)
+    width = int(cnt.max())
+    if R * width > 4 * k + 1024 or v.dtype == torch.bool:
+        order = torch.sort(v, stable=True, descending=descending).indices
+        return order[torch.sort(r[order], stable=True).indices]
+    q = torch.arange(k, device=r.device) - (torch.cumsum(cnt, 0) - cnt)[rs]
+    pad = _pad_value(v.dtype, descending)
+    P = torch.full((R, width), pad, dtype=v.dtype, device=v.device)
+    P[rs, q] = v[by_row]
+    idx = torch.full((R, width), -1, dtype=torch.int64, device=v.device)
+    idx[rs, q] = by_row
+    srt = torch.sort(P, dim=1, stable=True, descending=descending).indices
+    got = idx.gather(1, srt)
+    return got[got >= 0]  # (pads sort last in every row: after equal values, being later)
+
+
+def _pad_value(dtype, descending: bool):
+    """A value every element sorts no later than (stable: a pad after real equal values)."""
+    if dtype.is_floating_point:
+        return float("-inf") if descending else float("nan")
+    info = torch.iinfo(dtype)
+    return info.min if descending else info.max
+
+
+def rows_of(A: SparseTensor, dim: int, descending: bool) -> tuple[Rows, list]:
+    """The slices of ``A`` along its sparse dim ``dim`` as :class:`Rows` (a definite fill), and the
+    shape of ``A`` with ``dim`` moved last (the rows' order)."""
+    idx, vals = coalesced_parts(A)
+    sd, D = A._sparse_ndim(), tuple(A._dense_shape)
+    Dn = _index.numel(D)
+    kept = [i for i in range(sd) if i != dim]
+    kshape = [A.shape[i] for i in kept]
+    key = _index.linearize(idx[kept], kshape)
+    if D:
+        r = (key[:, None] * Dn + torch.arange(Dn, device=key.device)).reshape(-1)
+        p = idx[dim].repeat_interleave(Dn)
+    else:
+        r, p = key, idx[dim].to(torch.int64)
+    R = _index.numel(kshape) * Dn
+    f_rows = A._fill.to(A.dtype).expand(D).reshape(1, Dn).expand(R // max(Dn, 1), Dn).reshape(-1)
+    rows = Rows(r, p, vals.reshape(-1), f_rows, R, A.shape[dim], descending)
+    return rows, kshape + list(D) + [A.shape[dim]]
+
+
+def _gate(what: str, A: SparseTensor, n: int) -> None:
+    """The densify policy's dense-by-nature gate for an ``n``-element result (values and
+    indices)."""
+    check_densify(what, n * (A.element_size() + 8), by_nature=True)
+
+
+def _unmove(t: torch.Tensor, moved: list, dim: int) -> torch.Tensor:
+    return t.reshape(moved).movedim(-1, dim).contiguous()
+
+
+def _along_dense(func, A: SparseTensor, dim: int, rest: dict, meta):
+    """The op along a dense dim: on the stored values and on the fill, the pattern kept."""
+    idx, vals = coalesced_parts(A)
+    d = dim - A._sparse_ndim()
+    vr = func(vals, **{**rest, "dim": d + 1})
+    if A._indefinite:
+        return tuple(
+            parts_to_sparse(idx, v, m.shape, v.new_empty(0), indefinite=True, coalesced=True)
+            for v, m in zip(vr, meta)
+        )
+    fr = func(A._fill.to(A.dtype).expand(A._dense_shape).contiguous(), **{**rest, "dim": d})
+    return tuple(
+        parts_to_sparse(idx, v, m.shape, f, layout=A._sf_layout, coalesced=True)
+        for v, f, m in zip(vr, fr, meta)
+    )
+
+
+def _stable_topk(x, k, dim, largest):
+    v, i = torch.sort(x, dim=dim, descending=largest, stable=True)
+    return v.narrow(dim, 0, k), i.narrow(dim, 0, k)
+
+
+def _stable_kth(x, k, dim, keepdim):
+    v, i = torch.sort(x, dim=dim, stable=True)
+    v, i = v.narrow(dim, k - 1, 1), i.narrow(dim, k - 1, 1)
+    return (v, i) if keepdim else (v.squeeze(dim), i.squeeze(dim))
+
+
+def _plain(func, A, args, kwargs):
+    """A 0-d or empty ``A``: the op on its dense form, of one element or none (a 0-d ``A`` with
+    an indefinite fill: the fallback's error)."""
+    if A._indefinite and A.numel():
+        return NotImplemented
+    return func(dense_of(A, A._vals.new_zeros(()) if A._indefinite else None), *args[1:], **kwargs)
+
+
+def _check_dim(A, dim) -> None:
+    """torch's error for a dim out of range (meta kernels of sort/topk skip it)."""
+    n = max(A.dim(), 1)
+    if not -n <= dim < n:
+        raise IndexError(
+            f"Dimension out of range (expected to be in range of [{-n}, {n - 1}], but got {dim})"
+        )
+
+
+def _sparse_dim(func, A, dim):
+    """``dim`` normalised; None when ``func`` along it is the op on the values and on the fill (a
+    dense dim)."""
+    dim %= A.dim()
+    return None if dim >= A._sparse_ndim() else dim
+
+
+@register(aten.sort.default, aten.sort.stable)
+def _sort(func, args, kwargs):
+    """``sort(A, dim, descending, stable)``: values and indices, ties in stable order (dense by
+    nature over a sparse dim: every slice of the result is built, in one pass)."""
+    b = bind(func, args, kwargs)
+    A, dim, desc = b["self"], b["dim"], b["descending"]
+    _check_dim(A, b["dim"])
+    meta = meta_call(func, A, *args[1:], **kwargs)  # (torch's errors: dim, dtype)
+    if A.dim() == 0 or A.numel() == 0:
+        return _plain(func, A, args, kwargs)
+    d = _sparse_dim(func, A, dim)
+    if A._indefinite and d is not None:
+        return masked_sort(A, d, desc)
+    if d is None:
+        rest = {"stable": True, "descending": desc}
+        return _along_dense(aten.sort.stable, A, dim % A.dim(), rest, meta)
+    _gate(f"sort of a SparseTensor along sparse dim {d}", A, A.numel())
+    rows, moved = rows_of(A, d, desc)
+    v, p = rows.dense(A.shape[d])
+    return _unmove(v, moved, d), _unmove(p, moved, d)
+
+
+_sort.dense_by_nature = (
+    "along a sparse dim every slice of the sorted result is built (in one pass, under the densify "
+    "policy's dense_by_nature); along a dense dim the pattern is kept"
+)
+
+
+@register(aten.topk.default)
+def _topk(func, args, kwargs):
+    """``topk(A, k, dim, largest, sorted)``: the first ``k`` of each slice's stable sort (dense
+    by nature over a sparse dim: ``k`` per slice, built in one pass); ``sorted=False`` gives them
+    sorted too (torch leaves that order unspecified)."""
+    b = bind(func, args, kwargs)
+    A, k, dim, largest = b["self"], b["k"], b["dim"], b["largest"]
+    _check_dim(A, b["dim"])
+    meta = meta_call(func, A, *args[1:], **kwargs)  # (torch's errors: k out of range, dim)
+    if A.dim() == 0 or A.numel() == 0:
+        return _plain(func, A, args, kwargs)
+    d = _sparse_dim(func, A, dim)
+    if A._indefinite and d is not None:
+        return masked_sort(A, d, largest, k)
+    if d is None:
+        return _along_dense(_stable_topk, A, dim % A.dim(), {"k": k, "largest": largest}, meta)
+    _gate(f"topk of a SparseTensor along sparse dim {d}", A, A.numel() // A.shape[d] * k)
+    rows, moved = rows_of(A, d, largest)
+    v, p = rows.dense(k)
+    moved[-1] = k
+    return _unmove(v, moved, d), _unmove(p, moved, d)
+
+
+_topk.dense_by_nature = (
+    "along a sparse dim k elements of every slice (sparsefill.topk(..., sparse=True): only the "
+    "stored ones)"
+)
+
+
+def _reduced(t, moved, dim, keepdim):
+    t = t.reshape(moved[:-1])
+    return t.unsqueeze(dim) if keepdim else t
+
+
+@register(aten.kthvalue.default)
+def _kthvalue(func, args, kwargs):
+    """``kthvalue(A, k, dim, keepdim)``: rank ``k - 1`` of each slice's stable ascending sort,
+    found by rank arithmetic over the sorted stored values (no slice is built)."""
+    b = bind(func, args, kwargs)
+    A, k, dim, keep = b["self"], b["k"], b["dim"], b["keepdim"]
+    _check_dim(A, b["dim"])
+    meta = meta_call(func, A, *args[1:], **kwargs)
+    if A.dim() == 0 or A.numel() == 0:
+        return _plain(func, A, args, kwargs)
+    d = _sparse_dim(func, A, dim)
+    if A._indefinite and d is not None:
+        return masked_reduced(A, d, keep, kth_pick(k))
+    if d is None:
+        return _along_dense(_stable_kth, A, dim % A.dim(), {"k": k, "keepdim": keep}, meta)
+    _gate(f"kthvalue of a SparseTensor along sparse dim {d}", A, A.numel() // A.shape[d])
+    rows, moved = rows_of(A, d, False)
+    v, p = rows.at(torch.full((rows.R,), k - 1, dtype=torch.int64, device=A.device))
+    return _reduced(v, moved, d, keep), _reduced(p, moved, d, keep)
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a == b``, NaN equal to NaN (one value for ``mode``)."""
+    return (a == b) | (_nan(a) & _nan(b))
+
+
+def _last_gap(rows: Rows) -> torch.Tensor:
+    """Per row, the largest position not stored (-1 where every position is stored)."""
+    R, size = rows.R, rows.size
+    flipped = torch.sort(rows.r * size + (size - 1 - rows.p)).values
+    from sparsefill._kernels.reducer import first_gap
+
+    g = first_gap(flipped // max(size, 1), flipped % max(size, 1), R, presorted=True)
+    return size - 1 - g
+
+
+def _mode_rows(rows: Rows, masked: bool = False):
+    """``(value, position)`` of each row's mode: the most frequent value (NaNs one value), ties to
+    the smallest (NaN the largest); its position the last occurrence (NaN: the first), as dense
+    torch gives them on slices of up to 16 elements (its sort is stable there)."""
+    R, size, dev = rows.R, rows.size, rows.r.device
+    r, p, v = rows.r, rows.p, rows.v
+    k = v.numel()
+    new = torch.ones(k, dtype=torch.bool, device=dev)
+    if k > 1:
+        new[1:] = (r[1:] != r[:-1]) | ~_same(v[1:], v[:-1])
+    run = torch.cumsum(new, 0) - 1
+    nrun = int(run[-1]) + 1 if k else 0
+    count = torch.bincount(run, minlength=nrun)
+    eq = ~(rows.before | rows.after)  # (the stored elements equal to the fill: its run)
+    run_row, run_val = r[new], v[new]
+    first = p[new]
+    last = torch.zeros(nrun, dtype=torch.int64, device=dev).scatter_reduce(
+        0, run, p, "amax", include_self=False
+    )
+    n_fill = torch.zeros_like(rows.cnt) if masked else size - rows.cnt
+    is_fill_run = torch.zeros(nrun, dtype=torch.bool, device=dev)
+    if not masked:
+        is_fill_run.index_put_((run[eq],), eq[eq])
+    gap = _last_gap(rows)
+    fnan = _nan(rows.f_rows)
+    count = count + torch.where(is_fill_run, n_fill[run_row], 0)
+    last = torch.where(is_fill_run, torch.maximum(last, gap[run_row]), last)
+    has_run = torch.zeros(R, dtype=torch.bool, device=dev).index_put_(
+        (run_row[is_fill_run],), is_fill_run[is_fill_run]
+    )
+    extra = torch.nonzero((n_fill > 0) & ~has_run).squeeze(1)  # the fill's own candidates
+    first_gap_row = _first_gap_rows(rows)
+    c_row = torch.cat([run_row, extra])
+    c_val = torch.cat([run_val, rows.f_rows[extra].to(v.dtype)])
+    c_cnt = torch.cat([count, n_fill[extra]])
+    c_first = torch.cat(
+        [
+            torch.minimum(first, torch.where(is_fill_run, first_gap_row[run_row], size)),
+            first_gap_row[extra],
+        ]
+    )
+    c_last = torch.cat([last, gap[extra]])
+    c_pos = torch.where(_nan(c_val), c_first, c_last)
+    del fnan
+    # per row: the largest count, then the smallest value (NaN last): sorts, stable
+    o = torch.sort(c_val, stable=True).indices
+    o = o[torch.sort(c_cnt[o], stable=True, descending=True).indices]
+    o = o[torch.sort(c_row[o], stable=True).indices]
+    cr = c_row[o]
+    head = torch.ones_like(cr, dtype=torch.bool)
+    if cr.numel() > 1:
+        head[1:] = cr[1:] != cr[:-1]
+    o = o[head]
+    val = torch.empty(R, dtype=v.dtype, device=dev).index_put_((c_row[o],), c_val[o])
+    pos = torch.empty(R, dtype=torch.int64, device=dev).index_put_((c_row[o],), c_pos[o])
+    return val, pos
+
+
+def _first_gap_rows(rows: Rows) -> torch.Tensor:
+    from sparsefill._kernels.reducer import first_gap
+
+    key = torch.sort(rows.r * rows.size + rows.p).values
+    size = max(rows.size, 1)
+    return first_gap(key // size, key % size, rows.R, presorted=True)
+
+
+@register(aten.mode.default)
+def _mode(func, args, kwargs):
+    """``mode(A, dim, keepdim)``: per slice the most frequent value (the fill counted ``n`` times,
+    with the stored values equal to it), ties to the smallest; its index the last occurrence (a
+    NaN mode: the first), as dense torch on slices of up to 16 elements."""
+    b = bind(func, args, kwargs)
+    A, dim, keep = b["self"], b["dim"], b["keepdim"]
+    _check_dim(A, b["dim"])
+    meta = meta_call(func, A, *args[1:], **kwargs)
+    if A.dim() == 0 or A.numel() == 0:
+        return _plain(func, A, args, kwargs)
+    d = _sparse_dim(func, A, dim)
+    if A._indefinite and d is not None:
+        return masked_reduced(A, d, keep, mode_pick)
+    if d is None:
+        return _along_dense(_dense_mode, A, dim % A.dim(), {"keepdim": keep}, meta)
+    _gate(f"mode of a SparseTensor along sparse dim {d}", A, A.numel() // A.shape[d])
+    rows, moved = rows_of(A, d, False)
+    v, p = _mode_rows(rows)
+    return _reduced(v, moved, d, keep), _reduced(p, moved, d, keep)
+
+
+def _dense_mode(x, dim, keepdim):
+    """torch.mode of a dense tensor, with the tie rule above at any slice length."""
+    xm = x.movedim(dim, -1)
+    shape = xm.shape
+    flat = xm.reshape(-1, shape[-1])
+    R, size = flat.shape
+    r = torch.arange(R, device=x.device).repeat_interleave(size)
+    p = torch.arange(size, device=x.device).repeat(R)
+    rows = Rows(
+        r, p, flat.reshape(-1), flat[:, 0].clone() if size else flat.new_empty(R), R, size, False
+    )
+    v, i = _mode_rows(rows)
+    v, i = v.reshape(shape[:-1]), i.reshape(shape[:-1])
+    return (v.unsqueeze(dim), i.unsqueeze(dim)) if keepdim else (v, i)
+
+
+@register(aten.aminmax.default)
+def _aminmax(func, args, kwargs):
+    """``aminmax(A, dim, keepdim) == (amin(A, dim, keepdim), amax(A, dim, keepdim))``: the two
+    native reductions."""
+    b = bind(func, args, kwargs)
+    A, dim, keep = b["self"], b["dim"], b["keepdim"]
+    meta_call(func, A, *args[1:], **kwargs)
+    dims = [] if dim is None else [dim]
+    return aten.amin.default(A, dims, keep), aten.amax.default(A, dims, keep)
+
+
+# ------------------------------------------------------------ an indefinite fill: masked
+class Masked:
+    """The stored elements of every slice of an indefinite-fill ``A`` along its sparse dim
+    ``dim`` (masked semantics: the unspecified elements are not there).  Groups ``g`` are the
+    occupied slices (kept coordinates ``keys``), rows ``g * Dn + c`` their dense coordinates; each
+    row's stored values sorted (stable).  ``sel(g, j)``: the flat position, among the coalesced
+    stored scalars, of rank ``j`` of every row of the groups ``g``."""
+
+    def __init__(self, A: SparseTensor, dim: int, descending: bool):
+        idx, vals = coalesced_parts(A)
+        sd, D = A._sparse_ndim(), tuple(A._dense_shape)
+        self.Dn = Dn = _index.numel(D)
+        kept = [i for i in range(sd) if i != dim]
+        self.kshape = [A.shape[i] for i in kept]
+        key = _index.linearize(idx[kept], self.kshape)
+        self.keys, kinv, self.kcnt = torch.unique(key, return_inverse=True, return_counts=True)
+        G, k, dev = self.keys.numel(), key.numel(), key.device
+        gstart = torch.cumsum(self.kcnt, 0) - self.kcnt
+        ok = torch.sort(kinv, stable=True).indices
+        self.rank = torch.empty(k, dtype=torch.int64, device=dev)
+        self.rank[ok] = torch.arange(k, device=dev) - gstart[kinv[ok]]
+        self.kinv, self.idx, self.D, self.dim = kinv, idx, D, dim
+        self.vals, self.size = vals, A.shape[dim]
+        r = (kinv[:, None] * Dn + torch.arange(Dn, device=dev)).reshape(-1)
+        v = vals.reshape(-1)
+        order = torch.sort(v, stable=True, descending=descending).indices
+        self.order = order[torch.sort(r[order], stable=True).indices]
+        rc = torch.bincount(r, minlength=G * Dn)
+        self.rstart = torch.cumsum(rc, 0) - rc
+        self.p = idx[dim].repeat_interleave(Dn) if D else idx[dim]
+
+    def sel(self, g: torch.Tensor, j) -> torch.Tensor:
+        """``(len(g), Dn)`` flat positions of rank ``j`` (per group or one) of the rows of ``g``."""
+        rows = g[:, None] * self.Dn + torch.arange(self.Dn, device=g.device)
+        j = j[:, None] if isinstance(j, torch.Tensor) and j.dim() == 1 else j
+        return self.order[self.rstart[rows] + j]
+
+    def rows(self) -> Rows:
+        """The masked rows as :class:`Rows` (a placeholder fill, never counted)."""
+        G, Dn = self.keys.numel(), self.Dn
+        r = (self.kinv[:, None] * Dn + torch.arange(Dn, device=self.kinv.device)).reshape(-1)
+        v = coalesced_parts_values(self)
+        return Rows(r, self.p, v, v.new_zeros(G * Dn), G * Dn, self.size, False)
+
+    def out_indices(self, g: torch.Tensor, keepdim: bool) -> torch.Tensor:
+        """The sparse indices of the reduced slices ``g`` (``keepdim``: 0 along ``dim``)."""
+        kept = _index.unravel(self.keys[g], self.kshape)
+        if not keepdim:
+            return kept
+        return torch.cat([kept[: self.dim], kept.new_zeros((1, g.numel())), kept[self.dim :]])
+
+
+def masked_take(A: SparseTensor, sel: torch.Tensor, grad: bool) -> torch.Tensor:
+    """The coalesced stored scalars of ``A`` at ``sel``; ``grad``: differentiable (the gradient
+    goes to the selected stored values; an indefinite fill has none)."""
+    if grad:
+        from sparsefill.ops.order.sort_backward import Take
+
+        return Take.apply(A, sel)
+    return coalesced_parts(A)[1].reshape(-1)[sel]
+
+
+def masked_sort(A: SparseTensor, dim: int, descending: bool, k=None, grad=False):
+    """sort (``k``: topk) of an indefinite ``A`` along its sparse dim ``dim``: each slice's stored
+    elements sorted and compacted to its front, the rest unspecified (indefinite fill)."""
+    M = Masked(A, dim, descending)
+    keep = torch.ones_like(M.rank, dtype=torch.bool) if k is None else M.rank < k
+    g, j = M.kinv[keep], M.rank[keep]
+    sel = M.sel(g, j)
+    out_idx = M.idx[:, keep].clone()
+    out_idx[dim] = j
+    shape = list(A.shape)
+    if k is not None:
+        shape[dim] = k
+    vshape = (-1,) + M.D
+    vals = masked_take(A, sel.reshape(-1), grad).reshape(vshape)
+    pos = M.p[sel].reshape(vshape)
+    return tuple(_indefinite_result(out_idx, t, shape, grad) for t in (vals, pos))
+
+
+def _indefinite_result(idx, vals, shape, grad):
+    if grad and vals.requires_grad:
+        from sparsefill._creation.constructors import sparse_coo_tensor
+
+        return sparse_coo_tensor(idx, vals, shape, fill_value=indefinite)
+    return parts_to_sparse(idx, vals, shape, vals.new_empty(0), indefinite=True)
+
+
+def masked_reduced(A: SparseTensor, dim: int, keepdim: bool, pick, grad=False):
+    """A selecting reduction of an indefinite ``A`` along its sparse dim ``dim``: ``pick(M)``
+    gives ``(groups, rank per group)`` of each selected element (the slices with none to select
+    are unspecified in the results)."""
+    M = Masked(A, dim, False)
+    g, sel = pick(M)
+    shape = list(A.shape)
+    if keepdim:
+        shape[dim] = 1
+    else:
+        del shape[dim]
+    vshape = (-1,) + M.D
+    out_idx = M.out_indices(g, keepdim)
+    vals = masked_take(A, sel.reshape(-1), grad).reshape(vshape)
+    pos = M.p[sel].reshape(vshape)
+    return tuple(_indefinite_result(out_idx, t, shape, grad) for t in (vals, pos))
+
+
+def kth_pick(k: int):
+    """The ``k``-th smallest of the groups with at least ``k`` stored elements."""
+
+    def pick(M):
+        g = torch.nonzero(M.kcnt >= k).squeeze(1)
+        return g, M.sel(g, k - 1)
+
+    return pick
+
+
+def mode_pick(M):
+    """The mode of each group's stored elements (:func:`_mode_rows` on them alone, per dense
+    coordinate), as the flat position of its chosen element."""
+    rows = M.rows()
+    _, pos = _mode_rows(rows, masked=True)
+    G, Dn, size = M.keys.numel(), M.Dn, max(M.size, 1)
+    r = (M.kinv[:, None] * Dn + torch.arange(Dn, device=pos.device)).reshape(-1)
+    skey, sorder = torch.sort(r * size + M.p)
+    want = torch.arange(G * Dn, device=pos.device) * size + pos
+    return torch.arange(G, device=pos.device), sorder[torch.searchsorted(skey, want)].reshape(G, Dn)
+
+
+def coalesced_parts_values(M) -> torch.Tensor:
+    return M.vals.reshape(-1)
+
+
+def topk(A, k: int, dim: int = -1, largest: bool = True, sorted: bool = True, *, sparse=False):
+    """``torch.topk(A, k, dim, largest, sorted)``; ``sparse=True``: the result as SparseTensors of
+    its shape (hybrid where ``A`` is), storing only the slots that hold a stored element of ``A``
+    (pytorch#34951): ``values.to_dense()`` is the dense ``topk``'s values (the other slots hold the
+    fill: ``values``' fill is ``A``'s), ``indices`` has an indefinite fill (a slot of the fill's
+    run may point at any of its elements).  With an indefinite fill, the masked top-k: each slice's
+    ``k`` largest stored elements (fewer where fewer are stored).  Along a dense dim of a hybrid
+    tensor the result keeps ``A``'s pattern either way.
+
+    >>> import torch, sparsefill
+    >>> A = sparsefill.sparse_coo_tensor([[0, 0, 2], [1, 5, 3]], [5., 7., 4.], (3, 1000))
+    >>> v, i = sparsefill.topk(A, 2, 1, sparse=True)
+    >>> v.indices().tolist(), v.values().tolist(), i.values().tolist()
+    ([[0, 0, 2], [0, 1, 0]], [7.0, 5.0, 4.0], [5, 1, 3])
+    >>> torch.equal(v.to_dense(), torch.topk(A.to_dense(), 2, 1).values)
+    True
+    """
+    if not sparse or not isinstance(A, SparseTensor):
+        return torch.topk(A, k, dim, largest, sorted)
+    _check_dim(A, dim)
+    meta = meta_call(aten.topk.default, A, k, dim, largest, sorted)
+    d = None if A.dim() == 0 else _sparse_dim(None, A, dim)
+    if d is None or A._indefinite or A.numel() == 0:  # (already sparse, or nothing stored)
+        return torch.topk(A, k, dim, largest, sorted)
+    rows, moved = rows_of(A, d, largest)
+    Dn, kshape = _index.numel(A._dense_shape), moved[: -1 - A.dense_dim()]
+    slot = rows._slots()
+    keep = slot < k
+    pat = torch.unique((rows.r[keep] // Dn) * k + slot[keep])
+    kk, ss = pat // k, pat % k
+    R_all = (kk[:, None] * Dn + torch.arange(Dn, device=pat.device)).reshape(-1)
+    v, p = rows.at(ss.repeat_interleave(Dn), R_all)
+    kept = _index.unravel(kk, kshape)
+    idx = torch.cat([kept[:d], ss[None], kept[d:]])
+    shape, D = meta[0].shape, tuple(A._dense_shape)
+    order = torch.argsort(_index.linearize(idx, shape[: A._sparse_ndim()]))
+    idx, v, p = idx[:, order], v.reshape((-1,) + D)[order], p.reshape((-1,) + D)[order]
+    values = parts_to_sparse(idx, v, shape, A._fill.to(A.dtype), coalesced=True)
+    indices = parts_to_sparse(idx, p, shape, p.new_empty(0), indefinite=True, coalesced=True)
+    return torch.return_types.topk((values, indices))

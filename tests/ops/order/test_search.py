@@ -1,0 +1,220 @@
+"""Set and search ops of a SparseTensor against the dense op (``sparsefill/ops/order/search.py``)::
+
+    op(A, ...) == op(A.to_dense(), ...)
+
+unique, unique_consecutive, isin, searchsorted/bucketize (a SparseTensor of values or of
+boundaries, with a sorter), histc, histogram (weights and bins dense or sparse), bincount; COO,
+CSR, hybrid, NaN fills, integer dtypes; an indefinite fill's masked meaning (the stored elements
+only); no DensifyWarning.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import sparsefill
+from sparsefill import SparseTensor, indefinite
+from test_sorting import dense, make
+
+NAN = float("nan")
+CASES = [
+    ((4, 7), 0, "coo"),
+    ((4, 7), 0, "csr"),
+    ((3, 5, 6), 0, "coo"),
+    ((5, 6, 3), 1, "coo"),
+    ((40,), 0, "coo"),
+    ((0, 3), 0, "coo"),
+]
+IDS = [f"{c[2]}-{'x'.join(map(str, c[0]))}" for c in CASES]
+
+
+@pytest.fixture(autouse=True)
+def _no_densify():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", sparsefill.DensifyWarning)
+        yield
+
+
+def _with_nan(A, x, dd):
+    """``x`` with one stored NaN (floating, non-empty), and its SparseTensor."""
+    if not x.is_floating_point() or not x.numel():
+        return A, x
+    x = x.clone()
+    x.view(-1)[x.numel() // 2] = NAN
+    fill = A.fill_value()
+    return sparsefill.to_sparse(x, fill_value=fill[(0,) * dd] if dd else fill, dense_dim=dd), x
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+@pytest.mark.parametrize("fill", [0.0, 1.0, NAN])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.int64], ids=["f64", "i64"])
+def test_unique(case, fill, dtype):
+    shape, dd, layout = case
+    if dtype == torch.int64 and fill != fill:
+        return
+    A, x = make(shape, fill, dd, layout, dtype=dtype)
+    A, x = _with_nan(A, x, dd)
+    for ri in (False, True):
+        for rc in (False, True):
+            got = torch.unique(A, sorted=True, return_inverse=ri, return_counts=rc)
+            ref = torch.unique(x, sorted=True, return_inverse=ri, return_counts=rc)
+            got = dense(tuple(got)) if isinstance(got, tuple) else (got,)
+            ref = ref if isinstance(ref, tuple) else (ref,)
+            if ri and x.isnan().any():  # (torch's order of the NaN entries is its sort's)
+                m = x.isnan()
+                assert got[0][got[1][m]].isnan().all()
+                assert len(set(got[1][m].tolist())) == int(m.sum())
+                got, ref = list(got), list(ref)
+                got[1], ref[1] = got[1][~m], ref[1][~m]
+            torch.testing.assert_close(tuple(got), tuple(ref), equal_nan=True)
+    got = torch.unique(A, return_inverse=True)[1]
+    if not (A.fill_value() != A.fill_value()).any():  # (the pattern kept, the fill mapped)
+        assert isinstance(got, SparseTensor) and got._nnz() == A.coalesce()._nnz()
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+@pytest.mark.parametrize("fill", [0.0, NAN])
+def test_unique_consecutive(case, fill):
+    shape, dd, layout = case
+    A, x = make(shape, fill, dd, layout)
+    A, x = _with_nan(A, x, dd)
+    for ri in (False, True):
+        for rc in (False, True):
+            got = dense(tuple(torch.unique_consecutive(A, return_inverse=ri, return_counts=rc)))
+            ref = torch.unique_consecutive(x, return_inverse=ri, return_counts=rc)
+            torch.testing.assert_close(got, tuple(ref), equal_nan=True)
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+@pytest.mark.parametrize("fill", [0.0, 2.0, NAN])
+def test_isin(case, fill):
+    shape, dd, layout = case
+    A, x = make(shape, fill, dd, layout)
+    other = torch.tensor([0.0, 1.0, 3.0, NAN, -2.0], dtype=torch.float64)
+    for test in (torch.tensor([0.0, 1.0, 2.5, -1.0], dtype=torch.float64), 2.0):
+        for inv in (False, True):
+            out = torch.isin(A, test, invert=inv)
+            assert isinstance(out, SparseTensor)
+            torch.testing.assert_close(dense(out), torch.isin(x, test, invert=inv))
+            torch.testing.assert_close(
+                torch.isin(other, A, invert=inv), torch.isin(other, x, invert=inv)
+            )
+    B, y = make((6,), 1.0, 0, "coo", seed=3)
+    torch.testing.assert_close(dense(torch.isin(A, B)), torch.isin(x, y))
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+@pytest.mark.parametrize("fill", [0.0, 0.5, NAN])
+def test_searchsorted_and_bucketize(case, fill):
+    shape, dd, layout = case
+    A, x = make(shape, fill, dd, layout)
+    bd = torch.tensor([-1.0, 0.0, 0.5, 1.0, 2.0], dtype=torch.float64)
+    g = torch.Generator().manual_seed(5)
+    for right in (False, True):
+        for o32 in (False, True):
+            out = torch.searchsorted(bd, A, right=right, out_int32=o32)
+            assert isinstance(out, SparseTensor)  # (values to look up: the pattern kept)
+            torch.testing.assert_close(
+                dense(out), torch.searchsorted(bd, x, right=right, out_int32=o32)
+            )
+            got = dense(torch.bucketize(A, bd, right=right, out_int32=o32))
+            torch.testing.assert_close(got, torch.bucketize(x, bd, right=right, out_int32=o32))
+            # A as the boundaries (bisected as torch does: sorted or not)
+            q = torch.randn(x.shape[:-1] + (5,), dtype=torch.float64, generator=g)
+            if x.dim() > 1 and x.numel():
+                q[..., 0] = 0.0 if fill != fill else fill
+            side = "right" if right else "left"
+            torch.testing.assert_close(
+                torch.searchsorted(A, q, side=side, out_int32=o32),
+                torch.searchsorted(x, q, side=side, out_int32=o32),
+            )
+            if x.dim() == 1:
+                torch.testing.assert_close(
+                    dense(torch.searchsorted(A, A, right=right)),
+                    torch.searchsorted(x, x, right=right),
+                )
+                torch.testing.assert_close(torch.searchsorted(A, 0.3), torch.searchsorted(x, 0.3))
+    if x.numel():
+        srt = torch.argsort(x, dim=-1)
+        torch.testing.assert_close(
+            torch.searchsorted(A, q, sorter=srt), torch.searchsorted(x, q, sorter=srt)
+        )
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+@pytest.mark.parametrize("fill", [0.0, 1.0, NAN])
+def test_histc_and_histogram(case, fill):
+    shape, dd, layout = case
+    A, x = make(shape, fill, dd, layout)
+    A, x = A * 0.3, x * 0.3
+    for lo, hi in ((0, 0), (-1, 1), (0.3, 0.3)):
+        if fill != fill and lo == hi and x.numel():
+            with pytest.raises(RuntimeError):
+                torch.histc(x, 7, lo, hi)
+            with pytest.raises(RuntimeError):
+                torch.histc(A, 7, lo, hi)
+            continue
+        torch.testing.assert_close(torch.histc(A, 7, lo, hi), torch.histc(x, 7, lo, hi))
+    w = torch.rand(shape, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    W = sparsefill.to_sparse(torch.where(w > 0.5, w, 0.25), fill_value=0.25)
+    bins_t = torch.tensor([-2.0, 0.0, 0.5, 3.0], dtype=torch.float64)
+    for bins in (5, bins_t) if fill == fill else (bins_t,):
+        for weight in (None, w, W):
+            for density in (False, True):
+                got = torch.histogram(A, bins, weight=weight, density=density)
+                ref = torch.histogram(x, bins, weight=dense(weight), density=density)
+                torch.testing.assert_close(tuple(got), tuple(ref), equal_nan=True)
+    got = torch.histogram(A, 4, range=(-1.0, 1.0))
+    torch.testing.assert_close(tuple(got), tuple(torch.histogram(x, 4, range=(-1.0, 1.0))))
+    sb = sparsefill.to_sparse(
+        torch.tensor([-1.0, 0.0, 0.0, 2.0], dtype=torch.float64), fill_value=0.0
+    )
+    torch.testing.assert_close(
+        tuple(torch.histogram(A, sb)), tuple(torch.histogram(x, sb.to_dense()))
+    )
+
+
+@pytest.mark.parametrize("n", [0, 10])
+def test_bincount(n):
+    A = sparsefill.sparse_coo_tensor([[1, 4, 5]], [3, 0, 7], (n + 6,), fill_value=2)
+    x = A.to_dense()
+    w = torch.rand(n + 6, dtype=torch.float64)
+    for ml in (0, 12):
+        torch.testing.assert_close(torch.bincount(A, minlength=ml), torch.bincount(x, minlength=ml))
+        torch.testing.assert_close(
+            torch.bincount(A, w, minlength=ml), torch.bincount(x, w, minlength=ml)
+        )
+    neg = sparsefill.sparse_coo_tensor([[1]], [3], (4,), fill_value=-1)
+    with pytest.raises(RuntimeError):
+        torch.bincount(neg)
+
+
+def test_indefinite_fill_is_the_stored_elements_only():
+    v = torch.tensor([3.0, 1.0, 3.0, NAN])
+    A = sparsefill.sparse_coo_tensor([[0, 2, 5, 6]], v, (9,), fill_value=indefinite)
+    vals, inv, cnt = torch.unique(A, return_inverse=True, return_counts=True)
+    assert vals[:2].tolist() == [1.0, 3.0] and vals[2] != vals[2] and cnt.tolist() == [1, 2, 1]
+    assert inv.is_fill_indefinite() and inv.values().tolist() == [1, 0, 1, 2]
+    m = torch.isin(A, torch.tensor([3.0]))
+    assert m.is_fill_indefinite() and m.values().tolist() == [True, False, True, False]
+    assert torch.histc(A, 2, 0, 4).tolist() == [1.0, 2.0]
+    s = torch.searchsorted(torch.tensor([0.0, 2.0]), A)
+    assert s.is_fill_indefinite() and s.values().tolist() == [2, 1, 2, 2]
+    vals, inv, cnt = torch.unique_consecutive(A, return_inverse=True, return_counts=True)
+    assert vals[:3].tolist() == [3.0, 1.0, 3.0] and cnt.tolist() == [1, 1, 1, 1]
+    assert inv.is_fill_indefinite() and inv.values().tolist() == [0, 1, 2, 3]
+    lo, hi = torch.aminmax(A[:6])
+    assert (lo.item(), hi.item()) == (1.0, 3.0)
+    i = sparsefill.sparse_coo_tensor([[0, 3]], [2, 2], (5,), fill_value=indefinite)
+    assert torch.bincount(i).tolist() == [0, 0, 2]
+
+
+def test_unique_consecutive_inverse_is_dense_by_nature():
+    A, _ = make((30, 30), 0.0)
+    with sparsefill.densify_policy(dense_by_nature="raise"):
+        torch.unique_consecutive(A, return_counts=True)
+        with pytest.raises(sparsefill.DensifyError):
+            torch.unique_consecutive(A, return_inverse=True)
