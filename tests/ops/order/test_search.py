@@ -17,7 +17,7 @@ import torch
 
 import sparsefill
 from sparsefill import SparseTensor, indefinite
-from test_sorting import dense, make
+from tests.ops.order.test_sorting import dense, make
 
 NAN = float("nan")
 CASES = [
