@@ -105,7 +105,10 @@ def _masked_quantile(A, q, dim, keepdim, ignore_nan, interpolation, fn):
     out_idx = M.out_indices(g, keepdim)
     res = []
     for j in range(below.shape[0]):
-        take = lambda t: masked_take(A, M.sel(g, t[j].reshape(G, Dn)).reshape(-1), grad)  # noqa: E731
+
+        def take(t, j=j):
+            return masked_take(A, M.sel(g, t[j].reshape(G, Dn)).reshape(-1), grad)
+
         v = take(below)
         if above is not None:
             v = torch.lerp(v, take(above), weight[j].to(v.dtype))
