@@ -632,7 +632,15 @@ def coalesced_parts_values(M) -> torch.Tensor:
     return M.vals.reshape(-1)
 
 
-def topk(A, k: int, dim: int = -1, largest: bool = True, sorted: bool = True, *, sparse=False):
+def topk(
+    A: SparseTensor,
+    k: int,
+    dim: int = -1,
+    largest: bool = True,
+    sorted: bool = True,
+    *,
+    sparse: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``torch.topk(A, k, dim, largest, sorted)``; ``sparse=True``: the result as SparseTensors of
     its shape (hybrid where ``A`` is), storing only the slots that hold a stored element of ``A``
     (pytorch#34951): ``values.to_dense()`` is the dense ``topk``'s values (the other slots hold the
