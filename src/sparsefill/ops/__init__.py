@@ -13,6 +13,7 @@ from . import (
     foreach,
     indexing,
     linalg,  # noqa: F401
+    losses,
     normalizations,
     products,
     pointwise,
