@@ -29,6 +29,9 @@ from __future__ import annotations
 
 import torch
 
+from .._convert import coalesced_parts, values_at
+from .._index import linearize, lookup, unravel
+from .._tensor import SparseTensor
 from ._closed_form import decomposed, sparse_operands, stored_and_fill
 from .registry import register
 
@@ -83,3 +86,128 @@ def _bound(func, args, kwargs) -> list:
     defaults = {a.name: a.default_value for a in func._schema.arguments if a.has_default_value()}
     given = dict(zip(names, args), **kwargs)
     return [given[n] if n in given else defaults[n] for n in names]
+
+
+# ---------------------------------------------------------------------- nll_loss over sparse logits
+@register(aten.nll_loss_forward.default, aten.nll_loss2d_forward.default)
+def _nll_loss_forward(func, args, kwargs):
+    """``nll_loss`` of SparseTensor log-probabilities ``x`` (class dim 1, or 0 for one sample)::
+
+        loss_p = -w[t_p] x[p, t_p]       (0 where t_p == ignore_index)
+        sum: sum_p loss_p        mean: sum_p loss_p / sum_p w[t_p]        none: loss_p
+
+    The picked elements are looked up among the stored ones (the fill elsewhere): O(P log nse) for
+    P targets.  An indefinite ``x`` is a sampled (masked) log-softmax: its unspecified classes are
+    no candidates, so a target there raises ValueError.  ``cross_entropy`` is ``log_softmax`` then
+    this, both native: sampled softmax for extreme classification.
+
+    >>> import torch, sparsefill, torch.nn.functional as F
+    >>> logits = sparsefill.sparse_coo_tensor([[0, 0, 1], [1, 4, 2]], [2., 1., 3.], (2, 1000),
+    ...                                       fill_value=sparsefill.indefinite)
+    >>> F.cross_entropy(logits, torch.tensor([1, 2]))   # row 0: 2 candidates, row 1: one
+    tensor(0.1566)
+    """
+    x, t, w, reduction, ignore = _bound(func, args, kwargs)
+    if not isinstance(x, SparseTensor) or isinstance(t, SparseTensor):
+        return NotImplemented
+    func(
+        torch.empty(x.shape, dtype=x.dtype, device="meta"),
+        t.to("meta"),
+        None if w is None else torch.empty(w.shape, dtype=w.dtype, device="meta"),
+        reduction,
+        ignore,
+    )  # torch's shape and argument errors
+    keep, cls, picked = _picked(x, t, ignore)
+    wt = torch.where(keep, _class_weights(w, cls, picked.dtype), 0)
+    loss = -(wt * torch.where(keep, picked, 0))
+    if reduction == 0:  # none
+        return loss.reshape(t.shape), x._vals.new_zeros(())
+    total = wt.sum()
+    return (loss.sum() / total if reduction == 1 else loss.sum()), total
+
+
+@register(aten.nll_loss_backward.default, aten.nll_loss2d_backward.default)
+def _nll_loss_backward(func, args, kwargs):
+    """The gradient of :func:`_nll_loss_forward`: a SparseTensor of ``x``'s shape, fill 0 (or
+    indefinite, as ``x``), that stores ``-g w[t_p]`` (``/ total_weight`` for mean) at each picked
+    element ``(p, t_p)`` only: O(P)."""
+    g, x, t, w, reduction, ignore, total = _bound(func, args, kwargs)
+    if (
+        not isinstance(x, SparseTensor)
+        or isinstance(t, SparseTensor)
+        or isinstance(g, SparseTensor)
+    ):
+        return NotImplemented
+    cd = 0 if x.dim() == 1 else 1
+    tf = t.reshape(-1)
+    keep = tf != ignore
+    cls = torch.where(keep, tf, 0)
+    wt = _class_weights(w, cls, x.dtype)
+    gv = g.reshape(-1).expand(tf.shape) if reduction == 0 else g.reshape(()).expand(tf.shape)
+    vals = -(gv * wt)
+    if reduction == 1:
+        vals = vals / total
+    coords = _coords(t.shape, cls, cd)[:, keep]
+    vals = vals[keep]
+    sd = x.dim() - x.dense_dim()
+    D = tuple(x._dense_shape)
+    rows = vals.new_zeros((vals.shape[0],) + D)
+    rows[(torch.arange(vals.shape[0]),) + tuple(coords[sd:])] = vals
+    return SparseTensor(
+        torch.sparse_coo,
+        x.shape,
+        rows,
+        rows.new_zeros(()),
+        indices=coords[:sd],
+        indefinite=False,
+        coalesced=False,
+        known_zero=True,
+    )
+
+
+def _class_weights(w, cls: torch.Tensor, dtype) -> torch.Tensor:
+    """``w[cls]`` (ones for no weight; a SparseTensor weight read at ``cls``)."""
+    if w is None:
+        return torch.ones(cls.shape, dtype=dtype, device=cls.device)
+    return (values_at(w, cls, 1) if isinstance(w, SparseTensor) else w[cls]).to(dtype)
+
+
+def _coords(tshape, cls: torch.Tensor, cd: int) -> torch.Tensor:
+    """The full coordinates ``(dims, P)`` of the picked elements: each target position with its
+    class inserted at the class dim ``cd``."""
+    P = cls.numel()
+    pos = unravel(torch.arange(P, device=cls.device), tuple(tshape))
+    return torch.cat([pos[:cd], cls[None], pos[cd:]])
+
+
+def _picked(x: SparseTensor, t: torch.Tensor, ignore: int):
+    """``(kept, class, x[p, t_p])`` per target position ``p`` (flattened); torch's bounds error
+    for a class out of range."""
+    C = x.shape[0 if x.dim() == 1 else 1]
+    tf = t.reshape(-1)
+    keep = tf != ignore
+    bad = keep & ((tf < 0) | (tf >= C))
+    if bool(bad.any()):
+        raise IndexError(f"Target {int(tf[bad][0])} is out of bounds.")
+    cls = torch.where(keep, tf, 0)
+    coords = _coords(t.shape, cls, 0 if x.dim() == 1 else 1)[:, keep]
+    sd = x.dim() - x.dense_dim()
+    keys = linearize(coords[:sd], x._sparse_shape)
+    if x._indefinite:
+        _check_candidates(x, keys, coords)
+    rows = values_at(x, keys, sd)
+    picked = rows.new_zeros(tf.shape)
+    picked[keep] = rows[(torch.arange(rows.shape[0]),) + tuple(coords[sd:])]
+    return keep, cls, picked
+
+
+def _check_candidates(x: SparseTensor, keys: torch.Tensor, coords: torch.Tensor) -> None:
+    idx = coalesced_parts(x)[0]
+    pos, found = lookup(linearize(idx, x._sparse_shape), keys)
+    if not bool(found.all()):
+        where = coords[:, ~found][:, 0].tolist()
+        raise ValueError(
+            f"nll_loss/cross_entropy: the target class at position {where} is not stored in the "
+            "logits, whose fill is indefinite (a sampled softmax: unspecified classes are not "
+            "candidates); store the target class of every sample"
+        )
