@@ -117,7 +117,9 @@ def aten_steps(func) -> list:
     name, steps = str(func), []
     h = registry.HANDLERS.get(func)
     if h is not None:
-        steps.append(Step(name, "handler", _where(h), h.__qualname__))
+        nature = getattr(h, "dense_by_nature", None)  # set by handlers of such ops
+        note = h.__qualname__ + (f"; dense by nature where {nature}" if nature else "")
+        steps.append(Step(name, "handler", _where(h), note))
     reason = registry.unannotated_mutation(func)
     if reason is not None:
         return steps + [Step(name, "refused", _where(registry._refuse), reason)]

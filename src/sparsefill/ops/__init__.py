@@ -15,6 +15,7 @@ from . import (
     linalg,  # noqa: F401
     losses,
     normalizations,
+    padding,
     products,
     pointwise,
     reductions,
