@@ -12,7 +12,7 @@ by nature (``A - t`` for a dense target ``t``): computed once, through the densi
 >>> import torch, sparsefill, torch.nn.functional as F
 >>> A = sparsefill.sparse_coo_tensor([[0, 2]], [1., 3.], (4,), fill_value=2.)
 >>> F.mse_loss(A, torch.zeros(4)), F.mse_loss(A.to_dense(), torch.zeros(4))
-(tensor(5.2500), tensor(5.2500))
+(tensor(4.5000), tensor(4.5000))
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ gradient, on the same pattern.
 >>> A = sparsefill.sparse_coo_tensor([[0, 2]], [1., 3.], (4,), fill_value=0.)
 >>> B = sparsefill.sparse_coo_tensor([[2, 3]], [1., 1.], (4,), fill_value=0.)
 >>> F.smooth_l1_loss(A, B, reduction="sum")
-tensor(3.)
+tensor(2.5000)
 """
 
 from __future__ import annotations
@@ -40,18 +40,47 @@ aten = torch.ops.aten
 
 @register(
     aten.mse_loss.default,
-    aten.mse_loss_backward.default,
     aten.smooth_l1_loss.default,
     aten.huber_loss.default,
-    aten.huber_loss_backward.default,
     aten.soft_margin_loss.default,
-    aten.soft_margin_loss_backward.default,
     aten.binary_cross_entropy_with_logits.default,
 )
 def _elementwise_loss(func, args, kwargs):
-    """The loss (or its gradient) as the element-wise map and reduction of the module docstring,
-    on the stored elements and the fills."""
+    """The loss as the element-wise map and reduction of the module docstring, on the stored
+    elements and the fills."""
     return decomposed(func, args, kwargs)
+
+
+@register(
+    aten.mse_loss_backward.default,
+    aten.huber_loss_backward.default,
+    aten.soft_margin_loss_backward.default,
+)
+def _elementwise_loss_backward(func, args, kwargs):
+    """The gradient of an element-wise loss: its derivative times the upstream gradient, on the
+    loss's pattern; ``mean`` divides by the number of elements the forward averaged (for an
+    indefinite operand: the specified ones)."""
+    return _per_mean(func, args, kwargs, decomposed)
+
+
+def _per_mean(func, args, kwargs, grad_of):
+    """``grad_of`` for reduction ``sum``, divided by the count of averaged elements for
+    ``mean``."""
+    bound = _bound(func, args, kwargs)
+    names = [a.name for a in func._schema.arguments]
+    r = names.index("reduction")
+    if bound[r] != 1:  # none or sum
+        return grad_of(func, bound, {})
+    bound[r] = 2
+    return grad_of(func, bound, {}) / averaged_count(bound[1], bound[2])
+
+
+def averaged_count(x, y) -> int:
+    """How many elements ``mean`` of an element-wise loss of ``x`` and ``y`` averages: all of them,
+    or with an indefinite operand the specified ones (``mean`` is then the masked mean)."""
+    if not any(isinstance(t, SparseTensor) and t._indefinite for t in (x, y)):
+        return torch.broadcast_shapes(x.shape, y.shape).numel()
+    return coalesced_parts(x - y)[1].numel()
 
 
 @register(aten.binary_cross_entropy.default, aten.binary_cross_entropy_backward.default)
@@ -64,7 +93,8 @@ def _binary_cross_entropy(func, args, kwargs):
             for v in stored_and_fill(A):
                 if not bool(((v >= 0) & (v <= 1)).all()):
                     raise RuntimeError("all elements of input should be between 0 and 1")
-    return decomposed(func, args, kwargs)
+        return decomposed(func, args, kwargs)
+    return _per_mean(func, args, kwargs, decomposed)
 
 
 @register(aten.smooth_l1_loss_backward.default)
@@ -72,10 +102,13 @@ def _smooth_l1_loss_backward(func, args, kwargs):
     """The gradient of ``smooth_l1_loss``, as torch's kernel branches (a NaN difference gives a NaN
     gradient, where ``sign`` would give 0)::
 
-        x < -beta: -g        x > beta: g        else: g x / beta        (g: grad / numel for mean)
+        x < -beta: -g        x > beta: g        else: g x / beta        (g: grad / count for mean)
     """
-    grad, x, y, reduction, beta = _bound(func, args, kwargs)
-    g = grad / x.numel() if reduction == 1 else grad
+    return _per_mean(func, args, kwargs, _smooth_l1_grad)
+
+
+def _smooth_l1_grad(func, args, kwargs):
+    g, x, y, _, beta = args
     d = x - y
     return torch.where(d < -beta, -g, torch.where(d > beta, g, g * d / beta))
 

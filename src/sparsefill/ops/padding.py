@@ -14,9 +14,9 @@ composite pieces: slices and a copy).
   its source (``index_add``), as sparse as the upstream gradient.
 
 >>> import torch, sparsefill, torch.nn.functional as F
->>> A = sparsefill.sparse_coo_tensor([[0, 2]], [1., 3.], (3,), fill_value=0.)
+>>> A = sparsefill.sparse_coo_tensor([[0, 0], [0, 2]], [1., 3.], (1, 3), fill_value=0.)
 >>> F.pad(A, (1, 1)).indices().tolist(), F.pad(A, (2, 0), mode="reflect").to_dense().tolist()
-([[1, 3]], [3.0, 0.0, 1.0, 0.0, 3.0])
+([[0, 0], [1, 3]], [[3.0, 0.0, 1.0, 0.0, 3.0]])
 """
 
 from __future__ import annotations
