@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 
 from .._convert import coalesced_parts, parts_to_sparse
+from .._index import linearize
 from .._policy import check_densify
 from .._tensor import SparseTensor
 from .registry import register
@@ -63,9 +64,11 @@ def _constant_pad(func, args, kwargs):
     if keep is not None:
         idx, vals = (idx + shift)[:, keep], vals[keep]
     border = _border(A, shape, dims, sd, fill, value)
-    if border is not None:
+    if border is not None:  # (disjoint from the stored elements: a sort makes them coalesced)
         idx = torch.cat([idx, border], 1)
         vals = torch.cat([vals, vals.new_full((border.shape[1],) + tuple(vals.shape[1:]), value)])
+        order = torch.argsort(linearize(idx, shape[:sd]))
+        idx, vals = idx[:, order], vals[order]
     return parts_to_sparse(
         idx,
         vals,
@@ -73,7 +76,7 @@ def _constant_pad(func, args, kwargs):
         fill,
         indefinite=A._indefinite,
         layout=A._sf_layout,
-        coalesced=border is None,
+        coalesced=True,
     )
 
 
