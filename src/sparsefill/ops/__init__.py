@@ -14,6 +14,7 @@ from . import (
     indexing,
     linalg,  # noqa: F401
     losses,
+    norm_layers,
     normalizations,
     padding,
     products,

@@ -301,3 +301,4 @@ from . import sampled_autograd  # noqa: E402,F401  (x.sparse_mask(A): x's gradie
 from . import index_autograd  # noqa: E402,F401  (row and column selection: a sparse backward)
 from . import split_routes  # noqa: E402,F401  (hsplit/vsplit/dsplit/tensor_split: the pieces' gradients joined)
 from . import loss_routes  # noqa: E402,F401  (the masked mean of l1_loss and BCE with logits)
+from . import norm_routes  # noqa: E402,F401  (local_response_norm across channels)

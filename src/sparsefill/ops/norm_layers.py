@@ -1,0 +1,66 @@
+"""Normalization layers of SparseTensors: layer_norm, group_norm, instance_norm, batch_norm.
+
+Each normalizes by a mean and a variance over some dims and applies an affine map::
+
+    y = (x - mean) / sqrt(var + eps) * weight + bias
+
+Over a hybrid tensor's dense dims (``layer_norm`` of the trailing features) the statistics are per
+stored row, plus one for the fill row: the pattern is kept, O(nse * D).  Over sparse dims the
+statistics are closed forms from the sums of the stored values and the count of unspecified
+elements (``mean = (sum(values) + n * fill) / N``); the result is dense by nature where one sparse
+slice gets another mean than the next (each unspecified element then has its slice's value) and is
+built once, under the densify policy.  ``batch_norm`` in training updates the running statistics
+exactly as torch does (``running = (1 - momentum) running + momentum * stat``, the variance
+unbiased).  The gradients are torch's formulas, whose pieces are native alike.
+
+>>> import torch, sparsefill, torch.nn.functional as F
+>>> A = sparsefill.to_sparse(torch.tensor([[0., 0., 3.], [1., 0., 0.]]), fill_value=0., dense_dim=1)
+>>> out = F.layer_norm(A, (3,))
+>>> type(out).__name__, torch.allclose(out.to_dense(), F.layer_norm(A.to_dense(), (3,)))
+('SparseTensor', True)
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .._convert import dense_of
+from .._policy import check_densify
+from .._tensor import SparseTensor
+from ._closed_form import decomposed
+from .registry import register
+
+aten = torch.ops.aten
+
+
+@register(aten.native_group_norm.default, aten.native_group_norm_backward.default)
+def _group_norm(func, args, kwargs):
+    """``group_norm``: the statistics of each (sample, group) over its channels and positions, as
+    the module docstring says.  A SparseTensor ``weight`` or ``bias`` (a parameter per channel,
+    which the reference reshapes by strides) is read densely: C numbers."""
+    args = [_dense_param(a) if i and isinstance(a, SparseTensor) else a for i, a in enumerate(args)]
+    return decomposed(func, args, kwargs)
+
+
+def _dense_param(p: SparseTensor) -> torch.Tensor:
+    check_densify(
+        "a SparseTensor weight or bias of group_norm", p.numel() * p.element_size(), by_nature=True
+    )
+    return dense_of(p)
+
+
+@register(
+    aten.native_layer_norm.default,
+    aten.native_layer_norm_backward.default,
+    aten.native_batch_norm.default,
+    aten.native_batch_norm_backward.default,
+    aten._native_batch_norm_legit.default,
+    aten._native_batch_norm_legit.no_stats,
+    aten._native_batch_norm_legit_no_training.default,
+    aten._batch_norm_with_update.default,
+    aten._batch_norm_no_update.default,
+    aten.batch_norm_backward.default,
+)
+def _norm_layer(func, args, kwargs):
+    """The layer's reference formula (module docstring), its pieces native."""
+    return decomposed(func, args, kwargs)
