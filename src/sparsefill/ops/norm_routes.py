@@ -14,7 +14,7 @@ op across a sparse dim), in every grad mode; autograd differentiates the pieces.
 >>> import torch, sparsefill, torch.nn.functional as F
 >>> A = sparsefill.to_sparse(torch.tensor([[[0.], [2.], [0.], [1.]]]), fill_value=0.)
 >>> F.local_response_norm(A, 2).to_dense().flatten()
-tensor([0.0000, 2.0000, 0.0000, 1.0000])
+tensor([0.0000, 1.9997, 0.0000, 1.0000])
 """
 
 from __future__ import annotations
