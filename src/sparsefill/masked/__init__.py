@@ -44,6 +44,7 @@ tensor([0.1192, 0.8808, 1.0000])
 """
 
 from ._elementwise import logaddexp
+from ._layers import batch_norm, cross_entropy, group_norm, instance_norm, layer_norm
 from ._masks import coo_mask, csr_mask, input_mask, output_mask, pattern_mask
 from ._normalizations import cumprod, cumsum, log_softmax, normalize, softmax, softmin
 from ._reductions import (
@@ -81,6 +82,11 @@ __all__ = [
     "log_softmax",
     "softmin",
     "normalize",
+    "layer_norm",
+    "group_norm",
+    "instance_norm",
+    "batch_norm",
+    "cross_entropy",
     "input_mask",
     "output_mask",
     "pattern_mask",

@@ -39,6 +39,7 @@ def _group_norm(func, args, kwargs):
     the module docstring says.  A SparseTensor ``weight`` or ``bias`` (a parameter per channel,
     which the reference reshapes by strides) is read densely: C numbers."""
     args = [_dense_param(a) if i and isinstance(a, SparseTensor) else a for i, a in enumerate(args)]
+    _gate(func, args)
     return decomposed(func, args, kwargs)
 
 
@@ -47,6 +48,35 @@ def _dense_param(p: SparseTensor) -> torch.Tensor:
         "a SparseTensor weight or bias of group_norm", p.numel() * p.element_size(), by_nature=True
     )
     return dense_of(p)
+
+
+_FORWARD_VARYING = {  # forward op -> the dims along which its statistics or affine map vary
+    aten.native_layer_norm.default: lambda A, args: range(A.dim() - len(args[1])),
+    aten.native_group_norm.default: lambda A, args: (0, 1),
+    aten.native_batch_norm.default: lambda A, args: (1,),
+    aten._native_batch_norm_legit.default: lambda A, args: (1,),
+    aten._native_batch_norm_legit.no_stats: lambda A, args: (1,),
+    aten._native_batch_norm_legit_no_training.default: lambda A, args: (1,),
+    aten._batch_norm_with_update.default: lambda A, args: (1,),
+    aten._batch_norm_no_update.default: lambda A, args: (1,),
+}
+
+
+def _gate(func, args) -> None:
+    """The policy's gate for a result dense by nature: statistics (or the per-channel affine
+    map) that vary along a sparse dim of more than one slice give each slice's unspecified
+    elements their own value, so every element is stored."""
+    varying = _FORWARD_VARYING.get(func)
+    A = args[0]
+    if varying is None or not isinstance(A, SparseTensor) or A._indefinite:
+        return
+    sd = A.dim() - A.dense_dim()
+    if any(d < sd and A.shape[d] > 1 for d in varying(A, args)) and A.numel() > A._vals.numel():
+        check_densify(
+            f"{func} along sparse dims (each slice its own statistics)",
+            A.numel() * A.element_size(),
+            by_nature=True,
+        )
 
 
 @register(
@@ -63,4 +93,9 @@ def _dense_param(p: SparseTensor) -> torch.Tensor:
 )
 def _norm_layer(func, args, kwargs):
     """The layer's reference formula (module docstring), its pieces native."""
+    _gate(func, args)
     return decomposed(func, args, kwargs)
+
+
+_NATURE = "statistics vary along a sparse dim: every element stored (the policy's dense_by_nature)"
+_group_norm.dense_by_nature = _norm_layer.dense_by_nature = _NATURE
