@@ -82,7 +82,7 @@ def check_op(op, leaves: Leaves, *, native=True, seed=2):
         g = torch.Generator().manual_seed(seed)
         loss_s, loss_d = 0, 0
         for o, r in zip(outs, refs):
-            torch.testing.assert_close(o, r, equal_nan=True)
+            torch.testing.assert_close(o, r, equal_nan=True, **_tol(r))
             if r.requires_grad:
                 W = torch.randn(r.shape, generator=g, dtype=r.dtype)
                 loss_s, loss_d = loss_s + (o * W).sum(), loss_d + (r * W).sum()
@@ -90,10 +90,22 @@ def check_op(op, leaves: Leaves, *, native=True, seed=2):
             return
         loss_s.backward()
         loss_d.backward()
-    z = torch.zeros_like
+    z, tol = torch.zeros_like, _tol(v)
     torch.testing.assert_close(
-        z(v) if v.grad is None else v.grad, z(dv) if dv.grad is None else dv.grad, equal_nan=True
+        z(v) if v.grad is None else v.grad,
+        z(dv) if dv.grad is None else dv.grad,
+        equal_nan=True,
+        **tol,
     )
     torch.testing.assert_close(
-        z(f) if f.grad is None else f.grad, z(df) if df.grad is None else df.grad, equal_nan=True
+        z(f) if f.grad is None else f.grad,
+        z(df) if df.grad is None else df.grad,
+        equal_nan=True,
+        **tol,
     )
+
+
+def _tol(t) -> dict:
+    """float32: the fill's gradient sums many elements (n * g in closed form, one by one densely),
+    so the two differ by rounding beyond assert_close's float32 default."""
+    return dict(rtol=1e-4, atol=1e-4) if t.dtype == torch.float32 else {}

@@ -33,6 +33,47 @@ from .registry import register
 aten = torch.ops.aten
 
 
+def _layer_varies(A, args, sd) -> bool:
+    """layer_norm: the normalized (last ``k``) dims reach a sparse dim and the leading dims hold
+    more than one sparse slice."""
+    lead = A.dim() - len(args[1])
+    return lead < sd and any(A.shape[d] > 1 for d in range(min(lead, sd)))
+
+
+def _channel_varies(A, args, sd) -> bool:
+    """group_norm, batch_norm: the channel dim 1 is sparse (its statistics or affine map differ
+    from one channel, or group of them, to the next)."""
+    return sd > 1 and (A.shape[1] > 1 or A.shape[0] > 1)
+
+
+_DENSE_BY_NATURE = {  # forward op -> whether the result is dense by nature for its input
+    aten.native_layer_norm.default: _layer_varies,
+    aten.native_group_norm.default: _channel_varies,
+    aten.native_batch_norm.default: _channel_varies,
+    aten._native_batch_norm_legit.default: _channel_varies,
+    aten._native_batch_norm_legit.no_stats: _channel_varies,
+    aten._native_batch_norm_legit_no_training.default: _channel_varies,
+    aten._batch_norm_with_update.default: _channel_varies,
+    aten._batch_norm_no_update.default: _channel_varies,
+}
+
+
+def _gate(func, args) -> None:
+    """The policy's gate for a result dense by nature: statistics (or the per-channel affine
+    map) that vary along a sparse dim of more than one slice give each slice's unspecified
+    elements their own value, so every element is stored."""
+    varies = _DENSE_BY_NATURE.get(func)
+    A = args[0]
+    if varies is None or not isinstance(A, SparseTensor) or A._indefinite:
+        return
+    if varies(A, args, A.dim() - A.dense_dim()) and A.numel() > A._vals.numel():
+        check_densify(
+            f"{func} along sparse dims (each slice its own statistics)",
+            A.numel() * A.element_size(),
+            by_nature=True,
+        )
+
+
 @register(aten.native_group_norm.default, aten.native_group_norm_backward.default)
 def _group_norm(func, args, kwargs):
     """``group_norm``: the statistics of each (sample, group) over its channels and positions, as
@@ -48,35 +89,6 @@ def _dense_param(p: SparseTensor) -> torch.Tensor:
         "a SparseTensor weight or bias of group_norm", p.numel() * p.element_size(), by_nature=True
     )
     return dense_of(p)
-
-
-_FORWARD_VARYING = {  # forward op -> the dims along which its statistics or affine map vary
-    aten.native_layer_norm.default: lambda A, args: range(A.dim() - len(args[1])),
-    aten.native_group_norm.default: lambda A, args: (0, 1),
-    aten.native_batch_norm.default: lambda A, args: (1,),
-    aten._native_batch_norm_legit.default: lambda A, args: (1,),
-    aten._native_batch_norm_legit.no_stats: lambda A, args: (1,),
-    aten._native_batch_norm_legit_no_training.default: lambda A, args: (1,),
-    aten._batch_norm_with_update.default: lambda A, args: (1,),
-    aten._batch_norm_no_update.default: lambda A, args: (1,),
-}
-
-
-def _gate(func, args) -> None:
-    """The policy's gate for a result dense by nature: statistics (or the per-channel affine
-    map) that vary along a sparse dim of more than one slice give each slice's unspecified
-    elements their own value, so every element is stored."""
-    varying = _FORWARD_VARYING.get(func)
-    A = args[0]
-    if varying is None or not isinstance(A, SparseTensor) or A._indefinite:
-        return
-    sd = A.dim() - A.dense_dim()
-    if any(d < sd and A.shape[d] > 1 for d in varying(A, args)) and A.numel() > A._vals.numel():
-        check_densify(
-            f"{func} along sparse dims (each slice its own statistics)",
-            A.numel() * A.element_size(),
-            by_nature=True,
-        )
 
 
 @register(
