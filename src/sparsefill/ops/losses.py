@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import torch
 
-from .._convert import coalesced_parts, values_at
+from .._convert import coalesced_parts, linear_parts, values_at
 from .._index import linearize, lookup, unravel
 from .._tensor import SparseTensor
 from ._closed_form import decomposed, sparse_operands, stored_and_fill
@@ -226,21 +226,26 @@ def _picked(x: SparseTensor, t: torch.Tensor, ignore: int):
     coords = _coords(t.shape, cls, 0 if x.dim() == 1 else 1)[:, keep]
     sd = x.dim() - x.dense_dim()
     keys = linearize(coords[:sd], x._sparse_shape)
-    if x._indefinite:
-        _check_candidates(x, keys, coords)
-    rows = values_at(x, keys, sd)
+    rows = _rows_at(x, keys, coords)
     picked = rows.new_zeros(tf.shape)
     picked[keep] = rows[(torch.arange(rows.shape[0]),) + tuple(coords[sd:])]
     return keep, cls, picked
 
 
-def _check_candidates(x: SparseTensor, keys: torch.Tensor, coords: torch.Tensor) -> None:
-    idx = coalesced_parts(x)[0]
-    pos, found = lookup(linearize(idx, x._sparse_shape), keys)
-    if not bool(found.all()):
+def _rows_at(x: SparseTensor, keys: torch.Tensor, coords: torch.Tensor) -> torch.Tensor:
+    """``x``'s rows (dense dims) at the linear sparse positions ``keys``: the stored row, or the
+    fill; for an indefinite ``x`` every position must be stored (a sampled softmax's candidates)."""
+    stored, vals = linear_parts(x)
+    pos, found = lookup(stored, keys)
+    if x._indefinite and not bool(found.all()):
         where = coords[:, ~found][:, 0].tolist()
         raise ValueError(
             f"nll_loss/cross_entropy: the target class at position {where} is not stored in the "
             "logits, whose fill is indefinite (a sampled softmax: unspecified classes are not "
             "candidates); store the target class of every sample"
         )
+    D = tuple(x._dense_shape)
+    rows = vals[pos] if vals.shape[0] else vals.new_zeros((keys.numel(),) + D)
+    if x._indefinite:
+        return rows
+    return torch.where(found.view((-1,) + (1,) * len(D)), rows, x._fill)
