@@ -4,6 +4,8 @@ reflect, replicate and circular, over sparse and dense dims, with negative pads 
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -85,3 +87,29 @@ def test_pad_errors_as_torch():
     B = sparsefill.to_sparse(torch.zeros(1, 2), fill_value=0.0)
     with pytest.raises(RuntimeError):
         F.pad(B, (3, 0), mode="reflect")  # pad >= size
+
+
+UPSTREAM_CASES = [
+    (mode, pad)
+    for mode in ("reflect", "replicate")
+    for pad in [(1, 2), (2, 1, 1, 2), (-1, 2, 1, 0)]
+    if mode == "replicate" or min(pad) >= 0  # (reflect takes no negative pad)
+]
+
+
+@pytest.mark.parametrize("mode,pad", UPSTREAM_CASES, ids=[f"{m}-{p}" for m, p in UPSTREAM_CASES])
+@pytest.mark.parametrize("layout", ("coo", "hybrid", "uncoalesced", "nan"))
+def test_index_pad_sparse_upstream_gradient(mode, layout, pad):
+    # a SparseTensor upstream gradient (of sum, of a square): the gradient stays sparse, the
+    # band where positions are read twice stored (fill != 0)
+    lv = Leaves((2, 4, 3), layout)
+    for loss in (lambda y: y.sum(), lambda y: (y * y).sum()):
+        v, f = lv.leaves()
+        A = lv.sparse(v, f)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", sparsefill.DensifyWarning)
+            loss(F.pad(A, pad, mode=mode)).backward()
+        dv, df = lv.leaves()
+        loss(F.pad(lv.dense(dv, df), pad, mode=mode)).backward()
+        torch.testing.assert_close(v.grad, dv.grad, equal_nan=True)
+        torch.testing.assert_close(f.grad, df.grad, equal_nan=True)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from .._convert import coalesced_parts, parts_to_sparse
-from .._index import linearize
+from .._index import linearize, unravel
 from .._policy import check_densify
 from .._tensor import SparseTensor
 from .registry import register
@@ -169,26 +169,85 @@ _BACKWARD = {
 
 @register(*_BACKWARD)
 def _index_pad_backward(func, args, kwargs):
-    """The gradient of :func:`_index_pad`: each padded dim in turn (last first), the output
-    gradient added back to its sources (``index_add``); a SparseTensor gradient stays one."""
+    """The gradient of :func:`_index_pad`: per padded dim, each input position ``j`` sums the
+    output gradient over the positions reading it (``mult(j)`` of them)::
+
+        grad_in[j] = sum_{i: src(i) = j} g[i] = sum_{stored i} g[i] + (mult(j) - stored(j)) f
+
+    for a SparseTensor ``g`` of fill ``f``: along a dense dim on every stored row and the fill
+    (pattern kept); along a sparse dim the stored elements move to their sources, and where
+    ``mult(j) != 1`` with ``f != 0`` (the reflected or replicated band) the unspecified elements
+    take ``mult(j) f``: that band is stored, dense by nature (as large as the padded border)."""
     g, A, pad = args[:3]
-    if not isinstance(g, SparseTensor) and not isinstance(A, SparseTensor):
-        return NotImplemented
+    if not isinstance(g, SparseTensor):
+        if not isinstance(A, SparseTensor):
+            return NotImplemented
+        return func(g, torch.empty(A.shape, dtype=A.dtype, device=g.device), pad)  # dense
     reflect = _BACKWARD[func]
-    shape = list(g.shape)
     for d, left, right in _dims_pads(A.dim(), pad):
-        n = A.shape[d]
-        src = _source(n, left, right, reflect).to(g.device)
-        shape[d] = n
-        base = torch.zeros(shape, dtype=g.dtype, device=g.device)
-        if isinstance(g, SparseTensor):
-            base = parts_to_sparse(
-                torch.zeros((g.dim() - g.dense_dim(), 0), dtype=torch.int64, device=g.device),
-                g._vals.new_zeros((0,) + tuple(shape[g.dim() - g.dense_dim() :])),
-                tuple(shape),
-                g._vals.new_zeros(()),
-                known_zero=True,
-                coalesced=True,
-            )
-        g = base.index_add(d, src, g)
+        src = _source(A.shape[d], left, right, reflect).to(g.device)
+        g = _gather_back(g, d, src, A.shape[d])
     return g
+
+
+def _gather_back(g: SparseTensor, d: int, src: torch.Tensor, n: int) -> SparseTensor:
+    """The adjoint of ``index_select(d, src)`` on a SparseTensor ``g``: size ``n`` along ``d``."""
+    sd = g.dim() - g.dense_dim()
+    shape = tuple(g.shape[:d]) + (n,) + tuple(g.shape[d + 1 :])
+    idx, vals = coalesced_parts(g)
+    D = tuple(g._dense_shape)
+    if d >= sd:  # a dense dim: every stored row and the fill row
+        k = d - sd
+        vals = vals.new_zeros(vals.shape[: k + 1] + (n,) + vals.shape[k + 2 :]).index_add(
+            k + 1, src, vals
+        )
+        fill = g._fill
+        if not g._indefinite:
+            f = g._fill.expand(D)
+            fill = f.new_zeros(f.shape[:k] + (n,) + f.shape[k + 1 :]).index_add(k, src, f)
+        return parts_to_sparse(idx, vals, shape, fill, indefinite=g._indefinite, coalesced=True)
+    f = vals.new_zeros(D) if g._indefinite else g._fill.expand(D)
+    moved = idx.clone()
+    moved[d] = src[idx[d]]
+    mult = torch.bincount(src, minlength=n)
+    band = _band(g, d, mult, shape, sd)
+    mkeys = linearize(moved, shape[:sd])
+    ukeys = torch.unique(torch.cat([linearize(band, shape[:sd]), mkeys]))
+    if band.shape[1]:  # the band and the moved elements: stored, dense by nature
+        check_densify(
+            "the gradient of a reflect/replicate pad at the band of a nonzero fill",
+            ukeys.numel() * g.element_size() * max(f.numel(), 1),
+            by_nature=True,
+        )
+    bidx = unravel(ukeys, shape[:sd])
+    pos = torch.searchsorted(ukeys, mkeys)
+    # the unspecified elements reading j: mult(j) less the stored ones (a NaN or inf fill counts
+    # only where some are: 0 * f is not 0 then)
+    unspec = mult[bidx[d]] - torch.bincount(pos, minlength=ukeys.numel())
+    per = torch.where(unspec > 0, unspec, 0).to(vals.dtype).view((-1,) + (1,) * len(D)) * f
+    out_vals = torch.where((unspec > 0).view(per.shape[:1] + (1,) * len(D)), per, 0).expand(
+        (ukeys.numel(),) + D
+    )
+    out_vals = out_vals.clone().index_add_(0, pos, vals)
+    fill = vals.new_zeros(()) if g._indefinite else g._fill
+    return parts_to_sparse(bidx, out_vals, shape, fill, coalesced=True)
+
+
+def _band(g: SparseTensor, d: int, mult: torch.Tensor, shape, sd: int) -> torch.Tensor:
+    """The sparse coordinates whose position ``j`` along ``d`` has ``mult(j) != 1`` (every
+    combination of the other sparse dims), where ``g``'s fill is not known to be 0."""
+    j = (mult != 1).nonzero()[:, 0]
+    if g._indefinite or g._fill_is_zero() or not j.numel():
+        return torch.zeros((sd, 0), dtype=torch.int64, device=mult.device)
+    ranges = [torch.arange(shape[e], device=mult.device) for e in range(sd)]
+    ranges[d] = j
+    n = 1
+    for r in ranges:
+        n *= r.numel()
+    check_densify(
+        "the gradient of a reflect/replicate pad at the band of a nonzero fill",
+        n * g.element_size() * max(g._fill.numel(), 1),
+        by_nature=True,
+    )
+    grid = torch.meshgrid(*ranges, indexing="ij")
+    return torch.stack([t.reshape(-1) for t in grid])
