@@ -178,7 +178,8 @@ def _sampled(n_rows=3, n_classes=50):
 )
 def test_sampled_softmax_cross_entropy(kw):
     # an indefinite fill: the classes not stored are no candidates, as -inf logits would be
-    # (label smoothing here averages over the stored classes: the masked mean torch.masked takes)
+    # (label smoothing: torch's formula, the candidates' log-probabilities summed and divided by
+    # the number of classes C, as the composite computes it on the masked log-softmax)
     idx, v0, shape = _sampled()
     target = torch.tensor([40, 9, 2])
     v = v0.clone().requires_grad_()

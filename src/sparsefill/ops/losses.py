@@ -132,7 +132,8 @@ def _nll_loss_forward(func, args, kwargs):
     The picked elements are looked up among the stored ones (the fill elsewhere): O(P log nse) for
     P targets.  An indefinite ``x`` is a sampled (masked) log-softmax: its unspecified classes are
     no candidates, so a target there raises ValueError.  ``cross_entropy`` is ``log_softmax`` then
-    this, both native: sampled softmax for extreme classification.
+    this, both native: sampled softmax for extreme classification (``label_smoothing`` follows
+    torch's formula there: the candidates' log-probabilities summed, divided by the class count).
 
     >>> import torch, sparsefill, torch.nn.functional as F
     >>> logits = sparsefill.sparse_coo_tensor([[0, 0, 1], [1, 4, 2]], [2., 1., 3.], (2, 1000),
