@@ -28,6 +28,10 @@ from .losses import averaged_count
 def _masked_mean_loss(func, args, kwargs):
     """``loss(x, y, reduction="mean")`` with an indefinite operand: ``loss(..., "sum") / count``;
     every other call is declined."""
+    x = args[0] if args else kwargs.get("input")
+    y = args[1] if len(args) > 1 else kwargs.get("target")
+    if not any(isinstance(t, SparseTensor) and t._indefinite for t in (x, y)):
+        return NotImplemented
     bound = inspect.signature(func).bind(*args, **kwargs)
     bound.apply_defaults()
     a = bound.arguments

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from .._convert import dense_of
+from .._convert import coalesce_of, dense_of, rewrap
 from .._policy import check_densify
 from .._tensor import SparseTensor
 from ._closed_form import decomposed
@@ -105,8 +105,36 @@ def _dense_param(p: SparseTensor) -> torch.Tensor:
 )
 def _norm_layer(func, args, kwargs):
     """The layer's reference formula (module docstring), its pieces native."""
+    if func is aten.native_layer_norm.default and not kwargs:
+        out = _rowwise_layer_norm(*args)
+        if out is not None:
+            return out
     _gate(func, args)
     return decomposed(func, args, kwargs)
+
+
+def _rowwise_layer_norm(A, normalized_shape, weight=None, bias=None, eps=1e-5):
+    """``native_layer_norm`` over dense dims only: torch's kernel on the stored rows and on the
+    fill row, the pattern kept (output, mean and rstd alike); None where it does not apply."""
+    k = len(normalized_shape)
+    if not isinstance(A, SparseTensor) or k > A.dense_dim() or not k:
+        return None
+    if isinstance(weight, SparseTensor) or isinstance(bias, SparseTensor):
+        return None
+    B = A if A._coalesced else coalesce_of(A)
+    rows = aten.native_layer_norm.default(B._vals, normalized_shape, weight, bias, eps)
+    if B._indefinite:
+        fills = (B._fill,) * 3
+    else:
+        f = B._fill.expand(B._dense_shape)[None]
+        fills = [
+            t[0] for t in aten.native_layer_norm.default(f, normalized_shape, weight, bias, eps)
+        ]
+    stat = tuple(A.shape[: A.dim() - k]) + (1,) * k
+    return tuple(
+        rewrap(B, values=v, fill=f, size=size, known_zero=False)
+        for v, f, size in zip(rows, fills, (A.shape, stat, stat))
+    )
 
 
 _NATURE = "statistics vary along a sparse dim: every element stored (the policy's dense_by_nature)"

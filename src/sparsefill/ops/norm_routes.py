@@ -56,6 +56,8 @@ def _composed(fn):
     (the masked reductions' gradients): ``route`` runs routes with torch function disabled."""
 
     def wrapper(func, args, kwargs):
+        if not _masked(args[0] if args else kwargs.get("input")):
+            return NotImplemented  # (first: binding the signature costs more than the layer)
         with torch._C._EnableTorchFunction():
             return fn(func, args, kwargs)
 
