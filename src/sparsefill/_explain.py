@@ -122,8 +122,8 @@ def aten_steps(func) -> list:
     name, steps = str(func), []
     h = registry.HANDLERS.get(func)
     if h is not None:
-        nature = getattr(h, "dense_by_nature", "")  # (a result the handler must build dense)
-        note = h.__qualname__ + (f"; dense by nature: {nature}" if nature else "")
+        nature = getattr(h, "dense_by_nature", None)  # set by handlers of such ops
+        note = h.__qualname__ + (f"; dense by nature where {nature}" if nature else "")
         steps.append(Step(name, "handler", _where(h), note))
     reason = registry.unannotated_mutation(func)
     if reason is not None:

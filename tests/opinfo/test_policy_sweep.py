@@ -48,6 +48,12 @@ DECLARED = {
     "gradient": "no densification: the pieces (a[2:] - a[:-2]) / 2 and the edges store the union of shifted "
     "patterns natively, which at the sample's 5 elements is every element; cat joins those stored "
     "values (aten.cat of (5,)), the size this sweep counts as a dense form",
+    "nn.functional.pad.reflect": "no densification: the pad copies each stored element to every "
+    "output position that reads it (index_select); the sample's (1, 3) input padded to (1, 6) "
+    "holds more stored copies (aten.index_select of (3,)) than the input has elements, the size "
+    "this sweep counts as a dense form",
+    "nn.functional.pad.replicate": "no densification: as reflect, the edge elements copied into "
+    "the border (aten.index_select of (5,) stored copies for a (1, 3) input padded to (1, 6))",
 }
 OUTCOMES: dict = {}  # op id -> outcome
 OPS = [op for op in op_db if op.supports_dtype(torch.float64, "cpu")]

@@ -47,6 +47,13 @@ tensor([0.1192, 0.8808, 1.0000])
 """
 
 from sparsefill.masked._elementwise import logaddexp
+from sparsefill.masked._layers import (
+    batch_norm,
+    cross_entropy,
+    group_norm,
+    instance_norm,
+    layer_norm,
+)
 from sparsefill.masked._masks import coo_mask, csr_mask, input_mask, output_mask, pattern_mask
 from sparsefill.masked._normalizations import (
     cumprod,
@@ -91,6 +98,11 @@ __all__ = [
     "log_softmax",
     "softmin",
     "normalize",
+    "layer_norm",
+    "group_norm",
+    "instance_norm",
+    "batch_norm",
+    "cross_entropy",
     "input_mask",
     "output_mask",
     "pattern_mask",

@@ -19,7 +19,10 @@ from sparsefill.ops import core, fallback
 from sparsefill.ops.pointwise import foreach
 from sparsefill.ops.shape import indexing
 from sparsefill.ops.linalg import product
+from sparsefill.ops.losses.losses import losses
+from sparsefill.ops.reductions import norm_layers
 from sparsefill.ops.reductions import softmax
+from sparsefill.ops.shape import pad
 from sparsefill.ops.linalg import matrix_products
 from sparsefill.ops.pointwise import rule
 from sparsefill.ops.reductions import reduce
@@ -37,7 +40,10 @@ __all__ = [
     "fallback",
     "foreach",
     "indexing",
+    "losses",
     "matrix_products",
+    "norm_layers",
+    "pad",
     "product",
     "reduce",
     "registry",

@@ -1,0 +1,118 @@
+"""Masked normalization layers and cross entropy: ``layer_norm group_norm instance_norm batch_norm
+cross_entropy`` with a ``mask`` (masked-reductions-rfc.md's normalizations).
+
+The masked-in elements of ``input`` (``mask`` True; a SparseTensor with an indefinite fill: its
+pattern) form a masked tensor, a SparseTensor with an indefinite fill; the layer runs on it
+natively: its statistics (mean, variance) are over the masked-in elements of each slice only::
+
+    layer_norm:  y[p] = (x[p] - mean_S) / sqrt(var_S + eps) * w + b,   mean_S, var_S over the
+                 masked-in elements of p's slice S
+
+``cross_entropy(logits, target, mask=m)`` is a softmax over the masked-in classes of each row only
+(sampled softmax; a target class masked out raises ValueError).  The result has the input's
+layout: for a SparseTensor input the masked tensor (pattern = masked-in elements), for a strided
+input a strided tensor with 0 at the masked-out elements (torch.masked's value for masked-out
+elements of a normalization).  The gradient flows to the masked-in elements of ``input`` only.
+
+>>> import torch, sparsefill
+>>> x = torch.tensor([[1., 2., 100.], [3., 5., 7.]])
+>>> m = torch.tensor([[True, True, False], [True, True, True]])
+>>> sparsefill.masked.layer_norm(x, (3,), mask=m, eps=0.)
+tensor([[-1.0000,  1.0000,  0.0000],
+        [-1.2247,  0.0000,  1.2247]])
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from sparsefill._kernels import index as _index
+from sparsefill._tensor.parts import values_at
+from sparsefill._tensor.tensor import SparseTensor
+from sparsefill.masked._canon import true_positions
+
+__all__ = ["layer_norm", "group_norm", "instance_norm", "batch_norm", "cross_entropy"]
+
+
+def masked_in(input, mask) -> SparseTensor | torch.Tensor:
+    """``input`` with the elements where ``mask`` is False masked out: a SparseTensor with an
+    indefinite fill holding the masked-in elements (``mask=None``: ``input`` itself)."""
+    if mask is None:
+        return input
+    pos = true_positions(mask, input.shape)
+    if isinstance(input, SparseTensor):
+        sd = input.dim() - input.dense_dim()
+        rows = values_at(input, _index.linearize(pos[:sd], input._sparse_shape), sd)
+        vals = rows[(torch.arange(rows.shape[0], device=rows.device),) + tuple(pos[sd:])]
+    else:
+        vals = input[tuple(pos)]
+    from sparsefill import sparse_coo_tensor, indefinite
+
+    return sparse_coo_tensor(pos, vals, tuple(input.shape), fill_value=indefinite)
+
+
+def _in_layout(out, input):
+    """The result in ``input``'s layout: the masked tensor, or strided with 0 where masked out."""
+    if isinstance(input, SparseTensor) or not isinstance(out, SparseTensor):
+        return out
+    return out.to_dense(fill_value=0.0)
+
+
+def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5, *, mask=None):
+    """``F.layer_norm`` over the masked-in elements of each slice (module docstring)."""
+    out = F.layer_norm(masked_in(input, mask), normalized_shape, weight, bias, eps)
+    return _in_layout(out, input)
+
+
+def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5, *, mask=None):
+    """``F.group_norm`` over the masked-in elements of each (sample, group)."""
+    return _in_layout(F.group_norm(masked_in(input, mask), num_groups, weight, bias, eps), input)
+
+
+def instance_norm(input, weight=None, bias=None, eps=1e-5, *, mask=None):
+    """``F.instance_norm`` (input statistics) over the masked-in elements of each (sample,
+    channel)."""
+    out = F.instance_norm(masked_in(input, mask), weight=weight, bias=bias, eps=eps)
+    return _in_layout(out, input)
+
+
+def batch_norm(
+    input,
+    running_mean,
+    running_var,
+    weight=None,
+    bias=None,
+    training=False,
+    momentum=0.1,
+    eps=1e-5,
+    *,
+    mask=None,
+):
+    """``F.batch_norm`` whose batch statistics (training) are over the masked-in elements of each
+    channel; the running statistics are updated with them."""
+    x = masked_in(input, mask)
+    out = F.batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps)
+    return _in_layout(out, input)
+
+
+def cross_entropy(
+    input,
+    target,
+    weight=None,
+    ignore_index=-100,
+    reduction="mean",
+    label_smoothing=0.0,
+    *,
+    mask=None,
+):
+    """``F.cross_entropy`` whose softmax runs over the masked-in classes of each row only (a
+    sampled softmax); a target class that is masked out raises ValueError."""
+    return F.cross_entropy(
+        masked_in(input, mask),
+        target,
+        weight=weight,
+        ignore_index=ignore_index,
+        reduction=reduction,
+        label_smoothing=label_smoothing,
+    )
