@@ -19,7 +19,7 @@ from sparsefill.ops import core, fallback
 from sparsefill.ops.pointwise import foreach
 from sparsefill.ops.shape import indexing
 from sparsefill.ops.linalg import product
-from sparsefill.ops.losses.losses import losses
+from sparsefill.ops.losses import losses
 from sparsefill.ops.reductions import norm_layers
 from sparsefill.ops.reductions import softmax
 from sparsefill.ops.shape import pad

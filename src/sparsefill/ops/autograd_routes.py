@@ -311,5 +311,5 @@ from sparsefill.ops.order import sort_backward  # noqa: E402,F401
 from sparsefill.ops.order import quantiles  # noqa: E402,F401
 
 # the masked mean of l1_loss and BCE with logits; local_response_norm across channels
-from sparsefill.ops.losses.losses import masked_mean  # noqa: E402,F401
+from sparsefill.ops.losses import masked_mean  # noqa: E402,F401
 from sparsefill.ops.reductions import local_response_norm  # noqa: E402,F401
