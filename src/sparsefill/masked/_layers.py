@@ -47,7 +47,8 @@ def masked_in(input, mask) -> SparseTensor | torch.Tensor:
         vals = rows[(torch.arange(rows.shape[0], device=rows.device),) + tuple(pos[sd:])]
     else:
         vals = input[tuple(pos)]
-    from sparsefill import sparse_coo_tensor, indefinite
+    from sparsefill._creation.constructors import sparse_coo_tensor
+    from sparsefill._tensor.fill import indefinite
 
     return sparse_coo_tensor(pos, vals, tuple(input.shape), fill_value=indefinite)
 

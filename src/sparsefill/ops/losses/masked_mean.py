@@ -21,7 +21,7 @@ from torch.nn import _reduction
 
 from sparsefill._tensor.tensor import SparseTensor
 from sparsefill.ops.autograd_routes import register_route
-from sparsefill.ops.losses.losses.losses import averaged_count
+from sparsefill.ops.losses.losses import averaged_count
 
 
 @register_route(F.l1_loss, F.binary_cross_entropy_with_logits)
