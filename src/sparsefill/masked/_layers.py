@@ -24,6 +24,8 @@ tensor([[-1.0000,  1.0000,  0.0000],
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torch.nn.functional as F
 
@@ -60,18 +62,41 @@ def _in_layout(out, input):
     return out.to_dense(fill_value=0.0)
 
 
-def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5, *, mask=None):
+def layer_norm(
+    input: torch.Tensor,
+    normalized_shape: Sequence[int],
+    weight: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    eps: float = 1e-5,
+    *,
+    mask: torch.Tensor | None = None,
+) -> torch.Tensor:
     """``F.layer_norm`` over the masked-in elements of each slice (module docstring)."""
     out = F.layer_norm(masked_in(input, mask), normalized_shape, weight, bias, eps)
     return _in_layout(out, input)
 
 
-def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5, *, mask=None):
+def group_norm(
+    input: torch.Tensor,
+    num_groups: int,
+    weight: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    eps: float = 1e-5,
+    *,
+    mask: torch.Tensor | None = None,
+) -> torch.Tensor:
     """``F.group_norm`` over the masked-in elements of each (sample, group)."""
     return _in_layout(F.group_norm(masked_in(input, mask), num_groups, weight, bias, eps), input)
 
 
-def instance_norm(input, weight=None, bias=None, eps=1e-5, *, mask=None):
+def instance_norm(
+    input: torch.Tensor,
+    weight: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    eps: float = 1e-5,
+    *,
+    mask: torch.Tensor | None = None,
+) -> torch.Tensor:
     """``F.instance_norm`` (input statistics) over the masked-in elements of each (sample,
     channel)."""
     out = F.instance_norm(masked_in(input, mask), weight=weight, bias=bias, eps=eps)
@@ -79,17 +104,17 @@ def instance_norm(input, weight=None, bias=None, eps=1e-5, *, mask=None):
 
 
 def batch_norm(
-    input,
-    running_mean,
-    running_var,
-    weight=None,
-    bias=None,
-    training=False,
-    momentum=0.1,
-    eps=1e-5,
+    input: torch.Tensor,
+    running_mean: torch.Tensor | None,
+    running_var: torch.Tensor | None,
+    weight: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    training: bool = False,
+    momentum: float = 0.1,
+    eps: float = 1e-5,
     *,
-    mask=None,
-):
+    mask: torch.Tensor | None = None,
+) -> torch.Tensor:
     """``F.batch_norm`` whose batch statistics (training) are over the masked-in elements of each
     channel; the running statistics are updated with them."""
     x = masked_in(input, mask)
@@ -98,15 +123,15 @@ def batch_norm(
 
 
 def cross_entropy(
-    input,
-    target,
-    weight=None,
-    ignore_index=-100,
-    reduction="mean",
-    label_smoothing=0.0,
+    input: torch.Tensor,
+    target: torch.Tensor,
+    weight: torch.Tensor | None = None,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    label_smoothing: float = 0.0,
     *,
-    mask=None,
-):
+    mask: torch.Tensor | None = None,
+) -> torch.Tensor:
     """``F.cross_entropy`` whose softmax runs over the masked-in classes of each row only (a
     sampled softmax); a target class that is masked out raises ValueError."""
     return F.cross_entropy(
