@@ -45,6 +45,7 @@ Wrong gradients, or a sparse forward/backward that raises where the dense one do
 from __future__ import annotations
 
 import collections
+import itertools
 import warnings
 
 import pytest
@@ -274,7 +275,8 @@ OPS = [op for op in op_db if op.supports_autograd and op.supports_dtype(torch.fl
 def test_backward_conformance(op):
     key = _key(op)
     n = MORE_SAMPLES.get(op.name, MAX_SAMPLES)
-    samples = list(op.sample_inputs("cpu", torch.float64, requires_grad=True))[:n]
+    # (the first n samples only: some ops generate hundreds)
+    samples = list(itertools.islice(op.sample_inputs("cpu", torch.float64, requires_grad=True), n))
     failures = []
     for variant in VARIANTS:
         for seed, sample in enumerate(samples):
