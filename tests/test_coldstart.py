@@ -192,7 +192,7 @@ def test_auto_backend_imports_numba_once_the_work_pays():
     code = (
         "import sys, torch\n"
         "from sparsefill import segment\n"
-        "from sparsefill.segment import _kernels\n"
+        "from sparsefill._kernels import segment as _kernels\n"
         "_kernels.COMPILED_AFTER_WORK = 5000\n"
         "x = torch.randn(100, 8, dtype=torch.float64); ids = torch.randint(0, 7, (100,))\n"
         "out = [segment.reduce(x, 'max', segment_ids=ids, sorted=False) for _ in range(6)]  # 6 x 800 < 5000\n"
@@ -219,7 +219,7 @@ def test_kernels_are_cached_in_the_user_cache_dir_when_the_package_is_read_only(
         "c.InTreeCacheLocator.from_function = classmethod(lambda cls, f, p: None)  # the package is read-only\n"
         "import torch\n"
         "from sparsefill import segment\n"
-        "from sparsefill.segment import _numba_kernels as nb\n"
+        "from sparsefill._kernels import segment_numba as nb\n"
         "segment.set_backend('numba')\n"
         "segment.reduce(torch.randn(10, 3), 'max', lengths=torch.tensor([4, 6]))\n"
         "for k in (nb.offsets_of, nb.kernel('sorted', 'max', False, 0)):\n"

@@ -883,7 +883,7 @@ def test_threaded_kernels_after_fork():
     code = (
         "import os, torch\n"
         "from sparsefill import segment\n"
-        "from sparsefill.segment import _kernels\n"
+        "from sparsefill._kernels import segment as _kernels\n"
         "segment.set_backend('numba'); _kernels.GRAIN = 1; torch.set_num_threads(2)\n"
         "x = torch.randn(1000, 8); ids = torch.randint(0, 5, (1000,))\n"
         "a = segment.reduce(x, 'sum', segment_ids=ids, num_segments=5, sorted=False)\n"
