@@ -51,7 +51,9 @@ def test_patches_are_in_place_once_dynamo_loads():
 
 def test_legacy_validation_checks_first_and_is_installed_once():
     calls = []
-    original = torch._utils._validate_loaded_sparse_tensors
+    installed = torch._utils._validate_loaded_sparse_tensors  # (an earlier legacy load's, maybe)
+    original = getattr(installed, "_sparsefill_original", installed)
+    torch._utils._validate_loaded_sparse_tensors = original
     try:
         first = _torch_compat.check_before_legacy_validation(lambda: calls.append("check"))
         again = _torch_compat.check_before_legacy_validation(lambda: calls.append("other"))
@@ -59,5 +61,5 @@ def test_legacy_validation_checks_first_and_is_installed_once():
         torch._utils._validate_loaded_sparse_tensors()
         assert calls == ["check"]
     finally:
-        torch._utils._validate_loaded_sparse_tensors = original
+        torch._utils._validate_loaded_sparse_tensors = installed
     assert sparsefill.SparseTensor  # (the package stays importable)

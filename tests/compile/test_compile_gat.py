@@ -28,7 +28,7 @@ def _gat():
 
     from sparsefill.benchmarks.cases_models import _example
 
-    folder = Path(__file__).resolve().parents[1] / "examples"
+    folder = Path(__file__).resolve().parents[2] / "examples"
     if not (folder / "gat.py").is_file():
         pytest.skip(f"no {folder / 'gat.py'} (not a source checkout)")
     return _example("gat", folder)

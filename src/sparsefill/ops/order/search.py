@@ -29,7 +29,7 @@ indefinite).
 >>> torch.unique(A, return_counts=True)
 (tensor([0., 2., 7.]), tensor([4, 1, 1]))
 >>> torch.histc(A, bins=4, min=0, max=8)
-tensor([5., 0., 0., 1.])
+tensor([4., 1., 0., 1.])
 """
 
 from __future__ import annotations
