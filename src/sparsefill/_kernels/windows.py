@@ -93,10 +93,12 @@ if numba is not None:
         return nr, tot
 
     @njit(cache=True, inline="always")
-    def _span_one(
-        r, ta, tb, edge, k, ne, lp, hp, e, x, col, window, S, base, inv, t_out, r_out, out, edges, s
-    ):
-        """The targets ``ta..tb`` of row ``r`` from position ``k``: one column of finite values."""
+    def _span_one(r, ta, tb, edge, e, state, consts):
+        """The targets ``ta..tb`` of row ``r`` (its sources end at ``e``) from ``state = (k, ne, lp,
+        hp, s)`` (the next target's place, the next edge's, the window's sources ``[lp, hp)`` and
+        their sum); one column of finite values.  Returns the state after them."""
+        k, ne, lp, hp, s = state
+        x, col, window, S, base, inv, t_out, r_out, out, edges = consts
         m, c0, c1, q = window
         rows = r_out.shape[0] > 0
         for t in range(ta, tb + 1):
@@ -131,80 +133,15 @@ if numba is not None:
     ):
         """:func:`sums` for one column of finite values: the running sum in a register; each run as
         three spans (left edge, interior, right edge) so that the interior's loop tests nothing."""
-        k = ne = 0
-        lp = hp = 0
-        s = 0.0
+        consts = (x, col, window, S, base, inv, t_out, r_out, out, edges)
+        state = (0, 0, 0, 0, 0.0)
         for j in range(rr.shape[0]):
             r, t0, t1, e = rr[j], r0[j], r1[j], re[j]
             if j == 0 or r != rr[j - 1]:
-                lp = hp = rb[j]
-                s = 0.0
-            k, ne, lp, hp, s = _span_one(
-                r,
-                t0,
-                min(t1, tL - 1),
-                True,
-                k,
-                ne,
-                lp,
-                hp,
-                e,
-                x,
-                col,
-                window,
-                S,
-                base,
-                inv,
-                t_out,
-                r_out,
-                out,
-                edges,
-                s,
-            )
-            k, ne, lp, hp, s = _span_one(
-                r,
-                max(t0, tL),
-                min(t1, tR),
-                False,
-                k,
-                ne,
-                lp,
-                hp,
-                e,
-                x,
-                col,
-                window,
-                S,
-                base,
-                inv,
-                t_out,
-                r_out,
-                out,
-                edges,
-                s,
-            )
-            k, ne, lp, hp, s = _span_one(
-                r,
-                max(t0, tL, tR + 1),
-                t1,
-                True,
-                k,
-                ne,
-                lp,
-                hp,
-                e,
-                x,
-                col,
-                window,
-                S,
-                base,
-                inv,
-                t_out,
-                r_out,
-                out,
-                edges,
-                s,
-            )
+                state = (state[0], state[1], rb[j], rb[j], 0.0)
+            state = _span_one(r, t0, min(t1, tL - 1), True, e, state, consts)
+            state = _span_one(r, max(t0, tL), min(t1, tR), False, e, state, consts)
+            state = _span_one(r, max(t0, tL, tR + 1), t1, True, e, state, consts)
 
     @njit(cache=True)
     def _sums_many(
