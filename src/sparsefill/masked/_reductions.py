@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Protocol
 
 import torch
 
@@ -133,60 +134,25 @@ def _sum_dtype(x, dtype):
     return torch.int64 if x.dtype in _INT_PROMOTE else x.dtype
 
 
-def sum(
-    input: torch.Tensor,
-    dim: int | list[int] | tuple[int, ...] | None = None,
-    *,
-    keepdim: bool = False,
-    dtype: torch.dtype | None = None,
-    mask: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Masked sum: ``torch.sum(torch.where(mask, input, 0), dim)``; fully masked-out slices give
-    0."""
-    if not is_sparse(input):
-        return torch.masked.sum(
-            input, dim, keepdim=keepdim, dtype=dtype, mask=dense_mask(mask, input)
-        )
-    dt = _sum_dtype(input, dtype)
-    return _reduction(
-        input,
-        mask,
-        dim,
-        keepdim,
-        REDUCERS["sum"],
-        _ref("sum", dim, keepdim=keepdim, dtype=dtype, mask=mask),
-        cast=dt,
-        zero_absorbs=True,
-    )
+class _Reduction(Protocol):
+    """The signature that ``sum prod amax amin argmax argmin mean logsumexp`` share with
+    ``torch.masked``."""
+
+    def __call__(
+        self,
+        input: torch.Tensor,
+        dim: int | list[int] | tuple[int, ...] | None = None,
+        *,
+        keepdim: bool = False,
+        dtype: torch.dtype | None = None,
+        mask: torch.Tensor | None = None,
+    ) -> torch.Tensor: ...
 
 
-def prod(
-    input: torch.Tensor,
-    dim: int | list[int] | tuple[int, ...] | None = None,
-    *,
-    keepdim: bool = False,
-    dtype: torch.dtype | None = None,
-    mask: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Masked product: ``torch.prod(torch.where(mask, input, 1), dim)``; fully masked-out slices
-    give 1."""
-    if not is_sparse(input):
-        return torch.masked.prod(
-            input, dim, keepdim=keepdim, dtype=dtype, mask=dense_mask(mask, input)
-        )
-    dt = _sum_dtype(input, dtype)
-    return _reduction(
-        input,
-        mask,
-        dim,
-        keepdim,
-        REDUCERS["prod"],
-        _ref("prod", dim, keepdim=keepdim, dtype=dtype, mask=mask),
-        cast=dt,
-    )
+def _public(name: str, sparse: Callable[..., torch.Tensor], doc: str) -> _Reduction:
+    """``torch.masked.<name>`` on a strided input, else ``sparse(input, dim, keepdim, dtype,
+    mask)``, under the public name ``name``."""
 
-
-def _extreme(name: str, mode: str) -> Callable[..., torch.Tensor]:
     def op(
         input: torch.Tensor,
         dim: int | list[int] | tuple[int, ...] | None = None,
@@ -199,92 +165,97 @@ def _extreme(name: str, mode: str) -> Callable[..., torch.Tensor]:
             return getattr(torch.masked, name)(
                 input, dim, keepdim=keepdim, dtype=dtype, mask=dense_mask(mask, input)
             )
-        dt = dtype or input.dtype
-        return _reduction(
-            input,
-            mask,
-            dim,
-            keepdim,
-            REDUCERS[mode],
-            _ref(name, dim, keepdim=keepdim, dtype=dtype, mask=mask),
-            post=lambda t: t.to(dt),
-            name=name,
-        )
+        return sparse(input, dim, keepdim, dtype, mask)
 
     op.__name__ = op.__qualname__ = name
-    sign = "-inf" if mode == "amax" else "+inf"
-    op.__doc__ = (
-        f"Masked {name}: ``torch.{name}(input.masked_fill(~mask, {sign}), dim)``; fully masked-out "
-        f"slices give {sign} (the integer {'min' if mode == 'amax' else 'max'} for integer dtypes)."
-    )
+    op.__doc__ = doc
     return op
 
 
-amax = _extreme("amax", "amax")
-amin = _extreme("amin", "amin")
-
-
-def mean(
-    input: torch.Tensor,
-    dim: int | list[int] | tuple[int, ...] | None = None,
-    *,
-    keepdim: bool = False,
-    dtype: torch.dtype | None = None,
-    mask: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Masked mean: ``sum(input * mask, dim) / sum(mask, dim)``; fully masked-out slices give
-    NaN."""
-    if not is_sparse(input):
-        return torch.masked.mean(
-            input, dim, keepdim=keepdim, dtype=dtype, mask=dense_mask(mask, input)
-        )
+def _mean_options(input, dtype):
     dt = dtype or input.dtype
     if not (dt.is_floating_point or dt.is_complex):
         raise ValueError(
             f"mean(): Could not infer output dtype. {'Optional' if dtype else 'Input'} dtype "
             f"must be either a floating point or complex dtype. Got: {dt}"
         )
-    return _reduction(
-        input,
-        mask,
-        dim,
-        keepdim,
-        REDUCERS["mean"],
-        _ref("mean", dim, keepdim=keepdim, dtype=dtype, mask=mask),
-        cast=dt,
-    )
+    return dict(cast=dt)
 
 
-def logsumexp(
-    input: torch.Tensor,
-    dim: int | list[int] | tuple[int, ...] | None = None,
-    *,
-    keepdim: bool = False,
-    dtype: torch.dtype | None = None,
-    mask: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Masked logsumexp: ``torch.logsumexp(input.masked_fill(~mask, -inf), dim)``; fully masked-out
-    slices give -inf."""
-    if not is_sparse(input):
-        return torch.masked.logsumexp(
-            input, dim, keepdim=keepdim, dtype=dtype, mask=dense_mask(mask, input)
-        )
+def _logsumexp_options(input, dtype):
     dt = dtype or input.dtype
     cdt = (
         input.dtype
         if input.dtype.is_floating_point or input.dtype.is_complex
         else torch.get_default_dtype()
     )
-    return _reduction(
-        input,
-        mask,
-        dim,
-        keepdim,
-        REDUCERS["logsumexp"],
-        _ref("logsumexp", dim, keepdim=keepdim, dtype=dtype, mask=mask),
-        cast=cdt,
-        post=lambda t: t.to(dt),
-    )
+    return dict(cast=cdt, post=lambda t: t.to(dt))
+
+
+def _extreme_options(name):
+    """amax, amin: no identity (0-size reduced dims refused); the result in ``dtype``."""
+
+    def options(input, dtype):
+        dt = dtype or input.dtype
+        return dict(post=lambda t: t.to(dt), name=name)
+
+    return options
+
+
+# name: (the options of :func:`_reduction` for ``(input, dtype)``, the docstring); the reducer is
+# ``REDUCERS[name]``
+_TABLE: dict[str, tuple[Callable[..., dict], str]] = {
+    "sum": (
+        lambda input, dtype: dict(cast=_sum_dtype(input, dtype), zero_absorbs=True),
+        "Masked sum: ``torch.sum(torch.where(mask, input, 0), dim)``; fully masked-out slices "
+        "give 0.",
+    ),
+    "prod": (
+        lambda input, dtype: dict(cast=_sum_dtype(input, dtype)),
+        "Masked product: ``torch.prod(torch.where(mask, input, 1), dim)``; fully masked-out "
+        "slices give 1.",
+    ),
+    "amax": (
+        _extreme_options("amax"),
+        "Masked amax: ``torch.amax(input.masked_fill(~mask, -inf), dim)``; fully masked-out "
+        "slices give -inf (the integer min for integer dtypes).",
+    ),
+    "amin": (
+        _extreme_options("amin"),
+        "Masked amin: ``torch.amin(input.masked_fill(~mask, +inf), dim)``; fully masked-out "
+        "slices give +inf (the integer max for integer dtypes).",
+    ),
+    "mean": (
+        _mean_options,
+        "Masked mean: ``sum(input * mask, dim) / sum(mask, dim)``; fully masked-out slices give "
+        "NaN.",
+    ),
+    "logsumexp": (
+        _logsumexp_options,
+        "Masked logsumexp: ``torch.logsumexp(input.masked_fill(~mask, -inf), dim)``; fully "
+        "masked-out slices give -inf.",
+    ),
+}
+
+
+def _table_op(name: str) -> _Reduction:
+    """The public reduction ``name`` of :data:`_TABLE`."""
+    options, doc = _TABLE[name]
+
+    def sparse(input, dim, keepdim, dtype, mask):
+        opts = options(input, dtype)
+        ref = _ref(name, dim, keepdim=keepdim, dtype=dtype, mask=mask)
+        return _reduction(input, mask, dim, keepdim, REDUCERS[name], ref, **opts)
+
+    return _public(name, sparse, doc)
+
+
+sum = _table_op("sum")
+prod = _table_op("prod")
+amax = _table_op("amax")
+amin = _table_op("amin")
+mean = _table_op("mean")
+logsumexp = _table_op("logsumexp")
 
 
 def norm(
@@ -477,19 +448,8 @@ def _every_position_stored(out) -> bool:
     return bool(out._coalesced) and stored == _index.numel(out._sparse_shape)
 
 
-def _argext(name: str, mode: str) -> Callable[..., torch.Tensor]:
-    def op(
-        input: torch.Tensor,
-        dim: int | list[int] | tuple[int, ...] | None = None,
-        *,
-        keepdim: bool = False,
-        dtype: torch.dtype | None = None,
-        mask: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        if not is_sparse(input):
-            return getattr(torch.masked, name)(
-                input, dim, keepdim=keepdim, dtype=dtype, mask=dense_mask(mask, input)
-            )
+def _argext(name: str, mode: str) -> _Reduction:
+    def sparse(input, dim, keepdim, dtype, mask):
         A = as_sparse(input)
         dims = E.canonical_dims(dim, A.dim())
         _check_nonempty(name, A, dims if dim is not None else ())
@@ -521,14 +481,14 @@ def _argext(name: str, mode: str) -> Callable[..., torch.Tensor]:
         with torch.no_grad():
             return run(A, mask, compute, ref)
 
-    op.__name__ = op.__qualname__ = name
-    op.__doc__ = (
+    return _public(
+        name,
+        sparse,
         f"Masked {name}: ``torch.{name}(input.masked_fill(~mask, "
         f"{'-inf' if mode == 'amax' else '+inf'}), dim)`` (first index on ties, NaN is the "
         "extreme; the result has the input's dtype, as torch.masked); fully masked-out slices "
-        "give 0."
+        "give 0.",
     )
-    return op
 
 
 def _arg(v, seg, nseg, pos, F, n, fpos, mode):
