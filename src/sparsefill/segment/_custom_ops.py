@@ -82,6 +82,7 @@ from sparsefill.segment._reduce_ops import (
     _out_dtype,
     _reduce_eager,
     _scatter_rows,
+    _sparse_rows_grad,
     reducer_key,
     reducer_of,
 )
@@ -264,68 +265,31 @@ def _(
     return out, arg
 
 
-_TENSORS = ("data", "lengths", "offsets", "segment_ids", "indices", "weights")
-
-
 def _setup(ctx, inputs, output):
-    (
-        data,
-        lengths,
-        offsets,
-        segment_ids,
-        indices,
-        weights,
-        reducer,
-        num_segments,
-        sorted,
-        _,
-        _,
-        ties,
-        out_of_range,
-        _,
-        sparse_grad,
-    ) = inputs
+    # inputs: segment_reduce_op's arguments; the first six are the tensors (data, lengths, offsets,
+    # segment_ids, indices, weights); empty, want_arg and validate are the forward's only
+    reducer, num_segments, sorted = inputs[6:9]
+    ties, out_of_range, sparse_grad = inputs[11], inputs[12], inputs[14]
     out, arg = output
     keep = reducer_of(reducer).kind in ("extreme", "lse")  # (their backward reads the result)
-    ctx.save_for_backward(
-        data, lengths, offsets, segment_ids, indices, weights, out if keep else None, arg
-    )
+    ctx.save_for_backward(*inputs[:6], out if keep else None, arg)
     ctx.args = (reducer, num_segments, sorted, ties, out_of_range, sparse_grad)
-    ctx.data_shape = data.shape
+    ctx.data_shape = inputs[0].shape
 
 
 def _segment_reduce_grad(ctx, grad_out, _grad_arg):
-    data, lengths, offsets, segment_ids, indices, weights, out, arg = ctx.saved_tensors
-    reducer, num_segments, sorted, ties, out_of_range, sparse_grad = ctx.args
+    # (data, lengths, offsets, segment_ids, indices, weights, out, arg: the backward's arguments
+    # after grad, then ctx.args: reducer, num_segments, sorted, ties, out_of_range, sparse_grad)
+    saved = list(ctx.saved_tensors)
     need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[5]
     nones = [None] * 9
     if not (need_x or need_w):
         return (None,) * 6 + tuple(nones)
-    if out is None:
-        out = grad_out.new_empty(0)
-    gx, rows, gw = segment_reduce_backward(
-        grad_out,
-        data,
-        lengths,
-        offsets,
-        segment_ids,
-        indices,
-        weights,
-        out,
-        arg,
-        reducer,
-        num_segments,
-        sorted,
-        ties,
-        out_of_range,
-        sparse_grad,
-        need_w,
-    )
-    # one (row, gradient row) pair per position, as embedding(sparse=True)
-    if sparse_grad and need_x:
-        gx = torch.sparse_coo_tensor(
-            rows[None], gx, ctx.data_shape, is_coalesced=False, check_invariants=False
-        )
+    if saved[6] is None:  # (out: saved for max, min and logsumexp only)
+        saved[6] = grad_out.new_empty(0)
+    gx, rows, gw = segment_reduce_backward(grad_out, *saved, *ctx.args, need_w)
+    if ctx.args[-1] and need_x:  # sparse_grad
+        gx = _sparse_rows_grad(rows, gx, ctx.data_shape)
     return (gx if need_x else None, None, None, None, None, gw if need_w else None, *nones)
 
 
@@ -668,11 +632,8 @@ def _pooled_grad(ctx, grad_outs, _grad_offsets, _grad_lists):
         for g, i in zip(grad_outs, table_of)
     ]
     gx, rows = jagged_pooled_backward(grads, tables, table_of, offsets, lists, reducer, sparse_grad)
-    if sparse_grad:  # one (row, gradient row) pair per id, as embedding(sparse=True)
-        gx = [
-            torch.sparse_coo_tensor(r[None], g, t.shape, is_coalesced=False, check_invariants=False)
-            for r, g, t in zip(rows, gx, tables)
-        ]
+    if sparse_grad:
+        gx = [_sparse_rows_grad(r, g, t.shape) for r, g, t in zip(rows, gx, tables)]
     return (list(gx),) + (None,) * 10
 
 

@@ -291,6 +291,15 @@ def _scatter_rows(grad_pos: torch.Tensor, plan: Plan, m: int) -> torch.Tensor:
     return grad_pos.new_zeros((m, grad_pos.shape[1])).index_add(0, plan.rows, grad_pos)
 
 
+def _sparse_rows_grad(rows: torch.Tensor, grad_rows: torch.Tensor, shape) -> torch.Tensor:
+    """The gradient of a table of ``shape`` read by a fused gather, as a sparse COO tensor: one
+    (row, gradient row) pair per position read, uncoalesced (what ``embedding(sparse=True)``
+    gives)."""
+    return torch.sparse_coo_tensor(
+        rows[None], grad_rows, shape, is_coalesced=False, check_invariants=False
+    )
+
+
 def _to_input_order(g_seg: torch.Tensor, plan: Plan) -> torch.Tensor:
     if plan.order is None:
         return g_seg
@@ -408,15 +417,8 @@ class _SegmentReduceFn(torch.autograd.Function):
         x2, raw = _flat(data), None if out is None else _flat(out)
         g2 = _flat(grad_out)
         gpos, gw = _backward(ctx.red, ctx.plan, ctx.ties, x2, weights, raw, arg, g2)
-        # one (row, gradient) pair per position: what embedding(sparse=True) gives
         if ctx.sparse_grad:
-            gx = torch.sparse_coo_tensor(
-                ctx.plan.rows[None],
-                gpos.reshape(-1, *data.shape[1:]),
-                data.shape,
-                is_coalesced=False,
-                check_invariants=False,
-            )
+            gx = _sparse_rows_grad(ctx.plan.rows, gpos.reshape(-1, *data.shape[1:]), data.shape)
         else:
             gx = _scatter_rows(gpos, ctx.plan, x2.shape[0]).reshape(data.shape)
         return gx, gw, None, None, None, None, None, None
