@@ -135,7 +135,7 @@ def aten_steps(func) -> list:
                 name,
                 "pointwise",
                 _where(pointwise.pointwise_rule),
-                "Tag.pointwise" + ("; fast path pointwise.unary_fast" if fast else ""),
+                "Tag.pointwise" + ("; fast path fast_path.unary_fast" if fast else ""),
             )
         )
     if registry._is_composite(func):

@@ -25,7 +25,7 @@ import sparsefill
 from sparsefill._tensor import parts as _convert
 from sparsefill._kernels import grouping as _grouping
 from sparsefill import masked
-from sparsefill.ops.pointwise import rule as pointwise
+from sparsefill.ops.pointwise import fast_path, rule as pointwise
 
 LAYOUTS = [torch.sparse_coo, torch.sparse_csr]
 
@@ -82,6 +82,7 @@ def _count_merges(monkeypatch):
 
     monkeypatch.setattr(_convert, "union_parts", spy)
     monkeypatch.setattr(pointwise, "union_parts", spy)
+    monkeypatch.setattr(fast_path, "union_parts", spy)
     return calls
 
 

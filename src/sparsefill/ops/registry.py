@@ -1,7 +1,7 @@
 """One registry: aten ``OpOverload`` -> handler ``(func, args, kwargs) -> result``.
 
 A handler may return ``NotImplemented`` to hand the call to the next stage.  Order:
-registered handler; the generic rule of ops tagged ``torch.Tag.pointwise`` (``pointwise.py``);
+registered handler; the generic rule of ops tagged ``torch.Tag.pointwise`` (``pointwise/rule.py``);
 the op's CompositeImplicitAutograd decomposition (so the pieces
 can meet their handlers); the densify fallback (``fallback.py``).  Around every call runs
 ``views.around``, which keeps SparseTensor views and their bases consistent.
@@ -45,7 +45,7 @@ from sparsefill._autograd.transforms import (
     no_reverse_transform as _no_reverse_transform,
 )
 from sparsefill._tensor.tensor import _FAST, SparseTensor
-from sparsefill.ops.pointwise import rule as pointwise
+from sparsefill.ops.pointwise import fast_path as pointwise_fast, rule as pointwise
 from sparsefill.ops import views
 from sparsefill.ops._schema import flat_args, written_positions
 
@@ -102,15 +102,16 @@ def dispatch(func, types, args, kwargs):
 
 def fast_path(func):
     """The shortcut ``SparseTensor.__torch_dispatch__`` takes for ``func`` before :func:`dispatch`
-    (called once per op, cached there): for a pointwise op with no handler ``pointwise.unary_fast``
-    (out of place) or ``pointwise.inplace_fast`` (``A.mul_(c)``), else False."""
+    (called once per op, cached there): for a pointwise op with no handler
+    ``pointwise_fast.unary_fast`` (out of place) or ``pointwise_fast.inplace_fast`` (``A.mul_(c)``),
+    else False."""
     if func in HANDLERS:
         return False
     return (
-        pointwise.unary_fast
-        if pointwise.unary_fast_ok(func)
-        else pointwise.inplace_fast
-        if pointwise.inplace_fast_ok(func)
+        pointwise_fast.unary_fast
+        if pointwise_fast.unary_fast_ok(func)
+        else pointwise_fast.inplace_fast
+        if pointwise_fast.inplace_fast_ok(func)
         else False
     )
 

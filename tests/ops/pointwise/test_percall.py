@@ -1,4 +1,4 @@
-"""The element-wise fast path (``pointwise.unary_fast``, the per-call cost): same results as on the dense
+"""The element-wise fast path (``fast_path.unary_fast``, the per-call cost): same results as on the dense
 tensors, whatever shortcut it takes (same pattern, the cached union of two patterns, three patterns), and the
 per-op decisions it caches (``_call_of``) run exactly the op that was dispatched."""
 
@@ -7,7 +7,7 @@ import torch
 
 import sparsefill
 from sparsefill import SparseTensor
-from sparsefill.ops.pointwise import rule as pointwise
+from sparsefill.ops.pointwise import fast_path, union
 from hypothesis import given, strategies as st
 from tests.sparse_cases import (
     assert_identical,
@@ -133,16 +133,16 @@ def test_other_operands_take_the_general_rule():
 
 def test_call_of_runs_exactly_the_dispatched_overload():
     f = torch.tensor(1.5, dtype=torch.float64)
-    call = pointwise._call_of(aten.mul.Tensor, (f, 2), {}, ("test", aten.mul.Tensor))
+    call = fast_path._call_of(aten.mul.Tensor, (f, 2), {}, ("test", aten.mul.Tensor))
     assert call is torch.mul  # the binding dispatches to mul.Tensor
     # torch.add(t, 2) dispatches to add.Tensor, not add.Scalar: the schema's own call
     assert (
-        pointwise._call_of(aten.add.Scalar, (f, 2), {}, ("test", aten.add.Scalar))
+        fast_path._call_of(aten.add.Scalar, (f, 2), {}, ("test", aten.add.Scalar))
         == aten.add.Scalar._op
     )
     # no binding of that name
     assert (
-        pointwise._call_of(aten.sigmoid_backward.default, (f, f), {}, ("test", 3))
+        fast_path._call_of(aten.sigmoid_backward.default, (f, f), {}, ("test", 3))
         == aten.sigmoid_backward.default._op
     )
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -153,11 +153,11 @@ def test_call_of_runs_exactly_the_dispatched_overload():
 
     with Passthrough():  # a dispatch mode is active: the schema's call, not cached
         assert (
-            pointwise._call_of(aten.exp.default, (f,), {}, ("test", "mode")) == aten.exp.default._op
+            fast_path._call_of(aten.exp.default, (f,), {}, ("test", "mode")) == aten.exp.default._op
         )
-    assert ("test", "mode") not in pointwise._CALLS
-    for k in [k for k in pointwise._CALLS if isinstance(k, tuple) and k[0] == "test"]:
-        del pointwise._CALLS[k]
+    assert ("test", "mode") not in fast_path._CALLS
+    for k in [k for k in fast_path._CALLS if isinstance(k, tuple) and k[0] == "test"]:
+        del fast_path._CALLS[k]
 
 
 def test_fast_results_under_autograd():
@@ -202,7 +202,7 @@ def test_fast_results_under_autograd():
 )
 def test_python_number_operand_is_bitwise_the_dense_op(dtype, op):
     """``A * c`` with a Python number: a float32/float64 ``A`` takes ``c`` as a cached 0-d tensor of its dtype
-    (``pointwise._by_value``); the values and the fill are bit for bit what the op gives on them with ``c``."""
+    (``fast_path._by_value``); the values and the fill are bit for bit what the op gives on them with ``c``."""
     A = _coo((7,), 4, 1.5 if dtype.is_floating_point or dtype.is_complex else 3, dtype, seed=4)
     for c in (
         2,
@@ -270,7 +270,7 @@ def test_small_union_is_the_torch_merge(shape, na, nb):
         A, B = _coo(shape, na, 1.0, seed=seed), _coo(shape, nb, 2.0, seed=seed + 10)
         if A._nse() + B._nse() == 0:
             continue
-        idx, pa, pb = pointwise._union_small(A._indices(), B._indices())
+        idx, pa, pb = union._union_small(A._indices(), B._indices())
         keys = torch.cat([A._keys(), B._keys()]).unique()
         assert (
             idx.tolist() == torch.stack(torch.unravel_index(keys, shape[: A.sparse_dim()])).tolist()
@@ -306,7 +306,7 @@ def test_union_cache_new_operands_and_inference_mode():
 
 
 def test_in_place_fast_path_equals_dense():
-    """``A.mul_(c)``, ``A.add_(B)`` (``pointwise.inplace_fast``): ``A`` keeps its identity and holds what the dense
+    """``A.mul_(c)``, ``A.add_(B)`` (``fast_path.inplace_fast``): ``A`` keeps its identity and holds what the dense
     in-place op gives; its views see the change; a result of another dtype takes the general rule (torch's
     cast or error)."""
     for op, other in (
@@ -333,8 +333,8 @@ def test_in_place_fast_path_equals_dense():
         torch.testing.assert_close(W.to_dense(), x[1:])
     from sparsefill.ops import registry
 
-    assert registry.fast_path(aten.mul_.Tensor) is pointwise.inplace_fast
-    assert registry.fast_path(aten.add_.Tensor) is pointwise.inplace_fast
+    assert registry.fast_path(aten.mul_.Tensor) is fast_path.inplace_fast
+    assert registry.fast_path(aten.add_.Tensor) is fast_path.inplace_fast
     assert registry.fast_path(aten.normal_.default) is False  # (random: not pointwise)
     N = _coo((5,), 2, 3, torch.int64)
     with pytest.raises(RuntimeError, match="can't be cast"):
@@ -361,12 +361,12 @@ def test_in_place_fast_path_under_autograd():
 
 
 def test_python_number_operand_cached_per_value():
-    """A float32 ``A * 0.1`` serves its second call from ``pointwise._by_value``'s cache (keyed by the Python
+    """A float32 ``A * 0.1`` serves its second call from ``fast_path._by_value``'s cache (keyed by the Python
     number, not its float32 rounding), the 0-d tensor holding the float32 rounding of 0.1."""
     A = _coo((6,), 3, 1.0, torch.float32, seed=5)
-    pointwise._BY_VALUE.clear()
+    fast_path._BY_VALUE.clear()
     A * 0.1
-    (entry,) = [v for k, v in pointwise._BY_VALUE.items() if k[1] == 0.1]
+    (entry,) = [v for k, v in fast_path._BY_VALUE.items() if k[1] == 0.1]
     op, t = entry
     assert (
         t.dim() == 0
@@ -374,7 +374,7 @@ def test_python_number_operand_cached_per_value():
         and float(t) == float(torch.tensor(0.1, dtype=torch.float32))
     )
     A * 0.1
-    assert len(pointwise._BY_VALUE) == 1
+    assert len(fast_path._BY_VALUE) == 1
     torch.testing.assert_close((A * 0.1).to_dense(), A.to_dense() * 0.1, rtol=0, atol=0)
 
 
@@ -439,8 +439,8 @@ def test_per_op_caches_are_keyed_by_the_cpp_op():
 
     A = _coo((5,), 3, 1.0)
     torch.exp(A), A * 2, A + A
-    assert _FAST.get(aten.exp.default._op) is pointwise.unary_fast
-    assert aten.exp.default._op in pointwise._CALLS and aten.exp.default not in pointwise._CALLS
+    assert _FAST.get(aten.exp.default._op) is fast_path.unary_fast
+    assert aten.exp.default._op in fast_path._CALLS and aten.exp.default not in fast_path._CALLS
     assert aten.mul.Tensor._op != aten.mul.Scalar._op
     seen = []
 
@@ -519,7 +519,7 @@ def test_in_place_shape_change_refused_and_nothing_modified():
         torch.testing.assert_close(A.to_dense(), dense)
 
 
-# ---------------------------------------------------------------------- pointwise.unary_fast and its caches
+# ---------------------------------------------------------------------- fast_path.unary_fast and its caches
 OPS_SCALAR = {
     "add": lambda x, c: x + c,
     "sub": lambda x, c: x - c,
