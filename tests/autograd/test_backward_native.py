@@ -11,7 +11,7 @@ under ``densify_policy("raise")``, with the upstream gradient sparse (``.sum()``
   is a dense tensor): torch's formula writes ``masked_fill_`` into a dense gradient with a SparseTensor
   mask -- a dense tensor updated in place from SparseTensors is dense by nature (``pointwise_dense._into_dense``);
 * ``masked_select``: its backward is ``masked_scatter`` of the upstream gradient into ``zeros_like(A)``, a
-  SparseTensor storing only the selected elements (``indexing._masked_scatter``, tested here forward too);
+  SparseTensor storing only the selected elements (``masked_index._masked_scatter``, tested here forward too);
 * ``var_mean``/``std_mean``: routed as the routed ``(var or std, mean)``; torch's formula formed
   ``A - A.mean(dim, True)``, storing every element of each slice holding a stored one (checked by the
   largest aten result of forward and backward);

@@ -18,6 +18,7 @@ from sparsefill.ops.shape import concat, coords
 from sparsefill.ops import core, fallback
 from sparsefill.ops.pointwise import foreach
 from sparsefill.ops.shape import indexing
+from sparsefill.ops.shape import diagonals, index_select, masked_index, rearrange
 from sparsefill.ops.linalg import product
 from sparsefill.ops.losses import losses
 from sparsefill.ops.reductions import norm_layers
@@ -37,14 +38,18 @@ __all__ = [
     "concat",
     "coords",
     "core",
+    "diagonals",
     "fallback",
     "foreach",
+    "index_select",
     "indexing",
     "losses",
+    "masked_index",
     "matrix_products",
     "norm_layers",
     "pad",
     "product",
+    "rearrange",
     "reduce",
     "registry",
     "rule",
