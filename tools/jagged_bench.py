@@ -49,7 +49,7 @@ def parts(repeat):
     """The floor of the checks: each numpy pass of the valid path alone (their sum is what numpy cannot go
     below), the compiled kernel alone, and the construction without checks; microseconds, median."""
     import numpy as np
-    from sparsefill.segment import _jagged
+    from sparsefill.segment import _jagged_check
 
     print(
         "| batch | offsets | no checks | .numpy() x 3 | OR + sum of example_lengths (accumulate) | "
@@ -80,8 +80,8 @@ def parts(repeat):
         }
         numpy_sum = sum(us[n] for n in ("np", "el", "vl", "shift", "or", "cmp"))
         kern = "-"
-        if _jagged._use_compiled():
-            q = _jagged._compiled_quick()
+        if _jagged_check._use_compiled():
+            q = _jagged_check._compiled_quick()
             kern = f"{_time(lambda: q(el, vl, k, vals.shape[0]), repeat)[0] * 1e3:.1f}"
         print(
             f"| {B} x {K} | {us['off']:.1f} | {us['none']:.1f} | {us['np']:.1f} | {us['el']:.1f} | {us['vl']:.1f} | "

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from sparsefill import segment
 from sparsefill.segment import _custom_ops
 from sparsefill._kernels import segment as _kernels
-from sparsefill.segment import _repr_ops  # noqa: F401 (the ops registered)
+from sparsefill.segment import _jagged_ops, _optim_ops, _repr_ops  # noqa: F401 (the ops registered)
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 

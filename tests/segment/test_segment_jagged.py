@@ -444,9 +444,9 @@ _CHECK_PATHS = ["numpy", "torch"] + (["numba"] if segment.compiled_available() e
 def check_path(request, monkeypatch):
     """The checks' valid path: numpy passes, the numba kernel (numba loaded), or none (every input then goes
     through the exact torch checks, as on a non-CPU device)."""
-    from sparsefill.segment import _jagged
+    from sparsefill.segment import _jagged, _jagged_check
 
-    monkeypatch.setattr(_jagged, "_use_compiled", lambda: request.param == "numba")
+    monkeypatch.setattr(_jagged_check, "_use_compiled", lambda: request.param == "numba")
     if request.param == "torch":
         monkeypatch.setattr(_jagged, "_quick_check", lambda *a: 1)
     return request.param
@@ -535,9 +535,9 @@ def test_quick_checks_agree_with_the_exact_ones(path):
     """The fast valid path (numpy passes; the numba kernel) accepts only valid batches (state 0), every
     valid batch of key ids in [0, 64); 2 (keys left to the exact test) only with valid lengths; wrapped
     sums, residue collisions (0 and 64, -1 and 63), empty examples at either end included."""
-    from sparsefill.segment import _jagged
+    from sparsefill.segment import _jagged_check
 
-    quick = _jagged._compiled_quick() if path == "numba" else _jagged._quick_numpy
+    quick = _jagged_check._compiled_quick() if path == "numba" else _jagged_check._quick_numpy
     for vals, vlen, keys, elen in _quick_cases():
         ok = _exact_ok(vals, vlen, keys, elen)
         if vlen.numel() != keys.numel():
@@ -671,10 +671,10 @@ def test_the_checks_compile_only_where_numba_is_set_up():
 
     code = (
         "import sys\n"
-        "from sparsefill.segment import KeyedJaggedBatch, _jagged, use_backend\n"
+        "from sparsefill.segment import KeyedJaggedBatch, _jagged_check, use_backend\n"
         "def kj():\n"
         "    KeyedJaggedBatch.from_lists([{1: [10, 11], 3: [101]}, {1: [11], 2: [50]}])\n"
-        "    return _jagged._compiled_quick.cache_info().currsize\n"
+        "    return _jagged_check._compiled_quick.cache_info().currsize\n"
         "print(kj(), 'numba' in sys.modules)\n"
         "import numba\n"
         "print(kj())\n"

@@ -20,14 +20,16 @@ Modules (each small enough to read at once):
   for its import -- ``set_backend("auto" | "numba" | "torch")`` -- torch ops otherwise);
 * ``_basic``            -- ``gather``, ``scatter_assign``, ``scatter_weighted_sum``;
 * ``_jagged``           -- ``KeyedJaggedBatch``, the spec's ``LIST<MAP<INT, LIST<INT>>>``
-  (``validate=False`` skips its data checks);
+  (``validate=False`` skips its data checks); its checks in ``_jagged_check``, its (key, example)
+  lists in ``_jagged_lists``;
 * ``_bridge``           -- the batch as a CSR ``SparseTensor`` and ``ids_to_sparse``;
 * ``_optim``            -- ``sparse_adagrad``, ``rowwise_sparse_adagrad``, ``sparse_ftrl`` and the
   ``SparseAdagrad`` / ``SparseFtrl`` optimizers;
-* ``_custom_ops``, ``_repr_ops`` -- what torch.compile records: the parts that read data (kernels,
-  checks, data-dependent sizes) as ``sparsefill::`` custom ops, so every function here traces with
-  ``fullgraph=True`` except ``KeyedJaggedBatch.pooled`` of one shared table without ``keys=`` (its
-  keys are data: a graph break).
+* ``_custom_ops`` (``reduce``), ``_optim_ops``, ``_jagged_ops``, ``_repr_ops`` -- what torch.compile
+  records: the parts that read data (kernels, checks, data-dependent sizes) as ``sparsefill::``
+  custom ops, so every function here traces with ``fullgraph=True`` except
+  ``KeyedJaggedBatch.pooled`` of one shared table without ``keys=`` (its keys are data: a graph
+  break).
 
 >>> import torch
 >>> from sparsefill import segment

@@ -16,7 +16,8 @@ on construction in one pass over each tensor on the CPU (numpy; one compiled ker
 set up in the process), the exact checks naming the first error only where it fails
 (``validate=False`` skips every check that reads the data).  Every operation is a few segment ops
 (no Python loop over values; loops over keys only where the result is per key; ``to_dict`` loops
-over the lists it creates).
+over the lists it creates).  The checks are in ``_jagged_check``, the (key, example) lists that
+``select_keys``, ``to_padded`` and ``pooled`` read in ``_jagged_lists``.
 
 >>> import torch
 >>> kj = KeyedJaggedBatch.from_lists([{1: [10, 11], 3: [101]}, {1: [11], 2: [50], 3: [102, 103]}])
@@ -33,31 +34,24 @@ over the lists it creates).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import gc
-import sys
 from collections.abc import Iterable, Mapping, Sequence
 from itertools import islice
 from typing import Any, cast
 
-import numpy as np
 import torch
 from torch.types import Device
 
 from sparsefill._kernels.trace import traced
 from sparsefill._kernels import segment as _kernels
-from sparsefill._kernels.segment_check import IndexLike, as_index, check_lengths
+from sparsefill._kernels.segment_check import IndexLike, as_index
 from sparsefill.segment._pack import pack_segments
 from sparsefill.segment._reduce_ops import reduce
 from sparsefill.segment._repr import lengths_gather
+from sparsefill.segment._jagged_check import _check_lengths, _has_repeated_key, _quick_check
+from sparsefill.segment._jagged_lists import _positions, _seg_of, _slots
 
 __all__ = ["KeyedJaggedBatch"]
-
-
-def _seg_of(lengths: torch.Tensor, n: int) -> torch.Tensor:
-    return torch.repeat_interleave(
-        torch.arange(lengths.numel(), device=lengths.device), lengths, output_size=n
-    )
 
 
 def _traced_keys(keys, method: str) -> list[int]:
@@ -82,168 +76,6 @@ def _rank(match: torch.Tensor) -> torch.Tensor:
         if match.shape[1]
         else match.new_zeros(match.shape[0], dtype=torch.int64)
     )
-
-
-_INT64_MAX = (1 << 63) - 1
-
-
-def _quick_numpy(el: np.ndarray, vl: np.ndarray, keys: np.ndarray, total: int) -> int:
-    """The valid path of the checks in a few numpy passes (see ``_quick_check``): the OR of the
-    lengths (its sign: none negative; it bounds each one, so ``n * OR < 2**64`` rules out a wrapped
-    sum), their sum, and the residue bitmask per example: ``1 << (key mod 64)`` OR-ed per example
-    (``reduceat``) has as many bits set as the example has entries iff the residues are distinct
-    (then so are the keys; for ids below 64, the usual feature ids, it is also necessary; those are
-    tried first, without the mod). An empty example reads the next one's first bit (or the padding
-    0): ``popcount >= length`` holds for it, and means ``==`` for the others."""
-    E, B = keys.shape[0], el.shape[0]
-    if B:
-        o = int(np.bitwise_or.reduce(el))
-        if o < 0 or B * o >> 64:
-            return 1
-        ends = np.add.accumulate(el)  # (the ufunc itself: np.cumsum adds wrappers)
-        if ends[-1] != E:
-            return 1
-    elif E:
-        return 1
-    if E:
-        o = int(np.bitwise_or.reduce(vl))
-        if o < 0 or E * o >> 64 or vl.sum() != total:
-            return 1
-    elif total:
-        return 1
-    if E > 1:
-        bits = np.empty(E + 1, dtype=np.int64)
-        bits[E] = 0
-        starts = ends - el
-        count = getattr(np, "bitwise_count", None)  # (numpy >= 2)
-        for wrap in (
-            False,
-            True,
-        ):  # key ids in [0, 64) first: one pass (numpy's 1 << k is 0 for other k)
-            np.left_shift(1, np.bitwise_and(keys, 63, out=bits[:E]) if wrap else keys, out=bits[:E])
-            ors = np.bitwise_or.reduceat(bits, starts).view(np.uint64)
-            n_bits = (
-                count(ors) if count else np.unpackbits(ors.view(np.uint8)).reshape(-1, 64).sum(1)
-            )
-            if (n_bits >= el).all():
-                return 0
-        return 2
-    return 0
-
-
-@functools.cache
-def _compiled_quick():
-    """The valid path of the checks as one numba kernel (compiled once, cached on disk: it closes
-    over nothing): a vectorised pass over each lengths tensor (sum and OR, as ``_quick_numpy``),
-    then the residue bitmask of every example, its popcount against the example's length."""
-    from numba import njit
-
-    @njit(nogil=True, cache=True)
-    def quick(el, vl, keys, total):  # pragma: no cover - compiled
-        E, B = keys.shape[0], el.shape[0]
-        s, o = 0, 0
-        for b in range(B):
-            s += el[b]
-            o |= el[b]
-        # (each length at most o: no wrapped sum)
-        if o < 0 or (B and o > (2**63 - 1) // B) or s != E:
-            return 1
-        s, o = 0, 0
-        for i in range(E):
-            s += vl[i]
-            o |= vl[i]
-        if o < 0 or (E and o > (2**63 - 1) // E) or s != total:
-            return 1
-        start, bad = 0, np.uint64(0)
-        m1, m2, m4 = (
-            np.uint64(0x5555555555555555),
-            np.uint64(0x3333333333333333),
-            np.uint64(0x0F0F0F0F0F0F0F0F),
-        )
-        for b in range(B):
-            x = np.uint64(0)
-            for i in range(start, start + el[b]):
-                x |= np.uint64(1) << np.uint64(keys[i] & 63)
-            x -= (x >> np.uint64(1)) & m1  # popcount (LLVM emits the instruction)
-            x = (x & m2) + ((x >> np.uint64(2)) & m2)
-            x = (x + (x >> np.uint64(4))) & m4
-            bad |= ((x * np.uint64(0x0101010101010101)) >> np.uint64(56)) ^ np.uint64(el[b])
-            start += el[b]
-        return 0 if bad == 0 else 2
-
-    return quick
-
-
-_NUMBA_SET_UP = [False]  # (once set up, numba's compiler stays so)
-
-
-def _use_compiled() -> bool:
-    """Whether the checks run as the numba kernel: with the segment backend ``"numba"``, or
-    ``"auto"`` once numba's compiler is set up in this process (by any njit function's first call:
-    0.7-1 s, more than a batch's checks cost, so never here; the kernel then loads from numba's disk
-    cache in ~20 ms)."""
-    name = _kernels.backend()
-    if name == "numba":
-        return _kernels.compiled_available()
-    if name != "auto":
-        return False
-    if not _NUMBA_SET_UP[0] and "numba" in sys.modules:
-        registry = getattr(getattr(sys.modules["numba"], "core", None), "registry", None)
-        # (its context is a cached property: read, not computed)
-        target = getattr(registry, "cpu_target", None)
-        _NUMBA_SET_UP[0] = "_toplevel_target_context" in getattr(target, "__dict__", ())
-    return _NUMBA_SET_UP[0]
-
-
-def _quick_check(el: torch.Tensor, vl: torch.Tensor, keys: torch.Tensor, total: int) -> int:
-    """The checks' valid path on the CPU, one pass over each tensor: 0 if the batch is valid, 2 if
-    its lengths are and the residue test cannot settle the keys, 1 otherwise (the exact checks then
-    run and name the first error).  The numba kernel where ``_use_compiled()``, else numpy (2-3x
-    slower: a dozen calls); the kernel reads C-contiguous arrays only (one compiled signature)."""
-    el_np, vl_np, k_np = el.numpy(), vl.numpy(), keys.numpy()
-    if (
-        el_np.flags.c_contiguous
-        and vl_np.flags.c_contiguous
-        and k_np.flags.c_contiguous
-        and _use_compiled()
-    ):
-        return int(_compiled_quick()(el_np, vl_np, k_np, total))
-    return _quick_numpy(el_np, vl_np, k_np, total)
-
-
-def _check_lengths(lengths: torch.Tensor, total: int, name: str) -> None:
-    """``check_lengths`` (the same messages), and the int64 overflow of the sum, which would
-    wrap."""
-    check_lengths(lengths, None, name)
-    n = lengths.numel()
-    if n and int(lengths.max()) > _INT64_MAX // n:  # (else the sum cannot pass 2**63 - 1)
-        run = torch.cumsum(lengths, 0)
-        # (non-negative: a decrease is a wrap; no diff, it wraps too)
-        dec = (run[1:] < run[:-1]).nonzero()
-        if dec.numel():
-            raise ValueError(
-                f"{name} overflow int64: their running sum passes 2**63 - 1 at "
-                f"{name}[{int(dec[0, 0]) + 1}]"
-            )
-    check_lengths(lengths, total, name, validate=False)
-
-
-def _has_repeated_key(example_lengths: torch.Tensor, keys: torch.Tensor) -> bool:
-    """Whether some example holds a key twice: the (example, key) pairs counted in a table (when it
-    is small) or sorted."""
-    E, B = keys.numel(), example_lengths.numel()
-    ex = _seg_of(example_lengths, E)
-    lo, hi = (int(v) for v in torch.aminmax(keys))
-    span = hi - lo + 1
-    if span * B <= max(8 * E, 1 << 16):
-        return bool(torch.bincount(ex * span + (keys - lo), minlength=span * B).max() > 1)
-    if span * B < 2**62:  # one int64 code per pair
-        code = torch.sort(ex * span + (keys - lo)).values
-        return bool((code[1:] == code[:-1]).any())
-    order = torch.sort(keys, stable=True).indices
-    order = order[torch.sort(ex[order], stable=True).indices]
-    k, e = keys[order], ex[order]
-    return bool(((k[1:] == k[:-1]) & (e[1:] == e[:-1])).any())
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -442,7 +274,7 @@ class KeyedJaggedBatch:
         """``select_keys`` under torch.compile: each wanted key's entries, example by example, by
         the custom op ``sparsefill::jagged_key_lists`` over the entry numbers (a dynamic count per
         key, also without ``fullgraph``), then in (example, rank of the key) order by a sort."""
-        from sparsefill.segment._custom_ops import jagged_key_lists
+        from sparsefill.segment._jagged_ops import jagged_key_lists
 
         E, K, B = self.keys.shape[0], len(keys), self.batch_size
         ent = torch.arange(E, device=self.keys.device)
@@ -536,7 +368,7 @@ class KeyedJaggedBatch:
         ``sparsefill::lengths_max_range`` (both dynamic sizes, also without ``fullgraph``); each
         list copied to row ``e * K + j`` of the padded layout, its places past ``max_length`` to a
         dropped slot."""
-        from sparsefill.segment._custom_ops import jagged_key_lists
+        from sparsefill.segment._jagged_ops import jagged_key_lists
         from sparsefill.segment._repr_ops import lengths_max_range
 
         if max_length is not None and max_length < 0:
@@ -643,12 +475,12 @@ class KeyedJaggedBatch:
     def _pooled_traced(self, tables, given, keys, reducer, weighted, pos_w, kw):
         """``pooled`` under torch.compile: every key's ids (or, weighted, their positions) by the
         custom op ``sparsefill::jagged_key_lists`` (one dynamic size per key), then as ``pooled``;
-        an unweighted sum, mean or sqrt_n is one op for every key (``_custom_ops.pooled_fused``).
+        an unweighted sum, mean or sqrt_n is one op for every key (``_jagged_ops.pooled_fused``).
         The keys of a table given for several keys are one ``segment.reduce`` (their lists one after
         the other): one gradient for the table (two sparse gradients of one tensor would be added by
         autograd, which torch 2.13 cannot trace for data-dependent counts of rows), unless
         ``return_arg`` (its positions are per key)."""
-        from sparsefill.segment._custom_ops import distinct_tables, jagged_key_lists, pooled_fused
+        from sparsefill.segment._jagged_ops import distinct_tables, jagged_key_lists, pooled_fused
 
         per_key = [tables[given[k]] if isinstance(tables, dict) else tables for k in keys]
         if not weighted and pos_w is None:
@@ -719,74 +551,3 @@ class KeyedJaggedBatch:
             return offsets, parts[0], parts[1] if with_weights else None
         at = _positions(offsets, starts, lengths, n)
         return offsets, *(t.index_select(0, at) for t in srcs), *([] if with_weights else [None])
-
-
-def _slots(values_lengths, keys, example_lengths, wanted: list[int]):
-    """``(offsets, starts, lengths)`` of the lists of ``wanted`` keys placed by (key, example):
-    every entry's list at its slot ``j * B + e`` (its length and start in ``values`` there; an entry
-    of another key goes to the discarded slot ``K * B``, an absent (key, example) is an empty list);
-    ``offsets`` (``K * B + 1``) the running sum of the lengths of the ``K * B`` slots."""
-    K, B, E = len(wanted), example_lengths.shape[0], keys.shape[0]
-    dev = keys.device
-    KB = K * B
-    lengths = torch.zeros(KB + 1, dtype=torch.int64, device=dev)
-    starts = torch.zeros(KB + 1, dtype=torch.int64, device=dev)
-    if K and E:
-        srt, perm = torch.sort(torch.tensor(wanted, dtype=torch.int64, device=dev))
-        at = torch.searchsorted(srt, keys).clamp_max_(K - 1)
-        slot = perm.index_select(0, at).mul_(B).add_(_seg_of(example_lengths, E))
-        slot.masked_fill_(srt.index_select(0, at) != keys, KB)  # (another key: the discarded slot)
-        # (the discarded slot gets any one of its entries)
-        lengths.index_copy_(0, slot, values_lengths)
-        starts.index_copy_(0, slot, torch.cumsum(values_lengths, 0).sub_(values_lengths))
-    offsets = torch.zeros(KB + 1, dtype=torch.int64, device=dev)
-    torch.cumsum(lengths[:KB], 0, out=offsets[1:])
-    return offsets, starts, lengths
-
-
-def _positions(offsets, starts, lengths, n: int):
-    """The position in ``values`` of every id of the slots, in slot order (``n = offsets[-1]`` of
-    them)."""
-    KB = offsets.shape[0] - 1
-    return torch.arange(n, device=offsets.device).add_(
-        torch.repeat_interleave(starts[:KB] - offsets[:-1], lengths[:KB], output_size=n)
-    )
-
-
-def key_lists(values, values_lengths, keys, example_lengths, wanted: list[int]):
-    """``(offsets, lists)``: the offsets of ``KeyedJaggedBatch._by_key`` and, per wanted key ``j``,
-    its entries of ``values`` (1-D) example by example (``_by_key``'s ids ``[offsets[j *
-    B]:offsets[(j + 1) * B]]``), each its own tensor (one compiled copy per list on the compiled
-    segment backend, else a gather)."""
-    offsets, starts, lengths = _slots(values_lengths, keys, example_lengths, wanted)
-    B = example_lengths.shape[0]
-    bounds = offsets[::B].tolist() if B else [0] * (len(wanted) + 1)
-    nb = (
-        values.dim() == 1
-        and values.is_contiguous()
-        and _kernels.compiled_for(values.device, bounds[-1])
-    )
-    out = []
-    for j, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:])):
-        slots = slice(j * B, (j + 1) * B)
-        offs = offsets[slots] - lo
-        if nb:
-            part = values.new_empty(hi - lo)
-            _kernels._nb().gather_runs(
-                values.numpy(),
-                starts[slots].numpy(),
-                lengths[slots].numpy(),
-                offs.numpy(),
-                part.numpy(),
-            )
-        else:
-            part = values.index_select(
-                0,
-                torch.arange(hi - lo, device=values.device).add_(
-                    torch.repeat_interleave(
-                        starts[slots] - offs, lengths[slots], output_size=hi - lo
-                    )
-                ),
-            )
-        out.append(part)
-    return offsets, out

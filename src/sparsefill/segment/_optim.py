@@ -84,11 +84,10 @@ def _check(param, indices, grad, states, state_names, rowwise=False):
 
 
 def _ops():
-    from sparsefill.segment import (
-        _custom_ops,
-    )  # (registers the ops: imported by the first traced call)
+    # (registers the ops: imported by the first traced call)
+    from sparsefill.segment import _optim_ops
 
-    return _custom_ops
+    return _optim_ops
 
 
 def _index(indices, param):
