@@ -16,7 +16,7 @@ included (each op's docstring says which value they read).
   is combined with the input's pattern into the union pattern ``P`` (``_canon``,
   masked-reductions-on-sparse.md's ``input_mask3``; elements outside ``P`` are all masked in or all
   masked out), and each slice is reduced over its stored elements plus, in closed form, its ``n``
-  unspecified ones (``_kernels.engine``, the reducer protocol of ``sparsefill._kernels.reducer``
+  unspecified ones (``_slices``, the reducer protocol of ``sparsefill._kernels.reducer``
   with fill tables).  A strided mask is read at the input's positions (O(nse)); the unspecified
   elements it masks in are counted per output slice for reductions (O(mask + output) memory, never
   joined) and joined to ``P`` for normalizations and argmax/argmin (whose results need their
@@ -63,7 +63,7 @@ from sparsefill.masked._normalizations import (
     softmax,
     softmin,
 )
-from sparsefill.masked._reductions import (
+from sparsefill.masked._masked_reductions import (
     amax,
     amin,
     argmax,

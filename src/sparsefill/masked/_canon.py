@@ -223,7 +223,7 @@ def combine(input, mask, zero_absorbs: bool = False, counts: bool = False) -> Ma
     note), so for a zero fill the masked-in unspecified elements are dropped instead of joined to
     the pattern. ``counts``: the op only needs, per output slice, how many unspecified elements a
     strided mask masks in (reductions but argmax/argmin): the pattern stays the input's and the mask
-    rides along as ``extra`` (counted by ``_kernels.engine.Slices``; memory O(mask + output),
+    rides along as ``extra`` (counted by ``_slices.Slices``; memory O(mask + output),
     however many it masks in).
     """
     A = as_sparse(input)

@@ -21,10 +21,10 @@ from torch.types import Device
 from sparsefill._tensor import parts as _convert
 from sparsefill._kernels.reducer import segment_counts
 from sparsefill._tensor.tensor import SparseTensor
-from sparsefill.masked import _engine as E
+from sparsefill.masked import _slices
 from sparsefill.masked._apply import dense_mask
 from sparsefill.masked._canon import combine, is_sparse
-from sparsefill.masked._reductions import _reduction
+from sparsefill.masked._masked_reductions import _reduction
 
 __all__ = ["input_mask", "output_mask", "pattern_mask", "coo_mask", "csr_mask"]
 
@@ -60,7 +60,7 @@ def output_mask(
     """``torch.any(input_mask(input, mask=mask), dim, keepdim)`` in the input's layout."""
     if not is_sparse(input):
         m = input_mask(input, mask=mask)
-        dims = E.canonical_dims(dim, m.dim())
+        dims = _slices.canonical_dims(dim, m.dim())
         return torch.any(m, dims, keepdim=bool(keepdim)) if dims else m.clone()
     with torch.no_grad():
 

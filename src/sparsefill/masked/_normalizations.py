@@ -6,7 +6,7 @@ Same signatures and results as ``torch.masked.<op>`` (the drop-in promise), at E
         == torch.masked.op(dense(input), dim, mask=dense(mask))
 
 On a sparse input the statistics of each slice along ``dim`` (logsumexp, norm) come from the
-reducers of ``sparsefill._kernels.reducer`` (fill tables over the segments of ``_kernels.engine``)
+reducers of ``sparsefill._kernels.reducer`` (fill tables over the segments of ``_slices``)
 on the union pattern ``P`` of input and mask (``_canon``), prefix sums from :func:`_segmented_scan`;
 e.g. for
 softmax every masked-in element ``p`` of ``P`` gets::
@@ -50,7 +50,7 @@ from sparsefill._kernels.trace import known_true, traced
 from sparsefill._tensor.policy import check_specify
 from sparsefill._kernels.reducer import REDUCERS, gather_seg
 from sparsefill._tensor.tensor import SparseTensor
-from sparsefill.masked import _engine as E
+from sparsefill.masked import _slices
 from sparsefill.ops.reductions import edge_softmax as _segsoftmax
 from sparsefill.masked._apply import (
     Result,
@@ -60,7 +60,7 @@ from sparsefill.masked._apply import (
     run,
 )
 from sparsefill.masked._canon import Masked, _same_indices, as_sparse, is_sparse
-from sparsefill.masked._reductions import norm_kernel
+from sparsefill.masked._masked_reductions import norm_kernel
 
 __all__ = ["softmax", "log_softmax", "softmin", "normalize", "cumsum", "cumprod"]
 
@@ -182,15 +182,15 @@ def _normalization(
     inclusive scan of ``where(mask, input, c_out)``."""
     check_dtype_as_torch_masked(dense_op, input, mask)
     A = as_sparse(input)
-    dims = E.canonical_dims(dim, A.dim())[:1] if A.dim() else ()
+    dims = _slices.canonical_dims(dim, A.dim())[:1] if A.dim() else ()
 
     def compute(X, check=True):
-        sl = E.Slices(X, dims)
+        sl = _slices.Slices(X, dims)
         fill_out = c_out
         if not X.mfill and not X.A._indefinite:
             if sl.red_s:
                 X, fill_out = _extend(name, X, sl, c_out, e_out, scan)
-                sl = E.Slices(X, dims) if X is not sl.X else sl
+                sl = _slices.Slices(X, dims) if X is not sl.X else sl
             # unspecified rows: fully masked-out slices
             elif scan is None and _index.numel(X.S) > X.u.shape[0]:
                 fill_out = e_out
@@ -377,7 +377,7 @@ def _softmax_like(name, sign, log, c_out, formula, example) -> Callable[..., tor
         nd = input.dim()
         if isinstance(input, SparseTensor) and nd:
             input._sync()
-            d = E.canonical_dims(dim, nd)[0]
+            d = _slices.canonical_dims(dim, nd)[0]
             # the edge softmax
             if cast == input.dtype and _segsoftmax.applies(input, d) and _no_mask(input, mask):
                 return _segsoftmax.segment_softmax(input, d, sign, log)
@@ -520,7 +520,7 @@ def _cum(name: str, mode: str) -> Callable[..., torch.Tensor]:
         A = as_sparse(input)
         if cast is torch.bool or (
             A.dim()
-            and E.canonical_dims(dim, A.dim())[0] < len(A._sparse_shape)
+            and _slices.canonical_dims(dim, A.dim())[0] < len(A._sparse_shape)
             and mask is None
             and not A._indefinite
         ):  # (bool: an empty input)

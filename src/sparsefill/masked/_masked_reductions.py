@@ -40,7 +40,7 @@ from sparsefill._kernels.reducer import (
     segment_counts,
     segment_median,
 )
-from sparsefill.masked import _engine as E
+from sparsefill.masked import _slices
 from sparsefill.masked._apply import Result, check_dtype_as_torch_masked, dense_mask, run
 from sparsefill.masked._canon import as_sparse, is_sparse
 
@@ -103,14 +103,14 @@ def _reduction(
     ``post`` after. ``name``: a reduction with no identity, refusing 0-size reduced dims;
     ``zero_absorbs``: masked-in zeros do not change the result (see :func:`._canon.combine`)."""
     A = as_sparse(input)
-    dims = E.canonical_dims(dim, A.dim())
+    dims = _slices.canonical_dims(dim, A.dim())
     if name is not None:
         _check_nonempty(name, A, dims)
     if getattr(dense_ref, "probe", None) is not None:
         check_dtype_as_torch_masked(dense_ref.probe, input, mask)
 
     def compute(X):
-        sl = E.Slices(X, dims)
+        sl = _slices.Slices(X, dims)
         u, f = X.u, X.fill
         if cast is not None:
             u, f = u.to(cast), f.to(cast)
@@ -120,7 +120,7 @@ def _reduction(
             out = kernel(v, seg, sl.nseg, fill=F, n_fill=n, lengths=lengths, size=sl.N_r * sl.Pr)
             out0 = kernel(v[:0], seg[:0], sl.Pk, fill=F0, n_fill=n0, size=sl.N_r * sl.Pr)
         else:
-            out, out0 = E.reduce(kernel, sl, v, seg, F, n, F0, n0, lengths)
+            out, out0 = _slices.reduce(kernel, sl, v, seg, F, n, F0, n0, lengths)
         if post is not None:
             out, out0 = post(out), post(out0)
         return _finish(sl, out, out0, bool(keepdim), A._sf_layout)
@@ -291,7 +291,7 @@ def norm(
     out_dt = dt.to_real() if dt.is_complex else dt
     # no identity: torch.linalg.vector_norm raises
     if (p < 0 or p == math.inf) and input.numel() == 0:
-        for d in E.canonical_dims(dim, input.dim()):
+        for d in _slices.canonical_dims(dim, input.dim()):
             if input.shape[d] == 0:
                 raise RuntimeError(
                     f"masked norm: cannot compute the {ord} norm over dim {d} of size 0 (input "
@@ -417,7 +417,7 @@ def median(
         )
     A = as_sparse(input)
     is_float = A.dtype.is_floating_point
-    dims = E.canonical_dims(dim, A.dim())[:1] if A.dim() else ()
+    dims = _slices.canonical_dims(dim, A.dim())[:1] if A.dim() else ()
     out = _reduction(
         A,
         mask,
@@ -451,14 +451,14 @@ def _every_position_stored(out) -> bool:
 def _argext(name: str, mode: str) -> _Reduction:
     def sparse(input, dim, keepdim, dtype, mask):
         A = as_sparse(input)
-        dims = E.canonical_dims(dim, A.dim())
+        dims = _slices.canonical_dims(dim, A.dim())
         _check_nonempty(name, A, dims if dim is not None else ())
         ref = _ref(name, dim, keepdim=keepdim, dtype=dtype, mask=mask)
         check_dtype_as_torch_masked(ref.probe, input, mask)
         dt = dtype or A.dtype
 
         def compute(X):
-            sl = E.Slices(X, dims)
+            sl = _slices.Slices(X, dims)
             ident = identity_of(mode, X.u.dtype)
             eff = torch.where(X.m, X.u, torch.full((), ident, dtype=X.u.dtype, device=X.u.device))
             feff = X.fill if X.mfill else torch.full_like(X.fill, ident)
