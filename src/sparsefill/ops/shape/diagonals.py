@@ -46,15 +46,7 @@ def _tril_triu(func, args, kwargs):
     keep = off <= k if lower else off >= k
     idx, vals = idx[:, keep], vals[keep]
     if A._indefinite or A._fill_is_zero():
-        return parts_to_sparse(
-            idx,
-            vals,
-            A.shape,
-            A._fill,
-            indefinite=A._indefinite,
-            layout=A._sf_layout,
-            coalesced=True,
-        )
+        return _build(A, idx, vals, A.shape, layout=A._sf_layout)
     r, c = A.shape[-2:]
     tri = (torch.tril_indices if lower else torch.triu_indices)(r, c, k, device=idx.device)
     zeroed = (torch.triu_indices if lower else torch.tril_indices)(

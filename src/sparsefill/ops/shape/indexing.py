@@ -39,12 +39,20 @@ def _parts(A):
     return idx, vals, A.dim() - A.dense_dim()
 
 
-def _build(A, idx, vals, shape, fill=None, layout=None):
+def _build(A, idx, vals, shape, fill=None, layout=None, coalesced=True):
+    """The SparseTensor of parts ``(idx, vals)`` with ``A``'s fill (or ``fill``) and definiteness,
+    in ``layout`` (default: ``A``'s, COO with fewer than two sparse dims)."""
     fill = A._fill if fill is None else fill
     sdim = idx.shape[0]
     layout = layout or (A._sf_layout if sdim >= 2 else torch.sparse_coo)
     return parts_to_sparse(
-        idx, vals, torch.Size(shape), fill, indefinite=A._indefinite, layout=layout, coalesced=True
+        idx,
+        vals,
+        torch.Size(shape),
+        fill,
+        indefinite=A._indefinite,
+        layout=layout,
+        coalesced=coalesced,
     )
 
 

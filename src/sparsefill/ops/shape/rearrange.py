@@ -12,10 +12,9 @@ from __future__ import annotations
 import torch
 
 from sparsefill._kernels import index as _index
-from sparsefill._tensor.parts import parts_to_sparse
 from sparsefill.ops._schema import meta_of, probe_of
 from sparsefill.ops.registry import register
-from sparsefill.ops.shape.indexing import _dense_fill, _parts
+from sparsefill.ops.shape.indexing import _build, _dense_fill, _parts
 
 aten = torch.ops.aten
 
@@ -34,13 +33,7 @@ def _flip(func, args, kwargs):
     if dn:
         vals = vals.flip([d + 1 for d in dn])
     fill = A._fill if A._indefinite or not dn else _dense_fill(A).flip(dn)
-    return (
-        parts_to_sparse(idx, vals, A.shape, fill, indefinite=A._indefinite, layout=torch.sparse_coo)
-        if A._sf_layout is torch.sparse_coo or sd < 2
-        else parts_to_sparse(
-            idx, vals, A.shape, fill, indefinite=A._indefinite, layout=A._sf_layout
-        )
-    )
+    return _build(A, idx, vals, A.shape, fill, coalesced=False)
 
 
 @register(aten.roll.default)
@@ -56,33 +49,18 @@ def _roll(func, args, kwargs):
         if A.dense_dim():
             return NotImplemented
         keys = (_index.linearize(idx, A.shape) + shifts[0]) % max(A.numel(), 1)
-        return parts_to_sparse(
-            _index.unravel(keys, A.shape),
-            vals,
-            A.shape,
-            A._fill,
-            indefinite=A._indefinite,
-            layout=A._sf_layout if sd >= 2 else torch.sparse_coo,
-        )
+        return _build(A, _index.unravel(keys, A.shape), vals, A.shape, coalesced=False)
     idx = idx.clone()
     for s, d in zip(shifts, dims):
         d %= A.dim()
         if d >= sd:
             vals = vals.roll(s, d - sd + 1)
             fill = A._fill if A._indefinite else _dense_fill(A).roll(s, d - sd)
-            A = parts_to_sparse(
-                idx, vals, A.shape, fill, indefinite=A._indefinite, layout=torch.sparse_coo
-            )
+            A = _build(A, idx, vals, A.shape, fill, layout=torch.sparse_coo, coalesced=False)
         elif A.shape[d]:
             idx[d] = (idx[d] + s) % A.shape[d]
-    return parts_to_sparse(
-        idx,
-        vals,
-        A.shape,
-        A._fill,
-        indefinite=A._indefinite,
-        layout=args[0]._sf_layout if sd >= 2 else torch.sparse_coo,
-    )
+    layout = args[0]._sf_layout if sd >= 2 else torch.sparse_coo
+    return _build(A, idx, vals, A.shape, layout=layout, coalesced=False)
 
 
 @register(aten.rot90.default)
