@@ -359,7 +359,12 @@ NotImplementedError where the input is masked: a mask given or an indefinite fil
 """
 
 
-def _softmax_like(name, sign, log, c_out, formula, example) -> Callable[..., torch.Tensor]:
+def _along_dim(
+    name: str, sparse: Callable[..., torch.Tensor], doc: str
+) -> Callable[..., torch.Tensor]:
+    """``torch.masked.<name>`` on a strided input, else ``sparse(input, dim, dtype, mask)``, under
+    the public name ``name``: the signature every normalization shares with ``torch.masked``."""
+
     def op(
         input: torch.Tensor,
         dim: int,
@@ -371,6 +376,15 @@ def _softmax_like(name, sign, log, c_out, formula, example) -> Callable[..., tor
             return getattr(torch.masked, name)(
                 input, dim, dtype=dtype, mask=dense_mask(mask, input)
             )
+        return sparse(input, dim, dtype, mask)
+
+    op.__name__ = op.__qualname__ = name
+    op.__doc__ = doc
+    return op
+
+
+def _softmax_like(name, sign, log, c_out, formula, example) -> Callable[..., torch.Tensor]:
+    def sparse(input, dim, dtype, mask):
         cast = dtype or (
             input.dtype if input.dtype.is_floating_point else torch.get_default_dtype()
         )
@@ -393,15 +407,14 @@ def _softmax_like(name, sign, log, c_out, formula, example) -> Callable[..., tor
             out = out.to(input.dtype)  # is empty: torch's softmax keeps its dtype
         return out
 
-    op.__name__ = op.__qualname__ = name
-    op.__doc__ = _SOFTMAX_DOC.format(
+    doc = _SOFTMAX_DOC.format(
         name=name,
         fillv="+inf" if sign < 0 else "-inf",
         formula=formula,
         c="-inf" if log else "0",
         example=example,
     )
-    return op
+    return _along_dim(name, sparse, doc)
 
 
 softmax = _softmax_like(
@@ -496,17 +509,7 @@ _CUM_EXAMPLE = {
 def _cum(name: str, mode: str) -> Callable[..., torch.Tensor]:
     ident = 0.0 if mode == "sum" else 1.0
 
-    def op(
-        input: torch.Tensor,
-        dim: int,
-        *,
-        dtype: torch.dtype | None = None,
-        mask: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        if not is_sparse(input):
-            return getattr(torch.masked, name)(
-                input, dim, dtype=dtype, mask=dense_mask(mask, input)
-            )
+    def sparse(input, dim, dtype, mask):
         cast = dtype or input.dtype
         # as torch.masked.{name}: torch.{name} has no bool kernel
         if cast is torch.bool and input.numel():
@@ -527,10 +530,9 @@ def _cum(name: str, mode: str) -> Callable[..., torch.Tensor]:
             return dense_fallback(A, mask, dense_op)
         return _normalization(name, input, mask, dim, None, ident, ident, cast, dense_op, scan=mode)
 
-    op.__name__ = op.__qualname__ = name
     sym = "+" if mode == "sum" else "*"
     i0 = int(ident)
-    op.__doc__ = f"""Masked {name} along ``dim``:
+    doc = f"""Masked {name} along ``dim``:
     ``torch.{name}(torch.where(mask, input, {i0}), dim)``, i.e.::
 
         out[p] = {i0} {sym} x[q_1] {sym} ... {sym} x[q_j]      (the masked-in q_i <= p of p's slice)
@@ -547,7 +549,7 @@ def _cum(name: str, mode: str) -> Callable[..., torch.Tensor]:
     >>> sparsefill.masked.{name}(x, 1, mask=m).to_dense()
     {_CUM_EXAMPLE[mode]}
     """
-    return op
+    return _along_dim(name, sparse, doc)
 
 
 def _segmented_scan(v, seg, nseg, mode, longest=None):
