@@ -20,10 +20,17 @@ The tiles (columns and bias of each row block) are computed once per pattern and
 the rows per block are chosen per pattern and batch (:func:`block_rows`).  Their area is close to
 ``nse`` for band, block and global-token patterns (a window of ``w`` around the diagonal: ``rows x
 (w + rows)``); for a scattered pattern each tile spans most columns and the work approaches the
-dense attention's (the memory stays one tile).  Under ``torch.compile`` the call is a graph break
-and runs eagerly (the tiles are read from the pattern's data).  Other forms (dropout,
-``is_causal``, GQA, a mask with other batch dims, dense dims or a gradient, a mask whose unspecified
-pairs take part) decline: dense semantics through the other handlers, under the densify policy.
+dense attention's (the memory stays one tile).
+
+The computation is one ``torch.library`` custom op on the mask's inner tensors,
+``sparsefill::sparse_attention`` (its backward ``sparsefill::sparse_attention_backward``), called
+eagerly and recorded by ``torch.compile`` alike (``fullgraph=True``; the output's sizes are
+``q``'s and ``v``'s, so the fake implementation reads no data, and a new pattern of the same
+shape reuses the graph); at run time the op reads the pattern and finds its tiles in the cache.  A
+mask ``(H, L, S)`` with one pattern per head is a graph break (the call runs eagerly).  Other forms
+(dropout, ``is_causal``, GQA, a mask with other batch dims, dense dims or a gradient, eagerly a mask
+whose unspecified pairs take part) decline: dense semantics through the other handlers, under the
+densify policy.
 
 >>> import torch, sparsefill, torch.nn.functional as F
 >>> i = torch.arange(6)
