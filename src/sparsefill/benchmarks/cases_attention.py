@@ -11,18 +11,19 @@ the stored scores, a backward that recomputes them).  Peers:
   indefinite-fill CSR SparseTensor;
 - ``torch native sparse``: per head, ``torch.sparse.sampled_addmm`` on a native CSR mask,
   ``torch.sparse.softmax`` (on its COO form), ``torch.sparse.mm``;
-- ``flex_attention compiled`` (forward case only: torch 2.13's flex attention has no backward on
-  CPU): ``torch.compile(flex_attention)`` with the pattern as a ``create_block_mask`` block mask
-  (not at the test suite's sizes: its compilation takes tens of seconds).
+- ``flex_attention compiled``: ``torch.compile(flex_attention)`` with the pattern as a
+  ``create_block_mask`` block mask, peer of sparsefill under ``torch.compile(fullgraph=True)``
+  (forward only: torch's flex attention raises for a backward on CPU; not at the test suite's sizes:
+  its compilation takes tens of seconds).
 
 ``sparse attention forward + backward``: the output and the gradients of ``q, k, v`` for a fixed
-upstream gradient; ``sparse attention forward``: the output, under ``torch.no_grad()``.  Full sizes
-``L`` = 4096, 8192, 16384 (window 128 each side, 16 global tokens); ``--quick`` ``L`` = 1024.
+upstream gradient; ``sparse attention forward``: the output, under ``torch.no_grad()``; the
+``compiled`` cases: the same with sparsefill's call compiled (inductor, ``fullgraph=True``: the op
+``sparsefill::sparse_attention`` and its backward in one graph; ``aot_eager`` at the test suite's
+sizes), with the eager call as a peer.  Full sizes ``L`` = 4096, 8192 (window ``|i - j| <= 256``,
+16 global tokens); ``--quick`` ``L`` = 1024.
 
-Measured 2026-12-06 ~08:35 UTC (1 thread, alternated, medians; load average 15-18 on 2 cores, read
-the ratios; the table in README.md): forward + backward 0.13x dense SDPA's time at L 4096, 0.07x at
-8192, 0.04x at 16384; peak memory 34 MB against 85 MB, 68 against 297, 135 against 1,105; forward
-0.52x, 0.59x, 0.64x compiled flex_attention's.
+Measured figures: docs/performance/notes.md ("Sparse attention") and README.md in this folder.
 """
 
 from __future__ import annotations
