@@ -252,6 +252,8 @@ def _plan(A: SparseTensor, q, v) -> _Tiles:
     if hit is not None and not any(r.expired() for r in hit[0]):
         return hit[1]
     T = tiles_of(A, q.dtype, block_rows(A, work))
+    for k in [k for k, (refs, _) in _PLANS.items() if any(r.expired() for r in refs)]:
+        del _PLANS[k]  # (a pattern gone: its tiles freed)
     if len(_PLANS) >= _PLANS_SIZE:
         _PLANS.pop(next(iter(_PLANS)))
     _PLANS[key] = ([StorageWeakRef(t.untyped_storage()) for t in parts], T)
