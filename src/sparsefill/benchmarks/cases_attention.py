@@ -11,18 +11,19 @@ the stored scores, a backward that recomputes them).  Peers:
   indefinite-fill CSR SparseTensor;
 - ``torch native sparse``: per head, ``torch.sparse.sampled_addmm`` on a native CSR mask,
   ``torch.sparse.softmax`` (on its COO form), ``torch.sparse.mm``;
-- ``flex_attention compiled`` (forward case only: torch 2.13's flex attention has no backward on
-  CPU): ``torch.compile(flex_attention)`` with the pattern as a ``create_block_mask`` block mask
-  (not at the test suite's sizes: its compilation takes tens of seconds).
+- ``flex_attention compiled``: ``torch.compile(flex_attention)`` with the pattern as a
+  ``create_block_mask`` block mask, peer of sparsefill under ``torch.compile(fullgraph=True)``
+  (forward only: torch's flex attention raises for a backward on CPU; not at the test suite's sizes:
+  its compilation takes tens of seconds).
 
 ``sparse attention forward + backward``: the output and the gradients of ``q, k, v`` for a fixed
-upstream gradient; ``sparse attention forward``: the output, under ``torch.no_grad()``.  Full sizes
-``L`` = 4096, 8192, 16384 (window 128 each side, 16 global tokens); ``--quick`` ``L`` = 1024.
+upstream gradient; ``sparse attention forward``: the output, under ``torch.no_grad()``; the
+``compiled`` cases: the same with sparsefill's call compiled (inductor, ``fullgraph=True``: the op
+``sparsefill::sparse_attention`` and its backward in one graph; ``aot_eager`` at the test suite's
+sizes), with the eager call as a peer.  Full sizes ``L`` = 4096, 8192 (window ``|i - j| <= 256``,
+16 global tokens); ``--quick`` ``L`` = 1024.
 
-Measured 2026-12-06 ~08:35 UTC (1 thread, alternated, medians; load average 15-18 on 2 cores, read
-the ratios; the table in README.md): forward + backward 0.13x dense SDPA's time at L 4096, 0.07x at
-8192, 0.04x at 16384; peak memory 34 MB against 85 MB, 68 against 297, 135 against 1,105; forward
-0.52x, 0.59x, 0.64x compiled flex_attention's.
+Measured figures: docs/performance/notes.md ("Sparse attention") and README.md in this folder.
 """
 
 from __future__ import annotations
@@ -40,12 +41,11 @@ from sparsefill.benchmarks.runner import case, skipped
 
 HEADS, DIM = 4, 64
 SIZES = {
-    "L 4096, window 256 + 16 global": (4096, 128, 16),
-    "L 8192, window 256 + 16 global": (8192, 128, 16),
-    "L 16384, window 256 + 16 global": (16384, 128, 16),
+    "L 4096, window 256 + 16 global": (4096, 256, 16),
+    "L 8192, window 256 + 16 global": (8192, 256, 16),
 }
-QUICK = {"L 1024, window 256 + 16 global": (1024, 128, 16)}
-TINY = {"L 96, window 16 + 2 global": (96, 8, 2)}
+QUICK = {"L 1024, window 256 + 16 global": (1024, 256, 16)}
+TINY = {"L 96, window 8 + 2 global": (96, 8, 2)}
 
 
 @functools.lru_cache(maxsize=1)
@@ -143,28 +143,47 @@ def attention_fwd_bwd(param):
     ]
 
 
-def _flex(param):
-    """``forward()`` of compiled flex attention with the pattern as a block mask, or a skip."""
+def _flex_compiled(param):
+    """``flex(q, k, v)``: compiled flex attention with the pattern as a block mask (compiled as its
+    documentation says: ``torch.compile(flex_attention)``), or None where it is missing."""
     L, window, globals_ = param
-    if L < 512:
-        return skipped("flex_attention compiled", "not at the test sizes (compilation: tens of s)")
     try:
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
     except ImportError:
-        return skipped("flex_attention compiled", "torch.nn.attention.flex_attention missing")
+        return None
 
     def mask_mod(b, h, qi, ki):
         return ((qi - ki).abs() <= window) | (qi < globals_) | (ki < globals_)
 
     block_mask = create_block_mask(mask_mod, None, None, L, L, device="cpu")
     compiled = torch.compile(flex_attention)
-    _, q, k, v, _ = _inputs(param)
+    return lambda q, k, v: compiled(q, k, v, block_mask=block_mask)
 
+
+def _sparsefill_compiled(param):
+    """``attend(q, k, v)``: sparsefill's call under ``torch.compile(fullgraph=True)`` (inductor;
+    at the test suite's sizes ``aot_eager``: seconds, not tens): one graph, the op
+    ``sparsefill::sparse_attention`` and its backward in it."""
+    keep, *_ = _inputs(param)
+    A, _, _ = _sparse_masks(keep)
+    return torch.compile(
+        lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=A),
+        fullgraph=True,
+        backend="inductor" if _full(param) else "aot_eager",
+    )
+
+
+def _full(param) -> bool:
+    """Not a test suite's size (where the compiled peers would take tens of seconds)."""
+    return param[0] >= 512
+
+
+def _no_grad(attend, q, k, v):
     def forward():
         with torch.no_grad():
-            return compiled(q, k, v, block_mask=block_mask)
+            return attend(q, k, v)
 
-    return ("flex_attention compiled", forward)
+    return forward
 
 
 @case(
@@ -176,13 +195,43 @@ def _flex(param):
 )
 def attention_fwd(param):
     _, q, k, v, _ = _inputs(param)
+    return [(label, _no_grad(attend, q, k, v)) for label, attend in _attends(param).items()]
 
-    def no_grad(attend):
-        def forward():
-            with torch.no_grad():
-                return attend(q, k, v)
 
-        return forward
+@case(
+    "sparse attention compiled forward, 4 heads, d 64",
+    sizes=SIZES,
+    quick_sizes=QUICK,
+    tiny_sizes=TINY,
+    check=_check,
+)
+def attention_compiled_fwd(param):
+    _, q, k, v, _ = _inputs(param)
+    flex = _flex_compiled(param) if _full(param) else None
+    return [
+        ("sparsefill", _no_grad(_sparsefill_compiled(param), q, k, v)),
+        ("sparsefill eager", _no_grad(_attends(param)["sparsefill"], q, k, v)),
+        skipped("flex_attention compiled", "not at the test sizes, or missing")
+        if flex is None
+        else ("flex_attention compiled", _no_grad(flex, q, k, v)),
+    ]
 
-    impls = [(label, no_grad(attend)) for label, attend in _attends(param).items()]
-    return [*impls, _flex(param)]
+
+@case(
+    "sparse attention compiled forward + backward, 4 heads, d 64",
+    sizes=SIZES,
+    quick_sizes=QUICK,
+    tiny_sizes=TINY,
+    check=_check,
+)
+def attention_compiled_fwd_bwd(param):
+    _, q, k, v, grad = _inputs(param)
+    return [
+        ("sparsefill", functools.partial(_fwd_bwd, _sparsefill_compiled(param), q, k, v, grad)),
+        (
+            "sparsefill eager",
+            functools.partial(_fwd_bwd, _attends(param)["sparsefill"], q, k, v, grad),
+        ),
+        # (torch's flex_attention raises NotImplementedError for a backward on CPU)
+        skipped("flex_attention compiled", "no backward on CPU in torch's flex_attention"),
+    ]

@@ -194,22 +194,106 @@ def test_sdpa_sparse_mask_declined_forms_keep_dense_semantics():
     _check(C, _dense_mask(C, "float"), q, k, v)
 
 
-def test_sdpa_sparse_mask_under_torch_compile():
-    """Under ``torch.compile`` the call is a graph break and runs eagerly through the tiles (no
-    densifying): the eager values and gradients."""
-    keep = _band(24, 24, window=2, globals_=1)
-    A = _mask(keep, "indefinite", "csr", torch.float32)
-    q, k, v = _qkv((2,), 24, 24, 4, 4, torch.float32)
+def _compiled_sdpa(fullgraph=True):
+    """SDPA with the mask an argument, compiled (aot_eager: the graph AOTAutograd traces, in
+    seconds), and its compile counter."""
     torch._dynamo.reset()
-    compiled = torch.compile(
-        lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=A), backend="aot_eager"
+    counter = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
+    fn = torch.compile(
+        lambda q, k, v, A: F.scaled_dot_product_attention(q, k, v, attn_mask=A),
+        backend=counter,
+        fullgraph=fullgraph,
     )
+    return fn, counter
+
+
+def _not_rebuilt(*args):
+    raise AssertionError("the tiles of a cached pattern were built again")
+
+
+@pytest.mark.parametrize(
+    "layout, kind", [("csr", "bool"), ("coo", "float"), ("coo", "indefinite"), ("csr", "fill 0")]
+)
+def test_sdpa_sparse_mask_compiles_fullgraph(layout, kind, monkeypatch):
+    """Under ``torch.compile(fullgraph=True)`` the call is the op ``sparsefill::sparse_attention``
+    (its backward another): one graph, no recompile over two steps, the eager values and gradients
+    (those of torch's SDPA on the dense mask).  A mask whose unspecified pairs take part (fill 0:
+    its fill is not read while traced) is computed densely at run time, as eagerly."""
+    import torch._dynamo.testing  # noqa: F401  (CompileCounterWithBackend)
+
+    monkeypatch.setattr(attention, "ROWS", 8)  # several row blocks
+    keep = _band(40, 40, window=2, globals_=1, empty_row=6)
+    if kind == "fill 0":
+        idx = keep.nonzero().t()
+        vals = torch.randn(idx.shape[1], generator=torch.Generator().manual_seed(2))
+        A = sparsefill.sparse_coo_tensor(idx, vals, keep.shape).to_sparse_csr()
+        dense = A.to_dense()
+    else:
+        A = _mask(keep, kind, layout, torch.float32)
+        dense = _dense_mask(A, kind)
+    fn, counter = _compiled_sdpa()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", sparsefill.DensifyWarning)  # (fill 0's dense reference)
+        for step in range(2):
+            if step == 1 and kind != "fill 0":  # the second step finds the first's tiles cached
+                monkeypatch.setattr(attention, "_tiles", _not_rebuilt)
+            with torch._dynamo.config.patch(error_on_recompile=step == 1):
+                q, k, v = _qkv((2, 3), 40, 40, 4, 4, torch.float32, seed=step)
+                out = fn(q, k, v, A)
+            eager = F.scaled_dot_product_attention(q, k, v, attn_mask=A)
+            ref = F.scaled_dot_product_attention(q, k, v, attn_mask=dense)
+            torch.testing.assert_close(out, eager)
+            torch.testing.assert_close(out, ref)
+            g = torch.randn_like(out)
+            grads = [torch.autograd.grad(o, (q, k, v), g) for o in (out, eager, ref)]
+            torch.testing.assert_close(grads[0], grads[1])
+            torch.testing.assert_close(grads[0], grads[2])
+    assert counter.frame_count == 1
+
+
+def test_sdpa_per_head_mask_under_torch_compile():
+    """A mask ``(H, L, S)`` (its per-head patterns split by its data) is a graph break: the call
+    runs eagerly through the tiles, the eager values and gradients."""
+    band = _band(24, 24, window=2, globals_=1)
+    A = _mask(torch.stack([band, torch.roll(band, 2, 1)]), "indefinite", "csr", torch.float32)
+    q, k, v = _qkv((2,), 24, 24, 4, 4, torch.float32)
+    fn, _ = _compiled_sdpa(fullgraph=False)
     with warnings.catch_warnings():
         warnings.simplefilter("error", sparsefill.DensifyWarning)
-        out = compiled(q, k, v)
-    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+        out = fn(q, k, v, A)
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=_dense_mask(A, "indefinite"))
     torch.testing.assert_close(out, ref)
     for a, b in zip(
         torch.autograd.grad(out.sum(), (q, k, v)), torch.autograd.grad(ref.sum(), (q, k, v))
     ):
         torch.testing.assert_close(a, b)
+
+
+def test_sparse_attention_opcheck():
+    """``torch.library.opcheck`` of ``sparsefill::sparse_attention`` (schema, autograd
+    registration, the fake implementation against the real one, AOT dispatch with dynamic sizes),
+    on a CSR and an uncoalesced COO pattern."""
+    attention._ops()
+    keep = _band(12, 10, window=1, globals_=1)
+    idx = keep.nonzero().t()
+    n = idx.shape[1]
+    q, k, v = _qkv((2,), 12, 10, 4, 3, torch.float64)
+    crow = torch._convert_indices_from_coo_to_csr(idx[0], 12)
+    bias = torch.randn(n, dtype=torch.float64)
+    fill = torch.tensor(-math.inf, dtype=torch.float64)
+    dup = torch.cat([idx, idx[:, :5]], 1)
+    for parts, vals, coalesced in (
+        ((None, crow, idx[1]), bias, True),
+        ((dup, None, None), torch.ones(n + 5, dtype=torch.bool), False),
+    ):
+        args = (q, k, v, *parts, vals, fill if vals.is_floating_point() else torch.tensor(False))
+        torch.library.opcheck(
+            torch.ops.sparsefill.sparse_attention.default,
+            (*args, False, coalesced, 0.5),
+            test_utils=(
+                "test_schema",
+                "test_autograd_registration",
+                "test_faketensor",
+                "test_aot_dispatch_dynamic",
+            ),
+        )

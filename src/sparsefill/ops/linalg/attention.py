@@ -20,10 +20,17 @@ The tiles (columns and bias of each row block) are computed once per pattern and
 the rows per block are chosen per pattern and batch (:func:`block_rows`).  Their area is close to
 ``nse`` for band, block and global-token patterns (a window of ``w`` around the diagonal: ``rows x
 (w + rows)``); for a scattered pattern each tile spans most columns and the work approaches the
-dense attention's (the memory stays one tile).  Under ``torch.compile`` the call is a graph break
-and runs eagerly (the tiles are read from the pattern's data).  Other forms (dropout,
-``is_causal``, GQA, a mask with other batch dims, dense dims or a gradient, a mask whose unspecified
-pairs take part) decline: dense semantics through the other handlers, under the densify policy.
+dense attention's (the memory stays one tile).
+
+The computation is one ``torch.library`` custom op on the mask's inner tensors,
+``sparsefill::sparse_attention`` (its backward ``sparsefill::sparse_attention_backward``), called
+eagerly and recorded by ``torch.compile`` alike (``fullgraph=True``; the output's sizes are
+``q``'s and ``v``'s, so the fake implementation reads no data, and a new pattern of the same
+shape reuses the graph); at run time the op reads the pattern and finds its tiles in the cache.  A
+mask ``(H, L, S)`` with one pattern per head is a graph break (the call runs eagerly).  Other forms
+(dropout, ``is_causal``, GQA, a mask with other batch dims, dense dims or a gradient, eagerly a mask
+whose unspecified pairs take part) decline: dense semantics through the other handlers, under the
+densify policy.
 
 >>> import torch, sparsefill, torch.nn.functional as F
 >>> i = torch.arange(6)
@@ -37,10 +44,12 @@ pairs take part) decline: dense semantics through the other handlers, under the 
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 import torch.nn.functional as F
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from sparsefill._kernels.grouping import pattern_cached
 from sparsefill._kernels.trace import traced
@@ -217,26 +226,175 @@ def _backward(T: _Tiles, q, k, v, out, dout, scale, needs):
     return dq, dk, dv
 
 
-class SparseAttention(torch.autograd.Function):
-    """``softmax(scale q k^T + bias) v`` over the tiles ``T`` (``q, k, v`` flattened to 3-D),
-    differentiable in ``q``, ``k``, ``v``; the backward recomputes the tiles' softmax."""
+def _mask_of(idx, crow, col, vals, fill, shape, indefinite: bool, coalesced: bool):
+    """The mask SparseTensor of the op's arguments (the inner tensors of the caller's mask)."""
+    csr = crow is not None
+    layout = torch.sparse_csr if csr else torch.sparse_coo
+    A = SparseTensor._make(
+        layout, shape, vals, fill, idx, crow, col, indefinite, coalesced or csr, False
+    )
+    if not csr and not coalesced:
+        A = A.coalesce()
+    return A
 
-    @staticmethod
-    def forward(q, k, v, T, scale):
-        return _forward(T, q, k, v, scale)
 
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        q, k, v, ctx.T, ctx.scale = inputs
-        ctx.save_for_backward(q, k, v, output)
+def _plan(A: SparseTensor, q, v) -> _Tiles:
+    """The tiles of ``A`` for the flattened ``q, v`` (rows per block chosen for this batch and head
+    dim).  Where the unspecified pairs of ``A`` take part (known only at run time under
+    torch.compile, where the fill is not read) one tile of every pair: the dense semantics."""
+    if not _masks_out(A):
+        return _dense_tiles(A, q.dtype)
+    work = q.shape[0] * (q.shape[-1] + v.shape[-1])
+    parts = (A._crow, A._col) if A._sf_layout is torch.sparse_csr else (A._idx,)
+    parts += (A._vals, A._fill)
+    key = (tuple(A.shape), q.dtype, work, ROWS) + tuple(_storage_key(t) for t in parts)
+    hit = _PLANS.get(key)
+    if hit is not None and not any(r.expired() for r in hit[0]):
+        return hit[1]
+    T = tiles_of(A, q.dtype, block_rows(A, work))
+    for k in [k for k, (refs, _) in _PLANS.items() if any(r.expired() for r in refs)]:
+        del _PLANS[k]  # (a pattern gone: its tiles freed)
+    if len(_PLANS) >= _PLANS_SIZE:
+        _PLANS.pop(next(iter(_PLANS)))
+    _PLANS[key] = ([StorageWeakRef(t.untyped_storage()) for t in parts], T)
+    return T
 
-    @staticmethod
-    def backward(ctx, dout):
-        q, k, v, out = ctx.saved_tensors
-        dq, dk, dv = _backward(
-            ctx.T, q, k, v, out, dout.contiguous(), ctx.scale, ctx.needs_input_grad[:3]
+
+# The plans by the storages of the mask's tensors (the op's arguments): a compiled graph passes a
+# view input (a pattern's columns sliced from a larger tensor) as a new view of a new base tensor
+# each call, which the pattern cache (keyed by the base tensor) takes for a new pattern.  A weak
+# reference keeps a storage's address from being reused while its entry exists (an expired one is
+# a miss), and views share their base's version counter (an in-place change: a miss).
+_PLANS: dict = {}
+_PLANS_SIZE = 8
+
+
+def _storage_key(t: torch.Tensor) -> tuple:
+    return (
+        t.untyped_storage()._cdata,
+        t.storage_offset(),
+        tuple(t.shape),
+        t.stride(),
+        t.dtype,
+        t.device,
+        t._version,
+    )
+
+
+def _dense_tiles(A: SparseTensor, dtype) -> _Tiles:
+    """One tile of all ``L x S`` pairs of the definite mask ``A``, its bias the dense mask's (the
+    memory of torch's SDPA on ``A.to_dense()``)."""
+    L, S = A.shape
+    dense = A.to_dense()
+    if dense.dtype == torch.bool:
+        bias = torch.zeros(dense.shape, dtype=dtype).masked_fill_(~dense, -math.inf)
+    else:
+        bias = dense.to(dtype)
+    crow = torch.arange(L + 1, device=A.device) * S
+    col = torch.arange(S, device=A.device).repeat(L)
+    return _tiles(crow, col, bias.flatten(), max(L, 1))
+
+
+def _op_forward(q, k, v, idx, crow, col, vals, fill, indefinite, coalesced, scale):
+    """``sparsefill::sparse_attention``: ``softmax(scale q k^T + bias) v`` (``q, k, v`` 3-D, the
+    mask ``(L, S)`` given by its inner tensors)."""
+    A = _mask_of(idx, crow, col, vals, fill, (q.shape[1], k.shape[1]), indefinite, coalesced)
+    with torch.no_grad():
+        return _forward(_plan(A, q, v), q, k, v, scale)
+
+
+def _op_backward(
+    dout, q, k, v, out, idx, crow, col, vals, fill, indefinite, coalesced, scale, needs
+):
+    """``sparsefill::sparse_attention_backward``: ``(dq, dk, dv)`` (an empty tensor for each not
+    in ``needs``), the tiles' softmax recomputed."""
+    A = _mask_of(idx, crow, col, vals, fill, (q.shape[1], k.shape[1]), indefinite, coalesced)
+    with torch.no_grad():
+        grads = _backward(_plan(A, q, v), q, k, v, out, dout.contiguous(), scale, needs)
+    return tuple(g if g is not None else q.new_empty(0) for g in grads)
+
+
+@functools.cache
+def _ops():
+    """``(sparsefill::sparse_attention, sparsefill::sparse_attention_backward)``, registered on
+    first use (``torch.library``'s registration is not free: not at import)."""
+    from torch.library import custom_op
+
+    @custom_op("sparsefill::sparse_attention", mutates_args=())
+    def fwd(
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        idx: torch.Tensor | None,
+        crow: torch.Tensor | None,
+        col: torch.Tensor | None,
+        vals: torch.Tensor,
+        fill: torch.Tensor,
+        indefinite: bool,
+        coalesced: bool,
+        scale: float,
+    ) -> torch.Tensor:
+        return _op_forward(q, k, v, idx, crow, col, vals, fill, indefinite, coalesced, scale)
+
+    @fwd.register_fake
+    def _(q, k, v, *_):
+        return q.new_empty(q.shape[:-1] + v.shape[-1:])
+
+    @custom_op("sparsefill::sparse_attention_backward", mutates_args=())
+    def bwd(
+        dout: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        out: torch.Tensor,
+        idx: torch.Tensor | None,
+        crow: torch.Tensor | None,
+        col: torch.Tensor | None,
+        vals: torch.Tensor,
+        fill: torch.Tensor,
+        indefinite: bool,
+        coalesced: bool,
+        scale: float,
+        needs: list[bool],
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return _op_backward(
+            dout, q, k, v, out, idx, crow, col, vals, fill, indefinite, coalesced, scale, needs
         )
-        return dq, dk, dv, None, None
+
+    @bwd.register_fake
+    def _(dout, q, k, v, *args):
+        needs = args[-1]
+        return tuple(t.new_empty(t.shape if n else 0) for t, n in zip((q, k, v), needs))
+
+    def setup_context(ctx, inputs, output):
+        q, k, v, idx, crow, col, vals, fill, ctx.indefinite, ctx.coalesced, ctx.scale = inputs
+        ctx.save_for_backward(q, k, v, output, idx, crow, col, vals, fill)
+
+    def backward(ctx, dout):
+        needs = list(ctx.needs_input_grad[:3])
+        if not any(needs):
+            return (None,) * 11
+        q, k, v, out, idx, crow, col, vals, fill = ctx.saved_tensors
+        grads = bwd(
+            dout,
+            q,
+            k,
+            v,
+            out,
+            idx,
+            crow,
+            col,
+            vals,
+            fill,
+            ctx.indefinite,
+            ctx.coalesced,
+            ctx.scale,
+            needs,
+        )
+        return (*(g if n else None for g, n in zip(grads, needs)), *(None,) * 8)
+
+    fwd.register_autograd(backward, setup_context=setup_context)
+    return fwd, bwd
 
 
 _SDPA_KW = ("attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
@@ -293,34 +451,46 @@ def _sdpa(func, args, kwargs):
 
 
 def _fused(q, k, v, A, scale):
-    """The tiles' attention.  The tiles are computed from the pattern's data (once, cached): during
-    dynamo's fake propagation the call is a graph break (it runs eagerly, fused); in a later
-    fake-tensor trace (AOTAutograd, ``torch.export``, ``make_fx``) it declines (dense semantics)."""
+    """The tiles' attention, one ``sparsefill::sparse_attention`` call (eagerly and under
+    torch.compile alike: the op reads the pattern at run time and caches its tiles with it).
+    Eagerly a mask whose unspecified pairs take part declines (dense semantics through the other
+    handlers); while traced the fill is not read, and the op computes that case densely at run
+    time.  A mask ``(H, L, S)`` (one pattern per head, split by its data) is a graph break."""
     if traced():
-        if torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FUNCTIONAL) is None:
-            from torch._dynamo.exc import unimplemented
-
-            unimplemented(
-                gb_type="sparsefill: sparse attention runs eagerly",
-                context="F.scaled_dot_product_attention with a SparseTensor attn_mask",
-                explanation="its tiles are computed from the mask's pattern: a graph break, the "
-                "call runs eagerly (fused, cached tiles)",
-                hints=[],
-            )
-        return NotImplemented
-    if A.sparse_layout is torch.sparse_coo and not A.is_coalesced():
-        A = A.coalesce()
-    if not _masks_out(A):
-        return NotImplemented
-    if A.dim() == 3:
-        return _per_slice(q, k, v, A, scale)
+        if A.dim() == 3:
+            _graph_break()
+            return NotImplemented
+    else:
+        if A.sparse_layout is torch.sparse_coo and not A.is_coalesced():
+            A = A.coalesce()
+        if not _masks_out(A):
+            return NotImplemented
+        if A.dim() == 3:
+            return _per_slice(q, k, v, A, scale)
     lead = q.shape[:-2]
     n = math.prod(lead)
-    scale = q.shape[-1] ** -0.5 if scale is None else scale
-    q3, k3, v3 = (t.reshape(n, *t.shape[-2:]) for t in (q, k, v))
-    T = tiles_of(A, q.dtype, block_rows(A, n * (q.shape[-1] + v.shape[-1])))
-    out = SparseAttention.apply(q3.contiguous(), k3.contiguous(), v3.contiguous(), T, scale)
+    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    q3, k3, v3 = (t.reshape(n, *t.shape[-2:]).contiguous() for t in (q, k, v))
+    A._sync()
+    csr = A._sf_layout is torch.sparse_csr
+    parts = (None, A._crow, A._col) if csr else (A._idx, None, None)
+    out = _ops()[0](q3, k3, v3, *parts, A._vals, A._fill, A._indefinite, csr or A._coalesced, scale)
     return out.reshape(*lead, *out.shape[-2:])
+
+
+def _graph_break():
+    """In dynamo's trace: a graph break (the call runs eagerly); in a later fake-tensor trace
+    (AOTAutograd, ``torch.export``, ``make_fx``) nothing (the caller declines: dense semantics)."""
+    if torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FUNCTIONAL) is None:
+        from torch._dynamo.exc import unimplemented
+
+        unimplemented(
+            gb_type="sparsefill: sparse attention with one pattern per head runs eagerly",
+            context="F.scaled_dot_product_attention with a 3-D SparseTensor attn_mask",
+            explanation="its per-head patterns are split by the mask's data: a graph break, the "
+            "call runs eagerly (fused, cached tiles)",
+            hints=["A 2-D mask (L, S), shared by the heads, compiles into the graph."],
+        )
 
 
 def _per_slice(q, k, v, A: SparseTensor, scale):
