@@ -419,6 +419,31 @@ def test_gather_masked_select_and_nonzero(layout, dd):
         torch.gather(A, 0, torch.tensor([[[4]]]))
 
 
+@pytest.mark.parametrize("layout,dd", KINDS, ids=IDS)
+@pytest.mark.parametrize("fill", (0.5, float("nan")))
+def test_nonzero_of_a_nonzero_fill(layout, dd, fill):
+    """A nonzero fill lists every unspecified element (dense by nature: one pass, no fallback);
+    stored zeros are left out; nonzero_static truncates or pads the rows as torch does."""
+    x = X.clone()
+    x[x == 0.5] = fill
+    x[0, 1] = 0.0  # stored zeros (a whole dense row of a hybrid tensor)
+    A = sparsefill.to_sparse(x, fill_value=fill, layout=layout, dense_dim=dd)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", sparsefill.DensifyWarning)
+        assert torch.equal(torch.nonzero(A), torch.nonzero(x))
+        assert torch.equal(torch.argwhere(A), torch.argwhere(x))
+        for a, b in zip(torch.nonzero(A, as_tuple=True), torch.nonzero(x, as_tuple=True)):
+            assert torch.equal(a, b)
+        for size in (0, 3, x.numel() + 2):
+            got = torch.nonzero_static(A, size=size, fill_value=-7)
+            assert torch.equal(got, torch.nonzero_static(x, size=size, fill_value=-7))
+    with sparsefill.densify_policy(dense_by_nature="raise"), pytest.raises(sparsefill.DensifyError):
+        torch.nonzero(A)
+    assert "dense by nature" in str(sparsefill.explain(torch.nonzero, A))
+    B = sparsefill.to_sparse(torch.tensor(2.0), fill_value=1.0)  # 0-d
+    assert torch.equal(torch.nonzero(B), torch.nonzero(torch.tensor(2.0)))
+
+
 # ---------------------------------------------------------------- edge cases
 import sparsefill as sf  # noqa: E402
 

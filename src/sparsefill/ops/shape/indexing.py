@@ -24,7 +24,7 @@ from sparsefill._kernels import index as _index
 from sparsefill._kernels.trace import traced
 from sparsefill._tensor.parts import coalesced_parts, dense_of, every_element, parts_to_sparse
 from sparsefill._kernels.grouping import pattern_cached
-from sparsefill._tensor.policy import check_specify
+from sparsefill._tensor.policy import check_densify, check_specify
 from sparsefill._tensor.tensor import SparseTensor
 from sparsefill.ops._schema import check_dtype, meta_of, probe_of
 from sparsefill.ops.registry import register
@@ -703,18 +703,54 @@ def _diagonal(func, args, kwargs):
 
 @register(aten.nonzero.default, aten.argwhere.default)
 def _nonzero(func, args, kwargs):
-    """With a zero fill the nonzero elements are stored ones: their indices (row-major order, as
-    torch). A nonzero fill makes the result dense by nature (next stage)."""
+    """``nonzero(A)``: the coordinates of the nonzero elements in row-major order, as torch lists
+    them.  With a zero fill they are stored ones, O(nse).  A nonzero (or NaN) fill makes every
+    unspecified element nonzero: the result is dense by nature (as long as ``A`` has elements), so
+    it is built in one pass from a mask of ``A``'s elements, the fill's where unspecified, under the
+    densify policy's ``dense_by_nature``.  An indefinite fill: the next stage."""
     A = args[0]
-    if A._indefinite or not A._fill_is_zero():
+    if A._indefinite:
         return NotImplemented
     idx, vals = coalesced_parts(A)
+    if not A._fill_is_zero():
+        return aten.nonzero.default(_nonzero_mask(A, idx, vals))
     if A.dense_dim():
         nz = (vals != 0).nonzero()
         idx = torch.cat([idx[:, nz[:, 0]], nz[:, 1:].T])
     else:
         idx = idx[:, vals != 0]
     return idx.T.contiguous()
+
+
+_nonzero.dense_by_nature = "a nonzero fill: every unspecified element is listed"
+
+
+def _nonzero_mask(A: SparseTensor, idx: torch.Tensor, vals: torch.Tensor) -> torch.Tensor:
+    """``A != 0`` as a dense bool tensor: the fill's test where unspecified, the stored values'
+    where stored (the mask of a result that lists every element, dense by nature)."""
+    check_densify(
+        "nonzero of a SparseTensor with a nonzero fill (every unspecified element listed)",
+        A.numel() * (1 + 8 * max(A.dim(), 1)),
+        by_nature=True,
+    )
+    S, Dn = A._sparse_shape, _index.numel(A._dense_shape)
+    mask = (A._fill != 0).expand(A._dense_shape).reshape(1, Dn).repeat(_index.numel(S), 1)
+    mask[_index.linearize(idx, S)] = (vals != 0).reshape(-1, Dn)
+    return mask.reshape(A.shape)
+
+
+@register(aten.nonzero_static.default)
+def _nonzero_static(func, args, kwargs):
+    """``nonzero_static(A, size=, fill_value=)``: :func:`_nonzero`'s rows, the first ``size`` of
+    them, padded with rows of ``fill_value`` to ``size``."""
+    A = args[0]
+    size, fill_value = kwargs["size"], kwargs.get("fill_value", -1)
+    if A._indefinite:
+        return NotImplemented
+    func(meta_of(A), size=size, fill_value=fill_value)  # torch's errors (a negative size)
+    rows = _nonzero(aten.nonzero.default, (A,), {})[:size]
+    pad = rows.new_full((size - rows.shape[0], rows.shape[1]), fill_value)
+    return torch.cat([rows, pad])
 
 
 @register(aten.masked_select.default)
