@@ -70,6 +70,28 @@ def test_instance_norm(layout):
     check_op(lambda x: F.instance_norm(x, weight=w, bias=b), lv)
 
 
+@pytest.mark.parametrize("layout", ("coo", "hybrid", "nan"))
+@pytest.mark.parametrize("sparse_stats", (False, True))
+def test_instance_norm_running_stats(layout, sparse_stats):
+    """Running statistics (dense buffers, or SparseTensors: torch repeats them per sample and
+    writes the mean back) updated as the dense call updates them; eval reads them."""
+    lv = Leaves((2, 3, 4), layout)
+    stats = {}
+
+    def op(x, use_input_stats):
+        key = isinstance(x, SparseTensor)
+        rm, rv = torch.linspace(-1, 1, 3, dtype=F64), torch.linspace(0.5, 2, 3, dtype=F64)
+        if key and sparse_stats:
+            rm, rv = (sparsefill.to_sparse(t, fill_value=t[1].item()) for t in (rm, rv))
+        out = F.instance_norm(x, rm, rv, use_input_stats=use_input_stats, momentum=0.3)
+        stats[key] = tuple(t.to_dense() if isinstance(t, SparseTensor) else t for t in (rm, rv))
+        return out
+
+    for use_input_stats in (True, False):
+        check_op(lambda x: op(x, use_input_stats), lv)
+        torch.testing.assert_close(stats[True], stats[False], equal_nan=True)
+
+
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("training", (True, False))
 def test_batch_norm(layout, training):

@@ -865,3 +865,17 @@ def test_slice_backward_of_a_nonzero_fill_gradient_stores_the_outside(name, kind
     v.grad = f.grad = None
     op(make().to_dense()).backward()
     torch.testing.assert_close(got, (v.grad, f.grad))
+
+
+def test_repeat_is_a_new_tensor():
+    """A write to ``A.repeat(...)`` leaves ``A`` as it is (torch's repeat copies; the pieces it is
+    built of here are views)."""
+    A = sparsefill.to_sparse(torch.tensor([1.0, 0.0, 2.0]), fill_value=0.0)
+    for reps in ((2,), (1,), (2, 1)):
+        R = A.repeat(*reps)
+        R.copy_(torch.arange(float(R.numel())).reshape(R.shape))
+        R.mul_(3)
+        assert A.to_dense().tolist() == [1.0, 0.0, 2.0]
+        torch.testing.assert_close(
+            R.to_dense(), 3 * torch.arange(float(R.numel())).reshape(R.shape)
+        )
