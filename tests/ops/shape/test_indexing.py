@@ -879,3 +879,25 @@ def test_repeat_is_a_new_tensor():
         torch.testing.assert_close(
             R.to_dense(), 3 * torch.arange(float(R.numel())).reshape(R.shape)
         )
+
+
+@pytest.mark.parametrize("dd", (0, 1))
+def test_masked_fill_inplace_dense_mask(dd):
+    """``A.masked_fill_(mask, v)`` with a dense mask varying along the sparse dims: the True
+    elements stored with ``v``, the rest kept (no dense form); torch's errors."""
+    x = torch.tensor([[1.0, 0.0, 2.0], [0.0, 0.0, 3.0], [0.0, 0.0, 0.0]])
+    masks = (x > 1.5, torch.tensor([[True], [False], [False]]), torch.tensor([True, False, False]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", sparsefill.DensifyWarning)
+        for mask in masks:
+            for value in (5.0, torch.tensor(0.0)):
+                A = sparsefill.to_sparse(x, fill_value=torch.zeros(3) if dd else 0.0, dense_dim=dd)
+                before = A._nse()
+                A.masked_fill_(mask, value)
+                torch.testing.assert_close(A.to_dense(), x.masked_fill(mask, value))
+                m = mask.expand(x.shape)
+                assert A._nse() <= before + int((m.any(-1) if dd else m).sum())
+    with pytest.raises(RuntimeError, match="boolean masks"):
+        A.masked_fill_(masks[0].long(), 1.0)
+    with pytest.raises(RuntimeError, match="0-dimensional"):
+        A.masked_fill_(masks[0], torch.tensor([1.0, 2.0]))

@@ -27,6 +27,7 @@ from sparsefill._kernels.grouping import pattern_cached
 from sparsefill._tensor.policy import check_densify, check_specify
 from sparsefill._tensor.tensor import SparseTensor
 from sparsefill.ops._schema import check_dtype, meta_of, probe_of
+from sparsefill.ops._writes import assign_
 from sparsefill.ops.registry import register
 from sparsefill.ops.shape.reshape import squeeze, with_zero_row
 
@@ -812,6 +813,35 @@ def _masked_scatter(func, args, kwargs):
     return _result(
         func, args[0], write(A, coords, dense_of(src) if isinstance(src, SparseTensor) else src)
     )
+
+
+@register(aten.masked_fill_.Scalar, aten.masked_fill_.Tensor)
+def _masked_fill_(func, args, kwargs):
+    """``A.masked_fill_(mask, value)`` with a dense ``mask`` that varies along ``A``'s sparse dims
+    (``loss.masked_fill_(target == ignore_index, 0)`` in torch's cross_entropy): the elements where
+    ``mask`` is True take ``value`` and join the pattern (``coords.write``), O(nse + mask's
+    elements); the others keep their values and the fill.  Other masks: the element-wise rule."""
+    from sparsefill.ops.pointwise.dense_operands import _over_dense_dims
+    from sparsefill.ops.shape.coords import write  # (coords.py imports this module)
+
+    A, mask, value = args[0], args[1], args[2]
+    if (
+        not isinstance(A, SparseTensor)
+        or A._indefinite
+        or isinstance(mask, SparseTensor)
+        or isinstance(value, SparseTensor)
+        or not mask.dim()
+        or _over_dense_dims(mask, A) is not None
+    ):
+        return NotImplemented
+    if mask.dtype != torch.bool:  # (torch's error; its meta kernel does not check)
+        raise RuntimeError(
+            f"masked_fill_ only supports boolean masks, but got mask with dtype {mask.dtype}"
+        )
+    func(meta_of(A), mask.to("meta"), value.to("meta") if torch.is_tensor(value) else value)
+    coords = aten.nonzero.default(mask.expand(A.shape)).T
+    v = torch.as_tensor(value, dtype=A.dtype, device=A.device).expand(coords.shape[1])
+    return assign_(A, write(A, coords, v))
 
 
 @register(aten.trace.default)
