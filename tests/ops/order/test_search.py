@@ -231,9 +231,17 @@ def test_bincount(n):
         torch.testing.assert_close(
             torch.bincount(A, w, minlength=ml), torch.bincount(x, w, minlength=ml)
         )
+    W = sparsefill.to_sparse(torch.where(w < 0.5, 0.25, w), fill_value=0.25)
+    for ml in (0, 12):  # SparseTensor weights, of SparseTensor or dense indices
+        for idx in (A, x):
+            torch.testing.assert_close(
+                torch.bincount(idx, W, minlength=ml), torch.bincount(x, W.to_dense(), minlength=ml)
+            )
     neg = sparsefill.sparse_coo_tensor([[1]], [3], (4,), fill_value=-1)
     with pytest.raises(RuntimeError):
         torch.bincount(neg)
+    with pytest.raises(RuntimeError):
+        torch.bincount(x, W[1:])
 
 
 def test_indefinite_fill_is_the_stored_elements_only():

@@ -38,7 +38,7 @@ from __future__ import annotations
 import torch
 
 from sparsefill._kernels import index as _index
-from sparsefill._tensor.parts import coalesced_parts, parts_to_sparse, values_at
+from sparsefill._tensor.parts import coalesced_parts, dense_of, parts_to_sparse, values_at
 from sparsefill._tensor.policy import check_densify
 from sparsefill._tensor.tensor import SparseTensor
 from sparsefill.ops.registry import register
@@ -124,8 +124,6 @@ def _unique_inverse(A, inv, ks, nst, nfl, base):
     check_densify(
         "unique's inverse of a SparseTensor with a NaN fill", A.numel() * 8, by_nature=True
     )
-    from sparsefill._tensor.parts import dense_of
-
     nan_at = dense_of(torch.isnan(A)).reshape(-1)
     dense = dense_of(out).reshape(-1)
     dense[nan_at] = base + torch.arange(int(nan_at.sum()), device=A.device)
@@ -459,10 +457,21 @@ def _histogram(func, args, kwargs):
 @register(aten.bincount.default)
 def _bincount(func, args, kwargs):
     """``bincount(A, weights, minlength)`` of a SparseTensor of indices: the stored ones, plus
-    ``n`` (or the unspecified elements' weights) at the fill's bin."""
+    ``n`` (or the unspecified elements' weights) at the fill's bin; SparseTensor weights are read
+    at the stored indices and summed over the unspecified ones.  Dense indices with SparseTensor
+    weights read every weight: dense by nature, in one pass."""
     b = bind(func, args, kwargs)
     A, weights, minlength = b["self"], b["weights"], b["minlength"]
-    if isinstance(weights, SparseTensor) or A.dim() != 1:
+    if isinstance(weights, SparseTensor) and weights._indefinite:
+        return NotImplemented
+    if not isinstance(A, SparseTensor):
+        check_densify(
+            "bincount's SparseTensor weights of dense indices (every weight read)",
+            weights.numel() * weights.element_size(),
+            by_nature=True,
+        )
+        return func(A, dense_of(weights), minlength)
+    if A.dim() != 1:
         return NotImplemented
     st, fl, n = _elements(A)
     if weights is None:
