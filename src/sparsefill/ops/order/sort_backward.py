@@ -1,13 +1,13 @@
 """The backward of ``sort``, ``topk``, ``kthvalue``, ``mode`` and ``median``/``nanmedian`` along a
-dim of a SparseTensor, as sparse as their forward: the gradient goes to the element each output position selected (torch's
-``value_selecting_reduction_backward``)::
+dim of a SparseTensor, as sparse as their forward: the gradient goes to the element each output
+position selected (torch's ``value_selecting_reduction_backward``)::
 
     (Y, I) = op(A, dim)        grad_A[..., i, ...] = sum of G over the output positions with I == i
 
-``kthvalue``/``mode``/``median`` select one element per slice: ``select_autograd``'s gradients (a sparse dim:
-``select_grad``, a dense dim: ``select_dense_grad``).  ``sort``/``topk`` over a dense dim: the
-same scatter on each stored slice and on the fill's (``select_dense_grad``); over a sparse dim
-(:func:`order_grad`): every output position looks its selected element up among the stored ones
+``kthvalue``/``mode``/``median`` select one element per slice: ``select_autograd``'s gradients (a
+sparse dim: ``select_grad``, a dense dim: ``select_dense_grad``).  ``sort``/``topk`` over a dense
+dim: the same scatter on each stored slice and on the fill's (``select_dense_grad``); over a sparse
+dim (:func:`order_grad`): every output position looks its selected element up among the stored ones
 (``O(out log nse)``, the output's size: no dense temporary of the input's); the positions that
 selected an unspecified element give the fill their sum, divided among the unspecified elements
 (the mean as the fill, exact for what reads the gradient at the pattern and in sum, so routed only

@@ -752,7 +752,8 @@ def _weighted_median(func, A):
     if N == 0:
         return func(v.new_empty(0))
     order = torch.argsort(x, stable=True)
-    at = torch.searchsorted(torch.cumsum(w[order], 0), torch.tensor((N - 1) // 2), right=True)
+    rank = torch.tensor((N - 1) // 2, device=x.device)
+    at = torch.searchsorted(torch.cumsum(w[order], 0), rank, right=True)
     return x[order][at]
 
 
