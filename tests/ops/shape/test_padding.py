@@ -150,3 +150,25 @@ def test_circular_errors():
         F.pad(A, (1, 1, 1, 1), mode="circular")  # 2-d input, two dims padded: torch's error
     with pytest.raises(ValueError, match="nothing to wrap"):
         F.pad(A, (-3, 2), mode="circular")  # (torch reads uninitialized memory there)
+
+
+@pytest.mark.parametrize("mode", ("reflect", "replicate", "circular"))
+def test_index_pads_of_a_masked_tensor(mode):
+    # an indefinite fill: the copies of stored elements are specified, the rest stays masked out;
+    # the gradient reaches the stored values from every copy
+    v = torch.tensor([1.0, 2.0, 3.0], requires_grad=True)
+    idx = torch.tensor([[0, 0, 1], [0, 2, 3]])
+    A = sparsefill.sparse_coo_tensor(idx, v, (2, 4), fill_value=sparsefill.indefinite)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", sparsefill.DensifyWarning)
+        out = F.pad(A.unsqueeze(0), (2, 1), mode=mode)
+        assert out.is_fill_indefinite()
+        D = torch.zeros(2, 4).index_put(tuple(idx), v)
+        M = torch.zeros(2, 4).index_put(tuple(idx), torch.tensor(1.0))
+        ref = F.pad(D[None], (2, 1), mode=mode)
+        mask = F.pad(M[None], (2, 1), mode=mode).bool()
+        torch.testing.assert_close(out.to_dense(fill_value=0.0), torch.where(mask, ref, 0.0))
+        W = torch.randn(ref.shape, generator=torch.Generator().manual_seed(0))
+        (g,) = torch.autograd.grad((out.to_dense(fill_value=0.0) * W).sum(), v)
+        (gd,) = torch.autograd.grad((ref * W * mask).sum(), v)
+    torch.testing.assert_close(g, gd)
