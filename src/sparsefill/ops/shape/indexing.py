@@ -27,7 +27,6 @@ from sparsefill._kernels.grouping import pattern_cached
 from sparsefill._tensor.policy import check_densify, check_specify
 from sparsefill._tensor.tensor import SparseTensor
 from sparsefill.ops._schema import check_dtype, meta_of, probe_of
-from sparsefill.ops._writes import assign_
 from sparsefill.ops.registry import register
 from sparsefill.ops.shape.reshape import squeeze, with_zero_row
 
@@ -820,9 +819,11 @@ def _masked_fill_(func, args, kwargs):
     """``A.masked_fill_(mask, value)`` with a dense ``mask`` that varies along ``A``'s sparse dims
     (``loss.masked_fill_(target == ignore_index, 0)`` in torch's cross_entropy): the elements where
     ``mask`` is True take ``value`` and join the pattern (``coords.write``), O(nse + mask's
-    elements); the others keep their values and the fill.  Other masks: the element-wise rule."""
+    elements); the others keep their values and the fill.  Other masks (0-d, over the dense dims,
+    a SparseTensor), a masked ``A``: the element-wise rule.  (Out of place, the rule gives the dense
+    result: the mask is dense, and where it is mostly True the dense form is the cheaper one.)"""
     from sparsefill.ops.pointwise.dense_operands import _over_dense_dims
-    from sparsefill.ops.shape.coords import write  # (coords.py imports this module)
+    from sparsefill.ops.shape.coords import _result, write  # (coords.py imports this module)
 
     A, mask, value = args[0], args[1], args[2]
     if (
@@ -832,6 +833,7 @@ def _masked_fill_(func, args, kwargs):
         or isinstance(value, SparseTensor)
         or not mask.dim()
         or _over_dense_dims(mask, A) is not None
+        or torch.broadcast_shapes(A.shape, mask.shape) != A.shape
     ):
         return NotImplemented
     if mask.dtype != torch.bool:  # (torch's error; its meta kernel does not check)
@@ -841,7 +843,7 @@ def _masked_fill_(func, args, kwargs):
     func(meta_of(A), mask.to("meta"), value.to("meta") if torch.is_tensor(value) else value)
     coords = aten.nonzero.default(mask.expand(A.shape)).T
     v = torch.as_tensor(value, dtype=A.dtype, device=A.device).expand(coords.shape[1])
-    return assign_(A, write(A, coords, v))
+    return _result(func, A, write(A, coords, v))
 
 
 @register(aten.trace.default)
