@@ -53,6 +53,8 @@ from sparsefill.masked._layers import (
     group_norm,
     instance_norm,
     layer_norm,
+    local_response_norm,
+    nll_loss,
 )
 from sparsefill.masked._masks import coo_mask, csr_mask, input_mask, output_mask, pattern_mask
 from sparsefill.masked._normalizations import (
@@ -102,7 +104,9 @@ __all__ = [
     "group_norm",
     "instance_norm",
     "batch_norm",
+    "local_response_norm",
     "cross_entropy",
+    "nll_loss",
     "input_mask",
     "output_mask",
     "pattern_mask",

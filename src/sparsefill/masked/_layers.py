@@ -1,5 +1,6 @@
-"""Masked normalization layers and cross entropy: ``layer_norm group_norm instance_norm batch_norm
-cross_entropy`` with a ``mask`` (masked-reductions-rfc.md's normalizations).
+"""Masked normalization layers and losses: ``layer_norm group_norm instance_norm batch_norm
+local_response_norm cross_entropy nll_loss`` with a ``mask`` (masked-reductions-rfc.md's
+normalizations).
 
 The masked-in elements of ``input`` (``mask`` True; a SparseTensor with an indefinite fill: its
 pattern) form a masked tensor, a SparseTensor with an indefinite fill; the layer runs on it
@@ -8,8 +9,10 @@ natively: its statistics (mean, variance) are over the masked-in elements of eac
     layer_norm:  y[p] = (x[p] - mean_S) / sqrt(var_S + eps) * w + b,   mean_S, var_S over the
                  masked-in elements of p's slice S
 
-``cross_entropy(logits, target, mask=m)`` is a softmax over the masked-in classes of each row only
-(sampled softmax; a target class masked out raises ValueError).  The result has the input's
+``local_response_norm``'s window sums run over the masked-in elements (a masked-out channel adds
+nothing).  ``cross_entropy(logits, target, mask=m)`` is a softmax over the masked-in classes of
+each row only (sampled softmax; a target class masked out raises ValueError); ``nll_loss`` reads
+the masked-in log-probabilities alike.  The result has the input's
 layout: for a SparseTensor input the masked tensor (pattern = masked-in elements), for a strided
 input a strided tensor with 0 at the masked-out elements (torch.masked's value for masked-out
 elements of a normalization).  The gradient flows to the masked-in elements of ``input`` only.
@@ -34,7 +37,15 @@ from sparsefill._tensor.parts import values_at
 from sparsefill._tensor.tensor import SparseTensor
 from sparsefill.masked._canon import true_positions
 
-__all__ = ["layer_norm", "group_norm", "instance_norm", "batch_norm", "cross_entropy"]
+__all__ = [
+    "layer_norm",
+    "group_norm",
+    "instance_norm",
+    "batch_norm",
+    "local_response_norm",
+    "cross_entropy",
+    "nll_loss",
+]
 
 
 def masked_in(input, mask) -> SparseTensor | torch.Tensor:
@@ -122,6 +133,21 @@ def batch_norm(
     return _in_layout(out, input)
 
 
+def local_response_norm(
+    input: torch.Tensor,
+    size: int,
+    alpha: float = 1e-4,
+    beta: float = 0.75,
+    k: float = 1.0,
+    *,
+    mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``F.local_response_norm`` whose window sums of squares run over the masked-in elements
+    (``x[:, c] / (k + alpha / size * sum_{masked-in c' in window(c)} x[:, c'] ** 2) ** beta``)."""
+    out = F.local_response_norm(masked_in(input, mask), size, alpha, beta, k)
+    return _in_layout(out, input)
+
+
 def cross_entropy(
     input: torch.Tensor,
     target: torch.Tensor,
@@ -141,4 +167,24 @@ def cross_entropy(
         ignore_index=ignore_index,
         reduction=reduction,
         label_smoothing=label_smoothing,
+    )
+
+
+def nll_loss(
+    input: torch.Tensor,
+    target: torch.Tensor,
+    weight: torch.Tensor | None = None,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    *,
+    mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``F.nll_loss`` of the masked-in log-probabilities; a target class that is masked out raises
+    ValueError (its log-probability is not given)."""
+    return F.nll_loss(
+        masked_in(input, mask),
+        target,
+        weight=weight,
+        ignore_index=ignore_index,
+        reduction=reduction,
     )

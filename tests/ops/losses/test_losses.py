@@ -123,11 +123,19 @@ NLL = {
         "reduction": "none",
     },
     "smoothing": {"label_smoothing": 0.2},
+    "smoothing_ignore_weight": {
+        "label_smoothing": 0.3,
+        "ignore_index": 2,
+        "weight": torch.tensor([0.5, 1.0, 2.0, 0.1, 0.7], dtype=F64),
+    },
+    "smoothing_none": {"label_smoothing": 0.1, "reduction": "none", "ignore_index": 0},
+    "smoothing_sum": {"label_smoothing": 0.1, "reduction": "sum"},
 }
 
 
 NLL_CASES = [(loss, kw) for loss in ("cross_entropy", "nll_loss") for kw in sorted(NLL)]
-NLL_CASES.remove(("nll_loss", "smoothing"))  # (nll_loss takes no label_smoothing)
+# (nll_loss takes no label_smoothing)
+NLL_CASES = [(loss, kw) for loss, kw in NLL_CASES if loss != "nll_loss" or "smoothing" not in kw]
 
 
 @pytest.mark.parametrize("loss,kw", NLL_CASES, ids=[f"{a}-{b}" for a, b in NLL_CASES])
@@ -137,9 +145,7 @@ def test_nll_and_cross_entropy(loss, layout, kw):
     target = torch.tensor([1, 2, 0, 4])
     fn = getattr(F, loss)
     kwargs = NLL[kw]
-    # (hybrid + label smoothing: the composite masks the smoothing term in place: densifies)
-    native = not (layout == "hybrid" and kw == "smoothing")
-    check_op(lambda x: fn(x, target, **kwargs), lv, native=native)
+    check_op(lambda x: fn(x, target, **kwargs), lv)
 
 
 def test_nll_loss_spatial_and_float32():

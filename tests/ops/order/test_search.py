@@ -144,6 +144,50 @@ def test_searchsorted_and_bucketize(case, fill):
         )
 
 
+@pytest.mark.parametrize("case", [c for c in CASES if len(c[0]) > 1], ids=IDS[:4] + IDS[5:])
+@pytest.mark.parametrize("fill", [0.5, NAN])
+def test_searchsorted_in_rows(case, fill):
+    """N-D boundaries: each element of a SparseTensor of values searched in its row (dense or
+    SparseTensor boundaries, a sorter); the fill's result is the result's fill where every row
+    places it alike, else the result is dense by nature (no fallback)."""
+    shape, dd, layout = case
+    A, x = make(shape, fill, dd, layout)
+    g = torch.Generator().manual_seed(7)
+    rows = x.shape[:-1]
+    alike = torch.tensor([-4.0, -1.0, 0.0, 3.0, 5.0], dtype=torch.float64).expand(rows + (5,))
+    alike = alike.contiguous()
+    # (row r shifted by r - 1: a fill of 0.5 falls in other places in other rows; NaN last in all)
+    shift = torch.arange(alike[..., 0].numel(), dtype=torch.float64).reshape(rows + (1,)) - 1
+    differ = torch.sort(torch.randn(rows + (6,), generator=g, dtype=torch.float64))[0] + shift
+    S, _ = make(rows + (6,), 0.25, 0, "coo", seed=4)
+    for bd, bdd in ((alike, alike), (differ, differ), (S, S.to_dense())):
+        for right in (False, True):
+            out = torch.searchsorted(bd, A, right=right, out_int32=right)
+            ref = torch.searchsorted(bdd, x, right=right, out_int32=right)
+            torch.testing.assert_close(dense(out), ref)
+            if bd is alike:
+                assert isinstance(out, SparseTensor) and out._nse() == A._nse()
+    perm = torch.argsort(torch.randn(differ.shape, generator=g), dim=-1)
+    shuffled = differ.gather(-1, perm)
+    srt = torch.argsort(shuffled, dim=-1)
+    torch.testing.assert_close(
+        dense(torch.searchsorted(shuffled, A, sorter=srt)),
+        torch.searchsorted(shuffled, x, sorter=srt),
+    )
+    with sparsefill.densify_policy(dense_by_nature="raise"):
+        torch.searchsorted(alike, A) if not dd else None  # (the fill placed alike: no dense form)
+        if x.numel() and fill == fill:
+            with pytest.raises(sparsefill.DensifyError):
+                torch.searchsorted(differ, A)
+    M = sparsefill.to_sparse(x, fill_value=indefinite, dense_dim=dd)
+    out = torch.searchsorted(differ, M)
+    assert out.is_fill_indefinite()
+    keep = ~torch.isnan(x) if fill != fill else x != fill
+    torch.testing.assert_close(
+        out.to_dense(fill_value=0)[keep], torch.searchsorted(differ, x)[keep]
+    )
+
+
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 @pytest.mark.parametrize("fill", [0.0, 1.0, NAN])
 def test_histc_and_histogram(case, fill):
@@ -187,9 +231,17 @@ def test_bincount(n):
         torch.testing.assert_close(
             torch.bincount(A, w, minlength=ml), torch.bincount(x, w, minlength=ml)
         )
+    W = sparsefill.to_sparse(torch.where(w < 0.5, 0.25, w), fill_value=0.25)
+    for ml in (0, 12):  # SparseTensor weights, of SparseTensor or dense indices
+        for idx in (A, x):
+            torch.testing.assert_close(
+                torch.bincount(idx, W, minlength=ml), torch.bincount(x, W.to_dense(), minlength=ml)
+            )
     neg = sparsefill.sparse_coo_tensor([[1]], [3], (4,), fill_value=-1)
     with pytest.raises(RuntimeError):
         torch.bincount(neg)
+    with pytest.raises(RuntimeError):
+        torch.bincount(x, W[1:])
 
 
 def test_indefinite_fill_is_the_stored_elements_only():

@@ -282,6 +282,12 @@ BACKWARD = {
     "quantile": lambda X, d: torch.quantile(X, torch.tensor([0.2, 0.7], dtype=X.dtype), dim=d),
     "nanquantile_mid": lambda X, d: torch.nanquantile(X, 0.4, d, interpolation="midpoint"),
     "quantile_all": lambda X, d: torch.quantile(X, 0.35),
+    "median_dim": lambda X, d: torch.median(X, d).values + torch.nanmedian(X, d, True).values.sum(),
+    "median_all": lambda X, d: torch.median(X) * 2 + torch.nanmedian(X),
+    "quantile_lower_higher_nearest": lambda X, d: sum(
+        torch.quantile(X, 0.45, d, interpolation=i) * w
+        for i, w in (("lower", 1.0), ("higher", 2.0), ("nearest", -1.5))
+    ),
 }
 
 

@@ -70,6 +70,28 @@ def test_instance_norm(layout):
     check_op(lambda x: F.instance_norm(x, weight=w, bias=b), lv)
 
 
+@pytest.mark.parametrize("layout", ("coo", "hybrid", "nan"))
+@pytest.mark.parametrize("sparse_stats", (False, True))
+def test_instance_norm_running_stats(layout, sparse_stats):
+    """Running statistics (dense buffers, or SparseTensors: torch repeats them per sample and
+    writes the mean back) updated as the dense call updates them; eval reads them."""
+    lv = Leaves((2, 3, 4), layout)
+    stats = {}
+
+    def op(x, use_input_stats):
+        key = isinstance(x, SparseTensor)
+        rm, rv = torch.linspace(-1, 1, 3, dtype=F64), torch.linspace(0.5, 2, 3, dtype=F64)
+        if key and sparse_stats:
+            rm, rv = (sparsefill.to_sparse(t, fill_value=t[1].item()) for t in (rm, rv))
+        out = F.instance_norm(x, rm, rv, use_input_stats=use_input_stats, momentum=0.3)
+        stats[key] = tuple(t.to_dense() if isinstance(t, SparseTensor) else t for t in (rm, rv))
+        return out
+
+    for use_input_stats in (True, False):
+        check_op(lambda x: op(x, use_input_stats), lv)
+        torch.testing.assert_close(stats[True], stats[False], equal_nan=True)
+
+
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("training", (True, False))
 def test_batch_norm(layout, training):
@@ -90,7 +112,7 @@ def test_batch_norm(layout, training):
     torch.testing.assert_close(stats[True], stats[False], equal_nan=True)
 
 
-@pytest.mark.parametrize("layout", ("coo", "hybrid"))
+@pytest.mark.parametrize("layout", ("coo", "csr", "hybrid", "nan"))
 def test_nn_modules_take_sparse_inputs(layout):
     lv = Leaves((6, 4), layout)
     for make in (lambda: nn.BatchNorm1d(4), lambda: nn.LayerNorm(4), lambda: nn.GroupNorm(2, 4)):
@@ -99,7 +121,7 @@ def test_nn_modules_take_sparse_inputs(layout):
         m_d.load_state_dict(m_s.state_dict())
         check_op(lambda x: (m_s if isinstance(x, SparseTensor) else m_d)(x), lv)
         for k, v in m_s.state_dict().items():
-            torch.testing.assert_close(v, m_d.state_dict()[k], msg=k)
+            torch.testing.assert_close(v, m_d.state_dict()[k], msg=k, equal_nan=True)
         m_s.eval(), m_d.eval()
         check_op(lambda x: (m_s if isinstance(x, SparseTensor) else m_d)(x), lv)
 
@@ -236,3 +258,36 @@ def test_masked_cross_entropy():
     torch.testing.assert_close(g1, g2)
     with pytest.raises(ValueError, match="not stored"):
         sparsefill.masked.cross_entropy(logits, torch.tensor([3, 2, 0]), mask=m)
+
+
+def test_masked_local_response_norm_and_nll_loss():
+    """The window sums over the masked-in channels only (a masked-out one adds nothing, as a
+    zero); nll_loss reads the masked-in log-probabilities; gradients to the masked-in elements."""
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(2, 5, 3, generator=g, dtype=F64, requires_grad=True)
+    m = torch.rand(2, 5, 3, generator=g) < 0.6
+    W = torch.randn(x.shape, generator=g, dtype=F64)
+    out = sparsefill.masked.local_response_norm(x, 3, alpha=0.3, k=1.5, mask=m)
+    ref = torch.where(m, F.local_response_norm(torch.where(m, x, 0.0), 3, alpha=0.3, k=1.5), 0.0)
+    torch.testing.assert_close(out, ref)
+    (g1,) = torch.autograd.grad((out * W).sum(), x)
+    (g2,) = torch.autograd.grad((ref * W).sum(), x)
+    torch.testing.assert_close(g1, g2)
+    A = sparsefill.to_sparse(x.detach(), fill_value=0.0)
+    out = sparsefill.masked.local_response_norm(A, 3, alpha=0.3, k=1.5, mask=m)
+    assert out.is_fill_indefinite() and out._nse() == int(m.sum())
+    torch.testing.assert_close(out.to_dense(fill_value=0.0), ref.detach())
+    logp = torch.log_softmax(torch.randn(3, 6, generator=g, dtype=F64), 1).requires_grad_()
+    mc = torch.tensor([[1, 1, 0, 0, 1, 0], [0, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1]]).bool()
+    target = torch.tensor([4, 2, 0])
+    w = torch.linspace(0.2, 2.0, 6, dtype=F64)
+    for kw in ({}, {"reduction": "none", "weight": w}, {"reduction": "sum", "ignore_index": 2}):
+        out = sparsefill.masked.nll_loss(logp, target, mask=mc, **kw)
+        ref = F.nll_loss(logp, target, **kw)
+        torch.testing.assert_close(out, ref)
+        W = torch.randn(ref.shape, generator=g, dtype=F64)
+        (g1,) = torch.autograd.grad((out * W).sum(), logp)
+        (g2,) = torch.autograd.grad((ref * W).sum(), logp)
+        torch.testing.assert_close(g1, g2)
+    with pytest.raises(ValueError, match="not stored"):
+        sparsefill.masked.nll_loss(logp, torch.tensor([3, 2, 0]), mask=mc)

@@ -419,6 +419,31 @@ def test_gather_masked_select_and_nonzero(layout, dd):
         torch.gather(A, 0, torch.tensor([[[4]]]))
 
 
+@pytest.mark.parametrize("layout,dd", KINDS, ids=IDS)
+@pytest.mark.parametrize("fill", (0.5, float("nan")))
+def test_nonzero_of_a_nonzero_fill(layout, dd, fill):
+    """A nonzero fill lists every unspecified element (dense by nature: one pass, no fallback);
+    stored zeros are left out; nonzero_static truncates or pads the rows as torch does."""
+    x = X.clone()
+    x[x == 0.5] = fill
+    x[0, 1] = 0.0  # stored zeros (a whole dense row of a hybrid tensor)
+    A = sparsefill.to_sparse(x, fill_value=fill, layout=layout, dense_dim=dd)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", sparsefill.DensifyWarning)
+        assert torch.equal(torch.nonzero(A), torch.nonzero(x))
+        assert torch.equal(torch.argwhere(A), torch.argwhere(x))
+        for a, b in zip(torch.nonzero(A, as_tuple=True), torch.nonzero(x, as_tuple=True)):
+            assert torch.equal(a, b)
+        for size in (0, 3, x.numel() + 2):
+            got = torch.nonzero_static(A, size=size, fill_value=-7)
+            assert torch.equal(got, torch.nonzero_static(x, size=size, fill_value=-7))
+    with sparsefill.densify_policy(dense_by_nature="raise"), pytest.raises(sparsefill.DensifyError):
+        torch.nonzero(A)
+    assert "dense by nature" in str(sparsefill.explain(torch.nonzero, A))
+    B = sparsefill.to_sparse(torch.tensor(2.0), fill_value=1.0)  # 0-d
+    assert torch.equal(torch.nonzero(B), torch.nonzero(torch.tensor(2.0)))
+
+
 # ---------------------------------------------------------------- edge cases
 import sparsefill as sf  # noqa: E402
 
@@ -840,3 +865,39 @@ def test_slice_backward_of_a_nonzero_fill_gradient_stores_the_outside(name, kind
     v.grad = f.grad = None
     op(make().to_dense()).backward()
     torch.testing.assert_close(got, (v.grad, f.grad))
+
+
+def test_repeat_is_a_new_tensor():
+    """A write to ``A.repeat(...)`` leaves ``A`` as it is (torch's repeat copies; the pieces it is
+    built of here are views)."""
+    A = sparsefill.to_sparse(torch.tensor([1.0, 0.0, 2.0]), fill_value=0.0)
+    for reps in ((2,), (1,), (2, 1)):
+        R = A.repeat(*reps)
+        R.copy_(torch.arange(float(R.numel())).reshape(R.shape))
+        R.mul_(3)
+        assert A.to_dense().tolist() == [1.0, 0.0, 2.0]
+        torch.testing.assert_close(
+            R.to_dense(), 3 * torch.arange(float(R.numel())).reshape(R.shape)
+        )
+
+
+@pytest.mark.parametrize("dd", (0, 1))
+def test_masked_fill_inplace_dense_mask(dd):
+    """``A.masked_fill_(mask, v)`` with a dense mask varying along the sparse dims: the True
+    elements stored with ``v``, the rest kept (no dense form); torch's errors."""
+    x = torch.tensor([[1.0, 0.0, 2.0], [0.0, 0.0, 3.0], [0.0, 0.0, 0.0]])
+    masks = (x > 1.5, torch.tensor([[True], [False], [False]]), torch.tensor([True, False, False]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", sparsefill.DensifyWarning)
+        for mask in masks:
+            for value in (5.0, torch.tensor(0.0)):
+                A = sparsefill.to_sparse(x, fill_value=torch.zeros(3) if dd else 0.0, dense_dim=dd)
+                before = A._nse()
+                A.masked_fill_(mask, value)
+                torch.testing.assert_close(A.to_dense(), x.masked_fill(mask, value))
+                m = mask.expand(x.shape)
+                assert A._nse() <= before + int((m.any(-1) if dd else m).sum())
+    with pytest.raises(RuntimeError, match="boolean masks"):
+        A.masked_fill_(masks[0].long(), 1.0)
+    with pytest.raises(RuntimeError, match="0-dimensional"):
+        A.masked_fill_(masks[0], torch.tensor([1.0, 2.0]))

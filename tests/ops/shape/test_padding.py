@@ -91,9 +91,9 @@ def test_pad_errors_as_torch():
 
 UPSTREAM_CASES = [
     (mode, pad)
-    for mode in ("reflect", "replicate")
+    for mode in ("reflect", "replicate", "circular")
     for pad in [(1, 2), (2, 1, 1, 2), (-1, 2, 1, 0)]
-    if mode == "replicate" or min(pad) >= 0  # (reflect takes no negative pad)
+    if mode != "reflect" or min(pad) >= 0  # (reflect takes no negative pad)
 ]
 
 
@@ -113,3 +113,62 @@ def test_index_pad_sparse_upstream_gradient(mode, layout, pad):
         loss(F.pad(lv.dense(dv, df), pad, mode=mode)).backward()
         torch.testing.assert_close(v.grad, dv.grad, equal_nan=True)
         torch.testing.assert_close(f.grad, df.grad, equal_nan=True)
+
+
+@pytest.mark.parametrize("pad", [(-1, 2), (2, -1, -1, 1), (-2, -1), (4, 4)], ids=str)
+@pytest.mark.parametrize("layout", ("coo", "hybrid", "nan"))
+def test_circular_wraps_the_cropped_input(layout, pad):
+    # negative pads crop first; the positive ones wrap around what is left, as torch does
+    check_op(lambda x: F.pad(x, pad, mode="circular"), Leaves((2, 4, 3), layout))
+
+
+def test_circular_keeps_pattern_and_3d():
+    A = sparsefill.sparse_coo_tensor(
+        [[0, 0], [1, 2], [3, 0]], [1.0, 2.0], (1, 3, 4), fill_value=-1.0
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", sparsefill.DensifyWarning)
+        with sparsefill.densify_policy(dense_by_nature="raise"):
+            out = F.pad(A, (1, 2, 1, 0), mode="circular")
+    assert isinstance(out, sparsefill.SparseTensor) and out.fill_value().item() == -1.0
+    # each stored element copied to every position reading it: columns 3 and 0 are read twice,
+    # row 2 twice (rows 0 and 3), row 1 once
+    assert out._nse() == 2 * 2 + 1 * 2
+    torch.testing.assert_close(out.to_dense(), F.pad(A.to_dense(), (1, 2, 1, 0), mode="circular"))
+    assert "route" in str(sparsefill.explain(F.pad, A, (1, 1), mode="circular"))
+    check_op(lambda x: F.pad(x, (1, 0, 0, 1, 1, 1), mode="circular"), Leaves((1, 2, 3, 2), "coo"))
+    with torch.no_grad():  # (routed in every grad mode)
+        out = torch.nn.CircularPad1d(2)(A)
+    torch.testing.assert_close(out.to_dense(), F.pad(A.to_dense(), (2, 2), mode="circular"))
+
+
+def test_circular_errors():
+    A = sparsefill.sparse_coo_tensor([[0, 0], [1, 2]], [1.0, 2.0], (2, 3), fill_value=0.0)
+    with pytest.raises(RuntimeError, match="more than once"):
+        F.pad(A, (4, 0), mode="circular")
+    with pytest.raises(NotImplementedError):
+        F.pad(A, (1, 1, 1, 1), mode="circular")  # 2-d input, two dims padded: torch's error
+    with pytest.raises(ValueError, match="nothing to wrap"):
+        F.pad(A, (-3, 2), mode="circular")  # (torch reads uninitialized memory there)
+
+
+@pytest.mark.parametrize("mode", ("reflect", "replicate", "circular"))
+def test_index_pads_of_a_masked_tensor(mode):
+    # an indefinite fill: the copies of stored elements are specified, the rest stays masked out;
+    # the gradient reaches the stored values from every copy
+    v = torch.tensor([1.0, 2.0, 3.0], requires_grad=True)
+    idx = torch.tensor([[0, 0, 1], [0, 2, 3]])
+    A = sparsefill.sparse_coo_tensor(idx, v, (2, 4), fill_value=sparsefill.indefinite)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", sparsefill.DensifyWarning)
+        out = F.pad(A.unsqueeze(0), (2, 1), mode=mode)
+        assert out.is_fill_indefinite()
+        D = torch.zeros(2, 4).index_put(tuple(idx), v)
+        M = torch.zeros(2, 4).index_put(tuple(idx), torch.tensor(1.0))
+        ref = F.pad(D[None], (2, 1), mode=mode)
+        mask = F.pad(M[None], (2, 1), mode=mode).bool()
+        torch.testing.assert_close(out.to_dense(fill_value=0.0), torch.where(mask, ref, 0.0))
+        W = torch.randn(ref.shape, generator=torch.Generator().manual_seed(0))
+        (g,) = torch.autograd.grad((out.to_dense(fill_value=0.0) * W).sum(), v)
+        (gd,) = torch.autograd.grad((ref * W * mask).sum(), v)
+    torch.testing.assert_close(g, gd)

@@ -12,7 +12,8 @@ the count of unspecified elements ``n`` as its multiplicity::
 * ``isin``: the elements of a SparseTensor keep its pattern (the fill mapped); a SparseTensor of
   test elements is its stored values and the fill;
 * ``searchsorted``/``bucketize``: a SparseTensor of values to look up keeps its pattern and maps
-  the fill (1-D boundaries); a SparseTensor of boundaries is searched as torch searches it, by
+  the fill (1-D boundaries; N-D ones: the fill in each row, dense by nature where the rows place
+  it differently); a SparseTensor of boundaries is searched as torch searches it, by
   bisection, each probe a look-up among the stored positions (``O(log size * log nse)`` per value:
   the same result as torch's even where the sequence is not sorted);
 * ``histc``, ``histogram``: the stored values, plus ``n`` at the fill's bin (``histogram``'s
@@ -37,7 +38,7 @@ from __future__ import annotations
 import torch
 
 from sparsefill._kernels import index as _index
-from sparsefill._tensor.parts import coalesced_parts, parts_to_sparse, values_at
+from sparsefill._tensor.parts import coalesced_parts, dense_of, parts_to_sparse, values_at
 from sparsefill._tensor.policy import check_densify
 from sparsefill._tensor.tensor import SparseTensor
 from sparsefill.ops.registry import register
@@ -123,8 +124,6 @@ def _unique_inverse(A, inv, ks, nst, nfl, base):
     check_densify(
         "unique's inverse of a SparseTensor with a NaN fill", A.numel() * 8, by_nature=True
     )
-    from sparsefill._tensor.parts import dense_of
-
     nan_at = dense_of(torch.isnan(A)).reshape(-1)
     dense = dense_of(out).reshape(-1)
     dense[nan_at] = base + torch.arange(int(nan_at.sum()), device=A.device)
@@ -236,8 +235,6 @@ def bisect(S: SparseTensor, v: torch.Tensor, right: bool, sorter=None) -> torch.
     >>> bisect(S, torch.tensor([0., 1., 5.]), right=False).tolist()
     [0, 0, 3]
     """
-    keys, vals, f = _probe_values(S)
-    L = S.shape[-1]
     row = (
         torch.zeros(v.shape, dtype=torch.int64, device=v.device)
         if S.dim() == 1
@@ -245,17 +242,38 @@ def bisect(S: SparseTensor, v: torch.Tensor, right: bool, sorter=None) -> torch.
         .expand(-1, v.shape[-1])
         .reshape(v.shape)
     )
+    return _bisect_rows(_reader(S), row, v, S.shape[-1], right, sorter)
+
+
+def _reader(seq):
+    """``read(p)``: the scalars at the flat positions ``p`` of ``seq`` (a dense tensor, or a
+    SparseTensor: each a look-up among its stored positions)."""
+    if not isinstance(seq, SparseTensor):
+        flat = seq.reshape(-1)
+        return lambda p: flat[p.clamp(max=max(flat.numel() - 1, 0))]
+    keys, vals, f = _probe_values(seq)
+    k = keys.numel()
+
+    def read(p):
+        if not k:
+            return f.expand(p.shape)
+        at = torch.searchsorted(keys, p).clamp(max=k - 1)
+        return torch.where(keys[at] == p, vals[at], f)
+
+    return read
+
+
+def _bisect_rows(read, row, v, L: int, right: bool, sorter=None) -> torch.Tensor:
+    """torch's lower/upper-bound bisection of each value ``v`` in row ``row`` (of length ``L``)
+    of a sequence read by ``read`` (flat positions): the same probes as torch's kernel, so the
+    same result even where a row is not sorted."""
     start = torch.zeros(v.shape, dtype=torch.int64, device=v.device)
     end = torch.full(v.shape, L, dtype=torch.int64, device=v.device)
-    k = keys.numel()
     for _ in range(L.bit_length()):
         active = start < end
         mid = start + ((end - start) >> 1)
         at_mid = mid if sorter is None else _sorted_at(sorter, row, mid.clamp(max=max(L - 1, 0)))
-        key = row * L + at_mid
-        at = torch.searchsorted(keys, key).clamp(max=max(k - 1, 0))
-        hit = (keys[at] == key) if k else torch.zeros_like(key, dtype=torch.bool)
-        mv = torch.where(hit, vals[at] if k else f, f)
+        mv = read(row * L + at_mid)
         go_right = ~(mv > v) if right else ~(mv >= v)
         start = torch.where(active & go_right, mid + 1, start)
         end = torch.where(active & ~go_right, mid, end)
@@ -281,7 +299,8 @@ def _lookup(seq, v, right: bool, out_int32: bool, sorter=None):
 @register(aten.searchsorted.Tensor, aten.searchsorted.Scalar)
 def _searchsorted(func, args, kwargs):
     """``searchsorted(sorted_sequence, values)``: a SparseTensor of values keeps its pattern and
-    maps the fill (1-D boundaries); a SparseTensor of boundaries is bisected as torch does."""
+    maps the fill (N-D boundaries: :func:`_search_rows`); a SparseTensor of boundaries is bisected
+    as torch does."""
     b = bind(func, args, kwargs)
     seq, v, sorter = b["sorted_sequence"], b["self"], b["sorter"]
     right = b["right"] or b["side"] == "right"
@@ -291,16 +310,70 @@ def _searchsorted(func, args, kwargs):
     return _search(seq, v, right, b["out_int32"], sorter)
 
 
+_searchsorted.dense_by_nature = (
+    "N-D boundaries that place the fill of a SparseTensor of values differently from row to row"
+)
+
+
 def _search(seq, v, right, out_int32, sorter=None):
     if isinstance(v, SparseTensor):
         if seq.dim() != 1:
-            return NotImplemented
+            return _search_rows(seq, v, right, out_int32, sorter)
         idx, vals = coalesced_parts(v)
         fill = v._fill.to(v.dtype) if not v._indefinite else vals.new_zeros(())
         r = _lookup(seq, vals, right, out_int32, sorter)
         return _with_pattern(v, r, _lookup(seq, fill, right, out_int32, sorter))
     v = torch.as_tensor(v, dtype=seq.dtype, device=seq.device)
     return _lookup(seq, v, right, out_int32, sorter)
+
+
+def _search_rows(seq, v: SparseTensor, right, out_int32, sorter):
+    """An N-D sequence (dense or SparseTensor): each element of ``v`` is searched in the row of
+    ``seq`` its leading coordinates name.  The stored ones keep ``v``'s pattern; the fill's result
+    may differ from row to row: where it does not, it is the result's fill, O(nse log L + rows
+    log L); where it does, the unspecified elements hold their row's result and the result is
+    dense by nature, built in one pass (a hybrid ``v``: every element's fill is searched)."""
+    L, K = seq.shape[-1], max(v.shape[-1], 1)
+    dt = torch.int32 if out_int32 else torch.int64
+    idx, vals = coalesced_parts(v)
+    Dn = _index.numel(v._dense_shape)
+    scalar = _scalar_positions(idx, v._sparse_shape, Dn)
+    read = _reader(seq)
+    r = _bisect_rows(read, scalar // K, vals.reshape(-1), L, right, sorter).to(dt)
+    if v._indefinite:
+        return _with_pattern(v, r.reshape(vals.shape), r.new_zeros(()))
+    f = v._fill.to(v.dtype).expand(v._dense_shape).reshape(-1)
+    if v.dense_dim():  # (the fill's value depends on the dense coordinates: every element)
+        check_densify(
+            "searchsorted of a hybrid SparseTensor in an N-D sequence (every element's fill)",
+            v.numel() * 8,
+            by_nature=True,
+        )
+        cells = torch.arange(v.numel(), device=v.device)
+        fv = f.repeat(v.numel() // max(Dn, 1))
+    else:
+        cells = torch.arange(v.numel() // K, device=v.device) * K
+        fv = f.expand(cells.shape)
+    fr = _bisect_rows(read, cells // K, fv, L, right, sorter).to(dt)
+    per = fr.reshape(-1, Dn)
+    if not per.shape[0] or bool((per == per[:1]).all()):
+        fill = per[0].reshape(v._dense_shape) if per.shape[0] else r.new_zeros(v._dense_shape)
+        return _with_pattern(v, r.reshape(vals.shape), fill)
+    check_densify(
+        "searchsorted of a SparseTensor whose fill falls in other places in other rows",
+        v.numel() * dt.itemsize,
+        by_nature=True,
+    )
+    out = fr if v.dense_dim() else fr.repeat_interleave(K)
+    out[scalar] = r
+    return out.reshape(v.shape)
+
+
+def _scalar_positions(idx: torch.Tensor, S, Dn: int) -> torch.Tensor:
+    """The flat (row-major) positions of the stored scalars of a SparseTensor with sparse shape
+    ``S`` and ``Dn`` scalars per stored element, in the order of its flattened values."""
+    keys = _index.linearize(idx, S)
+    return (keys[:, None] * Dn + torch.arange(Dn, device=keys.device)).reshape(-1)
 
 
 def _meta_check(func, args, kwargs):
@@ -384,10 +457,21 @@ def _histogram(func, args, kwargs):
 @register(aten.bincount.default)
 def _bincount(func, args, kwargs):
     """``bincount(A, weights, minlength)`` of a SparseTensor of indices: the stored ones, plus
-    ``n`` (or the unspecified elements' weights) at the fill's bin."""
+    ``n`` (or the unspecified elements' weights) at the fill's bin; SparseTensor weights are read
+    at the stored indices and summed over the unspecified ones.  Dense indices with SparseTensor
+    weights read every weight: dense by nature, in one pass."""
     b = bind(func, args, kwargs)
     A, weights, minlength = b["self"], b["weights"], b["minlength"]
-    if isinstance(weights, SparseTensor) or A.dim() != 1:
+    if isinstance(weights, SparseTensor) and weights._indefinite:
+        return NotImplemented
+    if not isinstance(A, SparseTensor):
+        check_densify(
+            "bincount's SparseTensor weights of dense indices (every weight read)",
+            weights.numel() * weights.element_size(),
+            by_nature=True,
+        )
+        return func(A, dense_of(weights), minlength)
+    if A.dim() != 1:
         return NotImplemented
     st, fl, n = _elements(A)
     if weights is None:

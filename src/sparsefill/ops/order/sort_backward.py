@@ -1,13 +1,13 @@
-"""The backward of ``sort``, ``topk``, ``kthvalue`` and ``mode`` of a SparseTensor, as sparse as
-their forward: the gradient goes to the element each output position selected (torch's
-``value_selecting_reduction_backward``)::
+"""The backward of ``sort``, ``topk``, ``kthvalue``, ``mode`` and ``median``/``nanmedian`` along a
+dim of a SparseTensor, as sparse as their forward: the gradient goes to the element each output
+position selected (torch's ``value_selecting_reduction_backward``)::
 
     (Y, I) = op(A, dim)        grad_A[..., i, ...] = sum of G over the output positions with I == i
 
-``kthvalue``/``mode`` select one element per slice: ``select_autograd``'s gradients (a sparse dim:
-``select_grad``, a dense dim: ``select_dense_grad``).  ``sort``/``topk`` over a dense dim: the
-same scatter on each stored slice and on the fill's (``select_dense_grad``); over a sparse dim
-(:func:`order_grad`): every output position looks its selected element up among the stored ones
+``kthvalue``/``mode``/``median`` select one element per slice: ``select_autograd``'s gradients (a
+sparse dim: ``select_grad``, a dense dim: ``select_dense_grad``).  ``sort``/``topk`` over a dense
+dim: the same scatter on each stored slice and on the fill's (``select_dense_grad``); over a sparse
+dim (:func:`order_grad`): every output position looks its selected element up among the stored ones
 (``O(out log nse)``, the output's size: no dense temporary of the input's); the positions that
 selected an unspecified element give the fill their sum, divided among the unspecified elements
 (the mean as the fill, exact for what reads the gradient at the pattern and in sum, so routed only
@@ -162,14 +162,26 @@ def _sig_mode(input, dim=-1, keepdim=False):
     return dict(dim=dim, keepdim=keepdim)
 
 
-_SIGS = {"sort": _sig_sort, "topk": _sig_topk, "kthvalue": _sig_kthvalue, "mode": _sig_mode}
+def _sig_median(input, dim, keepdim=False):
+    return dict(dim=dim, keepdim=keepdim)
+
+
+_SIGS = {
+    "sort": _sig_sort,
+    "topk": _sig_topk,
+    "kthvalue": _sig_kthvalue,
+    "mode": _sig_mode,
+    "median": _sig_median,
+    "nanmedian": _sig_median,
+}
 
 
 @register_route(torch.sort, T.sort, torch.topk, T.topk, torch.kthvalue, T.kthvalue)
-@register_route(torch.mode, T.mode)
+@register_route(torch.mode, T.mode, torch.median, T.median, torch.nanmedian, T.nanmedian)
 def _route_order(func, args, kwargs):
-    """``sort``/``topk``/``kthvalue``/``mode`` of a SparseTensor that needs a gradient, through
-    :class:`SparseOrder` (other calls, ``out=``: torch's path)."""
+    """``sort``/``topk``/``kthvalue``/``mode``/``median(dim)`` of a SparseTensor that needs a
+    gradient, through :class:`SparseOrder` (other calls, ``out=``, a median over all elements or
+    of a masked tensor: torch's path)."""
     name = func.__name__
     b = _bind(_SIGS[name], args, kwargs)
     A = args[0] if args else kwargs.get("input")
@@ -184,7 +196,7 @@ def _route_order(func, args, kwargs):
     dim = b["dim"] % A.dim()
     b["dim"] = dim
     if A._indefinite and dim < A._sparse_ndim() and A.numel():
-        return _masked(name, A, b)
+        return NotImplemented if name.endswith("median") else _masked(name, A, b)
     op = getattr(torch, name)
     many = name in ("sort", "topk")
     keep = b.get("keepdim", True)

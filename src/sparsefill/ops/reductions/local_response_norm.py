@@ -8,8 +8,10 @@ the sum of ``size`` shifted copies of ``x ** 2`` (``F.pad`` then ``narrow``), ea
 size).  Over dense dims (a hybrid tensor whose channels are dense) the pattern is kept; over sparse
 dims the pattern is the union of the shifted ones, and the channels within ``size // 2`` of either
 end, where the zero padding meets unspecified elements, are dense by nature (stored by ``F.pad``
-under the densify policy).  Routed at the torch function (torch's composite would call the pooling
-op across a sparse dim), in every grad mode; autograd differentiates the pieces.
+under the densify policy).  A masked input (indefinite fill): the window sums run over its
+masked-in elements (a masked-out one adds nothing), the result has its pattern.  Routed at the
+torch function (torch's composite would call the pooling op across a sparse dim), in every grad
+mode; autograd differentiates the pieces.
 
 >>> import torch, sparsefill, torch.nn.functional as F
 >>> A = sparsefill.to_sparse(torch.tensor([[[0.], [2.], [0.], [1.]]]), fill_value=0.)
@@ -38,12 +40,22 @@ def _local_response_norm(func, args, kwargs):
         return NotImplemented  # (torch's errors and its empty result)
     lo, hi, C = size // 2, (size - 1) // 2, x.shape[1]
     sq = x * x
+    if x._indefinite:  # (masked: a masked-out element adds nothing to a window's sum)
+        sq = _zero_filled(sq)
     padded = F.pad(sq, [0, 0] * (x.dim() - 2) + [lo, hi], value=0.0)
     acc = padded.narrow(1, 0, C)
     for s in range(1, size):
         acc = acc + padded.narrow(1, s, C)
     div = (acc * (a["alpha"] / size) + a["k"]) ** a["beta"]
     return x / div
+
+
+def _zero_filled(A: SparseTensor) -> SparseTensor:
+    """``A`` (indefinite fill) with fill 0: its stored elements, differentiably."""
+    from sparsefill._creation.constructors import sparse_coo_tensor
+
+    B = A.to_sparse_coo().coalesce()
+    return sparse_coo_tensor(B.indices(), B.values(), tuple(A.shape), fill_value=0.0)
 
 
 # ---------------------------------------------------------------------- masked (indefinite) inputs

@@ -712,10 +712,12 @@ def _median(func, args, kwargs):
     median = s[m] if m < c  else  f if m < c + n  else  s[m - n],   m = (N - 1) // 2, c = #(s < f)
     """
     A = args[0]
-    if A.dim() == 0 or A.dense_dim() or A._indefinite:
+    if A.dim() == 0 or A._indefinite:
         return _scalar(func, args, kwargs) if A.dim() == 0 else NotImplemented
     check_dtype(func, A)  # torch's errors (bool, complex)
     func(meta_of(A))  # (an empty input)
+    if A.dense_dim():
+        return _weighted_median(func, A)
     v, f = coalesced_parts(A)[1], A._fill.reshape(())
     n = A.numel() - v.numel()
     if func is aten.nanmedian.default:
@@ -729,6 +731,30 @@ def _median(func, args, kwargs):
         return func(v.new_empty(0))
     seg = torch.zeros(v.shape[0], dtype=torch.int64, device=v.device)
     return segment_median(v, seg, 1, fill=f, n_fill=torch.tensor([n], device=v.device))[0]
+
+
+def _weighted_median(func, A):
+    """The lower median of all elements of a hybrid ``A``: the stored scalars, each once, and the
+    fill's entries, each ``n`` times (``n`` unspecified sparse positions), sorted; the element of
+    rank ``(N - 1) // 2`` by the cumulative multiplicities.  O(nse * D log(nse * D))."""
+    idx, vals = coalesced_parts(A)
+    n = _index.numel(A._sparse_shape) - idx.shape[1]
+    v = vals.reshape(-1)
+    f = A._fill.to(A.dtype).expand(A._dense_shape).reshape(-1)[: A._dense_shape.numel() * (n > 0)]
+    x = torch.cat([v, f])
+    w = torch.cat([torch.ones_like(v, dtype=torch.int64), torch.full_like(f, n, dtype=torch.int64)])
+    nan = torch.isnan(x)
+    if func is aten.nanmedian.default:
+        x, w = x[~nan], w[~nan]
+    elif bool(nan.any()):
+        return torch.full((), float("nan"), dtype=A.dtype, device=A.device)
+    N = int(w.sum())
+    if N == 0:
+        return func(v.new_empty(0))
+    order = torch.argsort(x, stable=True)
+    rank = torch.tensor((N - 1) // 2, device=x.device)
+    at = torch.searchsorted(torch.cumsum(w[order], 0), rank, right=True)
+    return x[order][at]
 
 
 @register(aten.median.dim, aten.nanmedian.dim)

@@ -4,15 +4,19 @@
 
 ``nonzero`` of a zero fill reads the stored elements; ``masked_select`` is ``A[mask]``
 (``indexing.py``); ``masked_scatter`` writes at the mask's coordinates (``coords.write``) and is
-the backward of ``masked_select``.
+the backward of ``masked_select``; ``masked_fill_`` with a dense mask along the sparse dims writes
+the mask's True elements the same way.  A nonzero fill makes ``nonzero`` dense by nature.
 """
 
 from __future__ import annotations
 
 import torch
 
+from sparsefill._kernels import index as _index
 from sparsefill._tensor.parts import coalesced_parts, dense_of
+from sparsefill._tensor.policy import check_densify
 from sparsefill._tensor.tensor import SparseTensor
+from sparsefill.ops._schema import meta_of
 from sparsefill.ops.registry import register
 from sparsefill.ops.shape.coords import _result, write
 
@@ -21,18 +25,54 @@ aten = torch.ops.aten
 
 @register(aten.nonzero.default, aten.argwhere.default)
 def _nonzero(func, args, kwargs):
-    """With a zero fill the nonzero elements are stored ones: their indices (row-major order, as
-    torch). A nonzero fill makes the result dense by nature (next stage)."""
+    """``nonzero(A)``: the coordinates of the nonzero elements in row-major order, as torch lists
+    them.  With a zero fill they are stored ones, O(nse).  A nonzero (or NaN) fill makes every
+    unspecified element nonzero: the result is dense by nature (as long as ``A`` has elements), so
+    it is built in one pass from a mask of ``A``'s elements, the fill's where unspecified, under the
+    densify policy's ``dense_by_nature``.  An indefinite fill: the next stage."""
     A = args[0]
-    if A._indefinite or not A._fill_is_zero():
+    if A._indefinite:
         return NotImplemented
     idx, vals = coalesced_parts(A)
+    if not A._fill_is_zero():
+        return aten.nonzero.default(_nonzero_mask(A, idx, vals))
     if A.dense_dim():
         nz = (vals != 0).nonzero()
         idx = torch.cat([idx[:, nz[:, 0]], nz[:, 1:].T])
     else:
         idx = idx[:, vals != 0]
     return idx.T.contiguous()
+
+
+_nonzero.dense_by_nature = "a nonzero fill: every unspecified element is listed"
+
+
+def _nonzero_mask(A: SparseTensor, idx: torch.Tensor, vals: torch.Tensor) -> torch.Tensor:
+    """``A != 0`` as a dense bool tensor: the fill's test where unspecified, the stored values'
+    where stored (the mask of a result that lists every element, dense by nature)."""
+    check_densify(
+        "nonzero of a SparseTensor with a nonzero fill (every unspecified element listed)",
+        A.numel() * (1 + 8 * max(A.dim(), 1)),
+        by_nature=True,
+    )
+    S, Dn = A._sparse_shape, _index.numel(A._dense_shape)
+    mask = (A._fill != 0).expand(A._dense_shape).reshape(1, Dn).repeat(_index.numel(S), 1)
+    mask[_index.linearize(idx, S)] = (vals != 0).reshape(-1, Dn)
+    return mask.reshape(A.shape)
+
+
+@register(aten.nonzero_static.default)
+def _nonzero_static(func, args, kwargs):
+    """``nonzero_static(A, size=, fill_value=)``: :func:`_nonzero`'s rows, the first ``size`` of
+    them, padded with rows of ``fill_value`` to ``size``."""
+    A = args[0]
+    size, fill_value = kwargs["size"], kwargs.get("fill_value", -1)
+    if A._indefinite:
+        return NotImplemented
+    func(meta_of(A), size=size, fill_value=fill_value)  # torch's errors (a negative size)
+    rows = _nonzero(aten.nonzero.default, (A,), {})[:size]
+    pad = rows.new_full((size - rows.shape[0], rows.shape[1]), fill_value)
+    return torch.cat([rows, pad])
 
 
 @register(aten.masked_select.default)
@@ -92,3 +132,34 @@ def _masked_scatter(func, args, kwargs):
     return _result(
         func, args[0], write(A, coords, dense_of(src) if isinstance(src, SparseTensor) else src)
     )
+
+
+@register(aten.masked_fill_.Scalar, aten.masked_fill_.Tensor)
+def _masked_fill_(func, args, kwargs):
+    """``A.masked_fill_(mask, value)`` with a dense ``mask`` that varies along ``A``'s sparse dims
+    (``loss.masked_fill_(target == ignore_index, 0)`` in torch's cross_entropy): the elements where
+    ``mask`` is True take ``value`` and join the pattern (``coords.write``), O(nse + mask's
+    elements); the others keep their values and the fill.  Other masks (0-d, over the dense dims,
+    a SparseTensor), a masked ``A``: the element-wise rule.  (Out of place, the rule gives the dense
+    result: the mask is dense, and where it is mostly True the dense form is the cheaper one.)"""
+    from sparsefill.ops.pointwise.dense_operands import _over_dense_dims
+
+    A, mask, value = args[0], args[1], args[2]
+    if (
+        not isinstance(A, SparseTensor)
+        or A._indefinite
+        or isinstance(mask, SparseTensor)
+        or isinstance(value, SparseTensor)
+        or not mask.dim()
+        or _over_dense_dims(mask, A) is not None
+        or torch.broadcast_shapes(A.shape, mask.shape) != A.shape
+    ):
+        return NotImplemented
+    if mask.dtype != torch.bool:  # (torch's error; its meta kernel does not check)
+        raise RuntimeError(
+            f"masked_fill_ only supports boolean masks, but got mask with dtype {mask.dtype}"
+        )
+    func(meta_of(A), mask.to("meta"), value.to("meta") if torch.is_tensor(value) else value)
+    coords = aten.nonzero.default(mask.expand(A.shape)).T
+    v = torch.as_tensor(value, dtype=A.dtype, device=A.device).expand(coords.shape[1])
+    return _result(func, A, write(A, coords, v))

@@ -1,5 +1,4 @@
-"""``F.pad`` of a SparseTensor: constant, reflect and replicate (circular is native through its
-composite pieces: slices and a copy).
+"""``F.pad`` of a SparseTensor: constant, reflect, replicate and circular.
 
 * **constant** (``constant_pad_nd``): the stored elements shift by the left pads (negative pads
   crop: elements cut off are dropped), the dense dims of every stored row and of the fill are
@@ -12,6 +11,10 @@ composite pieces: slices and a copy).
   ``i - l`` clamped): an ``index_select`` per padded dim, which copies each stored element to
   every position reading it and keeps the fill.  The gradient adds each output gradient back to
   its source (``index_add``), as sparse as the upstream gradient.
+* **circular**: the same, with ``src(i) = o + (i - max(l, 0)) mod c`` over the cropped input
+  (``o = max(-l, 0)`` elements cut on the left, ``c`` kept: torch wraps around what negative pads
+  leave).  torch composes it of slices copied into ``new_empty`` (a dense tensor of the output's
+  size), so it is routed at ``F.pad`` in every grad mode: :class:`CircularPad`, O(nse * copies).
 
 >>> import torch, sparsefill, torch.nn.functional as F
 >>> A = sparsefill.sparse_coo_tensor([[0, 0], [0, 2]], [1., 3.], (1, 3), fill_value=0.)
@@ -22,11 +25,14 @@ composite pieces: slices and a copy).
 from __future__ import annotations
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from sparsefill._tensor.parts import coalesced_parts, parts_to_sparse
 from sparsefill._kernels.index import linearize, unravel
 from sparsefill._tensor.policy import check_densify
 from sparsefill._tensor.tensor import SparseTensor
+from sparsefill._autograd.functions import _pattern, refuse_vmap, sparse_inside
+from sparsefill.ops.autograd_routes import register_route
 from sparsefill.ops.registry import register
 
 aten = torch.ops.aten
@@ -251,3 +257,77 @@ def _band(g: SparseTensor, d: int, mult: torch.Tensor, shape, sd: int) -> torch.
     )
     grid = torch.meshgrid(*ranges, indexing="ij")
     return torch.stack([t.reshape(-1) for t in grid])
+
+
+# ---------------------------------------------------------------------------------- circular
+def _circular_source(n: int, left: int, right: int) -> torch.Tensor:
+    """The input position each output position of a circular pad reads along a dim of size
+    ``n``: the cropped input (``o`` cut on the left, ``c`` kept) wrapped around."""
+    o, c = max(-left, 0), n - max(-left, 0) - max(-right, 0)
+    i = torch.arange(n + left + right)
+    if c <= 0:  # (torch reads uninitialized memory there)
+        if not i.numel():
+            return i
+        raise ValueError(
+            f"F.pad(mode='circular'): pads {(left, right)} crop all {n} elements of a dim and"
+            " pad it again: nothing to wrap around"
+        )
+    return o + (i - max(left, 0)) % c
+
+
+def _circular_forward(A: SparseTensor, dims) -> SparseTensor:
+    for d, left, right in dims:
+        A = A.index_select(d, _circular_source(A.shape[d], left, right).to(A.device))
+    return A
+
+
+class CircularPad(torch.autograd.Function):
+    """``F.pad(A, pad, mode="circular")``: an ``index_select`` per padded dim; the gradient adds
+    each output gradient back to its source (:func:`_gather_back` for a SparseTensor gradient,
+    ``index_add`` for a dense one)."""
+
+    @staticmethod
+    def forward(A, dims):
+        return _circular_forward(_pattern(A), dims)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        A, ctx.dims = inputs
+        ctx.shape = tuple(A.shape)
+
+    vmap = staticmethod(lambda info, in_dims, *args: refuse_vmap("a SparseTensor circular pad"))
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, g):
+        g = sparse_inside(g)
+        for d, left, right in reversed(ctx.dims):
+            n = ctx.shape[d]
+            src = _circular_source(n, left, right).to(g.device)
+            if isinstance(g, SparseTensor):
+                g = _gather_back(g, d, src, n)
+            else:
+                shape = g.shape[:d] + (n,) + g.shape[d + 1 :]
+                g = g.new_zeros(shape).index_add_(d, src, g)
+        return g, None
+
+
+def _sig_pad(input, pad, mode="constant", value=None):
+    return input, pad, mode, value
+
+
+@register_route(torch.nn.functional.pad, always=True)
+def _route_pad(func, args, kwargs):
+    """``F.pad(A, pad, mode="circular")`` of a SparseTensor (other modes: their handlers)."""
+    try:
+        A, pad, mode, value = _sig_pad(*args, **kwargs)
+    except TypeError:
+        return NotImplemented  # (torch's error)
+    if mode != "circular" or not isinstance(A, SparseTensor):
+        return NotImplemented
+    meta = torch.empty(A.shape, dtype=A.dtype, device="meta")
+    func(meta, pad, mode, value)  # torch's errors (pad sizes, dims, wrapping more than once)
+    dims = _dims_pads(A.dim(), pad)
+    if A.requires_grad and torch.is_grad_enabled():
+        return CircularPad.apply(A, dims)
+    return _circular_forward(A, dims)

@@ -83,10 +83,12 @@ def _rot90(func, args, kwargs):
 def _repeat(func, args, kwargs):
     """``A.repeat(r_0, ..., r_m)``: each dim ``i`` of size ``n_i`` is viewed as ``(1, n_i)``,
     expanded to ``(r_i, n_i)`` and merged: ``reshape(expand(reshape(A)))``, all native (the stored
-    elements repeated)."""
+    elements repeated).  The result is a new tensor, as torch's (a write to it leaves ``A`` as it
+    is): the pieces' views are cloned off ``A``."""
     A, reps = args[0], list(args[1])
     out = func(meta_of(A), reps)  # torch's errors and the result's shape
     shape = (1,) * (len(reps) - A.dim()) + tuple(A.shape)
     split = [d for n in shape for d in (1, n)]
     grown = [d for r, n in zip(reps, shape) for d in (r, n)]
-    return A.reshape(split).expand(grown).reshape(out.shape)
+    R = A.reshape(split).expand(grown).reshape(out.shape)
+    return R.clone() if R._view is not None else R
