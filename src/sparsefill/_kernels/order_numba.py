@@ -1,0 +1,203 @@
+"""Compiled CPU kernels of the order statistics over rows of stored elements merged with a fill
+(numba; imported lazily by :mod:`sparsefill._kernels.order`, absent without numba).
+
+Row ``r`` in ``[0, R)`` has ``size`` elements: the stored ones ``(r[i], p[i], v[i])`` (each row's
+in ascending position ``p``, rows in any order) and ``f[r]`` everywhere else.  In stable order (NaN
+the largest, as ``torch.sort``) a row is::
+
+    [stored ahead of f, sorted]  [the run: every position whose value equals f, ascending]
+                                 [stored behind f, sorted]
+
+so one stable sort of each row's stored values (insertion sort up to ``_SMALL`` elements, a
+bottom-up merge sort past it) places every element: :func:`sort_head` writes the first ``width``
+of every sorted row (values and positions, the layout ``(R // post, width, post)``: row ``r`` at
+``(r // post, :, r % post)``, a sort along a dim with ``post`` elements after it); :func:`rank_select`
+gives the element of rank ``t[j, r]`` of each row.  Work: ``O(nse log nse + R + output)``, one
+pass over the output (the fill's runs written as plain loops).
+"""
+
+from __future__ import annotations
+
+try:
+    import numba
+    import numpy as np
+    from numba import njit
+# numba is optional: this module then defines nothing and the callers use torch ops
+except ImportError:
+    numba = None
+
+__all__ = ["sort_head", "rank_select"]
+
+_SMALL = 24  # elements: insertion sort up to here (a row of a 1%-dense matrix holds ~10)
+
+
+if numba is not None:
+
+    @njit(inline="always")
+    def _ahead(a, b, desc):
+        """``a`` sorts strictly ahead of ``b`` (NaN the largest)."""
+        if desc:
+            return a > b or (a != a and b == b)
+        return a < b or (b != b and a == a)
+
+    @njit(nogil=True, cache=True)
+    def _group(r, R):  # pragma: no cover - compiled
+        """Row offsets (``R + 1``) and the stable counting sort of the elements by row."""
+        offs = np.zeros(R + 1, np.int64)
+        for i in range(r.shape[0]):
+            offs[r[i] + 1] += 1
+        for j in range(R):
+            offs[j + 1] += offs[j]
+        order = np.empty(r.shape[0], np.int64)
+        cur = offs[:-1].copy()
+        for i in range(r.shape[0]):
+            order[cur[r[i]]] = i
+            cur[r[i]] += 1
+        return offs, order
+
+    @njit(inline="always")
+    def _sort_row(v, ix, tmp, desc):
+        """``ix`` (indices into ``v``) sorted stably by value, in place."""
+        n = ix.shape[0]
+        if n <= _SMALL:
+            for i in range(1, n):
+                x = ix[i]
+                j = i
+                while j > 0 and _ahead(v[x], v[ix[j - 1]], desc):
+                    ix[j] = ix[j - 1]
+                    j -= 1
+                ix[j] = x
+            return
+        w = 1
+        src, dst = ix, tmp[:n]
+        flipped = False
+        while w < n:
+            for lo in range(0, n, 2 * w):
+                mid, hi = min(lo + w, n), min(lo + 2 * w, n)
+                a, b, k = lo, mid, lo
+                while a < mid and b < hi:
+                    if _ahead(v[src[b]], v[src[a]], desc):  # (equal: the left one first)
+                        dst[k] = src[b]
+                        b += 1
+                    else:
+                        dst[k] = src[a]
+                        a += 1
+                    k += 1
+                while a < mid:
+                    dst[k] = src[a]
+                    a += 1
+                    k += 1
+                while b < hi:
+                    dst[k] = src[b]
+                    b += 1
+                    k += 1
+            src, dst = dst, src
+            flipped = not flipped
+            w *= 2
+        if flipped:
+            ix[:] = src
+
+    @njit(inline="always")
+    def _counts(v, srt, fr, desc):
+        """``(nlow, nhigh)``: the sorted row's stored elements ahead of and behind the fill."""
+        n = srt.shape[0]
+        lo = 0
+        while lo < n and _ahead(v[srt[lo]], fr, desc):
+            lo += 1
+        hi = 0
+        while hi < n - lo and _ahead(fr, v[srt[n - 1 - hi]], desc):
+            hi += 1
+        return lo, hi
+
+    @njit(nogil=True, cache=True)
+    def sort_head(r, p, v, f, size, width, post, desc, out_v, out_p):  # pragma: no cover
+        """The first ``width`` elements of every stably sorted row into ``out_v``/``out_p`` (flat,
+        ``R * width``, the layout of the module docstring)."""
+        R = f.shape[0]
+        offs, order = _group(r, R)
+        srt = order.copy()
+        tmp = np.empty(order.shape[0], np.int64)
+        for row in range(R):
+            a, b = offs[row], offs[row + 1]
+            fr = f[row]
+            _sort_row(v, srt[a:b], tmp, desc)
+            nlow, nhigh = _counts(v, srt[a:b], fr, desc)
+            o = (row // post) * width * post + row % post
+            s = 0
+            while s < nlow and s < width:
+                out_v[o] = v[srt[a + s]]
+                out_p[o] = p[srt[a + s]]
+                o += post
+                s += 1
+            lim = min(size - nhigh, width)
+            c = 0
+            k = a
+            while s < lim:
+                pc = size if k == b else p[order[k]]
+                m = min(pc - c, lim - s)  # (the fill between stored positions)
+                for t in range(m):
+                    out_v[o] = fr
+                    out_p[o] = c + t
+                    o += post
+                s += m
+                c += m
+                if s >= lim or k == b:
+                    break
+                x = v[order[k]]
+                k += 1
+                c = pc + 1
+                if not (_ahead(x, fr, desc) or _ahead(fr, x, desc)):  # (in the run)
+                    out_v[o] = x
+                    out_p[o] = pc
+                    o += post
+                    s += 1
+            j = b - a - nhigh
+            while s < width:
+                out_v[o] = v[srt[a + j]]
+                out_p[o] = p[srt[a + j]]
+                o += post
+                s += 1
+                j += 1
+
+    @njit(nogil=True, cache=True)
+    def rank_select(r, p, v, f, size, t, out_v, out_p):  # pragma: no cover - compiled
+        """``out[j, row]``: the element of rank ``t[j, row]`` of every ascending stably sorted row
+        (``0 <= t < size``)."""
+        R = f.shape[0]
+        offs, order = _group(r, R)
+        srt = order.copy()
+        tmp = np.empty(order.shape[0], np.int64)
+        for row in range(R):
+            a, b = offs[row], offs[row + 1]
+            fr = f[row]
+            _sort_row(v, srt[a:b], tmp, False)
+            nlow, nhigh = _counts(v, srt[a:b], fr, False)
+            for j in range(t.shape[0]):
+                tj = t[j, row]
+                if tj < nlow:
+                    i = srt[a + tj]
+                elif tj >= size - nhigh:
+                    i = srt[b - (size - tj)]
+                else:
+                    # the (tj - nlow)-th position outside the stored ahead of or behind the fill
+                    c = tj - nlow
+                    i = -1
+                    for k in range(a, b):
+                        e = order[k]
+                        x = v[e]
+                        if _ahead(x, fr, False) or _ahead(fr, x, False):
+                            if p[e] <= c:
+                                c += 1
+                            else:
+                                break
+                    for k in range(a, b):  # (a stored element equal to the fill there)
+                        if p[order[k]] == c:
+                            i = order[k]
+                        if p[order[k]] >= c:
+                            break
+                    if i < 0:
+                        out_v[j, row] = fr
+                        out_p[j, row] = c
+                        continue
+                out_v[j, row] = v[i]
+                out_p[j, row] = p[i]
