@@ -29,6 +29,8 @@ except ImportError:
 __all__ = ["sort_head", "rank_select"]
 
 _SMALL = 24  # elements: insertion sort up to here (a row of a 1%-dense matrix holds ~10)
+_BLOCK = 64
+_TOP = 64  # a head of at most this many of a longer row: selected, not sorted whole  # rows written together across a strided output (16 float64: two cache lines)
 
 
 if numba is not None:
@@ -42,23 +44,53 @@ if numba is not None:
 
     @njit(nogil=True, cache=True)
     def _group(r, R):  # pragma: no cover - compiled
-        """Row offsets (``R + 1``) and the stable counting sort of the elements by row."""
+        """Row offsets (``R + 1``) and the stable counting sort of the elements by row (none
+        needed where the rows come grouped: the identity)."""
+        n = r.shape[0]
         offs = np.zeros(R + 1, np.int64)
-        for i in range(r.shape[0]):
+        grouped = True
+        for i in range(n):
             offs[r[i] + 1] += 1
+            if i and r[i] < r[i - 1]:
+                grouped = False
         for j in range(R):
             offs[j + 1] += offs[j]
-        order = np.empty(r.shape[0], np.int64)
-        cur = offs[:-1].copy()
-        for i in range(r.shape[0]):
-            order[cur[r[i]]] = i
-            cur[r[i]] += 1
+        order = np.arange(n)
+        if not grouped:
+            cur = offs[:-1].copy()
+            for i in range(n):
+                order[cur[r[i]]] = i
+                cur[r[i]] += 1
         return offs, order
 
     @njit(inline="always")
-    def _sort_row(v, ix, tmp, desc):
-        """``ix`` (indices into ``v``) sorted stably by value, in place."""
+    def _top_row(v, ix, width, desc):
+        """The first ``width`` of ``ix`` stably sorted by value into ``ix[:width]``: an insertion
+        into a sorted buffer (an element not ahead of its last is passed over at one comparison;
+        equal values keep position order)."""
+        m = 0
+        for i in range(ix.shape[0]):
+            x = ix[i]
+            if m == width:
+                if not _ahead(v[x], v[ix[m - 1]], desc):
+                    continue
+                j = m - 1
+            else:
+                j = m
+                m += 1
+            while j > 0 and _ahead(v[x], v[ix[j - 1]], desc):
+                ix[j] = ix[j - 1]
+                j -= 1
+            ix[j] = x
+
+    @njit(inline="always")
+    def _sort_row(v, ix, tmp, desc, width):
+        """``ix`` (indices into ``v``) sorted stably by value, in place (``width`` short of its
+        length: only its first ``width``)."""
         n = ix.shape[0]
+        if _SMALL < n and width <= _TOP:
+            _top_row(v, ix, width, desc)
+            return
         if n <= _SMALL:
             for i in range(1, n):
                 x = ix[i]
@@ -98,66 +130,92 @@ if numba is not None:
             ix[:] = src
 
     @njit(inline="always")
-    def _counts(v, srt, fr, desc):
-        """``(nlow, nhigh)``: the sorted row's stored elements ahead of and behind the fill."""
-        n = srt.shape[0]
+    def _counts(v, ix, fr, desc):
+        """``(nlow, nhigh)``: the row's stored elements (``ix``, any order) ahead of and behind
+        the fill."""
         lo = 0
-        while lo < n and _ahead(v[srt[lo]], fr, desc):
-            lo += 1
         hi = 0
-        while hi < n - lo and _ahead(fr, v[srt[n - 1 - hi]], desc):
-            hi += 1
+        for i in range(ix.shape[0]):
+            x = v[ix[i]]
+            if _ahead(x, fr, desc):
+                lo += 1
+            elif _ahead(fr, x, desc):
+                hi += 1
         return lo, hi
+
+    @njit(inline="always")
+    def _write_row(p, v, order, srt, a, b, fr, size, width, desc, out_v, out_p, o):
+        """The first ``width`` elements of the stably sorted row of ``order[a:b]`` (position
+        order; ``srt[a:b]`` the same sorted) into ``out_v``/``out_p`` from ``o`` on, contiguous."""
+        nlow, nhigh = _counts(v, srt[a:b], fr, desc)
+        s = 0
+        while s < nlow and s < width:
+            out_v[o + s] = v[srt[a + s]]
+            out_p[o + s] = p[srt[a + s]]
+            s += 1
+        lim = min(size - nhigh, width)
+        c = 0
+        k = a
+        while s < lim:
+            pc = size if k == b else p[order[k]]
+            m = min(pc - c, lim - s)  # (the fill between stored positions)
+            q = o + s
+            for t in range(m):
+                out_v[q + t] = fr
+                out_p[q + t] = c + t
+            s += m
+            c += m
+            if s >= lim or k == b:
+                break
+            x = v[order[k]]
+            k += 1
+            c = pc + 1
+            if not (_ahead(x, fr, desc) or _ahead(fr, x, desc)):  # (in the run)
+                out_v[o + s] = x
+                out_p[o + s] = pc
+                s += 1
+        j = b - a - nhigh - s  # (the sorted head holds them: nlow + neq + s - lim <= width)
+        while s < width:
+            out_v[o + s] = v[srt[a + j + s]]
+            out_p[o + s] = p[srt[a + j + s]]
+            s += 1
 
     @njit(nogil=True, cache=True)
     def sort_head(r, p, v, f, size, width, post, desc, out_v, out_p):  # pragma: no cover
         """The first ``width`` elements of every stably sorted row into ``out_v``/``out_p`` (flat,
-        ``R * width``, the layout of the module docstring)."""
+        ``R * width``, the layout of the module docstring).  With ``post > 1`` a block of
+        ``_BLOCK`` rows adjacent in the output is written to a buffer and copied across: whole
+        cache lines instead of one element per line."""
         R = f.shape[0]
         offs, order = _group(r, R)
         srt = order.copy()
         tmp = np.empty(order.shape[0], np.int64)
         for row in range(R):
-            a, b = offs[row], offs[row + 1]
-            fr = f[row]
-            _sort_row(v, srt[a:b], tmp, desc)
-            nlow, nhigh = _counts(v, srt[a:b], fr, desc)
-            o = (row // post) * width * post + row % post
-            s = 0
-            while s < nlow and s < width:
-                out_v[o] = v[srt[a + s]]
-                out_p[o] = p[srt[a + s]]
-                o += post
-                s += 1
-            lim = min(size - nhigh, width)
-            c = 0
-            k = a
-            while s < lim:
-                pc = size if k == b else p[order[k]]
-                m = min(pc - c, lim - s)  # (the fill between stored positions)
-                for t in range(m):
-                    out_v[o] = fr
-                    out_p[o] = c + t
-                    o += post
-                s += m
-                c += m
-                if s >= lim or k == b:
-                    break
-                x = v[order[k]]
-                k += 1
-                c = pc + 1
-                if not (_ahead(x, fr, desc) or _ahead(fr, x, desc)):  # (in the run)
-                    out_v[o] = x
-                    out_p[o] = pc
-                    o += post
-                    s += 1
-            j = b - a - nhigh
-            while s < width:
-                out_v[o] = v[srt[a + j]]
-                out_p[o] = p[srt[a + j]]
-                o += post
-                s += 1
-                j += 1
+            _sort_row(v, srt[offs[row] : offs[row + 1]], tmp, desc, width)
+        if post == 1:
+            for row in range(R):
+                a, b = offs[row], offs[row + 1]
+                _write_row(p, v, order, srt, a, b, f[row], size, width, desc, out_v, out_p,
+                           row * width)
+            return
+        B = min(_BLOCK, post)
+        buf_v = np.empty(B * width, out_v.dtype)
+        buf_p = np.empty(B * width, np.int64)
+        r0 = 0
+        while r0 < R:
+            nb = min(B, post - r0 % post)  # (a block stays within one leading index)
+            for i in range(nb):
+                row = r0 + i
+                a, b = offs[row], offs[row + 1]
+                _write_row(p, v, order, srt, a, b, f[row], size, width, desc, buf_v, buf_p,
+                           i * width)
+            base = (r0 // post) * width * post + r0 % post
+            for s in range(width):
+                o = base + s * post
+                for i in range(nb):
+                    out_v[o + i] = buf_v[i * width + s]
+                    out_p[o + i] = buf_p[i * width + s]
+            r0 += nb
 
     @njit(nogil=True, cache=True)
     def rank_select(r, p, v, f, size, t, out_v, out_p):  # pragma: no cover - compiled
@@ -170,7 +228,7 @@ if numba is not None:
         for row in range(R):
             a, b = offs[row], offs[row + 1]
             fr = f[row]
-            _sort_row(v, srt[a:b], tmp, False)
+            _sort_row(v, srt[a:b], tmp, False, b - a)
             nlow, nhigh = _counts(v, srt[a:b], fr, False)
             for j in range(t.shape[0]):
                 tj = t[j, row]

@@ -237,14 +237,17 @@ def row_parts(A: SparseTensor, dim: int) -> tuple:
     Dn = _index.numel(D)
     kept = [i for i in range(sd) if i != dim]
     kshape = [A.shape[i] for i in kept]
-    key = _index.linearize(idx[kept], kshape)
+    # (one kept dim, the common 2-D case: its index row itself, no copy)
+    key = idx[kept[0]].to(torch.int64) if len(kept) == 1 else _index.linearize(idx[kept], kshape)
+    R = _index.numel(kshape) * Dn
+    fill = A._fill if A._fill.dtype == A.dtype else A._fill.to(A.dtype)
     if D:
         r = (key[:, None] * Dn + torch.arange(Dn, device=key.device)).reshape(-1)
         p = idx[dim].repeat_interleave(Dn)
+        f_rows = fill.expand(D).reshape(1, Dn).expand(R // Dn, Dn).reshape(-1)
     else:
         r, p = key, idx[dim].to(torch.int64)
-    R = _index.numel(kshape) * Dn
-    f_rows = A._fill.to(A.dtype).expand(D).reshape(1, Dn).expand(R // max(Dn, 1), Dn).reshape(-1)
+        f_rows = fill.reshape(()).expand(R)
     return (r, p, vals.reshape(-1), f_rows), kshape + list(D) + [A.shape[dim]]
 
 
