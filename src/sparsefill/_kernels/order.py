@@ -28,8 +28,15 @@ from sparsefill._kernels.trace import traced
 
 __all__ = ["compiled", "sort_head", "rank_select"]
 
-_DTYPES = (torch.float64, torch.float32, torch.int64, torch.int32, torch.int16, torch.int8,
-           torch.uint8)
+_DTYPES = (
+    torch.float64,
+    torch.float32,
+    torch.int64,
+    torch.int32,
+    torch.int16,
+    torch.int8,
+    torch.uint8,
+)
 
 
 def compiled(v: torch.Tensor, work: int, force: bool = False) -> bool:

@@ -9,11 +9,12 @@ the largest, as ``torch.sort``) a row is::
                                  [stored behind f, sorted]
 
 so one stable sort of each row's stored values (insertion sort up to ``_SMALL`` elements, a
-bottom-up merge sort past it) places every element: :func:`sort_head` writes the first ``width``
-of every sorted row (values and positions, the layout ``(R // post, width, post)``: row ``r`` at
-``(r // post, :, r % post)``, a sort along a dim with ``post`` elements after it); :func:`rank_select`
-gives the element of rank ``t[j, r]`` of each row.  Work: ``O(nse log nse + R + output)``, one
-pass over the output (the fill's runs written as plain loops).
+bottom-up merge sort past it; a short head of a long row: a selection) places every element:
+:func:`sort_head` writes the first ``width`` of every sorted row (values and positions, the layout
+``(R // post, width, post)``: row ``r`` at ``(r // post, :, r % post)``, a sort along a dim with
+``post`` elements after it); :func:`rank_select` gives the element of rank ``t[j, r]`` of each
+row.  Work: ``O(nse log nse + R + output)``, one pass over the output (the fill's runs written as
+plain loops).
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ except ImportError:
 __all__ = ["sort_head", "rank_select"]
 
 _SMALL = 24  # elements: insertion sort up to here (a row of a 1%-dense matrix holds ~10)
-_BLOCK = 64
-_TOP = 64  # a head of at most this many of a longer row: selected, not sorted whole  # rows written together across a strided output (16 float64: two cache lines)
+_BLOCK = 64  # rows written together across a strided output (a 512-byte run per write)
+_TOP = 64  # a head of at most this many of a longer row: selected, not sorted whole
 
 
 if numba is not None:
@@ -174,7 +175,9 @@ if numba is not None:
                 out_v[o + s] = x
                 out_p[o + s] = pc
                 s += 1
-        j = b - a - nhigh - s  # (the sorted head holds them: nlow + neq + s - lim <= width)
+        # the stored behind the fill, from the first: a selected head holds those the output
+        # reaches (nlow + neq + their number <= width)
+        j = b - a - nhigh - s
         while s < width:
             out_v[o + s] = v[srt[a + j + s]]
             out_p[o + s] = p[srt[a + j + s]]
@@ -184,8 +187,8 @@ if numba is not None:
     def sort_head(r, p, v, f, size, width, post, desc, out_v, out_p):  # pragma: no cover
         """The first ``width`` elements of every stably sorted row into ``out_v``/``out_p`` (flat,
         ``R * width``, the layout of the module docstring).  With ``post > 1`` a block of
-        ``_BLOCK`` rows adjacent in the output is written to a buffer and copied across: whole
-        cache lines instead of one element per line."""
+        ``_BLOCK`` rows adjacent in the output is written to a buffer and copied across: runs of
+        whole cache lines instead of one element per line."""
         R = f.shape[0]
         offs, order = _group(r, R)
         srt = order.copy()
@@ -195,8 +198,9 @@ if numba is not None:
         if post == 1:
             for row in range(R):
                 a, b = offs[row], offs[row + 1]
-                _write_row(p, v, order, srt, a, b, f[row], size, width, desc, out_v, out_p,
-                           row * width)
+                _write_row(
+                    p, v, order, srt, a, b, f[row], size, width, desc, out_v, out_p, row * width
+                )
             return
         B = min(_BLOCK, post)
         buf_v = np.empty(B * width, out_v.dtype)
@@ -207,8 +211,9 @@ if numba is not None:
             for i in range(nb):
                 row = r0 + i
                 a, b = offs[row], offs[row + 1]
-                _write_row(p, v, order, srt, a, b, f[row], size, width, desc, buf_v, buf_p,
-                           i * width)
+                _write_row(
+                    p, v, order, srt, a, b, f[row], size, width, desc, buf_v, buf_p, i * width
+                )
             base = (r0 // post) * width * post + r0 % post
             for s in range(width):
                 o = base + s * post

@@ -152,8 +152,8 @@ class Rows:
             pos[:, 0, :] = -self.nlow.reshape(pre, post)
         col = self.eb + self.nlow[self.erow]
         ok = col < width
-        pos.view(-1).index_add_(0, self._flat(self.erow[ok], col[ok], width, post), _ONE.expand(
-            int(ok.sum())))
+        steps = self._flat(self.erow[ok], col[ok], width, post)
+        pos.view(-1).index_add_(0, steps, torch.ones_like(steps))
         pos.cumsum_(1)
         slot = self._slots()
         ok = slot < width
@@ -194,9 +194,6 @@ class Rows:
         p = torch.cat([self.p, self.p.new_zeros(1)])[gi]
         stored = low | high
         return torch.where(stored, v, self.f_rows[rows].to(v.dtype)), torch.where(stored, p, u)
-
-
-_ONE = torch.ones((), dtype=torch.int64)
 
 
 def _row_order(r, v, cnt, start, q, R: int, descending: bool) -> torch.Tensor:
