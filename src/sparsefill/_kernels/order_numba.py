@@ -30,6 +30,7 @@ except ImportError:
 __all__ = ["sort_head", "rank_select"]
 
 _SMALL = 24  # elements: insertion sort up to here (a row of a 1%-dense matrix holds ~10)
+_RUN = 16  # elements: a longer row's runs sorted by insertion before the merges
 _BLOCK = 64  # rows written together across a strided output (a 512-byte run per write)
 _TOP = 64  # a head of at most this many of a longer row: selected, not sorted whole
 
@@ -92,16 +93,20 @@ if numba is not None:
         if _SMALL < n and width <= _TOP:
             _top_row(v, ix, width, desc)
             return
-        if n <= _SMALL:
-            for i in range(1, n):
+        # runs of _RUN sorted by insertion, then merged bottom-up
+        run = max(n, 1) if n <= _SMALL else _RUN
+        for lo in range(0, n, run):
+            hi = min(lo + run, n)
+            for i in range(lo + 1, hi):
                 x = ix[i]
                 j = i
-                while j > 0 and _ahead(v[x], v[ix[j - 1]], desc):
+                while j > lo and _ahead(v[x], v[ix[j - 1]], desc):
                     ix[j] = ix[j - 1]
                     j -= 1
                 ix[j] = x
+        if n <= _SMALL:
             return
-        w = 1
+        w = run
         src, dst = ix, tmp[:n]
         flipped = False
         while w < n:
