@@ -488,3 +488,22 @@ def test_long_rows_sort_topk_kthvalue_quantile_on_each_backend(backend, case, fi
             q = torch.tensor([0.0, 0.3, 1.0], dtype=x.dtype)
             for fn in (torch.quantile, torch.nanquantile):
                 torch.testing.assert_close(fn(A, q, dim), fn(x, q, dim), equal_nan=True)
+
+
+def test_stored_values_equal_to_the_fill_sit_in_its_run():
+    """A stored element equal to the fill (a stored -0.0 beside a fill of 0.0, a stored 0.0) takes
+    its place in the fill's run by position; rows with nothing stored around it."""
+    A = sparsefill.sparse_coo_tensor(
+        [[0, 0, 0, 2], [1, 3, 4, 0]], [0.0, 2.0, -0.0, -1.0], (4, 5), fill_value=0.0
+    )
+    x = A.to_dense()
+    for dim in (0, 1):
+        for desc in (False, True):
+            got, ref = (
+                torch.sort(A, dim=dim, descending=desc, stable=True),
+                stable_sort(x, dim, desc),
+            )
+            assert torch.equal(got.values, ref.values) and torch.equal(got.indices, ref.indices)
+            assert torch.equal(got.values.signbit(), ref.values.signbit())
+            got = torch.topk(A, 3, dim, largest=desc)
+            assert torch.equal(got.indices, ref.indices.narrow(dim, 0, 3))

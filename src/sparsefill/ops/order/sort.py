@@ -127,9 +127,10 @@ class Rows:
         slot = torch.where(self.before, q, self.size - self.cnt[r] + q)
         if self.all_ex:
             return slot
-        # in the run: its position less the stored outside the run ahead of it in its row
+        # in the run: its position less the stored outside the run ahead of it in its row (those
+        # ahead of it in all rows, less those of the rows before: estart)
         exc = torch.cumsum(self._ex, 0) - self._ex.long()
-        ex_ahead = (exc - exc[self.start].where(self.cnt > 0, 0)[r])[self.order]
+        ex_ahead = (exc - self.estart[r])[self.order]
         run = self.nlow[r] + self.p - ex_ahead
         return torch.where(self.before | self.after, slot, run)
 
