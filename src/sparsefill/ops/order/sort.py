@@ -13,6 +13,9 @@ elements).  In stable order a row is::
 
 ("before": ``x < f`` ascending, ``x > f`` descending, NaN the largest as in torch), so the rank of
 every element follows from a sort of the stored values alone: ``O(nse log nse)``, plus the output.
+On CPU the compiled row kernels (``_kernels/order_numba.py``, once the segment backend loads numba)
+sort each row's stored values and write the output in one pass; elsewhere torch ops do it
+(:class:`Rows`).
 The run's ``t``-th position is ``u = t + #{j : e_j - j <= t}`` over the row's stored positions
 ``e_0 < e_1 < ...`` outside the run (:class:`Rows`).  Along a dense dim: the op on the stored
 values and on the fill, the pattern kept (a SparseTensor result).
