@@ -1,11 +1,14 @@
-"""Order statistics and set ops (``ops/order/sort.py``, ``quantiles.py``, ``search.py``): a 1000 x
-1000 float64 matrix at 1% density (fill 0), against dense torch on ``A.to_dense()``::
+"""Order statistics and set ops (``ops/order/sort.py``, ``quantiles.py``, ``search.py``) at 1%
+density (fill 0, float64), against dense torch on ``A.to_dense()``::
 
-    topk(A, 10, dim=1)   sort(A, dim=1)   unique(A)   quantile(A, 0.3, dim=1)
+    topk(A, 10, dim)   sort(A, dim)   unique(A)   quantile(A, 0.3, dim)
 
-(pydata ``sparse`` has none of them.)  The sparse side sorts the stored values once and places the
-fill's run by rank arithmetic: ``topk``/``quantile`` touch the output and the stored values;
-``sort``'s output is dense by nature (every slice), written in one pass.
+over a 1000 x 1000 matrix along dim 1 and dim 0 (COO; CSR along dim 1) and a 1-D tensor of 1M
+elements.  (pydata ``sparse`` has none of them.)  The sparse side sorts each slice's stored
+values once and places the fill's run by rank arithmetic: ``topk``/``quantile`` touch the output
+and the stored values; ``sort``'s output is dense by nature (every slice), written in one pass.
+On CPU the compiled row kernels (``_kernels/order_numba.py``) do that work once numba is loaded
+(the segment backend's ``auto`` rule: after enough work); the case warms them up first.
 """
 
 from __future__ import annotations
@@ -16,18 +19,35 @@ import sparsefill
 
 from sparsefill.benchmarks.runner import case
 
-SIZES = {"1000x1000, 1%": ((1000, 1000), 0.01)}
+SIZES = {  # label: (shape, density, dim, layout)
+    "1000x1000, 1%, dim 1": ((1000, 1000), 0.01, 1, "coo"),
+    "1000x1000, 1%, dim 0": ((1000, 1000), 0.01, 0, "coo"),
+    "1000x1000 CSR, 1%, dim 1": ((1000, 1000), 0.01, 1, "csr"),
+    "1M (1-D), 1%": ((1_000_000,), 0.01, 0, "coo"),
+}
+QUICK = {k: SIZES[k] for k in ("1000x1000, 1%, dim 1", "1M (1-D), 1%")}
+TINY = {"40x50, 5%, dim 1": ((40, 50), 0.05, 1, "coo")}
+_WARM = 8  # calls of the subject before the runner's own (the compiled kernels loaded)
 
 
 def _matrix(param):
-    (n, m), density = param
+    shape, density, dim, layout = param
     g = torch.Generator().manual_seed(0)
-    nse = round(n * m * density)
-    keys = torch.randperm(n * m, generator=g)[:nse].sort().values
-    idx = torch.stack([keys // m, keys % m])
+    n = shape[0] * (shape[1] if len(shape) > 1 else 1)
+    nse = round(n * density)
+    keys = torch.randperm(n, generator=g)[:nse].sort().values
+    idx = torch.stack([keys // shape[1], keys % shape[1]]) if len(shape) > 1 else keys[None]
     vals = torch.randn(nse, generator=g, dtype=torch.float64)
-    A = sparsefill.sparse_coo_tensor(idx, vals, (n, m), fill_value=0.0).coalesce()
-    return A, A.to_dense()
+    A = sparsefill.sparse_coo_tensor(idx, vals, shape, fill_value=0.0).coalesce()
+    if layout == "csr":
+        A = A.to_sparse_csr()
+    return A, A.to_dense(), dim
+
+
+def _pairs(subject, peer):
+    for _ in range(_WARM):
+        subject()
+    return [("sparsefill", subject), ("dense torch", peer)]
 
 
 def _same(param, out):
@@ -40,37 +60,28 @@ def _values(param, out):  # (topk/sort: equal elements' order is torch's kernel'
     torch.testing.assert_close(out["sparsefill"][0], out["dense torch"][0])
 
 
-@case("topk(A, 10, dim=1) 1%", sizes=SIZES, check=_values)
+@case("topk(A, 10, dim) 1%", sizes=SIZES, quick_sizes=QUICK, tiny_sizes=TINY, check=_values)
 def topk(param):
-    A, D = _matrix(param)
-    return [
-        ("sparsefill", lambda: tuple(torch.topk(A, 10, 1))),
-        ("dense torch", lambda: tuple(torch.topk(D, 10, 1))),
-    ]
+    A, D, d = _matrix(param)
+    return _pairs(lambda: tuple(torch.topk(A, 10, d)), lambda: tuple(torch.topk(D, 10, d)))
 
 
-@case("sort(A, dim=1) 1%", sizes=SIZES, check=_values)
+@case("sort(A, dim) 1%", sizes=SIZES, quick_sizes=QUICK, tiny_sizes=TINY, check=_values)
 def sort(param):
-    A, D = _matrix(param)
-    return [
-        ("sparsefill", lambda: tuple(torch.sort(A, 1))),
-        ("dense torch", lambda: tuple(torch.sort(D, 1))),
-    ]
+    A, D, d = _matrix(param)
+    return _pairs(lambda: tuple(torch.sort(A, d)), lambda: tuple(torch.sort(D, d)))
 
 
-@case("unique(A, return_counts) 1%", sizes=SIZES, check=_same)
+@case("unique(A, return_counts) 1%", sizes=SIZES, quick_sizes=QUICK, tiny_sizes=TINY, check=_same)
 def unique(param):
-    A, D = _matrix(param)
-    return [
-        ("sparsefill", lambda: tuple(torch.unique(A, return_counts=True))),
-        ("dense torch", lambda: tuple(torch.unique(D, return_counts=True))),
-    ]
+    A, D, _ = _matrix(param)
+    return _pairs(
+        lambda: tuple(torch.unique(A, return_counts=True)),
+        lambda: tuple(torch.unique(D, return_counts=True)),
+    )
 
 
-@case("quantile(A, 0.3, dim=1) 1%", sizes=SIZES, check=_same)
+@case("quantile(A, 0.3, dim) 1%", sizes=SIZES, quick_sizes=QUICK, tiny_sizes=TINY, check=_same)
 def quantile(param):
-    A, D = _matrix(param)
-    return [
-        ("sparsefill", lambda: torch.quantile(A, 0.3, dim=1)),
-        ("dense torch", lambda: torch.quantile(D, 0.3, dim=1)),
-    ]
+    A, D, d = _matrix(param)
+    return _pairs(lambda: torch.quantile(A, 0.3, dim=d), lambda: torch.quantile(D, 0.3, dim=d))

@@ -50,6 +50,21 @@ from sparsefill.ops import views
 from sparsefill.ops._schema import flat_args, written_positions
 
 HANDLERS: dict = {}
+# op -> shortcut(func, args, kwargs) tried before dispatch: a result, or None for the full path
+SHORTCUTS: dict = {}
+
+
+def register_shortcut(op):
+    """Decorator: ``fn(func, args, kwargs)`` runs first for ``op`` in ``__torch_dispatch__``
+    (before the boundary rule and the view bookkeeping: for an op whose common case is a few
+    kernel calls on plain operands, which ``fn`` checks); None passes the call on."""
+
+    def deco(fn):
+        _FAST.clear()
+        SHORTCUTS[op] = fn
+        return fn
+
+    return deco
 
 
 def register(*ops):
@@ -104,7 +119,9 @@ def fast_path(func):
     """The shortcut ``SparseTensor.__torch_dispatch__`` takes for ``func`` before :func:`dispatch`
     (called once per op, cached there): for a pointwise op with no handler
     ``pointwise_fast.unary_fast`` (out of place) or ``pointwise_fast.inplace_fast`` (``A.mul_(c)``),
-    else False."""
+    a registered shortcut (:func:`register_shortcut`), else False."""
+    if func in SHORTCUTS:
+        return SHORTCUTS[func]
     if func in HANDLERS:
         return False
     return (

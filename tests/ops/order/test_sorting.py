@@ -447,3 +447,69 @@ def test_topk_sparse_output_stores_the_picked_stored_elements(case, fill):
                     # (only slots holding a stored scalar: at most one per stored scalar)
                     assert v._nnz() <= A.coalesce().values().numel()
     assert sparsefill.topk(x, 2).values.shape == torch.topk(x, 2).values.shape
+
+
+# ------------------------------------------------------ the compiled row kernels and the torch path
+LONG = [  # (shape, dense_dim, layout): rows of 40-150 stored (past the kernels' insertion sort)
+    ((3, 150), 0, "coo"),
+    ((150, 4), 0, "csr"),
+    ((2, 60, 3), 1, "coo"),
+    ((300,), 0, "coo"),
+]
+
+
+@pytest.mark.parametrize("backend", ["numba", "torch"])
+@pytest.mark.parametrize("case", LONG, ids=[f"{c[2]}-{'x'.join(map(str, c[0]))}" for c in LONG])
+@pytest.mark.parametrize("fill", [0.0, NAN, -INF])
+def test_long_rows_sort_topk_kthvalue_quantile_on_each_backend(backend, case, fill):
+    """Rows longer than the kernels' insertion sort (a merge sort), a short head of a long row (a
+    selection), many ties, a NaN among the stored values: values and stable indices as dense."""
+    from sparsefill import segment
+
+    if backend == "numba" and not segment.compiled_available():
+        pytest.skip("needs numba (the compiled kernels)")
+    shape, dd, layout = case
+    A, x = make(shape, fill, dd, layout, p=0.6, seed=3)
+    if fill == 0.0:  # (a stored NaN: the largest, in position order with the others)
+        x = x.clone()
+        x.view(-1)[5] = NAN
+        A = sparsefill.to_sparse(x, fill_value=A.fill_value(), dense_dim=dd)
+    with segment.use_backend(backend):
+        for dim in range(len(shape) - dd):
+            for desc in (False, True):
+                got, ref = torch.sort(A, dim=dim, descending=desc), stable_sort(x, dim, desc)
+                torch.testing.assert_close(got.values, ref.values, equal_nan=True)
+                assert torch.equal(got.indices, ref.indices)
+                for k in sorted({1, 3, shape[dim] - 2} & set(range(shape[dim] + 1))):
+                    got = torch.topk(A, k, dim, largest=desc)
+                    torch.testing.assert_close(
+                        got.values, ref.values.narrow(dim, 0, k), equal_nan=True
+                    )
+                    assert torch.equal(got.indices, ref.indices.narrow(dim, 0, k))
+            for k in sorted({1, max(shape[dim] // 2, 1), shape[dim]}):
+                got, ref = torch.kthvalue(A, k, dim), stable_sort(x, dim)
+                rv = ref.values.select(dim, k - 1)
+                torch.testing.assert_close(got.values, rv, equal_nan=True)
+                assert torch.equal(got.indices, ref.indices.select(dim, k - 1))
+            q = torch.tensor([0.0, 0.3, 1.0], dtype=x.dtype)
+            for fn in (torch.quantile, torch.nanquantile):
+                torch.testing.assert_close(fn(A, q, dim), fn(x, q, dim), equal_nan=True)
+
+
+def test_stored_values_equal_to_the_fill_sit_in_its_run():
+    """A stored element equal to the fill (a stored -0.0 beside a fill of 0.0, a stored 0.0) takes
+    its place in the fill's run by position; rows with nothing stored around it."""
+    A = sparsefill.sparse_coo_tensor(
+        [[0, 0, 0, 2], [1, 3, 4, 0]], [0.0, 2.0, -0.0, -1.0], (4, 5), fill_value=0.0
+    )
+    x = A.to_dense()
+    for dim in (0, 1):
+        for desc in (False, True):
+            got, ref = (
+                torch.sort(A, dim=dim, descending=desc, stable=True),
+                stable_sort(x, dim, desc),
+            )
+            assert torch.equal(got.values, ref.values) and torch.equal(got.indices, ref.indices)
+            assert torch.equal(got.values.signbit(), ref.values.signbit())
+            got = torch.topk(A, 3, dim, largest=desc)
+            assert torch.equal(got.indices, ref.indices.narrow(dim, 0, 3))

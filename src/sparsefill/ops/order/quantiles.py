@@ -36,18 +36,18 @@ from sparsefill.ops.autograd_routes import register_route
 from sparsefill.ops.linalg.backward import pattern_grad_is_exact
 from sparsefill.ops.reductions.backward import _on_pattern
 from sparsefill.ops.reductions.select_backward import select_grad
-from sparsefill.ops.order.sort import Rows, _nan, rows_of
+from sparsefill.ops.order.sort import _nan, ranked
 
 T = torch.Tensor
 _MODES = ("linear", "lower", "higher", "midpoint", "nearest")
 
 
-def _ranks(rows: Rows, q: torch.Tensor, ignore_nan: bool, interpolation: str):
+def _ranks(rows, q: torch.Tensor, ignore_nan: bool, interpolation: str):
     """``(below, above, weight)``, each ``(Q, R)``: the ranks of each row's quantiles, as torch's
     ``quantile_compute`` gives them."""
     size, R = rows.size, rows.R
     nan = torch.bincount(rows.r[_nan(rows.v)], minlength=R)
-    nan = nan + torch.where(_nan(rows.f_rows), size - rows.cnt, 0)
+    nan = nan + torch.where(_nan(rows.f_rows), size - torch.bincount(rows.r, minlength=R), 0)
     return rank_math(q, torch.full_like(nan, size), nan, ignore_nan, interpolation)
 
 
@@ -122,15 +122,19 @@ class RankSelect(torch.autograd.Function):
 
     @staticmethod
     def forward(A, dim, q, ignore_nan, interpolation):
-        P = _pattern(A)
-        rows, moved = rows_of(P, dim, False)
-        below, above, weight = _ranks(rows, q, ignore_nan, interpolation)
-        out = moved[:-1]
-        Q = below.shape[0]
-        vb, ib = rows.at(below)
-        if above is None:
+        got = {}
+
+        def t_of(rows):
+            below, above, got["weight"] = _ranks(rows, q, ignore_nan, interpolation)
+            return below if above is None else torch.cat([below, above])
+
+        v, i, moved = ranked(_pattern(A), dim, t_of)
+        weight, out = got["weight"], moved[:-1]
+        Q = v.shape[0] if weight is None else v.shape[0] // 2
+        vb, ib = v[:Q], i[:Q]
+        if weight is None:
             return vb.reshape([Q] + out), None, ib.reshape([Q] + out), None, None
-        va, ia = rows.at(above)
+        va, ia = v[Q:], i[Q:]
         shape = [Q] + out
         return (
             vb.reshape(shape),

@@ -13,6 +13,9 @@ elements).  In stable order a row is::
 
 ("before": ``x < f`` ascending, ``x > f`` descending, NaN the largest as in torch), so the rank of
 every element follows from a sort of the stored values alone: ``O(nse log nse)``, plus the output.
+On CPU the compiled row kernels (``_kernels/order_numba.py``, once the segment backend loads numba)
+sort each row's stored values and write the output in one pass; elsewhere torch ops do it
+(:class:`Rows`).
 The run's ``t``-th position is ``u = t + #{j : e_j - j <= t}`` over the row's stored positions
 ``e_0 < e_1 < ...`` outside the run (:class:`Rows`).  Along a dense dim: the op on the stored
 values and on the fill, the pattern kept (a SparseTensor result).
@@ -45,6 +48,7 @@ from __future__ import annotations
 import torch
 
 from sparsefill._kernels import index as _index
+from sparsefill._kernels import order as _order
 from sparsefill._tensor.parts import coalesced_parts, dense_of, parts_to_sparse
 from sparsefill._tensor.policy import check_densify
 from sparsefill._tensor.fill import indefinite
@@ -85,63 +89,89 @@ class Rows:
     >>> rows = Rows(torch.tensor([0, 0]), torch.tensor([1, 3]), torch.tensor([5., -1.]),
     ...             torch.tensor([0.]), 1, 4, descending=False)
     >>> [t.tolist() for t in rows.dense(4)]
-    [[[-1.0, 0.0, 0.0, 5.0]], [[3, 0, 2, 1]]]
+    [[[[-1.0], [0.0], [0.0], [5.0]]], [[[3], [0], [2], [1]]]]
     """
 
     def __init__(self, r, p, v, f_rows, R: int, size: int, descending: bool):
         self.R, self.size, self.f_rows = R, size, f_rows
-        dev = r.device
-        order = _row_order(r, p, v, R, size, descending)
-        self.r, self.p, self.v = r[order], p[order], v[order]
-        fr = f_rows[self.r]
-        self.before = _ahead(self.v, fr, descending)
-        self.after = _ahead(fr, self.v, descending)
-        self.cnt = torch.bincount(self.r, minlength=R)
+        k, dev = r.numel(), r.device
+        if k > 1 and not bool((r[1:] >= r[:-1]).all()):
+            # (a stable sort by row keeps each row's (r, p) order)
+            g = torch.sort(r, stable=True).indices
+            r, p, v = r[g], p[g], v[g]
+        self.cnt = torch.bincount(r, minlength=R)
         self.start = torch.cumsum(self.cnt, 0) - self.cnt
-        self.nlow = torch.bincount(self.r[self.before], minlength=R)
-        self.nhigh = torch.bincount(self.r[self.after], minlength=R)
-        # the stored elements outside the run, by (row, position): e_j, and b_j = e_j - j
-        ex = self.before | self.after
-        ekey = self.r[ex] * size + self.p[ex]
-        if ekey.numel() > 1 and not bool((ekey[1:] >= ekey[:-1]).all()):
-            ekey = torch.sort(ekey).values
-        self.ekey = ekey
-        self.erow = ekey // max(size, 1)
-        ecnt = torch.bincount(self.erow, minlength=R)
-        self.estart = torch.cumsum(ecnt, 0) - ecnt
-        j = torch.arange(ekey.numel(), device=dev) - self.estart[self.erow]
-        self.eb = ekey - self.erow * size - j
+        fr = f_rows[r]
+        before, after = _ahead(v, fr, descending), _ahead(fr, v, descending)
+        self.nlow = torch.bincount(r[before], minlength=R)
+        self.nhigh = torch.bincount(r[after], minlength=R)
+        # the stored elements outside the run in (row, position) order: e_j, and b_j = e_j - j
+        ex = before | after
+        self.all_ex = bool(ex.all())
+        if self.all_ex:
+            self.erow, self.estart, eb_j = r, self.start, None
+        else:
+            self.erow = r[ex]
+            ecnt = torch.bincount(self.erow, minlength=R)
+            self.estart = torch.cumsum(ecnt, 0) - ecnt
+            eb_j = torch.arange(self.erow.numel(), device=dev) - self.estart[self.erow]
+        self.q = torch.arange(k, device=dev) - self.start[r]  # (rank within the row)
+        self.eb = p - self.q if eb_j is None else p[ex] - eb_j
+        self._ex = ex
+        order = _row_order(r, v, self.cnt, self.start, self.q, R, descending)
+        self.order = order
+        self.r, self.p, self.v = r, p[order], v[order]
+        self.before, self.after = before[order], after[order]
 
     def _slots(self):
-        """The output slot of every stored element (sorted order)."""
-        q = torch.arange(self.r.numel(), device=self.r.device) - self.start[self.r]
-        r, p = self.r, self.p
-        ex_ahead = torch.searchsorted(self.ekey, r * self.size + p) - self.estart[r]
-        run = self.nlow[r] + p - ex_ahead
-        return torch.where(
-            self.before, q, torch.where(self.after, self.size - self.cnt[r] + q, run)
-        )
+        """The output slot of every stored element (sorted order): its rank among the stored
+        ahead of the fill, its place in the fill's run, or from the end."""
+        r, q = self.r, self.q
+        slot = torch.where(self.before, q, self.size - self.cnt[r] + q)
+        if self.all_ex:
+            return slot
+        # in the run: its position less the stored outside the run ahead of it in its row (those
+        # ahead of it in all rows, less those of the rows before: estart)
+        exc = torch.cumsum(self._ex, 0) - self._ex.long()
+        ex_ahead = (exc - self.estart[r])[self.order]
+        run = self.nlow[r] + self.p - ex_ahead
+        return torch.where(self.before | self.after, slot, run)
 
-    def dense(self, width: int):
-        """``(values, positions)``, each ``(R, width)``: the first ``width`` of every sorted row."""
+    def dense(self, width: int, post: int = 1):
+        """``(values, positions)``, each ``(R // post, width, post)``: the first ``width`` of
+        every sorted row, row ``r`` at ``(r // post, :, r % post)`` (the layout of a tensor whose
+        sorted dim has ``post`` elements after it: no transpose)."""
         R, dev = self.R, self.r.device
-        vals = self.f_rows.reshape(R, 1).expand(R, width).clone()
-        # positions: the ramp j - nlow[r], plus one step at each b_j + nlow[r] (a cumulative sum,
-        # the -nlow folded into column 0: three passes over the output, all int64: a mixed-dtype
-        # add is 4x slower)
+        pre = R // max(post, 1)
+        f = self.f_rows
+        vals = torch.empty((pre, width, post), dtype=f.dtype, device=dev)
+        if f.numel() and f.stride(0) == 0:  # (one fill: a plain fill_ of the output)
+            vals.fill_(f[0])
+        else:
+            vals.copy_(f.reshape(pre, 1, post).expand(pre, width, post))
+        # positions: the run's t-th element is t + #{j : b_j <= t}: a cumulative sum of ones,
+        # -nlow[r] at column 0 and one more step at each b_j + nlow[r] (in place: one pass)
+        pos = torch.ones((pre, width, post), dtype=torch.int64, device=dev)
+        if width:
+            pos[:, 0, :] = -self.nlow.reshape(pre, post)
         col = self.eb + self.nlow[self.erow]
         ok = col < width
-        steps = torch.zeros(R * width, dtype=torch.int64, device=dev)
-        steps.index_add_(0, self.erow[ok] * width + col[ok], torch.ones_like(col[ok]))
-        if width:
-            steps[::width] -= self.nlow
-        pos = torch.cumsum(steps.view(R, width), 1).add_(torch.arange(width, device=dev))
+        steps = self._flat(self.erow[ok], col[ok], width, post)
+        pos.view(-1).index_add_(0, steps, torch.ones_like(steps))
+        pos.cumsum_(1)
         slot = self._slots()
         ok = slot < width
-        flat = (self.r * width + slot)[ok]
+        flat = self._flat(self.r[ok], slot[ok], width, post)
         vals.view(-1)[flat] = self.v[ok]
         pos.view(-1)[flat] = self.p[ok]
         return vals, pos
+
+    @staticmethod
+    def _flat(r, col, width: int, post: int):
+        """The flat index of ``(row, column)`` in the ``(R // post, width, post)`` layout."""
+        if post == 1:
+            return r * width + col
+        return (r // post) * (width * post) + col * post + r % post
 
     def at(self, t: torch.Tensor, rows=None):
         """``(values, positions)`` of rank ``t`` (``0 <= t < size``) of each row (``rows``: of
@@ -170,31 +200,25 @@ class Rows:
         return torch.where(stored, v, self.f_rows[rows].to(v.dtype)), torch.where(stored, p, u)
 
 
-def _row_order(r, p, v, R: int, size: int, descending: bool) -> torch.Tensor:
-    """The permutation sorting the stored elements by (row, value; stable: position).  Rows of at
-    most a few elements each (the common case): every row padded to the longest and sorted at
-    once (``torch.sort`` along a small last dim), else two stable sorts of all of them."""
+def _row_order(r, v, cnt, start, q, R: int, descending: bool) -> torch.Tensor:
+    """The permutation sorting the stored elements, grouped by row in position order, by (row,
+    value; stable: position).  Rows of at most a few elements each (the common case): every row
+    padded to the longest and sorted at once (``torch.sort`` along a small last dim), else two
+    stable sorts of all of them."""
     k = r.numel()
     if not k:
         return torch.zeros(0, dtype=torch.int64, device=r.device)
-    key = r * max(size, 1) + p
-    grouped = bool((key[1:] > key[:-1]).all()) if k > 1 else True
-    by_row = torch.arange(k, device=r.device) if grouped else torch.sort(key).indices
-    rs = r[by_row]
-    cnt = torch.bincount(rs, minlength=R)
     width = int(cnt.max())
     if R * width > 4 * k + 1024 or v.dtype == torch.bool:
         order = torch.sort(v, stable=True, descending=descending).indices
         return order[torch.sort(r[order], stable=True).indices]
-    q = torch.arange(k, device=r.device) - (torch.cumsum(cnt, 0) - cnt)[rs]
-    pad = _pad_value(v.dtype, descending)
-    P = torch.full((R, width), pad, dtype=v.dtype, device=v.device)
-    P[rs, q] = v[by_row]
-    idx = torch.full((R, width), -1, dtype=torch.int64, device=v.device)
-    idx[rs, q] = by_row
+    flat = r * width + q
+    P = torch.full((R, width), _pad_value(v.dtype, descending), dtype=v.dtype, device=v.device)
+    P.view(-1)[flat] = v
     srt = torch.sort(P, dim=1, stable=True, descending=descending).indices
-    got = idx.gather(1, srt)
-    return got[got >= 0]  # (pads sort last in every row: after equal values, being later)
+    # (pads sort last in every row, after equal values, being later: the row's first cnt[r]
+    # sorted columns are its elements)
+    return start[r] + srt.view(-1)[flat]
 
 
 def _pad_value(dtype, descending: bool):
@@ -205,34 +229,78 @@ def _pad_value(dtype, descending: bool):
     return info.min if descending else info.max
 
 
-def rows_of(A: SparseTensor, dim: int, descending: bool) -> tuple[Rows, list]:
-    """The slices of ``A`` along its sparse dim ``dim`` as :class:`Rows` (a definite fill), and the
+def row_parts(A: SparseTensor, dim: int) -> tuple:
+    """The slices of ``A`` along its sparse dim ``dim`` (a definite fill) as rows: ``(r, p, v,
+    f_rows)``, the stored elements (each row's in ascending position) and each row's fill; the
     shape of ``A`` with ``dim`` moved last (the rows' order)."""
     idx, vals = coalesced_parts(A)
     sd, D = A._sparse_ndim(), tuple(A._dense_shape)
     Dn = _index.numel(D)
     kept = [i for i in range(sd) if i != dim]
     kshape = [A.shape[i] for i in kept]
-    key = _index.linearize(idx[kept], kshape)
+    # (one kept dim, the common 2-D case: its index row itself, no copy)
+    key = idx[kept[0]].to(torch.int64) if len(kept) == 1 else _index.linearize(idx[kept], kshape)
+    R = _index.numel(kshape) * Dn
+    fill = A._fill if A._fill.dtype == A.dtype else A._fill.to(A.dtype)
     if D:
         r = (key[:, None] * Dn + torch.arange(Dn, device=key.device)).reshape(-1)
         p = idx[dim].repeat_interleave(Dn)
+        f_rows = fill.expand(D).reshape(1, Dn).expand(R // Dn, Dn).reshape(-1)
     else:
         r, p = key, idx[dim].to(torch.int64)
-    R = _index.numel(kshape) * Dn
-    f_rows = A._fill.to(A.dtype).expand(D).reshape(1, Dn).expand(R // max(Dn, 1), Dn).reshape(-1)
-    rows = Rows(r, p, vals.reshape(-1), f_rows, R, A.shape[dim], descending)
-    return rows, kshape + list(D) + [A.shape[dim]]
+        f_rows = fill.reshape(()).expand(R)
+    return (r, p, vals.reshape(-1), f_rows), kshape + list(D) + [A.shape[dim]]
+
+
+def rows_of(A: SparseTensor, dim: int, descending: bool) -> tuple[Rows, list]:
+    """The slices of ``A`` along its sparse dim ``dim`` as :class:`Rows` (a definite fill), and the
+    shape of ``A`` with ``dim`` moved last (the rows' order)."""
+    (r, p, v, f_rows), moved = row_parts(A, dim)
+    return Rows(r, p, v, f_rows, f_rows.numel(), A.shape[dim], descending), moved
+
+
+def sorted_head(A: SparseTensor, dim: int, width: int, descending: bool, shape):
+    """``(values, positions)`` of ``shape`` (``A``'s, ``width`` along ``dim``): the first
+    ``width`` of every stably sorted slice along the sparse dim ``dim`` -- the compiled kernel
+    where it runs (one pass over the output), else :meth:`Rows.dense`."""
+    post = _index.numel(A.shape[dim + 1 :])
+    parts, _ = row_parts(A, dim)
+    if _order.compiled(parts[2], A.numel()):
+        v, p = _order.sort_head(*parts, A.shape[dim], width, post, descending)
+    else:
+        rows = Rows(*parts, parts[3].numel(), A.shape[dim], descending)
+        v, p = rows.dense(width, post)
+    return v.view(shape), p.view(shape)
+
+
+def ranked(A: SparseTensor, dim: int, t_of):
+    """``(values, positions, moved)``: the elements of rank ``t_of(rows)`` (``(Q, R)``) of every
+    ascending stably sorted slice along the sparse dim ``dim`` (``rows``: :class:`Rows`, or the
+    row parts ``(r, p, v, f_rows)`` for the compiled kernel, with ``size``)."""
+    parts, moved = row_parts(A, dim)
+    size = A.shape[dim]
+    if _order.compiled(parts[2], A.numel()):
+        t = t_of(_Parts(*parts, size))
+        v, p = _order.rank_select(*parts, size, t)
+        return v, p, moved
+    rows = Rows(*parts, parts[3].numel(), size, False)
+    v, p = rows.at(t_of(rows))
+    return v, p, moved
+
+
+class _Parts:
+    """Row parts with :class:`Rows`' names for what a rank function reads: ``r``, ``v``,
+    ``f_rows``, ``R``, ``size``."""
+
+    def __init__(self, r, p, v, f_rows, size):
+        self.r, self.p, self.v, self.f_rows, self.size = r, p, v, f_rows, size
+        self.R = f_rows.numel()
 
 
 def _gate(what: str, A: SparseTensor, n: int) -> None:
     """The densify policy's dense-by-nature gate for an ``n``-element result (values and
     indices)."""
     check_densify(what, n * (A.element_size() + 8), by_nature=True)
-
-
-def _unmove(t: torch.Tensor, moved: list, dim: int) -> torch.Tensor:
-    return t.reshape(moved).movedim(-1, dim).contiguous()
 
 
 def _along_dense(func, A: SparseTensor, dim: int, rest: dict, meta):
@@ -304,9 +372,7 @@ def _sort(func, args, kwargs):
         rest = {"stable": True, "descending": desc}
         return _along_dense(aten.sort.stable, A, dim % A.dim(), rest, meta)
     _gate(f"sort of a SparseTensor along sparse dim {d}", A, A.numel())
-    rows, moved = rows_of(A, d, desc)
-    v, p = rows.dense(A.shape[d])
-    return _unmove(v, moved, d), _unmove(p, moved, d)
+    return sorted_head(A, d, A.shape[d], desc, A.shape)
 
 
 _sort.dense_by_nature = (
@@ -332,10 +398,7 @@ def _topk(func, args, kwargs):
     if d is None:
         return _along_dense(_stable_topk, A, dim % A.dim(), {"k": k, "largest": largest}, meta)
     _gate(f"topk of a SparseTensor along sparse dim {d}", A, A.numel() // A.shape[d] * k)
-    rows, moved = rows_of(A, d, largest)
-    v, p = rows.dense(k)
-    moved[-1] = k
-    return _unmove(v, moved, d), _unmove(p, moved, d)
+    return sorted_head(A, d, k, largest, meta[0].shape)
 
 
 _topk.dense_by_nature = (
@@ -365,9 +428,12 @@ def _kthvalue(func, args, kwargs):
     if d is None:
         return _along_dense(_stable_kth, A, dim % A.dim(), {"k": k, "keepdim": keep}, meta)
     _gate(f"kthvalue of a SparseTensor along sparse dim {d}", A, A.numel() // A.shape[d])
-    rows, moved = rows_of(A, d, False)
-    v, p = rows.at(torch.full((rows.R,), k - 1, dtype=torch.int64, device=A.device))
-    return _reduced(v, moved, d, keep), _reduced(p, moved, d, keep)
+    v, p, moved = ranked(A, d, lambda rows: _full_rank(rows, k - 1))
+    return _reduced(v[0], moved, d, keep), _reduced(p[0], moved, d, keep)
+
+
+def _full_rank(rows, t: int) -> torch.Tensor:
+    return torch.full((1, rows.R), t, dtype=torch.int64, device=rows.r.device)
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

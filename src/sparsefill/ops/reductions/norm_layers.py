@@ -28,7 +28,8 @@ from sparsefill._tensor.parts import coalesce_of, dense_of, rewrap
 from sparsefill._tensor.policy import check_densify
 from sparsefill._tensor.tensor import SparseTensor
 from sparsefill.ops.decomposed import decomposed
-from sparsefill.ops.registry import register
+from sparsefill.ops.registry import register, register_shortcut
+from sparsefill._kernels.trace import traced
 
 aten = torch.ops.aten
 
@@ -113,6 +114,15 @@ def _norm_layer(func, args, kwargs):
     return decomposed(func, args, kwargs)
 
 
+@register_shortcut(aten.native_layer_norm.default)
+def _layer_norm_shortcut(func, args, kwargs):
+    """``native_layer_norm`` over dense dims with plain (or no) weight and bias, eagerly: straight
+    to :func:`_rowwise_layer_norm` from ``__torch_dispatch__`` (None: the full path)."""
+    if kwargs or traced() or any(a is not None and type(a) is not torch.Tensor for a in args[2:4]):
+        return None
+    return _rowwise_layer_norm(*args)
+
+
 def _rowwise_layer_norm(A, normalized_shape, weight=None, bias=None, eps=1e-5):
     """``native_layer_norm`` over dense dims only: torch's kernel on the stored rows and on the
     fill row, the pattern kept (output, mean and rstd alike); None where it does not apply."""
@@ -122,14 +132,15 @@ def _rowwise_layer_norm(A, normalized_shape, weight=None, bias=None, eps=1e-5):
     if isinstance(weight, SparseTensor) or isinstance(bias, SparseTensor):
         return None
     B = A if A._coalesced else coalesce_of(A)
-    rows = aten.native_layer_norm.default(B._vals, normalized_shape, weight, bias, eps)
     if B._indefinite:
+        rows = aten.native_layer_norm.default(B._vals, normalized_shape, weight, bias, eps)
         fills = (B._fill,) * 3
-    else:
-        f = B._fill.expand(B._dense_shape)[None]
-        fills = [
-            t[0] for t in aten.native_layer_norm.default(f, normalized_shape, weight, bias, eps)
-        ]
+    else:  # (the fill row normalized with the stored ones: one kernel call)
+        V = B._vals
+        f = B._fill.to(V.dtype).expand(B._dense_shape)[None]
+        out = aten.native_layer_norm.default(torch.cat([V, f]), normalized_shape, weight, bias, eps)
+        n = V.shape[0]
+        rows, fills = [t[:n] for t in out], [t[n] for t in out]
     stat = tuple(A.shape[: A.dim() - k]) + (1,) * k
     return tuple(
         rewrap(B, values=v, fill=f, size=size, known_zero=False)

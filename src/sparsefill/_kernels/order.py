@@ -1,0 +1,86 @@
+"""Order statistics of rows of stored elements merged with a fill, on plain tensors: the compiled
+kernels of :mod:`sparsefill._kernels.order_numba` behind a torch face.
+
+Row ``r`` in ``[0, R)`` has ``size`` elements: the stored ``(r[i], p[i], v[i])`` (each row's in
+ascending position) and ``f[r]`` elsewhere; rows sorted stably (NaN the largest, as torch)::
+
+    sort_head(...)[0].reshape(R // post, width, post)[r // post, :, r % post]
+        == torch.sort(row r, descending, stable=True).values[:width]
+    rank_select(...)[0][j, r] == torch.sort(row r, stable=True).values[t[j, r]]
+
+(positions alike).  :func:`compiled` says whether a call runs them: CPU, a dtype numba reads, not
+traced, and the segment backend's choice (``auto``: once enough work has come to pay for numba's
+import, :func:`sparsefill._kernels.segment.compiled_for`); the callers keep a torch path.
+
+>>> import torch
+>>> r, p, v = torch.tensor([0, 0]), torch.tensor([1, 3]), torch.tensor([5., -1.])
+>>> if compiled(v, 0, force=True):
+...     vals, pos = sort_head(r, p, v, torch.zeros(1), 4, 4, 1, False)
+...     assert vals.tolist() == [-1., 0., 0., 5.] and pos.tolist() == [3, 0, 2, 1]
+"""
+
+from __future__ import annotations
+
+import torch
+
+from sparsefill._kernels.segment import _np, _nb, compiled_for
+from sparsefill._kernels.trace import traced
+
+__all__ = ["compiled", "sort_head", "rank_select"]
+
+_DTYPES = (
+    torch.float64,
+    torch.float32,
+    torch.int64,
+    torch.int32,
+    torch.int16,
+    torch.int8,
+    torch.uint8,
+)
+
+
+def compiled(v: torch.Tensor, work: int, force: bool = False) -> bool:
+    """Whether the compiled kernels run for values ``v`` and ``work`` elements (the dense
+    op's); ``force``: whenever numba is installed (tests, examples)."""
+    if v.device.type != "cpu" or v.dtype not in _DTYPES or traced(v):
+        return False
+    if force:
+        return bool(_nb())
+    return compiled_for(v.device, work)
+
+
+def _mod():
+    from sparsefill._kernels import order_numba
+
+    return order_numba
+
+
+def sort_head(r, p, v, f, size: int, width: int, post: int, descending: bool):
+    """``(values, positions)``, flat ``R * width`` (``R = len(f)``): the first ``width`` of each
+    stably sorted row, row ``r`` at ``(r // post, :, r % post)`` of ``(R // post, width, post)``."""
+    R = f.numel()
+    out_v = torch.empty(R * width, dtype=v.dtype)
+    out_p = torch.empty(R * width, dtype=torch.int64)
+    _mod().sort_head(
+        *_args(r, p, v, f), size, width, max(post, 1), descending, _np(out_v), _np(out_p)
+    )
+    return out_v, out_p
+
+
+def rank_select(r, p, v, f, size: int, t: torch.Tensor):
+    """``(values, positions)``, each ``t``'s shape ``(Q, R)``: rank ``t[j, r]`` of each
+    ascending stably sorted row."""
+    t = t.to(torch.int64).contiguous()
+    out_v = torch.empty(t.shape, dtype=v.dtype)
+    out_p = torch.empty(t.shape, dtype=torch.int64)
+    _mod().rank_select(*_args(r, p, v, f), size, _np(t), _np(out_v), _np(out_p))
+    return out_v, out_p
+
+
+def _args(r, p, v, f):
+    return (
+        _np(r.to(torch.int64).contiguous()),
+        _np(p.to(torch.int64).contiguous()),
+        _np(v.contiguous()),
+        _np(f.to(v.dtype).contiguous()),
+    )
