@@ -43,6 +43,45 @@ def pytest_configure(config):
         torch.set_num_threads(1)
 
 
+def pytest_collection_finish(session):
+    """Two costs of PyTorch's test helpers that check nothing here, dropped once the tests are
+    collected (most of the CPU time of an OpInfo sample, measured: see the functions below)."""
+    if "torch.testing._internal.common_utils" in sys.modules:
+        _no_test_fn_lookup()
+    if "torch" in sys.modules:
+        _no_queued_accelerator_seeds()
+
+
+def _no_test_fn_lookup():
+    """Every ``op.sample_inputs(...)`` looks for the unittest ``TestCase`` method that runs it by
+    ``inspect.stack()`` (source lines of every frame of pytest's deep stack: ~20 ms a call), to seed
+    the samples by its name and note the failing sample on it.  These tests are plain functions: the
+    lookup always finds none (and the samples get torch's fixed SEED), so it returns none at once."""
+    from torch.testing._internal import common_utils
+    from torch.testing._internal.opinfo import core
+
+    def extract_test_fn():
+        return None
+
+    common_utils.extract_test_fn = core.extract_test_fn = extract_test_fn
+
+
+def _no_queued_accelerator_seeds():
+    """``torch.manual_seed`` (run before every OpInfo sample) also queues the seed for each
+    accelerator backend that has not started, with a formatted traceback of the call (~2 ms on
+    pytest's stacks); where the backend is not available it can never start, nor run the queue."""
+    import torch
+
+    for name in ("cuda", "xpu", "mtia"):
+        backend = getattr(torch, name, None)
+        if backend is not None and not backend.is_available():
+            backend.manual_seed_all = _no_seed
+
+
+def _no_seed(seed):
+    return None
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
     """Whole test files to each worker (the default ``--dist load`` would split a sweep's module, and
