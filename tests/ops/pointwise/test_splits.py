@@ -255,19 +255,18 @@ def test_mixed_splits_are_native(op):
     )
 
 
-def test_report(capsys):
+def test_report(summary_line):
     """The counts of the sweep above (when it ran in this run): ops with a densified or failed sample."""
     if not REPORT:
         pytest.skip("the OpInfo sweep did not run in this run")
     total = sum(REPORT.values(), collections.Counter())
     bad = sorted(k for k, c in REPORT.items() if c["densify"] or c["FAIL"])
-    with capsys.disabled():
-        for name, (fills, reason) in DECLARED.items():
-            print(f"\ndeclared (mixed splits) {name} [{', '.join(fills)}]: {reason}")
-        print(
-            f"\nmixed splits: {len(REPORT)} ops, outcomes {dict(total)}; ops with a densified or failed sample: "
-            f"{len(bad)}{': ' + ', '.join(bad) if bad else ''}"
-        )
+    for name, (fills, reason) in DECLARED.items():
+        summary_line(f"declared (mixed splits) {name} [{', '.join(fills)}]: {reason}")
+    summary_line(
+        f"mixed splits: {len(REPORT)} ops, outcomes {dict(total)}; ops with a densified or failed sample: "
+        f"{len(bad)}{': ' + ', '.join(bad) if bad else ''}"
+    )
 
 
 # ---------------------------------------------------------------------- the conversions and the rule

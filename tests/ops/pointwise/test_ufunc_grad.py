@@ -75,13 +75,12 @@ NARROWING = {
 }  # casts to a narrower dtype: no gradcheck possible
 
 
-def test_declared_dense_backwards_are_reported(capsys):
-    with capsys.disabled():
-        print(
-            f"\nnot gradchecked (narrowing casts; their leaf gradients are compared): {sorted(NARROWING)}"
-        )
-        for name, reason in DENSE_BACKWARD.items():
-            print(f"\ndeclared (ufunc gradients) {name}: {reason}")
+def test_declared_dense_backwards_are_reported(summary_line):
+    summary_line(
+        f"not gradchecked (narrowing casts; their leaf gradients are compared): {sorted(NARROWING)}"
+    )
+    for name, reason in DENSE_BACKWARD.items():
+        summary_line(f"declared (ufunc gradients) {name}: {reason}")
 
 
 def _binary_other(op, s):

@@ -46,13 +46,12 @@ CASES = [
 ]
 
 
-def test_declared_exceptions_are_reported(capsys):
-    with capsys.disabled():
-        for name, (variants, reason) in DECLARED.items():
-            print(f"\ndeclared (ufuncs) {name} [{', '.join(sorted(variants))}]: {reason}")
-        print(
-            f"not run: ops starting with {CUDA_ONLY} (CUDA-only: the dense op rejects every CPU sample)"
-        )
+def test_declared_exceptions_are_reported(summary_line):
+    for name, (variants, reason) in DECLARED.items():
+        summary_line(f"declared (ufuncs) {name} [{', '.join(sorted(variants))}]: {reason}")
+    summary_line(
+        f"not run: ops starting with {CUDA_ONLY} (CUDA-only: the dense op rejects every CPU sample)"
+    )
 
 
 def _strict_run(op, sample, variant, seed, dtype, declared=False):

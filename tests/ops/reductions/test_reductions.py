@@ -26,10 +26,9 @@ ALL = frozenset(VARIANTS)
 DECLARED: dict = {}  # op name -> (variants, reason): reductions that may densify there (none now)
 
 
-def test_declared_reductions_are_reported(capsys):
-    with capsys.disabled():
-        for name, (variants, reason) in sorted(DECLARED.items()):
-            print(f"\ndeclared (reductions) {name} [{', '.join(sorted(variants))}]: {reason}")
+def test_declared_reductions_are_reported(summary_line):
+    for name, (variants, reason) in sorted(DECLARED.items()):
+        summary_line(f"declared (reductions) {name} [{', '.join(sorted(variants))}]: {reason}")
 
 
 @pytest.mark.parametrize(
