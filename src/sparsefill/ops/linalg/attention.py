@@ -456,6 +456,9 @@ def _fused(q, k, v, A, scale):
     Eagerly a mask whose unspecified pairs take part declines (dense semantics through the other
     handlers); while traced the fill is not read, and the op computes that case densely at run
     time.  A mask ``(H, L, S)`` (one pattern per head, split by its data) is a graph break."""
+    # (first: a view of a mask written since it was taken reads its base's data here, before its
+    # fill is read and its slices are taken; this route runs outside views.around)
+    A._sync()
     if traced():
         if A.dim() == 3:
             _graph_break()
