@@ -123,6 +123,21 @@ def test_sdpa_mask_view_sees_writes_to_its_base():
             torch.testing.assert_close(out, ref)
 
 
+def test_sdpa_mask_made_in_inference_mode():
+    """A mask of inference tensors (no version counters to key a cached plan on): computed, and a
+    write to it in place is seen."""
+    keep = _band(8, 6, window=1, globals_=0)
+    q, k, v = (t.detach() for t in _qkv((2,), 8, 6, 4, 3, torch.float64))
+    with torch.inference_mode():
+        A = _mask(keep, "bool", "coo", torch.float64)
+        ref = F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+        torch.testing.assert_close(F.scaled_dot_product_attention(q, k, v, attn_mask=A), ref)
+        A._vals[:3] = False
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=A)
+        ref = F.scaled_dot_product_attention(q, k, v, attn_mask=A.to_dense())
+        torch.testing.assert_close(out, ref)
+
+
 def test_sdpa_sparse_mask_matches_composite():
     """The user's composite (scores at the pattern, masked softmax, product) gives the same."""
     keep = _band(40, 40, empty_row=5)
