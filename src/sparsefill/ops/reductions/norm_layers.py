@@ -120,7 +120,8 @@ def _layer_norm_shortcut(func, args, kwargs):
     to :func:`_rowwise_layer_norm` from ``__torch_dispatch__`` (None: the full path).  A view
     declines: the shortcut runs before ``views.around``, which brings a view up to date with a
     base written since it was taken."""
-    if kwargs or traced() or any(a is not None and type(a) is not torch.Tensor for a in args[2:4]):
+    plain = (torch.Tensor, torch.nn.Parameter)  # (a module's weight arrives a Parameter in no_grad)
+    if kwargs or traced() or any(a is not None and type(a) not in plain for a in args[2:4]):
         return None
     if isinstance(args[0], SparseTensor) and args[0]._view is not None:
         return None
