@@ -537,7 +537,5 @@ def test_topk_head_of_a_long_row_with_later_elements_ahead_of_the_fill(backend, 
         for largest in (False, True):
             for k in (12, 20):
                 got, ref = torch.topk(A, k, 1, largest=largest), stable_sort(x, 1, largest)
-                torch.testing.assert_close(
-                    got.values, ref.values.narrow(1, 0, k), equal_nan=True
-                )
+                torch.testing.assert_close(got.values, ref.values.narrow(1, 0, k), equal_nan=True)
                 assert torch.equal(got.indices, ref.indices.narrow(1, 0, k))
