@@ -153,7 +153,9 @@ if numba is not None:
     def _write_row(p, v, order, srt, a, b, fr, size, width, desc, out_v, out_p, o):
         """The first ``width`` elements of the stably sorted row of ``order[a:b]`` (position
         order; ``srt[a:b]`` the same sorted) into ``out_v``/``out_p`` from ``o`` on, contiguous."""
-        nlow, nhigh = _counts(v, srt[a:b], fr, desc)
+        # (counted over ``order``: a selected head leaves ``srt[a:b]`` past ``width`` a mix of
+        # moved and repeated elements, no longer the row's)
+        nlow, nhigh = _counts(v, order[a:b], fr, desc)
         s = 0
         while s < nlow and s < width:
             out_v[o + s] = v[srt[a + s]]

@@ -107,6 +107,37 @@ def test_sdpa_per_head_masks(layout, kind):
         assert attention._slices(A) is attention._slices(A)
 
 
+def test_sdpa_mask_view_sees_writes_to_its_base():
+    """A mask that is a view (``B[1:]``, ``(H, L, S)`` or ``(L, S)``) of a mask written in place
+    after a first call: the attention reads the written values and fill (no stale slices)."""
+    keep = torch.stack([torch.roll(_band(8, 6, window=1, globals_=0), h, 1) for h in range(3)])
+    for mask, pick in ((keep, lambda B: B[1:]), (keep[0], lambda B: B[:, :])):
+        q, k, v = _qkv((2, 2) if mask.dim() == 3 else (2,), 8, 6, 4, 3, torch.float64)
+        for write in (lambda B: B.mul_(3.0), lambda B: B.clamp_(min=-1.0)):
+            B = _mask(mask, "float", "coo", torch.float64)
+            V = pick(B)
+            F.scaled_dot_product_attention(q, k, v, attn_mask=V)
+            write(B)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=V)  # (before V is read)
+            ref = F.scaled_dot_product_attention(q, k, v, attn_mask=V.to_dense())
+            torch.testing.assert_close(out, ref)
+
+
+def test_sdpa_mask_made_in_inference_mode():
+    """A mask of inference tensors (no version counters to key a cached plan on): computed, and a
+    write to it in place is seen."""
+    keep = _band(8, 6, window=1, globals_=0)
+    q, k, v = (t.detach() for t in _qkv((2,), 8, 6, 4, 3, torch.float64))
+    with torch.inference_mode():
+        A = _mask(keep, "bool", "coo", torch.float64)
+        ref = F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+        torch.testing.assert_close(F.scaled_dot_product_attention(q, k, v, attn_mask=A), ref)
+        A._vals[:3] = False
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=A)
+        ref = F.scaled_dot_product_attention(q, k, v, attn_mask=A.to_dense())
+        torch.testing.assert_close(out, ref)
+
+
 def test_sdpa_sparse_mask_matches_composite():
     """The user's composite (scores at the pattern, masked softmax, product) gives the same."""
     keep = _band(40, 40, empty_row=5)

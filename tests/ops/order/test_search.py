@@ -48,6 +48,24 @@ def _with_nan(A, x, dd):
     return sparsefill.to_sparse(x, fill_value=fill[(0,) * dd] if dd else fill, dense_dim=dd), x
 
 
+def test_searchsorted_rejects_a_bad_sorter_or_side_and_reads_nothing_past_a_row():
+    """A sorter entry out of a row's range (which the bisection would read through: another row's
+    element, or the fill of SparseTensor boundaries) and a side other than left/right are errors,
+    as torch's are."""
+    A = sparsefill.sparse_coo_tensor(
+        [[0, 1, 2], [1, 2, 0]], [1.0, 2.0, 3.0], (3, 4), fill_value=0.5
+    )
+    rows = torch.arange(9.0).reshape(3, 3)
+    S = sparsefill.to_sparse(torch.arange(4.0), fill_value=0.0)
+    for bad in (torch.tensor([[0, 1, 5]] * 3), torch.tensor([[-1, 0, 1]] * 3)):
+        with pytest.raises(IndexError, match="sorter"):
+            torch.searchsorted(rows, A, sorter=bad)
+    with pytest.raises(IndexError, match="sorter"):
+        torch.searchsorted(S, torch.tensor([2.5]), sorter=torch.tensor([0, 1, 2, 9]))
+    with pytest.raises(ValueError, match="side"):
+        torch.searchsorted(S, torch.tensor([2.5]), side="middle")
+
+
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 @pytest.mark.parametrize("fill", [0.0, 1.0, NAN])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.int64], ids=["f64", "i64"])

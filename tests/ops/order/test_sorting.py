@@ -513,3 +513,29 @@ def test_stored_values_equal_to_the_fill_sit_in_its_run():
             assert torch.equal(got.values.signbit(), ref.values.signbit())
             got = torch.topk(A, 3, dim, largest=desc)
             assert torch.equal(got.indices, ref.indices.narrow(dim, 0, 3))
+
+
+@pytest.mark.parametrize("backend", ["numba", "torch"])
+@pytest.mark.parametrize("fill", [0.0, NAN])
+def test_topk_head_of_a_long_row_with_later_elements_ahead_of_the_fill(backend, fill):
+    """A short head of a long row (a selection) whose later stored elements sort ahead of the
+    fill and replace earlier ones behind it, and stored elements equal to the fill: the fill's
+    run placed from the counts of the whole row."""
+    from sparsefill import segment
+
+    if backend == "numba" and not segment.compiled_available():
+        pytest.skip("needs numba (the compiled kernels)")
+    vals = torch.cat([torch.arange(1.0, 21.0), -torch.arange(1.0, 11.0), torch.full((4,), fill)])
+    A = sparsefill.sparse_coo_tensor(
+        torch.stack([torch.zeros(34, dtype=torch.long), torch.arange(34)]),
+        vals,
+        (2, 40),
+        fill_value=fill,
+    )
+    x = A.to_dense()
+    with segment.use_backend(backend):
+        for largest in (False, True):
+            for k in (12, 20):
+                got, ref = torch.topk(A, k, 1, largest=largest), stable_sort(x, 1, largest)
+                torch.testing.assert_close(got.values, ref.values.narrow(1, 0, k), equal_nan=True)
+                assert torch.equal(got.indices, ref.indices.narrow(1, 0, k))

@@ -41,6 +41,16 @@ def test_layer_norm_over_dense_dims_keeps_pattern():
         F.layer_norm(A, (4,))  # no dense temporary
 
 
+def test_layer_norm_of_a_view_sees_writes_to_its_base():
+    x = torch.randn(4, 5, 3, dtype=F64)
+    f = torch.tensor([0.5, -1.0, 2.0], dtype=F64)
+    x = torch.where((torch.arange(20).reshape(4, 5) % 3 == 0)[..., None], x, f)
+    A = sparsefill.to_sparse(x, fill_value=f, dense_dim=1)
+    V = A[1:]
+    A.mul_(2.0)  # the view is brought up to date when next read
+    torch.testing.assert_close(F.layer_norm(V, (3,)).to_dense(), F.layer_norm(2 * x[1:], (3,)))
+
+
 def test_norm_over_sparse_dims_is_gated():
     A = Leaves((6, 4), "coo").sparse(*Leaves((6, 4), "coo").leaves())
     with sparsefill.densify_policy(dense_by_nature="raise"):

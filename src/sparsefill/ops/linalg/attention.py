@@ -247,7 +247,10 @@ def _plan(A: SparseTensor, q, v) -> _Tiles:
     work = q.shape[0] * (q.shape[-1] + v.shape[-1])
     parts = (A._crow, A._col) if A._sf_layout is torch.sparse_csr else (A._idx,)
     parts += (A._vals, A._fill)
-    key = (tuple(A.shape), q.dtype, work, ROWS) + tuple(_storage_key(t) for t in parts)
+    try:
+        key = (tuple(A.shape), q.dtype, work, ROWS) + tuple(_storage_key(t) for t in parts)
+    except RuntimeError:  # (inference tensors have no version counter: not cached)
+        return tiles_of(A, q.dtype, block_rows(A, work))
     hit = _PLANS.get(key)
     if hit is not None and not any(r.expired() for r in hit[0]):
         return hit[1]
@@ -456,6 +459,9 @@ def _fused(q, k, v, A, scale):
     Eagerly a mask whose unspecified pairs take part declines (dense semantics through the other
     handlers); while traced the fill is not read, and the op computes that case densely at run
     time.  A mask ``(H, L, S)`` (one pattern per head, split by its data) is a graph break."""
+    # (first: a view of a mask written since it was taken reads its base's data here, before its
+    # fill is read and its slices are taken; this route runs outside views.around)
+    A._sync()
     if traced():
         if A.dim() == 3:
             _graph_break()

@@ -307,7 +307,23 @@ def _searchsorted(func, args, kwargs):
     if isinstance(sorter, SparseTensor) or (isinstance(seq, SparseTensor) and seq._indefinite):
         return NotImplemented
     _meta_check(func, args, kwargs)
+    _check_side_sorter(b["side"], sorter, seq.shape[-1] if seq.dim() else 0)
     return _search(seq, v, right, b["out_int32"], sorter)
+
+
+def _check_side_sorter(side, sorter, L: int) -> None:
+    """The checks torch's kernel makes on data and the meta kernel does not: ``side`` and the
+    range of ``sorter``'s entries (the bisection here reads through them: an entry out of
+    ``[0, L)`` would read another row's element or the fill, not fail)."""
+    if side is not None and side not in ("left", "right"):
+        raise ValueError(f"searchsorted(): side must be 'left' or 'right', got {side!r}")
+    if sorter is not None and sorter.numel():
+        lo, hi = torch.aminmax(sorter)
+        if bool(lo < 0) or bool(hi >= L):
+            raise IndexError(
+                f"searchsorted(): sorter holds index {int(lo) if lo < 0 else int(hi)}, out of"
+                f" range for a sorted_sequence of {L} elements per row"
+            )
 
 
 _searchsorted.dense_by_nature = (

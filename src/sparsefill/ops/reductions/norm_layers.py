@@ -117,8 +117,13 @@ def _norm_layer(func, args, kwargs):
 @register_shortcut(aten.native_layer_norm.default)
 def _layer_norm_shortcut(func, args, kwargs):
     """``native_layer_norm`` over dense dims with plain (or no) weight and bias, eagerly: straight
-    to :func:`_rowwise_layer_norm` from ``__torch_dispatch__`` (None: the full path)."""
-    if kwargs or traced() or any(a is not None and type(a) is not torch.Tensor for a in args[2:4]):
+    to :func:`_rowwise_layer_norm` from ``__torch_dispatch__`` (None: the full path).  A view
+    declines: the shortcut runs before ``views.around``, which brings a view up to date with a
+    base written since it was taken."""
+    plain = (torch.Tensor, torch.nn.Parameter)  # (a module's weight arrives a Parameter in no_grad)
+    if kwargs or traced() or any(a is not None and type(a) not in plain for a in args[2:4]):
+        return None
+    if isinstance(args[0], SparseTensor) and args[0]._view is not None:
         return None
     return _rowwise_layer_norm(*args)
 
