@@ -282,6 +282,34 @@ def test_sdpa_sparse_mask_compiles_fullgraph(layout, kind, monkeypatch):
     assert counter.frame_count == 1
 
 
+def test_sdpa_compiled_mask_of_fill_0_asks_the_densify_policy():
+    """Under torch.compile the fill is read at run time inside the op: a mask whose unspecified
+    pairs take part (the dense scores plus a bias: dense by nature) asks the densify policy there,
+    as the eager call's dense handlers do."""
+    import torch._dynamo.testing  # noqa: F401  (CompileCounterWithBackend)
+
+    keep = _band(12, 12, window=1, globals_=1)
+    idx = keep.nonzero().t()
+    A = sparsefill.sparse_coo_tensor(idx, torch.ones(idx.shape[1]), keep.shape).to_sparse_csr()
+    q, k, v = _qkv((2,), 12, 12, 4, 4, torch.float32)
+    fn, _ = _compiled_sdpa()
+    with sparsefill.densify_policy(dense_by_nature="raise"), pytest.raises(sparsefill.DensifyError):
+        fn(q, k, v, A)
+    with sparsefill.densify_policy(dense_by_nature="raise"), pytest.raises(sparsefill.DensifyError):
+        F.scaled_dot_product_attention(q, k, v, attn_mask=A)
+
+
+def test_sdpa_mask_dtype_checked_as_torch_checks_it():
+    """A float mask must be float32 or the query's dtype (torch's rule and message); nothing is
+    computed otherwise."""
+    A = _mask(_band(8, 8), "float", "coo", torch.float64)
+    q, k, v = _qkv((2,), 8, 8, 4, 4, torch.float32)
+    with pytest.raises(RuntimeError, match="attn_mask dtype to be bool or float"):
+        F.scaled_dot_product_attention(q, k, v, attn_mask=A)
+    with pytest.raises(RuntimeError, match="attn_mask dtype to be bool or float"):
+        F.scaled_dot_product_attention(q, k, v, attn_mask=A.to_dense())
+
+
 def test_sdpa_per_head_mask_under_torch_compile():
     """A mask ``(H, L, S)`` (its per-head patterns split by its data) is a graph break: the call
     runs eagerly through the tiles, the eager values and gradients."""

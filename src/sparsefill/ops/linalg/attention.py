@@ -54,6 +54,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from sparsefill._kernels.grouping import pattern_cached
 from sparsefill._kernels.trace import traced
 from sparsefill._tensor.parts import coalesced_parts
+from sparsefill._tensor.policy import check_densify
 from sparsefill._tensor.tensor import SparseTensor
 from sparsefill.ops.autograd_routes import register_route
 
@@ -288,6 +289,12 @@ def _dense_tiles(A: SparseTensor, dtype) -> _Tiles:
     """One tile of all ``L x S`` pairs of the definite mask ``A``, its bias the dense mask's (the
     memory of torch's SDPA on ``A.to_dense()``)."""
     L, S = A.shape
+    # (under torch.compile the fill is read only here, at run time: so the policy is asked here)
+    check_densify(
+        "scaled_dot_product_attention with a SparseTensor mask whose unspecified pairs take part",
+        L * S * (torch.finfo(dtype).bits // 8 + 16),
+        by_nature=True,
+    )
     dense = A.to_dense()
     if dense.dtype == torch.bool:
         bias = torch.zeros(dense.shape, dtype=dtype).masked_fill_(~dense, -math.inf)
@@ -450,6 +457,11 @@ def _sdpa(func, args, kwargs):
     q, k, v, A, dropout_p, is_causal, scale, enable_gqa = parsed
     if dropout_p or is_causal or enable_gqa or not _fused_form(q, k, v, A):
         return NotImplemented
+    if A.dtype not in (torch.bool, torch.float32, q.dtype):  # (torch's check, its message)
+        raise RuntimeError(
+            "Expected attn_mask dtype to be bool or float or to match query dtype, but got "
+            f"attn_mask.dtype: {A.dtype} and  query.dtype: {q.dtype} instead."
+        )
     return _fused(q, k, v, A, scale)
 
 
