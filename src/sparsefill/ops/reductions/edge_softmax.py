@@ -46,11 +46,13 @@ from sparsefill._autograd.functions import (
     unwrapped,
 )
 from sparsefill._kernels.grouping import csr_row_slices, pattern_cached, sorted_runs
+from sparsefill._kernels.trace import traced
 from sparsefill._tensor.tensor import SparseTensor
 
 __all__ = ["applies", "segment_softmax", "softmax_values", "softmax_grad_values", "Plan", "plan_of"]
 
 _FLOATS = (torch.float32, torch.float64)
+_DIRECT_KEYS = 4  # compiled: slices by key where there are at most ~this many keys per element
 
 
 def applies(A, dim: int) -> bool:
@@ -104,6 +106,12 @@ def _plan(keys: torch.Tensor, nkeys: int, presorted: bool) -> Plan:
         inv = torch.empty_like(perm).index_put_(
             (perm,), torch.arange(perm.numel(), device=perm.device)
         )
+    if traced(keys) and 0 < nkeys <= _DIRECT_KEYS * keys.numel() + 4096:
+        # compiled (recomputed every step): every key a slice, the empty ones too, so that the
+        # slice of an element is its key; no ranking of the non-empty slices (a nonzero, a scatter
+        # and a cumsum over the elements), and no data-dependent count of them
+        lengths = torch.diff(torch._convert_indices_from_coo_to_csr(keys, nkeys))
+        return Plan(keys, lengths, perm, inv)
     _, seg, lengths = sorted_runs(keys, nkeys)
     return Plan(seg, lengths, perm, inv)
 
