@@ -49,7 +49,11 @@ _FLOATS = (torch.float32, torch.float64)
 def usable(a: torch.Tensor, b: torch.Tensor, elements: int) -> bool:
     """Whether the products of ``a`` and ``b`` (values or dense rows, one dtype) run as these ops:
     CPU, float32/float64, and the segment backend runs the compiled kernels for ``elements`` (stored
-    elements x columns) of work."""
+    elements x columns) of work.  A symbolic count (a dynamic stored count) is not read (a guard on
+    it would be a recompile per size): taken as enough work to load the kernels, which a compile's
+    seconds pay for."""
+    if not isinstance(elements, int):
+        elements = _kernels.COMPILED_AFTER_WORK
     return (
         a.dtype in _FLOATS
         and b.dtype == a.dtype
