@@ -21,7 +21,9 @@ the test suite runs the harness cases); run ``python -m sparsefill.benchmarks.ca
    reported), eager, and torch_geometric's ``GATConv`` model of the same weights eager and
    compiled; one Adam step each, the median of 3 rounds of 3 steps per side (a side's first step
    in a round, after the other sides', runs on memory they left: the median of 3 leaves it out),
-   peak memory beside time (one more step, measured alone).
+   peak memory beside time (one more step, measured alone).  ``--scale-edges-per-node 19``: 2M
+   edges at 100k nodes; ``--scale-hidden 64``: 64 channels per head; ``--only-scale``: this case
+   alone.
 4. **DLRM training step** (``examples/dlrm.py``, small tables): the model compiled with
    ``fullgraph=True`` (the pooling of every key by ``KeyedJaggedBatch.pooled``: one
    ``sparsefill::jagged_pooled`` custom op forward and one ``jagged_pooled_backward``, each key's
@@ -190,12 +192,13 @@ def gat_at_scale(
     hidden: int | None = None,
 ) -> dict:
     """The two-layer GAT of ``examples/gat.py`` (``heads`` heads: a hybrid ``(N, N, heads)``
-    adjacency when ``heads > 1``; about ``nodes * (edges_per_node + 1)`` edges; ``hidden`` channels
-    per head, default the example's) and torch_geometric's ``GATConv`` model with the same weights, one
-    Adam step each: eager, and with the loss compiled (``fullgraph=True`` for sparsefill; the peer
-    as torch.compile takes it), backward through the compiled graph.  ``{side: (ms, peak MB)}``
-    plus ``"counts"``: dynamo's graphs, breaks and recompiles of sparsefill's compiled loss over
-    the warm-up and every timed step (the same graph each step: 1 graph, 0 breaks, 0 recompiles)."""
+    adjacency when ``heads > 1``; about ``nodes * (edges_per_node + 1)`` edges; ``hidden``
+    channels per head, default the example's) and torch_geometric's ``GATConv`` model with the same
+    weights, one Adam step each: eager, and with the loss compiled (``fullgraph=True`` for
+    sparsefill; the peer as torch.compile takes it), backward through the compiled graph.  ``{side:
+    (ms, peak MB)}`` plus ``"counts"``: dynamo's graphs, breaks and recompiles of sparsefill's
+    compiled loss over the warm-up and every timed step (the same graph each step: 1 graph, 0
+    breaks, 0 recompiles), ``"edges"`` and ``"hidden"`` (channels per head)."""
     from torch._dynamo.utils import counters
 
     from sparsefill.benchmarks.cases_models import _example

@@ -313,7 +313,8 @@ def _longest_row(M: _Mat) -> int:
 def _gather_spmm(M: _Mat, Xs: torch.Tensor, values=None) -> torch.Tensor:
     """``out[r] = sum(values[e] * Xs[col[e]] for the stored e of row r)``, ``(nb * m, n)``:
     ``M.csr(values) @ Xs`` in ops that torch.compile traces (values default to ``A0 = A - F``, as
-    :meth:`_Mat.csr`)."""
+    :meth:`_Mat.csr`): the custom op ``sparsefill::pattern_spmm`` where the compiled kernels run
+    (:mod:`.pattern_ops`), else a gather and an ``index_add``."""
     if values is None:
         values = M.vals if M.fill is None or not M.finite else M.vals - M.fill_at()
     from sparsefill.ops.linalg import pattern_ops
