@@ -21,9 +21,10 @@ the test suite runs the harness cases); run ``python -m sparsefill.benchmarks.ca
    reported), eager, and torch_geometric's ``GATConv`` model of the same weights eager and
    compiled; one Adam step each, the median of 3 rounds of 3 steps per side (a side's first step
    in a round, after the other sides', runs on memory they left: the median of 3 leaves it out),
-   peak memory beside time (one more step, measured alone).  ``--scale-edges-per-node 19``: 2M
-   edges at 100k nodes; ``--scale-hidden 64``: 64 channels per head; ``--only-scale``: this case
-   alone.
+   peak memory beside time (one more step, measured alone), and the CPU time of the same steps
+   (on a loaded machine the wall time is mostly waiting for a core).  ``--scale-edges-per-node
+   19``: 2M edges at 100k nodes; ``--scale-hidden 64``: 64 channels per head; ``--only-scale``:
+   this case alone.
 4. **DLRM training step** (``examples/dlrm.py``, small tables): the model compiled with
    ``fullgraph=True`` (the pooling of every key by ``KeyedJaggedBatch.pooled``: one
    ``sparsefill::jagged_pooled`` custom op forward and one ``jagged_pooled_backward``, each key's
@@ -233,12 +234,37 @@ def gat_at_scale(
         sides[f"compiled{suffix}"]()  # (its backward graph compiles: not a recompile)
         counts[name] = _compile_counts()
     counters.clear()
-    times = interleaved(sides, rounds, reps)
-    out = {k: (t, measure_memory(sides[k])["peak_bytes"] / 2**20) for k, t in times.items()}
+    times, cpu = _interleaved_wall_cpu(sides, rounds, reps)
+    out = {k: (t, measure_memory(sides[k])["peak_bytes"] / 2**20, cpu[k]) for k, t in times.items()}
     out["counts"] = dict(counts["sparsefill"], recompiles=_compile_counts()["recompiles"])
     out["edges"] = edge_index.shape[1]
     out["hidden"] = model.layer1.d_out
     return out
+
+
+def _interleaved_wall_cpu(fns: dict, rounds: int, reps: int) -> tuple[dict, dict]:
+    """``({name: ms}, {name: CPU ms})``: :func:`interleaved`'s medians of the wall time and, of the
+    same calls, of this thread's CPU time (one thread: torch's kernels, inductor's and the compiled
+    kernels all run on it).  On a machine other processes keep busy the CPU time leaves out the
+    waits for a core, which the wall time of a step there is mostly made of."""
+    import statistics
+    import time
+
+    for fn in fns.values():
+        fn()
+    wall, cpu = ({name: [] for name in fns} for _ in range(2))
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            ws, cs = [], []
+            for _ in range(reps):
+                t, c = time.perf_counter(), time.thread_time()
+                fn()
+                ws.append(time.perf_counter() - t)
+                cs.append(time.thread_time() - c)
+            wall[name].append(statistics.median(ws))
+            cpu[name].append(statistics.median(cs))
+    med = lambda d: {k: 1e3 * statistics.median(v) for k, v in d.items()}  # noqa: E731
+    return med(wall), med(cpu)
 
 
 _SCALE_SIDES = ("compiled", "eager", "compiled PyG", "eager PyG")
@@ -246,6 +272,7 @@ _SCALE_SIDES = ("compiled", "eager", "compiled PyG", "eager PyG")
 
 def _print_gat_at_scale(nodes: int, heads: int, t: dict) -> None:
     c, e, cp, ep = (t[k][0] for k in _SCALE_SIDES)
+    cc, ce, ccp, cep = (t[k][2] for k in _SCALE_SIDES)
     print(
         f"GAT training step at scale, {nodes} nodes, {t['edges']} edges, {heads} head(s) of "
         f"{t['hidden']} channels: "
@@ -253,7 +280,10 @@ def _print_gat_at_scale(nodes: int, heads: int, t: dict) -> None:
         + f"; compiled / eager {c / e:.2f}x, compiled / compiled PyG {c / cp:.2f}x, eager / eager"
         f" PyG {e / ep:.2f}x, PyG compiled / PyG eager {cp / ep:.2f}x; sparsefill compiled "
         f"(fullgraph): {t['counts']['graphs']} graph(s), {t['counts']['breaks']} breaks; "
-        f"{t['counts']['recompiles']} recompiles (either side) over the timed steps"
+        f"{t['counts']['recompiles']} recompiles (either side) over the timed steps; CPU time "
+        + ", ".join(f"{k} {t[k][2]:.0f} ms" for k in _SCALE_SIDES)
+        + f": compiled / eager {cc / ce:.2f}x, compiled / compiled PyG {cc / ccp:.2f}x, eager / "
+        f"eager PyG {ce / cep:.2f}x"
     )
 
 
