@@ -15,7 +15,9 @@ the values and gradients of ``torch.masked.<op>`` on the dense equivalent at the
 torch computes them (a slice holding +inf or NaN is NaN, one of -inf only too: ``-inf - m_s``).  The
 grouping of a pattern into slices (:class:`Plan`) is computed once per pattern and dim
 (``sparsefill._kernels.grouping.pattern_cached``: an adjacency reused every training step pays it
-once); :func:`segment_softmax` runs the forward and the closed-form backward above in one
+once; compiled, where no cache is read and the plan is traced into every step, a slice per key,
+empty ones included, when there are few keys per element: no ranking of the non-empty slices);
+:func:`segment_softmax` runs the forward and the closed-form backward above in one
 ``autograd.Function``, with no graph inside.
 
 >>> import torch, sparsefill
@@ -106,7 +108,7 @@ def _plan(keys: torch.Tensor, nkeys: int, presorted: bool) -> Plan:
         inv = torch.empty_like(perm).index_put_(
             (perm,), torch.arange(perm.numel(), device=perm.device)
         )
-    if traced(keys) and 0 < nkeys <= _DIRECT_KEYS * keys.numel() + 4096:
+    if traced(keys) and 0 < nkeys <= _DIRECT_KEYS * _hint(keys.numel(), nkeys) + 4096:
         # compiled (recomputed every step): every key a slice, the empty ones too, so that the
         # slice of an element is its key; no ranking of the non-empty slices (a nonzero, a scatter
         # and a cumsum over the elements), and no data-dependent count of them
@@ -114,6 +116,16 @@ def _plan(keys: torch.Tensor, nkeys: int, presorted: bool) -> Plan:
         return Plan(keys, lengths, perm, inv)
     _, seg, lengths = sorted_runs(keys, nkeys)
     return Plan(seg, lengths, perm, inv)
+
+
+def _hint(n, fallback: int) -> int:
+    """``n``, a dynamic size read as its hint with no guard (the choice of a plan: both are exact,
+    and a guard would recompile per size), ``fallback`` where it has none (data-dependent)."""
+    if isinstance(n, int):
+        return n
+    from torch.fx.experimental.symbolic_shapes import optimization_hint
+
+    return optimization_hint(n, fallback=fallback)
 
 
 def plan_of(A: SparseTensor, dim: int) -> Plan:
