@@ -29,6 +29,7 @@ a few Adam steps; timed against it (one training step: forward + backward + step
     python examples/gat.py --nodes 5000    # one size
     python examples/gat.py --csr           # the adjacency in CSR
     python examples/gat.py --heads 4       # four heads: a hybrid (N, N, 4) adjacency
+    python examples/gat.py --nodes 100000 --edges-per-node 19 --heads 4 --hidden 64   # 2M edges
 """
 
 from __future__ import annotations
@@ -174,12 +175,16 @@ def setup(
     layout=torch.sparse_coo,
     with_peer: bool = True,
     heads: int = 1,
+    edges_per_node: int = 10,
+    hidden: int | None = None,
 ):
     """The graph, our model and the peer with the same weights: ``(x, A, edge_index, y, model, peer)``
-    (``peer`` None unless ``with_peer``)."""
-    x, edge_index, y = make_graph(nodes, 10, features, classes, seed)
+    (``peer`` None unless ``with_peer``).  About ``nodes * (edges_per_node + 1)`` edges (self loops
+    included: 10 gives 1.1M edges at 100k nodes, 19 gives 2M); ``hidden`` the first layer's
+    channels per head (``GATConv``'s ``out_channels``; default ``features``)."""
+    x, edge_index, y = make_graph(nodes, edges_per_node, features, classes, seed)
     torch.manual_seed(seed)
-    model = GAT(features, features, classes, heads)
+    model = GAT(features, features if hidden is None else hidden, classes, heads)
     A = adjacency(edge_index, nodes, layout, heads)
     return x, A, edge_index, y, model, pyg_model(model) if with_peer else None
 
@@ -237,6 +242,10 @@ def main(argv=None):
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--plot", action="store_true", help="draw the losses and step times")
     p.add_argument("--heads", type=int, default=1, help="attention heads of the first layer")
+    p.add_argument(
+        "--edges-per-node", type=int, default=10, help="random edges per node (plus a self loop)"
+    )
+    p.add_argument("--hidden", type=int, default=None, help="channels per head (default 32)")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     layout = torch.sparse_csr if args.csr else torch.sparse_coo
@@ -244,7 +253,13 @@ def main(argv=None):
     print("losses (sparsefill, GATConv):", [f"{a:.6f} {b:.6f}" for a, b in losses])
     times = {}
     for n in args.nodes:
-        x, A, edge_index, y, model, peer = setup(n, layout=layout, heads=args.heads)
+        x, A, edge_index, y, model, peer = setup(
+            n,
+            layout=layout,
+            heads=args.heads,
+            edges_per_node=args.edges_per_node,
+            hidden=args.hidden,
+        )
         ours, theirs = trainer(model, (x, A), y), trainer(peer, (x, edge_index), y)
         t_ours, t_theirs = (
             1e3 * t for t in interleaved({"ours": ours, "theirs": theirs}, 1, args.reps).values()

@@ -434,6 +434,10 @@ def test_benchmark_script_smoke():
             "40",
             "--scale-heads",
             "2",
+            "--scale-edges-per-node",
+            "3",
+            "--scale-hidden",
+            "6",
             "--scale-rounds",
             "1",
             "--rounds",
@@ -444,8 +448,15 @@ def test_benchmark_script_smoke():
             "eager",
         ]
     )
-    assert set(out) == {("exp", 10), "gat", ("gat at scale", 40, 2), "dlrm"}
-    assert out["gat"]["compiled"] > 0 and out[("gat at scale", 40, 2)]["compiled"][0] > 0
+    assert set(out) == {("exp", 10), "gat", ("gat at scale", 40, 2, 3), "dlrm"}
+    at_scale = out[("gat at scale", 40, 2, 3)]
+    assert out["gat"]["compiled"] > 0 and at_scale["compiled"][0] > 0
+    assert at_scale["hidden"] == 6 and 40 < at_scale["edges"] <= 40 * 4
+    only = cases_compile.main(
+        ["--only-scale", "--scale-nodes", "30", "--scale-heads", "1", "--scale-rounds", "1"]
+        + ["--scale-reps", "1", "--backend", "eager"]
+    )
+    assert set(only) == {("gat at scale", 30, 1, 10)}
 
 
 def test_traced_agrees_with_is_compiling():

@@ -6,6 +6,11 @@ For a :class:`~._plan.Plan` (segments of input positions; ``x_p`` = row ``rows[p
     segment_extreme(x, plan)[s]
         = max_{p in s} x_p  (or min), arg[s] = the first input position of it
 
+and, on the compiled kernels only (the sparse-dense products of a pattern ``(rows, cols)``)::
+
+    gather_scatter_sum(x, rows, ids, w, S)[s] = sum_{i: ids[i] == s} w_i x[rows[i]]
+    sampled_dot(u, v, rows, cols)[i]          = u[rows[i]] . v[cols[i]]
+
 Sums over sorted segments run on ``embedding_bag`` (its CPU kernel is fbgemm's; on GPU CUDA's) with
 ``include_last_offset`` (one column read in order: the compiled kernel instead, 1.6x faster there).
 Max/min, and every reduction over *unsorted* ids, run on the compiled kernels of ``_numba_kernels``
@@ -63,6 +68,8 @@ __all__ = [
     "count_ids",
     "offsets_of",
     "segment_ids_of",
+    "gather_scatter_sum",
+    "sampled_dot",
 ]
 
 _BACKENDS = ("auto", "numba", "torch")
@@ -557,3 +564,40 @@ def segment_extreme(
 def _fill_empty(out: torch.Tensor, plan, value) -> torch.Tensor:
     """``out`` with the rows of the empty segments set to ``value`` in place (None: as is)."""
     return out if value is None or out.numel() == 0 else plan.fill_empty_(out, value)
+
+
+def gather_scatter_sum(
+    x: torch.Tensor, rows: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, num_segments: int
+) -> torch.Tensor:
+    """``out[s] = sum(w[i] * x[rows[i]] for i with ids[i] == s)`` for a 2-D ``x``, ``(num_segments,
+    x.shape[1])``, on the compiled scatter kernel (numba needed: the caller asked
+    :func:`compiled_for`): in position order, summed in ``x``'s dtype, with no sort and no ``(n,
+    D)`` temporary (the rows read and written at random prefetched).  Every index is checked (an
+    IndexError as the eager kernels raise)."""
+    from sparsefill._kernels.segment_plan import Plan
+
+    plan = Plan(num_segments, ids.shape[0], ids=_contig(ids), compiled=True)
+    out, _ = _reduce_compiled("scatter", "wsum", x, plan, _contig(rows), _contig(w.to(x.dtype)))
+    return out
+
+
+def sampled_dot(
+    u: torch.Tensor, v: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor
+) -> torch.Tensor:
+    """``out[i] = u[rows[i]] . v[cols[i]]`` (``(u @ v.T)[rows, cols]`` with no ``(n, D)``
+    temporaries) on the compiled kernel (numba needed), summed in ``u``'s dtype; the positions split
+    over the threads.  A pair out of range raises an IndexError."""
+    nb = _require_nb()
+    n = rows.shape[0]
+    out = torch.empty(n, dtype=u.dtype)
+    un, vn = _np(u.contiguous()), _np(v.to(u.dtype).contiguous())
+    rn, cn, on = _np(_contig(rows)), _np(_contig(cols)), _np(out)
+    T = _threads(n * u.shape[1])
+    pos = [n * t // T for t in range(T + 1)]
+    bad, _ = _run_jobs(nb.sampled_dot, [(un, vn, rn, cn, on, pos[t], pos[t + 1]) for t in range(T)])
+    if bad >= 0:
+        raise IndexError(
+            f"sampled product: the pair ({int(rows[bad])}, {int(cols[bad])}) at position {bad} is "
+            f"outside the operands' rows ({u.shape[0]}, {v.shape[0]})"
+        )
+    return out

@@ -60,6 +60,7 @@ __all__ = [
     "rowwise_adagrad_coalesced",
     "coalesce_rows",
     "gather_runs",
+    "sampled_dot",
     "OPS",
 ]
 
@@ -501,3 +502,30 @@ if numba is not None:
             a, o = starts[j], offsets[j]
             for i in range(lengths[j]):
                 out[o + i] = src[a + i]
+
+    # ------------------------------------------------------------------------------- products
+    @njit(nogil=True, cache=True)
+    def sampled_dot(u, v, rows, cols, out, p0, p1, bad):  # pragma: no cover - compiled
+        """``out[i] = u[rows[i]] . v[cols[i]]`` for ``p0 <= i < p1`` (the sampled product ``(u @
+        v.T)[rows, cols]``), summed in the dtype of ``out``; the rows read at random are prefetched
+        ``_AHEAD`` positions ahead.  A pair out of range is not read (``out[i] = 0``): the smallest
+        such position is kept in ``bad[0]``."""
+        M, K, D = u.shape[0], v.shape[0], u.shape[1]
+        pf_u = u.size * u.itemsize > _L2_BYTES
+        pf_v = v.size * v.itemsize > _L2_BYTES
+        zero = out.dtype.type(0)
+        for i in range(p0, p1):
+            if i + _AHEAD < p1:
+                if pf_u:
+                    _prefetch_row(u, rows[i + _AHEAD], D)
+                if pf_v:
+                    _prefetch_row(v, cols[i + _AHEAD], D)
+            r, c = rows[i], cols[i]
+            if r < 0 or r >= M or c < 0 or c >= K:
+                bad[0] = i if bad[0] < 0 else min(bad[0], i)
+                out[i] = zero
+                continue
+            acc = zero
+            for d in range(D):
+                acc += u[r, d] * v[c, d]
+            out[i] = acc

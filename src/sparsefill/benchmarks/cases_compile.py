@@ -21,7 +21,10 @@ the test suite runs the harness cases); run ``python -m sparsefill.benchmarks.ca
    reported), eager, and torch_geometric's ``GATConv`` model of the same weights eager and
    compiled; one Adam step each, the median of 3 rounds of 3 steps per side (a side's first step
    in a round, after the other sides', runs on memory they left: the median of 3 leaves it out),
-   peak memory beside time (one more step, measured alone).
+   peak memory beside time (one more step, measured alone), and the CPU time of the same steps
+   (on a loaded machine the wall time is mostly waiting for a core).  ``--scale-edges-per-node
+   19``: 2M edges at 100k nodes; ``--scale-hidden 64``: 64 channels per head; ``--only-scale``:
+   this case alone.
 4. **DLRM training step** (``examples/dlrm.py``, small tables): the model compiled with
    ``fullgraph=True`` (the pooling of every key by ``KeyedJaggedBatch.pooled``: one
    ``sparsefill::jagged_pooled`` custom op forward and one ``jagged_pooled_backward``, each key's
@@ -180,20 +183,32 @@ def _compile_counts() -> dict:
     }
 
 
-def gat_at_scale(nodes: int, heads: int, backend: str, rounds: int, reps: int) -> dict:
+def gat_at_scale(
+    nodes: int,
+    heads: int,
+    backend: str,
+    rounds: int,
+    reps: int,
+    edges_per_node: int = 10,
+    hidden: int | None = None,
+) -> dict:
     """The two-layer GAT of ``examples/gat.py`` (``heads`` heads: a hybrid ``(N, N, heads)``
-    adjacency when ``heads > 1``) and torch_geometric's ``GATConv`` model with the same weights, one
-    Adam step each: eager, and with the loss compiled (``fullgraph=True`` for sparsefill; the peer
-    as torch.compile takes it), backward through the compiled graph.  ``{side: (ms, peak MB)}``
-    plus ``"counts"``: dynamo's graphs, breaks and recompiles of sparsefill's compiled loss over
-    the warm-up and every timed step (the same graph each step: 1 graph, 0 breaks, 0 recompiles)."""
+    adjacency when ``heads > 1``; about ``nodes * (edges_per_node + 1)`` edges; ``hidden``
+    channels per head, default the example's) and torch_geometric's ``GATConv`` model with the same
+    weights, one Adam step each: eager, and with the loss compiled (``fullgraph=True`` for
+    sparsefill; the peer as torch.compile takes it), backward through the compiled graph.  ``{side:
+    (ms, peak MB)}`` plus ``"counts"``: dynamo's graphs, breaks and recompiles of sparsefill's
+    compiled loss over the warm-up and every timed step (the same graph each step: 1 graph, 0
+    breaks, 0 recompiles), ``"edges"`` and ``"hidden"`` (channels per head)."""
     from torch._dynamo.utils import counters
 
     from sparsefill.benchmarks.cases_models import _example
     from sparsefill.benchmarks.measure import measure_memory
 
     gat = _example("gat")
-    x, A, edge_index, y, model, peer = gat.setup(nodes, heads=heads)
+    x, A, edge_index, y, model, peer = gat.setup(
+        nodes, heads=heads, edges_per_node=edges_per_node, hidden=hidden
+    )
     sides, counts = {}, {}
     torch._dynamo.reset()
     for name, m, graph, fullgraph in (
@@ -219,11 +234,37 @@ def gat_at_scale(nodes: int, heads: int, backend: str, rounds: int, reps: int) -
         sides[f"compiled{suffix}"]()  # (its backward graph compiles: not a recompile)
         counts[name] = _compile_counts()
     counters.clear()
-    times = interleaved(sides, rounds, reps)
-    out = {k: (t, measure_memory(sides[k])["peak_bytes"] / 2**20) for k, t in times.items()}
+    times, cpu = _interleaved_wall_cpu(sides, rounds, reps)
+    out = {k: (t, measure_memory(sides[k])["peak_bytes"] / 2**20, cpu[k]) for k, t in times.items()}
     out["counts"] = dict(counts["sparsefill"], recompiles=_compile_counts()["recompiles"])
     out["edges"] = edge_index.shape[1]
+    out["hidden"] = model.layer1.d_out
     return out
+
+
+def _interleaved_wall_cpu(fns: dict, rounds: int, reps: int) -> tuple[dict, dict]:
+    """``({name: ms}, {name: CPU ms})``: :func:`interleaved`'s medians of the wall time and, of the
+    same calls, of this thread's CPU time (one thread: torch's kernels, inductor's and the compiled
+    kernels all run on it).  On a machine other processes keep busy the CPU time leaves out the
+    waits for a core, which the wall time of a step there is mostly made of."""
+    import statistics
+    import time
+
+    for fn in fns.values():
+        fn()
+    wall, cpu = ({name: [] for name in fns} for _ in range(2))
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            ws, cs = [], []
+            for _ in range(reps):
+                t, c = time.perf_counter(), time.thread_time()
+                fn()
+                ws.append(time.perf_counter() - t)
+                cs.append(time.thread_time() - c)
+            wall[name].append(statistics.median(ws))
+            cpu[name].append(statistics.median(cs))
+    med = lambda d: {k: 1e3 * statistics.median(v) for k, v in d.items()}  # noqa: E731
+    return med(wall), med(cpu)
 
 
 _SCALE_SIDES = ("compiled", "eager", "compiled PyG", "eager PyG")
@@ -231,13 +272,18 @@ _SCALE_SIDES = ("compiled", "eager", "compiled PyG", "eager PyG")
 
 def _print_gat_at_scale(nodes: int, heads: int, t: dict) -> None:
     c, e, cp, ep = (t[k][0] for k in _SCALE_SIDES)
+    cc, ce, ccp, cep = (t[k][2] for k in _SCALE_SIDES)
     print(
-        f"GAT training step at scale, {nodes} nodes, {t['edges']} edges, {heads} head(s): "
+        f"GAT training step at scale, {nodes} nodes, {t['edges']} edges, {heads} head(s) of "
+        f"{t['hidden']} channels: "
         + ", ".join(f"{k} {t[k][0]:.0f} ms {t[k][1]:.0f} MB" for k in _SCALE_SIDES)
         + f"; compiled / eager {c / e:.2f}x, compiled / compiled PyG {c / cp:.2f}x, eager / eager"
         f" PyG {e / ep:.2f}x, PyG compiled / PyG eager {cp / ep:.2f}x; sparsefill compiled "
         f"(fullgraph): {t['counts']['graphs']} graph(s), {t['counts']['breaks']} breaks; "
-        f"{t['counts']['recompiles']} recompiles (either side) over the timed steps"
+        f"{t['counts']['recompiles']} recompiles (either side) over the timed steps; CPU time "
+        + ", ".join(f"{k} {t[k][2]:.0f} ms" for k in _SCALE_SIDES)
+        + f": compiled / eager {cc / ce:.2f}x, compiled / compiled PyG {cc / ccp:.2f}x, eager / "
+        f"eager PyG {ce / cep:.2f}x"
     )
 
 
@@ -301,6 +347,23 @@ def main(argv=None) -> dict:
         default=[100_000],
         help="nodes of the GAT at scale (about 11 edges per node: 100k nodes, 1.1M edges)",
     )
+    p.add_argument(
+        "--scale-edges-per-node",
+        type=int,
+        nargs="*",
+        default=[10],
+        help="random edges per node of the GAT at scale, plus a self loop (19: 100k nodes, 2M "
+        "edges)",
+    )
+    p.add_argument(
+        "--scale-hidden",
+        type=int,
+        default=None,
+        help="channels per head of the GAT at scale (default the example's, 32)",
+    )
+    p.add_argument(
+        "--only-scale", action="store_true", help="only the GAT at scale (no other measurement)"
+    )
     p.add_argument("--scale-heads", type=int, nargs="*", default=[1, 4])
     p.add_argument("--scale-rounds", type=int, default=3, help="rounds at scale")
     p.add_argument(
@@ -330,6 +393,28 @@ def main(argv=None) -> dict:
         f"backend {args.backend}, 1 thread, median of {args.rounds} interleaved rounds of "
         f"{args.reps} calls; load average {loadavg()}"
     )
+    if not args.only_scale:
+        _small_cases(args, out)
+    for n in args.scale_nodes:
+        for h in args.scale_heads:
+            for k in args.scale_edges_per_node:
+                t = out[("gat at scale", n, h, k)] = gat_at_scale(
+                    n, h, args.backend, args.scale_rounds, args.scale_reps, k, args.scale_hidden
+                )
+                _print_gat_at_scale(n, h, t)
+    if not args.only_scale:
+        _dlrm_case(args, out)
+    o = other_cpu(a, cpu_snapshot())
+    print(
+        f"other processes kept {o:.2f} cores busy during the run; load average {loadavg()}"
+        if o is not None
+        else ""
+    )
+    return out
+
+
+def _small_cases(args, out: dict) -> None:
+    """The elementwise chain and the GAT step at ``args.nodes``, printed."""
     for n in args.sizes:
         t = out[("exp", n)] = elementwise(n, args.backend, args.rounds, args.reps)
         c = t["compiled sparsefill"]
@@ -350,12 +435,10 @@ def main(argv=None) -> dict:
         f"GAT training step, {args.nodes} nodes: compiled {t['compiled']:.1f} ms, eager "
         f"{t['eager']:.1f} ms ({t['compiled'] / t['eager']:.2f}x)"
     )
-    for n in args.scale_nodes:
-        for h in args.scale_heads:
-            t = out[("gat at scale", n, h)] = gat_at_scale(
-                n, h, args.backend, args.scale_rounds, args.scale_reps
-            )
-            _print_gat_at_scale(n, h, t)
+
+
+def _dlrm_case(args, out: dict) -> None:
+    """The DLRM training step, printed."""
     t, how = out["dlrm"] = dlrm_step(
         args.dlrm_batch, args.dlrm_rows, args.backend, args.rounds, args.reps
     )
@@ -367,9 +450,6 @@ def main(argv=None) -> dict:
         f"{t['compiled'] / t['eager']:.2f}x, compiled / EmbeddingBag + Adagrad "
         f"{t['compiled'] / peer:.2f}x, eager / EmbeddingBag + Adagrad {t['eager'] / peer:.2f}x"
     )
-    o = other_cpu(a, cpu_snapshot())
-    print(f"other processes kept {o:.2f} cores busy during the run" if o is not None else "")
-    return out
 
 
 if __name__ == "__main__":

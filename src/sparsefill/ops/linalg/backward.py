@@ -59,6 +59,7 @@ from sparsefill._autograd.functions import (
 from sparsefill._kernels.grouping import values_not_kept
 from sparsefill._tensor.parts import coalesced_parts, parts_to_sparse, rewrap, scalar_parts
 from sparsefill._tensor.tensor import SparseTensor
+from sparsefill.ops.linalg import pattern_ops
 
 _CONSTRUCT, _SAME_DENSE = Construct._backward_cls, SameDense._backward_cls
 
@@ -246,6 +247,8 @@ def _sampled(A: SparseTensor, U: torch.Tensor, V: torch.Tensor):
             warnings.simplefilter("ignore", UserWarning)
             P = torch.sparse_csr_tensor(crow, c, U.new_zeros(r.numel()), (nb * m, nb * k))
             out = torch.sparse.sampled_addmm(P, U2, V2.mT, beta=0).values()
+    elif pattern_ops.usable(U2, V2, r.shape[0] * n):  # (traced: the compiled kernel)
+        out = pattern_ops.pattern_sddmm(U2, V2, r, c)
     else:
         out = torch.bmm(U2.index_select(0, r).unsqueeze(1), V2.index_select(0, c).unsqueeze(2))
     return idx, out.reshape(vals.shape)

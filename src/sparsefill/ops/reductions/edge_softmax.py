@@ -15,7 +15,9 @@ the values and gradients of ``torch.masked.<op>`` on the dense equivalent at the
 torch computes them (a slice holding +inf or NaN is NaN, one of -inf only too: ``-inf - m_s``).  The
 grouping of a pattern into slices (:class:`Plan`) is computed once per pattern and dim
 (``sparsefill._kernels.grouping.pattern_cached``: an adjacency reused every training step pays it
-once); :func:`segment_softmax` runs the forward and the closed-form backward above in one
+once; compiled, where no cache is read and the plan is traced into every step, a slice per key,
+empty ones included, when there are few keys per element: no ranking of the non-empty slices);
+:func:`segment_softmax` runs the forward and the closed-form backward above in one
 ``autograd.Function``, with no graph inside.
 
 >>> import torch, sparsefill
@@ -46,11 +48,13 @@ from sparsefill._autograd.functions import (
     unwrapped,
 )
 from sparsefill._kernels.grouping import csr_row_slices, pattern_cached, sorted_runs
+from sparsefill._kernels.trace import traced
 from sparsefill._tensor.tensor import SparseTensor
 
 __all__ = ["applies", "segment_softmax", "softmax_values", "softmax_grad_values", "Plan", "plan_of"]
 
 _FLOATS = (torch.float32, torch.float64)
+_DIRECT_KEYS = 4  # compiled: slices by key where there are at most ~this many keys per element
 
 
 def applies(A, dim: int) -> bool:
@@ -104,8 +108,24 @@ def _plan(keys: torch.Tensor, nkeys: int, presorted: bool) -> Plan:
         inv = torch.empty_like(perm).index_put_(
             (perm,), torch.arange(perm.numel(), device=perm.device)
         )
+    if traced(keys) and 0 < nkeys <= _DIRECT_KEYS * _hint(keys.numel(), nkeys) + 4096:
+        # compiled (recomputed every step): every key a slice, the empty ones too, so that the
+        # slice of an element is its key; no ranking of the non-empty slices (a nonzero, a scatter
+        # and a cumsum over the elements), and no data-dependent count of them
+        lengths = torch.diff(torch._convert_indices_from_coo_to_csr(keys, nkeys))
+        return Plan(keys, lengths, perm, inv)
     _, seg, lengths = sorted_runs(keys, nkeys)
     return Plan(seg, lengths, perm, inv)
+
+
+def _hint(n, fallback: int) -> int:
+    """``n``, a dynamic size read as its hint with no guard (the choice of a plan: both are exact,
+    and a guard would recompile per size), ``fallback`` where it has none (data-dependent)."""
+    if isinstance(n, int):
+        return n
+    from torch.fx.experimental.symbolic_shapes import optimization_hint
+
+    return optimization_hint(n, fallback=fallback)
 
 
 def plan_of(A: SparseTensor, dim: int) -> Plan:
