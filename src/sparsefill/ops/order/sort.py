@@ -457,7 +457,7 @@ def _topk_shortcut(func, args, kwargs):
     None: the full path."""
     if kwargs or not 2 <= len(args) <= 5:
         return None
-    A, k, dim, largest, srt = (*args, -1, True, True)[:5]
+    A, k, dim, largest, srt = (*args, *(-1, True, True)[len(args) - 2 :])  # (the defaults)
     d = _short_dim(A, dim)
     if d is None or type(k) is not int or not _flags(largest, srt) or not 0 <= k <= A._size[d]:
         return None
@@ -478,7 +478,7 @@ def _sort_shortcut(func, args, kwargs):
     what :func:`_sort` computes, straight from ``__torch_dispatch__``.  None: the full path."""
     if kwargs or not 1 <= len(args) <= 3:
         return None
-    A, dim, desc = (*args, -1, False)[:3]
+    A, dim, desc = (*args, *(-1, False)[len(args) - 1 :])  # (the defaults)
     d = _short_dim(A, dim)
     if d is None or not _flags(desc):
         return None
