@@ -26,7 +26,8 @@ def rewrap(A: SparseTensor, **changes) -> SparseTensor:
     kw.update(changes)
     if "known_zero" not in kw:
         kw["known_zero"] = A._fill_is_zero()
-    size = kw.pop("size", A.shape)
+    # (A.shape only when no size is given: a __torch_function__ hop)
+    size = kw.pop("size") if "size" in kw else A.shape
     values = kw.pop("values", A._vals)
     fill = kw.pop("fill", A._fill)
     layout = kw.pop("layout", A._sf_layout)

@@ -539,3 +539,39 @@ def test_topk_head_of_a_long_row_with_later_elements_ahead_of_the_fill(backend, 
                 got, ref = torch.topk(A, k, 1, largest=largest), stable_sort(x, 1, largest)
                 torch.testing.assert_close(got.values, ref.values.narrow(1, 0, k), equal_nan=True)
                 assert torch.equal(got.indices, ref.indices.narrow(1, 0, k))
+
+
+def test_sort_topk_shortcuts_take_plain_calls_and_decline_the_rest():
+    """The dispatch shortcuts of sort/topk give the handlers' result for a plain coalesced COO
+    operand (omitted arguments at their defaults), and pass views, uncoalesced operands, an
+    indefinite fill, dense dims and out-of-range arguments to the full path (None)."""
+    from sparsefill.ops.order import sort as S
+
+    aten = torch.ops.aten
+    A = sparsefill.sparse_coo_tensor(
+        [[0, 0, 1, 2], [1, 3, 2, 0]], [5.0, -1.0, 2.0, 0.0], (3, 4), fill_value=0.0
+    ).coalesce()
+    for args in [(A, 2), (A, 2, 0), (A, 3, 1, False), (A, 1, -2, True, False)]:
+        got = S._topk_shortcut(aten.topk.default, args, {})
+        assert got is not None
+        for g, w in zip(got, S._topk(aten.topk.default, args, {})):
+            assert torch.equal(g, w)
+    for args in [(A,), (A, 0), (A, 1, True)]:
+        got = S._sort_shortcut(aten.sort.default, args, {})
+        assert got is not None
+        for g, w in zip(got, S._sort(aten.sort.default, args, {})):
+            assert torch.equal(g, w)
+    H = sparsefill.sparse_coo_tensor([[0, 2]], [[1.0, 2.0], [3.0, 4.0]], (3, 2), fill_value=0.0)
+    masked = sparsefill.sparse_coo_tensor(
+        [[0, 2]], [1.0, 2.0], (3,), fill_value=sparsefill.indefinite
+    )
+    declined = [
+        (A[1:], 2, 1),  # a view
+        (sparsefill.sparse_coo_tensor([[0, 0]], [1.0, 2.0], (3,)), 1, 0),  # uncoalesced
+        (masked.coalesce(), 1, 0),  # an indefinite fill
+        (H.coalesce(), 1, 1),  # a dense dim
+        (A, 5, 1),  # k past the slice
+        (A, 2, 2),  # dim out of range
+    ]
+    for args in declined:
+        assert S._topk_shortcut(aten.topk.default, args, {}) is None

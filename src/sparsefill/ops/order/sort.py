@@ -49,12 +49,13 @@ import torch
 
 from sparsefill._kernels import index as _index
 from sparsefill._kernels import order as _order
+from sparsefill._kernels.trace import traced
 from sparsefill._tensor.parts import coalesced_parts, dense_of, parts_to_sparse
 from sparsefill._tensor.policy import check_densify
 from sparsefill._tensor.fill import indefinite
 from sparsefill._tensor.tensor import SparseTensor
 from sparsefill.ops._schema import meta_call
-from sparsefill.ops.registry import register
+from sparsefill.ops.registry import register, register_shortcut
 
 aten = torch.ops.aten
 
@@ -234,14 +235,17 @@ def row_parts(A: SparseTensor, dim: int) -> tuple:
     f_rows)``, the stored elements (each row's in ascending position) and each row's fill; the
     shape of ``A`` with ``dim`` moved last (the rows' order)."""
     idx, vals = coalesced_parts(A)
-    sd, D = A._sparse_ndim(), tuple(A._dense_shape)
+    # (A._size, A._vals' dtype: A's shape and dtype without a __torch_function__ hop each)
+    shape, dtype = A._size, vals.dtype
+    sd = idx.shape[0]
+    D = tuple(shape[sd:])
     Dn = _index.numel(D)
     kept = [i for i in range(sd) if i != dim]
-    kshape = [A.shape[i] for i in kept]
+    kshape = [shape[i] for i in kept]
     # (one kept dim, the common 2-D case: its index row itself, no copy)
     key = idx[kept[0]].to(torch.int64) if len(kept) == 1 else _index.linearize(idx[kept], kshape)
     R = _index.numel(kshape) * Dn
-    fill = A._fill if A._fill.dtype == A.dtype else A._fill.to(A.dtype)
+    fill = A._fill if A._fill.dtype == dtype else A._fill.to(dtype)
     if D:
         r = (key[:, None] * Dn + torch.arange(Dn, device=key.device)).reshape(-1)
         p = idx[dim].repeat_interleave(Dn)
@@ -249,7 +253,7 @@ def row_parts(A: SparseTensor, dim: int) -> tuple:
     else:
         r, p = key, idx[dim].to(torch.int64)
         f_rows = fill.reshape(()).expand(R)
-    return (r, p, vals.reshape(-1), f_rows), kshape + list(D) + [A.shape[dim]]
+    return (r, p, vals.reshape(-1), f_rows), kshape + list(D) + [shape[dim]]
 
 
 def rows_of(A: SparseTensor, dim: int, descending: bool) -> tuple[Rows, list]:
@@ -263,12 +267,13 @@ def sorted_head(A: SparseTensor, dim: int, width: int, descending: bool, shape):
     """``(values, positions)`` of ``shape`` (``A``'s, ``width`` along ``dim``): the first
     ``width`` of every stably sorted slice along the sparse dim ``dim`` -- the compiled kernel
     where it runs (one pass over the output), else :meth:`Rows.dense`."""
-    post = _index.numel(A.shape[dim + 1 :])
+    size = A._size
+    post = _index.numel(size[dim + 1 :])
     parts, _ = row_parts(A, dim)
-    if _order.compiled(parts[2], A.numel()):
-        v, p = _order.sort_head(*parts, A.shape[dim], width, post, descending)
+    if _order.compiled(parts[2], _index.numel(size)):
+        v, p = _order.sort_head(*parts, size[dim], width, post, descending)
     else:
-        rows = Rows(*parts, parts[3].numel(), A.shape[dim], descending)
+        rows = Rows(*parts, parts[3].numel(), size[dim], descending)
         v, p = rows.dense(width, post)
     return v.view(shape), p.view(shape)
 
@@ -399,6 +404,91 @@ def _topk(func, args, kwargs):
         return _along_dense(_stable_topk, A, dim % A.dim(), {"k": k, "largest": largest}, meta)
     _gate(f"topk of a SparseTensor along sparse dim {d}", A, A.numel() // A.shape[d] * k)
     return sorted_head(A, d, k, largest, meta[0].shape)
+
+
+# dtypes whose sort/topk torch runs on CPU and CUDA alike (the shortcuts' plain operands)
+_SHORT_DTYPES = {
+    torch.float64,
+    torch.float32,
+    torch.float16,
+    torch.bfloat16,
+    torch.int64,
+    torch.int32,
+    torch.int16,
+    torch.int8,
+    torch.uint8,
+}
+
+
+def _short_dim(A, dim) -> int | None:
+    """The sparse dim ``dim`` of ``A`` (normalised) where the order shortcuts take the call: ``A``
+    a coalesced COO SparseTensor with a definite fill and elements, no view (``views.around``
+    has nothing to do), not traced, of a dtype of ``_SHORT_DTYPES``; ``dim`` an int in range.
+    Else None (the full path: its checks, errors and other cases)."""
+    if (
+        A.__class__ is not SparseTensor
+        or A._view is not None
+        or A._sf_layout is not torch.sparse_coo
+        or not A._coalesced
+        or A._indefinite
+        or type(A._vals) is not torch.Tensor
+        or A._vals.dtype not in _SHORT_DTYPES
+        or type(dim) is not int
+        or traced()
+    ):
+        return None
+    size = A._size
+    n = len(size)
+    if not -n <= dim < n or not _index.numel(size):
+        return None
+    dim %= n
+    return dim if dim < A._idx.shape[0] else None
+
+
+def _flags(*flags) -> bool:
+    return all(type(b) is bool for b in flags)
+
+
+@register_shortcut(aten.topk.default)
+def _topk_shortcut(func, args, kwargs):
+    """``topk(A, k, dim, largest, sorted)`` along a sparse dim of a plain operand
+    (:func:`_short_dim`), ``0 <= k <= A.shape[dim]``: what :func:`_topk` computes, straight from
+    ``__torch_dispatch__`` (no schema binding, no meta call: the arguments are checked here).
+    None: the full path."""
+    if kwargs or not 2 <= len(args) <= 5:
+        return None
+    A, k, dim, largest, srt = (*args, *(-1, True, True)[len(args) - 2 :])  # (the defaults)
+    d = _short_dim(A, dim)
+    if d is None or type(k) is not int or not _flags(largest, srt) or not 0 <= k <= A._size[d]:
+        return None
+    size = A._size
+    shape = size[:d] + (k,) + size[d + 1 :]
+    n = _index.numel(shape)
+    check_densify(
+        f"topk of a SparseTensor along sparse dim {d}",
+        n * (A._vals.element_size() + 8),
+        by_nature=True,
+    )
+    return sorted_head(A, d, k, largest, shape)
+
+
+@register_shortcut(aten.sort.default)
+def _sort_shortcut(func, args, kwargs):
+    """``sort(A, dim, descending)`` along a sparse dim of a plain operand (:func:`_short_dim`):
+    what :func:`_sort` computes, straight from ``__torch_dispatch__``.  None: the full path."""
+    if kwargs or not 1 <= len(args) <= 3:
+        return None
+    A, dim, desc = (*args, *(-1, False)[len(args) - 1 :])  # (the defaults)
+    d = _short_dim(A, dim)
+    if d is None or not _flags(desc):
+        return None
+    size = A._size
+    check_densify(
+        f"sort of a SparseTensor along sparse dim {d}",
+        _index.numel(size) * (A._vals.element_size() + 8),
+        by_nature=True,
+    )
+    return sorted_head(A, d, size[d], desc, size)
 
 
 _topk.dense_by_nature = (

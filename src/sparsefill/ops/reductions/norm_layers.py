@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from sparsefill._tensor.parts import coalesce_of, dense_of, rewrap
+from sparsefill._tensor.parts import coalesce_of, dense_of
 from sparsefill._tensor.policy import check_densify
 from sparsefill._tensor.tensor import SparseTensor
 from sparsefill.ops.decomposed import decomposed
@@ -142,14 +142,18 @@ def _rowwise_layer_norm(A, normalized_shape, weight=None, bias=None, eps=1e-5):
         fills = (B._fill,) * 3
     else:  # (the fill row normalized with the stored ones: one kernel call)
         V = B._vals
-        f = B._fill.to(V.dtype).expand(B._dense_shape)[None]
+        f = B._fill.to(V.dtype).expand(V.shape[V.dim() - B.dense_dim() :])[None]
         out = aten.native_layer_norm.default(torch.cat([V, f]), normalized_shape, weight, bias, eps)
         n = V.shape[0]
-        rows, fills = [t[:n] for t in out], [t[n] for t in out]
-    stat = tuple(A.shape[: A.dim() - k]) + (1,) * k
+        rows, fills = [t.narrow(0, 0, n) for t in out], [t.select(0, n) for t in out]
+    # (A._size: A.shape without a __torch_function__ hop)
+    stat = tuple(A._size[: len(A._size) - k]) + (1,) * k
+    # (B's pattern, new values and fills: the wrapper alone, as rewrap(B, values=v, fill=f,
+    # size=size, known_zero=False) builds it)
+    lay, idx, crow, col = B._sf_layout, B._idx, B._crow, B._col
     return tuple(
-        rewrap(B, values=v, fill=f, size=size, known_zero=False)
-        for v, f, size in zip(rows, fills, (A.shape, stat, stat))
+        SparseTensor._make(lay, size, v, f, idx, crow, col, B._indefinite, B._coalesced, False)
+        for v, f, size in zip(rows, fills, (A._size, stat, stat))
     )
 
 
