@@ -1022,9 +1022,12 @@ def test_dlrm_step_compiled(backend="inductor"):
     eager, as ``benchmarks.cases_compile`` times it): losses over three steps and the tables after them as the
     eager step's, on two copies of one model; one graph, no break."""
     import copy
+    from pathlib import Path
+
     from sparsefill.benchmarks.cases_models import _example
 
-    dlrm = _example("dlrm")
+    # (the checkout's examples/: an installed package has none)
+    dlrm = _example("dlrm", Path(__file__).resolve().parents[2] / "examples")
     (model, (x, kj), y), _ = dlrm.setup(batch=16, keys=4, rows=50, dim=4)
     twin = copy.deepcopy(model)
     torch._dynamo.reset()

@@ -31,7 +31,7 @@ when the op runs (an IndexError).
 >>> torch.ops.sparsefill.pattern_spmm(w, x, rows, cols, 2).tolist()
 [[2.0, 3.0], [3.0, 0.0]]
 >>> torch.ops.sparsefill.pattern_sddmm(x, x, rows, cols).tolist()
-[0.0, 1.0, 1.0]
+[0.0, 1.0, 0.0]
 """
 
 from __future__ import annotations
