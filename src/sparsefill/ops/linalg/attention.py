@@ -489,7 +489,6 @@ def _fused(q, k, v, A, scale):
     n = math.prod(lead)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     q3, k3, v3 = (t.reshape(n, *t.shape[-2:]).contiguous() for t in (q, k, v))
-    A._sync()
     csr = A._sf_layout is torch.sparse_csr
     parts = (None, A._crow, A._col) if csr else (A._idx, None, None)
     out = _ops()[0](q3, k3, v3, *parts, A._vals, A._fill, A._indefinite, csr or A._coalesced, scale)

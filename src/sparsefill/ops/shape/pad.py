@@ -188,7 +188,14 @@ def _index_pad_backward(func, args, kwargs):
     if not isinstance(g, SparseTensor):
         if not isinstance(A, SparseTensor):
             return NotImplemented
-        return func(g, torch.empty(A.shape, dtype=A.dtype, device=g.device), pad)  # dense
+        # (a dense upstream gradient: the input's gradient is dense by nature, and torch's kernel
+        # reads the input's shape from a tensor of it)
+        check_densify(
+            f"{func} with a dense upstream gradient (the input's gradient is dense)",
+            2 * A.numel() * A.element_size(),
+            by_nature=True,
+        )
+        return func(g, torch.empty(A.shape, dtype=A.dtype, device=g.device), pad)
     reflect = _BACKWARD[func]
     for d, left, right in _dims_pads(A.dim(), pad):
         src = _source(A.shape[d], left, right, reflect).to(g.device)
