@@ -99,6 +99,10 @@ def choose(
     """
     floating = dtype in _FLOATS
     if traced:
+        # (runs: the extremes read each run once, where a traced scatter_reduce_ stays aten's
+        # unsorted kernel; sums stay index_add_, which inductor fuses with what feeds it)
+        if runs and floating and mode in ("amax", "amin"):
+            return "segment_reduce"
         return "index_add" if mode == "sum" else "scatter_reduce"
     if csr_rows and mode == "sum" and floating:
         return "csr_mv"

@@ -125,7 +125,7 @@ def segment_combine(
     engine = _engine.choose(
         mode,
         values.dtype,
-        runs=lengths is not None and not fake and values.numel() > 0,
+        runs=lengths is not None and (fake or values.numel() > 0),
         csr_rows=rows and values.dim() == 1,
         compiled=rows and csr.compiled,
         one_dim=values.dim() == 1,

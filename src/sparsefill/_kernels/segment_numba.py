@@ -56,6 +56,7 @@ __all__ = [
     "offsets_of",
     "count_ids",
     "counting_sort",
+    "sorted_offsets",
     "adagrad_coalesced",
     "rowwise_adagrad_coalesced",
     "coalesce_rows",
@@ -396,6 +397,27 @@ if numba is not None:
             counts[v] += 1
         return -1
 
+    @njit(nogil=True, cache=True)
+    def sorted_offsets(ids, offs):  # pragma: no cover - compiled
+        """When ``ids`` is non-decreasing and in ``[0, S)`` (``S + 1 = len(offs)``), ``offs`` gets
+        the segment offsets (segment ``s`` holds the positions ``offs[s] <= i < offs[s+1]``) and the
+        result is -1; otherwise the first position that descends or is out of range (``offs`` is
+        then partly written)."""
+        S = offs.shape[0] - 1
+        s = 0
+        offs[0] = 0
+        for i in range(ids.shape[0]):
+            v = ids[i]
+            if v < s or v >= S:
+                return i
+            while s < v:
+                s += 1
+                offs[s] = i
+        while s < S:
+            s += 1
+            offs[s] = ids.shape[0]
+        return -1
+
     @njit(cache=True, nogil=True)
     def counting_sort(ids, order, offs):  # pragma: no cover - compiled
         """Stable counting sort of ``ids`` (in range) into ``order``; ``offs`` (S+1) holds the group
@@ -504,12 +526,14 @@ if numba is not None:
                 out[o + i] = src[a + i]
 
     # ------------------------------------------------------------------------------- products
-    @njit(nogil=True, cache=True)
+    # The dot products may be summed in any order (reassociated: vectorised, 2.2x faster at 32
+    # columns); NaN and inf keep their meaning (no "nnan"/"ninf" flags).
+    @njit(nogil=True, cache=True, fastmath={"reassoc", "contract", "nsz"})
     def sampled_dot(u, v, rows, cols, out, p0, p1, bad):  # pragma: no cover - compiled
         """``out[i] = u[rows[i]] . v[cols[i]]`` for ``p0 <= i < p1`` (the sampled product ``(u @
-        v.T)[rows, cols]``), summed in the dtype of ``out``; the rows read at random are prefetched
-        ``_AHEAD`` positions ahead.  A pair out of range is not read (``out[i] = 0``): the smallest
-        such position is kept in ``bad[0]``."""
+        v.T)[rows, cols]``), summed in the dtype of ``out`` in any order; the rows read at random
+        are prefetched ``_AHEAD`` positions ahead.  A pair out of range is not read (``out[i] =
+        0``): the smallest such position is kept in ``bad[0]``."""
         M, K, D = u.shape[0], v.shape[0], u.shape[1]
         pf_u = u.size * u.itemsize > _L2_BYTES
         pf_v = v.size * v.itemsize > _L2_BYTES
