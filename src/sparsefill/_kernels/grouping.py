@@ -223,10 +223,14 @@ def sorted_runs(keys: torch.Tensor, num_keys: int):
     k = keys.numel()
     if 0 < num_keys <= 4 * k + 4096:  # run lengths off a CSR compression
         counts = torch.diff(torch._convert_indices_from_coo_to_csr(keys, num_keys))
-        out_keys = (counts > 0).nonzero().squeeze(1)
-        counts = counts[out_keys]
-        seg = keys if not traced(keys) and out_keys.numel() == num_keys else runs_to_ids(counts, k)
-        return out_keys, seg, counts
+        nonempty = counts > 0
+        out_keys = nonempty.nonzero().squeeze(1)
+        lengths = counts[out_keys]
+        if traced(keys):  # (a key's rank among the non-empty ones: no pass that writes k ids)
+            seg = (torch.cumsum(nonempty, 0) - 1)[keys]
+        else:
+            seg = keys if out_keys.numel() == num_keys else runs_to_ids(lengths, k)
+        return out_keys, seg, lengths
     if traced(keys):  # (inductor lowers no unique_consecutive)
         return unique_consecutive(keys, return_counts=True)
     return torch.unique_consecutive(keys, return_inverse=True, return_counts=True)
