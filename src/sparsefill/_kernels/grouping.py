@@ -12,7 +12,8 @@ folds those in closed form)::
 * :func:`csr_row_slices` a 2-D CSR pattern over its columns, read off the row pointers (the slices
   are contiguous runs);
 * :func:`sorted_runs` the grouping step of sorted keys (also the edge softmax's plan);
-* :func:`pattern_cached` any such result of index tensors, keyed by their identity and version.
+* :func:`pattern_cached` any such result of index tensors, keyed by their identity and version;
+  :func:`storage_cached` by their memory (a custom op's arguments under torch.compile).
 
 Example::
 
@@ -96,6 +97,54 @@ def pattern_cached(tag, tensors, compute):
     # (safe at exit)
     drop = lambda _ref, key=key, cache=_PATTERN_CACHE: cache.pop(key, None)
     _PATTERN_CACHE[key] = ([weakref.ref(b, drop) for b in bases], out)
+    return out
+
+
+def _storage_key(t: torch.Tensor) -> tuple:
+    return (
+        t.untyped_storage()._cdata,
+        t.storage_offset(),
+        tuple(t.shape),
+        t.stride(),
+        t.dtype,
+        t.device,
+        t._version,
+    )
+
+
+# Keyed by the memory (storage) of the tensors, not their objects: a compiled graph hands a custom
+# op new views of its inputs every call, which :func:`pattern_cached` (keyed by the base tensor)
+# takes for a new pattern.  A weak reference keeps a storage's address from being reused while its
+# entry exists (an expired one is a miss), and views share their base's version counter (an
+# in-place change: a miss).  Small: what it holds is as large as a pattern.
+_STORAGE_CACHE: dict = {}
+_STORAGE_CACHE_SIZE = 8
+
+
+def storage_cached(tag, tensors, compute):
+    """``compute()``, cached for the memory of ``tensors`` (a custom op's arguments: views made anew
+    each call of a compiled graph).  Not cached (computed) for inference tensors, which have no
+    version counter.
+
+    >>> i = torch.tensor([3, 1]); f = lambda: i.sort()[1]
+    >>> storage_cached("sort", (i[:],), f) is storage_cached("sort", (i[:],), f)
+    True
+    """
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    try:
+        key = (tag,) + tuple(_storage_key(t) for t in tensors)
+    except RuntimeError:
+        return compute()
+    hit = _STORAGE_CACHE.get(key)
+    if hit is not None and not any(r.expired() for r in hit[0]):
+        return hit[1]
+    for k in [k for k, (refs, _) in _STORAGE_CACHE.items() if any(r.expired() for r in refs)]:
+        del _STORAGE_CACHE[k]  # (a pattern gone: what it kept freed)
+    if len(_STORAGE_CACHE) >= _STORAGE_CACHE_SIZE:
+        _STORAGE_CACHE.pop(next(iter(_STORAGE_CACHE)))
+    out = compute()
+    _STORAGE_CACHE[key] = ([StorageWeakRef(t.untyped_storage()) for t in tensors], out)
     return out
 
 

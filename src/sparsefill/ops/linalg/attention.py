@@ -49,9 +49,8 @@ import math
 
 import torch
 import torch.nn.functional as F
-from torch.multiprocessing.reductions import StorageWeakRef
 
-from sparsefill._kernels.grouping import pattern_cached
+from sparsefill._kernels.grouping import pattern_cached, storage_cached
 from sparsefill._kernels.trace import traced
 from sparsefill._tensor.parts import coalesced_parts
 from sparsefill._tensor.policy import check_densify
@@ -247,41 +246,11 @@ def _plan(A: SparseTensor, q, v) -> _Tiles:
         return _dense_tiles(A, q.dtype)
     work = q.shape[0] * (q.shape[-1] + v.shape[-1])
     parts = (A._crow, A._col) if A._sf_layout is torch.sparse_csr else (A._idx,)
-    parts += (A._vals, A._fill)
-    try:
-        key = (tuple(A.shape), q.dtype, work, ROWS) + tuple(_storage_key(t) for t in parts)
-    except RuntimeError:  # (inference tensors have no version counter: not cached)
-        return tiles_of(A, q.dtype, block_rows(A, work))
-    hit = _PLANS.get(key)
-    if hit is not None and not any(r.expired() for r in hit[0]):
-        return hit[1]
-    T = tiles_of(A, q.dtype, block_rows(A, work))
-    for k in [k for k, (refs, _) in _PLANS.items() if any(r.expired() for r in refs)]:
-        del _PLANS[k]  # (a pattern gone: its tiles freed)
-    if len(_PLANS) >= _PLANS_SIZE:
-        _PLANS.pop(next(iter(_PLANS)))
-    _PLANS[key] = ([StorageWeakRef(t.untyped_storage()) for t in parts], T)
-    return T
-
-
-# The plans by the storages of the mask's tensors (the op's arguments): a compiled graph passes a
-# view input (a pattern's columns sliced from a larger tensor) as a new view of a new base tensor
-# each call, which the pattern cache (keyed by the base tensor) takes for a new pattern.  A weak
-# reference keeps a storage's address from being reused while its entry exists (an expired one is
-# a miss), and views share their base's version counter (an in-place change: a miss).
-_PLANS: dict = {}
-_PLANS_SIZE = 8
-
-
-def _storage_key(t: torch.Tensor) -> tuple:
-    return (
-        t.untyped_storage()._cdata,
-        t.storage_offset(),
-        tuple(t.shape),
-        t.stride(),
-        t.dtype,
-        t.device,
-        t._version,
+    # (by the storages of the mask's tensors: a compiled graph passes them as new views each call)
+    return storage_cached(
+        ("attention_tiles", tuple(A.shape), q.dtype, work, ROWS),
+        parts + (A._vals, A._fill),
+        lambda: tiles_of(A, q.dtype, block_rows(A, work)),
     )
 
 
