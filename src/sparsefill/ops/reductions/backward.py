@@ -58,7 +58,7 @@ from sparsefill._kernels.grouping import group_slices
 from sparsefill._tensor.tensor import SparseTensor
 from sparsefill.ops.autograd_routes import register_route
 from sparsefill.ops.linalg.backward import pattern_grad_is_exact
-from sparsefill.ops.reductions.reduce import welford_mean
+from sparsefill.ops.reductions.variance import welford_mean
 
 T = torch.Tensor
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
