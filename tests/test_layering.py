@@ -126,7 +126,14 @@ def test_a_planted_upward_import_is_found(tmp_path):
 
 @pytest.mark.parametrize(
     "module",
-    ["sparsefill._kernels.grouping", "sparsefill._kernels.reducer", "sparsefill._kernels.engine"],
+    [
+        "sparsefill._kernels.grouping",
+        "sparsefill._kernels.reducer",
+        "sparsefill._kernels.combine",
+        "sparsefill._kernels.accurate_sum",
+        "sparsefill._kernels.selection",
+        "sparsefill._kernels.engine",
+    ],
 )
 def test_reduction_kernels_know_no_sparse_tensor(module):
     """The grouping, the reducer protocol and the engine boundary work on tensors only; the grouping
@@ -135,7 +142,8 @@ def test_reduction_kernels_know_no_sparse_tensor(module):
     mods = {target for _, target in imports(path, SRC)}
     assert all(m.startswith("sparsefill._kernels") for m in mods), mods
     if module.endswith("grouping"):
-        assert not mods & {"sparsefill._kernels.reducer", "sparsefill._kernels.engine"}, mods
+        protocol = ("reducer", "combine", "accurate_sum", "selection", "engine")
+        assert not mods & {f"sparsefill._kernels.{m}" for m in protocol}, mods
 
 
 @pytest.mark.parametrize("name", ["_schema.py", "_writes.py", "fallback.py"])

@@ -17,6 +17,10 @@ indefinite fill is 0 at its masked-out elements (no output read them).  The matr
 ``A`` a SparseTensor gradient with ``A``'s pattern whose fill is the mean of the dense gradient over
 the unspecified elements (``ops/linalg/backward.py``): ``grad_parts`` reads it in O(nse) when it
 stores exactly ``A``'s elements.
+
+The constructor's gradient parts are computed in ``constructor_grad.py``; the SparseTensor inside
+torch.func's wrappers and the transforms refused, in ``torch_func.py``; this module holds the
+Functions and the leaf gradient hook.
 """
 
 from __future__ import annotations
@@ -26,173 +30,24 @@ import torch.autograd.forward_ad as _fwad
 
 from sparsefill._tensor import parts as _convert
 from sparsefill._kernels import index as _index
-from sparsefill._kernels.trace import dynamic_sizes, traced
-from sparsefill._tensor.dense_dims import coarser, to_dense_dim
+from sparsefill._kernels.trace import traced
+from sparsefill._tensor.dense_dims import to_dense_dim
 from sparsefill._tensor.tensor import SparseTensor, install_hooks
-
-
-def _pattern(A: SparseTensor) -> SparseTensor:
-    """A graph-free SparseTensor sharing ``A``'s storage (safe to keep in ``ctx``)."""
-    return _convert.rewrap(unwrapped(A))
-
-
-def unwrapped(t):
-    """``t`` without torch.func's wrappers (``setup_context`` under ``torch.func.grad``/``vjp``
-    receives its inputs and output wrapped at the transform's level): the SparseTensor inside."""
-    is_wrapped, get = (
-        torch._C._functorch.is_functorch_wrapped_tensor,
-        torch._C._functorch.get_unwrapped,
-    )
-    while isinstance(t, torch.Tensor) and not isinstance(t, SparseTensor) and is_wrapped(t):
-        t = get(t)
-    return t
-
-
-def inner_unwrapped(out):
-    """``out`` (an autograd.Function's forward result) with plain inner tensors: under
-    torch.func.grad the tensors made inside the transform (index tensors, a fill) are wrapped at its
-    level, which is not active where the SparseTensor's ops run; the forward's are constants of the
-    transform (no gradient)."""
-    if not isinstance(out, SparseTensor):
-        return out
-    inner = (out._idx, out._crow, out._col, out._vals, out._fill)
-    if not any(t is not None and torch._C._functorch.is_functorch_wrapped_tensor(t) for t in inner):
-        return out
-    return _convert.rewrap(
-        out,
-        indices=unwrapped(out._idx),
-        crow=unwrapped(out._crow),
-        col=unwrapped(out._col),
-        values=unwrapped(out._vals),
-        fill=unwrapped(out._fill),
-    )
-
-
-def sparse_inside(G):
-    """A backward's gradient ``G``, or the SparseTensor inside it when torch.func wrapped one (then
-    read as the SparseTensor it is: its pattern and fill, never indexed through the wrapper as if
-    dense)."""
-    if (
-        isinstance(G, SparseTensor)
-        or not isinstance(G, torch.Tensor)
-        or not torch._C._functorch.is_functorch_wrapped_tensor(G)
-    ):
-        return G
-    U = unwrapped(G)
-    return U if isinstance(U, SparseTensor) else G
-
-
-def grad_parts(G, P: SparseTensor):
-    """``(grad_values, grad_fill)`` of the constructor of ``P`` for upstream gradient ``G``."""
-    S, D = P._sparse_shape, tuple(P._dense_shape)
-    # masked out: no output read them, their gradient is 0
-    if isinstance(G, SparseTensor) and G._indefinite:
-        G = _convert.rewrap(G, fill=G._vals.new_zeros(()), indefinite=False, known_zero=True)
-    # e.g. select_backward on a dense dim
-    if isinstance(G, SparseTensor) and G._sparse_ndim() > len(S):
-        G = coarser(G, len(D))  # (its trailing sparse dims made dense, exactly: O(nse * slice))
-    elif isinstance(G, SparseTensor) and G._sparse_ndim() < len(S):  # or on the last sparse dim
-        return _grad_parts_of_hybrid(G, P)
-    gv = _values_on_pattern(G, P) if isinstance(G, SparseTensor) else None
-    if gv is not None:  # e.g. from ops/linalg/backward.py: no lookup
-        gv = gv.reshape(P._vals.shape)
-        if P._indefinite:
-            return gv, None
-        # (every batch of a batched CSR)
-        stored = _index.numel(P._vals.shape[: P._vals.dim() - len(D)])
-        return gv, _times_count(G._fill.expand(D), _index.numel(S) - stored).sum_to_size(
-            P._fill.shape
-        )
-    idx, _ = P._coo_parts()
-    keys = _index.linearize(idx, S)
-    gv = _convert.values_at(G, keys, len(S)).reshape(P._vals.shape)
-    if P._indefinite:
-        return gv, None
-    # (traced: an unbacked size, also in AOTAutograd's trace of this backward)
-    with dynamic_sizes():
-        ukeys = torch.unique(keys)
-    if isinstance(G, SparseTensor):
-        gidx, gvals = _convert.coalesced_parts(G)
-        gkeys = _index.linearize(gidx, S)
-        if traced():  # (the count as a tensor: no value read while torch.compile traces)
-            outside = ~_index.lookup(ukeys, gkeys)[1]
-            n = _index.numel(S) - ukeys.numel() - outside.sum()
-            f = G._fill.expand(D)
-            gf = torch.where(outside.view((-1,) + (1,) * len(D)), gvals, 0).sum(0) + torch.where(
-                n > 0, f * n, 0
-            ).to(f.dtype)
-            return gv, gf.sum_to_size(P._fill.shape)
-        # (P's distinct positions among G's: O(nse(P) log nse(G)))
-        pos, found = _index.lookup(gkeys, ukeys)
-        inside = torch.zeros_like(gkeys, dtype=torch.bool).index_fill_(0, pos[found], True)
-        n_both_unspecified = _index.numel(S) - ukeys.numel() - (gkeys.numel() - int(found.sum()))
-        gf = gvals.masked_fill(inside.view((-1,) + (1,) * len(D)), 0).sum(0) + _times_count(
-            G._fill.expand(D), n_both_unspecified
-        )
-    else:
-        at = torch.zeros((_index.numel(S),) + (1,) * len(D), dtype=torch.bool, device=G.device)
-        at[ukeys] = (
-            True  # (one masked pass: boolean indexing ran nonzero and a gather over the whole G)
-        )
-        gf = G.reshape((_index.numel(S),) + D).masked_fill(at, 0).sum(0)
-    return gv, gf.sum_to_size(P._fill.shape)
-
-
-def sum_outside(G, idx: torch.Tensor, shape, dense_shape) -> torch.Tensor:
-    """``G`` (dense or a SparseTensor of ``shape``) summed over the positions of its leading
-    ``idx.shape[0]`` dims that are not among ``idx``'s columns: shape ``dense_shape``.  Each term is
-    summed as it is (an inf there gives inf, as the dense sum), never as the total less the part at
-    ``idx`` (``inf - inf``: NaN).
-
-    >>> sum_outside(
-    ...     torch.tensor([1.0, float("inf"), 2.0, 4.0]), torch.tensor([[1, 2]]), (4,), ()
-    ... ).item()
-    5.0
-    """
-    D = tuple(dense_shape)
-    z = torch.zeros((), dtype=G.dtype, device=G.device)
-    P = _convert.parts_to_sparse(
-        idx, z.expand((idx.shape[1],) + D), tuple(shape), z.expand(D).clone()
-    )
-    return grad_parts(G, P)[1]
-
-
-def _grad_parts_of_hybrid(G: SparseTensor, P: SparseTensor):
-    """:func:`grad_parts` for ``G`` (defined fill) with fewer sparse dims ``g`` than ``P``: ``P``'s
-    dims ``g..`` are dense in ``G``.  Exact with no conversion: a stored position of ``P`` reads
-    ``G``'s slice or fill; the unspecified elements sum ``G``'s stored slices less ``P``'s positions
-    in them (a masked sum) and, per slot ``j`` of those dims, the fill times the count of ``G``'s
-    unspecified slices without ``P`` at ``j``.  O(G's stored slices + P's stored elements)."""
-    S, D = P._sparse_shape, tuple(P._dense_shape)
-    g = G._sparse_ndim()
-    idx, _ = P._coo_parts()
-    outer, inner = _index.linearize(idx[:g], S[:g]), _index.linearize(idx[g:], S[g:])
-    gidx, gvals = _convert.coalesced_parts(G)
-    M = _index.numel(S[g:])
-    gvals, fill = gvals.reshape((-1, M) + D), G._fill.expand(G._dense_shape).reshape((M,) + D)
-    pos, found = _index.lookup(_index.linearize(gidx, S[:g]), outer)
-    gv = torch.where(
-        found.view((-1,) + (1,) * len(D)),
-        gvals[pos.clamp(max=max(gvals.shape[0] - 1, 0)), inner] if gvals.shape[0] else fill[inner],
-        fill[inner],
-    ).reshape(P._vals.shape)
-    if P._indefinite:
-        return gv, None
-    ukeys = torch.unique(outer * M + inner)  # (P's distinct positions)
-    uo, ui = ukeys // M, ukeys % M
-    upos, ufound = _index.lookup(_index.linearize(gidx, S[:g]), uo)
-    at = torch.zeros(gvals.shape[:2], dtype=torch.bool, device=gvals.device)
-    at[upos[ufound], ui[ufound]] = True
-    gf = gvals.masked_fill(at.view(at.shape + (1,) * len(D)), 0).sum((0, 1))
-    # G's unspecified slices, less those where P has j
-    n_rows = _index.numel(S[:g]) - gvals.shape[0]
-    count = n_rows - torch.bincount(ui[~ufound], minlength=M)
-    gf = gf + torch.where(
-        count.view((-1,) + (1,) * len(D)) > 0,
-        count.view((-1,) + (1,) * len(D)) * fill,
-        torch.zeros((), dtype=fill.dtype),
-    ).sum(0)
-    return gv, gf.sum_to_size(P._fill.shape)
+from sparsefill._autograd.torch_func import (
+    _pattern,
+    inner_unwrapped,
+    refuse_dual as refuse_dual,
+    refuse_forward_ad,
+    refuse_masked_in_transform,
+    refuse_vmap,
+    sparse_inside,
+    unwrapped,
+)
+from sparsefill._autograd.constructor_grad import (
+    _values_on_pattern as _values_on_pattern,
+    grad_parts,
+    sum_outside as sum_outside,
+)
 
 
 def dense_grad(G: SparseTensor, what: str = "a gradient read as a dense tensor") -> torch.Tensor:
@@ -203,109 +58,6 @@ def dense_grad(G: SparseTensor, what: str = "a gradient read as a dense tensor")
         _convert.check_densify_quiet(G, what)
     # (differentiable where a graph is recorded: create_graph)
     return to_dense(G, 0 if G._indefinite else None)
-
-
-def _times_count(f: torch.Tensor, n: int) -> torch.Tensor:
-    """``f`` summed over ``n`` elements: ``f * n``, and 0 for ``n == 0`` whatever ``f`` (NaN * 0
-    would be NaN where no element contributes: a fully stored input's fill has gradient 0)."""
-    return f * n if n else torch.zeros_like(f)
-
-
-def _values_on_pattern(G: SparseTensor, P: SparseTensor):
-    """``G``'s values when ``G`` stores exactly ``P``'s (coalesced) elements, in ``P``'s order; else
-    None."""
-    if not (G._coalesced and P._coalesced) or G.shape != P.shape or G.dense_dim() != P.dense_dim():
-        return None
-    if G._sf_layout is P._sf_layout and (
-        G._idx is P._idx
-        if P._sf_layout is torch.sparse_coo
-        else G._crow is P._crow and G._col is P._col
-    ):
-        return G._vals
-    # (torch.compile: equal patterns are not known without reading them; the general path)
-    if traced():
-        return None
-    (gi, gv), (pi, _) = G._coo_parts(), P._coo_parts()
-    return gv if gi.shape == pi.shape and torch.equal(gi, pi) else None
-
-
-def refuse_vmap(what: str):
-    """The ``vmap`` rule of sparsefill's autograd.Functions: ``torch.func.vmap`` batching a
-    SparseTensor (or the values a SparseTensor is built from) is refused, never computed with the
-    batch dim read as a tensor dim.
-
-    >>> import sparsefill
-    >>> torch.func.vmap(lambda v: sparsefill.sparse_coo_tensor([[0, 2]], v, (3,)))(torch.ones(4, 2))
-    ... # doctest: +ELLIPSIS
-    Traceback (most recent call last):
-    NotImplementedError: sparsefill: torch.func.vmap through a sparsefill constructor is not ...
-    """
-    raise NotImplementedError(
-        f"sparsefill: torch.func.vmap through {what} is not supported (a batched SparseTensor "
-        "has no batching rule); loop over the batch instead (torch.stack([f(x) for x in xs])), "
-        "or build one SparseTensor with the batch as its leading sparse dim and call f on it"
-    )
-
-
-def refuse_dual(what: str, *tensors) -> None:
-    """Raise where a dual tensor of ``torch.autograd.forward_ad`` (forward-mode AD inside
-    ``dual_level()``) enters a sparsefill constructor or conversion: a SparseTensor has no tangent
-    form, and its values' tangent would be dropped (``unpack_dual(A.to_dense()).tangent`` None).
-    One read of the dual level when none is open; torch.func's jvp (its duals inside a transform) is
-    :func:`refuse_forward_ad`'s."""
-    if (
-        _fwad._current_level >= 0
-        and not torch._C._are_functorch_transforms_active()
-        and any(_fwad.unpack_dual(t).tangent is not None for t in tensors)
-    ):
-        raise NotImplementedError(
-            f"sparsefill: forward-mode AD (torch.autograd.forward_ad) through {what} is not "
-            "supported (a SparseTensor has no tangent form, so the tangent would be lost); use "
-            "reverse mode (backward, torch.autograd.grad)"
-        )
-
-
-def refuse_forward_ad(what: str) -> None:
-    """Raise under ``torch.func.jvp``/``jacfwd``/``hessian`` (forward-mode AD: a SparseTensor has no
-    dual (tangent) form) and under nested differentiation (``grad`` of ``grad``, ``jacrev`` of
-    ``grad``: the inner backward reads the SparseTensor gradient inside torch.func's wrappers, which
-    an outer level would not see through)."""
-    stack = (
-        torch._C._functorch.get_interpreter_stack()
-        if torch._C._are_functorch_transforms_active()
-        else None
-    )
-    if not stack:
-        return
-    kinds = [i.key() for i in stack]
-    T = torch._C._functorch.TransformType
-    if T.Jvp in kinds:
-        raise NotImplementedError(
-            f"sparsefill: torch.func.jvp/jacfwd/hessian (forward-mode AD) through {what} is not "
-            "supported (a SparseTensor has no tangent form); use reverse mode: torch.func.vjp, "
-            "torch.func.jacrev or torch.func.grad"
-        )
-    if kinds.count(T.Grad) > 1:
-        raise NotImplementedError(
-            "sparsefill: nested torch.func differentiation (grad of grad, jacrev of grad) "
-            f"through {what} is not supported; use torch.autograd.grad(..., create_graph=True) "
-            "for higher derivatives"
-        )
-
-
-def refuse_masked_in_transform(out) -> None:
-    """Raise where a SparseTensor with an indefinite fill enters a torch.func differentiation
-    transform (as ``out``, wrapped): inside it torch's dense derivative formulas and
-    ``sparsefill.masked`` see a dense tensor, so a masked reduction's count (``mean``, ``var``)
-    would be silently wrong."""
-    if torch._C._functorch.is_functorch_wrapped_tensor(out):
-        U = unwrapped(out)
-        if isinstance(U, SparseTensor) and U._indefinite:
-            raise NotImplementedError(
-                "sparsefill: a SparseTensor with an indefinite fill inside "
-                "torch.func.grad/vjp/jacrev is not supported (its masked semantics would be "
-                "read as dense there); use torch.autograd.grad, or a defined fill"
-            )
 
 
 class Construct(torch.autograd.Function):

@@ -26,7 +26,7 @@ from sparsefill.ops.reductions import softmax
 from sparsefill.ops.shape import pad
 from sparsefill.ops.linalg import matrix_products
 from sparsefill.ops.pointwise import rule
-from sparsefill.ops.reductions import reduce
+from sparsefill.ops.reductions import reduce, select, variance
 from sparsefill.ops import registry
 from sparsefill.ops.linalg import sampled
 from sparsefill.ops.order import search, sort
@@ -55,8 +55,10 @@ __all__ = [
     "rule",
     "sampled",
     "search",
+    "select",
     "sort",
     "softmax",
+    "variance",
     "views",
     "windows",
 ]

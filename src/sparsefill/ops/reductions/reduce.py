@@ -15,11 +15,12 @@ An indefinite fill skips the unspecified elements (masked semantics) and stays i
 dtype and torch's own errors (bad dims, mean of integers) come from running the op on a one-element
 tensor of A's dtype, the output shape from the dims (``_schema.reduction_meta``: no Python meta
 kernel, whose first call in a process imports ``torch._dynamo``).
+
+var and std: ``variance.py``; the reductions that select an element (argmax/argmin, max/min along a
+dim, medians): ``select.py``.
 """
 
 from __future__ import annotations
-
-import warnings
 
 import torch
 from torch.utils._pytree import tree_map_only
@@ -28,20 +29,10 @@ from sparsefill._kernels import engine as _engine, index as _index
 from sparsefill._kernels.trace import traced
 from sparsefill._tensor.parts import coalesced_parts, dense_of, parts_to_sparse
 from sparsefill._kernels.grouping import csr_row_slices, group_slices, pattern_cached
-from sparsefill._kernels.reducer import (
-    Norm,
-    REDUCERS,
-    Var,
-    accumulator_dtype,
-    first_gap,
-    segment_arg,
-    segment_combine,
-    segment_median,
-)
+from sparsefill._kernels.reducer import Norm, REDUCERS, Var, accumulator_dtype
 from sparsefill._tensor.policy import check_densify
 from sparsefill._tensor.tensor import SparseTensor
-from sparsefill.ops._schema import check_dtype, meta_call, meta_of, reduction_meta
-from sparsefill.ops.shape.reshape import all_sparse
+from sparsefill.ops._schema import check_dtype, reduction_meta
 from sparsefill.ops.registry import register
 
 aten = torch.ops.aten
@@ -381,121 +372,6 @@ def _legacy_norm(func, args, kwargs):
 _NORM_DIM = (aten.norm.ScalarOpt_dim, aten.norm.ScalarOpt_dim_dtype)
 
 
-def _correction(args, kwargs):
-    c = kwargs.get("correction")
-    return 1 if c is None else c
-
-
-@register(
-    aten.var.correction, aten.std.correction, aten.var_mean.correction, aten.std_mean.correction
-)
-def _var_std(func, args, kwargs):
-    """var/std (and their means) as torch's: over sparse dims only, or dense dims only, centred on
-    each slice's mean (the reducer protocol's :class:`_kernels.reducer.Var`, moments of float32 in
-    float64,
-    as torch)::
-
-        var[s] = (sum_i (x_i - mean[s])^2 + n_fill[s] * (f - mean[s])^2) / max(N - correction, 0)
-
-    with ``N`` the elements per output slice (the stored ones, for an indefinite fill); over both
-    kinds of dims at once, shifted sums (:func:`_shifted_var`)."""
-    A = args[0]
-    if A.dim() == 0:
-        return _scalar(func, args, kwargs)
-    probe = {
-        **kwargs,
-        "correction": 0,
-    }  # (torch's errors; on one element a correction would warn, see below)
-    check_dtype(func, A, *args[1:], **probe)  # (var of integers raises)
-    dims, keep = _dims_arg(args, kwargs, 1), bool(kwargs.get("keepdim", False))
-    reduction_meta(
-        func, A, dims, keep, *args[1:], **{k: v for k, v in probe.items() if k != "keepdim"}
-    )  # errors
-    dims = sorted({d % A.dim() for d in dims}) if dims else list(range(A.dim()))
-    shape = [1 if d in dims else A.shape[d] for d in range(A.dim()) if keep or d not in dims]
-    meta = torch.empty((), dtype=A.dtype.to_real(), device="meta").expand(shape)
-    c = _correction(args, kwargs)
-    n = _index.numel([A.shape[d] for d in dims])
-    if not A._indefinite and n - c <= 0 and A.numel():
-        warnings.warn(
-            f"{func._schema.name.split('::')[1]}(): degrees of freedom is <= 0. Correction "
-            "should be strictly less than the reduction factor (input numel divided by output "
-            "numel)."
-        )
-    sd = A.dim() - A.dense_dim()
-    # centred on each slice's mean (two passes)
-    if all(d < sd for d in dims) or all(d >= sd for d in dims):
-        var = reduce_dims(A, "var", dims, keep, meta, c)
-    else:
-        var = _shifted_var(A, dims, keep, c)
-    out = var if func in (aten.var.correction, aten.var_mean.correction) else torch.sqrt(var)
-    if func in (aten.var_mean.correction, aten.std_mean.correction):
-        return out, welford_mean(A, A.mean(dims, keepdim=keep), dims, keep)
-    return out
-
-
-def welford_mean(A, mean, dims, keepdim):
-    """The mean of ``var_mean``/``std_mean`` as dense torch gives it.  Its Welford pass runs over
-    each slice in index order and its update ``m += (x - m) / n`` gives NaN (``inf - inf``) once a
-    non-finite element has been met, but at the last element: the mean is ``mean``'s +-inf where the
-    slice's one non-finite element is its last, NaN where the slice holds any other non-finite
-    element (``mean`` gives +-inf there).
-
-    >>> import sparsefill
-    >>> A = sparsefill.sparse_coo_tensor([[0]], [1.], (3,), fill_value=float("inf"))
-    >>> torch.var_mean(A)[1], torch.var_mean(A.to_dense())[1]
-    (tensor(nan), tensor(nan))
-    """
-    if not A.is_floating_point() or A.numel() == 0:
-        return mean
-    bad = torch.isinf(A)  # (a NaN makes both means NaN: only infinities tell them apart)
-    # (the common case: mean's own result and gradient)
-    if not traced(A._vals) and not bool(bad.any()):
-        return mean
-    count, last = bad.sum(dims, keepdim=keepdim), bad
-    for d in dims:
-        last = last.narrow(d, A.shape[d] - 1, 1)
-    last = last.sum(dims, keepdim=keepdim) > 0
-    nan_at = (count >= 2) | ((count == 1) & ~last)
-    return torch.where(
-        nan_at, torch.full((), float("nan"), dtype=mean.dtype, device=mean.device), mean
-    )
-
-
-def _shifted_var(A: SparseTensor, dims, keep: bool, c):
-    """var over sparse and dense dims at once: shifted sums in the accumulator dtype, shifted by the
-    fill so
-    that unspecified elements add nothing::
-
-        var = (sum (x - f)^2 - |sum (x - f)|^2 / N) / max(N - correction, 0)"""
-    dtype = A.dtype
-    # (the half types too: no cancellation in float32)
-    wide = accumulator_dtype(accumulator_dtype(dtype))
-    A = A if wide == dtype else A.to(wide)
-    B = A if A._indefinite else A - _shift(A, dims)
-    sq = (B * B.conj()).real if B.is_complex() else B * B
-    s1, s2 = B.sum(dims, keepdim=keep), sq.sum(dims, keepdim=keep)
-    n = (
-        torch.ones_like(sq).sum(dims, keepdim=keep)
-        if A._indefinite
-        else _index.numel([A.shape[d] for d in dims])
-    )
-    ss = s2 - ((s1 * s1.conj()).real if s1.is_complex() else s1 * s1) / n
-    var = ss / ((n - c).clamp_min(0) if isinstance(n, torch.Tensor) else max(n - c, 0))
-    return var if wide == dtype else var.to(dtype)
-
-
-def _shift(A: SparseTensor, dims):
-    """The fill, averaged over the reduced dense dims (a shift must be constant along them), 0 where
-    not finite."""
-    # (var is shift-invariant: no gradient flows through the shift)
-    f = A._fill.expand(A._dense_shape)
-    f = torch.where(torch.isfinite(f), f, torch.zeros((), dtype=f.dtype, device=f.device))
-    sd = A.dim() - A.dense_dim()
-    dn = [d - sd for d in dims if d >= sd]
-    return f.mean(dn, keepdim=True) if dn and f.dim() else f
-
-
 @register(aten.count_nonzero.dim_IntList, aten.count_nonzero.default)
 def _count_nonzero(func, args, kwargs):
     A = args[0]
@@ -507,160 +383,7 @@ def _count_nonzero(func, args, kwargs):
     )
 
 
-# ------------------------------------------------------------------ arg reductions
-def _along_dense_dim(func, A, d, keep, meta):
-    """``func(A, dim, keepdim)`` along dense dim ``d`` (counted from the first dense dim): the op on
-    the values and on the fill, the pattern kept; one SparseTensor per output of ``func``."""
-    idx, vals = coalesced_parts(A)
-    # (contiguous: torch 2.13's median.dim reads a stride-0 input wrongly, median(t.expand(3), 0) ==
-    # 0)
-    out = [
-        func(vals.contiguous(), d + 1, keep),
-        func(A._fill.expand(A._dense_shape).contiguous(), d, keep),
-    ]
-    shapes = [m.shape for m in meta] if isinstance(meta, tuple) else [meta.shape]
-    pairs = list(zip(out[0], out[1])) if isinstance(out[0], tuple) else [(out[0], out[1])]
-    res = tuple(
-        parts_to_sparse(idx, v, shp, f, layout=A._sf_layout, coalesced=True)
-        for (v, f), shp in zip(pairs, shapes)
-    )
-    return res if isinstance(out[0], tuple) else res[0]
-
-
-@register(aten.argmax.default, aten.argmin.default, aten.max.dim, aten.min.dim)
-def _arg(func, args, kwargs):
-    """argmax/argmin (torch's tie rule: the first position) and max/min along a dim with their
-    indices."""
-    A = args[0]
-    if A.dim() == 0:
-        return _scalar(func, args, kwargs)
-    check_dtype(func, A, *args[1:], **kwargs)  # (argmax of bool raises)
-    meta = meta_call(func, A, *args[1:], **kwargs)
-    which = "amax" if func in (aten.argmax.default, aten.max.dim) else "amin"
-    dim = args[1] if len(args) > 1 else kwargs.get("dim")
-    keep = _keepdim_arg(args, kwargs, 2)
-    if A._indefinite:
-        return _arg_indefinite(
-            A, dim, keep, which, meta, values=func in (aten.max.dim, aten.min.dim)
-        )
-    if A.dense_dim():
-        sd = A.dim() - A.dense_dim()
-        # along a dense dim: on the values and on the fill
-        if dim is not None and dim % A.dim() >= sd:
-            return _along_dense_dim(func, A, dim % A.dim() - sd, keep, meta)
-        # dense dims become sparse (dense dims trail sparse ones; an array fill: its most common
-        # value)
-        A = all_sparse(A)
-    if dim is None:  # over the flattened tensor
-        idx, vals = coalesced_parts(A)
-        B = SparseTensor(
-            torch.sparse_coo,
-            (A.numel(),),
-            vals,
-            A._fill,
-            indices=_index.linearize(idx, A.shape)[None],
-            coalesced=True,
-        )
-        return _arg_dim(B, 0, False, which, meta, values=False)
-    return _arg_dim(
-        A, dim % max(A.dim(), 1), keep, which, meta, values=func in (aten.max.dim, aten.min.dim)
-    )
-
-
-def _arg_indefinite(A, dim, keep, which, meta, values):
-    """An indefinite fill (masked semantics, as ``torch.masked.amax``/``argmax``): the extreme over
-    the stored elements of each slice and the position of its first occurrence; a slice with none
-    stored is masked out (unspecified in the results, whose fill is indefinite).  ``dim=None``: the
-    flat position (0-d)."""
-    idx, vals = coalesced_parts(A)
-    sd, D = A._sparse_ndim(), tuple(A._dense_shape)
-    if dim is None:
-        if vals.numel() == 0:
-            raise IndexError(
-                f"{which.replace('am', 'argm')}(): no specified element to select (indefinite "
-                f"fill, nse 0, shape {tuple(A.shape)})"
-            )
-        flat = (
-            _index.linearize(
-                torch.cat(
-                    [
-                        idx.repeat_interleave(_index.numel(D), 1),
-                        _index.unravel(torch.arange(_index.numel(D), device=idx.device), D).repeat(
-                            1, idx.shape[1]
-                        ),
-                    ]
-                ),
-                A.shape,
-            )
-            if D
-            else _index.linearize(idx, A.shape)
-        )
-        v = vals.reshape(-1)
-        best = REDUCERS[which](v, torch.zeros_like(flat), 1)
-        return segment_arg(v, torch.zeros_like(flat), 1, flat, best).reshape(())
-    dim %= A.dim()
-    out_meta = meta if not values else meta[0]
-    if dim >= sd:  # along a dense dim: on each stored slice; the pattern kept
-        d = dim - sd + 1
-        res = (
-            (torch.amax if which == "amax" else torch.amin)(vals, d, keep),
-            (torch.argmax if which == "amax" else torch.argmin)(vals, d, keep),
-        )
-        out_idx = idx
-    else:
-        seg, out_idx, _ = group_slices(idx, A._sparse_shape, [dim])
-        S = out_idx.shape[1]
-        best = REDUCERS[which](vals, seg, S)
-        res = best.to(A.dtype), segment_arg(vals, seg, S, idx[dim], best)
-        if keep:
-            full = out_idx.new_zeros((sd, S))
-            full[[i for i in range(sd) if i != dim]] = out_idx
-            out_idx = full
-    # (the pattern, or a 2-d one)
-    layout = A._sf_layout if dim >= sd or keep and sd == 2 else torch.sparse_coo
-    empty = vals.new_empty(0)
-    out = tuple(
-        parts_to_sparse(
-            out_idx,
-            r,
-            out_meta.shape,
-            empty.to(r.dtype),
-            indefinite=True,
-            layout=layout,
-            coalesced=True,
-        )
-        for r in res
-    )
-    return out if values else out[1]
-
-
-def _arg_dim(A, dim, keep, which, meta, values):
-    idx, vals = coalesced_parts(A)
-    seg, out_idx, n_fill = group_slices(idx, A._sparse_shape, [dim])
-    S, size = out_idx.shape[1], A.shape[dim] if A.dim() else 1
-    r = REDUCERS[which]
-    best = r(vals, seg, S, fill=A._fill, n_fill=n_fill)
-    pos = idx[dim] if A.dim() else torch.zeros_like(seg)
-    gap = first_gap(seg, pos, S)
-    arg = segment_arg(
-        vals, seg, S, pos, best, fill=A._fill, fill_position=torch.where(gap < size, gap, -1)
-    )
-    out_shape = meta[0].shape if values else meta.shape
-    # slices with no stored element: the fill at position 0
-    kept = [d for d in range(A.dim()) if d != dim]
-    dense_arg = torch.zeros(tuple(A.shape[d] for d in kept), dtype=torch.int64, device=vals.device)
-    dense_val = A._fill.expand(dense_arg.shape).clone().to(A.dtype)
-    if S:
-        where = tuple(out_idx)
-        dense_arg[where] = arg
-        dense_val[where] = best.to(A.dtype)
-    if keep:
-        dense_arg, dense_val = dense_arg.unsqueeze(dim), dense_val.unsqueeze(dim)
-    dense_arg, dense_val = dense_arg.reshape(out_shape), dense_val.reshape(out_shape)
-    return (dense_val, dense_arg) if values else dense_arg
-
-
-# ------------------------------------------------------------------ scans and medians
+# ------------------------------------------------------------------ scans
 @register(
     aten.cumsum.default,
     aten.cumprod.default,
@@ -702,116 +425,6 @@ def _scan(func, args, kwargs):
         for v, f in zip(outs, fills or (None,) * len(outs))
     )
     return res if isinstance(vals, tuple) else res[0]
-
-
-@register(aten.median.default, aten.nanmedian.default)
-def _median(func, args, kwargs):
-    """The lower median of all elements: the stored values sorted, the ``n`` fills inserted at their
-    rank::
-
-    median = s[m] if m < c  else  f if m < c + n  else  s[m - n],   m = (N - 1) // 2, c = #(s < f)
-    """
-    A = args[0]
-    if A.dim() == 0 or A._indefinite:
-        return _scalar(func, args, kwargs) if A.dim() == 0 else NotImplemented
-    check_dtype(func, A)  # torch's errors (bool, complex)
-    func(meta_of(A))  # (an empty input)
-    if A.dense_dim():
-        return _weighted_median(func, A)
-    v, f = coalesced_parts(A)[1], A._fill.reshape(())
-    n = A.numel() - v.numel()
-    if func is aten.nanmedian.default:
-        v = v[~torch.isnan(v)]
-        n = 0 if bool(torch.isnan(f)) else n
-    elif bool(torch.isnan(v).any()) or (n and bool(torch.isnan(f))):
-        return torch.full((), float("nan"), dtype=A.dtype, device=A.device)
-    N = v.numel() + n
-    # torch's value for no element: NaN, or an integer dtype's own (a NaN of that dtype raises)
-    if N == 0:
-        return func(v.new_empty(0))
-    seg = torch.zeros(v.shape[0], dtype=torch.int64, device=v.device)
-    return segment_median(v, seg, 1, fill=f, n_fill=torch.tensor([n], device=v.device))[0]
-
-
-def _weighted_median(func, A):
-    """The lower median of all elements of a hybrid ``A``: the stored scalars, each once, and the
-    fill's entries, each ``n`` times (``n`` unspecified sparse positions), sorted; the element of
-    rank ``(N - 1) // 2`` by the cumulative multiplicities.  O(nse * D log(nse * D))."""
-    idx, vals = coalesced_parts(A)
-    n = _index.numel(A._sparse_shape) - idx.shape[1]
-    v = vals.reshape(-1)
-    f = A._fill.to(A.dtype).expand(A._dense_shape).reshape(-1)[: A._dense_shape.numel() * (n > 0)]
-    x = torch.cat([v, f])
-    w = torch.cat([torch.ones_like(v, dtype=torch.int64), torch.full_like(f, n, dtype=torch.int64)])
-    nan = torch.isnan(x)
-    if func is aten.nanmedian.default:
-        x, w = x[~nan], w[~nan]
-    elif bool(nan.any()):
-        return torch.full((), float("nan"), dtype=A.dtype, device=A.device)
-    N = int(w.sum())
-    if N == 0:
-        return func(v.new_empty(0))
-    order = torch.argsort(x, stable=True)
-    rank = torch.tensor((N - 1) // 2, device=x.device)
-    at = torch.searchsorted(torch.cumsum(w[order], 0), rank, right=True)
-    return x[order][at]
-
-
-@register(aten.median.dim, aten.nanmedian.dim)
-def _median_dim(func, args, kwargs):
-    """Lower median along ``dim`` per slice, by the one rank rule
-    (:func:`_kernels.reducer.segment_median`, the fills ahead of equal stored values), for all
-    slices at once.  ``indices`` point at an element equal to the median: the stored one, or the
-    first unspecified position when the fill is the median (torch leaves which of several equal
-    elements unspecified); a slice with a NaN (median) gives its first NaN."""
-    A, dim = args[0], args[1]
-    keep = _keepdim_arg(args, kwargs, 2)
-    if A.dim() == 0:
-        return _scalar(func, args, kwargs)
-    check_dtype(func, A, *args[1:], **kwargs)
-    meta = meta_call(func, A, *args[1:], **kwargs)
-    dim %= A.dim()
-    if A._indefinite:
-        return NotImplemented
-    if A.dense_dim():
-        if dim >= A.dim() - A.dense_dim():
-            return _along_dense_dim(func, A, dim - (A.dim() - A.dense_dim()), keep, meta)
-        # dense dims become sparse (dense dims trail sparse ones; an array fill: its most common
-        # value)
-        A = all_sparse(A)
-    idx, v = coalesced_parts(A)
-    f, size = A._fill.reshape(()), A.shape[dim]
-    seg, out_idx, n = group_slices(idx, A._sparse_shape, [dim])
-    S, k, spos = out_idx.shape[1], v.shape[0], idx[dim]
-    fnan = bool(torch.isnan(f))
-    # (NaNs skipped: nanmedian)
-    val, which = segment_median(v, seg, S, fill=f, n_fill=n, return_index=True)
-    gap = first_gap(seg, spos, S)
-    pos = torch.where(which >= k, gap, spos[which.clamp(0, max(k - 1, 0))] if k else gap)
-    pos = torch.where(which < 0, torch.zeros_like(pos), pos)  # (nanmedian of NaNs only)
-    # a NaN anywhere in the slice: NaN at the first NaN
-    if func is aten.median.dim and v.is_floating_point():
-        first_nan = (
-            segment_combine(torch.where(torch.isnan(v), spos, size), seg, S, "amin", init=size)
-            if k
-            else torch.full((S,), size, device=v.device)
-        )
-        if fnan:
-            first_nan = torch.where(n > 0, torch.minimum(first_nan, gap), first_nan)
-        has = first_nan < size
-        val = torch.where(has, torch.full_like(val, float("nan")), val)
-        pos = torch.where(has, first_nan, pos)
-    kept = [d for d in range(A.dim()) if d != dim]
-    dense_val = f.expand(tuple(A.shape[d] for d in kept)).clone()
-    dense_pos = torch.zeros(dense_val.shape, dtype=torch.int64, device=v.device)
-    if func is aten.nanmedian.dim and fnan:  # slices of NaN fills only
-        dense_pos.zero_()
-    if S:
-        dense_val[tuple(out_idx)] = val.to(dense_val.dtype)
-        dense_pos[tuple(out_idx)] = pos
-    if keep:
-        dense_val, dense_pos = dense_val.unsqueeze(dim), dense_pos.unsqueeze(dim)
-    return dense_val.reshape(meta[0].shape), dense_pos.reshape(meta[1].shape)
 
 
 # ---------------------------------------------------------------------- torch.sparse.sum

@@ -33,15 +33,8 @@ from sparsefill._tensor.parts import coalesced_parts, values_at
 from sparsefill._tensor.tensor import SparseTensor
 from sparsefill.ops.autograd_routes import register_route
 from sparsefill.ops.linalg.backward import pattern_grad_is_exact
-from sparsefill.ops.reductions.backward import (
-    _FLOATS,
-    _apply,
-    _bind,
-    _on_pattern,
-    _sig_all,
-    _upstream,
-    _zero_fill,
-)
+from sparsefill.ops.reductions.backward import _FLOATS, _apply, _bind, _sig_all
+from sparsefill.ops.reductions.gradients import _on_pattern, _upstream, _zero_fill
 
 T = torch.Tensor
 
