@@ -84,6 +84,24 @@ def test_pattern_ops_index_out_of_range():
         pattern_ops.pattern_sddmm(x, x, rows, cols)
 
 
+def test_pattern_ops_sorted_rows_edges_and_non_finite():
+    """Sorted rows with empty segments first, between and last (the sorted kernel) equal the
+    scattered sum; a sorted row index past the output raises; NaN and inf in the sampled dot
+    products propagate as dense (the dot products are summed in any order)."""
+    x = torch.tensor([[1.0, 2.0], [3.0, float("inf")], [float("nan"), 1.0]])
+    rows, cols = torch.tensor([1, 1, 3, 3, 3]), torch.tensor([0, 2, 1, 0, 1])
+    w = torch.tensor([1.0, 0.0, 2.0, -1.0, 0.5])
+    want = _dense(w, rows, cols, 5, 3) @ x.nan_to_num(nan=7.0, posinf=9.0)
+    got = pattern_ops.pattern_spmm(w, x.nan_to_num(nan=7.0, posinf=9.0), rows, cols, 5)
+    torch.testing.assert_close(got, want)
+    with pytest.raises(IndexError):
+        pattern_ops.pattern_spmm(w, x, rows, cols, 3)
+    u = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [2.0, -1.0]])
+    torch.testing.assert_close(
+        pattern_ops.pattern_sddmm(u, x, rows, cols), (u @ x.T)[rows, cols], equal_nan=True
+    )
+
+
 def test_compiled_sparse_product_records_pattern_ops_and_trains_as_eager():
     """``softmax(A * s) @ X`` trained three steps: the compiled loss (``fullgraph=True``, one graph,
     no recompile) and its gradients equal eager's, its graphs run the two ops (forward product,
