@@ -31,7 +31,7 @@ import weakref
 import torch
 
 from sparsefill._kernels.trace import bincount, traced, unique_consecutive
-from sparsefill._kernels.index import linearize, numel, runs_to_ids, unravel
+from sparsefill._kernels.index import linearize, numel, rows_at, runs_to_ids, unravel
 
 __all__ = ["pattern_cached", "gathered_cached", "group_slices", "sorted_runs", "csr_row_slices"]
 
@@ -240,7 +240,7 @@ _COUNTED_KEYS = 1 << 24
 def _group_slices(indices, sparse_shape, dims):
     keep = [d for d in range(len(sparse_shape)) if d not in dims]
     keep_shape = [sparse_shape[d] for d in keep]
-    keys = linearize(indices[keep], keep_shape)
+    keys = linearize(rows_at(indices, keep), keep_shape)
     nk = numel(keep_shape)
     # compiled: counted, no sort
     if keep != list(range(len(keep))) and traced(keys) and nk <= _COUNTED_KEYS:

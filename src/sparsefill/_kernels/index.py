@@ -29,6 +29,20 @@ def strides(shape) -> list[int]:
     return out[::-1]
 
 
+def rows_at(indices: torch.Tensor, dims) -> torch.Tensor:
+    """``indices[dims]`` (rows of an index tensor), a view where ``dims`` are consecutive: no copy
+    of the index rows (traced, no ``(len(dims), nse)`` written every step).
+
+    >>> i = torch.tensor([[0, 1], [2, 3], [4, 5]])
+    >>> rows_at(i, [1, 2])._base is i, rows_at(i, [0, 2]).tolist()
+    (True, [[0, 1], [4, 5]])
+    """
+    dims = list(dims)
+    if dims and dims == list(range(dims[0], dims[0] + len(dims))):
+        return indices[dims[0] : dims[0] + len(dims)]
+    return indices[dims]
+
+
 def linearize(indices: torch.Tensor, shape) -> torch.Tensor:
     """Row-major linear keys of the columns of ``indices`` (shape ``(len(shape), nse)``): one fused
     ``add(keys, indices[d], alpha=stride[d])`` per dim (2.5x the product-and-sum of a stride

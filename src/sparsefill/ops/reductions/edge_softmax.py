@@ -147,7 +147,7 @@ def plan_of(A: SparseTensor, dim: int) -> Plan:
     def compute():
         idx = _convert.coalesced_parts(A)[0]
         keep = [d for d in range(len(S)) if d != dim]
-        keys = _index.linearize(idx[keep], [S[d] for d in keep])
+        keys = _index.linearize(_index.rows_at(idx, keep), [S[d] for d in keep])
         return _plan(keys, _index.numel([S[d] for d in keep]), presorted=dim == len(S) - 1)
 
     return pattern_cached(("segsoftmax_plan", S, dim), tensors, compute)
