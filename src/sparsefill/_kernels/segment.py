@@ -54,6 +54,7 @@ import numpy as np
 import torch
 
 from sparsefill._kernels import engine as _engine, index as _index, reducer as _reduce
+from sparsefill._kernels.grouping import storage_cached
 from sparsefill._kernels.trace import traced
 
 __all__ = [
@@ -579,8 +580,11 @@ def gather_scatter_sum(
     from sparsefill._kernels.segment_plan import Plan
 
     ids = _contig(ids)
-    offsets = torch.empty(num_segments + 1, dtype=torch.int64)
-    if _require_nb().sorted_offsets(_np(ids), _np(offsets)) < 0:
+    # (kept while the ids recur: a compiled training step passes the same pattern every call)
+    offsets = storage_cached(
+        ("sorted_offsets", num_segments), (ids,), lambda: _sorted_offsets(ids, num_segments)
+    )
+    if offsets is not None:
         plan = Plan(num_segments, ids.shape[0], offsets=offsets, compiled=True)
         form = "sorted"
     else:
@@ -588,6 +592,12 @@ def gather_scatter_sum(
         form = "scatter"
     out, _ = _reduce_compiled(form, "wsum", x, plan, _contig(rows), _contig(w.to(x.dtype)))
     return out
+
+
+def _sorted_offsets(ids: torch.Tensor, num_segments: int) -> torch.Tensor | None:
+    """The segment offsets of non-decreasing ``ids`` in ``[0, num_segments)``, else None."""
+    offsets = torch.empty(num_segments + 1, dtype=torch.int64)
+    return offsets if _require_nb().sorted_offsets(_np(ids), _np(offsets)) < 0 else None
 
 
 def sampled_dot(
