@@ -271,7 +271,8 @@ def sorted_runs(keys: torch.Tensor, num_keys: int):
     """
     k = keys.numel()
     if 0 < num_keys <= 4 * k + 4096:  # run lengths off a CSR compression
-        counts = torch.diff(torch._convert_indices_from_coo_to_csr(keys, num_keys))
+        # (contiguous: torch's kernel reads a strided row of an index tensor as if it were not)
+        counts = torch.diff(torch._convert_indices_from_coo_to_csr(keys.contiguous(), num_keys))
         nonempty = counts > 0
         out_keys = nonempty.nonzero().squeeze(1)
         lengths = counts[out_keys]

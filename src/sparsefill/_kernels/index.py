@@ -30,8 +30,10 @@ def strides(shape) -> list[int]:
 
 
 def rows_at(indices: torch.Tensor, dims) -> torch.Tensor:
-    """``indices[dims]`` (rows of an index tensor), a view where ``dims`` are consecutive: no copy
-    of the index rows (traced, no ``(len(dims), nse)`` written every step).
+    """``indices[dims]`` (rows of an index tensor), contiguous: a view where ``dims`` are
+    consecutive rows of a contiguous tensor (traced, no ``(len(dims), nse)`` copy written every
+    step), else a copy (kernels such as ``_convert_indices_from_coo_to_csr`` read their input as
+    contiguous).
 
     >>> i = torch.tensor([[0, 1], [2, 3], [4, 5]])
     >>> rows_at(i, [1, 2])._base is i, rows_at(i, [0, 2]).tolist()
@@ -39,7 +41,9 @@ def rows_at(indices: torch.Tensor, dims) -> torch.Tensor:
     """
     dims = list(dims)
     if dims and dims == list(range(dims[0], dims[0] + len(dims))):
-        return indices[dims[0] : dims[0] + len(dims)]
+        rows = indices[dims[0] : dims[0] + len(dims)]
+        if rows.is_contiguous():
+            return rows
     return indices[dims]
 
 

@@ -130,7 +130,7 @@ def _csr(A: SparseTensor):
     crow = pattern_cached(
         ("attention_crow", A.shape[0]),
         (idx,),
-        lambda: torch._convert_indices_from_coo_to_csr(idx[0], A.shape[0]),
+        lambda: torch._convert_indices_from_coo_to_csr(idx[0].contiguous(), A.shape[0]),
     )
     return crow, idx[1], vals, (idx,)
 
@@ -507,7 +507,7 @@ def _slices(A: SparseTensor) -> list:
         fill = indefinite if A._indefinite else A._fill
         out = []
         for s, e in zip([0, *ends[:-1]], ends):
-            crow = torch._convert_indices_from_coo_to_csr(idx[1, s:e], L)
+            crow = torch._convert_indices_from_coo_to_csr(idx[1, s:e].contiguous(), L)
             out.append(
                 sparse_csr_tensor(
                     crow, idx[2, s:e], vals[s:e], (L, S), fill_value=fill, check_invariants=False

@@ -456,7 +456,7 @@ def _same_across_layouts(T: SparseTensor, A: SparseTensor) -> bool:
     rows, cols = O._idx
     return torch.equal(cols, C._col.to(cols.dtype)) and torch.equal(
         torch._convert_indices_from_coo_to_csr(
-            rows, C.shape[0], out_int32=C._crow.dtype == torch.int32
+            rows.contiguous(), C.shape[0], out_int32=C._crow.dtype == torch.int32
         ),
         C._crow,
     )

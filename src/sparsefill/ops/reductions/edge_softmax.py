@@ -112,7 +112,7 @@ def _plan(keys: torch.Tensor, nkeys: int, presorted: bool) -> Plan:
         # compiled (recomputed every step): every key a slice, the empty ones too, so that the
         # slice of an element is its key; no ranking of the non-empty slices (a nonzero, a scatter
         # and a cumsum over the elements), and no data-dependent count of them
-        lengths = torch.diff(torch._convert_indices_from_coo_to_csr(keys, nkeys))
+        lengths = torch.diff(torch._convert_indices_from_coo_to_csr(keys.contiguous(), nkeys))
         return Plan(keys, lengths, perm, inv)
     _, seg, lengths = sorted_runs(keys, nkeys)
     return Plan(seg, lengths, perm, inv)

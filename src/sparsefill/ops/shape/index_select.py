@@ -68,7 +68,7 @@ def _sorted_result(A, idx, vals, shape):
     rows."""
     known_zero = A._fill_is_zero()
     if A._sf_layout is torch.sparse_csr and idx.shape[0] == 2:
-        crow = torch._convert_indices_from_coo_to_csr(idx[0], shape[0])
+        crow = torch._convert_indices_from_coo_to_csr(idx[0].contiguous(), shape[0])
         return SparseTensor._make(
             torch.sparse_csr,
             torch.Size(shape),
@@ -114,7 +114,7 @@ def _select_rows(rows: torch.Tensor, index: torch.Tensor, n: int, owner: torch.T
     records no base, so the cache is keyed by the owner) while ``n`` is within a few per stored
     element; else two binary searches per entry of ``index`` (O(|index| log nse), memory-bound)."""
     if n <= _LUT_PER_ELEMENT * rows.numel() + 4096:
-        crow = lambda: torch._convert_indices_from_coo_to_csr(rows, n)
+        crow = lambda: torch._convert_indices_from_coo_to_csr(rows.contiguous(), n)
         crow = crow() if owner is None else pattern_cached(("row_pointers", n), (owner,), crow)
         lo = crow.index_select(0, index)
         hi = crow.index_select(0, index + 1)
