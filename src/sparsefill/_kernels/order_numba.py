@@ -276,3 +276,183 @@ if numba is not None:
                         continue
                 out_v[j, row] = v[i]
                 out_p[j, row] = p[i]
+
+
+if numba is not None:
+
+    @njit(inline="always")
+    def _before(a, b, desc):
+        """:func:`_ahead` without branches (the comparisons of random values mispredict)."""
+        if desc:
+            return (a > b) | ((a != a) & (b == b))
+        return (a < b) | ((b != b) & (a == a))
+
+    @njit(inline="always")
+    def _gather(p, v, order, a, b, fr, desc, which, ix):
+        """The stored elements of ``order[a:b]`` ahead of the fill (``which`` 0) or behind it
+        (``which`` 1) into ``ix``, in position order: ``(their number, the other side's)``."""
+        n = 0
+        other = 0
+        for i in range(a, b):
+            e = order[i]
+            x = v[e]
+            lo = _before(x, fr, desc)
+            hi = _before(fr, x, desc)
+            ix[n] = e
+            if which == 0:
+                n += lo
+                other += hi
+            else:
+                n += hi
+                other += lo
+        return n, other
+
+    @njit(inline="always")
+    def _emit_row(p, v, order, a, b, fr, size, width, desc, ix, tmp, ev_s, ev_v, ev_p, ne):
+        """The first ``width`` of the stably sorted row of ``order[a:b]`` as events ``(s, value,
+        position)`` from ``ne`` on, the rest implied: a slot ``s`` with no event holds the fill at
+        the position after slot ``s - 1``'s (``s == 0``: position 0).  The stored ahead of the
+        fill sorted alone, the fill's run walked over the stored positions, the stored behind it
+        sorted alone, each only as far as ``width`` reaches.  The new ``ne``."""
+        nlow, nhigh = _gather(p, v, order, a, b, fr, desc, 0, ix)
+        h = min(nlow, width)
+        if nlow:
+            _sort_row(v, ix[:nlow], tmp, desc, h)
+        for s in range(h):
+            ev_s[ne] = s
+            ev_v[ne] = v[ix[s]]
+            ev_p[ne] = p[ix[s]]
+            ne += 1
+        s = h
+        lim = min(size - nhigh, width)
+        c = 0
+        k = a
+        while s < lim:
+            pc = size if k == b else p[order[k]]
+            m = min(pc - c, lim - s)  # (the fill between stored positions)
+            if m > 0:
+                ev_s[ne] = s
+                ev_v[ne] = fr
+                ev_p[ne] = c
+                ne += 1
+            s += m
+            c += m
+            if s >= lim or k == b:
+                break
+            x = v[order[k]]
+            k += 1
+            c = pc + 1
+            if not (_ahead(x, fr, desc) or _ahead(fr, x, desc)):  # (in the run)
+                ev_s[ne] = s
+                ev_v[ne] = x
+                ev_p[ne] = pc
+                ne += 1
+                s += 1
+        if s < width:
+            m, _ = _gather(p, v, order, a, b, fr, desc, 1, ix)
+            _sort_row(v, ix[:m], tmp, desc, width - s)
+            j = 0
+            while s < width:
+                ev_s[ne] = s
+                ev_v[ne] = v[ix[j]]
+                ev_p[ne] = p[ix[j]]
+                ne += 1
+                s += 1
+                j += 1
+        return ne
+
+    @njit(inline="always")
+    def _put_row(ev_s, ev_v, ev_p, e0, e1, fr, width, out_v, out_p, o):
+        """Row events ``[e0, e1)`` (ascending ``s``) written out contiguously from ``o``."""
+        s = 0
+        pos = 0
+        for e in range(e0, e1):
+            t = ev_s[e]
+            m = t - s  # (implied slots: the fill at consecutive positions)
+            dv = out_v[o + s : o + t]
+            dp = out_p[o + s : o + t]
+            for i in range(m):
+                dv[i] = fr
+            for i in range(m):
+                dp[i] = pos + i
+            out_v[o + t] = ev_v[e]
+            out_p[o + t] = ev_p[e]
+            pos = ev_p[e] + 1
+            s = t + 1
+        m = width - s
+        dv = out_v[o + s : o + width]
+        dp = out_p[o + s : o + width]
+        for i in range(m):
+            dv[i] = fr
+        for i in range(m):
+            dp[i] = pos + i
+
+    @njit(nogil=True, cache=True)
+    def head_rows(offs, order, p, v, f, size, width, post, desc, out_v, out_p):  # pragma: no cover
+        """:func:`sort_head` of rows given grouped, one fill ``f[0]``: row ``j``'s stored elements
+        are ``order[offs[j]:offs[j + 1]]`` (ascending position); the output ``(R // post, width,
+        post)`` written in its own order.  ``post == 1``: row by row; else the rows' events
+        bucketed by output line ``(r // post, s)`` and every line written once: the implied
+        slots as a fill and the previous line's positions plus one, then its events."""
+        R = offs.shape[0] - 1
+        fr = f[0]
+        nmax = 0
+        for j in range(R):
+            nmax = max(nmax, offs[j + 1] - offs[j])
+        ix = np.empty(nmax, np.int64)
+        tmp = np.empty(nmax, np.int64)
+        cap = 2 * nmax + 2
+        if post == 1:
+            ev_s = np.empty(cap, np.int64)
+            ev_v = np.empty(cap, v.dtype)
+            ev_p = np.empty(cap, np.int64)
+            for row in range(R):
+                a, b = offs[row], offs[row + 1]
+                ne = _emit_row(
+                    p, v, order, a, b, fr, size, width, desc, ix, tmp, ev_s, ev_v, ev_p, 0
+                )
+                _put_row(ev_s, ev_v, ev_p, 0, ne, fr, width, out_v, out_p, row * width)
+            return
+        cap = 2 * order.shape[0] + R + 1
+        ev_s = np.empty(cap, np.int64)
+        ev_v = np.empty(cap, v.dtype)
+        ev_p = np.empty(cap, np.int64)
+        ev_r = np.empty(cap, np.int64)
+        ne = 0
+        for row in range(R):
+            a, b = offs[row], offs[row + 1]
+            n1 = _emit_row(p, v, order, a, b, fr, size, width, desc, ix, tmp, ev_s, ev_v, ev_p, ne)
+            pre = row // post
+            c = row - pre * post
+            for e in range(ne, n1):
+                ev_s[e] += pre * width  # (the output line)
+                ev_r[e] = c
+            ne = n1
+        L = (R // post) * width
+        start = np.zeros(L + 1, np.int64)
+        for e in range(ne):
+            start[ev_s[e] + 1] += 1
+        for j in range(L):
+            start[j + 1] += start[j]
+        at = start[:-1].copy()
+        srt = np.empty(ne, np.int64)
+        for e in range(ne):
+            srt[at[ev_s[e]]] = e
+            at[ev_s[e]] += 1
+        for line in range(L):
+            o = line * post
+            dv = out_v[o : o + post]
+            dp = out_p[o : o + post]
+            for i in range(post):
+                dv[i] = fr
+            if line % width == 0:
+                for i in range(post):
+                    dp[i] = 0
+            else:
+                prev = out_p[o - post : o]
+                for i in range(post):
+                    dp[i] = prev[i] + 1
+            for j in range(start[line], start[line + 1]):
+                e = srt[j]
+                dv[ev_r[e]] = ev_v[e]
+                dp[ev_r[e]] = ev_p[e]
