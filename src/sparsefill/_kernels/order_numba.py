@@ -90,7 +90,7 @@ if numba is not None:
         """``ix`` (indices into ``v``) sorted stably by value, in place (``width`` short of its
         length: only its first ``width``)."""
         n = ix.shape[0]
-        if _SMALL < n and width <= _TOP:
+        if _SMALL < n and width <= _TOP and width < n:
             _top_row(v, ix, width, desc)
             return
         # runs of _RUN sorted by insertion, then merged bottom-up
@@ -317,7 +317,7 @@ if numba is not None:
         nlow, nhigh = _gather(p, v, order, a, b, fr, desc, 0, ix)
         h = min(nlow, width)
         if nlow:
-            _sort_row(v, ix[:nlow], tmp, desc, h)
+            _sort_row(v, ix[:nlow], tmp, desc, width)
         for s in range(h):
             ev_s[ne] = s
             ev_v[ne] = v[ix[s]]
@@ -387,6 +387,91 @@ if numba is not None:
         for i in range(m):
             dp[i] = pos + i
 
+    @njit(inline="always")
+    def _top_ahead(p, v, order, a, b, fr, desc, width, bv, bp):
+        """The first ``width`` of the stored elements of ``order[a:b]`` ahead of the fill, stably
+        sorted, into ``bv``/``bp`` (values, positions) in one pass: each inserted into the sorted
+        buffer (a full buffer passes over an element not ahead of its last at one comparison).
+        ``(their number in the buffer, all ahead of the fill, all behind it)``."""
+        m = 0
+        nlow = 0
+        nhigh = 0
+        for i in range(a, b):
+            e = order[i]
+            x = v[e]
+            if _ahead(x, fr, desc):
+                nlow += 1
+                if m == width:
+                    if not _ahead(x, bv[m - 1], desc):
+                        continue
+                    j = m - 1
+                else:
+                    j = m
+                    m += 1
+                while j > 0 and _ahead(x, bv[j - 1], desc):
+                    bv[j] = bv[j - 1]
+                    bp[j] = bp[j - 1]
+                    j -= 1
+                bv[j] = x
+                bp[j] = p[e]
+            elif _ahead(fr, x, desc):
+                nhigh += 1
+        return m, nlow, nhigh
+
+    @njit(inline="always")
+    def _row_out(p, v, order, a, b, fr, size, width, desc, ix, tmp, bv, bp, out_v, out_p, o):
+        """The first ``width`` of the stably sorted row of ``order[a:b]`` written out from ``o``,
+        contiguously: the stored ahead of the fill (a short head: selected in one pass), the
+        fill's run between the stored positions, the stored behind it, each only as far as
+        ``width`` reaches."""
+        if width <= _TOP:
+            s, nlow, nhigh = _top_ahead(p, v, order, a, b, fr, desc, width, bv, bp)
+            for j in range(s):
+                out_v[o + j] = bv[j]
+                out_p[o + j] = bp[j]
+        else:
+            nlow, nhigh = _gather(p, v, order, a, b, fr, desc, 0, ix)
+            s = min(nlow, width)
+            if nlow:
+                _sort_row(v, ix[:nlow], tmp, desc, width)
+            for j in range(s):
+                out_v[o + j] = v[ix[j]]
+                out_p[o + j] = p[ix[j]]
+        lim = min(size - nhigh, width)
+        c = 0
+        k = a
+        while s < lim:
+            pc = size if k == b else p[order[k]]
+            m = min(pc - c, lim - s)  # (the fill between stored positions)
+            q = o + s
+            # (through views from index 0, one array per loop: tight loops)
+            dv = out_v[q : q + m]
+            dp = out_p[q : q + m]
+            for t in range(m):
+                dv[t] = fr
+            for t in range(m):
+                dp[t] = c + t
+            s += m
+            c += m
+            if s >= lim or k == b:
+                break
+            x = v[order[k]]
+            k += 1
+            c = pc + 1
+            if not (_ahead(x, fr, desc) or _ahead(fr, x, desc)):  # (in the run)
+                out_v[o + s] = x
+                out_p[o + s] = pc
+                s += 1
+        if s < width:
+            n, _ = _gather(p, v, order, a, b, fr, desc, 1, ix)
+            _sort_row(v, ix[:n], tmp, desc, width - s)
+            j = 0
+            while s < width:
+                out_v[o + s] = v[ix[j]]
+                out_p[o + s] = p[ix[j]]
+                s += 1
+                j += 1
+
     @njit(nogil=True, cache=True)
     def head_rows(offs, order, p, v, f, size, width, post, desc, out_v, out_p):  # pragma: no cover
         """:func:`sort_head` of rows given grouped, one fill ``f[0]``: row ``j``'s stored elements
@@ -395,23 +480,74 @@ if numba is not None:
         bucketed by output line ``(r // post, s)`` and every line written once: the implied
         slots as a fill and the previous line's positions plus one, then its events."""
         R = offs.shape[0] - 1
+        if width == 0:
+            return
         fr = f[0]
         nmax = 0
         for j in range(R):
             nmax = max(nmax, offs[j + 1] - offs[j])
         ix = np.empty(nmax, np.int64)
         tmp = np.empty(nmax, np.int64)
-        cap = 2 * nmax + 2
+        bv = np.empty(min(width, _TOP), v.dtype)
+        bp = np.empty(min(width, _TOP), np.int64)
         if post == 1:
-            ev_s = np.empty(cap, np.int64)
-            ev_v = np.empty(cap, v.dtype)
-            ev_p = np.empty(cap, np.int64)
             for row in range(R):
                 a, b = offs[row], offs[row + 1]
-                ne = _emit_row(
-                    p, v, order, a, b, fr, size, width, desc, ix, tmp, ev_s, ev_v, ev_p, 0
+                _row_out(
+                    p,
+                    v,
+                    order,
+                    a,
+                    b,
+                    fr,
+                    size,
+                    width,
+                    desc,
+                    ix,
+                    tmp,
+                    bv,
+                    bp,
+                    out_v,
+                    out_p,
+                    row * width,
                 )
-                _put_row(ev_s, ev_v, ev_p, 0, ne, fr, width, out_v, out_p, row * width)
+            return
+        if width <= _TOP:
+            # a short head: a block of rows adjacent in the output written to a buffer, then
+            # copied across (runs of whole cache lines)
+            B = min(_BLOCK, post)
+            buf_v = np.empty(B * width, out_v.dtype)
+            buf_p = np.empty(B * width, np.int64)
+            r0 = 0
+            while r0 < R:
+                nb = min(B, post - r0 % post)  # (a block stays within one leading index)
+                for i in range(nb):
+                    a, b = offs[r0 + i], offs[r0 + i + 1]
+                    _row_out(
+                        p,
+                        v,
+                        order,
+                        a,
+                        b,
+                        fr,
+                        size,
+                        width,
+                        desc,
+                        ix,
+                        tmp,
+                        bv,
+                        bp,
+                        buf_v,
+                        buf_p,
+                        i * width,
+                    )
+                base = (r0 // post) * width * post + r0 % post
+                for s in range(width):
+                    o = base + s * post
+                    for i in range(nb):
+                        out_v[o + i] = buf_v[i * width + s]
+                        out_p[o + i] = buf_p[i * width + s]
+                r0 += nb
             return
         cap = 2 * order.shape[0] + R + 1
         ev_s = np.empty(cap, np.int64)
