@@ -32,6 +32,7 @@ __all__ = ["sort_head", "rank_select"]
 _SMALL = 24  # elements: insertion sort up to here (a row of a 1%-dense matrix holds ~10)
 _RUN = 16  # elements: a longer row's runs sorted by insertion before the merges
 _BLOCK = 64  # rows written together across a strided output (a 512-byte run per write)
+_SHORT = 16  # elements of a fill run written by plain stores (longer: through views)
 _TOP = 64  # a head of at most this many of a longer row: selected, not sorted whole
 
 
@@ -362,32 +363,6 @@ if numba is not None:
         return ne
 
     @njit(inline="always")
-    def _put_row(ev_s, ev_v, ev_p, e0, e1, fr, width, out_v, out_p, o):
-        """Row events ``[e0, e1)`` (ascending ``s``) written out contiguously from ``o``."""
-        s = 0
-        pos = 0
-        for e in range(e0, e1):
-            t = ev_s[e]
-            m = t - s  # (implied slots: the fill at consecutive positions)
-            dv = out_v[o + s : o + t]
-            dp = out_p[o + s : o + t]
-            for i in range(m):
-                dv[i] = fr
-            for i in range(m):
-                dp[i] = pos + i
-            out_v[o + t] = ev_v[e]
-            out_p[o + t] = ev_p[e]
-            pos = ev_p[e] + 1
-            s = t + 1
-        m = width - s
-        dv = out_v[o + s : o + width]
-        dp = out_p[o + s : o + width]
-        for i in range(m):
-            dv[i] = fr
-        for i in range(m):
-            dp[i] = pos + i
-
-    @njit(inline="always")
     def _top_ahead(p, v, order, a, b, fr, desc, width, bv, bp):
         """The first ``width`` of the stored elements of ``order[a:b]`` ahead of the fill, stably
         sorted, into ``bv``/``bp`` (values, positions) in one pass: each inserted into the sorted
@@ -418,60 +393,6 @@ if numba is not None:
                 nhigh += 1
         return m, nlow, nhigh
 
-    @njit(inline="always")
-    def _row_out(p, v, order, a, b, fr, size, width, desc, ix, tmp, bv, bp, out_v, out_p, o):
-        """The first ``width`` of the stably sorted row of ``order[a:b]`` written out from ``o``,
-        contiguously: the stored ahead of the fill (a short head: selected in one pass), the
-        fill's run between the stored positions, the stored behind it, each only as far as
-        ``width`` reaches."""
-        if width <= _TOP:
-            s, nlow, nhigh = _top_ahead(p, v, order, a, b, fr, desc, width, bv, bp)
-            for j in range(s):
-                out_v[o + j] = bv[j]
-                out_p[o + j] = bp[j]
-        else:
-            nlow, nhigh = _gather(p, v, order, a, b, fr, desc, 0, ix)
-            s = min(nlow, width)
-            if nlow:
-                _sort_row(v, ix[:nlow], tmp, desc, width)
-            for j in range(s):
-                out_v[o + j] = v[ix[j]]
-                out_p[o + j] = p[ix[j]]
-        lim = min(size - nhigh, width)
-        c = 0
-        k = a
-        while s < lim:
-            pc = size if k == b else p[order[k]]
-            m = min(pc - c, lim - s)  # (the fill between stored positions)
-            q = o + s
-            # (through views from index 0, one array per loop: tight loops)
-            dv = out_v[q : q + m]
-            dp = out_p[q : q + m]
-            for t in range(m):
-                dv[t] = fr
-            for t in range(m):
-                dp[t] = c + t
-            s += m
-            c += m
-            if s >= lim or k == b:
-                break
-            x = v[order[k]]
-            k += 1
-            c = pc + 1
-            if not (_ahead(x, fr, desc) or _ahead(fr, x, desc)):  # (in the run)
-                out_v[o + s] = x
-                out_p[o + s] = pc
-                s += 1
-        if s < width:
-            n, _ = _gather(p, v, order, a, b, fr, desc, 1, ix)
-            _sort_row(v, ix[:n], tmp, desc, width - s)
-            j = 0
-            while s < width:
-                out_v[o + s] = v[ix[j]]
-                out_p[o + s] = p[ix[j]]
-                s += 1
-                j += 1
-
     @njit(nogil=True, cache=True)
     def head_rows(offs, order, p, v, f, size, width, post, desc, out_v, out_p):  # pragma: no cover
         """:func:`sort_head` of rows given grouped, one fill ``f[0]``: row ``j``'s stored elements
@@ -488,67 +409,94 @@ if numba is not None:
             nmax = max(nmax, offs[j + 1] - offs[j])
         ix = np.empty(nmax, np.int64)
         tmp = np.empty(nmax, np.int64)
+        if post > 1 and width > _TOP:
+            _head_lines(offs, order, p, v, fr, size, width, post, desc, ix, tmp, out_v, out_p)
+            return
         bv = np.empty(min(width, _TOP), v.dtype)
         bp = np.empty(min(width, _TOP), np.int64)
-        if post == 1:
-            for row in range(R):
-                a, b = offs[row], offs[row + 1]
-                _row_out(
-                    p,
-                    v,
-                    order,
-                    a,
-                    b,
-                    fr,
-                    size,
-                    width,
-                    desc,
-                    ix,
-                    tmp,
-                    bv,
-                    bp,
-                    out_v,
-                    out_p,
-                    row * width,
-                )
-            return
-        if width <= _TOP:
-            # a short head: a block of rows adjacent in the output written to a buffer, then
-            # copied across (runs of whole cache lines)
-            B = min(_BLOCK, post)
-            buf_v = np.empty(B * width, out_v.dtype)
-            buf_p = np.empty(B * width, np.int64)
-            r0 = 0
-            while r0 < R:
-                nb = min(B, post - r0 % post)  # (a block stays within one leading index)
-                for i in range(nb):
-                    a, b = offs[r0 + i], offs[r0 + i + 1]
-                    _row_out(
-                        p,
-                        v,
-                        order,
-                        a,
-                        b,
-                        fr,
-                        size,
-                        width,
-                        desc,
-                        ix,
-                        tmp,
-                        bv,
-                        bp,
-                        buf_v,
-                        buf_p,
-                        i * width,
-                    )
+        # post == 1: one block, written in place; else blocks of rows adjacent in the output
+        # written to a buffer, then copied across (runs of whole cache lines)
+        direct = post == 1
+        B = R if direct else min(_BLOCK, post)
+        buf_v = out_v if direct else np.empty(B * width, out_v.dtype)
+        buf_p = out_p if direct else np.empty(B * width, np.int64)
+        r0 = 0
+        while r0 < R:
+            nb = R if direct else min(B, post - r0 % post)  # (within one leading index)
+            for i in range(nb):
+                # (the row's body written here, not an inlined function: twice as fast)
+                a, b = offs[r0 + i], offs[r0 + i + 1]
+                o = i * width
+                # the stored ahead of the fill: a short head selected in one pass, else sorted
+                if width <= _TOP:
+                    s, nlow, nhigh = _top_ahead(p, v, order, a, b, fr, desc, width, bv, bp)
+                    for j in range(s):
+                        buf_v[o + j] = bv[j]
+                        buf_p[o + j] = bp[j]
+                else:
+                    nlow, nhigh = _gather(p, v, order, a, b, fr, desc, 0, ix)
+                    s = min(nlow, width)
+                    if nlow:
+                        _sort_row(v, ix[:nlow], tmp, desc, width)
+                    for j in range(s):
+                        buf_v[o + j] = v[ix[j]]
+                        buf_p[o + j] = p[ix[j]]
+                # the fill's run between the stored positions
+                lim = min(size - nhigh, width)
+                c = 0
+                k = a
+                while s < lim:
+                    pc = size if k == b else p[order[k]]
+                    m = min(pc - c, lim - s)  # (the fill between stored positions)
+                    q = o + s
+                    if m < _SHORT:  # (a view costs more than a few stores)
+                        for t in range(m):
+                            buf_v[q + t] = fr
+                            buf_p[q + t] = c + t
+                    else:  # (through views from index 0, one array per loop: tight loops)
+                        dv = buf_v[q : q + m]
+                        dp = buf_p[q : q + m]
+                        for t in range(m):
+                            dv[t] = fr
+                        for t in range(m):
+                            dp[t] = c + t
+                    s += m
+                    c += m
+                    if s >= lim or k == b:
+                        break
+                    x = v[order[k]]
+                    k += 1
+                    c = pc + 1
+                    if not (_ahead(x, fr, desc) or _ahead(fr, x, desc)):  # (in the run)
+                        buf_v[o + s] = x
+                        buf_p[o + s] = pc
+                        s += 1
+                # the stored behind the fill, as far as width reaches
+                if s < width:
+                    n, _ = _gather(p, v, order, a, b, fr, desc, 1, ix)
+                    _sort_row(v, ix[:n], tmp, desc, width - s)
+                    j = 0
+                    while s < width:
+                        buf_v[o + s] = v[ix[j]]
+                        buf_p[o + s] = p[ix[j]]
+                        s += 1
+                        j += 1
+            if not direct:
                 base = (r0 // post) * width * post + r0 % post
                 for s in range(width):
                     o = base + s * post
                     for i in range(nb):
                         out_v[o + i] = buf_v[i * width + s]
                         out_p[o + i] = buf_p[i * width + s]
-                r0 += nb
-            return
+            r0 += nb
+
+    @njit(nogil=True, cache=True)
+    def _head_lines(
+        offs, order, p, v, fr, size, width, post, desc, ix, tmp, out_v, out_p
+    ):  # pragma: no cover
+        """:func:`head_rows` through events, line by line (a long head across a strided
+        output)."""
+        R = offs.shape[0] - 1
         cap = 2 * order.shape[0] + R + 1
         ev_s = np.empty(cap, np.int64)
         ev_v = np.empty(cap, v.dtype)
