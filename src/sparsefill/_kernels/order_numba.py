@@ -86,7 +86,7 @@ if numba is not None:
                 j -= 1
             ix[j] = x
 
-    @njit(inline="always")
+    @njit(cache=True)
     def _sort_row(v, ix, tmp, desc, width):
         """``ix`` (indices into ``v``) sorted stably by value, in place (``width`` short of its
         length: only its first ``width``)."""
@@ -288,7 +288,7 @@ if numba is not None:
             return (a > b) | ((a != a) & (b == b))
         return (a < b) | ((b != b) & (a == a))
 
-    @njit(inline="always")
+    @njit(cache=True)
     def _gather(p, v, order, a, b, fr, desc, which, ix):
         """The stored elements of ``order[a:b]`` ahead of the fill (``which`` 0) or behind it
         (``which`` 1) into ``ix``, in position order: ``(their number, the other side's)``."""
@@ -307,60 +307,6 @@ if numba is not None:
                 n += hi
                 other += lo
         return n, other
-
-    @njit(inline="always")
-    def _emit_row(p, v, order, a, b, fr, size, width, desc, ix, tmp, ev_s, ev_v, ev_p, ne):
-        """The first ``width`` of the stably sorted row of ``order[a:b]`` as events ``(s, value,
-        position)`` from ``ne`` on, the rest implied: a slot ``s`` with no event holds the fill at
-        the position after slot ``s - 1``'s (``s == 0``: position 0).  The stored ahead of the
-        fill sorted alone, the fill's run walked over the stored positions, the stored behind it
-        sorted alone, each only as far as ``width`` reaches.  The new ``ne``."""
-        nlow, nhigh = _gather(p, v, order, a, b, fr, desc, 0, ix)
-        h = min(nlow, width)
-        if nlow:
-            _sort_row(v, ix[:nlow], tmp, desc, width)
-        for s in range(h):
-            ev_s[ne] = s
-            ev_v[ne] = v[ix[s]]
-            ev_p[ne] = p[ix[s]]
-            ne += 1
-        s = h
-        lim = min(size - nhigh, width)
-        c = 0
-        k = a
-        while s < lim:
-            pc = size if k == b else p[order[k]]
-            m = min(pc - c, lim - s)  # (the fill between stored positions)
-            if m > 0:
-                ev_s[ne] = s
-                ev_v[ne] = fr
-                ev_p[ne] = c
-                ne += 1
-            s += m
-            c += m
-            if s >= lim or k == b:
-                break
-            x = v[order[k]]
-            k += 1
-            c = pc + 1
-            if not (_ahead(x, fr, desc) or _ahead(fr, x, desc)):  # (in the run)
-                ev_s[ne] = s
-                ev_v[ne] = x
-                ev_p[ne] = pc
-                ne += 1
-                s += 1
-        if s < width:
-            m, _ = _gather(p, v, order, a, b, fr, desc, 1, ix)
-            _sort_row(v, ix[:m], tmp, desc, width - s)
-            j = 0
-            while s < width:
-                ev_s[ne] = s
-                ev_v[ne] = v[ix[j]]
-                ev_p[ne] = p[ix[j]]
-                ne += 1
-                s += 1
-                j += 1
-        return ne
 
     @njit(inline="always")
     def _top_ahead(p, v, order, a, b, fr, desc, width, bv, bp):
@@ -504,25 +450,74 @@ if numba is not None:
         ev_r = np.empty(cap, np.int64)
         ne = 0
         for row in range(R):
+            # the row's events (its body written here: see head_rows), line numbers given after
             a, b = offs[row], offs[row + 1]
-            n1 = _emit_row(p, v, order, a, b, fr, size, width, desc, ix, tmp, ev_s, ev_v, ev_p, ne)
+            n0 = ne
+            nlow, nhigh = _gather(p, v, order, a, b, fr, desc, 0, ix)
+            s = min(nlow, width)
+            if nlow:
+                _sort_row(v, ix[:nlow], tmp, desc, width)
+            for j in range(s):
+                ev_s[ne] = j
+                ev_v[ne] = v[ix[j]]
+                ev_p[ne] = p[ix[j]]
+                ne += 1
+            lim = min(size - nhigh, width)
+            c = 0
+            k = a
+            while s < lim:
+                pc = size if k == b else p[order[k]]
+                m = min(pc - c, lim - s)  # (the fill between stored positions)
+                if m > 0:
+                    ev_s[ne] = s
+                    ev_v[ne] = fr
+                    ev_p[ne] = c
+                    ne += 1
+                s += m
+                c += m
+                if s >= lim or k == b:
+                    break
+                x = v[order[k]]
+                k += 1
+                c = pc + 1
+                if not (_ahead(x, fr, desc) or _ahead(fr, x, desc)):  # (in the run)
+                    ev_s[ne] = s
+                    ev_v[ne] = x
+                    ev_p[ne] = pc
+                    ne += 1
+                    s += 1
+            if s < width:
+                n, _ = _gather(p, v, order, a, b, fr, desc, 1, ix)
+                _sort_row(v, ix[:n], tmp, desc, width - s)
+                j = 0
+                while s < width:
+                    ev_s[ne] = s
+                    ev_v[ne] = v[ix[j]]
+                    ev_p[ne] = p[ix[j]]
+                    ne += 1
+                    s += 1
+                    j += 1
             pre = row // post
-            c = row - pre * post
-            for e in range(ne, n1):
+            for e in range(n0, ne):
                 ev_s[e] += pre * width  # (the output line)
-                ev_r[e] = c
-            ne = n1
+                ev_r[e] = row - pre * post
         L = (R // post) * width
         start = np.zeros(L + 1, np.int64)
         for e in range(ne):
             start[ev_s[e] + 1] += 1
         for j in range(L):
             start[j + 1] += start[j]
+        # (the events themselves moved into line order: read in order below)
         at = start[:-1].copy()
-        srt = np.empty(ne, np.int64)
+        sr = np.empty(ne, np.int64)
+        sv = np.empty(ne, v.dtype)
+        sp = np.empty(ne, np.int64)
         for e in range(ne):
-            srt[at[ev_s[e]]] = e
+            j = at[ev_s[e]]
             at[ev_s[e]] += 1
+            sr[j] = ev_r[e]
+            sv[j] = ev_v[e]
+            sp[j] = ev_p[e]
         for line in range(L):
             o = line * post
             dv = out_v[o : o + post]
@@ -537,6 +532,5 @@ if numba is not None:
                 for i in range(post):
                     dp[i] = prev[i] + 1
             for j in range(start[line], start[line + 1]):
-                e = srt[j]
-                dv[ev_r[e]] = ev_v[e]
-                dp[ev_r[e]] = ev_p[e]
+                dv[sr[j]] = sv[j]
+                dp[sr[j]] = sp[j]
