@@ -353,8 +353,10 @@ if numba is not None:
         nmax = 0
         for j in range(R):
             nmax = max(nmax, offs[j + 1] - offs[j])
-        ix = np.empty(nmax, np.int64)
-        tmp = np.empty(nmax, np.int64)
+        # (index buffers of the longest row; a short head needs them only for the stored
+        # behind the fill: made when a row first does)
+        ix = np.empty(nmax if width > _TOP else 0, np.int64)
+        tmp = np.empty(ix.shape[0], np.int64)
         if post > 1 and width > _TOP:
             _head_lines(offs, order, p, v, fr, size, width, post, desc, ix, tmp, out_v, out_p)
             return
@@ -413,12 +415,15 @@ if numba is not None:
                     x = v[order[k]]
                     k += 1
                     c = pc + 1
-                    if not (_ahead(x, fr, desc) or _ahead(fr, x, desc)):  # (in the run)
+                    if not (_before(x, fr, desc) | _before(fr, x, desc)):  # (in the run)
                         buf_v[o + s] = x
                         buf_p[o + s] = pc
                         s += 1
                 # the stored behind the fill, as far as width reaches
                 if s < width:
+                    if ix.shape[0] < nmax:
+                        ix = np.empty(nmax, np.int64)
+                        tmp = np.empty(nmax, np.int64)
                     n, _ = _gather(p, v, order, a, b, fr, desc, 1, ix)
                     _sort_row(v, ix[:n], tmp, desc, width - s)
                     j = 0
@@ -480,7 +485,7 @@ if numba is not None:
                 x = v[order[k]]
                 k += 1
                 c = pc + 1
-                if not (_ahead(x, fr, desc) or _ahead(fr, x, desc)):  # (in the run)
+                if not (_before(x, fr, desc) | _before(fr, x, desc)):  # (in the run)
                     ev_s[ne] = s
                     ev_v[ne] = x
                     ev_p[ne] = pc
