@@ -17,6 +17,8 @@ import, :func:`sparsefill._kernels.segment.compiled_for`); the callers keep a to
 >>> if compiled(v, 0, force=True):
 ...     vals, pos = sort_head(r, p, v, torch.zeros(1), 4, 4, 1, False)
 ...     assert vals.tolist() == [-1., 0., 0., 5.] and pos.tolist() == [3, 0, 2, 1]
+...     vals, pos = head_rows(*group_rows(r, 1, p), v, torch.tensor(0.), 4, 2, 1, True, (1, 2))
+...     assert vals.tolist() == [[5., 0.]] and pos.tolist() == [[1, 0]]
 """
 
 from __future__ import annotations

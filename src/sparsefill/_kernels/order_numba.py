@@ -15,6 +15,16 @@ bottom-up merge sort past it; a short head of a long row: a selection) places ev
 ``post`` elements after it); :func:`rank_select` gives the element of rank ``t[j, r]`` of each
 row.  Work: ``O(nse log nse + R + output)``, one pass over the output (the fill's runs written as
 plain loops).
+
+:func:`head_rows` is :func:`sort_head` for rows given grouped (a pattern's, kept by the caller)
+and one fill: only the stored elements ahead of the fill are sorted (a short head: selected in one
+pass), those behind it only where the head reaches them.  Across a strided output (``post > 1``)
+a long head is written line by line: every output line ``(r // post, s)`` once, contiguously (the
+fill, the previous line's positions plus one), then the few elements that differ (the stored
+ones, the run's steps over stored positions), bucketed by line beforehand.
+
+(The row bodies are written out in the kernels rather than in ``inline="always"`` helpers: numba's
+inlining of a helper that size made the caller about twice as slow.)
 """
 
 from __future__ import annotations
@@ -27,7 +37,7 @@ try:
 except ImportError:
     numba = None
 
-__all__ = ["sort_head", "rank_select"]
+__all__ = ["sort_head", "head_rows", "rank_select"]
 
 _SMALL = 24  # elements: insertion sort up to here (a row of a 1%-dense matrix holds ~10)
 _RUN = 16  # elements: a longer row's runs sorted by insertion before the merges
