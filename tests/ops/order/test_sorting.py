@@ -601,6 +601,11 @@ def test_sort_topk_shortcuts_take_plain_calls_and_decline_the_rest():
         assert got is not None
         for g, w in zip(got, S._sort(aten.sort.default, args, {})):
             assert torch.equal(g, w)
+    for kw in [{"stable": True, "dim": 0}, {"stable": False, "descending": True}]:
+        got = S._sort_stable_shortcut(aten.sort.stable, (C,), kw)
+        assert got is not None
+        for g, w in zip(got, S._sort(aten.sort.stable, (C,), kw)):
+            assert torch.equal(g, w)
     H = sparsefill.sparse_coo_tensor([[0, 2]], [[1.0, 2.0], [3.0, 4.0]], (3, 2), fill_value=0.0)
     masked = sparsefill.sparse_coo_tensor(
         [[0, 2]], [1.0, 2.0], (3,), fill_value=sparsefill.indefinite

@@ -528,6 +528,18 @@ def _sort_shortcut(func, args, kwargs):
     return sorted_head(A, d, size[d], desc, size)
 
 
+@register_shortcut(aten.sort.stable)
+def _sort_stable_shortcut(func, args, kwargs):
+    """``sort(A, *, stable, dim, descending)`` (``torch.sort(A, dim=..., stable=True)``): the
+    shortcut of :func:`_sort_shortcut` (the order given is the stable one either way)."""
+    if len(args) != 1 or not kwargs.keys() <= {"stable", "dim", "descending"}:
+        return None
+    if kwargs.get("stable", False) not in (None, True, False):
+        return None
+    rest = (kwargs.get("dim", -1), kwargs.get("descending", False))
+    return _sort_shortcut(aten.sort.default, (args[0], *rest), {})
+
+
 _topk.dense_by_nature = (
     "along a sparse dim k elements of every slice (sparsefill.topk(..., sparse=True): only the "
     "stored ones)"
