@@ -463,59 +463,85 @@ if numba is not None:
         ev_v = np.empty(cap, v.dtype)
         ev_p = np.empty(cap, np.int64)
         ev_r = np.empty(cap, np.int64)
+        iy = np.empty(ix.shape[0], np.int64)
         ne = 0
         for row in range(R):
-            # the row's events (its body written here: see head_rows), line numbers given after
+            # the row's events in one pass over its stored elements in position order (its
+            # body written here: see head_rows): the run's slots counted from its start (``t``),
+            # placed once the number ahead of the fill is known
             a, b = offs[row], offs[row + 1]
-            n0 = ne
-            nlow, nhigh = _gather(p, v, order, a, b, fr, desc, 0, ix)
-            s = min(nlow, width)
-            if nlow:
-                _sort_row(v, ix[:nlow], tmp, desc, width)
-            for j in range(s):
-                ev_s[ne] = j
-                ev_v[ne] = v[ix[j]]
-                ev_p[ne] = p[ix[j]]
-                ne += 1
-            lim = min(size - nhigh, width)
-            c = 0
-            k = a
-            while s < lim:
-                pc = size if k == b else p[order[k]]
-                m = min(pc - c, lim - s)  # (the fill between stored positions)
-                if m > 0:
-                    ev_s[ne] = s
-                    ev_v[ne] = fr
-                    ev_p[ne] = c
-                    ne += 1
-                s += m
-                c += m
-                if s >= lim or k == b:
-                    break
-                x = v[order[k]]
-                k += 1
+            pre = row // post
+            col = row - pre * post
+            line0 = pre * width
+            nlow = 0
+            nhigh = 0
+            c = 0  # (the run's next position)
+            t = 0
+            jump = True  # (the run's next slot follows no slot of the run at the position before)
+            r0 = ne
+            for i in range(a, b):
+                e = order[i]
+                x = v[e]
+                pc = p[e]
+                lo = _before(x, fr, desc)
+                hi = _before(fr, x, desc)
+                if pc > c:  # (the fill at positions c .. pc - 1)
+                    if jump:
+                        ev_s[ne] = t
+                        ev_v[ne] = fr
+                        ev_p[ne] = c
+                        ne += 1
+                    t += pc - c
+                    jump = False
                 c = pc + 1
-                if not (_before(x, fr, desc) | _before(fr, x, desc)):  # (in the run)
-                    ev_s[ne] = s
+                if lo:
+                    ix[nlow] = e
+                    nlow += 1
+                    jump = True
+                elif hi:
+                    iy[nhigh] = e
+                    nhigh += 1
+                    jump = True
+                else:  # (stored, equal to the fill: in the run at its position)
+                    ev_s[ne] = t
                     ev_v[ne] = x
                     ev_p[ne] = pc
                     ne += 1
-                    s += 1
+                    t += 1
+                    jump = False
+            if size > c and jump:
+                ev_s[ne] = t
+                ev_v[ne] = fr
+                ev_p[ne] = c
+                ne += 1
+            # the run's events moved past the stored ahead of the fill (those past width: gone)
+            n1 = r0
+            for e in range(r0, ne):
+                sl = ev_s[e] + nlow
+                if sl < width:
+                    ev_s[n1] = line0 + sl
+                    ev_v[n1] = ev_v[e]
+                    ev_p[n1] = ev_p[e]
+                    ev_r[n1] = col
+                    n1 += 1
+            ne = n1
+            if nlow:
+                _sort_row(v, ix[:nlow], tmp, desc, width)
+            for j in range(min(nlow, width)):
+                ev_s[ne] = line0 + j
+                ev_v[ne] = v[ix[j]]
+                ev_p[ne] = p[ix[j]]
+                ev_r[ne] = col
+                ne += 1
+            s = size - nhigh  # (the first slot behind the fill)
             if s < width:
-                n, _ = _gather(p, v, order, a, b, fr, desc, 1, ix)
-                _sort_row(v, ix[:n], tmp, desc, width - s)
-                j = 0
-                while s < width:
-                    ev_s[ne] = s
-                    ev_v[ne] = v[ix[j]]
-                    ev_p[ne] = p[ix[j]]
+                _sort_row(v, iy[:nhigh], tmp, desc, width - s)
+                for j in range(width - s):
+                    ev_s[ne] = line0 + s + j
+                    ev_v[ne] = v[iy[j]]
+                    ev_p[ne] = p[iy[j]]
+                    ev_r[ne] = col
                     ne += 1
-                    s += 1
-                    j += 1
-            pre = row // post
-            for e in range(n0, ne):
-                ev_s[e] += pre * width  # (the output line)
-                ev_r[e] = row - pre * post
         L = (R // post) * width
         start = np.zeros(L + 1, np.int64)
         for e in range(ne):
