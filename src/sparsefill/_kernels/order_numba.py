@@ -367,8 +367,11 @@ if numba is not None:
         # behind the fill: made when a row first does)
         ix = np.empty(nmax if width > _TOP else 0, np.int64)
         tmp = np.empty(ix.shape[0], np.int64)
-        if post > 1 and width > _TOP:
+        if width > _TOP and post > 1:
             _head_lines(offs, order, p, v, fr, size, width, post, desc, ix, tmp, out_v, out_p)
+            return
+        if width > _TOP and 2 * width > size:  # (most of every row: see _head_long)
+            _head_long(offs, order, p, v, fr, size, width, desc, ix, tmp, out_v, out_p)
             return
         bv = np.empty(min(width, _TOP), v.dtype)
         bp = np.empty(min(width, _TOP), np.int64)
@@ -450,6 +453,76 @@ if numba is not None:
                         out_v[o + i] = buf_v[i * width + s]
                         out_p[o + i] = buf_p[i * width + s]
             r0 += nb
+
+    @njit(nogil=True, cache=True)
+    def _head_long(
+        offs, order, p, v, fr, size, width, desc, ix, tmp, out_v, out_p
+    ):  # pragma: no cover
+        """:func:`head_rows` of a head of most of every row (a sort), ``post == 1``: per row, the
+        stored ahead of the fill counted, then one pass over its stored elements in position
+        order writing the fill's run from that slot on and collecting the stored ahead of and
+        behind the fill, which are sorted and written after (a shorter head: the run walked only
+        as far as it reaches, in head_rows)."""
+        R = offs.shape[0] - 1
+        iy = np.empty(ix.shape[0], np.int64)
+        for row in range(R):
+            a, b = offs[row], offs[row + 1]
+            o = row * width
+            nlow = 0
+            for i in range(a, b):
+                nlow += _before(v[order[i]], fr, desc)
+            s = nlow
+            c = 0  # (the run's next position)
+            na = 0
+            nh = 0
+            for i in range(a, b + 1):
+                if i < b:
+                    e = order[i]
+                    pc = p[e]
+                else:
+                    e = -1
+                    pc = size
+                m = min(pc - c, width - s)  # (the fill at positions c .. pc - 1, in width)
+                if m > 0:
+                    q = o + s
+                    if m < _SHORT:  # (a view costs more than a few stores)
+                        for t in range(m):
+                            out_v[q + t] = fr
+                            out_p[q + t] = c + t
+                    else:  # (through views from index 0, one array per loop: tight loops)
+                        dv = out_v[q : q + m]
+                        dp = out_p[q : q + m]
+                        for t in range(m):
+                            dv[t] = fr
+                        for t in range(m):
+                            dp[t] = c + t
+                s += max(pc - c, 0)
+                if e < 0:
+                    break
+                c = pc + 1
+                x = v[e]
+                if _before(x, fr, desc):
+                    ix[na] = e
+                    na += 1
+                elif _before(fr, x, desc):
+                    iy[nh] = e
+                    nh += 1
+                else:  # (stored, equal to the fill: in the run at its position)
+                    if s < width:
+                        out_v[o + s] = x
+                        out_p[o + s] = pc
+                    s += 1
+            if na:
+                _sort_row(v, ix[:na], tmp, desc, width)
+            for j in range(min(na, width)):
+                out_v[o + j] = v[ix[j]]
+                out_p[o + j] = p[ix[j]]
+            s = size - nh  # (the first slot behind the fill)
+            if s < width:
+                _sort_row(v, iy[:nh], tmp, desc, width - s)
+                for j in range(width - s):
+                    out_v[o + s + j] = v[iy[j]]
+                    out_p[o + s + j] = p[iy[j]]
 
     @njit(nogil=True, cache=True)
     def _head_lines(
