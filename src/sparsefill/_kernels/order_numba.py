@@ -18,10 +18,12 @@ plain loops).
 
 :func:`head_rows` is :func:`sort_head` for rows given grouped (a pattern's, kept by the caller)
 and one fill: only the stored elements ahead of the fill are sorted (a short head: selected in one
-pass), those behind it only where the head reaches them.  Across a strided output (``post > 1``)
-a long head is written line by line: every output line ``(r // post, s)`` once, contiguously (the
-fill, the previous line's positions plus one), then the few elements that differ (the stored
-ones, the run's steps over stored positions), bucketed by line beforehand.
+pass), those behind it only where the head reaches them (a head of most of each row, a sort: the
+run written in one pass over the row's stored elements that collects both sides, after counting
+those ahead of the fill).  Across a strided output (``post > 1``) a long head is written line by
+line: every output line ``(r // post, s)`` once, contiguously (the fill, the previous line's
+positions plus one), then the few elements that differ (the stored ones, the run's steps over
+stored positions), bucketed by line beforehand.
 
 (The row bodies are written out in the kernels rather than in ``inline="always"`` helpers: numba's
 inlining of a helper that size made the caller about twice as slow.)
