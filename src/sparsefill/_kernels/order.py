@@ -17,6 +17,8 @@ import, :func:`sparsefill._kernels.segment.compiled_for`); the callers keep a to
 >>> if compiled(v, 0, force=True):
 ...     vals, pos = sort_head(r, p, v, torch.zeros(1), 4, 4, 1, False)
 ...     assert vals.tolist() == [-1., 0., 0., 5.] and pos.tolist() == [3, 0, 2, 1]
+...     vals, pos = head_rows(*group_rows(r, 1, p), v, torch.tensor(0.), 4, 2, 1, True, (1, 2))
+...     assert vals.tolist() == [[5., 0.]] and pos.tolist() == [[1, 0]]
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import torch
 from sparsefill._kernels.segment import _np, _nb, compiled_for
 from sparsefill._kernels.trace import traced
 
-__all__ = ["compiled", "sort_head", "rank_select"]
+__all__ = ["compiled", "sort_head", "head_rows", "group_rows", "rank_select"]
 
 _DTYPES = (
     torch.float64,
@@ -63,6 +65,51 @@ def sort_head(r, p, v, f, size: int, width: int, post: int, descending: bool):
     out_p = torch.empty(R * width, dtype=torch.int64)
     _mod().sort_head(
         *_args(r, p, v, f), size, width, max(post, 1), descending, _np(out_v), _np(out_p)
+    )
+    return out_v, out_p
+
+
+def group_rows(key: torch.Tensor, R: int, p: torch.Tensor) -> tuple:
+    """``(offs, order, p)`` as NumPy arrays: the elements of rows ``key`` (in ``[0, R)``) grouped
+    by row, stably (row ``j``'s are ``order[offs[j]:offs[j + 1]]``), and their positions ``p``
+    (int64): :func:`head_rows`' rows, worth keeping for a pattern."""
+    offs, order = _mod()._group(_np(key.to(torch.int64).contiguous()), R)
+    return offs, order, _np(p.to(torch.int64).contiguous())
+
+
+def head_rows(
+    offs,
+    order,
+    p,
+    v: torch.Tensor,
+    fill: torch.Tensor,
+    size: int,
+    width: int,
+    post: int,
+    descending: bool,
+    shape,
+):
+    """``(values, positions)`` of ``shape`` (``(R // post, width, post)`` elements): the first
+    ``width`` of every stably sorted row, rows of :func:`group_rows` (each row's in ascending
+    position), values ``v`` (1-D), the one fill ``fill``; row ``r`` at ``(r // post, :, r %
+    post)``."""
+    out_v = torch.empty(shape, dtype=v.dtype)
+    out_p = torch.empty(shape, dtype=torch.int64)
+    if fill.dtype != v.dtype:
+        fill = fill.to(v.dtype)
+    # (NumPy's reshapes: a fraction of torch's cost, on a call of a few microseconds' work)
+    _mod().head_rows(
+        offs,
+        order,
+        p,
+        _np(v.contiguous()),
+        _np(fill).reshape(1),
+        size,
+        width,
+        max(post, 1),
+        descending,
+        _np(out_v).reshape(-1),
+        _np(out_p).reshape(-1),
     )
     return out_v, out_p
 

@@ -15,6 +15,18 @@ bottom-up merge sort past it; a short head of a long row: a selection) places ev
 ``post`` elements after it); :func:`rank_select` gives the element of rank ``t[j, r]`` of each
 row.  Work: ``O(nse log nse + R + output)``, one pass over the output (the fill's runs written as
 plain loops).
+
+:func:`head_rows` is :func:`sort_head` for rows given grouped (a pattern's, kept by the caller)
+and one fill: only the stored elements ahead of the fill are sorted (a short head: selected in one
+pass), those behind it only where the head reaches them (a head of most of each row, a sort: the
+run written in one pass over the row's stored elements that collects both sides, after counting
+those ahead of the fill).  Across a strided output (``post > 1``) a long head is written line by
+line: every output line ``(r // post, s)`` once, contiguously (the fill, the previous line's
+positions plus one), then the few elements that differ (the stored ones, the run's steps over
+stored positions), bucketed by line beforehand.
+
+(The row bodies are written out in the kernels rather than in ``inline="always"`` helpers: numba's
+inlining of a helper that size made the caller about twice as slow.)
 """
 
 from __future__ import annotations
@@ -27,11 +39,12 @@ try:
 except ImportError:
     numba = None
 
-__all__ = ["sort_head", "rank_select"]
+__all__ = ["sort_head", "head_rows", "rank_select"]
 
 _SMALL = 24  # elements: insertion sort up to here (a row of a 1%-dense matrix holds ~10)
 _RUN = 16  # elements: a longer row's runs sorted by insertion before the merges
 _BLOCK = 64  # rows written together across a strided output (a 512-byte run per write)
+_SHORT = 16  # elements of a fill run written by plain stores (longer: through views)
 _TOP = 64  # a head of at most this many of a longer row: selected, not sorted whole
 
 
@@ -85,12 +98,12 @@ if numba is not None:
                 j -= 1
             ix[j] = x
 
-    @njit(inline="always")
+    @njit(cache=True)
     def _sort_row(v, ix, tmp, desc, width):
         """``ix`` (indices into ``v``) sorted stably by value, in place (``width`` short of its
         length: only its first ``width``)."""
         n = ix.shape[0]
-        if _SMALL < n and width <= _TOP:
+        if _SMALL < n and width <= _TOP and width < n:
             _top_row(v, ix, width, desc)
             return
         # runs of _RUN sorted by insertion, then merged bottom-up
@@ -276,3 +289,364 @@ if numba is not None:
                         continue
                 out_v[j, row] = v[i]
                 out_p[j, row] = p[i]
+
+
+if numba is not None:
+
+    @njit(inline="always")
+    def _before(a, b, desc):
+        """:func:`_ahead` without branches (the comparisons of random values mispredict)."""
+        if desc:
+            return (a > b) | ((a != a) & (b == b))
+        return (a < b) | ((b != b) & (a == a))
+
+    @njit(cache=True)
+    def _gather(p, v, order, a, b, fr, desc, which, ix):
+        """The stored elements of ``order[a:b]`` ahead of the fill (``which`` 0) or behind it
+        (``which`` 1) into ``ix``, in position order: ``(their number, the other side's)``."""
+        n = 0
+        other = 0
+        for i in range(a, b):
+            e = order[i]
+            x = v[e]
+            lo = _before(x, fr, desc)
+            hi = _before(fr, x, desc)
+            ix[n] = e
+            if which == 0:
+                n += lo
+                other += hi
+            else:
+                n += hi
+                other += lo
+        return n, other
+
+    @njit(inline="always")
+    def _top_ahead(p, v, order, a, b, fr, desc, width, bv, bp):
+        """The first ``width`` of the stored elements of ``order[a:b]`` ahead of the fill, stably
+        sorted, into ``bv``/``bp`` (values, positions) in one pass: each inserted into the sorted
+        buffer (a full buffer passes over an element not ahead of its last at one comparison).
+        ``(their number in the buffer, all ahead of the fill, all behind it)``."""
+        m = 0
+        nlow = 0
+        nhigh = 0
+        for i in range(a, b):
+            e = order[i]
+            x = v[e]
+            if _ahead(x, fr, desc):
+                nlow += 1
+                if m == width:
+                    if not _ahead(x, bv[m - 1], desc):
+                        continue
+                    j = m - 1
+                else:
+                    j = m
+                    m += 1
+                while j > 0 and _ahead(x, bv[j - 1], desc):
+                    bv[j] = bv[j - 1]
+                    bp[j] = bp[j - 1]
+                    j -= 1
+                bv[j] = x
+                bp[j] = p[e]
+            elif _ahead(fr, x, desc):
+                nhigh += 1
+        return m, nlow, nhigh
+
+    @njit(nogil=True, cache=True)
+    def head_rows(offs, order, p, v, f, size, width, post, desc, out_v, out_p):  # pragma: no cover
+        """:func:`sort_head` of rows given grouped, one fill ``f[0]``: row ``j``'s stored elements
+        are ``order[offs[j]:offs[j + 1]]`` (ascending position); the output ``(R // post, width,
+        post)`` written in its own order.  ``post == 1``: row by row; else the rows' events
+        bucketed by output line ``(r // post, s)`` and every line written once: the implied
+        slots as a fill and the previous line's positions plus one, then its events."""
+        R = offs.shape[0] - 1
+        if width == 0:
+            return
+        fr = f[0]
+        nmax = 0
+        for j in range(R):
+            nmax = max(nmax, offs[j + 1] - offs[j])
+        # (index buffers of the longest row; a short head needs them only for the stored
+        # behind the fill: made when a row first does)
+        ix = np.empty(nmax if width > _TOP else 0, np.int64)
+        tmp = np.empty(ix.shape[0], np.int64)
+        if width > _TOP and post > 1:
+            _head_lines(offs, order, p, v, fr, size, width, post, desc, ix, tmp, out_v, out_p)
+            return
+        if width > _TOP and 2 * width > size:  # (most of every row: see _head_long)
+            _head_long(offs, order, p, v, fr, size, width, desc, ix, tmp, out_v, out_p)
+            return
+        bv = np.empty(min(width, _TOP), v.dtype)
+        bp = np.empty(min(width, _TOP), np.int64)
+        # post == 1: one block, written in place; else blocks of rows adjacent in the output
+        # written to a buffer, then copied across (runs of whole cache lines)
+        direct = post == 1
+        B = R if direct else min(_BLOCK, post)
+        buf_v = out_v if direct else np.empty(B * width, out_v.dtype)
+        buf_p = out_p if direct else np.empty(B * width, np.int64)
+        r0 = 0
+        while r0 < R:
+            nb = R if direct else min(B, post - r0 % post)  # (within one leading index)
+            for i in range(nb):
+                # (the row's body written here, not an inlined function: twice as fast)
+                a, b = offs[r0 + i], offs[r0 + i + 1]
+                o = i * width
+                # the stored ahead of the fill: a short head selected in one pass, else sorted
+                if width <= _TOP:
+                    s, nlow, nhigh = _top_ahead(p, v, order, a, b, fr, desc, width, bv, bp)
+                    for j in range(s):
+                        buf_v[o + j] = bv[j]
+                        buf_p[o + j] = bp[j]
+                else:
+                    nlow, nhigh = _gather(p, v, order, a, b, fr, desc, 0, ix)
+                    s = min(nlow, width)
+                    if nlow:
+                        _sort_row(v, ix[:nlow], tmp, desc, width)
+                    for j in range(s):
+                        buf_v[o + j] = v[ix[j]]
+                        buf_p[o + j] = p[ix[j]]
+                # the fill's run between the stored positions
+                lim = min(size - nhigh, width)
+                c = 0
+                k = a
+                while s < lim:
+                    pc = size if k == b else p[order[k]]
+                    m = min(pc - c, lim - s)  # (the fill between stored positions)
+                    q = o + s
+                    if m < _SHORT:  # (a view costs more than a few stores)
+                        for t in range(m):
+                            buf_v[q + t] = fr
+                            buf_p[q + t] = c + t
+                    else:  # (through views from index 0, one array per loop: tight loops)
+                        dv = buf_v[q : q + m]
+                        dp = buf_p[q : q + m]
+                        for t in range(m):
+                            dv[t] = fr
+                        for t in range(m):
+                            dp[t] = c + t
+                    s += m
+                    c += m
+                    if s >= lim or k == b:
+                        break
+                    x = v[order[k]]
+                    k += 1
+                    c = pc + 1
+                    if not (_before(x, fr, desc) | _before(fr, x, desc)):  # (in the run)
+                        buf_v[o + s] = x
+                        buf_p[o + s] = pc
+                        s += 1
+                # the stored behind the fill, as far as width reaches
+                if s < width:
+                    if ix.shape[0] < nmax:
+                        ix = np.empty(nmax, np.int64)
+                        tmp = np.empty(nmax, np.int64)
+                    n, _ = _gather(p, v, order, a, b, fr, desc, 1, ix)
+                    _sort_row(v, ix[:n], tmp, desc, width - s)
+                    j = 0
+                    while s < width:
+                        buf_v[o + s] = v[ix[j]]
+                        buf_p[o + s] = p[ix[j]]
+                        s += 1
+                        j += 1
+            if not direct:
+                base = (r0 // post) * width * post + r0 % post
+                for s in range(width):
+                    o = base + s * post
+                    for i in range(nb):
+                        out_v[o + i] = buf_v[i * width + s]
+                        out_p[o + i] = buf_p[i * width + s]
+            r0 += nb
+
+    @njit(nogil=True, cache=True)
+    def _head_long(
+        offs, order, p, v, fr, size, width, desc, ix, tmp, out_v, out_p
+    ):  # pragma: no cover
+        """:func:`head_rows` of a head of most of every row (a sort), ``post == 1``: per row, the
+        stored ahead of the fill counted, then one pass over its stored elements in position
+        order writing the fill's run from that slot on and collecting the stored ahead of and
+        behind the fill, which are sorted and written after (a shorter head: the run walked only
+        as far as it reaches, in head_rows)."""
+        R = offs.shape[0] - 1
+        iy = np.empty(ix.shape[0], np.int64)
+        for row in range(R):
+            a, b = offs[row], offs[row + 1]
+            o = row * width
+            nlow = 0
+            for i in range(a, b):
+                nlow += _before(v[order[i]], fr, desc)
+            s = nlow
+            c = 0  # (the run's next position)
+            na = 0
+            nh = 0
+            for i in range(a, b + 1):
+                if i < b:
+                    e = order[i]
+                    pc = p[e]
+                else:
+                    e = -1
+                    pc = size
+                m = min(pc - c, width - s)  # (the fill at positions c .. pc - 1, in width)
+                if m > 0:
+                    q = o + s
+                    if m < _SHORT:  # (a view costs more than a few stores)
+                        for t in range(m):
+                            out_v[q + t] = fr
+                            out_p[q + t] = c + t
+                    else:  # (through views from index 0, one array per loop: tight loops)
+                        dv = out_v[q : q + m]
+                        dp = out_p[q : q + m]
+                        for t in range(m):
+                            dv[t] = fr
+                        for t in range(m):
+                            dp[t] = c + t
+                s += max(pc - c, 0)
+                if e < 0:
+                    break
+                c = pc + 1
+                x = v[e]
+                if _before(x, fr, desc):
+                    ix[na] = e
+                    na += 1
+                elif _before(fr, x, desc):
+                    iy[nh] = e
+                    nh += 1
+                else:  # (stored, equal to the fill: in the run at its position)
+                    if s < width:
+                        out_v[o + s] = x
+                        out_p[o + s] = pc
+                    s += 1
+            if na:
+                _sort_row(v, ix[:na], tmp, desc, width)
+            for j in range(min(na, width)):
+                out_v[o + j] = v[ix[j]]
+                out_p[o + j] = p[ix[j]]
+            s = size - nh  # (the first slot behind the fill)
+            if s < width:
+                _sort_row(v, iy[:nh], tmp, desc, width - s)
+                for j in range(width - s):
+                    out_v[o + s + j] = v[iy[j]]
+                    out_p[o + s + j] = p[iy[j]]
+
+    @njit(nogil=True, cache=True)
+    def _head_lines(
+        offs, order, p, v, fr, size, width, post, desc, ix, tmp, out_v, out_p
+    ):  # pragma: no cover
+        """:func:`head_rows` through events, line by line (a long head across a strided
+        output)."""
+        R = offs.shape[0] - 1
+        cap = 2 * order.shape[0] + R + 1
+        ev_s = np.empty(cap, np.int64)
+        ev_v = np.empty(cap, v.dtype)
+        ev_p = np.empty(cap, np.int64)
+        ev_r = np.empty(cap, np.int64)
+        iy = np.empty(ix.shape[0], np.int64)
+        ne = 0
+        for row in range(R):
+            # the row's events in one pass over its stored elements in position order (its
+            # body written here: see head_rows): the run's slots counted from its start (``t``),
+            # placed once the number ahead of the fill is known
+            a, b = offs[row], offs[row + 1]
+            pre = row // post
+            col = row - pre * post
+            line0 = pre * width
+            nlow = 0
+            nhigh = 0
+            c = 0  # (the run's next position)
+            t = 0
+            jump = True  # (the run's next slot follows no slot of the run at the position before)
+            r0 = ne
+            for i in range(a, b):
+                e = order[i]
+                x = v[e]
+                pc = p[e]
+                lo = _before(x, fr, desc)
+                hi = _before(fr, x, desc)
+                if pc > c:  # (the fill at positions c .. pc - 1)
+                    if jump:
+                        ev_s[ne] = t
+                        ev_v[ne] = fr
+                        ev_p[ne] = c
+                        ne += 1
+                    t += pc - c
+                    jump = False
+                c = pc + 1
+                if lo:
+                    ix[nlow] = e
+                    nlow += 1
+                    jump = True
+                elif hi:
+                    iy[nhigh] = e
+                    nhigh += 1
+                    jump = True
+                else:  # (stored, equal to the fill: in the run at its position)
+                    ev_s[ne] = t
+                    ev_v[ne] = x
+                    ev_p[ne] = pc
+                    ne += 1
+                    t += 1
+                    jump = False
+            if size > c and jump:
+                ev_s[ne] = t
+                ev_v[ne] = fr
+                ev_p[ne] = c
+                ne += 1
+            # the run's events moved past the stored ahead of the fill (those past width: gone)
+            n1 = r0
+            for e in range(r0, ne):
+                sl = ev_s[e] + nlow
+                if sl < width:
+                    ev_s[n1] = line0 + sl
+                    ev_v[n1] = ev_v[e]
+                    ev_p[n1] = ev_p[e]
+                    ev_r[n1] = col
+                    n1 += 1
+            ne = n1
+            if nlow:
+                _sort_row(v, ix[:nlow], tmp, desc, width)
+            for j in range(min(nlow, width)):
+                ev_s[ne] = line0 + j
+                ev_v[ne] = v[ix[j]]
+                ev_p[ne] = p[ix[j]]
+                ev_r[ne] = col
+                ne += 1
+            s = size - nhigh  # (the first slot behind the fill)
+            if s < width:
+                _sort_row(v, iy[:nhigh], tmp, desc, width - s)
+                for j in range(width - s):
+                    ev_s[ne] = line0 + s + j
+                    ev_v[ne] = v[iy[j]]
+                    ev_p[ne] = p[iy[j]]
+                    ev_r[ne] = col
+                    ne += 1
+        L = (R // post) * width
+        start = np.zeros(L + 1, np.int64)
+        for e in range(ne):
+            start[ev_s[e] + 1] += 1
+        for j in range(L):
+            start[j + 1] += start[j]
+        # (the events themselves moved into line order: read in order below)
+        at = start[:-1].copy()
+        sr = np.empty(ne, np.int64)
+        sv = np.empty(ne, v.dtype)
+        sp = np.empty(ne, np.int64)
+        for e in range(ne):
+            j = at[ev_s[e]]
+            at[ev_s[e]] += 1
+            sr[j] = ev_r[e]
+            sv[j] = ev_v[e]
+            sp[j] = ev_p[e]
+        for line in range(L):
+            o = line * post
+            dv = out_v[o : o + post]
+            dp = out_p[o : o + post]
+            for i in range(post):
+                dv[i] = fr
+            if line % width == 0:
+                for i in range(post):
+                    dp[i] = 0
+            else:
+                prev = out_p[o - post : o]
+                for i in range(post):
+                    dp[i] = prev[i] + 1
+            for j in range(start[line], start[line + 1]):
+                dv[sr[j]] = sv[j]
+                dp[sr[j]] = sp[j]

@@ -480,7 +480,7 @@ def test_long_rows_sort_topk_kthvalue_quantile_on_each_backend(backend, case, fi
                 got, ref = torch.sort(A, dim=dim, descending=desc), stable_sort(x, dim, desc)
                 torch.testing.assert_close(got.values, ref.values, equal_nan=True)
                 assert torch.equal(got.indices, ref.indices)
-                for k in sorted({1, 3, shape[dim] - 2} & set(range(shape[dim] + 1))):
+                for k in sorted({1, 3, 70, shape[dim] - 2} & set(range(shape[dim] + 1))):
                     got = torch.topk(A, k, dim, largest=desc)
                     torch.testing.assert_close(
                         got.values, ref.values.narrow(dim, 0, k), equal_nan=True
@@ -541,9 +541,43 @@ def test_topk_head_of_a_long_row_with_later_elements_ahead_of_the_fill(backend, 
                 assert torch.equal(got.indices, ref.indices.narrow(1, 0, k))
 
 
+@pytest.mark.parametrize("layout", ["coo", "csr"])
+@pytest.mark.parametrize("fill", [0.0, NAN])
+def test_long_head_across_a_strided_output_on_the_compiled_kernels(layout, fill):
+    """A sort along dim 0 of a matrix of 70 rows (a head longer than the kernels' selection,
+    written line by line across the output) and a topk along it: stored elements equal to the
+    fill (``-0.0`` beside ``0.0``) in its run, stored NaNs, empty columns; ``k = 0``."""
+    from sparsefill import segment
+
+    if not segment.compiled_available():
+        pytest.skip("needs numba (the compiled kernels)")
+    g = torch.Generator().manual_seed(5)
+    x = torch.randint(-2, 3, (70, 6), generator=g).double()
+    x[torch.rand(70, 6, generator=g) < 0.1] = NAN
+    x[torch.rand(70, 6, generator=g) < 0.6] = fill
+    x[:, 4] = fill
+    keep = (x != fill) & ~x.isnan() if fill == fill else ~x.isnan()
+    keep |= torch.rand(70, 6, generator=g) < 0.1  # (some stored elements equal to the fill)
+    idx = keep.nonzero().t()
+    vals = x[keep]
+    vals[vals == 0] = -0.0 if fill == 0 else 0.0
+    A = sparsefill.sparse_coo_tensor(idx, vals, x.shape, fill_value=fill).coalesce()
+    A = A.to_sparse_csr() if layout == "csr" else A
+    x = A.to_dense()
+    with segment.use_backend("numba"):
+        for desc in (False, True):
+            got, ref = torch.sort(A, 0, desc), stable_sort(x, 0, desc)
+            torch.testing.assert_close(got.values, ref.values, equal_nan=True)
+            assert torch.equal(got.values.signbit(), ref.values.signbit())
+            assert torch.equal(got.indices, ref.indices)
+            for k in (0, 3, 66):
+                got = torch.topk(A, k, 0, largest=desc)
+                assert torch.equal(got.indices, ref.indices[:k])
+
+
 def test_sort_topk_shortcuts_take_plain_calls_and_decline_the_rest():
     """The dispatch shortcuts of sort/topk give the handlers' result for a plain coalesced COO
-    operand (omitted arguments at their defaults), and pass views, uncoalesced operands, an
+    operand or CSR matrix (omitted arguments at their defaults), and pass views, uncoalesced operands, an
     indefinite fill, dense dims and out-of-range arguments to the full path (None)."""
     from sparsefill.ops.order import sort as S
 
@@ -556,10 +590,21 @@ def test_sort_topk_shortcuts_take_plain_calls_and_decline_the_rest():
         assert got is not None
         for g, w in zip(got, S._topk(aten.topk.default, args, {})):
             assert torch.equal(g, w)
-    for args in [(A,), (A, 0), (A, 1, True)]:
+    C = A.to_sparse_csr()
+    for args in [(C, 2), (C, 3, 0, False)]:
+        got = S._topk_shortcut(aten.topk.default, args, {})
+        assert got is not None
+        for g, w in zip(got, S._topk(aten.topk.default, args, {})):
+            assert torch.equal(g, w)
+    for args in [(A,), (A, 0), (A, 1, True), (C, 0)]:
         got = S._sort_shortcut(aten.sort.default, args, {})
         assert got is not None
         for g, w in zip(got, S._sort(aten.sort.default, args, {})):
+            assert torch.equal(g, w)
+    for kw in [{"stable": True, "dim": 0}, {"stable": False, "descending": True}]:
+        got = S._sort_stable_shortcut(aten.sort.stable, (C,), kw)
+        assert got is not None
+        for g, w in zip(got, S._sort(aten.sort.stable, (C,), kw)):
             assert torch.equal(g, w)
     H = sparsefill.sparse_coo_tensor([[0, 2]], [[1.0, 2.0], [3.0, 4.0]], (3, 2), fill_value=0.0)
     masked = sparsefill.sparse_coo_tensor(

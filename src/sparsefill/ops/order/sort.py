@@ -49,6 +49,7 @@ import torch
 
 from sparsefill._kernels import index as _index
 from sparsefill._kernels import order as _order
+from sparsefill._kernels.grouping import pattern_cached
 from sparsefill._kernels.trace import traced
 from sparsefill._tensor.parts import coalesced_parts, dense_of, parts_to_sparse
 from sparsefill._tensor.policy import check_densify
@@ -266,9 +267,14 @@ def rows_of(A: SparseTensor, dim: int, descending: bool) -> tuple[Rows, list]:
 def sorted_head(A: SparseTensor, dim: int, width: int, descending: bool, shape):
     """``(values, positions)`` of ``shape`` (``A``'s, ``width`` along ``dim``): the first
     ``width`` of every stably sorted slice along the sparse dim ``dim`` -- the compiled kernel
-    where it runs (one pass over the output), else :meth:`Rows.dense`."""
+    where it runs (one pass over the output; rows of a plain pattern grouped once per pattern:
+    :func:`grouped_rows`), else :meth:`Rows.dense`."""
     size = A._size
     post = _index.numel(size[dim + 1 :])
+    vals = A._vals
+    if _plain_rows(A) and _order.compiled(vals, _index.numel(size)):
+        g = grouped_rows(A, dim)
+        return _order.head_rows(*g, vals, A._fill, size[dim], width, post, descending, shape)
     parts, _ = row_parts(A, dim)
     if _order.compiled(parts[2], _index.numel(size)):
         v, p = _order.sort_head(*parts, size[dim], width, post, descending)
@@ -276,6 +282,37 @@ def sorted_head(A: SparseTensor, dim: int, width: int, descending: bool, shape):
         rows = Rows(*parts, parts[3].numel(), size[dim], descending)
         v, p = rows.dense(width, post)
     return v.view(shape), p.view(shape)
+
+
+def _plain_rows(A: SparseTensor) -> bool:
+    """``A``'s stored elements are the rows of :func:`grouped_rows` as they are: one value each
+    (no dense dims), in order (coalesced COO, or a CSR matrix), a definite fill of one value."""
+    if A._vals.dim() != 1 or A._indefinite or A._fill.numel() != 1:
+        return False
+    if A._sf_layout is torch.sparse_coo:
+        return A._coalesced
+    return A._sf_layout is torch.sparse_csr and A._crow.dim() == 1
+
+
+def grouped_rows(A: SparseTensor, dim: int) -> tuple:
+    """``(offs, order, p)`` (NumPy, :func:`sparsefill._kernels.order.group_rows`): the slices of a
+    plain ``A`` (:func:`_plain_rows`) along its sparse dim ``dim`` as rows of its stored elements,
+    in the order of the other dims (row-major), each row's in ascending position ``p``.  Kept per
+    pattern (a pattern sorted again costs the kernel alone)."""
+    key = A._idx if A._sf_layout is torch.sparse_coo else (A._crow, A._col)
+    tensors = (key,) if A._sf_layout is torch.sparse_coo else key
+    return pattern_cached(("order rows", dim), tensors, lambda: _group(A, dim))
+
+
+def _group(A: SparseTensor, dim: int) -> tuple:
+    idx, _ = coalesced_parts(A)
+    kept = [i for i in range(idx.shape[0]) if i != dim]
+    kshape = [A._size[i] for i in kept]
+    if len(kept) == 1:  # (the common 2-D case: its index row itself)
+        key = idx[kept[0]]
+    else:
+        key = _index.linearize(idx[kept], kshape)
+    return _order.group_rows(key, _index.numel(kshape), idx[dim])
 
 
 def ranked(A: SparseTensor, dim: int, t_of):
@@ -422,14 +459,12 @@ _SHORT_DTYPES = {
 
 def _short_dim(A, dim) -> int | None:
     """The sparse dim ``dim`` of ``A`` (normalised) where the order shortcuts take the call: ``A``
-    a coalesced COO SparseTensor with a definite fill and elements, no view (``views.around``
-    has nothing to do), not traced, of a dtype of ``_SHORT_DTYPES``; ``dim`` an int in range.
-    Else None (the full path: its checks, errors and other cases)."""
+    a coalesced COO SparseTensor or a CSR matrix with a definite fill and elements, no view
+    (``views.around`` has nothing to do), not traced, of a dtype of ``_SHORT_DTYPES``; ``dim`` an
+    int in range.  Else None (the full path: its checks, errors and other cases)."""
     if (
         A.__class__ is not SparseTensor
         or A._view is not None
-        or A._sf_layout is not torch.sparse_coo
-        or not A._coalesced
         or A._indefinite
         or type(A._vals) is not torch.Tensor
         or A._vals.dtype not in _SHORT_DTYPES
@@ -442,7 +477,9 @@ def _short_dim(A, dim) -> int | None:
     if not -n <= dim < n or not _index.numel(size):
         return None
     dim %= n
-    return dim if dim < A._idx.shape[0] else None
+    if A._sf_layout is torch.sparse_coo:
+        return dim if A._coalesced and dim < A._idx.shape[0] else None
+    return dim if A._sf_layout is torch.sparse_csr and A._crow.dim() == 1 and dim < 2 else None
 
 
 def _flags(*flags) -> bool:
@@ -489,6 +526,18 @@ def _sort_shortcut(func, args, kwargs):
         by_nature=True,
     )
     return sorted_head(A, d, size[d], desc, size)
+
+
+@register_shortcut(aten.sort.stable)
+def _sort_stable_shortcut(func, args, kwargs):
+    """``sort(A, *, stable, dim, descending)`` (``torch.sort(A, dim=..., stable=True)``): the
+    shortcut of :func:`_sort_shortcut` (the order given is the stable one either way)."""
+    if len(args) != 1 or not kwargs.keys() <= {"stable", "dim", "descending"}:
+        return None
+    if kwargs.get("stable", False) not in (None, True, False):
+        return None
+    rest = (kwargs.get("dim", -1), kwargs.get("descending", False))
+    return _sort_shortcut(aten.sort.default, (args[0], *rest), {})
 
 
 _topk.dense_by_nature = (
