@@ -392,3 +392,8 @@ def _ml_hybrid_grad(x, go, t, reduction):
     is_r = aten.multilabel_margin_loss_forward.default(vals, t2[r], 0)[1]
     G[r] = kern(g[r], vals, t2[r], 0, is_r)
     return G
+
+
+_multi_margin_loss_backward.dense_by_nature = _multilabel_margin_loss_backward.dense_by_nature = (
+    "a defined fill: each row's unspecified elements share a gradient that differs by row"
+)
