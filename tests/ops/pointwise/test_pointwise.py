@@ -518,6 +518,21 @@ def test_hardswish_forward_and_gradients(layout):
     check_op(torch.nn.functional.hardswish, Leaves((3, 4), layout, dtype=torch.float32, fill=4.0))
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_glu_forward_and_gradients(layout):
+    # along a sparse dim the halves' patterns join; along the dense dim of a hybrid tensor (-1)
+    # they share the pattern
+    for dim in (0, -1):
+        check_op(lambda x: torch.nn.functional.glu(x, dim), Leaves((4, 6), layout))
+    check_op(lambda x: torch.nn.functional.glu(x, 1), Leaves((2, 4, 3), layout, torch.float32))
+
+
+def test_glu_errors_as_torch():
+    A = sparsefill.to_sparse(torch.randn(3, 5), fill_value=0.0)
+    with pytest.raises(RuntimeError, match="even"):
+        torch.nn.functional.glu(A, 1)
+
+
 def test_logsigmoid_backward_is_sparse_too():
     A, _ = _pair((3, 4), (3, 4))
     A.requires_grad_()
