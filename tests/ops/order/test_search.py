@@ -106,6 +106,37 @@ def test_unique_consecutive(case, fill):
             torch.testing.assert_close(got, tuple(ref), equal_nan=True)
 
 
+DIM_CASES = [
+    ((9, 2), 0, "coo"),
+    ((9, 2), 0, "csr"),
+    ((9, 2), 0, "uncoalesced"),
+    ((3, 6, 2), 0, "coo"),
+    ((7, 2), 1, "coo"),
+    ((0, 3), 0, "coo"),
+]
+
+
+@pytest.mark.parametrize("case", DIM_CASES, ids=[f"{c[2]}-{c[1]}-{c[0]}" for c in DIM_CASES])
+@pytest.mark.parametrize("fill", [0.0, 1.0, NAN])
+def test_unique_along_a_dim(case, fill):
+    # the slices holding a stored element and one fill-only slice (a run of them, consecutive)
+    # are the candidates; along a dense dim, or with a NaN, dense by nature (quiet)
+    shape, dd, layout = case
+    A, x = make(shape, fill, dd, layout, p=0.5)
+    for dim in range(-len(shape), len(shape)):
+        if x.numel() == 0 and x.shape[dim]:
+            continue  # (torch: only the empty dim may be selected)
+        for ri, rc in ((False, False), (True, True), (False, True)):
+            kw = dict(return_inverse=ri, return_counts=rc, dim=dim)
+            got, ref = torch.unique(A, **kw), torch.unique(x, **kw)
+            torch.testing.assert_close(got, ref, equal_nan=True)
+            got, ref = torch.unique_consecutive(A, **kw), torch.unique_consecutive(x, **kw)
+            torch.testing.assert_close(got, ref, equal_nan=True)
+    B = sparsefill.sparse_coo_tensor([[0, 2], [1, 0]], [1.0, 2.0], (5, 2), fill_value=indefinite)
+    with pytest.raises(ValueError, match="indefinite"):
+        torch.unique(B, dim=1)
+
+
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 @pytest.mark.parametrize("fill", [0.0, 2.0, NAN])
 def test_isin(case, fill):
