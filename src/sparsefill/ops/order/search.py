@@ -23,6 +23,8 @@ the count of unspecified elements ``n`` as its multiplicity::
   the same result as torch's even where the sequence is not sorted);
 * ``histc``, ``histogram``: the stored values, plus ``n`` at the fill's bin (``histogram``'s
   weights: those of the unspecified elements summed);
+* ``histogramdd``: the points holding a stored coordinate, plus one point of the fill's
+  coordinates weighted by the number of the others;
 * ``bincount`` of a SparseTensor of indices: the stored ones, plus ``n`` (or the unspecified
   elements' weights) at the fill's bin.
 
@@ -267,6 +269,9 @@ def _unique_dim(func, args, kwargs):
     S = _Slices(A, d, runs=False)
     vals, inv, cnt = torch.unique(S.dense, dim=0, return_inverse=True, return_counts=True)
     return _per_slice(A, d, vals, inv, cnt, S, inverse, counts)
+
+
+_unique_dim.dense_by_nature = "always: the distinct slices, dense as torch returns them"
 
 
 @register(aten.unique_dim_consecutive.default)
@@ -580,6 +585,88 @@ def _histogram(func, args, kwargs):
     if func is aten.histogram.bin_ct:
         kw["range"] = b["range"]
     return func(torch.cat([st, fl]), bins, **kw)
+
+
+@register(
+    aten._histogramdd_bin_edges.default,
+    aten._histogramdd_from_bin_cts.default,
+    aten._histogramdd_from_bin_tensors.default,
+)
+def _histogramdd(func, args, kwargs):
+    """``histogramdd(A, bins, range, weight, density)`` of the points ``A[..., :]`` (the last dim
+    their coordinates): torch's kernel on the points holding a stored coordinate (and those with
+    a stored weight) and one point of the fill's coordinates weighted by the number of the others
+    (or their weights summed), which leaves the bin edges (the coordinates' extremes) and every
+    bin's total as dense's.  A point has ``D`` coordinates: O(nse D) for the candidates.  An
+    indefinite ``A``: the points whose coordinates are all stored (masked: the others are not
+    there).  More than one dense dim: the densify fallback."""
+    b = bind(func, args, kwargs)
+    A, weight = b["self"], b["weight"]
+    if (
+        not isinstance(A, SparseTensor)
+        or A.dim() < 2
+        or A.dense_dim() > 1
+        or (isinstance(weight, SparseTensor) and (weight._indefinite or weight.dense_dim()))
+        or (weight is not None and tuple(weight.shape) != tuple(A.shape[:-1]))
+    ):
+        return NotImplemented
+    bins = b["bins"]
+    if any(isinstance(e, SparseTensor) for e in bins):  # (every edge read: dense by nature)
+        check_densify(
+            "histogramdd's bins given as SparseTensors",
+            sum(e.numel() * 8 for e in bins),
+            by_nature=True,
+        )
+        bins = [e.to_dense() if isinstance(e, SparseTensor) else e for e in bins]
+    pts, w = _points(A, weight)
+    rest = {k: v for k, v in b.items() if k not in ("self", "bins", "weight")}
+    return func(pts, bins, weight=w, **rest)
+
+
+def _points(A: SparseTensor, weight):
+    """``(points, weights)``: the candidate points of :func:`_histogramdd` with their weights."""
+    grid, D = tuple(A.shape[:-1]), A.shape[-1]
+    idx, vals = coalesced_parts(A)
+    if A.dense_dim():
+        keys, rows = _index.linearize(idx, grid), vals
+    else:
+        keys, inv = torch.unique(_index.linearize(idx[:-1], grid), return_inverse=True)
+        if A._indefinite and keys.numel() * D != vals.numel():
+            raise ValueError(
+                "histogramdd of a SparseTensor with an indefinite fill: a point has unspecified "
+                "coordinates (store every coordinate of a point, or none)"
+            )
+        check_densify("histogramdd's points", keys.numel() * D * A.element_size(), by_nature=True)
+        rows = vals.new_zeros((keys.numel(), D)) if A._indefinite else _fill_rows(A, keys.numel())
+        rows[inv, idx[-1]] = vals
+    if isinstance(weight, SparseTensor):  # (its stored weights' points join, holding the fill)
+        wkeys = _index.linearize(coalesced_parts(weight)[0], grid)
+        both = torch.unique(torch.cat([keys, wkeys]))
+        full = _fill_rows(A, both.numel())
+        full[_index.lookup(both, keys)[0]] = rows
+        keys, rows = both, full
+    n_rest = _index.numel(grid) - keys.numel()
+    w = None if weight is None else values_at(weight, keys, len(grid)).to(rows.dtype)
+    if not n_rest or A._indefinite:
+        return rows, (torch.ones(keys.numel(), dtype=rows.dtype) if w is None else w)
+    if w is None:
+        w_rest = torch.tensor(float(n_rest), dtype=rows.dtype)
+        w = torch.ones(keys.numel(), dtype=rows.dtype)
+    else:  # the weights of the other points, summed as they are (no inf - inf)
+        mask = parts_to_sparse(
+            _index.unravel(keys, grid),
+            torch.ones(keys.numel(), dtype=torch.bool),
+            grid,
+            torch.tensor(False),
+            coalesced=True,
+        )
+        w_rest = torch.where(mask, 0, weight).sum().to(rows.dtype)
+    return torch.cat([rows, _fill_rows(A, 1)]), torch.cat([w, w_rest.reshape(1)])
+
+
+def _fill_rows(A: SparseTensor, k: int) -> torch.Tensor:
+    """``k`` points holding the fill's coordinates."""
+    return A._fill.to(A.dtype).expand(A.shape[-1:]).expand(k, A.shape[-1]).clone()
 
 
 @register(aten.bincount.default)
