@@ -266,19 +266,36 @@ def _mm_hybrid_grad(x, go, t, p, margin, weight, reduction):
 
 # --------------------------------------------------------------------------- multilabel_margin
 class _Labels:
-    """The targets of each row before its first ``-1``: entries ``(row e_r, class e_c)``, the
-    mask ``is_target`` (dense, as the target) and the per-row count of distinct targets."""
+    """The targets of each row before its first ``-1``: entries ``(row er, class ec)``, the
+    sorted linear positions ``keys`` of the distinct ``(row, target)`` pairs and the per-row
+    count of distinct targets (no pass over the target beyond finding each row's first -1)."""
 
     def __init__(self, t: torch.Tensor, N: int, C: int):
         t2 = t.reshape(N, C)
-        valid = torch.cumprod((t2 >= 0).long(), 1).bool()
-        if bool(((t2 >= C) & valid).any()):
-            raise RuntimeError("argument #2 'target' is out of range")
-        self.er, j = valid.nonzero().unbind(1)
+        first = (t2 < 0).to(torch.uint8).argmax(1) if C else t2.new_zeros(N)
+        rows = torch.arange(N, device=t.device)
+        count = torch.where(t2[rows, first] < 0, first, C) if C else first
+        self.er = torch.repeat_interleave(rows, count)
+        j = (
+            torch.arange(self.er.numel(), device=t.device)
+            - (torch.cumsum(count, 0) - count)[self.er]
+        )
         self.ec = t2[self.er, j]
-        self.is_target = torch.zeros(N, C, dtype=torch.bool)
-        self.is_target[self.er, self.ec] = True
-        self.distinct = self.is_target.sum(1)
+        if bool((self.ec >= C).any()):
+            raise RuntimeError("argument #2 'target' is out of range")
+        self.C, self.shape = C, (N, C)
+        self.keys = torch.unique(self.er * C + self.ec)
+        self.distinct = torch.bincount(self.keys // max(C, 1), minlength=N)
+
+    def holds(self, rows: torch.Tensor, cls: torch.Tensor) -> torch.Tensor:
+        """Whether ``(rows, cls)`` is a target pair."""
+        return lookup(self.keys, rows * self.C + cls)[1]
+
+    def mask(self, dtype) -> torch.Tensor:
+        """torch's ``is_target``: 1 at the target pairs, dense as the target."""
+        out = torch.zeros(self.shape, dtype=dtype)
+        out.view(-1)[self.keys] = 1
+        return out
 
 
 def _label_pairs(R: _Rows, L: _Labels, nt: torch.Tensor):
@@ -298,7 +315,7 @@ def _multilabel_terms(x: SparseTensor, t: torch.Tensor):
     R = _Rows(x)
     L = _Labels(t, R.N, R.C)
     xe, _ = R.at(L.er, L.ec, "multilabel_margin_loss")
-    nt = ~L.is_target[R.r, R.c]
+    nt = ~L.holds(R.r, R.c)
     e, s = _label_pairs(R, L, nt)
     z = 1 - xe[e] + R.v[s]
     zf = 1 - xe + R.f
@@ -328,7 +345,7 @@ def _multilabel_margin_loss(func, args, kwargs):
     loss.index_add_(0, L.er[e], _positive_term(z, 1))
     if not R.indefinite:
         loss.index_add_(0, L.er, _times(unspec[L.er], _positive_term(zf, 1)))
-    return _reduce(loss / R.C, reduction, out.shape), L.is_target.to(R.v.dtype).reshape(x.shape)
+    return _reduce(loss / R.C, reduction, out.shape), L.mask(R.v.dtype).reshape(x.shape)
 
 
 @register(aten.multilabel_margin_loss_backward.default)
@@ -359,8 +376,8 @@ def _multilabel_margin_loss_backward(func, args, kwargs):
     per_entry = per_entry + _times(unspec[L.er], fhit)
     gf = torch.zeros(R.N, dtype=R.v.dtype).index_add_(0, L.er, fhit) * g
     G = R.dense_grad(gf, "multilabel_margin_loss_backward")
-    G[L.is_target] = 0
-    nt = ~L.is_target[R.r, R.c]
+    G.view(-1)[L.keys] = 0
+    nt = ~L.holds(R.r, R.c)
     G[R.r[nt], R.c[nt]] = gs[nt]
     G.index_put_((L.er, L.ec), -per_entry * g[L.er], accumulate=True)
     return G.reshape(x.shape)
@@ -374,7 +391,7 @@ def _ml_hybrid(x, t):
     t2 = t.reshape(x.shape)
     loss[r] = kern(vals, t2[r], 0)[0]
     L = _Labels(t2, *x.shape)
-    return loss, L.is_target.to(x.dtype)
+    return loss, L.mask(x.dtype)
 
 
 def _ml_hybrid_grad(x, go, t, reduction):
