@@ -20,7 +20,7 @@ from sparsefill.ops.pointwise import foreach
 from sparsefill.ops.shape import indexing
 from sparsefill.ops.shape import diagonals, index_select, masked_index, rearrange
 from sparsefill.ops.linalg import product
-from sparsefill.ops.losses import losses
+from sparsefill.ops.losses import losses, margin
 from sparsefill.ops.reductions import norm_layers
 from sparsefill.ops.reductions import softmax
 from sparsefill.ops.shape import pad
@@ -44,6 +44,7 @@ __all__ = [
     "index_select",
     "indexing",
     "losses",
+    "margin",
     "masked_index",
     "matrix_products",
     "norm_layers",

@@ -213,3 +213,47 @@ def test_sampled_softmax_target_not_stored():
     A = sparsefill.sparse_coo_tensor(idx, v, shape, fill_value=sparsefill.indefinite)
     with pytest.raises(ValueError, match="not stored in the logits"):
         F.cross_entropy(A, torch.tensor([40, 8, 2]))
+
+
+POISSON = {
+    "log_input": {},
+    "full_sum": {"full": True, "reduction": "sum"},
+    "rate_full_none": {"log_input": False, "full": True, "reduction": "none"},
+}
+
+
+@pytest.mark.parametrize("kw", sorted(POISSON))
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_poisson_nll_loss(layout, kw):
+    # (the Stirling term of full=True applies where the target exceeds 1)
+    lv = Leaves((4, 3), layout, fill=0.4)
+    t = 3 * _target(lv.shape, F64, sparse=False)
+    fn = lambda x: F.poisson_nll_loss(x.abs() if "rate" in kw else x, t, **POISSON[kw])  # noqa: E731
+    check_op(fn, lv)
+
+
+@pytest.mark.parametrize("dtype", (F32, F64))
+def test_poisson_nll_loss_sparse_target_and_aten_call(dtype):
+    lv = Leaves((5, 4), "coo", dtype=dtype)
+    t = _target(lv.shape, dtype, sparse=True)
+    t = sparsefill.sparse_coo_tensor(t.indices(), 3 * t.values(), t.shape, fill_value=2.5)
+    check_op(lambda x: F.poisson_nll_loss(x, t, full=True), lv)
+    check_op(lambda x: torch.poisson_nll_loss(x, t, True, True, 1e-8, 0), lv)
+
+
+@pytest.mark.parametrize("reduction", ("mean", "none"))
+def test_poisson_nll_loss_indefinite_is_masked(reduction):
+    v0 = torch.tensor([0.2, -1.0, 3.0], dtype=F64)
+    idx = torch.tensor([[0, 1, 3], [1, 0, 2]])
+    t = 3 * _target((4, 3), F64, sparse=False)
+    v, vd = v0.clone().requires_grad_(), v0.clone().requires_grad_()
+    A = sparsefill.sparse_coo_tensor(idx, v, (4, 3), fill_value=sparsefill.indefinite)
+    out = F.poisson_nll_loss(A, t, full=True, reduction=reduction)
+    ref = F.poisson_nll_loss(vd, t[tuple(idx)], full=True, reduction=reduction)
+    if reduction == "none":
+        out = out.values()
+    torch.testing.assert_close(out, ref)
+    W = torch.randn(ref.shape, dtype=F64)
+    torch.testing.assert_close(
+        *torch.autograd.grad((out * W).sum(), v), *torch.autograd.grad((ref * W).sum(), vd)
+    )

@@ -106,6 +106,83 @@ def test_unique_consecutive(case, fill):
             torch.testing.assert_close(got, tuple(ref), equal_nan=True)
 
 
+DIM_CASES = [
+    ((9, 2), 0, "coo"),
+    ((9, 2), 0, "csr"),
+    ((9, 2), 0, "uncoalesced"),
+    ((3, 6, 2), 0, "coo"),
+    ((7, 2), 1, "coo"),
+    ((0, 3), 0, "coo"),
+]
+
+
+@pytest.mark.parametrize("case", DIM_CASES, ids=[f"{c[2]}-{c[1]}-{c[0]}" for c in DIM_CASES])
+@pytest.mark.parametrize("fill", [0.0, 1.0, NAN])
+def test_unique_along_a_dim(case, fill):
+    # the slices holding a stored element and one fill-only slice (a run of them, consecutive)
+    # are the candidates; along a dense dim, or with a NaN, dense by nature (quiet)
+    shape, dd, layout = case
+    A, x = make(shape, fill, dd, layout, p=0.5)
+    for dim in range(-len(shape), len(shape)):
+        if x.numel() == 0 and x.shape[dim]:
+            continue  # (torch: only the empty dim may be selected)
+        for ri, rc in ((False, False), (True, True), (False, True)):
+            kw = dict(return_inverse=ri, return_counts=rc, dim=dim)
+            got, ref = torch.unique(A, **kw), torch.unique(x, **kw)
+            torch.testing.assert_close(got, ref, equal_nan=True)
+            got, ref = torch.unique_consecutive(A, **kw), torch.unique_consecutive(x, **kw)
+            torch.testing.assert_close(got, ref, equal_nan=True)
+    B = sparsefill.sparse_coo_tensor([[0, 2], [1, 0]], [1.0, 2.0], (5, 2), fill_value=indefinite)
+    with pytest.raises(ValueError, match="indefinite"):
+        torch.unique(B, dim=1)
+
+
+HIST_CASES = [
+    ((8, 2), 0, "coo"),
+    ((8, 3), 0, "csr"),
+    ((8, 3), 0, "uncoalesced"),
+    ((4, 5, 2), 0, "coo"),
+    ((9, 2), 1, "coo"),
+]
+
+
+@pytest.mark.parametrize("case", HIST_CASES, ids=[f"{c[2]}-{c[1]}-{c[0]}" for c in HIST_CASES])
+@pytest.mark.parametrize("fill", [1.5, NAN])
+def test_histogramdd(case, fill):
+    # the points holding a stored coordinate, plus one fill point weighted by the others (a NaN
+    # fill point: no bin; with computed edges both raise, the range not finite)
+    shape, dd, layout = case
+    A, x = make(shape, fill, dd, layout, p=0.5)
+    D = shape[-1]
+    g = torch.Generator().manual_seed(4)
+    wd = torch.rand(shape[:-1], generator=g, dtype=torch.float64)
+    ws = sparsefill.to_sparse(torch.where(wd < 0.5, wd, 0.5), fill_value=0.5)
+    edges = [torch.linspace(-4, 4, 4, dtype=torch.float64)] * D
+    for bins, w, density in (([3] * D, None, False), (edges, wd, True), ([2] * D, ws, False)):
+        wx = w.to_dense() if isinstance(w, SparseTensor) else w
+        try:
+            ref = torch.histogramdd(x, bins, weight=wx, density=density)
+        except RuntimeError:
+            with pytest.raises(RuntimeError):
+                torch.histogramdd(A, bins, weight=w, density=density)
+            continue
+        got = torch.histogramdd(A, bins, weight=w, density=density)
+        torch.testing.assert_close(tuple(got), tuple(ref), equal_nan=True)
+
+
+def test_histogramdd_indefinite_counts_the_stored_points():
+    vals = torch.tensor([[1.0, 2.0], [0.5, 0.5], [3.0, -1.0]])
+    A = sparsefill.sparse_coo_tensor([[0, 2, 3]], vals, (5, 2), fill_value=indefinite)
+    torch.testing.assert_close(
+        tuple(torch.histogramdd(A, [2, 2])), tuple(torch.histogramdd(vals, [2, 2]))
+    )
+    B = sparsefill.sparse_coo_tensor(
+        [[0, 0, 2], [0, 1, 0]], [1.0, 2.0, 3.0], (5, 2), fill_value=indefinite
+    )
+    with pytest.raises(ValueError, match="unspecified coordinates"):
+        torch.histogramdd(B, [2, 2])
+
+
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 @pytest.mark.parametrize("fill", [0.0, 2.0, NAN])
 def test_isin(case, fill):

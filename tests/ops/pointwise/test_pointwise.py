@@ -9,6 +9,7 @@ import torch
 import sparsefill
 from sparsefill import SparseTensor
 from hypothesis import given, strategies as st
+from tests.ops.leaves import LAYOUTS, Leaves, check_op
 from tests.sparse_cases import (
     assert_identical,
     check_same_outcome,
@@ -499,6 +500,8 @@ def test_untagged_element_wise_ops_are_native():
         "prelu": lambda a, b: F.prelu(a, torch.tensor([0.25], dtype=torch.float64)),
         "rrelu_eval": lambda a, b: F.rrelu(a, training=False),
         "logsigmoid": lambda a, b: F.logsigmoid(a),
+        "hardswish": lambda a, b: F.hardswish(a),
+        "hardswish_": lambda a, b: F.hardswish(a.clone(), inplace=True),
         "fill": lambda a, b: torch.fill(a, 0.1),
         "fill_": lambda a, b: a.clone().fill_(0.1),
     }
@@ -506,6 +509,28 @@ def test_untagged_element_wise_ops_are_native():
         out = _native(lambda: op(A, B))
         assert isinstance(out, SparseTensor), name
         torch.testing.assert_close(out.to_dense(), op(A.to_dense(), B.to_dense()), msg=name)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_hardswish_forward_and_gradients(layout):
+    # torch does not tag hardswish pointwise: the rule takes it as an untagged element-wise op
+    check_op(torch.nn.functional.hardswish, Leaves((4, 5), layout, fill=-2.5))
+    check_op(torch.nn.functional.hardswish, Leaves((3, 4), layout, dtype=torch.float32, fill=4.0))
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_glu_forward_and_gradients(layout):
+    # along a sparse dim the halves' patterns join; along the dense dim of a hybrid tensor (-1)
+    # they share the pattern
+    for dim in (0, -1):
+        check_op(lambda x: torch.nn.functional.glu(x, dim), Leaves((4, 6), layout))
+    check_op(lambda x: torch.nn.functional.glu(x, 1), Leaves((2, 4, 3), layout, torch.float32))
+
+
+def test_glu_errors_as_torch():
+    A = sparsefill.to_sparse(torch.randn(3, 5), fill_value=0.0)
+    with pytest.raises(RuntimeError, match="even"):
+        torch.nn.functional.glu(A, 1)
 
 
 def test_logsigmoid_backward_is_sparse_too():

@@ -9,6 +9,11 @@ the count of unspecified elements ``n`` as its multiplicity::
   dense by nature (built under the densify policy's ``dense_by_nature``);
 * ``unique_consecutive`` (``dim=None``): the flattened tensor as runs: each gap between stored
   elements one run of the fill; its inverse is dense by nature;
+* ``unique``/``unique_consecutive`` along a sparse dim ``d``: torch's kernel on the candidate
+  slices only, the slices holding a stored element and one fill-only slice (for
+  ``unique_consecutive`` one per run of them), each candidate counted as often as the slices it
+  stands for; the result (distinct slices) is dense by nature.  Along a dense dim, or with a NaN
+  (each slice holding one is its own entry), the dense form, under ``dense_by_nature``;
 * ``isin``: the elements of a SparseTensor keep its pattern (the fill mapped); a SparseTensor of
   test elements is its stored values and the fill;
 * ``searchsorted``/``bucketize``: a SparseTensor of values to look up keeps its pattern and maps
@@ -18,6 +23,8 @@ the count of unspecified elements ``n`` as its multiplicity::
   the same result as torch's even where the sequence is not sorted);
 * ``histc``, ``histogram``: the stored values, plus ``n`` at the fill's bin (``histogram``'s
   weights: those of the unspecified elements summed);
+* ``histogramdd``: the points holding a stored coordinate, plus one point of the fill's
+  coordinates weighted by the number of the others;
 * ``bincount`` of a SparseTensor of indices: the stored ones, plus ``n`` (or the unspecified
   elements' weights) at the fill's bin.
 
@@ -138,7 +145,7 @@ def _unique_consecutive(func, args, kwargs):
     b = bind(func, args, kwargs)
     A, inverse, counts = b["self"], b["return_inverse"], b["return_counts"]
     if b["dim"] is not None:
-        return NotImplemented
+        return _unique_dim_consecutive(A, b["dim"], inverse, counts)
     func(torch.zeros(0, dtype=A.dtype, device=A.device), *args[1:], **kwargs)  # (dtype errors)
     if A._indefinite:
         return _unique_consecutive_masked(A, inverse, counts)
@@ -187,6 +194,116 @@ def _unique_consecutive_masked(A, inverse: bool, counts: bool):
 
 
 _unique_consecutive.dense_by_nature = "return_inverse: every element's run index"
+
+
+# --------------------------------------------------------------------------- unique along a dim
+class _Slices:
+    """``A``'s slices along a sparse dim ``d`` (``A.select(d, j)`` for each ``j``), each either
+    holding a stored element or the fill alone.  ``rows``: the indices ``j`` of the candidate
+    slices, sorted; ``dense``: them (dim ``d`` first, the other dims in ``A``'s order), built
+    once: the stored elements written over the fill.  ``first_empty``: with ``runs``, the first
+    slice of each run of fill-only slices is a candidate too (``unique_consecutive``), else only
+    the first of all (every fill-only slice is the same)."""
+
+    def __init__(self, A: SparseTensor, d: int, runs: bool):
+        idx, vals = coalesced_parts(A)
+        L = A.shape[d]
+        held = torch.zeros(L, dtype=torch.bool, device=vals.device)
+        held[idx[d]] = True
+        empty = ~held
+        if runs:  # the first slice of each run of empty ones
+            first = empty.clone()
+            first[1:] &= ~empty[:-1]
+        else:
+            first = empty & (torch.cumsum(empty, 0) == 1)
+        self.rows = torch.nonzero(held | first).reshape(-1)
+        slot = torch.full((L,), -1, dtype=torch.int64, device=vals.device)
+        slot[self.rows] = torch.arange(self.rows.numel(), device=vals.device)
+        # each slice's candidate: its own, or its run's (the first empty slice's)
+        if runs:
+            at = torch.arange(L, device=vals.device)
+            self.of_slice = slot[torch.cummax(torch.where(held | first, at, -1), 0).values]
+        else:
+            # (the one empty candidate's slot; none read where every slice holds an element)
+            self.of_slice = torch.where(held, slot, slot[first].sum())
+        other = [n for i, n in enumerate(A.shape) if i != d]
+        check_densify(
+            "unique(dim=...) of a SparseTensor: its distinct slices",
+            self.rows.numel() * _index.numel(other) * A.element_size(),
+            by_nature=True,
+        )
+        fill = A._fill.to(A.dtype).expand(A._dense_shape)
+        self.dense = fill.expand(self.rows.numel(), *other).clone()
+        sd = [idx[i] for i in range(idx.shape[0]) if i != d]
+        self.dense[(slot[idx[d]], *sd)] = vals
+        self.mult = torch.bincount(self.of_slice, minlength=self.rows.numel())
+
+
+def _dim_by_nature(A: SparseTensor, d: int) -> bool:
+    """Computed on the dense form (dense by nature): along a dense dim (each slice crosses every
+    sparse position), or with a NaN anywhere (torch makes each slice holding one its own entry:
+    the fill-only slices would each be one)."""
+    if d >= A._sparse_ndim() or A._indefinite:
+        return True
+    st, fl, _ = _elements(A)
+    return bool(_nan(st).any() or _nan(A._fill).any())
+
+
+def _dense_form(A: SparseTensor, what: str) -> torch.Tensor:
+    if A._indefinite:
+        raise ValueError(f"{what} of a SparseTensor with an indefinite fill: no dense form")
+    check_densify(what, A.numel() * A.element_size(), by_nature=True)
+    return dense_of(A)
+
+
+@register(aten.unique_dim.default)
+def _unique_dim(func, args, kwargs):
+    """``unique(A, dim=d)``: the distinct slices along ``d``, sorted (dense, as torch returns
+    them: dense by nature).  Only the slices holding a stored element and one fill-only slice are
+    candidates: torch's kernel runs on them, the fill-only slice's count is their number."""
+    b = bind(func, args, kwargs)
+    A, inverse, counts = b["self"], b["return_inverse"], b["return_counts"]
+    d = b["dim"] % A.dim() if A.dim() else b["dim"]
+    if not A.dim() or not A.numel() or _dim_by_nature(A, d):
+        return func(_dense_form(A, "unique(dim=...)"), *args[1:], **kwargs)
+    S = _Slices(A, d, runs=False)
+    vals, inv, cnt = torch.unique(S.dense, dim=0, return_inverse=True, return_counts=True)
+    return _per_slice(A, d, vals, inv, cnt, S, inverse, counts)
+
+
+_unique_dim.dense_by_nature = "always: the distinct slices, dense as torch returns them"
+
+
+@register(aten.unique_dim_consecutive.default)
+def _unique_dim_consecutive_op(func, args, kwargs):
+    b = bind(func, args, kwargs)
+    return _unique_dim_consecutive(b["self"], b["dim"], b["return_inverse"], b["return_counts"])
+
+
+def _unique_dim_consecutive(A: SparseTensor, dim: int, inverse: bool, counts: bool):
+    """``unique_consecutive(A, dim=d)``: runs of equal slices along ``d`` (dense, as torch's:
+    dense by nature); a run of fill-only slices is one candidate, its count their number."""
+    d = dim % A.dim() if A.dim() else dim
+    if not A.dim() or not A.numel() or _dim_by_nature(A, d):
+        x = _dense_form(A, "unique_consecutive(dim=...)")
+        return aten.unique_consecutive.default(x, inverse, counts, dim)
+    S = _Slices(A, d, runs=True)
+    vals, inv, cnt = torch.unique_consecutive(
+        S.dense, return_inverse=True, return_counts=True, dim=0
+    )
+    return _per_slice(A, d, vals, inv, cnt, S, inverse, counts)
+
+
+def _per_slice(A, d, vals, inv, cnt, S: _Slices, inverse: bool, counts: bool):
+    """The candidates' result mapped back: each slice's inverse is its candidate's, each entry's
+    count sums its candidates' multiplicities."""
+    cnt = torch.zeros_like(cnt).index_add_(0, inv, S.mult)
+    empty = torch.empty(0, dtype=torch.int64, device=vals.device)
+    return (
+        vals.movedim(0, d),
+        inv[S.of_slice] if inverse else empty,
+        cnt if counts else empty,
+    )
 
 
 # ---------------------------------------------------------------------------------------- isin
@@ -468,6 +585,88 @@ def _histogram(func, args, kwargs):
     if func is aten.histogram.bin_ct:
         kw["range"] = b["range"]
     return func(torch.cat([st, fl]), bins, **kw)
+
+
+@register(
+    aten._histogramdd_bin_edges.default,
+    aten._histogramdd_from_bin_cts.default,
+    aten._histogramdd_from_bin_tensors.default,
+)
+def _histogramdd(func, args, kwargs):
+    """``histogramdd(A, bins, range, weight, density)`` of the points ``A[..., :]`` (the last dim
+    their coordinates): torch's kernel on the points holding a stored coordinate (and those with
+    a stored weight) and one point of the fill's coordinates weighted by the number of the others
+    (or their weights summed), which leaves the bin edges (the coordinates' extremes) and every
+    bin's total as dense's.  A point has ``D`` coordinates: O(nse D) for the candidates.  An
+    indefinite ``A``: the points whose coordinates are all stored (masked: the others are not
+    there).  More than one dense dim: the densify fallback."""
+    b = bind(func, args, kwargs)
+    A, weight = b["self"], b["weight"]
+    if (
+        not isinstance(A, SparseTensor)
+        or A.dim() < 2
+        or A.dense_dim() > 1
+        or (isinstance(weight, SparseTensor) and (weight._indefinite or weight.dense_dim()))
+        or (weight is not None and tuple(weight.shape) != tuple(A.shape[:-1]))
+    ):
+        return NotImplemented
+    bins = b["bins"]
+    if any(isinstance(e, SparseTensor) for e in bins):  # (every edge read: dense by nature)
+        check_densify(
+            "histogramdd's bins given as SparseTensors",
+            sum(e.numel() * 8 for e in bins),
+            by_nature=True,
+        )
+        bins = [e.to_dense() if isinstance(e, SparseTensor) else e for e in bins]
+    pts, w = _points(A, weight)
+    rest = {k: v for k, v in b.items() if k not in ("self", "bins", "weight")}
+    return func(pts, bins, weight=w, **rest)
+
+
+def _points(A: SparseTensor, weight):
+    """``(points, weights)``: the candidate points of :func:`_histogramdd` with their weights."""
+    grid, D = tuple(A.shape[:-1]), A.shape[-1]
+    idx, vals = coalesced_parts(A)
+    if A.dense_dim():
+        keys, rows = _index.linearize(idx, grid), vals
+    else:
+        keys, inv = torch.unique(_index.linearize(idx[:-1], grid), return_inverse=True)
+        if A._indefinite and keys.numel() * D != vals.numel():
+            raise ValueError(
+                "histogramdd of a SparseTensor with an indefinite fill: a point has unspecified "
+                "coordinates (store every coordinate of a point, or none)"
+            )
+        check_densify("histogramdd's points", keys.numel() * D * A.element_size(), by_nature=True)
+        rows = vals.new_zeros((keys.numel(), D)) if A._indefinite else _fill_rows(A, keys.numel())
+        rows[inv, idx[-1]] = vals
+    if isinstance(weight, SparseTensor):  # (its stored weights' points join, holding the fill)
+        wkeys = _index.linearize(coalesced_parts(weight)[0], grid)
+        both = torch.unique(torch.cat([keys, wkeys]))
+        full = _fill_rows(A, both.numel())
+        full[_index.lookup(both, keys)[0]] = rows
+        keys, rows = both, full
+    n_rest = _index.numel(grid) - keys.numel()
+    w = None if weight is None else values_at(weight, keys, len(grid)).to(rows.dtype)
+    if not n_rest or A._indefinite:
+        return rows, (torch.ones(keys.numel(), dtype=rows.dtype) if w is None else w)
+    if w is None:
+        w_rest = torch.tensor(float(n_rest), dtype=rows.dtype)
+        w = torch.ones(keys.numel(), dtype=rows.dtype)
+    else:  # the weights of the other points, summed as they are (no inf - inf)
+        mask = parts_to_sparse(
+            _index.unravel(keys, grid),
+            torch.ones(keys.numel(), dtype=torch.bool),
+            grid,
+            torch.tensor(False),
+            coalesced=True,
+        )
+        w_rest = torch.where(mask, 0, weight).sum().to(rows.dtype)
+    return torch.cat([rows, _fill_rows(A, 1)]), torch.cat([w, w_rest.reshape(1)])
+
+
+def _fill_rows(A: SparseTensor, k: int) -> torch.Tensor:
+    """``k`` points holding the fill's coordinates."""
+    return A._fill.to(A.dtype).expand(A.shape[-1:]).expand(k, A.shape[-1]).clone()
 
 
 @register(aten.bincount.default)

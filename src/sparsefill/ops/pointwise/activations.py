@@ -5,6 +5,10 @@
 
 * ``log_sigmoid_forward`` returns ``(output, buffer)``; the buffer is a kernel workspace:
   element-wise on CPU (then sparse like the output), empty on other devices (passed through).
+* ``glu(A, d) = a * sigmoid(b)`` with ``a, b`` the halves of ``A`` along ``d``: along a dense dim
+  the halves share ``A``'s pattern (the product keeps it), along a sparse dim the product is over
+  the union of the halves' patterns; the fill becomes ``f_a * sigmoid(f_b)``.  Its gradient is
+  torch's formula on the halves, concatenated.
 * ``rrelu_with_noise`` in evaluation mode is ``leaky_relu`` with slope ``(lower + upper) / 2``
   (as aten computes it); in training it draws one slope per element and densifies.
 """
@@ -16,6 +20,7 @@ import torch
 from sparsefill._tensor.parts import coalesce_of, rewrap
 from sparsefill._tensor.tensor import SparseTensor
 from sparsefill.ops._writes import assign_
+from sparsefill.ops.decomposed import decomposed
 from sparsefill.ops.registry import register
 
 aten = torch.ops.aten
@@ -38,6 +43,27 @@ def _fill(func, args, kwargs):
     B = A if A._coalesced else coalesce_of(A)  # duplicates would sum to a multiple of v
     new = rewrap(B, values=B._vals.new_empty(B._vals.shape).fill_(v), fill=fill, known_zero=False)
     return assign_(A, new) if func._schema.name.endswith("_") else new
+
+
+@register(aten.glu.default, aten.glu_backward.default)
+def _glu(func, args, kwargs):
+    """``glu`` and its gradient by torch's decompositions (halves by ``narrow``, element-wise
+    products and ``cat``, each native), after torch's own checks on meta stand-ins.
+
+    >>> import torch, sparsefill
+    >>> A = sparsefill.sparse_coo_tensor([[0, 3]], [2., 5.], (4,), fill_value=0.)
+    >>> torch.nn.functional.glu(A, 0).to_dense()
+    tensor([1., 0.])
+    """
+    func(*_meta_args(args), **kwargs)
+    return decomposed(func, args, kwargs)
+
+
+def _meta_args(args):
+    return [
+        torch.empty(a.shape, dtype=a.dtype, device="meta") if isinstance(a, torch.Tensor) else a
+        for a in args
+    ]
 
 
 @register(aten.log_sigmoid_forward.default)

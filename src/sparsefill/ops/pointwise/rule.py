@@ -67,6 +67,8 @@ UNTAGGED = {
         aten.log_sigmoid_backward,
         aten.elu_backward,
         aten.hardsigmoid_backward,
+        aten.hardswish,
+        aten.hardswish_,
         aten.hardswish_backward,
         aten.hardtanh_backward,
         aten.leaky_relu_backward,
