@@ -54,6 +54,10 @@ DECLARED = {
     "this sweep counts as a dense form",
     "nn.functional.pad.replicate": "no densification: as reflect, the edge elements copied into "
     "the border (aten.index_select of (5,) stored copies for a (1, 3) input padded to (1, 6))",
+    "nn.functional.glu": "no densification: the gradient's two halves have different fills, so "
+    "cat stores the second half whole (asking the byte limit for it: 8 bytes); at the sample's 2 "
+    "elements that and the first half's stored element are every element (aten.cat of (2,)), the "
+    "size this sweep counts as a dense form",
 }
 OUTCOMES: dict = {}  # op id -> outcome
 OPS = [op for op in op_db if op.supports_dtype(torch.float64, "cpu")]
