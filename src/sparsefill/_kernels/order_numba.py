@@ -46,6 +46,8 @@ _RUN = 16  # elements: a longer row's runs sorted by insertion before the merges
 _BLOCK = 64  # rows written together across a strided output (a 512-byte run per write)
 _SHORT = 16  # elements of a fill run written by plain stores (longer: through views)
 _TOP = 64  # a head of at most this many of a longer row: selected, not sorted whole
+_RADIX = 256  # floating elements of a row past which a whole row's are radix sorted
+_KMAX = 0x7FFFFFFFFFFFFFFF
 
 
 if numba is not None:
@@ -352,7 +354,9 @@ if numba is not None:
         return m, nlow, nhigh
 
     @njit(nogil=True, cache=True)
-    def head_rows(offs, order, p, v, f, size, width, post, desc, out_v, out_p):  # pragma: no cover
+    def head_rows(
+        offs, order, p, v, f, size, width, post, desc, out_v, out_p, radix=False
+    ):  # pragma: no cover
         """:func:`sort_head` of rows given grouped, one fill ``f[0]``: row ``j``'s stored elements
         are ``order[offs[j]:offs[j + 1]]`` (ascending position); the output ``(R // post, width,
         post)`` written in its own order.  ``post == 1``: row by row; else the rows' events
@@ -367,10 +371,13 @@ if numba is not None:
             nmax = max(nmax, offs[j + 1] - offs[j])
         # (index buffers of the longest row; a short head needs them only for the stored
         # behind the fill: made when a row first does)
-        ix = np.empty(nmax if width > _TOP else 0, np.int64)
+        ix = np.empty(nmax if width > _TOP or width == size else 0, np.int64)
         tmp = np.empty(ix.shape[0], np.int64)
         if width > _TOP and post > 1:
             _head_lines(offs, order, p, v, fr, size, width, post, desc, ix, tmp, out_v, out_p)
+            return
+        if width == size and post == 1:  # (a whole sort: see _sort_full)
+            _sort_full(offs, order, p, v, fr, size, desc, ix, tmp, out_v, out_p, radix)
             return
         if width > _TOP and 2 * width > size:  # (most of every row: see _head_long)
             _head_long(offs, order, p, v, fr, size, width, desc, ix, tmp, out_v, out_p)
@@ -455,6 +462,136 @@ if numba is not None:
                         out_v[o + i] = buf_v[i * width + s]
                         out_p[o + i] = buf_p[i * width + s]
             r0 += nb
+
+    @njit(nogil=True, cache=True)
+    def _sort_full(
+        offs, order, p, v, fr, size, desc, ix, tmp, out_v, out_p, radix
+    ):  # pragma: no cover
+        """:func:`head_rows` of whole rows (a sort), ``post == 1``: per row, the values the fill
+        in one tight pass, the stored ahead of and behind the fill counted, then one pass over
+        the stored elements in position order writing the run's positions (runs of consecutive
+        positions between the stored ones outside it) and each stored element: a few ahead of or
+        behind the fill inserted into their sorted slots in the output itself (no index
+        buffers), more collected and sorted after."""
+        R = offs.shape[0] - 1
+        iy = np.empty(ix.shape[0], np.int64)
+        for row in range(R):
+            a, b = offs[row], offs[row + 1]
+            dv = out_v[row * size : (row + 1) * size]
+            dp = out_p[row * size : (row + 1) * size]
+            for t in range(size):
+                dv[t] = fr
+            nlow = 0
+            nhigh = 0
+            for i in range(a, b):  # (branchless: random values mispredict)
+                x = v[order[i]]
+                nlow += _before(x, fr, desc)
+                nhigh += _before(fr, x, desc)
+            small = nlow <= _SMALL and nhigh <= _SMALL
+            h0 = size - nhigh  # (the first slot behind the fill)
+            s = nlow
+            c = 0  # (the run's next position)
+            na = 0
+            nh = 0
+            for i in range(a, b + 1):
+                e = order[i] if i < b else -1
+                pc = p[e] if i < b else size
+                if pc > c:  # (the fill at positions c .. pc - 1: through a view, a tight loop)
+                    dq = dp[s : s + pc - c]
+                    for t in range(pc - c):
+                        dq[t] = c + t
+                    s += pc - c
+                if e < 0:
+                    break
+                c = pc + 1
+                x = v[e]
+                if _before(x, fr, desc):
+                    if small:
+                        _insert(dv, dp, 0, na, x, pc, desc)
+                    ix[na] = e
+                    na += 1
+                elif _before(fr, x, desc):
+                    if small:
+                        _insert(dv, dp, h0, nh, x, pc, desc)
+                    iy[nh] = e
+                    nh += 1
+                else:  # (stored, equal to the fill: in the run at its position)
+                    dv[s] = x
+                    dp[s] = pc
+                    s += 1
+            if not small:
+                _place_sorted(p, v, ix[:na], tmp, desc, dv, dp, 0, radix)
+                _place_sorted(p, v, iy[:nh], tmp, desc, dv, dp, h0, radix)
+
+    @njit(inline="always")
+    def _insert(dv, dp, lo, n, x, pc, desc):
+        """``(x, pc)`` inserted into the sorted ``dv[lo:lo + n]`` (positions ``dp``), after the
+        equal values (stable)."""
+        j = lo + n
+        while j > lo and _ahead(x, dv[j - 1], desc):
+            dv[j] = dv[j - 1]
+            dp[j] = dp[j - 1]
+            j -= 1
+        dv[j] = x
+        dp[j] = pc
+
+    @njit(cache=True)
+    def _place_sorted(p, v, ix, tmp, desc, dv, dp, lo, radix):
+        """The elements ``ix`` (position order) stably sorted into ``dv``/``dp`` from ``lo``
+        (``radix``: floating values, many of them sorted by :func:`_radix`)."""
+        n = ix.shape[0]
+        if radix and n > _RADIX:
+            _radix(v, ix, tmp, desc)
+        elif n:
+            _sort_row(v, ix, tmp, desc, n)
+        for j in range(n):
+            dv[lo + j] = v[ix[j]]
+            dp[lo + j] = p[ix[j]]
+
+    @njit(cache=True)
+    def _radix(v, ix, tmp, desc):
+        """``ix`` stably sorted by the floating values ``v[ix]`` (NaN the largest, -0.0 equal to
+        0.0), in place: a least-significant-digit radix sort of their bits as ordered integer
+        keys, byte by byte (a stable pass each; a byte all keys share skipped) -- a fixed number
+        of passes without the comparisons that mispredict on random values."""
+        n = ix.shape[0]
+        fv = np.empty(n, np.float64)
+        for j in range(n):
+            fv[j] = v[ix[j]]
+        key = fv.view(np.int64)
+        for j in range(n):
+            x = fv[j]
+            k = key[j]
+            if x != x:
+                k = _KMAX
+            elif x == 0:
+                k = 0
+            elif k < 0:
+                k ^= _KMAX  # (a negative float: a larger magnitude, a smaller key)
+            key[j] = ~k if desc else k
+        key2 = np.empty(n, np.int64)
+        ix2 = tmp[:n]
+        cnt = np.empty(256, np.int64)
+        for d in range(8):
+            sh = 8 * d
+            top = 0x80 if d == 7 else 0  # (the sign byte: negative keys first)
+            cnt[:] = 0
+            for j in range(n):
+                cnt[((key[j] >> sh) & 0xFF) ^ top] += 1
+            if cnt[((key[0] >> sh) & 0xFF) ^ top] == n:
+                continue
+            at = 0
+            for c in range(256):
+                m = cnt[c]
+                cnt[c] = at
+                at += m
+            for j in range(n):
+                c = ((key[j] >> sh) & 0xFF) ^ top
+                key2[cnt[c]] = key[j]
+                ix2[cnt[c]] = ix[j]
+                cnt[c] += 1
+            key, key2 = key2, key
+            ix[:] = ix2
 
     @njit(nogil=True, cache=True)
     def _head_long(
