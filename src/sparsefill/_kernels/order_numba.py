@@ -366,18 +366,18 @@ if numba is not None:
         if width == 0:
             return
         fr = f[0]
-        nmax = 0
-        for j in range(R):
-            nmax = max(nmax, offs[j + 1] - offs[j])
+        nmax = _longest(offs)
+        if width == size:  # (a whole sort: see _sort_full, _sort_lines)
+            ix = np.empty(nmax, np.int64)
+            tmp = np.empty(nmax, np.int64)
+            _sort_whole(offs, order, p, v, fr, size, post, desc, ix, tmp, out_v, out_p, radix)
+            return
         # (index buffers of the longest row; a short head needs them only for the stored
         # behind the fill: made when a row first does)
-        ix = np.empty(nmax if width > _TOP or width == size else 0, np.int64)
+        ix = np.empty(nmax if width > _TOP else 0, np.int64)
         tmp = np.empty(ix.shape[0], np.int64)
         if width > _TOP and post > 1:
             _head_lines(offs, order, p, v, fr, size, width, post, desc, ix, tmp, out_v, out_p)
-            return
-        if width == size and post == 1:  # (a whole sort: see _sort_full)
-            _sort_full(offs, order, p, v, fr, size, desc, ix, tmp, out_v, out_p, radix)
             return
         if width > _TOP and 2 * width > size:  # (most of every row: see _head_long)
             _head_long(offs, order, p, v, fr, size, width, desc, ix, tmp, out_v, out_p)
@@ -462,6 +462,24 @@ if numba is not None:
                         out_v[o + i] = buf_v[i * width + s]
                         out_p[o + i] = buf_p[i * width + s]
             r0 += nb
+
+    @njit(cache=True)
+    def _longest(offs):
+        """The most elements of a row."""
+        n = 0
+        for j in range(offs.shape[0] - 1):
+            n = max(n, offs[j + 1] - offs[j])
+        return n
+
+    @njit(nogil=True, cache=True)
+    def _sort_whole(
+        offs, order, p, v, fr, size, post, desc, ix, tmp, out_v, out_p, radix
+    ):  # pragma: no cover
+        """:func:`head_rows` of whole rows: row by row (``post == 1``) or line by line."""
+        if post == 1:
+            _sort_full(offs, order, p, v, fr, size, desc, ix, tmp, out_v, out_p, radix)
+        else:
+            _sort_lines(offs, order, p, v, fr, size, post, desc, ix, tmp, out_v, out_p, radix)
 
     @njit(nogil=True, cache=True)
     def _sort_full(
@@ -662,6 +680,139 @@ if numba is not None:
                 for j in range(width - s):
                     out_v[o + s + j] = v[iy[j]]
                     out_p[o + s + j] = p[iy[j]]
+
+    @njit(nogil=True, cache=True)
+    def _sort_lines(
+        offs, order, p, v, fr, size, post, desc, ix, tmp, out_v, out_p, radix
+    ):  # pragma: no cover
+        """:func:`head_rows` of whole rows (a sort) across a strided output (``post > 1``), line
+        by line as :func:`_head_lines`: each row's events made at their final slots (the stored
+        ahead of the fill counted first; a few inserted in sorted order among the events
+        themselves) and counted by line as they are made."""
+        R = offs.shape[0] - 1
+        cap = 2 * order.shape[0] + R + 1
+        ev_s = np.empty(cap, np.int64)
+        ev_v = np.empty(cap, v.dtype)
+        ev_p = np.empty(cap, np.int64)
+        ev_r = np.empty(cap, np.int64)
+        iy = np.empty(ix.shape[0], np.int64)
+        L = (R // post) * size
+        start = np.zeros(L + 1, np.int64)
+        ne = 0
+        for row in range(R):
+            a, b = offs[row], offs[row + 1]
+            pre = row // post
+            col = row - pre * post
+            line0 = pre * size
+            nlow = 0
+            nhigh = 0
+            for i in range(a, b):  # (branchless: random values mispredict)
+                x = v[order[i]]
+                nlow += _before(x, fr, desc)
+                nhigh += _before(fr, x, desc)
+            small = nlow <= _SMALL and nhigh <= _SMALL
+            e0 = ne  # (the stored ahead of the fill at e0.., behind it at e1..: sorted in place)
+            e1 = ne + nlow
+            ne = e1 + nhigh
+            na = 0
+            nh = 0
+            c = 0  # (the run's next position)
+            s = line0 + nlow  # (its next slot)
+            jump = True  # (the run's next slot follows no slot of the run at the position before)
+            for i in range(a, b):
+                e = order[i]
+                x = v[e]
+                pc = p[e]
+                if pc > c:  # (the fill at positions c .. pc - 1)
+                    if jump:
+                        ev_s[ne] = s
+                        ev_v[ne] = fr
+                        ev_p[ne] = c
+                        ev_r[ne] = col
+                        start[s + 1] += 1
+                        ne += 1
+                    s += pc - c
+                    jump = False
+                c = pc + 1
+                if _before(x, fr, desc):
+                    if small:
+                        _insert(ev_v, ev_p, e0, na, x, pc, desc)
+                    ix[na] = e
+                    na += 1
+                    jump = True
+                elif _before(fr, x, desc):
+                    if small:
+                        _insert(ev_v, ev_p, e1, nh, x, pc, desc)
+                    iy[nh] = e
+                    nh += 1
+                    jump = True
+                else:  # (stored, equal to the fill: in the run at its position)
+                    ev_s[ne] = s
+                    ev_v[ne] = x
+                    ev_p[ne] = pc
+                    ev_r[ne] = col
+                    start[s + 1] += 1
+                    ne += 1
+                    s += 1
+                    jump = False
+            if size > c and jump:
+                ev_s[ne] = s
+                ev_v[ne] = fr
+                ev_p[ne] = c
+                ev_r[ne] = col
+                start[s + 1] += 1
+                ne += 1
+            if not small:
+                _place_sorted(p, v, ix[:na], tmp, desc, ev_v, ev_p, e0, radix)
+                _place_sorted(p, v, iy[:nh], tmp, desc, ev_v, ev_p, e1, radix)
+            h0 = line0 + size - nhigh - e1  # (slot of the event at e1 less e1)
+            for j in range(e0, e1):
+                ev_s[j] = line0 + j - e0
+                ev_r[j] = col
+                start[line0 + j - e0 + 1] += 1
+            for j in range(e1, e1 + nhigh):
+                ev_s[j] = h0 + j
+                ev_r[j] = col
+                start[h0 + j + 1] += 1
+        _write_lines(ev_s[:ne], ev_v, ev_p, ev_r, start, fr, size, post, out_v, out_p)
+
+    @njit(cache=True)
+    def _write_lines(ev_s, ev_v, ev_p, ev_r, start, fr, width, post, out_v, out_p):
+        """Every output line ``(r // post, s)`` of ``out_v``/``out_p`` written once: the fill and
+        the previous line's positions plus one (0 on a first line), then the events of the line
+        (``ev_s``: their lines; ``start``: the number of events of each line before it, a
+        count per line shifted by one on entry)."""
+        L = start.shape[0] - 1
+        ne = ev_s.shape[0]
+        for j in range(L):
+            start[j + 1] += start[j]
+        # (the events moved into line order: read in order below)
+        at = start[:-1].copy()
+        sr = np.empty(ne, np.int64)
+        sv = np.empty(ne, ev_v.dtype)
+        sp = np.empty(ne, np.int64)
+        for e in range(ne):
+            j = at[ev_s[e]]
+            at[ev_s[e]] += 1
+            sr[j] = ev_r[e]
+            sv[j] = ev_v[e]
+            sp[j] = ev_p[e]
+        for line in range(L):
+            o = line * post
+            dv = out_v[o : o + post]
+            dp = out_p[o : o + post]
+            for i in range(post):
+                dv[i] = fr
+            if line % width == 0:
+                for i in range(post):
+                    dp[i] = 0
+            else:
+                prev = out_p[o - post : o]
+                for i in range(post):
+                    dp[i] = prev[i] + 1
+            for j in range(start[line], start[line + 1]):
+                dv[sr[j]] = sv[j]
+                dp[sr[j]] = sp[j]
 
     @njit(nogil=True, cache=True)
     def _head_lines(
