@@ -698,6 +698,11 @@ if numba is not None:
         iy = np.empty(ix.shape[0], np.int64)
         L = (R // post) * size
         start = np.zeros(L + 1, np.int64)
+        # (the rows' elements come in another order than stored: one sequential pass over the
+        # values and positions brings them to the cache before the reads out of order, whose
+        # cache misses would each stall)
+        if _touch(p, v) < 0:  # (never: positions are not negative)
+            return
         ne = 0
         for row in range(R):
             a, b = offs[row], offs[row + 1]
@@ -777,6 +782,17 @@ if numba is not None:
         _write_lines(ev_s[:ne], ev_v, ev_p, ev_r, start, fr, size, post, out_v, out_p)
 
     @njit(cache=True)
+    def _touch(p, v):
+        """A sum of a word of every cache line of ``p`` and ``v`` (not negative: read to bring them
+        to the cache)."""
+        acc = 0
+        for i in range(0, p.shape[0], 8):
+            acc += p[i]
+        for i in range(0, v.shape[0], 8):
+            acc += v[i] != v[i]
+        return acc
+
+    @njit(cache=True)
     def _write_lines(ev_s, ev_v, ev_p, ev_r, start, fr, width, post, out_v, out_p):
         """Every output line ``(r // post, s)`` of ``out_v``/``out_p`` written once: the fill and
         the previous line's positions plus one (0 on a first line), then the events of the line
@@ -786,11 +802,12 @@ if numba is not None:
         ne = ev_s.shape[0]
         for j in range(L):
             start[j + 1] += start[j]
-        # (the events moved into line order: read in order below)
+        # (the events moved into line order: read in order below; the buffers zeroed first, in
+        # order, to have them in the cache before the writes out of order)
         at = start[:-1].copy()
-        sr = np.empty(ne, np.int64)
-        sv = np.empty(ne, ev_v.dtype)
-        sp = np.empty(ne, np.int64)
+        sr = np.zeros(ne, np.int64)
+        sv = np.zeros(ne, ev_v.dtype)
+        sp = np.zeros(ne, np.int64)
         for e in range(ne):
             j = at[ev_s[e]]
             at[ev_s[e]] += 1
