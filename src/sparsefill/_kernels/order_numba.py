@@ -25,6 +25,13 @@ line: every output line ``(r // post, s)`` once, contiguously (the fill, the pre
 positions plus one), then the few elements that differ (the stored ones, the run's steps over
 stored positions), bucketed by line beforehand.
 
+A whole sort (``width == size``) writes every row in full: row by row, the values the fill in
+one pass, the run's positions as runs of consecutive positions between the stored ones outside
+it, the few stored ahead of and behind the fill inserted into their sorted slots in the output
+itself; across a strided output, line by line from events made at their final slots.  Many
+floating stored elements of a row (past ``_RADIX``) are sorted by a stable radix sort of their
+bits (NaN the largest, -0.0 equal to 0.0), without the comparisons that mispredict.
+
 (The row bodies are written out in the kernels rather than in ``inline="always"`` helpers: numba's
 inlining of a helper that size made the caller about twice as slow.)
 """
