@@ -110,6 +110,7 @@ def head_rows(
         descending,
         _np(out_v).reshape(-1),
         _np(out_p).reshape(-1),
+        v.dtype.is_floating_point,
     )
     return out_v, out_p
 

@@ -25,6 +25,13 @@ line: every output line ``(r // post, s)`` once, contiguously (the fill, the pre
 positions plus one), then the few elements that differ (the stored ones, the run's steps over
 stored positions), bucketed by line beforehand.
 
+A whole sort (``width == size``) writes every row in full: row by row, the values the fill in
+one pass, the run's positions as runs of consecutive positions between the stored ones outside
+it, the few stored ahead of and behind the fill inserted into their sorted slots in the output
+itself; across a strided output, line by line from events made at their final slots.  Many
+floating stored elements of a row (past ``_RADIX``) are sorted by a stable radix sort of their
+bits (NaN the largest, -0.0 equal to 0.0), without the comparisons that mispredict.
+
 (The row bodies are written out in the kernels rather than in ``inline="always"`` helpers: numba's
 inlining of a helper that size made the caller about twice as slow.)
 """
@@ -46,6 +53,8 @@ _RUN = 16  # elements: a longer row's runs sorted by insertion before the merges
 _BLOCK = 64  # rows written together across a strided output (a 512-byte run per write)
 _SHORT = 16  # elements of a fill run written by plain stores (longer: through views)
 _TOP = 64  # a head of at most this many of a longer row: selected, not sorted whole
+_RADIX = 256  # floating elements of a row past which a whole row's are radix sorted
+_KMAX = 0x7FFFFFFFFFFFFFFF
 
 
 if numba is not None:
@@ -352,7 +361,9 @@ if numba is not None:
         return m, nlow, nhigh
 
     @njit(nogil=True, cache=True)
-    def head_rows(offs, order, p, v, f, size, width, post, desc, out_v, out_p):  # pragma: no cover
+    def head_rows(
+        offs, order, p, v, f, size, width, post, desc, out_v, out_p, radix=False
+    ):  # pragma: no cover
         """:func:`sort_head` of rows given grouped, one fill ``f[0]``: row ``j``'s stored elements
         are ``order[offs[j]:offs[j + 1]]`` (ascending position); the output ``(R // post, width,
         post)`` written in its own order.  ``post == 1``: row by row; else the rows' events
@@ -362,9 +373,12 @@ if numba is not None:
         if width == 0:
             return
         fr = f[0]
-        nmax = 0
-        for j in range(R):
-            nmax = max(nmax, offs[j + 1] - offs[j])
+        nmax = _longest(offs)
+        if width == size:  # (a whole sort: see _sort_full, _sort_lines)
+            ix = np.empty(nmax, np.int64)
+            tmp = np.empty(nmax, np.int64)
+            _sort_whole(offs, order, p, v, fr, size, post, desc, ix, tmp, out_v, out_p, radix)
+            return
         # (index buffers of the longest row; a short head needs them only for the stored
         # behind the fill: made when a row first does)
         ix = np.empty(nmax if width > _TOP else 0, np.int64)
@@ -456,6 +470,154 @@ if numba is not None:
                         out_p[o + i] = buf_p[i * width + s]
             r0 += nb
 
+    @njit(cache=True)
+    def _longest(offs):
+        """The most elements of a row."""
+        n = 0
+        for j in range(offs.shape[0] - 1):
+            n = max(n, offs[j + 1] - offs[j])
+        return n
+
+    @njit(nogil=True, cache=True)
+    def _sort_whole(
+        offs, order, p, v, fr, size, post, desc, ix, tmp, out_v, out_p, radix
+    ):  # pragma: no cover
+        """:func:`head_rows` of whole rows: row by row (``post == 1``) or line by line."""
+        if post == 1:
+            _sort_full(offs, order, p, v, fr, size, desc, ix, tmp, out_v, out_p, radix)
+        else:
+            _sort_lines(offs, order, p, v, fr, size, post, desc, ix, tmp, out_v, out_p, radix)
+
+    @njit(nogil=True, cache=True)
+    def _sort_full(
+        offs, order, p, v, fr, size, desc, ix, tmp, out_v, out_p, radix
+    ):  # pragma: no cover
+        """:func:`head_rows` of whole rows (a sort), ``post == 1``: per row, the values the fill
+        in one tight pass, the stored ahead of and behind the fill counted, then one pass over
+        the stored elements in position order writing the run's positions (runs of consecutive
+        positions between the stored ones outside it) and each stored element: a few ahead of or
+        behind the fill inserted into their sorted slots in the output itself (no index
+        buffers), more collected and sorted after."""
+        R = offs.shape[0] - 1
+        iy = np.empty(ix.shape[0], np.int64)
+        for row in range(R):
+            a, b = offs[row], offs[row + 1]
+            dv = out_v[row * size : (row + 1) * size]
+            dp = out_p[row * size : (row + 1) * size]
+            for t in range(size):
+                dv[t] = fr
+            nlow = 0
+            nhigh = 0
+            for i in range(a, b):  # (branchless: random values mispredict)
+                x = v[order[i]]
+                nlow += _before(x, fr, desc)
+                nhigh += _before(fr, x, desc)
+            small = nlow <= _SMALL and nhigh <= _SMALL
+            h0 = size - nhigh  # (the first slot behind the fill)
+            s = nlow
+            c = 0  # (the run's next position)
+            na = 0
+            nh = 0
+            for i in range(a, b + 1):
+                e = order[i] if i < b else -1
+                pc = p[e] if i < b else size
+                if pc > c:  # (the fill at positions c .. pc - 1: through a view, a tight loop)
+                    dq = dp[s : s + pc - c]
+                    for t in range(pc - c):
+                        dq[t] = c + t
+                    s += pc - c
+                if e < 0:
+                    break
+                c = pc + 1
+                x = v[e]
+                if _before(x, fr, desc):
+                    if small:
+                        _insert(dv, dp, 0, na, x, pc, desc)
+                    ix[na] = e
+                    na += 1
+                elif _before(fr, x, desc):
+                    if small:
+                        _insert(dv, dp, h0, nh, x, pc, desc)
+                    iy[nh] = e
+                    nh += 1
+                else:  # (stored, equal to the fill: in the run at its position)
+                    dv[s] = x
+                    dp[s] = pc
+                    s += 1
+            if not small:
+                _place_sorted(p, v, ix[:na], tmp, desc, dv, dp, 0, radix)
+                _place_sorted(p, v, iy[:nh], tmp, desc, dv, dp, h0, radix)
+
+    @njit(inline="always")
+    def _insert(dv, dp, lo, n, x, pc, desc):
+        """``(x, pc)`` inserted into the sorted ``dv[lo:lo + n]`` (positions ``dp``), after the
+        equal values (stable)."""
+        j = lo + n
+        while j > lo and _ahead(x, dv[j - 1], desc):
+            dv[j] = dv[j - 1]
+            dp[j] = dp[j - 1]
+            j -= 1
+        dv[j] = x
+        dp[j] = pc
+
+    @njit(cache=True)
+    def _place_sorted(p, v, ix, tmp, desc, dv, dp, lo, radix):
+        """The elements ``ix`` (position order) stably sorted into ``dv``/``dp`` from ``lo``
+        (``radix``: floating values, many of them sorted by :func:`_radix`)."""
+        n = ix.shape[0]
+        if radix and n > _RADIX:
+            _radix(v, ix, tmp, desc)
+        elif n:
+            _sort_row(v, ix, tmp, desc, n)
+        for j in range(n):
+            dv[lo + j] = v[ix[j]]
+            dp[lo + j] = p[ix[j]]
+
+    @njit(cache=True)
+    def _radix(v, ix, tmp, desc):
+        """``ix`` stably sorted by the floating values ``v[ix]`` (NaN the largest, -0.0 equal to
+        0.0), in place: a least-significant-digit radix sort of their bits as ordered integer
+        keys, byte by byte (a stable pass each; a byte all keys share skipped) -- a fixed number
+        of passes without the comparisons that mispredict on random values."""
+        n = ix.shape[0]
+        fv = np.empty(n, np.float64)
+        for j in range(n):
+            fv[j] = v[ix[j]]
+        key = fv.view(np.int64)
+        for j in range(n):
+            x = fv[j]
+            k = key[j]
+            if x != x:
+                k = _KMAX
+            elif x == 0:
+                k = 0
+            elif k < 0:
+                k ^= _KMAX  # (a negative float: a larger magnitude, a smaller key)
+            key[j] = ~k if desc else k
+        key2 = np.empty(n, np.int64)
+        ix2 = tmp[:n]
+        cnt = np.empty(256, np.int64)
+        for d in range(8):
+            sh = 8 * d
+            top = 0x80 if d == 7 else 0  # (the sign byte: negative keys first)
+            cnt[:] = 0
+            for j in range(n):
+                cnt[((key[j] >> sh) & 0xFF) ^ top] += 1
+            if cnt[((key[0] >> sh) & 0xFF) ^ top] == n:
+                continue
+            at = 0
+            for c in range(256):
+                m = cnt[c]
+                cnt[c] = at
+                at += m
+            for j in range(n):
+                c = ((key[j] >> sh) & 0xFF) ^ top
+                key2[cnt[c]] = key[j]
+                ix2[cnt[c]] = ix[j]
+                cnt[c] += 1
+            key, key2 = key2, key
+            ix[:] = ix2
+
     @njit(nogil=True, cache=True)
     def _head_long(
         offs, order, p, v, fr, size, width, desc, ix, tmp, out_v, out_p
@@ -525,6 +687,156 @@ if numba is not None:
                 for j in range(width - s):
                     out_v[o + s + j] = v[iy[j]]
                     out_p[o + s + j] = p[iy[j]]
+
+    @njit(nogil=True, cache=True)
+    def _sort_lines(
+        offs, order, p, v, fr, size, post, desc, ix, tmp, out_v, out_p, radix
+    ):  # pragma: no cover
+        """:func:`head_rows` of whole rows (a sort) across a strided output (``post > 1``), line
+        by line as :func:`_head_lines`: each row's events made at their final slots (the stored
+        ahead of the fill counted first; a few inserted in sorted order among the events
+        themselves) and counted by line as they are made."""
+        R = offs.shape[0] - 1
+        cap = 2 * order.shape[0] + R + 1
+        ev_s = np.empty(cap, np.int64)
+        ev_v = np.empty(cap, v.dtype)
+        ev_p = np.empty(cap, np.int64)
+        ev_r = np.empty(cap, np.int64)
+        iy = np.empty(ix.shape[0], np.int64)
+        L = (R // post) * size
+        start = np.zeros(L + 1, np.int64)
+        # (the rows' elements come in another order than stored: one sequential pass over the
+        # values and positions brings them to the cache before the reads out of order, whose
+        # cache misses would each stall)
+        if _touch(p, v) < 0:  # (never: positions are not negative)
+            return
+        ne = 0
+        for row in range(R):
+            a, b = offs[row], offs[row + 1]
+            pre = row // post
+            col = row - pre * post
+            line0 = pre * size
+            nlow = 0
+            nhigh = 0
+            for i in range(a, b):  # (branchless: random values mispredict)
+                x = v[order[i]]
+                nlow += _before(x, fr, desc)
+                nhigh += _before(fr, x, desc)
+            small = nlow <= _SMALL and nhigh <= _SMALL
+            e0 = ne  # (the stored ahead of the fill at e0.., behind it at e1..: sorted in place)
+            e1 = ne + nlow
+            ne = e1 + nhigh
+            na = 0
+            nh = 0
+            c = 0  # (the run's next position)
+            s = line0 + nlow  # (its next slot)
+            jump = True  # (the run's next slot follows no slot of the run at the position before)
+            for i in range(a, b):
+                e = order[i]
+                x = v[e]
+                pc = p[e]
+                if pc > c:  # (the fill at positions c .. pc - 1)
+                    if jump:
+                        ev_s[ne] = s
+                        ev_v[ne] = fr
+                        ev_p[ne] = c
+                        ev_r[ne] = col
+                        start[s + 1] += 1
+                        ne += 1
+                    s += pc - c
+                    jump = False
+                c = pc + 1
+                if _before(x, fr, desc):
+                    if small:
+                        _insert(ev_v, ev_p, e0, na, x, pc, desc)
+                    ix[na] = e
+                    na += 1
+                    jump = True
+                elif _before(fr, x, desc):
+                    if small:
+                        _insert(ev_v, ev_p, e1, nh, x, pc, desc)
+                    iy[nh] = e
+                    nh += 1
+                    jump = True
+                else:  # (stored, equal to the fill: in the run at its position)
+                    ev_s[ne] = s
+                    ev_v[ne] = x
+                    ev_p[ne] = pc
+                    ev_r[ne] = col
+                    start[s + 1] += 1
+                    ne += 1
+                    s += 1
+                    jump = False
+            if size > c and jump:
+                ev_s[ne] = s
+                ev_v[ne] = fr
+                ev_p[ne] = c
+                ev_r[ne] = col
+                start[s + 1] += 1
+                ne += 1
+            if not small:
+                _place_sorted(p, v, ix[:na], tmp, desc, ev_v, ev_p, e0, radix)
+                _place_sorted(p, v, iy[:nh], tmp, desc, ev_v, ev_p, e1, radix)
+            h0 = line0 + size - nhigh - e1  # (slot of the event at e1 less e1)
+            for j in range(e0, e1):
+                ev_s[j] = line0 + j - e0
+                ev_r[j] = col
+                start[line0 + j - e0 + 1] += 1
+            for j in range(e1, e1 + nhigh):
+                ev_s[j] = h0 + j
+                ev_r[j] = col
+                start[h0 + j + 1] += 1
+        _write_lines(ev_s[:ne], ev_v, ev_p, ev_r, start, fr, size, post, out_v, out_p)
+
+    @njit(cache=True)
+    def _touch(p, v):
+        """A sum of a word of every cache line of ``p`` and ``v`` (not negative: read to bring them
+        to the cache)."""
+        acc = 0
+        for i in range(0, p.shape[0], 8):
+            acc += p[i]
+        for i in range(0, v.shape[0], 8):
+            acc += v[i] != v[i]
+        return acc
+
+    @njit(cache=True)
+    def _write_lines(ev_s, ev_v, ev_p, ev_r, start, fr, width, post, out_v, out_p):
+        """Every output line ``(r // post, s)`` of ``out_v``/``out_p`` written once: the fill and
+        the previous line's positions plus one (0 on a first line), then the events of the line
+        (``ev_s``: their lines; ``start``: the number of events of each line before it, a
+        count per line shifted by one on entry)."""
+        L = start.shape[0] - 1
+        ne = ev_s.shape[0]
+        for j in range(L):
+            start[j + 1] += start[j]
+        # (the events moved into line order: read in order below; the buffers zeroed first, in
+        # order, to have them in the cache before the writes out of order)
+        at = start[:-1].copy()
+        sr = np.zeros(ne, np.int64)
+        sv = np.zeros(ne, ev_v.dtype)
+        sp = np.zeros(ne, np.int64)
+        for e in range(ne):
+            j = at[ev_s[e]]
+            at[ev_s[e]] += 1
+            sr[j] = ev_r[e]
+            sv[j] = ev_v[e]
+            sp[j] = ev_p[e]
+        for line in range(L):
+            o = line * post
+            dv = out_v[o : o + post]
+            dp = out_p[o : o + post]
+            for i in range(post):
+                dv[i] = fr
+            if line % width == 0:
+                for i in range(post):
+                    dp[i] = 0
+            else:
+                prev = out_p[o - post : o]
+                for i in range(post):
+                    dp[i] = prev[i] + 1
+            for j in range(start[line], start[line + 1]):
+                dv[sr[j]] = sv[j]
+                dp[sr[j]] = sp[j]
 
     @njit(nogil=True, cache=True)
     def _head_lines(

@@ -575,6 +575,36 @@ def test_long_head_across_a_strided_output_on_the_compiled_kernels(layout, fill)
                 assert torch.equal(got.indices, ref.indices[:k])
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("fill", [0.0, -0.0, NAN, -INF, 1.5])
+def test_sort_of_many_stored_per_slice_on_the_compiled_kernels(dtype, fill):
+    """Slices with hundreds of stored elements on each side of the fill (a radix sort of their
+    bits): ties of -0.0 and 0.0, both NaNs, infinities and repeated values in stable order, the
+    fill's sign kept, ascending and descending; the rows of a 2-D sort likewise."""
+    from sparsefill import segment
+
+    if not segment.compiled_available():
+        pytest.skip("needs numba (the compiled kernels)")
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(3000, generator=g, dtype=torch.float64).to(dtype)
+    pool = torch.tensor([NAN, -NAN, 0.0, -0.0, INF, -INF, 1.5, -1.5], dtype=dtype)
+    odd = torch.rand(3000, generator=g) < 0.4
+    x[odd] = pool[torch.randint(0, 8, (int(odd.sum()),), generator=g)]
+    x[torch.rand(3000, generator=g) < 0.5] = fill
+    keep = torch.rand(3000, generator=g) < 0.7  # (stored: some equal to the fill)
+    for shape, dim in (((3000,), 0), ((2, 1500), 1)):
+        A = sparsefill.sparse_coo_tensor(
+            keep.reshape(shape).nonzero().t(), x[keep], shape, fill_value=fill
+        ).coalesce()
+        d = A.to_dense()
+        with segment.use_backend("numba"):
+            for desc in (False, True):
+                got, ref = torch.sort(A, dim, desc), stable_sort(d, dim, desc)
+                torch.testing.assert_close(got.values, ref.values, equal_nan=True)
+                assert torch.equal(got.values.signbit(), ref.values.signbit())
+                assert torch.equal(got.indices, ref.indices)
+
+
 def test_sort_topk_shortcuts_take_plain_calls_and_decline_the_rest():
     """The dispatch shortcuts of sort/topk give the handlers' result for a plain coalesced COO
     operand or CSR matrix (omitted arguments at their defaults), and pass views, uncoalesced operands, an
