@@ -933,32 +933,4 @@ if numba is not None:
         start = np.zeros(L + 1, np.int64)
         for e in range(ne):
             start[ev_s[e] + 1] += 1
-        for j in range(L):
-            start[j + 1] += start[j]
-        # (the events themselves moved into line order: read in order below)
-        at = start[:-1].copy()
-        sr = np.empty(ne, np.int64)
-        sv = np.empty(ne, v.dtype)
-        sp = np.empty(ne, np.int64)
-        for e in range(ne):
-            j = at[ev_s[e]]
-            at[ev_s[e]] += 1
-            sr[j] = ev_r[e]
-            sv[j] = ev_v[e]
-            sp[j] = ev_p[e]
-        for line in range(L):
-            o = line * post
-            dv = out_v[o : o + post]
-            dp = out_p[o : o + post]
-            for i in range(post):
-                dv[i] = fr
-            if line % width == 0:
-                for i in range(post):
-                    dp[i] = 0
-            else:
-                prev = out_p[o - post : o]
-                for i in range(post):
-                    dp[i] = prev[i] + 1
-            for j in range(start[line], start[line + 1]):
-                dv[sr[j]] = sv[j]
-                dp[sr[j]] = sp[j]
+        _write_lines(ev_s[:ne], ev_v, ev_p, ev_r, start, fr, width, post, out_v, out_p)
