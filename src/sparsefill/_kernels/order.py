@@ -88,13 +88,16 @@ def head_rows(
     post: int,
     descending: bool,
     shape,
+    out=None,
 ):
     """``(values, positions)`` of ``shape`` (``(R // post, width, post)`` elements): the first
     ``width`` of every stably sorted row, rows of :func:`group_rows` (each row's in ascending
     position), values ``v`` (1-D), the one fill ``fill``; row ``r`` at ``(r // post, :, r %
-    post)``."""
-    out_v = torch.empty(shape, dtype=v.dtype)
-    out_p = torch.empty(shape, dtype=torch.int64)
+    post)``.  Written into ``out`` (contiguous tensors of that shape, ``v``'s dtype and int64)
+    where given."""
+    if out is None:
+        out = (torch.empty(shape, dtype=v.dtype), torch.empty(shape, dtype=torch.int64))
+    out_v, out_p = out
     if fill.dtype != v.dtype:
         fill = fill.to(v.dtype)
     # (NumPy's reshapes: a fraction of torch's cost, on a call of a few microseconds' work)

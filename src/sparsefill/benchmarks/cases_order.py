@@ -68,8 +68,27 @@ def topk(param):
 
 @case("sort(A, dim) 1%", sizes=SIZES, quick_sizes=QUICK, tiny_sizes=TINY, check=_values)
 def sort(param):
+    """Beside the two sorts, "the output alone": allocating the two outputs and writing each
+    element once, the floor of any sort that returns new tensors (the first touch of fresh
+    memory, page faults included, is most of it when the allocator hands out new pages)."""
     A, D, d = _matrix(param)
-    return _pairs(lambda: tuple(torch.sort(A, d)), lambda: tuple(torch.sort(D, d)))
+    pairs = _pairs(lambda: tuple(torch.sort(A, d)), lambda: tuple(torch.sort(D, d)))
+    return [*pairs, ("the output alone", lambda: tuple(t.fill_(0) for t in _outputs(D)))]
+
+
+def _outputs(D):
+    return torch.empty(D.shape, dtype=D.dtype), torch.empty(D.shape, dtype=torch.int64)
+
+
+@case("sort(A, dim, out=) 1%", sizes=SIZES, quick_sizes=QUICK, tiny_sizes=TINY, check=_values)
+def sort_out(param):
+    """Into outputs allocated once (``out=``, both sides): the sort's own work, without the
+    first touch of a new output."""
+    A, D, d = _matrix(param)
+    mine, theirs = _outputs(D), _outputs(D)
+    return _pairs(
+        lambda: tuple(torch.sort(A, d, out=mine)), lambda: tuple(torch.sort(D, d, out=theirs))
+    )
 
 
 @case("unique(A, return_counts) 1%", sizes=SIZES, quick_sizes=QUICK, tiny_sizes=TINY, check=_same)

@@ -43,6 +43,7 @@ import torch
 from sparsefill._autograd.functions import NativeGrad, dense_grad, sparse_inside, track_leaf
 from sparsefill._tensor.tensor import SparseTensor
 from sparsefill.ops.backward_gate import gate
+from sparsefill.ops.out_variants import write_out
 
 _REQUIRES_GRAD_, _REQUIRES_GRAD = (
     torch._C.TensorBase.requires_grad_,
@@ -287,6 +288,18 @@ def _sparse_sum_all(func, args, kwargs):
     ):
         return NotImplemented
     return torch.sum(args[0], dtype=kwargs.get("dtype", args[1] if len(args) == 2 else None))
+
+
+# torch's composite body of ``linalg_matrix_rank.out`` rebinds its output to a new tensor for a
+# tensor subclass's input, leaving the caller's ``out`` unwritten
+@register_route(torch.linalg.matrix_rank, always=True)
+def _matrix_rank_out(func, args, kwargs):
+    """``torch.linalg.matrix_rank(A, ..., out=o)``: the rank computed, then written into ``o``."""
+    o = kwargs.get("out")
+    if not isinstance(o, torch.Tensor) or isinstance(o, SparseTensor):
+        return NotImplemented
+    write_out(o, func(*args, **{k: v for k, v in kwargs.items() if k != "out"}))
+    return o
 
 
 # The families' routes register themselves when imported (each module imports register_route from

@@ -1,9 +1,10 @@
 """One registry: aten ``OpOverload`` -> handler ``(func, args, kwargs) -> result``.
 
 A handler may return ``NotImplemented`` to hand the call to the next stage.  Order:
-registered handler; the generic rule of ops tagged ``torch.Tag.pointwise`` (``pointwise/rule.py``);
-the op's CompositeImplicitAutograd decomposition (so the pieces
-can meet their handlers); the densify fallback (``fallback.py``).  Around every call runs
+registered handler; an ``out=`` overload as its functional overload written into its outputs
+(``out_variants.py``); the generic rule of ops tagged ``torch.Tag.pointwise``
+(``pointwise/rule.py``); the op's CompositeImplicitAutograd decomposition (so the pieces can meet
+their handlers); the densify fallback (``fallback.py``).  Around every call runs
 ``views.around``, which keeps SparseTensor views and their bases consistent.
 
 The boundary rule, enforced here for every call: an operand or op sparsefill does not understand
@@ -46,7 +47,7 @@ from sparsefill._autograd.transforms import (
 )
 from sparsefill._tensor.tensor import _FAST, SparseTensor
 from sparsefill.ops.pointwise import fast_path as pointwise_fast, rule as pointwise
-from sparsefill.ops import views
+from sparsefill.ops import out_variants, views
 from sparsefill.ops._schema import flat_args, written_positions
 
 HANDLERS: dict = {}
@@ -271,7 +272,7 @@ def compute(func, args, kwargs):
     plan = _PLANS.get(func._op)
     if plan is None:
         plan = _plan(func)
-    handler, reason, is_pointwise, composite = plan
+    handler, reason, is_pointwise, composite, writes_out = plan
     if handler is not None:
         out = handler(func, args, kwargs)
         if out is not NotImplemented:
@@ -282,6 +283,10 @@ def compute(func, args, kwargs):
         if _load_handlers(func):
             return compute(func, args, kwargs)
         _refuse(func, reason)
+    if writes_out:
+        out = out_variants.out_call(func, args, kwargs, compute)
+        if out is not NotImplemented:
+            return out
     if is_pointwise:
         out = pointwise.pointwise_rule(func, args, kwargs)
         if out is not NotImplemented:
@@ -301,12 +306,13 @@ _PLANS: dict = {}
 
 
 def _plan(func) -> tuple:
-    """``(handler, why the op is refused, pointwise, composite)``: what :func:`compute` tries for
-    ``func``, decided once per op (until the next :func:`register`)."""
+    """``(handler, why the op is refused, pointwise, composite, an out= overload)``: what
+    :func:`compute` tries for ``func``, decided once per op (until the next :func:`register`)."""
     plan = _PLANS[func._op] = (
         HANDLERS.get(func),
         unannotated_mutation(func),
         pointwise.is_pointwise(func),
         _is_composite(func),
+        out_variants.functional_of(func) is not None,
     )
     return plan

@@ -496,6 +496,32 @@ def test_long_rows_sort_topk_kthvalue_quantile_on_each_backend(backend, case, fi
                 torch.testing.assert_close(fn(A, q, dim), fn(x, q, dim), equal_nan=True)
 
 
+@pytest.mark.parametrize("backend", ["numba", "torch"])
+@pytest.mark.parametrize("layout", ["coo", "csr"])
+def test_sort_into_out_tensors_on_each_backend(backend, layout):
+    """``torch.sort(A, dim, out=(values, indices))``: the kernel writes contiguous outputs of the
+    result's shape themselves (no DensifyWarning); outputs of another shape are resized and a
+    strided one is written through, as torch does."""
+    from sparsefill import segment
+
+    if backend == "numba" and not segment.compiled_available():
+        pytest.skip("needs numba (the compiled kernels)")
+    A, x = make((40, 30), 0.5, 0, layout, p=0.3, seed=5)
+    with segment.use_backend(backend), warnings.catch_warnings():
+        warnings.simplefilter("error", sparsefill.DensifyWarning)
+        for dim in (0, 1):
+            for desc in (False, True):
+                ref = stable_sort(x, dim, desc)
+                outs = (torch.full_like(x, 7.0), torch.full(x.shape, 7))
+                got = torch.sort(A, dim, desc, out=outs)
+                assert got[0] is outs[0] and got[1] is outs[1]
+                assert torch.equal(outs[0], ref.values) and torch.equal(outs[1], ref.indices)
+                strided = (torch.empty(x.shape[::-1]).t(), torch.empty(0, dtype=torch.long))
+                torch.sort(A, dim=dim, descending=desc, stable=True, out=strided)
+                assert torch.equal(strided[0], ref.values)
+                assert torch.equal(strided[1], ref.indices)
+
+
 def test_stored_values_equal_to_the_fill_sit_in_its_run():
     """A stored element equal to the fill (a stored -0.0 beside a fill of 0.0, a stored 0.0) takes
     its place in the fill's run by position; rows with nothing stored around it."""

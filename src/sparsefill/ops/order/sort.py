@@ -264,17 +264,21 @@ def rows_of(A: SparseTensor, dim: int, descending: bool) -> tuple[Rows, list]:
     return Rows(r, p, v, f_rows, f_rows.numel(), A.shape[dim], descending), moved
 
 
-def sorted_head(A: SparseTensor, dim: int, width: int, descending: bool, shape):
+def sorted_head(A: SparseTensor, dim: int, width: int, descending: bool, shape, out=None):
     """``(values, positions)`` of ``shape`` (``A``'s, ``width`` along ``dim``): the first
     ``width`` of every stably sorted slice along the sparse dim ``dim`` -- the compiled kernel
     where it runs (one pass over the output; rows of a plain pattern grouped once per pattern:
-    :func:`grouped_rows`), else :meth:`Rows.dense`."""
+    :func:`grouped_rows`), else :meth:`Rows.dense`.  Written into ``out`` where given (contiguous
+    tensors of ``shape``, ``A``'s dtype and int64)."""
     size = A._size
     post = _index.numel(size[dim + 1 :])
     vals = A._vals
     if _plain_rows(A) and _order.compiled(vals, _index.numel(size)):
         g = grouped_rows(A, dim)
-        return _order.head_rows(*g, vals, A._fill, size[dim], width, post, descending, shape)
+        return _order.head_rows(*g, vals, A._fill, size[dim], width, post, descending, shape, out)
+    if out is not None:
+        got = sorted_head(A, dim, width, descending, shape)
+        return tuple(o.copy_(r) for o, r in zip(out, got))
     parts, _ = row_parts(A, dim)
     if _order.compiled(parts[2], _index.numel(size)):
         v, p = _order.sort_head(*parts, size[dim], width, post, descending)
@@ -538,6 +542,35 @@ def _sort_stable_shortcut(func, args, kwargs):
         return None
     rest = (kwargs.get("dim", -1), kwargs.get("descending", False))
     return _sort_shortcut(aten.sort.default, (args[0], *rest), {})
+
+
+@register(aten.sort.values, aten.sort.values_stable)
+def _sort_out(func, args, kwargs):
+    """``sort(A, dim, descending, out=(values, indices))`` along a sparse dim of a plain operand
+    (:func:`_short_dim`) into contiguous outputs of the result's shape and dtypes: the kernel
+    writes them (no second buffer).  NotImplemented otherwise: the registry's ``out=`` rule
+    (the result written into the outputs)."""
+    b = bind(func, args, kwargs)
+    A, v, i, desc = b["self"], b["values"], b["indices"], b["descending"]
+    d = _short_dim(A, b["dim"])
+    if d is None or not _flags(desc) or not _fits(v, A, A.dtype) or not _fits(i, A, torch.int64):
+        return NotImplemented
+    if v.untyped_storage().data_ptr() == i.untyped_storage().data_ptr():
+        return NotImplemented  # (torch's overlap error)
+    size = A._size
+    _gate(f"sort of a SparseTensor along sparse dim {d}", A, _index.numel(size))
+    return sorted_head(A, d, size[d], desc, size, out=(v, i))
+
+
+def _fits(t, A: SparseTensor, dtype) -> bool:
+    """``t`` is a plain contiguous tensor of ``A``'s shape and device and of ``dtype``."""
+    return (
+        type(t) is torch.Tensor
+        and t.dtype == dtype
+        and t.shape == A._size
+        and t.device == A._vals.device
+        and t.is_contiguous()
+    )
 
 
 _topk.dense_by_nature = (
