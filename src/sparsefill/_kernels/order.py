@@ -23,6 +23,9 @@ import, :func:`sparsefill._kernels.segment.compiled_for`); the callers keep a to
 
 from __future__ import annotations
 
+import threading
+
+import numpy as np
 import torch
 
 from sparsefill._kernels.segment import _np, _nb, compiled_for
@@ -30,6 +33,7 @@ from sparsefill._kernels.trace import traced
 
 __all__ = ["compiled", "sort_head", "head_rows", "group_rows", "rank_select"]
 
+_EMPTY_I = np.empty(0, np.int64)
 _DTYPES = (
     torch.float64,
     torch.float32,
@@ -100,8 +104,11 @@ def head_rows(
     out_v, out_p = out
     if fill.dtype != v.dtype:
         fill = fill.to(v.dtype)
+    post = max(post, 1)
+    mod = _mod()
+    wi, wv = _scratch(mod, order.shape[0], offs.shape[0] - 1, post, width, v.dtype)
     # (NumPy's reshapes: a fraction of torch's cost, on a call of a few microseconds' work)
-    _mod().head_rows(
+    mod.head_rows(
         offs,
         order,
         p,
@@ -109,13 +116,37 @@ def head_rows(
         _np(fill).reshape(1),
         size,
         width,
-        max(post, 1),
+        post,
         descending,
         _np(out_v).reshape(-1),
         _np(out_p).reshape(-1),
+        wi,
+        wv,
         v.dtype.is_floating_point,
     )
     return out_v, out_p
+
+
+_KEEP = 1 << 24  # bytes of line scratch kept per thread between calls
+_LOCAL = threading.local()
+
+
+def _scratch(mod, nse: int, R: int, post: int, width: int, dtype) -> tuple:
+    """NumPy scratch of :func:`order_numba.line_scratch` for a write line by line (``post >
+    1``; empty otherwise).  Kept per thread up to ``_KEEP`` bytes: a sort repeated on a pattern
+    reuses pages already mapped and in the cache instead of new ones each call."""
+    if post == 1:
+        return _EMPTY_I, torch.empty(0, dtype=dtype).numpy()
+    n_i, n_v = mod.line_scratch(nse, R, (R // post) * width)
+    kept = getattr(_LOCAL, "scratch", {}).get(dtype)
+    if kept is not None and kept[0].shape[0] >= n_i and kept[1].shape[0] >= n_v:
+        return kept
+    made = (np.empty(n_i, np.int64), torch.empty(n_v, dtype=dtype).numpy())
+    if (n_i + n_v) * 8 <= _KEEP:
+        if not hasattr(_LOCAL, "scratch"):
+            _LOCAL.scratch = {}
+        _LOCAL.scratch[dtype] = made
+    return made
 
 
 def rank_select(r, p, v, f, size: int, t: torch.Tensor):

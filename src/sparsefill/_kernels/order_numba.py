@@ -57,6 +57,14 @@ _RADIX = 256  # floating elements of a row past which a whole row's are radix so
 _KMAX = 0x7FFFFFFFFFFFFFFF
 
 
+def line_scratch(nse: int, R: int, L: int) -> tuple:
+    """``(int64 elements, value elements)`` of the scratch :func:`head_rows` writes line by line
+    (``nse`` stored elements in ``R`` rows, ``L`` output lines): events (slots, positions, rows;
+    values), the count per line, then the events in line order."""
+    cap = 2 * nse + R + 1
+    return 5 * cap + 2 * L + 1, 2 * cap
+
+
 if numba is not None:
 
     @njit(inline="always")
@@ -362,13 +370,15 @@ if numba is not None:
 
     @njit(nogil=True, cache=True)
     def head_rows(
-        offs, order, p, v, f, size, width, post, desc, out_v, out_p, radix=False
+        offs, order, p, v, f, size, width, post, desc, out_v, out_p, wi, wv, radix=False
     ):  # pragma: no cover
         """:func:`sort_head` of rows given grouped, one fill ``f[0]``: row ``j``'s stored elements
         are ``order[offs[j]:offs[j + 1]]`` (ascending position); the output ``(R // post, width,
         post)`` written in its own order.  ``post == 1``: row by row; else the rows' events
         bucketed by output line ``(r // post, s)`` and every line written once: the implied
-        slots as a fill and the previous line's positions plus one, then its events."""
+        slots as a fill and the previous line's positions plus one, then its events, kept in the
+        caller's scratch ``wi`` (int64) and ``wv`` (values' dtype) of :func:`line_scratch`
+        elements."""
         R = offs.shape[0] - 1
         if width == 0:
             return
@@ -377,14 +387,21 @@ if numba is not None:
         if width == size:  # (a whole sort: see _sort_full, _sort_lines)
             ix = np.empty(nmax, np.int64)
             tmp = np.empty(nmax, np.int64)
-            _sort_whole(offs, order, p, v, fr, size, post, desc, ix, tmp, out_v, out_p, radix)
+            if post == 1:
+                _sort_full(offs, order, p, v, fr, size, desc, ix, tmp, out_v, out_p, radix)
+            else:
+                _sort_lines(
+                    offs, order, p, v, fr, size, post, desc, ix, tmp, out_v, out_p, wi, wv, radix
+                )
             return
         # (index buffers of the longest row; a short head needs them only for the stored
         # behind the fill: made when a row first does)
         ix = np.empty(nmax if width > _TOP else 0, np.int64)
         tmp = np.empty(ix.shape[0], np.int64)
         if width > _TOP and post > 1:
-            _head_lines(offs, order, p, v, fr, size, width, post, desc, ix, tmp, out_v, out_p)
+            _head_lines(
+                offs, order, p, v, fr, size, width, post, desc, ix, tmp, out_v, out_p, wi, wv
+            )
             return
         if width > _TOP and 2 * width > size:  # (most of every row: see _head_long)
             _head_long(offs, order, p, v, fr, size, width, desc, ix, tmp, out_v, out_p)
@@ -477,16 +494,6 @@ if numba is not None:
         for j in range(offs.shape[0] - 1):
             n = max(n, offs[j + 1] - offs[j])
         return n
-
-    @njit(nogil=True, cache=True)
-    def _sort_whole(
-        offs, order, p, v, fr, size, post, desc, ix, tmp, out_v, out_p, radix
-    ):  # pragma: no cover
-        """:func:`head_rows` of whole rows: row by row (``post == 1``) or line by line."""
-        if post == 1:
-            _sort_full(offs, order, p, v, fr, size, desc, ix, tmp, out_v, out_p, radix)
-        else:
-            _sort_lines(offs, order, p, v, fr, size, post, desc, ix, tmp, out_v, out_p, radix)
 
     @njit(nogil=True, cache=True)
     def _sort_full(
@@ -690,21 +697,16 @@ if numba is not None:
 
     @njit(nogil=True, cache=True)
     def _sort_lines(
-        offs, order, p, v, fr, size, post, desc, ix, tmp, out_v, out_p, radix
+        offs, order, p, v, fr, size, post, desc, ix, tmp, out_v, out_p, wi, wv, radix
     ):  # pragma: no cover
         """:func:`head_rows` of whole rows (a sort) across a strided output (``post > 1``), line
         by line as :func:`_head_lines`: each row's events made at their final slots (the stored
         ahead of the fill counted first; a few inserted in sorted order among the events
         themselves) and counted by line as they are made."""
         R = offs.shape[0] - 1
-        cap = 2 * order.shape[0] + R + 1
-        ev_s = np.empty(cap, np.int64)
-        ev_v = np.empty(cap, v.dtype)
-        ev_p = np.empty(cap, np.int64)
-        ev_r = np.empty(cap, np.int64)
-        iy = np.empty(ix.shape[0], np.int64)
         L = (R // post) * size
-        start = np.zeros(L + 1, np.int64)
+        ev_s, ev_v, ev_p, ev_r, start = _events(wi, wv, order.shape[0], R, L)
+        iy = np.empty(ix.shape[0], np.int64)
         # (the rows' elements come in another order than stored: one sequential pass over the
         # values and positions brings them to the cache before the reads out of order, whose
         # cache misses would each stall)
@@ -786,7 +788,18 @@ if numba is not None:
                 ev_s[j] = h0 + j
                 ev_r[j] = col
                 start[h0 + j + 1] += 1
-        _write_lines(ev_s[:ne], ev_v, ev_p, ev_r, start, fr, size, post, out_v, out_p)
+        _write_lines(
+            ev_s[:ne], ev_v, ev_p, ev_r, start, fr, size, post, out_v, out_p, wi, wv, ev_s.shape[0]
+        )
+
+    @njit(cache=True)
+    def _events(wi, wv, nse, R, L):
+        """The event buffers carved from the scratch (:func:`line_scratch`): slots, values,
+        positions and rows of up to ``2 nse + R + 1`` events, and the count per line zeroed."""
+        cap = 2 * nse + R + 1
+        start = wi[3 * cap : 3 * cap + L + 1]
+        start[:] = 0
+        return wi[:cap], wv[:cap], wi[cap : 2 * cap], wi[2 * cap : 3 * cap], start
 
     @njit(cache=True)
     def _touch(p, v):
@@ -800,21 +813,23 @@ if numba is not None:
         return acc
 
     @njit(cache=True)
-    def _write_lines(ev_s, ev_v, ev_p, ev_r, start, fr, width, post, out_v, out_p):
+    def _write_lines(ev_s, ev_v, ev_p, ev_r, start, fr, width, post, out_v, out_p, wi, wv, cap):
         """Every output line ``(r // post, s)`` of ``out_v``/``out_p`` written once: the fill and
         the previous line's positions plus one (0 on a first line), then the events of the line
         (``ev_s``: their lines; ``start``: the number of events of each line before it, a
-        count per line shifted by one on entry)."""
+        count per line shifted by one on entry; the events moved into line order in the rest of
+        the scratch ``wi``/``wv`` of :func:`_events`, for ``cap`` events)."""
         L = start.shape[0] - 1
         ne = ev_s.shape[0]
         for j in range(L):
             start[j + 1] += start[j]
-        # (the events moved into line order: read in order below; the buffers zeroed first, in
-        # order, to have them in the cache before the writes out of order)
-        at = start[:-1].copy()
-        sr = np.zeros(ne, np.int64)
-        sv = np.zeros(ne, ev_v.dtype)
-        sp = np.zeros(ne, np.int64)
+        # (the events moved into line order: read in order below)
+        o = 3 * cap + L + 1
+        at = wi[o : o + L]
+        at[:] = start[:-1]
+        sr = wi[o + L : o + L + ne]
+        sp = wi[o + L + cap : o + L + cap + ne]
+        sv = wv[cap : cap + ne]
         for e in range(ne):
             j = at[ev_s[e]]
             at[ev_s[e]] += 1
@@ -840,16 +855,13 @@ if numba is not None:
 
     @njit(nogil=True, cache=True)
     def _head_lines(
-        offs, order, p, v, fr, size, width, post, desc, ix, tmp, out_v, out_p
+        offs, order, p, v, fr, size, width, post, desc, ix, tmp, out_v, out_p, wi, wv
     ):  # pragma: no cover
         """:func:`head_rows` through events, line by line (a long head across a strided
         output)."""
         R = offs.shape[0] - 1
-        cap = 2 * order.shape[0] + R + 1
-        ev_s = np.empty(cap, np.int64)
-        ev_v = np.empty(cap, v.dtype)
-        ev_p = np.empty(cap, np.int64)
-        ev_r = np.empty(cap, np.int64)
+        L = (R // post) * width
+        ev_s, ev_v, ev_p, ev_r, start = _events(wi, wv, order.shape[0], R, L)
         iy = np.empty(ix.shape[0], np.int64)
         ne = 0
         for row in range(R):
@@ -929,8 +941,8 @@ if numba is not None:
                     ev_p[ne] = p[iy[j]]
                     ev_r[ne] = col
                     ne += 1
-        L = (R // post) * width
-        start = np.zeros(L + 1, np.int64)
         for e in range(ne):
             start[ev_s[e] + 1] += 1
-        _write_lines(ev_s[:ne], ev_v, ev_p, ev_r, start, fr, width, post, out_v, out_p)
+        _write_lines(
+            ev_s[:ne], ev_v, ev_p, ev_r, start, fr, width, post, out_v, out_p, wi, wv, ev_s.shape[0]
+        )

@@ -522,6 +522,27 @@ def test_sort_into_out_tensors_on_each_backend(backend, layout):
                 assert torch.equal(strided[1], ref.indices)
 
 
+def test_strided_sorts_of_other_sizes_reuse_the_kernels_scratch():
+    """The line-by-line kernels keep their scratch between calls: a larger call, then smaller
+    ones (a buffer longer than they need), then a larger one again, each as dense."""
+    from sparsefill import segment
+
+    if not segment.compiled_available():
+        pytest.skip("needs numba (the compiled kernels)")
+    with segment.use_backend("numba"):
+        for shape, p, width in (((60, 50), 0.3, None), ((7, 5), 0.5, 3), ((90, 80), 0.2, 70)):
+            A, x = make(shape, 0.25, 0, "coo", p=p, seed=shape[0])
+            ref = stable_sort(x, 0, False)
+            if width is None:
+                got = torch.sort(A, 0)
+                assert torch.equal(got.values, ref.values)
+                assert torch.equal(got.indices, ref.indices)
+            else:
+                got = torch.topk(A, width, 0, largest=False)
+                assert torch.equal(got.values, ref.values[:width])
+                assert torch.equal(got.indices, ref.indices[:width])
+
+
 def test_stored_values_equal_to_the_fill_sit_in_its_run():
     """A stored element equal to the fill (a stored -0.0 beside a fill of 0.0, a stored 0.0) takes
     its place in the fill's run by position; rows with nothing stored around it."""
