@@ -823,13 +823,17 @@ if numba is not None:
         ne = ev_s.shape[0]
         for j in range(L):
             start[j + 1] += start[j]
-        # (the events moved into line order: read in order below)
+        # (the events moved into line order: read in order below; the buffers zeroed first, in
+        # order, to have them in the cache before the writes out of order)
         o = 3 * cap + L + 1
         at = wi[o : o + L]
         at[:] = start[:-1]
         sr = wi[o + L : o + L + ne]
         sp = wi[o + L + cap : o + L + cap + ne]
         sv = wv[cap : cap + ne]
+        sr[:] = 0
+        sp[:] = 0
+        sv[:] = 0
         for e in range(ne):
             j = at[ev_s[e]]
             at[ev_s[e]] += 1
