@@ -1,6 +1,7 @@
 """``out=`` over PyTorch's OpInfo database: every op that supports ``out=`` called with dense
 outputs on a SparseTensor input gives dense torch's result in those outputs, returns them, and is
-native wherever the op without ``out=`` is native on the same sample::
+native wherever the op without ``out=`` is native on the same sample; SparseTensor outputs take
+the same result::
 
     op(A, ..., out=o) is o      and      o == op(A.to_dense(), ...)
 """
@@ -42,16 +43,25 @@ def _one(op, sample, variant) -> str:
     _, functional_densifies = _densified(lambda: op(s_in, *s_args, **s_kw))
     outs = tree_map(torch.empty_like, ref)
     got, densifies = _densified(lambda: op(s_in, *s_args, **s_kw, out=outs))
+    _written(op, (d_in, d_args, d_kw), ref, returns, got, outs)
+    assert functional_densifies or not densifies, "native without out=, densified with it"
+    # SparseTensor outputs (of the result's shapes: theirs are fixed) take the result
+    outs = tree_map(lambda t: sparsefill.to_sparse(torch.zeros_like(t)), ref)
+    _written(op, (d_in, d_args, d_kw), ref, returns, op(s_in, *s_args, **s_kw, out=outs), outs)
+    return "densify" if densifies else "native"
+
+
+def _written(op, dense, ref, returns, got, outs) -> None:
+    """``outs`` hold ``ref`` (dense torch's result) and ``got`` is them (nothing where dense
+    torch's ``out=`` form returns nothing)."""
     if returns is None:  # (ops whose out= form returns nothing: split_with_sizes_copy)
         assert got is None
     else:
         assert all(g is o for g, o in zip(tree_flatten(got)[0], tree_flatten(outs)[0], strict=True))
     if op.name in TIES:
-        _check_ties(op, (d_in, d_args, d_kw), outs, ref)
+        _check_ties(op, dense, _densify(outs), ref)
     else:
         torch.testing.assert_close(_densify(outs), ref, equal_nan=True)
-    assert functional_densifies or not densifies, "native without out=, densified with it"
-    return "densify" if densifies else "native"
 
 
 @pytest.mark.parametrize(

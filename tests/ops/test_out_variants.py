@@ -103,3 +103,28 @@ def test_out_list_output():
     assert torch.split_with_sizes_copy(A, [1, 3], 1, out=outs) is None
     for o, r in zip(outs, torch.split_with_sizes(x, [1, 3], 1), strict=True):
         torch.testing.assert_close(o, r)
+
+
+@pytest.mark.parametrize("layout", [torch.sparse_coo, torch.sparse_csr], ids=["coo", "csr"])
+def test_sparse_out_takes_the_result(layout):
+    A, x = _A()
+    o = sparsefill.to_sparse(torch.zeros(3, 4), layout=layout)
+    assert torch.exp(A, out=o) is o
+    assert o.sparse_layout is layout
+    torch.testing.assert_close(o.to_dense(), x.exp())
+    s = sparsefill.to_sparse(torch.zeros(3))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", sparsefill.DensifyWarning)
+        torch.sum(A, 1, out=s)
+    torch.testing.assert_close(s.to_dense(), x.sum(1))
+    k = sparsefill.to_sparse(torch.zeros(6, 8))
+    torch.kron(A, torch.ones(2, 2), out=k)  # (a composite writing through a view of its output)
+    torch.testing.assert_close(k.to_dense(), torch.kron(x, torch.ones(2, 2)))
+
+
+def test_sparse_out_of_another_shape_is_refused():
+    A, _ = _A()
+    o = sparsefill.to_sparse(torch.zeros(5))
+    with pytest.raises(ValueError, match=r"keeps its shape \(5,\).*shape \(3,\)"):
+        torch.sum(A, 1, out=o)
+    assert o.to_dense().eq(0).all()

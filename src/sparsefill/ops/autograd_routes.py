@@ -296,7 +296,9 @@ def _sparse_sum_all(func, args, kwargs):
 def _matrix_rank_out(func, args, kwargs):
     """``torch.linalg.matrix_rank(A, ..., out=o)``: the rank computed, then written into ``o``."""
     o = kwargs.get("out")
-    if not isinstance(o, torch.Tensor) or isinstance(o, SparseTensor):
+    if not isinstance(o, SparseTensor) and (
+        not isinstance(o, torch.Tensor) or o.layout is not torch.strided
+    ):
         return NotImplemented
     write_out(o, func(*args, **{k: v for k, v in kwargs.items() if k != "out"}))
     return o

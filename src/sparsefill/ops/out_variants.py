@@ -10,9 +10,9 @@ the desired output type Long``), its resize warning for a non-empty output of an
 op whose kernel can write the outputs itself registers a handler for its ``out=`` overload (``sort``
 does: no second buffer), which returns NotImplemented to leave the other cases to this rule.
 
-Outputs that are SparseTensors (or torch sparse tensors) are left to the densify fallback (which
-writes them back re-specified against their fill), as is an op whose functional overload
-decomposes into the ``out=`` overload again.
+A SparseTensor output takes the result as ``copy_`` gives it (its shape is fixed: another shape is
+a ValueError).  An op whose functional overload decomposes into the ``out=`` overload again is left
+to the densify fallback.
 """
 
 from __future__ import annotations
@@ -52,9 +52,9 @@ def functional_of(func):
 
 
 def out_call(func, args, kwargs, compute):
-    """``func`` (an ``out=`` overload, dense outputs) as its functional overload computed by
-    ``compute`` and written into the outputs; NotImplemented where it is not one, or an output
-    is a SparseTensor."""
+    """``func`` (an ``out=`` overload) as its functional overload computed by ``compute`` and
+    written into the outputs; NotImplemented where it is not one, or an output is a torch sparse
+    tensor."""
     plan = functional_of(func)
     if plan is None:
         return NotImplemented
@@ -63,7 +63,7 @@ def out_call(func, args, kwargs, compute):
         return NotImplemented
     outs = [kwargs[n] for n in names]
     active = _active()
-    if func._op in active or not all(map(_dense, tree_flatten(outs)[0])):
+    if func._op in active or not all(map(_writable, tree_flatten(outs)[0])):
         return NotImplemented
     rest = {k: v for k, v in kwargs.items() if k not in names}
     _check(func, args, rest, names, outs)
@@ -82,8 +82,9 @@ def out_call(func, args, kwargs, compute):
     return outs[0] if len(outs) == 1 else tuple(outs)
 
 
-def _dense(o) -> bool:
-    return isinstance(o, torch.Tensor) and not isinstance(o, SparseTensor) and o.layout is _STRIDED
+def _writable(o) -> bool:
+    """A dense tensor or a SparseTensor (a torch sparse tensor: the densify fallback refuses it)."""
+    return isinstance(o, SparseTensor) or isinstance(o, torch.Tensor) and o.layout is _STRIDED
 
 
 _STRIDED = torch.strided
@@ -103,8 +104,13 @@ def _check(func, args, rest, names, outs) -> None:
     def meta(t):
         return meta_of(t) if isinstance(t, SparseTensor) else torch.empty_like(t, device="meta")
 
+    def meta_out(t):  # (written: strides of its own, not a broadcast one)
+        if isinstance(t, SparseTensor):
+            return torch.empty(t.shape, dtype=t.dtype, device="meta")
+        return torch.empty_like(t, device="meta")
+
     margs, mrest = tree_map_only(torch.Tensor, meta, (args, rest))
-    mouts = tree_map_only(torch.Tensor, meta, dict(zip(names, outs)))
+    mouts = tree_map_only(torch.Tensor, meta_out, dict(zip(names, outs)))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # (the resize warning comes from the real output)
         try:
@@ -114,7 +120,16 @@ def _check(func, args, rest, names, outs) -> None:
 
 
 def write_out(o: torch.Tensor, r: torch.Tensor) -> None:
-    """``r`` into the output ``o``, resized as torch resizes an output."""
+    """``r`` into the output ``o``, resized as torch resizes an output (a SparseTensor output,
+    whose shape is fixed, takes ``r``'s pattern and fill through ``copy_``)."""
+    if isinstance(o, SparseTensor):
+        if o.shape != r.shape:
+            raise ValueError(
+                f"out=: a SparseTensor output keeps its shape {tuple(o.shape)}, but the result "
+                f"has shape {tuple(r.shape)}: pass an output of that shape, or a dense one"
+            )
+        o.copy_(r)
+        return
     if o.device != r.device:
         raise RuntimeError(
             f"Expected out tensor to be on device {r.device}, but it is on device {o.device}"

@@ -79,6 +79,10 @@ class View(NamedTuple):
     state: Any
 
 
+# a view whose schema does not say so (torch's composites write through it: kron's out=)
+_UNSAFE_VIEW = torch.ops.aten._unsafe_view.default
+
+
 def around(func, args, kwargs, call):
     """Around every dispatched call: views among the operands catch up with their bases, the
     SparseTensor outputs of a view op remember their base (:func:`track`), and a write to a view
@@ -95,7 +99,7 @@ def around(func, args, kwargs, call):
     # (in-place ops replace, never mutate)
     before = [{k: getattr(A, k) for k in _STATE[:-1]} for A in written]
     out = call(func, args, kwargs)
-    if func.is_view and isinstance(args[0], SparseTensor):
+    if (func.is_view or func is _UNSAFE_VIEW) and isinstance(args[0], SparseTensor):
         track(out, func, args, kwargs)
     for A, state in zip(written, before):
         try:

@@ -211,3 +211,14 @@ def test_set_fill_value_copies_and_writes_through_views():
     B = sparsefill.to_sparse(x, fill_value=1.5)
     B.t().set_fill_value_(0.0)
     torch.testing.assert_close(B.to_dense(), torch.tensor([[1.0, 0.0], [0.0, 2.0]]))
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_unsafe_view_is_a_view(layout):
+    """``aten._unsafe_view`` (a view whose schema does not say so; torch's composites write
+    through it: ``kron``'s ``out=``) writes through to its base, as ``view`` does."""
+    A, d = _pair(layout)
+    V = torch.ops.aten._unsafe_view(A, (2, 6))
+    V.add_(1)
+    d.view(2, 6).add_(1)
+    torch.testing.assert_close(A.to_dense(), d)
