@@ -120,6 +120,17 @@ def _softmax(func, args, kwargs):
     return dense
 
 
+@register(aten._safe_softmax.default)
+def _safe_softmax(func, args, kwargs):
+    """``_safe_softmax(A, dim, dtype)`` (the softmax of torch's attention math path): the softmax,
+    0 on the slices whose elements are all ``-inf`` (where the softmax is NaN), from native ops."""
+    A, dim = args[0], args[1]
+    dtype = args[2] if len(args) > 2 else kwargs.get("dtype")
+    out = torch.softmax(A, dim, dtype=dtype)
+    masked = torch.all(A.eq(float("-inf")), dim, keepdim=True)
+    return torch.where(masked, torch.zeros((), dtype=out.dtype, device=out.device), out)
+
+
 @register(aten._sparse_softmax.default, aten._sparse_log_softmax.default)
 def _sparse_softmax(func, args, kwargs):
     """``torch.sparse.softmax(A, d) == torch.softmax(A.to_dense(), d)`` (log_softmax alike).

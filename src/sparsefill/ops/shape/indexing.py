@@ -234,9 +234,16 @@ def _slice_backward(func, args, kwargs):
     )
 
 
-@register(aten.split.Tensor, aten.split_with_sizes.default, aten.unbind.int)
+@register(
+    aten.split.Tensor,
+    aten.split_with_sizes.default,
+    aten.unsafe_split.Tensor,
+    aten.unsafe_split_with_sizes.default,
+    aten.unbind.int,
+)
 def _split(func, args, kwargs):
-    """Pieces along ``dim``: slices (split, split_with_sizes) or selects (unbind)."""
+    """Pieces along ``dim``: slices (split, split_with_sizes; their ``unsafe_`` forms, whose
+    pieces are no views: no write goes through) or selects (unbind)."""
     A = args[0]
     dim = (
         (args[2] if len(args) > 2 else kwargs.get("dim", 0))
