@@ -388,6 +388,30 @@ def test_diagonal_of_hybrid_tensors(layout, dd):
 
 
 @pytest.mark.parametrize("layout,dd", KINDS, ids=IDS)
+@pytest.mark.parametrize("fill", [0.0, 0.5])
+def test_diag_embed_stores_the_diagonal_only(layout, dd, fill):
+    """diag_embed: fill 0 and the new diagonal's elements stored (the stored ones for a zero fill,
+    every one for another), forward and backward as dense."""
+    x = X.clone()
+    x[x == 0.5] = fill
+    A = sparsefill.to_sparse(x, fill_value=fill, layout=layout, dense_dim=dd)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", sparsefill.DensifyWarning)
+        for offset, d1, d2 in [(0, -2, -1), (1, 0, 1), (-2, 3, 1), (0, 2, 0)]:
+            out = torch.diag_embed(A, offset, d1, d2)
+            assert out.fill_value().item() == 0
+            stored = A.numel() if fill else A.values().numel()
+            assert out._nnz() <= stored
+            torch.testing.assert_close(out.to_dense(), torch.diag_embed(x, offset, d1, d2))
+    L = A.detach().requires_grad_()
+    w = torch.randn(torch.diag_embed(x).shape, dtype=x.dtype)
+    (torch.diag_embed(L) * w).sum().backward()
+    xl = x.clone().requires_grad_()
+    (torch.diag_embed(xl) * w).sum().backward()
+    torch.testing.assert_close(L.grad.to_dense(), xl.grad)
+
+
+@pytest.mark.parametrize("layout,dd", KINDS, ids=IDS)
 def test_gather_masked_select_and_nonzero(layout, dd):
     """gather/take_along_dim read stored values or the fill at the index's coordinates; masked_select is A[mask]
     (broadcast); nonzero of a zero-fill tensor lists the stored nonzeros."""

@@ -1,4 +1,4 @@
-"""Matrices by their diagonals: ``tril``, ``triu``, ``diagonal`` and ``trace``::
+"""Matrices by their diagonals: ``tril``, ``triu``, ``diagonal``, ``diag_embed`` and ``trace``::
 
     op(A).to_dense() == op(A.to_dense())
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from sparsefill._kernels import index as _index
-from sparsefill._tensor.parts import parts_to_sparse
+from sparsefill._tensor.parts import dense_of, parts_to_sparse
 from sparsefill._tensor.policy import check_specify
 from sparsefill.ops._schema import check_dtype, meta_of, probe_of
 from sparsefill.ops.registry import register
@@ -120,6 +120,40 @@ def _diagonal(func, args, kwargs):
         n = len(shape)
         out = out.permute(list(range(len(rest))) + list(range(len(rest) + 1, n)) + [len(rest)])
     return out
+
+
+@register(aten.diag_embed.default)
+def _diag_embed(func, args, kwargs):
+    """The last dim of ``A`` (``n``) on the diagonal ``offset`` of the new dims ``dim1, dim2``
+    (``n + |offset|`` each), 0 off it: fill 0 and the diagonal's elements stored -- ``A``'s stored
+    ones, and for a nonzero fill every one (``numel(A)``: the diagonal is dense by nature, the
+    matrices are not); a hybrid ``A`` as its all-sparse form.  An indefinite fill: next stage."""
+    A = args[0]
+    offset = args[1] if len(args) > 1 else kwargs.get("offset", 0)
+    d1 = args[2] if len(args) > 2 else kwargs.get("dim1", -2)
+    d2 = args[3] if len(args) > 3 else kwargs.get("dim2", -1)
+    meta = func(meta_of(A), offset, d1, d2)  # torch's errors and the result's shape
+    if A._indefinite or A.dim() == 0:
+        return NotImplemented
+    if A.dense_dim():
+        from sparsefill.ops.shape.reshape import all_sparse
+
+        return _diag_embed(func, (all_sparse(A), offset, d1, d2), {})
+    n = meta.dim()
+    d1, d2 = d1 % n, d2 % n
+    idx, vals, _ = _parts(A)
+    if not A._fill_is_zero():
+        check_specify("diag_embed of a tensor with a nonzero fill", A.numel(), A.element_size())
+        vals = dense_of(A).reshape(-1)
+        idx = _index.unravel(torch.arange(vals.numel(), device=idx.device), A.shape)
+    *batch, last = idx
+    rows, cols = (last, last + offset) if offset >= 0 else (last - offset, last)
+    new = [None] * n
+    new[d1], new[d2] = rows, cols
+    rest = iter(batch)
+    new = torch.stack([next(rest) if t is None else t for t in new]) if n else idx
+    zero = torch.zeros((), dtype=A.dtype, device=vals.device)
+    return parts_to_sparse(new, vals, meta.shape, zero, known_zero=True).coalesce()
 
 
 @register(aten.trace.default)
