@@ -210,3 +210,39 @@ def data_matrix_mm(param):
 
     hand = grad_of(lambda: torch.zeros(n, COLS).index_add_(0, rows, vals[:, None] * W[cols]))
     return [("sparsefill", grad_of(lambda: X @ W)), ("hand-written gather + index_add_", hand)]
+
+
+def _same_distances(param, out):
+    ref = out["hand-written norms + torch.sparse.mm"]
+    for label, d in out.items():
+        torch.testing.assert_close(d, ref, rtol=1e-3, atol=1e-3, msg=lambda m: f"{label}: {m}")
+
+
+@case(
+    "data matrix: torch.cdist(X, C), 16 centroids (k-means assignment)",
+    sizes=DATA_SIZES,
+    quick_sizes=DATA_QUICK,
+    check=_same_distances,
+)
+def data_matrix_cdist(param):
+    """The distances of every row of a constant sparse ``X`` to 16 dense centroids (a k-means
+    assignment step: ``torch.cdist(X, C)``, the matrix product form, ``ops/linalg/distance.py``)
+    against the same written by hand on torch's native CSR (``|x|² + |c|² - 2 X C^T`` with
+    ``torch.sparse.mm``).  Dense ``torch.cdist`` would need ``X``'s 40 GB dense form at the full
+    size."""
+    (n, k), density = param
+    X, rows, cols, vals = _data_matrix((n, k), density)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # (torch: CSR support is in beta)
+        Xcsr = torch.sparse_csr_tensor(X.crow_indices(), X.col_indices(), X.values(), (n, k))
+    C = torch.randn(16, k, generator=torch.Generator().manual_seed(3))
+    sq = torch.zeros(n).index_add_(0, rows, vals * vals)[:, None]
+
+    def hand():
+        d2 = sq + (C * C).sum(1) - 2 * torch.sparse.mm(Xcsr, C.T)
+        return d2.clamp_min_(1e-30).sqrt_()
+
+    return [
+        ("sparsefill", lambda: torch.cdist(X, C)),
+        ("hand-written norms + torch.sparse.mm", hand),
+    ]

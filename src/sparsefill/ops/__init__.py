@@ -19,7 +19,7 @@ from sparsefill.ops import core, fallback
 from sparsefill.ops.pointwise import foreach
 from sparsefill.ops.shape import indexing
 from sparsefill.ops.shape import diagonals, index_select, masked_index, rearrange
-from sparsefill.ops.linalg import product
+from sparsefill.ops.linalg import distance, product
 from sparsefill.ops.losses import losses, margin
 from sparsefill.ops.reductions import norm_layers
 from sparsefill.ops.reductions import softmax
@@ -38,6 +38,7 @@ __all__ = [
     "concat",
     "coords",
     "core",
+    "distance",
     "diagonals",
     "fallback",
     "foreach",
