@@ -93,15 +93,15 @@ def test_cdist_with_a_nonfinite_fill_is_dense_torchs(fill):
 
 @pytest.mark.parametrize("fill", [0.0, 0.7])
 def test_cdist_gradients_of_the_matrix_product_form(fill):
-    """The euclidean form's gradients (more than 25 rows): of the stored values and of the dense
-    operand, as dense torch's; the direct form's for the dense operand."""
+    """The euclidean form's gradients (more than 25 rows): of the stored values (the products'
+    backward on the pattern: no dense matrix of ``A`` formed) and of the dense operand, as dense
+    torch's; the direct form's for the dense operand."""
     A, x = _data(60, 12, fill, torch.float64)
     idx = A.indices()
     X = torch.randn(5, 12, dtype=torch.float64)
     W = torch.randn(60, 5, dtype=torch.float64)
     v, Xs = A.values().clone().requires_grad_(), X.clone().requires_grad_()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", sparsefill.DensifyWarning)
+    with sparsefill.densify_policy("raise", limit_bytes=60 * 12 * 8 - 1):
         S = sparsefill.sparse_coo_tensor(idx, v, x.shape, fill_value=fill)
         (torch.cdist(S, Xs) * W).sum().backward()
     xd, Xd = x.clone().requires_grad_(), X.clone().requires_grad_()

@@ -15,8 +15,8 @@ euclidean form of torch's matrix-product path (``_euclidean_dist``: more than 25
 (``N x K``) is dense by nature; neither form builds ``A``'s dense matrix.  A batched, indefinite or
 ``p = inf`` call, one with both operands SparseTensors, or an inf or NaN in the fill or the
 dense operand takes the next stage.  The backward: through ``torch.cdist`` the forms' own ops
-carry it (exact; the euclidean form's still forms one ``N x D`` temporary, under the densify
-policy); the aten forms' is torch's formula (a dense gradient of ``A``, under the policy).
+carry it (the euclidean form's: the products' backward on the pattern); the aten forms' is
+torch's formula (a dense gradient of ``A``, under the densify policy).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from sparsefill._tensor.parts import coalesced_parts
 from sparsefill._tensor.tensor import SparseTensor
 from sparsefill.ops._schema import meta_of
 from sparsefill.ops.autograd_routes import register_route
+from sparsefill.ops.linalg.backward import _matmul
 from sparsefill.ops.registry import register
 
 aten = torch.ops.aten
@@ -131,7 +132,7 @@ def euclidean(A: SparseTensor, X: torch.Tensor) -> torch.Tensor:
     """``(N, K)``: ``sqrt(max(|a_i|² + |x_k|² - 2 a_i·x_k, 1e-30))``, torch's matrix-product
     form, from ``A``'s ops (``A @ X^T``: its sparse backward)."""
     na = _row_norms(A)
-    dot = A @ X.mT
+    dot = _product(A, X.mT)
     dot = dot.to_dense() if isinstance(dot, SparseTensor) else dot
     nx = (X * X).sum(-1, keepdim=True).mT
     if dot.requires_grad:
@@ -140,13 +141,20 @@ def euclidean(A: SparseTensor, X: torch.Tensor) -> torch.Tensor:
     return dot.mul_(-2).add_(na).add_(nx).clamp_min_(1e-30).sqrt_()
 
 
+def _product(A: SparseTensor, X: torch.Tensor) -> torch.Tensor:
+    """``A @ X`` through the matrix products' autograd route where it applies (a route runs with
+    ``__torch_function__`` off: called directly), else the op."""
+    out = _matmul(A, X)
+    return A @ X if out is NotImplemented else out
+
+
 def _row_norms(A: SparseTensor) -> torch.Tensor:
     """``(N, 1)``: ``|a_i|²``, kept while ``A``'s pattern, values and fill are unchanged (the
     rows of a data matrix measured against new centroids each step) unless ``A`` needs a
     gradient."""
 
     def compute():  # (a product with ones: its backward is on the pattern, as A @ X^T's)
-        n = (A * A) @ torch.ones(A.shape[-1], 1, dtype=A.dtype, device=A.device)
+        n = _product(A * A, torch.ones(A.shape[-1], 1, dtype=A.dtype, device=A.device))
         return n.to_dense() if isinstance(n, SparseTensor) else n
 
     if A.requires_grad and torch.is_grad_enabled():
