@@ -101,13 +101,6 @@ DECLARED_BACKWARD = {
         "raises ValueError (the masked-out elements have no value to draw for)",
         ("indefinite",),
     ),
-    "cdist": (
-        "the forward is native (ops/linalg/distance.py); the backward is still torch's formula "
-        "(_cdist_backward, _euclidean_dist_backward), whose gradient of the SparseTensor operand is "
-        "dense, formed under the densify policy: a defect to fix (the gradient has a closed form "
-        "over the pattern and the unspecified count, not written yet)",
-        ("coo", "csr", "hybrid"),
-    ),
     "mode": (
         "torch.mode's CPU kernel sorts each slice with `<`, which does not order NaN: with a NaN "
         "fill, which element it selects (so where the gradient goes) depends on where the NaNs "

@@ -113,3 +113,31 @@ def test_cdist_gradients_of_the_matrix_product_form(fill):
     (torch.cdist(A, Xs, 3.0, compute_mode=mode) * W).sum().backward()
     (torch.cdist(x, Xd, 3.0, compute_mode=mode) * W).sum().backward()
     torch.testing.assert_close(Xs.grad, Xd.grad)
+
+
+@pytest.mark.parametrize("fill", [0.0, 0.7])
+@pytest.mark.parametrize("p", [0.0, 0.5, 1.0, 2.0, 3.0])
+@pytest.mark.parametrize("dense_dim", [0, 1])
+def test_cdist_gradients_of_the_direct_form(fill, p, dense_dim):
+    """The direct form's gradients (few rows, or ``p != 2``): of the stored values and of a fill
+    that is a leaf too (summed over the unspecified elements), and of the dense operand, as dense
+    torch's, with no dense matrix of ``A`` formed; a hybrid ``A``'s stored rows whole."""
+    A, x = _data(20, 9, fill, torch.float64, seed=4)
+    x[3, 2] = 0.25  # (a stored element equal to a centroid's: u(0) = 0)
+    A = sparsefill.to_sparse(x, fill_value=fill, dense_dim=dense_dim)
+    idx, W = A.indices(), torch.randn(20, 4, dtype=torch.float64)
+    X = torch.randn(4, 9, dtype=torch.float64)
+    X[1, 2] = 0.25
+    f0 = A.fill_value().to(torch.float64)
+    v, f, Xs = (t.clone().requires_grad_() for t in (A.values(), f0, X))
+    mode = "donot_use_mm_for_euclid_dist"
+    with sparsefill.densify_policy("raise", limit_bytes=20 * 9 * 8 - 1):
+        S = sparsefill.sparse_coo_tensor(idx, v, x.shape, fill_value=f)
+        (torch.cdist(S, Xs, p, compute_mode=mode) * W).sum().backward()
+    xd, Xd = x.clone().requires_grad_(), X.clone().requires_grad_()
+    (torch.cdist(xd, Xd, p, compute_mode=mode) * W).sum().backward()
+    torch.testing.assert_close(Xs.grad, Xd.grad)
+    torch.testing.assert_close(v.grad, xd.grad[tuple(idx)])
+    unspecified = torch.ones(x.shape[: 2 - dense_dim], dtype=torch.bool)
+    unspecified[tuple(idx)] = False
+    torch.testing.assert_close(f.grad, xd.grad[unspecified].sum(0))

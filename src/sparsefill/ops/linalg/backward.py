@@ -351,15 +351,24 @@ def pattern_grad(A: SparseTensor, U: torch.Tensor, V: torch.Tensor) -> SparseTen
     """The gradient of ``A`` for the dense gradient ``U @ V^T`` (never formed), as a SparseTensor of
     ``A``'s pattern and layout: exact at the pattern, the mean of the rest as its fill."""
     idx, gv = _sampled(A, U, V)
-    if A._indefinite:
-        fill, zero = gv.new_zeros(()), True
-    else:
+    rest = None
+    if not A._indefinite:
         if traced():  # no data read: the branch-free exact sum
             rest = _rest_counted(A, U, V)
         else:
             rest = _total(A, U, V).reshape(A._dense_shape) - gv.sum(0)
             if not bool(torch.isfinite(rest).all()):  # an inf or NaN in U or V: inf - inf
                 rest = _rest_nonfinite(A, idx, U, V)
+    return gradient_on_pattern(A, idx, gv, rest)
+
+
+def gradient_on_pattern(A: SparseTensor, idx, gv: torch.Tensor, rest) -> SparseTensor:
+    """``A``'s gradient as a SparseTensor of its pattern and layout: ``gv`` at the stored
+    elements ``idx`` (coalesced order), the mean of ``rest`` (the gradient summed over the
+    unspecified elements; None for an indefinite fill) as its fill."""
+    if rest is None:
+        fill, zero = gv.new_zeros(()), True
+    else:
         n = _index.numel(A._sparse_shape) - idx.shape[1]
         fill, zero = (rest / n if n else torch.zeros_like(rest)), False
     # A's own index tensors: the constructor's backward reads the values as they are

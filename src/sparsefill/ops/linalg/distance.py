@@ -14,9 +14,8 @@ euclidean form of torch's matrix-product path (``_euclidean_dist``: more than 25
 ``sqrt(|a|² + |x|² - 2 a·x)`` with the product over the stored elements (``A @ X.T``).  The result
 (``N x K``) is dense by nature; neither form builds ``A``'s dense matrix.  A batched, indefinite or
 ``p = inf`` call, one with both operands SparseTensors, or an inf or NaN in the fill or the
-dense operand takes the next stage.  The backward: through ``torch.cdist`` the forms' own ops
-carry it (the euclidean form's: the products' backward on the pattern); the aten forms' is
-torch's formula (a dense gradient of ``A``, under the densify policy).
+dense operand takes the next stage.  The backward (through ``torch.cdist``) is as sparse: the
+euclidean form's products' on the pattern, the direct form's in closed form (:class:`PDistance`).
 """
 
 from __future__ import annotations
@@ -30,7 +29,8 @@ from sparsefill._tensor.parts import coalesced_parts
 from sparsefill._tensor.tensor import SparseTensor
 from sparsefill.ops._schema import meta_of
 from sparsefill.ops.autograd_routes import register_route
-from sparsefill.ops.linalg.backward import _matmul
+from sparsefill._autograd.functions import _pattern, refuse_vmap, sparse_inside
+from sparsefill.ops.linalg.backward import _matmul, gradient_on_pattern, pattern_grad_is_exact
 from sparsefill.ops.registry import register
 
 aten = torch.ops.aten
@@ -64,9 +64,10 @@ def _meta(func, x1, x2, *rest):
 @register_route(torch.cdist, always=True)
 def _cdist_route(func, args, kwargs):
     """``torch.cdist(x1, x2, p, compute_mode)`` with one 2-d SparseTensor operand: computed here,
-    past torch's batching reshapes (a view of ``A`` as ``(1, N, D)``); under autograd the forms'
-    own ops carry the gradient (the euclidean form's product: a sparse backward).  The direct form
-    with ``A`` needing a gradient declines (its differences are not ``A``'s ops)."""
+    past torch's batching reshapes (a view of ``A`` as ``(1, N, D)``).  Under autograd the
+    euclidean form's own ops carry the gradient (its products' backward on the pattern), the
+    direct form's is :class:`PDistance`'s; a leaf ``A`` (dense semantics: its gradient is dense by
+    nature) takes torch's path."""
     names = ("x1", "x2", "p", "compute_mode")
     got = dict(zip(names, args))
     if set(got) & set(kwargs) or set(kwargs) - set(names):
@@ -87,9 +88,14 @@ def _cdist_route(func, args, kwargs):
         or mode != "donot_use_mm_for_euclid_dist"
         and max(A.shape[0], X.shape[0]) > 25
     )
-    if not mm and A.requires_grad and torch.is_grad_enabled():
-        return NotImplemented
-    d = euclidean(A, X) if mm else p_distance(A, X, float(p))
+    if mm:
+        d = euclidean(A, X)
+    elif torch.is_grad_enabled() and (A.requires_grad or X.requires_grad):
+        if A.requires_grad and not pattern_grad_is_exact(A):  # (a leaf: dense semantics)
+            return NotImplemented
+        d = PDistance.apply(A, X, float(p))
+    else:
+        d = p_distance(A, X, float(p))
     return d.mT.contiguous() if swapped else d
 
 
@@ -201,3 +207,89 @@ def _correct(out, rows, cols, vals, f, X, p) -> torch.Tensor:
         delta = _powered(vals[s : s + step, None] - c, p) - _powered(f - c, p)
         out = out.index_add(0, rows[s : s + step], delta)
     return out
+
+
+class PDistance(torch.autograd.Function):
+    """:func:`p_distance` with its gradients as torch's cdist backward gives them, ``A``'s on its
+    pattern: with ``w_ik = G_ik / d_ik^(p-1)`` (0 where ``d_ik = 0``; ``G_ik`` for ``p = 1``)
+    and ``u(z) = sign(z) |z|^(p-1)`` (0 at ``z = 0``)::
+
+        dA_ij = Σ_k w_ik u(a_ij - x_kj)        dX_kj = -Σ_i w_ik u(a_ij - x_kj)
+
+    the unspecified elements' terms summed by the fill row's ``u(f - x_kj)`` less the stored
+    columns' (``O(nse K + D K)``; ``p = 0``: no gradient)."""
+
+    @staticmethod
+    def forward(A, X, p):
+        return p_distance(A, X, p)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        A, X, p = inputs
+        ctx.pattern, ctx.p = _pattern(A), p
+        ctx.save_for_backward(X, output)
+
+    vmap = staticmethod(lambda info, in_dims, *args: refuse_vmap("cdist"))
+
+    @staticmethod
+    def backward(ctx, G):
+        X, D = ctx.saved_tensors
+        P, p = ctx.pattern, ctx.p
+        G = sparse_inside(G)
+        if p == 0:
+            gA = gradient_on_pattern(P, *_zero_grads(P))
+            return gA if ctx.needs_input_grad[0] else None, torch.zeros_like(X), None
+        w = G if p == 1 else torch.where(D == 0, 0.0, G / D.pow(p - 1)).to(G.dtype)
+        idx, vals = coalesced_parts(P)
+        f = P._fill.to(P.dtype).expand(P._dense_shape)
+        uf = _slope(f - X, p)  # (K, D): the fill row's
+        Wk = w.sum(0)  # (K,)
+        if P.dense_dim():  # whole stored rows
+            gv, rest, gX = _row_grads(w, idx[0], vals, uf, X, p)
+            gA = gradient_on_pattern(P, idx, gv, rest) if ctx.needs_input_grad[0] else None
+            return gA, gX if ctx.needs_input_grad[1] else None, None
+        gv = vals.new_empty(vals.shape)
+        rest = (Wk * uf.sum(1)).sum()
+        gX = -(Wk[:, None] * uf)
+        K = X.shape[0]
+        step = max(1, _CHUNK // max(K, 1))
+        XT = X.mT
+        for s in range(0, vals.shape[0], step):
+            r, c = idx[0, s : s + step], idx[1, s : s + step]
+            xs = XT[c]  # (n, K)
+            ws = w[r]  # (n, K)
+            us, ufs = _slope(vals[s : s + step, None] - xs, p), _slope(f - xs, p)
+            gv[s : s + step] = (ws * us).sum(1)
+            rest = rest - (ws * ufs).sum()
+            gX.index_add_(1, c, -(ws * (us - ufs)).mT)
+        gA = gradient_on_pattern(P, idx, gv, rest) if ctx.needs_input_grad[0] else None
+        return gA, gX if ctx.needs_input_grad[1] else None, None
+
+
+def _row_grads(w, rows, V, uf, X, p) -> tuple:
+    """A hybrid ``A``'s gradients (its stored rows ``V`` whole): the stored rows', the
+    unspecified rows' summed (``(D,)``) and ``X``'s."""
+    ws = w[rows]  # (nr, K)
+    rest = (w.sum(0) - ws.sum(0)) @ uf  # (D,)
+    gX = -((w.sum(0) - ws.sum(0))[:, None] * uf)
+    gv = V.new_empty(V.shape)
+    step = max(1, _CHUNK // max(X.numel(), 1))
+    for s in range(0, V.shape[0], step):
+        u = _slope(V[s : s + step, None] - X, p)  # (n, K, D)
+        gv[s : s + step] = (ws[s : s + step, :, None] * u).sum(1)
+        gX -= (ws[s : s + step, :, None] * u).sum(0)
+    return gv, rest, gX
+
+
+def _slope(z: torch.Tensor, p: float) -> torch.Tensor:
+    """``u(z) = sign(z) |z|^(p-1)``, 0 at ``z = 0`` (torch's cdist backward per element)."""
+    if p == 1:
+        return torch.sign(z)
+    if p == 2:
+        return z
+    return torch.where(z == 0, 0.0, torch.sign(z) * z.abs().pow(p - 1)).to(z.dtype)
+
+
+def _zero_grads(P: SparseTensor) -> tuple:
+    idx, vals = coalesced_parts(P)
+    return idx, torch.zeros_like(vals), torch.zeros((), dtype=vals.dtype, device=vals.device)
