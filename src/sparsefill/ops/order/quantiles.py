@@ -36,7 +36,8 @@ from sparsefill.ops.autograd_routes import register_route
 from sparsefill.ops.linalg.backward import pattern_grad_is_exact
 from sparsefill.ops.reductions.backward import _on_pattern
 from sparsefill.ops.reductions.select_backward import select_grad
-from sparsefill.ops.order.sort import _nan, ranked
+from sparsefill.ops.order.masked_order import Masked, masked_take
+from sparsefill.ops.order.rows import _nan, ranked
 
 T = torch.Tensor
 _MODES = ("linear", "lower", "higher", "midpoint", "nearest")
@@ -77,7 +78,6 @@ def rank_math(q, n, nan, ignore_nan: bool, interpolation: str):
 def _masked_quantile(A, q, dim, keepdim, ignore_nan, interpolation, fn):
     """Over the stored elements of each slice only (an indefinite fill); a slice with none is
     unspecified."""
-    from sparsefill.ops.order.sort import Masked, masked_take
     from sparsefill._creation.constructors import sparse_coo_tensor
     from sparsefill._tensor.fill import indefinite
 

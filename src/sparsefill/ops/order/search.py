@@ -49,7 +49,7 @@ from sparsefill._tensor.parts import coalesced_parts, dense_of, parts_to_sparse,
 from sparsefill._tensor.policy import check_densify
 from sparsefill._tensor.tensor import SparseTensor
 from sparsefill.ops.registry import register
-from sparsefill.ops.order.sort import _nan, bind
+from sparsefill.ops.order.rows import _nan, bind
 
 aten = torch.ops.aten
 

@@ -34,6 +34,7 @@ from sparsefill.ops.autograd_routes import register_route
 from sparsefill.ops.linalg.backward import pattern_grad_is_exact
 from sparsefill.ops.reductions.backward import _FLOATS, _bind, _on_pattern
 from sparsefill.ops.reductions.select_backward import select_dense_grad, select_grad
+from sparsefill.ops.order.masked_order import kth_pick, masked_reduced, masked_sort, mode_pick
 
 T = torch.Tensor
 
@@ -133,8 +134,6 @@ class SparseOrder(torch.autograd.Function):
 def _masked(name, A, b):
     """The masked forms (an indefinite fill, a sparse dim), their values differentiable through
     :class:`Take`."""
-    from sparsefill.ops.order.sort import kth_pick, masked_reduced, masked_sort, mode_pick
-
     dim = b["dim"]
     if name == "sort":
         out = masked_sort(A, dim, b["descending"], grad=True)
