@@ -55,6 +55,12 @@ def compiled(v: torch.Tensor, work: int, force: bool = False) -> bool:
     return compiled_for(v.device, work)
 
 
+def _grouped():
+    from sparsefill._kernels import order_grouped_numba
+
+    return order_grouped_numba
+
+
 def _mod():
     from sparsefill._kernels import order_numba
 
@@ -105,7 +111,7 @@ def head_rows(
     if fill.dtype != v.dtype:
         fill = fill.to(v.dtype)
     post = max(post, 1)
-    mod = _mod()
+    mod = _grouped()
     wi, wv = _scratch(mod, order.shape[0], offs.shape[0] - 1, post, width, v.dtype)
     # (NumPy's reshapes: a fraction of torch's cost, on a call of a few microseconds' work)
     mod.head_rows(
