@@ -138,7 +138,7 @@ _LOCAL = threading.local()
 
 
 def _scratch(mod, nse: int, R: int, post: int, width: int, dtype) -> tuple:
-    """NumPy scratch of :func:`order_numba.line_scratch` for a write line by line (``post >
+    """NumPy scratch of ``order_grouped_numba.line_scratch`` for a write line by line (``post >
     1``; empty otherwise).  Kept per thread up to ``_KEEP`` bytes: a sort repeated on a pattern
     reuses pages already mapped and in the cache instead of new ones each call."""
     if post == 1:

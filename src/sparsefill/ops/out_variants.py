@@ -59,8 +59,8 @@ def out_call(func, args, kwargs, compute):
     if plan is None:
         return NotImplemented
     functional, names = plan
-    if len(args) > len(functional._schema.arguments):  # (outputs given by position)
-        return NotImplemented
+    if len(args) > len(functional._schema.arguments) or any(n not in kwargs for n in names):
+        return NotImplemented  # (outputs given by position)
     outs = [kwargs[n] for n in names]
     active = _active()
     if func._op in active or not all(map(_writable, tree_flatten(outs)[0])):

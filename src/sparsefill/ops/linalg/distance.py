@@ -24,12 +24,12 @@ import math
 
 import torch
 
+from sparsefill._autograd.functions import _pattern, refuse_vmap, sparse_inside
 from sparsefill._kernels.grouping import pattern_cached
 from sparsefill._tensor.parts import coalesced_parts
 from sparsefill._tensor.tensor import SparseTensor
 from sparsefill.ops._schema import meta_of
 from sparsefill.ops.autograd_routes import register_route
-from sparsefill._autograd.functions import _pattern, refuse_vmap, sparse_inside
 from sparsefill.ops.linalg.backward import _matmul, gradient_on_pattern, pattern_grad_is_exact
 from sparsefill.ops.registry import register
 
