@@ -295,3 +295,41 @@ def test_cat_of_fully_stored_operands_keeps_the_other_fill():
     R = torch.cat([full, part])
     assert float(R.fill_value()) == 7.0 and R._nse() == 3
     torch.testing.assert_close(R.to_dense(), torch.cat([full.to_dense(), part.to_dense()]))
+
+
+@pytest.mark.parametrize("fill", [0.0, 1.5, float("nan")])
+@pytest.mark.parametrize("dense_dim", [0, 1])
+def test_block_diag_of_sparse_and_dense_operands(fill, dense_dim):
+    """block_diag of SparseTensors (2-D, hybrid, a 1-D row, CSR) and dense tensors of other dtypes:
+    fill 0, each block's stored elements at its corner (every element of a nonzero-fill block or
+    a dense one), torch's result dtype, forward and backward as dense."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(4, 3, generator=g, dtype=torch.float64)
+    x[torch.rand(4, 3, generator=g) < 0.5] = fill
+    v = torch.randn(5, generator=g, dtype=torch.float64)
+    v[v < 0] = fill
+    A = sparsefill.to_sparse(x, fill_value=fill, dense_dim=dense_dim)
+    V = sparsefill.to_sparse(v, fill_value=fill)
+    cases = [
+        (A, V),
+        (V, A, torch.ones(2, 2)),
+        (A, torch.tensor(3)),
+        (A.to_sparse_csr() if not dense_dim else A, A),
+    ]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DensifyWarning)
+        for ops in cases:
+            dense = [o.to_dense() if isinstance(o, SparseTensor) else o for o in ops]
+            out, ref = torch.block_diag(*ops), torch.block_diag(*dense)
+            assert isinstance(out, SparseTensor) and out.dtype == ref.dtype
+            assert out.fill_value().item() == 0
+            torch.testing.assert_close(out.to_dense(), ref, equal_nan=True)
+    zero = sparsefill.to_sparse(torch.where(torch.isnan(x), 0.0, x), fill_value=0.0)
+    assert torch.block_diag(zero, zero)._nnz() == 2 * zero._nnz()
+    vals = zero.values().clone().requires_grad_()
+    Z = sparsefill.sparse_coo_tensor(zero.indices(), vals, zero.shape, fill_value=0.0)
+    w = torch.randn(8, 6, generator=g, dtype=torch.float64)
+    (torch.block_diag(Z, Z).to_dense() * w).sum().backward()
+    xd = zero.to_dense().requires_grad_()
+    (torch.block_diag(xd, xd) * w).sum().backward()
+    torch.testing.assert_close(vals.grad, xd.grad[tuple(zero.indices())])

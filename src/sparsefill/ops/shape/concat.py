@@ -256,10 +256,11 @@ def _stack(func, args, kwargs):
 
 @register(aten.block_diag.default)
 def _block_diag(func, args, kwargs):
-    """``block_diag`` of 2-D SparseTensors of one dtype, all of fill 0 (the off-diagonal blocks'
-    value: the result stores what the operands store, shifted; a batch of graphs' adjacencies) or
-    all masked (the
-    off-diagonal blocks masked too: no edge between the graphs); others densify (the fallback)::
+    """``block_diag`` of SparseTensors and dense tensors (0-d, 1-d as a row, 2-d; torch's result
+    dtype): fill 0 (the off-diagonal blocks' value), each block's stored elements shifted to its
+    corner (a batch of graphs' adjacencies); a block of a nonzero fill, or a dense one, stores
+    every element (dense by nature in part: ``check_specify``).  All masked (indefinite): the
+    off-diagonal blocks masked too (no edge between the graphs); masked and not: next stage::
 
         block_diag(A, B).to_dense() == block_diag(A.to_dense(), B.to_dense())
 
@@ -269,30 +270,48 @@ def _block_diag(func, args, kwargs):
     [[0, 1], [1, 3]]
     """
     ts = list(args[0])
-    if not ts or any(
-        not isinstance(t, SparseTensor)
-        or t.dim() != 2
-        or t.dense_dim()
-        or t.dtype != ts[0].dtype
-        or t.device != ts[0].device
-        for t in ts
-    ):
+    meta = func([_meta_block(t) for t in ts])  # torch's errors, result shape and dtype
+    sparse = [t for t in ts if isinstance(t, SparseTensor)]
+    masked = any(t._indefinite for t in sparse)
+    if masked and (len(sparse) < len(ts) or not all(t._indefinite for t in sparse)):
         return NotImplemented
-    masked = ts[0]._indefinite
-    if any(t._indefinite != masked or not (masked or t._fill_is_zero()) for t in ts):
-        return NotImplemented
-    parts = [coalesced_parts(t) for t in ts]
-    # (row, col) of each block's corner
-    offs = torch.tensor([[0, 0]] + [list(t.shape) for t in ts]).cumsum(0)
-    idx = torch.cat([i + offs[k, :, None].to(i.device) for k, (i, _) in enumerate(parts)], 1)
-    vals = torch.cat([v for _, v in parts])
+    blocks = [_block_parts(t, meta.dtype) for t in ts]
+    shapes = torch.tensor([[0, 0]] + [list(b[2]) for b in blocks]).cumsum(0)
+    dev = meta.device if not sparse else sparse[0].device
+    idx = torch.cat(
+        [i + shapes[k, :, None].to(i.device) for k, (i, _, _) in enumerate(blocks)], 1
+    ).to(dev)
+    vals = torch.cat([v for _, v, _ in blocks])
+    fill = sparse[0]._fill.to(meta.dtype) if masked else torch.zeros((), dtype=meta.dtype)
     out = parts_to_sparse(
-        idx,
-        vals,
-        torch.Size(offs[-1].tolist()),
-        ts[0]._fill.clone(),
-        indefinite=masked,
-        known_zero=not masked,
-        coalesced=True,
+        idx, vals, meta.shape, fill, indefinite=masked, known_zero=not masked, coalesced=True
     )
-    return _in_layout(out, ts[0]._sf_layout)
+    return _in_layout(out, sparse[0]._sf_layout)
+
+
+def _meta_block(t):
+    return (
+        torch.empty((), dtype=t.dtype, device="meta").expand(t.shape)
+        if isinstance(t, SparseTensor)
+        else t.to("meta")
+    )
+
+
+def _block_parts(t, dtype) -> tuple:
+    """``(idx (2, n), values, (rows, cols))`` of one operand of ``block_diag`` as its 2-D block
+    (0-d: 1 x 1, 1-d: a row), in ``dtype``: a zero or masked fill's stored elements, else every
+    element."""
+    shape = (1, 1) if t.dim() == 0 else (1, t.shape[0]) if t.dim() == 1 else tuple(t.shape)
+    if isinstance(t, SparseTensor):
+        from sparsefill.ops.shape.reshape import all_sparse
+
+        t = t.reshape(shape) if t.dim() != 2 else t
+        t = all_sparse(t) if t.dense_dim() else t
+        if t._indefinite or t._fill_is_zero():
+            idx, vals = coalesced_parts(t)
+            return idx, vals.to(dtype), shape
+        check_specify("block_diag of a block with a nonzero fill", t.numel(), t.element_size())
+    x = dense_of(t) if isinstance(t, SparseTensor) else t
+    x = x.reshape(shape)
+    keys = torch.arange(x.numel(), device=x.device)
+    return _index.unravel(keys, shape), x.reshape(-1).to(dtype), shape
