@@ -925,3 +925,25 @@ def test_masked_fill_inplace_dense_mask(dd):
         A.masked_fill_(masks[0].long(), 1.0)
     with pytest.raises(RuntimeError, match="0-dimensional"):
         A.masked_fill_(masks[0], torch.tensor([1.0, 2.0]))
+
+
+@pytest.mark.parametrize("layout,dd", KINDS, ids=IDS)
+def test_view_scatters_replace_the_view_in_a_copy(layout, dd):
+    """slice_scatter, select_scatter, diagonal_scatter: a copy with the view replaced by ``src``
+    (dense, or a SparseTensor), the input unchanged, as dense."""
+    A = sparsefill.to_sparse(X, fill_value=0.5, layout=layout, dense_dim=dd)
+    before = A.to_dense().clone()
+    cases = [
+        (torch.slice_scatter, X[:, 1:4], (1, 1, 4)),
+        (torch.slice_scatter, X[::2], (0, 0, None, 2)),
+        (torch.select_scatter, X[2], (0, 2)),
+        (torch.diagonal_scatter, torch.diagonal(X, 1, 0, 1), (1, 0, 1)),
+    ]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", sparsefill.DensifyWarning)
+        for op, view, rest in cases:
+            for src in (view.flip(0) + 1, sparsefill.to_sparse(view.flip(0), fill_value=0.5)):
+                out = op(A, src, *rest)
+                dense_src = src.to_dense() if isinstance(src, SparseTensor) else src
+                torch.testing.assert_close(out.to_dense(), op(X, dense_src, *rest))
+    torch.testing.assert_close(A.to_dense(), before)

@@ -349,3 +349,30 @@ def _index_many(A, indices):
     B = A.reshape(shape[:p] + (_index.numel(sizes),) + shape[p + len(given) :])
     out = aten.index_select.default(B, p, flat)
     return out.reshape(shape[:p] + tuple(idx[0].shape) + shape[p + len(given) :])
+
+
+# the view each ``*_scatter`` op replaces (the same arguments after ``src``)
+_SCATTER_VIEWS = {
+    aten.slice_scatter.default: aten.slice.Tensor,
+    aten.select_scatter.default: aten.select.int,
+    aten.diagonal_scatter.default: aten.diagonal.default,
+}
+
+
+@register(*_SCATTER_VIEWS)
+def _view_scatter(func, args, kwargs):
+    """``slice_scatter(A, src, ...)``, ``select_scatter``, ``diagonal_scatter``: a copy of ``A``
+    with its view (``slice(A, ...)``...) replaced by ``src``, written through the view of a
+    clone: ``A``'s stored elements outside the view kept, the view's elements ``src``'s::
+
+        slice_scatter(A, src, 1, 0, 2).to_dense() == slice_scatter(A.to_dense(), src, 1, 0, 2)
+    """
+    A, src, rest = args[0], args[1], args[2:]
+    if not isinstance(A, SparseTensor) or not isinstance(src, torch.Tensor):
+        return NotImplemented
+    view = _SCATTER_VIEWS[func]
+    m = meta_of(src) if isinstance(src, SparseTensor) else src.to("meta")
+    func(meta_of(A), m, *rest, **kwargs)  # torch's errors (the src's shape, dtype)
+    out = aten.clone.default(A)
+    view(out, *rest, **kwargs).copy_(src)
+    return out
