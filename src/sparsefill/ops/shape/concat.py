@@ -277,12 +277,14 @@ def _block_diag(func, args, kwargs):
         return NotImplemented
     blocks = [_block_parts(t, meta.dtype) for t in ts]
     shapes = torch.tensor([[0, 0]] + [list(b[2]) for b in blocks]).cumsum(0)
-    dev = meta.device if not sparse else sparse[0].device
+    dev = sparse[0].device  # (a handler's call has a SparseTensor operand)
     idx = torch.cat(
-        [i + shapes[k, :, None].to(i.device) for k, (i, _, _) in enumerate(blocks)], 1
-    ).to(dev)
+        [i.to(dev) + shapes[k, :, None].to(dev) for k, (i, _, _) in enumerate(blocks)], 1
+    )
     vals = torch.cat([v for _, v, _ in blocks])
-    fill = sparse[0]._fill.to(meta.dtype) if masked else torch.zeros((), dtype=meta.dtype)
+    fill = (
+        sparse[0]._fill.to(meta.dtype) if masked else torch.zeros((), dtype=meta.dtype, device=dev)
+    )
     out = parts_to_sparse(
         idx, vals, meta.shape, fill, indefinite=masked, known_zero=not masked, coalesced=True
     )
