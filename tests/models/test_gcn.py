@@ -134,7 +134,7 @@ def test_block_diag_batches_graphs_in_dataloader_workers():
 @_LAYOUTS
 def test_block_diag_forward_backward(layout):
     """block_diag of SparseTensors with fill 0 (uncoalesced too) and of masked ones, forward and the gradient of
-    the constructors' values, as on the dense equivalents; other fills densify exactly."""
+    the constructors' values, as on the dense equivalents; a block of another fill is stored whole."""
     v1, v2 = (
         torch.tensor([1.0, 2.0, 4.0], requires_grad=True),
         torch.tensor([3.0, 4.0, 5.0], requires_grad=True),
@@ -165,10 +165,11 @@ def test_block_diag_forward_backward(layout):
         ),
     )
     C = sparsefill.sparse_coo_tensor(i2, v2.detach(), (3, 2), fill_value=0.5)
-    with pytest.warns(sparsefill.DensifyWarning):
-        assert_close(
-            torch.block_diag(C, A.detach()), torch.block_diag(C.to_dense(), A.detach().to_dense())
-        )
+    with warnings.catch_warnings():
+        _no_densify()
+        CA = torch.block_diag(C, A.detach())  # (C's block stored whole: its fill is not 0)
+    assert CA.fill_value().item() == 0 and CA._nse() == C.numel() + A.detach().coalesce()._nse()
+    assert_close(CA.to_dense(), torch.block_diag(C.to_dense(), A.detach().to_dense()))
 
 
 def test_state_dict_of_sparse_adjacency_buffer():
