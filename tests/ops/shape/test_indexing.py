@@ -930,7 +930,7 @@ def test_masked_fill_inplace_dense_mask(dd):
 @pytest.mark.parametrize("layout,dd", KINDS, ids=IDS)
 def test_view_scatters_replace_the_view_in_a_copy(layout, dd):
     """slice_scatter, select_scatter, diagonal_scatter: a copy with the view replaced by ``src``
-    (dense, or a SparseTensor), the input unchanged, as dense."""
+    (dense, or a SparseTensor: into a dense input too), the input unchanged, as dense."""
     A = sparsefill.to_sparse(X, fill_value=0.5, layout=layout, dense_dim=dd)
     before = A.to_dense().clone()
     cases = [
@@ -946,4 +946,6 @@ def test_view_scatters_replace_the_view_in_a_copy(layout, dd):
                 out = op(A, src, *rest)
                 dense_src = src.to_dense() if isinstance(src, SparseTensor) else src
                 torch.testing.assert_close(out.to_dense(), op(X, dense_src, *rest))
+                if isinstance(src, SparseTensor):  # (a dense input: a dense copy)
+                    torch.testing.assert_close(op(X, src, *rest), op(X, dense_src, *rest))
     torch.testing.assert_close(A.to_dense(), before)

@@ -367,9 +367,7 @@ def _view_scatter(func, args, kwargs):
 
         slice_scatter(A, src, 1, 0, 2).to_dense() == slice_scatter(A.to_dense(), src, 1, 0, 2)
     """
-    A, src, rest = args[0], args[1], args[2:]
-    if not isinstance(A, SparseTensor) or not isinstance(src, torch.Tensor):
-        return NotImplemented
+    A, src, rest = args[0], args[1], args[2:]  # (a dense A: a dense copy, src written in)
     view = _SCATTER_VIEWS[func]
     m = meta_of(src) if isinstance(src, SparseTensor) else src.to("meta")
     func(meta_of(A), m, *rest, **kwargs)  # torch's errors (the src's shape, dtype)
