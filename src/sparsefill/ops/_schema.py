@@ -34,6 +34,15 @@ def meta_of(A: torch.Tensor) -> torch.Tensor:
     return torch.empty((), dtype=A.dtype, device="meta").expand(A.shape)
 
 
+def meta_like(t):
+    """The meta form of an operand, for torch's errors and result: :func:`meta_of` of a
+    SparseTensor, ``t.to("meta")`` of a dense tensor (its strides kept), anything else as it
+    is."""
+    if isinstance(t, SparseTensor):
+        return meta_of(t)
+    return t.to("meta") if isinstance(t, torch.Tensor) else t
+
+
 _META_CACHE: dict = {}
 
 

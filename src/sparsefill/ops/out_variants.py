@@ -25,7 +25,7 @@ from torch._library.utils import is_out
 from torch.utils._pytree import tree_flatten, tree_map_only
 
 from sparsefill._tensor.tensor import SparseTensor
-from sparsefill.ops._schema import meta_of
+from sparsefill.ops._schema import meta_like
 
 # OpOverload._op -> (functional overload, out argument names), or None: not an out= overload
 _FUNCTIONAL: dict = {}
@@ -101,15 +101,12 @@ def _active() -> set:
 def _check(func, args, rest, names, outs) -> None:
     """torch's errors for the outputs (dtype, device): the out overload on meta tensors."""
 
-    def meta(t):
-        return meta_of(t) if isinstance(t, SparseTensor) else torch.empty_like(t, device="meta")
-
     def meta_out(t):  # (written: strides of its own, not a broadcast one)
         if isinstance(t, SparseTensor):
             return torch.empty(t.shape, dtype=t.dtype, device="meta")
         return torch.empty_like(t, device="meta")
 
-    margs, mrest = tree_map_only(torch.Tensor, meta, (args, rest))
+    margs, mrest = tree_map_only(torch.Tensor, meta_like, (args, rest))
     mouts = tree_map_only(torch.Tensor, meta_out, dict(zip(names, outs)))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # (the resize warning comes from the real output)

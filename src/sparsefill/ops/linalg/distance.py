@@ -11,7 +11,7 @@ row ``k`` of ``X``; a row with stored elements differs from it there only::
 (``p = 0`` counts the differing elements alike; the p-th root taken last), ``O(nse K + D K)`` work
 for ``K`` rows of ``X``; a hybrid ``A``'s stored rows are whole rows, measured as they are.  The
 euclidean form of torch's matrix-product path (``_euclidean_dist``: more than 25 rows) is
-``sqrt(|a|² + |x|² - 2 a·x)`` with the product over the stored elements (``A @ X.T``).  The result
+``sqrt(|a|^2 + |x|^2 - 2 a.x)`` with the product over the stored elements (``A @ X.T``).  The result
 (``N x K``) is dense by nature; neither form builds ``A``'s dense matrix.  A batched, indefinite or
 ``p = inf`` call, one with both operands SparseTensors, or an inf or NaN in the fill or the
 dense operand takes the next stage.  The backward (through ``torch.cdist``) is as sparse: the
@@ -27,8 +27,9 @@ import torch
 from sparsefill._autograd.functions import _pattern, refuse_vmap, sparse_inside
 from sparsefill._kernels.grouping import pattern_cached
 from sparsefill._tensor.parts import coalesced_parts
+from sparsefill._tensor.policy import check_densify
 from sparsefill._tensor.tensor import SparseTensor
-from sparsefill.ops._schema import meta_of
+from sparsefill.ops._schema import meta_like
 from sparsefill.ops.autograd_routes import register_route
 from sparsefill.ops.linalg.backward import _matmul, gradient_on_pattern, pattern_grad_is_exact
 from sparsefill.ops.registry import register
@@ -52,13 +53,17 @@ def _operands(x1, x2):
     return A, X, not s1
 
 
-def _meta(func, x1, x2, *rest):
-    """torch's errors and the result's shape (meta tensors)."""
+def _oriented(d: torch.Tensor, swapped: bool) -> torch.Tensor:
+    """The ``(N, K)`` distances of ``A``'s rows as the call's result (``K x N`` where ``A`` came
+    second)."""
+    return d.mT.contiguous() if swapped else d
 
-    def m(t):
-        return meta_of(t) if isinstance(t, SparseTensor) else torch.empty_like(t, device="meta")
 
-    return func(m(x1), m(x2), *rest)
+def _gate(A: SparseTensor, X: torch.Tensor) -> None:
+    """The densify policy's dense-by-nature gate for the ``N x K`` result."""
+    check_densify(
+        "cdist of a SparseTensor", A.shape[0] * X.shape[0] * A.element_size(), by_nature=True
+    )
 
 
 @register_route(torch.cdist, always=True)
@@ -96,7 +101,7 @@ def _cdist_route(func, args, kwargs):
         d = PDistance.apply(A, X, float(p))
     else:
         d = p_distance(A, X, float(p))
-    return d.mT.contiguous() if swapped else d
+    return _oriented(d, swapped)
 
 
 _MODES = (
@@ -112,31 +117,32 @@ def _euclidean(func, args, kwargs):
     """``sqrt(max(|a|² + |x|² - 2 a·x, 1e-30))`` (torch's form), the product on the stored
     elements."""
     x1, x2 = args
-    _meta(func, x1, x2)
+    func(meta_like(x1), meta_like(x2))  # torch's errors
     ops = _operands(x1, x2)
     if ops is None:
         return NotImplemented
     A, X, swapped = ops
     d = euclidean(A, X)
-    return d.mT.contiguous() if swapped else d
+    return _oriented(d, swapped)
 
 
 @register(aten._cdist_forward.default)
 def _cdist(func, args, kwargs):
     """``cdist(A, X, p)`` for a finite ``p``: :func:`p_distance`."""
     x1, x2, p = args[0], args[1], args[2]
-    meta = _meta(func, x1, x2, *args[2:])
+    meta = func(meta_like(x1), meta_like(x2), *args[2:])  # torch's errors, the result's shape
     ops = _operands(x1, x2)
     if ops is None or math.isinf(p):
         return NotImplemented
     A, X, swapped = ops
     d = p_distance(A, X, p)
-    return (d.mT.contiguous() if swapped else d).reshape(meta.shape)
+    return _oriented(d, swapped).reshape(meta.shape)
 
 
 def euclidean(A: SparseTensor, X: torch.Tensor) -> torch.Tensor:
     """``(N, K)``: ``sqrt(max(|a_i|² + |x_k|² - 2 a_i·x_k, 1e-30))``, torch's matrix-product
     form, from ``A``'s ops (``A @ X^T``: its sparse backward)."""
+    _gate(A, X)
     na = _row_norms(A)
     dot = _product(A, X.mT)
     dot = dot.to_dense() if isinstance(dot, SparseTensor) else dot
@@ -172,6 +178,7 @@ def _row_norms(A: SparseTensor) -> torch.Tensor:
 def p_distance(A: SparseTensor, X: torch.Tensor, p: float) -> torch.Tensor:
     """``(N, K)``: the fill row's distances ``S_k``, corrected at the stored elements (module
     docstring); a hybrid ``A``'s stored rows measured whole."""
+    _gate(A, X)
     f = A._fill.to(A.dtype).expand(A._dense_shape)  # (D,) for a hybrid A, else ()
     S = _powered(f - X, p).sum(-1)  # (K,): the fill row's
     out = S.expand(A.shape[0], X.shape[0]).clone()
@@ -245,7 +252,7 @@ class PDistance(torch.autograd.Function):
         uf = _slope(f - X, p)  # (K, D): the fill row's
         Wk = w.sum(0)  # (K,)
         if P.dense_dim():  # whole stored rows
-            gv, rest, gX = _row_grads(w, idx[0], vals, uf, X, p)
+            gv, rest, gX = _row_grads(w, Wk, idx[0], vals, uf, X, p)
             gA = gradient_on_pattern(P, idx, gv, rest) if ctx.needs_input_grad[0] else None
             return gA, gX if ctx.needs_input_grad[1] else None, None
         gv = vals.new_empty(vals.shape)
@@ -266,18 +273,19 @@ class PDistance(torch.autograd.Function):
         return gA, gX if ctx.needs_input_grad[1] else None, None
 
 
-def _row_grads(w, rows, V, uf, X, p) -> tuple:
-    """A hybrid ``A``'s gradients (its stored rows ``V`` whole): the stored rows', the
-    unspecified rows' summed (``(D,)``) and ``X``'s."""
+def _row_grads(w, Wk, rows, V, uf, X, p) -> tuple:
+    """A hybrid ``A``'s gradients (its stored rows ``V`` whole; ``Wk = w.sum(0)``): the stored
+    rows', the unspecified rows' summed (``(D,)``) and ``X``'s."""
     ws = w[rows]  # (nr, K)
-    rest = (w.sum(0) - ws.sum(0)) @ uf  # (D,)
-    gX = -((w.sum(0) - ws.sum(0))[:, None] * uf)
+    unspecified = Wk - ws.sum(0)  # (K,): the unspecified rows' weights
+    rest = unspecified @ uf  # (D,)
+    gX = -(unspecified[:, None] * uf)
     gv = V.new_empty(V.shape)
     step = max(1, _CHUNK // max(X.numel(), 1))
     for s in range(0, V.shape[0], step):
-        u = _slope(V[s : s + step, None] - X, p)  # (n, K, D)
-        gv[s : s + step] = (ws[s : s + step, :, None] * u).sum(1)
-        gX -= (ws[s : s + step, :, None] * u).sum(0)
+        t = ws[s : s + step, :, None] * _slope(V[s : s + step, None] - X, p)  # (n, K, D)
+        gv[s : s + step] = t.sum(1)
+        gX -= t.sum(0)
     return gv, rest, gX
 
 

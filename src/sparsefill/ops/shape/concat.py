@@ -42,7 +42,7 @@ from sparsefill._tensor.parts import (
 from sparsefill._tensor.policy import check_specify
 from sparsefill._tensor.dense_dims import one_split
 from sparsefill._tensor.tensor import SparseTensor
-from sparsefill.ops._schema import probe_of
+from sparsefill.ops._schema import meta_like, probe_of
 from sparsefill.ops.shape.indexing import _build, _dense_fill
 from sparsefill.ops.registry import register
 
@@ -270,7 +270,7 @@ def _block_diag(func, args, kwargs):
     [[0, 1], [1, 3]]
     """
     ts = list(args[0])
-    meta = func([_meta_block(t) for t in ts])  # torch's errors, result shape and dtype
+    meta = func([meta_like(t) for t in ts])  # torch's errors, result shape and dtype
     sparse = [t for t in ts if isinstance(t, SparseTensor)]
     masked = any(t._indefinite for t in sparse)
     if masked and (len(sparse) < len(ts) or not all(t._indefinite for t in sparse)):
@@ -289,14 +289,6 @@ def _block_diag(func, args, kwargs):
         idx, vals, meta.shape, fill, indefinite=masked, known_zero=not masked, coalesced=True
     )
     return _in_layout(out, sparse[0]._sf_layout)
-
-
-def _meta_block(t):
-    return (
-        torch.empty((), dtype=t.dtype, device="meta").expand(t.shape)
-        if isinstance(t, SparseTensor)
-        else t.to("meta")
-    )
 
 
 def _block_parts(t, dtype) -> tuple:

@@ -25,7 +25,7 @@ from sparsefill._kernels import index as _index, merge as _merge
 from sparsefill._kernels.trace import traced
 from sparsefill._tensor.parts import coalesced_parts, dense_of, dense_to_sparse, parts_to_sparse
 from sparsefill._tensor.tensor import SparseTensor
-from sparsefill.ops._schema import check_dtype, meta_of
+from sparsefill.ops._schema import check_dtype, meta_like, meta_of
 from sparsefill.ops._writes import assign_
 from sparsefill.ops.shape.indexing import _dense_fill, out_of_bounds
 from sparsefill.ops.registry import register
@@ -151,14 +151,7 @@ def _dense_values(v, shape, dtype, device):
 def _check_dim_index_src(func, A, dim, index, src, args, kwargs) -> int:
     """torch's errors for ``func(A, dim, index, src, ...)`` (the meta kernel's, plus the dtype rule
     for a tensor source, which meta kernels skip); the normalised ``dim``."""
-    meta_src = (
-        meta_of(src)
-        if isinstance(src, SparseTensor)
-        else src.to("meta")
-        if isinstance(src, torch.Tensor)
-        else src
-    )
-    func(meta_of(A), dim, index.to("meta"), meta_src, *args[4:], **kwargs)
+    func(meta_of(A), dim, index.to("meta"), meta_like(src), *args[4:], **kwargs)
     if isinstance(src, torch.Tensor) and src.dim() and src.dtype != A.dtype:
         raise RuntimeError(
             f"{func._schema.name.split('::')[1]}(): self and source expected to have the same "
@@ -197,9 +190,11 @@ def _index_put(func, args, kwargs):
             f"Index put requires the source and destination dtypes match, got {A.dtype} for the "
             f"destination and {values.dtype} for the source."
         )
-    meta_vals = values.to("meta") if not isinstance(values, SparseTensor) else meta_of(values)
     aten.index_put.default(
-        meta_of(A), [None if t is None else t.to("meta") for t in indices], meta_vals, accumulate
+        meta_of(A),
+        [None if t is None else t.to("meta") for t in indices],
+        meta_like(values),
+        accumulate,
     )  # torch's dtype and shape errors
     # (the meta kernel takes a 0-d mask on a 0-d tensor, torch's kernel raises: one element)
     if A.dim() == 0:

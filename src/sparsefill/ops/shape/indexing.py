@@ -27,7 +27,7 @@ from sparsefill._kernels.trace import traced
 from sparsefill._tensor.parts import coalesced_parts, every_element, parts_to_sparse
 from sparsefill._tensor.policy import check_specify
 from sparsefill._tensor.tensor import SparseTensor
-from sparsefill.ops._schema import meta_of
+from sparsefill.ops._schema import meta_like, meta_of
 from sparsefill.ops.registry import register
 from sparsefill.ops.shape.reshape import squeeze, with_zero_row
 
@@ -369,8 +369,7 @@ def _view_scatter(func, args, kwargs):
     """
     A, src, rest = args[0], args[1], args[2:]  # (a dense A: a dense copy, src written in)
     view = _SCATTER_VIEWS[func]
-    m = meta_of(src) if isinstance(src, SparseTensor) else src.to("meta")
-    func(meta_of(A), m, *rest, **kwargs)  # torch's errors (the src's shape, dtype)
+    func(meta_like(A), meta_like(src), *rest, **kwargs)  # torch's errors (the src's shape, dtype)
     out = aten.clone.default(A)
     view(out, *rest, **kwargs).copy_(src)
     return out
