@@ -112,7 +112,7 @@ def head_rows(
         fill = fill.to(v.dtype)
     post = max(post, 1)
     mod = _grouped()
-    wi, wv = _scratch(mod, order.shape[0], offs.shape[0] - 1, post, width, v.dtype)
+    wi, wv = _scratch(order.shape[0], offs.shape[0] - 1, post, width, v.dtype)
     # (NumPy's reshapes: a fraction of torch's cost, on a call of a few microseconds' work)
     mod.head_rows(
         offs,
@@ -137,13 +137,15 @@ _KEEP = 1 << 24  # bytes of line scratch kept per thread between calls
 _LOCAL = threading.local()
 
 
-def _scratch(mod, nse: int, R: int, post: int, width: int, dtype) -> tuple:
-    """NumPy scratch of ``order_grouped_numba.line_scratch`` for a write line by line (``post >
+def _scratch(nse: int, R: int, post: int, width: int, dtype) -> tuple:
+    """NumPy scratch of ``order_lines_numba.line_scratch`` for a write line by line (``post >
     1``; empty otherwise).  Kept per thread up to ``_KEEP`` bytes: a sort repeated on a pattern
     reuses pages already mapped and in the cache instead of new ones each call."""
     if post == 1:
         return _EMPTY_I, torch.empty(0, dtype=dtype).numpy()
-    n_i, n_v = mod.line_scratch(nse, R, (R // post) * width)
+    from sparsefill._kernels.order_lines_numba import line_scratch
+
+    n_i, n_v = line_scratch(nse, R, (R // post) * width)
     kept = getattr(_LOCAL, "scratch", {}).get(dtype)
     if kept is not None and kept[0].shape[0] >= n_i and kept[1].shape[0] >= n_v:
         return kept

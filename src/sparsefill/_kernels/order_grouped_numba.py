@@ -14,9 +14,10 @@ line beforehand.
 A whole sort (``width == size``) writes every row in full: row by row, the values the fill in
 one pass, the run's positions as runs of consecutive positions between the stored ones outside
 it, the few stored ahead of and behind the fill inserted into their sorted slots in the output
-itself; across a strided output, line by line from events made at their final slots.  Many
-floating stored elements of a row (past ``_RADIX``) are sorted by a stable radix sort of their
-bits (NaN the largest, -0.0 equal to 0.0), without the comparisons that mispredict.
+itself; across a strided output, line by line from events made at their final slots
+(``order_lines_numba``).  Many floating stored elements of a row (past ``order_numba._RADIX``)
+are sorted by a stable radix sort of their bits (NaN the largest, -0.0 equal to 0.0), without the
+comparisons that mispredict.
 """
 
 from __future__ import annotations
@@ -27,31 +28,21 @@ if numba is not None:
     import numpy as np
     from numba import njit
 
-    from sparsefill._kernels.order_numba import _ahead, _sort_row
+    from sparsefill._kernels.order_lines_numba import _head_lines, _sort_lines
+    from sparsefill._kernels.order_numba import (
+        _ahead,
+        _before,
+        _insert,
+        _place_sorted,
+        _sort_row,
+    )
 
-__all__ = ["head_rows", "line_scratch"]
+__all__ = ["head_rows"]
 
 _SHORT = 16  # elements of a fill run written by plain stores (longer: through views)
-_RADIX = 256  # floating elements of a row past which a whole row's are radix sorted
-_KMAX = 0x7FFFFFFFFFFFFFFF
-
-
-def line_scratch(nse: int, R: int, L: int) -> tuple:
-    """``(int64 elements, value elements)`` of the scratch :func:`head_rows` writes line by line
-    (``nse`` stored elements in ``R`` rows, ``L`` output lines): events (slots, positions, rows;
-    values), the count per line, then the events in line order."""
-    cap = 2 * nse + R + 1
-    return 5 * cap + 2 * L + 1, 2 * cap
 
 
 if numba is not None:
-
-    @njit(inline="always")
-    def _before(a, b, desc):
-        """:func:`_ahead` without branches (the comparisons of random values mispredict)."""
-        if desc:
-            return (a > b) | ((a != a) & (b == b))
-        return (a < b) | ((b != b) & (a == a))
 
     @njit(cache=True)
     def _gather(p, v, order, a, b, fr, desc, which, ix):
@@ -291,76 +282,6 @@ if numba is not None:
                 _place_sorted(p, v, ix[:na], tmp, desc, dv, dp, 0, radix)
                 _place_sorted(p, v, iy[:nh], tmp, desc, dv, dp, h0, radix)
 
-    @njit(inline="always")
-    def _insert(dv, dp, lo, n, x, pc, desc):
-        """``(x, pc)`` inserted into the sorted ``dv[lo:lo + n]`` (positions ``dp``), after the
-        equal values (stable)."""
-        j = lo + n
-        while j > lo and _ahead(x, dv[j - 1], desc):
-            dv[j] = dv[j - 1]
-            dp[j] = dp[j - 1]
-            j -= 1
-        dv[j] = x
-        dp[j] = pc
-
-    @njit(cache=True)
-    def _place_sorted(p, v, ix, tmp, desc, dv, dp, lo, radix):
-        """The elements ``ix`` (position order) stably sorted into ``dv``/``dp`` from ``lo``
-        (``radix``: floating values, many of them sorted by :func:`_radix`)."""
-        n = ix.shape[0]
-        if radix and n > _RADIX:
-            _radix(v, ix, tmp, desc)
-        elif n:
-            _sort_row(v, ix, tmp, desc, n)
-        for j in range(n):
-            dv[lo + j] = v[ix[j]]
-            dp[lo + j] = p[ix[j]]
-
-    @njit(cache=True)
-    def _radix(v, ix, tmp, desc):
-        """``ix`` stably sorted by the floating values ``v[ix]`` (NaN the largest, -0.0 equal to
-        0.0), in place: a least-significant-digit radix sort of their bits as ordered integer
-        keys, byte by byte (a stable pass each; a byte all keys share skipped) -- a fixed number
-        of passes without the comparisons that mispredict on random values."""
-        n = ix.shape[0]
-        fv = np.empty(n, np.float64)
-        for j in range(n):
-            fv[j] = v[ix[j]]
-        key = fv.view(np.int64)
-        for j in range(n):
-            x = fv[j]
-            k = key[j]
-            if x != x:
-                k = _KMAX
-            elif x == 0:
-                k = 0
-            elif k < 0:
-                k ^= _KMAX  # (a negative float: a larger magnitude, a smaller key)
-            key[j] = ~k if desc else k
-        key2 = np.empty(n, np.int64)
-        ix2 = tmp[:n]
-        cnt = np.empty(256, np.int64)
-        for d in range(8):
-            sh = 8 * d
-            top = 0x80 if d == 7 else 0  # (the sign byte: negative keys first)
-            cnt[:] = 0
-            for j in range(n):
-                cnt[((key[j] >> sh) & 0xFF) ^ top] += 1
-            if cnt[((key[0] >> sh) & 0xFF) ^ top] == n:
-                continue
-            at = 0
-            for c in range(256):
-                m = cnt[c]
-                cnt[c] = at
-                at += m
-            for j in range(n):
-                c = ((key[j] >> sh) & 0xFF) ^ top
-                key2[cnt[c]] = key[j]
-                ix2[cnt[c]] = ix[j]
-                cnt[c] += 1
-            key, key2 = key2, key
-            ix[:] = ix2
-
     @njit(nogil=True, cache=True)
     def _head_long(
         offs, order, p, v, fr, size, width, desc, ix, tmp, out_v, out_p
@@ -430,259 +351,3 @@ if numba is not None:
                 for j in range(width - s):
                     out_v[o + s + j] = v[iy[j]]
                     out_p[o + s + j] = p[iy[j]]
-
-    @njit(nogil=True, cache=True)
-    def _sort_lines(
-        offs, order, p, v, fr, size, post, desc, ix, tmp, out_v, out_p, wi, wv, radix
-    ):  # pragma: no cover
-        """:func:`head_rows` of whole rows (a sort) across a strided output (``post > 1``), line
-        by line as :func:`_head_lines`: each row's events made at their final slots (the stored
-        ahead of the fill counted first; a few inserted in sorted order among the events
-        themselves) and counted by line as they are made."""
-        R = offs.shape[0] - 1
-        L = (R // post) * size
-        ev_s, ev_v, ev_p, ev_r, start = _events(wi, wv, order.shape[0], R, L)
-        iy = np.empty(ix.shape[0], np.int64)
-        # (the rows' elements come in another order than stored: one sequential pass over the
-        # values and positions brings them to the cache before the reads out of order, whose
-        # cache misses would each stall)
-        if _touch(p, v) < 0:  # (never: positions are not negative)
-            return
-        ne = 0
-        for row in range(R):
-            a, b = offs[row], offs[row + 1]
-            pre = row // post
-            col = row - pre * post
-            line0 = pre * size
-            nlow = 0
-            nhigh = 0
-            for i in range(a, b):  # (branchless: random values mispredict)
-                x = v[order[i]]
-                nlow += _before(x, fr, desc)
-                nhigh += _before(fr, x, desc)
-            small = nlow <= _SMALL and nhigh <= _SMALL
-            e0 = ne  # (the stored ahead of the fill at e0.., behind it at e1..: sorted in place)
-            e1 = ne + nlow
-            ne = e1 + nhigh
-            na = 0
-            nh = 0
-            c = 0  # (the run's next position)
-            s = line0 + nlow  # (its next slot)
-            jump = True  # (the run's next slot follows no slot of the run at the position before)
-            for i in range(a, b):
-                e = order[i]
-                x = v[e]
-                pc = p[e]
-                if pc > c:  # (the fill at positions c .. pc - 1)
-                    if jump:
-                        ev_s[ne] = s
-                        ev_v[ne] = fr
-                        ev_p[ne] = c
-                        ev_r[ne] = col
-                        start[s + 1] += 1
-                        ne += 1
-                    s += pc - c
-                    jump = False
-                c = pc + 1
-                if _before(x, fr, desc):
-                    if small:
-                        _insert(ev_v, ev_p, e0, na, x, pc, desc)
-                    ix[na] = e
-                    na += 1
-                    jump = True
-                elif _before(fr, x, desc):
-                    if small:
-                        _insert(ev_v, ev_p, e1, nh, x, pc, desc)
-                    iy[nh] = e
-                    nh += 1
-                    jump = True
-                else:  # (stored, equal to the fill: in the run at its position)
-                    ev_s[ne] = s
-                    ev_v[ne] = x
-                    ev_p[ne] = pc
-                    ev_r[ne] = col
-                    start[s + 1] += 1
-                    ne += 1
-                    s += 1
-                    jump = False
-            if size > c and jump:
-                ev_s[ne] = s
-                ev_v[ne] = fr
-                ev_p[ne] = c
-                ev_r[ne] = col
-                start[s + 1] += 1
-                ne += 1
-            if not small:
-                _place_sorted(p, v, ix[:na], tmp, desc, ev_v, ev_p, e0, radix)
-                _place_sorted(p, v, iy[:nh], tmp, desc, ev_v, ev_p, e1, radix)
-            h0 = line0 + size - nhigh - e1  # (slot of the event at e1 less e1)
-            for j in range(e0, e1):
-                ev_s[j] = line0 + j - e0
-                ev_r[j] = col
-                start[line0 + j - e0 + 1] += 1
-            for j in range(e1, e1 + nhigh):
-                ev_s[j] = h0 + j
-                ev_r[j] = col
-                start[h0 + j + 1] += 1
-        _write_lines(
-            ev_s[:ne], ev_v, ev_p, ev_r, start, fr, size, post, out_v, out_p, wi, wv, ev_s.shape[0]
-        )
-
-    @njit(cache=True)
-    def _events(wi, wv, nse, R, L):
-        """The event buffers carved from the scratch (:func:`line_scratch`): slots, values,
-        positions and rows of up to ``2 nse + R + 1`` events, and the count per line zeroed."""
-        cap = 2 * nse + R + 1
-        start = wi[3 * cap : 3 * cap + L + 1]
-        start[:] = 0
-        return wi[:cap], wv[:cap], wi[cap : 2 * cap], wi[2 * cap : 3 * cap], start
-
-    @njit(cache=True)
-    def _touch(p, v):
-        """A sum of a word of every cache line of ``p`` and ``v`` (not negative: read to bring them
-        to the cache)."""
-        acc = 0
-        for i in range(0, p.shape[0], 8):
-            acc += p[i]
-        for i in range(0, v.shape[0], 8):
-            acc += v[i] != v[i]
-        return acc
-
-    @njit(cache=True)
-    def _write_lines(ev_s, ev_v, ev_p, ev_r, start, fr, width, post, out_v, out_p, wi, wv, cap):
-        """Every output line ``(r // post, s)`` of ``out_v``/``out_p`` written once: the fill and
-        the previous line's positions plus one (0 on a first line), then the events of the line
-        (``ev_s``: their lines; ``start``: the number of events of each line before it, a
-        count per line shifted by one on entry; the events moved into line order in the rest of
-        the scratch ``wi``/``wv`` of :func:`_events`, for ``cap`` events)."""
-        L = start.shape[0] - 1
-        ne = ev_s.shape[0]
-        for j in range(L):
-            start[j + 1] += start[j]
-        # (the events moved into line order: read in order below; the buffers zeroed first, in
-        # order, to have them in the cache before the writes out of order)
-        o = 3 * cap + L + 1
-        at = wi[o : o + L]
-        at[:] = start[:-1]
-        sr = wi[o + L : o + L + ne]
-        sp = wi[o + L + cap : o + L + cap + ne]
-        sv = wv[cap : cap + ne]
-        sr[:] = 0
-        sp[:] = 0
-        sv[:] = 0
-        for e in range(ne):
-            j = at[ev_s[e]]
-            at[ev_s[e]] += 1
-            sr[j] = ev_r[e]
-            sv[j] = ev_v[e]
-            sp[j] = ev_p[e]
-        for line in range(L):
-            o = line * post
-            dv = out_v[o : o + post]
-            dp = out_p[o : o + post]
-            for i in range(post):
-                dv[i] = fr
-            if line % width == 0:
-                for i in range(post):
-                    dp[i] = 0
-            else:
-                prev = out_p[o - post : o]
-                for i in range(post):
-                    dp[i] = prev[i] + 1
-            for j in range(start[line], start[line + 1]):
-                dv[sr[j]] = sv[j]
-                dp[sr[j]] = sp[j]
-
-    @njit(nogil=True, cache=True)
-    def _head_lines(
-        offs, order, p, v, fr, size, width, post, desc, ix, tmp, out_v, out_p, wi, wv
-    ):  # pragma: no cover
-        """:func:`head_rows` through events, line by line (a long head across a strided
-        output)."""
-        R = offs.shape[0] - 1
-        L = (R // post) * width
-        ev_s, ev_v, ev_p, ev_r, start = _events(wi, wv, order.shape[0], R, L)
-        iy = np.empty(ix.shape[0], np.int64)
-        ne = 0
-        for row in range(R):
-            # the row's events in one pass over its stored elements in position order (its
-            # body written here: see head_rows): the run's slots counted from its start (``t``),
-            # placed once the number ahead of the fill is known
-            a, b = offs[row], offs[row + 1]
-            pre = row // post
-            col = row - pre * post
-            line0 = pre * width
-            nlow = 0
-            nhigh = 0
-            c = 0  # (the run's next position)
-            t = 0
-            jump = True  # (the run's next slot follows no slot of the run at the position before)
-            r0 = ne
-            for i in range(a, b):
-                e = order[i]
-                x = v[e]
-                pc = p[e]
-                lo = _before(x, fr, desc)
-                hi = _before(fr, x, desc)
-                if pc > c:  # (the fill at positions c .. pc - 1)
-                    if jump:
-                        ev_s[ne] = t
-                        ev_v[ne] = fr
-                        ev_p[ne] = c
-                        ne += 1
-                    t += pc - c
-                    jump = False
-                c = pc + 1
-                if lo:
-                    ix[nlow] = e
-                    nlow += 1
-                    jump = True
-                elif hi:
-                    iy[nhigh] = e
-                    nhigh += 1
-                    jump = True
-                else:  # (stored, equal to the fill: in the run at its position)
-                    ev_s[ne] = t
-                    ev_v[ne] = x
-                    ev_p[ne] = pc
-                    ne += 1
-                    t += 1
-                    jump = False
-            if size > c and jump:
-                ev_s[ne] = t
-                ev_v[ne] = fr
-                ev_p[ne] = c
-                ne += 1
-            # the run's events moved past the stored ahead of the fill (those past width: gone)
-            n1 = r0
-            for e in range(r0, ne):
-                sl = ev_s[e] + nlow
-                if sl < width:
-                    ev_s[n1] = line0 + sl
-                    ev_v[n1] = ev_v[e]
-                    ev_p[n1] = ev_p[e]
-                    ev_r[n1] = col
-                    n1 += 1
-            ne = n1
-            if nlow:
-                _sort_row(v, ix[:nlow], tmp, desc, width)
-            for j in range(min(nlow, width)):
-                ev_s[ne] = line0 + j
-                ev_v[ne] = v[ix[j]]
-                ev_p[ne] = p[ix[j]]
-                ev_r[ne] = col
-                ne += 1
-            s = size - nhigh  # (the first slot behind the fill)
-            if s < width:
-                _sort_row(v, iy[:nhigh], tmp, desc, width - s)
-                for j in range(width - s):
-                    ev_s[ne] = line0 + s + j
-                    ev_v[ne] = v[iy[j]]
-                    ev_p[ne] = p[iy[j]]
-                    ev_r[ne] = col
-                    ne += 1
-        for e in range(ne):
-            start[ev_s[e] + 1] += 1
-        _write_lines(
-            ev_s[:ne], ev_v, ev_p, ev_r, start, fr, width, post, out_v, out_p, wi, wv, ev_s.shape[0]
-        )

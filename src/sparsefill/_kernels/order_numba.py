@@ -38,6 +38,8 @@ _SMALL = 24  # elements: insertion sort up to here (a row of a 1%-dense matrix h
 _RUN = 16  # elements: a longer row's runs sorted by insertion before the merges
 _BLOCK = 64  # rows written together across a strided output (a 512-byte run per write)
 _TOP = 64  # a head of at most this many of a longer row: selected, not sorted whole
+_RADIX = 256  # floating elements of a row past which a whole row's are radix sorted
+_KMAX = 0x7FFFFFFFFFFFFFFF
 
 
 if numba is not None:
@@ -281,3 +283,84 @@ if numba is not None:
                         continue
                 out_v[j, row] = v[i]
                 out_p[j, row] = p[i]
+
+
+# ------------------------------------------------ primitives of the grouped rows' kernels
+if numba is not None:
+
+    @njit(inline="always")
+    def _before(a, b, desc):
+        """:func:`_ahead` without branches (the comparisons of random values mispredict)."""
+        if desc:
+            return (a > b) | ((a != a) & (b == b))
+        return (a < b) | ((b != b) & (a == a))
+
+    @njit(inline="always")
+    def _insert(dv, dp, lo, n, x, pc, desc):
+        """``(x, pc)`` inserted into the sorted ``dv[lo:lo + n]`` (positions ``dp``), after the
+        equal values (stable)."""
+        j = lo + n
+        while j > lo and _ahead(x, dv[j - 1], desc):
+            dv[j] = dv[j - 1]
+            dp[j] = dp[j - 1]
+            j -= 1
+        dv[j] = x
+        dp[j] = pc
+
+    @njit(cache=True)
+    def _place_sorted(p, v, ix, tmp, desc, dv, dp, lo, radix):
+        """The elements ``ix`` (position order) stably sorted into ``dv``/``dp`` from ``lo``
+        (``radix``: floating values, many of them sorted by :func:`_radix`)."""
+        n = ix.shape[0]
+        if radix and n > _RADIX:
+            _radix(v, ix, tmp, desc)
+        elif n:
+            _sort_row(v, ix, tmp, desc, n)
+        for j in range(n):
+            dv[lo + j] = v[ix[j]]
+            dp[lo + j] = p[ix[j]]
+
+    @njit(cache=True)
+    def _radix(v, ix, tmp, desc):
+        """``ix`` stably sorted by the floating values ``v[ix]`` (NaN the largest, -0.0 equal to
+        0.0), in place: a least-significant-digit radix sort of their bits as ordered integer
+        keys, byte by byte (a stable pass each; a byte all keys share skipped) -- a fixed number
+        of passes without the comparisons that mispredict on random values."""
+        n = ix.shape[0]
+        fv = np.empty(n, np.float64)
+        for j in range(n):
+            fv[j] = v[ix[j]]
+        key = fv.view(np.int64)
+        for j in range(n):
+            x = fv[j]
+            k = key[j]
+            if x != x:
+                k = _KMAX
+            elif x == 0:
+                k = 0
+            elif k < 0:
+                k ^= _KMAX  # (a negative float: a larger magnitude, a smaller key)
+            key[j] = ~k if desc else k
+        key2 = np.empty(n, np.int64)
+        ix2 = tmp[:n]
+        cnt = np.empty(256, np.int64)
+        for d in range(8):
+            sh = 8 * d
+            top = 0x80 if d == 7 else 0  # (the sign byte: negative keys first)
+            cnt[:] = 0
+            for j in range(n):
+                cnt[((key[j] >> sh) & 0xFF) ^ top] += 1
+            if cnt[((key[0] >> sh) & 0xFF) ^ top] == n:
+                continue
+            at = 0
+            for c in range(256):
+                m = cnt[c]
+                cnt[c] = at
+                at += m
+            for j in range(n):
+                c = ((key[j] >> sh) & 0xFF) ^ top
+                key2[cnt[c]] = key[j]
+                ix2[cnt[c]] = ix[j]
+                cnt[c] += 1
+            key, key2 = key2, key
+            ix[:] = ix2
