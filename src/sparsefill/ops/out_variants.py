@@ -24,6 +24,7 @@ import torch
 from torch._library.utils import is_out
 from torch.utils._pytree import tree_flatten, tree_map_only
 
+from sparsefill._tensor.policy import check_densify
 from sparsefill._tensor.tensor import SparseTensor
 from sparsefill.ops._schema import meta_like
 
@@ -127,6 +128,9 @@ def write_out(o: torch.Tensor, r: torch.Tensor) -> None:
             )
         o.copy_(r)
         return
+    if isinstance(r, SparseTensor):  # (a sparse result into a dense output: dense by nature)
+        nbytes = r.numel() * o.element_size()
+        check_densify("out=: a SparseTensor result into a dense output", nbytes, by_nature=True)
     if o.device != r.device:
         raise RuntimeError(
             f"Expected out tensor to be on device {r.device}, but it is on device {o.device}"
